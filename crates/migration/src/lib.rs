@@ -1,0 +1,1 @@
+//! Routed shards and journaled key moves (seed 004).

@@ -1,0 +1,1 @@
+//! Owner leases with generation fencing (seed 003).

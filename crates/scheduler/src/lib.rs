@@ -1,0 +1,47 @@
+//! The object context every object-local capability runs in.
+//!
+//! A Durable Object gives its code an ID, a transactional storage, one alarm
+//! and `waitUntil`. This crate is that context for Rust:
+//!
+//! - [`ObjectId`] and [`ObjectContext`]: the object's identity, its
+//!   [`Storage`] and its [`Clock`].
+//! - [`Storage`]: synchronous transactions (a closure that commits on `Ok`
+//!   and rolls back on `Err`). Each capability crate defines the narrow
+//!   transaction trait it needs and a backend implements all of them on one
+//!   transaction type, so one commit covers every capability's rows.
+//! - [`Scheduler`]: capabilities attach under unique names; each records its
+//!   earliest due time with [`Scheduler::set_due`] inside its transaction,
+//!   and the object's one alarm is kept, in that same transaction, at the
+//!   earliest due time over all of them. [`Scheduler::alarm`] runs every due
+//!   capability.
+//! - [`Driver`]: an in-process tokio task that sleeps until the stored alarm
+//!   and fires it; started again after a restart, it re-arms from storage.
+//! - [`migrate`]: versioned schema migrations per capability, forward and
+//!   back to a named version, applied in one transaction.
+//!
+//! # Features
+//!
+//! - `testkit`: [`testkit`], with an in-memory storage, a crash-injecting
+//!   storage wrapper, and the conformance suite for backends.
+
+mod clock;
+mod driver;
+mod error;
+mod scheduler;
+mod schema;
+mod storage;
+
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+pub use clock::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
+pub use driver::{DEFAULT_IDLE_RETRY, Driver};
+pub use error::SchedulerError;
+pub use scheduler::{
+    Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,
+};
+pub use schema::{SchemaTarget, migrate, migrate_within};
+pub use storage::{Direction, SchedulerTx, SchemaStep, Storage, StorageError, StorageErrorKind};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,387 @@
+//! The object context and the scheduler that multiplexes its one alarm.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::SchedulerError;
+use crate::schema::{SchemaTarget, migrate_within};
+use crate::storage::{SchedulerTx, Storage, StorageError};
+
+/// Longest object ID accepted, in bytes.
+pub const MAX_OBJECT_ID_BYTES: usize = 256;
+/// Longest capability name accepted, in bytes.
+pub const MAX_CAPABILITY_NAME_BYTES: usize = 256;
+
+/// The ID of one object (one coordinator, one shard owner …).
+///
+/// Non-empty, at most [`MAX_OBJECT_ID_BYTES`] bytes, no control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(String);
+
+impl ObjectId {
+    /// Validates and wraps an object ID.
+    ///
+    /// # Errors
+    /// [`SchedulerError::InvalidObjectId`] when the ID is empty, too long or
+    /// holds control characters.
+    pub fn new(id: impl Into<String>) -> Result<Self, SchedulerError> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("must not be empty")
+        } else if id.len() > MAX_OBJECT_ID_BYTES {
+            Some("must be at most 256 bytes")
+        } else if id.chars().any(char::is_control) {
+            Some("must not contain control characters")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(SchedulerError::InvalidObjectId { reason }),
+            None => Ok(Self(id)),
+        }
+    }
+
+    /// The ID as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything an object offers its capabilities: ID, storage and clock.
+pub struct ObjectContext<S> {
+    id: ObjectId,
+    storage: Arc<S>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S> Clone for ObjectContext<S> {
+    fn clone(&self) -> Self {
+        Self {
+            id: self.id.clone(),
+            storage: Arc::clone(&self.storage),
+            clock: Arc::clone(&self.clock),
+        }
+    }
+}
+
+impl<S: Storage> ObjectContext<S> {
+    /// A context on the system clock.
+    pub fn new(id: ObjectId, storage: Arc<S>) -> Self {
+        Self::with_clock(id, storage, Arc::new(SystemClock))
+    }
+
+    /// A context on an injected clock.
+    pub fn with_clock(id: ObjectId, storage: Arc<S>, clock: Arc<dyn Clock>) -> Self {
+        Self { id, storage, clock }
+    }
+
+    /// The object's ID.
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    /// The object's storage.
+    pub fn storage(&self) -> &Arc<S> {
+        &self.storage
+    }
+
+    /// The object's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+}
+
+/// Something attached to a scheduler that has work due at stored times.
+///
+/// A capability records its earliest due time with [`Scheduler::set_due`]
+/// inside the transaction that changed it; the scheduler keeps the object's
+/// alarm at the minimum over all capabilities and calls [`Capability::run`]
+/// when the capability's time has come.
+pub trait Capability: Send + Sync + 'static {
+    /// Runs the work due at `now_ms`. Failures are the capability's to report
+    /// and to reschedule; the scheduler only calls.
+    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()>;
+}
+
+struct Inner<S> {
+    ctx: ObjectContext<S>,
+    capabilities: Mutex<BTreeMap<String, Arc<dyn Capability>>>,
+    /// The alarm set by the transaction running right now, published to the
+    /// driver once that transaction commits.
+    pending_alarm: Mutex<Option<Option<i64>>>,
+    alarm: watch::Sender<Option<i64>>,
+    background: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The object's scheduler: capabilities, the one alarm, background work.
+///
+/// Cloning shares the same scheduler.
+pub struct Scheduler<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Scheduler<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<S: Storage> Scheduler<S> {
+    /// A scheduler for the object; reads the stored alarm so a driver re-arms
+    /// it after a restart.
+    ///
+    /// # Errors
+    /// A storage failure reading the alarm.
+    pub fn new(ctx: ObjectContext<S>) -> Result<Self, SchedulerError> {
+        let stored = ctx
+            .storage
+            .transaction(|tx| tx.alarm().map_err(SchedulerError::from))?;
+        let (alarm, _) = watch::channel(stored);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ctx,
+                capabilities: Mutex::new(BTreeMap::new()),
+                pending_alarm: Mutex::new(None),
+                alarm,
+                background: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The object context.
+    pub fn context(&self) -> &ObjectContext<S> {
+        &self.inner.ctx
+    }
+
+    /// The current time on the object's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.ctx.clock.now_ms()
+    }
+
+    /// Attaches a capability under a unique name and, when `schema` names
+    /// one, applies its schema migrations up to the newest version in one
+    /// transaction.
+    ///
+    /// # Errors
+    /// [`SchedulerError::DuplicateCapability`] when the name is taken,
+    /// [`SchedulerError::InvalidCapabilityName`] for a bad name, and the
+    /// errors of [`crate::migrate`]; nothing is attached or changed then.
+    pub fn attach(
+        &self,
+        name: &str,
+        schema: Option<&str>,
+        capability: Arc<dyn Capability>,
+    ) -> Result<(), SchedulerError> {
+        validate_capability_name(name)?;
+        let mut caps = lock(&self.inner.capabilities);
+        if caps.contains_key(name) {
+            return Err(SchedulerError::DuplicateCapability {
+                name: name.to_owned(),
+            });
+        }
+        if let Some(schema) = schema {
+            let storage = &self.inner.ctx.storage;
+            storage.transaction(|tx| {
+                migrate_within(storage.as_ref(), tx, schema, &SchemaTarget::Latest)
+            })?;
+        }
+        caps.insert(name.to_owned(), capability);
+        Ok(())
+    }
+
+    /// Whether a capability is attached under `name`.
+    pub fn is_attached(&self, name: &str) -> bool {
+        lock(&self.inner.capabilities).contains_key(name)
+    }
+
+    /// Runs `f` in one storage transaction. Alarm changes made through
+    /// [`Scheduler::set_due`] inside it reach the driver once it commits.
+    ///
+    /// # Errors
+    /// `f`'s error, or a storage failure.
+    pub fn transaction<R, E>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<StorageError>,
+    {
+        let committed = self.inner.ctx.storage.transaction(|tx| {
+            let value = f(tx)?;
+            // Taken while the storage is still held, so no other
+            // transaction's alarm can be mixed up with this one's.
+            let alarm = lock(&self.inner.pending_alarm).take();
+            Ok::<_, E>((value, alarm))
+        });
+        let (value, alarm) = match committed {
+            Ok(pair) => pair,
+            Err(e) => {
+                // A rolled-back transaction's alarm never reaches the driver.
+                lock(&self.inner.pending_alarm).take();
+                return Err(e);
+            }
+        };
+        if let Some(alarm) = alarm {
+            self.inner.alarm.send_replace(alarm);
+        }
+        Ok(value)
+    }
+
+    /// Sets `capability`'s earliest due time inside `tx` and moves the
+    /// object's alarm, in the same transaction, to the earliest due time over
+    /// all capabilities.
+    ///
+    /// # Errors
+    /// A storage failure; the caller's transaction should roll back.
+    pub fn set_due(
+        &self,
+        tx: &mut S::Tx<'_>,
+        capability: &str,
+        due: Option<i64>,
+    ) -> Result<(), StorageError> {
+        if tx.capability_due(capability)? == due {
+            return Ok(());
+        }
+        tx.set_capability_due(capability, due)?;
+        self.sync_alarm(tx)
+    }
+
+    /// Lowers `capability`'s due time to `due` if that is earlier (a staged
+    /// entry due now, say); a no-op otherwise. One read when nothing moves.
+    ///
+    /// # Errors
+    /// A storage failure; the caller's transaction should roll back.
+    pub fn lower_due(
+        &self,
+        tx: &mut S::Tx<'_>,
+        capability: &str,
+        due: i64,
+    ) -> Result<(), StorageError> {
+        match tx.capability_due(capability)? {
+            Some(current) if current <= due => Ok(()),
+            _ => {
+                tx.set_capability_due(capability, Some(due))?;
+                self.sync_alarm(tx)
+            }
+        }
+    }
+
+    fn sync_alarm(&self, tx: &mut S::Tx<'_>) -> Result<(), StorageError> {
+        let earliest = tx.earliest_capability_due()?;
+        if tx.alarm()? != earliest {
+            tx.set_alarm(earliest)?;
+            *lock(&self.inner.pending_alarm) = Some(earliest);
+        }
+        Ok(())
+    }
+
+    /// The stored alarm, as last committed through this scheduler.
+    pub fn alarm_at(&self) -> Option<i64> {
+        *self.inner.alarm.borrow()
+    }
+
+    /// A receiver that sees every committed alarm change.
+    pub fn watch_alarm(&self) -> watch::Receiver<Option<i64>> {
+        self.inner.alarm.subscribe()
+    }
+
+    /// The object's alarm handler: runs every attached capability whose due
+    /// time has come, concurrently, and returns the alarm left afterwards.
+    ///
+    /// # Errors
+    /// A storage failure reading the due times.
+    pub async fn alarm(&self) -> Result<Option<i64>, SchedulerError> {
+        let now = self.now_ms();
+        let caps: Vec<(String, Arc<dyn Capability>)> = lock(&self.inner.capabilities)
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect();
+        let due: Vec<Arc<dyn Capability>> = self.transaction(|tx| {
+            let mut due = Vec::new();
+            for (name, cap) in &caps {
+                if tx.capability_due(name)?.is_some_and(|at| at <= now) {
+                    due.push(Arc::clone(cap));
+                }
+            }
+            Ok::<_, SchedulerError>(due)
+        })?;
+        futures::future::join_all(due.iter().map(|cap| cap.run(now))).await;
+        let alarm = self
+            .inner
+            .ctx
+            .storage
+            .transaction(|tx| tx.alarm().map_err(SchedulerError::from))?;
+        Ok(alarm)
+    }
+
+    /// Runs `fut` in the background, like a Durable Object's `waitUntil`:
+    /// it outlives the call that started it. [`Scheduler::settle`] awaits it.
+    pub fn wait_until(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(fut);
+        let mut bg = lock(&self.inner.background);
+        bg.retain(|h| !h.is_finished());
+        bg.push(handle);
+    }
+
+    /// Awaits every background task started so far.
+    pub async fn settle(&self) {
+        loop {
+            let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.background));
+            if handles.is_empty() {
+                return;
+            }
+            for h in handles {
+                let _ = h.await;
+            }
+        }
+    }
+
+    /// Aborts all background work: what an eviction does to in-memory tasks.
+    pub fn abort_background(&self) {
+        for h in std::mem::take(&mut *lock(&self.inner.background)) {
+            h.abort();
+        }
+    }
+}
+
+fn validate_capability_name(name: &str) -> Result<(), SchedulerError> {
+    let reason = if name.is_empty() {
+        Some("must not be empty")
+    } else if name.len() > MAX_CAPABILITY_NAME_BYTES {
+        Some("must be at most 256 bytes")
+    } else if name.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(SchedulerError::InvalidCapabilityName {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl<S: Storage> Scheduler<S> {
+    /// Tells the driver about an alarm read from storage.
+    pub(crate) fn publish_alarm(&self, alarm: Option<i64>) {
+        self.inner.alarm.send_replace(alarm);
+    }
+}

@@ -1,0 +1,13 @@
+//! Redis implementations of the durability storage traits.
+//!
+//! Feature flags select which capability's traits are implemented
+//! (`default` enables all of them):
+//!
+//! - `ownership`: [`ownership`], the owner lease store of `durability-ownership`.
+//! - `migration`: [`migration`], the key → shard mapping store of `durability-migration`.
+
+#[cfg(feature = "ownership")]
+pub mod ownership;
+
+#[cfg(feature = "migration")]
+pub mod migration;

@@ -1,0 +1,1 @@
+//! Redis key → shard mapping store.

@@ -1,0 +1,1 @@
+//! Redis owner lease store.

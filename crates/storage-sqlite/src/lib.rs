@@ -1,0 +1,28 @@
+//! rusqlite implementations of the durability storage traits.
+//!
+//! SQLite is the embedded default backend. Every table this crate creates is
+//! prefixed `durability_`. Feature flags select which capability's traits are
+//! implemented (`default` enables all of them):
+//!
+//! - `scheduler`: [`SqliteStorage`], the object storage of
+//!   `durability-scheduler` (synchronous transactions, the one alarm, schema
+//!   migrations).
+//! - `outbox`: the outbox store of `durability-outbox` on [`SqliteTx`].
+//! - `ownership`: [`ownership`], the owner lease store and the object storage
+//!   fence of `durability-ownership`.
+//! - `migration`: [`migration`], SQLite shards and the mapping store of
+//!   `durability-migration`.
+
+#[cfg(feature = "scheduler")]
+mod object;
+#[cfg(feature = "scheduler")]
+pub use object::{SqliteOptions, SqliteStorage, SqliteTx, Synchronous};
+
+#[cfg(feature = "outbox")]
+mod outbox;
+
+#[cfg(feature = "ownership")]
+pub mod ownership;
+
+#[cfg(feature = "migration")]
+pub mod migration;

@@ -1,0 +1,1 @@
+//! SQLite shards and mapping store.

@@ -1,0 +1,1 @@
+//! SQLite owner lease store and object storage fence.
