@@ -116,12 +116,17 @@ pub trait Capability: Send + Sync + 'static {
     fn run(&self, now_ms: i64) -> BoxFuture<'_, ()>;
 }
 
+type AfterCommit = Box<dyn FnOnce() + Send>;
+
 struct Inner<S> {
     ctx: ObjectContext<S>,
     capabilities: Mutex<BTreeMap<String, Arc<dyn Capability>>>,
     /// The alarm set by the transaction running right now, published to the
     /// driver once that transaction commits.
     pending_alarm: Mutex<Option<Option<i64>>>,
+    /// Callbacks queued by the transaction running right now, run once it
+    /// commits and dropped if it rolls back.
+    pending_after_commit: Mutex<Vec<AfterCommit>>,
     alarm: watch::Sender<Option<i64>>,
     background: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -161,6 +166,7 @@ impl<S: Storage> Scheduler<S> {
                 ctx,
                 capabilities: Mutex::new(BTreeMap::new()),
                 pending_alarm: Mutex::new(None),
+                pending_after_commit: Mutex::new(Vec::new()),
                 alarm,
                 background: Mutex::new(Vec::new()),
             }),
@@ -208,6 +214,12 @@ impl<S: Storage> Scheduler<S> {
         Ok(())
     }
 
+    /// Detaches the capability attached under `name`, if any. Its stored due
+    /// time stays, so the alarm still wakes the object for its work.
+    pub fn detach(&self, name: &str) {
+        lock(&self.inner.capabilities).remove(name);
+    }
+
     /// Whether a capability is attached under `name`.
     pub fn is_attached(&self, name: &str) -> bool {
         lock(&self.inner.capabilities).contains_key(name)
@@ -227,20 +239,31 @@ impl<S: Storage> Scheduler<S> {
             // Taken while the storage is still held, so no other
             // transaction's alarm can be mixed up with this one's.
             let alarm = lock(&self.inner.pending_alarm).take();
-            Ok::<_, E>((value, alarm))
+            let hooks = std::mem::take(&mut *lock(&self.inner.pending_after_commit));
+            Ok::<_, E>((value, alarm, hooks))
         });
-        let (value, alarm) = match committed {
-            Ok(pair) => pair,
+        let (value, alarm, hooks) = match committed {
+            Ok(triple) => triple,
             Err(e) => {
-                // A rolled-back transaction's alarm never reaches the driver.
+                // A rolled-back transaction's alarm and callbacks never run.
                 lock(&self.inner.pending_alarm).take();
+                lock(&self.inner.pending_after_commit).clear();
                 return Err(e);
             }
         };
         if let Some(alarm) = alarm {
             self.inner.alarm.send_replace(alarm);
         }
+        for hook in hooks {
+            hook();
+        }
         Ok(value)
+    }
+
+    /// Queues `f` to run once the transaction in progress commits (through
+    /// [`Scheduler::transaction`]); it is dropped if the transaction rolls back.
+    pub fn after_commit(&self, f: impl FnOnce() + Send + 'static) {
+        lock(&self.inner.pending_after_commit).push(Box::new(f));
     }
 
     /// Sets `capability`'s earliest due time inside `tx` and moves the

@@ -1,0 +1,786 @@
+//! An outbox channel: staging, claiming, publishing and settling entries.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use durability_scheduler::{Capability, MAX_SAFE_INTEGER, Scheduler, Storage};
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{OutboxError, SinkError};
+use crate::event::{EventHook, EventKind, OutboxEvent, emit};
+use crate::policy::{
+    DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
+    check_timeout, default_delay_ms,
+};
+use crate::store::{OutboxTx, StoredEntry};
+
+/// Largest encoded value accepted by [`Outbox::stage`]: 1 MiB.
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 1_024;
+/// Longest channel name accepted, in bytes.
+pub const MAX_CHANNEL_BYTES: usize = 200;
+/// The schema name the outbox's tables are registered under.
+pub const SCHEMA: &str = "outbox";
+/// The first byte of every stored value: the encoding's format version.
+const FORMAT_V1: u8 = 1;
+
+/// One entry handed to a [`Sink`]: the newest value of a key.
+///
+/// The sink acknowledges every entry it does not ask to retry. Sinks must
+/// ignore versions older than the newest they have applied: a timed-out
+/// attempt may still land after a newer one.
+#[derive(Debug)]
+pub struct Entry<T> {
+    key: String,
+    value: T,
+    version: u64,
+    attempt: u32,
+    retry: Mutex<Option<Option<f64>>>,
+}
+
+impl<T> Entry<T> {
+    /// The entry's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// The staged value.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+    /// The object-wide version of this value; only ever increases.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+    /// The attempt number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    /// Asks for this entry to be retried after the channel's retry delay.
+    pub fn retry(&self) {
+        *self.retry.lock().unwrap_or_else(PoisonError::into_inner) = Some(None);
+    }
+    /// Asks for this entry to be retried after `delay_ms` milliseconds.
+    /// A negative, non-finite or overflowing delay is rejected when settled
+    /// (reported) and the channel's retry delay is used instead.
+    pub fn retry_after(&self, delay_ms: f64) {
+        *self.retry.lock().unwrap_or_else(PoisonError::into_inner) = Some(Some(delay_ms));
+    }
+    fn retry_request(&self) -> Option<Option<f64>> {
+        *self.retry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Where a channel publishes. Calls for one channel never overlap.
+pub trait Sink<T>: Send + Sync + 'static {
+    /// Publishes a batch. `Ok` acknowledges every entry that did not call
+    /// [`Entry::retry`]; `Err` retries the whole batch.
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [Entry<T>],
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'a;
+}
+
+/// An entry that ran out of attempts, handed to the dead-letter sink.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<T> {
+    /// The channel.
+    pub channel: String,
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: T,
+    /// Its version.
+    pub version: u64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last failure.
+    pub error: String,
+}
+
+/// Receives entries that ran out of attempts. A failure keeps the entry and
+/// retries the dead-lettering after the retry delay.
+pub type DeadLetterFn<T> =
+    Arc<dyn Fn(DeadLetter<T>) -> BoxFuture<'static, Result<(), SinkError>> + Send + Sync>;
+
+/// A channel's settings.
+pub struct ChannelConfig<T> {
+    name: String,
+    attempt_timeout_ms: u64,
+    batch_size: usize,
+    retry: RetryPolicy,
+    dead_letter: Option<DeadLetterFn<T>>,
+    on_event: Option<EventHook>,
+}
+
+impl<T> ChannelConfig<T> {
+    /// Defaults: 30 s attempts, batches of 100, jittered exponential backoff
+    /// capped at 5 minutes, no maximum attempts.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            attempt_timeout_ms: DEFAULT_ATTEMPT_TIMEOUT_MS,
+            batch_size: DEFAULT_BATCH_SIZE,
+            retry: RetryPolicy::default(),
+            dead_letter: None,
+            on_event: None,
+        }
+    }
+    /// Maximum duration of one publish call, `1..=2^31-1` ms.
+    #[must_use]
+    pub fn attempt_timeout_ms(mut self, ms: u64) -> Self {
+        self.attempt_timeout_ms = ms;
+        self
+    }
+    /// Maximum entries per publish call, `1..=1000`.
+    #[must_use]
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+    /// How failed attempts are retried.
+    #[must_use]
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+    /// Where entries go after their last attempt (requires a maximum).
+    #[must_use]
+    pub fn dead_letter(mut self, sink: DeadLetterFn<T>) -> Self {
+        self.dead_letter = Some(sink);
+        self
+    }
+    /// The lifecycle hook.
+    #[must_use]
+    pub fn on_event(mut self, hook: EventHook) -> Self {
+        self.on_event = Some(hook);
+        self
+    }
+}
+
+/// Validates a channel name.
+fn check_channel(name: &str) -> Result<(), OutboxError> {
+    let reason = if name.is_empty() {
+        Some("must not be empty")
+    } else if name.len() > MAX_CHANNEL_BYTES {
+        Some("must be at most 200 bytes")
+    } else if name.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(OutboxError::InvalidChannel {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Validates a key.
+fn check_key(key: &str) -> Result<(), OutboxError> {
+    let reason = if key.is_empty() {
+        Some("must not be empty")
+    } else if key.len() > MAX_KEY_BYTES {
+        Some("must be at most 1024 bytes")
+    } else if key.contains('\0') {
+        Some("must not contain NUL")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(OutboxError::InvalidKey { reason }),
+        None => Ok(()),
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, OutboxError> {
+    let out = postcard::to_extend(value, vec![FORMAT_V1])
+        .map_err(|e| OutboxError::Encode(e.to_string()))?;
+    if out.len() > MAX_VALUE_BYTES {
+        return Err(OutboxError::ValueTooLarge {
+            size: out.len(),
+            limit: MAX_VALUE_BYTES,
+        });
+    }
+    Ok(out)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&FORMAT_V1, rest)) => {
+            postcard::from_bytes(rest).map_err(|e| format!("corrupt value: {e}"))
+        }
+        Some((other, _)) => Err(format!("unknown value format {other}")),
+        None => Err("empty value".to_owned()),
+    }
+}
+
+/// A named outbox channel attached to an object's scheduler.
+///
+/// Values are staged inside the caller's transaction ([`Outbox::stage`]) and
+/// delivered by the scheduler's alarm, or at once by [`Outbox::publish_now`].
+/// Cloning shares the channel; dropping the last handle detaches it.
+pub struct Outbox<S: Storage, T, K> {
+    inner: Arc<Channel<S, T, K>>,
+}
+
+impl<S: Storage, T, K> Clone for Outbox<S, T, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Channel<S: Storage, T, K> {
+    scheduler: Scheduler<S>,
+    name: String,
+    capability: String,
+    attempt_timeout_ms: i64,
+    batch_size: usize,
+    retry: RetryPolicy,
+    dead_letter: Option<DeadLetterFn<T>>,
+    on_event: Option<EventHook>,
+    sink: K,
+    busy: tokio::sync::Mutex<()>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<S: Storage, T, K> Drop for Channel<S, T, K> {
+    fn drop(&mut self) {
+        self.scheduler.detach(&self.capability);
+    }
+}
+
+/// The scheduler holds the channel weakly, so dropping every [`Outbox`]
+/// handle frees it.
+struct Attachment<S: Storage, T, K>(Weak<Channel<S, T, K>>);
+
+/// The outcome of one claimed entry.
+enum Outcome {
+    Delivered,
+    Retry { error: String, delay: Option<f64> },
+    DeadLettered { error: String },
+    Dropped { error: String },
+    /// Dead-lettering failed: keep the entry and try again later.
+    DeadLetterFailed { error: String },
+}
+
+struct Claimed {
+    stored: StoredEntry,
+    attempt: u32,
+    exhausted: bool,
+}
+
+impl<S, T, K> Outbox<S, T, K>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink<T>,
+{
+    /// Attaches a channel to the scheduler (capability `outbox:<name>`) and
+    /// applies the outbox schema.
+    ///
+    /// # Errors
+    /// [`OutboxError::InvalidChannel`] or [`OutboxError::InvalidPolicy`] for
+    /// bad settings, a scheduler error for a duplicate channel or a schema
+    /// problem; nothing is attached or written then.
+    pub fn attach(
+        scheduler: &Scheduler<S>,
+        config: ChannelConfig<T>,
+        sink: K,
+    ) -> Result<Self, OutboxError> {
+        check_channel(&config.name)?;
+        let timeout = check_timeout(config.attempt_timeout_ms)?;
+        let batch_size = check_batch(config.batch_size)?;
+        if config.retry.max_attempts == Some(0) {
+            return Err(OutboxError::InvalidPolicy {
+                field: "max_attempts",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if config.dead_letter.is_some() && config.retry.max_attempts.is_none() {
+            return Err(OutboxError::InvalidPolicy {
+                field: "dead_letter",
+                reason: "needs max_attempts: without it entries retry forever".into(),
+            });
+        }
+        let capability = format!("outbox:{}", config.name);
+        let inner = Arc::new(Channel {
+            scheduler: scheduler.clone(),
+            name: config.name,
+            capability: capability.clone(),
+            attempt_timeout_ms: i64::try_from(timeout).unwrap_or(i64::MAX),
+            batch_size,
+            retry: config.retry,
+            dead_letter: config.dead_letter,
+            on_event: config.on_event,
+            sink,
+            busy: tokio::sync::Mutex::new(()),
+            _value: PhantomData,
+        });
+        let attachment: Arc<dyn Capability> = Arc::new(Attachment(Arc::downgrade(&inner)));
+        if let Err(e) = scheduler.attach(&capability, Some(SCHEMA), attachment) {
+            // The channel was never attached: dropping it must not detach the
+            // channel of the same name that is.
+            let inner = Arc::into_inner(inner);
+            if let Some(mut inner) = inner {
+                inner.capability.clear();
+            }
+            return Err(e.into());
+        }
+        Ok(Self { inner })
+    }
+
+    /// The channel's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Stages `value` for `key` inside the caller's transaction: replaces any
+    /// pending value of the key, assigns a new object-wide version, resets
+    /// the attempt count, makes it due now and moves the alarm — all in `tx`.
+    /// Use [`Scheduler::transaction`] so the alarm and the `Staged` event
+    /// follow the commit.
+    ///
+    /// Returns the version assigned.
+    ///
+    /// # Errors
+    /// [`OutboxError::InvalidKey`], [`OutboxError::ValueTooLarge`] or
+    /// [`OutboxError::Encode`] before anything is written; a storage error
+    /// (roll the transaction back).
+    pub fn stage(&self, tx: &mut S::Tx<'_>, key: &str, value: &T) -> Result<u64, OutboxError> {
+        check_key(key)?;
+        let bytes = encode(value)?;
+        let ch = &self.inner;
+        let version = tx.outbox_next_version()?;
+        if version > u64::try_from(MAX_SAFE_INTEGER).unwrap_or(u64::MAX) {
+            return Err(OutboxError::VersionsExhausted);
+        }
+        let now = ch.scheduler.now_ms();
+        tx.outbox_upsert(&StoredEntry {
+            channel: ch.name.clone(),
+            key: key.to_owned(),
+            value: bytes,
+            version,
+            attempt: 0,
+            due_at: now,
+            claimed_until: None,
+        })?;
+        ch.scheduler.lower_due(tx, &ch.capability, now)?;
+        ch.after_commit(key, version, 0, EventKind::Staged);
+        Ok(version)
+    }
+
+    /// Removes `key`'s pending entry inside the caller's transaction; whether
+    /// there was one. An attempt already in flight may still land.
+    ///
+    /// # Errors
+    /// [`OutboxError::InvalidKey`]; a storage error.
+    pub fn discard(&self, tx: &mut S::Tx<'_>, key: &str) -> Result<bool, OutboxError> {
+        check_key(key)?;
+        let ch = &self.inner;
+        let Some(entry) = tx.outbox_get(&ch.name, key)? else {
+            return Ok(false);
+        };
+        tx.outbox_remove(&ch.name, key)?;
+        let next = tx.outbox_next_due(&ch.name)?;
+        ch.scheduler.set_due(tx, &ch.capability, next)?;
+        ch.after_commit(key, entry.version, entry.attempt, EventKind::Discarded);
+        Ok(true)
+    }
+
+    /// The pending entry of `key`: its version and attempts so far.
+    ///
+    /// # Errors
+    /// [`OutboxError::InvalidKey`]; a storage error.
+    pub fn pending(&self, key: &str) -> Result<Option<(u64, u32)>, OutboxError> {
+        check_key(key)?;
+        let ch = &self.inner;
+        ch.scheduler.transaction(|tx| {
+            Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.map(|e| (e.version, e.attempt)))
+        })
+    }
+
+    /// How many entries are pending.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn len(&self) -> Result<u64, OutboxError> {
+        let ch = &self.inner;
+        ch.scheduler
+            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_len(&ch.name)?))
+    }
+
+    /// Whether nothing is pending.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn is_empty(&self) -> Result<bool, OutboxError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Tries `key`'s pending entry at once, whatever its due time, after
+    /// waiting for a publish call in progress on the channel. Returns
+    /// whether nothing is pending for the key afterwards (delivered, or
+    /// nothing was pending).
+    ///
+    /// # Errors
+    /// [`OutboxError::InvalidKey`]; a storage error.
+    pub async fn publish_now(&self, key: &str) -> Result<bool, OutboxError> {
+        check_key(key)?;
+        let ch = &self.inner;
+        let _busy = ch.busy.lock().await;
+        let now = ch.scheduler.now_ms();
+        let claimed = ch.scheduler.transaction(|tx| {
+            let Some(entry) = tx.outbox_get(&ch.name, key)? else {
+                return Ok::<_, OutboxError>(Vec::new());
+            };
+            ch.claim(tx, vec![entry], now)
+        })?;
+        if !claimed.is_empty() {
+            ch.attempt(claimed).await?;
+        }
+        ch.scheduler.transaction(|tx| {
+            Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_none())
+        })
+    }
+
+    /// Delivers everything due now (what the alarm does).
+    ///
+    /// # Errors
+    /// A storage error; entries stay pending and are retried.
+    pub async fn deliver_due(&self) -> Result<(), OutboxError> {
+        self.inner.deliver_due().await
+    }
+}
+
+impl<S, T, K> Capability for Attachment<S, T, K>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink<T>,
+{
+    fn run(&self, _now_ms: i64) -> BoxFuture<'_, ()> {
+        let channel = self.0.upgrade();
+        Box::pin(async move {
+            let Some(channel) = channel else { return };
+            if let Err(error) = channel.deliver_due().await {
+                tracing::warn!(
+                    event = "durability.outbox.deliver_failed",
+                    channel = %channel.name,
+                    %error,
+                    "outbox delivery failed; entries stay pending"
+                );
+            }
+        })
+    }
+}
+
+impl<S, T, K> Channel<S, T, K>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink<T>,
+{
+    fn event(&self, key: &str, version: u64, attempt: u32, kind: EventKind) -> OutboxEvent {
+        OutboxEvent {
+            channel: self.name.clone(),
+            key: key.to_owned(),
+            version,
+            attempt,
+            kind,
+        }
+    }
+
+    fn after_commit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
+        if let Some(hook) = self.on_event.clone() {
+            let event = self.event(key, version, attempt, kind);
+            self.scheduler
+                .after_commit(move || emit(Some(&hook), &event));
+        }
+    }
+
+    fn emit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
+        if self.on_event.is_some() {
+            emit(self.on_event.as_ref(), &self.event(key, version, attempt, kind));
+        }
+    }
+
+    async fn deliver_due(&self) -> Result<(), OutboxError> {
+        let _busy = self.busy.lock().await;
+        // Only entries due when this run started: an entry retried with no
+        // delay waits for the next run instead of spinning this one.
+        let start = self.scheduler.now_ms();
+        loop {
+            let claimed = self.scheduler.transaction(|tx| {
+                let due = tx.outbox_due(&self.name, start, self.batch_size)?;
+                self.claim(tx, due, start)
+            })?;
+            if claimed.is_empty() {
+                return Ok(());
+            }
+            self.attempt(claimed).await?;
+        }
+    }
+
+    /// Records the attempt of each entry before it starts: attempt count up,
+    /// due again at the claim's deadline. One transaction for the batch.
+    fn claim(
+        &self,
+        tx: &mut S::Tx<'_>,
+        due: Vec<StoredEntry>,
+        now: i64,
+    ) -> Result<Vec<Claimed>, OutboxError> {
+        let deadline = now.saturating_add(self.attempt_timeout_ms);
+        let mut claimed = Vec::with_capacity(due.len());
+        for stored in due {
+            let exhausted = self
+                .retry
+                .max_attempts
+                .is_some_and(|max| stored.attempt >= max);
+            let attempt = if exhausted {
+                stored.attempt
+            } else {
+                stored.attempt.saturating_add(1)
+            };
+            if tx.outbox_reschedule_if(
+                &self.name,
+                &stored.key,
+                stored.version,
+                stored.attempt,
+                attempt,
+                deadline,
+                Some(deadline),
+            )? {
+                claimed.push(Claimed {
+                    stored,
+                    attempt,
+                    exhausted,
+                });
+            }
+        }
+        let next = tx.outbox_next_due(&self.name)?;
+        self.scheduler.set_due(tx, &self.capability, next)?;
+        Ok(claimed)
+    }
+
+    /// Publishes claimed entries and settles them.
+    async fn attempt(&self, claimed: Vec<Claimed>) -> Result<(), OutboxError> {
+        let mut outcomes: Vec<(StoredEntry, u32, Outcome)> = Vec::with_capacity(claimed.len());
+        let mut batch: Vec<Entry<T>> = Vec::with_capacity(claimed.len());
+        let mut batch_meta: Vec<StoredEntry> = Vec::with_capacity(claimed.len());
+        for c in claimed {
+            match decode::<T>(&c.stored.value) {
+                Err(error) => {
+                    tracing::error!(
+                        event = "durability.outbox.corrupt_entry",
+                        channel = %self.name,
+                        key = %c.stored.key,
+                        %error,
+                        "stored outbox value cannot be decoded"
+                    );
+                    let outcome = if c.exhausted {
+                        Outcome::Dropped { error }
+                    } else {
+                        Outcome::Retry { error, delay: None }
+                    };
+                    outcomes.push((c.stored, c.attempt, outcome));
+                }
+                Ok(value) if c.exhausted => {
+                    let outcome = self.dead_letter_one(&c.stored, c.attempt, value).await;
+                    outcomes.push((c.stored, c.attempt, outcome));
+                }
+                Ok(value) => {
+                    self.emit(&c.stored.key, c.stored.version, c.attempt, EventKind::AttemptStarted);
+                    batch.push(Entry {
+                        key: c.stored.key.clone(),
+                        value,
+                        version: c.stored.version,
+                        attempt: c.attempt,
+                        retry: Mutex::new(None),
+                    });
+                    batch_meta.push(c.stored);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let deadline = self.scheduler.now_ms().saturating_add(self.attempt_timeout_ms);
+            let result = self.with_deadline(self.sink.publish(&batch), deadline).await;
+            for (entry, stored) in batch.into_iter().zip(batch_meta) {
+                let outcome = match (&result, entry.retry_request()) {
+                    (Ok(()), None) => Outcome::Delivered,
+                    (Ok(()), Some(delay)) => Outcome::Retry {
+                        error: "sink asked to retry".to_owned(),
+                        delay,
+                    },
+                    (Err(error), request) => Outcome::Retry {
+                        error: error.clone(),
+                        delay: request.flatten(),
+                    },
+                };
+                let outcome = match outcome {
+                    Outcome::Retry { error, .. }
+                        if self.retry.max_attempts.is_some_and(|m| entry.attempt >= m) =>
+                    {
+                        self.dead_letter_one(&stored, entry.attempt, entry.value)
+                            .await
+                            .with_error(error)
+                    }
+                    other => other,
+                };
+                outcomes.push((stored, entry.attempt, outcome));
+            }
+        }
+        self.settle(outcomes)
+    }
+
+    async fn with_deadline<F>(&self, fut: F, deadline: i64) -> Result<(), String>
+    where
+        F: Future<Output = Result<(), SinkError>>,
+    {
+        let clock = self.scheduler.context().clock();
+        tokio::select! {
+            r = fut => r.map_err(|e| e.0),
+            () = clock.sleep_until(deadline) => Err(format!(
+                "attempt timed out after {} ms", self.attempt_timeout_ms
+            )),
+        }
+    }
+
+    async fn dead_letter_one(&self, stored: &StoredEntry, attempt: u32, value: T) -> Outcome {
+        let error = format!("gave up after {attempt} attempts");
+        let Some(sink) = &self.dead_letter else {
+            return Outcome::Dropped { error };
+        };
+        let letter = DeadLetter {
+            channel: self.name.clone(),
+            key: stored.key.clone(),
+            value,
+            version: stored.version,
+            attempts: attempt,
+            error: error.clone(),
+        };
+        let deadline = self.scheduler.now_ms().saturating_add(self.attempt_timeout_ms);
+        match self.with_deadline(sink(letter), deadline).await {
+            Ok(()) => Outcome::DeadLettered { error },
+            Err(e) => Outcome::DeadLetterFailed {
+                error: format!("dead-letter sink failed: {e}"),
+            },
+        }
+    }
+
+    /// Settles a batch in one transaction, each entry guarded by the version
+    /// and attempt it was claimed at, then reports the events.
+    fn settle(&self, outcomes: Vec<(StoredEntry, u32, Outcome)>) -> Result<(), OutboxError> {
+        let now = self.scheduler.now_ms();
+        let events = self.scheduler.transaction(|tx| {
+            let mut events = Vec::with_capacity(outcomes.len());
+            for (stored, attempt, outcome) in outcomes {
+                let (key, version) = (stored.key.as_str(), stored.version);
+                match outcome {
+                    Outcome::Delivered | Outcome::DeadLettered { .. } | Outcome::Dropped { .. } => {
+                        tx.outbox_remove_if(&self.name, key, version, attempt)?;
+                    }
+                    Outcome::Retry { ref error, .. } | Outcome::DeadLetterFailed { ref error } => {
+                        let delay = self.retry_delay(key, attempt, delay_of(&outcome), now);
+                        let next_at = now.saturating_add(delay);
+                        tx.outbox_reschedule_if(
+                            &self.name, key, version, attempt, attempt, next_at, None,
+                        )?;
+                        events.push((
+                            stored.key.clone(),
+                            version,
+                            attempt,
+                            EventKind::RetryScheduled {
+                                next_at,
+                                error: error.clone(),
+                            },
+                        ));
+                        continue;
+                    }
+                }
+                events.push((stored.key.clone(), version, attempt, outcome.into_event()));
+            }
+            let next = tx.outbox_next_due(&self.name)?;
+            self.scheduler.set_due(tx, &self.capability, next)?;
+            Ok::<_, OutboxError>(events)
+        })?;
+        for (key, version, attempt, kind) in events {
+            if let EventKind::RetryScheduled { error, .. } = &kind {
+                tracing::debug!(
+                    event = "durability.outbox.retry_scheduled",
+                    channel = %self.name, %key, version, attempt, %error
+                );
+            }
+            self.emit(&key, version, attempt, kind);
+        }
+        Ok(())
+    }
+
+    /// The delay before a retry: the one the sink asked for, else the
+    /// channel's policy; a rejected delay is reported and replaced by the
+    /// default backoff. Never below 1 ms, so a run never spins on one entry.
+    fn retry_delay(&self, key: &str, attempt: u32, requested: Option<f64>, now: i64) -> i64 {
+        if let Some(ms) = requested {
+            match check_delay(ms, now) {
+                Ok(delay) => return delay.max(1),
+                Err(reason) => self.report_bad_delay(key, &reason),
+            }
+        }
+        match self.retry.delay_ms(attempt, now) {
+            Ok(delay) => delay.max(1),
+            Err(reason) => {
+                self.report_bad_delay(key, &reason);
+                let fallback = default_delay_ms(attempt, rand::random::<f64>());
+                check_delay(fallback, now).unwrap_or(1).max(1)
+            }
+        }
+    }
+
+    fn report_bad_delay(&self, key: &str, reason: &str) {
+        tracing::warn!(
+            event = "durability.outbox.invalid_delay",
+            channel = %self.name,
+            %key,
+            %reason,
+            "retry delay rejected; using the default backoff"
+        );
+    }
+}
+
+fn delay_of(outcome: &Outcome) -> Option<f64> {
+    match outcome {
+        Outcome::Retry { delay, .. } => *delay,
+        _ => None,
+    }
+}
+
+impl Outcome {
+    fn with_error(self, last: String) -> Self {
+        match self {
+            Self::DeadLettered { .. } => Self::DeadLettered { error: last },
+            Self::Dropped { .. } => Self::Dropped { error: last },
+            other => other,
+        }
+    }
+
+    fn into_event(self) -> EventKind {
+        match self {
+            Self::Delivered => EventKind::Delivered,
+            Self::DeadLettered { error } => EventKind::DeadLettered { error },
+            Self::Dropped { error } => EventKind::Dropped { error },
+            Self::Retry { error, .. } | Self::DeadLetterFailed { error } => {
+                EventKind::RetryScheduled { next_at: 0, error }
+            }
+        }
+    }
+}

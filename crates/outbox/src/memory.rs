@@ -1,0 +1,125 @@
+//! [`OutboxTx`] on the scheduler's in-memory test storage.
+
+use std::collections::BTreeMap;
+
+use durability_scheduler::StorageError;
+use durability_scheduler::testkit::MemoryTx;
+
+use crate::store::{OutboxTx, StoredEntry};
+
+/// The outbox rows of a `MemoryStorage`.
+#[derive(Debug, Clone, Default)]
+struct MemOutbox {
+    next_version: u64,
+    entries: BTreeMap<(String, String), StoredEntry>,
+}
+
+fn rows<'a>(tx: &'a mut MemoryTx<'_>) -> &'a mut MemOutbox {
+    tx.ext::<MemOutbox>()
+}
+
+fn k(channel: &str, key: &str) -> (String, String) {
+    (channel.to_owned(), key.to_owned())
+}
+
+impl OutboxTx for MemoryTx<'_> {
+    fn outbox_next_version(&mut self) -> Result<u64, StorageError> {
+        let r = rows(self);
+        r.next_version += 1;
+        Ok(r.next_version)
+    }
+
+    fn outbox_upsert(&mut self, entry: &StoredEntry) -> Result<(), StorageError> {
+        rows(self)
+            .entries
+            .insert(k(&entry.channel, &entry.key), entry.clone());
+        Ok(())
+    }
+
+    fn outbox_get(
+        &mut self,
+        channel: &str,
+        key: &str,
+    ) -> Result<Option<StoredEntry>, StorageError> {
+        Ok(rows(self).entries.get(&k(channel, key)).cloned())
+    }
+
+    fn outbox_remove(&mut self, channel: &str, key: &str) -> Result<bool, StorageError> {
+        Ok(rows(self).entries.remove(&k(channel, key)).is_some())
+    }
+
+    fn outbox_remove_if(
+        &mut self,
+        channel: &str,
+        key: &str,
+        version: u64,
+        attempt: u32,
+    ) -> Result<bool, StorageError> {
+        let r = rows(self);
+        let id = k(channel, key);
+        if r
+            .entries
+            .get(&id)
+            .is_some_and(|e| e.version == version && e.attempt == attempt)
+        {
+            r.entries.remove(&id);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn outbox_reschedule_if(
+        &mut self,
+        channel: &str,
+        key: &str,
+        version: u64,
+        expected_attempt: u32,
+        attempt: u32,
+        due_at: i64,
+        claimed_until: Option<i64>,
+    ) -> Result<bool, StorageError> {
+        match rows(self).entries.get_mut(&k(channel, key)) {
+            Some(e) if e.version == version && e.attempt == expected_attempt => {
+                e.attempt = attempt;
+                e.due_at = due_at;
+                e.claimed_until = claimed_until;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn outbox_due(
+        &mut self,
+        channel: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<StoredEntry>, StorageError> {
+        let mut due: Vec<StoredEntry> = rows(self)
+            .entries
+            .values()
+            .filter(|e| e.channel == channel && e.due_at <= now)
+            .cloned()
+            .collect();
+        due.sort_by_key(|e| (e.due_at, e.version));
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    fn outbox_next_due(&mut self, channel: &str) -> Result<Option<i64>, StorageError> {
+        Ok(rows(self)
+            .entries
+            .values()
+            .filter(|e| e.channel == channel)
+            .map(|e| e.due_at)
+            .min())
+    }
+
+    fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError> {
+        Ok(rows(self)
+            .entries
+            .values()
+            .filter(|e| e.channel == channel)
+            .count() as u64)
+    }
+}

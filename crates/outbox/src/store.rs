@@ -1,0 +1,109 @@
+//! What the outbox keeps in the object's storage: the [`OutboxTx`] trait a
+//! backend implements on its transaction type, and the stored row.
+
+use durability_scheduler::{SchedulerTx, StorageError};
+
+/// One pending entry as stored: the newest value of a key in a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// The channel name.
+    pub channel: String,
+    /// The key within the channel.
+    pub key: String,
+    /// The encoded value (a format byte, then postcard).
+    pub value: Vec<u8>,
+    /// The object-wide version assigned when the value was staged.
+    pub version: u64,
+    /// Attempts started for this version.
+    pub attempt: u32,
+    /// When the entry is next due (Unix ms). While an attempt is claimed this
+    /// is the claim's deadline, so an attempt lost to a crash is retried.
+    pub due_at: i64,
+    /// The deadline of the attempt in flight, if one was claimed.
+    pub claimed_until: Option<i64>,
+}
+
+/// The outbox's rows in an object's storage.
+///
+/// Every method runs inside the caller's transaction. The version counter is
+/// object-wide and never decreases, whatever is delivered or discarded.
+pub trait OutboxTx: SchedulerTx {
+    /// Returns the next object-wide version and advances the counter.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_next_version(&mut self) -> Result<u64, StorageError>;
+
+    /// Inserts the entry, replacing any pending entry of the same channel and
+    /// key.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_upsert(&mut self, entry: &StoredEntry) -> Result<(), StorageError>;
+
+    /// The pending entry of a key, if any.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_get(&mut self, channel: &str, key: &str)
+    -> Result<Option<StoredEntry>, StorageError>;
+
+    /// Removes a key's pending entry; whether one was there.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_remove(&mut self, channel: &str, key: &str) -> Result<bool, StorageError>;
+
+    /// Removes a key's entry only if it is still at `version` and `attempt`.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_remove_if(
+        &mut self,
+        channel: &str,
+        key: &str,
+        version: u64,
+        attempt: u32,
+    ) -> Result<bool, StorageError>;
+
+    /// Sets attempt, due time and claim of a key's entry only if it is still
+    /// at `version` and `expected_attempt`; whether it was.
+    ///
+    /// # Errors
+    /// A backend failure.
+    #[allow(clippy::too_many_arguments)]
+    fn outbox_reschedule_if(
+        &mut self,
+        channel: &str,
+        key: &str,
+        version: u64,
+        expected_attempt: u32,
+        attempt: u32,
+        due_at: i64,
+        claimed_until: Option<i64>,
+    ) -> Result<bool, StorageError>;
+
+    /// Up to `limit` entries of a channel due at or before `now`, earliest
+    /// due first (then lowest version).
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_due(
+        &mut self,
+        channel: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<StoredEntry>, StorageError>;
+
+    /// The earliest due time in a channel.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_next_due(&mut self, channel: &str) -> Result<Option<i64>, StorageError>;
+
+    /// How many entries a channel has pending.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError>;
+}

@@ -1,0 +1,331 @@
+//! SQLite object storage: one database file per object, synchronous
+//! transactions, the scheduler's rows and registered schema migrations.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use durability_scheduler::{
+    Direction, SchedulerTx, SchemaStep, Storage, StorageError, StorageErrorKind,
+};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+/// SQLite's `synchronous` setting for a WAL database.
+///
+/// `Full` (the default) syncs the WAL on every commit: a committed
+/// transaction survives power loss. `Normal` syncs only at checkpoints: a
+/// commit survives a process crash but the last transactions before a power
+/// loss or OS crash can roll back, which for an outbox means staged entries
+/// (and the application rows staged with them) vanish together, never one
+/// without the other. `Off` leaves syncing to the OS and is for tests only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// Survives power loss: fsync on every commit.
+    #[default]
+    Full,
+    /// Survives process crashes; may lose the last commits on power loss.
+    Normal,
+    /// No syncing: tests and throwaway data only.
+    Off,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Normal => "NORMAL",
+            Self::Off => "OFF",
+        }
+    }
+}
+
+/// Options for opening an object database.
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteOptions {
+    /// Durability of commits; default [`Synchronous::Full`].
+    pub synchronous: Synchronous,
+    /// How long to wait for another connection's lock; default 5 s.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One schema step with its SQL, as an application registers it for its own
+/// capability with [`SqliteStorage::register_schema`].
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteSchemaStep {
+    /// The step's version and name.
+    pub step: SchemaStep,
+    /// SQL applied going up (may hold several statements).
+    pub up: &'static str,
+    /// SQL applied going down.
+    pub down: &'static str,
+}
+
+/// An object's storage in one SQLite database (WAL mode).
+pub struct SqliteStorage {
+    conn: Mutex<Connection>,
+    schemas: BTreeMap<String, (&'static [SchemaStep], &'static [SqliteSchemaStep])>,
+}
+
+/// A transaction on a [`SqliteStorage`]. [`SqliteTx::sql`] gives the
+/// application the same transaction for its own rows.
+pub struct SqliteTx<'t> {
+    tx: rusqlite::Transaction<'t>,
+}
+
+impl SqliteTx<'_> {
+    /// The underlying SQLite transaction, for the application's own rows.
+    /// Everything written through it commits or rolls back with the
+    /// capabilities' rows.
+    pub fn sql(&self) -> &Connection {
+        &self.tx
+    }
+}
+
+pub(crate) fn backend(context: &str, e: rusqlite::Error) -> StorageError {
+    StorageError::backend(context.to_owned(), e)
+}
+
+const BASE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS durability_schema (
+    capability TEXT PRIMARY KEY NOT NULL,
+    version INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS durability_scheduler_due (
+    capability TEXT PRIMARY KEY NOT NULL,
+    due INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS durability_scheduler_due_by_time
+    ON durability_scheduler_due (due);
+CREATE TABLE IF NOT EXISTS durability_scheduler_alarm (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    at INTEGER
+);
+";
+
+impl SqliteStorage {
+    /// Opens (or creates) the object database at `path` in WAL mode.
+    ///
+    /// # Errors
+    /// A SQLite failure opening the file or creating the base tables.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StorageError> {
+        let conn = Connection::open(path).map_err(|e| backend("open database", e))?;
+        Self::init(conn, options, true)
+    }
+
+    /// An in-memory database: for logic tests only (nothing survives).
+    ///
+    /// # Errors
+    /// A SQLite failure creating the base tables.
+    pub fn open_in_memory() -> Result<Self, StorageError> {
+        let conn = Connection::open_in_memory().map_err(|e| backend("open database", e))?;
+        Self::init(conn, SqliteOptions::default(), false)
+    }
+
+    fn init(conn: Connection, options: SqliteOptions, wal: bool) -> Result<Self, StorageError> {
+        conn.busy_timeout(options.busy_timeout)
+            .map_err(|e| backend("set busy timeout", e))?;
+        if wal {
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                .map_err(|e| backend("enable WAL", e))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StorageError::new(
+                    StorageErrorKind::Backend,
+                    format!("database refused WAL mode (got {mode})"),
+                ));
+            }
+        }
+        conn.pragma_update(None, "synchronous", options.synchronous.pragma())
+            .map_err(|e| backend("set synchronous", e))?;
+        conn.execute_batch(BASE_SCHEMA)
+            .map_err(|e| backend("create base tables", e))?;
+        let mut schemas = BTreeMap::new();
+        #[cfg(feature = "outbox")]
+        schemas.insert(
+            durability_outbox::SCHEMA.to_owned(),
+            (crate::outbox::STEPS, crate::outbox::SQL_STEPS),
+        );
+        Ok(Self {
+            conn: Mutex::new(conn),
+            schemas,
+        })
+    }
+
+    /// Registers schema steps for an application capability, applied by the
+    /// scheduler on attach and by `migrate`.
+    ///
+    /// `steps` and `sql` list the same versions in the same order.
+    ///
+    /// # Errors
+    /// A backend error when the lists disagree or the name is taken by a
+    /// built-in capability.
+    pub fn register_schema(
+        &mut self,
+        capability: &str,
+        steps: &'static [SchemaStep],
+        sql: &'static [SqliteSchemaStep],
+    ) -> Result<(), StorageError> {
+        let same = steps.len() == sql.len()
+            && steps.iter().zip(sql).all(|(a, b)| *a == b.step)
+            && steps
+                .iter()
+                .enumerate()
+                .all(|(i, s)| usize::try_from(s.version).ok() == Some(i + 1));
+        if !same {
+            return Err(StorageError::new(
+                StorageErrorKind::Backend,
+                format!("schema steps of {capability} must be versions 1.. matching their SQL"),
+            ));
+        }
+        if self.schemas.contains_key(capability) {
+            return Err(StorageError::new(
+                StorageErrorKind::Backend,
+                format!("a schema for {capability} is already registered"),
+            ));
+        }
+        self.schemas.insert(capability.to_owned(), (steps, sql));
+        Ok(())
+    }
+}
+
+impl SchedulerTx for SqliteTx<'_> {
+    fn capability_due(&mut self, capability: &str) -> Result<Option<i64>, StorageError> {
+        self.tx
+            .prepare_cached("SELECT due FROM durability_scheduler_due WHERE capability = ?1")
+            .and_then(|mut st| st.query_row([capability], |r| r.get(0)).optional())
+            .map_err(|e| backend("read capability due", e))
+    }
+
+    fn set_capability_due(
+        &mut self,
+        capability: &str,
+        due: Option<i64>,
+    ) -> Result<(), StorageError> {
+        let result = match due {
+            Some(due) => self
+                .tx
+                .prepare_cached(
+                    "INSERT INTO durability_scheduler_due (capability, due) VALUES (?1, ?2)
+                     ON CONFLICT (capability) DO UPDATE SET due = excluded.due",
+                )
+                .and_then(|mut st| st.execute(params![capability, due])),
+            None => self
+                .tx
+                .prepare_cached("DELETE FROM durability_scheduler_due WHERE capability = ?1")
+                .and_then(|mut st| st.execute([capability])),
+        };
+        result.map(|_| ()).map_err(|e| backend("write capability due", e))
+    }
+
+    fn earliest_capability_due(&mut self) -> Result<Option<i64>, StorageError> {
+        self.tx
+            .prepare_cached("SELECT MIN(due) FROM durability_scheduler_due")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .map_err(|e| backend("read earliest due", e))
+    }
+
+    fn alarm(&mut self) -> Result<Option<i64>, StorageError> {
+        self.tx
+            .prepare_cached("SELECT at FROM durability_scheduler_alarm WHERE id = 0")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, Option<i64>>(0)).optional())
+            .map(Option::flatten)
+            .map_err(|e| backend("read alarm", e))
+    }
+
+    fn set_alarm(&mut self, at: Option<i64>) -> Result<(), StorageError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO durability_scheduler_alarm (id, at) VALUES (0, ?1)
+                 ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            )
+            .and_then(|mut st| st.execute([at]))
+            .map(|_| ())
+            .map_err(|e| backend("write alarm", e))
+    }
+
+    fn schema_version(&mut self, capability: &str) -> Result<Option<u32>, StorageError> {
+        self.tx
+            .prepare_cached("SELECT version FROM durability_schema WHERE capability = ?1")
+            .and_then(|mut st| st.query_row([capability], |r| r.get(0)).optional())
+            .map_err(|e| backend("read schema version", e))
+    }
+
+    fn set_schema_version(
+        &mut self,
+        capability: &str,
+        version: Option<u32>,
+    ) -> Result<(), StorageError> {
+        let result = match version {
+            Some(v) => self.tx.execute(
+                "INSERT INTO durability_schema (capability, version) VALUES (?1, ?2)
+                 ON CONFLICT (capability) DO UPDATE SET version = excluded.version",
+                params![capability, v],
+            ),
+            None => self.tx.execute(
+                "DELETE FROM durability_schema WHERE capability = ?1",
+                [capability],
+            ),
+        };
+        result.map(|_| ()).map_err(|e| backend("write schema version", e))
+    }
+}
+
+impl Storage for SqliteStorage {
+    type Tx<'t> = SqliteTx<'t>;
+
+    fn transaction<R, E>(&self, f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<StorageError>,
+    {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| E::from(backend("begin transaction", e)))?;
+        let mut tx = SqliteTx { tx };
+        let value = f(&mut tx)?;
+        tx.tx
+            .commit()
+            .map_err(|e| E::from(backend("commit transaction", e)))?;
+        Ok(value)
+    }
+
+    fn schema(&self, capability: &str) -> &'static [SchemaStep] {
+        self.schemas.get(capability).map_or(&[], |(steps, _)| steps)
+    }
+
+    fn apply_schema_step(
+        &self,
+        tx: &mut SqliteTx<'_>,
+        capability: &str,
+        version: u32,
+        direction: Direction,
+    ) -> Result<(), StorageError> {
+        let step = self
+            .schemas
+            .get(capability)
+            .and_then(|(_, sql)| sql.iter().find(|s| s.step.version == version))
+            .ok_or_else(|| {
+                StorageError::new(
+                    StorageErrorKind::Backend,
+                    format!("no schema step {version} for {capability}"),
+                )
+            })?;
+        let sql = match direction {
+            Direction::Up => step.up,
+            Direction::Down => step.down,
+        };
+        tx.tx
+            .execute_batch(sql)
+            .map_err(|e| backend("apply schema step", e))
+    }
+}
