@@ -3,22 +3,32 @@
 #![allow(clippy::unwrap_used)]
 
 use durability_scheduler::{SchedulerTx, SchemaStep, Storage, testkit};
-use durability_storage_sqlite::{
-    SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous,
-};
+use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous};
 
 static CONFORMANCE_STEPS: &[SchemaStep] = &[
-    SchemaStep { version: 1, name: "initial" },
-    SchemaStep { version: 2, name: "second" },
+    SchemaStep {
+        version: 1,
+        name: "initial",
+    },
+    SchemaStep {
+        version: 2,
+        name: "second",
+    },
 ];
 static CONFORMANCE_SQL: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep { version: 1, name: "initial" },
+        step: SchemaStep {
+            version: 1,
+            name: "initial",
+        },
         up: "CREATE TABLE app_conformance (id INTEGER PRIMARY KEY)",
         down: "DROP TABLE app_conformance",
     },
     SqliteSchemaStep {
-        step: SchemaStep { version: 2, name: "second" },
+        step: SchemaStep {
+            version: 2,
+            name: "second",
+        },
         up: "ALTER TABLE app_conformance ADD COLUMN note TEXT",
         down: "ALTER TABLE app_conformance DROP COLUMN note",
     },
@@ -26,8 +36,11 @@ static CONFORMANCE_SQL: &[SqliteSchemaStep] = &[
 
 fn file_storage(dir: &tempfile::TempDir, n: &std::sync::atomic::AtomicU32) -> SqliteStorage {
     let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let mut s = SqliteStorage::open(dir.path().join(format!("obj-{i}.db")), SqliteOptions::default())
-        .unwrap();
+    let mut s = SqliteStorage::open(
+        dir.path().join(format!("obj-{i}.db")),
+        SqliteOptions::default(),
+    )
+    .unwrap();
     s.register_schema("conformance", CONFORMANCE_STEPS, CONFORMANCE_SQL)
         .unwrap();
     s
@@ -55,34 +68,63 @@ fn outbox_conformance_on_memory_storage() {
 #[test]
 fn database_is_wal_with_the_chosen_synchronous_and_prefixed_tables() {
     let dir = tempfile::tempdir().unwrap();
-    for (sync, expected) in [(Synchronous::Full, 2), (Synchronous::Normal, 1), (Synchronous::Off, 0)] {
+    for (sync, expected) in [
+        (Synchronous::Full, 2),
+        (Synchronous::Normal, 1),
+        (Synchronous::Off, 0),
+    ] {
         let path = dir.path().join(format!("{expected}.db"));
-        let s = SqliteStorage::open(&path, SqliteOptions { synchronous: sync, ..Default::default() })
+        let s = SqliteStorage::open(
+            &path,
+            SqliteOptions {
+                synchronous: sync,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        durability_scheduler::migrate(&s, "outbox", &durability_scheduler::SchemaTarget::Latest)
             .unwrap();
-        durability_scheduler::migrate(&s, "outbox", &durability_scheduler::SchemaTarget::Latest).unwrap();
         let (mode, level, names): (String, i64, Vec<String>) = s
             .transaction(|tx| {
                 let c = tx.sql();
                 let mode = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
                 let level = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
                 let mut st = c.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
-                let names = st.query_map([], |r| r.get(0))?.collect::<Result<Vec<String>, _>>()?;
+                let names = st
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()?;
                 Ok::<_, rusqlite_error::E>((mode, level, names))
             })
             .unwrap();
         assert_eq!(mode, "wal");
         assert_eq!(level, expected, "synchronous {sync:?}");
-        assert!(names.iter().all(|n| n.starts_with("durability_")), "{names:?}");
+        assert!(
+            names.iter().all(|n| n.starts_with("durability_")),
+            "{names:?}"
+        );
     }
-    assert_eq!(SqliteOptions::default().synchronous, Synchronous::Full, "FULL is the default");
+    assert_eq!(
+        SqliteOptions::default().synchronous,
+        Synchronous::Full,
+        "FULL is the default"
+    );
 }
 
 #[test]
 fn schema_registration_is_validated() {
     let mut s = SqliteStorage::open_in_memory().unwrap();
-    assert!(s.register_schema("outbox", CONFORMANCE_STEPS, CONFORMANCE_SQL).is_err(), "built-in name");
-    assert!(s.register_schema("x", &CONFORMANCE_STEPS[..1], CONFORMANCE_SQL).is_err(), "mismatch");
-    s.register_schema("x", CONFORMANCE_STEPS, CONFORMANCE_SQL).unwrap();
+    assert!(
+        s.register_schema("outbox", CONFORMANCE_STEPS, CONFORMANCE_SQL)
+            .is_err(),
+        "built-in name"
+    );
+    assert!(
+        s.register_schema("x", &CONFORMANCE_STEPS[..1], CONFORMANCE_SQL)
+            .is_err(),
+        "mismatch"
+    );
+    s.register_schema("x", CONFORMANCE_STEPS, CONFORMANCE_SQL)
+        .unwrap();
 }
 
 #[test]

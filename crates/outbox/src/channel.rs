@@ -264,11 +264,20 @@ struct Attachment<S: Storage, T, K>(Weak<Channel<S, T, K>>);
 /// The outcome of one claimed entry.
 enum Outcome {
     Delivered,
-    Retry { error: String, delay: Option<f64> },
-    DeadLettered { error: String },
-    Dropped { error: String },
+    Retry {
+        error: String,
+        delay: Option<f64>,
+    },
+    DeadLettered {
+        error: String,
+    },
+    Dropped {
+        error: String,
+    },
     /// Dead-lettering failed: keep the entry and try again later.
-    DeadLetterFailed { error: String },
+    DeadLetterFailed {
+        error: String,
+    },
 }
 
 struct Claimed {
@@ -404,7 +413,10 @@ where
         check_key(key)?;
         let ch = &self.inner;
         ch.scheduler.transaction(|tx| {
-            Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.map(|e| (e.version, e.attempt)))
+            Ok::<_, OutboxError>(
+                tx.outbox_get(&ch.name, key)?
+                    .map(|e| (e.version, e.attempt)),
+            )
         })
     }
 
@@ -447,9 +459,8 @@ where
         if !claimed.is_empty() {
             ch.attempt(claimed).await?;
         }
-        ch.scheduler.transaction(|tx| {
-            Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_none())
-        })
+        ch.scheduler
+            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_none()))
     }
 
     /// Delivers everything due now (what the alarm does).
@@ -511,7 +522,10 @@ where
 
     fn emit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
         if self.on_event.is_some() {
-            emit(self.on_event.as_ref(), &self.event(key, version, attempt, kind));
+            emit(
+                self.on_event.as_ref(),
+                &self.event(key, version, attempt, kind),
+            );
         }
     }
 
@@ -600,7 +614,12 @@ where
                     outcomes.push((c.stored, c.attempt, outcome));
                 }
                 Ok(value) => {
-                    self.emit(&c.stored.key, c.stored.version, c.attempt, EventKind::AttemptStarted);
+                    self.emit(
+                        &c.stored.key,
+                        c.stored.version,
+                        c.attempt,
+                        EventKind::AttemptStarted,
+                    );
                     batch.push(Entry {
                         key: c.stored.key.clone(),
                         value,
@@ -613,8 +632,13 @@ where
             }
         }
         if !batch.is_empty() {
-            let deadline = self.scheduler.now_ms().saturating_add(self.attempt_timeout_ms);
-            let result = self.with_deadline(self.sink.publish(&batch), deadline).await;
+            let deadline = self
+                .scheduler
+                .now_ms()
+                .saturating_add(self.attempt_timeout_ms);
+            let result = self
+                .with_deadline(self.sink.publish(&batch), deadline)
+                .await;
             for (entry, stored) in batch.into_iter().zip(batch_meta) {
                 let outcome = match (&result, entry.retry_request()) {
                     (Ok(()), None) => Outcome::Delivered,
@@ -669,7 +693,10 @@ where
             attempts: attempt,
             error: error.clone(),
         };
-        let deadline = self.scheduler.now_ms().saturating_add(self.attempt_timeout_ms);
+        let deadline = self
+            .scheduler
+            .now_ms()
+            .saturating_add(self.attempt_timeout_ms);
         match self.with_deadline(sink(letter), deadline).await {
             Ok(()) => Outcome::DeadLettered { error },
             Err(e) => Outcome::DeadLetterFailed {

@@ -81,7 +81,10 @@ where
     assert_eq!(tx(s, |t| t.outbox_len("c")), 1);
     assert!(tx(s, |t| t.outbox_get("c", "other")).is_none());
     assert!(tx(s, |t| t.outbox_remove("c", "k")));
-    assert!(!tx(s, |t| t.outbox_remove("c", "k")), "second remove finds nothing");
+    assert!(
+        !tx(s, |t| t.outbox_remove("c", "k")),
+        "second remove finds nothing"
+    );
 }
 
 fn guarded_settlement<S: Storage>(s: &S)
@@ -90,11 +93,22 @@ where
 {
     tx(s, |t| t.outbox_upsert(&entry("c", "k", 5, 0)));
     assert!(
-        tx(s, |t| t.outbox_reschedule_if("c", "k", 5, 0, 1, 100, Some(100))),
+        tx(s, |t| t.outbox_reschedule_if(
+            "c",
+            "k",
+            5,
+            0,
+            1,
+            100,
+            Some(100)
+        )),
         "claim at the current version and attempt succeeds"
     );
     let got = tx(s, |t| t.outbox_get("c", "k")).expect("present");
-    assert_eq!((got.attempt, got.due_at, got.claimed_until), (1, 100, Some(100)));
+    assert_eq!(
+        (got.attempt, got.due_at, got.claimed_until),
+        (1, 100, Some(100))
+    );
     assert!(
         !tx(s, |t| t.outbox_reschedule_if("c", "k", 5, 0, 2, 7, None)),
         "a stale attempt cannot reschedule"
@@ -132,7 +146,11 @@ where
         .into_iter()
         .map(|e| e.key)
         .collect();
-    assert_eq!(due, ["zero", "first", "second"], "due order: time, then version");
+    assert_eq!(
+        due,
+        ["zero", "first", "second"],
+        "due order: time, then version"
+    );
     let limited = tx(s, |t| t.outbox_due("a", 1_000, 2));
     assert_eq!(limited.len(), 2, "limit bounds the batch");
     assert_eq!(tx(s, |t| t.outbox_next_due("a")), Some(50));

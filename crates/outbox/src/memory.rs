@@ -57,8 +57,7 @@ impl OutboxTx for MemoryTx<'_> {
     ) -> Result<bool, StorageError> {
         let r = rows(self);
         let id = k(channel, key);
-        if r
-            .entries
+        if r.entries
             .get(&id)
             .is_some_and(|e| e.version == version && e.attempt == attempt)
         {

@@ -65,7 +65,10 @@ impl RetryPolicy {
         let ms = match &self.delay {
             Some(delay) => delay(attempt),
             None => {
-                let r = self.jitter.as_ref().map_or_else(rand::random::<f64>, |j| j());
+                let r = self
+                    .jitter
+                    .as_ref()
+                    .map_or_else(rand::random::<f64>, |j| j());
                 default_delay_ms(attempt, r)
             }
         };

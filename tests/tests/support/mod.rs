@@ -1,0 +1,239 @@
+//! Shared test support: a programmable recording sink and object helpers.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxEvent, OutboxTx, Sink, SinkError};
+use durability_scheduler::testkit::MemoryStorage;
+use durability_scheduler::{Clock, ManualClock, ObjectContext, ObjectId, Scheduler, Storage};
+use tokio::sync::Notify;
+
+/// The manual clock's start: a realistic Unix time.
+pub const START: i64 = 1_700_000_000_000;
+
+/// How the sink behaves on its next calls.
+#[derive(Clone)]
+pub enum Mode {
+    /// Acknowledge everything.
+    Ok,
+    /// Fail this many calls, then acknowledge.
+    Fail(u32),
+    /// Fail every n-th call.
+    FailEvery(u32),
+    /// Never return.
+    Hang,
+    /// Signal `entered`, wait for `release`, then acknowledge.
+    Gate,
+    /// Never return, but land the batch 2 s later on this clock.
+    LandLate(ManualClock),
+}
+
+/// A sink that records what it applied, like a version-aware store.
+#[derive(Clone)]
+pub struct Recorder {
+    mode: Arc<Mutex<Mode>>,
+    log: Arc<Mutex<Vec<(String, u64, String)>>>,
+    pub calls: Arc<AtomicU32>,
+    current: Arc<AtomicUsize>,
+    pub max_concurrent: Arc<AtomicUsize>,
+    pub max_batch: Arc<AtomicUsize>,
+    pub entered: Arc<Notify>,
+    pub release: Arc<Notify>,
+    delivered: Arc<Notify>,
+    late: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::with_mode(Mode::Ok)
+    }
+}
+
+impl Recorder {
+    pub fn with_mode(mode: Mode) -> Self {
+        Self {
+            mode: Arc::new(Mutex::new(mode)),
+            log: Arc::default(),
+            calls: Arc::default(),
+            current: Arc::default(),
+            max_concurrent: Arc::default(),
+            max_batch: Arc::default(),
+            entered: Arc::default(),
+            release: Arc::default(),
+            delivered: Arc::default(),
+            late: Arc::default(),
+        }
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// Every successful delivery, in order.
+    pub fn delivered(&self) -> Vec<(String, u64, String)> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Deliveries with repeats of the same key and version removed.
+    pub fn delivered_first_times(&self) -> Vec<(String, u64, String)> {
+        let mut seen = BTreeSet::new();
+        self.delivered()
+            .into_iter()
+            .filter(|(k, v, _)| seen.insert((k.clone(), *v)))
+            .collect()
+    }
+
+    /// What a sink keeping the highest version per key holds.
+    pub fn applied(&self, key: &str) -> Option<(u64, String)> {
+        let mut best: BTreeMap<&str, (u64, String)> = BTreeMap::new();
+        let log = self.log.lock().unwrap();
+        for (k, v, value) in log.iter() {
+            if best.get(k.as_str()).is_none_or(|b| b.0 < *v) {
+                best.insert(k, (*v, value.clone()));
+            }
+        }
+        best.get(key).cloned()
+    }
+
+    pub async fn wait_delivered(&self, n: usize) {
+        loop {
+            let notified = self.delivered.notified();
+            if self.log.lock().unwrap().len() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub async fn settle_late(&self) {
+        let handles = std::mem::take(&mut *self.late.lock().unwrap());
+        for h in handles {
+            h.await.unwrap();
+        }
+    }
+
+    fn record(&self, batch: &[(String, u64, String)]) {
+        self.log.lock().unwrap().extend(batch.iter().cloned());
+        self.delivered.notify_waiters();
+    }
+}
+
+impl Sink<String> for Recorder {
+    async fn publish(&self, batch: &[Entry<String>]) -> Result<(), SinkError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_concurrent.fetch_max(now, Ordering::SeqCst);
+        self.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
+        let rows: Vec<(String, u64, String)> = batch
+            .iter()
+            .map(|e| (e.key().to_owned(), e.version(), e.value().clone()))
+            .collect();
+        let mode = self.mode.lock().unwrap().clone();
+        let result = match mode {
+            Mode::Ok => Ok(()),
+            Mode::Fail(left) => {
+                if left > 0 {
+                    *self.mode.lock().unwrap() = Mode::Fail(left - 1);
+                    Err(SinkError::new("sink down"))
+                } else {
+                    Ok(())
+                }
+            }
+            Mode::FailEvery(k) => {
+                if n % k == 0 {
+                    Err(SinkError::new("flaky"))
+                } else {
+                    Ok(())
+                }
+            }
+            Mode::Hang => {
+                self.entered.notify_one();
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+            Mode::Gate => {
+                self.entered.notify_one();
+                self.release.notified().await;
+                Ok(())
+            }
+            Mode::LandLate(clock) => {
+                let me = self.clone();
+                let at = clock.now_ms() + 2_000;
+                let rows = rows.clone();
+                let sleep = clock.sleep_until(at);
+                self.late.lock().unwrap().push(tokio::spawn(async move {
+                    sleep.await;
+                    me.record(&rows);
+                }));
+                self.entered.notify_one();
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        };
+        self.current.fetch_sub(1, Ordering::SeqCst);
+        if result.is_ok() {
+            self.record(&rows);
+        }
+        result
+    }
+}
+
+/// One object: its scheduler and one outbox channel.
+pub struct Obj<S: Storage> {
+    pub sched: Scheduler<S>,
+    pub outbox: Outbox<S, String, Recorder>,
+    pub sink: Recorder,
+    pub events: Arc<Mutex<Vec<OutboxEvent>>>,
+}
+
+pub fn memory() -> Arc<MemoryStorage> {
+    Arc::new(durability_outbox::conformance::memory_storage())
+}
+
+/// Opens an object on `storage`, recording every lifecycle event.
+pub fn try_open<S: Storage>(
+    storage: Arc<S>,
+    clock: &ManualClock,
+    sink: Recorder,
+    config: ChannelConfig<String>,
+) -> Option<Obj<S>>
+where
+    for<'t> S::Tx<'t>: OutboxTx,
+{
+    let ctx = ObjectContext::with_clock(
+        ObjectId::new("object-1").unwrap(),
+        storage,
+        Arc::new(clock.clone()),
+    );
+    let sched = Scheduler::new(ctx).ok()?;
+    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
+    let e = events.clone();
+    let config = config.on_event(Arc::new(move |ev| e.lock().unwrap().push(ev.clone())));
+    let outbox = Outbox::attach(&sched, config, sink.clone()).ok()?;
+    Some(Obj {
+        sched,
+        outbox,
+        sink,
+        events,
+    })
+}
+
+pub fn open<S: Storage>(
+    storage: Arc<S>,
+    clock: &ManualClock,
+    sink: Recorder,
+    config: ChannelConfig<String>,
+) -> Obj<S>
+where
+    for<'t> S::Tx<'t>: OutboxTx,
+{
+    try_open(storage, clock, sink, config).expect("object opens")
+}
+
+pub async fn wait_for_sleeper(clock: &ManualClock) {
+    while clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+}
