@@ -16,7 +16,7 @@
 #[cfg(feature = "scheduler")]
 mod object;
 #[cfg(feature = "scheduler")]
-pub use object::{SqliteOptions, SqliteStorage, SqliteTx, Synchronous};
+pub use object::{SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx, Synchronous};
 
 #[cfg(feature = "outbox")]
 mod outbox;
