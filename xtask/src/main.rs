@@ -1,0 +1,96 @@
+//! Project automation: `cargo xtask <command>`.
+//!
+//! - `test`: every test of the workspace (nextest) and the doctests. This is
+//!   the README's test command and what `.ci/run` calls.
+//! - `ci`: formatting, clippy, `test`, and docs, as CI runs them.
+//! - `demo [--redis]`: the main job, a readable run on embedded SQLite.
+//! - `bench [AREA]`: benchmarks printing one JSON line per figure with its
+//!   ratio to a baseline measured in the same run (release build).
+//! - `verify`: the crash-point and simulation suites, with what they tried.
+#![allow(clippy::print_stdout)]
+
+mod bench;
+mod demo;
+mod rss;
+#[cfg(test)]
+mod tidy;
+
+use std::process::{Command, ExitCode};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("ci") => ci(),
+        Some("demo") => demo::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
+        Some("bench-inner") => bench::inner(&args[1..]),
+        Some("rss") => rss::inner(&args[1..]),
+        Some("verify") => verify(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <test | ci | demo [--redis] | bench [outbox] | verify>"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> Result {
+    run_cmd(Command::new(env_cargo()).args(args))
+}
+
+fn env_cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn run_cmd(cmd: &mut Command) -> Result {
+    eprintln!("$ {cmd:?}");
+    let status = cmd.status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("command failed with {status}").into())
+    }
+}
+
+/// The README's test command: all tests, then the doctests (nextest does not
+/// run doctests).
+fn test() -> Result {
+    cargo(&["nextest", "run", "--workspace", "--all-targets", "--locked", "--no-fail-fast"])?;
+    cargo(&["test", "--workspace", "--doc", "--locked"])
+}
+
+fn ci() -> Result {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
+    test()?;
+    run_cmd(
+        Command::new(env_cargo())
+            .args(["doc", "--workspace", "--no-deps", "--locked"])
+            .env("RUSTDOCFLAGS", "-Dwarnings"),
+    )
+}
+
+/// The crash-point and model suites, with their counts printed.
+fn verify() -> Result {
+    cargo(&[
+        "nextest",
+        "run",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--no-capture",
+        "-E",
+        "test(/crash|model|lock_set|recover/)",
+    ])
+}
