@@ -19,7 +19,15 @@ pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
         eprintln!("building xtask in release for benchmarks …");
         let status = Command::new(crate::env_cargo())
-            .args(["run", "--release", "--quiet", "--package", "xtask", "--", "bench-inner"])
+            .args([
+                "run",
+                "--release",
+                "--quiet",
+                "--package",
+                "xtask",
+                "--",
+                "bench-inner",
+            ])
             .args(args)
             .status()?;
         return if status.success() {
@@ -69,9 +77,15 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-static APP_STEPS: &[SchemaStep] = &[SchemaStep { version: 1, name: "initial" }];
+static APP_STEPS: &[SchemaStep] = &[SchemaStep {
+    version: 1,
+    name: "initial",
+}];
 static APP_SQL: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep { version: 1, name: "initial" },
+    step: SchemaStep {
+        version: 1,
+        name: "initial",
+    },
     up: "CREATE TABLE app_rows (id INTEGER PRIMARY KEY, body BLOB NOT NULL);
          CREATE TABLE bench_outbox (
              channel TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
@@ -89,10 +103,16 @@ impl Sink<Vec<u8>> for NoOp {
     }
 }
 
-pub(crate) type Bench = (Scheduler<SqliteStorage>, Outbox<SqliteStorage, Vec<u8>, NoOp>);
+pub(crate) type Bench = (
+    Scheduler<SqliteStorage>,
+    Outbox<SqliteStorage, Vec<u8>, NoOp>,
+);
 
 pub(crate) fn open_bench(path: &std::path::Path) -> Result<Bench> {
-    let options = SqliteOptions { synchronous: Synchronous::Normal, ..SqliteOptions::default() };
+    let options = SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..SqliteOptions::default()
+    };
     let mut storage = SqliteStorage::open(path, options)?;
     storage.register_schema("app", APP_STEPS, APP_SQL)?;
     let ctx = ObjectContext::with_clock(
@@ -101,7 +121,11 @@ pub(crate) fn open_bench(path: &std::path::Path) -> Result<Bench> {
         Arc::new(SystemClock),
     );
     let scheduler = Scheduler::new(ctx)?;
-    durability_scheduler::migrate(scheduler.context().storage().as_ref(), "app", &durability_scheduler::SchemaTarget::Latest)?;
+    durability_scheduler::migrate(
+        scheduler.context().storage().as_ref(),
+        "app",
+        &durability_scheduler::SchemaTarget::Latest,
+    )?;
     let outbox = Outbox::attach(&scheduler, ChannelConfig::new("bench"), NoOp)?;
     Ok((scheduler, outbox))
 }
@@ -161,8 +185,15 @@ fn outbox() -> Result {
     }
     let value = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     eprintln!("staging: {value:.1} us/txn with a stage, {baseline:.1} without");
-    figure("outbox.stage_overhead", value, baseline, "us/txn", "<=1.25", n,
-        json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200}));
+    figure(
+        "outbox.stage_overhead",
+        value,
+        baseline,
+        "us/txn",
+        "<=1.25",
+        n,
+        json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200}),
+    );
     drop(b);
 
     // Delivery: 100k staged entries through a no-op sink, against a bare
@@ -176,8 +207,15 @@ fn outbox() -> Result {
     assert_eq!(b.1.len()?, 0, "everything delivered");
     let base = bare_delivery(&b, total)?;
     eprintln!("delivery: {ours:.0} entries/s, bare loop {base:.0} entries/s");
-    figure("outbox.delivery", ours, base, "entries/s", ">=0.6", total,
-        json!({"backend": "sqlite", "synchronous": "NORMAL", "batch": 100, "value_bytes": 200}));
+    figure(
+        "outbox.delivery",
+        ours,
+        base,
+        "entries/s",
+        ">=0.6",
+        total,
+        json!({"backend": "sqlite", "synchronous": "NORMAL", "batch": 100, "value_bytes": 200}),
+    );
     drop(b);
 
     // Memory: peak RSS delivering 1M staged entries against 100k, each in a
@@ -185,8 +223,15 @@ fn outbox() -> Result {
     let small = crate::rss::measure("outbox-delivery", 100_000)?;
     let large = crate::rss::measure("outbox-delivery", 1_000_000)?;
     eprintln!("peak RSS: {small} KiB for 100k, {large} KiB for 1M");
-    figure("outbox.delivery_peak_rss", large as f64, small as f64, "KiB", "<=1.2", 1_000_000,
-        json!({"backend": "sqlite", "rss_100k_kib": small, "rss_1m_kib": large}));
+    figure(
+        "outbox.delivery_peak_rss",
+        large as f64,
+        small as f64,
+        "KiB",
+        "<=1.2",
+        1_000_000,
+        json!({"backend": "sqlite", "rss_100k_kib": small, "rss_1m_kib": large}),
+    );
     Ok(())
 }
 
@@ -201,7 +246,8 @@ fn bare_delivery(b: &Bench, total: u64) -> Result<f64> {
             .prepare("INSERT INTO bench_outbox VALUES ('bench', ?1, ?2, ?3, 0, 0, NULL)")
             .map_err(sql_err)?;
         for k in 0..total {
-            st.execute((format!("key-{k}"), &value, k as i64)).map_err(sql_err)?;
+            st.execute((format!("key-{k}"), &value, k as i64))
+                .map_err(sql_err)?;
         }
         Ok::<_, durability_outbox::OutboxError>(())
     })?;

@@ -15,9 +15,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 
-static ORDER_STEPS: &[SchemaStep] = &[SchemaStep { version: 1, name: "initial" }];
+static ORDER_STEPS: &[SchemaStep] = &[SchemaStep {
+    version: 1,
+    name: "initial",
+}];
 static ORDER_SQL: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep { version: 1, name: "initial" },
+    step: SchemaStep {
+        version: 1,
+        name: "initial",
+    },
     up: "CREATE TABLE shop_orders (id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL)",
     down: "DROP TABLE shop_orders",
 }];
@@ -51,17 +57,28 @@ impl Sink<OrderEvent> for FlakySink {
         if self.hang_after.is_some_and(|h| n > h) {
             std::future::pending::<()>().await;
         }
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             self.failures.fetch_add(1, Ordering::SeqCst);
-            println!("  sink: call {n} with {} entries fails (flaky network)", batch.len());
+            println!(
+                "  sink: call {n} with {} entries fails (flaky network)",
+                batch.len()
+            );
             return Err(SinkError::new("connection reset"));
         }
-        let mut ledger = self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ledger = self
+            .ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for e in batch {
             ledger.deliveries += 1;
-            let keep = ledger.newest.get(e.key()).is_none_or(|(v, _)| *v < e.version());
+            let keep = ledger
+                .newest
+                .get(e.key())
+                .is_none_or(|(v, _)| *v < e.version());
             if keep {
-                ledger.newest.insert(e.key().to_owned(), (e.version(), e.value().clone()));
+                ledger
+                    .newest
+                    .insert(e.key().to_owned(), (e.version(), e.value().clone()));
             } else {
                 ledger.stale_ignored += 1;
             }
@@ -71,7 +88,10 @@ impl Sink<OrderEvent> for FlakySink {
     }
 }
 
-type Shop = (Scheduler<SqliteStorage>, Outbox<SqliteStorage, OrderEvent, FlakySink>);
+type Shop = (
+    Scheduler<SqliteStorage>,
+    Outbox<SqliteStorage, OrderEvent, FlakySink>,
+);
 
 fn open_shop(path: &std::path::Path, sink: FlakySink) -> Result<Shop> {
     let mut storage = SqliteStorage::open(path, SqliteOptions::default())?;
@@ -130,11 +150,20 @@ async fn outbox_scene() -> Result {
     for id in 1..=20u32 {
         let total = i64::from(id) * 1_000;
         scheduler.transaction(|tx| {
-            tx.sql().execute(
-                "INSERT INTO shop_orders (id, total_cents) VALUES (?1, ?2)",
-                (id, total),
-            ).map_err(|e| durability_outbox::OutboxError::Encode(e.to_string()))?;
-            outbox.stage(tx, &format!("order-{id}"), &OrderEvent { id, total_cents: total })
+            tx.sql()
+                .execute(
+                    "INSERT INTO shop_orders (id, total_cents) VALUES (?1, ?2)",
+                    (id, total),
+                )
+                .map_err(|e| durability_outbox::OutboxError::Encode(e.to_string()))?;
+            outbox.stage(
+                tx,
+                &format!("order-{id}"),
+                &OrderEvent {
+                    id,
+                    total_cents: total,
+                },
+            )
         })?;
         expected.insert(format!("order-{id}"), total);
     }
@@ -142,9 +171,20 @@ async fn outbox_scene() -> Result {
     for id in [3u32, 7, 11, 15, 19] {
         let total = i64::from(id) * 1_000 + 99;
         scheduler.transaction(|tx| {
-            tx.sql().execute("UPDATE shop_orders SET total_cents = ?2 WHERE id = ?1", (id, total))
+            tx.sql()
+                .execute(
+                    "UPDATE shop_orders SET total_cents = ?2 WHERE id = ?1",
+                    (id, total),
+                )
                 .map_err(|e| durability_outbox::OutboxError::Encode(e.to_string()))?;
-            outbox.stage(tx, &format!("order-{id}"), &OrderEvent { id, total_cents: total })
+            outbox.stage(
+                tx,
+                &format!("order-{id}"),
+                &OrderEvent {
+                    id,
+                    total_cents: total,
+                },
+            )
         })?;
         expected.insert(format!("order-{id}"), total);
     }
@@ -160,7 +200,9 @@ async fn outbox_scene() -> Result {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let left = outbox.len()?;
-    println!("CRASH: the process dies mid-delivery with {left} entries pending (one attempt claimed)");
+    println!(
+        "CRASH: the process dies mid-delivery with {left} entries pending (one attempt claimed)"
+    );
     driver.stop();
     scheduler.abort_background();
     drop(outbox);
@@ -182,19 +224,38 @@ async fn outbox_scene() -> Result {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let pending = outbox.len()?;
-    let ledger = ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ledger = ledger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let arrived = expected
         .iter()
-        .filter(|(k, total)| ledger.newest.get(*k).is_some_and(|(_, e)| e.total_cents == **total))
+        .filter(|(k, total)| {
+            ledger
+                .newest
+                .get(*k)
+                .is_some_and(|(_, e)| e.total_cents == **total)
+        })
         .count();
     println!();
     println!("| figure                                | value |");
     println!("|---------------------------------------|-------|");
-    println!("| orders written                        | {:>5} |", expected.len());
+    println!(
+        "| orders written                        | {:>5} |",
+        expected.len()
+    );
     println!("| newest value of each order arrived    | {arrived:>5} |");
-    println!("| deliveries (at least once)            | {:>5} |", ledger.deliveries);
-    println!("| stale versions ignored by the sink    | {:>5} |", ledger.stale_ignored);
-    println!("| failed publish calls, retried         | {:>5} |", failures.load(Ordering::SeqCst));
+    println!(
+        "| deliveries (at least once)            | {:>5} |",
+        ledger.deliveries
+    );
+    println!(
+        "| stale versions ignored by the sink    | {:>5} |",
+        ledger.stale_ignored
+    );
+    println!(
+        "| failed publish calls, retried         | {:>5} |",
+        failures.load(Ordering::SeqCst)
+    );
     println!("| crashes survived                      | {:>5} |", 1);
     println!("| entries still pending                 | {pending:>5} |");
     if arrived != expected.len() || pending != 0 {

@@ -30,9 +30,7 @@ fn main() -> ExitCode {
         Some("rss") => rss::inner(&args[1..]),
         Some("verify") => verify(),
         _ => {
-            eprintln!(
-                "usage: cargo xtask <test | ci | demo [--redis] | bench [outbox] | verify>"
-            );
+            eprintln!("usage: cargo xtask <test | ci | demo [--redis] | bench [outbox] | verify>");
             return ExitCode::from(2);
         }
     };
@@ -66,13 +64,28 @@ fn run_cmd(cmd: &mut Command) -> Result {
 /// The README's test command: all tests, then the doctests (nextest does not
 /// run doctests).
 fn test() -> Result {
-    cargo(&["nextest", "run", "--workspace", "--all-targets", "--locked", "--no-fail-fast"])?;
+    cargo(&[
+        "nextest",
+        "run",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--no-fail-fast",
+    ])?;
     cargo(&["test", "--workspace", "--doc", "--locked"])
 }
 
 fn ci() -> Result {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     test()?;
     run_cmd(
         Command::new(env_cargo())

@@ -8,9 +8,15 @@ use crate::Result;
 /// Runs a scenario in a child process and returns its peak RSS in KiB.
 pub(crate) fn measure(scenario: &str, n: u64) -> Result<u64> {
     let exe = std::env::current_exe()?;
-    let out = Command::new(exe).args(["rss", scenario, &n.to_string()]).output()?;
+    let out = Command::new(exe)
+        .args(["rss", scenario, &n.to_string()])
+        .output()?;
     if !out.status.success() {
-        return Err(format!("rss {scenario} {n} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "rss {scenario} {n} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
     }
     Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
@@ -25,7 +31,9 @@ pub(crate) fn inner(args: &[String]) -> Result {
             let dir = tempfile::tempdir()?;
             let b = crate::bench::open_bench(&dir.path().join("rss.db"))?;
             crate::bench::stage_many(&b, n, 10_000)?;
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(b.1.deliver_due())?;
             if b.1.len()? != 0 {
                 return Err("not everything was delivered".into());

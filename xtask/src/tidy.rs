@@ -41,7 +41,11 @@ fn metadata() -> Value {
         .current_dir(root())
         .output()
         .expect("cargo metadata runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
 }
 
@@ -106,7 +110,8 @@ fn capability_crates_depend_on_no_storage_driver() {
 
 #[test]
 fn every_crate_directory_is_in_architecture_md() {
-    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md exists");
+    let arch =
+        std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md exists");
     let mut missing = Vec::new();
     for entry in std::fs::read_dir(root().join("crates")).expect("crates/") {
         let entry = entry.expect("dir entry");
@@ -118,7 +123,10 @@ fn every_crate_directory_is_in_architecture_md() {
             missing.push(name);
         }
     }
-    assert!(missing.is_empty(), "crates missing from ARCHITECTURE.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "crates missing from ARCHITECTURE.md: {missing:?}"
+    );
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -153,5 +161,8 @@ fn no_test_is_ignored() {
         })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "ignored or should_panic tests: {offenders:?}");
+    assert!(
+        offenders.is_empty(),
+        "ignored or should_panic tests: {offenders:?}"
+    );
 }

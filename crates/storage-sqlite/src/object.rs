@@ -224,7 +224,9 @@ impl SchedulerTx for SqliteTx<'_> {
                 .prepare_cached("DELETE FROM durability_scheduler_due WHERE capability = ?1")
                 .and_then(|mut st| st.execute([capability])),
         };
-        result.map(|_| ()).map_err(|e| backend("write capability due", e))
+        result
+            .map(|_| ())
+            .map_err(|e| backend("write capability due", e))
     }
 
     fn earliest_capability_due(&mut self) -> Result<Option<i64>, StorageError> {
@@ -276,7 +278,9 @@ impl SchedulerTx for SqliteTx<'_> {
                 [capability],
             ),
         };
-        result.map(|_| ()).map_err(|e| backend("write schema version", e))
+        result
+            .map(|_| ())
+            .map_err(|e| backend("write schema version", e))
     }
 }
 

@@ -142,7 +142,7 @@ impl Sink<String> for Recorder {
                 }
             }
             Mode::FailEvery(k) => {
-                if n % k == 0 {
+                if n.is_multiple_of(k) {
                     Err(SinkError::new("flaky"))
                 } else {
                     Ok(())
