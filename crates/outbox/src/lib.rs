@@ -23,7 +23,7 @@
 //!
 //! # Features
 //!
-//! - `conformance`: [`conformance`], the suite every [`OutboxTx`] backend runs,
+//! - `conformance`: the `conformance` module, the suite every [`OutboxTx`] backend runs,
 //!   and the in-memory implementation on the scheduler's testkit storage.
 
 mod channel;

@@ -21,7 +21,7 @@
 //!
 //! # Features
 //!
-//! - `testkit`: [`testkit`], with an in-memory storage, a crash-injecting
+//! - `testkit`: the `testkit` module, with an in-memory storage, a crash-injecting
 //!   storage wrapper, and the conformance suite for backends.
 
 mod clock;

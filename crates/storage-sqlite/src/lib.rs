@@ -8,9 +8,9 @@
 //!   `durability-scheduler` (synchronous transactions, the one alarm, schema
 //!   migrations).
 //! - `outbox`: the outbox store of `durability-outbox` on [`SqliteTx`].
-//! - `ownership`: [`ownership`], the owner lease store and the object storage
+//! - `ownership`: the `ownership` module, the owner lease store and the object storage
 //!   fence of `durability-ownership`.
-//! - `migration`: [`migration`], SQLite shards and the mapping store of
+//! - `migration`: the `migration` module, SQLite shards and the mapping store of
 //!   `durability-migration`.
 
 #[cfg(feature = "scheduler")]
