@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 use crate::scheduler::Scheduler;
 use crate::storage::Storage;
 
-/// How long the driver waits before firing again when an alarm is still due
-/// right after it fired (a capability failed or is not attached).
+/// How long the driver waits before firing again when a firing left the
+/// alarm unchanged and still due (a capability failed or is not attached).
 pub const DEFAULT_IDLE_RETRY: Duration = Duration::from_secs(1);
 
 /// A running driver; dropping it stops the task.
@@ -63,6 +63,7 @@ async fn run<S: Storage>(scheduler: Scheduler<S>, idle_ms: i64) {
             }
             continue;
         };
+        let fired_for = at;
         let at = at.max(not_before);
         tokio::select! {
             () = clock.sleep_until(at) => {}
@@ -76,7 +77,10 @@ async fn run<S: Storage>(scheduler: Scheduler<S>, idle_ms: i64) {
         match scheduler.alarm().await {
             Ok(next) => {
                 let now = clock.now_ms();
-                not_before = if next.is_some_and(|n| n <= now) {
+                // Only a firing that left the alarm where it was (a failing
+                // or detached capability) waits: one that made progress moved
+                // the alarm, and a due alarm then fires again at once.
+                not_before = if next == Some(fired_for) && fired_for <= now {
                     now.saturating_add(idle_ms)
                 } else {
                     i64::MIN

@@ -260,3 +260,22 @@ fn error_codes_are_unique() {
     codes.dedup();
     assert_eq!(codes.len(), SchedulerError::CODES.len());
 }
+
+#[tokio::test]
+async fn driver_backs_off_when_a_due_capability_makes_no_progress() {
+    let clock = ManualClock::new(1_000);
+    let s = scheduler(storage(), &clock);
+    // Due work for a capability this process never attached.
+    s.transaction(|tx| s.set_due(tx, "detached", Some(1_000))).unwrap();
+    let driver = Driver::with_idle_retry(s.clone(), std::time::Duration::from_millis(250));
+    // The first firing finds nothing to run; the driver then sleeps until
+    // the idle retry instead of spinning.
+    loop {
+        if clock.next_wake() == Some(1_250) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(s.alarm_at(), Some(1_000), "the stored alarm is untouched");
+    driver.stop();
+}
