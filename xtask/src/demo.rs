@@ -124,9 +124,9 @@ pub(crate) fn run(args: &[String]) -> Result {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         outbox_scene().await?;
-        if redis {
-            println!("\n(--redis: later scenes publish through Redis when they exist)");
-        }
+        println!();
+        let url = redis.then(crate::redis_url);
+        crate::ownership::demo(url.as_deref()).await?;
         Ok(())
     })
 }

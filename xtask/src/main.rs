@@ -11,6 +11,7 @@
 
 mod bench;
 mod demo;
+mod ownership;
 mod rss;
 #[cfg(test)]
 mod tidy;
@@ -41,6 +42,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The Redis server benches and `--redis` demos use.
+pub(crate) fn redis_url() -> String {
+    std::env::var("DURABILITY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
 fn cargo(args: &[&str]) -> Result {

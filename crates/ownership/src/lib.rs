@@ -1,1 +1,56 @@
 //! Owner leases with generation fencing (seed 003).
+//!
+//! One task owns a class shard — an [`OwnerScope`] `<storage id>:<class>:shard<N>`
+//! — at a time. A claim bumps a never-decreasing [`Generation`] and writes the
+//! [`OwnerRecord`] with its lease in one atomic step on a [`LeaseStore`],
+//! checking the lifecycle state (active storage pointer, whole-delete lock).
+//! [`Ownership`] keeps one task's owned scopes: it resolves owners, renews
+//! leases (exact record compare), admits work ([`Ownership::admit`], no I/O
+//! with ample budget), drains, and watches running work
+//! ([`Ownership::watch`]). Backends implement [`LeaseStore`]
+//! (`RedisLeaseStore` in `durability-storage-redis`, `SqliteLeaseStore` in
+//! `durability-storage-sqlite`); the SQLite backend also fences commits in the
+//! object's own database by generation.
+//!
+//! Key types: [`OwnerScope`], [`OwnerRecord`], [`LeaseStore`], [`Ownership`],
+//! [`OwnerHintCache`], [`OwnershipSettings`], [`OwnershipError`], [`Clock`].
+//!
+//! Feature flags:
+//! - `conformance`: the [`conformance`] suite every [`LeaseStore`] backend runs.
+
+mod clock;
+mod error;
+mod hints;
+mod manager;
+pub mod memory;
+mod record;
+mod scope;
+mod settings;
+mod store;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{BoxError, DispatchOutcome, OwnershipError};
+pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
+pub use manager::{
+    AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,
+};
+pub use record::{Generation, OwnerRecord, RECORD_VERSION, RecordTemplate};
+pub use scope::{
+    ClassName, DEFAULT_SHARD_COUNT, LifecycleId, MAX_CLASS_NAME_BYTES, MAX_HOST_ID_BYTES,
+    MAX_LIFECYCLE_ID_BYTES, MAX_SAFE_INTEGER, MAX_SHARD_COUNT, MAX_STORAGE_ID_BYTES,
+    MAX_TASK_ID_BYTES, ObjectName, OwnerScope, ShardCount, StorageId, TaskId, parse_shard,
+    stable_hash,
+};
+pub use settings::{
+    DEFAULT_DRAIN_IN_FLIGHT_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_LEASE_GUARD_MS,
+    DEFAULT_OWNER_TTL_SECONDS, ENV_DRAIN_IN_FLIGHT_TIMEOUT_MS, ENV_DRAIN_TIMEOUT_MS,
+    ENV_OWNER_LEASE_GUARD_MS, ENV_OWNER_TTL_SECONDS, MAX_OWNER_TTL_SECONDS, OwnershipSettings,
+    drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
+};
+pub use store::{
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
+    parse_generation_counter, validate_ttl,
+};

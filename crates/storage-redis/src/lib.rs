@@ -3,11 +3,7 @@
 //! Feature flags select which capability's traits are implemented
 //! (`default` enables all of them):
 //!
-//! - `ownership`: [`ownership`], the owner lease store of `durability-ownership`.
-//! - `migration`: [`migration`], the key → shard mapping store of `durability-migration`.
+//! - `ownership`: the `ownership` module, the owner lease store of `durability-ownership`.
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
-
-#[cfg(feature = "migration")]
-pub mod migration;

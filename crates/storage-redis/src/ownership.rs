@@ -1,1 +1,455 @@
 //! Redis owner lease store.
+//!
+//! [`RedisLeaseStore`] implements [`LeaseStore`] and [`LifecycleAdmin`] with
+//! the seed's key families (under a configurable prefix):
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `do:owner:scope:<scope>` | string, `PX` | owner record; Redis expiry is the lease |
+//! | `do:owner:scope:<scope>:generation` | string | monotonic generation counter, never decremented |
+//! | `worker:do-storage:<lifecycle>` | string | active storage pointer |
+//! | `worker:delete-lock:<lifecycle>` | string | `whole` or `version` delete lock |
+//!
+//! Claim, renew, release and snapshot are each one Lua script: one round
+//! trip, atomic on the server. The lease is the owner key's own expiry
+//! (`PX`/`PEXPIRE`), so it runs on the server's clock and never on the
+//! caller's; claims report the remaining lease (`PTTL`) and snapshots the
+//! server's `TIME`. Keys of one
+//! script are not hash-tagged together, so the store targets a single Redis
+//! (or a proxy), not Redis Cluster.
+
+use durability_ownership::{
+    BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
+    OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate, ShardCount, StorageId,
+    TaskId, check_lifecycle, parse_generation_counter, validate_ttl,
+};
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value};
+
+/// Reads the server's `TIME` in milliseconds into `now` (snapshots only: the
+/// lease itself is Redis key expiry, which already runs on the server clock).
+const NOW: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+const CLAIM: &str = "
+local v = redis.call('MGET', KEYS[4], KEYS[3], KEYS[1], KEYS[2])
+local lock, ptr, cur, g = v[1], v[2], v[3], v[4]
+if lock == 'whole' or ptr ~= ARGV[1] or (lock and lock ~= 'version') then
+  return {'lifecycle', ptr, lock}
+end
+if cur then
+  return {'held', cur, redis.call('PTTL', KEYS[1])}
+end
+if g and (not string.match(g, '^[1-9][0-9]*$') or #g > 16 or tonumber(g) >= 9007199254740991) then
+  return {'badgen', g}
+end
+local n = redis.call('INCR', KEYS[2])
+local rec = ARGV[2] .. string.format('%d', n) .. ARGV[3]
+redis.call('SET', KEYS[1], rec, 'PX', ARGV[4])
+return {'claimed', n}
+";
+
+const RENEW: &str = "
+local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[2])
+if v[1] ~= ARGV[1] then
+  return {'stale'}
+end
+local lock, ptr = v[2], v[3]
+if lock == 'whole' or ptr ~= ARGV[2] or (lock and lock ~= 'version') then
+  return {'lifecycle', ptr, lock}
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {'ok'}
+";
+
+const RELEASE: &str = "
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+const SNAPSHOT: &str = "
+return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]),
+  redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
+";
+
+/// Maps a Redis error: a refused connection never reached the server;
+/// anything else may have been applied.
+fn redis_error(e: redis::RedisError) -> OwnershipError {
+    if e.is_connection_refusal() {
+        OwnershipError::StoreUnavailable {
+            source: Box::new(e) as BoxError,
+        }
+    } else {
+        OwnershipError::OwnerUnavailable {
+            source: Box::new(e) as BoxError,
+        }
+    }
+}
+
+fn protocol(reason: &str) -> OwnershipError {
+    OwnershipError::OwnerUnavailable {
+        source: Box::<dyn std::error::Error + Send + Sync>::from(reason.to_owned()),
+    }
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// An owner lease store on Redis.
+#[derive(Clone)]
+pub struct RedisLeaseStore {
+    conn: ConnectionManager,
+    prefix: String,
+    count: ShardCount,
+    claim: Script,
+    renew: Script,
+    release: Script,
+    snapshot: Script,
+}
+
+impl std::fmt::Debug for RedisLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLeaseStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLeaseStore {
+    /// A store on `conn` whose keys all start with `prefix` (may be empty).
+    pub fn new(conn: ConnectionManager, prefix: &str, count: ShardCount) -> Self {
+        Self {
+            conn,
+            prefix: prefix.to_owned(),
+            count,
+            claim: Script::new(CLAIM),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+            snapshot: Script::new(&format!("{NOW}{SNAPSHOT}")),
+        }
+    }
+
+    /// Connects to `url` and builds a store with `prefix`.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StoreUnavailable`] when Redis cannot be reached.
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        count: ShardCount,
+    ) -> Result<Self, OwnershipError> {
+        let unavailable = |e: redis::RedisError| OwnershipError::StoreUnavailable {
+            source: Box::new(e) as BoxError,
+        };
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        Ok(Self::new(conn, prefix, count))
+    }
+
+    /// The connection (shared with clones of this store).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The key prefix of this store.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The owner record key of `scope`.
+    pub fn owner_key(&self, scope: &OwnerScope) -> String {
+        format!("{}do:owner:scope:{}", self.prefix, scope.host_id())
+    }
+
+    /// The generation counter key of `scope`.
+    pub fn generation_key(&self, scope: &OwnerScope) -> String {
+        format!(
+            "{}do:owner:scope:{}:generation",
+            self.prefix,
+            scope.host_id()
+        )
+    }
+
+    /// The active storage pointer key of `lifecycle`.
+    pub fn storage_pointer_key(&self, lifecycle: &LifecycleId) -> String {
+        format!("{}worker:do-storage:{}", self.prefix, lifecycle.as_str())
+    }
+
+    /// The delete lock key of `lifecycle`.
+    pub fn delete_lock_key(&self, lifecycle: &LifecycleId) -> String {
+        format!("{}worker:delete-lock:{}", self.prefix, lifecycle.as_str())
+    }
+
+    fn lifecycle_error(
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        ptr: Option<&Value>,
+        lock: Option<&Value>,
+    ) -> OwnershipError {
+        let lock = match lock.and_then(bytes) {
+            Some(raw) => match DeleteLock::parse(raw, lifecycle) {
+                Ok(l) => Some(l),
+                Err(e) => return e,
+            },
+            None => None,
+        };
+        let active = match ptr.and_then(bytes) {
+            Some(raw) => match std::str::from_utf8(raw)
+                .map_err(|e| e.to_string())
+                .and_then(|s| StorageId::new(s).map_err(|e| e.to_string()))
+            {
+                Ok(s) => Some(s),
+                Err(reason) => {
+                    return OwnershipError::InvalidLifecycleState {
+                        lifecycle: lifecycle.as_str().to_owned(),
+                        reason,
+                    };
+                }
+            },
+            None => None,
+        };
+        match check_lifecycle(scope.storage_id(), lifecycle, active.as_ref(), lock) {
+            Err(e) => e,
+            // The script saw a lifecycle change that the check does not: treat as a race.
+            Ok(()) => OwnershipError::OwnerRace {
+                scope: scope.to_string(),
+            },
+        }
+    }
+
+    fn lease(
+        &self,
+        scope: &OwnerScope,
+        raw: &[u8],
+        pttl: Option<i64>,
+    ) -> Result<Lease, OwnershipError> {
+        let record = OwnerRecord::decode(raw, scope, self.count)?;
+        let Some(pttl) = pttl.and_then(|p| u64::try_from(p).ok()) else {
+            return Err(OwnershipError::InvalidOwnerRecord {
+                scope: scope.to_string(),
+                reason: "owner record has no lease expiry".to_owned(),
+            });
+        };
+        Ok(Lease {
+            record,
+            remaining_ms: pttl,
+        })
+    }
+}
+
+impl LeaseStore for RedisLeaseStore {
+    async fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> Result<ClaimOutcome, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let template = RecordTemplate::new(scope, lifecycle, task);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .claim
+            .key(self.owner_key(scope))
+            .key(self.generation_key(scope))
+            .key(self.storage_pointer_key(lifecycle))
+            .key(self.delete_lock_key(lifecycle))
+            .arg(scope.storage_id().as_str())
+            .arg(&template.prefix)
+            .arg(&template.suffix)
+            .arg(ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        match reply.first().and_then(bytes) {
+            Some(b"claimed") => {
+                // The script wrote exactly `prefix + n + suffix`: the record
+                // built here from the same template has the same bytes.
+                let n = reply
+                    .get(1)
+                    .and_then(int)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| protocol("claim reply without generation"))?;
+                let generation = Generation::new(n)?;
+                let record =
+                    OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+                Ok(ClaimOutcome::Claimed(Lease {
+                    record,
+                    remaining_ms: ttl_ms,
+                }))
+            }
+            Some(b"held") => {
+                let raw = reply
+                    .get(1)
+                    .and_then(bytes)
+                    .ok_or_else(|| protocol("held reply without record"))?;
+                Ok(ClaimOutcome::Held(self.lease(
+                    scope,
+                    raw,
+                    reply.get(2).and_then(int),
+                )?))
+            }
+            Some(b"lifecycle") => Err(Self::lifecycle_error(
+                scope,
+                lifecycle,
+                reply.get(1),
+                reply.get(2),
+            )),
+            Some(b"badgen") => Err(OwnershipError::InvalidLifecycleState {
+                lifecycle: scope.to_string(),
+                reason: "generation counter is not a positive safe integer below 2^53-1".to_owned(),
+            }),
+            _ => Err(protocol("unknown claim reply")),
+        }
+    }
+
+    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let scope = record.scope();
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .renew
+            .key(self.owner_key(scope))
+            .key(self.storage_pointer_key(record.lifecycle()))
+            .key(self.delete_lock_key(record.lifecycle()))
+            .arg(record.encoded())
+            .arg(scope.storage_id().as_str())
+            .arg(ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        match reply.first().and_then(bytes) {
+            Some(b"ok") => Ok(Lease {
+                record: record.clone(),
+                remaining_ms: ttl_ms,
+            }),
+            Some(b"stale") => Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            }),
+            Some(b"lifecycle") => Err(Self::lifecycle_error(
+                scope,
+                record.lifecycle(),
+                reply.get(1),
+                reply.get(2),
+            )),
+            _ => Err(protocol("unknown renew reply")),
+        }
+    }
+
+    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .release
+            .key(self.owner_key(record.scope()))
+            .arg(record.encoded())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<OwnerSnapshot, OwnershipError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .snapshot
+            .key(self.owner_key(scope))
+            .key(self.generation_key(scope))
+            .key(self.storage_pointer_key(lifecycle))
+            .key(self.delete_lock_key(lifecycle))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let now = reply
+            .first()
+            .and_then(int)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| protocol("snapshot without server time"))?;
+        let owner = match reply.get(1).and_then(bytes) {
+            Some(raw) => Some(self.lease(scope, raw, reply.get(2).and_then(int))?),
+            None => None,
+        };
+        let generation = parse_generation_counter(reply.get(3).and_then(bytes), scope)?;
+        let bad = |reason: String| OwnershipError::InvalidLifecycleState {
+            lifecycle: lifecycle.as_str().to_owned(),
+            reason,
+        };
+        let active_storage = match reply.get(4).and_then(bytes) {
+            Some(raw) => Some(
+                std::str::from_utf8(raw)
+                    .map_err(|e| bad(e.to_string()))
+                    .and_then(|s| StorageId::new(s).map_err(|e| bad(e.to_string())))?,
+            ),
+            None => None,
+        };
+        let delete_lock = reply
+            .get(5)
+            .and_then(bytes)
+            .map(|raw| DeleteLock::parse(raw, lifecycle))
+            .transpose()?;
+        if let Some(o) = &owner
+            && Generation::new(generation).map_or(true, |g| g < o.record.generation())
+        {
+            return Err(bad(
+                "owner generation is ahead of the generation counter".to_owned()
+            ));
+        }
+        Ok(OwnerSnapshot {
+            store_now_ms: now,
+            owner,
+            generation,
+            active_storage,
+            delete_lock,
+        })
+    }
+}
+
+impl LifecycleAdmin for RedisLeaseStore {
+    async fn set_active_storage(
+        &self,
+        lifecycle: &LifecycleId,
+        storage: Option<&StorageId>,
+    ) -> Result<(), OwnershipError> {
+        let mut conn = self.conn.clone();
+        let key = self.storage_pointer_key(lifecycle);
+        match storage {
+            Some(s) => conn.set::<_, _, ()>(key, s.as_str()).await,
+            None => conn.del::<_, ()>(key).await,
+        }
+        .map_err(redis_error)
+    }
+
+    async fn set_delete_lock(
+        &self,
+        lifecycle: &LifecycleId,
+        lock: Option<DeleteLock>,
+    ) -> Result<(), OwnershipError> {
+        let mut conn = self.conn.clone();
+        let key = self.delete_lock_key(lifecycle);
+        match lock {
+            Some(l) => conn.set::<_, _, ()>(key, l.as_str()).await,
+            None => conn.del::<_, ()>(key).await,
+        }
+        .map_err(redis_error)
+    }
+}

@@ -1,1 +1,477 @@
 //! SQLite owner lease store and object storage fence.
+//!
+//! [`SqliteLeaseStore`] implements [`LeaseStore`] and [`LifecycleAdmin`] on a
+//! SQLite file shared by every task of a deployment (each task opens its own
+//! connection). Every operation is one `BEGIN IMMEDIATE` transaction, so
+//! claim, renew and release are atomic across processes. Lease expiry is
+//! decided by the store's injected [`Clock`]: with several hosts, give them
+//! one time source (the system clock on one machine).
+//!
+//! The fence functions ([`ensure_fence_schema`], [`record_generation`],
+//! [`check_generation`]) close the gap the seed leaves open: a stale owner
+//! finishing a commit after losing its lease. They run inside the object
+//! database's own transaction: the first dispatch after a claim raises the
+//! recorded generation, and every transaction checks it, so a commit from an
+//! older generation is refused by the storage itself.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use durability_ownership::{
+    BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
+    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount, StorageId,
+    TaskId, check_lifecycle, validate_ttl,
+};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+
+const LEASE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS durability_owner_leases (
+    scope TEXT PRIMARY KEY NOT NULL,
+    record BLOB NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS durability_owner_generations (
+    scope TEXT PRIMARY KEY NOT NULL,
+    generation INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS durability_owner_lifecycle (
+    lifecycle TEXT PRIMARY KEY NOT NULL,
+    active_storage TEXT,
+    delete_lock BLOB
+) STRICT;
+";
+
+const FENCE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS durability_owner_fence (
+    scope TEXT PRIMARY KEY NOT NULL,
+    generation INTEGER NOT NULL CHECK (generation > 0)
+) STRICT;
+";
+
+/// A rusqlite error that rolled its transaction back: nothing was applied.
+fn not_applied(e: rusqlite::Error) -> OwnershipError {
+    OwnershipError::StoreUnavailable {
+        source: Box::new(e) as BoxError,
+    }
+}
+
+/// A failed commit: the outcome is unknown.
+fn unknown(e: rusqlite::Error) -> OwnershipError {
+    OwnershipError::OwnerUnavailable {
+        source: Box::new(e) as BoxError,
+    }
+}
+
+fn begin_error(e: rusqlite::Error, scope: &OwnerScope) -> OwnershipError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => OwnershipError::OwnerRace {
+            scope: scope.to_string(),
+        },
+        _ => not_applied(e),
+    }
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// An owner lease store on a SQLite file.
+#[derive(Debug)]
+pub struct SqliteLeaseStore<C> {
+    conn: Mutex<Connection>,
+    clock: C,
+    count: ShardCount,
+}
+
+struct Lifecycle {
+    active: Option<StorageId>,
+    lock: Option<DeleteLock>,
+}
+
+impl<C: Clock> SqliteLeaseStore<C> {
+    /// Opens (creating if needed) the lease store at `path` in WAL mode.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StoreUnavailable`] when the file cannot be opened or
+    /// the schema created.
+    pub fn open(
+        path: impl AsRef<Path>,
+        clock: C,
+        count: ShardCount,
+    ) -> Result<Self, OwnershipError> {
+        let conn = Connection::open(path).map_err(not_applied)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(not_applied)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(not_applied)?;
+        Self::from_connection(conn, clock, count)
+    }
+
+    /// Uses an open connection, creating the schema if needed.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StoreUnavailable`] when the schema cannot be created.
+    pub fn from_connection(
+        conn: Connection,
+        clock: C,
+        count: ShardCount,
+    ) -> Result<Self, OwnershipError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(not_applied)?;
+        conn.execute_batch(LEASE_SCHEMA).map_err(not_applied)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            clock,
+            count,
+        })
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Runs `f` on the connection (tests and tools: raw inspection and fault injection).
+    pub fn with_connection<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
+        f(&self.lock())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lifecycle(conn: &Connection, lifecycle: &LifecycleId) -> Result<Lifecycle, OwnershipError> {
+        let row: Option<(Option<String>, Option<Vec<u8>>)> = conn
+            .query_row(
+                "SELECT active_storage, delete_lock FROM durability_owner_lifecycle WHERE lifecycle = ?1",
+                [lifecycle.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(not_applied)?;
+        let (active, lock) = row.unwrap_or((None, None));
+        let active = match active {
+            Some(s) => {
+                Some(
+                    StorageId::new(&s).map_err(|e| OwnershipError::InvalidLifecycleState {
+                        lifecycle: lifecycle.as_str().to_owned(),
+                        reason: e.to_string(),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let lock = lock
+            .map(|raw| DeleteLock::parse(&raw, lifecycle))
+            .transpose()?;
+        Ok(Lifecycle { active, lock })
+    }
+
+    fn owner(
+        &self,
+        conn: &Connection,
+        scope: &OwnerScope,
+        now: u64,
+    ) -> Result<Option<Lease>, OwnershipError> {
+        let row: Option<(Vec<u8>, i64)> = conn
+            .query_row(
+                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
+                [scope.host_id()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(not_applied)?;
+        match row {
+            Some((raw, exp)) if u64_of(exp) > now => {
+                let record = OwnerRecord::decode(&raw, scope, self.count)?;
+                Ok(Some(Lease {
+                    record,
+                    remaining_ms: u64_of(exp) - now,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn generation(conn: &Connection, scope: &OwnerScope) -> Result<u64, OwnershipError> {
+        let g: Option<i64> = conn
+            .query_row(
+                "SELECT generation FROM durability_owner_generations WHERE scope = ?1",
+                [scope.host_id()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(not_applied)?;
+        match g {
+            None => Ok(0),
+            Some(g) => u64::try_from(g)
+                .ok()
+                .filter(|g| Generation::new(*g).is_ok())
+                .ok_or_else(|| OwnershipError::InvalidLifecycleState {
+                    lifecycle: scope.to_string(),
+                    reason: "generation counter is not a positive safe integer".to_owned(),
+                }),
+        }
+    }
+}
+
+impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
+    async fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> Result<ClaimOutcome, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| begin_error(e, scope))?;
+        let now = self.clock.now_ms();
+        let lc = Self::lifecycle(&tx, lifecycle)?;
+        check_lifecycle(scope.storage_id(), lifecycle, lc.active.as_ref(), lc.lock)?;
+        if let Some(lease) = self.owner(&tx, scope, now)? {
+            return Ok(ClaimOutcome::Held(lease));
+        }
+        let generation = Generation::new(Self::generation(&tx, scope)? + 1)?;
+        let record = OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+        let exp = now.saturating_add(ttl_ms);
+        tx.execute(
+            "INSERT INTO durability_owner_generations (scope, generation) VALUES (?1, ?2)
+             ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+            params![scope.host_id(), i64_of(generation.get())],
+        )
+        .map_err(not_applied)?;
+        tx.execute(
+            "INSERT INTO durability_owner_leases (scope, record, expires_at_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (scope) DO UPDATE SET record = excluded.record, expires_at_ms = excluded.expires_at_ms",
+            params![scope.host_id(), record.encoded().as_bytes(), i64_of(exp)],
+        )
+        .map_err(not_applied)?;
+        tx.commit().map_err(unknown)?;
+        Ok(ClaimOutcome::Claimed(Lease {
+            record,
+            remaining_ms: ttl_ms,
+        }))
+    }
+
+    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let scope = record.scope();
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(not_applied)?;
+        let now = self.clock.now_ms();
+        let row: Option<(Vec<u8>, i64)> = tx
+            .query_row(
+                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
+                [scope.host_id()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(not_applied)?;
+        let live = matches!(&row, Some((raw, exp)) if u64_of(*exp) > now && raw.as_slice() == record.encoded().as_bytes());
+        if !live {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        }
+        let lc = Self::lifecycle(&tx, record.lifecycle())?;
+        check_lifecycle(
+            scope.storage_id(),
+            record.lifecycle(),
+            lc.active.as_ref(),
+            lc.lock,
+        )?;
+        let exp = now.saturating_add(ttl_ms);
+        tx.execute(
+            "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
+            params![scope.host_id(), i64_of(exp)],
+        )
+        .map_err(not_applied)?;
+        tx.commit().map_err(unknown)?;
+        Ok(Lease {
+            record: record.clone(),
+            remaining_ms: ttl_ms,
+        })
+    }
+
+    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
+        let conn = self.lock();
+        let n = conn
+            .execute(
+                "DELETE FROM durability_owner_leases WHERE scope = ?1 AND record = ?2",
+                params![record.scope().host_id(), record.encoded().as_bytes()],
+            )
+            .map_err(unknown)?;
+        Ok(n == 1)
+    }
+
+    async fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<OwnerSnapshot, OwnershipError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(not_applied)?;
+        let now = self.clock.now_ms();
+        let owner = self.owner(&tx, scope, now)?;
+        let generation = Self::generation(&tx, scope)?;
+        let lc = Self::lifecycle(&tx, lifecycle)?;
+        Ok(OwnerSnapshot {
+            store_now_ms: now,
+            owner,
+            generation,
+            active_storage: lc.active,
+            delete_lock: lc.lock,
+        })
+    }
+}
+
+impl<C: Clock> LifecycleAdmin for SqliteLeaseStore<C> {
+    async fn set_active_storage(
+        &self,
+        lifecycle: &LifecycleId,
+        storage: Option<&StorageId>,
+    ) -> Result<(), OwnershipError> {
+        self.lock()
+            .execute(
+                "INSERT INTO durability_owner_lifecycle (lifecycle, active_storage) VALUES (?1, ?2)
+                 ON CONFLICT (lifecycle) DO UPDATE SET active_storage = excluded.active_storage",
+                params![lifecycle.as_str(), storage.map(StorageId::as_str)],
+            )
+            .map_err(unknown)?;
+        Ok(())
+    }
+
+    async fn set_delete_lock(
+        &self,
+        lifecycle: &LifecycleId,
+        lock: Option<DeleteLock>,
+    ) -> Result<(), OwnershipError> {
+        self.lock()
+            .execute(
+                "INSERT INTO durability_owner_lifecycle (lifecycle, delete_lock) VALUES (?1, ?2)
+                 ON CONFLICT (lifecycle) DO UPDATE SET delete_lock = excluded.delete_lock",
+                params![lifecycle.as_str(), lock.map(|l| l.as_str().as_bytes())],
+            )
+            .map_err(unknown)?;
+        Ok(())
+    }
+}
+
+/// Creates the fence table in an object database if needed.
+///
+/// # Errors
+/// [`OwnershipError::StoreUnavailable`] when the table cannot be created.
+pub fn ensure_fence_schema(conn: &Connection) -> Result<(), OwnershipError> {
+    conn.execute_batch(FENCE_SCHEMA).map_err(not_applied)
+}
+
+fn in_transaction(conn: &Connection) -> Result<(), OwnershipError> {
+    if conn.is_autocommit() {
+        return Err(OwnershipError::InvalidInput {
+            what: "fence call",
+            reason: "must run inside the object's transaction".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The generation recorded in the object database's fence for `scope`.
+///
+/// # Errors
+/// [`OwnershipError::StoreUnavailable`] on a SQLite error, or
+/// [`OwnershipError::InvalidLifecycleState`] for a corrupt fence row.
+pub fn fenced_generation(
+    conn: &Connection,
+    scope: &OwnerScope,
+) -> Result<Option<u64>, OwnershipError> {
+    let g: Option<i64> = conn
+        .query_row(
+            "SELECT generation FROM durability_owner_fence WHERE scope = ?1",
+            [scope.host_id()],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(not_applied)?;
+    g.map(|g| {
+        u64::try_from(g)
+            .ok()
+            .filter(|g| Generation::new(*g).is_ok())
+            .ok_or_else(|| OwnershipError::InvalidLifecycleState {
+                lifecycle: scope.to_string(),
+                reason: "fence generation is not a positive safe integer".to_owned(),
+            })
+    })
+    .transpose()
+}
+
+/// Records `generation` in the object database's fence, inside the caller's
+/// transaction, at the first dispatch after a claim. The fence only rises.
+///
+/// # Errors
+/// [`OwnershipError::StaleGeneration`] when a higher generation is already
+/// recorded (nothing is written); [`OwnershipError::InvalidInput`] outside a
+/// transaction; SQLite errors as [`OwnershipError::StoreUnavailable`].
+pub fn record_generation(
+    conn: &Connection,
+    scope: &OwnerScope,
+    generation: Generation,
+) -> Result<(), OwnershipError> {
+    in_transaction(conn)?;
+    if let Some(stored) = fenced_generation(conn, scope)? {
+        if stored > generation.get() {
+            return Err(OwnershipError::StaleGeneration {
+                scope: scope.to_string(),
+                attempted: generation.get(),
+                stored,
+            });
+        }
+        if stored == generation.get() {
+            return Ok(());
+        }
+    }
+    conn.execute(
+        "INSERT INTO durability_owner_fence (scope, generation) VALUES (?1, ?2)
+         ON CONFLICT (scope) DO UPDATE SET generation = max(generation, excluded.generation)",
+        params![scope.host_id(), i64_of(generation.get())],
+    )
+    .map_err(not_applied)?;
+    Ok(())
+}
+
+/// Checks, inside the caller's transaction, that `generation` is the one
+/// recorded in the object database's fence. Run it in every transaction that
+/// writes object state: with SQLite's transaction isolation, a transaction
+/// that checked an older fence cannot commit over a newer one.
+///
+/// # Errors
+/// [`OwnershipError::StaleGeneration`] when a newer generation is recorded,
+/// [`OwnershipError::FenceNotRecorded`] when `generation` was never recorded,
+/// [`OwnershipError::InvalidInput`] outside a transaction.
+pub fn check_generation(
+    conn: &Connection,
+    scope: &OwnerScope,
+    generation: Generation,
+) -> Result<(), OwnershipError> {
+    in_transaction(conn)?;
+    match fenced_generation(conn, scope)? {
+        Some(stored) if stored == generation.get() => Ok(()),
+        Some(stored) if stored > generation.get() => Err(OwnershipError::StaleGeneration {
+            scope: scope.to_string(),
+            attempted: generation.get(),
+            stored,
+        }),
+        _ => Err(OwnershipError::FenceNotRecorded {
+            scope: scope.to_string(),
+            attempted: generation.get(),
+        }),
+    }
+}

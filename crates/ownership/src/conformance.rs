@@ -1,0 +1,420 @@
+//! The conformance suite every [`LeaseStore`] backend runs.
+//!
+//! A backend implements [`Harness`] in its tests (how to expire a lease and
+//! plant a raw owner record on that store) and calls [`run_all`]. Each case
+//! uses its own storage id and lifecycle, so one harness runs every case.
+//! Cases panic with their name on failure.
+
+use std::future::Future;
+
+use crate::record::{Generation, OwnerRecord};
+use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
+use crate::store::{ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot};
+
+/// Lease time used by the suite: long enough never to expire on its own.
+pub const TTL_MS: u64 = 60_000;
+
+/// Store-side controls the suite needs from a backend.
+pub trait Harness: Send + Sync {
+    /// The store under test.
+    type Store: LeaseStore + LifecycleAdmin;
+
+    /// The store.
+    fn store(&self) -> &Self::Store;
+
+    /// Makes the owner lease of `scope` expire now, on the store (the
+    /// generation counter stays).
+    fn expire_owner(&self, scope: &OwnerScope) -> impl Future<Output = ()> + Send;
+
+    /// Writes `raw` as the owner record of `scope` with a live lease, bypassing validation.
+    fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) -> impl Future<Output = ()> + Send;
+
+    /// The raw stored owner record (if any, live or not) and generation counter of `scope`.
+    fn raw_state(&self, scope: &OwnerScope) -> impl Future<Output = RawState> + Send;
+}
+
+/// Raw stored state of a scope, compared to prove that nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawState {
+    /// The stored owner record bytes.
+    pub owner: Option<Vec<u8>>,
+    /// The stored generation counter.
+    pub generation: Option<u64>,
+}
+
+/// The names of the cases [`run_all`] runs, in order.
+pub const CASES: &[&str] = &[
+    "claim_on_empty_scope_starts_at_generation_1",
+    "claim_while_held_returns_the_holder",
+    "claim_after_expiry_bumps_the_generation",
+    "renew_compares_the_exact_record",
+    "renew_checks_the_lifecycle",
+    "claim_checks_the_lifecycle_and_writes_nothing",
+    "version_lock_does_not_interrupt",
+    "release_is_exact_and_keeps_the_generation",
+    "malformed_records_fail_closed",
+    "snapshot_reads_everything",
+    "bad_ttl_is_refused_before_any_write",
+];
+
+fn task(name: &str) -> TaskId {
+    TaskId::new(name).expect("valid task id")
+}
+
+struct Case {
+    scope: OwnerScope,
+    lifecycle: LifecycleId,
+}
+
+async fn case<H: Harness>(h: &H, name: &str, prefix: &str) -> Case {
+    let storage = StorageId::new(&format!("{prefix}-{}", name.len())).expect("valid storage id");
+    let scope = OwnerScope::new(
+        storage.clone(),
+        ClassName::new("Room").expect("class"),
+        3,
+        ShardCount::default(),
+    )
+    .expect("valid scope");
+    let lifecycle = LifecycleId::new(&format!("ns:{prefix}:{name}")).expect("valid lifecycle");
+    h.store()
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .expect("set pointer");
+    Case { scope, lifecycle }
+}
+
+async fn snap<H: Harness>(h: &H, c: &Case) -> OwnerSnapshot {
+    h.store()
+        .snapshot(&c.scope, &c.lifecycle)
+        .await
+        .expect("snapshot")
+}
+
+async fn claimed<H: Harness>(h: &H, c: &Case, t: &str) -> OwnerRecord {
+    match h
+        .store()
+        .claim(&c.scope, &c.lifecycle, &task(t), TTL_MS)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Claimed(l) => {
+            assert_eq!(l.record.task().as_str(), t);
+            assert!(l.remaining_ms > 0 && l.remaining_ms <= TTL_MS);
+            l.record
+        }
+        ClaimOutcome::Held(l) => panic!("expected a claim, scope held by {:?}", l.record.task()),
+    }
+}
+
+/// Runs every case against `h`. `prefix` keeps this run's names apart from
+/// other runs on a shared store (`[A-Za-z0-9-]`, short).
+pub async fn run_all<H: Harness>(h: &H, prefix: &str) {
+    for (i, name) in CASES.iter().enumerate() {
+        let c = case(h, name, &format!("{prefix}{i}")).await;
+        match *name {
+            "claim_on_empty_scope_starts_at_generation_1" => {
+                let r = claimed(h, &c, "a").await;
+                assert_eq!(r.generation().get(), 1, "{name}");
+                assert_eq!(r.scope(), &c.scope, "{name}");
+            }
+            "claim_while_held_returns_the_holder" => {
+                let r = claimed(h, &c, "a").await;
+                for t in ["a", "b"] {
+                    match h
+                        .store()
+                        .claim(&c.scope, &c.lifecycle, &task(t), TTL_MS)
+                        .await
+                        .expect("claim")
+                    {
+                        ClaimOutcome::Held(l) => assert_eq!(l.record, r, "{name}"),
+                        ClaimOutcome::Claimed(_) => panic!("{name}: claimed a live scope"),
+                    }
+                }
+                assert_eq!(
+                    snap(h, &c).await.generation,
+                    1,
+                    "{name}: no bump while held"
+                );
+            }
+            "claim_after_expiry_bumps_the_generation" => {
+                let mut last = 0;
+                for t in ["a", "b", "a", "c"] {
+                    let r = claimed(h, &c, t).await;
+                    assert!(
+                        r.generation().get() > last,
+                        "{name}: generation must increase"
+                    );
+                    last = r.generation().get();
+                    h.expire_owner(&c.scope).await;
+                }
+                assert_eq!(last, 4, "{name}");
+                assert_eq!(snap(h, &c).await.generation, 4, "{name}");
+            }
+            "renew_compares_the_exact_record" => {
+                let r = claimed(h, &c, "a").await;
+                let l = h.store().renew(&r, TTL_MS).await.expect("renew");
+                assert_eq!(l.record, r, "{name}");
+                assert!(l.remaining_ms > TTL_MS / 2, "{name}: refreshed");
+                let forged = OwnerRecord::new(
+                    c.scope.clone(),
+                    c.lifecycle.clone(),
+                    task("a"),
+                    Generation::new(r.generation().get() + 1).expect("gen"),
+                );
+                let e = h
+                    .store()
+                    .renew(&forged, TTL_MS)
+                    .await
+                    .expect_err("forged generation");
+                assert_eq!(e.code(), "stale_owner", "{name}");
+                h.expire_owner(&c.scope).await;
+                let e = h.store().renew(&r, TTL_MS).await.expect_err("expired");
+                assert_eq!(
+                    e.code(),
+                    "stale_owner",
+                    "{name}: an expired lease cannot be renewed"
+                );
+                let r2 = claimed(h, &c, "b").await;
+                let e = h.store().renew(&r, TTL_MS).await.expect_err("taken over");
+                assert_eq!(e.code(), "stale_owner", "{name}");
+                assert_eq!(
+                    snap(h, &c).await.owner.map(|l| l.record),
+                    Some(r2),
+                    "{name}: new owner untouched"
+                );
+            }
+            "renew_checks_the_lifecycle" => {
+                let r = claimed(h, &c, "a").await;
+                let other = StorageId::new("moved-storage").expect("id");
+                h.store()
+                    .set_active_storage(&c.lifecycle, Some(&other))
+                    .await
+                    .expect("pointer");
+                let e = h
+                    .store()
+                    .renew(&r, TTL_MS)
+                    .await
+                    .expect_err("pointer moved");
+                assert_eq!(e.code(), "storage_inactive", "{name}");
+                h.store()
+                    .set_active_storage(&c.lifecycle, None)
+                    .await
+                    .expect("pointer");
+                let e = h.store().renew(&r, TTL_MS).await.expect_err("pointer gone");
+                assert_eq!(e.code(), "storage_inactive", "{name}");
+                h.store()
+                    .set_active_storage(&c.lifecycle, Some(c.scope.storage_id()))
+                    .await
+                    .expect("pointer");
+                h.store()
+                    .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
+                    .await
+                    .expect("lock");
+                let e = h.store().renew(&r, TTL_MS).await.expect_err("whole lock");
+                assert_eq!(e.code(), "worker_delete_locked", "{name}");
+                h.store()
+                    .set_delete_lock(&c.lifecycle, None)
+                    .await
+                    .expect("unlock");
+                h.store()
+                    .renew(&r, TTL_MS)
+                    .await
+                    .expect("renew after unlock");
+            }
+            "claim_checks_the_lifecycle_and_writes_nothing" => {
+                let before = snap_raw(h, &c).await;
+                h.store()
+                    .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
+                    .await
+                    .expect("lock");
+                let e = h
+                    .store()
+                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
+                    .await
+                    .expect_err("locked");
+                assert_eq!(e.code(), "worker_delete_locked", "{name}");
+                h.store()
+                    .set_delete_lock(&c.lifecycle, None)
+                    .await
+                    .expect("unlock");
+                let other = StorageId::new("moved-storage").expect("id");
+                h.store()
+                    .set_active_storage(&c.lifecycle, Some(&other))
+                    .await
+                    .expect("pointer");
+                let e = h
+                    .store()
+                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
+                    .await
+                    .expect_err("moved");
+                assert_eq!(e.code(), "storage_inactive", "{name}");
+                h.store()
+                    .set_active_storage(&c.lifecycle, None)
+                    .await
+                    .expect("pointer");
+                let e = h
+                    .store()
+                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
+                    .await
+                    .expect_err("gone");
+                assert_eq!(e.code(), "storage_inactive", "{name}");
+                assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
+                assert_eq!(
+                    before,
+                    RawState {
+                        owner: None,
+                        generation: None
+                    },
+                    "{name}"
+                );
+            }
+            "version_lock_does_not_interrupt" => {
+                h.store()
+                    .set_delete_lock(&c.lifecycle, Some(DeleteLock::Version))
+                    .await
+                    .expect("lock");
+                let r = claimed(h, &c, "a").await;
+                h.store()
+                    .renew(&r, TTL_MS)
+                    .await
+                    .expect("renew under a version lock");
+                assert_eq!(
+                    snap(h, &c).await.delete_lock,
+                    Some(DeleteLock::Version),
+                    "{name}"
+                );
+            }
+            "release_is_exact_and_keeps_the_generation" => {
+                let r = claimed(h, &c, "a").await;
+                let forged = OwnerRecord::new(
+                    c.scope.clone(),
+                    c.lifecycle.clone(),
+                    task("b"),
+                    r.generation(),
+                );
+                assert!(
+                    !h.store().release(&forged).await.expect("release"),
+                    "{name}: foreign record"
+                );
+                assert!(snap(h, &c).await.owner.is_some(), "{name}");
+                assert!(h.store().release(&r).await.expect("release"), "{name}");
+                assert!(
+                    !h.store().release(&r).await.expect("release"),
+                    "{name}: idempotent"
+                );
+                let s = snap(h, &c).await;
+                assert!(s.owner.is_none(), "{name}");
+                assert_eq!(s.generation, 1, "{name}: generation kept");
+                assert_eq!(claimed(h, &c, "b").await.generation().get(), 2, "{name}");
+            }
+            "malformed_records_fail_closed" => {
+                let foreign_scope = OwnerScope::new(
+                    c.scope.storage_id().clone(),
+                    c.scope.class().clone(),
+                    4,
+                    ShardCount::default(),
+                )
+                .expect("scope");
+                let foreign = OwnerRecord::new(
+                    foreign_scope,
+                    c.lifecycle.clone(),
+                    task("x"),
+                    Generation::new(9).expect("g"),
+                );
+                let raws: Vec<Vec<u8>> = vec![
+                    b"garbage".to_vec(),
+                    vec![0xff, 0x00, 0xfe],
+                    foreign.encoded().as_bytes().to_vec(),
+                    b"{\"v\":1}".to_vec(),
+                ];
+                for raw in raws {
+                    h.put_raw_owner(&c.scope, &raw).await;
+                    let before = snap_raw(h, &c).await;
+                    let e = h
+                        .store()
+                        .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
+                        .await
+                        .expect_err("malformed");
+                    assert_eq!(
+                        e.code(),
+                        "invalid_owner_record",
+                        "{name}: claim over {raw:?}"
+                    );
+                    let e = h
+                        .store()
+                        .snapshot(&c.scope, &c.lifecycle)
+                        .await
+                        .expect_err("malformed");
+                    assert_eq!(
+                        e.code(),
+                        "invalid_owner_record",
+                        "{name}: snapshot over {raw:?}"
+                    );
+                    let honest = OwnerRecord::new(
+                        c.scope.clone(),
+                        c.lifecycle.clone(),
+                        task("a"),
+                        Generation::new(1).expect("g"),
+                    );
+                    let e = h
+                        .store()
+                        .renew(&honest, TTL_MS)
+                        .await
+                        .expect_err("malformed");
+                    assert_eq!(e.code(), "stale_owner", "{name}");
+                    assert_eq!(
+                        snap_raw(h, &c).await,
+                        before,
+                        "{name}: nothing written over {raw:?}"
+                    );
+                }
+            }
+            "snapshot_reads_everything" => {
+                let s = snap(h, &c).await;
+                assert!(
+                    s.owner.is_none() && s.generation == 0 && s.delete_lock.is_none(),
+                    "{name}"
+                );
+                assert_eq!(
+                    s.active_storage.as_ref(),
+                    Some(c.scope.storage_id()),
+                    "{name}"
+                );
+                assert!(s.store_now_ms > 0, "{name}");
+                let r = claimed(h, &c, "a").await;
+                let s = snap(h, &c).await;
+                let owner = s.owner.expect("owner");
+                assert_eq!(owner.record, r, "{name}");
+                assert!(
+                    owner.remaining_ms > 0 && owner.remaining_ms <= TTL_MS,
+                    "{name}"
+                );
+                assert_eq!(s.generation, 1, "{name}");
+            }
+            "bad_ttl_is_refused_before_any_write" => {
+                let before = snap_raw(h, &c).await;
+                for ttl in [0, crate::scope::MAX_SAFE_INTEGER + 1] {
+                    let e = h
+                        .store()
+                        .claim(&c.scope, &c.lifecycle, &task("a"), ttl)
+                        .await
+                        .expect_err("ttl");
+                    assert_eq!(e.code(), "invalid_input", "{name}: claim ttl {ttl}");
+                }
+                assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
+                let r = claimed(h, &c, "a").await;
+                let before = snap_raw(h, &c).await;
+                let e = h.store().renew(&r, 0).await.expect_err("ttl");
+                assert_eq!(e.code(), "invalid_input", "{name}: renew ttl 0");
+                assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
+                let remaining = snap(h, &c).await.owner.expect("owner").remaining_ms;
+                assert!(remaining > TTL_MS / 2, "{name}: lease untouched");
+            }
+            other => panic!("unknown case {other}"),
+        }
+    }
+}
+
+async fn snap_raw<H: Harness>(h: &H, c: &Case) -> RawState {
+    h.raw_state(&c.scope).await
+}

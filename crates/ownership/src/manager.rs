@@ -1,0 +1,645 @@
+//! [`Ownership`]: one task's owned scopes, dispatch admission, drain and the watchdog.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::error::OwnershipError;
+use crate::record::{Generation, OwnerRecord};
+use crate::scope::{LifecycleId, OwnerScope, TaskId};
+use crate::settings::OwnershipSettings;
+use crate::store::{ClaimOutcome, Lease, LeaseStore};
+
+/// Where a scope is owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// This task owns the scope at this generation.
+    Local(Generation),
+    /// Another task owns the scope: route there.
+    Remote {
+        /// The owning task.
+        task: TaskId,
+        /// Its generation.
+        generation: Generation,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct LocalLease {
+    record: OwnerRecord,
+    /// Lease deadline on the local clock: the local time before the request
+    /// was sent plus the lease time the store reported left. Never later than
+    /// the store's expiry.
+    deadline_ms: u64,
+}
+
+struct Inner<S, C> {
+    store: S,
+    clock: C,
+    task: TaskId,
+    settings: OwnershipSettings,
+    leases: Mutex<HashMap<OwnerScope, LocalLease>>,
+    draining: AtomicBool,
+    in_flight: AtomicU64,
+    idle: Notify,
+}
+
+/// One task's view of ownership: claims, renewals, admission, drain and the
+/// watchdog, over a [`LeaseStore`]. Clones share state.
+pub struct Ownership<S, C> {
+    inner: Arc<Inner<S, C>>,
+}
+
+impl<S, C> Clone for Ownership<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// Admitted work. Dropping it ends the work and lets a drain proceed.
+#[derive(Debug)]
+#[must_use = "dropping the permit ends the admitted work"]
+pub struct AdmissionPermit {
+    scope: OwnerScope,
+    generation: Generation,
+    counter: Arc<dyn InFlight>,
+}
+
+trait InFlight: Send + Sync + std::fmt::Debug {
+    fn done(&self);
+}
+
+impl<S: Send + Sync, C: Send + Sync> InFlight for Inner<S, C> {
+    fn done(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+}
+
+impl<S, C> std::fmt::Debug for Inner<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdmissionPermit {
+    /// The admitted scope.
+    pub fn scope(&self) -> &OwnerScope {
+        &self.scope
+    }
+
+    /// The generation the work runs under (carry it into fenced commits).
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+}
+
+impl Drop for AdmissionPermit {
+    fn drop(&mut self) {
+        self.counter.done();
+    }
+}
+
+/// The result of a drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainReport {
+    /// Admitted work finished; the listed scopes and generations were released.
+    Drained {
+        /// Scopes whose matching generation was released.
+        released: Vec<(OwnerScope, Generation)>,
+        /// Scopes whose release failed or no longer matched (they expire normally).
+        not_released: Vec<OwnerScope>,
+    },
+    /// Admitted work did not finish in time: every lease is kept so failover
+    /// waits for normal lease expiry.
+    TimedOut {
+        /// Work still in flight.
+        in_flight: u64,
+    },
+}
+
+/// How a watchdog ended.
+#[derive(Debug)]
+pub enum WatchExit {
+    /// The work finished (its token was cancelled by the caller) while owned.
+    Finished,
+    /// Renewal stopped or ownership moved: the scope was forgotten and the
+    /// token cancelled.
+    Lost(OwnershipError),
+}
+
+/// One owned scope in a [`Probe`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProbeScope {
+    /// The scope's host id.
+    pub scope: String,
+    /// The owned generation.
+    pub generation: u64,
+    /// Local lease budget left, in milliseconds.
+    pub lease_remaining_ms: u64,
+}
+
+/// Diagnostics: this task's owned scopes, generations and leases.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Probe {
+    /// This task.
+    pub task: String,
+    /// Whether the task is draining.
+    pub draining: bool,
+    /// Admitted work in flight.
+    pub in_flight: u64,
+    /// Owned scopes, sorted by host id.
+    pub scopes: Vec<ProbeScope>,
+}
+
+impl<S: LeaseStore, C: Clock> Ownership<S, C> {
+    /// The ownership state of `task` over `store`.
+    pub fn new(store: S, clock: C, task: TaskId, settings: OwnershipSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                task,
+                settings,
+                leases: Mutex::new(HashMap::new()),
+                draining: AtomicBool::new(false),
+                in_flight: AtomicU64::new(0),
+                idle: Notify::new(),
+            }),
+        }
+    }
+
+    /// The lease store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// This task.
+    pub fn task(&self) -> &TaskId {
+        &self.inner.task
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &OwnershipSettings {
+        &self.inner.settings
+    }
+
+    /// The effective lease guard: the configured guard, but never more than
+    /// half the TTL (else every admission would renew and still fail, and the
+    /// watchdog would renew in a loop).
+    fn guard_ms(&self) -> u64 {
+        let s = &self.inner.settings;
+        s.lease_guard_ms.min(s.owner_ttl_ms / 2)
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<OwnerScope, LocalLease>> {
+        self.inner
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn remember(&self, lease: &Lease, sent_ms: u64) -> Generation {
+        let generation = lease.record.generation();
+        let deadline_ms = sent_ms.saturating_add(lease.remaining_ms);
+        self.leases().insert(
+            lease.record.scope().clone(),
+            LocalLease {
+                record: lease.record.clone(),
+                deadline_ms,
+            },
+        );
+        generation
+    }
+
+    /// Forgets a scope locally (its lease is left to expire on the store).
+    pub fn forget(&self, scope: &OwnerScope) {
+        self.leases().remove(scope);
+    }
+
+    /// Resolves the owner of `scope`: a live local lease answers at once;
+    /// otherwise claims it (bumping the generation if missing or expired), or
+    /// reports the live owner on another task.
+    ///
+    /// # Errors
+    /// [`OwnershipError::Draining`] while draining, and the errors of
+    /// [`LeaseStore::claim`].
+    pub async fn resolve(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<Resolution, OwnershipError> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(OwnershipError::Draining);
+        }
+        let now = self.inner.clock.now_ms();
+        if let Some(l) = self.leases().get(scope)
+            && l.deadline_ms > now
+            && l.record.lifecycle() == lifecycle
+        {
+            return Ok(Resolution::Local(l.record.generation()));
+        }
+        let sent = self.inner.clock.now_ms();
+        let outcome = self
+            .inner
+            .store
+            .claim(
+                scope,
+                lifecycle,
+                &self.inner.task,
+                self.inner.settings.owner_ttl_ms,
+            )
+            .await;
+        match outcome {
+            Ok(ClaimOutcome::Claimed(lease)) => {
+                tracing::info!(
+                    event = "durability.ownership.claimed",
+                    scope = %scope,
+                    generation = lease.record.generation().get(),
+                    "claimed owner scope"
+                );
+                if self.inner.draining.load(Ordering::SeqCst) {
+                    // A drain started while claiming: give the scope straight back.
+                    let _ = self.inner.store.release(&lease.record).await;
+                    return Err(OwnershipError::Draining);
+                }
+                Ok(Resolution::Local(self.remember(&lease, sent)))
+            }
+            Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
+                Ok(Resolution::Local(self.remember(&lease, sent)))
+            }
+            Ok(ClaimOutcome::Held(lease)) => {
+                self.forget(scope);
+                Ok(Resolution::Remote {
+                    task: lease.record.task().clone(),
+                    generation: lease.record.generation(),
+                })
+            }
+            Err(e) => {
+                self.forget(scope);
+                tracing::warn!(event = "durability.ownership.claim_failed", scope = %scope, code = e.code(), error = %e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Renews the local lease of `scope` (same task, same generation, exact
+    /// record, active storage pointer), one atomic store step.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StaleOwner`] when the scope is not owned here or the
+    /// record moved (the scope is forgotten), lifecycle errors (forgotten
+    /// too), or a store error (the lease is kept until its deadline).
+    pub async fn renew(&self, scope: &OwnerScope) -> Result<Generation, OwnershipError> {
+        let Some(local) = self.leases().get(scope).cloned() else {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        };
+        let sent = self.inner.clock.now_ms();
+        match self
+            .inner
+            .store
+            .renew(&local.record, self.inner.settings.owner_ttl_ms)
+            .await
+        {
+            Ok(lease) => {
+                // Only update if the scope was not forgotten or replaced meanwhile.
+                let mut leases = self.leases();
+                if let Some(l) = leases.get_mut(scope)
+                    && l.record == local.record
+                {
+                    l.deadline_ms = sent.saturating_add(lease.remaining_ms);
+                }
+                Ok(lease.record.generation())
+            }
+            Err(e) => {
+                if !matches!(
+                    e,
+                    OwnershipError::StoreUnavailable { .. }
+                        | OwnershipError::OwnerUnavailable { .. }
+                ) {
+                    self.leases().remove(scope);
+                }
+                tracing::warn!(event = "durability.ownership.renew_failed", scope = %scope, code = e.code(), error = %e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Renews every owned scope (the supervisor's periodic renew).
+    pub async fn renew_all(&self) -> Vec<(OwnerScope, Result<Generation, OwnershipError>)> {
+        let scopes: Vec<OwnerScope> = self.leases().keys().cloned().collect();
+        let mut out = Vec::with_capacity(scopes.len());
+        for scope in scopes {
+            let r = self.renew(&scope).await;
+            out.push((scope, r));
+        }
+        out
+    }
+
+    /// Dispatch admission: checks that this task is not draining, owns `scope`
+    /// at exactly `generation`, and that the lease has not expired. With less
+    /// than the guard left it first tries a same-task same-generation renew and
+    /// fails closed if that fails. With ample budget it does no I/O.
+    ///
+    /// # Errors
+    /// [`OwnershipError::Draining`], [`OwnershipError::StaleOwner`],
+    /// [`OwnershipError::LeaseExpired`], or the renew error.
+    pub async fn admit(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+    ) -> Result<AdmissionPermit, OwnershipError> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(OwnershipError::Draining);
+        }
+        let budget = self.budget(scope, generation)?;
+        if budget < self.guard_ms() {
+            let renewed = self.renew(scope).await?;
+            if renewed != generation {
+                return Err(OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                });
+            }
+            if self.budget(scope, generation)? < self.guard_ms() {
+                return Err(OwnershipError::LeaseExpired {
+                    scope: scope.to_string(),
+                });
+            }
+        }
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        let permit = AdmissionPermit {
+            scope: scope.clone(),
+            generation,
+            counter: Arc::clone(&self.inner) as Arc<dyn InFlight>,
+        };
+        if self.inner.draining.load(Ordering::SeqCst) {
+            drop(permit);
+            return Err(OwnershipError::Draining);
+        }
+        Ok(permit)
+    }
+
+    /// Dispatch admission with the full owner-side assertion: first reads the
+    /// owner record, generation, active storage pointer, delete lock and the
+    /// store's clock in one snapshot (one round trip), requires the exact
+    /// local record and a valid lifecycle, then admits as [`Ownership::admit`].
+    /// Use it where the seed requires a fresh snapshot (for example storage
+    /// deletion); [`Ownership::admit`] relies on the last claim or renew.
+    ///
+    /// # Errors
+    /// As [`Ownership::admit`], plus [`OwnershipError::StorageInactive`],
+    /// [`OwnershipError::DeleteLocked`] and snapshot errors. A failed check
+    /// forgets the scope.
+    pub async fn admit_checked(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+    ) -> Result<AdmissionPermit, OwnershipError> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(OwnershipError::Draining);
+        }
+        let Some(local) = self.leases().get(scope).cloned() else {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        };
+        if local.record.generation() != generation {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        }
+        let sent = self.inner.clock.now_ms();
+        let checked = match self
+            .inner
+            .store
+            .snapshot(scope, local.record.lifecycle())
+            .await
+        {
+            Ok(snap) => crate::store::check_lifecycle(
+                scope.storage_id(),
+                local.record.lifecycle(),
+                snap.active_storage.as_ref(),
+                snap.delete_lock,
+            )
+            .and_then(|()| match snap.owner {
+                Some(lease) if lease.record == local.record => Ok(lease.remaining_ms),
+                _ => Err(OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                }),
+            }),
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(remaining) => {
+                let mut leases = self.leases();
+                if let Some(l) = leases.get_mut(scope)
+                    && l.record == local.record
+                {
+                    l.deadline_ms = l.deadline_ms.min(sent.saturating_add(remaining));
+                }
+            }
+            Err(e) => {
+                if !matches!(
+                    e,
+                    OwnershipError::StoreUnavailable { .. }
+                        | OwnershipError::OwnerUnavailable { .. }
+                ) {
+                    self.forget(scope);
+                }
+                tracing::warn!(event = "durability.ownership.admission_refused", scope = %scope, code = e.code(), error = %e);
+                return Err(e);
+            }
+        }
+        self.admit(scope, generation).await
+    }
+
+    /// Lease budget left for `scope` at `generation` on the local clock.
+    fn budget(&self, scope: &OwnerScope, generation: Generation) -> Result<u64, OwnershipError> {
+        let now = self.inner.clock.now_ms();
+        let mut leases = self.leases();
+        let Some(l) = leases.get(scope) else {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        };
+        if l.record.generation() != generation {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        }
+        if l.deadline_ms <= now {
+            leases.remove(scope);
+            return Err(OwnershipError::LeaseExpired {
+                scope: scope.to_string(),
+            });
+        }
+        Ok(l.deadline_ms - now)
+    }
+
+    /// Admitted work in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Whether the task is draining.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Drains: stops new ownership and admission, waits up to the in-flight
+    /// timeout for admitted work, then releases the matching generation of
+    /// every owned scope. A drain that times out keeps its leases (failover
+    /// then waits for normal lease expiry). Draining is terminal: the task
+    /// never takes new ownership again.
+    ///
+    /// The draining flag and the in-flight counter are both sequentially
+    /// consistent, so either admission sees the flag or the drain sees the
+    /// admitted work: no work is admitted after a drain found nothing in flight.
+    pub async fn drain(&self) -> DrainReport {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        let deadline = self
+            .inner
+            .clock
+            .now_ms()
+            .saturating_add(self.inner.settings.drain_in_flight_timeout_ms);
+        let timeout = self.inner.clock.sleep_until_ms(deadline);
+        tokio::pin!(timeout);
+        loop {
+            let idle = self.inner.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.in_flight() == 0 {
+                break;
+            }
+            tokio::select! {
+                () = &mut idle => {}
+                () = &mut timeout => {
+                    let in_flight = self.in_flight();
+                    if in_flight == 0 {
+                        break;
+                    }
+                    tracing::warn!(event = "durability.ownership.drain_timed_out", in_flight, "drain timed out, keeping leases");
+                    return DrainReport::TimedOut { in_flight };
+                }
+            }
+        }
+        let owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
+        let mut released = Vec::new();
+        let mut not_released = Vec::new();
+        for (scope, l) in owned {
+            match self.inner.store.release(&l.record).await {
+                Ok(true) => released.push((scope, l.record.generation())),
+                Ok(false) => not_released.push(scope),
+                Err(e) => {
+                    tracing::warn!(event = "durability.ownership.release_failed", scope = %scope, code = e.code(), error = %e);
+                    not_released.push(scope);
+                }
+            }
+        }
+        tracing::info!(
+            event = "durability.ownership.drained",
+            released = released.len(),
+            "drained"
+        );
+        DrainReport::Drained {
+            released,
+            not_released,
+        }
+    }
+
+    /// Watches running work on `scope` at `generation`: wakes the guard
+    /// interval before the lease deadline, renews, and when renewal fails or
+    /// ownership moved forgets the scope and cancels `token`. Returns
+    /// [`WatchExit::Finished`] once the caller cancels `token` itself.
+    pub async fn watch(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+        token: CancellationToken,
+    ) -> WatchExit {
+        loop {
+            let deadline = {
+                let leases = self.leases();
+                match leases.get(scope) {
+                    Some(l) if l.record.generation() == generation => Some(l.deadline_ms),
+                    _ => None,
+                }
+            };
+            let Some(deadline) = deadline else {
+                return self.lost(
+                    scope,
+                    &token,
+                    OwnershipError::StaleOwner {
+                        scope: scope.to_string(),
+                    },
+                );
+            };
+            let wake = deadline.saturating_sub(self.guard_ms());
+            tokio::select! {
+                biased;
+                () = token.cancelled() => return WatchExit::Finished,
+                () = self.inner.clock.sleep_until_ms(wake) => {}
+            }
+            match self.renew(scope).await {
+                Ok(g) if g == generation => {}
+                Ok(_) => {
+                    return self.lost(
+                        scope,
+                        &token,
+                        OwnershipError::StaleOwner {
+                            scope: scope.to_string(),
+                        },
+                    );
+                }
+                Err(e) => return self.lost(scope, &token, e),
+            }
+        }
+    }
+
+    fn lost(
+        &self,
+        scope: &OwnerScope,
+        token: &CancellationToken,
+        cause: OwnershipError,
+    ) -> WatchExit {
+        self.forget(scope);
+        token.cancel();
+        tracing::warn!(event = "durability.ownership.watchdog_cancelled", scope = %scope, code = cause.code(), error = %cause);
+        WatchExit::Lost(cause)
+    }
+
+    /// This task's owned scopes, generations and local lease budgets.
+    pub fn probe(&self) -> Probe {
+        let now = self.inner.clock.now_ms();
+        let mut scopes: Vec<ProbeScope> = self
+            .leases()
+            .iter()
+            .map(|(s, l)| ProbeScope {
+                scope: s.to_string(),
+                generation: l.record.generation().get(),
+                lease_remaining_ms: l.deadline_ms.saturating_sub(now),
+            })
+            .collect();
+        scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+        Probe {
+            task: self.inner.task.as_str().to_owned(),
+            draining: self.is_draining(),
+            in_flight: self.in_flight(),
+            scopes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

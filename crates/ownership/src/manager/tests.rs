@@ -1,0 +1,467 @@
+//! Tests of admission, renewal, drain, the watchdog and the probe.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::memory::InMemoryLeaseStore;
+use crate::scope::{ShardCount, StorageId};
+use crate::store::{LifecycleAdmin, OwnerSnapshot};
+
+/// A store wrapper counting every call, to prove admission does no I/O.
+struct Counting {
+    inner: Arc<InMemoryLeaseStore<ManualClock>>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl LeaseStore for Counting {
+    async fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> Result<ClaimOutcome, OwnershipError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(scope, lifecycle, task, ttl_ms).await
+    }
+    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(record, ttl_ms).await
+    }
+    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(record).await
+    }
+    async fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<OwnerSnapshot, OwnershipError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.snapshot(scope, lifecycle).await
+    }
+}
+
+struct Fixture {
+    clock: ManualClock,
+    store: Arc<InMemoryLeaseStore<ManualClock>>,
+    calls: Arc<AtomicUsize>,
+    scope: OwnerScope,
+    lifecycle: LifecycleId,
+}
+
+fn settings() -> OwnershipSettings {
+    OwnershipSettings {
+        owner_ttl_ms: 10_000,
+        lease_guard_ms: 1000,
+        drain_in_flight_timeout_ms: 8000,
+        ..Default::default()
+    }
+}
+
+async fn fixture() -> Fixture {
+    let clock = ManualClock::new(1_000_000);
+    let store = Arc::new(InMemoryLeaseStore::new(
+        clock.clone(),
+        ShardCount::default(),
+    ));
+    let lifecycle = LifecycleId::new("ns:w").expect("lifecycle");
+    let storage = StorageId::new("st1").expect("storage");
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .expect("pointer");
+    let scope = OwnerScope::parse("st1:Room:shard1", ShardCount::default()).expect("scope");
+    Fixture {
+        clock,
+        store,
+        calls: Arc::new(AtomicUsize::new(0)),
+        scope,
+        lifecycle,
+    }
+}
+
+impl Fixture {
+    fn task(&self, name: &str) -> Ownership<Counting, ManualClock> {
+        let store = Counting {
+            inner: Arc::clone(&self.store),
+            calls: Arc::clone(&self.calls),
+        };
+        Ownership::new(
+            store,
+            self.clock.clone(),
+            TaskId::new(name).expect("task"),
+            settings(),
+        )
+    }
+
+    async fn claim(&self, o: &Ownership<Counting, ManualClock>) -> Generation {
+        match o
+            .resolve(&self.scope, &self.lifecycle)
+            .await
+            .expect("resolve")
+        {
+            Resolution::Local(g) => g,
+            other => panic!("expected local ownership, got {other:?}"),
+        }
+    }
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn admission_with_ample_budget_does_no_io() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let before = f.calls.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        let p = a.admit(&f.scope, g).await.expect("admitted");
+        assert_eq!(p.generation(), g);
+        assert_eq!(a.in_flight(), 1);
+    }
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        before,
+        "admission with ample budget did I/O"
+    );
+    assert_eq!(a.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn admission_below_guard_renews_same_generation() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    f.clock.advance(9_500);
+    let before = f.calls.load(Ordering::SeqCst);
+    let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        before + 1,
+        "exactly one renew"
+    );
+    assert_eq!(p.generation(), g);
+    assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
+}
+
+#[tokio::test]
+async fn admission_fails_closed_after_takeover() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let b = f.task("b");
+    let g1 = f.claim(&a).await;
+    f.clock.advance(10_000);
+    let g2 = f.claim(&b).await;
+    assert!(g2 > g1, "generation bumps on takeover");
+    let err = a.admit(&f.scope, g1).await.expect_err("stale");
+    assert_eq!(err.code(), "lease_expired");
+    // Even with a local lease still believed valid, the guard renew fails closed.
+    let c = f.task("c");
+    f.clock.advance(10_000);
+    let g3 = f.claim(&c).await;
+    f.store.expire_owner(&f.scope);
+    let d = f.task("d");
+    let g4 = f.claim(&d).await;
+    f.clock.advance(9_500);
+    let err = c.admit(&f.scope, g3).await.expect_err("renew must fail");
+    assert_eq!(err.code(), "stale_owner");
+    assert!(err.may_retry(false));
+    assert!(d.admit(&f.scope, g4).await.is_ok());
+    assert_eq!(c.probe().scopes.len(), 0, "stale scope forgotten");
+}
+
+#[tokio::test]
+async fn admission_checks_generation_and_ownership() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let other = OwnerScope::parse("st1:Room:shard2", ShardCount::default()).expect("scope");
+    let g = f.claim(&a).await;
+    let wrong = Generation::new(g.get() + 1).expect("gen");
+    assert_eq!(
+        a.admit(&f.scope, wrong)
+            .await
+            .expect_err("wrong gen")
+            .code(),
+        "stale_owner"
+    );
+    assert_eq!(
+        a.admit(&other, g).await.expect_err("not owned").code(),
+        "stale_owner"
+    );
+    let b = f.task("b");
+    match b.resolve(&f.scope, &f.lifecycle).await.expect("resolve") {
+        Resolution::Remote { task, generation } => {
+            assert_eq!(task.as_str(), "a");
+            assert_eq!(generation, g);
+        }
+        other => panic!("expected remote, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_changes_fail_renewal_and_claims() {
+    let f = fixture().await;
+    let a = f.task("a");
+    f.claim(&a).await;
+    f.store
+        .set_delete_lock(&f.lifecycle, Some(crate::store::DeleteLock::Whole))
+        .await
+        .expect("lock");
+    assert_eq!(
+        a.renew(&f.scope).await.expect_err("locked").code(),
+        "worker_delete_locked"
+    );
+    let b = f.task("b");
+    f.clock.advance(20_000);
+    assert_eq!(
+        b.resolve(&f.scope, &f.lifecycle)
+            .await
+            .expect_err("locked")
+            .code(),
+        "worker_delete_locked"
+    );
+}
+
+#[tokio::test]
+async fn checked_admission_reads_a_fresh_snapshot() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let before = f.calls.load(Ordering::SeqCst);
+    drop(a.admit_checked(&f.scope, g).await.expect("admitted"));
+    assert_eq!(f.calls.load(Ordering::SeqCst), before + 1, "one snapshot");
+    // The active storage pointer moves: cached admission cannot see it, the
+    // checked one fails closed and forgets the scope.
+    let other = StorageId::new("st2").expect("storage");
+    f.store
+        .set_active_storage(&f.lifecycle, Some(&other))
+        .await
+        .expect("pointer");
+    assert!(a.admit(&f.scope, g).await.is_ok());
+    let e = a.admit_checked(&f.scope, g).await.expect_err("inactive");
+    assert_eq!(e.code(), "storage_inactive");
+    assert!(a.probe().scopes.is_empty());
+    // The owner record is replaced behind this task's back.
+    let storage = StorageId::new("st1").expect("storage");
+    f.store
+        .set_active_storage(&f.lifecycle, Some(&storage))
+        .await
+        .expect("pointer");
+    let b = f.task("b");
+    f.clock.advance(20_000);
+    let gb = f.claim(&b).await;
+    f.store.expire_owner(&f.scope);
+    let c = f.task("c");
+    f.claim(&c).await;
+    assert_eq!(
+        b.admit_checked(&f.scope, gb)
+            .await
+            .expect_err("moved")
+            .code(),
+        "stale_owner"
+    );
+}
+
+#[tokio::test]
+async fn drain_waits_for_in_flight_then_releases() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let permit = a.admit(&f.scope, g).await.expect("admitted");
+    let drainer = a.clone();
+    let drain = tokio::spawn(async move { drainer.drain().await });
+    settle().await;
+    assert!(!drain.is_finished(), "drain must wait for admitted work");
+    assert!(a.is_draining());
+    assert_eq!(
+        a.admit(&f.scope, g).await.expect_err("draining").code(),
+        "draining"
+    );
+    assert_eq!(
+        a.resolve(&f.scope, &f.lifecycle)
+            .await
+            .expect_err("draining")
+            .code(),
+        "draining"
+    );
+    let snap = f
+        .store
+        .snapshot(&f.scope, &f.lifecycle)
+        .await
+        .expect("snapshot");
+    assert!(snap.owner.is_some(), "lease still held while work runs");
+    drop(permit);
+    let report = drain.await.expect("drain task");
+    assert_eq!(
+        report,
+        DrainReport::Drained {
+            released: vec![(f.scope.clone(), g)],
+            not_released: vec![]
+        }
+    );
+    let snap = f
+        .store
+        .snapshot(&f.scope, &f.lifecycle)
+        .await
+        .expect("snapshot");
+    assert!(snap.owner.is_none(), "released");
+    assert_eq!(snap.generation, g.get(), "generation survives release");
+    let b = f.task("b");
+    assert!(f.claim(&b).await > g);
+}
+
+#[tokio::test]
+async fn drain_past_its_timeout_keeps_leases() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let permit = a.admit(&f.scope, g).await.expect("admitted");
+    let drainer = a.clone();
+    let drain = tokio::spawn(async move { drainer.drain().await });
+    settle().await;
+    f.clock.advance(7_999);
+    settle().await;
+    assert!(!drain.is_finished());
+    f.clock.advance(1);
+    settle().await;
+    let report = drain.await.expect("drain task");
+    assert_eq!(report, DrainReport::TimedOut { in_flight: 1 });
+    let snap = f
+        .store
+        .snapshot(&f.scope, &f.lifecycle)
+        .await
+        .expect("snapshot");
+    assert_eq!(
+        snap.owner.map(|l| l.record.generation()),
+        Some(g),
+        "lease kept"
+    );
+    assert_eq!(a.probe().scopes.len(), 1);
+    drop(permit);
+}
+
+#[tokio::test]
+async fn watchdog_renews_then_cancels_when_ownership_moves() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let token = CancellationToken::new();
+    let watcher = a.clone();
+    let (scope, t) = (f.scope.clone(), token.clone());
+    let watch = tokio::spawn(async move { watcher.watch(&scope, g, t).await });
+    settle().await;
+    let renews_before = f.calls.load(Ordering::SeqCst);
+    f.clock.advance(9_000); // guard interval before expiry
+    settle().await;
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        renews_before + 1,
+        "watchdog renewed"
+    );
+    assert!(!token.is_cancelled());
+    // Ownership moves: the record disappears and another task claims.
+    f.store.expire_owner(&f.scope);
+    let b = f.task("b");
+    f.claim(&b).await;
+    f.clock.advance(9_000);
+    settle().await;
+    assert!(token.is_cancelled(), "work cancelled when ownership moved");
+    match watch.await.expect("watch task") {
+        WatchExit::Lost(e) => assert_eq!(e.code(), "stale_owner"),
+        WatchExit::Finished => panic!("expected lost"),
+    }
+    assert!(a.probe().scopes.is_empty(), "scope forgotten");
+}
+
+#[tokio::test]
+async fn watchdog_finishes_with_the_work() {
+    let f = fixture().await;
+    let a = f.task("a");
+    let g = f.claim(&a).await;
+    let token = CancellationToken::new();
+    let (w, scope, t) = (a.clone(), f.scope.clone(), token.clone());
+    let watch = tokio::spawn(async move { w.watch(&scope, g, t).await });
+    settle().await;
+    token.cancel();
+    assert!(matches!(watch.await.expect("watch"), WatchExit::Finished));
+    assert_eq!(a.probe().scopes.len(), 1, "still owned");
+}
+
+#[tokio::test]
+async fn a_guard_not_below_the_ttl_is_capped_at_half_the_ttl() {
+    let f = fixture().await;
+    let store = Counting {
+        inner: Arc::clone(&f.store),
+        calls: Arc::clone(&f.calls),
+    };
+    let s = OwnershipSettings {
+        owner_ttl_ms: 1000,
+        lease_guard_ms: 5000,
+        ..settings()
+    };
+    let a = Ownership::new(store, f.clock.clone(), TaskId::new("a").expect("task"), s);
+    let g = f.claim(&a).await;
+    let before = f.calls.load(Ordering::SeqCst);
+    drop(
+        a.admit(&f.scope, g)
+            .await
+            .expect("ample budget under the capped guard"),
+    );
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        before,
+        "no renew with 1000 ms left and a 500 ms guard"
+    );
+    f.clock.advance(600);
+    drop(a.admit(&f.scope, g).await.expect("renewed"));
+    assert_eq!(f.calls.load(Ordering::SeqCst), before + 1);
+}
+
+#[tokio::test]
+async fn probe_reports_scopes_generations_and_leases() {
+    let f = fixture().await;
+    let a = f.task("task-a");
+    let g = f.claim(&a).await;
+    f.clock.advance(2_500);
+    let p = a.probe();
+    assert_eq!(p.task, "task-a");
+    assert!(!p.draining);
+    assert_eq!(
+        p.scopes,
+        vec![ProbeScope {
+            scope: "st1:Room:shard1".into(),
+            generation: g.get(),
+            lease_remaining_ms: 7_500
+        }]
+    );
+    let json = serde_json::to_string(&p).expect("json");
+    assert!(json.contains("\"generation\":1"), "{json}");
+}
+
+#[test]
+fn public_futures_are_send() {
+    fn check<T: Send>(_: &T) {}
+    let clock = ManualClock::new(0);
+    let o = Ownership::new(
+        InMemoryLeaseStore::new(clock.clone(), ShardCount::default()),
+        clock,
+        TaskId::new("t").expect("task"),
+        OwnershipSettings::default(),
+    );
+    let scope = OwnerScope::parse("s:C:shard0", ShardCount::default()).expect("scope");
+    let l = LifecycleId::new("l").expect("l");
+    let g = Generation::new(1).expect("g");
+    check(&o.resolve(&scope, &l));
+    check(&o.admit(&scope, g));
+    check(&o.drain());
+    check(&o.watch(&scope, g, CancellationToken::new()));
+}

@@ -1,0 +1,213 @@
+//! An in-memory [`LeaseStore`], the reference the conformance suite is written against.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use crate::clock::Clock;
+use crate::error::OwnershipError;
+use crate::record::{Generation, OwnerRecord};
+use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
+use crate::store::{
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
+    validate_ttl,
+};
+
+#[derive(Debug, Default)]
+struct State {
+    owners: HashMap<String, (Vec<u8>, u64)>,
+    generations: HashMap<String, u64>,
+    active: HashMap<String, StorageId>,
+    locks: HashMap<String, DeleteLock>,
+}
+
+/// A lease store in process memory, timed by an injected clock.
+#[derive(Debug)]
+pub struct InMemoryLeaseStore<C> {
+    clock: C,
+    count: ShardCount,
+    state: Mutex<State>,
+}
+
+impl<C: Clock> InMemoryLeaseStore<C> {
+    /// An empty store on `clock`.
+    pub fn new(clock: C, count: ShardCount) -> Self {
+        Self {
+            clock,
+            count,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Writes raw bytes as the owner record of `scope` with a lease of `ttl_ms`
+    /// (for tests of malformed records).
+    pub fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8], ttl_ms: u64) {
+        let exp = self.clock.now_ms().saturating_add(ttl_ms);
+        self.lock()
+            .owners
+            .insert(scope.to_string(), (raw.to_vec(), exp));
+    }
+
+    /// Removes the owner record of `scope`, as if its lease expired.
+    pub fn expire_owner(&self, scope: &OwnerScope) {
+        self.lock().owners.remove(scope.host_id());
+    }
+
+    /// The raw stored owner record (live or not) and generation counter of `scope`.
+    pub fn raw_state(&self, scope: &OwnerScope) -> (Option<Vec<u8>>, Option<u64>) {
+        let st = self.lock();
+        (
+            st.owners.get(scope.host_id()).map(|(raw, _)| raw.clone()),
+            st.generations.get(scope.host_id()).copied(),
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn live_owner(
+        &self,
+        st: &mut State,
+        scope: &OwnerScope,
+        now: u64,
+    ) -> Result<Option<Lease>, OwnershipError> {
+        let key = scope.host_id();
+        match st.owners.get(key) {
+            Some((_, exp)) if *exp <= now => {
+                st.owners.remove(key);
+                Ok(None)
+            }
+            Some((raw, exp)) => {
+                let record = OwnerRecord::decode(raw, scope, self.count)?;
+                Ok(Some(Lease {
+                    record,
+                    remaining_ms: exp - now,
+                }))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
+    async fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> Result<ClaimOutcome, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        check_lifecycle(
+            scope.storage_id(),
+            lifecycle,
+            st.active.get(lifecycle.as_str()),
+            st.locks.get(lifecycle.as_str()).copied(),
+        )?;
+        if let Some(lease) = self.live_owner(&mut st, scope, now)? {
+            return Ok(ClaimOutcome::Held(lease));
+        }
+        let next = st.generations.get(scope.host_id()).copied().unwrap_or(0) + 1;
+        let generation = Generation::new(next)?;
+        let record = OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+        let exp = now.saturating_add(ttl_ms);
+        st.generations.insert(scope.to_string(), next);
+        st.owners.insert(
+            scope.to_string(),
+            (record.encoded().as_bytes().to_vec(), exp),
+        );
+        Ok(ClaimOutcome::Claimed(Lease {
+            record,
+            remaining_ms: ttl_ms,
+        }))
+    }
+
+    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
+        validate_ttl(ttl_ms)?;
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let scope = record.scope();
+        let live = matches!(st.owners.get(scope.host_id()),
+            Some((raw, exp)) if *exp > now && raw.as_slice() == record.encoded().as_bytes());
+        if !live {
+            return Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            });
+        }
+        let lifecycle = record.lifecycle();
+        check_lifecycle(
+            scope.storage_id(),
+            lifecycle,
+            st.active.get(lifecycle.as_str()),
+            st.locks.get(lifecycle.as_str()).copied(),
+        )?;
+        let exp = now.saturating_add(ttl_ms);
+        if let Some(entry) = st.owners.get_mut(scope.host_id()) {
+            entry.1 = exp;
+        }
+        Ok(Lease {
+            record: record.clone(),
+            remaining_ms: ttl_ms,
+        })
+    }
+
+    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
+        let mut st = self.lock();
+        let key = record.scope().host_id();
+        let matches = st
+            .owners
+            .get(key)
+            .is_some_and(|(raw, _)| raw.as_slice() == record.encoded().as_bytes());
+        if matches {
+            st.owners.remove(key);
+        }
+        Ok(matches)
+    }
+
+    async fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<OwnerSnapshot, OwnershipError> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let owner = self.live_owner(&mut st, scope, now)?;
+        Ok(OwnerSnapshot {
+            store_now_ms: now,
+            owner,
+            generation: st.generations.get(scope.host_id()).copied().unwrap_or(0),
+            active_storage: st.active.get(lifecycle.as_str()).cloned(),
+            delete_lock: st.locks.get(lifecycle.as_str()).copied(),
+        })
+    }
+}
+
+impl<C: Clock> LifecycleAdmin for InMemoryLeaseStore<C> {
+    async fn set_active_storage(
+        &self,
+        lifecycle: &LifecycleId,
+        storage: Option<&StorageId>,
+    ) -> Result<(), OwnershipError> {
+        let mut st = self.lock();
+        match storage {
+            Some(s) => st.active.insert(lifecycle.as_str().to_owned(), s.clone()),
+            None => st.active.remove(lifecycle.as_str()),
+        };
+        Ok(())
+    }
+
+    async fn set_delete_lock(
+        &self,
+        lifecycle: &LifecycleId,
+        lock: Option<DeleteLock>,
+    ) -> Result<(), OwnershipError> {
+        let mut st = self.lock();
+        match lock {
+            Some(l) => st.locks.insert(lifecycle.as_str().to_owned(), l),
+            None => st.locks.remove(lifecycle.as_str()),
+        };
+        Ok(())
+    }
+}

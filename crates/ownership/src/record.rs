@@ -1,0 +1,196 @@
+//! The persisted owner record: its canonical encoding and its validation on read.
+//!
+//! A record is canonical JSON with the generation as its last field, so a
+//! store can build it atomically from a prefix, the bumped generation and a
+//! suffix ([`RecordTemplate`]). Stores compare records by their exact bytes.
+
+use serde::Deserialize;
+
+use crate::error::OwnershipError;
+use crate::scope::{
+    ClassName, LifecycleId, MAX_SAFE_INTEGER, OwnerScope, ShardCount, StorageId, TaskId,
+};
+
+/// Version of the owner record format.
+pub const RECORD_VERSION: u32 = 1;
+
+/// A positive JavaScript-safe-integer owner generation. Never decreases per scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Generation(u64);
+
+impl Generation {
+    /// Validates a generation (1..=2^53-1).
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] when zero or above 2^53-1.
+    pub fn new(g: u64) -> Result<Self, OwnershipError> {
+        if g == 0 || g > MAX_SAFE_INTEGER {
+            return Err(OwnershipError::invalid(
+                "generation",
+                format!("{g} not in 1..=2^53-1"),
+            ));
+        }
+        Ok(Self(g))
+    }
+
+    /// The generation number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// The record naming the owner of a scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRecord {
+    scope: OwnerScope,
+    lifecycle: LifecycleId,
+    task: TaskId,
+    generation: Generation,
+    encoded: String,
+}
+
+/// The encoding of a record without its generation: `prefix + generation + suffix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordTemplate {
+    /// Bytes before the generation digits.
+    pub prefix: String,
+    /// Bytes after the generation digits.
+    pub suffix: String,
+}
+
+impl RecordTemplate {
+    /// The template of the record `task` would write for `scope`.
+    pub fn new(scope: &OwnerScope, lifecycle: &LifecycleId, task: &TaskId) -> Self {
+        // Every field's grammar excludes quotes, backslashes and control
+        // characters, so no JSON escaping is needed and the bytes are canonical.
+        let prefix = format!(
+            "{{\"v\":{RECORD_VERSION},\"ownerKey\":\"{key}\",\"hostId\":\"{key}\",\"storageId\":\"{storage}\",\
+             \"class\":\"{class}\",\"shard\":{shard},\"lifecycle\":\"{lifecycle}\",\"taskId\":\"{task}\",\
+             \"generation\":",
+            key = scope.host_id(),
+            storage = scope.storage_id().as_str(),
+            class = scope.class().as_str(),
+            shard = scope.shard(),
+            lifecycle = lifecycle.as_str(),
+            task = task.as_str(),
+        );
+        Self {
+            prefix,
+            suffix: "}".to_owned(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    v: u32,
+    #[serde(rename = "ownerKey")]
+    owner_key: String,
+    #[serde(rename = "hostId")]
+    host_id: String,
+    #[serde(rename = "storageId")]
+    storage_id: String,
+    class: String,
+    shard: u32,
+    lifecycle: String,
+    #[serde(rename = "taskId")]
+    task_id: String,
+    generation: u64,
+}
+
+impl OwnerRecord {
+    /// A record for `task` owning `scope` at `generation`.
+    pub fn new(
+        scope: OwnerScope,
+        lifecycle: LifecycleId,
+        task: TaskId,
+        generation: Generation,
+    ) -> Self {
+        let t = RecordTemplate::new(&scope, &lifecycle, &task);
+        let encoded = format!("{}{}{}", t.prefix, generation.get(), t.suffix);
+        Self {
+            scope,
+            lifecycle,
+            task,
+            generation,
+            encoded,
+        }
+    }
+
+    /// Decodes and validates a record read under `expected` scope.
+    ///
+    /// The record must be the canonical encoding, every field must pass its
+    /// grammar, and its owner key, host id, storage id, class and shard must
+    /// reconstruct `expected`.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidOwnerRecord`] otherwise: the scope fails closed.
+    pub fn decode(
+        raw: &[u8],
+        expected: &OwnerScope,
+        count: ShardCount,
+    ) -> Result<Self, OwnershipError> {
+        let bad = |reason: String| OwnershipError::InvalidOwnerRecord {
+            scope: expected.to_string(),
+            reason,
+        };
+        let wire: Wire =
+            serde_json::from_slice(raw).map_err(|e| bad(format!("not an owner record: {e}")))?;
+        if wire.v != RECORD_VERSION {
+            return Err(bad(format!("unknown record version {}", wire.v)));
+        }
+        let field = |e: OwnershipError| bad(e.to_string());
+        let scope = OwnerScope::new(
+            StorageId::new(&wire.storage_id).map_err(field)?,
+            ClassName::new(&wire.class).map_err(field)?,
+            wire.shard,
+            count,
+        )
+        .map_err(field)?;
+        if &scope != expected
+            || wire.owner_key != expected.host_id()
+            || wire.host_id != expected.host_id()
+        {
+            return Err(bad(
+                "record does not reconstruct the scope it was read under".to_owned(),
+            ));
+        }
+        let lifecycle = LifecycleId::new(&wire.lifecycle).map_err(field)?;
+        let task = TaskId::new(&wire.task_id).map_err(field)?;
+        let generation = Generation::new(wire.generation).map_err(field)?;
+        let record = Self::new(scope, lifecycle, task, generation);
+        if record.encoded.as_bytes() != raw {
+            return Err(bad("record is not in canonical form".to_owned()));
+        }
+        Ok(record)
+    }
+
+    /// The owned scope.
+    pub fn scope(&self) -> &OwnerScope {
+        &self.scope
+    }
+
+    /// The lifecycle whose storage pointer and delete lock guard the scope.
+    pub fn lifecycle(&self) -> &LifecycleId {
+        &self.lifecycle
+    }
+
+    /// The owning task.
+    pub fn task(&self) -> &TaskId {
+        &self.task
+    }
+
+    /// The owner generation.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The exact stored bytes.
+    pub fn encoded(&self) -> &str {
+        &self.encoded
+    }
+}
+
+#[cfg(test)]
+mod tests;

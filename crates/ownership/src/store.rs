@@ -1,0 +1,217 @@
+//! The lease store traits that backends implement.
+//!
+//! Every method is one atomic step on the store, and lease expiry is decided
+//! by the store's own clock (Redis `TIME`; the injected clock on SQLite),
+//! never by the caller's.
+
+use std::future::Future;
+
+use crate::error::OwnershipError;
+use crate::record::{Generation, OwnerRecord};
+use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
+
+/// A lease as the store reported it.
+///
+/// The lease runs on the store's clock; the store reports how much of it was
+/// left when it answered, never an absolute time from the caller's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The owner record (exact bytes included).
+    pub record: OwnerRecord,
+    /// Lease time left on the store's clock when the store answered, in milliseconds.
+    pub remaining_ms: u64,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The scope was free or expired: the generation was bumped and this
+    /// task's record written with its lease.
+    Claimed(Lease),
+    /// A live owner holds the scope (possibly this task).
+    Held(Lease),
+}
+
+/// A lock taken by whole-worker or version deletion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteLock {
+    /// Whole-worker delete: rejects ownership.
+    Whole,
+    /// Deleting an inactive version: does not interrupt the active storage.
+    Version,
+}
+
+impl DeleteLock {
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Whole => "whole",
+            Self::Version => "version",
+        }
+    }
+
+    /// Parses a stored value.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidLifecycleState`] for anything but `whole` or `version`.
+    pub fn parse(raw: &[u8], lifecycle: &LifecycleId) -> Result<Self, OwnershipError> {
+        match raw {
+            b"whole" => Ok(Self::Whole),
+            b"version" => Ok(Self::Version),
+            _ => Err(OwnershipError::InvalidLifecycleState {
+                lifecycle: lifecycle.as_str().to_owned(),
+                reason: "unknown delete lock kind".to_owned(),
+            }),
+        }
+    }
+}
+
+/// One consistent read of everything an owner-side assertion needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerSnapshot {
+    /// The store's clock, in milliseconds.
+    pub store_now_ms: u64,
+    /// The live owner lease, if any.
+    pub owner: Option<Lease>,
+    /// The generation counter (0 before the first claim).
+    pub generation: u64,
+    /// The active storage pointer of the lifecycle.
+    pub active_storage: Option<StorageId>,
+    /// The delete lock on the lifecycle.
+    pub delete_lock: Option<DeleteLock>,
+}
+
+/// Where owner leases live.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Atomically: check that `lifecycle`'s active storage pointer names the
+    /// scope's storage id and that no whole-delete lock is held; if a live
+    /// owner exists return it; otherwise bump the generation and write `task`'s
+    /// record with a lease of `ttl_ms` on the store's clock.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StorageInactive`], [`OwnershipError::DeleteLocked`],
+    /// [`OwnershipError::InvalidOwnerRecord`] (the held record is invalid: fail
+    /// closed), [`OwnershipError::OwnerRace`], or a store error.
+    fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send;
+
+    /// Atomically compares the exact owner record and the active storage
+    /// pointer (and the delete lock), then refreshes the lease to `ttl_ms`.
+    ///
+    /// # Errors
+    /// [`OwnershipError::StaleOwner`] when the record differs or is gone,
+    /// [`OwnershipError::StorageInactive`], [`OwnershipError::DeleteLocked`],
+    /// or a store error.
+    fn renew(
+        &self,
+        record: &OwnerRecord,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send;
+
+    /// Deletes the owner record if it is exactly `record`; the generation
+    /// counter stays. Returns whether it was deleted.
+    ///
+    /// # Errors
+    /// A store error.
+    fn release(
+        &self,
+        record: &OwnerRecord,
+    ) -> impl Future<Output = Result<bool, OwnershipError>> + Send;
+
+    /// Reads owner, generation, lifecycle state and the store clock in one snapshot.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidOwnerRecord`] or
+    /// [`OwnershipError::InvalidLifecycleState`] for invalid state, or a store error.
+    fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send;
+}
+
+/// Control-plane writes of lifecycle state (the active storage pointer and the
+/// delete lock). The ownership layer only reads them; control and tests write them.
+pub trait LifecycleAdmin: Send + Sync + 'static {
+    /// Points `lifecycle` at `storage` (or removes the pointer).
+    ///
+    /// # Errors
+    /// A store error.
+    fn set_active_storage(
+        &self,
+        lifecycle: &LifecycleId,
+        storage: Option<&StorageId>,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send;
+
+    /// Sets or removes the delete lock of `lifecycle`.
+    ///
+    /// # Errors
+    /// A store error.
+    fn set_delete_lock(
+        &self,
+        lifecycle: &LifecycleId,
+        lock: Option<DeleteLock>,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send;
+}
+
+/// Checks lifecycle state for a claim or renew of a scope under `storage`.
+///
+/// # Errors
+/// [`OwnershipError::StorageInactive`] or [`OwnershipError::DeleteLocked`].
+pub fn check_lifecycle(
+    storage: &StorageId,
+    lifecycle: &LifecycleId,
+    active: Option<&StorageId>,
+    lock: Option<DeleteLock>,
+) -> Result<(), OwnershipError> {
+    if lock == Some(DeleteLock::Whole) {
+        return Err(OwnershipError::DeleteLocked {
+            lifecycle: lifecycle.as_str().to_owned(),
+        });
+    }
+    if active != Some(storage) {
+        return Err(OwnershipError::StorageInactive {
+            storage_id: storage.as_str().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Validates a lease TTL given to a store (1..=2^53-1 ms). Stores call it
+/// before any write.
+///
+/// # Errors
+/// [`OwnershipError::InvalidInput`] otherwise.
+pub fn validate_ttl(ttl_ms: u64) -> Result<(), OwnershipError> {
+    if ttl_ms == 0 || ttl_ms > crate::scope::MAX_SAFE_INTEGER {
+        return Err(OwnershipError::invalid(
+            "lease ttl",
+            format!("{ttl_ms} ms not in 1..=2^53-1"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a generation counter value read from a store.
+///
+/// # Errors
+/// [`OwnershipError::InvalidLifecycleState`] when not a safe integer.
+pub fn parse_generation_counter(
+    raw: Option<&[u8]>,
+    scope: &OwnerScope,
+) -> Result<u64, OwnershipError> {
+    let Some(raw) = raw else { return Ok(0) };
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|g| Generation::new(*g).is_ok())
+        .ok_or_else(|| OwnershipError::InvalidLifecycleState {
+            lifecycle: scope.to_string(),
+            reason: "generation counter is not a positive safe integer".to_owned(),
+        })
+}

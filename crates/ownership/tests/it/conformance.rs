@@ -1,0 +1,37 @@
+//! The lease store conformance suite on [`InMemoryLeaseStore`].
+
+use durability_ownership::conformance::{self, Harness, RawState};
+use durability_ownership::memory::InMemoryLeaseStore;
+use durability_ownership::{ManualClock, OwnerScope, ShardCount};
+
+struct Memory(InMemoryLeaseStore<ManualClock>);
+
+impl Harness for Memory {
+    type Store = InMemoryLeaseStore<ManualClock>;
+
+    fn store(&self) -> &Self::Store {
+        &self.0
+    }
+
+    async fn expire_owner(&self, scope: &OwnerScope) {
+        self.0.expire_owner(scope);
+    }
+
+    async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
+        self.0.put_raw_owner(scope, raw, conformance::TTL_MS);
+    }
+
+    async fn raw_state(&self, scope: &OwnerScope) -> RawState {
+        let (owner, generation) = self.0.raw_state(scope);
+        RawState { owner, generation }
+    }
+}
+
+#[tokio::test]
+async fn in_memory_store_passes_the_conformance_suite() {
+    let h = Memory(InMemoryLeaseStore::new(
+        ManualClock::new(1_000),
+        ShardCount::default(),
+    ));
+    conformance::run_all(&h, "mem").await;
+}

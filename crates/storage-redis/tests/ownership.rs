@@ -1,0 +1,267 @@
+//! Integration tests of the Redis owner lease store against a real Redis:
+//! the conformance suite, malformed persisted state, server-time leases, and
+//! [`Ownership`] end to end. Each test uses its own key prefix. Without Redis
+//! a test prints that it skipped, unless `DURABILITY_REQUIRE_SERVICES=1`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
+use durability_ownership::conformance::{self, Harness, RawState};
+use durability_ownership::{
+    ClaimOutcome, DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
+    Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+};
+use durability_storage_redis::ownership::RedisLeaseStore;
+use redis::AsyncCommands;
+
+async fn store(test: &str) -> Option<RedisLeaseStore> {
+    let url = std::env::var("DURABILITY_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let unique = RandomState::new().build_hasher().finish();
+    let prefix = format!("durability:test:{unique:016x}:{test}:");
+    match RedisLeaseStore::connect(&url, &prefix, ShardCount::default()).await {
+        Ok(s) => Some(s),
+        Err(e) if std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1") => {
+            panic!("Redis at {url} is required (DURABILITY_REQUIRE_SERVICES=1): {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped {test}: Redis at {url} unreachable: {e}");
+            None
+        }
+    }
+}
+
+/// Deletes every key of this test's prefix.
+async fn cleanup(s: &RedisLeaseStore) {
+    let mut c = s.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", s.prefix()))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+struct RedisHarness(RedisLeaseStore);
+
+impl Harness for RedisHarness {
+    type Store = RedisLeaseStore;
+
+    fn store(&self) -> &Self::Store {
+        &self.0
+    }
+
+    async fn expire_owner(&self, scope: &OwnerScope) {
+        // PEXPIRE 0 expires the key at once, exactly as Redis does when the lease runs out.
+        let mut c = self.0.connection();
+        let _: i64 = c.pexpire(self.0.owner_key(scope), 0).await.unwrap();
+    }
+
+    async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
+        let mut c = self.0.connection();
+        let _: () = c
+            .pset_ex(self.0.owner_key(scope), raw, conformance::TTL_MS)
+            .await
+            .unwrap();
+    }
+
+    async fn raw_state(&self, scope: &OwnerScope) -> RawState {
+        let mut c = self.0.connection();
+        let owner: Option<Vec<u8>> = c.get(self.0.owner_key(scope)).await.unwrap();
+        let generation: Option<String> = c.get(self.0.generation_key(scope)).await.unwrap();
+        RawState {
+            owner,
+            generation: generation.map(|g| g.parse().unwrap()),
+        }
+    }
+}
+
+fn scope(s: &str) -> OwnerScope {
+    OwnerScope::parse(s, ShardCount::default()).unwrap()
+}
+
+#[tokio::test]
+async fn redis_store_passes_the_conformance_suite() {
+    let Some(s) = store("conformance").await else {
+        return;
+    };
+    let h = RedisHarness(s);
+    conformance::run_all(&h, "redis").await;
+    cleanup(&h.0).await;
+}
+
+#[tokio::test]
+async fn leases_use_redis_time_and_px_expiry() {
+    let Some(s) = store("time").await else { return };
+    let l = LifecycleId::new("ns:w").unwrap();
+    let sc = scope("st1:Room:shard2");
+    s.set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed(lease) = s
+        .claim(&sc, &l, &TaskId::new("a").unwrap(), 30_000)
+        .await
+        .unwrap()
+    else {
+        panic!("expected a claim")
+    };
+    assert!(lease.remaining_ms > 29_000 && lease.remaining_ms <= 30_000);
+    let mut c = s.connection();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let server_now = secs * 1000 + micros / 1000;
+    let snap = s.snapshot(&sc, &l).await.unwrap();
+    assert!(
+        server_now.abs_diff(snap.store_now_ms) < 5_000,
+        "snapshots read the server's TIME"
+    );
+    let pttl: i64 = c.pttl(s.owner_key(&sc)).await.unwrap();
+    assert!(
+        (29_000..=30_000).contains(&pttl),
+        "owner key carries the lease as PX: {pttl}"
+    );
+    let gen_ttl: i64 = c.pttl(s.generation_key(&sc)).await.unwrap();
+    assert_eq!(gen_ttl, -1, "the generation key never expires");
+    cleanup(&s).await;
+}
+
+#[tokio::test]
+async fn malformed_redis_state_fails_closed_and_writes_nothing() {
+    let Some(s) = store("malformed").await else {
+        return;
+    };
+    let mut c = s.connection();
+    let t = TaskId::new("a").unwrap();
+    for (i, bad_gen) in ["abc", "0", "-3", "01", "9007199254740991", "1.5"]
+        .iter()
+        .enumerate()
+    {
+        let l = LifecycleId::new(&format!("ns:g{i}")).unwrap();
+        let sc = scope(&format!("stg{i}:Room:shard0"));
+        s.set_active_storage(&l, Some(sc.storage_id()))
+            .await
+            .unwrap();
+        let _: () = c.set(s.generation_key(&sc), *bad_gen).await.unwrap();
+        let e = s.claim(&sc, &l, &t, 10_000).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            "invalid_lifecycle_state",
+            "generation {bad_gen:?}"
+        );
+        let raw: Option<String> = c.get(s.generation_key(&sc)).await.unwrap();
+        assert_eq!(raw.as_deref(), Some(*bad_gen), "nothing written");
+        let owner: Option<String> = c.get(s.owner_key(&sc)).await.unwrap();
+        assert_eq!(owner, None);
+    }
+    // Malformed lifecycle values.
+    let l = LifecycleId::new("ns:lock").unwrap();
+    let sc = scope("stl:Room:shard0");
+    s.set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let _: () = c.set(s.delete_lock_key(&l), "sometimes").await.unwrap();
+    assert_eq!(
+        s.claim(&sc, &l, &t, 10_000).await.unwrap_err().code(),
+        "invalid_lifecycle_state"
+    );
+    let l = LifecycleId::new("ns:ptr").unwrap();
+    let sc = scope("stp:Room:shard0");
+    let _: () = c.set(s.storage_pointer_key(&l), "bad id!").await.unwrap();
+    assert_eq!(
+        s.claim(&sc, &l, &t, 10_000).await.unwrap_err().code(),
+        "invalid_lifecycle_state"
+    );
+    // An owner record without a lease expiry fails closed.
+    let l = LifecycleId::new("ns:persist").unwrap();
+    let sc = scope("stn:Room:shard0");
+    s.set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed(lease) = s.claim(&sc, &l, &t, 10_000).await.unwrap() else {
+        panic!("claim")
+    };
+    let _: bool = c.persist(s.owner_key(&sc)).await.unwrap();
+    assert_eq!(
+        s.claim(&sc, &l, &t, 10_000).await.unwrap_err().code(),
+        "invalid_owner_record"
+    );
+    assert_eq!(
+        s.snapshot(&sc, &l).await.unwrap_err().code(),
+        "invalid_owner_record"
+    );
+    // Bad TTLs are refused before any write.
+    assert_eq!(
+        s.renew(&lease.record, 0).await.unwrap_err().code(),
+        "invalid_input"
+    );
+    let pttl: i64 = c.pttl(s.owner_key(&sc)).await.unwrap();
+    assert_eq!(pttl, -1, "renew with a bad TTL wrote nothing");
+    cleanup(&s).await;
+}
+
+#[tokio::test]
+async fn ownership_over_redis_claims_admits_drains_and_hands_over() {
+    let Some(s) = store("ownership").await else {
+        return;
+    };
+    let l = LifecycleId::new("ns:w").unwrap();
+    let storage = StorageId::new("st1").unwrap();
+    s.set_active_storage(&l, Some(&storage)).await.unwrap();
+    let clock = ManualClock::new(0);
+    let settings = OwnershipSettings {
+        owner_ttl_ms: 30_000,
+        ..OwnershipSettings::default()
+    };
+    let a = Ownership::new(
+        s.clone(),
+        clock.clone(),
+        TaskId::new("task-a").unwrap(),
+        settings,
+    );
+    let b = Ownership::new(
+        s.clone(),
+        clock.clone(),
+        TaskId::new("task-b").unwrap(),
+        settings,
+    );
+    let sc = scope("st1:Room:shard5");
+    let Resolution::Local(g1) = a.resolve(&sc, &l).await.unwrap() else {
+        panic!("a owns")
+    };
+    assert_eq!(
+        b.resolve(&sc, &l).await.unwrap(),
+        Resolution::Remote {
+            task: TaskId::new("task-a").unwrap(),
+            generation: g1
+        }
+    );
+    let permit = a.admit(&sc, g1).await.unwrap();
+    drop(permit);
+    assert_eq!(a.renew(&sc).await.unwrap(), g1);
+    let DrainReport::Drained { released, .. } = a.drain().await else {
+        panic!("drained")
+    };
+    assert_eq!(released, vec![(sc.clone(), g1)]);
+    let Resolution::Local(g2) = b.resolve(&sc, &l).await.unwrap() else {
+        panic!("b owns")
+    };
+    assert!(g2 > g1);
+    assert_eq!(a.admit(&sc, g1).await.unwrap_err().code(), "draining");
+    let snap = s.snapshot(&sc, &l).await.unwrap();
+    assert_eq!(snap.owner.unwrap().record.task().as_str(), "task-b");
+    assert_eq!(snap.generation, g2.get());
+    cleanup(&s).await;
+}
+
+#[test]
+fn store_is_send_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<RedisLeaseStore>();
+}

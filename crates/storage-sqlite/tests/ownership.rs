@@ -1,0 +1,517 @@
+//! Integration tests of the SQLite owner lease store and the object storage
+//! fence: the conformance suite, bad persisted state, cross-connection claims,
+//! the fence, and a Jepsen-style lock-set test with and without fencing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use durability_ownership::conformance::{self, Harness, RawState};
+use durability_ownership::{
+    ClaimOutcome, Clock, Generation, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
+    OwnerScope, Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+};
+use durability_storage_sqlite::ownership::{
+    SqliteLeaseStore, check_generation, ensure_fence_schema, fenced_generation, record_generation,
+};
+use rusqlite::{Connection, params};
+
+struct Sqlite(SqliteLeaseStore<ManualClock>);
+
+impl Harness for Sqlite {
+    type Store = SqliteLeaseStore<ManualClock>;
+
+    fn store(&self) -> &Self::Store {
+        &self.0
+    }
+
+    async fn expire_owner(&self, scope: &OwnerScope) {
+        let now = self.0.clock().now_ms();
+        self.0.with_connection(|c| {
+            c.execute(
+                "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
+                params![scope.host_id(), i64::try_from(now).unwrap()],
+            )
+            .unwrap();
+        });
+    }
+
+    async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
+        let exp = i64::try_from(self.0.clock().now_ms() + conformance::TTL_MS).unwrap();
+        self.0.with_connection(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO durability_owner_leases (scope, record, expires_at_ms) VALUES (?1, ?2, ?3)",
+                params![scope.host_id(), raw, exp],
+            )
+            .unwrap();
+        });
+    }
+
+    async fn raw_state(&self, scope: &OwnerScope) -> RawState {
+        self.0.with_connection(|c| raw_state(c, scope))
+    }
+}
+
+fn raw_state(c: &Connection, scope: &OwnerScope) -> RawState {
+    let owner = c
+        .query_row(
+            "SELECT record FROM durability_owner_leases WHERE scope = ?1",
+            [scope.host_id()],
+            |r| r.get(0),
+        )
+        .ok();
+    let generation = c
+        .query_row(
+            "SELECT generation FROM durability_owner_generations WHERE scope = ?1",
+            [scope.host_id()],
+            |r| r.get::<_, i64>(0),
+        )
+        .ok()
+        .map(i64::cast_unsigned);
+    RawState { owner, generation }
+}
+
+fn open(path: &Path, clock: &ManualClock) -> SqliteLeaseStore<ManualClock> {
+    SqliteLeaseStore::open(path, clock.clone(), ShardCount::default()).unwrap()
+}
+
+fn scope(s: &str) -> OwnerScope {
+    OwnerScope::parse(s, ShardCount::default()).unwrap()
+}
+
+fn gen_(g: u64) -> Generation {
+    Generation::new(g).unwrap()
+}
+
+#[tokio::test]
+async fn sqlite_store_passes_the_conformance_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Sqlite(open(
+        &dir.path().join("leases.db"),
+        &ManualClock::new(1_000),
+    ));
+    conformance::run_all(&h, "sqlite").await;
+}
+
+#[tokio::test]
+async fn two_connections_claim_one_scope_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let a = open(&dir.path().join("leases.db"), &clock);
+    let b = open(&dir.path().join("leases.db"), &clock);
+    let l = LifecycleId::new("ns:w").unwrap();
+    let s = scope("st1:Room:shard0");
+    a.set_active_storage(&l, Some(s.storage_id()))
+        .await
+        .unwrap();
+    let ra = a
+        .claim(&s, &l, &TaskId::new("a").unwrap(), 1000)
+        .await
+        .unwrap();
+    let rb = b
+        .claim(&s, &l, &TaskId::new("b").unwrap(), 1000)
+        .await
+        .unwrap();
+    assert!(matches!(ra, ClaimOutcome::Claimed(_)));
+    match rb {
+        ClaimOutcome::Held(lease) => assert_eq!(lease.record.task().as_str(), "a"),
+        ClaimOutcome::Claimed(_) => panic!("second connection claimed a held scope"),
+    }
+    clock.advance(1000);
+    let rb = b
+        .claim(&s, &l, &TaskId::new("b").unwrap(), 1000)
+        .await
+        .unwrap();
+    match rb {
+        ClaimOutcome::Claimed(lease) => assert_eq!(lease.record.generation().get(), 2),
+        ClaimOutcome::Held(_) => panic!("expired lease must be claimable"),
+    }
+}
+
+#[tokio::test]
+async fn corrupt_persisted_state_fails_closed_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = open(&dir.path().join("leases.db"), &clock);
+    let l = LifecycleId::new("ns:w").unwrap();
+    let s = scope("st1:Room:shard0");
+    let t = TaskId::new("a").unwrap();
+    // A corrupt generation counter.
+    store
+        .set_active_storage(&l, Some(s.storage_id()))
+        .await
+        .unwrap();
+    store.with_connection(|c| {
+        c.execute(
+            "INSERT INTO durability_owner_generations VALUES (?1, -4)",
+            [s.host_id()],
+        )
+        .unwrap();
+    });
+    let before = store.with_connection(|c| raw_state(c, &s));
+    let e = store.claim(&s, &l, &t, 1000).await.unwrap_err();
+    assert_eq!(e.code(), "invalid_lifecycle_state");
+    assert_eq!(store.with_connection(|c| raw_state(c, &s)), before);
+    // A corrupt storage pointer and delete lock.
+    let l2 = LifecycleId::new("ns:w2").unwrap();
+    store.with_connection(|c| {
+        c.execute(
+            "INSERT INTO durability_owner_lifecycle VALUES (?1, 'bad id!', NULL)",
+            [l2.as_str()],
+        )
+        .unwrap();
+    });
+    let s2 = scope("st2:Room:shard0");
+    assert_eq!(
+        store.claim(&s2, &l2, &t, 1000).await.unwrap_err().code(),
+        "invalid_lifecycle_state"
+    );
+    let l3 = LifecycleId::new("ns:w3").unwrap();
+    store.with_connection(|c| {
+        c.execute(
+            "INSERT INTO durability_owner_lifecycle VALUES (?1, 'st3', X'00')",
+            [l3.as_str()],
+        )
+        .unwrap();
+    });
+    let s3 = scope("st3:Room:shard0");
+    assert_eq!(
+        store.claim(&s3, &l3, &t, 1000).await.unwrap_err().code(),
+        "invalid_lifecycle_state"
+    );
+    assert_eq!(
+        store.with_connection(|c| raw_state(c, &s3)),
+        RawState {
+            owner: None,
+            generation: None
+        }
+    );
+}
+
+fn object_db(path: &Path) -> Connection {
+    let c = Connection::open(path).unwrap();
+    c.pragma_update(None, "journal_mode", "WAL").unwrap();
+    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    ensure_fence_schema(&c).unwrap();
+    c.execute_batch(
+        "CREATE TABLE IF NOT EXISTS lockset (seq INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL,
+         task TEXT NOT NULL, generation INTEGER NOT NULL, value INTEGER NOT NULL)",
+    )
+    .unwrap();
+    c
+}
+
+#[test]
+fn fence_rises_monotonically_and_refuses_older_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = object_db(&dir.path().join("obj.db"));
+    let s = scope("st1:Room:shard0");
+    // Outside a transaction: refused, nothing written.
+    assert_eq!(
+        record_generation(&c, &s, gen_(1)).unwrap_err().code(),
+        "invalid_input"
+    );
+    assert_eq!(
+        check_generation(&c, &s, gen_(1)).unwrap_err().code(),
+        "invalid_input"
+    );
+    assert_eq!(fenced_generation(&c, &s).unwrap(), None);
+    let tx = c.transaction().unwrap();
+    assert_eq!(
+        check_generation(&tx, &s, gen_(1)).unwrap_err().code(),
+        "fence_not_recorded"
+    );
+    record_generation(&tx, &s, gen_(2)).unwrap();
+    record_generation(&tx, &s, gen_(2)).unwrap();
+    check_generation(&tx, &s, gen_(2)).unwrap();
+    tx.commit().unwrap();
+    let tx = c.transaction().unwrap();
+    let e = record_generation(&tx, &s, gen_(1)).unwrap_err();
+    assert_eq!(e.code(), "stale_generation");
+    assert!(e.is_retryable());
+    let e = check_generation(&tx, &s, gen_(1)).unwrap_err();
+    assert_eq!(e.code(), "stale_generation");
+    assert_eq!(
+        check_generation(&tx, &s, gen_(3)).unwrap_err().code(),
+        "fence_not_recorded"
+    );
+    record_generation(&tx, &s, gen_(5)).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(fenced_generation(&c, &s).unwrap(), Some(5));
+    // A rolled-back record leaves the fence as it was.
+    let tx = c.transaction().unwrap();
+    record_generation(&tx, &s, gen_(9)).unwrap();
+    drop(tx);
+    assert_eq!(fenced_generation(&c, &s).unwrap(), Some(5));
+    // Fences of other scopes are independent.
+    let other = scope("st1:Room:shard1");
+    let tx = c.transaction().unwrap();
+    record_generation(&tx, &other, gen_(1)).unwrap();
+    tx.commit().unwrap();
+}
+
+#[test]
+fn a_takeover_between_check_and_commit_refuses_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("obj.db");
+    let mut old = object_db(&path);
+    let mut new = object_db(&path);
+    let s = scope("st1:Room:shard0");
+    let tx = old.transaction().unwrap();
+    record_generation(&tx, &s, gen_(1)).unwrap();
+    tx.commit().unwrap();
+    // The old owner checks its fence, then pauses before writing.
+    let tx = old.transaction().unwrap();
+    check_generation(&tx, &s, gen_(1)).unwrap();
+    // The new owner records its generation and commits meanwhile.
+    let tx2 = new.transaction().unwrap();
+    record_generation(&tx2, &s, gen_(2)).unwrap();
+    tx2.commit().unwrap();
+    // The old owner's write cannot commit over the newer fence.
+    let landed = tx
+        .execute(
+            "INSERT INTO lockset (scope, task, generation, value) VALUES (?1, 'old', 1, 1)",
+            [s.host_id()],
+        )
+        .and_then(|_| tx.commit());
+    assert!(
+        landed.is_err(),
+        "a commit that checked an older fence must be refused"
+    );
+    let rows: i64 = new
+        .query_row("SELECT count(*) FROM lockset", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+/// Deterministic xorshift64 so every schedule is reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+struct Paused {
+    scope: OwnerScope,
+    generation: Generation,
+    value: i64,
+}
+
+#[derive(Default, Debug)]
+struct History {
+    claims: BTreeMap<String, Vec<u64>>,
+    accepted: usize,
+    refused_late: usize,
+}
+
+/// Appends through a fenced (or, with `fencing` off, unfenced) transaction.
+fn fenced_append(
+    conn: &mut Connection,
+    recorded: &mut HashSet<(String, u64)>,
+    scope: &OwnerScope,
+    task: &str,
+    generation: Generation,
+    value: i64,
+    fencing: bool,
+) -> bool {
+    let tx = conn.transaction().unwrap();
+    if fencing {
+        let key = (scope.to_string(), generation.get());
+        let fenced = if recorded.contains(&key) {
+            check_generation(&tx, scope, generation)
+        } else {
+            record_generation(&tx, scope, generation).map(|()| {
+                recorded.insert(key);
+            })
+        };
+        if let Err(e) = fenced {
+            assert_eq!(e.code(), "stale_generation", "unexpected fence error {e}");
+            return false;
+        }
+    }
+    tx.execute(
+        "INSERT INTO lockset (scope, task, generation, value) VALUES (?1, ?2, ?3, ?4)",
+        params![
+            scope.host_id(),
+            task,
+            i64::try_from(generation.get()).unwrap(),
+            value
+        ],
+    )
+    .unwrap();
+    tx.commit().is_ok()
+}
+
+/// Checks the lock-set history; returns the violations found.
+fn check_history(conn: &Connection, history: &History) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (scope, gens) in &history.claims {
+        if gens.windows(2).any(|w| w[0] >= w[1]) {
+            violations.push(format!(
+                "{scope}: generations not strictly increasing: {gens:?}"
+            ));
+        }
+    }
+    let mut stmt = conn
+        .prepare("SELECT seq, scope, task, generation FROM lockset ORDER BY seq")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })
+        .unwrap();
+    let mut highest: HashMap<String, i64> = HashMap::new();
+    for row in rows {
+        let (seq, scope, task, generation) = row.unwrap();
+        let top = highest.entry(scope.clone()).or_insert(generation);
+        if generation < *top {
+            violations.push(format!(
+                "{scope}: write #{seq} by {task} at generation {generation} landed after generation {top} took over"
+            ));
+        }
+        *top = (*top).max(generation);
+    }
+    violations
+}
+
+async fn lock_set_run(seed: u64, fencing: bool) -> (History, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let leases = dir.path().join("leases.db");
+    let lifecycle = LifecycleId::new("ns:lockset").unwrap();
+    let storage = StorageId::new("st1").unwrap();
+    let settings = OwnershipSettings {
+        owner_ttl_ms: 1000,
+        lease_guard_ms: 100,
+        ..OwnershipSettings::default()
+    };
+    let names = ["task-a", "task-b", "task-c"];
+    let mut tasks = Vec::new();
+    for name in names {
+        // Every task has its own connections, as separate processes would.
+        let store = open(&leases, &clock);
+        store
+            .set_active_storage(&lifecycle, Some(&storage))
+            .await
+            .unwrap();
+        let o = Ownership::new(store, clock.clone(), TaskId::new(name).unwrap(), settings);
+        tasks.push((
+            o,
+            object_db(&dir.path().join("obj.db")),
+            None::<Paused>,
+            HashSet::new(),
+        ));
+    }
+    let scopes = [scope("st1:Room:shard0"), scope("st1:Room:shard1")];
+    let mut rng = Rng(seed);
+    let mut history = History::default();
+    let mut value = 0_i64;
+    let mut known: HashMap<String, u64> = HashMap::new();
+    for _ in 0..400 {
+        let i = usize::try_from(rng.next(3)).unwrap();
+        let (o, conn, paused, recorded) = &mut tasks[i];
+        match rng.next(10) {
+            0..=5 if paused.is_none() => {
+                let s = &scopes[usize::try_from(rng.next(2)).unwrap()];
+                let Ok(Resolution::Local(g)) = o.resolve(s, &lifecycle).await else {
+                    continue;
+                };
+                if known.get(s.host_id()) != Some(&g.get()) {
+                    known.insert(s.to_string(), g.get());
+                    history
+                        .claims
+                        .entry(s.to_string())
+                        .or_default()
+                        .push(g.get());
+                }
+                let Ok(permit) = o.admit(s, g).await else {
+                    continue;
+                };
+                value += 1;
+                if rng.next(3) == 0 {
+                    // Paused after admission, before its commit (a GC or I/O stall).
+                    *paused = Some(Paused {
+                        scope: s.clone(),
+                        generation: g,
+                        value,
+                    });
+                } else if fenced_append(conn, recorded, s, names[i], g, value, fencing) {
+                    history.accepted += 1;
+                }
+                drop(permit);
+            }
+            6 | 7 => {
+                if let Some(p) = paused.take() {
+                    if fenced_append(
+                        conn,
+                        recorded,
+                        &p.scope,
+                        names[i],
+                        p.generation,
+                        p.value,
+                        fencing,
+                    ) {
+                        history.accepted += 1;
+                    } else {
+                        history.refused_late += 1;
+                    }
+                }
+            }
+            _ => clock.advance(rng.next(1500)),
+        }
+    }
+    let violations = check_history(&tasks[0].1, &history);
+    (history, violations)
+}
+
+#[tokio::test]
+async fn lock_set_with_fencing_holds_and_without_fencing_is_caught() {
+    let mut refused = 0;
+    for seed in [0x9E37_79B9_7F4A_7C15_u64, 42, 7, 1234, 99_991] {
+        let (h, violations) = lock_set_run(seed, true).await;
+        assert!(
+            violations.is_empty(),
+            "seed {seed}: fenced run violated: {violations:?}"
+        );
+        assert!(
+            h.accepted > 20,
+            "seed {seed}: too few writes to mean anything: {h:?}"
+        );
+        assert!(
+            h.claims.values().any(|g| g.len() > 2),
+            "seed {seed}: no takeovers happened: {h:?}"
+        );
+        refused += h.refused_late;
+        let (_, violations) = lock_set_run(seed, false).await;
+        eprintln!(
+            "seed {seed}: fenced: {} writes accepted, {} late writes refused, {} claims; unfenced: {} violations",
+            h.accepted,
+            h.refused_late,
+            h.claims.values().map(Vec::len).sum::<usize>(),
+            violations.len()
+        );
+        assert!(
+            !violations.is_empty(),
+            "seed {seed}: the checker missed late writes with fencing off"
+        );
+    }
+    assert!(refused > 0, "the fence never had to refuse a paused holder");
+}
+
+#[test]
+fn store_is_send_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<SqliteLeaseStore<ManualClock>>();
+    check::<SqliteLeaseStore<durability_ownership::SystemClock>>();
+}
