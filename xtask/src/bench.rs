@@ -204,7 +204,9 @@ fn outbox() -> Result {
             second.0.transaction(|tx| {
                 app_row(tx, i, &body)?;
                 tx.sql()
-                    .prepare_cached("INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)")
+                    .prepare_cached(
+                        "INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)",
+                    )
                     .and_then(|mut st| st.execute((format!("key-{i}"), &body, i as i64)))
                     .map_err(sql_err)?;
                 Ok::<_, durability_outbox::OutboxError>(())
@@ -217,9 +219,16 @@ fn outbox() -> Result {
     eprintln!(
         "staging: {value:.1} us/txn with a stage, {baseline:.1} without, {two_rows:.1} with a bare second insert"
     );
-    figure("outbox.stage_overhead", value, baseline, "us/txn", "<=1.25", n,
+    figure(
+        "outbox.stage_overhead",
+        value,
+        baseline,
+        "us/txn",
+        "<=1.25",
+        n,
         json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200,
-            "bare_second_insert_us": round(two_rows)}));
+            "bare_second_insert_us": round(two_rows)}),
+    );
     drop((plain, staged, second));
 
     // Delivery: 100k staged entries through a no-op sink, against a bare

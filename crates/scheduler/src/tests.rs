@@ -266,7 +266,8 @@ async fn driver_backs_off_when_a_due_capability_makes_no_progress() {
     let clock = ManualClock::new(1_000);
     let s = scheduler(storage(), &clock);
     // Due work for a capability this process never attached.
-    s.transaction(|tx| s.set_due(tx, "detached", Some(1_000))).unwrap();
+    s.transaction(|tx| s.set_due(tx, "detached", Some(1_000)))
+        .unwrap();
     let driver = Driver::with_idle_retry(s.clone(), std::time::Duration::from_millis(250));
     // The first firing finds nothing to run; the driver then sleeps until
     // the idle retry instead of spinning.
