@@ -40,6 +40,9 @@ pub enum StorageErrorKind {
     Crash,
     /// The commit may or may not have happened.
     Unknown,
+    /// The storage refused the transaction: a newer owner generation is
+    /// recorded in it, so this writer is stale. Nothing was written.
+    Fenced,
 }
 
 /// A storage failure, with the backend's error as its source.

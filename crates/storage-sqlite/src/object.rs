@@ -74,7 +74,17 @@ pub struct SqliteSchemaStep {
 pub struct SqliteStorage {
     conn: Mutex<Connection>,
     schemas: BTreeMap<String, (&'static [SchemaStep], &'static [SqliteSchemaStep])>,
+    /// The owner generation every transaction checks, once fenced.
+    #[cfg(feature = "ownership")]
+    fence: Mutex<Option<Fence>>,
 }
+
+/// The owner scope and generation a fenced storage checks.
+#[cfg(feature = "ownership")]
+type Fence = (
+    durability_ownership::OwnerScope,
+    durability_ownership::Generation,
+);
 
 /// A transaction on a [`SqliteStorage`]. [`SqliteTx::sql`] gives the
 /// application the same transaction for its own rows.
@@ -149,6 +159,7 @@ impl SqliteStorage {
             .map_err(|e| backend("set synchronous", e))?;
         conn.execute_batch(BASE_SCHEMA)
             .map_err(|e| backend("create base tables", e))?;
+        #[allow(unused_mut)] // The built-in schemas depend on the features.
         let mut schemas = BTreeMap::new();
         #[cfg(feature = "outbox")]
         schemas.insert(
@@ -158,6 +169,8 @@ impl SqliteStorage {
         Ok(Self {
             conn: Mutex::new(conn),
             schemas,
+            #[cfg(feature = "ownership")]
+            fence: Mutex::new(None),
         })
     }
 
@@ -196,6 +209,41 @@ impl SqliteStorage {
         self.schemas.insert(capability.to_owned(), (steps, sql));
         Ok(())
     }
+}
+
+#[cfg(feature = "ownership")]
+impl SqliteStorage {
+    /// Fences this object database to an owner generation: records it in the
+    /// database (the fence only rises) and, from then on, checks it inside
+    /// every transaction, so a commit from an older generation is refused by
+    /// the storage itself (`StorageErrorKind::Fenced`), not only at dispatch.
+    /// Call it at the first dispatch after a claim.
+    ///
+    /// # Errors
+    /// `StorageErrorKind::Fenced` when a newer generation is already recorded
+    /// (nothing is written); a backend failure.
+    pub fn fence(
+        &self,
+        scope: durability_ownership::OwnerScope,
+        generation: durability_ownership::Generation,
+    ) -> Result<(), StorageError> {
+        self.transaction(|tx| {
+            crate::ownership::ensure_fence_schema(&tx.tx).map_err(fenced)?;
+            crate::ownership::record_generation(&tx.tx, &scope, generation).map_err(fenced)
+        })?;
+        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((scope, generation));
+        Ok(())
+    }
+}
+
+#[cfg(feature = "ownership")]
+fn fenced(e: durability_ownership::OwnershipError) -> StorageError {
+    let kind = match e {
+        durability_ownership::OwnershipError::StaleGeneration { .. }
+        | durability_ownership::OwnershipError::FenceNotRecorded { .. } => StorageErrorKind::Fenced,
+        _ => StorageErrorKind::Backend,
+    };
+    StorageError::new(kind, e.to_string())
 }
 
 impl SchedulerTx for SqliteTx<'_> {
@@ -296,6 +344,13 @@ impl Storage for SqliteStorage {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| E::from(backend("begin transaction", e)))?;
         let mut tx = SqliteTx { tx };
+        #[cfg(feature = "ownership")]
+        if let Some((scope, generation)) =
+            &*self.fence.lock().unwrap_or_else(PoisonError::into_inner)
+        {
+            crate::ownership::check_generation(&tx.tx, scope, *generation)
+                .map_err(|e| E::from(fenced(e)))?;
+        }
         let value = f(&mut tx)?;
         tx.tx
             .commit()
