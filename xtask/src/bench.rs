@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::Result;
 
-pub(crate) const AREAS: &[&str] = &["outbox", "ownership"];
+pub(crate) const AREAS: &[&str] = &["outbox", "ownership", "migration"];
 
 pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
@@ -50,6 +50,10 @@ pub(crate) fn inner(args: &[String]) -> Result {
             "outbox" => outbox()?,
             "ownership" => tokio::runtime::Runtime::new()?
                 .block_on(crate::ownership::bench(&crate::redis_url()))?,
+            "migration" => {
+                let dir = tempfile::tempdir()?;
+                tokio::runtime::Runtime::new()?.block_on(crate::migration::bench(dir.path()))?;
+            }
             other => return Err(format!("unknown bench area {other:?}; known: {AREAS:?}").into()),
         }
     }

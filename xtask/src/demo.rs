@@ -127,6 +127,9 @@ pub(crate) fn run(args: &[String]) -> Result {
         println!();
         let url = redis.then(crate::redis_url);
         crate::ownership::demo(url.as_deref()).await?;
+        println!();
+        let dir = tempfile::tempdir()?;
+        crate::migration::demo(dir.path()).await?;
         Ok(())
     })
 }

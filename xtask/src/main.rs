@@ -11,6 +11,7 @@
 
 mod bench;
 mod demo;
+mod migration;
 mod ownership;
 mod rss;
 #[cfg(test)]

@@ -1,1 +1,64 @@
-//! Routed shards and journaled key moves (seed 004).
+//! Routed shards and journaled key moves (seed 004), on any SQL dialect.
+//!
+//! A [`Router`] is built from a [`MigrationConfig`]: a [`MappingStore`]
+//! (key → shard), named [`Shard`]s, a hash [`Strategy`], the journal shard
+//! and scope, the mapping cache TTL and the keyed tables with their key
+//! columns. It routes reads and writes by key and moves keys between shards
+//! through a journal on the journal shard ([`Router::reassign_shard`],
+//! [`Router::reassign_keys`]), recovers interrupted moves
+//! ([`Router::recover_migrations`]), verifies and repairs leftovers
+//! ([`Router::verify_migrations`]), purges archives
+//! ([`Router::purge_retired`]) and rebalances ([`Router::rebalance`]).
+//!
+//! This crate holds logic only: SQL text is generated per [`Dialect`] and
+//! executed by a backend's [`Shard`] (for example `SqliteShard` in
+//! `durability-storage-sqlite`). It depends on no database client.
+//!
+//! Raw statements ([`Router::raw_execute`]) bypass routing and every fence.
+//!
+//! Features: `conformance` enables [`conformance`], the suites every shard
+//! and mapping store backend runs, and the fault-injecting wrappers used by
+//! crash tests.
+
+mod clock;
+mod config;
+mod dialect;
+mod error;
+mod journal;
+mod mapping;
+mod moves;
+mod rebalance;
+mod record;
+mod recovery;
+mod router;
+mod shard;
+mod value;
+mod verify;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{
+    DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN, DEFAULT_MAPPING_CACHE_TTL_MS, MAX_KEY_BYTES,
+    MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, Strategy, hash_owner, validate_key,
+};
+pub use dialect::{Cutover, CutoverTable, Dialect, Ident, MAX_IDENT_BYTES, Sql};
+pub use error::{BackendError, MigrationError, Result};
+pub use journal::{
+    DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
+};
+pub use mapping::{MappingStore, MemoryMappingStore};
+pub use moves::{MoveOptions, MoveOutcome, Retire};
+pub use rebalance::{PlannedMove, RebalanceOptions, RebalanceReport};
+pub use record::{MigrateOptions, OnConflict};
+pub use recovery::{FailedOp, RecoveryReport};
+pub use router::{MAX_CHAIN_HOPS, ReadOptions, Router};
+pub use shard::{BatchSupport, BoxFuture, Shard, Statement};
+pub use value::{Row, Value, decode_row, digest, encode_row, row};
+pub use verify::{
+    Leftover, MAX_REPORT_ENTRIES, PurgeReport, Refusal, StaleCutover, VerifyOptions, VerifyReport,
+};
+
+#[cfg(test)]
+mod tests;

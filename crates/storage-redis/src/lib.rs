@@ -4,6 +4,10 @@
 //! (`default` enables all of them):
 //!
 //! - `ownership`: the `ownership` module, the owner lease store of `durability-ownership`.
+//! - `migration`: the `migration` module, the key → shard mapping store of `durability-migration`.
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
+
+#[cfg(feature = "migration")]
+pub mod migration;

@@ -10,6 +10,8 @@
 //! - `outbox`: the outbox store of `durability-outbox` on [`SqliteTx`].
 //! - `ownership`: the `ownership` module, the owner lease store and the object storage
 //!   fence of `durability-ownership`.
+//! - `migration`: the `migration` module, SQLite shards and the mapping store of
+//!   `durability-migration`.
 
 #[cfg(feature = "scheduler")]
 mod object;
@@ -21,3 +23,6 @@ mod outbox;
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
+
+#[cfg(feature = "migration")]
+pub mod migration;

@@ -1,1 +1,256 @@
-//! SQLite shards and mapping store.
+//! SQLite shards and mapping store for `durability-migration`.
+//!
+//! [`SqliteShard`] is one SQLite database holding keyed tables: it speaks
+//! [`Dialect::Sqlite`], declares an atomic batch (one transaction) and holds
+//! one connection, so every statement waits while a batch is open (the
+//! single-connection rule). [`SqliteMappingStore`] keeps key → shard
+//! mappings in a `durability_mapping` table.
+//!
+//! Statements run synchronously on the calling task while holding the
+//! connection's mutex; SQLite statements on a local file are short.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use durability_migration::{
+    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, Statement, Value,
+};
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+/// Prepared statements kept per connection: a move uses a few dozen
+/// distinct statements, more than rusqlite's default of 16.
+const STATEMENT_CACHE: usize = 256;
+
+fn open_conn(path: &Path) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(conn)
+}
+
+fn to_sql(v: &Value) -> SqlValue {
+    match v {
+        Value::Null => SqlValue::Null,
+        Value::Integer(i) => SqlValue::Integer(*i),
+        Value::Real(f) => SqlValue::Real(*f),
+        Value::Text(s) => SqlValue::Text(s.clone()),
+        Value::Blob(b) => SqlValue::Blob(b.clone()),
+    }
+}
+
+fn from_sql(v: ValueRef<'_>) -> Result<Value, BackendError> {
+    Ok(match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Integer(i),
+        ValueRef::Real(f) => Value::Real(f),
+        ValueRef::Text(t) => Value::Text(std::str::from_utf8(t)?.to_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    })
+}
+
+fn exec(conn: &Connection, st: &Statement) -> Result<u64, BackendError> {
+    let mut stmt = conn.prepare_cached(&st.sql)?;
+    let n = stmt.execute(params_from_iter(st.params.iter().map(to_sql)))?;
+    Ok(u64::try_from(n)?)
+}
+
+fn query(conn: &Connection, st: &Statement) -> Result<Vec<Row>, BackendError> {
+    let mut stmt = conn.prepare_cached(&st.sql)?;
+    let names: Vec<String> = stmt.column_names().map(str::to_owned).collect();
+    let mut rows = stmt.query(params_from_iter(st.params.iter().map(to_sql)))?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        let mut row = Row::new();
+        for (i, n) in names.iter().enumerate() {
+            row.insert(n.clone(), from_sql(r.get_ref(i)?)?);
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// One SQLite database as a migration shard.
+#[derive(Debug)]
+pub struct SqliteShard {
+    conn: Mutex<Connection>,
+}
+
+impl SqliteShard {
+    /// Opens (or creates) a shard file in WAL mode with `synchronous=NORMAL`.
+    ///
+    /// # Errors
+    /// The SQLite error when the file cannot be opened or configured.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
+        Ok(Self {
+            conn: Mutex::new(open_conn(path.as_ref())?),
+        })
+    }
+
+    /// An in-memory shard (for logic tests).
+    ///
+    /// # Errors
+    /// The SQLite error when the database cannot be opened.
+    pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
+        let conn = Connection::open_in_memory()?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Connection>, BackendError> {
+        self.conn
+            .lock()
+            .map_err(|_| "sqlite shard mutex poisoned".into())
+    }
+
+    /// Runs statements synchronously (setup, tests); see [`Shard::execute`].
+    ///
+    /// # Errors
+    /// The SQLite error.
+    pub fn execute_sync(&self, sql: &str) -> Result<(), BackendError> {
+        self.lock()?.execute_batch(sql)?;
+        Ok(())
+    }
+}
+
+impl Shard for SqliteShard {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+    fn batch_support(&self) -> BatchSupport {
+        BatchSupport::Atomic
+    }
+    fn single_connection(&self) -> bool {
+        true
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async move { exec(&*self.lock()?, stmt) })
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(async move { query(&*self.lock()?, stmt) })
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(async move {
+            let mut g = self.lock()?;
+            let tx = g.transaction()?;
+            let mut counts = Vec::with_capacity(stmts.len());
+            for st in stmts {
+                counts.push(exec(&tx, st)?);
+            }
+            tx.commit()?;
+            Ok(counts)
+        })
+    }
+}
+
+/// Key → shard mappings in a SQLite table (`durability_mapping`).
+#[derive(Debug)]
+pub struct SqliteMappingStore {
+    conn: Mutex<Connection>,
+}
+
+const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
+    (mkey TEXT PRIMARY KEY, shard TEXT NOT NULL) WITHOUT ROWID";
+
+impl SqliteMappingStore {
+    /// Opens (or creates) a mapping store file.
+    ///
+    /// # Errors
+    /// The SQLite error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
+        let conn = open_conn(path.as_ref())?;
+        conn.execute_batch(MAPPING_SCHEMA)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// An in-memory mapping store.
+    ///
+    /// # Errors
+    /// The SQLite error.
+    pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(MAPPING_SCHEMA)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Connection>, BackendError> {
+        self.conn
+            .lock()
+            .map_err(|_| "sqlite mapping mutex poisoned".into())
+    }
+}
+
+impl MappingStore for SqliteMappingStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        Box::pin(async move {
+            let g = self.lock()?;
+            let mut st =
+                g.prepare_cached("SELECT shard FROM durability_mapping WHERE mkey = ?1")?;
+            Ok(st.query_row(params![key], |r| r.get(0)).optional()?)
+        })
+    }
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let g = self.lock()?;
+            let mut st = g.prepare_cached(
+                "INSERT INTO durability_mapping (mkey, shard) VALUES (?1, ?2) \
+                 ON CONFLICT (mkey) DO UPDATE SET shard = excluded.shard",
+            )?;
+            st.execute(params![key, shard])?;
+            Ok(())
+        })
+    }
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<String, BackendError>> {
+        Box::pin(async move {
+            let g = self.lock()?;
+            g.prepare_cached(
+                "INSERT OR IGNORE INTO durability_mapping (mkey, shard) VALUES (?1, ?2)",
+            )?
+            .execute(params![key, shard])?;
+            let mut st =
+                g.prepare_cached("SELECT shard FROM durability_mapping WHERE mkey = ?1")?;
+            Ok(st.query_row(params![key], |r| r.get(0))?)
+        })
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let g = self.lock()?;
+            let n = g
+                .prepare_cached("DELETE FROM durability_mapping WHERE mkey = ?1")?
+                .execute(params![key])?;
+            Ok(n > 0)
+        })
+    }
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            let g = self.lock()?;
+            let mut st = g.prepare_cached(
+                "SELECT mkey, shard FROM durability_mapping WHERE mkey > ?1 ORDER BY mkey LIMIT ?2",
+            )?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = st.query_map(params![after.unwrap_or(""), limit], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+}

@@ -1,0 +1,218 @@
+//! Router configuration and its validation.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::clock::{Clock, SystemClock};
+use crate::dialect::Ident;
+use crate::error::{MigrationError, Result};
+use crate::mapping::MappingStore;
+use crate::shard::Shard;
+
+/// Default mapping cache TTL (milliseconds).
+pub const DEFAULT_MAPPING_CACHE_TTL_MS: u64 = 30_000;
+/// Default journal scope.
+pub const DEFAULT_JOURNAL_SCOPE: &str = "default";
+/// Default key column of a table.
+pub const DEFAULT_KEY_COLUMN: &str = "id";
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 512;
+/// Longest shard name or journal scope accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Longest mapping cache TTL accepted (2^31 - 1 ms).
+pub const MAX_MAPPING_CACHE_TTL_MS: u64 = 2_147_483_647;
+
+/// How keys without a mapping are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// FNV-1a hash of the key over the sorted shard names.
+    #[default]
+    Hash,
+}
+
+/// Everything a [`crate::Router`] is built from.
+#[derive(Clone)]
+pub struct MigrationConfig {
+    pub(crate) shards: BTreeMap<String, Arc<dyn Shard>>,
+    pub(crate) mapping: Arc<dyn MappingStore>,
+    pub(crate) strategy: Strategy,
+    pub(crate) journal_shard: Option<String>,
+    pub(crate) journal_scope: String,
+    pub(crate) mapping_cache_ttl_ms: u64,
+    pub(crate) tables: BTreeMap<String, String>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for MigrationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigrationConfig")
+            .field("shards", &self.shards.keys().collect::<Vec<_>>())
+            .field("strategy", &self.strategy)
+            .field("journal_shard", &self.journal_shard)
+            .field("journal_scope", &self.journal_scope)
+            .field("mapping_cache_ttl_ms", &self.mapping_cache_ttl_ms)
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MigrationConfig {
+    /// A configuration with a mapping store and defaults: hash strategy,
+    /// scope `default`, cache TTL 30,000 ms, the system clock.
+    pub fn new(mapping: Arc<dyn MappingStore>) -> Self {
+        Self {
+            shards: BTreeMap::new(),
+            mapping,
+            strategy: Strategy::Hash,
+            journal_shard: None,
+            journal_scope: DEFAULT_JOURNAL_SCOPE.to_owned(),
+            mapping_cache_ttl_ms: DEFAULT_MAPPING_CACHE_TTL_MS,
+            tables: BTreeMap::new(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+    /// Adds a named shard.
+    pub fn shard(mut self, name: impl Into<String>, shard: Arc<dyn Shard>) -> Self {
+        self.shards.insert(name.into(), shard);
+        self
+    }
+    /// Names the shard that holds the journal.
+    pub fn journal_shard(mut self, name: impl Into<String>) -> Self {
+        self.journal_shard = Some(name.into());
+        self
+    }
+    /// Sets the journal scope (default `default`).
+    pub fn journal_scope(mut self, scope: impl Into<String>) -> Self {
+        self.journal_scope = scope.into();
+        self
+    }
+    /// Sets the mapping cache TTL; 0 reads the mapping on every call.
+    pub fn mapping_cache_ttl_ms(mut self, ms: u64) -> Self {
+        self.mapping_cache_ttl_ms = ms;
+        self
+    }
+    /// Declares a keyed table whose key column is `id`.
+    pub fn table(self, name: impl Into<String>) -> Self {
+        self.table_with_key_column(name, DEFAULT_KEY_COLUMN)
+    }
+    /// Declares a keyed table with its key column.
+    pub fn table_with_key_column(
+        mut self,
+        name: impl Into<String>,
+        key_column: impl Into<String>,
+    ) -> Self {
+        self.tables.insert(name.into(), key_column.into());
+        self
+    }
+    /// Sets the placement strategy.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    /// Injects the clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
+/// A validated table: its name and key column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableSpec {
+    pub(crate) name: Ident,
+    pub(crate) key_col: Ident,
+}
+
+pub(crate) fn validate_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(MigrationError::InvalidConfig(format!(
+            "{what} {:?} must be 1..={MAX_NAME_BYTES} bytes of [A-Za-z0-9_.-]",
+            name.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+/// Validates a key: non-empty, at most [`MAX_KEY_BYTES`] bytes, no NUL.
+///
+/// # Errors
+/// `INVALID_KEY`.
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(MigrationError::InvalidKey("empty".into()));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(MigrationError::InvalidKey(format!(
+            "{} bytes, more than {MAX_KEY_BYTES}",
+            key.len()
+        )));
+    }
+    if key.contains('\0') {
+        return Err(MigrationError::InvalidKey("contains NUL".into()));
+    }
+    Ok(())
+}
+
+pub(crate) struct Validated {
+    pub(crate) journal: Option<String>,
+    pub(crate) tables: BTreeMap<String, TableSpec>,
+}
+
+pub(crate) fn validate(c: &MigrationConfig) -> Result<Validated> {
+    if c.shards.is_empty() {
+        return Err(MigrationError::InvalidConfig("no shards".into()));
+    }
+    for name in c.shards.keys() {
+        validate_name("shard name", name)?;
+    }
+    validate_name("journal scope", &c.journal_scope)?;
+    if c.mapping_cache_ttl_ms > MAX_MAPPING_CACHE_TTL_MS {
+        return Err(MigrationError::InvalidConfig(format!(
+            "mapping cache TTL above {MAX_MAPPING_CACHE_TTL_MS} ms"
+        )));
+    }
+    let journal = match &c.journal_shard {
+        Some(j) if c.shards.contains_key(j) => Some(j.clone()),
+        Some(j) => return Err(MigrationError::InvalidJournalShard(j.clone())),
+        None if c.shards.len() == 1 => c.shards.keys().next().cloned(),
+        None => None,
+    };
+    let mut tables = BTreeMap::new();
+    for (t, k) in &c.tables {
+        let spec = TableSpec {
+            name: Ident::new(t)?,
+            key_col: Ident::new(k)?,
+        };
+        tables.insert(t.clone(), spec);
+    }
+    Ok(Validated { journal, tables })
+}
+
+/// FNV-1a 64-bit hash.
+pub(crate) fn fnv1a(key: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The shard the hash strategy places `key` on among `shards` (sorted).
+pub fn hash_owner<'a>(key: &str, shards: &[&'a str]) -> Option<&'a str> {
+    if shards.is_empty() {
+        return None;
+    }
+    let mut sorted = shards.to_vec();
+    sorted.sort_unstable();
+    let n = u64::try_from(sorted.len()).ok()?;
+    let idx = usize::try_from(fnv1a(key) % n).ok()?;
+    sorted.get(idx).copied()
+}

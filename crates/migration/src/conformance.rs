@@ -1,0 +1,458 @@
+//! Conformance suites for [`Shard`] and [`MappingStore`] backends, and the
+//! fault-injecting wrappers crash tests use.
+//!
+//! A backend is done when its tests call [`shard_suite`] (for shards) or
+//! [`mapping_store_suite`] (for mapping stores) and pass. The suites panic
+//! on a violation, like any test assertion.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::dialect::{Cutover, CutoverTable, Dialect, Ident, row_idents};
+use crate::error::BackendError;
+use crate::mapping::MappingStore;
+use crate::shard::{BatchSupport, BoxFuture, Shard, Statement};
+use crate::value::{self, Row, Value, row};
+
+/// Whether a crash lands before or after the write it interrupts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// The Nth write fails without applying.
+    Before,
+    /// The Nth write applies, then reports failure (outcome unknown).
+    After,
+}
+
+/// A shared crash plan: counts writes across wrapped shards and mapping
+/// stores, and crashes at the Nth. After the crash every call fails, as if
+/// the process had died.
+#[derive(Debug)]
+pub struct FaultPlan {
+    writes: AtomicU64,
+    fail_at: AtomicU64,
+    mode: Mutex<FaultMode>,
+    tripped: AtomicBool,
+}
+
+impl FaultPlan {
+    /// A disarmed plan.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            writes: AtomicU64::new(0),
+            fail_at: AtomicU64::new(0),
+            mode: Mutex::new(FaultMode::Before),
+            tripped: AtomicBool::new(false),
+        })
+    }
+    /// Crash at the `n`th write from now (1-based).
+    pub fn arm(&self, n: u64, mode: FaultMode) {
+        self.writes.store(0, Ordering::SeqCst);
+        self.tripped.store(false, Ordering::SeqCst);
+        *self.mode.lock().unwrap() = mode;
+        self.fail_at.store(n, Ordering::SeqCst);
+    }
+    /// Never crash; reset the count.
+    pub fn disarm(&self) {
+        self.fail_at.store(0, Ordering::SeqCst);
+        self.tripped.store(false, Ordering::SeqCst);
+        self.writes.store(0, Ordering::SeqCst);
+    }
+    /// Writes seen since arming.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+    /// Whether the crash happened.
+    pub fn tripped(&self) -> bool {
+        self.tripped.load(Ordering::SeqCst)
+    }
+    fn dead(&self) -> Result<(), BackendError> {
+        if self.tripped() {
+            Err("injected crash: process is dead".into())
+        } else {
+            Ok(())
+        }
+    }
+    /// Called before a write; `Some(mode)` when this write is the crash.
+    fn on_write(&self) -> Option<FaultMode> {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        let at = self.fail_at.load(Ordering::SeqCst);
+        if at != 0 && n == at {
+            self.tripped.store(true, Ordering::SeqCst);
+            Some(*self.mode.lock().unwrap())
+        } else {
+            None
+        }
+    }
+}
+
+/// A shard that crashes per its [`FaultPlan`].
+pub struct FaultShard {
+    inner: Arc<dyn Shard>,
+    plan: Arc<FaultPlan>,
+}
+
+impl FaultShard {
+    /// Wraps a shard.
+    pub fn new(inner: Arc<dyn Shard>, plan: Arc<FaultPlan>) -> Self {
+        Self { inner, plan }
+    }
+}
+
+impl Shard for FaultShard {
+    fn dialect(&self) -> Dialect {
+        self.inner.dialect()
+    }
+    fn batch_support(&self) -> BatchSupport {
+        self.inner.batch_support()
+    }
+    fn single_connection(&self) -> bool {
+        self.inner.single_connection()
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            match self.plan.on_write() {
+                Some(FaultMode::Before) => Err("injected crash before write".into()),
+                Some(FaultMode::After) => {
+                    let _ = self.inner.execute(stmt).await;
+                    Err("injected crash after write".into())
+                }
+                None => self.inner.execute(stmt).await,
+            }
+        })
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            self.inner.query(stmt).await
+        })
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            match self.plan.on_write() {
+                Some(FaultMode::Before) => Err("injected crash before batch".into()),
+                Some(FaultMode::After) => {
+                    let _ = self.inner.batch(stmts).await;
+                    Err("injected crash after batch".into())
+                }
+                None => self.inner.batch(stmts).await,
+            }
+        })
+    }
+}
+
+/// A mapping store that crashes per its [`FaultPlan`].
+pub struct FaultMappingStore {
+    inner: Arc<dyn MappingStore>,
+    plan: Arc<FaultPlan>,
+}
+
+impl FaultMappingStore {
+    /// Wraps a mapping store.
+    pub fn new(inner: Arc<dyn MappingStore>, plan: Arc<FaultPlan>) -> Self {
+        Self { inner, plan }
+    }
+}
+
+impl MappingStore for FaultMappingStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            self.inner.get(key).await
+        })
+    }
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            match self.plan.on_write() {
+                Some(FaultMode::Before) => Err("injected crash before mapping put".into()),
+                Some(FaultMode::After) => {
+                    let _ = self.inner.put(key, shard).await;
+                    Err("injected crash after mapping put".into())
+                }
+                None => self.inner.put(key, shard).await,
+            }
+        })
+    }
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<String, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            match self.plan.on_write() {
+                Some(FaultMode::Before) => Err("injected crash before mapping put".into()),
+                Some(FaultMode::After) => {
+                    let _ = self.inner.put_if_absent(key, shard).await;
+                    Err("injected crash after mapping put".into())
+                }
+                None => self.inner.put_if_absent(key, shard).await,
+            }
+        })
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            match self.plan.on_write() {
+                Some(FaultMode::Before) => Err("injected crash before mapping remove".into()),
+                Some(FaultMode::After) => {
+                    let _ = self.inner.remove(key).await;
+                    Err("injected crash after mapping remove".into())
+                }
+                None => self.inner.remove(key).await,
+            }
+        })
+    }
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            self.plan.dead()?;
+            self.inner.scan(after, limit).await
+        })
+    }
+}
+
+/// The mapping store contract. `prefix` isolates this run's keys (stores
+/// shared between tests, like Redis, hold other keys too; the store itself
+/// must be empty of keys starting with `prefix`).
+pub async fn mapping_store_suite(store: &dyn MappingStore, prefix: &str) {
+    let k = |s: &str| format!("{prefix}{s}");
+    assert_eq!(
+        store.get(&k("a")).await.unwrap(),
+        None,
+        "unknown key reads as none"
+    );
+    store.put(&k("a"), "s1").await.unwrap();
+    assert_eq!(store.get(&k("a")).await.unwrap().as_deref(), Some("s1"));
+    store.put(&k("a"), "s2").await.unwrap();
+    assert_eq!(
+        store.get(&k("a")).await.unwrap().as_deref(),
+        Some("s2"),
+        "put replaces"
+    );
+    assert_eq!(
+        store.put_if_absent(&k("a"), "s3").await.unwrap(),
+        "s2",
+        "put_if_absent keeps the holder"
+    );
+    assert_eq!(store.put_if_absent(&k("b"), "s3").await.unwrap(), "s3");
+    assert_eq!(store.get(&k("b")).await.unwrap().as_deref(), Some("s3"));
+    for i in 0..25 {
+        store.put(&k(&format!("p{i:03}")), "s1").await.unwrap();
+    }
+    // Scan in pages: every key after the prefix start, in order, no repeats.
+    let mut seen = Vec::new();
+    let mut after = Some(prefix.to_owned());
+    loop {
+        let page = store.scan(after.as_deref(), 7).await.unwrap();
+        assert!(page.len() <= 7, "scan honours the limit");
+        let Some((last, _)) = page.last() else { break };
+        after = Some(last.clone());
+        let mut stop = false;
+        for (key, shard) in page {
+            if !key.starts_with(prefix) {
+                stop = true;
+                break;
+            }
+            assert!(!shard.is_empty());
+            seen.push(key);
+        }
+        if stop {
+            break;
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted, "scan is ordered without repeats");
+    assert_eq!(seen.len(), 27, "scan sees every key");
+    assert!(store.remove(&k("a")).await.unwrap());
+    assert!(
+        !store.remove(&k("a")).await.unwrap(),
+        "second remove finds nothing"
+    );
+    assert_eq!(store.get(&k("a")).await.unwrap(), None);
+    // Hostile keys are data.
+    let hostile = k("'; DROP TABLE x; -- \u{1F600}");
+    store.put(&hostile, "s1").await.unwrap();
+    assert_eq!(store.get(&hostile).await.unwrap().as_deref(), Some("s1"));
+}
+
+fn ddl(d: &Dialect, table: &str) -> Statement {
+    let (key, txt, int, real, blob) = match d {
+        Dialect::Postgres => ("TEXT", "TEXT", "BIGINT", "DOUBLE PRECISION", "BYTEA"),
+        Dialect::MySql => ("VARCHAR(255)", "LONGTEXT", "BIGINT", "DOUBLE", "LONGBLOB"),
+        _ => ("TEXT", "TEXT", "INTEGER", "REAL", "BLOB"),
+    };
+    Statement::new(format!(
+        "CREATE TABLE {table} (id {key} PRIMARY KEY, n {int}, r {real}, s {txt}, b {blob})"
+    ))
+}
+
+/// The shard contract: bound values round-trip, batches are atomic when
+/// declared so, and the generated cutover archives and deletes a row only
+/// when it is unchanged. `table` must not exist yet.
+pub async fn shard_suite(shard: &dyn Shard, table: &str) {
+    let d = shard.dialect();
+    let t = Ident::new(table).unwrap();
+    let id = Ident::new("id").unwrap();
+    shard.execute(&ddl(&d, table)).await.unwrap();
+    for st in d.retired_schema() {
+        shard.execute(&st).await.unwrap();
+    }
+    let cols = shard.query(&d.columns_query(&t)).await.unwrap();
+    let names: Vec<_> = cols
+        .iter()
+        .filter_map(|r| r.get("name").and_then(Value::as_text))
+        .collect();
+    for c in ["id", "n", "r", "s", "b"] {
+        assert!(names.contains(&c), "columns query lists {c}: {names:?}");
+    }
+    let r1 = row([
+        ("id", Value::from("k1")),
+        ("n", Value::Integer(i64::MIN)),
+        ("r", Value::Real(1.5)),
+        ("s", Value::from("'; DROP TABLE x; --")),
+        ("b", Value::Blob(vec![0, 1, 255])),
+    ]);
+    let n = shard
+        .execute(&d.insert_row(&t, &row_idents(&r1).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "insert changes one row");
+    let got = shard.query(&d.select_row(&t, &id, "k1")).await.unwrap();
+    assert_eq!(
+        got,
+        vec![r1.clone()],
+        "values round-trip through bound parameters"
+    );
+    let r2 = row([
+        ("id", Value::from("k2")),
+        ("n", Value::Null),
+        ("r", Value::Null),
+        ("s", Value::Null),
+        ("b", Value::Null),
+    ]);
+    match shard.batch_support() {
+        BatchSupport::Atomic => {
+            let bad = vec![
+                d.insert_row(&t, &row_idents(&r2).unwrap()),
+                d.insert_row(&t, &row_idents(&r1).unwrap()),
+            ];
+            assert!(
+                shard.batch(&bad).await.is_err(),
+                "duplicate key fails the batch"
+            );
+            let got = shard.query(&d.select_row(&t, &id, "k2")).await.unwrap();
+            assert!(
+                got.is_empty(),
+                "a failed atomic batch rolls back every statement"
+            );
+            let ok = vec![
+                d.insert_row(&t, &row_idents(&r2).unwrap()),
+                d.delete_key(&t, &id, "nope"),
+            ];
+            assert_eq!(
+                shard.batch(&ok).await.unwrap(),
+                vec![1, 0],
+                "batch reports per-statement counts"
+            );
+        }
+        BatchSupport::NonAtomic | BatchSupport::None => {
+            shard
+                .execute(&d.insert_row(&t, &row_idents(&r2).unwrap()))
+                .await
+                .unwrap();
+        }
+    }
+    // Null-safe match deletes exactly the matching row.
+    let n = shard
+        .execute(&d.delete_matching(&t, &id, "k2", &row_idents(&r2).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "null-safe equality matches NULL columns");
+    if shard.batch_support() != BatchSupport::Atomic {
+        return;
+    }
+    // Cutover: a changed row makes the whole batch write nothing.
+    let mut changed = r1.clone();
+    changed.insert("n".into(), Value::Integer(7));
+    let mk = |snapshot: &Row| CutoverTable {
+        table: t.clone(),
+        key_col: id.clone(),
+        row: Some(row_idents(snapshot).unwrap()),
+        payload: Some(value::encode_row(snapshot)),
+        digest: value::digest(Some(snapshot)),
+    };
+    let stale = [mk(&changed)];
+    let c = Cutover {
+        op_id: "op-stale",
+        scope: "s",
+        key: "k1",
+        moved_to: "x",
+        now_ms: 1,
+        tables: &stale,
+        journal_owner: None,
+    };
+    let counts = shard.batch(&d.cutover_batch(&c)).await.unwrap();
+    assert!(
+        counts.iter().all(|n| *n == 0),
+        "stale snapshot: cutover writes nothing"
+    );
+    assert_eq!(
+        shard
+            .query(&d.select_row(&t, &id, "k1"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let fresh = [mk(&r1)];
+    let c = Cutover {
+        op_id: "op-1",
+        scope: "s",
+        key: "k1",
+        moved_to: "x",
+        now_ms: 1,
+        tables: &fresh,
+        journal_owner: None,
+    };
+    let counts = shard.batch(&d.cutover_batch(&c)).await.unwrap();
+    assert_eq!(counts, vec![1, 1], "cutover archives and deletes");
+    assert!(
+        shard
+            .query(&d.select_row(&t, &id, "k1"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let tomb = shard.query(&d.tombstone_query(&t, "k1")).await.unwrap();
+    assert_eq!(tomb.len(), 1, "tombstone recorded");
+    // The fence refuses routed writes to the moved key.
+    let n = shard
+        .execute(&d.fenced_insert(&t, "k1", &row_idents(&r1).unwrap(), None))
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "fenced insert writes nothing behind a tombstone");
+    let n = shard
+        .execute(&d.fenced_insert(
+            &t,
+            "k3",
+            &row_idents(&row([("id", "k3")])).unwrap(),
+            Some(&id),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "fenced upsert lands without a tombstone");
+}

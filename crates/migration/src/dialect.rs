@@ -1,0 +1,656 @@
+//! SQL dialects: identifier validation and quoting, placeholders, and the
+//! generation of every statement the router issues.
+//!
+//! Values are always bound parameters; identifiers are validated
+//! ([`Ident::new`]) and quoted. A new backend picks a [`Dialect`]; the crate's
+//! logic never changes per dialect.
+
+use std::fmt;
+
+use crate::error::{MigrationError, Result};
+use crate::shard::Statement;
+use crate::value::{Row, Value};
+
+/// Longest identifier accepted (PostgreSQL's limit is 63 bytes).
+pub const MAX_IDENT_BYTES: usize = 63;
+
+/// A validated SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most
+/// [`MAX_IDENT_BYTES`] bytes, not starting with the reserved `durability_`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ident(String);
+
+impl Ident {
+    /// Validates a user identifier.
+    ///
+    /// # Errors
+    /// `INVALID_IDENTIFIER` when the grammar, the length or the reserved
+    /// prefix rule is broken.
+    pub fn new(s: &str) -> Result<Self> {
+        let mut chars = s.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !first_ok
+            || !rest_ok
+            || s.len() > MAX_IDENT_BYTES
+            || s.to_ascii_lowercase().starts_with("durability_")
+        {
+            return Err(MigrationError::InvalidIdentifier(
+                s.chars().take(80).collect(),
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    /// The identifier text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The SQL dialect a shard speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// SQLite (also D1-like bindings).
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB.
+    MySql,
+    /// Any other dialect: routed reads and raw statements work, moves refuse.
+    Other(String),
+}
+
+impl Dialect {
+    /// Whether moves may run on this dialect.
+    pub fn is_proven(&self) -> bool {
+        matches!(self, Self::Sqlite | Self::Postgres | Self::MySql)
+    }
+
+    /// The dialect's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+            Self::Other(n) => n,
+        }
+    }
+
+    /// Quotes a validated identifier.
+    pub fn quote(&self, ident: &Ident) -> String {
+        match self {
+            Self::MySql => format!("`{}`", ident.0),
+            _ => format!("\"{}\"", ident.0),
+        }
+    }
+
+    /// The placeholder of the `n`th (1-based) parameter.
+    pub fn placeholder(&self, n: usize) -> String {
+        match self {
+            Self::Postgres => format!("${n}"),
+            Self::Sqlite => format!("?{n}"),
+            _ => "?".to_owned(),
+        }
+    }
+
+    /// The null-safe equality operator.
+    fn null_safe_eq(&self) -> &'static str {
+        match self {
+            Self::Postgres => " IS NOT DISTINCT FROM ",
+            Self::MySql => " <=> ",
+            _ => " IS ",
+        }
+    }
+
+    /// `FROM DUAL` where a `SELECT ... WHERE` without a table needs it.
+    fn dual(&self) -> &'static str {
+        match self {
+            Self::MySql => " FROM DUAL",
+            _ => "",
+        }
+    }
+
+    fn text_key_type(&self) -> &'static str {
+        match self {
+            Self::MySql => "VARCHAR(255)",
+            _ => "TEXT",
+        }
+    }
+    fn text_type(&self) -> &'static str {
+        match self {
+            Self::MySql => "LONGTEXT",
+            _ => "TEXT",
+        }
+    }
+    fn int_type(&self) -> &'static str {
+        match self {
+            Self::Sqlite => "INTEGER",
+            _ => "BIGINT",
+        }
+    }
+    /// Table options of the crate's tables keyed by text (`WITHOUT ROWID`
+    /// on SQLite: one b-tree per table instead of a table and a key index).
+    fn keyed_table_suffix(&self) -> &'static str {
+        match self {
+            Self::Sqlite => " WITHOUT ROWID",
+            _ => "",
+        }
+    }
+    fn blob_type(&self) -> &'static str {
+        match self {
+            Self::Postgres => "BYTEA",
+            Self::MySql => "LONGBLOB",
+            _ => "BLOB",
+        }
+    }
+}
+
+/// Builds one statement, numbering placeholders as values are bound.
+#[derive(Debug)]
+pub struct Sql<'d> {
+    dialect: &'d Dialect,
+    text: String,
+    params: Vec<Value>,
+}
+
+impl<'d> Sql<'d> {
+    /// Starts an empty statement.
+    pub fn new(dialect: &'d Dialect) -> Self {
+        Self {
+            dialect,
+            text: String::new(),
+            params: Vec::new(),
+        }
+    }
+    /// Appends SQL text (never user input).
+    pub fn raw(&mut self, s: &str) -> &mut Self {
+        self.text.push_str(s);
+        self
+    }
+    /// Appends a quoted identifier.
+    pub fn ident(&mut self, i: &Ident) -> &mut Self {
+        let q = self.dialect.quote(i);
+        self.text.push_str(&q);
+        self
+    }
+    /// Appends a placeholder bound to `v`.
+    pub fn bind(&mut self, v: impl Into<Value>) -> &mut Self {
+        self.params.push(v.into());
+        let p = self.dialect.placeholder(self.params.len());
+        self.text.push_str(&p);
+        self
+    }
+    /// Appends `col <null-safe => ?` bound to `v`.
+    pub fn col_is(&mut self, col: &Ident, v: Value) -> &mut Self {
+        self.ident(col);
+        self.raw(self.dialect.null_safe_eq());
+        self.bind(v)
+    }
+    /// Appends `FROM DUAL` where the dialect needs it.
+    pub fn dual(&mut self) -> &mut Self {
+        self.raw(self.dialect.dual())
+    }
+    /// Finishes the statement.
+    pub fn finish(self) -> Statement {
+        Statement {
+            sql: self.text,
+            params: self.params,
+        }
+    }
+}
+
+/// Names of the crate's tables.
+pub(crate) mod names {
+    pub(crate) const RETIRED: &str = "durability_retired";
+    pub(crate) const OPS: &str = "durability_migration_ops";
+    pub(crate) const CLAIMS: &str = "durability_migration_claims";
+    pub(crate) const LEASE: &str = "durability_migration_lease";
+    pub(crate) const META: &str = "durability_migration_meta";
+}
+
+/// Validated columns of a row, in canonical order.
+pub(crate) fn row_idents(row: &Row) -> Result<Vec<(Ident, Value)>> {
+    row.iter()
+        .map(|(k, v)| Ok((Ident::new(k)?, v.clone())))
+        .collect()
+}
+
+impl Dialect {
+    /// `CREATE TABLE IF NOT EXISTS` statements of the tombstone table every
+    /// data shard holds.
+    pub fn retired_schema(&self) -> Vec<Statement> {
+        let (k, t, i, b) = (
+            self.text_key_type(),
+            self.text_type(),
+            self.int_type(),
+            self.blob_type(),
+        );
+        vec![
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
+                 mkey {k} NOT NULL, scope {k} NOT NULL, moved_to {t} NOT NULL, payload {b}, \
+                 digest {t} NOT NULL, retired_ms {i} NOT NULL, superseded {i} NOT NULL DEFAULT 0, \
+                 purged {i} NOT NULL DEFAULT 0, PRIMARY KEY (op_id, tname)){w}",
+                r = names::RETIRED,
+                w = self.keyed_table_suffix()
+            )),
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_retired_key ON {r} (tname, mkey)",
+                r = names::RETIRED
+            )),
+        ]
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
+    pub fn journal_schema(&self) -> Vec<Statement> {
+        let (k, t, i) = (self.text_key_type(), self.text_type(), self.int_type());
+        vec![
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {o} (op_id {k} PRIMARY KEY, scope {k} NOT NULL, \
+                 mkey {k} NOT NULL, tables {t} NOT NULL, source {t} NOT NULL, target {t} NOT NULL, \
+                 state {t} NOT NULL, attempts {i} NOT NULL, digests {t} NOT NULL, owner {t} NOT NULL, \
+                 live_until_ms {i} NOT NULL, retain_ms {i} NOT NULL, retire_at_ms {i}, \
+                 created_ms {i} NOT NULL, updated_ms {i} NOT NULL, finished_ms {i}, \
+                 purged {i} NOT NULL DEFAULT 0, error {t}){w}",
+                o = names::OPS,
+                w = self.keyed_table_suffix()
+            )),
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_key ON {o} (scope, mkey)",
+                o = names::OPS
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {c} (scope {k} NOT NULL, mkey {k} NOT NULL, \
+                 tname {k} NOT NULL, op_id {k} NOT NULL, PRIMARY KEY (scope, mkey, tname)){w}",
+                c = names::CLAIMS,
+                w = self.keyed_table_suffix()
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {l} (scope {k} PRIMARY KEY, holder {t} NOT NULL, \
+                 generation {i} NOT NULL, expires_ms {i} NOT NULL)",
+                l = names::LEASE
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, last_clean_verify_ms {i} NOT NULL)",
+                m = names::META
+            )),
+        ]
+    }
+
+    /// The query listing a table's columns (one `name` column per row).
+    pub fn columns_query(&self, table: &Ident) -> Statement {
+        let mut s = Sql::new(self);
+        match self {
+            Self::Postgres => s.raw(
+                "SELECT column_name AS name FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = ",
+            ),
+            Self::MySql => s.raw(
+                "SELECT column_name AS name FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ",
+            ),
+            _ => s.raw("SELECT name FROM pragma_table_info("),
+        };
+        s.bind(table.as_str());
+        if matches!(self, Self::Postgres | Self::MySql) {
+            s.finish()
+        } else {
+            s.raw(")");
+            s.finish()
+        }
+    }
+
+    /// `SELECT * FROM t WHERE k = ?`.
+    pub fn select_row(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT * FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// `SELECT k FROM t WHERE k > ? ORDER BY k LIMIT n`: one page of keys.
+    pub fn key_page(&self, table: &Ident, key_col: &Ident, after: &str, limit: usize) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" AS k FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" > ")
+            .bind(after)
+            .raw(" ORDER BY ")
+            .ident(key_col)
+            .raw(&format!(" LIMIT {limit}"));
+        s.finish()
+    }
+
+    /// `INSERT INTO t (cols) VALUES (?..)`.
+    pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("INSERT INTO ").ident(table).raw(" (");
+        for (i, (c, _)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c);
+        }
+        s.raw(") VALUES (");
+        for (i, (_, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v.clone());
+        }
+        s.raw(")");
+        s.finish()
+    }
+
+    /// `DELETE FROM t WHERE k = ?`.
+    pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// `DELETE FROM t WHERE k = ? AND <every column equals the row>`.
+    pub fn delete_matching(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ").ident(table).raw(" WHERE ");
+        self.push_match(&mut s, key_col, key, cols);
+        s.finish()
+    }
+
+    fn push_match(&self, s: &mut Sql<'_>, key_col: &Ident, key: &str, cols: &[(Ident, Value)]) {
+        s.ident(key_col).raw(" = ").bind(key);
+        for (c, v) in cols {
+            s.raw(" AND ").col_is(c, v.clone());
+        }
+    }
+
+    fn push_fence(&self, s: &mut Sql<'_>, table: &Ident, key: &str) {
+        s.raw("NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0)");
+    }
+
+    /// A fenced insert: inserts only while no live tombstone for the key exists.
+    pub fn fenced_insert(
+        &self,
+        table: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        upsert_key: Option<&Ident>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("INSERT INTO ").ident(table).raw(" (");
+        for (i, (c, _)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c);
+        }
+        s.raw(") SELECT ");
+        for (i, (_, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v.clone());
+        }
+        s.dual().raw(" WHERE ");
+        self.push_fence(&mut s, table, key);
+        if let Some(k) = upsert_key {
+            let others: Vec<&Ident> = cols.iter().map(|(c, _)| c).filter(|c| *c != k).collect();
+            match self {
+                Self::MySql => {
+                    s.raw(" ON DUPLICATE KEY UPDATE ");
+                    if others.is_empty() {
+                        s.ident(k).raw(" = ").ident(k);
+                    }
+                    for (i, c) in others.iter().enumerate() {
+                        if i > 0 {
+                            s.raw(", ");
+                        }
+                        s.ident(c).raw(" = VALUES(").ident(c).raw(")");
+                    }
+                }
+                _ => {
+                    s.raw(" ON CONFLICT (").ident(k).raw(") DO ");
+                    if others.is_empty() {
+                        s.raw("NOTHING");
+                    } else {
+                        s.raw("UPDATE SET ");
+                        for (i, c) in others.iter().enumerate() {
+                            if i > 0 {
+                                s.raw(", ");
+                            }
+                            s.ident(c).raw(" = excluded.").ident(c);
+                        }
+                    }
+                }
+            }
+        }
+        s.finish()
+    }
+
+    /// A fenced update of the key's row.
+    pub fn fenced_update(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("UPDATE ").ident(table).raw(" SET ");
+        for (i, (c, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c).raw(" = ").bind(v.clone());
+        }
+        s.raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND ");
+        self.push_fence(&mut s, table, key);
+        s.finish()
+    }
+
+    /// A fenced delete of the key's row.
+    pub fn fenced_delete(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND ");
+        self.push_fence(&mut s, table, key);
+        s.finish()
+    }
+
+    /// Whether a live tombstone of the key exists in any of `tables`.
+    pub fn tombstone_exists(&self, tables: &[&Ident], key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT tname FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0 AND tname IN (");
+        for (i, t) in tables.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(t.as_str());
+        }
+        s.raw(") LIMIT 1");
+        s.finish()
+    }
+
+    /// The newest live tombstone of a key in a table.
+    pub fn tombstone_query(&self, table: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT op_id, moved_to FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0 ORDER BY retired_ms DESC, op_id DESC LIMIT 1");
+        s.finish()
+    }
+}
+
+/// One table of a cutover: its snapshot row (or none).
+#[derive(Debug, Clone)]
+pub struct CutoverTable {
+    /// The table.
+    pub table: Ident,
+    /// Its key column.
+    pub key_col: Ident,
+    /// The snapshot (validated columns), `None` when the key had no row.
+    pub row: Option<Vec<(Ident, Value)>>,
+    /// The snapshot's encoded payload (for the archive).
+    pub payload: Option<Vec<u8>>,
+    /// The snapshot's digest.
+    pub digest: String,
+}
+
+/// Everything a cutover batch needs.
+#[derive(Debug, Clone)]
+pub struct Cutover<'a> {
+    /// The operation.
+    pub op_id: &'a str,
+    /// The journal scope.
+    pub scope: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The destination shard.
+    pub moved_to: &'a str,
+    /// Now, in Unix ms.
+    pub now_ms: i64,
+    /// The tables.
+    pub tables: &'a [CutoverTable],
+    /// When the journal shares the source's database: the owner the
+    /// operation's journal row must still name, so a mover that lost the
+    /// operation to recovery archives nothing.
+    pub journal_owner: Option<&'a str>,
+}
+
+impl Dialect {
+    fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>) {
+        for (i, t) in c.tables.iter().enumerate() {
+            if i > 0 {
+                s.raw(" AND ");
+            }
+            match &t.row {
+                Some(cols) => {
+                    s.raw("EXISTS (SELECT 1 FROM ")
+                        .ident(&t.table)
+                        .raw(" WHERE ");
+                    self.push_match(s, &t.key_col, c.key, cols);
+                    s.raw(")");
+                }
+                None => {
+                    s.raw("NOT EXISTS (SELECT 1 FROM ")
+                        .ident(&t.table)
+                        .raw(" WHERE ")
+                        .ident(&t.key_col)
+                        .raw(" = ")
+                        .bind(c.key)
+                        .raw(")");
+                }
+            }
+        }
+    }
+
+    /// The source cutover: one archive insert per table under the snapshot
+    /// predicate over every table, then deletes of the archived rows. Run as
+    /// one atomic batch; when any row changed first, every statement writes
+    /// nothing.
+    pub fn cutover_batch(&self, c: &Cutover<'_>) -> Vec<Statement> {
+        let mut out = Vec::new();
+        for t in c.tables {
+            let mut s = Sql::new(self);
+            s.raw("INSERT INTO ")
+                .raw(names::RETIRED)
+                .raw(" (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms, superseded, purged) SELECT ")
+                .bind(c.op_id)
+                .raw(", ")
+                .bind(t.table.as_str())
+                .raw(", ")
+                .bind(c.key)
+                .raw(", ")
+                .bind(c.scope)
+                .raw(", ")
+                .bind(c.moved_to)
+                .raw(", ")
+                .bind(t.payload.clone().map_or(Value::Null, Value::Blob))
+                .raw(", ")
+                .bind(t.digest.as_str())
+                .raw(", ")
+                .bind(c.now_ms)
+                .raw(", 0, 0")
+                .dual()
+                .raw(" WHERE ");
+            self.push_snapshot_predicate(&mut s, c);
+            if let Some(owner) = c.journal_owner {
+                s.raw(" AND EXISTS (SELECT 1 FROM ")
+                    .raw(names::OPS)
+                    .raw(" WHERE op_id = ")
+                    .bind(c.op_id)
+                    .raw(" AND owner = ")
+                    .bind(owner)
+                    .raw(")");
+            }
+            out.push(s.finish());
+        }
+        for t in c.tables {
+            if let Some(cols) = &t.row {
+                let mut s = Sql::new(self);
+                s.raw("DELETE FROM ").ident(&t.table).raw(" WHERE ");
+                self.push_match(&mut s, &t.key_col, c.key, cols);
+                s.raw(" AND EXISTS (SELECT 1 FROM ")
+                    .raw(names::RETIRED)
+                    .raw(" WHERE op_id = ")
+                    .bind(c.op_id)
+                    .raw(" AND tname = ")
+                    .bind(t.table.as_str())
+                    .raw(")");
+                out.push(s.finish());
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,252 @@
+//! The crate's one error type, with stable machine codes.
+
+use std::error::Error as StdError;
+
+/// A boxed error from a backend (a shard or a mapping store).
+pub type BackendError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Every failure the migration crate reports.
+///
+/// Each variant has a stable machine code ([`MigrationError::code`]) and says
+/// whether retrying the same call can help ([`MigrationError::is_retryable`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrationError {
+    /// `journal_shard` names a shard that is not configured.
+    #[error("journal shard {0:?} is not a configured shard")]
+    InvalidJournalShard(String),
+    /// Several shards are configured and none is the journal shard.
+    #[error("several shards are configured and no journal shard is set")]
+    JournalNotConfigured,
+    /// The configuration is invalid (no shards, bad scope, bad TTL).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A write cannot tell which shard owns the key while a move is in flight.
+    /// The write was not applied and is not acknowledged.
+    #[error("key {key:?} is being moved and its owner is not settled; the write was not applied")]
+    CutoverPending {
+        /// The key.
+        key: String,
+    },
+    /// A tombstone lookup failed or names an unconfigured shard.
+    #[error("tombstone lookup for key {key:?} is unavailable: {reason}")]
+    LookupUnavailable {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A `moved_to` chain is longer than four hops or has a cycle.
+    #[error("moved_to chain for key {key:?} exceeds four hops or has a cycle")]
+    ChainExceeded {
+        /// The key.
+        key: String,
+    },
+    /// A shard is not on a proven dialect.
+    #[error("shard {shard:?} is on dialect {dialect:?}, which moves do not support")]
+    UnsupportedDialect {
+        /// The shard.
+        shard: String,
+        /// The dialect name.
+        dialect: String,
+    },
+    /// A shard has no batch support at all.
+    #[error("shard {0:?} cannot run batches")]
+    NoBatch(String),
+    /// A shard's batch is not declared atomic.
+    #[error("shard {0:?} does not declare an atomic batch")]
+    NoAtomicBatch(String),
+    /// The key has no mapping.
+    #[error("key {0:?} has no mapping")]
+    MappingNotFound(String),
+    /// Another recovery holds the journal scope's lease.
+    #[error("another recovery holds the lease of journal scope {0:?}")]
+    RecoveryInProgress(String),
+    /// This recovery lost its lease and stopped without further writes.
+    #[error("recovery of journal scope {0:?} lost its lease")]
+    RecoveryFenced(String),
+    /// The destination holds a different row (`on_conflict: fail`).
+    #[error("destination holds a different row for key {0:?}")]
+    DestinationConflict(String),
+    /// The retention period of a retired operation has not elapsed.
+    #[error("retention of operation {0} has not elapsed")]
+    RetentionNotElapsed(String),
+    /// No clean verification pass ran since the operation finished.
+    #[error("no clean verification pass since operation {0} finished")]
+    NotVerified(String),
+    /// A shard name is not configured.
+    #[error("shard {0:?} is not configured")]
+    UnknownShard(String),
+    /// A table is not configured or does not exist on a shard.
+    #[error("table {0:?} is not configured or does not exist")]
+    UnknownTable(String),
+    /// A table's key column does not exist.
+    #[error("key column {column:?} does not exist in table {table:?}")]
+    UnknownKeyColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+    },
+    /// A row names a column the table does not have.
+    #[error("column {column:?} does not exist in table {table:?}")]
+    UnknownColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+    },
+    /// An identifier failed validation (grammar, length, reserved prefix).
+    #[error("invalid identifier {0:?}")]
+    InvalidIdentifier(String),
+    /// A key is empty or longer than [`crate::MAX_KEY_BYTES`].
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+    /// Another move of the same key and table is active.
+    #[error("a move of key {0:?} is already active")]
+    AlreadyActive(String),
+    /// The key already lives on the target shard.
+    #[error("key {key:?} already lives on shard {shard:?}")]
+    SameShard {
+        /// The key.
+        key: String,
+        /// The shard.
+        shard: String,
+    },
+    /// The key has no row in any of the tables to move.
+    #[error("key {0:?} has no row to move")]
+    RowNotFound(String),
+    /// The move aborted without moving the key (source changed three times, or gone).
+    #[error("move of key {key:?} aborted: {reason}")]
+    Aborted {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// Recovery took the operation over; this mover stopped without further writes.
+    #[error("operation {0} was taken over by recovery")]
+    TakenOver(String),
+    /// A shard failed; for a write the outcome is unknown.
+    #[error("shard {shard:?} failed")]
+    ShardUnavailable {
+        /// The shard.
+        shard: String,
+        /// The backend error.
+        #[source]
+        source: BackendError,
+    },
+    /// The mapping store failed; for a write the outcome is unknown.
+    #[error("mapping store failed")]
+    MappingUnavailable(#[source] BackendError),
+    /// A stored record could not be decoded.
+    #[error("corrupt stored record: {0}")]
+    Corrupt(String),
+}
+
+impl MigrationError {
+    /// Every code this crate can return, in declaration order.
+    pub const ALL_CODES: &'static [&'static str] = &[
+        "INVALID_JOURNAL_SHARD",
+        "JOURNAL_NOT_CONFIGURED",
+        "INVALID_CONFIG",
+        "MIGRATION_CUTOVER_PENDING",
+        "MIGRATION_LOOKUP_UNAVAILABLE",
+        "MIGRATION_CHAIN_EXCEEDED",
+        "MIGRATION_UNSUPPORTED_DIALECT",
+        "MIGRATION_NO_BATCH",
+        "MIGRATION_NO_ATOMIC_BATCH",
+        "MAPPING_NOT_FOUND",
+        "RECOVERY_IN_PROGRESS",
+        "RECOVERY_FENCED",
+        "DESTINATION_CONFLICT",
+        "RETENTION_NOT_ELAPSED",
+        "NOT_VERIFIED",
+        "UNKNOWN_SHARD",
+        "UNKNOWN_TABLE",
+        "UNKNOWN_KEY_COLUMN",
+        "UNKNOWN_COLUMN",
+        "INVALID_IDENTIFIER",
+        "INVALID_KEY",
+        "MIGRATION_ALREADY_ACTIVE",
+        "MIGRATION_SAME_SHARD",
+        "MIGRATION_ROW_NOT_FOUND",
+        "MIGRATION_ABORTED",
+        "MIGRATION_TAKEN_OVER",
+        "SHARD_UNAVAILABLE",
+        "MAPPING_UNAVAILABLE",
+        "CORRUPT_RECORD",
+    ];
+
+    /// The stable machine code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidJournalShard(_) => "INVALID_JOURNAL_SHARD",
+            Self::JournalNotConfigured => "JOURNAL_NOT_CONFIGURED",
+            Self::InvalidConfig(_) => "INVALID_CONFIG",
+            Self::CutoverPending { .. } => "MIGRATION_CUTOVER_PENDING",
+            Self::LookupUnavailable { .. } => "MIGRATION_LOOKUP_UNAVAILABLE",
+            Self::ChainExceeded { .. } => "MIGRATION_CHAIN_EXCEEDED",
+            Self::UnsupportedDialect { .. } => "MIGRATION_UNSUPPORTED_DIALECT",
+            Self::NoBatch(_) => "MIGRATION_NO_BATCH",
+            Self::NoAtomicBatch(_) => "MIGRATION_NO_ATOMIC_BATCH",
+            Self::MappingNotFound(_) => "MAPPING_NOT_FOUND",
+            Self::RecoveryInProgress(_) => "RECOVERY_IN_PROGRESS",
+            Self::RecoveryFenced(_) => "RECOVERY_FENCED",
+            Self::DestinationConflict(_) => "DESTINATION_CONFLICT",
+            Self::RetentionNotElapsed(_) => "RETENTION_NOT_ELAPSED",
+            Self::NotVerified(_) => "NOT_VERIFIED",
+            Self::UnknownShard(_) => "UNKNOWN_SHARD",
+            Self::UnknownTable(_) => "UNKNOWN_TABLE",
+            Self::UnknownKeyColumn { .. } => "UNKNOWN_KEY_COLUMN",
+            Self::UnknownColumn { .. } => "UNKNOWN_COLUMN",
+            Self::InvalidIdentifier(_) => "INVALID_IDENTIFIER",
+            Self::InvalidKey(_) => "INVALID_KEY",
+            Self::AlreadyActive(_) => "MIGRATION_ALREADY_ACTIVE",
+            Self::SameShard { .. } => "MIGRATION_SAME_SHARD",
+            Self::RowNotFound(_) => "MIGRATION_ROW_NOT_FOUND",
+            Self::Aborted { .. } => "MIGRATION_ABORTED",
+            Self::TakenOver(_) => "MIGRATION_TAKEN_OVER",
+            Self::ShardUnavailable { .. } => "SHARD_UNAVAILABLE",
+            Self::MappingUnavailable(_) => "MAPPING_UNAVAILABLE",
+            Self::Corrupt(_) => "CORRUPT_RECORD",
+        }
+    }
+
+    /// Whether retrying the same call later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::CutoverPending { .. }
+                | Self::LookupUnavailable { .. }
+                | Self::RecoveryInProgress(_)
+                | Self::RecoveryFenced(_)
+                | Self::RetentionNotElapsed(_)
+                | Self::NotVerified(_)
+                | Self::AlreadyActive(_)
+                | Self::Aborted { .. }
+                | Self::TakenOver(_)
+                | Self::ShardUnavailable { .. }
+                | Self::MappingUnavailable(_)
+        )
+    }
+
+    /// Whether the outcome of the failed call is unknown (a backend failed
+    /// mid-call), as opposed to a definite rejection that changed nothing.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Self::ShardUnavailable { .. } | Self::MappingUnavailable(_) | Self::TakenOver(_)
+        )
+    }
+
+    pub(crate) fn shard(shard: &str, source: BackendError) -> Self {
+        Self::ShardUnavailable {
+            shard: shard.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = MigrationError> = std::result::Result<T, E>;

@@ -1,0 +1,591 @@
+//! The journal: operation rows, claims and the recovery lease, on the
+//! journal shard. Every statement here is generated per dialect.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::dialect::{Dialect, Sql, names};
+use crate::error::{MigrationError, Result};
+use crate::shard::Statement;
+use crate::value::{Row, Value};
+
+/// How long a live move's claim on its operation lasts without a step (ms).
+/// Recovery skips an operation whose mover stepped more recently.
+pub const MOVE_LIVENESS_MS: u64 = 30_000;
+/// How long a recovery lease lasts without renewal (ms).
+pub const RECOVERY_LEASE_MS: u64 = 60_000;
+/// How many times a missed cutover copies again before the move aborts.
+pub const MAX_RECOPIES: i64 = 3;
+/// Default retention of archived source rows (seven days, ms).
+pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
+
+/// A state of a move operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MoveState {
+    /// Claimed, snapshot digested; the copy follows.
+    Prepared,
+    /// Copied to the destination.
+    Copied,
+    /// Destination digest matched.
+    Verified,
+    /// The source cutover is about to run (or ran).
+    CutoverPending,
+    /// The source cutover archived and deleted the rows.
+    Committed,
+    /// The mapping points at the destination.
+    Published,
+    /// Finished; the archive is kept until its retention deadline.
+    Retired,
+    /// Ended without moving the key.
+    Aborted,
+}
+
+impl MoveState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prepared => "prepared",
+            Self::Copied => "copied",
+            Self::Verified => "verified",
+            Self::CutoverPending => "cutover_pending",
+            Self::Committed => "committed",
+            Self::Published => "published",
+            Self::Retired => "retired",
+            Self::Aborted => "aborted",
+        }
+    }
+
+    /// Parses a stored name.
+    ///
+    /// # Errors
+    /// `CORRUPT_RECORD` for an unknown name.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "prepared" => Self::Prepared,
+            "copied" => Self::Copied,
+            "verified" => Self::Verified,
+            "cutover_pending" => Self::CutoverPending,
+            "committed" => Self::Committed,
+            "published" => Self::Published,
+            "retired" => Self::Retired,
+            "aborted" => Self::Aborted,
+            other => return Err(MigrationError::Corrupt(format!("unknown state {other:?}"))),
+        })
+    }
+
+    /// Whether the operation has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Retired | Self::Aborted)
+    }
+}
+
+impl fmt::Display for MoveState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One journaled operation, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpRecord {
+    /// Operation id (UUID v7).
+    pub op_id: String,
+    /// Journal scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// The tables moved together.
+    pub tables: Vec<String>,
+    /// Source shard.
+    pub source: String,
+    /// Destination shard.
+    pub target: String,
+    /// Latest recorded state.
+    pub state: MoveState,
+    /// Missed cutovers so far.
+    pub attempts: i64,
+    /// Snapshot digest per table (`-` when the key had no row there).
+    pub digests: BTreeMap<String, String>,
+    /// The mover (or recovery) that owns the operation.
+    pub owner: String,
+    /// Until when the owner is considered live (Unix ms).
+    pub live_until_ms: i64,
+    /// Retention period of the archive (ms).
+    pub retain_ms: i64,
+    /// Retention deadline, set when retired.
+    pub retire_at_ms: Option<i64>,
+    /// Created (Unix ms).
+    pub created_ms: i64,
+    /// Last step (Unix ms).
+    pub updated_ms: i64,
+    /// Finished (Unix ms), set when retired or aborted.
+    pub finished_ms: Option<i64>,
+    /// Whether the archive payload was purged.
+    pub purged: bool,
+    /// Why it aborted, if it did.
+    pub error: Option<String>,
+}
+
+pub(crate) fn encode_digests(d: &BTreeMap<String, String>) -> String {
+    d.iter()
+        .map(|(t, h)| format!("{t}={h}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn decode_digests(s: &str) -> Result<BTreeMap<String, String>> {
+    s.split(';')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| MigrationError::Corrupt(format!("digest entry {p:?}")))
+        })
+        .collect()
+}
+
+pub(crate) fn text(row: &Row, col: &str) -> Result<String> {
+    match row.get(col) {
+        Some(Value::Text(s)) => Ok(s.clone()),
+        other => Err(MigrationError::Corrupt(format!("column {col}: {other:?}"))),
+    }
+}
+
+pub(crate) fn int(row: &Row, col: &str) -> Result<i64> {
+    match row.get(col) {
+        Some(Value::Integer(i)) => Ok(*i),
+        other => Err(MigrationError::Corrupt(format!("column {col}: {other:?}"))),
+    }
+}
+
+pub(crate) fn opt_int(row: &Row, col: &str) -> Result<Option<i64>> {
+    match row.get(col) {
+        Some(Value::Null) | None => Ok(None),
+        Some(Value::Integer(i)) => Ok(Some(*i)),
+        other => Err(MigrationError::Corrupt(format!("column {col}: {other:?}"))),
+    }
+}
+
+impl OpRecord {
+    pub(crate) fn from_row(row: &Row) -> Result<Self> {
+        Ok(Self {
+            op_id: text(row, "op_id")?,
+            scope: text(row, "scope")?,
+            key: text(row, "mkey")?,
+            tables: text(row, "tables")?.split(',').map(str::to_owned).collect(),
+            source: text(row, "source")?,
+            target: text(row, "target")?,
+            state: MoveState::parse(&text(row, "state")?)?,
+            attempts: int(row, "attempts")?,
+            digests: decode_digests(&text(row, "digests")?)?,
+            owner: text(row, "owner")?,
+            live_until_ms: int(row, "live_until_ms")?,
+            retain_ms: int(row, "retain_ms")?,
+            retire_at_ms: opt_int(row, "retire_at_ms")?,
+            created_ms: int(row, "created_ms")?,
+            updated_ms: int(row, "updated_ms")?,
+            finished_ms: opt_int(row, "finished_ms")?,
+            purged: int(row, "purged")? != 0,
+            error: match row.get("error") {
+                Some(Value::Text(s)) => Some(s.clone()),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// Who may write an operation's journal rows: its owner, and for a recovery
+/// also the holder of the scope's lease at a generation.
+#[derive(Debug, Clone)]
+pub(crate) struct Guard {
+    pub(crate) owner: String,
+    pub(crate) lease: Option<(String, i64)>,
+}
+
+/// A state change of one operation.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Change {
+    pub(crate) attempts: Option<i64>,
+    pub(crate) digests: Option<String>,
+    pub(crate) finished: bool,
+    pub(crate) retire_at_ms: Option<i64>,
+    pub(crate) error: Option<String>,
+    /// Only when this operation's archive row exists in the same database
+    /// (the cutover and `committed` share one batch).
+    pub(crate) require_archive: bool,
+}
+
+pub(crate) struct JournalSql<'a> {
+    pub(crate) d: &'a Dialect,
+    pub(crate) scope: &'a str,
+}
+
+impl JournalSql<'_> {
+    fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
+        if let Some((scope, generation)) = &g.lease {
+            s.raw(" AND EXISTS (SELECT 1 FROM ")
+                .raw(names::LEASE)
+                .raw(" WHERE scope = ")
+                .bind(scope.as_str())
+                .raw(" AND generation = ")
+                .bind(*generation)
+                .raw(" AND expires_ms > ")
+                .bind(now)
+                .raw(")");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert_op(&self, op: &OpRecord) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("INSERT INTO ").raw(names::OPS).raw(
+            " (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, \
+                 live_until_ms, retain_ms, created_ms, updated_ms, purged) SELECT ",
+        );
+        let vals: Vec<Value> = vec![
+            op.op_id.clone().into(),
+            op.scope.clone().into(),
+            op.key.clone().into(),
+            op.tables.join(",").into(),
+            op.source.clone().into(),
+            op.target.clone().into(),
+            op.state.as_str().into(),
+            op.attempts.into(),
+            encode_digests(&op.digests).into(),
+            op.owner.clone().into(),
+            op.live_until_ms.into(),
+            op.retain_ms.into(),
+            op.created_ms.into(),
+            op.updated_ms.into(),
+            0i64.into(),
+        ];
+        for (i, v) in vals.into_iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v);
+        }
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::CLAIMS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND mkey = ")
+            .bind(op.key.as_str())
+            .raw(" AND tname IN (");
+        for (i, t) in op.tables.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(t.as_str());
+        }
+        s.raw("))");
+        s.finish()
+    }
+
+    pub(crate) fn insert_claim(&self, key: &str, table: &str, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("INSERT INTO ")
+            .raw(names::CLAIMS)
+            .raw(" (scope, mkey, tname, op_id) SELECT ")
+            .bind(self.scope)
+            .raw(", ")
+            .bind(key)
+            .raw(", ")
+            .bind(table)
+            .raw(", ")
+            .bind(op_id)
+            .dual()
+            .raw(" WHERE EXISTS (SELECT 1 FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE op_id = ")
+            .bind(op_id)
+            .raw(")");
+        s.finish()
+    }
+
+    pub(crate) fn claims_for(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT tname, op_id FROM ")
+            .raw(names::CLAIMS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND mkey = ")
+            .bind(key);
+        s.finish()
+    }
+
+    pub(crate) fn release_claims(&self, op_id: &str, g: &Guard, now: i64) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("DELETE FROM ")
+            .raw(names::CLAIMS)
+            .raw(" WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND EXISTS (SELECT 1 FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND owner = ")
+            .bind(g.owner.as_str())
+            .raw(")");
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    pub(crate) fn update_state(
+        &self,
+        op_id: &str,
+        state: MoveState,
+        change: &Change,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET state = ")
+            .bind(state.as_str())
+            .raw(", updated_ms = ")
+            .bind(now)
+            .raw(", live_until_ms = ")
+            .bind(live_until);
+        if let Some(a) = change.attempts {
+            s.raw(", attempts = ").bind(a);
+        }
+        if let Some(d) = &change.digests {
+            s.raw(", digests = ").bind(d.as_str());
+        }
+        if change.finished {
+            s.raw(", finished_ms = ").bind(now);
+        }
+        if let Some(r) = change.retire_at_ms {
+            s.raw(", retire_at_ms = ").bind(r);
+        }
+        if let Some(e) = &change.error {
+            s.raw(", error = ").bind(e.as_str());
+        }
+        s.raw(" WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND owner = ")
+            .bind(g.owner.as_str());
+        if change.require_archive {
+            s.raw(" AND EXISTS (SELECT 1 FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE op_id = ")
+                .bind(op_id)
+                .raw(")");
+        }
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    /// Recovery takes an operation over from a mover that is no longer live.
+    pub(crate) fn take_over(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET owner = ")
+            .bind(g.owner.as_str())
+            .raw(", live_until_ms = ")
+            .bind(live_until)
+            .raw(" WHERE op_id = ")
+            .bind(op.op_id.as_str())
+            .raw(" AND owner = ")
+            .bind(op.owner.as_str())
+            .raw(" AND live_until_ms <= ")
+            .bind(now);
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    pub(crate) fn load_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE op_id = ")
+            .bind(op_id);
+        s.finish()
+    }
+
+    pub(crate) fn ops_for_key(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" ORDER BY created_ms DESC, op_id DESC");
+        s.finish()
+    }
+
+    /// A page of operations after `after` (by id); `active` selects
+    /// non-terminal ones, otherwise `state` selects one state.
+    pub(crate) fn ops_page(&self, after: &str, limit: usize, filter: OpFilter) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id > ")
+            .bind(after);
+        match filter {
+            OpFilter::Active => {
+                s.raw(" AND state NOT IN ('retired', 'aborted')");
+            }
+            OpFilter::State(st) => {
+                s.raw(" AND state = ").bind(st.as_str());
+            }
+            OpFilter::Unpurged => {
+                s.raw(" AND state = 'retired' AND purged = 0");
+            }
+        }
+        s.raw(&format!(" ORDER BY op_id LIMIT {limit}"));
+        s.finish()
+    }
+
+    pub(crate) fn terminal_claims(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT DISTINCT c.op_id AS op_id FROM ")
+            .raw(names::CLAIMS)
+            .raw(" c JOIN ")
+            .raw(names::OPS)
+            .raw(" o ON o.op_id = c.op_id WHERE c.scope = ")
+            .bind(self.scope)
+            .raw(" AND o.state IN ('retired', 'aborted')");
+        s.finish()
+    }
+
+    pub(crate) fn mark_purged(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET purged = 1 WHERE op_id = ")
+            .bind(op_id);
+        s.finish()
+    }
+
+    pub(crate) fn lease_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT holder, generation, expires_ms FROM ")
+            .raw(names::LEASE)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    pub(crate) fn lease_insert(&self, holder: &str, expires: i64) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("INSERT INTO ")
+            .raw(names::LEASE)
+            .raw(" (scope, holder, generation, expires_ms) SELECT ")
+            .bind(self.scope)
+            .raw(", ")
+            .bind(holder)
+            .raw(", 1, ")
+            .bind(expires)
+            .dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::LEASE)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(")");
+        s.finish()
+    }
+
+    pub(crate) fn lease_take(
+        &self,
+        holder: &str,
+        old_gen: i64,
+        now: i64,
+        expires: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::LEASE)
+            .raw(" SET holder = ")
+            .bind(holder)
+            .raw(", generation = ")
+            .bind(old_gen + 1)
+            .raw(", expires_ms = ")
+            .bind(expires)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND generation = ")
+            .bind(old_gen)
+            .raw(" AND expires_ms <= ")
+            .bind(now);
+        s.finish()
+    }
+
+    pub(crate) fn lease_renew(
+        &self,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        expires: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::LEASE)
+            .raw(" SET expires_ms = ")
+            .bind(expires)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND generation = ")
+            .bind(generation)
+            .raw(" AND holder = ")
+            .bind(holder)
+            .raw(" AND expires_ms > ")
+            .bind(now);
+        s.finish()
+    }
+
+    pub(crate) fn meta_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT last_clean_verify_ms FROM ")
+            .raw(names::META)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    pub(crate) fn meta_set(&self, now: i64) -> Vec<Statement> {
+        let mut u = Sql::new(self.d);
+        u.raw("UPDATE ")
+            .raw(names::META)
+            .raw(" SET last_clean_verify_ms = ")
+            .bind(now)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        let mut i = Sql::new(self.d);
+        i.raw("INSERT INTO ")
+            .raw(names::META)
+            .raw(" (scope, last_clean_verify_ms) SELECT ")
+            .bind(self.scope)
+            .raw(", ")
+            .bind(now)
+            .dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::META)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(")");
+        vec![u.finish(), i.finish()]
+    }
+}
+
+/// Which operations a page selects.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OpFilter {
+    Active,
+    State(MoveState),
+    Unpurged,
+}

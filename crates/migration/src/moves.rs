@@ -1,0 +1,670 @@
+//! Journaled moves: `reassign_shard` and `reassign_keys`.
+//!
+//! Order of one move (each journal write lands before the work it
+//! describes):
+//!
+//! 1. claim + `prepared` with the snapshot digests (one journal batch);
+//! 2. copy to the destination (one batch: delete + insert per table);
+//! 3. read the destination back and compare digests;
+//! 4. `copied`, `verified`, `cutover_pending`;
+//! 5. the source cutover: one batch that archives every snapshot row into
+//!    `durability_retired` and deletes it, under one predicate (every row
+//!    still equals its snapshot), so a write that changed a row first makes
+//!    the whole batch write nothing; a miss returns to `prepared` and copies
+//!    again, up to three times, then aborts;
+//! 6. `committed`;
+//! 7. publish: lift an old fence of the key on the destination, write the
+//!    mapping, update this router's cache;
+//! 8. `published`, `retired` (retention deadline) and claim release (one
+//!    journal batch).
+//!
+//! When the journal shares the source's database, steps 4–6 are one atomic
+//! batch on it: the journal rows come first, `committed` is guarded by the
+//! archive row (it lands only with a cutover that hit) and the archive insert
+//! is guarded by the operation's owner (a mover that lost the operation to
+//! recovery archives nothing).
+
+use std::collections::BTreeMap;
+
+use crate::config::{self, TableSpec};
+use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
+use crate::error::{MigrationError, Result};
+use crate::journal::{
+    Change, DEFAULT_RETENTION_MS, Guard, JournalSql, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState,
+    OpRecord,
+};
+use crate::router::Router;
+use crate::shard::Statement;
+use crate::value::{self, Row, Value};
+
+/// When an archived source row may be purged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retire {
+    /// After this many milliseconds (default seven days).
+    After(u64),
+    /// Deadline now; nothing is purged until `purge_retired` runs.
+    Immediate,
+}
+
+impl Default for Retire {
+    fn default() -> Self {
+        Self::After(DEFAULT_RETENTION_MS)
+    }
+}
+
+/// Options of a journaled move.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MoveOptions {
+    /// Retention of the archived source rows.
+    pub retire: Retire,
+}
+
+/// The result of a finished move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveOutcome {
+    /// The operation id.
+    pub op_id: String,
+    /// Where the key was.
+    pub source: String,
+    /// Where the key is now.
+    pub target: String,
+    /// Missed cutovers before the move committed.
+    pub recopies: i64,
+}
+
+/// Where a resumed move starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Copy,
+    Cutover,
+}
+
+pub(crate) struct MoveCtx<'r> {
+    pub(crate) r: &'r Router,
+    pub(crate) guard: Guard,
+    pub(crate) op_id: String,
+    pub(crate) key: String,
+    pub(crate) specs: Vec<TableSpec>,
+    pub(crate) source: String,
+    pub(crate) target: String,
+    pub(crate) retain_ms: i64,
+}
+
+pub(crate) type Snapshot = Vec<Option<Row>>;
+
+impl<'r> MoveCtx<'r> {
+    pub(crate) fn from_op(r: &'r Router, op: &OpRecord, guard: Guard) -> Result<Self> {
+        let specs = op
+            .tables
+            .iter()
+            .map(|t| r.table(t).cloned())
+            .collect::<Result<Vec<_>>>()?;
+        r.check_movable(&op.source)?;
+        r.check_movable(&op.target)?;
+        Ok(Self {
+            r,
+            guard,
+            op_id: op.op_id.clone(),
+            key: op.key.clone(),
+            specs,
+            source: op.source.clone(),
+            target: op.target.clone(),
+            retain_ms: op.retain_ms,
+        })
+    }
+
+    fn fenced(&self) -> MigrationError {
+        match &self.guard.lease {
+            Some((scope, _)) => MigrationError::RecoveryFenced(scope.clone()),
+            None => MigrationError::TakenOver(self.op_id.clone()),
+        }
+    }
+
+    /// Runs journal statements as one batch; the first must change a row.
+    async fn journal(&self, stmts: Vec<Statement>) -> Result<()> {
+        let (jname, js) = self.r.journal_shard()?;
+        let counts = js
+            .batch(&stmts)
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        if counts.first().copied().unwrap_or(0) == 0 {
+            let e = self.fenced();
+            tracing::warn!(op_id = %self.op_id, code = e.code(), "durability.migration.journal_fenced");
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn update(&self, state: MoveState, change: &Change) -> Result<Statement> {
+        let (_, js) = self.r.journal_shard()?;
+        let d = js.dialect();
+        let now = self.r.now();
+        let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
+        Ok(JournalSql {
+            d: &d,
+            scope: &self.r.scope,
+        }
+        .update_state(&self.op_id, state, change, &self.guard, now, live))
+    }
+
+    fn release(&self) -> Result<Statement> {
+        let (_, js) = self.r.journal_shard()?;
+        let d = js.dialect();
+        Ok(JournalSql {
+            d: &d,
+            scope: &self.r.scope,
+        }
+        .release_claims(&self.op_id, &self.guard, self.r.now()))
+    }
+
+    pub(crate) async fn step(&self, state: MoveState, change: Change) -> Result<()> {
+        let st = self.update(state, &change)?;
+        self.journal(vec![st]).await
+    }
+
+    async fn read_rows(&self, shard_name: &str) -> Result<Snapshot> {
+        let (name, shard) = self.r.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let mut out = Vec::with_capacity(self.specs.len());
+        for spec in &self.specs {
+            let rows = shard
+                .query(&d.select_row(&spec.name, &spec.key_col, &self.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            out.push(rows.into_iter().next());
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+        self.read_rows(&self.source).await
+    }
+
+    pub(crate) fn digests(&self, snap: &Snapshot) -> BTreeMap<String, String> {
+        self.specs
+            .iter()
+            .zip(snap)
+            .map(|(s, r)| (s.name.as_str().to_owned(), value::digest(r.as_ref())))
+            .collect()
+    }
+
+    async fn copy(&self, snap: &Snapshot) -> Result<()> {
+        let (name, shard) = self.r.shard_named(&self.target)?;
+        let d = shard.dialect();
+        let mut stmts = Vec::new();
+        for (spec, row) in self.specs.iter().zip(snap) {
+            if let Some(row) = row {
+                stmts.push(d.delete_key(&spec.name, &spec.key_col, &self.key));
+                stmts.push(d.insert_row(&spec.name, &row_idents(row)?));
+            }
+        }
+        shard
+            .batch(&stmts)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(())
+    }
+
+    /// Whether the destination holds every snapshot row.
+    pub(crate) async fn destination_matches(
+        &self,
+        digests: &BTreeMap<String, String>,
+    ) -> Result<bool> {
+        let dest = self.read_rows(&self.target).await?;
+        let got = self.digests(&dest);
+        Ok(digests
+            .iter()
+            .all(|(t, h)| h == "-" || got.get(t) == Some(h)))
+    }
+
+    /// Runs the source cutover. When the journal lives in the source's
+    /// database, `committed` joins the cutover batch (guarded by the archive
+    /// row, so it lands only with a cutover that hit). Returns (hit,
+    /// committed-recorded).
+    ///
+    /// `pre` are journal statements (`copied`, `verified`,
+    /// `cutover_pending`) to run first: in this batch when the journal shares
+    /// the source's database, otherwise as their own journal batch.
+    async fn cutover(&self, snap: &Snapshot, pre: Vec<Statement>) -> Result<(bool, bool)> {
+        let with_commit = self.r.journal.as_deref() == Some(self.source.as_str());
+        let pre = if with_commit || pre.is_empty() {
+            pre
+        } else {
+            self.journal(pre).await?;
+            Vec::new()
+        };
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut tables = Vec::with_capacity(self.specs.len());
+        for (spec, row) in self.specs.iter().zip(snap) {
+            tables.push(CutoverTable {
+                table: spec.name.clone(),
+                key_col: spec.key_col.clone(),
+                row: row.as_ref().map(row_idents).transpose()?,
+                payload: row.as_ref().map(value::encode_row),
+                digest: value::digest(row.as_ref()),
+            });
+        }
+        let c = Cutover {
+            op_id: &self.op_id,
+            scope: &self.r.scope,
+            key: &self.key,
+            moved_to: &self.target,
+            now_ms: self.r.now(),
+            tables: &tables,
+            journal_owner: with_commit.then_some(self.guard.owner.as_str()),
+        };
+        let npre = pre.len();
+        let mut stmts = pre;
+        stmts.extend(d.cutover_batch(&c));
+        if with_commit {
+            let change = Change {
+                require_archive: true,
+                ..Change::default()
+            };
+            stmts.push(self.update(MoveState::Committed, &change)?);
+        }
+        let counts = shard
+            .batch(&stmts)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        if npre > 0 && counts.first().copied().unwrap_or(0) == 0 {
+            return Err(self.fenced());
+        }
+        let hit = counts.get(npre).copied().unwrap_or(0) > 0;
+        if hit && with_commit && counts.last().copied().unwrap_or(0) == 0 {
+            return Err(self.fenced());
+        }
+        Ok((hit, hit && with_commit))
+    }
+
+    /// Whether the source holds this operation's archive rows.
+    pub(crate) async fn archive_exists(&self) -> Result<bool> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut s = Sql::new(&d);
+        s.raw("SELECT tname FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE op_id = ")
+            .bind(self.op_id.as_str());
+        let rows = shard
+            .query(&s.finish())
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn publish(&self) -> Result<()> {
+        let (name, shard) = self.r.shard_named(&self.target)?;
+        let d = shard.dialect();
+        let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
+        let fenced = !shard
+            .query(&d.tombstone_exists(&tnames, &self.key))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?
+            .is_empty();
+        let mut lifts = Vec::new();
+        if fenced {
+            let mut s = Sql::new(&d);
+            s.raw("UPDATE ")
+                .raw(names::RETIRED)
+                .raw(" SET superseded = 1 WHERE mkey = ")
+                .bind(self.key.as_str())
+                .raw(" AND superseded = 0 AND tname IN (");
+            for (i, t) in tnames.iter().enumerate() {
+                if i > 0 {
+                    s.raw(", ");
+                }
+                s.bind(t.as_str());
+            }
+            s.raw(")");
+            lifts.push(s.finish());
+        }
+        if !lifts.is_empty() {
+            shard
+                .batch(&lifts)
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+        }
+        self.r
+            .mapping
+            .put(&self.key, &self.target)
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        self.r.cache_set(&self.key, &self.target);
+        Ok(())
+    }
+
+    /// Removes destination rows equal to the journaled snapshot (the proof
+    /// that they are this operation's copies), unless the key is routed there.
+    pub(crate) async fn drop_copies(&self, digests: &BTreeMap<String, String>) -> Result<usize> {
+        if self.r.mapping_fresh(&self.key).await?.as_deref() == Some(self.target.as_str()) {
+            return Ok(0);
+        }
+        let dest = self.read_rows(&self.target).await?;
+        let (name, shard) = self.r.shard_named(&self.target)?;
+        let d = shard.dialect();
+        let mut stmts = Vec::new();
+        for (spec, row) in self.specs.iter().zip(&dest) {
+            let Some(row) = row else { continue };
+            if digests.get(spec.name.as_str()) == Some(&value::digest(Some(row))) {
+                stmts.push(d.delete_matching(
+                    &spec.name,
+                    &spec.key_col,
+                    &self.key,
+                    &row_idents(row)?,
+                ));
+            }
+        }
+        if stmts.is_empty() {
+            return Ok(0);
+        }
+        let counts = shard
+            .batch(&stmts)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(counts.iter().filter(|c| **c > 0).count())
+    }
+
+    /// Aborts: drops the destination copies, then journals `aborted` and
+    /// releases the claims. Returns the `MIGRATION_ABORTED` error to report.
+    pub(crate) async fn abort(
+        &self,
+        digests: &BTreeMap<String, String>,
+        reason: &str,
+    ) -> Result<MigrationError> {
+        self.drop_copies(digests).await?;
+        let change = Change {
+            finished: true,
+            error: Some(reason.to_owned()),
+            ..Change::default()
+        };
+        let stmts = vec![self.update(MoveState::Aborted, &change)?, self.release()?];
+        self.journal(stmts).await?;
+        tracing::info!(op_id = %self.op_id, key = %self.key, reason, "durability.migration.aborted");
+        Ok(MigrationError::Aborted {
+            key: self.key.clone(),
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// Runs the move from `stage` with the journaled snapshot `snap`.
+    /// Returns the number of re-copies, or `MIGRATION_ABORTED`.
+    pub(crate) async fn run(
+        &self,
+        mut snap: Snapshot,
+        mut attempts: i64,
+        mut stage: Stage,
+    ) -> Result<i64> {
+        let committed = loop {
+            let digests = self.digests(&snap);
+            let mut hit = (false, false);
+            if stage == Stage::Copy {
+                self.copy(&snap).await?;
+                if self.destination_matches(&digests).await? {
+                    // `copied`, `verified` and `cutover_pending` land in this
+                    // order after the copy and the digest comparison and
+                    // before the cutover (in the cutover's batch when the
+                    // journal shares the source's database). A crash before
+                    // them leaves `prepared`, which recovery treats exactly as
+                    // `copied`: start over from a fresh snapshot.
+                    let pre = vec![
+                        self.update(MoveState::Copied, &Change::default())?,
+                        self.update(MoveState::Verified, &Change::default())?,
+                        self.update(MoveState::CutoverPending, &Change::default())?,
+                    ];
+                    hit = self.cutover(&snap, pre).await?;
+                }
+            } else {
+                hit = self.cutover(&snap, Vec::new()).await?;
+            }
+            if hit.0 {
+                break hit.1;
+            }
+            attempts += 1;
+            tracing::debug!(op_id = %self.op_id, attempts, "durability.migration.cutover_missed");
+            let fresh = self.snapshot().await?;
+            if fresh.iter().all(Option::is_none) {
+                return Err(self.abort(&digests, "source row gone").await?);
+            }
+            if attempts > MAX_RECOPIES {
+                return Err(self.abort(&digests, "copies used up").await?);
+            }
+            // The previous copy is superseded by the next one (delete + insert).
+            let change = Change {
+                attempts: Some(attempts),
+                digests: Some(crate::journal::encode_digests(&self.digests(&fresh))),
+                ..Change::default()
+            };
+            self.step(MoveState::Prepared, change).await?;
+            snap = fresh;
+            stage = Stage::Copy;
+        };
+        if !committed {
+            self.step(MoveState::Committed, Change::default()).await?;
+        }
+        self.finish().await?;
+        Ok(attempts)
+    }
+
+    /// From `committed` (or `published`): publish, then retire and release.
+    pub(crate) async fn finish(&self) -> Result<()> {
+        self.publish().await?;
+        let now = self.r.now();
+        let change = Change {
+            finished: true,
+            retire_at_ms: Some(now.saturating_add(self.retain_ms)),
+            ..Change::default()
+        };
+        let stmts = vec![
+            self.update(MoveState::Published, &Change::default())?,
+            self.update(MoveState::Retired, &change)?,
+            self.release()?,
+        ];
+        self.journal(stmts).await?;
+        tracing::info!(op_id = %self.op_id, key = %self.key, target = %self.target, "durability.migration.moved");
+        Ok(())
+    }
+}
+
+impl Router {
+    /// Moves one table's row of `key` to `target` through the journal.
+    ///
+    /// # Errors
+    /// See [`Router::reassign_keys_with`].
+    pub async fn reassign_shard(
+        &self,
+        key: &str,
+        target: &str,
+        table: &str,
+    ) -> Result<MoveOutcome> {
+        self.reassign_keys_with(key, target, &[table], MoveOptions::default())
+            .await
+    }
+
+    /// [`Router::reassign_shard`] with options.
+    ///
+    /// # Errors
+    /// See [`Router::reassign_keys_with`].
+    pub async fn reassign_shard_with(
+        &self,
+        key: &str,
+        target: &str,
+        table: &str,
+        opts: MoveOptions,
+    ) -> Result<MoveOutcome> {
+        self.reassign_keys_with(key, target, &[table], opts).await
+    }
+
+    /// Moves the key's rows in a set of tables as one journaled operation.
+    ///
+    /// # Errors
+    /// See [`Router::reassign_keys_with`].
+    pub async fn reassign_keys(
+        &self,
+        key: &str,
+        target: &str,
+        tables: &[&str],
+    ) -> Result<MoveOutcome> {
+        self.reassign_keys_with(key, target, tables, MoveOptions::default())
+            .await
+    }
+
+    /// Moves the key's rows in `tables` to `target` as one journaled
+    /// operation. Everything is validated before the first write.
+    ///
+    /// # Errors
+    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
+    /// `JOURNAL_NOT_CONFIGURED`, `MIGRATION_UNSUPPORTED_DIALECT`,
+    /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
+    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`,
+    /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
+    /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
+    pub async fn reassign_keys_with(
+        &self,
+        key: &str,
+        target: &str,
+        tables: &[&str],
+        opts: MoveOptions,
+    ) -> Result<MoveOutcome> {
+        config::validate_key(key)?;
+        if tables.is_empty() {
+            return Err(MigrationError::UnknownTable(String::new()));
+        }
+        let mut specs: Vec<TableSpec> = Vec::new();
+        for t in tables {
+            let spec = self.table(t)?.clone();
+            if !specs.contains(&spec) {
+                specs.push(spec);
+            }
+        }
+        self.shard_named(target)?;
+        let (jname, js) = self.journal_shard()?;
+        let jname = jname.to_owned();
+        self.check_movable(&jname)?;
+        self.check_movable(target)?;
+        let source = self
+            .mapping_fresh(key)
+            .await?
+            .ok_or_else(|| MigrationError::MappingNotFound(key.to_owned()))?;
+        if source == target {
+            return Err(MigrationError::SameShard {
+                key: key.to_owned(),
+                shard: source,
+            });
+        }
+        self.check_movable(&source)?;
+        for spec in &specs {
+            self.columns(&source, spec).await?;
+            self.columns(target, spec).await?;
+        }
+        let retain_ms = match opts.retire {
+            Retire::After(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
+            Retire::Immediate => 0,
+        };
+        let now = self.now();
+        let op_id = uuid::Uuid::now_v7().to_string();
+        let ctx = MoveCtx {
+            r: self,
+            guard: Guard {
+                owner: self.instance.clone(),
+                lease: None,
+            },
+            op_id: op_id.clone(),
+            key: key.to_owned(),
+            specs,
+            source: source.clone(),
+            target: target.to_owned(),
+            retain_ms,
+        };
+        let snap = ctx.snapshot().await?;
+        if snap.iter().all(Option::is_none) {
+            return Err(MigrationError::RowNotFound(key.to_owned()));
+        }
+        let op = OpRecord {
+            op_id: op_id.clone(),
+            scope: self.scope.clone(),
+            key: key.to_owned(),
+            tables: ctx
+                .specs
+                .iter()
+                .map(|s| s.name.as_str().to_owned())
+                .collect(),
+            source: source.clone(),
+            target: target.to_owned(),
+            state: MoveState::Prepared,
+            attempts: 0,
+            digests: ctx.digests(&snap),
+            owner: self.instance.clone(),
+            live_until_ms: now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX)),
+            retain_ms,
+            retire_at_ms: None,
+            created_ms: now,
+            updated_ms: now,
+            finished_ms: None,
+            purged: false,
+            error: None,
+        };
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let mut stmts = vec![q.insert_op(&op)];
+        for t in &op.tables {
+            stmts.push(q.insert_claim(key, t, &op_id));
+        }
+        match js.batch(&stmts).await {
+            Ok(counts) if counts.first().copied().unwrap_or(0) > 0 => {}
+            Ok(_) => return Err(MigrationError::AlreadyActive(key.to_owned())),
+            Err(e) => {
+                // A racing claim trips the claims key; report it as such.
+                let claims = js.query(&q.claims_for(key)).await.unwrap_or_default();
+                let clash = claims.iter().any(|r| {
+                    r.get("tname")
+                        .and_then(Value::as_text)
+                        .is_some_and(|t| op.tables.iter().any(|x| x == t))
+                });
+                if clash {
+                    return Err(MigrationError::AlreadyActive(key.to_owned()));
+                }
+                return Err(MigrationError::shard(&jname, e));
+            }
+        }
+        let recopies = ctx.run(snap, 0, Stage::Copy).await?;
+        Ok(MoveOutcome {
+            op_id,
+            source,
+            target: target.to_owned(),
+            recopies,
+        })
+    }
+
+    /// The latest recorded operation that moved `table`'s row of `key`, or
+    /// `None` when there is none.
+    ///
+    /// # Errors
+    /// `INVALID_KEY`, `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    pub async fn get_migration_status(&self, key: &str, table: &str) -> Result<Option<OpRecord>> {
+        config::validate_key(key)?;
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let rows = js
+            .query(
+                &JournalSql {
+                    d: &d,
+                    scope: &self.scope,
+                }
+                .ops_for_key(key),
+            )
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        for r in &rows {
+            let op = OpRecord::from_row(r)?;
+            if op.tables.iter().any(|t| t == table) {
+                return Ok(Some(op));
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,345 @@
+//! `recover_migrations`: one recovery per journal scope at a time, under a
+//! lease row, finishing or aborting every interrupted operation.
+//!
+//! Recovery table (state → action):
+//!
+//! | state | action |
+//! |---|---|
+//! | `prepared`, `copied`, `verified` | start over from a fresh snapshot (abort when the source rows are gone) |
+//! | `cutover_pending` | cutover check: source unchanged → run the cutover again; changed → abort; gone → the archive decides: present → check the destination, publish; absent → abort |
+//! | `committed`, `published` | finish: publish, retire, release |
+//! | `retired`, `aborted` with claims left | release the claims |
+//! | any, mover still live | skip |
+//!
+//! Every abort drops the destination copy (only rows equal to the journaled
+//! snapshot). Every journal write carries the lease predicate, so a
+//! recovery that lost its lease writes nothing more to the journal and
+//! returns `RECOVERY_FENCED`.
+
+use crate::error::{MigrationError, Result};
+use crate::journal::{
+    Guard, JournalSql, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS,
+};
+use crate::moves::{MoveCtx, Stage};
+use crate::router::Router;
+
+const PAGE: usize = 100;
+
+/// One operation recovery could not settle (left as it was).
+#[derive(Debug)]
+pub struct FailedOp {
+    /// The operation.
+    pub op_id: String,
+    /// Its key.
+    pub key: String,
+    /// Why.
+    pub error: MigrationError,
+}
+
+/// What a recovery did.
+#[derive(Debug, Default)]
+pub struct RecoveryReport {
+    /// Operations looked at.
+    pub examined: Vec<String>,
+    /// Operations finished (the key moved).
+    pub committed: Vec<String>,
+    /// Operations aborted (the key stayed).
+    pub aborted: Vec<String>,
+    /// Finished operations whose leftover claims were released.
+    pub released: Vec<String>,
+    /// Operations skipped because their mover is still live.
+    pub skipped: Vec<String>,
+    /// Operations that could not be settled.
+    pub failed: Vec<FailedOp>,
+    /// The lease generation this recovery held.
+    pub generation: i64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub(crate) holder: String,
+    pub(crate) generation: i64,
+}
+
+enum Outcome {
+    Committed,
+    Aborted,
+    Skipped,
+}
+
+impl Router {
+    pub(crate) async fn acquire_lease(&self) -> Result<Lease> {
+        let (jname, js) = self.journal_shard()?;
+        self.check_movable(jname)?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let now = self.now();
+        let expires = now.saturating_add(i64::try_from(RECOVERY_LEASE_MS).unwrap_or(i64::MAX));
+        let holder = format!("{}:{}", self.instance, uuid::Uuid::now_v7());
+        let rows = js
+            .query(&q.lease_get())
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        let in_progress = || MigrationError::RecoveryInProgress(self.scope.clone());
+        let generation = match rows.first() {
+            Some(r) => {
+                let gen_ = crate::journal::int(r, "generation")?;
+                if crate::journal::int(r, "expires_ms")? > now {
+                    return Err(in_progress());
+                }
+                let n = js
+                    .execute(&q.lease_take(&holder, gen_, now, expires))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                if n == 0 {
+                    return Err(in_progress());
+                }
+                gen_ + 1
+            }
+            None => {
+                let n = js
+                    .execute(&q.lease_insert(&holder, expires))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                if n == 0 {
+                    return Err(in_progress());
+                }
+                1
+            }
+        };
+        tracing::info!(scope = %self.scope, generation, "durability.migration.recovery_lease_taken");
+        Ok(Lease { holder, generation })
+    }
+
+    pub(crate) async fn renew_lease(&self, lease: &Lease) -> Result<()> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let now = self.now();
+        let expires = now.saturating_add(i64::try_from(RECOVERY_LEASE_MS).unwrap_or(i64::MAX));
+        let n = js
+            .execute(&q.lease_renew(&lease.holder, lease.generation, now, expires))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        if n == 0 {
+            tracing::warn!(scope = %self.scope, generation = lease.generation, "durability.migration.recovery_fenced");
+            return Err(MigrationError::RecoveryFenced(self.scope.clone()));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn release_lease(&self, lease: &Lease) {
+        let Ok((_, js)) = self.journal_shard() else {
+            return;
+        };
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let now = self.now();
+        // Expire our own lease so the next call need not wait.
+        let st = q.lease_renew(&lease.holder, lease.generation, now, 0);
+        if let Err(e) = js.execute(&st).await {
+            tracing::warn!(error = %e, "durability.migration.lease_release_failed");
+        }
+    }
+
+    /// Finishes or aborts every interrupted move of this journal scope.
+    ///
+    /// Takes the scope's lease row first (60 s without renewal). Call it
+    /// after any deploy or crash that may have interrupted a move; a
+    /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
+    /// success.
+    ///
+    /// # Errors
+    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS` while another
+    /// recovery's lease is live, `RECOVERY_FENCED` when this recovery lost
+    /// its lease (it made no further journal writes), `SHARD_UNAVAILABLE`.
+    pub async fn recover_migrations(&self) -> Result<RecoveryReport> {
+        let lease = self.acquire_lease().await?;
+        let res = self.recover_with(&lease).await;
+        if !matches!(res, Err(MigrationError::RecoveryFenced(_))) {
+            self.release_lease(&lease).await;
+        }
+        res
+    }
+
+    pub(crate) async fn recover_with(&self, lease: &Lease) -> Result<RecoveryReport> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let mut report = RecoveryReport {
+            generation: lease.generation,
+            ..RecoveryReport::default()
+        };
+        let guard = Guard {
+            owner: lease.holder.clone(),
+            lease: Some((self.scope.clone(), lease.generation)),
+        };
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, PAGE, OpFilter::Active))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            for row in &rows {
+                self.renew_lease(lease).await?;
+                let op = OpRecord::from_row(row)?;
+                report.examined.push(op.op_id.clone());
+                match self.recover_op(&op, &guard).await {
+                    Ok(Outcome::Committed) => report.committed.push(op.op_id.clone()),
+                    Ok(Outcome::Aborted) | Err(MigrationError::Aborted { .. }) => {
+                        report.aborted.push(op.op_id.clone());
+                    }
+                    Ok(Outcome::Skipped) => report.skipped.push(op.op_id.clone()),
+                    Err(e @ MigrationError::RecoveryFenced(_)) => return Err(e),
+                    Err(error) => {
+                        tracing::warn!(op_id = %op.op_id, key = %op.key, code = error.code(), error = %error, "durability.migration.recovery_failed");
+                        report.failed.push(FailedOp {
+                            op_id: op.op_id.clone(),
+                            key: op.key.clone(),
+                            error,
+                        });
+                    }
+                }
+            }
+        }
+        // Finished operations whose claims were left behind.
+        let rows = js
+            .query(&q.terminal_claims())
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        for r in &rows {
+            self.renew_lease(lease).await?;
+            let op_id = crate::journal::text(r, "op_id")?;
+            let mut st = crate::dialect::Sql::new(&d);
+            st.raw("DELETE FROM ")
+                .raw(crate::dialect::names::CLAIMS)
+                .raw(" WHERE op_id = ")
+                .bind(op_id.as_str());
+            js.execute(&st.finish())
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            report.released.push(op_id);
+        }
+        Ok(report)
+    }
+
+    async fn recover_op(&self, op: &OpRecord, guard: &Guard) -> Result<Outcome> {
+        let now = self.now();
+        if op.live_until_ms > now {
+            return Ok(Outcome::Skipped);
+        }
+        let ctx = MoveCtx::from_op(self, op, guard.clone())?;
+        // Take the operation over from its dead mover.
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
+        let n = js
+            .execute(&q.take_over(op, guard, now, live))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        if n == 0 {
+            if let Some(lease) = self.lease_of(guard) {
+                self.renew_lease(&lease).await?;
+            }
+            return Ok(Outcome::Skipped);
+        }
+        match op.state {
+            MoveState::Prepared | MoveState::Copied | MoveState::Verified => {
+                let fresh = ctx.snapshot().await?;
+                if fresh.iter().all(Option::is_none) {
+                    ctx.abort(&op.digests, "source row gone").await?;
+                    return Ok(Outcome::Aborted);
+                }
+                let change = crate::journal::Change {
+                    digests: Some(crate::journal::encode_digests(&ctx.digests(&fresh))),
+                    ..Default::default()
+                };
+                let st = JournalSql {
+                    d: &d,
+                    scope: &self.scope,
+                }
+                .update_state(
+                    &op.op_id,
+                    MoveState::Prepared,
+                    &change,
+                    guard,
+                    self.now(),
+                    live,
+                );
+                let counts = js
+                    .batch(std::slice::from_ref(&st))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                if counts.first().copied().unwrap_or(0) == 0 {
+                    return Err(MigrationError::RecoveryFenced(self.scope.clone()));
+                }
+                // The stale copy (if any) is replaced by the fresh one.
+                run_outcome(&ctx, fresh, op.attempts, Stage::Copy).await
+            }
+            MoveState::CutoverPending => {
+                let current = ctx.snapshot().await?;
+                if ctx.digests(&current) == op.digests {
+                    return run_outcome(&ctx, current, op.attempts, Stage::Cutover).await;
+                }
+                if ctx.archive_exists().await? {
+                    if ctx.destination_matches(&op.digests).await? {
+                        ctx.step(MoveState::Committed, crate::journal::Change::default())
+                            .await?;
+                        ctx.finish().await?;
+                        return Ok(Outcome::Committed);
+                    }
+                    return Err(MigrationError::Corrupt(format!(
+                        "operation {} archived its source but the destination copy does not match",
+                        op.op_id
+                    )));
+                }
+                ctx.abort(&op.digests, "source row changed before the cutover")
+                    .await?;
+                Ok(Outcome::Aborted)
+            }
+            MoveState::Committed | MoveState::Published => {
+                ctx.finish().await?;
+                Ok(Outcome::Committed)
+            }
+            MoveState::Retired | MoveState::Aborted => Ok(Outcome::Skipped),
+        }
+    }
+
+    fn lease_of(&self, guard: &Guard) -> Option<Lease> {
+        guard.lease.as_ref().map(|(_, generation)| Lease {
+            holder: guard.owner.clone(),
+            generation: *generation,
+        })
+    }
+}
+
+async fn run_outcome(
+    ctx: &MoveCtx<'_>,
+    snap: crate::moves::Snapshot,
+    attempts: i64,
+    stage: Stage,
+) -> Result<Outcome> {
+    match ctx.run(snap, attempts, stage).await {
+        Ok(_) => Ok(Outcome::Committed),
+        Err(MigrationError::Aborted { .. }) => Ok(Outcome::Aborted),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,655 @@
+//! The router: routed reads and writes by key, with the mapping cache and
+//! the write fence that refuses writes to a key that moved away.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::config::{self, MigrationConfig, Strategy, TableSpec};
+use crate::dialect::{Ident, row_idents};
+use crate::error::{MigrationError, Result};
+use crate::journal::{JournalSql, MoveState, OpRecord};
+use crate::mapping::MappingStore;
+use crate::shard::{BatchSupport, Shard, Statement};
+use crate::value::{Row, Value};
+
+/// Longest `moved_to` chain a read follows.
+pub const MAX_CHAIN_HOPS: usize = 4;
+const CACHE_CAPACITY: usize = 100_000;
+
+type ColumnSet = Arc<BTreeSet<String>>;
+
+/// Options of a routed read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// Return "not found" instead of `MIGRATION_LOOKUP_UNAVAILABLE` or
+    /// `MIGRATION_CHAIN_EXCEEDED` when the tombstone chain cannot be followed.
+    pub best_effort: bool,
+}
+
+#[derive(Debug, Clone)]
+enum WriteKind {
+    Insert(Row),
+    Upsert(Row),
+    Update(Row),
+    Delete,
+}
+
+/// A client over a mapping store and named shards.
+///
+/// The process that moves a key routes it to its new shard at once (it
+/// replaces its own cache entry). Other routers keep their cached entry for
+/// up to the mapping cache TTL; their writes to the old shard are refused by
+/// the tombstone fence there and re-routed, and their reads follow the
+/// tombstone's `moved_to`.
+pub struct Router {
+    pub(crate) shards: BTreeMap<String, Arc<dyn Shard>>,
+    pub(crate) mapping: Arc<dyn MappingStore>,
+    pub(crate) strategy: Strategy,
+    pub(crate) journal: Option<String>,
+    /// Reads follow tombstones and writes check fences only when a journal
+    /// shard is set explicitly (as in the seed).
+    fence_checks: bool,
+    pub(crate) scope: String,
+    pub(crate) ttl_ms: u64,
+    pub(crate) tables: BTreeMap<String, TableSpec>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) instance: String,
+    cache: Mutex<HashMap<String, (String, u64)>>,
+    columns: Mutex<HashMap<(String, String), ColumnSet>>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("shards", &self.shards.keys().collect::<Vec<_>>())
+            .field("journal", &self.journal)
+            .field("scope", &self.scope)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Router {
+    /// Builds a router from a validated configuration. Does no I/O.
+    ///
+    /// # Errors
+    /// `INVALID_JOURNAL_SHARD`, `INVALID_CONFIG`, `INVALID_IDENTIFIER`.
+    pub fn new(config: MigrationConfig) -> Result<Self> {
+        let v = config::validate(&config)?;
+        Ok(Self {
+            shards: config.shards,
+            mapping: config.mapping,
+            strategy: config.strategy,
+            journal: v.journal,
+            fence_checks: config.journal_shard.is_some(),
+            scope: config.journal_scope,
+            ttl_ms: config.mapping_cache_ttl_ms,
+            tables: v.tables,
+            clock: config.clock,
+            instance: uuid::Uuid::now_v7().to_string(),
+            cache: Mutex::new(HashMap::new()),
+            columns: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Creates the crate's tables: the tombstone table on every shard of a
+    /// proven dialect when a journal shard is set, and the journal tables on
+    /// the journal shard. Idempotent.
+    ///
+    /// # Errors
+    /// `SHARD_UNAVAILABLE` when a shard fails.
+    pub async fn init(&self) -> Result<()> {
+        let Some(j) = &self.journal else {
+            return Ok(());
+        };
+        for (name, shard) in &self.shards {
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            for st in d.retired_schema() {
+                shard
+                    .execute(&st)
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+            }
+        }
+        let (name, shard) = self.shard_named(j)?;
+        for st in shard.dialect().journal_schema() {
+            shard
+                .execute(&st)
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+        }
+        Ok(())
+    }
+
+    /// The journal scope.
+    pub fn journal_scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// This router's instance id (owner of the moves it runs).
+    pub fn instance_id(&self) -> &str {
+        &self.instance
+    }
+
+    /// The configured shard names.
+    pub fn shard_names(&self) -> Vec<&str> {
+        self.shards.keys().map(String::as_str).collect()
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)
+    }
+
+    pub(crate) fn shard_named<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Result<(&'a str, &'a Arc<dyn Shard>)> {
+        self.shards
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| MigrationError::UnknownShard(name.to_owned()))
+    }
+
+    pub(crate) fn journal_shard(&self) -> Result<(&str, &Arc<dyn Shard>)> {
+        let j = self
+            .journal
+            .as_deref()
+            .ok_or(MigrationError::JournalNotConfigured)?;
+        self.shard_named(j)
+    }
+
+    pub(crate) fn table(&self, table: &str) -> Result<&TableSpec> {
+        self.tables
+            .get(table)
+            .ok_or_else(|| MigrationError::UnknownTable(table.chars().take(80).collect()))
+    }
+
+    /// Refuses a shard that cannot take part in a move.
+    pub(crate) fn check_movable<'a>(&'a self, name: &'a str) -> Result<&'a Arc<dyn Shard>> {
+        let (_, shard) = self.shard_named(name)?;
+        let d = shard.dialect();
+        if !d.is_proven() {
+            return Err(MigrationError::UnsupportedDialect {
+                shard: name.to_owned(),
+                dialect: d.name().to_owned(),
+            });
+        }
+        match shard.batch_support() {
+            BatchSupport::None => Err(MigrationError::NoBatch(name.to_owned())),
+            BatchSupport::NonAtomic => Err(MigrationError::NoAtomicBatch(name.to_owned())),
+            BatchSupport::Atomic => Ok(shard),
+        }
+    }
+
+    /// The columns of a table on a shard (cached); checks the key column.
+    pub(crate) async fn columns(
+        &self,
+        shard_name: &str,
+        spec: &TableSpec,
+    ) -> Result<Arc<BTreeSet<String>>> {
+        let cache_key = (shard_name.to_owned(), spec.name.as_str().to_owned());
+        if let Some(c) = self
+            .columns
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&cache_key).cloned())
+        {
+            return Ok(c);
+        }
+        let (name, shard) = self.shard_named(shard_name)?;
+        let rows = shard
+            .query(&shard.dialect().columns_query(&spec.name))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        let cols: BTreeSet<String> = rows
+            .iter()
+            .filter_map(|r| r.get("name").and_then(Value::as_text).map(str::to_owned))
+            .collect();
+        if cols.is_empty() {
+            return Err(MigrationError::UnknownTable(spec.name.as_str().to_owned()));
+        }
+        if !cols.contains(spec.key_col.as_str()) {
+            return Err(MigrationError::UnknownKeyColumn {
+                table: spec.name.as_str().to_owned(),
+                column: spec.key_col.as_str().to_owned(),
+            });
+        }
+        let cols = Arc::new(cols);
+        if let Ok(mut m) = self.columns.lock() {
+            m.insert(cache_key, Arc::clone(&cols));
+        }
+        Ok(cols)
+    }
+
+    fn check_row_columns(spec: &TableSpec, cols: &BTreeSet<String>, row: &Row) -> Result<()> {
+        for c in row.keys() {
+            Ident::new(c)?;
+            if !cols.contains(c) {
+                return Err(MigrationError::UnknownColumn {
+                    table: spec.name.as_str().to_owned(),
+                    column: c.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    // ---- mapping and cache ----
+
+    fn cache_get(&self, key: &str) -> Option<String> {
+        if self.ttl_ms == 0 {
+            return None;
+        }
+        let now = self.clock.now_ms();
+        let m = self.cache.lock().ok()?;
+        m.get(key)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s.clone())
+    }
+
+    pub(crate) fn cache_set(&self, key: &str, shard: &str) {
+        if self.ttl_ms == 0 {
+            return;
+        }
+        let exp = self.clock.now_ms().saturating_add(self.ttl_ms);
+        if let Ok(mut m) = self.cache.lock() {
+            if m.len() >= CACHE_CAPACITY {
+                m.clear();
+            }
+            m.insert(key.to_owned(), (shard.to_owned(), exp));
+        }
+    }
+
+    /// Drops this router's cached mapping of `key`.
+    pub fn invalidate(&self, key: &str) {
+        if let Ok(mut m) = self.cache.lock() {
+            m.remove(key);
+        }
+    }
+
+    pub(crate) async fn mapping_fresh(&self, key: &str) -> Result<Option<String>> {
+        let m = self
+            .mapping
+            .get(key)
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        match &m {
+            Some(s) => self.cache_set(key, s),
+            None => self.invalidate(key),
+        }
+        Ok(m)
+    }
+
+    /// The shard `key` is routed to, if it has a mapping (never allocates).
+    ///
+    /// # Errors
+    /// `INVALID_KEY`, `MAPPING_UNAVAILABLE`.
+    pub async fn route(&self, key: &str) -> Result<Option<String>> {
+        config::validate_key(key)?;
+        if let Some(s) = self.cache_get(key) {
+            return Ok(Some(s));
+        }
+        self.mapping_fresh(key).await
+    }
+
+    /// The shard the strategy places an unmapped key on.
+    pub fn placement(&self, key: &str) -> Option<String> {
+        match self.strategy {
+            Strategy::Hash => config::hash_owner(key, &self.shard_names()).map(str::to_owned),
+        }
+    }
+
+    async fn route_or_allocate(&self, key: &str) -> Result<String> {
+        if let Some(s) = self.route(key).await? {
+            return Ok(s);
+        }
+        let placed = self
+            .placement(key)
+            .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?;
+        let holder = self
+            .mapping
+            .put_if_absent(key, &placed)
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        self.cache_set(key, &holder);
+        Ok(holder)
+    }
+
+    // ---- reads ----
+
+    /// Reads the key's row of `table`, following tombstones (default options).
+    ///
+    /// # Errors
+    /// See [`Router::get_with`].
+    pub async fn get(&self, key: &str, table: &str) -> Result<Option<Row>> {
+        self.get_with(key, table, ReadOptions::default()).await
+    }
+
+    /// Reads the key's row of `table`. A key with no mapping reads as absent
+    /// and allocates nothing. A miss on a shard that holds a tombstone for the
+    /// key follows `moved_to`, up to four hops (only with a journal shard).
+    ///
+    /// # Errors
+    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE`,
+    /// `MIGRATION_CHAIN_EXCEEDED` (unless `best_effort`), `SHARD_UNAVAILABLE`,
+    /// `MAPPING_UNAVAILABLE`.
+    pub async fn get_with(&self, key: &str, table: &str, opts: ReadOptions) -> Result<Option<Row>> {
+        config::validate_key(key)?;
+        let spec = self.table(table)?.clone();
+        let Some(mut shard_name) = self.route(key).await? else {
+            return Ok(None);
+        };
+        let mut visited = BTreeSet::new();
+        loop {
+            visited.insert(shard_name.clone());
+            let (name, shard) = self.shard_named(&shard_name)?;
+            let rows = shard
+                .query(&shard.dialect().select_row(&spec.name, &spec.key_col, key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if let Some(r) = rows.into_iter().next() {
+                return Ok(Some(r));
+            }
+            if !self.fence_checks || !shard.dialect().is_proven() {
+                return Ok(None);
+            }
+            let next = match self.tombstone(&shard_name, &spec.name, key).await {
+                Ok(None) => return Ok(None),
+                Ok(Some((_, moved_to))) => {
+                    if !self.shards.contains_key(&moved_to) {
+                        Err(MigrationError::LookupUnavailable {
+                            key: key.to_owned(),
+                            reason: format!("tombstone names unconfigured shard {moved_to:?}"),
+                        })
+                    } else if visited.contains(&moved_to) || visited.len() > MAX_CHAIN_HOPS {
+                        Err(MigrationError::ChainExceeded {
+                            key: key.to_owned(),
+                        })
+                    } else {
+                        Ok(moved_to)
+                    }
+                }
+                Err(e) => Err(MigrationError::LookupUnavailable {
+                    key: key.to_owned(),
+                    reason: e.to_string(),
+                }),
+            };
+            match next {
+                Ok(n) => shard_name = n,
+                Err(e) if opts.best_effort => {
+                    tracing::debug!(
+                        code = e.code(),
+                        key,
+                        "durability.migration.read_best_effort"
+                    );
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The newest live tombstone of the key in the table on a shard.
+    pub(crate) async fn tombstone(
+        &self,
+        shard_name: &str,
+        table: &Ident,
+        key: &str,
+    ) -> Result<Option<(String, String)>> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        let rows = shard
+            .query(&shard.dialect().tombstone_query(table, key))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        match rows.first() {
+            None => Ok(None),
+            Some(r) => Ok(Some((
+                crate::journal::text(r, "op_id")?,
+                crate::journal::text(r, "moved_to")?,
+            ))),
+        }
+    }
+
+    /// Whether the shard holds a lifted (superseded) fence of the key.
+    async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let mut s = crate::dialect::Sql::new(&d);
+        s.raw("SELECT op_id FROM ")
+            .raw(crate::dialect::names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 1 LIMIT 1");
+        let rows = shard
+            .query(&s.finish())
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(!rows.is_empty())
+    }
+
+    pub(crate) async fn load_op(&self, op_id: &str) -> Result<Option<OpRecord>> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let rows = js
+            .query(&q.load_op(op_id))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        rows.first().map(OpRecord::from_row).transpose()
+    }
+
+    // ---- writes ----
+
+    /// Inserts the key's row (the key column is set to `key`).
+    ///
+    /// # Errors
+    /// See [`Router::update`].
+    pub async fn insert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
+        self.write(key, table, WriteKind::Insert(row)).await
+    }
+
+    /// Inserts or replaces the key's row.
+    ///
+    /// # Errors
+    /// See [`Router::update`].
+    pub async fn upsert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
+        self.write(key, table, WriteKind::Upsert(row)).await
+    }
+
+    /// Updates columns of the key's row; returns the changed-row count.
+    ///
+    /// Every routed write is fenced: on a shard holding a live tombstone for
+    /// the key it changes nothing. Then the router consults the journal: when
+    /// the move is published it re-routes; otherwise the write fails with
+    /// `MIGRATION_CUTOVER_PENDING` and was not applied.
+    ///
+    /// # Errors
+    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
+    /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
+    /// `MAPPING_UNAVAILABLE`.
+    pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
+        self.write(key, table, WriteKind::Update(changes)).await
+    }
+
+    /// Deletes the key's row.
+    ///
+    /// # Errors
+    /// See [`Router::update`].
+    pub async fn delete(&self, key: &str, table: &str) -> Result<u64> {
+        self.write(key, table, WriteKind::Delete).await
+    }
+
+    async fn write(&self, key: &str, table: &str, kind: WriteKind) -> Result<u64> {
+        config::validate_key(key)?;
+        let spec = self.table(table)?.clone();
+        let kind = match kind {
+            WriteKind::Insert(mut r) => {
+                r.insert(
+                    spec.key_col.as_str().to_owned(),
+                    Value::Text(key.to_owned()),
+                );
+                WriteKind::Insert(r)
+            }
+            WriteKind::Upsert(mut r) => {
+                r.insert(
+                    spec.key_col.as_str().to_owned(),
+                    Value::Text(key.to_owned()),
+                );
+                WriteKind::Upsert(r)
+            }
+            WriteKind::Update(r) => {
+                if r.is_empty() || r.contains_key(spec.key_col.as_str()) {
+                    return Err(MigrationError::UnknownColumn {
+                        table: table.to_owned(),
+                        column: spec.key_col.as_str().to_owned(),
+                    });
+                }
+                WriteKind::Update(r)
+            }
+            WriteKind::Delete => WriteKind::Delete,
+        };
+        let mut shard_name = match &kind {
+            WriteKind::Insert(r) | WriteKind::Upsert(r) => {
+                // Validate against the shard the key would land on before
+                // allocating anything.
+                let candidate = match self.route(key).await? {
+                    Some(s) => s,
+                    None => self
+                        .placement(key)
+                        .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?,
+                };
+                let cols = self.columns(&candidate, &spec).await?;
+                Self::check_row_columns(&spec, &cols, r)?;
+                self.route_or_allocate(key).await?
+            }
+            WriteKind::Update(r) => match self.route(key).await? {
+                Some(s) => {
+                    let cols = self.columns(&s, &spec).await?;
+                    Self::check_row_columns(&spec, &cols, r)?;
+                    s
+                }
+                None => {
+                    for c in r.keys() {
+                        Ident::new(c)?;
+                    }
+                    return Ok(0);
+                }
+            },
+            WriteKind::Delete => match self.route(key).await? {
+                Some(s) => s,
+                None => return Ok(0),
+            },
+        };
+        let mut retried = false;
+        for _ in 0..=MAX_CHAIN_HOPS {
+            let cols = self.columns(&shard_name, &spec).await?;
+            let (name, shard) = self.shard_named(&shard_name)?;
+            let d = shard.dialect();
+            let st = match &kind {
+                WriteKind::Insert(r) | WriteKind::Upsert(r) => {
+                    Self::check_row_columns(&spec, &cols, r)?;
+                    let up = matches!(kind, WriteKind::Upsert(_)).then_some(&spec.key_col);
+                    d.fenced_insert(&spec.name, key, &row_idents(r)?, up)
+                }
+                WriteKind::Update(r) => {
+                    Self::check_row_columns(&spec, &cols, r)?;
+                    d.fenced_update(&spec.name, &spec.key_col, key, &row_idents(r)?)
+                }
+                WriteKind::Delete => d.fenced_delete(&spec.name, &spec.key_col, key),
+            };
+            let n = shard
+                .execute(&st)
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if n > 0 || !self.fence_checks || !d.is_proven() {
+                return Ok(n);
+            }
+            // Zero rows: a real zero-row result, or a fence.
+            let tomb = match self.tombstone(&shard_name, &spec.name, key).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, key, "durability.migration.fence_lookup_failed");
+                    return Err(MigrationError::CutoverPending {
+                        key: key.to_owned(),
+                    });
+                }
+            };
+            let Some((op_id, _)) = tomb else {
+                // A fence lifted between the write and the lookup (the key
+                // moved back here meanwhile) looks like a real zero-row
+                // result: retry once when the shard holds a lifted fence.
+                if !retried && self.lifted_fence(&shard_name, &spec.name, key).await? {
+                    retried = true;
+                    continue;
+                }
+                return Ok(0);
+            };
+            let op = match self.load_op(&op_id).await {
+                Ok(op) => op,
+                Err(e) => {
+                    tracing::warn!(error = %e, key, "durability.migration.journal_lookup_failed");
+                    return Err(MigrationError::CutoverPending {
+                        key: key.to_owned(),
+                    });
+                }
+            };
+            match op.map(|o| o.state) {
+                Some(MoveState::Published | MoveState::Retired) => {
+                    let fresh = self.mapping_fresh(key).await?;
+                    match fresh {
+                        Some(s) if s != shard_name => shard_name = s,
+                        _ => {
+                            return Err(MigrationError::CutoverPending {
+                                key: key.to_owned(),
+                            });
+                        }
+                    }
+                }
+                _ => {
+                    return Err(MigrationError::CutoverPending {
+                        key: key.to_owned(),
+                    });
+                }
+            }
+        }
+        Err(MigrationError::CutoverPending {
+            key: key.to_owned(),
+        })
+    }
+
+    // ---- raw ----
+
+    /// Executes a raw statement on a named shard.
+    ///
+    /// Raw statements bypass routing and every fence: nothing stops them from
+    /// writing a row on a shard the key moved away from.
+    ///
+    /// # Errors
+    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`.
+    pub async fn raw_execute(&self, shard: &str, stmt: &Statement) -> Result<u64> {
+        let (name, s) = self.shard_named(shard)?;
+        s.execute(stmt)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
+    }
+
+    /// Runs a raw query on a named shard (bypasses routing and fences).
+    ///
+    /// # Errors
+    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`.
+    pub async fn raw_query(&self, shard: &str, stmt: &Statement) -> Result<Vec<Row>> {
+        let (name, s) = self.shard_named(shard)?;
+        s.query(stmt)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
+    }
+}

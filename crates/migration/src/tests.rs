@@ -1,0 +1,330 @@
+//! Unit tests: error codes, dialect generation, validation, the in-memory
+//! mapping store.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::*;
+
+fn all_errors() -> Vec<MigrationError> {
+    let s = || "x".to_owned();
+    vec![
+        MigrationError::InvalidJournalShard(s()),
+        MigrationError::JournalNotConfigured,
+        MigrationError::InvalidConfig(s()),
+        MigrationError::CutoverPending { key: s() },
+        MigrationError::LookupUnavailable {
+            key: s(),
+            reason: s(),
+        },
+        MigrationError::ChainExceeded { key: s() },
+        MigrationError::UnsupportedDialect {
+            shard: s(),
+            dialect: s(),
+        },
+        MigrationError::NoBatch(s()),
+        MigrationError::NoAtomicBatch(s()),
+        MigrationError::MappingNotFound(s()),
+        MigrationError::RecoveryInProgress(s()),
+        MigrationError::RecoveryFenced(s()),
+        MigrationError::DestinationConflict(s()),
+        MigrationError::RetentionNotElapsed(s()),
+        MigrationError::NotVerified(s()),
+        MigrationError::UnknownShard(s()),
+        MigrationError::UnknownTable(s()),
+        MigrationError::UnknownKeyColumn {
+            table: s(),
+            column: s(),
+        },
+        MigrationError::UnknownColumn {
+            table: s(),
+            column: s(),
+        },
+        MigrationError::InvalidIdentifier(s()),
+        MigrationError::InvalidKey(s()),
+        MigrationError::AlreadyActive(s()),
+        MigrationError::SameShard {
+            key: s(),
+            shard: s(),
+        },
+        MigrationError::RowNotFound(s()),
+        MigrationError::Aborted {
+            key: s(),
+            reason: s(),
+        },
+        MigrationError::TakenOver(s()),
+        MigrationError::ShardUnavailable {
+            shard: s(),
+            source: "e".into(),
+        },
+        MigrationError::MappingUnavailable("e".into()),
+        MigrationError::Corrupt(s()),
+    ]
+}
+
+#[test]
+fn error_codes_are_unique_and_listed() {
+    let codes: Vec<&str> = all_errors().iter().map(MigrationError::code).collect();
+    let unique: BTreeSet<&str> = codes.iter().copied().collect();
+    assert_eq!(unique.len(), codes.len(), "codes are unique");
+    assert_eq!(
+        codes,
+        MigrationError::ALL_CODES,
+        "ALL_CODES lists every variant in order"
+    );
+    for c in [
+        "INVALID_JOURNAL_SHARD",
+        "JOURNAL_NOT_CONFIGURED",
+        "MIGRATION_CUTOVER_PENDING",
+        "MIGRATION_LOOKUP_UNAVAILABLE",
+        "MIGRATION_CHAIN_EXCEEDED",
+        "MIGRATION_UNSUPPORTED_DIALECT",
+        "MIGRATION_NO_BATCH",
+        "MIGRATION_NO_ATOMIC_BATCH",
+        "MAPPING_NOT_FOUND",
+        "RECOVERY_IN_PROGRESS",
+        "RECOVERY_FENCED",
+        "DESTINATION_CONFLICT",
+        "RETENTION_NOT_ELAPSED",
+        "NOT_VERIFIED",
+    ] {
+        assert!(unique.contains(c), "seed code {c} exists");
+    }
+    assert!(MigrationError::CutoverPending { key: "k".into() }.is_retryable());
+    assert!(!MigrationError::JournalNotConfigured.is_retryable());
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<MigrationError>();
+    send_sync::<Router>();
+}
+
+#[test]
+fn identifiers_are_validated_and_quoted() {
+    for bad in [
+        "",
+        "1abc",
+        "a b",
+        "a\"b",
+        "a;drop",
+        "durability_ops",
+        "é",
+        &"a".repeat(64),
+    ] {
+        assert_eq!(
+            Ident::new(bad).unwrap_err().code(),
+            "INVALID_IDENTIFIER",
+            "{bad:?}"
+        );
+    }
+    let i = Ident::new("users_2").unwrap();
+    assert_eq!(Dialect::Sqlite.quote(&i), "\"users_2\"");
+    assert_eq!(Dialect::Postgres.quote(&i), "\"users_2\"");
+    assert_eq!(Dialect::MySql.quote(&i), "`users_2`");
+}
+
+#[test]
+fn statements_bind_values_per_dialect() {
+    let t = Ident::new("users").unwrap();
+    let k = Ident::new("org_id").unwrap();
+    let st = Dialect::Postgres.select_row(&t, &k, "a'b");
+    assert_eq!(st.sql, "SELECT * FROM \"users\" WHERE \"org_id\" = $1");
+    assert_eq!(st.params, vec![Value::from("a'b")]);
+    let st = Dialect::MySql.select_row(&t, &k, "x");
+    assert_eq!(st.sql, "SELECT * FROM `users` WHERE `org_id` = ?");
+    let cols = vec![(Ident::new("a").unwrap(), Value::Null)];
+    let st = Dialect::Postgres.delete_matching(&t, &k, "x", &cols);
+    assert_eq!(
+        st.sql,
+        "DELETE FROM \"users\" WHERE \"org_id\" = $1 AND \"a\" IS NOT DISTINCT FROM $2"
+    );
+    let st = Dialect::MySql.delete_matching(&t, &k, "x", &cols);
+    assert!(st.sql.contains("`a` <=> ?"), "{}", st.sql);
+    let st = Dialect::Sqlite.fenced_insert(&t, "x", &cols, Some(&k));
+    assert!(st.sql.contains("ON CONFLICT (\"org_id\")"), "{}", st.sql);
+    let st = Dialect::MySql.fenced_insert(&t, "x", &cols, Some(&k));
+    assert!(
+        st.sql.contains("FROM DUAL WHERE NOT EXISTS") && st.sql.contains("ON DUPLICATE KEY UPDATE"),
+        "{}",
+        st.sql
+    );
+    for d in [Dialect::Sqlite, Dialect::Postgres, Dialect::MySql] {
+        assert!(d.is_proven());
+        for st in d.journal_schema().iter().chain(d.retired_schema().iter()) {
+            assert!(st.params.is_empty());
+        }
+    }
+    assert!(!Dialect::Other("oracle".into()).is_proven());
+}
+
+#[test]
+fn rows_encode_canonically() {
+    let r = row([("b", Value::from(2i64)), ("a", Value::from("x"))]);
+    let bytes = encode_row(&r);
+    assert_eq!(decode_row(&bytes).unwrap(), r);
+    assert_eq!(digest(Some(&r)), digest(Some(&r.clone())));
+    assert_ne!(digest(Some(&r)), digest(None));
+    assert_eq!(decode_row(&[9, 1, 2]).unwrap_err().code(), "CORRUPT_RECORD");
+    assert_eq!(decode_row(&[]).unwrap_err().code(), "CORRUPT_RECORD");
+}
+
+struct NoShard(Dialect, BatchSupport);
+impl Shard for NoShard {
+    fn dialect(&self) -> Dialect {
+        self.0.clone()
+    }
+    fn batch_support(&self) -> BatchSupport {
+        self.1
+    }
+    fn single_connection(&self) -> bool {
+        false
+    }
+    fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async { Err("no".into()) })
+    }
+    fn query<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(async { Err("no".into()) })
+    }
+    fn batch<'a>(&'a self, _: &'a [Statement]) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(async { Err("no".into()) })
+    }
+}
+
+fn shard(d: Dialect, b: BatchSupport) -> Arc<dyn Shard> {
+    Arc::new(NoShard(d, b))
+}
+
+#[test]
+fn config_validation() {
+    let m: Arc<dyn MappingStore> = Arc::new(MemoryMappingStore::new());
+    let two = || {
+        MigrationConfig::new(Arc::clone(&m))
+            .shard("db-east", shard(Dialect::Sqlite, BatchSupport::Atomic))
+            .shard("db-west", shard(Dialect::Sqlite, BatchSupport::Atomic))
+    };
+    let e = Router::new(two().journal_shard("nope")).unwrap_err();
+    assert_eq!(e.code(), "INVALID_JOURNAL_SHARD");
+    let r = Router::new(two()).unwrap();
+    assert_eq!(r.journal_scope(), "default");
+    let e = Router::new(MigrationConfig::new(Arc::clone(&m))).unwrap_err();
+    assert_eq!(e.code(), "INVALID_CONFIG");
+    let e = Router::new(two().shard("bad name", shard(Dialect::Sqlite, BatchSupport::Atomic)))
+        .unwrap_err();
+    assert_eq!(e.code(), "INVALID_CONFIG");
+    let e = Router::new(two().mapping_cache_ttl_ms(MAX_MAPPING_CACHE_TTL_MS + 1)).unwrap_err();
+    assert_eq!(e.code(), "INVALID_CONFIG");
+    let e = Router::new(two().table("users; drop")).unwrap_err();
+    assert_eq!(e.code(), "INVALID_IDENTIFIER");
+    let e = Router::new(two().table_with_key_column("users", "id\"")).unwrap_err();
+    assert_eq!(e.code(), "INVALID_IDENTIFIER");
+}
+
+#[tokio::test]
+async fn journal_not_configured_and_capabilities() {
+    let m: Arc<dyn MappingStore> = Arc::new(MemoryMappingStore::new());
+    m.put("k", "a").await.unwrap();
+    let r = Router::new(
+        MigrationConfig::new(Arc::clone(&m))
+            .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
+            .shard("b", shard(Dialect::Sqlite, BatchSupport::Atomic))
+            .table("users"),
+    )
+    .unwrap();
+    assert_eq!(
+        r.reassign_shard("k", "b", "users")
+            .await
+            .unwrap_err()
+            .code(),
+        "JOURNAL_NOT_CONFIGURED"
+    );
+    assert_eq!(
+        r.recover_migrations().await.unwrap_err().code(),
+        "JOURNAL_NOT_CONFIGURED"
+    );
+    let e = r.rebalance(RebalanceOptions::default()).await.unwrap_err();
+    assert_eq!(e.code(), "JOURNAL_NOT_CONFIGURED");
+    for (b, code) in [
+        (
+            shard(Dialect::Other("oracle".into()), BatchSupport::Atomic),
+            "MIGRATION_UNSUPPORTED_DIALECT",
+        ),
+        (
+            shard(Dialect::Sqlite, BatchSupport::None),
+            "MIGRATION_NO_BATCH",
+        ),
+        (
+            shard(Dialect::Sqlite, BatchSupport::NonAtomic),
+            "MIGRATION_NO_ATOMIC_BATCH",
+        ),
+    ] {
+        let r = Router::new(
+            MigrationConfig::new(Arc::clone(&m))
+                .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
+                .shard("b", b)
+                .journal_shard("a")
+                .table("users"),
+        )
+        .unwrap();
+        assert_eq!(
+            r.reassign_shard("k", "b", "users")
+                .await
+                .unwrap_err()
+                .code(),
+            code
+        );
+    }
+}
+
+#[tokio::test]
+async fn memory_mapping_store_conforms() {
+    let m = MemoryMappingStore::new();
+    conformance::mapping_store_suite(&m, "t:").await;
+}
+
+#[test]
+fn hash_placement_is_stable() {
+    let a = hash_owner("user-1", &["b", "a"]);
+    assert_eq!(
+        a,
+        hash_owner("user-1", &["a", "b"]),
+        "order of names does not matter"
+    );
+    assert_eq!(hash_owner("x", &[]), None);
+    assert_eq!(
+        validate_key(&"k".repeat(MAX_KEY_BYTES + 1))
+            .unwrap_err()
+            .code(),
+        "INVALID_KEY"
+    );
+    assert_eq!(validate_key("").unwrap_err().code(), "INVALID_KEY");
+}
+
+#[test]
+fn depends_on_no_database_client() {
+    let manifest = include_str!("../Cargo.toml");
+    let deps = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|s| s.split("\n[").next())
+        .unwrap();
+    for forbidden in ["rusqlite", "redis", "postgres", "sqlx", "mysql"] {
+        assert!(
+            !deps.contains(forbidden),
+            "durability-migration must not depend on {forbidden}"
+        );
+    }
+}
+
+#[allow(dead_code)]
+fn public_futures_are_send(r: &Router) {
+    fn send<T: Send>(_: T) {}
+    send(r.reassign_shard("k", "s", "t"));
+    send(r.reassign_keys("k", "s", &["t"]));
+    send(r.recover_migrations());
+    send(r.verify_migrations(VerifyOptions::default()));
+    send(r.purge_retired());
+    send(r.rebalance(RebalanceOptions::default()));
+    send(r.get("k", "t"));
+    send(r.update("k", "t", Row::new()));
+    send(r.migrate_record("a", "b", "k", "t", MigrateOptions::default()));
+}

@@ -1,0 +1,511 @@
+//! `verify_migrations` (leftovers of stalled writers, with optional repair),
+//! retention and `purge_retired`. Both stream the journal and the tombstone
+//! tables in pages.
+
+use crate::dialect::{Sql, names, row_idents};
+use crate::error::{MigrationError, Result};
+use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord};
+use crate::recovery::RecoveryReport;
+use crate::router::Router;
+use crate::value::{self, Value};
+
+/// Most entries kept in each list of a report (counts stay exact).
+pub const MAX_REPORT_ENTRIES: usize = 1000;
+
+/// Options of [`Router::verify_migrations`].
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyOptions {
+    /// Run recovery first (taking the lease) and repair what can be proven.
+    pub repair: bool,
+    /// Rows read per page.
+    pub page_size: usize,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        Self {
+            repair: false,
+            page_size: 500,
+        }
+    }
+}
+
+/// A row-level leftover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leftover {
+    /// The shard holding it.
+    pub shard: String,
+    /// The table.
+    pub table: String,
+    /// The key.
+    pub key: String,
+    /// The operation it belongs to.
+    pub op_id: String,
+}
+
+/// A tombstone whose move the journal ended as aborted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleCutover {
+    /// Where.
+    pub leftover: Leftover,
+    /// Whether repair can restore the archived row.
+    pub restorable: bool,
+}
+
+/// What verification found (after repair, what remains).
+#[derive(Debug, Default)]
+pub struct VerifyReport {
+    /// Operations still active in the journal.
+    pub dangling_ops: Vec<String>,
+    /// Live rows on a shard that also holds a live tombstone for the key.
+    pub ghosts: Vec<Leftover>,
+    /// Tombstones with no journal record.
+    pub stranded_archives: Vec<Leftover>,
+    /// Rows on the destination of an aborted move equal to the journaled row.
+    pub stranded_copies: Vec<Leftover>,
+    /// Tombstones whose move was aborted.
+    pub stale_cutovers: Vec<StaleCutover>,
+    /// What repair changed.
+    pub repaired: Vec<String>,
+    /// Nothing remains to report.
+    pub clean: bool,
+    /// The recovery `repair` ran first.
+    pub recovery: Option<RecoveryReport>,
+}
+
+/// One refused purge.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The operation.
+    pub op_id: String,
+    /// `RETENTION_NOT_ELAPSED` or `NOT_VERIFIED`.
+    pub error: MigrationError,
+}
+
+/// What `purge_retired` did.
+#[derive(Debug, Default)]
+pub struct PurgeReport {
+    /// Operations whose archived payload was cleared (first 1000).
+    pub purged: Vec<String>,
+    /// Operations refused (first 1000).
+    pub refused: Vec<Refusal>,
+    /// Exact number of operations purged.
+    pub purged_count: u64,
+    /// Exact number of operations refused.
+    pub refused_count: u64,
+}
+
+fn push_capped<T>(v: &mut Vec<T>, x: T) {
+    if v.len() < MAX_REPORT_ENTRIES {
+        v.push(x);
+    }
+}
+
+struct Tomb {
+    op_id: String,
+    table: String,
+    key: String,
+    payload: Option<Vec<u8>>,
+    digest: String,
+    superseded: bool,
+}
+
+impl Router {
+    /// Reports leftovers of stalled writers; with `repair: true` runs
+    /// recovery first (taking the lease) and repairs what can be proven:
+    /// a ghost only when it equals the archived payload, a stranded copy by
+    /// the abort's digest proof, a stale cutover only when its operation is
+    /// the newest on the key, the archive still holds the payload and the
+    /// shard has no row. A clean pass is recorded (purge requires one).
+    ///
+    /// # Errors
+    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
+    /// (with `repair`), `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
+        self.journal_shard()?;
+        let page = opts.page_size.clamp(1, 10_000);
+        let mut report = VerifyReport::default();
+        let lease = if opts.repair {
+            let lease = self.acquire_lease().await?;
+            match self.recover_with(&lease).await {
+                Ok(r) => report.recovery = Some(r),
+                Err(e) => {
+                    if !matches!(e, MigrationError::RecoveryFenced(_)) {
+                        self.release_lease(&lease).await;
+                    }
+                    return Err(e);
+                }
+            }
+            Some(lease)
+        } else {
+            None
+        };
+        let res = self
+            .verify_scan(&mut report, opts.repair, page, lease.as_ref())
+            .await;
+        if let Some(l) = &lease
+            && !matches!(res, Err(MigrationError::RecoveryFenced(_)))
+        {
+            self.release_lease(l).await;
+        }
+        res?;
+        report.clean = report.dangling_ops.is_empty()
+            && report.ghosts.is_empty()
+            && report.stranded_archives.is_empty()
+            && report.stranded_copies.is_empty()
+            && report.stale_cutovers.is_empty();
+        if report.clean {
+            let (jname, js) = self.journal_shard()?;
+            let d = js.dialect();
+            let stmts = JournalSql {
+                d: &d,
+                scope: &self.scope,
+            }
+            .meta_set(self.now());
+            js.batch(&stmts)
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+        } else {
+            tracing::warn!(
+                dangling = report.dangling_ops.len(),
+                ghosts = report.ghosts.len(),
+                stranded_archives = report.stranded_archives.len(),
+                stranded_copies = report.stranded_copies.len(),
+                stale_cutovers = report.stale_cutovers.len(),
+                "durability.migration.verify_unclean"
+            );
+        }
+        Ok(report)
+    }
+
+    async fn verify_scan(
+        &self,
+        report: &mut VerifyReport,
+        repair: bool,
+        page: usize,
+        lease: Option<&crate::recovery::Lease>,
+    ) -> Result<()> {
+        let (jname, js) = self.journal_shard()?;
+        let jd = js.dialect();
+        let q = JournalSql {
+            d: &jd,
+            scope: &self.scope,
+        };
+        // Dangling operations.
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, page, OpFilter::Active))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            for r in &rows {
+                push_capped(&mut report.dangling_ops, crate::journal::text(r, "op_id")?);
+            }
+        }
+        // Tombstones on every shard.
+        for shard_name in self.shards.keys() {
+            let (name, shard) = self.shard_named(shard_name)?;
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            let (mut after_op, mut after_t) = (String::new(), String::new());
+            loop {
+                if let Some(l) = lease {
+                    self.renew_lease(l).await?;
+                }
+                let mut s = Sql::new(&d);
+                s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
+                    .raw(names::RETIRED)
+                    .raw(" WHERE scope = ")
+                    .bind(self.scope.as_str())
+                    .raw(" AND (op_id > ")
+                    .bind(after_op.as_str())
+                    .raw(" OR (op_id = ")
+                    .bind(after_op.as_str())
+                    .raw(" AND tname > ")
+                    .bind(after_t.as_str())
+                    .raw(&format!(")) ORDER BY op_id, tname LIMIT {page}"));
+                let rows = shard
+                    .query(&s.finish())
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+                if rows.is_empty() {
+                    break;
+                }
+                for r in &rows {
+                    let t = Tomb {
+                        op_id: crate::journal::text(r, "op_id")?,
+                        table: crate::journal::text(r, "tname")?,
+                        key: crate::journal::text(r, "mkey")?,
+                        payload: match r.get("payload") {
+                            Some(Value::Blob(b)) => Some(b.clone()),
+                            _ => None,
+                        },
+                        digest: crate::journal::text(r, "digest")?,
+                        superseded: crate::journal::int(r, "superseded")? != 0,
+                    };
+                    after_op.clone_from(&t.op_id);
+                    after_t.clone_from(&t.table);
+                    self.check_tomb(report, shard_name, &t, repair).await?;
+                }
+            }
+        }
+        // Stranded copies of aborted operations.
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Aborted)))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            if let Some(l) = lease {
+                self.renew_lease(l).await?;
+            }
+            for r in &rows {
+                let op = OpRecord::from_row(r)?;
+                self.check_stranded_copy(report, &op, repair).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_tomb(
+        &self,
+        report: &mut VerifyReport,
+        shard_name: &str,
+        t: &Tomb,
+        repair: bool,
+    ) -> Result<()> {
+        let leftover = Leftover {
+            shard: shard_name.to_owned(),
+            table: t.table.clone(),
+            key: t.key.clone(),
+            op_id: t.op_id.clone(),
+        };
+        let Some(op) = self.load_op(&t.op_id).await? else {
+            push_capped(&mut report.stranded_archives, leftover);
+            return Ok(());
+        };
+        if !op.state.is_terminal() {
+            return Ok(()); // reported as dangling
+        }
+        let Some(spec) = self.tables.get(&t.table).cloned() else {
+            return Ok(());
+        };
+        let (name, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let live = shard
+            .query(&d.select_row(&spec.name, &spec.key_col, &t.key))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?
+            .into_iter()
+            .next();
+        if op.state == MoveState::Aborted {
+            if t.superseded {
+                return Ok(());
+            }
+            let newest = self.get_migration_status(&t.key, &t.table).await?;
+            let restorable = newest.is_some_and(|n| n.op_id == op.op_id)
+                && t.payload.is_some()
+                && live.is_none();
+            if repair && restorable {
+                let row = value::decode_row(t.payload.as_deref().unwrap_or_default())?;
+                let mut lift = Sql::new(&d);
+                lift.raw("UPDATE ")
+                    .raw(names::RETIRED)
+                    .raw(" SET superseded = 1 WHERE op_id = ")
+                    .bind(t.op_id.as_str())
+                    .raw(" AND tname = ")
+                    .bind(t.table.as_str());
+                let stmts = vec![d.insert_row(&spec.name, &row_idents(&row)?), lift.finish()];
+                shard
+                    .batch(&stmts)
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+                tracing::info!(op_id = %t.op_id, key = %t.key, "durability.migration.stale_cutover_restored");
+                push_capped(
+                    &mut report.repaired,
+                    format!(
+                        "restored {}:{}:{} ({})",
+                        shard_name, t.table, t.key, t.op_id
+                    ),
+                );
+            } else {
+                push_capped(
+                    &mut report.stale_cutovers,
+                    StaleCutover {
+                        leftover,
+                        restorable,
+                    },
+                );
+            }
+            return Ok(());
+        }
+        if t.superseded {
+            return Ok(());
+        }
+        if let Some(row) = live {
+            let provable = t.payload.is_some() && value::digest(Some(&row)) == t.digest;
+            if repair && provable {
+                let st = d.delete_matching(&spec.name, &spec.key_col, &t.key, &row_idents(&row)?);
+                shard
+                    .execute(&st)
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+                push_capped(
+                    &mut report.repaired,
+                    format!(
+                        "removed ghost {}:{}:{} ({})",
+                        shard_name, t.table, t.key, t.op_id
+                    ),
+                );
+            } else {
+                push_capped(&mut report.ghosts, leftover);
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_stranded_copy(
+        &self,
+        report: &mut VerifyReport,
+        op: &OpRecord,
+        repair: bool,
+    ) -> Result<()> {
+        let Ok((name, shard)) = self.shard_named(&op.target) else {
+            return Ok(());
+        };
+        let d = shard.dialect();
+        let mut mapped: Option<Option<String>> = None;
+        for (table, digest) in &op.digests {
+            if digest == "-" {
+                continue;
+            }
+            let Some(spec) = self.tables.get(table).cloned() else {
+                continue;
+            };
+            let Some(row) = shard
+                .query(&d.select_row(&spec.name, &spec.key_col, &op.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?
+                .into_iter()
+                .next()
+            else {
+                continue;
+            };
+            if &value::digest(Some(&row)) != digest {
+                continue;
+            }
+            if mapped.is_none() {
+                mapped = Some(self.mapping_fresh(&op.key).await?);
+            }
+            if mapped.as_ref().and_then(Option::as_deref) == Some(op.target.as_str()) {
+                continue;
+            }
+            let leftover = Leftover {
+                shard: op.target.clone(),
+                table: table.clone(),
+                key: op.key.clone(),
+                op_id: op.op_id.clone(),
+            };
+            if repair {
+                let st = d.delete_matching(&spec.name, &spec.key_col, &op.key, &row_idents(&row)?);
+                shard
+                    .execute(&st)
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+                push_capped(
+                    &mut report.repaired,
+                    format!(
+                        "removed stranded copy {}:{}:{} ({})",
+                        op.target, table, op.key, op.op_id
+                    ),
+                );
+            } else {
+                push_capped(&mut report.stranded_copies, leftover);
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the archived payload of every retired operation whose
+    /// retention elapsed and that a clean verification pass has covered.
+    /// Tombstones stay, so stale writers remain refused.
+    ///
+    /// # Errors
+    /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    /// Per-operation refusals (`RETENTION_NOT_ELAPSED`, `NOT_VERIFIED`) are
+    /// listed in the report.
+    pub async fn purge_retired(&self) -> Result<PurgeReport> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let last_clean = js
+            .query(&q.meta_get())
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?
+            .first()
+            .map(|r| crate::journal::int(r, "last_clean_verify_ms"))
+            .transpose()?;
+        let now = self.now();
+        let mut report = PurgeReport::default();
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, 500, OpFilter::Unpurged))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            for r in &rows {
+                let op = OpRecord::from_row(r)?;
+                if op.retire_at_ms.is_none_or(|t| t > now) {
+                    report.refused_count += 1;
+                    push_capped(
+                        &mut report.refused,
+                        Refusal {
+                            op_id: op.op_id.clone(),
+                            error: MigrationError::RetentionNotElapsed(op.op_id.clone()),
+                        },
+                    );
+                    continue;
+                }
+                if last_clean.is_none_or(|c| op.finished_ms.is_none_or(|f| c < f)) {
+                    report.refused_count += 1;
+                    push_capped(
+                        &mut report.refused,
+                        Refusal {
+                            op_id: op.op_id.clone(),
+                            error: MigrationError::NotVerified(op.op_id.clone()),
+                        },
+                    );
+                    continue;
+                }
+                let (sname, shard) = self.shard_named(&op.source)?;
+                let sd = shard.dialect();
+                let mut s = Sql::new(&sd);
+                s.raw("UPDATE ")
+                    .raw(names::RETIRED)
+                    .raw(" SET payload = NULL, purged = 1 WHERE op_id = ")
+                    .bind(op.op_id.as_str());
+                shard
+                    .execute(&s.finish())
+                    .await
+                    .map_err(|e| MigrationError::shard(sname, e))?;
+                js.execute(&q.mark_purged(&op.op_id))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                report.purged_count += 1;
+                push_capped(&mut report.purged, op.op_id.clone());
+            }
+        }
+        Ok(report)
+    }
+}
