@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durability_outbox::{ChannelConfig, Entry, Outbox, RetryPolicy, Sink, SinkError};
-use durability_scheduler::{Driver, ObjectContext, ObjectId, Scheduler, SchemaStep};
+use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxError, RetryPolicy, Sink, SinkError};
+use durability_scheduler::{Driver, ObjectContext, ObjectId, Scheduler, SchemaStep, StorageError};
 use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage};
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +119,26 @@ impl durability_scheduler::Capability for NoWork {
     }
 }
 
+/// Writes an order row and stages its event in one transaction.
+fn save_order(
+    scheduler: &Scheduler<SqliteStorage>,
+    outbox: &Outbox<SqliteStorage, OrderEvent, FlakySink>,
+    id: u32,
+    total_cents: i64,
+) -> Result {
+    scheduler.transaction(|tx| {
+        tx.sql()
+            .execute(
+                "INSERT INTO shop_orders (id, total_cents) VALUES (?1, ?2)
+                 ON CONFLICT (id) DO UPDATE SET total_cents = excluded.total_cents",
+                (id, total_cents),
+            )
+            .map_err(|e| OutboxError::Storage(StorageError::backend("save order", e)))?;
+        outbox.stage(tx, &format!("order-{id}"), &OrderEvent { id, total_cents })
+    })?;
+    Ok(())
+}
+
 pub(crate) fn run(args: &[String]) -> Result {
     let redis = args.iter().any(|a| a == "--redis");
     let rt = tokio::runtime::Runtime::new()?;
@@ -150,46 +170,17 @@ async fn outbox_scene() -> Result {
     };
     let (scheduler, outbox) = open_shop(&path, sink)?;
     let mut expected: BTreeMap<String, i64> = BTreeMap::new();
-    for id in 1..=20u32 {
-        let total = i64::from(id) * 1_000;
-        scheduler.transaction(|tx| {
-            tx.sql()
-                .execute(
-                    "INSERT INTO shop_orders (id, total_cents) VALUES (?1, ?2)",
-                    (id, total),
-                )
-                .map_err(|e| durability_outbox::OutboxError::Encode(e.to_string()))?;
-            outbox.stage(
-                tx,
-                &format!("order-{id}"),
-                &OrderEvent {
-                    id,
-                    total_cents: total,
-                },
-            )
-        })?;
+    let mut save = |id: u32, total: i64| -> Result {
+        save_order(&scheduler, &outbox, id, total)?;
         expected.insert(format!("order-{id}"), total);
+        Ok(())
+    };
+    for id in 1..=20u32 {
+        save(id, i64::from(id) * 1_000)?;
     }
     println!("staged 20 orders, each in the transaction that wrote its row");
     for id in [3u32, 7, 11, 15, 19] {
-        let total = i64::from(id) * 1_000 + 99;
-        scheduler.transaction(|tx| {
-            tx.sql()
-                .execute(
-                    "UPDATE shop_orders SET total_cents = ?2 WHERE id = ?1",
-                    (id, total),
-                )
-                .map_err(|e| durability_outbox::OutboxError::Encode(e.to_string()))?;
-            outbox.stage(
-                tx,
-                &format!("order-{id}"),
-                &OrderEvent {
-                    id,
-                    total_cents: total,
-                },
-            )
-        })?;
-        expected.insert(format!("order-{id}"), total);
+        save(id, i64::from(id) * 1_000 + 99)?;
     }
     println!("updated 5 orders: only their newest values stay pending");
 
