@@ -16,7 +16,7 @@
 //!
 //! Raw statements ([`Router::raw_execute`]) bypass routing and every fence.
 //!
-//! Features: `conformance` enables [`conformance`], the suites every shard
+//! Features: `conformance` enables the `conformance` module, the suites every shard
 //! and mapping store backend runs, and the fault-injecting wrappers used by
 //! crash tests.
 

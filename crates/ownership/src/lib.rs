@@ -16,7 +16,7 @@
 //! [`OwnerHintCache`], [`OwnershipSettings`], [`OwnershipError`], [`Clock`].
 //!
 //! Feature flags:
-//! - `conformance`: the [`conformance`] suite every [`LeaseStore`] backend runs.
+//! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 
 mod clock;
 mod error;
