@@ -2,7 +2,7 @@
 //!
 //! [`demo`] tells a failover story: two hosts, one pauses past its lease, the
 //! other takes over, and the stale host's late commit is refused by the
-//! object's own database. [`bench`] measures renew, claim and admission on
+//! object's own database. [`bench()`] measures renew, claim and admission on
 //! Redis against raw Redis baselines in the same run, one JSON object per line
 //! on stdout (human text on stderr).
 
