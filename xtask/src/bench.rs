@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::Result;
 
-pub(crate) const AREAS: &[&str] = &["outbox", "ownership", "migration"];
+pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "migration"];
 
 pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
@@ -48,6 +48,7 @@ pub(crate) fn inner(args: &[String]) -> Result {
     for area in areas {
         match area {
             "outbox" => outbox()?,
+            "topology" => crate::topology::bench()?,
             "ownership" => tokio::runtime::Runtime::new()?
                 .block_on(crate::ownership::bench(&crate::redis_url()))?,
             "migration" => {

@@ -146,6 +146,8 @@ pub(crate) fn run(args: &[String]) -> Result {
         outbox_scene().await?;
         println!();
         let url = redis.then(crate::redis_url);
+        crate::topology::demo(url.as_deref()).await?;
+        println!();
         crate::ownership::demo(url.as_deref()).await?;
         println!();
         let dir = tempfile::tempdir()?;

@@ -16,6 +16,7 @@ mod ownership;
 mod rss;
 #[cfg(test)]
 mod tidy;
+mod topology;
 
 use std::process::{Command, ExitCode};
 

@@ -720,9 +720,13 @@ where
                     Outcome::Retry { ref error, .. } | Outcome::DeadLetterFailed { ref error } => {
                         let delay = self.retry_delay(key, attempt, delay_of(&outcome), now);
                         let next_at = now.saturating_add(delay);
-                        tx.outbox_reschedule_if(
+                        // A newer value staged meanwhile replaced this
+                        // attempt: nothing to retry, and no event to report.
+                        if !tx.outbox_reschedule_if(
                             &self.name, key, version, attempt, attempt, next_at, None,
-                        )?;
+                        )? {
+                            continue;
+                        }
                         events.push((
                             stored.key.clone(),
                             version,

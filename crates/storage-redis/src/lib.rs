@@ -5,9 +5,14 @@
 //!
 //! - `ownership`: the `ownership` module, the owner lease store of `durability-ownership`.
 //! - `migration`: the `migration` module, the key → shard mapping store of `durability-migration`.
+//! - `topology`: the `topology` module, the snapshot publishers (plain and
+//!   version-aware) and read store of `durability-topology`.
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
 
 #[cfg(feature = "migration")]
 pub mod migration;
+
+#[cfg(feature = "topology")]
+pub mod topology;

@@ -12,6 +12,8 @@
 //!   fence of `durability-ownership`.
 //! - `migration`: the `migration` module, SQLite shards and the mapping store of
 //!   `durability-migration`.
+//! - `topology`: the `topology` module, the coordinator's tables
+//!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 
 #[cfg(feature = "scheduler")]
 mod object;
@@ -26,3 +28,6 @@ pub mod ownership;
 
 #[cfg(feature = "migration")]
 pub mod migration;
+
+#[cfg(feature = "topology")]
+pub mod topology;

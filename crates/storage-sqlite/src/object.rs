@@ -166,6 +166,11 @@ impl SqliteStorage {
             durability_outbox::SCHEMA.to_owned(),
             (crate::outbox::STEPS, crate::outbox::SQL_STEPS),
         );
+        #[cfg(feature = "topology")]
+        schemas.insert(
+            durability_topology::SCHEMA.to_owned(),
+            (crate::topology::STEPS, crate::topology::SQL_STEPS),
+        );
         Ok(Self {
             conn: Mutex::new(conn),
             schemas,

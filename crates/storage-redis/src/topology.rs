@@ -1,0 +1,179 @@
+//! Redis topology publishers and read store.
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `<prefix><group>` | string | the group's encoded snapshot, as the client reads it |
+//! | `<prefix><group>:versions` | hash coordinator → version | highest version seen (versioned publisher only) |
+//!
+//! - [`RedisPublisher`]: plain `SET`/`DEL`, the seed's key-value store. The
+//!   coordinator's write records bound how long an abandoned older write
+//!   may land over a newer snapshot (the landing window).
+//! - [`RedisVersionedPublisher`]: one Lua script per write or delete keeps
+//!   only the highest version per group and coordinator, so a late older
+//!   write can never overwrite a newer snapshot, and a late write can never
+//!   resurrect a deleted group. This removes the landing-window bound.
+//! - [`RedisReadStore`] reads with `GET`.
+//!
+//! Keys of one script are not hash-tagged together, so these target a
+//! single Redis (or a proxy), not Redis Cluster.
+
+use durability_topology::{BoxError, EncodedSnapshot, Publisher, Snapshot};
+use durability_topology_client::ReadStore;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+const WRITE: &str = "
+local hv = redis.call('HGET', KEYS[2], ARGV[2])
+if hv and tonumber(hv) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+";
+
+const DELETE: &str = "
+local hv = redis.call('HGET', KEYS[2], ARGV[1])
+if hv and tonumber(hv) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// Opens a connection manager on `url`.
+///
+/// # Errors
+/// The URL is invalid or Redis is unreachable.
+pub async fn connect(url: &str) -> Result<ConnectionManager, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    ConnectionManager::new(client).await
+}
+
+fn snapshot_key(prefix: &str, group: &str) -> String {
+    format!("{prefix}{group}")
+}
+
+fn versions_key(prefix: &str, group: &str) -> String {
+    format!("{prefix}{group}:versions")
+}
+
+/// The seed's plain key-value publisher: `SET` and `DEL`.
+#[derive(Clone)]
+pub struct RedisPublisher {
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+impl RedisPublisher {
+    /// A publisher writing under `prefix`.
+    pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The key a group's snapshot is stored under.
+    pub fn key(&self, group: &str) -> String {
+        snapshot_key(&self.prefix, group)
+    }
+}
+
+impl Publisher for RedisPublisher {
+    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+        let mut conn = self.conn.clone();
+        let () = conn
+            .set(self.key(&snapshot.group), encoded.as_bytes())
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(&self, group: &str, _version: u64, _coordinator: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = conn.del(self.key(group)).await?;
+        Ok(())
+    }
+}
+
+/// A publisher keeping only the highest version per group and coordinator
+/// (one Lua script per call).
+#[derive(Clone)]
+pub struct RedisVersionedPublisher {
+    conn: ConnectionManager,
+    prefix: String,
+    write: Script,
+    delete: Script,
+}
+
+impl RedisVersionedPublisher {
+    /// A version-aware publisher writing under `prefix`.
+    pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+            write: Script::new(WRITE),
+            delete: Script::new(DELETE),
+        }
+    }
+
+    /// The key a group's snapshot is stored under.
+    pub fn key(&self, group: &str) -> String {
+        snapshot_key(&self.prefix, group)
+    }
+}
+
+impl Publisher for RedisVersionedPublisher {
+    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = self
+            .write
+            .key(snapshot_key(&self.prefix, &snapshot.group))
+            .key(versions_key(&self.prefix, &snapshot.group))
+            .arg(encoded.as_bytes())
+            .arg(&snapshot.coordinator)
+            .arg(snapshot.version)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = self
+            .delete
+            .key(snapshot_key(&self.prefix, group))
+            .key(versions_key(&self.prefix, group))
+            .arg(coordinator)
+            .arg(version)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Reads published snapshots with `GET`.
+#[derive(Clone)]
+pub struct RedisReadStore {
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+impl RedisReadStore {
+    /// A read store under `prefix` (the publisher's prefix).
+    pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+        }
+    }
+}
+
+impl ReadStore for RedisReadStore {
+    async fn read(&self, group: &str) -> Result<Option<Vec<u8>>, BoxError> {
+        let mut conn = self.conn.clone();
+        let v: Option<Vec<u8>> = conn.get(snapshot_key(&self.prefix, group)).await?;
+        Ok(v)
+    }
+}

@@ -1,0 +1,450 @@
+//! The cached read client.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use durability_scheduler::{Clock, SystemClock};
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
+use lru::LruCache;
+
+use crate::error::{TopologyClientError, UnavailableReason};
+use crate::snapshot::{Snapshot, check_group, decode_for};
+use crate::store::{BoxError, ReadStore};
+
+/// Default cache lifetime of a snapshot: 30 s (jittered ±20 %).
+pub const DEFAULT_TTL_MS: u64 = 30_000;
+/// Default lifetime of a remembered missing or failed read: 5 s.
+pub const DEFAULT_NEGATIVE_TTL_MS: u64 = 5_000;
+/// Default read timeout: 1 s.
+pub const DEFAULT_READ_TIMEOUT_MS: u64 = 1_000;
+/// Default bound of the cache: 10,000 groups (least recently used evicted).
+pub const DEFAULT_MAX_GROUPS: usize = 10_000;
+
+/// Derives a group's members locally, without I/O (`None`: no seed for it).
+pub type SeedFn = Arc<dyn Fn(&str) -> Option<Snapshot> + Send + Sync>;
+/// Application fallback: called last, never cached.
+pub type FallbackFn = Arc<
+    dyn Fn(String, UnavailableReason) -> BoxFuture<'static, Result<Snapshot, BoxError>>
+        + Send
+        + Sync,
+>;
+/// Reports each fallback served.
+pub type FallbackHook = Arc<dyn Fn(&FallbackReport) + Send + Sync>;
+/// A source of uniform random numbers in `[0, 1)`, for TTL jitter.
+pub type JitterFn = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// Which fallback served a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FallbackSource {
+    /// This client's last good snapshot, expired less than `stale_if_error` ago.
+    StaleIfError,
+    /// The seed function.
+    Seed,
+    /// The application fallback.
+    Fallback,
+}
+
+/// One fallback served, as reported to the hook.
+#[derive(Debug, Clone)]
+pub struct FallbackReport {
+    /// The group.
+    pub group: String,
+    /// Which fallback.
+    pub source: FallbackSource,
+    /// Why the published copy could not be used.
+    pub reason: UnavailableReason,
+}
+
+/// The client's settings.
+#[derive(Clone)]
+pub struct ClientConfig {
+    ttl_ms: u64,
+    negative_ttl_ms: u64,
+    read_timeout_ms: u64,
+    stale_if_error_ms: Option<u64>,
+    max_groups: usize,
+    seed: Option<SeedFn>,
+    fallback: Option<FallbackFn>,
+    on_fallback: Option<FallbackHook>,
+    clock: Arc<dyn Clock>,
+    jitter: Option<JitterFn>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            ttl_ms: DEFAULT_TTL_MS,
+            negative_ttl_ms: DEFAULT_NEGATIVE_TTL_MS,
+            read_timeout_ms: DEFAULT_READ_TIMEOUT_MS,
+            stale_if_error_ms: None,
+            max_groups: DEFAULT_MAX_GROUPS,
+            seed: None,
+            fallback: None,
+            on_fallback: None,
+            clock: Arc::new(SystemClock),
+            jitter: None,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl ClientConfig {
+    /// The defaults: 30 s TTL, 5 s negative TTL, 1 s read timeout, no
+    /// fallbacks, 10,000 groups, the system clock.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// How long a snapshot is served from cache (jittered ±20 %).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl_ms = ms(ttl);
+        self
+    }
+    /// How long a missing or failed read is remembered.
+    #[must_use]
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_ttl_ms = ms(ttl);
+        self
+    }
+    /// How long one store read may take.
+    #[must_use]
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout_ms = ms(timeout);
+        self
+    }
+    /// Serve the last good snapshot for this long after it expired when a
+    /// read fails (never for a missing group).
+    #[must_use]
+    pub fn stale_if_error(mut self, window: Duration) -> Self {
+        self.stale_if_error_ms = Some(ms(window));
+        self
+    }
+    /// The most groups cached at once.
+    #[must_use]
+    pub fn max_groups(mut self, n: usize) -> Self {
+        self.max_groups = n;
+        self
+    }
+    /// Derives members locally when the published copy is unusable.
+    #[must_use]
+    pub fn seed(mut self, seed: SeedFn) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    /// Application code run last; its answer is not cached.
+    #[must_use]
+    pub fn fallback(mut self, fallback: FallbackFn) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+    /// Reports each fallback and its source.
+    #[must_use]
+    pub fn on_fallback(mut self, hook: FallbackHook) -> Self {
+        self.on_fallback = Some(hook);
+        self
+    }
+    /// The clock (tests inject a manual one).
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    /// The random source of the TTL jitter.
+    #[must_use]
+    pub fn jitter(mut self, jitter: JitterFn) -> Self {
+        self.jitter = Some(jitter);
+        self
+    }
+}
+
+type ReadOutcome = Result<Arc<Snapshot>, UnavailableReason>;
+
+#[derive(Default)]
+struct Slot {
+    good: Option<Good>,
+    negative: Option<(UnavailableReason, i64)>,
+    inflight: Option<Shared<BoxFuture<'static, ReadOutcome>>>,
+}
+
+struct Good {
+    snapshot: Arc<Snapshot>,
+    fresh_until: i64,
+}
+
+struct Inner<R> {
+    store: R,
+    config: ClientConfig,
+    cache: Mutex<LruCache<String, Slot>>,
+}
+
+/// A read-only topology client. It reads the published copy through a
+/// [`ReadStore`] and never contacts the coordinator.
+///
+/// Cloning shares the cache.
+pub struct TopologyClient<R> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R> Clone for TopologyClient<R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn i64_ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+enum Step {
+    Hit(Arc<Snapshot>),
+    Failed(UnavailableReason),
+    Wait(Shared<BoxFuture<'static, ReadOutcome>>),
+}
+
+impl<R: ReadStore> TopologyClient<R> {
+    /// A client over `store`.
+    ///
+    /// # Errors
+    /// [`TopologyClientError::InvalidConfig`] for a zero TTL, read timeout or
+    /// cache bound.
+    pub fn new(store: R, config: ClientConfig) -> Result<Self, TopologyClientError> {
+        let bad = |field: &'static str, reason: &str| TopologyClientError::InvalidConfig {
+            field,
+            reason: reason.to_owned(),
+        };
+        if config.ttl_ms == 0 {
+            return Err(bad("ttl", "must be positive"));
+        }
+        if config.read_timeout_ms == 0 {
+            return Err(bad("read_timeout", "must be positive"));
+        }
+        let max = NonZeroUsize::new(config.max_groups)
+            .ok_or_else(|| bad("max_groups", "must be positive"))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                cache: Mutex::new(LruCache::new(max)),
+            }),
+        })
+    }
+
+    /// How many groups the cache holds now (at most the configured bound).
+    pub fn cached_groups(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    /// The group's topology: from cache, or one store read shared by every
+    /// concurrent caller, or a fallback.
+    ///
+    /// # Errors
+    /// [`TopologyClientError::InvalidGroup`] for a bad name;
+    /// [`TopologyClientError::TopologyUnavailable`] with the reason when the
+    /// published copy is missing, invalid, slow or unreadable and no fallback
+    /// answered.
+    pub async fn get(&self, group: &str) -> Result<Arc<Snapshot>, TopologyClientError> {
+        // Fast path: a cached group was validated when it was first read.
+        if let Some(snapshot) = self.fresh(group) {
+            return Ok(snapshot);
+        }
+        check_group(group).map_err(|reason| TopologyClientError::InvalidGroup { reason })?;
+        let step = self.lookup(group);
+        let reason = match step {
+            Step::Hit(snapshot) => return Ok(snapshot),
+            Step::Failed(reason) => reason,
+            Step::Wait(read) => match read.await {
+                Ok(snapshot) => return Ok(snapshot),
+                Err(reason) => reason,
+            },
+        };
+        self.fall_back(group, reason).await
+    }
+
+    fn fresh(&self, group: &str) -> Option<Arc<Snapshot>> {
+        let now = self.inner.config.clock.now_ms();
+        let mut cache = self.inner.lock();
+        let good = cache.get(group)?.good.as_ref()?;
+        (now < good.fresh_until).then(|| Arc::clone(&good.snapshot))
+    }
+
+    fn lookup(&self, group: &str) -> Step {
+        let inner = &self.inner;
+        let now = inner.config.clock.now_ms();
+        let mut cache = inner.lock();
+        let slot = cache.get_or_insert_mut(group.to_owned(), Slot::default);
+        if let Some(good) = &slot.good
+            && now < good.fresh_until
+        {
+            return Step::Hit(Arc::clone(&good.snapshot));
+        }
+        if let Some((reason, until)) = &slot.negative
+            && now < *until
+        {
+            return Step::Failed(reason.clone());
+        }
+        if let Some(read) = &slot.inflight {
+            return Step::Wait(read.clone());
+        }
+        let read = Self::read(Arc::clone(inner), group.to_owned())
+            .boxed()
+            .shared();
+        slot.inflight = Some(read.clone());
+        Step::Wait(read)
+    }
+
+    async fn read(inner: Arc<Inner<R>>, group: String) -> ReadOutcome {
+        {
+            let clock = Arc::clone(&inner.config.clock);
+            let timeout = inner.config.read_timeout_ms;
+            let deadline = clock.now_ms().saturating_add(i64_ms(timeout));
+            let outcome = tokio::select! {
+                r = inner.store.read(&group) => match r {
+                    Ok(Some(bytes)) => decode_for(&group, &bytes)
+                        .map(Arc::new)
+                        .map_err(UnavailableReason::Invalid),
+                    Ok(None) => Err(UnavailableReason::Missing),
+                    Err(e) => Err(UnavailableReason::ReadFailed(e.to_string())),
+                },
+                () = clock.sleep_until(deadline) => Err(UnavailableReason::Timeout { after_ms: timeout }),
+            };
+            inner.settle(&group, outcome)
+        }
+    }
+
+    async fn fall_back(
+        &self,
+        group: &str,
+        reason: UnavailableReason,
+    ) -> Result<Arc<Snapshot>, TopologyClientError> {
+        let config = &self.inner.config;
+        tracing::debug!(
+            event = "durability.topology.read_unavailable",
+            group, reason = %reason, "published topology unavailable"
+        );
+        if reason != UnavailableReason::Missing
+            && let Some(window) = config.stale_if_error_ms
+        {
+            let now = config.clock.now_ms();
+            let cache = self.inner.lock();
+            if let Some(good) = cache.peek(group).and_then(|s| s.good.as_ref())
+                && now < good.fresh_until.saturating_add(i64_ms(window))
+            {
+                let snapshot = Arc::clone(&good.snapshot);
+                drop(cache);
+                self.report(group, FallbackSource::StaleIfError, &reason);
+                return Ok(snapshot);
+            }
+        }
+        if let Some(seed) = &config.seed
+            && let Some(snapshot) = seed(group)
+        {
+            self.report(group, FallbackSource::Seed, &reason);
+            return Ok(Arc::new(snapshot));
+        }
+        if let Some(fallback) = &config.fallback {
+            match fallback(group.to_owned(), reason.clone()).await {
+                Ok(snapshot) => {
+                    self.report(group, FallbackSource::Fallback, &reason);
+                    return Ok(Arc::new(snapshot));
+                }
+                Err(error) => tracing::warn!(
+                    event = "durability.topology.fallback_failed",
+                    group, %error, "topology fallback failed"
+                ),
+            }
+        }
+        Err(TopologyClientError::TopologyUnavailable {
+            group: group.to_owned(),
+            reason,
+        })
+    }
+
+    fn report(&self, group: &str, source: FallbackSource, reason: &UnavailableReason) {
+        tracing::info!(
+            event = "durability.topology.fallback",
+            group, ?source, reason = %reason, "served topology from a fallback"
+        );
+        if let Some(hook) = &self.inner.config.on_fallback {
+            let report = FallbackReport {
+                group: group.to_owned(),
+                source,
+                reason: reason.clone(),
+            };
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&report))).is_err() {
+                tracing::warn!(
+                    event = "durability.topology.hook_failed",
+                    group,
+                    "fallback hook panicked"
+                );
+            }
+        }
+    }
+}
+
+impl<R> Inner<R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Slot>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fresh_until(&self, now: i64) -> i64 {
+        let r = self
+            .config
+            .jitter
+            .as_ref()
+            .map_or_else(rand::random::<f64>, |j| j())
+            .clamp(0.0, 1.0);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+        let ttl = (self.config.ttl_ms as f64 * (0.8 + 0.4 * r)).round() as i64;
+        now.saturating_add(ttl.max(1))
+    }
+
+    /// Records a finished read: a snapshot replaces the cached one unless it
+    /// is an older version from the same coordinator; a failure is
+    /// remembered for the negative TTL.
+    fn settle(&self, group: &str, outcome: ReadOutcome) -> ReadOutcome {
+        let now = self.config.clock.now_ms();
+        let fresh_until = self.fresh_until(now);
+        let mut cache = self.lock();
+        let slot = cache.get_or_insert_mut(group.to_owned(), Slot::default);
+        slot.inflight = None;
+        match outcome {
+            Ok(snapshot) => {
+                slot.negative = None;
+                let kept = match &slot.good {
+                    Some(good)
+                        if good.snapshot.coordinator == snapshot.coordinator
+                            && good.snapshot.version > snapshot.version =>
+                    {
+                        tracing::debug!(
+                            event = "durability.topology.older_snapshot_ignored",
+                            group,
+                            cached = good.snapshot.version,
+                            read = snapshot.version,
+                            "kept the newer cached snapshot"
+                        );
+                        Arc::clone(&good.snapshot)
+                    }
+                    _ => snapshot,
+                };
+                slot.good = Some(Good {
+                    snapshot: Arc::clone(&kept),
+                    fresh_until,
+                });
+                Ok(kept)
+            }
+            Err(reason) => {
+                let until = now.saturating_add(i64_ms(self.config.negative_ttl_ms));
+                slot.negative = Some((reason.clone(), until));
+                Err(reason)
+            }
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! The topology snapshot format and the cached read client (seed 000,
+//! "Reading").
+//!
+//! Readers never call the coordinator: they read the snapshot it published
+//! to a read store and cache it.
+//!
+//! - [`Snapshot`] and [`Member`]: one group's published membership: group,
+//!   version, coordinator ID, and members sorted by ID.
+//! - [`decode`]: the strict decoder of the published format. Anything
+//!   malformed, truncated, oversized or of an unknown format version is
+//!   refused with a reason. This crate has **no encoder**: only the
+//!   coordinator (`durability-topology`) produces the format, through its
+//!   crate-private encoder; its `EncodedSnapshot` type cannot be built
+//!   anywhere else. The format is pinned by an `insta` snapshot in
+//!   `durability-topology` and by round-trip tests here.
+//! - [`ReadStore`]: where published snapshots are read from.
+//! - [`TopologyClient`]: a per-group cache (TTL with ±20 % jitter), one
+//!   store read shared by concurrent callers, version regression guard per
+//!   coordinator, negative cache, read timeout, and the opt-in fallbacks
+//!   (stale-if-error, seed, fallback) in the seed's order. The cache is
+//!   bounded ([`DEFAULT_MAX_GROUPS`] groups, least recently used evicted).
+//!
+//! # Features
+//!
+//! - `conformance`: reserved for backend suites (the publication suites live
+//!   in `durability-topology`, which owns the writer side).
+
+mod client;
+mod error;
+mod snapshot;
+mod store;
+
+pub use client::{
+    ClientConfig, DEFAULT_MAX_GROUPS, DEFAULT_NEGATIVE_TTL_MS, DEFAULT_READ_TIMEOUT_MS,
+    DEFAULT_TTL_MS, FallbackFn, FallbackHook, FallbackReport, FallbackSource, JitterFn, SeedFn,
+    TopologyClient,
+};
+pub use error::{TopologyClientError, UnavailableReason};
+pub use snapshot::{
+    FORMAT_VERSION, MAX_COORDINATOR_BYTES, MAX_GROUP_BYTES, MAX_LOCATION_HINT_BYTES,
+    MAX_MEMBER_ID_BYTES, MAX_MEMBERS, MAX_META_BYTES, MAX_SNAPSHOT_BYTES, Member, MemberState,
+    Snapshot, check_group, check_location_hint, check_member_id, decode, decode_for,
+};
+pub use store::{BoxError, ReadStore};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+//! The coordinator's error type.
+
+use durability_outbox::OutboxError;
+use durability_scheduler::{SchedulerError, StorageError};
+
+/// Everything that can go wrong in the coordinator. Every rejection happens
+/// before anything is written: the stored state is exactly as before.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopologyError {
+    /// The group name is empty, too long, or holds control characters.
+    #[error("invalid group name: {reason}")]
+    InvalidGroup {
+        /// Why.
+        reason: &'static str,
+    },
+    /// A member's ID or location hint is refused.
+    #[error("invalid member {id:?}: {reason}")]
+    InvalidMember {
+        /// The member ID as given.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The same member ID appears twice in a draft.
+    #[error("duplicate member {id:?}")]
+    DuplicateMember {
+        /// The repeated ID.
+        id: String,
+    },
+    /// A draft set an empty member list: use `delete`.
+    #[error("a group needs at least one member; use delete to remove it")]
+    EmptyMembers,
+    /// More members than [`durability_topology_client::MAX_MEMBERS`].
+    #[error("{count} members exceeds the limit of {limit}")]
+    TooManyMembers {
+        /// Members in the draft.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A member's metadata is larger than
+    /// [`durability_topology_client::MAX_META_BYTES`].
+    #[error("metadata of member {id:?} is {size} bytes, over the limit of {limit}")]
+    MetadataTooLarge {
+        /// The member.
+        id: String,
+        /// Its canonical JSON size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The group does not exist and the draft sets no members.
+    #[error("group {group:?} does not exist; set members to create it")]
+    GroupNotFound {
+        /// The group.
+        group: String,
+    },
+    /// The draft sets a state channel that is not configured.
+    #[error("unknown topology channel {channel:?}")]
+    UnknownChannel {
+        /// The channel.
+        channel: String,
+    },
+    /// A state value is larger than [`crate::MAX_STATE_BYTES`].
+    #[error("value of channel {channel:?} is {size} bytes, over the limit of {limit}")]
+    StateTooLarge {
+        /// The channel.
+        channel: String,
+        /// The JSON size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The encoded snapshot would exceed
+    /// [`durability_topology_client::MAX_SNAPSHOT_BYTES`].
+    #[error("encoded snapshot of {size} bytes exceeds the limit of {limit}")]
+    SnapshotTooLarge {
+        /// The encoded size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A configuration setting is invalid.
+    #[error("invalid topology config: {field} {reason}")]
+    InvalidConfig {
+        /// The setting.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A stored row failed validation.
+    #[error("corrupt topology row: {reason}")]
+    Corrupt {
+        /// Why.
+        reason: String,
+    },
+    /// The outbox refused a stage or a channel.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    /// The scheduler failed (schema migration, attach).
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    /// The storage failed; the transaction rolled back.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl TopologyError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidGroup { .. } => "TOPOLOGY_INVALID_GROUP",
+            Self::InvalidMember { .. } => "TOPOLOGY_INVALID_MEMBER",
+            Self::DuplicateMember { .. } => "TOPOLOGY_DUPLICATE_MEMBER",
+            Self::EmptyMembers => "TOPOLOGY_EMPTY_MEMBERS",
+            Self::TooManyMembers { .. } => "TOPOLOGY_TOO_MANY_MEMBERS",
+            Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
+            Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
+            Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
+            Self::StateTooLarge { .. } => "TOPOLOGY_STATE_TOO_LARGE",
+            Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
+            Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
+            Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
+            Self::Outbox(e) => e.code(),
+            Self::Scheduler(e) => e.code(),
+            Self::Storage(_) => "TOPOLOGY_STORAGE",
+        }
+    }
+
+    /// Whether retrying the same call can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Storage(_) => true,
+            Self::Outbox(e) => e.is_retryable(),
+            Self::Scheduler(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// Every code this enum produces itself.
+    pub const CODES: &'static [&'static str] = &[
+        "TOPOLOGY_INVALID_GROUP",
+        "TOPOLOGY_INVALID_MEMBER",
+        "TOPOLOGY_DUPLICATE_MEMBER",
+        "TOPOLOGY_EMPTY_MEMBERS",
+        "TOPOLOGY_TOO_MANY_MEMBERS",
+        "TOPOLOGY_METADATA_TOO_LARGE",
+        "TOPOLOGY_GROUP_NOT_FOUND",
+        "TOPOLOGY_UNKNOWN_CHANNEL",
+        "TOPOLOGY_STATE_TOO_LARGE",
+        "TOPOLOGY_SNAPSHOT_TOO_LARGE",
+        "TOPOLOGY_INVALID_CONFIG",
+        "TOPOLOGY_CORRUPT",
+        "TOPOLOGY_STORAGE",
+    ];
+}

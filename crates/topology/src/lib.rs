@@ -1,0 +1,58 @@
+//! Topology coordinator (seed 000): shard-group membership held by one
+//! coordinator object, published to a read store, and pushed to members
+//! through state channels.
+//!
+//! - [`Topology`]: attached to an object's [`durability_scheduler::Scheduler`].
+//!   [`Topology::update`] runs a synchronous closure over the current members
+//!   and state values inside one storage transaction that commits the
+//!   membership, the changed state values, the staged publication and the
+//!   staged deliveries together. [`Topology::delete`],
+//!   [`Topology::snapshot`] and [`Topology::migrate`] complete the API.
+//! - Publication runs on the outbox channel `durability.topology` keyed by
+//!   group. Every publisher write is recorded durably before it starts
+//!   ([`TopologyTx`]); a record that outlives its write holds back the
+//!   acknowledgement of newer writes until its landing deadline (start +
+//!   attempt timeout + 5 minutes), when the snapshot is written again.
+//! - State channels run on `durability.topology.<name>` keyed by
+//!   `["group","member"]` (JSON): `write` channels reach active members,
+//!   `read` channels draining ones too.
+//! - [`Publisher`]: where snapshots are written. The encoded form
+//!   ([`EncodedSnapshot`]) can only be produced by this crate; readers decode
+//!   it with `durability-topology-client`.
+//!
+//! The storage backend implements [`TopologyTx`] (which extends the outbox's
+//! `OutboxTx`) on its transaction type.
+//!
+//! # Features
+//!
+//! - `conformance`: the `conformance` module (suites for [`TopologyTx`],
+//!   [`Publisher`] + `ReadStore` backends), the in-memory [`TopologyTx`] on
+//!   the scheduler's testkit storage, and an in-memory publication store.
+
+mod coordinator;
+mod encode;
+mod error;
+mod store;
+
+#[cfg(any(test, feature = "conformance"))]
+mod memory;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use coordinator::{
+    Current, DeleteOutcome, DeliverFn, Draft, LANDING_WINDOW_MS, MemberInput, NoPublisher,
+    PUBLICATION_CHANNEL, Role, StateChannel, StateUpdate, Topology, TopologyConfig, UpdateOutcome,
+};
+pub use durability_topology_client::{BoxError, Member, MemberState, Snapshot};
+pub use encode::EncodedSnapshot;
+pub use error::TopologyError;
+pub use store::{GroupRow, Publisher, TopologyTx};
+
+/// The schema name the topology tables are registered under.
+pub const SCHEMA: &str = "topology";
+/// Largest state value accepted, in bytes of JSON: 256 KiB.
+pub const MAX_STATE_BYTES: usize = 256 * 1024;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,75 @@
+//! Unit tests: the published format (insta), error codes, the in-memory
+//! backends against their conformance suites.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+
+use durability_topology_client::{Member, MemberState, Snapshot, decode};
+
+use crate::conformance::{MemoryPublication, memory_storage, run_publication, run_tx};
+use crate::encode::encode;
+use crate::error::TopologyError;
+
+fn sample() -> Snapshot {
+    Snapshot {
+        group: "tenant-a".into(),
+        version: 3,
+        coordinator: "coordinator-1".into(),
+        members: vec![
+            Member {
+                id: "tenant-a-0".into(),
+                state: MemberState::Active,
+                location_hint: Some("weur".into()),
+                meta: Some(serde_json::json!({"weight": 2, "az": "b"})),
+                joined_at: 1_700_000_000_000,
+            },
+            Member {
+                id: "tenant-a-1".into(),
+                state: MemberState::Draining,
+                location_hint: None,
+                meta: None,
+                joined_at: 1_700_000_000_500,
+            },
+        ],
+    }
+}
+
+#[test]
+fn the_encoded_format_is_pinned() {
+    let encoded = encode(&sample());
+    insta::assert_snapshot!(encoded.as_str());
+}
+
+#[test]
+fn encoding_round_trips_through_the_client_decoder() {
+    let s = sample();
+    let encoded = encode(&s);
+    assert_eq!(decode(encoded.as_bytes()).unwrap(), s);
+}
+
+#[test]
+fn error_codes_are_unique() {
+    let mut seen = BTreeSet::new();
+    for code in TopologyError::CODES
+        .iter()
+        .chain(durability_topology_client::TopologyClientError::CODES)
+        .chain(durability_outbox::OutboxError::CODES)
+        .chain(durability_scheduler::SchedulerError::CODES)
+    {
+        assert!(seen.insert(*code), "duplicate code {code}");
+    }
+    insta::assert_debug_snapshot!(TopologyError::CODES);
+}
+
+#[test]
+fn memory_topology_tx_passes_the_conformance_suite() {
+    run_tx(memory_storage);
+}
+
+#[tokio::test]
+async fn memory_publication_stores_pass_the_conformance_suite() {
+    let plain = MemoryPublication::plain();
+    run_publication(&plain, &plain, "", false).await;
+    let versioned = MemoryPublication::versioned();
+    run_publication(&versioned, &versioned, "", true).await;
+}

@@ -1,0 +1,1079 @@
+//! The topology coordinator end to end on the in-memory storage and on
+//! SQLite files: update/delete/snapshot/migrate, member rules and bounds,
+//! publication with write records and landing deadlines (failing, hanging,
+//! late and evicted writes), state channels, and crash injection at every
+//! write step.
+#![allow(clippy::unwrap_used)]
+
+#[path = "topology/support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use durability_outbox::EventKind;
+use durability_scheduler::testkit::{CrashMode, CrashStorage, MemoryStorage};
+use durability_scheduler::{Clock as _, ManualClock, SchedulerTx, SchemaTarget, Storage};
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
+use durability_topology::conformance::{MemoryPublication, memory_storage};
+use durability_topology::{
+    Draft, LANDING_WINDOW_MS, MAX_STATE_BYTES, MemberInput, MemberState, Topology, TopologyError,
+    TopologyTx,
+};
+use durability_topology_client::{MAX_MEMBERS, MAX_META_BYTES};
+use serde_json::json;
+use support::{
+    Coord, FaultyPublisher, MemberMode, Members, PubMode, START, TIMEOUT, idle, open, with_clock,
+};
+
+fn memory() -> Arc<MemoryStorage> {
+    Arc::new(memory_storage())
+}
+
+fn shards(group: &str, n: usize) -> Vec<MemberInput> {
+    (0..n)
+        .map(|i| MemberInput::active(format!("{group}-{i}")))
+        .collect()
+}
+
+fn ids(s: &durability_topology::Snapshot) -> Vec<(&str, MemberState)> {
+    s.members.iter().map(|m| (m.id.as_str(), m.state)).collect()
+}
+
+struct World {
+    clock: ManualClock,
+    publisher: FaultyPublisher,
+    members: Members,
+    c: Coord<MemoryStorage>,
+    storage: Arc<MemoryStorage>,
+}
+
+fn world_with(store: MemoryPublication) -> World {
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(store, &clock);
+    let members = Members::default();
+    let storage = memory();
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    World {
+        clock,
+        publisher,
+        members,
+        c,
+        storage,
+    }
+}
+
+fn world() -> World {
+    world_with(MemoryPublication::plain())
+}
+
+#[tokio::test]
+async fn update_commits_publishes_and_bumps_the_version_only_on_real_change() {
+    let w = world();
+    let t = &w.c.topology;
+    let out = t
+        .update("tenant", |cur| {
+            assert!(cur.members.is_empty());
+            Draft::new().members(vec![
+                MemberInput::active("b"),
+                MemberInput::active("a").location_hint("weur"),
+            ])
+        })
+        .await
+        .unwrap();
+    assert!(out.published);
+    assert_eq!(out.snapshot.version, 1);
+    assert_eq!(out.snapshot.coordinator, "coordinator-1");
+    assert_eq!(
+        ids(&out.snapshot),
+        vec![("a", MemberState::Active), ("b", MemberState::Active)],
+        "sorted"
+    );
+    assert_eq!(w.publisher.published("tenant").await.unwrap(), out.snapshot);
+    let joined = out.snapshot.members[0].joined_at;
+    assert_eq!(joined, START);
+
+    // The same members in another order: no change, no version, no write.
+    w.clock.advance(10);
+    let calls = w.publisher.calls();
+    let same = t
+        .update("tenant", |cur| {
+            Draft::new().members(cur.members.iter().rev().map(MemberInput::from))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        same.snapshot.version, 1,
+        "unchanged membership keeps the version"
+    );
+    assert!(same.published);
+    assert_eq!(w.publisher.calls(), calls, "nothing new to publish");
+
+    // A state change alone does not bump the version either.
+    let s = t
+        .update("tenant", |_| {
+            Draft::new().state("limits", json!({"rps": 5}))
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.snapshot.version, 1);
+
+    // A real change bumps it; joinedAt of existing members is kept.
+    let grown = t
+        .update("tenant", |cur| {
+            let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+            m.push(MemberInput::active("c"));
+            Draft::new().members(m)
+        })
+        .await
+        .unwrap();
+    assert_eq!(grown.snapshot.version, 2);
+    assert_eq!(grown.snapshot.members[0].joined_at, joined, "joinedAt kept");
+    assert_eq!(grown.snapshot.members[2].joined_at, START + 10);
+    assert_eq!(w.publisher.published("tenant").await.unwrap().version, 2);
+    assert_eq!(t.snapshot("tenant").unwrap().unwrap(), grown.snapshot);
+    assert_eq!(t.states("tenant").unwrap()["limits"], json!({"rps": 5}));
+}
+
+#[tokio::test]
+async fn invalid_drafts_are_rejected_with_typed_errors_and_nothing_is_written() {
+    let w = world();
+    let t = &w.c.topology;
+    t.update("g", |_| {
+        Draft::new()
+            .members(shards("g", 2))
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    let before = (
+        t.snapshot("g").unwrap(),
+        t.states("g").unwrap(),
+        w.publisher.calls(),
+    );
+    let long = "x".repeat(257);
+    let big_meta = json!("m".repeat(MAX_META_BYTES));
+    type Next = Box<dyn Fn(&durability_topology::Current) -> Draft>;
+    let cases: Vec<(&str, Next)> = vec![
+        (
+            "TOPOLOGY_EMPTY_MEMBERS",
+            Box::new(|_| Draft::new().members(vec![])),
+        ),
+        (
+            "TOPOLOGY_DUPLICATE_MEMBER",
+            Box::new(|_| {
+                Draft::new().members(vec![MemberInput::active("a"), MemberInput::active("a")])
+            }),
+        ),
+        (
+            "TOPOLOGY_INVALID_MEMBER",
+            Box::new(|_| Draft::new().members(vec![MemberInput::active("")])),
+        ),
+        (
+            "TOPOLOGY_INVALID_MEMBER",
+            Box::new(|_| Draft::new().members(vec![MemberInput::active("a\nb")])),
+        ),
+        (
+            "TOPOLOGY_INVALID_MEMBER",
+            Box::new(move |_| Draft::new().members(vec![MemberInput::active(long.clone())])),
+        ),
+        (
+            "TOPOLOGY_INVALID_MEMBER",
+            Box::new(|_| {
+                Draft::new().members(vec![MemberInput::active("a").location_hint("h".repeat(65))])
+            }),
+        ),
+        (
+            "TOPOLOGY_METADATA_TOO_LARGE",
+            Box::new(move |_| {
+                Draft::new().members(vec![MemberInput::active("a").meta(big_meta.clone())])
+            }),
+        ),
+        (
+            "TOPOLOGY_TOO_MANY_MEMBERS",
+            Box::new(|_| Draft::new().members(shards("g", MAX_MEMBERS + 1))),
+        ),
+        (
+            "TOPOLOGY_UNKNOWN_CHANNEL",
+            Box::new(|_| Draft::new().state("nope", json!(1))),
+        ),
+        (
+            "TOPOLOGY_STATE_TOO_LARGE",
+            Box::new(|_| Draft::new().state("limits", json!("s".repeat(MAX_STATE_BYTES)))),
+        ),
+        // Valid members with an invalid state: the members are not written either.
+        (
+            "TOPOLOGY_UNKNOWN_CHANNEL",
+            Box::new(|_| Draft::new().members(shards("g", 5)).state("nope", json!(1))),
+        ),
+    ];
+    for (code, next) in cases {
+        let err = t.update("g", |c| next(c)).await.unwrap_err();
+        assert_eq!(err.code(), code, "{err}");
+        assert!(!err.is_retryable());
+        assert_eq!(
+            (
+                t.snapshot("g").unwrap(),
+                t.states("g").unwrap(),
+                w.publisher.calls()
+            ),
+            before,
+            "{code}: nothing written"
+        );
+        assert_eq!(t.pending().unwrap(), 0, "{code}: nothing staged");
+    }
+    let err = t.update("missing", |_| Draft::new()).await.unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_GROUP_NOT_FOUND");
+    assert_eq!(t.snapshot("missing").unwrap(), None);
+    for bad in ["", "a\u{0}b", &"g".repeat(257)] {
+        let err = t.update(bad, |_| Draft::new()).await.unwrap_err();
+        assert_eq!(err.code(), "TOPOLOGY_INVALID_GROUP");
+        assert_eq!(
+            t.delete(bad).await.unwrap_err().code(),
+            "TOPOLOGY_INVALID_GROUP"
+        );
+    }
+}
+
+#[tokio::test]
+async fn delete_drops_members_and_states_and_versions_keep_counting() {
+    let w = world();
+    let t = &w.c.topology;
+    t.update("g", |_| {
+        Draft::new()
+            .members(shards("g", 3))
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    let out = t.delete("g").await.unwrap();
+    assert!(out.published);
+    assert_eq!(t.snapshot("g").unwrap(), None);
+    assert!(t.states("g").unwrap().is_empty());
+    assert_eq!(
+        w.publisher.published("g").await,
+        None,
+        "the snapshot is deleted"
+    );
+    assert_eq!(
+        w.publisher.landed.lock().unwrap().last().unwrap(),
+        &("g".into(), 2, true)
+    );
+    assert_eq!(t.pending().unwrap(), 0, "pending deliveries were discarded");
+    // Deleting again, or a group that never existed, is a no-op.
+    assert!(t.delete("g").await.unwrap().published);
+    assert!(t.delete("never").await.unwrap().published);
+    let err = t.update("g", |_| Draft::new()).await.unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_GROUP_NOT_FOUND");
+    let again = t
+        .update("g", |cur| {
+            assert!(cur.members.is_empty() && cur.states.is_empty());
+            Draft::new().members(shards("g", 1))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        again.snapshot.version, 3,
+        "a recreated group is newer than anything cached"
+    );
+}
+
+#[tokio::test]
+async fn migrate_reverts_and_reapplies_only_the_topology_tables() {
+    let storage = memory();
+    let clock = ManualClock::new(START);
+    let p = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let c = open(Arc::clone(&storage), &clock, &p, &Members::default());
+    drop(c);
+    assert_eq!(
+        Topology::<MemoryStorage>::migrate(&storage, &SchemaTarget::Nothing).unwrap(),
+        None
+    );
+    let versions = storage
+        .transaction(|tx| {
+            Ok::<_, durability_scheduler::StorageError>((
+                tx.schema_version("topology")?,
+                tx.schema_version("outbox")?,
+            ))
+        })
+        .unwrap();
+    assert_eq!(versions, (None, Some(1)), "the outbox schema is untouched");
+    assert_eq!(
+        Topology::<MemoryStorage>::migrate(&storage, &SchemaTarget::Latest).unwrap(),
+        Some(1)
+    );
+    let err = Topology::<MemoryStorage>::migrate(&storage, &SchemaTarget::Named("nope".into()))
+        .unwrap_err();
+    assert_eq!(err.code(), "SCHEDULER_UNKNOWN_SCHEMA_TARGET");
+}
+
+#[tokio::test]
+async fn lifecycle_events_name_the_publication_and_state_channels() {
+    let w = world();
+    w.c.topology
+        .update("g", |_| {
+            Draft::new()
+                .members(shards("g", 1))
+                .state("limits", json!(1))
+        })
+        .await
+        .unwrap();
+    w.c.topology.deliver_due().await.unwrap();
+    let events = w.c.events.lock().unwrap().clone();
+    assert!(events.iter().any(|e| e.channel == "durability.topology"
+        && e.key == "g"
+        && e.kind == EventKind::Delivered));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.channel == "durability.topology.limits"
+                && e.key == r#"["g","g-0"]"#
+                && e.kind == EventKind::Delivered)
+    );
+}
+
+// ---- Publishing ----
+
+#[tokio::test]
+async fn a_failed_write_returns_published_false_and_the_outbox_keeps_going() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Fail(1));
+    let out =
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap();
+    assert!(!out.published, "the write failed");
+    assert_eq!(
+        w.c.topology.snapshot("g").unwrap().unwrap().version,
+        1,
+        "committed either way"
+    );
+    assert_eq!(w.publisher.published("g").await, None);
+    w.clock.advance(1_000);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(w.publisher.published("g").await.unwrap().version, 1);
+    assert_eq!(w.c.topology.pending().unwrap(), 0);
+    let outstanding = w
+        .storage
+        .transaction(|tx| tx.topology_outstanding_until("g", START))
+        .unwrap();
+    assert_eq!(outstanding, None, "a rejected write is forgotten at once");
+}
+
+#[tokio::test]
+async fn only_the_newest_snapshot_of_a_group_is_pending() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Fail(100));
+    for n in 1..=3 {
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", n)))
+            .await
+            .unwrap();
+    }
+    w.publisher.set_mode(PubMode::Ok);
+    w.clock.advance(1_000);
+    let before = w.publisher.landed.lock().unwrap().len();
+    w.c.topology.deliver_due().await.unwrap();
+    let landed = w.publisher.landed.lock().unwrap()[before..].to_vec();
+    assert_eq!(
+        landed,
+        vec![("g".to_owned(), 3, false)],
+        "only v3 is written"
+    );
+}
+
+#[tokio::test]
+async fn a_write_hanging_past_its_timeout_holds_newer_writes_until_its_landing_deadline() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    let out = with_clock(&w.clock, async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert!(!out.published);
+    assert_eq!(
+        w.clock.now_ms(),
+        START + TIMEOUT as i64,
+        "the write was abandoned at its timeout"
+    );
+    let land_by = START + TIMEOUT as i64 + LANDING_WINDOW_MS;
+    let outstanding = w
+        .storage
+        .transaction(|tx| tx.topology_outstanding_until("g", w.clock.now_ms()))
+        .unwrap();
+    assert_eq!(
+        outstanding,
+        Some(land_by),
+        "the write record outlives the write"
+    );
+
+    // A newer write succeeds but is not acknowledged while the old one may land.
+    w.publisher.set_mode(PubMode::Ok);
+    let out =
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", 2)))
+            .await
+            .unwrap();
+    assert!(!out.published, "an older write may still land over it");
+    assert_eq!(w.publisher.published("g").await.unwrap().version, 2);
+    let writes = w.publisher.landed.lock().unwrap().len();
+    w.clock.set(land_by - 1);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        w.publisher.landed.lock().unwrap().len(),
+        writes,
+        "nothing before the deadline"
+    );
+    w.clock.set(land_by);
+    w.c.topology.deliver_due().await.unwrap();
+    let landed = w.publisher.landed.lock().unwrap().clone();
+    assert_eq!(landed.len(), writes + 1, "written again at the deadline");
+    assert_eq!(landed.last().unwrap(), &("g".to_owned(), 2, false));
+    assert_eq!(w.c.topology.pending().unwrap(), 0, "then acknowledged");
+}
+
+#[tokio::test]
+async fn an_abandoned_write_that_lands_late_restages_the_latest_snapshot() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Slow(5_000));
+    let t = w.c.topology.clone();
+    let clock = w.clock.clone();
+    let handle = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    });
+    while w.clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(TIMEOUT as i64);
+    let out = handle.await.unwrap();
+    assert!(!out.published, "timed out");
+    w.publisher.set_mode(PubMode::Ok);
+    let v2 =
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", 2)))
+            .await
+            .unwrap();
+    assert!(!v2.published);
+    assert_eq!(w.publisher.published("g").await.unwrap().version, 2);
+    // The abandoned v1 lands late, over v2 (a plain store is last-write-wins) …
+    w.clock.set(START + 5_000);
+    idle().await;
+    w.c.sched.settle().await;
+    assert_eq!(
+        w.publisher.published("g").await.unwrap().version,
+        1,
+        "the late write landed"
+    );
+    // … and the coordinator restaged v2 at once, so the next run repairs it.
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        w.publisher.published("g").await.unwrap().version,
+        2,
+        "repaired"
+    );
+    assert_eq!(
+        w.c.topology.pending().unwrap(),
+        0,
+        "acknowledged: no record is left"
+    );
+}
+
+#[tokio::test]
+async fn a_version_aware_store_never_lets_a_late_old_write_overwrite_a_newer_snapshot() {
+    let w = world_with(MemoryPublication::versioned());
+    w.publisher.set_mode(PubMode::Slow(5_000));
+    let t = w.c.topology.clone();
+    let handle = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    });
+    while w.clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    w.clock.advance(TIMEOUT as i64);
+    handle.await.unwrap();
+    w.publisher.set_mode(PubMode::Ok);
+    w.c.topology
+        .update("g", |_| Draft::new().members(shards("g", 2)))
+        .await
+        .unwrap();
+    w.clock.set(START + 5_000);
+    idle().await;
+    w.c.sched.settle().await;
+    assert_eq!(
+        w.publisher.published("g").await.unwrap().version,
+        2,
+        "the late v1 was refused by the store itself"
+    );
+}
+
+#[tokio::test]
+async fn an_eviction_mid_write_makes_the_reopened_object_wait_for_the_landing_deadline() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    let pending_update = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+    });
+    while w.clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    // Evict: drop the in-memory object mid-write.
+    pending_update.abort();
+    w.c.sched.abort_background();
+    let World {
+        clock,
+        publisher,
+        members,
+        c,
+        storage,
+    } = w;
+    drop(c);
+    publisher.set_mode(PubMode::Ok);
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    assert_eq!(
+        c.topology.snapshot("g").unwrap().unwrap().version,
+        1,
+        "the commit survived"
+    );
+    // The claimed attempt is retried after its deadline; the write record
+    // left by the lost write holds the acknowledgement until it can no
+    // longer land, then the snapshot is written again.
+    clock.advance(2 * TIMEOUT as i64);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(publisher.published("g").await.unwrap().version, 1);
+    assert_eq!(
+        c.topology.pending().unwrap(),
+        1,
+        "held by the lost write's record"
+    );
+    clock.set(START + TIMEOUT as i64 + LANDING_WINDOW_MS);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(c.topology.pending().unwrap(), 0);
+}
+
+// ---- State channels ----
+
+#[tokio::test]
+async fn write_channels_reach_active_members_and_read_channels_draining_ones_too() {
+    let w = world();
+    let t = &w.c.topology;
+    let out = t
+        .update("g", |_| {
+            Draft::new()
+                .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
+                .state("limits", json!({"rps": 10}))
+                .state("schema", json!(7))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        3,
+        "staged in the same transaction: a/limits, a/schema, d/schema"
+    );
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("a", "limits"), Some(json!({"rps": 10})));
+    assert_eq!(w.members.applied("a", "schema"), Some(json!(7)));
+    assert_eq!(
+        w.members.applied("d", "limits"),
+        None,
+        "draining members are not in the write role"
+    );
+    assert_eq!(w.members.applied("d", "schema"), Some(json!(7)));
+    let update = &w.members.received("a")[0];
+    assert_eq!(update.group, "g");
+    assert_eq!(update.topology_version, out.snapshot.version);
+    assert!(update.version > 0);
+}
+
+#[tokio::test]
+async fn a_member_entering_a_role_gets_the_current_value_and_others_are_not_redelivered() {
+    let w = world();
+    let t = &w.c.topology;
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![MemberInput::active("a")])
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    let out = t
+        .update("g", |cur| {
+            let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+            m.push(MemberInput::active("b"));
+            Draft::new().members(m)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        1,
+        "only the new member's delivery is staged"
+    );
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("b", "limits"), Some(json!(1)));
+    assert_eq!(
+        w.members.received("b")[0].topology_version,
+        out.snapshot.version
+    );
+    assert_eq!(
+        w.members.received("a").len(),
+        1,
+        "unchanged values are not redelivered"
+    );
+    // Setting the value it already has delivers nothing.
+    t.update("g", |_| Draft::new().state("limits", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(t.pending().unwrap(), 0);
+    // Changing it reaches every member in the role with a newer version.
+    t.update("g", |_| Draft::new().state("limits", json!(2)))
+        .await
+        .unwrap();
+    t.deliver_due().await.unwrap();
+    let a = w.members.received("a");
+    assert_eq!(a.len(), 2);
+    assert!(a[1].version > a[0].version, "versions only increase");
+    assert_eq!(w.members.applied("b", "limits"), Some(json!(2)));
+}
+
+#[tokio::test]
+async fn a_member_leaving_a_role_loses_its_pending_delivery() {
+    let w = world();
+    let t = &w.c.topology;
+    w.members.set_mode("b", MemberMode::Fail);
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![MemberInput::active("a"), MemberInput::active("b")])
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    assert_eq!(t.pending().unwrap(), 1, "b's delivery is pending a retry");
+    // b drains: it leaves the write role, and its pending delivery goes.
+    t.update("g", |_| {
+        Draft::new().members(vec![MemberInput::active("a"), MemberInput::draining("b")])
+    })
+    .await
+    .unwrap();
+    assert_eq!(t.pending().unwrap(), 0);
+    w.members.set_mode("b", MemberMode::Ok);
+    w.clock.advance(10_000);
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("b", "limits"), None);
+    assert!(
+        w.c.events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.kind == EventKind::Discarded)
+    );
+}
+
+#[tokio::test]
+async fn members_are_retried_independently_and_a_hanging_member_only_holds_its_batch_until_the_timeout()
+ {
+    let w = world();
+    let t = w.c.topology.clone();
+    w.members.set_mode("a", MemberMode::Fail);
+    w.members.set_mode("h", MemberMode::Hang);
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![
+                MemberInput::active("a"),
+                MemberInput::active("b"),
+                MemberInput::active("h"),
+            ])
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    let t2 = t.clone();
+    with_clock(&w.clock, async move { t2.deliver_due().await.unwrap() }).await;
+    assert!(
+        w.clock.now_ms() <= START + TIMEOUT as i64,
+        "the hang was cut at the timeout"
+    );
+    assert_eq!(w.members.applied("b", "limits"), Some(json!(1)));
+    assert_eq!(w.members.received("b").len(), 1);
+    assert_eq!(t.pending().unwrap(), 2, "a and h retry on their own");
+    w.members.set_mode("a", MemberMode::Ok);
+    w.members.set_mode("h", MemberMode::Ok);
+    w.clock.advance(2_000);
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("a", "limits"), Some(json!(1)));
+    assert_eq!(w.members.applied("h", "limits"), Some(json!(1)));
+    assert_eq!(w.members.received("b").len(), 1, "b is not redelivered");
+    assert_eq!(t.pending().unwrap(), 0);
+}
+
+// ---- Crash injection ----
+
+fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
+    let options = SqliteOptions {
+        synchronous: Synchronous::Off,
+        ..SqliteOptions::default()
+    };
+    Arc::new(SqliteStorage::open(dir.path().join("coordinator.db"), options).unwrap())
+}
+
+/// The script: create, set a value, grow, drain, delete, recreate.
+fn script() -> Vec<(Option<Vec<MemberInput>>, Option<serde_json::Value>, bool)> {
+    vec![
+        (Some(shards("t", 3)), Some(json!({"rps": 1})), false),
+        (None, Some(json!({"rps": 2})), false),
+        (
+            Some(vec![
+                MemberInput::active("t-0"),
+                MemberInput::draining("t-1"),
+                MemberInput::active("t-2"),
+                MemberInput::active("t-3"),
+            ]),
+            None,
+            false,
+        ),
+        (None, None, true),
+        (Some(shards("t", 2)), Some(json!({"rps": 3})), false),
+        (None, Some(json!({"rps": 4})), false),
+    ]
+}
+
+async fn apply<S: Storage>(
+    c: &Coord<S>,
+    step: &(Option<Vec<MemberInput>>, Option<serde_json::Value>, bool),
+) -> Result<(), TopologyError>
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    let (members, value, delete) = step.clone();
+    if delete {
+        return c.topology.delete("t").await.map(|_| ());
+    }
+    c.topology
+        .update("t", move |_| {
+            let mut d = Draft::new();
+            if let Some(m) = members {
+                d = d.members(m);
+            }
+            if let Some(v) = value {
+                d = d.state("limits", v);
+            }
+            d
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Drives publication and deliveries until nothing is pending.
+async fn converge<S: Storage>(c: &Coord<S>, clock: &ManualClock)
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    for _ in 0..40 {
+        c.topology.deliver_due().await.unwrap();
+        if c.topology.pending().unwrap() == 0 {
+            return;
+        }
+        clock.advance(30_000);
+    }
+    panic!("did not converge");
+}
+
+async fn run_crash(crash_at: Option<u64>, mode: CrashMode, faults: u32) -> (u64, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = sqlite(&dir);
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    // With faults, the first writes fail, so write records are settled on
+    // the failure path as well as the success path.
+    publisher.set_mode(PubMode::Fail(faults));
+    let members = Members::default();
+    let crashing = Arc::new(CrashStorage::new(Arc::clone(&inner), crash_at, mode));
+    let steps = script();
+    let mut next = 0;
+    let mut crashed = false;
+    if let Some(c) = support::try_open(Arc::clone(&crashing), &clock, &publisher, &members) {
+        while next < steps.len() {
+            if apply(&c, &steps[next]).await.is_err() || crashing.crashed() {
+                break;
+            }
+            c.topology.deliver_due().await.ok();
+            if crashing.crashed() {
+                break;
+            }
+            next += 1;
+            clock.advance(100);
+        }
+        c.sched.abort_background();
+    }
+    crashed |= crashing.crashed();
+    let transactions = crashing.transactions();
+    if crash_at.is_none() {
+        return (transactions, false);
+    }
+    // Reopen on the files, as a restarted process would, and retry the call
+    // that failed, then the rest of the script.
+    let c = open(Arc::clone(&inner), &clock, &publisher, &members);
+    for step in &steps[next.min(steps.len())..] {
+        apply(&c, step).await.unwrap();
+        clock.advance(100);
+    }
+    converge(&c, &clock).await;
+    // The store converges to the latest snapshot …
+    let latest = c.topology.snapshot("t").unwrap().unwrap();
+    assert_eq!(
+        publisher.published("t").await.unwrap(),
+        latest,
+        "crash at {crash_at:?} {mode:?}"
+    );
+    // … every member in the role converges to the latest value, and no
+    // member ever applied an older version.
+    for m in latest.writable() {
+        assert_eq!(
+            members.applied(&m.id, "limits"),
+            Some(json!({"rps": 4})),
+            "{} at {crash_at:?}",
+            m.id
+        );
+    }
+    assert_eq!(
+        members.regressions.load(Ordering::SeqCst),
+        0,
+        "no member was sent an older version after a newer one (crash at {crash_at:?})"
+    );
+    (transactions, crashed)
+}
+
+#[tokio::test]
+async fn crash_at_every_write_step_of_update_delete_and_publication_converges() {
+    let mut tried = 0;
+    for faults in [0, 3] {
+        let (total, _) = run_crash(None, CrashMode::BeforeCommit, faults).await;
+        assert!(total > 20, "the script makes {total} transactions");
+        for mode in [CrashMode::BeforeCommit, CrashMode::AfterCommit] {
+            for n in 1..=total {
+                let (_, crashed) = run_crash(Some(n), mode, faults).await;
+                assert!(crashed, "crash point {n} was reached");
+                tried += 1;
+            }
+        }
+    }
+    eprintln!(
+        "topology crash points tried: {tried} (every transaction of the script x 2 modes, with and without publisher faults)"
+    );
+}
+
+// ---- Conformance on SQLite ----
+
+#[test]
+fn sqlite_topology_tx_passes_the_conformance_suite() {
+    durability_topology::conformance::run_tx(|| SqliteStorage::open_in_memory().unwrap());
+}
+
+#[tokio::test]
+async fn sqlite_publication_stores_pass_the_conformance_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain =
+        durability_storage_sqlite::topology::SqlitePublication::open(dir.path().join("kv.db"))
+            .unwrap();
+    durability_topology::conformance::run_publication(&plain, &plain, "", false).await;
+    let versioned = durability_storage_sqlite::topology::SqlitePublication::open_versioned(
+        dir.path().join("kv2.db"),
+    )
+    .unwrap();
+    durability_topology::conformance::run_publication(&versioned, &versioned, "", true).await;
+    // A reader with its own connection on the same file sees what was written.
+    let reader =
+        durability_storage_sqlite::topology::SqlitePublication::open(dir.path().join("kv2.db"))
+            .unwrap();
+    use durability_topology_client::ReadStore as _;
+    assert!(reader.read("g").await.unwrap().is_some());
+}
+
+// ---- Configuration, no publisher, end to end ----
+
+#[tokio::test]
+async fn without_a_publisher_membership_is_only_visible_inside_the_coordinator() {
+    let clock = ManualClock::new(START);
+    let ctx = durability_scheduler::ObjectContext::with_clock(
+        durability_scheduler::ObjectId::new("solo").unwrap(),
+        memory(),
+        Arc::new(clock.clone()),
+    );
+    let sched = durability_scheduler::Scheduler::new(ctx).unwrap();
+    let t = Topology::attach(&sched, durability_topology::TopologyConfig::new()).unwrap();
+    let out = t
+        .update("g", |_| Draft::new().members(shards("g", 2)))
+        .await
+        .unwrap();
+    assert!(out.published, "nothing to publish is trivially final");
+    assert_eq!(t.pending().unwrap(), 0);
+    assert_eq!(t.snapshot("g").unwrap().unwrap().coordinator, "solo");
+}
+
+#[tokio::test]
+async fn attempt_timeouts_are_validated() {
+    let clock = ManualClock::new(START);
+    for ms in [0, (1 << 31) as u64] {
+        let ctx = durability_scheduler::ObjectContext::with_clock(
+            durability_scheduler::ObjectId::new("c").unwrap(),
+            memory(),
+            Arc::new(clock.clone()),
+        );
+        let sched = durability_scheduler::Scheduler::new(ctx).unwrap();
+        let err = Topology::attach(
+            &sched,
+            durability_topology::TopologyConfig::new().attempt_timeout_ms(ms),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err.code(), "TOPOLOGY_INVALID_CONFIG");
+    }
+}
+
+#[tokio::test]
+async fn the_retry_delay_controls_the_backoff_of_writes() {
+    let w = world();
+    w.publisher.set_mode(PubMode::Fail(1));
+    w.c.topology
+        .update("g", |_| Draft::new().members(shards("g", 1)))
+        .await
+        .unwrap();
+    let next_at =
+        w.c.events
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|e| match e.kind {
+                EventKind::RetryScheduled { next_at, .. } => Some(next_at),
+                _ => None,
+            })
+            .unwrap();
+    assert_eq!(
+        next_at,
+        START + 1_000,
+        "the configured delay, not the default backoff"
+    );
+    assert_eq!(
+        w.c.sched.alarm_at(),
+        Some(START + 1_000),
+        "the alarm follows it"
+    );
+}
+
+#[tokio::test]
+async fn coordinator_to_sqlite_publication_to_client_on_files() {
+    use durability_storage_sqlite::topology::SqlitePublication;
+    use durability_topology_client::{ClientConfig, TopologyClient};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let storage = sqlite(&dir);
+    let ctx = durability_scheduler::ObjectContext::with_clock(
+        durability_scheduler::ObjectId::new("coordinator-1").unwrap(),
+        storage,
+        Arc::new(clock.clone()),
+    );
+    let sched = durability_scheduler::Scheduler::new(ctx).unwrap();
+    let kv = dir.path().join("topology.db");
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new().publish(SqlitePublication::open(&kv).unwrap()),
+    )
+    .unwrap();
+    let reader = TopologyClient::new(
+        SqlitePublication::open(&kv).unwrap(),
+        ClientConfig::new().clock(Arc::new(clock.clone())),
+    )
+    .unwrap();
+    let created = t
+        .update("tenant", |_| Draft::new().members(shards("tenant", 3)))
+        .await
+        .unwrap();
+    assert!(created.published);
+    assert_eq!(*reader.get("tenant").await.unwrap(), created.snapshot);
+    let drained = t
+        .update("tenant", |cur| {
+            Draft::new().members(cur.members.iter().map(|m| {
+                let mut m = MemberInput::from(m);
+                if m.id == "tenant-0" {
+                    m.state = MemberState::Draining;
+                }
+                m
+            }))
+        })
+        .await
+        .unwrap();
+    clock.advance(40_000);
+    let read = reader.get("tenant").await.unwrap();
+    assert_eq!(read.version, drained.snapshot.version);
+    assert_eq!(read.writable().count(), 2);
+    t.delete("tenant").await.unwrap();
+    clock.advance(40_000);
+    let err = reader.get("tenant").await.unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_UNAVAILABLE");
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<TopologyError>();
+    check::<Topology<MemoryStorage, FaultyPublisher>>();
+    check::<Topology<SqliteStorage, durability_storage_sqlite::topology::SqlitePublication>>();
+    check::<durability_topology_client::TopologyClientError>();
+    check::<durability_topology_client::TopologyClient<MemoryPublication>>();
+    fn future_is_send<F: Future + Send>(_: F) {}
+    let w = world();
+    future_is_send(w.c.topology.update("g", |_| Draft::new()));
+    future_is_send(w.c.topology.delete("g"));
+}
+
+#[tokio::test]
+async fn members_leave_the_read_set_only_when_a_draft_omits_them() {
+    let w = world();
+    let t = &w.c.topology;
+    w.members.set_mode("d", MemberMode::Fail);
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
+            .state("schema", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        1,
+        "d's read-channel delivery is pending"
+    );
+    // Still draining: d stays in the read set and keeps its delivery.
+    t.update("g", |cur| {
+        Draft::new().members(cur.members.iter().map(MemberInput::from))
+    })
+    .await
+    .unwrap();
+    assert_eq!(t.pending().unwrap(), 1);
+    // Omitted: d leaves the read set and its pending delivery is discarded.
+    t.update("g", |_| {
+        Draft::new().members(vec![MemberInput::active("a")])
+    })
+    .await
+    .unwrap();
+    assert_eq!(t.pending().unwrap(), 0);
+    w.members.set_mode("d", MemberMode::Ok);
+    w.clock.advance(10_000);
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("d", "schema"), None);
+    assert_eq!(w.members.applied("a", "schema"), Some(json!(1)));
+}
