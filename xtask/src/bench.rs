@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::Result;
 
-pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "migration"];
+pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration"];
 
 pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
@@ -51,6 +51,8 @@ pub(crate) fn inner(args: &[String]) -> Result {
             "topology" => crate::topology::bench()?,
             "ownership" => tokio::runtime::Runtime::new()?
                 .block_on(crate::ownership::bench(&crate::redis_url()))?,
+            "alarms" => tokio::runtime::Runtime::new()?
+                .block_on(crate::alarms::bench(&crate::redis_url()))?,
             "migration" => {
                 let dir = tempfile::tempdir()?;
                 tokio::runtime::Runtime::new()?.block_on(crate::migration::bench(dir.path()))?;

@@ -150,6 +150,8 @@ pub(crate) fn run(args: &[String]) -> Result {
         println!();
         crate::ownership::demo(url.as_deref()).await?;
         println!();
+        crate::alarms::demo(url.as_deref()).await?;
+        println!();
         let dir = tempfile::tempdir()?;
         crate::migration::demo(dir.path()).await?;
         Ok(())

@@ -9,6 +9,7 @@
 //! - `verify`: the crash-point and simulation suites, with what they tried.
 #![allow(clippy::print_stdout)]
 
+mod alarms;
 mod bench;
 mod demo;
 mod migration;
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("bench-inner") => bench::inner(&args[1..]),
         Some("rss") => rss::inner(&args[1..]),
+        Some("alarms-rss") => alarms::rss_child(&args[1..]),
         Some("verify") => verify(),
         _ => {
             eprintln!("usage: cargo xtask <test | ci | demo [--redis] | bench [outbox] | verify>");
@@ -102,7 +104,8 @@ fn ci() -> Result {
     )
 }
 
-/// The crash-point and model suites, with their counts printed.
+/// The crash-point and model suites, with their counts printed, then the
+/// full-size alarm soak (100k alarms with dispatch failures and crashes).
 fn verify() -> Result {
     cargo(&[
         "nextest",
@@ -113,5 +116,7 @@ fn verify() -> Result {
         "--no-capture",
         "-E",
         "test(/crash|model|lock_set|recover/)",
-    ])
+    ])?;
+    eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
+    tokio::runtime::Runtime::new()?.block_on(alarms::soak(100_000, 7))
 }

@@ -87,7 +87,9 @@ impl ManualClock {
 
     /// The earliest time some sleeper waits for, if any.
     pub fn next_wake(&self) -> Option<i64> {
-        lock(&self.inner).sleepers.keys().next().map(|(at, _)| *at)
+        let mut inner = lock(&self.inner);
+        inner.prune();
+        inner.sleepers.keys().next().map(|(at, _)| *at)
     }
 
     fn move_to(inner: &mut ManualInner, to: i64) {
@@ -97,6 +99,15 @@ impl ManualClock {
         for (_, waker) in due {
             let _ = waker.send(());
         }
+    }
+}
+
+impl ManualInner {
+    /// Forgets sleepers whose futures were dropped before they woke (a
+    /// deadline that lost its race), so they neither count as waiting nor
+    /// pile up.
+    fn prune(&mut self) {
+        self.sleepers.retain(|_, waker| !waker.is_closed());
     }
 }
 
@@ -114,6 +125,7 @@ impl Clock for ManualClock {
         if at_ms <= inner.now {
             return Box::pin(async {});
         }
+        inner.prune();
         let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
         inner.next_id += 1;

@@ -280,3 +280,17 @@ async fn driver_backs_off_when_a_due_capability_makes_no_progress() {
     assert_eq!(s.alarm_at(), Some(1_000), "the stored alarm is untouched");
     driver.stop();
 }
+
+#[test]
+fn a_dropped_sleep_is_not_a_waiting_sleeper() {
+    let clock = ManualClock::new(0);
+    let kept = clock.sleep_until(20);
+    drop(clock.sleep_until(10));
+    assert_eq!(
+        clock.next_wake(),
+        Some(20),
+        "the dropped sleep is forgotten"
+    );
+    drop(kept);
+    assert_eq!(clock.next_wake(), None);
+}

@@ -7,6 +7,7 @@
 //! - `migration`: the `migration` module, the key → shard mapping store of `durability-migration`.
 //! - `topology`: the `topology` module, the snapshot publishers (plain and
 //!   version-aware) and read store of `durability-topology`.
+//! - `alarms`: the `alarms` module, the alarm job index of `durability-alarms`.
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
@@ -16,3 +17,6 @@ pub mod migration;
 
 #[cfg(feature = "topology")]
 pub mod topology;
+
+#[cfg(feature = "alarms")]
+pub mod alarms;

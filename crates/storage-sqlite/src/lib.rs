@@ -14,6 +14,8 @@
 //!   `durability-migration`.
 //! - `topology`: the `topology` module, the coordinator's tables
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
+//! - `alarms`: the `alarms` module, the object-side alarm rows and the
+//!   embedded alarm job index of `durability-alarms`.
 
 #[cfg(feature = "scheduler")]
 mod object;
@@ -31,3 +33,6 @@ pub mod migration;
 
 #[cfg(feature = "topology")]
 pub mod topology;
+
+#[cfg(feature = "alarms")]
+pub mod alarms;

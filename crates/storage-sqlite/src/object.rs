@@ -171,6 +171,11 @@ impl SqliteStorage {
             durability_topology::SCHEMA.to_owned(),
             (crate::topology::STEPS, crate::topology::SQL_STEPS),
         );
+        #[cfg(feature = "alarms")]
+        schemas.insert(
+            durability_alarms::SCHEMA.to_owned(),
+            (crate::alarms::STEPS, crate::alarms::SQL_STEPS),
+        );
         Ok(Self {
             conn: Mutex::new(conn),
             schemas,

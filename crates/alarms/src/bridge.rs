@@ -1,0 +1,118 @@
+//! Backing the scheduler's one alarm with this crate: [`SchedulerAlarm`]
+//! keeps the object's alarm row (and so the backend job) at the scheduler's
+//! stored alarm, and is the [`AlarmHandler`] that runs the scheduler's due
+//! capabilities when the backend delivers it. Outbox and topology work then
+//! resumes on whichever host owns the object after a crash.
+
+use std::sync::Arc;
+
+use durability_scheduler::{Scheduler, SchedulerTx, Storage};
+
+use crate::error::{AlarmError, BoxError};
+use crate::index::AlarmIndex;
+use crate::object::{AlarmHandler, Alarms, Fired};
+use crate::store::AlarmTx;
+
+/// Pause before a still-due scheduler alarm is delivered again (a capability
+/// failed and left its due time in the past).
+pub const DEFAULT_SCHEDULER_IDLE_MS: i64 = 1_000;
+
+/// The scheduler's alarm, delivered through the alarm index.
+pub struct SchedulerAlarm<S, I> {
+    sched: Scheduler<S>,
+    alarms: Alarms<S, I>,
+    idle_ms: i64,
+}
+
+impl<S, I> Clone for SchedulerAlarm<S, I> {
+    fn clone(&self) -> Self {
+        Self {
+            sched: self.sched.clone(),
+            alarms: self.alarms.clone(),
+            idle_ms: self.idle_ms,
+        }
+    }
+}
+
+impl<S, I> SchedulerAlarm<S, I>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+    I: AlarmIndex,
+{
+    /// Bridges `sched`'s alarm to `alarms` (the same object).
+    pub fn new(sched: &Scheduler<S>, alarms: Alarms<S, I>) -> Self {
+        Self {
+            sched: sched.clone(),
+            alarms,
+            idle_ms: DEFAULT_SCHEDULER_IDLE_MS,
+        }
+    }
+
+    /// The object's alarms.
+    pub fn alarms(&self) -> &Alarms<S, I> {
+        &self.alarms
+    }
+
+    /// Makes the alarm row match the scheduler's stored alarm (set, move or
+    /// delete). Call it after opening the object; [`SchedulerAlarm::watch`]
+    /// calls it on every change.
+    ///
+    /// # Errors
+    /// A storage failure, or the errors of [`Alarms::set_alarm`] /
+    /// [`Alarms::delete_alarm`].
+    pub async fn sync(&self) -> Result<(), AlarmError> {
+        let storage = self.alarms.storage();
+        let (stored, row) = storage.transaction(|tx| {
+            let stored = tx.alarm()?;
+            let row = tx.alarm_row()?.filter(|r| r.is_pending()).map(|r| r.at);
+            Ok::<_, AlarmError>((stored, row))
+        })?;
+        if stored == row {
+            return Ok(());
+        }
+        match stored {
+            Some(at) => self.alarms.set_alarm(at).await,
+            None => self.alarms.delete_alarm().await,
+        }
+    }
+
+    /// Follows the scheduler's alarm forever, syncing on every committed
+    /// change (spawn it next to the object; failures are logged and retried
+    /// after the idle pause).
+    pub async fn watch(self) {
+        let mut changes = self.sched.watch_alarm();
+        let clock = Arc::clone(self.sched.context().clock());
+        loop {
+            if let Err(error) = self.sync().await {
+                tracing::warn!(event = "durability.alarms.scheduler_sync_failed", object = %self.alarms.object(), code = error.code(), %error);
+                clock
+                    .sleep_until(clock.now_ms().saturating_add(self.idle_ms))
+                    .await;
+                continue;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl<S, I> AlarmHandler for SchedulerAlarm<S, I>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+    I: AlarmIndex,
+{
+    async fn alarm(&self, _fired: Fired) -> Result<(), BoxError> {
+        let next = self.sched.alarm().await.map_err(Box::new)?;
+        if let Some(at) = next {
+            // Work is left (later, or a capability still due after failing):
+            // keep an alarm for it. The new row token keeps the delivery's
+            // completion from clearing it.
+            let floor = self.sched.now_ms().saturating_add(self.idle_ms);
+            self.alarms.set_alarm(at.max(floor)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,578 @@
+//! The conformance suites: [`run_index`] for [`AlarmIndex`] backends and
+//! [`run_tx`] for [`AlarmTx`] backends, plus the in-memory storage they are
+//! checked against ([`memory_storage`]).
+//!
+//! Each check panics with a message naming the broken rule. Index checks
+//! pass `now` explicitly: a backend that reads its own clock (Redis `TIME`)
+//! must be configured to use the caller's time for the suite.
+
+use std::future::Future;
+
+use durability_scheduler::testkit::MemoryStorage;
+use durability_scheduler::{ObjectId, SchemaStep, SchemaTarget, Storage, StorageError, migrate};
+
+use crate::SCHEMA;
+use crate::index::{AlarmIndex, IndexCounts, JobState};
+use crate::store::{AlarmRow, AlarmTx};
+use crate::token::Token;
+
+/// The schema steps the in-memory storage registers for alarms.
+pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
+    version: 1,
+    name: "initial",
+}];
+
+/// A fresh in-memory object storage with the alarm schema registered.
+pub fn memory_storage() -> MemoryStorage {
+    MemoryStorage::new().with_schema(SCHEMA, MEMORY_STEPS)
+}
+
+const T0: i64 = 1_700_000_000_000;
+const LEASE: i64 = 60_000;
+
+fn obj(name: &str) -> ObjectId {
+    ObjectId::new(name).expect("valid object id")
+}
+
+fn tok(s: &str) -> Token {
+    Token::new(s).expect("valid token")
+}
+
+/// Runs every [`AlarmIndex`] check, each on a fresh, empty index from `make`.
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub async fn run_index<I, F, Fut>(mut make: F)
+where
+    I: AlarmIndex,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = I>,
+{
+    upsert_is_idempotent_and_replaces(&make().await).await;
+    delete_is_token_fenced(&make().await).await;
+    promote_moves_only_due_jobs_in_batches(&make().await).await;
+    claim_is_exclusive_and_earliest_first(&make().await).await;
+    settlement_is_run_token_fenced(&make().await).await;
+    retry_returns_to_due(&make().await).await;
+    lease_expiry_returns_job_and_fences_old_run(&make().await).await;
+    upsert_during_run_is_not_swallowed(&make().await).await;
+    delete_during_run_cannot_be_resurrected(&make().await).await;
+}
+
+async fn upsert_is_idempotent_and_replaces<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    assert!(
+        ix.upsert(&a, &tok("t1"), T0).await.expect("upsert"),
+        "first upsert changes"
+    );
+    assert!(
+        !ix.upsert(&a, &tok("t1"), T0).await.expect("upsert"),
+        "same token and time is a no-op"
+    );
+    assert!(
+        ix.upsert(&a, &tok("t2"), T0 + 5).await.expect("upsert"),
+        "new token replaces"
+    );
+    let job = ix.job(&a).await.expect("job").expect("job exists");
+    assert_eq!(
+        (job.token, job.due_at, job.state, job.tries),
+        (tok("t2"), T0 + 5, JobState::Due, 0)
+    );
+    assert_eq!(
+        ix.counts().await.expect("counts"),
+        IndexCounts {
+            scheduled: 1,
+            ready: 0
+        },
+        "one job per object"
+    );
+    assert_eq!(ix.next_due().await.expect("next"), Some(T0 + 5));
+    assert_eq!(ix.job(&obj("missing")).await.expect("job"), None);
+}
+
+async fn delete_is_token_fenced<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
+    assert!(
+        !ix.delete(&a, &tok("other")).await.expect("delete"),
+        "wrong token deletes nothing"
+    );
+    assert!(ix.job(&a).await.expect("job").is_some());
+    assert!(
+        ix.delete(&a, &tok("t1")).await.expect("delete"),
+        "matching token deletes"
+    );
+    assert!(
+        !ix.delete(&a, &tok("t1")).await.expect("delete"),
+        "delete is idempotent"
+    );
+    assert_eq!(ix.counts().await.expect("counts").total(), 0);
+    assert_eq!(ix.next_due().await.expect("next"), None);
+}
+
+async fn promote_moves_only_due_jobs_in_batches<I: AlarmIndex>(ix: &I) {
+    for i in 0..5 {
+        ix.upsert(&obj(&format!("o{i}")), &tok("t"), T0 + i)
+            .await
+            .expect("upsert");
+    }
+    ix.upsert(&obj("late"), &tok("t"), T0 + 1_000)
+        .await
+        .expect("upsert");
+    assert_eq!(
+        ix.promote(T0 - 1, 10).await.expect("promote"),
+        0,
+        "nothing due yet"
+    );
+    assert_eq!(
+        ix.promote(T0 + 10, 2).await.expect("promote"),
+        2,
+        "batch limit"
+    );
+    assert_eq!(
+        ix.promote(T0 + 10, 10).await.expect("promote"),
+        3,
+        "the rest of the due jobs"
+    );
+    assert_eq!(
+        ix.counts().await.expect("counts"),
+        IndexCounts {
+            scheduled: 1,
+            ready: 5
+        }
+    );
+    let job = ix.job(&obj("o0")).await.expect("job").expect("exists");
+    assert_eq!(job.state, JobState::Ready);
+    assert_eq!(
+        ix.next_due().await.expect("next"),
+        Some(T0),
+        "ready jobs count at their due time"
+    );
+}
+
+async fn claim_is_exclusive_and_earliest_first<I: AlarmIndex>(ix: &I) {
+    ix.upsert(&obj("b"), &tok("tb"), T0 + 2)
+        .await
+        .expect("upsert");
+    ix.upsert(&obj("a"), &tok("ta"), T0 + 1)
+        .await
+        .expect("upsert");
+    assert_eq!(
+        ix.claim(T0 + 10, LEASE, &tok("r0")).await.expect("claim"),
+        None,
+        "due is not ready"
+    );
+    ix.promote(T0 + 10, 10).await.expect("promote");
+    let c1 = ix
+        .claim(T0 + 10, LEASE, &tok("r1"))
+        .await
+        .expect("claim")
+        .expect("a claim");
+    assert_eq!(
+        (c1.object.as_str(), c1.token.clone(), c1.due_at, c1.tries),
+        ("a", tok("ta"), T0 + 1, 1)
+    );
+    assert_eq!(c1.run, tok("r1"));
+    assert_eq!(c1.lease_until, T0 + 10 + LEASE);
+    let c2 = ix
+        .claim(T0 + 10, LEASE, &tok("r2"))
+        .await
+        .expect("claim")
+        .expect("b claim");
+    assert_eq!(c2.object.as_str(), "b");
+    assert_eq!(
+        ix.claim(T0 + 10, LEASE, &tok("r3")).await.expect("claim"),
+        None,
+        "each job claimed once"
+    );
+    let job = ix.job(&obj("a")).await.expect("job").expect("exists");
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(
+        ix.promote(T0 + 11, 10).await.expect("promote"),
+        0,
+        "a live lease is not promoted"
+    );
+}
+
+async fn settlement_is_run_token_fenced<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
+    assert!(
+        !ix.finish(&a, &tok("r")).await.expect("finish"),
+        "a due job cannot be finished"
+    );
+    ix.promote(T0, 10).await.expect("promote");
+    assert!(
+        !ix.finish(&a, &tok("r")).await.expect("finish"),
+        "a ready job cannot be finished"
+    );
+    ix.claim(T0, LEASE, &tok("r"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    assert!(
+        !ix.finish(&a, &tok("other")).await.expect("finish"),
+        "wrong run token"
+    );
+    assert!(
+        !ix.retry(&a, &tok("other"), T0, 5, 1).await.expect("retry"),
+        "wrong run token"
+    );
+    assert!(
+        ix.finish(&a, &tok("r")).await.expect("finish"),
+        "right run token"
+    );
+    assert!(
+        !ix.finish(&a, &tok("r")).await.expect("finish"),
+        "finish is once"
+    );
+    assert_eq!(ix.job(&a).await.expect("job"), None);
+    assert_eq!(ix.counts().await.expect("counts").total(), 0);
+}
+
+async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    ix.claim(T0, LEASE, &tok("r"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    assert!(
+        ix.retry(&a, &tok("r"), T0 + 1, 500, 1)
+            .await
+            .expect("retry")
+    );
+    let job = ix.job(&a).await.expect("job").expect("exists");
+    assert_eq!(
+        (job.state, job.tries, job.due_at),
+        (JobState::Due, 1, T0),
+        "due time of the row is kept"
+    );
+    assert_eq!(
+        ix.next_due().await.expect("next"),
+        Some(T0 + 501),
+        "due again after the delay"
+    );
+    assert_eq!(ix.promote(T0 + 500, 10).await.expect("promote"), 0);
+    assert_eq!(ix.promote(T0 + 501, 10).await.expect("promote"), 1);
+    let c = ix
+        .claim(T0 + 501, LEASE, &tok("r2"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    assert_eq!(c.tries, 2, "tries carry over");
+    assert!(
+        !ix.retry(&a, &tok("r"), T0, 0, 1).await.expect("retry"),
+        "old run is fenced"
+    );
+}
+
+async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    ix.claim(T0, LEASE, &tok("r1"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    assert_eq!(
+        ix.next_due().await.expect("next"),
+        Some(T0 + LEASE),
+        "running is indexed at lease expiry"
+    );
+    assert_eq!(ix.promote(T0 + LEASE - 1, 10).await.expect("promote"), 0);
+    assert_eq!(
+        ix.promote(T0 + LEASE, 10).await.expect("promote"),
+        1,
+        "expired lease is ready again"
+    );
+    assert!(
+        !ix.finish(&a, &tok("r1")).await.expect("finish"),
+        "expired run cannot settle"
+    );
+    let c = ix
+        .claim(T0 + LEASE, LEASE, &tok("r2"))
+        .await
+        .expect("claim")
+        .expect("reclaimed");
+    assert_eq!((c.tries, c.token.clone()), (2, tok("t")));
+    assert!(ix.finish(&a, &tok("r2")).await.expect("finish"));
+}
+
+async fn upsert_during_run_is_not_swallowed<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    ix.claim(T0, LEASE, &tok("r1"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    ix.upsert(&a, &tok("t2"), T0 + 100)
+        .await
+        .expect("upsert while running");
+    assert!(
+        !ix.finish(&a, &tok("r1")).await.expect("finish"),
+        "the old run cannot complete the new job"
+    );
+    let job = ix.job(&a).await.expect("job").expect("new job survives");
+    assert_eq!(
+        (job.token, job.state, job.tries),
+        (tok("t2"), JobState::Due, 0)
+    );
+    assert_eq!(ix.next_due().await.expect("next"), Some(T0 + 100));
+}
+
+async fn delete_during_run_cannot_be_resurrected<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    ix.claim(T0, LEASE, &tok("r1"))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    assert!(
+        ix.delete(&a, &tok("t1"))
+            .await
+            .expect("delete while running")
+    );
+    assert!(
+        !ix.retry(&a, &tok("r1"), T0, 0, 1).await.expect("retry"),
+        "retry cannot resurrect"
+    );
+    assert!(!ix.finish(&a, &tok("r1")).await.expect("finish"));
+    assert_eq!(ix.job(&a).await.expect("job"), None);
+    assert_eq!(ix.counts().await.expect("counts").total(), 0);
+}
+
+/// Runs every [`AlarmTx`] check on fresh storages from `make` (the alarm
+/// schema is applied first).
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub fn run_tx<S>(make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    let fresh = || {
+        let s = make();
+        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("alarm schema applies");
+        s
+    };
+    row_roundtrip(&fresh());
+    rollback_leaves_row(&fresh());
+    schema_reverts_and_reapplies(&fresh());
+}
+
+fn row_roundtrip<S: Storage>(s: &S)
+where
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    let row = AlarmRow {
+        at: T0,
+        token: tok("t1"),
+        fence: None,
+    };
+    s.transaction(|tx| {
+        assert_eq!(tx.alarm_row()?, None, "no row at first");
+        tx.put_alarm_row(&row)?;
+        Ok::<_, StorageError>(())
+    })
+    .expect("put");
+    assert_eq!(
+        s.transaction(|tx| tx.alarm_row()).expect("read"),
+        Some(row.clone())
+    );
+    let fenced = AlarmRow {
+        fence: Some(tok("f1")),
+        ..row
+    };
+    s.transaction(|tx| tx.put_alarm_row(&fenced))
+        .expect("replace");
+    assert_eq!(
+        s.transaction(|tx| tx.alarm_row()).expect("read"),
+        Some(fenced),
+        "fence round-trips"
+    );
+    assert!(s.transaction(|tx| tx.delete_alarm_row()).expect("delete"));
+    assert!(
+        !s.transaction(|tx| tx.delete_alarm_row()).expect("delete"),
+        "second delete finds nothing"
+    );
+    assert_eq!(s.transaction(|tx| tx.alarm_row()).expect("read"), None);
+    let max = AlarmRow {
+        at: durability_scheduler::MAX_SAFE_INTEGER,
+        token: tok("x"),
+        fence: None,
+    };
+    s.transaction(|tx| tx.put_alarm_row(&max))
+        .expect("max time");
+    assert_eq!(
+        s.transaction(|tx| tx.alarm_row()).expect("read"),
+        Some(max),
+        "safe-integer max round-trips"
+    );
+}
+
+fn rollback_leaves_row<S: Storage>(s: &S)
+where
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    let row = AlarmRow {
+        at: T0,
+        token: tok("keep"),
+        fence: None,
+    };
+    s.transaction(|tx| tx.put_alarm_row(&row)).expect("put");
+    let r: Result<(), StorageError> = s.transaction(|tx| {
+        tx.put_alarm_row(&AlarmRow {
+            at: 1,
+            token: tok("gone"),
+            fence: None,
+        })?;
+        Err(StorageError::corrupt("roll back"))
+    });
+    assert!(r.is_err());
+    assert_eq!(
+        s.transaction(|tx| tx.alarm_row()).expect("read"),
+        Some(row),
+        "rollback keeps the row"
+    );
+}
+
+fn schema_reverts_and_reapplies<S: Storage>(s: &S)
+where
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    migrate(s, SCHEMA, &SchemaTarget::Nothing).expect("revert");
+    migrate(s, SCHEMA, &SchemaTarget::Latest).expect("reapply");
+    assert_eq!(s.transaction(|tx| tx.alarm_row()).expect("read"), None);
+}
+
+/// Which backend failure a [`FaultIndex`] injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// [`crate::AlarmError::BackendUnavailable`], before the inner call.
+    Unavailable,
+    /// [`crate::AlarmError::BackendFailed`], before the inner call.
+    Failed,
+    /// [`crate::AlarmError::ResultUnknown`] *after* the inner call applied.
+    UnknownAfter,
+    /// [`crate::AlarmError::ResultUnknown`] without calling the inner index.
+    UnknownBefore,
+    /// Never answers (a hung backend: the caller's deadline decides).
+    Hang,
+}
+
+/// An [`AlarmIndex`] wrapper that injects failures into its next calls and
+/// counts every call (crash and fault tests).
+#[derive(Debug)]
+pub struct FaultIndex<I> {
+    inner: I,
+    faults: std::sync::Mutex<std::collections::VecDeque<Fault>>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl<I: AlarmIndex> FaultIndex<I> {
+    /// Wraps `inner` with no faults queued.
+    pub fn new(inner: I) -> Self {
+        Self {
+            inner,
+            faults: std::sync::Mutex::default(),
+            calls: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Queues a fault for the next mutating call (`upsert`, `delete`).
+    pub fn fail_next(&self, fault: Fault) {
+        self.faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back(fault);
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The wrapped index.
+    pub fn inner(&self) -> &I {
+        &self.inner
+    }
+
+    fn next_fault(&self) -> Option<Fault> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front()
+    }
+
+    async fn mutate<T>(
+        &self,
+        call: impl Future<Output = Result<T, crate::AlarmError>>,
+    ) -> Result<T, crate::AlarmError> {
+        match self.next_fault() {
+            None => call.await,
+            Some(Fault::Unavailable) => {
+                Err(crate::AlarmError::unavailable("injected: unavailable"))
+            }
+            Some(Fault::Failed) => Err(crate::AlarmError::failed("injected: rejected")),
+            Some(Fault::UnknownBefore) => Err(crate::AlarmError::unknown("injected: lost request")),
+            Some(Fault::UnknownAfter) => {
+                call.await?;
+                Err(crate::AlarmError::unknown("injected: lost reply"))
+            }
+            Some(Fault::Hang) => std::future::pending().await,
+        }
+    }
+}
+
+impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
+    async fn upsert(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+        due_at: i64,
+    ) -> Result<bool, crate::AlarmError> {
+        self.mutate(self.inner.upsert(object, token, due_at)).await
+    }
+    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, crate::AlarmError> {
+        self.mutate(self.inner.delete(object, token)).await
+    }
+    async fn job(&self, object: &ObjectId) -> Result<Option<crate::JobView>, crate::AlarmError> {
+        self.inner.job(object).await
+    }
+    async fn promote(&self, now: i64, limit: usize) -> Result<usize, crate::AlarmError> {
+        self.inner.promote(now, limit).await
+    }
+    async fn claim(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        run: &Token,
+    ) -> Result<Option<crate::Claim>, crate::AlarmError> {
+        self.inner.claim(now, lease_ms, run).await
+    }
+    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, crate::AlarmError> {
+        self.inner.finish(object, run).await
+    }
+    async fn retry(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+        delay_ms: i64,
+        tries: u32,
+    ) -> Result<bool, crate::AlarmError> {
+        self.inner.retry(object, run, now, delay_ms, tries).await
+    }
+    async fn next_due(&self) -> Result<Option<i64>, crate::AlarmError> {
+        self.inner.next_due().await
+    }
+    async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
+        self.inner.counts().await
+    }
+}

@@ -1,0 +1,367 @@
+//! The dispatcher: promotes due jobs, claims them one at a time under a run
+//! token and lease, dispatches them through [`Dispatch`], and settles each
+//! by its outcome.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use durability_scheduler::{Clock, ObjectId};
+use futures::future::{Either, select};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::error::AlarmError;
+use crate::index::{AlarmIndex, Claim};
+use crate::policy::DispatcherConfig;
+use crate::token::Token;
+
+/// One delivery of an alarm to the host that owns its object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The object.
+    pub object: ObjectId,
+    /// The row token the delivery is for; the object ignores it unless its
+    /// alarm row still carries it.
+    pub token: Token,
+    /// When the alarm was scheduled.
+    pub scheduled_at: i64,
+    /// The try number (1 for the first).
+    pub attempt: u32,
+    /// Whether a failure of this try discards the alarm.
+    pub final_attempt: bool,
+}
+
+/// What a dispatch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    /// The alarm ran and succeeded: the job completes.
+    Delivered,
+    /// The object has no live row with this token (stale, deleted, or a
+    /// pending delete): the job completes without running anything.
+    Ignored,
+    /// The object's row is not due yet (a ready hint arrived early): the row
+    /// is kept and the job is rescheduled for `at` without using a try.
+    NotDue {
+        /// The row's scheduled time.
+        at: i64,
+    },
+    /// Proven never started (the host could not be reached or refused before
+    /// running anything): retried at once without using a try.
+    NeverStarted {
+        /// Why (for logs).
+        reason: String,
+    },
+    /// The alarm ran and failed: retried with backoff, discarded after the
+    /// last try.
+    Failed {
+        /// Why (for logs).
+        reason: String,
+    },
+    /// The alarm may have run (timeout, lost response): the claim is kept
+    /// until its lease expires, then the job is due again.
+    Unknown {
+        /// Why (for logs).
+        reason: String,
+    },
+    /// The object's storage is gone: the job is discarded, not delivered.
+    Gone,
+}
+
+/// The host side of delivery: runs an alarm on whichever host owns the
+/// object now (with the ownership crate, after its admission checks).
+pub trait Dispatch: Send + Sync + 'static {
+    /// Delivers one alarm and reports the outcome.
+    fn dispatch(&self, delivery: Delivery) -> impl Future<Output = DispatchOutcome> + Send;
+}
+
+impl<T: Dispatch> Dispatch for Arc<T> {
+    fn dispatch(&self, delivery: Delivery) -> impl Future<Output = DispatchOutcome> + Send {
+        (**self).dispatch(delivery)
+    }
+}
+
+/// The `do_alarm_dispatches` metric: dispatches counted by outcome.
+#[derive(Debug, Default)]
+pub struct DispatchCounters {
+    delivered: AtomicU64,
+    ignored: AtomicU64,
+    not_due: AtomicU64,
+    retried: AtomicU64,
+    retry_scheduled: AtomicU64,
+    discarded: AtomicU64,
+    unknown: AtomicU64,
+    gone: AtomicU64,
+    stale: AtomicU64,
+}
+
+/// A snapshot of [`DispatchCounters`]; field names are the `outcome` label
+/// values of `do_alarm_dispatches`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchCounts {
+    /// Delivered and completed.
+    pub delivered: u64,
+    /// Stale deliveries the object ignored (completed).
+    pub ignored: u64,
+    /// Early hints rescheduled for the row's time.
+    pub not_due: u64,
+    /// Never-started dispatches retried at once.
+    pub retried: u64,
+    /// Definite failures scheduled for a backoff retry.
+    pub retry_scheduled: u64,
+    /// Discarded after the last try.
+    pub discarded: u64,
+    /// In-flight-unknown outcomes (claim kept until lease expiry).
+    pub unknown: u64,
+    /// Discarded because the object's storage is gone.
+    pub gone: u64,
+    /// Settlements refused because the job changed since its claim.
+    pub stale: u64,
+}
+
+impl DispatchCounters {
+    /// The current counts.
+    pub fn snapshot(&self) -> DispatchCounts {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DispatchCounts {
+            delivered: g(&self.delivered),
+            ignored: g(&self.ignored),
+            not_due: g(&self.not_due),
+            retried: g(&self.retried),
+            retry_scheduled: g(&self.retry_scheduled),
+            discarded: g(&self.discarded),
+            unknown: g(&self.unknown),
+            gone: g(&self.gone),
+            stale: g(&self.stale),
+        }
+    }
+
+    fn bump(c: &AtomicU64, outcome: &'static str, object: &ObjectId) {
+        c.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            event = "durability.alarms.dispatch",
+            metric = "do_alarm_dispatches",
+            outcome,
+            object = %object,
+        );
+    }
+}
+
+/// What one [`Dispatcher::tick`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// Jobs promoted to ready.
+    pub promoted: usize,
+    /// Jobs claimed and dispatched (or discarded).
+    pub claimed: usize,
+}
+
+/// Delivers due alarms from an [`AlarmIndex`] through a [`Dispatch`].
+///
+/// Any number of dispatchers may share one index: claims are exclusive.
+pub struct Dispatcher<I, D> {
+    index: Arc<I>,
+    dispatch: Arc<D>,
+    clock: Arc<dyn Clock>,
+    config: DispatcherConfig,
+    rng: Mutex<StdRng>,
+    counters: Arc<DispatchCounters>,
+}
+
+impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
+    /// A dispatcher on `index`, delivering through `dispatch`, on `clock`.
+    ///
+    /// # Errors
+    /// [`AlarmError::InvalidConfig`] for a bad configuration.
+    pub fn new(
+        index: Arc<I>,
+        dispatch: Arc<D>,
+        clock: Arc<dyn Clock>,
+        config: DispatcherConfig,
+    ) -> Result<Self, AlarmError> {
+        config.validate()?;
+        let rng = match config.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        Ok(Self {
+            index,
+            dispatch,
+            clock,
+            config,
+            rng: Mutex::new(rng),
+            counters: Arc::default(),
+        })
+    }
+
+    /// The `do_alarm_dispatches` counters.
+    pub fn counters(&self) -> &Arc<DispatchCounters> {
+        &self.counters
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &DispatcherConfig {
+        &self.config
+    }
+
+    /// Promotes every job due now, then claims and dispatches ready jobs one
+    /// at a time until none is ready. Jobs retried at once go back to due
+    /// and wait for the next tick, so a tick always ends.
+    ///
+    /// # Errors
+    /// A failure to promote or claim; settlement failures are logged (the
+    /// claim lease brings such a job back).
+    pub async fn tick(&self) -> Result<TickReport, AlarmError> {
+        let mut report = TickReport::default();
+        let now = self.clock.now_ms();
+        loop {
+            let n = self.index.promote(now, self.config.promote_batch).await?;
+            report.promoted += n;
+            if n < self.config.promote_batch {
+                break;
+            }
+        }
+        loop {
+            let run = Token::random();
+            let claim = self
+                .index
+                .claim(self.clock.now_ms(), self.config.effective_lease_ms(), &run)
+                .await?;
+            let Some(claim) = claim else {
+                break;
+            };
+            report.claimed += 1;
+            self.handle(claim).await;
+        }
+        Ok(report)
+    }
+
+    /// Runs ticks forever: after each, sleeps until the next job is due
+    /// (at least `idle_ms`, at most `poll_ms`).
+    pub async fn run(&self) {
+        loop {
+            if let Err(error) = self.tick().await {
+                tracing::warn!(event = "durability.alarms.tick_failed", code = error.code(), %error);
+            }
+            let now = self.clock.now_ms();
+            let next = match self.index.next_due().await {
+                Ok(next) => next,
+                Err(error) => {
+                    tracing::warn!(event = "durability.alarms.tick_failed", code = error.code(), %error);
+                    None
+                }
+            };
+            let lo = now.saturating_add(self.config.idle_ms);
+            let hi = now.saturating_add(self.config.poll_ms);
+            let wake = next.unwrap_or(hi).clamp(lo, hi.max(lo));
+            self.clock.sleep_until(wake).await;
+        }
+    }
+
+    async fn handle(&self, claim: Claim) {
+        let max = self.config.retry.max_tries;
+        let c = &self.counters;
+        if claim.tries > max {
+            // Tries used up by unknown outcomes: discard without running again.
+            self.settle_finish(&claim, &c.discarded, "discarded").await;
+            tracing::warn!(event = "durability.alarms.discarded", object = %claim.object, tries = claim.tries, "alarm discarded after its last try");
+            return;
+        }
+        let delivery = Delivery {
+            object: claim.object.clone(),
+            token: claim.token.clone(),
+            scheduled_at: claim.due_at,
+            attempt: claim.tries,
+            final_attempt: claim.tries >= max,
+        };
+        let deadline = self
+            .clock
+            .now_ms()
+            .saturating_add(self.config.dispatch_timeout_ms);
+        let outcome = {
+            let call = pin!(self.dispatch.dispatch(delivery));
+            match select(call, self.clock.sleep_until(deadline)).await {
+                Either::Left((outcome, _)) => outcome,
+                Either::Right(((), _)) => DispatchOutcome::Unknown {
+                    reason: "dispatch timed out".to_owned(),
+                },
+            }
+        };
+        match outcome {
+            DispatchOutcome::Delivered => {
+                self.settle_finish(&claim, &c.delivered, "delivered").await;
+            }
+            DispatchOutcome::Ignored => self.settle_finish(&claim, &c.ignored, "ignored").await,
+            DispatchOutcome::Gone => self.settle_finish(&claim, &c.gone, "gone").await,
+            DispatchOutcome::NotDue { at } => {
+                let delay = at.saturating_sub(self.clock.now_ms()).max(0);
+                let tries = claim.tries.saturating_sub(1);
+                self.settle_retry(&claim, delay, tries, &c.not_due, "not_due")
+                    .await;
+            }
+            DispatchOutcome::NeverStarted { reason } => {
+                tracing::info!(event = "durability.alarms.dispatch_not_started", object = %claim.object, %reason);
+                let tries = claim.tries.saturating_sub(1);
+                self.settle_retry(&claim, 0, tries, &c.retried, "retried")
+                    .await;
+            }
+            DispatchOutcome::Failed { reason } => {
+                if claim.tries >= max {
+                    tracing::warn!(event = "durability.alarms.discarded", object = %claim.object, tries = claim.tries, %reason, "alarm discarded after its last try");
+                    self.settle_finish(&claim, &c.discarded, "discarded").await;
+                } else {
+                    let delay = {
+                        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+                        self.config.retry.delay_ms(claim.tries, &mut *rng)
+                    };
+                    tracing::info!(event = "durability.alarms.retry_scheduled", object = %claim.object, tries = claim.tries, delay_ms = delay, %reason);
+                    self.settle_retry(
+                        &claim,
+                        delay,
+                        claim.tries,
+                        &c.retry_scheduled,
+                        "retry_scheduled",
+                    )
+                    .await;
+                }
+            }
+            DispatchOutcome::Unknown { reason } => {
+                tracing::warn!(event = "durability.alarms.dispatch_result_unknown", object = %claim.object, lease_until = claim.lease_until, %reason);
+                DispatchCounters::bump(&c.unknown, "unknown", &claim.object);
+            }
+        }
+    }
+
+    async fn settle_finish(&self, claim: &Claim, counter: &AtomicU64, outcome: &'static str) {
+        match self.index.finish(&claim.object, &claim.run).await {
+            Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
+            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Err(error) => {
+                tracing::warn!(event = "durability.alarms.settle_failed", object = %claim.object, code = error.code(), %error);
+            }
+        }
+    }
+
+    async fn settle_retry(
+        &self,
+        claim: &Claim,
+        delay: i64,
+        tries: u32,
+        counter: &AtomicU64,
+        outcome: &'static str,
+    ) {
+        let now = self.clock.now_ms();
+        match self
+            .index
+            .retry(&claim.object, &claim.run, now, delay, tries)
+            .await
+        {
+            Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
+            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Err(error) => {
+                tracing::warn!(event = "durability.alarms.settle_failed", object = %claim.object, code = error.code(), %error);
+            }
+        }
+    }
+}

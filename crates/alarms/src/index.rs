@@ -1,0 +1,250 @@
+//! The backend job index: the [`AlarmIndex`] trait and its plain data.
+//!
+//! One job per object (keyed by [`ObjectId`]), carrying the row token of the
+//! object's alarm row. A job is in one of three states:
+//!
+//! - **due**: scheduled at a time (a retry is due at its backoff time);
+//! - **ready**: promoted because its time came, waiting to be claimed;
+//! - **running**: claimed under a run token with a lease. A running job is
+//!   indexed among the due jobs at its lease expiry, so once the lease runs
+//!   out [`AlarmIndex::promote`] makes it ready again (and the old run token
+//!   can no longer settle it).
+//!
+//! Retry and discard state is the job's try count plus the settlement calls:
+//! [`AlarmIndex::retry`] returns it to due, [`AlarmIndex::finish`] removes it
+//! (success, discard or a gone object). Every settlement is fenced by the run
+//! token; every user mutation by the row token.
+//!
+//! Times: operations that read "now" take it as a parameter. The SQLite and
+//! in-memory indexes use it; the Redis index uses the server's `TIME` in
+//! production and the caller's time only when configured to (tests driving a
+//! manual clock).
+
+use std::future::Future;
+
+use durability_scheduler::ObjectId;
+
+use crate::error::AlarmError;
+use crate::token::Token;
+
+/// The state of a job in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for its time.
+    Due,
+    /// Promoted, waiting to be claimed.
+    Ready,
+    /// Claimed under a run token until its lease expires.
+    Running,
+}
+
+/// One job as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobView {
+    /// The row token of the object's alarm row.
+    pub token: Token,
+    /// When the alarm is scheduled (Unix ms).
+    pub due_at: i64,
+    /// Its state.
+    pub state: JobState,
+    /// Claims made so far for this row token.
+    pub tries: u32,
+}
+
+/// A job claimed for dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The object the alarm belongs to.
+    pub object: ObjectId,
+    /// The row token the delivery carries.
+    pub token: Token,
+    /// When the alarm was scheduled.
+    pub due_at: i64,
+    /// The run token fencing this claim's settlement.
+    pub run: Token,
+    /// This claim's try number (1 for the first).
+    pub tries: u32,
+    /// When the claim lease expires (index time).
+    pub lease_until: i64,
+}
+
+/// Job counts, for tests and operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexCounts {
+    /// Jobs due or running (running ones are indexed at their lease expiry).
+    pub scheduled: u64,
+    /// Jobs ready to be claimed.
+    pub ready: u64,
+}
+
+impl IndexCounts {
+    /// Every job in the index.
+    pub fn total(&self) -> u64 {
+        self.scheduled + self.ready
+    }
+}
+
+/// The backend job index that owns due / ready / running / retry / discard
+/// state for every object's alarm.
+///
+/// Every method is atomic on the backend. Errors are classified as
+/// [`AlarmError::BackendUnavailable`] (nothing was attempted),
+/// [`AlarmError::BackendFailed`] (rejected before mutating) or
+/// [`AlarmError::ResultUnknown`].
+pub trait AlarmIndex: Send + Sync + 'static {
+    /// Sets the object's job to `token` due at `due_at`, replacing any job of
+    /// the object (whatever its state: a running claim loses its fence).
+    /// Idempotent: a job already at this token and time is left as it is
+    /// (state and tries included). Returns whether anything changed.
+    ///
+    /// # Errors
+    /// A backend failure, classified as above.
+    fn upsert(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+        due_at: i64,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
+
+    /// Removes the object's job if it carries `token`; whether it did.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn delete(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
+
+    /// The object's job, if any.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn job(
+        &self,
+        object: &ObjectId,
+    ) -> impl Future<Output = Result<Option<JobView>, AlarmError>> + Send;
+
+    /// Moves up to `limit` jobs whose time (due time, retry time or lease
+    /// expiry) is at or before `now` to ready, earliest first; how many.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn promote(
+        &self,
+        now: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<usize, AlarmError>> + Send;
+
+    /// Claims the earliest ready job under the run token `run` with a lease
+    /// of `lease_ms` from `now`: it becomes running, its tries go up by one.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn claim(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        run: &Token,
+    ) -> impl Future<Output = Result<Option<Claim>, AlarmError>> + Send;
+
+    /// Removes the job if it is still running under `run` (success, discard,
+    /// or an object that is gone); whether it did.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn finish(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
+
+    /// Returns the job to due at `now + delay_ms` with `tries` tries, if it
+    /// is still running under `run`; whether it did.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn retry(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+        delay_ms: i64,
+        tries: u32,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
+
+    /// The earliest time some job needs attention (ready jobs count as their
+    /// due time), if any.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn next_due(&self) -> impl Future<Output = Result<Option<i64>, AlarmError>> + Send;
+
+    /// How many jobs are scheduled and ready.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn counts(&self) -> impl Future<Output = Result<IndexCounts, AlarmError>> + Send;
+}
+
+impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
+    fn upsert(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+        due_at: i64,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).upsert(object, token, due_at)
+    }
+    fn delete(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).delete(object, token)
+    }
+    fn job(
+        &self,
+        object: &ObjectId,
+    ) -> impl Future<Output = Result<Option<JobView>, AlarmError>> + Send {
+        (**self).job(object)
+    }
+    fn promote(
+        &self,
+        now: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<usize, AlarmError>> + Send {
+        (**self).promote(now, limit)
+    }
+    fn claim(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        run: &Token,
+    ) -> impl Future<Output = Result<Option<Claim>, AlarmError>> + Send {
+        (**self).claim(now, lease_ms, run)
+    }
+    fn finish(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).finish(object, run)
+    }
+    fn retry(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+        delay_ms: i64,
+        tries: u32,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).retry(object, run, now, delay_ms, tries)
+    }
+    fn next_due(&self) -> impl Future<Output = Result<Option<i64>, AlarmError>> + Send {
+        (**self).next_due()
+    }
+    fn counts(&self) -> impl Future<Output = Result<IndexCounts, AlarmError>> + Send {
+        (**self).counts()
+    }
+}

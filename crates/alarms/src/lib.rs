@@ -1,0 +1,77 @@
+//! Durable per-object alarms with at-least-once delivery (seed 003).
+//!
+//! Three parts:
+//!
+//! - **Object side** ([`Alarms`]): `set_alarm` / `get_alarm` /
+//!   `delete_alarm` keep the object's one alarm row (with a row token) in
+//!   the object's own storage ([`AlarmTx`]) and flush the matching job
+//!   mutation to the backend index after the local commit, in API order.
+//!   Inside [`Alarms::transaction`] the effect is coalesced and flushed once
+//!   after commit. A pending delete fences its row so a stale delivery can
+//!   never run a deleted alarm. Failures are typed as the seed names them:
+//!   `do_alarm_backend_unavailable`, `do_alarm_backend_failed`,
+//!   `do_alarm_result_unknown`.
+//! - **Backend index** ([`AlarmIndex`]): one job per object with due /
+//!   ready / running state, run tokens and claim leases. Implementations:
+//!   [`MemoryAlarmIndex`] here, `SqliteAlarmIndex` in
+//!   `durability-storage-sqlite`, `RedisAlarmIndex` in
+//!   `durability-storage-redis`.
+//! - **Dispatcher** ([`Dispatcher`]): promotes due jobs, claims one at a
+//!   time, delivers through [`Dispatch`] and settles by outcome (success,
+//!   never started, definite failure with backoff and jitter up to
+//!   `max_tries`, unknown outcome held until lease expiry), counting
+//!   `do_alarm_dispatches` by outcome ([`DispatchCounters`]).
+//!
+//! - **Scheduler bridge** ([`SchedulerAlarm`]): backs the scheduler's one
+//!   alarm with this crate, so outbox and topology work resumes on whichever
+//!   host owns the object after a crash.
+//!
+//! This crate holds logic only: no SQL and no network client.
+//!
+//! # Features
+//!
+//! - `conformance`: the `conformance` module (the [`AlarmIndex`] and
+//!   [`AlarmTx`] suites every backend runs) and the [`AlarmTx`]
+//!   implementation on the scheduler's in-memory test storage.
+
+mod bridge;
+mod dispatcher;
+mod error;
+mod index;
+mod memory;
+mod object;
+mod policy;
+mod store;
+mod token;
+mod wire;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+/// The capability name the alarm row's schema is registered under.
+pub const SCHEMA: &str = "alarms";
+
+pub use bridge::{DEFAULT_SCHEDULER_IDLE_MS, SchedulerAlarm};
+pub use dispatcher::{
+    Delivery, Dispatch, DispatchCounters, DispatchCounts, DispatchOutcome, Dispatcher, TickReport,
+};
+pub use error::{AlarmError, BoxError};
+pub use index::{AlarmIndex, Claim, IndexCounts, JobState, JobView};
+pub use memory::MemoryAlarmIndex;
+pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
+pub use policy::{
+    DEFAULT_CLAIM_LEASE_MS, DEFAULT_DISPATCH_TIMEOUT_MS, DEFAULT_MAX_TRIES, DEFAULT_PROMOTE_BATCH,
+    DEFAULT_RETRY_DELAY_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS, DispatcherConfig,
+    MAX_DELAY_MS, MAX_RESPONSE_BYTES, MUTATION_DEADLINE_MS, RESPONSE_DEADLINE_MS, RetryPolicy,
+};
+pub use store::{AlarmRow, AlarmTx};
+pub use token::{MAX_TOKEN_BYTES, Token, validate_time};
+pub use wire::{
+    DISPATCH_FAILED, DISPATCH_RESULT_UNKNOWN, decode_dispatch_response, read_dispatch_response,
+};
+
+/// The object ID type, re-exported so backends need no scheduler dependency.
+pub use durability_scheduler::ObjectId;
+
+#[cfg(test)]
+mod tests;

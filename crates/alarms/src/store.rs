@@ -1,0 +1,56 @@
+//! What the object side keeps in the object's own storage: the
+//! [`AlarmTx`] trait a backend implements on its transaction type, and the
+//! one alarm row.
+
+use durability_scheduler::{SchedulerTx, StorageError};
+
+use crate::token::Token;
+
+/// The object's alarm row.
+///
+/// `token` is the row token the backend job carries. A pending delete keeps
+/// the row with `fence` set: deliveries of `token` are then refused (a stale
+/// delivery can never run a deleted alarm) until the backend delete settles
+/// and the row is removed, or fails and the fence is cleared again (token-
+/// fenced compensation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlarmRow {
+    /// When the alarm is scheduled (Unix ms, safe integer).
+    pub at: i64,
+    /// The row token.
+    pub token: Token,
+    /// The fence token of a pending delete (`in_flight = 1` in the seed).
+    pub fence: Option<Token>,
+}
+
+impl AlarmRow {
+    /// Whether the row is a live alarm (not a pending delete).
+    pub fn is_pending(&self) -> bool {
+        self.fence.is_none()
+    }
+}
+
+/// The alarm row in an object's storage.
+///
+/// Every method runs inside the caller's transaction; compare-and-set rules
+/// are applied by the alarms crate reading and writing in one transaction.
+pub trait AlarmTx: SchedulerTx {
+    /// The object's alarm row, if any.
+    ///
+    /// # Errors
+    /// A backend failure, or a stored row that fails validation
+    /// (`StorageErrorKind::Corrupt`).
+    fn alarm_row(&mut self) -> Result<Option<AlarmRow>, StorageError>;
+
+    /// Writes the object's alarm row, replacing any.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn put_alarm_row(&mut self, row: &AlarmRow) -> Result<(), StorageError>;
+
+    /// Removes the object's alarm row; whether there was one.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn delete_alarm_row(&mut self) -> Result<bool, StorageError>;
+}

@@ -1,0 +1,410 @@
+//! Redis alarm job index: [`RedisAlarmIndex`] implements
+//! `durability_alarms::AlarmIndex` with sorted sets, hashes and one Lua
+//! script per transition (atomic on the server, one round trip each).
+//!
+//! | key (after the prefix) | type | meaning |
+//! |---|---|---|
+//! | `wf:internal:do-alarm:due` | ZSET | due jobs by due/retry time, running jobs by lease expiry |
+//! | `wf:internal:do-alarm:ready` | ZSET | promoted jobs by due time, claimed earliest first |
+//! | `wf:internal:do-alarm:job:<object>` | HASH | `token`, `due_at`, `state`, `tries`, `run` |
+//!
+//! Leases and retry times use the server's `TIME` ([`IndexTime::Server`],
+//! the default), never the caller's clock. Tests that drive a manual clock
+//! select [`IndexTime::Caller`] so the `now` the dispatcher passes is used.
+//! Scripts touch the job hash of the object they name, so the index targets
+//! a single Redis (or a proxy), not Redis Cluster.
+
+use durability_alarms::{
+    AlarmError, AlarmIndex, Claim, IndexCounts, JobState, JobView, ObjectId, Token, validate_time,
+};
+
+use redis::aio::ConnectionManager;
+use redis::{RedisError, Script};
+
+/// Which clock the index's lease and retry times run on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IndexTime {
+    /// Redis server `TIME` (production).
+    #[default]
+    Server,
+    /// The `now` the caller passes (tests with an injected clock).
+    Caller,
+}
+
+const NOW: &str = "
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+";
+
+const UPSERT: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local cur = redis.call('HMGET', jk, 'token', 'due_at')
+if cur[1] == ARGV[4] and cur[2] == ARGV[5] then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('DEL', jk)
+redis.call('HSET', jk, 'token', ARGV[4], 'due_at', ARGV[5], 'state', 'due', 'tries', '0')
+redis.call('ZADD', KEYS[1], ARGV[5], ARGV[3])
+return 1
+";
+
+const DELETE: &str = "
+local jk = ARGV[2] .. ARGV[3]
+if redis.call('HGET', jk, 'token') ~= ARGV[4] then return 0 end
+redis.call('DEL', jk)
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+";
+
+const PROMOTE: &str = "
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  local jk = ARGV[2] .. id
+  local d = redis.call('HGET', jk, 'due_at')
+  if d then
+    redis.call('HSET', jk, 'state', 'ready')
+    redis.call('HDEL', jk, 'run')
+    redis.call('ZADD', KEYS[2], d, id)
+  end
+end
+return #ids
+";
+
+const CLAIM: &str = "
+while true do
+  local r = redis.call('ZRANGE', KEYS[2], 0, 0)
+  if #r == 0 then return false end
+  local id = r[1]
+  redis.call('ZREM', KEYS[2], id)
+  local jk = ARGV[2] .. id
+  local j = redis.call('HMGET', jk, 'token', 'due_at', 'tries')
+  if j[1] then
+    local tries = tonumber(j[3] or '0') + 1
+    local lease = string.format('%d', now + tonumber(ARGV[3]))
+    redis.call('HSET', jk, 'state', 'running', 'run', ARGV[4], 'tries', string.format('%d', tries))
+    redis.call('ZADD', KEYS[1], lease, id)
+    return {id, j[1], j[2], tries, lease}
+  end
+end
+";
+
+const FINISH: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local j = redis.call('HMGET', jk, 'state', 'run')
+if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+redis.call('DEL', jk)
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+";
+
+const RETRY: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local j = redis.call('HMGET', jk, 'state', 'run')
+if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+redis.call('HSET', jk, 'state', 'due', 'tries', ARGV[6])
+redis.call('HDEL', jk, 'run')
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[5])), ARGV[3])
+return 1
+";
+
+/// A refused connection never reached the server: nothing changed. Any
+/// other failure may have been applied.
+fn redis_error(e: RedisError) -> AlarmError {
+    if e.is_connection_refusal() {
+        AlarmError::unavailable(e)
+    } else {
+        AlarmError::unknown(e)
+    }
+}
+
+fn bad(reason: impl std::fmt::Display) -> AlarmError {
+    AlarmError::Corrupt {
+        reason: format!("alarm index reply: {reason}"),
+    }
+}
+
+/// The alarm job index on Redis.
+#[derive(Clone)]
+pub struct RedisAlarmIndex {
+    conn: ConnectionManager,
+    prefix: String,
+    time: IndexTime,
+    upsert: Script,
+    delete: Script,
+    promote: Script,
+    claim: Script,
+    finish: Script,
+    retry: Script,
+}
+
+impl std::fmt::Debug for RedisAlarmIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAlarmIndex")
+            .field("prefix", &self.prefix)
+            .field("time", &self.time)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisAlarmIndex {
+    /// An index on `conn` whose keys all start with `prefix` (may be empty).
+    pub fn new(conn: ConnectionManager, prefix: &str, time: IndexTime) -> Self {
+        let with_now = |body: &str| Script::new(&format!("{NOW}{body}"));
+        Self {
+            conn,
+            prefix: prefix.to_owned(),
+            time,
+            upsert: Script::new(UPSERT),
+            delete: Script::new(DELETE),
+            promote: with_now(PROMOTE),
+            claim: with_now(CLAIM),
+            finish: Script::new(FINISH),
+            retry: with_now(RETRY),
+        }
+    }
+
+    /// Connects to `url` and builds an index with `prefix`.
+    ///
+    /// # Errors
+    /// [`AlarmError::BackendUnavailable`] when Redis cannot be reached.
+    pub async fn connect(url: &str, prefix: &str, time: IndexTime) -> Result<Self, AlarmError> {
+        let client = redis::Client::open(url).map_err(AlarmError::unavailable)?;
+        let conn = ConnectionManager::new(client)
+            .await
+            .map_err(AlarmError::unavailable)?;
+        Ok(Self::new(conn, prefix, time))
+    }
+
+    /// The connection (shared with clones of this index).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The due sorted set's key.
+    pub fn due_key(&self) -> String {
+        format!("{}wf:internal:do-alarm:due", self.prefix)
+    }
+
+    /// The ready sorted set's key.
+    pub fn ready_key(&self) -> String {
+        format!("{}wf:internal:do-alarm:ready", self.prefix)
+    }
+
+    fn job_prefix(&self) -> String {
+        format!("{}wf:internal:do-alarm:job:", self.prefix)
+    }
+
+    /// The job hash key of `object`.
+    pub fn job_key(&self, object: &ObjectId) -> String {
+        format!("{}{}", self.job_prefix(), object.as_str())
+    }
+
+    fn now_arg(&self, now: i64) -> i64 {
+        match self.time {
+            IndexTime::Server => -1,
+            IndexTime::Caller => now.max(0),
+        }
+    }
+
+    fn invocation<'s>(&self, script: &'s Script, now: i64) -> redis::ScriptInvocation<'s> {
+        let mut inv = script.key(self.due_key());
+        inv.key(self.ready_key())
+            .arg(self.now_arg(now))
+            .arg(self.job_prefix());
+        inv
+    }
+}
+
+fn parse_state(s: &str) -> Result<JobState, AlarmError> {
+    match s {
+        "due" => Ok(JobState::Due),
+        "ready" => Ok(JobState::Ready),
+        "running" => Ok(JobState::Running),
+        other => Err(bad(format!("unknown state {other:?}"))),
+    }
+}
+
+/// A `ZRANGE … WITHSCORES` reply.
+type Scored = Vec<(String, f64)>;
+
+fn tries_of(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+impl AlarmIndex for RedisAlarmIndex {
+    async fn upsert(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+        due_at: i64,
+    ) -> Result<bool, AlarmError> {
+        validate_time(due_at)?;
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.upsert, 0)
+            .arg(object.as_str())
+            .arg(token.as_str())
+            .arg(due_at.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.delete, 0)
+            .arg(object.as_str())
+            .arg(token.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
+        let mut conn = self.conn.clone();
+        let (token, due_at, state, tries): (
+            Option<String>,
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+        ) = redis::cmd("HMGET")
+            .arg(self.job_key(object))
+            .arg("token")
+            .arg("due_at")
+            .arg("state")
+            .arg("tries")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        Ok(Some(JobView {
+            token: Token::new(token).map_err(bad)?,
+            due_at: due_at.ok_or_else(|| bad("job without due_at"))?,
+            state: parse_state(state.as_deref().unwrap_or(""))?,
+            tries: tries_of(tries.unwrap_or(0)),
+        }))
+    }
+
+    async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.promote, now)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    async fn claim(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        run: &Token,
+    ) -> Result<Option<Claim>, AlarmError> {
+        let mut conn = self.conn.clone();
+        let reply: Option<(String, String, i64, i64, i64)> = self
+            .invocation(&self.claim, now)
+            .arg(lease_ms.max(0))
+            .arg(run.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let Some((object, token, due_at, tries, lease_until)) = reply else {
+            return Ok(None);
+        };
+        Ok(Some(Claim {
+            object: ObjectId::new(object).map_err(bad)?,
+            token: Token::new(token).map_err(bad)?,
+            due_at,
+            run: run.clone(),
+            tries: tries_of(tries),
+            lease_until,
+        }))
+    }
+
+    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.finish, 0)
+            .arg(object.as_str())
+            .arg(run.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn retry(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+        delay_ms: i64,
+        tries: u32,
+    ) -> Result<bool, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.retry, now)
+            .arg(object.as_str())
+            .arg(run.as_str())
+            .arg(delay_ms.max(0))
+            .arg(tries)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
+        let mut conn = self.conn.clone();
+        let (due, ready): (Scored, Scored) = redis::pipe()
+            .cmd("ZRANGE")
+            .arg(self.due_key())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .cmd("ZRANGE")
+            .arg(self.ready_key())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(due
+            .into_iter()
+            .chain(ready)
+            .map(|(_, score)| score as i64)
+            .min())
+    }
+
+    async fn counts(&self) -> Result<IndexCounts, AlarmError> {
+        let mut conn = self.conn.clone();
+        let (scheduled, ready): (u64, u64) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(self.due_key())
+            .cmd("ZCARD")
+            .arg(self.ready_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(IndexCounts { scheduled, ready })
+    }
+}
