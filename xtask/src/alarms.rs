@@ -2,7 +2,7 @@
 //! object after the first host dies) and the alarm benchmarks.
 //!
 //! - [`demo`]: SQLite index by default, Redis (server time) with a URL.
-//! - [`bench`]: `alarms.set_alarm` against a bare SQLite commit plus a bare
+//! - [`bench()`]: `alarms.set_alarm` against a bare SQLite commit plus a bare
 //!   `ZADD`; `alarms.dispatch` of 100k due alarms against a bare
 //!   `ZRANGEBYSCORE` + `ZREM` loop, with p50/p99 lateness; and the peak RSS
 //!   of a dispatcher over 10k and 1M pending alarms, each measured in a
@@ -619,7 +619,7 @@ fn rss_in_child(n: u64) -> Result<u64> {
     Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
 
-/// `xtask alarms-rss <index file>` (child process of [`bench`]): opens a
+/// `xtask alarms-rss <index file>` (child process of [`bench()`]): opens a
 /// SQLite alarm index already holding the pending alarms (due far in the
 /// future), adds 1,000 due now, runs a dispatcher until they are delivered,
 /// and prints its peak RSS (`VmHWM`, KiB) on stdout.
