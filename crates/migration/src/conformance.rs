@@ -445,6 +445,12 @@ pub async fn shard_suite(shard: &dyn Shard, table: &str) {
         .await
         .unwrap();
     assert_eq!(n, 0, "fenced insert writes nothing behind a tombstone");
+    // Keys compare byte-wise: the tombstone of `k1` does not fence `K1`.
+    let n = shard
+        .execute(&d.fenced_insert(&t, "K1", &row_idents(&row([("id", "K1")])).unwrap(), None))
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "a tombstone fences its exact key only");
     let n = shard
         .execute(&d.fenced_insert(
             &t,

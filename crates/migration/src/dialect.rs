@@ -119,15 +119,19 @@ impl Dialect {
         }
     }
 
+    /// The type of the crate's text key columns. MySQL/MariaDB compare with
+    /// the server's default collation, usually case-insensitive
+    /// (`utf8mb4_general_ci`, where `"K"` equals `"k"`): keys are compared
+    /// byte-wise, as on the other dialects.
     fn text_key_type(&self) -> &'static str {
         match self {
-            Self::MySql => "VARCHAR(255)",
+            Self::MySql => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             _ => "TEXT",
         }
     }
     fn text_type(&self) -> &'static str {
         match self {
-            Self::MySql => "LONGTEXT",
+            Self::MySql => "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             _ => "TEXT",
         }
     }

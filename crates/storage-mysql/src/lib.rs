@@ -1,0 +1,372 @@
+//! MariaDB/MySQL shards and mapping store for `durability-migration`.
+//!
+//! [`MysqlShard`] is one MariaDB (or MySQL) database holding keyed tables:
+//! it speaks [`Dialect::MySql`], declares an atomic batch (one InnoDB
+//! transaction that rolls the whole group back when one statement fails) and
+//! uses a `mysql_async` connection pool, so it is not a single-connection
+//! adapter. [`MysqlMappingStore`] keeps key → shard mappings in a
+//! `durability_mapping` table.
+//!
+//! Sessions: every connection runs at `SERIALIZABLE` and with
+//! `CLIENT_FOUND_ROWS`, so an `UPDATE` reports the rows it matched (what the
+//! router counts), not only the rows whose values changed. A deadlock or a
+//! lock wait timeout (server errors 1213, 1205) rolled the statement's
+//! transaction back, so the shard retries the statement or the whole batch,
+//! up to [`MAX_ATTEMPTS`] times.
+//!
+//! Values are always bound parameters (the binary protocol). Reads map
+//! integer columns to [`Value::Integer`], `FLOAT`/`DOUBLE` to
+//! [`Value::Real`], character columns to [`Value::Text`] and binary-charset
+//! columns (`BLOB`, `VARBINARY`) to [`Value::Blob`]; any other value (dates,
+//! decimals) is an error, never a silent conversion.
+//!
+//! Features: `testkit` adds [`testkit::TestDatabase`], a throwaway database
+//! on a real server for tests.
+
+use durability_migration::{
+    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, Statement, Value,
+};
+use mysql_async::consts::ColumnType;
+use mysql_async::prelude::Queryable;
+use mysql_async::{IsolationLevel, Opts, OptsBuilder, Params, Pool, TxOpts};
+
+/// How many times a statement or batch that failed with a deadlock or a lock
+/// wait timeout is tried in all.
+pub const MAX_ATTEMPTS: usize = 32;
+
+/// The binary character set: a column holding bytes, not text.
+const BINARY_CHARSET: u16 = 63;
+
+fn params(st: &Statement) -> Params {
+    if st.params.is_empty() {
+        return Params::Empty;
+    }
+    Params::Positional(
+        st.params
+            .iter()
+            .map(|v| match v {
+                Value::Null => mysql_async::Value::NULL,
+                Value::Integer(i) => mysql_async::Value::Int(*i),
+                Value::Real(f) => mysql_async::Value::Double(*f),
+                Value::Text(s) => mysql_async::Value::Bytes(s.as_bytes().to_vec()),
+                Value::Blob(b) => mysql_async::Value::Bytes(b.clone()),
+            })
+            .collect(),
+    )
+}
+
+fn decode(col: &mysql_async::Column, v: mysql_async::Value) -> Result<Value, BackendError> {
+    Ok(match v {
+        mysql_async::Value::NULL => Value::Null,
+        mysql_async::Value::Int(i) => Value::Integer(i),
+        mysql_async::Value::UInt(u) => Value::Integer(i64::try_from(u)?),
+        mysql_async::Value::Float(f) => Value::Real(f.into()),
+        mysql_async::Value::Double(f) => Value::Real(f),
+        mysql_async::Value::Bytes(b) => match col.column_type() {
+            ColumnType::MYSQL_TYPE_VARCHAR
+            | ColumnType::MYSQL_TYPE_VAR_STRING
+            | ColumnType::MYSQL_TYPE_STRING
+            | ColumnType::MYSQL_TYPE_TINY_BLOB
+            | ColumnType::MYSQL_TYPE_MEDIUM_BLOB
+            | ColumnType::MYSQL_TYPE_LONG_BLOB
+            | ColumnType::MYSQL_TYPE_BLOB => {
+                if col.character_set() == BINARY_CHARSET {
+                    Value::Blob(b)
+                } else {
+                    Value::Text(String::from_utf8(b)?)
+                }
+            }
+            t => {
+                return Err(
+                    format!("unsupported column type {t:?} of column {}", col.name_str()).into(),
+                );
+            }
+        },
+        other => {
+            return Err(format!("unsupported value {other:?} of column {}", col.name_str()).into());
+        }
+    })
+}
+
+fn to_row(r: mysql_async::Row) -> Result<Row, BackendError> {
+    let cols = r.columns();
+    let values = r.unwrap();
+    let mut row = Row::new();
+    for (c, v) in cols.iter().zip(values) {
+        row.insert(c.name_str().into_owned(), decode(c, v)?);
+    }
+    Ok(row)
+}
+
+fn is_retryable(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == 1213 || s.code == 1205)
+}
+
+/// The outcome of one try: a retryable failure, or a final result.
+enum Attempt<T> {
+    Retry(mysql_async::Error),
+    Done(Result<T, BackendError>),
+}
+
+fn classify<T>(r: Result<T, mysql_async::Error>) -> Attempt<T> {
+    match r {
+        Err(e) if is_retryable(&e) => Attempt::Retry(e),
+        Err(e) => Attempt::Done(Err(e.into())),
+        Ok(v) => Attempt::Done(Ok(v)),
+    }
+}
+
+async fn exec_on<Q: Queryable>(q: &mut Q, st: &Statement) -> Result<u64, mysql_async::Error> {
+    let result = q.exec_iter(st.sql.as_str(), params(st)).await?;
+    let n = result.affected_rows();
+    result.drop_result().await?;
+    Ok(n)
+}
+
+/// One MariaDB/MySQL database as a migration shard.
+#[derive(Clone, Debug)]
+pub struct MysqlShard {
+    pool: Pool,
+}
+
+impl MysqlShard {
+    /// A shard over a pool built from `opts`; sessions are set to
+    /// `SERIALIZABLE` with `CLIENT_FOUND_ROWS`. Connections open lazily.
+    pub fn new(opts: Opts) -> Self {
+        let mut setup = opts.setup().to_vec();
+        setup.push("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE".to_owned());
+        let opts = OptsBuilder::from_opts(opts)
+            .client_found_rows(true)
+            .setup(setup);
+        Self {
+            pool: Pool::new(opts),
+        }
+    }
+
+    /// A shard at `url` (`mysql://user@host:port/database`), checked by one
+    /// round trip.
+    ///
+    /// # Errors
+    /// A malformed URL or a server that cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, BackendError> {
+        let shard = Self::new(Opts::from_url(url)?);
+        shard.pool.get_conn().await?.query_drop("SELECT 1").await?;
+        Ok(shard)
+    }
+
+    /// Runs statements without parameters through the text protocol (setup,
+    /// tests).
+    ///
+    /// # Errors
+    /// The server's error.
+    pub async fn query_drop(&self, sql: &str) -> Result<(), BackendError> {
+        self.pool.get_conn().await?.query_drop(sql).await?;
+        Ok(())
+    }
+
+    /// Closes the pool's connections.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub async fn disconnect(self) -> Result<(), BackendError> {
+        self.pool.disconnect().await?;
+        Ok(())
+    }
+
+    async fn execute_once(&self, st: &Statement) -> Result<Attempt<u64>, BackendError> {
+        let mut conn = self.pool.get_conn().await?;
+        Ok(classify(exec_on(&mut conn, st).await))
+    }
+
+    async fn query_once(&self, st: &Statement) -> Result<Attempt<Vec<Row>>, BackendError> {
+        let mut conn = self.pool.get_conn().await?;
+        Ok(
+            match classify(
+                conn.exec::<mysql_async::Row, _, _>(st.sql.as_str(), params(st))
+                    .await,
+            ) {
+                Attempt::Done(Ok(rows)) => {
+                    Attempt::Done(rows.into_iter().map(to_row).collect::<Result<_, _>>())
+                }
+                Attempt::Done(Err(e)) => Attempt::Done(Err(e)),
+                Attempt::Retry(e) => Attempt::Retry(e),
+            },
+        )
+    }
+
+    async fn batch_once(&self, stmts: &[Statement]) -> Result<Attempt<Vec<u64>>, BackendError> {
+        let mut conn = self.pool.get_conn().await?;
+        let mut opts = TxOpts::default();
+        opts.with_isolation_level(IsolationLevel::Serializable);
+        let mut tx = match conn.start_transaction(opts).await {
+            Ok(tx) => tx,
+            Err(e) => return Ok(classify(Err(e))),
+        };
+        let mut counts = Vec::with_capacity(stmts.len());
+        for st in stmts {
+            match exec_on(&mut tx, st).await {
+                Ok(n) => counts.push(n),
+                Err(e) => {
+                    if let Err(rb) = tx.rollback().await {
+                        tracing::warn!(error = %rb, "durability.mysql.rollback_failed");
+                    }
+                    return Ok(classify(Err(e)));
+                }
+            }
+        }
+        Ok(classify(tx.commit().await.map(|()| counts)))
+    }
+
+    async fn retrying<T, F, Fut>(&self, mut once: F) -> Result<T, BackendError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Attempt<T>, BackendError>>,
+    {
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            match once().await? {
+                Attempt::Done(r) => return r,
+                Attempt::Retry(e) => {
+                    tracing::debug!(error = %e, "durability.mysql.retry");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(match last {
+            Some(e) => e.into(),
+            None => "no attempt made".into(),
+        })
+    }
+}
+
+impl Shard for MysqlShard {
+    fn dialect(&self) -> Dialect {
+        Dialect::MySql
+    }
+    fn batch_support(&self) -> BatchSupport {
+        BatchSupport::Atomic
+    }
+    fn single_connection(&self) -> bool {
+        false
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(self.retrying(move || self.execute_once(stmt)))
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(self.retrying(move || self.query_once(stmt)))
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.retrying(move || self.batch_once(stmts)))
+    }
+}
+
+/// Key → shard mappings in a MariaDB/MySQL table (`durability_mapping`).
+/// Keys are `VARBINARY(512)`: compared and ordered byte-wise, with no
+/// collation folding case or ignoring trailing spaces.
+#[derive(Clone, Debug)]
+pub struct MysqlMappingStore {
+    shard: MysqlShard,
+}
+
+const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
+    (mkey VARBINARY(512) PRIMARY KEY, shard VARBINARY(255) NOT NULL)";
+
+fn text(v: Option<Value>) -> Result<String, BackendError> {
+    match v {
+        Some(Value::Blob(b)) => Ok(String::from_utf8(b)?),
+        Some(Value::Text(s)) => Ok(s),
+        other => Err(format!("malformed mapping value {other:?}").into()),
+    }
+}
+
+impl MysqlMappingStore {
+    /// A mapping store in `shard`'s database; creates its table when missing.
+    ///
+    /// # Errors
+    /// The server's error.
+    pub async fn new(shard: MysqlShard) -> Result<Self, BackendError> {
+        shard.query_drop(MAPPING_SCHEMA).await?;
+        Ok(Self { shard })
+    }
+
+    async fn lookup(&self, key: &str) -> Result<Option<String>, BackendError> {
+        let st = Statement::with_params(
+            "SELECT shard FROM durability_mapping WHERE mkey = ?",
+            vec![Value::Blob(key.as_bytes().to_vec())],
+        );
+        match self.shard.query(&st).await?.into_iter().next() {
+            None => Ok(None),
+            Some(mut r) => Ok(Some(text(r.remove("shard"))?)),
+        }
+    }
+}
+
+fn bytes(s: &str) -> Value {
+    Value::Blob(s.as_bytes().to_vec())
+}
+
+impl durability_migration::MappingStore for MysqlMappingStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        Box::pin(self.lookup(key))
+    }
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "INSERT INTO durability_mapping (mkey, shard) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE shard = VALUES(shard)",
+                vec![bytes(key), bytes(shard)],
+            );
+            self.shard.execute(&st).await?;
+            Ok(())
+        })
+    }
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<String, BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "INSERT IGNORE INTO durability_mapping (mkey, shard) VALUES (?, ?)",
+                vec![bytes(key), bytes(shard)],
+            );
+            self.shard.execute(&st).await?;
+            self.lookup(key)
+                .await?
+                .ok_or_else(|| "mapping vanished after put_if_absent".into())
+        })
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "DELETE FROM durability_mapping WHERE mkey = ?",
+                vec![bytes(key)],
+            );
+            Ok(self.shard.execute(&st).await? > 0)
+        })
+    }
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let st = Statement::with_params(
+                "SELECT mkey, shard FROM durability_mapping WHERE mkey > ? ORDER BY mkey LIMIT ?",
+                vec![bytes(after.unwrap_or("")), Value::Integer(limit)],
+            );
+            let mut out = Vec::new();
+            for mut r in self.shard.query(&st).await? {
+                out.push((text(r.remove("mkey"))?, text(r.remove("shard"))?));
+            }
+            Ok(out)
+        })
+    }
+}
+
+#[cfg(feature = "testkit")]
+pub mod testkit;

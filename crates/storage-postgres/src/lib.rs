@@ -1,0 +1,507 @@
+//! PostgreSQL shards and mapping store for `durability-migration`.
+//!
+//! [`PostgresShard`] is one PostgreSQL database (or schema) holding keyed
+//! tables: it speaks [`Dialect::Postgres`], declares an atomic batch (one
+//! transaction that rolls the whole group back when one statement fails) and
+//! uses a connection pool (`deadpool-postgres`), so it is not a
+//! single-connection adapter. [`PostgresMappingStore`] keeps key → shard
+//! mappings in a `durability_mapping` table.
+//!
+//! Isolation: every connection of a shard runs at `SERIALIZABLE`
+//! (`default_transaction_isolation`), single statements and batches alike.
+//! Under `READ COMMITTED` a cutover batch and a concurrent routed insert can
+//! both pass their `NOT EXISTS` predicates (each misses the other's
+//! uncommitted row), leaving a live row behind a tombstone; serializable
+//! snapshot isolation refuses one of them. A serialization failure or
+//! deadlock (SQLSTATE `40001`, `40P01`) applied nothing, so the shard retries
+//! the statement or the whole batch, up to [`MAX_ATTEMPTS`] times.
+//!
+//! Values are always bound parameters. A value is encoded for the type the
+//! server inferred for its placeholder: integers bind to `BIGINT`,
+//! `INTEGER`, `SMALLINT`, floating point and `BOOLEAN` (0/1) parameters,
+//! floats to floating point, text to text-like types, bytes to `BYTEA`, and
+//! `NULL` to anything. Reads map integer and boolean columns to
+//! [`Value::Integer`], floating point to [`Value::Real`], text-like columns
+//! (and domains over them) to [`Value::Text`] and `BYTEA` to [`Value::Blob`];
+//! any other column type is an error, never a silent conversion.
+//!
+//! Features: `testkit` adds [`testkit::TestSchema`], a throwaway schema on a
+//! real server for tests.
+
+use std::error::Error as StdError;
+
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use durability_migration::{
+    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, Statement, Value,
+};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{FromSql, Kind, ToSql, Type};
+use tokio_postgres::{Config, NoTls};
+
+/// How many times a statement or batch that failed with a serialization
+/// failure or a deadlock is tried in all.
+pub const MAX_ATTEMPTS: usize = 32;
+
+/// Default pool size of [`PostgresShard::connect`].
+pub const DEFAULT_POOL_SIZE: usize = 8;
+
+/// A PostgreSQL connection pool whose connections run at `SERIALIZABLE`.
+fn pool(mut config: Config, size: usize) -> Result<Pool, BackendError> {
+    let opts = match config.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} -c default_transaction_isolation=serializable"),
+        _ => "-c default_transaction_isolation=serializable".to_owned(),
+    };
+    config.options(opts);
+    let mgr = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(mgr).max_size(size.max(1)).build()?)
+}
+
+/// Parses a `postgres://` URL and sets the schema search path, when given.
+///
+/// # Errors
+/// The parse error of a malformed URL.
+pub fn config_for(url: &str, schema: Option<&str>) -> Result<Config, BackendError> {
+    let mut config: Config = url.parse()?;
+    if let Some(s) = schema {
+        let path = format!("-c search_path={s}");
+        let opts = match config.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} {path}"),
+            _ => path,
+        };
+        config.options(opts);
+    }
+    Ok(config)
+}
+
+fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+fn text_like(ty: &Type) -> bool {
+    matches!(
+        *ty,
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN
+    ) || ty.name() == "citext"
+}
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+fn mismatch(v: &Value, ty: &Type) -> BackendError {
+    let kind = match v {
+        Value::Null => "null",
+        Value::Integer(_) => "an integer",
+        Value::Real(_) => "a real",
+        Value::Text(_) => "text",
+        Value::Blob(_) => "a blob",
+    };
+    format!("cannot bind {kind} to a parameter of type {ty}").into()
+}
+
+/// The Rust value to bind `v` as, for a parameter of type `ty`.
+fn param(v: &Value, ty: &Type) -> Result<Param, BackendError> {
+    if let Kind::Domain(inner) = ty.kind() {
+        return param(v, inner);
+    }
+    Ok(match (v, ty) {
+        (Value::Null, &Type::INT8) => Box::new(None::<i64>),
+        (Value::Null, &Type::INT4) => Box::new(None::<i32>),
+        (Value::Null, &Type::INT2) => Box::new(None::<i16>),
+        (Value::Null, &Type::FLOAT8) => Box::new(None::<f64>),
+        (Value::Null, &Type::FLOAT4) => Box::new(None::<f32>),
+        (Value::Null, &Type::BOOL) => Box::new(None::<bool>),
+        (Value::Null, &Type::BYTEA) => Box::new(None::<Vec<u8>>),
+        (Value::Null, t) if text_like(t) => Box::new(None::<String>),
+        (Value::Integer(i), &Type::INT8) => Box::new(*i),
+        (Value::Integer(i), &Type::INT4) => Box::new(i32::try_from(*i)?),
+        (Value::Integer(i), &Type::INT2) => Box::new(i16::try_from(*i)?),
+        #[allow(clippy::cast_precision_loss)]
+        (Value::Integer(i), &Type::FLOAT8) => Box::new(*i as f64),
+        (Value::Integer(i), &Type::BOOL) if *i == 0 || *i == 1 => Box::new(*i == 1),
+        (Value::Real(f), &Type::FLOAT8) => Box::new(*f),
+        #[allow(clippy::cast_possible_truncation)]
+        (Value::Real(f), &Type::FLOAT4) => Box::new(*f as f32),
+        (Value::Text(s), t) if text_like(t) => Box::new(s.clone()),
+        (Value::Blob(b), &Type::BYTEA) => Box::new(b.clone()),
+        _ => return Err(mismatch(v, ty)),
+    })
+}
+
+/// A column value read from a row.
+struct PgValue(Value);
+
+impl PgValue {
+    fn decode(ty: &Type, raw: &[u8]) -> Result<Value, Box<dyn StdError + Sync + Send>> {
+        if let Kind::Domain(inner) = ty.kind() {
+            return Self::decode(inner, raw);
+        }
+        Ok(match *ty {
+            Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Integer(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
+            Type::BOOL => Value::Integer(bool::from_sql(ty, raw)?.into()),
+            Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
+            Type::BYTEA => Value::Blob(<Vec<u8>>::from_sql(ty, raw)?),
+            ref t if text_like(t) => Value::Text(String::from_sql(&Type::TEXT, raw)?),
+            ref t => return Err(format!("unsupported column type {t}").into()),
+        })
+    }
+}
+
+impl<'a> FromSql<'a> for PgValue {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(Self(Self::decode(ty, raw)?))
+    }
+    fn from_sql_null(_: &Type) -> Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(Self(Value::Null))
+    }
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// Prepares `st` and binds its values for the inferred parameter types.
+async fn prepare<C: GenericClient>(
+    c: &C,
+    st: &Statement,
+) -> Result<(tokio_postgres::Statement, Vec<Param>), BackendError> {
+    let prepared = c.prepare_cached(&st.sql).await?;
+    if prepared.params().len() != st.params.len() {
+        return Err(format!(
+            "statement has {} placeholders but {} values",
+            prepared.params().len(),
+            st.params.len()
+        )
+        .into());
+    }
+    let params = st
+        .params
+        .iter()
+        .zip(prepared.params())
+        .map(|(v, ty)| param(v, ty))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((prepared, params))
+}
+
+fn refs(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+/// The outcome of one try: a retryable failure, or a final result.
+enum Attempt<T> {
+    Retry(tokio_postgres::Error),
+    Done(Result<T, BackendError>),
+}
+
+fn classify<T>(r: Result<T, tokio_postgres::Error>) -> Attempt<T> {
+    match r {
+        Err(e) if is_retryable(&e) => Attempt::Retry(e),
+        Err(e) => Attempt::Done(Err(e.into())),
+        Ok(v) => Attempt::Done(Ok(v)),
+    }
+}
+
+async fn exec_once<C: GenericClient>(c: &C, st: &Statement) -> Attempt<u64> {
+    let (prepared, params) = match prepare(c, st).await {
+        Ok(p) => p,
+        Err(e) => return Attempt::Done(Err(e)),
+    };
+    classify(c.execute(&prepared, &refs(&params)).await)
+}
+
+async fn query_once<C: GenericClient>(c: &C, st: &Statement) -> Attempt<Vec<Row>> {
+    let (prepared, params) = match prepare(c, st).await {
+        Ok(p) => p,
+        Err(e) => return Attempt::Done(Err(e)),
+    };
+    let rows = match c.query(&prepared, &refs(&params)).await {
+        Ok(r) => r,
+        Err(e) if is_retryable(&e) => return Attempt::Retry(e),
+        Err(e) => return Attempt::Done(Err(e.into())),
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut row = Row::new();
+        for (i, col) in r.columns().iter().enumerate() {
+            match r.try_get::<_, PgValue>(i) {
+                Ok(v) => {
+                    row.insert(col.name().to_owned(), v.0);
+                }
+                Err(e) => return Attempt::Done(Err(e.into())),
+            }
+        }
+        out.push(row);
+    }
+    Attempt::Done(Ok(out))
+}
+
+async fn batch_once(client: &mut Object, stmts: &[Statement]) -> Attempt<Vec<u64>> {
+    let tx = match client.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => return classify(Err(e)),
+    };
+    let mut counts = Vec::with_capacity(stmts.len());
+    for st in stmts {
+        match exec_once(&tx, st).await {
+            Attempt::Done(Ok(n)) => counts.push(n),
+            // Dropping the transaction rolls it back.
+            other => return other.map_none(),
+        }
+    }
+    match tx.commit().await {
+        Ok(()) => Attempt::Done(Ok(counts)),
+        Err(e) => classify(Err(e)),
+    }
+}
+
+impl<T> Attempt<T> {
+    /// Re-types a failed attempt.
+    fn map_none<U>(self) -> Attempt<U> {
+        match self {
+            Self::Retry(e) => Attempt::Retry(e),
+            Self::Done(Err(e)) => Attempt::Done(Err(e)),
+            Self::Done(Ok(_)) => Attempt::Done(Err("attempt succeeded unexpectedly".into())),
+        }
+    }
+}
+
+/// One PostgreSQL database (the schema of its connections' search path) as
+/// a migration shard.
+#[derive(Clone)]
+pub struct PostgresShard {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PostgresShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresShard").finish_non_exhaustive()
+    }
+}
+
+impl PostgresShard {
+    /// A shard over a pool of at most `pool_size` connections made from
+    /// `config` (see [`config_for`] for a URL and a schema). Connections are
+    /// opened lazily, on first use.
+    ///
+    /// # Errors
+    /// A pool configuration error.
+    pub fn new(config: Config, pool_size: usize) -> Result<Self, BackendError> {
+        Ok(Self {
+            pool: pool(config, pool_size)?,
+        })
+    }
+
+    /// A shard at `url` whose statements run in `schema` (the default search
+    /// path when `None`), with [`DEFAULT_POOL_SIZE`] connections, checked by
+    /// one round trip.
+    ///
+    /// # Errors
+    /// A malformed URL or a server that cannot be reached.
+    pub async fn connect(url: &str, schema: Option<&str>) -> Result<Self, BackendError> {
+        let shard = Self::new(config_for(url, schema)?, DEFAULT_POOL_SIZE)?;
+        shard.pool.get().await?.simple_query("SELECT 1").await?;
+        Ok(shard)
+    }
+
+    /// Runs semicolon-separated statements without parameters (setup, tests).
+    ///
+    /// # Errors
+    /// The server's error.
+    pub async fn batch_execute(&self, sql: &str) -> Result<(), BackendError> {
+        self.pool.get().await?.batch_execute(sql).await?;
+        Ok(())
+    }
+
+    async fn retry<T>(last: Option<tokio_postgres::Error>) -> Result<T, BackendError> {
+        Err(match last {
+            Some(e) => e.into(),
+            None => "no attempt made".into(),
+        })
+    }
+
+    async fn execute_retrying(&self, stmt: &Statement) -> Result<u64, BackendError> {
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            match exec_once(&self.pool.get().await?, stmt).await {
+                Attempt::Done(r) => return r,
+                Attempt::Retry(e) => last = Some(retried(e)),
+            }
+        }
+        Self::retry(last).await
+    }
+
+    async fn query_retrying(&self, stmt: &Statement) -> Result<Vec<Row>, BackendError> {
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            match query_once(&self.pool.get().await?, stmt).await {
+                Attempt::Done(r) => return r,
+                Attempt::Retry(e) => last = Some(retried(e)),
+            }
+        }
+        Self::retry(last).await
+    }
+
+    async fn batch_retrying(&self, stmts: &[Statement]) -> Result<Vec<u64>, BackendError> {
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let mut client = self.pool.get().await?;
+            match batch_once(&mut client, stmts).await {
+                Attempt::Done(r) => return r,
+                Attempt::Retry(e) => last = Some(retried(e)),
+            }
+        }
+        Self::retry(last).await
+    }
+}
+
+fn retried(e: tokio_postgres::Error) -> tokio_postgres::Error {
+    tracing::debug!(error = %e, "durability.postgres.retry");
+    e
+}
+
+impl Shard for PostgresShard {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+    fn batch_support(&self) -> BatchSupport {
+        BatchSupport::Atomic
+    }
+    fn single_connection(&self) -> bool {
+        false
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(self.execute_retrying(stmt))
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(self.query_retrying(stmt))
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.batch_retrying(stmts))
+    }
+}
+
+/// Key → shard mappings in a PostgreSQL table (`durability_mapping`, keys in
+/// byte order: `COLLATE "C"`).
+#[derive(Clone, Debug)]
+pub struct PostgresMappingStore {
+    shard: PostgresShard,
+}
+
+const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
+    (mkey TEXT COLLATE \"C\" PRIMARY KEY, shard TEXT NOT NULL)";
+
+impl PostgresMappingStore {
+    /// A mapping store in the database (and search path) of `shard`'s
+    /// connections; creates its table when missing.
+    ///
+    /// # Errors
+    /// The server's error.
+    pub async fn new(shard: PostgresShard) -> Result<Self, BackendError> {
+        shard.batch_execute(MAPPING_SCHEMA).await?;
+        Ok(Self { shard })
+    }
+
+    async fn one_text(&self, st: Statement, col: &str) -> Result<Option<String>, BackendError> {
+        let rows = self.shard.query(&st).await?;
+        match rows.into_iter().next().and_then(|mut r| r.remove(col)) {
+            None => Ok(None),
+            Some(Value::Text(s)) => Ok(Some(s)),
+            Some(v) => Err(format!("mapping column {col} holds {v:?}").into()),
+        }
+    }
+}
+
+impl MappingStore for PostgresMappingStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "SELECT shard FROM durability_mapping WHERE mkey = $1",
+                vec![key.into()],
+            );
+            self.one_text(st, "shard").await
+        })
+    }
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "INSERT INTO durability_mapping (mkey, shard) VALUES ($1, $2) \
+                 ON CONFLICT (mkey) DO UPDATE SET shard = excluded.shard",
+                vec![key.into(), shard.into()],
+            );
+            self.shard.execute(&st).await?;
+            Ok(())
+        })
+    }
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<String, BackendError>> {
+        Box::pin(async move {
+            let ins = Statement::with_params(
+                "INSERT INTO durability_mapping (mkey, shard) VALUES ($1, $2) \
+                 ON CONFLICT (mkey) DO NOTHING",
+                vec![key.into(), shard.into()],
+            );
+            self.shard.execute(&ins).await?;
+            let st = Statement::with_params(
+                "SELECT shard FROM durability_mapping WHERE mkey = $1",
+                vec![key.into()],
+            );
+            self.one_text(st, "shard")
+                .await?
+                .ok_or_else(|| "mapping vanished after put_if_absent".into())
+        })
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let st = Statement::with_params(
+                "DELETE FROM durability_mapping WHERE mkey = $1",
+                vec![key.into()],
+            );
+            Ok(self.shard.execute(&st).await? > 0)
+        })
+    }
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let st = Statement::with_params(
+                "SELECT mkey, shard FROM durability_mapping WHERE mkey > $1 ORDER BY mkey LIMIT $2",
+                vec![after.unwrap_or("").into(), limit.into()],
+            );
+            let mut out = Vec::new();
+            for mut r in self.shard.query(&st).await? {
+                match (r.remove("mkey"), r.remove("shard")) {
+                    (Some(Value::Text(k)), Some(Value::Text(s))) => out.push((k, s)),
+                    other => return Err(format!("malformed mapping row {other:?}").into()),
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+#[cfg(test)]
+mod tests;
