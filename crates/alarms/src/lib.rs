@@ -40,6 +40,8 @@ mod error;
 mod index;
 mod memory;
 mod object;
+#[cfg(feature = "ownership")]
+mod owner_routed;
 mod policy;
 mod store;
 mod token;
@@ -59,6 +61,8 @@ pub use error::{AlarmError, BoxError};
 pub use index::{AlarmIndex, Claim, IndexCounts, JobState, JobView};
 pub use memory::MemoryAlarmIndex;
 pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
+#[cfg(feature = "ownership")]
+pub use owner_routed::{Forward, OwnerRouted, ScopeOf};
 pub use policy::{
     DEFAULT_CLAIM_LEASE_MS, DEFAULT_DISPATCH_TIMEOUT_MS, DEFAULT_MAX_TRIES, DEFAULT_PROMOTE_BATCH,
     DEFAULT_RETRY_DELAY_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS, DispatcherConfig,

@@ -135,6 +135,43 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send;
 }
 
+/// A shared store is a store: several `Ownership` handles (one per task in a
+/// test, or a store shared with other components) can use one `Arc`.
+impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
+    fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send {
+        (**self).claim(scope, lifecycle, task, ttl_ms)
+    }
+
+    fn renew(
+        &self,
+        record: &OwnerRecord,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send {
+        (**self).renew(record, ttl_ms)
+    }
+
+    fn release(
+        &self,
+        record: &OwnerRecord,
+    ) -> impl Future<Output = Result<bool, OwnershipError>> + Send {
+        (**self).release(record)
+    }
+
+    fn snapshot(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send {
+        (**self).snapshot(scope, lifecycle)
+    }
+}
+
 /// Control-plane writes of lifecycle state (the active storage pointer and the
 /// delete lock). The ownership layer only reads them; control and tests write them.
 pub trait LifecycleAdmin: Send + Sync + 'static {

@@ -1,0 +1,97 @@
+//! Dispatch through the owner router and fence (feature `ownership`).
+//!
+//! The seed delivers an alarm through "the normal owner router/fence path":
+//! resolve who owns the object's scope; if another task does, forward the
+//! delivery there; if this task does, pass dispatch admission (task,
+//! generation, lease budget, lifecycle) and deliver locally while the
+//! admission permit counts the work as in flight, so a drain waits for it.
+//! An admission or resolution failure is reported with the ownership
+//! crate's classification: one that proves the alarm never started is
+//! retried at once without using a try; one whose outcome is unknown keeps
+//! the claim until its lease expires.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use durability_ownership::{
+    Clock, DispatchOutcome as OwnerOutcome, LeaseStore, LifecycleId, OwnerScope, Ownership,
+    OwnershipError, Resolution, TaskId,
+};
+use durability_scheduler::ObjectId;
+
+use crate::dispatcher::{Delivery, Dispatch, DispatchOutcome};
+
+/// Maps an object to its owner scope and lifecycle; `Err` names why it has
+/// none (reported as a definite failure).
+pub type ScopeOf =
+    Arc<dyn Fn(&ObjectId) -> Result<(OwnerScope, LifecycleId), String> + Send + Sync>;
+
+/// Sends a delivery to the task that owns the object (the transport is the
+/// host's: an RPC, an internal HTTP call …).
+pub trait Forward: Send + Sync + 'static {
+    /// Delivers on `owner` and reports the outcome there.
+    fn forward(
+        &self,
+        owner: &TaskId,
+        delivery: Delivery,
+    ) -> impl Future<Output = DispatchOutcome> + Send;
+}
+
+/// A [`Dispatch`] that routes each delivery to the owning task and admits
+/// local deliveries through [`Ownership::admit`].
+pub struct OwnerRouted<L, F, S, C> {
+    local: L,
+    forward: F,
+    ownership: Ownership<S, C>,
+    scope_of: ScopeOf,
+}
+
+impl<L, F, S, C> OwnerRouted<L, F, S, C> {
+    /// Routes with `ownership`: deliveries this task owns go to `local`,
+    /// others to `forward`.
+    pub fn new(local: L, forward: F, ownership: Ownership<S, C>, scope_of: ScopeOf) -> Self {
+        Self {
+            local,
+            forward,
+            ownership,
+            scope_of,
+        }
+    }
+}
+
+fn refused(e: &OwnershipError) -> DispatchOutcome {
+    let reason = format!("{}: {e}", e.code());
+    match e.outcome() {
+        OwnerOutcome::NotStarted => DispatchOutcome::NeverStarted { reason },
+        OwnerOutcome::Unknown => DispatchOutcome::Unknown { reason },
+    }
+}
+
+impl<L, F, S, C> Dispatch for OwnerRouted<L, F, S, C>
+where
+    L: Dispatch,
+    F: Forward,
+    S: LeaseStore,
+    C: Clock,
+{
+    async fn dispatch(&self, delivery: Delivery) -> DispatchOutcome {
+        let (scope, lifecycle) = match (self.scope_of)(&delivery.object) {
+            Ok(found) => found,
+            Err(reason) => return DispatchOutcome::Failed { reason },
+        };
+        match self.ownership.resolve(&scope, &lifecycle).await {
+            Ok(Resolution::Remote { task, .. }) => self.forward.forward(&task, delivery).await,
+            Ok(Resolution::Local(generation)) => {
+                match self.ownership.admit(&scope, generation).await {
+                    Ok(permit) => {
+                        let outcome = self.local.dispatch(delivery).await;
+                        drop(permit);
+                        outcome
+                    }
+                    Err(e) => refused(&e),
+                }
+            }
+            Err(e) => refused(&e),
+        }
+    }
+}
