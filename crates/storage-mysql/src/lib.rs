@@ -20,7 +20,7 @@
 //! columns (`BLOB`, `VARBINARY`) to [`Value::Blob`]; any other value (dates,
 //! decimals) is an error, never a silent conversion.
 //!
-//! Features: `testkit` adds [`testkit::TestDatabase`], a throwaway database
+//! Features: `testkit` adds `testkit::TestDatabase`, a throwaway database
 //! on a real server for tests.
 
 use durability_migration::{

@@ -25,7 +25,7 @@
 //! (and domains over them) to [`Value::Text`] and `BYTEA` to [`Value::Blob`];
 //! any other column type is an error, never a silent conversion.
 //!
-//! Features: `testkit` adds [`testkit::TestSchema`], a throwaway schema on a
+//! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
 
 use std::error::Error as StdError;
