@@ -1,5 +1,6 @@
 //! The scheduler and outbox conformance suites on SQLite file databases, and
 //! the SQLite-specific behaviour of the object storage.
+#![cfg(feature = "outbox")]
 #![allow(clippy::unwrap_used)]
 
 use durability_scheduler::{SchedulerTx, SchemaStep, Storage, testkit};
