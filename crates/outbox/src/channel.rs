@@ -713,33 +713,33 @@ where
             let mut events = Vec::with_capacity(outcomes.len());
             for (stored, attempt, outcome) in outcomes {
                 let (key, version) = (stored.key.as_str(), stored.version);
-                match outcome {
+                let (error, requested) = match outcome {
+                    Outcome::Retry { error, delay } => (error, delay),
+                    Outcome::DeadLetterFailed { error } => (error, None),
                     Outcome::Delivered | Outcome::DeadLettered { .. } | Outcome::Dropped { .. } => {
                         tx.outbox_remove_if(&self.name, key, version, attempt)?;
-                    }
-                    Outcome::Retry { ref error, .. } | Outcome::DeadLetterFailed { ref error } => {
-                        let delay = self.retry_delay(key, attempt, delay_of(&outcome), now);
-                        let next_at = now.saturating_add(delay);
-                        // A newer value staged meanwhile replaced this
-                        // attempt: nothing to retry, and no event to report.
-                        if !tx.outbox_reschedule_if(
-                            &self.name, key, version, attempt, attempt, next_at, None,
-                        )? {
-                            continue;
-                        }
-                        events.push((
-                            stored.key.clone(),
-                            version,
-                            attempt,
-                            EventKind::RetryScheduled {
-                                next_at,
-                                error: error.clone(),
-                            },
-                        ));
+                        let kind = match outcome {
+                            Outcome::DeadLettered { error } => EventKind::DeadLettered { error },
+                            Outcome::Dropped { error } => EventKind::Dropped { error },
+                            _ => EventKind::Delivered,
+                        };
+                        events.push((stored.key.clone(), version, attempt, kind));
                         continue;
                     }
+                };
+                let next_at = now.saturating_add(self.retry_delay(key, attempt, requested, now));
+                // A newer value staged meanwhile replaced this attempt:
+                // nothing to retry, and no event to report.
+                if tx.outbox_reschedule_if(
+                    &self.name, key, version, attempt, attempt, next_at, None,
+                )? {
+                    events.push((
+                        stored.key.clone(),
+                        version,
+                        attempt,
+                        EventKind::RetryScheduled { next_at, error },
+                    ));
                 }
-                events.push((stored.key.clone(), version, attempt, outcome.into_event()));
             }
             let next = tx.outbox_next_due(&self.name)?;
             self.scheduler.set_due(tx, &self.capability, next)?;
@@ -788,30 +788,12 @@ where
     }
 }
 
-fn delay_of(outcome: &Outcome) -> Option<f64> {
-    match outcome {
-        Outcome::Retry { delay, .. } => *delay,
-        _ => None,
-    }
-}
-
 impl Outcome {
     fn with_error(self, last: String) -> Self {
         match self {
             Self::DeadLettered { .. } => Self::DeadLettered { error: last },
             Self::Dropped { .. } => Self::Dropped { error: last },
             other => other,
-        }
-    }
-
-    fn into_event(self) -> EventKind {
-        match self {
-            Self::Delivered => EventKind::Delivered,
-            Self::DeadLettered { error } => EventKind::DeadLettered { error },
-            Self::Dropped { error } => EventKind::Dropped { error },
-            Self::Retry { error, .. } | Self::DeadLetterFailed { error } => {
-                EventKind::RetryScheduled { next_at: 0, error }
-            }
         }
     }
 }
