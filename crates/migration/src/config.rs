@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::clock::{Clock, SystemClock};
 use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
+use crate::ledger::AllocationLedger;
 use crate::mapping::MappingStore;
+use crate::placement::{DEFAULT_MANIFEST_REFRESH_MS, Placement};
 use crate::shard::Shard;
 
 /// Default mapping cache TTL (milliseconds).
@@ -19,6 +21,9 @@ pub const DEFAULT_KEY_COLUMN: &str = "id";
 pub const MAX_KEY_BYTES: usize = 512;
 /// Longest shard name or journal scope accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
+/// Keys starting with this character are reserved for the crate's own
+/// records in the mapping store (the placement manifest's copy).
+pub const RESERVED_KEY_PREFIX: char = '\u{1}';
 /// Longest mapping cache TTL accepted (2^31 - 1 ms).
 pub const MAX_MAPPING_CACHE_TTL_MS: u64 = 2_147_483_647;
 
@@ -42,6 +47,9 @@ pub struct MigrationConfig {
     pub(crate) mapping_cache_ttl_ms: u64,
     pub(crate) tables: BTreeMap<String, String>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) coordinator: Option<Arc<dyn AllocationLedger>>,
+    pub(crate) placement: Placement,
+    pub(crate) manifest_refresh_ms: u64,
 }
 
 impl std::fmt::Debug for MigrationConfig {
@@ -53,6 +61,8 @@ impl std::fmt::Debug for MigrationConfig {
             .field("journal_scope", &self.journal_scope)
             .field("mapping_cache_ttl_ms", &self.mapping_cache_ttl_ms)
             .field("tables", &self.tables)
+            .field("placement", &self.placement)
+            .field("manifest_refresh_ms", &self.manifest_refresh_ms)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +80,9 @@ impl MigrationConfig {
             mapping_cache_ttl_ms: DEFAULT_MAPPING_CACHE_TTL_MS,
             tables: BTreeMap::new(),
             clock: Arc::new(SystemClock),
+            coordinator: None,
+            placement: Placement::Mapped,
+            manifest_refresh_ms: DEFAULT_MANIFEST_REFRESH_MS,
         }
     }
     /// Adds a named shard.
@@ -110,6 +123,24 @@ impl MigrationConfig {
         self.strategy = strategy;
         self
     }
+    /// Sets the coordinator's allocation ledger (for
+    /// [`crate::Router::reconcile_allocations`]).
+    pub fn coordinator(mut self, ledger: Arc<dyn AllocationLedger>) -> Self {
+        self.coordinator = Some(ledger);
+        self
+    }
+    /// Sets the placement (default [`Placement::Mapped`]). Computed placement
+    /// needs a journal shard on a proven dialect.
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+    /// How long a router routes with its cached manifest before confirming
+    /// it again (default 5,000 ms; 0 confirms on every call).
+    pub fn manifest_refresh_ms(mut self, ms: u64) -> Self {
+        self.manifest_refresh_ms = ms;
+        self
+    }
     /// Injects the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -140,7 +171,8 @@ pub(crate) fn validate_name(what: &str, name: &str) -> Result<()> {
     }
 }
 
-/// Validates a key: non-empty, at most [`MAX_KEY_BYTES`] bytes, no NUL.
+/// Validates a key: non-empty, at most [`MAX_KEY_BYTES`] bytes, no NUL, not
+/// starting with [`RESERVED_KEY_PREFIX`].
 ///
 /// # Errors
 /// `INVALID_KEY`.
@@ -153,6 +185,11 @@ pub fn validate_key(key: &str) -> Result<()> {
             "{} bytes, more than {MAX_KEY_BYTES}",
             key.len()
         )));
+    }
+    if key.starts_with(RESERVED_KEY_PREFIX) {
+        return Err(MigrationError::InvalidKey(
+            "starts with the reserved \\u{1}".into(),
+        ));
     }
     if key.contains('\0') {
         return Err(MigrationError::InvalidKey("contains NUL".into()));
@@ -184,6 +221,23 @@ pub(crate) fn validate(c: &MigrationConfig) -> Result<Validated> {
         None if c.shards.len() == 1 => c.shards.keys().next().cloned(),
         None => None,
     };
+    if c.placement == Placement::Computed {
+        let j = journal
+            .as_ref()
+            .ok_or(MigrationError::JournalNotConfigured)?;
+        let d = c.shards.get(j).map(|s| s.dialect());
+        if let Some(d) = d.filter(|d| !d.is_proven()) {
+            return Err(MigrationError::UnsupportedDialect {
+                shard: j.clone(),
+                dialect: d.name().to_owned(),
+            });
+        }
+    }
+    if c.manifest_refresh_ms > MAX_MAPPING_CACHE_TTL_MS {
+        return Err(MigrationError::InvalidConfig(format!(
+            "manifest refresh above {MAX_MAPPING_CACHE_TTL_MS} ms"
+        )));
+    }
     let mut tables = BTreeMap::new();
     for (t, k) in &c.tables {
         let spec = TableSpec {

@@ -462,3 +462,97 @@ pub async fn shard_suite(shard: &dyn Shard, table: &str) {
         .unwrap();
     assert_eq!(n, 1, "fenced upsert lands without a tombstone");
 }
+
+/// The allocation ledger contract. `ledger` must start empty.
+///
+/// Checks that `record` inserts and replaces, that `scan` pages in strictly
+/// increasing byte order of keys (no repeats, limit honoured, `after`
+/// exclusive, `None` from the start) and that `remove_if` removes a row only
+/// while it still names the given shard. Keys and shard names are bound
+/// data, never SQL.
+pub async fn ledger_suite(ledger: &dyn crate::ledger::AllocationLedger) {
+    assert!(
+        ledger.scan(None, 10).await.unwrap().is_empty(),
+        "the ledger starts empty"
+    );
+    ledger.record("k-a", "s1").await.unwrap();
+    assert_eq!(
+        ledger.scan(None, 10).await.unwrap(),
+        vec![("k-a".to_owned(), "s1".to_owned())]
+    );
+    ledger.record("k-a", "s2").await.unwrap();
+    assert_eq!(
+        ledger.scan(None, 10).await.unwrap(),
+        vec![("k-a".to_owned(), "s2".to_owned())],
+        "record replaces"
+    );
+    assert!(
+        !ledger.remove_if("k-a", "s1").await.unwrap(),
+        "remove_if keeps a row naming another shard"
+    );
+    assert!(
+        !ledger.remove_if("k-missing", "s2").await.unwrap(),
+        "remove_if of an unknown key removes nothing"
+    );
+    assert_eq!(ledger.scan(None, 10).await.unwrap().len(), 1);
+    assert!(ledger.remove_if("k-a", "s2").await.unwrap());
+    assert!(
+        !ledger.remove_if("k-a", "s2").await.unwrap(),
+        "second remove_if finds nothing"
+    );
+    assert!(ledger.scan(None, 10).await.unwrap().is_empty());
+
+    // Pages: every row once, in byte order, limit honoured.
+    let mut keys: Vec<String> = (0..25).map(|i| format!("p{i:03}")).collect();
+    // Byte order: upper case before lower case, multi-byte UTF-8 after ASCII.
+    keys.extend([
+        "B".to_owned(),
+        "a".to_owned(),
+        "z\u{e9}".to_owned(),
+        "zz".to_owned(),
+    ]);
+    let hostile = "'; DROP TABLE durability_allocations; -- \u{1F600}".to_owned();
+    keys.push(hostile.clone());
+    for (i, k) in keys.iter().enumerate() {
+        ledger.record(k, &format!("s{}", i % 3)).await.unwrap();
+    }
+    let mut expected = keys.clone();
+    expected.sort();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = ledger.scan(after.as_deref(), 7).await.unwrap();
+        assert!(page.len() <= 7, "scan honours the limit");
+        let Some((last, _)) = page.last() else { break };
+        after = Some(last.clone());
+        for (k, s) in page {
+            assert!(s.starts_with('s'), "shard round-trips: {s:?}");
+            seen.push(k);
+        }
+    }
+    assert_eq!(seen, expected, "scan pages every row once, in byte order");
+    let from_b = ledger.scan(Some("B"), 1).await.unwrap();
+    assert_eq!(from_b[0].0, expected[2], "`after` is exclusive");
+    let between = ledger.scan(Some("p0105"), 2).await.unwrap();
+    assert_eq!(
+        between.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        vec!["p011", "p012"],
+        "`after` need not be a stored key"
+    );
+    assert!(
+        ledger
+            .scan(Some(expected.last().unwrap()), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing after the last key"
+    );
+    let idx = keys.iter().position(|k| *k == hostile).unwrap();
+    let shard = format!("s{}", idx % 3);
+    assert!(ledger.remove_if(&hostile, &shard).await.unwrap());
+    assert_eq!(
+        ledger.scan(None, 100).await.unwrap().len(),
+        keys.len() - 1,
+        "a hostile key is data"
+    );
+}

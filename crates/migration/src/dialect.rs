@@ -123,19 +123,19 @@ impl Dialect {
     /// the server's default collation, usually case-insensitive
     /// (`utf8mb4_general_ci`, where `"K"` equals `"k"`): keys are compared
     /// byte-wise, as on the other dialects.
-    fn text_key_type(&self) -> &'static str {
+    pub(crate) fn text_key_type(&self) -> &'static str {
         match self {
             Self::MySql => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             _ => "TEXT",
         }
     }
-    fn text_type(&self) -> &'static str {
+    pub(crate) fn text_type(&self) -> &'static str {
         match self {
             Self::MySql => "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             _ => "TEXT",
         }
     }
-    fn int_type(&self) -> &'static str {
+    pub(crate) fn int_type(&self) -> &'static str {
         match self {
             Self::Sqlite => "INTEGER",
             _ => "BIGINT",
@@ -143,13 +143,13 @@ impl Dialect {
     }
     /// Table options of the crate's tables keyed by text (`WITHOUT ROWID`
     /// on SQLite: one b-tree per table instead of a table and a key index).
-    fn keyed_table_suffix(&self) -> &'static str {
+    pub(crate) fn keyed_table_suffix(&self) -> &'static str {
         match self {
             Self::Sqlite => " WITHOUT ROWID",
             _ => "",
         }
     }
-    fn blob_type(&self) -> &'static str {
+    pub(crate) fn blob_type(&self) -> &'static str {
         match self {
             Self::Postgres => "BYTEA",
             Self::MySql => "LONGBLOB",
@@ -219,6 +219,9 @@ pub(crate) mod names {
     pub(crate) const CLAIMS: &str = "durability_migration_claims";
     pub(crate) const LEASE: &str = "durability_migration_lease";
     pub(crate) const META: &str = "durability_migration_meta";
+    pub(crate) const MANIFEST: &str = "durability_manifest";
+    pub(crate) const EXCEPTIONS: &str = "durability_placement_exceptions";
+    pub(crate) const TOPOLOGY: &str = "durability_topology";
 }
 
 /// Validated columns of a row, in canonical order.
@@ -396,7 +399,13 @@ impl Dialect {
         }
     }
 
-    fn push_fence(&self, s: &mut Sql<'_>, table: &Ident, key: &str) {
+    fn push_fence(
+        &self,
+        s: &mut Sql<'_>,
+        table: &Ident,
+        key: &str,
+        generation: Option<Generation<'_>>,
+    ) {
         s.raw("NOT EXISTS (SELECT 1 FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE tname = ")
@@ -404,6 +413,15 @@ impl Dialect {
             .raw(" AND mkey = ")
             .bind(key)
             .raw(" AND superseded = 0)");
+        if let Some(g) = generation {
+            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+                .raw(names::TOPOLOGY)
+                .raw(" WHERE scope = ")
+                .bind(g.scope)
+                .raw(" AND min_generation > ")
+                .bind(g.generation)
+                .raw(")");
+        }
     }
 
     /// A fenced insert: inserts only while no live tombstone for the key exists.
@@ -413,6 +431,19 @@ impl Dialect {
         key: &str,
         cols: &[(Ident, Value)],
         upsert_key: Option<&Ident>,
+    ) -> Statement {
+        self.guarded_insert(table, key, cols, upsert_key, None)
+    }
+
+    /// [`Dialect::fenced_insert`] that also matches no row while the shard's
+    /// generation fence is above `generation`.
+    pub fn guarded_insert(
+        &self,
+        table: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        upsert_key: Option<&Ident>,
+        generation: Option<Generation<'_>>,
     ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("INSERT INTO ").ident(table).raw(" (");
@@ -430,7 +461,7 @@ impl Dialect {
             s.bind(v.clone());
         }
         s.dual().raw(" WHERE ");
-        self.push_fence(&mut s, table, key);
+        self.push_fence(&mut s, table, key, generation);
         if let Some(k) = upsert_key {
             let others: Vec<&Ident> = cols.iter().map(|(c, _)| c).filter(|c| *c != k).collect();
             match self {
@@ -473,6 +504,18 @@ impl Dialect {
         key: &str,
         cols: &[(Ident, Value)],
     ) -> Statement {
+        self.guarded_update(table, key_col, key, cols, None)
+    }
+
+    /// [`Dialect::fenced_update`] with an optional generation fence.
+    pub fn guarded_update(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        generation: Option<Generation<'_>>,
+    ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("UPDATE ").ident(table).raw(" SET ");
         for (i, (c, v)) in cols.iter().enumerate() {
@@ -486,12 +529,23 @@ impl Dialect {
             .raw(" = ")
             .bind(key)
             .raw(" AND ");
-        self.push_fence(&mut s, table, key);
+        self.push_fence(&mut s, table, key, generation);
         s.finish()
     }
 
     /// A fenced delete of the key's row.
     pub fn fenced_delete(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        self.guarded_delete(table, key_col, key, None)
+    }
+
+    /// [`Dialect::fenced_delete`] with an optional generation fence.
+    pub fn guarded_delete(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        generation: Option<Generation<'_>>,
+    ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("DELETE FROM ")
             .ident(table)
@@ -500,7 +554,7 @@ impl Dialect {
             .raw(" = ")
             .bind(key)
             .raw(" AND ");
-        self.push_fence(&mut s, table, key);
+        self.push_fence(&mut s, table, key, generation);
         s.finish()
     }
 
@@ -534,6 +588,17 @@ impl Dialect {
             .raw(" AND superseded = 0 ORDER BY retired_ms DESC, op_id DESC LIMIT 1");
         s.finish()
     }
+}
+
+/// The generation a routed write binds under computed placement: the write
+/// matches no row while the shard's fence (`min_generation` of the scope in
+/// `durability_topology`) is above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation<'a> {
+    /// The journal scope whose fence applies.
+    pub scope: &'a str,
+    /// The manifest generation the write routed with.
+    pub generation: i64,
 }
 
 /// One table of a cutover: its snapshot row (or none).

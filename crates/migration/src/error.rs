@@ -142,6 +142,50 @@ pub enum MigrationError {
     /// A stored record could not be decoded.
     #[error("corrupt stored record: {0}")]
     Corrupt(String),
+    /// Creating an epoch would make the manifest hold more than eight.
+    #[error("the placement manifest already holds {0} epochs; prune before adding one")]
+    TooManyEpochs(usize),
+    /// The manifest compare-and-swap lost five times in a row.
+    #[error("placement manifest update lost {0} compare-and-swaps in a row")]
+    PlacementConflict(u32),
+    /// A write could not confirm a fresh manifest; nothing was routed.
+    #[error("the placement manifest could not be confirmed for a write")]
+    PlacementUnverified(#[source] BackendError),
+    /// A shard's generation fence is above the write's manifest, even after
+    /// one reload. Nothing was written.
+    #[error("shard {shard:?} fences generation {fence}, above the write's generation {generation}")]
+    StaleTopology {
+        /// The shard.
+        shard: String,
+        /// The fence on the shard.
+        fence: i64,
+        /// The generation the write routed with.
+        generation: i64,
+    },
+    /// A write could not find the shard that holds its row; nothing was written.
+    #[error("write of key {key:?} could not probe shard {shard:?}")]
+    WriteUnresolved {
+        /// The key.
+        key: String,
+        /// The shard whose probe failed.
+        shard: String,
+        /// The backend error.
+        #[source]
+        source: BackendError,
+    },
+    /// Epoch pruning could not read the exception set.
+    #[error("epoch pruning refused: {0}")]
+    PruneRefused(String),
+    /// `repair` needs `verify_records`.
+    #[error("reconcile repair requires verify_records")]
+    ReconcileVerifyRequired,
+    /// The configuration has no coordinator (allocation ledger).
+    #[error("no coordinator (allocation ledger) is configured")]
+    CoordinatorNotConfigured,
+    /// The coordinator's allocation ledger failed; for a prune the outcome
+    /// is unknown.
+    #[error("the coordinator's allocation ledger failed")]
+    CoordinatorUnavailable(#[source] BackendError),
 }
 
 impl MigrationError {
@@ -176,6 +220,15 @@ impl MigrationError {
         "SHARD_UNAVAILABLE",
         "MAPPING_UNAVAILABLE",
         "CORRUPT_RECORD",
+        "TOO_MANY_EPOCHS",
+        "PLACEMENT_CONFLICT",
+        "PLACEMENT_UNVERIFIED",
+        "STALE_TOPOLOGY",
+        "WRITE_UNRESOLVED",
+        "PRUNE_REFUSED",
+        "RECONCILE_VERIFY_REQUIRED",
+        "COORDINATOR_NOT_CONFIGURED",
+        "COORDINATOR_UNAVAILABLE",
     ];
 
     /// The stable machine code of this error.
@@ -210,6 +263,15 @@ impl MigrationError {
             Self::ShardUnavailable { .. } => "SHARD_UNAVAILABLE",
             Self::MappingUnavailable(_) => "MAPPING_UNAVAILABLE",
             Self::Corrupt(_) => "CORRUPT_RECORD",
+            Self::TooManyEpochs(_) => "TOO_MANY_EPOCHS",
+            Self::PlacementConflict(_) => "PLACEMENT_CONFLICT",
+            Self::PlacementUnverified(_) => "PLACEMENT_UNVERIFIED",
+            Self::StaleTopology { .. } => "STALE_TOPOLOGY",
+            Self::WriteUnresolved { .. } => "WRITE_UNRESOLVED",
+            Self::PruneRefused(_) => "PRUNE_REFUSED",
+            Self::ReconcileVerifyRequired => "RECONCILE_VERIFY_REQUIRED",
+            Self::CoordinatorNotConfigured => "COORDINATOR_NOT_CONFIGURED",
+            Self::CoordinatorUnavailable(_) => "COORDINATOR_UNAVAILABLE",
         }
     }
 
@@ -228,6 +290,12 @@ impl MigrationError {
                 | Self::TakenOver(_)
                 | Self::ShardUnavailable { .. }
                 | Self::MappingUnavailable(_)
+                | Self::PlacementConflict(_)
+                | Self::PlacementUnverified(_)
+                | Self::StaleTopology { .. }
+                | Self::WriteUnresolved { .. }
+                | Self::PruneRefused(_)
+                | Self::CoordinatorUnavailable(_)
         )
     }
 
@@ -236,7 +304,10 @@ impl MigrationError {
     pub fn is_outcome_unknown(&self) -> bool {
         matches!(
             self,
-            Self::ShardUnavailable { .. } | Self::MappingUnavailable(_) | Self::TakenOver(_)
+            Self::ShardUnavailable { .. }
+                | Self::MappingUnavailable(_)
+                | Self::TakenOver(_)
+                | Self::CoordinatorUnavailable(_)
         )
     }
 

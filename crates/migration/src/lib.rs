@@ -8,7 +8,14 @@
 //! [`Router::reassign_keys`]), recovers interrupted moves
 //! ([`Router::recover_migrations`]), verifies and repairs leftovers
 //! ([`Router::verify_migrations`]), purges archives
-//! ([`Router::purge_retired`]) and rebalances ([`Router::rebalance`]).
+//! ([`Router::purge_retired`]), rebalances ([`Router::rebalance`]) and
+//! reconciles the coordinator's allocation ledger
+//! ([`Router::reconcile_allocations`], [`AllocationLedger`]).
+//!
+//! With [`Placement::Computed`], a key's shard is computed from a
+//! [`Manifest`] of up to [`MAX_EPOCHS`] epochs kept on the journal shard
+//! ([`Router::add_epoch`], [`Router::prune_epochs`]); every data shard holds
+//! a generation fence that refuses writes routed with an older manifest.
 //!
 //! This crate holds logic only: SQL text is generated per [`Dialect`] and
 //! executed by a backend's [`Shard`] (for example `SqliteShard` in
@@ -16,8 +23,8 @@
 //!
 //! Raw statements ([`Router::raw_execute`]) bypass routing and every fence.
 //!
-//! Features: `conformance` enables the `conformance` module, the suites every shard
-//! and mapping store backend runs, and the fault-injecting wrappers used by
+//! Features: `conformance` enables the `conformance` module, the suites every shard,
+//! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
 
 mod clock;
@@ -25,9 +32,12 @@ mod config;
 mod dialect;
 mod error;
 mod journal;
+mod ledger;
 mod mapping;
 mod moves;
+mod placement;
 mod rebalance;
+mod reconcile;
 mod record;
 mod recovery;
 mod router;
@@ -41,16 +51,28 @@ pub mod conformance;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN, DEFAULT_MAPPING_CACHE_TTL_MS, MAX_KEY_BYTES,
-    MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, Strategy, hash_owner, validate_key,
+    MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy,
+    hash_owner, validate_key,
 };
-pub use dialect::{Cutover, CutoverTable, Dialect, Ident, MAX_IDENT_BYTES, Sql};
+pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
 pub use error::{BackendError, MigrationError, Result};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
 };
+pub use ledger::{AllocationLedger, MemoryLedger};
 pub use mapping::{MappingStore, MemoryMappingStore};
 pub use moves::{MoveOptions, MoveOutcome, Retire};
+pub use placement::{
+    Algorithm, DEFAULT_MANIFEST_REFRESH_MS, DEFAULT_PRUNE_CONCURRENCY, DEFAULT_PRUNE_PAGE_SIZE,
+    Epoch, MANIFEST_COPY_PREFIX, MAX_CAS_ATTEMPTS, MAX_EPOCHS, Manifest, Placement, PruneOptions,
+    PruneReport,
+};
 pub use rebalance::{PlannedMove, RebalanceOptions, RebalanceReport};
+pub use reconcile::{
+    DEFAULT_RECONCILE_PAGE_SIZE, Disagreement, MAX_RECONCILE_KEYS, MAX_RECONCILE_PAGE_SIZE,
+    MissingRecord, ReconcileOptions, ReconcileReport, RecordTable, UncheckedReason,
+    UncheckedRecord, VerifyRecords,
+};
 pub use record::{MigrateOptions, OnConflict};
 pub use recovery::{FailedOp, RecoveryReport};
 pub use router::{MAX_CHAIN_HOPS, ReadOptions, Router};

@@ -332,6 +332,9 @@ impl<'r> MoveCtx<'r> {
             .await
             .map_err(MigrationError::MappingUnavailable)?;
         self.r.cache_set(&self.key, &self.target);
+        if self.r.computed() {
+            self.r.publish_placement(&self.key, &self.target).await?;
+        }
         Ok(())
     }
 
@@ -543,10 +546,22 @@ impl Router {
         let jname = jname.to_owned();
         self.check_movable(&jname)?;
         self.check_movable(target)?;
-        let source = self
-            .mapping_fresh(key)
-            .await?
-            .ok_or_else(|| MigrationError::MappingNotFound(key.to_owned()))?;
+        let source = match self.mapping_fresh(key).await? {
+            Some(s) => s,
+            None if self.computed() => {
+                // Computed placement: the shard that holds the key's row.
+                let m = self.manifest_for_write().await?;
+                let mut found = None;
+                for spec in &specs {
+                    if let Some(s) = self.probe_owners(&m, key, spec).await? {
+                        found = Some(s);
+                        break;
+                    }
+                }
+                found.ok_or_else(|| MigrationError::RowNotFound(key.to_owned()))?
+            }
+            None => return Err(MigrationError::MappingNotFound(key.to_owned())),
+        };
         if source == target {
             return Err(MigrationError::SameShard {
                 key: key.to_owned(),

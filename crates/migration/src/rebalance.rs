@@ -107,6 +107,9 @@ impl Router {
             let Some((last, _)) = page.last() else { break };
             after = Some(last.clone());
             for (key, from) in page {
+                if key.starts_with(config::RESERVED_KEY_PREFIX) {
+                    continue;
+                }
                 report.examined += 1;
                 let Some(to) = config::hash_owner(&key, &target_refs) else {
                     continue;

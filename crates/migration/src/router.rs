@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Ident, row_idents};
+use crate::dialect::{Generation, Ident, row_idents};
 use crate::error::{MigrationError, Result};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
+use crate::placement::{CachedManifest, Manifest, Placement};
 use crate::shard::{BatchSupport, Shard, Statement};
 use crate::value::{Row, Value};
 
@@ -49,11 +50,15 @@ pub struct Router {
     pub(crate) journal: Option<String>,
     /// Reads follow tombstones and writes check fences only when a journal
     /// shard is set explicitly (as in the seed).
-    fence_checks: bool,
+    pub(crate) fence_checks: bool,
     pub(crate) scope: String,
     pub(crate) ttl_ms: u64,
     pub(crate) tables: BTreeMap<String, TableSpec>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) coordinator: Option<Arc<dyn crate::ledger::AllocationLedger>>,
+    pub(crate) placement: Placement,
+    pub(crate) manifest_refresh_ms: u64,
+    pub(crate) manifest: Mutex<Option<CachedManifest>>,
     pub(crate) instance: String,
     cache: Mutex<HashMap<String, (String, u64)>>,
     columns: Mutex<HashMap<(String, String), ColumnSet>>,
@@ -87,6 +92,10 @@ impl Router {
             ttl_ms: config.mapping_cache_ttl_ms,
             tables: v.tables,
             clock: config.clock,
+            coordinator: config.coordinator,
+            placement: config.placement,
+            manifest_refresh_ms: config.manifest_refresh_ms,
+            manifest: Mutex::new(None),
             instance: uuid::Uuid::now_v7().to_string(),
             cache: Mutex::new(HashMap::new()),
             columns: Mutex::new(HashMap::new()),
@@ -122,7 +131,15 @@ impl Router {
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
         }
+        if self.computed() {
+            self.init_placement().await?;
+        }
         Ok(())
+    }
+
+    /// The placement this router was configured with.
+    pub fn placement_mode(&self) -> Placement {
+        self.placement
     }
 
     /// The journal scope.
@@ -264,6 +281,12 @@ impl Router {
         }
     }
 
+    pub(crate) fn clear_mapping_cache(&self) {
+        if let Ok(mut m) = self.cache.lock() {
+            m.clear();
+        }
+    }
+
     /// Drops this router's cached mapping of `key`.
     pub fn invalidate(&self, key: &str) {
         if let Ok(mut m) = self.cache.lock() {
@@ -303,6 +326,20 @@ impl Router {
         }
     }
 
+    /// The owner computed placement gives a key with no mapping (the newest
+    /// epoch's owner). `None` under mapped placement, where a key has no
+    /// owner until its first write allocates a mapping.
+    ///
+    /// Uses the cached manifest (see [`Router::manifest`]); `None` until a
+    /// manifest was loaded (by `init` or any routed call).
+    pub fn computed_owner(&self, key: &str) -> Option<String> {
+        if !self.computed() {
+            return None;
+        }
+        let g = self.manifest.lock().ok()?;
+        g.as_ref()?.manifest.owner(key).map(str::to_owned)
+    }
+
     async fn route_or_allocate(&self, key: &str) -> Result<String> {
         if let Some(s) = self.route(key).await? {
             return Ok(s);
@@ -340,9 +377,45 @@ impl Router {
     pub async fn get_with(&self, key: &str, table: &str, opts: ReadOptions) -> Result<Option<Row>> {
         config::validate_key(key)?;
         let spec = self.table(table)?.clone();
-        let Some(mut shard_name) = self.route(key).await? else {
-            return Ok(None);
+        let routed = match self.route(key).await {
+            // Computed placement reads on when the mapping store fails: a
+            // moved key's computed owner holds a tombstone naming its shard,
+            // and a key placed under an older epoch is found by its owner.
+            Err(e @ MigrationError::MappingUnavailable(_)) if self.computed() => {
+                tracing::debug!(error = %e, key, "durability.migration.read_without_mapping");
+                None
+            }
+            r => r?,
         };
+        if let Some(start) = routed {
+            return self.read_chain(key, &spec, start, opts).await;
+        }
+        if !self.computed() {
+            return Ok(None);
+        }
+        // Computed placement: the newest owner, then older epochs' owners,
+        // one query each; a hit through an older epoch is recorded as a
+        // placement exception.
+        let m = self.manifest().await?;
+        for (i, (epoch, start)) in m.candidates(key).into_iter().enumerate() {
+            if let Some(r) = self.read_chain(key, &spec, start.clone(), opts).await? {
+                if i > 0 {
+                    self.note_found(key, &start, epoch).await;
+                }
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads the key's row on `shard_name`, following tombstones.
+    async fn read_chain(
+        &self,
+        key: &str,
+        spec: &TableSpec,
+        mut shard_name: String,
+        opts: ReadOptions,
+    ) -> Result<Option<Row>> {
         let mut visited = BTreeSet::new();
         loop {
             visited.insert(shard_name.clone());
@@ -488,6 +561,51 @@ impl Router {
         self.write(key, table, WriteKind::Delete).await
     }
 
+    /// Where a routed write goes under mapped placement: its mapping, or for
+    /// an insert or upsert a new allocation (after validating the row
+    /// against the shard it would land on). `None`: an update or delete of a
+    /// key with no mapping (nothing to change, nothing allocated).
+    async fn mapped_write_shard(
+        &self,
+        key: &str,
+        spec: &TableSpec,
+        kind: &WriteKind,
+    ) -> Result<Option<String>> {
+        let spec = spec.clone();
+        Ok(Some(match kind {
+            WriteKind::Insert(r) | WriteKind::Upsert(r) => {
+                // Validate against the shard the key would land on before
+                // allocating anything.
+                let candidate = match self.route(key).await? {
+                    Some(s) => s,
+                    None => self
+                        .placement(key)
+                        .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?,
+                };
+                let cols = self.columns(&candidate, &spec).await?;
+                Self::check_row_columns(&spec, &cols, r)?;
+                self.route_or_allocate(key).await?
+            }
+            WriteKind::Update(r) => match self.route(key).await? {
+                Some(s) => {
+                    let cols = self.columns(&s, &spec).await?;
+                    Self::check_row_columns(&spec, &cols, r)?;
+                    s
+                }
+                None => {
+                    for c in r.keys() {
+                        Ident::new(c)?;
+                    }
+                    return Ok(None);
+                }
+            },
+            WriteKind::Delete => match self.route(key).await? {
+                Some(s) => s,
+                None => return Ok(None),
+            },
+        }))
+    }
+
     async fn write(&self, key: &str, table: &str, kind: WriteKind) -> Result<u64> {
         config::validate_key(key)?;
         let spec = self.table(table)?.clone();
@@ -517,59 +635,70 @@ impl Router {
             }
             WriteKind::Delete => WriteKind::Delete,
         };
-        let mut shard_name = match &kind {
-            WriteKind::Insert(r) | WriteKind::Upsert(r) => {
-                // Validate against the shard the key would land on before
-                // allocating anything.
-                let candidate = match self.route(key).await? {
-                    Some(s) => s,
-                    None => self
-                        .placement(key)
-                        .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?,
-                };
-                let cols = self.columns(&candidate, &spec).await?;
-                Self::check_row_columns(&spec, &cols, r)?;
-                self.route_or_allocate(key).await?
-            }
-            WriteKind::Update(r) => match self.route(key).await? {
-                Some(s) => {
-                    let cols = self.columns(&s, &spec).await?;
-                    Self::check_row_columns(&spec, &cols, r)?;
-                    s
-                }
-                None => {
-                    for c in r.keys() {
-                        Ident::new(c)?;
-                    }
-                    return Ok(0);
-                }
-            },
-            WriteKind::Delete => match self.route(key).await? {
+        let mut manifest: Option<Arc<Manifest>> = None;
+        let mut shard_name = if self.computed() {
+            // Computed placement: a fresh manifest, then the mapping, the
+            // shard that holds the row, or the newest owner. Nothing is
+            // allocated.
+            let m = self.manifest_for_write().await?;
+            let s = self.locate_for_write(&m, key, &spec).await?;
+            manifest = Some(m);
+            s
+        } else {
+            match self.mapped_write_shard(key, &spec, &kind).await? {
                 Some(s) => s,
                 None => return Ok(0),
-            },
+            }
         };
         let mut retried = false;
+        let mut reloaded = false;
         for _ in 0..=MAX_CHAIN_HOPS {
             let cols = self.columns(&shard_name, &spec).await?;
             let (name, shard) = self.shard_named(&shard_name)?;
             let d = shard.dialect();
+            let generation = manifest.as_ref().map(|m| m.generation);
+            let g = generation.map(|generation| Generation {
+                scope: &self.scope,
+                generation,
+            });
             let st = match &kind {
                 WriteKind::Insert(r) | WriteKind::Upsert(r) => {
                     Self::check_row_columns(&spec, &cols, r)?;
                     let up = matches!(kind, WriteKind::Upsert(_)).then_some(&spec.key_col);
-                    d.fenced_insert(&spec.name, key, &row_idents(r)?, up)
+                    d.guarded_insert(&spec.name, key, &row_idents(r)?, up, g)
                 }
                 WriteKind::Update(r) => {
                     Self::check_row_columns(&spec, &cols, r)?;
-                    d.fenced_update(&spec.name, &spec.key_col, key, &row_idents(r)?)
+                    d.guarded_update(&spec.name, &spec.key_col, key, &row_idents(r)?, g)
                 }
-                WriteKind::Delete => d.fenced_delete(&spec.name, &spec.key_col, key),
+                WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
             };
             let n = shard
                 .execute(&st)
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
+            if n == 0
+                && let Some(generation) = generation
+                && d.is_proven()
+            {
+                // A raised fence: the manifest is stale. Reload it once.
+                let fence = self.fence(&shard_name).await?;
+                if fence > generation {
+                    if reloaded {
+                        return Err(MigrationError::StaleTopology {
+                            shard: shard_name,
+                            fence,
+                            generation,
+                        });
+                    }
+                    reloaded = true;
+                    tracing::debug!(key, fence, generation, "durability.migration.fence_reload");
+                    let m = self.reload_manifest().await?;
+                    shard_name = self.locate_for_write(&m, key, &spec).await?;
+                    manifest = Some(m);
+                    continue;
+                }
+            }
             if n > 0 || !self.fence_checks || !d.is_proven() {
                 return Ok(n);
             }

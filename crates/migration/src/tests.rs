@@ -61,6 +61,23 @@ fn all_errors() -> Vec<MigrationError> {
         },
         MigrationError::MappingUnavailable("e".into()),
         MigrationError::Corrupt(s()),
+        MigrationError::TooManyEpochs(9),
+        MigrationError::PlacementConflict(5),
+        MigrationError::PlacementUnverified("e".into()),
+        MigrationError::StaleTopology {
+            shard: s(),
+            fence: 2,
+            generation: 1,
+        },
+        MigrationError::WriteUnresolved {
+            key: s(),
+            shard: s(),
+            source: "e".into(),
+        },
+        MigrationError::PruneRefused(s()),
+        MigrationError::ReconcileVerifyRequired,
+        MigrationError::CoordinatorNotConfigured,
+        MigrationError::CoordinatorUnavailable("e".into()),
     ]
 }
 
@@ -89,6 +106,14 @@ fn error_codes_are_unique_and_listed() {
         "DESTINATION_CONFLICT",
         "RETENTION_NOT_ELAPSED",
         "NOT_VERIFIED",
+        "TOO_MANY_EPOCHS",
+        "PLACEMENT_CONFLICT",
+        "PLACEMENT_UNVERIFIED",
+        "STALE_TOPOLOGY",
+        "WRITE_UNRESOLVED",
+        "PRUNE_REFUSED",
+        "RECONCILE_VERIFY_REQUIRED",
+        "COORDINATOR_NOT_CONFIGURED",
     ] {
         assert!(unique.contains(c), "seed code {c} exists");
     }

@@ -1,11 +1,12 @@
-//! PostgreSQL shards and mapping store for `durability-migration`.
+//! PostgreSQL shards, mapping store and allocation ledger for `durability-migration`.
 //!
 //! [`PostgresShard`] is one PostgreSQL database (or schema) holding keyed
 //! tables: it speaks [`Dialect::Postgres`], declares an atomic batch (one
 //! transaction that rolls the whole group back when one statement fails) and
 //! uses a connection pool (`deadpool-postgres`), so it is not a
 //! single-connection adapter. [`PostgresMappingStore`] keeps key → shard
-//! mappings in a `durability_mapping` table.
+//! mappings in a `durability_mapping` table, and [`PostgresLedger`] is the
+//! coordinator's allocation ledger (`durability_allocations`).
 //!
 //! Isolation: every connection of a shard runs at `SERIALIZABLE`
 //! (`default_transaction_isolation`), single statements and batches alike.
@@ -499,6 +500,9 @@ impl MappingStore for PostgresMappingStore {
         })
     }
 }
+
+mod ledger;
+pub use ledger::PostgresLedger;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

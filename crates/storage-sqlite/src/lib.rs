@@ -10,8 +10,9 @@
 //! - `outbox`: the outbox store of `durability-outbox` on [`SqliteTx`].
 //! - `ownership`: the `ownership` module, the owner lease store and the object storage
 //!   fence of `durability-ownership`.
-//! - `migration`: the `migration` module, SQLite shards and the mapping store of
-//!   `durability-migration`.
+//! - `migration`: the `migration` module (SQLite shards and the mapping store
+//!   of `durability-migration`) and the `ledger` module (its allocation
+//!   ledger).
 //! - `topology`: the `topology` module, the coordinator's tables
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
@@ -30,6 +31,9 @@ pub mod ownership;
 
 #[cfg(feature = "migration")]
 pub mod migration;
+
+#[cfg(feature = "migration")]
+pub mod ledger;
 
 #[cfg(feature = "topology")]
 pub mod topology;

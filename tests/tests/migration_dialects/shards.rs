@@ -135,12 +135,15 @@ impl Env {
         c
     }
 
+    // Shared by several test binaries; not all use every helper.
+    #[allow(dead_code)]
     pub(crate) async fn router_with(&self, faulty: bool, ttl: u64) -> Router {
         let r = Router::new(self.config(faulty, ttl)).unwrap();
         r.init().await.unwrap();
         r
     }
 
+    #[allow(dead_code)]
     pub(crate) async fn router(&self) -> Router {
         self.router_with(false, 30_000).await
     }

@@ -1,0 +1,111 @@
+//! The coordinator's allocation ledger: an advisory record of which shard
+//! each key was allocated to, reconciled against routing by
+//! [`crate::Router::reconcile_allocations`].
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Mutex;
+
+use crate::error::BackendError;
+use crate::shard::BoxFuture;
+
+/// The coordinator's allocation ledger (key → shard it was allocated to).
+///
+/// The mapping store is the record of routing; the ledger is advisory.
+pub trait AllocationLedger: Send + Sync {
+    /// Records that `key` was allocated to `shard` (replacing any row).
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>>;
+
+    /// One page of ledger rows with keys strictly after `after`, in key order.
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>>;
+
+    /// Removes the row of `key` only while it still names `shard`; returns
+    /// whether a row was removed.
+    fn remove_if<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+}
+
+/// An in-memory allocation ledger (tests and single-process use).
+///
+/// Keys are kept in byte order, like the SQL ledgers (`SqliteLedger`,
+/// `PostgresLedger`), so pages come back in the same order on every backend.
+#[derive(Debug, Default)]
+pub struct MemoryLedger {
+    rows: Mutex<BTreeMap<String, String>>,
+}
+
+impl MemoryLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, String>) -> T,
+    ) -> Result<T, BackendError> {
+        let mut g = self.rows.lock().map_err(|_| "ledger mutex poisoned")?;
+        Ok(f(&mut g))
+    }
+}
+
+impl AllocationLedger for MemoryLedger {
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.with(|m| {
+                m.insert(key.to_owned(), shard.to_owned());
+            })
+        })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            self.with(|m| {
+                let lower = match after {
+                    Some(a) => Bound::Excluded(a),
+                    None => Bound::Unbounded,
+                };
+                m.range::<str, _>((lower, Bound::Unbounded))
+                    .take(limit)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+        })
+    }
+
+    fn remove_if<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.with(|m| {
+                if m.get(key).is_some_and(|s| s == shard) {
+                    m.remove(key);
+                    true
+                } else {
+                    false
+                }
+            })
+        })
+    }
+}

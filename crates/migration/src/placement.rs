@@ -1,0 +1,1108 @@
+//! Computed placement: the manifest of epochs on the journal shard (updated
+//! by compare-and-swap on its revision, with a derived copy in the mapping
+//! store), the generation fence every data shard holds, placement
+//! exceptions, write probes and epoch pruning.
+//!
+//! Invariants:
+//! - the manifest holds 1..=[`MAX_EPOCHS`] epochs, newest first; an epoch is
+//!   removed only by [`Router::prune_epochs`] after a census over every page
+//!   of every listed table found no row depending on it;
+//! - every manifest change is one compare-and-swap on the journal row's
+//!   revision; the copy in the mapping store is derived from it and is never
+//!   newer;
+//! - a topology change raises the fence of every shard to the new
+//!   generation after publishing it, so a write routed with an older manifest
+//!   matches no row there, reloads once and otherwise fails with
+//!   `STALE_TOPOLOGY`;
+//! - a key's row lives on its mapped shard, or else on the owner of some
+//!   epoch; a write finds it by probing the owners newest first and writes
+//!   where it is, or on the newest owner when no shard holds it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{self, TableSpec};
+use crate::dialect::{Dialect, Ident, Sql, names};
+use crate::error::{MigrationError, Result};
+use crate::router::Router;
+use crate::shard::Statement;
+use crate::value::Value;
+
+/// Most epochs a manifest holds, the current one included.
+pub const MAX_EPOCHS: usize = 8;
+/// Lost compare-and-swaps in a row before `PLACEMENT_CONFLICT`.
+pub const MAX_CAS_ATTEMPTS: u32 = 5;
+/// Default period after which a router re-confirms its cached manifest.
+pub const DEFAULT_MANIFEST_REFRESH_MS: u64 = 5_000;
+/// Default page size of the pruning census.
+pub const DEFAULT_PRUNE_PAGE_SIZE: usize = 500;
+/// Default number of (table, shard) census scans run at once.
+pub const DEFAULT_PRUNE_CONCURRENCY: usize = 4;
+/// Prefix of the mapping-store key that holds the manifest's derived copy
+/// (keys starting with `\u{1}` are reserved; see [`crate::validate_key`]).
+pub const MANIFEST_COPY_PREFIX: &str = "\u{1}durability.manifest/";
+
+/// How keys are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Placement {
+    /// A key's shard is its mapping, allocated by the hash strategy on the
+    /// key's first write.
+    #[default]
+    Mapped,
+    /// A key's shard is computed from a manifest of epochs; the mapping store
+    /// holds only placement exceptions (moved keys) and the manifest's copy.
+    Computed,
+}
+
+/// How an epoch computes a key's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// FNV-1a hash of the key over the sorted shard names
+    /// ([`crate::hash_owner`]).
+    Hash,
+}
+
+/// One epoch: a shard set and the algorithm that computes an owner from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoch {
+    /// The epoch number (increasing; never reused).
+    pub number: u32,
+    /// The shard set, sorted.
+    pub shards: Vec<String>,
+    /// The owner algorithm.
+    pub algorithm: Algorithm,
+}
+
+impl Epoch {
+    /// The shard this epoch places `key` on.
+    pub fn owner(&self, key: &str) -> Option<&str> {
+        match self.algorithm {
+            Algorithm::Hash => {
+                let names: Vec<&str> = self.shards.iter().map(String::as_str).collect();
+                config::hash_owner(key, &names)
+            }
+        }
+    }
+}
+
+/// The placement manifest: epochs newest first, with the revision every
+/// update swaps on, the generation writes bind, and the exception version
+/// moves bump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Compare-and-swap revision (one per update).
+    pub revision: i64,
+    /// The generation writes bind; fences are raised to it.
+    pub generation: i64,
+    /// Bumped when a move records a placement exception.
+    pub exception_version: i64,
+    /// The epochs, newest first.
+    pub epochs: Vec<Epoch>,
+}
+
+impl Manifest {
+    /// The newest epoch.
+    pub fn newest(&self) -> Option<&Epoch> {
+        self.epochs.first()
+    }
+
+    /// The owner the newest epoch computes for `key`.
+    pub fn owner(&self, key: &str) -> Option<&str> {
+        self.newest().and_then(|e| e.owner(key))
+    }
+
+    /// Distinct owners of `key`, newest epoch first, with the newest epoch
+    /// that computes each.
+    pub fn candidates(&self, key: &str) -> Vec<(u32, String)> {
+        let mut out: Vec<(u32, String)> = Vec::new();
+        for e in &self.epochs {
+            if let Some(o) = e.owner(key)
+                && !out.iter().any(|(_, s)| s == o)
+            {
+                out.push((e.number, o.to_owned()));
+            }
+        }
+        out
+    }
+
+    /// Every shard some epoch names.
+    pub fn all_shards(&self) -> BTreeSet<String> {
+        self.epochs
+            .iter()
+            .flat_map(|e| e.shards.iter().cloned())
+            .collect()
+    }
+
+    fn encode(&self) -> Result<String> {
+        serde_json::to_string(self).map_err(|e| MigrationError::Corrupt(e.to_string()))
+    }
+
+    fn decode(s: &str) -> Result<Self> {
+        let m: Self = serde_json::from_str(s)
+            .map_err(|e| MigrationError::Corrupt(format!("manifest: {e}")))?;
+        if m.epochs.is_empty() || m.epochs.len() > MAX_EPOCHS {
+            return Err(MigrationError::Corrupt(format!(
+                "manifest holds {} epochs",
+                m.epochs.len()
+            )));
+        }
+        Ok(m)
+    }
+}
+
+/// Options of [`Router::prune_epochs`].
+#[derive(Debug, Clone)]
+pub struct PruneOptions {
+    /// Every table that holds keyed rows. A census over fewer tables cannot
+    /// show that no row depends on an epoch.
+    pub tables: Vec<String>,
+    /// Key column per table; a table not listed uses its configured key
+    /// column, else `id`.
+    pub key_columns: BTreeMap<String, String>,
+    /// Report the dependents and change nothing (not even the fences).
+    pub dry_run: bool,
+    /// Keys per census page (1..=10,000; default 500).
+    pub page_size: usize,
+    /// (table, shard) scans run at once (1..=64; default 4).
+    pub concurrency: usize,
+}
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        Self {
+            tables: Vec::new(),
+            key_columns: BTreeMap::new(),
+            dry_run: false,
+            page_size: DEFAULT_PRUNE_PAGE_SIZE,
+            concurrency: DEFAULT_PRUNE_CONCURRENCY,
+        }
+    }
+}
+
+/// What [`Router::prune_epochs`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PruneReport {
+    /// Epochs removed (empty on a dry run).
+    pub removed: Vec<u32>,
+    /// Epochs kept (on a dry run: the epochs a real run would keep).
+    pub retained: Vec<u32>,
+    /// Rows depending on each epoch.
+    pub dependents: BTreeMap<u32, u64>,
+    /// Rows the census read.
+    pub scanned: u64,
+    /// Rows on a shard that no epoch computes for their key and no
+    /// exception explains (reported; they keep no epoch).
+    pub unplaced: u64,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+    /// The manifest revision after the run.
+    pub revision: i64,
+}
+
+/// A placement exception: a key that lives off its computed owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Exception {
+    shard: String,
+    epoch: u32,
+}
+
+/// One census result: rows depending on each epoch, rows scanned, rows
+/// unplaced.
+type Census = (BTreeMap<u32, u64>, u64, u64);
+
+/// The cached manifest and when it was last confirmed.
+#[derive(Debug, Clone)]
+pub(crate) struct CachedManifest {
+    pub(crate) manifest: Arc<Manifest>,
+    pub(crate) confirmed_ms: u64,
+}
+
+// ---- SQL ----
+
+pub(crate) fn journal_schema(d: &Dialect) -> Vec<Statement> {
+    let (k, t, i) = (d.text_key_type(), d.text_type(), d.int_type());
+    vec![
+        Statement::new(format!(
+            "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, revision {i} NOT NULL, body {t} NOT NULL)",
+            m = names::MANIFEST
+        )),
+        Statement::new(format!(
+            "CREATE TABLE IF NOT EXISTS {x} (scope {k} NOT NULL, mkey {k} NOT NULL, \
+             shard {t} NOT NULL, epoch {i} NOT NULL, PRIMARY KEY (scope, mkey)){w}",
+            x = names::EXCEPTIONS,
+            w = d.keyed_table_suffix()
+        )),
+    ]
+}
+
+pub(crate) fn topology_schema(d: &Dialect) -> Vec<Statement> {
+    let (k, i) = (d.text_key_type(), d.int_type());
+    vec![Statement::new(format!(
+        "CREATE TABLE IF NOT EXISTS {t} (scope {k} PRIMARY KEY, min_generation {i} NOT NULL)",
+        t = names::TOPOLOGY
+    ))]
+}
+
+fn manifest_get(d: &Dialect, scope: &str) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("SELECT revision, body FROM ")
+        .raw(names::MANIFEST)
+        .raw(" WHERE scope = ")
+        .bind(scope);
+    s.finish()
+}
+
+fn manifest_insert(d: &Dialect, scope: &str, m: &Manifest, body: &str) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("INSERT INTO ")
+        .raw(names::MANIFEST)
+        .raw(" (scope, revision, body) SELECT ")
+        .bind(scope)
+        .raw(", ")
+        .bind(m.revision)
+        .raw(", ")
+        .bind(body)
+        .dual()
+        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+        .raw(names::MANIFEST)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(")");
+    s.finish()
+}
+
+fn manifest_cas(
+    d: &Dialect,
+    scope: &str,
+    old_revision: i64,
+    m: &Manifest,
+    body: &str,
+) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("UPDATE ")
+        .raw(names::MANIFEST)
+        .raw(" SET revision = ")
+        .bind(m.revision)
+        .raw(", body = ")
+        .bind(body)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND revision = ")
+        .bind(old_revision);
+    s.finish()
+}
+
+fn fence_get(d: &Dialect, scope: &str) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("SELECT min_generation FROM ")
+        .raw(names::TOPOLOGY)
+        .raw(" WHERE scope = ")
+        .bind(scope);
+    s.finish()
+}
+
+/// Raises the fence to `generation` (never lowers it).
+fn fence_raise(d: &Dialect, scope: &str, generation: i64) -> Vec<Statement> {
+    let mut u = Sql::new(d);
+    u.raw("UPDATE ")
+        .raw(names::TOPOLOGY)
+        .raw(" SET min_generation = ")
+        .bind(generation)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND min_generation < ")
+        .bind(generation);
+    let mut i = Sql::new(d);
+    i.raw("INSERT INTO ")
+        .raw(names::TOPOLOGY)
+        .raw(" (scope, min_generation) SELECT ")
+        .bind(scope)
+        .raw(", ")
+        .bind(generation)
+        .dual()
+        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+        .raw(names::TOPOLOGY)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(")");
+    vec![u.finish(), i.finish()]
+}
+
+fn exception_put(d: &Dialect, scope: &str, key: &str, e: &Exception) -> Vec<Statement> {
+    let mut u = Sql::new(d);
+    u.raw("UPDATE ")
+        .raw(names::EXCEPTIONS)
+        .raw(" SET shard = ")
+        .bind(e.shard.as_str())
+        .raw(", epoch = ")
+        .bind(i64::from(e.epoch))
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND mkey = ")
+        .bind(key);
+    let mut i = Sql::new(d);
+    i.raw("INSERT INTO ")
+        .raw(names::EXCEPTIONS)
+        .raw(" (scope, mkey, shard, epoch) SELECT ")
+        .bind(scope)
+        .raw(", ")
+        .bind(key)
+        .raw(", ")
+        .bind(e.shard.as_str())
+        .raw(", ")
+        .bind(i64::from(e.epoch))
+        .dual()
+        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+        .raw(names::EXCEPTIONS)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND mkey = ")
+        .bind(key)
+        .raw(")");
+    vec![u.finish(), i.finish()]
+}
+
+fn exception_delete(d: &Dialect, scope: &str, key: &str) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("DELETE FROM ")
+        .raw(names::EXCEPTIONS)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND mkey = ")
+        .bind(key);
+    s.finish()
+}
+
+fn exception_page(d: &Dialect, scope: &str, after: &str, limit: usize) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("SELECT mkey, shard, epoch FROM ")
+        .raw(names::EXCEPTIONS)
+        .raw(" WHERE scope = ")
+        .bind(scope)
+        .raw(" AND mkey > ")
+        .bind(after)
+        .raw(&format!(" ORDER BY mkey LIMIT {limit}"));
+    s.finish()
+}
+
+fn probe_key(d: &Dialect, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+    let mut s = Sql::new(d);
+    s.raw("SELECT ")
+        .ident(key_col)
+        .raw(" AS k FROM ")
+        .ident(table)
+        .raw(" WHERE ")
+        .ident(key_col)
+        .raw(" = ")
+        .bind(key);
+    s.finish()
+}
+
+fn epoch_number(v: Option<&Value>) -> Result<u32> {
+    v.and_then(Value::as_integer)
+        .and_then(|i| u32::try_from(i).ok())
+        .ok_or_else(|| MigrationError::Corrupt(format!("epoch column: {v:?}")))
+}
+
+impl Router {
+    pub(crate) fn computed(&self) -> bool {
+        self.placement == Placement::Computed
+    }
+
+    fn require_computed(&self) -> Result<()> {
+        if self.computed() {
+            Ok(())
+        } else {
+            Err(MigrationError::InvalidConfig(
+                "the operation needs computed placement".into(),
+            ))
+        }
+    }
+
+    fn copy_key(&self) -> String {
+        format!("{MANIFEST_COPY_PREFIX}{}", self.scope)
+    }
+
+    /// Creates the placement tables and the first manifest (epoch 1: every
+    /// configured shard) when none exists, and publishes its copy.
+    pub(crate) async fn init_placement(&self) -> Result<()> {
+        for (name, shard) in &self.shards {
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            for st in topology_schema(&d) {
+                shard
+                    .execute(&st)
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+            }
+        }
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        for st in journal_schema(&d) {
+            js.execute(&st)
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+        }
+        let first = Manifest {
+            revision: 1,
+            generation: 1,
+            exception_version: 0,
+            epochs: vec![Epoch {
+                number: 1,
+                shards: self.shards.keys().cloned().collect(),
+                algorithm: Algorithm::Hash,
+            }],
+        };
+        js.execute(&manifest_insert(&d, &self.scope, &first, &first.encode()?))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        let m = self.manifest_from_journal().await?;
+        self.publish_copy(&m).await?;
+        self.cache_manifest(m);
+        Ok(())
+    }
+
+    /// The manifest as the journal shard holds it (the authority).
+    ///
+    /// # Errors
+    /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`,
+    /// `INVALID_CONFIG` (placement is not computed, or `init` never ran).
+    pub async fn manifest_from_journal(&self) -> Result<Manifest> {
+        self.require_computed()?;
+        let (jname, js) = self.journal_shard()?;
+        let rows = js
+            .query(&manifest_get(&js.dialect(), &self.scope))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        let Some(r) = rows.first() else {
+            return Err(MigrationError::InvalidConfig(
+                "no placement manifest: call init() first".into(),
+            ));
+        };
+        let rev = crate::journal::int(r, "revision")?;
+        let m = Manifest::decode(&crate::journal::text(r, "body")?)?;
+        if m.revision != rev {
+            return Err(MigrationError::Corrupt(format!(
+                "manifest revision {} under row revision {rev}",
+                m.revision
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Writes the manifest's derived copy to the mapping store unless the
+    /// copy there is as new.
+    async fn publish_copy(&self, m: &Manifest) -> Result<()> {
+        let key = self.copy_key();
+        let current = self
+            .mapping
+            .get(&key)
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        if let Some(c) = current
+            && Manifest::decode(&c).is_ok_and(|c| c.revision >= m.revision)
+        {
+            return Ok(());
+        }
+        self.mapping
+            .put(&key, &m.encode()?)
+            .await
+            .map_err(MigrationError::MappingUnavailable)
+    }
+
+    fn cache_manifest(&self, m: Manifest) -> Arc<Manifest> {
+        let m = Arc::new(m);
+        let now = self.clock.now_ms();
+        let mut drop_exceptions = false;
+        if let Ok(mut g) = self.manifest.lock() {
+            match g.as_ref() {
+                Some(c) if c.manifest.revision > m.revision => {
+                    return Arc::clone(&c.manifest);
+                }
+                Some(c) => {
+                    drop_exceptions = c.manifest.exception_version != m.exception_version;
+                }
+                None => {}
+            }
+            *g = Some(CachedManifest {
+                manifest: Arc::clone(&m),
+                confirmed_ms: now,
+            });
+        }
+        if drop_exceptions {
+            self.clear_mapping_cache();
+        }
+        m
+    }
+
+    fn cached_manifest(&self) -> Option<CachedManifest> {
+        self.manifest.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// Reads the derived copy from the mapping store; a missing copy is
+    /// rebuilt from the journal.
+    async fn confirm_manifest(&self) -> Result<Arc<Manifest>> {
+        let copy = self
+            .mapping
+            .get(&self.copy_key())
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        match copy {
+            Some(c) => Ok(self.cache_manifest(Manifest::decode(&c)?)),
+            None => {
+                let m = self.manifest_from_journal().await?;
+                self.publish_copy(&m).await?;
+                Ok(self.cache_manifest(m))
+            }
+        }
+    }
+
+    /// The manifest a read routes with: the cached one while it is fresh,
+    /// else the mapping store's copy; when that cannot be read, a cached
+    /// manifest of any age.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` (not computed), `MAPPING_UNAVAILABLE` or
+    /// `SHARD_UNAVAILABLE` when no manifest was ever cached.
+    pub async fn manifest(&self) -> Result<Arc<Manifest>> {
+        self.require_computed()?;
+        let cached = self.cached_manifest();
+        if let Some(c) = &cached
+            && self.clock.now_ms().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
+        {
+            return Ok(Arc::clone(&c.manifest));
+        }
+        match self.confirm_manifest().await {
+            Ok(m) => Ok(m),
+            Err(e) => match cached {
+                Some(c) => {
+                    tracing::debug!(error = %e, "durability.migration.manifest_cached_read");
+                    Ok(c.manifest)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// The manifest a write routes with: the cached one while it is fresh,
+    /// else a confirmed copy.
+    ///
+    /// # Errors
+    /// `PLACEMENT_UNVERIFIED` when no fresh manifest can be confirmed.
+    pub(crate) async fn manifest_for_write(&self) -> Result<Arc<Manifest>> {
+        if let Some(c) = self.cached_manifest()
+            && self.clock.now_ms().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
+        {
+            return Ok(c.manifest);
+        }
+        self.confirm_manifest()
+            .await
+            .map_err(|e| MigrationError::PlacementUnverified(Box::new(e)))
+    }
+
+    /// Reloads the manifest from the journal (after a raised fence).
+    pub(crate) async fn reload_manifest(&self) -> Result<Arc<Manifest>> {
+        let m = self
+            .manifest_from_journal()
+            .await
+            .map_err(|e| MigrationError::PlacementUnverified(Box::new(e)))?;
+        if let Err(e) = self.publish_copy(&m).await {
+            tracing::warn!(error = %e, "durability.migration.manifest_copy_failed");
+        }
+        Ok(self.cache_manifest(m))
+    }
+
+    /// Applies `f` to the journal's manifest by compare-and-swap on its
+    /// revision, retrying lost swaps; `f` returning `None` changes nothing.
+    /// Publishes the copy and caches the result.
+    async fn update_manifest(
+        &self,
+        f: impl Fn(&Manifest) -> Result<Option<Manifest>>,
+    ) -> Result<Arc<Manifest>> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let cur = self.manifest_from_journal().await?;
+            let Some(mut next) = f(&cur)? else {
+                self.publish_copy(&cur).await?;
+                return Ok(self.cache_manifest(cur));
+            };
+            next.revision = cur.revision + 1;
+            let n = js
+                .execute(&manifest_cas(
+                    &d,
+                    &self.scope,
+                    cur.revision,
+                    &next,
+                    &next.encode()?,
+                ))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            if n == 1 {
+                tracing::info!(
+                    revision = next.revision,
+                    generation = next.generation,
+                    epochs = next.epochs.len(),
+                    "durability.migration.manifest_updated"
+                );
+                self.publish_copy(&next).await?;
+                return Ok(self.cache_manifest(next));
+            }
+            tracing::debug!(
+                revision = cur.revision,
+                "durability.migration.manifest_cas_lost"
+            );
+        }
+        Err(MigrationError::PlacementConflict(MAX_CAS_ATTEMPTS))
+    }
+
+    /// The generation fence of a shard (0 when none was raised).
+    ///
+    /// # Errors
+    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    pub async fn fence(&self, shard: &str) -> Result<i64> {
+        let (name, s) = self.shard_named(shard)?;
+        let rows = s
+            .query(&fence_get(&s.dialect(), &self.scope))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        match rows.first() {
+            Some(r) => crate::journal::int(r, "min_generation"),
+            None => Ok(0),
+        }
+    }
+
+    /// Raises the fence of every shard on a proven dialect to `generation`.
+    async fn raise_fences(&self, generation: i64) -> Result<()> {
+        for (name, shard) in &self.shards {
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            shard
+                .batch(&fence_raise(&d, &self.scope, generation))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+        }
+        tracing::info!(generation, "durability.migration.fences_raised");
+        Ok(())
+    }
+
+    /// Adds an epoch over `shards` as the newest, bumps the generation and
+    /// raises every shard's fence to it. Adding the shard set the newest
+    /// epoch already has changes nothing but re-raises the fences, so a
+    /// call interrupted by a crash is finished by calling it again.
+    ///
+    /// # Errors
+    /// `INVALID_CONFIG` (not computed, empty set), `UNKNOWN_SHARD`,
+    /// `MIGRATION_UNSUPPORTED_DIALECT`, `JOURNAL_NOT_CONFIGURED`,
+    /// `TOO_MANY_EPOCHS`, `PLACEMENT_CONFLICT`, `SHARD_UNAVAILABLE`,
+    /// `MAPPING_UNAVAILABLE`.
+    pub async fn add_epoch(&self, shards: &[&str]) -> Result<Arc<Manifest>> {
+        self.require_computed()?;
+        if shards.is_empty() {
+            return Err(MigrationError::InvalidConfig(
+                "an epoch needs shards".into(),
+            ));
+        }
+        let mut set = BTreeSet::new();
+        for s in shards {
+            let (name, shard) = self.shard_named(s)?;
+            let d = shard.dialect();
+            if !d.is_proven() {
+                return Err(MigrationError::UnsupportedDialect {
+                    shard: name.to_owned(),
+                    dialect: d.name().to_owned(),
+                });
+            }
+            set.insert(name.to_owned());
+        }
+        let set: Vec<String> = set.into_iter().collect();
+        self.journal_shard()?;
+        let m = self
+            .update_manifest(|cur| {
+                if cur.newest().is_some_and(|e| e.shards == set) {
+                    return Ok(None);
+                }
+                if cur.epochs.len() >= MAX_EPOCHS {
+                    return Err(MigrationError::TooManyEpochs(cur.epochs.len()));
+                }
+                let number = cur.epochs.iter().map(|e| e.number).max().unwrap_or(0) + 1;
+                let mut next = cur.clone();
+                next.generation += 1;
+                next.epochs.insert(
+                    0,
+                    Epoch {
+                        number,
+                        shards: set.clone(),
+                        algorithm: Algorithm::Hash,
+                    },
+                );
+                Ok(Some(next))
+            })
+            .await?;
+        self.raise_fences(m.generation).await?;
+        Ok(m)
+    }
+
+    /// Records `key` as living on `shard` off its computed owner (epoch
+    /// `epoch`), in the journal and as its mapping.
+    async fn record_exception(&self, key: &str, shard: &str, epoch: u32) -> Result<()> {
+        let (jname, js) = self.journal_shard()?;
+        let e = Exception {
+            shard: shard.to_owned(),
+            epoch,
+        };
+        js.batch(&exception_put(&js.dialect(), &self.scope, key, &e))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        Ok(())
+    }
+
+    /// A read found `key` through an older epoch: remember where it is.
+    pub(crate) async fn note_found(&self, key: &str, shard: &str, epoch: u32) {
+        let r = async {
+            self.record_exception(key, shard, epoch).await?;
+            let held = self
+                .mapping
+                .put_if_absent(key, shard)
+                .await
+                .map_err(MigrationError::MappingUnavailable)?;
+            self.cache_set(key, &held);
+            Ok::<(), MigrationError>(())
+        };
+        if let Err(e) = r.await {
+            tracing::warn!(error = %e, key, "durability.migration.exception_not_recorded");
+        } else {
+            tracing::debug!(key, shard, epoch, "durability.migration.exception_recorded");
+        }
+    }
+
+    /// After a move published `key` on `target`: record a placement
+    /// exception (and bump the exception version) when `target` is not the
+    /// computed owner; otherwise drop a stale exception. Idempotent.
+    pub(crate) async fn publish_placement(&self, key: &str, target: &str) -> Result<()> {
+        let m = self.manifest_from_journal().await?;
+        let (Some(newest), Some(owner)) = (m.newest(), m.owner(key)) else {
+            return Ok(());
+        };
+        if owner == target {
+            let (jname, js) = self.journal_shard()?;
+            js.execute(&exception_delete(&js.dialect(), &self.scope, key))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            return Ok(());
+        }
+        self.record_exception(key, target, newest.number).await?;
+        self.update_manifest(|cur| {
+            let mut next = cur.clone();
+            next.exception_version += 1;
+            Ok(Some(next))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Finds the shard that holds `key`'s row of `spec` among the owners
+    /// of every epoch, newest first (`None`: no shard holds it).
+    ///
+    /// # Errors
+    /// `WRITE_UNRESOLVED` when a probe cannot run.
+    pub(crate) async fn probe_owners(
+        &self,
+        m: &Manifest,
+        key: &str,
+        spec: &TableSpec,
+    ) -> Result<Option<String>> {
+        for (_, shard_name) in m.candidates(key) {
+            let found = async {
+                let (_, shard) = self.shard_named(&shard_name)?;
+                let st = probe_key(&shard.dialect(), &spec.name, &spec.key_col, key);
+                shard
+                    .query(&st)
+                    .await
+                    .map_err(|e| MigrationError::shard(&shard_name, e))
+            }
+            .await;
+            match found {
+                Ok(rows) if !rows.is_empty() => return Ok(Some(shard_name)),
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(MigrationError::WriteUnresolved {
+                        key: key.to_owned(),
+                        shard: shard_name.clone(),
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where a routed write of `key` goes under computed placement: its
+    /// mapping, else the shard holding its row, else the newest owner.
+    pub(crate) async fn locate_for_write(
+        &self,
+        m: &Manifest,
+        key: &str,
+        spec: &TableSpec,
+    ) -> Result<String> {
+        if let Some(s) = self.route(key).await? {
+            return Ok(s);
+        }
+        let newest = m
+            .owner(key)
+            .ok_or_else(|| MigrationError::InvalidConfig("empty manifest".into()))?
+            .to_owned();
+        if m.epochs.len() == 1 {
+            return Ok(newest);
+        }
+        Ok(self.probe_owners(m, key, spec).await?.unwrap_or(newest))
+    }
+
+    /// Drops every epoch no row depends on.
+    ///
+    /// A run reads the exception set, bumps the manifest generation and
+    /// raises every shard's fence to it (so writers holding an older
+    /// manifest cannot place a row under an epoch being counted), counts the
+    /// rows depending on each epoch over every page of every listed table on
+    /// every shard, and publishes the manifest without the epochs nothing
+    /// depends on, by the same compare-and-swap. The newest epoch always
+    /// stays. A row depends on the newest epoch whose owner is the shard the
+    /// row sits on; a key with a placement exception whose mapping points at
+    /// that shard depends on the exception's epoch instead. A mapping alone
+    /// keeps no epoch.
+    ///
+    /// With `dry_run` it reports the dependents and changes nothing.
+    ///
+    /// # Errors
+    /// `JOURNAL_NOT_CONFIGURED`, `INVALID_CONFIG` (not computed, no tables,
+    /// bad page size or concurrency), `INVALID_IDENTIFIER`, `PRUNE_REFUSED`
+    /// (the exception set cannot be read), `PLACEMENT_CONFLICT`,
+    /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
+    pub async fn prune_epochs(&self, opts: PruneOptions) -> Result<PruneReport> {
+        let Some(_) = self.journal.as_ref().filter(|_| self.fence_checks) else {
+            return Err(MigrationError::JournalNotConfigured);
+        };
+        self.require_computed()?;
+        if opts.tables.is_empty() {
+            return Err(MigrationError::InvalidConfig(
+                "prune_epochs needs every table that holds keyed rows".into(),
+            ));
+        }
+        if !(1..=10_000).contains(&opts.page_size) || !(1..=64).contains(&opts.concurrency) {
+            return Err(MigrationError::InvalidConfig(
+                "page size must be 1..=10000 and concurrency 1..=64".into(),
+            ));
+        }
+        let mut specs = Vec::new();
+        for t in &opts.tables {
+            let key_col = opts
+                .key_columns
+                .get(t)
+                .cloned()
+                .or_else(|| self.tables.get(t).map(|s| s.key_col.as_str().to_owned()))
+                .unwrap_or_else(|| config::DEFAULT_KEY_COLUMN.to_owned());
+            specs.push(TableSpec {
+                name: Ident::new(t)?,
+                key_col: Ident::new(&key_col)?,
+            });
+        }
+        let exceptions = self
+            .exception_set()
+            .await
+            .map_err(|e| MigrationError::PruneRefused(e.to_string()))?;
+        let m = if opts.dry_run {
+            Arc::new(self.manifest_from_journal().await?)
+        } else {
+            let m = self
+                .update_manifest(|cur| {
+                    let mut next = cur.clone();
+                    next.generation += 1;
+                    Ok(Some(next))
+                })
+                .await?;
+            self.raise_fences(m.generation).await?;
+            m
+        };
+        let (dependents, scanned, unplaced) = self
+            .census(&m, &specs, &exceptions, opts.page_size, opts.concurrency)
+            .await?;
+        let newest = m.newest().map(|e| e.number);
+        let keep: BTreeSet<u32> = m
+            .epochs
+            .iter()
+            .map(|e| e.number)
+            .filter(|n| Some(*n) == newest || dependents.get(n).copied().unwrap_or(0) > 0)
+            .collect();
+        let mut report = PruneReport {
+            dependents: m
+                .epochs
+                .iter()
+                .map(|e| (e.number, dependents.get(&e.number).copied().unwrap_or(0)))
+                .collect(),
+            scanned,
+            unplaced,
+            dry_run: opts.dry_run,
+            revision: m.revision,
+            ..PruneReport::default()
+        };
+        if opts.dry_run {
+            report.retained = keep.into_iter().collect();
+            return Ok(report);
+        }
+        let removable: BTreeSet<u32> = m
+            .epochs
+            .iter()
+            .map(|e| e.number)
+            .filter(|n| !keep.contains(n))
+            .collect();
+        let after = self
+            .update_manifest(|cur| {
+                let newest = cur.newest().map(|e| e.number);
+                let kept: Vec<Epoch> = cur
+                    .epochs
+                    .iter()
+                    .filter(|e| Some(e.number) == newest || !removable.contains(&e.number))
+                    .cloned()
+                    .collect();
+                if kept.len() == cur.epochs.len() {
+                    return Ok(None);
+                }
+                let mut next = cur.clone();
+                next.epochs = kept;
+                Ok(Some(next))
+            })
+            .await?;
+        let remaining: BTreeSet<u32> = after.epochs.iter().map(|e| e.number).collect();
+        report.removed = m
+            .epochs
+            .iter()
+            .map(|e| e.number)
+            .filter(|n| !remaining.contains(n))
+            .collect();
+        report.retained = remaining.into_iter().collect();
+        report.revision = after.revision;
+        tracing::info!(removed = ?report.removed, retained = ?report.retained, scanned, "durability.migration.epochs_pruned");
+        Ok(report)
+    }
+
+    /// Every placement exception whose key's mapping still names its shard.
+    async fn exception_set(&self) -> Result<HashMap<String, Exception>> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let mut out = HashMap::new();
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&exception_page(&d, &self.scope, &after, 500))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let n = rows.len();
+            for r in &rows {
+                let key = crate::journal::text(r, "mkey")?;
+                let shard = crate::journal::text(r, "shard")?;
+                let epoch = epoch_number(r.get("epoch"))?;
+                let mapped = self
+                    .mapping
+                    .get(&key)
+                    .await
+                    .map_err(MigrationError::MappingUnavailable)?;
+                if mapped.as_deref() == Some(shard.as_str()) {
+                    out.insert(key.clone(), Exception { shard, epoch });
+                }
+                after = key;
+            }
+            if n < 500 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Counts the rows depending on each epoch: (dependents, scanned, unplaced).
+    async fn census(
+        &self,
+        m: &Manifest,
+        specs: &[TableSpec],
+        exceptions: &HashMap<String, Exception>,
+        page: usize,
+        concurrency: usize,
+    ) -> Result<Census> {
+        let mut jobs = Vec::new();
+        for spec in specs {
+            for name in self.shards.keys() {
+                jobs.push((spec, name.as_str()));
+            }
+        }
+        let results: Vec<Result<Census>> = futures::stream::iter(jobs)
+            .map(|(spec, name)| self.census_one(m, spec, name, exceptions, page))
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let mut dependents = BTreeMap::new();
+        let (mut scanned, mut unplaced) = (0, 0);
+        for r in results {
+            let (d, s, u) = r?;
+            for (k, v) in d {
+                *dependents.entry(k).or_insert(0) += v;
+            }
+            scanned += s;
+            unplaced += u;
+        }
+        Ok((dependents, scanned, unplaced))
+    }
+
+    async fn census_one(
+        &self,
+        m: &Manifest,
+        spec: &TableSpec,
+        shard_name: &str,
+        exceptions: &HashMap<String, Exception>,
+        page: usize,
+    ) -> Result<Census> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let known: BTreeSet<u32> = m.epochs.iter().map(|e| e.number).collect();
+        let mut dependents = BTreeMap::new();
+        let (mut scanned, mut unplaced) = (0u64, 0u64);
+        let mut after = String::new();
+        loop {
+            let rows = shard
+                .query(&d.key_page(&spec.name, &spec.key_col, &after, page))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            let n = rows.len();
+            for r in &rows {
+                let key = match r.get("k") {
+                    Some(Value::Text(k)) => k.clone(),
+                    Some(Value::Integer(i)) => i.to_string(),
+                    other => return Err(MigrationError::Corrupt(format!("key column: {other:?}"))),
+                };
+                scanned += 1;
+                let epoch = match exceptions.get(&key) {
+                    Some(x) if x.shard == shard_name && known.contains(&x.epoch) => Some(x.epoch),
+                    _ => m
+                        .epochs
+                        .iter()
+                        .find(|e| e.owner(&key) == Some(shard_name))
+                        .map(|e| e.number),
+                };
+                match epoch {
+                    Some(e) => *dependents.entry(e).or_insert(0) += 1,
+                    None => unplaced += 1,
+                }
+                after = key;
+            }
+            if n < page {
+                return Ok((dependents, scanned, unplaced));
+            }
+        }
+    }
+}
