@@ -129,6 +129,16 @@ impl Dialect {
             _ => "TEXT",
         }
     }
+    /// The type of the crate's key (`mkey`) columns. On MySQL/MariaDB keys
+    /// are `VARBINARY(512)` ([`crate::MAX_KEY_BYTES`]): compared byte-wise
+    /// with no pad, so `"k"` and `"k "` stay two keys (`utf8mb4_bin` is a
+    /// PAD SPACE collation on MariaDB, where they are equal).
+    pub(crate) fn mkey_type(&self) -> &'static str {
+        match self {
+            Self::MySql => "VARBINARY(512)",
+            _ => "TEXT",
+        }
+    }
     pub(crate) fn text_type(&self) -> &'static str {
         match self {
             Self::MySql => "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
@@ -235,6 +245,7 @@ impl Dialect {
     /// `CREATE TABLE IF NOT EXISTS` statements of the tombstone table every
     /// data shard holds.
     pub fn retired_schema(&self) -> Vec<Statement> {
+        let mk = self.mkey_type();
         let (k, t, i, b) = (
             self.text_key_type(),
             self.text_type(),
@@ -244,7 +255,7 @@ impl Dialect {
         vec![
             Statement::new(format!(
                 "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
-                 mkey {k} NOT NULL, scope {k} NOT NULL, moved_to {t} NOT NULL, payload {b}, \
+                 mkey {mk} NOT NULL, scope {k} NOT NULL, moved_to {t} NOT NULL, payload {b}, \
                  digest {t} NOT NULL, retired_ms {i} NOT NULL, superseded {i} NOT NULL DEFAULT 0, \
                  purged {i} NOT NULL DEFAULT 0, PRIMARY KEY (op_id, tname)){w}",
                 r = names::RETIRED,
@@ -260,10 +271,11 @@ impl Dialect {
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
     pub fn journal_schema(&self) -> Vec<Statement> {
         let (k, t, i) = (self.text_key_type(), self.text_type(), self.int_type());
+        let mk = self.mkey_type();
         vec![
             Statement::new(format!(
                 "CREATE TABLE IF NOT EXISTS {o} (op_id {k} PRIMARY KEY, scope {k} NOT NULL, \
-                 mkey {k} NOT NULL, tables {t} NOT NULL, source {t} NOT NULL, target {t} NOT NULL, \
+                 mkey {mk} NOT NULL, tables {t} NOT NULL, source {t} NOT NULL, target {t} NOT NULL, \
                  state {t} NOT NULL, attempts {i} NOT NULL, digests {t} NOT NULL, owner {t} NOT NULL, \
                  live_until_ms {i} NOT NULL, retain_ms {i} NOT NULL, retire_at_ms {i}, \
                  created_ms {i} NOT NULL, updated_ms {i} NOT NULL, finished_ms {i}, \
@@ -276,7 +288,7 @@ impl Dialect {
                 o = names::OPS
             )),
             Statement::new(format!(
-                "CREATE TABLE IF NOT EXISTS {c} (scope {k} NOT NULL, mkey {k} NOT NULL, \
+                "CREATE TABLE IF NOT EXISTS {c} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
                  tname {k} NOT NULL, op_id {k} NOT NULL, PRIMARY KEY (scope, mkey, tname)){w}",
                 c = names::CLAIMS,
                 w = self.keyed_table_suffix()

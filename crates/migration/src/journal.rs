@@ -144,9 +144,14 @@ fn decode_digests(s: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// A text column; byte columns holding UTF-8 (MySQL `VARBINARY` keys) read
+/// as text.
 pub(crate) fn text(row: &Row, col: &str) -> Result<String> {
     match row.get(col) {
         Some(Value::Text(s)) => Ok(s.clone()),
+        Some(Value::Blob(b)) if std::str::from_utf8(b).is_ok() => {
+            Ok(String::from_utf8_lossy(b).into_owned())
+        }
         other => Err(MigrationError::Corrupt(format!("column {col}: {other:?}"))),
     }
 }

@@ -225,14 +225,19 @@ pub(crate) struct CachedManifest {
 // ---- SQL ----
 
 pub(crate) fn journal_schema(d: &Dialect) -> Vec<Statement> {
-    let (k, t, i) = (d.text_key_type(), d.text_type(), d.int_type());
+    let (k, t, i, mk) = (
+        d.text_key_type(),
+        d.text_type(),
+        d.int_type(),
+        d.mkey_type(),
+    );
     vec![
         Statement::new(format!(
             "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, revision {i} NOT NULL, body {t} NOT NULL)",
             m = names::MANIFEST
         )),
         Statement::new(format!(
-            "CREATE TABLE IF NOT EXISTS {x} (scope {k} NOT NULL, mkey {k} NOT NULL, \
+            "CREATE TABLE IF NOT EXISTS {x} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
              shard {t} NOT NULL, epoch {i} NOT NULL, PRIMARY KEY (scope, mkey)){w}",
             x = names::EXCEPTIONS,
             w = d.keyed_table_suffix()

@@ -131,10 +131,17 @@ pub struct MysqlShard {
 
 impl MysqlShard {
     /// A shard over a pool built from `opts`; sessions are set to
-    /// `SERIALIZABLE` with `CLIENT_FOUND_ROWS`. Connections open lazily.
+    /// `SERIALIZABLE` with `CLIENT_FOUND_ROWS` and `STRICT_ALL_TABLES`.
+    /// Connections open lazily.
     pub fn new(opts: Opts) -> Self {
         let mut setup = opts.setup().to_vec();
         setup.push("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE".to_owned());
+        // Strict mode: a value that does not fit its column is an error,
+        // never a silent truncation (whatever the server's default).
+        setup.push(
+            "SET SESSION sql_mode = TRIM(BOTH ',' FROM CONCAT(@@SESSION.sql_mode, ',STRICT_ALL_TABLES'))"
+                .to_owned(),
+        );
         let opts = OptsBuilder::from_opts(opts)
             .client_found_rows(true)
             .setup(setup);

@@ -36,18 +36,22 @@ const SQLITE_SCHEMA: &str = "
 CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT, n INTEGER);
 CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
 CREATE TABLE docs (id TEXT PRIMARY KEY, w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER);
+CREATE TABLE bkeys (id TEXT PRIMARY KEY, n INTEGER);
 ";
 
 const POSTGRES_SCHEMA: &str = "
 CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT, n BIGINT);
 CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
 CREATE TABLE docs (id TEXT PRIMARY KEY, w0 BIGINT, w1 BIGINT, w2 BIGINT, w3 BIGINT);
+CREATE TABLE bkeys (id TEXT PRIMARY KEY, n BIGINT);
 ";
 
-const MYSQL_SCHEMA: [&str; 3] = [
+const MYSQL_SCHEMA: [&str; 4] = [
     "CREATE TABLE users (id VARCHAR(255) PRIMARY KEY, name LONGTEXT, n BIGINT)",
     "CREATE TABLE orgs (org_id VARCHAR(255) PRIMARY KEY, title LONGTEXT)",
     "CREATE TABLE docs (id VARCHAR(255) PRIMARY KEY, w0 BIGINT, w1 BIGINT, w2 BIGINT, w3 BIGINT)",
+    // Byte-wise keys of up to MAX_KEY_BYTES, with no PAD SPACE.
+    "CREATE TABLE bkeys (id VARBINARY(512) PRIMARY KEY, n BIGINT)",
 ];
 
 /// Makes one shard of `kind` holding the test tables, or `None` when its
@@ -123,6 +127,7 @@ impl Env {
             .clock(Arc::new(self.clock.clone()))
             .table("users")
             .table("docs")
+            .table("bkeys")
             .table_with_key_column("orgs", "org_id");
         for (name, s) in &self.shards {
             let shard: Arc<dyn Shard> = if faulty {
