@@ -136,7 +136,10 @@ impl MigrationConfig {
         self
     }
     /// How long a router routes with its cached manifest before confirming
-    /// it again (default 5,000 ms; 0 confirms on every call).
+    /// it again from the mapping store's copy (default 5,000 ms; 0 confirms
+    /// on every call). Writes stay correct with an older manifest (the
+    /// shards' generation fences refuse them and they reload), but a read
+    /// may miss a key placed under an epoch added within this period.
     pub fn manifest_refresh_ms(mut self, ms: u64) -> Self {
         self.manifest_refresh_ms = ms;
         self

@@ -340,6 +340,22 @@ impl Dialect {
         s.finish()
     }
 
+    /// `SELECT k FROM t WHERE k = ?`: whether the key has a row. Selects the
+    /// key column only, so a table with column types the backend cannot
+    /// decode still probes.
+    pub fn key_probe(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
     /// `SELECT k FROM t WHERE k > ? ORDER BY k LIMIT n`: one page of keys.
     pub fn key_page(&self, table: &Ident, key_col: &Ident, after: &str, limit: usize) -> Statement {
         let mut s = Sql::new(self);

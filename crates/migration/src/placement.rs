@@ -395,19 +395,6 @@ fn exception_page(d: &Dialect, scope: &str, after: &str, limit: usize) -> Statem
     s.finish()
 }
 
-fn probe_key(d: &Dialect, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("SELECT ")
-        .ident(key_col)
-        .raw(" AS k FROM ")
-        .ident(table)
-        .raw(" WHERE ")
-        .ident(key_col)
-        .raw(" = ")
-        .bind(key);
-    s.finish()
-}
-
 fn epoch_number(v: Option<&Value>) -> Result<u32> {
     v.and_then(Value::as_integer)
         .and_then(|i| u32::try_from(i).ok())
@@ -829,7 +816,7 @@ impl Router {
         for (_, shard_name) in m.candidates(key) {
             let found = async {
                 let (_, shard) = self.shard_named(&shard_name)?;
-                let st = probe_key(&shard.dialect(), &spec.name, &spec.key_col, key);
+                let st = shard.dialect().key_probe(&spec.name, &spec.key_col, key);
                 shard
                     .query(&st)
                     .await

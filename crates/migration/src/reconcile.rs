@@ -9,11 +9,10 @@
 //! between the two is reported and never resolved here.
 
 use crate::config::{self, DEFAULT_KEY_COLUMN};
-use crate::dialect::{Dialect, Ident, Sql};
+use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
 use crate::ledger::AllocationLedger;
 use crate::router::Router;
-use crate::shard::Statement;
 
 /// Most entries kept in each key list of a [`ReconcileReport`] (the counts
 /// stay exact).
@@ -223,21 +222,6 @@ enum Probe {
     Verified,
     Missing,
     Unchecked(UncheckedReason),
-}
-
-/// `SELECT k FROM t WHERE k = ?`: selects the key column only, so a table
-/// with column types the backend cannot decode still probes.
-pub(crate) fn probe_statement(d: &Dialect, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("SELECT ")
-        .ident(key_col)
-        .raw(" FROM ")
-        .ident(table)
-        .raw(" WHERE ")
-        .ident(key_col)
-        .raw(" = ")
-        .bind(key);
-    s.finish()
 }
 
 /// What every row of one run shares.
@@ -561,7 +545,7 @@ impl Router {
         let d = shard.dialect();
         let mut failure = None;
         for (table, key_col) in tables {
-            match shard.query(&probe_statement(&d, table, key_col, key)).await {
+            match shard.query(&d.key_probe(table, key_col, key)).await {
                 Ok(rows) if !rows.is_empty() => return Probe::Verified,
                 Ok(_) => {}
                 Err(e) => {
@@ -591,10 +575,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::dialect::Dialect;
     use crate::error::BackendError;
     use crate::ledger::MemoryLedger;
     use crate::mapping::{MappingStore, MemoryMappingStore};
-    use crate::shard::{BatchSupport, BoxFuture, Shard};
+    use crate::shard::{BatchSupport, BoxFuture, Shard, Statement};
     use crate::value::{Row, Value};
     use crate::{MigrationConfig, conformance};
 
