@@ -514,8 +514,10 @@ impl Router {
         let now = self.clock.now_ms();
         let mut drop_exceptions = false;
         if let Ok(mut g) = self.manifest.lock() {
-            match g.as_ref() {
+            match g.as_mut() {
                 Some(c) if c.manifest.revision > m.revision => {
+                    // The cached manifest is newer than the one confirmed.
+                    c.confirmed_ms = now;
                     return Arc::clone(&c.manifest);
                 }
                 Some(c) => {
