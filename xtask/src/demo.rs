@@ -1,7 +1,14 @@
 //! `cargo xtask demo`: the main job, on embedded SQLite in a temporary
 //! directory. Application transactions stage outbox entries, a flaky sink
 //! receives them with retries, the process "crashes" mid-delivery, the
-//! object is reopened from its file, and everything arrives.
+//! object is reopened from its file, and everything arrives. Then the
+//! topology, ownership, alarm and migration scenes.
+//!
+//! Flags: `--redis` runs topology, ownership and alarms through Redis;
+//! `--postgres` and `--mariadb` run the migration scene on PostgreSQL or
+//! MariaDB shards instead of SQLite files (both flags: once on each). The
+//! servers are checked before the first scene, so an unreachable one fails
+//! the command at once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,6 +21,7 @@ use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
+use crate::migration::Backend;
 
 static ORDER_STEPS: &[SchemaStep] = &[SchemaStep {
     version: 1,
@@ -140,9 +148,32 @@ fn save_order(
 }
 
 pub(crate) fn run(args: &[String]) -> Result {
-    let redis = args.iter().any(|a| a == "--redis");
+    let mut redis = false;
+    let mut shards = Vec::new();
+    for a in args {
+        match a.as_str() {
+            "--redis" => redis = true,
+            "--postgres" if !shards.contains(&Backend::Postgres) => {
+                shards.push(Backend::Postgres);
+            }
+            "--mariadb" if !shards.contains(&Backend::MariaDb) => shards.push(Backend::MariaDb),
+            "--postgres" | "--mariadb" => {}
+            other => {
+                return Err(format!(
+                    "unknown demo flag {other:?}; known: --redis --postgres --mariadb"
+                )
+                .into());
+            }
+        }
+    }
+    if shards.is_empty() {
+        shards.push(Backend::Sqlite);
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
+        for backend in &shards {
+            crate::migration::probe(*backend).await?;
+        }
         outbox_scene().await?;
         println!();
         let url = redis.then(crate::redis_url);
@@ -153,7 +184,12 @@ pub(crate) fn run(args: &[String]) -> Result {
         crate::alarms::demo(url.as_deref()).await?;
         println!();
         let dir = tempfile::tempdir()?;
-        crate::migration::demo(dir.path()).await?;
+        for (i, backend) in shards.into_iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            crate::migration::demo(backend, dir.path()).await?;
+        }
         Ok(())
     })
 }

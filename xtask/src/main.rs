@@ -3,9 +3,15 @@
 //! - `test`: every test of the workspace (nextest) and the doctests. This is
 //!   the README's test command and what `.ci/run` calls.
 //! - `ci`: formatting, clippy, `test`, and docs, as CI runs them.
-//! - `demo [--redis]`: the main job, a readable run on embedded SQLite.
+//! - `demo [--redis] [--postgres] [--mariadb]`: the main job, a readable run
+//!   on embedded SQLite. `--redis` publishes, leases and indexes alarms
+//!   through Redis; `--postgres` and `--mariadb` run the migration scene on
+//!   PostgreSQL or MariaDB shards instead of SQLite files (a schema or
+//!   database per shard and one for the mapping store, created for the run
+//!   and dropped at the end; an unreachable server fails the command).
 //! - `bench [AREA]`: benchmarks printing one JSON line per figure with its
-//!   ratio to a baseline measured in the same run (release build).
+//!   ratio to a baseline measured in the same run (release build). The
+//!   migration area measures SQLite files, PostgreSQL and MariaDB shards.
 //! - `verify`: the crash-point and simulation suites, with what they tried.
 #![allow(clippy::print_stdout)]
 
@@ -35,7 +41,13 @@ fn main() -> ExitCode {
         Some("alarms-rss") => alarms::rss_child(&args[1..]),
         Some("verify") => verify(),
         _ => {
-            eprintln!("usage: cargo xtask <test | ci | demo [--redis] | bench [outbox] | verify>");
+            eprintln!(
+                "usage: cargo xtask <test | ci | demo [--redis] [--postgres] [--mariadb] | bench [AREA] | verify>\n  \
+                 demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
+                 (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
+                 bench areas: {}",
+                bench::AREAS.join(" | ")
+            );
             return ExitCode::from(2);
         }
     };
@@ -51,6 +63,18 @@ fn main() -> ExitCode {
 /// The Redis server benches and `--redis` demos use.
 pub(crate) fn redis_url() -> String {
     std::env::var("DURABILITY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The PostgreSQL server of `demo --postgres` and the migration bench.
+pub(crate) fn postgres_url() -> String {
+    std::env::var("DURABILITY_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The MariaDB server of `demo --mariadb` and the migration bench.
+pub(crate) fn mysql_url() -> String {
+    std::env::var("DURABILITY_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 fn cargo(args: &[&str]) -> Result {
