@@ -6,7 +6,9 @@
 //! 1. claim + `prepared` with the snapshot digests (one journal batch);
 //! 2. copy to the destination (one batch: delete + insert per table);
 //! 3. read the destination back and compare digests;
-//! 4. `copied`, `verified`, `cutover_pending`;
+//! 4. `cutover_pending` (the row moves from `prepared` past `copied` and
+//!    `verified` in one write: no work separates those states, and recovery
+//!    starts `prepared`, `copied` and `verified` over alike);
 //! 5. the source cutover: one batch that archives every snapshot row into
 //!    `durability_retired` and deletes it, under one predicate (every row
 //!    still equals its snapshot), so a write that changed a row first makes
@@ -15,8 +17,9 @@
 //! 6. `committed`;
 //! 7. publish: lift an old fence of the key on the destination, write the
 //!    mapping, update this router's cache;
-//! 8. `published`, `retired` (retention deadline) and claim release (one
-//!    journal batch).
+//! 8. `retired` (past `published`, with the retention deadline) and claim
+//!    release (one journal batch; recovery finishes `committed` and
+//!    `published` alike).
 //!
 //! When the journal shares the source's database, steps 4–6 are one atomic
 //! batch on it: the journal rows come first, `committed` is guarded by the
@@ -405,17 +408,13 @@ impl<'r> MoveCtx<'r> {
             if stage == Stage::Copy {
                 self.copy(&snap).await?;
                 if self.destination_matches(&digests).await? {
-                    // `copied`, `verified` and `cutover_pending` land in this
-                    // order after the copy and the digest comparison and
-                    // before the cutover (in the cutover's batch when the
-                    // journal shares the source's database). A crash before
-                    // them leaves `prepared`, which recovery treats exactly as
-                    // `copied`: start over from a fresh snapshot.
-                    let pre = vec![
-                        self.update(MoveState::Copied, &Change::default())?,
-                        self.update(MoveState::Verified, &Change::default())?,
-                        self.update(MoveState::CutoverPending, &Change::default())?,
-                    ];
+                    // Copied and verified: `cutover_pending` lands after the
+                    // copy and the digest comparison and before the cutover
+                    // (in the cutover's batch when the journal shares the
+                    // source's database). A crash before it leaves
+                    // `prepared`, which recovery treats exactly as `copied`
+                    // and `verified`: start over from a fresh snapshot.
+                    let pre = vec![self.update(MoveState::CutoverPending, &Change::default())?];
                     hit = self.cutover(&snap, pre).await?;
                 }
             } else {
@@ -459,11 +458,8 @@ impl<'r> MoveCtx<'r> {
             retire_at_ms: Some(now.saturating_add(self.retain_ms)),
             ..Change::default()
         };
-        let stmts = vec![
-            self.update(MoveState::Published, &Change::default())?,
-            self.update(MoveState::Retired, &change)?,
-            self.release()?,
-        ];
+        // Published (the mapping is written) and retired in one write.
+        let stmts = vec![self.update(MoveState::Retired, &change)?, self.release()?];
         self.journal(stmts).await?;
         tracing::info!(op_id = %self.op_id, key = %self.key, target = %self.target, "durability.migration.moved");
         Ok(())

@@ -248,34 +248,44 @@ async fn query_once<C: GenericClient>(c: &C, st: &Statement) -> Attempt<Vec<Row>
     Attempt::Done(Ok(out))
 }
 
+/// One try of an atomic batch: `BEGIN` (one round trip), then every
+/// statement and `COMMIT` pipelined, sent without waiting for each other's
+/// replies (one more round trip once the statements are prepared). The
+/// server runs them in order; when a statement fails, the transaction is
+/// aborted, every later statement fails, and the pipelined `COMMIT` rolls
+/// back. The first failure in order is the batch's error.
 async fn batch_once(client: &mut Object, stmts: &[Statement]) -> Attempt<Vec<u64>> {
-    let tx = match client.transaction().await {
-        Ok(tx) => tx,
-        Err(e) => return classify(Err(e)),
-    };
-    let mut counts = Vec::with_capacity(stmts.len());
+    let c: &Object = client;
+    let mut prepared = Vec::with_capacity(stmts.len());
     for st in stmts {
-        match exec_once(&tx, st).await {
-            Attempt::Done(Ok(n)) => counts.push(n),
-            // Dropping the transaction rolls it back.
-            other => return other.map_none(),
+        match prepare(c, st).await {
+            Ok(p) => prepared.push(p),
+            Err(e) => return Attempt::Done(Err(e)),
         }
     }
-    match tx.commit().await {
-        Ok(()) => Attempt::Done(Ok(counts)),
-        Err(e) => classify(Err(e)),
+    let bound: Vec<Vec<&(dyn ToSql + Sync)>> =
+        prepared.iter().map(|(_, params)| refs(params)).collect();
+    if let Err(e) = c.batch_execute("BEGIN").await {
+        return classify(Err(e));
     }
-}
-
-impl<T> Attempt<T> {
-    /// Re-types a failed attempt.
-    fn map_none<U>(self) -> Attempt<U> {
-        match self {
-            Self::Retry(e) => Attempt::Retry(e),
-            Self::Done(Err(e)) => Attempt::Done(Err(e)),
-            Self::Done(Ok(_)) => Attempt::Done(Err("attempt succeeded unexpectedly".into())),
+    let (results, commit) = futures::join!(
+        futures::future::join_all(
+            prepared
+                .iter()
+                .zip(&bound)
+                .map(|((st, _), params)| c.execute(st, params))
+        ),
+        c.batch_execute("COMMIT"),
+    );
+    let mut counts = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(n) => counts.push(n),
+            // The pipelined COMMIT rolled the aborted transaction back.
+            Err(e) => return classify(Err(e)),
         }
     }
+    classify(commit.map(|()| counts))
 }
 
 /// One PostgreSQL database (the schema of its connections' search path) as
