@@ -604,6 +604,26 @@ impl Dialect {
         s.finish()
     }
 
+    /// A no-op update matching the key's live tombstones in any of
+    /// `tables`: its changed-row count (rows matched on every dialect) says
+    /// whether one exists, inside a batch.
+    pub fn tombstone_touch(&self, tables: &[&Ident], key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("UPDATE ")
+            .raw(names::RETIRED)
+            .raw(" SET superseded = superseded WHERE mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0 AND tname IN (");
+        for (i, t) in tables.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(t.as_str());
+        }
+        s.raw(")");
+        s.finish()
+    }
+
     /// The newest live tombstone of a key in a table.
     pub fn tombstone_query(&self, table: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);

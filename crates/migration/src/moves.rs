@@ -28,6 +28,7 @@
 //! recovery archives nothing).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::config::{self, TableSpec};
 use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
@@ -91,7 +92,15 @@ pub(crate) struct MoveCtx<'r> {
     pub(crate) source: String,
     pub(crate) target: String,
     pub(crate) retain_ms: i64,
+    /// Whether the destination holds a live tombstone of the key, as the
+    /// last copy batch found it (`FENCE_UNKNOWN` before a copy). Only a
+    /// move of the key, which the claim excludes, can change that.
+    pub(crate) dest_fence: AtomicU8,
 }
+
+const FENCE_UNKNOWN: u8 = 0;
+const FENCE_NONE: u8 = 1;
+const FENCE_LIVE: u8 = 2;
 
 pub(crate) type Snapshot = Vec<Option<Row>>;
 
@@ -113,6 +122,7 @@ impl<'r> MoveCtx<'r> {
             source: op.source.clone(),
             target: op.target.clone(),
             retain_ms: op.retain_ms,
+            dest_fence: AtomicU8::new(FENCE_UNKNOWN),
         })
     }
 
@@ -201,10 +211,20 @@ impl<'r> MoveCtx<'r> {
                 stmts.push(d.insert_row(&spec.name, &row_idents(row)?));
             }
         }
-        shard
+        // Last: a no-op update that counts the destination's live
+        // tombstones of the key (publish lifts them), saving a read later.
+        let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
+        stmts.push(d.tombstone_touch(&tnames, &self.key));
+        let counts = shard
             .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
+        let fence = if counts.last().copied().unwrap_or(0) > 0 {
+            FENCE_LIVE
+        } else {
+            FENCE_NONE
+        };
+        self.dest_fence.store(fence, Ordering::SeqCst);
         Ok(())
     }
 
@@ -301,11 +321,15 @@ impl<'r> MoveCtx<'r> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
-        let fenced = !shard
-            .query(&d.tombstone_exists(&tnames, &self.key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?
-            .is_empty();
+        let fenced = match self.dest_fence.load(Ordering::SeqCst) {
+            FENCE_NONE => false,
+            FENCE_LIVE => true,
+            _ => !shard
+                .query(&d.tombstone_exists(&tnames, &self.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?
+                .is_empty(),
+        };
         let mut lifts = Vec::new();
         if fenced {
             let mut s = Sql::new(&d);
@@ -587,6 +611,7 @@ impl Router {
             source: source.clone(),
             target: target.to_owned(),
             retain_ms,
+            dest_fence: AtomicU8::new(FENCE_UNKNOWN),
         };
         let snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
