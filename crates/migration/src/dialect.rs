@@ -243,7 +243,8 @@ pub(crate) fn row_idents(row: &Row) -> Result<Vec<(Ident, Value)>> {
 
 impl Dialect {
     /// `CREATE TABLE IF NOT EXISTS` statements of the tombstone table every
-    /// data shard holds.
+    /// data shard holds. It is keyed by (key, operation, table): every
+    /// lookup names the key, so no secondary index is written by a cutover.
     pub fn retired_schema(&self) -> Vec<Statement> {
         let mk = self.mkey_type();
         let (k, t, i, b) = (
@@ -252,20 +253,14 @@ impl Dialect {
             self.int_type(),
             self.blob_type(),
         );
-        vec![
-            Statement::new(format!(
-                "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
+        vec![Statement::new(format!(
+            "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
                  mkey {mk} NOT NULL, scope {k} NOT NULL, moved_to {t} NOT NULL, payload {b}, \
                  digest {t} NOT NULL, retired_ms {i} NOT NULL, superseded {i} NOT NULL DEFAULT 0, \
-                 purged {i} NOT NULL DEFAULT 0, PRIMARY KEY (op_id, tname)){w}",
-                r = names::RETIRED,
-                w = self.keyed_table_suffix()
-            )),
-            Statement::new(format!(
-                "CREATE INDEX IF NOT EXISTS durability_retired_key ON {r} (tname, mkey)",
-                r = names::RETIRED
-            )),
-        ]
+                 purged {i} NOT NULL DEFAULT 0, PRIMARY KEY (mkey, op_id, tname)){w}",
+            r = names::RETIRED,
+            w = self.keyed_table_suffix()
+        ))]
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
@@ -760,7 +755,9 @@ impl Dialect {
                 self.push_match(&mut s, &t.key_col, c.key, cols);
                 s.raw(" AND EXISTS (SELECT 1 FROM ")
                     .raw(names::RETIRED)
-                    .raw(" WHERE op_id = ")
+                    .raw(" WHERE mkey = ")
+                    .bind(c.key)
+                    .raw(" AND op_id = ")
                     .bind(c.op_id)
                     .raw(" AND tname = ")
                     .bind(t.table.as_str())

@@ -215,9 +215,9 @@ pub(crate) struct Change {
     pub(crate) finished: bool,
     pub(crate) retire_at_ms: Option<i64>,
     pub(crate) error: Option<String>,
-    /// Only when this operation's archive row exists in the same database
-    /// (the cutover and `committed` share one batch).
-    pub(crate) require_archive: bool,
+    /// Only when this operation's archive row of this key exists in the
+    /// same database (the cutover and `committed` share one batch).
+    pub(crate) require_archive_of: Option<String>,
 }
 
 pub(crate) struct JournalSql<'a> {
@@ -374,10 +374,12 @@ impl JournalSql<'_> {
             .bind(op_id)
             .raw(" AND owner = ")
             .bind(g.owner.as_str());
-        if change.require_archive {
+        if let Some(key) = &change.require_archive_of {
             s.raw(" AND EXISTS (SELECT 1 FROM ")
                 .raw(names::RETIRED)
-                .raw(" WHERE op_id = ")
+                .raw(" WHERE mkey = ")
+                .bind(key.as_str())
+                .raw(" AND op_id = ")
                 .bind(op_id)
                 .raw(")");
         }

@@ -282,7 +282,7 @@ impl<'r> MoveCtx<'r> {
         stmts.extend(d.cutover_batch(&c));
         if with_commit {
             let change = Change {
-                require_archive: true,
+                require_archive_of: Some(self.key.clone()),
                 ..Change::default()
             };
             stmts.push(self.update(MoveState::Committed, &change)?);
@@ -308,7 +308,9 @@ impl<'r> MoveCtx<'r> {
         let mut s = Sql::new(&d);
         s.raw("SELECT tname FROM ")
             .raw(names::RETIRED)
-            .raw(" WHERE op_id = ")
+            .raw(" WHERE mkey = ")
+            .bind(self.key.as_str())
+            .raw(" AND op_id = ")
             .bind(self.op_id.as_str());
         let rows = shard
             .query(&s.finish())

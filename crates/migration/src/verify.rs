@@ -211,7 +211,9 @@ impl Router {
             if !d.is_proven() {
                 continue;
             }
-            let (mut after_op, mut after_t) = (String::new(), String::new());
+            // Keyset pages in the table's key order (mkey, op_id, tname).
+            let (mut after_k, mut after_op, mut after_t) =
+                (String::new(), String::new(), String::new());
             loop {
                 if let Some(l) = lease {
                     self.renew_lease(l).await?;
@@ -221,13 +223,17 @@ impl Router {
                     .raw(names::RETIRED)
                     .raw(" WHERE scope = ")
                     .bind(self.scope.as_str())
+                    .raw(" AND (mkey > ")
+                    .bind(after_k.as_str())
+                    .raw(" OR (mkey = ")
+                    .bind(after_k.as_str())
                     .raw(" AND (op_id > ")
                     .bind(after_op.as_str())
                     .raw(" OR (op_id = ")
                     .bind(after_op.as_str())
                     .raw(" AND tname > ")
                     .bind(after_t.as_str())
-                    .raw(&format!(")) ORDER BY op_id, tname LIMIT {page}"));
+                    .raw(&format!(")))) ORDER BY mkey, op_id, tname LIMIT {page}"));
                 let rows = shard
                     .query(&s.finish())
                     .await
@@ -247,6 +253,7 @@ impl Router {
                         digest: crate::journal::text(r, "digest")?,
                         superseded: crate::journal::int(r, "superseded")? != 0,
                     };
+                    after_k.clone_from(&t.key);
                     after_op.clone_from(&t.op_id);
                     after_t.clone_from(&t.table);
                     self.check_tomb(report, shard_name, &t, repair).await?;
@@ -317,7 +324,9 @@ impl Router {
                 let mut lift = Sql::new(&d);
                 lift.raw("UPDATE ")
                     .raw(names::RETIRED)
-                    .raw(" SET superseded = 1 WHERE op_id = ")
+                    .raw(" SET superseded = 1 WHERE mkey = ")
+                    .bind(t.key.as_str())
+                    .raw(" AND op_id = ")
                     .bind(t.op_id.as_str())
                     .raw(" AND tname = ")
                     .bind(t.table.as_str());
@@ -493,7 +502,9 @@ impl Router {
                 let mut s = Sql::new(&sd);
                 s.raw("UPDATE ")
                     .raw(names::RETIRED)
-                    .raw(" SET payload = NULL, purged = 1 WHERE op_id = ")
+                    .raw(" SET payload = NULL, purged = 1 WHERE mkey = ")
+                    .bind(op.key.as_str())
+                    .raw(" AND op_id = ")
                     .bind(op.op_id.as_str());
                 shard
                     .execute(&s.finish())

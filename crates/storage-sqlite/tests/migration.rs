@@ -1104,6 +1104,34 @@ async fn rebalance_plans_and_moves() {
         .unwrap();
     assert_eq!(again.planned, 0);
     clean_verify(&r).await;
+    // Verification pages through every tombstone: a ghost behind the last
+    // tombstone on s0 is found with pages of three.
+    let last_moved = (0..60)
+        .map(|i| format!("key{i:03}"))
+        .filter(|k| durability_migration::hash_owner(k, &names) != Some("s0"))
+        .max()
+        .unwrap();
+    r.raw_execute(
+        "s0",
+        &Statement::with_params(
+            "INSERT INTO users (id, name, n) VALUES (?1, 'ghost', 0)",
+            vec![Value::from(last_moved.as_str())],
+        ),
+    )
+    .await
+    .unwrap();
+    let rep = r
+        .verify_migrations(VerifyOptions {
+            page_size: 3,
+            ..VerifyOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rep.ghosts.len(), 1, "{rep:?}");
+    assert_eq!(
+        (rep.ghosts[0].shard.as_str(), rep.ghosts[0].key.as_str()),
+        ("s0", last_moved.as_str())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
