@@ -545,10 +545,16 @@ impl Router {
     /// the move is published it re-routes; otherwise the write fails with
     /// `MIGRATION_CUTOVER_PENDING` and was not applied.
     ///
+    /// Under computed placement the write binds the manifest generation it
+    /// routed with: a shard whose fence is above it changes nothing, the
+    /// router reloads the manifest from the journal once and routes again.
+    ///
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
     /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`.
+    /// `MAPPING_UNAVAILABLE`; under computed placement also
+    /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
+    /// of which applied the write).
     pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
         self.write(key, table, WriteKind::Update(changes)).await
     }
