@@ -581,12 +581,10 @@ impl Dialect {
         s.finish()
     }
 
-    /// Whether a live tombstone of the key exists in any of `tables`.
-    pub fn tombstone_exists(&self, tables: &[&Ident], key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT tname FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
+    /// `mkey = ? AND superseded = 0 AND tname IN (?..)`: the key's live
+    /// tombstones in any of `tables`.
+    fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
+        s.raw("mkey = ")
             .bind(key)
             .raw(" AND superseded = 0 AND tname IN (");
         for (i, t) in tables.iter().enumerate() {
@@ -595,7 +593,17 @@ impl Dialect {
             }
             s.bind(t.as_str());
         }
-        s.raw(") LIMIT 1");
+        s.raw(")");
+    }
+
+    /// Whether a live tombstone of the key exists in any of `tables`.
+    pub fn tombstone_exists(&self, tables: &[&Ident], key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT tname FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE ");
+        Self::push_live_tombstones(&mut s, tables, key);
+        s.raw(" LIMIT 1");
         s.finish()
     }
 
@@ -606,14 +614,53 @@ impl Dialect {
         let mut s = Sql::new(self);
         s.raw("UPDATE ")
             .raw(names::RETIRED)
-            .raw(" SET superseded = superseded WHERE mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 0 AND tname IN (");
-        for (i, t) in tables.iter().enumerate() {
+            .raw(" SET superseded = superseded WHERE ");
+        Self::push_live_tombstones(&mut s, tables, key);
+        s.finish()
+    }
+
+    /// Lifts (supersedes) the key's live tombstones in any of `tables`.
+    pub fn tombstone_lift(&self, tables: &[&Ident], key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("UPDATE ")
+            .raw(names::RETIRED)
+            .raw(" SET superseded = 1 WHERE ");
+        Self::push_live_tombstones(&mut s, tables, key);
+        s.finish()
+    }
+
+    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (...)`: inserts the
+    /// row unless `table` holds one whose first `keys` columns are equal.
+    pub(crate) fn insert_absent(
+        &self,
+        table: &str,
+        cols: &[(&str, Value)],
+        keys: usize,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("INSERT INTO ").raw(table).raw(" (");
+        for (i, (c, _)) in cols.iter().enumerate() {
             if i > 0 {
                 s.raw(", ");
             }
-            s.bind(t.as_str());
+            s.raw(c);
+        }
+        s.raw(") SELECT ");
+        for (i, (_, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v.clone());
+        }
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .raw(table)
+            .raw(" WHERE ");
+        for (i, (c, v)) in cols.iter().take(keys).enumerate() {
+            if i > 0 {
+                s.raw(" AND ");
+            }
+            s.raw(c).raw(" = ").bind(v.clone());
         }
         s.raw(")");
         s.finish()

@@ -489,22 +489,16 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn lease_insert(&self, holder: &str, expires: i64) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("INSERT INTO ")
-            .raw(names::LEASE)
-            .raw(" (scope, holder, generation, expires_ms) SELECT ")
-            .bind(self.scope)
-            .raw(", ")
-            .bind(holder)
-            .raw(", 1, ")
-            .bind(expires)
-            .dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::LEASE)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(")");
-        s.finish()
+        self.d.insert_absent(
+            names::LEASE,
+            &[
+                ("scope", self.scope.into()),
+                ("holder", holder.into()),
+                ("generation", 1i64.into()),
+                ("expires_ms", expires.into()),
+            ],
+            1,
+        )
     }
 
     pub(crate) fn lease_take(
@@ -572,20 +566,15 @@ impl JournalSql<'_> {
             .bind(now)
             .raw(" WHERE scope = ")
             .bind(self.scope);
-        let mut i = Sql::new(self.d);
-        i.raw("INSERT INTO ")
-            .raw(names::META)
-            .raw(" (scope, last_clean_verify_ms) SELECT ")
-            .bind(self.scope)
-            .raw(", ")
-            .bind(now)
-            .dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::META)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(")");
-        vec![u.finish(), i.finish()]
+        let i = self.d.insert_absent(
+            names::META,
+            &[
+                ("scope", self.scope.into()),
+                ("last_clean_verify_ms", now.into()),
+            ],
+            1,
+        );
+        vec![u.finish(), i]
     }
 }
 

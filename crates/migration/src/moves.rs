@@ -332,26 +332,9 @@ impl<'r> MoveCtx<'r> {
                 .map_err(|e| MigrationError::shard(name, e))?
                 .is_empty(),
         };
-        let mut lifts = Vec::new();
         if fenced {
-            let mut s = Sql::new(&d);
-            s.raw("UPDATE ")
-                .raw(names::RETIRED)
-                .raw(" SET superseded = 1 WHERE mkey = ")
-                .bind(self.key.as_str())
-                .raw(" AND superseded = 0 AND tname IN (");
-            for (i, t) in tnames.iter().enumerate() {
-                if i > 0 {
-                    s.raw(", ");
-                }
-                s.bind(t.as_str());
-            }
-            s.raw(")");
-            lifts.push(s.finish());
-        }
-        if !lifts.is_empty() {
             shard
-                .batch(&lifts)
+                .execute(&d.tombstone_lift(&tnames, &self.key))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
         }

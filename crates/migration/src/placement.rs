@@ -25,7 +25,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, TableSpec};
-use crate::dialect::{Dialect, Ident, Sql, names};
+use crate::dialect::{Dialect, Sql, names};
 use crate::error::{MigrationError, Result};
 use crate::router::Router;
 use crate::shard::Statement;
@@ -79,12 +79,14 @@ pub struct Epoch {
 }
 
 impl Epoch {
-    /// The shard this epoch places `key` on.
+    /// The shard this epoch places `key` on (the shard set is sorted, so
+    /// this is [`crate::hash_owner`] without sorting on every call).
     pub fn owner(&self, key: &str) -> Option<&str> {
         match self.algorithm {
             Algorithm::Hash => {
-                let names: Vec<&str> = self.shards.iter().map(String::as_str).collect();
-                config::hash_owner(key, &names)
+                let n = u64::try_from(self.shards.len()).ok().filter(|n| *n > 0)?;
+                let idx = usize::try_from(config::fnv1a(key) % n).ok()?;
+                self.shards.get(idx).map(String::as_str)
             }
         }
     }
@@ -149,6 +151,16 @@ impl Manifest {
             return Err(MigrationError::Corrupt(format!(
                 "manifest holds {} epochs",
                 m.epochs.len()
+            )));
+        }
+        if let Some(e) = m
+            .epochs
+            .iter()
+            .find(|e| e.shards.is_empty() || !e.shards.windows(2).all(|w| w[0] < w[1]))
+        {
+            return Err(MigrationError::Corrupt(format!(
+                "epoch {} has no shards or an unsorted shard set",
+                e.number
             )));
         }
         Ok(m)
@@ -263,22 +275,15 @@ fn manifest_get(d: &Dialect, scope: &str) -> Statement {
 }
 
 fn manifest_insert(d: &Dialect, scope: &str, m: &Manifest, body: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("INSERT INTO ")
-        .raw(names::MANIFEST)
-        .raw(" (scope, revision, body) SELECT ")
-        .bind(scope)
-        .raw(", ")
-        .bind(m.revision)
-        .raw(", ")
-        .bind(body)
-        .dual()
-        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-        .raw(names::MANIFEST)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(")");
-    s.finish()
+    d.insert_absent(
+        names::MANIFEST,
+        &[
+            ("scope", scope.into()),
+            ("revision", m.revision.into()),
+            ("body", body.into()),
+        ],
+        1,
+    )
 }
 
 fn manifest_cas(
@@ -322,20 +327,15 @@ fn fence_raise(d: &Dialect, scope: &str, generation: i64) -> Vec<Statement> {
         .bind(scope)
         .raw(" AND min_generation < ")
         .bind(generation);
-    let mut i = Sql::new(d);
-    i.raw("INSERT INTO ")
-        .raw(names::TOPOLOGY)
-        .raw(" (scope, min_generation) SELECT ")
-        .bind(scope)
-        .raw(", ")
-        .bind(generation)
-        .dual()
-        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-        .raw(names::TOPOLOGY)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(")");
-    vec![u.finish(), i.finish()]
+    let i = d.insert_absent(
+        names::TOPOLOGY,
+        &[
+            ("scope", scope.into()),
+            ("min_generation", generation.into()),
+        ],
+        1,
+    );
+    vec![u.finish(), i]
 }
 
 fn exception_put(d: &Dialect, scope: &str, key: &str, e: &Exception) -> Vec<Statement> {
@@ -350,26 +350,17 @@ fn exception_put(d: &Dialect, scope: &str, key: &str, e: &Exception) -> Vec<Stat
         .bind(scope)
         .raw(" AND mkey = ")
         .bind(key);
-    let mut i = Sql::new(d);
-    i.raw("INSERT INTO ")
-        .raw(names::EXCEPTIONS)
-        .raw(" (scope, mkey, shard, epoch) SELECT ")
-        .bind(scope)
-        .raw(", ")
-        .bind(key)
-        .raw(", ")
-        .bind(e.shard.as_str())
-        .raw(", ")
-        .bind(i64::from(e.epoch))
-        .dual()
-        .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-        .raw(names::EXCEPTIONS)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND mkey = ")
-        .bind(key)
-        .raw(")");
-    vec![u.finish(), i.finish()]
+    let i = d.insert_absent(
+        names::EXCEPTIONS,
+        &[
+            ("scope", scope.into()),
+            ("mkey", key.into()),
+            ("shard", e.shard.as_str().into()),
+            ("epoch", i64::from(e.epoch).into()),
+        ],
+        2,
+    );
+    vec![u.finish(), i]
 }
 
 fn exception_delete(d: &Dialect, scope: &str, key: &str) -> Statement {
@@ -896,19 +887,11 @@ impl Router {
                 "page size must be 1..=10000 and concurrency 1..=64".into(),
             ));
         }
-        let mut specs = Vec::new();
-        for t in &opts.tables {
-            let key_col = opts
-                .key_columns
-                .get(t)
-                .cloned()
-                .or_else(|| self.tables.get(t).map(|s| s.key_col.as_str().to_owned()))
-                .unwrap_or_else(|| config::DEFAULT_KEY_COLUMN.to_owned());
-            specs.push(TableSpec {
-                name: Ident::new(t)?,
-                key_col: Ident::new(&key_col)?,
-            });
-        }
+        let specs = opts
+            .tables
+            .iter()
+            .map(|t| self.table_spec_for(t, opts.key_columns.get(t).map(String::as_str)))
+            .collect::<Result<Vec<_>>>()?;
         let exceptions = self
             .exception_set()
             .await

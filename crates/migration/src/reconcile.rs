@@ -8,7 +8,7 @@
 //! ([`Router::computed_owner`]). The ledger is advisory. A disagreement
 //! between the two is reported and never resolved here.
 
-use crate::config::{self, DEFAULT_KEY_COLUMN};
+use crate::config;
 use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
 use crate::ledger::AllocationLedger;
@@ -232,10 +232,6 @@ struct RowCtx<'a> {
     ledger: &'a dyn AllocationLedger,
 }
 
-fn ledger_error(source: crate::error::BackendError) -> MigrationError {
-    MigrationError::CoordinatorUnavailable(source)
-}
-
 impl Router {
     /// Compares the coordinator's allocation ledger with routing, page by
     /// page, and reports the result. The mapping store is the record and the
@@ -345,7 +341,7 @@ impl Router {
                 let more = ledger
                     .scan(after.as_deref(), 1)
                     .await
-                    .map_err(ledger_error)?;
+                    .map_err(MigrationError::CoordinatorUnavailable)?;
                 if !more.is_empty() {
                     report.resume_after.clone_from(&after);
                 }
@@ -354,7 +350,7 @@ impl Router {
             let rows = ledger
                 .scan(after.as_deref(), want)
                 .await
-                .map_err(ledger_error)?;
+                .map_err(MigrationError::CoordinatorUnavailable)?;
             if rows.is_empty() {
                 break;
             }
@@ -402,15 +398,8 @@ impl Router {
         v.tables
             .iter()
             .map(|t| {
-                let table = Ident::new(&t.table)?;
-                let key_col = match &t.key_column {
-                    Some(c) => Ident::new(c)?,
-                    None => match self.tables.get(&t.table) {
-                        Some(spec) => spec.key_col.clone(),
-                        None => Ident::new(DEFAULT_KEY_COLUMN)?,
-                    },
-                };
-                Ok((table, key_col))
+                let spec = self.table_spec_for(&t.table, t.key_column.as_deref())?;
+                Ok((spec.name, spec.key_col))
             })
             .collect()
     }
@@ -490,7 +479,7 @@ impl Router {
                 .ledger
                 .remove_if(key, ledger_shard)
                 .await
-                .map_err(ledger_error)?
+                .map_err(MigrationError::CoordinatorUnavailable)?
         {
             report.pruned_count += 1;
             push_capped(&mut report.pruned, key.to_owned());

@@ -185,6 +185,26 @@ impl Router {
             .ok_or_else(|| MigrationError::UnknownTable(table.chars().take(80).collect()))
     }
 
+    /// A table named by a caller, configured or not: its key column is
+    /// `key_column`, else the configured one, else `id`; both validated.
+    pub(crate) fn table_spec_for(
+        &self,
+        table: &str,
+        key_column: Option<&str>,
+    ) -> Result<TableSpec> {
+        let key_col = match key_column {
+            Some(c) => Ident::new(c)?,
+            None => match self.tables.get(table) {
+                Some(spec) => spec.key_col.clone(),
+                None => Ident::new(config::DEFAULT_KEY_COLUMN)?,
+            },
+        };
+        Ok(TableSpec {
+            name: Ident::new(table)?,
+            key_col,
+        })
+    }
+
     /// Refuses a shard that cannot take part in a move.
     pub(crate) fn check_movable<'a>(&'a self, name: &'a str) -> Result<&'a Arc<dyn Shard>> {
         let (_, shard) = self.shard_named(name)?;

@@ -353,3 +353,21 @@ fn public_futures_are_send(r: &Router) {
     send(r.update("k", "t", Row::new()));
     send(r.migrate_record("a", "b", "k", "t", MigrateOptions::default()));
 }
+
+#[test]
+fn an_epoch_owner_is_the_hash_owner_of_its_shard_set() {
+    let e = Epoch {
+        number: 1,
+        shards: vec!["a".into(), "b".into(), "c".into()],
+        algorithm: Algorithm::Hash,
+    };
+    for i in 0..500 {
+        let k = format!("key-{i}");
+        assert_eq!(e.owner(&k), hash_owner(&k, &["c", "a", "b"]), "{k}");
+    }
+    let empty = Epoch {
+        shards: Vec::new(),
+        ..e
+    };
+    assert_eq!(empty.owner("k"), None);
+}
