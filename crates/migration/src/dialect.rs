@@ -728,29 +728,57 @@ pub struct Cutover<'a> {
 }
 
 impl Dialect {
+    /// The cutover's predicate: every snapshot row is still there unchanged,
+    /// every table that had no row still has none, and (when the journal
+    /// shares this database) the operation still names its owner.
+    ///
+    /// The terms nest inside the first present row's `EXISTS` rather than
+    /// being `AND`ed side by side: SQLite re-prepares a statement whose
+    /// `WHERE` holds two sibling `EXISTS` with non-key terms on every new
+    /// binding, and the nested form means the same on every dialect.
     fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>) {
-        for (i, t) in c.tables.iter().enumerate() {
-            if i > 0 {
+        let mut open = 0;
+        let mut first = true;
+        let mut and = |s: &mut Sql<'_>| {
+            if !std::mem::take(&mut first) {
                 s.raw(" AND ");
             }
-            match &t.row {
-                Some(cols) => {
-                    s.raw("EXISTS (SELECT 1 FROM ")
-                        .ident(&t.table)
-                        .raw(" WHERE ");
-                    self.push_match(s, &t.key_col, c.key, cols);
-                    s.raw(")");
-                }
-                None => {
-                    s.raw("NOT EXISTS (SELECT 1 FROM ")
-                        .ident(&t.table)
-                        .raw(" WHERE ")
-                        .ident(&t.key_col)
-                        .raw(" = ")
-                        .bind(c.key)
-                        .raw(")");
-                }
+        };
+        for t in c.tables {
+            if let Some(cols) = &t.row {
+                and(s);
+                s.raw("EXISTS (SELECT 1 FROM ")
+                    .ident(&t.table)
+                    .raw(" WHERE ");
+                self.push_match(s, &t.key_col, c.key, cols);
+                open += 1;
             }
+        }
+        for t in c.tables.iter().filter(|t| t.row.is_none()) {
+            and(s);
+            s.raw("NOT EXISTS (SELECT 1 FROM ")
+                .ident(&t.table)
+                .raw(" WHERE ")
+                .ident(&t.key_col)
+                .raw(" = ")
+                .bind(c.key)
+                .raw(")");
+        }
+        if let Some(owner) = c.journal_owner {
+            and(s);
+            s.raw("EXISTS (SELECT 1 FROM ")
+                .raw(names::OPS)
+                .raw(" WHERE op_id = ")
+                .bind(c.op_id)
+                .raw(" AND owner = ")
+                .bind(owner)
+                .raw(")");
+        }
+        if first {
+            s.raw("1 = 1");
+        }
+        for _ in 0..open {
+            s.raw(")");
         }
     }
 
@@ -784,15 +812,6 @@ impl Dialect {
                 .dual()
                 .raw(" WHERE ");
             self.push_snapshot_predicate(&mut s, c);
-            if let Some(owner) = c.journal_owner {
-                s.raw(" AND EXISTS (SELECT 1 FROM ")
-                    .raw(names::OPS)
-                    .raw(" WHERE op_id = ")
-                    .bind(c.op_id)
-                    .raw(" AND owner = ")
-                    .bind(owner)
-                    .raw(")");
-            }
             out.push(s.finish());
         }
         for t in c.tables {

@@ -215,9 +215,10 @@ pub(crate) struct Change {
     pub(crate) finished: bool,
     pub(crate) retire_at_ms: Option<i64>,
     pub(crate) error: Option<String>,
-    /// Only when this operation's archive row of this key exists in the
-    /// same database (the cutover and `committed` share one batch).
-    pub(crate) require_archive_of: Option<String>,
+    /// The state becomes `committed` instead when this operation's archive
+    /// row of this key exists in the same database: the cutover and its
+    /// journal write share one batch, and this write is the batch's last.
+    pub(crate) committed_if_archived: Option<String>,
 }
 
 pub(crate) struct JournalSql<'a> {
@@ -347,11 +348,26 @@ impl JournalSql<'_> {
         live_until: i64,
     ) -> Statement {
         let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::OPS)
-            .raw(" SET state = ")
-            .bind(state.as_str())
-            .raw(", updated_ms = ")
+        s.raw("UPDATE ").raw(names::OPS).raw(" SET state = ");
+        match &change.committed_if_archived {
+            Some(key) => {
+                s.raw("CASE WHEN EXISTS (SELECT 1 FROM ")
+                    .raw(names::RETIRED)
+                    .raw(" WHERE mkey = ")
+                    .bind(key.as_str())
+                    .raw(" AND op_id = ")
+                    .bind(op_id)
+                    .raw(") THEN ")
+                    .bind(MoveState::Committed.as_str())
+                    .raw(" ELSE ")
+                    .bind(state.as_str())
+                    .raw(" END");
+            }
+            None => {
+                s.bind(state.as_str());
+            }
+        }
+        s.raw(", updated_ms = ")
             .bind(now)
             .raw(", live_until_ms = ")
             .bind(live_until);
@@ -374,15 +390,6 @@ impl JournalSql<'_> {
             .bind(op_id)
             .raw(" AND owner = ")
             .bind(g.owner.as_str());
-        if let Some(key) = &change.require_archive_of {
-            s.raw(" AND EXISTS (SELECT 1 FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key.as_str())
-                .raw(" AND op_id = ")
-                .bind(op_id)
-                .raw(")");
-        }
         self.push_lease_guard(&mut s, g, now);
         s.finish()
     }

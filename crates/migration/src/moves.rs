@@ -22,10 +22,11 @@
 //!    `published` alike).
 //!
 //! When the journal shares the source's database, steps 4–6 are one atomic
-//! batch on it: the journal rows come first, `committed` is guarded by the
-//! archive row (it lands only with a cutover that hit) and the archive insert
-//! is guarded by the operation's owner (a mover that lost the operation to
-//! recovery archives nothing).
+//! batch on it: the archive inserts are guarded by the operation's owner (a
+//! mover that lost the operation to recovery archives nothing), and one
+//! journal write ends the batch, recording `committed` when the archive row
+//! exists (the cutover hit) and `cutover_pending` otherwise. Inside one
+//! transaction the order of its statements is not observable.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -240,22 +241,21 @@ impl<'r> MoveCtx<'r> {
             .all(|(t, h)| h == "-" || got.get(t) == Some(h)))
     }
 
-    /// Runs the source cutover. When the journal lives in the source's
-    /// database, `committed` joins the cutover batch (guarded by the archive
-    /// row, so it lands only with a cutover that hit). Returns (hit,
-    /// committed-recorded).
+    /// Runs the source cutover. Returns (hit, committed-recorded).
     ///
-    /// `pre` are journal statements (`copied`, `verified`,
-    /// `cutover_pending`) to run first: in this batch when the journal shares
-    /// the source's database, otherwise as their own journal batch.
-    async fn cutover(&self, snap: &Snapshot, pre: Vec<Statement>) -> Result<(bool, bool)> {
+    /// `pending`: journal `cutover_pending` first (a fresh copy was just
+    /// verified). When the journal lives in the source's database, the
+    /// journal write joins the cutover batch as its last statement instead:
+    /// it records `committed` when the batch archived the rows and
+    /// `cutover_pending` otherwise, and writes nothing when the operation
+    /// is no longer this mover's (the archive insert is guarded by the same
+    /// owner, so such a batch writes nothing at all).
+    async fn cutover(&self, snap: &Snapshot, pending: bool) -> Result<(bool, bool)> {
         let with_commit = self.r.journal.as_deref() == Some(self.source.as_str());
-        let pre = if with_commit || pre.is_empty() {
-            pre
-        } else {
-            self.journal(pre).await?;
-            Vec::new()
-        };
+        if pending && !with_commit {
+            self.step(MoveState::CutoverPending, Change::default())
+                .await?;
+        }
         let (name, shard) = self.r.shard_named(&self.source)?;
         let d = shard.dialect();
         let mut tables = Vec::with_capacity(self.specs.len());
@@ -277,27 +277,22 @@ impl<'r> MoveCtx<'r> {
             tables: &tables,
             journal_owner: with_commit.then_some(self.guard.owner.as_str()),
         };
-        let npre = pre.len();
-        let mut stmts = pre;
-        stmts.extend(d.cutover_batch(&c));
+        let mut stmts = d.cutover_batch(&c);
         if with_commit {
             let change = Change {
-                require_archive_of: Some(self.key.clone()),
+                committed_if_archived: Some(self.key.clone()),
                 ..Change::default()
             };
-            stmts.push(self.update(MoveState::Committed, &change)?);
+            stmts.push(self.update(MoveState::CutoverPending, &change)?);
         }
         let counts = shard
             .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
-        if npre > 0 && counts.first().copied().unwrap_or(0) == 0 {
+        if with_commit && counts.last().copied().unwrap_or(0) == 0 {
             return Err(self.fenced());
         }
-        let hit = counts.get(npre).copied().unwrap_or(0) > 0;
-        if hit && with_commit && counts.last().copied().unwrap_or(0) == 0 {
-            return Err(self.fenced());
-        }
+        let hit = counts.first().copied().unwrap_or(0) > 0;
         Ok((hit, hit && with_commit))
     }
 
@@ -423,11 +418,10 @@ impl<'r> MoveCtx<'r> {
                     // source's database). A crash before it leaves
                     // `prepared`, which recovery treats exactly as `copied`
                     // and `verified`: start over from a fresh snapshot.
-                    let pre = vec![self.update(MoveState::CutoverPending, &Change::default())?];
-                    hit = self.cutover(&snap, pre).await?;
+                    hit = self.cutover(&snap, true).await?;
                 }
             } else {
-                hit = self.cutover(&snap, Vec::new()).await?;
+                hit = self.cutover(&snap, false).await?;
             }
             if hit.0 {
                 break hit.1;
