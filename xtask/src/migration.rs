@@ -813,7 +813,7 @@ async fn journaled_move(
                     tokio::time::sleep(Duration::from_millis(MOVE_LIVENESS_MS / 10)).await;
                     r.recover_migrations().await?;
                 }
-                first.get_or_insert_with(|| format!("{}: {e}", e.code()));
+                first.get_or_insert_with(|| format!("{}: {}", e.code(), chain(&e)));
             }
             Err(e) => return Err(e.into()),
         }
@@ -823,6 +823,18 @@ async fn journaled_move(
         first.as_deref().unwrap_or("none")
     )
     .into())
+}
+
+/// An error and its sources, outermost first.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// The naive baseline's move of one key from `s0` to `s1`: read the source

@@ -226,7 +226,6 @@ impl<'d> Sql<'d> {
 pub(crate) mod names {
     pub(crate) const RETIRED: &str = "durability_retired";
     pub(crate) const OPS: &str = "durability_migration_ops";
-    pub(crate) const CLAIMS: &str = "durability_migration_claims";
     pub(crate) const LEASE: &str = "durability_migration_lease";
     pub(crate) const META: &str = "durability_migration_meta";
     pub(crate) const MANIFEST: &str = "durability_manifest";
@@ -274,7 +273,7 @@ impl Dialect {
                  state {t} NOT NULL, attempts {i} NOT NULL, digests {t} NOT NULL, owner {t} NOT NULL, \
                  live_until_ms {i} NOT NULL, retain_ms {i} NOT NULL, retire_at_ms {i}, \
                  created_ms {i} NOT NULL, updated_ms {i} NOT NULL, finished_ms {i}, \
-                 purged {i} NOT NULL DEFAULT 0, error {t}){w}",
+                 purged {i} NOT NULL DEFAULT 0, error {t}, claim {mk}){w}",
                 o = names::OPS,
                 w = self.keyed_table_suffix()
             )),
@@ -282,11 +281,18 @@ impl Dialect {
                 "CREATE INDEX IF NOT EXISTS durability_migration_ops_key ON {o} (scope, mkey)",
                 o = names::OPS
             )),
+            // The claim: an active operation holds its key in `claim`; the
+            // terminal state's write sets it to NULL. Unique per scope, so a
+            // key has at most one active operation. Partial where the
+            // dialect has partial indexes (only active operations are
+            // indexed); MySQL/MariaDB keep NULLs, which never collide.
             Statement::new(format!(
-                "CREATE TABLE IF NOT EXISTS {c} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
-                 tname {k} NOT NULL, op_id {k} NOT NULL, PRIMARY KEY (scope, mkey, tname)){w}",
-                c = names::CLAIMS,
-                w = self.keyed_table_suffix()
+                "CREATE UNIQUE INDEX IF NOT EXISTS durability_migration_ops_claim ON {o} (scope, claim){p}",
+                o = names::OPS,
+                p = match self {
+                    Self::MySql => "",
+                    _ => " WHERE claim IS NOT NULL",
+                }
             )),
             Statement::new(format!(
                 "CREATE TABLE IF NOT EXISTS {l} (scope {k} PRIMARY KEY, holder {t} NOT NULL, \

@@ -1,5 +1,6 @@
-//! The journal: operation rows, claims and the recovery lease, on the
-//! journal shard. Every statement here is generated per dialect.
+//! The journal: operation rows (each active one holding its key's claim)
+//! and the recovery lease, on the journal shard. Every statement here is
+//! generated per dialect.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -241,12 +242,15 @@ impl JournalSql<'_> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The claim and `prepared` in one statement: inserts the operation
+    /// holding its key in `claim`, unless an active operation of the key
+    /// holds it already (then it inserts nothing; a racing claim that slips
+    /// past the check trips the unique claim index instead).
     pub(crate) fn insert_op(&self, op: &OpRecord) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("INSERT INTO ").raw(names::OPS).raw(
             " (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, \
-                 live_until_ms, retain_ms, created_ms, updated_ms, purged) SELECT ",
+                 live_until_ms, retain_ms, created_ms, updated_ms, purged, claim) SELECT ",
         );
         let vals: Vec<Value> = vec![
             op.op_id.clone().into(),
@@ -264,6 +268,7 @@ impl JournalSql<'_> {
             op.created_ms.into(),
             op.updated_ms.into(),
             0i64.into(),
+            op.key.clone().into(),
         ];
         for (i, v) in vals.into_iter().enumerate() {
             if i > 0 {
@@ -273,68 +278,24 @@ impl JournalSql<'_> {
         }
         s.dual()
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::CLAIMS)
+            .raw(names::OPS)
             .raw(" WHERE scope = ")
             .bind(self.scope)
-            .raw(" AND mkey = ")
+            .raw(" AND claim = ")
             .bind(op.key.as_str())
-            .raw(" AND tname IN (");
-        for (i, t) in op.tables.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(t.as_str());
-        }
-        s.raw("))");
-        s.finish()
-    }
-
-    pub(crate) fn insert_claim(&self, key: &str, table: &str, op_id: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("INSERT INTO ")
-            .raw(names::CLAIMS)
-            .raw(" (scope, mkey, tname, op_id) SELECT ")
-            .bind(self.scope)
-            .raw(", ")
-            .bind(key)
-            .raw(", ")
-            .bind(table)
-            .raw(", ")
-            .bind(op_id)
-            .dual()
-            .raw(" WHERE EXISTS (SELECT 1 FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE op_id = ")
-            .bind(op_id)
             .raw(")");
         s.finish()
     }
 
-    pub(crate) fn claims_for(&self, key: &str) -> Statement {
+    /// The operation holding `key`'s claim, if any.
+    pub(crate) fn claim_holder(&self, key: &str) -> Statement {
         let mut s = Sql::new(self.d);
-        s.raw("SELECT tname, op_id FROM ")
-            .raw(names::CLAIMS)
+        s.raw("SELECT op_id FROM ")
+            .raw(names::OPS)
             .raw(" WHERE scope = ")
             .bind(self.scope)
-            .raw(" AND mkey = ")
+            .raw(" AND claim = ")
             .bind(key);
-        s.finish()
-    }
-
-    pub(crate) fn release_claims(&self, op_id: &str, g: &Guard, now: i64) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("DELETE FROM ")
-            .raw(names::CLAIMS)
-            .raw(" WHERE op_id = ")
-            .bind(op_id)
-            .raw(" AND EXISTS (SELECT 1 FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE op_id = ")
-            .bind(op_id)
-            .raw(" AND owner = ")
-            .bind(g.owner.as_str())
-            .raw(")");
-        self.push_lease_guard(&mut s, g, now);
         s.finish()
     }
 
@@ -385,6 +346,10 @@ impl JournalSql<'_> {
         }
         if let Some(e) = &change.error {
             s.raw(", error = ").bind(e.as_str());
+        }
+        if change.finished {
+            // A terminal state releases the claim in the same write.
+            s.raw(", claim = NULL");
         }
         s.raw(" WHERE op_id = ")
             .bind(op_id)
@@ -465,15 +430,27 @@ impl JournalSql<'_> {
         s.finish()
     }
 
+    /// Finished operations still holding a claim (the terminal write
+    /// releases it, so only a journal written otherwise has these).
     pub(crate) fn terminal_claims(&self) -> Statement {
         let mut s = Sql::new(self.d);
-        s.raw("SELECT DISTINCT c.op_id AS op_id FROM ")
-            .raw(names::CLAIMS)
-            .raw(" c JOIN ")
+        s.raw("SELECT op_id FROM ")
             .raw(names::OPS)
-            .raw(" o ON o.op_id = c.op_id WHERE c.scope = ")
+            .raw(" WHERE scope = ")
             .bind(self.scope)
-            .raw(" AND o.state IN ('retired', 'aborted')");
+            .raw(" AND claim IS NOT NULL AND state IN ('retired', 'aborted')");
+        s.finish()
+    }
+
+    /// Releases a finished operation's leftover claim (under the lease).
+    pub(crate) fn release_claim(&self, op_id: &str, g: &Guard, now: i64) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET claim = NULL WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND state IN ('retired', 'aborted')");
+        self.push_lease_guard(&mut s, g, now);
         s.finish()
     }
 

@@ -3,7 +3,8 @@
 //! Order of one move (each journal write lands before the work it
 //! describes):
 //!
-//! 1. claim + `prepared` with the snapshot digests (one journal batch);
+//! 1. claim + `prepared` with the snapshot digests (one journal statement:
+//!    the operation row holds its key in `claim`, unique per scope);
 //! 2. copy to the destination (one batch: delete + insert per table);
 //! 3. read the destination back and compare digests;
 //! 4. `cutover_pending` (the row moves from `prepared` past `copied` and
@@ -18,7 +19,7 @@
 //! 7. publish: lift an old fence of the key on the destination, write the
 //!    mapping, update this router's cache;
 //! 8. `retired` (past `published`, with the retention deadline) and claim
-//!    release (one journal batch; recovery finishes `committed` and
+//!    release (one journal statement; recovery finishes `committed` and
 //!    `published` alike).
 //!
 //! When the journal shares the source's database, steps 4–6 are one atomic
@@ -40,7 +41,7 @@ use crate::journal::{
 };
 use crate::router::Router;
 use crate::shard::Statement;
-use crate::value::{self, Row, Value};
+use crate::value::{self, Row};
 
 /// When an archived source row may be purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,16 +160,6 @@ impl<'r> MoveCtx<'r> {
             scope: &self.r.scope,
         }
         .update_state(&self.op_id, state, change, &self.guard, now, live))
-    }
-
-    fn release(&self) -> Result<Statement> {
-        let (_, js) = self.r.journal_shard()?;
-        let d = js.dialect();
-        Ok(JournalSql {
-            d: &d,
-            scope: &self.r.scope,
-        }
-        .release_claims(&self.op_id, &self.guard, self.r.now()))
     }
 
     pub(crate) async fn step(&self, state: MoveState, change: Change) -> Result<()> {
@@ -377,7 +368,7 @@ impl<'r> MoveCtx<'r> {
     }
 
     /// Aborts: drops the destination copies, then journals `aborted` and
-    /// releases the claims. Returns the `MIGRATION_ABORTED` error to report.
+    /// releases the claim. Returns the `MIGRATION_ABORTED` error to report.
     pub(crate) async fn abort(
         &self,
         digests: &BTreeMap<String, String>,
@@ -389,8 +380,9 @@ impl<'r> MoveCtx<'r> {
             error: Some(reason.to_owned()),
             ..Change::default()
         };
-        let stmts = vec![self.update(MoveState::Aborted, &change)?, self.release()?];
-        self.journal(stmts).await?;
+        // The terminal write releases the claim.
+        self.journal(vec![self.update(MoveState::Aborted, &change)?])
+            .await?;
         tracing::info!(op_id = %self.op_id, key = %self.key, reason, "durability.migration.aborted");
         Ok(MigrationError::Aborted {
             key: self.key.clone(),
@@ -461,9 +453,10 @@ impl<'r> MoveCtx<'r> {
             retire_at_ms: Some(now.saturating_add(self.retain_ms)),
             ..Change::default()
         };
-        // Published (the mapping is written) and retired in one write.
-        let stmts = vec![self.update(MoveState::Retired, &change)?, self.release()?];
-        self.journal(stmts).await?;
+        // Published (the mapping is written), retired and the claim released
+        // in one write.
+        self.journal(vec![self.update(MoveState::Retired, &change)?])
+            .await?;
         tracing::info!(op_id = %self.op_id, key = %self.key, target = %self.target, "durability.migration.moved");
         Ok(())
     }
@@ -625,22 +618,14 @@ impl Router {
             d: &d,
             scope: &self.scope,
         };
-        let mut stmts = vec![q.insert_op(&op)];
-        for t in &op.tables {
-            stmts.push(q.insert_claim(key, t, &op_id));
-        }
-        match js.batch(&stmts).await {
+        // The claim and `prepared` are one statement.
+        match js.batch(&[q.insert_op(&op)]).await {
             Ok(counts) if counts.first().copied().unwrap_or(0) > 0 => {}
             Ok(_) => return Err(MigrationError::AlreadyActive(key.to_owned())),
             Err(e) => {
-                // A racing claim trips the claims key; report it as such.
-                let claims = js.query(&q.claims_for(key)).await.unwrap_or_default();
-                let clash = claims.iter().any(|r| {
-                    r.get("tname")
-                        .and_then(Value::as_text)
-                        .is_some_and(|t| op.tables.iter().any(|x| x == t))
-                });
-                if clash {
+                // A racing claim trips the unique claim index; report it as such.
+                let holders = js.query(&q.claim_holder(key)).await.unwrap_or_default();
+                if !holders.is_empty() {
                     return Err(MigrationError::AlreadyActive(key.to_owned()));
                 }
                 return Err(MigrationError::shard(&jname, e));

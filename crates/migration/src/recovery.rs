@@ -224,14 +224,13 @@ impl Router {
         for r in &rows {
             self.renew_lease(lease).await?;
             let op_id = crate::journal::text(r, "op_id")?;
-            let mut st = crate::dialect::Sql::new(&d);
-            st.raw("DELETE FROM ")
-                .raw(crate::dialect::names::CLAIMS)
-                .raw(" WHERE op_id = ")
-                .bind(op_id.as_str());
-            js.execute(&st.finish())
+            let released = js
+                .execute(&q.release_claim(&op_id, &guard, self.now()))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
+            if released == 0 {
+                return Err(MigrationError::RecoveryFenced(self.scope.clone()));
+            }
             report.released.push(op_id);
         }
         Ok(report)

@@ -273,7 +273,14 @@ impl Shard for MysqlShard {
         &'a self,
         stmts: &'a [Statement],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.retrying(move || self.batch_once(stmts)))
+        Box::pin(async move {
+            match stmts {
+                // One statement is atomic on its own (autocommit): no
+                // START TRANSACTION and COMMIT round trips.
+                [one] => Ok(vec![self.retrying(move || self.execute_once(one)).await?]),
+                _ => self.retrying(move || self.batch_once(stmts)).await,
+            }
+        })
     }
 }
 

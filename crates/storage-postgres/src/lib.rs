@@ -402,7 +402,13 @@ impl Shard for PostgresShard {
         &'a self,
         stmts: &'a [Statement],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.batch_retrying(stmts))
+        Box::pin(async move {
+            match stmts {
+                // One statement is atomic on its own: no BEGIN round trip.
+                [one] => Ok(vec![self.execute_retrying(one).await?]),
+                _ => self.batch_retrying(stmts).await,
+            }
+        })
     }
 }
 

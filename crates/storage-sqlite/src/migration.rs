@@ -139,6 +139,10 @@ impl Shard for SqliteShard {
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
         Box::pin(async move {
             let mut g = self.lock()?;
+            if let [one] = stmts {
+                // One statement is atomic on its own (autocommit).
+                return Ok(vec![exec(&g, one)?]);
+            }
             let tx = g.transaction()?;
             let mut counts = Vec::with_capacity(stmts.len());
             for st in stmts {

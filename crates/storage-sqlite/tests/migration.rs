@@ -123,7 +123,6 @@ impl Env {
                 "docs",
                 "durability_retired",
                 "durability_migration_ops",
-                "durability_migration_claims",
                 "durability_migration_lease",
             ] {
                 let rows = s
@@ -1621,4 +1620,47 @@ fn cutover_statements_are_not_reprepared_per_key() {
         .query_row("SELECT count(*) FROM users", [], |r| r.get(0))
         .unwrap();
     assert_eq!(live, 0, "both cutovers hit");
+}
+
+/// A key has one active move at a time, whatever its tables (the claim is
+/// the key's); a claim a finished operation still holds (only a journal
+/// written by other means has one) is released by recovery and reported.
+#[tokio::test]
+async fn one_active_move_per_key_and_leftover_claims_released() {
+    let e = env(3);
+    let r = e.router_with(true, 30_000).await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    r.insert("u1", "orgs", row([("org_id", "u1"), ("title", "acme")]))
+        .await
+        .unwrap();
+    e.plan.arm(2, FaultMode::Before); // the users move's claim lands, its copy crashes
+    assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
+    e.plan.disarm();
+    let before = e.dump().await;
+    let err = r.reassign_shard("u1", "s1", "orgs").await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
+    assert_eq!(e.dump().await, before, "a refused claim writes nothing");
+    e.clock.advance(31_000);
+    let rep = r.recover_migrations().await.unwrap();
+    assert_eq!(rep.committed.len(), 1, "{rep:?}");
+    assert!(rep.released.is_empty(), "{rep:?}");
+
+    let moved = r.reassign_shard("u1", "s2", "users").await.unwrap();
+    e.shard("s0")
+        .execute_sync(&format!(
+            "UPDATE durability_migration_ops SET claim = 'u1' WHERE op_id = '{}'",
+            moved.op_id
+        ))
+        .unwrap();
+    let err = r.reassign_shard("u1", "s0", "users").await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
+    let rep = r.recover_migrations().await.unwrap();
+    assert_eq!(rep.released, vec![moved.op_id.clone()], "{rep:?}");
+    assert!(rep.examined.is_empty(), "{rep:?}");
+    r.reassign_shard("u1", "s0", "users").await.unwrap();
+    let live = e.live("users", "id", "u1").await;
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].0, "s0");
+    clean_verify(&r).await;
 }
