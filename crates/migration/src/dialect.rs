@@ -395,6 +395,42 @@ impl Dialect {
         s.finish()
     }
 
+    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the
+    /// key)`: inserts the row unless the table holds one for the key (then
+    /// it changes nothing and reports no row).
+    pub fn insert_row_absent(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("INSERT INTO ").ident(table).raw(" (");
+        for (i, (c, _)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c);
+        }
+        s.raw(") SELECT ");
+        for (i, (_, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v.clone());
+        }
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(")");
+        s.finish()
+    }
+
     /// `DELETE FROM t WHERE k = ?`.
     pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);
@@ -600,29 +636,6 @@ impl Dialect {
             s.bind(t.as_str());
         }
         s.raw(")");
-    }
-
-    /// Whether a live tombstone of the key exists in any of `tables`.
-    pub fn tombstone_exists(&self, tables: &[&Ident], key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT tname FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE ");
-        Self::push_live_tombstones(&mut s, tables, key);
-        s.raw(" LIMIT 1");
-        s.finish()
-    }
-
-    /// A no-op update matching the key's live tombstones in any of
-    /// `tables`: its changed-row count (rows matched on every dialect) says
-    /// whether one exists, inside a batch.
-    pub fn tombstone_touch(&self, tables: &[&Ident], key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("UPDATE ")
-            .raw(names::RETIRED)
-            .raw(" SET superseded = superseded WHERE ");
-        Self::push_live_tombstones(&mut s, tables, key);
-        s.finish()
     }
 
     /// Lifts (supersedes) the key's live tombstones in any of `tables`.

@@ -5,7 +5,8 @@
 //!
 //! 1. claim + `prepared` with the snapshot digests (one journal statement:
 //!    the operation row holds its key in `claim`, unique per scope);
-//! 2. copy to the destination (one batch: delete + insert per table);
+//! 2. copy to the destination (one insert when the destination has no row
+//!    of the key, else one batch: delete + insert per table);
 //! 3. read the destination back and compare digests;
 //! 4. `cutover_pending` (the row moves from `prepared` past `copied` and
 //!    `verified` in one write: no work separates those states, and recovery
@@ -30,7 +31,6 @@
 //! transaction the order of its statements is not observable.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::config::{self, TableSpec};
 use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
@@ -94,15 +94,7 @@ pub(crate) struct MoveCtx<'r> {
     pub(crate) source: String,
     pub(crate) target: String,
     pub(crate) retain_ms: i64,
-    /// Whether the destination holds a live tombstone of the key, as the
-    /// last copy batch found it (`FENCE_UNKNOWN` before a copy). Only a
-    /// move of the key, which the claim excludes, can change that.
-    pub(crate) dest_fence: AtomicU8,
 }
-
-const FENCE_UNKNOWN: u8 = 0;
-const FENCE_NONE: u8 = 1;
-const FENCE_LIVE: u8 = 2;
 
 pub(crate) type Snapshot = Vec<Option<Row>>;
 
@@ -124,7 +116,6 @@ impl<'r> MoveCtx<'r> {
             source: op.source.clone(),
             target: op.target.clone(),
             retain_ms: op.retain_ms,
-            dest_fence: AtomicU8::new(FENCE_UNKNOWN),
         })
     }
 
@@ -193,9 +184,28 @@ impl<'r> MoveCtx<'r> {
             .collect()
     }
 
+    /// Copies the snapshot to the destination. A one-table move first tries
+    /// one insert that lands only when the destination has no row of the
+    /// key (the usual case: one statement, no transaction); otherwise, and
+    /// for a table set, one batch replaces the key's rows (delete + insert
+    /// per table), superseding an earlier attempt's copy.
     async fn copy(&self, snap: &Snapshot) -> Result<()> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
+        if let ([spec], [Some(row)]) = (self.specs.as_slice(), snap.as_slice()) {
+            let n = shard
+                .execute(&d.insert_row_absent(
+                    &spec.name,
+                    &spec.key_col,
+                    &self.key,
+                    &row_idents(row)?,
+                ))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if n > 0 {
+                return Ok(());
+            }
+        }
         let mut stmts = Vec::new();
         for (spec, row) in self.specs.iter().zip(snap) {
             if let Some(row) = row {
@@ -203,20 +213,10 @@ impl<'r> MoveCtx<'r> {
                 stmts.push(d.insert_row(&spec.name, &row_idents(row)?));
             }
         }
-        // Last: a no-op update that counts the destination's live
-        // tombstones of the key (publish lifts them), saving a read later.
-        let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
-        stmts.push(d.tombstone_touch(&tnames, &self.key));
-        let counts = shard
+        shard
             .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
-        let fence = if counts.last().copied().unwrap_or(0) > 0 {
-            FENCE_LIVE
-        } else {
-            FENCE_NONE
-        };
-        self.dest_fence.store(fence, Ordering::SeqCst);
         Ok(())
     }
 
@@ -309,21 +309,13 @@ impl<'r> MoveCtx<'r> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
-        let fenced = match self.dest_fence.load(Ordering::SeqCst) {
-            FENCE_NONE => false,
-            FENCE_LIVE => true,
-            _ => !shard
-                .query(&d.tombstone_exists(&tnames, &self.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?
-                .is_empty(),
-        };
-        if fenced {
-            shard
-                .execute(&d.tombstone_lift(&tnames, &self.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-        }
+        // Lift the destination's old tombstones of the key (from an earlier
+        // move away from it), if any: only now, after the source cutover,
+        // may writes land there.
+        shard
+            .execute(&d.tombstone_lift(&tnames, &self.key))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
         self.r
             .mapping
             .put(&self.key, &self.target)
@@ -583,7 +575,6 @@ impl Router {
             source: source.clone(),
             target: target.to_owned(),
             retain_ms,
-            dest_fence: AtomicU8::new(FENCE_UNKNOWN),
         };
         let snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
