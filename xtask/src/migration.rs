@@ -791,9 +791,11 @@ async fn run_moves(
 }
 
 /// One journaled move, retried on retryable errors; counts the retries by
-/// error code. An attempt that failed half-way leaves its operation active
-/// (`MIGRATION_ALREADY_ACTIVE` on the next try) until its liveness lapses:
-/// then recovery settles it, as it would for any mover.
+/// error code. A retry after an attempt that failed half-way resumes that
+/// attempt's operation (the same router started it); should it still be
+/// active (`MIGRATION_ALREADY_ACTIVE`), recovery settles it once its
+/// liveness lapses, as it would for any mover. A key the settled move
+/// already put on `s1` (`MIGRATION_SAME_SHARD` on a retry) is moved.
 async fn journaled_move(
     r: &Router,
     k: &str,
@@ -803,6 +805,7 @@ async fn journaled_move(
     for _ in 0..=50 {
         match r.reassign_shard(k, "s1", "users").await {
             Ok(_) => return Ok(()),
+            Err(e) if e.code() == "MIGRATION_SAME_SHARD" && first.is_some() => return Ok(()),
             Err(e) if e.is_retryable() => {
                 *retries.entry(e.code()).or_default() += 1;
                 if e.code() == "MIGRATION_ALREADY_ACTIVE" {

@@ -39,6 +39,7 @@ use crate::journal::{
     Change, DEFAULT_RETENTION_MS, Guard, JournalSql, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState,
     OpRecord,
 };
+use crate::recovery::Resumed;
 use crate::router::Router;
 use crate::shard::Statement;
 use crate::value::{self, Row};
@@ -119,7 +120,7 @@ impl<'r> MoveCtx<'r> {
         })
     }
 
-    fn fenced(&self) -> MigrationError {
+    pub(crate) fn fenced(&self) -> MigrationError {
         match &self.guard.lease {
             Some((scope, _)) => MigrationError::RecoveryFenced(scope.clone()),
             None => MigrationError::TakenOver(self.op_id.clone()),
@@ -454,7 +455,88 @@ impl<'r> MoveCtx<'r> {
     }
 }
 
+/// Marks an operation as driven by a task of this router until dropped.
+struct Running<'r> {
+    r: &'r Router,
+    op_id: String,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.r
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.op_id);
+    }
+}
+
 impl Router {
+    /// Marks `op_id` as driven by the calling task; `None` when another task
+    /// of this router drives it already.
+    fn drive(&self, op_id: &str) -> Option<Running<'_>> {
+        let fresh = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(op_id.to_owned());
+        fresh.then(|| Running {
+            r: self,
+            op_id: op_id.to_owned(),
+        })
+    }
+
+    /// The key's active operation, resumed when this router started it, no
+    /// task of this router drives it now, and it moves the same tables to
+    /// the same target; otherwise `MIGRATION_ALREADY_ACTIVE`.
+    async fn resume_own(&self, key: &str, target: &str, tables: &[String]) -> Result<MoveOutcome> {
+        let busy = || MigrationError::AlreadyActive(key.to_owned());
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let holders = js
+            .query(&q.claim_holder(key))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        let Some(holder) = holders.first() else {
+            return Err(busy());
+        };
+        let op_id = crate::journal::text(holder, "op_id")?;
+        let rows = js
+            .query(&q.load_op(&op_id))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        let Some(row) = rows.first() else {
+            return Err(busy());
+        };
+        let op = OpRecord::from_row(row)?;
+        if op.owner != self.instance || op.target != target || op.tables != tables {
+            return Err(busy());
+        }
+        let Some(_running) = self.drive(&op.op_id) else {
+            return Err(busy());
+        };
+        tracing::info!(op_id = %op.op_id, key, state = op.state.as_str(), "durability.migration.resumed");
+        let guard = Guard {
+            owner: self.instance.clone(),
+            lease: None,
+        };
+        let ctx = MoveCtx::from_op(self, &op, guard.clone())?;
+        match self.resume(&ctx, &op, &guard).await? {
+            Resumed::Committed(recopies) => Ok(MoveOutcome {
+                op_id: op.op_id.clone(),
+                source: op.source.clone(),
+                target: op.target.clone(),
+                recopies,
+            }),
+            Resumed::Aborted(e) => Err(e),
+            Resumed::Finished => Err(busy()),
+        }
+    }
+
     /// Moves one table's row of `key` to `target` through the journal.
     ///
     /// # Errors
@@ -499,6 +581,13 @@ impl Router {
 
     /// Moves the key's rows in `tables` to `target` as one journaled
     /// operation. Everything is validated before the first write.
+    ///
+    /// A key has one active operation at a time. When this router's own
+    /// earlier call stopped on an error and left its operation active, the
+    /// same call (same key, target and tables) resumes that operation from
+    /// its journaled state at once; any other move of the key gets
+    /// `MIGRATION_ALREADY_ACTIVE` until the operation ends or recovery
+    /// settles it (after its mover's liveness lapses).
     ///
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
@@ -547,10 +636,15 @@ impl Router {
             None => return Err(MigrationError::MappingNotFound(key.to_owned())),
         };
         if source == target {
-            return Err(MigrationError::SameShard {
-                key: key.to_owned(),
-                shard: source,
-            });
+            // This router's own interrupted move may have published already.
+            let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
+            return match self.resume_own(key, target, &names).await {
+                Err(MigrationError::AlreadyActive(_)) => Err(MigrationError::SameShard {
+                    key: key.to_owned(),
+                    shard: source,
+                }),
+                other => other,
+            };
         }
         self.check_movable(&source)?;
         for spec in &specs {
@@ -609,10 +703,13 @@ impl Router {
             d: &d,
             scope: &self.scope,
         };
+        // Driven by this task from before its claim lands, so no other task
+        // of this router takes it for an interrupted move of its own.
+        let _running = self.drive(&op_id);
         // The claim and `prepared` are one statement.
         match js.batch(&[q.insert_op(&op)]).await {
             Ok(counts) if counts.first().copied().unwrap_or(0) > 0 => {}
-            Ok(_) => return Err(MigrationError::AlreadyActive(key.to_owned())),
+            Ok(_) => return self.resume_own(key, target, &op.tables).await,
             Err(e) => {
                 // A racing claim trips the unique claim index; report it as such.
                 let holders = js.query(&q.claim_holder(key)).await.unwrap_or_default();

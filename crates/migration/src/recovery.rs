@@ -67,6 +67,16 @@ enum Outcome {
     Skipped,
 }
 
+/// What resuming an operation came to.
+pub(crate) enum Resumed {
+    /// Moved, after this many missed cutovers.
+    Committed(i64),
+    /// Ended without moving the key (`MIGRATION_ABORTED`).
+    Aborted(MigrationError),
+    /// It had already finished.
+    Finished,
+}
+
 impl Router {
     pub(crate) async fn acquire_lease(&self) -> Result<Lease> {
         let (jname, js) = self.journal_shard()?;
@@ -260,12 +270,33 @@ impl Router {
             }
             return Ok(Outcome::Skipped);
         }
+        Ok(match self.resume(&ctx, op, guard).await? {
+            Resumed::Committed(_) => Outcome::Committed,
+            Resumed::Aborted(_) => Outcome::Aborted,
+            Resumed::Finished => Outcome::Skipped,
+        })
+    }
+
+    /// Drives an interrupted operation on from its recorded state, per the
+    /// recovery table, as `guard` (which owns it: a recovery that took it
+    /// over, or the router that started it).
+    pub(crate) async fn resume(
+        &self,
+        ctx: &MoveCtx<'_>,
+        op: &OpRecord,
+        guard: &Guard,
+    ) -> Result<Resumed> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let live = self
+            .now()
+            .saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
         match op.state {
             MoveState::Prepared | MoveState::Copied | MoveState::Verified => {
                 let fresh = ctx.snapshot().await?;
                 if fresh.iter().all(Option::is_none) {
-                    ctx.abort(&op.digests, "source row gone").await?;
-                    return Ok(Outcome::Aborted);
+                    let e = ctx.abort(&op.digests, "source row gone").await?;
+                    return Ok(Resumed::Aborted(e));
                 }
                 let change = crate::journal::Change {
                     digests: Some(crate::journal::encode_digests(&ctx.digests(&fresh))),
@@ -288,37 +319,38 @@ impl Router {
                     .await
                     .map_err(|e| MigrationError::shard(jname, e))?;
                 if counts.first().copied().unwrap_or(0) == 0 {
-                    return Err(MigrationError::RecoveryFenced(self.scope.clone()));
+                    return Err(ctx.fenced());
                 }
                 // The stale copy (if any) is replaced by the fresh one.
-                run_outcome(&ctx, fresh, op.attempts, Stage::Copy).await
+                run_resumed(ctx, fresh, op.attempts, Stage::Copy).await
             }
             MoveState::CutoverPending => {
                 let current = ctx.snapshot().await?;
                 if ctx.digests(&current) == op.digests {
-                    return run_outcome(&ctx, current, op.attempts, Stage::Cutover).await;
+                    return run_resumed(ctx, current, op.attempts, Stage::Cutover).await;
                 }
                 if ctx.archive_exists().await? {
                     if ctx.destination_matches(&op.digests).await? {
                         ctx.step(MoveState::Committed, crate::journal::Change::default())
                             .await?;
                         ctx.finish().await?;
-                        return Ok(Outcome::Committed);
+                        return Ok(Resumed::Committed(op.attempts));
                     }
                     return Err(MigrationError::Corrupt(format!(
                         "operation {} archived its source but the destination copy does not match",
                         op.op_id
                     )));
                 }
-                ctx.abort(&op.digests, "source row changed before the cutover")
+                let e = ctx
+                    .abort(&op.digests, "source row changed before the cutover")
                     .await?;
-                Ok(Outcome::Aborted)
+                Ok(Resumed::Aborted(e))
             }
             MoveState::Committed | MoveState::Published => {
                 ctx.finish().await?;
-                Ok(Outcome::Committed)
+                Ok(Resumed::Committed(op.attempts))
             }
-            MoveState::Retired | MoveState::Aborted => Ok(Outcome::Skipped),
+            MoveState::Retired | MoveState::Aborted => Ok(Resumed::Finished),
         }
     }
 
@@ -330,15 +362,15 @@ impl Router {
     }
 }
 
-async fn run_outcome(
+async fn run_resumed(
     ctx: &MoveCtx<'_>,
     snap: crate::moves::Snapshot,
     attempts: i64,
     stage: Stage,
-) -> Result<Outcome> {
+) -> Result<Resumed> {
     match ctx.run(snap, attempts, stage).await {
-        Ok(_) => Ok(Outcome::Committed),
-        Err(MigrationError::Aborted { .. }) => Ok(Outcome::Aborted),
+        Ok(n) => Ok(Resumed::Committed(n)),
+        Err(e @ MigrationError::Aborted { .. }) => Ok(Resumed::Aborted(e)),
         Err(e) => Err(e),
     }
 }

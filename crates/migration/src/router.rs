@@ -60,6 +60,8 @@ pub struct Router {
     pub(crate) manifest_refresh_ms: u64,
     pub(crate) manifest: Mutex<Option<CachedManifest>>,
     pub(crate) instance: String,
+    /// Operations a task of this router is driving right now.
+    pub(crate) running: Mutex<std::collections::HashSet<String>>,
     cache: Mutex<HashMap<String, (String, u64)>>,
     columns: Mutex<HashMap<(String, String), ColumnSet>>,
 }
@@ -97,6 +99,7 @@ impl Router {
             manifest_refresh_ms: config.manifest_refresh_ms,
             manifest: Mutex::new(None),
             instance: uuid::Uuid::now_v7().to_string(),
+            running: Mutex::new(std::collections::HashSet::new()),
             cache: Mutex::new(HashMap::new()),
             columns: Mutex::new(HashMap::new()),
         })

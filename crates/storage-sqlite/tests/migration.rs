@@ -1664,3 +1664,62 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
     assert_eq!(live[0].0, "s0");
     clean_verify(&r).await;
 }
+
+/// A move that stopped on an error is resumed at once by the router that
+/// started it, when called again for the same key, target and tables (no
+/// wait for its liveness to lapse, no recovery); another router, another
+/// target or another table set gets `MIGRATION_ALREADY_ACTIVE`.
+#[tokio::test]
+async fn own_interrupted_move_resumes_when_called_again() {
+    // Write 2 is the copy (crashes before applying: state `prepared`);
+    // write 5 is the mapping put (applies, then fails: state `committed`,
+    // the mapping already names the target).
+    for (crash, mode, state) in [
+        (2, FaultMode::Before, MoveState::Prepared),
+        (5, FaultMode::After, MoveState::Committed),
+    ] {
+        let e = env(3);
+        let r = e.router_with(true, 30_000).await;
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        r.insert("u1", "orgs", row([("org_id", "u1"), ("title", "acme")]))
+            .await
+            .unwrap();
+        e.plan.arm(crash, mode);
+        assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
+        e.plan.disarm();
+        let st = r
+            .get_migration_status("u1", "users")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(st.state, state, "crash at write {crash}");
+        let other = e.router().await;
+        for (who, target, table) in [
+            (&other, "s1", "users"),
+            (&r, "s2", "users"),
+            (&r, "s1", "orgs"),
+        ] {
+            let err = who.reassign_shard("u1", target, table).await.unwrap_err();
+            assert!(
+                matches!(
+                    err.code(),
+                    "MIGRATION_ALREADY_ACTIVE" | "MIGRATION_SAME_SHARD"
+                ),
+                "crash at write {crash}, {target}/{table}: {err}"
+            );
+        }
+        let out = r.reassign_shard("u1", "s1", "users").await.unwrap();
+        assert_eq!(out.op_id, st.op_id, "the interrupted operation itself");
+        let st = r
+            .get_migration_status("u1", "users")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(st.state, MoveState::Retired);
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
+        assert_eq!(r.route("u1").await.unwrap().as_deref(), Some("s1"));
+        clean_verify(&r).await;
+    }
+}
