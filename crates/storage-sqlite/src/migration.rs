@@ -15,7 +15,8 @@ use std::sync::{Mutex, MutexGuard};
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, Statement, Value,
 };
-use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::ToSql;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 /// Prepared statements kept per connection: a move uses a few dozen
@@ -31,13 +32,18 @@ fn open_conn(path: &Path) -> Result<Connection, rusqlite::Error> {
     Ok(conn)
 }
 
-fn to_sql(v: &Value) -> SqlValue {
-    match v {
-        Value::Null => SqlValue::Null,
-        Value::Integer(i) => SqlValue::Integer(*i),
-        Value::Real(f) => SqlValue::Real(*f),
-        Value::Text(s) => SqlValue::Text(s.clone()),
-        Value::Blob(b) => SqlValue::Blob(b.clone()),
+/// Binds a [`Value`] by reference (no copy of text or blob bytes).
+struct Bind<'a>(&'a Value);
+
+impl ToSql for Bind<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self.0 {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(*i),
+            Value::Real(f) => ValueRef::Real(*f),
+            Value::Text(s) => ValueRef::Text(s.as_bytes()),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }))
     }
 }
 
@@ -53,14 +59,14 @@ fn from_sql(v: ValueRef<'_>) -> Result<Value, BackendError> {
 
 fn exec(conn: &Connection, st: &Statement) -> Result<u64, BackendError> {
     let mut stmt = conn.prepare_cached(&st.sql)?;
-    let n = stmt.execute(params_from_iter(st.params.iter().map(to_sql)))?;
+    let n = stmt.execute(params_from_iter(st.params.iter().map(Bind)))?;
     Ok(u64::try_from(n)?)
 }
 
 fn query(conn: &Connection, st: &Statement) -> Result<Vec<Row>, BackendError> {
     let mut stmt = conn.prepare_cached(&st.sql)?;
     let names: Vec<String> = stmt.column_names().map(str::to_owned).collect();
-    let mut rows = stmt.query(params_from_iter(st.params.iter().map(to_sql)))?;
+    let mut rows = stmt.query(params_from_iter(st.params.iter().map(Bind)))?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
         let mut row = Row::new();
@@ -138,18 +144,30 @@ impl Shard for SqliteShard {
         stmts: &'a [Statement],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
         Box::pin(async move {
-            let mut g = self.lock()?;
+            let g = self.lock()?;
             if let [one] = stmts {
                 // One statement is atomic on its own (autocommit).
                 return Ok(vec![exec(&g, one)?]);
             }
-            let tx = g.transaction()?;
-            let mut counts = Vec::with_capacity(stmts.len());
-            for st in stmts {
-                counts.push(exec(&tx, st)?);
+            // BEGIN and COMMIT as cached statements: parsed once per
+            // connection, not once per batch.
+            g.prepare_cached("BEGIN")?.execute([])?;
+            let run = || -> Result<Vec<u64>, BackendError> {
+                let mut counts = Vec::with_capacity(stmts.len());
+                for st in stmts {
+                    counts.push(exec(&g, st)?);
+                }
+                g.prepare_cached("COMMIT")?.execute([])?;
+                Ok(counts)
+            };
+            let out = run();
+            if out.is_err()
+                && !g.is_autocommit()
+                && let Err(e) = g.execute_batch("ROLLBACK")
+            {
+                tracing::warn!(error = %e, "durability.sqlite.rollback_failed");
             }
-            tx.commit()?;
-            Ok(counts)
+            out
         })
     }
 }
