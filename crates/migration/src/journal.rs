@@ -417,7 +417,9 @@ impl JournalSql<'_> {
             .bind(after);
         match filter {
             OpFilter::Active => {
-                s.raw(" AND state NOT IN ('retired', 'aborted')");
+                // Every active operation holds its claim: the claim index
+                // finds them without reading the finished history.
+                s.raw(" AND claim IS NOT NULL AND state NOT IN ('retired', 'aborted')");
             }
             OpFilter::State(st) => {
                 s.raw(" AND state = ").bind(st.as_str());
