@@ -320,6 +320,18 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result {
             .insert(ObjectId::new(*name)?, Arc::clone(&b));
     }
     wait_for(&fired, 3, Duration::from_secs(5)).await?;
+    // The handler records a fire before the dispatcher settles its job
+    // (delivered, removed from the index): stop the dispatcher only after
+    // the third delivery is settled, or it may be cut off mid-way and its
+    // job (still claimed) would be delivered again later.
+    let settled = async {
+        while dispatcher.counters().snapshot().delivered < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), settled)
+        .await
+        .map_err(|_| "alarms demo: the third delivery was not settled within 5 s")?;
     running.abort();
     let c = dispatcher.counters().snapshot();
     println!(
