@@ -374,9 +374,8 @@ impl Dialect {
         s.finish()
     }
 
-    /// `INSERT INTO t (cols) VALUES (?..)`.
-    pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
-        let mut s = Sql::new(self);
+    /// `INSERT INTO t (c1, c2, ..) ` for a row's columns.
+    fn push_insert_into(s: &mut Sql<'_>, table: &Ident, cols: &[(Ident, Value)]) {
         s.raw("INSERT INTO ").ident(table).raw(" (");
         for (i, (c, _)) in cols.iter().enumerate() {
             if i > 0 {
@@ -384,13 +383,25 @@ impl Dialect {
             }
             s.ident(c);
         }
-        s.raw(") VALUES (");
+        s.raw(") ");
+    }
+
+    /// The row's values as bound parameters, comma-separated.
+    fn push_values(s: &mut Sql<'_>, cols: &[(Ident, Value)]) {
         for (i, (_, v)) in cols.iter().enumerate() {
             if i > 0 {
                 s.raw(", ");
             }
             s.bind(v.clone());
         }
+    }
+
+    /// `INSERT INTO t (cols) VALUES (?..)`.
+    pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("VALUES (");
+        Self::push_values(&mut s, cols);
         s.raw(")");
         s.finish()
     }
@@ -406,20 +417,9 @@ impl Dialect {
         cols: &[(Ident, Value)],
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("INSERT INTO ").ident(table).raw(" (");
-        for (i, (c, _)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.ident(c);
-        }
-        s.raw(") SELECT ");
-        for (i, (_, v)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(v.clone());
-        }
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(&mut s, cols);
         s.dual()
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
             .ident(table)

@@ -505,14 +505,9 @@ impl Router {
             return Err(busy());
         };
         let op_id = crate::journal::text(holder, "op_id")?;
-        let rows = js
-            .query(&q.load_op(&op_id))
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
-        let Some(row) = rows.first() else {
+        let Some(op) = self.load_op(&op_id).await? else {
             return Err(busy());
         };
-        let op = OpRecord::from_row(row)?;
         if op.owner != self.instance || op.target != target || op.tables != tables {
             return Err(busy());
         }

@@ -28,10 +28,7 @@ impl SqliteLedger {
     /// # Errors
     /// The SQLite error when the file cannot be opened or configured.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        let conn = Connection::open(path.as_ref())?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let conn = crate::migration::open_conn(path.as_ref())?;
         conn.execute_batch(LEDGER_SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),

@@ -23,7 +23,9 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 /// distinct statements, more than rusqlite's default of 16.
 const STATEMENT_CACHE: usize = 256;
 
-fn open_conn(path: &Path) -> Result<Connection, rusqlite::Error> {
+/// A file connection in WAL mode with `synchronous=NORMAL`, a busy timeout
+/// and a statement cache sized for a move (shards, stores, ledgers).
+pub(crate) fn open_conn(path: &Path) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;

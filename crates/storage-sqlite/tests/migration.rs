@@ -1622,11 +1622,10 @@ fn cutover_statements_are_not_reprepared_per_key() {
     assert_eq!(live, 0, "both cutovers hit");
 }
 
-/// A key has one active move at a time, whatever its tables (the claim is
-/// the key's); a claim a finished operation still holds (only a journal
-/// written by other means has one) is released by recovery and reported.
-#[tokio::test]
-async fn one_active_move_per_key_and_leftover_claims_released() {
+/// Three shards, `u1` on `s0` with a users and an orgs row, and a move of
+/// its users row to `s1` through a faulty router that crashed at write
+/// `crash` (the plan disarmed again).
+async fn interrupted_move(crash: u64, mode: FaultMode) -> (Env, Router) {
     let e = env(3);
     let r = e.router_with(true, 30_000).await;
     e.mapping.put("u1", "s0").await.unwrap();
@@ -1634,9 +1633,19 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
     r.insert("u1", "orgs", row([("org_id", "u1"), ("title", "acme")]))
         .await
         .unwrap();
-    e.plan.arm(2, FaultMode::Before); // the users move's claim lands, its copy crashes
+    e.plan.arm(crash, mode);
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
+    (e, r)
+}
+
+/// A key has one active move at a time, whatever its tables (the claim is
+/// the key's); a claim a finished operation still holds (only a journal
+/// written by other means has one) is released by recovery and reported.
+#[tokio::test]
+async fn one_active_move_per_key_and_leftover_claims_released() {
+    // The users move's claim lands, its copy crashes.
+    let (e, r) = interrupted_move(2, FaultMode::Before).await;
     let before = e.dump().await;
     let err = r.reassign_shard("u1", "s1", "orgs").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
@@ -1678,16 +1687,7 @@ async fn own_interrupted_move_resumes_when_called_again() {
         (2, FaultMode::Before, MoveState::Prepared),
         (5, FaultMode::After, MoveState::Committed),
     ] {
-        let e = env(3);
-        let r = e.router_with(true, 30_000).await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
-        r.insert("u1", "orgs", row([("org_id", "u1"), ("title", "acme")]))
-            .await
-            .unwrap();
-        e.plan.arm(crash, mode);
-        assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
-        e.plan.disarm();
+        let (e, r) = interrupted_move(crash, mode).await;
         let st = r
             .get_migration_status("u1", "users")
             .await
