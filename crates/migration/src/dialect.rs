@@ -511,20 +511,9 @@ impl Dialect {
         generation: Option<Generation<'_>>,
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("INSERT INTO ").ident(table).raw(" (");
-        for (i, (c, _)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.ident(c);
-        }
-        s.raw(") SELECT ");
-        for (i, (_, v)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(v.clone());
-        }
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(&mut s, cols);
         s.dual().raw(" WHERE ");
         self.push_fence(&mut s, table, key, generation);
         if let Some(k) = upsert_key {
