@@ -220,7 +220,7 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result<(), Box<dyn Error>> 
             let (a, b) = (open()?, open()?);
             let c = clock.clone();
             story(a, b, clock, dir.path(), async move || {
-                c.advance(DEMO_TTL_MS)
+                c.advance(DEMO_TTL_MS.cast_signed())
             })
             .await
         }
@@ -232,7 +232,7 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result<(), Box<dyn Error>> 
             let cleanup = a.clone();
             let c = clock.clone();
             let out = story(a, b, clock, dir.path(), async move || {
-                c.advance(DEMO_TTL_MS);
+                c.advance(DEMO_TTL_MS.cast_signed());
                 tokio::time::sleep(Duration::from_millis(DEMO_TTL_MS + 50)).await;
             })
             .await;

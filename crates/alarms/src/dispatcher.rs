@@ -3,14 +3,11 @@
 //! by its outcome.
 
 use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use durability_scheduler::{Clock, ObjectId};
-use futures::future::{Either, select};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
+use durability_time::{Random, timeout_at};
 
 use crate::error::AlarmError;
 use crate::index::{AlarmIndex, Claim};
@@ -165,7 +162,7 @@ pub struct Dispatcher<I, D> {
     dispatch: Arc<D>,
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
-    rng: Mutex<StdRng>,
+    random: Random,
     counters: Arc<DispatchCounters>,
 }
 
@@ -181,16 +178,13 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         config: DispatcherConfig,
     ) -> Result<Self, AlarmError> {
         config.validate()?;
-        let rng = match config.seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_os_rng(),
-        };
+        let random = config.seed.map_or_else(Random::os, Random::seeded);
         Ok(Self {
             index,
             dispatch,
             clock,
             config,
-            rng: Mutex::new(rng),
+            random,
             counters: Arc::default(),
         })
     }
@@ -279,15 +273,11 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             .clock
             .now_ms()
             .saturating_add(self.config.dispatch_timeout_ms);
-        let outcome = {
-            let call = pin!(self.dispatch.dispatch(delivery));
-            match select(call, self.clock.sleep_until(deadline)).await {
-                Either::Left((outcome, _)) => outcome,
-                Either::Right(((), _)) => DispatchOutcome::Unknown {
-                    reason: "dispatch timed out".to_owned(),
-                },
-            }
-        };
+        let outcome = timeout_at(&*self.clock, deadline, self.dispatch.dispatch(delivery))
+            .await
+            .unwrap_or_else(|_| DispatchOutcome::Unknown {
+                reason: "dispatch timed out".to_owned(),
+            });
         match outcome {
             DispatchOutcome::Delivered => {
                 self.settle_finish(&claim, &c.delivered, "delivered").await;
@@ -311,10 +301,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     tracing::warn!(event = "durability.alarms.discarded", object = %claim.object, tries = claim.tries, %reason, "alarm discarded after its last try");
                     self.settle_finish(&claim, &c.discarded, "discarded").await;
                 } else {
-                    let delay = {
-                        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
-                        self.config.retry.delay_ms(claim.tries, &mut *rng)
-                    };
+                    let delay = self.config.retry.delay_ms(claim.tries, &self.random);
                     tracing::info!(event = "durability.alarms.retry_scheduled", object = %claim.object, tries = claim.tries, delay_ms = delay, %reason);
                     self.settle_retry(
                         &claim,

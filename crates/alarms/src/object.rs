@@ -11,7 +11,7 @@ use std::thread::ThreadId;
 use durability_scheduler::{
     Clock, ObjectId, Scheduler, SchemaTarget, Storage, StorageError, migrate,
 };
-use futures::future::{Either, select};
+use durability_time::timeout_at;
 use tokio::sync::Notify;
 
 use crate::SCHEMA;
@@ -479,13 +479,9 @@ where
         fut: impl Future<Output = Result<T, AlarmError>>,
     ) -> Result<T, AlarmError> {
         let deadline = self.clock().now_ms().saturating_add(MUTATION_DEADLINE_MS);
-        let call = pin!(fut);
-        match select(call, self.clock().sleep_until(deadline)).await {
-            Either::Left((result, _)) => result,
-            Either::Right(((), _)) => {
-                Err(AlarmError::unknown("alarm mutation deadline (5 s) passed"))
-            }
-        }
+        timeout_at(&**self.clock(), deadline, fut)
+            .await
+            .unwrap_or_else(|_| Err(AlarmError::unknown("alarm mutation deadline (5 s) passed")))
     }
 
     async fn flush(&self, effect: Effect) -> Result<(), AlarmError> {
@@ -546,7 +542,7 @@ where
     /// A local follow-up write after a flush; failures are logged (the row
     /// stays as it is, which every reader handles).
     fn compensate(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<(), StorageError>) {
-        if let Err(error) = self.inner.sched.transaction(f) {
+        if let Err(error) = self.inner.sched.transaction(|tx| f(tx.storage_tx())) {
             tracing::warn!(event = "durability.alarms.compensation_failed", object = %self.object(), %error);
         }
     }

@@ -1,7 +1,7 @@
 //! Limits, defaults and the retry policy (seed 003's `WORKFLOWS_DO_ALARM_*`
 //! settings).
 
-use rand::Rng;
+use durability_time::{Backoff, Jitter, Random};
 
 use crate::error::AlarmError;
 
@@ -78,30 +78,30 @@ impl RetryPolicy {
         Ok(())
     }
 
+    /// The backoff this policy computes through: `base · 2^(tries-1)`
+    /// capped at `max_delay_ms`, spread by `± jitter`, `max_tries` tries.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.base_delay_ms, self.max_delay_ms)
+            .jitter(Jitter::Around(self.jitter))
+            .max_tries(self.max_tries)
+    }
+
     /// The delay before jitter after the `tries`-th failed try.
     pub fn base_delay(&self, tries: u32) -> i64 {
-        let shift = tries.saturating_sub(1).min(40);
-        self.base_delay_ms
-            .saturating_mul(1_i64 << shift)
-            .min(self.max_delay_ms)
+        self.backoff().ceiling_ms(tries)
     }
 
     /// The inclusive bounds a jittered delay after the `tries`-th failed try
-    /// falls in.
+    /// falls in (never above 2^31-1 ms).
     pub fn bounds(&self, tries: u32) -> (i64, i64) {
-        let d = self.base_delay(tries) as f64;
-        let lo = (d * (1.0 - self.jitter)).floor().max(0.0) as i64;
-        let hi = (d * (1.0 + self.jitter)).ceil() as i64;
+        let (lo, hi) = self.backoff().bounds(tries);
         (lo, hi.min(MAX_DELAY_MS))
     }
 
-    /// A jittered delay after the `tries`-th failed try.
-    pub fn delay_ms(&self, tries: u32, rng: &mut impl Rng) -> i64 {
+    /// A jittered delay after the `tries`-th failed try, drawn from `random`.
+    pub fn delay_ms(&self, tries: u32, random: &Random) -> i64 {
         let (lo, hi) = self.bounds(tries);
-        if hi <= lo {
-            return lo;
-        }
-        rng.random_range(lo..=hi)
+        random.range_inclusive(lo, hi)
     }
 }
 

@@ -195,16 +195,15 @@ fn memory_rows_pass_the_conformance_suite() {
 
 #[test]
 fn retry_delays_grow_and_stay_within_jitter() {
-    use rand::SeedableRng;
     let p = RetryPolicy::default();
     assert_eq!(p.base_delay(1), 1_000);
     assert_eq!(p.base_delay(3), 4_000);
     assert_eq!(p.base_delay(30), p.max_delay_ms, "capped");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let rng = durability_time::Random::seeded(1);
     for tries in 1..12 {
         let (lo, hi) = p.bounds(tries);
         for _ in 0..200 {
-            let d = p.delay_ms(tries, &mut rng);
+            let d = p.delay_ms(tries, &rng);
             assert!((lo..=hi).contains(&d), "{d} within {lo}..={hi}");
         }
     }
@@ -747,7 +746,7 @@ impl durability_scheduler::Capability for Counting {
         Box::pin(async move {
             self.runs.fetch_add(1, Ordering::SeqCst);
             self.sched
-                .transaction(|tx| self.sched.set_due(tx, "cap", None))
+                .transaction(|tx| tx.set_due("cap", None))
                 .unwrap();
         })
     }
@@ -807,7 +806,7 @@ async fn the_scheduler_alarm_resumes_on_the_next_owner_after_a_crash() {
     // Host A: work becomes due in 100 ms, the bridge moves the alarm row.
     let (sched_a, bridge_a) = open_bridge(&w, &storage, &runs);
     sched_a
-        .transaction(|tx| sched_a.set_due(tx, "cap", Some(START + 100)))
+        .transaction(|tx| tx.set_due("cap", Some(START + 100)))
         .unwrap();
     bridge_a.sync().await.unwrap();
     assert_eq!(

@@ -6,8 +6,8 @@
 
 use std::pin::pin;
 
-use durability_scheduler::Clock;
-use futures::future::{Either, select};
+use durability_time::Clock;
+use durability_time::timeout_at;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 
@@ -107,10 +107,10 @@ where
         }
         decode_dispatch_response(&buf)
     };
-    match select(pin!(read), clock.sleep_until(deadline)).await {
-        Either::Left((Ok(outcome), _)) => outcome,
-        Either::Left((Err(e), _)) => unknown(e),
-        Either::Right(((), _)) => unknown(AlarmError::unknown(
+    match timeout_at(clock, deadline, read).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) => unknown(e),
+        Err(_) => unknown(AlarmError::unknown(
             "dispatch response deadline (5 s) passed",
         )),
     }

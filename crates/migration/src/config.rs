@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::clock::{Clock, SystemClock};
+use durability_time::{Clock, SystemClock};
 use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
 use crate::ledger::AllocationLedger;

@@ -27,7 +27,6 @@
 //! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
 
-mod clock;
 mod config;
 mod dialect;
 mod error;
@@ -48,7 +47,7 @@ mod verify;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN, DEFAULT_MAPPING_CACHE_TTL_MS, MAX_KEY_BYTES,
     MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy,

@@ -502,7 +502,7 @@ impl Router {
 
     fn cache_manifest(&self, m: Manifest) -> Arc<Manifest> {
         let m = Arc::new(m);
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let mut drop_exceptions = false;
         if let Ok(mut g) = self.manifest.lock() {
             match g.as_mut() {
@@ -560,7 +560,7 @@ impl Router {
         self.require_computed()?;
         let cached = self.cached_manifest();
         if let Some(c) = &cached
-            && self.clock.now_ms().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
+            && self.clock.now_ms_u64().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
         {
             return Ok(Arc::clone(&c.manifest));
         }
@@ -583,7 +583,7 @@ impl Router {
     /// `PLACEMENT_UNVERIFIED` when no fresh manifest can be confirmed.
     pub(crate) async fn manifest_for_write(&self) -> Result<Arc<Manifest>> {
         if let Some(c) = self.cached_manifest()
-            && self.clock.now_ms().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
+            && self.clock.now_ms_u64().saturating_sub(c.confirmed_ms) < self.manifest_refresh_ms
         {
             return Ok(c.manifest);
         }

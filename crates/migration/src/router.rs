@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::clock::Clock;
+use durability_time::Clock;
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, row_idents};
 use crate::error::{MigrationError, Result};
@@ -161,7 +161,7 @@ impl Router {
     }
 
     pub(crate) fn now(&self) -> i64 {
-        i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)
+        self.clock.now_ms()
     }
 
     pub(crate) fn shard_named<'a>(
@@ -284,7 +284,7 @@ impl Router {
         if self.ttl_ms == 0 {
             return None;
         }
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let m = self.cache.lock().ok()?;
         m.get(key)
             .filter(|(_, exp)| *exp > now)
@@ -295,7 +295,7 @@ impl Router {
         if self.ttl_ms == 0 {
             return;
         }
-        let exp = self.clock.now_ms().saturating_add(self.ttl_ms);
+        let exp = self.clock.now_ms_u64().saturating_add(self.ttl_ms);
         if let Ok(mut m) = self.cache.lock() {
             if m.len() >= CACHE_CAPACITY {
                 m.clear();

@@ -4,7 +4,8 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use durability_scheduler::{Capability, MAX_SAFE_INTEGER, Scheduler, Storage};
+use durability_scheduler::{Capability, Scheduler, Storage, Transaction};
+use durability_time::{MAX_SAFE_UNSIGNED, timeout_at};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -364,12 +365,12 @@ where
     /// [`OutboxError::InvalidKey`], [`OutboxError::ValueTooLarge`] or
     /// [`OutboxError::Encode`] before anything is written; a storage error
     /// (roll the transaction back).
-    pub fn stage(&self, tx: &mut S::Tx<'_>, key: &str, value: &T) -> Result<u64, OutboxError> {
+    pub fn stage(&self, tx: &mut Transaction<'_, '_, S>, key: &str, value: &T) -> Result<u64, OutboxError> {
         check_key(key)?;
         let bytes = encode(value)?;
         let ch = &self.inner;
         let version = tx.outbox_next_version()?;
-        if version > u64::try_from(MAX_SAFE_INTEGER).unwrap_or(u64::MAX) {
+        if version > MAX_SAFE_UNSIGNED {
             return Err(OutboxError::VersionsExhausted);
         }
         let now = ch.scheduler.now_ms();
@@ -382,8 +383,8 @@ where
             due_at: now,
             claimed_until: None,
         })?;
-        ch.scheduler.lower_due(tx, &ch.capability, now)?;
-        ch.after_commit(key, version, 0, EventKind::Staged);
+        tx.lower_due(&ch.capability, now)?;
+        ch.after_commit(tx, key, version, 0, EventKind::Staged);
         Ok(version)
     }
 
@@ -392,7 +393,7 @@ where
     ///
     /// # Errors
     /// [`OutboxError::InvalidKey`]; a storage error.
-    pub fn discard(&self, tx: &mut S::Tx<'_>, key: &str) -> Result<bool, OutboxError> {
+    pub fn discard(&self, tx: &mut Transaction<'_, '_, S>, key: &str) -> Result<bool, OutboxError> {
         check_key(key)?;
         let ch = &self.inner;
         let Some(entry) = tx.outbox_get(&ch.name, key)? else {
@@ -400,8 +401,8 @@ where
         };
         tx.outbox_remove(&ch.name, key)?;
         let next = tx.outbox_next_due(&ch.name)?;
-        ch.scheduler.set_due(tx, &ch.capability, next)?;
-        ch.after_commit(key, entry.version, entry.attempt, EventKind::Discarded);
+        tx.set_due(&ch.capability, next)?;
+        ch.after_commit(tx, key, entry.version, entry.attempt, EventKind::Discarded);
         Ok(true)
     }
 
@@ -512,11 +513,17 @@ where
         }
     }
 
-    fn after_commit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
+    fn after_commit(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        key: &str,
+        version: u64,
+        attempt: u32,
+        kind: EventKind,
+    ) {
         if let Some(hook) = self.on_event.clone() {
             let event = self.event(key, version, attempt, kind);
-            self.scheduler
-                .after_commit(move || emit(Some(&hook), &event));
+            tx.after_commit(move || emit(Some(&hook), &event));
         }
     }
 
@@ -550,7 +557,7 @@ where
     /// due again at the claim's deadline. One transaction for the batch.
     fn claim(
         &self,
-        tx: &mut S::Tx<'_>,
+        tx: &mut Transaction<'_, '_, S>,
         due: Vec<StoredEntry>,
         now: i64,
     ) -> Result<Vec<Claimed>, OutboxError> {
@@ -583,7 +590,7 @@ where
             }
         }
         let next = tx.outbox_next_due(&self.name)?;
-        self.scheduler.set_due(tx, &self.capability, next)?;
+        tx.set_due(&self.capability, next)?;
         Ok(claimed)
     }
 
@@ -672,10 +679,11 @@ where
         F: Future<Output = Result<(), SinkError>>,
     {
         let clock = self.scheduler.context().clock();
-        tokio::select! {
-            r = fut => r.map_err(|e| e.0),
-            () = clock.sleep_until(deadline) => Err(format!(
-                "attempt timed out after {} ms", self.attempt_timeout_ms
+        match timeout_at(&**clock, deadline, fut).await {
+            Ok(r) => r.map_err(|e| e.0),
+            Err(_) => Err(format!(
+                "attempt timed out after {} ms",
+                self.attempt_timeout_ms
             )),
         }
     }
@@ -742,7 +750,7 @@ where
                 }
             }
             let next = tx.outbox_next_due(&self.name)?;
-            self.scheduler.set_due(tx, &self.capability, next)?;
+            tx.set_due(&self.capability, next)?;
             Ok::<_, OutboxError>(events)
         })?;
         for (key, version, attempt, kind) in events {
@@ -771,7 +779,7 @@ where
             Ok(delay) => delay.max(1),
             Err(reason) => {
                 self.report_bad_delay(key, &reason);
-                let fallback = default_delay_ms(attempt, rand::random::<f64>());
+                let fallback = default_delay_ms(attempt, self.retry.jitter.unit());
                 check_delay(fallback, now).unwrap_or(1).max(1)
             }
         }

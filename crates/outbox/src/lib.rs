@@ -45,7 +45,7 @@ pub use channel::{
 pub use error::{OutboxError, SinkError};
 pub use event::{EventHook, EventKind, OutboxEvent};
 pub use policy::{
-    BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, DelayFn, JitterFn,
+    BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DelayFn,
     MAX_ATTEMPT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_DELAY_MS, RetryPolicy, default_delay_ms,
 };
 pub use store::{OutboxTx, StoredEntry};

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use durability_scheduler::MAX_SAFE_INTEGER;
+use durability_time::{Backoff, Jitter, MAX_SAFE_INTEGER, Random};
 
 use crate::error::OutboxError;
 
@@ -18,16 +18,17 @@ pub const DEFAULT_BATCH_SIZE: usize = 100;
 /// Largest batch accepted.
 pub const MAX_BATCH_SIZE: usize = 1_000;
 /// First retry delay of the default backoff.
-pub const BASE_DELAY_MS: f64 = 1_000.0;
+pub const BASE_DELAY_MS: i64 = 1_000;
 /// Cap of the default backoff: 5 minutes.
-pub const MAX_DELAY_MS: f64 = 300_000.0;
+pub const MAX_DELAY_MS: i64 = 300_000;
+
+/// The default backoff: 1 s doubling to 5 minutes, each delay scaled by a
+/// factor drawn uniformly from `[0.5, 1)`, retrying forever.
+pub const DEFAULT_BACKOFF: Backoff = Backoff::new(BASE_DELAY_MS, MAX_DELAY_MS).jitter(Jitter::Under(0.5));
 
 /// A retry delay function: attempt number (1 for the first failure) to
 /// milliseconds.
 pub type DelayFn = Arc<dyn Fn(u32) -> f64 + Send + Sync>;
-
-/// A source of uniform random numbers in `[0, 1)`, for jitter.
-pub type JitterFn = Arc<dyn Fn() -> f64 + Send + Sync>;
 
 /// How failed attempts are retried.
 #[derive(Clone, Default)]
@@ -37,8 +38,9 @@ pub struct RetryPolicy {
     /// Stop after this many attempts (then dead-letter or drop). `None`, the
     /// default, retries forever.
     pub max_attempts: Option<u32>,
-    /// The random source of the default backoff's jitter.
-    pub jitter: Option<JitterFn>,
+    /// The random source of the default backoff's jitter (the operating
+    /// system's by default; tests seed or fix it).
+    pub jitter: Random,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -53,9 +55,7 @@ impl fmt::Debug for RetryPolicy {
 /// The default backoff before attempt `attempt + 1`: `min(5 min, 1 s ·
 /// 2^(attempt-1))`, scaled by a factor drawn uniformly from `[0.5, 1)`.
 pub fn default_delay_ms(attempt: u32, unit_random: f64) -> f64 {
-    let exp = attempt.saturating_sub(1).min(30);
-    let ceiling = (BASE_DELAY_MS * f64::from(1u32 << exp)).min(MAX_DELAY_MS);
-    ceiling * (0.5 + 0.5 * unit_random.clamp(0.0, 1.0))
+    DEFAULT_BACKOFF.delay_for_unit(attempt, unit_random)
 }
 
 impl RetryPolicy {
@@ -64,13 +64,7 @@ impl RetryPolicy {
     pub(crate) fn delay_ms(&self, attempt: u32, now: i64) -> Result<i64, String> {
         let ms = match &self.delay {
             Some(delay) => delay(attempt),
-            None => {
-                let r = self
-                    .jitter
-                    .as_ref()
-                    .map_or_else(rand::random::<f64>, |j| j());
-                default_delay_ms(attempt, r)
-            }
+            None => default_delay_ms(attempt, self.jitter.unit()),
         };
         check_delay(ms, now)
     }

@@ -18,7 +18,6 @@
 //! Feature flags:
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 
-mod clock;
 mod error;
 mod hints;
 mod manager;
@@ -31,7 +30,7 @@ mod store;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, DispatchOutcome, OwnershipError};
 pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
+use durability_time::{Clock, timeout_at};
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
@@ -241,14 +241,14 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(OwnershipError::Draining);
         }
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.now_ms_u64();
         if let Some(l) = self.leases().get(scope)
             && l.deadline_ms > now
             && l.record.lifecycle() == lifecycle
         {
             return Ok(Resolution::Local(l.record.generation()));
         }
-        let sent = self.inner.clock.now_ms();
+        let sent = self.inner.clock.now_ms_u64();
         let outcome = self
             .inner
             .store
@@ -305,7 +305,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 scope: scope.to_string(),
             });
         };
-        let sent = self.inner.clock.now_ms();
+        let sent = self.inner.clock.now_ms_u64();
         match self
             .inner
             .store
@@ -419,7 +419,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 scope: scope.to_string(),
             });
         }
-        let sent = self.inner.clock.now_ms();
+        let sent = self.inner.clock.now_ms_u64();
         let checked = match self
             .inner
             .store
@@ -466,7 +466,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
 
     /// Lease budget left for `scope` at `generation` on the local clock.
     fn budget(&self, scope: &OwnerScope, generation: Generation) -> Result<u64, OwnershipError> {
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.now_ms_u64();
         let mut leases = self.leases();
         let Some(l) = leases.get(scope) else {
             return Err(OwnershipError::StaleOwner {
@@ -508,30 +508,25 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// admitted work: no work is admitted after a drain found nothing in flight.
     pub async fn drain(&self) -> DrainReport {
         self.inner.draining.store(true, Ordering::SeqCst);
-        let deadline = self
-            .inner
-            .clock
-            .now_ms()
-            .saturating_add(self.inner.settings.drain_in_flight_timeout_ms);
-        let timeout = self.inner.clock.sleep_until_ms(deadline);
-        tokio::pin!(timeout);
-        loop {
-            let idle = self.inner.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.in_flight() == 0 {
-                break;
-            }
-            tokio::select! {
-                () = &mut idle => {}
-                () = &mut timeout => {
-                    let in_flight = self.in_flight();
-                    if in_flight == 0 {
-                        break;
-                    }
-                    tracing::warn!(event = "durability.ownership.drain_timed_out", in_flight, "drain timed out, keeping leases");
-                    return DrainReport::TimedOut { in_flight };
+        let deadline = self.inner.clock.now_ms().saturating_add(
+            i64::try_from(self.inner.settings.drain_in_flight_timeout_ms).unwrap_or(i64::MAX),
+        );
+        let all_idle = async {
+            loop {
+                let idle = self.inner.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.in_flight() == 0 {
+                    break;
                 }
+                idle.await;
+            }
+        };
+        if timeout_at(&self.inner.clock, deadline, all_idle).await.is_err() {
+            let in_flight = self.in_flight();
+            if in_flight != 0 {
+                tracing::warn!(event = "durability.ownership.drain_timed_out", in_flight, "drain timed out, keeping leases");
+                return DrainReport::TimedOut { in_flight };
             }
         }
         let owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
@@ -585,11 +580,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                     },
                 );
             };
-            let wake = deadline.saturating_sub(self.guard_ms());
-            tokio::select! {
-                biased;
-                () = token.cancelled() => return WatchExit::Finished,
-                () = self.inner.clock.sleep_until_ms(wake) => {}
+            let wake = i64::try_from(deadline.saturating_sub(self.guard_ms())).unwrap_or(i64::MAX);
+            if timeout_at(&self.inner.clock, wake, token.cancelled())
+                .await
+                .is_ok()
+            {
+                return WatchExit::Finished;
             }
             match self.renew(scope).await {
                 Ok(g) if g == generation => {}
@@ -621,7 +617,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
 
     /// This task's owned scopes, generations and local lease budgets.
     pub fn probe(&self) -> Probe {
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.now_ms_u64();
         let mut scopes: Vec<ProbeScope> = self
             .leases()
             .iter()

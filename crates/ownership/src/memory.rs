@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use crate::clock::Clock;
+use durability_time::Clock;
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
@@ -41,7 +41,7 @@ impl<C: Clock> InMemoryLeaseStore<C> {
     /// Writes raw bytes as the owner record of `scope` with a lease of `ttl_ms`
     /// (for tests of malformed records).
     pub fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8], ttl_ms: u64) {
-        let exp = self.clock.now_ms().saturating_add(ttl_ms);
+        let exp = self.clock.now_ms_u64().saturating_add(ttl_ms);
         self.lock()
             .owners
             .insert(scope.to_string(), (raw.to_vec(), exp));
@@ -98,7 +98,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
         validate_ttl(ttl_ms)?;
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let mut st = self.lock();
         check_lifecycle(
             scope.storage_id(),
@@ -126,7 +126,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
 
     async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
         validate_ttl(ttl_ms)?;
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let mut st = self.lock();
         let scope = record.scope();
         let live = matches!(st.owners.get(scope.host_id()),
@@ -171,7 +171,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<OwnerSnapshot, OwnershipError> {
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let mut st = self.lock();
         let owner = self.live_owner(&mut st, scope, now)?;
         Ok(OwnerSnapshot {

@@ -21,8 +21,9 @@ pub const MAX_LIFECYCLE_ID_BYTES: usize = 256;
 pub const DEFAULT_SHARD_COUNT: u32 = 16;
 /// Largest accepted shard count.
 pub const MAX_SHARD_COUNT: u32 = 1024;
-/// Largest JavaScript-safe integer (2^53 - 1), the bound of generations and settings.
-pub const MAX_SAFE_INTEGER: u64 = 9_007_199_254_740_991;
+/// Largest JavaScript-safe integer (2^53 - 1), the bound of generations and
+/// settings, unsigned: the workspace's one limit from `durability-time`.
+pub use durability_time::MAX_SAFE_UNSIGNED as MAX_SAFE_INTEGER;
 
 const RESERVED_WORDS: &[&str] = &[
     "await",

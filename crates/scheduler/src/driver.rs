@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use durability_time::timeout_at;
+
 use crate::scheduler::Scheduler;
 use crate::storage::Storage;
 
@@ -65,14 +67,12 @@ async fn run<S: Storage>(scheduler: Scheduler<S>, idle_ms: i64) {
         };
         let fired_for = at;
         let at = at.max(not_before);
-        tokio::select! {
-            () = clock.sleep_until(at) => {}
-            changed = changes.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                continue;
+        // Sleep until the alarm, unless it changes first.
+        if let Ok(changed) = timeout_at(&*clock, at, changes.changed()).await {
+            if changed.is_err() {
+                return;
             }
+            continue;
         }
         match scheduler.alarm().await {
             Ok(next) => {

@@ -10,10 +10,17 @@
 //!   transaction trait it needs and a backend implements all of them on one
 //!   transaction type, so one commit covers every capability's rows.
 //! - [`Scheduler`]: capabilities attach under unique names; each records its
-//!   earliest due time with [`Scheduler::set_due`] inside its transaction,
+//!   earliest due time with [`Transaction::set_due`] inside its transaction,
 //!   and the object's one alarm is kept, in that same transaction, at the
 //!   earliest due time over all of them. [`Scheduler::alarm`] runs every due
 //!   capability.
+//! - [`Transaction`]: the handle [`Scheduler::transaction`] gives its
+//!   closure. It dereferences to the backend transaction and owns the alarm
+//!   move and the after-commit callbacks of that one transaction, published
+//!   only when it commits.
+//! - Time comes from `durability-time` ([`Clock`], [`SystemClock`],
+//!   [`ManualClock`], [`MAX_SAFE_INTEGER`]), re-exported here because the
+//!   context's signatures use it.
 //! - [`Driver`]: an in-process tokio task that sleeps until the stored alarm
 //!   and fires it; started again after a restart, it re-arms from storage.
 //! - [`migrate`]: versioned schema migrations per capability, forward and
@@ -24,7 +31,6 @@
 //! - `testkit`: the `testkit` module, with an in-memory storage, a crash-injecting
 //!   storage wrapper, and the conformance suite for backends.
 
-mod clock;
 mod driver;
 mod error;
 mod scheduler;
@@ -34,11 +40,12 @@ mod storage;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
-pub use clock::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
+pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use driver::{DEFAULT_IDLE_RETRY, Driver};
 pub use error::SchedulerError;
 pub use scheduler::{
     Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,
+    Transaction,
 };
 pub use schema::{SchemaTarget, migrate, migrate_within};
 pub use storage::{Direction, SchedulerTx, SchemaStep, Storage, StorageError, StorageErrorKind};

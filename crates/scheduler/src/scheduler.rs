@@ -3,13 +3,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::clock::{Clock, SystemClock};
+use durability_time::{Clock, SystemClock};
+
 use crate::error::SchedulerError;
 use crate::schema::{SchemaTarget, migrate_within};
 use crate::storage::{SchedulerTx, Storage, StorageError};
@@ -106,7 +108,7 @@ impl<S: Storage> ObjectContext<S> {
 
 /// Something attached to a scheduler that has work due at stored times.
 ///
-/// A capability records its earliest due time with [`Scheduler::set_due`]
+/// A capability records its earliest due time with [`Transaction::set_due`]
 /// inside the transaction that changed it; the scheduler keeps the object's
 /// alarm at the minimum over all capabilities and calls [`Capability::run`]
 /// when the capability's time has come.
@@ -118,15 +120,125 @@ pub trait Capability: Send + Sync + 'static {
 
 type AfterCommit = Box<dyn FnOnce() + Send>;
 
+/// One transaction of an object, handed to the closure of
+/// [`Scheduler::transaction`].
+///
+/// It dereferences to the backend's transaction (so `tx.sql()`, or any
+/// capability's transaction trait, is called on it directly) and owns what
+/// the transaction changes beyond its rows: the alarm move to publish to the
+/// driver and the callbacks to run after the commit. Both are published only
+/// when this transaction commits; when the closure returns an error or
+/// panics, they are dropped with the handle, so nothing of a rolled-back
+/// transaction is ever published or run, and nothing leaks into the next
+/// transaction. Due times can only be set through a handle, so a due time
+/// can never be written outside the transaction that owns its alarm.
+///
+/// ```
+/// use durability_scheduler::{Scheduler, Storage, StorageError};
+///
+/// fn schedule<S: Storage>(scheduler: &Scheduler<S>) -> Result<(), StorageError> {
+///     scheduler.transaction(|tx| {
+///         tx.set_due("reports", Some(60_000))?;
+///         tx.after_commit(|| println!("committed"));
+///         Ok(())
+///     })
+/// }
+/// ```
+///
+/// A raw storage transaction has no way to move the alarm:
+///
+/// ```compile_fail
+/// use durability_scheduler::{Storage, StorageError};
+///
+/// fn misuse<S: Storage>(storage: &S) -> Result<(), StorageError> {
+///     storage.transaction(|tx| tx.set_due("reports", Some(60_000)))
+/// }
+/// ```
+pub struct Transaction<'a, 't, S: Storage + 't> {
+    tx: &'a mut S::Tx<'t>,
+    /// The alarm this transaction stored, if it moved it.
+    alarm: Option<Option<i64>>,
+    /// Callbacks to run once this transaction commits.
+    after_commit: Vec<AfterCommit>,
+}
+
+impl<'t, S: Storage> Deref for Transaction<'_, 't, S> {
+    type Target = S::Tx<'t>;
+
+    fn deref(&self) -> &Self::Target {
+        self.tx
+    }
+}
+
+impl<S: Storage> DerefMut for Transaction<'_, '_, S> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.tx
+    }
+}
+
+impl<S: Storage> fmt::Debug for Transaction<'_, '_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction")
+            .field("alarm", &self.alarm)
+            .field("after_commit", &self.after_commit.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'t, S: Storage> Transaction<'_, 't, S> {
+    /// The backend transaction, for code that takes it by type.
+    pub fn storage_tx(&mut self) -> &mut S::Tx<'t> {
+        self.tx
+    }
+
+    /// Sets `capability`'s earliest due time and moves the object's alarm,
+    /// in this transaction, to the earliest due time over all capabilities.
+    /// Writes nothing when the due time is unchanged.
+    ///
+    /// # Errors
+    /// A storage failure; the transaction should roll back.
+    pub fn set_due(&mut self, capability: &str, due: Option<i64>) -> Result<(), StorageError> {
+        if self.tx.capability_due(capability)? == due {
+            return Ok(());
+        }
+        self.tx.set_capability_due(capability, due)?;
+        self.sync_alarm()
+    }
+
+    /// Lowers `capability`'s due time to `due` if that is earlier (a staged
+    /// entry due now, say); a no-op otherwise. One read when nothing moves.
+    ///
+    /// # Errors
+    /// A storage failure; the transaction should roll back.
+    pub fn lower_due(&mut self, capability: &str, due: i64) -> Result<(), StorageError> {
+        match self.tx.capability_due(capability)? {
+            Some(current) if current <= due => Ok(()),
+            _ => {
+                self.tx.set_capability_due(capability, Some(due))?;
+                self.sync_alarm()
+            }
+        }
+    }
+
+    /// Queues `f` to run once this transaction commits; it is dropped if
+    /// the transaction rolls back. Callbacks run in the order queued.
+    pub fn after_commit(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.after_commit.push(Box::new(f));
+    }
+
+    fn sync_alarm(&mut self) -> Result<(), StorageError> {
+        let earliest = self.tx.earliest_capability_due()?;
+        if self.tx.alarm()? != earliest {
+            self.tx.set_alarm(earliest)?;
+            self.alarm = Some(earliest);
+        }
+        Ok(())
+    }
+}
+
 struct Inner<S> {
     ctx: ObjectContext<S>,
     capabilities: Mutex<BTreeMap<String, Arc<dyn Capability>>>,
-    /// The alarm set by the transaction running right now, published to the
-    /// driver once that transaction commits.
-    pending_alarm: Mutex<Option<Option<i64>>>,
-    /// Callbacks queued by the transaction running right now, run once it
-    /// commits and dropped if it rolls back.
-    pending_after_commit: Mutex<Vec<AfterCommit>>,
     alarm: watch::Sender<Option<i64>>,
     background: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -165,8 +277,6 @@ impl<S: Storage> Scheduler<S> {
             inner: Arc::new(Inner {
                 ctx,
                 capabilities: Mutex::new(BTreeMap::new()),
-                pending_alarm: Mutex::new(None),
-                pending_after_commit: Mutex::new(Vec::new()),
                 alarm,
                 background: Mutex::new(Vec::new()),
             }),
@@ -225,32 +335,29 @@ impl<S: Storage> Scheduler<S> {
         lock(&self.inner.capabilities).contains_key(name)
     }
 
-    /// Runs `f` in one storage transaction. Alarm changes made through
-    /// [`Scheduler::set_due`] inside it reach the driver once it commits.
+    /// Runs `f` in one storage transaction, handing it a [`Transaction`].
+    /// When `f` returns `Ok` and the storage commits, the alarm it moved
+    /// reaches the driver and its [`Transaction::after_commit`] callbacks
+    /// run, in that order; otherwise neither happens.
     ///
     /// # Errors
     /// `f`'s error, or a storage failure.
-    pub fn transaction<R, E>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, E>) -> Result<R, E>
+    pub fn transaction<R, E>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_, '_, S>) -> Result<R, E>,
+    ) -> Result<R, E>
     where
         E: From<StorageError>,
     {
-        let committed = self.inner.ctx.storage.transaction(|tx| {
-            let value = f(tx)?;
-            // Taken while the storage is still held, so no other
-            // transaction's alarm can be mixed up with this one's.
-            let alarm = lock(&self.inner.pending_alarm).take();
-            let hooks = std::mem::take(&mut *lock(&self.inner.pending_after_commit));
-            Ok::<_, E>((value, alarm, hooks))
-        });
-        let (value, alarm, hooks) = match committed {
-            Ok(triple) => triple,
-            Err(e) => {
-                // A rolled-back transaction's alarm and callbacks never run.
-                lock(&self.inner.pending_alarm).take();
-                lock(&self.inner.pending_after_commit).clear();
-                return Err(e);
-            }
-        };
+        let (value, alarm, hooks) = self.inner.ctx.storage.transaction(|tx| {
+            let mut handle = Transaction {
+                tx,
+                alarm: None,
+                after_commit: Vec::new(),
+            };
+            let value = f(&mut handle)?;
+            Ok::<_, E>((value, handle.alarm, handle.after_commit))
+        })?;
         if let Some(alarm) = alarm {
             self.inner.alarm.send_replace(alarm);
         }
@@ -258,60 +365,6 @@ impl<S: Storage> Scheduler<S> {
             hook();
         }
         Ok(value)
-    }
-
-    /// Queues `f` to run once the transaction in progress commits (through
-    /// [`Scheduler::transaction`]); it is dropped if the transaction rolls back.
-    pub fn after_commit(&self, f: impl FnOnce() + Send + 'static) {
-        lock(&self.inner.pending_after_commit).push(Box::new(f));
-    }
-
-    /// Sets `capability`'s earliest due time inside `tx` and moves the
-    /// object's alarm, in the same transaction, to the earliest due time over
-    /// all capabilities.
-    ///
-    /// # Errors
-    /// A storage failure; the caller's transaction should roll back.
-    pub fn set_due(
-        &self,
-        tx: &mut S::Tx<'_>,
-        capability: &str,
-        due: Option<i64>,
-    ) -> Result<(), StorageError> {
-        if tx.capability_due(capability)? == due {
-            return Ok(());
-        }
-        tx.set_capability_due(capability, due)?;
-        self.sync_alarm(tx)
-    }
-
-    /// Lowers `capability`'s due time to `due` if that is earlier (a staged
-    /// entry due now, say); a no-op otherwise. One read when nothing moves.
-    ///
-    /// # Errors
-    /// A storage failure; the caller's transaction should roll back.
-    pub fn lower_due(
-        &self,
-        tx: &mut S::Tx<'_>,
-        capability: &str,
-        due: i64,
-    ) -> Result<(), StorageError> {
-        match tx.capability_due(capability)? {
-            Some(current) if current <= due => Ok(()),
-            _ => {
-                tx.set_capability_due(capability, Some(due))?;
-                self.sync_alarm(tx)
-            }
-        }
-    }
-
-    fn sync_alarm(&self, tx: &mut S::Tx<'_>) -> Result<(), StorageError> {
-        let earliest = tx.earliest_capability_due()?;
-        if tx.alarm()? != earliest {
-            tx.set_alarm(earliest)?;
-            *lock(&self.inner.pending_alarm) = Some(earliest);
-        }
-        Ok(())
     }
 
     /// The stored alarm, as last committed through this scheduler.

@@ -49,7 +49,7 @@ impl Capability for Counter {
         Box::pin(async move {
             self.runs.fetch_add(1, Ordering::SeqCst);
             self.scheduler
-                .transaction(|tx| self.scheduler.set_due(tx, self.name, None))
+                .transaction(|tx| tx.set_due(self.name, None))
                 .unwrap();
         })
     }
@@ -119,21 +119,21 @@ fn alarm_is_the_earliest_due_and_moves_in_the_same_transaction() {
     let clock = ManualClock::new(1_000);
     let store = storage();
     let s = scheduler(store.clone(), &clock);
-    s.transaction(|tx| s.set_due(tx, "a", Some(5_000))).unwrap();
+    s.transaction(|tx| tx.set_due("a", Some(5_000))).unwrap();
     assert_eq!(s.alarm_at(), Some(5_000));
-    s.transaction(|tx| s.set_due(tx, "b", Some(3_000))).unwrap();
+    s.transaction(|tx| tx.set_due("b", Some(3_000))).unwrap();
     assert_eq!(s.alarm_at(), Some(3_000));
-    s.transaction(|tx| s.lower_due(tx, "a", 4_000)).unwrap();
+    s.transaction(|tx| tx.lower_due("a", 4_000)).unwrap();
     assert_eq!(
         s.alarm_at(),
         Some(3_000),
         "a later due never moves the alarm"
     );
-    s.transaction(|tx| s.set_due(tx, "b", None)).unwrap();
+    s.transaction(|tx| tx.set_due("b", None)).unwrap();
     assert_eq!(s.alarm_at(), Some(4_000));
     // A rolled-back change leaves both the stored and the published alarm.
     let r: Result<(), StorageError> = s.transaction(|tx| {
-        s.set_due(tx, "a", Some(10))?;
+        tx.set_due("a", Some(10))?;
         Err(StorageError::corrupt("rollback"))
     });
     assert!(r.is_err());
@@ -148,8 +148,8 @@ async fn alarm_runs_every_due_capability_and_reschedules() {
     let a = counter(&s, "a");
     let b = counter(&s, "b");
     s.transaction(|tx| {
-        s.set_due(tx, "a", Some(1_000))?;
-        s.set_due(tx, "b", Some(9_000))
+        tx.set_due("a", Some(1_000))?;
+        tx.set_due("b", Some(9_000))
     })
     .unwrap();
     let next = s.alarm().await.unwrap();
@@ -167,7 +167,7 @@ async fn driver_fires_the_stored_alarm_and_rearms_after_restart() {
     let store = storage();
     {
         let s = scheduler(store.clone(), &clock);
-        s.transaction(|tx| s.set_due(tx, "a", Some(2_000))).unwrap();
+        s.transaction(|tx| tx.set_due("a", Some(2_000))).unwrap();
         // The process dies here: no driver ran.
     }
     let s = scheduler(store.clone(), &clock);
@@ -266,7 +266,7 @@ async fn driver_backs_off_when_a_due_capability_makes_no_progress() {
     let clock = ManualClock::new(1_000);
     let s = scheduler(storage(), &clock);
     // Due work for a capability this process never attached.
-    s.transaction(|tx| s.set_due(tx, "detached", Some(1_000)))
+    s.transaction(|tx| tx.set_due("detached", Some(1_000)))
         .unwrap();
     let driver = Driver::with_idle_retry(s.clone(), std::time::Duration::from_millis(250));
     // The first firing finds nothing to run; the driver then sleeps until
@@ -293,4 +293,55 @@ fn a_dropped_sleep_is_not_a_waiting_sleeper() {
     );
     drop(kept);
     assert_eq!(clock.next_wake(), None);
+}
+
+/// A transaction that moves the alarm and queues a callback, then fails
+/// through `fail`; afterwards a committing transaction that changes nothing
+/// must publish nothing and run nothing of it.
+fn nothing_of_a_failed_transaction_survives(fail: impl FnOnce()) {
+    let clock = ManualClock::new(1_000);
+    let store = storage();
+    let s = scheduler(store.clone(), &clock);
+    s.transaction(|tx| tx.set_due("a", Some(5_000))).unwrap();
+    let ran = Arc::new(AtomicU32::new(0));
+    let hook = Arc::clone(&ran);
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        s.transaction(|tx| {
+            tx.set_due("a", Some(10))?;
+            tx.after_commit(move || {
+                hook.fetch_add(1, Ordering::SeqCst);
+            });
+            fail();
+            Err::<(), _>(StorageError::corrupt("rollback"))
+        })
+    }));
+    assert!(!matches!(failed, Ok(Ok(()))));
+    assert_eq!(s.alarm_at(), Some(5_000), "the failed alarm is not published");
+    // The next transaction commits without touching any due time.
+    s.transaction(|tx| tx.alarm().map(|_| ())).unwrap();
+    assert_eq!(s.alarm_at(), Some(5_000), "nor by the next commit");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the failed callback never runs");
+    assert_eq!(store.transaction(|tx| tx.alarm()).unwrap(), Some(5_000));
+    // A later committed change publishes and runs its own effects only.
+    let mine = Arc::new(AtomicU32::new(0));
+    let hook = Arc::clone(&mine);
+    s.transaction(|tx| {
+        tx.after_commit(move || {
+            hook.fetch_add(1, Ordering::SeqCst);
+        });
+        tx.set_due("b", Some(2_000))
+    })
+    .unwrap();
+    assert_eq!(s.alarm_at(), Some(2_000));
+    assert_eq!((ran.load(Ordering::SeqCst), mine.load(Ordering::SeqCst)), (0, 1));
+}
+
+#[test]
+fn an_error_in_the_closure_leaves_nothing_pending() {
+    nothing_of_a_failed_transaction_survives(|| {});
+}
+
+#[test]
+fn a_panic_in_the_closure_leaves_nothing_pending() {
+    nothing_of_a_failed_transaction_survives(|| panic!("the closure panics after staging"));
 }

@@ -232,7 +232,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| begin_error(e, scope))?;
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let lc = Self::lifecycle(&tx, lifecycle)?;
         check_lifecycle(scope.storage_id(), lifecycle, lc.active.as_ref(), lc.lock)?;
         if let Some(lease) = self.owner(&tx, scope, now)? {
@@ -267,7 +267,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(not_applied)?;
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let row: Option<(Vec<u8>, i64)> = tx
             .query_row(
                 "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
@@ -320,7 +320,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
     ) -> Result<OwnerSnapshot, OwnershipError> {
         let mut conn = self.lock();
         let tx = conn.transaction().map_err(not_applied)?;
-        let now = self.clock.now_ms();
+        let now = self.clock.now_ms_u64();
         let owner = self.owner(&tx, scope, now)?;
         let generation = Self::generation(&tx, scope)?;
         let lc = Self::lifecycle(&tx, lifecycle)?;

@@ -38,7 +38,7 @@ impl Harness for Sqlite {
     }
 
     async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
-        let exp = i64::try_from(self.0.clock().now_ms() + conformance::TTL_MS).unwrap();
+        let exp = i64::try_from(self.0.clock().now_ms_u64() + conformance::TTL_MS).unwrap();
         self.0.with_connection(|c| {
             c.execute(
                 "INSERT OR REPLACE INTO durability_owner_leases (scope, record, expires_at_ms) VALUES (?1, ?2, ?3)",
@@ -468,7 +468,7 @@ async fn lock_set_run(seed: u64, fencing: bool) -> (History, Vec<String>) {
                     }
                 }
             }
-            _ => clock.advance(rng.next(1500)),
+            _ => clock.advance(rng.next(1500).cast_signed()),
         }
     }
     let violations = check_history(&tasks[0].1, &history);

@@ -4,7 +4,7 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use durability_scheduler::{Clock, SystemClock};
+use durability_time::{Clock, Random, SystemClock, timeout_at};
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
 use lru::LruCache;
@@ -32,8 +32,6 @@ pub type FallbackFn = Arc<
 >;
 /// Reports each fallback served.
 pub type FallbackHook = Arc<dyn Fn(&FallbackReport) + Send + Sync>;
-/// A source of uniform random numbers in `[0, 1)`, for TTL jitter.
-pub type JitterFn = Arc<dyn Fn() -> f64 + Send + Sync>;
 
 /// Which fallback served a read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +68,7 @@ pub struct ClientConfig {
     fallback: Option<FallbackFn>,
     on_fallback: Option<FallbackHook>,
     clock: Arc<dyn Clock>,
-    jitter: Option<JitterFn>,
+    jitter: Random,
 }
 
 impl Default for ClientConfig {
@@ -85,7 +83,7 @@ impl Default for ClientConfig {
             fallback: None,
             on_fallback: None,
             clock: Arc::new(SystemClock),
-            jitter: None,
+            jitter: Random::os(),
         }
     }
 }
@@ -155,10 +153,10 @@ impl ClientConfig {
         self.clock = clock;
         self
     }
-    /// The random source of the TTL jitter.
+    /// The random source of the TTL jitter (tests seed or fix it).
     #[must_use]
-    pub fn jitter(mut self, jitter: JitterFn) -> Self {
-        self.jitter = Some(jitter);
+    pub fn jitter(mut self, jitter: Random) -> Self {
+        self.jitter = jitter;
         self
     }
 }
@@ -305,15 +303,13 @@ impl<R: ReadStore> TopologyClient<R> {
             let clock = Arc::clone(&inner.config.clock);
             let timeout = inner.config.read_timeout_ms;
             let deadline = clock.now_ms().saturating_add(i64_ms(timeout));
-            let outcome = tokio::select! {
-                r = inner.store.read(&group) => match r {
-                    Ok(Some(bytes)) => decode_for(&group, &bytes)
-                        .map(Arc::new)
-                        .map_err(UnavailableReason::Invalid),
-                    Ok(None) => Err(UnavailableReason::Missing),
-                    Err(e) => Err(UnavailableReason::ReadFailed(e.to_string())),
-                },
-                () = clock.sleep_until(deadline) => Err(UnavailableReason::Timeout { after_ms: timeout }),
+            let outcome = match timeout_at(&*clock, deadline, inner.store.read(&group)).await {
+                Ok(Ok(Some(bytes))) => decode_for(&group, &bytes)
+                    .map(Arc::new)
+                    .map_err(UnavailableReason::Invalid),
+                Ok(Ok(None)) => Err(UnavailableReason::Missing),
+                Ok(Err(e)) => Err(UnavailableReason::ReadFailed(e.to_string())),
+                Err(_) => Err(UnavailableReason::Timeout { after_ms: timeout }),
             };
             inner.settle(&group, outcome)
         }
@@ -395,12 +391,7 @@ impl<R> Inner<R> {
     }
 
     fn fresh_until(&self, now: i64) -> i64 {
-        let r = self
-            .config
-            .jitter
-            .as_ref()
-            .map_or_else(rand::random::<f64>, |j| j())
-            .clamp(0.0, 1.0);
+        let r = self.config.jitter.unit();
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
         let ttl = (self.config.ttl_ms as f64 * (0.8 + 0.4 * r)).round() as i64;
         now.saturating_add(ttl.max(1))

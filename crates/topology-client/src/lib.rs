@@ -32,7 +32,7 @@ mod store;
 
 pub use client::{
     ClientConfig, DEFAULT_MAX_GROUPS, DEFAULT_NEGATIVE_TTL_MS, DEFAULT_READ_TIMEOUT_MS,
-    DEFAULT_TTL_MS, FallbackFn, FallbackHook, FallbackReport, FallbackSource, JitterFn, SeedFn,
+    DEFAULT_TTL_MS, FallbackFn, FallbackHook, FallbackReport, FallbackSource, SeedFn,
     TopologyClient,
 };
 pub use error::{TopologyClientError, UnavailableReason};
@@ -42,6 +42,9 @@ pub use snapshot::{
     Snapshot, check_group, check_location_hint, check_member_id, decode, decode_for,
 };
 pub use store::{BoxError, ReadStore};
+
+/// The clock and random source [`ClientConfig`] takes.
+pub use durability_time::{Clock, ManualClock, Random, SystemClock};
 
 #[cfg(test)]
 mod tests;

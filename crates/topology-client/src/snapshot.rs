@@ -12,6 +12,7 @@
 //! ID, IDs are unique, and there is at least one member (a deleted group is
 //! not published, it is removed). Only `durability-topology` encodes it.
 
+use durability_time::{MAX_SAFE_UNSIGNED, is_safe_non_negative};
 use serde::Deserialize;
 
 /// The format version this crate reads.
@@ -31,7 +32,6 @@ pub const MAX_MEMBERS: usize = 1_000;
 /// Longest coordinator ID, in bytes.
 pub const MAX_COORDINATOR_BYTES: usize = 256;
 
-const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
 /// Whether a member takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -192,7 +192,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
     }
     let wire: Wire = serde_json::from_str(text).map_err(|e| format!("malformed: {e}"))?;
     check_group(&wire.group).map_err(|r| format!("group {r}"))?;
-    if wire.version == 0 || wire.version > MAX_SAFE_INTEGER {
+    if wire.version == 0 || wire.version > MAX_SAFE_UNSIGNED {
         return Err(format!("version {} is not in 1..=2^53-1", wire.version));
     }
     check_name(
@@ -235,7 +235,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
                 ));
             }
         }
-        if m.joined_at < 0 || m.joined_at.unsigned_abs() > MAX_SAFE_INTEGER {
+        if !is_safe_non_negative(m.joined_at) {
             return Err(format!("joinedAt of {:?} is out of range", m.id));
         }
         members.push(Member {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durability_scheduler::{Clock, ManualClock};
+use durability_time::{Clock, ManualClock, Random};
 use tokio::sync::Notify;
 
 use crate::{
@@ -84,7 +84,7 @@ impl ReadStore for Fake {
 fn config(clock: &ManualClock) -> ClientConfig {
     ClientConfig::new()
         .clock(Arc::new(clock.clone()))
-        .jitter(Arc::new(|| 0.5))
+        .jitter(Random::fixed(0.5))
 }
 
 fn client(store: &Fake, config: ClientConfig) -> TopologyClient<Fake> {
@@ -205,7 +205,7 @@ async fn the_ttl_is_jittered_by_twenty_percent() {
         let clock = ManualClock::new(START);
         let store = Fake::new();
         store.put("g", enc("g", 1, "c", &["a"]));
-        let c = client(&store, config(&clock).jitter(Arc::new(move || r)));
+        let c = client(&store, config(&clock).jitter(Random::fixed(r)));
         c.get("g").await.unwrap();
         clock.advance(ttl - 1);
         c.get("g").await.unwrap();

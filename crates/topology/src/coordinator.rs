@@ -7,7 +7,8 @@ use durability_outbox::{
     ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, RetryPolicy, Sink,
     SinkError,
 };
-use durability_scheduler::{Scheduler, SchemaTarget, Storage, migrate, migrate_within};
+use durability_scheduler::{Scheduler, SchemaTarget, Storage, Transaction, migrate, migrate_within};
+use durability_time::timeout_at;
 use durability_topology_client::{
     BoxError, MAX_MEMBERS, MAX_META_BYTES, MAX_SNAPSHOT_BYTES, Member, MemberState, Snapshot,
     check_group, check_location_hint, check_member_id, decode,
@@ -618,7 +619,7 @@ where
         group: &str,
     ) -> Result<BTreeMap<String, serde_json::Value>, TopologyError> {
         check_group_name(group)?;
-        self.core.scheduler.transaction(|tx| read_states(tx, group))
+        self.core.scheduler.transaction(|tx| read_states(tx.storage_tx(), group))
     }
 
     /// Runs every publication and delivery due now (what the alarm does).
@@ -730,7 +731,7 @@ where
 {
     fn update_within(
         &self,
-        tx: &mut S::Tx<'_>,
+        tx: &mut Transaction<'_, '_, S>,
         group: &str,
         next: impl FnOnce(&Current) -> Draft,
     ) -> Result<Snapshot, TopologyError> {
@@ -740,7 +741,7 @@ where
             Some(r) => parse_members(&r.members).map_err(corrupt)?,
             None => Vec::new(),
         };
-        let stored_states = read_states(tx, group)?;
+        let stored_states = read_states(tx.storage_tx(), group)?;
         let current = Current {
             members: before,
             states: stored_states,
@@ -847,7 +848,7 @@ where
     /// lose their pending delivery.
     fn stage_deliveries(
         &self,
-        tx: &mut S::Tx<'_>,
+        tx: &mut Transaction<'_, '_, S>,
         group: &str,
         topology_version: u64,
         before: &[Member],
@@ -893,7 +894,7 @@ where
         Ok(())
     }
 
-    fn delete_within(&self, tx: &mut S::Tx<'_>, group: &str) -> Result<(), TopologyError> {
+    fn delete_within(&self, tx: &mut Transaction<'_, '_, S>, group: &str) -> Result<(), TopologyError> {
         let Some(row) = tx.topology_group(group)?.filter(|r| !r.deleted) else {
             return Ok(());
         };
@@ -931,7 +932,7 @@ where
 
     /// Stages the latest state of the group again: a fresh version fences
     /// any publication in flight, so the latest snapshot is written again.
-    fn stage_latest(&self, tx: &mut S::Tx<'_>, group: &str) -> Result<(), TopologyError> {
+    fn stage_latest(&self, tx: &mut Transaction<'_, '_, S>, group: &str) -> Result<(), TopologyError> {
         let Some(p) = &self.publication else {
             return Ok(());
         };
@@ -1020,10 +1021,7 @@ where
             };
         let clock = Arc::clone(self.scheduler.context().clock());
         let deadline = clock.now_ms().saturating_add(self.publish_timeout_ms);
-        let result = tokio::select! {
-            r = &mut write => Some(r),
-            () = clock.sleep_until(deadline) => None,
-        };
+        let result = timeout_at(&*clock, deadline, &mut write).await.ok();
         match result {
             Some(Ok(())) => {
                 let settled = self.scheduler.transaction(|tx| {
@@ -1142,9 +1140,9 @@ where
                 let deadline = clock.now_ms().saturating_add(channel.timeout_ms);
                 // Members ignore versions they have passed, so an abandoned
                 // delivery landing late is harmless.
-                let result = tokio::select! {
-                    r = (channel.deliver)(member, update) => r.map_err(|e| e.to_string()),
-                    () = clock.sleep_until(deadline) => Err(format!("delivery timed out after {} ms", channel.timeout_ms)),
+                let result = match timeout_at(&*clock, deadline, (channel.deliver)(member, update)).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("delivery timed out after {} ms", channel.timeout_ms)),
                 };
                 if let Err(error) = result {
                     tracing::warn!(

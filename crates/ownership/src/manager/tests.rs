@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::clock::ManualClock;
+use durability_time::ManualClock;
 use crate::memory::InMemoryLeaseStore;
 use crate::scope::{ShardCount, StorageId};
 use crate::store::{LifecycleAdmin, OwnerSnapshot};

@@ -13,7 +13,7 @@ enum Op {
     Claim(usize),
     Renew(usize),
     Release(usize),
-    Advance(u64),
+    Advance(i64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -21,7 +21,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..3usize).prop_map(Op::Claim),
         (0..3usize).prop_map(Op::Renew),
         (0..3usize).prop_map(Op::Release),
-        (0..1500u64).prop_map(Op::Advance),
+        (0..1500i64).prop_map(Op::Advance),
     ]
 }
 
@@ -48,7 +48,7 @@ proptest! {
             let mut held: Vec<Option<OwnerRecord>> = vec![None, None, None];
             let mut m = Model::default();
             for op in ops {
-                let now = clock.now_ms();
+                let now = clock.now_ms_u64();
                 if matches!(m.owner, Some((_, _, exp)) if exp <= now) {
                     m.owner = None;
                 }
@@ -90,7 +90,7 @@ proptest! {
                 }
                 let snap = store.snapshot(&scope, &lifecycle).await.unwrap();
                 prop_assert_eq!(snap.generation, m.generation, "generation never decreases and matches");
-                let live = if matches!(m.owner, Some((_, _, exp)) if exp <= clock.now_ms()) { None } else { m.owner };
+                let live = if matches!(m.owner, Some((_, _, exp)) if exp <= clock.now_ms_u64()) { None } else { m.owner };
                 prop_assert_eq!(snap.owner.map(|l| l.record.generation().get()), live.map(|(_, g, _)| g));
             }
             Ok(())

@@ -1,0 +1,58 @@
+//! Time for the durability crates: one [`Clock`], deadlines, backoff.
+//!
+//! Every durable time in the workspace is Unix milliseconds as an `i64`.
+//! Library code reads time only through a [`Clock`], so tests and
+//! simulations drive time by hand ([`ManualClock`]) and never sleep for
+//! real; [`SystemClock`] is the production clock and the only code that
+//! reads the operating system's clocks.
+//!
+//! - [`Clock`], [`SystemClock`] (one wall-clock read per process, then the
+//!   monotonic clock), [`ManualClock`] (moves only when told, never
+//!   backwards).
+//! - [`timeout_at`]: run a future until a deadline on a clock; every
+//!   deadline in the workspace goes through it.
+//! - [`Backoff`] and [`Jitter`]: exponential backoff with a cap, a jitter
+//!   kind and an optional maximum number of tries, drawing from a
+//!   [`Random`] source that a test can seed or fix.
+//! - [`MAX_SAFE_INTEGER`]: the largest integer a JavaScript number holds
+//!   exactly, the bound on stored times, versions and generations.
+//!
+//! ```
+//! use durability_time::{Backoff, Clock, Jitter, ManualClock, Random};
+//!
+//! let clock = ManualClock::new(1_000);
+//! clock.advance(500);
+//! assert_eq!(clock.now_ms(), 1_500);
+//! clock.set(0); // never backwards: a no-op
+//! assert_eq!(clock.now_ms(), 1_500);
+//!
+//! let backoff = Backoff::new(1_000, 300_000).jitter(Jitter::Under(0.5));
+//! let delay = backoff.delay_ms(3, &Random::seeded(7));
+//! assert!((2_000..=4_000).contains(&delay));
+//! ```
+
+mod backoff;
+mod clock;
+mod deadline;
+mod random;
+
+pub use backoff::{Backoff, Jitter};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use deadline::{Elapsed, timeout_at};
+pub use random::Random;
+
+/// The largest integer a JavaScript number (and so the seeds' stored times,
+/// versions and generations) represents exactly: `2^53 - 1`.
+pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// [`MAX_SAFE_INTEGER`] as a `u64`, for unsigned generations, versions and
+/// settings.
+pub const MAX_SAFE_UNSIGNED: u64 = MAX_SAFE_INTEGER.unsigned_abs();
+
+/// Whether `n` is in `0..=MAX_SAFE_INTEGER`.
+pub const fn is_safe_non_negative(n: i64) -> bool {
+    n >= 0 && n <= MAX_SAFE_INTEGER
+}
+
+#[cfg(test)]
+mod tests;

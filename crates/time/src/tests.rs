@@ -1,0 +1,149 @@
+//! Unit tests of the clock, deadlines and backoff.
+
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn manual_clock_never_moves_backwards() {
+    let clock = ManualClock::new(1_000);
+    clock.set(500);
+    assert_eq!(clock.now_ms(), 1_000);
+    clock.advance(-10);
+    assert_eq!(clock.now_ms(), 1_000);
+    clock.set(2_000);
+    clock.advance(5);
+    assert_eq!(clock.now_ms(), 2_005);
+    let other = clock.clone();
+    other.advance(1);
+    assert_eq!(clock.now_ms(), 2_006, "clones share the time");
+}
+
+#[tokio::test]
+async fn manual_sleepers_wake_when_time_passes_them() {
+    let clock = ManualClock::new(0);
+    let early = tokio::spawn(clock.sleep_until(10));
+    let late = tokio::spawn(clock.sleep_until(20));
+    tokio::task::yield_now().await;
+    assert_eq!(clock.next_wake(), Some(10));
+    clock.advance(10);
+    early.await.expect("early sleeper");
+    assert!(!late.is_finished());
+    assert_eq!(clock.next_wake(), Some(20));
+    clock.set(25);
+    late.await.expect("late sleeper");
+    assert_eq!(clock.next_wake(), None);
+    // A deadline already passed completes at once.
+    clock.sleep_until(3).await;
+}
+
+#[test]
+fn system_clocks_agree_and_never_go_back() {
+    let a = SystemClock::new();
+    let b = SystemClock;
+    let t1 = a.now_ms();
+    let t2 = b.now_ms();
+    let t3 = a.now_ms();
+    assert!(t1 <= t2 && t2 <= t3);
+    assert!(t1 > 1_600_000_000_000, "Unix milliseconds: {t1}");
+    assert!(t3 <= MAX_SAFE_INTEGER);
+}
+
+#[tokio::test]
+async fn timeout_at_prefers_a_ready_future_and_cancels_on_the_deadline() {
+    let clock = ManualClock::new(100);
+    // Ready at a deadline already passed: finished, not timed out.
+    assert_eq!(timeout_at(&clock, 50, async { 7 }).await, Ok(7));
+    let pending = timeout_at(&clock, 200, futures::future::pending::<()>());
+    let task = tokio::spawn(pending);
+    tokio::task::yield_now().await;
+    clock.advance(99);
+    tokio::task::yield_now().await;
+    assert!(!task.is_finished());
+    clock.advance(1);
+    assert_eq!(task.await.expect("joins"), Err(Elapsed { deadline_ms: 200 }));
+}
+
+#[tokio::test]
+async fn timeout_at_works_on_the_system_clock() {
+    let clock = SystemClock;
+    let deadline = clock.now_ms() + 20;
+    let slept = timeout_at(&clock, deadline, tokio::time::sleep(Duration::from_secs(5))).await;
+    assert_eq!(slept, Err(Elapsed { deadline_ms: deadline }));
+}
+
+#[test]
+fn backoff_ceiling_doubles_up_to_the_cap() {
+    let b = Backoff::new(1_000, 300_000);
+    let ceilings: Vec<i64> = (1..=11).map(|n| b.ceiling_ms(n)).collect();
+    assert_eq!(
+        ceilings,
+        [1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000]
+    );
+    assert_eq!(b.ceiling_ms(0), 1_000, "try 0 is treated as the first");
+    assert_eq!(b.ceiling_ms(u32::MAX), 300_000);
+    assert!(!b.exhausted(1_000_000));
+    assert!(b.max_tries(6).exhausted(6));
+    assert!(!b.max_tries(6).exhausted(5));
+}
+
+#[test]
+fn under_jitter_stays_below_the_ceiling() {
+    let b = Backoff::new(1_000, 300_000).jitter(Jitter::Under(0.5));
+    assert_eq!(b.delay_for_unit(3, 0.0), 2_000.0);
+    assert!(b.delay_for_unit(3, 0.999_999) < 4_000.0);
+    let r = Random::seeded(1);
+    for n in 1..40 {
+        let (lo, hi) = b.bounds(n);
+        let d = b.delay_ms(n, &r);
+        assert!((lo..=hi).contains(&d), "try {n}: {d} not in {lo}..={hi}");
+    }
+}
+
+#[test]
+fn around_jitter_spreads_both_ways() {
+    let b = Backoff::new(1_000, 300_000).jitter(Jitter::Around(0.2));
+    assert_eq!(b.bounds(1), (800, 1_200));
+    assert_eq!(b.bounds(20), (240_000, 360_000));
+    assert_eq!(b.delay_ms(1, &Random::fixed(0.0)), 800);
+    assert_eq!(b.delay_ms(1, &Random::fixed(0.5)), 1_000);
+    let r = Random::os();
+    for n in 1..40 {
+        let (lo, hi) = b.bounds(n);
+        let d = b.delay_ms(n, &r);
+        assert!((lo..=hi).contains(&d));
+    }
+}
+
+#[test]
+fn seeded_random_is_reproducible() {
+    let b = Backoff::new(1_000, 300_000).jitter(Jitter::Around(0.2));
+    let draw = |seed| {
+        let r = Random::seeded(seed);
+        (1..20).map(|n| b.delay_ms(n, &r)).collect::<Vec<_>>()
+    };
+    assert_eq!(draw(42), draw(42));
+    assert_ne!(draw(42), draw(43));
+    let u = Random::seeded(9);
+    let shared = u.clone();
+    let (a, b2) = (u.unit(), shared.unit());
+    assert_ne!(a, b2, "clones draw one sequence between them");
+}
+
+#[test]
+fn fixed_random_is_clamped() {
+    assert_eq!(Random::fixed(0.25).unit(), 0.25);
+    assert!(Random::fixed(7.0).unit() < 1.0);
+    assert_eq!(Random::fixed(f64::NAN).unit(), 0.0);
+    assert_eq!(Random::fixed(0.5).range_inclusive(10, 20), 15);
+    assert_eq!(Random::fixed(0.9).range_inclusive(5, 5), 5);
+}
+
+#[test]
+fn safe_integers() {
+    assert_eq!(MAX_SAFE_INTEGER, 9_007_199_254_740_991);
+    assert!(is_safe_non_negative(0));
+    assert!(is_safe_non_negative(MAX_SAFE_INTEGER));
+    assert!(!is_safe_non_negative(MAX_SAFE_INTEGER + 1));
+    assert!(!is_safe_non_negative(-1));
+}
