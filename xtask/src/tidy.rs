@@ -268,7 +268,51 @@ fn event_name_problem(invocation: &str, crate_dir: &str) -> Option<String> {
         && what
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    (!snake).then(|| format!("`{prefix}{what}`: the name after the crate is not snake_case"))
+    if !snake {
+        return Some(format!(
+            "`{prefix}{what}`: the name after the crate is not snake_case"
+        ));
+    }
+    let has_message = top_level_args(invocation)
+        .iter()
+        .any(|a| a.trim_start().starts_with('"'));
+    (!has_message).then(|| "no human message after the fields".to_owned())
+}
+
+/// The top-level, comma-separated arguments of a macro invocation (the text
+/// between its first opening delimiter and its last character).
+fn top_level_args(invocation: &str) -> Vec<&str> {
+    let Some(open) = invocation.find(['(', '[', '{']) else {
+        return Vec::new();
+    };
+    let inner = &invocation[open + 1..invocation.len().saturating_sub(1).max(open + 1)];
+    let mut args = Vec::new();
+    let (mut depth, mut in_str, mut escaped, mut start) = (0usize, false, false, 0);
+    for (i, c) in inner.char_indices() {
+        if in_str {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                args.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !inner[start..].trim().is_empty() {
+        args.push(&inner[start..]);
+    }
+    args
 }
 
 #[test]
@@ -313,7 +357,7 @@ fn every_tracing_event_names_its_crate() {
     );
     assert!(
         offenders.is_empty(),
-        "tracing events must carry `event = \"durability.<crate>.<what>\"` (crate = directory name, `-` as `_`; what = snake_case), then a message:\n{}",
+        "tracing events must carry `event = \"durability.<crate>.<what>\"` (crate = directory name, `-` as `_`; what = snake_case) and, after the fields, a human message:\n{}",
         offenders.join("\n")
     );
 }
@@ -331,6 +375,17 @@ fn event_scanner_handles_multi_line_invocations() {
     assert!(event_name_problem(&found[1].1, "storage-sqlite").is_some());
     let bad_case = "warn!(event = \"durability.topology_client.Fallback\", \"m\")";
     assert!(event_name_problem(bad_case, "topology-client").is_some());
+    let silent =
+        "warn!(event = \"durability.alarms.tick_failed\", text = \"a, \\\"b\\\"\", %error)";
+    assert_eq!(
+        top_level_args(silent).len(),
+        3,
+        "{:?}",
+        top_level_args(silent)
+    );
+    assert!(event_name_problem(silent, "alarms").is_some());
+    let formatted = "warn!(event = \"durability.alarms.tick_failed\", \"tick {} failed\", n)";
+    assert_eq!(event_name_problem(formatted, "alarms"), None);
 }
 
 /// The heading of the crate graph section in ARCHITECTURE.md.

@@ -749,7 +749,8 @@ where
             if let EventKind::RetryScheduled { error, .. } = &kind {
                 tracing::debug!(
                     event = "durability.outbox.retry_scheduled",
-                    channel = %self.name, %key, version, attempt, %error
+                    channel = %self.name, %key, version, attempt, %error,
+                    "outbox delivery failed; retry scheduled"
                 );
             }
             self.emit(&key, version, attempt, kind);

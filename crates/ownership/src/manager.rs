@@ -286,7 +286,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             }
             Err(e) => {
                 self.forget(scope);
-                tracing::warn!(event = "durability.ownership.claim_failed", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.claim_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "claiming the owner scope failed"
+                );
                 Err(e)
             }
         }
@@ -330,7 +336,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.leases().remove(scope);
                 }
-                tracing::warn!(event = "durability.ownership.renew_failed", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.renew_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "renewing the owner lease failed"
+                );
                 Err(e)
             }
         }
@@ -457,7 +469,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.forget(scope);
                 }
-                tracing::warn!(event = "durability.ownership.admission_refused", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.admission_refused",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "admission refused"
+                );
                 return Err(e);
             }
         }
@@ -542,7 +560,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(true) => released.push((scope, l.record.generation())),
                 Ok(false) => not_released.push(scope),
                 Err(e) => {
-                    tracing::warn!(event = "durability.ownership.release_failed", scope = %scope, code = e.code(), error = %e);
+                    tracing::warn!(
+                        event = "durability.ownership.release_failed",
+                        scope = %scope,
+                        code = e.code(),
+                        error = %e,
+                        "releasing the owner lease failed"
+                    );
                     not_released.push(scope);
                 }
             }
@@ -615,7 +639,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     ) -> WatchExit {
         self.forget(scope);
         token.cancel();
-        tracing::warn!(event = "durability.ownership.watchdog_cancelled", scope = %scope, code = cause.code(), error = %cause);
+        tracing::warn!(
+            event = "durability.ownership.watchdog_cancelled",
+            scope = %scope,
+            code = cause.code(),
+            error = %cause,
+            "ownership lost; cancelling in-flight work"
+        );
         WatchExit::Lost(cause)
     }
 

@@ -1059,7 +1059,12 @@ where
                     .scheduler
                     .transaction(|tx| tx.topology_forget_write(id))
                 {
-                    tracing::warn!(event = "durability.topology.forget_failed", group = %group, error = %e);
+                    tracing::warn!(
+                        event = "durability.topology.forget_failed",
+                        group = %group,
+                        error = %e,
+                        "forgetting a settled write record failed"
+                    );
                 }
                 Self::report_publish_failed(&group, entry.attempt(), &error.to_string());
                 entry.retry();
