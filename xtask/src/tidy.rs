@@ -166,3 +166,352 @@ fn no_test_is_ignored() {
         "ignored or should_panic tests: {offenders:?}"
     );
 }
+
+/// The tracing macros that emit an event.
+const EVENT_MACROS: &[&str] = &["trace", "debug", "info", "warn", "error", "event"];
+
+/// Every tracing event invocation in `text`: its 1-based line and its text,
+/// from the macro name to the matching closing delimiter.
+fn event_invocations(text: &str) -> Vec<(usize, String)> {
+    let bytes = text.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        // Line comments can mention a macro without invoking it.
+        if bytes[i..].starts_with(b"//") {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if i > 0 && is_ident(bytes[i - 1]) {
+            i += 1;
+            continue;
+        }
+        let Some(name) = EVENT_MACROS.iter().find(|m| {
+            let end = i + m.len();
+            bytes[i..].starts_with(m.as_bytes()) && bytes.get(end) == Some(&b'!')
+        }) else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + name.len() + 1;
+        while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        let (open, close) = match bytes.get(j) {
+            Some(b'(') => (b'(', b')'),
+            Some(b'[') => (b'[', b']'),
+            Some(b'{') => (b'{', b'}'),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        // Scan to the matching delimiter, skipping string literals.
+        let mut depth = 0usize;
+        let mut in_str = false;
+        let mut k = j;
+        while k < bytes.len() {
+            let b = bytes[k];
+            if in_str {
+                if b == b'\\' {
+                    k += 1;
+                } else if b == b'"' {
+                    in_str = false;
+                }
+            } else if b == b'"' {
+                in_str = true;
+            } else if b == open {
+                depth += 1;
+            } else if b == close {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            k += 1;
+        }
+        let start = text[..i]
+            .rfind("tracing::")
+            .filter(|&s| s + 9 == i)
+            .unwrap_or(i);
+        let line = text[..i].matches('\n').count() + 1;
+        let end = (k + 1).min(text.len());
+        found.push((line, text[start..end].to_owned()));
+        i = end;
+    }
+    found
+}
+
+/// Why an event invocation breaks the naming convention, if it does: it
+/// must carry `event = "durability.<crate>.<what>"`, `<crate>` being the
+/// crate's directory name with `-` as `_` and `<what>` snake_case.
+fn event_name_problem(invocation: &str, crate_dir: &str) -> Option<String> {
+    let squeezed: String = invocation.chars().filter(|c| !c.is_whitespace()).collect();
+    let prefix = format!("durability.{}.", crate_dir.replace('-', "_"));
+    let field = format!("event=\"{prefix}");
+    let Some(at) = squeezed.find(&field) else {
+        if squeezed.contains("event=\"") {
+            return Some(format!("its `event` field does not start with `{prefix}`"));
+        }
+        return Some(format!("no `event = \"{prefix}<what>\"` field"));
+    };
+    if !matches!(squeezed[..at].chars().last(), Some('(' | ',' | '[' | '{')) {
+        return Some(format!("no `event = \"{prefix}<what>\"` field"));
+    }
+    let rest = &squeezed[at + field.len()..];
+    let what = rest.split('"').next().unwrap_or_default();
+    let snake = !what.is_empty()
+        && what.starts_with(|c: char| c.is_ascii_lowercase())
+        && what
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !snake {
+        return Some(format!(
+            "`{prefix}{what}`: the name after the crate is not snake_case"
+        ));
+    }
+    let has_message = top_level_args(invocation)
+        .iter()
+        .any(|a| a.trim_start().starts_with('"'));
+    (!has_message).then(|| "no human message after the fields".to_owned())
+}
+
+/// The top-level, comma-separated arguments of a macro invocation (the text
+/// between its first opening delimiter and its last character).
+fn top_level_args(invocation: &str) -> Vec<&str> {
+    let Some(open) = invocation.find(['(', '[', '{']) else {
+        return Vec::new();
+    };
+    let inner = &invocation[open + 1..invocation.len().saturating_sub(1).max(open + 1)];
+    let mut args = Vec::new();
+    let (mut depth, mut in_str, mut escaped, mut start) = (0usize, false, false, 0);
+    for (i, c) in inner.char_indices() {
+        if in_str {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                args.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !inner[start..].trim().is_empty() {
+        args.push(&inner[start..]);
+    }
+    args
+}
+
+#[test]
+fn every_tracing_event_names_its_crate() {
+    let mut checked = 0;
+    let mut offenders = Vec::new();
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(root().join("crates"))
+        .expect("crates/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("src").is_dir())
+        .collect();
+    crates.sort();
+    for dir in crates {
+        let crate_dir = dir
+            .file_name()
+            .expect("a crate directory has a name")
+            .to_string_lossy()
+            .into_owned();
+        let mut files = Vec::new();
+        rust_files(&dir.join("src"), &mut files);
+        files.sort();
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("source file reads");
+            for (line, invocation) in event_invocations(&text) {
+                checked += 1;
+                if let Some(problem) = event_name_problem(&invocation, &crate_dir) {
+                    let shown: String = invocation.split_whitespace().collect::<Vec<_>>().join(" ");
+                    let rel = file
+                        .strip_prefix(root())
+                        .unwrap_or(&file)
+                        .display()
+                        .to_string();
+                    offenders.push(format!("{rel}:{line}: {problem}: {shown}"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "the tidy check found the tracing events ({checked})"
+    );
+    assert!(
+        offenders.is_empty(),
+        "tracing events must carry `event = \"durability.<crate>.<what>\"` (crate = directory name, `-` as `_`; what = snake_case) and, after the fields, a human message:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn event_scanner_handles_multi_line_invocations() {
+    let text = "fn f() {\n    // warn!(not an event)\n    tracing::warn!(\n        error = %e,\n        \"durability.migration.moved (x)\"\n    );\n    info!(event = \"durability.migration.moved\", \"ok\");\n    debug_assert!(true);\n}\n";
+    let found = event_invocations(text);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[0].0, 3);
+    assert!(found[0].1.starts_with("tracing::warn!(") && found[0].1.ends_with(')'));
+    assert!(event_name_problem(&found[0].1, "migration").is_some());
+    assert_eq!(found[1].0, 7);
+    assert_eq!(event_name_problem(&found[1].1, "migration"), None);
+    assert!(event_name_problem(&found[1].1, "storage-sqlite").is_some());
+    let bad_case = "warn!(event = \"durability.topology_client.Fallback\", \"m\")";
+    assert!(event_name_problem(bad_case, "topology-client").is_some());
+    let silent =
+        "warn!(event = \"durability.alarms.tick_failed\", text = \"a, \\\"b\\\"\", %error)";
+    assert_eq!(
+        top_level_args(silent).len(),
+        3,
+        "{:?}",
+        top_level_args(silent)
+    );
+    assert!(event_name_problem(silent, "alarms").is_some());
+    let formatted = "warn!(event = \"durability.alarms.tick_failed\", \"tick {} failed\", n)";
+    assert_eq!(event_name_problem(formatted, "alarms"), None);
+}
+
+/// The heading of the crate graph section in ARCHITECTURE.md.
+const CRATE_GRAPH_HEADING: &str = "## Crate graph";
+
+/// One documented line per normal dependency between the packages under
+/// `crates/`, as `cargo metadata` declares them: `- from → to`, with
+/// ` (feature a, b)` for an optional dependency (the features that enable it
+/// with `dep:`, or its implicit feature).
+fn crate_graph_lines(meta: &Value) -> Vec<String> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let crates_dir = canonical(&root().join("crates"));
+    let packages = meta["packages"].as_array().expect("packages");
+    let members: Vec<&str> = meta["workspace_members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let in_crates = |manifest: &str| canonical(Path::new(manifest)).starts_with(&crates_dir);
+    let library: Vec<&Value> = packages
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| members.contains(&id)))
+        .filter(|p| p["manifest_path"].as_str().is_some_and(in_crates))
+        .collect();
+    let names: Vec<&str> = library.iter().filter_map(|p| p["name"].as_str()).collect();
+    let mut lines = Vec::new();
+    for p in &library {
+        let from = p["name"].as_str().unwrap_or_default();
+        let mut edges: Vec<(String, bool)> = Vec::new();
+        for dep in p["dependencies"].as_array().into_iter().flatten() {
+            let to = dep["name"].as_str().unwrap_or_default();
+            if !dep["kind"].is_null() || !names.contains(&to) || to == from {
+                continue;
+            }
+            let optional = dep["optional"].as_bool().unwrap_or(false);
+            match edges.iter_mut().find(|(n, _)| n == to) {
+                Some(edge) => edge.1 &= optional,
+                None => edges.push((to.to_owned(), optional)),
+            }
+        }
+        for (to, optional) in edges {
+            if !optional {
+                lines.push(format!("- {from} → {to}"));
+                continue;
+            }
+            let key = dep_key(p, &to);
+            let mut features: Vec<&str> = p["features"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(_, enables)| {
+                    enables
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|e| e.as_str() == Some(&format!("dep:{key}")))
+                })
+                .map(|(f, _)| f.as_str())
+                .collect();
+            if features.is_empty() {
+                // No `dep:` entry: cargo's implicit feature named after it.
+                features.push(&key);
+            }
+            features.sort_unstable();
+            lines.push(format!("- {from} → {to} (feature {})", features.join(", ")));
+        }
+    }
+    lines.sort();
+    lines
+}
+
+/// The name a package's manifest uses for its dependency on `to` (its
+/// rename, if any).
+fn dep_key(package: &Value, to: &str) -> String {
+    package["dependencies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["name"] == to && d["kind"].is_null())
+        .and_then(|d| d["rename"].as_str())
+        .unwrap_or(to)
+        .to_owned()
+}
+
+/// The `- ` lines of the crate graph section of ARCHITECTURE.md.
+fn documented_crate_graph(arch: &str) -> Vec<String> {
+    let start = arch
+        .lines()
+        .position(|l| l.trim_end() == CRATE_GRAPH_HEADING)
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has a `{CRATE_GRAPH_HEADING}` section"));
+    arch.lines()
+        .skip(start + 1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter(|l| l.starts_with("- "))
+        .map(|l| l.trim_end().to_owned())
+        .collect()
+}
+
+#[test]
+fn crate_graph_in_architecture_md_matches_cargo_metadata() {
+    let actual = crate_graph_lines(&metadata());
+    assert!(actual.len() > 5, "the tidy check found the crate graph");
+    let arch =
+        std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md exists");
+    let documented = documented_crate_graph(&arch);
+    let add: Vec<&String> = actual.iter().filter(|l| !documented.contains(l)).collect();
+    let mut remove: Vec<&String> = documented.iter().filter(|l| !actual.contains(l)).collect();
+    let mut seen = Vec::new();
+    for line in &documented {
+        if seen.contains(&line) && actual.contains(line) {
+            remove.push(line);
+        }
+        seen.push(line);
+    }
+    let list = |lines: &[&String]| {
+        lines
+            .iter()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    assert!(
+        add.is_empty() && remove.is_empty(),
+        "ARCHITECTURE.md `{CRATE_GRAPH_HEADING}` differs from cargo metadata (normal dependencies between the packages under crates/).\nadd these lines:\n{}remove these lines:\n{}the whole section should read:\n{}",
+        list(&add),
+        list(&remove),
+        list(&actual.iter().collect::<Vec<_>>()),
+    );
+}

@@ -85,7 +85,13 @@ where
         let clock = Arc::clone(self.sched.context().clock());
         loop {
             if let Err(error) = self.sync().await {
-                tracing::warn!(event = "durability.alarms.scheduler_sync_failed", object = %self.alarms.object(), code = error.code(), %error);
+                tracing::warn!(
+                    event = "durability.alarms.scheduler_sync_failed",
+                    object = %self.alarms.object(),
+                    code = error.code(),
+                    %error,
+                    "syncing the scheduler's alarm failed"
+                );
                 clock
                     .sleep_until(clock.now_ms().saturating_add(self.idle_ms))
                     .await;

@@ -3,8 +3,8 @@
 //! by its outcome.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_scheduler::{Clock, ObjectId};
 use durability_time::{Random, timeout_at};
@@ -141,6 +141,7 @@ impl DispatchCounters {
             metric = "do_alarm_dispatches",
             outcome,
             object = %object,
+            "alarm dispatch counted"
         );
     }
 }
@@ -236,13 +237,23 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
     pub async fn run(&self) {
         loop {
             if let Err(error) = self.tick().await {
-                tracing::warn!(event = "durability.alarms.tick_failed", code = error.code(), %error);
+                tracing::warn!(
+                    event = "durability.alarms.tick_failed",
+                    code = error.code(),
+                    %error,
+                    "dispatcher tick failed"
+                );
             }
             let now = self.clock.now_ms();
             let next = match self.index.next_due().await {
                 Ok(next) => next,
                 Err(error) => {
-                    tracing::warn!(event = "durability.alarms.tick_failed", code = error.code(), %error);
+                    tracing::warn!(
+                        event = "durability.alarms.tick_failed",
+                        code = error.code(),
+                        %error,
+                        "dispatcher tick failed"
+                    );
                     None
                 }
             };
@@ -291,7 +302,12 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     .await;
             }
             DispatchOutcome::NeverStarted { reason } => {
-                tracing::info!(event = "durability.alarms.dispatch_not_started", object = %claim.object, %reason);
+                tracing::info!(
+                    event = "durability.alarms.dispatch_not_started",
+                    object = %claim.object,
+                    %reason,
+                    "alarm delivery never started; retrying at once"
+                );
                 let tries = claim.tries.saturating_sub(1);
                 self.settle_retry(&claim, 0, tries, &c.retried, "retried")
                     .await;
@@ -302,7 +318,14 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     self.settle_finish(&claim, &c.discarded, "discarded").await;
                 } else {
                     let delay = self.config.retry.delay_ms(claim.tries, &self.random);
-                    tracing::info!(event = "durability.alarms.retry_scheduled", object = %claim.object, tries = claim.tries, delay_ms = delay, %reason);
+                    tracing::info!(
+                        event = "durability.alarms.retry_scheduled",
+                        object = %claim.object,
+                        tries = claim.tries,
+                        delay_ms = delay,
+                        %reason,
+                        "alarm delivery failed; retry scheduled"
+                    );
                     self.settle_retry(
                         &claim,
                         delay,
@@ -314,7 +337,13 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 }
             }
             DispatchOutcome::Unknown { reason } => {
-                tracing::warn!(event = "durability.alarms.dispatch_result_unknown", object = %claim.object, lease_until = claim.lease_until, %reason);
+                tracing::warn!(
+                    event = "durability.alarms.dispatch_result_unknown",
+                    object = %claim.object,
+                    lease_until = claim.lease_until,
+                    %reason,
+                    "alarm delivery result unknown; the claim stays until its lease expires"
+                );
                 DispatchCounters::bump(&c.unknown, "unknown", &claim.object);
             }
         }
@@ -325,7 +354,13 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
             Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
             Err(error) => {
-                tracing::warn!(event = "durability.alarms.settle_failed", object = %claim.object, code = error.code(), %error);
+                tracing::warn!(
+                    event = "durability.alarms.settle_failed",
+                    object = %claim.object,
+                    code = error.code(),
+                    %error,
+                    "settling an alarm claim failed"
+                );
             }
         }
     }
@@ -347,7 +382,13 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
             Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
             Err(error) => {
-                tracing::warn!(event = "durability.alarms.settle_failed", object = %claim.object, code = error.code(), %error);
+                tracing::warn!(
+                    event = "durability.alarms.settle_failed",
+                    object = %claim.object,
+                    code = error.code(),
+                    %error,
+                    "settling an alarm claim failed"
+                );
             }
         }
     }

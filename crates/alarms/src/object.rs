@@ -464,11 +464,22 @@ where
         .await;
         match result {
             Ok(true) => {
-                tracing::info!(event = "durability.alarms.repaired", object = %object, at = row.at);
+                tracing::info!(
+                    event = "durability.alarms.repaired",
+                    object = %object,
+                    at = row.at,
+                    "alarm job repaired in the index"
+                );
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(event = "durability.alarms.repair_failed", object = %object, code = error.code(), %error);
+                tracing::warn!(
+                    event = "durability.alarms.repair_failed",
+                    object = %object,
+                    code = error.code(),
+                    %error,
+                    "repairing the alarm job failed"
+                );
             }
         }
     }
@@ -492,7 +503,13 @@ where
                     .backend(self.inner.index.upsert(&object, &row.token, row.at))
                     .await;
                 if let Err(error) = &result {
-                    tracing::warn!(event = "durability.alarms.set_failed", object = %object, code = error.code(), %error);
+                    tracing::warn!(
+                        event = "durability.alarms.set_failed",
+                        object = %object,
+                        code = error.code(),
+                        %error,
+                        "flushing an alarm set to the index failed"
+                    );
                     if !error.is_result_unknown() {
                         self.compensate(|tx| {
                             if tx.alarm_row()?.is_some_and(|r| r.token == row.token) {
@@ -522,7 +539,13 @@ where
                         Ok(())
                     }),
                     Err(error) => {
-                        tracing::warn!(event = "durability.alarms.delete_failed", object = %object, code = error.code(), %error);
+                        tracing::warn!(
+                            event = "durability.alarms.delete_failed",
+                            object = %object,
+                            code = error.code(),
+                            %error,
+                            "flushing an alarm delete to the index failed"
+                        );
                         self.compensate(|tx| {
                             if let Some(mut r) = tx.alarm_row()?
                                 && r.fence.as_ref() == Some(&fence)
@@ -543,7 +566,12 @@ where
     /// stays as it is, which every reader handles).
     fn compensate(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<(), StorageError>) {
         if let Err(error) = self.inner.sched.transaction(|tx| f(tx.storage_tx())) {
-            tracing::warn!(event = "durability.alarms.compensation_failed", object = %self.object(), %error);
+            tracing::warn!(
+                event = "durability.alarms.compensation_failed",
+                object = %self.object(),
+                %error,
+                "local follow-up write after a flush failed"
+            );
         }
     }
 

@@ -82,7 +82,12 @@ where
     B: Stream<Item = Result<Vec<u8>, BoxError>>,
 {
     let unknown = |e: AlarmError| {
-        tracing::warn!(event = "durability.alarms.dispatch_response_unreadable", code = e.code(), error = %e);
+        tracing::warn!(
+            event = "durability.alarms.dispatch_response_unreadable",
+            code = e.code(),
+            error = %e,
+            "dispatch response unreadable; result unknown"
+        );
         DispatchOutcome::Unknown {
             reason: e.code().to_owned(),
         }

@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use durability_time::{Clock, SystemClock};
 use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
 use crate::ledger::AllocationLedger;
 use crate::mapping::MappingStore;
 use crate::placement::{DEFAULT_MANIFEST_REFRESH_MS, Placement};
 use crate::shard::Shard;
+use durability_time::{Clock, SystemClock};
 
 /// Default mapping cache TTL (milliseconds).
 pub const DEFAULT_MAPPING_CACHE_TTL_MS: u64 = 30_000;

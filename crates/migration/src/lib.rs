@@ -47,13 +47,13 @@ mod verify;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN, DEFAULT_MAPPING_CACHE_TTL_MS, MAX_KEY_BYTES,
     MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy,
     hash_owner, validate_key,
 };
 pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
+pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BackendError, MigrationError, Result};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,

@@ -136,7 +136,12 @@ impl<'r> MoveCtx<'r> {
             .map_err(|e| MigrationError::shard(jname, e))?;
         if counts.first().copied().unwrap_or(0) == 0 {
             let e = self.fenced();
-            tracing::warn!(op_id = %self.op_id, code = e.code(), "durability.migration.journal_fenced");
+            tracing::warn!(
+                event = "durability.migration.journal_fenced",
+                op_id = %self.op_id,
+                code = e.code(),
+                "journal write fenced: the operation moved on"
+            );
             return Err(e);
         }
         Ok(())
@@ -376,7 +381,13 @@ impl<'r> MoveCtx<'r> {
         // The terminal write releases the claim.
         self.journal(vec![self.update(MoveState::Aborted, &change)?])
             .await?;
-        tracing::info!(op_id = %self.op_id, key = %self.key, reason, "durability.migration.aborted");
+        tracing::info!(
+            event = "durability.migration.aborted",
+            op_id = %self.op_id,
+            key = %self.key,
+            reason,
+            "move aborted"
+        );
         Ok(MigrationError::Aborted {
             key: self.key.clone(),
             reason: reason.to_owned(),
@@ -412,7 +423,12 @@ impl<'r> MoveCtx<'r> {
                 break hit.1;
             }
             attempts += 1;
-            tracing::debug!(op_id = %self.op_id, attempts, "durability.migration.cutover_missed");
+            tracing::debug!(
+                event = "durability.migration.cutover_missed",
+                op_id = %self.op_id,
+                attempts,
+                "cutover batch missed; retrying"
+            );
             let fresh = self.snapshot().await?;
             if fresh.iter().all(Option::is_none) {
                 return Err(self.abort(&digests, "source row gone").await?);
@@ -450,7 +466,13 @@ impl<'r> MoveCtx<'r> {
         // in one write.
         self.journal(vec![self.update(MoveState::Retired, &change)?])
             .await?;
-        tracing::info!(op_id = %self.op_id, key = %self.key, target = %self.target, "durability.migration.moved");
+        tracing::info!(
+            event = "durability.migration.moved",
+            op_id = %self.op_id,
+            key = %self.key,
+            target = %self.target,
+            "key moved"
+        );
         Ok(())
     }
 }
@@ -514,7 +536,13 @@ impl Router {
         let Some(_running) = self.drive(&op.op_id) else {
             return Err(busy());
         };
-        tracing::info!(op_id = %op.op_id, key, state = op.state.as_str(), "durability.migration.resumed");
+        tracing::info!(
+            event = "durability.migration.resumed",
+            op_id = %op.op_id,
+            key,
+            state = op.state.as_str(),
+            "resuming an interrupted move"
+        );
         let guard = Guard {
             owner: self.instance.clone(),
             lease: None,

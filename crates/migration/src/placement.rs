@@ -568,7 +568,11 @@ impl Router {
             Ok(m) => Ok(m),
             Err(e) => match cached {
                 Some(c) => {
-                    tracing::debug!(error = %e, "durability.migration.manifest_cached_read");
+                    tracing::debug!(
+                        event = "durability.migration.manifest_cached_read",
+                        error = %e,
+                        "manifest not confirmed; reading with the cached manifest"
+                    );
                     Ok(c.manifest)
                 }
                 None => Err(e),
@@ -599,7 +603,11 @@ impl Router {
             .await
             .map_err(|e| MigrationError::PlacementUnverified(Box::new(e)))?;
         if let Err(e) = self.publish_copy(&m).await {
-            tracing::warn!(error = %e, "durability.migration.manifest_copy_failed");
+            tracing::warn!(
+                event = "durability.migration.manifest_copy_failed",
+                error = %e,
+                "publishing the manifest copy failed"
+            );
         }
         Ok(self.cache_manifest(m))
     }
@@ -632,17 +640,19 @@ impl Router {
                 .map_err(|e| MigrationError::shard(jname, e))?;
             if n == 1 {
                 tracing::info!(
+                    event = "durability.migration.manifest_updated",
                     revision = next.revision,
                     generation = next.generation,
                     epochs = next.epochs.len(),
-                    "durability.migration.manifest_updated"
+                    "manifest updated"
                 );
                 self.publish_copy(&next).await?;
                 return Ok(self.cache_manifest(next));
             }
             tracing::debug!(
+                event = "durability.migration.manifest_cas_lost",
                 revision = cur.revision,
-                "durability.migration.manifest_cas_lost"
+                "manifest compare-and-swap lost; retrying"
             );
         }
         Err(MigrationError::PlacementConflict(MAX_CAS_ATTEMPTS))
@@ -676,7 +686,11 @@ impl Router {
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
         }
-        tracing::info!(generation, "durability.migration.fences_raised");
+        tracing::info!(
+            event = "durability.migration.fences_raised",
+            generation,
+            "generation fences raised"
+        );
         Ok(())
     }
 
@@ -764,9 +778,20 @@ impl Router {
             Ok::<(), MigrationError>(())
         };
         if let Err(e) = r.await {
-            tracing::warn!(error = %e, key, "durability.migration.exception_not_recorded");
+            tracing::warn!(
+                event = "durability.migration.exception_not_recorded",
+                error = %e,
+                key,
+                "placement exception not recorded"
+            );
         } else {
-            tracing::debug!(key, shard, epoch, "durability.migration.exception_recorded");
+            tracing::debug!(
+                event = "durability.migration.exception_recorded",
+                key,
+                shard,
+                epoch,
+                "placement exception recorded"
+            );
         }
     }
 
@@ -967,7 +992,13 @@ impl Router {
             .collect();
         report.retained = remaining.into_iter().collect();
         report.revision = after.revision;
-        tracing::info!(removed = ?report.removed, retained = ?report.retained, scanned, "durability.migration.epochs_pruned");
+        tracing::info!(
+            event = "durability.migration.epochs_pruned",
+            removed = ?report.removed,
+            retained = ?report.retained,
+            scanned,
+            "epochs pruned"
+        );
         Ok(report)
     }
 

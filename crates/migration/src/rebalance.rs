@@ -137,7 +137,13 @@ impl Router {
                         report.skipped += 1
                     }
                     Err(e) => {
-                        tracing::warn!(key = %key, code = e.code(), error = %e, "durability.migration.rebalance_move_failed");
+                        tracing::warn!(
+                            event = "durability.migration.rebalance_move_failed",
+                            key = %key,
+                            code = e.code(),
+                            error = %e,
+                            "rebalance move failed"
+                        );
                         if report.failed.len() < MAX_REPORT_ENTRIES {
                             report.failed.push((key.clone(), e.code()));
                         }

@@ -372,6 +372,7 @@ impl Router {
         }
         if report.disagreeing_count > 0 || report.record_missing_count > 0 {
             tracing::warn!(
+                event = "durability.migration.reconcile_mismatch",
                 examined = report.examined,
                 disagreeing = report.disagreeing_count,
                 unrouted = report.unrouted,
@@ -379,15 +380,16 @@ impl Router {
                 unchecked = report.record_unchecked,
                 repaired = report.repaired_count,
                 pruned = report.pruned_count,
-                "durability.migration.reconcile_mismatch"
+                "reconciliation found disagreements or missing records"
             );
         } else {
             tracing::info!(
+                event = "durability.migration.reconcile_clean",
                 examined = report.examined,
                 verified = report.record_verified,
                 unchecked = report.record_unchecked,
                 pruned = report.pruned_count,
-                "durability.migration.reconcile_clean"
+                "reconciliation clean"
             );
         }
         Ok(report)
@@ -495,7 +497,11 @@ impl Router {
         report: &mut ReconcileReport,
     ) -> Result<()> {
         if let Err(e) = config::validate_key(key) {
-            tracing::warn!(error = %e, "durability.migration.reconcile_repair_skipped");
+            tracing::warn!(
+                event = "durability.migration.reconcile_repair_skipped",
+                error = %e,
+                "ledger key invalid; repair skipped"
+            );
             return Ok(());
         }
         let holder = self
@@ -508,16 +514,18 @@ impl Router {
             report.repaired_count += 1;
             push_capped(&mut report.repaired, key.to_owned());
             tracing::info!(
+                event = "durability.migration.reconcile_repaired",
                 key,
                 shard = ledger_shard,
-                "durability.migration.reconcile_repaired"
+                "mapping repaired from the ledger"
             );
         } else {
             tracing::warn!(
+                event = "durability.migration.reconcile_repair_lost_race",
                 key,
                 ledger_shard,
                 mapped = %holder,
-                "durability.migration.reconcile_repair_lost_race"
+                "repair lost a race: the key is mapped elsewhere"
             );
         }
         Ok(())
@@ -539,10 +547,11 @@ impl Router {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(
+                        event = "durability.migration.reconcile_probe_failed",
                         shard = shard_name,
                         table = table.as_str(),
                         error = %e,
-                        "durability.migration.reconcile_probe_failed"
+                        "record probe failed"
                     );
                     failure.get_or_insert(UncheckedReason::ProbeFailed {
                         table: table.as_str().to_owned(),

@@ -120,7 +120,12 @@ impl Router {
                 1
             }
         };
-        tracing::info!(scope = %self.scope, generation, "durability.migration.recovery_lease_taken");
+        tracing::info!(
+            event = "durability.migration.recovery_lease_taken",
+            scope = %self.scope,
+            generation,
+            "recovery lease taken"
+        );
         Ok(Lease { holder, generation })
     }
 
@@ -138,7 +143,12 @@ impl Router {
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         if n == 0 {
-            tracing::warn!(scope = %self.scope, generation = lease.generation, "durability.migration.recovery_fenced");
+            tracing::warn!(
+                event = "durability.migration.recovery_fenced",
+                scope = %self.scope,
+                generation = lease.generation,
+                "recovery lease lost"
+            );
             return Err(MigrationError::RecoveryFenced(self.scope.clone()));
         }
         Ok(())
@@ -157,7 +167,11 @@ impl Router {
         // Expire our own lease so the next call need not wait.
         let st = q.lease_renew(&lease.holder, lease.generation, now, 0);
         if let Err(e) = js.execute(&st).await {
-            tracing::warn!(error = %e, "durability.migration.lease_release_failed");
+            tracing::warn!(
+                event = "durability.migration.lease_release_failed",
+                error = %e,
+                "releasing the recovery lease failed"
+            );
         }
     }
 
@@ -216,7 +230,14 @@ impl Router {
                     Ok(Outcome::Skipped) => report.skipped.push(op.op_id.clone()),
                     Err(e @ MigrationError::RecoveryFenced(_)) => return Err(e),
                     Err(error) => {
-                        tracing::warn!(op_id = %op.op_id, key = %op.key, code = error.code(), error = %error, "durability.migration.recovery_failed");
+                        tracing::warn!(
+                            event = "durability.migration.recovery_failed",
+                            op_id = %op.op_id,
+                            key = %op.key,
+                            code = error.code(),
+                            error = %error,
+                            "recovering an operation failed"
+                        );
                         report.failed.push(FailedOp {
                             op_id: op.op_id.clone(),
                             key: op.key.clone(),

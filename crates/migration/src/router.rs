@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use durability_time::Clock;
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, row_idents};
 use crate::error::{MigrationError, Result};
@@ -13,6 +12,7 @@ use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
 use crate::shard::{BatchSupport, Shard, Statement};
 use crate::value::{Row, Value};
+use durability_time::Clock;
 
 /// Longest `moved_to` chain a read follows.
 pub const MAX_CHAIN_HOPS: usize = 4;
@@ -405,7 +405,12 @@ impl Router {
             // moved key's computed owner holds a tombstone naming its shard,
             // and a key placed under an older epoch is found by its owner.
             Err(e @ MigrationError::MappingUnavailable(_)) if self.computed() => {
-                tracing::debug!(error = %e, key, "durability.migration.read_without_mapping");
+                tracing::debug!(
+                    event = "durability.migration.read_without_mapping",
+                    error = %e,
+                    key,
+                    "mapping store unavailable; reading by computed placement"
+                );
                 None
             }
             r => r?,
@@ -478,9 +483,10 @@ impl Router {
                 Ok(n) => shard_name = n,
                 Err(e) if opts.best_effort => {
                     tracing::debug!(
+                        event = "durability.migration.read_best_effort",
                         code = e.code(),
                         key,
-                        "durability.migration.read_best_effort"
+                        "tombstone chain unreadable; best-effort read returns nothing"
                     );
                     return Ok(None);
                 }
@@ -721,7 +727,13 @@ impl Router {
                         });
                     }
                     reloaded = true;
-                    tracing::debug!(key, fence, generation, "durability.migration.fence_reload");
+                    tracing::debug!(
+                        event = "durability.migration.fence_reload",
+                        key,
+                        fence,
+                        generation,
+                        "generation fence raised; reloading the manifest"
+                    );
                     let m = self.reload_manifest().await?;
                     shard_name = self.locate_for_write(&m, key, &spec).await?;
                     manifest = Some(m);
@@ -735,7 +747,12 @@ impl Router {
             let tomb = match self.tombstone(&shard_name, &spec.name, key).await {
                 Ok(t) => t,
                 Err(e) => {
-                    tracing::warn!(error = %e, key, "durability.migration.fence_lookup_failed");
+                    tracing::warn!(
+                        event = "durability.migration.fence_lookup_failed",
+                        error = %e,
+                        key,
+                        "tombstone lookup after a zero-row write failed"
+                    );
                     return Err(MigrationError::CutoverPending {
                         key: key.to_owned(),
                     });
@@ -754,7 +771,12 @@ impl Router {
             let op = match self.load_op(&op_id).await {
                 Ok(op) => op,
                 Err(e) => {
-                    tracing::warn!(error = %e, key, "durability.migration.journal_lookup_failed");
+                    tracing::warn!(
+                        event = "durability.migration.journal_lookup_failed",
+                        error = %e,
+                        key,
+                        "journal lookup for a tombstone's operation failed"
+                    );
                     return Err(MigrationError::CutoverPending {
                         key: key.to_owned(),
                     });

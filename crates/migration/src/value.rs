@@ -96,7 +96,11 @@ pub fn encode_row(row: &Row) -> Vec<u8> {
     match postcard::to_stdvec(row) {
         Ok(bytes) => out.extend_from_slice(&bytes),
         Err(e) => {
-            tracing::error!(error = %e, "durability.migration.encode_failed");
+            tracing::error!(
+                event = "durability.migration.encode_failed",
+                error = %e,
+                "row encoding failed"
+            );
         }
     }
     out

@@ -167,12 +167,13 @@ impl Router {
                 .map_err(|e| MigrationError::shard(jname, e))?;
         } else {
             tracing::warn!(
+                event = "durability.migration.verify_unclean",
                 dangling = report.dangling_ops.len(),
                 ghosts = report.ghosts.len(),
                 stranded_archives = report.stranded_archives.len(),
                 stranded_copies = report.stranded_copies.len(),
                 stale_cutovers = report.stale_cutovers.len(),
-                "durability.migration.verify_unclean"
+                "verification found inconsistencies"
             );
         }
         Ok(report)
@@ -335,7 +336,12 @@ impl Router {
                     .batch(&stmts)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                tracing::info!(op_id = %t.op_id, key = %t.key, "durability.migration.stale_cutover_restored");
+                tracing::info!(
+                    event = "durability.migration.stale_cutover_restored",
+                    op_id = %t.op_id,
+                    key = %t.key,
+                    "stale cutover restored"
+                );
                 push_capped(
                     &mut report.repaired,
                     format!(

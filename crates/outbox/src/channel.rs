@@ -365,7 +365,12 @@ where
     /// [`OutboxError::InvalidKey`], [`OutboxError::ValueTooLarge`] or
     /// [`OutboxError::Encode`] before anything is written; a storage error
     /// (roll the transaction back).
-    pub fn stage(&self, tx: &mut Transaction<'_, '_, S>, key: &str, value: &T) -> Result<u64, OutboxError> {
+    pub fn stage(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        key: &str,
+        value: &T,
+    ) -> Result<u64, OutboxError> {
         check_key(key)?;
         let bytes = encode(value)?;
         let ch = &self.inner;
@@ -757,7 +762,8 @@ where
             if let EventKind::RetryScheduled { error, .. } = &kind {
                 tracing::debug!(
                     event = "durability.outbox.retry_scheduled",
-                    channel = %self.name, %key, version, attempt, %error
+                    channel = %self.name, %key, version, attempt, %error,
+                    "outbox delivery failed; retry scheduled"
                 );
             }
             self.emit(&key, version, attempt, kind);

@@ -24,7 +24,8 @@ pub const MAX_DELAY_MS: i64 = 300_000;
 
 /// The default backoff: 1 s doubling to 5 minutes, each delay scaled by a
 /// factor drawn uniformly from `[0.5, 1)`, retrying forever.
-pub const DEFAULT_BACKOFF: Backoff = Backoff::new(BASE_DELAY_MS, MAX_DELAY_MS).jitter(Jitter::Under(0.5));
+pub const DEFAULT_BACKOFF: Backoff =
+    Backoff::new(BASE_DELAY_MS, MAX_DELAY_MS).jitter(Jitter::Under(0.5));
 
 /// A retry delay function: attempt number (1 for the first failure) to
 /// milliseconds.

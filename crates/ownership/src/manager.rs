@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use durability_time::{Clock, timeout_at};
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
 use crate::settings::OwnershipSettings;
 use crate::store::{ClaimOutcome, Lease, LeaseStore};
+use durability_time::{Clock, timeout_at};
 
 /// Where a scope is owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,7 +286,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             }
             Err(e) => {
                 self.forget(scope);
-                tracing::warn!(event = "durability.ownership.claim_failed", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.claim_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "claiming the owner scope failed"
+                );
                 Err(e)
             }
         }
@@ -330,7 +336,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.leases().remove(scope);
                 }
-                tracing::warn!(event = "durability.ownership.renew_failed", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.renew_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "renewing the owner lease failed"
+                );
                 Err(e)
             }
         }
@@ -457,7 +469,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.forget(scope);
                 }
-                tracing::warn!(event = "durability.ownership.admission_refused", scope = %scope, code = e.code(), error = %e);
+                tracing::warn!(
+                    event = "durability.ownership.admission_refused",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "admission refused"
+                );
                 return Err(e);
             }
         }
@@ -522,10 +540,17 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 idle.await;
             }
         };
-        if timeout_at(&self.inner.clock, deadline, all_idle).await.is_err() {
+        if timeout_at(&self.inner.clock, deadline, all_idle)
+            .await
+            .is_err()
+        {
             let in_flight = self.in_flight();
             if in_flight != 0 {
-                tracing::warn!(event = "durability.ownership.drain_timed_out", in_flight, "drain timed out, keeping leases");
+                tracing::warn!(
+                    event = "durability.ownership.drain_timed_out",
+                    in_flight,
+                    "drain timed out, keeping leases"
+                );
                 return DrainReport::TimedOut { in_flight };
             }
         }
@@ -537,7 +562,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(true) => released.push((scope, l.record.generation())),
                 Ok(false) => not_released.push(scope),
                 Err(e) => {
-                    tracing::warn!(event = "durability.ownership.release_failed", scope = %scope, code = e.code(), error = %e);
+                    tracing::warn!(
+                        event = "durability.ownership.release_failed",
+                        scope = %scope,
+                        code = e.code(),
+                        error = %e,
+                        "releasing the owner lease failed"
+                    );
                     not_released.push(scope);
                 }
             }
@@ -611,7 +642,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     ) -> WatchExit {
         self.forget(scope);
         token.cancel();
-        tracing::warn!(event = "durability.ownership.watchdog_cancelled", scope = %scope, code = cause.code(), error = %cause);
+        tracing::warn!(
+            event = "durability.ownership.watchdog_cancelled",
+            scope = %scope,
+            code = cause.code(),
+            error = %cause,
+            "ownership lost; cancelling in-flight work"
+        );
         WatchExit::Lost(cause)
     }
 

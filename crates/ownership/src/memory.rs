@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use durability_time::Clock;
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
@@ -11,6 +10,7 @@ use crate::store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
     validate_ttl,
 };
+use durability_time::Clock;
 
 #[derive(Debug, Default)]
 struct State {

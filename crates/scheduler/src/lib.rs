@@ -40,8 +40,8 @@ mod storage;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
-pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use driver::{DEFAULT_IDLE_RETRY, Driver};
+pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use error::SchedulerError;
 pub use scheduler::{
     Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,

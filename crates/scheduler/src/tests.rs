@@ -316,11 +316,19 @@ fn nothing_of_a_failed_transaction_survives(fail: impl FnOnce()) {
         })
     }));
     assert!(!matches!(failed, Ok(Ok(()))));
-    assert_eq!(s.alarm_at(), Some(5_000), "the failed alarm is not published");
+    assert_eq!(
+        s.alarm_at(),
+        Some(5_000),
+        "the failed alarm is not published"
+    );
     // The next transaction commits without touching any due time.
     s.transaction(|tx| tx.alarm().map(|_| ())).unwrap();
     assert_eq!(s.alarm_at(), Some(5_000), "nor by the next commit");
-    assert_eq!(ran.load(Ordering::SeqCst), 0, "the failed callback never runs");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the failed callback never runs"
+    );
     assert_eq!(store.transaction(|tx| tx.alarm()).unwrap(), Some(5_000));
     // A later committed change publishes and runs its own effects only.
     let mine = Arc::new(AtomicU32::new(0));
@@ -333,7 +341,10 @@ fn nothing_of_a_failed_transaction_survives(fail: impl FnOnce()) {
     })
     .unwrap();
     assert_eq!(s.alarm_at(), Some(2_000));
-    assert_eq!((ran.load(Ordering::SeqCst), mine.load(Ordering::SeqCst)), (0, 1));
+    assert_eq!(
+        (ran.load(Ordering::SeqCst), mine.load(Ordering::SeqCst)),
+        (0, 1)
+    );
 }
 
 #[test]

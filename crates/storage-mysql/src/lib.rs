@@ -222,7 +222,11 @@ impl MysqlShard {
                 Ok(n) => counts.push(n),
                 Err(e) => {
                     if let Err(rb) = tx.rollback().await {
-                        tracing::warn!(error = %rb, "durability.mysql.rollback_failed");
+                        tracing::warn!(
+                            event = "durability.storage_mysql.rollback_failed",
+                            error = %rb,
+                            "rolling back a failed batch failed"
+                        );
                     }
                     return Ok(classify(Err(e)));
                 }
@@ -241,7 +245,11 @@ impl MysqlShard {
             match once().await? {
                 Attempt::Done(r) => return r,
                 Attempt::Retry(e) => {
-                    tracing::debug!(error = %e, "durability.mysql.retry");
+                    tracing::debug!(
+                        event = "durability.storage_mysql.retry",
+                        error = %e,
+                        "retrying a deadlocked or timed-out batch"
+                    );
                     last = Some(e);
                 }
             }

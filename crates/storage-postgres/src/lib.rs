@@ -378,7 +378,11 @@ impl PostgresShard {
 }
 
 fn retried(e: tokio_postgres::Error) -> tokio_postgres::Error {
-    tracing::debug!(error = %e, "durability.postgres.retry");
+    tracing::debug!(
+        event = "durability.storage_postgres.retry",
+        error = %e,
+        "retrying after a serialization failure or deadlock"
+    );
     e
 }
 

@@ -119,7 +119,12 @@ const RUNNING: i64 = 2;
 
 /// A failed statement rolled back: the index did not change.
 fn failed(context: &'static str, e: rusqlite::Error) -> AlarmError {
-    tracing::warn!(event = "durability.alarms.sqlite_index_failed", context, error = %e);
+    tracing::warn!(
+        event = "durability.storage_sqlite.alarm_index_failed",
+        context,
+        error = %e,
+        "alarm index statement failed; rolled back"
+    );
     AlarmError::failed(e)
 }
 

@@ -167,7 +167,11 @@ impl Shard for SqliteShard {
                 && !g.is_autocommit()
                 && let Err(e) = g.execute_batch("ROLLBACK")
             {
-                tracing::warn!(error = %e, "durability.sqlite.rollback_failed");
+                tracing::warn!(
+                    event = "durability.storage_sqlite.rollback_failed",
+                    error = %e,
+                    "rolling back a failed shard batch failed"
+                );
             }
             out
         })

@@ -61,7 +61,10 @@ async fn timeout_at_prefers_a_ready_future_and_cancels_on_the_deadline() {
     tokio::task::yield_now().await;
     assert!(!task.is_finished());
     clock.advance(1);
-    assert_eq!(task.await.expect("joins"), Err(Elapsed { deadline_ms: 200 }));
+    assert_eq!(
+        task.await.expect("joins"),
+        Err(Elapsed { deadline_ms: 200 })
+    );
 }
 
 #[tokio::test]
@@ -69,7 +72,12 @@ async fn timeout_at_works_on_the_system_clock() {
     let clock = SystemClock;
     let deadline = clock.now_ms() + 20;
     let slept = timeout_at(&clock, deadline, tokio::time::sleep(Duration::from_secs(5))).await;
-    assert_eq!(slept, Err(Elapsed { deadline_ms: deadline }));
+    assert_eq!(
+        slept,
+        Err(Elapsed {
+            deadline_ms: deadline
+        })
+    );
 }
 
 #[test]
@@ -78,7 +86,9 @@ fn backoff_ceiling_doubles_up_to_the_cap() {
     let ceilings: Vec<i64> = (1..=11).map(|n| b.ceiling_ms(n)).collect();
     assert_eq!(
         ceilings,
-        [1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000]
+        [
+            1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000
+        ]
     );
     assert_eq!(b.ceiling_ms(0), 1_000, "try 0 is treated as the first");
     assert_eq!(b.ceiling_ms(u32::MAX), 300_000);

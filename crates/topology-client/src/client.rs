@@ -322,7 +322,7 @@ impl<R: ReadStore> TopologyClient<R> {
     ) -> Result<Arc<Snapshot>, TopologyClientError> {
         let config = &self.inner.config;
         tracing::debug!(
-            event = "durability.topology.read_unavailable",
+            event = "durability.topology_client.read_unavailable",
             group, reason = %reason, "published topology unavailable"
         );
         if reason != UnavailableReason::Missing
@@ -352,7 +352,7 @@ impl<R: ReadStore> TopologyClient<R> {
                     return Ok(Arc::new(snapshot));
                 }
                 Err(error) => tracing::warn!(
-                    event = "durability.topology.fallback_failed",
+                    event = "durability.topology_client.fallback_failed",
                     group, %error, "topology fallback failed"
                 ),
             }
@@ -365,7 +365,7 @@ impl<R: ReadStore> TopologyClient<R> {
 
     fn report(&self, group: &str, source: FallbackSource, reason: &UnavailableReason) {
         tracing::info!(
-            event = "durability.topology.fallback",
+            event = "durability.topology_client.fallback",
             group, ?source, reason = %reason, "served topology from a fallback"
         );
         if let Some(hook) = &self.inner.config.on_fallback {
@@ -376,7 +376,7 @@ impl<R: ReadStore> TopologyClient<R> {
             };
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&report))).is_err() {
                 tracing::warn!(
-                    event = "durability.topology.hook_failed",
+                    event = "durability.topology_client.hook_failed",
                     group,
                     "fallback hook panicked"
                 );
@@ -415,7 +415,7 @@ impl<R> Inner<R> {
                             && good.snapshot.version > snapshot.version =>
                     {
                         tracing::debug!(
-                            event = "durability.topology.older_snapshot_ignored",
+                            event = "durability.topology_client.older_snapshot_ignored",
                             group,
                             cached = good.snapshot.version,
                             read = snapshot.version,

@@ -32,7 +32,6 @@ pub const MAX_MEMBERS: usize = 1_000;
 /// Longest coordinator ID, in bytes.
 pub const MAX_COORDINATOR_BYTES: usize = 256;
 
-
 /// Whether a member takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemberState {

@@ -7,7 +7,9 @@ use durability_outbox::{
     ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, RetryPolicy, Sink,
     SinkError,
 };
-use durability_scheduler::{Scheduler, SchemaTarget, Storage, Transaction, migrate, migrate_within};
+use durability_scheduler::{
+    Scheduler, SchemaTarget, Storage, Transaction, migrate, migrate_within,
+};
 use durability_time::timeout_at;
 use durability_topology_client::{
     BoxError, MAX_MEMBERS, MAX_META_BYTES, MAX_SNAPSHOT_BYTES, Member, MemberState, Snapshot,
@@ -619,7 +621,9 @@ where
         group: &str,
     ) -> Result<BTreeMap<String, serde_json::Value>, TopologyError> {
         check_group_name(group)?;
-        self.core.scheduler.transaction(|tx| read_states(tx.storage_tx(), group))
+        self.core
+            .scheduler
+            .transaction(|tx| read_states(tx.storage_tx(), group))
     }
 
     /// Runs every publication and delivery due now (what the alarm does).
@@ -894,7 +898,11 @@ where
         Ok(())
     }
 
-    fn delete_within(&self, tx: &mut Transaction<'_, '_, S>, group: &str) -> Result<(), TopologyError> {
+    fn delete_within(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        group: &str,
+    ) -> Result<(), TopologyError> {
         let Some(row) = tx.topology_group(group)?.filter(|r| !r.deleted) else {
             return Ok(());
         };
@@ -932,7 +940,11 @@ where
 
     /// Stages the latest state of the group again: a fresh version fences
     /// any publication in flight, so the latest snapshot is written again.
-    fn stage_latest(&self, tx: &mut Transaction<'_, '_, S>, group: &str) -> Result<(), TopologyError> {
+    fn stage_latest(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        group: &str,
+    ) -> Result<(), TopologyError> {
         let Some(p) = &self.publication else {
             return Ok(());
         };
@@ -1057,7 +1069,12 @@ where
                     .scheduler
                     .transaction(|tx| tx.topology_forget_write(id))
                 {
-                    tracing::warn!(event = "durability.topology.forget_failed", group = %group, error = %e);
+                    tracing::warn!(
+                        event = "durability.topology.forget_failed",
+                        group = %group,
+                        error = %e,
+                        "forgetting a settled write record failed"
+                    );
                 }
                 Self::report_publish_failed(&group, entry.attempt(), &error.to_string());
                 entry.retry();

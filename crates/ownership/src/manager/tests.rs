@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use durability_time::ManualClock;
 use crate::memory::InMemoryLeaseStore;
 use crate::scope::{ShardCount, StorageId};
 use crate::store::{LifecycleAdmin, OwnerSnapshot};
+use durability_time::ManualClock;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
 struct Counting {
