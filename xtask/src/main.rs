@@ -13,17 +13,15 @@
 //!   ratio to a baseline measured in the same run (release build). The
 //!   migration area measures SQLite files, PostgreSQL and MariaDB shards.
 //! - `verify`: the crash-point and simulation suites, with what they tried.
-#![allow(clippy::print_stdout)]
+//!
+//! xtask only orchestrates: the demo scenes, the benchmarks and the alarm
+//! soak live in the `durability-demo` package (`demo/`), which `demo`,
+//! `bench` and `verify` run through `cargo run`. xtask itself depends on no
+//! crate of the workspace (a tidy test checks it), so `cargo xtask` builds
+//! in seconds.
 
-mod alarms;
-mod bench;
-mod demo;
-mod migration;
-mod ownership;
-mod rss;
 #[cfg(test)]
 mod tidy;
-mod topology;
 
 use std::process::{Command, ExitCode};
 
@@ -34,11 +32,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("ci") => ci(),
-        Some("demo") => demo::run(&args[1..]),
-        Some("bench") => bench::run(&args[1..]),
-        Some("bench-inner") => bench::inner(&args[1..]),
-        Some("rss") => rss::inner(&args[1..]),
-        Some("alarms-rss") => alarms::rss_child(&args[1..]),
+        Some("demo") => demo(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         Some("verify") => verify(),
         _ => {
             eprintln!(
@@ -46,7 +41,7 @@ fn main() -> ExitCode {
                  demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
                  (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
                  bench areas: {}",
-                bench::AREAS.join(" | ")
+                BENCH_AREAS.join(" | ")
             );
             return ExitCode::from(2);
         }
@@ -60,22 +55,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The Redis server benches and `--redis` demos use.
-pub(crate) fn redis_url() -> String {
-    std::env::var("DURABILITY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
+/// The benchmark areas of `durability-demo` (`demo/src/bench.rs`, `AREAS`;
+/// a test keeps the two lists equal).
+const BENCH_AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration"];
 
-/// The PostgreSQL server of `demo --postgres` and the migration bench.
-pub(crate) fn postgres_url() -> String {
-    std::env::var("DURABILITY_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// The MariaDB server of `demo --mariadb` and the migration bench.
-pub(crate) fn mysql_url() -> String {
-    std::env::var("DURABILITY_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
+/// The demo package's binary, run by `demo`, `bench` and `verify`.
+const DEMO: [&str; 4] = ["--package", "durability-demo", "--bin", "durability-demo"];
 
 fn cargo(args: &[&str]) -> Result {
     run_cmd(Command::new(env_cargo()).args(args))
@@ -146,5 +131,45 @@ fn verify() -> Result {
         "test(/crash|model|lock_set|recover/)",
     ])?;
     eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
-    tokio::runtime::Runtime::new()?.block_on(alarms::soak(100_000, 7))
+    demo_bin(false, &["soak", "100000", "7"])
+}
+
+/// `cargo run` of the demo package's binary with `args`: a debug build, or
+/// a release build with `release`. Prints no command line, so the demo's
+/// output reads as before; a failure of the binary (which has already said
+/// why on stderr) is reported with its exit status.
+fn demo_bin(release: bool, args: &[&str]) -> Result {
+    let mut cmd = Command::new(env_cargo());
+    cmd.arg("run");
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.arg("--quiet").args(DEMO).arg("--").args(args);
+    let status = cmd.status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("durability-demo {} failed with {status}", args.join(" ")).into())
+    }
+}
+
+/// `demo [--redis] [--postgres] [--mariadb]`: the demo scenes, in a debug
+/// build of the demo package (the flags are checked there).
+fn demo(args: &[String]) -> Result {
+    let mut all = vec!["demo"];
+    all.extend(args.iter().map(String::as_str));
+    demo_bin(false, &all)
+}
+
+/// `bench [AREA]...`: the demo package built in release, then its
+/// `bench-inner` (the benchmarks measure optimised code). Unknown areas are
+/// refused before the release build.
+fn bench(args: &[String]) -> Result {
+    if let Some(other) = args.iter().find(|a| !BENCH_AREAS.contains(&a.as_str())) {
+        return Err(format!("unknown bench area {other:?}; known: {BENCH_AREAS:?}").into());
+    }
+    eprintln!("building durability-demo in release for benchmarks …");
+    let mut all = vec!["bench-inner"];
+    all.extend(args.iter().map(String::as_str));
+    demo_bin(true, &all).map_err(|e| format!("benchmarks failed: {e}").into())
 }

@@ -28,6 +28,20 @@ const FORBIDDEN: &[&str] = &[
     "mysql",
 ];
 
+/// The only packages `xtask` may depend on (normal dependencies, direct):
+/// xtask orchestrates `cargo`, so building it must not build the stack.
+const XTASK_ALLOWED_DEPS: &[&str] = &["serde_json"];
+
+/// Packages that must never be in xtask's normal dependency closure.
+const XTASK_HEAVY: &[&str] = &[
+    "tokio",
+    "rusqlite",
+    "libsqlite3-sys",
+    "redis",
+    "tokio-postgres",
+    "mysql_async",
+];
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -82,6 +96,93 @@ fn normal_closure(meta: &Value, id: &str) -> Vec<String> {
     seen.iter().map(|id| name_of(id)).collect()
 }
 
+/// The id of the workspace member named `name`.
+fn member_id<'m>(meta: &'m Value, name: &str) -> &'m str {
+    meta["workspace_members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|id| {
+            meta["packages"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["id"] == *id))
+                .is_some_and(|p| p["name"] == name)
+        })
+        .unwrap_or_else(|| panic!("{name} is a workspace member"))
+}
+
+/// Names of the direct normal dependencies of `id`.
+fn normal_deps(meta: &Value, id: &str) -> Vec<String> {
+    let nodes = meta["resolve"]["nodes"].as_array().expect("resolve nodes");
+    let node = nodes
+        .iter()
+        .find(|n| n["id"] == id)
+        .expect("the package is in the resolve graph");
+    node["deps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|dep| {
+            dep["dep_kinds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k["kind"].is_null())
+        })
+        .filter_map(|dep| {
+            let pkg = dep["pkg"].as_str()?;
+            meta["packages"]
+                .as_array()?
+                .iter()
+                .find(|p| p["id"] == pkg)?["name"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[test]
+fn xtask_depends_only_on_its_allowlist() {
+    let meta = metadata();
+    let id = member_id(&meta, "xtask");
+    let extra: Vec<String> = normal_deps(&meta, id)
+        .into_iter()
+        .filter(|n| !XTASK_ALLOWED_DEPS.contains(&n.as_str()))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "xtask depends on {extra:?}: xtask only orchestrates cargo (allowed: {XTASK_ALLOWED_DEPS:?}); \
+         demo and bench code belongs in the durability-demo package"
+    );
+    let closure = normal_closure(&meta, id);
+    let heavy: Vec<&String> = closure
+        .iter()
+        .skip(1) // xtask itself
+        .filter(|n| n.starts_with("durability") || XTASK_HEAVY.contains(&n.as_str()))
+        .collect();
+    assert!(
+        heavy.is_empty(),
+        "xtask reaches {heavy:?} through its normal dependencies"
+    );
+}
+
+#[test]
+fn xtask_knows_the_demo_bench_areas() {
+    let bench = std::fs::read_to_string(root().join("demo/src/bench.rs"))
+        .expect("demo/src/bench.rs exists");
+    let line = bench
+        .lines()
+        .find(|l| l.starts_with("pub(crate) const AREAS: &[&str] = &["))
+        .expect("demo/src/bench.rs declares AREAS");
+    let listed: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+    assert_eq!(
+        listed,
+        crate::BENCH_AREAS,
+        "xtask's BENCH_AREAS must list the areas of demo/src/bench.rs"
+    );
+}
+
 #[test]
 fn capability_crates_depend_on_no_storage_driver() {
     let meta = metadata();
@@ -123,6 +224,17 @@ fn every_crate_directory_is_in_architecture_md() {
             missing.push(name);
         }
     }
+    // The packages outside crates/ (demo, tests, xtask) have a section each.
+    for entry in std::fs::read_dir(root()).expect("workspace root") {
+        let entry = entry.expect("dir entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "crates" || !entry.path().join("Cargo.toml").exists() {
+            continue;
+        }
+        if !arch.contains(&format!("### `{name}`")) {
+            missing.push(name);
+        }
+    }
     assert!(
         missing.is_empty(),
         "crates missing from ARCHITECTURE.md: {missing:?}"
@@ -147,7 +259,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_test_is_ignored() {
     let mut files = Vec::new();
-    for dir in ["crates", "tests", "xtask"] {
+    for dir in ["crates", "demo", "tests", "xtask"] {
         rust_files(&root().join(dir), &mut files);
     }
     assert!(files.len() > 10, "the tidy check found the sources");

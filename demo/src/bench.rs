@@ -1,6 +1,8 @@
-//! `cargo xtask bench [AREA]`: one JSON object per line and figure on stdout,
-//! each with its ratio to a baseline measured in the same run; human text on
-//! stderr. Runs itself again in a release build unless already in one.
+//! `cargo xtask bench [AREA]` (`durability-demo bench-inner [AREA]` in a
+//! release build): one JSON object per line and figure on stdout, each with
+//! its ratio to a baseline measured in the same run; human text on stderr.
+//! `durability-demo bench` runs itself again in a release build unless
+//! already in one.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -17,14 +19,16 @@ pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms",
 
 pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
-        eprintln!("building xtask in release for benchmarks …");
+        eprintln!("building durability-demo in release for benchmarks …");
         let status = Command::new(crate::env_cargo())
             .args([
                 "run",
                 "--release",
                 "--quiet",
                 "--package",
-                "xtask",
+                "durability-demo",
+                "--bin",
+                "durability-demo",
                 "--",
                 "bench-inner",
             ])

@@ -8,7 +8,7 @@
 
 #![allow(
     clippy::print_stdout,
-    reason = "xtask prints its story and its JSON lines"
+    reason = "the demo prints its story and its JSON lines"
 )]
 
 use std::error::Error;

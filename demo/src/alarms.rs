@@ -1,12 +1,13 @@
-//! Alarms in xtask: the demo scene (alarms firing on the host that owns an
-//! object after the first host dies) and the alarm benchmarks.
+//! Alarms in the demo package: the demo scene (alarms firing on the host
+//! that owns an object after the first host dies) and the alarm benchmarks.
 //!
 //! - [`demo`]: SQLite index by default, Redis (server time) with a URL.
 //! - [`bench()`]: `alarms.set_alarm` against a bare SQLite commit plus a bare
 //!   `ZADD`; `alarms.dispatch` of 100k due alarms against a bare
 //!   `ZRANGEBYSCORE` + `ZREM` loop, with p50/p99 lateness; and the peak RSS
 //!   of a dispatcher over 10k and 1M pending alarms, each measured in a
-//!   child process (`xtask alarms-rss <index file>`, see [`rss_child`]).
+//!   child process (`durability-demo alarms-rss <index file>`, see
+//!   [`rss_child`]).
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
@@ -631,7 +632,7 @@ fn rss_in_child(n: u64) -> Result<u64> {
     Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
 
-/// `xtask alarms-rss <index file>` (child process of [`bench()`]): opens a
+/// `durability-demo alarms-rss <index file>` (child process of [`bench()`]): opens a
 /// SQLite alarm index already holding the pending alarms (due far in the
 /// future), adds 1,000 due now, runs a dispatcher until they are delivered,
 /// and prints its peak RSS (`VmHWM`, KiB) on stdout.
@@ -639,7 +640,9 @@ fn rss_in_child(n: u64) -> Result<u64> {
 /// # Errors
 /// Any failure opening the index or dispatching.
 pub(crate) fn rss_child(args: &[String]) -> Result {
-    let path = args.first().ok_or("usage: xtask alarms-rss <index file>")?;
+    let path = args
+        .first()
+        .ok_or("usage: durability-demo alarms-rss <index file>")?;
     let index = Arc::new(SqliteAlarmIndex::open(path, Synchronous::Off)?);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

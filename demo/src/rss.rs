@@ -1,5 +1,6 @@
-//! Peak-memory measurements: `xtask rss <scenario> <n>` runs one scenario in
-//! a fresh process and prints its peak RSS (`VmHWM`, KiB) on stdout.
+//! Peak-memory measurements: `durability-demo rss <scenario> <n>` runs one
+//! scenario in a fresh process and prints its peak RSS (`VmHWM`, KiB) on
+//! stdout.
 
 use std::process::Command;
 
@@ -23,7 +24,7 @@ pub(crate) fn measure(scenario: &str, n: u64) -> Result<u64> {
 
 pub(crate) fn inner(args: &[String]) -> Result {
     let (Some(scenario), Some(n)) = (args.first(), args.get(1)) else {
-        return Err("usage: xtask rss <scenario> <n>".into());
+        return Err("usage: durability-demo rss <scenario> <n>".into());
     };
     let n: u64 = n.parse()?;
     match scenario.as_str() {

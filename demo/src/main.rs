@@ -1,0 +1,90 @@
+//! Demo scenes, benchmarks and the alarm soak: `durability-demo <command>`.
+//! `cargo xtask demo | bench | verify` run this binary.
+//!
+//! - `demo [--redis] [--postgres] [--mariadb]`: the main job, a readable run
+//!   on embedded SQLite. `--redis` publishes, leases and indexes alarms
+//!   through Redis; `--postgres` and `--mariadb` run the migration scene on
+//!   PostgreSQL or MariaDB shards instead of SQLite files (a schema or
+//!   database per shard and one for the mapping store, created for the run
+//!   and dropped at the end; an unreachable server fails the command).
+//! - `bench [AREA]`: benchmarks printing one JSON line per figure with its
+//!   ratio to a baseline measured in the same run (release build: a debug
+//!   build runs itself again as `bench-inner` in release). The migration
+//!   area measures SQLite files, PostgreSQL and MariaDB shards.
+//! - `soak N SEED`: the alarm soak `cargo xtask verify` runs (`N` alarms,
+//!   random dispatch failures and dispatcher crashes, seeded by `SEED`).
+//! - `bench-inner`, `rss`, `alarms-rss`: child-process entry points of the
+//!   benchmarks.
+#![allow(clippy::print_stdout)]
+
+mod alarms;
+mod bench;
+mod demo;
+mod migration;
+mod ownership;
+mod rss;
+mod topology;
+
+use std::process::ExitCode;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
+        Some("bench-inner") => bench::inner(&args[1..]),
+        Some("rss") => rss::inner(&args[1..]),
+        Some("alarms-rss") => alarms::rss_child(&args[1..]),
+        Some("soak") => soak(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: durability-demo <demo [--redis] [--postgres] [--mariadb] | bench [AREA] | soak N SEED>\n  \
+                 demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
+                 (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
+                 bench areas: {}",
+                bench::AREAS.join(" | ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("durability-demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The Redis server benches and `--redis` demos use.
+pub(crate) fn redis_url() -> String {
+    std::env::var("DURABILITY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The PostgreSQL server of `demo --postgres` and the migration bench.
+pub(crate) fn postgres_url() -> String {
+    std::env::var("DURABILITY_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The MariaDB server of `demo --mariadb` and the migration bench.
+pub(crate) fn mysql_url() -> String {
+    std::env::var("DURABILITY_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// The `cargo` that runs this binary (for the release re-run of `bench`).
+pub(crate) fn env_cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// `soak N SEED`: the full-size alarm soak of `cargo xtask verify`.
+fn soak(args: &[String]) -> Result {
+    let (Some(n), Some(seed)) = (args.first(), args.get(1)) else {
+        return Err("usage: durability-demo soak <n> <seed>".into());
+    };
+    let (n, seed): (usize, u64) = (n.parse()?, seed.parse()?);
+    tokio::runtime::Runtime::new()?.block_on(alarms::soak(n, seed))
+}
