@@ -7,6 +7,7 @@ use serde_json::Value;
 
 /// Capability crates: logic only, never a storage driver.
 const CAPABILITY_CRATES: &[&str] = &[
+    "durability-time",
     "durability-scheduler",
     "durability-outbox",
     "durability-ownership",
@@ -625,5 +626,120 @@ fn crate_graph_in_architecture_md_matches_cargo_metadata() {
         list(&add),
         list(&remove),
         list(&actual.iter().collect::<Vec<_>>()),
+    );
+}
+
+/// What only `crates/time` may define: a second clock, backoff, jitter
+/// source or safe-integer limit anywhere else is a finding. Built from parts
+/// so this file does not trip its own check.
+fn time_owned_definitions() -> Vec<String> {
+    [
+        ("trait", " Clock"),
+        ("impl Clock", " for"),
+        ("struct", " ManualClock"),
+        ("struct", " SystemClock"),
+        ("struct", " Backoff"),
+        ("enum", " Jitter"),
+        ("Jitter", "Fn"),
+        ("const MAX_SAFE", "_INTEGER"),
+        ("const MAX_SAFE", "_UNSIGNED"),
+        ("fn default", "_backoff"),
+    ]
+    .iter()
+    .map(|(a, b)| format!("{a}{b}"))
+    .collect()
+}
+
+/// Whether a line of library code draws randomness other than an
+/// identifier (`rand::random::<u64>()` / `<u128>()` name schemas and tokens;
+/// jitter draws from `durability_time::Random`).
+fn draws_jitter(line: &str) -> bool {
+    let uses_rand =
+        line.contains("rand::") || line.contains("Rng") || line.contains("random_range");
+    let identifier =
+        line.contains("rand::random::<u64>()") || line.contains("rand::random::<u128>()");
+    uses_rand && !identifier && !line.trim_start().starts_with("//")
+}
+
+#[test]
+fn only_the_time_crate_keeps_time() {
+    let root = root();
+    let mut files = Vec::new();
+    for dir in ["crates", "demo", "tests", "xtask/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let time_crate = root.join("crates/time");
+    let this_file = root.join("xtask/src/tidy.rs");
+    let owned = time_owned_definitions();
+    let select = [format!("select{}", "!"), format!("select{}", "(")];
+    let mut findings = Vec::new();
+    let mut library_files = 0;
+    for file in files
+        .iter()
+        .filter(|f| !f.starts_with(&time_crate) && **f != this_file)
+    {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let rel = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let library = rel.starts_with("crates/") && rel.contains("/src/");
+        library_files += usize::from(library);
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            for def in &owned {
+                if line.contains(def.as_str()) {
+                    findings.push(format!("{rel}:{}: `{def}` belongs in crates/time", i + 1));
+                }
+            }
+            if !library {
+                continue;
+            }
+            if draws_jitter(line) {
+                findings.push(format!(
+                    "{rel}:{}: draw jitter from durability_time::Random, not `{}`",
+                    i + 1,
+                    line.trim()
+                ));
+            }
+            let races_a_sleep = select.iter().any(|s| line.contains(s.as_str()))
+                && lines[i..lines.len().min(i + 12)]
+                    .iter()
+                    .any(|l| l.contains("sleep"));
+            if races_a_sleep {
+                findings.push(format!(
+                    "{rel}:{}: a deadline raced by hand; use durability_time::timeout_at",
+                    i + 1
+                ));
+            }
+        }
+    }
+    assert!(library_files > 50, "the check found the library sources");
+    assert!(
+        findings.is_empty(),
+        "time outside crates/time:\n{}",
+        findings.join("\n")
+    );
+}
+
+#[test]
+fn the_time_check_recognises_what_it_forbids() {
+    assert!(draws_jitter("let r = rand::random::<f64>();"));
+    assert!(draws_jitter("let mut rng = StdRng::seed_from_u64(1);"));
+    assert!(!draws_jitter(
+        "Self(format!(\"{:032x}\", rand::random::<u128>()))"
+    ));
+    assert!(!draws_jitter("// rand::random::<f64>() is not used"));
+    let owned = time_owned_definitions();
+    assert!(
+        owned
+            .iter()
+            .any(|d| "pub trait Clock: Send".contains(d.as_str()))
+    );
+    assert!(
+        owned
+            .iter()
+            .any(|d| "pub const MAX_SAFE_INTEGER: u64 = 1;".contains(d.as_str()))
     );
 }
