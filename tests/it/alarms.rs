@@ -5,7 +5,6 @@
 //! and a small soak with random failures, deletes and crashes.
 #![allow(clippy::unwrap_used)]
 
-#[path = "alarms/support.rs"]
 mod support;
 
 use std::collections::BTreeSet;

@@ -5,7 +5,6 @@
 //! write step.
 #![allow(clippy::unwrap_used)]
 
-#[path = "topology/support.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -8,15 +8,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "migration_dialects/shards.rs"]
-mod shards;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{Ident, MappingStore, MoveState, Row, Value, VerifyOptions, row};
-use shards::{Env, Kind, clean_verify, env};
 
 use Kind::{MySql, Postgres, Sqlite};
 
