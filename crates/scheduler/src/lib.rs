@@ -21,8 +21,9 @@
 //!
 //! # Features
 //!
-//! - `testkit`: the `testkit` module, with an in-memory storage, a crash-injecting
-//!   storage wrapper, and the conformance suite for backends.
+//! - `conformance`: the `conformance` module (the suite for backends, run with
+//!   [`scheduler_conformance!`]) and the `testkit` module it re-exports: an
+//!   in-memory storage and a crash-injecting storage wrapper.
 
 mod clock;
 mod driver;
@@ -31,8 +32,10 @@ mod scheduler;
 mod schema;
 mod storage;
 
-#[cfg(any(test, feature = "testkit"))]
+#[cfg(any(test, feature = "conformance"))]
 pub mod testkit;
+#[cfg(any(test, feature = "conformance"))]
+pub use testkit::conformance;
 
 pub use clock::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use driver::{DEFAULT_IDLE_RETRY, Driver};
