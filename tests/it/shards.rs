@@ -1,15 +1,15 @@
 //! Shard factories for the dialect tests: SQLite files, PostgreSQL schemas
 //! and MariaDB databases, each with the test tables, and an environment of
-//! named shards of mixed dialects sharing one clock, mapping store and crash
-//! plan.
+//! named shards of mixed dialects on the migration crate's crash harness
+//! (`durability_migration::conformance::harness`).
 
 use std::sync::Arc;
 
-use durability_migration::conformance::{FaultMappingStore, FaultPlan, FaultShard};
-use durability_migration::{
-    Dialect, Ident, ManualClock, MappingStore, MemoryMappingStore, MigrationConfig, Router, Row,
-    Shard, VerifyOptions,
-};
+use std::ops::{Deref, DerefMut};
+
+use durability_migration::conformance::harness::Harness;
+pub(crate) use durability_migration::conformance::harness::clean_verify;
+use durability_migration::{MemoryMappingStore, Shard};
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
 use durability_storage_postgres::testkit::TestSchema;
@@ -81,15 +81,27 @@ async fn make(kind: Kind) -> Option<(Arc<dyn Shard>, Guard)> {
     }
 }
 
-/// Named shards `s0`, `s1`, … of the given kinds, one mapping store, one
-/// clock and one crash plan.
+/// Named shards `s0`, `s1`, … of the given kinds on the migration crate's
+/// crash harness (one mapping store, one clock and one crash plan), with the
+/// harness's mapping store kept at its type.
 pub(crate) struct Env {
-    pub(crate) clock: ManualClock,
-    pub(crate) shards: Vec<(String, Arc<dyn Shard>)>,
+    h: Harness,
     pub(crate) mapping: Arc<MemoryMappingStore>,
-    pub(crate) plan: Arc<FaultPlan>,
-    pub(crate) journal: &'static str,
     _guards: Vec<Guard>,
+}
+
+impl Deref for Env {
+    type Target = Harness;
+
+    fn deref(&self) -> &Harness {
+        &self.h
+    }
+}
+
+impl DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.h
+    }
 }
 
 /// An environment, or `None` when a server it needs is unreachable.
@@ -101,89 +113,15 @@ pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
         shards.push((format!("s{i}"), s));
         guards.push(g);
     }
+    let mapping = Arc::new(MemoryMappingStore::new());
+    let h = Harness::new(shards, mapping.clone())
+        .table("users")
+        .table("docs")
+        .table("bkeys")
+        .table_with_key_column("orgs", "org_id");
     Some(Env {
-        clock: ManualClock::new(1_700_000_000_000),
-        shards,
-        mapping: Arc::new(MemoryMappingStore::new()),
-        plan: FaultPlan::new(),
-        journal: "s0",
+        h,
+        mapping,
         _guards: guards,
     })
-}
-
-impl Env {
-    pub(crate) fn config(&self, faulty: bool, ttl: u64) -> MigrationConfig {
-        let mapping: Arc<dyn MappingStore> = if faulty {
-            Arc::new(FaultMappingStore::new(
-                self.mapping.clone(),
-                Arc::clone(&self.plan),
-            ))
-        } else {
-            self.mapping.clone()
-        };
-        let mut c = MigrationConfig::new(mapping)
-            .journal_shard(self.journal)
-            .mapping_cache_ttl_ms(ttl)
-            .clock(Arc::new(self.clock.clone()))
-            .table("users")
-            .table("docs")
-            .table("bkeys")
-            .table_with_key_column("orgs", "org_id");
-        for (name, s) in &self.shards {
-            let shard: Arc<dyn Shard> = if faulty {
-                Arc::new(FaultShard::new(Arc::clone(s), Arc::clone(&self.plan)))
-            } else {
-                Arc::clone(s)
-            };
-            c = c.shard(name.clone(), shard);
-        }
-        c
-    }
-
-    // Shared by several test binaries; not all use every helper.
-    #[allow(dead_code)]
-    pub(crate) async fn router_with(&self, faulty: bool, ttl: u64) -> Router {
-        let r = Router::new(self.config(faulty, ttl)).unwrap();
-        r.init().await.unwrap();
-        r
-    }
-
-    #[allow(dead_code)]
-    pub(crate) async fn router(&self) -> Router {
-        self.router_with(false, 30_000).await
-    }
-
-    pub(crate) fn shard(&self, name: &str) -> &Arc<dyn Shard> {
-        &self.shards.iter().find(|(n, _)| n == name).unwrap().1
-    }
-
-    /// Live rows of (table, key column, key) on every shard.
-    pub(crate) async fn live(&self, table: &str, col: &str, key: &str) -> Vec<(String, Row)> {
-        let mut out = Vec::new();
-        for (name, s) in &self.shards {
-            let d: Dialect = s.dialect();
-            let st = d.select_row(&Ident::new(table).unwrap(), &Ident::new(col).unwrap(), key);
-            for r in s.query(&st).await.unwrap() {
-                out.push((name.clone(), r));
-            }
-        }
-        out
-    }
-}
-
-/// A repairing verification is clean, and a second one repairs nothing.
-pub(crate) async fn clean_verify(r: &Router) {
-    let rep = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap();
-    assert!(rep.clean, "repairing verification is clean: {rep:?}");
-    let rep = r.verify_migrations(VerifyOptions::default()).await.unwrap();
-    assert!(
-        rep.clean && rep.repaired.is_empty(),
-        "second verification is clean: {rep:?}"
-    );
 }

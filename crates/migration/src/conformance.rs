@@ -3,9 +3,12 @@
 //!
 //! A backend is done when its tests call [`shard_suite`] (for shards) or
 //! [`mapping_store_suite`] (for mapping stores) and pass. The suites panic
-//! on a violation, like any test assertion.
+//! on a violation, like any test assertion. [`harness`] is the crash/fault
+//! harness every backend's migration suite builds its scenarios on.
 
 #![allow(clippy::unwrap_used, missing_docs)]
+
+pub mod harness;
 
 use std::sync::Arc;
 use std::sync::Mutex;
