@@ -9,8 +9,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{CrashRun, Harness, clean_verify, user};
-use durability_migration::conformance::{self, FaultMode};
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident,
     ManualClock, MappingStore, MigrateOptions, MigrationConfig, MigrationError, MoveOptions,
@@ -107,21 +107,33 @@ impl Env {
     }
 }
 
-#[tokio::test]
-async fn sqlite_shard_conforms() {
-    let e = env(1);
-    conformance::shard_suite(e.shard("s0").as_ref(), "conf_t").await;
-    let mem = SqliteShard::open_in_memory().unwrap();
-    conformance::shard_suite(&mem, "conf_t").await;
+/// A file shard with the test tables, as `env(1)` opens `s0`.
+fn file_shard() -> (SqliteShard, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteShard::open(dir.path().join("s0.db")).unwrap();
+    s.execute_sync(SCHEMA).unwrap();
+    (s, dir)
 }
 
-#[tokio::test]
-async fn sqlite_mapping_store_conforms() {
-    let e = env(1);
-    conformance::mapping_store_suite(e.mapping.as_ref(), "c:").await;
-    let mem = SqliteMappingStore::open_in_memory().unwrap();
-    conformance::mapping_store_suite(&mem, "c:").await;
-}
+durability_migration::shard_conformance!(sqlite_shard_conforms, "conf_t", async {
+    Some(file_shard())
+});
+
+durability_migration::shard_conformance!(sqlite_memory_shard_conforms, "conf_t", async {
+    Some((SqliteShard::open_in_memory().unwrap(), ()))
+});
+
+durability_migration::mapping_store_conformance!(sqlite_mapping_store_conforms, "c:", async {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteMappingStore::open(dir.path().join("map.db")).unwrap();
+    Some((store, dir))
+});
+
+durability_migration::mapping_store_conformance!(
+    sqlite_memory_mapping_store_conforms,
+    "c:",
+    async { Some((SqliteMappingStore::open_in_memory().unwrap(), ())) }
+);
 
 #[tokio::test]
 async fn routed_reads_and_writes() {
