@@ -1,6 +1,9 @@
-//! The conformance suites: [`run_index`] for [`AlarmIndex`] backends and
-//! [`run_tx`] for [`AlarmTx`] backends, plus the in-memory storage they are
-//! checked against ([`memory_storage`]).
+//! The conformance suites: [`INDEX_CASES`] for [`AlarmIndex`] backends and
+//! [`TX_CASES`] for [`AlarmTx`] backends, plus the in-memory storage they are
+//! checked against ([`memory_storage`]). A backend's test file runs a suite
+//! with one macro call, [`alarm_index_conformance!`](crate::alarm_index_conformance)
+//! or [`alarm_tx_conformance!`](crate::alarm_tx_conformance), which emits one
+//! test per case; [`run_index`] and [`run_tx`] run a whole suite in one go.
 //!
 //! Each check panics with a message naming the broken rule. Index checks
 //! pass `now` explicitly: a backend that reads its own clock (Redis `TIME`)
@@ -48,15 +51,39 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = I>,
 {
-    upsert_is_idempotent_and_replaces(&make().await).await;
-    delete_is_token_fenced(&make().await).await;
-    promote_moves_only_due_jobs_in_batches(&make().await).await;
-    claim_is_exclusive_and_earliest_first(&make().await).await;
-    settlement_is_run_token_fenced(&make().await).await;
-    retry_returns_to_due(&make().await).await;
-    lease_expiry_returns_job_and_fences_old_run(&make().await).await;
-    upsert_during_run_is_not_swallowed(&make().await).await;
-    delete_during_run_cannot_be_resurrected(&make().await).await;
+    for name in INDEX_CASES {
+        run_index_case(name, &make().await).await;
+    }
+}
+
+/// The names of the [`AlarmIndex`] suite's cases, in order (each runs on a
+/// fresh, empty index).
+pub const INDEX_CASES: &[&str] = crate::alarm_index_conformance!(@cases names);
+
+/// Runs the [`AlarmIndex`] case `name` on `ix` (fresh and empty).
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`INDEX_CASES`].
+pub async fn run_index_case<I: AlarmIndex>(name: &str, ix: &I) {
+    match name {
+        "upsert_is_idempotent_and_replaces" => upsert_is_idempotent_and_replaces(ix).await,
+        "delete_is_token_fenced" => delete_is_token_fenced(ix).await,
+        "promote_moves_only_due_jobs_in_batches" => {
+            promote_moves_only_due_jobs_in_batches(ix).await;
+        }
+        "claim_is_exclusive_and_earliest_first" => claim_is_exclusive_and_earliest_first(ix).await,
+        "settlement_is_run_token_fenced" => settlement_is_run_token_fenced(ix).await,
+        "retry_returns_to_due" => retry_returns_to_due(ix).await,
+        "lease_expiry_returns_job_and_fences_old_run" => {
+            lease_expiry_returns_job_and_fences_old_run(ix).await;
+        }
+        "upsert_during_run_is_not_swallowed" => upsert_during_run_is_not_swallowed(ix).await,
+        "delete_during_run_cannot_be_resurrected" => {
+            delete_during_run_cannot_be_resurrected(ix).await;
+        }
+        other => panic!("no alarm index conformance case {other:?}"),
+    }
 }
 
 async fn upsert_is_idempotent_and_replaces<I: AlarmIndex>(ix: &I) {
@@ -355,14 +382,34 @@ where
     S: Storage,
     for<'t> S::Tx<'t>: AlarmTx,
 {
-    let fresh = || {
-        let s = make();
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("alarm schema applies");
-        s
-    };
-    row_roundtrip(&fresh());
-    rollback_leaves_row(&fresh());
-    schema_reverts_and_reapplies(&fresh());
+    for name in TX_CASES {
+        run_tx_case(name, &make);
+    }
+}
+
+/// The names of the [`AlarmTx`] suite's cases, in order (each runs on a
+/// fresh storage).
+pub const TX_CASES: &[&str] = crate::alarm_tx_conformance!(@cases names);
+
+/// Runs the [`AlarmTx`] case `name` on a fresh storage from `make`, with the
+/// alarm schema applied.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`TX_CASES`].
+pub fn run_tx_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    let s = make();
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("alarm schema applies");
+    match name {
+        "row_roundtrip" => row_roundtrip(&s),
+        "rollback_leaves_row" => rollback_leaves_row(&s),
+        "schema_reverts_and_reapplies" => schema_reverts_and_reapplies(&s),
+        other => panic!("no alarm row conformance case {other:?}"),
+    }
 }
 
 fn row_roundtrip<S: Storage>(s: &S)
@@ -575,4 +622,93 @@ impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
     async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
         self.inner.counts().await
     }
+}
+
+/// Emits one `#[tokio::test]` per case of the [`AlarmIndex`](crate::AlarmIndex)
+/// conformance suite ([`conformance::INDEX_CASES`](crate::conformance::INDEX_CASES)),
+/// in a module named `$module`. Each test awaits `$make` (an expression
+/// evaluated in the test, inside the new module, which sees the caller's
+/// items through `use super::*`) for an `Option` of a fresh, empty index and
+/// a guard kept alive for the case (`()` when there is none); it returns
+/// when that is `None` (a service that is not there), and otherwise runs the
+/// case, then awaits `$finish(&index)` when given (cleanup on a shared
+/// server).
+///
+/// ```text
+/// durability_alarms::alarm_index_conformance!(on_memory, async { Some((MemoryAlarmIndex::new(), ())) });
+/// ```
+#[macro_export]
+macro_rules! alarm_index_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::alarm_index_conformance! { @$($then)* [
+            upsert_is_idempotent_and_replaces
+            delete_is_token_fenced
+            promote_moves_only_due_jobs_in_batches
+            claim_is_exclusive_and_earliest_first
+            settlement_is_run_token_fenced
+            retry_returns_to_due
+            lease_expiry_returns_job_and_fences_old_run
+            upsert_during_run_is_not_swallowed
+            delete_during_run_cannot_be_resurrected
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($make:expr, $finish:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some((ix, _guard)) = $make.await else {
+                        return;
+                    };
+                    $crate::conformance::run_index_case(stringify!($case), &ix).await;
+                    ($finish)(&ix).await;
+                }
+            )*
+        }
+    };
+    ($module:ident, $make:expr, finish = $finish:expr $(,)?) => {
+        $crate::alarm_index_conformance! { @cases tests $module ($make, $finish) }
+    };
+    ($module:ident, $make:expr $(,)?) => {
+        $crate::alarm_index_conformance! { @cases tests $module ($make, |_| async {}) }
+    };
+}
+
+/// Emits one `#[test]` per case of the [`AlarmTx`](crate::AlarmTx)
+/// conformance suite ([`conformance::TX_CASES`](crate::conformance::TX_CASES)),
+/// in a module named `$module`, each running the case on fresh storages from
+/// the factory `$make` (an expression evaluated in each test, inside the new
+/// module, which sees the caller's items through `use super::*`).
+///
+/// ```text
+/// durability_alarms::alarm_tx_conformance!(rows_on_memory, durability_alarms::conformance::memory_storage);
+/// ```
+#[macro_export]
+macro_rules! alarm_tx_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::alarm_tx_conformance! { @$($then)* [
+            row_roundtrip
+            rollback_leaves_row
+            schema_reverts_and_reapplies
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    $crate::conformance::run_tx_case(stringify!($case), $make);
+                }
+            )*
+        }
+    };
+    ($module:ident, $make:expr $(,)?) => {
+        $crate::alarm_tx_conformance! { @cases tests $module ($make) }
+    };
 }

@@ -1,11 +1,19 @@
 //! Conformance suites for [`Shard`] and [`MappingStore`] backends, and the
 //! fault-injecting wrappers crash tests use.
 //!
-//! A backend is done when its tests call [`shard_suite`] (for shards) or
-//! [`mapping_store_suite`] (for mapping stores) and pass. The suites panic
-//! on a violation, like any test assertion.
+//! A backend is done when its tests run [`SHARD_CASES`] (for shards, one
+//! [`shard_conformance!`](crate::shard_conformance) call) or
+//! [`MAPPING_STORE_CASES`] (for mapping stores, one
+//! [`mapping_store_conformance!`](crate::mapping_store_conformance) call)
+//! and pass. Each suite is one case: its steps build on the state the
+//! previous ones left. [`ledger_suite`] is called directly by backends,
+//! which check what it leaves behind. The suites panic
+//! on a violation, like any test assertion. [`harness`] is the crash/fault
+//! harness every backend's migration suite builds its scenarios on.
 
 #![allow(clippy::unwrap_used, missing_docs)]
+
+pub mod harness;
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -555,4 +563,116 @@ pub async fn ledger_suite(ledger: &dyn crate::ledger::AllocationLedger) {
         keys.len() - 1,
         "a hostile key is data"
     );
+}
+
+/// The names of the [`Shard`] suite's cases ([`shard_suite`] is one case).
+pub const SHARD_CASES: &[&str] = crate::shard_conformance!(@cases names);
+
+/// Runs the [`Shard`] case `name` on `shard` (`table` must not exist yet).
+///
+/// # Panics
+/// When the case fails, or when `name` is not in [`SHARD_CASES`].
+pub async fn run_shard_case(name: &str, shard: &dyn Shard, table: &str) {
+    match name {
+        "shard_contract" => shard_suite(shard, table).await,
+        other => panic!("no shard conformance case {other:?}"),
+    }
+}
+
+/// The names of the [`MappingStore`] suite's cases ([`mapping_store_suite`]
+/// is one case).
+pub const MAPPING_STORE_CASES: &[&str] = crate::mapping_store_conformance!(@cases names);
+
+/// Runs the [`MappingStore`] case `name` on `store`, under the key prefix
+/// `prefix`.
+///
+/// # Panics
+/// When the case fails, or when `name` is not in [`MAPPING_STORE_CASES`].
+pub async fn run_mapping_store_case(name: &str, store: &dyn MappingStore, prefix: &str) {
+    match name {
+        "mapping_store_contract" => mapping_store_suite(store, prefix).await,
+        other => panic!("no mapping store conformance case {other:?}"),
+    }
+}
+
+/// Emits one `#[tokio::test]` per case of the [`Shard`](crate::Shard) suite
+/// ([`conformance::SHARD_CASES`](crate::conformance::SHARD_CASES)), in a
+/// module named `$module`. Each test awaits `$make` (an expression evaluated
+/// in the test, inside the new module, which sees the caller's items through
+/// `use super::*`) for an `Option` of a shard and a guard kept alive for the
+/// case (`()` when there is none), returns when that is `None` (a server
+/// that is not there), and otherwise runs the case with the table name
+/// `$table`.
+///
+/// ```text
+/// durability_migration::shard_conformance!(shard_conforms, "conf_t", async { Some((open_shard(), ())) });
+/// ```
+#[macro_export]
+macro_rules! shard_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::shard_conformance! { @$($then)* [shard_contract] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($table:expr, $make:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some((shard, _guard)) = $make.await else {
+                        return;
+                    };
+                    $crate::conformance::run_shard_case(stringify!($case), &shard, $table).await;
+                }
+            )*
+        }
+    };
+    ($module:ident, $table:expr, $make:expr $(,)?) => {
+        $crate::shard_conformance! { @cases tests $module ($table, $make) }
+    };
+}
+
+/// Emits one `#[tokio::test]` per case of the
+/// [`MappingStore`](crate::MappingStore) suite
+/// ([`conformance::MAPPING_STORE_CASES`](crate::conformance::MAPPING_STORE_CASES)),
+/// in a module named `$module`. Each test awaits `$make` (an expression
+/// evaluated in the test, inside the new module, which sees the caller's
+/// items through `use super::*`) for an `Option` of a store and a guard kept
+/// alive for the case (`()` when there is none), returns when that is
+/// `None`, and otherwise runs the case under the key prefix `$prefix`, then
+/// awaits `$finish(&store)` when given (cleanup on a shared server).
+///
+/// ```text
+/// durability_migration::mapping_store_conformance!(mapping_conforms, "c:", async { Some((open_store(), ())) });
+/// ```
+#[macro_export]
+macro_rules! mapping_store_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::mapping_store_conformance! { @$($then)* [mapping_store_contract] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($prefix:expr, $make:expr, $finish:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some((store, _guard)) = $make.await else {
+                        return;
+                    };
+                    $crate::conformance::run_mapping_store_case(stringify!($case), &store, $prefix)
+                        .await;
+                    ($finish)(&store).await;
+                }
+            )*
+        }
+    };
+    ($module:ident, $prefix:expr, $make:expr, finish = $finish:expr $(,)?) => {
+        $crate::mapping_store_conformance! { @cases tests $module ($prefix, $make, $finish) }
+    };
+    ($module:ident, $prefix:expr, $make:expr $(,)?) => {
+        $crate::mapping_store_conformance! { @cases tests $module ($prefix, $make, |_| async {}) }
+    };
 }

@@ -1,7 +1,9 @@
 //! The conformance suite for [`OutboxTx`] backends.
 //!
-//! A backend's tests call [`run`] with a factory of fresh, empty storages.
-//! Each check panics with a message naming the broken rule.
+//! The suite is a list of named cases ([`CASES`]). A backend's test file is
+//! one [`outbox_conformance!`](crate::outbox_conformance) call with a factory
+//! of fresh, empty storages (`impl Fn() -> S`); it emits one `#[test]` per
+//! case. Each check panics with a message naming the broken rule.
 
 use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 
@@ -20,7 +22,34 @@ fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     }
 }
 
-/// Runs every check on fresh storages from `make`.
+/// The names of the suite's cases, in order (each runs on a fresh storage).
+pub const CASES: &[&str] = crate::outbox_conformance!(@cases names);
+
+/// Runs the case `name` on a fresh storage from `make`, with the outbox
+/// schema applied.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`CASES`].
+pub fn run_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+{
+    let s = make();
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
+    match name {
+        "versions_only_increase" => versions_only_increase(&s),
+        "upsert_replaces_and_get_reads" => upsert_replaces_and_get_reads(&s),
+        "guarded_settlement" => guarded_settlement(&s),
+        "due_order_limit_and_channels" => due_order_limit_and_channels(&s),
+        "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
+        "schema_reverts_and_reapplies" => schema_reverts_and_reapplies(&s),
+        other => panic!("no outbox conformance case {other:?}"),
+    }
+}
+
+/// Runs every case in order, each on a fresh storage from `make`.
 ///
 /// # Panics
 /// On the first broken rule, naming it.
@@ -29,17 +58,9 @@ where
     S: Storage,
     for<'t> S::Tx<'t>: OutboxTx,
 {
-    let fresh = || {
-        let s = make();
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
-        s
-    };
-    versions_only_increase(&fresh());
-    upsert_replaces_and_get_reads(&fresh());
-    guarded_settlement(&fresh());
-    due_order_limit_and_channels(&fresh());
-    rollback_leaves_nothing(&fresh());
-    schema_reverts_and_reapplies(&fresh());
+    for name in CASES {
+        run_case(name, &make);
+    }
 }
 
 fn tx<S: Storage, R>(s: &S, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, StorageError>) -> R {
@@ -200,4 +221,43 @@ static MEMORY_STEPS: &[durability_scheduler::SchemaStep] = &[durability_schedule
 /// in-memory implementation of [`OutboxTx`].
 pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
     durability_scheduler::testkit::MemoryStorage::new().with_schema(SCHEMA, MEMORY_STEPS)
+}
+
+/// Emits one `#[test]` per case of the outbox conformance suite
+/// ([`conformance::CASES`](crate::conformance::CASES)), in a module named
+/// `$module`, each running the case on fresh storages from the factory
+/// `$make` (an expression evaluated in each test, inside the new module,
+/// which sees the caller's items through `use super::*`).
+///
+/// ```text
+/// durability_outbox::outbox_conformance!(outbox_on_memory, durability_outbox::conformance::memory_storage);
+/// ```
+#[macro_export]
+macro_rules! outbox_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::outbox_conformance! { @$($then)* [
+            versions_only_increase
+            upsert_replaces_and_get_reads
+            guarded_settlement
+            due_order_limit_and_channels
+            rollback_leaves_nothing
+            schema_reverts_and_reapplies
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    $crate::conformance::run_case(stringify!($case), $make);
+                }
+            )*
+        }
+    };
+    ($module:ident, $make:expr $(,)?) => {
+        $crate::outbox_conformance! { @cases tests $module ($make) }
+    };
 }

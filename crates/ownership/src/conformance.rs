@@ -1,9 +1,12 @@
 //! The conformance suite every [`LeaseStore`] backend runs.
 //!
-//! A backend implements [`Harness`] in its tests (how to expire a lease and
-//! plant a raw owner record on that store) and calls [`run_all`]. Each case
-//! uses its own storage id and lifecycle, so one harness runs every case.
-//! Cases panic with their name on failure.
+//! The suite is a list of named cases ([`CASES`]). A backend implements
+//! [`Harness`] in its tests (how to expire a lease and plant a raw owner
+//! record on that store) and its test file is one
+//! [`ownership_conformance!`](crate::ownership_conformance) call, which emits
+//! one `#[tokio::test]` per case. Each case uses its own storage id and
+//! lifecycle, so one harness can also run every case ([`run_all`]). Cases
+//! panic with their name on failure.
 
 use std::future::Future;
 
@@ -31,6 +34,12 @@ pub trait Harness: Send + Sync {
 
     /// The raw stored owner record (if any, live or not) and generation counter of `scope`.
     fn raw_state(&self, scope: &OwnerScope) -> impl Future<Output = RawState> + Send;
+
+    /// Called after a case passed: removes what the case stored on a shared
+    /// store. The default does nothing.
+    fn finish(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Raw stored state of a scope, compared to prove that nothing was written.
@@ -43,19 +52,7 @@ pub struct RawState {
 }
 
 /// The names of the cases [`run_all`] runs, in order.
-pub const CASES: &[&str] = &[
-    "claim_on_empty_scope_starts_at_generation_1",
-    "claim_while_held_returns_the_holder",
-    "claim_after_expiry_bumps_the_generation",
-    "renew_compares_the_exact_record",
-    "renew_checks_the_lifecycle",
-    "claim_checks_the_lifecycle_and_writes_nothing",
-    "version_lock_does_not_interrupt",
-    "release_is_exact_and_keeps_the_generation",
-    "malformed_records_fail_closed",
-    "snapshot_reads_everything",
-    "bad_ttl_is_refused_before_any_write",
-];
+pub const CASES: &[&str] = crate::ownership_conformance!(@cases names);
 
 fn task(name: &str) -> TaskId {
     TaskId::new(name).expect("valid task id")
@@ -109,7 +106,22 @@ async fn claimed<H: Harness>(h: &H, c: &Case, t: &str) -> OwnerRecord {
 /// Runs every case against `h`. `prefix` keeps this run's names apart from
 /// other runs on a shared store (`[A-Za-z0-9-]`, short).
 pub async fn run_all<H: Harness>(h: &H, prefix: &str) {
-    for (i, name) in CASES.iter().enumerate() {
+    for name in CASES {
+        run_case(h, name, prefix).await;
+    }
+}
+
+/// Runs the case `name` against `h`, under the names [`run_all`] gives it
+/// (`prefix` followed by the case's position in [`CASES`]).
+///
+/// # Panics
+/// When the case fails (naming it), or when `name` is not in [`CASES`].
+pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
+    let Some(i) = CASES.iter().position(|c| *c == name) else {
+        panic!("unknown case {name}");
+    };
+    let name = &CASES[i];
+    {
         let c = case(h, name, &format!("{prefix}{i}")).await;
         match *name {
             "claim_on_empty_scope_starts_at_generation_1" => {
@@ -417,4 +429,55 @@ pub async fn run_all<H: Harness>(h: &H, prefix: &str) {
 
 async fn snap_raw<H: Harness>(h: &H, c: &Case) -> RawState {
     h.raw_state(&c.scope).await
+}
+
+/// Emits one `#[tokio::test]` per case of the lease store conformance suite
+/// ([`conformance::CASES`](crate::conformance::CASES)), in a module named
+/// `$module`. Each test awaits `$harness` (an expression evaluated in the
+/// test, inside the new module, which sees the caller's items through
+/// `use super::*`) for an `Option` of a
+/// [`Harness`](crate::conformance::Harness), returns when it is `None` (a
+/// service that is not there), and otherwise runs the case under the name
+/// prefix `$prefix`, then calls [`Harness::finish`](crate::conformance::Harness::finish).
+///
+/// ```text
+/// durability_ownership::ownership_conformance!(conformance, "mem", async { Some(memory_harness()) });
+/// ```
+#[macro_export]
+macro_rules! ownership_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::ownership_conformance! { @$($then)* [
+            claim_on_empty_scope_starts_at_generation_1
+            claim_while_held_returns_the_holder
+            claim_after_expiry_bumps_the_generation
+            renew_compares_the_exact_record
+            renew_checks_the_lifecycle
+            claim_checks_the_lifecycle_and_writes_nothing
+            version_lock_does_not_interrupt
+            release_is_exact_and_keeps_the_generation
+            malformed_records_fail_closed
+            snapshot_reads_everything
+            bad_ttl_is_refused_before_any_write
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($prefix:expr, $harness:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some(h) = $harness.await else {
+                        return;
+                    };
+                    $crate::conformance::run_case(&h, stringify!($case), $prefix).await;
+                    $crate::conformance::Harness::finish(&h).await;
+                }
+            )*
+        }
+    };
+    ($module:ident, $prefix:expr, $harness:expr $(,)?) => {
+        $crate::ownership_conformance! { @cases tests $module ($prefix, $harness) }
+    };
 }

@@ -28,8 +28,9 @@
 //!
 //! # Features
 //!
-//! - `testkit`: the `testkit` module, with an in-memory storage, a crash-injecting
-//!   storage wrapper, and the conformance suite for backends.
+//! - `conformance`: the `conformance` module (the suite for backends, run with
+//!   [`scheduler_conformance!`]) and the `testkit` module it re-exports: an
+//!   in-memory storage and a crash-injecting storage wrapper.
 
 mod driver;
 mod error;
@@ -37,8 +38,10 @@ mod scheduler;
 mod schema;
 mod storage;
 
-#[cfg(any(test, feature = "testkit"))]
+#[cfg(any(test, feature = "conformance"))]
 pub mod testkit;
+#[cfg(any(test, feature = "conformance"))]
+pub use testkit::conformance;
 
 pub use driver::{DEFAULT_IDLE_RETRY, Driver};
 pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};

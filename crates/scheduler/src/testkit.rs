@@ -1,7 +1,8 @@
 //! Test support: an in-memory [`Storage`], a crash-injecting wrapper, and the
 //! conformance suite every backend's [`SchedulerTx`] runs.
 //!
-//! Enabled by the `testkit` feature.
+//! Enabled by the `conformance` feature; the suite is also reachable as
+//! `durability_scheduler::conformance`.
 
 use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
@@ -284,21 +285,45 @@ impl<S: Storage> Storage for CrashStorage<S> {
     }
 }
 
-/// The conformance suite for [`SchedulerTx`] and schema migrations. A backend
-/// calls [`conformance::run`] with a factory of fresh, empty storages whose
-/// `"conformance"` capability has at least two schema steps.
+/// The conformance suite for [`SchedulerTx`] and schema migrations, as a list
+/// of named cases ([`CASES`](conformance::CASES)). A backend's test file is one
+/// [`scheduler_conformance!`](crate::scheduler_conformance) call with a
+/// factory of fresh, empty storages whose `"conformance"` capability has at
+/// least two schema steps; it emits one `#[test]` per case.
+///
+/// The test support types ([`MemoryStorage`], [`CrashStorage`], ...) are
+/// re-exported here, so the feature's whole surface is under this module.
 pub mod conformance {
     use super::*;
     use crate::error::SchedulerError;
     use crate::schema::{SchemaTarget, migrate};
 
-    /// Runs every check; panics with the check's name on the first failure.
+    pub use super::{CrashMode, CrashStorage, MemoryState, MemoryStorage, MemoryTx};
+
+    /// The names of the suite's cases, in order.
+    pub const CASES: &[&str] = crate::scheduler_conformance!(@cases names);
+
+    /// Runs the case `name` on fresh storages from `make`.
+    ///
+    /// # Panics
+    /// When the case fails (naming the broken rule), or when `name` is not in
+    /// [`CASES`].
+    pub fn run_case<S: Storage>(name: &str, make: impl Fn() -> S) {
+        match name {
+            "alarm_roundtrip" => alarm_roundtrip(&make()),
+            "dues_and_earliest" => dues_and_earliest(&make()),
+            "rollback_discards" => rollback_discards(&make()),
+            "schema_versions" => schema_versions(&make()),
+            "migrate_up_down_and_unknown" => migrate_up_down_and_unknown(&make()),
+            other => panic!("no scheduler conformance case {other:?}"),
+        }
+    }
+
+    /// Runs every case in order; panics with the check's name on the first failure.
     pub fn run<S: Storage>(make: impl Fn() -> S) {
-        alarm_roundtrip(&make());
-        dues_and_earliest(&make());
-        rollback_discards(&make());
-        schema_versions(&make());
-        migrate_up_down_and_unknown(&make());
+        for name in CASES {
+            run_case(name, &make);
+        }
     }
 
     fn alarm_roundtrip<S: Storage>(s: &S) {
@@ -403,4 +428,42 @@ pub mod conformance {
             .expect_err("unknown capability");
         assert!(matches!(err, SchedulerError::UnknownSchema { .. }));
     }
+}
+
+/// Emits one `#[test]` per case of the scheduler conformance suite
+/// ([`conformance::CASES`](crate::conformance::CASES)), in a module named
+/// `$module`, each running the case on fresh storages from the factory
+/// `$make` (an expression evaluated in each test, inside the new module,
+/// which sees the caller's items through `use super::*`).
+///
+/// ```text
+/// durability_scheduler::scheduler_conformance!(scheduler_on_files, || open_storage());
+/// ```
+#[macro_export]
+macro_rules! scheduler_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::scheduler_conformance! { @$($then)* [
+            alarm_roundtrip
+            dues_and_earliest
+            rollback_discards
+            schema_versions
+            migrate_up_down_and_unknown
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    $crate::conformance::run_case(stringify!($case), $make);
+                }
+            )*
+        }
+    };
+    ($module:ident, $make:expr $(,)?) => {
+        $crate::scheduler_conformance! { @cases tests $module ($make) }
+    };
 }

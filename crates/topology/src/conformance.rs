@@ -1,9 +1,13 @@
 //! Conformance suites for topology backends, and in-memory implementations.
 //!
-//! - [`run_tx`]: every [`TopologyTx`] backend (object storage).
+//! - [`TX_CASES`]: every [`TopologyTx`] backend (object storage), one test
+//!   per case from one [`topology_tx_conformance!`](crate::topology_tx_conformance)
+//!   call ([`run_tx`] runs them all in one go).
 //! - [`run_publication`]: every [`Publisher`] + [`ReadStore`] pair (the
 //!   publication store); `versioned` adds the checks of a store that keeps
-//!   only the highest version per group and coordinator.
+//!   only the highest version per group and coordinator. It is one scenario
+//!   (each step builds on the state the previous one left), so it is one
+//!   case: backends call it from their own test, next to their own checks.
 //! - [`memory_storage`]: the scheduler's in-memory storage with the outbox
 //!   and topology schemas registered.
 //! - [`MemoryPublication`]: an in-memory publication store (plain or
@@ -255,17 +259,37 @@ where
     S: Storage,
     for<'t> S::Tx<'t>: TopologyTx,
 {
-    let fresh = || {
-        let s = make();
-        migrate(&s, durability_outbox::SCHEMA, &SchemaTarget::Latest).expect("outbox schema");
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("topology schema");
-        s
-    };
-    groups_roundtrip(&fresh());
-    states_roundtrip(&fresh());
-    write_records(&fresh());
-    rollback_leaves_nothing(&fresh());
-    schema_reverts(&fresh());
+    for name in TX_CASES {
+        run_tx_case(name, &make);
+    }
+}
+
+/// The names of the [`TopologyTx`] suite's cases, in order (each runs on a
+/// fresh storage).
+pub const TX_CASES: &[&str] = crate::topology_tx_conformance!(@cases names);
+
+/// Runs the [`TopologyTx`] case `name` on a fresh storage from `make`, with
+/// the outbox and topology schemas applied.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`TX_CASES`].
+pub fn run_tx_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    let s = make();
+    migrate(&s, durability_outbox::SCHEMA, &SchemaTarget::Latest).expect("outbox schema");
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("topology schema");
+    match name {
+        "groups_roundtrip" => groups_roundtrip(&s),
+        "states_roundtrip" => states_roundtrip(&s),
+        "write_records" => write_records(&s),
+        "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
+        "schema_reverts" => schema_reverts(&s),
+        other => panic!("no topology conformance case {other:?}"),
+    }
 }
 
 fn groups_roundtrip<S: Storage>(s: &S)
@@ -381,4 +405,42 @@ where
     migrate(s, SCHEMA, &SchemaTarget::Latest).expect("reapply");
     tx(s, |t| t.topology_put_state("g", "a", "2"));
     assert_eq!(tx(s, |t| t.topology_states("g")).len(), 1);
+}
+
+/// Emits one `#[test]` per case of the [`TopologyTx`](crate::TopologyTx)
+/// conformance suite ([`conformance::TX_CASES`](crate::conformance::TX_CASES)),
+/// in a module named `$module`, each running the case on fresh storages from
+/// the factory `$make` (an expression evaluated in each test, inside the new
+/// module, which sees the caller's items through `use super::*`).
+///
+/// ```text
+/// durability_topology::topology_tx_conformance!(tx_on_memory, durability_topology::conformance::memory_storage);
+/// ```
+#[macro_export]
+macro_rules! topology_tx_conformance {
+    (@cases $($then:tt)*) => {
+        $crate::topology_tx_conformance! { @$($then)* [
+            groups_roundtrip
+            states_roundtrip
+            write_records
+            rollback_leaves_nothing
+            schema_reverts
+        ] }
+    };
+    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
+    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    $crate::conformance::run_tx_case(stringify!($case), $make);
+                }
+            )*
+        }
+    };
+    ($module:ident, $make:expr $(,)?) => {
+        $crate::topology_tx_conformance! { @cases tests $module ($make) }
+    };
 }

@@ -27,11 +27,13 @@ impl Harness for Memory {
     }
 }
 
-#[tokio::test]
-async fn in_memory_store_passes_the_conformance_suite() {
-    let h = Memory(InMemoryLeaseStore::new(
-        ManualClock::new(1_000),
-        ShardCount::default(),
-    ));
-    conformance::run_all(&h, "mem").await;
-}
+durability_ownership::ownership_conformance!(
+    in_memory_store_passes_the_conformance_suite,
+    "mem",
+    async {
+        Some(Memory(InMemoryLeaseStore::new(
+            ManualClock::new(1_000),
+            ShardCount::default(),
+        )))
+    }
+);

@@ -7,26 +7,27 @@
 use std::sync::Arc;
 
 use durability_migration::MappingStore;
-use durability_migration::conformance;
 use durability_migration::{Shard, Statement, Value};
 use durability_storage_mysql::MysqlMappingStore;
 use durability_storage_mysql::testkit::TestDatabase;
 
-#[tokio::test]
-async fn mysql_shard_conforms() {
-    let Some(db) = TestDatabase::create().await else {
-        return;
-    };
-    conformance::shard_suite(&db.shard(), "conf_t").await;
-}
+durability_migration::shard_conformance!(mysql_shard_conforms, "conf_t", async {
+    let db = TestDatabase::create().await?;
+    Some((db.shard(), db))
+});
+
+durability_migration::mapping_store_conformance!(mysql_mapping_store_conforms, "c:", async {
+    let db = TestDatabase::create().await?;
+    let store = MysqlMappingStore::new(db.shard()).await.unwrap();
+    Some((store, db))
+});
 
 #[tokio::test]
-async fn mysql_mapping_store_conforms() {
+async fn mysql_mapping_store_keys_are_bytes() {
     let Some(db) = TestDatabase::create().await else {
         return;
     };
     let store = MysqlMappingStore::new(db.shard()).await.unwrap();
-    conformance::mapping_store_suite(&store, "c:").await;
     // Keys are bytes: no case folding, no trailing-space padding.
     for (a, b) in [("K", "k"), ("k", "k ")] {
         store.put(a, "s1").await.unwrap();

@@ -6,30 +6,23 @@
 
 use std::sync::Arc;
 
-use durability_migration::conformance;
 use durability_migration::{Shard, Statement, Value};
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
 
-#[tokio::test]
-async fn postgres_shard_conforms() {
-    let Some(schema) = TestSchema::create().await else {
-        return;
-    };
+durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {
+    let schema = TestSchema::create().await?;
     let shard = schema.shard().await;
-    conformance::shard_suite(&shard, "conf_t").await;
-}
+    Some((shard, schema))
+});
 
-#[tokio::test]
-async fn postgres_mapping_store_conforms() {
-    let Some(schema) = TestSchema::create().await else {
-        return;
-    };
+durability_migration::mapping_store_conformance!(postgres_mapping_store_conforms, "c:", async {
+    let schema = TestSchema::create().await?;
     let store = PostgresMappingStore::new(schema.shard().await)
         .await
         .unwrap();
-    conformance::mapping_store_suite(&store, "c:").await;
-}
+    Some((store, schema))
+});
 
 #[tokio::test]
 async fn failed_batch_rolls_back_every_statement() {

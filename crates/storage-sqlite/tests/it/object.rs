@@ -3,7 +3,7 @@
 #![cfg(feature = "outbox")]
 #![allow(clippy::unwrap_used)]
 
-use durability_scheduler::{SchedulerTx, SchemaStep, Storage, testkit};
+use durability_scheduler::{SchedulerTx, SchemaStep, Storage};
 use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous};
 
 static CONFORMANCE_STEPS: &[SchemaStep] = &[
@@ -47,24 +47,24 @@ fn file_storage(dir: &tempfile::TempDir, n: &std::sync::atomic::AtomicU32) -> Sq
     s
 }
 
-#[test]
-fn scheduler_conformance_on_sqlite_files() {
+/// A factory of fresh SQLite file storages in a temporary directory it owns.
+fn file_storages() -> impl Fn() -> SqliteStorage {
     let dir = tempfile::tempdir().unwrap();
     let n = std::sync::atomic::AtomicU32::new(0);
-    testkit::conformance::run(|| file_storage(&dir, &n));
+    move || file_storage(&dir, &n)
 }
 
-#[test]
-fn outbox_conformance_on_sqlite_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let n = std::sync::atomic::AtomicU32::new(0);
-    durability_outbox::conformance::run(|| file_storage(&dir, &n));
-}
+durability_scheduler::scheduler_conformance!(
+    scheduler_conformance_on_sqlite_files,
+    file_storages()
+);
 
-#[test]
-fn outbox_conformance_on_memory_storage() {
-    durability_outbox::conformance::run(durability_outbox::conformance::memory_storage);
-}
+durability_outbox::outbox_conformance!(outbox_conformance_on_sqlite_files, file_storages());
+
+durability_outbox::outbox_conformance!(
+    outbox_conformance_on_memory_storage,
+    durability_outbox::conformance::memory_storage
+);
 
 #[test]
 fn database_is_wal_with_the_chosen_synchronous_and_prefixed_tables() {

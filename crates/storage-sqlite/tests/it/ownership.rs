@@ -17,7 +17,11 @@ use durability_storage_sqlite::ownership::{
 };
 use rusqlite::{Connection, params};
 
-struct Sqlite(SqliteLeaseStore<ManualClock>);
+/// The store under test and the directory its file lives in.
+struct Sqlite(
+    SqliteLeaseStore<ManualClock>,
+    #[allow(dead_code)] tempfile::TempDir,
+);
 
 impl Harness for Sqlite {
     type Store = SqliteLeaseStore<ManualClock>;
@@ -84,15 +88,15 @@ fn gen_(g: u64) -> Generation {
     Generation::new(g).unwrap()
 }
 
-#[tokio::test]
-async fn sqlite_store_passes_the_conformance_suite() {
-    let dir = tempfile::tempdir().unwrap();
-    let h = Sqlite(open(
-        &dir.path().join("leases.db"),
-        &ManualClock::new(1_000),
-    ));
-    conformance::run_all(&h, "sqlite").await;
-}
+durability_ownership::ownership_conformance!(
+    sqlite_store_passes_the_conformance_suite,
+    "sqlite",
+    async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir.path().join("leases.db"), &ManualClock::new(1_000));
+        Some(Sqlite(store, dir))
+    }
+);
 
 #[tokio::test]
 async fn two_connections_claim_one_scope_exactly_once() {

@@ -5,7 +5,6 @@
 //! and a small soak with random failures, deletes and crashes.
 #![allow(clippy::unwrap_used)]
 
-#[path = "alarms/support.rs"]
 mod support;
 
 use std::collections::BTreeSet;
@@ -47,19 +46,21 @@ fn sqlite_object(path: &std::path::Path) -> Arc<SqliteStorage> {
     )
 }
 
-#[tokio::test]
-async fn sqlite_index_passes_the_conformance_suite() {
-    conformance::run_index(|| async { SqliteAlarmIndex::open_in_memory().unwrap() }).await;
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().to_owned();
-    let mut n = 0;
-    conformance::run_index(|| {
-        n += 1;
-        let path = base.join(format!("index-{n}.db"));
-        async move { SqliteAlarmIndex::open(path, Synchronous::Normal).unwrap() }
-    })
-    .await;
-}
+durability_alarms::alarm_index_conformance!(sqlite_index_passes_the_conformance_suite, async {
+    Some((SqliteAlarmIndex::open_in_memory().unwrap(), ()))
+});
+
+durability_alarms::alarm_index_conformance!(
+    sqlite_file_index_passes_the_conformance_suite,
+    async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index-1.db");
+        Some((
+            SqliteAlarmIndex::open(path, Synchronous::Normal).unwrap(),
+            dir,
+        ))
+    }
+);
 
 #[tokio::test]
 async fn sqlite_index_survives_reopen() {
@@ -86,10 +87,9 @@ async fn sqlite_index_survives_reopen() {
     );
 }
 
-#[test]
-fn sqlite_alarm_rows_pass_the_conformance_suite() {
-    conformance::run_tx(|| SqliteStorage::open_in_memory().unwrap());
-}
+durability_alarms::alarm_tx_conformance!(sqlite_alarm_rows_pass_the_conformance_suite, || {
+    SqliteStorage::open_in_memory().unwrap()
+});
 
 #[test]
 fn a_corrupt_sqlite_alarm_row_is_an_error_not_a_panic() {
@@ -109,32 +109,19 @@ fn a_corrupt_sqlite_alarm_row_is_an_error_not_a_panic() {
     assert_eq!(e.kind(), StorageErrorKind::Corrupt);
 }
 
-#[tokio::test]
-async fn redis_index_passes_the_conformance_suite() {
-    let prefix = unique_prefix("redis_conformance");
-    let Some(probe) = redis_index("redis_index_passes_the_conformance_suite", &prefix).await else {
-        return;
-    };
-    let made = Arc::new(Mutex::new(Vec::new()));
-    let m = Arc::clone(&made);
-    let mut n = 0;
-    conformance::run_index(|| {
-        n += 1;
-        let prefix = format!("{prefix}{n}:");
-        let m = Arc::clone(&m);
-        async move {
-            let ix = redis_index("conformance", &prefix).await.unwrap();
-            m.lock().unwrap().push(ix.clone());
-            ix
-        }
-    })
-    .await;
-    let made: Vec<_> = made.lock().unwrap().clone();
-    for ix in made {
-        redis_cleanup(&ix).await;
-    }
-    redis_cleanup(&probe).await;
-}
+durability_alarms::alarm_index_conformance!(
+    redis_index_passes_the_conformance_suite,
+    async {
+        let prefix = unique_prefix("redis_conformance");
+        redis_index(
+            "redis_index_passes_the_conformance_suite",
+            &format!("{prefix}1:"),
+        )
+        .await
+        .map(|ix| (ix, ()))
+    },
+    finish = redis_cleanup
+);
 
 #[tokio::test]
 async fn redis_leases_run_on_server_time() {

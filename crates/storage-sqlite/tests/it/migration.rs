@@ -5,12 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use durability_migration::conformance::{
-    self, FaultMappingStore, FaultMode, FaultPlan, FaultShard,
-};
+use durability_migration::conformance::FaultMode;
+use durability_migration::conformance::harness::{CrashRun, Harness, clean_verify, user};
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident,
     ManualClock, MappingStore, MigrateOptions, MigrationConfig, MigrationError, MoveOptions,
@@ -26,18 +26,32 @@ CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
 CREATE TABLE docs (id TEXT PRIMARY KEY, w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER);
 ";
 
+/// SQLite file shards on the migration crate's crash harness, with the
+/// shards and the mapping store also kept at their types.
 struct Env {
     _dir: TempDir,
-    clock: ManualClock,
+    h: Harness,
     shards: Vec<(String, Arc<SqliteShard>)>,
     mapping: Arc<SqliteMappingStore>,
-    plan: Arc<FaultPlan>,
-    journal: &'static str,
+}
+
+impl Deref for Env {
+    type Target = Harness;
+
+    fn deref(&self) -> &Harness {
+        &self.h
+    }
+}
+
+impl DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.h
+    }
 }
 
 fn env(n: usize) -> Env {
     let dir = tempfile::tempdir().unwrap();
-    let shards = (0..n)
+    let shards: Vec<(String, Arc<SqliteShard>)> = (0..n)
         .map(|i| {
             let s = SqliteShard::open(dir.path().join(format!("s{i}.db"))).unwrap();
             s.execute_sync(SCHEMA).unwrap();
@@ -45,72 +59,25 @@ fn env(n: usize) -> Env {
         })
         .collect();
     let mapping = Arc::new(SqliteMappingStore::open(dir.path().join("map.db")).unwrap());
+    let dyn_shards = shards
+        .iter()
+        .map(|(name, s)| (name.clone(), s.clone() as Arc<dyn Shard>))
+        .collect();
+    let h = Harness::new(dyn_shards, mapping.clone())
+        .table("users")
+        .table("docs")
+        .table_with_key_column("orgs", "org_id");
     Env {
         _dir: dir,
-        clock: ManualClock::new(1_700_000_000_000),
+        h,
         shards,
         mapping,
-        plan: FaultPlan::new(),
-        journal: "s0",
     }
 }
 
 impl Env {
-    fn config(&self, faulty: bool, ttl: u64) -> MigrationConfig {
-        let mapping: Arc<dyn MappingStore> = if faulty {
-            Arc::new(FaultMappingStore::new(
-                self.mapping.clone(),
-                Arc::clone(&self.plan),
-            ))
-        } else {
-            self.mapping.clone()
-        };
-        let mut c = MigrationConfig::new(mapping)
-            .journal_shard(self.journal)
-            .mapping_cache_ttl_ms(ttl)
-            .clock(Arc::new(self.clock.clone()))
-            .table("users")
-            .table("docs")
-            .table_with_key_column("orgs", "org_id");
-        for (name, s) in &self.shards {
-            let shard: Arc<dyn Shard> = if faulty {
-                Arc::new(FaultShard::new(s.clone(), Arc::clone(&self.plan)))
-            } else {
-                s.clone()
-            };
-            c = c.shard(name.clone(), shard);
-        }
-        c
-    }
-
-    async fn router_with(&self, faulty: bool, ttl: u64) -> Router {
-        let r = Router::new(self.config(faulty, ttl)).unwrap();
-        r.init().await.unwrap();
-        r
-    }
-
-    async fn router(&self) -> Router {
-        self.router_with(false, 30_000).await
-    }
-
     fn shard(&self, name: &str) -> &Arc<SqliteShard> {
         &self.shards.iter().find(|(n, _)| n == name).unwrap().1
-    }
-
-    /// Live rows of (table, key column, key) on every shard.
-    async fn live(&self, table: &str, col: &str, key: &str) -> Vec<(String, Row)> {
-        let mut out = Vec::new();
-        for (name, s) in &self.shards {
-            let st = Dialect::Sqlite.select_row(
-                &Ident::new(table).unwrap(),
-                &Ident::new(col).unwrap(),
-                key,
-            );
-            for r in s.query(&st).await.unwrap() {
-                out.push((name.clone(), r));
-            }
-        }
-        out
     }
 
     /// Everything stored: every table of every shard, and the mapping.
@@ -140,41 +107,33 @@ impl Env {
     }
 }
 
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
+/// A file shard with the test tables, as `env(1)` opens `s0`.
+fn file_shard() -> (SqliteShard, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteShard::open(dir.path().join("s0.db")).unwrap();
+    s.execute_sync(SCHEMA).unwrap();
+    (s, dir)
 }
 
-async fn clean_verify(r: &Router) {
-    let rep = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap();
-    assert!(rep.clean, "repairing verification is clean: {rep:?}");
-    let rep = r.verify_migrations(VerifyOptions::default()).await.unwrap();
-    assert!(
-        rep.clean && rep.repaired.is_empty(),
-        "second verification is clean: {rep:?}"
-    );
-}
+durability_migration::shard_conformance!(sqlite_shard_conforms, "conf_t", async {
+    Some(file_shard())
+});
 
-#[tokio::test]
-async fn sqlite_shard_conforms() {
-    let e = env(1);
-    conformance::shard_suite(e.shard("s0").as_ref(), "conf_t").await;
-    let mem = SqliteShard::open_in_memory().unwrap();
-    conformance::shard_suite(&mem, "conf_t").await;
-}
+durability_migration::shard_conformance!(sqlite_memory_shard_conforms, "conf_t", async {
+    Some((SqliteShard::open_in_memory().unwrap(), ()))
+});
 
-#[tokio::test]
-async fn sqlite_mapping_store_conforms() {
-    let e = env(1);
-    conformance::mapping_store_suite(e.mapping.as_ref(), "c:").await;
-    let mem = SqliteMappingStore::open_in_memory().unwrap();
-    conformance::mapping_store_suite(&mem, "c:").await;
-}
+durability_migration::mapping_store_conformance!(sqlite_mapping_store_conforms, "c:", async {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteMappingStore::open(dir.path().join("map.db")).unwrap();
+    Some((store, dir))
+});
+
+durability_migration::mapping_store_conformance!(
+    sqlite_memory_mapping_store_conforms,
+    "c:",
+    async { Some((SqliteMappingStore::open_in_memory().unwrap(), ())) }
+);
 
 #[tokio::test]
 async fn routed_reads_and_writes() {
@@ -1217,40 +1176,12 @@ async fn crash_case(
     if journal_apart {
         e.journal = "s2";
     }
-    let setup = e.router().await;
-    e.mapping.put("k", "s0").await.unwrap();
-    setup.insert("k", "users", user("ann", 1)).await.unwrap();
-    setup
-        .insert("k", "orgs", row([("title", "Acme")]))
-        .await
-        .unwrap();
-    // An acknowledged write before the move.
-    assert_eq!(
-        setup.update("k", "users", user("acked", 2)).await.unwrap(),
-        1
-    );
-    let r = e.router_with(true, 30_000).await;
-    e.plan.arm(n, mode);
-    let res = r.reassign_keys("k", "s1", tables).await;
-    let tripped = e.plan.tripped();
-    if !tripped {
-        res.unwrap();
-    }
-    drop(r);
-    e.plan.disarm();
-    e.clock.advance(31_000);
-    let mut recovery_tripped = false;
-    if let Some((m, rmode)) = recovery_crash {
-        let rc = e.router_with(true, 30_000).await;
-        e.plan.arm(m, rmode);
-        let _ = rc.recover_migrations().await;
-        recovery_tripped = e.plan.tripped();
-        e.plan.disarm();
-        drop(rc);
-        e.clock.advance(61_000);
-    }
-    let fresh = e.router().await;
-    let rep = fresh.recover_migrations().await.unwrap();
+    let CrashRun {
+        fresh,
+        report: rep,
+        tripped,
+        recovery_tripped,
+    } = e.crash_move(tables, n, mode, recovery_crash).await;
     assert!(rep.failed.is_empty(), "n={n} {mode:?}: {rep:?}");
     clean_verify(&fresh).await;
     for (t, c) in [("users", "id"), ("orgs", "org_id")] {

@@ -5,7 +5,6 @@
 //! write step.
 #![allow(clippy::unwrap_used)]
 
-#[path = "topology/support.rs"]
 mod support;
 
 use std::sync::Arc;
@@ -877,10 +876,10 @@ async fn crash_at_every_write_step_of_update_delete_and_publication_converges() 
 
 // ---- Conformance on SQLite ----
 
-#[test]
-fn sqlite_topology_tx_passes_the_conformance_suite() {
-    durability_topology::conformance::run_tx(|| SqliteStorage::open_in_memory().unwrap());
-}
+durability_topology::topology_tx_conformance!(
+    sqlite_topology_tx_passes_the_conformance_suite,
+    || { SqliteStorage::open_in_memory().unwrap() }
+);
 
 #[tokio::test]
 async fn sqlite_publication_stores_pass_the_conformance_suite() {

@@ -8,15 +8,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "migration_dialects/shards.rs"]
-mod shards;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
+use durability_migration::conformance::harness::CrashRun;
 use durability_migration::{Ident, MappingStore, MoveState, Row, Value, VerifyOptions, row};
-use shards::{Env, Kind, clean_verify, env};
 
 use Kind::{MySql, Postgres, Sqlite};
 
@@ -183,39 +181,12 @@ async fn crash_case_with(
     if kinds.len() > 2 {
         e.journal = "s2";
     }
-    let setup = e.router().await;
-    e.mapping.put("k", "s0").await.unwrap();
-    setup.insert("k", "users", user("ann", 1)).await.unwrap();
-    setup
-        .insert("k", "orgs", row([("title", "Acme")]))
-        .await
-        .unwrap();
-    assert_eq!(
-        setup.update("k", "users", user("acked", 2)).await.unwrap(),
-        1
-    );
-    let r = e.router_with(true, 30_000).await;
-    e.plan.arm(n, mode);
-    let res = r.reassign_keys("k", "s1", tables).await;
-    let tripped = e.plan.tripped();
-    if !tripped {
-        res.unwrap();
-    }
-    drop(r);
-    e.plan.disarm();
-    e.clock.advance(31_000);
-    let mut recovery_tripped = false;
-    if let Some((m, rmode)) = recovery_crash {
-        let rc = e.router_with(true, 30_000).await;
-        e.plan.arm(m, rmode);
-        let _ = rc.recover_migrations().await;
-        recovery_tripped = e.plan.tripped();
-        e.plan.disarm();
-        drop(rc);
-        e.clock.advance(61_000);
-    }
-    let fresh = e.router().await;
-    let rep = fresh.recover_migrations().await.unwrap();
+    let CrashRun {
+        fresh,
+        report: rep,
+        tripped,
+        recovery_tripped,
+    } = e.crash_move(tables, n, mode, recovery_crash).await;
     assert!(rep.failed.is_empty(), "{kinds:?} n={n} {mode:?}: {rep:?}");
     clean_verify(&fresh).await;
     for (t, c) in [("users", "id"), ("orgs", "org_id")] {

@@ -82,21 +82,21 @@ impl Harness for RedisHarness {
             generation: generation.map(|g| g.parse().unwrap()),
         }
     }
+
+    async fn finish(&self) {
+        cleanup(&self.0).await;
+    }
 }
 
 fn scope(s: &str) -> OwnerScope {
     OwnerScope::parse(s, ShardCount::default()).unwrap()
 }
 
-#[tokio::test]
-async fn redis_store_passes_the_conformance_suite() {
-    let Some(s) = store("conformance").await else {
-        return;
-    };
-    let h = RedisHarness(s);
-    conformance::run_all(&h, "redis").await;
-    cleanup(&h.0).await;
-}
+durability_ownership::ownership_conformance!(
+    redis_store_passes_the_conformance_suite,
+    "redis",
+    async { store("conformance").await.map(RedisHarness) }
+);
 
 #[tokio::test]
 async fn leases_use_redis_time_and_px_expiry() {

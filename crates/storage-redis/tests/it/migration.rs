@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use durability_migration::{MappingStore, MemoryMappingStore, conformance};
+use durability_migration::{MappingStore, MemoryMappingStore};
 use durability_storage_redis::migration::RedisMappingStore;
 
 async fn store(test: &str) -> Option<RedisMappingStore> {
@@ -36,14 +36,17 @@ fn skip(url: &str, why: &str) -> Option<RedisMappingStore> {
     None
 }
 
-#[tokio::test]
-async fn redis_mapping_store_conforms() {
-    let Some(s) = store("conform").await else {
-        return;
-    };
-    conformance::mapping_store_suite(&s, "").await;
+/// Removes the keys a test stored.
+async fn clear(s: &RedisMappingStore) {
     s.clear().await.unwrap();
 }
+
+durability_migration::mapping_store_conformance!(
+    redis_mapping_store_conforms,
+    "",
+    async { store("conform").await.map(|s| (s, ())) },
+    finish = clear
+);
 
 #[tokio::test]
 async fn redis_mapping_store_agrees_with_memory_model() {

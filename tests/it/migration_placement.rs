@@ -7,19 +7,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "migration_dialects/shards.rs"]
-mod shards;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
     BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
     MemoryMappingStore, MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql,
     Statement, Value, row,
 };
-use shards::{Env, Kind, clean_verify, env};
 
 use Kind::{MySql, Postgres, Sqlite};
 

@@ -1,0 +1,221 @@
+//! The crash/fault harness the migration suites of every backend share:
+//! named shards `s0`, `s1`, … (of any dialects) with one mapping store, one
+//! manual clock and one crash plan, routers built over them with or without
+//! fault injection, and the crash scenario of a move (crash at the n-th
+//! write, optionally crash the first recovery, then a fresh process
+//! recovers).
+//!
+//! The harness sets up, injects and recovers; the suites keep their own
+//! assertions on what a scenario leaves behind.
+
+use std::sync::Arc;
+
+use super::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
+use crate::{
+    Ident, ManualClock, MappingStore, MigrationConfig, RecoveryReport, Router, Row, Shard, Value,
+    VerifyOptions, row,
+};
+
+/// The time the harness's clock starts at.
+pub const START_MS: i64 = 1_700_000_000_000;
+
+/// Named shards of any dialects sharing one mapping store, one clock and one
+/// crash plan, and the tables routers over them know.
+pub struct Harness {
+    /// The clock every router of the harness uses.
+    pub clock: ManualClock,
+    /// The shards, named `s0`, `s1`, … by convention.
+    pub shards: Vec<(String, Arc<dyn Shard>)>,
+    /// The mapping store every router uses.
+    pub mapping: Arc<dyn MappingStore>,
+    /// The crash plan faulty routers share.
+    pub plan: Arc<FaultPlan>,
+    /// The shard holding the journal (`s0` unless changed).
+    pub journal: &'static str,
+    tables: Vec<(&'static str, Option<&'static str>)>,
+}
+
+impl Harness {
+    /// A harness over `shards` and `mapping`, the clock at [`START_MS`], the
+    /// journal on `s0`, no tables yet.
+    pub fn new(shards: Vec<(String, Arc<dyn Shard>)>, mapping: Arc<dyn MappingStore>) -> Self {
+        Self {
+            clock: ManualClock::new(START_MS),
+            shards,
+            mapping,
+            plan: FaultPlan::new(),
+            journal: "s0",
+            tables: Vec::new(),
+        }
+    }
+
+    /// Adds a routed table keyed by `id` (tables are registered in the order
+    /// they are added).
+    #[must_use]
+    pub fn table(mut self, table: &'static str) -> Self {
+        self.tables.push((table, None));
+        self
+    }
+
+    /// Adds a routed table keyed by `column`.
+    #[must_use]
+    pub fn table_with_key_column(mut self, table: &'static str, column: &'static str) -> Self {
+        self.tables.push((table, Some(column)));
+        self
+    }
+
+    /// A router configuration over every shard and the mapping store; with
+    /// `faulty`, every shard and the mapping store go through the crash plan.
+    pub fn config(&self, faulty: bool, ttl: u64) -> MigrationConfig {
+        let mapping: Arc<dyn MappingStore> = if faulty {
+            Arc::new(FaultMappingStore::new(
+                Arc::clone(&self.mapping),
+                Arc::clone(&self.plan),
+            ))
+        } else {
+            Arc::clone(&self.mapping)
+        };
+        let mut c = MigrationConfig::new(mapping)
+            .journal_shard(self.journal)
+            .mapping_cache_ttl_ms(ttl)
+            .clock(Arc::new(self.clock.clone()));
+        for (table, column) in &self.tables {
+            c = match column {
+                None => c.table(*table),
+                Some(column) => c.table_with_key_column(*table, *column),
+            };
+        }
+        for (name, s) in &self.shards {
+            let shard: Arc<dyn Shard> = if faulty {
+                Arc::new(FaultShard::new(Arc::clone(s), Arc::clone(&self.plan)))
+            } else {
+                Arc::clone(s)
+            };
+            c = c.shard(name.clone(), shard);
+        }
+        c
+    }
+
+    /// An initialised router over [`Harness::config`].
+    pub async fn router_with(&self, faulty: bool, ttl: u64) -> Router {
+        let r = Router::new(self.config(faulty, ttl)).unwrap();
+        r.init().await.unwrap();
+        r
+    }
+
+    /// An initialised router without faults, mapping cache TTL 30 s.
+    pub async fn router(&self) -> Router {
+        self.router_with(false, 30_000).await
+    }
+
+    /// The shard named `name`.
+    ///
+    /// # Panics
+    /// When there is none.
+    pub fn shard(&self, name: &str) -> &Arc<dyn Shard> {
+        &self.shards.iter().find(|(n, _)| n == name).unwrap().1
+    }
+
+    /// Live rows of (table, key column, key) on every shard.
+    pub async fn live(&self, table: &str, col: &str, key: &str) -> Vec<(String, Row)> {
+        let mut out = Vec::new();
+        for (name, s) in &self.shards {
+            let st =
+                s.dialect()
+                    .select_row(&Ident::new(table).unwrap(), &Ident::new(col).unwrap(), key);
+            for r in s.query(&st).await.unwrap() {
+                out.push((name.clone(), r));
+            }
+        }
+        out
+    }
+
+    /// The crash scenario of a move of key `k` (on `s0`, with a `users` and
+    /// an `orgs` row and an acknowledged update) to `s1` over `tables`: the
+    /// move crashes at write `n` (`mode`); after the mapping TTL a first
+    /// recovery optionally crashes at its write `m`; then a fresh router
+    /// recovers. The suite asserts on the returned [`CrashRun`].
+    pub async fn crash_move(
+        &self,
+        tables: &[&str],
+        n: u64,
+        mode: FaultMode,
+        recovery_crash: Option<(u64, FaultMode)>,
+    ) -> CrashRun {
+        let setup = self.router().await;
+        self.mapping.put("k", "s0").await.unwrap();
+        setup.insert("k", "users", user("ann", 1)).await.unwrap();
+        setup
+            .insert("k", "orgs", row([("title", "Acme")]))
+            .await
+            .unwrap();
+        // An acknowledged write before the move.
+        assert_eq!(
+            setup.update("k", "users", user("acked", 2)).await.unwrap(),
+            1
+        );
+        let r = self.router_with(true, 30_000).await;
+        self.plan.arm(n, mode);
+        let res = r.reassign_keys("k", "s1", tables).await;
+        let tripped = self.plan.tripped();
+        if !tripped {
+            res.unwrap();
+        }
+        drop(r);
+        self.plan.disarm();
+        self.clock.advance(31_000);
+        let mut recovery_tripped = false;
+        if let Some((m, rmode)) = recovery_crash {
+            let rc = self.router_with(true, 30_000).await;
+            self.plan.arm(m, rmode);
+            let _ = rc.recover_migrations().await;
+            recovery_tripped = self.plan.tripped();
+            self.plan.disarm();
+            drop(rc);
+            self.clock.advance(61_000);
+        }
+        let fresh = self.router().await;
+        let report = fresh.recover_migrations().await.unwrap();
+        CrashRun {
+            fresh,
+            report,
+            tripped,
+            recovery_tripped,
+        }
+    }
+}
+
+/// What [`Harness::crash_move`] leaves: the fresh router and its recovery
+/// report, and whether each crash point was reached.
+pub struct CrashRun {
+    /// The router of the fresh process, after its recovery.
+    pub fresh: Router,
+    /// The fresh process's recovery report.
+    pub report: RecoveryReport,
+    /// Whether the move reached its crash point.
+    pub tripped: bool,
+    /// Whether the first recovery reached its crash point.
+    pub recovery_tripped: bool,
+}
+
+/// A `users` row.
+pub fn user(name: &str, n: i64) -> Row {
+    row([("name", Value::from(name)), ("n", Value::from(n))])
+}
+
+/// A repairing verification is clean, and a second one repairs nothing.
+pub async fn clean_verify(r: &Router) {
+    let rep = r
+        .verify_migrations(VerifyOptions {
+            repair: true,
+            ..VerifyOptions::default()
+        })
+        .await
+        .unwrap();
+    assert!(rep.clean, "repairing verification is clean: {rep:?}");
+    let rep = r.verify_migrations(VerifyOptions::default()).await.unwrap();
+    assert!(
+        rep.clean && rep.repaired.is_empty(),
+        "second verification is clean: {rep:?}"
+    );
+}

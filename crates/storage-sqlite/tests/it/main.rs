@@ -1,0 +1,11 @@
+//! Integration tests of durability-storage-sqlite, one module per concern:
+//! migration on file shards, the object storage, its owner fence, the owner
+//! lease store, and allocation reconciliation.
+
+#![allow(clippy::unwrap_used)]
+
+mod migration;
+mod object;
+mod object_fence;
+mod ownership;
+mod reconcile;

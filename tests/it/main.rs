@@ -1,0 +1,15 @@
+//! Cross-crate integration tests, one module per suite, with the support
+//! modules they share.
+
+#![allow(clippy::unwrap_used)]
+
+mod alarms;
+mod alarms_ownership;
+mod migration_dialects;
+mod migration_placement;
+mod outbox;
+mod reconcile_postgres;
+mod shards;
+mod support;
+mod topology;
+mod topology_redis;

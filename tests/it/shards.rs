@@ -1,0 +1,127 @@
+//! Shard factories for the dialect tests: SQLite files, PostgreSQL schemas
+//! and MariaDB databases, each with the test tables, and an environment of
+//! named shards of mixed dialects on the migration crate's crash harness
+//! (`durability_migration::conformance::harness`).
+
+use std::sync::Arc;
+
+use std::ops::{Deref, DerefMut};
+
+use durability_migration::conformance::harness::Harness;
+pub(crate) use durability_migration::conformance::harness::clean_verify;
+use durability_migration::{MemoryMappingStore, Shard};
+use durability_storage_mysql::MysqlShard;
+use durability_storage_mysql::testkit::TestDatabase;
+use durability_storage_postgres::testkit::TestSchema;
+use durability_storage_sqlite::migration::SqliteShard;
+use tempfile::TempDir;
+
+/// The backend of one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+/// Keeps a shard's database alive (dropped: the schema or database goes).
+#[allow(dead_code)]
+enum Guard {
+    Dir(TempDir),
+    Schema(TestSchema),
+    Database(TestDatabase),
+}
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT, n INTEGER);
+CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
+CREATE TABLE docs (id TEXT PRIMARY KEY, w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER);
+CREATE TABLE bkeys (id TEXT PRIMARY KEY, n INTEGER);
+";
+
+const POSTGRES_SCHEMA: &str = "
+CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT, n BIGINT);
+CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
+CREATE TABLE docs (id TEXT PRIMARY KEY, w0 BIGINT, w1 BIGINT, w2 BIGINT, w3 BIGINT);
+CREATE TABLE bkeys (id TEXT PRIMARY KEY, n BIGINT);
+";
+
+const MYSQL_SCHEMA: [&str; 4] = [
+    "CREATE TABLE users (id VARCHAR(255) PRIMARY KEY, name LONGTEXT, n BIGINT)",
+    "CREATE TABLE orgs (org_id VARCHAR(255) PRIMARY KEY, title LONGTEXT)",
+    "CREATE TABLE docs (id VARCHAR(255) PRIMARY KEY, w0 BIGINT, w1 BIGINT, w2 BIGINT, w3 BIGINT)",
+    // Byte-wise keys of up to MAX_KEY_BYTES, with no PAD SPACE.
+    "CREATE TABLE bkeys (id VARBINARY(512) PRIMARY KEY, n BIGINT)",
+];
+
+/// Makes one shard of `kind` holding the test tables, or `None` when its
+/// server is unreachable (and not required).
+async fn make(kind: Kind) -> Option<(Arc<dyn Shard>, Guard)> {
+    match kind {
+        Kind::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let s = SqliteShard::open(dir.path().join("shard.db")).unwrap();
+            s.execute_sync(SQLITE_SCHEMA).unwrap();
+            Some((Arc::new(s), Guard::Dir(dir)))
+        }
+        Kind::Postgres => {
+            let schema = TestSchema::create().await?;
+            let s = schema.shard().await;
+            s.batch_execute(POSTGRES_SCHEMA).await.unwrap();
+            Some((Arc::new(s), Guard::Schema(schema)))
+        }
+        Kind::MySql => {
+            let db = TestDatabase::create().await?;
+            let s: MysqlShard = db.shard();
+            for ddl in MYSQL_SCHEMA {
+                s.query_drop(ddl).await.unwrap();
+            }
+            Some((Arc::new(s), Guard::Database(db)))
+        }
+    }
+}
+
+/// Named shards `s0`, `s1`, … of the given kinds on the migration crate's
+/// crash harness (one mapping store, one clock and one crash plan), with the
+/// harness's mapping store kept at its type.
+pub(crate) struct Env {
+    h: Harness,
+    pub(crate) mapping: Arc<MemoryMappingStore>,
+    _guards: Vec<Guard>,
+}
+
+impl Deref for Env {
+    type Target = Harness;
+
+    fn deref(&self) -> &Harness {
+        &self.h
+    }
+}
+
+impl DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.h
+    }
+}
+
+/// An environment, or `None` when a server it needs is unreachable.
+pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
+    let mut shards = Vec::new();
+    let mut guards = Vec::new();
+    for (i, k) in kinds.iter().enumerate() {
+        let (s, g) = make(*k).await?;
+        shards.push((format!("s{i}"), s));
+        guards.push(g);
+    }
+    let mapping = Arc::new(MemoryMappingStore::new());
+    let h = Harness::new(shards, mapping.clone())
+        .table("users")
+        .table("docs")
+        .table("bkeys")
+        .table_with_key_column("orgs", "org_id");
+    Some(Env {
+        h,
+        mapping,
+        _guards: guards,
+    })
+}
