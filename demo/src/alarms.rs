@@ -118,13 +118,11 @@ impl AlarmIndex for DemoIndex {
     }
     async fn claim(
         &self,
-        now: i64,
-        lease: i64,
-        run: &Token,
+        claim: durability_alarms::ClaimReady<'_>,
     ) -> std::result::Result<Option<durability_alarms::Claim>, durability_alarms::AlarmError> {
         match self {
-            Self::Sqlite(i) => i.claim(now, lease, run).await,
-            Self::Redis(i) => i.claim(now, lease, run).await,
+            Self::Sqlite(i) => i.claim(claim).await,
+            Self::Redis(i) => i.claim(claim).await,
         }
     }
     async fn finish(
@@ -139,15 +137,11 @@ impl AlarmIndex for DemoIndex {
     }
     async fn retry(
         &self,
-        o: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay: i64,
-        tries: u32,
+        retry: durability_alarms::RetryJob<'_>,
     ) -> std::result::Result<bool, durability_alarms::AlarmError> {
         match self {
-            Self::Sqlite(i) => i.retry(o, run, now, delay, tries).await,
-            Self::Redis(i) => i.retry(o, run, now, delay, tries).await,
+            Self::Sqlite(i) => i.retry(retry).await,
+            Self::Redis(i) => i.retry(retry).await,
         }
     }
     async fn next_due(&self) -> std::result::Result<Option<i64>, durability_alarms::AlarmError> {

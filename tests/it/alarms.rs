@@ -72,10 +72,14 @@ async fn sqlite_index_survives_reopen() {
         let ix = SqliteAlarmIndex::open(&path, Synchronous::Full).unwrap();
         ix.upsert(&a, &t, START).await.unwrap();
         ix.promote(START, 10).await.unwrap();
-        ix.claim(START, 1_000, &Token::new("r").unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        ix.claim(durability_alarms::ClaimReady {
+            now: START,
+            lease_ms: 1_000,
+            run: &Token::new("r").unwrap(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
     }
     let ix = SqliteAlarmIndex::open(&path, Synchronous::Full).unwrap();
     let job = ix.job(&a).await.unwrap().unwrap();
@@ -143,7 +147,11 @@ async fn redis_leases_run_on_server_time() {
     // The caller's `now` (0) is ignored: the job due at 5 ms is promoted by server time.
     assert_eq!(ix.promote(0, 10).await.unwrap(), 1);
     let claim = ix
-        .claim(0, 60_000, &Token::new("r").unwrap())
+        .claim(durability_alarms::ClaimReady {
+            now: 0,
+            lease_ms: 60_000,
+            run: &Token::new("r").unwrap(),
+        })
         .await
         .unwrap()
         .unwrap();

@@ -15,7 +15,7 @@ use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{ObjectId, SchemaStep, SchemaTarget, Storage, StorageError, migrate};
 
 use crate::SCHEMA;
-use crate::index::{AlarmIndex, IndexCounts, JobState};
+use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobState, RetryJob};
 use crate::store::{AlarmRow, AlarmTx};
 use crate::token::Token;
 
@@ -185,13 +185,23 @@ async fn claim_is_exclusive_and_earliest_first<I: AlarmIndex>(ix: &I) {
         .await
         .expect("upsert");
     assert_eq!(
-        ix.claim(T0 + 10, LEASE, &tok("r0")).await.expect("claim"),
+        ix.claim(ClaimReady {
+            now: T0 + 10,
+            lease_ms: LEASE,
+            run: &tok("r0")
+        })
+        .await
+        .expect("claim"),
         None,
         "due is not ready"
     );
     ix.promote(T0 + 10, 10).await.expect("promote");
     let c1 = ix
-        .claim(T0 + 10, LEASE, &tok("r1"))
+        .claim(ClaimReady {
+            now: T0 + 10,
+            lease_ms: LEASE,
+            run: &tok("r1"),
+        })
         .await
         .expect("claim")
         .expect("a claim");
@@ -202,13 +212,23 @@ async fn claim_is_exclusive_and_earliest_first<I: AlarmIndex>(ix: &I) {
     assert_eq!(c1.run, tok("r1"));
     assert_eq!(c1.lease_until, T0 + 10 + LEASE);
     let c2 = ix
-        .claim(T0 + 10, LEASE, &tok("r2"))
+        .claim(ClaimReady {
+            now: T0 + 10,
+            lease_ms: LEASE,
+            run: &tok("r2"),
+        })
         .await
         .expect("claim")
         .expect("b claim");
     assert_eq!(c2.object.as_str(), "b");
     assert_eq!(
-        ix.claim(T0 + 10, LEASE, &tok("r3")).await.expect("claim"),
+        ix.claim(ClaimReady {
+            now: T0 + 10,
+            lease_ms: LEASE,
+            run: &tok("r3")
+        })
+        .await
+        .expect("claim"),
         None,
         "each job claimed once"
     );
@@ -233,16 +253,28 @@ async fn settlement_is_run_token_fenced<I: AlarmIndex>(ix: &I) {
         !ix.finish(&a, &tok("r")).await.expect("finish"),
         "a ready job cannot be finished"
     );
-    ix.claim(T0, LEASE, &tok("r"))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok("r"),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
     assert!(
         !ix.finish(&a, &tok("other")).await.expect("finish"),
         "wrong run token"
     );
     assert!(
-        !ix.retry(&a, &tok("other"), T0, 5, 1).await.expect("retry"),
+        !ix.retry(RetryJob {
+            object: &a,
+            run: &tok("other"),
+            now: T0,
+            delay_ms: 5,
+            tries: 1
+        })
+        .await
+        .expect("retry"),
         "wrong run token"
     );
     assert!(
@@ -261,14 +293,24 @@ async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
     let a = obj("a");
     ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    ix.claim(T0, LEASE, &tok("r"))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok("r"),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
     assert!(
-        ix.retry(&a, &tok("r"), T0 + 1, 500, 1)
-            .await
-            .expect("retry")
+        ix.retry(RetryJob {
+            object: &a,
+            run: &tok("r"),
+            now: T0 + 1,
+            delay_ms: 500,
+            tries: 1
+        })
+        .await
+        .expect("retry")
     );
     let job = ix.job(&a).await.expect("job").expect("exists");
     assert_eq!(
@@ -284,13 +326,25 @@ async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
     assert_eq!(ix.promote(T0 + 500, 10).await.expect("promote"), 0);
     assert_eq!(ix.promote(T0 + 501, 10).await.expect("promote"), 1);
     let c = ix
-        .claim(T0 + 501, LEASE, &tok("r2"))
+        .claim(ClaimReady {
+            now: T0 + 501,
+            lease_ms: LEASE,
+            run: &tok("r2"),
+        })
         .await
         .expect("claim")
         .expect("claimed");
     assert_eq!(c.tries, 2, "tries carry over");
     assert!(
-        !ix.retry(&a, &tok("r"), T0, 0, 1).await.expect("retry"),
+        !ix.retry(RetryJob {
+            object: &a,
+            run: &tok("r"),
+            now: T0,
+            delay_ms: 0,
+            tries: 1
+        })
+        .await
+        .expect("retry"),
         "old run is fenced"
     );
 }
@@ -299,10 +353,14 @@ async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
     let a = obj("a");
     ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    ix.claim(T0, LEASE, &tok("r1"))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok("r1"),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
     assert_eq!(
         ix.next_due().await.expect("next"),
         Some(T0 + LEASE),
@@ -319,7 +377,11 @@ async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
         "expired run cannot settle"
     );
     let c = ix
-        .claim(T0 + LEASE, LEASE, &tok("r2"))
+        .claim(ClaimReady {
+            now: T0 + LEASE,
+            lease_ms: LEASE,
+            run: &tok("r2"),
+        })
         .await
         .expect("claim")
         .expect("reclaimed");
@@ -331,10 +393,14 @@ async fn upsert_during_run_is_not_swallowed<I: AlarmIndex>(ix: &I) {
     let a = obj("a");
     ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    ix.claim(T0, LEASE, &tok("r1"))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok("r1"),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
     ix.upsert(&a, &tok("t2"), T0 + 100)
         .await
         .expect("upsert while running");
@@ -354,17 +420,29 @@ async fn delete_during_run_cannot_be_resurrected<I: AlarmIndex>(ix: &I) {
     let a = obj("a");
     ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    ix.claim(T0, LEASE, &tok("r1"))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok("r1"),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
     assert!(
         ix.delete(&a, &tok("t1"))
             .await
             .expect("delete while running")
     );
     assert!(
-        !ix.retry(&a, &tok("r1"), T0, 0, 1).await.expect("retry"),
+        !ix.retry(RetryJob {
+            object: &a,
+            run: &tok("r1"),
+            now: T0,
+            delay_ms: 0,
+            tries: 1
+        })
+        .await
+        .expect("retry"),
         "retry cannot resurrect"
     );
     assert!(!ix.finish(&a, &tok("r1")).await.expect("finish"));
@@ -597,24 +675,15 @@ impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
     }
     async fn claim(
         &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
+        claim: ClaimReady<'_>,
     ) -> Result<Option<crate::Claim>, crate::AlarmError> {
-        self.inner.claim(now, lease_ms, run).await
+        self.inner.claim(claim).await
     }
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, crate::AlarmError> {
         self.inner.finish(object, run).await
     }
-    async fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> Result<bool, crate::AlarmError> {
-        self.inner.retry(object, run, now, delay_ms, tries).await
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, crate::AlarmError> {
+        self.inner.retry(retry).await
     }
     async fn next_due(&self) -> Result<Option<i64>, crate::AlarmError> {
         self.inner.next_due().await

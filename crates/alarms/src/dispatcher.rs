@@ -10,7 +10,7 @@ use durability_scheduler::{Clock, ObjectId};
 use durability_time::{Random, timeout_at};
 
 use crate::error::AlarmError;
-use crate::index::{AlarmIndex, Claim};
+use crate::index::{AlarmIndex, Claim, ClaimReady, RetryJob};
 use crate::policy::DispatcherConfig;
 use crate::token::Token;
 
@@ -221,7 +221,11 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             let run = Token::random();
             let claim = self
                 .index
-                .claim(self.clock.now_ms(), self.config.effective_lease_ms(), &run)
+                .claim(ClaimReady {
+                    now: self.clock.now_ms(),
+                    lease_ms: self.config.effective_lease_ms(),
+                    run: &run,
+                })
                 .await?;
             let Some(claim) = claim else {
                 break;
@@ -376,7 +380,13 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         let now = self.clock.now_ms();
         match self
             .index
-            .retry(&claim.object, &claim.run, now, delay, tries)
+            .retry(RetryJob {
+                object: &claim.object,
+                run: &claim.run,
+                now,
+                delay_ms: delay,
+                tries,
+            })
             .await
         {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),

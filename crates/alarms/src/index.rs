@@ -68,6 +68,34 @@ pub struct Claim {
     pub lease_until: i64,
 }
 
+/// A request to claim the earliest ready job ([`AlarmIndex::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimReady<'a> {
+    /// The index time the claim is made at (Unix ms).
+    pub now: i64,
+    /// How long the claim lease lasts from `now`, in milliseconds.
+    pub lease_ms: i64,
+    /// The run token fencing the claim's settlement.
+    pub run: &'a Token,
+}
+
+/// A request to return a running job to due ([`AlarmIndex::retry`]),
+/// fenced by the run token of its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryJob<'a> {
+    /// The object the job belongs to.
+    pub object: &'a ObjectId,
+    /// The run token of the claim being settled.
+    pub run: &'a Token,
+    /// The index time the retry is decided at (Unix ms).
+    pub now: i64,
+    /// How long after `now` the job is due again, in milliseconds (negative
+    /// delays count as 0).
+    pub delay_ms: i64,
+    /// The try count the job keeps.
+    pub tries: u32,
+}
+
 /// Job counts, for tests and operators.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IndexCounts {
@@ -136,16 +164,15 @@ pub trait AlarmIndex: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<usize, AlarmError>> + Send;
 
-    /// Claims the earliest ready job under the run token `run` with a lease
-    /// of `lease_ms` from `now`: it becomes running, its tries go up by one.
+    /// Claims the earliest ready job under the run token `claim.run` with a
+    /// lease of `claim.lease_ms` from `claim.now`: it becomes running, its
+    /// tries go up by one.
     ///
     /// # Errors
     /// A backend failure.
     fn claim(
         &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
+        claim: ClaimReady<'_>,
     ) -> impl Future<Output = Result<Option<Claim>, AlarmError>> + Send;
 
     /// Removes the job if it is still running under `run` (success, discard,
@@ -159,19 +186,13 @@ pub trait AlarmIndex: Send + Sync + 'static {
         run: &Token,
     ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
 
-    /// Returns the job to due at `now + delay_ms` with `tries` tries, if it
-    /// is still running under `run`; whether it did.
+    /// Returns the job to due at `retry.now + retry.delay_ms` with
+    /// `retry.tries` tries, if it is still running under `retry.run`; whether
+    /// it did.
     ///
     /// # Errors
     /// A backend failure.
-    fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> impl Future<Output = Result<bool, AlarmError>> + Send;
+    fn retry(&self, retry: RetryJob<'_>) -> impl Future<Output = Result<bool, AlarmError>> + Send;
 
     /// The earliest time some job needs attention (ready jobs count as their
     /// due time), if any.
@@ -218,11 +239,9 @@ impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
     }
     fn claim(
         &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
+        claim: ClaimReady<'_>,
     ) -> impl Future<Output = Result<Option<Claim>, AlarmError>> + Send {
-        (**self).claim(now, lease_ms, run)
+        (**self).claim(claim)
     }
     fn finish(
         &self,
@@ -231,15 +250,8 @@ impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
     ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
         (**self).finish(object, run)
     }
-    fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
-        (**self).retry(object, run, now, delay_ms, tries)
+    fn retry(&self, retry: RetryJob<'_>) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).retry(retry)
     }
     fn next_due(&self) -> impl Future<Output = Result<Option<i64>, AlarmError>> + Send {
         (**self).next_due()

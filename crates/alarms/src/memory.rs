@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use durability_scheduler::ObjectId;
 
 use crate::error::AlarmError;
-use crate::index::{AlarmIndex, Claim, IndexCounts, JobState, JobView};
+use crate::index::{AlarmIndex, Claim, ClaimReady, IndexCounts, JobState, JobView, RetryJob};
 use crate::token::{Token, safe_add};
 
 #[derive(Debug, Clone)]
@@ -128,12 +128,8 @@ impl AlarmIndex for MemoryAlarmIndex {
         Ok(due.len())
     }
 
-    async fn claim(
-        &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
-    ) -> Result<Option<Claim>, AlarmError> {
+    async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
+        let ClaimReady { now, lease_ms, run } = claim;
         let mut s = self.lock();
         let Some((_, object)) = s.ready.iter().next().cloned() else {
             return Ok(None);
@@ -169,14 +165,14 @@ impl AlarmIndex for MemoryAlarmIndex {
         Ok(false)
     }
 
-    async fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> Result<bool, AlarmError> {
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
+        let RetryJob {
+            object,
+            run,
+            now,
+            delay_ms,
+            tries,
+        } = retry;
         let mut s = self.lock();
         if !s
             .jobs

@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Mutex;
 
+use crate::dialect::Dialect;
 use crate::error::BackendError;
-use crate::shard::BoxFuture;
+use crate::pairs::{self, ALLOCATIONS, PairTable};
+use crate::shard::{BoxFuture, Shard};
 
 /// The coordinator's allocation ledger (key → shard it was allocated to).
 ///
@@ -106,6 +108,99 @@ impl AllocationLedger for MemoryLedger {
                     false
                 }
             })
+        })
+    }
+}
+
+/// Key → allocated shard rows in a `durability_allocations` table on any SQL
+/// [`Shard`] (SQLite, PostgreSQL, MariaDB/MySQL), with the statements its
+/// [`Shard::dialect`] needs: keys are compared and iterated in byte order on
+/// every dialect, like [`MemoryLedger`]. Every method is one statement.
+///
+/// Backends name it after themselves (`SqliteLedger`, `PostgresLedger`).
+#[derive(Debug, Clone)]
+pub struct ShardLedger<S> {
+    shard: S,
+}
+
+impl<S: Shard> ShardLedger<S> {
+    /// A ledger on `shard`; creates its table when missing.
+    ///
+    /// # Errors
+    /// A dialect without pair-table SQL (`Dialect::Other`), or the shard's
+    /// error.
+    pub async fn new(shard: S) -> Result<Self, BackendError> {
+        let dialect = shard.dialect();
+        PairTable::check(&dialect)?;
+        shard
+            .execute(&PairTable::new(&dialect, ALLOCATIONS).schema())
+            .await?;
+        Ok(Self { shard })
+    }
+
+    /// A ledger on `shard`, whose table already exists (a backend that
+    /// created it with [`ShardLedger::schema_sql`]).
+    pub fn with_table(shard: S) -> Self {
+        Self { shard }
+    }
+
+    /// The `CREATE TABLE IF NOT EXISTS` text of the table on `dialect`,
+    /// for a backend that runs its setup outside [`Shard`] (a dialect without
+    /// pair-table SQL of its own gets SQLite's text; [`ShardLedger::new`]
+    /// refuses it).
+    pub fn schema_sql(dialect: &Dialect) -> String {
+        PairTable::new(dialect, ALLOCATIONS).schema().sql
+    }
+
+    /// The shard holding the table.
+    pub fn shard(&self) -> &S {
+        &self.shard
+    }
+}
+
+impl<S: Shard> AllocationLedger for ShardLedger<S> {
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let dialect = self.shard.dialect();
+            self.shard
+                .execute(&PairTable::new(&dialect, ALLOCATIONS).upsert(key, shard))
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        Box::pin(async move {
+            let dialect = self.shard.dialect();
+            let table = PairTable::new(&dialect, ALLOCATIONS);
+            let st = match after {
+                Some(a) => table.page_after(a, limit),
+                None => table.page_first(limit),
+            };
+            pairs::pairs_of("allocation", self.shard.query(&st).await?)
+        })
+    }
+
+    fn remove_if<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let dialect = self.shard.dialect();
+            Ok(self
+                .shard
+                .execute(&PairTable::new(&dialect, ALLOCATIONS).delete_if(key, shard))
+                .await?
+                > 0)
         })
     }
 }

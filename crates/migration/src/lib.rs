@@ -34,6 +34,7 @@ mod journal;
 mod ledger;
 mod mapping;
 mod moves;
+mod pairs;
 mod placement;
 mod rebalance;
 mod reconcile;
@@ -58,8 +59,8 @@ pub use error::{BackendError, MigrationError, Result};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
 };
-pub use ledger::{AllocationLedger, MemoryLedger};
-pub use mapping::{MappingStore, MemoryMappingStore};
+pub use ledger::{AllocationLedger, MemoryLedger, ShardLedger};
+pub use mapping::{MappingStore, MemoryMappingStore, ShardMappingStore};
 pub use moves::{MoveOptions, MoveOutcome, Retire};
 pub use placement::{
     Algorithm, DEFAULT_MANIFEST_REFRESH_MS, DEFAULT_PRUNE_CONCURRENCY, DEFAULT_PRUNE_PAGE_SIZE,

@@ -16,7 +16,7 @@ use crate::policy::{
     DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
     check_timeout, default_delay_ms,
 };
-use crate::store::{OutboxTx, StoredEntry};
+use crate::store::{OutboxTx, Reschedule, StoredEntry};
 
 /// Largest encoded value accepted by [`Outbox::stage`]: 1 MiB.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
@@ -578,15 +578,15 @@ where
             } else {
                 stored.attempt.saturating_add(1)
             };
-            if tx.outbox_reschedule_if(
-                &self.name,
-                &stored.key,
-                stored.version,
-                stored.attempt,
+            if tx.outbox_reschedule_if(Reschedule {
+                channel: &self.name,
+                key: &stored.key,
+                version: stored.version,
+                expected_attempt: stored.attempt,
                 attempt,
-                deadline,
-                Some(deadline),
-            )? {
+                due_at: deadline,
+                claimed_until: Some(deadline),
+            })? {
                 claimed.push(Claimed {
                     stored,
                     attempt,
@@ -743,9 +743,15 @@ where
                 let next_at = now.saturating_add(self.retry_delay(key, attempt, requested, now));
                 // A newer value staged meanwhile replaced this attempt:
                 // nothing to retry, and no event to report.
-                if tx.outbox_reschedule_if(
-                    &self.name, key, version, attempt, attempt, next_at, None,
-                )? {
+                if tx.outbox_reschedule_if(Reschedule {
+                    channel: &self.name,
+                    key,
+                    version,
+                    expected_attempt: attempt,
+                    attempt,
+                    due_at: next_at,
+                    claimed_until: None,
+                })? {
                     events.push((
                         stored.key.clone(),
                         version,

@@ -8,7 +8,7 @@
 use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 
 use crate::channel::SCHEMA;
-use crate::store::{OutboxTx, StoredEntry};
+use crate::store::{OutboxTx, Reschedule, StoredEntry};
 
 fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     StoredEntry {
@@ -114,15 +114,15 @@ where
 {
     tx(s, |t| t.outbox_upsert(&entry("c", "k", 5, 0)));
     assert!(
-        tx(s, |t| t.outbox_reschedule_if(
-            "c",
-            "k",
-            5,
-            0,
-            1,
-            100,
-            Some(100)
-        )),
+        tx(s, |t| t.outbox_reschedule_if(Reschedule {
+            channel: "c",
+            key: "k",
+            version: 5,
+            expected_attempt: 0,
+            attempt: 1,
+            due_at: 100,
+            claimed_until: Some(100),
+        })),
         "claim at the current version and attempt succeeds"
     );
     let got = tx(s, |t| t.outbox_get("c", "k")).expect("present");
@@ -131,7 +131,15 @@ where
         (1, 100, Some(100))
     );
     assert!(
-        !tx(s, |t| t.outbox_reschedule_if("c", "k", 5, 0, 2, 7, None)),
+        !tx(s, |t| t.outbox_reschedule_if(Reschedule {
+            channel: "c",
+            key: "k",
+            version: 5,
+            expected_attempt: 0,
+            attempt: 2,
+            due_at: 7,
+            claimed_until: None,
+        })),
         "a stale attempt cannot reschedule"
     );
     assert!(

@@ -48,4 +48,4 @@ pub use policy::{
     BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DelayFn,
     MAX_ATTEMPT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_DELAY_MS, RetryPolicy, default_delay_ms,
 };
-pub use store::{OutboxTx, StoredEntry};
+pub use store::{OutboxTx, Reschedule, StoredEntry};

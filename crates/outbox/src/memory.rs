@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use durability_scheduler::StorageError;
 use durability_scheduler::testkit::MemoryTx;
 
-use crate::store::{OutboxTx, StoredEntry};
+use crate::store::{OutboxTx, Reschedule, StoredEntry};
 
 /// The outbox rows of a `MemoryStorage`.
 #[derive(Debug, Clone, Default)]
@@ -67,16 +67,16 @@ impl OutboxTx for MemoryTx<'_> {
         Ok(false)
     }
 
-    fn outbox_reschedule_if(
-        &mut self,
-        channel: &str,
-        key: &str,
-        version: u64,
-        expected_attempt: u32,
-        attempt: u32,
-        due_at: i64,
-        claimed_until: Option<i64>,
-    ) -> Result<bool, StorageError> {
+    fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
+        let Reschedule {
+            channel,
+            key,
+            version,
+            expected_attempt,
+            attempt,
+            due_at,
+            claimed_until,
+        } = change;
         match rows(self).entries.get_mut(&k(channel, key)) {
             Some(e) if e.version == version && e.attempt == expected_attempt => {
                 e.attempt = attempt;

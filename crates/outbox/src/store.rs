@@ -23,6 +23,28 @@ pub struct StoredEntry {
     pub claimed_until: Option<i64>,
 }
 
+/// A guarded reschedule of one pending entry
+/// ([`OutboxTx::outbox_reschedule_if`]): the new attempt, due time and claim,
+/// applied only while the entry is still at `version` and `expected_attempt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reschedule<'a> {
+    /// The channel name.
+    pub channel: &'a str,
+    /// The key within the channel.
+    pub key: &'a str,
+    /// The version the entry must still be at.
+    pub version: u64,
+    /// The attempt count the entry must still be at.
+    pub expected_attempt: u32,
+    /// The attempt count to store.
+    pub attempt: u32,
+    /// When the entry is next due (Unix ms).
+    pub due_at: i64,
+    /// The deadline of the attempt now in flight, or `None` when no attempt
+    /// is claimed.
+    pub claimed_until: Option<i64>,
+}
+
 /// The outbox's rows in an object's storage.
 ///
 /// Every method runs inside the caller's transaction. The version counter is
@@ -67,21 +89,11 @@ pub trait OutboxTx: SchedulerTx {
     ) -> Result<bool, StorageError>;
 
     /// Sets attempt, due time and claim of a key's entry only if it is still
-    /// at `version` and `expected_attempt`; whether it was.
+    /// at `change.version` and `change.expected_attempt`; whether it was.
     ///
     /// # Errors
     /// A backend failure.
-    #[allow(clippy::too_many_arguments)]
-    fn outbox_reschedule_if(
-        &mut self,
-        channel: &str,
-        key: &str,
-        version: u64,
-        expected_attempt: u32,
-        attempt: u32,
-        due_at: i64,
-        claimed_until: Option<i64>,
-    ) -> Result<bool, StorageError>;
+    fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError>;
 
     /// Up to `limit` entries of a channel due at or before `now`, earliest
     /// due first (then lowest version).

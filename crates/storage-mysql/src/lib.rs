@@ -24,7 +24,7 @@
 //! on a real server for tests.
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, Statement, Value,
+    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
 };
 use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
@@ -292,110 +292,12 @@ impl Shard for MysqlShard {
     }
 }
 
-/// Key → shard mappings in a MariaDB/MySQL table (`durability_mapping`).
-/// Keys are `VARBINARY(512)`: compared and ordered byte-wise, with no
-/// collation folding case or ignoring trailing spaces.
-#[derive(Clone, Debug)]
-pub struct MysqlMappingStore {
-    shard: MysqlShard,
-}
-
-const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
-    (mkey VARBINARY(512) PRIMARY KEY, shard VARBINARY(255) NOT NULL)";
-
-fn text(v: Option<Value>) -> Result<String, BackendError> {
-    match v {
-        Some(Value::Blob(b)) => Ok(String::from_utf8(b)?),
-        Some(Value::Text(s)) => Ok(s),
-        other => Err(format!("malformed mapping value {other:?}").into()),
-    }
-}
-
-impl MysqlMappingStore {
-    /// A mapping store in `shard`'s database; creates its table when missing.
-    ///
-    /// # Errors
-    /// The server's error.
-    pub async fn new(shard: MysqlShard) -> Result<Self, BackendError> {
-        shard.query_drop(MAPPING_SCHEMA).await?;
-        Ok(Self { shard })
-    }
-
-    async fn lookup(&self, key: &str) -> Result<Option<String>, BackendError> {
-        let st = Statement::with_params(
-            "SELECT shard FROM durability_mapping WHERE mkey = ?",
-            vec![Value::Blob(key.as_bytes().to_vec())],
-        );
-        match self.shard.query(&st).await?.into_iter().next() {
-            None => Ok(None),
-            Some(mut r) => Ok(Some(text(r.remove("shard"))?)),
-        }
-    }
-}
-
-fn bytes(s: &str) -> Value {
-    Value::Blob(s.as_bytes().to_vec())
-}
-
-impl durability_migration::MappingStore for MysqlMappingStore {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
-        Box::pin(self.lookup(key))
-    }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "INSERT INTO durability_mapping (mkey, shard) VALUES (?, ?) \
-                 ON DUPLICATE KEY UPDATE shard = VALUES(shard)",
-                vec![bytes(key), bytes(shard)],
-            );
-            self.shard.execute(&st).await?;
-            Ok(())
-        })
-    }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "INSERT IGNORE INTO durability_mapping (mkey, shard) VALUES (?, ?)",
-                vec![bytes(key), bytes(shard)],
-            );
-            self.shard.execute(&st).await?;
-            self.lookup(key)
-                .await?
-                .ok_or_else(|| "mapping vanished after put_if_absent".into())
-        })
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "DELETE FROM durability_mapping WHERE mkey = ?",
-                vec![bytes(key)],
-            );
-            Ok(self.shard.execute(&st).await? > 0)
-        })
-    }
-    fn scan<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
-        Box::pin(async move {
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let st = Statement::with_params(
-                "SELECT mkey, shard FROM durability_mapping WHERE mkey > ? ORDER BY mkey LIMIT ?",
-                vec![bytes(after.unwrap_or("")), Value::Integer(limit)],
-            );
-            let mut out = Vec::new();
-            for mut r in self.shard.query(&st).await? {
-                out.push((text(r.remove("mkey"))?, text(r.remove("shard"))?));
-            }
-            Ok(out)
-        })
-    }
-}
+/// Key → shard mappings in a MariaDB/MySQL table (`durability_mapping`):
+/// the migration crate's [`ShardMappingStore`] on a [`MysqlShard`]. Keys are
+/// `VARBINARY(512)`: compared and ordered byte-wise, with no collation
+/// folding case or ignoring trailing spaces.
+/// `MysqlMappingStore::new(shard).await` creates the table when missing.
+pub type MysqlMappingStore = ShardMappingStore<MysqlShard>;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

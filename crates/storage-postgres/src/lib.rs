@@ -33,7 +33,7 @@ use std::error::Error as StdError;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, Statement, Value,
+    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{FromSql, Kind, ToSql, Type};
@@ -417,109 +417,10 @@ impl Shard for PostgresShard {
 }
 
 /// Key → shard mappings in a PostgreSQL table (`durability_mapping`, keys in
-/// byte order: `COLLATE "C"`).
-#[derive(Clone, Debug)]
-pub struct PostgresMappingStore {
-    shard: PostgresShard,
-}
-
-const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
-    (mkey TEXT COLLATE \"C\" PRIMARY KEY, shard TEXT NOT NULL)";
-
-impl PostgresMappingStore {
-    /// A mapping store in the database (and search path) of `shard`'s
-    /// connections; creates its table when missing.
-    ///
-    /// # Errors
-    /// The server's error.
-    pub async fn new(shard: PostgresShard) -> Result<Self, BackendError> {
-        shard.batch_execute(MAPPING_SCHEMA).await?;
-        Ok(Self { shard })
-    }
-
-    async fn one_text(&self, st: Statement, col: &str) -> Result<Option<String>, BackendError> {
-        let rows = self.shard.query(&st).await?;
-        match rows.into_iter().next().and_then(|mut r| r.remove(col)) {
-            None => Ok(None),
-            Some(Value::Text(s)) => Ok(Some(s)),
-            Some(v) => Err(format!("mapping column {col} holds {v:?}").into()),
-        }
-    }
-}
-
-impl MappingStore for PostgresMappingStore {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "SELECT shard FROM durability_mapping WHERE mkey = $1",
-                vec![key.into()],
-            );
-            self.one_text(st, "shard").await
-        })
-    }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "INSERT INTO durability_mapping (mkey, shard) VALUES ($1, $2) \
-                 ON CONFLICT (mkey) DO UPDATE SET shard = excluded.shard",
-                vec![key.into(), shard.into()],
-            );
-            self.shard.execute(&st).await?;
-            Ok(())
-        })
-    }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
-        Box::pin(async move {
-            let ins = Statement::with_params(
-                "INSERT INTO durability_mapping (mkey, shard) VALUES ($1, $2) \
-                 ON CONFLICT (mkey) DO NOTHING",
-                vec![key.into(), shard.into()],
-            );
-            self.shard.execute(&ins).await?;
-            let st = Statement::with_params(
-                "SELECT shard FROM durability_mapping WHERE mkey = $1",
-                vec![key.into()],
-            );
-            self.one_text(st, "shard")
-                .await?
-                .ok_or_else(|| "mapping vanished after put_if_absent".into())
-        })
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let st = Statement::with_params(
-                "DELETE FROM durability_mapping WHERE mkey = $1",
-                vec![key.into()],
-            );
-            Ok(self.shard.execute(&st).await? > 0)
-        })
-    }
-    fn scan<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
-        Box::pin(async move {
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let st = Statement::with_params(
-                "SELECT mkey, shard FROM durability_mapping WHERE mkey > $1 ORDER BY mkey LIMIT $2",
-                vec![after.unwrap_or("").into(), limit.into()],
-            );
-            let mut out = Vec::new();
-            for mut r in self.shard.query(&st).await? {
-                match (r.remove("mkey"), r.remove("shard")) {
-                    (Some(Value::Text(k)), Some(Value::Text(s))) => out.push((k, s)),
-                    other => return Err(format!("malformed mapping row {other:?}").into()),
-                }
-            }
-            Ok(out)
-        })
-    }
-}
+/// byte order: `COLLATE "C"`): the migration crate's [`ShardMappingStore`]
+/// on a [`PostgresShard`]. `PostgresMappingStore::new(shard).await` creates
+/// the table when missing.
+pub type PostgresMappingStore = ShardMappingStore<PostgresShard>;
 
 mod ledger;
 pub use ledger::PostgresLedger;

@@ -15,7 +15,8 @@
 //! a single Redis (or a proxy), not Redis Cluster.
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, Claim, IndexCounts, JobState, JobView, ObjectId, Token, validate_time,
+    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobState, JobView, ObjectId, RetryJob,
+    Token, validate_time,
 };
 
 use redis::aio::ConnectionManager;
@@ -312,12 +313,8 @@ impl AlarmIndex for RedisAlarmIndex {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    async fn claim(
-        &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
-    ) -> Result<Option<Claim>, AlarmError> {
+    async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
+        let ClaimReady { now, lease_ms, run } = claim;
         let mut conn = self.conn.clone();
         let reply: Option<(String, String, i64, i64, i64)> = self
             .invocation(&self.claim, now)
@@ -351,14 +348,14 @@ impl AlarmIndex for RedisAlarmIndex {
         Ok(n == 1)
     }
 
-    async fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> Result<bool, AlarmError> {
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
+        let RetryJob {
+            object,
+            run,
+            now,
+            delay_ms,
+            tries,
+        } = retry;
         let mut conn = self.conn.clone();
         let n: i64 = self
             .invocation(&self.retry, now)

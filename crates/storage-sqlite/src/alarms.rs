@@ -14,8 +14,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, IndexCounts, JobState, JobView, Token,
-    validate_time,
+    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobState, JobView,
+    RetryJob, Token, validate_time,
 };
 use durability_scheduler::{ObjectId, SchemaStep, StorageError};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -335,12 +335,8 @@ impl AlarmIndex for SqliteAlarmIndex {
             .map_err(|e| failed("promote jobs", e))
     }
 
-    async fn claim(
-        &self,
-        now: i64,
-        lease_ms: i64,
-        run: &Token,
-    ) -> Result<Option<Claim>, AlarmError> {
+    async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
+        let ClaimReady { now, lease_ms, run } = claim;
         self.claim_sync(now, lease_ms, run)
     }
 
@@ -354,14 +350,14 @@ impl AlarmIndex for SqliteAlarmIndex {
             .map_err(|e| failed("finish job", e))
     }
 
-    async fn retry(
-        &self,
-        object: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay_ms: i64,
-        tries: u32,
-    ) -> Result<bool, AlarmError> {
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
+        let RetryJob {
+            object,
+            run,
+            now,
+            delay_ms,
+            tries,
+        } = retry;
         let at = now.saturating_add(delay_ms.max(0));
         self.conn()
             .prepare_cached(

@@ -2,23 +2,26 @@
 //! `durability-migration`'s `Router::reconcile_allocations`.
 //!
 //! [`SqliteLedger`] keeps key → allocated shard rows in a
-//! `durability_allocations` table (created when missing). Keys compare
-//! byte-wise (SQLite's default `BINARY` collation), so pages come back in the
-//! same order as from the other ledgers. Every value is a bound parameter.
+//! `durability_allocations` table (created when missing): it is the
+//! migration crate's [`ShardLedger`] on a [`SqliteShard`] of its own. Keys
+//! compare byte-wise (SQLite's default `BINARY` collation), so pages come
+//! back in the same order as from the other ledgers. Every value is a bound
+//! parameter.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 
-use durability_migration::{AllocationLedger, BackendError, BoxFuture};
-use rusqlite::{Connection, params};
+use durability_migration::{AllocationLedger, BackendError, BoxFuture, Dialect, ShardLedger};
+use rusqlite::Connection;
 
-const LEDGER_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_allocations \
-    (mkey TEXT PRIMARY KEY, shard TEXT NOT NULL) WITHOUT ROWID";
+use crate::migration::{SqliteShard, open_conn};
 
 /// Key → allocated shard rows in a SQLite table (`durability_allocations`).
 #[derive(Debug)]
-pub struct SqliteLedger {
-    conn: Mutex<Connection>,
+pub struct SqliteLedger(ShardLedger<SqliteShard>);
+
+/// The ledger table's schema, as the migration crate writes it for SQLite.
+fn ledger_schema() -> String {
+    ShardLedger::<SqliteShard>::schema_sql(&Dialect::Sqlite)
 }
 
 impl SqliteLedger {
@@ -28,11 +31,8 @@ impl SqliteLedger {
     /// # Errors
     /// The SQLite error when the file cannot be opened or configured.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        let conn = crate::migration::open_conn(path.as_ref())?;
-        conn.execute_batch(LEDGER_SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        let shard = SqliteShard::with_schema(open_conn(path.as_ref())?, &ledger_schema())?;
+        Ok(Self(ShardLedger::with_table(shard)))
     }
 
     /// An in-memory ledger.
@@ -40,26 +40,9 @@ impl SqliteLedger {
     /// # Errors
     /// The SQLite error.
     pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
-        let conn = Connection::open_in_memory()?;
-        conn.execute_batch(LEDGER_SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        let shard = SqliteShard::with_schema(Connection::open_in_memory()?, &ledger_schema())?;
+        Ok(Self(ShardLedger::with_table(shard)))
     }
-
-    fn lock(&self) -> Result<MutexGuard<'_, Connection>, BackendError> {
-        self.conn
-            .lock()
-            .map_err(|_| "sqlite ledger mutex poisoned".into())
-    }
-}
-
-fn pairs(
-    st: &mut rusqlite::CachedStatement<'_>,
-    params: impl rusqlite::Params,
-) -> Result<Vec<(String, String)>, BackendError> {
-    let rows = st.query_map(params, |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
 impl AllocationLedger for SqliteLedger {
@@ -68,15 +51,7 @@ impl AllocationLedger for SqliteLedger {
         key: &'a str,
         shard: &'a str,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            g.prepare_cached(
-                "INSERT INTO durability_allocations (mkey, shard) VALUES (?1, ?2) \
-                 ON CONFLICT (mkey) DO UPDATE SET shard = excluded.shard",
-            )?
-            .execute(params![key, shard])?;
-            Ok(())
-        })
+        self.0.record(key, shard)
     }
 
     fn scan<'a>(
@@ -84,25 +59,7 @@ impl AllocationLedger for SqliteLedger {
         after: Option<&'a str>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            match after {
-                Some(a) => pairs(
-                    &mut g.prepare_cached(
-                        "SELECT mkey, shard FROM durability_allocations WHERE mkey > ?1 \
-                         ORDER BY mkey LIMIT ?2",
-                    )?,
-                    params![a, limit],
-                ),
-                None => pairs(
-                    &mut g.prepare_cached(
-                        "SELECT mkey, shard FROM durability_allocations ORDER BY mkey LIMIT ?1",
-                    )?,
-                    params![limit],
-                ),
-            }
-        })
+        self.0.scan(after, limit)
     }
 
     fn remove_if<'a>(
@@ -110,14 +67,6 @@ impl AllocationLedger for SqliteLedger {
         key: &'a str,
         shard: &'a str,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let n = g
-                .prepare_cached(
-                    "DELETE FROM durability_allocations WHERE mkey = ?1 AND shard = ?2",
-                )?
-                .execute(params![key, shard])?;
-            Ok(n > 0)
-        })
+        self.0.remove_if(key, shard)
     }
 }

@@ -4,7 +4,8 @@
 //! [`Dialect::Sqlite`], declares an atomic batch (one transaction) and holds
 //! one connection, so every statement waits while a batch is open (the
 //! single-connection rule). [`SqliteMappingStore`] keeps key → shard
-//! mappings in a `durability_mapping` table.
+//! mappings in a `durability_mapping` table: it is the migration crate's
+//! [`ShardMappingStore`] on a shard of its own.
 //!
 //! Statements run synchronously on the calling task while holding the
 //! connection's mutex; SQLite statements on a local file are short.
@@ -13,11 +14,12 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, Statement, Value,
+    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, ShardMappingStore,
+    Statement, Value,
 };
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use rusqlite::{Connection, params_from_iter};
 
 /// Prepared statements kept per connection: a move uses a few dozen
 /// distinct statements, more than rusqlite's default of 16.
@@ -109,6 +111,16 @@ impl SqliteShard {
         })
     }
 
+    /// A shard over `conn` once `schema` (the `CREATE TABLE IF NOT EXISTS`
+    /// of a mapping store or a ledger) has run on it.
+    pub(crate) fn with_schema(conn: Connection, schema: &str) -> Result<Self, rusqlite::Error> {
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        conn.execute_batch(schema)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, Connection>, BackendError> {
         self.conn
             .lock()
@@ -178,14 +190,10 @@ impl Shard for SqliteShard {
     }
 }
 
-/// Key → shard mappings in a SQLite table (`durability_mapping`).
+/// Key → shard mappings in a SQLite table (`durability_mapping`): the
+/// migration crate's [`ShardMappingStore`] on a [`SqliteShard`] of its own.
 #[derive(Debug)]
-pub struct SqliteMappingStore {
-    conn: Mutex<Connection>,
-}
-
-const MAPPING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS durability_mapping \
-    (mkey TEXT PRIMARY KEY, shard TEXT NOT NULL) WITHOUT ROWID";
+pub struct SqliteMappingStore(ShardMappingStore<SqliteShard>);
 
 impl SqliteMappingStore {
     /// Opens (or creates) a mapping store file.
@@ -193,11 +201,8 @@ impl SqliteMappingStore {
     /// # Errors
     /// The SQLite error.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        let conn = open_conn(path.as_ref())?;
-        conn.execute_batch(MAPPING_SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        let shard = SqliteShard::with_schema(open_conn(path.as_ref())?, &mapping_schema())?;
+        Ok(Self(ShardMappingStore::with_table(shard)))
     }
 
     /// An in-memory mapping store.
@@ -205,80 +210,38 @@ impl SqliteMappingStore {
     /// # Errors
     /// The SQLite error.
     pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
-        let conn = Connection::open_in_memory()?;
-        conn.execute_batch(MAPPING_SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        let shard = SqliteShard::with_schema(Connection::open_in_memory()?, &mapping_schema())?;
+        Ok(Self(ShardMappingStore::with_table(shard)))
     }
+}
 
-    fn lock(&self) -> Result<MutexGuard<'_, Connection>, BackendError> {
-        self.conn
-            .lock()
-            .map_err(|_| "sqlite mapping mutex poisoned".into())
-    }
+/// The mapping table's schema, as the migration crate writes it for SQLite.
+fn mapping_schema() -> String {
+    ShardMappingStore::<SqliteShard>::schema_sql(&Dialect::Sqlite)
 }
 
 impl MappingStore for SqliteMappingStore {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let mut st =
-                g.prepare_cached("SELECT shard FROM durability_mapping WHERE mkey = ?1")?;
-            Ok(st.query_row(params![key], |r| r.get(0)).optional()?)
-        })
+        self.0.get(key)
     }
     fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let mut st = g.prepare_cached(
-                "INSERT INTO durability_mapping (mkey, shard) VALUES (?1, ?2) \
-                 ON CONFLICT (mkey) DO UPDATE SET shard = excluded.shard",
-            )?;
-            st.execute(params![key, shard])?;
-            Ok(())
-        })
+        self.0.put(key, shard)
     }
     fn put_if_absent<'a>(
         &'a self,
         key: &'a str,
         shard: &'a str,
     ) -> BoxFuture<'a, Result<String, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            g.prepare_cached(
-                "INSERT OR IGNORE INTO durability_mapping (mkey, shard) VALUES (?1, ?2)",
-            )?
-            .execute(params![key, shard])?;
-            let mut st =
-                g.prepare_cached("SELECT shard FROM durability_mapping WHERE mkey = ?1")?;
-            Ok(st.query_row(params![key], |r| r.get(0))?)
-        })
+        self.0.put_if_absent(key, shard)
     }
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let n = g
-                .prepare_cached("DELETE FROM durability_mapping WHERE mkey = ?1")?
-                .execute(params![key])?;
-            Ok(n > 0)
-        })
+        self.0.remove(key)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
-        Box::pin(async move {
-            let g = self.lock()?;
-            let mut st = g.prepare_cached(
-                "SELECT mkey, shard FROM durability_mapping WHERE mkey > ?1 ORDER BY mkey LIMIT ?2",
-            )?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = st.query_map(params![after.unwrap_or(""), limit], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
+        self.0.scan(after, limit)
     }
 }

@@ -1,7 +1,7 @@
 //! The outbox store on SQLite: the `durability_outbox` table and the
 //! object-wide version counter.
 
-use durability_outbox::{OutboxTx, StoredEntry};
+use durability_outbox::{OutboxTx, Reschedule, StoredEntry};
 use durability_scheduler::{SchemaStep, StorageError};
 use rusqlite::{OptionalExtension, Row, params};
 
@@ -138,16 +138,16 @@ impl OutboxTx for SqliteTx<'_> {
             .map_err(|e| backend("settle outbox entry", e))
     }
 
-    fn outbox_reschedule_if(
-        &mut self,
-        channel: &str,
-        key: &str,
-        version: u64,
-        expected_attempt: u32,
-        attempt: u32,
-        due_at: i64,
-        claimed_until: Option<i64>,
-    ) -> Result<bool, StorageError> {
+    fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
+        let Reschedule {
+            channel,
+            key,
+            version,
+            expected_attempt,
+            attempt,
+            due_at,
+            claimed_until,
+        } = change;
         let version = i64_of(version)?;
         self.sql()
             .prepare_cached(

@@ -244,21 +244,17 @@ impl<I: AlarmIndex> AlarmIndex for Crashy<I> {
     async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
         self.gate(self.inner.promote(now, limit)).await
     }
-    async fn claim(&self, now: i64, lease: i64, run: &Token) -> Result<Option<Claim>, AlarmError> {
-        self.gate(self.inner.claim(now, lease, run)).await
+    async fn claim(
+        &self,
+        claim: durability_alarms::ClaimReady<'_>,
+    ) -> Result<Option<Claim>, AlarmError> {
+        self.gate(self.inner.claim(claim)).await
     }
     async fn finish(&self, o: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
         self.gate(self.inner.finish(o, run)).await
     }
-    async fn retry(
-        &self,
-        o: &ObjectId,
-        run: &Token,
-        now: i64,
-        delay: i64,
-        tries: u32,
-    ) -> Result<bool, AlarmError> {
-        self.gate(self.inner.retry(o, run, now, delay, tries)).await
+    async fn retry(&self, retry: durability_alarms::RetryJob<'_>) -> Result<bool, AlarmError> {
+        self.gate(self.inner.retry(retry)).await
     }
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
         self.gate(self.inner.next_due()).await

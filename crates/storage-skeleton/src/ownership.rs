@@ -1,0 +1,79 @@
+//! Owner leases ([`SkeletonLeaseStore`]: `LeaseStore` and `LifecycleAdmin`).
+
+use durability_ownership::{
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, LifecycleId, OwnerRecord,
+    OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
+};
+
+use crate::Unsupported;
+
+/// The lease store (stub).
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct SkeletonLeaseStore {}
+
+impl SkeletonLeaseStore {
+    /// The stub store. A real backend connects here.
+    pub fn new() -> Self {
+        Self {}
+    }
+}
+
+/// The stub ownership error: the store could not be reached, nothing was sent.
+fn unavailable(operation: &'static str) -> OwnershipError {
+    OwnershipError::StoreUnavailable {
+        source: Unsupported::boxed(operation),
+    }
+}
+
+impl LeaseStore for SkeletonLeaseStore {
+    async fn claim(
+        &self,
+        _scope: &OwnerScope,
+        _lifecycle: &LifecycleId,
+        _task: &TaskId,
+        _ttl_ms: u64,
+    ) -> Result<ClaimOutcome, OwnershipError> {
+        // One atomic step on the store's clock: check lifecycle, return a live owner, or bump the generation and write the record.
+        Err(unavailable("claim"))
+    }
+
+    async fn renew(&self, _record: &OwnerRecord, _ttl_ms: u64) -> Result<Lease, OwnershipError> {
+        // Atomically compare the exact record bytes, the storage pointer and the delete lock, then refresh the lease.
+        Err(unavailable("renew"))
+    }
+
+    async fn release(&self, _record: &OwnerRecord) -> Result<bool, OwnershipError> {
+        // Delete the owner record only if it is exactly `record`; the generation counter stays.
+        Err(unavailable("release"))
+    }
+
+    async fn snapshot(
+        &self,
+        _scope: &OwnerScope,
+        _lifecycle: &LifecycleId,
+    ) -> Result<OwnerSnapshot, OwnershipError> {
+        // One consistent read of owner, generation, lifecycle state and the store's clock.
+        Err(unavailable("snapshot"))
+    }
+}
+
+impl LifecycleAdmin for SkeletonLeaseStore {
+    async fn set_active_storage(
+        &self,
+        _lifecycle: &LifecycleId,
+        _storage: Option<&StorageId>,
+    ) -> Result<(), OwnershipError> {
+        // Point the lifecycle at `storage`, or remove the pointer.
+        Err(unavailable("set_active_storage"))
+    }
+
+    async fn set_delete_lock(
+        &self,
+        _lifecycle: &LifecycleId,
+        _lock: Option<DeleteLock>,
+    ) -> Result<(), OwnershipError> {
+        // Set or remove the lifecycle's delete lock.
+        Err(unavailable("set_delete_lock"))
+    }
+}
