@@ -8,7 +8,10 @@
 //! An admission or resolution failure is reported with the ownership
 //! crate's classification: one that proves the alarm never started is
 //! retried at once without using a try; one whose outcome is unknown keeps
-//! the claim until its lease expires.
+//! the claim until its lease expires. Inactive storage (the storage pointer
+//! gone or moved) and a whole-delete lock are reported as
+//! [`DispatchOutcome::Gone`]: the job discards itself, as the seed's
+//! residual jobs do.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -59,8 +62,24 @@ impl<L, F, S, C> OwnerRouted<L, F, S, C> {
     }
 }
 
-fn refused(e: &OwnershipError) -> DispatchOutcome {
+fn refused(object: &ObjectId, e: &OwnershipError) -> DispatchOutcome {
     let reason = format!("{}: {e}", e.code());
+    if matches!(
+        e,
+        OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
+    ) {
+        // The seed: a residual job "self-discards because the storage pointer
+        // is gone". Inactive storage (pointer gone or moved) and a whole-delete
+        // lock are lifecycle facts, not a transient refusal: retrying at once
+        // would spin forever, so the job is discarded as gone.
+        tracing::info!(
+            event = "durability.alarms.storage_inactive_discarded",
+            object = %object,
+            code = e.code(),
+            "the object's storage is inactive; its alarm job discards itself"
+        );
+        return DispatchOutcome::Gone;
+    }
     match e.outcome() {
         OwnerOutcome::NotStarted => DispatchOutcome::NeverStarted { reason },
         OwnerOutcome::Unknown => DispatchOutcome::Unknown { reason },
@@ -79,6 +98,7 @@ where
             Ok(found) => found,
             Err(reason) => return DispatchOutcome::Failed { reason },
         };
+        let delivery_object = delivery.object.clone();
         match self.ownership.resolve(&scope, &lifecycle).await {
             Ok(Resolution::Remote { task, .. }) => self.forward.forward(&task, delivery).await,
             Ok(Resolution::Local(generation)) => {
@@ -88,10 +108,10 @@ where
                         drop(permit);
                         outcome
                     }
-                    Err(e) => refused(&e),
+                    Err(e) => refused(&delivery_object, &e),
                 }
             }
-            Err(e) => refused(&e),
+            Err(e) => refused(&delivery_object, &e),
         }
     }
 }
