@@ -213,7 +213,23 @@ where
     pub fn delete_alarm(&mut self) -> Result<(), AlarmError> {
         self.open()?;
         let keys = match self.baseline() {
-            Ok(b) => b.map(|b| (b.token, b.fence)),
+            Ok(Some(b)) => {
+                // A decoded baseline: put it back fenced (a set earlier in
+                // this transaction replaced the row's token).
+                let fence = b.fence.clone().unwrap_or_else(Token::random);
+                self.tx.put_alarm_row(&AlarmRow {
+                    at: b.at,
+                    token: b.token.clone(),
+                    fence: Some(fence.clone()),
+                })?;
+                self.state.last = Some(Last::Delete {
+                    token: b.token,
+                    fence,
+                });
+                self.reserve();
+                return Ok(());
+            }
+            Ok(None) => None,
             // A corrupt or legacy row stays deletable: the fence touches only
             // the token and fence, so only those need to decode.
             Err(AlarmError::Storage(e)) if e.kind() == StorageErrorKind::Corrupt => {
