@@ -213,3 +213,51 @@ async fn a_version_delete_lock_does_not_discard_the_active_storage_jobs() {
     assert_eq!((c.delivered, c.gone), (1, 0), "{c:?}");
     assert_eq!(*w.log.lock().unwrap(), vec!["host-a ran room-1".to_owned()]);
 }
+
+#[tokio::test]
+async fn owner_elsewhere_waits_for_the_remote_lease_instead_of_a_hot_loop() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    // Host A owns room-1's scope (it ran an alarm there), then dies: its lease
+    // stays live for TTL, and forwarding to it is refused.
+    let a = w.host("host-a", DeadOwner::default());
+    let warm = Delivery {
+        object: obj("room-1"),
+        token: Token::new("warm").unwrap(),
+        scheduled_at: START,
+        attempt: 1,
+        final_attempt: false,
+    };
+    assert_eq!(a.dispatch(warm).await, DispatchOutcome::Delivered);
+    drop(a);
+    job_with_alarm(&index, "room-1").await;
+    let forwards = DeadOwner::default();
+    let d = w.dispatcher(&index, w.host("host-b", forwards.clone()));
+    // Three seconds of ticks every 100 ms during the failover.
+    tick_for(&w, &d, 30, 100).await;
+    assert_eq!(
+        forwards.0.load(Ordering::SeqCst),
+        1,
+        "one forward, then the job waits for the dead owner's lease"
+    );
+    let job = index.job(&obj("room-1")).await.unwrap().unwrap();
+    assert_eq!(job.tries, 0, "never started: no try used");
+    let next = index.next_due().await.unwrap().unwrap();
+    assert!(
+        (START + TTL as i64..=START + TTL as i64 + 1).contains(&next),
+        "retried at the lease deadline: {}",
+        next - START
+    );
+    // Once A's lease is over, B takes the scope and runs the alarm itself.
+    w.clock.set(next);
+    d.tick().await.unwrap();
+    assert_eq!(d.counters().snapshot().delivered, 1);
+    assert_eq!(
+        *w.log.lock().unwrap(),
+        vec![
+            "host-a ran room-1".to_owned(),
+            "host-b ran room-1".to_owned()
+        ]
+    );
+    assert_eq!(forwards.0.load(Ordering::SeqCst), 1);
+}

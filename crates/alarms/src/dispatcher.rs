@@ -11,6 +11,7 @@ use durability_time::{Random, timeout_at};
 
 use crate::error::AlarmError;
 use crate::index::{AlarmIndex, Claim};
+use crate::log_limit::LogLimit;
 use crate::policy::DispatcherConfig;
 use crate::token::Token;
 
@@ -49,6 +50,17 @@ pub enum DispatchOutcome {
     NeverStarted {
         /// Why (for logs).
         reason: String,
+    },
+    /// Proven never started because another task holds the object's owner
+    /// lease and could not take the delivery (it may be dead): retried
+    /// without using a try after `retry_in_ms` (that owner's lease time
+    /// left, capped by `DispatcherConfig::owner_wait_max_ms`), when the scope
+    /// can be taken over, instead of at once.
+    OwnerElsewhere {
+        /// Why (for logs).
+        reason: String,
+        /// How long until the remote owner's lease runs out (ms).
+        retry_in_ms: i64,
     },
     /// The alarm ran and failed: retried with backoff, discarded after the
     /// last try.
@@ -165,6 +177,7 @@ pub struct Dispatcher<I, D> {
     config: DispatcherConfig,
     random: Random,
     counters: Arc<DispatchCounters>,
+    log_limit: LogLimit,
 }
 
 impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
@@ -187,6 +200,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             config,
             random,
             counters: Arc::default(),
+            log_limit: LogLimit::new(config.log_interval_ms),
         })
     }
 
@@ -302,14 +316,40 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     .await;
             }
             DispatchOutcome::NeverStarted { reason } => {
-                tracing::info!(
-                    event = "durability.alarms.dispatch_not_started",
-                    object = %claim.object,
-                    %reason,
-                    "alarm delivery never started; retrying at once"
-                );
+                let now = self.clock.now_ms();
+                if let Some(suppressed) = self.log_limit.admit(&claim.object, "not_started", now) {
+                    tracing::info!(
+                        event = "durability.alarms.dispatch_not_started",
+                        object = %claim.object,
+                        %reason,
+                        suppressed,
+                        "alarm delivery never started; retrying at once"
+                    );
+                }
                 let tries = claim.tries.saturating_sub(1);
                 self.settle_retry(&claim, 0, tries, &c.retried, "retried")
+                    .await;
+            }
+            DispatchOutcome::OwnerElsewhere {
+                reason,
+                retry_in_ms,
+            } => {
+                let delay = retry_in_ms.clamp(0, self.config.owner_wait_max_ms);
+                let now = self.clock.now_ms();
+                if let Some(suppressed) =
+                    self.log_limit.admit(&claim.object, "owner_elsewhere", now)
+                {
+                    tracing::info!(
+                        event = "durability.alarms.dispatch_owner_elsewhere",
+                        object = %claim.object,
+                        %reason,
+                        delay_ms = delay,
+                        suppressed,
+                        "alarm delivery never started: another task holds the owner lease; retrying when it can be taken over"
+                    );
+                }
+                let tries = claim.tries.saturating_sub(1);
+                self.settle_retry(&claim, delay, tries, &c.retried, "retried")
                     .await;
             }
             DispatchOutcome::Failed { reason } => {

@@ -38,6 +38,7 @@ mod bridge;
 mod dispatcher;
 mod error;
 mod index;
+mod log_limit;
 mod memory;
 mod object;
 #[cfg(feature = "ownership")]
@@ -64,9 +65,10 @@ pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
 #[cfg(feature = "ownership")]
 pub use owner_routed::{Forward, OwnerRouted, ScopeOf};
 pub use policy::{
-    DEFAULT_CLAIM_LEASE_MS, DEFAULT_DISPATCH_TIMEOUT_MS, DEFAULT_MAX_TRIES, DEFAULT_PROMOTE_BATCH,
-    DEFAULT_RETRY_DELAY_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS, DispatcherConfig,
-    MAX_DELAY_MS, MAX_RESPONSE_BYTES, MUTATION_DEADLINE_MS, RESPONSE_DEADLINE_MS, RetryPolicy,
+    DEFAULT_CLAIM_LEASE_MS, DEFAULT_DISPATCH_TIMEOUT_MS, DEFAULT_LOG_INTERVAL_MS,
+    DEFAULT_MAX_TRIES, DEFAULT_OWNER_WAIT_MAX_MS, DEFAULT_PROMOTE_BATCH, DEFAULT_RETRY_DELAY_MS,
+    DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS, DispatcherConfig, MAX_DELAY_MS,
+    MAX_RESPONSE_BYTES, MUTATION_DEADLINE_MS, RESPONSE_DEADLINE_MS, RetryPolicy,
 };
 pub use store::{AlarmRow, AlarmTx};
 pub use token::{MAX_TOKEN_BYTES, Token, validate_time};

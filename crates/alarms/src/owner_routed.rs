@@ -86,6 +86,36 @@ fn refused(object: &ObjectId, e: &OwnershipError) -> DispatchOutcome {
     }
 }
 
+/// The wait used when the owner snapshot cannot be read.
+const SNAPSHOT_FAILED_WAIT_MS: i64 = 1_000;
+
+impl<L, F, S: LeaseStore, C: Clock> OwnerRouted<L, F, S, C> {
+    /// How long the remote owner's lease has left (from one store snapshot),
+    /// plus 1 ms so the retry finds it expired; 0 when no other task holds a
+    /// live lease any more.
+    async fn owner_lease_left(&self, scope: &OwnerScope, lifecycle: &LifecycleId) -> i64 {
+        match self.ownership.store().snapshot(scope, lifecycle).await {
+            Ok(snapshot) => snapshot
+                .owner
+                .filter(|lease| lease.record.task() != self.ownership.task())
+                .map_or(0, |lease| {
+                    i64::try_from(lease.remaining_ms)
+                        .unwrap_or(i64::MAX)
+                        .saturating_add(1)
+                }),
+            Err(error) => {
+                tracing::debug!(
+                    event = "durability.alarms.owner_snapshot_failed",
+                    code = error.code(),
+                    %error,
+                    "reading the owner snapshot failed; waiting briefly"
+                );
+                SNAPSHOT_FAILED_WAIT_MS
+            }
+        }
+    }
+}
+
 impl<L, F, S, C> Dispatch for OwnerRouted<L, F, S, C>
 where
     L: Dispatch,
@@ -100,7 +130,17 @@ where
         };
         let delivery_object = delivery.object.clone();
         match self.ownership.resolve(&scope, &lifecycle).await {
-            Ok(Resolution::Remote { task, .. }) => self.forward.forward(&task, delivery).await,
+            Ok(Resolution::Remote { task, .. }) => {
+                match self.forward.forward(&task, delivery).await {
+                    // The owner elsewhere could not take it (a dead owner
+                    // during failover): wait for its lease, not a hot loop.
+                    DispatchOutcome::NeverStarted { reason } => DispatchOutcome::OwnerElsewhere {
+                        retry_in_ms: self.owner_lease_left(&scope, &lifecycle).await,
+                        reason: format!("owner {}: {reason}", task.as_str()),
+                    },
+                    other => other,
+                }
+            }
             Ok(Resolution::Local(generation)) => {
                 match self.ownership.admit(&scope, generation).await {
                     Ok(permit) => {

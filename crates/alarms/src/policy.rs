@@ -25,6 +25,11 @@ pub const RESPONSE_DEADLINE_MS: i64 = 5_000;
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// Jobs promoted per index call.
 pub const DEFAULT_PROMOTE_BATCH: usize = 1_024;
+/// Default cap on how long a delivery refused by a remote owner waits for
+/// that owner's lease (`DispatcherConfig::owner_wait_max_ms`).
+pub const DEFAULT_OWNER_WAIT_MAX_MS: i64 = 30_000;
+/// Default interval of the per-object, per-outcome log rate limit.
+pub const DEFAULT_LOG_INTERVAL_MS: i64 = 10_000;
 /// The longest delay or lease accepted (2^31-1 ms).
 pub const MAX_DELAY_MS: i64 = i32::MAX as i64;
 
@@ -122,6 +127,15 @@ pub struct DispatcherConfig {
     /// Shortest pause between ticks of [`crate::Dispatcher::run`] when work
     /// is already due (an immediate retry must not spin).
     pub idle_ms: i64,
+    /// Longest wait before retrying a delivery that never started because
+    /// another task holds the owner lease (the wait is that lease's time
+    /// left, capped here): a dead owner's scope is retried when its lease
+    /// can be taken over, not in a hot loop.
+    pub owner_wait_max_ms: i64,
+    /// Repeated never-started and owner-elsewhere lines are logged at most
+    /// once per object and outcome per this interval (the next line counts
+    /// the suppressed ones).
+    pub log_interval_ms: i64,
     /// Seed of the jitter RNG (`None`: from the OS).
     pub seed: Option<u64>,
 }
@@ -135,6 +149,8 @@ impl Default for DispatcherConfig {
             promote_batch: DEFAULT_PROMOTE_BATCH,
             poll_ms: 1_000,
             idle_ms: 100,
+            owner_wait_max_ms: DEFAULT_OWNER_WAIT_MAX_MS,
+            log_interval_ms: DEFAULT_LOG_INTERVAL_MS,
             seed: None,
         }
     }
@@ -165,6 +181,12 @@ impl DispatcherConfig {
             || !(0..=MAX_DELAY_MS).contains(&self.idle_ms)
         {
             return bad("poll and idle intervals must be in range");
+        }
+        if !(0..=MAX_DELAY_MS).contains(&self.owner_wait_max_ms) {
+            return bad("owner wait cap must be in 0..=2^31-1 ms");
+        }
+        if !(0..=MAX_DELAY_MS).contains(&self.log_interval_ms) {
+            return bad("log interval must be in 0..=2^31-1 ms");
         }
         Ok(())
     }
