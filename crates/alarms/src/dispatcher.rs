@@ -103,6 +103,7 @@ pub struct DispatchCounters {
     unknown: AtomicU64,
     gone: AtomicU64,
     stale: AtomicU64,
+    superseded: AtomicU64,
 }
 
 /// A snapshot of [`DispatchCounters`]; field names are the `outcome` label
@@ -125,8 +126,15 @@ pub struct DispatchCounts {
     pub unknown: u64,
     /// Discarded because the object's storage is gone.
     pub gone: u64,
-    /// Settlements refused because the job changed since its claim.
+    /// Settlements refused because the claim went stale: the job still
+    /// carries the delivery's row token but is no longer running under this
+    /// claim's run token (its lease expired and it was claimed again).
     pub stale: u64,
+    /// Settlements refused because the delivery was superseded: a newer
+    /// alarm replaced the job's row token (or a delete removed it) while it
+    /// ran. Normal for a handler that sets its next alarm (the scheduler
+    /// bridge does on every delivery that leaves work).
+    pub superseded: u64,
 }
 
 impl DispatchCounters {
@@ -143,6 +151,7 @@ impl DispatchCounters {
             unknown: g(&self.unknown),
             gone: g(&self.gone),
             stale: g(&self.stale),
+            superseded: g(&self.superseded),
         }
     }
 
@@ -389,10 +398,26 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 
+    /// Counts a settlement the index refused: superseded when the job no
+    /// longer carries the claim's row token (a newer alarm replaced it, or a
+    /// delete removed it), stale otherwise (same row token, another run).
+    async fn refused(&self, claim: &Claim) {
+        let superseded = match self.index.job(&claim.object).await {
+            Ok(job) => job.is_none_or(|j| j.token != claim.token),
+            // Unknown: count it stale, the conservative label.
+            Err(_) => false,
+        };
+        if superseded {
+            DispatchCounters::bump(&self.counters.superseded, "superseded", &claim.object);
+        } else {
+            DispatchCounters::bump(&self.counters.stale, "stale", &claim.object);
+        }
+    }
+
     async fn settle_finish(&self, claim: &Claim, counter: &AtomicU64, outcome: &'static str) {
         match self.index.finish(&claim.object, &claim.run).await {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
-            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Ok(false) => self.refused(claim).await,
             Err(error) => {
                 tracing::warn!(
                     event = "durability.alarms.settle_failed",
@@ -420,7 +445,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             .await
         {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
-            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Ok(false) => self.refused(claim).await,
             Err(error) => {
                 tracing::warn!(
                     event = "durability.alarms.settle_failed",
@@ -433,3 +458,6 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
