@@ -1,10 +1,19 @@
-//! The dispatcher: promotes due jobs, claims them one at a time under a run
-//! token and lease, dispatches them through [`Dispatch`], and settles each
-//! by its outcome.
+//! The dispatcher: promotes due jobs in batches, claims ready ones in
+//! batches (each under its own run token and lease), runs up to
+//! `concurrency` deliveries through [`Dispatch`] at once (one per object),
+//! settles each by its outcome, and on a graceful stop releases what it
+//! will not finish.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use futures::FutureExt;
+use futures::future::{self, BoxFuture, Either};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
 
 use durability_scheduler::{Clock, ObjectId};
 use durability_time::{Random, timeout_at};
@@ -104,6 +113,7 @@ pub struct DispatchCounters {
     gone: AtomicU64,
     stale: AtomicU64,
     superseded: AtomicU64,
+    released: AtomicU64,
 }
 
 /// A snapshot of [`DispatchCounters`]; field names are the `outcome` label
@@ -135,6 +145,9 @@ pub struct DispatchCounts {
     /// ran. Normal for a handler that sets its next alarm (the scheduler
     /// bridge does on every delivery that leaves work).
     pub superseded: u64,
+    /// Claims given back by a stopping dispatcher (so another host takes
+    /// them at once).
+    pub released: u64,
 }
 
 impl DispatchCounters {
@@ -152,6 +165,7 @@ impl DispatchCounters {
             gone: g(&self.gone),
             stale: g(&self.stale),
             superseded: g(&self.superseded),
+            released: g(&self.released),
         }
     }
 
@@ -174,11 +188,84 @@ pub struct TickReport {
     pub promoted: usize,
     /// Jobs claimed and dispatched (or discarded).
     pub claimed: usize,
+    /// Claims released because the dispatcher was stopped.
+    pub released: usize,
+}
+
+/// A stop request, shared by the dispatcher's loops and [`Dispatcher::stop`].
+#[derive(Debug, Default)]
+struct Stop {
+    requested: AtomicBool,
+    notify: Notify,
+}
+
+impl Stop {
+    fn request(&self) {
+        self.requested.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let mut notified = pin!(self.notify.notified());
+            notified.as_mut().enable();
+            if self.requested() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Deliveries in flight; each yields its object when it has settled.
+type Running<'a> = FuturesUnordered<BoxFuture<'a, ObjectId>>;
+
+/// What one dispatcher loop has in flight: at most one delivery per object,
+/// at most `concurrency` claims in all.
+struct Flight<'a> {
+    running: Running<'a>,
+    /// The claim of every object with a delivery in flight.
+    claims: HashMap<ObjectId, Claim>,
+    /// Claims whose object already has a delivery in flight: started when
+    /// it settles, released on stop.
+    held: Vec<Claim>,
+    /// A claim found fewer ready jobs than it asked for.
+    dry: bool,
+}
+
+impl Flight<'_> {
+    fn new() -> Self {
+        Self {
+            running: FuturesUnordered::new(),
+            claims: HashMap::new(),
+            held: Vec::new(),
+            dry: false,
+        }
+    }
+}
+
+/// Why a wait ended.
+enum Wake {
+    /// A delivery settled.
+    Done(ObjectId),
+    /// A stop was requested.
+    Stop,
+    /// The wake time came.
+    Timer,
 }
 
 /// Delivers due alarms from an [`AlarmIndex`] through a [`Dispatch`].
 ///
-/// Any number of dispatchers may share one index: claims are exclusive.
+/// Up to `concurrency` deliveries run at once, at most one per object (a
+/// claim for an object whose delivery is still running waits for it), so
+/// a slow handler holds up only its own object. Claims are taken in
+/// batches ([`AlarmIndex::claim_batch`]) and promotion in batches of
+/// `promote_batch`; the dispatcher never loads the whole index. Any number
+/// of dispatchers may share one index: claims are exclusive.
 pub struct Dispatcher<I, D> {
     index: Arc<I>,
     dispatch: Arc<D>,
@@ -187,6 +274,7 @@ pub struct Dispatcher<I, D> {
     random: Random,
     counters: Arc<DispatchCounters>,
     log_limit: LogLimit,
+    stop: Stop,
 }
 
 impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
@@ -210,6 +298,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             random,
             counters: Arc::default(),
             log_limit: LogLimit::new(config.log_interval_ms),
+            stop: Stop::default(),
         })
     }
 
@@ -223,67 +312,288 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         &self.config
     }
 
-    /// Promotes every job due now, then claims and dispatches ready jobs one
-    /// at a time until none is ready. Jobs retried at once go back to due
-    /// and wait for the next tick, so a tick always ends.
-    ///
-    /// # Errors
-    /// A failure to promote or claim; settlement failures are logged (the
-    /// claim lease brings such a job back).
-    pub async fn tick(&self) -> Result<TickReport, AlarmError> {
-        let mut report = TickReport::default();
-        let now = self.clock.now_ms();
-        loop {
-            let n = self.index.promote(now, self.config.promote_batch).await?;
-            report.promoted += n;
-            if n < self.config.promote_batch {
-                break;
-            }
-        }
-        loop {
-            let run = Token::random();
-            let claim = self
-                .index
-                .claim(self.clock.now_ms(), self.config.effective_lease_ms(), &run)
-                .await?;
-            let Some(claim) = claim else {
-                break;
-            };
-            report.claimed += 1;
-            self.handle(claim).await;
-        }
-        Ok(report)
+    /// Asks the dispatcher to stop gracefully (a drain): it claims nothing
+    /// more; claims it holds but has not started are released at once
+    /// ([`AlarmIndex::release`]: ready again, no try used); in-flight
+    /// deliveries get `stop_grace_ms` to finish, then are cancelled and
+    /// their claims made due again at once (their try counted: they may
+    /// have run). A running [`Dispatcher::run`] or [`Dispatcher::tick`]
+    /// then returns. A delivery cancelled here that was forwarded to another
+    /// host may still be running there, so its alarm body may overlap its
+    /// redelivery (alarm bodies are at-least-once).
+    pub fn stop(&self) {
+        self.stop.request();
     }
 
-    /// Runs ticks forever: after each, sleeps until the next job is due
-    /// (at least `idle_ms`, at most `poll_ms`).
-    pub async fn run(&self) {
+    /// Whether [`Dispatcher::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.requested()
+    }
+
+    /// Promotes every job due now, then claims ready jobs in batches and
+    /// delivers up to `concurrency` at once (one per object) until none is
+    /// ready and every delivery has settled. Jobs retried at once go back
+    /// to due and wait for the next tick, so a tick always ends (a hung
+    /// delivery ends at its dispatch timeout).
+    ///
+    /// # Errors
+    /// A failure to promote or claim (deliveries already started still
+    /// settle first); settlement failures are logged (the claim lease
+    /// brings such a job back).
+    pub async fn tick(&self) -> Result<TickReport, AlarmError> {
+        let mut report = TickReport {
+            promoted: self.promote_due().await?,
+            ..TickReport::default()
+        };
+        let mut flight = Flight::new();
+        let mut failure = None;
         loop {
-            if let Err(error) = self.tick().await {
-                tracing::warn!(
-                    event = "durability.alarms.tick_failed",
-                    code = error.code(),
-                    %error,
-                    "dispatcher tick failed"
-                );
+            if self.stop.requested() {
+                self.drain(flight, &mut report).await;
+                break;
+            }
+            if failure.is_none()
+                && let Err(error) = self.fill(&mut flight, &mut report).await
+            {
+                flight.dry = true;
+                failure = Some(error);
+            }
+            if flight.running.is_empty() {
+                break;
+            }
+            if let Wake::Done(object) = self.wait(&mut flight.running, true, None).await {
+                self.settled(&mut flight, &object);
+            }
+        }
+        failure.map_or(Ok(report), Err)
+    }
+
+    /// Delivers until [`Dispatcher::stop`]: promotes due jobs (at most once
+    /// per `idle_ms`, so an immediate retry cannot spin), keeps up to
+    /// `concurrency` deliveries in flight, and between completions waits
+    /// until the next job is due (at most `poll_ms`: other hosts may add
+    /// jobs). Returns after the stop has released or finished what was in
+    /// flight.
+    pub async fn run(&self) {
+        let mut flight = Flight::new();
+        let mut report = TickReport::default();
+        let mut promoted_at: Option<i64> = None;
+        loop {
+            if self.stop.requested() {
+                self.drain(flight, &mut report).await;
+                return;
             }
             let now = self.clock.now_ms();
-            let next = match self.index.next_due().await {
-                Ok(next) => next,
-                Err(error) => {
-                    tracing::warn!(
-                        event = "durability.alarms.tick_failed",
-                        code = error.code(),
-                        %error,
-                        "dispatcher tick failed"
-                    );
-                    None
+            if promoted_at.is_none_or(|at| now >= at.saturating_add(self.config.idle_ms)) {
+                promoted_at = Some(now);
+                if let Err(error) = self.promote_due().await {
+                    Self::warn_loop(&error);
                 }
+            }
+            flight.dry = false;
+            if let Err(error) = self.fill(&mut flight, &mut report).await {
+                Self::warn_loop(&error);
+            }
+            let next = if self.room(&flight) > 0 {
+                match self.index.next_due().await {
+                    Ok(next) => next,
+                    Err(error) => {
+                        Self::warn_loop(&error);
+                        None
+                    }
+                }
+            } else {
+                None
             };
-            let lo = now.saturating_add(self.config.idle_ms);
+            let now = self.clock.now_ms();
+            let lo = promoted_at
+                .unwrap_or(now)
+                .saturating_add(self.config.idle_ms);
             let hi = now.saturating_add(self.config.poll_ms);
             let wake = next.unwrap_or(hi).clamp(lo, hi.max(lo));
-            self.clock.sleep_until(wake).await;
+            if let Wake::Done(object) = self.wait(&mut flight.running, true, Some(wake)).await {
+                self.settled(&mut flight, &object);
+                // Collect whatever else settled meanwhile before claiming.
+                while let Some(Some(object)) = flight.running.next().now_or_never() {
+                    self.settled(&mut flight, &object);
+                }
+            }
+        }
+    }
+
+    fn warn_loop(error: &AlarmError) {
+        tracing::warn!(
+            event = "durability.alarms.tick_failed",
+            code = error.code(),
+            %error,
+            "dispatcher tick failed"
+        );
+    }
+
+    async fn promote_due(&self) -> Result<usize, AlarmError> {
+        let now = self.clock.now_ms();
+        let mut promoted = 0;
+        loop {
+            let n = self.index.promote(now, self.config.promote_batch).await?;
+            promoted += n;
+            if n < self.config.promote_batch {
+                return Ok(promoted);
+            }
+        }
+    }
+
+    /// Claims that may still be taken before `concurrency` is reached.
+    fn room(&self, flight: &Flight<'_>) -> usize {
+        self.config
+            .concurrency
+            .saturating_sub(flight.claims.len() + flight.held.len())
+    }
+
+    /// Claims ready jobs up to the free capacity, one batch per round trip.
+    async fn fill<'a>(
+        &'a self,
+        flight: &mut Flight<'a>,
+        report: &mut TickReport,
+    ) -> Result<(), AlarmError> {
+        while !flight.dry && !self.stop.requested() {
+            let want = self.room(flight);
+            if want == 0 {
+                break;
+            }
+            let runs: Vec<Token> = (0..want).map(|_| Token::random()).collect();
+            let claims = self
+                .index
+                .claim_batch(self.clock.now_ms(), self.config.effective_lease_ms(), &runs)
+                .await?;
+            if claims.len() < want {
+                flight.dry = true;
+            }
+            report.claimed += claims.len();
+            for claim in claims {
+                self.start(flight, claim);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the delivery of `claim`, or holds it while its object has one
+    /// in flight.
+    fn start<'a>(&'a self, flight: &mut Flight<'a>, claim: Claim) {
+        if flight.claims.contains_key(&claim.object) {
+            flight.held.push(claim);
+            return;
+        }
+        let object = claim.object.clone();
+        flight.claims.insert(object.clone(), claim.clone());
+        flight.running.push(
+            async move {
+                self.handle(claim).await;
+                object
+            }
+            .boxed(),
+        );
+    }
+
+    /// A delivery of `object` settled: start the claim held for it, if any.
+    fn settled<'a>(&'a self, flight: &mut Flight<'a>, object: &ObjectId) {
+        flight.claims.remove(object);
+        if let Some(i) = flight.held.iter().position(|c| &c.object == object) {
+            let claim = flight.held.remove(i);
+            self.start(flight, claim);
+        }
+    }
+
+    /// Waits for the next delivery to settle, for a stop request (when
+    /// `watch_stop`), or until `until`.
+    async fn wait(&self, running: &mut Running<'_>, watch_stop: bool, until: Option<i64>) -> Wake {
+        let done = async {
+            match running.next().await {
+                Some(object) => object,
+                None => std::future::pending().await,
+            }
+        };
+        let stop = async {
+            if watch_stop {
+                self.stop.wait().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let either = async {
+            match future::select(pin!(done), pin!(stop)).await {
+                Either::Left((object, _)) => Wake::Done(object),
+                Either::Right(((), _)) => Wake::Stop,
+            }
+        };
+        match until {
+            Some(at) => timeout_at(&*self.clock, at, either)
+                .await
+                .unwrap_or(Wake::Timer),
+            None => either.await,
+        }
+    }
+
+    /// The graceful stop: releases held claims at once, lets in-flight
+    /// deliveries settle for up to `stop_grace_ms`, then cancels the rest
+    /// and makes their jobs due again at once.
+    async fn drain<'a>(&'a self, mut flight: Flight<'a>, report: &mut TickReport) {
+        for claim in std::mem::take(&mut flight.held) {
+            self.release(&claim, false, report).await;
+        }
+        let deadline = self
+            .clock
+            .now_ms()
+            .saturating_add(self.config.stop_grace_ms);
+        while !flight.running.is_empty() {
+            match self.wait(&mut flight.running, false, Some(deadline)).await {
+                Wake::Done(object) => {
+                    flight.claims.remove(&object);
+                }
+                Wake::Stop | Wake::Timer => break,
+            }
+        }
+        let Flight {
+            running, claims, ..
+        } = flight;
+        drop(running);
+        for claim in claims.into_values() {
+            tracing::warn!(
+                event = "durability.alarms.delivery_cancelled",
+                object = %claim.object,
+                grace_ms = self.config.stop_grace_ms,
+                "dispatcher stopped: an in-flight delivery outlived the grace period; its claim is released"
+            );
+            self.release(&claim, true, report).await;
+        }
+    }
+
+    /// Gives a claim back on stop: unused (`started == false`: ready again,
+    /// no try used) or after a cancelled delivery (due at once, its try
+    /// counted).
+    async fn release(&self, claim: &Claim, started: bool, report: &mut TickReport) {
+        let now = self.clock.now_ms();
+        let result = if started {
+            self.index
+                .retry(&claim.object, &claim.run, now, 0, claim.tries)
+                .await
+        } else {
+            self.index.release(&claim.object, &claim.run, now).await
+        };
+        match result {
+            Ok(true) => {
+                report.released += 1;
+                DispatchCounters::bump(&self.counters.released, "released", &claim.object);
+            }
+            Ok(false) => self.refused(claim).await,
+            Err(error) => {
+                tracing::warn!(
+                    event = "durability.alarms.settle_failed",
+                    object = %claim.object,
+                    code = error.code(),
+                    %error,
+                    "releasing an alarm claim failed; its lease brings it back"
+                );
+            }
         }
     }
 

@@ -113,6 +113,20 @@ end
 return {out, bad}
 ";
 
+/// Gives a claim back unused: ready again at its due time, one try fewer
+/// (ARGV[3] id, ARGV[4] run).
+const RELEASE: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local j = redis.call('HMGET', jk, 'state', 'run', 'due_at', 'tries')
+if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+local tries = math.max((tonumber(j[4] or '0') or 1) - 1, 0)
+redis.call('HSET', jk, 'state', 'ready', 'tries', string.format('%d', tries))
+redis.call('HDEL', jk, 'run')
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], j[3], ARGV[3])
+return 1
+";
+
 /// Moves one claimed job whose object id failed validation to quarantine
 /// (fenced by its run token): ARGV[3] id, ARGV[4] run, ARGV[5] quarantine key.
 const QUARANTINE: &str = "
@@ -174,6 +188,7 @@ pub struct RedisAlarmIndex {
     promote: Script,
     claim: Script,
     quarantine: Script,
+    release: Script,
     finish: Script,
     retry: Script,
 }
@@ -200,6 +215,7 @@ impl RedisAlarmIndex {
             promote: with_now(PROMOTE),
             claim: with_now(CLAIM),
             quarantine: Script::new(QUARANTINE),
+            release: Script::new(RELEASE),
             finish: Script::new(FINISH),
             retry: with_now(RETRY),
         }
@@ -485,6 +501,27 @@ impl AlarmIndex for RedisAlarmIndex {
             .arg(run.as_str())
             .arg(delay_ms.max(0))
             .arg(tries)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        self.claim_many(now, lease_ms, runs).await
+    }
+
+    async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.release, 0)
+            .arg(object.as_str())
+            .arg(run.as_str())
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;

@@ -518,6 +518,27 @@ impl AlarmIndex for SqliteAlarmIndex {
             .map_err(|e| failed("retry job", e))
     }
 
+    async fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        self.claim_sync(now, lease_ms, runs)
+    }
+
+    async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
+        self.conn()
+            .prepare_cached(
+                "UPDATE durability_alarm_index_jobs
+                 SET state = 1, run = NULL, tries = MAX(tries - 1, 0), score = due_at
+                 WHERE object = ?1 AND state = 2 AND run = ?2",
+            )
+            .and_then(|mut st| st.execute([object.as_str(), run.as_str()]))
+            .map(|n| n > 0)
+            .map_err(|e| failed("release job", e))
+    }
+
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
         self.conn()
             .prepare_cached(
