@@ -230,9 +230,9 @@ struct Flight<'a> {
     running: Running<'a>,
     /// The claim of every object with a delivery in flight.
     claims: HashMap<ObjectId, Claim>,
-    /// Claims whose object already has a delivery in flight: started when
-    /// it settles, released on stop.
-    held: Vec<Claim>,
+    /// Claims whose object already has a delivery in flight, with the local
+    /// time each was claimed: started when it settles, released on stop.
+    held: Vec<(Claim, i64)>,
     /// A claim found fewer ready jobs than it asked for.
     dry: bool,
 }
@@ -469,25 +469,26 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 flight.dry = true;
             }
             report.claimed += claims.len();
+            let claimed_at = self.clock.now_ms();
             for claim in claims {
-                self.start(flight, claim);
+                self.start(flight, claim, claimed_at);
             }
         }
         Ok(())
     }
 
-    /// Starts the delivery of `claim`, or holds it while its object has one
-    /// in flight.
-    fn start<'a>(&'a self, flight: &mut Flight<'a>, claim: Claim) {
+    /// Starts the delivery of `claim` (claimed at local time `claimed_at`),
+    /// or holds it while its object has one in flight.
+    fn start<'a>(&'a self, flight: &mut Flight<'a>, claim: Claim, claimed_at: i64) {
         if flight.claims.contains_key(&claim.object) {
-            flight.held.push(claim);
+            flight.held.push((claim, claimed_at));
             return;
         }
         let object = claim.object.clone();
         flight.claims.insert(object.clone(), claim.clone());
         flight.running.push(
             async move {
-                self.handle(claim).await;
+                self.handle(claim, claimed_at).await;
                 object
             }
             .boxed(),
@@ -497,9 +498,9 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
     /// A delivery of `object` settled: start the claim held for it, if any.
     fn settled<'a>(&'a self, flight: &mut Flight<'a>, object: &ObjectId) {
         flight.claims.remove(object);
-        if let Some(i) = flight.held.iter().position(|c| &c.object == object) {
-            let claim = flight.held.remove(i);
-            self.start(flight, claim);
+        if let Some(i) = flight.held.iter().position(|(c, _)| &c.object == object) {
+            let (claim, claimed_at) = flight.held.remove(i);
+            self.start(flight, claim, claimed_at);
         }
     }
 
@@ -537,7 +538,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
     /// deliveries settle for up to `stop_grace_ms`, then cancels the rest
     /// and makes their jobs due again at once.
     async fn drain<'a>(&'a self, mut flight: Flight<'a>, report: &mut TickReport) {
-        for claim in std::mem::take(&mut flight.held) {
+        for (claim, _) in std::mem::take(&mut flight.held) {
             self.release(&claim, false, report).await;
         }
         let deadline = self
@@ -597,7 +598,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 
-    async fn handle(&self, claim: Claim) {
+    async fn handle(&self, claim: Claim, claimed_at: i64) {
         let max = self.config.retry.max_tries;
         let c = &self.counters;
         if claim.tries > max {
@@ -613,10 +614,17 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             attempt: claim.tries,
             final_attempt: claim.tries >= max,
         };
+        // The dispatch timeout, but never past the claim's own lease (a held
+        // claim waited for its object's previous delivery): a delivery still
+        // running when its lease ran out could overlap a redelivery.
+        let lease_end = claimed_at
+            .saturating_add(self.config.effective_lease_ms())
+            .saturating_sub(1);
         let deadline = self
             .clock
             .now_ms()
-            .saturating_add(self.config.dispatch_timeout_ms);
+            .saturating_add(self.config.dispatch_timeout_ms)
+            .min(lease_end);
         let outcome = timeout_at(&*self.clock, deadline, self.dispatch.dispatch(delivery))
             .await
             .unwrap_or_else(|_| DispatchOutcome::Unknown {

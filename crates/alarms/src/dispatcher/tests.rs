@@ -393,3 +393,53 @@ fn the_failover_budget_and_the_fast_profile() {
     assert_eq!(fast.failover_budget_ms(15_000), 15_000 + 30_000 + 200);
     assert!(fast.effective_lease_ms() > fast.dispatch_timeout_ms);
 }
+
+#[tokio::test]
+async fn a_held_claim_is_never_delivered_past_its_own_lease() {
+    let clock = ManualClock::new(START);
+    let index = Arc::new(MemoryAlarmIndex::new());
+    index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
+    let host = Arc::new(Slow {
+        reschedule: Some((Arc::clone(&index), clock.clone())),
+        ..Slow::default()
+    });
+    let d = Arc::new(
+        Dispatcher::new(
+            Arc::clone(&index),
+            Arc::clone(&host),
+            Arc::new(clock.clone()),
+            DispatcherConfig {
+                dispatch_timeout_ms: 1_000,
+                claim_lease_ms: 1_500,
+                poll_ms: 100,
+                idle_ms: 10,
+                ..config()
+            },
+        )
+        .unwrap(),
+    );
+    let run = tokio::spawn({
+        let d = Arc::clone(&d);
+        async move { d.run().await }
+    });
+    until("a's first delivery", || host.starts("a") == 1).await;
+    // At the next poll a's rescheduled job is claimed (lease until +1600)
+    // and held behind the first delivery.
+    clock.advance(100);
+    until("the second claim of a", || {
+        futures::FutureExt::now_or_never(index.job(&obj("a")))
+            .and_then(Result::ok)
+            .flatten()
+            .is_some_and(|j| j.state == JobState::Running)
+    })
+    .await;
+    // The first delivery times out at +1000; the held one starts then, and
+    // is cut at its lease end (+1599), not at +2000.
+    clock.advance(900);
+    until("the held delivery's start", || host.starts("a") == 2).await;
+    assert_eq!(d.counters().snapshot().unknown, 1);
+    clock.advance(599);
+    until("the held delivery's cut", || d.counters().snapshot().unknown == 2).await;
+    d.stop();
+    run.await.unwrap();
+}
