@@ -439,7 +439,10 @@ async fn a_held_claim_is_never_delivered_past_its_own_lease() {
     until("the held delivery's start", || host.starts("a") == 2).await;
     assert_eq!(d.counters().snapshot().unknown, 1);
     clock.advance(599);
-    until("the held delivery's cut", || d.counters().snapshot().unknown == 2).await;
+    until("the held delivery's cut", || {
+        d.counters().snapshot().unknown == 2
+    })
+    .await;
     d.stop();
     run.await.unwrap();
 }
