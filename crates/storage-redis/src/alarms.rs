@@ -7,6 +7,7 @@
 //! | `wf:internal:do-alarm:due` | ZSET | due jobs by due/retry time, running jobs by lease expiry |
 //! | `wf:internal:do-alarm:ready` | ZSET | promoted jobs by due time, claimed earliest first |
 //! | `wf:internal:do-alarm:job:<object>` | HASH | `token`, `due_at`, `state`, `tries`, `run` |
+//! | `wf:internal:do-alarm:quarantine` | SET | objects whose job failed validation at claim time (hash kept, state `quarantined`) |
 //!
 //! Leases and retry times use the server's `TIME` ([`IndexTime::Server`],
 //! the default), never the caller's clock. Tests that drive a manual clock
