@@ -257,3 +257,69 @@ async fn a_delivery_to_a_corrupt_row_fails_instead_of_spinning() {
     let job = index.job(&obj("room-3")).await.unwrap().unwrap();
     assert_eq!(job.tries, 1, "the try is used");
 }
+
+#[tokio::test]
+async fn redis_claim_quarantines_a_job_with_a_corrupt_object_id() {
+    let prefix = unique_prefix("redis_corrupt_id");
+    let Some(ix) = redis_index(
+        "redis_claim_quarantines_a_job_with_a_corrupt_object_id",
+        &prefix,
+    )
+    .await
+    else {
+        return;
+    };
+    ix.upsert(&obj("good"), &tok("t1"), START + 5)
+        .await
+        .unwrap();
+    // A job whose stored fields decode but whose object id (the set member)
+    // does not: a control character.
+    let bad = "bad\u{1}id";
+    let mut c = ix.connection();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{prefix}wf:internal:do-alarm:job:{bad}"))
+        .arg("token")
+        .arg("t0")
+        .arg("due_at")
+        .arg(START.to_string())
+        .arg("state")
+        .arg("due")
+        .arg("tries")
+        .arg("0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(ix.due_key())
+        .arg(START)
+        .arg(bad)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(ix.promote(START + 5, 10).await.unwrap(), 2);
+    let claims = ix
+        .claim_batch(START + 5, 1_000, &[tok("r1"), tok("r2")])
+        .await
+        .unwrap();
+    let objects: Vec<&str> = claims.iter().map(|c| c.object.as_str()).collect();
+    assert_eq!(objects, vec!["good"], "the healthy job only");
+    let q: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ix.quarantine_key())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(q, vec![bad.to_owned()]);
+    let due: Vec<String> = redis::cmd("ZRANGE")
+        .arg(ix.due_key())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        due,
+        vec!["good".to_owned()],
+        "no lease left for the bad job"
+    );
+    redis_cleanup(&ix).await;
+}
