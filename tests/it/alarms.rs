@@ -5,7 +5,7 @@
 //! and a small soak with random failures, deletes and crashes.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+pub(crate) mod support;
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod alarms;
+mod alarms_corrupt;
+mod alarms_owner_routing;
 mod alarms_ownership;
 mod migration_dialects;
 mod migration_placement;

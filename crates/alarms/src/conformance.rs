@@ -82,8 +82,94 @@ pub async fn run_index_case<I: AlarmIndex>(name: &str, ix: &I) {
         "delete_during_run_cannot_be_resurrected" => {
             delete_during_run_cannot_be_resurrected(ix).await;
         }
+        "claim_batch_claims_earliest_first_each_under_its_run" => {
+            claim_batch_claims_earliest_first_each_under_its_run(ix).await;
+        }
+        "release_returns_a_claim_unused_and_is_run_token_fenced" => {
+            release_returns_a_claim_unused_and_is_run_token_fenced(ix).await;
+        }
         other => panic!("no alarm index conformance case {other:?}"),
     }
+}
+
+async fn claim_batch_claims_earliest_first_each_under_its_run<I: AlarmIndex>(ix: &I) {
+    for (name, at) in [("c", T0 + 3), ("a", T0 + 1), ("b", T0 + 2)] {
+        ix.upsert(&obj(name), &tok(&format!("t{name}")), at)
+            .await
+            .expect("upsert");
+    }
+    ix.promote(T0 + 10, 10).await.expect("promote");
+    let runs = [tok("r1"), tok("r2")];
+    let claims = ix
+        .claim_batch(T0 + 10, LEASE, &runs)
+        .await
+        .expect("claim batch");
+    let got: Vec<(&str, Token, u32)> = claims
+        .iter()
+        .map(|c| (c.object.as_str(), c.run.clone(), c.tries))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("a", tok("r1"), 1), ("b", tok("r2"), 1)],
+        "earliest first, the i-th under the i-th run token"
+    );
+    let rest = ix
+        .claim_batch(T0 + 10, LEASE, &[tok("r3"), tok("r4")])
+        .await
+        .expect("claim batch");
+    assert_eq!(rest.len(), 1, "fewer when fewer are ready");
+    assert_eq!(rest[0].object.as_str(), "c");
+    assert!(
+        ix.claim_batch(T0 + 10, LEASE, &[tok("r5")])
+            .await
+            .expect("claim batch")
+            .is_empty()
+    );
+    assert!(
+        ix.claim_batch(T0 + 10, LEASE, &[])
+            .await
+            .expect("claim batch")
+            .is_empty()
+    );
+}
+
+async fn release_returns_a_claim_unused_and_is_run_token_fenced<I: AlarmIndex>(ix: &I) {
+    let a = obj("a");
+    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    let c = ix
+        .claim(ClaimReady {
+            now: T0,
+            lease_ms: LEASE,
+            run: &tok("r1"),
+        })
+        .await
+        .expect("claim")
+        .expect("a claim");
+    assert!(
+        !ix.release(&a, &tok("other"), T0).await.expect("release"),
+        "another run token cannot release"
+    );
+    assert!(ix.release(&a, &c.run, T0).await.expect("release"));
+    assert!(
+        !ix.release(&a, &c.run, T0).await.expect("release"),
+        "released once"
+    );
+    ix.promote(T0, 10).await.expect("promote");
+    let again = ix
+        .claim(ClaimReady {
+            now: T0,
+            lease_ms: LEASE,
+            run: &tok("r2"),
+        })
+        .await
+        .expect("claim")
+        .expect("claimable again at once, without waiting for the lease");
+    assert_eq!(again.tries, 1, "the released claim used no try");
+    assert!(
+        !ix.finish(&a, &c.run).await.expect("finish"),
+        "the released run is fenced out"
+    );
 }
 
 async fn upsert_is_idempotent_and_replaces<I: AlarmIndex>(ix: &I) {
@@ -719,6 +805,8 @@ macro_rules! alarm_index_conformance {
             lease_expiry_returns_job_and_fences_old_run
             upsert_during_run_is_not_swallowed
             delete_during_run_cannot_be_resurrected
+            claim_batch_claims_earliest_first_each_under_its_run
+            release_returns_a_claim_unused_and_is_run_token_fenced
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };

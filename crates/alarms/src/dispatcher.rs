@@ -1,16 +1,26 @@
-//! The dispatcher: promotes due jobs, claims them one at a time under a run
-//! token and lease, dispatches them through [`Dispatch`], and settles each
-//! by its outcome.
+//! The dispatcher: promotes due jobs in batches, claims ready ones in
+//! batches (each under its own run token and lease), runs up to
+//! `concurrency` deliveries through [`Dispatch`] at once (one per object),
+//! settles each by its outcome, and on a graceful stop releases what it
+//! will not finish.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use futures::FutureExt;
+use futures::future::{self, BoxFuture, Either};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
 
 use durability_scheduler::{Clock, ObjectId};
 use durability_time::{Random, timeout_at};
 
 use crate::error::AlarmError;
-use crate::index::{AlarmIndex, Claim, ClaimReady, RetryJob};
+use crate::index::{AlarmIndex, Claim, RetryJob};
+use crate::log_limit::LogLimit;
 use crate::policy::DispatcherConfig;
 use crate::token::Token;
 
@@ -49,6 +59,17 @@ pub enum DispatchOutcome {
     NeverStarted {
         /// Why (for logs).
         reason: String,
+    },
+    /// Proven never started because another task holds the object's owner
+    /// lease and could not take the delivery (it may be dead): retried
+    /// without using a try after `retry_in_ms` (that owner's lease time
+    /// left, capped by `DispatcherConfig::owner_wait_max_ms`), when the scope
+    /// can be taken over, instead of at once.
+    OwnerElsewhere {
+        /// Why (for logs).
+        reason: String,
+        /// How long until the remote owner's lease runs out (ms).
+        retry_in_ms: i64,
     },
     /// The alarm ran and failed: retried with backoff, discarded after the
     /// last try.
@@ -91,6 +112,8 @@ pub struct DispatchCounters {
     unknown: AtomicU64,
     gone: AtomicU64,
     stale: AtomicU64,
+    superseded: AtomicU64,
+    released: AtomicU64,
 }
 
 /// A snapshot of [`DispatchCounters`]; field names are the `outcome` label
@@ -113,8 +136,18 @@ pub struct DispatchCounts {
     pub unknown: u64,
     /// Discarded because the object's storage is gone.
     pub gone: u64,
-    /// Settlements refused because the job changed since its claim.
+    /// Settlements refused because the claim went stale: the job still
+    /// carries the delivery's row token but is no longer running under this
+    /// claim's run token (its lease expired and it was claimed again).
     pub stale: u64,
+    /// Settlements refused because the delivery was superseded: a newer
+    /// alarm replaced the job's row token (or a delete removed it) while it
+    /// ran. Normal for a handler that sets its next alarm (the scheduler
+    /// bridge does on every delivery that leaves work).
+    pub superseded: u64,
+    /// Claims given back by a stopping dispatcher (so another host takes
+    /// them at once).
+    pub released: u64,
 }
 
 impl DispatchCounters {
@@ -131,6 +164,8 @@ impl DispatchCounters {
             unknown: g(&self.unknown),
             gone: g(&self.gone),
             stale: g(&self.stale),
+            superseded: g(&self.superseded),
+            released: g(&self.released),
         }
     }
 
@@ -153,11 +188,84 @@ pub struct TickReport {
     pub promoted: usize,
     /// Jobs claimed and dispatched (or discarded).
     pub claimed: usize,
+    /// Claims released because the dispatcher was stopped.
+    pub released: usize,
+}
+
+/// A stop request, shared by the dispatcher's loops and [`Dispatcher::stop`].
+#[derive(Debug, Default)]
+struct Stop {
+    requested: AtomicBool,
+    notify: Notify,
+}
+
+impl Stop {
+    fn request(&self) {
+        self.requested.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let mut notified = pin!(self.notify.notified());
+            notified.as_mut().enable();
+            if self.requested() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Deliveries in flight; each yields its object when it has settled.
+type Running<'a> = FuturesUnordered<BoxFuture<'a, ObjectId>>;
+
+/// What one dispatcher loop has in flight: at most one delivery per object,
+/// at most `concurrency` claims in all.
+struct Flight<'a> {
+    running: Running<'a>,
+    /// The claim of every object with a delivery in flight.
+    claims: HashMap<ObjectId, Claim>,
+    /// Claims whose object already has a delivery in flight, with the local
+    /// time each was claimed: started when it settles, released on stop.
+    held: Vec<(Claim, i64)>,
+    /// A claim found fewer ready jobs than it asked for.
+    dry: bool,
+}
+
+impl Flight<'_> {
+    fn new() -> Self {
+        Self {
+            running: FuturesUnordered::new(),
+            claims: HashMap::new(),
+            held: Vec::new(),
+            dry: false,
+        }
+    }
+}
+
+/// Why a wait ended.
+enum Wake {
+    /// A delivery settled.
+    Done(ObjectId),
+    /// A stop was requested.
+    Stop,
+    /// The wake time came.
+    Timer,
 }
 
 /// Delivers due alarms from an [`AlarmIndex`] through a [`Dispatch`].
 ///
-/// Any number of dispatchers may share one index: claims are exclusive.
+/// Up to `concurrency` deliveries run at once, at most one per object (a
+/// claim for an object whose delivery is still running waits for it), so
+/// a slow handler holds up only its own object. Claims are taken in
+/// batches ([`AlarmIndex::claim_batch`]) and promotion in batches of
+/// `promote_batch`; the dispatcher never loads the whole index. Any number
+/// of dispatchers may share one index: claims are exclusive.
 pub struct Dispatcher<I, D> {
     index: Arc<I>,
     dispatch: Arc<D>,
@@ -165,6 +273,8 @@ pub struct Dispatcher<I, D> {
     config: DispatcherConfig,
     random: Random,
     counters: Arc<DispatchCounters>,
+    log_limit: LogLimit,
+    stop: Stop,
 }
 
 impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
@@ -187,6 +297,8 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             config,
             random,
             counters: Arc::default(),
+            log_limit: LogLimit::new(config.log_interval_ms),
+            stop: Stop::default(),
         })
     }
 
@@ -200,75 +312,299 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         &self.config
     }
 
-    /// Promotes every job due now, then claims and dispatches ready jobs one
-    /// at a time until none is ready. Jobs retried at once go back to due
-    /// and wait for the next tick, so a tick always ends.
+    /// Asks the dispatcher to stop gracefully (a drain): it claims nothing
+    /// more; claims it holds but has not started are released at once
+    /// ([`AlarmIndex::release`]: ready again, no try used); in-flight
+    /// deliveries get `stop_grace_ms` to finish, then are cancelled and
+    /// their claims made due again at once (their try counted: they may
+    /// have run). A running [`Dispatcher::run`] or [`Dispatcher::tick`]
+    /// then returns. A delivery cancelled here that was forwarded to another
+    /// host may still be running there, so its alarm body may overlap its
+    /// redelivery (alarm bodies are at-least-once).
+    pub fn stop(&self) {
+        self.stop.request();
+    }
+
+    /// Whether [`Dispatcher::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.requested()
+    }
+
+    /// Promotes every job due now, then claims ready jobs in batches and
+    /// delivers up to `concurrency` at once (one per object) until none is
+    /// ready and every delivery has settled. Jobs retried at once go back
+    /// to due and wait for the next tick, so a tick always ends (a hung
+    /// delivery ends at its dispatch timeout).
     ///
     /// # Errors
-    /// A failure to promote or claim; settlement failures are logged (the
-    /// claim lease brings such a job back).
+    /// A failure to promote or claim (deliveries already started still
+    /// settle first); settlement failures are logged (the claim lease
+    /// brings such a job back).
     pub async fn tick(&self) -> Result<TickReport, AlarmError> {
-        let mut report = TickReport::default();
-        let now = self.clock.now_ms();
+        let mut report = TickReport {
+            promoted: self.promote_due().await?,
+            ..TickReport::default()
+        };
+        let mut flight = Flight::new();
+        let mut failure = None;
         loop {
-            let n = self.index.promote(now, self.config.promote_batch).await?;
-            report.promoted += n;
-            if n < self.config.promote_batch {
+            if self.stop.requested() {
+                self.drain(flight, &mut report).await;
                 break;
             }
-        }
-        loop {
-            let run = Token::random();
-            let claim = self
-                .index
-                .claim(ClaimReady {
-                    now: self.clock.now_ms(),
-                    lease_ms: self.config.effective_lease_ms(),
-                    run: &run,
-                })
-                .await?;
-            let Some(claim) = claim else {
+            if failure.is_none()
+                && let Err(error) = self.fill(&mut flight, &mut report).await
+            {
+                flight.dry = true;
+                failure = Some(error);
+            }
+            if flight.running.is_empty() {
                 break;
-            };
-            report.claimed += 1;
-            self.handle(claim).await;
+            }
+            if let Wake::Done(object) = self.wait(&mut flight.running, true, None).await {
+                self.settled(&mut flight, &object);
+            }
         }
-        Ok(report)
+        failure.map_or(Ok(report), Err)
     }
 
-    /// Runs ticks forever: after each, sleeps until the next job is due
-    /// (at least `idle_ms`, at most `poll_ms`).
+    /// Delivers until [`Dispatcher::stop`]: promotes due jobs (at most once
+    /// per `idle_ms`, so an immediate retry cannot spin), keeps up to
+    /// `concurrency` deliveries in flight, and between completions waits
+    /// until the next job is due (at most `poll_ms`: other hosts may add
+    /// jobs). Returns after the stop has released or finished what was in
+    /// flight.
     pub async fn run(&self) {
+        let mut flight = Flight::new();
+        let mut report = TickReport::default();
+        let mut promoted_at: Option<i64> = None;
         loop {
-            if let Err(error) = self.tick().await {
-                tracing::warn!(
-                    event = "durability.alarms.tick_failed",
-                    code = error.code(),
-                    %error,
-                    "dispatcher tick failed"
-                );
+            if self.stop.requested() {
+                self.drain(flight, &mut report).await;
+                return;
             }
             let now = self.clock.now_ms();
-            let next = match self.index.next_due().await {
-                Ok(next) => next,
-                Err(error) => {
-                    tracing::warn!(
-                        event = "durability.alarms.tick_failed",
-                        code = error.code(),
-                        %error,
-                        "dispatcher tick failed"
-                    );
-                    None
+            if promoted_at.is_none_or(|at| now >= at.saturating_add(self.config.idle_ms)) {
+                promoted_at = Some(now);
+                if let Err(error) = self.promote_due().await {
+                    Self::warn_loop(&error);
                 }
+            }
+            flight.dry = false;
+            if let Err(error) = self.fill(&mut flight, &mut report).await {
+                Self::warn_loop(&error);
+            }
+            let next = if self.room(&flight) > 0 {
+                match self.index.next_due().await {
+                    Ok(next) => next,
+                    Err(error) => {
+                        Self::warn_loop(&error);
+                        None
+                    }
+                }
+            } else {
+                None
             };
-            let lo = now.saturating_add(self.config.idle_ms);
+            let now = self.clock.now_ms();
+            let lo = promoted_at
+                .unwrap_or(now)
+                .saturating_add(self.config.idle_ms);
             let hi = now.saturating_add(self.config.poll_ms);
             let wake = next.unwrap_or(hi).clamp(lo, hi.max(lo));
-            self.clock.sleep_until(wake).await;
+            if let Wake::Done(object) = self.wait(&mut flight.running, true, Some(wake)).await {
+                self.settled(&mut flight, &object);
+                // Collect whatever else settled meanwhile before claiming.
+                while let Some(Some(object)) = flight.running.next().now_or_never() {
+                    self.settled(&mut flight, &object);
+                }
+            }
         }
     }
 
-    async fn handle(&self, claim: Claim) {
+    fn warn_loop(error: &AlarmError) {
+        tracing::warn!(
+            event = "durability.alarms.tick_failed",
+            code = error.code(),
+            %error,
+            "dispatcher tick failed"
+        );
+    }
+
+    async fn promote_due(&self) -> Result<usize, AlarmError> {
+        let now = self.clock.now_ms();
+        let mut promoted = 0;
+        loop {
+            let n = self.index.promote(now, self.config.promote_batch).await?;
+            promoted += n;
+            if n < self.config.promote_batch {
+                return Ok(promoted);
+            }
+        }
+    }
+
+    /// Claims that may still be taken before `concurrency` is reached.
+    fn room(&self, flight: &Flight<'_>) -> usize {
+        self.config
+            .concurrency
+            .saturating_sub(flight.claims.len() + flight.held.len())
+    }
+
+    /// Claims ready jobs up to the free capacity, one batch per round trip.
+    async fn fill<'a>(
+        &'a self,
+        flight: &mut Flight<'a>,
+        report: &mut TickReport,
+    ) -> Result<(), AlarmError> {
+        while !flight.dry && !self.stop.requested() {
+            let want = self.room(flight);
+            if want == 0 {
+                break;
+            }
+            let runs: Vec<Token> = (0..want).map(|_| Token::random()).collect();
+            let claims = self
+                .index
+                .claim_batch(self.clock.now_ms(), self.config.effective_lease_ms(), &runs)
+                .await?;
+            if claims.len() < want {
+                flight.dry = true;
+            }
+            report.claimed += claims.len();
+            let claimed_at = self.clock.now_ms();
+            for claim in claims {
+                self.start(flight, claim, claimed_at);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the delivery of `claim` (claimed at local time `claimed_at`),
+    /// or holds it while its object has one in flight.
+    fn start<'a>(&'a self, flight: &mut Flight<'a>, claim: Claim, claimed_at: i64) {
+        if flight.claims.contains_key(&claim.object) {
+            flight.held.push((claim, claimed_at));
+            return;
+        }
+        let object = claim.object.clone();
+        flight.claims.insert(object.clone(), claim.clone());
+        flight.running.push(
+            async move {
+                self.handle(claim, claimed_at).await;
+                object
+            }
+            .boxed(),
+        );
+    }
+
+    /// A delivery of `object` settled: start the claim held for it, if any.
+    fn settled<'a>(&'a self, flight: &mut Flight<'a>, object: &ObjectId) {
+        flight.claims.remove(object);
+        if let Some(i) = flight.held.iter().position(|(c, _)| &c.object == object) {
+            let (claim, claimed_at) = flight.held.remove(i);
+            self.start(flight, claim, claimed_at);
+        }
+    }
+
+    /// Waits for the next delivery to settle, for a stop request (when
+    /// `watch_stop`), or until `until`.
+    async fn wait(&self, running: &mut Running<'_>, watch_stop: bool, until: Option<i64>) -> Wake {
+        let done = async {
+            match running.next().await {
+                Some(object) => object,
+                None => std::future::pending().await,
+            }
+        };
+        let stop = async {
+            if watch_stop {
+                self.stop.wait().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let either = async {
+            match future::select(pin!(done), pin!(stop)).await {
+                Either::Left((object, _)) => Wake::Done(object),
+                Either::Right(((), _)) => Wake::Stop,
+            }
+        };
+        match until {
+            Some(at) => timeout_at(&*self.clock, at, either)
+                .await
+                .unwrap_or(Wake::Timer),
+            None => either.await,
+        }
+    }
+
+    /// The graceful stop: releases held claims at once, lets in-flight
+    /// deliveries settle for up to `stop_grace_ms`, then cancels the rest
+    /// and makes their jobs due again at once.
+    async fn drain<'a>(&'a self, mut flight: Flight<'a>, report: &mut TickReport) {
+        for (claim, _) in std::mem::take(&mut flight.held) {
+            self.release(&claim, false, report).await;
+        }
+        let deadline = self
+            .clock
+            .now_ms()
+            .saturating_add(self.config.stop_grace_ms);
+        while !flight.running.is_empty() {
+            match self.wait(&mut flight.running, false, Some(deadline)).await {
+                Wake::Done(object) => {
+                    flight.claims.remove(&object);
+                }
+                Wake::Stop | Wake::Timer => break,
+            }
+        }
+        let Flight {
+            running, claims, ..
+        } = flight;
+        drop(running);
+        for claim in claims.into_values() {
+            tracing::warn!(
+                event = "durability.alarms.delivery_cancelled",
+                object = %claim.object,
+                grace_ms = self.config.stop_grace_ms,
+                "dispatcher stopped: an in-flight delivery outlived the grace period; its claim is released"
+            );
+            self.release(&claim, true, report).await;
+        }
+    }
+
+    /// Gives a claim back on stop: unused (`started == false`: ready again,
+    /// no try used) or after a cancelled delivery (due at once, its try
+    /// counted).
+    async fn release(&self, claim: &Claim, started: bool, report: &mut TickReport) {
+        let now = self.clock.now_ms();
+        let result = if started {
+            self.index
+                .retry(RetryJob {
+                    object: &claim.object,
+                    run: &claim.run,
+                    now,
+                    delay_ms: 0,
+                    tries: claim.tries,
+                })
+                .await
+        } else {
+            self.index.release(&claim.object, &claim.run, now).await
+        };
+        match result {
+            Ok(true) => {
+                report.released += 1;
+                DispatchCounters::bump(&self.counters.released, "released", &claim.object);
+            }
+            Ok(false) => self.refused(claim).await,
+            Err(error) => {
+                tracing::warn!(
+                    event = "durability.alarms.settle_failed",
+                    object = %claim.object,
+                    code = error.code(),
+                    %error,
+                    "releasing an alarm claim failed; its lease brings it back"
+                );
+            }
+        }
+    }
+
+    async fn handle(&self, claim: Claim, claimed_at: i64) {
         let max = self.config.retry.max_tries;
         let c = &self.counters;
         if claim.tries > max {
@@ -284,10 +620,17 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             attempt: claim.tries,
             final_attempt: claim.tries >= max,
         };
+        // The dispatch timeout, but never past the claim's own lease (a held
+        // claim waited for its object's previous delivery): a delivery still
+        // running when its lease ran out could overlap a redelivery.
+        let lease_end = claimed_at
+            .saturating_add(self.config.effective_lease_ms())
+            .saturating_sub(1);
         let deadline = self
             .clock
             .now_ms()
-            .saturating_add(self.config.dispatch_timeout_ms);
+            .saturating_add(self.config.dispatch_timeout_ms)
+            .min(lease_end);
         let outcome = timeout_at(&*self.clock, deadline, self.dispatch.dispatch(delivery))
             .await
             .unwrap_or_else(|_| DispatchOutcome::Unknown {
@@ -306,14 +649,40 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     .await;
             }
             DispatchOutcome::NeverStarted { reason } => {
-                tracing::info!(
-                    event = "durability.alarms.dispatch_not_started",
-                    object = %claim.object,
-                    %reason,
-                    "alarm delivery never started; retrying at once"
-                );
+                let now = self.clock.now_ms();
+                if let Some(suppressed) = self.log_limit.admit(&claim.object, "not_started", now) {
+                    tracing::info!(
+                        event = "durability.alarms.dispatch_not_started",
+                        object = %claim.object,
+                        %reason,
+                        suppressed,
+                        "alarm delivery never started; retrying at once"
+                    );
+                }
                 let tries = claim.tries.saturating_sub(1);
                 self.settle_retry(&claim, 0, tries, &c.retried, "retried")
+                    .await;
+            }
+            DispatchOutcome::OwnerElsewhere {
+                reason,
+                retry_in_ms,
+            } => {
+                let delay = retry_in_ms.clamp(0, self.config.owner_wait_max_ms);
+                let now = self.clock.now_ms();
+                if let Some(suppressed) =
+                    self.log_limit.admit(&claim.object, "owner_elsewhere", now)
+                {
+                    tracing::info!(
+                        event = "durability.alarms.dispatch_owner_elsewhere",
+                        object = %claim.object,
+                        %reason,
+                        delay_ms = delay,
+                        suppressed,
+                        "alarm delivery never started: another task holds the owner lease; retrying when it can be taken over"
+                    );
+                }
+                let tries = claim.tries.saturating_sub(1);
+                self.settle_retry(&claim, delay, tries, &c.retried, "retried")
                     .await;
             }
             DispatchOutcome::Failed { reason } => {
@@ -353,10 +722,26 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 
+    /// Counts a settlement the index refused: superseded when the job no
+    /// longer carries the claim's row token (a newer alarm replaced it, or a
+    /// delete removed it), stale otherwise (same row token, another run).
+    async fn refused(&self, claim: &Claim) {
+        let superseded = match self.index.job(&claim.object).await {
+            Ok(job) => job.is_none_or(|j| j.token != claim.token),
+            // Unknown: count it stale, the conservative label.
+            Err(_) => false,
+        };
+        if superseded {
+            DispatchCounters::bump(&self.counters.superseded, "superseded", &claim.object);
+        } else {
+            DispatchCounters::bump(&self.counters.stale, "stale", &claim.object);
+        }
+    }
+
     async fn settle_finish(&self, claim: &Claim, counter: &AtomicU64, outcome: &'static str) {
         match self.index.finish(&claim.object, &claim.run).await {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
-            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Ok(false) => self.refused(claim).await,
             Err(error) => {
                 tracing::warn!(
                     event = "durability.alarms.settle_failed",
@@ -390,7 +775,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             .await
         {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
-            Ok(false) => DispatchCounters::bump(&self.counters.stale, "stale", &claim.object),
+            Ok(false) => self.refused(claim).await,
             Err(error) => {
                 tracing::warn!(
                     event = "durability.alarms.settle_failed",
@@ -403,3 +788,6 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

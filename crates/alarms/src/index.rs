@@ -194,6 +194,71 @@ pub trait AlarmIndex: Send + Sync + 'static {
     /// A backend failure.
     fn retry(&self, retry: RetryJob<'_>) -> impl Future<Output = Result<bool, AlarmError>> + Send;
 
+    /// Claims up to `runs.len()` ready jobs, earliest first, the i-th under
+    /// run token `runs[i]`, each as [`AlarmIndex::claim`] does; fewer when
+    /// fewer are ready. The default loops over `claim` (one round trip per
+    /// job; a failure after some claims returns those, the next call
+    /// reports it); backends override it with one round trip for the batch.
+    ///
+    /// # Errors
+    /// A backend failure before any job was claimed.
+    fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> impl Future<Output = Result<Vec<Claim>, AlarmError>> + Send {
+        async move {
+            let mut claims = Vec::with_capacity(runs.len());
+            for run in runs {
+                match self.claim(ClaimReady { now, lease_ms, run }).await {
+                    Ok(Some(claim)) => claims.push(claim),
+                    Ok(None) => break,
+                    Err(e) if claims.is_empty() => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            Ok(claims)
+        }
+    }
+
+    /// Gives a claim back unused: if the job is still running under `run`,
+    /// it becomes ready again at once, its try count back to what it was
+    /// before the claim (the delivery never started); whether it did. A
+    /// dispatcher that stops releases the claims it will not deliver, so
+    /// another dispatcher takes them without waiting for the lease.
+    ///
+    /// The default reads the job's tries and calls [`AlarmIndex::retry`]
+    /// with no delay (due at `now`, so the next promotion makes it ready):
+    /// sound because `retry` checks the run token, so a job claimed again in
+    /// between is left alone.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn release(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        async move {
+            let Some(job) = self.job(object).await? else {
+                return Ok(false);
+            };
+            if job.state != JobState::Running {
+                return Ok(false);
+            }
+            self.retry(RetryJob {
+                object,
+                run,
+                now,
+                delay_ms: 0,
+                tries: job.tries.saturating_sub(1),
+            })
+            .await
+        }
+    }
+
     /// The earliest time some job needs attention (ready jobs count as their
     /// due time), if any.
     ///
@@ -252,6 +317,22 @@ impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
     }
     fn retry(&self, retry: RetryJob<'_>) -> impl Future<Output = Result<bool, AlarmError>> + Send {
         (**self).retry(retry)
+    }
+    fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> impl Future<Output = Result<Vec<Claim>, AlarmError>> + Send {
+        (**self).claim_batch(now, lease_ms, runs)
+    }
+    fn release(
+        &self,
+        object: &ObjectId,
+        run: &Token,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, AlarmError>> + Send {
+        (**self).release(object, run, now)
     }
     fn next_due(&self) -> impl Future<Output = Result<Option<i64>, AlarmError>> + Send {
         (**self).next_due()

@@ -16,11 +16,13 @@
 //!   [`MemoryAlarmIndex`] here, `SqliteAlarmIndex` in
 //!   `durability-storage-sqlite`, `RedisAlarmIndex` in
 //!   `durability-storage-redis`.
-//! - **Dispatcher** ([`Dispatcher`]): promotes due jobs, claims one at a
-//!   time, delivers through [`Dispatch`] and settles by outcome (success,
-//!   never started, definite failure with backoff and jitter up to
-//!   `max_tries`, unknown outcome held until lease expiry), counting
-//!   `do_alarm_dispatches` by outcome ([`DispatchCounters`]).
+//! - **Dispatcher** ([`Dispatcher`]): promotes due jobs in batches, claims
+//!   ready ones in batches, runs up to `concurrency` deliveries through
+//!   [`Dispatch`] at once (one per object) and settles by outcome (success,
+//!   never started, owner elsewhere, definite failure with backoff and
+//!   jitter up to `max_tries`, unknown outcome held until lease expiry),
+//!   counting `do_alarm_dispatches` by outcome ([`DispatchCounters`]);
+//!   [`Dispatcher::stop`] drains it, releasing what it will not finish.
 //!
 //! - **Scheduler bridge** ([`SchedulerAlarm`]): backs the scheduler's one
 //!   alarm with this crate, so outbox and topology work resumes on whichever
@@ -38,6 +40,7 @@ mod bridge;
 mod dispatcher;
 mod error;
 mod index;
+mod log_limit;
 mod memory;
 mod object;
 #[cfg(feature = "ownership")]
@@ -64,9 +67,11 @@ pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
 #[cfg(feature = "ownership")]
 pub use owner_routed::{Forward, OwnerRouted, ScopeOf};
 pub use policy::{
-    DEFAULT_CLAIM_LEASE_MS, DEFAULT_DISPATCH_TIMEOUT_MS, DEFAULT_MAX_TRIES, DEFAULT_PROMOTE_BATCH,
-    DEFAULT_RETRY_DELAY_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS, DispatcherConfig,
-    MAX_DELAY_MS, MAX_RESPONSE_BYTES, MUTATION_DEADLINE_MS, RESPONSE_DEADLINE_MS, RetryPolicy,
+    DEFAULT_CLAIM_LEASE_MS, DEFAULT_CONCURRENCY, DEFAULT_DISPATCH_TIMEOUT_MS,
+    DEFAULT_LOG_INTERVAL_MS, DEFAULT_MAX_TRIES, DEFAULT_OWNER_WAIT_MAX_MS, DEFAULT_PROMOTE_BATCH,
+    DEFAULT_RETRY_DELAY_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MAX_DELAY_MS,
+    DEFAULT_STOP_GRACE_MS, DispatcherConfig, MAX_DELAY_MS, MAX_RESPONSE_BYTES,
+    MUTATION_DEADLINE_MS, RESPONSE_DEADLINE_MS, RetryPolicy, SEED_OWNER_TTL_MS,
 };
 pub use store::{AlarmRow, AlarmTx};
 pub use token::{MAX_TOKEN_BYTES, Token, validate_time};

@@ -191,6 +191,25 @@ impl AlarmIndex for MemoryAlarmIndex {
         Ok(true)
     }
 
+    async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
+        let mut s = self.lock();
+        if !s
+            .jobs
+            .get(object)
+            .is_some_and(|j| j.state == JobState::Running && j.run.as_ref() == Some(run))
+        {
+            return Ok(false);
+        }
+        if let Some(mut job) = s.unindex(object) {
+            job.state = JobState::Ready;
+            job.run = None;
+            job.tries = job.tries.saturating_sub(1);
+            job.score = job.due_at;
+            s.insert(object.clone(), job);
+        }
+        Ok(true)
+    }
+
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
         let s = self.lock();
         let a = s.scheduled.iter().next().map(|(t, _)| *t);

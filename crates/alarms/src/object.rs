@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ThreadId;
 
 use durability_scheduler::{
-    Clock, ObjectId, Scheduler, SchemaTarget, Storage, StorageError, migrate,
+    Clock, ObjectId, Scheduler, SchemaTarget, Storage, StorageError, StorageErrorKind, migrate,
 };
 use durability_time::timeout_at;
 use tokio::sync::Notify;
@@ -212,8 +212,10 @@ where
     /// [`AlarmError::TransactionClosed`] after a rollback, a storage failure.
     pub fn delete_alarm(&mut self) -> Result<(), AlarmError> {
         self.open()?;
-        match self.baseline()? {
-            Some(b) => {
+        let keys = match self.baseline() {
+            Ok(Some(b)) => {
+                // A decoded baseline: put it back fenced (a set earlier in
+                // this transaction replaced the row's token).
                 let fence = b.fence.clone().unwrap_or_else(Token::random);
                 self.tx.put_alarm_row(&AlarmRow {
                     at: b.at,
@@ -224,6 +226,39 @@ where
                     token: b.token,
                     fence,
                 });
+                self.reserve();
+                return Ok(());
+            }
+            Ok(None) => None,
+            // A corrupt or legacy row stays deletable: the fence touches only
+            // the token and fence, so only those need to decode.
+            Err(AlarmError::Storage(e)) if e.kind() == StorageErrorKind::Corrupt => {
+                match self.tx.alarm_row_token() {
+                    Ok(keys) => keys,
+                    Err(e) if e.kind() == StorageErrorKind::Corrupt => {
+                        // Not even the token decodes: no backend job can carry
+                        // it, so the delete is local (a stray job's delivery
+                        // finds no row and is ignored).
+                        tracing::warn!(
+                            event = "durability.alarms.corrupt_row_deleted",
+                            %e,
+                            "deleting a corrupt alarm row locally"
+                        );
+                        self.tx.delete_alarm_row()?;
+                        self.state.last = Some(Last::LocalDelete);
+                        self.reserve();
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        match keys {
+            Some((token, fence)) => {
+                let fence = fence.unwrap_or_else(Token::random);
+                self.tx.set_alarm_fence(&token, Some(&fence))?;
+                self.state.last = Some(Last::Delete { token, fence });
             }
             None => {
                 self.tx.delete_alarm_row()?;
@@ -531,8 +566,8 @@ where
                 match &result {
                     Ok(_) => self.compensate(|tx| {
                         if tx
-                            .alarm_row()?
-                            .is_some_and(|r| r.fence.as_ref() == Some(&fence))
+                            .alarm_row_token()?
+                            .is_some_and(|(_, f)| f.as_ref() == Some(&fence))
                         {
                             tx.delete_alarm_row()?;
                         }
@@ -547,11 +582,10 @@ where
                             "flushing an alarm delete to the index failed"
                         );
                         self.compensate(|tx| {
-                            if let Some(mut r) = tx.alarm_row()?
-                                && r.fence.as_ref() == Some(&fence)
+                            if let Some((token, f)) = tx.alarm_row_token()?
+                                && f.as_ref() == Some(&fence)
                             {
-                                r.fence = None;
-                                tx.put_alarm_row(&r)?;
+                                tx.set_alarm_fence(&token, None)?;
                             }
                             Ok(())
                         });
@@ -615,6 +649,19 @@ where
     ) -> DispatchOutcome {
         let row = match self.inner.sched.transaction(|tx| tx.alarm_row()) {
             Ok(row) => row,
+            // A corrupt row is a definite failure (backoff, then discard),
+            // not "never started": retrying at once would spin on it.
+            Err(error) if error.kind() == StorageErrorKind::Corrupt => {
+                tracing::warn!(
+                    event = "durability.alarms.corrupt_row",
+                    object = %self.object(),
+                    %error,
+                    "the alarm row is corrupt; the delivery fails"
+                );
+                return DispatchOutcome::Failed {
+                    reason: format!("corrupt alarm row: {error}"),
+                };
+            }
             Err(error) => {
                 return DispatchOutcome::NeverStarted {
                     reason: format!("object storage failed: {error}"),

@@ -8,7 +8,10 @@
 //! An admission or resolution failure is reported with the ownership
 //! crate's classification: one that proves the alarm never started is
 //! retried at once without using a try; one whose outcome is unknown keeps
-//! the claim until its lease expires.
+//! the claim until its lease expires. Inactive storage (the storage pointer
+//! gone or moved) and a whole-delete lock are reported as
+//! [`DispatchOutcome::Gone`]: the job discards itself, as the seed's
+//! residual jobs do.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -59,11 +62,57 @@ impl<L, F, S, C> OwnerRouted<L, F, S, C> {
     }
 }
 
-fn refused(e: &OwnershipError) -> DispatchOutcome {
+fn refused(object: &ObjectId, e: &OwnershipError) -> DispatchOutcome {
     let reason = format!("{}: {e}", e.code());
+    if matches!(
+        e,
+        OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
+    ) {
+        // The seed: a residual job "self-discards because the storage pointer
+        // is gone". Inactive storage (pointer gone or moved) and a whole-delete
+        // lock are lifecycle facts, not a transient refusal: retrying at once
+        // would spin forever, so the job is discarded as gone.
+        tracing::info!(
+            event = "durability.alarms.storage_inactive_discarded",
+            object = %object,
+            code = e.code(),
+            "the object's storage is inactive; its alarm job discards itself"
+        );
+        return DispatchOutcome::Gone;
+    }
     match e.outcome() {
         OwnerOutcome::NotStarted => DispatchOutcome::NeverStarted { reason },
         OwnerOutcome::Unknown => DispatchOutcome::Unknown { reason },
+    }
+}
+
+/// The wait used when the owner snapshot cannot be read.
+const SNAPSHOT_FAILED_WAIT_MS: i64 = 1_000;
+
+impl<L, F, S: LeaseStore, C: Clock> OwnerRouted<L, F, S, C> {
+    /// How long the remote owner's lease has left (from one store snapshot),
+    /// plus 1 ms so the retry finds it expired; 0 when no other task holds a
+    /// live lease any more.
+    async fn owner_lease_left(&self, scope: &OwnerScope, lifecycle: &LifecycleId) -> i64 {
+        match self.ownership.store().snapshot(scope, lifecycle).await {
+            Ok(snapshot) => snapshot
+                .owner
+                .filter(|lease| lease.record.task() != self.ownership.task())
+                .map_or(0, |lease| {
+                    i64::try_from(lease.remaining_ms)
+                        .unwrap_or(i64::MAX)
+                        .saturating_add(1)
+                }),
+            Err(error) => {
+                tracing::debug!(
+                    event = "durability.alarms.owner_snapshot_failed",
+                    code = error.code(),
+                    %error,
+                    "reading the owner snapshot failed; waiting briefly"
+                );
+                SNAPSHOT_FAILED_WAIT_MS
+            }
+        }
     }
 }
 
@@ -79,8 +128,19 @@ where
             Ok(found) => found,
             Err(reason) => return DispatchOutcome::Failed { reason },
         };
+        let delivery_object = delivery.object.clone();
         match self.ownership.resolve(&scope, &lifecycle).await {
-            Ok(Resolution::Remote { task, .. }) => self.forward.forward(&task, delivery).await,
+            Ok(Resolution::Remote { task, .. }) => {
+                match self.forward.forward(&task, delivery).await {
+                    // The owner elsewhere could not take it (a dead owner
+                    // during failover): wait for its lease, not a hot loop.
+                    DispatchOutcome::NeverStarted { reason } => DispatchOutcome::OwnerElsewhere {
+                        retry_in_ms: self.owner_lease_left(&scope, &lifecycle).await,
+                        reason: format!("owner {}: {reason}", task.as_str()),
+                    },
+                    other => other,
+                }
+            }
             Ok(Resolution::Local(generation)) => {
                 match self.ownership.admit(&scope, generation).await {
                     Ok(permit) => {
@@ -88,10 +148,10 @@ where
                         drop(permit);
                         outcome
                     }
-                    Err(e) => refused(&e),
+                    Err(e) => refused(&delivery_object, &e),
                 }
             }
-            Err(e) => refused(&e),
+            Err(e) => refused(&delivery_object, &e),
         }
     }
 }

@@ -25,6 +25,19 @@ pub const RESPONSE_DEADLINE_MS: i64 = 5_000;
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// Jobs promoted per index call.
 pub const DEFAULT_PROMOTE_BATCH: usize = 1_024;
+/// Default cap on how long a delivery refused by a remote owner waits for
+/// that owner's lease (`DispatcherConfig::owner_wait_max_ms`).
+pub const DEFAULT_OWNER_WAIT_MAX_MS: i64 = 30_000;
+/// Default number of deliveries one dispatcher runs at once.
+pub const DEFAULT_CONCURRENCY: usize = 32;
+/// Default time a stopping dispatcher gives its in-flight deliveries to
+/// finish before it releases their claims (the seed's
+/// `DO_DRAIN_IN_FLIGHT_TIMEOUT_MS` default).
+pub const DEFAULT_STOP_GRACE_MS: i64 = 8_000;
+/// The seed's default owner lease (`DO_OWNER_TTL_SECONDS` falls back to 120).
+pub const SEED_OWNER_TTL_MS: i64 = 120_000;
+/// Default interval of the per-object, per-outcome log rate limit.
+pub const DEFAULT_LOG_INTERVAL_MS: i64 = 10_000;
 /// The longest delay or lease accepted (2^31-1 ms).
 pub const MAX_DELAY_MS: i64 = i32::MAX as i64;
 
@@ -122,6 +135,21 @@ pub struct DispatcherConfig {
     /// Shortest pause between ticks of [`crate::Dispatcher::run`] when work
     /// is already due (an immediate retry must not spin).
     pub idle_ms: i64,
+    /// Longest wait before retrying a delivery that never started because
+    /// another task holds the owner lease (the wait is that lease's time
+    /// left, capped here): a dead owner's scope is retried when its lease
+    /// can be taken over, not in a hot loop.
+    pub owner_wait_max_ms: i64,
+    /// Repeated never-started and owner-elsewhere lines are logged at most
+    /// once per object and outcome per this interval (the next line counts
+    /// the suppressed ones).
+    pub log_interval_ms: i64,
+    /// Deliveries one dispatcher runs at once (at most one per object);
+    /// claims are taken in batches of up to this many.
+    pub concurrency: usize,
+    /// How long [`crate::Dispatcher::stop`] lets in-flight deliveries finish
+    /// before it cancels them and releases their claims.
+    pub stop_grace_ms: i64,
     /// Seed of the jitter RNG (`None`: from the OS).
     pub seed: Option<u64>,
 }
@@ -135,6 +163,10 @@ impl Default for DispatcherConfig {
             promote_batch: DEFAULT_PROMOTE_BATCH,
             poll_ms: 1_000,
             idle_ms: 100,
+            owner_wait_max_ms: DEFAULT_OWNER_WAIT_MAX_MS,
+            log_interval_ms: DEFAULT_LOG_INTERVAL_MS,
+            concurrency: DEFAULT_CONCURRENCY,
+            stop_grace_ms: DEFAULT_STOP_GRACE_MS,
             seed: None,
         }
     }
@@ -166,11 +198,66 @@ impl DispatcherConfig {
         {
             return bad("poll and idle intervals must be in range");
         }
+        if !(0..=MAX_DELAY_MS).contains(&self.owner_wait_max_ms) {
+            return bad("owner wait cap must be in 0..=2^31-1 ms");
+        }
+        if !(0..=MAX_DELAY_MS).contains(&self.log_interval_ms) {
+            return bad("log interval must be in 0..=2^31-1 ms");
+        }
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return bad("concurrency must be in 1..=10000");
+        }
+        if !(0..=MAX_DELAY_MS).contains(&self.stop_grace_ms) {
+            return bad("stop grace must be in 0..=2^31-1 ms");
+        }
         Ok(())
     }
 
     /// The claim lease actually used: always above the dispatch timeout.
     pub fn effective_lease_ms(&self) -> i64 {
         self.claim_lease_ms.max(self.dispatch_timeout_ms + 1)
+    }
+
+    /// A faster failover profile, for deployments whose alarm handlers are
+    /// short: claim lease 30 s, dispatch timeout 10 s, poll 200 ms (idle
+    /// 20 ms), first retry after 250 ms capped at 30 s, owner wait capped at
+    /// 5 s; tries, jitter, batch sizes and concurrency as the defaults. Pair
+    /// it with a short owner lease (`OwnershipSettings::owner_ttl_ms`, for
+    /// example 15 s): the failover budget is then 15 s + 30 s + 0.2 s ≈ 45 s
+    /// instead of the defaults' 120 s + 300 s + 1 s ≈ 7 minutes.
+    ///
+    /// The trade-off: a handler running longer than 10 s counts as outcome
+    /// unknown (its claim is held until the lease runs out); one running
+    /// longer than 30 s may overlap its own redelivery (alarm bodies are
+    /// at-least-once); the index is polled five times a second per
+    /// dispatcher; and a short owner lease needs renewals that keep up
+    /// (a renewal stall of one lease period moves ownership).
+    pub fn fast() -> Self {
+        Self {
+            retry: RetryPolicy {
+                base_delay_ms: 250,
+                max_delay_ms: 30_000,
+                ..RetryPolicy::default()
+            },
+            claim_lease_ms: 30_000,
+            dispatch_timeout_ms: 10_000,
+            poll_ms: 200,
+            idle_ms: 20,
+            owner_wait_max_ms: 5_000,
+            ..Self::default()
+        }
+    }
+
+    /// The worst-case time before another host delivers an alarm whose
+    /// claim was held by a host that died (it cannot release it), given the
+    /// owner lease `owner_ttl_ms`: the dead owner's lease runs out, the
+    /// claim lease runs out, and a dispatcher's next poll finds the job.
+    /// A job not claimed when its host died waits only for the owner lease
+    /// and a poll; a host that stops gracefully releases its claims, so its
+    /// jobs move at once.
+    pub fn failover_budget_ms(&self, owner_ttl_ms: i64) -> i64 {
+        owner_ttl_ms
+            .saturating_add(self.effective_lease_ms())
+            .saturating_add(self.poll_ms)
     }
 }

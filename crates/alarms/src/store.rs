@@ -53,4 +53,40 @@ pub trait AlarmTx: SchedulerTx {
     /// # Errors
     /// A backend failure.
     fn delete_alarm_row(&mut self) -> Result<bool, StorageError>;
+
+    /// The row's token and fence only, validated; the scheduled time (and
+    /// any other field) is not read, so a row whose time is corrupt or
+    /// legacy still answers. The default reads the whole row: sound for a
+    /// backend that can only hold valid rows.
+    ///
+    /// # Errors
+    /// A backend failure, or a token or fence that fails validation
+    /// (`StorageErrorKind::Corrupt`).
+    fn alarm_row_token(&mut self) -> Result<Option<(Token, Option<Token>)>, StorageError> {
+        Ok(self.alarm_row()?.map(|r| (r.token, r.fence)))
+    }
+
+    /// Sets (or with `None` clears) the pending-delete fence of the row if it
+    /// still carries `token`, writing nothing else (the seed: "creating the
+    /// fence updates only token and in_flight under the current token"), so
+    /// a row with a corrupt time stays deletable. Whether the row matched.
+    /// The default reads and rewrites the whole row: sound for a backend
+    /// that can only hold valid rows.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn set_alarm_fence(
+        &mut self,
+        token: &Token,
+        fence: Option<&Token>,
+    ) -> Result<bool, StorageError> {
+        match self.alarm_row()? {
+            Some(mut row) if &row.token == token => {
+                row.fence = fence.cloned();
+                self.put_alarm_row(&row)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
 }

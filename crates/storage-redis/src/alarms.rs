@@ -7,6 +7,7 @@
 //! | `wf:internal:do-alarm:due` | ZSET | due jobs by due/retry time, running jobs by lease expiry |
 //! | `wf:internal:do-alarm:ready` | ZSET | promoted jobs by due time, claimed earliest first |
 //! | `wf:internal:do-alarm:job:<object>` | HASH | `token`, `due_at`, `state`, `tries`, `run` |
+//! | `wf:internal:do-alarm:quarantine` | SET | objects whose job failed validation at claim time (hash kept, state `quarantined`) |
 //!
 //! Leases and retry times use the server's `TIME` ([`IndexTime::Server`],
 //! the default), never the caller's clock. Tests that drive a manual clock
@@ -76,22 +77,70 @@ end
 return #ids
 ";
 
+/// Claims the earliest ready jobs, up to ARGV[5] of them, one run token
+/// each (ARGV[6..]). A job whose stored token, due time or try count does not
+/// decode is moved to the quarantine set instead (state `quarantined`, out of
+/// due and ready) and the next job is taken, so a corrupt job never blocks
+/// healthy ones. Replies `{claims, quarantined ids}`.
 const CLAIM: &str = "
-while true do
+local want = tonumber(ARGV[5])
+local out = {}
+local bad = {}
+local lease = string.format('%d', now + tonumber(ARGV[3]))
+while #out < want do
   local r = redis.call('ZRANGE', KEYS[2], 0, 0)
-  if #r == 0 then return false end
+  if #r == 0 then break end
   local id = r[1]
   redis.call('ZREM', KEYS[2], id)
   local jk = ARGV[2] .. id
   local j = redis.call('HMGET', jk, 'token', 'due_at', 'tries')
-  if j[1] then
-    local tries = tonumber(j[3] or '0') + 1
-    local lease = string.format('%d', now + tonumber(ARGV[3]))
-    redis.call('HSET', jk, 'state', 'running', 'run', ARGV[4], 'tries', string.format('%d', tries))
-    redis.call('ZADD', KEYS[1], lease, id)
-    return {id, j[1], j[2], tries, lease}
+  if j[1] or j[2] then
+    local ok = type(j[1]) == 'string' and #j[1] >= 1 and #j[1] <= 64 and not string.find(j[1], '[^0-9A-Za-z_%-]')
+      and type(j[2]) == 'string' and string.find(j[2], '^%d+$') ~= nil and #j[2] <= 16
+      and (not j[3] or (string.find(j[3], '^%d+$') ~= nil and #j[3] <= 10))
+    if ok then
+      local tries = tonumber(j[3] or '0') + 1
+      local run = ARGV[6 + #out]
+      redis.call('HSET', jk, 'state', 'running', 'run', run, 'tries', string.format('%d', tries))
+      redis.call('ZADD', KEYS[1], lease, id)
+      out[#out + 1] = {id, j[1], j[2], tries, lease, run}
+    else
+      redis.call('HSET', jk, 'state', 'quarantined')
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('SADD', ARGV[4], id)
+      bad[#bad + 1] = id
+    end
   end
 end
+return {out, bad}
+";
+
+/// Gives a claim back unused: ready again at its due time, one try fewer
+/// (ARGV[3] id, ARGV[4] run).
+const RELEASE: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local j = redis.call('HMGET', jk, 'state', 'run', 'due_at', 'tries')
+if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+local tries = math.max((tonumber(j[4] or '0') or 1) - 1, 0)
+redis.call('HSET', jk, 'state', 'ready', 'tries', string.format('%d', tries))
+redis.call('HDEL', jk, 'run')
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], j[3], ARGV[3])
+return 1
+";
+
+/// Moves one claimed job whose object id failed validation to quarantine
+/// (fenced by its run token): ARGV[3] id, ARGV[4] run, ARGV[5] quarantine key.
+const QUARANTINE: &str = "
+local jk = ARGV[2] .. ARGV[3]
+local j = redis.call('HMGET', jk, 'state', 'run')
+if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+redis.call('HSET', jk, 'state', 'quarantined')
+redis.call('HDEL', jk, 'run')
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('SADD', ARGV[5], ARGV[3])
+return 1
 ";
 
 const FINISH: &str = "
@@ -140,6 +189,8 @@ pub struct RedisAlarmIndex {
     delete: Script,
     promote: Script,
     claim: Script,
+    quarantine: Script,
+    release: Script,
     finish: Script,
     retry: Script,
 }
@@ -165,6 +216,8 @@ impl RedisAlarmIndex {
             delete: Script::new(DELETE),
             promote: with_now(PROMOTE),
             claim: with_now(CLAIM),
+            quarantine: Script::new(QUARANTINE),
+            release: Script::new(RELEASE),
             finish: Script::new(FINISH),
             retry: with_now(RETRY),
         }
@@ -202,6 +255,12 @@ impl RedisAlarmIndex {
         format!("{}wf:internal:do-alarm:ready", self.prefix)
     }
 
+    /// The quarantine set's key: objects whose stored job failed
+    /// validation at claim time (their hashes are kept, out of due and ready).
+    pub fn quarantine_key(&self) -> String {
+        format!("{}wf:internal:do-alarm:quarantine", self.prefix)
+    }
+
     fn job_prefix(&self) -> String {
         format!("{}wf:internal:do-alarm:job:", self.prefix)
     }
@@ -209,6 +268,76 @@ impl RedisAlarmIndex {
     /// The job hash key of `object`.
     pub fn job_key(&self, object: &ObjectId) -> String {
         format!("{}{}", self.job_prefix(), object.as_str())
+    }
+
+    /// Claims up to `runs.len()` ready jobs in one script call (one round
+    /// trip). Jobs whose stored fields fail validation are quarantined by
+    /// the script; a claimed job whose object id fails validation here is
+    /// quarantined under its run token. Both emit an event and never block
+    /// the other jobs.
+    async fn claim_many(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let mut inv = self.invocation(&self.claim, now);
+        inv.arg(lease_ms.max(0))
+            .arg(self.quarantine_key())
+            .arg(runs.len());
+        for run in runs {
+            inv.arg(run.as_str());
+        }
+        type Row = (Vec<u8>, String, i64, i64, i64, String);
+        let (rows, quarantined): (Vec<Row>, Vec<Vec<u8>>) =
+            inv.invoke_async(&mut conn).await.map_err(redis_error)?;
+        for id in &quarantined {
+            tracing::warn!(
+                event = "durability.storage_redis.alarm_job_quarantined",
+                object = %String::from_utf8_lossy(id),
+                "corrupt alarm job moved to quarantine instead of being claimed"
+            );
+        }
+        let mut claims = Vec::with_capacity(rows.len());
+        for (id, token, due_at, tries, lease_until, run) in rows {
+            let decoded = String::from_utf8(id.clone())
+                .map_err(|_| bad("object id is not UTF-8"))
+                .and_then(|s| ObjectId::new(s).map_err(bad))
+                .and_then(|o| Ok((o, Token::new(token).map_err(bad)?)))
+                .and_then(|(o, t)| Ok((o, t, Token::new(run.clone()).map_err(bad)?)))
+                .and_then(|(o, t, r)| Ok((o, t, r, validate_time(due_at).map_err(bad)?)));
+            match decoded {
+                Ok((object, token, run, due_at)) => claims.push(Claim {
+                    object,
+                    token,
+                    due_at,
+                    run,
+                    tries: tries_of(tries),
+                    lease_until,
+                }),
+                Err(error) => {
+                    let moved: Result<i64, _> = self
+                        .invocation(&self.quarantine, 0)
+                        .arg(id.as_slice())
+                        .arg(run.as_str())
+                        .arg(self.quarantine_key())
+                        .invoke_async(&mut conn)
+                        .await;
+                    tracing::warn!(
+                        event = "durability.storage_redis.alarm_job_quarantined",
+                        object = %String::from_utf8_lossy(&id),
+                        %error,
+                        moved = moved.is_ok(),
+                        "claimed alarm job has a corrupt object id; quarantined"
+                    );
+                }
+            }
+        }
+        Ok(claims)
     }
 
     fn now_arg(&self, now: i64) -> i64 {
@@ -277,12 +406,10 @@ impl AlarmIndex for RedisAlarmIndex {
 
     async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
         let mut conn = self.conn.clone();
-        let (token, due_at, state, tries): (
-            Option<String>,
-            Option<i64>,
-            Option<String>,
-            Option<i64>,
-        ) = redis::cmd("HMGET")
+        // Read raw bytes and decode here: a stored field that does not decode
+        // is corrupt data (`do_alarm_corrupt`), not an unreadable reply.
+        type Raw = Option<Vec<u8>>;
+        let (token, due_at, state, tries): (Raw, Raw, Raw, Raw) = redis::cmd("HMGET")
             .arg(self.job_key(object))
             .arg("token")
             .arg("due_at")
@@ -291,14 +418,38 @@ impl AlarmIndex for RedisAlarmIndex {
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        let Some(token) = token else {
+        if token.is_none() && due_at.is_none() && state.is_none() && tries.is_none() {
             return Ok(None);
+        }
+        let text = |what: &str, v: Option<Vec<u8>>| {
+            let v = v.ok_or_else(|| bad(format!("job without {what}")))?;
+            String::from_utf8(v).map_err(|_| bad(format!("{what} is not UTF-8")))
+        };
+        let int = |what: &str, v: String| {
+            if v.is_empty() || v.len() > 16 || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(format!("{what} {v:?} is not a non-negative integer")));
+            }
+            v.parse::<i64>()
+                .map_err(|e| bad(format!("{what} {v:?}: {e}")))
+        };
+        let token = Token::new(text("token", token)?).map_err(bad)?;
+        let due_at = validate_time(int("due_at", text("due_at", due_at)?)?).map_err(bad)?;
+        let state = parse_state(&text("state", state)?)?;
+        let tries = match tries {
+            None => 0,
+            Some(t) => {
+                let t = int(
+                    "tries",
+                    String::from_utf8(t).map_err(|_| bad("tries is not UTF-8"))?,
+                )?;
+                u32::try_from(t).map_err(|_| bad(format!("tries {t} out of range")))?
+            }
         };
         Ok(Some(JobView {
-            token: Token::new(token).map_err(bad)?,
-            due_at: due_at.ok_or_else(|| bad("job without due_at"))?,
-            state: parse_state(state.as_deref().unwrap_or(""))?,
-            tries: tries_of(tries.unwrap_or(0)),
+            token,
+            due_at,
+            state,
+            tries,
         }))
     }
 
@@ -315,25 +466,10 @@ impl AlarmIndex for RedisAlarmIndex {
 
     async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
         let ClaimReady { now, lease_ms, run } = claim;
-        let mut conn = self.conn.clone();
-        let reply: Option<(String, String, i64, i64, i64)> = self
-            .invocation(&self.claim, now)
-            .arg(lease_ms.max(0))
-            .arg(run.as_str())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        let Some((object, token, due_at, tries, lease_until)) = reply else {
-            return Ok(None);
-        };
-        Ok(Some(Claim {
-            object: ObjectId::new(object).map_err(bad)?,
-            token: Token::new(token).map_err(bad)?,
-            due_at,
-            run: run.clone(),
-            tries: tries_of(tries),
-            lease_until,
-        }))
+        Ok(self
+            .claim_many(now, lease_ms, std::slice::from_ref(run))
+            .await?
+            .pop())
     }
 
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
@@ -363,6 +499,27 @@ impl AlarmIndex for RedisAlarmIndex {
             .arg(run.as_str())
             .arg(delay_ms.max(0))
             .arg(tries)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        self.claim_many(now, lease_ms, runs).await
+    }
+
+    async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .invocation(&self.release, 0)
+            .arg(object.as_str())
+            .arg(run.as_str())
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;

@@ -49,24 +49,30 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StorageError {
 
 impl AlarmTx for SqliteTx<'_> {
     fn alarm_row(&mut self) -> Result<Option<AlarmRow>, StorageError> {
-        let raw: Option<(i64, String, Option<String>)> = self
+        use rusqlite::types::Value;
+        // Raw values, decoded here: a wrongly typed column is a corrupt row,
+        // not a backend failure.
+        let raw: Option<Value> = self
             .sql()
-            .prepare_cached("SELECT at, token, fence FROM durability_alarm WHERE id = 0")
-            .and_then(|mut st| {
-                st.query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()
-            })
+            .prepare_cached("SELECT at FROM durability_alarm WHERE id = 0")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)).optional())
             .map_err(|e| backend("read alarm row", e))?;
-        let Some((at, token, fence)) = raw else {
+        let Some(at) = raw else {
             return Ok(None);
+        };
+        let Some((token, fence)) = self.alarm_row_token()? else {
+            return Ok(None);
+        };
+        let Value::Integer(at) = at else {
+            return Err(corrupt(
+                "time",
+                format!("not an integer: {:?}", at.data_type()),
+            ));
         };
         Ok(Some(AlarmRow {
             at: validate_time(at).map_err(|e| corrupt("time", e))?,
-            token: Token::new(token).map_err(|e| corrupt("token", e))?,
-            fence: fence
-                .map(Token::new)
-                .transpose()
-                .map_err(|e| corrupt("fence", e))?,
+            token,
+            fence,
         }))
     }
 
@@ -95,6 +101,41 @@ impl AlarmTx for SqliteTx<'_> {
             .map(|n| n > 0)
             .map_err(|e| backend("delete alarm row", e))
     }
+
+    fn alarm_row_token(&mut self) -> Result<Option<(Token, Option<Token>)>, StorageError> {
+        // Only token and fence are read (as raw values, so a wrongly typed
+        // time column cannot fail the read).
+        let raw: Option<(rusqlite::types::Value, rusqlite::types::Value)> = self
+            .sql()
+            .prepare_cached("SELECT token, fence FROM durability_alarm WHERE id = 0")
+            .and_then(|mut st| st.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(|e| backend("read alarm row token", e))?;
+        let Some((token, fence)) = raw else {
+            return Ok(None);
+        };
+        let text = |what: &str, v: rusqlite::types::Value| match v {
+            rusqlite::types::Value::Text(t) => Token::new(t).map_err(|e| corrupt(what, e)),
+            other => Err(corrupt(what, format!("not text: {:?}", other.data_type()))),
+        };
+        let token = text("token", token)?;
+        let fence = match fence {
+            rusqlite::types::Value::Null => None,
+            other => Some(text("fence", other)?),
+        };
+        Ok(Some((token, fence)))
+    }
+
+    fn set_alarm_fence(
+        &mut self,
+        token: &Token,
+        fence: Option<&Token>,
+    ) -> Result<bool, StorageError> {
+        self.sql()
+            .prepare_cached("UPDATE durability_alarm SET fence = ?2 WHERE id = 0 AND token = ?1")
+            .and_then(|mut st| st.execute(params![token.as_str(), fence.map(Token::as_str)]))
+            .map(|n| n > 0)
+            .map_err(|e| backend("fence alarm row", e))
+    }
 }
 
 const INDEX_SCHEMA: &str = "
@@ -111,6 +152,17 @@ CREATE INDEX IF NOT EXISTS durability_alarm_index_scheduled
     ON durability_alarm_index_jobs (score) WHERE state <> 1;
 CREATE INDEX IF NOT EXISTS durability_alarm_index_ready
     ON durability_alarm_index_jobs (due_at, object) WHERE state = 1;
+CREATE TABLE IF NOT EXISTS durability_alarm_index_quarantine (
+    object PRIMARY KEY NOT NULL,
+    token,
+    due_at,
+    state,
+    run,
+    tries,
+    score,
+    reason TEXT NOT NULL,
+    quarantined_at INTEGER NOT NULL
+);
 ";
 
 const DUE: i64 = 0;
@@ -232,47 +284,138 @@ impl SqliteAlarmIndex {
         Ok(true)
     }
 
+    /// Claims up to `runs.len()` ready jobs, earliest first, one run token
+    /// each, in one immediate transaction. Every candidate is decoded and
+    /// validated before it is claimed; one that fails (a corrupt stored
+    /// object id, token, time or try count) is moved to the quarantine table
+    /// with an event instead, and the next ready job is taken, so a corrupt
+    /// job never blocks healthy ones.
     fn claim_sync(
         &self,
         now: i64,
         lease_ms: i64,
-        run: &Token,
-    ) -> Result<Option<Claim>, AlarmError> {
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        use rusqlite::types::Value;
+        let mut claims = Vec::with_capacity(runs.len());
+        if runs.is_empty() {
+            return Ok(claims);
+        }
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| failed("begin claim", e))?;
-        let next: Option<(String, String, i64, i64)> = tx
-            .prepare_cached(
-                "SELECT object, token, due_at, tries FROM durability_alarm_index_jobs
-                 WHERE state = 1 ORDER BY due_at, object LIMIT 1",
-            )
-            .and_then(|mut st| {
-                st.query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                    .optional()
-            })
-            .map_err(|e| failed("read ready job", e))?;
-        let Some((object, token, due_at, tries)) = next else {
-            return Ok(None);
-        };
-        let tries = tries_of(tries).saturating_add(1);
         let lease_until = now.saturating_add(lease_ms.max(0));
-        tx.prepare_cached(
-            "UPDATE durability_alarm_index_jobs SET state = 2, run = ?2, tries = ?3, score = ?4
-             WHERE object = ?1",
-        )
-        .and_then(|mut st| st.execute(params![object, run.as_str(), tries, lease_until]))
-        .map_err(|e| failed("claim job", e))?;
+        while claims.len() < runs.len() {
+            let want = i64::try_from(runs.len() - claims.len()).unwrap_or(i64::MAX);
+            let next: Vec<(Value, Value, Value, Value)> = tx
+                .prepare_cached(
+                    "SELECT object, token, due_at, tries FROM durability_alarm_index_jobs
+                     WHERE state = 1 ORDER BY due_at, object LIMIT ?1",
+                )
+                .and_then(|mut st| {
+                    st.query_map([want], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                        .collect()
+                })
+                .map_err(|e| failed("read ready jobs", e))?;
+            if next.is_empty() {
+                break;
+            }
+            for (object, token, due_at, tries) in next {
+                match decode_ready(&object, &token, &due_at, &tries) {
+                    Ok((id, token, due_at, tries)) => {
+                        let run = &runs[claims.len()];
+                        let tries = tries.saturating_add(1);
+                        tx.prepare_cached(
+                            "UPDATE durability_alarm_index_jobs
+                             SET state = 2, run = ?2, tries = ?3, score = ?4 WHERE object = ?1",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![id.as_str(), run.as_str(), tries, lease_until])
+                        })
+                        .map_err(|e| failed("claim job", e))?;
+                        claims.push(Claim {
+                            object: id,
+                            token,
+                            due_at,
+                            run: run.clone(),
+                            tries,
+                            lease_until,
+                        });
+                    }
+                    Err(reason) => {
+                        tx.prepare_cached(
+                            "INSERT OR REPLACE INTO durability_alarm_index_quarantine
+                               (object, token, due_at, state, run, tries, score, reason, quarantined_at)
+                             SELECT object, token, due_at, state, run, tries, score, ?2, ?3
+                             FROM durability_alarm_index_jobs WHERE object = ?1",
+                        )
+                        .and_then(|mut st| st.execute(params![object, reason, now]))
+                        .and_then(|_| {
+                            tx.prepare_cached(
+                                "DELETE FROM durability_alarm_index_jobs WHERE object = ?1",
+                            )?
+                            .execute([&object])
+                        })
+                        .map_err(|e| failed("quarantine job", e))?;
+                        tracing::warn!(
+                            event = "durability.storage_sqlite.alarm_job_quarantined",
+                            object = ?object,
+                            %reason,
+                            "corrupt alarm job moved to quarantine instead of being claimed"
+                        );
+                    }
+                }
+            }
+        }
         tx.commit().map_err(AlarmError::unknown)?;
-        Ok(Some(Claim {
-            object: ObjectId::new(object).map_err(bad)?,
-            token: Token::new(token).map_err(bad)?,
-            due_at,
-            run: run.clone(),
-            tries,
-            lease_until,
-        }))
+        Ok(claims)
     }
+
+    /// How many jobs the claim path moved to quarantine (corrupt rows kept
+    /// for operators in `durability_alarm_index_quarantine`).
+    ///
+    /// # Errors
+    /// A failed statement.
+    pub fn quarantined(&self) -> Result<u64, AlarmError> {
+        let n: i64 = self
+            .conn()
+            .query_row(
+                "SELECT COUNT(*) FROM durability_alarm_index_quarantine",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| failed("count quarantine", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// Decodes one ready job strictly: object id, token, a safe-integer due time
+/// and a non-negative try count; `Err` names what is corrupt.
+fn decode_ready(
+    object: &rusqlite::types::Value,
+    token: &rusqlite::types::Value,
+    due_at: &rusqlite::types::Value,
+    tries: &rusqlite::types::Value,
+) -> Result<(ObjectId, Token, i64, u32), String> {
+    use rusqlite::types::Value;
+    let Value::Text(object) = object else {
+        return Err("object id is not text".to_owned());
+    };
+    let object = ObjectId::new(object.as_str()).map_err(|e| format!("object id: {e}"))?;
+    let Value::Text(token) = token else {
+        return Err("token is not text".to_owned());
+    };
+    let token = Token::new(token.as_str()).map_err(|e| format!("token: {e}"))?;
+    let Value::Integer(due_at) = *due_at else {
+        return Err("due time is not an integer".to_owned());
+    };
+    let due_at = validate_time(due_at).map_err(|e| format!("due time: {e}"))?;
+    let Value::Integer(tries) = *tries else {
+        return Err("try count is not an integer".to_owned());
+    };
+    let tries = u32::try_from(tries).map_err(|_| format!("try count {tries} out of range"))?;
+    Ok((object, token, due_at, tries))
 }
 
 impl AlarmIndex for SqliteAlarmIndex {
@@ -337,7 +480,9 @@ impl AlarmIndex for SqliteAlarmIndex {
 
     async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
         let ClaimReady { now, lease_ms, run } = claim;
-        self.claim_sync(now, lease_ms, run)
+        Ok(self
+            .claim_sync(now, lease_ms, std::slice::from_ref(run))?
+            .pop())
     }
 
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
@@ -367,6 +512,27 @@ impl AlarmIndex for SqliteAlarmIndex {
             .and_then(|mut st| st.execute(params![object.as_str(), run.as_str(), tries, at]))
             .map(|n| n > 0)
             .map_err(|e| failed("retry job", e))
+    }
+
+    async fn claim_batch(
+        &self,
+        now: i64,
+        lease_ms: i64,
+        runs: &[Token],
+    ) -> Result<Vec<Claim>, AlarmError> {
+        self.claim_sync(now, lease_ms, runs)
+    }
+
+    async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
+        self.conn()
+            .prepare_cached(
+                "UPDATE durability_alarm_index_jobs
+                 SET state = 1, run = NULL, tries = MAX(tries - 1, 0), score = due_at
+                 WHERE object = ?1 AND state = 2 AND run = ?2",
+            )
+            .and_then(|mut st| st.execute([object.as_str(), run.as_str()]))
+            .map(|n| n > 0)
+            .map_err(|e| failed("release job", e))
     }
 
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {

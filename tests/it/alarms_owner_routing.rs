@@ -1,0 +1,263 @@
+//! The dispatcher over `OwnerRouted` on a manual clock (issue 14, alarms
+//! items 7 and 8): jobs of inactive or deleted storage discard themselves
+//! instead of spinning, and "owner elsewhere" refusals wait for the remote
+//! owner's lease instead of retrying in a hot loop.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use durability_alarms::{
+    AlarmIndex, Delivery, Dispatch, DispatchOutcome, Dispatcher, DispatcherConfig, Forward,
+    MemoryAlarmIndex, ObjectId, OwnerRouted, ScopeOf, Token,
+};
+use durability_ownership::memory::InMemoryLeaseStore;
+use durability_ownership::{
+    ClassName, DeleteLock, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
+    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
+};
+
+const START: i64 = 1_700_000_000_000;
+const TTL: u64 = 10_000;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// Runs the alarm on this host: records it.
+struct Local(&'static str, Log);
+impl Dispatch for Local {
+    async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
+        self.1
+            .lock()
+            .unwrap()
+            .push(format!("{} ran {}", self.0, d.object));
+        DispatchOutcome::Delivered
+    }
+}
+
+/// The transport to a dead owner: the connection is refused, so the
+/// delivery provably never started there.
+#[derive(Clone, Default)]
+struct DeadOwner(Arc<AtomicU64>);
+impl Forward for DeadOwner {
+    async fn forward(&self, _owner: &TaskId, _d: Delivery) -> DispatchOutcome {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        DispatchOutcome::NeverStarted {
+            reason: "connection refused".to_owned(),
+        }
+    }
+}
+
+type Store = Arc<InMemoryLeaseStore<ManualClock>>;
+type Host = OwnerRouted<Local, DeadOwner, Store, ManualClock>;
+
+struct World {
+    clock: ManualClock,
+    store: Store,
+    lifecycle: LifecycleId,
+    scope_of: ScopeOf,
+    log: Log,
+}
+
+async fn world() -> World {
+    let clock = ManualClock::new(START);
+    let count = ShardCount::default();
+    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
+    let lifecycle = LifecycleId::new("ns:rooms").unwrap();
+    let storage = StorageId::new("st1").unwrap();
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let l = lifecycle.clone();
+    let scope_of: ScopeOf = Arc::new(move |object: &ObjectId| {
+        let scope = OwnerScope::for_object(
+            storage.clone(),
+            ClassName::new("Room").map_err(|e| e.to_string())?,
+            &ObjectName::new(object.as_str()),
+            count,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((scope, l.clone()))
+    });
+    World {
+        clock,
+        store,
+        lifecycle,
+        scope_of,
+        log: Arc::default(),
+    }
+}
+
+impl World {
+    fn ownership(&self, task: &str) -> Ownership<Store, ManualClock> {
+        Ownership::new(
+            Arc::clone(&self.store),
+            self.clock.clone(),
+            TaskId::new(task).unwrap(),
+            OwnershipSettings {
+                owner_ttl_ms: TTL,
+                lease_guard_ms: 1_000,
+                ..OwnershipSettings::default()
+            },
+        )
+    }
+
+    fn host(&self, task: &'static str, forward: DeadOwner) -> Host {
+        OwnerRouted::new(
+            Local(task, self.log.clone()),
+            forward,
+            self.ownership(task),
+            self.scope_of.clone(),
+        )
+    }
+
+    fn dispatcher(
+        &self,
+        index: &Arc<MemoryAlarmIndex>,
+        host: Host,
+    ) -> Dispatcher<MemoryAlarmIndex, Host> {
+        Dispatcher::new(
+            Arc::clone(index),
+            Arc::new(host),
+            Arc::new(self.clock.clone()),
+            DispatcherConfig {
+                seed: Some(7),
+                ..DispatcherConfig::default()
+            },
+        )
+        .unwrap()
+    }
+}
+
+fn obj(s: &str) -> ObjectId {
+    ObjectId::new(s).unwrap()
+}
+
+async fn job_with_alarm(index: &MemoryAlarmIndex, object: &str) {
+    index
+        .upsert(&obj(object), &Token::new("row1").unwrap(), START)
+        .await
+        .unwrap();
+}
+
+async fn tick_for(w: &World, d: &Dispatcher<MemoryAlarmIndex, Host>, ticks: u32, step: i64) {
+    for _ in 0..ticks {
+        d.tick().await.unwrap();
+        w.clock.advance(step);
+    }
+}
+
+#[tokio::test]
+async fn a_job_whose_storage_pointer_is_gone_discards_itself() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    job_with_alarm(&index, "room-1").await;
+    // Whole-worker delete removed the storage pointer; a residual job stays.
+    w.store
+        .set_active_storage(&w.lifecycle, None)
+        .await
+        .unwrap();
+    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
+    tick_for(&w, &d, 50, 100).await;
+    let c = d.counters().snapshot();
+    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
+    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None, "discarded");
+    assert!(w.log.lock().unwrap().is_empty(), "nothing ran");
+}
+
+#[tokio::test]
+async fn a_job_whose_storage_moved_discards_itself() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    job_with_alarm(&index, "room-1").await;
+    // Redeploy after delete: the pointer names a new storage id.
+    w.store
+        .set_active_storage(&w.lifecycle, Some(&StorageId::new("st2").unwrap()))
+        .await
+        .unwrap();
+    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
+    tick_for(&w, &d, 50, 100).await;
+    let c = d.counters().snapshot();
+    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
+    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_job_under_a_whole_delete_lock_discards_itself() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    job_with_alarm(&index, "room-1").await;
+    w.store
+        .set_delete_lock(&w.lifecycle, Some(DeleteLock::Whole))
+        .await
+        .unwrap();
+    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
+    tick_for(&w, &d, 50, 100).await;
+    let c = d.counters().snapshot();
+    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
+    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_version_delete_lock_does_not_discard_the_active_storage_jobs() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    job_with_alarm(&index, "room-1").await;
+    w.store
+        .set_delete_lock(&w.lifecycle, Some(DeleteLock::Version))
+        .await
+        .unwrap();
+    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
+    tick_for(&w, &d, 2, 100).await;
+    let c = d.counters().snapshot();
+    assert_eq!((c.delivered, c.gone), (1, 0), "{c:?}");
+    assert_eq!(*w.log.lock().unwrap(), vec!["host-a ran room-1".to_owned()]);
+}
+
+#[tokio::test]
+async fn owner_elsewhere_waits_for_the_remote_lease_instead_of_a_hot_loop() {
+    let w = world().await;
+    let index = Arc::new(MemoryAlarmIndex::new());
+    // Host A owns room-1's scope (it ran an alarm there), then dies: its lease
+    // stays live for TTL, and forwarding to it is refused.
+    let a = w.host("host-a", DeadOwner::default());
+    let warm = Delivery {
+        object: obj("room-1"),
+        token: Token::new("warm").unwrap(),
+        scheduled_at: START,
+        attempt: 1,
+        final_attempt: false,
+    };
+    assert_eq!(a.dispatch(warm).await, DispatchOutcome::Delivered);
+    drop(a);
+    job_with_alarm(&index, "room-1").await;
+    let forwards = DeadOwner::default();
+    let d = w.dispatcher(&index, w.host("host-b", forwards.clone()));
+    // Three seconds of ticks every 100 ms during the failover.
+    tick_for(&w, &d, 30, 100).await;
+    assert_eq!(
+        forwards.0.load(Ordering::SeqCst),
+        1,
+        "one forward, then the job waits for the dead owner's lease"
+    );
+    let job = index.job(&obj("room-1")).await.unwrap().unwrap();
+    assert_eq!(job.tries, 0, "never started: no try used");
+    let next = index.next_due().await.unwrap().unwrap();
+    assert!(
+        (START + TTL as i64..=START + TTL as i64 + 1).contains(&next),
+        "retried at the lease deadline: {}",
+        next - START
+    );
+    // Once A's lease is over, B takes the scope and runs the alarm itself.
+    w.clock.set(next);
+    d.tick().await.unwrap();
+    assert_eq!(d.counters().snapshot().delivered, 1);
+    assert_eq!(
+        *w.log.lock().unwrap(),
+        vec![
+            "host-a ran room-1".to_owned(),
+            "host-b ran room-1".to_owned()
+        ]
+    );
+    assert_eq!(forwards.0.load(Ordering::SeqCst), 1);
+}
