@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
+    Admission, ClaimOutcome, ClassName, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
     ManualClock, ObjectName, OwnerRecord, OwnerScope, OwnerSnapshot, Ownership, OwnershipError,
     OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
 };
@@ -326,8 +326,9 @@ fn line(name: &str, value: f64, baseline: Option<f64>, unit: &str, target: &str,
 }
 
 /// `cargo xtask bench ownership`: medians of renew vs a raw `EVALSHA` compare-and-expire
-/// (target ratio ≤ 1.2), claim vs a raw `SET NX PX` (≤ 1.5), and admission
-/// with ample budget (asserted to do no I/O; its cost in ns).
+/// (target ratio ≤ 1.2), claim vs a raw `SET NX PX` (≤ 1.5), and cached
+/// admission ([`Admission::Cached`]) with ample budget (asserted to do no
+/// I/O; its cost in ns).
 ///
 /// # Errors
 /// Redis failures, or admission that did I/O.
@@ -431,6 +432,7 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
     let clock = ManualClock::new(0);
     let settings = OwnershipSettings {
         owner_ttl_ms: ttl,
+        admission: Admission::Cached,
         ..OwnershipSettings::default()
     };
     let owner = Ownership::new(counted, clock, TaskId::new("bench-admit")?, settings);

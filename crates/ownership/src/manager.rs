@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
-use crate::settings::OwnershipSettings;
+use crate::settings::{Admission, OwnershipSettings};
 use crate::store::{ClaimOutcome, Lease, LeaseStore};
 use durability_time::{Clock, timeout_at};
 
@@ -359,15 +359,35 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         out
     }
 
-    /// Dispatch admission: checks that this task is not draining, owns `scope`
-    /// at exactly `generation`, and that the lease has not expired. With less
-    /// than the guard left it first tries a same-task same-generation renew and
-    /// fails closed if that fails. With ample budget it does no I/O.
+    /// Dispatch admission, as the settings' [`Admission`] mode says.
+    ///
+    /// With [`Admission::Snapshot`] (the default) it is
+    /// [`Ownership::admit_checked`]: one snapshot read of the owner record,
+    /// delete lock, active storage pointer and store clock, then the local
+    /// checks. With [`Admission::Cached`] it does only the local checks: this
+    /// task is not draining, owns `scope` at exactly `generation`, and the
+    /// local lease has not expired; with ample budget that does no I/O.
+    /// In both modes, with less than the guard left it first tries a
+    /// same-task same-generation renew and fails closed if that fails.
     ///
     /// # Errors
     /// [`OwnershipError::Draining`], [`OwnershipError::StaleOwner`],
-    /// [`OwnershipError::LeaseExpired`], or the renew error.
+    /// [`OwnershipError::LeaseExpired`], or the renew error; in snapshot mode
+    /// also the errors of [`Ownership::admit_checked`].
     pub async fn admit(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+    ) -> Result<AdmissionPermit, OwnershipError> {
+        match self.inner.settings.admission {
+            Admission::Snapshot => self.admit_checked(scope, generation).await,
+            Admission::Cached => self.admit_cached(scope, generation).await,
+        }
+    }
+
+    /// The local part of admission (the whole of [`Admission::Cached`]):
+    /// draining, task and generation, local lease budget, the guard renew.
+    async fn admit_cached(
         &self,
         scope: &OwnerScope,
         generation: Generation,
@@ -402,12 +422,14 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         Ok(permit)
     }
 
-    /// Dispatch admission with the full owner-side assertion: first reads the
-    /// owner record, generation, active storage pointer, delete lock and the
-    /// store's clock in one snapshot (one round trip), requires the exact
-    /// local record and a valid lifecycle, then admits as [`Ownership::admit`].
-    /// Use it where the seed requires a fresh snapshot (for example storage
-    /// deletion); [`Ownership::admit`] relies on the last claim or renew.
+    /// Dispatch admission with the full owner-side assertion, whatever the
+    /// [`Admission`] setting: first reads the owner record, generation, active
+    /// storage pointer, delete lock and the store's clock in one snapshot (one
+    /// round trip), requires the exact local record and a valid lifecycle,
+    /// then does the local checks of [`Admission::Cached`]. It is what
+    /// [`Ownership::admit`] does by default; call it directly where a fresh
+    /// snapshot is required even when admission is configured cached (for
+    /// example storage deletion).
     ///
     /// # Errors
     /// As [`Ownership::admit`], plus [`OwnershipError::StorageInactive`],
@@ -421,16 +443,17 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(OwnershipError::Draining);
         }
-        let Some(local) = self.leases().get(scope).cloned() else {
-            return Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            });
+        // Refusals the local state already proves (not owned here, another
+        // generation, an expired local lease) need no round trip.
+        self.budget(scope, generation)?;
+        let local = match self.leases().get(scope) {
+            Some(l) if l.record.generation() == generation => l.clone(),
+            _ => {
+                return Err(OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                });
+            }
         };
-        if local.record.generation() != generation {
-            return Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            });
-        }
         let sent = self.inner.clock.now_ms_u64();
         let checked = match self
             .inner
@@ -479,7 +502,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 return Err(e);
             }
         }
-        self.admit(scope, generation).await
+        self.admit_cached(scope, generation).await
     }
 
     /// Lease budget left for `scope` at `generation` on the local clock.
