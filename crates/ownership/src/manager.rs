@@ -110,6 +110,13 @@ impl Drop for AdmissionPermit {
 }
 
 /// The result of a drain.
+///
+/// A drain is bounded twice: the wait for admitted work by
+/// `drain_in_flight_timeout_ms`, and the whole drain (that wait and the
+/// releases) by `drain_timeout_ms`, both on the ownership's clock.
+/// [`DrainReport::TimedOut`] and [`DrainReport::ReleaseTimedOut`] are the
+/// seed's "drain timed out" (503): the supervisor must not treat the task's
+/// scopes as released; the kept leases fail over by normal lease expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainReport {
     /// Admitted work finished; the listed scopes and generations were released.
@@ -119,12 +126,39 @@ pub enum DrainReport {
         /// Scopes whose release failed or no longer matched (they expire normally).
         not_released: Vec<OwnerScope>,
     },
-    /// Admitted work did not finish in time: every lease is kept so failover
-    /// waits for normal lease expiry.
+    /// Admitted work did not finish in time (within the in-flight timeout or
+    /// the drain timeout, whichever ends first): every lease is kept so
+    /// failover waits for normal lease expiry.
     TimedOut {
         /// Work still in flight.
         in_flight: u64,
     },
+    /// Admitted work finished, but the drain timeout ran out while releasing
+    /// (releases run one at a time, in host id order). Releases already done
+    /// stay done; the rest are kept: their leases stay on the store and in
+    /// this task's state (no new work is admitted on them: the task is
+    /// draining) and fail over by normal lease expiry. A later drain releases
+    /// them again.
+    ReleaseTimedOut {
+        /// Scopes whose matching generation was released before the timeout.
+        released: Vec<(OwnerScope, Generation)>,
+        /// Scopes whose release failed or no longer matched before the timeout.
+        not_released: Vec<OwnerScope>,
+        /// The scope whose release was sent but not answered when time ran
+        /// out: its outcome is unknown (released or kept). Release is exact
+        /// and idempotent, so releasing it again is safe.
+        in_doubt: Vec<OwnerScope>,
+        /// Scopes whose release was never sent: kept.
+        kept: Vec<OwnerScope>,
+    },
+}
+
+impl DrainReport {
+    /// Whether the drain ran out of time (the seed's 503): leases not listed
+    /// as released were kept or are in doubt.
+    pub fn timed_out(&self) -> bool {
+        !matches!(self, Self::Drained { .. })
+    }
 }
 
 /// How a watchdog ended.
@@ -540,8 +574,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
 
     /// Drains: stops new ownership and admission, waits up to the in-flight
     /// timeout for admitted work, then releases the matching generation of
-    /// every owned scope. A drain that times out keeps its leases (failover
-    /// then waits for normal lease expiry). Draining is terminal: the task
+    /// every owned scope, one at a time in host id order. The whole drain,
+    /// waiting and releasing, is bounded by `drain_timeout_ms` on the
+    /// ownership's clock (the wait also by `drain_in_flight_timeout_ms`). A
+    /// drain that times out keeps its leases (failover then waits for normal
+    /// lease expiry): waiting, it keeps them all ([`DrainReport::TimedOut`]);
+    /// releasing, it keeps those not yet released
+    /// ([`DrainReport::ReleaseTimedOut`]). Draining is terminal: the task
     /// never takes new ownership again.
     ///
     /// The draining flag and the in-flight counter are both sequentially
@@ -549,9 +588,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// admitted work: no work is admitted after a drain found nothing in flight.
     pub async fn drain(&self) -> DrainReport {
         self.inner.draining.store(true, Ordering::SeqCst);
-        let deadline = self.inner.clock.now_ms().saturating_add(
-            i64::try_from(self.inner.settings.drain_in_flight_timeout_ms).unwrap_or(i64::MAX),
-        );
+        let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let started = self.inner.clock.now_ms();
+        let deadline = started.saturating_add(ms(self.inner.settings.drain_timeout_ms));
+        let in_flight_deadline = started
+            .saturating_add(ms(self.inner.settings.drain_in_flight_timeout_ms))
+            .min(deadline);
         let all_idle = async {
             loop {
                 let idle = self.inner.idle.notified();
@@ -563,7 +605,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 idle.await;
             }
         };
-        if timeout_at(&self.inner.clock, deadline, all_idle)
+        if timeout_at(&self.inner.clock, in_flight_deadline, all_idle)
             .await
             .is_err()
         {
@@ -577,14 +619,22 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 return DrainReport::TimedOut { in_flight };
             }
         }
-        let owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
+        let mut owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
+        owned.sort_by(|a, b| a.0.host_id().cmp(b.0.host_id()));
         let mut released = Vec::new();
         let mut not_released = Vec::new();
-        for (scope, l) in owned {
-            match self.inner.store.release(&l.record).await {
-                Ok(true) => released.push((scope, l.record.generation())),
-                Ok(false) => not_released.push(scope),
-                Err(e) => {
+        let mut owned = owned.into_iter();
+        while let Some((scope, l)) = owned.next() {
+            match timeout_at(
+                &self.inner.clock,
+                deadline,
+                self.inner.store.release(&l.record),
+            )
+            .await
+            {
+                Ok(Ok(true)) => released.push((scope, l.record.generation())),
+                Ok(Ok(false)) => not_released.push(scope),
+                Ok(Err(e)) => {
                     tracing::warn!(
                         event = "durability.ownership.release_failed",
                         scope = %scope,
@@ -593,6 +643,32 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                         "releasing the owner lease failed"
                     );
                     not_released.push(scope);
+                }
+                Err(_) => {
+                    let rest: Vec<(OwnerScope, LocalLease)> = owned.collect();
+                    let kept: Vec<OwnerScope> = rest.iter().map(|(s, _)| s.clone()).collect();
+                    {
+                        // Kept leases stay this task's (for a later drain and
+                        // the probe); the task is draining, so nothing is
+                        // admitted on them.
+                        let mut leases = self.leases();
+                        for (s, kept_lease) in std::iter::once((scope.clone(), l)).chain(rest) {
+                            leases.entry(s).or_insert(kept_lease);
+                        }
+                    }
+                    tracing::warn!(
+                        event = "durability.ownership.drain_release_timed_out",
+                        released = released.len(),
+                        in_doubt = %scope,
+                        kept = kept.len(),
+                        "drain timed out while releasing, keeping the leases not yet released"
+                    );
+                    return DrainReport::ReleaseTimedOut {
+                        released,
+                        not_released,
+                        in_doubt: vec![scope],
+                        kept,
+                    };
                 }
             }
         }

@@ -12,6 +12,7 @@ use crate::store::{LifecycleAdmin, OwnerSnapshot};
 use durability_time::ManualClock;
 
 mod admission;
+mod drain;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
 struct Counting {
