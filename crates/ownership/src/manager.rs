@@ -346,17 +346,28 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             });
         };
         let sent = self.inner.clock.now_ms_u64();
-        match self
+        let result = self
             .inner
             .store
             .renew(&local.record, self.inner.settings.owner_ttl_ms)
-            .await
-        {
+            .await;
+        self.renewed(scope, &local.record, sent, result)
+    }
+
+    /// Applies the store's answer to a renew of `record` sent at `sent`.
+    fn renewed(
+        &self,
+        scope: &OwnerScope,
+        record: &OwnerRecord,
+        sent: u64,
+        result: Result<Lease, OwnershipError>,
+    ) -> Result<Generation, OwnershipError> {
+        match result {
             Ok(lease) => {
                 // Only update if the scope was not forgotten or replaced meanwhile.
                 let mut leases = self.leases();
                 if let Some(l) = leases.get_mut(scope)
-                    && l.record == local.record
+                    && &l.record == record
                 {
                     l.deadline_ms = sent.saturating_add(lease.remaining_ms);
                 }
@@ -382,15 +393,38 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         }
     }
 
-    /// Renews every owned scope (the supervisor's periodic renew).
+    /// Renews every owned scope (the supervisor's periodic renew) through one
+    /// [`LeaseStore::renew_many`] call, so a batching store needs a handful
+    /// of round trips for any number of scopes. Each result is applied
+    /// exactly as [`Ownership::renew`] applies its own. Results are sorted by
+    /// host id.
     pub async fn renew_all(&self) -> Vec<(OwnerScope, Result<Generation, OwnershipError>)> {
-        let scopes: Vec<OwnerScope> = self.leases().keys().cloned().collect();
-        let mut out = Vec::with_capacity(scopes.len());
-        for scope in scopes {
-            let r = self.renew(&scope).await;
-            out.push((scope, r));
-        }
-        out
+        let mut owned: Vec<(OwnerScope, OwnerRecord)> = self
+            .leases()
+            .iter()
+            .map(|(s, l)| (s.clone(), l.record.clone()))
+            .collect();
+        owned.sort_by(|a, b| a.0.host_id().cmp(b.0.host_id()));
+        let records: Vec<OwnerRecord> = owned.iter().map(|(_, r)| r.clone()).collect();
+        let sent = self.inner.clock.now_ms_u64();
+        let results = self
+            .inner
+            .store
+            .renew_many(&records, self.inner.settings.owner_ttl_ms)
+            .await;
+        let mut results = results.into_iter();
+        owned
+            .into_iter()
+            .map(|(scope, record)| {
+                let result = results.next().unwrap_or_else(|| {
+                    Err(OwnershipError::OwnerUnavailable {
+                        source: "the lease store returned fewer renew results than records".into(),
+                    })
+                });
+                let applied = self.renewed(&scope, &record, sent, result);
+                (scope, applied)
+            })
+            .collect()
     }
 
     /// Dispatch admission, as the settings' [`Admission`] mode says.

@@ -13,6 +13,7 @@ use durability_time::ManualClock;
 
 mod admission;
 mod drain;
+mod renew_all;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
 struct Counting {
