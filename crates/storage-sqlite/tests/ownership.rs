@@ -31,7 +31,7 @@ impl Harness for Sqlite {
         self.0.with_connection(|c| {
             c.execute(
                 "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
-                params![scope.host_id(), i64::try_from(now).unwrap()],
+                params![scope.host_id(), now],
             )
             .unwrap();
         });
