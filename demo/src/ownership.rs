@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
+    Admission, ClaimOutcome, ClassName, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
     ManualClock, ObjectName, OwnerRecord, OwnerScope, OwnerSnapshot, Ownership, OwnershipError,
     OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
 };
@@ -326,8 +326,11 @@ fn line(name: &str, value: f64, baseline: Option<f64>, unit: &str, target: &str,
 }
 
 /// `cargo xtask bench ownership`: medians of renew vs a raw `EVALSHA` compare-and-expire
-/// (target ratio ≤ 1.2), claim vs a raw `SET NX PX` (≤ 1.5), and admission
-/// with ample budget (asserted to do no I/O; its cost in ns).
+/// (target ratio ≤ 1.2), claim vs a raw `SET NX PX` (≤ 1.5), a renew cycle of
+/// 1, 100 and 1,000 scopes (`renew_all`, batched, vs one renew per scope:
+/// time and server-counted round trips), and cached
+/// admission ([`Admission::Cached`]) with ample budget (asserted to do no
+/// I/O; its cost in ns).
 ///
 /// # Errors
 /// Redis failures, or admission that did I/O.
@@ -336,8 +339,122 @@ pub(crate) async fn bench(redis_url: &str) -> Result<(), Box<dyn Error>> {
     let prefix = format!("durability:bench:{}:", std::process::id());
     let store = RedisLeaseStore::connect(redis_url, &prefix, ShardCount::default()).await?;
     let out = bench_on(&store, &prefix, N).await;
+    let out = match out {
+        Ok(()) => renew_cycles(&store).await,
+        Err(e) => Err(e),
+    };
     delete_prefix(&store, &prefix).await?;
     out
+}
+
+/// Script calls (`EVALSHA`, `EVAL`, `SCRIPT`) the server has executed: the
+/// lease store's round trips, plus any other client's script calls on a
+/// shared server.
+async fn script_calls(store: &RedisLeaseStore) -> BoxResult<u64> {
+    let mut c = store.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            if !matches!(name, "cmdstat_evalsha" | "cmdstat_eval" | "cmdstat_script") {
+                return None;
+            }
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
+/// One renew cycle of 1, 100 and 1,000 owned scopes: `renew_all` (batched
+/// through `renew_many`) against renewing each scope on its own, measured in
+/// the same run, with the round trips the server counted for each.
+async fn renew_cycles(store: &RedisLeaseStore) -> BoxResult<()> {
+    let lifecycle = LifecycleId::new("bench:cycle")?;
+    let storage = StorageId::new("st-cycle")?;
+    store.set_active_storage(&lifecycle, Some(&storage)).await?;
+    let settings = OwnershipSettings {
+        owner_ttl_ms: 60_000,
+        ..OwnershipSettings::default()
+    };
+    for n in [1_u32, 100, 1000] {
+        let o = Ownership::new(
+            store.clone(),
+            ManualClock::new(0),
+            TaskId::new(&format!("bench-cycle-{n}"))?,
+            settings,
+        );
+        let mut scopes = Vec::new();
+        for i in 0..n {
+            let scope = OwnerScope::new(
+                storage.clone(),
+                ClassName::new(&format!("Cycle{n}x{i}"))?,
+                i % 16,
+                ShardCount::default(),
+            )?;
+            let Resolution::Local(_) = o.resolve(&scope, &lifecycle).await? else {
+                return Err("bench cycle scope held elsewhere".into());
+            };
+            scopes.push(scope);
+        }
+        for _ in 0..3 {
+            o.renew_all().await;
+            for s in &scopes {
+                o.renew(s).await?;
+            }
+        }
+        let before = script_calls(store).await?;
+        let renewed = o.renew_all().await;
+        let trips = script_calls(store).await? - before;
+        if renewed.iter().any(|(_, r)| r.is_err()) {
+            return Err("a batched renew failed".into());
+        }
+        let before = script_calls(store).await?;
+        for s in &scopes {
+            o.renew(s).await?;
+        }
+        let base_trips = script_calls(store).await? - before;
+        let iterations = (20_000 / n).clamp(20, 2000);
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..iterations {
+            let t = start();
+            let renewed = o.renew_all().await;
+            ours.push(t.elapsed());
+            if renewed.iter().any(|(_, r)| r.is_err()) {
+                return Err("a batched renew failed".into());
+            }
+            let t = start();
+            for s in &scopes {
+                o.renew(s).await?;
+            }
+            base.push(t.elapsed());
+        }
+        let (ours, base) = (median_us(ours), median_us(base));
+        eprintln!(
+            "renew cycle of {n} scopes: renew_all {ours:.1} us in {trips} round trips vs one by one {base:.1} us in {base_trips}"
+        );
+        let v = serde_json::json!({
+            "name": format!("ownership.renew_cycle.{n}"),
+            "value": (ours * 100.0).round() / 100.0,
+            "baseline": (base * 100.0).round() / 100.0,
+            "unit": "us/cycle",
+            "ratio": ((ours / base) * 1000.0).round() / 1000.0,
+            "target": "round_trips = ceil(scopes / 256)",
+            "scopes": n,
+            "round_trips": trips,
+            "baseline_round_trips": base_trips,
+            "round_trip_ratio": (trips as f64 / base_trips.max(1) as f64 * 1000.0).round() / 1000.0,
+            "n": iterations,
+            "backend": "redis",
+        });
+        println!("{v}");
+    }
+    Ok(())
 }
 
 async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()> {
@@ -431,6 +548,7 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
     let clock = ManualClock::new(0);
     let settings = OwnershipSettings {
         owner_ttl_ms: ttl,
+        admission: Admission::Cached,
         ..OwnershipSettings::default()
     };
     let owner = Ownership::new(counted, clock, TaskId::new("bench-admit")?, settings);

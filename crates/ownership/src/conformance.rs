@@ -422,6 +422,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 let remaining = snap(h, &c).await.owner.expect("owner").remaining_ms;
                 assert!(remaining > TTL_MS / 2, "{name}: lease untouched");
             }
+            "renew_many_matches_renew_one_by_one" => renew_many_case(h, &c, name).await,
             other => panic!("unknown case {other}"),
         }
     }
@@ -458,6 +459,7 @@ macro_rules! ownership_conformance {
             malformed_records_fail_closed
             snapshot_reads_everything
             bad_ttl_is_refused_before_any_write
+            renew_many_matches_renew_one_by_one
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
@@ -480,4 +482,174 @@ macro_rules! ownership_conformance {
     ($module:ident, $prefix:expr, $harness:expr $(,)?) => {
         $crate::ownership_conformance! { @cases tests $module ($prefix, $harness) }
     };
+}
+
+/// Records in a [`LeaseStore::renew_many`] batch: more than one Redis chunk
+/// (256 scopes) of live, expired, foreign, forged, moved and locked records.
+const BATCH: u32 = 300;
+
+/// A mixed batch gives, record by record, exactly what `renew` gives alone,
+/// and writes nothing for the records it refuses.
+async fn renew_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
+    let storage = c.scope.storage_id().clone();
+    let moved = LifecycleId::new(&format!("{}:moved", c.lifecycle.as_str())).expect("lifecycle");
+    let locked = LifecycleId::new(&format!("{}:locked", c.lifecycle.as_str())).expect("lifecycle");
+    for l in [&moved, &locked] {
+        h.store()
+            .set_active_storage(l, Some(&storage))
+            .await
+            .expect("set pointer");
+    }
+    let mut records = Vec::new();
+    let mut expected: Vec<Option<&'static str>> = Vec::new();
+    let mut refused_scopes = Vec::new();
+    for i in 0..BATCH {
+        let scope = OwnerScope::new(
+            storage.clone(),
+            ClassName::new(&format!("B{i}")).expect("class"),
+            i % 16,
+            ShardCount::default(),
+        )
+        .expect("scope");
+        let kind = i % 6;
+        let lifecycle = match kind {
+            3 => &moved,
+            4 => &locked,
+            _ => &c.lifecycle,
+        };
+        let holder = if kind == 2 { "b" } else { "a" };
+        let held = match h
+            .store()
+            .claim(&scope, lifecycle, &task(holder), TTL_MS)
+            .await
+            .expect("claim")
+        {
+            ClaimOutcome::Claimed(l) => l.record,
+            ClaimOutcome::Held(_) => panic!("{name}: fresh scope held"),
+        };
+        let (record, code) = match kind {
+            0 => (held, None),
+            1 => {
+                h.expire_owner(&scope).await;
+                (held, Some("stale_owner"))
+            }
+            2 => (
+                OwnerRecord::new(
+                    scope.clone(),
+                    c.lifecycle.clone(),
+                    task("a"),
+                    held.generation(),
+                ),
+                Some("stale_owner"),
+            ),
+            3 => (held, Some("storage_inactive")),
+            4 => (held, Some("worker_delete_locked")),
+            _ => (
+                OwnerRecord::new(
+                    scope.clone(),
+                    c.lifecycle.clone(),
+                    task("a"),
+                    Generation::new(held.generation().get() + 1).expect("gen"),
+                ),
+                Some("stale_owner"),
+            ),
+        };
+        if matches!(kind, 1 | 2 | 5) {
+            refused_scopes.push(scope);
+        }
+        records.push(record);
+        expected.push(code);
+    }
+    // A duplicate live record and a scope nobody ever claimed.
+    records.push(records[0].clone());
+    expected.push(None);
+    let unclaimed = OwnerScope::new(
+        storage.clone(),
+        ClassName::new("Unclaimed").expect("class"),
+        0,
+        ShardCount::default(),
+    )
+    .expect("scope");
+    records.push(OwnerRecord::new(
+        unclaimed,
+        c.lifecycle.clone(),
+        task("a"),
+        Generation::new(1).expect("gen"),
+    ));
+    expected.push(Some("stale_owner"));
+    let other = StorageId::new("moved-storage").expect("id");
+    h.store()
+        .set_active_storage(&moved, Some(&other))
+        .await
+        .expect("pointer");
+    h.store()
+        .set_delete_lock(&locked, Some(DeleteLock::Whole))
+        .await
+        .expect("lock");
+
+    let mut before = Vec::new();
+    for s in &refused_scopes {
+        before.push(h.raw_state(s).await);
+    }
+    let batch = h.store().renew_many(&records, TTL_MS).await;
+    assert_eq!(batch.len(), records.len(), "{name}: one result per record");
+    let mut after = Vec::new();
+    for s in &refused_scopes {
+        after.push(h.raw_state(s).await);
+    }
+    assert_eq!(after, before, "{name}: refused records wrote nothing");
+    let mut one_by_one = Vec::new();
+    for r in &records {
+        one_by_one.push(h.store().renew(r, TTL_MS).await);
+    }
+    let shape = |r: &Result<crate::store::Lease, crate::error::OwnershipError>| match r {
+        Ok(l) => {
+            assert!(l.remaining_ms > TTL_MS / 2, "{name}: refreshed");
+            Ok(l.record.clone())
+        }
+        Err(e) => Err(e.code()),
+    };
+    for (i, ((many, one), code)) in batch.iter().zip(&one_by_one).zip(&expected).enumerate() {
+        assert_eq!(shape(many), shape(one), "{name}: record {i}");
+        match (many, code) {
+            (Ok(l), None) => assert_eq!(&l.record, &records[i], "{name}: record {i}"),
+            (Err(e), Some(code)) => assert_eq!(e.code(), *code, "{name}: record {i}"),
+            (got, want) => panic!("{name}: record {i}: got {:?}, want {want:?}", shape(got)),
+        }
+    }
+    for (i, r) in records
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| expected[*i].is_none())
+    {
+        let owner = h
+            .store()
+            .snapshot(r.scope(), r.lifecycle())
+            .await
+            .expect("snapshot")
+            .owner
+            .expect("owner");
+        assert_eq!(&owner.record, r, "{name}: record {i} still owned");
+    }
+
+    assert!(
+        h.store().renew_many(&[], TTL_MS).await.is_empty(),
+        "{name}: empty batch"
+    );
+    let live = records[0].clone();
+    let before = h.raw_state(live.scope()).await;
+    let bad = h.store().renew_many(&[live.clone(), live.clone()], 0).await;
+    assert_eq!(bad.len(), 2, "{name}: bad ttl");
+    for r in &bad {
+        assert_eq!(
+            r.as_ref().map(|_| ()).map_err(|e| e.code()),
+            Err("invalid_input"),
+            "{name}: bad ttl"
+        );
+    }
+    assert_eq!(
+        h.raw_state(live.scope()).await,
+        before,
+        "{name}: nothing written"
+    );
 }

@@ -5,8 +5,9 @@
 //! [`OwnerRecord`] with its lease in one atomic step on a [`LeaseStore`],
 //! checking the lifecycle state (active storage pointer, whole-delete lock).
 //! [`Ownership`] keeps one task's owned scopes: it resolves owners, renews
-//! leases (exact record compare), admits work ([`Ownership::admit`], no I/O
-//! with ample budget), drains, and watches running work
+//! leases (exact record compare), admits work ([`Ownership::admit`]: one
+//! owner/lifecycle snapshot per admission by default, no I/O with ample
+//! budget under [`Admission::Cached`]), drains, and watches running work
 //! ([`Ownership::watch`]). Backends implement [`LeaseStore`]
 //! (`RedisLeaseStore` in `durability-storage-redis`, `SqliteLeaseStore` in
 //! `durability-storage-sqlite`); the SQLite backend also fences commits in the
@@ -44,10 +45,10 @@ pub use scope::{
     stable_hash,
 };
 pub use settings::{
-    DEFAULT_DRAIN_IN_FLIGHT_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_LEASE_GUARD_MS,
-    DEFAULT_OWNER_TTL_SECONDS, ENV_DRAIN_IN_FLIGHT_TIMEOUT_MS, ENV_DRAIN_TIMEOUT_MS,
-    ENV_OWNER_LEASE_GUARD_MS, ENV_OWNER_TTL_SECONDS, MAX_OWNER_TTL_SECONDS, OwnershipSettings,
-    drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
+    Admission, DEFAULT_DRAIN_IN_FLIGHT_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS,
+    DEFAULT_LEASE_GUARD_MS, DEFAULT_OWNER_TTL_SECONDS, ENV_DRAIN_IN_FLIGHT_TIMEOUT_MS,
+    ENV_DRAIN_TIMEOUT_MS, ENV_OWNER_LEASE_GUARD_MS, ENV_OWNER_TTL_SECONDS, MAX_OWNER_TTL_SECONDS,
+    OwnershipSettings, drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
 };
 pub use store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
-use crate::settings::OwnershipSettings;
+use crate::settings::{Admission, OwnershipSettings};
 use crate::store::{ClaimOutcome, Lease, LeaseStore};
 use durability_time::{Clock, timeout_at};
 
@@ -110,6 +110,13 @@ impl Drop for AdmissionPermit {
 }
 
 /// The result of a drain.
+///
+/// A drain is bounded twice: the wait for admitted work by
+/// `drain_in_flight_timeout_ms`, and the whole drain (that wait and the
+/// releases) by `drain_timeout_ms`, both on the ownership's clock.
+/// [`DrainReport::TimedOut`] and [`DrainReport::ReleaseTimedOut`] are the
+/// seed's "drain timed out" (503): the supervisor must not treat the task's
+/// scopes as released; the kept leases fail over by normal lease expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainReport {
     /// Admitted work finished; the listed scopes and generations were released.
@@ -119,12 +126,39 @@ pub enum DrainReport {
         /// Scopes whose release failed or no longer matched (they expire normally).
         not_released: Vec<OwnerScope>,
     },
-    /// Admitted work did not finish in time: every lease is kept so failover
-    /// waits for normal lease expiry.
+    /// Admitted work did not finish in time (within the in-flight timeout or
+    /// the drain timeout, whichever ends first): every lease is kept so
+    /// failover waits for normal lease expiry.
     TimedOut {
         /// Work still in flight.
         in_flight: u64,
     },
+    /// Admitted work finished, but the drain timeout ran out while releasing
+    /// (releases run one at a time, in host id order). Releases already done
+    /// stay done; the rest are kept: their leases stay on the store and in
+    /// this task's state (no new work is admitted on them: the task is
+    /// draining) and fail over by normal lease expiry. A later drain releases
+    /// them again.
+    ReleaseTimedOut {
+        /// Scopes whose matching generation was released before the timeout.
+        released: Vec<(OwnerScope, Generation)>,
+        /// Scopes whose release failed or no longer matched before the timeout.
+        not_released: Vec<OwnerScope>,
+        /// The scope whose release was sent but not answered when time ran
+        /// out: its outcome is unknown (released or kept). Release is exact
+        /// and idempotent, so releasing it again is safe.
+        in_doubt: Vec<OwnerScope>,
+        /// Scopes whose release was never sent: kept.
+        kept: Vec<OwnerScope>,
+    },
+}
+
+impl DrainReport {
+    /// Whether the drain ran out of time (the seed's 503): leases not listed
+    /// as released were kept or are in doubt.
+    pub fn timed_out(&self) -> bool {
+        !matches!(self, Self::Drained { .. })
+    }
 }
 
 /// How a watchdog ended.
@@ -312,17 +346,28 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             });
         };
         let sent = self.inner.clock.now_ms_u64();
-        match self
+        let result = self
             .inner
             .store
             .renew(&local.record, self.inner.settings.owner_ttl_ms)
-            .await
-        {
+            .await;
+        self.renewed(scope, &local.record, sent, result)
+    }
+
+    /// Applies the store's answer to a renew of `record` sent at `sent`.
+    fn renewed(
+        &self,
+        scope: &OwnerScope,
+        record: &OwnerRecord,
+        sent: u64,
+        result: Result<Lease, OwnershipError>,
+    ) -> Result<Generation, OwnershipError> {
+        match result {
             Ok(lease) => {
                 // Only update if the scope was not forgotten or replaced meanwhile.
                 let mut leases = self.leases();
                 if let Some(l) = leases.get_mut(scope)
-                    && l.record == local.record
+                    && &l.record == record
                 {
                     l.deadline_ms = sent.saturating_add(lease.remaining_ms);
                 }
@@ -348,26 +393,69 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         }
     }
 
-    /// Renews every owned scope (the supervisor's periodic renew).
+    /// Renews every owned scope (the supervisor's periodic renew) through one
+    /// [`LeaseStore::renew_many`] call, so a batching store needs a handful
+    /// of round trips for any number of scopes. Each result is applied
+    /// exactly as [`Ownership::renew`] applies its own. Results are sorted by
+    /// host id.
     pub async fn renew_all(&self) -> Vec<(OwnerScope, Result<Generation, OwnershipError>)> {
-        let scopes: Vec<OwnerScope> = self.leases().keys().cloned().collect();
-        let mut out = Vec::with_capacity(scopes.len());
-        for scope in scopes {
-            let r = self.renew(&scope).await;
-            out.push((scope, r));
-        }
-        out
+        let mut owned: Vec<(OwnerScope, OwnerRecord)> = self
+            .leases()
+            .iter()
+            .map(|(s, l)| (s.clone(), l.record.clone()))
+            .collect();
+        owned.sort_by(|a, b| a.0.host_id().cmp(b.0.host_id()));
+        let records: Vec<OwnerRecord> = owned.iter().map(|(_, r)| r.clone()).collect();
+        let sent = self.inner.clock.now_ms_u64();
+        let results = self
+            .inner
+            .store
+            .renew_many(&records, self.inner.settings.owner_ttl_ms)
+            .await;
+        let mut results = results.into_iter();
+        owned
+            .into_iter()
+            .map(|(scope, record)| {
+                let result = results.next().unwrap_or_else(|| {
+                    Err(OwnershipError::OwnerUnavailable {
+                        source: "the lease store returned fewer renew results than records".into(),
+                    })
+                });
+                let applied = self.renewed(&scope, &record, sent, result);
+                (scope, applied)
+            })
+            .collect()
     }
 
-    /// Dispatch admission: checks that this task is not draining, owns `scope`
-    /// at exactly `generation`, and that the lease has not expired. With less
-    /// than the guard left it first tries a same-task same-generation renew and
-    /// fails closed if that fails. With ample budget it does no I/O.
+    /// Dispatch admission, as the settings' [`Admission`] mode says.
+    ///
+    /// With [`Admission::Snapshot`] (the default) it is
+    /// [`Ownership::admit_checked`]: one snapshot read of the owner record,
+    /// delete lock, active storage pointer and store clock, then the local
+    /// checks. With [`Admission::Cached`] it does only the local checks: this
+    /// task is not draining, owns `scope` at exactly `generation`, and the
+    /// local lease has not expired; with ample budget that does no I/O.
+    /// In both modes, with less than the guard left it first tries a
+    /// same-task same-generation renew and fails closed if that fails.
     ///
     /// # Errors
     /// [`OwnershipError::Draining`], [`OwnershipError::StaleOwner`],
-    /// [`OwnershipError::LeaseExpired`], or the renew error.
+    /// [`OwnershipError::LeaseExpired`], or the renew error; in snapshot mode
+    /// also the errors of [`Ownership::admit_checked`].
     pub async fn admit(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+    ) -> Result<AdmissionPermit, OwnershipError> {
+        match self.inner.settings.admission {
+            Admission::Snapshot => self.admit_checked(scope, generation).await,
+            Admission::Cached => self.admit_cached(scope, generation).await,
+        }
+    }
+
+    /// The local part of admission (the whole of [`Admission::Cached`]):
+    /// draining, task and generation, local lease budget, the guard renew.
+    async fn admit_cached(
         &self,
         scope: &OwnerScope,
         generation: Generation,
@@ -402,12 +490,14 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         Ok(permit)
     }
 
-    /// Dispatch admission with the full owner-side assertion: first reads the
-    /// owner record, generation, active storage pointer, delete lock and the
-    /// store's clock in one snapshot (one round trip), requires the exact
-    /// local record and a valid lifecycle, then admits as [`Ownership::admit`].
-    /// Use it where the seed requires a fresh snapshot (for example storage
-    /// deletion); [`Ownership::admit`] relies on the last claim or renew.
+    /// Dispatch admission with the full owner-side assertion, whatever the
+    /// [`Admission`] setting: first reads the owner record, generation, active
+    /// storage pointer, delete lock and the store's clock in one snapshot (one
+    /// round trip), requires the exact local record and a valid lifecycle,
+    /// then does the local checks of [`Admission::Cached`]. It is what
+    /// [`Ownership::admit`] does by default; call it directly where a fresh
+    /// snapshot is required even when admission is configured cached (for
+    /// example storage deletion).
     ///
     /// # Errors
     /// As [`Ownership::admit`], plus [`OwnershipError::StorageInactive`],
@@ -421,16 +511,17 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(OwnershipError::Draining);
         }
-        let Some(local) = self.leases().get(scope).cloned() else {
-            return Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            });
+        // Refusals the local state already proves (not owned here, another
+        // generation, an expired local lease) need no round trip.
+        self.budget(scope, generation)?;
+        let local = match self.leases().get(scope) {
+            Some(l) if l.record.generation() == generation => l.clone(),
+            _ => {
+                return Err(OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                });
+            }
         };
-        if local.record.generation() != generation {
-            return Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            });
-        }
         let sent = self.inner.clock.now_ms_u64();
         let checked = match self
             .inner
@@ -479,7 +570,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 return Err(e);
             }
         }
-        self.admit(scope, generation).await
+        self.admit_cached(scope, generation).await
     }
 
     /// Lease budget left for `scope` at `generation` on the local clock.
@@ -517,8 +608,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
 
     /// Drains: stops new ownership and admission, waits up to the in-flight
     /// timeout for admitted work, then releases the matching generation of
-    /// every owned scope. A drain that times out keeps its leases (failover
-    /// then waits for normal lease expiry). Draining is terminal: the task
+    /// every owned scope, one at a time in host id order. The whole drain,
+    /// waiting and releasing, is bounded by `drain_timeout_ms` on the
+    /// ownership's clock (the wait also by `drain_in_flight_timeout_ms`). A
+    /// drain that times out keeps its leases (failover then waits for normal
+    /// lease expiry): waiting, it keeps them all ([`DrainReport::TimedOut`]);
+    /// releasing, it keeps those not yet released
+    /// ([`DrainReport::ReleaseTimedOut`]). Draining is terminal: the task
     /// never takes new ownership again.
     ///
     /// The draining flag and the in-flight counter are both sequentially
@@ -526,9 +622,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// admitted work: no work is admitted after a drain found nothing in flight.
     pub async fn drain(&self) -> DrainReport {
         self.inner.draining.store(true, Ordering::SeqCst);
-        let deadline = self.inner.clock.now_ms().saturating_add(
-            i64::try_from(self.inner.settings.drain_in_flight_timeout_ms).unwrap_or(i64::MAX),
-        );
+        let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let started = self.inner.clock.now_ms();
+        let deadline = started.saturating_add(ms(self.inner.settings.drain_timeout_ms));
+        let in_flight_deadline = started
+            .saturating_add(ms(self.inner.settings.drain_in_flight_timeout_ms))
+            .min(deadline);
         let all_idle = async {
             loop {
                 let idle = self.inner.idle.notified();
@@ -540,7 +639,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 idle.await;
             }
         };
-        if timeout_at(&self.inner.clock, deadline, all_idle)
+        if timeout_at(&self.inner.clock, in_flight_deadline, all_idle)
             .await
             .is_err()
         {
@@ -554,14 +653,22 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 return DrainReport::TimedOut { in_flight };
             }
         }
-        let owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
+        let mut owned: Vec<(OwnerScope, LocalLease)> = self.leases().drain().collect();
+        owned.sort_by(|a, b| a.0.host_id().cmp(b.0.host_id()));
         let mut released = Vec::new();
         let mut not_released = Vec::new();
-        for (scope, l) in owned {
-            match self.inner.store.release(&l.record).await {
-                Ok(true) => released.push((scope, l.record.generation())),
-                Ok(false) => not_released.push(scope),
-                Err(e) => {
+        let mut owned = owned.into_iter();
+        while let Some((scope, l)) = owned.next() {
+            match timeout_at(
+                &self.inner.clock,
+                deadline,
+                self.inner.store.release(&l.record),
+            )
+            .await
+            {
+                Ok(Ok(true)) => released.push((scope, l.record.generation())),
+                Ok(Ok(false)) => not_released.push(scope),
+                Ok(Err(e)) => {
                     tracing::warn!(
                         event = "durability.ownership.release_failed",
                         scope = %scope,
@@ -570,6 +677,32 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                         "releasing the owner lease failed"
                     );
                     not_released.push(scope);
+                }
+                Err(_) => {
+                    let rest: Vec<(OwnerScope, LocalLease)> = owned.collect();
+                    let kept: Vec<OwnerScope> = rest.iter().map(|(s, _)| s.clone()).collect();
+                    {
+                        // Kept leases stay this task's (for a later drain and
+                        // the probe); the task is draining, so nothing is
+                        // admitted on them.
+                        let mut leases = self.leases();
+                        for (s, kept_lease) in std::iter::once((scope.clone(), l)).chain(rest) {
+                            leases.entry(s).or_insert(kept_lease);
+                        }
+                    }
+                    tracing::warn!(
+                        event = "durability.ownership.drain_release_timed_out",
+                        released = released.len(),
+                        in_doubt = %scope,
+                        kept = kept.len(),
+                        "drain timed out while releasing, keeping the leases not yet released"
+                    );
+                    return DrainReport::ReleaseTimedOut {
+                        released,
+                        not_released,
+                        in_doubt: vec![scope],
+                        kept,
+                    };
                 }
             }
         }

@@ -76,6 +76,33 @@ pub fn drain_timeout_ms(raw: Option<&str>) -> u64 {
     )
 }
 
+/// How [`crate::Ownership::admit`] checks a dispatch before admitting it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Admission {
+    /// The seed's owner-side assertion (the default): every admission first
+    /// reads the owner record, generation, active storage pointer, whole-delete
+    /// lock and the store's clock in one snapshot (one store round trip), and
+    /// refuses the work when the record is not exactly this task's, the
+    /// pointer moved or a whole-delete lock is held. A delete lock or pointer
+    /// move is seen by the very next admission.
+    #[default]
+    Snapshot,
+    /// No I/O with ample budget: admission trusts the last claim, renew or
+    /// snapshot of the scope and checks only the task, the generation and the
+    /// local lease budget. It accepts staleness: a whole-delete lock, a
+    /// storage pointer move, or an owner record removed or replaced on the
+    /// store before its lease ran out, written since the last successful
+    /// claim, renew or snapshot, is not seen until the next renew (the
+    /// supervisor's periodic renew, the lease-guard renew below
+    /// `lease_guard_ms`, or the watchdog's). Until then, for up to one lease
+    /// TTL (`owner_ttl_ms`, 120 s by default), work keeps being admitted for
+    /// a deleted or moved storage. A lease that ran out on the store is never
+    /// trusted: the local deadline is never later than the store's expiry.
+    /// Commits of a fenced object database are still refused for a stale
+    /// generation (`check_generation` in `durability-storage-sqlite`).
+    Cached,
+}
+
 /// Settings of [`crate::Ownership`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnershipSettings {
@@ -90,6 +117,8 @@ pub struct OwnershipSettings {
     pub drain_timeout_ms: u64,
     /// Shards per class.
     pub shard_count: ShardCount,
+    /// How admission checks a dispatch ([`Admission::Snapshot`] by default).
+    pub admission: Admission,
 }
 
 impl Default for OwnershipSettings {
@@ -100,6 +129,7 @@ impl Default for OwnershipSettings {
             drain_in_flight_timeout_ms: DEFAULT_DRAIN_IN_FLIGHT_TIMEOUT_MS,
             drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
             shard_count: ShardCount::default(),
+            admission: Admission::default(),
         }
     }
 }
@@ -139,6 +169,7 @@ impl OwnershipSettings {
             ),
             drain_timeout_ms: drain_timeout_ms(get(ENV_DRAIN_TIMEOUT_MS).as_deref()),
             shard_count: ShardCount::default(),
+            admission: Admission::default(),
         }
     }
 

@@ -113,6 +113,29 @@ pub trait LeaseStore: Send + Sync + 'static {
         ttl_ms: u64,
     ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send;
 
+    /// Renews every record of `records` as [`LeaseStore::renew`] would, with
+    /// one result per record in the same order, identical to what `renew`
+    /// alone would answer. A backend batches them into a handful of round
+    /// trips (Redis: one script call per chunk of scopes; SQLite: one
+    /// transaction); each record's checks stay atomic with its refresh. The
+    /// default calls `renew` once per record.
+    ///
+    /// A store error is reported for each record it covers; one record's
+    /// failure (stale, lifecycle, malformed state) never fails another.
+    fn renew_many(
+        &self,
+        records: &[OwnerRecord],
+        ttl_ms: u64,
+    ) -> impl Future<Output = Vec<Result<Lease, OwnershipError>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(records.len());
+            for record in records {
+                out.push(self.renew(record, ttl_ms).await);
+            }
+            out
+        }
+    }
+
     /// Deletes the owner record if it is exactly `record`; the generation
     /// counter stays. Returns whether it was deleted.
     ///
@@ -154,6 +177,14 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
         ttl_ms: u64,
     ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send {
         (**self).renew(record, ttl_ms)
+    }
+
+    fn renew_many(
+        &self,
+        records: &[OwnerRecord],
+        ttl_ms: u64,
+    ) -> impl Future<Output = Vec<Result<Lease, OwnershipError>>> + Send {
+        (**self).renew_many(records, ttl_ms)
     }
 
     fn release(

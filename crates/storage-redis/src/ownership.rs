@@ -76,6 +76,38 @@ return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call
   redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
 ";
 
+/// Renews a batch: per record, the same checks as `RENEW` (exact owner bytes,
+/// which carry the generation; the active storage pointer; the delete lock;
+/// a lease that ran out on the server's clock is gone, so it is stale), then
+/// the same `PEXPIRE`. KEYS are (owner, pointer, lock) per record; ARGV[1] is
+/// the TTL, then (record, storage id) per record. One reply per record.
+const RENEW_MANY: &str = "
+local out = {}
+for i = 1, #KEYS / 3 do
+  local k = (i - 1) * 3
+  local a = (i - 1) * 2 + 1
+  local v = redis.call('MGET', KEYS[k + 1], KEYS[k + 3], KEYS[k + 2])
+  if v[1] ~= ARGV[a + 1] then
+    out[i] = {'stale'}
+  else
+    local lock, ptr = v[2], v[3]
+    if lock == 'whole' or ptr ~= ARGV[a + 2] or (lock and lock ~= 'version') then
+      out[i] = {'lifecycle', ptr, lock}
+    else
+      redis.call('PEXPIRE', KEYS[k + 1], ARGV[1])
+      out[i] = {'ok'}
+    end
+  end
+end
+return out
+";
+
+/// Scopes per `RENEW_MANY` call: one round trip renews up to this many.
+pub const RENEW_MANY_CHUNK: usize = 256;
+
+static RENEW_MANY_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(RENEW_MANY));
+
 /// Maps a Redis error: a refused connection never reached the server;
 /// anything else may have been applied.
 fn redis_error(e: redis::RedisError) -> OwnershipError {
@@ -421,6 +453,95 @@ impl LeaseStore for RedisLeaseStore {
             active_storage,
             delete_lock,
         })
+    }
+
+    /// One `RENEW_MANY` script call per [`RENEW_MANY_CHUNK`] records: a
+    /// round trip renews up to 256 scopes, each with every check of
+    /// [`LeaseStore::renew`], atomically on the server.
+    async fn renew_many(
+        &self,
+        records: &[OwnerRecord],
+        ttl_ms: u64,
+    ) -> Vec<Result<Lease, OwnershipError>> {
+        if validate_ttl(ttl_ms).is_err() {
+            // The same refusal for every record, before any write.
+            return records
+                .iter()
+                .filter_map(|_| validate_ttl(ttl_ms).err())
+                .map(Err)
+                .collect();
+        }
+        let mut out = Vec::with_capacity(records.len());
+        for chunk in records.chunks(RENEW_MANY_CHUNK) {
+            out.extend(self.renew_chunk(chunk, ttl_ms).await);
+        }
+        out
+    }
+}
+
+impl RedisLeaseStore {
+    /// One `RENEW_MANY` round trip over `records` (at most [`RENEW_MANY_CHUNK`]).
+    async fn renew_chunk(
+        &self,
+        records: &[OwnerRecord],
+        ttl_ms: u64,
+    ) -> Vec<Result<Lease, OwnershipError>> {
+        let mut invocation = RENEW_MANY_SCRIPT.prepare_invoke();
+        invocation.arg(ttl_ms);
+        for record in records {
+            invocation
+                .key(self.owner_key(record.scope()))
+                .key(self.storage_pointer_key(record.lifecycle()))
+                .key(self.delete_lock_key(record.lifecycle()))
+                .arg(record.encoded())
+                .arg(record.scope().storage_id().as_str());
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = match invocation.invoke_async(&mut conn).await {
+            Ok(replies) => replies,
+            Err(e) => {
+                // Every record of the chunk shares the call's fate.
+                let refused = e.is_connection_refusal();
+                return records
+                    .iter()
+                    .map(|_| {
+                        let source = BoxError::from(e.to_string());
+                        Err(if refused {
+                            OwnershipError::StoreUnavailable { source }
+                        } else {
+                            OwnershipError::OwnerUnavailable { source }
+                        })
+                    })
+                    .collect();
+            }
+        };
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, record)| {
+                let scope = record.scope();
+                let reply = match replies.get(i) {
+                    Some(Value::Array(reply)) => reply.as_slice(),
+                    _ => return Err(protocol("renew batch reply without this record")),
+                };
+                match reply.first().and_then(bytes) {
+                    Some(b"ok") => Ok(Lease {
+                        record: record.clone(),
+                        remaining_ms: ttl_ms,
+                    }),
+                    Some(b"stale") => Err(OwnershipError::StaleOwner {
+                        scope: scope.to_string(),
+                    }),
+                    Some(b"lifecycle") => Err(Self::lifecycle_error(
+                        scope,
+                        record.lifecycle(),
+                        reply.get(1),
+                        reply.get(2),
+                    )),
+                    _ => Err(protocol("unknown renew batch reply")),
+                }
+            })
+            .collect()
     }
 }
 

@@ -332,6 +332,108 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             delete_lock: lc.lock,
         })
     }
+
+    /// Renews the whole batch in one `BEGIN IMMEDIATE` transaction, each
+    /// record with every check of [`LeaseStore::renew`]. A SQLite failure
+    /// before the commit rolls the batch back (every record: not applied);
+    /// a failed commit leaves the renewed records' outcome unknown.
+    async fn renew_many(
+        &self,
+        records: &[OwnerRecord],
+        ttl_ms: u64,
+    ) -> Vec<Result<Lease, OwnershipError>> {
+        let each = |e: &rusqlite::Error, applied_unknown: bool| {
+            let source = BoxError::from(e.to_string());
+            if applied_unknown {
+                OwnershipError::OwnerUnavailable { source }
+            } else {
+                OwnershipError::StoreUnavailable { source }
+            }
+        };
+        if validate_ttl(ttl_ms).is_err() {
+            // The same refusal for every record, before any write.
+            return records
+                .iter()
+                .filter_map(|_| validate_ttl(ttl_ms).err())
+                .map(Err)
+                .collect();
+        }
+        if records.is_empty() {
+            return Vec::new();
+        }
+        let mut conn = self.lock();
+        let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx,
+            Err(e) => return records.iter().map(|_| Err(each(&e, false))).collect(),
+        };
+        let now = self.clock.now_ms_u64();
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            match Self::renew_in(&tx, record, ttl_ms, now) {
+                Ok(result) => out.push(result),
+                Err(e) => {
+                    drop(tx);
+                    return records.iter().map(|_| Err(each(&e, false))).collect();
+                }
+            }
+        }
+        if let Err(e) = tx.commit() {
+            return out
+                .into_iter()
+                .map(|r| r.and_then(|_| Err(each(&e, true))))
+                .collect();
+        }
+        out
+    }
+}
+
+impl<C: Clock> SqliteLeaseStore<C> {
+    /// The checks and refresh of one record inside the batch's transaction,
+    /// as [`LeaseStore::renew`] does them. `Err` of the outer result is a
+    /// SQLite failure that ends the batch; the inner result is the record's.
+    fn renew_in(
+        tx: &Connection,
+        record: &OwnerRecord,
+        ttl_ms: u64,
+        now: u64,
+    ) -> Result<Result<Lease, OwnershipError>, rusqlite::Error> {
+        let scope = record.scope();
+        let row: Option<(Vec<u8>, i64)> = tx
+            .query_row(
+                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
+                [scope.host_id()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let live = matches!(&row, Some((raw, exp)) if u64_of(*exp) > now && raw.as_slice() == record.encoded().as_bytes());
+        if !live {
+            return Ok(Err(OwnershipError::StaleOwner {
+                scope: scope.to_string(),
+            }));
+        }
+        let lc = match Self::lifecycle(tx, record.lifecycle()) {
+            Ok(lc) => lc,
+            // A corrupt lifecycle row fails this record only.
+            Err(e) => return Ok(Err(e)),
+        };
+        if let Err(e) = check_lifecycle(
+            scope.storage_id(),
+            record.lifecycle(),
+            lc.active.as_ref(),
+            lc.lock,
+        ) {
+            return Ok(Err(e));
+        }
+        let exp = now.saturating_add(ttl_ms);
+        tx.execute(
+            "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
+            params![scope.host_id(), i64_of(exp)],
+        )?;
+        Ok(Ok(Lease {
+            record: record.clone(),
+            remaining_ms: ttl_ms,
+        }))
+    }
 }
 
 impl<C: Clock> LifecycleAdmin for SqliteLeaseStore<C> {

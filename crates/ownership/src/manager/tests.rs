@@ -11,6 +11,10 @@ use crate::scope::{ShardCount, StorageId};
 use crate::store::{LifecycleAdmin, OwnerSnapshot};
 use durability_time::ManualClock;
 
+mod admission;
+mod drain;
+mod renew_all;
+
 /// A store wrapper counting every call, to prove admission does no I/O.
 struct Counting {
     inner: Arc<InMemoryLeaseStore<ManualClock>>,
@@ -87,6 +91,19 @@ async fn fixture() -> Fixture {
 
 impl Fixture {
     fn task(&self, name: &str) -> Ownership<Counting, ManualClock> {
+        self.task_with(name, settings())
+    }
+
+    /// A task whose admission trusts its cached lease ([`Admission::Cached`]).
+    fn cached_task(&self, name: &str) -> Ownership<Counting, ManualClock> {
+        let s = OwnershipSettings {
+            admission: Admission::Cached,
+            ..settings()
+        };
+        self.task_with(name, s)
+    }
+
+    fn task_with(&self, name: &str, s: OwnershipSettings) -> Ownership<Counting, ManualClock> {
         let store = Counting {
             inner: Arc::clone(&self.store),
             calls: Arc::clone(&self.calls),
@@ -95,7 +112,7 @@ impl Fixture {
             store,
             self.clock.clone(),
             TaskId::new(name).expect("task"),
-            settings(),
+            s,
         )
     }
 
@@ -120,7 +137,7 @@ async fn settle() {
 #[tokio::test]
 async fn admission_with_ample_budget_does_no_io() {
     let f = fixture().await;
-    let a = f.task("a");
+    let a = f.cached_task("a");
     let g = f.claim(&a).await;
     let before = f.calls.load(Ordering::SeqCst);
     for _ in 0..100 {
@@ -139,7 +156,7 @@ async fn admission_with_ample_budget_does_no_io() {
 #[tokio::test]
 async fn admission_below_guard_renews_same_generation() {
     let f = fixture().await;
-    let a = f.task("a");
+    let a = f.cached_task("a");
     let g = f.claim(&a).await;
     f.clock.advance(9_500);
     let before = f.calls.load(Ordering::SeqCst);
@@ -234,7 +251,7 @@ async fn lifecycle_changes_fail_renewal_and_claims() {
 #[tokio::test]
 async fn checked_admission_reads_a_fresh_snapshot() {
     let f = fixture().await;
-    let a = f.task("a");
+    let a = f.cached_task("a");
     let g = f.claim(&a).await;
     let before = f.calls.load(Ordering::SeqCst);
     drop(a.admit_checked(&f.scope, g).await.expect("admitted"));
@@ -406,6 +423,7 @@ async fn a_guard_not_below_the_ttl_is_capped_at_half_the_ttl() {
     let s = OwnershipSettings {
         owner_ttl_ms: 1000,
         lease_guard_ms: 5000,
+        admission: Admission::Cached,
         ..settings()
     };
     let a = Ownership::new(store, f.clock.clone(), TaskId::new("a").expect("task"), s);

@@ -5,3 +5,4 @@
 
 mod migration;
 mod ownership;
+mod renew_round_trips;
