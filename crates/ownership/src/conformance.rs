@@ -55,6 +55,7 @@ pub const CASES: &[&str] = &[
     "malformed_records_fail_closed",
     "snapshot_reads_everything",
     "bad_ttl_is_refused_before_any_write",
+    "raise_generation_floor_never_lowers_and_keeps_the_owner",
 ];
 
 fn task(name: &str) -> TaskId {
@@ -409,6 +410,48 @@ pub async fn run_all<H: Harness>(h: &H, prefix: &str) {
                 assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
                 let remaining = snap(h, &c).await.owner.expect("owner").remaining_ms;
                 assert!(remaining > TTL_MS / 2, "{name}: lease untouched");
+            }
+            "raise_generation_floor_never_lowers_and_keeps_the_owner" => {
+                let g = |n: u64| Generation::new(n).expect("generation");
+                // On a scope that never had a counter (a wiped store).
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(4))
+                        .await
+                        .expect("floor"),
+                    4,
+                    "{name}: from nothing"
+                );
+                assert_eq!(snap(h, &c).await.generation, 4, "{name}");
+                let r = claimed(h, &c, "a").await;
+                assert_eq!(
+                    r.generation().get(),
+                    5,
+                    "{name}: a claim goes above the floor"
+                );
+                let before = snap_raw(h, &c).await;
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(3))
+                        .await
+                        .expect("floor"),
+                    5,
+                    "{name}: never lowers"
+                );
+                assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(9))
+                        .await
+                        .expect("floor"),
+                    9,
+                    "{name}"
+                );
+                let s = snap(h, &c).await;
+                assert_eq!(s.generation, 9, "{name}");
+                assert_eq!(s.owner.expect("owner").record, r, "{name}: the owner stays");
+                h.expire_owner(&c.scope).await;
+                assert_eq!(claimed(h, &c, "b").await.generation().get(), 10, "{name}");
             }
             other => panic!("unknown case {other}"),
         }

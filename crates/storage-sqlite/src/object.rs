@@ -74,16 +74,17 @@ pub struct SqliteSchemaStep {
 pub struct SqliteStorage {
     conn: Mutex<Connection>,
     schemas: BTreeMap<String, (&'static [SchemaStep], &'static [SqliteSchemaStep])>,
-    /// The owner generation every transaction checks, once fenced.
+    /// The owner claim every transaction checks, once fenced.
     #[cfg(feature = "ownership")]
     fence: Mutex<Option<Fence>>,
 }
 
-/// The owner scope and generation a fenced storage checks.
+/// The claim a fenced storage checks after `BEGIN`, and the lease budget it
+/// checks right before `COMMIT`.
 #[cfg(feature = "ownership")]
 type Fence = (
-    durability_ownership::OwnerScope,
-    durability_ownership::Generation,
+    durability_ownership::OwnerRecord,
+    Option<std::sync::Arc<dyn durability_ownership::BudgetCheck>>,
 );
 
 /// A transaction on a [`SqliteStorage`]. [`SqliteTx::sql`] gives the
@@ -223,25 +224,53 @@ impl SqliteStorage {
 
 #[cfg(feature = "ownership")]
 impl SqliteStorage {
-    /// Fences this object database to an owner generation: records it in the
-    /// database (the fence only rises) and, from then on, checks it inside
-    /// every transaction, so a commit from an older generation is refused by
-    /// the storage itself (`StorageErrorKind::Fenced`), not only at dispatch.
-    /// Call it at the first dispatch after a claim.
+    /// Fences this object database to an owner claim: records its
+    /// generation and holder (the exact owner record bytes) in the database
+    /// (the fence only rises; one generation has one holder) and, from then
+    /// on, checks inside every transaction that the fence still holds
+    /// exactly this claim, so a commit from an older generation, or from
+    /// another claim of the same generation, is refused by the storage
+    /// itself (`StorageErrorKind::Fenced`), not only at dispatch. Call it
+    /// at the first dispatch after a claim; a host opens objects through
+    /// `durability_ownership::fence_with_floor`, which also gives the
+    /// fence the claim's lease budget ([`durability_ownership::ObjectFence`]).
     ///
     /// # Errors
-    /// `StorageErrorKind::Fenced` when a newer generation is already recorded
-    /// (nothing is written); a backend failure.
-    pub fn fence(
+    /// `StorageErrorKind::Fenced` when a newer generation, or the same
+    /// generation from another claim, is already recorded (nothing is
+    /// written); a backend failure.
+    pub fn fence(&self, record: &durability_ownership::OwnerRecord) -> Result<(), StorageError> {
+        durability_ownership::ObjectFence::fence_claim(self, record, None).map_err(fenced)
+    }
+}
+
+#[cfg(feature = "ownership")]
+impl durability_ownership::ObjectFence for SqliteStorage {
+    fn fence_claim(
         &self,
-        scope: durability_ownership::OwnerScope,
-        generation: durability_ownership::Generation,
-    ) -> Result<(), StorageError> {
-        self.transaction(|tx| {
-            crate::ownership::ensure_fence_schema(&tx.tx).map_err(fenced)?;
-            crate::ownership::record_generation(&tx.tx, &scope, generation).map_err(fenced)
+        record: &durability_ownership::OwnerRecord,
+        budget: Option<std::sync::Arc<dyn durability_ownership::BudgetCheck>>,
+    ) -> Result<(), durability_ownership::OwnershipError> {
+        use durability_ownership::OwnershipError;
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                    OwnershipError::OwnerRace {
+                        scope: record.scope().to_string(),
+                    }
+                }
+                _ => OwnershipError::StoreUnavailable {
+                    source: Box::new(e),
+                },
+            })?;
+        crate::ownership::ensure_fence_schema(&tx)?;
+        crate::ownership::record_generation(&tx, record)?;
+        tx.commit().map_err(|e| OwnershipError::OwnerUnavailable {
+            source: Box::new(e),
         })?;
-        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((scope, generation));
+        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((record.clone(), budget));
         Ok(())
     }
 }
@@ -250,7 +279,8 @@ impl SqliteStorage {
 fn fenced(e: durability_ownership::OwnershipError) -> StorageError {
     let kind = match e {
         durability_ownership::OwnershipError::StaleGeneration { .. }
-        | durability_ownership::OwnershipError::FenceNotRecorded { .. } => StorageErrorKind::Fenced,
+        | durability_ownership::OwnershipError::FenceNotRecorded { .. }
+        | durability_ownership::OwnershipError::StaleOwner { .. } => StorageErrorKind::Fenced,
         _ => StorageErrorKind::Backend,
     };
     StorageError::new(kind, e.to_string())
@@ -355,13 +385,28 @@ impl Storage for SqliteStorage {
             .map_err(|e| E::from(backend("begin transaction", e)))?;
         let mut tx = SqliteTx { tx };
         #[cfg(feature = "ownership")]
-        if let Some((scope, generation)) =
-            &*self.fence.lock().unwrap_or_else(PoisonError::into_inner)
-        {
-            crate::ownership::check_generation(&tx.tx, scope, *generation)
-                .map_err(|e| E::from(fenced(e)))?;
-        }
+        let budget = match &*self.fence.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((record, budget)) => {
+                crate::ownership::check_generation(&tx.tx, record)
+                    .map_err(|e| E::from(fenced(e)))?;
+                budget.clone().map(|b| (record.scope().clone(), b))
+            }
+            None => None,
+        };
         let value = f(&mut tx)?;
+        // The last step before the commit system call: a holder paused
+        // inside its transaction past its lease rolls back (dropping `tx`)
+        // instead of committing late.
+        #[cfg(feature = "ownership")]
+        if let Some((scope, budget)) = budget
+            && budget.spent()
+        {
+            return Err(E::from(fenced(
+                durability_ownership::OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                },
+            )));
+        }
         tx.tx
             .commit()
             .map_err(|e| E::from(backend("commit transaction", e)))?;

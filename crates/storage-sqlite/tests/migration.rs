@@ -685,7 +685,7 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
     e.shard("s0")
         .execute(&Statement::with_params(
             "INSERT INTO durability_migration_lease (scope, holder, generation, expires_ms) VALUES ('default', 'other', 7, ?1)",
-            vec![Value::Integer(i64::try_from(e.clock.now_ms()).unwrap() + 60_000)],
+            vec![Value::Integer(e.clock.now_ms() + 60_000)],
         ))
         .await
         .unwrap();
