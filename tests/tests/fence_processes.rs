@@ -204,6 +204,11 @@ impl Host {
         }
     }
 
+    /// Stops the process wherever it is (inside a transaction too).
+    fn pause_anywhere(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
     fn resume(&self) {
         signal(self.child.id(), "CONT");
     }
@@ -378,4 +383,72 @@ fn a_wiped_or_restarted_lease_store_never_lets_two_holders_commit_one_generation
             "{who}'s first step after its pause must not commit: {late:?}"
         );
     }
+}
+
+/// Finding 2: a holder stopped inside its fenced transaction (holding the
+/// object database's write lock) past its lease. The new owner claims and
+/// tries to fence (each attempt ends after the busy timeout with a
+/// retryable owner race); the old holder is resumed and its commit must be
+/// refused (rolled back by the pre-commit lease budget check), and the new
+/// owner's writes stand.
+#[test]
+fn a_holder_paused_inside_its_transaction_past_its_lease_is_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(redis) = redis_or_skip(dir.path(), "fence_processes") else {
+        return;
+    };
+    let db = dir.path().join("object.db");
+    set_pointer(&redis);
+    let lease = ["ttl=800", "guard=200"];
+    let a = Host::spawn("task-a", &redis, &db, &[lease[0], lease[1], "stall=4"]);
+    a.wait("the stalled transaction", 0, |l| {
+        l.iter().any(|l| l.starts_with("in-tx n=4 "))
+    });
+    a.pause_anywhere();
+    eprintln!("paused task-a inside the transaction of write 4");
+    let b = Host::spawn("task-b", &redis, &db, &lease);
+    b.wait("a claim after task-a's lease ran out", 0, |l| {
+        l.iter().any(|l| l.starts_with("claim "))
+    });
+    b.wait("a fencing attempt blocked by task-a's lock", 0, |l| {
+        l.iter().any(|l| l.starts_with("fence-refused "))
+    });
+    eprintln!(
+        "task-b claimed; its fence waited for task-a's write lock: {:?}",
+        b.lines()
+    );
+    a.resume();
+    eprintln!("resumed task-a");
+    a.wait("task-a's stalled write settles", 0, |l| {
+        l.iter()
+            .any(|l| l.starts_with("refused n=4 ") || l.starts_with("commit n=4 "))
+    });
+    b.wait_commits(3);
+    let a_lines = a.lines();
+    drop(a);
+    drop(b);
+    let writes = stored_writes(&db);
+    eprintln!(
+        "task-a: {:?}; {} writes stored",
+        &a_lines[a_lines.len().saturating_sub(3)..],
+        writes.len()
+    );
+    assert!(
+        a_lines
+            .iter()
+            .any(|l| l.starts_with("refused n=4 ") && l.contains("stale owner")),
+        "task-a's late commit must be refused as a stale owner: {a_lines:?}"
+    );
+    let first_b = writes.iter().position(|w| w.task == "task-b").unwrap();
+    assert!(
+        writes[first_b..].iter().all(|w| w.task == "task-b"),
+        "task-a committed after task-b took over: {writes:?}"
+    );
+    assert_eq!(
+        writes.iter().filter(|w| w.task == "task-a").count(),
+        3,
+        "task-a's writes 1..=3 stand, its stalled write 4 does not: {writes:?}"
+    );
+    assert!(writes.len() - first_b >= 3, "task-b's writes stand");
+    assert!(fence_violations(&writes).is_empty(), "{writes:?}");
 }

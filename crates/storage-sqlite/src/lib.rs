@@ -21,7 +21,9 @@
 #[cfg(feature = "scheduler")]
 mod object;
 #[cfg(feature = "scheduler")]
-pub use object::{SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx, Synchronous};
+pub use object::{
+    DEFAULT_BUSY_TIMEOUT, SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx, Synchronous,
+};
 
 #[cfg(feature = "outbox")]
 mod outbox;

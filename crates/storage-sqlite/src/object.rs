@@ -45,15 +45,24 @@ impl Synchronous {
 pub struct SqliteOptions {
     /// Durability of commits; default [`Synchronous::Full`].
     pub synchronous: Synchronous,
-    /// How long to wait for another connection's lock; default 5 s.
+    /// How long one transaction waits for another connection's write lock
+    /// before failing; default [`DEFAULT_BUSY_TIMEOUT`] (1 s, the owner
+    /// lease guard). A holder paused inside its transaction keeps the lock
+    /// while it is paused: each attempt of the new owner then fails after
+    /// this long (retryable) instead of hanging, until the paused holder
+    /// resumes and rolls back (its lease budget is spent) or dies.
     pub busy_timeout: Duration,
 }
+
+/// The default busy timeout of an object database: 1 s, no longer than the
+/// owner lease guard (`DO_OWNER_LEASE_GUARD_MS`, default 1000).
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_millis(1000);
 
 impl Default for SqliteOptions {
     fn default() -> Self {
         Self {
             synchronous: Synchronous::Full,
-            busy_timeout: Duration::from_secs(5),
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
         }
     }
 }

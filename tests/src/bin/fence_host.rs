@@ -78,17 +78,37 @@ async fn main() {
         .await
         .unwrap();
     let storage = SqliteStorage::open(arg("db"), SqliteOptions::default()).unwrap();
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .execute_batch(
-                    "CREATE TABLE IF NOT EXISTS writes (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    // Another host may hold the write lock (paused inside its transaction):
+    // a read needs no lock in WAL mode, so look first, and create the table
+    // (retrying) only when it is missing.
+    let exists = |db: &str| {
+        rusqlite::Connection::open(db)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'writes'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n > 0)
+    };
+    while !exists(&arg("db"))
+        && storage
+            .transaction(|tx| {
+                tx.sql()
+                    .execute_batch(
+                        "CREATE TABLE IF NOT EXISTS writes (seq INTEGER PRIMARY KEY AUTOINCREMENT,
                      task TEXT NOT NULL, generation INTEGER NOT NULL, holder TEXT NOT NULL,
                      n INTEGER NOT NULL)",
-                )
-                .map_err(|e| durability_scheduler::StorageError::backend("schema".to_owned(), e))
-        })
-        .unwrap();
+                    )
+                    .map_err(|e| {
+                        durability_scheduler::StorageError::backend("schema".to_owned(), e)
+                    })
+            })
+            .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(pace)).await;
+    }
     say("ready");
     let mut lease: Option<(Lease, Option<Arc<LeaseBudget>>)> = None;
     let mut n = 0_u64;
