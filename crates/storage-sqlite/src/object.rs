@@ -11,34 +11,8 @@ use durability_scheduler::{
 };
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-/// SQLite's `synchronous` setting for a WAL database.
-///
-/// `Full` (the default) syncs the WAL on every commit: a committed
-/// transaction survives power loss. `Normal` syncs only at checkpoints: a
-/// commit survives a process crash but the last transactions before a power
-/// loss or OS crash can roll back, which for an outbox means staged entries
-/// (and the application rows staged with them) vanish together, never one
-/// without the other. `Off` leaves syncing to the OS and is for tests only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Synchronous {
-    /// Survives power loss: fsync on every commit.
-    #[default]
-    Full,
-    /// Survives process crashes; may lose the last commits on power loss.
-    Normal,
-    /// No syncing: tests and throwaway data only.
-    Off,
-}
-
-impl Synchronous {
-    fn pragma(self) -> &'static str {
-        match self {
-            Self::Full => "FULL",
-            Self::Normal => "NORMAL",
-            Self::Off => "OFF",
-        }
-    }
-}
+pub(crate) use crate::connection::Synchronous;
+use crate::connection::{ConnectionOptions, OpenError};
 
 /// Options for opening an object database.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +38,23 @@ impl Default for SqliteOptions {
             synchronous: Synchronous::Full,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
         }
+    }
+}
+
+impl SqliteOptions {
+    fn connection(self, wal: bool) -> ConnectionOptions {
+        ConnectionOptions {
+            wal,
+            synchronous: self.synchronous,
+            busy_timeout: self.busy_timeout,
+        }
+    }
+}
+
+fn open_error(e: OpenError) -> StorageError {
+    match e {
+        OpenError::Sqlite { step, source } => backend(step, source),
+        OpenError::NotWal(_) => StorageError::new(StorageErrorKind::Backend, e.to_string()),
     }
 }
 
@@ -138,8 +129,9 @@ impl SqliteStorage {
     /// # Errors
     /// A SQLite failure opening the file or creating the base tables.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StorageError> {
-        let conn = Connection::open(path).map_err(|e| backend("open database", e))?;
-        Self::init(conn, options, true)
+        let conn = crate::connection::open_connection(path, &options.connection(true))
+            .map_err(open_error)?;
+        Self::init(conn)
     }
 
     /// An in-memory database: for logic tests only (nothing survives).
@@ -148,25 +140,12 @@ impl SqliteStorage {
     /// A SQLite failure creating the base tables.
     pub fn open_in_memory() -> Result<Self, StorageError> {
         let conn = Connection::open_in_memory().map_err(|e| backend("open database", e))?;
-        Self::init(conn, SqliteOptions::default(), false)
+        crate::connection::configure(&conn, &SqliteOptions::default().connection(false))
+            .map_err(open_error)?;
+        Self::init(conn)
     }
 
-    fn init(conn: Connection, options: SqliteOptions, wal: bool) -> Result<Self, StorageError> {
-        conn.busy_timeout(options.busy_timeout)
-            .map_err(|e| backend("set busy timeout", e))?;
-        if wal {
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                .map_err(|e| backend("enable WAL", e))?;
-            if !mode.eq_ignore_ascii_case("wal") {
-                return Err(StorageError::new(
-                    StorageErrorKind::Backend,
-                    format!("database refused WAL mode (got {mode})"),
-                ));
-            }
-        }
-        conn.pragma_update(None, "synchronous", options.synchronous.pragma())
-            .map_err(|e| backend("set synchronous", e))?;
+    fn init(conn: Connection) -> Result<Self, StorageError> {
         conn.execute_batch(BASE_SCHEMA)
             .map_err(|e| backend("create base tables", e))?;
         #[allow(unused_mut)] // The built-in schemas depend on the features.

@@ -56,6 +56,15 @@ CREATE TABLE IF NOT EXISTS durability_owner_fence (
 ) STRICT;
 ";
 
+/// The lease store's pragmas: durable commits (a generation handed out is
+/// on disk), WAL, and a 5 s busy timeout between tasks.
+const LEASE_CONNECTION: crate::connection::ConnectionOptions =
+    crate::connection::ConnectionOptions {
+        wal: true,
+        synchronous: crate::connection::Synchronous::Full,
+        busy_timeout: std::time::Duration::from_secs(5),
+    };
+
 /// A rusqlite error that rolled its transaction back: nothing was applied.
 fn not_applied(e: rusqlite::Error) -> OwnershipError {
     OwnershipError::StoreUnavailable {
@@ -101,7 +110,10 @@ struct Lifecycle {
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
-    /// Opens (creating if needed) the lease store at `path` in WAL mode.
+    /// Opens (creating if needed) the lease store at `path` in WAL mode with
+    /// `synchronous=FULL`: every claim's generation is synced before the
+    /// claim returns, so a power loss cannot forget a generation and issue
+    /// it again.
     ///
     /// # Errors
     /// [`OwnershipError::StoreUnavailable`] when the file cannot be opened or
@@ -111,11 +123,11 @@ impl<C: Clock> SqliteLeaseStore<C> {
         clock: C,
         count: ShardCount,
     ) -> Result<Self, OwnershipError> {
-        let conn = Connection::open(path).map_err(not_applied)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(not_applied)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(not_applied)?;
+        let conn = crate::connection::open_connection(path, &LEASE_CONNECTION).map_err(|e| {
+            OwnershipError::StoreUnavailable {
+                source: Box::new(e) as BoxError,
+            }
+        })?;
         Self::from_connection(conn, clock, count)
     }
 
