@@ -452,3 +452,192 @@ fn a_holder_paused_inside_its_transaction_past_its_lease_is_rolled_back() {
     assert!(writes.len() - first_b >= 3, "task-b's writes stand");
     assert!(fence_violations(&writes).is_empty(), "{writes:?}");
 }
+
+/// Deterministic xorshift64: the schedule of pauses is reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// A claim as its holder logged it: generation and the local time (ms)
+/// by which the claim had been made.
+#[derive(Debug)]
+struct LoggedClaim {
+    task: &'static str,
+    generation: i64,
+    by_ms: i64,
+}
+
+fn logged_claims(host: &Host) -> Vec<LoggedClaim> {
+    host.lines()
+        .iter()
+        .filter(|l| l.starts_with("claim ") || l.starts_with("fenced "))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix(k))
+                    .and_then(|v| v.parse::<i64>().ok())
+            };
+            Some(LoggedClaim {
+                task: host.name,
+                generation: field("gen=")?,
+                by_ms: field("t=")?,
+            })
+        })
+        .collect()
+}
+
+/// Every committed write must have been made while its writer's claim was
+/// the newest claim: a write made (its `t`, before its commit) after a
+/// newer claim had been made is a stale write, wherever it falls relative
+/// to the new owner's first fenced transaction.
+fn lock_set_violations(db: &Path, claims: &[LoggedClaim]) -> Vec<String> {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let mut st = c
+        .prepare("SELECT seq, task, generation, t FROM writes ORDER BY seq")
+        .unwrap();
+    let rows: Vec<(i64, String, i64, i64)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut violations = Vec::new();
+    for (seq, task, generation, t) in rows {
+        if !claims
+            .iter()
+            .any(|c| c.task == task && c.generation == generation)
+        {
+            violations.push(format!(
+                "write #{seq} by {task} under an unlogged claim {generation}"
+            ));
+        }
+        if let Some(newer) = claims
+            .iter()
+            .find(|c| c.generation > generation && c.by_ms < t)
+        {
+            violations.push(format!(
+                "write #{seq} by {task} at generation {generation} made at {t} after {} claimed generation {} (by {})",
+                newer.task, newer.generation, newer.by_ms
+            ));
+        }
+    }
+    violations
+}
+
+/// One seeded run of the lock-set test on real processes: three hosts on
+/// the test's own Redis compete for one scope; the schedule pauses and
+/// resumes them with SIGSTOP/SIGCONT (between transactions or inside one)
+/// for `steps` steps of 100 ms. Returns the violations, the claims and the
+/// number of committed writes.
+fn lock_set_run(seed: u64, fencing: bool, steps: usize) -> Option<(Vec<String>, usize, usize)> {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = redis_or_skip(dir.path(), "lock_set_on_processes")?;
+    let db = dir.path().join("object.db");
+    set_pointer(&redis);
+    let mut args = vec!["ttl=500", "guard=150", "pace=10"];
+    if !fencing {
+        args.push("fencing=off");
+    }
+    let hosts = [
+        Host::spawn("task-a", &redis, &db, &args),
+        Host::spawn("task-b", &redis, &db, &args),
+        Host::spawn("task-c", &redis, &db, &args),
+    ];
+    let mut paused = [false; 3];
+    let mut rng = Rng(seed);
+    let (mut pauses, mut inside) = (0, 0);
+    for _ in 0..steps {
+        // Mostly the current holder (the newest claim logged), so that most
+        // pauses outlive a lease that someone else then claims.
+        let holder = (0..3).max_by_key(|&h| {
+            logged_claims(&hosts[h])
+                .iter()
+                .map(|c| c.generation)
+                .max()
+                .unwrap_or(0)
+        });
+        let i = match holder {
+            Some(h) if rng.next(4) != 0 => h,
+            _ => usize::try_from(rng.next(3)).unwrap(),
+        };
+        match rng.next(4) {
+            0 | 1 if !paused[i] && paused.iter().filter(|p| **p).count() < 2 => {
+                let h = &hosts[i];
+                h.pause_anywhere();
+                std::thread::sleep(Duration::from_millis(20));
+                if h.lines().last().is_some_and(|l| l.starts_with("in-tx ")) {
+                    inside += 1;
+                }
+                paused[i] = true;
+                pauses += 1;
+            }
+            2 if paused[i] => {
+                hosts[i].resume();
+                paused[i] = false;
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (h, p) in hosts.iter().zip(paused) {
+        if p {
+            h.resume();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    for h in &hosts {
+        h.pause_anywhere();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let claims: Vec<LoggedClaim> = hosts.iter().flat_map(logged_claims).collect();
+    let refused: usize = hosts.iter().map(|h| h.count("refused ")).sum();
+    drop(hosts);
+    let violations = lock_set_violations(&db, &claims);
+    let writes: usize = stored_writes(&db).len();
+    eprintln!(
+        "lock_set seed {seed} fencing {}: {pauses} pauses ({inside} inside a transaction), {} claims, {writes} writes committed, {refused} refused, {} violations",
+        if fencing { "on" } else { "off" },
+        claims.len(),
+        violations.len()
+    );
+    Some((violations, claims.len(), writes))
+}
+
+/// Finding 4: the lock-set test on separate processes. With fencing, no
+/// committed write was made after a newer claim; with fencing off
+/// (`fencing=off`: no object fence, no lease budget) the same checker must
+/// find violations. The default run is one seed of 3 s each way;
+/// `DURABILITY_LOCK_SET_SEEDS=<n>` runs `n` seeds (`cargo xtask verify`'s
+/// filter selects this test by its name).
+#[test]
+fn lock_set_on_processes_holds_with_fencing_and_is_caught_without() {
+    let seeds: u64 = std::env::var("DURABILITY_LOCK_SET_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for k in 0..seeds {
+        let seed = 0x9E37_79B9_7F4A_7C15_u64.wrapping_add(k.wrapping_mul(7919));
+        let Some((violations, claims, writes)) = lock_set_run(seed, true, 30) else {
+            return;
+        };
+        assert!(
+            violations.is_empty(),
+            "seed {seed}: fenced run violated: {violations:#?}"
+        );
+        assert!(
+            claims > 3 && writes > 20,
+            "seed {seed}: too little happened"
+        );
+        let (violations, _, _) = lock_set_run(seed, false, 30).unwrap();
+        assert!(
+            !violations.is_empty(),
+            "seed {seed}: the checker missed stale writes with fencing off"
+        );
+    }
+}

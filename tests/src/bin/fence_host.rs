@@ -5,9 +5,10 @@
 //! database fenced through the claim, and commits numbered writes in a loop,
 //! printing one line per step on stdout:
 //!
-//! - `claim gen=<g> holder=<record>`: a claim it won;
-//! - `fenced gen=<g> holder=<record>`: the object database is fenced at that
-//!   claim (through `fence_with_floor`, which may have claimed again);
+//! - `claim gen=<g> t=<ms> holder=<record>`: a claim it won (`t`: the local
+//!   clock when the claim had returned);
+//! - `fenced gen=<g> t=<ms> holder=<record>`: the object database is fenced
+//!   at that claim (through `fence_with_floor`, which may have claimed again);
 //! - `fence-refused <error>`: fencing failed (it tries again);
 //! - `in-tx n=<n> gen=<g>`: inside the transaction of write `n` (with
 //!   `stall=<n>`, it then waits there 1.5 s before committing);
@@ -77,7 +78,17 @@ async fn main() {
     let store = RedisLeaseStore::connect(&arg("redis"), &arg("prefix"), ShardCount::default())
         .await
         .unwrap();
-    let storage = SqliteStorage::open(arg("db"), SqliteOptions::default()).unwrap();
+    // Hosts starting together race to create the database (and switch it to
+    // WAL): try again until the file is open.
+    let storage = loop {
+        match SqliteStorage::open(arg("db"), SqliteOptions::default()) {
+            Ok(s) => break s,
+            Err(e) => {
+                say(&format!("open-retry {e}"));
+                tokio::time::sleep(Duration::from_millis(pace)).await;
+            }
+        }
+    };
     // Another host may hold the write lock (paused inside its transaction):
     // a read needs no lock in WAL mode, so look first, and create the table
     // (retrying) only when it is missing.
@@ -99,7 +110,7 @@ async fn main() {
                     .execute_batch(
                         "CREATE TABLE IF NOT EXISTS writes (seq INTEGER PRIMARY KEY AUTOINCREMENT,
                      task TEXT NOT NULL, generation INTEGER NOT NULL, holder TEXT NOT NULL,
-                     n INTEGER NOT NULL)",
+                     n INTEGER NOT NULL, t INTEGER NOT NULL)",
                     )
                     .map_err(|e| {
                         durability_scheduler::StorageError::backend("schema".to_owned(), e)
@@ -124,8 +135,9 @@ async fn main() {
                 Ok(ClaimOutcome::Held(_)) | Err(_) => continue,
             };
             say(&format!(
-                "claim gen={} holder={}",
+                "claim gen={} t={} holder={}",
                 claimed.record.generation().get(),
+                clock.now_ms(),
                 claimed.record.encoded()
             ));
             if !fencing {
@@ -135,8 +147,9 @@ async fn main() {
             match fence_with_floor(&store, &storage, &settings, claimed, asked_at).await {
                 Ok(f) => {
                     say(&format!(
-                        "fenced gen={} holder={}",
+                        "fenced gen={} t={} holder={}",
                         f.lease.record.generation().get(),
+                        clock.now_ms(),
                         f.lease.record.encoded()
                     ));
                     lease = Some((f.lease, Some(f.budget)));
@@ -154,14 +167,17 @@ async fn main() {
                 // Stopped here by the test (SIGSTOP), inside the transaction.
                 std::thread::sleep(Duration::from_millis(1500));
             }
+            // The local clock as the write is made: its commit comes later.
+            let t = clock.now_ms();
             tx.sql()
                 .execute(
-                    "INSERT INTO writes (task, generation, holder, n) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO writes (task, generation, holder, n, t) VALUES (?1, ?2, ?3, ?4, ?5)",
                     rusqlite::params![
                         task.as_str(),
                         i64::try_from(g).unwrap(),
                         record.encoded(),
-                        i64::try_from(n).unwrap()
+                        i64::try_from(n).unwrap(),
+                        t
                     ],
                 )
                 .map(|_| ())
