@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use durability_time::Clock;
 
 use crate::error::OwnershipError;
+use crate::manager::{Ownership, Resolution};
 use crate::record::{Generation, OwnerRecord};
+use crate::scope::{LifecycleId, OwnerScope};
 use crate::store::{ClaimOutcome, Lease, LeaseStore};
 
 /// How many times [`fence_with_floor`] raises the floor and claims again
@@ -218,4 +220,74 @@ where
     Err(OwnershipError::OwnerRace {
         scope: lease.record.scope().to_string(),
     })
+}
+
+/// The host's hook: open an object of a locally owned scope through the
+/// floor procedure (a separate `impl` block over the public API of
+/// [`Ownership`]).
+impl<S: LeaseStore, C: Clock> Ownership<S, C> {
+    /// Resolves `scope` to a local claim (claiming it if free), then fences
+    /// `fence` at that claim through [`fence_with_floor`], before anything
+    /// is dispatched to the object. When the procedure ended at a new claim
+    /// (the fence was ahead of the store), the local lease is replaced by it,
+    /// so [`Ownership::resolve`] and [`Ownership::admit`] use the new
+    /// generation from then on. `clock` is the clock the budget runs on
+    /// (give the one this `Ownership` was built with).
+    ///
+    /// # Errors
+    /// [`OwnershipError::StaleOwner`] when another task owns the scope (or
+    /// took it while the claim was given up); the errors of
+    /// [`Ownership::resolve`] and [`fence_with_floor`].
+    pub async fn open_fenced<F>(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        fence: &F,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Fenced, OwnershipError>
+    where
+        F: ObjectFence + Sync + ?Sized,
+    {
+        let stale = || OwnershipError::StaleOwner {
+            scope: scope.to_string(),
+        };
+        let Resolution::Local(generation) = self.resolve(scope, lifecycle).await? else {
+            return Err(stale());
+        };
+        // The lease as the store reports it now, asked for at `asked_at`.
+        let asked_at = clock.now_ms();
+        let lease = self
+            .store()
+            .snapshot(scope, lifecycle)
+            .await?
+            .owner
+            .filter(|l| l.record.task() == self.task() && l.record.generation() == generation)
+            .ok_or_else(stale)?;
+        let settings = FloorSettings {
+            clock,
+            ttl_ms: self.settings().owner_ttl_ms,
+            // The guard admission uses: never more than half the TTL.
+            guard_ms: self
+                .settings()
+                .lease_guard_ms
+                .min(self.settings().owner_ttl_ms / 2),
+        };
+        let result = fence_with_floor(self.store(), fence, &settings, lease, asked_at).await;
+        let moved = match &result {
+            Ok(f) => f.lease.record.generation() != generation,
+            Err(_) => true,
+        };
+        if moved {
+            // The local lease names a record the procedure gave up: take the
+            // store's word again (a claim of this task is adopted).
+            self.forget(scope);
+            if let Ok(f) = &result {
+                match self.resolve(scope, lifecycle).await? {
+                    Resolution::Local(g) if g == f.lease.record.generation() => {}
+                    _ => return Err(stale()),
+                }
+            }
+        }
+        result
+    }
 }

@@ -194,3 +194,61 @@ async fn a_spent_lease_budget_rolls_the_commit_back() {
     set(&a, 3).unwrap();
     assert_eq!(fresh.transaction(|tx| tx.alarm()).unwrap(), Some(3));
 }
+
+#[tokio::test]
+async fn the_owner_opens_an_object_through_the_floor_and_admits_at_the_new_generation() {
+    use durability_ownership::{Ownership, OwnershipSettings, Resolution};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("object.db");
+    let clock = ManualClock::new(1_000_000);
+    let leases = Arc::new(store(&clock).await);
+    let settings = OwnershipSettings {
+        owner_ttl_ms: TTL,
+        lease_guard_ms: 100,
+        ..OwnershipSettings::default()
+    };
+    let owner = |t: &str| {
+        Ownership::new(
+            Arc::clone(&leases),
+            clock.clone(),
+            TaskId::new(t).unwrap(),
+            settings,
+        )
+    };
+    let (host_a, host_b) = (owner("task-a"), owner("task-b"));
+    let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
+    let fa = host_a
+        .open_fenced(&scope(), &lifecycle(), &a, Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    assert_eq!(fa.lease.record.generation().get(), 1);
+    set(&a, 1).unwrap();
+
+    // The lease store is wiped; host A is paused; host B opens the object.
+    leases.wipe();
+    host_a.forget(&scope());
+    let b = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
+    let fb = host_b
+        .open_fenced(&scope(), &lifecycle(), &b, Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    assert_eq!(fb.lease.record.generation().get(), 2, "above the fence");
+    match host_b.resolve(&scope(), &lifecycle()).await.unwrap() {
+        Resolution::Local(g) => assert_eq!(g.get(), 2, "the manager uses the new claim"),
+        other => panic!("{other:?}"),
+    }
+    let permit = host_b
+        .admit(&scope(), fb.lease.record.generation())
+        .await
+        .unwrap();
+    set(&b, 2).unwrap();
+    drop(permit);
+    assert_eq!(set(&a, 99).unwrap_err().kind(), StorageErrorKind::Fenced);
+    // Another task cannot open it while B owns it.
+    let e = host_a
+        .open_fenced(&scope(), &lifecycle(), &a, Arc::new(clock.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "stale_owner");
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
