@@ -552,6 +552,28 @@ fn lock_set_run(seed: u64, fencing: bool, steps: usize) -> Option<(Vec<String>, 
     let mut paused = [false; 3];
     let mut rng = Rng(seed);
     let (mut pauses, mut inside) = (0, 0);
+    // Prologue, the same every run: the first holder is paused between two
+    // transactions until another host has claimed, then resumed.
+    hosts[0].wait("3 commits by any host", 0, |_| {
+        hosts.iter().map(|h| h.count("commit ")).sum::<usize>() >= 3
+    });
+    let first = (0..3)
+        .max_by_key(|&h| {
+            logged_claims(&hosts[h])
+                .iter()
+                .map(|c| c.generation)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap();
+    let before: usize = hosts.iter().map(|h| h.count("claim ")).sum();
+    hosts[first].pause();
+    pauses += 1;
+    let other = (first + 1) % 3;
+    hosts[other].wait("a takeover", 0, |_| {
+        hosts.iter().map(|h| h.count("claim ")).sum::<usize>() > before
+    });
+    hosts[first].resume();
     for _ in 0..steps {
         // Mostly the current holder (the newest claim logged), so that most
         // pauses outlive a lease that someone else then claims.
