@@ -252,3 +252,46 @@ async fn the_owner_opens_an_object_through_the_floor_and_admits_at_the_new_gener
     assert_eq!(e.code(), "stale_owner");
     assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(2));
 }
+
+#[test]
+fn a_fence_written_before_holders_were_recorded_gains_the_column_and_matches_no_claim() {
+    use durability_ownership::{Generation, OwnerRecord};
+    use durability_storage_sqlite::ownership::{
+        check_generation, ensure_fence_schema, record_generation,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = rusqlite::Connection::open(dir.path().join("old.db")).unwrap();
+    c.execute_batch(
+        "CREATE TABLE durability_owner_fence (scope TEXT PRIMARY KEY NOT NULL,
+         generation INTEGER NOT NULL CHECK (generation > 0)) STRICT;",
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO durability_owner_fence (scope, generation) VALUES (?1, 3)",
+        [scope().host_id()],
+    )
+    .unwrap();
+    ensure_fence_schema(&c).unwrap();
+    ensure_fence_schema(&c).unwrap();
+    let rec = |g: u64| {
+        OwnerRecord::new(
+            scope(),
+            lifecycle(),
+            TaskId::new("task-a").unwrap(),
+            Generation::new(g).unwrap(),
+        )
+    };
+    let tx = c.transaction().unwrap();
+    assert_eq!(
+        check_generation(&tx, &rec(3)).unwrap_err().code(),
+        "stale_generation"
+    );
+    assert_eq!(
+        record_generation(&tx, &rec(3)).unwrap_err().code(),
+        "stale_generation",
+        "no claim matches the holder-less row at its generation"
+    );
+    record_generation(&tx, &rec(4)).unwrap();
+    check_generation(&tx, &rec(4)).unwrap();
+    tx.commit().unwrap();
+}
