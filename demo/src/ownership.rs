@@ -41,8 +41,8 @@ fn object_db(path: &Path) -> BoxResult<Connection> {
     Ok(c)
 }
 
-/// One fenced commit into the object's database: records the generation at
-/// the host's first dispatch, checks it, writes.
+/// One fenced commit into the object's database: records the claim
+/// (generation and holder) at the host's first dispatch, checks it, writes.
 fn fenced_commit(
     conn: &mut Connection,
     scope: &OwnerScope,
@@ -56,10 +56,17 @@ fn fenced_commit(
         .map_err(|e| OwnershipError::StoreUnavailable {
             source: Box::new(e),
         })?;
+    // The claim's record: the bytes the lease store wrote for it.
+    let record = OwnerRecord::new(
+        scope.clone(),
+        LifecycleId::new("demo:chat")?,
+        TaskId::new(host)?,
+        generation,
+    );
     if first {
-        record_generation(&tx, scope, generation)?;
+        record_generation(&tx, &record)?;
     }
-    check_generation(&tx, scope, generation)?;
+    check_generation(&tx, &record)?;
     tx.execute(
         "INSERT INTO messages (host, generation, body) VALUES (?1, ?2, ?3)",
         params![
@@ -289,6 +296,15 @@ impl<S: LeaseStore> LeaseStore for Counting<S> {
     ) -> Result<OwnerSnapshot, OwnershipError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.snapshot(scope, lifecycle).await
+    }
+
+    async fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.raise_generation_floor(scope, floor).await
     }
 }
 

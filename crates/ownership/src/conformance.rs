@@ -423,6 +423,48 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 assert!(remaining > TTL_MS / 2, "{name}: lease untouched");
             }
             "renew_many_matches_renew_one_by_one" => renew_many_case(h, &c, name).await,
+            "raise_generation_floor_never_lowers_and_keeps_the_owner" => {
+                let g = |n: u64| Generation::new(n).expect("generation");
+                // On a scope that never had a counter (a wiped store).
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(4))
+                        .await
+                        .expect("floor"),
+                    4,
+                    "{name}: from nothing"
+                );
+                assert_eq!(snap(h, &c).await.generation, 4, "{name}");
+                let r = claimed(h, &c, "a").await;
+                assert_eq!(
+                    r.generation().get(),
+                    5,
+                    "{name}: a claim goes above the floor"
+                );
+                let before = snap_raw(h, &c).await;
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(3))
+                        .await
+                        .expect("floor"),
+                    5,
+                    "{name}: never lowers"
+                );
+                assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
+                assert_eq!(
+                    h.store()
+                        .raise_generation_floor(&c.scope, g(9))
+                        .await
+                        .expect("floor"),
+                    9,
+                    "{name}"
+                );
+                let s = snap(h, &c).await;
+                assert_eq!(s.generation, 9, "{name}");
+                assert_eq!(s.owner.expect("owner").record, r, "{name}: the owner stays");
+                h.expire_owner(&c.scope).await;
+                assert_eq!(claimed(h, &c, "b").await.generation().get(), 10, "{name}");
+            }
             other => panic!("unknown case {other}"),
         }
     }
@@ -460,6 +502,7 @@ macro_rules! ownership_conformance {
             snapshot_reads_everything
             bad_ttl_is_refused_before_any_write
             renew_many_matches_renew_one_by_one
+            raise_generation_floor_never_lowers_and_keeps_the_owner
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };

@@ -11,7 +11,16 @@
 //! ([`Ownership::watch`]). Backends implement [`LeaseStore`]
 //! (`RedisLeaseStore` in `durability-storage-redis`, `SqliteLeaseStore` in
 //! `durability-storage-sqlite`); the SQLite backend also fences commits in the
-//! object's own database by generation.
+//! object's own database to one claim (generation and holder), and
+//! [`fence_with_floor`] opens an object through that fence so that a lease
+//! store that lost its generation counters (a wiped Redis without
+//! persistence) never hands out a generation the fence already accepted.
+//!
+//! What a lease store must persist: its generation counters. A Redis lease
+//! store needs AOF or RDB persistence, or every object must be opened
+//! through [`fence_with_floor`]: it restores monotonicity for every object
+//! opened through it; an object never opened again keeps its fence, which
+//! refuses every stale writer.
 //!
 //! Key types: [`OwnerScope`], [`OwnerRecord`], [`LeaseStore`], [`Ownership`],
 //! [`OwnerHintCache`], [`OwnershipSettings`], [`OwnershipError`], [`Clock`].
@@ -20,6 +29,7 @@
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 
 mod error;
+mod floor;
 mod hints;
 mod manager;
 pub mod memory;
@@ -33,6 +43,10 @@ pub mod conformance;
 
 pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, DispatchOutcome, OwnershipError};
+pub use floor::{
+    BudgetCheck, Fenced, FloorSettings, LeaseBudget, MAX_FLOOR_ROUNDS, ObjectFence,
+    fence_with_floor,
+};
 pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{
     AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,

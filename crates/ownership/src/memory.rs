@@ -182,6 +182,27 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
             delete_lock: st.locks.get(lifecycle.as_str()).copied(),
         })
     }
+
+    async fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        let mut st = self.lock();
+        let counter = st.generations.entry(scope.to_string()).or_insert(0);
+        *counter = (*counter).max(floor.get());
+        Ok(*counter)
+    }
+}
+
+impl<C: Clock> InMemoryLeaseStore<C> {
+    /// Forgets every owner record and generation counter, as a Redis without
+    /// persistence does on `FLUSHALL` or a restart (lifecycle state stays).
+    pub fn wipe(&self) {
+        let mut st = self.lock();
+        st.owners.clear();
+        st.generations.clear();
+    }
 }
 
 impl<C: Clock> LifecycleAdmin for InMemoryLeaseStore<C> {

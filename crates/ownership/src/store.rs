@@ -156,6 +156,36 @@ pub trait LeaseStore: Send + Sync + 'static {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send;
+
+    /// Atomically sets the generation counter of `scope` to
+    /// `max(counter, floor)`: it never lowers it, and touches nothing else
+    /// (the owner record and its lease stay). Returns the counter after the
+    /// step, so the next claim hands out a generation above `floor`.
+    ///
+    /// This is how a store that lost its counters (a wiped or restarted
+    /// Redis without persistence) is brought back above every generation an
+    /// object fence accepted: see [`crate::fence_with_floor`].
+    ///
+    /// The default body refuses (nothing is written), so a store without it
+    /// fails closed in the floor procedure.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidLifecycleState`] when the stored counter is
+    /// invalid (nothing is written), or a store error.
+    fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> impl Future<Output = Result<u64, OwnershipError>> + Send {
+        let _ = floor;
+        let scope = scope.to_string();
+        async move {
+            Err(OwnershipError::StoreUnavailable {
+                source: format!("this lease store cannot raise the generation floor of {scope}")
+                    .into(),
+            })
+        }
+    }
 }
 
 /// A shared store is a store: several `Ownership` handles (one per task in a
@@ -200,6 +230,14 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
         lifecycle: &LifecycleId,
     ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send {
         (**self).snapshot(scope, lifecycle)
+    }
+
+    fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> impl Future<Output = Result<u64, OwnershipError>> + Send {
+        (**self).raise_generation_floor(scope, floor)
     }
 }
 

@@ -10,13 +10,22 @@
 //! | `worker:do-storage:<lifecycle>` | string | active storage pointer |
 //! | `worker:delete-lock:<lifecycle>` | string | `whole` or `version` delete lock |
 //!
-//! Claim, renew, release and snapshot are each one Lua script: one round
+//! Claim, renew, release, snapshot and raising the generation floor
+//! ([`LeaseStore::raise_generation_floor`]: `max(counter, floor)`, never
+//! lower) are each one Lua script: one round
 //! trip, atomic on the server. The lease is the owner key's own expiry
 //! (`PX`/`PEXPIRE`), so it runs on the server's clock and never on the
 //! caller's; claims report the remaining lease (`PTTL`) and snapshots the
 //! server's `TIME`. Keys of one
 //! script are not hash-tagged together, so the store targets a single Redis
 //! (or a proxy), not Redis Cluster.
+//!
+//! The generation counters must survive: run Redis with AOF or RDB
+//! persistence, or open every object through
+//! `durability_ownership::fence_with_floor`, which raises a counter that a
+//! `FLUSHALL` or a restart without persistence lost back above the object's
+//! fence before anything is dispatched (an object never opened again keeps
+//! its fence, which refuses every stale writer).
 
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
@@ -69,6 +78,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+";
+
+const RAISE_FLOOR: &str = "
+local g = redis.call('GET', KEYS[1])
+if g and (not string.match(g, '^[1-9][0-9]*$') or #g > 16 or tonumber(g) > 9007199254740991) then
+  return {'badgen'}
+end
+local floor = tonumber(ARGV[1])
+if g == false or tonumber(g) < floor then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return {'raised', ARGV[1]}
+end
+return {'kept', g}
 ";
 
 const SNAPSHOT: &str = "
@@ -154,6 +176,7 @@ pub struct RedisLeaseStore {
     renew: Script,
     release: Script,
     snapshot: Script,
+    raise_floor: Script,
 }
 
 impl std::fmt::Debug for RedisLeaseStore {
@@ -175,6 +198,7 @@ impl RedisLeaseStore {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             snapshot: Script::new(&format!("{NOW}{SNAPSHOT}")),
+            raise_floor: Script::new(RAISE_FLOOR),
         }
     }
 
@@ -477,6 +501,14 @@ impl LeaseStore for RedisLeaseStore {
         }
         out
     }
+
+    async fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        self.raise_floor(scope, floor).await
+    }
 }
 
 impl RedisLeaseStore {
@@ -542,6 +574,33 @@ impl RedisLeaseStore {
                 }
             })
             .collect()
+    }
+
+    async fn raise_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .raise_floor
+            .key(self.generation_key(scope))
+            .arg(floor.get().to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        match reply.first().and_then(bytes) {
+            Some(b"raised" | b"kept") => reply
+                .get(1)
+                .and_then(int)
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| protocol("floor reply without generation")),
+            Some(b"badgen") => Err(OwnershipError::InvalidLifecycleState {
+                lifecycle: scope.to_string(),
+                reason: "generation counter is not a positive safe integer".to_owned(),
+            }),
+            _ => Err(protocol("unknown floor reply")),
+        }
     }
 }
 

@@ -4,6 +4,9 @@
 //! prefixed `durability_`. Feature flags select which capability's traits are
 //! implemented (`default` enables all of them):
 //!
+//! Every file is opened through [`open_connection`] (WAL, `synchronous`,
+//! busy timeout as parameters).
+//!
 //! - `scheduler`: [`SqliteStorage`], the object storage of
 //!   `durability-scheduler` (synchronous transactions, the one alarm, schema
 //!   migrations).
@@ -18,10 +21,13 @@
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
 
+pub mod connection;
+pub use connection::{ConnectionOptions, Synchronous, open_connection};
+
 #[cfg(feature = "scheduler")]
 mod object;
 #[cfg(feature = "scheduler")]
-pub use object::{SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx, Synchronous};
+pub use object::{DEFAULT_BUSY_TIMEOUT, SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx};
 
 #[cfg(feature = "outbox")]
 mod outbox;

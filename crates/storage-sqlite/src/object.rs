@@ -11,50 +11,50 @@ use durability_scheduler::{
 };
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-/// SQLite's `synchronous` setting for a WAL database.
-///
-/// `Full` (the default) syncs the WAL on every commit: a committed
-/// transaction survives power loss. `Normal` syncs only at checkpoints: a
-/// commit survives a process crash but the last transactions before a power
-/// loss or OS crash can roll back, which for an outbox means staged entries
-/// (and the application rows staged with them) vanish together, never one
-/// without the other. `Off` leaves syncing to the OS and is for tests only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Synchronous {
-    /// Survives power loss: fsync on every commit.
-    #[default]
-    Full,
-    /// Survives process crashes; may lose the last commits on power loss.
-    Normal,
-    /// No syncing: tests and throwaway data only.
-    Off,
-}
-
-impl Synchronous {
-    fn pragma(self) -> &'static str {
-        match self {
-            Self::Full => "FULL",
-            Self::Normal => "NORMAL",
-            Self::Off => "OFF",
-        }
-    }
-}
+pub(crate) use crate::connection::Synchronous;
+use crate::connection::{ConnectionOptions, OpenError};
 
 /// Options for opening an object database.
 #[derive(Debug, Clone, Copy)]
 pub struct SqliteOptions {
     /// Durability of commits; default [`Synchronous::Full`].
     pub synchronous: Synchronous,
-    /// How long to wait for another connection's lock; default 5 s.
+    /// How long one transaction waits for another connection's write lock
+    /// before failing; default [`DEFAULT_BUSY_TIMEOUT`] (1 s, the owner
+    /// lease guard). A holder paused inside its transaction keeps the lock
+    /// while it is paused: each attempt of the new owner then fails after
+    /// this long (retryable) instead of hanging, until the paused holder
+    /// resumes and rolls back (its lease budget is spent) or dies.
     pub busy_timeout: Duration,
 }
+
+/// The default busy timeout of an object database: 1 s, no longer than the
+/// owner lease guard (`DO_OWNER_LEASE_GUARD_MS`, default 1000).
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_millis(1000);
 
 impl Default for SqliteOptions {
     fn default() -> Self {
         Self {
             synchronous: Synchronous::Full,
-            busy_timeout: Duration::from_secs(5),
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
         }
+    }
+}
+
+impl SqliteOptions {
+    fn connection(self, wal: bool) -> ConnectionOptions {
+        ConnectionOptions {
+            wal,
+            synchronous: self.synchronous,
+            busy_timeout: self.busy_timeout,
+        }
+    }
+}
+
+fn open_error(e: OpenError) -> StorageError {
+    match e {
+        OpenError::Sqlite { step, source } => backend(step, source),
+        OpenError::NotWal(_) => StorageError::new(StorageErrorKind::Backend, e.to_string()),
     }
 }
 
@@ -74,16 +74,17 @@ pub struct SqliteSchemaStep {
 pub struct SqliteStorage {
     conn: Mutex<Connection>,
     schemas: BTreeMap<String, (&'static [SchemaStep], &'static [SqliteSchemaStep])>,
-    /// The owner generation every transaction checks, once fenced.
+    /// The owner claim every transaction checks, once fenced.
     #[cfg(feature = "ownership")]
     fence: Mutex<Option<Fence>>,
 }
 
-/// The owner scope and generation a fenced storage checks.
+/// The claim a fenced storage checks after `BEGIN`, and the lease budget it
+/// checks right before `COMMIT`.
 #[cfg(feature = "ownership")]
 type Fence = (
-    durability_ownership::OwnerScope,
-    durability_ownership::Generation,
+    durability_ownership::OwnerRecord,
+    Option<std::sync::Arc<dyn durability_ownership::BudgetCheck>>,
 );
 
 /// A transaction on a [`SqliteStorage`]. [`SqliteTx::sql`] gives the
@@ -128,8 +129,9 @@ impl SqliteStorage {
     /// # Errors
     /// A SQLite failure opening the file or creating the base tables.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StorageError> {
-        let conn = Connection::open(path).map_err(|e| backend("open database", e))?;
-        Self::init(conn, options, true)
+        let conn = crate::connection::open_connection(path, &options.connection(true))
+            .map_err(open_error)?;
+        Self::init(conn)
     }
 
     /// An in-memory database: for logic tests only (nothing survives).
@@ -138,25 +140,12 @@ impl SqliteStorage {
     /// A SQLite failure creating the base tables.
     pub fn open_in_memory() -> Result<Self, StorageError> {
         let conn = Connection::open_in_memory().map_err(|e| backend("open database", e))?;
-        Self::init(conn, SqliteOptions::default(), false)
+        crate::connection::configure(&conn, &SqliteOptions::default().connection(false))
+            .map_err(open_error)?;
+        Self::init(conn)
     }
 
-    fn init(conn: Connection, options: SqliteOptions, wal: bool) -> Result<Self, StorageError> {
-        conn.busy_timeout(options.busy_timeout)
-            .map_err(|e| backend("set busy timeout", e))?;
-        if wal {
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                .map_err(|e| backend("enable WAL", e))?;
-            if !mode.eq_ignore_ascii_case("wal") {
-                return Err(StorageError::new(
-                    StorageErrorKind::Backend,
-                    format!("database refused WAL mode (got {mode})"),
-                ));
-            }
-        }
-        conn.pragma_update(None, "synchronous", options.synchronous.pragma())
-            .map_err(|e| backend("set synchronous", e))?;
+    fn init(conn: Connection) -> Result<Self, StorageError> {
         conn.execute_batch(BASE_SCHEMA)
             .map_err(|e| backend("create base tables", e))?;
         #[allow(unused_mut)] // The built-in schemas depend on the features.
@@ -223,25 +212,53 @@ impl SqliteStorage {
 
 #[cfg(feature = "ownership")]
 impl SqliteStorage {
-    /// Fences this object database to an owner generation: records it in the
-    /// database (the fence only rises) and, from then on, checks it inside
-    /// every transaction, so a commit from an older generation is refused by
-    /// the storage itself (`StorageErrorKind::Fenced`), not only at dispatch.
-    /// Call it at the first dispatch after a claim.
+    /// Fences this object database to an owner claim: records its
+    /// generation and holder (the exact owner record bytes) in the database
+    /// (the fence only rises; one generation has one holder) and, from then
+    /// on, checks inside every transaction that the fence still holds
+    /// exactly this claim, so a commit from an older generation, or from
+    /// another claim of the same generation, is refused by the storage
+    /// itself (`StorageErrorKind::Fenced`), not only at dispatch. Call it
+    /// at the first dispatch after a claim; a host opens objects through
+    /// `durability_ownership::fence_with_floor`, which also gives the
+    /// fence the claim's lease budget ([`durability_ownership::ObjectFence`]).
     ///
     /// # Errors
-    /// `StorageErrorKind::Fenced` when a newer generation is already recorded
-    /// (nothing is written); a backend failure.
-    pub fn fence(
+    /// `StorageErrorKind::Fenced` when a newer generation, or the same
+    /// generation from another claim, is already recorded (nothing is
+    /// written); a backend failure.
+    pub fn fence(&self, record: &durability_ownership::OwnerRecord) -> Result<(), StorageError> {
+        durability_ownership::ObjectFence::fence_claim(self, record, None).map_err(fenced)
+    }
+}
+
+#[cfg(feature = "ownership")]
+impl durability_ownership::ObjectFence for SqliteStorage {
+    fn fence_claim(
         &self,
-        scope: durability_ownership::OwnerScope,
-        generation: durability_ownership::Generation,
-    ) -> Result<(), StorageError> {
-        self.transaction(|tx| {
-            crate::ownership::ensure_fence_schema(&tx.tx).map_err(fenced)?;
-            crate::ownership::record_generation(&tx.tx, &scope, generation).map_err(fenced)
+        record: &durability_ownership::OwnerRecord,
+        budget: Option<std::sync::Arc<dyn durability_ownership::BudgetCheck>>,
+    ) -> Result<(), durability_ownership::OwnershipError> {
+        use durability_ownership::OwnershipError;
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                    OwnershipError::OwnerRace {
+                        scope: record.scope().to_string(),
+                    }
+                }
+                _ => OwnershipError::StoreUnavailable {
+                    source: Box::new(e),
+                },
+            })?;
+        crate::ownership::ensure_fence_schema(&tx)?;
+        crate::ownership::record_generation(&tx, record)?;
+        tx.commit().map_err(|e| OwnershipError::OwnerUnavailable {
+            source: Box::new(e),
         })?;
-        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((scope, generation));
+        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((record.clone(), budget));
         Ok(())
     }
 }
@@ -250,7 +267,8 @@ impl SqliteStorage {
 fn fenced(e: durability_ownership::OwnershipError) -> StorageError {
     let kind = match e {
         durability_ownership::OwnershipError::StaleGeneration { .. }
-        | durability_ownership::OwnershipError::FenceNotRecorded { .. } => StorageErrorKind::Fenced,
+        | durability_ownership::OwnershipError::FenceNotRecorded { .. }
+        | durability_ownership::OwnershipError::StaleOwner { .. } => StorageErrorKind::Fenced,
         _ => StorageErrorKind::Backend,
     };
     StorageError::new(kind, e.to_string())
@@ -355,13 +373,28 @@ impl Storage for SqliteStorage {
             .map_err(|e| E::from(backend("begin transaction", e)))?;
         let mut tx = SqliteTx { tx };
         #[cfg(feature = "ownership")]
-        if let Some((scope, generation)) =
-            &*self.fence.lock().unwrap_or_else(PoisonError::into_inner)
-        {
-            crate::ownership::check_generation(&tx.tx, scope, *generation)
-                .map_err(|e| E::from(fenced(e)))?;
-        }
+        let budget = match &*self.fence.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((record, budget)) => {
+                crate::ownership::check_generation(&tx.tx, record)
+                    .map_err(|e| E::from(fenced(e)))?;
+                budget.clone().map(|b| (record.scope().clone(), b))
+            }
+            None => None,
+        };
         let value = f(&mut tx)?;
+        // The last step before the commit system call: a holder paused
+        // inside its transaction past its lease rolls back (dropping `tx`)
+        // instead of committing late.
+        #[cfg(feature = "ownership")]
+        if let Some((scope, budget)) = budget
+            && budget.spent()
+        {
+            return Err(E::from(fenced(
+                durability_ownership::OwnershipError::StaleOwner {
+                    scope: scope.to_string(),
+                },
+            )));
+        }
         tx.tx
             .commit()
             .map_err(|e| E::from(backend("commit transaction", e)))?;

@@ -10,9 +10,16 @@
 //! The fence functions ([`ensure_fence_schema`], [`record_generation`],
 //! [`check_generation`]) close the gap the seed leaves open: a stale owner
 //! finishing a commit after losing its lease. They run inside the object
-//! database's own transaction: the first dispatch after a claim raises the
-//! recorded generation, and every transaction checks it, so a commit from an
-//! older generation is refused by the storage itself.
+//! database's own transaction: the first dispatch after a claim records the
+//! claim (its generation and its holder, the exact owner record bytes), and
+//! every transaction checks it, so a commit from an older generation, or
+//! from another claim of the same generation (a lease store that lost its
+//! counters reissues generations), is refused by the storage itself.
+//!
+//! The lease store's generation counters must be durable: this store syncs
+//! them as the connection's `synchronous` setting says, and
+//! [`LeaseStore::raise_generation_floor`] restores them from an object's
+//! fence (see `durability_ownership::fence_with_floor`).
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -44,9 +51,19 @@ CREATE TABLE IF NOT EXISTS durability_owner_lifecycle (
 const FENCE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS durability_owner_fence (
     scope TEXT PRIMARY KEY NOT NULL,
-    generation INTEGER NOT NULL CHECK (generation > 0)
+    generation INTEGER NOT NULL CHECK (generation > 0),
+    holder BLOB
 ) STRICT;
 ";
+
+/// The lease store's pragmas: durable commits (a generation handed out is
+/// on disk), WAL, and a 5 s busy timeout between tasks.
+const LEASE_CONNECTION: crate::connection::ConnectionOptions =
+    crate::connection::ConnectionOptions {
+        wal: true,
+        synchronous: crate::connection::Synchronous::Full,
+        busy_timeout: std::time::Duration::from_secs(5),
+    };
 
 /// A rusqlite error that rolled its transaction back: nothing was applied.
 fn not_applied(e: rusqlite::Error) -> OwnershipError {
@@ -93,7 +110,10 @@ struct Lifecycle {
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
-    /// Opens (creating if needed) the lease store at `path` in WAL mode.
+    /// Opens (creating if needed) the lease store at `path` in WAL mode with
+    /// `synchronous=FULL`: every claim's generation is synced before the
+    /// claim returns, so a power loss cannot forget a generation and issue
+    /// it again.
     ///
     /// # Errors
     /// [`OwnershipError::StoreUnavailable`] when the file cannot be opened or
@@ -103,11 +123,11 @@ impl<C: Clock> SqliteLeaseStore<C> {
         clock: C,
         count: ShardCount,
     ) -> Result<Self, OwnershipError> {
-        let conn = Connection::open(path).map_err(not_applied)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(not_applied)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(not_applied)?;
+        let conn = crate::connection::open_connection(path, &LEASE_CONNECTION).map_err(|e| {
+            OwnershipError::StoreUnavailable {
+                source: Box::new(e) as BoxError,
+            }
+        })?;
         Self::from_connection(conn, clock, count)
     }
 
@@ -385,6 +405,26 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         }
         out
     }
+
+    async fn raise_generation_floor(
+        &self,
+        scope: &OwnerScope,
+        floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| begin_error(e, scope))?;
+        let counter = Self::generation(&tx, scope)?.max(floor.get());
+        tx.execute(
+            "INSERT INTO durability_owner_generations (scope, generation) VALUES (?1, ?2)
+             ON CONFLICT (scope) DO UPDATE SET generation = max(generation, excluded.generation)",
+            params![scope.host_id(), i64_of(counter)],
+        )
+        .map_err(not_applied)?;
+        tx.commit().map_err(unknown)?;
+        Ok(counter)
+    }
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
@@ -468,12 +508,27 @@ impl<C: Clock> LifecycleAdmin for SqliteLeaseStore<C> {
     }
 }
 
-/// Creates the fence table in an object database if needed.
+/// Creates the fence table in an object database if needed (and adds the
+/// `holder` column to a fence table written before holders were recorded:
+/// such rows hold no holder, so no claim matches them at their generation).
 ///
 /// # Errors
 /// [`OwnershipError::StoreUnavailable`] when the table cannot be created.
 pub fn ensure_fence_schema(conn: &Connection) -> Result<(), OwnershipError> {
-    conn.execute_batch(FENCE_SCHEMA).map_err(not_applied)
+    conn.execute_batch(FENCE_SCHEMA).map_err(not_applied)?;
+    let has_holder: bool = conn
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('durability_owner_fence') WHERE name = 'holder'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(not_applied)?
+        > 0;
+    if !has_holder {
+        conn.execute_batch("ALTER TABLE durability_owner_fence ADD COLUMN holder BLOB")
+            .map_err(not_applied)?;
+    }
+    Ok(())
 }
 
 fn in_transaction(conn: &Connection) -> Result<(), OwnershipError> {
@@ -486,27 +541,39 @@ fn in_transaction(conn: &Connection) -> Result<(), OwnershipError> {
     Ok(())
 }
 
-/// The generation recorded in the object database's fence for `scope`.
+/// The claim recorded in an object database's fence: its generation and
+/// the exact owner record bytes of its holder (`None` for a row written
+/// before holders were recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedClaim {
+    /// The fenced generation.
+    pub generation: u64,
+    /// The holder's exact owner record bytes.
+    pub holder: Option<Vec<u8>>,
+}
+
+/// The claim recorded in the object database's fence for `scope`.
 ///
 /// # Errors
 /// [`OwnershipError::StoreUnavailable`] on a SQLite error, or
 /// [`OwnershipError::InvalidLifecycleState`] for a corrupt fence row.
-pub fn fenced_generation(
+pub fn fenced_claim(
     conn: &Connection,
     scope: &OwnerScope,
-) -> Result<Option<u64>, OwnershipError> {
-    let g: Option<i64> = conn
+) -> Result<Option<FencedClaim>, OwnershipError> {
+    let row: Option<(i64, Option<Vec<u8>>)> = conn
         .query_row(
-            "SELECT generation FROM durability_owner_fence WHERE scope = ?1",
+            "SELECT generation, holder FROM durability_owner_fence WHERE scope = ?1",
             [scope.host_id()],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()
         .map_err(not_applied)?;
-    g.map(|g| {
+    row.map(|(g, holder)| {
         u64::try_from(g)
             .ok()
             .filter(|g| Generation::new(*g).is_ok())
+            .map(|generation| FencedClaim { generation, holder })
             .ok_or_else(|| OwnershipError::InvalidLifecycleState {
                 lifecycle: scope.to_string(),
                 reason: "fence generation is not a positive safe integer".to_owned(),
@@ -515,65 +582,87 @@ pub fn fenced_generation(
     .transpose()
 }
 
-/// Records `generation` in the object database's fence, inside the caller's
-/// transaction, at the first dispatch after a claim. The fence only rises.
+/// The generation recorded in the object database's fence for `scope`.
 ///
 /// # Errors
-/// [`OwnershipError::StaleGeneration`] when a higher generation is already
-/// recorded (nothing is written); [`OwnershipError::InvalidInput`] outside a
-/// transaction; SQLite errors as [`OwnershipError::StoreUnavailable`].
-pub fn record_generation(
+/// As [`fenced_claim`].
+pub fn fenced_generation(
     conn: &Connection,
     scope: &OwnerScope,
-    generation: Generation,
-) -> Result<(), OwnershipError> {
+) -> Result<Option<u64>, OwnershipError> {
+    Ok(fenced_claim(conn, scope)?.map(|c| c.generation))
+}
+
+fn held_by(claim: &FencedClaim, record: &OwnerRecord) -> bool {
+    claim.generation == record.generation().get()
+        && claim.holder.as_deref() == Some(record.encoded().as_bytes())
+}
+
+fn stale(record: &OwnerRecord, stored: u64) -> OwnershipError {
+    OwnershipError::StaleGeneration {
+        scope: record.scope().to_string(),
+        attempted: record.generation().get(),
+        stored,
+    }
+}
+
+/// Records the claim `record` in the object database's fence, inside the
+/// caller's transaction, at the first dispatch after a claim: its
+/// generation and its holder (the exact owner record bytes). The fence only
+/// rises, and one generation has one holder.
+///
+/// # Errors
+/// [`OwnershipError::StaleGeneration`] (nothing is written) when a higher
+/// generation is recorded, or the same generation held by another claim
+/// (`stored` is the fenced generation either way);
+/// [`OwnershipError::InvalidInput`] outside a transaction; SQLite errors as
+/// [`OwnershipError::StoreUnavailable`].
+pub fn record_generation(conn: &Connection, record: &OwnerRecord) -> Result<(), OwnershipError> {
     in_transaction(conn)?;
-    if let Some(stored) = fenced_generation(conn, scope)? {
-        if stored > generation.get() {
-            return Err(OwnershipError::StaleGeneration {
-                scope: scope.to_string(),
-                attempted: generation.get(),
-                stored,
-            });
-        }
-        if stored == generation.get() {
+    let scope = record.scope();
+    if let Some(stored) = fenced_claim(conn, scope)? {
+        if held_by(&stored, record) {
             return Ok(());
+        }
+        if stored.generation >= record.generation().get() {
+            return Err(stale(record, stored.generation));
         }
     }
     conn.execute(
-        "INSERT INTO durability_owner_fence (scope, generation) VALUES (?1, ?2)
-         ON CONFLICT (scope) DO UPDATE SET generation = max(generation, excluded.generation)",
-        params![scope.host_id(), i64_of(generation.get())],
+        "INSERT INTO durability_owner_fence (scope, generation, holder) VALUES (?1, ?2, ?3)
+         ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation, holder = excluded.holder
+         WHERE excluded.generation > durability_owner_fence.generation",
+        params![
+            scope.host_id(),
+            i64_of(record.generation().get()),
+            record.encoded().as_bytes()
+        ],
     )
     .map_err(not_applied)?;
     Ok(())
 }
 
-/// Checks, inside the caller's transaction, that `generation` is the one
-/// recorded in the object database's fence. Run it in every transaction that
-/// writes object state: with SQLite's transaction isolation, a transaction
-/// that checked an older fence cannot commit over a newer one.
+/// Checks, inside the caller's transaction, that the object database's
+/// fence holds exactly the claim `record` (its generation and its holder).
+/// Run it in every transaction that writes object state: with SQLite's
+/// transaction isolation, a transaction that checked an older fence cannot
+/// commit over a newer one.
 ///
 /// # Errors
-/// [`OwnershipError::StaleGeneration`] when a newer generation is recorded,
-/// [`OwnershipError::FenceNotRecorded`] when `generation` was never recorded,
+/// [`OwnershipError::StaleGeneration`] when a newer generation, or the same
+/// generation from another claim, is recorded;
+/// [`OwnershipError::FenceNotRecorded`] when the claim was never recorded;
 /// [`OwnershipError::InvalidInput`] outside a transaction.
-pub fn check_generation(
-    conn: &Connection,
-    scope: &OwnerScope,
-    generation: Generation,
-) -> Result<(), OwnershipError> {
+pub fn check_generation(conn: &Connection, record: &OwnerRecord) -> Result<(), OwnershipError> {
     in_transaction(conn)?;
-    match fenced_generation(conn, scope)? {
-        Some(stored) if stored == generation.get() => Ok(()),
-        Some(stored) if stored > generation.get() => Err(OwnershipError::StaleGeneration {
-            scope: scope.to_string(),
-            attempted: generation.get(),
-            stored,
-        }),
+    match fenced_claim(conn, record.scope())? {
+        Some(stored) if held_by(&stored, record) => Ok(()),
+        Some(stored) if stored.generation >= record.generation().get() => {
+            Err(stale(record, stored.generation))
+        }
         _ => Err(OwnershipError::FenceNotRecorded {
-            scope: scope.to_string(),
-            attempted: generation.get(),
+            scope: record.scope().to_string(),
+            attempted: record.generation().get(),
         }),
     }
 }

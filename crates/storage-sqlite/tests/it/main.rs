@@ -4,8 +4,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod lease_durability;
 mod migration;
 mod object;
 mod object_fence;
+mod object_floor;
 mod ownership;
 mod reconcile;

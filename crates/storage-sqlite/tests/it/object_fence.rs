@@ -4,7 +4,9 @@
 #![cfg(all(feature = "scheduler", feature = "ownership"))]
 #![allow(clippy::unwrap_used)]
 
-use durability_ownership::{ClassName, Generation, OwnerScope, ShardCount, StorageId};
+use durability_ownership::{
+    ClassName, Generation, LifecycleId, OwnerRecord, OwnerScope, ShardCount, StorageId, TaskId,
+};
 use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 
@@ -18,18 +20,27 @@ fn scope() -> OwnerScope {
     .unwrap()
 }
 
+fn claim(task: &str, g: u64) -> OwnerRecord {
+    OwnerRecord::new(
+        scope(),
+        LifecycleId::new("ns:shop").unwrap(),
+        TaskId::new(task).unwrap(),
+        Generation::new(g).unwrap(),
+    )
+}
+
 #[test]
 fn a_stale_owner_commit_is_refused_by_the_object_database() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("object.db");
     // Host A owns the scope at generation 1 and fences the object database.
     let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
-    a.fence(scope(), Generation::new(1).unwrap()).unwrap();
+    a.fence(&claim("a", 1)).unwrap();
     a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
 
     // Host A pauses past its lease; host B claims generation 2 and fences.
     let b = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
-    b.fence(scope(), Generation::new(2).unwrap()).unwrap();
+    b.fence(&claim("b", 2)).unwrap();
     b.transaction(|tx| tx.set_alarm(Some(20))).unwrap();
 
     // Host A resumes: its late commit is refused, and nothing it wrote lands.
@@ -39,7 +50,7 @@ fn a_stale_owner_commit_is_refused_by_the_object_database() {
     assert_eq!(stored, Some(20), "the stale write did not land");
 
     // A cannot fence itself back to an older generation either.
-    let err = a.fence(scope(), Generation::new(1).unwrap()).unwrap_err();
+    let err = a.fence(&claim("a", 1)).unwrap_err();
     assert_eq!(err.kind(), StorageErrorKind::Fenced);
     assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(20));
 }

@@ -10,7 +10,8 @@ use std::path::Path;
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
     ClaimOutcome, Clock, Generation, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
-    OwnerScope, Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+    OwnerRecord, OwnerScope, Ownership, OwnershipSettings, Resolution, ShardCount, StorageId,
+    TaskId,
 };
 use durability_storage_sqlite::ownership::{
     SqliteLeaseStore, check_generation, ensure_fence_schema, fenced_generation, record_generation,
@@ -193,6 +194,20 @@ async fn corrupt_persisted_state_fails_closed_and_writes_nothing() {
     );
 }
 
+/// The record of task `t` holding `s` at generation `g` (lifecycle `ns:lockset`).
+fn holder(s: &OwnerScope, t: &str, g: Generation) -> OwnerRecord {
+    OwnerRecord::new(
+        s.clone(),
+        LifecycleId::new("ns:lockset").unwrap(),
+        TaskId::new(t).unwrap(),
+        g,
+    )
+}
+
+fn rec(s: &OwnerScope, g: u64) -> OwnerRecord {
+    holder(s, "t", gen_(g))
+}
+
 fn object_db(path: &Path) -> Connection {
     let c = Connection::open(path).unwrap();
     c.pragma_update(None, "journal_mode", "WAL").unwrap();
@@ -213,45 +228,45 @@ fn fence_rises_monotonically_and_refuses_older_generations() {
     let s = scope("st1:Room:shard0");
     // Outside a transaction: refused, nothing written.
     assert_eq!(
-        record_generation(&c, &s, gen_(1)).unwrap_err().code(),
+        record_generation(&c, &rec(&s, 1)).unwrap_err().code(),
         "invalid_input"
     );
     assert_eq!(
-        check_generation(&c, &s, gen_(1)).unwrap_err().code(),
+        check_generation(&c, &rec(&s, 1)).unwrap_err().code(),
         "invalid_input"
     );
     assert_eq!(fenced_generation(&c, &s).unwrap(), None);
     let tx = c.transaction().unwrap();
     assert_eq!(
-        check_generation(&tx, &s, gen_(1)).unwrap_err().code(),
+        check_generation(&tx, &rec(&s, 1)).unwrap_err().code(),
         "fence_not_recorded"
     );
-    record_generation(&tx, &s, gen_(2)).unwrap();
-    record_generation(&tx, &s, gen_(2)).unwrap();
-    check_generation(&tx, &s, gen_(2)).unwrap();
+    record_generation(&tx, &rec(&s, 2)).unwrap();
+    record_generation(&tx, &rec(&s, 2)).unwrap();
+    check_generation(&tx, &rec(&s, 2)).unwrap();
     tx.commit().unwrap();
     let tx = c.transaction().unwrap();
-    let e = record_generation(&tx, &s, gen_(1)).unwrap_err();
+    let e = record_generation(&tx, &rec(&s, 1)).unwrap_err();
     assert_eq!(e.code(), "stale_generation");
     assert!(e.is_retryable());
-    let e = check_generation(&tx, &s, gen_(1)).unwrap_err();
+    let e = check_generation(&tx, &rec(&s, 1)).unwrap_err();
     assert_eq!(e.code(), "stale_generation");
     assert_eq!(
-        check_generation(&tx, &s, gen_(3)).unwrap_err().code(),
+        check_generation(&tx, &rec(&s, 3)).unwrap_err().code(),
         "fence_not_recorded"
     );
-    record_generation(&tx, &s, gen_(5)).unwrap();
+    record_generation(&tx, &rec(&s, 5)).unwrap();
     tx.commit().unwrap();
     assert_eq!(fenced_generation(&c, &s).unwrap(), Some(5));
     // A rolled-back record leaves the fence as it was.
     let tx = c.transaction().unwrap();
-    record_generation(&tx, &s, gen_(9)).unwrap();
+    record_generation(&tx, &rec(&s, 9)).unwrap();
     drop(tx);
     assert_eq!(fenced_generation(&c, &s).unwrap(), Some(5));
     // Fences of other scopes are independent.
     let other = scope("st1:Room:shard1");
     let tx = c.transaction().unwrap();
-    record_generation(&tx, &other, gen_(1)).unwrap();
+    record_generation(&tx, &rec(&other, 1)).unwrap();
     tx.commit().unwrap();
 }
 
@@ -263,14 +278,14 @@ fn a_takeover_between_check_and_commit_refuses_the_commit() {
     let mut new = object_db(&path);
     let s = scope("st1:Room:shard0");
     let tx = old.transaction().unwrap();
-    record_generation(&tx, &s, gen_(1)).unwrap();
+    record_generation(&tx, &rec(&s, 1)).unwrap();
     tx.commit().unwrap();
     // The old owner checks its fence, then pauses before writing.
     let tx = old.transaction().unwrap();
-    check_generation(&tx, &s, gen_(1)).unwrap();
+    check_generation(&tx, &rec(&s, 1)).unwrap();
     // The new owner records its generation and commits meanwhile.
     let tx2 = new.transaction().unwrap();
-    record_generation(&tx2, &s, gen_(2)).unwrap();
+    record_generation(&tx2, &rec(&s, 2)).unwrap();
     tx2.commit().unwrap();
     // The old owner's write cannot commit over the newer fence.
     let landed = tx
@@ -328,9 +343,9 @@ fn fenced_append(
     if fencing {
         let key = (scope.to_string(), generation.get());
         let fenced = if recorded.contains(&key) {
-            check_generation(&tx, scope, generation)
+            check_generation(&tx, &holder(scope, task, generation))
         } else {
-            record_generation(&tx, scope, generation).map(|()| {
+            record_generation(&tx, &holder(scope, task, generation)).map(|()| {
                 recorded.insert(key);
             })
         };
