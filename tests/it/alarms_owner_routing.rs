@@ -261,3 +261,79 @@ async fn owner_elsewhere_waits_for_the_remote_lease_instead_of_a_hot_loop() {
     );
     assert_eq!(forwards.0.load(Ordering::SeqCst), 1);
 }
+
+/// A lease store whose owner snapshot read loses its reply (outcome unknown
+/// for the read); everything else passes through.
+struct SnapshotLost(Store);
+
+impl durability_ownership::LeaseStore for SnapshotLost {
+    async fn claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        ttl_ms: u64,
+    ) -> Result<durability_ownership::ClaimOutcome, durability_ownership::OwnershipError> {
+        self.0.claim(scope, lifecycle, task, ttl_ms).await
+    }
+    async fn renew(
+        &self,
+        record: &durability_ownership::OwnerRecord,
+        ttl_ms: u64,
+    ) -> Result<durability_ownership::Lease, durability_ownership::OwnershipError> {
+        self.0.renew(record, ttl_ms).await
+    }
+    async fn release(
+        &self,
+        record: &durability_ownership::OwnerRecord,
+    ) -> Result<bool, durability_ownership::OwnershipError> {
+        self.0.release(record).await
+    }
+    async fn snapshot(
+        &self,
+        _scope: &OwnerScope,
+        _lifecycle: &LifecycleId,
+    ) -> Result<durability_ownership::OwnerSnapshot, durability_ownership::OwnershipError> {
+        Err(durability_ownership::OwnershipError::OwnerUnavailable {
+            source: "the reply was lost".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_admission_whose_snapshot_read_is_lost_never_started_the_handler() {
+    // Admission reads the owner snapshot before the handler runs, so a lost
+    // reply there proves the alarm did not run: never started (retried
+    // through the owner path), not an unknown outcome that would hold the
+    // claim for its whole lease.
+    let w = world().await;
+    let host = OwnerRouted::new(
+        Local("host-a", w.log.clone()),
+        DeadOwner::default(),
+        Ownership::new(
+            SnapshotLost(Arc::clone(&w.store)),
+            w.clock.clone(),
+            TaskId::new("host-a").unwrap(),
+            OwnershipSettings {
+                owner_ttl_ms: TTL,
+                lease_guard_ms: 1_000,
+                ..OwnershipSettings::default()
+            },
+        ),
+        w.scope_of.clone(),
+    );
+    let outcome = host
+        .dispatch(Delivery {
+            object: obj("room-1"),
+            token: Token::new("row1").unwrap(),
+            scheduled_at: START,
+            attempt: 1,
+            final_attempt: false,
+        })
+        .await;
+    assert!(
+        matches!(outcome, DispatchOutcome::NeverStarted { .. }),
+        "{outcome:?}"
+    );
+    assert!(w.log.lock().unwrap().is_empty(), "the handler did not run");
+}

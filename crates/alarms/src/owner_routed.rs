@@ -17,8 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use durability_ownership::{
-    Clock, DispatchOutcome as OwnerOutcome, LeaseStore, LifecycleId, OwnerScope, Ownership,
-    OwnershipError, Resolution, TaskId,
+    Clock, LeaseStore, LifecycleId, OwnerScope, Ownership, OwnershipError, Resolution, TaskId,
 };
 use durability_scheduler::ObjectId;
 
@@ -41,7 +40,10 @@ pub trait Forward: Send + Sync + 'static {
 }
 
 /// A [`Dispatch`] that routes each delivery to the owning task and admits
-/// local deliveries through [`Ownership::admit`].
+/// local deliveries through [`Ownership::admit`]. A refused resolution or
+/// admission is reported as never started whatever the ownership error (the
+/// handler was not called), except inactive storage and a whole-delete lock,
+/// which discard the job as gone.
 pub struct OwnerRouted<L, F, S, C> {
     local: L,
     forward: F,
@@ -80,10 +82,12 @@ fn refused(object: &ObjectId, e: &OwnershipError) -> DispatchOutcome {
         );
         return DispatchOutcome::Gone;
     }
-    match e.outcome() {
-        OwnerOutcome::NotStarted => DispatchOutcome::NeverStarted { reason },
-        OwnerOutcome::Unknown => DispatchOutcome::Unknown { reason },
-    }
+    // Every refusal here comes from owner resolution or admission, both
+    // before the handler is called, so the alarm provably did not run: even
+    // an ownership error whose store step has an unknown outcome (a lost
+    // reply to the admission snapshot or a claim) leaves the handler never
+    // started. Holding the claim for its whole lease would only delay it.
+    DispatchOutcome::NeverStarted { reason }
 }
 
 /// The wait used when the owner snapshot cannot be read.
