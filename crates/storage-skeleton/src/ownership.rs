@@ -1,8 +1,8 @@
 //! Owner leases ([`SkeletonLeaseStore`]: `LeaseStore` and `LifecycleAdmin`).
 
 use durability_ownership::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, LifecycleId, OwnerRecord,
-    OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
+    ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
+    OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
 };
 
 use crate::Unsupported;
@@ -43,6 +43,27 @@ impl LeaseStore for SkeletonLeaseStore {
         Err(unavailable("renew"))
     }
 
+    async fn renew_many(
+        &self,
+        records: &[OwnerRecord],
+        _ttl_ms: u64,
+    ) -> Vec<Result<Lease, OwnershipError>> {
+        // Renew every record with every check of `renew`, in as few round trips as the store allows; one result per record, in order.
+        records
+            .iter()
+            .map(|_| Err(unavailable("renew_many")))
+            .collect()
+    }
+
+    async fn raise_generation_floor(
+        &self,
+        _scope: &OwnerScope,
+        _floor: Generation,
+    ) -> Result<u64, OwnershipError> {
+        // Atomically set the scope's generation counter to max(counter, floor), never lowering it; return the counter. The generation counters are what the store must persist.
+        Err(unavailable("raise_generation_floor"))
+    }
+
     async fn release(&self, _record: &OwnerRecord) -> Result<bool, OwnershipError> {
         // Delete the owner record only if it is exactly `record`; the generation counter stays.
         Err(unavailable("release"))
@@ -75,5 +96,17 @@ impl LifecycleAdmin for SkeletonLeaseStore {
     ) -> Result<(), OwnershipError> {
         // Set or remove the lifecycle's delete lock.
         Err(unavailable("set_delete_lock"))
+    }
+}
+
+#[cfg(feature = "scheduler")]
+impl durability_ownership::ObjectFence for crate::SkeletonStorage {
+    fn fence_claim(
+        &self,
+        _record: &OwnerRecord,
+        _budget: Option<std::sync::Arc<dyn durability_ownership::BudgetCheck>>,
+    ) -> Result<(), OwnershipError> {
+        // In one object transaction: refuse a higher fenced generation, or the same generation held by another record; else record `record` as the holder. From then on every commit checks the holder and, right before COMMIT, that `budget` is not spent.
+        Err(unavailable("fence_claim"))
     }
 }

@@ -93,6 +93,28 @@ async fn assert_lease_store<L: LeaseStore + LifecycleAdmin>(store: &L) {
         .await
         .expect_err("stub");
     assert_eq!(e.code(), "owner_store_unavailable");
+    let floor = durability_ownership::Generation::new(3).expect("valid generation");
+    let e = store
+        .raise_generation_floor(&scope, floor)
+        .await
+        .expect_err("stub");
+    assert_eq!(operation(&e), "raise_generation_floor");
+}
+
+fn assert_object_fence<F: durability_ownership::ObjectFence>(f: &F) {
+    let record = durability_ownership::OwnerRecord::new(
+        OwnerScope::parse(
+            "storage:Counter:shard0",
+            ShardCount::new(16).expect("valid count"),
+        )
+        .expect("valid scope"),
+        LifecycleId::new("life").expect("valid lifecycle id"),
+        durability_ownership::TaskId::new("task-1").expect("valid task id"),
+        durability_ownership::Generation::new(1).expect("valid generation"),
+    );
+    let e = f.fence_claim(&record, None).expect_err("stub");
+    assert_eq!(e.code(), "owner_store_unavailable");
+    assert_eq!(operation(&e), "fence_claim");
 }
 
 async fn assert_shard<S: Shard>(s: &S) {
@@ -126,6 +148,7 @@ async fn every_stub_returns_its_traits_unavailable_error() {
     assert_read_store(&SkeletonPublication::new()).await;
     assert_alarm_index(&SkeletonAlarmIndex::new()).await;
     assert_lease_store(&SkeletonLeaseStore::new()).await;
+    assert_object_fence(&SkeletonStorage::new());
     assert_shard(&SkeletonShard::new()).await;
     assert_mapping_store(&SkeletonMappingStore::new()).await;
     assert_ledger(&SkeletonLedger::new()).await;
