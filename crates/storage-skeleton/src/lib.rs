@@ -24,7 +24,8 @@
 //!   (`Publisher` and `ReadStore`).
 //! - `alarms`: `AlarmTx` on [`SkeletonTx`], and the `alarms` module
 //!   (`AlarmIndex`).
-//! - `ownership`: the `ownership` module (`LeaseStore`, `LifecycleAdmin`).
+//! - `ownership`: the `ownership` module (`LeaseStore`, `LifecycleAdmin`), and
+//!   `ObjectFence` on [`SkeletonStorage`] with `scheduler`.
 //! - `migration`: the `migration` module (`Shard`, `MappingStore`,
 //!   `AllocationLedger`).
 //!
