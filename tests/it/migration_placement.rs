@@ -13,9 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
-    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
-    MemoryMappingStore, MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql,
-    Statement, Value, row,
+    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore, MigrationConfig,
+    Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -457,7 +456,7 @@ async fn prune_needs_an_explicit_journal_shard() {
 
 /// A mapping store whose reads fail while `down` is set.
 struct FlakyMapping {
-    inner: Arc<MemoryMappingStore>,
+    inner: Arc<dyn MappingStore>,
     down: AtomicBool,
 }
 
