@@ -15,6 +15,7 @@ use durability_alarms::{
 };
 use durability_scheduler::{ManualClock, ObjectContext, Scheduler, Storage};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
+use durability_storage_redis::testkit::delete_prefix;
 
 /// The manual clock's start: a realistic Unix time.
 pub const START: i64 = 1_700_000_000_000;
@@ -301,17 +302,5 @@ pub async fn redis_index_with(
 
 /// Deletes every key under `prefix`.
 pub async fn redis_cleanup(ix: &RedisAlarmIndex) {
-    let mut c = ix.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", ix.prefix()))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    delete_prefix(ix.connection(), ix.prefix()).await.unwrap();
 }
