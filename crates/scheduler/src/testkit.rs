@@ -441,29 +441,39 @@ pub mod conformance {
 /// ```
 #[macro_export]
 macro_rules! scheduler_conformance {
-    (@cases $($then:tt)*) => {
-        $crate::scheduler_conformance! { @$($then)* [
+    ($($args:tt)*) => {
+        $crate::storage_suite! { $crate::conformance::run_case, [
             alarm_roundtrip
             dues_and_earliest
             rollback_discards
             schema_versions
             migrate_up_down_and_unknown
-        ] }
+        ], $($args)* }
     };
-    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
-    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+}
+
+/// The one body of the storage conformance macros
+/// ([`scheduler_conformance!`](crate::scheduler_conformance) and those of
+/// the outbox, topology and alarms crates): given the function that runs one
+/// case by name and the suite's cases, `@cases names` is the slice of the
+/// case names, and `$module, $make` emits a module `$module` with one
+/// `#[test]` per case that calls `$run(case, $make)` (`$make` is evaluated
+/// inside the new module, which sees the caller's items through
+/// `use super::*`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! storage_suite {
+    ($run:path, [$($case:ident)*], @cases names) => { &[$(stringify!($case)),*] };
+    ($run:path, [$($case:ident)*], $module:ident, $make:expr $(,)?) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
             $(
                 #[test]
                 fn $case() {
-                    $crate::conformance::run_case(stringify!($case), $make);
+                    $run(stringify!($case), $make);
                 }
             )*
         }
-    };
-    ($module:ident, $make:expr $(,)?) => {
-        $crate::scheduler_conformance! { @cases tests $module ($make) }
     };
 }
