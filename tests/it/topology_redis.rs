@@ -36,24 +36,30 @@ async fn redis(test: &str) -> Option<(ConnectionManager, String)> {
     }
 }
 
-#[tokio::test]
-async fn plain_redis_publisher_passes_the_conformance_suite_and_is_last_write_wins() {
-    let Some((conn, prefix)) = redis("plain").await else {
+/// Runs the publication conformance suite on the publisher `make` builds
+/// over a fresh prefix, read back through a `RedisReadStore` (`versioned`:
+/// the publisher refuses late old writes).
+async fn publication_suite<P: Publisher>(
+    test: &str,
+    make: impl FnOnce(ConnectionManager, &str) -> P,
+    versioned: bool,
+) {
+    let Some((conn, prefix)) = redis(test).await else {
         return;
     };
-    let publisher = RedisPublisher::new(conn.clone(), &prefix);
+    let publisher = make(conn.clone(), &prefix);
     let reader = RedisReadStore::new(conn, &prefix);
-    run_publication(&publisher, &reader, "", false).await;
+    run_publication(&publisher, &reader, "", versioned).await;
+}
+
+#[tokio::test]
+async fn plain_redis_publisher_passes_the_conformance_suite_and_is_last_write_wins() {
+    publication_suite("plain", |c, p| RedisPublisher::new(c, p), false).await;
 }
 
 #[tokio::test]
 async fn versioned_redis_publisher_passes_the_conformance_suite_and_refuses_late_old_writes() {
-    let Some((conn, prefix)) = redis("versioned").await else {
-        return;
-    };
-    let publisher = RedisVersionedPublisher::new(conn.clone(), &prefix);
-    let reader = RedisReadStore::new(conn, &prefix);
-    run_publication(&publisher, &reader, "", true).await;
+    publication_suite("versioned", |c, p| RedisVersionedPublisher::new(c, p), true).await;
 }
 
 #[tokio::test]
