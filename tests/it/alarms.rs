@@ -351,6 +351,12 @@ async fn dispatcher_crash_at_every_index_call_on_redis_loses_nothing() {
     delete_prefix(probe.connection(), &prefix).await.unwrap();
 }
 
+/// A host of objects on SQLite files with a SQLite alarm index.
+type FileHost = Host<SqliteStorage, SqliteAlarmIndex>;
+
+/// An object of a [`FileHost`].
+type FileObj = Obj<SqliteStorage, SqliteAlarmIndex>;
+
 /// An object on a SQLite file whose backend flush of one alarm call is
 /// lost: the call hangs at the index and is dropped with the process.
 struct LostFlush {
@@ -423,14 +429,8 @@ impl LostFlush {
     }
 
     /// A fresh host with object `o` reopened from its file on `index`.
-    fn reopen(
-        &self,
-        index: &Arc<SqliteAlarmIndex>,
-    ) -> (
-        Arc<Host<SqliteStorage, SqliteAlarmIndex>>,
-        Arc<Obj<SqliteStorage, SqliteAlarmIndex>>,
-    ) {
-        let host: Arc<Host<SqliteStorage, SqliteAlarmIndex>> = Arc::default();
+    fn reopen(&self, index: &Arc<SqliteAlarmIndex>) -> (Arc<FileHost>, Arc<FileObj>) {
+        let host: Arc<FileHost> = Arc::default();
         let o = host.open(
             "o",
             sqlite_object(&self.obj_path),
@@ -446,9 +446,9 @@ impl LostFlush {
     async fn dispatch(
         &self,
         index: &Arc<SqliteAlarmIndex>,
-        host: &Arc<Host<SqliteStorage, SqliteAlarmIndex>>,
+        host: &Arc<FileHost>,
         n: u64,
-    ) -> Dispatcher<SqliteAlarmIndex, Host<SqliteStorage, SqliteAlarmIndex>> {
+    ) -> Dispatcher<SqliteAlarmIndex, FileHost> {
         let d = Dispatcher::new(
             Arc::clone(index),
             Arc::clone(host),
