@@ -345,7 +345,23 @@ pub mod conformance {
     use crate::error::SchedulerError;
     use crate::schema::{SchemaTarget, migrate};
 
-    pub use super::{CrashMode, CrashStorage, MemoryState, MemoryStorage, MemoryTx};
+    pub use super::{
+        CrashGate, CrashMode, CrashPoint, CrashStorage, MemoryState, MemoryStorage, MemoryTx,
+    };
+
+    /// Two schema steps (`1 initial`, `2 second`) for the `"conformance"`
+    /// capability the suite migrates: what a backend registers it with (and
+    /// pairs with its own statements).
+    pub const STEPS: &[SchemaStep] = &[
+        SchemaStep {
+            version: 1,
+            name: "initial",
+        },
+        SchemaStep {
+            version: 2,
+            name: "second",
+        },
+    ];
 
     /// The names of the suite's cases, in order.
     pub const CASES: &[&str] = crate::scheduler_conformance!(@cases names);
