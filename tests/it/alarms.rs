@@ -442,6 +442,21 @@ impl LostFlush {
         (host, o)
     }
 
+    /// Reopens the index and the object as [`LostFlush::reopen`] does,
+    /// checking first that the index holds `jobs.0` jobs, then that the
+    /// object reads its alarm as `alarm.0` (each with its message).
+    async fn reopen_expecting(
+        &self,
+        jobs: (u64, &str),
+        alarm: (Option<i64>, &str),
+    ) -> (Arc<SqliteAlarmIndex>, Arc<FileHost>, Arc<FileObj>) {
+        let index = self.index();
+        assert_eq!(index.counts().await.unwrap().total(), jobs.0, "{}", jobs.1);
+        let (host, o) = self.reopen(&index);
+        assert_eq!(o.alarms.get_alarm().await.unwrap(), alarm.0, "{}", alarm.1);
+        (index, host, o)
+    }
+
     /// Drains the index with a dispatcher of id `n` on the fresh `host`.
     async fn dispatch(
         &self,
@@ -471,18 +486,12 @@ async fn object_crash_between_commit_and_flush_on_sqlite() {
     {
         let lost = LostFlush::crash(LostCall::Set).await;
         tried += 1;
-        let index = lost.index();
-        assert_eq!(
-            index.counts().await.unwrap().total(),
-            0,
-            "the flush never landed"
-        );
-        let (host, o) = lost.reopen(&index);
-        assert_eq!(
-            o.alarms.get_alarm().await.unwrap(),
-            Some(START + 10),
-            "local row committed"
-        );
+        let (index, host, _o) = lost
+            .reopen_expecting(
+                (0, "the flush never landed"),
+                (Some(START + 10), "local row committed"),
+            )
+            .await;
         assert_eq!(
             index.counts().await.unwrap().total(),
             1,
@@ -495,18 +504,12 @@ async fn object_crash_between_commit_and_flush_on_sqlite() {
     {
         let lost = LostFlush::crash(LostCall::Delete).await;
         tried += 1;
-        let index = lost.index();
-        assert_eq!(
-            index.counts().await.unwrap().total(),
-            1,
-            "the backend job is still there"
-        );
-        let (host, o) = lost.reopen(&index);
-        assert_eq!(
-            o.alarms.get_alarm().await.unwrap(),
-            None,
-            "a pending delete reads as no alarm"
-        );
+        let (index, host, o) = lost
+            .reopen_expecting(
+                (1, "the backend job is still there"),
+                (None, "a pending delete reads as no alarm"),
+            )
+            .await;
         let d = lost.dispatch(&index, &host, 6).await;
         assert!(lost.log.events().is_empty(), "the fenced alarm never ran");
         assert_eq!(d.counters().snapshot().ignored, 1);
