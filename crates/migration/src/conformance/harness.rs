@@ -334,6 +334,52 @@ impl<H: BeforeWrite> Shard for HookedShard<H> {
     }
 }
 
+/// An insert of `(id, n)` into the table `t (id, n)` with `shard`'s
+/// placeholders.
+pub fn insert_t(shard: &dyn Shard, id: &str, n: Value) -> Statement {
+    let d = shard.dialect();
+    Statement::with_params(
+        format!(
+            "INSERT INTO t (id, n) VALUES ({}, {})",
+            d.placeholder(1),
+            d.placeholder(2)
+        ),
+        vec![Value::from(id), n],
+    )
+}
+
+/// A failing batch rolls back every statement: on the caller's empty table
+/// `t (id, n BIGINT NOT NULL)`, each of `bads` comes last in a batch after
+/// two inserts that succeed, the batch fails and `t` stays empty; then a
+/// batch of two inserts commits (the backend still works after failed
+/// transactions).
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub async fn failed_batches_roll_back(shard: &dyn Shard, bads: Vec<Statement>) {
+    for bad in bads {
+        let stmts = vec![
+            insert_t(shard, "x", 1i64.into()),
+            insert_t(shard, "y", 2i64.into()),
+            bad,
+        ];
+        assert!(shard.batch(&stmts).await.is_err(), "the batch fails");
+        let rows = shard
+            .query(&Statement::new("SELECT count(*) AS c FROM t"))
+            .await
+            .unwrap();
+        assert_eq!(rows[0].get("c"), Some(&Value::Integer(0)), "rolled back");
+    }
+    let counts = shard
+        .batch(&[
+            insert_t(shard, "x", 1i64.into()),
+            insert_t(shard, "y", 2i64.into()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(counts, vec![1, 1], "works after failed transactions");
+}
+
 /// A `users` row.
 pub fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
