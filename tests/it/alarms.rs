@@ -18,11 +18,12 @@ use durability_alarms::{
 use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{Clock, ManualClock, Storage, StorageErrorKind};
 use durability_storage_redis::alarms::IndexTime;
+use durability_storage_redis::testkit::delete_prefix;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use rand::{Rng, SeedableRng};
 use support::{
-    CrashMode, Crashy, Event, FailFirst, FailPlan, FailRandom, Host, Log, NoFail, START,
+    CrashMode, Crashy, Event, FailFirst, FailPlan, FailRandom, Host, Log, NoFail, Obj, START,
     redis_cleanup, redis_index, redis_index_with, unique_prefix,
 };
 
@@ -347,18 +348,131 @@ async fn dispatcher_crash_at_every_index_call_on_redis_loses_nothing() {
     eprintln!(
         "alarms redis: dispatcher crash points tried: {tried} (index calls per run: {total})"
     );
-    let mut c = probe.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut c)
-        .await
+    delete_prefix(probe.connection(), &prefix).await.unwrap();
+}
+
+/// A host of objects on SQLite files with a SQLite alarm index.
+type FileHost = Host<SqliteStorage, SqliteAlarmIndex>;
+
+/// An object of a [`FileHost`].
+type FileObj = Obj<SqliteStorage, SqliteAlarmIndex>;
+
+/// An object on a SQLite file whose backend flush of one alarm call is
+/// lost: the call hangs at the index and is dropped with the process.
+struct LostFlush {
+    _dir: tempfile::TempDir,
+    clock: ManualClock,
+    index_path: std::path::PathBuf,
+    obj_path: std::path::PathBuf,
+    log: Log,
+}
+
+/// The alarm call whose flush is lost.
+enum LostCall {
+    /// `set_alarm(START + 10)`.
+    Set,
+    /// `delete_alarm()` after a `set_alarm(START + 10)` that landed.
+    Delete,
+}
+
+impl LostFlush {
+    /// Opens object `o` on a faulty index, makes `call` hang at the index
+    /// and drops the call and the process.
+    async fn crash(call: LostCall) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let lost = Self {
+            clock: ManualClock::new(START),
+            index_path: dir.path().join("index.db"),
+            obj_path: dir.path().join("o.db"),
+            log: Log::default(),
+            _dir: dir,
+        };
+        let faulty = Arc::new(FaultIndex::new(
+            SqliteAlarmIndex::open(&lost.index_path, Synchronous::Off).unwrap(),
+        ));
+        let host1: Arc<Host<SqliteStorage, FaultIndex<SqliteAlarmIndex>>> = Arc::default();
+        let o = host1.open(
+            "o",
+            sqlite_object(&lost.obj_path),
+            &lost.clock,
+            Arc::clone(&faulty),
+            &lost.log,
+            Arc::new(NoFail),
+        );
+        let calls = match call {
+            LostCall::Set => 1,
+            LostCall::Delete => {
+                o.alarms.set_alarm(START + 10).await.unwrap();
+                2
+            }
+        };
+        faulty.fail_next(Fault::Hang);
+        let alarms = o.alarms.clone();
+        let call = tokio::spawn(async move {
+            match call {
+                LostCall::Set => alarms.set_alarm(START + 10).await,
+                LostCall::Delete => alarms.delete_alarm().await,
+            }
+        });
+        while faulty.calls() < calls {
+            tokio::task::yield_now().await;
+        }
+        call.abort();
+        let _ = call.await;
+        drop((o, host1));
+        lost
+    }
+
+    /// The index reopened from its file.
+    fn index(&self) -> Arc<SqliteAlarmIndex> {
+        Arc::new(SqliteAlarmIndex::open(&self.index_path, Synchronous::Off).unwrap())
+    }
+
+    /// A fresh host with object `o` reopened from its file on `index`.
+    fn reopen(&self, index: &Arc<SqliteAlarmIndex>) -> (Arc<FileHost>, Arc<FileObj>) {
+        let host: Arc<FileHost> = Arc::default();
+        let o = host.open(
+            "o",
+            sqlite_object(&self.obj_path),
+            &self.clock,
+            Arc::clone(index),
+            &self.log,
+            Arc::new(NoFail),
+        );
+        (host, o)
+    }
+
+    /// Reopens the index and the object as [`LostFlush::reopen`] does,
+    /// checking first that the index holds `jobs.0` jobs, then that the
+    /// object reads its alarm as `alarm.0` (each with its message).
+    async fn reopen_expecting(
+        &self,
+        jobs: (u64, &str),
+        alarm: (Option<i64>, &str),
+    ) -> (Arc<SqliteAlarmIndex>, Arc<FileHost>, Arc<FileObj>) {
+        let index = self.index();
+        assert_eq!(index.counts().await.unwrap().total(), jobs.0, "{}", jobs.1);
+        let (host, o) = self.reopen(&index);
+        assert_eq!(o.alarms.get_alarm().await.unwrap(), alarm.0, "{}", alarm.1);
+        (index, host, o)
+    }
+
+    /// Drains the index with a dispatcher of id `n` on the fresh `host`.
+    async fn dispatch(
+        &self,
+        index: &Arc<SqliteAlarmIndex>,
+        host: &Arc<FileHost>,
+        n: u64,
+    ) -> Dispatcher<SqliteAlarmIndex, FileHost> {
+        let d = Dispatcher::new(
+            Arc::clone(index),
+            Arc::clone(host),
+            Arc::new(self.clock.clone()),
+            config(n),
+        )
         .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        drain(&d, index.as_ref(), &self.clock, 1_000, 10).await;
+        d
     }
 }
 
@@ -370,127 +484,34 @@ async fn object_crash_between_commit_and_flush_on_sqlite() {
     let mut tried = 0;
     // A set lost before the backend saw it: get_alarm repairs it, and it is delivered.
     {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(START);
-        let index_path = dir.path().join("index.db");
-        let obj_path = dir.path().join("o.db");
-        let faulty = Arc::new(FaultIndex::new(
-            SqliteAlarmIndex::open(&index_path, Synchronous::Off).unwrap(),
-        ));
-        let host1: Arc<Host<SqliteStorage, FaultIndex<SqliteAlarmIndex>>> = Arc::default();
-        let log = Log::default();
-        let o = host1.open(
-            "o",
-            sqlite_object(&obj_path),
-            &clock,
-            Arc::clone(&faulty),
-            &log,
-            Arc::new(NoFail),
-        );
-        faulty.fail_next(Fault::Hang);
-        let alarms = o.alarms.clone();
-        let call = tokio::spawn(async move { alarms.set_alarm(START + 10).await });
-        while faulty.calls() < 1 {
-            tokio::task::yield_now().await;
-        }
-        call.abort();
-        let _ = call.await;
-        drop((o, host1));
+        let lost = LostFlush::crash(LostCall::Set).await;
         tried += 1;
-        let index = Arc::new(SqliteAlarmIndex::open(&index_path, Synchronous::Off).unwrap());
-        assert_eq!(
-            index.counts().await.unwrap().total(),
-            0,
-            "the flush never landed"
-        );
-        let host: Arc<Host<SqliteStorage, SqliteAlarmIndex>> = Arc::default();
-        let o = host.open(
-            "o",
-            sqlite_object(&obj_path),
-            &clock,
-            Arc::clone(&index),
-            &log,
-            Arc::new(NoFail),
-        );
-        assert_eq!(
-            o.alarms.get_alarm().await.unwrap(),
-            Some(START + 10),
-            "local row committed"
-        );
+        let (index, host, _o) = lost
+            .reopen_expecting(
+                (0, "the flush never landed"),
+                (Some(START + 10), "local row committed"),
+            )
+            .await;
         assert_eq!(
             index.counts().await.unwrap().total(),
             1,
             "read repair rewrote the job"
         );
-        let d = Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(5),
-        )
-        .unwrap();
-        drain(&d, index.as_ref(), &clock, 1_000, 10).await;
-        assert_eq!(log.successes("o"), 1);
+        lost.dispatch(&index, &host, 5).await;
+        assert_eq!(lost.log.successes("o"), 1);
     }
     // A delete lost before the backend saw it: the fenced row never runs.
     {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(START);
-        let index_path = dir.path().join("index.db");
-        let obj_path = dir.path().join("o.db");
-        let faulty = Arc::new(FaultIndex::new(
-            SqliteAlarmIndex::open(&index_path, Synchronous::Off).unwrap(),
-        ));
-        let host1: Arc<Host<SqliteStorage, FaultIndex<SqliteAlarmIndex>>> = Arc::default();
-        let log = Log::default();
-        let o = host1.open(
-            "o",
-            sqlite_object(&obj_path),
-            &clock,
-            Arc::clone(&faulty),
-            &log,
-            Arc::new(NoFail),
-        );
-        o.alarms.set_alarm(START + 10).await.unwrap();
-        faulty.fail_next(Fault::Hang);
-        let alarms = o.alarms.clone();
-        let call = tokio::spawn(async move { alarms.delete_alarm().await });
-        while faulty.calls() < 2 {
-            tokio::task::yield_now().await;
-        }
-        call.abort();
-        let _ = call.await;
-        drop((o, host1));
+        let lost = LostFlush::crash(LostCall::Delete).await;
         tried += 1;
-        let index = Arc::new(SqliteAlarmIndex::open(&index_path, Synchronous::Off).unwrap());
-        assert_eq!(
-            index.counts().await.unwrap().total(),
-            1,
-            "the backend job is still there"
-        );
-        let host: Arc<Host<SqliteStorage, SqliteAlarmIndex>> = Arc::default();
-        let o = host.open(
-            "o",
-            sqlite_object(&obj_path),
-            &clock,
-            Arc::clone(&index),
-            &log,
-            Arc::new(NoFail),
-        );
-        assert_eq!(
-            o.alarms.get_alarm().await.unwrap(),
-            None,
-            "a pending delete reads as no alarm"
-        );
-        let d = Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(6),
-        )
-        .unwrap();
-        drain(&d, index.as_ref(), &clock, 1_000, 10).await;
-        assert!(log.events().is_empty(), "the fenced alarm never ran");
+        let (index, host, o) = lost
+            .reopen_expecting(
+                (1, "the backend job is still there"),
+                (None, "a pending delete reads as no alarm"),
+            )
+            .await;
+        let d = lost.dispatch(&index, &host, 6).await;
+        assert!(lost.log.events().is_empty(), "the fenced alarm never ran");
         assert_eq!(d.counters().snapshot().ignored, 1);
         o.alarms.delete_alarm().await.unwrap();
         let row = o.alarms.storage().transaction(|tx| tx.alarm_row()).unwrap();

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::CrashRun;
-use durability_migration::{Ident, MappingStore, MoveState, Row, Value, VerifyOptions, row};
+use durability_migration::{Ident, MoveState, Row, Value, VerifyOptions, row};
 
 use Kind::{MySql, Postgres, Sqlite};
 
@@ -181,38 +180,10 @@ async fn crash_case_with(
     if kinds.len() > 2 {
         e.journal = "s2";
     }
-    let CrashRun {
-        fresh,
-        report: rep,
-        tripped,
-        recovery_tripped,
-    } = e.crash_move(tables, n, mode, recovery_crash).await;
-    assert!(rep.failed.is_empty(), "{kinds:?} n={n} {mode:?}: {rep:?}");
-    clean_verify(&fresh).await;
-    for (t, c) in [("users", "id"), ("orgs", "org_id")] {
-        let live = e.live(t, c, "k").await;
-        assert_eq!(
-            live.len(),
-            1,
-            "{kinds:?} n={n} {mode:?}: one row of {t}: {live:?}"
-        );
-        if tables.contains(&t) {
-            assert_eq!(fresh.get("k", t).await.unwrap().unwrap(), live[0].1);
-        } else {
-            assert_eq!(live[0].0, "s0", "a table outside the move stays");
-        }
-    }
-    let got = fresh.get("k", "users").await.unwrap().unwrap();
-    assert_eq!(
-        got.get("name"),
-        Some(&Value::from("acked")),
-        "acknowledged write kept"
-    );
-    assert_eq!(
-        fresh.update("k", "users", user("after", 3)).await.unwrap(),
-        1
-    );
-    Some((tripped, recovery_tripped))
+    let run = e.crash_move(tables, n, mode, recovery_crash).await;
+    run.check(&e, tables, &format!("{kinds:?} n={n} {mode:?}"))
+        .await;
+    Some((run.tripped, run.recovery_tripped))
 }
 
 /// Crashes the move at each of its writes in turn, in both modes; returns

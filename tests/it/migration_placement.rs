@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
+use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
-    MemoryMappingStore, MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql,
-    Statement, Value, row,
+    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore, MigrationConfig,
+    Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -170,19 +170,19 @@ async fn epochs_route_reads_and_writes_on_every_dialect() {
     }
 }
 
-/// Wraps the journal shard: before each manifest swap, another writer
-/// swaps first (a legitimate compare-and-swap that bumps the revision).
-struct RacingShard {
-    inner: Arc<dyn Shard>,
+/// A write hook for the journal shard: while `racing`, before each manifest
+/// swap, another writer swaps first (a legitimate compare-and-swap that
+/// bumps the revision).
+struct Racing {
     racing: AtomicBool,
 }
 
-impl RacingShard {
-    async fn race(&self) -> Result<(), BackendError> {
-        let d = self.inner.dialect();
+impl Racing {
+    async fn race(inner: &Arc<dyn Shard>) -> Result<(), BackendError> {
+        let d = inner.dialect();
         let mut q = Sql::new(&d);
         q.raw("SELECT revision, body FROM durability_manifest");
-        let rows = self.inner.query(&q.finish()).await?;
+        let rows = inner.query(&q.finish()).await?;
         let r = rows.first().ok_or("no manifest")?;
         let body = r.get("body").and_then(Value::as_text).ok_or("no body")?;
         let mut m: Manifest = serde_json::from_str(body)?;
@@ -195,48 +195,39 @@ impl RacingShard {
             .bind(serde_json::to_string(&m)?)
             .raw(" WHERE revision = ")
             .bind(old);
-        self.inner.execute(&u.finish()).await?;
+        inner.execute(&u.finish()).await?;
         Ok(())
     }
 }
 
-impl Shard for RacingShard {
-    fn dialect(&self) -> durability_migration::Dialect {
-        self.inner.dialect()
-    }
-    fn batch_support(&self) -> durability_migration::BatchSupport {
-        self.inner.batch_support()
-    }
-    fn single_connection(&self) -> bool {
-        self.inner.single_connection()
-    }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
-        Box::pin(async move {
-            if self.racing.load(Ordering::SeqCst)
-                && stmt.sql.starts_with("UPDATE durability_manifest")
-            {
-                self.race().await?;
-            }
-            self.inner.execute(stmt).await
-        })
-    }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
-        self.inner.query(stmt)
-    }
-    fn batch<'a>(
+impl BeforeWrite for Racing {
+    fn before_write<'a>(
         &'a self,
+        inner: &'a Arc<dyn Shard>,
         stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        self.inner.batch(stmts)
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            // The router swaps the manifest in a statement of its own.
+            if self.racing.load(Ordering::SeqCst)
+                && stmts
+                    .iter()
+                    .any(|s| s.sql.starts_with("UPDATE durability_manifest"))
+            {
+                Self::race(inner).await?;
+            }
+            Ok(())
+        })
     }
 }
 
 async fn epoch_limits(kinds: [Kind; 3]) {
     let Some(e) = env(&kinds).await else { return };
-    let racing = Arc::new(RacingShard {
-        inner: Arc::clone(e.shard("s0")),
-        racing: AtomicBool::new(false),
-    });
+    let racing = Arc::new(HookedShard::new(
+        Arc::clone(e.shard("s0")),
+        Racing {
+            racing: AtomicBool::new(false),
+        },
+    ));
     let mut c = MigrationConfig::new(e.mapping.clone())
         .journal_shard("s0")
         .placement(Placement::Computed)
@@ -267,7 +258,7 @@ async fn epoch_limits(kinds: [Kind; 3]) {
     assert_eq!(r.manifest_from_journal().await.unwrap(), full);
 
     // Five lost swaps in a row.
-    racing.racing.store(true, Ordering::SeqCst);
+    racing.hook.racing.store(true, Ordering::SeqCst);
     let mut opts = all_tables();
     opts.tables = vec!["users".into()];
     let err = r.prune_epochs(opts.clone()).await.unwrap_err();
@@ -278,7 +269,7 @@ async fn epoch_limits(kinds: [Kind; 3]) {
         (after.epochs, after.generation),
         (full.epochs, full.generation)
     );
-    racing.racing.store(false, Ordering::SeqCst);
+    racing.hook.racing.store(false, Ordering::SeqCst);
 
     // Bad input changes nothing.
     for bad in [&[][..], &["nope"][..]] {
@@ -457,7 +448,7 @@ async fn prune_needs_an_explicit_journal_shard() {
 
 /// A mapping store whose reads fail while `down` is set.
 struct FlakyMapping {
-    inner: Arc<MemoryMappingStore>,
+    inner: Arc<dyn MappingStore>,
     down: AtomicBool,
 }
 

@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use std::ops::{Deref, DerefMut};
-
 use durability_migration::conformance::harness::Harness;
 pub(crate) use durability_migration::conformance::harness::clean_verify;
 use durability_migration::{MemoryMappingStore, Shard};
@@ -82,27 +80,9 @@ async fn make(kind: Kind) -> Option<(Arc<dyn Shard>, Guard)> {
 }
 
 /// Named shards `s0`, `s1`, … of the given kinds on the migration crate's
-/// crash harness (one mapping store, one clock and one crash plan), with the
-/// harness's mapping store kept at its type.
-pub(crate) struct Env {
-    h: Harness,
-    pub(crate) mapping: Arc<MemoryMappingStore>,
-    _guards: Vec<Guard>,
-}
-
-impl Deref for Env {
-    type Target = Harness;
-
-    fn deref(&self) -> &Harness {
-        &self.h
-    }
-}
-
-impl DerefMut for Env {
-    fn deref_mut(&mut self) -> &mut Harness {
-        &mut self.h
-    }
-}
+/// crash harness (one mapping store, one clock and one crash plan), which
+/// holds the shards' databases.
+pub(crate) type Env = Harness;
 
 /// An environment, or `None` when a server it needs is unreachable.
 pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
@@ -113,15 +93,11 @@ pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
         shards.push((format!("s{i}"), s));
         guards.push(g);
     }
-    let mapping = Arc::new(MemoryMappingStore::new());
-    let h = Harness::new(shards, mapping.clone())
+    let h = Harness::new(shards, Arc::new(MemoryMappingStore::new()))
         .table("users")
         .table("docs")
         .table("bkeys")
-        .table_with_key_column("orgs", "org_id");
-    Some(Env {
-        h,
-        mapping,
-        _guards: guards,
-    })
+        .table_with_key_column("orgs", "org_id")
+        .holding(guards);
+    Some(h)
 }

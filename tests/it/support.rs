@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxEvent, OutboxTx, Sink, SinkError};
+use durability_outbox::{
+    ChannelConfig, Entry, EventHook, Outbox, OutboxEvent, OutboxTx, Sink, SinkError,
+};
 use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{Clock, ManualClock, ObjectContext, ObjectId, Scheduler, Storage};
 use tokio::sync::Notify;
@@ -192,6 +194,28 @@ pub fn memory() -> Arc<MemoryStorage> {
     Arc::new(durability_outbox::conformance::memory_storage())
 }
 
+/// A scheduler for object `id` on `storage` and the manual clock (`None`:
+/// the scheduler refused to open).
+pub fn scheduler_on<S: Storage>(
+    id: &str,
+    storage: Arc<S>,
+    clock: &ManualClock,
+) -> Option<Scheduler<S>> {
+    let ctx =
+        ObjectContext::with_clock(ObjectId::new(id).unwrap(), storage, Arc::new(clock.clone()));
+    Scheduler::new(ctx).ok()
+}
+
+/// A log of lifecycle events and the hook that appends every event to it.
+pub fn event_log() -> (Arc<Mutex<Vec<OutboxEvent>>>, EventHook) {
+    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
+    let e = Arc::clone(&events);
+    (
+        events,
+        Arc::new(move |ev| e.lock().unwrap().push(ev.clone())),
+    )
+}
+
 /// Opens an object on `storage`, recording every lifecycle event.
 pub fn try_open<S: Storage>(
     storage: Arc<S>,
@@ -202,15 +226,9 @@ pub fn try_open<S: Storage>(
 where
     for<'t> S::Tx<'t>: OutboxTx,
 {
-    let ctx = ObjectContext::with_clock(
-        ObjectId::new("object-1").unwrap(),
-        storage,
-        Arc::new(clock.clone()),
-    );
-    let sched = Scheduler::new(ctx).ok()?;
-    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
-    let e = events.clone();
-    let config = config.on_event(Arc::new(move |ev| e.lock().unwrap().push(ev.clone())));
+    let sched = scheduler_on("object-1", storage, clock)?;
+    let (events, hook) = event_log();
+    let config = config.on_event(hook);
     let outbox = Outbox::attach(&sched, config, sink.clone()).ok()?;
     Some(Obj {
         sched,

@@ -16,7 +16,7 @@ use durability_storage_redis::topology::{
 };
 use durability_topology::conformance::{encoded, memory_storage, run_publication, sample};
 use durability_topology::{Draft, MemberInput, Publisher, Topology, TopologyConfig};
-use durability_topology_client::{ClientConfig, ReadStore, TopologyClient, decode};
+use durability_topology_client::{ClientConfig, ReadStore, Snapshot, TopologyClient, decode};
 use redis::aio::ConnectionManager;
 
 async fn redis(test: &str) -> Option<(ConnectionManager, String)> {
@@ -36,24 +36,47 @@ async fn redis(test: &str) -> Option<(ConnectionManager, String)> {
     }
 }
 
-#[tokio::test]
-async fn plain_redis_publisher_passes_the_conformance_suite_and_is_last_write_wins() {
-    let Some((conn, prefix)) = redis("plain").await else {
+/// Runs the publication conformance suite on the publisher `make` builds
+/// over a fresh prefix, read back through a `RedisReadStore` (`versioned`:
+/// the publisher refuses late old writes).
+async fn publication_suite<P: Publisher>(
+    test: &str,
+    make: impl FnOnce(ConnectionManager, &str) -> P,
+    versioned: bool,
+) {
+    let Some((conn, prefix)) = redis(test).await else {
         return;
     };
-    let publisher = RedisPublisher::new(conn.clone(), &prefix);
+    let publisher = make(conn.clone(), &prefix);
     let reader = RedisReadStore::new(conn, &prefix);
-    run_publication(&publisher, &reader, "", false).await;
+    run_publication(&publisher, &reader, "", versioned).await;
+}
+
+#[tokio::test]
+async fn plain_redis_publisher_passes_the_conformance_suite_and_is_last_write_wins() {
+    publication_suite("plain", |c, p| RedisPublisher::new(c, p), false).await;
 }
 
 #[tokio::test]
 async fn versioned_redis_publisher_passes_the_conformance_suite_and_refuses_late_old_writes() {
-    let Some((conn, prefix)) = redis("versioned").await else {
-        return;
-    };
-    let publisher = RedisVersionedPublisher::new(conn.clone(), &prefix);
-    let reader = RedisReadStore::new(conn, &prefix);
-    run_publication(&publisher, &reader, "", true).await;
+    publication_suite("versioned", |c, p| RedisVersionedPublisher::new(c, p), true).await;
+}
+
+/// Writes `new`, then the late `old`, through `publisher`; returns what a
+/// reader under `prefix` then reads of group `g`.
+async fn late_write<P: Publisher>(
+    publisher: &P,
+    conn: &ConnectionManager,
+    prefix: &str,
+    old: &Snapshot,
+    new: &Snapshot,
+) -> Option<Vec<u8>> {
+    publisher.write(new, &encoded(new)).await.unwrap();
+    publisher.write(old, &encoded(old)).await.unwrap();
+    RedisReadStore::new(conn.clone(), prefix)
+        .read("g")
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -61,26 +84,19 @@ async fn a_late_old_write_overwrites_a_plain_store_but_never_a_versioned_one() {
     let Some((conn, prefix)) = redis("late").await else {
         return;
     };
-    let plain = RedisPublisher::new(conn.clone(), format!("{prefix}plain:"));
-    let versioned = RedisVersionedPublisher::new(conn.clone(), format!("{prefix}versioned:"));
     let (old, new) = (sample("g", 1, "c", 1), sample("g", 2, "c", 2));
+    let (plain_at, versioned_at) = (format!("{prefix}plain:"), format!("{prefix}versioned:"));
+    let plain = RedisPublisher::new(conn.clone(), &plain_at);
+    let versioned = RedisVersionedPublisher::new(conn.clone(), &versioned_at);
     for (name, landed) in [
-        ("plain", {
-            plain.write(&new, &encoded(&new)).await.unwrap();
-            plain.write(&old, &encoded(&old)).await.unwrap();
-            RedisReadStore::new(conn.clone(), format!("{prefix}plain:"))
-                .read("g")
-                .await
-                .unwrap()
-        }),
-        ("versioned", {
-            versioned.write(&new, &encoded(&new)).await.unwrap();
-            versioned.write(&old, &encoded(&old)).await.unwrap();
-            RedisReadStore::new(conn.clone(), format!("{prefix}versioned:"))
-                .read("g")
-                .await
-                .unwrap()
-        }),
+        (
+            "plain",
+            late_write(&plain, &conn, &plain_at, &old, &new).await,
+        ),
+        (
+            "versioned",
+            late_write(&versioned, &conn, &versioned_at, &old, &new).await,
+        ),
     ] {
         let version = decode(&landed.unwrap()).unwrap().version;
         match name {

@@ -19,6 +19,10 @@ use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobState, RetryJob};
 use crate::store::{AlarmRow, AlarmTx};
 use crate::token::Token;
 
+/// The body of this crate's conformance macros (see `durability_scheduler`).
+#[doc(hidden)]
+pub use durability_scheduler::storage_suite;
+
 /// The schema steps the in-memory storage registers for alarms.
 pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
     version: 1,
@@ -845,27 +849,11 @@ macro_rules! alarm_index_conformance {
 /// ```
 #[macro_export]
 macro_rules! alarm_tx_conformance {
-    (@cases $($then:tt)*) => {
-        $crate::alarm_tx_conformance! { @$($then)* [
+    ($($args:tt)*) => {
+        $crate::conformance::storage_suite! { $crate::conformance::run_tx_case, [
             row_roundtrip
             rollback_leaves_row
             schema_reverts_and_reapplies
-        ] }
-    };
-    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
-    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[test]
-                fn $case() {
-                    $crate::conformance::run_tx_case(stringify!($case), $make);
-                }
-            )*
-        }
-    };
-    ($module:ident, $make:expr $(,)?) => {
-        $crate::alarm_tx_conformance! { @cases tests $module ($make) }
+        ], $($args)* }
     };
 }

@@ -62,6 +62,7 @@ pub use journal::{
 pub use ledger::{AllocationLedger, MemoryLedger, ShardLedger};
 pub use mapping::{MappingStore, MemoryMappingStore, ShardMappingStore};
 pub use moves::{MoveOptions, MoveOutcome, Retire};
+pub use pairs::{AllocationRows, MappingRows, PairKind, ShardPairs};
 pub use placement::{
     Algorithm, DEFAULT_MANIFEST_REFRESH_MS, DEFAULT_PRUNE_CONCURRENCY, DEFAULT_PRUNE_PAGE_SIZE,
     Epoch, MANIFEST_COPY_PREFIX, MAX_CAS_ATTEMPTS, MAX_EPOCHS, Manifest, Placement, PruneOptions,

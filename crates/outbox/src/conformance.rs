@@ -10,6 +10,10 @@ use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 use crate::channel::SCHEMA;
 use crate::store::{OutboxTx, Reschedule, StoredEntry};
 
+/// The body of this crate's conformance macros (see `durability_scheduler`).
+#[doc(hidden)]
+pub use durability_scheduler::storage_suite;
+
 fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     StoredEntry {
         channel: channel.to_owned(),
@@ -242,30 +246,14 @@ pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
 /// ```
 #[macro_export]
 macro_rules! outbox_conformance {
-    (@cases $($then:tt)*) => {
-        $crate::outbox_conformance! { @$($then)* [
+    ($($args:tt)*) => {
+        $crate::conformance::storage_suite! { $crate::conformance::run_case, [
             versions_only_increase
             upsert_replaces_and_get_reads
             guarded_settlement
             due_order_limit_and_channels
             rollback_leaves_nothing
             schema_reverts_and_reapplies
-        ] }
-    };
-    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
-    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[test]
-                fn $case() {
-                    $crate::conformance::run_case(stringify!($case), $make);
-                }
-            )*
-        }
-    };
-    ($module:ident, $make:expr $(,)?) => {
-        $crate::outbox_conformance! { @cases tests $module ($make) }
+        ], $($args)* }
     };
 }

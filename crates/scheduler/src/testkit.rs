@@ -203,10 +203,66 @@ pub enum CrashMode {
 /// would: the test drops the object and reopens it on the inner storage.
 pub struct CrashStorage<S> {
     inner: Arc<S>,
+    point: CrashPoint<CrashMode>,
+}
+
+/// What [`CrashPoint::next`] says of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashGate<M> {
+    /// The process already crashed: the call fails without running.
+    Dead,
+    /// The call runs as usual.
+    Pass,
+    /// This is the call to crash at, in this mode (the process is dead after
+    /// it).
+    Crash(M),
+}
+
+/// Counts the calls of a crash-injecting wrapper and names the one to crash
+/// at (the n-th, counted from 1, or none), after which every call fails:
+/// the counting [`CrashStorage`] and the suites' crash wrappers share.
+#[derive(Debug)]
+pub struct CrashPoint<M> {
     crash_at: Option<u64>,
-    mode: CrashMode,
+    mode: M,
     seen: AtomicU64,
     crashed: AtomicBool,
+}
+
+impl<M: Copy> CrashPoint<M> {
+    /// Crashes at the `crash_at`-th call in `mode`, or never with `None` (to
+    /// count the calls a run makes).
+    pub fn new(crash_at: Option<u64>, mode: M) -> Self {
+        Self {
+            crash_at,
+            mode,
+            seen: AtomicU64::new(0),
+            crashed: AtomicBool::new(false),
+        }
+    }
+
+    /// How many calls were counted (calls after the crash are not).
+    pub fn calls(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+
+    /// Whether the crash happened.
+    pub fn crashed(&self) -> bool {
+        self.crashed.load(Ordering::SeqCst)
+    }
+
+    /// Counts one call and says what becomes of it.
+    pub fn next(&self) -> CrashGate<M> {
+        if self.crashed() {
+            return CrashGate::Dead;
+        }
+        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crash_at != Some(n) {
+            return CrashGate::Pass;
+        }
+        self.crashed.store(true, Ordering::SeqCst);
+        CrashGate::Crash(self.mode)
+    }
 }
 
 impl<S: Storage> CrashStorage<S> {
@@ -215,21 +271,18 @@ impl<S: Storage> CrashStorage<S> {
     pub fn new(inner: Arc<S>, crash_at: Option<u64>, mode: CrashMode) -> Self {
         Self {
             inner,
-            crash_at,
-            mode,
-            seen: AtomicU64::new(0),
-            crashed: AtomicBool::new(false),
+            point: CrashPoint::new(crash_at, mode),
         }
     }
 
     /// How many transactions were started.
     pub fn transactions(&self) -> u64 {
-        self.seen.load(Ordering::SeqCst)
+        self.point.calls()
     }
 
     /// Whether the crash happened.
     pub fn crashed(&self) -> bool {
-        self.crashed.load(Ordering::SeqCst)
+        self.point.crashed()
     }
 
     /// The storage underneath, to reopen on.
@@ -249,20 +302,14 @@ impl<S: Storage> Storage for CrashStorage<S> {
     where
         E: From<StorageError>,
     {
-        if self.crashed() {
-            return Err(crash().into());
-        }
-        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.crash_at != Some(n) {
-            return self.inner.transaction(f);
-        }
-        self.crashed.store(true, Ordering::SeqCst);
-        match self.mode {
-            CrashMode::BeforeCommit => self.inner.transaction(|tx| {
+        match self.point.next() {
+            CrashGate::Dead => Err(crash().into()),
+            CrashGate::Pass => self.inner.transaction(f),
+            CrashGate::Crash(CrashMode::BeforeCommit) => self.inner.transaction(|tx| {
                 f(tx)?;
                 Err(crash().into())
             }),
-            CrashMode::AfterCommit => {
+            CrashGate::Crash(CrashMode::AfterCommit) => {
                 self.inner.transaction(f)?;
                 Err(crash().into())
             }
@@ -298,7 +345,23 @@ pub mod conformance {
     use crate::error::SchedulerError;
     use crate::schema::{SchemaTarget, migrate};
 
-    pub use super::{CrashMode, CrashStorage, MemoryState, MemoryStorage, MemoryTx};
+    pub use super::{
+        CrashGate, CrashMode, CrashPoint, CrashStorage, MemoryState, MemoryStorage, MemoryTx,
+    };
+
+    /// Two schema steps (`1 initial`, `2 second`) for the `"conformance"`
+    /// capability the suite migrates: what a backend registers it with (and
+    /// pairs with its own statements).
+    pub const STEPS: &[SchemaStep] = &[
+        SchemaStep {
+            version: 1,
+            name: "initial",
+        },
+        SchemaStep {
+            version: 2,
+            name: "second",
+        },
+    ];
 
     /// The names of the suite's cases, in order.
     pub const CASES: &[&str] = crate::scheduler_conformance!(@cases names);
@@ -441,29 +504,39 @@ pub mod conformance {
 /// ```
 #[macro_export]
 macro_rules! scheduler_conformance {
-    (@cases $($then:tt)*) => {
-        $crate::scheduler_conformance! { @$($then)* [
+    ($($args:tt)*) => {
+        $crate::storage_suite! { $crate::conformance::run_case, [
             alarm_roundtrip
             dues_and_earliest
             rollback_discards
             schema_versions
             migrate_up_down_and_unknown
-        ] }
+        ], $($args)* }
     };
-    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
-    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
+}
+
+/// The one body of the storage conformance macros
+/// ([`scheduler_conformance!`](crate::scheduler_conformance) and those of
+/// the outbox, topology and alarms crates): given the function that runs one
+/// case by name and the suite's cases, `@cases names` is the slice of the
+/// case names, and `$module, $make` emits a module `$module` with one
+/// `#[test]` per case that calls `$run(case, $make)` (`$make` is evaluated
+/// inside the new module, which sees the caller's items through
+/// `use super::*`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! storage_suite {
+    ($run:path, [$($case:ident)*], @cases names) => { &[$(stringify!($case)),*] };
+    ($run:path, [$($case:ident)*], $module:ident, $make:expr $(,)?) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
             $(
                 #[test]
                 fn $case() {
-                    $crate::conformance::run_case(stringify!($case), $make);
+                    $run(stringify!($case), $make);
                 }
             )*
         }
-    };
-    ($module:ident, $make:expr $(,)?) => {
-        $crate::scheduler_conformance! { @cases tests $module ($make) }
     };
 }

@@ -9,16 +9,7 @@ use futures::future::BoxFuture;
 use crate::testkit::{MemoryStorage, conformance};
 use crate::*;
 
-static STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "second",
-    },
-];
+use conformance::STEPS;
 
 fn storage() -> Arc<MemoryStorage> {
     Arc::new(

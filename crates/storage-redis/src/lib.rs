@@ -8,6 +8,8 @@
 //! - `topology`: the `topology` module, the snapshot publishers (plain and
 //!   version-aware) and read store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the alarm job index of `durability-alarms`.
+//!
+//! The `testkit` module (always built) holds what the Redis suites share.
 
 #[cfg(feature = "ownership")]
 pub mod ownership;
@@ -20,3 +22,5 @@ pub mod topology;
 
 #[cfg(feature = "alarms")]
 pub mod alarms;
+
+pub mod testkit;

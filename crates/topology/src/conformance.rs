@@ -24,6 +24,10 @@ use crate::SCHEMA;
 use crate::encode::{EncodedSnapshot, encode};
 use crate::store::{GroupRow, Publisher, TopologyTx};
 
+/// The body of this crate's conformance macros (see `durability_scheduler`).
+#[doc(hidden)]
+pub use durability_scheduler::storage_suite;
+
 static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
     version: 1,
     name: "initial",
@@ -418,29 +422,13 @@ where
 /// ```
 #[macro_export]
 macro_rules! topology_tx_conformance {
-    (@cases $($then:tt)*) => {
-        $crate::topology_tx_conformance! { @$($then)* [
+    ($($args:tt)*) => {
+        $crate::conformance::storage_suite! { $crate::conformance::run_tx_case, [
             groups_roundtrip
             states_roundtrip
             write_records
             rollback_leaves_nothing
             schema_reverts
-        ] }
-    };
-    (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
-    (@tests $module:ident ($make:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[test]
-                fn $case() {
-                    $crate::conformance::run_tx_case(stringify!($case), $make);
-                }
-            )*
-        }
-    };
-    ($module:ident, $make:expr $(,)?) => {
-        $crate::topology_tx_conformance! { @cases tests $module ($make) }
+        ], $($args)* }
     };
 }

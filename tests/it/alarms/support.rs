@@ -6,15 +6,16 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durability_alarms::{
     AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Claim, Delivery, Dispatch,
     DispatchOutcome, Fired, IndexCounts, JobView, ObjectId, Token,
 };
+use durability_scheduler::testkit::{CrashGate, CrashPoint};
 use durability_scheduler::{ManualClock, ObjectContext, Scheduler, Storage};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
+use durability_storage_redis::testkit::delete_prefix;
 
 /// The manual clock's start: a realistic Unix time.
 pub const START: i64 = 1_700_000_000_000;
@@ -190,44 +191,36 @@ pub enum CrashMode {
 /// and every later one fail.
 pub struct Crashy<I> {
     pub inner: I,
-    crash_at: Option<u64>,
-    mode: CrashMode,
-    seen: AtomicU64,
-    crashed: AtomicBool,
+    point: CrashPoint<CrashMode>,
 }
 
 impl<I: AlarmIndex> Crashy<I> {
     pub fn new(inner: I, crash_at: Option<u64>, mode: CrashMode) -> Self {
         Self {
             inner,
-            crash_at,
-            mode,
-            seen: AtomicU64::new(0),
-            crashed: AtomicBool::new(false),
+            point: CrashPoint::new(crash_at, mode),
         }
     }
     pub fn calls(&self) -> u64 {
-        self.seen.load(Ordering::SeqCst)
+        self.point.calls()
     }
     pub fn crashed(&self) -> bool {
-        self.crashed.load(Ordering::SeqCst)
+        self.point.crashed()
     }
     async fn gate<T>(
         &self,
         call: impl Future<Output = Result<T, AlarmError>>,
     ) -> Result<T, AlarmError> {
-        if self.crashed() {
-            return Err(AlarmError::unavailable("dispatcher is dead"));
+        match self.point.next() {
+            CrashGate::Dead => Err(AlarmError::unavailable("dispatcher is dead")),
+            CrashGate::Pass => call.await,
+            CrashGate::Crash(mode) => {
+                if mode == CrashMode::After {
+                    let _ = call.await;
+                }
+                Err(AlarmError::unknown("injected crash"))
+            }
         }
-        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.crash_at != Some(n) {
-            return call.await;
-        }
-        self.crashed.store(true, Ordering::SeqCst);
-        if self.mode == CrashMode::After {
-            let _ = call.await;
-        }
-        Err(AlarmError::unknown("injected crash"))
     }
 }
 
@@ -301,17 +294,5 @@ pub async fn redis_index_with(
 
 /// Deletes every key under `prefix`.
 pub async fn redis_cleanup(ix: &RedisAlarmIndex) {
-    let mut c = ix.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", ix.prefix()))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    delete_prefix(ix.connection(), ix.prefix()).await.unwrap();
 }

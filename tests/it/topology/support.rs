@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durability_outbox::OutboxEvent;
-use durability_scheduler::{Clock, ManualClock, ObjectContext, ObjectId, Scheduler, Storage};
+use durability_scheduler::{Clock, ManualClock, Scheduler, Storage};
 use durability_topology::conformance::MemoryPublication;
 use durability_topology::{
     BoxError, EncodedSnapshot, Member, Publisher, Role, Snapshot, StateChannel, StateUpdate,
     Topology, TopologyConfig, TopologyTx,
 };
 use durability_topology_client::{ReadStore, decode};
+
+use crate::support::{event_log, scheduler_on};
 
 /// The manual clock's start.
 pub const START: i64 = 1_700_000_000_000;
@@ -222,21 +224,15 @@ pub fn try_open<S: Storage>(
 where
     for<'t> S::Tx<'t>: TopologyTx,
 {
-    let ctx = ObjectContext::with_clock(
-        ObjectId::new("coordinator-1").unwrap(),
-        storage,
-        Arc::new(clock.clone()),
-    );
-    let sched = Scheduler::new(ctx).ok()?;
-    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
-    let e = Arc::clone(&events);
+    let sched = scheduler_on("coordinator-1", storage, clock)?;
+    let (events, hook) = event_log();
     let config = TopologyConfig::new()
         .attempt_timeout_ms(TIMEOUT)
         .retry_delay(Arc::new(|_| 1_000.0))
         .publish(publisher.clone())
         .state("limits", members.channel(Role::Write))
         .state("schema", members.channel(Role::Read))
-        .on_event(Arc::new(move |ev| e.lock().unwrap().push(ev.clone())));
+        .on_event(hook);
     let topology = Topology::attach(&sched, config).ok()?;
     Some(Coord {
         sched,

@@ -8,12 +8,14 @@
 //! The harness sets up, injects and recovers; the suites keep their own
 //! assertions on what a scenario leaves behind.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use super::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use crate::{
-    Ident, ManualClock, MappingStore, MigrationConfig, RecoveryReport, Router, Row, Shard, Value,
-    VerifyOptions, row,
+    BackendError, BatchSupport, BoxFuture, Dialect, Ident, ManualClock, MappingStore,
+    MigrationConfig, MigrationError, RecoveryReport, Router, Row, Shard, Statement, Value,
+    VerifyOptions, VerifyReport, row,
 };
 
 /// The time the harness's clock starts at.
@@ -33,6 +35,7 @@ pub struct Harness {
     /// The shard holding the journal (`s0` unless changed).
     pub journal: &'static str,
     tables: Vec<(&'static str, Option<&'static str>)>,
+    _guards: Vec<Box<dyn Any + Send + Sync>>,
 }
 
 impl Harness {
@@ -46,7 +49,16 @@ impl Harness {
             plan: FaultPlan::new(),
             journal: "s0",
             tables: Vec::new(),
+            _guards: Vec::new(),
         }
+    }
+
+    /// Keeps `guard` (a temporary directory, a server process) alive as long
+    /// as the harness.
+    #[must_use]
+    pub fn holding(mut self, guard: impl Any + Send + Sync) -> Self {
+        self._guards.push(Box::new(guard));
+        self
     }
 
     /// Adds a routed table keyed by `id` (tables are registered in the order
@@ -130,6 +142,17 @@ impl Harness {
         out
     }
 
+    /// Leaves an interrupted move of `key` to `to` over `table`: a faulty
+    /// router crashes it at write `n` (`mode`), then the clock passes the
+    /// mapping TTL.
+    pub async fn interrupt_move(&self, key: &str, to: &str, table: &str, n: u64, mode: FaultMode) {
+        let rf = self.router_with(true, 30_000).await;
+        self.plan.arm(n, mode);
+        assert!(rf.reassign_shard(key, to, table).await.is_err());
+        self.plan.disarm();
+        self.clock.advance(31_000);
+    }
+
     /// The crash scenario of a move of key `k` (on `s0`, with a `users` and
     /// an `orgs` row and an acknowledged update) to `s1` over `tables`: the
     /// move crashes at write `n` (`mode`); after the mapping TTL a first
@@ -198,6 +221,165 @@ pub struct CrashRun {
     pub recovery_tripped: bool,
 }
 
+impl CrashRun {
+    /// Checks what the crash scenario of [`Harness::crash_move`] over
+    /// `tables` must leave on `h`: nothing failed, a clean verification, one
+    /// live `users` and `orgs` row of `k` (readable through the router when
+    /// moved, still on `s0` when not), the acknowledged write kept, and `k`
+    /// writable and readable afterwards. `ctx` names the case in messages.
+    ///
+    /// # Panics
+    /// On the first broken rule, naming it.
+    pub async fn check(&self, h: &Harness, tables: &[&str], ctx: &str) {
+        let fresh = &self.fresh;
+        assert!(self.report.failed.is_empty(), "{ctx}: {:?}", self.report);
+        clean_verify(fresh).await;
+        for (t, c) in [("users", "id"), ("orgs", "org_id")] {
+            let live = h.live(t, c, "k").await;
+            assert_eq!(live.len(), 1, "{ctx}: one live row of {t}: {live:?}");
+            if tables.contains(&t) {
+                let got = fresh.get("k", t).await.unwrap().unwrap();
+                assert_eq!(got, live[0].1, "{ctx}: readable through the router");
+            } else {
+                assert_eq!(
+                    live[0].0, "s0",
+                    "{ctx}: a table outside the move stays where it was"
+                );
+            }
+        }
+        let got = fresh.get("k", "users").await.unwrap().unwrap();
+        assert_eq!(
+            got.get("name"),
+            Some(&Value::from("acked")),
+            "{ctx}: acknowledged write kept"
+        );
+        assert_eq!(
+            fresh.update("k", "users", user("after", 3)).await.unwrap(),
+            1,
+            "{ctx}: writable after recovery"
+        );
+        assert_eq!(
+            fresh.get("k", "users").await.unwrap().unwrap().get("name"),
+            Some(&Value::from("after")),
+            "{ctx}: the write after recovery reads back"
+        );
+    }
+}
+
+/// Runs `before_write` before every write (`execute` or `batch`) of the
+/// shard it wraps, and delegates everything else: the way a suite stalls,
+/// races or injects work at a chosen write.
+pub trait BeforeWrite: Send + Sync {
+    /// Called with the statements of each write before it reaches the inner
+    /// shard; an error is the write's error.
+    fn before_write<'a>(
+        &'a self,
+        inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>>;
+}
+
+/// A shard that runs its [`BeforeWrite`] hook before each write of `inner`.
+pub struct HookedShard<H> {
+    /// The wrapped shard.
+    pub inner: Arc<dyn Shard>,
+    /// The hook.
+    pub hook: H,
+    /// What [`Shard::single_connection`] reports (`None`: the inner shard's
+    /// answer).
+    pub single_connection: Option<bool>,
+}
+
+impl<H: BeforeWrite> HookedShard<H> {
+    /// `inner` with `hook`, reporting the inner shard's connection model.
+    pub fn new(inner: Arc<dyn Shard>, hook: H) -> Self {
+        Self {
+            inner,
+            hook,
+            single_connection: None,
+        }
+    }
+}
+
+impl<H: BeforeWrite> Shard for HookedShard<H> {
+    fn dialect(&self) -> Dialect {
+        self.inner.dialect()
+    }
+    fn batch_support(&self) -> BatchSupport {
+        self.inner.batch_support()
+    }
+    fn single_connection(&self) -> bool {
+        self.single_connection
+            .unwrap_or_else(|| self.inner.single_connection())
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async move {
+            self.hook
+                .before_write(&self.inner, std::slice::from_ref(stmt))
+                .await?;
+            self.inner.execute(stmt).await
+        })
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        self.inner.query(stmt)
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(async move {
+            self.hook.before_write(&self.inner, stmts).await?;
+            self.inner.batch(stmts).await
+        })
+    }
+}
+
+/// An insert of `(id, n)` into the table `t (id, n)` with `shard`'s
+/// placeholders.
+pub fn insert_t(shard: &dyn Shard, id: &str, n: Value) -> Statement {
+    let d = shard.dialect();
+    Statement::with_params(
+        format!(
+            "INSERT INTO t (id, n) VALUES ({}, {})",
+            d.placeholder(1),
+            d.placeholder(2)
+        ),
+        vec![Value::from(id), n],
+    )
+}
+
+/// A failing batch rolls back every statement: on the caller's empty table
+/// `t (id, n BIGINT NOT NULL)`, each of `bads` comes last in a batch after
+/// two inserts that succeed, the batch fails and `t` stays empty; then a
+/// batch of two inserts commits (the backend still works after failed
+/// transactions).
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub async fn failed_batches_roll_back(shard: &dyn Shard, bads: Vec<Statement>) {
+    for bad in bads {
+        let stmts = vec![
+            insert_t(shard, "x", 1i64.into()),
+            insert_t(shard, "y", 2i64.into()),
+            bad,
+        ];
+        assert!(shard.batch(&stmts).await.is_err(), "the batch fails");
+        let rows = shard
+            .query(&Statement::new("SELECT count(*) AS c FROM t"))
+            .await
+            .unwrap();
+        assert_eq!(rows[0].get("c"), Some(&Value::Integer(0)), "rolled back");
+    }
+    let counts = shard
+        .batch(&[
+            insert_t(shard, "x", 1i64.into()),
+            insert_t(shard, "y", 2i64.into()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(counts, vec![1, 1], "works after failed transactions");
+}
+
 /// A `users` row.
 pub fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
@@ -205,17 +387,23 @@ pub fn user(name: &str, n: i64) -> Row {
 
 /// A repairing verification is clean, and a second one repairs nothing.
 pub async fn clean_verify(r: &Router) {
-    let rep = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap();
+    let rep = repair(r).await.unwrap();
     assert!(rep.clean, "repairing verification is clean: {rep:?}");
     let rep = r.verify_migrations(VerifyOptions::default()).await.unwrap();
     assert!(
         rep.clean && rep.repaired.is_empty(),
         "second verification is clean: {rep:?}"
     );
+}
+
+/// A repairing verification.
+///
+/// # Errors
+/// The router's error.
+pub async fn repair(r: &Router) -> Result<VerifyReport, MigrationError> {
+    r.verify_migrations(VerifyOptions {
+        repair: true,
+        ..VerifyOptions::default()
+    })
+    .await
 }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use durability_migration::conformance::harness::{failed_batches_roll_back, insert_t};
 use durability_migration::{Shard, Statement, Value};
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
@@ -34,32 +35,18 @@ async fn failed_batch_rolls_back_every_statement() {
         .batch_execute("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL)")
         .await
         .unwrap();
-    let ins = |id: &str, n: Value| {
-        Statement::with_params(
-            "INSERT INTO t (id, n) VALUES ($1, $2)",
-            vec![Value::from(id), n],
-        )
-    };
-    // The failing statement comes last, after two that succeeded.
-    for bad in [
-        ins("a", Value::Null),
-        Statement::new("UPDATE t SET missing = 1"),
-        ins("x", Value::from("not a number")),
-    ] {
-        let stmts = vec![ins("x", 1i64.into()), ins("y", 2i64.into()), bad];
-        assert!(shard.batch(&stmts).await.is_err());
-        let rows = shard
-            .query(&Statement::new("SELECT count(*) AS c FROM t"))
-            .await
-            .unwrap();
-        assert_eq!(rows[0].get("c"), Some(&Value::Integer(0)), "rolled back");
-    }
-    // The pool still works after failed transactions.
-    let counts = shard
-        .batch(&[ins("x", 1i64.into()), ins("y", 2i64.into())])
-        .await
-        .unwrap();
-    assert_eq!(counts, vec![1, 1]);
+    let ins = |id: &str, n: Value| insert_t(&shard, id, n);
+    // The failing statement comes last, after two that succeeded; the pool
+    // still works after failed transactions.
+    failed_batches_roll_back(
+        &shard,
+        vec![
+            ins("a", Value::Null),
+            Statement::new("UPDATE t SET missing = 1"),
+            ins("x", Value::from("not a number")),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,6 +14,7 @@ use durability_ownership::{
     Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
+use durability_storage_redis::testkit::delete_prefix;
 use redis::AsyncCommands;
 
 async fn store(test: &str) -> Option<RedisLeaseStore> {
@@ -35,19 +36,7 @@ async fn store(test: &str) -> Option<RedisLeaseStore> {
 
 /// Deletes every key of this test's prefix.
 async fn cleanup(s: &RedisLeaseStore) {
-    let mut c = s.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", s.prefix()))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    delete_prefix(s.connection(), s.prefix()).await.unwrap();
 }
 
 struct RedisHarness(RedisLeaseStore);

@@ -5,17 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{CrashRun, Harness, clean_verify, user};
+use durability_migration::conformance::harness::{
+    BeforeWrite, Harness, HookedShard, clean_verify, repair, user,
+};
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident,
-    ManualClock, MappingStore, MigrateOptions, MigrationConfig, MigrationError, MoveOptions,
-    MoveState, OnConflict, ReadOptions, RebalanceOptions, Retire, Router, Row, Shard, Statement,
-    Value, VerifyOptions, digest, encode_row, row,
+    BackendError, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident, ManualClock,
+    MigrateOptions, MigrationConfig, MigrationError, MoveOptions, MoveState, OnConflict,
+    ReadOptions, RebalanceOptions, Retire, Router, Shard, Statement, Value, VerifyOptions, digest,
+    encode_row, row,
 };
 use durability_storage_sqlite::migration::{SqliteMappingStore, SqliteShard};
 use tempfile::TempDir;
@@ -26,85 +27,50 @@ CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT);
 CREATE TABLE docs (id TEXT PRIMARY KEY, w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER);
 ";
 
-/// SQLite file shards on the migration crate's crash harness, with the
-/// shards and the mapping store also kept at their types.
-struct Env {
-    _dir: TempDir,
-    h: Harness,
-    shards: Vec<(String, Arc<SqliteShard>)>,
-    mapping: Arc<SqliteMappingStore>,
-}
-
-impl Deref for Env {
-    type Target = Harness;
-
-    fn deref(&self) -> &Harness {
-        &self.h
-    }
-}
-
-impl DerefMut for Env {
-    fn deref_mut(&mut self) -> &mut Harness {
-        &mut self.h
-    }
-}
-
-fn env(n: usize) -> Env {
+/// SQLite file shards `s0`, `s1`, … with the test tables and a SQLite
+/// mapping store on the migration crate's crash harness (which holds their
+/// directory).
+fn env(n: usize) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    let shards: Vec<(String, Arc<SqliteShard>)> = (0..n)
+    let shards = (0..n)
         .map(|i| {
             let s = SqliteShard::open(dir.path().join(format!("s{i}.db"))).unwrap();
             s.execute_sync(SCHEMA).unwrap();
-            (format!("s{i}"), Arc::new(s))
+            (format!("s{i}"), Arc::new(s) as Arc<dyn Shard>)
         })
         .collect();
     let mapping = Arc::new(SqliteMappingStore::open(dir.path().join("map.db")).unwrap());
-    let dyn_shards = shards
-        .iter()
-        .map(|(name, s)| (name.clone(), s.clone() as Arc<dyn Shard>))
-        .collect();
-    let h = Harness::new(dyn_shards, mapping.clone())
+    Harness::new(shards, mapping)
         .table("users")
         .table("docs")
-        .table_with_key_column("orgs", "org_id");
-    Env {
-        _dir: dir,
-        h,
-        shards,
-        mapping,
-    }
+        .table_with_key_column("orgs", "org_id")
+        .holding(dir)
 }
 
-impl Env {
-    fn shard(&self, name: &str) -> &Arc<SqliteShard> {
-        &self.shards.iter().find(|(n, _)| n == name).unwrap().1
-    }
-
-    /// Everything stored: every table of every shard, and the mapping.
-    async fn dump(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for (name, s) in &self.shards {
-            for t in [
-                "users",
-                "orgs",
-                "docs",
-                "durability_retired",
-                "durability_migration_ops",
-                "durability_migration_lease",
-            ] {
-                let rows = s
-                    .query(&Statement::new(format!("SELECT * FROM {t}")))
-                    .await
-                    .unwrap_or_default();
-                out.push(format!("{name}.{t}: {rows:?}"));
-            }
+/// Everything stored: every table of every shard, and the mapping.
+async fn dump(e: &Harness) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, s) in &e.shards {
+        for t in [
+            "users",
+            "orgs",
+            "docs",
+            "durability_retired",
+            "durability_migration_ops",
+            "durability_migration_lease",
+        ] {
+            let rows = s
+                .query(&Statement::new(format!("SELECT * FROM {t}")))
+                .await
+                .unwrap_or_default();
+            out.push(format!("{name}.{t}: {rows:?}"));
         }
-        out.push(format!(
-            "{:?}",
-            self.mapping.scan(None, 1_000_000).await.unwrap()
-        ));
-        out
     }
+    out.push(format!(
+        "{:?}",
+        e.mapping.scan(None, 1_000_000).await.unwrap()
+    ));
+    out
 }
 
 /// A file shard with the test tables, as `env(1)` opens `s0`.
@@ -179,7 +145,7 @@ async fn single_shard_default_journal() {
     let r = e.router().await;
     let r1 = Router::new(
         MigrationConfig::new(e.mapping.clone())
-            .shard("only", e.shard("s0").clone() as Arc<dyn Shard>)
+            .shard("only", e.shard("s0").clone())
             .table("users"),
     )
     .unwrap();
@@ -346,7 +312,7 @@ async fn bad_input_is_refused_before_any_write() {
     let r = e.router().await;
     e.mapping.put("u1", "s0").await.unwrap();
     r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    let before = e.dump().await;
+    let before = dump(&e).await;
     let big = "k".repeat(513);
     let cases: Vec<(MigrationError, &str)> = vec![
         (
@@ -439,7 +405,7 @@ async fn bad_input_is_refused_before_any_write() {
             .code(),
         "MIGRATION_ROW_NOT_FOUND"
     );
-    assert_eq!(before, e.dump().await, "stored state unchanged");
+    assert_eq!(before, dump(&e).await, "stored state unchanged");
     let hostile = "'; DROP TABLE users; --";
     r.insert(hostile, "users", user(hostile, 1)).await.unwrap();
     assert_eq!(
@@ -506,7 +472,7 @@ async fn crash_after_cutover_blocks_writes_until_recovery() {
     assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
 }
 
-async fn tomb(s: &SqliteShard, op: &str, key: &str, to: &str) {
+async fn tomb(s: &Arc<dyn Shard>, op: &str, key: &str, to: &str) {
     let st = Statement::with_params(
         "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms) VALUES (?1, 'users', ?2, 'default', ?3, NULL, '-', 1)",
         vec![op.into(), key.into(), to.into()],
@@ -514,48 +480,40 @@ async fn tomb(s: &SqliteShard, op: &str, key: &str, to: &str) {
     s.execute(&st).await.unwrap();
 }
 
+/// Maps `key` to `s0` with tombstones `s0 -> s1 -> … -> s{hops}` (op ids
+/// `{op}{i}`) and its `users` row, named `name`, on `s{hops}`.
+async fn chain(e: &Harness, key: &str, op: &str, hops: usize, name: &str) {
+    for i in 0..hops {
+        tomb(
+            e.shard(&format!("s{i}")),
+            &format!("{op}{i}"),
+            key,
+            &format!("s{}", i + 1),
+        )
+        .await;
+    }
+    e.mapping.put(key, "s0").await.unwrap();
+    e.shard(&format!("s{hops}"))
+        .execute(&Statement::with_params(
+            "INSERT INTO users (id, name) VALUES (?1, ?2)",
+            vec![key.into(), name.into()],
+        ))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn reads_follow_tombstones_up_to_four_hops() {
     let e = env(6);
     let r = e.router_with(false, 0).await;
     // chain s0 -> s1 -> s2 -> s3 -> s4 with the row on s4: four hops.
-    for i in 0..4 {
-        tomb(
-            e.shard(&format!("s{i}")),
-            &format!("op{i}"),
-            "k4",
-            &format!("s{}", i + 1),
-        )
-        .await;
-    }
-    e.mapping.put("k4", "s0").await.unwrap();
-    e.shard("s4")
-        .execute(&Statement::new(
-            "INSERT INTO users (id, name) VALUES ('k4', 'far')",
-        ))
-        .await
-        .unwrap();
+    chain(&e, "k4", "op", 4, "far").await;
     assert_eq!(
         r.get("k4", "users").await.unwrap().unwrap().get("name"),
         Some(&Value::from("far"))
     );
     // five hops
-    for i in 0..5 {
-        tomb(
-            e.shard(&format!("s{i}")),
-            &format!("op5{i}"),
-            "k5",
-            &format!("s{}", i + 1),
-        )
-        .await;
-    }
-    e.mapping.put("k5", "s0").await.unwrap();
-    e.shard("s5")
-        .execute(&Statement::new(
-            "INSERT INTO users (id, name) VALUES ('k5', 'too far')",
-        ))
-        .await
-        .unwrap();
+    chain(&e, "k5", "op5", 5, "too far").await;
     assert_eq!(
         r.get("k5", "users").await.unwrap_err().code(),
         "MIGRATION_CHAIN_EXCEEDED"
@@ -591,46 +549,24 @@ async fn reads_follow_tombstones_up_to_four_hops() {
     assert_eq!(r.get_with("kf", "users", be).await.unwrap(), None);
 }
 
-/// A shard that advances the clock past the recovery lease at its Nth write
-/// (a recovery that stalls between its lease check and a write).
-struct StallShard {
-    inner: Arc<dyn Shard>,
+/// A write hook that advances the clock past the recovery lease at the Nth
+/// write (a recovery that stalls between its lease check and a write).
+struct Stall {
     clock: ManualClock,
     at: u64,
     n: AtomicU64,
 }
 
-impl StallShard {
-    fn tick(&self) {
+impl BeforeWrite for Stall {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        _stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
         if self.n.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
             self.clock.advance(61_000);
         }
-    }
-}
-
-impl Shard for StallShard {
-    fn dialect(&self) -> Dialect {
-        self.inner.dialect()
-    }
-    fn batch_support(&self) -> BatchSupport {
-        self.inner.batch_support()
-    }
-    fn single_connection(&self) -> bool {
-        true
-    }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
-        self.tick();
-        self.inner.execute(stmt)
-    }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
-        self.inner.query(stmt)
-    }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        self.tick();
-        self.inner.batch(stmts)
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -650,13 +586,7 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
         .unwrap();
     let err = r.recover_migrations().await.unwrap_err();
     assert_eq!(err.code(), "RECOVERY_IN_PROGRESS");
-    let err = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap_err();
+    let err = repair(&r).await.unwrap_err();
     assert_eq!(err.code(), "RECOVERY_IN_PROGRESS", "repair takes the lease");
     assert!(
         r.verify_migrations(VerifyOptions::default()).await.is_ok(),
@@ -666,20 +596,20 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
     let rep = r.recover_migrations().await.unwrap();
     assert_eq!(rep.generation, 8, "takeover at a higher generation");
     // A stalled recovery: leave an interrupted move, then stall recovery A.
-    let rf = e.router_with(true, 30_000).await;
-    e.plan.arm(3, FaultMode::Before);
-    assert!(rf.reassign_shard("u1", "s1", "users").await.is_err());
-    e.plan.disarm();
-    e.clock.advance(31_000);
-    let stall: Arc<dyn Shard> = Arc::new(StallShard {
+    e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
+        .await;
+    let stall: Arc<dyn Shard> = Arc::new(HookedShard {
         inner: e.shard("s0").clone(),
-        clock: e.clock.clone(),
-        at: 2,
-        n: AtomicU64::new(0),
+        hook: Stall {
+            clock: e.clock.clone(),
+            at: 2,
+            n: AtomicU64::new(0),
+        },
+        single_connection: Some(true),
     });
     let cfg = MigrationConfig::new(e.mapping.clone())
         .shard("s0", stall)
-        .shard("s1", e.shard("s1").clone() as Arc<dyn Shard>)
+        .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
         .table("users");
@@ -707,11 +637,8 @@ async fn racing_recoveries_never_overlap() {
     let b = e.router().await;
     e.mapping.put("u1", "s0").await.unwrap();
     a.insert("u1", "users", user("ann", 1)).await.unwrap();
-    let rf = e.router_with(true, 30_000).await;
-    e.plan.arm(3, FaultMode::Before);
-    assert!(rf.reassign_shard("u1", "s1", "users").await.is_err());
-    e.plan.disarm();
-    e.clock.advance(31_000);
+    e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
+        .await;
     let mut oks = 0;
     for _ in 0..10 {
         let (x, y) = tokio::join!(a.recover_migrations(), b.recover_migrations());
@@ -800,13 +727,7 @@ async fn retention_purge_and_tombstones() {
         0,
         "stale writers stay refused"
     );
-    let rep = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap();
+    let rep = repair(&r).await.unwrap();
     assert_eq!(
         rep.ghosts.len(),
         1,
@@ -919,13 +840,7 @@ async fn verify_finds_and_repairs_leftovers() {
     assert!(rep.stale_cutovers[0].restorable);
     assert_eq!(rep.stranded_archives.len(), 1, "{rep:?}");
     assert!(rep.dangling_ops.is_empty());
-    let rep = r
-        .verify_migrations(VerifyOptions {
-            repair: true,
-            ..VerifyOptions::default()
-        })
-        .await
-        .unwrap();
+    let rep = repair(&r).await.unwrap();
     assert_eq!(rep.repaired.len(), 3, "{rep:?}");
     assert_eq!(
         rep.stranded_archives.len(),
@@ -1176,47 +1091,10 @@ async fn crash_case(
     if journal_apart {
         e.journal = "s2";
     }
-    let CrashRun {
-        fresh,
-        report: rep,
-        tripped,
-        recovery_tripped,
-    } = e.crash_move(tables, n, mode, recovery_crash).await;
-    assert!(rep.failed.is_empty(), "n={n} {mode:?}: {rep:?}");
-    clean_verify(&fresh).await;
-    for (t, c) in [("users", "id"), ("orgs", "org_id")] {
-        let live = e.live(t, c, "k").await;
-        assert_eq!(
-            live.len(),
-            1,
-            "n={n} {mode:?} {recovery_crash:?}: one live row of {t}: {live:?}"
-        );
-        if tables.contains(&t) {
-            let got = fresh.get("k", t).await.unwrap().unwrap();
-            assert_eq!(got, live[0].1, "readable through the router");
-        } else {
-            assert_eq!(
-                live[0].0, "s0",
-                "a table outside the move stays where it was"
-            );
-        }
-    }
-    let got = fresh.get("k", "users").await.unwrap().unwrap();
-    assert_eq!(
-        got.get("name"),
-        Some(&Value::from("acked")),
-        "acknowledged write kept"
-    );
-    assert_eq!(
-        fresh.update("k", "users", user("after", 3)).await.unwrap(),
-        1,
-        "writable after recovery"
-    );
-    assert_eq!(
-        fresh.get("k", "users").await.unwrap().unwrap().get("name"),
-        Some(&Value::from("after"))
-    );
-    (tripped, recovery_tripped)
+    let run = e.crash_move(tables, n, mode, recovery_crash).await;
+    run.check(&e, tables, &format!("n={n} {mode:?} {recovery_crash:?}"))
+        .await;
+    (run.tripped, run.recovery_tripped)
 }
 
 async fn crash_points(journal_apart: bool, tables: &[&str]) -> (u64, u64) {
@@ -1285,78 +1163,64 @@ async fn crash_at_every_write_of_a_table_set_move() {
 
 type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
-/// A shard that runs a hook (any async work) before its Nth write, and can
-/// change the row before every cutover (a writer that always wins).
-struct HookShard {
-    inner: Arc<dyn Shard>,
+/// A write hook that runs a hook (any async work) before the Nth write, and
+/// can change the row before every cutover (a writer that always wins).
+struct OnWrite {
     at: u64,
     n: AtomicU64,
     hook: std::sync::Mutex<Option<Hook>>,
     bump_before_cutover: bool,
 }
 
-impl HookShard {
-    fn new(inner: Arc<dyn Shard>, at: u64, hook: Option<Hook>, bump_before_cutover: bool) -> Self {
-        Self {
-            inner,
+/// A single-connection shard over `inner` with an [`OnWrite`] hook.
+fn hook_shard(
+    inner: Arc<dyn Shard>,
+    at: u64,
+    hook: Option<Hook>,
+    bump_before_cutover: bool,
+) -> HookedShard<OnWrite> {
+    HookedShard {
+        inner,
+        hook: OnWrite {
             at,
             n: AtomicU64::new(0),
             hook: std::sync::Mutex::new(hook),
             bump_before_cutover,
-        }
-    }
-    async fn before_write(&self, stmts: &[Statement]) {
-        if self.n.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
-            let hook = self.hook.lock().unwrap().take();
-            if let Some(h) = hook {
-                h().await;
-            }
-        }
-        if self.bump_before_cutover
-            && stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
-        {
-            let st = Statement::new("UPDATE users SET n = n + 1 WHERE id = 'u1'");
-            self.inner.execute(&st).await.unwrap();
-        }
+        },
+        single_connection: Some(true),
     }
 }
 
-impl Shard for HookShard {
-    fn dialect(&self) -> Dialect {
-        self.inner.dialect()
-    }
-    fn batch_support(&self) -> BatchSupport {
-        self.inner.batch_support()
-    }
-    fn single_connection(&self) -> bool {
-        true
-    }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
-        Box::pin(async move {
-            self.before_write(std::slice::from_ref(stmt)).await;
-            self.inner.execute(stmt).await
-        })
-    }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
-        self.inner.query(stmt)
-    }
-    fn batch<'a>(
+impl BeforeWrite for OnWrite {
+    fn before_write<'a>(
         &'a self,
+        inner: &'a Arc<dyn Shard>,
         stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
-            self.before_write(stmts).await;
-            self.inner.batch(stmts).await
+            if self.n.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+                let hook = self.hook.lock().unwrap().take();
+                if let Some(h) = hook {
+                    h().await;
+                }
+            }
+            if self.bump_before_cutover
+                && stmts
+                    .iter()
+                    .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
+            {
+                let st = Statement::new("UPDATE users SET n = n + 1 WHERE id = 'u1'");
+                inner.execute(&st).await.unwrap();
+            }
+            Ok(())
         })
     }
 }
 
-fn hooked_config(e: &Env, s0: Arc<dyn Shard>) -> MigrationConfig {
+fn hooked_config(e: &Harness, s0: Arc<dyn Shard>) -> MigrationConfig {
     MigrationConfig::new(e.mapping.clone())
         .shard("s0", s0)
-        .shard("s1", e.shard("s1").clone() as Arc<dyn Shard>)
+        .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
         .table("users")
@@ -1368,7 +1232,7 @@ async fn move_aborts_when_copies_are_used_up() {
     let r = e.router().await;
     e.mapping.put("u1", "s0").await.unwrap();
     r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    let s0: Arc<dyn Shard> = Arc::new(HookShard::new(e.shard("s0").clone(), 0, None, true));
+    let s0: Arc<dyn Shard> = Arc::new(hook_shard(e.shard("s0").clone(), 0, None, true));
     let mover = Router::new(hooked_config(&e, s0)).unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ABORTED", "{err}");
@@ -1410,7 +1274,7 @@ async fn mover_taken_over_by_recovery_stops() {
         })
     });
     // s0 writes of the mover: claim (1), copied+verified+cutover_pending (2).
-    let s0: Arc<dyn Shard> = Arc::new(HookShard::new(e.shard("s0").clone(), 2, Some(hook), false));
+    let s0: Arc<dyn Shard> = Arc::new(hook_shard(e.shard("s0").clone(), 2, Some(hook), false));
     let mover = Router::new(hooked_config(&e, s0)).unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_TAKEN_OVER", "{err}");
@@ -1556,7 +1420,7 @@ fn cutover_statements_are_not_reprepared_per_key() {
 /// Three shards, `u1` on `s0` with a users and an orgs row, and a move of
 /// its users row to `s1` through a faulty router that crashed at write
 /// `crash` (the plan disarmed again).
-async fn interrupted_move(crash: u64, mode: FaultMode) -> (Env, Router) {
+async fn interrupted_move(crash: u64, mode: FaultMode) -> (Harness, Router) {
     let e = env(3);
     let r = e.router_with(true, 30_000).await;
     e.mapping.put("u1", "s0").await.unwrap();
@@ -1577,10 +1441,10 @@ async fn interrupted_move(crash: u64, mode: FaultMode) -> (Env, Router) {
 async fn one_active_move_per_key_and_leftover_claims_released() {
     // The users move's claim lands, its copy crashes.
     let (e, r) = interrupted_move(2, FaultMode::Before).await;
-    let before = e.dump().await;
+    let before = dump(&e).await;
     let err = r.reassign_shard("u1", "s1", "orgs").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
-    assert_eq!(e.dump().await, before, "a refused claim writes nothing");
+    assert_eq!(dump(&e).await, before, "a refused claim writes nothing");
     e.clock.advance(31_000);
     let rep = r.recover_migrations().await.unwrap();
     assert_eq!(rep.committed.len(), 1, "{rep:?}");
@@ -1588,10 +1452,11 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
 
     let moved = r.reassign_shard("u1", "s2", "users").await.unwrap();
     e.shard("s0")
-        .execute_sync(&format!(
+        .execute(&Statement::new(format!(
             "UPDATE durability_migration_ops SET claim = 'u1' WHERE op_id = '{}'",
             moved.op_id
-        ))
+        )))
+        .await
         .unwrap();
     let err = r.reassign_shard("u1", "s0", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");

@@ -3,33 +3,18 @@
 #![cfg(feature = "outbox")]
 #![allow(clippy::unwrap_used)]
 
-use durability_scheduler::{SchedulerTx, SchemaStep, Storage};
+use durability_scheduler::conformance::STEPS as CONFORMANCE_STEPS;
+use durability_scheduler::{SchedulerTx, Storage};
 use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous};
 
-static CONFORMANCE_STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "second",
-    },
-];
 static CONFORMANCE_SQL: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 1,
-            name: "initial",
-        },
+        step: CONFORMANCE_STEPS[0],
         up: "CREATE TABLE app_conformance (id INTEGER PRIMARY KEY)",
         down: "DROP TABLE app_conformance",
     },
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 2,
-            name: "second",
-        },
+        step: CONFORMANCE_STEPS[1],
         up: "ALTER TABLE app_conformance ADD COLUMN note TEXT",
         down: "ALTER TABLE app_conformance DROP COLUMN note",
     },

@@ -158,33 +158,30 @@ async fn corrupt_persisted_state_fails_closed_and_writes_nothing() {
     let e = store.claim(&s, &l, &t, 1000).await.unwrap_err();
     assert_eq!(e.code(), "invalid_lifecycle_state");
     assert_eq!(store.with_connection(|c| raw_state(c, &s)), before);
-    // A corrupt storage pointer and delete lock.
-    let l2 = LifecycleId::new("ns:w2").unwrap();
-    store.with_connection(|c| {
-        c.execute(
-            "INSERT INTO durability_owner_lifecycle VALUES (?1, 'bad id!', NULL)",
-            [l2.as_str()],
-        )
-        .unwrap();
-    });
-    let s2 = scope("st2:Room:shard0");
-    assert_eq!(
-        store.claim(&s2, &l2, &t, 1000).await.unwrap_err().code(),
-        "invalid_lifecycle_state"
-    );
-    let l3 = LifecycleId::new("ns:w3").unwrap();
-    store.with_connection(|c| {
-        c.execute(
-            "INSERT INTO durability_owner_lifecycle VALUES (?1, 'st3', X'00')",
-            [l3.as_str()],
-        )
-        .unwrap();
-    });
+    // A corrupt storage pointer, then a corrupt delete lock.
+    for (lifecycle, row, sc) in [
+        ("ns:w2", "(?1, 'bad id!', NULL)", "st2:Room:shard0"),
+        ("ns:w3", "(?1, 'st3', X'00')", "st3:Room:shard0"),
+    ] {
+        let l = LifecycleId::new(lifecycle).unwrap();
+        store.with_connection(|c| {
+            c.execute(
+                &format!("INSERT INTO durability_owner_lifecycle VALUES {row}"),
+                [l.as_str()],
+            )
+            .unwrap();
+        });
+        assert_eq!(
+            store
+                .claim(&scope(sc), &l, &t, 1000)
+                .await
+                .unwrap_err()
+                .code(),
+            "invalid_lifecycle_state",
+            "{row}"
+        );
+    }
     let s3 = scope("st3:Room:shard0");
-    assert_eq!(
-        store.claim(&s3, &l3, &t, 1000).await.unwrap_err().code(),
-        "invalid_lifecycle_state"
-    );
     assert_eq!(
         store.with_connection(|c| raw_state(c, &s3)),
         RawState {
