@@ -26,6 +26,7 @@
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
 };
+use durability_time::{Backoff, Jitter, Random, SystemClock};
 use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, OptsBuilder, Params, Pool, TxOpts};
@@ -33,6 +34,12 @@ use mysql_async::{Opts, OptsBuilder, Params, Pool, TxOpts};
 /// How many times a statement or batch that failed with a deadlock or a lock
 /// wait timeout is tried in all.
 pub const MAX_ATTEMPTS: usize = 32;
+
+/// The pause between two attempts after a deadlock or lock-wait timeout:
+/// 1 ms doubling to 50 ms, fully jittered (a factor drawn from `[0, 1)`), so
+/// contending transactions spread out instead of colliding again in
+/// lockstep.
+pub const RETRY_BACKOFF: Backoff = Backoff::new(1, 50).jitter(Jitter::Under(1.0));
 
 /// The binary character set: a column holding bytes, not text.
 const BINARY_CHARSET: u16 = 63;
@@ -241,7 +248,7 @@ impl MysqlShard {
         Fut: Future<Output = Result<Attempt<T>, BackendError>>,
     {
         let mut last = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 1..=MAX_ATTEMPTS {
             match once().await? {
                 Attempt::Done(r) => return r,
                 Attempt::Retry(e) => {
@@ -252,6 +259,10 @@ impl MysqlShard {
                     );
                     last = Some(e);
                 }
+            }
+            if attempt < MAX_ATTEMPTS {
+                let tries = u32::try_from(attempt).unwrap_or(u32::MAX);
+                RETRY_BACKOFF.wait(&SystemClock, tries, &Random::os()).await;
             }
         }
         Err(match last {

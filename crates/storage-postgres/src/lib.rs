@@ -15,7 +15,9 @@
 //! uncommitted row), leaving a live row behind a tombstone; serializable
 //! snapshot isolation refuses one of them. A serialization failure or
 //! deadlock (SQLSTATE `40001`, `40P01`) applied nothing, so the shard retries
-//! the statement or the whole batch, up to [`MAX_ATTEMPTS`] times.
+//! the statement or the whole batch, up to [`MAX_ATTEMPTS`] times, pausing
+//! [`RETRY_BACKOFF`] between attempts (immediate retries of one hot row can
+//! keep losing to the same writers).
 //!
 //! Values are always bound parameters. A value is encoded for the type the
 //! server inferred for its placeholder: integers bind to `BIGINT`,
@@ -35,6 +37,7 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, Rec
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
 };
+use durability_time::{Backoff, Jitter, Random, SystemClock};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{FromSql, Kind, ToSql, Type};
 use tokio_postgres::{Config, NoTls};
@@ -42,6 +45,18 @@ use tokio_postgres::{Config, NoTls};
 /// How many times a statement or batch that failed with a serialization
 /// failure or a deadlock is tried in all.
 pub const MAX_ATTEMPTS: usize = 32;
+
+/// The pause between two attempts after a serialization failure or
+/// deadlock: 1 ms doubling to 50 ms, fully jittered (a factor drawn from
+/// `[0, 1)`), so contending transactions spread out instead of colliding
+/// again in lockstep.
+pub const RETRY_BACKOFF: Backoff = Backoff::new(1, 50).jitter(Jitter::Under(1.0));
+
+/// Waits before attempt `attempt + 1` (the first retry waits after attempt 1).
+async fn pause(attempt: usize) {
+    let tries = u32::try_from(attempt).unwrap_or(u32::MAX);
+    RETRY_BACKOFF.wait(&SystemClock, tries, &Random::os()).await;
+}
 
 /// Default pool size of [`PostgresShard::connect`].
 pub const DEFAULT_POOL_SIZE: usize = 8;
@@ -344,10 +359,13 @@ impl PostgresShard {
 
     async fn execute_retrying(&self, stmt: &Statement) -> Result<u64, BackendError> {
         let mut last = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 1..=MAX_ATTEMPTS {
             match exec_once(&self.pool.get().await?, stmt).await {
                 Attempt::Done(r) => return r,
                 Attempt::Retry(e) => last = Some(retried(e)),
+            }
+            if attempt < MAX_ATTEMPTS {
+                pause(attempt).await;
             }
         }
         Self::retry(last).await
@@ -355,10 +373,13 @@ impl PostgresShard {
 
     async fn query_retrying(&self, stmt: &Statement) -> Result<Vec<Row>, BackendError> {
         let mut last = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 1..=MAX_ATTEMPTS {
             match query_once(&self.pool.get().await?, stmt).await {
                 Attempt::Done(r) => return r,
                 Attempt::Retry(e) => last = Some(retried(e)),
+            }
+            if attempt < MAX_ATTEMPTS {
+                pause(attempt).await;
             }
         }
         Self::retry(last).await
@@ -366,11 +387,15 @@ impl PostgresShard {
 
     async fn batch_retrying(&self, stmts: &[Statement]) -> Result<Vec<u64>, BackendError> {
         let mut last = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 1..=MAX_ATTEMPTS {
             let mut client = self.pool.get().await?;
             match batch_once(&mut client, stmts).await {
                 Attempt::Done(r) => return r,
                 Attempt::Retry(e) => last = Some(retried(e)),
+            }
+            drop(client);
+            if attempt < MAX_ATTEMPTS {
+                pause(attempt).await;
             }
         }
         Self::retry(last).await

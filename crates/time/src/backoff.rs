@@ -1,6 +1,8 @@
 //! Exponential backoff with a cap, a jitter kind and a maximum of tries.
 
-use crate::Random;
+use std::future::Future;
+
+use crate::{Clock, Random};
 
 /// How a backoff delay is spread around its exponential ceiling `d`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,6 +117,19 @@ impl Backoff {
                 (lo + (hi - lo) * u).round()
             }
         }
+    }
+
+    /// Waits on `clock` for a jittered delay after the `tries`-th failed
+    /// try, drawn from `random`: the pause between two attempts of a retry
+    /// loop. The future does not borrow `clock` or `random`.
+    pub fn wait<C: Clock + ?Sized>(
+        &self,
+        clock: &C,
+        tries: u32,
+        random: &Random,
+    ) -> impl Future<Output = ()> + Send + 'static + use<C> {
+        let at = clock.now_ms().saturating_add(self.delay_ms(tries, random));
+        clock.sleep_until(at)
     }
 
     /// A jittered delay after the `tries`-th failed try, in whole

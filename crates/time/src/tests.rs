@@ -157,3 +157,21 @@ fn safe_integers() {
     assert!(!is_safe_non_negative(MAX_SAFE_INTEGER + 1));
     assert!(!is_safe_non_negative(-1));
 }
+
+#[tokio::test]
+async fn backoff_wait_sleeps_on_the_clock_for_a_drawn_delay() {
+    let clock = ManualClock::new(1_000);
+    let b = Backoff::new(100, 1_000);
+    let waiting = tokio::spawn(b.wait(&clock, 2, &Random::os()));
+    tokio::task::yield_now().await;
+    assert_eq!(
+        clock.next_wake(),
+        Some(1_200),
+        "ceiling of try 2, no jitter"
+    );
+    clock.advance(199);
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    clock.advance(1);
+    waiting.await.expect("woke");
+}
