@@ -1,5 +1,5 @@
 //! A small "host" process for the process-level fencing tests
-//! (`tests/tests/fence_processes.rs`).
+//! (`tests/it/fence_processes.rs`).
 //!
 //! It claims one owner scope on a Redis lease store, opens one SQLite object
 //! database fenced through the claim, and commits numbered writes in a loop,
