@@ -14,6 +14,8 @@ use crate::record::{Generation, OwnerRecord};
 use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot};
 
+pub use crate::hooked::{Action, Hook, HookedStore, Hooks, Method};
+
 /// Lease time used by the suite: long enough never to expire on its own.
 pub const TTL_MS: u64 = 60_000;
 

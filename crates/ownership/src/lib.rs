@@ -40,6 +40,9 @@ mod store;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+#[cfg_attr(not(feature = "conformance"), allow(unreachable_pub, dead_code))]
+mod hooked;
 
 pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, DispatchOutcome, OwnershipError};

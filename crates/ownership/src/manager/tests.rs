@@ -1,14 +1,15 @@
 //! Tests of admission, renewal, drain, the watchdog and the probe.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::hooked::{HookedStore, Hooks};
 use crate::memory::InMemoryLeaseStore;
 use crate::scope::{ShardCount, StorageId};
-use crate::store::{LifecycleAdmin, OwnerSnapshot};
+use crate::store::LifecycleAdmin;
 use durability_time::ManualClock;
 
 mod admission;
@@ -16,44 +17,12 @@ mod drain;
 mod renew_all;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
-struct Counting {
-    inner: Arc<InMemoryLeaseStore<ManualClock>>,
-    calls: Arc<AtomicUsize>,
-}
-
-impl LeaseStore for Counting {
-    async fn claim(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        ttl_ms: u64,
-    ) -> Result<ClaimOutcome, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(scope, lifecycle, task, ttl_ms).await
-    }
-    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(record, ttl_ms).await
-    }
-    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(record).await
-    }
-    async fn snapshot(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-    ) -> Result<OwnerSnapshot, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.snapshot(scope, lifecycle).await
-    }
-}
+type Counting = HookedStore<Arc<InMemoryLeaseStore<ManualClock>>>;
 
 struct Fixture {
     clock: ManualClock,
     store: Arc<InMemoryLeaseStore<ManualClock>>,
-    calls: Arc<AtomicUsize>,
+    calls: Hooks,
     scope: OwnerScope,
     lifecycle: LifecycleId,
 }
@@ -83,7 +52,7 @@ async fn fixture() -> Fixture {
     Fixture {
         clock,
         store,
-        calls: Arc::new(AtomicUsize::new(0)),
+        calls: Hooks::new(),
         scope,
         lifecycle,
     }
@@ -104,10 +73,7 @@ impl Fixture {
     }
 
     fn task_with(&self, name: &str, s: OwnershipSettings) -> Ownership<Counting, ManualClock> {
-        let store = Counting {
-            inner: Arc::clone(&self.store),
-            calls: Arc::clone(&self.calls),
-        };
+        let store = HookedStore::new(Arc::clone(&self.store), self.calls.clone());
         Ownership::new(
             store,
             self.clock.clone(),
@@ -139,14 +105,14 @@ async fn admission_with_ample_budget_does_no_io() {
     let f = fixture().await;
     let a = f.cached_task("a");
     let g = f.claim(&a).await;
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     for _ in 0..100 {
         let p = a.admit(&f.scope, g).await.expect("admitted");
         assert_eq!(p.generation(), g);
         assert_eq!(a.in_flight(), 1);
     }
     assert_eq!(
-        f.calls.load(Ordering::SeqCst),
+        f.calls.total(),
         before,
         "admission with ample budget did I/O"
     );
@@ -159,13 +125,9 @@ async fn admission_below_guard_renews_same_generation() {
     let a = f.cached_task("a");
     let g = f.claim(&a).await;
     f.clock.advance(9_500);
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
-    assert_eq!(
-        f.calls.load(Ordering::SeqCst),
-        before + 1,
-        "exactly one renew"
-    );
+    assert_eq!(f.calls.total(), before + 1, "exactly one renew");
     assert_eq!(p.generation(), g);
     assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
 }
@@ -253,9 +215,9 @@ async fn checked_admission_reads_a_fresh_snapshot() {
     let f = fixture().await;
     let a = f.cached_task("a");
     let g = f.claim(&a).await;
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     drop(a.admit_checked(&f.scope, g).await.expect("admitted"));
-    assert_eq!(f.calls.load(Ordering::SeqCst), before + 1, "one snapshot");
+    assert_eq!(f.calls.total(), before + 1, "one snapshot");
     // The active storage pointer moves: cached admission cannot see it, the
     // checked one fails closed and forgets the scope.
     let other = StorageId::new("st2").expect("storage");
@@ -376,14 +338,10 @@ async fn watchdog_renews_then_cancels_when_ownership_moves() {
     let (scope, t) = (f.scope.clone(), token.clone());
     let watch = tokio::spawn(async move { watcher.watch(&scope, g, t).await });
     settle().await;
-    let renews_before = f.calls.load(Ordering::SeqCst);
+    let renews_before = f.calls.total();
     f.clock.advance(9_000); // guard interval before expiry
     settle().await;
-    assert_eq!(
-        f.calls.load(Ordering::SeqCst),
-        renews_before + 1,
-        "watchdog renewed"
-    );
+    assert_eq!(f.calls.total(), renews_before + 1, "watchdog renewed");
     assert!(!token.is_cancelled());
     // Ownership moves: the record disappears and another task claims.
     f.store.expire_owner(&f.scope);
@@ -416,10 +374,7 @@ async fn watchdog_finishes_with_the_work() {
 #[tokio::test]
 async fn a_guard_not_below_the_ttl_is_capped_at_half_the_ttl() {
     let f = fixture().await;
-    let store = Counting {
-        inner: Arc::clone(&f.store),
-        calls: Arc::clone(&f.calls),
-    };
+    let store = HookedStore::new(Arc::clone(&f.store), f.calls.clone());
     let s = OwnershipSettings {
         owner_ttl_ms: 1000,
         lease_guard_ms: 5000,
@@ -428,20 +383,20 @@ async fn a_guard_not_below_the_ttl_is_capped_at_half_the_ttl() {
     };
     let a = Ownership::new(store, f.clock.clone(), TaskId::new("a").expect("task"), s);
     let g = f.claim(&a).await;
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     drop(
         a.admit(&f.scope, g)
             .await
             .expect("ample budget under the capped guard"),
     );
     assert_eq!(
-        f.calls.load(Ordering::SeqCst),
+        f.calls.total(),
         before,
         "no renew with 1000 ms left and a 500 ms guard"
     );
     f.clock.advance(600);
     drop(a.admit(&f.scope, g).await.expect("renewed"));
-    assert_eq!(f.calls.load(Ordering::SeqCst), before + 1);
+    assert_eq!(f.calls.total(), before + 1);
 }
 
 #[tokio::test]

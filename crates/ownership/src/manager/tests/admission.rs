@@ -79,7 +79,7 @@ async fn default_admission_reads_one_snapshot_and_admits_under_a_version_lock() 
         .set_delete_lock(&f.lifecycle, Some(DeleteLock::Version))
         .await
         .expect("lock");
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     for _ in 0..10 {
         let p = a
             .admit(&f.scope, g)
@@ -88,7 +88,7 @@ async fn default_admission_reads_one_snapshot_and_admits_under_a_version_lock() 
         assert_eq!(p.generation(), g);
     }
     assert_eq!(
-        f.calls.load(Ordering::SeqCst),
+        f.calls.total(),
         before + 10,
         "one snapshot per admission, nothing else"
     );
@@ -100,14 +100,10 @@ async fn default_admission_below_the_guard_reads_a_snapshot_then_renews() {
     let a = f.task("a");
     let g = f.claim(&a).await;
     f.clock.advance(9_500);
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
     assert_eq!(p.generation(), g);
-    assert_eq!(
-        f.calls.load(Ordering::SeqCst),
-        before + 2,
-        "one snapshot, one renew"
-    );
+    assert_eq!(f.calls.total(), before + 2, "one snapshot, one renew");
     assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
 }
 
@@ -117,10 +113,10 @@ async fn default_admission_refuses_an_expired_local_lease_without_io() {
     let a = f.task("a");
     let g = f.claim(&a).await;
     f.clock.advance(10_000);
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     let e = a.admit(&f.scope, g).await.expect_err("expired");
     assert_eq!(e.code(), "lease_expired");
-    assert_eq!(f.calls.load(Ordering::SeqCst), before, "no round trip");
+    assert_eq!(f.calls.total(), before, "no round trip");
 }
 
 #[tokio::test]
@@ -132,13 +128,13 @@ async fn cached_admission_does_no_io_and_accepts_lifecycle_staleness() {
         .set_delete_lock(&f.lifecycle, Some(DeleteLock::Whole))
         .await
         .expect("lock");
-    let before = f.calls.load(Ordering::SeqCst);
+    let before = f.calls.total();
     drop(
         a.admit(&f.scope, g)
             .await
             .expect("cached admission does not see the lock"),
     );
-    assert_eq!(f.calls.load(Ordering::SeqCst), before, "no store call");
+    assert_eq!(f.calls.total(), before, "no store call");
     // The checked admission and the next renew see it.
     assert_eq!(
         a.admit_checked(&f.scope, g)

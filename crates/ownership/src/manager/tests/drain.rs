@@ -4,43 +4,10 @@
 use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::hooked::{Action, Method};
 
 /// A store whose release of one scope hangs (never answers) while `hang` is set.
-struct HangingRelease {
-    inner: Arc<InMemoryLeaseStore<ManualClock>>,
-    hang_on: OwnerScope,
-    hang: Arc<AtomicBool>,
-    releases: Arc<AtomicUsize>,
-}
-
-impl LeaseStore for HangingRelease {
-    async fn claim(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        ttl_ms: u64,
-    ) -> Result<ClaimOutcome, OwnershipError> {
-        self.inner.claim(scope, lifecycle, task, ttl_ms).await
-    }
-    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
-        self.inner.renew(record, ttl_ms).await
-    }
-    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
-        self.releases.fetch_add(1, Ordering::SeqCst);
-        if self.hang.load(Ordering::SeqCst) && record.scope() == &self.hang_on {
-            std::future::pending::<()>().await;
-        }
-        self.inner.release(record).await
-    }
-    async fn snapshot(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-    ) -> Result<OwnerSnapshot, OwnershipError> {
-        self.inner.snapshot(scope, lifecycle).await
-    }
-}
+type HangingRelease = HookedStore<Arc<InMemoryLeaseStore<ManualClock>>>;
 
 fn shard(n: u32) -> OwnerScope {
     OwnerScope::parse(&format!("st1:Room:shard{n}"), ShardCount::default()).expect("scope")
@@ -50,7 +17,7 @@ struct Hanging {
     f: Fixture,
     o: Ownership<HangingRelease, ManualClock>,
     hang: Arc<AtomicBool>,
-    releases: Arc<AtomicUsize>,
+    hooks: Hooks,
     generations: Vec<Generation>,
 }
 
@@ -63,13 +30,16 @@ async fn hanging(s: OwnershipSettings) -> Hanging {
     };
     let f = fixture().await;
     let hang = Arc::new(AtomicBool::new(true));
-    let releases = Arc::new(AtomicUsize::new(0));
-    let store = HangingRelease {
-        inner: Arc::clone(&f.store),
-        hang_on: shard(2),
-        hang: Arc::clone(&hang),
-        releases: Arc::clone(&releases),
-    };
+    let hooks = Hooks::new();
+    let (hang_on, flag) = (shard(2), Arc::clone(&hang));
+    hooks.set(move |method, scope| {
+        if method == Method::Release && flag.load(Ordering::SeqCst) && scope == Some(&hang_on) {
+            Action::Hang
+        } else {
+            Action::Pass
+        }
+    });
+    let store = HookedStore::new(Arc::clone(&f.store), hooks.clone());
     let o = Ownership::new(store, f.clock.clone(), TaskId::new("a").expect("task"), s);
     let mut generations = Vec::new();
     for n in [3, 1, 2] {
@@ -82,7 +52,7 @@ async fn hanging(s: OwnershipSettings) -> Hanging {
         f,
         o,
         hang,
-        releases,
+        hooks,
         generations,
     }
 }
@@ -124,7 +94,7 @@ async fn a_drain_whose_release_hangs_returns_at_the_drain_timeout_and_keeps_the_
         }
     );
     assert!(report.timed_out());
-    assert_eq!(h.releases.load(Ordering::SeqCst), 2, "shard3 never sent");
+    assert_eq!(h.hooks.calls(Method::Release), 2, "shard3 never sent");
     assert_eq!(
         owner_task(&h.f, &shard(1)).await,
         None,
@@ -186,7 +156,7 @@ async fn the_drain_timeout_also_bounds_the_in_flight_wait() {
         drain.await.expect("drain task"),
         DrainReport::TimedOut { in_flight: 1 }
     );
-    assert_eq!(h.releases.load(Ordering::SeqCst), 0, "every lease kept");
+    assert_eq!(h.hooks.calls(Method::Release), 0, "every lease kept");
     assert_eq!(h.o.probe().scopes.len(), 3);
     drop(permit);
 }

@@ -4,80 +4,27 @@
 use std::sync::Mutex as StdMutex;
 
 use super::*;
-
-/// Counts `renew` and `renew_many` calls; fails the renew of one scope with
-/// an unavailable store when asked.
-struct Batching {
-    inner: Arc<InMemoryLeaseStore<ManualClock>>,
-    renews: Arc<AtomicUsize>,
-    batches: Arc<AtomicUsize>,
-    unavailable: Arc<StdMutex<Option<OwnerScope>>>,
-}
-
-impl Batching {
-    fn failing(&self, record: &OwnerRecord) -> bool {
-        self.unavailable
-            .lock()
-            .expect("lock")
-            .as_ref()
-            .is_some_and(|s| s == record.scope())
-    }
-}
-
-impl LeaseStore for Batching {
-    async fn claim(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        ttl_ms: u64,
-    ) -> Result<ClaimOutcome, OwnershipError> {
-        self.inner.claim(scope, lifecycle, task, ttl_ms).await
-    }
-    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
-        self.renews.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(record, ttl_ms).await
-    }
-    async fn renew_many(
-        &self,
-        records: &[OwnerRecord],
-        ttl_ms: u64,
-    ) -> Vec<Result<Lease, OwnershipError>> {
-        self.batches.fetch_add(1, Ordering::SeqCst);
-        let mut out = self.inner.renew_many(records, ttl_ms).await;
-        for (r, result) in records.iter().zip(out.iter_mut()) {
-            if self.failing(r) {
-                *result = Err(OwnershipError::StoreUnavailable {
-                    source: "injected".into(),
-                });
-            }
-        }
-        out
-    }
-    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
-        self.inner.release(record).await
-    }
-    async fn snapshot(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-    ) -> Result<OwnerSnapshot, OwnershipError> {
-        self.inner.snapshot(scope, lifecycle).await
-    }
-}
+use crate::hooked::{Action, Method};
 
 #[tokio::test]
 async fn renew_all_is_one_batch_and_applies_each_result_like_renew() {
     let f = fixture().await;
-    let renews = Arc::new(AtomicUsize::new(0));
-    let batches = Arc::new(AtomicUsize::new(0));
-    let unavailable = Arc::new(StdMutex::new(None));
-    let store = Batching {
-        inner: Arc::clone(&f.store),
-        renews: Arc::clone(&renews),
-        batches: Arc::clone(&batches),
-        unavailable: Arc::clone(&unavailable),
-    };
+    // Counts `renew` and `renew_many` calls; loses the renew reply of one
+    // scope with an unavailable store when asked.
+    let hooks = Hooks::new();
+    let unavailable: Arc<StdMutex<Option<OwnerScope>>> = Arc::new(StdMutex::new(None));
+    let failing = Arc::clone(&unavailable);
+    hooks.set(move |method, scope| {
+        let fail = failing.lock().expect("lock");
+        if method == Method::RenewMany && scope.is_some() && fail.as_ref() == scope {
+            Action::Lose(OwnershipError::StoreUnavailable {
+                source: "injected".into(),
+            })
+        } else {
+            Action::Pass
+        }
+    });
+    let store = HookedStore::new(Arc::clone(&f.store), hooks.clone());
     let o = Ownership::new(
         store,
         f.clock.clone(),
@@ -107,8 +54,8 @@ async fn renew_all_is_one_batch_and_applies_each_result_like_renew() {
     }
     f.clock.advance(4_000);
     let results = o.renew_all().await;
-    assert_eq!(batches.load(Ordering::SeqCst), 1, "one batched store call");
-    assert_eq!(renews.load(Ordering::SeqCst), 0, "no renew per scope");
+    assert_eq!(hooks.calls(Method::RenewMany), 1, "one batched store call");
+    assert_eq!(hooks.calls(Method::Renew), 0, "no renew per scope");
     assert_eq!(results.len(), 16);
     assert!(results.iter().all(|(_, r)| r.is_ok()));
     assert!(
@@ -129,7 +76,7 @@ async fn renew_all_is_one_batch_and_applies_each_result_like_renew() {
     *unavailable.lock().expect("lock") = Some(scopes[3].clone());
     f.clock.advance(4_000);
     let results = o.renew_all().await;
-    assert_eq!(batches.load(Ordering::SeqCst), 2);
+    assert_eq!(hooks.calls(Method::RenewMany), 2);
     for (scope, r) in &results {
         let code = r.as_ref().err().map(OwnershipError::code);
         let want = match scope {
