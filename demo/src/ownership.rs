@@ -13,14 +13,13 @@
 
 use std::error::Error;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use durability_ownership::conformance::{HookedStore, Hooks};
 use durability_ownership::{
-    Admission, ClaimOutcome, ClassName, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    ManualClock, ObjectName, OwnerRecord, OwnerScope, OwnerSnapshot, Ownership, OwnershipError,
-    OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+    Admission, ClaimOutcome, ClassName, Generation, LeaseStore, LifecycleAdmin, LifecycleId,
+    ManualClock, ObjectName, OwnerRecord, OwnerScope, Ownership, OwnershipError, OwnershipSettings,
+    Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::ownership::{
@@ -259,53 +258,6 @@ async fn delete_prefix(store: &RedisLeaseStore, prefix: &str) -> BoxResult<()> {
         let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await?;
     }
     Ok(())
-}
-
-/// A store wrapper counting calls, to assert that admission does no I/O.
-struct Counting<S> {
-    inner: S,
-    calls: Arc<AtomicU64>,
-}
-
-impl<S: LeaseStore> LeaseStore for Counting<S> {
-    async fn claim(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        ttl_ms: u64,
-    ) -> Result<ClaimOutcome, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(scope, lifecycle, task, ttl_ms).await
-    }
-
-    async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(record, ttl_ms).await
-    }
-
-    async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(record).await
-    }
-
-    async fn snapshot(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-    ) -> Result<OwnerSnapshot, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.snapshot(scope, lifecycle).await
-    }
-
-    async fn raise_generation_floor(
-        &self,
-        scope: &OwnerScope,
-        floor: Generation,
-    ) -> Result<u64, OwnershipError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.raise_generation_floor(scope, floor).await
-    }
 }
 
 #[allow(clippy::disallowed_methods, reason = "benchmarks measure wall time")]
@@ -556,11 +508,9 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
     line("ownership.claim", ours, Some(raw), "us/op", "<=1.5", n);
 
     // Admission with ample budget: no I/O.
-    let calls = Arc::new(AtomicU64::new(0));
-    let counted = Counting {
-        inner: store.clone(),
-        calls: Arc::clone(&calls),
-    };
+    // A store wrapper counting calls, to assert that admission does no I/O.
+    let calls = Hooks::new();
+    let counted = HookedStore::new(store.clone(), calls.clone());
     let clock = ManualClock::new(0);
     let settings = OwnershipSettings {
         owner_ttl_ms: ttl,
@@ -572,7 +522,7 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
     let Resolution::Local(g) = owner.resolve(&scope, &lifecycle).await? else {
         return Err("admission scope held elsewhere".into());
     };
-    let before = calls.load(Ordering::SeqCst);
+    let before = calls.total();
     let admits = 200_000_u64;
     let t = start();
     for _ in 0..admits {
@@ -580,7 +530,7 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
         drop(permit);
     }
     let elapsed = t.elapsed();
-    let io = calls.load(Ordering::SeqCst) - before;
+    let io = calls.total() - before;
     if io != 0 {
         return Err(format!("admission with ample budget did {io} store calls").into());
     }

@@ -264,40 +264,16 @@ async fn owner_elsewhere_waits_for_the_remote_lease_instead_of_a_hot_loop() {
 
 /// A lease store whose owner snapshot read loses its reply (outcome unknown
 /// for the read); everything else passes through.
-struct SnapshotLost(Store);
-
-impl durability_ownership::LeaseStore for SnapshotLost {
-    async fn claim(
-        &self,
-        scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        ttl_ms: u64,
-    ) -> Result<durability_ownership::ClaimOutcome, durability_ownership::OwnershipError> {
-        self.0.claim(scope, lifecycle, task, ttl_ms).await
-    }
-    async fn renew(
-        &self,
-        record: &durability_ownership::OwnerRecord,
-        ttl_ms: u64,
-    ) -> Result<durability_ownership::Lease, durability_ownership::OwnershipError> {
-        self.0.renew(record, ttl_ms).await
-    }
-    async fn release(
-        &self,
-        record: &durability_ownership::OwnerRecord,
-    ) -> Result<bool, durability_ownership::OwnershipError> {
-        self.0.release(record).await
-    }
-    async fn snapshot(
-        &self,
-        _scope: &OwnerScope,
-        _lifecycle: &LifecycleId,
-    ) -> Result<durability_ownership::OwnerSnapshot, durability_ownership::OwnershipError> {
-        Err(durability_ownership::OwnershipError::OwnerUnavailable {
+fn snapshot_lost(store: Store) -> durability_ownership::conformance::HookedStore<Store> {
+    use durability_ownership::conformance::{Action, HookedStore, Hooks, Method};
+    let hooks = Hooks::new();
+    hooks.set(|method, _| match method {
+        Method::Snapshot => Action::Fail(durability_ownership::OwnershipError::OwnerUnavailable {
             source: "the reply was lost".into(),
-        })
-    }
+        }),
+        _ => Action::Pass,
+    });
+    HookedStore::new(store, hooks)
 }
 
 #[tokio::test]
@@ -311,7 +287,7 @@ async fn an_admission_whose_snapshot_read_is_lost_never_started_the_handler() {
         Local("host-a", w.log.clone()),
         DeadOwner::default(),
         Ownership::new(
-            SnapshotLost(Arc::clone(&w.store)),
+            snapshot_lost(Arc::clone(&w.store)),
             w.clock.clone(),
             TaskId::new("host-a").unwrap(),
             OwnershipSettings {
