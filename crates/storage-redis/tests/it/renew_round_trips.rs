@@ -100,6 +100,21 @@ async fn script_calls(store: &RedisLeaseStore) -> u64 {
         .sum()
 }
 
+/// A lease store on `redis` with lifecycle `ns:rt` pointing at storage `st-rt`.
+async fn connect(redis: &OwnRedis) -> (RedisLeaseStore, LifecycleId, StorageId) {
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let store = RedisLeaseStore::connect(&url, "", ShardCount::default())
+        .await
+        .unwrap();
+    let lifecycle = LifecycleId::new("ns:rt").unwrap();
+    let storage = StorageId::new("st-rt").unwrap();
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    (store, lifecycle, storage)
+}
+
 fn scopes(storage: &StorageId, n: usize) -> Vec<OwnerScope> {
     (0..n)
         .map(|i| {
@@ -117,16 +132,7 @@ fn scopes(storage: &StorageId, n: usize) -> Vec<OwnerScope> {
 #[tokio::test]
 async fn renew_many_takes_one_round_trip_per_256_scopes() {
     let Some(redis) = start_redis() else { return };
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let store = RedisLeaseStore::connect(&url, "", ShardCount::default())
-        .await
-        .unwrap();
-    let lifecycle = LifecycleId::new("ns:rt").unwrap();
-    let storage = StorageId::new("st-rt").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (store, lifecycle, storage) = connect(&redis).await;
     let task = TaskId::new("a").unwrap();
     let all = scopes(&storage, 1000);
     let mut records: Vec<OwnerRecord> = Vec::new();
@@ -161,16 +167,7 @@ async fn renew_many_takes_one_round_trip_per_256_scopes() {
 #[tokio::test]
 async fn renew_all_over_redis_takes_one_round_trip_per_256_scopes() {
     let Some(redis) = start_redis() else { return };
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let store = RedisLeaseStore::connect(&url, "", ShardCount::default())
-        .await
-        .unwrap();
-    let lifecycle = LifecycleId::new("ns:rt").unwrap();
-    let storage = StorageId::new("st-rt").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (store, lifecycle, storage) = connect(&redis).await;
     let settings = OwnershipSettings {
         owner_ttl_ms: 60_000,
         ..OwnershipSettings::default()
