@@ -59,19 +59,6 @@ redis.call('SET', KEYS[1], rec, 'PX', ARGV[4])
 return {'claimed', n}
 ";
 
-const RENEW: &str = "
-local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[2])
-if v[1] ~= ARGV[1] then
-  return {'stale'}
-end
-local lock, ptr = v[2], v[3]
-if lock == 'whole' or ptr ~= ARGV[2] or (lock and lock ~= 'version') then
-  return {'lifecycle', ptr, lock}
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'ok'}
-";
-
 const RELEASE: &str = "
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -98,10 +85,10 @@ return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call
   redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
 ";
 
-/// Renews a batch: per record, the same checks as `RENEW` (exact owner bytes,
-/// which carry the generation; the active storage pointer; the delete lock;
-/// a lease that ran out on the server's clock is gone, so it is stale), then
-/// the same `PEXPIRE`. KEYS are (owner, pointer, lock) per record; ARGV[1] is
+/// Renews a batch (`renew` is a batch of one): per record, the exact owner
+/// bytes (which carry the generation; a lease that ran out on the server's
+/// clock is gone, so it is stale), the active storage pointer and the delete
+/// lock, then `PEXPIRE`. KEYS are (owner, pointer, lock) per record; ARGV[1] is
 /// the TTL, then (record, storage id) per record. One reply per record.
 const RENEW_MANY: &str = "
 local out = {}
@@ -166,6 +153,24 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// Decodes a stored active storage pointer (absent: none).
+fn storage_pointer(
+    ptr: Option<&Value>,
+    lifecycle: &LifecycleId,
+) -> Result<Option<StorageId>, OwnershipError> {
+    ptr.and_then(bytes)
+        .map(|raw| {
+            std::str::from_utf8(raw)
+                .map_err(|e| e.to_string())
+                .and_then(|s| StorageId::new(s).map_err(|e| e.to_string()))
+                .map_err(|reason| OwnershipError::InvalidLifecycleState {
+                    lifecycle: lifecycle.as_str().to_owned(),
+                    reason,
+                })
+        })
+        .transpose()
+}
+
 /// An owner lease store on Redis.
 #[derive(Clone)]
 pub struct RedisLeaseStore {
@@ -173,7 +178,6 @@ pub struct RedisLeaseStore {
     prefix: String,
     count: ShardCount,
     claim: Script,
-    renew: Script,
     release: Script,
     snapshot: Script,
     raise_floor: Script,
@@ -195,7 +199,6 @@ impl RedisLeaseStore {
             prefix: prefix.to_owned(),
             count,
             claim: Script::new(CLAIM),
-            renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             snapshot: Script::new(&format!("{NOW}{SNAPSHOT}")),
             raise_floor: Script::new(RAISE_FLOOR),
@@ -266,20 +269,9 @@ impl RedisLeaseStore {
             },
             None => None,
         };
-        let active = match ptr.and_then(bytes) {
-            Some(raw) => match std::str::from_utf8(raw)
-                .map_err(|e| e.to_string())
-                .and_then(|s| StorageId::new(s).map_err(|e| e.to_string()))
-            {
-                Ok(s) => Some(s),
-                Err(reason) => {
-                    return OwnershipError::InvalidLifecycleState {
-                        lifecycle: lifecycle.as_str().to_owned(),
-                        reason,
-                    };
-                }
-            },
-            None => None,
+        let active = match storage_pointer(ptr, lifecycle) {
+            Ok(active) => active,
+            Err(e) => return e,
         };
         match check_lifecycle(scope.storage_id(), lifecycle, active.as_ref(), lock) {
             Err(e) => e,
@@ -376,37 +368,13 @@ impl LeaseStore for RedisLeaseStore {
         }
     }
 
+    /// A `RENEW_MANY` call of one record: one round trip, the same checks.
     async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
         validate_ttl(ttl_ms)?;
-        let scope = record.scope();
-        let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .renew
-            .key(self.owner_key(scope))
-            .key(self.storage_pointer_key(record.lifecycle()))
-            .key(self.delete_lock_key(record.lifecycle()))
-            .arg(record.encoded())
-            .arg(scope.storage_id().as_str())
-            .arg(ttl_ms)
-            .invoke_async(&mut conn)
+        self.renew_chunk(std::slice::from_ref(record), ttl_ms)
             .await
-            .map_err(redis_error)?;
-        match reply.first().and_then(bytes) {
-            Some(b"ok") => Ok(Lease {
-                record: record.clone(),
-                remaining_ms: ttl_ms,
-            }),
-            Some(b"stale") => Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            }),
-            Some(b"lifecycle") => Err(Self::lifecycle_error(
-                scope,
-                record.lifecycle(),
-                reply.get(1),
-                reply.get(2),
-            )),
-            _ => Err(protocol("unknown renew reply")),
-        }
+            .pop()
+            .unwrap_or_else(|| Err(protocol("renew reply without the record")))
     }
 
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
@@ -450,14 +418,7 @@ impl LeaseStore for RedisLeaseStore {
             lifecycle: lifecycle.as_str().to_owned(),
             reason,
         };
-        let active_storage = match reply.get(4).and_then(bytes) {
-            Some(raw) => Some(
-                std::str::from_utf8(raw)
-                    .map_err(|e| bad(e.to_string()))
-                    .and_then(|s| StorageId::new(s).map_err(|e| bad(e.to_string())))?,
-            ),
-            None => None,
-        };
+        let active_storage = storage_pointer(reply.get(4), lifecycle)?;
         let delete_lock = reply
             .get(5)
             .and_then(bytes)
@@ -533,16 +494,19 @@ impl RedisLeaseStore {
             Ok(replies) => replies,
             Err(e) => {
                 // Every record of the chunk shares the call's fate.
-                let refused = e.is_connection_refusal();
+                let (refused, text) = (e.is_connection_refusal(), e.to_string());
+                let mut first = Some(redis_error(e));
                 return records
                     .iter()
                     .map(|_| {
-                        let source = BoxError::from(e.to_string());
-                        Err(if refused {
-                            OwnershipError::StoreUnavailable { source }
-                        } else {
-                            OwnershipError::OwnerUnavailable { source }
-                        })
+                        Err(first.take().unwrap_or_else(|| {
+                            let source = BoxError::from(text.clone());
+                            if refused {
+                                OwnershipError::StoreUnavailable { source }
+                            } else {
+                                OwnershipError::OwnerUnavailable { source }
+                            }
+                        }))
                     })
                     .collect();
             }
@@ -570,7 +534,7 @@ impl RedisLeaseStore {
                         reply.get(1),
                         reply.get(2),
                     )),
-                    _ => Err(protocol("unknown renew batch reply")),
+                    _ => Err(protocol("unknown renew reply")),
                 }
             })
             .collect()
