@@ -197,14 +197,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
         scope: &OwnerScope,
         now: u64,
     ) -> Result<Option<Lease>, OwnershipError> {
-        let row: Option<(Vec<u8>, i64)> = conn
-            .query_row(
-                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
-                [scope.host_id()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(not_applied)?;
+        let row = Self::owner_row(conn, scope).map_err(not_applied)?;
         match row {
             Some((raw, exp)) if u64_of(exp) > now => {
                 let record = OwnerRecord::decode(&raw, scope, self.count)?;
@@ -215,6 +208,19 @@ impl<C: Clock> SqliteLeaseStore<C> {
             }
             _ => Ok(None),
         }
+    }
+
+    /// The stored owner record of `scope` and its expiry, live or not.
+    fn owner_row(
+        conn: &Connection,
+        scope: &OwnerScope,
+    ) -> Result<Option<(Vec<u8>, i64)>, rusqlite::Error> {
+        conn.query_row(
+            "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
+            [scope.host_id()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
     }
 
     fn generation(conn: &Connection, scope: &OwnerScope) -> Result<u64, OwnershipError> {
@@ -280,46 +286,17 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         }))
     }
 
+    /// A [`LeaseStore::renew_many`] of one record: the same transaction
+    /// and checks.
     async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
-        validate_ttl(ttl_ms)?;
-        let scope = record.scope();
-        let mut conn = self.lock();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(not_applied)?;
-        let now = self.clock.now_ms_u64();
-        let row: Option<(Vec<u8>, i64)> = tx
-            .query_row(
-                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
-                [scope.host_id()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(not_applied)?;
-        let live = matches!(&row, Some((raw, exp)) if u64_of(*exp) > now && raw.as_slice() == record.encoded().as_bytes());
-        if !live {
-            return Err(OwnershipError::StaleOwner {
-                scope: scope.to_string(),
-            });
-        }
-        let lc = Self::lifecycle(&tx, record.lifecycle())?;
-        check_lifecycle(
-            scope.storage_id(),
-            record.lifecycle(),
-            lc.active.as_ref(),
-            lc.lock,
-        )?;
-        let exp = now.saturating_add(ttl_ms);
-        tx.execute(
-            "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
-            params![scope.host_id(), i64_of(exp)],
-        )
-        .map_err(not_applied)?;
-        tx.commit().map_err(unknown)?;
-        Ok(Lease {
-            record: record.clone(),
-            remaining_ms: ttl_ms,
-        })
+        self.renew_many(std::slice::from_ref(record), ttl_ms)
+            .await
+            .pop()
+            .unwrap_or_else(|| {
+                Err(OwnershipError::StoreUnavailable {
+                    source: "renew answered no result".into(),
+                })
+            })
     }
 
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
@@ -428,8 +405,8 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
-    /// The checks and refresh of one record inside the batch's transaction,
-    /// as [`LeaseStore::renew`] does them. `Err` of the outer result is a
+    /// The checks and refresh of one record inside the batch's transaction:
+    /// the one implementation behind both `renew` and `renew_many`. `Err` of the outer result is a
     /// SQLite failure that ends the batch; the inner result is the record's.
     fn renew_in(
         tx: &Connection,
@@ -438,13 +415,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
         now: u64,
     ) -> Result<Result<Lease, OwnershipError>, rusqlite::Error> {
         let scope = record.scope();
-        let row: Option<(Vec<u8>, i64)> = tx
-            .query_row(
-                "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
-                [scope.host_id()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
+        let row = Self::owner_row(tx, scope)?;
         let live = matches!(&row, Some((raw, exp)) if u64_of(*exp) > now && raw.as_slice() == record.encoded().as_bytes());
         if !live {
             return Ok(Err(OwnershipError::StaleOwner {
