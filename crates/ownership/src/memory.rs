@@ -65,6 +65,20 @@ impl<C: Clock> InMemoryLeaseStore<C> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// [`check_lifecycle`] on the stored pointer and lock of `lifecycle`.
+    fn check(
+        st: &State,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        check_lifecycle(
+            scope.storage_id(),
+            lifecycle,
+            st.active.get(lifecycle.as_str()),
+            st.locks.get(lifecycle.as_str()).copied(),
+        )
+    }
+
     fn live_owner(
         &self,
         st: &mut State,
@@ -100,12 +114,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         validate_ttl(ttl_ms)?;
         let now = self.clock.now_ms_u64();
         let mut st = self.lock();
-        check_lifecycle(
-            scope.storage_id(),
-            lifecycle,
-            st.active.get(lifecycle.as_str()),
-            st.locks.get(lifecycle.as_str()).copied(),
-        )?;
+        Self::check(&st, scope, lifecycle)?;
         if let Some(lease) = self.live_owner(&mut st, scope, now)? {
             return Ok(ClaimOutcome::Held(lease));
         }
@@ -136,13 +145,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
                 scope: scope.to_string(),
             });
         }
-        let lifecycle = record.lifecycle();
-        check_lifecycle(
-            scope.storage_id(),
-            lifecycle,
-            st.active.get(lifecycle.as_str()),
-            st.locks.get(lifecycle.as_str()).copied(),
-        )?;
+        Self::check(&st, scope, record.lifecycle())?;
         let exp = now.saturating_add(ttl_ms);
         if let Some(entry) = st.owners.get_mut(scope.host_id()) {
             entry.1 = exp;
