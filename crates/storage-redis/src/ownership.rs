@@ -540,6 +540,16 @@ impl RedisLeaseStore {
             .collect()
     }
 
+    /// Sets `key` to `value`, or deletes it when `value` is none.
+    async fn set_or_delete(&self, key: String, value: Option<&str>) -> Result<(), OwnershipError> {
+        let mut conn = self.conn.clone();
+        match value {
+            Some(v) => conn.set::<_, _, ()>(key, v).await,
+            None => conn.del::<_, ()>(key).await,
+        }
+        .map_err(redis_error)
+    }
+
     async fn raise_floor(
         &self,
         scope: &OwnerScope,
@@ -574,13 +584,11 @@ impl LifecycleAdmin for RedisLeaseStore {
         lifecycle: &LifecycleId,
         storage: Option<&StorageId>,
     ) -> Result<(), OwnershipError> {
-        let mut conn = self.conn.clone();
-        let key = self.storage_pointer_key(lifecycle);
-        match storage {
-            Some(s) => conn.set::<_, _, ()>(key, s.as_str()).await,
-            None => conn.del::<_, ()>(key).await,
-        }
-        .map_err(redis_error)
+        self.set_or_delete(
+            self.storage_pointer_key(lifecycle),
+            storage.map(StorageId::as_str),
+        )
+        .await
     }
 
     async fn set_delete_lock(
@@ -588,12 +596,10 @@ impl LifecycleAdmin for RedisLeaseStore {
         lifecycle: &LifecycleId,
         lock: Option<DeleteLock>,
     ) -> Result<(), OwnershipError> {
-        let mut conn = self.conn.clone();
-        let key = self.delete_lock_key(lifecycle);
-        match lock {
-            Some(l) => conn.set::<_, _, ()>(key, l.as_str()).await,
-            None => conn.del::<_, ()>(key).await,
-        }
-        .map_err(redis_error)
+        self.set_or_delete(
+            self.delete_lock_key(lifecycle),
+            lock.map(DeleteLock::as_str),
+        )
+        .await
     }
 }
