@@ -27,15 +27,18 @@ where
         .unwrap()
 }
 
+/// `object-1` on `storage` with a recording sink and the plain channel `c`.
+fn open_plain<S: Storage>(storage: Arc<S>, clock: &ManualClock) -> Obj<S>
+where
+    for<'t> S::Tx<'t>: durability_outbox::OutboxTx,
+{
+    open(storage, clock, Recorder::default(), ChannelConfig::new("c"))
+}
+
 #[tokio::test]
 async fn staged_entries_are_delivered_with_versions_that_only_increase() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     let (a, b) = o
         .sched
         .transaction(|tx| {
@@ -64,12 +67,7 @@ async fn staged_entries_are_delivered_with_versions_that_only_increase() {
 #[tokio::test]
 async fn only_the_newest_value_of_a_key_is_pending() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     stage(&o, "k", "old");
     let v2 = stage(&o, "k", "new");
     assert_eq!(o.outbox.pending("k").unwrap(), Some((v2, 0)));
@@ -80,12 +78,7 @@ async fn only_the_newest_value_of_a_key_is_pending() {
 #[tokio::test]
 async fn a_rolled_back_stage_leaves_nothing() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     let r: Result<(), OutboxError> = o.sched.transaction(|tx| {
         o.outbox.stage(tx, "k", &"v".to_owned())?;
         Err(OutboxError::InvalidKey { reason: "rollback" })
@@ -102,12 +95,7 @@ async fn a_rolled_back_stage_leaves_nothing() {
 #[tokio::test]
 async fn discard_removes_a_pending_entry_and_moves_the_alarm() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     stage(&o, "k", "v");
     assert!(o.sched.transaction(|tx| o.outbox.discard(tx, "k")).unwrap());
     assert!(!o.sched.transaction(|tx| o.outbox.discard(tx, "k")).unwrap());
@@ -436,12 +424,7 @@ async fn a_panicking_hook_never_breaks_delivery() {
 async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let clock = ManualClock::new(START);
     let store = memory();
-    let o = open(
-        store.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(store.clone(), &clock);
     let v = stage(&o, "k", "v");
     let snapshot = || {
         store
