@@ -177,33 +177,14 @@ fn retry_at<S: Storage>(o: &Obj<S>) -> i64 {
         .expect("a retry was scheduled")
 }
 
-#[tokio::test]
-async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
-    for bad in [-1.0, f64::NAN, f64::INFINITY, 9.1e15] {
-        let clock = ManualClock::new(START);
-        let policy = RetryPolicy {
-            delay: Some(Arc::new(move |_| bad)),
-            ..RetryPolicy::default()
-        };
-        let o = open(
-            memory(),
-            &clock,
-            Recorder::with_mode(Mode::Fail(1)),
-            ChannelConfig::new("c").retry(policy),
-        );
-        stage(&o, "k", "v");
-        o.outbox.deliver_due().await.unwrap();
-        let next = retry_at(&o);
-        assert!(
-            next > START && next <= START + 300_000,
-            "{bad}: fell back to backoff, due {next}"
-        );
-        assert_eq!(o.outbox.len().unwrap(), 1, "{bad}: entry kept");
-    }
-    // A valid custom delay is used as given.
+/// `object-1` with the custom retry `delay` and a sink that fails once, after
+/// one entry was staged and its first delivery failed.
+async fn fail_once_with_delay(
+    delay: durability_outbox::DelayFn,
+) -> Obj<durability_scheduler::testkit::MemoryStorage> {
     let clock = ManualClock::new(START);
     let policy = RetryPolicy {
-        delay: Some(Arc::new(|attempt| f64::from(attempt) * 7_000.0)),
+        delay: Some(delay),
         ..RetryPolicy::default()
     };
     let o = open(
@@ -214,6 +195,22 @@ async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
     );
     stage(&o, "k", "v");
     o.outbox.deliver_due().await.unwrap();
+    o
+}
+
+#[tokio::test]
+async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 9.1e15] {
+        let o = fail_once_with_delay(Arc::new(move |_| bad)).await;
+        let next = retry_at(&o);
+        assert!(
+            next > START && next <= START + 300_000,
+            "{bad}: fell back to backoff, due {next}"
+        );
+        assert_eq!(o.outbox.len().unwrap(), 1, "{bad}: entry kept");
+    }
+    // A valid custom delay is used as given.
+    let o = fail_once_with_delay(Arc::new(|attempt| f64::from(attempt) * 7_000.0)).await;
     assert_eq!(retry_at(&o), START + 7_000);
 }
 
