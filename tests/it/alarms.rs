@@ -34,6 +34,23 @@ fn config(seed: u64) -> DispatcherConfig {
     }
 }
 
+/// A dispatcher on `index` delivering through `host`, on the manual clock,
+/// with `config(seed)`.
+fn dispatcher<I: AlarmIndex, D: durability_alarms::Dispatch>(
+    index: &Arc<I>,
+    host: &Arc<D>,
+    clock: &ManualClock,
+    seed: u64,
+) -> Dispatcher<I, D> {
+    Dispatcher::new(
+        Arc::clone(index),
+        Arc::clone(host),
+        Arc::new(clock.clone()),
+        config(seed),
+    )
+    .unwrap()
+}
+
 fn sqlite_object(path: &std::path::Path) -> Arc<SqliteStorage> {
     Arc::new(
         SqliteStorage::open(
@@ -203,13 +220,7 @@ async fn alarms_are_delivered_end_to_end_on_sqlite_files() {
         );
         o.alarms.set_alarm(START + i * 100).await.unwrap();
     }
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(1),
-    )
-    .unwrap();
+    let d = dispatcher(&index, &host, &clock, 1);
     drain(&d, index.as_ref(), &clock, 10_000, 50).await;
     for i in 0..5 {
         assert_eq!(log.successes(&format!("o{i}")), 1);
@@ -249,13 +260,7 @@ where
     }
     // Phase 1: a dispatcher that dies at its `crash_at`-th index call.
     let crashy = Arc::new(Crashy::new(open().await, crash_at, mode));
-    let d1 = Dispatcher::new(
-        Arc::clone(&crashy),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(3),
-    )
-    .unwrap();
+    let d1 = dispatcher(&crashy, &host, &clock, 3);
     for _ in 0..20 {
         let _ = d1.tick().await;
         if crashy.crashed() {
@@ -267,13 +272,7 @@ where
     drop(d1);
     // Phase 2: a new dispatcher on the reopened index finishes the work.
     let index = Arc::new(open().await);
-    let d2 = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(4),
-    )
-    .unwrap();
+    let d2 = dispatcher(&index, &host, &clock, 4);
     drain(&d2, index.as_ref(), &clock, 60_000, 100).await;
     for name in names {
         assert!(
@@ -464,13 +463,7 @@ impl LostFlush {
         host: &Arc<FileHost>,
         n: u64,
     ) -> Dispatcher<SqliteAlarmIndex, FileHost> {
-        let d = Dispatcher::new(
-            Arc::clone(index),
-            Arc::clone(host),
-            Arc::new(self.clock.clone()),
-            config(n),
-        )
-        .unwrap();
+        let d = dispatcher(index, host, &self.clock, n);
         drain(&d, index.as_ref(), &self.clock, 1_000, 10).await;
         d
     }
@@ -561,13 +554,7 @@ where
         assert!(rounds < 10_000, "soak did not converge");
         let crash_at = rng.random_range(1..400);
         let crashy = Arc::new(Crashy::new(open().await, Some(crash_at), CrashMode::After));
-        let d = Dispatcher::new(
-            Arc::clone(&crashy),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(seed + rounds),
-        )
-        .unwrap();
+        let d = dispatcher(&crashy, &host, &clock, seed + rounds);
         while !crashy.crashed() {
             let _ = d.tick().await;
             // Delete a few random alarms between ticks.
@@ -686,13 +673,7 @@ async fn the_manual_clock_drives_everything() {
         Arc::new(NoFail),
     );
     o.alarms.set_alarm(2_000).await.unwrap();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(9),
-    )
-    .unwrap();
+    let d = dispatcher(&index, &host, &clock, 9);
     d.tick().await.unwrap();
     assert!(log.events().is_empty());
     clock.set(2_000);

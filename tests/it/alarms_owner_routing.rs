@@ -147,68 +147,75 @@ async fn tick_for(w: &World, d: &Dispatcher<MemoryAlarmIndex, Host>, ticks: u32,
     }
 }
 
-#[tokio::test]
-async fn a_job_whose_storage_pointer_is_gone_discards_itself() {
+/// A world and an index holding one due alarm of `room-1`.
+async fn world_with_job() -> (World, Arc<MemoryAlarmIndex>) {
     let w = world().await;
     let index = Arc::new(MemoryAlarmIndex::new());
     job_with_alarm(&index, "room-1").await;
+    (w, index)
+}
+
+/// Host A's dispatcher over `index`, ticked `ticks` times 100 ms apart.
+async fn host_a_ticks(
+    w: &World,
+    index: &Arc<MemoryAlarmIndex>,
+    ticks: u32,
+) -> Dispatcher<MemoryAlarmIndex, Host> {
+    let d = w.dispatcher(index, w.host("host-a", DeadOwner::default()));
+    tick_for(w, &d, ticks, 100).await;
+    d
+}
+
+/// Host A's dispatcher, ticked for five seconds, discards `room-1`'s job
+/// without a retry.
+async fn assert_room_1_job_discards_itself(w: &World, index: &Arc<MemoryAlarmIndex>) {
+    let d = host_a_ticks(w, index, 50).await;
+    let c = d.counters().snapshot();
+    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
+    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None, "discarded");
+}
+
+#[tokio::test]
+async fn a_job_whose_storage_pointer_is_gone_discards_itself() {
+    let (w, index) = world_with_job().await;
     // Whole-worker delete removed the storage pointer; a residual job stays.
     w.store
         .set_active_storage(&w.lifecycle, None)
         .await
         .unwrap();
-    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
-    tick_for(&w, &d, 50, 100).await;
-    let c = d.counters().snapshot();
-    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
-    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None, "discarded");
+    assert_room_1_job_discards_itself(&w, &index).await;
     assert!(w.log.lock().unwrap().is_empty(), "nothing ran");
 }
 
 #[tokio::test]
 async fn a_job_whose_storage_moved_discards_itself() {
-    let w = world().await;
-    let index = Arc::new(MemoryAlarmIndex::new());
-    job_with_alarm(&index, "room-1").await;
+    let (w, index) = world_with_job().await;
     // Redeploy after delete: the pointer names a new storage id.
     w.store
         .set_active_storage(&w.lifecycle, Some(&StorageId::new("st2").unwrap()))
         .await
         .unwrap();
-    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
-    tick_for(&w, &d, 50, 100).await;
-    let c = d.counters().snapshot();
-    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
-    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None);
+    assert_room_1_job_discards_itself(&w, &index).await;
 }
 
 #[tokio::test]
 async fn a_job_under_a_whole_delete_lock_discards_itself() {
-    let w = world().await;
-    let index = Arc::new(MemoryAlarmIndex::new());
-    job_with_alarm(&index, "room-1").await;
+    let (w, index) = world_with_job().await;
     w.store
         .set_delete_lock(&w.lifecycle, Some(DeleteLock::Whole))
         .await
         .unwrap();
-    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
-    tick_for(&w, &d, 50, 100).await;
-    let c = d.counters().snapshot();
-    assert_eq!((c.gone, c.retried), (1, 0), "{c:?}");
-    assert_eq!(index.job(&obj("room-1")).await.unwrap(), None);
+    assert_room_1_job_discards_itself(&w, &index).await;
 }
 
 #[tokio::test]
 async fn a_version_delete_lock_does_not_discard_the_active_storage_jobs() {
-    let w = world().await;
-    let index = Arc::new(MemoryAlarmIndex::new());
-    job_with_alarm(&index, "room-1").await;
+    let (w, index) = world_with_job().await;
     w.store
         .set_delete_lock(&w.lifecycle, Some(DeleteLock::Version))
         .await
         .unwrap();
-    let d = w.dispatcher(&index, w.host("host-a", DeadOwner::default()));
-    tick_for(&w, &d, 2, 100).await;
+    let d = host_a_ticks(&w, &index, 2).await;
     let c = d.counters().snapshot();
     assert_eq!((c.delivered, c.gone), (1, 0), "{c:?}");
     assert_eq!(*w.log.lock().unwrap(), vec!["host-a ran room-1".to_owned()]);

@@ -27,15 +27,18 @@ where
         .unwrap()
 }
 
+/// `object-1` on `storage` with a recording sink and the plain channel `c`.
+fn open_plain<S: Storage>(storage: Arc<S>, clock: &ManualClock) -> Obj<S>
+where
+    for<'t> S::Tx<'t>: durability_outbox::OutboxTx,
+{
+    open(storage, clock, Recorder::default(), ChannelConfig::new("c"))
+}
+
 #[tokio::test]
 async fn staged_entries_are_delivered_with_versions_that_only_increase() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     let (a, b) = o
         .sched
         .transaction(|tx| {
@@ -64,12 +67,7 @@ async fn staged_entries_are_delivered_with_versions_that_only_increase() {
 #[tokio::test]
 async fn only_the_newest_value_of_a_key_is_pending() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     stage(&o, "k", "old");
     let v2 = stage(&o, "k", "new");
     assert_eq!(o.outbox.pending("k").unwrap(), Some((v2, 0)));
@@ -80,12 +78,7 @@ async fn only_the_newest_value_of_a_key_is_pending() {
 #[tokio::test]
 async fn a_rolled_back_stage_leaves_nothing() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     let r: Result<(), OutboxError> = o.sched.transaction(|tx| {
         o.outbox.stage(tx, "k", &"v".to_owned())?;
         Err(OutboxError::InvalidKey { reason: "rollback" })
@@ -102,12 +95,7 @@ async fn a_rolled_back_stage_leaves_nothing() {
 #[tokio::test]
 async fn discard_removes_a_pending_entry_and_moves_the_alarm() {
     let clock = ManualClock::new(START);
-    let o = open(
-        memory(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(memory(), &clock);
     stage(&o, "k", "v");
     assert!(o.sched.transaction(|tx| o.outbox.discard(tx, "k")).unwrap());
     assert!(!o.sched.transaction(|tx| o.outbox.discard(tx, "k")).unwrap());
@@ -189,33 +177,14 @@ fn retry_at<S: Storage>(o: &Obj<S>) -> i64 {
         .expect("a retry was scheduled")
 }
 
-#[tokio::test]
-async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
-    for bad in [-1.0, f64::NAN, f64::INFINITY, 9.1e15] {
-        let clock = ManualClock::new(START);
-        let policy = RetryPolicy {
-            delay: Some(Arc::new(move |_| bad)),
-            ..RetryPolicy::default()
-        };
-        let o = open(
-            memory(),
-            &clock,
-            Recorder::with_mode(Mode::Fail(1)),
-            ChannelConfig::new("c").retry(policy),
-        );
-        stage(&o, "k", "v");
-        o.outbox.deliver_due().await.unwrap();
-        let next = retry_at(&o);
-        assert!(
-            next > START && next <= START + 300_000,
-            "{bad}: fell back to backoff, due {next}"
-        );
-        assert_eq!(o.outbox.len().unwrap(), 1, "{bad}: entry kept");
-    }
-    // A valid custom delay is used as given.
+/// `object-1` with the custom retry `delay` and a sink that fails once, after
+/// one entry was staged and its first delivery failed.
+async fn fail_once_with_delay(
+    delay: durability_outbox::DelayFn,
+) -> Obj<durability_scheduler::testkit::MemoryStorage> {
     let clock = ManualClock::new(START);
     let policy = RetryPolicy {
-        delay: Some(Arc::new(|attempt| f64::from(attempt) * 7_000.0)),
+        delay: Some(delay),
         ..RetryPolicy::default()
     };
     let o = open(
@@ -226,6 +195,22 @@ async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
     );
     stage(&o, "k", "v");
     o.outbox.deliver_due().await.unwrap();
+    o
+}
+
+#[tokio::test]
+async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 9.1e15] {
+        let o = fail_once_with_delay(Arc::new(move |_| bad)).await;
+        let next = retry_at(&o);
+        assert!(
+            next > START && next <= START + 300_000,
+            "{bad}: fell back to backoff, due {next}"
+        );
+        assert_eq!(o.outbox.len().unwrap(), 1, "{bad}: entry kept");
+    }
+    // A valid custom delay is used as given.
+    let o = fail_once_with_delay(Arc::new(|attempt| f64::from(attempt) * 7_000.0)).await;
     assert_eq!(retry_at(&o), START + 7_000);
 }
 
@@ -436,12 +421,7 @@ async fn a_panicking_hook_never_breaks_delivery() {
 async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let clock = ManualClock::new(START);
     let store = memory();
-    let o = open(
-        store.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let o = open_plain(store.clone(), &clock);
     let v = stage(&o, "k", "v");
     let snapshot = || {
         store

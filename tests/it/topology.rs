@@ -66,6 +66,18 @@ fn world() -> World {
     world_with(MemoryPublication::plain())
 }
 
+impl World {
+    /// Commits group `g` with `members` and the one state channel `channel`
+    /// set to `value`.
+    async fn seed(&self, members: Vec<MemberInput>, channel: &str, value: serde_json::Value) {
+        self.c
+            .topology
+            .update("g", |_| Draft::new().members(members).state(channel, value))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn update_commits_publishes_and_bumps_the_version_only_on_real_change() {
     let w = world();
@@ -138,13 +150,7 @@ async fn update_commits_publishes_and_bumps_the_version_only_on_real_change() {
 async fn invalid_drafts_are_rejected_with_typed_errors_and_nothing_is_written() {
     let w = world();
     let t = &w.c.topology;
-    t.update("g", |_| {
-        Draft::new()
-            .members(shards("g", 2))
-            .state("limits", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(shards("g", 2), "limits", json!(1)).await;
     t.deliver_due().await.unwrap();
     let before = (
         t.snapshot("g").unwrap(),
@@ -239,13 +245,7 @@ async fn invalid_drafts_are_rejected_with_typed_errors_and_nothing_is_written() 
 async fn delete_drops_members_and_states_and_versions_keep_counting() {
     let w = world();
     let t = &w.c.topology;
-    t.update("g", |_| {
-        Draft::new()
-            .members(shards("g", 3))
-            .state("limits", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(shards("g", 3), "limits", json!(1)).await;
     let out = t.delete("g").await.unwrap();
     assert!(out.published);
     assert_eq!(t.snapshot("g").unwrap(), None);
@@ -599,13 +599,8 @@ async fn write_channels_reach_active_members_and_read_channels_draining_ones_too
 async fn a_member_entering_a_role_gets_the_current_value_and_others_are_not_redelivered() {
     let w = world();
     let t = &w.c.topology;
-    t.update("g", |_| {
-        Draft::new()
-            .members(vec![MemberInput::active("a")])
-            .state("limits", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(vec![MemberInput::active("a")], "limits", json!(1))
+        .await;
     t.deliver_due().await.unwrap();
     let out = t
         .update("g", |cur| {
@@ -652,13 +647,12 @@ async fn a_member_leaving_a_role_loses_its_pending_delivery() {
     let w = world();
     let t = &w.c.topology;
     w.members.set_mode("b", MemberMode::Fail);
-    t.update("g", |_| {
-        Draft::new()
-            .members(vec![MemberInput::active("a"), MemberInput::active("b")])
-            .state("limits", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(
+        vec![MemberInput::active("a"), MemberInput::active("b")],
+        "limits",
+        json!(1),
+    )
+    .await;
     t.deliver_due().await.unwrap();
     assert_eq!(t.pending().unwrap(), 1, "b's delivery is pending a retry");
     // b drains: it leaves the write role, and its pending delivery goes.
@@ -688,17 +682,16 @@ async fn members_are_retried_independently_and_a_hanging_member_only_holds_its_b
     let t = w.c.topology.clone();
     w.members.set_mode("a", MemberMode::Fail);
     w.members.set_mode("h", MemberMode::Hang);
-    t.update("g", |_| {
-        Draft::new()
-            .members(vec![
-                MemberInput::active("a"),
-                MemberInput::active("b"),
-                MemberInput::active("h"),
-            ])
-            .state("limits", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(
+        vec![
+            MemberInput::active("a"),
+            MemberInput::active("b"),
+            MemberInput::active("h"),
+        ],
+        "limits",
+        json!(1),
+    )
+    .await;
     let t2 = t.clone();
     with_clock(&w.clock, async move { t2.deliver_due().await.unwrap() }).await;
     assert!(
@@ -1043,13 +1036,12 @@ async fn members_leave_the_read_set_only_when_a_draft_omits_them() {
     let w = world();
     let t = &w.c.topology;
     w.members.set_mode("d", MemberMode::Fail);
-    t.update("g", |_| {
-        Draft::new()
-            .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
-            .state("schema", json!(1))
-    })
-    .await
-    .unwrap();
+    w.seed(
+        vec![MemberInput::active("a"), MemberInput::draining("d")],
+        "schema",
+        json!(1),
+    )
+    .await;
     t.deliver_due().await.unwrap();
     assert_eq!(
         t.pending().unwrap(),

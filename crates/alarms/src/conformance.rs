@@ -45,6 +45,23 @@ fn tok(s: &str) -> Token {
     Token::new(s).expect("valid token")
 }
 
+/// Object `a` with one job (`token`, due at `T0`), promoted and claimed at
+/// `T0` under `run`.
+async fn running_a<I: AlarmIndex>(ix: &I, token: &str, run: &str) -> ObjectId {
+    let a = obj("a");
+    ix.upsert(&a, &tok(token), T0).await.expect("upsert");
+    ix.promote(T0, 10).await.expect("promote");
+    ix.claim(ClaimReady {
+        now: T0,
+        lease_ms: LEASE,
+        run: &tok(run),
+    })
+    .await
+    .expect("claim")
+    .expect("claimed");
+    a
+}
+
 /// Runs every [`AlarmIndex`] check, each on a fresh, empty index from `make`.
 ///
 /// # Panics
@@ -380,17 +397,7 @@ async fn settlement_is_run_token_fenced<I: AlarmIndex>(ix: &I) {
 }
 
 async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
-    let a = obj("a");
-    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
-    ix.promote(T0, 10).await.expect("promote");
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok("r"),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    let a = running_a(ix, "t", "r").await;
     assert!(
         ix.retry(RetryJob {
             object: &a,
@@ -440,17 +447,7 @@ async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
 }
 
 async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
-    let a = obj("a");
-    ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
-    ix.promote(T0, 10).await.expect("promote");
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok("r1"),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    let a = running_a(ix, "t", "r1").await;
     assert_eq!(
         ix.next_due().await.expect("next"),
         Some(T0 + LEASE),
@@ -480,17 +477,7 @@ async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
 }
 
 async fn upsert_during_run_is_not_swallowed<I: AlarmIndex>(ix: &I) {
-    let a = obj("a");
-    ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
-    ix.promote(T0, 10).await.expect("promote");
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok("r1"),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    let a = running_a(ix, "t1", "r1").await;
     ix.upsert(&a, &tok("t2"), T0 + 100)
         .await
         .expect("upsert while running");
@@ -507,17 +494,7 @@ async fn upsert_during_run_is_not_swallowed<I: AlarmIndex>(ix: &I) {
 }
 
 async fn delete_during_run_cannot_be_resurrected<I: AlarmIndex>(ix: &I) {
-    let a = obj("a");
-    ix.upsert(&a, &tok("t1"), T0).await.expect("upsert");
-    ix.promote(T0, 10).await.expect("promote");
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok("r1"),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    let a = running_a(ix, "t1", "r1").await;
     assert!(
         ix.delete(&a, &tok("t1"))
             .await

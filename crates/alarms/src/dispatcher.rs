@@ -739,19 +739,8 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
     }
 
     async fn settle_finish(&self, claim: &Claim, counter: &AtomicU64, outcome: &'static str) {
-        match self.index.finish(&claim.object, &claim.run).await {
-            Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
-            Ok(false) => self.refused(claim).await,
-            Err(error) => {
-                tracing::warn!(
-                    event = "durability.alarms.settle_failed",
-                    object = %claim.object,
-                    code = error.code(),
-                    %error,
-                    "settling an alarm claim failed"
-                );
-            }
-        }
+        let result = self.index.finish(&claim.object, &claim.run).await;
+        self.count_settlement(result, claim, counter, outcome).await;
     }
 
     async fn settle_retry(
@@ -763,7 +752,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         outcome: &'static str,
     ) {
         let now = self.clock.now_ms();
-        match self
+        let result = self
             .index
             .retry(RetryJob {
                 object: &claim.object,
@@ -772,8 +761,21 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 delay_ms: delay,
                 tries,
             })
-            .await
-        {
+            .await;
+        self.count_settlement(result, claim, counter, outcome).await;
+    }
+
+    /// Counts a settlement the index applied under `outcome`; a refusal
+    /// (the claim is no longer ours) is classified, a failure logged (the
+    /// claim's lease brings the job back).
+    async fn count_settlement(
+        &self,
+        result: Result<bool, AlarmError>,
+        claim: &Claim,
+        counter: &AtomicU64,
+        outcome: &'static str,
+    ) {
+        match result {
             Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
             Ok(false) => self.refused(claim).await,
             Err(error) => {

@@ -29,6 +29,13 @@ struct State {
 }
 
 impl State {
+    /// Whether `object`'s job is running under the claim `run`.
+    fn runs_under(&self, object: &ObjectId, run: &Token) -> bool {
+        self.jobs
+            .get(object)
+            .is_some_and(|j| j.state == JobState::Running && j.run.as_ref() == Some(run))
+    }
+
     fn unindex(&mut self, object: &ObjectId) -> Option<Job> {
         let job = self.jobs.remove(object)?;
         self.scheduled.remove(&(job.score, object.clone()));
@@ -155,10 +162,7 @@ impl AlarmIndex for MemoryAlarmIndex {
 
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
         let mut s = self.lock();
-        if s.jobs
-            .get(object)
-            .is_some_and(|j| j.state == JobState::Running && j.run.as_ref() == Some(run))
-        {
+        if s.runs_under(object, run) {
             s.unindex(object);
             return Ok(true);
         }
@@ -174,11 +178,7 @@ impl AlarmIndex for MemoryAlarmIndex {
             tries,
         } = retry;
         let mut s = self.lock();
-        if !s
-            .jobs
-            .get(object)
-            .is_some_and(|j| j.state == JobState::Running && j.run.as_ref() == Some(run))
-        {
+        if !s.runs_under(object, run) {
             return Ok(false);
         }
         if let Some(mut job) = s.unindex(object) {
@@ -193,11 +193,7 @@ impl AlarmIndex for MemoryAlarmIndex {
 
     async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
         let mut s = self.lock();
-        if !s
-            .jobs
-            .get(object)
-            .is_some_and(|j| j.state == JobState::Running && j.run.as_ref() == Some(run))
-        {
+        if !s.runs_under(object, run) {
             return Ok(false);
         }
         if let Some(mut job) = s.unindex(object) {

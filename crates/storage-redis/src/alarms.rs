@@ -320,12 +320,13 @@ impl RedisAlarmIndex {
                     lease_until,
                 }),
                 Err(error) => {
-                    let moved: Result<i64, _> = self
-                        .invocation(&self.quarantine, 0)
-                        .arg(id.as_slice())
-                        .arg(run.as_str())
-                        .arg(self.quarantine_key())
-                        .invoke_async(&mut conn)
+                    let moved = self
+                        .run(
+                            self.invocation(&self.quarantine, 0)
+                                .arg(id.as_slice())
+                                .arg(run.as_str())
+                                .arg(self.quarantine_key()),
+                        )
                         .await;
                     tracing::warn!(
                         event = "durability.storage_redis.alarm_job_quarantined",
@@ -354,6 +355,29 @@ impl RedisAlarmIndex {
             .arg(self.job_prefix());
         inv
     }
+
+    /// Runs one script invocation and reads its integer reply.
+    async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<i64, AlarmError> {
+        let mut conn = self.conn.clone();
+        inv.invoke_async(&mut conn).await.map_err(redis_error)
+    }
+
+    /// Runs a script that takes `(object, token)` and replies 1 when it acted.
+    async fn run_on_job(
+        &self,
+        script: &Script,
+        object: &ObjectId,
+        token: &Token,
+    ) -> Result<bool, AlarmError> {
+        let n = self
+            .run(
+                self.invocation(script, 0)
+                    .arg(object.as_str())
+                    .arg(token.as_str()),
+            )
+            .await?;
+        Ok(n == 1)
+    }
 }
 
 fn parse_state(s: &str) -> Result<JobState, AlarmError> {
@@ -380,28 +404,19 @@ impl AlarmIndex for RedisAlarmIndex {
         due_at: i64,
     ) -> Result<bool, AlarmError> {
         validate_time(due_at)?;
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.upsert, 0)
-            .arg(object.as_str())
-            .arg(token.as_str())
-            .arg(due_at.to_string())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let n = self
+            .run(
+                self.invocation(&self.upsert, 0)
+                    .arg(object.as_str())
+                    .arg(token.as_str())
+                    .arg(due_at.to_string()),
+            )
+            .await?;
         Ok(n == 1)
     }
 
     async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, AlarmError> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.delete, 0)
-            .arg(object.as_str())
-            .arg(token.as_str())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        Ok(n == 1)
+        self.run_on_job(&self.delete, object, token).await
     }
 
     async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
@@ -454,13 +469,9 @@ impl AlarmIndex for RedisAlarmIndex {
     }
 
     async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.promote, now)
-            .arg(limit)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let n = self
+            .run(self.invocation(&self.promote, now).arg(limit))
+            .await?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
@@ -473,15 +484,7 @@ impl AlarmIndex for RedisAlarmIndex {
     }
 
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.finish, 0)
-            .arg(object.as_str())
-            .arg(run.as_str())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        Ok(n == 1)
+        self.run_on_job(&self.finish, object, run).await
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
@@ -492,16 +495,15 @@ impl AlarmIndex for RedisAlarmIndex {
             delay_ms,
             tries,
         } = retry;
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.retry, now)
-            .arg(object.as_str())
-            .arg(run.as_str())
-            .arg(delay_ms.max(0))
-            .arg(tries)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let n = self
+            .run(
+                self.invocation(&self.retry, now)
+                    .arg(object.as_str())
+                    .arg(run.as_str())
+                    .arg(delay_ms.max(0))
+                    .arg(tries),
+            )
+            .await?;
         Ok(n == 1)
     }
 
@@ -515,15 +517,7 @@ impl AlarmIndex for RedisAlarmIndex {
     }
 
     async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .invocation(&self.release, 0)
-            .arg(object.as_str())
-            .arg(run.as_str())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        Ok(n == 1)
+        self.run_on_job(&self.release, object, run).await
     }
 
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {

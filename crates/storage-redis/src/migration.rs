@@ -79,6 +79,22 @@ impl RedisMappingStore {
             .query_async::<()>(&mut c)
             .await
     }
+
+    /// Runs one of the store's scripts on its two keys (`KEYS[1]` the map,
+    /// `KEYS[2]` the index) with `args` as `ARGV`.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        args: &[&str],
+    ) -> Result<T, redis::RedisError> {
+        let mut inv = script.key(&self.map_key);
+        inv.key(&self.idx_key);
+        for arg in args {
+            inv.arg(*arg);
+        }
+        let mut c = self.conn.clone();
+        inv.invoke_async(&mut c).await
+    }
 }
 
 impl MappingStore for RedisMappingStore {
@@ -96,15 +112,7 @@ impl MappingStore for RedisMappingStore {
 
     fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let _: i64 = self
-                .put
-                .key(&self.map_key)
-                .key(&self.idx_key)
-                .arg(key)
-                .arg(shard)
-                .invoke_async(&mut c)
-                .await?;
+            let _: i64 = self.run(&self.put, &[key, shard]).await?;
             Ok(())
         })
     }
@@ -115,29 +123,14 @@ impl MappingStore for RedisMappingStore {
         shard: &'a str,
     ) -> BoxFuture<'a, Result<String, BackendError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let v: String = self
-                .put_if_absent
-                .key(&self.map_key)
-                .key(&self.idx_key)
-                .arg(key)
-                .arg(shard)
-                .invoke_async(&mut c)
-                .await?;
+            let v: String = self.run(&self.put_if_absent, &[key, shard]).await?;
             Ok(v)
         })
     }
 
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .remove
-                .key(&self.map_key)
-                .key(&self.idx_key)
-                .arg(key)
-                .invoke_async(&mut c)
-                .await?;
+            let n: i64 = self.run(&self.remove, &[key]).await?;
             Ok(n > 0)
         })
     }

@@ -249,6 +249,22 @@ impl SqliteAlarmIndex {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `sql` (binding `?1` the object, `?2` the token) and reports
+    /// whether it changed a row; `context` names a failure.
+    fn on_job(
+        &self,
+        sql: &str,
+        object: &ObjectId,
+        token: &Token,
+        context: &'static str,
+    ) -> Result<bool, AlarmError> {
+        self.conn()
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute([object.as_str(), token.as_str()]))
+            .map(|n| n > 0)
+            .map_err(|e| failed(context, e))
+    }
+
     fn upsert_sync(
         &self,
         object: &ObjectId,
@@ -429,13 +445,12 @@ impl AlarmIndex for SqliteAlarmIndex {
     }
 
     async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, AlarmError> {
-        self.conn()
-            .prepare_cached(
-                "DELETE FROM durability_alarm_index_jobs WHERE object = ?1 AND token = ?2",
-            )
-            .and_then(|mut st| st.execute([object.as_str(), token.as_str()]))
-            .map(|n| n > 0)
-            .map_err(|e| failed("delete job", e))
+        self.on_job(
+            "DELETE FROM durability_alarm_index_jobs WHERE object = ?1 AND token = ?2",
+            object,
+            token,
+            "delete job",
+        )
     }
 
     async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
@@ -486,13 +501,12 @@ impl AlarmIndex for SqliteAlarmIndex {
     }
 
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
-        self.conn()
-            .prepare_cached(
-                "DELETE FROM durability_alarm_index_jobs WHERE object = ?1 AND state = 2 AND run = ?2",
-            )
-            .and_then(|mut st| st.execute([object.as_str(), run.as_str()]))
-            .map(|n| n > 0)
-            .map_err(|e| failed("finish job", e))
+        self.on_job(
+            "DELETE FROM durability_alarm_index_jobs WHERE object = ?1 AND state = 2 AND run = ?2",
+            object,
+            run,
+            "finish job",
+        )
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
@@ -524,15 +538,14 @@ impl AlarmIndex for SqliteAlarmIndex {
     }
 
     async fn release(&self, object: &ObjectId, run: &Token, _now: i64) -> Result<bool, AlarmError> {
-        self.conn()
-            .prepare_cached(
-                "UPDATE durability_alarm_index_jobs
+        self.on_job(
+            "UPDATE durability_alarm_index_jobs
                  SET state = 1, run = NULL, tries = MAX(tries - 1, 0), score = due_at
                  WHERE object = ?1 AND state = 2 AND run = ?2",
-            )
-            .and_then(|mut st| st.execute([object.as_str(), run.as_str()]))
-            .map(|n| n > 0)
-            .map_err(|e| failed("release job", e))
+            object,
+            run,
+            "release job",
+        )
     }
 
     async fn next_due(&self) -> Result<Option<i64>, AlarmError> {

@@ -197,6 +197,44 @@ async fn until(what: &str, cond: impl Fn() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A dispatcher shared between the test and its run task.
+type SlowDispatcher = Arc<Dispatcher<MemoryAlarmIndex, Slow>>;
+
+/// A dispatcher on `index`, delivering through `host`, on the manual clock.
+fn slow_dispatcher(
+    index: &Arc<MemoryAlarmIndex>,
+    host: &Arc<Slow>,
+    clock: &ManualClock,
+    config: DispatcherConfig,
+) -> SlowDispatcher {
+    Arc::new(
+        Dispatcher::new(
+            Arc::clone(index),
+            Arc::clone(host),
+            Arc::new(clock.clone()),
+            config,
+        )
+        .unwrap(),
+    )
+}
+
+/// Runs `d` in its own task until it stops.
+fn spawn_run(d: &SlowDispatcher) -> tokio::task::JoinHandle<()> {
+    let d = Arc::clone(d);
+    tokio::spawn(async move { d.run().await })
+}
+
+/// Waits until the job of `a` is claimed again (it runs).
+async fn until_a_is_claimed_again(index: &MemoryAlarmIndex) {
+    until("the second claim of a", || {
+        futures::FutureExt::now_or_never(index.job(&obj("a")))
+            .and_then(Result::ok)
+            .flatten()
+            .is_some_and(|j| j.state == JobState::Running)
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_handler_that_never_finishes_does_not_delay_other_objects() {
     let clock = ManualClock::new(START);
@@ -214,15 +252,7 @@ async fn a_handler_that_never_finishes_does_not_delay_other_objects() {
             .unwrap();
     }
     let host = Arc::new(Slow::default());
-    let d = Arc::new(
-        Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(),
-        )
-        .unwrap(),
-    );
+    let d = slow_dispatcher(&index, &host, &clock, config());
     let tick = tokio::spawn({
         let d = Arc::clone(&d);
         async move { d.tick().await.unwrap() }
@@ -250,32 +280,15 @@ async fn two_jobs_of_one_object_never_run_at_once_and_stop_releases_claims() {
         reschedule: Some((Arc::clone(&index), clock.clone())),
         ..Slow::default()
     });
-    let d = Arc::new(
-        Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(),
-        )
-        .unwrap(),
-    );
-    let run = tokio::spawn({
-        let d = Arc::clone(&d);
-        async move { d.run().await }
-    });
+    let d = slow_dispatcher(&index, &host, &clock, config());
+    let run = spawn_run(&d);
     until("a's first delivery", || host.starts("a") == 1).await;
     // The handler set a's next alarm, due now; at its next poll the
     // dispatcher promotes and claims it while the first delivery runs.
     let job = index.job(&obj("a")).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Due);
     clock.advance(DispatcherConfig::default().poll_ms);
-    until("the second claim of a", || {
-        futures::FutureExt::now_or_never(index.job(&obj("a")))
-            .and_then(Result::ok)
-            .flatten()
-            .is_some_and(|j| j.state == JobState::Running)
-    })
-    .await;
+    until_a_is_claimed_again(&index).await;
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -324,19 +337,8 @@ async fn stop_cancels_a_delivery_past_the_grace_and_releases_its_claim() {
     let index = Arc::new(MemoryAlarmIndex::new());
     index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
     let host = Arc::new(Slow::default());
-    let d = Arc::new(
-        Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(),
-        )
-        .unwrap(),
-    );
-    let run = tokio::spawn({
-        let d = Arc::clone(&d);
-        async move { d.run().await }
-    });
+    let d = slow_dispatcher(&index, &host, &clock, config());
+    let run = spawn_run(&d);
     until("a's delivery", || host.starts("a") == 1).await;
     d.stop();
     for _ in 0..100 {
@@ -361,19 +363,8 @@ async fn stop_lets_a_delivery_that_finishes_in_its_grace_settle() {
     let index = Arc::new(MemoryAlarmIndex::new());
     index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
     let host = Arc::new(Slow::default());
-    let d = Arc::new(
-        Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            config(),
-        )
-        .unwrap(),
-    );
-    let run = tokio::spawn({
-        let d = Arc::clone(&d);
-        async move { d.run().await }
-    });
+    let d = slow_dispatcher(&index, &host, &clock, config());
+    let run = spawn_run(&d);
     until("a's delivery", || host.starts("a") == 1).await;
     d.stop();
     host.open();
@@ -407,36 +398,24 @@ async fn a_held_claim_is_never_delivered_past_its_own_lease() {
         reschedule: Some((Arc::clone(&index), clock.clone())),
         ..Slow::default()
     });
-    let d = Arc::new(
-        Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(clock.clone()),
-            DispatcherConfig {
-                dispatch_timeout_ms: 1_000,
-                claim_lease_ms: 1_500,
-                poll_ms: 100,
-                idle_ms: 10,
-                ..config()
-            },
-        )
-        .unwrap(),
+    let d = slow_dispatcher(
+        &index,
+        &host,
+        &clock,
+        DispatcherConfig {
+            dispatch_timeout_ms: 1_000,
+            claim_lease_ms: 1_500,
+            poll_ms: 100,
+            idle_ms: 10,
+            ..config()
+        },
     );
-    let run = tokio::spawn({
-        let d = Arc::clone(&d);
-        async move { d.run().await }
-    });
+    let run = spawn_run(&d);
     until("a's first delivery", || host.starts("a") == 1).await;
     // At the next poll a's rescheduled job is claimed (lease until +1600)
     // and held behind the first delivery.
     clock.advance(100);
-    until("the second claim of a", || {
-        futures::FutureExt::now_or_never(index.job(&obj("a")))
-            .and_then(Result::ok)
-            .flatten()
-            .is_some_and(|j| j.state == JobState::Running)
-    })
-    .await;
+    until_a_is_claimed_again(&index).await;
     // The first delivery times out at +1000; the held one starts then, and
     // is cut at its lease end (+1599), not at +2000.
     clock.advance(900);
