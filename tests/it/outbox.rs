@@ -438,6 +438,9 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     for (key, value, code) in [
         ("", "v", "OUTBOX_INVALID_KEY"),
         ("k\0", "v", "OUTBOX_INVALID_KEY"),
+        ("k\n", "v", "OUTBOX_INVALID_KEY"),
+        ("\u{7f}k", "v", "OUTBOX_INVALID_KEY"),
+        ("k\u{1b}[0m", "v", "OUTBOX_INVALID_KEY"),
         (&"k".repeat(1_025)[..], "v", "OUTBOX_INVALID_KEY"),
         ("k", huge.as_str(), "OUTBOX_VALUE_TOO_LARGE"),
     ] {

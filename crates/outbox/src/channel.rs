@@ -188,8 +188,8 @@ fn check_key(key: &str) -> Result<(), OutboxError> {
         Some("must not be empty")
     } else if key.len() > MAX_KEY_BYTES {
         Some("must be at most 1024 bytes")
-    } else if key.contains('\0') {
-        Some("must not contain NUL")
+    } else if key.chars().any(char::is_control) {
+        Some("must not contain control characters")
     } else {
         None
     };
