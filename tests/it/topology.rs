@@ -1068,3 +1068,53 @@ async fn members_leave_the_read_set_only_when_a_draft_omits_them() {
     assert_eq!(w.members.applied("d", "schema"), None);
     assert_eq!(w.members.applied("a", "schema"), Some(json!(1)));
 }
+
+#[tokio::test]
+async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
+    let clock = ManualClock::new(START);
+    let attach = |config: durability_topology::TopologyConfig<FaultyPublisher>| {
+        let ctx = durability_scheduler::ObjectContext::with_clock(
+            durability_scheduler::ObjectId::new("c").unwrap(),
+            memory(),
+            Arc::new(clock.clone()),
+        );
+        let sched = durability_scheduler::Scheduler::new(ctx).unwrap();
+        Topology::attach(&sched, config).map(|t| (sched, t))
+    };
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    // An invalid publish timeout is refused whether it is set before or
+    // after `.publish()`.
+    for before in [true, false] {
+        let config = if before {
+            durability_topology::TopologyConfig::new()
+                .publish_timeout_ms(0)
+                .publish(publisher.clone())
+        } else {
+            durability_topology::TopologyConfig::new()
+                .publish(publisher.clone())
+                .publish_timeout_ms(0)
+        };
+        let err = attach(config).err().unwrap();
+        assert_eq!(err.code(), "TOPOLOGY_INVALID_CONFIG", "before: {before}");
+    }
+    // A publish retry delay set before `.publish()` is the one used.
+    let config = durability_topology::TopologyConfig::new()
+        .publish_retry_delay(Arc::new(|_| 7_000.0))
+        .publish(publisher.clone());
+    let (events, hook) = crate::support::event_log();
+    let (_sched, t) = attach(config.on_event(hook)).unwrap();
+    publisher.set_mode(PubMode::Fail(1));
+    t.update("g", |_| Draft::new().members(shards("g", 1)))
+        .await
+        .unwrap();
+    let next_at = events
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|e| match e.kind {
+            EventKind::RetryScheduled { next_at, .. } => Some(next_at),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(next_at, START + 7_000, "the delay set before .publish()");
+}

@@ -124,7 +124,11 @@ impl Publisher for NoPublisher {
 
 /// The coordinator's settings.
 pub struct TopologyConfig<P> {
-    publisher: Option<(P, Option<u64>, Option<DelayFn>)>,
+    publisher: Option<P>,
+    /// Publish overrides: kept apart from the publisher so they do not
+    /// depend on whether they were set before or after `publish`.
+    publish_timeout_ms: Option<u64>,
+    publish_delay: Option<DelayFn>,
     attempt_timeout_ms: u64,
     delay: Option<DelayFn>,
     states: BTreeMap<String, StateChannel>,
@@ -136,6 +140,8 @@ impl TopologyConfig<NoPublisher> {
     pub fn new() -> Self {
         Self {
             publisher: None,
+            publish_timeout_ms: None,
+            publish_delay: None,
             attempt_timeout_ms: DEFAULT_TIMEOUT_MS,
             delay: None,
             states: BTreeMap::new(),
@@ -151,30 +157,30 @@ impl Default for TopologyConfig<NoPublisher> {
 }
 
 impl<P> TopologyConfig<P> {
-    /// Publishes every snapshot through `publisher`.
+    /// Publishes every snapshot through `publisher`. Publish settings keep
+    /// their values whether they are set before or after this call.
     pub fn publish<Q: Publisher>(self, publisher: Q) -> TopologyConfig<Q> {
         TopologyConfig {
-            publisher: Some((publisher, None, None)),
+            publisher: Some(publisher),
+            publish_timeout_ms: self.publish_timeout_ms,
+            publish_delay: self.publish_delay,
             attempt_timeout_ms: self.attempt_timeout_ms,
             delay: self.delay,
             states: self.states,
             on_event: self.on_event,
         }
     }
-    /// Maximum duration of one publisher write, overriding the default.
+    /// Maximum duration of one publisher write (`1..=2^31-1`, validated by
+    /// `attach` even without a publisher), overriding the default.
     #[must_use]
     pub fn publish_timeout_ms(mut self, ms: u64) -> Self {
-        if let Some(p) = &mut self.publisher {
-            p.1 = Some(ms);
-        }
+        self.publish_timeout_ms = Some(ms);
         self
     }
     /// Retry delay after a failed write, overriding the default.
     #[must_use]
     pub fn publish_retry_delay(mut self, delay: DelayFn) -> Self {
-        if let Some(p) = &mut self.publisher {
-            p.2 = Some(delay);
-        }
+        self.publish_delay = Some(delay);
         self
     }
     /// Default maximum duration of one write or delivery (30 s,
@@ -440,9 +446,9 @@ where
         config: TopologyConfig<P>,
     ) -> Result<Self, TopologyError> {
         let default_timeout = check_timeout("attempt_timeout_ms", config.attempt_timeout_ms)?;
-        let publish_timeout = match &config.publisher {
-            Some((_, Some(ms), _)) => check_timeout("publish_timeout_ms", *ms)?,
-            _ => default_timeout,
+        let publish_timeout = match config.publish_timeout_ms {
+            Some(ms) => check_timeout("publish_timeout_ms", ms)?,
+            None => default_timeout,
         };
         let mut channel_timeouts = BTreeMap::new();
         for (name, channel) in &config.states {
@@ -470,8 +476,8 @@ where
         let core = Arc::new_cyclic(|weak: &Weak<Core<S, P>>| {
             let mut publisher = None;
             let mut publication = None;
-            if let Some((p, _, delay)) = config.publisher {
-                let delay = delay.or_else(|| config.delay.clone());
+            if let Some(p) = config.publisher {
+                let delay = config.publish_delay.or_else(|| config.delay.clone());
                 let cfg = channel_config(
                     PUBLICATION_CHANNEL.to_owned(),
                     publish_timeout,
