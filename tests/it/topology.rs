@@ -1118,3 +1118,51 @@ async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
         .unwrap();
     assert_eq!(next_at, START + 7_000, "the delay set before .publish()");
 }
+
+#[tokio::test]
+async fn numbers_in_metadata_and_states_compare_as_numbers() {
+    let w = world();
+    let t = &w.c.topology;
+    let first = t
+        .update("g", |_| {
+            Draft::new()
+                .members(vec![
+                    MemberInput::active("a").meta(json!({"w": 1, "r": [2.5, 3]})),
+                ])
+                .state("limits", json!({"max": 10}))
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.snapshot.version, 1);
+    let calls = w.publisher.calls();
+    let events = w.c.events.lock().unwrap().len();
+    // The same numbers written another way: no new version, no republish,
+    // no new delivery.
+    let same = t
+        .update("g", |_| {
+            Draft::new()
+                .members(vec![
+                    MemberInput::active("a").meta(json!({"w": 1.0, "r": [2.5, 3.0]})),
+                ])
+                .state("limits", json!({"max": 10.0}))
+        })
+        .await
+        .unwrap();
+    assert_eq!(same.snapshot.version, 1, "1 and 1.0 are one number");
+    assert_eq!(w.publisher.calls(), calls, "nothing republished");
+    assert_eq!(
+        w.c.events.lock().unwrap().len(),
+        events,
+        "nothing staged: the state value did not change either"
+    );
+    // A real change still bumps the version.
+    let changed = t
+        .update("g", |_| {
+            Draft::new().members(vec![
+                MemberInput::active("a").meta(json!({"w": 2, "r": [2.5, 3]})),
+            ])
+        })
+        .await
+        .unwrap();
+    assert_eq!(changed.snapshot.version, 2);
+}

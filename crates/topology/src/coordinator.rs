@@ -18,7 +18,9 @@ use durability_topology_client::{
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::encode::{EncodedSnapshot, encode, members_json, parse_members, to_wire};
+use crate::encode::{
+    EncodedSnapshot, encode, members_json, parse_members, same_json, same_members, to_wire,
+};
 use crate::error::TopologyError;
 use crate::store::{GroupRow, Publisher, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
@@ -786,13 +788,17 @@ where
                     limit: MAX_STATE_BYTES,
                 });
             }
-            // Canonical comparison: JSON values compare as values.
-            if stored_states.get(&channel) == Some(&value) {
+            // Canonical comparison: JSON values compare as values, numbers
+            // as numbers.
+            if stored_states
+                .get(&channel)
+                .is_some_and(|stored| same_json(stored, &value))
+            {
                 continue;
             }
             changed_states.insert(channel, (text, value));
         }
-        let changed = live.is_none() || after != before;
+        let changed = live.is_none() || !same_members(&after, &before);
         let version = match (changed, live, &row) {
             (false, Some(l), _) => l.version,
             (_, _, Some(r)) => r.version.saturating_add(1),

@@ -109,3 +109,47 @@ pub(crate) fn encode(snapshot: &Snapshot) -> EncodedSnapshot {
             .unwrap_or_else(|_| unreachable!("the envelope always encodes")),
     )
 }
+
+/// Whether two JSON values are the same value, numbers compared as numbers
+/// (`1` and `1.0` are one number; serde_json keeps them apart).
+pub(crate) fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => same_number(x, y),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_json(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn same_number(x: &serde_json::Number, y: &serde_json::Number) -> bool {
+    if let (Some(a), Some(b)) = (x.as_i64(), y.as_i64()) {
+        return a == b;
+    }
+    if let (Some(a), Some(b)) = (x.as_u64(), y.as_u64()) {
+        return a == b;
+    }
+    matches!((x.as_f64(), y.as_f64()), (Some(a), Some(b)) if a == b)
+}
+
+/// Whether two memberships are the same, metadata compared as JSON values.
+pub(crate) fn same_members(a: &[Member], b: &[Member]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.id == y.id
+                && x.state == y.state
+                && x.location_hint == y.location_hint
+                && x.joined_at == y.joined_at
+                && match (&x.meta, &y.meta) {
+                    (Some(m), Some(n)) => same_json(m, n),
+                    (None, None) => true,
+                    _ => false,
+                }
+        })
+}
