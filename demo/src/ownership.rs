@@ -261,7 +261,7 @@ async fn delete_prefix(store: &RedisLeaseStore, prefix: &str) -> BoxResult<()> {
 }
 
 #[allow(clippy::disallowed_methods, reason = "benchmarks measure wall time")]
-fn start() -> Instant {
+pub(crate) fn start() -> Instant {
     Instant::now()
 }
 
@@ -304,11 +304,16 @@ fn line(name: &str, value: f64, baseline: Option<f64>, unit: &str, target: &str,
 /// Redis failures, or admission that did I/O.
 pub(crate) async fn bench(redis_url: &str) -> Result<(), Box<dyn Error>> {
     const N: u64 = 2_000;
+    const PEER_ITERATIONS: u64 = 20_000;
     let prefix = format!("durability:bench:{}:", std::process::id());
     let store = RedisLeaseStore::connect(redis_url, &prefix, ShardCount::default()).await?;
     let out = bench_on(&store, &prefix, N).await;
     let out = match out {
         Ok(()) => renew_cycles(&store).await,
+        Err(e) => Err(e),
+    };
+    let out = match out {
+        Ok(()) => crate::lease_peers::bench(redis_url, &store, PEER_ITERATIONS).await,
         Err(e) => Err(e),
     };
     delete_prefix(&store, &prefix).await?;

@@ -4,6 +4,9 @@
 //! store can build it atomically from a prefix, the bumped generation and a
 //! suffix ([`RecordTemplate`]). Stores compare records by their exact bytes.
 
+use std::fmt::Write as _;
+use std::sync::Arc;
+
 use serde::Deserialize;
 
 use crate::error::OwnershipError;
@@ -40,8 +43,14 @@ impl Generation {
 }
 
 /// The record naming the owner of a scope.
+///
+/// Cloning is a reference-count increment: leases, permits and renew
+/// batches hand the same record around without copying its strings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnerRecord {
+pub struct OwnerRecord(Arc<RecordFields>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct RecordFields {
     scope: OwnerScope,
     lifecycle: LifecycleId,
     task: TaskId,
@@ -79,6 +88,31 @@ impl RecordTemplate {
             suffix: "}".to_owned(),
         }
     }
+
+    /// The record whose bytes are `prefix + generation + suffix`: what a
+    /// store wrote from this template when it bumped the counter to
+    /// `generation`. The fields must be the ones the template was built
+    /// from (a store has them at hand; building the template again would
+    /// only copy its strings).
+    pub fn record(
+        self,
+        scope: OwnerScope,
+        lifecycle: LifecycleId,
+        task: TaskId,
+        generation: Generation,
+    ) -> OwnerRecord {
+        debug_assert_eq!(self, RecordTemplate::new(&scope, &lifecycle, &task));
+        let mut encoded = self.prefix;
+        // Writing into a String cannot fail.
+        let _ = write!(encoded, "{}{}", generation.get(), self.suffix);
+        OwnerRecord(Arc::new(RecordFields {
+            scope,
+            lifecycle,
+            task,
+            generation,
+            encoded,
+        }))
+    }
 }
 
 #[derive(Deserialize)]
@@ -107,15 +141,7 @@ impl OwnerRecord {
         task: TaskId,
         generation: Generation,
     ) -> Self {
-        let t = RecordTemplate::new(&scope, &lifecycle, &task);
-        let encoded = format!("{}{}{}", t.prefix, generation.get(), t.suffix);
-        Self {
-            scope,
-            lifecycle,
-            task,
-            generation,
-            encoded,
-        }
+        RecordTemplate::new(&scope, &lifecycle, &task).record(scope, lifecycle, task, generation)
     }
 
     /// Decodes and validates a record read under `expected` scope.
@@ -160,7 +186,7 @@ impl OwnerRecord {
         let task = TaskId::new(&wire.task_id).map_err(field)?;
         let generation = Generation::new(wire.generation).map_err(field)?;
         let record = Self::new(scope, lifecycle, task, generation);
-        if record.encoded.as_bytes() != raw {
+        if record.0.encoded.as_bytes() != raw {
             return Err(bad("record is not in canonical form".to_owned()));
         }
         Ok(record)
@@ -168,27 +194,27 @@ impl OwnerRecord {
 
     /// The owned scope.
     pub fn scope(&self) -> &OwnerScope {
-        &self.scope
+        &self.0.scope
     }
 
     /// The lifecycle whose storage pointer and delete lock guard the scope.
     pub fn lifecycle(&self) -> &LifecycleId {
-        &self.lifecycle
+        &self.0.lifecycle
     }
 
     /// The owning task.
     pub fn task(&self) -> &TaskId {
-        &self.task
+        &self.0.task
     }
 
     /// The owner generation.
     pub fn generation(&self) -> Generation {
-        self.generation
+        self.0.generation
     }
 
     /// The exact stored bytes.
     pub fn encoded(&self) -> &str {
-        &self.encoded
+        &self.0.encoded
     }
 }
 

@@ -89,7 +89,9 @@ return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call
 /// bytes (which carry the generation; a lease that ran out on the server's
 /// clock is gone, so it is stale), the active storage pointer and the delete
 /// lock, then `PEXPIRE`. KEYS are (owner, pointer, lock) per record; ARGV[1] is
-/// the TTL, then (record, storage id) per record. One reply per record.
+/// the TTL, then (record, storage id) per record. One reply per record, flat
+/// on the common paths: `1` renewed, `0` stale, `{'lifecycle', pointer,
+/// lock}` refused by the lifecycle records.
 const RENEW_MANY: &str = "
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -97,14 +99,14 @@ for i = 1, #KEYS / 3 do
   local a = (i - 1) * 2 + 1
   local v = redis.call('MGET', KEYS[k + 1], KEYS[k + 3], KEYS[k + 2])
   if v[1] ~= ARGV[a + 1] then
-    out[i] = {'stale'}
+    out[i] = 0
   else
     local lock, ptr = v[2], v[3]
     if lock == 'whole' or ptr ~= ARGV[a + 2] or (lock and lock ~= 'version') then
       out[i] = {'lifecycle', ptr, lock}
     else
       redis.call('PEXPIRE', KEYS[k + 1], ARGV[1])
-      out[i] = {'ok'}
+      out[i] = 1
     end
   end
 end
@@ -337,7 +339,7 @@ impl LeaseStore for RedisLeaseStore {
                     .ok_or_else(|| protocol("claim reply without generation"))?;
                 let generation = Generation::new(n)?;
                 let record =
-                    OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+                    template.record(scope.clone(), lifecycle.clone(), task.clone(), generation);
                 Ok(ClaimOutcome::Claimed(Lease {
                     record,
                     remaining_ms: ttl_ms,
@@ -516,25 +518,26 @@ impl RedisLeaseStore {
             .enumerate()
             .map(|(i, record)| {
                 let scope = record.scope();
-                let reply = match replies.get(i) {
-                    Some(Value::Array(reply)) => reply.as_slice(),
-                    _ => return Err(protocol("renew batch reply without this record")),
-                };
-                match reply.first().and_then(bytes) {
-                    Some(b"ok") => Ok(Lease {
+                match replies.get(i) {
+                    Some(Value::Int(1)) => Ok(Lease {
                         record: record.clone(),
                         remaining_ms: ttl_ms,
                     }),
-                    Some(b"stale") => Err(OwnershipError::StaleOwner {
+                    Some(Value::Int(0)) => Err(OwnershipError::StaleOwner {
                         scope: scope.to_string(),
                     }),
-                    Some(b"lifecycle") => Err(Self::lifecycle_error(
-                        scope,
-                        record.lifecycle(),
-                        reply.get(1),
-                        reply.get(2),
-                    )),
-                    _ => Err(protocol("unknown renew reply")),
+                    Some(Value::Array(reply))
+                        if reply.first().and_then(bytes) == Some(b"lifecycle") =>
+                    {
+                        Err(Self::lifecycle_error(
+                            scope,
+                            record.lifecycle(),
+                            reply.get(1),
+                            reply.get(2),
+                        ))
+                    }
+                    Some(_) => Err(protocol("unknown renew reply")),
+                    None => Err(protocol("renew batch reply without this record")),
                 }
             })
             .collect()
