@@ -41,6 +41,9 @@ const NOW: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
+/// Claims a free scope. The common reply is flat: the new generation as an
+/// integer (a table costs the server a measurable share of the call); the
+/// other outcomes are tables naming themselves.
 const CLAIM: &str = "
 local v = redis.call('MGET', KEYS[4], KEYS[3], KEYS[1], KEYS[2])
 local lock, ptr, cur, g = v[1], v[2], v[3], v[4]
@@ -56,7 +59,7 @@ end
 local n = redis.call('INCR', KEYS[2])
 local rec = ARGV[2] .. string.format('%d', n) .. ARGV[3]
 redis.call('SET', KEYS[1], rec, 'PX', ARGV[4])
-return {'claimed', n}
+return n
 ";
 
 const RELEASE: &str = "
@@ -85,30 +88,42 @@ return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call
   redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
 ";
 
-/// Renews a batch (`renew` is a batch of one): per record, the exact owner
-/// bytes (which carry the generation; a lease that ran out on the server's
-/// clock is gone, so it is stale), the active storage pointer and the delete
-/// lock, then `PEXPIRE`. KEYS are (owner, pointer, lock) per record; ARGV[1] is
-/// the TTL, then (record, storage id) per record. One reply per record, flat
-/// on the common paths: `1` renewed, `0` stale, `{'lifecycle', pointer,
-/// lock}` refused by the lifecycle records.
+/// The renew check of one record, shared by [`RENEW_ONE`] and
+/// [`RENEW_MANY`]: the exact owner bytes (which carry the generation; a lease
+/// that ran out on the server's clock is gone, so it is stale), the active
+/// storage pointer and the delete lock, then `PEXPIRE`. Returns `1` renewed,
+/// `0` stale, or `{'lifecycle', pointer, lock}` refused by the lifecycle
+/// records.
+const RENEW_CHECK: &str = "
+local function renew(owner, ptr_key, lock_key, rec, storage, ttl)
+  local v = redis.call('MGET', owner, lock_key, ptr_key)
+  if v[1] ~= rec then
+    return 0
+  end
+  local lock, ptr = v[2], v[3]
+  if lock == 'whole' or ptr ~= storage or (lock and lock ~= 'version') then
+    return {'lifecycle', ptr, lock}
+  end
+  redis.call('PEXPIRE', owner, ttl)
+  return 1
+end
+";
+
+/// Renews one record (`renew`, and a batch of one): KEYS are (owner,
+/// pointer, lock), ARGV (TTL, record, storage id); the reply is the check's
+/// own, not wrapped in a batch.
+const RENEW_ONE: &str = "
+return renew(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[1])
+";
+
+/// Renews a batch: KEYS are (owner, pointer, lock) per record; ARGV[1] is
+/// the TTL, then (record, storage id) per record. One reply per record.
 const RENEW_MANY: &str = "
 local out = {}
 for i = 1, #KEYS / 3 do
   local k = (i - 1) * 3
   local a = (i - 1) * 2 + 1
-  local v = redis.call('MGET', KEYS[k + 1], KEYS[k + 3], KEYS[k + 2])
-  if v[1] ~= ARGV[a + 1] then
-    out[i] = 0
-  else
-    local lock, ptr = v[2], v[3]
-    if lock == 'whole' or ptr ~= ARGV[a + 2] or (lock and lock ~= 'version') then
-      out[i] = {'lifecycle', ptr, lock}
-    else
-      redis.call('PEXPIRE', KEYS[k + 1], ARGV[1])
-      out[i] = 1
-    end
-  end
+  out[i] = renew(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[1])
 end
 return out
 ";
@@ -117,7 +132,10 @@ return out
 pub const RENEW_MANY_CHUNK: usize = 256;
 
 static RENEW_MANY_SCRIPT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(RENEW_MANY));
+    std::sync::LazyLock::new(|| Script::new(&format!("{RENEW_CHECK}{RENEW_MANY}")));
+
+static RENEW_ONE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(&format!("{RENEW_CHECK}{RENEW_ONE}")));
 
 /// Maps a Redis error: a refused connection never reached the server;
 /// anything else may have been applied.
@@ -315,7 +333,7 @@ impl LeaseStore for RedisLeaseStore {
         validate_ttl(ttl_ms)?;
         let template = RecordTemplate::new(scope, lifecycle, task);
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
+        let reply: Value = self
             .claim
             .key(self.owner_key(scope))
             .key(self.generation_key(scope))
@@ -328,23 +346,24 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        match reply.first().and_then(bytes) {
-            Some(b"claimed") => {
+        let reply = match reply {
+            Value::Int(n) => {
                 // The script wrote exactly `prefix + n + suffix`: the record
                 // built here from the same template has the same bytes.
-                let n = reply
-                    .get(1)
-                    .and_then(int)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(|| protocol("claim reply without generation"))?;
+                let n = u64::try_from(n)
+                    .map_err(|_| protocol("claim reply with a negative generation"))?;
                 let generation = Generation::new(n)?;
                 let record =
                     template.record(scope.clone(), lifecycle.clone(), task.clone(), generation);
-                Ok(ClaimOutcome::Claimed(Lease {
+                return Ok(ClaimOutcome::Claimed(Lease {
                     record,
                     remaining_ms: ttl_ms,
-                }))
+                }));
             }
+            Value::Array(reply) => reply,
+            _ => return Err(protocol("unknown claim reply")),
+        };
+        match reply.first().and_then(bytes) {
             Some(b"held") => {
                 let raw = reply
                     .get(1)
@@ -370,7 +389,7 @@ impl LeaseStore for RedisLeaseStore {
         }
     }
 
-    /// A `RENEW_MANY` call of one record: one round trip, the same checks.
+    /// A batch of one (the `RENEW_ONE` script): one round trip, the same checks.
     async fn renew(&self, record: &OwnerRecord, ttl_ms: u64) -> Result<Lease, OwnershipError> {
         validate_ttl(ttl_ms)?;
         self.renew_chunk(std::slice::from_ref(record), ttl_ms)
@@ -475,13 +494,21 @@ impl LeaseStore for RedisLeaseStore {
 }
 
 impl RedisLeaseStore {
-    /// One `RENEW_MANY` round trip over `records` (at most [`RENEW_MANY_CHUNK`]).
+    /// One round trip over `records` (at most [`RENEW_MANY_CHUNK`]):
+    /// `RENEW_ONE` for one record, `RENEW_MANY` for more.
     async fn renew_chunk(
         &self,
         records: &[OwnerRecord],
         ttl_ms: u64,
     ) -> Vec<Result<Lease, OwnershipError>> {
-        let mut invocation = RENEW_MANY_SCRIPT.prepare_invoke();
+        // One record (every `renew`) takes the script without the batch
+        // loop and its reply table; the check is the same Lua function.
+        let one = records.len() == 1;
+        let mut invocation = if one {
+            RENEW_ONE_SCRIPT.prepare_invoke()
+        } else {
+            RENEW_MANY_SCRIPT.prepare_invoke()
+        };
         invocation.arg(ttl_ms);
         for record in records {
             invocation
@@ -492,8 +519,15 @@ impl RedisLeaseStore {
                 .arg(record.scope().storage_id().as_str());
         }
         let mut conn = self.conn.clone();
-        let replies: Vec<Value> = match invocation.invoke_async(&mut conn).await {
-            Ok(replies) => replies,
+        let replies = match invocation.invoke_async::<Value>(&mut conn).await {
+            Ok(reply) if one => vec![reply],
+            Ok(Value::Array(replies)) => replies,
+            Ok(_) => {
+                return records
+                    .iter()
+                    .map(|_| Err(protocol("renew batch reply is not an array")))
+                    .collect();
+            }
             Err(e) => {
                 // Every record of the chunk shares the call's fate.
                 let (refused, text) = (e.is_connection_refusal(), e.to_string());
