@@ -36,6 +36,7 @@ type HostDispatcher<S, I> =
 /// A change of this host's ownership, published to
 /// [`Host::subscribe`]rs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OwnerEvent {
     /// This host now owns the scope at this generation (claimed by the
     /// owner loop, or by a call or alarm delivery on first use).
@@ -794,19 +795,23 @@ where
         );
         // An admission that proved the scope gone drops it here at once
         // (its objects close), not only at the next renew.
-        let lost = match &result {
+        let code = match &result {
             Err(HostError::Ownership(
                 e @ (OwnershipError::StaleOwner { .. }
                 | OwnershipError::LeaseExpired { .. }
                 | OwnershipError::StorageInactive { .. }
                 | OwnershipError::DeleteLocked { .. }),
-            )) => self
-                .scope_for(class, name)
-                .ok()
-                .filter(|scope| lock(&self.inner.scopes).contains_key(scope))
-                .map(|scope| (scope, e.code())),
+            )) => Some(e.code()),
+            // Another task owns a scope this host still counted as its own.
+            Err(HostError::NotOwner { .. }) => Some("stale_owner"),
             _ => None,
         };
+        let lost = code.and_then(|code| {
+            self.scope_for(class, name)
+                .ok()
+                .filter(|scope| lock(&self.inner.scopes).contains_key(scope))
+                .map(|scope| (scope, code))
+        });
         if let Some((scope, code)) = lost {
             self.drop_scope(&scope, code).await;
         }
@@ -837,7 +842,8 @@ where
         open.last_used
             .store(self.inner.clock.now_ms(), Ordering::SeqCst);
         let generation = open.generation;
-        let result = self
+        let alarm_before = open.scheduler.alarm_at();
+        let mut result = self
             .watched(
                 &address.scope,
                 generation,
@@ -845,6 +851,15 @@ where
                 work(Arc::clone(&open), generation),
             )
             .await;
+        // A call that moved the object's alarm returns once the alarm index
+        // holds the matching job (the seed's setAlarm contract): a crash
+        // right after the call cannot lose the pending alarm.
+        if open.scheduler.alarm_at() != alarm_before
+            && let Err(e) = open.bridge.sync().await
+            && result.is_ok()
+        {
+            result = Err(HostError::Alarm(e));
+        }
         open.last_used
             .store(self.inner.clock.now_ms(), Ordering::SeqCst);
         drop(permit);
