@@ -40,6 +40,48 @@
 //! - **Probe** ([`Host::probe`]): task, owned scopes and generations, the
 //!   in-flight gauge, dispatch and alarm outcome counters.
 //!
+//! A whole service (compiled by the doctests):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy};
+//! use durability_ownership::{ShardCount, SystemClock};
+//! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+//! use durability_storage_sqlite::ownership::SqliteLeaseStore;
+//! use durability_storage_sqlite::Synchronous;
+//!
+//! struct Counter;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), BoxError> {
+//!     let shared = std::path::Path::new("/srv/objects"); // every host mounts it
+//!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
+//!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!         .endpoint("http://10.0.0.7:8788")
+//!         .class("Counter", |ctx| {
+//!             ctx.scheduler.transaction(|tx| {
+//!                 tx.sql()
+//!                     .execute_batch("CREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL)")
+//!                     .map_err(|e| durability_scheduler::StorageError::backend("schema", e))
+//!             })?;
+//!             Ok::<_, BoxError>(Counter)
+//!         })
+//!         .settings(HostSettings::from_env()?) // DO_OWNER_TTL_SECONDS, DO_PREVENT_EVICTION, ...
+//!         .own(OwnPolicy::AllShards);
+//!     let host = Host::start(config).await?;
+//!     host.transaction::<Counter, _, _>("Counter", "c1", |_, tx| {
+//!         tx.sql()
+//!             .execute("INSERT INTO counter (n) VALUES (1)", [])
+//!             .map_err(|e| durability_scheduler::StorageError::backend("insert", e))?;
+//!         Ok(())
+//!     })
+//!     .await?;
+//!     host.run_until_signal().await; // SIGTERM or ctrl-c: drain
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Calls between hosts are not here: a call for an object owned elsewhere
 //! fails with [`HostError::NotOwner`]; alarm deliveries for such objects go
 //! through the [`HostForward`] hook (default: [`NoTransport`]).

@@ -360,3 +360,20 @@ async fn the_owner_loop_renews_on_the_clock_and_drops_a_scope_whose_renew_fails(
     assert_eq!(fence_generation(&w, "c1"), 2);
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
+    use durability_alarms::AlarmIndex;
+    let w = World::new();
+    let a = w.host("a").await;
+    let index = w.index();
+    let at = durability_ownership::Clock::now_ms(&w.clock) + 60_000;
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
+        .await
+        .unwrap();
+    // No yield in between: a crash right after the call must find the job.
+    let id = durability_scheduler::ObjectId::new("st1:Counter:c1").unwrap();
+    let job = index.job(&id).await.unwrap().expect("the alarm job is indexed");
+    assert_eq!(job.due_at, at);
+    a.shutdown().await;
+}
