@@ -20,6 +20,7 @@
 mod alarms;
 mod bench;
 mod demo;
+mod host;
 mod migration;
 mod ownership;
 mod rss;

@@ -373,7 +373,11 @@ async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
         .unwrap();
     // No yield in between: a crash right after the call must find the job.
     let id = durability_scheduler::ObjectId::new("st1:Counter:c1").unwrap();
-    let job = index.job(&id).await.unwrap().expect("the alarm job is indexed");
+    let job = index
+        .job(&id)
+        .await
+        .unwrap()
+        .expect("the alarm job is indexed");
     assert_eq!(job.due_at, at);
     a.shutdown().await;
 }
