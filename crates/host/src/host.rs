@@ -967,14 +967,20 @@ where
     /// dispatch: already admitted there).
     async fn deliver(&self, delivery: Delivery) -> DispatchOutcome {
         let object = delivery.object.to_string();
-        let Some((class, name)) = object
+        let Some((storage, (class, name))) = object
             .split_once(':')
-            .and_then(|(_, rest)| rest.split_once(':'))
+            .and_then(|(storage, rest)| Some((storage, rest.split_once(':')?)))
         else {
             return DispatchOutcome::Failed {
                 reason: format!("object id {object} is not <storage>:<class>:<name>"),
             };
         };
+        if storage != self.inner.storage_id.as_str() {
+            // Another storage id's job (an old deployment's): this host never
+            // opens its objects; the owner path found it admitted, so its
+            // storage cannot be the active one for long. Discard it.
+            return DispatchOutcome::Gone;
+        }
         let outcome = match self.address(class, name) {
             Err(e) => DispatchOutcome::Failed {
                 reason: e.to_string(),

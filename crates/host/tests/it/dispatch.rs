@@ -381,3 +381,70 @@ async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
     assert_eq!(job.due_at, at);
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_alarm_of_inactive_storage_discards_itself() {
+    use durability_ownership::{LifecycleAdmin, LifecycleId, StorageId};
+    let w = World::new();
+    let a = w.host("a").await;
+    let at = durability_ownership::Clock::now_ms(&w.clock) + 1_000;
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
+        .await
+        .unwrap();
+    // The control plane moves the lifecycle to another storage id.
+    w.store()
+        .set_active_storage(
+            &LifecycleId::new("ns:app").unwrap(),
+            Some(&StorageId::new("st2").unwrap()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        advance_until(&w.clock, 200, 10_000, || a.probe().alarms.gone == 1).await,
+        "{:?}",
+        a.probe().alarms
+    );
+    assert!(
+        w.fired().is_empty(),
+        "the alarm of inactive storage never ran"
+    );
+    use durability_alarms::AlarmIndex;
+    let id = durability_scheduler::ObjectId::new("st1:Counter:c1").unwrap();
+    assert_eq!(
+        w.index().job(&id).await.unwrap(),
+        None,
+        "the job discarded itself"
+    );
+    // New work on the inactive storage is refused before it starts.
+    let refused = incr(&a, "c1").await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            HostError::Ownership(OwnershipError::StorageInactive { .. })
+        ),
+        "{refused}"
+    );
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_owner_loop_claims_exactly_the_configured_shards() {
+    let w = World::new();
+    let a = w
+        .host_with(
+            "a",
+            OwnPolicy::Shards(vec![("Counter".to_owned(), 3), ("Counter".to_owned(), 7)]),
+            Residency::Resident,
+        )
+        .await;
+    spin().await;
+    let report = a.owner_cycle().await;
+    let mut owned: Vec<String> = a.probe().scopes.into_iter().map(|s| s.scope).collect();
+    owned.sort();
+    assert_eq!(
+        owned,
+        ["st1:Counter:shard3", "st1:Counter:shard7"],
+        "{report:?}"
+    );
+    a.shutdown().await;
+}
