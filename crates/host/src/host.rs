@@ -157,6 +157,8 @@ pub struct HostProbe {
     pub in_flight: u64,
     /// Objects open now.
     pub open_objects: usize,
+    /// Registry entries (open objects, and objects being opened or closed).
+    pub registry_entries: usize,
     /// Dispatch outcomes.
     pub dispatch: DispatchStats,
     /// Alarm dispatcher outcomes (`do_alarm_dispatches`).
@@ -641,7 +643,16 @@ where
                 closed += 1;
             }
         }
+        self.prune_slots();
         closed
+    }
+
+    /// Forgets registry slots that hold no open object and that nobody is
+    /// using, so the registry stays as large as the set of open objects.
+    fn prune_slots(&self) {
+        lock(&self.inner.objects).retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |g| g.is_some())
+        });
     }
 
     fn slot(&self, address: &Address) -> Slot<I> {
@@ -1143,6 +1154,8 @@ where
                 }
             }
         }
+        drop(slots);
+        self.prune_slots();
         report
     }
 
@@ -1220,10 +1233,14 @@ where
     pub fn probe(&self) -> HostProbe {
         let inner = &self.inner;
         let ownership = inner.ownership.probe();
-        let open_objects = lock(&inner.objects)
-            .values()
-            .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
-            .count();
+        let (open_objects, registry_entries) = {
+            let objects = lock(&inner.objects);
+            let open = objects
+                .values()
+                .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
+                .count();
+            (open, objects.len())
+        };
         HostProbe {
             task: ownership.task,
             endpoint: inner.endpoint.clone(),
@@ -1237,6 +1254,7 @@ where
             scopes: ownership.scopes,
             in_flight: ownership.in_flight,
             open_objects,
+            registry_entries,
             dispatch: inner.counters.snapshot(),
             alarms: inner
                 .dispatcher

@@ -298,6 +298,10 @@ async fn evictable_mode_closes_idle_objects_and_counts_the_next_call_cold() {
     assert_eq!(a.owner_cycle().await.evicted, 1);
     let probe = a.probe();
     assert_eq!((probe.open_objects, probe.dispatch.evicted), (0, 1));
+    assert_eq!(
+        probe.registry_entries, 0,
+        "an evicted object leaves no entry"
+    );
     assert_eq!(probe.scopes.len(), 1, "the scope stays owned");
     assert_eq!(incr(&a, "c1").await.unwrap(), 3, "state survives eviction");
     assert_eq!(incr(&a, "c1").await.unwrap(), 4);
