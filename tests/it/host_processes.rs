@@ -156,6 +156,29 @@ impl Proc {
         }
     }
 
+    /// Runs a command, retrying (as a client would, through a fresh
+    /// resolution) while it is refused before it started: on a loaded
+    /// machine a short lease can lapse between a claim and its admission.
+    /// Prints each retry.
+    fn run_ok(&mut self, command: &str) -> String {
+        for _ in 0..50 {
+            let answer = self.run(command);
+            if !answer.contains(" outcome=not_started ") {
+                return answer;
+            }
+            eprintln!(
+                "{}: {command} refused before it started, retrying: {answer}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "{}: {command} kept being refused: {:#?}",
+            self.name,
+            self.lines()
+        );
+    }
+
     fn wait_exit(&mut self) -> std::process::ExitStatus {
         let end = now() + 30_000;
         loop {
@@ -216,11 +239,13 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
     let (mut a, mut b) = pair(dir.path(), TTL_S);
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
     for n in names {
+        let answer = a.run_ok(&format!("incr {n}"));
         assert!(
-            a.run(&format!("incr {n}"))
-                .starts_with(&format!("ok incr {n} value=1 gen="))
+            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
+            "{answer}"
         );
-        assert!(a.run(&format!("timer {n} 1500")).starts_with("ok timer"));
+        let answer = a.run_ok(&format!("timer {n} 1500"));
+        assert!(answer.starts_with("ok timer"), "{answer}");
     }
     let killed = now();
     signal(a.child.id(), "KILL");
@@ -241,15 +266,25 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
         .collect();
     fired_names.sort_unstable();
     assert_eq!(fired_names, names, "every pending alarm fired once, on b");
-    // The documented budget for an alarm not claimed when its host died:
-    // the owner lease, one owner-loop period and one dispatcher poll (plus
-    // the owner wait cap), measured from the kill; the alarms were due 1.5 s
-    // after it anyway.
-    let budget = i64::try_from(TTL_S * 1000 + INTERVAL_MS).unwrap() + 100 + 300 + 1_000;
-    eprintln!("every alarm fired on b within {worst} ms of the kill (budget {budget} ms)");
-    assert!(worst <= budget + 2_000, "{worst} ms");
+    // The documented budgets (ARCHITECTURE.md, the host's failover budget):
+    // an alarm whose job the dead host had not claimed fires within the
+    // owner lease, one owner-loop period, one dispatcher poll and the owner
+    // wait cap (about 2.6 s here; the alarms were due 1.5 s after the kill
+    // anyway); the worst case, a job the dead host had claimed, adds the
+    // claim lease (`DispatcherConfig::failover_budget_ms`). The test holds
+    // the worst case (a loaded machine stretches the rest) and prints both.
+    let unclaimed = i64::try_from(TTL_S * 1000 + INTERVAL_MS).unwrap() + 100 + 300;
+    let worst_case = durability_alarms::DispatcherConfig {
+        poll_ms: 100,
+        ..durability_alarms::DispatcherConfig::fast()
+    }
+    .failover_budget_ms(i64::try_from(TTL_S * 1000).unwrap());
+    eprintln!(
+        "every alarm fired on b within {worst} ms of the kill (budget {unclaimed} ms for unclaimed jobs, {worst_case} ms worst case)"
+    );
+    assert!(worst <= worst_case, "{worst} ms");
     for n in names {
-        let answer = b.run(&format!("incr {n}"));
+        let answer = b.run_ok(&format!("incr {n}"));
         assert!(
             answer.starts_with(&format!("ok incr {n} value=2 ")),
             "state survived: {answer}"
@@ -268,7 +303,8 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
 fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
     let dir = tempfile::tempdir().unwrap();
     let (mut a, mut b) = pair(dir.path(), TTL_S);
-    assert!(a.run("incr p1").starts_with("ok incr p1 value=1 gen="));
+    let answer = a.run_ok("incr p1");
+    assert!(answer.starts_with("ok incr p1 value=1 gen="), "{answer}");
     a.send("slow p1 2500");
     a.wait_line("slow-wrote p1");
     signal(a.child.id(), "STOP");
@@ -282,7 +318,7 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
         "b owned all 16 shards {} ms after the pause",
         acquired[15].0 - paused
     );
-    let answer = b.run("incr p1");
+    let answer = b.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
     let b_gen: u64 = field(&answer, "gen").parse().unwrap();
     signal(a.child.id(), "CONT");
@@ -310,7 +346,7 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
         late.starts_with("err incr p1 "),
         "a stale host's new work is refused: {late}"
     );
-    let answer = b.run("incr p1");
+    let answer = b.run_ok("incr p1");
     assert!(
         answer.starts_with("ok incr p1 value=4 "),
         "a's late write never landed: {answer}"
@@ -326,8 +362,10 @@ fn sigterm_drains_and_the_objects_move_at_once() {
     // A long lease: a move that waited for expiry would take 30 s.
     let ttl_s = 30;
     let (mut a, b) = pair(dir.path(), ttl_s);
-    assert!(a.run("incr d1").starts_with("ok incr d1 value=1 "));
-    assert!(a.run("timer d1 1000").starts_with("ok timer d1 "));
+    let answer = a.run_ok("incr d1");
+    assert!(answer.starts_with("ok incr d1 value=1 "), "{answer}");
+    let answer = a.run_ok("timer d1 1000");
+    assert!(answer.starts_with("ok timer d1 "), "{answer}");
     let term = now();
     signal(a.child.id(), "TERM");
     let drained = a.wait_line("drained ");
@@ -351,7 +389,7 @@ fn sigterm_drains_and_the_objects_move_at_once() {
     let fired = b.wait_line("fired d1");
     assert!(fired.1.ends_with("task=b"), "{}", fired.1);
     let mut b = b;
-    let answer = b.run("incr d1");
+    let answer = b.run_ok("incr d1");
     assert!(answer.starts_with("ok incr d1 value=2 "), "{answer}");
 }
 
@@ -402,7 +440,8 @@ fn bad_configuration_exits_before_anything_starts() {
         &[("DO_OWNER_TTL_SECONDS", "007")],
     );
     p.wait_line("ready");
-    assert!(p.run("incr x1").starts_with("ok incr x1 value=1 "));
+    let answer = p.run_ok("incr x1");
+    assert!(answer.starts_with("ok incr x1 value=1 "), "{answer}");
     signal(p.child.id(), "TERM");
     assert!(p.wait_exit().success());
 }

@@ -1066,6 +1066,15 @@ where
         for (scope, result) in &results {
             match result {
                 Ok(_) => report.renewed += 1,
+                // The store was busy or unreachable: nothing proves the
+                // lease moved. Its objects stay open; the check below takes
+                // the store's word again (the lease is re-adopted when it
+                // is still this task's, at the same generation).
+                Err(
+                    OwnershipError::OwnerRace { .. }
+                    | OwnershipError::StoreUnavailable { .. }
+                    | OwnershipError::OwnerUnavailable { .. },
+                ) => {}
                 Err(e) => {
                     self.drop_scope(scope, e.code()).await;
                     report.lost.push(scope.to_string());
@@ -1073,22 +1082,62 @@ where
             }
         }
         // Scopes the ownership forgot meanwhile (an admission or the
-        // watchdog found them moved).
+        // watchdog found them moved, or a renew met a busy store): re-adopt
+        // them when the store still shows this task's claim, else drop them.
+        let known: Vec<(OwnerScope, Generation)> = lock(&inner.scopes)
+            .iter()
+            .map(|(s, e)| (s.clone(), e.generation))
+            .collect();
+        let held: std::collections::HashSet<String> = inner
+            .ownership
+            .probe()
+            .scopes
+            .into_iter()
+            .map(|s| s.scope)
+            .collect();
+        for (scope, generation) in known {
+            if held.contains(scope.host_id()) {
+                continue;
+            }
+            // Only a claim the store still shows as this task's, at the
+            // same generation, is re-adopted (never claimed anew here).
+            let still_ours = match inner
+                .ownership
+                .store()
+                .snapshot(&scope, &inner.lifecycle)
+                .await
+            {
+                Ok(snapshot) => snapshot.owner.is_some_and(|l| {
+                    l.record.task() == inner.ownership.task() && l.record.generation() == generation
+                }),
+                // The store cannot answer: decide at the next cycle (nothing
+                // is admitted meanwhile: the local lease is gone).
+                Err(_) => continue,
+            };
+            let readopted = still_ours
+                && matches!(
+                    inner.ownership.resolve(&scope, &inner.lifecycle).await,
+                    Ok(Resolution::Local(g)) if g == generation
+                );
+            if !readopted {
+                self.drop_scope(&scope, "stale_owner").await;
+                report.lost.push(scope.to_string());
+            }
+            if readopted {
+                tracing::debug!(
+                    event = "durability.host.readopted",
+                    scope = %scope,
+                    generation = generation.get(),
+                    "owner scope re-adopted after a transient renew failure"
+                );
+            }
+        }
         let probe = inner.ownership.probe();
         let owned: HashMap<&str, u64> = probe
             .scopes
             .iter()
             .map(|s| (s.scope.as_str(), s.lease_remaining_ms))
             .collect();
-        let forgotten: Vec<OwnerScope> = lock(&inner.scopes)
-            .keys()
-            .filter(|s| !owned.contains_key(s.host_id()))
-            .cloned()
-            .collect();
-        for scope in forgotten {
-            self.drop_scope(&scope, "stale_owner").await;
-            report.lost.push(scope.to_string());
-        }
         tracing::debug!(
             event = "durability.host.renew",
             renewed = report.renewed,
@@ -1117,6 +1166,19 @@ where
                 break;
             }
             if owned.contains_key(scope.host_id()) {
+                continue;
+            }
+            // A read first: a scope another task holds live is not worth a
+            // claim (a write transaction on the lease store) every cycle.
+            if let Ok(snapshot) = inner
+                .ownership
+                .store()
+                .snapshot(scope, &inner.lifecycle)
+                .await
+                && snapshot
+                    .owner
+                    .is_some_and(|l| l.record.task() != inner.ownership.task())
+            {
                 continue;
             }
             match inner.ownership.resolve(scope, &inner.lifecycle).await {

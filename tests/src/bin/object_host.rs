@@ -8,7 +8,8 @@
 //!   code 2) when the configuration or the lifecycle records refuse it;
 //! - `acquired scope=<s> gen=<g>`, `lost scope=<s> gen=<g> code=<c>`,
 //!   `released scope=<s> gen=<g>`: owner events;
-//! - `ok <cmd> <name> value=<v> gen=<g>` / `err <cmd> <name> code=<c> <message>`;
+//! - `ok <cmd> <name> value=<v> gen=<g>` / `err <cmd> <name> code=<c>
+//!   outcome=<not_started|unknown> <message>`;
 //! - `slow-wrote <name> gen=<g>`: the first write of a `slow` call committed;
 //! - `fired <name> task=<t>`: the object's timer ran (its alarm was delivered here);
 //! - `drained timed_out=<bool> released=<n>` after SIGTERM, then it exits 0.
@@ -266,6 +267,13 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
     };
     match result {
         Ok((v, g)) => say(&format!("ok {cmd} {name} value={v} gen={g}")),
-        Err(e) => say(&format!("err {cmd} {name} code={} {e}", e.code())),
+        Err(e) => say(&format!(
+            "err {cmd} {name} code={} outcome={} {e}",
+            e.code(),
+            match e.outcome() {
+                durability_ownership::DispatchOutcome::NotStarted => "not_started",
+                _ => "unknown",
+            }
+        )),
     }
 }

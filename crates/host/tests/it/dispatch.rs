@@ -452,3 +452,45 @@ async fn the_owner_loop_claims_exactly_the_configured_shards() {
     );
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
+    use durability_ownership::conformance::{Action, Hooks, Method};
+    let w = World::new();
+    let hooks = Hooks::new();
+    let a = w.hooked("a", &hooks).await;
+    let mut events = a.subscribe();
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap();
+    let scope = a.scope_for("Counter", "c1").unwrap().to_string();
+    // The lease store is busy for the renew (nothing written).
+    hooks.set(move |method, _| match method {
+        Method::RenewMany | Method::Renew => Action::Fail(OwnershipError::OwnerRace {
+            scope: String::new(),
+        }),
+        _ => Action::Pass,
+    });
+    let report = a.owner_cycle().await;
+    hooks.clear();
+    assert_eq!(report.renewed, 0);
+    assert!(report.lost.is_empty(), "{report:?}");
+    let probe = a.probe();
+    assert_eq!(probe.scopes.len(), 1, "re-adopted at the same generation");
+    assert_eq!(
+        (probe.scopes[0].scope.clone(), probe.scopes[0].generation),
+        (scope, 1)
+    );
+    assert_eq!(probe.open_objects, 1, "its object stayed open");
+    while let Ok(e) = events.try_recv() {
+        assert!(!matches!(e, OwnerEvent::Lost { .. }), "{e:?}");
+    }
+    assert_eq!(a.owner_cycle().await.renewed, 1);
+    let v = a
+        .transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap();
+    assert_eq!(v, 2);
+    assert_eq!(a.probe().dispatch.cold, 1, "never reopened");
+    a.shutdown().await;
+}

@@ -214,6 +214,41 @@ impl World {
             .unwrap()
     }
 
+    /// A host whose lease store is wrapped in a `HookedStore` (faults and
+    /// call counts).
+    pub(crate) async fn hooked(
+        &self,
+        task: &str,
+        hooks: &durability_ownership::conformance::Hooks,
+    ) -> Host<durability_ownership::conformance::HookedStore<Store>, SqliteAlarmIndex> {
+        let store = SqliteLeaseStore::open(
+            self.dir.path().join("leases.db"),
+            self.clock.clone(),
+            ShardCount::default(),
+        )
+        .unwrap();
+        let fired = Arc::clone(&self.fired);
+        let owner = task.to_owned();
+        let config = HostConfig::new(
+            Arc::new(durability_ownership::conformance::HookedStore::new(
+                store,
+                hooks.clone(),
+            )),
+            self.index(),
+            self.root(),
+            STORAGE,
+            LIFECYCLE,
+            task,
+        )
+        .class("Counter", move |ctx| {
+            Counter::open(ctx, &owner, Arc::clone(&fired))
+        })
+        .clock(Arc::new(self.clock.clone()))
+        .settings(settings())
+        .create_active_storage_if_absent(true);
+        Host::start(config).await.unwrap()
+    }
+
     pub(crate) fn fired(&self) -> Vec<String> {
         self.fired.lock().unwrap().clone()
     }
