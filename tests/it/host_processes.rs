@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use durability_ownership::{Clock, SystemClock};
 
-/// Owner lease of the kill and pause tests (`DO_OWNER_TTL_SECONDS=2`).
-const TTL_S: u64 = 2;
+/// Owner lease of the kill and pause tests (`DO_OWNER_TTL_SECONDS=5`; a
+/// loaded two-core machine stalls processes for a second or more).
+const TTL_S: u64 = 5;
 /// Owner loop period of every host (ms).
 const INTERVAL_MS: u64 = 200;
 /// Lease guard (`DO_OWNER_LEASE_GUARD_MS`).
@@ -305,12 +306,12 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
     let (mut a, mut b) = pair(dir.path(), TTL_S);
     let answer = a.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=1 gen="), "{answer}");
-    a.send("slow p1 2500");
+    a.send("slow p1 6000");
     a.wait_line("slow-wrote p1");
     signal(a.child.id(), "STOP");
     let paused = now();
     eprintln!(
-        "tried: SIGSTOP of host a inside a call on p1 (one write committed, a second due after a 2.5 s pause), lease {TTL_S} s"
+        "tried: SIGSTOP of host a inside a call on p1 (one write committed, a second due after a 6 s pause), lease {TTL_S} s"
     );
     // b takes every shard once a's leases ran out, and continues p1.
     let acquired = b.wait_n("acquired ", 16);

@@ -1115,10 +1115,16 @@ where
                 Err(_) => continue,
             };
             let readopted = still_ours
-                && matches!(
-                    inner.ownership.resolve(&scope, &inner.lifecycle).await,
-                    Ok(Resolution::Local(g)) if g == generation
-                );
+                && match inner.ownership.resolve(&scope, &inner.lifecycle).await {
+                    Ok(Resolution::Local(g)) => g == generation,
+                    // Busy or unreachable again: decide at the next cycle.
+                    Err(
+                        OwnershipError::OwnerRace { .. }
+                        | OwnershipError::StoreUnavailable { .. }
+                        | OwnershipError::OwnerUnavailable { .. },
+                    ) => continue,
+                    _ => false,
+                };
             if !readopted {
                 self.drop_scope(&scope, "stale_owner").await;
                 report.lost.push(scope.to_string());

@@ -105,7 +105,7 @@ fn refuse(code: &str, message: &str) -> ! {
     std::process::exit(2);
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: HashMap<String, String> = std::env::args()
         .skip(1)

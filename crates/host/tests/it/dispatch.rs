@@ -494,3 +494,46 @@ async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
     assert_eq!(a.probe().dispatch.cold, 1, "never reopened");
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_store_answers() {
+    use durability_ownership::conformance::{Action, Hooks, Method};
+    let w = World::new();
+    let hooks = Hooks::new();
+    let a = w.hooked("a", &hooks).await;
+    incr_hooked(&a).await;
+    // Renew and the re-adopting claim both meet a busy store.
+    hooks.set(move |method, _| match method {
+        Method::RenewMany | Method::Renew | Method::Claim => {
+            Action::Fail(OwnershipError::OwnerRace {
+                scope: String::new(),
+            })
+        }
+        _ => Action::Pass,
+    });
+    let report = a.owner_cycle().await;
+    assert!(report.lost.is_empty(), "{report:?}");
+    assert_eq!(a.probe().open_objects, 1);
+    hooks.clear();
+    let report = a.owner_cycle().await;
+    assert!(report.lost.is_empty(), "{report:?}");
+    assert_eq!(
+        a.probe().scopes.len(),
+        1,
+        "re-adopted once the store answered"
+    );
+    assert_eq!(incr_hooked(&a).await, 2);
+    assert_eq!(a.probe().dispatch.cold, 1);
+    a.shutdown().await;
+}
+
+async fn incr_hooked(
+    a: &durability_host::Host<
+        durability_ownership::conformance::HookedStore<crate::support::Store>,
+        durability_storage_sqlite::alarms::SqliteAlarmIndex,
+    >,
+) -> i64 {
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap()
+}
