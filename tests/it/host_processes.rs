@@ -270,7 +270,7 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
     // The documented budgets (ARCHITECTURE.md, the host's failover budget):
     // an alarm whose job the dead host had not claimed fires within the
     // owner lease, one owner-loop period, one dispatcher poll and the owner
-    // wait cap (about 2.6 s here; the alarms were due 1.5 s after the kill
+    // wait cap (about 5.6 s here; the alarms were due 1.5 s after the kill
     // anyway); the worst case, a job the dead host had claimed, adds the
     // claim lease (`DispatcherConfig::failover_budget_ms`). The test holds
     // the worst case (a loaded machine stretches the rest) and prints both.
