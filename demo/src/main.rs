@@ -20,6 +20,7 @@
 mod alarms;
 mod bench;
 mod demo;
+mod host;
 mod lease_peers;
 mod migration;
 mod ownership;

@@ -8,6 +8,7 @@ mod alarms_corrupt;
 mod alarms_owner_routing;
 mod alarms_ownership;
 mod fence_processes;
+mod host_processes;
 mod migration_dialects;
 mod migration_placement;
 mod outbox;

@@ -57,7 +57,14 @@ fn main() -> ExitCode {
 
 /// The benchmark areas of `durability-demo` (`demo/src/bench.rs`, `AREAS`;
 /// a test keeps the two lists equal).
-const BENCH_AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration"];
+const BENCH_AREAS: &[&str] = &[
+    "outbox",
+    "topology",
+    "ownership",
+    "alarms",
+    "migration",
+    "host",
+];
 
 /// The demo package's binary, run by `demo`, `bench` and `verify`.
 const DEMO: [&str; 4] = ["--package", "durability-demo", "--bin", "durability-demo"];

@@ -1,0 +1,214 @@
+//! [`HostConfig`]: what a host needs to start, set with a builder.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward};
+use durability_ownership::TaskId;
+use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
+use futures::future::BoxFuture;
+
+use crate::error::BoxError;
+use crate::settings::HostSettings;
+
+/// What an object's factory gets: the object's identity, its scheduler
+/// (storage, one alarm, clock) and its alarms.
+pub struct ObjectCtx<I> {
+    /// The object's class.
+    pub class: String,
+    /// The object's name within its class.
+    pub name: String,
+    /// The object id (`<storage id>:<class>:<name>`).
+    pub id: ObjectId,
+    /// The object's scheduler; its storage is fenced at the scope's claim.
+    pub scheduler: Scheduler<SqliteStorage>,
+    /// The object's alarm (backed by the host's alarm index).
+    pub alarms: durability_alarms::Alarms<SqliteStorage, I>,
+}
+
+pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
+pub(crate) type Factory<I> = Arc<dyn Fn(&ObjectCtx<I>) -> Result<Instance, BoxError> + Send + Sync>;
+
+/// Which scopes the owner loop claims (besides those a call claims on
+/// first use).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum OwnPolicy {
+    /// Every shard of every class: the loop claims whichever is unowned
+    /// (so a survivor takes over a dead host's shards once their leases
+    /// expire).
+    AllShards,
+    /// These shards of these classes.
+    Shards(Vec<(String, u32)>),
+    /// None: scopes are claimed only by calls and alarm deliveries.
+    #[default]
+    OnDemand,
+}
+
+/// The transport to another host for alarm deliveries whose object is
+/// owned elsewhere (the [`Forward`] hook, object safe).
+pub trait HostForward: Send + Sync + 'static {
+    /// Delivers on `owner` and reports the outcome there.
+    fn forward(&self, owner: &TaskId, delivery: Delivery) -> BoxFuture<'static, DispatchOutcome>;
+}
+
+/// The default transport: none. A delivery for an object owned elsewhere
+/// is reported never started, and the dispatcher retries it once that
+/// owner's lease could have run out (the owner's own dispatcher usually
+/// claims it first).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTransport;
+
+impl HostForward for NoTransport {
+    fn forward(&self, owner: &TaskId, _delivery: Delivery) -> BoxFuture<'static, DispatchOutcome> {
+        let reason = format!("no transport to task {}", owner.as_str());
+        Box::pin(async move { DispatchOutcome::NeverStarted { reason } })
+    }
+}
+
+/// [`HostForward`] as the alarms crate's [`Forward`].
+pub(crate) struct ForwardHook(pub(crate) Arc<dyn HostForward>);
+
+impl Forward for ForwardHook {
+    fn forward(
+        &self,
+        owner: &TaskId,
+        delivery: Delivery,
+    ) -> impl Future<Output = DispatchOutcome> + Send {
+        self.0.forward(owner, delivery)
+    }
+}
+
+/// Everything a host needs. Build it with [`HostConfig::new`] and the
+/// setters; [`crate::Host::start`] validates it all before anything starts.
+pub struct HostConfig<S, I> {
+    pub(crate) lease_store: Arc<S>,
+    pub(crate) alarm_index: Arc<I>,
+    pub(crate) root: PathBuf,
+    pub(crate) storage_id: String,
+    pub(crate) lifecycle: String,
+    pub(crate) task: String,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) classes: BTreeMap<String, Factory<I>>,
+    pub(crate) settings: HostSettings,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) own: OwnPolicy,
+    pub(crate) create_active_storage: bool,
+    pub(crate) dispatcher: DispatcherConfig,
+    pub(crate) sqlite: SqliteOptions,
+    pub(crate) forward: Arc<dyn HostForward>,
+}
+
+impl<S, I> HostConfig<S, I> {
+    /// A host of task `task` serving storage `storage_id` of lifecycle
+    /// `lifecycle` (the logical worker whose active storage pointer names
+    /// the storage), with leases in `lease_store`, alarm jobs in
+    /// `alarm_index`, and one SQLite file per object under `root` (a
+    /// directory every host of the deployment shares).
+    pub fn new(
+        lease_store: Arc<S>,
+        alarm_index: Arc<I>,
+        root: impl Into<PathBuf>,
+        storage_id: &str,
+        lifecycle: &str,
+        task: &str,
+    ) -> Self {
+        Self {
+            lease_store,
+            alarm_index,
+            root: root.into(),
+            storage_id: storage_id.to_owned(),
+            lifecycle: lifecycle.to_owned(),
+            task: task.to_owned(),
+            endpoint: None,
+            classes: BTreeMap::new(),
+            settings: HostSettings::default(),
+            clock: Arc::new(SystemClock::new()),
+            own: OwnPolicy::default(),
+            create_active_storage: false,
+            dispatcher: DispatcherConfig::default(),
+            sqlite: SqliteOptions::default(),
+            forward: Arc::new(NoTransport),
+        }
+    }
+
+    /// The endpoint other hosts reach this one at (diagnostics and the
+    /// transport; not used for local calls).
+    #[must_use]
+    pub fn endpoint(mut self, endpoint: &str) -> Self {
+        self.endpoint = Some(endpoint.to_owned());
+        self
+    }
+
+    /// Adds an object class: `factory` builds an object from its context
+    /// when the object is opened (on first use, and again after an
+    /// eviction or an ownership move).
+    #[must_use]
+    pub fn class<T, F>(mut self, name: &str, factory: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&ObjectCtx<I>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let factory: Factory<I> =
+            Arc::new(move |ctx| factory(ctx).map(|t| Arc::new(t) as Instance));
+        self.classes.insert(name.to_owned(), factory);
+        self
+    }
+
+    /// The settings, set in code.
+    #[must_use]
+    pub fn settings(mut self, settings: HostSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The clock every loop, lease budget and object runs on (default: the
+    /// system clock; tests inject a `ManualClock`).
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Which scopes the owner loop claims.
+    #[must_use]
+    pub fn own(mut self, policy: OwnPolicy) -> Self {
+        self.own = policy;
+        self
+    }
+
+    /// When the lifecycle has no active storage pointer at start, create it
+    /// (pointing at this host's storage id) instead of refusing to start.
+    /// Meant for embedded deployments where the host is its own control
+    /// plane; a pointer naming another storage is never overwritten.
+    #[must_use]
+    pub fn create_active_storage_if_absent(mut self, create: bool) -> Self {
+        self.create_active_storage = create;
+        self
+    }
+
+    /// The alarm dispatcher's configuration (its `stop_grace_ms` is capped
+    /// at the drain's in-flight timeout).
+    #[must_use]
+    pub fn dispatcher(mut self, config: DispatcherConfig) -> Self {
+        self.dispatcher = config;
+        self
+    }
+
+    /// Options of every object database.
+    #[must_use]
+    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
+        self.sqlite = options;
+        self
+    }
+
+    /// The transport for alarm deliveries owned elsewhere.
+    #[must_use]
+    pub fn forward(mut self, forward: impl HostForward) -> Self {
+        self.forward = Arc::new(forward);
+        self
+    }
+}

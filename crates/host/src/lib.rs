@@ -1,0 +1,99 @@
+//! The host: a runnable object runtime (seed 003's do-runtime) built from
+//! the workspace's parts.
+//!
+//! A user writes object classes (factories that build an object from its
+//! [`ObjectCtx`]) and a short `main`: a [`HostConfig`] (lease store, alarm
+//! index, the object-storage root every host shares, storage id, classes,
+//! task id, endpoint, the seed's `DO_*` settings), [`Host::start`], calls
+//! through [`Host::call`] / [`Host::transaction`], and
+//! [`Host::run_until_signal`] (SIGTERM or ctrl-c drains).
+//!
+//! What the host does, and with which part:
+//!
+//! - **Lifecycle records**: at start it checks the lifecycle's active
+//!   storage pointer names its storage id (creating it only with
+//!   [`HostConfig::create_active_storage_if_absent`]) and that no
+//!   whole-delete lock is held, or refuses to start with
+//!   [`HostError::LifecycleRecord`] naming the record and how to create it.
+//! - **Owner loop** (`durability-ownership`'s `Ownership`): every renew
+//!   interval one batched `renew_all`; a scope whose renew fails is dropped,
+//!   its objects closed and its running work cancelled; configured scopes
+//!   ([`OwnPolicy`]) are claimed when free; changes are published as
+//!   [`OwnerEvent`]s ([`Host::subscribe`]).
+//! - **Object registry**: an object is opened on first use (one SQLite file
+//!   per object under the root) and fenced at its scope's claim through
+//!   `Ownership::open_fenced` (the generation floor) before its first
+//!   dispatch; it is closed when the scope is lost. Residency as the seed's
+//!   `DO_PREVENT_EVICTION` says ([`Residency`]).
+//! - **Fenced dispatch**: every call and alarm delivery is admitted
+//!   (`Ownership::admit`: task, generation, lease budget, lifecycle),
+//!   counted in flight, run under the watchdog (`Ownership::watch`), and
+//!   commits through the object's storage fence (generation, holder and
+//!   lease budget checked inside the SQLite transaction).
+//! - **Alarms** (`durability-alarms`): one `Dispatcher` per host, routed
+//!   through `OwnerRouted`; each open object's scheduler alarm is backed by
+//!   the alarm index (`SchedulerAlarm`), so its pending work resumes on
+//!   whichever host owns it after a crash.
+//! - **Drain** ([`Host::shutdown`]): stop new ownership, reject new work,
+//!   stop the dispatcher, wait for admitted work, release matching leases,
+//!   within the seed's budgets.
+//! - **Probe** ([`Host::probe`]): task, owned scopes and generations, the
+//!   in-flight gauge, dispatch and alarm outcome counters.
+//!
+//! A whole service (compiled by the doctests):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy};
+//! use durability_ownership::{ShardCount, SystemClock};
+//! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+//! use durability_storage_sqlite::ownership::SqliteLeaseStore;
+//! use durability_storage_sqlite::Synchronous;
+//!
+//! struct Counter;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), BoxError> {
+//!     let shared = std::path::Path::new("/srv/objects"); // every host mounts it
+//!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
+//!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!         .endpoint("http://10.0.0.7:8788")
+//!         .class("Counter", |ctx| {
+//!             ctx.scheduler.transaction(|tx| {
+//!                 tx.sql()
+//!                     .execute_batch("CREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL)")
+//!                     .map_err(|e| durability_scheduler::StorageError::backend("schema", e))
+//!             })?;
+//!             Ok::<_, BoxError>(Counter)
+//!         })
+//!         .settings(HostSettings::from_env()?) // DO_OWNER_TTL_SECONDS, DO_PREVENT_EVICTION, ...
+//!         .own(OwnPolicy::AllShards);
+//!     let host = Host::start(config).await?;
+//!     host.transaction::<Counter, _, _>("Counter", "c1", |_, tx| {
+//!         tx.sql()
+//!             .execute("INSERT INTO counter (n) VALUES (1)", [])
+//!             .map_err(|e| durability_scheduler::StorageError::backend("insert", e))?;
+//!         Ok(())
+//!     })
+//!     .await?;
+//!     host.run_until_signal().await; // SIGTERM or ctrl-c: drain
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Calls between hosts are not here: a call for an object owned elsewhere
+//! fails with [`HostError::NotOwner`]; alarm deliveries for such objects go
+//! through the [`HostForward`] hook (default: [`NoTransport`]).
+
+mod config;
+mod error;
+mod host;
+mod settings;
+
+pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
+pub use error::{BoxError, HostError};
+pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use settings::{
+    ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
+};

@@ -1,0 +1,162 @@
+//! The host's settings: the seed's `DO_*` variables, read from the
+//! environment (or any lookup) or set in code.
+//!
+//! The ownership variables (`DO_OWNER_TTL_SECONDS`, `DO_OWNER_LEASE_GUARD_MS`,
+//! `DO_DRAIN_IN_FLIGHT_TIMEOUT_MS`, `DO_DRAIN_TIMEOUT_MS`) are parsed by
+//! `durability-ownership` ([`OwnershipSettings::from_lookup`]): an invalid
+//! value falls back to its default with a logged warning, as the seed says
+//! (`DO_OWNER_TTL_SECONDS` → 120 s, `DO_DRAIN_TIMEOUT_MS` → 10000 ms).
+//! `DO_PREVENT_EVICTION` is the host's: unset or exactly `true` selects the
+//! resident mode, exactly `false` the evictable mode, and any other value
+//! refuses to start ([`HostError::InvalidSetting`]), as the seed's
+//! supervisor exits before starting the runtime.
+
+use durability_ownership::OwnershipSettings;
+
+use crate::error::HostError;
+
+/// Environment variable selecting the residency mode.
+pub const ENV_PREVENT_EVICTION: &str = "DO_PREVENT_EVICTION";
+
+/// Default idle time after which the evictable mode closes an object (the
+/// upstream runtime's "about 10 seconds of inactivity"; not an SLA).
+pub const DEFAULT_EVICTION_IDLE_MS: u64 = 10_000;
+
+/// Bound of the host's advisory caches (the seed's 10,000 entries).
+pub const ADVISORY_CACHE_ENTRIES: usize = 10_000;
+
+/// Whether idle objects stay open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Residency {
+    /// Objects stay open while their scope is owned (`DO_PREVENT_EVICTION`
+    /// unset or `true`; the default).
+    #[default]
+    Resident,
+    /// Idle objects are closed and reopened on the next call, which is
+    /// counted as a cold dispatch (`DO_PREVENT_EVICTION=false`).
+    Evictable,
+}
+
+impl Residency {
+    /// The mode's name in events and the probe.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resident => "resident",
+            Self::Evictable => "evictable",
+        }
+    }
+
+    /// Parses a raw `DO_PREVENT_EVICTION`.
+    ///
+    /// # Errors
+    /// [`HostError::InvalidSetting`] for anything but unset, `true` or `false`.
+    pub fn parse(raw: Option<&str>) -> Result<Self, HostError> {
+        match raw {
+            None | Some("true") => Ok(Self::Resident),
+            Some("false") => Ok(Self::Evictable),
+            Some(other) => Err(HostError::setting(
+                ENV_PREVENT_EVICTION,
+                format!("{other:?} is neither \"true\" nor \"false\""),
+            )),
+        }
+    }
+}
+
+/// Everything the host's loops are tuned by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSettings {
+    /// Leases, guard, drain budgets, shard count, admission mode.
+    pub ownership: OwnershipSettings,
+    /// Resident (default) or evictable.
+    pub residency: Residency,
+    /// Idle time before the evictable mode closes an object.
+    pub eviction_idle_ms: u64,
+    /// Period of the owner loop (renew, claim, evict); `None`: a third of
+    /// the owner TTL. Must be below the TTL minus the lease guard.
+    pub renew_interval_ms: Option<u64>,
+}
+
+impl Default for HostSettings {
+    fn default() -> Self {
+        Self {
+            ownership: OwnershipSettings::default(),
+            residency: Residency::default(),
+            eviction_idle_ms: DEFAULT_EVICTION_IDLE_MS,
+            renew_interval_ms: None,
+        }
+    }
+}
+
+impl HostSettings {
+    /// Settings from a variable lookup (for example `|k| std::env::var(k).ok()`).
+    ///
+    /// # Errors
+    /// [`HostError::InvalidSetting`] for a bad `DO_PREVENT_EVICTION`; the
+    /// ownership variables fall back with a logged warning instead.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, HostError> {
+        let residency = Residency::parse(lookup(ENV_PREVENT_EVICTION).as_deref())?;
+        Ok(Self {
+            ownership: OwnershipSettings::from_lookup(&lookup),
+            residency,
+            ..Self::default()
+        })
+    }
+
+    /// Settings from the process environment.
+    ///
+    /// # Errors
+    /// As [`HostSettings::from_lookup`].
+    pub fn from_env() -> Result<Self, HostError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The owner loop's period.
+    pub fn renew_interval(&self) -> u64 {
+        self.renew_interval_ms
+            .unwrap_or(self.ownership.owner_ttl_ms / 3)
+            .max(1)
+    }
+
+    /// Checks the settings set in code.
+    ///
+    /// # Errors
+    /// [`HostError::InvalidSetting`] naming the field.
+    pub fn validate(&self) -> Result<(), HostError> {
+        let o = &self.ownership;
+        if o.owner_ttl_ms == 0 || o.owner_ttl_ms > durability_ownership::MAX_SAFE_INTEGER {
+            return Err(HostError::setting(
+                "owner_ttl_ms",
+                "must be in 1..=2^53-1 ms",
+            ));
+        }
+        if o.lease_guard_ms >= o.owner_ttl_ms {
+            return Err(HostError::setting(
+                "lease_guard_ms",
+                "must be below the owner TTL",
+            ));
+        }
+        if o.drain_timeout_ms == 0 || o.drain_in_flight_timeout_ms == 0 {
+            return Err(HostError::setting(
+                "drain_timeout_ms",
+                "drain timeouts must be positive",
+            ));
+        }
+        let interval = self.renew_interval();
+        if interval >= o.owner_ttl_ms.saturating_sub(o.lease_guard_ms) {
+            return Err(HostError::setting(
+                "renew_interval_ms",
+                format!(
+                    "{interval} ms does not renew before the lease guard ({} ms TTL, {} ms guard)",
+                    o.owner_ttl_ms, o.lease_guard_ms
+                ),
+            ));
+        }
+        if self.residency == Residency::Evictable && self.eviction_idle_ms == 0 {
+            return Err(HostError::setting(
+                "eviction_idle_ms",
+                "must be positive in the evictable mode",
+            ));
+        }
+        Ok(())
+    }
+}

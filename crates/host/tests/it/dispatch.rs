@@ -1,0 +1,539 @@
+//! Calls, ownership moves, fencing, alarms, residency and drain, on a
+//! manual clock.
+
+use durability_host::{HostError, OwnPolicy, OwnerEvent, Residency};
+use durability_ownership::{DrainReport, OwnershipError};
+use durability_scheduler::StorageErrorKind;
+
+use crate::support::{Counter, TTL, World, advance_until, incr, spin};
+
+fn fence_generation(w: &World, name: &str) -> i64 {
+    let path = w
+        .root()
+        .join("st1")
+        .join("Counter")
+        .join(format!("{name}.sqlite"));
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row("SELECT generation FROM durability_owner_fence", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let mut events = a.subscribe();
+    assert_eq!(incr(&a, "c1").await.unwrap(), 1);
+    assert_eq!(incr(&a, "c1").await.unwrap(), 2);
+    assert_eq!(fence_generation(&w, "c1"), 1);
+    let scope = a.scope_for("Counter", "c1").unwrap();
+    assert_eq!(
+        events.try_recv().unwrap(),
+        OwnerEvent::Acquired {
+            scope: scope.to_string(),
+            generation: 1
+        }
+    );
+    let probe = a.probe();
+    assert_eq!(probe.task, "a");
+    assert_eq!(probe.state, "running");
+    assert_eq!(probe.residency, "resident");
+    assert_eq!(probe.scopes.len(), 1);
+    assert_eq!(probe.scopes[0].scope, scope.to_string());
+    assert_eq!(probe.scopes[0].generation, 1);
+    assert_eq!(probe.in_flight, 0);
+    assert_eq!(probe.open_objects, 1);
+    assert_eq!(probe.dispatch.completed, 2);
+    assert_eq!(probe.dispatch.cold, 1);
+    // Bad input: typed, nothing opened.
+    assert_eq!(
+        incr(&a, "").await.unwrap_err().code(),
+        "host_invalid_object_name"
+    );
+    assert_eq!(
+        incr(&a, "bad\u{1}name").await.unwrap_err().code(),
+        "host_invalid_object_name"
+    );
+    let unknown = a
+        .transaction::<Counter, _, _>("Room", "r1", |c, tx| c.incr(tx))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), "host_unknown_class");
+    let wrong = a
+        .transaction::<String, _, _>("Counter", "c1", |_, _| Ok(()))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), "host_class_type");
+    // The in-flight gauge counts a running call.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let busy = a.clone();
+    let running = tokio::spawn(async move {
+        busy.call::<Counter, _, _, _>("Counter", "c1", |_| async move {
+            rx.await.ok();
+            Ok(())
+        })
+        .await
+    });
+    spin().await;
+    assert_eq!(a.probe().in_flight, 1);
+    tx.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(a.probe().in_flight, 0);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stale_host_is_refused_at_admission_and_at_commit() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let b = w.host("b").await;
+    let mut a_events = a.subscribe();
+    assert_eq!(incr(&a, "c1").await.unwrap(), 1);
+    // A keeps a handle on the object's scheduler past its ownership.
+    let stolen = a
+        .call::<Counter, _, _, _>("Counter", "c1", |h| async move { Ok(h.scheduler) })
+        .await
+        .unwrap();
+    match incr(&b, "c1").await.unwrap_err() {
+        HostError::NotOwner { owner, generation } => {
+            assert_eq!((owner.as_str(), generation), ("a", 1));
+        }
+        other => panic!("{other}"),
+    }
+    // A stops renewing (as if paused): its lease runs out on the store.
+    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
+    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
+    spin().await;
+    assert_eq!(incr(&b, "c1").await.unwrap(), 2, "B continues A's state");
+    assert_eq!(fence_generation(&w, "c1"), 2);
+    // A's late commit through the object it had open is refused by the
+    // storage fence, and writes nothing.
+    let late = stolen.transaction(|tx| {
+        tx.sql()
+            .execute("UPDATE counter SET n = 100", [])
+            .map_err(|e| durability_scheduler::StorageError::backend("late", e))
+    });
+    assert_eq!(late.unwrap_err().kind(), StorageErrorKind::Fenced);
+    // A's new work is refused before it starts.
+    let refused = incr(&a, "c1").await.unwrap_err();
+    assert!(
+        matches!(refused, HostError::NotOwner { ref owner, generation: 2 } if owner == "b"),
+        "{refused}"
+    );
+    assert_eq!(incr(&b, "c1").await.unwrap(), 3);
+    let mut saw_lost = false;
+    while let Ok(e) = a_events.try_recv() {
+        saw_lost |= matches!(e, OwnerEvent::Lost { .. });
+    }
+    assert!(saw_lost, "A published the loss of its scope");
+    assert_eq!(
+        a.probe().open_objects,
+        0,
+        "A closed the lost scope's objects"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let b = w.host("b").await;
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let runner = a.clone();
+    let running = tokio::spawn(async move {
+        runner
+            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
+                h.scheduler.transaction(|tx| h.object.incr(tx))?;
+                wait.await.ok();
+                // The late second write of a call whose owner moved on.
+                h.scheduler.transaction(|tx| h.object.incr(tx))?;
+                Ok(())
+            })
+            .await
+    });
+    spin().await;
+    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
+    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
+    spin().await;
+    assert_eq!(incr(&b, "c1").await.unwrap(), 2);
+    let _ = go.send(());
+    let result = running.await.unwrap();
+    let err = result.unwrap_err();
+    eprintln!("the running call ended with {err}");
+    assert!(
+        matches!(err, HostError::OwnershipLost { .. } | HostError::Fenced(_)),
+        "{err}"
+    );
+    assert_eq!(
+        incr(&b, "c1").await.unwrap(),
+        3,
+        "A's late write never landed"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let now = durability_ownership::Clock::now_ms(&w.clock);
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, now + 1_000))
+        .await
+        .unwrap();
+    a.transaction::<Counter, _, _>("Counter", "c2", |c, tx| c.set_timer(tx, now + 30_000))
+        .await
+        .unwrap();
+    assert!(
+        advance_until(&w.clock, 100, 5_000, || w
+            .fired()
+            .contains(&"a c1".to_owned()))
+        .await
+    );
+    assert!(a.probe().alarms.delivered >= 1);
+    // Drain A: c2's alarm is pending; B claims at once (no lease expiry).
+    let report = a.shutdown().await;
+    assert!(
+        matches!(report, DrainReport::Drained { ref released, .. } if released.len() == 2),
+        "{report:?}"
+    );
+    assert_eq!(incr(&a, "c2").await.unwrap_err().code(), "host_draining");
+    let b = w
+        .host_with("b", OwnPolicy::AllShards, Residency::Resident)
+        .await;
+    let cycle = b.owner_cycle().await;
+    assert!(
+        cycle
+            .claimed
+            .contains(&b.scope_for("Counter", "c2").unwrap().to_string())
+            || b.probe().scopes.len() == 16
+    );
+    assert_eq!(b.probe().scopes.len(), 16, "B owns every shard at once");
+    assert!(
+        advance_until(&w.clock, 500, 40_000, || w
+            .fired()
+            .contains(&"b c2".to_owned()))
+        .await,
+        "{:?}",
+        w.fired()
+    );
+    assert_eq!(w.fired(), ["a c1", "b c2"]);
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn drain_waits_for_admitted_work_and_a_timed_out_drain_keeps_the_leases() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let b = w.host("b").await;
+    // Work that finishes in time: the drain waits for it, then releases.
+    let (done, wait) = tokio::sync::oneshot::channel::<()>();
+    let runner = a.clone();
+    let call = tokio::spawn(async move {
+        runner
+            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
+                wait.await.ok();
+                h.scheduler.transaction(|tx| h.object.incr(tx))?;
+                Ok(())
+            })
+            .await
+    });
+    spin().await;
+    let drainer = a.clone();
+    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    spin().await;
+    assert!(
+        !drain.is_finished(),
+        "the drain waits for the admitted call"
+    );
+    assert_eq!(incr(&a, "c9").await.unwrap_err().code(), "host_draining");
+    done.send(()).unwrap();
+    call.await.unwrap().unwrap();
+    let report = drain.await.unwrap();
+    assert!(
+        matches!(report, DrainReport::Drained { ref released, .. } if released.len() == 1),
+        "{report:?}"
+    );
+    assert_eq!(incr(&b, "c1").await.unwrap(), 2, "B claims at once");
+
+    // Work that does not finish: the drain times out and keeps B's lease.
+    let c = w.host("c").await;
+    let runner = b.clone();
+    let _stuck = tokio::spawn(async move {
+        runner
+            .call::<Counter, _, _, _>("Counter", "c1", |_| {
+                futures::future::pending::<Result<(), durability_host::BoxError>>()
+            })
+            .await
+    });
+    spin().await;
+    let drainer = b.clone();
+    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    assert!(advance_until(&w.clock, 500, 8_000, || drain.is_finished()).await);
+    let report = drain.await.unwrap();
+    assert_eq!(report, DrainReport::TimedOut { in_flight: 1 });
+    assert!(
+        matches!(incr(&c, "c1").await.unwrap_err(), HostError::NotOwner { ref owner, .. } if owner == "b")
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn evictable_mode_closes_idle_objects_and_counts_the_next_call_cold() {
+    let w = World::new();
+    let a = w
+        .host_with("a", OwnPolicy::OnDemand, Residency::Evictable)
+        .await;
+    assert_eq!(incr(&a, "c1").await.unwrap(), 1);
+    assert_eq!(incr(&a, "c1").await.unwrap(), 2);
+    assert_eq!(a.probe().dispatch.cold, 1);
+    w.clock.advance(1_000);
+    assert_eq!(a.owner_cycle().await.evicted, 0, "not idle long enough");
+    w.clock.advance(1_500);
+    assert_eq!(a.owner_cycle().await.evicted, 1);
+    let probe = a.probe();
+    assert_eq!((probe.open_objects, probe.dispatch.evicted), (0, 1));
+    assert_eq!(
+        probe.registry_entries, 0,
+        "an evicted object leaves no entry"
+    );
+    assert_eq!(probe.scopes.len(), 1, "the scope stays owned");
+    assert_eq!(incr(&a, "c1").await.unwrap(), 3, "state survives eviction");
+    assert_eq!(incr(&a, "c1").await.unwrap(), 4);
+    assert_eq!(
+        a.probe().dispatch.cold,
+        2,
+        "only the first call after eviction is cold"
+    );
+    // The resident mode never evicts.
+    let r = w
+        .host_with("r", OwnPolicy::OnDemand, Residency::Resident)
+        .await;
+    incr(&r, "c2").await.unwrap();
+    w.clock.advance(60_000);
+    spin().await;
+    r.owner_cycle().await;
+    assert_eq!(r.probe().dispatch.evicted, 0);
+    a.shutdown().await;
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_owner_loop_renews_on_the_clock_and_drops_a_scope_whose_renew_fails() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let mut events = a.subscribe();
+    incr(&a, "c1").await.unwrap();
+    let scope = a.scope_for("Counter", "c1").unwrap();
+    // Far past one TTL, renewed all along by the loop.
+    assert!(!advance_until(&w.clock, 1_000, 3 * i64::try_from(TTL).unwrap(), || false).await);
+    assert_eq!(a.probe().scopes.len(), 1);
+    assert_eq!(incr(&a, "c1").await.unwrap(), 2);
+    // Another task takes the record over (an operator's move): the next
+    // renew fails, the scope is dropped and its objects closed.
+    use durability_ownership::LeaseStore;
+    let store = w.store();
+    let lifecycle = durability_ownership::LifecycleId::new("ns:app").unwrap();
+    let snap = store.snapshot(&scope, &lifecycle).await.unwrap();
+    store.release(&snap.owner.unwrap().record).await.unwrap();
+    let report = a.owner_cycle().await;
+    assert_eq!(report.lost, [scope.to_string()]);
+    assert_eq!(a.probe().open_objects, 0);
+    let mut lost = None;
+    while let Ok(e) = events.try_recv() {
+        if let OwnerEvent::Lost { code, .. } = e {
+            lost = Some(code);
+        }
+    }
+    assert_eq!(
+        lost,
+        Some(
+            OwnershipError::StaleOwner {
+                scope: String::new()
+            }
+            .code()
+        )
+    );
+    // The next call claims again, at a higher generation.
+    assert_eq!(incr(&a, "c1").await.unwrap(), 3);
+    assert_eq!(fence_generation(&w, "c1"), 2);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
+    use durability_alarms::AlarmIndex;
+    let w = World::new();
+    let a = w.host("a").await;
+    let index = w.index();
+    let at = durability_ownership::Clock::now_ms(&w.clock) + 60_000;
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
+        .await
+        .unwrap();
+    // No yield in between: a crash right after the call must find the job.
+    let id = durability_scheduler::ObjectId::new("st1:Counter:c1").unwrap();
+    let job = index
+        .job(&id)
+        .await
+        .unwrap()
+        .expect("the alarm job is indexed");
+    assert_eq!(job.due_at, at);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_alarm_of_inactive_storage_discards_itself() {
+    use durability_ownership::{LifecycleAdmin, LifecycleId, StorageId};
+    let w = World::new();
+    let a = w.host("a").await;
+    let at = durability_ownership::Clock::now_ms(&w.clock) + 1_000;
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
+        .await
+        .unwrap();
+    // The control plane moves the lifecycle to another storage id.
+    w.store()
+        .set_active_storage(
+            &LifecycleId::new("ns:app").unwrap(),
+            Some(&StorageId::new("st2").unwrap()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        advance_until(&w.clock, 200, 10_000, || a.probe().alarms.gone == 1).await,
+        "{:?}",
+        a.probe().alarms
+    );
+    assert!(
+        w.fired().is_empty(),
+        "the alarm of inactive storage never ran"
+    );
+    use durability_alarms::AlarmIndex;
+    let id = durability_scheduler::ObjectId::new("st1:Counter:c1").unwrap();
+    assert_eq!(
+        w.index().job(&id).await.unwrap(),
+        None,
+        "the job discarded itself"
+    );
+    // New work on the inactive storage is refused before it starts.
+    let refused = incr(&a, "c1").await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            HostError::Ownership(OwnershipError::StorageInactive { .. })
+        ),
+        "{refused}"
+    );
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_owner_loop_claims_exactly_the_configured_shards() {
+    let w = World::new();
+    let a = w
+        .host_with(
+            "a",
+            OwnPolicy::Shards(vec![("Counter".to_owned(), 3), ("Counter".to_owned(), 7)]),
+            Residency::Resident,
+        )
+        .await;
+    spin().await;
+    let report = a.owner_cycle().await;
+    let mut owned: Vec<String> = a.probe().scopes.into_iter().map(|s| s.scope).collect();
+    owned.sort();
+    assert_eq!(
+        owned,
+        ["st1:Counter:shard3", "st1:Counter:shard7"],
+        "{report:?}"
+    );
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
+    use durability_ownership::conformance::{Action, Hooks, Method};
+    let w = World::new();
+    let hooks = Hooks::new();
+    let a = w.hooked("a", &hooks).await;
+    let mut events = a.subscribe();
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap();
+    let scope = a.scope_for("Counter", "c1").unwrap().to_string();
+    // The lease store is busy for the renew (nothing written).
+    hooks.set(move |method, _| match method {
+        Method::RenewMany | Method::Renew => Action::Fail(OwnershipError::OwnerRace {
+            scope: String::new(),
+        }),
+        _ => Action::Pass,
+    });
+    let report = a.owner_cycle().await;
+    hooks.clear();
+    assert_eq!(report.renewed, 0);
+    assert!(report.lost.is_empty(), "{report:?}");
+    let probe = a.probe();
+    assert_eq!(probe.scopes.len(), 1, "re-adopted at the same generation");
+    assert_eq!(
+        (probe.scopes[0].scope.clone(), probe.scopes[0].generation),
+        (scope, 1)
+    );
+    assert_eq!(probe.open_objects, 1, "its object stayed open");
+    while let Ok(e) = events.try_recv() {
+        assert!(!matches!(e, OwnerEvent::Lost { .. }), "{e:?}");
+    }
+    assert_eq!(a.owner_cycle().await.renewed, 1);
+    let v = a
+        .transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap();
+    assert_eq!(v, 2);
+    assert_eq!(a.probe().dispatch.cold, 1, "never reopened");
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_store_answers() {
+    use durability_ownership::conformance::{Action, Hooks, Method};
+    let w = World::new();
+    let hooks = Hooks::new();
+    let a = w.hooked("a", &hooks).await;
+    incr_hooked(&a).await;
+    // Renew and the re-adopting claim both meet a busy store.
+    hooks.set(move |method, _| match method {
+        Method::RenewMany | Method::Renew | Method::Claim => {
+            Action::Fail(OwnershipError::OwnerRace {
+                scope: String::new(),
+            })
+        }
+        _ => Action::Pass,
+    });
+    let report = a.owner_cycle().await;
+    assert!(report.lost.is_empty(), "{report:?}");
+    assert_eq!(a.probe().open_objects, 1);
+    hooks.clear();
+    let report = a.owner_cycle().await;
+    assert!(report.lost.is_empty(), "{report:?}");
+    assert_eq!(
+        a.probe().scopes.len(),
+        1,
+        "re-adopted once the store answered"
+    );
+    assert_eq!(incr_hooked(&a).await, 2);
+    assert_eq!(a.probe().dispatch.cold, 1);
+    a.shutdown().await;
+}
+
+async fn incr_hooked(
+    a: &durability_host::Host<
+        durability_ownership::conformance::HookedStore<crate::support::Store>,
+        durability_storage_sqlite::alarms::SqliteAlarmIndex,
+    >,
+) -> i64 {
+    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
+        .await
+        .unwrap()
+}

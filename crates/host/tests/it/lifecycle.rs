@@ -1,0 +1,230 @@
+//! Configuration and lifecycle records: the seed's settings rules, and
+//! every refusal happens before anything starts.
+
+use std::collections::HashMap;
+
+use durability_host::{ENV_PREVENT_EVICTION, Host, HostError, HostSettings, OwnPolicy, Residency};
+use durability_ownership::{
+    ClassName, DeleteLock, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
+    StorageId,
+};
+
+use crate::support::{LIFECYCLE, STORAGE, World, settings};
+
+fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+#[test]
+fn prevent_eviction_is_true_false_or_refused() {
+    let mode = |v: &[(&str, &str)]| HostSettings::from_lookup(lookup(v)).map(|s| s.residency);
+    assert_eq!(mode(&[]).unwrap(), Residency::Resident);
+    assert_eq!(
+        mode(&[(ENV_PREVENT_EVICTION, "true")]).unwrap(),
+        Residency::Resident
+    );
+    assert_eq!(
+        mode(&[(ENV_PREVENT_EVICTION, "false")]).unwrap(),
+        Residency::Evictable
+    );
+    for bad in ["TRUE", "1", "", " false", "no"] {
+        let err = mode(&[(ENV_PREVENT_EVICTION, bad)]).unwrap_err();
+        assert_eq!(err.code(), "host_invalid_setting", "{bad:?}");
+        assert!(
+            matches!(
+                err,
+                HostError::InvalidSetting {
+                    setting: "DO_PREVENT_EVICTION",
+                    ..
+                }
+            ),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn ownership_settings_fall_back_as_the_seed_says() {
+    for bad in ["abc", "007", "0", "-5", "9007199254741"] {
+        let s = HostSettings::from_lookup(lookup(&[("DO_OWNER_TTL_SECONDS", bad)])).unwrap();
+        assert_eq!(s.ownership.owner_ttl_ms, 120_000, "{bad:?}");
+    }
+    let s = HostSettings::from_lookup(lookup(&[
+        ("DO_OWNER_TTL_SECONDS", "30"),
+        ("DO_DRAIN_TIMEOUT_MS", "x"),
+        ("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "500"),
+    ]))
+    .unwrap();
+    assert_eq!(s.ownership.owner_ttl_ms, 30_000);
+    assert_eq!(s.ownership.drain_timeout_ms, 10_000);
+    assert_eq!(s.ownership.drain_in_flight_timeout_ms, 500);
+    assert_eq!(s.renew_interval(), 10_000);
+    s.validate().unwrap();
+}
+
+#[test]
+fn error_codes_are_unique_and_stable() {
+    let mut codes = HostError::CODES.to_vec();
+    codes.sort_unstable();
+    codes.dedup();
+    assert_eq!(codes.len(), HostError::CODES.len());
+    assert_eq!(
+        HostError::CODES,
+        [
+            "host_invalid_setting",
+            "host_lifecycle_record",
+            "host_unknown_class",
+            "host_class_type",
+            "host_invalid_object_name",
+            "host_draining",
+            "host_not_owner",
+            "host_ownership_refused",
+            "host_fenced",
+            "host_ownership_lost",
+            "host_storage_failed",
+            "host_factory_failed",
+            "host_handler_failed",
+            "host_alarm_failed",
+        ]
+    );
+    assert_eq!(HostError::Draining.code(), "host_draining");
+    assert!(HostError::Draining.is_retryable());
+}
+
+fn scope() -> OwnerScope {
+    OwnerScope::new(
+        StorageId::new(STORAGE).unwrap(),
+        ClassName::new("Counter").unwrap(),
+        0,
+        ShardCount::default(),
+    )
+    .unwrap()
+}
+
+/// Nothing was created: no object root, no storage pointer, no lease.
+async fn untouched(w: &World) {
+    assert!(!w.root().exists(), "the object root was created");
+    let snap = w
+        .store()
+        .snapshot(&scope(), &LifecycleId::new(LIFECYCLE).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(snap.active_storage, None);
+    assert_eq!(snap.owner, None);
+    assert_eq!(snap.generation, 0);
+}
+
+#[tokio::test]
+async fn bad_configuration_refuses_to_start_before_anything_starts() {
+    let w = World::new();
+    let mut short = settings();
+    short.renew_interval_ms = Some(9_500);
+    let cases: Vec<(&str, durability_host::HostConfig<_, _>)> = vec![
+        ("storage_id", w.config_for("a", "st 1")),
+        ("task", w.config("")),
+        (
+            "classes",
+            w.bare("a", STORAGE).create_active_storage_if_absent(true),
+        ),
+        ("renew_interval_ms", w.config("a").settings(short)),
+        (
+            "own",
+            w.config("a")
+                .own(OwnPolicy::Shards(vec![("Room".to_owned(), 0)])),
+        ),
+        (
+            "own",
+            w.config("a")
+                .own(OwnPolicy::Shards(vec![("Counter".to_owned(), 16)])),
+        ),
+        ("endpoint", w.config("a").endpoint("")),
+        (
+            "dispatcher",
+            w.config("a")
+                .dispatcher(durability_alarms::DispatcherConfig {
+                    concurrency: 0,
+                    ..Default::default()
+                }),
+        ),
+    ];
+    for (setting, config) in cases {
+        let err = Host::start(config).await.err().expect(setting);
+        eprintln!("refused {setting}: {err}");
+        match &err {
+            HostError::InvalidSetting { setting: s, .. } => assert_eq!(*s, setting, "{err}"),
+            other => panic!("{setting}: {other}"),
+        }
+        untouched(&w).await;
+    }
+}
+
+#[tokio::test]
+async fn the_active_storage_pointer_is_required_or_created_on_request() {
+    let w = World::new();
+    let lifecycle = LifecycleId::new(LIFECYCLE).unwrap();
+    // Missing, and not to be created: refused, naming the record and the fix.
+    let err = Host::start(w.config("a").create_active_storage_if_absent(false))
+        .await
+        .err()
+        .unwrap();
+    eprintln!("missing pointer: {err}");
+    assert_eq!(err.code(), "host_lifecycle_record");
+    let text = err.to_string();
+    assert!(
+        text.contains("ns:app") && text.contains("missing"),
+        "{text}"
+    );
+    assert!(
+        text.contains("set_active_storage") && text.contains("st1"),
+        "{text}"
+    );
+    untouched(&w).await;
+
+    // Pointing at another storage: refused, never overwritten, even with
+    // the create option.
+    let store = w.store();
+    store
+        .set_active_storage(&lifecycle, Some(&StorageId::new("st0").unwrap()))
+        .await
+        .unwrap();
+    let err = Host::start(w.config("a")).await.err().unwrap();
+    eprintln!("other storage: {err}");
+    assert!(
+        matches!(&err, HostError::LifecycleRecord { found, .. } if found == "\"st0\""),
+        "{err}"
+    );
+    let snap = store.snapshot(&scope(), &lifecycle).await.unwrap();
+    assert_eq!(snap.active_storage, Some(StorageId::new("st0").unwrap()));
+
+    // A whole-delete lock: refused.
+    store
+        .set_active_storage(&lifecycle, Some(&StorageId::new(STORAGE).unwrap()))
+        .await
+        .unwrap();
+    store
+        .set_delete_lock(&lifecycle, Some(DeleteLock::Whole))
+        .await
+        .unwrap();
+    let err = Host::start(w.config("a")).await.err().unwrap();
+    assert!(
+        matches!(&err, HostError::LifecycleRecord { found, .. } if found == "whole-delete locked"),
+        "{err}"
+    );
+    store.set_delete_lock(&lifecycle, None).await.unwrap();
+
+    // The right pointer: starts (and a fresh world creates it on request).
+    let host = Host::start(w.config("a").create_active_storage_if_absent(false))
+        .await
+        .unwrap();
+    assert_eq!(host.probe().state, "running");
+    host.shutdown().await;
+    let fresh = World::new();
+    let host = fresh.host("a").await;
+    let snap = fresh.store().snapshot(&scope(), &lifecycle).await.unwrap();
+    assert_eq!(snap.active_storage, Some(StorageId::new(STORAGE).unwrap()));
+    host.shutdown().await;
+}

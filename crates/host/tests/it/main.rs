@@ -1,0 +1,9 @@
+//! The host's integration tests: hosts over a SQLite lease store, a SQLite
+//! alarm index and object files in a temporary directory, on a manual
+//! clock (so leases expire, alarms fall due and drains time out only when
+//! a test moves the clock).
+#![allow(clippy::unwrap_used)]
+
+mod dispatch;
+mod lifecycle;
+mod support;

@@ -1,0 +1,258 @@
+//! `bench host`: a call through `durability-host` (resolve, open, admission,
+//! watchdog, fenced commit) against the same transaction on a bare object,
+//! in the same run; the drain handoff time between two hosts; and the lease
+//! store calls of one owner-loop cycle with 1,000 owned scopes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use durability_alarms::DispatcherConfig;
+use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy};
+use durability_ownership::conformance::{HookedStore, Hooks, Method};
+use durability_ownership::{Admission, OwnershipSettings, ShardCount, SystemClock};
+use durability_scheduler::{ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
+use serde_json::json;
+
+use crate::bench::figure;
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+type Store = HookedStore<SqliteLeaseStore<SystemClock>>;
+
+struct Counter;
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL)";
+
+fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<i64, StorageError> {
+    tx.sql()
+        .query_row(
+            "INSERT INTO counter (id, n) VALUES (0, 1) ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| StorageError::backend("incr", e))
+}
+
+fn sqlite() -> SqliteOptions {
+    SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..SqliteOptions::default()
+    }
+}
+
+fn settings(admission: Admission, ttl_ms: u64, shards: u32) -> BoxResult<HostSettings> {
+    Ok(HostSettings {
+        ownership: OwnershipSettings {
+            owner_ttl_ms: ttl_ms,
+            admission,
+            shard_count: ShardCount::new(shards)?,
+            ..OwnershipSettings::default()
+        },
+        ..HostSettings::default()
+    })
+}
+
+async fn host(
+    dir: &std::path::Path,
+    task: &str,
+    hooks: &Hooks,
+    settings: HostSettings,
+    own: OwnPolicy,
+) -> BoxResult<Host<Store, SqliteAlarmIndex>> {
+    std::fs::create_dir_all(dir)?;
+    let store = SqliteLeaseStore::open(
+        dir.join("leases.db"),
+        SystemClock::new(),
+        settings.ownership.shard_count,
+    )?;
+    let index = SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Normal)?;
+    let config = HostConfig::new(
+        Arc::new(HookedStore::new(store, hooks.clone())),
+        Arc::new(index),
+        dir.join("objects"),
+        "st1",
+        "bench:host",
+        task,
+    )
+    .class("Counter", |ctx| {
+        ctx.scheduler.transaction(|tx| {
+            tx.sql()
+                .execute_batch(SCHEMA)
+                .map_err(|e| StorageError::backend("schema", e))
+        })?;
+        Ok::<_, BoxError>(Counter)
+    })
+    .settings(settings)
+    .own(own)
+    .sqlite(sqlite())
+    .create_active_storage_if_absent(true)
+    .dispatcher(DispatcherConfig::fast());
+    Ok(Host::start(config).await?)
+}
+
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+fn bare(dir: &std::path::Path, n: u64) -> BoxResult<f64> {
+    std::fs::create_dir_all(dir)?;
+    let storage = Arc::new(SqliteStorage::open(dir.join("bare.sqlite"), sqlite())?);
+    let sched = Scheduler::new(ObjectContext::new(ObjectId::new("bare")?, storage))?;
+    sched.transaction(|tx| {
+        tx.sql()
+            .execute_batch(SCHEMA)
+            .map_err(|e| StorageError::backend("schema", e))
+    })?;
+    let t = Instant::now();
+    for _ in 0..n {
+        sched.transaction(incr)?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+async fn through_host(
+    dir: &std::path::Path,
+    admission: Admission,
+    n: u64,
+) -> BoxResult<(f64, usize)> {
+    let hooks = Hooks::new();
+    let h = host(
+        dir,
+        "bench",
+        &hooks,
+        settings(admission, 120_000, 16)?,
+        OwnPolicy::OnDemand,
+    )
+    .await?;
+    h.transaction::<Counter, _, _>("Counter", "c1", |_, tx| incr(tx))
+        .await?;
+    let snapshots = hooks.calls(Method::Snapshot);
+    let t = Instant::now();
+    for _ in 0..n {
+        h.transaction::<Counter, _, _>("Counter", "c1", |_, tx| incr(tx))
+            .await?;
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let per_call = (hooks.calls(Method::Snapshot) - snapshots) / usize::try_from(n)?;
+    h.shutdown().await;
+    Ok((us, per_call))
+}
+
+/// The time from a drain's start until a second host owns every shard.
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+async fn drain_handoff(dir: &std::path::Path) -> BoxResult<(f64, u64)> {
+    let ttl = 10_000;
+    let hooks = Hooks::new();
+    let a = host(
+        dir,
+        "a",
+        &hooks,
+        settings(Admission::Snapshot, ttl, 16)?,
+        OwnPolicy::AllShards,
+    )
+    .await?;
+    let b = host(
+        dir,
+        "b",
+        &hooks,
+        settings(Admission::Snapshot, ttl, 16)?,
+        OwnPolicy::AllShards,
+    )
+    .await?;
+    a.owner_cycle().await;
+    let t = Instant::now();
+    let report = a.shutdown().await;
+    if report.timed_out() {
+        return Err(format!("drain timed out: {report:?}").into());
+    }
+    let mut owned = 0;
+    while owned < 16 {
+        owned += b.owner_cycle().await.claimed.len();
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    b.shutdown().await;
+    Ok((ms, ttl))
+}
+
+/// Lease store calls of one owner-loop cycle with 1,000 owned scopes.
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, f64)> {
+    let hooks = Hooks::new();
+    let h = host(
+        dir,
+        "r",
+        &hooks,
+        settings(Admission::Snapshot, 120_000, 1000)?,
+        OwnPolicy::AllShards,
+    )
+    .await?;
+    h.owner_cycle().await;
+    let owned = h.probe().scopes.len();
+    let before = hooks.total();
+    let renews = hooks.calls(Method::RenewMany);
+    let t = Instant::now();
+    let report = h.owner_cycle().await;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if report.renewed != owned {
+        return Err(format!("renewed {} of {owned}", report.renewed).into());
+    }
+    let calls = hooks.total() - before;
+    let renew_calls = hooks.calls(Method::RenewMany) - renews;
+    h.shutdown().await;
+    eprintln!(
+        "host: one owner cycle renewed {owned} scopes with {renew_calls} renew_many call(s), {calls} lease store call(s) in all, in {ms:.1} ms"
+    );
+    Ok((owned, calls, ms))
+}
+
+pub(crate) async fn bench() -> BoxResult<()> {
+    const N: u64 = 2_000;
+    let dir = tempfile::tempdir()?;
+    let baseline = bare(dir.path(), N)?;
+    let (snapshot, snapshots_per_call) =
+        through_host(&dir.path().join("snapshot"), Admission::Snapshot, N).await?;
+    let (cached, _) = through_host(&dir.path().join("cached"), Admission::Cached, N).await?;
+    eprintln!(
+        "host: bare transaction {baseline:.1} us; through the host {snapshot:.1} us (snapshot admission, {snapshots_per_call} lease store read per call), {cached:.1} us (cached admission)"
+    );
+    figure(
+        "host.call_overhead",
+        snapshot,
+        baseline,
+        "us/call",
+        "<=1.3",
+        N,
+        json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite"}),
+    );
+    figure(
+        "host.call_overhead_cached",
+        cached,
+        baseline,
+        "us/call",
+        "<=1.3",
+        N,
+        json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite"}),
+    );
+    let (handoff, ttl) = drain_handoff(&dir.path().join("drain")).await?;
+    eprintln!("host: drain handoff of 16 shards {handoff:.1} ms with a {ttl} ms lease");
+    figure(
+        "host.drain_handoff",
+        handoff,
+        ttl as f64,
+        "ms",
+        "< lease",
+        16,
+        json!({"owner_ttl_ms": ttl, "lease_guard_ms": 1000, "lease_store": "sqlite"}),
+    );
+    let (owned, calls, ms) = renew_cycle(&dir.path().join("renew")).await?;
+    figure(
+        "host.renew_cycle_store_calls",
+        calls as f64,
+        owned as f64,
+        "calls/cycle",
+        "1 renew_many call",
+        1,
+        json!({"scopes": owned, "cycle_ms": ms}),
+    );
+    Ok(())
+}
