@@ -357,18 +357,33 @@ impl Dialect {
         s.finish()
     }
 
-    /// `SELECT k FROM t WHERE k > ? ORDER BY k LIMIT n`: one page of keys.
-    pub fn key_page(&self, table: &Ident, key_col: &Ident, after: &str, limit: usize) -> Statement {
+    /// `SELECT k FROM t [WHERE k > ?] ORDER BY k LIMIT n`: one page of keys.
+    ///
+    /// The cursor is the last key value of the previous page, bound with the
+    /// type it was read with (an integer for an integer column, bytes for a
+    /// binary one); the first page (`after: None`) has no lower bound. A text
+    /// cursor such as `''` would skip rows: SQLite orders every integer
+    /// before any text, MariaDB compares `''` as `0`, PostgreSQL refuses to
+    /// bind text to an integer.
+    pub fn key_page(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        after: Option<&Value>,
+        limit: usize,
+    ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("SELECT ")
             .ident(key_col)
             .raw(" AS k FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" > ")
-            .bind(after)
-            .raw(" ORDER BY ")
+            .ident(table);
+        if let Some(after) = after {
+            s.raw(" WHERE ")
+                .ident(key_col)
+                .raw(" > ")
+                .bind(after.clone());
+        }
+        s.raw(" ORDER BY ")
             .ident(key_col)
             .raw(&format!(" LIMIT {limit}"));
         s.finish()

@@ -208,7 +208,8 @@ pub struct PruneReport {
     /// Rows the census read.
     pub scanned: u64,
     /// Rows on a shard that no epoch computes for their key and no
-    /// exception explains (reported; they keep no epoch).
+    /// exception explains, and rows of a binary key column whose bytes are
+    /// not UTF-8 (no key a router can name): reported; they keep no epoch.
     pub unplaced: u64,
     /// Whether this was a dry run.
     pub dry_run: bool,
@@ -1080,33 +1081,37 @@ impl Router {
         let known: BTreeSet<u32> = m.epochs.iter().map(|e| e.number).collect();
         let mut dependents = BTreeMap::new();
         let (mut scanned, mut unplaced) = (0u64, 0u64);
-        let mut after = String::new();
+        let mut after: Option<Value> = None;
         loop {
             let rows = shard
-                .query(&d.key_page(&spec.name, &spec.key_col, &after, page))
+                .query(&d.key_page(&spec.name, &spec.key_col, after.as_ref(), page))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
             let n = rows.len();
-            for r in &rows {
-                let key = match r.get("k") {
-                    Some(Value::Text(k)) => k.clone(),
-                    Some(Value::Integer(i)) => i.to_string(),
+            for r in rows {
+                let raw = r.get("k").cloned().unwrap_or(Value::Null);
+                scanned += 1;
+                let key = match &raw {
+                    Value::Text(k) => Some(k.clone()),
+                    Value::Integer(i) => Some(i.to_string()),
+                    // A binary key holds the key's UTF-8 bytes; other bytes
+                    // are no key a router can name, so no epoch places them.
+                    Value::Blob(b) => String::from_utf8(b.clone()).ok(),
                     other => return Err(MigrationError::Corrupt(format!("key column: {other:?}"))),
                 };
-                scanned += 1;
-                let epoch = match exceptions.get(&key) {
+                let epoch = key.and_then(|key| match exceptions.get(&key) {
                     Some(x) if x.shard == shard_name && known.contains(&x.epoch) => Some(x.epoch),
                     _ => m
                         .epochs
                         .iter()
                         .find(|e| e.owner(&key) == Some(shard_name))
                         .map(|e| e.number),
-                };
+                });
                 match epoch {
                     Some(e) => *dependents.entry(e).or_insert(0) += 1,
                     None => unplaced += 1,
                 }
-                after = key;
+                after = Some(raw);
             }
             if n < page {
                 return Ok((dependents, scanned, unplaced));
