@@ -10,6 +10,7 @@ mod alarms_ownership;
 mod fence_processes;
 mod migration_dialects;
 mod migration_placement;
+mod migration_review;
 mod outbox;
 mod reconcile_postgres;
 mod shards;

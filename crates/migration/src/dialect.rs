@@ -446,6 +446,39 @@ impl Dialect {
         s.finish()
     }
 
+    /// Re-inserts a move's copy that went missing from its destination before
+    /// publish: inserts the row only while the table has no row of the key
+    /// and the destination still holds a live tombstone of the key in the
+    /// table (so nothing routed could have written or deleted the key there
+    /// yet). Once the tombstone is lifted it changes nothing.
+    pub fn restore_copy(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(&mut s, cols);
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(") AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0)");
+        s.finish()
+    }
+
     /// `DELETE FROM t WHERE k = ?`.
     pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);
@@ -472,7 +505,13 @@ impl Dialect {
         s.finish()
     }
 
-    fn push_match(&self, s: &mut Sql<'_>, key_col: &Ident, key: &str, cols: &[(Ident, Value)]) {
+    pub(crate) fn push_match(
+        &self,
+        s: &mut Sql<'_>,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) {
         s.ident(key_col).raw(" = ").bind(key);
         for (c, v) in cols {
             s.raw(" AND ").col_is(c, v.clone());

@@ -42,7 +42,7 @@ use crate::journal::{
 use crate::recovery::Resumed;
 use crate::router::Router;
 use crate::shard::Statement;
-use crate::value::{self, Row};
+use crate::value::{self, Row, Value};
 
 /// When an archived source row may be purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,17 +311,63 @@ impl<'r> MoveCtx<'r> {
         Ok(!rows.is_empty())
     }
 
-    async fn publish(&self) -> Result<()> {
+    /// The snapshot this operation archived on the source (its payloads).
+    pub(crate) async fn archived_snapshot(&self) -> Result<Snapshot> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut s = Sql::new(&d);
+        s.raw("SELECT tname, payload FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(self.key.as_str())
+            .raw(" AND op_id = ")
+            .bind(self.op_id.as_str());
+        let rows = shard
+            .query(&s.finish())
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        let mut out = vec![None; self.specs.len()];
+        for r in &rows {
+            let t = crate::journal::text(r, "tname")?;
+            let Some(i) = self.specs.iter().position(|s| s.name.as_str() == t) else {
+                continue;
+            };
+            if let Some(Value::Blob(b)) = r.get("payload") {
+                out[i] = Some(value::decode_row(b)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn publish(&self, snap: &Snapshot) -> Result<()> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
-        // Lift the destination's old tombstones of the key (from an earlier
-        // move away from it), if any: only now, after the source cutover,
-        // may writes land there.
-        shard
-            .execute(&d.tombstone_lift(&tnames, &self.key))
+        // One batch on the destination: re-insert a copy that went missing
+        // while the destination still fenced the key (a verify repair that
+        // read the key's claim before this move took it can take the copy
+        // for a ghost behind the old tombstone), then lift the destination's
+        // old tombstones of the key (from an earlier move away from it), if
+        // any: only now, after the source cutover, may writes land there.
+        let mut stmts = Vec::with_capacity(self.specs.len() + 1);
+        for (spec, row) in self.specs.iter().zip(snap) {
+            if let Some(row) = row {
+                stmts.push(d.restore_copy(&spec.name, &spec.key_col, &self.key, &row_idents(row)?));
+            }
+        }
+        stmts.push(d.tombstone_lift(&tnames, &self.key));
+        let counts = shard
+            .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
+        if counts.iter().rev().skip(1).any(|n| *n > 0) {
+            tracing::warn!(
+                event = "durability.migration.copy_restored",
+                op_id = %self.op_id,
+                key = %self.key,
+                "a copy removed before publish was restored from the snapshot"
+            );
+        }
         self.r
             .mapping
             .put(&self.key, &self.target)
@@ -449,13 +495,19 @@ impl<'r> MoveCtx<'r> {
         if !committed {
             self.step(MoveState::Committed, Change::default()).await?;
         }
-        self.finish().await?;
+        self.finish(Some(&snap)).await?;
         Ok(attempts)
     }
 
     /// From `committed` (or `published`): publish, then retire and release.
-    pub(crate) async fn finish(&self) -> Result<()> {
-        self.publish().await?;
+    ///
+    /// `snap`: the snapshot the cutover archived (`None`: read it back from
+    /// the archive).
+    pub(crate) async fn finish(&self, snap: Option<&Snapshot>) -> Result<()> {
+        match snap {
+            Some(s) => self.publish(s).await?,
+            None => self.publish(&self.archived_snapshot().await?).await?,
+        }
         let now = self.r.now();
         let change = Change {
             finished: true,

@@ -111,6 +111,64 @@ struct Tomb {
 }
 
 impl Router {
+    /// Whether an active operation holds `key`'s claim (a move of the key is
+    /// in flight: its rows cannot be judged, and repair leaves them alone).
+    async fn claim_held(&self, key: &str) -> Result<bool> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let rows = js
+            .query(
+                &JournalSql {
+                    d: &d,
+                    scope: &self.scope,
+                }
+                .claim_holder(key),
+            )
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        Ok(!rows.is_empty())
+    }
+
+    /// A repair's delete of a row equal to `cols` on `shard_name`, which
+    /// re-checks in the same statement what can be checked there: that the
+    /// tombstone `tomb` (op id, table) is still live, and, when the journal
+    /// shares the shard's database, that no operation holds the key's claim.
+    fn repair_delete(
+        &self,
+        shard_name: &str,
+        spec: &crate::config::TableSpec,
+        key: &str,
+        cols: &[(crate::dialect::Ident, Value)],
+        tomb: Option<(&str, &str)>,
+    ) -> Result<crate::shard::Statement> {
+        let (_, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let mut s = Sql::new(&d);
+        s.raw("DELETE FROM ").ident(&spec.name).raw(" WHERE ");
+        d.push_match(&mut s, &spec.key_col, key, cols);
+        if let Some((op_id, table)) = tomb {
+            s.raw(" AND EXISTS (SELECT 1 FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE mkey = ")
+                .bind(key)
+                .raw(" AND op_id = ")
+                .bind(op_id)
+                .raw(" AND tname = ")
+                .bind(table)
+                .raw(" AND superseded = 0)");
+        }
+        if self.journal.as_deref() == Some(shard_name) {
+            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+                .raw(names::OPS)
+                .raw(" WHERE scope = ")
+                .bind(self.scope.as_str())
+                .raw(" AND claim = ")
+                .bind(key)
+                .raw(")");
+        }
+        Ok(s.finish())
+    }
+
     /// Reports leftovers of stalled writers; with `repair: true` runs
     /// recovery first (taking the lease) and repairs what can be proven:
     /// a ghost only when it equals the archived payload, a stranded copy by
@@ -313,7 +371,7 @@ impl Router {
             .into_iter()
             .next();
         if op.state == MoveState::Aborted {
-            if t.superseded {
+            if t.superseded || self.claim_held(&t.key).await? {
                 return Ok(());
             }
             let newest = self.get_migration_status(&t.key, &t.table).await?;
@@ -364,9 +422,21 @@ impl Router {
             return Ok(());
         }
         if let Some(row) = live {
+            // A move of the key in flight (reported as dangling): the row
+            // may be its copy on a shard the key is moving back to, equal to
+            // the archived payload behind the old tombstone. Not a ghost.
+            if self.claim_held(&t.key).await? {
+                return Ok(());
+            }
             let provable = t.payload.is_some() && value::digest(Some(&row)) == t.digest;
             if repair && provable {
-                let st = d.delete_matching(&spec.name, &spec.key_col, &t.key, &row_idents(&row)?);
+                let st = self.repair_delete(
+                    shard_name,
+                    &spec,
+                    &t.key,
+                    &row_idents(&row)?,
+                    Some((&t.op_id, &t.table)),
+                )?;
                 shard
                     .execute(&st)
                     .await
@@ -421,6 +491,10 @@ impl Router {
             if mapped.as_ref().and_then(Option::as_deref) == Some(op.target.as_str()) {
                 continue;
             }
+            // A later move of the key in flight: the row may be its copy.
+            if self.claim_held(&op.key).await? {
+                continue;
+            }
             let leftover = Leftover {
                 shard: op.target.clone(),
                 table: table.clone(),
@@ -428,7 +502,8 @@ impl Router {
                 op_id: op.op_id.clone(),
             };
             if repair {
-                let st = d.delete_matching(&spec.name, &spec.key_col, &op.key, &row_idents(&row)?);
+                let st =
+                    self.repair_delete(&op.target, &spec, &op.key, &row_idents(&row)?, None)?;
                 shard
                     .execute(&st)
                     .await
