@@ -155,3 +155,92 @@ async fn a_copy_deleted_before_publish_is_restored() {
         move_back_with(kinds, AtCutover::DeleteCopy).await;
     }
 }
+
+/// Inserts an `orgs` row of `u2` on the shard it wraps just before the
+/// first cutover batch.
+struct OrgAtCutover {
+    fired: AtomicBool,
+}
+
+impl BeforeWrite for OrgAtCutover {
+    fn before_write<'a>(
+        &'a self,
+        inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            if is_cutover(stmts) && !self.fired.swap(true, Ordering::SeqCst) {
+                let st = inner.dialect().insert_row(
+                    &Ident::new("orgs").unwrap(),
+                    &[
+                        (Ident::new("org_id").unwrap(), Value::from("u2")),
+                        (Ident::new("title").unwrap(), Value::from("late")),
+                    ],
+                );
+                inner.execute(&st).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+async fn partial_move(kinds: [Kind; 2]) {
+    let Some(e) = env(&kinds).await else { return };
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    r.insert("u1", "orgs", row([("title", "Acme")]))
+        .await
+        .unwrap();
+    let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_PARTIAL_MOVE", "{kinds:?}: {err}");
+    assert!(!err.is_retryable() && !err.is_outcome_unknown());
+    assert!(err.to_string().contains("orgs"), "{err}");
+    assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
+    for (t, c) in [("users", "id"), ("orgs", "org_id")] {
+        let live = e.live(t, c, "u1").await;
+        assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"), "{kinds:?} {t}");
+    }
+    // Every table holding a row moves together.
+    r.reassign_keys("u1", "s1", &["users", "orgs"])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get("u1", "orgs").await.unwrap().unwrap().get("title"),
+        Some(&Value::from("Acme"))
+    );
+    // A row that appears in a table outside the move before its cutover
+    // makes the cutover miss and the move abort: nothing is stranded.
+    r.insert("u2", "users", user("bo", 2)).await.unwrap();
+    let src = r.route("u2").await.unwrap().unwrap();
+    let to = if src == "s0" { "s1" } else { "s0" };
+    let hooked = Arc::new(HookedShard::new(
+        Arc::clone(e.shard(&src)),
+        OrgAtCutover {
+            fired: AtomicBool::new(false),
+        },
+    ));
+    let mover = router_replacing(&e, &src, hooked).await;
+    let err = mover.reassign_shard("u2", to, "users").await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_ABORTED", "{kinds:?}: {err}");
+    let users = e.live("users", "id", "u2").await;
+    assert_eq!((users.len(), users[0].0.as_str()), (1, src.as_str()));
+    let orgs = e.live("orgs", "org_id", "u2").await;
+    assert_eq!((orgs.len(), orgs[0].0.as_str()), (1, src.as_str()));
+    assert_eq!(
+        r.get("u2", "orgs").await.unwrap().unwrap().get("title"),
+        Some(&Value::from("late")),
+        "{kinds:?}: the late row stays routed"
+    );
+    clean_verify(&r).await;
+}
+
+/// Item 6: a move that names only some of the configured tables holding a
+/// row of the key is refused with `MIGRATION_PARTIAL_MOVE` before any
+/// write; a row appearing outside the move during it aborts the move.
+#[tokio::test]
+async fn a_move_must_include_every_table_holding_a_row_of_the_key() {
+    for kinds in SAME {
+        partial_move(kinds).await;
+    }
+}

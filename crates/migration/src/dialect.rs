@@ -798,7 +798,7 @@ impl Dialect {
     /// being `AND`ed side by side: SQLite re-prepares a statement whose
     /// `WHERE` holds two sibling `EXISTS` with non-key terms on every new
     /// binding, and the nested form means the same on every dialect.
-    fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>) {
+    fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>, absent: &[(Ident, Ident)]) {
         let mut open = 0;
         let mut first = true;
         let mut and = |s: &mut Sql<'_>| {
@@ -816,12 +816,18 @@ impl Dialect {
                 open += 1;
             }
         }
-        for t in c.tables.iter().filter(|t| t.row.is_none()) {
+        let empty = c
+            .tables
+            .iter()
+            .filter(|t| t.row.is_none())
+            .map(|t| (&t.table, &t.key_col))
+            .chain(absent.iter().map(|(t, k)| (t, k)));
+        for (table, key_col) in empty {
             and(s);
             s.raw("NOT EXISTS (SELECT 1 FROM ")
-                .ident(&t.table)
+                .ident(table)
                 .raw(" WHERE ")
-                .ident(&t.key_col)
+                .ident(key_col)
                 .raw(" = ")
                 .bind(c.key)
                 .raw(")");
@@ -849,6 +855,17 @@ impl Dialect {
     /// one atomic batch; when any row changed first, every statement writes
     /// nothing.
     pub fn cutover_batch(&self, c: &Cutover<'_>) -> Vec<Statement> {
+        self.cutover_batch_guarded(c, &[])
+    }
+
+    /// [`Dialect::cutover_batch`] whose predicate also requires that the
+    /// `absent` tables (table, key column) hold no row of the key: tables
+    /// outside the move that must not gain a row the move would strand.
+    pub fn cutover_batch_guarded(
+        &self,
+        c: &Cutover<'_>,
+        absent: &[(Ident, Ident)],
+    ) -> Vec<Statement> {
         let mut out = Vec::new();
         for t in c.tables {
             let mut s = Sql::new(self);
@@ -873,7 +890,7 @@ impl Dialect {
                 .raw(", 0, 0")
                 .dual()
                 .raw(" WHERE ");
-            self.push_snapshot_predicate(&mut s, c);
+            self.push_snapshot_predicate(&mut s, c, absent);
             out.push(s.finish());
         }
         for t in c.tables {

@@ -186,6 +186,17 @@ pub enum MigrationError {
     /// is unknown.
     #[error("the coordinator's allocation ledger failed")]
     CoordinatorUnavailable(#[source] BackendError),
+    /// A move names only some of the configured tables that hold a row of
+    /// the key: moving it would strand the others (the key's mapping would
+    /// point away from them). Nothing was written; move every table listed
+    /// here with the others in one `reassign_keys`.
+    #[error("key {key:?} also has rows in tables {tables:?}, which the move does not include")]
+    PartialMove {
+        /// The key.
+        key: String,
+        /// Configured tables outside the move that hold a row of the key.
+        tables: Vec<String>,
+    },
 }
 
 impl MigrationError {
@@ -229,6 +240,7 @@ impl MigrationError {
         "RECONCILE_VERIFY_REQUIRED",
         "COORDINATOR_NOT_CONFIGURED",
         "COORDINATOR_UNAVAILABLE",
+        "MIGRATION_PARTIAL_MOVE",
     ];
 
     /// The stable machine code of this error.
@@ -272,6 +284,7 @@ impl MigrationError {
             Self::ReconcileVerifyRequired => "RECONCILE_VERIFY_REQUIRED",
             Self::CoordinatorNotConfigured => "COORDINATOR_NOT_CONFIGURED",
             Self::CoordinatorUnavailable(_) => "COORDINATOR_UNAVAILABLE",
+            Self::PartialMove { .. } => "MIGRATION_PARTIAL_MOVE",
         }
     }
 

@@ -178,6 +178,40 @@ impl<'r> MoveCtx<'r> {
         Ok(out)
     }
 
+    /// Configured tables outside the move that exist on the source.
+    async fn others(&self) -> Result<Vec<TableSpec>> {
+        let mut out = Vec::new();
+        for spec in self.r.tables.values() {
+            if self.specs.contains(spec) {
+                continue;
+            }
+            match self.r.columns(&self.source, spec).await {
+                Ok(_) => out.push(spec.clone()),
+                Err(MigrationError::UnknownTable(_) | MigrationError::UnknownKeyColumn { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Configured tables outside the move that hold a row of the key on the
+    /// source (a move of only some of them would strand the others).
+    pub(crate) async fn rows_elsewhere(&self) -> Result<Vec<String>> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut out = Vec::new();
+        for spec in self.others().await? {
+            let rows = shard
+                .query(&d.key_probe(&spec.name, &spec.key_col, &self.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if !rows.is_empty() {
+                out.push(spec.name.as_str().to_owned());
+            }
+        }
+        Ok(out)
+    }
+
     pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
         self.read_rows(&self.source).await
     }
@@ -274,7 +308,15 @@ impl<'r> MoveCtx<'r> {
             tables: &tables,
             journal_owner: with_commit.then_some(self.guard.owner.as_str()),
         };
-        let mut stmts = d.cutover_batch(&c);
+        // Tables outside the move must still hold no row of the key: a row
+        // inserted there meanwhile would be stranded by the cutover.
+        let absent: Vec<_> = self
+            .others()
+            .await?
+            .into_iter()
+            .map(|t| (t.name, t.key_col))
+            .collect();
+        let mut stmts = d.cutover_batch_guarded(&c, &absent);
         if with_commit {
             let change = Change {
                 committed_if_archived: Some(self.key.clone()),
@@ -479,6 +521,11 @@ impl<'r> MoveCtx<'r> {
             if fresh.iter().all(Option::is_none) {
                 return Err(self.abort(&digests, "source row gone").await?);
             }
+            let elsewhere = self.rows_elsewhere().await?;
+            if !elsewhere.is_empty() {
+                let reason = format!("rows appeared in tables outside the move: {elsewhere:?}");
+                return Err(self.abort(&digests, &reason).await?);
+            }
             if attempts > MAX_RECOPIES {
                 return Err(self.abort(&digests, "copies used up").await?);
             }
@@ -657,6 +704,14 @@ impl Router {
     /// Moves the key's rows in `tables` to `target` as one journaled
     /// operation. Everything is validated before the first write.
     ///
+    /// A move must include every configured table that holds a row of the
+    /// key on its source: the key's mapping moves as a whole, so a row left
+    /// behind in another table would no longer be routed to (reads `None`,
+    /// updates changing nothing, inserts creating a second row). Such a
+    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables;
+    /// the cutover also requires them to be still empty, and a move that
+    /// finds a row appeared there meanwhile aborts.
+    ///
     /// A key has one active operation at a time. When this router's own
     /// earlier call stopped on an error and left its operation active, the
     /// same call (same key, target and tables) resumes that operation from
@@ -668,7 +723,7 @@ impl Router {
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
     /// `JOURNAL_NOT_CONFIGURED`, `MIGRATION_UNSUPPORTED_DIALECT`,
     /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
-    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`,
+    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`, `MIGRATION_PARTIAL_MOVE`,
     /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
     /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
     pub async fn reassign_keys_with(
@@ -726,6 +781,23 @@ impl Router {
             self.columns(&source, spec).await?;
             self.columns(target, spec).await?;
         }
+        // A key has one active operation: a move while another holds the
+        // claim gets the conflict code (or resumes this router's own).
+        let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
+        {
+            let d = js.dialect();
+            let q = JournalSql {
+                d: &d,
+                scope: &self.scope,
+            };
+            let held = js
+                .query(&q.claim_holder(key))
+                .await
+                .map_err(|e| MigrationError::shard(&jname, e))?;
+            if !held.is_empty() {
+                return self.resume_own(key, target, &names).await;
+            }
+        }
         let retain_ms = match opts.retire {
             Retire::After(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
             Retire::Immediate => 0,
@@ -748,6 +820,15 @@ impl Router {
         let snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
             return Err(MigrationError::RowNotFound(key.to_owned()));
+        }
+        // A move of some tables only would strand the key's rows in the
+        // others: refused before anything is written.
+        let elsewhere = ctx.rows_elsewhere().await?;
+        if !elsewhere.is_empty() {
+            return Err(MigrationError::PartialMove {
+                key: key.to_owned(),
+                tables: elsewhere,
+            });
         }
         let op = OpRecord {
             op_id: op_id.clone(),

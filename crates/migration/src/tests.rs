@@ -78,6 +78,10 @@ fn all_errors() -> Vec<MigrationError> {
         MigrationError::ReconcileVerifyRequired,
         MigrationError::CoordinatorNotConfigured,
         MigrationError::CoordinatorUnavailable("e".into()),
+        MigrationError::PartialMove {
+            key: s(),
+            tables: vec![s()],
+        },
     ]
 }
 
