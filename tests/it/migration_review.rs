@@ -244,3 +244,73 @@ async fn a_move_must_include_every_table_holding_a_row_of_the_key() {
         partial_move(kinds).await;
     }
 }
+
+/// Item 11: a routed insert of a key whose row exists is a definite
+/// rejection with its own code (`DUPLICATE_KEY`, not retryable, outcome
+/// known), never `SHARD_UNAVAILABLE`; the stored row is untouched.
+#[tokio::test]
+async fn a_duplicate_insert_is_a_definite_rejection_on_every_dialect() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        assert_eq!(r.insert("u1", "users", user("ann", 1)).await.unwrap(), 1);
+        let err = r.insert("u1", "users", user("bob", 2)).await.unwrap_err();
+        assert_eq!(err.code(), "DUPLICATE_KEY", "{kinds:?}: {err}");
+        assert!(!err.is_retryable() && !err.is_outcome_unknown(), "{err}");
+        let got = r.get("u1", "users").await.unwrap().unwrap();
+        assert_eq!(got.get("name"), Some(&Value::from("ann")), "{kinds:?}");
+        // A shard failure that is no constraint violation stays unknown.
+        let err = r
+            .insert("u2", "users", row([("n", Value::from("not a number"))]))
+            .await
+            .map(|n| n.to_string());
+        if let Err(err) = err {
+            assert_ne!(err.code(), "DUPLICATE_KEY", "{kinds:?}: {err}");
+        }
+    }
+}
+
+/// Item 12: the verify report's lists stop at 1,000 entries, and its counts
+/// are exact (1,005 ghosts are counted as 1,005).
+#[tokio::test]
+async fn verify_report_counts_are_exact_beyond_the_list_cap() {
+    let Some(e) = env(&[Sqlite, Sqlite]).await else {
+        return;
+    };
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let op = r.reassign_shard("u1", "s1", "users").await.unwrap().op_id;
+    let s0 = e.shard("s0");
+    let d = s0.dialect();
+    let mut stmts = Vec::new();
+    for i in 0..1005 {
+        let k = format!("g{i:04}");
+        stmts.push(Statement::with_params(
+            "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, \
+             digest, retired_ms, superseded, purged) VALUES (?1, 'users', ?2, 'default', 's1', \
+             NULL, '-', 0, 0, 0)",
+            vec![Value::from(op.as_str()), Value::from(k.as_str())],
+        ));
+        stmts.push(d.insert_row(
+            &Ident::new("users").unwrap(),
+            &[(Ident::new("id").unwrap(), Value::from(k.as_str()))],
+        ));
+    }
+    s0.batch(&stmts).await.unwrap();
+    let rep = r
+        .verify_migrations(durability_migration::VerifyOptions::default())
+        .await
+        .unwrap();
+    assert!(!rep.clean);
+    assert_eq!(rep.ghosts.len(), durability_migration::MAX_REPORT_ENTRIES);
+    assert_eq!(rep.ghost_count, 1005, "exact total");
+    assert_eq!(
+        (
+            rep.dangling_count,
+            rep.stranded_archive_count,
+            rep.repaired_count
+        ),
+        (0, 0, 0)
+    );
+}

@@ -5,6 +5,30 @@ use std::error::Error as StdError;
 /// A boxed error from a backend (a shard or a mapping store).
 pub type BackendError = Box<dyn StdError + Send + Sync + 'static>;
 
+/// A backend error a shard reports when a statement violated a primary key
+/// or unique constraint: a definite rejection (the statement applied
+/// nothing), never an unknown outcome. Shards wrap the driver's error in it
+/// (SQLite `SQLITE_CONSTRAINT_PRIMARYKEY` / `_UNIQUE`, PostgreSQL SQLSTATE
+/// `23505`, MariaDB/MySQL error 1062); the router reports a routed write
+/// that fails with it as `DUPLICATE_KEY`.
+#[derive(Debug, thiserror::Error)]
+#[error("unique constraint violated")]
+pub struct UniqueViolation(#[source] pub BackendError);
+
+impl UniqueViolation {
+    /// Whether `e` (or an error it wraps) is a [`UniqueViolation`].
+    pub fn is(e: &(dyn StdError + 'static)) -> bool {
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+        while let Some(x) = cur {
+            if x.is::<Self>() {
+                return true;
+            }
+            cur = x.source();
+        }
+        false
+    }
+}
+
 /// Every failure the migration crate reports.
 ///
 /// Each variant has a stable machine code ([`MigrationError::code`]) and says
@@ -197,6 +221,16 @@ pub enum MigrationError {
         /// Configured tables outside the move that hold a row of the key.
         tables: Vec<String>,
     },
+    /// A routed insert found a row of the key already there (a primary key
+    /// or unique constraint refused it): a definite rejection, nothing was
+    /// written. Use `upsert` or `update` to change an existing row.
+    #[error("table {table:?} already holds a row of key {key:?}")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+        /// The table.
+        table: String,
+    },
 }
 
 impl MigrationError {
@@ -241,6 +275,7 @@ impl MigrationError {
         "COORDINATOR_NOT_CONFIGURED",
         "COORDINATOR_UNAVAILABLE",
         "MIGRATION_PARTIAL_MOVE",
+        "DUPLICATE_KEY",
     ];
 
     /// The stable machine code of this error.
@@ -285,6 +320,7 @@ impl MigrationError {
             Self::CoordinatorNotConfigured => "COORDINATOR_NOT_CONFIGURED",
             Self::CoordinatorUnavailable(_) => "COORDINATOR_UNAVAILABLE",
             Self::PartialMove { .. } => "MIGRATION_PARTIAL_MOVE",
+            Self::DuplicateKey { .. } => "DUPLICATE_KEY",
         }
     }
 

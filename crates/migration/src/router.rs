@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, row_idents};
-use crate::error::{MigrationError, Result};
+use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
@@ -581,7 +581,8 @@ impl Router {
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
     /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`; under computed placement also
+    /// `MAPPING_UNAVAILABLE`, `DUPLICATE_KEY` (an insert of a key whose row
+    /// exists: definite, nothing written); under computed placement also
     /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
     /// of which applied the write).
     pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
@@ -708,10 +709,16 @@ impl Router {
                 }
                 WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
             };
-            let n = shard
-                .execute(&st)
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
+            let n = shard.execute(&st).await.map_err(|e| {
+                if UniqueViolation::is(e.as_ref()) {
+                    MigrationError::DuplicateKey {
+                        key: key.to_owned(),
+                        table: spec.name.as_str().to_owned(),
+                    }
+                } else {
+                    MigrationError::shard(name, e)
+                }
+            })?;
             if n == 0
                 && let Some(generation) = generation
                 && d.is_proven()

@@ -82,6 +82,10 @@ fn all_errors() -> Vec<MigrationError> {
             key: s(),
             tables: vec![s()],
         },
+        MigrationError::DuplicateKey {
+            key: s(),
+            table: s(),
+        },
     ]
 }
 

@@ -53,20 +53,37 @@ pub struct StaleCutover {
 }
 
 /// What verification found (after repair, what remains).
+///
+/// Each list keeps its first [`MAX_REPORT_ENTRIES`] entries; the matching
+/// `*_count` field is the exact total.
 #[derive(Debug, Default)]
 pub struct VerifyReport {
-    /// Operations still active in the journal.
+    /// Operations still active in the journal (first entries).
     pub dangling_ops: Vec<String>,
-    /// Live rows on a shard that also holds a live tombstone for the key.
+    /// Live rows on a shard that also holds a live tombstone for the key
+    /// (first entries).
     pub ghosts: Vec<Leftover>,
-    /// Tombstones with no journal record.
+    /// Tombstones with no journal record (first entries).
     pub stranded_archives: Vec<Leftover>,
-    /// Rows on the destination of an aborted move equal to the journaled row.
+    /// Rows on the destination of an aborted move equal to the journaled row
+    /// (first entries).
     pub stranded_copies: Vec<Leftover>,
-    /// Tombstones whose move was aborted.
+    /// Tombstones whose move was aborted (first entries).
     pub stale_cutovers: Vec<StaleCutover>,
-    /// What repair changed.
+    /// What repair changed (first entries).
     pub repaired: Vec<String>,
+    /// Exact number of dangling operations.
+    pub dangling_count: u64,
+    /// Exact number of ghosts.
+    pub ghost_count: u64,
+    /// Exact number of stranded archives.
+    pub stranded_archive_count: u64,
+    /// Exact number of stranded copies.
+    pub stranded_copy_count: u64,
+    /// Exact number of stale cutovers.
+    pub stale_cutover_count: u64,
+    /// Exact number of repairs.
+    pub repaired_count: u64,
     /// Nothing remains to report.
     pub clean: bool,
     /// The recovery `repair` ran first.
@@ -99,6 +116,12 @@ fn push_capped<T>(v: &mut Vec<T>, x: T) {
     if v.len() < MAX_REPORT_ENTRIES {
         v.push(x);
     }
+}
+
+/// Counts `x` in `n` (exact) and keeps it in `v` (the first entries only).
+fn push_counted<T>(v: &mut Vec<T>, n: &mut u64, x: T) {
+    *n += 1;
+    push_capped(v, x);
 }
 
 struct Tomb {
@@ -226,11 +249,11 @@ impl Router {
         } else {
             tracing::warn!(
                 event = "durability.migration.verify_unclean",
-                dangling = report.dangling_ops.len(),
-                ghosts = report.ghosts.len(),
-                stranded_archives = report.stranded_archives.len(),
-                stranded_copies = report.stranded_copies.len(),
-                stale_cutovers = report.stale_cutovers.len(),
+                dangling = report.dangling_count,
+                ghosts = report.ghost_count,
+                stranded_archives = report.stranded_archive_count,
+                stranded_copies = report.stranded_copy_count,
+                stale_cutovers = report.stale_cutover_count,
                 "verification found inconsistencies"
             );
         }
@@ -260,7 +283,11 @@ impl Router {
             let Some(last) = rows.last() else { break };
             after = crate::journal::text(last, "op_id")?;
             for r in &rows {
-                push_capped(&mut report.dangling_ops, crate::journal::text(r, "op_id")?);
+                push_counted(
+                    &mut report.dangling_ops,
+                    &mut report.dangling_count,
+                    crate::journal::text(r, "op_id")?,
+                );
             }
         }
         // Tombstones on every shard.
@@ -353,7 +380,11 @@ impl Router {
             op_id: t.op_id.clone(),
         };
         let Some(op) = self.load_op(&t.op_id).await? else {
-            push_capped(&mut report.stranded_archives, leftover);
+            push_counted(
+                &mut report.stranded_archives,
+                &mut report.stranded_archive_count,
+                leftover,
+            );
             return Ok(());
         };
         if !op.state.is_terminal() {
@@ -400,16 +431,18 @@ impl Router {
                     key = %t.key,
                     "stale cutover restored"
                 );
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "restored {}:{}:{} ({})",
                         shard_name, t.table, t.key, t.op_id
                     ),
                 );
             } else {
-                push_capped(
+                push_counted(
                     &mut report.stale_cutovers,
+                    &mut report.stale_cutover_count,
                     StaleCutover {
                         leftover,
                         restorable,
@@ -441,15 +474,16 @@ impl Router {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "removed ghost {}:{}:{} ({})",
                         shard_name, t.table, t.key, t.op_id
                     ),
                 );
             } else {
-                push_capped(&mut report.ghosts, leftover);
+                push_counted(&mut report.ghosts, &mut report.ghost_count, leftover);
             }
         }
         Ok(())
@@ -508,15 +542,20 @@ impl Router {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "removed stranded copy {}:{}:{} ({})",
                         op.target, table, op.key, op.op_id
                     ),
                 );
             } else {
-                push_capped(&mut report.stranded_copies, leftover);
+                push_counted(
+                    &mut report.stranded_copies,
+                    &mut report.stranded_copy_count,
+                    leftover,
+                );
             }
         }
         Ok(())
