@@ -1044,17 +1044,23 @@ impl Router {
         page: usize,
         concurrency: usize,
     ) -> Result<Census> {
-        let mut jobs = Vec::new();
+        // Owned jobs: a closure over borrowed (table, shard) pairs would make
+        // the future not `Send` for every lifetime (a higher-ranked bound the
+        // compiler cannot prove), so `prune_epochs` could not be spawned.
+        let mut jobs: Vec<(TableSpec, String)> = Vec::new();
         for spec in specs {
             for name in self.shards.keys() {
-                jobs.push((spec, name.as_str()));
+                jobs.push((spec.clone(), name.clone()));
             }
         }
-        let results: Vec<Result<Census>> = futures::stream::iter(jobs)
-            .map(|(spec, name)| self.census_one(m, spec, name, exceptions, page))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
+        let results: Vec<Result<Census>> =
+            futures::stream::iter(jobs)
+                .map(|(spec, name)| async move {
+                    self.census_one(m, &spec, &name, exceptions, page).await
+                })
+                .buffer_unordered(concurrency)
+                .collect()
+                .await;
         let mut dependents = BTreeMap::new();
         let (mut scanned, mut unplaced) = (0, 0);
         for r in results {
