@@ -314,3 +314,165 @@ async fn verify_report_counts_are_exact_beyond_the_list_cap() {
         (0, 0, 0)
     );
 }
+
+/// A table whose key column compares more coarsely than bytes, per dialect
+/// (`None`: the dialect has no such table in this test).
+fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
+    match kind {
+        Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
+        Postgres => vec![
+            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
+        ],
+        MySql => vec![
+            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
+        ],
+    }
+}
+
+/// Item 3 (b): a key column whose equality is coarser than bytes (SQLite
+/// `NOCASE`, a PostgreSQL nondeterministic collation, MariaDB's
+/// `utf8mb4_general_ci` and the PAD SPACE `utf8mb4_bin`) is refused when the
+/// table is first used, naming the column and the fix; nothing is written.
+#[tokio::test]
+async fn coarse_key_columns_are_refused_on_every_dialect() {
+    for kind in [Sqlite, Postgres, MySql] {
+        let Some(e) = env(&[kind]).await else { return };
+        let s = e.shard("s0");
+        for ddl in coarse_key_ddl(kind) {
+            s.execute(&Statement::new(ddl)).await.unwrap();
+        }
+        let mut tables = vec!["ckeys"];
+        if kind == MySql {
+            s.execute(&Statement::new(
+                "CREATE TABLE pkeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PRIMARY KEY, n BIGINT)",
+            ))
+            .await
+            .unwrap();
+            tables.push("pkeys");
+        }
+        let mut c = e.config(false, 30_000);
+        for t in &tables {
+            c = c.table(*t);
+        }
+        let r = Router::new(c).unwrap();
+        r.init().await.unwrap();
+        for t in tables {
+            let err = r.insert("k0", t, row([("n", 1i64)])).await.unwrap_err();
+            assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{kind:?} {t}: {err}");
+            assert!(!err.is_retryable());
+            let msg = err.to_string();
+            assert!(msg.contains("\"id\"") && msg.contains(t), "{msg}");
+            // A read of an unmapped key touches no shard; a mapped one is
+            // refused too.
+            e.mapping.put("k1", "s0").await.unwrap();
+            let err = r.get("k1", t).await.unwrap_err();
+            assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{kind:?} {t}: {err}");
+            let d = s.dialect();
+            let mut q = durability_migration::Sql::new(&d);
+            q.raw("SELECT count(*) AS c FROM ")
+                .ident(&Ident::new(t).unwrap());
+            let rows = s.query(&q.finish()).await.unwrap();
+            assert_eq!(
+                rows[0].get("c"),
+                Some(&Value::Integer(0)),
+                "{kind:?}: nothing written"
+            );
+        }
+        // The byte-wise tables of the suite are accepted.
+        assert_eq!(r.insert("k0", "users", user("a", 1)).await.unwrap(), 1);
+    }
+}
+
+/// Runs a routed update of `u1`'s `name` through another router just before
+/// the first cutover batch of the shard it wraps.
+struct UpdateAtCutover {
+    writer: OnceLock<Arc<Router>>,
+    name: &'static str,
+    fired: AtomicBool,
+}
+
+impl BeforeWrite for UpdateAtCutover {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            if is_cutover(stmts) && !self.fired.swap(true, Ordering::SeqCst) {
+                let w = self.writer.get().ok_or("no writer")?;
+                let n = w
+                    .update("u1", "cnames", row([("name", self.name)]))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if n != 1 {
+                    return Err(format!("concurrent write changed {n} rows").into());
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Item 3 (a): the cutover's "unchanged since the snapshot" check compares
+/// bytes: a concurrent acknowledged write that changes only case (SQLite
+/// `NOCASE`) or trailing spaces (MariaDB `utf8mb4_general_ci`, PAD SPACE)
+/// makes the cutover miss, and the move carries the new value.
+#[tokio::test]
+async fn cutover_sees_case_and_trailing_space_changes() {
+    for (kind, ddl, name) in [
+        (
+            Sqlite,
+            "CREATE TABLE cnames (id TEXT PRIMARY KEY, name TEXT COLLATE NOCASE)",
+            "ANN",
+        ),
+        (
+            MySql,
+            "CREATE TABLE cnames (id VARBINARY(255) PRIMARY KEY, name VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci)",
+            "ann ",
+        ),
+    ] {
+        let Some(e) = env(&[kind, kind]).await else {
+            return;
+        };
+        for s in ["s0", "s1"] {
+            e.shard(s).execute(&Statement::new(ddl)).await.unwrap();
+        }
+        let plain = Router::new(e.config(false, 30_000).table("cnames")).unwrap();
+        plain.init().await.unwrap();
+        e.mapping.put("u1", "s0").await.unwrap();
+        plain
+            .insert("u1", "cnames", row([("name", "ann")]))
+            .await
+            .unwrap();
+        let hooked = Arc::new(HookedShard::new(
+            Arc::clone(e.shard("s0")),
+            UpdateAtCutover {
+                writer: OnceLock::new(),
+                name,
+                fired: AtomicBool::new(false),
+            },
+        ));
+        let mover = Router::new(
+            e.config(false, 30_000)
+                .table("cnames")
+                .shard("s0", hooked.clone()),
+        )
+        .unwrap();
+        mover.init().await.unwrap();
+        let writer = Router::new(e.config(false, 30_000).table("cnames")).unwrap();
+        writer.init().await.unwrap();
+        let _ = hooked.hook.writer.set(Arc::new(writer));
+        let out = mover.reassign_shard("u1", "s1", "cnames").await.unwrap();
+        assert!(hooked.hook.fired.load(Ordering::SeqCst));
+        assert!(out.recopies >= 1, "{kind:?}: the cutover missed: {out:?}");
+        let live = e.live("cnames", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kind:?}: {live:?}");
+        assert_eq!(live[0].0, "s1");
+        assert_eq!(
+            live[0].1.get("name"),
+            Some(&Value::from(name)),
+            "{kind:?}: the acknowledged write is in the moved row"
+        );
+    }
+}

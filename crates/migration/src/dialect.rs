@@ -203,11 +203,29 @@ impl<'d> Sql<'d> {
         self.text.push_str(&p);
         self
     }
-    /// Appends `col <null-safe => ?` bound to `v`.
+    /// Appends `col <null-safe => ?` bound to `v`. Text is compared by its
+    /// bytes, never by the column's collation (SQLite `COLLATE BINARY`,
+    /// MariaDB/MySQL binary casts), so a value that differs only in case or
+    /// trailing spaces is a different value.
     pub fn col_is(&mut self, col: &Ident, v: Value) -> &mut Self {
-        self.ident(col);
-        self.raw(self.dialect.null_safe_eq());
-        self.bind(v)
+        let text = matches!(v, Value::Text(_));
+        match self.dialect {
+            Dialect::MySql if text => {
+                self.raw("CAST(").ident(col).raw(" AS BINARY)");
+                self.raw(self.dialect.null_safe_eq());
+                self.raw("CAST(").bind(v).raw(" AS BINARY)")
+            }
+            Dialect::Sqlite if text => {
+                self.ident(col);
+                self.raw(self.dialect.null_safe_eq());
+                self.bind(v).raw(" COLLATE BINARY")
+            }
+            _ => {
+                self.ident(col);
+                self.raw(self.dialect.null_safe_eq());
+                self.bind(v)
+            }
+        }
     }
     /// Appends `FROM DUAL` where the dialect needs it.
     pub fn dual(&mut self) -> &mut Self {
@@ -327,6 +345,45 @@ impl Dialect {
             s.raw(")");
             s.finish()
         }
+    }
+
+    /// The query describing how a table's key column compares: one row per
+    /// collation that applies to it (SQLite: `coll` of every index on the
+    /// column plus the table's `CREATE` text in `sql`; PostgreSQL: its type
+    /// `ty` and whether its collation is deterministic `det`; MariaDB/MySQL:
+    /// its `collation`, NULL for binary and non-text types).
+    pub fn key_collation_query(&self, table: &Ident, key_col: &Ident) -> Statement {
+        let mut s = Sql::new(self);
+        match self {
+            Self::Postgres => {
+                s.raw(
+                    "SELECT format_type(a.atttypid, a.atttypmod) AS ty, co.collisdeterministic AS det \
+                     FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+                     WHERE a.attrelid = to_regclass(",
+                )
+                .bind(self.quote(table))
+                .raw(") AND a.attname = ")
+                .bind(key_col.as_str());
+            }
+            Self::MySql => {
+                s.raw(
+                    "SELECT collation_name AS collation FROM information_schema.columns \
+                     WHERE table_schema = DATABASE() AND table_name = ",
+                )
+                .bind(table.as_str())
+                .raw(" AND column_name = ")
+                .bind(key_col.as_str());
+            }
+            _ => {
+                s.raw("SELECT x.coll AS coll, NULL AS sql FROM pragma_index_list(")
+                    .bind(table.as_str())
+                    .raw(") AS l, pragma_index_xinfo(l.name) AS x WHERE x.name = ")
+                    .bind(key_col.as_str())
+                    .raw(" AND x.key = 1 UNION ALL SELECT NULL AS coll, sql FROM sqlite_schema WHERE type = 'table' AND name = ")
+                    .bind(table.as_str());
+            }
+        }
+        s.finish()
     }
 
     /// `SELECT * FROM t WHERE k = ?`.

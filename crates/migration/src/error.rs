@@ -231,6 +231,23 @@ pub enum MigrationError {
         /// The table.
         table: String,
     },
+    /// A table's key column compares more coarsely than bytes (a case- or
+    /// accent-insensitive or PAD SPACE collation, `citext`): two keys the
+    /// router keeps apart would be one row on the shard. Refused when the
+    /// table is first used on the shard; `fix` says what to declare.
+    #[error(
+        "key column {column:?} of table {table:?} compares with {collation}, not by bytes: {fix}"
+    )]
+    KeyColumnNotBytewise {
+        /// The table.
+        table: String,
+        /// The key column.
+        column: String,
+        /// The collation (or type) that compares it.
+        collation: String,
+        /// What to change.
+        fix: String,
+    },
 }
 
 impl MigrationError {
@@ -276,6 +293,7 @@ impl MigrationError {
         "COORDINATOR_UNAVAILABLE",
         "MIGRATION_PARTIAL_MOVE",
         "DUPLICATE_KEY",
+        "KEY_COLUMN_NOT_BYTEWISE",
     ];
 
     /// The stable machine code of this error.
@@ -321,6 +339,7 @@ impl MigrationError {
             Self::CoordinatorUnavailable(_) => "COORDINATOR_UNAVAILABLE",
             Self::PartialMove { .. } => "MIGRATION_PARTIAL_MOVE",
             Self::DuplicateKey { .. } => "DUPLICATE_KEY",
+            Self::KeyColumnNotBytewise { .. } => "KEY_COLUMN_NOT_BYTEWISE",
         }
     }
 

@@ -86,6 +86,12 @@ fn all_errors() -> Vec<MigrationError> {
             key: s(),
             table: s(),
         },
+        MigrationError::KeyColumnNotBytewise {
+            table: s(),
+            column: s(),
+            collation: s(),
+            fix: s(),
+        },
     ]
 }
 
