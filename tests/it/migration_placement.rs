@@ -531,18 +531,28 @@ async fn unresolved_and_unverified(kinds: [Kind; 3]) {
         .unwrap();
     r.insert(&k, "users", user(1)).await.unwrap();
     assert_eq!(home(&e, &k).await, m.owner(&k).unwrap());
-    // A probe that cannot run: WRITE_UNRESOLVED, nothing written.
+    // A probe that cannot run: WRITE_UNRESOLVED, nothing written (a key
+    // with no row anywhere, so the probe reaches s2; `k`'s rows are found on
+    // its newest owner first, where its docs row would join them).
+    let k2 = (0..)
+        .map(|i| format!("w{i}"))
+        .filter(|x| m1.owner(x) == Some("s2"))
+        .find(|x| *x != k)
+        .unwrap();
     e.shard("s2")
         .execute(&Statement::new("DROP TABLE docs"))
         .await
         .unwrap();
-    let err = r.insert(&k, "docs", row([("w0", 1i64)])).await.unwrap_err();
+    let err = r
+        .insert(&k2, "docs", row([("w0", 1i64)]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "WRITE_UNRESOLVED", "{err}");
     for s in ["s0", "s1"] {
         let st = e.shard(s).dialect().select_row(
             &Ident::new("docs").unwrap(),
             &Ident::new("id").unwrap(),
-            &k,
+            &k2,
         );
         assert!(
             e.shard(s).query(&st).await.unwrap().is_empty(),

@@ -756,7 +756,7 @@ impl Router {
                 let m = self.manifest_for_write().await?;
                 let mut found = None;
                 for spec in &specs {
-                    if let Some(s) = self.probe_owners(&m, key, spec).await? {
+                    if let Some(s) = self.probe_key(&m, key, spec).await? {
                         found = Some(s);
                         break;
                     }

@@ -766,8 +766,32 @@ impl Router {
         Ok(())
     }
 
-    /// A read found `key` through an older epoch: remember where it is.
-    pub(crate) async fn note_found(&self, key: &str, shard: &str, epoch: u32) {
+    /// A read found `key` through an older epoch: remember where it is,
+    /// unless another shard holds a row of the key in some configured table
+    /// (a mapping would hide that row from every other table's reads and
+    /// writes).
+    pub(crate) async fn note_found(&self, m: &Manifest, key: &str, shard: &str, epoch: u32) {
+        match self.held_elsewhere(m, key, shard).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!(
+                    event = "durability.migration.key_split",
+                    key,
+                    shard,
+                    "the key has rows on several shards; no placement exception recorded"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.migration.exception_not_recorded",
+                    error = %e,
+                    key,
+                    "placement exception not recorded: the key's other tables could not be probed"
+                );
+                return;
+            }
+        }
         let r = async {
             self.record_exception(key, shard, epoch).await?;
             let held = self
@@ -821,40 +845,93 @@ impl Router {
         Ok(())
     }
 
-    /// Finds the shard that holds `key`'s row of `spec` among the owners
-    /// of every epoch, newest first (`None`: no shard holds it).
+    /// Finds the shard that holds any row of `key` (in `spec` first, then in
+    /// every other configured table) among the owners of every epoch, newest
+    /// first (`None`: no shard holds one). A key's rows live together, so a
+    /// write of one table goes where the key's other rows are.
     ///
     /// # Errors
     /// `WRITE_UNRESOLVED` when a probe cannot run.
-    pub(crate) async fn probe_owners(
+    pub(crate) async fn probe_key(
         &self,
         m: &Manifest,
         key: &str,
         spec: &TableSpec,
     ) -> Result<Option<String>> {
+        let others: Vec<TableSpec> = self
+            .tables
+            .values()
+            .filter(|t| *t != spec)
+            .cloned()
+            .collect();
         for (_, shard_name) in m.candidates(key) {
-            let found = async {
-                let (_, shard) = self.shard_named(&shard_name)?;
-                let st = shard.dialect().key_probe(&spec.name, &spec.key_col, key);
-                shard
-                    .query(&st)
-                    .await
-                    .map_err(|e| MigrationError::shard(&shard_name, e))
-            }
-            .await;
-            match found {
-                Ok(rows) if !rows.is_empty() => return Ok(Some(shard_name)),
-                Ok(_) => {}
-                Err(e) => {
-                    return Err(MigrationError::WriteUnresolved {
-                        key: key.to_owned(),
-                        shard: shard_name.clone(),
-                        source: Box::new(e),
-                    });
-                }
+            // The written table's probe must run (a shard without the table
+            // cannot be told apart from one that fails); the key's other
+            // tables hold no row on a shard that does not have them.
+            if self
+                .holds_row(&shard_name, key, std::slice::from_ref(spec), false)
+                .await?
+                || self.holds_row(&shard_name, key, &others, true).await?
+            {
+                return Ok(Some(shard_name));
             }
         }
         Ok(None)
+    }
+
+    /// Whether `shard_name` holds a row of `key` in any of `specs` (with
+    /// `skip_missing`, a table the shard does not have holds none).
+    ///
+    /// # Errors
+    /// `WRITE_UNRESOLVED` when a probe cannot run.
+    async fn holds_row(
+        &self,
+        shard_name: &str,
+        key: &str,
+        specs: &[TableSpec],
+        skip_missing: bool,
+    ) -> Result<bool> {
+        let unresolved = |e: MigrationError| MigrationError::WriteUnresolved {
+            key: key.to_owned(),
+            shard: shard_name.to_owned(),
+            source: Box::new(e),
+        };
+        let (_, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        for spec in specs {
+            if skip_missing && d.is_proven() {
+                match self.columns(shard_name, spec).await {
+                    Ok(_) => {}
+                    Err(
+                        MigrationError::UnknownTable(_) | MigrationError::UnknownKeyColumn { .. },
+                    ) => {
+                        continue;
+                    }
+                    Err(e) => return Err(unresolved(e)),
+                }
+            }
+            let rows = shard
+                .query(&d.key_probe(&spec.name, &spec.key_col, key))
+                .await
+                .map_err(|e| unresolved(MigrationError::shard(shard_name, e)))?;
+            if !rows.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether a shard other than `shard` among `key`'s candidates holds a
+    /// row of the key in any configured table (its rows are split: no one
+    /// shard may be recorded as the key's).
+    async fn held_elsewhere(&self, m: &Manifest, key: &str, shard: &str) -> Result<bool> {
+        let specs: Vec<TableSpec> = self.tables.values().cloned().collect();
+        for (_, other) in m.candidates(key) {
+            if other != shard && self.holds_row(&other, key, &specs, true).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Where a routed write of `key` goes under computed placement: its
@@ -875,7 +952,7 @@ impl Router {
         if m.epochs.len() == 1 {
             return Ok(newest);
         }
-        Ok(self.probe_owners(m, key, spec).await?.unwrap_or(newest))
+        Ok(self.probe_key(m, key, spec).await?.unwrap_or(newest))
     }
 
     /// Drops every epoch no row depends on.

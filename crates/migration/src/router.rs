@@ -507,7 +507,7 @@ impl Router {
         for (i, (epoch, start)) in m.candidates(key).into_iter().enumerate() {
             if let Some(r) = self.read_chain(key, &spec, start.clone(), opts).await? {
                 if i > 0 {
-                    self.note_found(key, &start, epoch).await;
+                    self.note_found(&m, key, &start, epoch).await;
                 }
                 return Ok(Some(r));
             }
