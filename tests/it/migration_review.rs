@@ -543,3 +543,77 @@ async fn computed_placement_keeps_a_keys_tables_together() {
         );
     }
 }
+
+/// Runs a whole move through `mover` (its clock then advanced) at the first
+/// recovery-lease renewal of a verification pass on the shard it wraps.
+struct MoveDuringPass {
+    mover: OnceLock<Arc<Router>>,
+    clock: durability_migration::ManualClock,
+    fired: AtomicBool,
+}
+
+impl BeforeWrite for MoveDuringPass {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let renew = stmts.iter().any(|s| {
+                s.sql
+                    .starts_with("UPDATE durability_migration_lease SET expires_ms")
+            });
+            if renew && !self.fired.swap(true, Ordering::SeqCst) {
+                let m = self.mover.get().ok_or("no mover")?;
+                self.clock.advance(10);
+                let opts = durability_migration::MoveOptions {
+                    retire: durability_migration::Retire::Immediate,
+                };
+                m.reassign_shard_with("u2", "s1", "users", opts)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.clock.advance(1_000);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Item 9: `NOT_VERIFIED` is satisfied only by a clean pass that started
+/// after the move finished: a move that finished while a pass ran stays
+/// refused until the next pass.
+#[tokio::test]
+async fn a_move_finished_during_a_clean_pass_is_not_verified_by_it() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("u2", "s0").await.unwrap();
+        r.insert("u2", "users", user("ann", 1)).await.unwrap();
+        let hooked = Arc::new(HookedShard::new(
+            Arc::clone(e.shard("s0")),
+            MoveDuringPass {
+                mover: OnceLock::new(),
+                clock: e.clock.clone(),
+                fired: AtomicBool::new(false),
+            },
+        ));
+        let verifier = router_replacing(&e, "s0", hooked.clone()).await;
+        let _ = hooked.hook.mover.set(Arc::new(e.router().await));
+        let rep = repair(&verifier).await.unwrap();
+        assert!(hooked.hook.fired.load(Ordering::SeqCst), "{kinds:?}");
+        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        e.clock.advance(1_000);
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.purged_count, 0, "{kinds:?}: {purge:?}");
+        assert_eq!(purge.refused_count, 1, "{kinds:?}: {purge:?}");
+        assert_eq!(purge.refused[0].error.code(), "NOT_VERIFIED", "{kinds:?}");
+        // A pass that starts after the move finished covers it.
+        clean_verify(&r).await;
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(
+            (purge.purged_count, purge.refused_count),
+            (1, 0),
+            "{kinds:?}"
+        );
+    }
+}

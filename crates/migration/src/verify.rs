@@ -197,13 +197,18 @@ impl Router {
     /// a ghost only when it equals the archived payload, a stranded copy by
     /// the abort's digest proof, a stale cutover only when its operation is
     /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A clean pass is recorded (purge requires one).
+    /// shard has no row. A clean pass is recorded with its start time (purge
+    /// requires one that started after the operation finished).
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
     /// (with `repair`), `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
     pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         self.journal_shard()?;
+        // A clean pass covers the moves that finished before it started:
+        // one that finished while it ran may not have been examined, so the
+        // clean stamp is the start time, never the end.
+        let started = self.now();
         let page = opts.page_size.clamp(1, 10_000);
         let mut report = VerifyReport::default();
         let lease = if opts.repair {
@@ -242,7 +247,7 @@ impl Router {
                 d: &d,
                 scope: &self.scope,
             }
-            .meta_set(self.now());
+            .meta_set(started);
             js.batch(&stmts)
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
