@@ -664,10 +664,19 @@ async fn crash_case(kinds: [Kind; 3], step: Step, n: u64, mode: FaultMode) -> Op
     let res = match step {
         Step::AddEpoch => faulty.add_epoch(&["s1", "s2"]).await.map(|_| ()),
         Step::Prune => faulty.prune_epochs(all_tables()).await.map(|_| ()),
-        Step::Move => faulty
-            .reassign_shard(&key(off), m.owner(&key(off)).unwrap(), "users")
-            .await
-            .map(|_| ()),
+        // A move includes every table holding a row of the key (even keys
+        // also have a docs row).
+        Step::Move => {
+            let tables: &[&str] = if off % 2 == 0 {
+                &["users", "docs"]
+            } else {
+                &["users"]
+            };
+            faulty
+                .reassign_keys(&key(off), m.owner(&key(off)).unwrap(), tables)
+                .await
+                .map(|_| ())
+        }
     };
     let tripped = e.plan.tripped();
     if !tripped {
