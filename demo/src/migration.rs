@@ -86,7 +86,7 @@ impl Backend {
             }
             Self::Postgres => "CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT, n BIGINT)",
             Self::MariaDb => {
-                "CREATE TABLE users (id VARCHAR(255) PRIMARY KEY, name LONGTEXT, n BIGINT)"
+                "CREATE TABLE users (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin PRIMARY KEY, name LONGTEXT, n BIGINT)"
             }
         }
     }

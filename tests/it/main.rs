@@ -11,6 +11,7 @@ mod fence_processes;
 mod host_processes;
 mod migration_dialects;
 mod migration_placement;
+mod migration_review;
 mod outbox;
 mod reconcile_postgres;
 mod shards;

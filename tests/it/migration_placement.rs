@@ -531,18 +531,28 @@ async fn unresolved_and_unverified(kinds: [Kind; 3]) {
         .unwrap();
     r.insert(&k, "users", user(1)).await.unwrap();
     assert_eq!(home(&e, &k).await, m.owner(&k).unwrap());
-    // A probe that cannot run: WRITE_UNRESOLVED, nothing written.
+    // A probe that cannot run: WRITE_UNRESOLVED, nothing written (a key
+    // with no row anywhere, so the probe reaches s2; `k`'s rows are found on
+    // its newest owner first, where its docs row would join them).
+    let k2 = (0..)
+        .map(|i| format!("w{i}"))
+        .filter(|x| m1.owner(x) == Some("s2"))
+        .find(|x| *x != k)
+        .unwrap();
     e.shard("s2")
         .execute(&Statement::new("DROP TABLE docs"))
         .await
         .unwrap();
-    let err = r.insert(&k, "docs", row([("w0", 1i64)])).await.unwrap_err();
+    let err = r
+        .insert(&k2, "docs", row([("w0", 1i64)]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "WRITE_UNRESOLVED", "{err}");
     for s in ["s0", "s1"] {
         let st = e.shard(s).dialect().select_row(
             &Ident::new("docs").unwrap(),
             &Ident::new("id").unwrap(),
-            &k,
+            &k2,
         );
         assert!(
             e.shard(s).query(&st).await.unwrap().is_empty(),
@@ -654,10 +664,19 @@ async fn crash_case(kinds: [Kind; 3], step: Step, n: u64, mode: FaultMode) -> Op
     let res = match step {
         Step::AddEpoch => faulty.add_epoch(&["s1", "s2"]).await.map(|_| ()),
         Step::Prune => faulty.prune_epochs(all_tables()).await.map(|_| ()),
-        Step::Move => faulty
-            .reassign_shard(&key(off), m.owner(&key(off)).unwrap(), "users")
-            .await
-            .map(|_| ()),
+        // A move includes every table holding a row of the key (even keys
+        // also have a docs row).
+        Step::Move => {
+            let tables: &[&str] = if off % 2 == 0 {
+                &["users", "docs"]
+            } else {
+                &["users"]
+            };
+            faulty
+                .reassign_keys(&key(off), m.owner(&key(off)).unwrap(), tables)
+                .await
+                .map(|_| ())
+        }
     };
     let tripped = e.plan.tripped();
     if !tripped {
@@ -748,4 +767,112 @@ async fn crash_at_every_write_under_computed_placement_postgres() {
 #[tokio::test]
 async fn crash_at_every_write_under_computed_placement_mariadb() {
     crash_all(SETS[2]).await;
+}
+
+/// The key column types of the census test per dialect: integer, text and
+/// binary (`(table, type)`).
+fn typed_key_tables(kind: Kind) -> [(&'static str, &'static str); 3] {
+    match kind {
+        Sqlite => [("ikeys", "INTEGER"), ("tkeys", "TEXT"), ("xkeys", "BLOB")],
+        Postgres => [("ikeys", "BIGINT"), ("tkeys", "TEXT"), ("xkeys", "BYTEA")],
+        MySql => [
+            ("ikeys", "BIGINT"),
+            ("tkeys", "VARCHAR(255)"),
+            ("xkeys", "VARBINARY(255)"),
+        ],
+    }
+}
+
+/// The stored key value of `k` in a table of `table`'s key type.
+fn typed_key(table: &str, k: &str) -> Value {
+    match table {
+        "ikeys" => Value::Integer(k.parse().unwrap()),
+        "tkeys" => Value::from(k),
+        _ => Value::Blob(k.as_bytes().to_vec()),
+    }
+}
+
+async fn census_typed_keys(kind: Kind) {
+    let Some(e) = env(&[kind, kind, kind]).await else {
+        return;
+    };
+    let r = computed(&e, false, 0).await;
+    let m1 = r.manifest_from_journal().await.unwrap();
+    let mut keys: Vec<(&str, Vec<String>)> = vec![
+        ("ikeys", (-8..=8).map(|i: i64| i.to_string()).collect()),
+        ("tkeys", (0..12).map(|i| format!("t{i}")).collect()),
+        ("xkeys", (0..12).map(|i| format!("b{i}")).collect()),
+    ];
+    keys[0].1.push(i64::MIN.to_string());
+    for (name, _) in &e.shards {
+        for (table, ty) in typed_key_tables(kind) {
+            let ddl = format!("CREATE TABLE {table} (id {ty} PRIMARY KEY, n BIGINT)");
+            e.shard(name).execute(&Statement::new(ddl)).await.unwrap();
+        }
+    }
+    // Every row on its epoch-1 owner, written before epoch 2 exists.
+    for (table, ks) in &keys {
+        for k in ks {
+            let s = e.shard(m1.owner(k).unwrap());
+            let d = s.dialect();
+            let mut q = Sql::new(&d);
+            q.raw("INSERT INTO ")
+                .ident(&Ident::new(table).unwrap())
+                .raw(" (id, n) VALUES (")
+                .bind(typed_key(table, k))
+                .raw(", 1)");
+            assert_eq!(s.execute(&q.finish()).await.unwrap(), 1);
+        }
+    }
+    r.add_epoch(&["s0", "s1"]).await.unwrap();
+    let m = r.manifest_from_journal().await.unwrap();
+    for (table, ks) in &keys {
+        let on_epoch_1 = ks.iter().filter(|k| m.owner(k) != m1.owner(k)).count() as u64;
+        assert!(
+            on_epoch_1 > 0,
+            "{kind:?} {table}: some row depends on epoch 1"
+        );
+        let plan = r
+            .prune_epochs(PruneOptions {
+                tables: vec![(*table).to_owned()],
+                dry_run: true,
+                page_size: 3,
+                ..PruneOptions::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(plan.scanned, ks.len() as u64, "{kind:?} {table}: {plan:?}");
+        assert_eq!(plan.unplaced, 0, "{kind:?} {table}: {plan:?}");
+        assert_eq!(
+            plan.dependents[&1], on_epoch_1,
+            "{kind:?} {table}: {plan:?}"
+        );
+        assert_eq!(
+            plan.dependents[&2],
+            ks.len() as u64 - on_epoch_1,
+            "{kind:?} {table}: {plan:?}"
+        );
+    }
+    let rep = r
+        .prune_epochs(PruneOptions {
+            tables: keys.iter().map(|(t, _)| (*t).to_owned()).collect(),
+            page_size: 4,
+            ..PruneOptions::default()
+        })
+        .await
+        .unwrap();
+    assert!(rep.removed.is_empty(), "{kind:?}: {rep:?}");
+    assert_eq!(rep.retained, [1, 2], "{kind:?}: epoch 1 keeps its rows");
+    assert_eq!(r.manifest_from_journal().await.unwrap().epochs.len(), 2);
+}
+
+/// The pruning census pages through integer (negative and `i64::MIN`
+/// included), text and binary key columns with a cursor of the column's own
+/// type and no lower bound on the first page, so every row is counted and no
+/// epoch a row depends on is pruned (issue 13 item 4).
+#[tokio::test]
+async fn prune_census_counts_integer_text_and_binary_keys_on_every_dialect() {
+    for kind in [Sqlite, Postgres, MySql] {
+        census_typed_keys(kind).await;
+    }
 }

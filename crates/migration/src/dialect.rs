@@ -203,11 +203,29 @@ impl<'d> Sql<'d> {
         self.text.push_str(&p);
         self
     }
-    /// Appends `col <null-safe => ?` bound to `v`.
+    /// Appends `col <null-safe => ?` bound to `v`. Text is compared by its
+    /// bytes, never by the column's collation (SQLite `COLLATE BINARY`,
+    /// MariaDB/MySQL binary casts), so a value that differs only in case or
+    /// trailing spaces is a different value.
     pub fn col_is(&mut self, col: &Ident, v: Value) -> &mut Self {
-        self.ident(col);
-        self.raw(self.dialect.null_safe_eq());
-        self.bind(v)
+        let text = matches!(v, Value::Text(_));
+        match self.dialect {
+            Dialect::MySql if text => {
+                self.raw("CAST(").ident(col).raw(" AS BINARY)");
+                self.raw(self.dialect.null_safe_eq());
+                self.raw("CAST(").bind(v).raw(" AS BINARY)")
+            }
+            Dialect::Sqlite if text => {
+                self.ident(col);
+                self.raw(self.dialect.null_safe_eq());
+                self.bind(v).raw(" COLLATE BINARY")
+            }
+            _ => {
+                self.ident(col);
+                self.raw(self.dialect.null_safe_eq());
+                self.bind(v)
+            }
+        }
     }
     /// Appends `FROM DUAL` where the dialect needs it.
     pub fn dual(&mut self) -> &mut Self {
@@ -329,6 +347,45 @@ impl Dialect {
         }
     }
 
+    /// The query describing how a table's key column compares: one row per
+    /// collation that applies to it (SQLite: `coll` of every index on the
+    /// column plus the table's `CREATE` text in `sql`; PostgreSQL: its type
+    /// `ty` and whether its collation is deterministic `det`; MariaDB/MySQL:
+    /// its `collation`, NULL for binary and non-text types).
+    pub fn key_collation_query(&self, table: &Ident, key_col: &Ident) -> Statement {
+        let mut s = Sql::new(self);
+        match self {
+            Self::Postgres => {
+                s.raw(
+                    "SELECT format_type(a.atttypid, a.atttypmod) AS ty, co.collisdeterministic AS det \
+                     FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+                     WHERE a.attrelid = to_regclass(",
+                )
+                .bind(self.quote(table))
+                .raw(") AND a.attname = ")
+                .bind(key_col.as_str());
+            }
+            Self::MySql => {
+                s.raw(
+                    "SELECT collation_name AS collation FROM information_schema.columns \
+                     WHERE table_schema = DATABASE() AND table_name = ",
+                )
+                .bind(table.as_str())
+                .raw(" AND column_name = ")
+                .bind(key_col.as_str());
+            }
+            _ => {
+                s.raw("SELECT x.coll AS coll, NULL AS sql FROM pragma_index_list(")
+                    .bind(table.as_str())
+                    .raw(") AS l, pragma_index_xinfo(l.name) AS x WHERE x.name = ")
+                    .bind(key_col.as_str())
+                    .raw(" AND x.key = 1 UNION ALL SELECT NULL AS coll, sql FROM sqlite_schema WHERE type = 'table' AND name = ")
+                    .bind(table.as_str());
+            }
+        }
+        s.finish()
+    }
+
     /// `SELECT * FROM t WHERE k = ?`.
     pub fn select_row(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);
@@ -357,18 +414,33 @@ impl Dialect {
         s.finish()
     }
 
-    /// `SELECT k FROM t WHERE k > ? ORDER BY k LIMIT n`: one page of keys.
-    pub fn key_page(&self, table: &Ident, key_col: &Ident, after: &str, limit: usize) -> Statement {
+    /// `SELECT k FROM t [WHERE k > ?] ORDER BY k LIMIT n`: one page of keys.
+    ///
+    /// The cursor is the last key value of the previous page, bound with the
+    /// type it was read with (an integer for an integer column, bytes for a
+    /// binary one); the first page (`after: None`) has no lower bound. A text
+    /// cursor such as `''` would skip rows: SQLite orders every integer
+    /// before any text, MariaDB compares `''` as `0`, PostgreSQL refuses to
+    /// bind text to an integer.
+    pub fn key_page(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        after: Option<&Value>,
+        limit: usize,
+    ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("SELECT ")
             .ident(key_col)
             .raw(" AS k FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" > ")
-            .bind(after)
-            .raw(" ORDER BY ")
+            .ident(table);
+        if let Some(after) = after {
+            s.raw(" WHERE ")
+                .ident(key_col)
+                .raw(" > ")
+                .bind(after.clone());
+        }
+        s.raw(" ORDER BY ")
             .ident(key_col)
             .raw(&format!(" LIMIT {limit}"));
         s.finish()
@@ -431,6 +503,39 @@ impl Dialect {
         s.finish()
     }
 
+    /// Re-inserts a move's copy that went missing from its destination before
+    /// publish: inserts the row only while the table has no row of the key
+    /// and the destination still holds a live tombstone of the key in the
+    /// table (so nothing routed could have written or deleted the key there
+    /// yet). Once the tombstone is lifted it changes nothing.
+    pub fn restore_copy(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(&mut s, cols);
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(") AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0)");
+        s.finish()
+    }
+
     /// `DELETE FROM t WHERE k = ?`.
     pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);
@@ -457,7 +562,13 @@ impl Dialect {
         s.finish()
     }
 
-    fn push_match(&self, s: &mut Sql<'_>, key_col: &Ident, key: &str, cols: &[(Ident, Value)]) {
+    pub(crate) fn push_match(
+        &self,
+        s: &mut Sql<'_>,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) {
         s.ident(key_col).raw(" = ").bind(key);
         for (c, v) in cols {
             s.raw(" AND ").col_is(c, v.clone());
@@ -744,7 +855,7 @@ impl Dialect {
     /// being `AND`ed side by side: SQLite re-prepares a statement whose
     /// `WHERE` holds two sibling `EXISTS` with non-key terms on every new
     /// binding, and the nested form means the same on every dialect.
-    fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>) {
+    fn push_snapshot_predicate(&self, s: &mut Sql<'_>, c: &Cutover<'_>, absent: &[(Ident, Ident)]) {
         let mut open = 0;
         let mut first = true;
         let mut and = |s: &mut Sql<'_>| {
@@ -762,12 +873,18 @@ impl Dialect {
                 open += 1;
             }
         }
-        for t in c.tables.iter().filter(|t| t.row.is_none()) {
+        let empty = c
+            .tables
+            .iter()
+            .filter(|t| t.row.is_none())
+            .map(|t| (&t.table, &t.key_col))
+            .chain(absent.iter().map(|(t, k)| (t, k)));
+        for (table, key_col) in empty {
             and(s);
             s.raw("NOT EXISTS (SELECT 1 FROM ")
-                .ident(&t.table)
+                .ident(table)
                 .raw(" WHERE ")
-                .ident(&t.key_col)
+                .ident(key_col)
                 .raw(" = ")
                 .bind(c.key)
                 .raw(")");
@@ -795,6 +912,17 @@ impl Dialect {
     /// one atomic batch; when any row changed first, every statement writes
     /// nothing.
     pub fn cutover_batch(&self, c: &Cutover<'_>) -> Vec<Statement> {
+        self.cutover_batch_guarded(c, &[])
+    }
+
+    /// [`Dialect::cutover_batch`] whose predicate also requires that the
+    /// `absent` tables (table, key column) hold no row of the key: tables
+    /// outside the move that must not gain a row the move would strand.
+    pub fn cutover_batch_guarded(
+        &self,
+        c: &Cutover<'_>,
+        absent: &[(Ident, Ident)],
+    ) -> Vec<Statement> {
         let mut out = Vec::new();
         for t in c.tables {
             let mut s = Sql::new(self);
@@ -819,7 +947,7 @@ impl Dialect {
                 .raw(", 0, 0")
                 .dual()
                 .raw(" WHERE ");
-            self.push_snapshot_predicate(&mut s, c);
+            self.push_snapshot_predicate(&mut s, c, absent);
             out.push(s.finish());
         }
         for t in c.tables {

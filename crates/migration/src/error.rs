@@ -5,6 +5,30 @@ use std::error::Error as StdError;
 /// A boxed error from a backend (a shard or a mapping store).
 pub type BackendError = Box<dyn StdError + Send + Sync + 'static>;
 
+/// A backend error a shard reports when a statement violated a primary key
+/// or unique constraint: a definite rejection (the statement applied
+/// nothing), never an unknown outcome. Shards wrap the driver's error in it
+/// (SQLite `SQLITE_CONSTRAINT_PRIMARYKEY` / `_UNIQUE`, PostgreSQL SQLSTATE
+/// `23505`, MariaDB/MySQL error 1062); the router reports a routed write
+/// that fails with it as `DUPLICATE_KEY`.
+#[derive(Debug, thiserror::Error)]
+#[error("unique constraint violated")]
+pub struct UniqueViolation(#[source] pub BackendError);
+
+impl UniqueViolation {
+    /// Whether `e` (or an error it wraps) is a [`UniqueViolation`].
+    pub fn is(e: &(dyn StdError + 'static)) -> bool {
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+        while let Some(x) = cur {
+            if x.is::<Self>() {
+                return true;
+            }
+            cur = x.source();
+        }
+        false
+    }
+}
+
 /// Every failure the migration crate reports.
 ///
 /// Each variant has a stable machine code ([`MigrationError::code`]) and says
@@ -186,6 +210,44 @@ pub enum MigrationError {
     /// is unknown.
     #[error("the coordinator's allocation ledger failed")]
     CoordinatorUnavailable(#[source] BackendError),
+    /// A move names only some of the configured tables that hold a row of
+    /// the key: moving it would strand the others (the key's mapping would
+    /// point away from them). Nothing was written; move every table listed
+    /// here with the others in one `reassign_keys`.
+    #[error("key {key:?} also has rows in tables {tables:?}, which the move does not include")]
+    PartialMove {
+        /// The key.
+        key: String,
+        /// Configured tables outside the move that hold a row of the key.
+        tables: Vec<String>,
+    },
+    /// A routed insert found a row of the key already there (a primary key
+    /// or unique constraint refused it): a definite rejection, nothing was
+    /// written. Use `upsert` or `update` to change an existing row.
+    #[error("table {table:?} already holds a row of key {key:?}")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+        /// The table.
+        table: String,
+    },
+    /// A table's key column compares more coarsely than bytes (a case- or
+    /// accent-insensitive or PAD SPACE collation, `citext`): two keys the
+    /// router keeps apart would be one row on the shard. Refused when the
+    /// table is first used on the shard; `fix` says what to declare.
+    #[error(
+        "key column {column:?} of table {table:?} compares with {collation}, not by bytes: {fix}"
+    )]
+    KeyColumnNotBytewise {
+        /// The table.
+        table: String,
+        /// The key column.
+        column: String,
+        /// The collation (or type) that compares it.
+        collation: String,
+        /// What to change.
+        fix: String,
+    },
 }
 
 impl MigrationError {
@@ -229,6 +291,9 @@ impl MigrationError {
         "RECONCILE_VERIFY_REQUIRED",
         "COORDINATOR_NOT_CONFIGURED",
         "COORDINATOR_UNAVAILABLE",
+        "MIGRATION_PARTIAL_MOVE",
+        "DUPLICATE_KEY",
+        "KEY_COLUMN_NOT_BYTEWISE",
     ];
 
     /// The stable machine code of this error.
@@ -272,6 +337,9 @@ impl MigrationError {
             Self::ReconcileVerifyRequired => "RECONCILE_VERIFY_REQUIRED",
             Self::CoordinatorNotConfigured => "COORDINATOR_NOT_CONFIGURED",
             Self::CoordinatorUnavailable(_) => "COORDINATOR_UNAVAILABLE",
+            Self::PartialMove { .. } => "MIGRATION_PARTIAL_MOVE",
+            Self::DuplicateKey { .. } => "DUPLICATE_KEY",
+            Self::KeyColumnNotBytewise { .. } => "KEY_COLUMN_NOT_BYTEWISE",
         }
     }
 

@@ -55,7 +55,7 @@ pub use config::{
 };
 pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
 pub use durability_time::{Clock, ManualClock, SystemClock};
-pub use error::{BackendError, MigrationError, Result};
+pub use error::{BackendError, MigrationError, Result, UniqueViolation};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
 };

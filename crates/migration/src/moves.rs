@@ -42,7 +42,7 @@ use crate::journal::{
 use crate::recovery::Resumed;
 use crate::router::Router;
 use crate::shard::Statement;
-use crate::value::{self, Row};
+use crate::value::{self, Row, Value};
 
 /// When an archived source row may be purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +178,40 @@ impl<'r> MoveCtx<'r> {
         Ok(out)
     }
 
+    /// Configured tables outside the move that exist on the source.
+    async fn others(&self) -> Result<Vec<TableSpec>> {
+        let mut out = Vec::new();
+        for spec in self.r.tables.values() {
+            if self.specs.contains(spec) {
+                continue;
+            }
+            match self.r.columns(&self.source, spec).await {
+                Ok(_) => out.push(spec.clone()),
+                Err(MigrationError::UnknownTable(_) | MigrationError::UnknownKeyColumn { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Configured tables outside the move that hold a row of the key on the
+    /// source (a move of only some of them would strand the others).
+    pub(crate) async fn rows_elsewhere(&self) -> Result<Vec<String>> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut out = Vec::new();
+        for spec in self.others().await? {
+            let rows = shard
+                .query(&d.key_probe(&spec.name, &spec.key_col, &self.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if !rows.is_empty() {
+                out.push(spec.name.as_str().to_owned());
+            }
+        }
+        Ok(out)
+    }
+
     pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
         self.read_rows(&self.source).await
     }
@@ -274,7 +308,15 @@ impl<'r> MoveCtx<'r> {
             tables: &tables,
             journal_owner: with_commit.then_some(self.guard.owner.as_str()),
         };
-        let mut stmts = d.cutover_batch(&c);
+        // Tables outside the move must still hold no row of the key: a row
+        // inserted there meanwhile would be stranded by the cutover.
+        let absent: Vec<_> = self
+            .others()
+            .await?
+            .into_iter()
+            .map(|t| (t.name, t.key_col))
+            .collect();
+        let mut stmts = d.cutover_batch_guarded(&c, &absent);
         if with_commit {
             let change = Change {
                 committed_if_archived: Some(self.key.clone()),
@@ -311,17 +353,63 @@ impl<'r> MoveCtx<'r> {
         Ok(!rows.is_empty())
     }
 
-    async fn publish(&self) -> Result<()> {
+    /// The snapshot this operation archived on the source (its payloads).
+    pub(crate) async fn archived_snapshot(&self) -> Result<Snapshot> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let mut s = Sql::new(&d);
+        s.raw("SELECT tname, payload FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(self.key.as_str())
+            .raw(" AND op_id = ")
+            .bind(self.op_id.as_str());
+        let rows = shard
+            .query(&s.finish())
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        let mut out = vec![None; self.specs.len()];
+        for r in &rows {
+            let t = crate::journal::text(r, "tname")?;
+            let Some(i) = self.specs.iter().position(|s| s.name.as_str() == t) else {
+                continue;
+            };
+            if let Some(Value::Blob(b)) = r.get("payload") {
+                out[i] = Some(value::decode_row(b)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn publish(&self, snap: &Snapshot) -> Result<()> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let tnames: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
-        // Lift the destination's old tombstones of the key (from an earlier
-        // move away from it), if any: only now, after the source cutover,
-        // may writes land there.
-        shard
-            .execute(&d.tombstone_lift(&tnames, &self.key))
+        // One batch on the destination: re-insert a copy that went missing
+        // while the destination still fenced the key (a verify repair that
+        // read the key's claim before this move took it can take the copy
+        // for a ghost behind the old tombstone), then lift the destination's
+        // old tombstones of the key (from an earlier move away from it), if
+        // any: only now, after the source cutover, may writes land there.
+        let mut stmts = Vec::with_capacity(self.specs.len() + 1);
+        for (spec, row) in self.specs.iter().zip(snap) {
+            if let Some(row) = row {
+                stmts.push(d.restore_copy(&spec.name, &spec.key_col, &self.key, &row_idents(row)?));
+            }
+        }
+        stmts.push(d.tombstone_lift(&tnames, &self.key));
+        let counts = shard
+            .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
+        if counts.iter().rev().skip(1).any(|n| *n > 0) {
+            tracing::warn!(
+                event = "durability.migration.copy_restored",
+                op_id = %self.op_id,
+                key = %self.key,
+                "a copy removed before publish was restored from the snapshot"
+            );
+        }
         self.r
             .mapping
             .put(&self.key, &self.target)
@@ -433,6 +521,11 @@ impl<'r> MoveCtx<'r> {
             if fresh.iter().all(Option::is_none) {
                 return Err(self.abort(&digests, "source row gone").await?);
             }
+            let elsewhere = self.rows_elsewhere().await?;
+            if !elsewhere.is_empty() {
+                let reason = format!("rows appeared in tables outside the move: {elsewhere:?}");
+                return Err(self.abort(&digests, &reason).await?);
+            }
             if attempts > MAX_RECOPIES {
                 return Err(self.abort(&digests, "copies used up").await?);
             }
@@ -449,13 +542,19 @@ impl<'r> MoveCtx<'r> {
         if !committed {
             self.step(MoveState::Committed, Change::default()).await?;
         }
-        self.finish().await?;
+        self.finish(Some(&snap)).await?;
         Ok(attempts)
     }
 
     /// From `committed` (or `published`): publish, then retire and release.
-    pub(crate) async fn finish(&self) -> Result<()> {
-        self.publish().await?;
+    ///
+    /// `snap`: the snapshot the cutover archived (`None`: read it back from
+    /// the archive).
+    pub(crate) async fn finish(&self, snap: Option<&Snapshot>) -> Result<()> {
+        match snap {
+            Some(s) => self.publish(s).await?,
+            None => self.publish(&self.archived_snapshot().await?).await?,
+        }
         let now = self.r.now();
         let change = Change {
             finished: true,
@@ -605,6 +704,14 @@ impl Router {
     /// Moves the key's rows in `tables` to `target` as one journaled
     /// operation. Everything is validated before the first write.
     ///
+    /// A move must include every configured table that holds a row of the
+    /// key on its source: the key's mapping moves as a whole, so a row left
+    /// behind in another table would no longer be routed to (reads `None`,
+    /// updates changing nothing, inserts creating a second row). Such a
+    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables;
+    /// the cutover also requires them to be still empty, and a move that
+    /// finds a row appeared there meanwhile aborts.
+    ///
     /// A key has one active operation at a time. When this router's own
     /// earlier call stopped on an error and left its operation active, the
     /// same call (same key, target and tables) resumes that operation from
@@ -616,7 +723,7 @@ impl Router {
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
     /// `JOURNAL_NOT_CONFIGURED`, `MIGRATION_UNSUPPORTED_DIALECT`,
     /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
-    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`,
+    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`, `MIGRATION_PARTIAL_MOVE`,
     /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
     /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
     pub async fn reassign_keys_with(
@@ -649,7 +756,7 @@ impl Router {
                 let m = self.manifest_for_write().await?;
                 let mut found = None;
                 for spec in &specs {
-                    if let Some(s) = self.probe_owners(&m, key, spec).await? {
+                    if let Some(s) = self.probe_key(&m, key, spec).await? {
                         found = Some(s);
                         break;
                     }
@@ -674,6 +781,23 @@ impl Router {
             self.columns(&source, spec).await?;
             self.columns(target, spec).await?;
         }
+        // A key has one active operation: a move while another holds the
+        // claim gets the conflict code (or resumes this router's own).
+        let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
+        {
+            let d = js.dialect();
+            let q = JournalSql {
+                d: &d,
+                scope: &self.scope,
+            };
+            let held = js
+                .query(&q.claim_holder(key))
+                .await
+                .map_err(|e| MigrationError::shard(&jname, e))?;
+            if !held.is_empty() {
+                return self.resume_own(key, target, &names).await;
+            }
+        }
         let retain_ms = match opts.retire {
             Retire::After(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
             Retire::Immediate => 0,
@@ -696,6 +820,15 @@ impl Router {
         let snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
             return Err(MigrationError::RowNotFound(key.to_owned()));
+        }
+        // A move of some tables only would strand the key's rows in the
+        // others: refused before anything is written.
+        let elsewhere = ctx.rows_elsewhere().await?;
+        if !elsewhere.is_empty() {
+            return Err(MigrationError::PartialMove {
+                key: key.to_owned(),
+                tables: elsewhere,
+            });
         }
         let op = OpRecord {
             op_id: op_id.clone(),

@@ -208,7 +208,8 @@ pub struct PruneReport {
     /// Rows the census read.
     pub scanned: u64,
     /// Rows on a shard that no epoch computes for their key and no
-    /// exception explains (reported; they keep no epoch).
+    /// exception explains, and rows of a binary key column whose bytes are
+    /// not UTF-8 (no key a router can name): reported; they keep no epoch.
     pub unplaced: u64,
     /// Whether this was a dry run.
     pub dry_run: bool,
@@ -765,8 +766,32 @@ impl Router {
         Ok(())
     }
 
-    /// A read found `key` through an older epoch: remember where it is.
-    pub(crate) async fn note_found(&self, key: &str, shard: &str, epoch: u32) {
+    /// A read found `key` through an older epoch: remember where it is,
+    /// unless another shard holds a row of the key in some configured table
+    /// (a mapping would hide that row from every other table's reads and
+    /// writes).
+    pub(crate) async fn note_found(&self, m: &Manifest, key: &str, shard: &str, epoch: u32) {
+        match self.held_elsewhere(m, key, shard).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!(
+                    event = "durability.migration.key_split",
+                    key,
+                    shard,
+                    "the key has rows on several shards; no placement exception recorded"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.migration.exception_not_recorded",
+                    error = %e,
+                    key,
+                    "placement exception not recorded: the key's other tables could not be probed"
+                );
+                return;
+            }
+        }
         let r = async {
             self.record_exception(key, shard, epoch).await?;
             let held = self
@@ -820,40 +845,93 @@ impl Router {
         Ok(())
     }
 
-    /// Finds the shard that holds `key`'s row of `spec` among the owners
-    /// of every epoch, newest first (`None`: no shard holds it).
+    /// Finds the shard that holds any row of `key` (in `spec` first, then in
+    /// every other configured table) among the owners of every epoch, newest
+    /// first (`None`: no shard holds one). A key's rows live together, so a
+    /// write of one table goes where the key's other rows are.
     ///
     /// # Errors
     /// `WRITE_UNRESOLVED` when a probe cannot run.
-    pub(crate) async fn probe_owners(
+    pub(crate) async fn probe_key(
         &self,
         m: &Manifest,
         key: &str,
         spec: &TableSpec,
     ) -> Result<Option<String>> {
+        let others: Vec<TableSpec> = self
+            .tables
+            .values()
+            .filter(|t| *t != spec)
+            .cloned()
+            .collect();
         for (_, shard_name) in m.candidates(key) {
-            let found = async {
-                let (_, shard) = self.shard_named(&shard_name)?;
-                let st = shard.dialect().key_probe(&spec.name, &spec.key_col, key);
-                shard
-                    .query(&st)
-                    .await
-                    .map_err(|e| MigrationError::shard(&shard_name, e))
-            }
-            .await;
-            match found {
-                Ok(rows) if !rows.is_empty() => return Ok(Some(shard_name)),
-                Ok(_) => {}
-                Err(e) => {
-                    return Err(MigrationError::WriteUnresolved {
-                        key: key.to_owned(),
-                        shard: shard_name.clone(),
-                        source: Box::new(e),
-                    });
-                }
+            // The written table's probe must run (a shard without the table
+            // cannot be told apart from one that fails); the key's other
+            // tables hold no row on a shard that does not have them.
+            if self
+                .holds_row(&shard_name, key, std::slice::from_ref(spec), false)
+                .await?
+                || self.holds_row(&shard_name, key, &others, true).await?
+            {
+                return Ok(Some(shard_name));
             }
         }
         Ok(None)
+    }
+
+    /// Whether `shard_name` holds a row of `key` in any of `specs` (with
+    /// `skip_missing`, a table the shard does not have holds none).
+    ///
+    /// # Errors
+    /// `WRITE_UNRESOLVED` when a probe cannot run.
+    async fn holds_row(
+        &self,
+        shard_name: &str,
+        key: &str,
+        specs: &[TableSpec],
+        skip_missing: bool,
+    ) -> Result<bool> {
+        let unresolved = |e: MigrationError| MigrationError::WriteUnresolved {
+            key: key.to_owned(),
+            shard: shard_name.to_owned(),
+            source: Box::new(e),
+        };
+        let (_, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        for spec in specs {
+            if skip_missing && d.is_proven() {
+                match self.columns(shard_name, spec).await {
+                    Ok(_) => {}
+                    Err(
+                        MigrationError::UnknownTable(_) | MigrationError::UnknownKeyColumn { .. },
+                    ) => {
+                        continue;
+                    }
+                    Err(e) => return Err(unresolved(e)),
+                }
+            }
+            let rows = shard
+                .query(&d.key_probe(&spec.name, &spec.key_col, key))
+                .await
+                .map_err(|e| unresolved(MigrationError::shard(shard_name, e)))?;
+            if !rows.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether a shard other than `shard` among `key`'s candidates holds a
+    /// row of the key in any configured table (its rows are split: no one
+    /// shard may be recorded as the key's).
+    async fn held_elsewhere(&self, m: &Manifest, key: &str, shard: &str) -> Result<bool> {
+        let specs: Vec<TableSpec> = self.tables.values().cloned().collect();
+        for (_, other) in m.candidates(key) {
+            if other != shard && self.holds_row(&other, key, &specs, true).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Where a routed write of `key` goes under computed placement: its
@@ -874,7 +952,7 @@ impl Router {
         if m.epochs.len() == 1 {
             return Ok(newest);
         }
-        Ok(self.probe_owners(m, key, spec).await?.unwrap_or(newest))
+        Ok(self.probe_key(m, key, spec).await?.unwrap_or(newest))
     }
 
     /// Drops every epoch no row depends on.
@@ -1043,17 +1121,23 @@ impl Router {
         page: usize,
         concurrency: usize,
     ) -> Result<Census> {
-        let mut jobs = Vec::new();
+        // Owned jobs: a closure over borrowed (table, shard) pairs would make
+        // the future not `Send` for every lifetime (a higher-ranked bound the
+        // compiler cannot prove), so `prune_epochs` could not be spawned.
+        let mut jobs: Vec<(TableSpec, String)> = Vec::new();
         for spec in specs {
             for name in self.shards.keys() {
-                jobs.push((spec, name.as_str()));
+                jobs.push((spec.clone(), name.clone()));
             }
         }
-        let results: Vec<Result<Census>> = futures::stream::iter(jobs)
-            .map(|(spec, name)| self.census_one(m, spec, name, exceptions, page))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
+        let results: Vec<Result<Census>> =
+            futures::stream::iter(jobs)
+                .map(|(spec, name)| async move {
+                    self.census_one(m, &spec, &name, exceptions, page).await
+                })
+                .buffer_unordered(concurrency)
+                .collect()
+                .await;
         let mut dependents = BTreeMap::new();
         let (mut scanned, mut unplaced) = (0, 0);
         for r in results {
@@ -1080,33 +1164,37 @@ impl Router {
         let known: BTreeSet<u32> = m.epochs.iter().map(|e| e.number).collect();
         let mut dependents = BTreeMap::new();
         let (mut scanned, mut unplaced) = (0u64, 0u64);
-        let mut after = String::new();
+        let mut after: Option<Value> = None;
         loop {
             let rows = shard
-                .query(&d.key_page(&spec.name, &spec.key_col, &after, page))
+                .query(&d.key_page(&spec.name, &spec.key_col, after.as_ref(), page))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
             let n = rows.len();
-            for r in &rows {
-                let key = match r.get("k") {
-                    Some(Value::Text(k)) => k.clone(),
-                    Some(Value::Integer(i)) => i.to_string(),
+            for r in rows {
+                let raw = r.get("k").cloned().unwrap_or(Value::Null);
+                scanned += 1;
+                let key = match &raw {
+                    Value::Text(k) => Some(k.clone()),
+                    Value::Integer(i) => Some(i.to_string()),
+                    // A binary key holds the key's UTF-8 bytes; other bytes
+                    // are no key a router can name, so no epoch places them.
+                    Value::Blob(b) => String::from_utf8(b.clone()).ok(),
                     other => return Err(MigrationError::Corrupt(format!("key column: {other:?}"))),
                 };
-                scanned += 1;
-                let epoch = match exceptions.get(&key) {
+                let epoch = key.and_then(|key| match exceptions.get(&key) {
                     Some(x) if x.shard == shard_name && known.contains(&x.epoch) => Some(x.epoch),
                     _ => m
                         .epochs
                         .iter()
                         .find(|e| e.owner(&key) == Some(shard_name))
                         .map(|e| e.number),
-                };
+                });
                 match epoch {
                     Some(e) => *dependents.entry(e).or_insert(0) += 1,
                     None => unplaced += 1,
                 }
-                after = key;
+                after = Some(raw);
             }
             if n < page {
                 return Ok((dependents, scanned, unplaced));

@@ -354,7 +354,7 @@ impl Router {
                     if ctx.destination_matches(&op.digests).await? {
                         ctx.step(MoveState::Committed, crate::journal::Change::default())
                             .await?;
-                        ctx.finish().await?;
+                        ctx.finish(None).await?;
                         return Ok(Resumed::Committed(op.attempts));
                     }
                     return Err(MigrationError::Corrupt(format!(
@@ -368,7 +368,7 @@ impl Router {
                 Ok(Resumed::Aborted(e))
             }
             MoveState::Committed | MoveState::Published => {
-                ctx.finish().await?;
+                ctx.finish(None).await?;
                 Ok(Resumed::Committed(op.attempts))
             }
             MoveState::Retired | MoveState::Aborted => Ok(Resumed::Finished),

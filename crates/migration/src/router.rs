@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, row_idents};
-use crate::error::{MigrationError, Result};
+use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
@@ -258,11 +258,90 @@ impl Router {
                 column: spec.key_col.as_str().to_owned(),
             });
         }
+        self.check_key_bytewise(name, shard.as_ref(), spec).await?;
         let cols = Arc::new(cols);
         if let Ok(mut m) = self.columns.lock() {
             m.insert(cache_key, Arc::clone(&cols));
         }
         Ok(cols)
+    }
+
+    /// Refuses a key column whose equality is coarser than bytes on its
+    /// shard (`KEY_COLUMN_NOT_BYTEWISE`, naming the column and the fix).
+    async fn check_key_bytewise(
+        &self,
+        name: &str,
+        shard: &dyn Shard,
+        spec: &TableSpec,
+    ) -> Result<()> {
+        let d = shard.dialect();
+        if !d.is_proven() {
+            return Ok(());
+        }
+        let rows = shard
+            .query(&d.key_collation_query(&spec.name, &spec.key_col))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        let refuse = |collation: String, fix: &str| MigrationError::KeyColumnNotBytewise {
+            table: spec.name.as_str().to_owned(),
+            column: spec.key_col.as_str().to_owned(),
+            collation,
+            fix: fix.to_owned(),
+        };
+        let text = |r: &Row, c: &str| match r.get(c) {
+            Some(Value::Text(t)) => Some(t.clone()),
+            Some(Value::Blob(b)) => String::from_utf8(b.clone()).ok(),
+            _ => None,
+        };
+        const SQLITE_FIX: &str = "declare the key column COLLATE BINARY (the default)";
+        for r in &rows {
+            match d {
+                crate::dialect::Dialect::Sqlite => {
+                    if let Some(c) = text(r, "coll").filter(|c| !c.eq_ignore_ascii_case("BINARY")) {
+                        return Err(refuse(c, SQLITE_FIX));
+                    }
+                    if let Some(c) = text(r, "sql")
+                        .and_then(|sql| sqlite_declared_collation(&sql, spec.key_col.as_str()))
+                        .filter(|c| !c.eq_ignore_ascii_case("BINARY"))
+                    {
+                        return Err(refuse(c, SQLITE_FIX));
+                    }
+                }
+                crate::dialect::Dialect::Postgres => {
+                    let ty = text(r, "ty").unwrap_or_default();
+                    if ty == "citext" {
+                        return Err(refuse(
+                            ty,
+                            "use text (or varchar) with a deterministic collation such as \"C\"",
+                        ));
+                    }
+                    if r.get("det") == Some(&Value::Integer(0)) {
+                        return Err(refuse(
+                            format!("a nondeterministic collation ({ty})"),
+                            "declare the key column COLLATE \"C\" (or another deterministic collation)",
+                        ));
+                    }
+                }
+                crate::dialect::Dialect::MySql => {
+                    if let Some(c) = text(r, "collation") {
+                        let lc = c.to_ascii_lowercase();
+                        if !(lc == "binary"
+                            || lc.ends_with("_nopad_bin")
+                            || lc.ends_with("_0900_bin"))
+                        {
+                            return Err(refuse(
+                                c,
+                                "declare the key column VARBINARY, or with a NO PAD binary collation \
+                                 such as utf8mb4_nopad_bin (utf8mb4_bin and the _ci collations ignore \
+                                 trailing spaces or case)",
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     fn check_row_columns(spec: &TableSpec, cols: &BTreeSet<String>, row: &Row) -> Result<()> {
@@ -428,7 +507,7 @@ impl Router {
         for (i, (epoch, start)) in m.candidates(key).into_iter().enumerate() {
             if let Some(r) = self.read_chain(key, &spec, start.clone(), opts).await? {
                 if i > 0 {
-                    self.note_found(key, &start, epoch).await;
+                    self.note_found(&m, key, &start, epoch).await;
                 }
                 return Ok(Some(r));
             }
@@ -448,6 +527,11 @@ impl Router {
         loop {
             visited.insert(shard_name.clone());
             let (name, shard) = self.shard_named(&shard_name)?;
+            if shard.dialect().is_proven() {
+                // Validates the table on first use (cached): a key column
+                // compared more coarsely than bytes is refused.
+                self.columns(name, spec).await?;
+            }
             let rows = shard
                 .query(&shard.dialect().select_row(&spec.name, &spec.key_col, key))
                 .await
@@ -581,7 +665,8 @@ impl Router {
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
     /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`; under computed placement also
+    /// `MAPPING_UNAVAILABLE`, `DUPLICATE_KEY` (an insert of a key whose row
+    /// exists: definite, nothing written); under computed placement also
     /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
     /// of which applied the write).
     pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
@@ -708,10 +793,16 @@ impl Router {
                 }
                 WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
             };
-            let n = shard
-                .execute(&st)
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
+            let n = shard.execute(&st).await.map_err(|e| {
+                if UniqueViolation::is(e.as_ref()) {
+                    MigrationError::DuplicateKey {
+                        key: key.to_owned(),
+                        table: spec.name.as_str().to_owned(),
+                    }
+                } else {
+                    MigrationError::shard(name, e)
+                }
+            })?;
             if n == 0
                 && let Some(generation) = generation
                 && d.is_proven()
@@ -832,4 +923,47 @@ impl Router {
             .await
             .map_err(|e| MigrationError::shard(name, e))
     }
+}
+
+/// The collation a SQLite `CREATE TABLE` text declares on column `col`
+/// (`COLLATE name` in the column's definition), if any.
+fn sqlite_declared_collation(sql: &str, col: &str) -> Option<String> {
+    let open = sql.find('(')?;
+    let body = &sql[open + 1..];
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in body.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => {
+                parts.push(&body[start..i]);
+                break;
+            }
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&body[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    for p in parts {
+        let t = p.trim();
+        let Some(first) = t.split_whitespace().next() else {
+            continue;
+        };
+        let name = first.trim_matches(|c| matches!(c, '"' | '`' | '[' | ']'));
+        if !name.eq_ignore_ascii_case(col) {
+            continue;
+        }
+        let up = t.to_ascii_uppercase();
+        let i = up.find("COLLATE")?;
+        let rest = up[i + "COLLATE".len()..].trim_start();
+        let c: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        return (!c.is_empty()).then_some(c);
+    }
+    None
 }

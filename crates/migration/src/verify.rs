@@ -53,20 +53,37 @@ pub struct StaleCutover {
 }
 
 /// What verification found (after repair, what remains).
+///
+/// Each list keeps its first [`MAX_REPORT_ENTRIES`] entries; the matching
+/// `*_count` field is the exact total.
 #[derive(Debug, Default)]
 pub struct VerifyReport {
-    /// Operations still active in the journal.
+    /// Operations still active in the journal (first entries).
     pub dangling_ops: Vec<String>,
-    /// Live rows on a shard that also holds a live tombstone for the key.
+    /// Live rows on a shard that also holds a live tombstone for the key
+    /// (first entries).
     pub ghosts: Vec<Leftover>,
-    /// Tombstones with no journal record.
+    /// Tombstones with no journal record (first entries).
     pub stranded_archives: Vec<Leftover>,
-    /// Rows on the destination of an aborted move equal to the journaled row.
+    /// Rows on the destination of an aborted move equal to the journaled row
+    /// (first entries).
     pub stranded_copies: Vec<Leftover>,
-    /// Tombstones whose move was aborted.
+    /// Tombstones whose move was aborted (first entries).
     pub stale_cutovers: Vec<StaleCutover>,
-    /// What repair changed.
+    /// What repair changed (first entries).
     pub repaired: Vec<String>,
+    /// Exact number of dangling operations.
+    pub dangling_count: u64,
+    /// Exact number of ghosts.
+    pub ghost_count: u64,
+    /// Exact number of stranded archives.
+    pub stranded_archive_count: u64,
+    /// Exact number of stranded copies.
+    pub stranded_copy_count: u64,
+    /// Exact number of stale cutovers.
+    pub stale_cutover_count: u64,
+    /// Exact number of repairs.
+    pub repaired_count: u64,
     /// Nothing remains to report.
     pub clean: bool,
     /// The recovery `repair` ran first.
@@ -101,6 +118,12 @@ fn push_capped<T>(v: &mut Vec<T>, x: T) {
     }
 }
 
+/// Counts `x` in `n` (exact) and keeps it in `v` (the first entries only).
+fn push_counted<T>(v: &mut Vec<T>, n: &mut u64, x: T) {
+    *n += 1;
+    push_capped(v, x);
+}
+
 struct Tomb {
     op_id: String,
     table: String,
@@ -111,18 +134,81 @@ struct Tomb {
 }
 
 impl Router {
+    /// Whether an active operation holds `key`'s claim (a move of the key is
+    /// in flight: its rows cannot be judged, and repair leaves them alone).
+    async fn claim_held(&self, key: &str) -> Result<bool> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let rows = js
+            .query(
+                &JournalSql {
+                    d: &d,
+                    scope: &self.scope,
+                }
+                .claim_holder(key),
+            )
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        Ok(!rows.is_empty())
+    }
+
+    /// A repair's delete of a row equal to `cols` on `shard_name`, which
+    /// re-checks in the same statement what can be checked there: that the
+    /// tombstone `tomb` (op id, table) is still live, and, when the journal
+    /// shares the shard's database, that no operation holds the key's claim.
+    fn repair_delete(
+        &self,
+        shard_name: &str,
+        spec: &crate::config::TableSpec,
+        key: &str,
+        cols: &[(crate::dialect::Ident, Value)],
+        tomb: Option<(&str, &str)>,
+    ) -> Result<crate::shard::Statement> {
+        let (_, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let mut s = Sql::new(&d);
+        s.raw("DELETE FROM ").ident(&spec.name).raw(" WHERE ");
+        d.push_match(&mut s, &spec.key_col, key, cols);
+        if let Some((op_id, table)) = tomb {
+            s.raw(" AND EXISTS (SELECT 1 FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE mkey = ")
+                .bind(key)
+                .raw(" AND op_id = ")
+                .bind(op_id)
+                .raw(" AND tname = ")
+                .bind(table)
+                .raw(" AND superseded = 0)");
+        }
+        if self.journal.as_deref() == Some(shard_name) {
+            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+                .raw(names::OPS)
+                .raw(" WHERE scope = ")
+                .bind(self.scope.as_str())
+                .raw(" AND claim = ")
+                .bind(key)
+                .raw(")");
+        }
+        Ok(s.finish())
+    }
+
     /// Reports leftovers of stalled writers; with `repair: true` runs
     /// recovery first (taking the lease) and repairs what can be proven:
     /// a ghost only when it equals the archived payload, a stranded copy by
     /// the abort's digest proof, a stale cutover only when its operation is
     /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A clean pass is recorded (purge requires one).
+    /// shard has no row. A clean pass is recorded with its start time (purge
+    /// requires one that started after the operation finished).
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
     /// (with `repair`), `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
     pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         self.journal_shard()?;
+        // A clean pass covers the moves that finished before it started:
+        // one that finished while it ran may not have been examined, so the
+        // clean stamp is the start time, never the end.
+        let started = self.now();
         let page = opts.page_size.clamp(1, 10_000);
         let mut report = VerifyReport::default();
         let lease = if opts.repair {
@@ -161,18 +247,18 @@ impl Router {
                 d: &d,
                 scope: &self.scope,
             }
-            .meta_set(self.now());
+            .meta_set(started);
             js.batch(&stmts)
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
         } else {
             tracing::warn!(
                 event = "durability.migration.verify_unclean",
-                dangling = report.dangling_ops.len(),
-                ghosts = report.ghosts.len(),
-                stranded_archives = report.stranded_archives.len(),
-                stranded_copies = report.stranded_copies.len(),
-                stale_cutovers = report.stale_cutovers.len(),
+                dangling = report.dangling_count,
+                ghosts = report.ghost_count,
+                stranded_archives = report.stranded_archive_count,
+                stranded_copies = report.stranded_copy_count,
+                stale_cutovers = report.stale_cutover_count,
                 "verification found inconsistencies"
             );
         }
@@ -202,7 +288,11 @@ impl Router {
             let Some(last) = rows.last() else { break };
             after = crate::journal::text(last, "op_id")?;
             for r in &rows {
-                push_capped(&mut report.dangling_ops, crate::journal::text(r, "op_id")?);
+                push_counted(
+                    &mut report.dangling_ops,
+                    &mut report.dangling_count,
+                    crate::journal::text(r, "op_id")?,
+                );
             }
         }
         // Tombstones on every shard.
@@ -295,7 +385,11 @@ impl Router {
             op_id: t.op_id.clone(),
         };
         let Some(op) = self.load_op(&t.op_id).await? else {
-            push_capped(&mut report.stranded_archives, leftover);
+            push_counted(
+                &mut report.stranded_archives,
+                &mut report.stranded_archive_count,
+                leftover,
+            );
             return Ok(());
         };
         if !op.state.is_terminal() {
@@ -313,7 +407,7 @@ impl Router {
             .into_iter()
             .next();
         if op.state == MoveState::Aborted {
-            if t.superseded {
+            if t.superseded || self.claim_held(&t.key).await? {
                 return Ok(());
             }
             let newest = self.get_migration_status(&t.key, &t.table).await?;
@@ -342,16 +436,18 @@ impl Router {
                     key = %t.key,
                     "stale cutover restored"
                 );
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "restored {}:{}:{} ({})",
                         shard_name, t.table, t.key, t.op_id
                     ),
                 );
             } else {
-                push_capped(
+                push_counted(
                     &mut report.stale_cutovers,
+                    &mut report.stale_cutover_count,
                     StaleCutover {
                         leftover,
                         restorable,
@@ -364,22 +460,35 @@ impl Router {
             return Ok(());
         }
         if let Some(row) = live {
+            // A move of the key in flight (reported as dangling): the row
+            // may be its copy on a shard the key is moving back to, equal to
+            // the archived payload behind the old tombstone. Not a ghost.
+            if self.claim_held(&t.key).await? {
+                return Ok(());
+            }
             let provable = t.payload.is_some() && value::digest(Some(&row)) == t.digest;
             if repair && provable {
-                let st = d.delete_matching(&spec.name, &spec.key_col, &t.key, &row_idents(&row)?);
+                let st = self.repair_delete(
+                    shard_name,
+                    &spec,
+                    &t.key,
+                    &row_idents(&row)?,
+                    Some((&t.op_id, &t.table)),
+                )?;
                 shard
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "removed ghost {}:{}:{} ({})",
                         shard_name, t.table, t.key, t.op_id
                     ),
                 );
             } else {
-                push_capped(&mut report.ghosts, leftover);
+                push_counted(&mut report.ghosts, &mut report.ghost_count, leftover);
             }
         }
         Ok(())
@@ -421,6 +530,10 @@ impl Router {
             if mapped.as_ref().and_then(Option::as_deref) == Some(op.target.as_str()) {
                 continue;
             }
+            // A later move of the key in flight: the row may be its copy.
+            if self.claim_held(&op.key).await? {
+                continue;
+            }
             let leftover = Leftover {
                 shard: op.target.clone(),
                 table: table.clone(),
@@ -428,20 +541,26 @@ impl Router {
                 op_id: op.op_id.clone(),
             };
             if repair {
-                let st = d.delete_matching(&spec.name, &spec.key_col, &op.key, &row_idents(&row)?);
+                let st =
+                    self.repair_delete(&op.target, &spec, &op.key, &row_idents(&row)?, None)?;
                 shard
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_capped(
+                push_counted(
                     &mut report.repaired,
+                    &mut report.repaired_count,
                     format!(
                         "removed stranded copy {}:{}:{} ({})",
                         op.target, table, op.key, op.op_id
                     ),
                 );
             } else {
-                push_capped(&mut report.stranded_copies, leftover);
+                push_counted(
+                    &mut report.stranded_copies,
+                    &mut report.stranded_copy_count,
+                    leftover,
+                );
             }
         }
         Ok(())

@@ -24,7 +24,8 @@
 //! on a real server for tests.
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
+    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,
+    UniqueViolation, Value,
 };
 use durability_time::{Backoff, Jitter, Random, SystemClock};
 use mysql_async::consts::ColumnType;
@@ -115,10 +116,20 @@ enum Attempt<T> {
     Done(Result<T, BackendError>),
 }
 
+/// A driver error as a backend error: a duplicate entry (server error
+/// 1062) is wrapped in [`UniqueViolation`] (a definite rejection).
+fn backend(e: mysql_async::Error) -> BackendError {
+    if matches!(&e, mysql_async::Error::Server(s) if s.code == 1062) {
+        Box::new(UniqueViolation(Box::new(e)))
+    } else {
+        Box::new(e)
+    }
+}
+
 fn classify<T>(r: Result<T, mysql_async::Error>) -> Attempt<T> {
     match r {
         Err(e) if is_retryable(&e) => Attempt::Retry(e),
-        Err(e) => Attempt::Done(Err(e.into())),
+        Err(e) => Attempt::Done(Err(backend(e))),
         Ok(v) => Attempt::Done(Ok(v)),
     }
 }

@@ -35,7 +35,8 @@ use std::error::Error as StdError;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement, Value,
+    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,
+    UniqueViolation, Value,
 };
 use durability_time::{Backoff, Jitter, Random, SystemClock};
 use tokio_postgres::error::SqlState;
@@ -221,10 +222,20 @@ enum Attempt<T> {
     Done(Result<T, BackendError>),
 }
 
+/// A driver error as a backend error: a unique violation (SQLSTATE
+/// `23505`) is wrapped in [`UniqueViolation`] (a definite rejection).
+fn backend(e: tokio_postgres::Error) -> BackendError {
+    if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+        Box::new(UniqueViolation(Box::new(e)))
+    } else {
+        Box::new(e)
+    }
+}
+
 fn classify<T>(r: Result<T, tokio_postgres::Error>) -> Attempt<T> {
     match r {
         Err(e) if is_retryable(&e) => Attempt::Retry(e),
-        Err(e) => Attempt::Done(Err(e.into())),
+        Err(e) => Attempt::Done(Err(backend(e))),
         Ok(v) => Attempt::Done(Ok(v)),
     }
 }
@@ -245,7 +256,7 @@ async fn query_once<C: GenericClient>(c: &C, st: &Statement) -> Attempt<Vec<Row>
     let rows = match c.query(&prepared, &refs(&params)).await {
         Ok(r) => r,
         Err(e) if is_retryable(&e) => return Attempt::Retry(e),
-        Err(e) => return Attempt::Done(Err(e.into())),
+        Err(e) => return Attempt::Done(Err(backend(e))),
     };
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {

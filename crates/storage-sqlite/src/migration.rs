@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, ShardMappingStore,
-    Statement, Value,
+    Statement, UniqueViolation, Value,
 };
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -61,9 +61,27 @@ fn from_sql(v: ValueRef<'_>) -> Result<Value, BackendError> {
     })
 }
 
+/// A driver error as a backend error: a primary key or unique constraint
+/// violation is wrapped in [`UniqueViolation`] (a definite rejection).
+fn backend(e: rusqlite::Error) -> BackendError {
+    let unique = matches!(
+        &e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+    );
+    if unique {
+        Box::new(UniqueViolation(Box::new(e)))
+    } else {
+        Box::new(e)
+    }
+}
+
 fn exec(conn: &Connection, st: &Statement) -> Result<u64, BackendError> {
     let mut stmt = conn.prepare_cached(&st.sql)?;
-    let n = stmt.execute(params_from_iter(st.params.iter().map(Bind)))?;
+    let n = stmt
+        .execute(params_from_iter(st.params.iter().map(Bind)))
+        .map_err(backend)?;
     Ok(u64::try_from(n)?)
 }
 
