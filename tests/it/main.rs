@@ -11,6 +11,8 @@ mod fence_processes;
 mod migration_dialects;
 mod migration_placement;
 mod outbox;
+mod outbox_codec;
+mod outbox_corrupt;
 mod reconcile_postgres;
 mod shards;
 mod support;

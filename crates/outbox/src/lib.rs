@@ -27,9 +27,11 @@
 //!   and the in-memory implementation on the scheduler's testkit storage.
 
 mod channel;
+mod codec;
 mod error;
 mod event;
 mod policy;
+mod report;
 mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -39,13 +41,15 @@ mod memory;
 pub mod conformance;
 
 pub use channel::{
-    ChannelConfig, DeadLetter, DeadLetterFn, Entry, MAX_CHANNEL_BYTES, MAX_KEY_BYTES,
+    ChannelConfig, DeadLetter, DeadLetterFn, DeadReason, Entry, MAX_CHANNEL_BYTES, MAX_KEY_BYTES,
     MAX_VALUE_BYTES, Outbox, SCHEMA, Sink,
 };
+pub use codec::{Codec, CodecError, JSON_FORMAT, Json, POSTCARD_FORMAT, Postcard};
 pub use error::{OutboxError, SinkError};
 pub use event::{EventHook, EventKind, OutboxEvent};
 pub use policy::{
     BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DelayFn,
     MAX_ATTEMPT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_DELAY_MS, RetryPolicy, default_delay_ms,
 };
-pub use store::{OutboxTx, Reschedule, StoredEntry};
+pub use report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
+pub use store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
