@@ -136,7 +136,9 @@ pub trait OutboxTx: SchedulerTx {
 
     /// Up to `limit` rows of a channel due at or before `now`, earliest
     /// due first (then lowest version). Each row is decoded on its own: a
-    /// corrupt row is a [`StoredRow::Corrupt`] among the healthy ones.
+    /// corrupt row is a [`StoredRow::Corrupt`] among the healthy ones. A
+    /// backend may add rows whose stored due time is not a valid time
+    /// (they are corrupt, and must not stay unseen), up to `limit` more.
     ///
     /// # Errors
     /// A backend failure.

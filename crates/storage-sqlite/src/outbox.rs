@@ -182,30 +182,114 @@ fn row(r: &Row<'_>) -> rusqlite::Result<StoredRow> {
     })
 }
 
+/// Versions reserved by one counter write.
+const VERSION_BLOCK: i64 = 1_000;
+
+/// Outbox versions `next..=limit`, reserved by a committed transaction
+/// that moved the stored counter to `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VersionBlock {
+    next: i64,
+    limit: i64,
+}
+
+/// A transaction's view of the version counter.
+///
+/// The stored counter is the highest version *reserved*. A transaction
+/// reserves a block of [`VERSION_BLOCK`] versions with one write and later
+/// transactions issue from it with only a read: each first reads the
+/// counter, and uses the remembered block only while the counter still
+/// equals the block's end. Any other reservation (another handle on the
+/// same file) moves the counter, so the block is dropped and a new one is
+/// reserved above it: every version issued is above every version issued
+/// before, by anyone, and a crash only skips the unissued rest of a block.
+#[derive(Debug)]
+pub(crate) struct TxVersions {
+    block: Option<VersionBlock>,
+    checked: bool,
+    issued: bool,
+}
+
+impl TxVersions {
+    /// The view of a new transaction, from the last committed block.
+    pub(crate) fn new(block: Option<VersionBlock>) -> Self {
+        Self {
+            block,
+            checked: false,
+            issued: false,
+        }
+    }
+
+    /// The block to remember once this transaction commits, if it issued a
+    /// version.
+    pub(crate) fn committed(&self) -> Option<VersionBlock> {
+        if self.issued { self.block } else { None }
+    }
+}
+
 fn i64_of(v: u64) -> Result<i64, StorageError> {
     i64::try_from(v).map_err(|_| StorageError::corrupt(format!("version {v} out of range")))
 }
 
 impl OutboxTx for SqliteTx<'_> {
     fn outbox_next_version(&mut self) -> Result<u64, StorageError> {
-        // Only a well-formed counter advances: a negative, non-integer or
-        // missing counter issues nothing (SQLite would read text as 0).
-        let last: Option<i64> = self
-            .sql()
-            .prepare_cached(
-                "UPDATE durability_outbox_version SET last = last + 1
-                 WHERE id = 0 AND typeof(last) = 'integer'
-                   AND last >= 0 AND last < 9223372036854775807
-                 RETURNING last",
-            )
-            .and_then(|mut st| st.query_row([], |r| r.get(0)).optional())
-            .map_err(|e| backend("advance outbox version", e))?;
-        let last = last.ok_or_else(|| {
-            StorageError::corrupt(
-                "the outbox version counter is missing, negative or not an integer",
-            )
-        })?;
-        u64::try_from(last).map_err(|_| StorageError::corrupt("negative outbox version"))
+        if !self.versions.checked {
+            // Strictly: a negative, non-integer or missing counter issues
+            // nothing (SQLite would do arithmetic on text as 0).
+            let last: Option<(i64, String)> = self
+                .sql()
+                .prepare_cached(
+                    "SELECT last, typeof(last) FROM durability_outbox_version WHERE id = 0",
+                )
+                .and_then(|mut st| {
+                    st.query_row([], |r| {
+                        Ok((r.get_ref(0)?.as_i64().unwrap_or(-1), r.get(1)?))
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend("read outbox version", e))?;
+            let last = match last {
+                Some((last, kind)) if kind == "integer" && last >= 0 => last,
+                _ => {
+                    return Err(StorageError::corrupt(
+                        "the outbox version counter is missing, negative or not an integer",
+                    ));
+                }
+            };
+            self.versions.checked = true;
+            if self.versions.block.is_none_or(|b| b.limit != last) {
+                self.versions.block = None;
+            }
+        }
+        let block = match self.versions.block {
+            Some(b) if b.next <= b.limit => b,
+            _ => {
+                let limit: Option<i64> = self
+                    .sql()
+                    .prepare_cached(&format!(
+                        "UPDATE durability_outbox_version SET last = last + {VERSION_BLOCK}
+                         WHERE id = 0 AND typeof(last) = 'integer'
+                           AND last >= 0 AND last <= {}
+                         RETURNING last",
+                        i64::MAX - VERSION_BLOCK
+                    ))
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)).optional())
+                    .map_err(|e| backend("reserve outbox versions", e))?;
+                let limit = limit.ok_or_else(|| {
+                    StorageError::corrupt("the outbox version counter is out of range")
+                })?;
+                VersionBlock {
+                    next: limit - VERSION_BLOCK + 1,
+                    limit,
+                }
+            }
+        };
+        self.versions.block = Some(VersionBlock {
+            next: block.next + 1,
+            limit: block.limit,
+        });
+        self.versions.issued = true;
+        u64::try_from(block.next).map_err(|_| StorageError::corrupt("negative outbox version"))
     }
 
     fn outbox_upsert(&mut self, e: &StoredEntry) -> Result<(), StorageError> {
@@ -307,14 +391,18 @@ impl OutboxTx for SqliteTx<'_> {
         limit: usize,
     ) -> Result<Vec<StoredRow>, StorageError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        // Rows due now, and rows whose due time is past 2^53-1 or not an
+        // Rows due now, then rows whose due time is past 2^53-1 or not an
         // integer (text sorts after every number): those are corrupt and
-        // come back to be quarantined instead of sitting there unseen.
+        // come back to be quarantined instead of sitting there unseen. Two
+        // index range searches; the second finds nothing on healthy data.
         self.sql()
             .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM durability_outbox
-                 WHERE channel = ?1 AND (due_at <= ?2 OR due_at > {MAX_SAFE})
-                 ORDER BY due_at, version LIMIT ?3"
+                "SELECT * FROM (SELECT {COLUMNS} FROM durability_outbox
+                   WHERE channel = ?1 AND due_at <= ?2
+                   ORDER BY due_at, version LIMIT ?3)
+                 UNION ALL
+                 SELECT * FROM (SELECT {COLUMNS} FROM durability_outbox
+                   WHERE channel = ?1 AND due_at > {MAX_SAFE} LIMIT ?3)"
             ))
             .and_then(|mut st| {
                 st.query_map(params![channel, now, limit], row)?
