@@ -33,8 +33,8 @@ pub struct CorruptEntry {
     pub channel: String,
     /// The key as read (lossily, for a key that is not UTF-8 text).
     pub key: String,
-    /// The backend's identity of the row, handed back to
-    /// [`OutboxTx::outbox_quarantine`] (the stored key exactly as stored).
+    /// The backend's own identity of the row (for SQLite, the stored key's
+    /// type and bytes), handed back to [`OutboxTx::outbox_quarantine`].
     pub row: Vec<u8>,
     /// What is wrong with it.
     pub reason: String,
