@@ -178,83 +178,274 @@ fn app_row(
         .map_err(sql_err)
 }
 
+/// The hand-written outbox: one insert into an indexed table shaped like
+/// the outbox (no version counter, no alarm bookkeeping).
+fn hand_written(
+    tx: &mut durability_storage_sqlite::SqliteTx<'_>,
+    i: u64,
+    body: &[u8],
+) -> std::result::Result<(), durability_outbox::OutboxError> {
+    tx.sql()
+        .prepare_cached("INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)")
+        .and_then(|mut st| st.execute((format!("key-{i}"), body, i as i64)))
+        .map(|_| ())
+        .map_err(sql_err)
+}
+
+/// What the postcard codec costs per stage, in microseconds: encoding the
+/// value, then the round-trip check (decode and encode again).
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+fn codec_us(value: &Vec<u8>, n: u64) -> Result<f64> {
+    use durability_outbox::{Codec, Postcard};
+    let start = Instant::now();
+    for _ in 0..n {
+        let mut out = vec![durability_outbox::POSTCARD_FORMAT];
+        Codec::<Vec<u8>>::encode(&Postcard, value, &mut out)?;
+        Codec::<Vec<u8>>::check_round_trip(&Postcard, value, &out[1..])?;
+        std::hint::black_box(&out);
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// The middle value of `xs` (sorted in place).
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// One measured transaction: the bench's storage and the round index.
+type TxBody<'a> = Box<dyn Fn(&Bench, u64) -> Result + 'a>;
+
+/// One staging variant: a fresh database and a transaction body.
+struct Variant<'a> {
+    name: &'static str,
+    bench: Bench,
+    body: TxBody<'a>,
+    per_round: Vec<f64>,
+}
+
+/// Runs the variants in interleaved rounds (so noise on this shared machine
+/// hits all alike) and returns each one's median time per transaction, in
+/// microseconds.
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+fn interleaved(variants: &mut [Variant<'_>], rounds: u64, per_round: u64) -> Result {
+    for round in 0..rounds {
+        for v in variants.iter_mut() {
+            let start = Instant::now();
+            for i in (round * per_round)..((round + 1) * per_round) {
+                (v.body)(&v.bench, i)?;
+            }
+            v.per_round
+                .push(start.elapsed().as_secs_f64() * 1e6 / per_round as f64);
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
 fn outbox() -> Result {
     let dir = tempfile::tempdir()?;
     let rt = tokio::runtime::Runtime::new()?;
     let body = vec![3u8; 200];
     let n: u64 = 10_000;
+    let rounds: u64 = 20;
+    let open = |name: &str| open_bench(&dir.path().join(format!("{name}.db")));
 
-    // Staging overhead: one application row + one staged entry per
-    // transaction, against the same transaction without the stage. Each
-    // variant gets a fresh database, and the variants alternate in rounds so
-    // that noise on this shared machine hits both alike.
-    let plain = open_bench(&dir.path().join("plain.db"))?;
-    let staged = open_bench(&dir.path().join("staged.db"))?;
-    let second = open_bench(&dir.path().join("second.db"))?;
-    let (mut t_plain, mut t_staged, mut t_second) = (0.0, 0.0, 0.0);
-    let rounds = 10;
-    for round in 0..rounds {
-        let ids = (round * n / rounds)..((round + 1) * n / rounds);
-        let t = Instant::now();
-        for i in ids.clone() {
-            plain.0.transaction(|tx| app_row(tx, i, &body))?;
-        }
-        t_plain += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for i in ids.clone() {
-            staged.0.transaction(|tx| {
-                app_row(tx, i, &body)?;
-                staged.1.stage(tx, &format!("key-{i}"), &body)?;
-                Ok::<_, durability_outbox::OutboxError>(())
-            })?;
-        }
-        t_staged += t.elapsed().as_secs_f64();
-        // Context: the same transaction plus one bare insert into a table
-        // shaped like the outbox (no version counter, no alarm bookkeeping).
-        let t = Instant::now();
-        for i in ids {
-            second.0.transaction(|tx| {
-                app_row(tx, i, &body)?;
-                tx.sql()
-                    .prepare_cached(
-                        "INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)",
-                    )
-                    .and_then(|mut st| st.execute((format!("key-{i}"), &body, i as i64)))
-                    .map_err(sql_err)?;
-                Ok::<_, durability_outbox::OutboxError>(())
-            })?;
-        }
-        t_second += t.elapsed().as_secs_f64();
-    }
-    let per = |secs: f64| secs * 1e6 / n as f64;
-    let (baseline, value, two_rows) = (per(t_plain), per(t_staged), per(t_second));
+    // One entry per transaction: the bare transaction (one application
+    // row), the hand-written outbox (the same plus one insert into an
+    // indexed outbox table) and ours (the same plus one stage). The
+    // "+counter" and "+due read" variants are the hand-written outbox plus
+    // the statements a stage adds, to measure what each one costs.
+    let mut single = vec![
+        Variant {
+            name: "bare",
+            bench: open("bare")?,
+            body: Box::new(|b, i| Ok(b.0.transaction(|tx| app_row(tx, i, &body))?)),
+            per_round: Vec::new(),
+        },
+        Variant {
+            name: "hand_written",
+            bench: open("hand")?,
+            body: Box::new(|b, i| {
+                Ok(b.0.transaction(|tx| {
+                    app_row(tx, i, &body)?;
+                    hand_written(tx, i, &body)
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+        Variant {
+            name: "hand_written+counter",
+            bench: open("counter")?,
+            body: Box::new(|b, i| {
+                Ok(b.0.transaction(|tx| {
+                    app_row(tx, i, &body)?;
+                    hand_written(tx, i, &body)?;
+                    tx.sql()
+                        .prepare_cached(
+                            "UPDATE durability_outbox_version SET last = last + 1
+                             WHERE id = 0 RETURNING last",
+                        )
+                        .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+                        .map(|_| ())
+                        .map_err(sql_err)
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+        Variant {
+            name: "hand_written+due_read",
+            bench: open("due")?,
+            body: Box::new(|b, i| {
+                Ok(b.0.transaction(|tx| {
+                    app_row(tx, i, &body)?;
+                    hand_written(tx, i, &body)?;
+                    tx.lower_due("outbox:bench", 0)?;
+                    Ok::<_, durability_outbox::OutboxError>(())
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+        Variant {
+            name: "ours",
+            bench: open("ours")?,
+            body: Box::new(|b, i| {
+                Ok(b.0.transaction(|tx| {
+                    app_row(tx, i, &body)?;
+                    b.1.stage(tx, &format!("key-{i}"), &body)?;
+                    Ok::<_, durability_outbox::OutboxError>(())
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+    ];
+    interleaved(&mut single, rounds, n / rounds)?;
+    let med: Vec<(&str, f64)> = single
+        .iter_mut()
+        .map(|v| (v.name, median(&mut v.per_round)))
+        .collect();
+    let get = |name: &str| med.iter().find(|m| m.0 == name).map_or(f64::NAN, |m| m.1);
+    let (bare, hand, ours) = (get("bare"), get("hand_written"), get("ours"));
+    let (counter, due) = (get("hand_written+counter"), get("hand_written+due_read"));
     eprintln!(
-        "staging: {value:.1} us/txn with a stage, {baseline:.1} without, {two_rows:.1} with a bare second insert"
+        "staging, one entry per transaction (median of {rounds} interleaved rounds, us/txn): \
+         bare {bare:.1}, hand-written outbox {hand:.1}, ours {ours:.1}; \
+         the counter update adds {:.1}, the due-time read {:.1}",
+        counter - hand,
+        due - hand
+    );
+    let codec = codec_us(&body, n)?;
+    eprintln!("  of which encoding and the round-trip check: {codec:.2} us per stage");
+    let extra = json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200,
+        "codec_us": round(codec),
+        "rounds": rounds, "statistic": "median",
+        "bare_us": round(bare), "hand_written_us": round(hand), "ours_us": round(ours),
+        "counter_update_us": round(counter - hand), "due_read_us": round(due - hand)});
+    figure(
+        "outbox.stage_vs_bare",
+        ours,
+        bare,
+        "us/txn",
+        "report",
+        n,
+        extra.clone(),
+    );
+    figure(
+        "outbox.hand_written_vs_bare",
+        hand,
+        bare,
+        "us/txn",
+        "report",
+        n,
+        extra.clone(),
     );
     figure(
         "outbox.stage_overhead",
-        value,
-        baseline,
+        ours,
+        hand,
         "us/txn",
         "<=1.25",
         n,
-        json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200,
-            "bare_second_insert_us": round(two_rows)}),
+        extra,
     );
-    drop((plain, staged, second));
+    drop(single);
+
+    // 100 entries per transaction: per-entry cost of 100 stages against
+    // 100 bare inserts into the indexed outbox-shaped table.
+    let per_tx: u64 = 100;
+    let txns: u64 = 200;
+    let mut batched = vec![
+        Variant {
+            name: "bare_100",
+            bench: open("bare100")?,
+            body: Box::new(|b, t| {
+                Ok(b.0.transaction(|tx| {
+                    for i in (t * per_tx)..((t + 1) * per_tx) {
+                        hand_written(tx, i, &body)?;
+                    }
+                    Ok::<_, durability_outbox::OutboxError>(())
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+        Variant {
+            name: "ours_100",
+            bench: open("ours100")?,
+            body: Box::new(|b, t| {
+                Ok(b.0.transaction(|tx| {
+                    for i in (t * per_tx)..((t + 1) * per_tx) {
+                        b.1.stage(tx, &format!("key-{i}"), &body)?;
+                    }
+                    Ok::<_, durability_outbox::OutboxError>(())
+                })?)
+            }),
+            per_round: Vec::new(),
+        },
+    ];
+    interleaved(&mut batched, rounds, txns / rounds)?;
+    let bare100 = median(&mut batched[0].per_round) / per_tx as f64;
+    let ours100 = median(&mut batched[1].per_round) / per_tx as f64;
+    eprintln!(
+        "staging, {per_tx} entries per transaction (us/entry): 100 bare inserts {bare100:.2}, ours {ours100:.2}"
+    );
+    figure(
+        "outbox.stage_100_per_txn",
+        ours100,
+        bare100,
+        "us/entry",
+        "<=1.25",
+        txns * per_tx,
+        json!({"backend": "sqlite", "synchronous": "NORMAL", "value_bytes": 200,
+            "per_txn": per_tx, "rounds": rounds, "statistic": "median"}),
+    );
+    drop(batched);
 
     // Delivery: 100k staged entries through a no-op sink, against a bare
-    // loop issuing claim + delete per batch on an equivalent table.
+    // loop issuing claim + delete per batch on an equivalent table, in
+    // interleaved rounds of 20k (median of each).
     let total: u64 = 100_000;
+    let delivery_rounds: u64 = 5;
+    let per_round = total / delivery_rounds;
     let b = open_bench(&dir.path().join("deliver.db"))?;
-    stage_many(&b, total, 1_000)?;
-    let t = Instant::now();
-    rt.block_on(b.1.deliver_due())?;
-    let ours = total as f64 / t.elapsed().as_secs_f64();
-    assert_eq!(b.1.len()?, 0, "everything delivered");
-    let base = bare_delivery(&b, total)?;
-    eprintln!("delivery: {ours:.0} entries/s, bare loop {base:.0} entries/s");
+    let (mut ours_rounds, mut bare_rounds) = (Vec::new(), Vec::new());
+    for _ in 0..delivery_rounds {
+        stage_many(&b, per_round, 1_000)?;
+        let t = Instant::now();
+        let report = rt.block_on(b.1.deliver_due())?;
+        ours_rounds.push(per_round as f64 / t.elapsed().as_secs_f64());
+        assert_eq!(report.delivered, per_round, "everything delivered");
+        assert_eq!(b.1.len()?, 0, "nothing left");
+        bare_rounds.push(bare_delivery(&b, per_round)?);
+    }
+    let (ours, base) = (median(&mut ours_rounds), median(&mut bare_rounds));
+    eprintln!(
+        "delivery (median of {delivery_rounds} interleaved rounds): {ours:.0} entries/s, bare loop {base:.0} entries/s"
+    );
     figure(
         "outbox.delivery",
         ours,
@@ -262,7 +453,8 @@ fn outbox() -> Result {
         "entries/s",
         ">=0.6",
         total,
-        json!({"backend": "sqlite", "synchronous": "NORMAL", "batch": 100, "value_bytes": 200}),
+        json!({"backend": "sqlite", "synchronous": "NORMAL", "batch": 100, "value_bytes": 200,
+            "rounds": delivery_rounds, "statistic": "median"}),
     );
     drop(b);
 

@@ -13,6 +13,8 @@ mod migration_dialects;
 mod migration_placement;
 mod migration_review;
 mod outbox;
+mod outbox_codec;
+mod outbox_corrupt;
 mod reconcile_postgres;
 mod shards;
 mod support;

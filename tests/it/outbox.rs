@@ -64,6 +64,43 @@ async fn staged_entries_are_delivered_with_versions_that_only_increase() {
     assert!(c > b, "versions survive delivery");
 }
 
+/// SQLite reserves versions in blocks (one counter write per block): two
+/// handles on one file, rolled-back stages and reopening the file must
+/// still only ever issue increasing versions.
+#[tokio::test]
+async fn versions_only_increase_across_handles_on_one_file_rollbacks_and_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("obj.db");
+    let clock = ManualClock::new(START);
+    let file = || Arc::new(SqliteStorage::open(&path, SqliteOptions::default()).unwrap());
+    let a = open_plain(file(), &clock);
+    let b = open_plain(file(), &clock);
+    let mut last = 0;
+    for i in 0..30 {
+        let o = if i % 3 == 0 { &b } else { &a };
+        let v = stage(o, "k", &format!("{i}"));
+        assert!(v > last, "stage {i}: version {v} after {last}");
+        last = v;
+        if i % 7 == 0 {
+            let r: Result<u64, OutboxError> = o.sched.transaction(|tx| {
+                o.outbox.stage(tx, "k", &"rolled back".to_owned())?;
+                Err(OutboxError::InvalidKey { reason: "rollback" })
+            });
+            assert!(r.is_err());
+        }
+    }
+    assert_eq!(a.outbox.pending("k").unwrap(), Some((last, 0)));
+    drop((a, b));
+    let o = open_plain(file(), &clock);
+    let v = stage(&o, "k", "after reopening");
+    assert!(v > last, "after reopening: {v} > {last}");
+    o.outbox.deliver_due().await.unwrap();
+    assert_eq!(
+        o.sink.delivered(),
+        vec![("k".into(), v, "after reopening".into())]
+    );
+}
+
 #[tokio::test]
 async fn only_the_newest_value_of_a_key_is_pending() {
     let clock = ManualClock::new(START);
@@ -354,19 +391,17 @@ async fn publish_now_tries_a_key_at_once_and_reports_delivery() {
     let sink = Recorder::with_mode(Mode::Fail(1));
     let o = open(memory(), &clock, sink.clone(), ChannelConfig::new("c"));
     stage(&o, "k", "v");
-    assert!(
-        !o.outbox.publish_now("k").await.unwrap(),
-        "failed attempt: still pending"
-    );
+    let failed = o.outbox.publish_now("k").await.unwrap();
+    assert!(failed.pending, "failed attempt: still pending");
+    assert_eq!(failed.report.retried, 1);
+    assert!(!failed.is_done());
     assert_eq!(o.outbox.pending("k").unwrap().map(|p| p.1), Some(1));
-    assert!(
-        o.outbox.publish_now("k").await.unwrap(),
-        "tried at once despite backoff"
-    );
-    assert!(
-        o.outbox.publish_now("absent").await.unwrap(),
-        "nothing pending"
-    );
+    let done = o.outbox.publish_now("k").await.unwrap();
+    assert!(done.is_done(), "tried at once despite backoff");
+    assert_eq!(done.report.delivered, 1);
+    let absent = o.outbox.publish_now("absent").await.unwrap();
+    assert!(absent.is_done(), "nothing pending");
+    assert_eq!(absent.report, durability_outbox::DeliveryReport::default());
     assert_eq!(sink.delivered().len(), 1);
 }
 
@@ -488,10 +523,6 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
             }),
             "OUTBOX_INVALID_POLICY",
         ),
-        (
-            ChannelConfig::new("d").dead_letter(Arc::new(|_| Box::pin(async { Ok(()) }))),
-            "OUTBOX_INVALID_POLICY",
-        ),
         (ChannelConfig::new("c"), "SCHEDULER_DUPLICATE_CAPABILITY"),
     ];
     for (config, code) in bad_configs {
@@ -515,6 +546,21 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     );
     o.outbox.deliver_due().await.unwrap();
     assert_eq!(o.sink.delivered().len(), 2);
+    assert_eq!(
+        OutboxError::CODES,
+        [
+            "OUTBOX_INVALID_CHANNEL",
+            "OUTBOX_INVALID_KEY",
+            "OUTBOX_VALUE_TOO_LARGE",
+            "OUTBOX_ENCODE_FAILED",
+            "OUTBOX_VALUE_NOT_ROUND_TRIP",
+            "OUTBOX_INVALID_POLICY",
+            "OUTBOX_VERSIONS_EXHAUSTED",
+            "OUTBOX_STORAGE",
+            "OUTBOX_CORRUPT",
+        ],
+        "the outbox's code list"
+    );
     let mut codes = OutboxError::CODES.to_vec();
     codes.sort_unstable();
     codes.dedup();

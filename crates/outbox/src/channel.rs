@@ -4,19 +4,21 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use durability_scheduler::{Capability, Scheduler, Storage, Transaction};
+use durability_scheduler::{Capability, Scheduler, Storage, StorageError, Transaction};
 use durability_time::{MAX_SAFE_UNSIGNED, timeout_at};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::codec::{Codec, Postcard};
 use crate::error::{OutboxError, SinkError};
 use crate::event::{EventHook, EventKind, OutboxEvent, emit};
 use crate::policy::{
     DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
     check_timeout, default_delay_ms,
 };
-use crate::store::{OutboxTx, Reschedule, StoredEntry};
+use crate::report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
+use crate::store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
 
 /// Largest encoded value accepted by [`Outbox::stage`]: 1 MiB.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
@@ -26,8 +28,6 @@ pub const MAX_KEY_BYTES: usize = 1_024;
 pub const MAX_CHANNEL_BYTES: usize = 200;
 /// The schema name the outbox's tables are registered under.
 pub const SCHEMA: &str = "outbox";
-/// The first byte of every stored value: the encoding's format version.
-const FORMAT_V1: u8 = 1;
 
 /// One entry handed to a [`Sink`]: the newest value of a key.
 ///
@@ -85,25 +85,43 @@ pub trait Sink<T>: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), SinkError>> + Send + 'a;
 }
 
-/// An entry that ran out of attempts, handed to the dead-letter sink.
+/// Why an entry went to the dead-letter sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadReason {
+    /// It reached the channel's maximum attempts.
+    Exhausted,
+    /// Its stored value could not be decoded with the channel's codec; it
+    /// was never published.
+    Undecodable,
+}
+
+/// An entry handed to the dead-letter sink: it ran out of attempts, or its
+/// stored value cannot be decoded.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<T> {
     /// The channel.
     pub channel: String,
     /// The key.
     pub key: String,
-    /// The value.
-    pub value: T,
+    /// The value; `None` when it could not be decoded
+    /// ([`DeadReason::Undecodable`]).
+    pub value: Option<T>,
+    /// The stored bytes: the codec's format byte, then its payload.
+    pub bytes: Vec<u8>,
     /// Its version.
     pub version: u64,
     /// Attempts made.
     pub attempts: u32,
-    /// The last failure.
+    /// Why it is here.
+    pub reason: DeadReason,
+    /// The last failure, or why the value could not be decoded.
     pub error: String,
 }
 
-/// Receives entries that ran out of attempts. A failure keeps the entry and
-/// retries the dead-lettering after the retry delay.
+/// Receives entries that ran out of attempts or cannot be decoded. A
+/// failure keeps the entry and retries the dead-lettering after the retry
+/// delay.
 pub type DeadLetterFn<T> =
     Arc<dyn Fn(DeadLetter<T>) -> BoxFuture<'static, Result<(), SinkError>> + Send + Sync>;
 
@@ -115,6 +133,7 @@ pub struct ChannelConfig<T> {
     retry: RetryPolicy,
     dead_letter: Option<DeadLetterFn<T>>,
     on_event: Option<EventHook>,
+    codec: Option<Arc<dyn Codec<T>>>,
 }
 
 impl<T> ChannelConfig<T> {
@@ -128,7 +147,15 @@ impl<T> ChannelConfig<T> {
             retry: RetryPolicy::default(),
             dead_letter: None,
             on_event: None,
+            codec: None,
         }
+    }
+    /// The codec values are stored with ([`Postcard`] by default; [`Json`](crate::Json)
+    /// for types postcard cannot decode; any [`Codec`]).
+    #[must_use]
+    pub fn codec(mut self, codec: impl Codec<T>) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
     }
     /// Maximum duration of one publish call, `1..=2^31-1` ms.
     #[must_use]
@@ -148,7 +175,9 @@ impl<T> ChannelConfig<T> {
         self.retry = policy;
         self
     }
-    /// Where entries go after their last attempt (requires a maximum).
+    /// Where entries go after their last attempt (with a maximum) and
+    /// entries whose stored value cannot be decoded. Without one, such
+    /// entries are dropped with an event.
     #[must_use]
     pub fn dead_letter(mut self, sink: DeadLetterFn<T>) -> Self {
         self.dead_letter = Some(sink);
@@ -199,28 +228,6 @@ fn check_key(key: &str) -> Result<(), OutboxError> {
     }
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, OutboxError> {
-    let out = postcard::to_extend(value, vec![FORMAT_V1])
-        .map_err(|e| OutboxError::Encode(e.to_string()))?;
-    if out.len() > MAX_VALUE_BYTES {
-        return Err(OutboxError::ValueTooLarge {
-            size: out.len(),
-            limit: MAX_VALUE_BYTES,
-        });
-    }
-    Ok(out)
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| format!("corrupt value: {e}"))
-        }
-        Some((other, _)) => Err(format!("unknown value format {other}")),
-        None => Err("empty value".to_owned()),
-    }
-}
-
 /// A named outbox channel attached to an object's scheduler.
 ///
 /// Values are staged inside the caller's transaction ([`Outbox::stage`]) and
@@ -247,6 +254,7 @@ struct Channel<S: Storage, T, K> {
     retry: RetryPolicy,
     dead_letter: Option<DeadLetterFn<T>>,
     on_event: Option<EventHook>,
+    codec: Arc<dyn Codec<T>>,
     sink: K,
     busy: tokio::sync::Mutex<()>,
     _value: PhantomData<fn() -> T>,
@@ -263,6 +271,7 @@ impl<S: Storage, T, K> Drop for Channel<S, T, K> {
 struct Attachment<S: Storage, T, K>(Weak<Channel<S, T, K>>);
 
 /// The outcome of one claimed entry.
+#[derive(Debug)]
 enum Outcome {
     Delivered,
     Retry {
@@ -285,6 +294,15 @@ struct Claimed {
     stored: StoredEntry,
     attempt: u32,
     exhausted: bool,
+}
+
+/// One claimed entry's outcome, to settle.
+struct Settlement {
+    stored: StoredEntry,
+    attempt: u32,
+    outcome: Outcome,
+    /// Its value could not be decoded.
+    undecodable: bool,
 }
 
 impl<S, T, K> Outbox<S, T, K>
@@ -315,12 +333,6 @@ where
                 reason: "must be at least 1".into(),
             });
         }
-        if config.dead_letter.is_some() && config.retry.max_attempts.is_none() {
-            return Err(OutboxError::InvalidPolicy {
-                field: "dead_letter",
-                reason: "needs max_attempts: without it entries retry forever".into(),
-            });
-        }
         let capability = format!("outbox:{}", config.name);
         let inner = Arc::new(Channel {
             scheduler: scheduler.clone(),
@@ -331,6 +343,7 @@ where
             retry: config.retry,
             dead_letter: config.dead_letter,
             on_event: config.on_event,
+            codec: config.codec.unwrap_or_else(|| Arc::new(Postcard)),
             sink,
             busy: tokio::sync::Mutex::new(()),
             _value: PhantomData,
@@ -359,12 +372,18 @@ where
     /// Use [`Scheduler::transaction`] so the alarm and the `Staged` event
     /// follow the commit.
     ///
+    /// The value must read back through the channel's codec: it is encoded,
+    /// decoded and checked ([`Codec::check_round_trip`]) before anything is
+    /// written, so a value that could never be delivered is refused here.
+    ///
     /// Returns the version assigned.
     ///
     /// # Errors
-    /// [`OutboxError::InvalidKey`], [`OutboxError::ValueTooLarge`] or
-    /// [`OutboxError::Encode`] before anything is written; a storage error
-    /// (roll the transaction back).
+    /// [`OutboxError::InvalidKey`], [`OutboxError::ValueTooLarge`],
+    /// [`OutboxError::Encode`] or [`OutboxError::ValueDoesNotRoundTrip`]
+    /// before anything is written; a storage error (roll the transaction
+    /// back), [`OutboxError::code`] `OUTBOX_CORRUPT` for a corrupt version
+    /// counter.
     pub fn stage(
         &self,
         tx: &mut Transaction<'_, '_, S>,
@@ -372,9 +391,14 @@ where
         value: &T,
     ) -> Result<u64, OutboxError> {
         check_key(key)?;
-        let bytes = encode(value)?;
         let ch = &self.inner;
+        let bytes = ch.encode(value)?;
         let version = tx.outbox_next_version()?;
+        if version == 0 {
+            return Err(
+                StorageError::corrupt("the outbox version counter issued version 0").into(),
+            );
+        }
         if version > MAX_SAFE_UNSIGNED {
             return Err(OutboxError::VersionsExhausted);
         }
@@ -394,36 +418,42 @@ where
     }
 
     /// Removes `key`'s pending entry inside the caller's transaction; whether
-    /// there was one. An attempt already in flight may still land.
+    /// there was one. An attempt already in flight may still land. A corrupt
+    /// row of the key is removed too (reported with version 0).
     ///
     /// # Errors
     /// [`OutboxError::InvalidKey`]; a storage error.
     pub fn discard(&self, tx: &mut Transaction<'_, '_, S>, key: &str) -> Result<bool, OutboxError> {
         check_key(key)?;
         let ch = &self.inner;
-        let Some(entry) = tx.outbox_get(&ch.name, key)? else {
+        let Some(row) = tx.outbox_get(&ch.name, key)? else {
             return Ok(false);
+        };
+        let (version, attempt) = match &row {
+            StoredRow::Entry(e) => (e.version, e.attempt),
+            StoredRow::Corrupt(_) => (0, 0),
         };
         tx.outbox_remove(&ch.name, key)?;
         let next = tx.outbox_next_due(&ch.name)?;
         tx.set_due(&ch.capability, next)?;
-        ch.after_commit(tx, key, entry.version, entry.attempt, EventKind::Discarded);
+        ch.after_commit(tx, key, version, attempt, EventKind::Discarded);
         Ok(true)
     }
 
     /// The pending entry of `key`: its version and attempts so far.
     ///
     /// # Errors
-    /// [`OutboxError::InvalidKey`]; a storage error.
+    /// [`OutboxError::InvalidKey`]; a storage error; `OUTBOX_CORRUPT` when
+    /// the key's row is corrupt (it is quarantined when next due).
     pub fn pending(&self, key: &str) -> Result<Option<(u64, u32)>, OutboxError> {
         check_key(key)?;
         let ch = &self.inner;
-        ch.scheduler.transaction(|tx| {
-            Ok::<_, OutboxError>(
-                tx.outbox_get(&ch.name, key)?
-                    .map(|e| (e.version, e.attempt)),
-            )
-        })
+        ch.scheduler
+            .transaction(|tx| match tx.outbox_get(&ch.name, key)? {
+                None => Ok(None),
+                Some(StoredRow::Entry(e)) => Ok(Some((e.version, e.attempt))),
+                Some(StoredRow::Corrupt(c)) => Err(StorageError::corrupt(c.reason).into()),
+            })
     }
 
     /// How many entries are pending.
@@ -444,36 +474,61 @@ where
         Ok(self.len()? == 0)
     }
 
+    /// How many corrupt rows of this channel are in quarantine.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn quarantined(&self) -> Result<u64, OutboxError> {
+        let ch = &self.inner;
+        ch.scheduler
+            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_quarantined_len(&ch.name)?))
+    }
+
+    /// Deletes this channel's quarantined rows; how many there were.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn purge_quarantined(&self) -> Result<u64, OutboxError> {
+        let ch = &self.inner;
+        ch.scheduler
+            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_purge_quarantined(&ch.name)?))
+    }
+
     /// Tries `key`'s pending entry at once, whatever its due time, after
-    /// waiting for a publish call in progress on the channel. Returns
-    /// whether nothing is pending for the key afterwards (delivered, or
-    /// nothing was pending).
+    /// waiting for a publish call in progress on the channel. The outcome
+    /// says whether a value is still pending for the key afterwards and what
+    /// the attempt did: delivered, retried, given up, undecodable
+    /// (dead-lettered or dropped) or quarantined.
     ///
     /// # Errors
     /// [`OutboxError::InvalidKey`]; a storage error.
-    pub async fn publish_now(&self, key: &str) -> Result<bool, OutboxError> {
+    pub async fn publish_now(&self, key: &str) -> Result<PublishOutcome, OutboxError> {
         check_key(key)?;
         let ch = &self.inner;
         let _busy = ch.busy.lock().await;
         let now = ch.scheduler.now_ms();
+        let mut report = DeliveryReport::default();
         let claimed = ch.scheduler.transaction(|tx| {
-            let Some(entry) = tx.outbox_get(&ch.name, key)? else {
+            let Some(row) = tx.outbox_get(&ch.name, key)? else {
                 return Ok::<_, OutboxError>(Vec::new());
             };
-            ch.claim(tx, vec![entry], now)
+            ch.claim(tx, vec![row], now, &mut report)
         })?;
         if !claimed.is_empty() {
-            ch.attempt(claimed).await?;
+            ch.attempt(claimed, &mut report).await?;
         }
-        ch.scheduler
-            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_none()))
+        let pending = ch
+            .scheduler
+            .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_some()))?;
+        Ok(PublishOutcome { pending, report })
     }
 
-    /// Delivers everything due now (what the alarm does).
+    /// Delivers everything due now (what the alarm does) and reports what
+    /// happened: delivered, retried, given up, undecodable, quarantined.
     ///
     /// # Errors
     /// A storage error; entries stay pending and are retried.
-    pub async fn deliver_due(&self) -> Result<(), OutboxError> {
+    pub async fn deliver_due(&self) -> Result<DeliveryReport, OutboxError> {
         self.inner.deliver_due().await
     }
 }
@@ -541,34 +596,101 @@ where
         }
     }
 
-    async fn deliver_due(&self) -> Result<(), OutboxError> {
+    /// The stored bytes of `value`: the codec's format byte, then its
+    /// payload, checked to read back.
+    fn encode(&self, value: &T) -> Result<Vec<u8>, OutboxError> {
+        let codec = &*self.codec;
+        let mut out = Vec::with_capacity(64);
+        out.push(codec.format());
+        codec
+            .encode(value, &mut out)
+            .map_err(|e| OutboxError::Encode(format!("{}: {e}", codec.name())))?;
+        if out.len() > MAX_VALUE_BYTES {
+            return Err(OutboxError::ValueTooLarge {
+                size: out.len(),
+                limit: MAX_VALUE_BYTES,
+            });
+        }
+        codec.check_round_trip(value, &out[1..]).map_err(|e| {
+            OutboxError::ValueDoesNotRoundTrip {
+                codec: codec.name(),
+                reason: e.0,
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, String> {
+        let codec = &*self.codec;
+        match bytes.split_first() {
+            Some((&format, payload)) if format == codec.format() => {
+                codec.decode(payload).map_err(|e| {
+                    format!(
+                        "the {} codec cannot decode the stored value: {e}",
+                        codec.name()
+                    )
+                })
+            }
+            Some((format, _)) => Err(format!(
+                "the stored value has format {format}; the channel's {} codec reads format {}",
+                codec.name(),
+                codec.format()
+            )),
+            None => Err("the stored value is empty".to_owned()),
+        }
+    }
+
+    async fn deliver_due(&self) -> Result<DeliveryReport, OutboxError> {
         let _busy = self.busy.lock().await;
         // Only entries due when this run started: an entry retried with no
         // delay waits for the next run instead of spinning this one.
         let start = self.scheduler.now_ms();
+        let mut report = DeliveryReport::default();
         loop {
+            let mut quarantined = 0;
             let claimed = self.scheduler.transaction(|tx| {
                 let due = tx.outbox_due(&self.name, start, self.batch_size)?;
-                self.claim(tx, due, start)
+                let before = report.quarantined.len();
+                let claimed = self.claim(tx, due, start, &mut report);
+                quarantined = report.quarantined.len() - before;
+                claimed
             })?;
             if claimed.is_empty() {
-                return Ok(());
+                // A batch of only corrupt rows: they are out of the way now,
+                // so look again.
+                if quarantined > 0 {
+                    continue;
+                }
+                return Ok(report);
             }
-            self.attempt(claimed).await?;
+            self.attempt(claimed, &mut report).await?;
         }
     }
 
     /// Records the attempt of each entry before it starts: attempt count up,
-    /// due again at the claim's deadline. One transaction for the batch.
+    /// due again at the claim's deadline. A corrupt row is quarantined in
+    /// the same transaction, so it never holds the due time in the past.
+    /// One transaction for the batch.
     fn claim(
         &self,
         tx: &mut Transaction<'_, '_, S>,
-        due: Vec<StoredEntry>,
+        due: Vec<StoredRow>,
         now: i64,
+        report: &mut DeliveryReport,
     ) -> Result<Vec<Claimed>, OutboxError> {
         let deadline = now.saturating_add(self.attempt_timeout_ms);
         let mut claimed = Vec::with_capacity(due.len());
-        for stored in due {
+        let mut quarantined = Vec::new();
+        for row in due {
+            let stored = match row {
+                StoredRow::Entry(stored) => stored,
+                StoredRow::Corrupt(corrupt) => {
+                    if tx.outbox_quarantine(&corrupt, now)? {
+                        quarantined.push(corrupt);
+                    }
+                    continue;
+                }
+            };
             let exhausted = self
                 .retry
                 .max_attempts
@@ -596,34 +718,87 @@ where
         }
         let next = tx.outbox_next_due(&self.name)?;
         tx.set_due(&self.capability, next)?;
+        for corrupt in quarantined {
+            self.report_quarantined(tx, &corrupt);
+            report.quarantined.push(Quarantined {
+                key: corrupt.key,
+                reason: corrupt.reason,
+            });
+        }
         Ok(claimed)
     }
 
+    fn report_quarantined(&self, tx: &mut Transaction<'_, '_, S>, corrupt: &CorruptEntry) {
+        let (channel, key, reason) = (
+            self.name.clone(),
+            corrupt.key.clone(),
+            corrupt.reason.clone(),
+        );
+        tx.after_commit(move || {
+            tracing::error!(
+                event = "durability.outbox.quarantined",
+                %channel, %key, %reason,
+                "corrupt outbox row moved to quarantine; the channel's other entries continue"
+            );
+        });
+        self.after_commit(
+            tx,
+            &corrupt.key,
+            0,
+            0,
+            EventKind::Quarantined {
+                reason: corrupt.reason.clone(),
+            },
+        );
+    }
+
     /// Publishes claimed entries and settles them.
-    async fn attempt(&self, claimed: Vec<Claimed>) -> Result<(), OutboxError> {
-        let mut outcomes: Vec<(StoredEntry, u32, Outcome)> = Vec::with_capacity(claimed.len());
+    async fn attempt(
+        &self,
+        claimed: Vec<Claimed>,
+        report: &mut DeliveryReport,
+    ) -> Result<(), OutboxError> {
+        let mut outcomes: Vec<Settlement> = Vec::with_capacity(claimed.len());
         let mut batch: Vec<Entry<T>> = Vec::with_capacity(claimed.len());
         let mut batch_meta: Vec<StoredEntry> = Vec::with_capacity(claimed.len());
         for c in claimed {
-            match decode::<T>(&c.stored.value) {
+            match self.decode(&c.stored.value) {
                 Err(error) => {
                     tracing::error!(
-                        event = "durability.outbox.corrupt_entry",
+                        event = "durability.outbox.undecodable_entry",
                         channel = %self.name,
                         key = %c.stored.key,
+                        version = c.stored.version,
                         %error,
-                        "stored outbox value cannot be decoded"
+                        "stored outbox value cannot be decoded; it is dead-lettered or dropped, never retried"
                     );
-                    let outcome = if c.exhausted {
-                        Outcome::Dropped { error }
-                    } else {
-                        Outcome::Retry { error, delay: None }
-                    };
-                    outcomes.push((c.stored, c.attempt, outcome));
+                    let outcome = self
+                        .dead_letter_one(&c.stored, c.attempt, None, DeadReason::Undecodable, error)
+                        .await;
+                    outcomes.push(Settlement {
+                        stored: c.stored,
+                        attempt: c.attempt,
+                        outcome,
+                        undecodable: true,
+                    });
                 }
                 Ok(value) if c.exhausted => {
-                    let outcome = self.dead_letter_one(&c.stored, c.attempt, value).await;
-                    outcomes.push((c.stored, c.attempt, outcome));
+                    let error = format!("gave up after {} attempts", c.attempt);
+                    let outcome = self
+                        .dead_letter_one(
+                            &c.stored,
+                            c.attempt,
+                            Some(value),
+                            DeadReason::Exhausted,
+                            error,
+                        )
+                        .await;
+                    outcomes.push(Settlement {
+                        stored: c.stored,
+                        attempt: c.attempt,
+                        outcome,
+                        undecodable: false,
+                    });
                 }
                 Ok(value) => {
                     self.emit(
@@ -667,16 +842,28 @@ where
                     Outcome::Retry { error, .. }
                         if self.retry.max_attempts.is_some_and(|m| entry.attempt >= m) =>
                     {
-                        self.dead_letter_one(&stored, entry.attempt, entry.value)
-                            .await
-                            .with_error(error)
+                        let gave_up = format!("gave up after {} attempts", entry.attempt);
+                        self.dead_letter_one(
+                            &stored,
+                            entry.attempt,
+                            Some(entry.value),
+                            DeadReason::Exhausted,
+                            gave_up,
+                        )
+                        .await
+                        .with_error(error)
                     }
                     other => other,
                 };
-                outcomes.push((stored, entry.attempt, outcome));
+                outcomes.push(Settlement {
+                    attempt: entry.attempt,
+                    stored,
+                    outcome,
+                    undecodable: false,
+                });
             }
         }
-        self.settle(outcomes)
+        self.settle(outcomes, report)
     }
 
     async fn with_deadline<F>(&self, fut: F, deadline: i64) -> Result<(), String>
@@ -693,8 +880,15 @@ where
         }
     }
 
-    async fn dead_letter_one(&self, stored: &StoredEntry, attempt: u32, value: T) -> Outcome {
-        let error = format!("gave up after {attempt} attempts");
+    /// Hands an entry to the dead-letter sink (or drops it, without one).
+    async fn dead_letter_one(
+        &self,
+        stored: &StoredEntry,
+        attempt: u32,
+        value: Option<T>,
+        reason: DeadReason,
+        error: String,
+    ) -> Outcome {
         let Some(sink) = &self.dead_letter else {
             return Outcome::Dropped { error };
         };
@@ -702,8 +896,10 @@ where
             channel: self.name.clone(),
             key: stored.key.clone(),
             value,
+            bytes: stored.value.clone(),
             version: stored.version,
             attempts: attempt,
+            reason,
             error: error.clone(),
         };
         let deadline = self
@@ -720,23 +916,44 @@ where
 
     /// Settles a batch in one transaction, each entry guarded by the version
     /// and attempt it was claimed at, then reports the events.
-    fn settle(&self, outcomes: Vec<(StoredEntry, u32, Outcome)>) -> Result<(), OutboxError> {
+    fn settle(
+        &self,
+        outcomes: Vec<Settlement>,
+        report: &mut DeliveryReport,
+    ) -> Result<(), OutboxError> {
         let now = self.scheduler.now_ms();
         let events = self.scheduler.transaction(|tx| {
             let mut events = Vec::with_capacity(outcomes.len());
-            for (stored, attempt, outcome) in outcomes {
+            for Settlement {
+                stored,
+                attempt,
+                outcome,
+                undecodable,
+            } in outcomes
+            {
                 let (key, version) = (stored.key.as_str(), stored.version);
-                let (error, requested) = match outcome {
-                    Outcome::Retry { error, delay } => (error, delay),
-                    Outcome::DeadLetterFailed { error } => (error, None),
+                let (error, requested, fate) = match outcome {
+                    Outcome::Retry { error, delay } => (error, delay, None),
+                    Outcome::DeadLetterFailed { error } => (error, None, Some(Fate::Kept)),
                     Outcome::Delivered | Outcome::DeadLettered { .. } | Outcome::Dropped { .. } => {
                         tx.outbox_remove_if(&self.name, key, version, attempt)?;
-                        let kind = match outcome {
-                            Outcome::DeadLettered { error } => EventKind::DeadLettered { error },
-                            Outcome::Dropped { error } => EventKind::Dropped { error },
-                            _ => EventKind::Delivered,
+                        let (kind, fate) = match outcome {
+                            Outcome::DeadLettered { error } => {
+                                (EventKind::DeadLettered { error }, Some(Fate::DeadLettered))
+                            }
+                            Outcome::Dropped { error } => {
+                                (EventKind::Dropped { error }, Some(Fate::Dropped))
+                            }
+                            _ => (EventKind::Delivered, None),
                         };
-                        events.push((stored.key.clone(), version, attempt, kind));
+                        events.push((
+                            stored.key.clone(),
+                            version,
+                            attempt,
+                            kind,
+                            fate,
+                            undecodable,
+                        ));
                         continue;
                     }
                 };
@@ -757,6 +974,8 @@ where
                         version,
                         attempt,
                         EventKind::RetryScheduled { next_at, error },
+                        fate,
+                        undecodable,
                     ));
                 }
             }
@@ -764,13 +983,36 @@ where
             tx.set_due(&self.capability, next)?;
             Ok::<_, OutboxError>(events)
         })?;
-        for (key, version, attempt, kind) in events {
-            if let EventKind::RetryScheduled { error, .. } = &kind {
-                tracing::debug!(
-                    event = "durability.outbox.retry_scheduled",
-                    channel = %self.name, %key, version, attempt, %error,
-                    "outbox delivery failed; retry scheduled"
-                );
+        for (key, version, attempt, kind, fate, undecodable) in events {
+            match (&kind, fate) {
+                (EventKind::Delivered, _) => report.delivered += 1,
+                (EventKind::RetryScheduled { error, .. }, None) => {
+                    report.retried += 1;
+                    tracing::debug!(
+                        event = "durability.outbox.retry_scheduled",
+                        channel = %self.name, %key, version, attempt, %error,
+                        "outbox delivery failed; retry scheduled"
+                    );
+                }
+                (
+                    EventKind::RetryScheduled { error, .. }
+                    | EventKind::DeadLettered { error }
+                    | EventKind::Dropped { error },
+                    Some(fate),
+                ) => {
+                    let lost = Undelivered {
+                        key: key.clone(),
+                        version,
+                        error: error.clone(),
+                        fate,
+                    };
+                    if undecodable {
+                        report.undecodable.push(lost);
+                    } else {
+                        report.gave_up.push(lost);
+                    }
+                }
+                _ => {}
             }
             self.emit(&key, version, attempt, kind);
         }

@@ -8,7 +8,7 @@
 use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 
 use crate::channel::SCHEMA;
-use crate::store::{OutboxTx, Reschedule, StoredEntry};
+use crate::store::{OutboxTx, Reschedule, StoredEntry, StoredRow};
 
 /// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
@@ -98,7 +98,9 @@ where
         t.outbox_upsert(&newer)?;
         Ok(())
     });
-    let got = tx(s, |t| t.outbox_get("c", "k")).expect("entry present");
+    let got = tx(s, |t| t.outbox_get("c", "k"))
+        .and_then(StoredRow::into_entry)
+        .expect("entry present");
     assert_eq!(got.version, 2, "only the newest value is pending");
     assert_eq!(got.value, vec![9; 300], "value bytes round-trip");
     assert_eq!(got.due_at, 20);
@@ -129,7 +131,9 @@ where
         })),
         "claim at the current version and attempt succeeds"
     );
-    let got = tx(s, |t| t.outbox_get("c", "k")).expect("present");
+    let got = tx(s, |t| t.outbox_get("c", "k"))
+        .and_then(StoredRow::into_entry)
+        .expect("present");
     assert_eq!(
         (got.attempt, got.due_at, got.claimed_until),
         (1, 100, Some(100))
@@ -177,7 +181,7 @@ where
     });
     let due: Vec<String> = tx(s, |t| t.outbox_due("a", 100, 10))
         .into_iter()
-        .map(|e| e.key)
+        .map(|e| e.into_entry().expect("healthy row").key)
         .collect();
     assert_eq!(
         due,
@@ -218,16 +222,24 @@ where
     migrate(s, SCHEMA, &SchemaTarget::Latest).expect("reapply outbox schema");
     tx(s, |t| t.outbox_upsert(&entry("m", "k2", 2, 0)));
     assert_eq!(
-        tx(s, |t| t.outbox_get("m", "k2")).map(|e| e.version),
+        tx(s, |t| t.outbox_get("m", "k2"))
+            .and_then(StoredRow::into_entry)
+            .map(|e| e.version),
         Some(2),
         "the schema is usable after reapplying"
     );
 }
 
-static MEMORY_STEPS: &[durability_scheduler::SchemaStep] = &[durability_scheduler::SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static MEMORY_STEPS: &[durability_scheduler::SchemaStep] = &[
+    durability_scheduler::SchemaStep {
+        version: 1,
+        name: "initial",
+    },
+    durability_scheduler::SchemaStep {
+        version: 2,
+        name: "quarantine",
+    },
+];
 
 /// A scheduler test storage with the outbox schema registered: the
 /// in-memory implementation of [`OutboxTx`].

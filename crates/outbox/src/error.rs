@@ -1,6 +1,6 @@
 //! The outbox's error type.
 
-use durability_scheduler::{SchedulerError, StorageError};
+use durability_scheduler::{SchedulerError, StorageError, StorageErrorKind};
 
 /// Everything that can go wrong staging or configuring an outbox.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,17 @@ pub enum OutboxError {
     /// The value could not be encoded.
     #[error("value could not be encoded: {0}")]
     Encode(String),
+    /// The value does not read back through the channel's codec (postcard
+    /// cannot decode `#[serde(tag = ...)]` enums or `serde_json::Value`,
+    /// say); nothing was written. Choose another codec
+    /// ([`crate::ChannelConfig::codec`]) or change the type.
+    #[error("value does not round-trip through the {codec} codec: {reason}")]
+    ValueDoesNotRoundTrip {
+        /// The channel's codec.
+        codec: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// A policy setting is out of range.
     #[error("invalid policy: {field} {reason}")]
     InvalidPolicy {
@@ -46,7 +57,9 @@ pub enum OutboxError {
     /// schema problem).
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
-    /// The storage failed; the transaction rolled back.
+    /// The storage failed; the transaction rolled back. A stored value that
+    /// fails strict decoding (a corrupt version counter) has the code
+    /// `OUTBOX_CORRUPT` and is not retryable.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -59,9 +72,11 @@ impl OutboxError {
             Self::InvalidKey { .. } => "OUTBOX_INVALID_KEY",
             Self::ValueTooLarge { .. } => "OUTBOX_VALUE_TOO_LARGE",
             Self::Encode(_) => "OUTBOX_ENCODE_FAILED",
+            Self::ValueDoesNotRoundTrip { .. } => "OUTBOX_VALUE_NOT_ROUND_TRIP",
             Self::InvalidPolicy { .. } => "OUTBOX_INVALID_POLICY",
             Self::VersionsExhausted => "OUTBOX_VERSIONS_EXHAUSTED",
             Self::Scheduler(e) => e.code(),
+            Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "OUTBOX_CORRUPT",
             Self::Storage(_) => "OUTBOX_STORAGE",
         }
     }
@@ -69,7 +84,7 @@ impl OutboxError {
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Storage(_) => true,
+            Self::Storage(e) => e.kind() != StorageErrorKind::Corrupt,
             Self::Scheduler(e) => e.is_retryable(),
             _ => false,
         }
@@ -81,9 +96,11 @@ impl OutboxError {
         "OUTBOX_INVALID_KEY",
         "OUTBOX_VALUE_TOO_LARGE",
         "OUTBOX_ENCODE_FAILED",
+        "OUTBOX_VALUE_NOT_ROUND_TRIP",
         "OUTBOX_INVALID_POLICY",
         "OUTBOX_VERSIONS_EXHAUSTED",
         "OUTBOX_STORAGE",
+        "OUTBOX_CORRUPT",
     ];
 }
 

@@ -22,16 +22,24 @@ pub enum EventKind {
     },
     /// The pending entry was discarded (reported after commit).
     Discarded,
-    /// The entry reached its maximum attempts and went to the dead-letter sink.
+    /// The entry went to the dead-letter sink: it reached its maximum
+    /// attempts, or its stored value cannot be decoded (`error` says which).
     DeadLettered {
         /// The last failure.
         error: String,
     },
-    /// The entry reached its maximum attempts and, with no dead-letter sink,
-    /// was dropped.
+    /// The entry reached its maximum attempts, or its stored value cannot
+    /// be decoded, and, with no dead-letter sink, was dropped.
     Dropped {
         /// The last failure.
         error: String,
+    },
+    /// A corrupt stored row (a version, attempt or value that fails strict
+    /// decoding) was moved to the quarantine; version and attempt are 0.
+    /// Reported after commit.
+    Quarantined {
+        /// What is wrong with the row.
+        reason: String,
     },
 }
 

@@ -15,9 +15,39 @@
 //! - Settlement is guarded by version and attempt: acknowledging an old
 //!   version never removes a newer one staged while it was in flight.
 //! - Retries use jittered exponential backoff capped at 5 minutes, or a
-//!   custom delay; an optional maximum sends entries to a dead-letter sink.
+//!   custom delay; an optional maximum sends entries to a dead-letter sink
+//!   (or drops them, with an event).
 //! - Sinks receive versions and **must ignore versions older than the newest
 //!   they applied**: a timed-out attempt can land after a newer one.
+//!
+//! # Codecs
+//!
+//! A channel stores its values with a [`Codec`]: [`Postcard`] by default,
+//! [`Json`] ([`ChannelConfig::codec`]) for types postcard cannot decode
+//! (`#[serde(tag = ...)]`, `#[serde(untagged)]`, `#[serde(flatten)]`,
+//! `serde_json::Value`), or any implementation of the trait. Each stored
+//! value is the codec's format byte, then its payload. [`Outbox::stage`]
+//! encodes the value, decodes it again and checks it reads back
+//! ([`Codec::check_round_trip`]) before anything is written; a value that
+//! does not is [`OutboxError::ValueDoesNotRoundTrip`], naming the codec and
+//! the cause. A stored value that cannot be decoded at delivery (written by
+//! another codec, or changed in storage) is never published and never
+//! retried: it goes to the dead-letter sink ([`DeadReason::Undecodable`],
+//! with the stored bytes) or, without one, is dropped with a
+//! [`EventKind::Dropped`] event. [`Outbox::deliver_due`] and
+//! [`Outbox::publish_now`] list it in [`DeliveryReport::undecodable`].
+//!
+//! # Corrupt rows
+//!
+//! The backend decodes stored rows strictly: a version, attempt or time out
+//! of range or of the wrong type is a [`StoredRow::Corrupt`], never a
+//! misread number. The outbox moves a corrupt row to the quarantine in the
+//! transaction that found it, reports [`EventKind::Quarantined`] after the
+//! commit and lists it in [`DeliveryReport::quarantined`], so it never
+//! blocks the channel's healthy entries and never holds the alarm in the
+//! past. [`Outbox::quarantined`] counts quarantined rows and
+//! [`Outbox::purge_quarantined`] deletes them. A corrupt version counter
+//! makes [`Outbox::stage`] fail with the code `OUTBOX_CORRUPT`.
 //!
 //! The storage backend implements [`OutboxTx`] on its transaction type.
 //!
@@ -27,9 +57,11 @@
 //!   and the in-memory implementation on the scheduler's testkit storage.
 
 mod channel;
+mod codec;
 mod error;
 mod event;
 mod policy;
+mod report;
 mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -39,13 +71,15 @@ mod memory;
 pub mod conformance;
 
 pub use channel::{
-    ChannelConfig, DeadLetter, DeadLetterFn, Entry, MAX_CHANNEL_BYTES, MAX_KEY_BYTES,
+    ChannelConfig, DeadLetter, DeadLetterFn, DeadReason, Entry, MAX_CHANNEL_BYTES, MAX_KEY_BYTES,
     MAX_VALUE_BYTES, Outbox, SCHEMA, Sink,
 };
+pub use codec::{Codec, CodecError, JSON_FORMAT, Json, POSTCARD_FORMAT, Postcard};
 pub use error::{OutboxError, SinkError};
 pub use event::{EventHook, EventKind, OutboxEvent};
 pub use policy::{
     BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DelayFn,
     MAX_ATTEMPT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_DELAY_MS, RetryPolicy, default_delay_ms,
 };
-pub use store::{OutboxTx, Reschedule, StoredEntry};
+pub use report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
+pub use store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};

@@ -5,13 +5,16 @@ use std::collections::BTreeMap;
 use durability_scheduler::StorageError;
 use durability_scheduler::testkit::MemoryTx;
 
-use crate::store::{OutboxTx, Reschedule, StoredEntry};
+use crate::store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
 
 /// The outbox rows of a `MemoryStorage`.
 #[derive(Debug, Clone, Default)]
 struct MemOutbox {
     next_version: u64,
     entries: BTreeMap<(String, String), StoredEntry>,
+    /// Quarantined rows: channel, key, reason. Rows here are typed, so
+    /// none is ever corrupt; this only serves the trait.
+    quarantine: Vec<(String, String, String)>,
 }
 
 fn rows<'a>(tx: &'a mut MemoryTx<'_>) -> &'a mut MemOutbox {
@@ -36,12 +39,12 @@ impl OutboxTx for MemoryTx<'_> {
         Ok(())
     }
 
-    fn outbox_get(
-        &mut self,
-        channel: &str,
-        key: &str,
-    ) -> Result<Option<StoredEntry>, StorageError> {
-        Ok(rows(self).entries.get(&k(channel, key)).cloned())
+    fn outbox_get(&mut self, channel: &str, key: &str) -> Result<Option<StoredRow>, StorageError> {
+        Ok(rows(self)
+            .entries
+            .get(&k(channel, key))
+            .cloned()
+            .map(StoredRow::Entry))
     }
 
     fn outbox_remove(&mut self, channel: &str, key: &str) -> Result<bool, StorageError> {
@@ -93,7 +96,7 @@ impl OutboxTx for MemoryTx<'_> {
         channel: &str,
         now: i64,
         limit: usize,
-    ) -> Result<Vec<StoredEntry>, StorageError> {
+    ) -> Result<Vec<StoredRow>, StorageError> {
         let mut due: Vec<StoredEntry> = rows(self)
             .entries
             .values()
@@ -102,7 +105,32 @@ impl OutboxTx for MemoryTx<'_> {
             .collect();
         due.sort_by_key(|e| (e.due_at, e.version));
         due.truncate(limit);
-        Ok(due)
+        Ok(due.into_iter().map(StoredRow::Entry).collect())
+    }
+
+    fn outbox_quarantine(&mut self, row: &CorruptEntry, _at: i64) -> Result<bool, StorageError> {
+        let r = rows(self);
+        if r.entries.remove(&k(&row.channel, &row.key)).is_none() {
+            return Ok(false);
+        }
+        r.quarantine
+            .push((row.channel.clone(), row.key.clone(), row.reason.clone()));
+        Ok(true)
+    }
+
+    fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError> {
+        Ok(rows(self)
+            .quarantine
+            .iter()
+            .filter(|q| q.0 == channel)
+            .count() as u64)
+    }
+
+    fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError> {
+        let r = rows(self);
+        let before = r.quarantine.len();
+        r.quarantine.retain(|q| q.0 != channel);
+        Ok((before - r.quarantine.len()) as u64)
     }
 
     fn outbox_next_due(&mut self, channel: &str) -> Result<Option<i64>, StorageError> {

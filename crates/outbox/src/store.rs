@@ -23,6 +23,42 @@ pub struct StoredEntry {
     pub claimed_until: Option<i64>,
 }
 
+/// A stored row that failed strict decoding: a version or attempt out of
+/// range or of the wrong type, a value that is not bytes, a key that is
+/// not text. The outbox quarantines it ([`OutboxTx::outbox_quarantine`])
+/// so it never blocks its channel's healthy entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptEntry {
+    /// The channel name.
+    pub channel: String,
+    /// The key as read (lossily, for a key that is not UTF-8 text).
+    pub key: String,
+    /// The backend's own identity of the row (for SQLite, the stored key's
+    /// type and bytes), handed back to [`OutboxTx::outbox_quarantine`].
+    pub row: Vec<u8>,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// One stored row: a well-formed entry, or a corrupt one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredRow {
+    /// A row that decoded strictly.
+    Entry(StoredEntry),
+    /// A row that did not.
+    Corrupt(CorruptEntry),
+}
+
+impl StoredRow {
+    /// The entry, unless the row is corrupt.
+    pub fn into_entry(self) -> Option<StoredEntry> {
+        match self {
+            Self::Entry(e) => Some(e),
+            Self::Corrupt(_) => None,
+        }
+    }
+}
+
 /// A guarded reschedule of one pending entry
 /// ([`OutboxTx::outbox_reschedule_if`]): the new attempt, due time and claim,
 /// applied only while the entry is still at `version` and `expected_attempt`.
@@ -51,9 +87,12 @@ pub struct Reschedule<'a> {
 /// object-wide and never decreases, whatever is delivered or discarded.
 pub trait OutboxTx: SchedulerTx {
     /// Returns the next object-wide version and advances the counter.
+    /// The version returned is at least 1.
     ///
     /// # Errors
-    /// A backend failure.
+    /// A backend failure; a corrupt counter (missing, negative, not an
+    /// integer) is a [`StorageErrorKind::Corrupt`](durability_scheduler::StorageErrorKind::Corrupt)
+    /// error and nothing is issued.
     fn outbox_next_version(&mut self) -> Result<u64, StorageError>;
 
     /// Inserts the entry, replacing any pending entry of the same channel and
@@ -63,12 +102,12 @@ pub trait OutboxTx: SchedulerTx {
     /// A backend failure.
     fn outbox_upsert(&mut self, entry: &StoredEntry) -> Result<(), StorageError>;
 
-    /// The pending entry of a key, if any.
+    /// The pending entry of a key, if any; a row that fails strict decoding
+    /// is returned as [`StoredRow::Corrupt`], never misread.
     ///
     /// # Errors
     /// A backend failure.
-    fn outbox_get(&mut self, channel: &str, key: &str)
-    -> Result<Option<StoredEntry>, StorageError>;
+    fn outbox_get(&mut self, channel: &str, key: &str) -> Result<Option<StoredRow>, StorageError>;
 
     /// Removes a key's pending entry; whether one was there.
     ///
@@ -95,8 +134,11 @@ pub trait OutboxTx: SchedulerTx {
     /// A backend failure.
     fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError>;
 
-    /// Up to `limit` entries of a channel due at or before `now`, earliest
-    /// due first (then lowest version).
+    /// Up to `limit` rows of a channel due at or before `now`, earliest
+    /// due first (then lowest version). Each row is decoded on its own: a
+    /// corrupt row is a [`StoredRow::Corrupt`] among the healthy ones. A
+    /// backend may add rows whose stored due time is not a valid time
+    /// (they are corrupt, and must not stay unseen), up to `limit` more.
     ///
     /// # Errors
     /// A backend failure.
@@ -105,7 +147,26 @@ pub trait OutboxTx: SchedulerTx {
         channel: &str,
         now: i64,
         limit: usize,
-    ) -> Result<Vec<StoredEntry>, StorageError>;
+    ) -> Result<Vec<StoredRow>, StorageError>;
+
+    /// Moves a corrupt row out of the channel into the quarantine, as
+    /// stored, with `reason` and the time `at`; whether it was there.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_quarantine(&mut self, row: &CorruptEntry, at: i64) -> Result<bool, StorageError>;
+
+    /// How many rows of a channel are in quarantine.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError>;
+
+    /// Deletes a channel's quarantined rows; how many there were.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError>;
 
     /// The earliest due time in a channel.
     ///

@@ -160,6 +160,10 @@ pub struct Transaction<'a, 't, S: Storage + 't> {
     alarm: Option<Option<i64>>,
     /// Callbacks to run once this transaction commits.
     after_commit: Vec<AfterCommit>,
+    /// Due times read or written through this handle, so staging many
+    /// entries in one transaction reads each capability's due time once.
+    /// Due times are only written through a handle, so this is exact.
+    known_due: Vec<(String, Option<i64>)>,
 }
 
 impl<'t, S: Storage> Deref for Transaction<'_, 't, S> {
@@ -198,10 +202,11 @@ impl<'t, S: Storage> Transaction<'_, 't, S> {
     /// # Errors
     /// A storage failure; the transaction should roll back.
     pub fn set_due(&mut self, capability: &str, due: Option<i64>) -> Result<(), StorageError> {
-        if self.tx.capability_due(capability)? == due {
+        if self.due_of(capability)? == due {
             return Ok(());
         }
         self.tx.set_capability_due(capability, due)?;
+        self.remember_due(capability, due);
         self.sync_alarm()
     }
 
@@ -211,12 +216,30 @@ impl<'t, S: Storage> Transaction<'_, 't, S> {
     /// # Errors
     /// A storage failure; the transaction should roll back.
     pub fn lower_due(&mut self, capability: &str, due: i64) -> Result<(), StorageError> {
-        match self.tx.capability_due(capability)? {
+        match self.due_of(capability)? {
             Some(current) if current <= due => Ok(()),
             _ => {
                 self.tx.set_capability_due(capability, Some(due))?;
+                self.remember_due(capability, Some(due));
                 self.sync_alarm()
             }
+        }
+    }
+
+    /// A capability's due time: read once per transaction, then known.
+    fn due_of(&mut self, capability: &str) -> Result<Option<i64>, StorageError> {
+        if let Some((_, due)) = self.known_due.iter().find(|(c, _)| c == capability) {
+            return Ok(*due);
+        }
+        let due = self.tx.capability_due(capability)?;
+        self.known_due.push((capability.to_owned(), due));
+        Ok(due)
+    }
+
+    fn remember_due(&mut self, capability: &str, due: Option<i64>) {
+        match self.known_due.iter_mut().find(|(c, _)| c == capability) {
+            Some(known) => known.1 = due,
+            None => self.known_due.push((capability.to_owned(), due)),
         }
     }
 
@@ -354,6 +377,7 @@ impl<S: Storage> Scheduler<S> {
                 tx,
                 alarm: None,
                 after_commit: Vec::new(),
+                known_due: Vec::new(),
             };
             let value = f(&mut handle)?;
             Ok::<_, E>((value, handle.alarm, handle.after_commit))

@@ -1,6 +1,6 @@
 //! The outbox's rows: `OutboxTx` on [`SkeletonTx`].
 
-use durability_outbox::{OutboxTx, Reschedule, StoredEntry};
+use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
 use durability_scheduler::StorageError;
 
 use crate::SkeletonTx;
@@ -21,8 +21,8 @@ impl OutboxTx for SkeletonTx {
         &mut self,
         _channel: &str,
         _key: &str,
-    ) -> Result<Option<StoredEntry>, StorageError> {
-        // The key's pending entry, if any.
+    ) -> Result<Option<StoredRow>, StorageError> {
+        // The key's pending entry, if any, decoded strictly: a row that fails is `StoredRow::Corrupt`.
         Err(unsupported("outbox_get"))
     }
 
@@ -52,9 +52,24 @@ impl OutboxTx for SkeletonTx {
         _channel: &str,
         _now: i64,
         _limit: usize,
-    ) -> Result<Vec<StoredEntry>, StorageError> {
-        // Up to `limit` entries due at or before `now`, earliest due first, then lowest version.
+    ) -> Result<Vec<StoredRow>, StorageError> {
+        // Up to `limit` rows due at or before `now`, earliest due first, then lowest version; each decoded on its own.
         Err(unsupported("outbox_due"))
+    }
+
+    fn outbox_quarantine(&mut self, _row: &CorruptEntry, _at: i64) -> Result<bool, StorageError> {
+        // Move the corrupt row, as stored, into the quarantine with its reason; whether it was there.
+        Err(unsupported("outbox_quarantine"))
+    }
+
+    fn outbox_quarantined_len(&mut self, _channel: &str) -> Result<u64, StorageError> {
+        // How many of the channel's rows are in quarantine.
+        Err(unsupported("outbox_quarantined_len"))
+    }
+
+    fn outbox_purge_quarantined(&mut self, _channel: &str) -> Result<u64, StorageError> {
+        // Delete the channel's quarantined rows; how many.
+        Err(unsupported("outbox_purge_quarantined"))
     }
 
     fn outbox_next_due(&mut self, _channel: &str) -> Result<Option<i64>, StorageError> {

@@ -73,6 +73,10 @@ pub struct SqliteSchemaStep {
 /// An object's storage in one SQLite database (WAL mode).
 pub struct SqliteStorage {
     conn: Mutex<Connection>,
+    /// The block of outbox versions reserved by the last committed
+    /// transaction that issued one; revalidated by every transaction.
+    #[cfg(feature = "outbox")]
+    versions: Mutex<Option<crate::outbox::VersionBlock>>,
     schemas: BTreeMap<String, (&'static [SchemaStep], &'static [SqliteSchemaStep])>,
     /// The owner claim every transaction checks, once fenced.
     #[cfg(feature = "ownership")]
@@ -91,6 +95,10 @@ type Fence = (
 /// application the same transaction for its own rows.
 pub struct SqliteTx<'t> {
     tx: rusqlite::Transaction<'t>,
+    /// The outbox versions this transaction may issue without writing the
+    /// counter (see `crate::outbox::TxVersions`).
+    #[cfg(feature = "outbox")]
+    pub(crate) versions: crate::outbox::TxVersions,
 }
 
 impl SqliteTx<'_> {
@@ -167,6 +175,8 @@ impl SqliteStorage {
         );
         Ok(Self {
             conn: Mutex::new(conn),
+            #[cfg(feature = "outbox")]
+            versions: Mutex::new(None),
             schemas,
             #[cfg(feature = "ownership")]
             fence: Mutex::new(None),
@@ -371,7 +381,13 @@ impl Storage for SqliteStorage {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| E::from(backend("begin transaction", e)))?;
-        let mut tx = SqliteTx { tx };
+        let mut tx = SqliteTx {
+            tx,
+            #[cfg(feature = "outbox")]
+            versions: crate::outbox::TxVersions::new(
+                *self.versions.lock().unwrap_or_else(PoisonError::into_inner),
+            ),
+        };
         #[cfg(feature = "ownership")]
         let budget = match &*self.fence.lock().unwrap_or_else(PoisonError::into_inner) {
             Some((record, budget)) => {
@@ -395,9 +411,24 @@ impl Storage for SqliteStorage {
                 },
             )));
         }
-        tx.tx
-            .commit()
-            .map_err(|e| E::from(backend("commit transaction", e)))?;
+        #[cfg(feature = "outbox")]
+        let versions = tx.versions.committed();
+        if let Err(e) = tx.tx.commit() {
+            // Whether the commit landed is unknown: forget the block, so
+            // the next transaction reserves a fresh one above the counter
+            // rather than reissue a version that may have committed.
+            #[cfg(feature = "outbox")]
+            {
+                *self.versions.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            return Err(E::from(backend("commit transaction", e)));
+        }
+        // Only a committed reservation is remembered: a rolled-back one
+        // never reached the counter.
+        #[cfg(feature = "outbox")]
+        if let Some(block) = versions {
+            *self.versions.lock().unwrap_or_else(PoisonError::into_inner) = Some(block);
+        }
         Ok(value)
     }
 

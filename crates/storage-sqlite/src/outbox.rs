@@ -1,23 +1,35 @@
-//! The outbox store on SQLite: the `durability_outbox` table and the
-//! object-wide version counter.
+//! The outbox store on SQLite: the `durability_outbox` table, the
+//! object-wide version counter, and the quarantine of corrupt rows.
+//!
+//! Rows are decoded strictly: a version, attempt or time that is not an
+//! integer in range, a value that is not a blob or a key that is not text
+//! is a [`StoredRow::Corrupt`], never a misread value.
 
-use durability_outbox::{OutboxTx, Reschedule, StoredEntry};
+use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
 use durability_scheduler::{SchemaStep, StorageError};
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{OptionalExtension, Row, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
-
-pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
+pub(crate) static STEPS: &[SchemaStep] = &[
+    SchemaStep {
         version: 1,
         name: "initial",
     },
-    up: "
+    SchemaStep {
+        version: 2,
+        name: "quarantine",
+    },
+];
+
+pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
+    SqliteSchemaStep {
+        step: SchemaStep {
+            version: 1,
+            name: "initial",
+        },
+        up: "
 CREATE TABLE durability_outbox (
     channel TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -35,26 +47,184 @@ CREATE TABLE durability_outbox_version (
 );
 INSERT INTO durability_outbox_version (id, last) VALUES (0, 0);
 ",
-    down: "
+        down: "
 DROP TABLE durability_outbox;
 DROP TABLE durability_outbox_version;
 ",
-}];
+    },
+    SqliteSchemaStep {
+        step: SchemaStep {
+            version: 2,
+            name: "quarantine",
+        },
+        // Untyped columns: a quarantined row keeps exactly what was stored.
+        up: "
+CREATE TABLE durability_outbox_quarantine (
+    channel,
+    key,
+    value,
+    version,
+    attempt,
+    due_at,
+    claimed_until,
+    reason TEXT NOT NULL,
+    quarantined_at INTEGER NOT NULL
+);
+CREATE INDEX durability_outbox_quarantine_channel ON durability_outbox_quarantine (channel);
+",
+        down: "DROP TABLE durability_outbox_quarantine;",
+    },
+];
 
 const COLUMNS: &str = "channel, key, value, version, attempt, due_at, claimed_until";
 
-fn row(r: &Row<'_>) -> rusqlite::Result<StoredEntry> {
-    let version: i64 = r.get(3)?;
-    let attempt: i64 = r.get(4)?;
-    Ok(StoredEntry {
-        channel: r.get(0)?,
-        key: r.get(1)?,
-        value: r.get(2)?,
-        version: u64::try_from(version).unwrap_or(0),
-        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-        due_at: r.get(5)?,
-        claimed_until: r.get(6)?,
+/// Largest stored time, version or safe integer: 2^53-1.
+const MAX_SAFE: i64 = (1 << 53) - 1;
+
+fn kind(v: ValueRef<'_>) -> &'static str {
+    match v {
+        ValueRef::Null => "null",
+        ValueRef::Integer(_) => "an integer",
+        ValueRef::Real(_) => "a real",
+        ValueRef::Text(_) => "text",
+        ValueRef::Blob(_) => "a blob",
+    }
+}
+
+/// An integer column in `min..=max`, or why not.
+fn int_in(
+    r: &Row<'_>,
+    i: usize,
+    name: &str,
+    min: i64,
+    max: i64,
+) -> rusqlite::Result<Result<i64, String>> {
+    Ok(match r.get_ref(i)? {
+        ValueRef::Integer(v) if (min..=max).contains(&v) => Ok(v),
+        ValueRef::Integer(v) => Err(format!("{name} {v} is outside {min}..={max}")),
+        other => Err(format!("{name} is {}, not an integer", kind(other))),
     })
+}
+
+/// The row identity handed back to `outbox_quarantine`: a type tag, then
+/// the key's bytes as stored.
+fn row_id(tag: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut id = Vec::with_capacity(bytes.len() + 1);
+    id.push(tag);
+    id.extend_from_slice(bytes);
+    id
+}
+
+fn row(r: &Row<'_>) -> rusqlite::Result<StoredRow> {
+    let channel: String = r.get(0)?;
+    let (key, id, mut problem) = match r.get_ref(1)? {
+        ValueRef::Text(b) => match std::str::from_utf8(b) {
+            Ok(k) => (k.to_owned(), row_id(b't', b), None),
+            Err(_) => (
+                String::from_utf8_lossy(b).into_owned(),
+                row_id(b't', b),
+                Some("key is not UTF-8".to_owned()),
+            ),
+        },
+        ValueRef::Blob(b) => (
+            String::from_utf8_lossy(b).into_owned(),
+            row_id(b'b', b),
+            Some("key is a blob, not text".to_owned()),
+        ),
+        other => (
+            String::new(),
+            Vec::new(),
+            Some(format!("key is {}", kind(other))),
+        ),
+    };
+    let value = match r.get_ref(2)? {
+        ValueRef::Blob(b) => Some(b.to_vec()),
+        other => {
+            problem.get_or_insert(format!("value is {}, not a blob", kind(other)));
+            None
+        }
+    };
+    let version = int_in(r, 3, "version", 1, MAX_SAFE)?;
+    let attempt = int_in(r, 4, "attempt", 0, i64::from(u32::MAX))?;
+    let due_at = int_in(r, 5, "due_at", 0, MAX_SAFE)?;
+    let claimed_until = match r.get_ref(6)? {
+        ValueRef::Null => Ok(None),
+        _ => int_in(r, 6, "claimed_until", 0, MAX_SAFE)?.map(Some),
+    };
+    let fields = (version, attempt, due_at, claimed_until, value);
+    Ok(match (problem, fields) {
+        (None, (Ok(version), Ok(attempt), Ok(due_at), Ok(claimed_until), Some(value))) => {
+            StoredRow::Entry(StoredEntry {
+                channel,
+                key,
+                value,
+                // In range: checked by `int_in` above.
+                version: version.unsigned_abs(),
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                due_at,
+                claimed_until,
+            })
+        }
+        (problem, (version, attempt, due_at, claimed_until, _)) => {
+            let reason = problem
+                .or(version.err())
+                .or(attempt.err())
+                .or(due_at.err())
+                .or(claimed_until.err())
+                .unwrap_or_else(|| "row is corrupt".to_owned());
+            StoredRow::Corrupt(CorruptEntry {
+                channel,
+                key,
+                row: id,
+                reason,
+            })
+        }
+    })
+}
+
+/// Versions reserved by one counter write.
+const VERSION_BLOCK: i64 = 1_000;
+
+/// Outbox versions `next..=limit`, reserved by a committed transaction
+/// that moved the stored counter to `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VersionBlock {
+    next: i64,
+    limit: i64,
+}
+
+/// A transaction's view of the version counter.
+///
+/// The stored counter is the highest version *reserved*. A transaction
+/// reserves a block of [`VERSION_BLOCK`] versions with one write and later
+/// transactions issue from it with only a read: each first reads the
+/// counter, and uses the remembered block only while the counter still
+/// equals the block's end. Any other reservation (another handle on the
+/// same file) moves the counter, so the block is dropped and a new one is
+/// reserved above it: every version issued is above every version issued
+/// before, by anyone, and a crash only skips the unissued rest of a block.
+#[derive(Debug)]
+pub(crate) struct TxVersions {
+    block: Option<VersionBlock>,
+    checked: bool,
+    issued: bool,
+}
+
+impl TxVersions {
+    /// The view of a new transaction, from the last committed block.
+    pub(crate) fn new(block: Option<VersionBlock>) -> Self {
+        Self {
+            block,
+            checked: false,
+            issued: false,
+        }
+    }
+
+    /// The block to remember once this transaction commits, if it issued a
+    /// version.
+    pub(crate) fn committed(&self) -> Option<VersionBlock> {
+        if self.issued { self.block } else { None }
+    }
 }
 
 fn i64_of(v: u64) -> Result<i64, StorageError> {
@@ -63,14 +233,63 @@ fn i64_of(v: u64) -> Result<i64, StorageError> {
 
 impl OutboxTx for SqliteTx<'_> {
     fn outbox_next_version(&mut self) -> Result<u64, StorageError> {
-        let last: i64 = self
-            .sql()
-            .prepare_cached(
-                "UPDATE durability_outbox_version SET last = last + 1 WHERE id = 0 RETURNING last",
-            )
-            .and_then(|mut st| st.query_row([], |r| r.get(0)))
-            .map_err(|e| backend("advance outbox version", e))?;
-        u64::try_from(last).map_err(|_| StorageError::corrupt("negative outbox version"))
+        if !self.versions.checked {
+            // Strictly: a negative, non-integer or missing counter issues
+            // nothing (SQLite would do arithmetic on text as 0).
+            let last: Option<(i64, String)> = self
+                .sql()
+                .prepare_cached(
+                    "SELECT last, typeof(last) FROM durability_outbox_version WHERE id = 0",
+                )
+                .and_then(|mut st| {
+                    st.query_row([], |r| {
+                        Ok((r.get_ref(0)?.as_i64().unwrap_or(-1), r.get(1)?))
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend("read outbox version", e))?;
+            let last = match last {
+                Some((last, kind)) if kind == "integer" && last >= 0 => last,
+                _ => {
+                    return Err(StorageError::corrupt(
+                        "the outbox version counter is missing, negative or not an integer",
+                    ));
+                }
+            };
+            self.versions.checked = true;
+            if self.versions.block.is_none_or(|b| b.limit != last) {
+                self.versions.block = None;
+            }
+        }
+        let block = match self.versions.block {
+            Some(b) if b.next <= b.limit => b,
+            _ => {
+                let limit: Option<i64> = self
+                    .sql()
+                    .prepare_cached(&format!(
+                        "UPDATE durability_outbox_version SET last = last + {VERSION_BLOCK}
+                         WHERE id = 0 AND typeof(last) = 'integer'
+                           AND last >= 0 AND last <= {}
+                         RETURNING last",
+                        i64::MAX - VERSION_BLOCK
+                    ))
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)).optional())
+                    .map_err(|e| backend("reserve outbox versions", e))?;
+                let limit = limit.ok_or_else(|| {
+                    StorageError::corrupt("the outbox version counter is out of range")
+                })?;
+                VersionBlock {
+                    next: limit - VERSION_BLOCK + 1,
+                    limit,
+                }
+            }
+        };
+        self.versions.block = Some(VersionBlock {
+            next: block.next + 1,
+            limit: block.limit,
+        });
+        self.versions.issued = true;
+        u64::try_from(block.next).map_err(|_| StorageError::corrupt("negative outbox version"))
     }
 
     fn outbox_upsert(&mut self, e: &StoredEntry) -> Result<(), StorageError> {
@@ -99,11 +318,7 @@ impl OutboxTx for SqliteTx<'_> {
             .map_err(|err| backend("stage outbox entry", err))
     }
 
-    fn outbox_get(
-        &mut self,
-        channel: &str,
-        key: &str,
-    ) -> Result<Option<StoredEntry>, StorageError> {
+    fn outbox_get(&mut self, channel: &str, key: &str) -> Result<Option<StoredRow>, StorageError> {
         self.sql()
             .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM durability_outbox WHERE channel = ?1 AND key = ?2"
@@ -174,13 +389,20 @@ impl OutboxTx for SqliteTx<'_> {
         channel: &str,
         now: i64,
         limit: usize,
-    ) -> Result<Vec<StoredEntry>, StorageError> {
+    ) -> Result<Vec<StoredRow>, StorageError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Rows due now, then rows whose due time is past 2^53-1 or not an
+        // integer (text sorts after every number): those are corrupt and
+        // come back to be quarantined instead of sitting there unseen. Two
+        // index range searches; the second finds nothing on healthy data.
         self.sql()
             .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM durability_outbox
-                 WHERE channel = ?1 AND due_at <= ?2
-                 ORDER BY due_at, version LIMIT ?3"
+                "SELECT * FROM (SELECT {COLUMNS} FROM durability_outbox
+                   WHERE channel = ?1 AND due_at <= ?2
+                   ORDER BY due_at, version LIMIT ?3)
+                 UNION ALL
+                 SELECT * FROM (SELECT {COLUMNS} FROM durability_outbox
+                   WHERE channel = ?1 AND due_at > {MAX_SAFE} LIMIT ?3)"
             ))
             .and_then(|mut st| {
                 st.query_map(params![channel, now, limit], row)?
@@ -190,9 +412,23 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_next_due(&mut self, channel: &str) -> Result<Option<i64>, StorageError> {
+        // A corrupt earliest due time (negative, past 2^53-1, not an
+        // integer) reads as due now: the run it triggers quarantines the
+        // row, so the alarm moves on instead of staying in the past.
         self.sql()
-            .prepare_cached("SELECT MIN(due_at) FROM durability_outbox WHERE channel = ?1")
-            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
+            .prepare_cached(
+                "SELECT due_at FROM durability_outbox WHERE channel = ?1
+                 ORDER BY due_at LIMIT 1",
+            )
+            .and_then(|mut st| {
+                st.query_row([channel], |r| {
+                    Ok(match r.get_ref(0)? {
+                        ValueRef::Integer(v) if (0..=MAX_SAFE).contains(&v) => v,
+                        _ => 0,
+                    })
+                })
+                .optional()
+            })
             .map_err(|e| backend("read next outbox due", e))
     }
 
@@ -203,5 +439,49 @@ impl OutboxTx for SqliteTx<'_> {
             .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
             .map_err(|e| backend("count outbox entries", e))?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    fn outbox_quarantine(&mut self, row: &CorruptEntry, at: i64) -> Result<bool, StorageError> {
+        let Some((&tag, key)) = row.row.split_first() else {
+            return Err(StorageError::corrupt(
+                "a corrupt outbox row without a key cannot be located",
+            ));
+        };
+        let key = ToSqlOutput::Borrowed(if tag == b'b' {
+            ValueRef::Blob(key)
+        } else {
+            ValueRef::Text(key)
+        });
+        let c = self.sql();
+        c.prepare_cached(
+            "INSERT INTO durability_outbox_quarantine
+               (channel, key, value, version, attempt, due_at, claimed_until, reason, quarantined_at)
+             SELECT channel, key, value, version, attempt, due_at, claimed_until, ?3, ?4
+             FROM durability_outbox WHERE channel = ?1 AND key = ?2",
+        )
+        .and_then(|mut st| st.execute(params![row.channel, key, row.reason, at]))
+        .and_then(|_| {
+            c.prepare_cached("DELETE FROM durability_outbox WHERE channel = ?1 AND key = ?2")
+                .and_then(|mut st| st.execute(params![row.channel, key]))
+        })
+        .map(|n| n > 0)
+        .map_err(|e| backend("quarantine outbox row", e))
+    }
+
+    fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError> {
+        let n: i64 = self
+            .sql()
+            .prepare_cached("SELECT COUNT(*) FROM durability_outbox_quarantine WHERE channel = ?1")
+            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
+            .map_err(|e| backend("count quarantined outbox rows", e))?;
+        Ok(n.unsigned_abs())
+    }
+
+    fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError> {
+        self.sql()
+            .prepare_cached("DELETE FROM durability_outbox_quarantine WHERE channel = ?1")
+            .and_then(|mut st| st.execute([channel]))
+            .map(|n| n as u64)
+            .map_err(|e| backend("purge quarantined outbox rows", e))
     }
 }

@@ -945,7 +945,7 @@ where
 
     async fn publish_now(&self, group: &str) -> Result<bool, TopologyError> {
         match &self.publication {
-            Some(p) => Ok(p.publish_now(group).await?),
+            Some(p) => Ok(!p.publish_now(group).await?.pending),
             None => Ok(true),
         }
     }

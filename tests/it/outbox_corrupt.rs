@@ -1,0 +1,318 @@
+//! Corrupt outbox rows on SQLite (issue 15, outbox item 2): rows corrupted
+//! by SQL are decoded strictly, quarantined with an event, never block
+//! their channel's healthy entries, stay deletable, and never keep the
+//! alarm in the past; a corrupt version counter is a typed error.
+#![allow(clippy::unwrap_used)]
+
+use crate::support;
+
+use std::sync::Arc;
+
+use durability_outbox::{ChannelConfig, EventKind, OutboxError};
+use durability_scheduler::{ManualClock, Storage, StorageError};
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
+use support::{Mode, Obj, Recorder, START, open};
+
+fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
+    Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
+}
+
+fn sql(storage: &SqliteStorage, statement: &str) {
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .execute(statement, [])
+                .map_err(|e| StorageError::backend("test sql", e))
+        })
+        .unwrap();
+}
+
+fn query_i64(storage: &SqliteStorage, statement: &str) -> i64 {
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .query_row(statement, [], |r| r.get(0))
+                .map_err(|e| StorageError::backend("test sql", e))
+        })
+        .unwrap()
+}
+
+fn stage_all(o: &Obj<SqliteStorage>, keys: &[&str]) {
+    o.sched
+        .transaction(|tx| {
+            for k in keys {
+                o.outbox.stage(tx, k, &format!("value of {k}"))?;
+            }
+            Ok::<_, OutboxError>(())
+        })
+        .unwrap();
+}
+
+fn quarantine_events(o: &Obj<SqliteStorage>) -> Vec<(String, String)> {
+    o.events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Quarantined { reason } => Some((e.key.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_deliver() {
+    let clock = ManualClock::new(START);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let o = open(
+        storage.clone(),
+        &clock,
+        Recorder::default(),
+        ChannelConfig::new("c"),
+    );
+    stage_all(
+        &o,
+        &[
+            "healthy-1",
+            "neg-version",
+            "neg-attempt",
+            "text-version",
+            "text-value",
+            "text-due",
+            "healthy-2",
+        ],
+    );
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET version = -5 WHERE key = 'neg-version'",
+    );
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET attempt = -1 WHERE key = 'neg-attempt'",
+    );
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET version = 'abc' WHERE key = 'text-version'",
+    );
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET value = 'not bytes' WHERE key = 'text-value'",
+    );
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET due_at = 'soon' WHERE key = 'text-due'",
+    );
+
+    let report = o.outbox.deliver_due().await.unwrap();
+    assert_eq!(report.delivered, 2, "both healthy entries are delivered");
+    let mut delivered: Vec<String> = o.sink.delivered().into_iter().map(|d| d.0).collect();
+    delivered.sort();
+    assert_eq!(delivered, ["healthy-1", "healthy-2"]);
+    let mut quarantined: Vec<(String, String)> = report
+        .quarantined
+        .iter()
+        .map(|q| (q.key.clone(), q.reason.clone()))
+        .collect();
+    quarantined.sort();
+    let keys: Vec<&str> = quarantined.iter().map(|q| q.0.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "neg-attempt",
+            "neg-version",
+            "text-due",
+            "text-value",
+            "text-version"
+        ]
+    );
+    let reason = |k: &str| quarantined.iter().find(|q| q.0 == k).unwrap().1.clone();
+    assert!(
+        reason("neg-version").contains("version -5"),
+        "{}",
+        reason("neg-version")
+    );
+    assert!(
+        reason("neg-attempt").contains("attempt -1"),
+        "{}",
+        reason("neg-attempt")
+    );
+    assert!(
+        reason("text-version").contains("version is text"),
+        "{}",
+        reason("text-version")
+    );
+    assert!(
+        reason("text-value").contains("value is text"),
+        "{}",
+        reason("text-value")
+    );
+    assert!(
+        reason("text-due").contains("due_at is text"),
+        "{}",
+        reason("text-due")
+    );
+    let mut events = quarantine_events(&o);
+    events.sort();
+    assert_eq!(
+        events, quarantined,
+        "one Quarantined event per row, after commit"
+    );
+
+    assert!(
+        o.outbox.is_empty().unwrap(),
+        "nothing left blocking the channel"
+    );
+    assert_eq!(o.outbox.quarantined().unwrap(), 5);
+    assert_eq!(o.sched.alarm_at(), None, "no alarm left in the past");
+    // Quarantined rows keep what was stored, and stay deletable.
+    assert_eq!(
+        query_i64(
+            &storage,
+            "SELECT COUNT(*) FROM durability_outbox_quarantine
+             WHERE key = 'text-version' AND typeof(version) = 'text'"
+        ),
+        1
+    );
+    assert_eq!(o.outbox.purge_quarantined().unwrap(), 5);
+    assert_eq!(o.outbox.quarantined().unwrap(), 0);
+
+    // The channel goes on: a new value of a quarantined key delivers.
+    stage_all(&o, &["neg-version"]);
+    assert_eq!(o.outbox.deliver_due().await.unwrap().delivered, 1);
+}
+
+#[tokio::test]
+async fn a_corrupt_row_never_keeps_the_alarm_in_the_past() {
+    let clock = ManualClock::new(START);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let sink = Recorder::with_mode(Mode::Fail(1));
+    let o = open(storage.clone(), &clock, sink, ChannelConfig::new("c"));
+    stage_all(&o, &["corrupt", "healthy"]);
+    // Read as u32::MAX before: never claimable, due in the past forever.
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET attempt = -1 WHERE key = 'corrupt'",
+    );
+    // The object's own alarm handler, as the driver calls it.
+    let left = o.sched.alarm().await.unwrap();
+    let next = left.expect("the healthy entry's retry is scheduled");
+    assert!(next > START, "alarm moved forward: {next} > {START}");
+    assert_eq!(o.sched.alarm_at(), Some(next));
+    assert_eq!(o.outbox.pending("healthy").unwrap().map(|p| p.1), Some(1));
+    assert_eq!(o.outbox.quarantined().unwrap(), 1);
+    assert_eq!(quarantine_events(&o).len(), 1);
+    // Running the alarm again before its time does nothing.
+    let again = o.sched.alarm().await.unwrap();
+    assert_eq!(again, Some(next));
+    clock.set(next);
+    o.sched.alarm().await.unwrap();
+    assert_eq!(o.sink.delivered().len(), 1);
+    assert_eq!(o.sched.alarm_at(), None);
+}
+
+#[tokio::test]
+async fn a_corrupt_due_time_wakes_the_alarm_once_and_is_quarantined() {
+    let clock = ManualClock::new(START);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let o = open(
+        storage.clone(),
+        &clock,
+        Recorder::default(),
+        ChannelConfig::new("c"),
+    );
+    stage_all(&o, &["k"]);
+    o.outbox.deliver_due().await.unwrap();
+    stage_all(&o, &["late"]);
+    // A due time that is not an integer sorts after every number.
+    sql(&storage, "UPDATE durability_outbox SET due_at = 'never'");
+    let report = o.outbox.deliver_due().await.unwrap();
+    assert_eq!(report.quarantined.len(), 1);
+    assert_eq!(report.quarantined[0].key, "late");
+    assert_eq!(o.sched.alarm_at(), None);
+}
+
+#[tokio::test]
+async fn publish_now_and_pending_report_a_corrupt_key() {
+    let clock = ManualClock::new(START);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let o = open(
+        storage.clone(),
+        &clock,
+        Recorder::default(),
+        ChannelConfig::new("c"),
+    );
+    stage_all(&o, &["k"]);
+    sql(&storage, "UPDATE durability_outbox SET version = 0");
+    let err = o.outbox.pending("k").unwrap_err();
+    assert_eq!(err.code(), "OUTBOX_CORRUPT");
+    assert!(!err.is_retryable());
+    let outcome = o.outbox.publish_now("k").await.unwrap();
+    assert!(!outcome.pending);
+    assert!(!outcome.is_done());
+    assert_eq!(outcome.report.quarantined.len(), 1);
+    assert!(outcome.report.quarantined[0].reason.contains("version 0"));
+    assert!(
+        o.sink.delivered().is_empty(),
+        "a corrupt row is never published"
+    );
+    assert_eq!(o.outbox.pending("k").unwrap(), None);
+
+    // A corrupt row can also be discarded by its key.
+    stage_all(&o, &["j"]);
+    sql(
+        &storage,
+        "UPDATE durability_outbox SET attempt = 'x' WHERE key = 'j'",
+    );
+    assert!(o.sched.transaction(|tx| o.outbox.discard(tx, "j")).unwrap());
+    assert!(o.outbox.is_empty().unwrap());
+}
+
+#[tokio::test]
+async fn a_corrupt_version_counter_is_a_typed_error_and_stages_nothing() {
+    for counter in ["-1", "'abc'", "-9223372036854775808"] {
+        let clock = ManualClock::new(START);
+        let dir = tempfile::tempdir().unwrap();
+        let storage = sqlite(&dir);
+        let o = open(
+            storage.clone(),
+            &clock,
+            Recorder::default(),
+            ChannelConfig::new("c"),
+        );
+        sql(
+            &storage,
+            &format!("UPDATE durability_outbox_version SET last = {counter}"),
+        );
+        let err = o
+            .sched
+            .transaction(|tx| o.outbox.stage(tx, "k", &"v".to_owned()))
+            .unwrap_err();
+        assert_eq!(err.code(), "OUTBOX_CORRUPT", "counter {counter}: {err}");
+        assert!(!err.is_retryable());
+        assert!(
+            o.outbox.is_empty().unwrap(),
+            "counter {counter}: nothing staged"
+        );
+        assert_eq!(o.sched.alarm_at(), None);
+    }
+    // A missing counter row too.
+    let clock = ManualClock::new(START);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let o = open(
+        storage.clone(),
+        &clock,
+        Recorder::default(),
+        ChannelConfig::new("c"),
+    );
+    sql(&storage, "DELETE FROM durability_outbox_version");
+    let err = o
+        .sched
+        .transaction(|tx| o.outbox.stage(tx, "k", &"v".to_owned()))
+        .unwrap_err();
+    assert_eq!(err.code(), "OUTBOX_CORRUPT");
+}
