@@ -1166,3 +1166,99 @@ async fn numbers_in_metadata_and_states_compare_as_numbers() {
         .unwrap();
     assert_eq!(changed.snapshot.version, 2);
 }
+
+// ---- After the commit ----
+
+/// The seed's `retireShard`: drains `shard` and adds a new one. Not
+/// idempotent: running it twice adds two shards.
+fn retire_shard(cur: &durability_topology::Current, shard: &str) -> Draft {
+    let n = cur.members.len();
+    let mut members: Vec<MemberInput> = cur
+        .members
+        .iter()
+        .map(|m| {
+            let mut m = MemberInput::from(m);
+            if m.id == shard {
+                m.state = MemberState::Draining;
+            }
+            m
+        })
+        .collect();
+    members.push(MemberInput::active(format!("t-{n}")));
+    Draft::new().members(members)
+}
+
+#[tokio::test]
+async fn a_publish_step_failing_after_the_commit_reports_the_committed_change_and_a_retrying_caller_adds_one_shard()
+ {
+    // Fail each transaction after update's own commit in turn: the claim of
+    // the publication, the write records, the settlement, the final check.
+    for after_commit in 1..=4u64 {
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        let storage = Arc::new(support::FlakyStorage::new(memory()));
+        let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+        let t = &c.topology;
+        t.update("t", |_| Draft::new().members(shards("t", 3)))
+            .await
+            .unwrap();
+        // The caller a user writes: retry what the library says is retryable.
+        let mut calls = 0;
+        storage.fail_after(after_commit);
+        let outcome = loop {
+            calls += 1;
+            match t.update("t", |cur| retire_shard(cur, "t-0")).await {
+                Ok(out) => break out,
+                Err(e) if e.is_retryable() && calls < 5 => {}
+                Err(e) => panic!("after_commit {after_commit}: {e}"),
+            }
+        };
+        assert_eq!(
+            storage.failed(),
+            1,
+            "after_commit {after_commit}: the fault was injected"
+        );
+        assert_eq!(
+            calls, 1,
+            "after_commit {after_commit}: a committed change is never reported as retryable"
+        );
+        assert_eq!(outcome.snapshot.version, 2);
+        let stored = t.snapshot("t").unwrap().unwrap();
+        assert_eq!(
+            stored.members.len(),
+            4,
+            "after_commit {after_commit}: exactly one shard was added"
+        );
+        assert_eq!(
+            stored, outcome.snapshot,
+            "the outcome is the committed group"
+        );
+        if after_commit == 1 {
+            // The claim of the publication itself failed: nothing was written.
+            let error = outcome
+                .publish_error
+                .as_ref()
+                .expect("the failure is reported");
+            assert_eq!(error.code(), "OUTBOX_STORAGE");
+            assert!(!outcome.published);
+            assert_eq!(publisher.published("t").await.unwrap().version, 1);
+        }
+        if outcome.publish_error.is_some() {
+            assert!(!outcome.published, "a failed attempt is never final");
+        }
+        // The outbox keeps going: the store converges to the committed group.
+        for _ in 0..10 {
+            clock.advance(30_000);
+            t.deliver_due().await.unwrap();
+        }
+        assert_eq!(publisher.published("t").await.unwrap(), stored);
+        // delete: the same rule.
+        storage.fail_after(after_commit);
+        let deleted = t.delete("t").await.unwrap();
+        assert_eq!(t.snapshot("t").unwrap(), None, "the deletion is committed");
+        if deleted.publish_error.is_some() {
+            assert!(!deleted.published);
+        }
+    }
+}

@@ -305,8 +305,8 @@ impl Draft {
     }
 }
 
-/// The result of `update`.
-#[derive(Debug, Clone, PartialEq)]
+/// The result of `update`: the change is committed.
+#[derive(Debug, Clone)]
 pub struct UpdateOutcome {
     /// The group after the change.
     pub snapshot: Snapshot,
@@ -314,13 +314,21 @@ pub struct UpdateOutcome {
     /// or an older write may still land over it; the change is committed and
     /// the outbox keeps going until it is.
     pub published: bool,
+    /// Why the one publish attempt after the commit could not run (a storage
+    /// error claiming or settling it), if it failed that way. The change is
+    /// committed all the same and its publication stays staged, so the
+    /// caller must not retry a non-idempotent draft because of it.
+    pub publish_error: Option<Arc<TopologyError>>,
 }
 
-/// The result of `delete`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The result of `delete`: the deletion is committed.
+#[derive(Debug, Clone)]
 pub struct DeleteOutcome {
     /// Whether the deletion is final in the store.
     pub published: bool,
+    /// Why the one publish attempt after the commit could not run, if it
+    /// failed that way (see [`UpdateOutcome::publish_error`]).
+    pub publish_error: Option<Arc<TopologyError>>,
 }
 
 /// A publication staged on the outbox: the newest per group is pending.
@@ -562,9 +570,14 @@ where
     /// canonically) bump the version; an unchanged draft does not. After the
     /// commit one publish is attempted.
     ///
+    /// Once the transaction has committed the call succeeds: a failure of
+    /// the publish attempt after the commit is reported in the outcome
+    /// (`published: false`, [`UpdateOutcome::publish_error`]) and the staged
+    /// publication keeps going, never as an error a caller would retry.
+    ///
     /// # Errors
     /// A validation error (nothing is written), a storage or outbox error
-    /// (the transaction rolled back).
+    /// (the transaction rolled back: nothing is committed).
     pub async fn update(
         &self,
         group: &str,
@@ -575,27 +588,33 @@ where
         let snapshot = core
             .scheduler
             .transaction(|tx| core.update_within(tx, group, next))?;
-        let published = core.publish_now(group).await?;
+        let (published, publish_error) = core.publish_after_commit(group).await;
         Ok(UpdateOutcome {
             snapshot,
             published,
+            publish_error,
         })
     }
 
     /// Deletes the group in one transaction: members and state values are
     /// dropped and pending deliveries discarded. Versions keep counting, so
     /// a recreated group is newer than anything readers cached. One
-    /// publisher delete is attempted after the commit.
+    /// publisher delete is attempted after the commit; as with
+    /// [`Topology::update`], its failure is reported in the outcome, never
+    /// as an error.
     ///
     /// # Errors
-    /// [`TopologyError::InvalidGroup`]; a storage or outbox error.
+    /// [`TopologyError::InvalidGroup`]; a storage or outbox error (the
+    /// transaction rolled back: nothing is committed).
     pub async fn delete(&self, group: &str) -> Result<DeleteOutcome, TopologyError> {
         check_group_name(group)?;
         let core = &self.core;
         core.scheduler
             .transaction(|tx| core.delete_within(tx, group))?;
+        let (published, publish_error) = core.publish_after_commit(group).await;
         Ok(DeleteOutcome {
-            published: core.publish_now(group).await?,
+            published,
+            publish_error,
         })
     }
 
@@ -943,10 +962,24 @@ where
         Ok(())
     }
 
-    async fn publish_now(&self, group: &str) -> Result<bool, TopologyError> {
-        match &self.publication {
-            Some(p) => Ok(p.publish_now(group).await?),
-            None => Ok(true),
+    /// The one publish attempt after a commit. The change is committed
+    /// whatever happens here, so a failure is reported, not returned: the
+    /// publication stays staged and the outbox keeps going.
+    async fn publish_after_commit(&self, group: &str) -> (bool, Option<Arc<TopologyError>>) {
+        let Some(p) = &self.publication else {
+            return (true, None);
+        };
+        match p.publish_now(group).await {
+            Ok(published) => (published, None),
+            Err(error) => {
+                let error = Arc::new(TopologyError::from(error));
+                tracing::warn!(
+                    event = "durability.topology.publish_failed",
+                    group, error = %error,
+                    "the publish attempt after the commit failed; the change is committed and its publication stays staged"
+                );
+                (false, Some(error))
+            }
         }
     }
 

@@ -279,3 +279,82 @@ pub async fn idle() {
         tokio::task::yield_now().await;
     }
 }
+
+/// A storage that fails exactly one chosen transaction (rolled back, a
+/// retryable backend error) and passes every other: a transient fault, unlike
+/// [`durability_scheduler::testkit::CrashStorage`], after which the object
+/// keeps running.
+pub struct FlakyStorage<S> {
+    inner: Arc<S>,
+    /// Transactions still to pass before the one that fails (`None`: none fails).
+    countdown: Mutex<Option<u64>>,
+    failed: AtomicUsize,
+}
+
+impl<S: Storage> FlakyStorage<S> {
+    pub fn new(inner: Arc<S>) -> Self {
+        Self {
+            inner,
+            countdown: Mutex::new(None),
+            failed: AtomicUsize::new(0),
+        }
+    }
+
+    /// Lets `pass` transactions through, then fails the next one.
+    pub fn fail_after(&self, pass: u64) {
+        *self.countdown.lock().unwrap() = Some(pass);
+    }
+
+    /// How many transactions were failed.
+    pub fn failed(&self) -> usize {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Storage> Storage for FlakyStorage<S> {
+    type Tx<'t> = S::Tx<'t>;
+
+    fn transaction<R, E>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<durability_scheduler::StorageError>,
+    {
+        let fail = {
+            let mut c = self.countdown.lock().unwrap();
+            match *c {
+                Some(0) => {
+                    *c = None;
+                    true
+                }
+                Some(n) => {
+                    *c = Some(n - 1);
+                    false
+                }
+                None => false,
+            }
+        };
+        if fail {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(durability_scheduler::StorageError::backend(
+                "injected transient failure",
+                "database is locked",
+            )
+            .into());
+        }
+        self.inner.transaction(f)
+    }
+
+    fn schema(&self, capability: &str) -> &'static [durability_scheduler::SchemaStep] {
+        self.inner.schema(capability)
+    }
+
+    fn apply_schema_step(
+        &self,
+        tx: &mut S::Tx<'_>,
+        capability: &str,
+        version: u32,
+        direction: durability_scheduler::Direction,
+    ) -> Result<(), durability_scheduler::StorageError> {
+        self.inner
+            .apply_schema_step(tx, capability, version, direction)
+    }
+}
