@@ -1262,3 +1262,42 @@ async fn a_publish_step_failing_after_the_commit_reports_the_committed_change_an
         }
     }
 }
+
+#[tokio::test]
+async fn a_write_failing_with_an_unknown_outcome_keeps_its_record_and_only_a_rejection_forgets_it()
+{
+    let w = world();
+    w.publisher.set_mode(PubMode::Unknown(1));
+    let out =
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap();
+    assert!(!out.published);
+    let land_by = START + TIMEOUT as i64 + LANDING_WINDOW_MS;
+    let outstanding = w
+        .storage
+        .transaction(|tx| tx.topology_outstanding_until("g", START))
+        .unwrap();
+    assert_eq!(
+        outstanding,
+        Some(land_by),
+        "a write whose outcome is unknown may still land: its record stays"
+    );
+    // The retry writes and lands, but is held until the record's deadline.
+    w.clock.advance(1_000);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(w.publisher.published("g").await.unwrap().version, 1);
+    assert_eq!(
+        w.c.topology.pending().unwrap(),
+        1,
+        "held by the unknown write"
+    );
+    w.clock.set(land_by);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        w.c.topology.pending().unwrap(),
+        0,
+        "written again, then acknowledged"
+    );
+}

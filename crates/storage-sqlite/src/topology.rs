@@ -20,7 +20,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use durability_scheduler::{SchemaStep, StorageError};
-use durability_topology::{BoxError, EncodedSnapshot, GroupRow, Publisher, Snapshot, TopologyTx};
+use durability_topology::{
+    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, TopologyTx,
+};
 use durability_topology_client::ReadStore;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -328,13 +330,26 @@ impl SqlitePublication {
     }
 }
 
+/// Every failure is a rejection: the write runs in one local SQLite
+/// transaction, which rolled back, so it can never land later.
 impl Publisher for SqlitePublication {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         self.write_sync(snapshot, encoded)
+            .map_err(PublishError::rejected)
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         self.delete_sync(group, version, coordinator)
+            .map_err(PublishError::rejected)
     }
 }
 

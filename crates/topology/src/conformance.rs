@@ -22,7 +22,7 @@ use durability_topology_client::{BoxError, Member, MemberState, ReadStore, Snaps
 
 use crate::SCHEMA;
 use crate::encode::{EncodedSnapshot, encode};
-use crate::store::{GroupRow, Publisher, TopologyTx};
+use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 
 /// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
@@ -93,7 +93,11 @@ impl MemoryPublication {
 }
 
 impl Publisher for MemoryPublication {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         let mut s = self.lock();
         if self.admit(
             &mut s,
@@ -113,7 +117,12 @@ impl Publisher for MemoryPublication {
         Ok(())
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         let mut s = self.lock();
         if self.admit(&mut s, group, coordinator, version) {
             s.data.remove(group);

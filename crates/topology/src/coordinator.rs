@@ -22,7 +22,7 @@ use crate::encode::{
     EncodedSnapshot, encode, members_json, parse_members, same_json, same_members, to_wire,
 };
 use crate::error::TopologyError;
-use crate::store::{GroupRow, Publisher, TopologyTx};
+use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
 
 /// The publication channel: keyed by group.
@@ -116,10 +116,10 @@ impl StateChannel {
 pub struct NoPublisher;
 
 impl Publisher for NoPublisher {
-    async fn write(&self, _: &Snapshot, _: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(&self, _: &Snapshot, _: &EncodedSnapshot) -> Result<(), PublishError> {
         Ok(())
     }
-    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), BoxError> {
+    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), PublishError> {
         Ok(())
     }
 }
@@ -1015,10 +1015,17 @@ where
         Ok(())
     }
 
-    fn report_publish_failed(group: &str, attempt: u32, error: &str) {
+    fn report_publish_failed(&self, group: &str, attempt: u32, error: TopologyError) {
         tracing::warn!(
             event = "durability.topology.publish_failed",
-            group, attempt, %error, "topology publication failed; it will be retried"
+            group, attempt, code = error.code(), %error, "topology publication failed; it will be retried"
+        );
+    }
+
+    fn report_restage_failed(&self, group: &str, error: TopologyError) {
+        tracing::warn!(
+            event = "durability.topology.restage_failed",
+            group, code = error.code(), %error, "restaging after a late write failed"
         );
     }
 
@@ -1060,22 +1067,22 @@ where
     async fn publish_one(self: Arc<Self>, publisher: Arc<P>, entry: &Entry<Publication>, id: u64) {
         let group = entry.key().to_owned();
         let coordinator = self.coordinator.clone();
-        let mut write: BoxFuture<'static, Result<(), BoxError>> =
-            match entry.value().clone() {
-                Publication::Write { encoded } => match decode(encoded.as_bytes()) {
-                    Ok(snapshot) => {
-                        let encoded = EncodedSnapshot::from_trusted(encoded);
-                        Box::pin(async move { publisher.write(&snapshot, &encoded).await })
-                    }
-                    Err(reason) => Box::pin(async move {
-                        Err(BoxError::from(format!("stored snapshot: {reason}")))
-                    }),
-                },
-                Publication::Delete { version } => {
-                    let group = group.clone();
-                    Box::pin(async move { publisher.delete(&group, version, &coordinator).await })
+        let mut write: BoxFuture<'static, Result<(), PublishError>> = match entry.value().clone() {
+            Publication::Write { encoded } => match decode(encoded.as_bytes()) {
+                Ok(snapshot) => {
+                    let encoded = EncodedSnapshot::from_trusted(encoded);
+                    Box::pin(async move { publisher.write(&snapshot, &encoded).await })
                 }
-            };
+                // Nothing was sent: the write cannot land.
+                Err(reason) => Box::pin(async move {
+                    Err(PublishError::rejected(format!("stored snapshot: {reason}")))
+                }),
+            },
+            Publication::Delete { version } => {
+                let group = group.clone();
+                Box::pin(async move { publisher.delete(&group, version, &coordinator).await })
+            }
+        };
         let clock = Arc::clone(self.scheduler.context().clock());
         let deadline = clock.now_ms().saturating_add(self.publish_timeout_ms);
         let result = timeout_at(&*clock, deadline, &mut write).await.ok();
@@ -1102,14 +1109,14 @@ where
                         entry.retry_after(wait);
                     }
                     Err(e) => {
-                        Self::report_publish_failed(&group, entry.attempt(), &e.to_string());
+                        self.report_publish_failed(&group, entry.attempt(), e);
                         entry.retry();
                     }
                 }
             }
-            Some(Err(error)) => {
+            Some(Err(error)) if error.is_rejected() => {
                 // A rejected write settled before any newer write of this
-                // group started.
+                // group started, and can never land: forget it.
                 if let Err(e) = self
                     .scheduler
                     .transaction(|tx| tx.topology_forget_write(id))
@@ -1121,14 +1128,34 @@ where
                         "forgetting a settled write record failed"
                     );
                 }
-                Self::report_publish_failed(&group, entry.attempt(), &error.to_string());
+                let source = error.into_source();
+                self.report_publish_failed(
+                    &group,
+                    entry.attempt(),
+                    TopologyError::PublishRejected { source },
+                );
+                entry.retry();
+            }
+            Some(Err(error)) => {
+                // The write may still land: its record stays until its
+                // landing deadline, holding back the acknowledgement of
+                // newer writes of the group.
+                let source = error.into_source();
+                self.report_publish_failed(
+                    &group,
+                    entry.attempt(),
+                    TopologyError::PublishOutcomeUnknown { source },
+                );
                 entry.retry();
             }
             None => {
-                Self::report_publish_failed(
+                self.report_publish_failed(
                     &group,
                     entry.attempt(),
-                    &format!("publish timed out after {} ms", self.publish_timeout_ms),
+                    TopologyError::Timeout {
+                        operation: "publish",
+                        after_ms: u64::try_from(self.publish_timeout_ms).unwrap_or(u64::MAX),
+                    },
                 );
                 self.settle_late(group, id, write);
                 entry.retry();
@@ -1137,27 +1164,31 @@ where
     }
 
     /// An abandoned write that settles while the object lives may have
-    /// landed over a newer one: forget it and restage the latest snapshot
-    /// together. If the object dies first, its record makes the next
+    /// landed over a newer one: restage the latest snapshot, and forget the
+    /// write if it settled for sure (it succeeded or was refused; one that
+    /// failed with an unknown outcome keeps its record until its landing
+    /// deadline). If the object dies first, its record makes the next
     /// publication wait instead.
     fn settle_late(
         self: Arc<Self>,
         group: String,
         id: u64,
-        write: BoxFuture<'static, Result<(), BoxError>>,
+        write: BoxFuture<'static, Result<(), PublishError>>,
     ) {
         let core = Arc::clone(&self);
         self.scheduler.wait_until(async move {
-            let _ = write.await;
+            let settled = match write.await {
+                Ok(()) => true,
+                Err(e) => e.is_rejected(),
+            };
             let result = core.scheduler.transaction(|tx| {
-                tx.topology_forget_write(id)?;
+                if settled {
+                    tx.topology_forget_write(id)?;
+                }
                 core.stage_latest(tx, &group)
             });
             if let Err(error) = result {
-                tracing::warn!(
-                    event = "durability.topology.restage_failed",
-                    group = %group, %error, "restaging after a late write failed"
-                );
+                core.report_restage_failed(&group, error);
             }
         });
     }

@@ -2,6 +2,7 @@
 
 use durability_outbox::OutboxError;
 use durability_scheduler::{SchedulerError, StorageError};
+use durability_topology_client::BoxError;
 
 /// Everything that can go wrong in the coordinator. Every rejection happens
 /// before anything is written: the stored state is exactly as before.
@@ -95,6 +96,33 @@ pub enum TopologyError {
         /// Why.
         reason: String,
     },
+    /// A publisher call or a member delivery did not finish within its
+    /// attempt timeout. Its outcome is unknown: it may still land.
+    #[error("topology {operation} timed out after {after_ms} ms")]
+    Timeout {
+        /// `"publish"` or `"delivery"`.
+        operation: &'static str,
+        /// The attempt timeout, in milliseconds.
+        after_ms: u64,
+    },
+    /// The publisher definitely refused a write or delete: it never lands.
+    #[error("the publisher refused the call: {source}")]
+    PublishRejected {
+        /// The publisher's error.
+        source: BoxError,
+    },
+    /// A publisher call failed and may or may not have been applied.
+    #[error("the publisher call failed with an unknown outcome: {source}")]
+    PublishOutcomeUnknown {
+        /// The publisher's error.
+        source: BoxError,
+    },
+    /// A member refused or failed a state delivery.
+    #[error("the state delivery failed: {source}")]
+    DeliveryFailed {
+        /// The member's (deliver function's) error.
+        source: BoxError,
+    },
     /// The outbox refused a stage or a channel.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
@@ -122,6 +150,10 @@ impl TopologyError {
             Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
             Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
             Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
+            Self::Timeout { .. } => "TOPOLOGY_TIMEOUT",
+            Self::PublishRejected { .. } => "TOPOLOGY_PUBLISH_REJECTED",
+            Self::PublishOutcomeUnknown { .. } => "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
+            Self::DeliveryFailed { .. } => "TOPOLOGY_DELIVERY_FAILED",
             Self::Outbox(e) => e.code(),
             Self::Scheduler(e) => e.code(),
             Self::Storage(_) => "TOPOLOGY_STORAGE",
@@ -131,7 +163,11 @@ impl TopologyError {
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Storage(_) => true,
+            Self::Storage(_)
+            | Self::Timeout { .. }
+            | Self::PublishRejected { .. }
+            | Self::PublishOutcomeUnknown { .. }
+            | Self::DeliveryFailed { .. } => true,
             Self::Outbox(e) => e.is_retryable(),
             Self::Scheduler(e) => e.is_retryable(),
             _ => false,
@@ -152,6 +188,10 @@ impl TopologyError {
         "TOPOLOGY_SNAPSHOT_TOO_LARGE",
         "TOPOLOGY_INVALID_CONFIG",
         "TOPOLOGY_CORRUPT",
+        "TOPOLOGY_TIMEOUT",
+        "TOPOLOGY_PUBLISH_REJECTED",
+        "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
+        "TOPOLOGY_DELIVERY_FAILED",
         "TOPOLOGY_STORAGE",
     ];
 }

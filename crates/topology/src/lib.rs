@@ -47,7 +47,7 @@ pub use coordinator::{
 pub use durability_topology_client::{BoxError, Member, MemberState, Snapshot};
 pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
-pub use store::{GroupRow, Publisher, TopologyTx};
+pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
 
 /// The schema name the topology tables are registered under.
 pub const SCHEMA: &str = "topology";

@@ -11,8 +11,8 @@ use durability_outbox::OutboxEvent;
 use durability_scheduler::{Clock, ManualClock, Scheduler, Storage};
 use durability_topology::conformance::MemoryPublication;
 use durability_topology::{
-    BoxError, EncodedSnapshot, Member, Publisher, Role, Snapshot, StateChannel, StateUpdate,
-    Topology, TopologyConfig, TopologyTx,
+    BoxError, EncodedSnapshot, Member, PublishError, Publisher, Role, Snapshot, StateChannel,
+    StateUpdate, Topology, TopologyConfig, TopologyTx,
 };
 use durability_topology_client::{ReadStore, decode};
 
@@ -27,7 +27,10 @@ pub const TIMEOUT: u64 = 1_000;
 #[derive(Clone, Debug)]
 pub enum PubMode {
     Ok,
+    /// The next calls are refused (a definite rejection: nothing lands).
     Fail(u32),
+    /// The next calls fail with an unknown outcome (and do not land).
+    Unknown(u32),
     /// Never returns and never lands.
     Hang,
     /// Returns (and lands) this many ms after it started, on the clock.
@@ -70,7 +73,7 @@ impl FaultyPublisher {
         Some(decode(&bytes).unwrap())
     }
 
-    async fn gate(&self) -> Result<(), BoxError> {
+    async fn gate(&self) -> Result<(), PublishError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = self.mode.lock().unwrap().clone();
         match mode {
@@ -78,7 +81,15 @@ impl FaultyPublisher {
             PubMode::Fail(n) => {
                 if n > 0 {
                     *self.mode.lock().unwrap() = PubMode::Fail(n - 1);
-                    Err("publisher down".into())
+                    Err(PublishError::rejected("publisher down"))
+                } else {
+                    Ok(())
+                }
+            }
+            PubMode::Unknown(n) => {
+                if n > 0 {
+                    *self.mode.lock().unwrap() = PubMode::Unknown(n - 1);
+                    Err(PublishError::unknown("connection reset"))
                 } else {
                     Ok(())
                 }
@@ -94,7 +105,11 @@ impl FaultyPublisher {
 }
 
 impl Publisher for FaultyPublisher {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         self.gate().await?;
         self.store.write(snapshot, encoded).await?;
         self.landed
@@ -104,7 +119,12 @@ impl Publisher for FaultyPublisher {
         Ok(())
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         self.gate().await?;
         self.store.delete(group, version, coordinator).await?;
         self.landed
