@@ -17,7 +17,7 @@ use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use durability_topology::conformance::{MemoryPublication, memory_storage};
 use durability_topology::{
     Draft, LANDING_WINDOW_MS, MAX_STATE_BYTES, MemberInput, MemberState, Topology, TopologyError,
-    TopologyTx,
+    TopologyEvent, TopologyTx,
 };
 use durability_topology_client::{MAX_MEMBERS, MAX_META_BYTES};
 use serde_json::json;
@@ -1101,7 +1101,7 @@ async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
     let config = durability_topology::TopologyConfig::new()
         .publish_retry_delay(Arc::new(|_| 7_000.0))
         .publish(publisher.clone());
-    let (events, hook) = crate::support::event_log();
+    let (events, _, hook) = support::topology_event_log();
     let (_sched, t) = attach(config.on_event(hook)).unwrap();
     publisher.set_mode(PubMode::Fail(1));
     t.update("g", |_| Draft::new().members(shards("g", 1)))
@@ -1300,4 +1300,166 @@ async fn a_write_failing_with_an_unknown_outcome_keeps_its_record_and_only_a_rej
         0,
         "written again, then acknowledged"
     );
+}
+
+// ---- Failure reports as lifecycle events ----
+
+fn failures<S: Storage>(c: &Coord<S>) -> Vec<TopologyEvent>
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    std::mem::take(&mut *c.failures.lock().unwrap())
+}
+
+#[tokio::test]
+async fn publish_failures_are_lifecycle_events_with_typed_errors() {
+    let w = world();
+    // A refused write.
+    w.publisher.set_mode(PubMode::Fail(1));
+    w.c.topology
+        .update("g", |_| Draft::new().members(shards("g", 1)))
+        .await
+        .unwrap();
+    let got = failures(&w.c);
+    assert_eq!(got.len(), 1, "{got:?}");
+    match &got[0] {
+        TopologyEvent::PublishFailed {
+            group,
+            attempt,
+            error,
+        } => {
+            assert_eq!((group.as_str(), *attempt), ("g", 1));
+            assert_eq!(error.code(), "TOPOLOGY_PUBLISH_REJECTED");
+        }
+        other => panic!("{other:?}"),
+    }
+    // An unknown outcome.
+    w.publisher.set_mode(PubMode::Unknown(1));
+    w.clock.advance(1_000);
+    w.c.topology.deliver_due().await.unwrap();
+    let got = failures(&w.c);
+    assert!(
+        matches!(&got[..], [TopologyEvent::PublishFailed { attempt: 2, error, .. }]
+            if error.code() == "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN"),
+        "{got:?}"
+    );
+    // A write hanging past its timeout: a typed timeout, not a string.
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    with_clock(&w.clock, async move {
+        t.update("g", |_| Draft::new().members(shards("g", 2)))
+            .await
+            .unwrap()
+    })
+    .await;
+    let got = failures(&w.c);
+    assert!(
+        matches!(
+            &got[..],
+            [TopologyEvent::PublishFailed { error, .. }]
+                if matches!(**error, TopologyError::Timeout { operation: "publish", after_ms: TIMEOUT })
+        ),
+        "{got:?}"
+    );
+    assert!(got_retryable(&got));
+}
+
+fn got_retryable(events: &[TopologyEvent]) -> bool {
+    events.iter().all(|e| match e {
+        TopologyEvent::PublishFailed { error, .. }
+        | TopologyEvent::RestageFailed { error, .. }
+        | TopologyEvent::DeliveryFailed { error, .. } => error.is_retryable(),
+        _ => false,
+    })
+}
+
+#[tokio::test]
+async fn delivery_failures_are_lifecycle_events_with_typed_errors() {
+    let w = world();
+    w.members.set_mode("a", MemberMode::Fail);
+    w.members.set_mode("h", MemberMode::Hang);
+    w.seed(
+        vec![MemberInput::active("a"), MemberInput::active("h")],
+        "limits",
+        json!(1),
+    )
+    .await;
+    failures(&w.c);
+    let t = w.c.topology.clone();
+    with_clock(&w.clock, async move { t.deliver_due().await.unwrap() }).await;
+    let mut got: Vec<(String, String, String)> = failures(&w.c)
+        .into_iter()
+        .map(|e| match e {
+            TopologyEvent::DeliveryFailed {
+                group,
+                channel,
+                member,
+                attempt,
+                error,
+            } => {
+                assert_eq!(
+                    (group.as_str(), channel.as_str(), attempt),
+                    ("g", "limits", 1)
+                );
+                if member == "h" {
+                    assert!(matches!(
+                        *error,
+                        TopologyError::Timeout {
+                            operation: "delivery",
+                            after_ms: TIMEOUT
+                        }
+                    ));
+                }
+                (member, error.code().to_owned(), error.to_string())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got[0].0, "a");
+    assert_eq!(got[0].1, "TOPOLOGY_DELIVERY_FAILED");
+    assert!(got[0].2.contains("member down"), "{}", got[0].2);
+    assert_eq!(got[1].0, "h");
+    assert_eq!(got[1].1, "TOPOLOGY_TIMEOUT");
+    assert_eq!(got.len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_restage_after_a_late_write_is_a_lifecycle_event() {
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let storage = Arc::new(support::FlakyStorage::new(memory()));
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    publisher.set_mode(PubMode::Slow(5_000));
+    let t = c.topology.clone();
+    let handle = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    });
+    while clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(TIMEOUT as i64);
+    assert!(!handle.await.unwrap().published);
+    publisher.set_mode(PubMode::Ok);
+    failures(&c);
+    // The abandoned write settles late, and the restage transaction fails.
+    storage.fail_after(0);
+    clock.set(START + 5_000);
+    idle().await;
+    c.sched.settle().await;
+    assert_eq!(storage.failed(), 1);
+    let got = failures(&c);
+    assert!(
+        matches!(&got[..], [TopologyEvent::RestageFailed { group, error }]
+            if group == "g" && error.code() == "TOPOLOGY_STORAGE"),
+        "{got:?}"
+    );
+    // The record stays, so the snapshot is written again at its deadline.
+    clock.set(START + TIMEOUT as i64 + LANDING_WINDOW_MS);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(c.topology.pending().unwrap(), 0);
+    assert_eq!(publisher.published("g").await.unwrap().version, 1);
 }

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
 use durability_outbox::{
-    ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, RetryPolicy, Sink,
-    SinkError,
+    ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, OutboxEvent,
+    RetryPolicy, Sink, SinkError,
 };
 use durability_scheduler::{
     Scheduler, SchemaTarget, Storage, Transaction, migrate, migrate_within,
@@ -22,6 +22,7 @@ use crate::encode::{
     EncodedSnapshot, encode, members_json, parse_members, same_json, same_members, to_wire,
 };
 use crate::error::TopologyError;
+use crate::event::{TopologyEvent, TopologyEventHook, emit};
 use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
 
@@ -134,7 +135,7 @@ pub struct TopologyConfig<P> {
     attempt_timeout_ms: u64,
     delay: Option<DelayFn>,
     states: BTreeMap<String, StateChannel>,
-    on_event: Option<EventHook>,
+    on_event: Option<TopologyEventHook>,
 }
 
 impl TopologyConfig<NoPublisher> {
@@ -205,9 +206,11 @@ impl<P> TopologyConfig<P> {
         self.states.insert(name.into(), channel);
         self
     }
-    /// Receives the outbox events of the publication and state channels.
+    /// Receives the lifecycle events: the outbox events of the publication
+    /// and state channels, and every publication, restage and delivery
+    /// failure ([`TopologyEvent`]).
     #[must_use]
-    pub fn on_event(mut self, hook: EventHook) -> Self {
+    pub fn on_event(mut self, hook: TopologyEventHook) -> Self {
         self.on_event = Some(hook);
         self
     }
@@ -367,6 +370,7 @@ where
     publish_timeout_ms: i64,
     publication: Option<Outbox<S, Publication, PublicationSink<S, P>>>,
     channels: BTreeMap<String, ChannelRt<S, P>>,
+    on_event: Option<TopologyEventHook>,
 }
 
 /// The topology coordinator of one object.
@@ -481,7 +485,12 @@ where
                 .map_err(TopologyError::from)
         })?;
         let coordinator = scheduler.context().id().as_str().to_owned();
-        let hook = config.on_event.clone();
+        let on_event = config.on_event.clone();
+        // The outbox channels' events reach the same hook, wrapped.
+        let hook: Option<EventHook> = on_event.clone().map(|h| {
+            Arc::new(move |e: &OutboxEvent| emit(Some(&h), &TopologyEvent::Outbox(e.clone())))
+                as EventHook
+        });
         let mut failure: Option<TopologyError> = None;
         let core = Arc::new_cyclic(|weak: &Weak<Core<S, P>>| {
             let mut publisher = None;
@@ -542,6 +551,7 @@ where
                 publish_timeout_ms: publish_timeout,
                 publication,
                 channels,
+                on_event,
             }
         });
         if let Some(e) = failure {
@@ -975,9 +985,14 @@ where
                 let error = Arc::new(TopologyError::from(error));
                 tracing::warn!(
                     event = "durability.topology.publish_failed",
-                    group, error = %error,
+                    group, code = error.code(), error = %error,
                     "the publish attempt after the commit failed; the change is committed and its publication stays staged"
                 );
+                self.emit(TopologyEvent::PublishFailed {
+                    group: group.to_owned(),
+                    attempt: 0,
+                    error: Arc::clone(&error),
+                });
                 (false, Some(error))
             }
         }
@@ -1015,11 +1030,20 @@ where
         Ok(())
     }
 
+    fn emit(&self, event: TopologyEvent) {
+        emit(self.on_event.as_ref(), &event);
+    }
+
     fn report_publish_failed(&self, group: &str, attempt: u32, error: TopologyError) {
         tracing::warn!(
             event = "durability.topology.publish_failed",
             group, attempt, code = error.code(), %error, "topology publication failed; it will be retried"
         );
+        self.emit(TopologyEvent::PublishFailed {
+            group: group.to_owned(),
+            attempt,
+            error: Arc::new(error),
+        });
     }
 
     fn report_restage_failed(&self, group: &str, error: TopologyError) {
@@ -1027,6 +1051,32 @@ where
             event = "durability.topology.restage_failed",
             group, code = error.code(), %error, "restaging after a late write failed"
         );
+        self.emit(TopologyEvent::RestageFailed {
+            group: group.to_owned(),
+            error: Arc::new(error),
+        });
+    }
+
+    fn report_delivery_failed(
+        &self,
+        group: &str,
+        channel: &str,
+        member: &str,
+        attempt: u32,
+        error: TopologyError,
+    ) {
+        tracing::warn!(
+            event = "durability.topology.delivery_failed",
+            group, channel, member, attempt, code = error.code(), %error,
+            "state delivery failed; it will be retried"
+        );
+        self.emit(TopologyEvent::DeliveryFailed {
+            group: group.to_owned(),
+            channel: channel.to_owned(),
+            member: member.to_owned(),
+            attempt,
+            error: Arc::new(error),
+        });
     }
 
     /// Every write is recorded before it starts and forgotten once it
@@ -1202,6 +1252,7 @@ where
             return Err(SinkError::new(format!("unknown channel {name}")));
         };
         let clock = Arc::clone(self.scheduler.context().clock());
+        let core: &Self = &self;
         futures::future::join_all(batch.iter().map(|entry| {
             let clock = Arc::clone(&clock);
             async move {
@@ -1216,8 +1267,14 @@ where
                     });
                 let (member, value) = match parsed {
                     Ok(p) => p,
-                    Err(error) => {
-                        tracing::error!(event = "durability.topology.delivery_failed", group = %d.group, channel = name, %error, "corrupt delivery");
+                    Err(reason) => {
+                        core.report_delivery_failed(
+                            &d.group,
+                            name,
+                            "",
+                            entry.attempt(),
+                            corrupt(format!("stored delivery: {reason}")),
+                        );
                         entry.retry();
                         return;
                     }
@@ -1233,16 +1290,16 @@ where
                 let deadline = clock.now_ms().saturating_add(channel.timeout_ms);
                 // Members ignore versions they have passed, so an abandoned
                 // delivery landing late is harmless.
-                let result = match timeout_at(&*clock, deadline, (channel.deliver)(member, update)).await {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("delivery timed out after {} ms", channel.timeout_ms)),
-                };
+                let result =
+                    match timeout_at(&*clock, deadline, (channel.deliver)(member, update)).await {
+                        Ok(r) => r.map_err(|source| TopologyError::DeliveryFailed { source }),
+                        Err(_) => Err(TopologyError::Timeout {
+                            operation: "delivery",
+                            after_ms: u64::try_from(channel.timeout_ms).unwrap_or(u64::MAX),
+                        }),
+                    };
                 if let Err(error) = result {
-                    tracing::warn!(
-                        event = "durability.topology.delivery_failed",
-                        group = %d.group, channel = name, member = %member_id,
-                        attempt = entry.attempt(), %error, "state delivery failed; it will be retried"
-                    );
+                    core.report_delivery_failed(&d.group, name, &member_id, entry.attempt(), error);
                     entry.retry();
                 }
             }

@@ -32,6 +32,7 @@
 mod coordinator;
 mod encode;
 mod error;
+mod event;
 mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -47,6 +48,7 @@ pub use coordinator::{
 pub use durability_topology_client::{BoxError, Member, MemberState, Snapshot};
 pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
+pub use event::{TopologyEvent, TopologyEventHook};
 pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
 
 /// The schema name the topology tables are registered under.

@@ -12,11 +12,11 @@ use durability_scheduler::{Clock, ManualClock, Scheduler, Storage};
 use durability_topology::conformance::MemoryPublication;
 use durability_topology::{
     BoxError, EncodedSnapshot, Member, PublishError, Publisher, Role, Snapshot, StateChannel,
-    StateUpdate, Topology, TopologyConfig, TopologyTx,
+    StateUpdate, Topology, TopologyConfig, TopologyEvent, TopologyEventHook, TopologyTx,
 };
 use durability_topology_client::{ReadStore, decode};
 
-use crate::support::{event_log, scheduler_on};
+use crate::support::scheduler_on;
 
 /// The manual clock's start.
 pub const START: i64 = 1_700_000_000_000;
@@ -232,7 +232,29 @@ where
 {
     pub sched: Scheduler<S>,
     pub topology: Topology<S, FaultyPublisher>,
+    /// The outbox events of the publication and state channels.
     pub events: Arc<Mutex<Vec<OutboxEvent>>>,
+    /// Every other lifecycle event: the failure reports.
+    pub failures: Arc<Mutex<Vec<TopologyEvent>>>,
+}
+
+/// The outbox events, the failure reports, and the hook that records them.
+pub type EventLogs = (
+    Arc<Mutex<Vec<OutboxEvent>>>,
+    Arc<Mutex<Vec<TopologyEvent>>>,
+    TopologyEventHook,
+);
+
+/// Logs of a coordinator's lifecycle events and the hook that fills them.
+pub fn topology_event_log() -> EventLogs {
+    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<TopologyEvent>>> = Arc::default();
+    let (e, f) = (Arc::clone(&events), Arc::clone(&failures));
+    let hook: TopologyEventHook = Arc::new(move |ev| match ev {
+        TopologyEvent::Outbox(o) => e.lock().unwrap().push(o.clone()),
+        other => f.lock().unwrap().push(other.clone()),
+    });
+    (events, failures, hook)
 }
 
 pub fn try_open<S: Storage>(
@@ -245,7 +267,7 @@ where
     for<'t> S::Tx<'t>: TopologyTx,
 {
     let sched = scheduler_on("coordinator-1", storage, clock)?;
-    let (events, hook) = event_log();
+    let (events, failures, hook) = topology_event_log();
     let config = TopologyConfig::new()
         .attempt_timeout_ms(TIMEOUT)
         .retry_delay(Arc::new(|_| 1_000.0))
@@ -258,6 +280,7 @@ where
         sched,
         topology,
         events,
+        failures,
     })
 }
 
