@@ -17,8 +17,10 @@ use durability_storage_redis::topology::{
     RedisPublisher, RedisReadStore, RedisVersionedPublisher, connect,
 };
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
-use durability_topology::conformance::{encoded, memory_storage, run_publication, sample};
-use durability_topology::{Draft, MemberInput, Publisher, Topology, TopologyConfig};
+use durability_topology::conformance::{coordinator_snapshots, memory_storage, run_publication};
+use durability_topology::{
+    Draft, EncodedSnapshot, MemberInput, Publisher, Topology, TopologyConfig,
+};
 use durability_topology_client::{ClientConfig, ReadStore, Snapshot, TopologyClient, decode};
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -74,11 +76,11 @@ async fn late_write<P: Publisher>(
     publisher: &P,
     conn: &ConnectionManager,
     prefix: &str,
-    old: &Snapshot,
-    new: &Snapshot,
+    old: &(Snapshot, EncodedSnapshot),
+    new: &(Snapshot, EncodedSnapshot),
 ) -> Option<Vec<u8>> {
-    publisher.write(new, &encoded(new)).await.unwrap();
-    publisher.write(old, &encoded(old)).await.unwrap();
+    publisher.write(&new.0, &new.1).await.unwrap();
+    publisher.write(&old.0, &old.1).await.unwrap();
     RedisReadStore::new(conn.clone(), prefix)
         .read("g")
         .await
@@ -90,18 +92,19 @@ async fn a_late_old_write_overwrites_a_plain_store_but_never_a_versioned_one() {
     let Some((conn, prefix)) = redis("late").await else {
         return;
     };
-    let (old, new) = (sample("g", 1, "c", 1), sample("g", 2, "c", 2));
+    let written = coordinator_snapshots("c", "g", &[Some(1), Some(2)]).await;
+    let (old, new) = (&written[0], &written[1]);
     let (plain_at, versioned_at) = (format!("{prefix}plain:"), format!("{prefix}versioned:"));
     let plain = RedisPublisher::new(conn.clone(), &plain_at);
     let versioned = RedisVersionedPublisher::new(conn.clone(), &versioned_at);
     for (name, landed) in [
         (
             "plain",
-            late_write(&plain, &conn, &plain_at, &old, &new).await,
+            late_write(&plain, &conn, &plain_at, old, new).await,
         ),
         (
             "versioned",
-            late_write(&versioned, &conn, &versioned_at, &old, &new).await,
+            late_write(&versioned, &conn, &versioned_at, old, new).await,
         ),
     ] {
         let version = decode(&landed.unwrap()).unwrap().version;

@@ -28,6 +28,8 @@
 //! - `conformance`: the `conformance` module (suites for [`TopologyTx`],
 //!   [`Publisher`] + `ReadStore` backends), the in-memory [`TopologyTx`] on
 //!   the scheduler's testkit storage, and an in-memory publication store.
+//!   It has no encoder either: its suites take their encoded snapshots from
+//!   a real coordinator (`conformance::coordinator_snapshots`).
 
 mod coordinator;
 mod encode;
