@@ -1463,3 +1463,112 @@ async fn a_failed_restage_after_a_late_write_is_a_lifecycle_event() {
     assert_eq!(c.topology.pending().unwrap(), 0);
     assert_eq!(publisher.published("g").await.unwrap().version, 1);
 }
+
+// ---- Corrupt stored rows ----
+
+#[tokio::test]
+async fn corrupt_stored_topology_rows_are_typed_errors_isolated_to_their_group() {
+    let cases = [
+        (
+            "text version",
+            "UPDATE durability_topology_groups SET version = 'x' WHERE group_id = 'bad'",
+        ),
+        (
+            "negative version",
+            "UPDATE durability_topology_groups SET version = -1 WHERE group_id = 'bad'",
+        ),
+        (
+            "members not JSON",
+            "UPDATE durability_topology_groups SET members = 'not json' WHERE group_id = 'bad'",
+        ),
+        (
+            "members not text",
+            "UPDATE durability_topology_groups SET members = x'00ff' WHERE group_id = 'bad'",
+        ),
+        (
+            "state value not JSON",
+            "UPDATE durability_topology_states SET value = '{' WHERE group_id = 'bad'",
+        ),
+        (
+            "state value not text",
+            "UPDATE durability_topology_states SET value = x'31' WHERE group_id = 'bad'",
+        ),
+    ];
+    for (what, corruption) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let t = &c.topology;
+        for g in ["bad", "good"] {
+            t.update(g, |_| {
+                Draft::new()
+                    .members(vec![MemberInput::active(format!("{g}-0"))])
+                    .state("limits", json!(1))
+            })
+            .await
+            .unwrap();
+        }
+        t.deliver_due().await.unwrap();
+        let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
+        assert_eq!(raw.execute(corruption, []).unwrap(), 1, "{what}");
+        let dump = |raw: &rusqlite::Connection| -> String {
+            raw.query_row(
+                "SELECT quote(version) || quote(members) || quote(deleted) ||
+                   (SELECT group_concat(quote(value)) FROM durability_topology_states
+                    WHERE group_id = 'bad')
+                 FROM durability_topology_groups WHERE group_id = 'bad'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before = dump(&raw);
+
+        // Every read of the corrupt group is a typed, non-retryable error …
+        let err = t
+            .update("bad", |_| Draft::new().state("limits", json!(2)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "TOPOLOGY_CORRUPT", "{what}: {err}");
+        assert!(!err.is_retryable(), "{what}: a corrupt row stays corrupt");
+        if what.starts_with("state") {
+            assert_eq!(
+                t.states("bad").unwrap_err().code(),
+                "TOPOLOGY_CORRUPT",
+                "{what}"
+            );
+        } else {
+            assert_eq!(
+                t.snapshot("bad").unwrap_err().code(),
+                "TOPOLOGY_CORRUPT",
+                "{what}"
+            );
+        }
+        // … that writes nothing …
+        assert_eq!(dump(&raw), before, "{what}: the stored row is untouched");
+        // … and never blocks the healthy group.
+        let grown = t
+            .update("good", |cur| {
+                let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+                m.push(MemberInput::active("good-1"));
+                Draft::new().members(m).state("limits", json!(2))
+            })
+            .await
+            .unwrap();
+        assert!(grown.published, "{what}");
+        t.deliver_due().await.unwrap();
+        assert_eq!(publisher.published("good").await.unwrap(), grown.snapshot);
+        assert_eq!(
+            members.applied("good-1", "limits"),
+            Some(json!(2)),
+            "{what}"
+        );
+        assert_eq!(
+            members.applied("good-0", "limits"),
+            Some(json!(2)),
+            "{what}"
+        );
+    }
+}

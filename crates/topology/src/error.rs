@@ -1,7 +1,7 @@
 //! The coordinator's error type.
 
 use durability_outbox::OutboxError;
-use durability_scheduler::{SchedulerError, StorageError};
+use durability_scheduler::{SchedulerError, StorageError, StorageErrorKind};
 use durability_topology_client::BoxError;
 
 /// Everything that can go wrong in the coordinator. Every rejection happens
@@ -129,7 +129,9 @@ pub enum TopologyError {
     /// The scheduler failed (schema migration, attach).
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
-    /// The storage failed; the transaction rolled back.
+    /// The storage failed; the transaction rolled back. A corrupt stored
+    /// row (`StorageErrorKind::Corrupt`) has the code `TOPOLOGY_CORRUPT` and
+    /// is not retryable, nor is a fenced writer.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -150,6 +152,7 @@ impl TopologyError {
             Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
             Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
             Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
+            Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "TOPOLOGY_CORRUPT",
             Self::Timeout { .. } => "TOPOLOGY_TIMEOUT",
             Self::PublishRejected { .. } => "TOPOLOGY_PUBLISH_REJECTED",
             Self::PublishOutcomeUnknown { .. } => "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
@@ -163,8 +166,12 @@ impl TopologyError {
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Storage(_)
-            | Self::Timeout { .. }
+            // A corrupt row stays corrupt and a fenced writer stays stale.
+            Self::Storage(e) => !matches!(
+                e.kind(),
+                StorageErrorKind::Corrupt | StorageErrorKind::Fenced
+            ),
+            Self::Timeout { .. }
             | Self::PublishRejected { .. }
             | Self::PublishOutcomeUnknown { .. }
             | Self::DeliveryFailed { .. } => true,
