@@ -1572,3 +1572,352 @@ async fn corrupt_stored_topology_rows_are_typed_errors_isolated_to_their_group()
         );
     }
 }
+
+// ---- Settings, defaults and the alarm ----
+
+fn bare_scheduler(clock: &ManualClock) -> durability_scheduler::Scheduler<MemoryStorage> {
+    let ctx = durability_scheduler::ObjectContext::with_clock(
+        durability_scheduler::ObjectId::new("coordinator-1").unwrap(),
+        memory(),
+        Arc::new(clock.clone()),
+    );
+    durability_scheduler::Scheduler::new(ctx).unwrap()
+}
+
+fn retry_next_at(events: &[durability_outbox::OutboxEvent], channel: &str) -> Option<i64> {
+    events.iter().find_map(|e| match e.kind {
+        EventKind::RetryScheduled { next_at, .. } if e.channel == channel => Some(next_at),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn the_default_attempt_timeout_is_thirty_seconds() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    publisher.set_mode(PubMode::Hang);
+    let (_, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .publish(publisher.clone())
+            .on_event(hook),
+    )
+    .unwrap();
+    let t2 = t.clone();
+    let out = with_clock(&clock, async move {
+        t2.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert!(!out.published);
+    assert_eq!(
+        clock.now_ms(),
+        START + 30_000,
+        "abandoned at the 30 s default"
+    );
+    let got = failures.lock().unwrap().clone();
+    assert!(
+        matches!(&got[..], [TopologyEvent::PublishFailed { error, .. }]
+            if matches!(**error, TopologyError::Timeout { operation: "publish", after_ms: 30_000 })),
+        "{got:?}"
+    );
+    // The write record's landing deadline counts from the 30 s timeout.
+    let outstanding = sched
+        .context()
+        .storage()
+        .transaction(|tx| tx.topology_outstanding_until("g", START))
+        .unwrap();
+    assert_eq!(outstanding, Some(START + 30_000 + LANDING_WINDOW_MS));
+}
+
+#[tokio::test]
+async fn per_publisher_and_per_channel_timeouts_and_delays_override_the_defaults() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let (events, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .attempt_timeout_ms(1_000)
+            .retry_delay(Arc::new(|_| 1_000.0))
+            .publish(publisher.clone())
+            .publish_timeout_ms(3_000)
+            .publish_retry_delay(Arc::new(|_| 4_000.0))
+            .state(
+                "slow",
+                members
+                    .channel(durability_topology::Role::Write)
+                    .attempt_timeout_ms(2_500)
+                    .retry_delay(Arc::new(|_| 6_000.0)),
+            )
+            .state("plain", members.channel(durability_topology::Role::Write))
+            .on_event(hook),
+    )
+    .unwrap();
+    // The publisher's timeout: 3 s, not the 1 s default; its delay: 4 s.
+    publisher.set_mode(PubMode::Hang);
+    let t2 = t.clone();
+    with_clock(&clock, async move {
+        t2.update("g", |_| {
+            Draft::new()
+                .members(vec![MemberInput::active("m")])
+                .state("slow", json!(1))
+                .state("plain", json!(1))
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    assert_eq!(clock.now_ms(), START + 3_000, "the publisher's own timeout");
+    assert_eq!(
+        retry_next_at(&events.lock().unwrap(), "durability.topology"),
+        Some(START + 3_000 + 4_000),
+        "the publisher's own retry delay"
+    );
+    // Each channel: its own timeout and delay, or the defaults.
+    publisher.set_mode(PubMode::Ok);
+    members.set_mode("m", MemberMode::Hang);
+    failures.lock().unwrap().clear();
+    let at = clock.now_ms();
+    let t3 = t.clone();
+    with_clock(&clock, async move { t3.deliver_due().await.unwrap() }).await;
+    let mut timeouts: Vec<(String, u64)> = failures
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            TopologyEvent::DeliveryFailed { channel, error, .. } => match **error {
+                TopologyError::Timeout { after_ms, .. } => Some((channel.clone(), after_ms)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    timeouts.sort();
+    assert_eq!(
+        timeouts,
+        vec![("plain".to_owned(), 1_000), ("slow".to_owned(), 2_500)]
+    );
+    let events = events.lock().unwrap().clone();
+    // `deliver_due` runs the channels one after another ("plain" first):
+    // "slow" starts when "plain" timed out, and its delay counts from the
+    // end of its own batch.
+    assert_eq!(
+        retry_next_at(&events, "durability.topology.slow"),
+        Some(at + 1_000 + 2_500 + 6_000),
+        "the channel's own timeout and delay"
+    );
+    let plain = retry_next_at(&events, "durability.topology.plain").unwrap();
+    assert_eq!(plain - at, 1_000 + 1_000, "the defaults");
+}
+
+#[tokio::test]
+async fn a_claimed_batch_is_retried_after_twice_the_attempt_timeout() {
+    // The outbox's batch deadline is twice the attempt timeout, so one
+    // write or delivery that hangs until its own timeout never outlives
+    // the claim. An attempt lost to an eviction is retried at that deadline.
+    let w = world();
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    let pending_update = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+    });
+    while w.clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    pending_update.abort();
+    w.c.sched.abort_background();
+    let World {
+        clock,
+        publisher,
+        members,
+        c,
+        storage,
+    } = w;
+    drop(c);
+    publisher.set_mode(PubMode::Ok);
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    let calls = publisher.calls();
+    clock.set(START + 2 * TIMEOUT as i64 - 1);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        publisher.calls(),
+        calls,
+        "still claimed before the batch deadline"
+    );
+    clock.set(START + 2 * TIMEOUT as i64);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        publisher.calls(),
+        calls + 1,
+        "retried at twice the attempt timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_channel_defaults_to_the_write_role() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let members = Members::default();
+    let recorder = members.clone();
+    // StateChannel::new without .role().
+    let channel = durability_topology::StateChannel::new(Arc::new(move |m, u| {
+        let r = recorder.clone();
+        Box::pin(async move {
+            r.received.lock().unwrap().entry(m.id).or_default().push(u);
+            Ok(())
+        })
+    }));
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new().state("limits", channel),
+    )
+    .unwrap();
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    assert_eq!(members.received("a").len(), 1, "active members are reached");
+    assert!(members.received("d").is_empty(), "draining members are not");
+}
+
+#[tokio::test]
+async fn channel_names_are_validated() {
+    let clock = ManualClock::new(START);
+    let members = Members::default();
+    for bad in ["", "a\nb", "tab\there", &"x".repeat(300)] {
+        let sched = bare_scheduler(&clock);
+        let err = Topology::attach(
+            &sched,
+            durability_topology::TopologyConfig::new()
+                .state(bad, members.channel(durability_topology::Role::Write)),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{bad:?} accepted"));
+        assert!(
+            ["TOPOLOGY_INVALID_CONFIG", "OUTBOX_INVALID_CHANNEL"].contains(&err.code()),
+            "{bad:?}: {}",
+            err.code()
+        );
+        assert!(!err.is_retryable());
+    }
+    // A valid name with dots and dashes is fine.
+    let sched = bare_scheduler(&clock);
+    Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new().state(
+            "limits.v2-eu",
+            members.channel(durability_topology::Role::Write),
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_channel_that_was_never_set_stages_nothing() {
+    let w = world();
+    let t = &w.c.topology;
+    // Members only: neither channel has a value.
+    t.update("g", |_| Draft::new().members(shards("g", 3)))
+        .await
+        .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        0,
+        "no delivery staged for unset channels"
+    );
+    // One channel set: only it is delivered; the other still stages nothing,
+    // also for a member that joins later.
+    t.update("g", |_| Draft::new().state("limits", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(t.pending().unwrap(), 3);
+    t.deliver_due().await.unwrap();
+    t.update("g", |cur| {
+        let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+        m.push(MemberInput::active("late"));
+        Draft::new().members(m)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        1,
+        "the newcomer gets limits, not schema"
+    );
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("late", "limits"), Some(json!(1)));
+    for m in ["g-0", "g-1", "g-2", "late"] {
+        assert_eq!(w.members.applied(m, "schema"), None, "{m}");
+    }
+}
+
+#[tokio::test]
+async fn publication_and_deliveries_run_from_the_alarm_through_the_driver_after_an_eviction() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    publisher.set_mode(PubMode::Fail(1));
+    members.set_mode("t-1", MemberMode::Fail);
+    let out = c
+        .topology
+        .update("t", |_| {
+            Draft::new()
+                .members(shards("t", 2))
+                .state("limits", json!({"rps": 9}))
+        })
+        .await
+        .unwrap();
+    assert!(!out.published);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(members.applied("t-0", "limits"), Some(json!({"rps": 9})));
+    assert_eq!(members.applied("t-1", "limits"), None);
+    let alarm = c
+        .sched
+        .alarm_at()
+        .expect("the alarm is set for the retries");
+    // Evict, reopen on the file, and let the driver wake the object.
+    c.sched.abort_background();
+    drop(c);
+    members.set_mode("t-1", MemberMode::Ok);
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    assert_eq!(
+        c.sched.alarm_at(),
+        Some(alarm),
+        "the alarm survived the eviction"
+    );
+    let driver = durability_scheduler::Driver::start(c.sched.clone());
+    clock.set(alarm.max(START + 1_000));
+    let mut spins = 0;
+    while publisher.published("t").await.is_none()
+        || members.applied("t-1", "limits").is_none()
+        || c.topology.pending().unwrap() > 0
+    {
+        spins += 1;
+        assert!(spins < 100_000, "the driver did not deliver");
+        if let Some(at) = clock.next_wake()
+            && at <= clock.now_ms() + 60_000
+            && spins % 100 == 0
+        {
+            clock.set(at);
+        }
+        tokio::task::yield_now().await;
+    }
+    driver.stop();
+    assert_eq!(publisher.published("t").await.unwrap(), out.snapshot);
+    assert_eq!(members.applied("t-1", "limits"), Some(json!({"rps": 9})));
+    assert_eq!(c.sched.alarm_at(), None, "nothing left to wake for");
+}
