@@ -1921,3 +1921,100 @@ async fn publication_and_deliveries_run_from_the_alarm_through_the_driver_after_
     assert_eq!(members.applied("t-1", "limits"), Some(json!({"rps": 9})));
     assert_eq!(c.sched.alarm_at(), None, "nothing left to wake for");
 }
+
+// ---- Typed channel handles ----
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Limits {
+    rps: u32,
+    burst: Option<u32>,
+}
+
+const LIMITS: durability_topology::ChannelKey<Limits> =
+    durability_topology::ChannelKey::new("limits");
+
+#[tokio::test]
+async fn typed_channel_handles_set_read_and_deliver_values_over_the_json_storage() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    type Seen = Vec<(String, durability_topology::TypedUpdate<Limits>)>;
+    let got: Arc<std::sync::Mutex<Seen>> = Arc::default();
+    let seen = Arc::clone(&got);
+    let channel = durability_topology::StateChannel::typed(&LIMITS, move |member, update| {
+        let seen = Arc::clone(&seen);
+        async move {
+            seen.lock().unwrap().push((member.id, update));
+            Ok(())
+        }
+    });
+    let (_, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .channel(&LIMITS, channel)
+            .on_event(hook),
+    )
+    .unwrap();
+    let v1 = Limits {
+        rps: 10,
+        burst: None,
+    };
+    t.update("g", |cur| {
+        assert_eq!(cur.get(&LIMITS).unwrap(), None);
+        Draft::new().members(shards("g", 2)).set(&LIMITS, &v1)
+    })
+    .await
+    .unwrap();
+    // Stored as JSON, exactly as an untyped draft would store it.
+    assert_eq!(
+        t.states("g").unwrap()["limits"],
+        json!({"rps": 10, "burst": null})
+    );
+    t.deliver_due().await.unwrap();
+    let delivered = got.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 2);
+    assert!(
+        delivered
+            .iter()
+            .all(|(_, u)| u.value == v1 && u.channel == "limits")
+    );
+    // The current value reads back typed.
+    t.update("g", |cur| {
+        assert_eq!(cur.get(&LIMITS).unwrap(), Some(v1.clone()));
+        Draft::new()
+    })
+    .await
+    .unwrap();
+    // A stored value that is not a `Limits` (set untyped): reading it typed
+    // is a corrupt error, and delivering it fails with a typed event.
+    t.update("g", |_| {
+        Draft::new().state("limits", json!({"rps": "many"}))
+    })
+    .await
+    .unwrap();
+    let err = t
+        .update("g", |cur| {
+            assert_eq!(cur.get(&LIMITS).unwrap_err().code(), "TOPOLOGY_CORRUPT");
+            Draft::new()
+        })
+        .await;
+    assert!(err.is_ok());
+    t.deliver_due().await.unwrap();
+    let failed = failures.lock().unwrap().clone();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed.iter().all(|e| matches!(e,
+        TopologyEvent::DeliveryFailed { error, .. } if error.code() == "TOPOLOGY_DELIVERY_FAILED"
+            && error.to_string().contains("does not decode"))));
+    // A value that cannot be encoded as JSON is refused before any write.
+    const BY_ID: durability_topology::ChannelKey<std::collections::BTreeMap<(u8, u8), u8>> =
+        durability_topology::ChannelKey::new("limits");
+    let before = t.states("g").unwrap();
+    let err = t
+        .update("g", |_| {
+            Draft::new().set(&BY_ID, &[((1, 2), 3)].into_iter().collect())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_INVALID_STATE");
+    assert_eq!(t.states("g").unwrap(), before, "nothing written");
+}

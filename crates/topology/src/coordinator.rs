@@ -206,6 +206,12 @@ impl<P> TopologyConfig<P> {
         self.states.insert(name.into(), channel);
         self
     }
+    /// Adds the state channel of a typed handle (see
+    /// [`StateChannel::typed`]).
+    #[must_use]
+    pub fn channel<V>(self, key: &crate::ChannelKey<V>, channel: StateChannel) -> Self {
+        self.state(key.name(), channel)
+    }
     /// Receives the lifecycle events: the outbox events of the publication
     /// and state channels, and every publication, restage and delivery
     /// failure ([`TopologyEvent`]).
@@ -287,6 +293,8 @@ pub struct Draft {
     pub members: Option<Vec<MemberInput>>,
     /// Only the channels being set.
     pub states: BTreeMap<String, serde_json::Value>,
+    /// A typed value that could not be encoded: `update` refuses the draft.
+    refused: Option<(String, String)>,
 }
 
 impl Draft {
@@ -305,6 +313,10 @@ impl Draft {
     pub fn state(mut self, channel: impl Into<String>, value: serde_json::Value) -> Self {
         self.states.insert(channel.into(), value);
         self
+    }
+
+    pub(crate) fn refuse(&mut self, channel: &str, reason: String) {
+        self.refused.get_or_insert((channel.to_owned(), reason));
     }
 }
 
@@ -794,6 +806,9 @@ where
         } = current;
 
         // Validate everything before the first write.
+        if let Some((channel, reason)) = draft.refused {
+            return Err(TopologyError::InvalidState { channel, reason });
+        }
         if live.is_none() && draft.members.is_none() {
             return Err(TopologyError::GroupNotFound {
                 group: group.to_owned(),

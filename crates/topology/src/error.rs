@@ -63,6 +63,14 @@ pub enum TopologyError {
         /// The channel.
         channel: String,
     },
+    /// A typed state value could not be encoded as JSON.
+    #[error("value of channel {channel:?} cannot be stored: {reason}")]
+    InvalidState {
+        /// The channel.
+        channel: String,
+        /// Why.
+        reason: String,
+    },
     /// A state value is larger than [`crate::MAX_STATE_BYTES`].
     #[error("value of channel {channel:?} is {size} bytes, over the limit of {limit}")]
     StateTooLarge {
@@ -148,6 +156,7 @@ impl TopologyError {
             Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
             Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
             Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
+            Self::InvalidState { .. } => "TOPOLOGY_INVALID_STATE",
             Self::StateTooLarge { .. } => "TOPOLOGY_STATE_TOO_LARGE",
             Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
             Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
@@ -191,6 +200,7 @@ impl TopologyError {
         "TOPOLOGY_METADATA_TOO_LARGE",
         "TOPOLOGY_GROUP_NOT_FOUND",
         "TOPOLOGY_UNKNOWN_CHANNEL",
+        "TOPOLOGY_INVALID_STATE",
         "TOPOLOGY_STATE_TOO_LARGE",
         "TOPOLOGY_SNAPSHOT_TOO_LARGE",
         "TOPOLOGY_INVALID_CONFIG",

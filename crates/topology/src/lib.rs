@@ -20,6 +20,11 @@
 //!   ([`EncodedSnapshot`]) can only be produced by this crate; readers decode
 //!   it with `durability-topology-client`.
 //!
+//! - Typed channel handles ([`ChannelKey<V>`]): [`Draft::set`],
+//!   [`Current::get`], [`StateChannel::typed`] and
+//!   [`TopologyConfig::channel`] check channel names and value types at
+//!   compile time over the same JSON storage.
+//!
 //! The storage backend implements [`TopologyTx`] (which extends the outbox's
 //! `OutboxTx`) on its transaction type.
 //!
@@ -36,6 +41,7 @@ mod encode;
 mod error;
 mod event;
 mod store;
+mod typed;
 
 #[cfg(any(test, feature = "conformance"))]
 mod memory;
@@ -52,6 +58,7 @@ pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
 pub use event::{TopologyEvent, TopologyEventHook};
 pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
+pub use typed::{ChannelKey, TypedUpdate};
 
 /// The schema name the topology tables are registered under.
 pub const SCHEMA: &str = "topology";
