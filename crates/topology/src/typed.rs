@@ -99,9 +99,10 @@ pub struct TypedUpdate<V> {
 
 impl StateChannel {
     /// A `write` channel delivering values of `key`'s type: each stored
-    /// JSON value is decoded into `V` before `deliver` sees it (a value that
-    /// does not decode is a failed delivery, retried, with a
-    /// `TOPOLOGY_CORRUPT` failure event).
+    /// JSON value is decoded into `V` before `deliver` sees it. A value that
+    /// does not decode (one set untyped) is a failed delivery, retried until
+    /// a new value is set; its failure event is `TOPOLOGY_DELIVERY_FAILED`
+    /// with the decode error as its source.
     pub fn typed<V, F, Fut>(_key: &ChannelKey<V>, deliver: F) -> Self
     where
         V: DeserializeOwned + Send + 'static,
