@@ -17,7 +17,7 @@ use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use durability_topology::conformance::{MemoryPublication, memory_storage};
 use durability_topology::{
     Draft, LANDING_WINDOW_MS, MAX_STATE_BYTES, MemberInput, MemberState, Topology, TopologyError,
-    TopologyTx,
+    TopologyEvent, TopologyTx,
 };
 use durability_topology_client::{MAX_MEMBERS, MAX_META_BYTES};
 use serde_json::json;
@@ -1102,7 +1102,7 @@ async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
     let config = durability_topology::TopologyConfig::new()
         .publish_retry_delay(Arc::new(|_| 7_000.0))
         .publish(publisher.clone());
-    let (events, hook) = crate::support::event_log();
+    let (events, _, hook) = support::topology_event_log();
     let (_sched, t) = attach(config.on_event(hook)).unwrap();
     publisher.set_mode(PubMode::Fail(1));
     t.update("g", |_| Draft::new().members(shards("g", 1)))
@@ -1166,4 +1166,856 @@ async fn numbers_in_metadata_and_states_compare_as_numbers() {
         .await
         .unwrap();
     assert_eq!(changed.snapshot.version, 2);
+}
+
+// ---- After the commit ----
+
+/// The seed's `retireShard`: drains `shard` and adds a new one. Not
+/// idempotent: running it twice adds two shards.
+fn retire_shard(cur: &durability_topology::Current, shard: &str) -> Draft {
+    let n = cur.members.len();
+    let mut members: Vec<MemberInput> = cur
+        .members
+        .iter()
+        .map(|m| {
+            let mut m = MemberInput::from(m);
+            if m.id == shard {
+                m.state = MemberState::Draining;
+            }
+            m
+        })
+        .collect();
+    members.push(MemberInput::active(format!("t-{n}")));
+    Draft::new().members(members)
+}
+
+#[tokio::test]
+async fn a_publish_step_failing_after_the_commit_reports_the_committed_change_and_a_retrying_caller_adds_one_shard()
+ {
+    // Fail each transaction after update's own commit in turn: the claim of
+    // the publication, the write records, the settlement, the final check.
+    for after_commit in 1..=4u64 {
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        let storage = Arc::new(support::FlakyStorage::new(memory()));
+        let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+        let t = &c.topology;
+        t.update("t", |_| Draft::new().members(shards("t", 3)))
+            .await
+            .unwrap();
+        // The caller a user writes: retry what the library says is retryable.
+        let mut calls = 0;
+        storage.fail_after(after_commit);
+        let outcome = loop {
+            calls += 1;
+            match t.update("t", |cur| retire_shard(cur, "t-0")).await {
+                Ok(out) => break out,
+                Err(e) if e.is_retryable() && calls < 5 => {}
+                Err(e) => panic!("after_commit {after_commit}: {e}"),
+            }
+        };
+        assert_eq!(
+            storage.failed(),
+            1,
+            "after_commit {after_commit}: the fault was injected"
+        );
+        assert_eq!(
+            calls, 1,
+            "after_commit {after_commit}: a committed change is never reported as retryable"
+        );
+        assert_eq!(outcome.snapshot.version, 2);
+        let stored = t.snapshot("t").unwrap().unwrap();
+        assert_eq!(
+            stored.members.len(),
+            4,
+            "after_commit {after_commit}: exactly one shard was added"
+        );
+        assert_eq!(
+            stored, outcome.snapshot,
+            "the outcome is the committed group"
+        );
+        if after_commit == 1 {
+            // The claim of the publication itself failed: nothing was written.
+            let error = outcome
+                .publish_error
+                .as_ref()
+                .expect("the failure is reported");
+            assert_eq!(error.code(), "OUTBOX_STORAGE");
+            assert!(!outcome.published);
+            assert_eq!(publisher.published("t").await.unwrap().version, 1);
+        }
+        if outcome.publish_error.is_some() {
+            assert!(!outcome.published, "a failed attempt is never final");
+        }
+        // The outbox keeps going: the store converges to the committed group.
+        for _ in 0..10 {
+            clock.advance(30_000);
+            t.deliver_due().await.unwrap();
+        }
+        assert_eq!(publisher.published("t").await.unwrap(), stored);
+        // delete: the same rule.
+        storage.fail_after(after_commit);
+        let deleted = t.delete("t").await.unwrap();
+        assert_eq!(t.snapshot("t").unwrap(), None, "the deletion is committed");
+        if deleted.publish_error.is_some() {
+            assert!(!deleted.published);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_write_failing_with_an_unknown_outcome_keeps_its_record_and_only_a_rejection_forgets_it()
+{
+    let w = world();
+    w.publisher.set_mode(PubMode::Unknown(1));
+    let out =
+        w.c.topology
+            .update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap();
+    assert!(!out.published);
+    let land_by = START + TIMEOUT as i64 + LANDING_WINDOW_MS;
+    let outstanding = w
+        .storage
+        .transaction(|tx| tx.topology_outstanding_until("g", START))
+        .unwrap();
+    assert_eq!(
+        outstanding,
+        Some(land_by),
+        "a write whose outcome is unknown may still land: its record stays"
+    );
+    // The retry writes and lands, but is held until the record's deadline.
+    w.clock.advance(1_000);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(w.publisher.published("g").await.unwrap().version, 1);
+    assert_eq!(
+        w.c.topology.pending().unwrap(),
+        1,
+        "held by the unknown write"
+    );
+    w.clock.set(land_by);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        w.c.topology.pending().unwrap(),
+        0,
+        "written again, then acknowledged"
+    );
+}
+
+// ---- Failure reports as lifecycle events ----
+
+fn failures<S: Storage>(c: &Coord<S>) -> Vec<TopologyEvent>
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    std::mem::take(&mut *c.failures.lock().unwrap())
+}
+
+#[tokio::test]
+async fn publish_failures_are_lifecycle_events_with_typed_errors() {
+    let w = world();
+    // A refused write.
+    w.publisher.set_mode(PubMode::Fail(1));
+    w.c.topology
+        .update("g", |_| Draft::new().members(shards("g", 1)))
+        .await
+        .unwrap();
+    let got = failures(&w.c);
+    assert_eq!(got.len(), 1, "{got:?}");
+    match &got[0] {
+        TopologyEvent::PublishFailed {
+            group,
+            attempt,
+            error,
+        } => {
+            assert_eq!((group.as_str(), *attempt), ("g", 1));
+            assert_eq!(error.code(), "TOPOLOGY_PUBLISH_REJECTED");
+        }
+        other => panic!("{other:?}"),
+    }
+    // An unknown outcome.
+    w.publisher.set_mode(PubMode::Unknown(1));
+    w.clock.advance(1_000);
+    w.c.topology.deliver_due().await.unwrap();
+    let got = failures(&w.c);
+    assert!(
+        matches!(&got[..], [TopologyEvent::PublishFailed { attempt: 2, error, .. }]
+            if error.code() == "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN"),
+        "{got:?}"
+    );
+    // A write hanging past its timeout: a typed timeout, not a string.
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    with_clock(&w.clock, async move {
+        t.update("g", |_| Draft::new().members(shards("g", 2)))
+            .await
+            .unwrap()
+    })
+    .await;
+    let got = failures(&w.c);
+    assert!(
+        matches!(
+            &got[..],
+            [TopologyEvent::PublishFailed { error, .. }]
+                if matches!(**error, TopologyError::Timeout { operation: "publish", after_ms: TIMEOUT })
+        ),
+        "{got:?}"
+    );
+    assert!(got_retryable(&got));
+}
+
+fn got_retryable(events: &[TopologyEvent]) -> bool {
+    events.iter().all(|e| match e {
+        TopologyEvent::PublishFailed { error, .. }
+        | TopologyEvent::RestageFailed { error, .. }
+        | TopologyEvent::DeliveryFailed { error, .. } => error.is_retryable(),
+        _ => false,
+    })
+}
+
+#[tokio::test]
+async fn delivery_failures_are_lifecycle_events_with_typed_errors() {
+    let w = world();
+    w.members.set_mode("a", MemberMode::Fail);
+    w.members.set_mode("h", MemberMode::Hang);
+    w.seed(
+        vec![MemberInput::active("a"), MemberInput::active("h")],
+        "limits",
+        json!(1),
+    )
+    .await;
+    failures(&w.c);
+    let t = w.c.topology.clone();
+    with_clock(&w.clock, async move { t.deliver_due().await.unwrap() }).await;
+    let mut got: Vec<(String, String, String)> = failures(&w.c)
+        .into_iter()
+        .map(|e| match e {
+            TopologyEvent::DeliveryFailed {
+                group,
+                channel,
+                member,
+                attempt,
+                error,
+            } => {
+                assert_eq!(
+                    (group.as_str(), channel.as_str(), attempt),
+                    ("g", "limits", 1)
+                );
+                if member == "h" {
+                    assert!(matches!(
+                        *error,
+                        TopologyError::Timeout {
+                            operation: "delivery",
+                            after_ms: TIMEOUT
+                        }
+                    ));
+                }
+                (member, error.code().to_owned(), error.to_string())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got[0].0, "a");
+    assert_eq!(got[0].1, "TOPOLOGY_DELIVERY_FAILED");
+    assert!(got[0].2.contains("member down"), "{}", got[0].2);
+    assert_eq!(got[1].0, "h");
+    assert_eq!(got[1].1, "TOPOLOGY_TIMEOUT");
+    assert_eq!(got.len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_restage_after_a_late_write_is_a_lifecycle_event() {
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let storage = Arc::new(support::FlakyStorage::new(memory()));
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    publisher.set_mode(PubMode::Slow(5_000));
+    let t = c.topology.clone();
+    let handle = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    });
+    while clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(TIMEOUT as i64);
+    assert!(!handle.await.unwrap().published);
+    publisher.set_mode(PubMode::Ok);
+    failures(&c);
+    // The abandoned write settles late, and the restage transaction fails.
+    storage.fail_after(0);
+    clock.set(START + 5_000);
+    idle().await;
+    c.sched.settle().await;
+    assert_eq!(storage.failed(), 1);
+    let got = failures(&c);
+    assert!(
+        matches!(&got[..], [TopologyEvent::RestageFailed { group, error }]
+            if group == "g" && error.code() == "TOPOLOGY_STORAGE"),
+        "{got:?}"
+    );
+    // The record stays, so the snapshot is written again at its deadline.
+    clock.set(START + TIMEOUT as i64 + LANDING_WINDOW_MS);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(c.topology.pending().unwrap(), 0);
+    assert_eq!(publisher.published("g").await.unwrap().version, 1);
+}
+
+// ---- Corrupt stored rows ----
+
+#[tokio::test]
+async fn corrupt_stored_topology_rows_are_typed_errors_isolated_to_their_group() {
+    let cases = [
+        (
+            "text version",
+            "UPDATE durability_topology_groups SET version = 'x' WHERE group_id = 'bad'",
+        ),
+        (
+            "negative version",
+            "UPDATE durability_topology_groups SET version = -1 WHERE group_id = 'bad'",
+        ),
+        (
+            "members not JSON",
+            "UPDATE durability_topology_groups SET members = 'not json' WHERE group_id = 'bad'",
+        ),
+        (
+            "members not text",
+            "UPDATE durability_topology_groups SET members = x'00ff' WHERE group_id = 'bad'",
+        ),
+        (
+            "state value not JSON",
+            "UPDATE durability_topology_states SET value = '{' WHERE group_id = 'bad'",
+        ),
+        (
+            "state value not text",
+            "UPDATE durability_topology_states SET value = x'31' WHERE group_id = 'bad'",
+        ),
+    ];
+    for (what, corruption) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let t = &c.topology;
+        for g in ["bad", "good"] {
+            t.update(g, |_| {
+                Draft::new()
+                    .members(vec![MemberInput::active(format!("{g}-0"))])
+                    .state("limits", json!(1))
+            })
+            .await
+            .unwrap();
+        }
+        t.deliver_due().await.unwrap();
+        let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
+        assert_eq!(raw.execute(corruption, []).unwrap(), 1, "{what}");
+        let dump = |raw: &rusqlite::Connection| -> String {
+            raw.query_row(
+                "SELECT quote(version) || quote(members) || quote(deleted) ||
+                   (SELECT group_concat(quote(value)) FROM durability_topology_states
+                    WHERE group_id = 'bad')
+                 FROM durability_topology_groups WHERE group_id = 'bad'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before = dump(&raw);
+
+        // Every read of the corrupt group is a typed, non-retryable error …
+        let err = t
+            .update("bad", |_| Draft::new().state("limits", json!(2)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "TOPOLOGY_CORRUPT", "{what}: {err}");
+        assert!(!err.is_retryable(), "{what}: a corrupt row stays corrupt");
+        if what.starts_with("state") {
+            assert_eq!(
+                t.states("bad").unwrap_err().code(),
+                "TOPOLOGY_CORRUPT",
+                "{what}"
+            );
+        } else {
+            assert_eq!(
+                t.snapshot("bad").unwrap_err().code(),
+                "TOPOLOGY_CORRUPT",
+                "{what}"
+            );
+        }
+        // … that writes nothing …
+        assert_eq!(dump(&raw), before, "{what}: the stored row is untouched");
+        // … and never blocks the healthy group.
+        let grown = t
+            .update("good", |cur| {
+                let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+                m.push(MemberInput::active("good-1"));
+                Draft::new().members(m).state("limits", json!(2))
+            })
+            .await
+            .unwrap();
+        assert!(grown.published, "{what}");
+        t.deliver_due().await.unwrap();
+        assert_eq!(publisher.published("good").await.unwrap(), grown.snapshot);
+        assert_eq!(
+            members.applied("good-1", "limits"),
+            Some(json!(2)),
+            "{what}"
+        );
+        assert_eq!(
+            members.applied("good-0", "limits"),
+            Some(json!(2)),
+            "{what}"
+        );
+    }
+}
+
+// ---- Settings, defaults and the alarm ----
+
+fn bare_scheduler(clock: &ManualClock) -> durability_scheduler::Scheduler<MemoryStorage> {
+    let ctx = durability_scheduler::ObjectContext::with_clock(
+        durability_scheduler::ObjectId::new("coordinator-1").unwrap(),
+        memory(),
+        Arc::new(clock.clone()),
+    );
+    durability_scheduler::Scheduler::new(ctx).unwrap()
+}
+
+fn retry_next_at(events: &[durability_outbox::OutboxEvent], channel: &str) -> Option<i64> {
+    events.iter().find_map(|e| match e.kind {
+        EventKind::RetryScheduled { next_at, .. } if e.channel == channel => Some(next_at),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn the_default_attempt_timeout_is_thirty_seconds() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    publisher.set_mode(PubMode::Hang);
+    let (_, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .publish(publisher.clone())
+            .on_event(hook),
+    )
+    .unwrap();
+    let t2 = t.clone();
+    let out = with_clock(&clock, async move {
+        t2.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert!(!out.published);
+    assert_eq!(
+        clock.now_ms(),
+        START + 30_000,
+        "abandoned at the 30 s default"
+    );
+    let got = failures.lock().unwrap().clone();
+    assert!(
+        matches!(&got[..], [TopologyEvent::PublishFailed { error, .. }]
+            if matches!(**error, TopologyError::Timeout { operation: "publish", after_ms: 30_000 })),
+        "{got:?}"
+    );
+    // The write record's landing deadline counts from the 30 s timeout.
+    let outstanding = sched
+        .context()
+        .storage()
+        .transaction(|tx| tx.topology_outstanding_until("g", START))
+        .unwrap();
+    assert_eq!(outstanding, Some(START + 30_000 + LANDING_WINDOW_MS));
+}
+
+#[tokio::test]
+async fn per_publisher_and_per_channel_timeouts_and_delays_override_the_defaults() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let (events, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .attempt_timeout_ms(1_000)
+            .retry_delay(Arc::new(|_| 1_000.0))
+            .publish(publisher.clone())
+            .publish_timeout_ms(3_000)
+            .publish_retry_delay(Arc::new(|_| 4_000.0))
+            .state(
+                "slow",
+                members
+                    .channel(durability_topology::Role::Write)
+                    .attempt_timeout_ms(2_500)
+                    .retry_delay(Arc::new(|_| 6_000.0)),
+            )
+            .state("plain", members.channel(durability_topology::Role::Write))
+            .on_event(hook),
+    )
+    .unwrap();
+    // The publisher's timeout: 3 s, not the 1 s default; its delay: 4 s.
+    publisher.set_mode(PubMode::Hang);
+    let t2 = t.clone();
+    with_clock(&clock, async move {
+        t2.update("g", |_| {
+            Draft::new()
+                .members(vec![MemberInput::active("m")])
+                .state("slow", json!(1))
+                .state("plain", json!(1))
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    assert_eq!(clock.now_ms(), START + 3_000, "the publisher's own timeout");
+    assert_eq!(
+        retry_next_at(&events.lock().unwrap(), "durability.topology"),
+        Some(START + 3_000 + 4_000),
+        "the publisher's own retry delay"
+    );
+    // Each channel: its own timeout and delay, or the defaults.
+    publisher.set_mode(PubMode::Ok);
+    members.set_mode("m", MemberMode::Hang);
+    failures.lock().unwrap().clear();
+    let at = clock.now_ms();
+    let t3 = t.clone();
+    with_clock(&clock, async move { t3.deliver_due().await.unwrap() }).await;
+    let mut timeouts: Vec<(String, u64)> = failures
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            TopologyEvent::DeliveryFailed { channel, error, .. } => match **error {
+                TopologyError::Timeout { after_ms, .. } => Some((channel.clone(), after_ms)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    timeouts.sort();
+    assert_eq!(
+        timeouts,
+        vec![("plain".to_owned(), 1_000), ("slow".to_owned(), 2_500)]
+    );
+    let events = events.lock().unwrap().clone();
+    // `deliver_due` runs the channels one after another ("plain" first):
+    // "slow" starts when "plain" timed out, and its delay counts from the
+    // end of its own batch.
+    assert_eq!(
+        retry_next_at(&events, "durability.topology.slow"),
+        Some(at + 1_000 + 2_500 + 6_000),
+        "the channel's own timeout and delay"
+    );
+    let plain = retry_next_at(&events, "durability.topology.plain").unwrap();
+    assert_eq!(plain - at, 1_000 + 1_000, "the defaults");
+}
+
+#[tokio::test]
+async fn a_claimed_batch_is_retried_after_twice_the_attempt_timeout() {
+    // The outbox's batch deadline is twice the attempt timeout, so one
+    // write or delivery that hangs until its own timeout never outlives
+    // the claim. An attempt lost to an eviction is retried at that deadline.
+    let w = world();
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    let pending_update = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+    });
+    while w.clock.next_wake().is_none() {
+        tokio::task::yield_now().await;
+    }
+    pending_update.abort();
+    w.c.sched.abort_background();
+    let World {
+        clock,
+        publisher,
+        members,
+        c,
+        storage,
+    } = w;
+    drop(c);
+    publisher.set_mode(PubMode::Ok);
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    let calls = publisher.calls();
+    clock.set(START + 2 * TIMEOUT as i64 - 1);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        publisher.calls(),
+        calls,
+        "still claimed before the batch deadline"
+    );
+    clock.set(START + 2 * TIMEOUT as i64);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(
+        publisher.calls(),
+        calls + 1,
+        "retried at twice the attempt timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_channel_defaults_to_the_write_role() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    let members = Members::default();
+    let recorder = members.clone();
+    // StateChannel::new without .role().
+    let channel = durability_topology::StateChannel::new(Arc::new(move |m, u| {
+        let r = recorder.clone();
+        Box::pin(async move {
+            r.received.lock().unwrap().entry(m.id).or_default().push(u);
+            Ok(())
+        })
+    }));
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new().state("limits", channel),
+    )
+    .unwrap();
+    t.update("g", |_| {
+        Draft::new()
+            .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
+            .state("limits", json!(1))
+    })
+    .await
+    .unwrap();
+    t.deliver_due().await.unwrap();
+    assert_eq!(members.received("a").len(), 1, "active members are reached");
+    assert!(members.received("d").is_empty(), "draining members are not");
+}
+
+#[tokio::test]
+async fn channel_names_are_validated() {
+    let clock = ManualClock::new(START);
+    let members = Members::default();
+    for bad in ["", "a\nb", "tab\there", &"x".repeat(300)] {
+        let sched = bare_scheduler(&clock);
+        let err = Topology::attach(
+            &sched,
+            durability_topology::TopologyConfig::new()
+                .state(bad, members.channel(durability_topology::Role::Write)),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{bad:?} accepted"));
+        assert!(
+            ["TOPOLOGY_INVALID_CONFIG", "OUTBOX_INVALID_CHANNEL"].contains(&err.code()),
+            "{bad:?}: {}",
+            err.code()
+        );
+        assert!(!err.is_retryable());
+    }
+    // A valid name with dots and dashes is fine.
+    let sched = bare_scheduler(&clock);
+    Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new().state(
+            "limits.v2-eu",
+            members.channel(durability_topology::Role::Write),
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_channel_that_was_never_set_stages_nothing() {
+    let w = world();
+    let t = &w.c.topology;
+    // Members only: neither channel has a value.
+    t.update("g", |_| Draft::new().members(shards("g", 3)))
+        .await
+        .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        0,
+        "no delivery staged for unset channels"
+    );
+    // One channel set: only it is delivered; the other still stages nothing,
+    // also for a member that joins later.
+    t.update("g", |_| Draft::new().state("limits", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(t.pending().unwrap(), 3);
+    t.deliver_due().await.unwrap();
+    t.update("g", |cur| {
+        let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+        m.push(MemberInput::active("late"));
+        Draft::new().members(m)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        t.pending().unwrap(),
+        1,
+        "the newcomer gets limits, not schema"
+    );
+    t.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied("late", "limits"), Some(json!(1)));
+    for m in ["g-0", "g-1", "g-2", "late"] {
+        assert_eq!(w.members.applied(m, "schema"), None, "{m}");
+    }
+}
+
+#[tokio::test]
+async fn publication_and_deliveries_run_from_the_alarm_through_the_driver_after_an_eviction() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    publisher.set_mode(PubMode::Fail(1));
+    members.set_mode("t-1", MemberMode::Fail);
+    let out = c
+        .topology
+        .update("t", |_| {
+            Draft::new()
+                .members(shards("t", 2))
+                .state("limits", json!({"rps": 9}))
+        })
+        .await
+        .unwrap();
+    assert!(!out.published);
+    c.topology.deliver_due().await.unwrap();
+    assert_eq!(members.applied("t-0", "limits"), Some(json!({"rps": 9})));
+    assert_eq!(members.applied("t-1", "limits"), None);
+    let alarm = c
+        .sched
+        .alarm_at()
+        .expect("the alarm is set for the retries");
+    // Evict, reopen on the file, and let the driver wake the object.
+    c.sched.abort_background();
+    drop(c);
+    members.set_mode("t-1", MemberMode::Ok);
+    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    assert_eq!(
+        c.sched.alarm_at(),
+        Some(alarm),
+        "the alarm survived the eviction"
+    );
+    let driver = durability_scheduler::Driver::start(c.sched.clone());
+    clock.set(alarm.max(START + 1_000));
+    let mut spins = 0;
+    while publisher.published("t").await.is_none()
+        || members.applied("t-1", "limits").is_none()
+        || c.topology.pending().unwrap() > 0
+    {
+        spins += 1;
+        assert!(spins < 100_000, "the driver did not deliver");
+        if let Some(at) = clock.next_wake()
+            && at <= clock.now_ms() + 60_000
+            && spins % 100 == 0
+        {
+            clock.set(at);
+        }
+        tokio::task::yield_now().await;
+    }
+    driver.stop();
+    assert_eq!(publisher.published("t").await.unwrap(), out.snapshot);
+    assert_eq!(members.applied("t-1", "limits"), Some(json!({"rps": 9})));
+    assert_eq!(c.sched.alarm_at(), None, "nothing left to wake for");
+}
+
+// ---- Typed channel handles ----
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Limits {
+    rps: u32,
+    burst: Option<u32>,
+}
+
+const LIMITS: durability_topology::ChannelKey<Limits> =
+    durability_topology::ChannelKey::new("limits");
+
+#[tokio::test]
+async fn typed_channel_handles_set_read_and_deliver_values_over_the_json_storage() {
+    let clock = ManualClock::new(START);
+    let sched = bare_scheduler(&clock);
+    type Seen = Vec<(String, durability_topology::TypedUpdate<Limits>)>;
+    let got: Arc<std::sync::Mutex<Seen>> = Arc::default();
+    let seen = Arc::clone(&got);
+    let channel = durability_topology::StateChannel::typed(&LIMITS, move |member, update| {
+        let seen = Arc::clone(&seen);
+        async move {
+            seen.lock().unwrap().push((member.id, update));
+            Ok(())
+        }
+    });
+    let (_, failures, hook) = support::topology_event_log();
+    let t = Topology::attach(
+        &sched,
+        durability_topology::TopologyConfig::new()
+            .channel(&LIMITS, channel)
+            .on_event(hook),
+    )
+    .unwrap();
+    let v1 = Limits {
+        rps: 10,
+        burst: None,
+    };
+    t.update("g", |cur| {
+        assert_eq!(cur.get(&LIMITS).unwrap(), None);
+        Draft::new().members(shards("g", 2)).set(&LIMITS, &v1)
+    })
+    .await
+    .unwrap();
+    // Stored as JSON, exactly as an untyped draft would store it.
+    assert_eq!(
+        t.states("g").unwrap()["limits"],
+        json!({"rps": 10, "burst": null})
+    );
+    t.deliver_due().await.unwrap();
+    let delivered = got.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 2);
+    assert!(
+        delivered
+            .iter()
+            .all(|(_, u)| u.value == v1 && u.channel == "limits")
+    );
+    // The current value reads back typed.
+    t.update("g", |cur| {
+        assert_eq!(cur.get(&LIMITS).unwrap(), Some(v1.clone()));
+        Draft::new()
+    })
+    .await
+    .unwrap();
+    // A stored value that is not a `Limits` (set untyped): reading it typed
+    // is a corrupt error, and delivering it fails with a typed event.
+    t.update("g", |_| {
+        Draft::new().state("limits", json!({"rps": "many"}))
+    })
+    .await
+    .unwrap();
+    let err = t
+        .update("g", |cur| {
+            assert_eq!(cur.get(&LIMITS).unwrap_err().code(), "TOPOLOGY_CORRUPT");
+            Draft::new()
+        })
+        .await;
+    assert!(err.is_ok());
+    t.deliver_due().await.unwrap();
+    let failed = failures.lock().unwrap().clone();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed.iter().all(|e| matches!(e,
+        TopologyEvent::DeliveryFailed { error, .. } if error.code() == "TOPOLOGY_DELIVERY_FAILED"
+            && error.to_string().contains("does not decode"))));
+    // A value that cannot be encoded as JSON is refused before any write.
+    const BY_ID: durability_topology::ChannelKey<std::collections::BTreeMap<(u8, u8), u8>> =
+        durability_topology::ChannelKey::new("limits");
+    let before = t.states("g").unwrap();
+    let err = t
+        .update("g", |_| {
+            Draft::new().set(&BY_ID, &[((1, 2), 3)].into_iter().collect())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_INVALID_STATE");
+    assert_eq!(t.states("g").unwrap(), before, "nothing written");
 }

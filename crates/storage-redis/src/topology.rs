@@ -16,11 +16,21 @@
 //!
 //! Keys of one script are not hash-tagged together, so these target a
 //! single Redis (or a proxy), not Redis Cluster.
+//!
+//! A failed publisher call says whether its outcome is known
+//! ([`durability_topology::PublishError`]): an error reply from the server
+//! or a command refused on the client is a rejection (nothing was applied);
+//! a timeout, a dropped connection, an I/O or parse error is an unknown
+//! outcome (the command may have been applied, or may still be), so the
+//! coordinator keeps its write record. [`connect`] sets no response timeout
+//! of its own: the coordinator's attempt timeout (and the client's read
+//! timeout) bound every call, so a redis-rs timeout (500 ms by default)
+//! never cuts a write short of the attempt timeout.
 
-use durability_topology::{BoxError, EncodedSnapshot, Publisher, Snapshot};
+use durability_topology::{BoxError, EncodedSnapshot, PublishError, Publisher, Snapshot};
 use durability_topology_client::ReadStore;
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, ErrorKind, RedisError, Script};
 
 const WRITE: &str = "
 local hv = redis.call('HGET', KEYS[2], ARGV[2])
@@ -42,13 +52,39 @@ redis.call('DEL', KEYS[1])
 return 1
 ";
 
-/// Opens a connection manager on `url`.
+/// Opens a connection manager on `url` with no response timeout of its own
+/// (the callers bound every call: the coordinator's attempt timeout, the
+/// client's read timeout).
 ///
 /// # Errors
 /// The URL is invalid or Redis is unreachable.
-pub async fn connect(url: &str) -> Result<ConnectionManager, redis::RedisError> {
+pub async fn connect(url: &str) -> Result<ConnectionManager, RedisError> {
     let client = redis::Client::open(url)?;
-    ConnectionManager::new(client).await
+    let config = ConnectionManagerConfig::new().set_response_timeout(None);
+    ConnectionManager::new_with_config(client, config).await
+}
+
+/// Classifies a failed call: a refusal the server answered, or one made on
+/// the client before sending, is a rejection; anything else (timeout,
+/// dropped connection, I/O, an unreadable or unexpected reply) may have
+/// been applied.
+fn publish_error(error: RedisError) -> PublishError {
+    let rejected = !error.is_timeout()
+        && !error.is_io_error()
+        && !error.is_connection_dropped()
+        && matches!(
+            error.kind(),
+            ErrorKind::Server(_)
+                | ErrorKind::Extension
+                | ErrorKind::Client
+                | ErrorKind::InvalidClientConfig
+                | ErrorKind::AuthenticationFailed
+        );
+    if rejected {
+        PublishError::rejected(error)
+    } else {
+        PublishError::unknown(error)
+    }
 }
 
 fn snapshot_key(prefix: &str, group: &str) -> String {
@@ -82,17 +118,27 @@ impl RedisPublisher {
 }
 
 impl Publisher for RedisPublisher {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
         let () = conn
             .set(self.key(&snapshot.group), encoded.as_bytes())
-            .await?;
+            .await
+            .map_err(publish_error)?;
         Ok(())
     }
 
-    async fn delete(&self, group: &str, _version: u64, _coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        _version: u64,
+        _coordinator: &str,
+    ) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
-        let _: i64 = conn.del(self.key(group)).await?;
+        let _: i64 = conn.del(self.key(group)).await.map_err(publish_error)?;
         Ok(())
     }
 }
@@ -125,7 +171,11 @@ impl RedisVersionedPublisher {
 }
 
 impl Publisher for RedisVersionedPublisher {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
         let _: i64 = self
             .write
@@ -135,11 +185,17 @@ impl Publisher for RedisVersionedPublisher {
             .arg(&snapshot.coordinator)
             .arg(snapshot.version)
             .invoke_async(&mut conn)
-            .await?;
+            .await
+            .map_err(publish_error)?;
         Ok(())
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
         let _: i64 = self
             .delete
@@ -148,7 +204,8 @@ impl Publisher for RedisVersionedPublisher {
             .arg(coordinator)
             .arg(version)
             .invoke_async(&mut conn)
-            .await?;
+            .await
+            .map_err(publish_error)?;
         Ok(())
     }
 }

@@ -64,7 +64,8 @@ fn assert_alarm_tx<T: AlarmTx>(tx: &mut T) {
 
 async fn assert_publisher<P: Publisher>(p: &P) {
     let e = p.delete("g", 1, "c").await.expect_err("stub");
-    assert_eq!(operation(&*e), "publisher delete");
+    assert!(e.is_rejected(), "a stub refuses: nothing can land later");
+    assert_eq!(operation(e.source()), "publisher delete");
 }
 
 async fn assert_read_store<R: ReadStore>(r: &R) {

@@ -3,7 +3,9 @@
 //! coordinator, `ReadStore` for the read client).
 
 use durability_scheduler::StorageError;
-use durability_topology::{BoxError, EncodedSnapshot, GroupRow, Publisher, Snapshot, TopologyTx};
+use durability_topology::{
+    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, TopologyTx,
+};
 use durability_topology_client::ReadStore;
 
 use crate::object::unsupported;
@@ -82,9 +84,12 @@ impl Publisher for SkeletonPublication {
         &self,
         _snapshot: &Snapshot,
         _encoded: &EncodedSnapshot,
-    ) -> Result<(), BoxError> {
+    ) -> Result<(), PublishError> {
         // Store the encoded bytes as is under the snapshot's group; idempotent.
-        Err(Unsupported::boxed("publisher write"))
+        // Say whether a failure is a definite refusal or an unknown outcome.
+        Err(PublishError::rejected(Unsupported::boxed(
+            "publisher write",
+        )))
     }
 
     async fn delete(
@@ -92,9 +97,11 @@ impl Publisher for SkeletonPublication {
         _group: &str,
         _version: u64,
         _coordinator: &str,
-    ) -> Result<(), BoxError> {
+    ) -> Result<(), PublishError> {
         // Remove the group's snapshot; idempotent.
-        Err(Unsupported::boxed("publisher delete"))
+        Err(PublishError::rejected(Unsupported::boxed(
+            "publisher delete",
+        )))
     }
 }
 

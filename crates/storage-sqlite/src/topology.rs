@@ -20,8 +20,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use durability_scheduler::{SchemaStep, StorageError};
-use durability_topology::{BoxError, EncodedSnapshot, GroupRow, Publisher, Snapshot, TopologyTx};
+use durability_topology::{
+    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, TopologyTx,
+};
 use durability_topology_client::ReadStore;
+use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
@@ -75,7 +78,10 @@ fn i64_of(v: u64) -> Result<i64, StorageError> {
 
 impl TopologyTx for SqliteTx<'_> {
     fn topology_group(&mut self, group: &str) -> Result<Option<GroupRow>, StorageError> {
-        let row: Option<(i64, String, i64)> = self
+        // Read as raw values and decode strictly: a text-valued or negative
+        // version, a non-text member list or a `deleted` other than 0 / 1 is
+        // a corrupt row (never a retryable backend failure, never coerced).
+        let row: Option<(Value, Value, Value)> = self
             .sql()
             .prepare_cached(
                 "SELECT version, members, deleted FROM durability_topology_groups
@@ -86,14 +92,27 @@ impl TopologyTx for SqliteTx<'_> {
                     .optional()
             })
             .map_err(|e| backend("read topology group", e))?;
-        row.map(|(version, members, deleted)| {
-            Ok(GroupRow {
-                version: u64_of(version, "group version")?,
-                members,
-                deleted: deleted != 0,
-            })
-        })
-        .transpose()
+        let Some((version, members, deleted)) = row else {
+            return Ok(None);
+        };
+        let bad = |what: &str| StorageError::corrupt(format!("topology group {group:?}: {what}"));
+        let version = match version {
+            Value::Integer(v) if v >= 1 => u64_of(v, "group version")?,
+            other => return Err(bad(&format!("version {other:?} is not a positive integer"))),
+        };
+        let Value::Text(members) = members else {
+            return Err(bad("members are not text"));
+        };
+        let deleted = match deleted {
+            Value::Integer(0) => false,
+            Value::Integer(1) => true,
+            other => return Err(bad(&format!("deleted {other:?} is not 0 or 1"))),
+        };
+        Ok(Some(GroupRow {
+            version,
+            members,
+            deleted,
+        }))
     }
 
     fn topology_put_group(
@@ -132,10 +151,20 @@ impl TopologyTx for SqliteTx<'_> {
                  WHERE group_id = ?1 ORDER BY channel",
             )
             .and_then(|mut st| {
-                st.query_map([group], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<rusqlite::Result<Vec<_>>>()
+                st.query_map([group], |r| {
+                    Ok((r.get::<_, Value>(0)?, r.get::<_, Value>(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
             })
-            .map_err(|e| backend("read topology states", e))
+            .map_err(|e| backend("read topology states", e))?
+            .into_iter()
+            .map(|row| match row {
+                (Value::Text(channel), Value::Text(value)) => Ok((channel, value)),
+                other => Err(StorageError::corrupt(format!(
+                    "topology state of group {group:?}: {other:?} is not (text, text)"
+                ))),
+            })
+            .collect()
     }
 
     fn topology_put_state(
@@ -328,13 +357,26 @@ impl SqlitePublication {
     }
 }
 
+/// Every failure is a rejection: the write runs in one local SQLite
+/// transaction, which rolled back, so it can never land later.
 impl Publisher for SqlitePublication {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         self.write_sync(snapshot, encoded)
+            .map_err(PublishError::rejected)
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         self.delete_sync(group, version, coordinator)
+            .map_err(PublishError::rejected)
     }
 }
 

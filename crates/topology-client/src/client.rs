@@ -21,6 +21,10 @@ pub const DEFAULT_NEGATIVE_TTL_MS: u64 = 5_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 1_000;
 /// Default bound of the cache: 10,000 groups (least recently used evicted).
 pub const DEFAULT_MAX_GROUPS: usize = 10_000;
+/// Default bound of the version floors: 100,000 (group, coordinator) pairs,
+/// least recently used evicted. A floor is a few dozen bytes, so it outlives
+/// the cache entry of its group by far.
+pub const DEFAULT_MAX_VERSION_FLOORS: usize = 100_000;
 
 /// Derives a group's members locally, without I/O (`None`: no seed for it).
 pub type SeedFn = Arc<dyn Fn(&str) -> Option<Snapshot> + Send + Sync>;
@@ -64,6 +68,7 @@ pub struct ClientConfig {
     read_timeout_ms: u64,
     stale_if_error_ms: Option<u64>,
     max_groups: usize,
+    max_floors: usize,
     seed: Option<SeedFn>,
     fallback: Option<FallbackFn>,
     on_fallback: Option<FallbackHook>,
@@ -79,6 +84,7 @@ impl Default for ClientConfig {
             read_timeout_ms: DEFAULT_READ_TIMEOUT_MS,
             stale_if_error_ms: None,
             max_groups: DEFAULT_MAX_GROUPS,
+            max_floors: DEFAULT_MAX_VERSION_FLOORS,
             seed: None,
             fallback: None,
             on_fallback: None,
@@ -129,6 +135,15 @@ impl ClientConfig {
         self.max_groups = n;
         self
     }
+    /// The most (group, coordinator) version floors kept. A floor is the
+    /// highest version served for the group from that coordinator; it
+    /// outlives the group's cache entry, so a group read again after its
+    /// entry was evicted never comes back older.
+    #[must_use]
+    pub fn max_version_floors(mut self, n: usize) -> Self {
+        self.max_floors = n;
+        self
+    }
     /// Derives members locally when the published copy is unusable.
     #[must_use]
     pub fn seed(mut self, seed: SeedFn) -> Self {
@@ -175,10 +190,17 @@ struct Good {
     fresh_until: i64,
 }
 
+struct Cache {
+    groups: LruCache<String, Slot>,
+    /// (group, coordinator) → the highest version served: the never-older
+    /// guard, bounded apart from (and far beyond) the groups.
+    floors: LruCache<(String, String), u64>,
+}
+
 struct Inner<R> {
     store: R,
     config: ClientConfig,
-    cache: Mutex<LruCache<String, Slot>>,
+    cache: Mutex<Cache>,
 }
 
 /// A read-only topology client. It reads the published copy through a
@@ -226,18 +248,28 @@ impl<R: ReadStore> TopologyClient<R> {
         }
         let max = NonZeroUsize::new(config.max_groups)
             .ok_or_else(|| bad("max_groups", "must be positive"))?;
+        let floors = NonZeroUsize::new(config.max_floors)
+            .ok_or_else(|| bad("max_version_floors", "must be positive"))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
                 config,
-                cache: Mutex::new(LruCache::new(max)),
+                cache: Mutex::new(Cache {
+                    groups: LruCache::new(max),
+                    floors: LruCache::new(floors),
+                }),
             }),
         })
     }
 
     /// How many groups the cache holds now (at most the configured bound).
     pub fn cached_groups(&self) -> usize {
-        self.inner.lock().len()
+        self.inner.lock().groups.len()
+    }
+
+    /// How many version floors are kept now (at most the configured bound).
+    pub fn version_floors(&self) -> usize {
+        self.inner.lock().floors.len()
     }
 
     /// The group's topology: from cache, or one store read shared by every
@@ -269,7 +301,7 @@ impl<R: ReadStore> TopologyClient<R> {
     fn fresh(&self, group: &str) -> Option<Arc<Snapshot>> {
         let now = self.inner.config.clock.now_ms();
         let mut cache = self.inner.lock();
-        let good = cache.get(group)?.good.as_ref()?;
+        let good = cache.groups.get(group)?.good.as_ref()?;
         (now < good.fresh_until).then(|| Arc::clone(&good.snapshot))
     }
 
@@ -277,7 +309,9 @@ impl<R: ReadStore> TopologyClient<R> {
         let inner = &self.inner;
         let now = inner.config.clock.now_ms();
         let mut cache = inner.lock();
-        let slot = cache.get_or_insert_mut(group.to_owned(), Slot::default);
+        let slot = cache
+            .groups
+            .get_or_insert_mut(group.to_owned(), Slot::default);
         if let Some(good) = &slot.good
             && now < good.fresh_until
         {
@@ -330,7 +364,7 @@ impl<R: ReadStore> TopologyClient<R> {
         {
             let now = config.clock.now_ms();
             let cache = self.inner.lock();
-            if let Some(good) = cache.peek(group).and_then(|s| s.good.as_ref())
+            if let Some(good) = cache.groups.peek(group).and_then(|s| s.good.as_ref())
                 && now < good.fresh_until.saturating_add(i64_ms(window))
             {
                 let snapshot = Arc::clone(&good.snapshot);
@@ -386,7 +420,7 @@ impl<R: ReadStore> TopologyClient<R> {
 }
 
 impl<R> Inner<R> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Slot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -398,38 +432,55 @@ impl<R> Inner<R> {
     }
 
     /// Records a finished read: a snapshot replaces the cached one unless it
-    /// is an older version from the same coordinator; a failure is
-    /// remembered for the negative TTL.
+    /// is an older version from the same coordinator; a snapshot older than
+    /// the version floor of its coordinator (its cache entry was evicted) is
+    /// refused as [`UnavailableReason::Regressed`]; a failure is remembered
+    /// for the negative TTL.
     fn settle(&self, group: &str, outcome: ReadOutcome) -> ReadOutcome {
         let now = self.config.clock.now_ms();
         let fresh_until = self.fresh_until(now);
-        let mut cache = self.lock();
-        let slot = cache.get_or_insert_mut(group.to_owned(), Slot::default);
+        let mut guard = self.lock();
+        let cache = &mut *guard;
+        let outcome = outcome.and_then(|snapshot| {
+            let key = (group.to_owned(), snapshot.coordinator.clone());
+            match cache.floors.get(&key).copied() {
+                Some(served) if served > snapshot.version => {
+                    let cached_newer = cache
+                        .groups
+                        .peek(group)
+                        .and_then(|s| s.good.as_ref())
+                        .filter(|g| g.snapshot.coordinator == snapshot.coordinator)
+                        .map(|g| Arc::clone(&g.snapshot));
+                    tracing::debug!(
+                        event = "durability.topology_client.older_snapshot_ignored",
+                        group,
+                        served,
+                        read = snapshot.version,
+                        "an older snapshot from the same coordinator was not served"
+                    );
+                    cached_newer.ok_or(UnavailableReason::Regressed {
+                        served,
+                        read: snapshot.version,
+                    })
+                }
+                _ => {
+                    cache.floors.put(key, snapshot.version);
+                    Ok(snapshot)
+                }
+            }
+        });
+        let slot = cache
+            .groups
+            .get_or_insert_mut(group.to_owned(), Slot::default);
         slot.inflight = None;
         match outcome {
             Ok(snapshot) => {
                 slot.negative = None;
-                let kept = match &slot.good {
-                    Some(good)
-                        if good.snapshot.coordinator == snapshot.coordinator
-                            && good.snapshot.version > snapshot.version =>
-                    {
-                        tracing::debug!(
-                            event = "durability.topology_client.older_snapshot_ignored",
-                            group,
-                            cached = good.snapshot.version,
-                            read = snapshot.version,
-                            "kept the newer cached snapshot"
-                        );
-                        Arc::clone(&good.snapshot)
-                    }
-                    _ => snapshot,
-                };
                 slot.good = Some(Good {
-                    snapshot: Arc::clone(&kept),
+                    snapshot: Arc::clone(&snapshot),
                     fresh_until,
                 });
-                Ok(kept)
+                Ok(snapshot)
             }
             Err(reason) => {
                 let until = now.saturating_add(i64_ms(self.config.negative_ttl_ms));

@@ -17,16 +17,27 @@ pub enum UnavailableReason {
     },
     /// The store read failed.
     ReadFailed(String),
+    /// The published snapshot is older than a version this client already
+    /// served for the group from the same coordinator (the store went back,
+    /// or an older write landed late): serving it would go back in time.
+    Regressed {
+        /// The highest version served from that coordinator.
+        served: u64,
+        /// The version read.
+        read: u64,
+    },
 }
 
 impl UnavailableReason {
-    /// A stable short code: `missing`, `invalid`, `timeout`, `read_failed`.
+    /// A stable short code: `missing`, `invalid`, `timeout`, `read_failed`,
+    /// `regressed`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Missing => "missing",
             Self::Invalid(_) => "invalid",
             Self::Timeout { .. } => "timeout",
             Self::ReadFailed(_) => "read_failed",
+            Self::Regressed { .. } => "regressed",
         }
     }
 }
@@ -38,6 +49,10 @@ impl fmt::Display for UnavailableReason {
             Self::Invalid(reason) => write!(f, "the published snapshot is invalid: {reason}"),
             Self::Timeout { after_ms } => write!(f, "the read timed out after {after_ms} ms"),
             Self::ReadFailed(reason) => write!(f, "the read failed: {reason}"),
+            Self::Regressed { served, read } => write!(
+                f,
+                "the published version {read} is older than version {served} already served from the same coordinator"
+            ),
         }
     }
 }

@@ -19,6 +19,11 @@
 //!   coordinator, negative cache, read timeout, and the opt-in fallbacks
 //!   (stale-if-error, seed, fallback) in the seed's order. The cache is
 //!   bounded ([`DEFAULT_MAX_GROUPS`] groups, least recently used evicted).
+//!   The never-older guard does not live in the cache entry: a version floor
+//!   per (group, coordinator), bounded separately
+//!   ([`DEFAULT_MAX_VERSION_FLOORS`]), outlives eviction, so a group read
+//!   again after its entry was evicted is never served older than before
+//!   ([`UnavailableReason::Regressed`] instead).
 //!
 //! # Features
 //!
@@ -31,9 +36,9 @@ mod snapshot;
 mod store;
 
 pub use client::{
-    ClientConfig, DEFAULT_MAX_GROUPS, DEFAULT_NEGATIVE_TTL_MS, DEFAULT_READ_TIMEOUT_MS,
-    DEFAULT_TTL_MS, FallbackFn, FallbackHook, FallbackReport, FallbackSource, SeedFn,
-    TopologyClient,
+    ClientConfig, DEFAULT_MAX_GROUPS, DEFAULT_MAX_VERSION_FLOORS, DEFAULT_NEGATIVE_TTL_MS,
+    DEFAULT_READ_TIMEOUT_MS, DEFAULT_TTL_MS, FallbackFn, FallbackHook, FallbackReport,
+    FallbackSource, SeedFn, TopologyClient,
 };
 pub use error::{TopologyClientError, UnavailableReason};
 pub use snapshot::{

@@ -463,3 +463,56 @@ async fn the_cache_is_bounded_however_many_groups_are_read() {
     assert_eq!(crate::DEFAULT_MAX_GROUPS, 10_000);
     let _ = clock.now_ms();
 }
+
+#[tokio::test]
+async fn an_evicted_group_never_comes_back_older_from_the_same_coordinator() {
+    let clock = ManualClock::new(START);
+    let store = Fake::new();
+    store.put("g", enc("g", 5, "c1", &["new"]));
+    store.put("h", enc("h", 1, "c1", &["a"]));
+    let c = client(&store, config(&clock).max_groups(1));
+    assert_eq!(c.get("g").await.unwrap().version, 5);
+    // Reading another group evicts g's cache entry …
+    c.get("h").await.unwrap();
+    assert_eq!(c.cached_groups(), 1);
+    // … and the store goes back to an older snapshot of the same coordinator.
+    store.put("g", enc("g", 4, "c1", &["old"]));
+    let err = c.get("g").await.unwrap_err();
+    assert_eq!(
+        reason(err),
+        UnavailableReason::Regressed { served: 5, read: 4 },
+        "v5 then v4 is never served"
+    );
+    // The refusal is remembered for the negative TTL, then the newer one is read.
+    store.put("g", enc("g", 6, "c1", &["newer"]));
+    assert!(c.get("g").await.is_err());
+    clock.advance(5_000);
+    assert_eq!(c.get("g").await.unwrap().version, 6);
+    // Another coordinator's versions start over and are accepted.
+    store.put("g", enc("g", 1, "c2", &["moved"]));
+    clock.advance(30_000);
+    assert_eq!(c.get("g").await.unwrap().coordinator, "c2");
+}
+
+#[tokio::test]
+async fn version_floors_are_bounded_and_outlive_many_cache_evictions() {
+    let clock = ManualClock::new(START);
+    let store = Fake::new();
+    for i in 0..300 {
+        let g = format!("g{i}");
+        store.put(&g, enc(&g, 7, "c", &["a"]));
+    }
+    let c = client(&store, config(&clock).max_groups(8).max_version_floors(256));
+    for i in 0..300 {
+        c.get(&format!("g{i}")).await.unwrap();
+        assert!(c.cached_groups() <= 8);
+        assert!(c.version_floors() <= 256);
+    }
+    assert_eq!(c.version_floors(), 256);
+    // g100 was evicted from the cache 192 groups ago; its floor still holds.
+    store.put("g100", enc("g100", 6, "c", &["old"]));
+    assert_eq!(reason(c.get("g100").await.unwrap_err()).code(), "regressed");
+    assert_eq!(crate::DEFAULT_MAX_VERSION_FLOORS, 100_000);
+    let bad = TopologyClient::new(store.clone(), config(&clock).max_version_floors(0));
+    assert_eq!(bad.err().unwrap().code(), "TOPOLOGY_CLIENT_INVALID_CONFIG");
+}

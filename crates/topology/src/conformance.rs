@@ -12,17 +12,24 @@
 //!   and topology schemas registered.
 //! - [`MemoryPublication`]: an in-memory publication store (plain or
 //!   versioned).
+//! - [`coordinator_snapshots`]: snapshots encoded by a real coordinator, for
+//!   suites that replay writes in any order. There is no public encoder:
+//!   even a suite gets its encoded snapshots from a coordinator.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use durability_scheduler::testkit::MemoryStorage;
-use durability_scheduler::{SchemaStep, SchemaTarget, Storage, StorageError, migrate};
+use durability_scheduler::{
+    ObjectContext, ObjectId, Scheduler, SchemaStep, SchemaTarget, Storage, StorageError, migrate,
+};
+use durability_time::ManualClock;
 use durability_topology_client::{BoxError, Member, MemberState, ReadStore, Snapshot, decode};
 
 use crate::SCHEMA;
-use crate::encode::{EncodedSnapshot, encode};
-use crate::store::{GroupRow, Publisher, TopologyTx};
+use crate::coordinator::{Draft, MemberInput, Topology, TopologyConfig};
+use crate::encode::EncodedSnapshot;
+use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 
 /// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
@@ -93,7 +100,11 @@ impl MemoryPublication {
 }
 
 impl Publisher for MemoryPublication {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         let mut s = self.lock();
         if self.admit(
             &mut s,
@@ -113,7 +124,12 @@ impl Publisher for MemoryPublication {
         Ok(())
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         let mut s = self.lock();
         if self.admit(&mut s, group, coordinator, version) {
             s.data.remove(group);
@@ -146,9 +162,76 @@ pub fn sample(group: &str, version: u64, coordinator: &str, members: usize) -> S
     }
 }
 
-/// Encodes a snapshot for a suite (the coordinator's own encoder).
-pub fn encoded(snapshot: &Snapshot) -> EncodedSnapshot {
-    encode(snapshot)
+/// Records what a coordinator publishes.
+#[derive(Clone, Default)]
+struct Recorder {
+    writes: Arc<Mutex<Vec<(Snapshot, EncodedSnapshot)>>>,
+}
+
+impl Publisher for Recorder {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
+        self.writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((snapshot.clone(), encoded.clone()));
+        Ok(())
+    }
+
+    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), PublishError> {
+        Ok(())
+    }
+}
+
+/// Snapshots encoded by a real coordinator: a coordinator object named
+/// `coordinator` on fresh in-memory storage applies `steps` to `group` in
+/// order (`Some(n)`: set `n` active members `m0..`, a new version when it
+/// changes the membership; `None`: delete the group, which takes a version
+/// too), and every snapshot it publishes is returned with its encoding, in
+/// order. Suites replay them against a store in any order (late writes).
+///
+/// # Panics
+/// When the coordinator refuses a step (an invalid coordinator name, `n`
+/// of 0 or over the member limit).
+pub async fn coordinator_snapshots(
+    coordinator: &str,
+    group: &str,
+    steps: &[Option<usize>],
+) -> Vec<(Snapshot, EncodedSnapshot)> {
+    let ctx = ObjectContext::with_clock(
+        ObjectId::new(coordinator).expect("a valid coordinator object ID"),
+        Arc::new(memory_storage()),
+        Arc::new(ManualClock::new(1_700_000_000_000)),
+    );
+    let scheduler = Scheduler::new(ctx).expect("a scheduler on memory storage");
+    let recorder = Recorder::default();
+    let topology = Topology::attach(&scheduler, TopologyConfig::new().publish(recorder.clone()))
+        .expect("the coordinator attaches");
+    for step in steps {
+        match step {
+            Some(n) => {
+                let members: Vec<MemberInput> = (0..*n)
+                    .map(|i| MemberInput::active(format!("m{i}")))
+                    .collect();
+                let out = topology
+                    .update(group, |_| Draft::new().members(members))
+                    .await
+                    .expect("the update commits");
+                assert!(out.published, "the recording publisher never fails");
+            }
+            None => {
+                topology.delete(group).await.expect("the delete commits");
+            }
+        }
+    }
+    recorder
+        .writes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 async fn read_version<R: ReadStore>(reader: &R, group: &str) -> Option<(String, u64)> {
@@ -176,8 +259,9 @@ pub async fn run_publication<P: Publisher, R: ReadStore>(
         "nothing published yet"
     );
 
-    let v1 = sample(&g, 1, "c1", 2);
-    let e1 = encode(&v1);
+    let c1 = coordinator_snapshots("c1", &g, &[Some(2), Some(3), None, Some(1)]).await;
+    let [(v1, e1), (v2, e2), (v4, e4)] = <[_; 3]>::try_from(c1).expect("three writes");
+    assert_eq!((v1.version, v2.version, v4.version), (1, 2, 4));
     publisher.write(&v1, &e1).await.expect("write v1");
     assert_eq!(
         reader.read(&g).await.expect("read").as_deref(),
@@ -185,8 +269,7 @@ pub async fn run_publication<P: Publisher, R: ReadStore>(
         "the encoded snapshot is stored as is"
     );
     publisher.write(&v1, &e1).await.expect("idempotent write");
-    let v2 = sample(&g, 2, "c1", 3);
-    publisher.write(&v2, &encode(&v2)).await.expect("write v2");
+    publisher.write(&v2, &e2).await.expect("write v2");
     assert_eq!(read_version(reader, &g).await, Some(("c1".into(), 2)));
     assert_eq!(
         reader.read(&other).await.expect("read"),
@@ -209,10 +292,7 @@ pub async fn run_publication<P: Publisher, R: ReadStore>(
             Some(("c1".into(), 1)),
             "a plain key-value store is last-write-wins (the landing-window bound)"
         );
-        publisher
-            .write(&v2, &encode(&v2))
-            .await
-            .expect("rewrite v2");
+        publisher.write(&v2, &e2).await.expect("rewrite v2");
     }
 
     publisher.delete(&g, 3, "c1").await.expect("delete");
@@ -222,24 +302,21 @@ pub async fn run_publication<P: Publisher, R: ReadStore>(
         .await
         .expect("idempotent delete");
     if versioned {
-        publisher
-            .write(&v2, &encode(&v2))
-            .await
-            .expect("late write");
+        publisher.write(&v2, &e2).await.expect("late write");
         assert_eq!(
             reader.read(&g).await.expect("read"),
             None,
             "a late older write cannot resurrect a deleted group"
         );
     }
-    let v4 = sample(&g, 4, "c1", 1);
-    publisher.write(&v4, &encode(&v4)).await.expect("recreate");
+    publisher.write(&v4, &e4).await.expect("recreate");
     assert_eq!(read_version(reader, &g).await, Some(("c1".into(), 4)));
 
     // Another coordinator's versions start over and are accepted.
-    let moved = sample(&g, 1, "c2", 1);
+    let c2 = coordinator_snapshots("c2", &g, &[Some(1)]).await;
+    let [(moved, moved_encoded)] = <[_; 1]>::try_from(c2).expect("one write");
     publisher
-        .write(&moved, &encode(&moved))
+        .write(&moved, &moved_encoded)
         .await
         .expect("other coordinator");
     assert_eq!(

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
 use durability_outbox::{
-    ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, RetryPolicy, Sink,
-    SinkError,
+    ChannelConfig, DelayFn, Entry, EventHook, MAX_ATTEMPT_TIMEOUT_MS, Outbox, OutboxEvent,
+    RetryPolicy, Sink, SinkError,
 };
 use durability_scheduler::{
     Scheduler, SchemaTarget, Storage, Transaction, migrate, migrate_within,
@@ -22,7 +22,8 @@ use crate::encode::{
     EncodedSnapshot, encode, members_json, parse_members, same_json, same_members, to_wire,
 };
 use crate::error::TopologyError;
-use crate::store::{GroupRow, Publisher, TopologyTx};
+use crate::event::{TopologyEvent, TopologyEventHook, emit};
+use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
 
 /// The publication channel: keyed by group.
@@ -116,10 +117,10 @@ impl StateChannel {
 pub struct NoPublisher;
 
 impl Publisher for NoPublisher {
-    async fn write(&self, _: &Snapshot, _: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(&self, _: &Snapshot, _: &EncodedSnapshot) -> Result<(), PublishError> {
         Ok(())
     }
-    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), BoxError> {
+    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), PublishError> {
         Ok(())
     }
 }
@@ -134,7 +135,7 @@ pub struct TopologyConfig<P> {
     attempt_timeout_ms: u64,
     delay: Option<DelayFn>,
     states: BTreeMap<String, StateChannel>,
-    on_event: Option<EventHook>,
+    on_event: Option<TopologyEventHook>,
 }
 
 impl TopologyConfig<NoPublisher> {
@@ -205,9 +206,17 @@ impl<P> TopologyConfig<P> {
         self.states.insert(name.into(), channel);
         self
     }
-    /// Receives the outbox events of the publication and state channels.
+    /// Adds the state channel of a typed handle (see
+    /// [`StateChannel::typed`]).
     #[must_use]
-    pub fn on_event(mut self, hook: EventHook) -> Self {
+    pub fn channel<V>(self, key: &crate::ChannelKey<V>, channel: StateChannel) -> Self {
+        self.state(key.name(), channel)
+    }
+    /// Receives the lifecycle events: the outbox events of the publication
+    /// and state channels, and every publication, restage and delivery
+    /// failure ([`TopologyEvent`]).
+    #[must_use]
+    pub fn on_event(mut self, hook: TopologyEventHook) -> Self {
         self.on_event = Some(hook);
         self
     }
@@ -284,6 +293,8 @@ pub struct Draft {
     pub members: Option<Vec<MemberInput>>,
     /// Only the channels being set.
     pub states: BTreeMap<String, serde_json::Value>,
+    /// A typed value that could not be encoded: `update` refuses the draft.
+    refused: Option<(String, String)>,
 }
 
 impl Draft {
@@ -303,10 +314,14 @@ impl Draft {
         self.states.insert(channel.into(), value);
         self
     }
+
+    pub(crate) fn refuse(&mut self, channel: &str, reason: String) {
+        self.refused.get_or_insert((channel.to_owned(), reason));
+    }
 }
 
-/// The result of `update`.
-#[derive(Debug, Clone, PartialEq)]
+/// The result of `update`: the change is committed.
+#[derive(Debug, Clone)]
 pub struct UpdateOutcome {
     /// The group after the change.
     pub snapshot: Snapshot,
@@ -314,13 +329,21 @@ pub struct UpdateOutcome {
     /// or an older write may still land over it; the change is committed and
     /// the outbox keeps going until it is.
     pub published: bool,
+    /// Why the one publish attempt after the commit could not run (a storage
+    /// error claiming or settling it), if it failed that way. The change is
+    /// committed all the same and its publication stays staged, so the
+    /// caller must not retry a non-idempotent draft because of it.
+    pub publish_error: Option<Arc<TopologyError>>,
 }
 
-/// The result of `delete`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The result of `delete`: the deletion is committed.
+#[derive(Debug, Clone)]
 pub struct DeleteOutcome {
     /// Whether the deletion is final in the store.
     pub published: bool,
+    /// Why the one publish attempt after the commit could not run, if it
+    /// failed that way (see [`UpdateOutcome::publish_error`]).
+    pub publish_error: Option<Arc<TopologyError>>,
 }
 
 /// A publication staged on the outbox: the newest per group is pending.
@@ -359,6 +382,7 @@ where
     publish_timeout_ms: i64,
     publication: Option<Outbox<S, Publication, PublicationSink<S, P>>>,
     channels: BTreeMap<String, ChannelRt<S, P>>,
+    on_event: Option<TopologyEventHook>,
 }
 
 /// The topology coordinator of one object.
@@ -473,7 +497,12 @@ where
                 .map_err(TopologyError::from)
         })?;
         let coordinator = scheduler.context().id().as_str().to_owned();
-        let hook = config.on_event.clone();
+        let on_event = config.on_event.clone();
+        // The outbox channels' events reach the same hook, wrapped.
+        let hook: Option<EventHook> = on_event.clone().map(|h| {
+            Arc::new(move |e: &OutboxEvent| emit(Some(&h), &TopologyEvent::Outbox(e.clone())))
+                as EventHook
+        });
         let mut failure: Option<TopologyError> = None;
         let core = Arc::new_cyclic(|weak: &Weak<Core<S, P>>| {
             let mut publisher = None;
@@ -534,6 +563,7 @@ where
                 publish_timeout_ms: publish_timeout,
                 publication,
                 channels,
+                on_event,
             }
         });
         if let Some(e) = failure {
@@ -562,9 +592,14 @@ where
     /// canonically) bump the version; an unchanged draft does not. After the
     /// commit one publish is attempted.
     ///
+    /// Once the transaction has committed the call succeeds: a failure of
+    /// the publish attempt after the commit is reported in the outcome
+    /// (`published: false`, [`UpdateOutcome::publish_error`]) and the staged
+    /// publication keeps going, never as an error a caller would retry.
+    ///
     /// # Errors
     /// A validation error (nothing is written), a storage or outbox error
-    /// (the transaction rolled back).
+    /// (the transaction rolled back: nothing is committed).
     pub async fn update(
         &self,
         group: &str,
@@ -575,27 +610,33 @@ where
         let snapshot = core
             .scheduler
             .transaction(|tx| core.update_within(tx, group, next))?;
-        let published = core.publish_now(group).await?;
+        let (published, publish_error) = core.publish_after_commit(group).await;
         Ok(UpdateOutcome {
             snapshot,
             published,
+            publish_error,
         })
     }
 
     /// Deletes the group in one transaction: members and state values are
     /// dropped and pending deliveries discarded. Versions keep counting, so
     /// a recreated group is newer than anything readers cached. One
-    /// publisher delete is attempted after the commit.
+    /// publisher delete is attempted after the commit; as with
+    /// [`Topology::update`], its failure is reported in the outcome, never
+    /// as an error.
     ///
     /// # Errors
-    /// [`TopologyError::InvalidGroup`]; a storage or outbox error.
+    /// [`TopologyError::InvalidGroup`]; a storage or outbox error (the
+    /// transaction rolled back: nothing is committed).
     pub async fn delete(&self, group: &str) -> Result<DeleteOutcome, TopologyError> {
         check_group_name(group)?;
         let core = &self.core;
         core.scheduler
             .transaction(|tx| core.delete_within(tx, group))?;
+        let (published, publish_error) = core.publish_after_commit(group).await;
         Ok(DeleteOutcome {
-            published: core.publish_now(group).await?,
+            published,
+            publish_error,
         })
     }
 
@@ -765,6 +806,9 @@ where
         } = current;
 
         // Validate everything before the first write.
+        if let Some((channel, reason)) = draft.refused {
+            return Err(TopologyError::InvalidState { channel, reason });
+        }
         if live.is_none() && draft.members.is_none() {
             return Err(TopologyError::GroupNotFound {
                 group: group.to_owned(),
@@ -943,10 +987,29 @@ where
         Ok(())
     }
 
-    async fn publish_now(&self, group: &str) -> Result<bool, TopologyError> {
-        match &self.publication {
-            Some(p) => Ok(!p.publish_now(group).await?.pending),
-            None => Ok(true),
+    /// The one publish attempt after a commit. The change is committed
+    /// whatever happens here, so a failure is reported, not returned: the
+    /// publication stays staged and the outbox keeps going.
+    async fn publish_after_commit(&self, group: &str) -> (bool, Option<Arc<TopologyError>>) {
+        let Some(p) = &self.publication else {
+            return (true, None);
+        };
+        match p.publish_now(group).await {
+            Ok(outcome) => (!outcome.pending, None),
+            Err(error) => {
+                let error = Arc::new(TopologyError::from(error));
+                tracing::warn!(
+                    event = "durability.topology.publish_failed",
+                    group, code = error.code(), error = %error,
+                    "the publish attempt after the commit failed; the change is committed and its publication stays staged"
+                );
+                self.emit(TopologyEvent::PublishFailed {
+                    group: group.to_owned(),
+                    attempt: 0,
+                    error: Arc::clone(&error),
+                });
+                (false, Some(error))
+            }
         }
     }
 
@@ -982,11 +1045,53 @@ where
         Ok(())
     }
 
-    fn report_publish_failed(group: &str, attempt: u32, error: &str) {
+    fn emit(&self, event: TopologyEvent) {
+        emit(self.on_event.as_ref(), &event);
+    }
+
+    fn report_publish_failed(&self, group: &str, attempt: u32, error: TopologyError) {
         tracing::warn!(
             event = "durability.topology.publish_failed",
-            group, attempt, %error, "topology publication failed; it will be retried"
+            group, attempt, code = error.code(), %error, "topology publication failed; it will be retried"
         );
+        self.emit(TopologyEvent::PublishFailed {
+            group: group.to_owned(),
+            attempt,
+            error: Arc::new(error),
+        });
+    }
+
+    fn report_restage_failed(&self, group: &str, error: TopologyError) {
+        tracing::warn!(
+            event = "durability.topology.restage_failed",
+            group, code = error.code(), %error, "restaging after a late write failed"
+        );
+        self.emit(TopologyEvent::RestageFailed {
+            group: group.to_owned(),
+            error: Arc::new(error),
+        });
+    }
+
+    fn report_delivery_failed(
+        &self,
+        group: &str,
+        channel: &str,
+        member: &str,
+        attempt: u32,
+        error: TopologyError,
+    ) {
+        tracing::warn!(
+            event = "durability.topology.delivery_failed",
+            group, channel, member, attempt, code = error.code(), %error,
+            "state delivery failed; it will be retried"
+        );
+        self.emit(TopologyEvent::DeliveryFailed {
+            group: group.to_owned(),
+            channel: channel.to_owned(),
+            member: member.to_owned(),
+            attempt,
+            error: Arc::new(error),
+        });
     }
 
     /// Every write is recorded before it starts and forgotten once it
@@ -1027,22 +1132,22 @@ where
     async fn publish_one(self: Arc<Self>, publisher: Arc<P>, entry: &Entry<Publication>, id: u64) {
         let group = entry.key().to_owned();
         let coordinator = self.coordinator.clone();
-        let mut write: BoxFuture<'static, Result<(), BoxError>> =
-            match entry.value().clone() {
-                Publication::Write { encoded } => match decode(encoded.as_bytes()) {
-                    Ok(snapshot) => {
-                        let encoded = EncodedSnapshot::from_trusted(encoded);
-                        Box::pin(async move { publisher.write(&snapshot, &encoded).await })
-                    }
-                    Err(reason) => Box::pin(async move {
-                        Err(BoxError::from(format!("stored snapshot: {reason}")))
-                    }),
-                },
-                Publication::Delete { version } => {
-                    let group = group.clone();
-                    Box::pin(async move { publisher.delete(&group, version, &coordinator).await })
+        let mut write: BoxFuture<'static, Result<(), PublishError>> = match entry.value().clone() {
+            Publication::Write { encoded } => match decode(encoded.as_bytes()) {
+                Ok(snapshot) => {
+                    let encoded = EncodedSnapshot::from_trusted(encoded);
+                    Box::pin(async move { publisher.write(&snapshot, &encoded).await })
                 }
-            };
+                // Nothing was sent: the write cannot land.
+                Err(reason) => Box::pin(async move {
+                    Err(PublishError::rejected(format!("stored snapshot: {reason}")))
+                }),
+            },
+            Publication::Delete { version } => {
+                let group = group.clone();
+                Box::pin(async move { publisher.delete(&group, version, &coordinator).await })
+            }
+        };
         let clock = Arc::clone(self.scheduler.context().clock());
         let deadline = clock.now_ms().saturating_add(self.publish_timeout_ms);
         let result = timeout_at(&*clock, deadline, &mut write).await.ok();
@@ -1069,14 +1174,14 @@ where
                         entry.retry_after(wait);
                     }
                     Err(e) => {
-                        Self::report_publish_failed(&group, entry.attempt(), &e.to_string());
+                        self.report_publish_failed(&group, entry.attempt(), e);
                         entry.retry();
                     }
                 }
             }
-            Some(Err(error)) => {
+            Some(Err(error)) if error.is_rejected() => {
                 // A rejected write settled before any newer write of this
-                // group started.
+                // group started, and can never land: forget it.
                 if let Err(e) = self
                     .scheduler
                     .transaction(|tx| tx.topology_forget_write(id))
@@ -1088,14 +1193,34 @@ where
                         "forgetting a settled write record failed"
                     );
                 }
-                Self::report_publish_failed(&group, entry.attempt(), &error.to_string());
+                let source = error.into_source();
+                self.report_publish_failed(
+                    &group,
+                    entry.attempt(),
+                    TopologyError::PublishRejected { source },
+                );
+                entry.retry();
+            }
+            Some(Err(error)) => {
+                // The write may still land: its record stays until its
+                // landing deadline, holding back the acknowledgement of
+                // newer writes of the group.
+                let source = error.into_source();
+                self.report_publish_failed(
+                    &group,
+                    entry.attempt(),
+                    TopologyError::PublishOutcomeUnknown { source },
+                );
                 entry.retry();
             }
             None => {
-                Self::report_publish_failed(
+                self.report_publish_failed(
                     &group,
                     entry.attempt(),
-                    &format!("publish timed out after {} ms", self.publish_timeout_ms),
+                    TopologyError::Timeout {
+                        operation: "publish",
+                        after_ms: u64::try_from(self.publish_timeout_ms).unwrap_or(u64::MAX),
+                    },
                 );
                 self.settle_late(group, id, write);
                 entry.retry();
@@ -1104,27 +1229,31 @@ where
     }
 
     /// An abandoned write that settles while the object lives may have
-    /// landed over a newer one: forget it and restage the latest snapshot
-    /// together. If the object dies first, its record makes the next
+    /// landed over a newer one: restage the latest snapshot, and forget the
+    /// write if it settled for sure (it succeeded or was refused; one that
+    /// failed with an unknown outcome keeps its record until its landing
+    /// deadline). If the object dies first, its record makes the next
     /// publication wait instead.
     fn settle_late(
         self: Arc<Self>,
         group: String,
         id: u64,
-        write: BoxFuture<'static, Result<(), BoxError>>,
+        write: BoxFuture<'static, Result<(), PublishError>>,
     ) {
         let core = Arc::clone(&self);
         self.scheduler.wait_until(async move {
-            let _ = write.await;
+            let settled = match write.await {
+                Ok(()) => true,
+                Err(e) => e.is_rejected(),
+            };
             let result = core.scheduler.transaction(|tx| {
-                tx.topology_forget_write(id)?;
+                if settled {
+                    tx.topology_forget_write(id)?;
+                }
                 core.stage_latest(tx, &group)
             });
             if let Err(error) = result {
-                tracing::warn!(
-                    event = "durability.topology.restage_failed",
-                    group = %group, %error, "restaging after a late write failed"
-                );
+                core.report_restage_failed(&group, error);
             }
         });
     }
@@ -1138,6 +1267,7 @@ where
             return Err(SinkError::new(format!("unknown channel {name}")));
         };
         let clock = Arc::clone(self.scheduler.context().clock());
+        let core: &Self = &self;
         futures::future::join_all(batch.iter().map(|entry| {
             let clock = Arc::clone(&clock);
             async move {
@@ -1152,8 +1282,14 @@ where
                     });
                 let (member, value) = match parsed {
                     Ok(p) => p,
-                    Err(error) => {
-                        tracing::error!(event = "durability.topology.delivery_failed", group = %d.group, channel = name, %error, "corrupt delivery");
+                    Err(reason) => {
+                        core.report_delivery_failed(
+                            &d.group,
+                            name,
+                            "",
+                            entry.attempt(),
+                            corrupt(format!("stored delivery: {reason}")),
+                        );
                         entry.retry();
                         return;
                     }
@@ -1169,16 +1305,16 @@ where
                 let deadline = clock.now_ms().saturating_add(channel.timeout_ms);
                 // Members ignore versions they have passed, so an abandoned
                 // delivery landing late is harmless.
-                let result = match timeout_at(&*clock, deadline, (channel.deliver)(member, update)).await {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("delivery timed out after {} ms", channel.timeout_ms)),
-                };
+                let result =
+                    match timeout_at(&*clock, deadline, (channel.deliver)(member, update)).await {
+                        Ok(r) => r.map_err(|source| TopologyError::DeliveryFailed { source }),
+                        Err(_) => Err(TopologyError::Timeout {
+                            operation: "delivery",
+                            after_ms: u64::try_from(channel.timeout_ms).unwrap_or(u64::MAX),
+                        }),
+                    };
                 if let Err(error) = result {
-                    tracing::warn!(
-                        event = "durability.topology.delivery_failed",
-                        group = %d.group, channel = name, member = %member_id,
-                        attempt = entry.attempt(), %error, "state delivery failed; it will be retried"
-                    );
+                    core.report_delivery_failed(&d.group, name, &member_id, entry.attempt(), error);
                     entry.retry();
                 }
             }

@@ -1,7 +1,8 @@
 //! The coordinator's error type.
 
 use durability_outbox::OutboxError;
-use durability_scheduler::{SchedulerError, StorageError};
+use durability_scheduler::{SchedulerError, StorageError, StorageErrorKind};
+use durability_topology_client::BoxError;
 
 /// Everything that can go wrong in the coordinator. Every rejection happens
 /// before anything is written: the stored state is exactly as before.
@@ -62,6 +63,14 @@ pub enum TopologyError {
         /// The channel.
         channel: String,
     },
+    /// A typed state value could not be encoded as JSON.
+    #[error("value of channel {channel:?} cannot be stored: {reason}")]
+    InvalidState {
+        /// The channel.
+        channel: String,
+        /// Why.
+        reason: String,
+    },
     /// A state value is larger than [`crate::MAX_STATE_BYTES`].
     #[error("value of channel {channel:?} is {size} bytes, over the limit of {limit}")]
     StateTooLarge {
@@ -95,13 +104,42 @@ pub enum TopologyError {
         /// Why.
         reason: String,
     },
+    /// A publisher call or a member delivery did not finish within its
+    /// attempt timeout. Its outcome is unknown: it may still land.
+    #[error("topology {operation} timed out after {after_ms} ms")]
+    Timeout {
+        /// `"publish"` or `"delivery"`.
+        operation: &'static str,
+        /// The attempt timeout, in milliseconds.
+        after_ms: u64,
+    },
+    /// The publisher definitely refused a write or delete: it never lands.
+    #[error("the publisher refused the call: {source}")]
+    PublishRejected {
+        /// The publisher's error.
+        source: BoxError,
+    },
+    /// A publisher call failed and may or may not have been applied.
+    #[error("the publisher call failed with an unknown outcome: {source}")]
+    PublishOutcomeUnknown {
+        /// The publisher's error.
+        source: BoxError,
+    },
+    /// A member refused or failed a state delivery.
+    #[error("the state delivery failed: {source}")]
+    DeliveryFailed {
+        /// The member's (deliver function's) error.
+        source: BoxError,
+    },
     /// The outbox refused a stage or a channel.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
     /// The scheduler failed (schema migration, attach).
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
-    /// The storage failed; the transaction rolled back.
+    /// The storage failed; the transaction rolled back. A corrupt stored
+    /// row (`StorageErrorKind::Corrupt`) has the code `TOPOLOGY_CORRUPT` and
+    /// is not retryable, nor is a fenced writer.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -118,10 +156,16 @@ impl TopologyError {
             Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
             Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
             Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
+            Self::InvalidState { .. } => "TOPOLOGY_INVALID_STATE",
             Self::StateTooLarge { .. } => "TOPOLOGY_STATE_TOO_LARGE",
             Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
             Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
             Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
+            Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "TOPOLOGY_CORRUPT",
+            Self::Timeout { .. } => "TOPOLOGY_TIMEOUT",
+            Self::PublishRejected { .. } => "TOPOLOGY_PUBLISH_REJECTED",
+            Self::PublishOutcomeUnknown { .. } => "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
+            Self::DeliveryFailed { .. } => "TOPOLOGY_DELIVERY_FAILED",
             Self::Outbox(e) => e.code(),
             Self::Scheduler(e) => e.code(),
             Self::Storage(_) => "TOPOLOGY_STORAGE",
@@ -131,7 +175,15 @@ impl TopologyError {
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Storage(_) => true,
+            // A corrupt row stays corrupt and a fenced writer stays stale.
+            Self::Storage(e) => !matches!(
+                e.kind(),
+                StorageErrorKind::Corrupt | StorageErrorKind::Fenced
+            ),
+            Self::Timeout { .. }
+            | Self::PublishRejected { .. }
+            | Self::PublishOutcomeUnknown { .. }
+            | Self::DeliveryFailed { .. } => true,
             Self::Outbox(e) => e.is_retryable(),
             Self::Scheduler(e) => e.is_retryable(),
             _ => false,
@@ -148,10 +200,15 @@ impl TopologyError {
         "TOPOLOGY_METADATA_TOO_LARGE",
         "TOPOLOGY_GROUP_NOT_FOUND",
         "TOPOLOGY_UNKNOWN_CHANNEL",
+        "TOPOLOGY_INVALID_STATE",
         "TOPOLOGY_STATE_TOO_LARGE",
         "TOPOLOGY_SNAPSHOT_TOO_LARGE",
         "TOPOLOGY_INVALID_CONFIG",
         "TOPOLOGY_CORRUPT",
+        "TOPOLOGY_TIMEOUT",
+        "TOPOLOGY_PUBLISH_REJECTED",
+        "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
+        "TOPOLOGY_DELIVERY_FAILED",
         "TOPOLOGY_STORAGE",
     ];
 }

@@ -20,6 +20,11 @@
 //!   ([`EncodedSnapshot`]) can only be produced by this crate; readers decode
 //!   it with `durability-topology-client`.
 //!
+//! - Typed channel handles ([`ChannelKey<V>`]): [`Draft::set`],
+//!   [`Current::get`], [`StateChannel::typed`] and
+//!   [`TopologyConfig::channel`] check channel names and value types at
+//!   compile time over the same JSON storage.
+//!
 //! The storage backend implements [`TopologyTx`] (which extends the outbox's
 //! `OutboxTx`) on its transaction type.
 //!
@@ -28,11 +33,15 @@
 //! - `conformance`: the `conformance` module (suites for [`TopologyTx`],
 //!   [`Publisher`] + `ReadStore` backends), the in-memory [`TopologyTx`] on
 //!   the scheduler's testkit storage, and an in-memory publication store.
+//!   It has no encoder either: its suites take their encoded snapshots from
+//!   a real coordinator (`conformance::coordinator_snapshots`).
 
 mod coordinator;
 mod encode;
 mod error;
+mod event;
 mod store;
+mod typed;
 
 #[cfg(any(test, feature = "conformance"))]
 mod memory;
@@ -47,7 +56,9 @@ pub use coordinator::{
 pub use durability_topology_client::{BoxError, Member, MemberState, Snapshot};
 pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
-pub use store::{GroupRow, Publisher, TopologyTx};
+pub use event::{TopologyEvent, TopologyEventHook};
+pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
+pub use typed::{ChannelKey, TypedUpdate};
 
 /// The schema name the topology tables are registered under.
 pub const SCHEMA: &str = "topology";

@@ -1,6 +1,7 @@
 //! What the coordinator keeps in the object's storage ([`TopologyTx`]) and
 //! where it publishes ([`Publisher`]).
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -91,7 +92,98 @@ pub trait TopologyTx: OutboxTx {
     ) -> Result<Option<i64>, StorageError>;
 }
 
+/// What a failed publisher call says about the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PublishOutcome {
+    /// The store definitely did not apply the call (a refusal it answered,
+    /// a local transaction that rolled back): it can never land later.
+    Rejected,
+    /// The call may or may not have been applied, now or later (a timeout,
+    /// a dropped connection, an unreadable reply): the coordinator keeps its
+    /// write record until the landing deadline.
+    Unknown,
+}
+
+/// A failed [`Publisher`] call and whether its outcome is known.
+///
+/// Any error converts into one with `?` as an unknown outcome, the safe
+/// default; a publisher that knows the store refused the call says so with
+/// [`PublishError::rejected`].
+pub struct PublishError {
+    outcome: PublishOutcome,
+    source: BoxError,
+}
+
+impl PublishError {
+    /// The store definitely did not apply the call.
+    pub fn rejected(source: impl Into<BoxError>) -> Self {
+        Self {
+            outcome: PublishOutcome::Rejected,
+            source: source.into(),
+        }
+    }
+
+    /// The call may or may not have been applied.
+    pub fn unknown(source: impl Into<BoxError>) -> Self {
+        Self {
+            outcome: PublishOutcome::Unknown,
+            source: source.into(),
+        }
+    }
+
+    /// Whether the call was rejected or its outcome is unknown.
+    pub fn outcome(&self) -> PublishOutcome {
+        self.outcome
+    }
+
+    /// Whether the store definitely did not apply the call.
+    pub fn is_rejected(&self) -> bool {
+        self.outcome == PublishOutcome::Rejected
+    }
+
+    /// The underlying error.
+    pub fn source(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The underlying error, owned.
+    pub fn into_source(self) -> BoxError {
+        self.source
+    }
+}
+
+impl<E: Into<BoxError>> From<E> for PublishError {
+    fn from(error: E) -> Self {
+        Self::unknown(error)
+    }
+}
+
+impl fmt::Debug for PublishError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishError")
+            .field("outcome", &self.outcome)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for PublishError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.outcome {
+            PublishOutcome::Rejected => write!(f, "rejected: {}", self.source),
+            PublishOutcome::Unknown => write!(f, "outcome unknown: {}", self.source),
+        }
+    }
+}
+
 /// Where the coordinator publishes snapshots. Calls must be idempotent.
+///
+/// A failed call returns a [`PublishError`] saying whether the store
+/// definitely refused it or its outcome is unknown; only a rejection lets
+/// the coordinator forget the write. A publisher must not time out on its
+/// own before the coordinator's attempt timeout (the coordinator bounds
+/// every call).
 ///
 /// A plain key-value store is enough for the seed's guarantees within the
 /// landing window; a store that keeps only the highest version per group
@@ -103,7 +195,7 @@ pub trait Publisher: Send + Sync + 'static {
         &'a self,
         snapshot: &'a Snapshot,
         encoded: &'a EncodedSnapshot,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send + 'a;
+    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a;
 
     /// Removes the group's snapshot; `version` is the deletion's version
     /// (newer than any snapshot of the group from `coordinator`).
@@ -112,7 +204,7 @@ pub trait Publisher: Send + Sync + 'static {
         group: &'a str,
         version: u64,
         coordinator: &'a str,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send + 'a;
+    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a;
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -120,7 +212,7 @@ impl<P: Publisher> Publisher for Arc<P> {
         &'a self,
         snapshot: &'a Snapshot,
         encoded: &'a EncodedSnapshot,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send + 'a {
+    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a {
         P::write(self, snapshot, encoded)
     }
 
@@ -129,7 +221,7 @@ impl<P: Publisher> Publisher for Arc<P> {
         group: &'a str,
         version: u64,
         coordinator: &'a str,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send + 'a {
+    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a {
         P::delete(self, group, version, coordinator)
     }
 }

@@ -73,3 +73,28 @@ async fn memory_publication_stores_pass_the_conformance_suite() {
     let versioned = MemoryPublication::versioned();
     run_publication(&versioned, &versioned, "", true).await;
 }
+
+#[tokio::test]
+async fn suites_get_encoded_snapshots_from_a_real_coordinator() {
+    let written = crate::conformance::coordinator_snapshots(
+        "coordinator-9",
+        "g",
+        &[Some(2), Some(2), Some(3), None, Some(1)],
+    )
+    .await;
+    let versions: Vec<u64> = written.iter().map(|(s, _)| s.version).collect();
+    assert_eq!(
+        versions,
+        vec![1, 2, 4],
+        "an unchanged membership publishes nothing; the delete takes version 3"
+    );
+    for (snapshot, encoded) in &written {
+        assert_eq!(snapshot.coordinator, "coordinator-9");
+        assert_eq!(
+            &decode(encoded.as_bytes()).unwrap(),
+            snapshot,
+            "the encoding is the coordinator's"
+        );
+    }
+    assert_eq!(written[1].0.members.len(), 3);
+}

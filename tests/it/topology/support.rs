@@ -11,12 +11,12 @@ use durability_outbox::OutboxEvent;
 use durability_scheduler::{Clock, ManualClock, Scheduler, Storage};
 use durability_topology::conformance::MemoryPublication;
 use durability_topology::{
-    BoxError, EncodedSnapshot, Member, Publisher, Role, Snapshot, StateChannel, StateUpdate,
-    Topology, TopologyConfig, TopologyTx,
+    BoxError, EncodedSnapshot, Member, PublishError, Publisher, Role, Snapshot, StateChannel,
+    StateUpdate, Topology, TopologyConfig, TopologyEvent, TopologyEventHook, TopologyTx,
 };
 use durability_topology_client::{ReadStore, decode};
 
-use crate::support::{event_log, scheduler_on};
+use crate::support::scheduler_on;
 
 /// The manual clock's start.
 pub const START: i64 = 1_700_000_000_000;
@@ -27,7 +27,10 @@ pub const TIMEOUT: u64 = 1_000;
 #[derive(Clone, Debug)]
 pub enum PubMode {
     Ok,
+    /// The next calls are refused (a definite rejection: nothing lands).
     Fail(u32),
+    /// The next calls fail with an unknown outcome (and do not land).
+    Unknown(u32),
     /// Never returns and never lands.
     Hang,
     /// Returns (and lands) this many ms after it started, on the clock.
@@ -70,7 +73,7 @@ impl FaultyPublisher {
         Some(decode(&bytes).unwrap())
     }
 
-    async fn gate(&self) -> Result<(), BoxError> {
+    async fn gate(&self) -> Result<(), PublishError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = self.mode.lock().unwrap().clone();
         match mode {
@@ -78,7 +81,15 @@ impl FaultyPublisher {
             PubMode::Fail(n) => {
                 if n > 0 {
                     *self.mode.lock().unwrap() = PubMode::Fail(n - 1);
-                    Err("publisher down".into())
+                    Err(PublishError::rejected("publisher down"))
+                } else {
+                    Ok(())
+                }
+            }
+            PubMode::Unknown(n) => {
+                if n > 0 {
+                    *self.mode.lock().unwrap() = PubMode::Unknown(n - 1);
+                    Err(PublishError::unknown("connection reset"))
                 } else {
                     Ok(())
                 }
@@ -94,7 +105,11 @@ impl FaultyPublisher {
 }
 
 impl Publisher for FaultyPublisher {
-    async fn write(&self, snapshot: &Snapshot, encoded: &EncodedSnapshot) -> Result<(), BoxError> {
+    async fn write(
+        &self,
+        snapshot: &Snapshot,
+        encoded: &EncodedSnapshot,
+    ) -> Result<(), PublishError> {
         self.gate().await?;
         self.store.write(snapshot, encoded).await?;
         self.landed
@@ -104,7 +119,12 @@ impl Publisher for FaultyPublisher {
         Ok(())
     }
 
-    async fn delete(&self, group: &str, version: u64, coordinator: &str) -> Result<(), BoxError> {
+    async fn delete(
+        &self,
+        group: &str,
+        version: u64,
+        coordinator: &str,
+    ) -> Result<(), PublishError> {
         self.gate().await?;
         self.store.delete(group, version, coordinator).await?;
         self.landed
@@ -212,7 +232,29 @@ where
 {
     pub sched: Scheduler<S>,
     pub topology: Topology<S, FaultyPublisher>,
+    /// The outbox events of the publication and state channels.
     pub events: Arc<Mutex<Vec<OutboxEvent>>>,
+    /// Every other lifecycle event: the failure reports.
+    pub failures: Arc<Mutex<Vec<TopologyEvent>>>,
+}
+
+/// The outbox events, the failure reports, and the hook that records them.
+pub type EventLogs = (
+    Arc<Mutex<Vec<OutboxEvent>>>,
+    Arc<Mutex<Vec<TopologyEvent>>>,
+    TopologyEventHook,
+);
+
+/// Logs of a coordinator's lifecycle events and the hook that fills them.
+pub fn topology_event_log() -> EventLogs {
+    let events: Arc<Mutex<Vec<OutboxEvent>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<TopologyEvent>>> = Arc::default();
+    let (e, f) = (Arc::clone(&events), Arc::clone(&failures));
+    let hook: TopologyEventHook = Arc::new(move |ev| match ev {
+        TopologyEvent::Outbox(o) => e.lock().unwrap().push(o.clone()),
+        other => f.lock().unwrap().push(other.clone()),
+    });
+    (events, failures, hook)
 }
 
 pub fn try_open<S: Storage>(
@@ -225,7 +267,7 @@ where
     for<'t> S::Tx<'t>: TopologyTx,
 {
     let sched = scheduler_on("coordinator-1", storage, clock)?;
-    let (events, hook) = event_log();
+    let (events, failures, hook) = topology_event_log();
     let config = TopologyConfig::new()
         .attempt_timeout_ms(TIMEOUT)
         .retry_delay(Arc::new(|_| 1_000.0))
@@ -238,6 +280,7 @@ where
         sched,
         topology,
         events,
+        failures,
     })
 }
 
@@ -277,5 +320,84 @@ pub async fn with_clock<T: Send + 'static>(
 pub async fn idle() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
+    }
+}
+
+/// A storage that fails exactly one chosen transaction (rolled back, a
+/// retryable backend error) and passes every other: a transient fault, unlike
+/// [`durability_scheduler::testkit::CrashStorage`], after which the object
+/// keeps running.
+pub struct FlakyStorage<S> {
+    inner: Arc<S>,
+    /// Transactions still to pass before the one that fails (`None`: none fails).
+    countdown: Mutex<Option<u64>>,
+    failed: AtomicUsize,
+}
+
+impl<S: Storage> FlakyStorage<S> {
+    pub fn new(inner: Arc<S>) -> Self {
+        Self {
+            inner,
+            countdown: Mutex::new(None),
+            failed: AtomicUsize::new(0),
+        }
+    }
+
+    /// Lets `pass` transactions through, then fails the next one.
+    pub fn fail_after(&self, pass: u64) {
+        *self.countdown.lock().unwrap() = Some(pass);
+    }
+
+    /// How many transactions were failed.
+    pub fn failed(&self) -> usize {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Storage> Storage for FlakyStorage<S> {
+    type Tx<'t> = S::Tx<'t>;
+
+    fn transaction<R, E>(&self, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<durability_scheduler::StorageError>,
+    {
+        let fail = {
+            let mut c = self.countdown.lock().unwrap();
+            match *c {
+                Some(0) => {
+                    *c = None;
+                    true
+                }
+                Some(n) => {
+                    *c = Some(n - 1);
+                    false
+                }
+                None => false,
+            }
+        };
+        if fail {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(durability_scheduler::StorageError::backend(
+                "injected transient failure",
+                "database is locked",
+            )
+            .into());
+        }
+        self.inner.transaction(f)
+    }
+
+    fn schema(&self, capability: &str) -> &'static [durability_scheduler::SchemaStep] {
+        self.inner.schema(capability)
+    }
+
+    fn apply_schema_step(
+        &self,
+        tx: &mut S::Tx<'_>,
+        capability: &str,
+        version: u32,
+        direction: durability_scheduler::Direction,
+    ) -> Result<(), durability_scheduler::StorageError> {
+        self.inner
+            .apply_schema_step(tx, capability, version, direction)
     }
 }
