@@ -338,7 +338,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// # Errors
     /// [`OwnershipError::StaleOwner`] when the scope is not owned here or the
     /// record moved (the scope is forgotten), lifecycle errors (forgotten
-    /// too), or a store error (the lease is kept until its deadline).
+    /// too), or a store error or [`OwnershipError::OwnerRace`] (nothing was
+    /// written: the lease is kept until its deadline).
     pub async fn renew(&self, scope: &OwnerScope) -> Result<Generation, OwnershipError> {
         let Some(local) = self.leases().get(scope).cloned() else {
             return Err(OwnershipError::StaleOwner {
@@ -374,10 +375,17 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(lease.record.generation())
             }
             Err(e) => {
+                // An unreachable store, an unknown outcome or a race that
+                // wrote nothing (`owner_race`: the SQLite store's answer when
+                // its file is busy) leave the lease as it was: it stands
+                // until its deadline, admission still checks the budget and
+                // commits are fenced, and the next renew decides. Every other
+                // refusal is definite: the scope is forgotten.
                 if !matches!(
                     e,
                     OwnershipError::StoreUnavailable { .. }
                         | OwnershipError::OwnerUnavailable { .. }
+                        | OwnershipError::OwnerRace { .. }
                 ) {
                     self.leases().remove(scope);
                 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::hooked::{HookedStore, Hooks};
+use crate::hooked::{Action, HookedStore, Hooks, Method};
 use crate::memory::InMemoryLeaseStore;
 use crate::scope::{ShardCount, StorageId};
 use crate::store::LifecycleAdmin;
@@ -129,6 +129,54 @@ async fn admission_below_guard_renews_same_generation() {
     let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
     assert_eq!(f.calls.total(), before + 1, "exactly one renew");
     assert_eq!(p.generation(), g);
+    assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
+}
+
+/// A renew answered `owner_race` wrote nothing (the SQLite store answers it
+/// when the file is busy): the lease stands until its deadline, as after an
+/// unreachable store, so the scope and its objects are kept; the next
+/// renew decides.
+#[tokio::test]
+async fn a_renew_answered_owner_race_keeps_the_scope_until_the_store_decides() {
+    let f = fixture().await;
+    let a = f.cached_task("a");
+    let g = f.claim(&a).await;
+    let scope = f.scope.clone();
+    f.calls.set(move |m, s| {
+        if matches!(m, Method::Renew | Method::RenewMany) && s == Some(&scope) {
+            Action::Fail(OwnershipError::OwnerRace {
+                scope: scope.to_string(),
+            })
+        } else {
+            Action::Pass
+        }
+    });
+    f.clock.advance(2_000);
+    let renewed = a.renew_all().await;
+    assert!(
+        matches!(renewed[..], [(_, Err(OwnershipError::OwnerRace { .. }))]),
+        "{renewed:?}"
+    );
+    assert!(
+        matches!(
+            a.renew(&f.scope).await,
+            Err(OwnershipError::OwnerRace { .. })
+        ),
+        "a single renew meets the same race"
+    );
+    assert_eq!(a.probe().scopes.len(), 1, "the scope is still owned");
+    assert_eq!(a.probe().scopes[0].lease_remaining_ms, 8_000);
+    let p = a
+        .admit(&f.scope, g)
+        .await
+        .expect("admitted within the lease");
+    drop(p);
+    f.calls.clear();
+    let renewed = a.renew_all().await;
+    assert!(
+        matches!(renewed[..], [(_, Ok(renewed_at))] if renewed_at == g),
+        "{renewed:?}"
+    );
     assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
 }
 
