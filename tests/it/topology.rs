@@ -2019,3 +2019,232 @@ async fn typed_channel_handles_set_read_and_deliver_values_over_the_json_storage
     assert_eq!(err.code(), "TOPOLOGY_INVALID_STATE");
     assert_eq!(t.states("g").unwrap(), before, "nothing written");
 }
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct ShardMeta {
+    weight: u32,
+    zone: String,
+}
+
+const SHARD_META: durability_topology::MetaKey<ShardMeta> = durability_topology::MetaKey::new();
+
+#[tokio::test]
+async fn typed_member_metadata_round_trips_over_the_json_storage_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let heavy = ShardMeta {
+        weight: 3,
+        zone: "weur".to_owned(),
+    };
+    {
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let out = c
+            .topology
+            .update("g", |_| {
+                Draft::new().members(vec![
+                    MemberInput::active("a").with_meta(&SHARD_META, &heavy),
+                    MemberInput::active("b"),
+                ])
+            })
+            .await
+            .unwrap();
+        assert!(out.published);
+        // Stored and published as plain JSON metadata …
+        assert_eq!(
+            out.snapshot.members[0].meta,
+            Some(json!({"weight": 3, "zone": "weur"}))
+        );
+        let published = publisher.published("g").await.unwrap();
+        assert_eq!(
+            SHARD_META.get(&published.members[0]).unwrap(),
+            Some(heavy.clone())
+        );
+        assert_eq!(SHARD_META.get(&published.members[1]).unwrap(), None);
+    }
+    // … and read back typed from the file by a new coordinator.
+    let c = open(sqlite(&dir), &clock, &publisher, &members);
+    let t = &c.topology;
+    let stored = t.snapshot("g").unwrap().unwrap();
+    assert_eq!(
+        SHARD_META.get(&stored.members[0]).unwrap(),
+        Some(heavy.clone())
+    );
+    t.update("g", |cur| {
+        assert_eq!(
+            SHARD_META.get(&cur.members[0]).unwrap(),
+            Some(heavy.clone())
+        );
+        Draft::new()
+    })
+    .await
+    .unwrap();
+
+    // Metadata set untyped that is not a `ShardMeta` reads as a typed
+    // corrupt error, not a panic.
+    let out = t
+        .update("g", |_| {
+            Draft::new().members(vec![
+                MemberInput::active("a").meta(json!({"weight": "heavy"})),
+                MemberInput::active("b"),
+            ])
+        })
+        .await
+        .unwrap();
+    let err = SHARD_META.get(&out.snapshot.members[0]).unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_CORRUPT");
+    assert!(!err.is_retryable());
+    assert!(err.to_string().contains("\"a\""), "{err}");
+
+    // Metadata that cannot be encoded as JSON is refused before any write.
+    const BY_PAIR: durability_topology::MetaKey<std::collections::BTreeMap<(u8, u8), u8>> =
+        durability_topology::MetaKey::new();
+    let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
+    let dump = |raw: &rusqlite::Connection| -> String {
+        raw.query_row(
+            "SELECT quote(version) || quote(members) FROM durability_topology_groups
+             WHERE group_id = 'g'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let before = dump(&raw);
+    let calls = publisher.calls();
+    let err = t
+        .update("g", |_| {
+            Draft::new().members(vec![
+                MemberInput::active("a").with_meta(&BY_PAIR, &[((1, 2), 3)].into_iter().collect()),
+            ])
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "TOPOLOGY_INVALID_METADATA", "{err}");
+    assert!(!err.is_retryable());
+    assert_eq!(dump(&raw), before, "nothing written");
+    assert_eq!(publisher.calls(), calls, "nothing published");
+    assert_eq!(t.snapshot("g").unwrap().unwrap(), out.snapshot);
+    // A later untyped or typed value replaces the refused one.
+    let fixed = t
+        .update("g", |_| {
+            Draft::new().members(vec![
+                MemberInput::active("a")
+                    .with_meta(&BY_PAIR, &[((1, 2), 3)].into_iter().collect())
+                    .with_meta(&SHARD_META, &heavy),
+            ])
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        SHARD_META.get(&fixed.snapshot.members[0]).unwrap(),
+        Some(heavy)
+    );
+}
+
+#[tokio::test]
+async fn a_group_whose_stored_members_do_not_decode_stays_deletable_on_sqlite() {
+    let cases = [
+        // An element with a readable ID but no valid state / joinedAt: its
+        // pending delivery is discarded.
+        (
+            "members not wire members",
+            r#"[{"id":"bad-0","state":"bogus"}]"#,
+            vec!["bad-0".to_owned()],
+        ),
+        ("members not JSON", "not json", vec![]),
+    ];
+    for (what, members_text, discarded_ids) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let t = &c.topology;
+        let mut versions = std::collections::BTreeMap::new();
+        for g in ["bad", "good"] {
+            let out = t
+                .update(g, |_| {
+                    Draft::new()
+                        .members(vec![MemberInput::active(format!("{g}-0"))])
+                        .state("limits", json!(1))
+                })
+                .await
+                .unwrap();
+            versions.insert(g, out.snapshot.version);
+        }
+        // Both deliveries are still pending.
+        assert_eq!(t.pending().unwrap(), 2, "{what}");
+        let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
+        assert_eq!(
+            raw.execute(
+                "UPDATE durability_topology_groups SET members = ?1 WHERE group_id = 'bad'",
+                [members_text],
+            )
+            .unwrap(),
+            1,
+            "{what}"
+        );
+        assert_eq!(
+            t.snapshot("bad").unwrap_err().code(),
+            "TOPOLOGY_CORRUPT",
+            "{what}"
+        );
+        let good_before = t.snapshot("good").unwrap().unwrap();
+
+        let out = t.delete("bad").await.unwrap();
+        assert!(out.published, "{what}");
+        assert!(out.publish_error.is_none(), "{what}");
+        assert_eq!(t.snapshot("bad").unwrap(), None, "{what}");
+        assert_eq!(t.states("bad").unwrap(), Default::default(), "{what}");
+        assert_eq!(publisher.published("bad").await, None, "{what}");
+        let (deleted, members_after): (i64, String) = raw
+            .query_row(
+                "SELECT deleted, members FROM durability_topology_groups WHERE group_id = 'bad'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((deleted, members_after.as_str()), (1, "[]"), "{what}");
+        let reported = failures(&c);
+        assert!(
+            matches!(&reported[..], [TopologyEvent::CorruptGroupDeleted { group, discarded, error }]
+                if group == "bad" && *discarded == discarded_ids
+                    && error.code() == "TOPOLOGY_CORRUPT"),
+            "{what}: {reported:?}"
+        );
+        // The readable member's delivery is gone; the other group is
+        // untouched and still delivers.
+        assert_eq!(
+            t.pending().unwrap(),
+            2 - discarded_ids.len() as u64,
+            "{what}"
+        );
+        if !discarded_ids.is_empty() {
+            t.deliver_due().await.unwrap();
+            assert_eq!(members.applied("bad-0", "limits"), None, "{what}");
+            assert_eq!(t.pending().unwrap(), 0, "{what}");
+        }
+        t.deliver_due().await.unwrap();
+        assert_eq!(
+            members.applied("good-0", "limits"),
+            Some(json!(1)),
+            "{what}"
+        );
+        assert_eq!(t.snapshot("good").unwrap().unwrap(), good_before, "{what}");
+        assert_eq!(
+            publisher.published("good").await.unwrap(),
+            good_before,
+            "{what}"
+        );
+        // The group can be created again, newer than anything published.
+        let again = t
+            .update("bad", |_| {
+                Draft::new().members(vec![MemberInput::active("bad-1")])
+            })
+            .await
+            .unwrap();
+        assert!(again.snapshot.version > versions["bad"] + 1, "{what}");
+        assert_eq!(publisher.published("bad").await.unwrap(), again.snapshot);
+    }
+}

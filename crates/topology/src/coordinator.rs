@@ -233,6 +233,8 @@ pub struct MemberInput {
     pub location_hint: Option<String>,
     /// Optional metadata (JSON).
     pub meta: Option<serde_json::Value>,
+    /// Typed metadata that could not be encoded: `update` refuses the draft.
+    pub(crate) refused: Option<String>,
 }
 
 impl MemberInput {
@@ -243,6 +245,7 @@ impl MemberInput {
             state: MemberState::Active,
             location_hint: None,
             meta: None,
+            refused: None,
         }
     }
     /// A draining member.
@@ -262,6 +265,7 @@ impl MemberInput {
     #[must_use]
     pub fn meta(mut self, meta: serde_json::Value) -> Self {
         self.meta = Some(meta);
+        self.refused = None;
         self
     }
 }
@@ -273,6 +277,7 @@ impl From<&Member> for MemberInput {
             state: m.state,
             location_hint: m.location_hint.clone(),
             meta: m.meta.clone(),
+            refused: None,
         }
     }
 }
@@ -625,14 +630,35 @@ where
     /// [`Topology::update`], its failure is reported in the outcome, never
     /// as an error.
     ///
+    /// A group whose stored member list does not decode is deleted all the
+    /// same: the deliveries of the member IDs that can still be read are
+    /// discarded, and a [`TopologyEvent::CorruptGroupDeleted`] event (and
+    /// the log event `durability.topology.corrupt_group_deleted`) reports
+    /// it. A row the storage itself cannot decode (a corrupt version or
+    /// flag) still fails with `TOPOLOGY_CORRUPT`: without its version no
+    /// newer deletion can be published.
+    ///
     /// # Errors
     /// [`TopologyError::InvalidGroup`]; a storage or outbox error (the
     /// transaction rolled back: nothing is committed).
     pub async fn delete(&self, group: &str) -> Result<DeleteOutcome, TopologyError> {
         check_group_name(group)?;
         let core = &self.core;
-        core.scheduler
+        let corrupt_members = core
+            .scheduler
             .transaction(|tx| core.delete_within(tx, group))?;
+        if let Some((error, discarded)) = corrupt_members {
+            tracing::warn!(
+                event = "durability.topology.corrupt_group_deleted",
+                group, code = error.code(), %error, discarded = discarded.len(),
+                "deleted a group whose stored members do not decode; deliveries of the members that could be read were discarded"
+            );
+            core.emit(TopologyEvent::CorruptGroupDeleted {
+                group: group.to_owned(),
+                discarded,
+                error: Arc::new(error),
+            });
+        }
         let (published, publish_error) = core.publish_after_commit(group).await;
         Ok(DeleteOutcome {
             published,
@@ -719,6 +745,20 @@ fn read_states<T: TopologyTx>(
         .collect()
 }
 
+/// The member IDs that can still be read from a stored member list that
+/// does not decode: every array element that is an object with a string
+/// `id`, de-duplicated.
+fn readable_member_ids(text: &str) -> Vec<String> {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_str(text) else {
+        return Vec::new();
+    };
+    let ids: BTreeSet<String> = items
+        .iter()
+        .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+        .collect();
+    ids.into_iter().collect()
+}
+
 fn normalize(
     inputs: Vec<MemberInput>,
     before: &[Member],
@@ -749,6 +789,12 @@ fn normalize(
                 id: input.id.clone(),
                 reason: format!("location hint {r}"),
             })?;
+        }
+        if let Some(reason) = input.refused {
+            return Err(TopologyError::InvalidMetadata {
+                id: input.id,
+                reason,
+            });
         }
         if let Some(meta) = &input.meta {
             let size = serde_json::to_string(meta)
@@ -954,15 +1000,24 @@ where
         Ok(())
     }
 
+    /// Returns the decode error and the member IDs whose deliveries were
+    /// discarded when the stored members do not decode: a corrupt group
+    /// stays deletable.
     fn delete_within(
         &self,
         tx: &mut Transaction<'_, '_, S>,
         group: &str,
-    ) -> Result<(), TopologyError> {
+    ) -> Result<Option<(TopologyError, Vec<String>)>, TopologyError> {
         let Some(row) = tx.topology_group(group)?.filter(|r| !r.deleted) else {
-            return Ok(());
+            return Ok(None);
         };
-        let members = parse_members(&row.members).map_err(corrupt)?;
+        let (ids, corrupt_members) = match parse_members(&row.members) {
+            Ok(members) => (members.into_iter().map(|m| m.id).collect(), None),
+            Err(reason) => {
+                let ids = readable_member_ids(&row.members);
+                (ids.clone(), Some((corrupt(reason), ids)))
+            }
+        };
         let version = row.version.saturating_add(1);
         tx.topology_put_group(
             group,
@@ -974,17 +1029,15 @@ where
             self.scheduler.now_ms(),
         )?;
         tx.topology_delete_states(group)?;
-        for member in &members {
+        for id in &ids {
             for channel in self.channels.values() {
-                channel
-                    .outbox
-                    .discard(tx, &delivery_key(group, &member.id))?;
+                channel.outbox.discard(tx, &delivery_key(group, id))?;
             }
         }
         if let Some(p) = &self.publication {
             p.stage(tx, group, &Publication::Delete { version })?;
         }
-        Ok(())
+        Ok(corrupt_members)
     }
 
     /// The one publish attempt after a commit. The change is committed

@@ -51,6 +51,14 @@ pub enum TopologyError {
         /// The limit.
         limit: usize,
     },
+    /// A member's typed metadata could not be encoded as JSON.
+    #[error("metadata of member {id:?} cannot be stored: {reason}")]
+    InvalidMetadata {
+        /// The member.
+        id: String,
+        /// Why.
+        reason: String,
+    },
     /// The group does not exist and the draft sets no members.
     #[error("group {group:?} does not exist; set members to create it")]
     GroupNotFound {
@@ -154,6 +162,7 @@ impl TopologyError {
             Self::EmptyMembers => "TOPOLOGY_EMPTY_MEMBERS",
             Self::TooManyMembers { .. } => "TOPOLOGY_TOO_MANY_MEMBERS",
             Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
+            Self::InvalidMetadata { .. } => "TOPOLOGY_INVALID_METADATA",
             Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
             Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
             Self::InvalidState { .. } => "TOPOLOGY_INVALID_STATE",
@@ -198,6 +207,7 @@ impl TopologyError {
         "TOPOLOGY_EMPTY_MEMBERS",
         "TOPOLOGY_TOO_MANY_MEMBERS",
         "TOPOLOGY_METADATA_TOO_LARGE",
+        "TOPOLOGY_INVALID_METADATA",
         "TOPOLOGY_GROUP_NOT_FOUND",
         "TOPOLOGY_UNKNOWN_CHANNEL",
         "TOPOLOGY_INVALID_STATE",

@@ -55,6 +55,19 @@ pub enum TopologyEvent {
         /// Why.
         error: Arc<TopologyError>,
     },
+    /// `delete` removed a group whose stored members do not decode. The
+    /// deliveries of the members that could still be read (`discarded`)
+    /// were discarded; the group is deleted and its deletion published as
+    /// for any group.
+    CorruptGroupDeleted {
+        /// The group.
+        group: String,
+        /// The member IDs whose pending deliveries were discarded.
+        discarded: Vec<String>,
+        /// Why the stored members do not decode
+        /// ([`TopologyError::Corrupt`]).
+        error: Arc<TopologyError>,
+    },
 }
 
 /// A lifecycle hook. A panic in it is caught and logged: hooks never break

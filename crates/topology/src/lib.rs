@@ -24,6 +24,10 @@
 //!   [`Current::get`], [`StateChannel::typed`] and
 //!   [`TopologyConfig::channel`] check channel names and value types at
 //!   compile time over the same JSON storage.
+//! - Typed member metadata ([`MetaKey<M>`]): [`MemberInput::with_meta`]
+//!   stores a value of `M` as the member's JSON metadata (one that does not
+//!   encode is refused before anything is written) and [`MetaKey::get`]
+//!   reads it back (one that does not decode is `TOPOLOGY_CORRUPT`).
 //!
 //! The storage backend implements [`TopologyTx`] (which extends the outbox's
 //! `OutboxTx`) on its transaction type.
@@ -58,7 +62,7 @@ pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
 pub use event::{TopologyEvent, TopologyEventHook};
 pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
-pub use typed::{ChannelKey, TypedUpdate};
+pub use typed::{ChannelKey, MetaKey, TypedUpdate};
 
 /// The schema name the topology tables are registered under.
 pub const SCHEMA: &str = "topology";

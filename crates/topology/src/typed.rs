@@ -34,6 +34,33 @@
 //! const LIMITS: ChannelKey<u32> = ChannelKey::new("limits");
 //! let draft = Draft::new().set(&LIMITS, &"ten");
 //! ```
+//!
+//! Member metadata is typed the same way: a [`MetaKey<M>`] names the type
+//! of the members' metadata, [`MemberInput::with_meta`] stores a value of
+//! it and [`MetaKey::get`] reads it back (still JSON underneath, so readers
+//! through `durability-topology-client` see the same metadata).
+//!
+//! ```
+//! use durability_topology::{MemberInput, MetaKey};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct ShardMeta {
+//!     weight: u32,
+//! }
+//! const SHARD: MetaKey<ShardMeta> = MetaKey::new();
+//!
+//! let input = MemberInput::active("s0").with_meta(&SHARD, &ShardMeta { weight: 3 });
+//! assert_eq!(input.meta, Some(serde_json::json!({"weight": 3})));
+//! ```
+//!
+//! Metadata of another type does not compile:
+//!
+//! ```compile_fail
+//! use durability_topology::{MemberInput, MetaKey};
+//! const WEIGHT: MetaKey<u32> = MetaKey::new();
+//! let input = MemberInput::active("s0").with_meta(&WEIGHT, &"heavy");
+//! ```
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -43,7 +70,7 @@ use durability_topology_client::{BoxError, Member};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::coordinator::{Current, Draft, StateChannel, StateUpdate};
+use crate::coordinator::{Current, Draft, MemberInput, StateChannel, StateUpdate};
 use crate::error::TopologyError;
 
 /// A state channel's name and value type.
@@ -171,5 +198,79 @@ impl Current {
                 })
             })
             .transpose()
+    }
+}
+
+/// The type of the members' metadata: a typed view of the JSON metadata
+/// (`MemberInput::meta`, `Member::meta`).
+pub struct MetaKey<M> {
+    meta: PhantomData<fn() -> M>,
+}
+
+impl<M> MetaKey<M> {
+    /// The handle of metadata of type `M`.
+    pub const fn new() -> Self {
+        Self { meta: PhantomData }
+    }
+}
+
+impl<M> Default for MetaKey<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M> Clone for MetaKey<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for MetaKey<M> {}
+
+impl<M> std::fmt::Debug for MetaKey<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("MetaKey")
+            .field(&std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl<M: DeserializeOwned> MetaKey<M> {
+    /// The member's metadata as `M` (`None` when it has none).
+    ///
+    /// # Errors
+    /// `TOPOLOGY_CORRUPT` when the stored metadata does not decode as `M`
+    /// (set untyped, or with another type).
+    pub fn get(&self, member: &Member) -> Result<Option<M>, TopologyError> {
+        member
+            .meta
+            .as_ref()
+            .map(|v| {
+                M::deserialize(v).map_err(|e| TopologyError::Corrupt {
+                    reason: format!("metadata of member {:?} does not decode: {e}", member.id),
+                })
+            })
+            .transpose()
+    }
+}
+
+impl MemberInput {
+    /// With typed metadata (stored as JSON). A value that does not encode
+    /// as JSON (a map with non-string keys, say) makes `update` fail with
+    /// `TOPOLOGY_INVALID_METADATA` before anything is written.
+    #[must_use]
+    pub fn with_meta<M: Serialize>(mut self, _key: &MetaKey<M>, meta: &M) -> Self {
+        match serde_json::to_value(meta) {
+            Ok(v) => {
+                self.meta = Some(v);
+                self.refused = None;
+            }
+            Err(e) => {
+                self.meta = None;
+                self.refused = Some(e.to_string());
+            }
+        }
+        self
     }
 }
