@@ -489,9 +489,23 @@ impl Dialect {
         cols: &[(Ident, Value)],
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        Self::push_insert_absent(&mut s, table, key_col, key, cols);
+        s.finish()
+    }
+
+    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the key)`,
+    /// the shared start of [`Dialect::insert_row_absent`] and
+    /// [`Dialect::restore_copy`].
+    fn push_insert_absent(
+        s: &mut Sql<'_>,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) {
+        Self::push_insert_into(s, table, cols);
         s.raw("SELECT ");
-        Self::push_values(&mut s, cols);
+        Self::push_values(s, cols);
         s.dual()
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
             .ident(table)
@@ -500,7 +514,6 @@ impl Dialect {
             .raw(" = ")
             .bind(key)
             .raw(")");
-        s.finish()
     }
 
     /// Re-inserts a move's copy that went missing from its destination before
@@ -516,17 +529,8 @@ impl Dialect {
         cols: &[(Ident, Value)],
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
-        s.raw("SELECT ");
-        Self::push_values(&mut s, cols);
-        s.dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key)
-            .raw(") AND EXISTS (SELECT 1 FROM ")
+        Self::push_insert_absent(&mut s, table, key_col, key, cols);
+        s.raw(" AND EXISTS (SELECT 1 FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE tname = ")
             .bind(table.as_str())

@@ -337,37 +337,31 @@ impl<'r> MoveCtx<'r> {
 
     /// Whether the source holds this operation's archive rows.
     pub(crate) async fn archive_exists(&self) -> Result<bool> {
+        Ok(!self.archive_rows("tname").await?.is_empty())
+    }
+
+    /// `columns` of this operation's archive rows on the source.
+    async fn archive_rows(&self, columns: &str) -> Result<Vec<Row>> {
         let (name, shard) = self.r.shard_named(&self.source)?;
         let d = shard.dialect();
         let mut s = Sql::new(&d);
-        s.raw("SELECT tname FROM ")
+        s.raw("SELECT ")
+            .raw(columns)
+            .raw(" FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE mkey = ")
             .bind(self.key.as_str())
             .raw(" AND op_id = ")
             .bind(self.op_id.as_str());
-        let rows = shard
+        shard
             .query(&s.finish())
             .await
-            .map_err(|e| MigrationError::shard(name, e))?;
-        Ok(!rows.is_empty())
+            .map_err(|e| MigrationError::shard(name, e))
     }
 
     /// The snapshot this operation archived on the source (its payloads).
     pub(crate) async fn archived_snapshot(&self) -> Result<Snapshot> {
-        let (name, shard) = self.r.shard_named(&self.source)?;
-        let d = shard.dialect();
-        let mut s = Sql::new(&d);
-        s.raw("SELECT tname, payload FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(self.key.as_str())
-            .raw(" AND op_id = ")
-            .bind(self.op_id.as_str());
-        let rows = shard
-            .query(&s.finish())
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self.archive_rows("tname, payload").await?;
         let mut out = vec![None; self.specs.len()];
         for r in &rows {
             let t = crate::journal::text(r, "tname")?;
