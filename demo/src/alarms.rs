@@ -161,6 +161,17 @@ impl AlarmIndex for DemoIndex {
             Self::Redis(i) => i.counts().await,
         }
     }
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> std::result::Result<durability_alarms::JobPage, durability_alarms::AlarmError> {
+        match self {
+            Self::Sqlite(i) => i.jobs_with_prefix(prefix, cursor, limit).await,
+            Self::Redis(i) => i.jobs_with_prefix(prefix, cursor, limit).await,
+        }
+    }
 }
 
 impl DemoHost {

@@ -109,6 +109,9 @@ pub async fn run_index_case<I: AlarmIndex>(name: &str, ix: &I) {
         "release_returns_a_claim_unused_and_is_run_token_fenced" => {
             release_returns_a_claim_unused_and_is_run_token_fenced(ix).await;
         }
+        "jobs_with_prefix_pages_through_one_prefix" => {
+            jobs_with_prefix_pages_through_one_prefix(ix).await;
+        }
         other => panic!("no alarm index conformance case {other:?}"),
     }
 }
@@ -222,6 +225,87 @@ async fn upsert_is_idempotent_and_replaces<I: AlarmIndex>(ix: &I) {
     );
     assert_eq!(ix.next_due().await.expect("next"), Some(T0 + 5));
     assert_eq!(ix.job(&obj("missing")).await.expect("job"), None);
+}
+
+async fn jobs_with_prefix_pages_through_one_prefix<I: AlarmIndex>(ix: &I) {
+    // 25 jobs of storage `s1` in every state, neighbours that share a
+    // leading substring but not the prefix, and glob characters that a
+    // pattern-matching backend must take literally.
+    let mut expected = std::collections::BTreeMap::new();
+    for i in 0..25 {
+        let name = format!("s1:C:o{i:02}");
+        ix.upsert(&obj(&name), &tok(&format!("t{i}")), T0 + i)
+            .await
+            .expect("upsert");
+        expected.insert(name, format!("t{i}"));
+    }
+    for name in ["s10:C:x", "s1;C:y", "s:C:z", "r1:C:w", "s*:C:g", "s?:C:q"] {
+        ix.upsert(&obj(name), &tok("other"), T0)
+            .await
+            .expect("upsert");
+    }
+    // Some are ready, one is running: listing covers every state.
+    ix.promote(T0 + 4, 5).await.expect("promote");
+    let claimed = ix
+        .claim(ClaimReady {
+            now: T0 + 4,
+            lease_ms: LEASE,
+            run: &tok("run"),
+        })
+        .await
+        .expect("claim")
+        .expect("a ready job");
+    let mut seen = std::collections::BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = ix
+            .jobs_with_prefix("s1:", cursor.as_deref(), 4)
+            .await
+            .expect("list jobs");
+        pages += 1;
+        assert!(pages <= 200, "paging ends");
+        for (object, view) in page.jobs {
+            assert!(
+                object.as_str().starts_with("s1:"),
+                "only the prefix's jobs are listed, got {object}"
+            );
+            if object == claimed.object {
+                assert_eq!(
+                    view.state,
+                    JobState::Running,
+                    "a running job is listed as running"
+                );
+            }
+            seen.insert(object.as_str().to_owned(), view.token.as_str().to_owned());
+        }
+        match page.cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen, expected,
+        "every job of the prefix, once, with its token"
+    );
+    let glob = ix
+        .jobs_with_prefix("s*:", None, 100)
+        .await
+        .expect("list jobs");
+    let names: Vec<&str> = glob.jobs.iter().map(|(o, _)| o.as_str()).collect();
+    assert_eq!(names, ["s*:C:g"], "a prefix is literal, not a pattern");
+    let none = ix
+        .jobs_with_prefix("absent:", None, 10)
+        .await
+        .expect("list jobs");
+    assert!(none.jobs.is_empty() && none.cursor.is_none());
+    assert!(
+        matches!(
+            ix.jobs_with_prefix("s1:", None, 0).await,
+            Err(crate::AlarmError::InvalidConfig { .. })
+        ),
+        "a zero limit is refused"
+    );
 }
 
 async fn delete_is_token_fenced<I: AlarmIndex>(ix: &I) {
@@ -758,6 +842,14 @@ impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
     async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
         self.inner.counts().await
     }
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::JobPage, crate::AlarmError> {
+        self.inner.jobs_with_prefix(prefix, cursor, limit).await
+    }
 }
 
 /// Emits one `#[tokio::test]` per case of the [`AlarmIndex`](crate::AlarmIndex)
@@ -788,6 +880,7 @@ macro_rules! alarm_index_conformance {
             delete_during_run_cannot_be_resurrected
             claim_batch_claims_earliest_first_each_under_its_run
             release_returns_a_claim_unused_and_is_run_token_fenced
+            jobs_with_prefix_pages_through_one_prefix
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };

@@ -105,6 +105,17 @@ pub struct IndexCounts {
     pub ready: u64,
 }
 
+/// One page of [`AlarmIndex::jobs_with_prefix`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobPage {
+    /// Jobs whose object id starts with the prefix (due, ready or running;
+    /// quarantined jobs are not listed), in no promised order.
+    pub jobs: Vec<(ObjectId, JobView)>,
+    /// Where the next page starts, or `None` when this was the last one.
+    /// Opaque: pass it back unchanged.
+    pub cursor: Option<String>,
+}
+
 impl IndexCounts {
     /// Every job in the index.
     pub fn total(&self) -> u64 {
@@ -271,9 +282,37 @@ pub trait AlarmIndex: Send + Sync + 'static {
     /// # Errors
     /// A backend failure.
     fn counts(&self) -> impl Future<Output = Result<IndexCounts, AlarmError>> + Send;
+
+    /// Finds jobs by object-id prefix, a page at a time: storage cleanup
+    /// lists the jobs of a deleted storage id (`"<storage id>:"`) this way
+    /// and removes each with [`AlarmIndex::delete`] at its listed token.
+    /// Start with `cursor: None`, then pass the previous page's cursor
+    /// until it is `None`. A page holds about `limit` jobs (a backend that
+    /// scans, as Redis's `SCAN` does, may return a few more, or fewer
+    /// before the last page); a job present for the whole listing is
+    /// listed at least once (Redis may list it twice); jobs added or
+    /// removed meanwhile may or may not be.
+    ///
+    /// # Errors
+    /// [`AlarmError::InvalidConfig`] for a `limit` of 0 or a cursor this
+    /// backend did not hand out; a backend failure.
+    fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<JobPage, AlarmError>> + Send;
 }
 
 impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
+    fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<JobPage, AlarmError>> + Send {
+        (**self).jobs_with_prefix(prefix, cursor, limit)
+    }
     fn upsert(
         &self,
         object: &ObjectId,

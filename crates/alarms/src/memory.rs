@@ -7,7 +7,9 @@ use std::sync::{Mutex, PoisonError};
 use durability_scheduler::ObjectId;
 
 use crate::error::AlarmError;
-use crate::index::{AlarmIndex, Claim, ClaimReady, IndexCounts, JobState, JobView, RetryJob};
+use crate::index::{
+    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, RetryJob,
+};
 use crate::token::{Token, safe_add};
 
 #[derive(Debug, Clone)]
@@ -70,6 +72,46 @@ impl MemoryAlarmIndex {
 }
 
 impl AlarmIndex for MemoryAlarmIndex {
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage, AlarmError> {
+        if limit == 0 {
+            return Err(AlarmError::InvalidConfig {
+                reason: "a job page limit must be at least 1".to_owned(),
+            });
+        }
+        let s = self.lock();
+        // The cursor is the last object id listed; the ids are ordered, so
+        // the next page starts after it (a model: a scan is fine here).
+        let jobs: Vec<(ObjectId, JobView)> = s
+            .jobs
+            .iter()
+            .filter(|(o, _)| o.as_str().starts_with(prefix))
+            .filter(|(o, _)| cursor.is_none_or(|c| o.as_str() > c))
+            .take(limit)
+            .map(|(object, job)| {
+                (
+                    object.clone(),
+                    JobView {
+                        token: job.token.clone(),
+                        due_at: job.due_at,
+                        state: job.state,
+                        tries: job.tries,
+                    },
+                )
+            })
+            .collect();
+        let cursor = if jobs.len() == limit {
+            jobs.last().map(|(o, _)| o.as_str().to_owned())
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, cursor })
+    }
+
     async fn upsert(
         &self,
         object: &ObjectId,

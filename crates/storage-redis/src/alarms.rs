@@ -16,8 +16,8 @@
 //! a single Redis (or a proxy), not Redis Cluster.
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobState, JobView, ObjectId, RetryJob,
-    Token, validate_time,
+    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, ObjectId,
+    RetryJob, Token, validate_time,
 };
 
 use redis::aio::ConnectionManager;
@@ -396,6 +396,61 @@ fn tries_of(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
+/// One job hash's fields as stored: `None` when the hash is gone; a field
+/// that does not decode is corrupt data (`do_alarm_corrupt`).
+fn decode_job(
+    token: Option<Vec<u8>>,
+    due_at: Option<Vec<u8>>,
+    state: Option<Vec<u8>>,
+    tries: Option<Vec<u8>>,
+) -> Result<Option<JobView>, AlarmError> {
+    if token.is_none() && due_at.is_none() && state.is_none() && tries.is_none() {
+        return Ok(None);
+    }
+    let text = |what: &str, v: Option<Vec<u8>>| {
+        let v = v.ok_or_else(|| bad(format!("job without {what}")))?;
+        String::from_utf8(v).map_err(|_| bad(format!("{what} is not UTF-8")))
+    };
+    let int = |what: &str, v: String| {
+        if v.is_empty() || v.len() > 16 || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(format!("{what} {v:?} is not a non-negative integer")));
+        }
+        v.parse::<i64>()
+            .map_err(|e| bad(format!("{what} {v:?}: {e}")))
+    };
+    let token = Token::new(text("token", token)?).map_err(bad)?;
+    let due_at = validate_time(int("due_at", text("due_at", due_at)?)?).map_err(bad)?;
+    let state = parse_state(&text("state", state)?)?;
+    let tries = match tries {
+        None => 0,
+        Some(t) => {
+            let t = int(
+                "tries",
+                String::from_utf8(t).map_err(|_| bad("tries is not UTF-8"))?,
+            )?;
+            u32::try_from(t).map_err(|_| bad(format!("tries {t} out of range")))?
+        }
+    };
+    Ok(Some(JobView {
+        token,
+        due_at,
+        state,
+        tries,
+    }))
+}
+
+/// `s` with Redis glob characters escaped, for a `MATCH` pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 impl AlarmIndex for RedisAlarmIndex {
     async fn upsert(
         &self,
@@ -433,39 +488,7 @@ impl AlarmIndex for RedisAlarmIndex {
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        if token.is_none() && due_at.is_none() && state.is_none() && tries.is_none() {
-            return Ok(None);
-        }
-        let text = |what: &str, v: Option<Vec<u8>>| {
-            let v = v.ok_or_else(|| bad(format!("job without {what}")))?;
-            String::from_utf8(v).map_err(|_| bad(format!("{what} is not UTF-8")))
-        };
-        let int = |what: &str, v: String| {
-            if v.is_empty() || v.len() > 16 || !v.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad(format!("{what} {v:?} is not a non-negative integer")));
-            }
-            v.parse::<i64>()
-                .map_err(|e| bad(format!("{what} {v:?}: {e}")))
-        };
-        let token = Token::new(text("token", token)?).map_err(bad)?;
-        let due_at = validate_time(int("due_at", text("due_at", due_at)?)?).map_err(bad)?;
-        let state = parse_state(&text("state", state)?)?;
-        let tries = match tries {
-            None => 0,
-            Some(t) => {
-                let t = int(
-                    "tries",
-                    String::from_utf8(t).map_err(|_| bad("tries is not UTF-8"))?,
-                )?;
-                u32::try_from(t).map_err(|_| bad(format!("tries {t} out of range")))?
-            }
-        };
-        Ok(Some(JobView {
-            token,
-            due_at,
-            state,
-            tries,
-        }))
+        decode_job(token, due_at, state, tries)
     }
 
     async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
@@ -541,6 +564,82 @@ impl AlarmIndex for RedisAlarmIndex {
             .chain(ready)
             .map(|(_, score)| score as i64)
             .min())
+    }
+
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage, AlarmError> {
+        if limit == 0 {
+            return Err(AlarmError::InvalidConfig {
+                reason: "a job page limit must be at least 1".to_owned(),
+            });
+        }
+        let mut scan: u64 = match cursor {
+            None => 0,
+            Some(c) => {
+                c.parse()
+                    .ok()
+                    .filter(|c| *c != 0)
+                    .ok_or_else(|| AlarmError::InvalidConfig {
+                        reason: format!("{c:?} is not a job page cursor"),
+                    })?
+            }
+        };
+        let job_prefix = self.job_prefix();
+        let pattern = format!("{}*", glob_escape(&format!("{job_prefix}{prefix}")));
+        let count = limit.clamp(100, 10_000);
+        let mut conn = self.conn.clone();
+        let mut keys: Vec<String> = Vec::new();
+        // SCAN until about `limit` keys matched or the scan is complete.
+        loop {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(scan)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            keys.extend(found);
+            scan = next;
+            if scan == 0 || keys.len() >= limit {
+                break;
+            }
+        }
+        type Raw = Option<Vec<u8>>;
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.cmd("HMGET")
+                .arg(key)
+                .arg("token")
+                .arg("due_at")
+                .arg("state")
+                .arg("tries");
+        }
+        let fields: Vec<(Raw, Raw, Raw, Raw)> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut conn).await.map_err(redis_error)?
+        };
+        // A job that vanished meanwhile, is quarantined or does not decode
+        // is left out; it never hides the healthy jobs of the page.
+        let jobs = keys
+            .iter()
+            .zip(fields)
+            .filter_map(|(key, (token, due_at, state, tries))| {
+                let object = ObjectId::new(key.strip_prefix(&job_prefix)?).ok()?;
+                let view = decode_job(token, due_at, state, tries).ok()??;
+                Some((object, view))
+            })
+            .collect();
+        Ok(JobPage {
+            jobs,
+            cursor: (scan != 0).then(|| scan.to_string()),
+        })
     }
 
     async fn counts(&self) -> Result<IndexCounts, AlarmError> {

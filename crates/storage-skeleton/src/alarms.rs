@@ -2,8 +2,8 @@
 //! index ([`SkeletonAlarmIndex`]: `AlarmIndex`).
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobView, ObjectId,
-    RetryJob, Token,
+    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage, JobView,
+    ObjectId, RetryJob, Token,
 };
 use durability_scheduler::StorageError;
 
@@ -93,5 +93,16 @@ impl AlarmIndex for SkeletonAlarmIndex {
     async fn counts(&self) -> Result<IndexCounts, AlarmError> {
         // How many jobs are scheduled (due or running) and ready.
         Err(unavailable("counts"))
+    }
+
+    async fn jobs_with_prefix(
+        &self,
+        _prefix: &str,
+        _cursor: Option<&str>,
+        _limit: usize,
+    ) -> Result<JobPage, AlarmError> {
+        // One page of the jobs whose object id starts with `prefix`, from
+        // the opaque `cursor`; the next page's cursor, `None` at the end.
+        Err(unavailable("jobs_with_prefix"))
     }
 }

@@ -14,8 +14,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobState, JobView,
-    RetryJob, Token, validate_time,
+    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage, JobState,
+    JobView, RetryJob, Token, validate_time,
 };
 use durability_scheduler::{ObjectId, SchemaStep, StorageError};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -558,6 +558,87 @@ impl AlarmIndex for SqliteAlarmIndex {
             )
             .and_then(|mut st| st.query_row([], |r| r.get(0)))
             .map_err(|e| failed("read next due", e))
+    }
+
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage, AlarmError> {
+        if limit == 0 {
+            return Err(AlarmError::InvalidConfig {
+                reason: "a job page limit must be at least 1".to_owned(),
+            });
+        }
+        // Object ids compare bytewise (BINARY): the prefix's ids form one
+        // range of the primary key, from the prefix (or after the cursor,
+        // the last id listed) to the prefix with its last byte raised
+        // (ASCII prefixes; otherwise the substr check ends the range).
+        let upper = prefix
+            .as_bytes()
+            .last()
+            .filter(|b| **b < 0x7f)
+            .map(|b| format!("{}{}", &prefix[..prefix.len() - 1], char::from(*b + 1)));
+        use rusqlite::types::Value;
+        let rows: Vec<(String, Value, Value, Value, Value)> = self
+            .conn()
+            .prepare_cached(
+                "SELECT object, token, due_at, state, tries FROM durability_alarm_index_jobs
+                 WHERE object >= ?1 AND (?2 IS NULL OR object > ?2)
+                   AND (?3 IS NULL OR object < ?3)
+                   AND substr(object, 1, length(?1)) = ?1
+                 ORDER BY object LIMIT ?4",
+            )
+            .and_then(|mut st| {
+                st.query_map(
+                    params![
+                        prefix,
+                        cursor,
+                        upper,
+                        i64::try_from(limit).unwrap_or(i64::MAX)
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )?
+                .collect()
+            })
+            .map_err(|e| failed("list jobs", e))?;
+        let cursor = (rows.len() == limit)
+            .then(|| rows.last().map(|r| r.0.clone()))
+            .flatten();
+        // A row that does not decode is left out (the claim path
+        // quarantines it); it never hides the healthy rows of the page.
+        let jobs = rows
+            .into_iter()
+            .filter_map(|(object, token, due_at, state, tries)| {
+                let object = ObjectId::new(object).ok()?;
+                let Value::Text(token) = token else {
+                    return None;
+                };
+                let Value::Integer(due_at) = due_at else {
+                    return None;
+                };
+                let state = match state {
+                    Value::Integer(DUE) => JobState::Due,
+                    Value::Integer(READY) => JobState::Ready,
+                    Value::Integer(RUNNING) => JobState::Running,
+                    _ => return None,
+                };
+                let Value::Integer(tries) = tries else {
+                    return None;
+                };
+                Some((
+                    object,
+                    JobView {
+                        token: Token::new(token).ok()?,
+                        due_at: validate_time(due_at).ok()?,
+                        state,
+                        tries: tries_of(tries),
+                    },
+                ))
+            })
+            .collect();
+        Ok(JobPage { jobs, cursor })
     }
 
     async fn counts(&self) -> Result<IndexCounts, AlarmError> {

@@ -255,6 +255,15 @@ impl<I: AlarmIndex> AlarmIndex for Crashy<I> {
     async fn counts(&self) -> Result<IndexCounts, AlarmError> {
         self.gate(self.inner.counts()).await
     }
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<durability_alarms::JobPage, AlarmError> {
+        self.gate(self.inner.jobs_with_prefix(prefix, cursor, limit))
+            .await
+    }
 }
 
 /// The Redis URL under test.
