@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Factory, ForwardHook, HostConfig, Instance, ObjectCtx, OwnPolicy};
 use crate::error::{BoxError, HostError};
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
+use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport, tombstoned};
 
 /// The dispatcher type of a host.
 type HostDispatcher<S, I> =
@@ -404,6 +405,20 @@ where
             .next()
             .ok_or_else(|| HostError::setting("classes", "at least one object class"))?;
         let probe_scope = OwnerScope::new(storage_id.clone(), first.clone(), 0, count)?;
+        if tombstoned(&config.root, &storage_id) {
+            return Err(HostError::LifecycleRecord {
+                lifecycle: lifecycle.as_str().to_owned(),
+                storage_id: storage_id.as_str().to_owned(),
+                found: format!(
+                    "tombstoned: storage {} was deleted ({})",
+                    storage_id.as_str(),
+                    crate::storage::tombstone_path(&config.root, &storage_id).display()
+                ),
+                how_to_fix:
+                    "a deleted storage id is never served again; deploy with a new storage id"
+                        .to_owned(),
+            });
+        }
         check_lifecycle_records(
             config.lease_store.as_ref(),
             &probe_scope,
@@ -700,6 +715,15 @@ where
         if let Some(old) = guard.take() {
             old.close();
         }
+        // Nothing is created for a scope the store no longer grants (an
+        // inactive or deleted storage id): admission before the file, and
+        // never under a tombstone.
+        drop(inner.ownership.admit(&address.scope, generation).await?);
+        if tombstoned(&inner.root, &inner.storage_id) {
+            return Err(HostError::Ownership(OwnershipError::StorageInactive {
+                storage_id: inner.storage_id.as_str().to_owned(),
+            }));
+        }
         let open = Arc::new(self.open(address).await?);
         *guard = Some(Arc::clone(&open));
         drop(guard);
@@ -971,6 +995,115 @@ where
                 .transaction(|tx| body(&object, tx))
                 .map_err(HostError::from_storage)
         })
+        .await
+    }
+
+    /// Deletes one object's storage (the seed's `deleteAll`): the object's
+    /// own tables, views and triggers (every name not starting with the
+    /// reserved `durability_` or `sqlite_`) are dropped in pages of at most
+    /// [`DELETE_PAGE`], each page one transaction through the storage fence;
+    /// then, unless [`DeleteAll::keep_alarm`], the due times of the
+    /// object's own capabilities are cleared (the outbox's stay: committed
+    /// entries are acknowledged work and still deliver), which moves or
+    /// removes its alarm and the alarm index job; then the object is closed,
+    /// so the next call reopens it (its factory runs on the emptied
+    /// storage).
+    ///
+    /// It is admitted, counted in flight and watched like a call, so a
+    /// stale host's delete fails closed at admission or at the first
+    /// page's commit, and a drain waits for it.
+    ///
+    /// Not atomic and best-effort, as the seed says: a failure (or a lost
+    /// ownership) leaves the pages already dropped; calling it again
+    /// finishes the job. It does not exclude concurrent calls on the same
+    /// object, which may write between pages: do not race it with other
+    /// writes of the object. Capability state is kept: pending outbox
+    /// entries, topology groups, schema versions and the storage fence.
+    ///
+    /// # Errors
+    /// As [`Host::call`]; [`HostError::Fenced`] when a page's commit was
+    /// refused, [`HostError::Storage`] when a page failed.
+    pub async fn delete_all(
+        &self,
+        class: &str,
+        name: &str,
+        options: DeleteAll,
+    ) -> Result<DeleteAllReport, HostError> {
+        let (report, open) = self
+            .dispatch(class, name, |open, _| async move {
+                let mut report = DeleteAllReport::default();
+                loop {
+                    let (page, more) = open
+                        .scheduler
+                        .transaction(|tx| tx.storage_tx().drop_own_schema_objects(DELETE_PAGE))
+                        .map_err(HostError::from_storage)?;
+                    report.pages += 1;
+                    report.dropped.extend(page);
+                    if !more {
+                        break;
+                    }
+                    // Between pages the watchdog may cancel the delete.
+                    tokio::task::yield_now().await;
+                }
+                if !options.keep_alarm {
+                    report.cancelled_due = open
+                        .scheduler
+                        .transaction(|tx| {
+                            let mut cleared = Vec::new();
+                            for capability in tx.storage_tx().due_capabilities()? {
+                                if !capability.starts_with("outbox:") {
+                                    tx.set_due(&capability, None)?;
+                                    cleared.push(capability);
+                                }
+                            }
+                            Ok::<_, StorageError>(cleared)
+                        })
+                        .map_err(HostError::from_storage)?;
+                }
+                Ok((report, open))
+            })
+            .await?;
+        // Close the object (when the registry still holds this opening), so
+        // its instance is rebuilt on the emptied storage.
+        let slot = self.slot(&open.address);
+        {
+            let mut guard = slot.lock().await;
+            if guard.as_ref().is_some_and(|o| Arc::ptr_eq(o, &open))
+                && let Some(o) = guard.take()
+            {
+                o.close();
+            }
+        }
+        drop(slot);
+        self.prune_slots();
+        tracing::info!(
+            event = "durability.host.storage_delete_all",
+            object = %open.address.id,
+            dropped = report.dropped.len(),
+            pages = report.pages,
+            cancelled_due = report.cancelled_due.len(),
+            "object storage deleted"
+        );
+        Ok(report)
+    }
+
+    /// Deletes this host's whole storage id ([`crate::delete_storage_id`]
+    /// with this host's lease store, alarm index, root and lifecycle). Every
+    /// host serving it, this one included, then refuses its work
+    /// (`delete_locked`, `storage_inactive`) and drops its scopes; drain
+    /// them afterwards.
+    ///
+    /// # Errors
+    /// As [`crate::delete_storage_id`].
+    pub async fn delete_storage_id(&self) -> Result<StorageDeleteReport, HostError> {
+        let inner = &self.inner;
+        crate::storage::delete_storage_id(
+            inner.ownership.store().as_ref(),
+            inner.index.as_ref(),
+            &inner.root,
+            inner.lifecycle.as_str(),
+            inner.storage_id.as_str(),
+        )
         .await
     }
 

@@ -90,10 +90,15 @@ mod config;
 mod error;
 mod host;
 mod settings;
+mod storage;
 
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
 pub use error::{BoxError, HostError};
 pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
+};
+pub use storage::{
+    DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, TOMBSTONE_FILE,
+    delete_storage_id,
 };

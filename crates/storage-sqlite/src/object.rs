@@ -108,6 +108,82 @@ impl SqliteTx<'_> {
     pub fn sql(&self) -> &Connection {
         &self.tx
     }
+
+    /// Drops up to `limit` of the object's own schema objects (tables,
+    /// views and triggers whose names do not start with the reserved
+    /// `durability_` or `sqlite_`, in any case; a table's indexes and
+    /// triggers go with it), in this transaction, and returns the names
+    /// dropped and whether more may be left (the page listed `limit`
+    /// names; shadow tables go with their virtual table and are not named,
+    /// so a page can name fewer than it listed). Views go first, then
+    /// virtual tables (their shadow tables go with them), then tables,
+    /// then triggers on reserved tables. The capabilities' `durability_*`
+    /// tables are never touched. One page of a paged delete-all.
+    ///
+    /// # Errors
+    /// A SQLite failure; the transaction should roll back.
+    pub fn drop_own_schema_objects(
+        &self,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StorageError> {
+        let listed: Vec<(String, String)> = self
+            .tx
+            .prepare(
+                "SELECT type, name FROM sqlite_schema
+                 WHERE type IN ('table', 'view', 'trigger')
+                   AND lower(substr(name, 1, 11)) <> 'durability_'
+                   AND lower(substr(name, 1, 7)) <> 'sqlite_'
+                 ORDER BY CASE
+                     WHEN type = 'view' THEN 0
+                     WHEN type = 'table' AND upper(sql) LIKE 'CREATE VIRTUAL%' THEN 1
+                     WHEN type = 'table' THEN 2
+                     ELSE 3 END, name
+                 LIMIT ?1",
+            )
+            .and_then(|mut st| {
+                st.query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| backend("list schema objects", e))?;
+        let more = listed.len() >= limit;
+        let mut dropped = Vec::with_capacity(listed.len());
+        for (kind, name) in listed {
+            let kind = match kind.as_str() {
+                "view" => "VIEW",
+                "trigger" => "TRIGGER",
+                _ => "TABLE",
+            };
+            // A virtual table dropped earlier in the page took its shadow
+            // tables with it (and a table its triggers): not dropped here.
+            let exists: bool = self
+                .tx
+                .prepare_cached("SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE name = ?1)")
+                .and_then(|mut st| st.query_row([&name], |r| r.get(0)))
+                .map_err(|e| backend("read schema object", e))?;
+            if !exists {
+                continue;
+            }
+            let quoted = name.replace('"', "\"\"");
+            self.tx
+                .execute_batch(&format!("DROP {kind} IF EXISTS \"{quoted}\""))
+                .map_err(|e| backend(&format!("drop {name}"), e))?;
+            dropped.push(name);
+        }
+        Ok((dropped, more))
+    }
+
+    /// The capabilities that have a due time stored, by name.
+    ///
+    /// # Errors
+    /// A SQLite failure.
+    pub fn due_capabilities(&self) -> Result<Vec<String>, StorageError> {
+        self.tx
+            .prepare_cached("SELECT capability FROM durability_scheduler_due ORDER BY capability")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(|e| backend("list capability due times", e))
+    }
 }
 
 pub(crate) fn backend(context: &str, e: rusqlite::Error) -> StorageError {

@@ -6,4 +6,5 @@
 
 mod dispatch;
 mod lifecycle;
+mod storage;
 mod support;

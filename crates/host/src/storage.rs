@@ -1,0 +1,360 @@
+//! Storage lifecycle: one object's delete-all ([`DeleteAll`],
+//! [`DeleteAllReport`], run by `Host::delete_all`) and the deletion of a
+//! whole storage id ([`delete_storage_id`]) with its tombstone.
+//!
+//! Neither is atomic. Delete-all drops the object's own tables page by page,
+//! each page a fenced transaction; a failure leaves the pages already
+//! dropped, and running it again finishes the job. A storage id's deletion
+//! takes the lifecycle's whole-delete lock, removes the active storage
+//! pointer, writes a tombstone, deletes the object files and the alarm jobs
+//! of the storage id, and reports what it could and could not delete; run
+//! again, it finishes what a crash or a failure left.
+
+use std::path::{Path, PathBuf};
+
+use durability_alarms::AlarmIndex;
+use durability_ownership::{
+    ClassName, DeleteLock, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
+    StorageId,
+};
+
+use crate::error::HostError;
+
+/// How many schema objects one delete-all page drops (one transaction), and
+/// how many alarm jobs a storage deletion lists per page: the seed's bound
+/// of 128 keys per storage page.
+pub const DELETE_PAGE: usize = 128;
+
+/// The tombstone file a deleted storage id leaves under the object root
+/// (`<root>/<storage id>/TOMBSTONE`).
+pub const TOMBSTONE_FILE: &str = "TOMBSTONE";
+
+/// Options of `Host::delete_all`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeleteAll {
+    /// Keep the object's alarm: its capabilities' due times, the stored
+    /// alarm and its job in the alarm index stay. By default (`false`) the
+    /// due times of the object's own capabilities are cleared (the outbox's
+    /// stay: its committed entries are acknowledged work and still deliver),
+    /// which moves the alarm to the outbox's next due time or removes it,
+    /// index job included.
+    pub keep_alarm: bool,
+}
+
+impl DeleteAll {
+    /// Keep the alarm (the seed's `deleteAlarm: false`).
+    #[must_use]
+    pub fn keep_alarm(mut self, keep: bool) -> Self {
+        self.keep_alarm = keep;
+        self
+    }
+}
+
+/// What `Host::delete_all` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeleteAllReport {
+    /// The object's own tables, views and triggers dropped, in order.
+    pub dropped: Vec<String>,
+    /// Transactions committed to drop them (pages of at most
+    /// [`DELETE_PAGE`]).
+    pub pages: usize,
+    /// Capabilities whose due times were cleared (empty with
+    /// [`DeleteAll::keep_alarm`]).
+    pub cancelled_due: Vec<String>,
+}
+
+/// One thing a storage deletion could not delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteFailure {
+    /// What: a file path, an alarm job's object id, or a lifecycle record.
+    pub what: String,
+    /// Why.
+    pub error: String,
+}
+
+/// What [`delete_storage_id`] did: a partial result lists what was not
+/// deleted (the seed's `{ ok: false, deleted, errors }`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageDeleteReport {
+    /// The storage id deleted.
+    pub storage_id: String,
+    /// Whether this run removed the active storage pointer (it named this
+    /// storage id). `false` when it was already gone or names a newer
+    /// storage id (a redeploy, which the deletion leaves alone).
+    pub pointer_removed: bool,
+    /// Object databases deleted (`.sqlite` files; their `-wal` / `-shm`
+    /// companions go with them).
+    pub objects_deleted: usize,
+    /// Alarm jobs of the storage id removed from the index.
+    pub jobs_deleted: usize,
+    /// What could not be deleted; empty when the deletion is complete.
+    pub failures: Vec<DeleteFailure>,
+}
+
+impl StorageDeleteReport {
+    /// Whether everything was deleted (no failures).
+    pub fn complete(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// The tombstone path of `storage` under `root`.
+pub(crate) fn tombstone_path(root: &Path, storage: &StorageId) -> PathBuf {
+    root.join(storage.as_str()).join(TOMBSTONE_FILE)
+}
+
+/// Whether `storage` was deleted (its tombstone exists under `root`).
+pub(crate) fn tombstoned(root: &Path, storage: &StorageId) -> bool {
+    tombstone_path(root, storage).exists()
+}
+
+/// Writes the tombstone durably: a temporary file, fsynced, renamed over
+/// the tombstone, and the directory fsynced.
+fn write_tombstone(
+    root: &Path,
+    storage: &StorageId,
+    lifecycle: &LifecycleId,
+    state: &str,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = root.join(storage.as_str());
+    std::fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!("{TOMBSTONE_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(
+            f,
+            "storage_id={}\nlifecycle={}\nstate={state}",
+            storage.as_str(),
+            lifecycle.as_str()
+        )?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(TOMBSTONE_FILE))?;
+    std::fs::File::open(&dir)?.sync_all()
+}
+
+/// Deletes a whole storage id: every object database under
+/// `<root>/<storage_id>`, every alarm job of the storage id, and the
+/// lifecycle's active storage pointer when it still names this storage id;
+/// the storage id is tombstoned, so no host serves it again
+/// (`Host::start` refuses a tombstoned storage id).
+///
+/// In order, each step idempotent so that a run after a crash or a failure
+/// finishes the deletion:
+///
+/// 1. The tombstone is written (state `deleting`) before anything is
+///    deleted: from here on no host starts on this storage id.
+/// 2. When the active storage pointer names this storage id, the
+///    lifecycle's whole-delete lock is taken and the pointer removed: every
+///    host's admission, renew and claim for the storage id fails closed
+///    (`delete_locked`, then `storage_inactive`), and its alarm jobs
+///    discard themselves when they come due. A pointer that names another
+///    storage id (a redeploy) is left alone: the deletion is fenced to its
+///    own storage id.
+/// 3. The object files are deleted (a host still holding one open writes
+///    into a file nobody will read; its commits are refused once its lease
+///    budget runs out).
+/// 4. The alarm jobs whose object id starts with `<storage_id>:` are listed
+///    page by page and removed at their listed token; a job replaced
+///    meanwhile (a late alarm write of an old host) is reported and
+///    discards itself when due.
+/// 5. The delete lock this deletion holds is released (a redeploy with a
+///    new storage id can then set the pointer), and the tombstone's state
+///    becomes `deleted` when nothing failed.
+///
+/// Run it from one control plane at a time: the lifecycle records have no
+/// compare-and-set.
+///
+/// # Errors
+/// [`HostError::InvalidSetting`] for a malformed storage or lifecycle id
+/// (nothing is touched); [`HostError::Ownership`] when the lease store
+/// cannot be read or written, and [`HostError::Storage`] when the tombstone
+/// cannot be written (run it again). Failures to delete a file or a job
+/// are not errors: they are listed in the report.
+pub async fn delete_storage_id<S, I>(
+    lease_store: &S,
+    alarm_index: &I,
+    root: &Path,
+    lifecycle: &str,
+    storage_id: &str,
+) -> Result<StorageDeleteReport, HostError>
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    let bad = |setting: &'static str| {
+        move |e: durability_ownership::OwnershipError| HostError::setting(setting, e.to_string())
+    };
+    let storage = StorageId::new(storage_id).map_err(bad("storage_id"))?;
+    let lifecycle = LifecycleId::new(lifecycle).map_err(bad("lifecycle"))?;
+    if root.as_os_str().is_empty() {
+        return Err(HostError::setting(
+            "root",
+            "the object storage root is empty",
+        ));
+    }
+    let mut report = StorageDeleteReport {
+        storage_id: storage.as_str().to_owned(),
+        ..StorageDeleteReport::default()
+    };
+    // The lifecycle records are read through any scope of the storage.
+    let scope = OwnerScope::new(
+        storage.clone(),
+        ClassName::new("StorageCleanup").map_err(bad("class"))?,
+        0,
+        ShardCount::new(1).map_err(bad("shard_count"))?,
+    )
+    .map_err(bad("storage_id"))?;
+    let tombstone_error = |e: std::io::Error| {
+        HostError::Storage(durability_scheduler::StorageError::backend(
+            format!("write the tombstone of storage {}", storage.as_str()),
+            e,
+        ))
+    };
+
+    // 1. Tombstone first.
+    write_tombstone(root, &storage, &lifecycle, "deleting").map_err(tombstone_error)?;
+
+    // 2. Lock and remove the pointer when it names this storage.
+    let snapshot = lease_store.snapshot(&scope, &lifecycle).await?;
+    let ours = snapshot.active_storage.as_ref() == Some(&storage);
+    if ours {
+        lease_store
+            .set_delete_lock(&lifecycle, Some(DeleteLock::Whole))
+            .await?;
+        lease_store.set_active_storage(&lifecycle, None).await?;
+        report.pointer_removed = true;
+    }
+    // A whole lock with no pointer is this deletion's own (an earlier run
+    // stopped before releasing it); with a pointer to another storage it
+    // belongs to someone else and stays.
+    let holds_lock = ours
+        || (snapshot.active_storage.is_none() && snapshot.delete_lock == Some(DeleteLock::Whole));
+    tracing::info!(
+        event = "durability.host.storage_delete_started",
+        storage_id = storage.as_str(),
+        lifecycle = lifecycle.as_str(),
+        pointer_removed = report.pointer_removed,
+        "deleting a storage id"
+    );
+
+    // 3. The object files.
+    delete_files(&root.join(storage.as_str()), &mut report);
+
+    // 4. The alarm jobs.
+    let prefix = format!("{}:", storage.as_str());
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = match alarm_index
+            .jobs_with_prefix(&prefix, cursor.as_deref(), DELETE_PAGE)
+            .await
+        {
+            Ok(page) => page,
+            Err(e) => {
+                report.failures.push(DeleteFailure {
+                    what: format!("alarm jobs of {prefix}*"),
+                    error: e.to_string(),
+                });
+                break;
+            }
+        };
+        for (object, job) in &page.jobs {
+            match alarm_index.delete(object, &job.token).await {
+                Ok(true) => report.jobs_deleted += 1,
+                Ok(false) => {
+                    // Removed meanwhile (nothing to do) or replaced by a late
+                    // write: look again to tell which.
+                    if let Ok(Some(_)) = alarm_index.job(object).await {
+                        report.failures.push(DeleteFailure {
+                            what: format!("alarm job {object}"),
+                            error: "replaced while deleting; it discards itself when due"
+                                .to_owned(),
+                        });
+                    }
+                }
+                Err(e) => report.failures.push(DeleteFailure {
+                    what: format!("alarm job {object}"),
+                    error: e.to_string(),
+                }),
+            }
+        }
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+
+    // 5. Release the lock, mark the tombstone.
+    if holds_lock && let Err(e) = lease_store.set_delete_lock(&lifecycle, None).await {
+        report.failures.push(DeleteFailure {
+            what: format!("delete lock of lifecycle {}", lifecycle.as_str()),
+            error: e.to_string(),
+        });
+    }
+    if report.complete() {
+        write_tombstone(root, &storage, &lifecycle, "deleted").map_err(tombstone_error)?;
+    }
+    tracing::info!(
+        event = "durability.host.storage_deleted",
+        storage_id = storage.as_str(),
+        objects = report.objects_deleted,
+        jobs = report.jobs_deleted,
+        failures = report.failures.len(),
+        "storage id deleted"
+    );
+    Ok(report)
+}
+
+/// Deletes every file under `dir` except the tombstone, then the empty
+/// directories; failures go to the report.
+fn delete_files(dir: &Path, report: &mut StorageDeleteReport) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            report.failures.push(DeleteFailure {
+                what: dir.display().to_string(),
+                error: e.to_string(),
+            });
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                report.failures.push(DeleteFailure {
+                    what: dir.display().to_string(),
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            delete_files(&path, report);
+            // Not empty when something inside failed: that is reported.
+            let _ = std::fs::remove_dir(&path);
+            continue;
+        }
+        let name = entry.file_name();
+        if name == TOMBSTONE_FILE {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                if path.extension().is_some_and(|e| e == "sqlite") {
+                    report.objects_deleted += 1;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => report.failures.push(DeleteFailure {
+                what: path.display().to_string(),
+                error: e.to_string(),
+            }),
+        }
+    }
+}
