@@ -37,6 +37,12 @@
 //! - **Drain** ([`Host::shutdown`]): stop new ownership, reject new work,
 //!   stop the dispatcher, wait for admitted work, release matching leases,
 //!   within the seed's budgets.
+//! - **Storage lifecycle**: [`Host::delete_all`] drops one object's own
+//!   tables in fenced pages of [`DELETE_PAGE`] and cancels its timers
+//!   (unless [`DeleteAll::keep_alarm`]); [`delete_storage_id`] deletes a
+//!   whole storage id (tombstone, delete lock and pointer, object files,
+//!   alarm jobs) and reports what it could not delete. Neither is atomic;
+//!   running either again finishes an interrupted one.
 //! - **Probe** ([`Host::probe`]): task, owned scopes and generations, the
 //!   in-flight gauge, dispatch and alarm outcome counters.
 //!
@@ -44,7 +50,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy};
+//! use durability_host::{BoxError, DeleteAll, Host, HostConfig, HostSettings, OwnPolicy};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -77,6 +83,8 @@
 //!         Ok(())
 //!     })
 //!     .await?;
+//!     // Drop the object's own tables and cancel its timers (paged, fenced).
+//!     host.delete_all("Counter", "c2", DeleteAll::default()).await?;
 //!     host.run_until_signal().await; // SIGTERM or ctrl-c: drain
 //!     Ok(())
 //! }
