@@ -68,6 +68,9 @@ fn step(step: &'static str) -> impl FnOnce(rusqlite::Error) -> OpenError {
     move |source| OpenError::Sqlite { step, source }
 }
 
+/// Prepared statements cached per connection.
+const STATEMENT_CACHE: usize = 64;
+
 /// Opens (creating if needed) the SQLite file at `path` with `options`.
 ///
 /// # Errors
@@ -86,6 +89,10 @@ pub fn open_connection(
 /// # Errors
 /// [`OpenError`] when a pragma cannot be set.
 pub fn configure(conn: &Connection, options: &ConnectionOptions) -> Result<(), OpenError> {
+    // Every hot statement of the crate is prepared once per connection; an
+    // object database serves the scheduler, the fence, alarms and the
+    // outbox, more than rusqlite's default of 16.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(options.busy_timeout)
         .map_err(step("set busy timeout"))?;
     if options.wal {

@@ -166,12 +166,13 @@ impl<C: Clock> SqliteLeaseStore<C> {
 
     fn lifecycle(conn: &Connection, lifecycle: &LifecycleId) -> Result<Lifecycle, OwnershipError> {
         let row: Option<(Option<String>, Option<Vec<u8>>)> = conn
-            .query_row(
+            .prepare_cached(
                 "SELECT active_storage, delete_lock FROM durability_owner_lifecycle WHERE lifecycle = ?1",
-                [lifecycle.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .optional()
+            .and_then(|mut st| {
+                st.query_row([lifecycle.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
             .map_err(not_applied)?;
         let (active, lock) = row.unwrap_or((None, None));
         let active = match active {
@@ -215,22 +216,19 @@ impl<C: Clock> SqliteLeaseStore<C> {
         conn: &Connection,
         scope: &OwnerScope,
     ) -> Result<Option<(Vec<u8>, i64)>, rusqlite::Error> {
-        conn.query_row(
+        conn.prepare_cached(
             "SELECT record, expires_at_ms FROM durability_owner_leases WHERE scope = ?1",
-            [scope.host_id()],
-            |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .optional()
+        .and_then(|mut st| {
+            st.query_row([scope.host_id()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
     }
 
     fn generation(conn: &Connection, scope: &OwnerScope) -> Result<u64, OwnershipError> {
         let g: Option<i64> = conn
-            .query_row(
-                "SELECT generation FROM durability_owner_generations WHERE scope = ?1",
-                [scope.host_id()],
-                |r| r.get(0),
-            )
-            .optional()
+            .prepare_cached("SELECT generation FROM durability_owner_generations WHERE scope = ?1")
+            .and_then(|mut st| st.query_row([scope.host_id()], |r| r.get(0)).optional())
             .map_err(not_applied)?;
         match g {
             None => Ok(0),
@@ -267,17 +265,19 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let generation = Generation::new(Self::generation(&tx, scope)? + 1)?;
         let record = OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
         let exp = now.saturating_add(ttl_ms);
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO durability_owner_generations (scope, generation) VALUES (?1, ?2)
              ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
-            params![scope.host_id(), i64_of(generation.get())],
         )
+        .and_then(|mut st| st.execute(params![scope.host_id(), i64_of(generation.get())]))
         .map_err(not_applied)?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO durability_owner_leases (scope, record, expires_at_ms) VALUES (?1, ?2, ?3)
              ON CONFLICT (scope) DO UPDATE SET record = excluded.record, expires_at_ms = excluded.expires_at_ms",
-            params![scope.host_id(), record.encoded().as_bytes(), i64_of(exp)],
         )
+        .and_then(|mut st| {
+            st.execute(params![scope.host_id(), record.encoded().as_bytes(), i64_of(exp)])
+        })
         .map_err(not_applied)?;
         tx.commit().map_err(unknown)?;
         Ok(ClaimOutcome::Claimed(Lease {
@@ -302,10 +302,13 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
         let conn = self.lock();
         let n = conn
-            .execute(
-                "DELETE FROM durability_owner_leases WHERE scope = ?1 AND record = ?2",
-                params![record.scope().host_id(), record.encoded().as_bytes()],
-            )
+            .prepare_cached("DELETE FROM durability_owner_leases WHERE scope = ?1 AND record = ?2")
+            .and_then(|mut st| {
+                st.execute(params![
+                    record.scope().host_id(),
+                    record.encoded().as_bytes()
+                ])
+            })
             .map_err(unknown)?;
         Ok(n == 1)
     }
@@ -436,10 +439,10 @@ impl<C: Clock> SqliteLeaseStore<C> {
             return Ok(Err(e));
         }
         let exp = now.saturating_add(ttl_ms);
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
-            params![scope.host_id(), i64_of(exp)],
-        )?;
+        )?
+        .execute(params![scope.host_id(), i64_of(exp)])?;
         Ok(Ok(Lease {
             record: record.clone(),
             remaining_ms: ttl_ms,
@@ -533,12 +536,11 @@ pub fn fenced_claim(
     scope: &OwnerScope,
 ) -> Result<Option<FencedClaim>, OwnershipError> {
     let row: Option<(i64, Option<Vec<u8>>)> = conn
-        .query_row(
-            "SELECT generation, holder FROM durability_owner_fence WHERE scope = ?1",
-            [scope.host_id()],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()
+        .prepare_cached("SELECT generation, holder FROM durability_owner_fence WHERE scope = ?1")
+        .and_then(|mut st| {
+            st.query_row([scope.host_id()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(not_applied)?;
     row.map(|(g, holder)| {
         u64::try_from(g)
