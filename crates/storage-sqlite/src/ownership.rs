@@ -175,6 +175,14 @@ impl<C: Clock> SqliteLeaseStore<C> {
             })
             .map_err(not_applied)?;
         let (active, lock) = row.unwrap_or((None, None));
+        Self::decode_lifecycle(lifecycle, active, lock)
+    }
+
+    fn decode_lifecycle(
+        lifecycle: &LifecycleId,
+        active: Option<String>,
+        lock: Option<Vec<u8>>,
+    ) -> Result<Lifecycle, OwnershipError> {
         let active = match active {
             Some(s) => {
                 Some(
@@ -199,6 +207,15 @@ impl<C: Clock> SqliteLeaseStore<C> {
         now: u64,
     ) -> Result<Option<Lease>, OwnershipError> {
         let row = Self::owner_row(conn, scope).map_err(not_applied)?;
+        self.decode_owner(scope, row, now)
+    }
+
+    fn decode_owner(
+        &self,
+        scope: &OwnerScope,
+        row: Option<(Vec<u8>, i64)>,
+        now: u64,
+    ) -> Result<Option<Lease>, OwnershipError> {
         match row {
             Some((raw, exp)) if u64_of(exp) > now => {
                 let record = OwnerRecord::decode(&raw, scope, self.count)?;
@@ -230,6 +247,10 @@ impl<C: Clock> SqliteLeaseStore<C> {
             .prepare_cached("SELECT generation FROM durability_owner_generations WHERE scope = ?1")
             .and_then(|mut st| st.query_row([scope.host_id()], |r| r.get(0)).optional())
             .map_err(not_applied)?;
+        Self::decode_generation(scope, g)
+    }
+
+    fn decode_generation(scope: &OwnerScope, g: Option<i64>) -> Result<u64, OwnershipError> {
         match g {
             None => Ok(0),
             Some(g) => u64::try_from(g)
@@ -318,12 +339,38 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<OwnerSnapshot, OwnershipError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction().map_err(not_applied)?;
+        // One statement reads the owner, generation and lifecycle rows: a
+        // statement is its own read transaction, so the three are one
+        // consistent snapshot, in one step instead of BEGIN, three reads
+        // and COMMIT (the admission of every host dispatch reads this).
+        type Row = (
+            Option<Vec<u8>>,
+            Option<i64>,
+            Option<i64>,
+            Option<String>,
+            Option<Vec<u8>>,
+        );
+        let conn = self.lock();
         let now = self.clock.now_ms_u64();
-        let owner = self.owner(&tx, scope, now)?;
-        let generation = Self::generation(&tx, scope)?;
-        let lc = Self::lifecycle(&tx, lifecycle)?;
+        let (record, expires, generation, active, lock): Row = conn
+            .prepare_cached(
+                "SELECT
+                   (SELECT record FROM durability_owner_leases WHERE scope = ?1),
+                   (SELECT expires_at_ms FROM durability_owner_leases WHERE scope = ?1),
+                   (SELECT generation FROM durability_owner_generations WHERE scope = ?1),
+                   (SELECT active_storage FROM durability_owner_lifecycle WHERE lifecycle = ?2),
+                   (SELECT delete_lock FROM durability_owner_lifecycle WHERE lifecycle = ?2)",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![scope.host_id(), lifecycle.as_str()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })
+            })
+            .map_err(not_applied)?;
+        drop(conn);
+        let owner = self.decode_owner(scope, record.zip(expires), now)?;
+        let generation = Self::decode_generation(scope, generation)?;
+        let lc = Self::decode_lifecycle(lifecycle, active, lock)?;
         Ok(OwnerSnapshot {
             store_now_ms: now,
             owner,
