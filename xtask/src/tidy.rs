@@ -260,7 +260,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_test_is_ignored() {
     let mut files = Vec::new();
-    for dir in ["crates", "demo", "tests", "xtask"] {
+    for dir in ["crates", "demo", "examples", "tests", "xtask"] {
         rust_files(&root().join(dir), &mut files);
     }
     assert!(files.len() > 10, "the tidy check found the sources");
@@ -665,7 +665,7 @@ fn draws_jitter(line: &str) -> bool {
 fn only_the_time_crate_keeps_time() {
     let root = root();
     let mut files = Vec::new();
-    for dir in ["crates", "demo", "tests", "xtask/src"] {
+    for dir in ["crates", "demo", "examples", "tests", "xtask/src"] {
         rust_files(&root.join(dir), &mut files);
     }
     let time_crate = root.join("crates/time");
