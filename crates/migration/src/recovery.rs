@@ -391,7 +391,9 @@ async fn run_resumed(
 ) -> Result<Resumed> {
     match ctx.run(snap, attempts, stage).await {
         Ok(n) => Ok(Resumed::Committed(n)),
-        Err(e @ MigrationError::Aborted { .. }) => Ok(Resumed::Aborted(e)),
+        Err(e @ (MigrationError::Aborted { .. } | MigrationError::CopyRejected { .. })) => {
+            Ok(Resumed::Aborted(e))
+        }
         Err(e) => Err(e),
     }
 }

@@ -10,6 +10,7 @@ use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
+use crate::republish::Home;
 use crate::shard::{BatchSupport, Shard, Statement};
 use crate::value::{Row, Value};
 use durability_time::Clock;
@@ -442,8 +443,40 @@ impl Router {
         g.as_ref()?.manifest.owner(key).map(str::to_owned)
     }
 
-    async fn route_or_allocate(&self, key: &str) -> Result<String> {
+    /// The key's shard: its mapping, else (mapped placement with a
+    /// journal) the target of the journal's newest finished move of the key,
+    /// published again (its mapping was lost), else nothing.
+    ///
+    /// # Errors
+    /// `MIGRATION_CUTOVER_PENDING` when the key has no mapping and a move of
+    /// it is active; `MIGRATION_LOOKUP_UNAVAILABLE` when the journal cannot
+    /// be read; `MAPPING_UNAVAILABLE`.
+    async fn route_healed(&self, key: &str) -> Result<Option<String>> {
         if let Some(s) = self.route(key).await? {
+            return Ok(Some(s));
+        }
+        match self.heal_unmapped_or_lookup(key).await? {
+            Home::At { target, .. } => Ok(Some(target)),
+            Home::Pending { .. } => Err(MigrationError::CutoverPending {
+                key: key.to_owned(),
+            }),
+            Home::Unknown => Ok(None),
+        }
+    }
+
+    async fn heal_unmapped_or_lookup(&self, key: &str) -> Result<Home> {
+        match self.heal_unmapped(key).await {
+            Err(e @ MigrationError::MappingUnavailable(_)) => Err(e),
+            Err(e) => Err(MigrationError::LookupUnavailable {
+                key: key.to_owned(),
+                reason: format!("the journal could not be read for a key with no mapping: {e}"),
+            }),
+            ok => ok,
+        }
+    }
+
+    async fn route_or_allocate(&self, key: &str) -> Result<String> {
+        if let Some(s) = self.route_healed(key).await? {
             return Ok(s);
         }
         let placed = self
@@ -498,7 +531,25 @@ impl Router {
             return self.read_chain(key, &spec, start, opts).await;
         }
         if !self.computed() {
-            return Ok(None);
+            // A key with no mapping that the journal moved lost its
+            // mapping: read where the journal says it lives (an active
+            // move's source, whose tombstone leads on after its cutover).
+            let start = match self.heal_unmapped_or_lookup(key).await {
+                Ok(Home::At { target, .. }) => target,
+                Ok(Home::Pending { source, .. }) => source,
+                Ok(Home::Unknown) => return Ok(None),
+                Err(e @ MigrationError::LookupUnavailable { .. }) if opts.best_effort => {
+                    tracing::debug!(
+                        event = "durability.migration.read_best_effort",
+                        code = e.code(),
+                        key,
+                        "journal unreadable for an unmapped key; best-effort read returns nothing"
+                    );
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            return self.read_chain(key, &spec, start, opts).await;
         }
         // Computed placement: the newest owner, then older epochs' owners,
         // one query each; a hit through an older epoch is recorded as a
@@ -696,7 +747,7 @@ impl Router {
             WriteKind::Insert(r) | WriteKind::Upsert(r) => {
                 // Validate against the shard the key would land on before
                 // allocating anything.
-                let candidate = match self.route(key).await? {
+                let candidate = match self.route_healed(key).await? {
                     Some(s) => s,
                     None => self
                         .placement(key)
@@ -706,7 +757,7 @@ impl Router {
                 Self::check_row_columns(&spec, &cols, r)?;
                 self.route_or_allocate(key).await?
             }
-            WriteKind::Update(r) => match self.route(key).await? {
+            WriteKind::Update(r) => match self.route_healed(key).await? {
                 Some(s) => {
                     let cols = self.columns(&s, &spec).await?;
                     Self::check_row_columns(&spec, &cols, r)?;
@@ -719,7 +770,7 @@ impl Router {
                     return Ok(None);
                 }
             },
-            WriteKind::Delete => match self.route(key).await? {
+            WriteKind::Delete => match self.route_healed(key).await? {
                 Some(s) => s,
                 None => return Ok(None),
             },
@@ -878,10 +929,23 @@ impl Router {
                     let fresh = self.mapping_fresh(key).await?;
                     match fresh {
                         Some(s) if s != shard_name => shard_name = s,
-                        _ => {
-                            return Err(MigrationError::CutoverPending {
-                                key: key.to_owned(),
-                            });
+                        found => {
+                            // The mapping names the fenced shard (or
+                            // nothing): its publish was lost. The journal's
+                            // newest finished move of the key names where
+                            // the key lives; publish it again.
+                            match self.journal_home(key).await {
+                                Ok(Home::At { op_id, target }) if target != shard_name => {
+                                    self.republish(key, &op_id, &target, found.as_deref())
+                                        .await?;
+                                    shard_name = target;
+                                }
+                                _ => {
+                                    return Err(MigrationError::CutoverPending {
+                                        key: key.to_owned(),
+                                    });
+                                }
+                            }
                         }
                     }
                 }

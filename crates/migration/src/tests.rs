@@ -92,6 +92,18 @@ fn all_errors() -> Vec<MigrationError> {
             collation: s(),
             fix: s(),
         },
+        MigrationError::CopyRejected {
+            key: s(),
+            shard: s(),
+            table: s(),
+            column: Some(s()),
+            reason: s(),
+        },
+        MigrationError::OperationNotFound(s()),
+        MigrationError::NotAbortable {
+            op_id: s(),
+            state: s(),
+        },
     ]
 }
 
