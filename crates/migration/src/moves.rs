@@ -558,6 +558,9 @@ impl<'r> MoveCtx<'r> {
         mut attempts: i64,
         mut stage: Stage,
     ) -> Result<i64> {
+        // The digests of the copy before the current one (its rows are
+        // superseded by the next copy, unless that copy is refused).
+        let mut previous: Option<BTreeMap<String, String>> = None;
         let committed = loop {
             let digests = self.digests(&snap);
             let mut hit = (false, false);
@@ -568,6 +571,9 @@ impl<'r> MoveCtx<'r> {
                         // The destination can never hold this snapshot:
                         // abort (dropping earlier copies, releasing the
                         // claim) instead of leaving the key claimed.
+                        if let Some(p) = &previous {
+                            self.drop_copies(p).await?;
+                        }
                         self.abort(&digests, &e.to_string()).await?;
                         return Err(e);
                     }
@@ -607,6 +613,12 @@ impl<'r> MoveCtx<'r> {
             if attempts > MAX_RECOPIES {
                 return Err(self.abort(&digests, "copies used up").await?);
             }
+            // A value the destination can never store: abort while the
+            // journal still holds the digests of the copy that landed.
+            if let Err(e) = self.check_storable(&fresh) {
+                self.abort(&digests, &e.to_string()).await?;
+                return Err(e);
+            }
             // The previous copy is superseded by the next one (delete + insert).
             let change = Change {
                 attempts: Some(attempts),
@@ -614,6 +626,7 @@ impl<'r> MoveCtx<'r> {
                 ..Change::default()
             };
             self.step(MoveState::Prepared, change).await?;
+            previous = Some(digests);
             snap = fresh;
             stage = Stage::Copy;
         };

@@ -319,6 +319,12 @@ impl Router {
                     let e = ctx.abort(&op.digests, "source row gone").await?;
                     return Ok(Resumed::Aborted(e));
                 }
+                // A value the destination can never store: abort while the
+                // journal still holds the digests of any copy that landed.
+                if let Err(e) = ctx.check_storable(&fresh) {
+                    ctx.abort(&op.digests, &e.to_string()).await?;
+                    return Ok(Resumed::Aborted(e));
+                }
                 let change = crate::journal::Change {
                     digests: Some(crate::journal::encode_digests(&ctx.digests(&fresh))),
                     ..Default::default()
