@@ -7,7 +7,8 @@
 //! through a journal on the journal shard ([`Router::reassign_shard`],
 //! [`Router::reassign_keys`]), recovers interrupted moves
 //! ([`Router::recover_migrations`]), verifies and repairs leftovers
-//! ([`Router::verify_migrations`]), purges archives
+//! ([`Router::verify_migrations`]), aborts a move that cannot finish
+//! ([`Router::abort_operation`]), purges archives
 //! ([`Router::purge_retired`]), rebalances ([`Router::rebalance`]) and
 //! reconciles the coordinator's allocation ledger
 //! ([`Router::reconcile_allocations`], [`AllocationLedger`]).

@@ -816,7 +816,13 @@ impl Router {
     /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
     /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`, `MIGRATION_PARTIAL_MOVE`,
     /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
-    /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
+    /// `MIGRATION_COPY_REJECTED` (the destination definitely refused the
+    /// copy: a value its dialect cannot hold, refused before any write, or a
+    /// refusal its shard reports as [`crate::DataRejected`] /
+    /// [`crate::UniqueViolation`]; the move was aborted, the key stays on
+    /// its source), `SHARD_UNAVAILABLE` (outcome unknown: the operation
+    /// stays active, for this call to resume, recovery to settle or
+    /// [`Router::abort_operation`]), `MAPPING_UNAVAILABLE`.
     pub async fn reassign_keys_with(
         &self,
         key: &str,

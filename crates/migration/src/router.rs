@@ -502,11 +502,16 @@ impl Router {
     }
 
     /// Reads the key's row of `table`. A key with no mapping reads as absent
-    /// and allocates nothing. A miss on a shard that holds a tombstone for the
-    /// key follows `moved_to`, up to four hops (only with a journal shard).
+    /// and allocates nothing, unless (mapped placement with a journal shard)
+    /// the journal moved it: its mapping was lost, and the target of its
+    /// newest finished move is published again and read (one journal query
+    /// for a key with no mapping). A miss on a shard that holds a tombstone
+    /// for the key follows `moved_to`, up to four hops (only with a journal
+    /// shard).
     ///
     /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE`,
+    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (also
+    /// when the journal cannot be read for a key with no mapping),
     /// `MIGRATION_CHAIN_EXCEEDED` (unless `best_effort`), `SHARD_UNAVAILABLE`,
     /// `MAPPING_UNAVAILABLE`.
     pub async fn get_with(&self, key: &str, table: &str, opts: ReadOptions) -> Result<Option<Row>> {
@@ -707,7 +712,13 @@ impl Router {
     /// Every routed write is fenced: on a shard holding a live tombstone for
     /// the key it changes nothing. Then the router consults the journal: when
     /// the move is published it re-routes; otherwise the write fails with
-    /// `MIGRATION_CUTOVER_PENDING` and was not applied.
+    /// `MIGRATION_CUTOVER_PENDING` and was not applied. When the mapping
+    /// still names the fenced shard (or nothing) although the move finished,
+    /// the mapping store lost its publish: the target of the key's newest
+    /// finished move is published again and the write goes there. Under
+    /// mapped placement with a journal shard, a write of a key with no
+    /// mapping first asks the journal the same (one query), so a key whose
+    /// mapping was lost is never allocated a second home.
     ///
     /// Under computed placement the write binds the manifest generation it
     /// routed with: a shard whose fence is above it changes nothing, the
@@ -716,7 +727,9 @@ impl Router {
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
     /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`, `DUPLICATE_KEY` (an insert of a key whose row
+    /// `MAPPING_UNAVAILABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (a key with no
+    /// mapping whose journal could not be read; nothing written),
+    /// `DUPLICATE_KEY` (an insert of a key whose row
     /// exists: definite, nothing written); under computed placement also
     /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
     /// of which applied the write).

@@ -438,6 +438,7 @@ fn public_futures_are_spawnable(r0: Arc<Router>, st0: Statement, row0: Row) {
     spawn!(r, st, row => r.recover_migrations());
     spawn!(r, st, row => r.verify_migrations(VerifyOptions::default()));
     spawn!(r, st, row => r.purge_retired());
+    spawn!(r, st, row => r.abort_operation("op"));
     spawn!(r, st, row => r.rebalance(RebalanceOptions::default()));
     spawn!(r, st, row => r.reconcile_allocations(&ReconcileOptions::default()));
     spawn!(r, st, row => r.migrate_record("a", "b", "k", "t", MigrateOptions::default()));

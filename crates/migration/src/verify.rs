@@ -231,12 +231,17 @@ impl Router {
     /// a ghost only when it equals the archived payload, a stranded copy by
     /// the abort's digest proof, a stale cutover only when its operation is
     /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A clean pass is recorded with its start time (purge
-    /// requires one that started after the operation finished).
+    /// shard has no row. Every key's mapping is checked against the journal
+    /// (the target of the key's newest finished move); repair publishes
+    /// that target again. Every pass is recorded with its start time and the
+    /// keys it found something on; a clean pass also as clean. Purge
+    /// requires a pass that started after the operation finished and found
+    /// nothing on its key, so one stuck operation blocks only its own key.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
-    /// (with `repair`), `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    /// (with `repair`), `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`,
+    /// `CORRUPT_RECORD`.
     pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         self.journal_shard()?;
         // A clean pass covers the moves that finished before it started:
@@ -681,7 +686,9 @@ impl Router {
     }
 
     /// Clears the archived payload of every retired operation whose
-    /// retention elapsed and that a clean verification pass has covered.
+    /// retention elapsed and that a verification pass has covered: one
+    /// that started after the operation finished and was clean, or found
+    /// nothing on the operation's key.
     /// Tombstones stay, so stale writers remain refused.
     ///
     /// # Errors
