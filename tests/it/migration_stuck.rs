@@ -16,8 +16,8 @@ use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, Harness, HookedShard, repair};
 use durability_migration::{
-    BackendError, BoxFuture, MemoryMappingStore, MoveOptions, MoveState, OpRecord, Retire, Router,
-    Row, Shard, Statement, Value, VerifyOptions, row,
+    BackendError, BoxFuture, MemoryMappingStore, MoveOptions, MoveState, OpRecord, Placement,
+    Retire, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
 use durability_storage_sqlite::migration::SqliteShard;
 
@@ -224,6 +224,46 @@ async fn the_newest_finished_move_names_the_shard_a_lost_publish_is_healed_to() 
         ("s2", Some(&Value::Integer(5)))
     );
     clean_verify(&fresh).await;
+}
+
+/// Item 7 under computed placement: a key moved off its computed owner
+/// whose mapping (its placement exception's mapping) was deleted. A fresh
+/// router's write meets the owner's tombstone and lands on the key's row,
+/// the mapping is published again, and verification is clean.
+#[tokio::test]
+async fn a_lost_publish_under_computed_placement_is_republished_by_the_next_write() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let computed = || async {
+            let r = Router::new(e.config(false, 30_000).placement(Placement::Computed)).unwrap();
+            r.init().await.unwrap();
+            r
+        };
+        let r = computed().await;
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let owner = r.computed_owner("u1").unwrap();
+        let other = if owner == "s0" { "s1" } else { "s0" };
+        r.reassign_shard("u1", other, "users").await.unwrap();
+        assert!(e.mapping.remove("u1").await.unwrap(), "{kinds:?}");
+        let fresh = computed().await;
+        assert_eq!(
+            fresh.update("u1", "users", user("after", 2)).await.unwrap(),
+            1,
+            "{kinds:?}"
+        );
+        assert_eq!(
+            e.mapping.get("u1").await.unwrap().as_deref(),
+            Some(other),
+            "{kinds:?}"
+        );
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(
+            (live[0].0.as_str(), live[0].1.get("n")),
+            (other, Some(&Value::Integer(2)))
+        );
+        clean_verify(&fresh).await;
+    }
 }
 
 /// Item 8: a row holding a NUL character cannot be stored in PostgreSQL
@@ -637,6 +677,52 @@ async fn an_interrupted_abort_runs_again_to_the_end() {
         tried >= 3 * 2 * 4,
         "the abort's writes were reached: {tried}"
     );
+}
+
+/// Item 8: an abort interrupted at any of its writes is also settled by
+/// recovery (after the interrupted call's lease and the operation's
+/// liveness lapsed): the operation ends aborted or the move finishes, the
+/// key has one live row where its mapping says, and verification is clean.
+#[tokio::test]
+async fn recovery_settles_an_interrupted_abort() {
+    let mut tried = 0;
+    for kinds in SAME {
+        for n in 1..=4 {
+            let Some(e) = env(&kinds).await else { return };
+            let r = e.router().await;
+            e.mapping.put("u1", "s1").await.unwrap();
+            r.insert("u1", "users", user("ann", 1)).await.unwrap();
+            e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
+                .await;
+            let stuck = status(&r, "u1").await;
+            let ctx = format!("{kinds:?} write {n}");
+            let rf = e.router_with(true, 30_000).await;
+            e.plan.arm(n, FaultMode::After);
+            assert!(rf.abort_operation(&stuck.op_id).await.is_err(), "{ctx}");
+            assert!(e.plan.tripped(), "{ctx}");
+            tried += 1;
+            e.plan.disarm();
+            drop(rf);
+            e.clock.advance(61_000);
+            let rep = r.recover_migrations().await.unwrap();
+            assert!(rep.failed.is_empty(), "{ctx}: {rep:?}");
+            let op = status(&r, "u1").await;
+            assert!(op.state.is_terminal(), "{ctx}: {op:?}");
+            let live = e.live("users", "id", "u1").await;
+            assert_eq!(live.len(), 1, "{ctx}: {live:?}");
+            let routed = r.route("u1").await.unwrap().unwrap();
+            assert_eq!(live[0].0, routed, "{ctx}");
+            let expected = if op.state == MoveState::Aborted {
+                "s1"
+            } else {
+                "s0"
+            };
+            assert_eq!(routed, expected, "{ctx}: {op:?}");
+            clean_verify(&r).await;
+            assert_eq!(r.update("u1", "users", user("b", 2)).await.unwrap(), 1);
+        }
+    }
+    eprintln!("interrupted aborts settled by recovery: {tried} crash points tried");
 }
 
 /// Item 8: one stuck operation does not block purge of unrelated moves: a
