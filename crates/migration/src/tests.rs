@@ -493,3 +493,25 @@ fn public_futures_are_send_and_static() {
         (|_, _, _| {}) as fn(Arc<Router>, Statement, Row)
     ));
 }
+
+/// An unclean pass remembers the keys it found something on for purge, up
+/// to `MAX_UNCLEAN_KEYS` distinct keys; past that it remembers none (and is
+/// not recorded), so a pass's memory stays bounded.
+#[test]
+fn an_unclean_pass_remembers_a_bounded_set_of_keys() {
+    let mut rep = VerifyReport::default();
+    for i in 0..verify::MAX_UNCLEAN_KEYS {
+        rep.flag(&format!("k{i}"));
+        rep.flag(&format!("k{i}"));
+    }
+    assert_eq!(
+        rep.unclean_keys.as_ref().map(BTreeSet::len),
+        Some(verify::MAX_UNCLEAN_KEYS)
+    );
+    rep.flag("k0");
+    assert!(rep.unclean_keys.is_some(), "a known key adds nothing");
+    rep.flag("one-more");
+    assert!(rep.unclean_keys.is_none());
+    rep.flag("k1");
+    assert!(rep.unclean_keys.is_none());
+}

@@ -74,7 +74,7 @@ pub struct StaleCutover {
 ///
 /// Each list keeps its first [`MAX_REPORT_ENTRIES`] entries; the matching
 /// `*_count` field is the exact total.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct VerifyReport {
     /// Operations still active in the journal (first entries).
     pub dangling_ops: Vec<String>,
@@ -111,15 +111,53 @@ pub struct VerifyReport {
     pub clean: bool,
     /// The recovery `repair` ran first.
     pub recovery: Option<RecoveryReport>,
-    /// Every key something was reported on (uncapped): purge refuses only
-    /// these keys' operations after an unclean pass.
-    unclean_keys: BTreeSet<String>,
+    /// Every key something was reported on: purge refuses only these
+    /// keys' operations after an unclean pass. `None` once more than
+    /// [`MAX_UNCLEAN_KEYS`] were found: such a pass is not recorded (purge
+    /// then needs a clean pass), which keeps a pass's memory bounded.
+    pub(crate) unclean_keys: Option<BTreeSet<String>>,
+}
+
+/// Most keys an unclean pass remembers for purge (see
+/// [`Router::purge_retired`]); a pass that finds more covers nothing.
+pub(crate) const MAX_UNCLEAN_KEYS: usize = 10_000;
+
+impl Default for VerifyReport {
+    fn default() -> Self {
+        Self {
+            dangling_ops: Vec::new(),
+            ghosts: Vec::new(),
+            stranded_archives: Vec::new(),
+            stranded_copies: Vec::new(),
+            stale_cutovers: Vec::new(),
+            mapping_mismatches: Vec::new(),
+            repaired: Vec::new(),
+            dangling_count: 0,
+            ghost_count: 0,
+            stranded_archive_count: 0,
+            stranded_copy_count: 0,
+            stale_cutover_count: 0,
+            mapping_mismatch_count: 0,
+            repaired_count: 0,
+            clean: false,
+            recovery: None,
+            unclean_keys: Some(BTreeSet::new()),
+        }
+    }
 }
 
 impl VerifyReport {
-    fn flag(&mut self, key: &str) {
-        if !self.unclean_keys.contains(key) {
-            self.unclean_keys.insert(key.to_owned());
+    pub(crate) fn flag(&mut self, key: &str) {
+        let Some(keys) = &mut self.unclean_keys else {
+            return;
+        };
+        if keys.contains(key) {
+            return;
+        }
+        if keys.len() >= MAX_UNCLEAN_KEYS {
+            self.unclean_keys = None;
+        } else {
+            keys.insert(key.to_owned());
         }
     }
 }
@@ -290,13 +328,18 @@ impl Router {
                 d: &d,
                 scope: &self.scope,
             };
-            let mut stmts = q.pass_set(started, &report.unclean_keys);
+            let mut stmts = match &report.unclean_keys {
+                Some(keys) => q.pass_set(started, keys),
+                None => Vec::new(),
+            };
             if report.clean {
                 stmts.extend(q.meta_set(started));
             }
-            js.batch(&stmts)
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
+            if !stmts.is_empty() {
+                js.batch(&stmts)
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+            }
         }
         if !report.clean {
             tracing::warn!(
