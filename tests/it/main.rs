@@ -12,6 +12,7 @@ mod host_processes;
 mod migration_dialects;
 mod migration_placement;
 mod migration_review;
+mod migration_stuck;
 mod outbox;
 mod outbox_codec;
 mod outbox_corrupt;

@@ -75,6 +75,18 @@ impl Dialect {
         matches!(self, Self::Sqlite | Self::Postgres | Self::MySql)
     }
 
+    /// Why a value can never be stored in a column of this dialect, if it
+    /// cannot (a definite refusal known before any write): PostgreSQL text
+    /// holds no NUL character (U+0000).
+    pub fn unstorable(&self, v: &Value) -> Option<&'static str> {
+        match (self, v) {
+            (Self::Postgres, Value::Text(t)) if t.contains('\0') => {
+                Some("PostgreSQL text cannot hold a NUL character (U+0000)")
+            }
+            _ => None,
+        }
+    }
+
     /// The dialect's name.
     pub fn name(&self) -> &str {
         match self {
@@ -246,6 +258,10 @@ pub(crate) mod names {
     pub(crate) const OPS: &str = "durability_migration_ops";
     pub(crate) const LEASE: &str = "durability_migration_lease";
     pub(crate) const META: &str = "durability_migration_meta";
+    /// The start time of the last finished verification pass, clean or not.
+    pub(crate) const PASS: &str = "durability_migration_pass";
+    /// The keys the last finished verification pass found something on.
+    pub(crate) const UNCLEAN: &str = "durability_migration_unclean";
     pub(crate) const MANIFEST: &str = "durability_manifest";
     pub(crate) const EXCEPTIONS: &str = "durability_placement_exceptions";
     pub(crate) const TOPOLOGY: &str = "durability_topology";
@@ -320,6 +336,16 @@ impl Dialect {
             Statement::new(format!(
                 "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, last_clean_verify_ms {i} NOT NULL)",
                 m = names::META
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {p} (scope {k} PRIMARY KEY, started_ms {i} NOT NULL)",
+                p = names::PASS
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {u} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
+                 PRIMARY KEY (scope, mkey)){w}",
+                u = names::UNCLEAN,
+                w = self.keyed_table_suffix()
             )),
         ]
     }

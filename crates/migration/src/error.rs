@@ -29,6 +29,40 @@ impl UniqueViolation {
     }
 }
 
+/// A backend error a shard reports when a statement was refused for the
+/// data it carries (a NOT NULL, CHECK or foreign-key constraint, a value the
+/// column's type cannot hold, a value out of range): a definite rejection
+/// (the statement applied nothing), never an unknown outcome. Shards wrap
+/// the driver's error in it (the SQLite shard: `SQLITE_CONSTRAINT_*` other
+/// than unique, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`), naming the column when
+/// the driver's message does. A move whose copy fails with it (or with a
+/// [`UniqueViolation`]) aborts with `MIGRATION_COPY_REJECTED`.
+#[derive(Debug, thiserror::Error)]
+#[error("the statement's data was refused")]
+pub struct DataRejected {
+    /// The table the refusal names, when the driver names one.
+    pub table: Option<String>,
+    /// The column the refusal names, when the driver names one.
+    pub column: Option<String>,
+    /// The driver's error.
+    #[source]
+    pub source: BackendError,
+}
+
+impl DataRejected {
+    /// The [`DataRejected`] in `e` or an error it wraps, if any.
+    pub fn find<'e>(e: &'e (dyn StdError + 'static)) -> Option<&'e Self> {
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+        while let Some(x) = cur {
+            if let Some(d) = x.downcast_ref::<Self>() {
+                return Some(d);
+            }
+            cur = x.source();
+        }
+        None
+    }
+}
+
 /// Every failure the migration crate reports.
 ///
 /// Each variant has a stable machine code ([`MigrationError::code`]) and says
@@ -248,6 +282,41 @@ pub enum MigrationError {
         /// What to change.
         fix: String,
     },
+    /// A move's copy was definitely refused by the destination (a value
+    /// its dialect or column cannot hold, a constraint the source does not
+    /// have): the move can never succeed as it is, so it was aborted (the
+    /// key stays on its source, every copy dropped) and its claim released.
+    /// Nothing is retried; change the row or the destination's table.
+    #[error(
+        "destination {shard:?} refused the copy of key {key:?} into {table:?}{}: {reason}",
+        column.as_deref().map(|c| format!(" (column {c:?})")).unwrap_or_default()
+    )]
+    CopyRejected {
+        /// The key.
+        key: String,
+        /// The destination shard.
+        shard: String,
+        /// The table whose row was refused.
+        table: String,
+        /// The column, when known (always for a value the destination's
+        /// dialect cannot hold).
+        column: Option<String>,
+        /// Why.
+        reason: String,
+    },
+    /// No operation with this id exists in the journal scope.
+    #[error("operation {0} does not exist")]
+    OperationNotFound(String),
+    /// The operation cannot be aborted: it has cut over (or may have), or
+    /// finished moving the key. `cutover_pending` operations are settled by
+    /// `recover_migrations` (which checks the source).
+    #[error("operation {op_id} is {state} and cannot be aborted")]
+    NotAbortable {
+        /// The operation.
+        op_id: String,
+        /// Its state.
+        state: String,
+    },
 }
 
 impl MigrationError {
@@ -294,6 +363,9 @@ impl MigrationError {
         "MIGRATION_PARTIAL_MOVE",
         "DUPLICATE_KEY",
         "KEY_COLUMN_NOT_BYTEWISE",
+        "MIGRATION_COPY_REJECTED",
+        "MIGRATION_OPERATION_NOT_FOUND",
+        "MIGRATION_NOT_ABORTABLE",
     ];
 
     /// The stable machine code of this error.
@@ -340,6 +412,9 @@ impl MigrationError {
             Self::PartialMove { .. } => "MIGRATION_PARTIAL_MOVE",
             Self::DuplicateKey { .. } => "DUPLICATE_KEY",
             Self::KeyColumnNotBytewise { .. } => "KEY_COLUMN_NOT_BYTEWISE",
+            Self::CopyRejected { .. } => "MIGRATION_COPY_REJECTED",
+            Self::OperationNotFound(_) => "MIGRATION_OPERATION_NOT_FOUND",
+            Self::NotAbortable { .. } => "MIGRATION_NOT_ABORTABLE",
         }
     }
 

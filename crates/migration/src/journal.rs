@@ -384,6 +384,32 @@ impl JournalSql<'_> {
         s.finish()
     }
 
+    /// An operator's abort takes an operation over from its owner, live or
+    /// not, only while it has not reached `cutover_pending` (so no cutover
+    /// can have run): the owner's next journal write is then fenced.
+    pub(crate) fn take_over_uncut(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET owner = ")
+            .bind(g.owner.as_str())
+            .raw(", live_until_ms = ")
+            .bind(live_until)
+            .raw(" WHERE op_id = ")
+            .bind(op.op_id.as_str())
+            .raw(" AND owner = ")
+            .bind(op.owner.as_str())
+            .raw(" AND state IN ('prepared', 'copied', 'verified')");
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
     pub(crate) fn load_op(&self, op_id: &str) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("SELECT * FROM ")
@@ -561,6 +587,71 @@ impl JournalSql<'_> {
             1,
         );
         vec![u.finish(), i]
+    }
+}
+
+impl JournalSql<'_> {
+    /// The start time of the last finished verification pass.
+    pub(crate) fn pass_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT started_ms FROM ")
+            .raw(names::PASS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    /// Whether the last finished verification pass found something on `key`.
+    pub(crate) fn unclean_get(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT mkey FROM ")
+            .raw(names::UNCLEAN)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND mkey = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// Records a finished verification pass that started at `started` and
+    /// found something on exactly `keys` (one batch: the previous pass's
+    /// keys are replaced).
+    pub(crate) fn pass_set<'k>(
+        &self,
+        started: i64,
+        keys: impl IntoIterator<Item = &'k String>,
+    ) -> Vec<Statement> {
+        let mut del = Sql::new(self.d);
+        del.raw("DELETE FROM ")
+            .raw(names::UNCLEAN)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        let mut out = vec![del.finish()];
+        for k in keys {
+            let mut ins = Sql::new(self.d);
+            ins.raw("INSERT INTO ")
+                .raw(names::UNCLEAN)
+                .raw(" (scope, mkey) VALUES (")
+                .bind(self.scope)
+                .raw(", ")
+                .bind(k.as_str())
+                .raw(")");
+            out.push(ins.finish());
+        }
+        let mut u = Sql::new(self.d);
+        u.raw("UPDATE ")
+            .raw(names::PASS)
+            .raw(" SET started_ms = ")
+            .bind(started)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        out.push(u.finish());
+        out.push(self.d.insert_absent(
+            names::PASS,
+            &[("scope", self.scope.into()), ("started_ms", started.into())],
+            1,
+        ));
+        out
     }
 }
 

@@ -7,7 +7,8 @@
 //! through a journal on the journal shard ([`Router::reassign_shard`],
 //! [`Router::reassign_keys`]), recovers interrupted moves
 //! ([`Router::recover_migrations`]), verifies and repairs leftovers
-//! ([`Router::verify_migrations`]), purges archives
+//! ([`Router::verify_migrations`]), aborts a move that cannot finish
+//! ([`Router::abort_operation`]), purges archives
 //! ([`Router::purge_retired`]), rebalances ([`Router::rebalance`]) and
 //! reconciles the coordinator's allocation ledger
 //! ([`Router::reconcile_allocations`], [`AllocationLedger`]).
@@ -27,6 +28,7 @@
 //! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
 
+mod abort;
 mod config;
 mod dialect;
 mod error;
@@ -40,6 +42,7 @@ mod rebalance;
 mod reconcile;
 mod record;
 mod recovery;
+mod republish;
 mod router;
 mod shard;
 mod value;
@@ -48,6 +51,7 @@ mod verify;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+pub use abort::AbortReport;
 pub use config::{
     DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN, DEFAULT_MAPPING_CACHE_TTL_MS, MAX_KEY_BYTES,
     MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy,
@@ -55,7 +59,7 @@ pub use config::{
 };
 pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
 pub use durability_time::{Clock, ManualClock, SystemClock};
-pub use error::{BackendError, MigrationError, Result, UniqueViolation};
+pub use error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
 };
@@ -80,7 +84,8 @@ pub use router::{MAX_CHAIN_HOPS, ReadOptions, Router};
 pub use shard::{BatchSupport, BoxFuture, Shard, Statement};
 pub use value::{Row, Value, decode_row, digest, encode_row, row};
 pub use verify::{
-    Leftover, MAX_REPORT_ENTRIES, PurgeReport, Refusal, StaleCutover, VerifyOptions, VerifyReport,
+    Leftover, MAX_REPORT_ENTRIES, MappingMismatch, PurgeReport, Refusal, StaleCutover,
+    VerifyOptions, VerifyReport,
 };
 
 #[cfg(test)]

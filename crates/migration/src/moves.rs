@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 use crate::config::{self, TableSpec};
 use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
-use crate::error::{MigrationError, Result};
+use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
     Change, DEFAULT_RETENTION_MS, Guard, JournalSql, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState,
     OpRecord,
@@ -229,7 +229,13 @@ impl<'r> MoveCtx<'r> {
     /// key (the usual case: one statement, no transaction); otherwise, and
     /// for a table set, one batch replaces the key's rows (delete + insert
     /// per table), superseding an earlier attempt's copy.
+    ///
+    /// A definite refusal (a value the destination's dialect cannot hold,
+    /// found before any write; a [`DataRejected`] or [`UniqueViolation`]
+    /// from the shard) is `MIGRATION_COPY_REJECTED`; any other failure is
+    /// `SHARD_UNAVAILABLE` (outcome unknown).
     async fn copy(&self, snap: &Snapshot) -> Result<()> {
+        self.check_storable(snap)?;
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         if let ([spec], [Some(row)]) = (self.specs.as_slice(), snap.as_slice()) {
@@ -241,7 +247,7 @@ impl<'r> MoveCtx<'r> {
                     &row_idents(row)?,
                 ))
                 .await
-                .map_err(|e| MigrationError::shard(name, e))?;
+                .map_err(|e| self.copy_error(name, e))?;
             if n > 0 {
                 return Ok(());
             }
@@ -256,8 +262,66 @@ impl<'r> MoveCtx<'r> {
         shard
             .batch(&stmts)
             .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+            .map_err(|e| self.copy_error(name, e))?;
         Ok(())
+    }
+
+    /// Refuses a snapshot holding a value the destination's dialect can
+    /// never store (`MIGRATION_COPY_REJECTED`, naming table and column).
+    pub(crate) fn check_storable(&self, snap: &Snapshot) -> Result<()> {
+        let (name, shard) = self.r.shard_named(&self.target)?;
+        let d = shard.dialect();
+        for (spec, row) in self.specs.iter().zip(snap) {
+            let Some(row) = row else { continue };
+            for (col, v) in row {
+                if let Some(reason) = d.unstorable(v) {
+                    return Err(MigrationError::CopyRejected {
+                        key: self.key.clone(),
+                        shard: name.to_owned(),
+                        table: spec.name.as_str().to_owned(),
+                        column: Some(col.clone()),
+                        reason: reason.to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy's failure: a definite refusal by the destination is
+    /// `MIGRATION_COPY_REJECTED`, anything else `SHARD_UNAVAILABLE`.
+    fn copy_error(&self, shard: &str, e: BackendError) -> MigrationError {
+        let rejected = DataRejected::find(e.as_ref());
+        if rejected.is_none() && !UniqueViolation::is(e.as_ref()) {
+            return MigrationError::shard(shard, e);
+        }
+        let table = rejected
+            .and_then(|r| r.table.clone())
+            .or_else(|| match self.specs.as_slice() {
+                [one] => Some(one.name.as_str().to_owned()),
+                _ => None,
+            })
+            .unwrap_or_else(|| {
+                self.specs
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+        let reason = match rejected {
+            Some(r) => r.source.to_string(),
+            None => format!(
+                "{e}: {}",
+                e.source().map(ToString::to_string).unwrap_or_default()
+            ),
+        };
+        MigrationError::CopyRejected {
+            key: self.key.clone(),
+            shard: shard.to_owned(),
+            table,
+            column: rejected.and_then(|r| r.column.clone()),
+            reason,
+        }
     }
 
     /// Whether the destination holds every snapshot row.
@@ -454,7 +518,20 @@ impl<'r> MoveCtx<'r> {
         digests: &BTreeMap<String, String>,
         reason: &str,
     ) -> Result<MigrationError> {
-        self.drop_copies(digests).await?;
+        self.abort_counted(digests, reason).await?;
+        Ok(MigrationError::Aborted {
+            key: self.key.clone(),
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// [`MoveCtx::abort`], returning how many destination rows it dropped.
+    pub(crate) async fn abort_counted(
+        &self,
+        digests: &BTreeMap<String, String>,
+        reason: &str,
+    ) -> Result<usize> {
+        let dropped = self.drop_copies(digests).await?;
         let change = Change {
             finished: true,
             error: Some(reason.to_owned()),
@@ -470,10 +547,7 @@ impl<'r> MoveCtx<'r> {
             reason,
             "move aborted"
         );
-        Ok(MigrationError::Aborted {
-            key: self.key.clone(),
-            reason: reason.to_owned(),
-        })
+        Ok(dropped)
     }
 
     /// Runs the move from `stage` with the journaled snapshot `snap`.
@@ -484,11 +558,27 @@ impl<'r> MoveCtx<'r> {
         mut attempts: i64,
         mut stage: Stage,
     ) -> Result<i64> {
+        // The digests of the copy before the current one (its rows are
+        // superseded by the next copy, unless that copy is refused).
+        let mut previous: Option<BTreeMap<String, String>> = None;
         let committed = loop {
             let digests = self.digests(&snap);
             let mut hit = (false, false);
             if stage == Stage::Copy {
-                self.copy(&snap).await?;
+                match self.copy(&snap).await {
+                    Ok(()) => {}
+                    Err(e @ MigrationError::CopyRejected { .. }) => {
+                        // The destination can never hold this snapshot:
+                        // abort (dropping earlier copies, releasing the
+                        // claim) instead of leaving the key claimed.
+                        if let Some(p) = &previous {
+                            self.drop_copies(p).await?;
+                        }
+                        self.abort(&digests, &e.to_string()).await?;
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e),
+                }
                 if self.destination_matches(&digests).await? {
                     // Copied and verified: `cutover_pending` lands after the
                     // copy and the digest comparison and before the cutover
@@ -523,6 +613,12 @@ impl<'r> MoveCtx<'r> {
             if attempts > MAX_RECOPIES {
                 return Err(self.abort(&digests, "copies used up").await?);
             }
+            // A value the destination can never store: abort while the
+            // journal still holds the digests of the copy that landed.
+            if let Err(e) = self.check_storable(&fresh) {
+                self.abort(&digests, &e.to_string()).await?;
+                return Err(e);
+            }
             // The previous copy is superseded by the next one (delete + insert).
             let change = Change {
                 attempts: Some(attempts),
@@ -530,6 +626,7 @@ impl<'r> MoveCtx<'r> {
                 ..Change::default()
             };
             self.step(MoveState::Prepared, change).await?;
+            previous = Some(digests);
             snap = fresh;
             stage = Stage::Copy;
         };
@@ -719,7 +816,13 @@ impl Router {
     /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
     /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`, `MIGRATION_PARTIAL_MOVE`,
     /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
-    /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
+    /// `MIGRATION_COPY_REJECTED` (the destination definitely refused the
+    /// copy: a value its dialect cannot hold, refused before any write, or a
+    /// refusal its shard reports as [`crate::DataRejected`] /
+    /// [`crate::UniqueViolation`]; the move was aborted, the key stays on
+    /// its source), `SHARD_UNAVAILABLE` (outcome unknown: the operation
+    /// stays active, for this call to resume, recovery to settle or
+    /// [`Router::abort_operation`]), `MAPPING_UNAVAILABLE`.
     pub async fn reassign_keys_with(
         &self,
         key: &str,
@@ -815,6 +918,9 @@ impl Router {
         if snap.iter().all(Option::is_none) {
             return Err(MigrationError::RowNotFound(key.to_owned()));
         }
+        // A value the destination can never store: refused before anything
+        // is written.
+        ctx.check_storable(&snap)?;
         // A move of some tables only would strand the key's rows in the
         // others: refused before anything is written.
         let elsewhere = ctx.rows_elsewhere().await?;

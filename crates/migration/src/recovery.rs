@@ -319,6 +319,12 @@ impl Router {
                     let e = ctx.abort(&op.digests, "source row gone").await?;
                     return Ok(Resumed::Aborted(e));
                 }
+                // A value the destination can never store: abort while the
+                // journal still holds the digests of any copy that landed.
+                if let Err(e) = ctx.check_storable(&fresh) {
+                    ctx.abort(&op.digests, &e.to_string()).await?;
+                    return Ok(Resumed::Aborted(e));
+                }
                 let change = crate::journal::Change {
                     digests: Some(crate::journal::encode_digests(&ctx.digests(&fresh))),
                     ..Default::default()
@@ -391,7 +397,9 @@ async fn run_resumed(
 ) -> Result<Resumed> {
     match ctx.run(snap, attempts, stage).await {
         Ok(n) => Ok(Resumed::Committed(n)),
-        Err(e @ MigrationError::Aborted { .. }) => Ok(Resumed::Aborted(e)),
+        Err(e @ (MigrationError::Aborted { .. } | MigrationError::CopyRejected { .. })) => {
+            Ok(Resumed::Aborted(e))
+        }
         Err(e) => Err(e),
     }
 }

@@ -10,6 +10,7 @@ use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
+use crate::republish::Home;
 use crate::shard::{BatchSupport, Shard, Statement};
 use crate::value::{Row, Value};
 use durability_time::Clock;
@@ -442,8 +443,40 @@ impl Router {
         g.as_ref()?.manifest.owner(key).map(str::to_owned)
     }
 
-    async fn route_or_allocate(&self, key: &str) -> Result<String> {
+    /// The key's shard: its mapping, else (mapped placement with a
+    /// journal) the target of the journal's newest finished move of the key,
+    /// published again (its mapping was lost), else nothing.
+    ///
+    /// # Errors
+    /// `MIGRATION_CUTOVER_PENDING` when the key has no mapping and a move of
+    /// it is active; `MIGRATION_LOOKUP_UNAVAILABLE` when the journal cannot
+    /// be read; `MAPPING_UNAVAILABLE`.
+    async fn route_healed(&self, key: &str) -> Result<Option<String>> {
         if let Some(s) = self.route(key).await? {
+            return Ok(Some(s));
+        }
+        match self.heal_unmapped_or_lookup(key).await? {
+            Home::At { target, .. } => Ok(Some(target)),
+            Home::Pending { .. } => Err(MigrationError::CutoverPending {
+                key: key.to_owned(),
+            }),
+            Home::Unknown => Ok(None),
+        }
+    }
+
+    async fn heal_unmapped_or_lookup(&self, key: &str) -> Result<Home> {
+        match self.heal_unmapped(key).await {
+            Err(e @ MigrationError::MappingUnavailable(_)) => Err(e),
+            Err(e) => Err(MigrationError::LookupUnavailable {
+                key: key.to_owned(),
+                reason: format!("the journal could not be read for a key with no mapping: {e}"),
+            }),
+            ok => ok,
+        }
+    }
+
+    async fn route_or_allocate(&self, key: &str) -> Result<String> {
+        if let Some(s) = self.route_healed(key).await? {
             return Ok(s);
         }
         let placed = self
@@ -469,11 +502,16 @@ impl Router {
     }
 
     /// Reads the key's row of `table`. A key with no mapping reads as absent
-    /// and allocates nothing. A miss on a shard that holds a tombstone for the
-    /// key follows `moved_to`, up to four hops (only with a journal shard).
+    /// and allocates nothing, unless (mapped placement with a journal shard)
+    /// the journal moved it: its mapping was lost, and the target of its
+    /// newest finished move is published again and read (one journal query
+    /// for a key with no mapping). A miss on a shard that holds a tombstone
+    /// for the key follows `moved_to`, up to four hops (only with a journal
+    /// shard).
     ///
     /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE`,
+    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (also
+    /// when the journal cannot be read for a key with no mapping),
     /// `MIGRATION_CHAIN_EXCEEDED` (unless `best_effort`), `SHARD_UNAVAILABLE`,
     /// `MAPPING_UNAVAILABLE`.
     pub async fn get_with(&self, key: &str, table: &str, opts: ReadOptions) -> Result<Option<Row>> {
@@ -498,7 +536,25 @@ impl Router {
             return self.read_chain(key, &spec, start, opts).await;
         }
         if !self.computed() {
-            return Ok(None);
+            // A key with no mapping that the journal moved lost its
+            // mapping: read where the journal says it lives (an active
+            // move's source, whose tombstone leads on after its cutover).
+            let start = match self.heal_unmapped_or_lookup(key).await {
+                Ok(Home::At { target, .. }) => target,
+                Ok(Home::Pending { source, .. }) => source,
+                Ok(Home::Unknown) => return Ok(None),
+                Err(e @ MigrationError::LookupUnavailable { .. }) if opts.best_effort => {
+                    tracing::debug!(
+                        event = "durability.migration.read_best_effort",
+                        code = e.code(),
+                        key,
+                        "journal unreadable for an unmapped key; best-effort read returns nothing"
+                    );
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            return self.read_chain(key, &spec, start, opts).await;
         }
         // Computed placement: the newest owner, then older epochs' owners,
         // one query each; a hit through an older epoch is recorded as a
@@ -656,7 +712,13 @@ impl Router {
     /// Every routed write is fenced: on a shard holding a live tombstone for
     /// the key it changes nothing. Then the router consults the journal: when
     /// the move is published it re-routes; otherwise the write fails with
-    /// `MIGRATION_CUTOVER_PENDING` and was not applied.
+    /// `MIGRATION_CUTOVER_PENDING` and was not applied. When the mapping
+    /// still names the fenced shard (or nothing) although the move finished,
+    /// the mapping store lost its publish: the target of the key's newest
+    /// finished move is published again and the write goes there. Under
+    /// mapped placement with a journal shard, a write of a key with no
+    /// mapping first asks the journal the same (one query), so a key whose
+    /// mapping was lost is never allocated a second home.
     ///
     /// Under computed placement the write binds the manifest generation it
     /// routed with: a shard whose fence is above it changes nothing, the
@@ -665,7 +727,9 @@ impl Router {
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
     /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`, `DUPLICATE_KEY` (an insert of a key whose row
+    /// `MAPPING_UNAVAILABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (a key with no
+    /// mapping whose journal could not be read; nothing written),
+    /// `DUPLICATE_KEY` (an insert of a key whose row
     /// exists: definite, nothing written); under computed placement also
     /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
     /// of which applied the write).
@@ -696,7 +760,7 @@ impl Router {
             WriteKind::Insert(r) | WriteKind::Upsert(r) => {
                 // Validate against the shard the key would land on before
                 // allocating anything.
-                let candidate = match self.route(key).await? {
+                let candidate = match self.route_healed(key).await? {
                     Some(s) => s,
                     None => self
                         .placement(key)
@@ -706,7 +770,7 @@ impl Router {
                 Self::check_row_columns(&spec, &cols, r)?;
                 self.route_or_allocate(key).await?
             }
-            WriteKind::Update(r) => match self.route(key).await? {
+            WriteKind::Update(r) => match self.route_healed(key).await? {
                 Some(s) => {
                     let cols = self.columns(&s, &spec).await?;
                     Self::check_row_columns(&spec, &cols, r)?;
@@ -719,7 +783,7 @@ impl Router {
                     return Ok(None);
                 }
             },
-            WriteKind::Delete => match self.route(key).await? {
+            WriteKind::Delete => match self.route_healed(key).await? {
                 Some(s) => s,
                 None => return Ok(None),
             },
@@ -878,10 +942,23 @@ impl Router {
                     let fresh = self.mapping_fresh(key).await?;
                     match fresh {
                         Some(s) if s != shard_name => shard_name = s,
-                        _ => {
-                            return Err(MigrationError::CutoverPending {
-                                key: key.to_owned(),
-                            });
+                        found => {
+                            // The mapping names the fenced shard (or
+                            // nothing): its publish was lost. The journal's
+                            // newest finished move of the key names where
+                            // the key lives; publish it again.
+                            match self.journal_home(key).await {
+                                Ok(Home::At { op_id, target }) if target != shard_name => {
+                                    self.republish(key, &op_id, &target, found.as_deref())
+                                        .await?;
+                                    shard_name = target;
+                                }
+                                _ => {
+                                    return Err(MigrationError::CutoverPending {
+                                        key: key.to_owned(),
+                                    });
+                                }
+                            }
                         }
                     }
                 }

@@ -92,6 +92,18 @@ fn all_errors() -> Vec<MigrationError> {
             collation: s(),
             fix: s(),
         },
+        MigrationError::CopyRejected {
+            key: s(),
+            shard: s(),
+            table: s(),
+            column: Some(s()),
+            reason: s(),
+        },
+        MigrationError::OperationNotFound(s()),
+        MigrationError::NotAbortable {
+            op_id: s(),
+            state: s(),
+        },
     ]
 }
 
@@ -426,6 +438,7 @@ fn public_futures_are_spawnable(r0: Arc<Router>, st0: Statement, row0: Row) {
     spawn!(r, st, row => r.recover_migrations());
     spawn!(r, st, row => r.verify_migrations(VerifyOptions::default()));
     spawn!(r, st, row => r.purge_retired());
+    spawn!(r, st, row => r.abort_operation("op"));
     spawn!(r, st, row => r.rebalance(RebalanceOptions::default()));
     spawn!(r, st, row => r.reconcile_allocations(&ReconcileOptions::default()));
     spawn!(r, st, row => r.migrate_record("a", "b", "k", "t", MigrateOptions::default()));
@@ -479,4 +492,26 @@ fn public_futures_are_send_and_static() {
         f,
         (|_, _, _| {}) as fn(Arc<Router>, Statement, Row)
     ));
+}
+
+/// An unclean pass remembers the keys it found something on for purge, up
+/// to `MAX_UNCLEAN_KEYS` distinct keys; past that it remembers none (and is
+/// not recorded), so a pass's memory stays bounded.
+#[test]
+fn an_unclean_pass_remembers_a_bounded_set_of_keys() {
+    let mut rep = VerifyReport::default();
+    for i in 0..verify::MAX_UNCLEAN_KEYS {
+        rep.flag(&format!("k{i}"));
+        rep.flag(&format!("k{i}"));
+    }
+    assert_eq!(
+        rep.unclean_keys.as_ref().map(BTreeSet::len),
+        Some(verify::MAX_UNCLEAN_KEYS)
+    );
+    rep.flag("k0");
+    assert!(rep.unclean_keys.is_some(), "a known key adds nothing");
+    rep.flag("one-more");
+    assert!(rep.unclean_keys.is_none());
+    rep.flag("k1");
+    assert!(rep.unclean_keys.is_none());
 }

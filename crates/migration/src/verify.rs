@@ -2,10 +2,13 @@
 //! retention and `purge_retired`. Both stream the journal and the tombstone
 //! tables in pages.
 
+use std::collections::BTreeSet;
+
 use crate::dialect::{Sql, names, row_idents};
 use crate::error::{MigrationError, Result};
 use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
+use crate::republish::Home;
 use crate::router::Router;
 use crate::value::{self, Value};
 
@@ -43,6 +46,21 @@ pub struct Leftover {
     pub op_id: String,
 }
 
+/// A key whose mapping disagrees with the journal: the key's newest
+/// finished move put it on `expected`, the mapping store says `found` (its
+/// publish was lost: a failover, a restore).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingMismatch {
+    /// The key.
+    pub key: String,
+    /// The key's newest finished (retired) operation.
+    pub op_id: String,
+    /// Its target: where the key lives.
+    pub expected: String,
+    /// What the mapping store holds (`None`: no mapping).
+    pub found: Option<String>,
+}
+
 /// A tombstone whose move the journal ended as aborted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleCutover {
@@ -56,7 +74,7 @@ pub struct StaleCutover {
 ///
 /// Each list keeps its first [`MAX_REPORT_ENTRIES`] entries; the matching
 /// `*_count` field is the exact total.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct VerifyReport {
     /// Operations still active in the journal (first entries).
     pub dangling_ops: Vec<String>,
@@ -70,6 +88,9 @@ pub struct VerifyReport {
     pub stranded_copies: Vec<Leftover>,
     /// Tombstones whose move was aborted (first entries).
     pub stale_cutovers: Vec<StaleCutover>,
+    /// Keys whose mapping disagrees with their newest finished move (first
+    /// entries; repair publishes the move's target again).
+    pub mapping_mismatches: Vec<MappingMismatch>,
     /// What repair changed (first entries).
     pub repaired: Vec<String>,
     /// Exact number of dangling operations.
@@ -82,12 +103,63 @@ pub struct VerifyReport {
     pub stranded_copy_count: u64,
     /// Exact number of stale cutovers.
     pub stale_cutover_count: u64,
+    /// Exact number of mapping mismatches.
+    pub mapping_mismatch_count: u64,
     /// Exact number of repairs.
     pub repaired_count: u64,
     /// Nothing remains to report.
     pub clean: bool,
     /// The recovery `repair` ran first.
     pub recovery: Option<RecoveryReport>,
+    /// Every key something was reported on: purge refuses only these
+    /// keys' operations after an unclean pass. `None` once more than
+    /// [`MAX_UNCLEAN_KEYS`] were found: such a pass is not recorded (purge
+    /// then needs a clean pass), which keeps a pass's memory bounded.
+    pub(crate) unclean_keys: Option<BTreeSet<String>>,
+}
+
+/// Most keys an unclean pass remembers for purge (see
+/// [`Router::purge_retired`]); a pass that finds more covers nothing.
+pub(crate) const MAX_UNCLEAN_KEYS: usize = 10_000;
+
+impl Default for VerifyReport {
+    fn default() -> Self {
+        Self {
+            dangling_ops: Vec::new(),
+            ghosts: Vec::new(),
+            stranded_archives: Vec::new(),
+            stranded_copies: Vec::new(),
+            stale_cutovers: Vec::new(),
+            mapping_mismatches: Vec::new(),
+            repaired: Vec::new(),
+            dangling_count: 0,
+            ghost_count: 0,
+            stranded_archive_count: 0,
+            stranded_copy_count: 0,
+            stale_cutover_count: 0,
+            mapping_mismatch_count: 0,
+            repaired_count: 0,
+            clean: false,
+            recovery: None,
+            unclean_keys: Some(BTreeSet::new()),
+        }
+    }
+}
+
+impl VerifyReport {
+    pub(crate) fn flag(&mut self, key: &str) {
+        let Some(keys) = &mut self.unclean_keys else {
+            return;
+        };
+        if keys.contains(key) {
+            return;
+        }
+        if keys.len() >= MAX_UNCLEAN_KEYS {
+            self.unclean_keys = None;
+        } else {
+            keys.insert(key.to_owned());
+        }
+    }
 }
 
 /// One refused purge.
@@ -197,12 +269,17 @@ impl Router {
     /// a ghost only when it equals the archived payload, a stranded copy by
     /// the abort's digest proof, a stale cutover only when its operation is
     /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A clean pass is recorded with its start time (purge
-    /// requires one that started after the operation finished).
+    /// shard has no row. Every key's mapping is checked against the journal
+    /// (the target of the key's newest finished move); repair publishes
+    /// that target again. Every pass is recorded with its start time and the
+    /// keys it found something on; a clean pass also as clean. Purge
+    /// requires a pass that started after the operation finished and found
+    /// nothing on its key, so one stuck operation blocks only its own key.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
-    /// (with `repair`), `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
+    /// (with `repair`), `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`,
+    /// `CORRUPT_RECORD`.
     pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         self.journal_shard()?;
         // A clean pass covers the moves that finished before it started:
@@ -239,19 +316,32 @@ impl Router {
             && report.ghosts.is_empty()
             && report.stranded_archives.is_empty()
             && report.stranded_copies.is_empty()
-            && report.stale_cutovers.is_empty();
-        if report.clean {
+            && report.stale_cutovers.is_empty()
+            && report.mapping_mismatches.is_empty();
+        {
+            // The pass and the keys it found something on, in one batch: an
+            // unclean pass still covers every other key's finished moves
+            // (one stuck operation does not block purge of the others).
             let (jname, js) = self.journal_shard()?;
             let d = js.dialect();
-            let stmts = JournalSql {
+            let q = JournalSql {
                 d: &d,
                 scope: &self.scope,
+            };
+            let mut stmts = match &report.unclean_keys {
+                Some(keys) => q.pass_set(started, keys),
+                None => Vec::new(),
+            };
+            if report.clean {
+                stmts.extend(q.meta_set(started));
             }
-            .meta_set(started);
-            js.batch(&stmts)
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-        } else {
+            if !stmts.is_empty() {
+                js.batch(&stmts)
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+            }
+        }
+        if !report.clean {
             tracing::warn!(
                 event = "durability.migration.verify_unclean",
                 dangling = report.dangling_count,
@@ -259,6 +349,7 @@ impl Router {
                 stranded_archives = report.stranded_archive_count,
                 stranded_copies = report.stranded_copy_count,
                 stale_cutovers = report.stale_cutover_count,
+                mapping_mismatches = report.mapping_mismatch_count,
                 "verification found inconsistencies"
             );
         }
@@ -293,6 +384,7 @@ impl Router {
                     &mut report.dangling_count,
                     crate::journal::text(r, "op_id")?,
                 );
+                report.flag(&crate::journal::text(r, "mkey")?);
             }
         }
         // Tombstones on every shard.
@@ -368,6 +460,72 @@ impl Router {
                 self.check_stranded_copy(report, &op, repair).await?;
             }
         }
+        // Mappings against the journal: each key's newest finished move
+        // names its shard (checked once per key, at that operation).
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Retired)))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            if let Some(l) = lease {
+                self.renew_lease(l).await?;
+            }
+            for r in &rows {
+                let op = OpRecord::from_row(r)?;
+                self.check_mapping(report, &op, repair).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `op` is its key's newest finished move and the mapping names
+    /// its target; with `repair`, publishes the target again when not.
+    async fn check_mapping(
+        &self,
+        report: &mut VerifyReport,
+        op: &OpRecord,
+        repair: bool,
+    ) -> Result<()> {
+        let Home::At { op_id, target } = self.journal_home(&op.key).await? else {
+            return Ok(()); // an active move (reported as dangling)
+        };
+        if op_id != op.op_id {
+            return Ok(()); // checked at the key's newest finished move
+        }
+        let found = self.mapping_fresh(&op.key).await?;
+        if found.as_deref() == Some(target.as_str()) {
+            return Ok(());
+        }
+        if repair {
+            self.republish(&op.key, &op_id, &target, found.as_deref())
+                .await?;
+            push_counted(
+                &mut report.repaired,
+                &mut report.repaired_count,
+                format!(
+                    "republished mapping {} -> {} (was {}; {})",
+                    op.key,
+                    target,
+                    found.as_deref().unwrap_or("none"),
+                    op_id
+                ),
+            );
+        } else {
+            report.flag(&op.key);
+            push_counted(
+                &mut report.mapping_mismatches,
+                &mut report.mapping_mismatch_count,
+                MappingMismatch {
+                    key: op.key.clone(),
+                    op_id,
+                    expected: target,
+                    found,
+                },
+            );
+        }
         Ok(())
     }
 
@@ -385,6 +543,7 @@ impl Router {
             op_id: t.op_id.clone(),
         };
         let Some(op) = self.load_op(&t.op_id).await? else {
+            report.flag(&t.key);
             push_counted(
                 &mut report.stranded_archives,
                 &mut report.stranded_archive_count,
@@ -445,6 +604,7 @@ impl Router {
                     ),
                 );
             } else {
+                report.flag(&t.key);
                 push_counted(
                     &mut report.stale_cutovers,
                     &mut report.stale_cutover_count,
@@ -488,6 +648,7 @@ impl Router {
                     ),
                 );
             } else {
+                report.flag(&t.key);
                 push_counted(&mut report.ghosts, &mut report.ghost_count, leftover);
             }
         }
@@ -556,6 +717,7 @@ impl Router {
                     ),
                 );
             } else {
+                report.flag(&op.key);
                 push_counted(
                     &mut report.stranded_copies,
                     &mut report.stranded_copy_count,
@@ -567,7 +729,9 @@ impl Router {
     }
 
     /// Clears the archived payload of every retired operation whose
-    /// retention elapsed and that a clean verification pass has covered.
+    /// retention elapsed and that a verification pass has covered: one
+    /// that started after the operation finished and was clean, or found
+    /// nothing on the operation's key.
     /// Tombstones stay, so stale writers remain refused.
     ///
     /// # Errors
@@ -587,6 +751,15 @@ impl Router {
             .map_err(|e| MigrationError::shard(jname, e))?
             .first()
             .map(|r| crate::journal::int(r, "last_clean_verify_ms"))
+            .transpose()?;
+        // The last pass, clean or not: it covers every key it found
+        // nothing on.
+        let last_pass = js
+            .query(&q.pass_get())
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?
+            .first()
+            .map(|r| crate::journal::int(r, "started_ms"))
             .transpose()?;
         let now = self.now();
         let mut report = PurgeReport::default();
@@ -611,7 +784,16 @@ impl Router {
                     );
                     continue;
                 }
-                if last_clean.is_none_or(|c| op.finished_ms.is_none_or(|f| c < f)) {
+                let after_finish =
+                    |t: Option<i64>| t.is_some_and(|t| op.finished_ms.is_some_and(|f| t >= f));
+                let covered = after_finish(last_clean)
+                    || (after_finish(last_pass)
+                        && js
+                            .query(&q.unclean_get(&op.key))
+                            .await
+                            .map_err(|e| MigrationError::shard(jname, e))?
+                            .is_empty());
+                if !covered {
                     report.refused_count += 1;
                     push_capped(
                         &mut report.refused,

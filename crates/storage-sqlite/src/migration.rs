@@ -14,8 +14,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, MappingStore, Row, Shard, ShardMappingStore,
-    Statement, UniqueViolation, Value,
+    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, MappingStore, Row, Shard,
+    ShardMappingStore, Statement, UniqueViolation, Value,
 };
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -62,18 +62,43 @@ fn from_sql(v: ValueRef<'_>) -> Result<Value, BackendError> {
 }
 
 /// A driver error as a backend error: a primary key or unique constraint
-/// violation is wrapped in [`UniqueViolation`] (a definite rejection).
+/// violation is wrapped in [`UniqueViolation`], any other constraint
+/// (NOT NULL, CHECK, foreign key, a trigger's `RAISE`), a datatype mismatch
+/// (a `STRICT` table) or a value too big in [`DataRejected`], naming the
+/// table and column when SQLite's message does: all definite rejections.
 fn backend(e: rusqlite::Error) -> BackendError {
-    let unique = matches!(
-        &e,
-        rusqlite::Error::SqliteFailure(f, _)
-            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-                || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-    );
-    if unique {
-        Box::new(UniqueViolation(Box::new(e)))
-    } else {
-        Box::new(e)
+    let rusqlite::Error::SqliteFailure(f, msg) = &e else {
+        return Box::new(e);
+    };
+    if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+        || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+    {
+        return Box::new(UniqueViolation(Box::new(e)));
+    }
+    if matches!(
+        f.code,
+        rusqlite::ErrorCode::ConstraintViolation
+            | rusqlite::ErrorCode::TypeMismatch
+            | rusqlite::ErrorCode::TooBig
+    ) {
+        let (table, column) = msg.as_deref().map_or((None, None), named_column);
+        return Box::new(DataRejected {
+            table,
+            column,
+            source: Box::new(e),
+        });
+    }
+    Box::new(e)
+}
+
+/// The `table.column` SQLite's message ends with ("NOT NULL constraint
+/// failed: users.name", "cannot store TEXT value in INTEGER column t.n").
+fn named_column(msg: &str) -> (Option<String>, Option<String>) {
+    let last = msg.rsplit([' ', ':']).next().unwrap_or_default();
+    let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    match last.split_once('.') {
+        Some((t, c)) if ident(t) && ident(c) => (Some(t.to_owned()), Some(c.to_owned())),
+        _ => (None, None),
     }
 }
 
