@@ -35,6 +35,7 @@
 //! - `conformance`: the `conformance` module (the [`AlarmIndex`] and
 //!   [`AlarmTx`] suites every backend runs) and the [`AlarmTx`]
 //!   implementation on the scheduler's in-memory test storage.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bridge;
 mod dispatcher;

@@ -93,6 +93,7 @@
 //! Calls between hosts are not here: a call for an object owned elsewhere
 //! fails with [`HostError::NotOwner`]; alarm deliveries for such objects go
 //! through the [`HostForward`] hook (default: [`NoTransport`]).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod error;

@@ -27,6 +27,7 @@
 //! Features: `conformance` enables the `conformance` module, the suites every shard,
 //! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod abort;
 mod config;

@@ -55,6 +55,7 @@
 //!
 //! - `conformance`: the `conformance` module, the suite every [`OutboxTx`] backend runs,
 //!   and the in-memory implementation on the scheduler's testkit storage.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod channel;
 mod codec;

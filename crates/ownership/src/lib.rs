@@ -27,6 +27,7 @@
 //!
 //! Feature flags:
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod floor;

@@ -31,6 +31,7 @@
 //! - `conformance`: the `conformance` module (the suite for backends, run with
 //!   [`scheduler_conformance!`]) and the `testkit` module it re-exports: an
 //!   in-memory storage and a crash-injecting storage wrapper.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod driver;
 mod error;

@@ -22,6 +22,7 @@
 //!
 //! Features: `testkit` adds `testkit::TestDatabase`, a throwaway database
 //! on a real server for tests.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,

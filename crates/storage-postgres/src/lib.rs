@@ -30,6 +30,7 @@
 //!
 //! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::error::Error as StdError;
 

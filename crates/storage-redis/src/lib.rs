@@ -10,6 +10,7 @@
 //! - `alarms`: the `alarms` module, the alarm job index of `durability-alarms`.
 //!
 //! The `testkit` module (always built) holds what the Redis suites share.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "ownership")]
 pub mod ownership;

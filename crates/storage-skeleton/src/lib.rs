@@ -30,6 +30,7 @@
 //!   `AllocationLedger`).
 //!
 //! Every stub error carries an [`Unsupported`] source naming the operation.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod unsupported;
 

@@ -20,6 +20,7 @@
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod connection;
 pub use connection::{ConnectionOptions, Synchronous, open_connection};

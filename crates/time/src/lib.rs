@@ -30,6 +30,7 @@
 //! let delay = backoff.delay_ms(3, &Random::seeded(7));
 //! assert!((2_000..=4_000).contains(&delay));
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
 mod clock;

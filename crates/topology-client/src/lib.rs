@@ -29,6 +29,7 @@
 //!
 //! - `conformance`: reserved for backend suites (the publication suites live
 //!   in `durability-topology`, which owns the writer side).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;
 mod error;

@@ -39,6 +39,7 @@
 //!   the scheduler's testkit storage, and an in-memory publication store.
 //!   It has no encoder either: its suites take their encoded snapshots from
 //!   a real coordinator (`conformance::coordinator_snapshots`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod coordinator;
 mod encode;
