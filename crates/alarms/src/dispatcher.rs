@@ -171,6 +171,7 @@ impl DispatchCounters {
 
     fn bump(c: &AtomicU64, outcome: &'static str, object: &ObjectId) {
         c.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("do_alarm_dispatches", "outcome" => outcome).increment(1);
         tracing::debug!(
             event = "durability.alarms.dispatch",
             metric = "do_alarm_dispatches",

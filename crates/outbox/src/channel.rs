@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::{Codec, Postcard};
 use crate::error::{OutboxError, SinkError};
 use crate::event::{EventHook, EventKind, OutboxEvent, emit};
+use crate::metrics::ChannelMetrics;
 use crate::policy::{
     DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
     check_timeout, default_delay_ms,
@@ -254,6 +255,7 @@ struct Channel<S: Storage, T, K> {
     retry: RetryPolicy,
     dead_letter: Option<DeadLetterFn<T>>,
     on_event: Option<EventHook>,
+    metrics: ChannelMetrics,
     codec: Arc<dyn Codec<T>>,
     sink: K,
     busy: tokio::sync::Mutex<()>,
@@ -334,6 +336,7 @@ where
             });
         }
         let capability = format!("outbox:{}", config.name);
+        let metrics = ChannelMetrics::new(&config.name);
         let inner = Arc::new(Channel {
             scheduler: scheduler.clone(),
             name: config.name,
@@ -343,6 +346,7 @@ where
             retry: config.retry,
             dead_letter: config.dead_letter,
             on_event: config.on_event,
+            metrics,
             codec: config.codec.unwrap_or_else(|| Arc::new(Postcard)),
             sink,
             busy: tokio::sync::Mutex::new(()),
@@ -581,13 +585,21 @@ where
         attempt: u32,
         kind: EventKind,
     ) {
-        if let Some(hook) = self.on_event.clone() {
-            let event = self.event(key, version, attempt, kind);
-            tx.after_commit(move || emit(Some(&hook), &event));
+        let metrics = self.metrics.clone();
+        match self.on_event.clone() {
+            Some(hook) => {
+                let event = self.event(key, version, attempt, kind);
+                tx.after_commit(move || {
+                    metrics.record(&event.kind);
+                    emit(Some(&hook), &event);
+                });
+            }
+            None => tx.after_commit(move || metrics.record(&kind)),
         }
     }
 
     fn emit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
+        self.metrics.record(&kind);
         if self.on_event.is_some() {
             emit(
                 self.on_event.as_ref(),
@@ -944,7 +956,11 @@ where
                             Outcome::Dropped { error } => {
                                 (EventKind::Dropped { error }, Some(Fate::Dropped))
                             }
-                            _ => (EventKind::Delivered, None),
+                            _ => {
+                                self.metrics
+                                    .delivered_late_by(now.saturating_sub(stored.due_at));
+                                (EventKind::Delivered, None)
+                            }
                         };
                         events.push((
                             stored.key.clone(),

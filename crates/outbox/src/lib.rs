@@ -61,6 +61,7 @@ mod channel;
 mod codec;
 mod error;
 mod event;
+mod metrics;
 mod policy;
 mod report;
 mod store;

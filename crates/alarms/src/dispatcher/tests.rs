@@ -429,3 +429,85 @@ async fn a_held_claim_is_never_delivered_past_its_own_lease() {
     d.stop();
     run.await.unwrap();
 }
+
+/// Delivers every alarm.
+struct Delivers;
+
+impl Dispatch for Delivers {
+    async fn dispatch(&self, _d: Delivery) -> DispatchOutcome {
+        DispatchOutcome::Delivered
+    }
+}
+
+#[test]
+fn do_alarm_dispatches_is_recorded_through_the_metrics_facade_by_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let counts = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = ManualClock::new(START);
+            let index = Arc::new(MemoryAlarmIndex::new());
+            for name in ["a", "b", "c"] {
+                index.upsert(&obj(name), &tok("t0"), START).await.unwrap();
+            }
+            let delivers = Dispatcher::new(
+                Arc::clone(&index),
+                Arc::new(Delivers),
+                Arc::new(clock.clone()),
+                config(),
+            )
+            .unwrap();
+            delivers.tick().await.unwrap();
+            index
+                .upsert(&obj("d"), &tok("t0"), START + 1_000)
+                .await
+                .unwrap();
+            clock.advance(1_000);
+            let reschedules = Dispatcher::new(
+                Arc::clone(&index),
+                Arc::new(Reschedules {
+                    index: Arc::clone(&index),
+                    clock: clock.clone(),
+                }),
+                Arc::new(clock.clone()),
+                config(),
+            )
+            .unwrap();
+            reschedules.tick().await.unwrap();
+            (
+                delivers.counters().snapshot(),
+                reschedules.counters().snapshot(),
+            )
+        })
+    });
+    let mut recorded: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "do_alarm_dispatches")
+        .map(|(k, _, _, v)| {
+            let outcome = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            let DebugValue::Counter(n) = v else {
+                panic!("do_alarm_dispatches is a counter")
+            };
+            (outcome, n)
+        })
+        .collect();
+    recorded.sort();
+    assert_eq!(counts.0.delivered, 3);
+    assert_eq!(counts.1.superseded, 1);
+    assert_eq!(
+        recorded,
+        [("delivered".to_owned(), 3), ("superseded".to_owned(), 1)],
+        "the facade sees what the dispatchers counted"
+    );
+}

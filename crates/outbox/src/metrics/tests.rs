@@ -1,0 +1,140 @@
+//! The outbox's metrics, read back through a debugging recorder: staged
+//! counts only committed stages, retries, deliveries with their lateness,
+//! discards; with and without a lifecycle hook.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use durability_scheduler::testkit::MemoryStorage;
+use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler, SchemaStep};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+use crate::{ChannelConfig, Entry, Outbox, OutboxError, SCHEMA, Sink, SinkError};
+
+const START: i64 = 1_700_000_000_000;
+
+static STEPS: &[SchemaStep] = &[
+    SchemaStep {
+        version: 1,
+        name: "initial",
+    },
+    SchemaStep {
+        version: 2,
+        name: "quarantine",
+    },
+];
+
+/// Fails its first call, then acknowledges.
+#[derive(Default)]
+struct FailOnce(AtomicU32);
+
+impl Sink<String> for FailOnce {
+    async fn publish(&self, _batch: &[Entry<String>]) -> Result<(), SinkError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(SinkError::new("down"));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the scenario on channel `name` and returns `(metric, channel) →
+/// value` for every counter, and the lateness samples.
+fn scenario(name: &str, hook: bool) -> (Vec<(String, String, u64)>, Vec<f64>) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = ManualClock::new(START);
+            let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, STEPS));
+            let ctx = ObjectContext::with_clock(
+                ObjectId::new("o").unwrap(),
+                storage,
+                Arc::new(clock.clone()),
+            );
+            let sched = Scheduler::new(ctx).unwrap();
+            let mut config = ChannelConfig::new(name);
+            if hook {
+                config = config.on_event(Arc::new(|_| {}));
+            }
+            let outbox = Outbox::attach(&sched, config, FailOnce::default()).unwrap();
+            sched
+                .transaction(|tx| {
+                    outbox.stage(tx, "a", &"1".to_owned())?;
+                    outbox.stage(tx, "b", &"2".to_owned())?;
+                    outbox.stage(tx, "c", &"3".to_owned())
+                })
+                .unwrap();
+            // A rolled-back stage is not counted.
+            let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
+                outbox.stage(tx, "d", &"4".to_owned())?;
+                Err(OutboxError::InvalidKey {
+                    reason: "rolled back on purpose".into(),
+                })
+            });
+            assert!(rolled_back.is_err());
+            sched.transaction(|tx| outbox.discard(tx, "c")).unwrap();
+            outbox.deliver_due().await.unwrap(); // the sink fails: 2 retries
+            clock.advance(60_000);
+            let report = outbox.deliver_due().await.unwrap();
+            assert_eq!(report.delivered, 2);
+        });
+    });
+    let mut counters = Vec::new();
+    let mut lateness = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let channel = key
+            .labels()
+            .find(|l| l.key() == "channel")
+            .map(|l| l.value().to_owned())
+            .unwrap_or_default();
+        match value {
+            DebugValue::Counter(n) => counters.push((key.name().to_owned(), channel, n)),
+            DebugValue::Histogram(samples) => {
+                assert_eq!(key.name(), "durability_outbox_delivery_lateness_ms");
+                lateness.extend(samples.into_iter().map(|s| s.into_inner()));
+            }
+            DebugValue::Gauge(_) => {}
+        }
+    }
+    counters.sort();
+    (counters, lateness)
+}
+
+#[test]
+fn every_lifecycle_event_is_counted_per_channel_with_or_without_a_hook() {
+    for hook in [false, true] {
+        let (counters, lateness) = scenario("orders", hook);
+        let expect = |name: &str| -> u64 {
+            counters
+                .iter()
+                .find(|(n, c, _)| n == name && c == "orders")
+                .map_or(0, |(_, _, v)| *v)
+        };
+        assert_eq!(expect("durability_outbox_staged_total"), 3, "hook={hook}");
+        assert_eq!(
+            expect("durability_outbox_discarded_total"),
+            1,
+            "hook={hook}"
+        );
+        assert_eq!(expect("durability_outbox_retried_total"), 2, "hook={hook}");
+        assert_eq!(
+            expect("durability_outbox_delivered_total"),
+            2,
+            "hook={hook}"
+        );
+        assert_eq!(expect("durability_outbox_dead_lettered_total"), 0);
+        assert_eq!(expect("durability_outbox_dropped_total"), 0);
+        assert_eq!(expect("durability_outbox_quarantined_total"), 0);
+        // Both entries were due at START and delivered at least 60 s later
+        // (their retry's backoff is shorter than that).
+        assert_eq!(lateness.len(), 2, "hook={hook}: {lateness:?}");
+        assert!(
+            lateness.iter().all(|ms| *ms >= 1.0 && *ms <= 60_000.0),
+            "{lateness:?}"
+        );
+    }
+}
