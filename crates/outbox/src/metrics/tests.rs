@@ -1,6 +1,7 @@
 //! The outbox's metrics, read back through a debugging recorder: staged
 //! counts only committed stages, retries, deliveries with their lateness,
 //! discards; with and without a lifecycle hook.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,7 +72,7 @@ fn scenario(name: &str, hook: bool) -> (Vec<(String, String, u64)>, Vec<f64>) {
             let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
                 outbox.stage(tx, "d", &"4".to_owned())?;
                 Err(OutboxError::InvalidKey {
-                    reason: "rolled back on purpose".into(),
+                    reason: "rolled back on purpose",
                 })
             });
             assert!(rolled_back.is_err());
