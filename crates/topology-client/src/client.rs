@@ -283,12 +283,16 @@ impl<R: ReadStore> TopologyClient<R> {
     pub async fn get(&self, group: &str) -> Result<Arc<Snapshot>, TopologyClientError> {
         // Fast path: a cached group was validated when it was first read.
         if let Some(snapshot) = self.fresh(group) {
+            metrics::counter!("durability_topology_client_cache_hits_total").increment(1);
             return Ok(snapshot);
         }
         check_group(group).map_err(|reason| TopologyClientError::InvalidGroup { reason })?;
         let step = self.lookup(group);
         let reason = match step {
-            Step::Hit(snapshot) => return Ok(snapshot),
+            Step::Hit(snapshot) => {
+                metrics::counter!("durability_topology_client_cache_hits_total").increment(1);
+                return Ok(snapshot);
+            }
             Step::Failed(reason) => reason,
             Step::Wait(read) => match read.await {
                 Ok(snapshot) => return Ok(snapshot),
@@ -333,6 +337,7 @@ impl<R: ReadStore> TopologyClient<R> {
     }
 
     async fn read(inner: Arc<Inner<R>>, group: String) -> ReadOutcome {
+        metrics::counter!("durability_topology_client_store_reads_total").increment(1);
         {
             let clock = Arc::clone(&inner.config.clock);
             let timeout = inner.config.read_timeout_ms;
@@ -391,6 +396,7 @@ impl<R: ReadStore> TopologyClient<R> {
                 ),
             }
         }
+        metrics::counter!("durability_topology_client_unavailable_total").increment(1);
         Err(TopologyClientError::TopologyUnavailable {
             group: group.to_owned(),
             reason,
@@ -398,6 +404,13 @@ impl<R: ReadStore> TopologyClient<R> {
     }
 
     fn report(&self, group: &str, source: FallbackSource, reason: &UnavailableReason) {
+        let label = match source {
+            FallbackSource::StaleIfError => "stale_if_error",
+            FallbackSource::Seed => "seed",
+            FallbackSource::Fallback => "fallback",
+        };
+        metrics::counter!("durability_topology_client_fallbacks_total", "source" => label)
+            .increment(1);
         tracing::info!(
             event = "durability.topology_client.fallback",
             group, ?source, reason = %reason, "served topology from a fallback"

@@ -516,3 +516,65 @@ async fn version_floors_are_bounded_and_outlive_many_cache_evictions() {
     let bad = TopologyClient::new(store.clone(), config(&clock).max_version_floors(0));
     assert_eq!(bad.err().unwrap().code(), "TOPOLOGY_CLIENT_INVALID_CONFIG");
 }
+
+#[test]
+fn cache_hits_store_reads_fallbacks_and_unavailable_reads_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = ManualClock::new(START);
+            let store = Fake::new();
+            store.put("g", enc("g", 3, "c", &["a"]));
+            let c = client(
+                &store,
+                config(&clock).stale_if_error(Duration::from_secs(60)),
+            );
+            c.get("g").await.unwrap(); // a store read
+            c.get("g").await.unwrap(); // a hit
+            c.get("g").await.unwrap(); // a hit
+            store.set_mode(Mode::Fail);
+            clock.advance(30_000);
+            c.get("g").await.unwrap(); // a failed read served stale
+            clock.advance(120_000);
+            assert!(c.get("g").await.is_err(), "no fallback left");
+        });
+    });
+    let mut got: Vec<(String, String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| {
+            let source = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "source")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            let DebugValue::Counter(n) = v else {
+                panic!("counters only")
+            };
+            (k.key().name().to_owned(), source, n)
+        })
+        .collect();
+    got.sort();
+    let s = |n: &str, l: &str, v: u64| (n.to_owned(), l.to_owned(), v);
+    assert_eq!(
+        got,
+        [
+            s("durability_topology_client_cache_hits_total", "", 2),
+            s(
+                "durability_topology_client_fallbacks_total",
+                "stale_if_error",
+                1
+            ),
+            s("durability_topology_client_store_reads_total", "", 3),
+            s("durability_topology_client_unavailable_total", "", 1),
+        ]
+    );
+}

@@ -1204,6 +1204,14 @@ where
         let clock = Arc::clone(self.scheduler.context().clock());
         let deadline = clock.now_ms().saturating_add(self.publish_timeout_ms);
         let result = timeout_at(&*clock, deadline, &mut write).await.ok();
+        let outcome = match &result {
+            Some(Ok(())) => "written",
+            Some(Err(e)) if e.is_rejected() => "rejected",
+            Some(Err(_)) => "unknown",
+            None => "timeout",
+        };
+        metrics::counter!("durability_topology_publications_total", "outcome" => outcome)
+            .increment(1);
         match result {
             Some(Ok(())) => {
                 let settled = self.scheduler.transaction(|tx| {

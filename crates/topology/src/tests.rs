@@ -98,3 +98,45 @@ async fn suites_get_encoded_snapshots_from_a_real_coordinator() {
     }
     assert_eq!(written[1].0.members.len(), 3);
 }
+
+#[test]
+fn publications_are_counted_by_outcome_through_the_metrics_facade() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let written = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(crate::conformance::coordinator_snapshots(
+            "coordinator-9",
+            "g",
+            &[Some(2), Some(3), None],
+        ))
+    });
+    assert_eq!(written.len(), 2);
+    let counted: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "durability_topology_publications_total")
+        .map(|(k, _, _, v)| {
+            let outcome = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            let DebugValue::Counter(n) = v else {
+                panic!("a counter")
+            };
+            (outcome, n)
+        })
+        .collect();
+    assert_eq!(
+        counted,
+        [("written".to_owned(), 3)],
+        "two snapshots and one delete were written"
+    );
+}
