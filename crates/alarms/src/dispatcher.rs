@@ -632,11 +632,20 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             .now_ms()
             .saturating_add(self.config.dispatch_timeout_ms)
             .min(lease_end);
-        let outcome = timeout_at(&*self.clock, deadline, self.dispatch.dispatch(delivery))
-            .await
-            .unwrap_or_else(|_| DispatchOutcome::Unknown {
-                reason: "dispatch timed out".to_owned(),
-            });
+        let span = tracing::debug_span!(
+            "durability.alarms.dispatch",
+            object = %claim.object,
+            attempt = claim.tries
+        );
+        let outcome = timeout_at(
+            &*self.clock,
+            deadline,
+            tracing::Instrument::instrument(self.dispatch.dispatch(delivery), span),
+        )
+        .await
+        .unwrap_or_else(|_| DispatchOutcome::Unknown {
+            reason: "dispatch timed out".to_owned(),
+        });
         match outcome {
             DispatchOutcome::Delivered => {
                 self.settle_finish(&claim, &c.delivered, "delivered").await;

@@ -20,6 +20,7 @@ use crate::policy::{
 };
 use crate::report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
 use crate::store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+use tracing::Instrument as _;
 
 /// Largest encoded value accepted by [`Outbox::stage`]: 1 MiB.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
@@ -533,7 +534,18 @@ where
     /// # Errors
     /// A storage error; entries stay pending and are retried.
     pub async fn deliver_due(&self) -> Result<DeliveryReport, OutboxError> {
-        self.inner.deliver_due().await
+        let span = tracing::debug_span!("durability.outbox.deliver", channel = %self.inner.name);
+        let report = self.inner.deliver_due().instrument(span).await?;
+        if report.delivered + report.retried > 0 {
+            tracing::debug!(
+                event = "durability.outbox.delivered",
+                channel = %self.inner.name,
+                delivered = report.delivered,
+                retried = report.retried,
+                "outbox delivery run"
+            );
+        }
+        Ok(report)
     }
 }
 
@@ -548,7 +560,8 @@ where
         let channel = self.0.upgrade();
         Box::pin(async move {
             let Some(channel) = channel else { return };
-            if let Err(error) = channel.deliver_due().await {
+            let span = tracing::debug_span!("durability.outbox.deliver", channel = %channel.name);
+            if let Err(error) = channel.deliver_due().instrument(span).await {
                 tracing::warn!(
                     event = "durability.outbox.deliver_failed",
                     channel = %channel.name,

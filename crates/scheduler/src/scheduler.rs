@@ -372,6 +372,11 @@ impl<S: Storage> Scheduler<S> {
     where
         E: From<StorageError>,
     {
+        let _span = tracing::debug_span!(
+            "durability.scheduler.transaction",
+            object = %self.inner.ctx.id()
+        )
+        .entered();
         let (value, alarm, hooks) = self.inner.ctx.storage.transaction(|tx| {
             let mut handle = Transaction {
                 tx,
