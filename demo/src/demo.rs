@@ -2,9 +2,11 @@
 //! directory. Application transactions stage outbox entries, a flaky sink
 //! receives them with retries, the process "crashes" mid-delivery, the
 //! object is reopened from its file, and everything arrives. Then the
-//! topology, ownership, alarm and migration scenes.
+//! topology, ownership, alarm and migration scenes, and the cluster scene
+//! (three host processes: kill, pause, drain).
 //!
-//! Flags: `--redis` runs topology, ownership and alarms through Redis;
+//! Flags: `--redis` runs topology, ownership, alarms and the cluster's
+//! leases and alarm jobs through Redis;
 //! `--postgres` and `--mariadb` run the migration scene on PostgreSQL or
 //! MariaDB shards instead of SQLite files (both flags: once on each). The
 //! servers are checked before the first scene, so an unreachable one fails
@@ -190,6 +192,8 @@ pub(crate) fn run(args: &[String]) -> Result {
             }
             crate::migration::demo(backend, dir.path()).await?;
         }
+        println!();
+        crate::cluster::demo(url.as_deref()).await?;
         Ok(())
     })
 }

@@ -1,7 +1,10 @@
 //! `bench host`: a call through `durability-host` (resolve, open, admission,
 //! watchdog, fenced commit) against the same transaction on a bare object,
-//! in the same run; the drain handoff time between two hosts; and the lease
-//! store calls of one owner-loop cycle with 1,000 owned scopes.
+//! in the same run; the drain handoff time between two hosts; the lease
+//! store calls of one owner-loop cycle with 1,000 owned scopes; and the
+//! failover time between host processes (the cluster scene's
+//! `cluster-host`) after SIGKILL and after a drain (SIGTERM) of the owner,
+//! from the signal to the first successful call on the survivor.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -165,9 +168,11 @@ async fn drain_handoff(dir: &std::path::Path) -> BoxResult<(f64, u64)> {
     if report.timed_out() {
         return Err(format!("drain timed out: {report:?}").into());
     }
-    let mut owned = 0;
-    while owned < 16 {
-        owned += b.owner_cycle().await.claimed.len();
+    // Count what b owns, not what these cycles claimed: b's own owner loop
+    // runs meanwhile and may claim some of the shards itself (counting
+    // claims then never reached 16 and the bench spun forever).
+    while b.probe().scopes.len() < 16 {
+        b.owner_cycle().await;
     }
     let ms = t.elapsed().as_secs_f64() * 1e3;
     b.shutdown().await;
@@ -253,6 +258,40 @@ pub(crate) async fn bench() -> BoxResult<()> {
         "1 renew_many call",
         1,
         json!({"scopes": owned, "cycle_ms": ms}),
+    );
+    failover().await
+}
+
+/// The process failover figures: three SIGKILLs, then three drains.
+async fn failover() -> BoxResult<()> {
+    use crate::cluster::{GUARD_MS, INTERVAL_MS, SHARDS, TTL_MS};
+    const ROUNDS: usize = 3;
+    let times = crate::cluster::failover_times(ROUNDS).await?;
+    let settings = |runs: &[i64]| {
+        json!({
+            "owner_ttl_ms": TTL_MS, "renew_interval_ms": INTERVAL_MS, "lease_guard_ms": GUARD_MS,
+            "shards": SHARDS, "runs_ms": runs, "max_ms": runs.iter().max(),
+            "lease_store": "sqlite", "alarm_index": "sqlite", "hosts": "processes",
+        })
+    };
+    let mean = |runs: &[i64]| runs.iter().sum::<i64>() as f64 / runs.len().max(1) as f64;
+    figure(
+        "host.failover_kill",
+        mean(&times.kill_ms),
+        (TTL_MS + INTERVAL_MS) as f64,
+        "ms",
+        "<= owner ttl + renew interval",
+        ROUNDS as u64,
+        settings(&times.kill_ms),
+    );
+    figure(
+        "host.failover_drain",
+        mean(&times.drain_ms),
+        TTL_MS as f64,
+        "ms",
+        "< owner ttl",
+        ROUNDS as u64,
+        settings(&times.drain_ms),
     );
     Ok(())
 }

@@ -7,6 +7,9 @@
 //!   PostgreSQL or MariaDB shards instead of SQLite files (a schema or
 //!   database per shard and one for the mapping store, created for the run
 //!   and dropped at the end; an unreachable server fails the command).
+//! - `demo-cluster [--redis]`: the cluster scene of `demo` alone: three
+//!   host processes over a shared lease store and alarm index (SQLite
+//!   files, or Redis), one killed, one paused past its lease, one drained.
 //! - `bench [AREA]`: benchmarks printing one JSON line per figure with its
 //!   ratio to a baseline measured in the same run (release build: a debug
 //!   build runs itself again as `bench-inner` in release). The migration
@@ -14,11 +17,13 @@
 //! - `soak N SEED`: the alarm soak `cargo xtask verify` runs (`N` alarms,
 //!   random dispatch failures and dispatcher crashes, seeded by `SEED`).
 //! - `bench-inner`, `rss`, `alarms-rss`: child-process entry points of the
-//!   benchmarks.
+//!   benchmarks; `cluster-host`: a host process of the cluster scene and
+//!   the host bench's failover figures.
 #![allow(clippy::print_stdout)]
 
 mod alarms;
 mod bench;
+mod cluster;
 mod demo;
 mod host;
 mod lease_peers;
@@ -35,6 +40,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo::run(&args[1..]),
+        Some("demo-cluster") => cluster::run(&args[1..]),
+        Some("cluster-host") => cluster::child(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("bench-inner") => bench::inner(&args[1..]),
         Some("rss") => rss::inner(&args[1..]),
@@ -42,7 +49,7 @@ fn main() -> ExitCode {
         Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: durability-demo <demo [--redis] [--postgres] [--mariadb] | bench [AREA] | soak N SEED>\n  \
+                "usage: durability-demo <demo [--redis] [--postgres] [--mariadb] | demo-cluster [--redis] | bench [AREA] | soak N SEED>\n  \
                  demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
                  (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
                  bench areas: {}",

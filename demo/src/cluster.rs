@@ -1,0 +1,1061 @@
+//! The cluster scene of `cargo xtask demo` (also `durability-demo
+//! demo-cluster [--redis]`): three `durability-host` processes (this binary
+//! run again as `cluster-host`, see [`host`]) own the shards of one class
+//! over a lease store and an alarm index they share: SQLite files in a
+//! temporary directory, or with `--redis` Redis under a key prefix made for
+//! the run and deleted at the end. The objects' SQLite files live in that
+//! directory too.
+//!
+//! The parent is the client. Calls between hosts do not exist yet, so it
+//! sends each call to the host the lease store names as the owner of the
+//! object's scope (one snapshot read per call); when that owner is dead,
+//! paused or draining it sends it to a survivor, which claims the scope once
+//! it is free (before that it answers `host_not_owner`: refused before it
+//! started, so the parent retries). Work is increments (counted when
+//! acknowledged) and alarms (an object timer that records its tag and the
+//! task that ran it in the object's own file when it fires).
+//!
+//! Then one host is killed (SIGKILL), one paused past its lease (SIGSTOP)
+//! inside a call that commits late, and one drained (SIGTERM), and the
+//! scene ends with a table. Lost work (acknowledged increments not read
+//! back at the end, alarms set that never fired) fails the scene, and so
+//! does a stale commit that landed. The final read of every object goes
+//! through a host.
+//!
+//! [`failover_times`] reuses the same processes for `cargo xtask bench host`.
+
+mod host;
+mod proc;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durability_ownership::{
+    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope,
+    ShardCount, StorageId, SystemClock, TaskId,
+};
+use durability_storage_redis::ownership::RedisLeaseStore;
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
+
+pub(crate) use host::main as child;
+use proc::{Proc, field, now_ms};
+
+use crate::Result;
+
+/// Shards of the class.
+pub(crate) const SHARDS: u32 = 8;
+/// Owner lease (`DO_OWNER_TTL_SECONDS=3`).
+pub(crate) const TTL_MS: u64 = 3_000;
+/// Owner-loop period: renew, claim free shards.
+pub(crate) const INTERVAL_MS: u64 = 250;
+/// Lease guard (`DO_OWNER_LEASE_GUARD_MS`).
+pub(crate) const GUARD_MS: u64 = 500;
+/// Objects per shard.
+const PER_SHARD: usize = 3;
+/// How long the parent waits for alarms to fire after a phase.
+const ALARM_WAIT_MS: i64 = 15_000;
+/// How long one call may keep being refused before it started.
+const CALL_DEADLINE_MS: i64 = 30_000;
+
+/// The hosts' alarm dispatcher poll (`DispatcherConfig::poll_ms`).
+const POLL_MS: u64 = 100;
+/// The hosts' owner-elsewhere retry cap (`DispatcherConfig::owner_wait_max_ms`).
+const OWNER_WAIT_MAX_MS: u64 = 300;
+
+/// The reference time for a pending alarm of a killed host to fire on a
+/// survivor (its job not claimed by the dead host): the lease runs out, a
+/// survivor's owner loop or dispatcher claims the scope, a poll finds the
+/// job, and one owner-elsewhere retry waits at most the owner-wait cap.
+/// Each further owner-elsewhere retry adds up to the cap, and the delivery
+/// itself takes its time.
+fn alarm_budget_ms() -> u64 {
+    TTL_MS + INTERVAL_MS + POLL_MS + OWNER_WAIT_MAX_MS
+}
+
+/// `demo-cluster [--redis]`: the scene alone.
+pub(crate) fn run(args: &[String]) -> Result {
+    let mut redis = false;
+    for a in args {
+        match a.as_str() {
+            "--redis" => redis = true,
+            other => {
+                return Err(format!("unknown demo-cluster flag {other:?}; known: --redis").into());
+            }
+        }
+    }
+    let url = redis.then(crate::redis_url);
+    tokio::runtime::Runtime::new()?.block_on(demo(url.as_deref()))
+}
+
+/// Where the processes' shared state lives.
+#[derive(Clone)]
+struct Shared {
+    dir: PathBuf,
+    redis: Option<(String, String)>,
+}
+
+impl Shared {
+    fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("dir={}", self.dir.display()),
+            format!("ttl={TTL_MS}"),
+            format!("interval={INTERVAL_MS}"),
+            format!("guard={GUARD_MS}"),
+            format!("shards={SHARDS}"),
+        ];
+        if let Some((url, prefix)) = &self.redis {
+            args.push(format!("redis={url}"));
+            args.push(format!("prefix={prefix}"));
+        }
+        args
+    }
+}
+
+fn shard_count() -> Result<ShardCount> {
+    Ok(ShardCount::new(SHARDS)?)
+}
+
+fn lease_settings() -> String {
+    format!(
+        "owner lease {TTL_MS} ms (DO_OWNER_TTL_SECONDS={}), renew interval {INTERVAL_MS} ms, lease guard {GUARD_MS} ms, {SHARDS} shards, drain budgets 3000 / 5000 ms",
+        TTL_MS / 1000
+    )
+}
+
+/// The scene, on SQLite files (`redis: None`) or Redis.
+pub(crate) async fn demo(redis: Option<&str>) -> Result {
+    let dir = tempfile::tempdir()?;
+    println!(
+        "== cluster: three host processes own the shards of one class; one is killed, one paused, one drained"
+    );
+    let prefix = format!(
+        "durability:demo:cluster:{}:",
+        durability_alarms::Token::random()
+    );
+    let shared = Shared {
+        dir: dir.path().to_owned(),
+        redis: redis.map(|url| (url.to_owned(), prefix.clone())),
+    };
+    match redis {
+        Some(url) => println!(
+            "leases and alarm jobs: Redis at {url} (prefix {prefix}, leases on server TIME); objects: SQLite files in {}",
+            dir.path().display()
+        ),
+        None => println!(
+            "leases, alarm jobs and objects: SQLite files in {} shared by the processes",
+            dir.path().display()
+        ),
+    }
+    println!("lease settings: {}", lease_settings());
+    let result = match redis {
+        Some(url) => {
+            let store =
+                RedisLeaseStore::connect(url, &format!("{prefix}leases:"), shard_count()?).await?;
+            scene(Arc::new(store), shared).await
+        }
+        None => {
+            let store = SqliteLeaseStore::open(
+                dir.path().join("leases.db"),
+                SystemClock::new(),
+                shard_count()?,
+            )?;
+            scene(Arc::new(store), shared).await
+        }
+    };
+    if let Some(url) = redis {
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+        }
+        println!("deleted the run's {} Redis keys", keys.len());
+    }
+    result
+}
+
+/// What a call came back with.
+enum Outcome {
+    /// Acknowledged, by `host`, read at `at`.
+    Ok { host: String, at: i64, line: String },
+    /// The outcome is unknown (it may have run).
+    Unknown { host: String, line: String },
+}
+
+/// The client side: the processes, the lease store it reads owners from,
+/// and how calls are routed.
+struct Cluster<S> {
+    store: Arc<S>,
+    lifecycle: LifecycleId,
+    storage: StorageId,
+    class: ClassName,
+    count: ShardCount,
+    shared: Shared,
+    procs: BTreeMap<String, Proc>,
+    /// Hosts that take calls now (not killed, paused or draining).
+    live: BTreeSet<String>,
+    /// Where a call for a scope without a live owner goes first.
+    prefer: HashMap<u32, String>,
+    next_id: u64,
+    rr: usize,
+    /// Calls refused before they started and sent again.
+    retried: u64,
+}
+
+impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
+    async fn new(store: Arc<S>, shared: Shared) -> Result<Self> {
+        let c = Self {
+            store,
+            lifecycle: LifecycleId::new(host::LIFECYCLE)?,
+            storage: StorageId::new(host::STORAGE)?,
+            class: ClassName::new(host::CLASS)?,
+            count: shard_count()?,
+            shared,
+            procs: BTreeMap::new(),
+            live: BTreeSet::new(),
+            prefer: HashMap::new(),
+            next_id: 0,
+            rr: 0,
+            retried: 0,
+        };
+        // The control plane's record: the lifecycle's active storage.
+        c.store
+            .set_active_storage(&c.lifecycle, Some(&c.storage))
+            .await?;
+        Ok(c)
+    }
+
+    fn proc(&self, task: &str) -> Result<&Proc> {
+        self.procs
+            .get(task)
+            .ok_or_else(|| format!("no host {task}").into())
+    }
+
+    /// Starts a host and waits until it is ready.
+    async fn spawn(&mut self, task: &str) -> Result {
+        let p = Proc::spawn(task, &self.shared.args())?;
+        p.wait_lines("ready ", 1, 30_000).await?;
+        self.procs.insert(task.to_owned(), p);
+        self.live.insert(task.to_owned());
+        Ok(())
+    }
+
+    fn shard_scope(&self, shard: u32) -> Result<OwnerScope> {
+        Ok(OwnerScope::new(
+            self.storage.clone(),
+            self.class.clone(),
+            shard,
+            self.count,
+        )?)
+    }
+
+    fn scope(&self, name: &str) -> Result<OwnerScope> {
+        Ok(OwnerScope::for_object(
+            self.storage.clone(),
+            self.class.clone(),
+            &ObjectName::new(name),
+            self.count,
+        )?)
+    }
+
+    /// The live owner of `scope` in the lease store, if any.
+    async fn owner(&self, scope: &OwnerScope) -> Result<Option<String>> {
+        let snapshot = self.store.snapshot(scope, &self.lifecycle).await?;
+        Ok(snapshot.owner.map(|l| l.record.task().as_str().to_owned()))
+    }
+
+    /// Shard → live owner, from the lease store.
+    async fn owners(&self) -> Result<BTreeMap<u32, Option<String>>> {
+        let mut out = BTreeMap::new();
+        for shard in 0..SHARDS {
+            out.insert(shard, self.owner(&self.shard_scope(shard)?).await?);
+        }
+        Ok(out)
+    }
+
+    /// The objects of `names` whose scope `task` owns now.
+    async fn owned_by(&self, task: &str, names: &[String]) -> Result<Vec<String>> {
+        let owners = self.owners().await?;
+        let mut out = Vec::new();
+        for n in names {
+            if owners
+                .get(&self.scope(n)?.shard())
+                .cloned()
+                .flatten()
+                .as_deref()
+                == Some(task)
+            {
+                out.push(n.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The live host with the most shards (ties: the first by name).
+    async fn busiest(&self) -> Result<(String, usize)> {
+        let owners = self.owners().await?;
+        self.live
+            .iter()
+            .map(|t| {
+                let n = owners.values().filter(|o| o.as_deref() == Some(t)).count();
+                (t.clone(), n)
+            })
+            .max_by_key(|(t, n)| (*n, std::cmp::Reverse(t.clone())))
+            .ok_or_else(|| "no live host".into())
+    }
+
+    /// Where a call on `scope` goes: its live owner, else the preferred or
+    /// next live host (which claims the scope once it is free).
+    async fn target(&mut self, scope: &OwnerScope) -> Result<String> {
+        if let Some(owner) = self.owner(scope).await?
+            && self.live.contains(&owner)
+        {
+            return Ok(owner);
+        }
+        if let Some(p) = self.prefer.get(&scope.shard())
+            && self.live.contains(p)
+        {
+            return Ok(p.clone());
+        }
+        let live: Vec<&String> = self.live.iter().collect();
+        if live.is_empty() {
+            return Err("no live host to call".into());
+        }
+        self.rr += 1;
+        Ok(live[self.rr % live.len()].clone())
+    }
+
+    /// Sends `command` to `task` with a fresh request id.
+    fn send(&mut self, task: &str, command: &str) -> Result<u64> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.procs
+            .get_mut(task)
+            .ok_or_else(|| format!("no host {task}"))?
+            .send(&format!("{id} {command}"))?;
+        Ok(id)
+    }
+
+    /// Runs `commands` (each `<cmd> <object> …`) concurrently, each routed
+    /// to its object's owner and sent again while it is refused before it
+    /// started; returns one outcome per command, in order.
+    async fn calls(&mut self, commands: &[String]) -> Result<Vec<Outcome>> {
+        let mut done: Vec<Option<Outcome>> = commands.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..commands.len()).collect();
+        let mut pending: Vec<(usize, String, u64)> = Vec::new();
+        let end = now_ms() + CALL_DEADLINE_MS;
+        while !todo.is_empty() || !pending.is_empty() {
+            for i in std::mem::take(&mut todo) {
+                let name = commands[i]
+                    .split_whitespace()
+                    .nth(1)
+                    .ok_or("a command names its object")?;
+                let scope = self.scope(name)?;
+                let task = self.target(&scope).await?;
+                let id = self.send(&task, &commands[i])?;
+                pending.push((i, task, id));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut retry = false;
+            for (i, task, id) in std::mem::take(&mut pending) {
+                let Some((at, line)) = self.proc(&task)?.answer(id) else {
+                    pending.push((i, task, id));
+                    continue;
+                };
+                if line.contains(" ok ") {
+                    done[i] = Some(Outcome::Ok {
+                        host: task,
+                        at,
+                        line,
+                    });
+                } else if line.contains(" outcome=not_started ") {
+                    self.retried += 1;
+                    todo.push(i);
+                    retry = true;
+                } else {
+                    done[i] = Some(Outcome::Unknown { host: task, line });
+                }
+            }
+            if now_ms() > end {
+                return Err(format!(
+                    "calls still refused or unanswered after {CALL_DEADLINE_MS} ms: {:?}",
+                    todo.iter()
+                        .chain(pending.iter().map(|(i, _, _)| i))
+                        .map(|i| &commands[*i])
+                        .collect::<Vec<_>>()
+                )
+                .into());
+            }
+            if retry {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(done.into_iter().flatten().collect())
+    }
+
+    /// Every `fired` line of every host: tag → (time read, task).
+    fn fired(&self) -> BTreeMap<String, (i64, String)> {
+        let mut out = BTreeMap::new();
+        for p in self.procs.values() {
+            for (at, line) in p.lines("fired ") {
+                if let (Some(tag), Some(task)) = (field(&line, "tag"), field(&line, "task")) {
+                    out.entry(tag.to_owned())
+                        .or_insert_with(|| (at, task.to_owned()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits until every tag of `tags` fired (or the wait ends); returns
+    /// those that fired.
+    async fn wait_fired(&self, tags: &BTreeSet<String>) -> BTreeMap<String, (i64, String)> {
+        let end = now_ms() + ALARM_WAIT_MS;
+        loop {
+            let fired: BTreeMap<String, (i64, String)> = self
+                .fired()
+                .into_iter()
+                .filter(|(t, _)| tags.contains(t))
+                .collect();
+            if fired.len() == tags.len() || now_ms() > end {
+                return fired;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// What the client knows about one object.
+#[derive(Default)]
+struct Obj {
+    /// Increments acknowledged.
+    acked: u64,
+    /// Increments whose outcome is unknown.
+    unknown: u64,
+    /// Alarm tags acknowledged as set.
+    alarms: BTreeSet<String>,
+}
+
+/// The client's ledger.
+#[derive(Default)]
+struct Ledger {
+    objs: BTreeMap<String, Obj>,
+    acked_calls: u64,
+    unknown_calls: u64,
+}
+
+impl Ledger {
+    fn obj(&mut self, name: &str) -> &mut Obj {
+        self.objs.entry(name.to_owned()).or_default()
+    }
+
+    fn account(&mut self, command: &str, outcome: &Outcome) {
+        let mut words = command.split_whitespace();
+        let (cmd, name) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let tag = words.next().unwrap_or("").to_owned();
+        match outcome {
+            Outcome::Ok { .. } => {
+                self.acked_calls += 1;
+                match cmd {
+                    "incr" => self.obj(name).acked += 1,
+                    "timer" => {
+                        self.obj(name).alarms.insert(tag);
+                    }
+                    _ => {}
+                }
+            }
+            Outcome::Unknown { .. } => {
+                self.unknown_calls += 1;
+                if cmd == "incr" {
+                    self.obj(name).unknown += 1;
+                }
+            }
+        }
+    }
+
+    fn alarms(&self) -> BTreeSet<String> {
+        self.objs
+            .values()
+            .flat_map(|o| o.alarms.iter().cloned())
+            .collect()
+    }
+}
+
+async fn work<S: LeaseStore + LifecycleAdmin>(
+    c: &mut Cluster<S>,
+    ledger: &mut Ledger,
+    commands: &[String],
+) -> Result<Vec<Outcome>> {
+    let outcomes = c.calls(commands).await?;
+    for (cmd, o) in commands.iter().zip(&outcomes) {
+        ledger.account(cmd, o);
+        if let Outcome::Unknown { host, line } = o {
+            println!("  {cmd} on {host}: outcome unknown ({line})");
+        }
+    }
+    Ok(outcomes)
+}
+
+/// First and last acknowledgement time of `outcomes`, and by which hosts.
+fn acked_span(outcomes: &[Outcome]) -> (Option<i64>, Option<i64>, BTreeMap<String, usize>) {
+    let mut by = BTreeMap::new();
+    let (mut first, mut last) = (None::<i64>, None::<i64>);
+    for o in outcomes {
+        if let Outcome::Ok { host, at, .. } = o {
+            *by.entry(host.clone()).or_insert(0) += 1;
+            first = Some(first.map_or(*at, |f| f.min(*at)));
+            last = Some(last.map_or(*at, |l| l.max(*at)));
+        }
+    }
+    (first, last, by)
+}
+
+fn hosts_list(by: &BTreeMap<String, usize>) -> String {
+    by.iter()
+        .map(|(h, n)| format!("{n} on {h}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn incrs(names: &[String]) -> Vec<String> {
+    names.iter().map(|n| format!("incr {n}")).collect()
+}
+
+fn timers(names: &[String], phase: &str, delay_ms: u64) -> Vec<String> {
+    names
+        .iter()
+        .map(|n| format!("timer {n} {phase}-{n} {delay_ms}"))
+        .collect()
+}
+
+/// `per_shard` object names in each shard (the first names that hash there).
+fn objects<S: LeaseStore + LifecycleAdmin>(
+    c: &Cluster<S>,
+    per_shard: usize,
+) -> Result<BTreeMap<u32, Vec<String>>> {
+    let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut i = 0;
+    while by_shard.len() < SHARDS as usize || by_shard.values().any(|v| v.len() < per_shard) {
+        let name = format!("o{i:03}");
+        let list = by_shard.entry(c.scope(&name)?.shard()).or_default();
+        if list.len() < per_shard {
+            list.push(name);
+        }
+        i += 1;
+    }
+    Ok(by_shard)
+}
+
+/// The figures of the closing table.
+#[derive(Default)]
+struct Figures {
+    kill_first_ms: i64,
+    kill_all_ms: i64,
+    kill_alarms: (usize, usize, i64),
+    stop_first_ms: i64,
+    refused_fenced: u64,
+    refused_cancelled: u64,
+    stale_landed: u64,
+    drain_first_ms: i64,
+    drain_all_ms: i64,
+    drain_ms: i64,
+}
+
+const TASKS: [&str; 3] = ["a", "b", "c"];
+
+async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) -> Result {
+    let mut c = Cluster::new(store, shared).await?;
+    let mut ledger = Ledger::default();
+    let mut fig = Figures::default();
+    let by_shard = objects(&c, PER_SHARD)?;
+    let names: Vec<String> = by_shard.values().flatten().cloned().collect();
+
+    // Placement. Every host owns every shard it finds free, so the shards
+    // go to whoever claims first. To spread them, the client holds them all
+    // under a placeholder task while the hosts start, then frees one at a
+    // time and at once calls one of its objects on the host it picked for
+    // it (round robin); that host's call claims it, unless another host's
+    // owner loop came first (then the call follows the store's owner).
+    let placer = TaskId::new("placer")?;
+    let mut held = Vec::new();
+    for shard in 0..SHARDS {
+        match c
+            .store
+            .claim(&c.shard_scope(shard)?, &c.lifecycle, &placer, 60_000)
+            .await?
+        {
+            ClaimOutcome::Claimed(lease) => held.push((shard, lease.record)),
+            ClaimOutcome::Held(lease) => {
+                return Err(format!("shard {shard} is already held: {lease:?}").into());
+            }
+        }
+    }
+    for task in TASKS {
+        c.spawn(task).await?;
+    }
+    println!("started hosts a, b, c (pids {})", {
+        let pids: Vec<String> = c.procs.values().map(|p| p.pid().to_string()).collect();
+        pids.join(", ")
+    });
+    for (shard, record) in held {
+        let task = TASKS[shard as usize % TASKS.len()];
+        c.prefer.insert(shard, task.to_owned());
+        c.store.release(&record).await?;
+        let first = by_shard[&shard][0].clone();
+        work(&mut c, &mut ledger, &incrs(&[first])).await?;
+    }
+    c.prefer.clear();
+    let owners = c.owners().await?;
+    for task in TASKS {
+        let shards: Vec<String> = owners
+            .iter()
+            .filter(|(_, o)| o.as_deref() == Some(task))
+            .map(|(s, _)| s.to_string())
+            .collect();
+        println!("host {task} owns shards [{}]", shards.join(", "));
+    }
+
+    // Work on every object: increments, and an alarm each.
+    let mut placed = Vec::new();
+    for _ in 0..4 {
+        placed.extend(incrs(&names));
+    }
+    placed.extend(timers(&names, "warm", 500));
+    let outcomes = work(&mut c, &mut ledger, &placed).await?;
+    let (_, _, by) = acked_span(&outcomes);
+    println!(
+        "placed {} calls on {} objects in {SHARDS} shards: {}",
+        placed.len(),
+        names.len(),
+        hosts_list(&by)
+    );
+    let warm: BTreeSet<String> = names.iter().map(|n| format!("warm-{n}")).collect();
+    let fired = c.wait_fired(&warm).await;
+    let mut by_task: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, t) in fired.values() {
+        *by_task.entry(t.clone()).or_insert(0) += 1;
+    }
+    println!(
+        "{} of {} alarms (one per object, due 0.5 s after it was set) fired: {}",
+        fired.len(),
+        warm.len(),
+        hosts_list(&by_task)
+    );
+
+    kill_phase(&mut c, &mut ledger, &mut fig, &names).await?;
+    work(&mut c, &mut ledger, &incrs(&names)).await?;
+    stop_phase(&mut c, &mut ledger, &mut fig, &names).await?;
+    work(&mut c, &mut ledger, &incrs(&names)).await?;
+    drain_phase(&mut c, &mut ledger, &mut fig, &names).await?;
+    work(&mut c, &mut ledger, &incrs(&names)).await?;
+
+    // The end: every alarm set has had its chance to fire; read every
+    // object back through a host, then drain the last one.
+    let set = ledger.alarms();
+    c.wait_fired(&set).await;
+    let reads: Vec<String> = names.iter().map(|n| format!("read {n}")).collect();
+    let outcomes = c.calls(&reads).await?;
+    let mut lost_increments = 0;
+    let mut unaccounted = 0;
+    let mut fired_tags: BTreeSet<String> = BTreeSet::new();
+    let mut read_on = BTreeMap::new();
+    for (name, o) in names.iter().zip(&outcomes) {
+        let Outcome::Ok { line, host, .. } = o else {
+            return Err(format!("the final read of {name} has an unknown outcome").into());
+        };
+        *read_on.entry(host.clone()).or_insert(0) += 1;
+        let value: u64 = field(line, "value").ok_or("read has value=")?.parse()?;
+        let obj = ledger.obj(name);
+        lost_increments += obj.acked.saturating_sub(value);
+        unaccounted += value.saturating_sub(obj.acked + obj.unknown);
+        let fired = field(line, "fired").ok_or("read has fired=")?;
+        for entry in fired.split(',').filter(|e| *e != "-") {
+            let tag = entry.split_once('@').map_or(entry, |(t, _)| t);
+            fired_tags.insert(tag.to_owned());
+        }
+    }
+    let last = c.live.iter().next().cloned().ok_or("no live host")?;
+    println!(
+        "read every object back through host {last} ({})",
+        hosts_list(&read_on)
+    );
+    c.proc(&last)?.signal("TERM")?;
+    c.proc(&last)?.wait_lines("drained ", 1, 15_000).await?;
+    let lost_alarms: Vec<&String> = set.difference(&fired_tags).collect();
+    let lost = lost_increments + lost_alarms.len() as u64;
+
+    println!();
+    println!("| figure                                              | value |");
+    println!("|-----------------------------------------------------|-------|");
+    let row = |k: &str, v: String| println!("| {k:<51} | {v:>5} |");
+    row("objects", names.len().to_string());
+    row(
+        "calls acknowledged (increments, alarms set)",
+        ledger.acked_calls.to_string(),
+    );
+    row(
+        "calls with an unknown outcome",
+        ledger.unknown_calls.to_string(),
+    );
+    row(
+        "calls refused before they started, sent again",
+        c.retried.to_string(),
+    );
+    row("alarms set", set.len().to_string());
+    row(
+        "alarms fired",
+        set.intersection(&fired_tags).count().to_string(),
+    );
+    row(
+        &format!(
+            "failover after SIGKILL, ms (budget {})",
+            TTL_MS + INTERVAL_MS
+        ),
+        fig.kill_first_ms.to_string(),
+    );
+    row(
+        "  all of its objects answering elsewhere, ms",
+        fig.kill_all_ms.to_string(),
+    );
+    row(
+        "  its pending alarms fired on survivors",
+        format!("{}/{}", fig.kill_alarms.0, fig.kill_alarms.1),
+    );
+    row(
+        "  last of them, ms after the kill",
+        fig.kill_alarms.2.to_string(),
+    );
+    row("takeover after SIGSTOP, ms", fig.stop_first_ms.to_string());
+    row(
+        "refused stale commits (fence / watchdog)",
+        format!("{}/{}", fig.refused_fenced, fig.refused_cancelled),
+    );
+    row("stale writes landed", fig.stale_landed.to_string());
+    row(
+        &format!("move after SIGTERM drain, ms (lease {TTL_MS})"),
+        fig.drain_first_ms.to_string(),
+    );
+    row(
+        "  all of its objects answering elsewhere, ms",
+        fig.drain_all_ms.to_string(),
+    );
+    row("  drain itself, ms", fig.drain_ms.to_string());
+    row("writes not accounted for", unaccounted.to_string());
+    row("lost work", lost.to_string());
+    if lost > 0 || fig.stale_landed > 0 || unaccounted > 0 {
+        return Err(format!(
+            "cluster scene: lost work {lost} ({lost_increments} increments, alarms {lost_alarms:?}), {} stale writes landed, {unaccounted} writes not accounted for",
+            fig.stale_landed
+        )
+        .into());
+    }
+    println!("no acknowledged work was lost.");
+    Ok(())
+}
+
+async fn kill_phase<S: LeaseStore + LifecycleAdmin>(
+    c: &mut Cluster<S>,
+    ledger: &mut Ledger,
+    fig: &mut Figures,
+    names: &[String],
+) -> Result {
+    let (k, shards) = c.busiest().await?;
+    let objs = c.owned_by(&k, names).await?;
+    println!();
+    println!(
+        "-- SIGKILL host {k} ({shards} shards, {} objects), each object with an alarm due 1.5 s later",
+        objs.len()
+    );
+    work(c, ledger, &timers(&objs, "kill", 1_500)).await?;
+    let killed = now_ms();
+    let p = c.procs.get_mut(&k).ok_or("victim")?;
+    p.signal("KILL")?;
+    c.live.remove(&k);
+    c.procs
+        .get_mut(&k)
+        .ok_or("victim")?
+        .wait_exit(10_000)
+        .await?;
+    let outcomes = work(c, ledger, &incrs(&objs)).await?;
+    let (first, last, by) = acked_span(&outcomes);
+    fig.kill_first_ms = first.map_or(-1, |t| t - killed);
+    fig.kill_all_ms = last.map_or(-1, |t| t - killed);
+    println!(
+        "first call on a survivor for one of its objects {} ms after the kill, all {} answering after {} ms ({}); budget: lease + renew interval = {} ms",
+        fig.kill_first_ms,
+        objs.len(),
+        fig.kill_all_ms,
+        hosts_list(&by),
+        TTL_MS + INTERVAL_MS
+    );
+    let tags: BTreeSet<String> = objs.iter().map(|n| format!("kill-{n}")).collect();
+    let fired = c.wait_fired(&tags).await;
+    let on_survivors = fired.values().filter(|(_, t)| *t != k).count();
+    let worst = fired
+        .values()
+        .map(|(at, _)| at - killed)
+        .max()
+        .unwrap_or(-1);
+    fig.kill_alarms = (on_survivors, tags.len(), worst);
+    let mut by_task: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, t) in fired.values() {
+        *by_task.entry(t.clone()).or_insert(0) += 1;
+    }
+    println!(
+        "its pending alarms: {on_survivors} of {} fired on survivors ({}), the last {worst} ms after the kill (due 1.5 s after it was set; reference: lease + renew interval + dispatcher poll + one owner-wait retry = {} ms, plus the delivery; each further owner-wait retry adds up to {OWNER_WAIT_MAX_MS} ms, which is how a survivor hands back a job whose scope the other survivor took: no transport between hosts yet)",
+        tags.len(),
+        hosts_list(&by_task),
+        alarm_budget_ms()
+    );
+    Ok(())
+}
+
+async fn stop_phase<S: LeaseStore + LifecycleAdmin>(
+    c: &mut Cluster<S>,
+    ledger: &mut Ledger,
+    fig: &mut Figures,
+    names: &[String],
+) -> Result {
+    let (p, shards) = c.busiest().await?;
+    let objs = c.owned_by(&p, names).await?;
+    let target = objs
+        .first()
+        .cloned()
+        .ok_or("the paused host owns no object")?;
+    println!();
+    println!(
+        "-- SIGSTOP host {p} ({shards} shards, {} objects) past its lease, inside `slow {target}`: one write committed, the second due after a 1 s pause",
+        objs.len()
+    );
+    work(c, ledger, &timers(&objs, "stop", 1_000)).await?;
+    let id = slow_started(c, &p, &target).await?;
+    ledger.obj(&target).acked += 1;
+    ledger.acked_calls += 1;
+    c.proc(&p)?.signal("STOP")?;
+    let stopped = now_ms();
+    c.live.remove(&p);
+    let outcomes = work(c, ledger, &incrs(&objs)).await?;
+    let (first, _, by) = acked_span(&outcomes);
+    fig.stop_first_ms = first.map_or(-1, |t| t - stopped);
+    let before = outcomes
+        .iter()
+        .zip(&objs)
+        .find_map(|(o, n)| match o {
+            Outcome::Ok { line, .. } if *n == target => field(line, "value")?.parse::<u64>().ok(),
+            _ => None,
+        })
+        .ok_or("the survivor's write to the slow call's object was not acknowledged")?;
+    println!(
+        "a survivor took over {} ms after the pause ({}); {target} = {before} after its write there",
+        fig.stop_first_ms,
+        hosts_list(&by)
+    );
+    c.proc(&p)?.signal("CONT")?;
+    let (_, answer) = c.proc(&p)?.wait_answer(id, 20_000).await?;
+    println!("SIGCONT: host {p}'s late call ended with: {answer}");
+    let refused =
+        answer.contains("code=host_fenced") || answer.contains("code=host_ownership_lost");
+    c.live.insert(p.clone());
+    let after = work(c, ledger, &incrs(std::slice::from_ref(&target))).await?;
+    let now = match after.first() {
+        Some(Outcome::Ok { line, .. }) => field(line, "value")
+            .ok_or("incr has value=")?
+            .parse::<u64>()?,
+        _ => return Err(format!("the check write to {target} has an unknown outcome").into()),
+    };
+    if answer.contains(" ok ") || now != before + 1 {
+        fig.stale_landed += 1;
+        // Keep the ledger exact: the late write is in the object.
+        ledger.obj(&target).acked += 1;
+        println!(
+            "STALE WRITE LANDED: {target} = {now} after the survivor's next write (expected {})",
+            before + 1
+        );
+    } else {
+        println!(
+            "{target} = {now} after the survivor's next write: the paused host's late write never landed{}",
+            if refused {
+                ""
+            } else {
+                " (its call was not refused by the fence)"
+            }
+        );
+    }
+    let id = c.send(&p, "probe")?;
+    let (_, report) = c.proc(&p)?.wait_answer(id, 10_000).await?;
+    println!("host {p}'s own report: {report}");
+    fig.refused_fenced = field(&report, "fenced").unwrap_or("0").parse()?;
+    fig.refused_cancelled = field(&report, "lost").unwrap_or("0").parse()?;
+    let tags: BTreeSet<String> = objs.iter().map(|n| format!("stop-{n}")).collect();
+    let fired = c.wait_fired(&tags).await;
+    let elsewhere = fired.values().filter(|(_, t)| *t != p).count();
+    println!(
+        "its pending alarms: {elsewhere} of {} fired on the survivor while it was paused",
+        tags.len()
+    );
+    Ok(())
+}
+
+/// Sends `slow <target> 1000` to `p` until its first write committed (a
+/// call refused before it started is sent again); returns its request id.
+async fn slow_started<S: LeaseStore + LifecycleAdmin>(
+    c: &mut Cluster<S>,
+    p: &str,
+    target: &str,
+) -> Result<u64> {
+    let end = now_ms() + CALL_DEADLINE_MS;
+    loop {
+        let id = c.send(p, &format!("slow {target} 1000"))?;
+        loop {
+            let proc = c.proc(p)?;
+            if !proc.lines(&format!("slow-wrote {id} ")).is_empty() {
+                return Ok(id);
+            }
+            if let Some((_, answer)) = proc.answer(id) {
+                if !answer.contains(" outcome=not_started ") {
+                    return Err(format!(
+                        "`slow {target}` on {p} ended before its first write was reported: {answer}"
+                    )
+                    .into());
+                }
+                c.retried += 1;
+                break;
+            }
+            if now_ms() > end {
+                return Err(format!("`slow {target}` on {p} did not start:{}", proc.tail()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn drain_phase<S: LeaseStore + LifecycleAdmin>(
+    c: &mut Cluster<S>,
+    ledger: &mut Ledger,
+    fig: &mut Figures,
+    names: &[String],
+) -> Result {
+    let (d, shards) = c.busiest().await?;
+    let objs = c.owned_by(&d, names).await?;
+    println!();
+    println!(
+        "-- SIGTERM (drain) host {d} ({shards} shards, {} objects), each object with an alarm due 0.7 s later",
+        objs.len()
+    );
+    work(c, ledger, &timers(&objs, "drain", 700)).await?;
+    let term = now_ms();
+    c.proc(&d)?.signal("TERM")?;
+    c.live.remove(&d);
+    let outcomes = work(c, ledger, &incrs(&objs)).await?;
+    let (first, last, by) = acked_span(&outcomes);
+    fig.drain_first_ms = first.map_or(-1, |t| t - term);
+    fig.drain_all_ms = last.map_or(-1, |t| t - term);
+    let (at, drained) = c
+        .proc(&d)?
+        .wait_lines("drained ", 1, 15_000)
+        .await?
+        .remove(0);
+    fig.drain_ms = at - term;
+    let status = c
+        .procs
+        .get_mut(&d)
+        .ok_or("drained host")?
+        .wait_exit(10_000)
+        .await?;
+    println!(
+        "host {d}: {drained} in {} ms ({status}); first call elsewhere {} ms after the signal, all {} answering after {} ms ({}); lease {TTL_MS} ms",
+        fig.drain_ms,
+        fig.drain_first_ms,
+        objs.len(),
+        fig.drain_all_ms,
+        hosts_list(&by)
+    );
+    let tags: BTreeSet<String> = objs.iter().map(|n| format!("drain-{n}")).collect();
+    let fired = c.wait_fired(&tags).await;
+    let elsewhere = fired.values().filter(|(_, t)| *t != d).count();
+    println!(
+        "its pending alarms: {elsewhere} of {} fired on the host that took over",
+        tags.len()
+    );
+    Ok(())
+}
+
+/// Failover times for `bench host`: `rounds` times, the owner of every
+/// shard is killed (SIGKILL) and the time from the signal to the first
+/// successful call on the standby is measured; then `rounds` times the
+/// owner is drained (SIGTERM) instead. SQLite lease store and alarm index.
+pub(crate) struct FailoverTimes {
+    /// Signal → first successful call on the survivor, per kill (ms).
+    pub(crate) kill_ms: Vec<i64>,
+    /// Signal → first successful call on the survivor, per drain (ms).
+    pub(crate) drain_ms: Vec<i64>,
+}
+
+/// Runs the failover rounds of `bench host`.
+pub(crate) async fn failover_times(rounds: usize) -> Result<FailoverTimes> {
+    let dir = tempfile::tempdir()?;
+    let shared = Shared {
+        dir: dir.path().to_owned(),
+        redis: None,
+    };
+    eprintln!("host failover: {}", lease_settings());
+    let store = SqliteLeaseStore::open(
+        dir.path().join("leases.db"),
+        SystemClock::new(),
+        shard_count()?,
+    )?;
+    let mut c = Cluster::new(Arc::new(store), shared).await?;
+    let names: Vec<String> = objects(&c, 1)?.into_values().flatten().collect();
+    let mut n = 0;
+    let mut owner = format!("h{n}");
+    c.spawn(&owner).await?;
+    c.proc(&owner)?
+        .wait_lines("acquired ", SHARDS as usize, 30_000)
+        .await?;
+    c.calls(&incrs(&names)).await?;
+    let mut times = FailoverTimes {
+        kill_ms: Vec::new(),
+        drain_ms: Vec::new(),
+    };
+    for round in 0..2 * rounds {
+        n += 1;
+        let standby = format!("h{n}");
+        c.spawn(&standby).await?;
+        let sig = if round < rounds { "KILL" } else { "TERM" };
+        let t = now_ms();
+        c.proc(&owner)?.signal(sig)?;
+        c.live.remove(&owner);
+        let outcomes = c.calls(&incrs(&names)).await?;
+        let (first, _, by) = acked_span(&outcomes);
+        let ms = first.ok_or("no call was acknowledged after the failover")? - t;
+        if by.keys().any(|h| *h != standby) {
+            return Err(format!("calls answered by {by:?}, expected {standby}").into());
+        }
+        c.procs
+            .get_mut(&owner)
+            .ok_or("old owner")?
+            .wait_exit(15_000)
+            .await?;
+        c.procs.remove(&owner);
+        eprintln!(
+            "host failover: SIG{sig} of the owner of {SHARDS} shards → first call on the standby after {ms} ms"
+        );
+        if sig == "KILL" {
+            times.kill_ms.push(ms);
+        } else {
+            times.drain_ms.push(ms);
+        }
+        owner = standby;
+    }
+    if let Some(p) = c.procs.get(&owner) {
+        p.signal("TERM")?;
+        p.wait_lines("drained ", 1, 15_000).await?;
+    }
+    Ok(times)
+}

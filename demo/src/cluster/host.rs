@@ -1,0 +1,425 @@
+//! The child side of the cluster scene: `durability-demo cluster-host
+//! key=value…`, one `durability-host` process owning shards of the
+//! `Counter` class over a lease store and an alarm index every process of
+//! the scene shares (SQLite files in one directory, or Redis under one key
+//! prefix), with the objects' SQLite files under `<dir>/objects`.
+//!
+//! Arguments: `dir`, `task`, `ttl` (owner lease, ms), `interval` (owner
+//! loop period, ms), `guard` (lease guard, ms), `shards`, and for Redis
+//! `redis` (URL) and `prefix` (key prefix). It owns every shard it finds
+//! free (`OwnPolicy::AllShards`).
+//!
+//! Commands on stdin, one a line, each with a request id the answer
+//! repeats: `<id> incr <name>`, `<id> timer <name> <tag> <delay ms>` (an
+//! alarm: the object records `<tag>` as fired, with the task that ran it,
+//! when it is due), `<id> slow <name> <ms>` (one committed increment, a
+//! pause of `ms` outside any transaction, a second increment), `<id> read
+//! <name>`, `<id> probe`. End of input drains the host.
+//!
+//! Lines on stdout: `ready task=<t>`; `acquired|lost|released scope=<s>
+//! gen=<g>`; `ans <id> ok gen=<g> <key=value…>` or `ans <id> err code=<c>
+//! outcome=<not_started|unknown> <message>`; `slow-wrote <id> gen=<g>`;
+//! `fired <name> tag=<tag> task=<t>`; `drained timed_out=<bool>
+//! released=<n>` before it exits.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use durability_alarms::{AlarmIndex, DispatcherConfig};
+use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_ownership::{
+    DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
+    SystemClock,
+};
+use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
+use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
+use durability_storage_redis::ownership::RedisLeaseStore;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_storage_sqlite::{SqliteStorage, Synchronous};
+use futures::future::BoxFuture;
+use rusqlite::OptionalExtension as _;
+use tokio::io::AsyncBufReadExt as _;
+
+use crate::Result;
+
+/// The object class every host of the scene serves.
+pub(crate) const CLASS: &str = "Counter";
+/// The storage id of the scene's objects.
+pub(crate) const STORAGE: &str = "st1";
+/// The lifecycle whose active storage pointer names [`STORAGE`].
+pub(crate) const LIFECYCLE: &str = "demo:cluster";
+
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS pending (tag TEXT PRIMARY KEY, due INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS fired (tag TEXT PRIMARY KEY, task TEXT NOT NULL, at INTEGER NOT NULL);";
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn sql(e: rusqlite::Error) -> StorageError {
+    StorageError::backend("counter sql", e)
+}
+
+/// The object. It holds its timer's state (the scheduler holds the timer
+/// capability weakly through it).
+struct Counter {
+    _state: Arc<CounterState>,
+}
+
+struct CounterState {
+    sched: Scheduler<SqliteStorage>,
+    name: String,
+    task: String,
+}
+
+/// The object's timer: moves every due tag from `pending` to `fired` and
+/// sets the object's alarm to the next pending one, in one transaction.
+struct Timer(Weak<CounterState>);
+
+impl Capability for Timer {
+    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
+        let state = self.0.upgrade();
+        Box::pin(async move {
+            let Some(state) = state else { return };
+            let done = state.sched.transaction(|tx| {
+                let tags: Vec<String> = {
+                    let mut stmt = tx
+                        .sql()
+                        .prepare("SELECT tag FROM pending WHERE due <= ?1 ORDER BY tag")
+                        .map_err(sql)?;
+                    stmt.query_map([now_ms], |r| r.get(0))
+                        .map_err(sql)?
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(sql)?
+                };
+                tx.sql()
+                    .execute(
+                        "INSERT INTO fired (tag, task, at)
+                         SELECT tag, ?2, ?1 FROM pending WHERE due <= ?1",
+                        rusqlite::params![now_ms, state.task],
+                    )
+                    .map_err(sql)?;
+                tx.sql()
+                    .execute("DELETE FROM pending WHERE due <= ?1", [now_ms])
+                    .map_err(sql)?;
+                rearm(tx)?;
+                Ok::<_, StorageError>(tags)
+            });
+            match done {
+                Ok(tags) => {
+                    for tag in tags {
+                        say(&format!(
+                            "fired {} tag={tag} task={}",
+                            state.name, state.task
+                        ));
+                    }
+                }
+                Err(e) => say(&format!("fire-failed {} {e}", state.name)),
+            }
+        })
+    }
+}
+
+/// Sets the object's alarm to its earliest pending tag (or clears it).
+fn rearm(tx: &mut Transaction<'_, '_, SqliteStorage>) -> std::result::Result<(), StorageError> {
+    let next: Option<i64> = tx
+        .sql()
+        .query_row("SELECT MIN(due) FROM pending", [], |r| r.get(0))
+        .map_err(sql)?;
+    tx.set_due("timer", next)
+}
+
+fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> std::result::Result<i64, StorageError> {
+    tx.sql()
+        .query_row(
+            "INSERT INTO counter (id, n) VALUES (0, 1)
+             ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql)
+}
+
+/// What one child was started with.
+struct Args {
+    dir: PathBuf,
+    task: String,
+    settings: HostSettings,
+}
+
+/// `cluster-host key=value…`: runs one host until SIGTERM (drain) or the
+/// end of its input.
+pub(crate) fn main(raw: &[String]) -> Result {
+    let kv: HashMap<&str, &str> = raw.iter().filter_map(|a| a.split_once('=')).collect();
+    let get = |k: &str| -> Result<&str> {
+        kv.get(k)
+            .copied()
+            .ok_or_else(|| format!("cluster-host: missing {k}=").into())
+    };
+    let num = |k: &str| -> Result<u64> { Ok(get(k)?.parse()?) };
+    let settings = HostSettings {
+        ownership: OwnershipSettings {
+            owner_ttl_ms: num("ttl")?,
+            lease_guard_ms: num("guard")?,
+            drain_in_flight_timeout_ms: 3_000,
+            drain_timeout_ms: 5_000,
+            shard_count: ShardCount::new(u32::try_from(num("shards")?)?)?,
+            ..OwnershipSettings::default()
+        },
+        renew_interval_ms: Some(num("interval")?),
+        ..HostSettings::default()
+    };
+    let args = Args {
+        dir: PathBuf::from(get("dir")?),
+        task: get("task")?.to_owned(),
+        settings,
+    };
+    let redis = kv.get("redis").map(|url| {
+        (
+            (*url).to_owned(),
+            kv.get("prefix").copied().unwrap_or_default().to_owned(),
+        )
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let shards = args.settings.ownership.shard_count;
+        match redis {
+            Some((url, prefix)) => {
+                let store =
+                    RedisLeaseStore::connect(&url, &format!("{prefix}leases:"), shards).await?;
+                let index =
+                    RedisAlarmIndex::connect(&url, &format!("{prefix}alarms:"), IndexTime::Server)
+                        .await?;
+                serve(Arc::new(store), Arc::new(index), args).await
+            }
+            None => {
+                let store =
+                    SqliteLeaseStore::open(args.dir.join("leases.db"), SystemClock::new(), shards)?;
+                let index = SqliteAlarmIndex::open(args.dir.join("alarms.db"), Synchronous::Full)?;
+                serve(Arc::new(store), Arc::new(index), args).await
+            }
+        }
+    })
+}
+
+async fn serve<S, I>(store: Arc<S>, index: Arc<I>, args: Args) -> Result
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    let task = args.task.clone();
+    let owner = task.clone();
+    let config = HostConfig::new(
+        store,
+        index,
+        args.dir.join("objects"),
+        STORAGE,
+        LIFECYCLE,
+        &task,
+    )
+    .class(CLASS, move |ctx| {
+        ctx.scheduler
+            .transaction(|tx| tx.sql().execute_batch(SCHEMA).map_err(sql))?;
+        let state = Arc::new(CounterState {
+            sched: ctx.scheduler.clone(),
+            name: ctx.name.clone(),
+            task: owner.clone(),
+        });
+        ctx.scheduler
+            .attach("timer", None, Arc::new(Timer(Arc::downgrade(&state))))?;
+        Ok::<_, BoxError>(Counter { _state: state })
+    })
+    .settings(args.settings)
+    .own(OwnPolicy::AllShards)
+    .dispatcher(DispatcherConfig {
+        claim_lease_ms: 5_000,
+        dispatch_timeout_ms: 3_000,
+        poll_ms: i64::try_from(super::POLL_MS)?,
+        idle_ms: 20,
+        owner_wait_max_ms: i64::try_from(super::OWNER_WAIT_MAX_MS)?,
+        ..DispatcherConfig::fast()
+    });
+    let host = Host::start(config).await?;
+    let mut events = host.subscribe();
+    tokio::spawn(async move {
+        while let Ok(e) = events.recv().await {
+            say(&match e {
+                OwnerEvent::Acquired { scope, generation } => {
+                    format!("acquired scope={scope} gen={generation}")
+                }
+                OwnerEvent::Lost {
+                    scope,
+                    generation,
+                    code,
+                } => format!("lost scope={scope} gen={generation} code={code}"),
+                OwnerEvent::Released { scope, generation } => {
+                    format!("released scope={scope} gen={generation}")
+                }
+                other => format!("event {other:?}"),
+            });
+        }
+    });
+    say(&format!("ready task={task}"));
+    let commands = host.clone();
+    let eof = tokio::sync::Notify::new();
+    let eof = Arc::new(eof);
+    let on_eof = Arc::clone(&eof);
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let host = commands.clone();
+            tokio::spawn(async move { command(&host, &line).await });
+        }
+        // The parent is gone: drain rather than linger as an orphan.
+        on_eof.notify_one();
+    });
+    let report = tokio::select! {
+        r = host.run_until_signal() => r,
+        () = eof.notified() => host.shutdown().await,
+    };
+    let released = match &report {
+        DrainReport::Drained { released, .. } => released.len(),
+        _ => 0,
+    };
+    say(&format!(
+        "drained timed_out={} released={released}",
+        report.timed_out()
+    ));
+    // Exit at once: the stdin reader blocks a thread the runtime would
+    // otherwise wait for.
+    std::process::exit(if report.timed_out() { 3 } else { 0 });
+}
+
+type Answer = std::result::Result<(String, u64), HostError>;
+
+async fn command<S, I>(host: &Host<S, I>, line: &str)
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    let (id, cmd, name) = match parts.as_slice() {
+        [id, cmd, rest @ ..] => (*id, *cmd, rest.first().copied().unwrap_or("")),
+        _ => {
+            say(&format!("bad-command {line:?}"));
+            return;
+        }
+    };
+    let arg = |i: usize| parts.get(i).copied().unwrap_or("");
+    let number = |i: usize| arg(i).parse::<u64>().unwrap_or(0);
+    let answer: Answer = match cmd {
+        "incr" => {
+            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+                let v = h.scheduler.transaction(incr)?;
+                Ok((format!("value={v}"), h.generation))
+            })
+            .await
+        }
+        "timer" => {
+            let (tag, delay) = (arg(3).to_owned(), number(4));
+            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+                let at = SystemClock::new()
+                    .now_ms()
+                    .saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
+                h.scheduler.transaction(|tx| {
+                    tx.sql()
+                        .execute(
+                            "INSERT INTO pending (tag, due) VALUES (?1, ?2)
+                             ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
+                            rusqlite::params![tag, at],
+                        )
+                        .map_err(sql)?;
+                    rearm(tx)
+                })?;
+                Ok((format!("due={at}"), h.generation))
+            })
+            .await
+        }
+        "slow" => {
+            let (pause, id) = (number(3), id.to_owned());
+            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+                h.scheduler.transaction(incr)?;
+                say(&format!("slow-wrote {id} gen={}", h.generation));
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let v = h.scheduler.transaction(incr)?;
+                Ok((format!("value={v}"), h.generation))
+            })
+            .await
+        }
+        "read" => {
+            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+                let read = h.scheduler.transaction(|tx| {
+                    let n: i64 = tx
+                        .sql()
+                        .query_row("SELECT n FROM counter", [], |r| r.get(0))
+                        .optional()
+                        .map_err(sql)?
+                        .unwrap_or(0);
+                    let fired: Option<String> = tx
+                        .sql()
+                        .query_row(
+                            "SELECT group_concat(tag || '@' || task, ',')
+                             FROM (SELECT tag, task FROM fired ORDER BY tag)",
+                            [],
+                            |r| r.get(0),
+                        )
+                        .map_err(sql)?;
+                    let pending: i64 = tx
+                        .sql()
+                        .query_row("SELECT COUNT(*) FROM pending", [], |r| r.get(0))
+                        .map_err(sql)?;
+                    Ok::<_, StorageError>(format!(
+                        "value={n} pending={pending} fired={}",
+                        fired.as_deref().unwrap_or("-")
+                    ))
+                })?;
+                Ok((read, h.generation))
+            })
+            .await
+        }
+        "probe" => {
+            let p = host.probe();
+            Ok((
+                format!(
+                    "state={} scopes={} completed={} fenced={} lost={} refused_not_owner={} alarms_delivered={}",
+                    p.state,
+                    p.scopes.len(),
+                    p.dispatch.completed,
+                    p.dispatch.fenced,
+                    p.dispatch.ownership_lost,
+                    p.dispatch.refused_not_owner,
+                    p.alarms.delivered
+                ),
+                0,
+            ))
+        }
+        other => {
+            say(&format!(
+                "ans {id} err code=unknown_command outcome=not_started {other}"
+            ));
+            return;
+        }
+    };
+    match answer {
+        Ok((payload, generation)) => say(&format!("ans {id} ok gen={generation} {payload}")),
+        Err(e) => say(&format!(
+            "ans {id} err code={} outcome={} {e}",
+            e.code(),
+            match e.outcome() {
+                DispatchOutcome::NotStarted => "not_started",
+                _ => "unknown",
+            }
+        )),
+    }
+}
