@@ -12,6 +12,10 @@
 //! The `testkit` module (always built) holds what the Redis suites share.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// The Redis client this crate is built on: the stores take a
+/// [`redis::aio::ConnectionManager`], so applications use the same version.
+pub use redis;
+
 #[cfg(feature = "ownership")]
 pub mod ownership;
 

@@ -22,6 +22,10 @@
 //!   embedded alarm job index of `durability-alarms`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// The SQLite binding this crate is built on: [`SqliteTx::sql`] hands out a
+/// [`rusqlite::Connection`], so applications use the same version.
+pub use rusqlite;
+
 pub mod connection;
 pub use connection::{ConnectionOptions, Synchronous, open_connection};
 
