@@ -21,6 +21,7 @@
 //! [`LeaseStore::raise_generation_floor`] restores them from an object's
 //! fence (see `durability_ownership::fence_with_floor`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -102,7 +103,14 @@ pub struct SqliteLeaseStore<C> {
     conn: Mutex<Connection>,
     clock: C,
     count: ShardCount,
+    /// Owner records already decoded, by their stored bytes: decoding is a
+    /// pure function of the bytes (and the scope, checked on every hit), and
+    /// every admission snapshot reads the same record again.
+    decoded: Mutex<HashMap<Vec<u8>, OwnerRecord>>,
 }
+
+/// Decoded owner records kept per store (cleared when full).
+const DECODED_RECORDS: usize = 4_096;
 
 struct Lifecycle {
     active: Option<StorageId>,
@@ -144,6 +152,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
             .map_err(not_applied)?;
         conn.execute_batch(LEASE_SCHEMA).map_err(not_applied)?;
         Ok(Self {
+            decoded: Mutex::new(HashMap::new()),
             conn: Mutex::new(conn),
             clock,
             count,
@@ -218,7 +227,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
     ) -> Result<Option<Lease>, OwnershipError> {
         match row {
             Some((raw, exp)) if u64_of(exp) > now => {
-                let record = OwnerRecord::decode(&raw, scope, self.count)?;
+                let record = self.decode_record(raw, scope)?;
                 Ok(Some(Lease {
                     record,
                     remaining_ms: u64_of(exp) - now,
@@ -248,6 +257,27 @@ impl<C: Clock> SqliteLeaseStore<C> {
             .and_then(|mut st| st.query_row([scope.host_id()], |r| r.get(0)).optional())
             .map_err(not_applied)?;
         Self::decode_generation(scope, g)
+    }
+
+    /// [`OwnerRecord::decode`], remembered by the stored bytes; a cached
+    /// record is used only under the scope it was decoded for.
+    fn decode_record(
+        &self,
+        raw: Vec<u8>,
+        scope: &OwnerScope,
+    ) -> Result<OwnerRecord, OwnershipError> {
+        let mut cache = self.decoded.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(record) = cache.get(&raw)
+            && record.scope() == scope
+        {
+            return Ok(record.clone());
+        }
+        let record = OwnerRecord::decode(&raw, scope, self.count)?;
+        if cache.len() >= DECODED_RECORDS {
+            cache.clear();
+        }
+        cache.insert(raw, record.clone());
+        Ok(record)
     }
 
     fn decode_generation(scope: &OwnerScope, g: Option<i64>) -> Result<u64, OwnershipError> {

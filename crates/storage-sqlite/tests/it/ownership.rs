@@ -99,6 +99,51 @@ durability_ownership::ownership_conformance!(
     }
 );
 
+/// Snapshots remember decoded owner records by their bytes; a record's
+/// bytes copied under another scope's row still fail closed there, and the
+/// remembered record keeps serving its own scope.
+#[tokio::test]
+async fn a_remembered_owner_record_is_never_served_under_another_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = open(&dir.path().join("leases.db"), &clock);
+    let l = LifecycleId::new("ns:w").unwrap();
+    let a = scope("st1:Room:shard0");
+    let b = scope("st1:Room:shard1");
+    store
+        .set_active_storage(&l, Some(a.storage_id()))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed(lease) = store
+        .claim(&a, &l, &TaskId::new("t").unwrap(), 10_000)
+        .await
+        .unwrap()
+    else {
+        panic!("a free scope is claimed")
+    };
+    // Read twice: the second read is served from the remembered record.
+    for _ in 0..2 {
+        let snap = store.snapshot(&a, &l).await.unwrap();
+        assert_eq!(snap.owner.unwrap().record, lease.record);
+    }
+    let raw = lease.record.encoded().as_bytes().to_vec();
+    store.with_connection(|c| {
+        c.execute(
+            "INSERT INTO durability_owner_leases (scope, record, expires_at_ms) VALUES (?1, ?2, ?3)",
+            params![b.host_id(), raw, 1_000_000_i64],
+        )
+        .unwrap();
+    });
+    let err = store.snapshot(&b, &l).await.unwrap_err();
+    eprintln!("a record of shard0 read under shard1: {err}");
+    assert!(
+        !err.is_retryable(),
+        "a misplaced record is corrupt, not busy: {err}"
+    );
+    let snap = store.snapshot(&a, &l).await.unwrap();
+    assert_eq!(snap.owner.unwrap().record, lease.record);
+}
+
 #[tokio::test]
 async fn two_connections_claim_one_scope_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
