@@ -97,12 +97,17 @@
 mod config;
 mod error;
 mod host;
+mod routing;
+pub mod rpc;
 mod settings;
 mod storage;
+pub mod transport;
 
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
-pub use error::{BoxError, HostError};
+pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use routing::{ObjectRef, RoutingStats};
+pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
