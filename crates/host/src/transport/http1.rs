@@ -304,13 +304,14 @@ fn error_response(status: u16, code: &str, message: &str, marked: bool) -> Respo
     response
 }
 
-fn authorized<S, I>(host: &Host<S, I>, headers: &HeaderMap) -> Result<(), Response>
+/// `None` when authorized, else the refusal.
+fn refused<S, I>(host: &Host<S, I>, headers: &HeaderMap) -> Option<Response>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
 {
     let Some(token) = host.internal_token() else {
-        return Err(error_response(
+        return Some(error_response(
             401,
             "unauthorized",
             "internal endpoints are disabled (no internal token configured)",
@@ -318,8 +319,8 @@ where
         ));
     };
     match headers.get(AUTH_HEADER) {
-        Some(v) if token.matches(v.as_bytes()) => Ok(()),
-        _ => Err(error_response(
+        Some(v) if token.matches(v.as_bytes()) => None,
+        _ => Some(error_response(
             401,
             "unauthorized",
             "missing or wrong internal token",
@@ -371,7 +372,7 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    if let Err(refused) = authorized(&host, &headers) {
+    if let Some(refused) = refused(&host, &headers) {
         host.count_refused_auth();
         return refused;
     }
@@ -437,7 +438,7 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    if let Err(refused) = authorized(&host, &headers) {
+    if let Some(refused) = refused(&host, &headers) {
         host.count_refused_auth();
         return refused;
     }
