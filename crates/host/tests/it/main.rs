@@ -6,5 +6,6 @@
 
 mod dispatch;
 mod lifecycle;
+mod rpc;
 mod storage;
 mod support;
