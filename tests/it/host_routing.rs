@@ -794,3 +794,82 @@ fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
         "tried: 3 untrusted answers at a's endpoint (unmarked 503 naming stale_owner, marker on a 500, 504): each evicted the hint and returned owner_unavailable without a replay"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
+    use durability_host::RpcClient;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    let mut c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+
+    // Uncached: through b's router, forwarded once to a.
+    let v = client
+        .call("Counter", "c1", "incr", serde_json::json!({"by": 1}))
+        .await
+        .unwrap();
+    assert_eq!((n_of(&v), v["task"].as_str()), (2, Some("a")));
+    let (task, g1, endpoint) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (task.as_str(), endpoint.as_str()),
+        ("a", a.endpoint.as_str())
+    );
+    assert_eq!(b.routing()["forwarded"], 1);
+
+    // Hinted: straight to a; b sees nothing.
+    let v = client
+        .call("Counter", "c1", "get", Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(n_of(&v), 2);
+    assert_eq!(client.stats().direct, 1);
+    assert_eq!(b.routing()["served"], 1, "the direct call skipped b");
+
+    // Takeover: a drains, c claims; the client's direct call gets a trusted
+    // stale_owner from a, rediscovers once through b, which forwards to c.
+    a.ask("drain", "drained ");
+    let v = c.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(v["task"], "c");
+    let v = client
+        .call("Counter", "c1", "incr", serde_json::json!({"by": 1}))
+        .await
+        .unwrap();
+    assert_eq!((n_of(&v), v["task"].as_str()), (4, Some("c")));
+    let s = client.stats();
+    assert_eq!((s.direct, s.rediscoveries, s.routed), (2, 1, 2));
+    let (task, g2, endpoint) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (task.as_str(), endpoint.as_str()),
+        ("c", c.endpoint.as_str())
+    );
+    assert!(g2 > g1);
+
+    // A wrong token is refused by the entry host before anything runs.
+    let bad = RpcClient::new(
+        &b.endpoint,
+        "wrong-token-0123456789",
+        "st1",
+        ShardCount::default(),
+    )
+    .unwrap();
+    let e = bad
+        .call("Counter", "c1", "incr", Value::Null)
+        .await
+        .unwrap_err();
+    assert_eq!(e.rpc_code(), "unauthorized");
+    assert_eq!(
+        e.outcome(),
+        durability_ownership::DispatchOutcome::NotStarted
+    );
+    let v = client
+        .call("Counter", "c1", "get", Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(n_of(&v), 4, "every call ran exactly once");
+    eprintln!(
+        "tried: a thin client entering through b: forwarded to a@{g1}, direct to a, a drained and \
+         c took over at {g2}, one rediscovery through b to c; a wrong token refused (401)"
+    );
+}

@@ -94,6 +94,7 @@
 //! fails with [`HostError::NotOwner`]; alarm deliveries for such objects go
 //! through the [`HostForward`] hook (default: [`NoTransport`]).
 
+mod client;
 mod config;
 mod error;
 mod host;
@@ -103,6 +104,7 @@ mod settings;
 mod storage;
 pub mod transport;
 
+pub use client::{ClientStats, RpcClient};
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
