@@ -9,3 +9,4 @@ mod lifecycle;
 mod rpc;
 mod storage;
 mod support;
+mod transport;
