@@ -100,6 +100,12 @@ pub struct HostConfig<S, I> {
     pub(crate) dispatcher: DispatcherConfig,
     pub(crate) sqlite: SqliteOptions,
     pub(crate) forward: Arc<dyn HostForward>,
+    pub(crate) methods: crate::rpc::Methods<I>,
+    pub(crate) method_names: Vec<(String, String)>,
+    pub(crate) internal_token: Option<String>,
+    pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
+    pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
+    pub(crate) transport: Arc<dyn crate::transport::Transport>,
 }
 
 impl<S, I> HostConfig<S, I> {
@@ -132,6 +138,12 @@ impl<S, I> HostConfig<S, I> {
             dispatcher: DispatcherConfig::default(),
             sqlite: SqliteOptions::default(),
             forward: Arc::new(NoTransport),
+            methods: BTreeMap::new(),
+            method_names: Vec::new(),
+            internal_token: None,
+            peers: Arc::new(crate::transport::StaticPeers::default()),
+            endpoint_policy: crate::transport::EndpointPolicy::default(),
+            transport: Arc::new(crate::transport::HttpTransport::default()),
         }
     }
 
@@ -202,6 +214,75 @@ impl<S, I> HostConfig<S, I> {
     #[must_use]
     pub fn sqlite(mut self, options: SqliteOptions) -> Self {
         self.sqlite = options;
+        self
+    }
+
+    /// Registers RPC method `method` on objects of `class`: `handler` gets
+    /// the object's handle and the JSON arguments and returns JSON. The
+    /// name is checked at [`crate::Host::start`] (identifier grammar, at
+    /// most 256 ASCII bytes). Errors a handler returns are the caller's as
+    /// [`crate::HostError::Handler`] locally; across hosts a
+    /// [`crate::MethodError`] keeps its code and anything else becomes
+    /// `internal_error`.
+    #[must_use]
+    pub fn method<T, F, Fut>(mut self, class: &str, method: &str, handler: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        I: Send + Sync + 'static,
+        F: Fn(crate::Handle<T, I>, serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let class_name = class.to_owned();
+        let wrapped: crate::rpc::Method<I> = Arc::new(move |input, args| {
+            let handler = Arc::clone(&handler);
+            let class_name = class_name.clone();
+            Box::pin(async move {
+                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
+                    format!("object class {class_name} is not of the method's type").into()
+                })?;
+                handler(handle, args).await
+            })
+        });
+        self.method_names
+            .push((class.to_owned(), method.to_owned()));
+        self.methods
+            .entry(class.to_owned())
+            .or_default()
+            .insert(method.to_owned(), wrapped);
+        self
+    }
+
+    /// The shared internal token: required on every internal endpoint this
+    /// host serves and attached to every call it sends to another host.
+    /// Without one, calls between hosts are off.
+    #[must_use]
+    pub fn internal_token(mut self, token: &str) -> Self {
+        self.internal_token = Some(token.to_owned());
+        self
+    }
+
+    /// Where other tasks are reached (the owner record does not carry the
+    /// endpoint yet). Every endpoint is checked against the endpoint policy
+    /// before the token is attached.
+    #[must_use]
+    pub fn peers(mut self, peers: impl crate::transport::PeerDirectory) -> Self {
+        self.peers = Arc::new(peers);
+        self
+    }
+
+    /// Which owner endpoints calls are forwarded to (default: loopback and
+    /// private addresses).
+    #[must_use]
+    pub fn endpoint_policy(mut self, policy: crate::transport::EndpointPolicy) -> Self {
+        self.endpoint_policy = policy;
+        self
+    }
+
+    /// The transport for calls between hosts (default: HTTP/1.1).
+    #[must_use]
+    pub fn transport(mut self, transport: impl crate::transport::Transport) -> Self {
+        self.transport = Arc::new(transport);
         self
     }
 

@@ -106,7 +106,101 @@ pub enum HostError {
     /// Wiring the object's alarm failed.
     #[error("object alarm failed: {0}")]
     Alarm(#[source] AlarmError),
+    /// The RPC method name breaks the identifier grammar or its length
+    /// limit (refused before dispatch).
+    #[error("invalid method name: {reason}")]
+    InvalidMethod {
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The RPC arguments are not structural JSON within the limits
+    /// (refused before dispatch).
+    #[error("invalid arguments: {reason}")]
+    InvalidArgs {
+        /// Why they were rejected.
+        reason: String,
+    },
+    /// The class registers no method of that name (refused before dispatch).
+    #[error("object class {class} has no method {method}")]
+    UnknownMethod {
+        /// The class.
+        class: String,
+        /// The method asked for.
+        method: String,
+    },
+    /// A fenced call reached a host that does not own the scope at the
+    /// fence's generation (refused before dispatch; the caller may
+    /// rediscover once).
+    #[error("the route fence at generation {generation} is stale here")]
+    StaleFence {
+        /// The fence's generation.
+        generation: u64,
+    },
+    /// No trusted answer came from the owner (a transport failure, a
+    /// timeout, an unmarked 502/503/504, an unusable endpoint): the method
+    /// may have run, so it is not replayed.
+    #[error("owner unavailable")]
+    OwnerUnavailable {
+        /// What happened (diagnostics; not part of the tenant message).
+        reason: String,
+    },
+    /// The owner answered success but its body could not be read, decoded,
+    /// parsed or validated: the method may have run; do not replay it
+    /// blindly (`do_rpc_result_unknown`).
+    #[error("the rpc result is unknown")]
+    RpcResultUnknown {
+        /// What happened (diagnostics).
+        reason: String,
+    },
+    /// The owner answered with an error envelope: a trusted ownership code,
+    /// the method's own [`crate::MethodError`] code, `internal_error`, or a
+    /// refusal of the request.
+    #[error("the owner answered {code}: {message}")]
+    Remote {
+        /// The HTTP status.
+        status: u16,
+        /// The envelope's code.
+        code: String,
+        /// Its message.
+        message: String,
+        /// Its details.
+        details: Option<serde_json::Value>,
+    },
+    /// The transport (the HTTP server) failed.
+    #[error("transport failed: {reason}")]
+    Transport {
+        /// What happened.
+        reason: String,
+    },
 }
+
+/// How an error crosses the wire: status, envelope code and message, and
+/// whether it carries the trusted ownership marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireError {
+    /// The HTTP status.
+    pub status: u16,
+    /// The envelope's `error`.
+    pub code: String,
+    /// The envelope's `message` (never task ids, endpoints or transport
+    /// text).
+    pub message: String,
+    /// Whether the ownership marker is set.
+    pub marked: bool,
+}
+
+/// Codes of refusals that prove the request never started.
+const NOT_STARTED_REMOTE: &[&str] = &[
+    "invalid_method",
+    "invalid_args",
+    "unknown_method",
+    "unknown_class",
+    "invalid_object_name",
+    "invalid_fence",
+    "invalid_request",
+    "request_too_large",
+    "unauthorized",
+];
 
 impl HostError {
     /// Every stable code, in declaration order.
@@ -125,6 +219,14 @@ impl HostError {
         "host_factory_failed",
         "host_handler_failed",
         "host_alarm_failed",
+        "host_invalid_method",
+        "host_invalid_args",
+        "host_unknown_method",
+        "host_stale_fence",
+        "owner_unavailable",
+        "do_rpc_result_unknown",
+        "host_remote_error",
+        "host_transport_failed",
     ];
 
     /// The stable machine code of this error.
@@ -144,6 +246,14 @@ impl HostError {
             Self::Factory { .. } => "host_factory_failed",
             Self::Handler(_) => "host_handler_failed",
             Self::Alarm(_) => "host_alarm_failed",
+            Self::InvalidMethod { .. } => "host_invalid_method",
+            Self::InvalidArgs { .. } => "host_invalid_args",
+            Self::UnknownMethod { .. } => "host_unknown_method",
+            Self::StaleFence { .. } => "host_stale_fence",
+            Self::OwnerUnavailable { .. } => "owner_unavailable",
+            Self::RpcResultUnknown { .. } => "do_rpc_result_unknown",
+            Self::Remote { .. } => "host_remote_error",
+            Self::Transport { .. } => "host_transport_failed",
         }
     }
 
@@ -154,7 +264,13 @@ impl HostError {
             Self::Draining
             | Self::NotOwner { .. }
             | Self::Fenced(_)
-            | Self::OwnershipLost { .. } => true,
+            | Self::OwnershipLost { .. }
+            | Self::StaleFence { .. }
+            | Self::OwnerUnavailable { .. }
+            | Self::Transport { .. } => true,
+            Self::Remote { code, .. } => {
+                crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
+            }
             Self::Ownership(e) => e.is_retryable(),
             Self::Storage(e) => e.kind() == StorageErrorKind::Backend,
             Self::Alarm(e) => e.is_retryable(),
@@ -167,7 +283,16 @@ impl HostError {
     pub fn outcome(&self) -> DispatchOutcome {
         match self {
             Self::Ownership(e) => e.outcome(),
-            Self::OwnershipLost { .. } | Self::Handler(_) | Self::Storage(_) | Self::Alarm(_) => {
+            Self::OwnershipLost { .. }
+            | Self::Handler(_)
+            | Self::Storage(_)
+            | Self::Alarm(_)
+            | Self::OwnerUnavailable { .. }
+            | Self::RpcResultUnknown { .. } => DispatchOutcome::Unknown,
+            Self::Remote { code, .. }
+                if !crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
+                    && !NOT_STARTED_REMOTE.contains(&code.as_str()) =>
+            {
                 DispatchOutcome::Unknown
             }
             _ => DispatchOutcome::NotStarted,
@@ -198,6 +323,116 @@ impl HostError {
                 StorageErrorKind::Backend,
                 other.to_string(),
             )),
+        }
+    }
+
+    /// The envelope code a caller sees: the wire code for errors that
+    /// crossed hosts (or would), else [`HostError::code`].
+    pub fn rpc_code(&self) -> String {
+        match self {
+            Self::Remote { code, .. } => code.clone(),
+            _ => self.wire().code,
+        }
+    }
+
+    /// How this error crosses the wire (the owner's side): unknown internal
+    /// failures become `internal_error`, trusted pre-dispatch ownership
+    /// refusals keep their code with the marker, everything else about
+    /// ownership becomes `owner_unavailable`; messages never carry task ids,
+    /// endpoints or transport text.
+    pub fn wire(&self) -> WireError {
+        use crate::transport::TRUSTED_OWNERSHIP_CODES;
+        let w = |status: u16, code: &str, message: String, marked: bool| WireError {
+            status,
+            code: code.to_owned(),
+            message,
+            marked,
+        };
+        let unavailable = || {
+            w(
+                503,
+                "owner_unavailable",
+                "Owner unavailable".to_owned(),
+                false,
+            )
+        };
+        let refused = |code: &str| {
+            w(
+                503,
+                code,
+                "Ownership refused the call before dispatch".to_owned(),
+                true,
+            )
+        };
+        let internal = || w(500, "internal_error", "Internal error".to_owned(), false);
+        match self {
+            Self::InvalidMethod { .. } => w(400, "invalid_method", self.to_string(), false),
+            Self::InvalidArgs { .. } => w(400, "invalid_args", self.to_string(), false),
+            Self::UnknownMethod { .. } => w(404, "unknown_method", self.to_string(), false),
+            Self::UnknownClass { .. } => w(404, "unknown_class", self.to_string(), false),
+            Self::InvalidObjectName { .. } => {
+                w(400, "invalid_object_name", self.to_string(), false)
+            }
+            Self::Draining => refused("draining"),
+            Self::StaleFence { .. } => refused("stale_owner"),
+            Self::NotOwner { .. } => refused("owner_race"),
+            Self::Ownership(e)
+                if TRUSTED_OWNERSHIP_CODES.contains(&e.code())
+                    && e.outcome() == DispatchOutcome::NotStarted =>
+            {
+                refused(e.code())
+            }
+            Self::Ownership(_)
+            | Self::OwnershipLost { .. }
+            | Self::Fenced(_)
+            | Self::OwnerUnavailable { .. } => unavailable(),
+            Self::RpcResultUnknown { .. } => w(
+                502,
+                "do_rpc_result_unknown",
+                "The rpc result is unknown".to_owned(),
+                false,
+            ),
+            Self::Handler(e) => match e.downcast_ref::<crate::rpc::MethodError>() {
+                Some(m) if crate::rpc::MethodError::code_is_valid(&m.code) => {
+                    let mut message = m.message.clone();
+                    if message.len() > 1024 {
+                        let mut cut = 1024;
+                        while !message.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        message.truncate(cut);
+                    }
+                    w(422, &m.code, message, false)
+                }
+                _ => internal(),
+            },
+            Self::Remote {
+                status,
+                code,
+                message,
+                ..
+            } => {
+                let marked = *status == 503 && TRUSTED_OWNERSHIP_CODES.contains(&code.as_str());
+                w(*status, code, message.clone(), marked)
+            }
+            _ => internal(),
+        }
+    }
+
+    /// A trusted ownership refusal returned by another host: its code is
+    /// kept only when allowlisted, its message replaced.
+    pub(crate) fn remote_ownership(code: &str) -> Self {
+        if crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code) {
+            Self::Remote {
+                status: 503,
+                code: code.to_owned(),
+                message: "Ownership refused the call before dispatch".to_owned(),
+                details: None,
+            }
+        } else {
+            Self::OwnerUnavailable {
+                reason: format!("untrusted ownership code {code}"),
+            }
         }
     }
 

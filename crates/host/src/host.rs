@@ -14,8 +14,8 @@ use durability_alarms::{
 };
 use durability_ownership::{
     AdmissionPermit, ClassName, DrainReport, Generation, Lease, LeaseBudget, LeaseStore,
-    LifecycleAdmin, LifecycleId, ObjectName, OwnerRecord, OwnerScope, Ownership, OwnershipError,
-    ProbeScope, Resolution, StorageId, TaskId,
+    LifecycleAdmin, LifecycleId, ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership,
+    OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
@@ -27,8 +27,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Factory, ForwardHook, HostConfig, Instance, ObjectCtx, OwnPolicy};
 use crate::error::{BoxError, HostError};
+use crate::routing::{RoutingCounters, RoutingState, RoutingStats};
+use crate::rpc::{MethodInput, validate_method};
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport, tombstoned};
+use crate::transport::InternalToken;
 
 /// The dispatcher type of a host.
 type HostDispatcher<S, I> =
@@ -164,6 +167,8 @@ pub struct HostProbe {
     pub dispatch: DispatchStats,
     /// Alarm dispatcher outcomes (`do_alarm_dispatches`).
     pub alarms: DispatchCounts,
+    /// Routing outcomes (calls between hosts).
+    pub routing: RoutingStats,
 }
 
 /// What one owner-loop cycle did.
@@ -255,6 +260,7 @@ struct Inner<S, I> {
     stop: CancellationToken,
     dispatcher: OnceLock<Arc<HostDispatcher<S, I>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    routing: RoutingState<I>,
 }
 
 /// The runtime: owns class shards, opens objects fenced at the current
@@ -345,6 +351,28 @@ where
                 "endpoint",
                 "must be 1..=512 bytes without control characters",
             ));
+        }
+        let token = config
+            .internal_token
+            .as_deref()
+            .map(InternalToken::new)
+            .transpose()?;
+        if let Some(e) = &config.endpoint
+            && token.is_some()
+        {
+            config
+                .endpoint_policy
+                .check(e)
+                .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
+        }
+        for (class, method) in &config.method_names {
+            if !config.classes.contains_key(class) {
+                return Err(HostError::setting(
+                    "methods",
+                    format!("method {method} names class {class}, which is not configured"),
+                ));
+            }
+            validate_method(method).map_err(|e| HostError::setting("methods", e.to_string()))?;
         }
         if config.classes.is_empty() {
             return Err(HostError::setting("classes", "at least one object class"));
@@ -465,6 +493,15 @@ where
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
+            routing: RoutingState {
+                methods: config.methods,
+                token,
+                peers: config.peers,
+                policy: config.endpoint_policy,
+                transport: config.transport,
+                hints: OwnerHintCache::default(),
+                counters: RoutingCounters::default(),
+            },
         });
         let host = Self { inner };
         tracing::info!(
@@ -816,7 +853,22 @@ where
     where
         Fut: Future<Output = Result<R, HostError>>,
     {
-        let result = self.dispatch_inner(class, name, work).await;
+        self.dispatch_with(class, name, None, work).await
+    }
+
+    /// [`Self::dispatch`], refusing with [`HostError::StaleFence`] unless
+    /// the object is owned here at `expect` (a route fence).
+    async fn dispatch_with<R, Fut>(
+        &self,
+        class: &str,
+        name: &str,
+        expect: Option<u64>,
+        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
+    ) -> Result<R, HostError>
+    where
+        Fut: Future<Output = Result<R, HostError>>,
+    {
+        let result = self.dispatch_inner(class, name, expect, work).await;
         self.inner.counters.count(&result);
         tracing::debug!(
             event = "durability.host.dispatch",
@@ -857,16 +909,37 @@ where
         &self,
         class: &str,
         name: &str,
+        expect: Option<u64>,
         work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
     ) -> Result<R, HostError>
     where
         Fut: Future<Output = Result<R, HostError>>,
     {
         if !self.running() {
+            // A fence for a scope this draining host no longer holds at
+            // that generation is stale (the caller rediscovers once).
+            if let Some(g) = expect {
+                let scope = self.address(class, name)?.scope;
+                let held = self
+                    .inner
+                    .ownership
+                    .probe()
+                    .scopes
+                    .iter()
+                    .any(|s| s.scope == scope.host_id() && s.generation == g);
+                if !held {
+                    return Err(HostError::StaleFence { generation: g });
+                }
+            }
             return Err(HostError::Draining);
         }
         let address = self.address(class, name)?;
         let (open, token) = self.resolve_open(&address).await?;
+        if let Some(g) = expect
+            && open.generation.get() != g
+        {
+            return Err(HostError::StaleFence { generation: g });
+        }
         let permit: AdmissionPermit = self
             .inner
             .ownership
@@ -965,6 +1038,55 @@ where
                 })
         })
         .await
+    }
+
+    /// Runs a registered method's body under dispatch (see
+    /// [`Self::dispatch_with`]); returns its value and the generation it
+    /// ran under.
+    pub(crate) async fn dispatch_expect<F, Fut>(
+        &self,
+        class: &str,
+        name: &str,
+        expect: Option<u64>,
+        body: F,
+    ) -> Result<(serde_json::Value, u64), HostError>
+    where
+        F: FnOnce(MethodInput<I>) -> Fut,
+        Fut: Future<Output = Result<serde_json::Value, HostError>>,
+    {
+        self.dispatch_with(class, name, expect, |open, generation| async move {
+            let input = MethodInput {
+                instance: Arc::clone(&open.instance),
+                scheduler: open.scheduler.clone(),
+                alarms: open.alarms.clone(),
+                generation: generation.get(),
+            };
+            let value = body(input).await.map_err(|e| match e {
+                HostError::Handler(e) => match e.downcast::<StorageError>() {
+                    Ok(s) => HostError::from_storage(*s),
+                    Err(e) => HostError::Handler(e),
+                },
+                other => other,
+            })?;
+            Ok((value, generation.get()))
+        })
+        .await
+    }
+
+    pub(crate) fn routing(&self) -> &RoutingState<I> {
+        &self.inner.routing
+    }
+
+    pub(crate) fn lifecycle(&self) -> &LifecycleId {
+        &self.inner.lifecycle
+    }
+
+    pub(crate) fn endpoint(&self) -> Option<&str> {
+        self.inner.endpoint.as_deref()
+    }
+
+    pub(crate) fn internal_token(&self) -> Option<&InternalToken> {
+        self.inner.routing.token.as_ref()
     }
 
     /// Runs one transaction on an object through the host (admission,
@@ -1462,6 +1584,7 @@ where
                 .get()
                 .map(|d| d.counters().snapshot())
                 .unwrap_or_default(),
+            routing: inner.routing.counters.snapshot(),
         }
     }
 }

@@ -90,20 +90,87 @@
 //! }
 //! ```
 //!
-//! Calls between hosts are not here: a call for an object owned elsewhere
-//! fails with [`HostError::NotOwner`]; alarm deliveries for such objects go
-//! through the [`HostForward`] hook (default: [`NoTransport`]).
+//! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
+//! [`RpcClient`]): an object class registers named RPC methods
+//! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
+//! runs the method once on the host that owns the object's scope. An
+//! uncached call enters this host's router (owner resolution): owned here,
+//! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
+//! ([`transport::serve`], [`transport::HttpTransport`]) with the route
+//! fence, and the owner's trusted headers teach an owner hint (an LRU of
+//! 10,000 keyed by storage id, class and shard) so the next call goes
+//! straight to the owner. One rediscovery follows a trusted pre-dispatch
+//! `stale_owner`/`owner_race`; anything untrusted evicts the hint and is
+//! `owner_unavailable`; an unreadable success is `do_rpc_result_unknown`;
+//! RPC is never replayed after an unknown outcome. Internal endpoints need
+//! the shared token ([`HostConfig::internal_token`], compared in constant
+//! time); owner endpoints come from a [`transport::PeerDirectory`] (the
+//! owner record does not carry the endpoint yet) and must pass the
+//! [`transport::EndpointPolicy`] (loopback and private addresses by
+//! default) before the token is attached. Alarm deliveries for objects
+//! owned elsewhere still go through the [`HostForward`] hook (default:
+//! [`NoTransport`]).
+//!
+//! ```no_run
+//! use std::collections::BTreeMap;
+//! use std::sync::Arc;
+//! use durability_host::transport::{StaticPeers, serve};
+//! use durability_host::{BoxError, Handle, Host, HostConfig, MethodError, OwnPolicy};
+//! use durability_ownership::{ShardCount, SystemClock};
+//! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+//! use durability_storage_sqlite::ownership::SqliteLeaseStore;
+//! use durability_storage_sqlite::Synchronous;
+//! use serde_json::{Value, json};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! struct Cart;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), BoxError> {
+//!     let shared = std::path::Path::new("/srv/objects");
+//!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
+//!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
+//!     let peers = StaticPeers(BTreeMap::from([("task-2".to_owned(), "http://10.0.0.8:8788".to_owned())]));
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!         .endpoint("http://10.0.0.7:8788")
+//!         .internal_token(&std::env::var("DURABILITY_INTERNAL_TOKEN")?)
+//!         .peers(peers)
+//!         .class("Cart", |_ctx| Ok::<_, BoxError>(Cart))
+//!         .method("Cart", "add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
+//!             if args["sku"].is_null() {
+//!                 return Err(MethodError::new("missing_sku", "add needs a sku").into());
+//!             }
+//!             Ok(json!({ "added": args["sku"] }))
+//!         })
+//!         .own(OwnPolicy::AllShards);
+//!     let host = Host::start(config).await?;
+//!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
+//!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
+//!     // Runs once on whichever host owns cart-42's shard.
+//!     let added = host.object("Cart", "cart-42").call("add", json!({ "sku": 7 })).await?;
+//!     assert_eq!(added, json!({ "added": 7 }));
+//!     host.run_until_signal().await;
+//!     Ok(())
+//! }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod client;
 mod config;
 mod error;
 mod host;
+mod routing;
+pub mod rpc;
 mod settings;
 mod storage;
+pub mod transport;
 
+pub use client::{ClientStats, RpcClient};
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
-pub use error::{BoxError, HostError};
+pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use routing::{ObjectRef, RoutingStats};
+pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };

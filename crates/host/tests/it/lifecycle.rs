@@ -89,6 +89,14 @@ fn error_codes_are_unique_and_stable() {
             "host_factory_failed",
             "host_handler_failed",
             "host_alarm_failed",
+            "host_invalid_method",
+            "host_invalid_args",
+            "host_unknown_method",
+            "host_stale_fence",
+            "owner_unavailable",
+            "do_rpc_result_unknown",
+            "host_remote_error",
+            "host_transport_failed",
         ]
     );
     assert_eq!(HostError::Draining.code(), "host_draining");

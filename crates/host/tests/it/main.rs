@@ -6,5 +6,7 @@
 
 mod dispatch;
 mod lifecycle;
+mod rpc;
 mod storage;
 mod support;
+mod transport;

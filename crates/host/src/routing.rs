@@ -1,0 +1,464 @@
+//! Routing calls between hosts: `host.object(class, name).call(method,
+//! args)` runs the method once on the host that owns the object's scope.
+//!
+//! - An uncached call enters this host's own router: owner resolution
+//!   (claiming a free scope). Owned here, it runs here. Owned by another
+//!   task, it is forwarded once, with the route fence (task, generation),
+//!   to the owner's endpoint, and the owner's trusted headers teach an
+//!   owner hint.
+//! - A hinted call goes straight to the hinted owner with the hint's fence.
+//!   The owner re-checks the complete fence before dispatch (a fenced call
+//!   is never forwarded again).
+//! - Replay: one rediscovery through the router after a trusted
+//!   pre-dispatch `stale_owner` / `owner_race` answer. An unmarked transport
+//!   failure, or a 502/503/504 without the trusted marker, evicts the hint
+//!   and returns `owner_unavailable`: the owner may already have run the
+//!   method, so RPC is never replayed. An unreadable success is
+//!   `do_rpc_result_unknown`, never replayed either.
+//! - Hints live in a process-local LRU of 10,000 entries keyed by storage
+//!   id, class and shard (objects of one shard share a hint); the owner's
+//!   admission stays authoritative.
+//! - Before the internal token is attached, the owner's endpoint (from the
+//!   [`PeerDirectory`]) must pass the [`EndpointPolicy`]; an invalid one
+//!   fails closed as `owner_unavailable`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use durability_alarms::AlarmIndex;
+use durability_ownership::{
+    Generation, LeaseStore, LifecycleAdmin, OwnerHint, OwnerHintCache, OwnerScope, Resolution,
+    TaskId,
+};
+use serde_json::Value;
+
+use crate::error::HostError;
+use crate::host::Host;
+use crate::rpc::{MethodInput, Methods, RpcArgs, validate_method};
+use crate::transport::{
+    EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders, PeerDirectory, REDISCOVERY_CODES,
+    Reply, RouteFence, Transport,
+};
+
+/// Routing outcome counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoutingStats {
+    /// Calls run on this host (owned here).
+    pub local: u64,
+    /// Calls forwarded by this host's router to another owner.
+    pub forwarded: u64,
+    /// Calls sent straight to a hinted owner.
+    pub direct: u64,
+    /// Rediscoveries after a trusted pre-dispatch ownership answer.
+    pub rediscoveries: u64,
+    /// Hints evicted (stale answers, unmarked failures).
+    pub hint_evictions: u64,
+    /// Owner endpoints refused by the allowlist (or unknown).
+    pub endpoint_refusals: u64,
+    /// Internal requests refused for a missing or wrong token.
+    pub auth_refusals: u64,
+    /// Invokes this host served over the transport.
+    pub served: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RoutingCounters {
+    local: AtomicU64,
+    forwarded: AtomicU64,
+    direct: AtomicU64,
+    rediscoveries: AtomicU64,
+    hint_evictions: AtomicU64,
+    endpoint_refusals: AtomicU64,
+    auth_refusals: AtomicU64,
+    served: AtomicU64,
+}
+
+impl RoutingCounters {
+    pub(crate) fn snapshot(&self) -> RoutingStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RoutingStats {
+            local: g(&self.local),
+            forwarded: g(&self.forwarded),
+            direct: g(&self.direct),
+            rediscoveries: g(&self.rediscoveries),
+            hint_evictions: g(&self.hint_evictions),
+            endpoint_refusals: g(&self.endpoint_refusals),
+            auth_refusals: g(&self.auth_refusals),
+            served: g(&self.served),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What a host routes with.
+pub(crate) struct RoutingState<I> {
+    pub(crate) methods: Methods<I>,
+    pub(crate) token: Option<InternalToken>,
+    pub(crate) peers: Arc<dyn PeerDirectory>,
+    pub(crate) policy: EndpointPolicy,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) hints: OwnerHintCache,
+    pub(crate) counters: RoutingCounters,
+}
+
+/// An object addressed by class and name, from [`Host::object`].
+pub struct ObjectRef<S, I> {
+    host: Host<S, I>,
+    class: String,
+    name: String,
+}
+
+impl<S, I> ObjectRef<S, I>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    /// Calls `method` with `args` on the object, on whichever host owns it
+    /// (see the module docs for routing and replay).
+    ///
+    /// # Errors
+    /// Refused before dispatch: [`HostError::InvalidMethod`],
+    /// [`HostError::InvalidArgs`], [`HostError::UnknownMethod`],
+    /// [`HostError::UnknownClass`], [`HostError::InvalidObjectName`].
+    /// Across hosts: [`HostError::OwnerUnavailable`] (the method may have
+    /// run), [`HostError::RpcResultUnknown`] (it may have run),
+    /// [`HostError::Remote`] (the owner's answer: a trusted ownership code,
+    /// the method's own [`crate::MethodError`], or `internal_error`).
+    /// Locally: as [`Host::call`].
+    pub async fn call(&self, method: &str, args: Value) -> Result<Value, HostError> {
+        validate_method(method)?;
+        let args = RpcArgs::new(args)?;
+        let scope = self.host.scope_for(&self.class, &self.name)?;
+        let request = InvokeRequest {
+            class: self.class.clone(),
+            name: self.name.clone(),
+            method: method.to_owned(),
+            args,
+            fence: None,
+        };
+        self.host.route(&scope, request).await
+    }
+
+    /// The object's class.
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Done(Result<Value, HostError>),
+    Rediscover(String),
+}
+
+impl<S, I> Host<S, I>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    /// The object of `class` named `name` (nothing is resolved until a
+    /// call).
+    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I> {
+        ObjectRef {
+            host: self.clone(),
+            class: class.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The cached owner hint of an object's scope (diagnostics and tests).
+    ///
+    /// # Errors
+    /// [`HostError::UnknownClass`] or [`HostError::InvalidObjectName`].
+    pub fn owner_hint(&self, class: &str, name: &str) -> Result<Option<OwnerHint>, HostError> {
+        let scope = self.scope_for(class, name)?;
+        Ok(self.routing().hints.get(&scope))
+    }
+
+    pub(crate) fn count_refused_auth(&self) {
+        bump(&self.routing().counters.auth_refusals);
+    }
+
+    async fn route(&self, scope: &OwnerScope, request: InvokeRequest) -> Result<Value, HostError> {
+        let routing = self.routing();
+        let me = self.ownership().task().clone();
+        let mut rediscoveries = 1;
+        if let Some(hint) = routing.hints.get(scope).filter(|h| h.task != me) {
+            bump(&routing.counters.direct);
+            match self
+                .send(scope, &request, &hint.task, hint.generation)
+                .await
+            {
+                Attempt::Done(result) => return result,
+                Attempt::Rediscover(code) => {
+                    self.evict(scope);
+                    bump(&routing.counters.rediscoveries);
+                    rediscoveries = 0;
+                    tracing::debug!(
+                        event = "durability.host.route_rediscover",
+                        scope = %scope,
+                        code,
+                        "hinted owner refused before dispatch; rediscovering"
+                    );
+                }
+            }
+        }
+        loop {
+            match self.route_once(scope, &request).await {
+                Attempt::Done(result) => return result,
+                Attempt::Rediscover(code) if rediscoveries > 0 => {
+                    rediscoveries -= 1;
+                    self.evict(scope);
+                    bump(&routing.counters.rediscoveries);
+                    tracing::debug!(
+                        event = "durability.host.route_rediscover",
+                        scope = %scope,
+                        code,
+                        "owner refused before dispatch; rediscovering once"
+                    );
+                }
+                Attempt::Rediscover(code) => {
+                    self.evict(scope);
+                    return Err(HostError::remote_ownership(&code));
+                }
+            }
+        }
+    }
+
+    /// One pass through this host's router: resolve, then run here or
+    /// forward once.
+    async fn route_once(&self, scope: &OwnerScope, request: &InvokeRequest) -> Attempt {
+        let routing = self.routing();
+        let resolution = match self.ownership().resolve(scope, self.lifecycle()).await {
+            Ok(r) => r,
+            Err(e) => return Attempt::Done(Err(HostError::Ownership(e))),
+        };
+        match resolution {
+            Resolution::Local(_) => {
+                self.evict_quiet(scope);
+                bump(&routing.counters.local);
+                match self.invoke_local(request, None).await {
+                    // Resolved here, then found owned elsewhere: a race.
+                    Err(HostError::NotOwner { .. }) => Attempt::Rediscover("owner_race".to_owned()),
+                    other => Attempt::Done(other.map(|(v, _)| v)),
+                }
+            }
+            Resolution::Remote { task, generation } => {
+                bump(&routing.counters.forwarded);
+                self.send(scope, request, &task, generation).await
+            }
+        }
+    }
+
+    /// Sends `request` fenced at (`task`, `generation`) to `task`'s
+    /// endpoint and classifies the answer.
+    async fn send(
+        &self,
+        scope: &OwnerScope,
+        request: &InvokeRequest,
+        task: &TaskId,
+        generation: Generation,
+    ) -> Attempt {
+        let routing = self.routing();
+        let Some(token) = routing.token.as_ref() else {
+            return Attempt::Done(Err(HostError::OwnerUnavailable {
+                reason: "no internal token configured: calls between hosts are off".to_owned(),
+            }));
+        };
+        let endpoint = match routing.peers.endpoint(task.as_str()) {
+            None => Err("the owner's endpoint is unknown".to_owned()),
+            Some(raw) => routing.policy.check(&raw).map_err(|e| e.to_string()),
+        };
+        let endpoint = match endpoint {
+            Ok(e) => e,
+            Err(reason) => {
+                bump(&routing.counters.endpoint_refusals);
+                self.evict(scope);
+                tracing::warn!(
+                    event = "durability.host.owner_endpoint_refused",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    reason,
+                    "owner endpoint refused before the token was attached"
+                );
+                return Attempt::Done(Err(HostError::OwnerUnavailable { reason }));
+            }
+        };
+        let mut fenced = request.clone();
+        fenced.fence = Some(RouteFence {
+            task: task.as_str().to_owned(),
+            generation: generation.get(),
+        });
+        let reply = routing.transport.invoke(&endpoint, token, &fenced).await;
+        match reply {
+            Reply::Ok { result, owner } => {
+                if let Some(owner) = owner
+                    && owner.task == task.as_str()
+                    && owner.generation == generation.get()
+                    && owner.key == scope.host_id()
+                    && let Ok(g) = Generation::new(owner.generation)
+                {
+                    routing.hints.insert(
+                        scope,
+                        OwnerHint {
+                            task: task.clone(),
+                            generation: g,
+                        },
+                    );
+                }
+                Attempt::Done(Ok(result))
+            }
+            Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
+                Attempt::Rediscover(code)
+            }
+            Reply::Ownership { code } => {
+                self.evict(scope);
+                Attempt::Done(Err(HostError::remote_ownership(&code)))
+            }
+            Reply::Failed {
+                status,
+                code,
+                message,
+                details,
+            } => Attempt::Done(Err(HostError::Remote {
+                status,
+                code,
+                message,
+                details,
+            })),
+            Reply::Unmarked { reason } => {
+                self.evict(scope);
+                tracing::warn!(
+                    event = "durability.host.owner_unavailable",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    reason,
+                    "no trusted answer from the owner; hint evicted, not replayed"
+                );
+                Attempt::Done(Err(HostError::OwnerUnavailable { reason }))
+            }
+            Reply::ResultUnknown { reason } => {
+                tracing::warn!(
+                    event = "durability.host.rpc_result_unknown",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    reason,
+                    "the owner's success could not be read; not replayed"
+                );
+                Attempt::Done(Err(HostError::RpcResultUnknown { reason }))
+            }
+        }
+    }
+
+    fn evict(&self, scope: &OwnerScope) {
+        let routing = self.routing();
+        if routing.hints.get(scope).is_some() {
+            routing.hints.remove(scope);
+            bump(&routing.counters.hint_evictions);
+        }
+    }
+
+    fn evict_quiet(&self, scope: &OwnerScope) {
+        self.routing().hints.remove(scope);
+    }
+
+    /// Serves an invoke that arrived over the transport: a fenced one runs
+    /// here only if this host owns the scope at the fence's generation
+    /// (else a trusted `stale_owner`); an unfenced one enters the router
+    /// and is forwarded at most once.
+    pub(crate) async fn serve_invoke(
+        &self,
+        request: InvokeRequest,
+    ) -> Result<(Value, OwnerHeaders), HostError> {
+        bump(&self.routing().counters.served);
+        validate_method(&request.method)?;
+        let scope = self.scope_for(&request.class, &request.name)?;
+        if let Some(fence) = request.fence.clone() {
+            if fence.task != self.ownership().task().as_str() {
+                return Err(HostError::StaleFence {
+                    generation: fence.generation,
+                });
+            }
+            return self.invoke_local(&request, Some(fence.generation)).await;
+        }
+        let routing = self.routing();
+        match self.ownership().resolve(&scope, self.lifecycle()).await? {
+            Resolution::Local(_) => {
+                bump(&routing.counters.local);
+                self.invoke_local(&request, None).await
+            }
+            Resolution::Remote { task, generation } => {
+                bump(&routing.counters.forwarded);
+                match self.send(&scope, &request, &task, generation).await {
+                    Attempt::Done(Ok(value)) => Ok((
+                        value,
+                        OwnerHeaders {
+                            task: task.as_str().to_owned(),
+                            generation: generation.get(),
+                            key: scope.host_id().to_owned(),
+                            endpoint: routing.peers.endpoint(task.as_str()),
+                        },
+                    )),
+                    Attempt::Done(Err(e)) => Err(e),
+                    Attempt::Rediscover(code) => Err(HostError::remote_ownership(&code)),
+                }
+            }
+        }
+    }
+
+    /// Runs a registered method here under admission, the watchdog and the
+    /// storage fence; with `expect`, only at that generation.
+    pub(crate) async fn invoke_local(
+        &self,
+        request: &InvokeRequest,
+        expect: Option<u64>,
+    ) -> Result<(Value, OwnerHeaders), HostError> {
+        let method = self
+            .routing()
+            .methods
+            .get(&request.class)
+            .and_then(|m| m.get(&request.method))
+            .cloned()
+            .ok_or_else(|| HostError::UnknownMethod {
+                class: request.class.clone(),
+                method: request.method.clone(),
+            })?;
+        let args = request.args.value().clone();
+        let scope = self.scope_for(&request.class, &request.name)?;
+        let value = self
+            .dispatch_expect(
+                &request.class,
+                &request.name,
+                expect,
+                |input: MethodInput<I>| async move {
+                    method(input, args).await.map_err(HostError::Handler)
+                },
+            )
+            .await;
+        let (value, generation) = match value {
+            Err(HostError::NotOwner { .. }) if expect.is_some() => {
+                return Err(HostError::StaleFence {
+                    generation: expect.unwrap_or(0),
+                });
+            }
+            other => other?,
+        };
+        Ok((
+            value,
+            OwnerHeaders {
+                task: self.ownership().task().as_str().to_owned(),
+                generation,
+                key: scope.host_id().to_owned(),
+                endpoint: self.endpoint().map(str::to_owned),
+            },
+        ))
+    }
+}

@@ -1,0 +1,207 @@
+//! RPC on objects: named methods an object class registers, and the
+//! seed's limits on what a call may carry.
+//!
+//! A class registers methods with [`crate::HostConfig::method`]: a method
+//! name (the identifier grammar, at most [`MAX_METHOD_BYTES`] ASCII bytes)
+//! and an async handler taking the object's [`Handle`] and the JSON
+//! arguments, returning JSON. Arguments are structural JSON
+//! ([`RpcArgs`]): finite numbers, strings, booleans, null, dense arrays and
+//! plain objects, at most [`MAX_ARGS_BYTES`] encoded. `serde_json::Value`
+//! cannot hold a non-finite number, a sparse array or a non-plain object,
+//! and the wire reader refuses `NaN`/`Infinity` tokens, so the grammar is
+//! enforced by the type; the size is checked on the canonical encoding
+//! before dispatch. Everything is refused before dispatch with a typed
+//! [`HostError`].
+//!
+//! A handler's error is the tenant's own: a [`MethodError`] keeps its code
+//! and message across hosts; any other error is downgraded to
+//! `internal_error` (the seed's rule for unknown internal failures).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::config::Instance;
+use crate::error::{BoxError, HostError};
+use crate::host::Handle;
+
+/// The longest method name, in ASCII bytes.
+pub const MAX_METHOD_BYTES: usize = 256;
+/// The largest encoded arguments (and responses): 1 MiB.
+pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
+/// The deepest nesting of arguments (serde_json's own reader limit).
+pub const MAX_ARGS_DEPTH: usize = 128;
+
+/// Checks a method name: the identifier grammar (`[A-Za-z_$][A-Za-z0-9_$]*`,
+/// ASCII only), 1..=[`MAX_METHOD_BYTES`] bytes.
+///
+/// # Errors
+/// [`HostError::InvalidMethod`] naming what is wrong.
+pub fn validate_method(method: &str) -> Result<(), HostError> {
+    let bad = |reason: &str| HostError::InvalidMethod {
+        reason: reason.to_owned(),
+    };
+    if method.is_empty() {
+        return Err(bad("the method name is empty"));
+    }
+    if method.len() > MAX_METHOD_BYTES {
+        return Err(bad("the method name is longer than 256 bytes"));
+    }
+    let mut bytes = method.bytes();
+    let first = bytes.next().unwrap_or(b'0');
+    if !(first.is_ascii_alphabetic() || first == b'_' || first == b'$') {
+        return Err(bad(
+            "the method name must start with an ASCII letter, `_` or `$`",
+        ));
+    }
+    if !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$') {
+        return Err(bad(
+            "the method name may hold only ASCII letters, digits, `_` and `$`",
+        ));
+    }
+    Ok(())
+}
+
+/// Validated RPC arguments: structural JSON whose canonical encoding is at
+/// most [`MAX_ARGS_BYTES`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcArgs {
+    value: Value,
+    encoded: String,
+}
+
+impl RpcArgs {
+    /// Validates `value`.
+    ///
+    /// # Errors
+    /// [`HostError::InvalidArgs`] when it is nested deeper than
+    /// [`MAX_ARGS_DEPTH`] or its encoding exceeds [`MAX_ARGS_BYTES`].
+    pub fn new(value: Value) -> Result<Self, HostError> {
+        check_depth(&value, 0)?;
+        let encoded = serde_json::to_string(&value).map_err(|e| HostError::InvalidArgs {
+            reason: format!("arguments are not JSON: {e}"),
+        })?;
+        if encoded.len() > MAX_ARGS_BYTES {
+            return Err(HostError::InvalidArgs {
+                reason: format!(
+                    "arguments are {} bytes encoded, more than {MAX_ARGS_BYTES}",
+                    encoded.len()
+                ),
+            });
+        }
+        Ok(Self { value, encoded })
+    }
+
+    /// Parses and validates arguments received as JSON text (the wire).
+    /// `NaN`, `Infinity` and other non-JSON tokens are refused by the reader.
+    ///
+    /// # Errors
+    /// [`HostError::InvalidArgs`] when the text is larger than
+    /// [`MAX_ARGS_BYTES`], is not JSON, or breaks [`RpcArgs::new`].
+    pub fn from_json(text: &str) -> Result<Self, HostError> {
+        if text.len() > MAX_ARGS_BYTES {
+            return Err(HostError::InvalidArgs {
+                reason: format!(
+                    "arguments are {} bytes, more than {MAX_ARGS_BYTES}",
+                    text.len()
+                ),
+            });
+        }
+        let value: Value = serde_json::from_str(text).map_err(|e| HostError::InvalidArgs {
+            reason: format!("arguments are not structural JSON: {e}"),
+        })?;
+        Self::new(value)
+    }
+
+    /// The arguments.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// Their canonical encoding (what crosses the wire).
+    pub fn encoded(&self) -> &str {
+        &self.encoded
+    }
+
+    /// The arguments, owned.
+    pub fn into_value(self) -> Value {
+        self.value
+    }
+}
+
+fn check_depth(value: &Value, depth: usize) -> Result<(), HostError> {
+    if depth > MAX_ARGS_DEPTH {
+        return Err(HostError::InvalidArgs {
+            reason: format!("arguments are nested deeper than {MAX_ARGS_DEPTH}"),
+        });
+    }
+    match value {
+        Value::Array(items) => items.iter().try_for_each(|v| check_depth(v, depth + 1)),
+        Value::Object(map) => map.values().try_for_each(|v| check_depth(v, depth + 1)),
+        _ => Ok(()),
+    }
+}
+
+/// An error a method returns on purpose: its code and message reach the
+/// caller unchanged, on this host or across hosts. The code uses
+/// `[a-z0-9_]`, 1..=64 bytes (else it is downgraded to `internal_error`);
+/// the message is at most 1024 bytes (longer is truncated).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct MethodError {
+    /// The tenant's machine code.
+    pub code: String,
+    /// The tenant's message.
+    pub message: String,
+}
+
+impl MethodError {
+    /// A method error with this code and message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether the code passes the grammar.
+    pub fn code_is_valid(code: &str) -> bool {
+        !code.is_empty()
+            && code.len() <= 64
+            && code
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    }
+}
+
+/// What a registered method gets besides its arguments.
+pub(crate) struct MethodInput<I> {
+    pub(crate) instance: Instance,
+    pub(crate) scheduler: durability_scheduler::Scheduler<durability_storage_sqlite::SqliteStorage>,
+    pub(crate) alarms: durability_alarms::Alarms<durability_storage_sqlite::SqliteStorage, I>,
+    pub(crate) generation: u64,
+}
+
+impl<I> MethodInput<I> {
+    /// The typed handle, or `None` when the object is not a `T`.
+    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I>> {
+        let object = self.instance.downcast::<T>().ok()?;
+        Some(Handle {
+            object,
+            scheduler: self.scheduler,
+            alarms: self.alarms,
+            generation: self.generation,
+        })
+    }
+}
+
+pub(crate) type Method<I> =
+    Arc<dyn Fn(MethodInput<I>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync>;
+
+/// The methods of every class: class → method name → handler.
+pub(crate) type Methods<I> = BTreeMap<String, BTreeMap<String, Method<I>>>;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,279 @@
+//! Calls between hosts: the wire (paths, control headers, envelopes), the
+//! [`Transport`] trait a caller sends invokes through, and the HTTP/1.1
+//! implementation ([`HttpTransport`] and [`serve`]).
+//!
+//! This module is the only network code of the host. What it carries:
+//!
+//! - `POST /internal/do/invoke`: `{ class, name, method, args }`, with the
+//!   shared internal token in [`AUTH_HEADER`] and, on a forwarded or
+//!   cached-direct call, the route fence in [`ROUTE_TASK_HEADER`] /
+//!   [`ROUTE_GENERATION_HEADER`]. A fenced invoke is never forwarded again:
+//!   the receiver runs it or answers a trusted stale-owner error.
+//! - Success: `200 { "ok": true, "result": … }` with the owner's trusted
+//!   headers ([`OWNER_TASK_HEADER`], [`OWNER_GENERATION_HEADER`],
+//!   [`OWNER_KEY_HEADER`], [`OWNER_ENDPOINT_HEADER`]).
+//! - Failure: `{ error, message, details? }`; a pre-dispatch ownership
+//!   refusal is a `503` whose [`OWNERSHIP_ERROR_HEADER`] marker repeats the
+//!   code.
+//! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
+//!   `GET /internal/do/probe` needs the token.
+
+mod endpoint;
+mod http1;
+
+use std::fmt;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
+pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport, serve};
+
+use crate::rpc::RpcArgs;
+
+/// The invoke path.
+pub const INVOKE_PATH: &str = "/internal/do/invoke";
+/// The probe path (authenticated).
+pub const PROBE_PATH: &str = "/internal/do/probe";
+/// The health path (unauthenticated).
+pub const HEALTH_PATH: &str = "/health";
+/// The metrics path (unauthenticated).
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The shared internal token.
+pub const AUTH_HEADER: &str = "x-durability-internal-auth";
+/// The route fence's task.
+pub const ROUTE_TASK_HEADER: &str = "x-durability-route-task";
+/// The route fence's generation.
+pub const ROUTE_GENERATION_HEADER: &str = "x-durability-route-generation";
+/// The owner's task (response).
+pub const OWNER_TASK_HEADER: &str = "x-durability-owner-task";
+/// The owner's generation (response).
+pub const OWNER_GENERATION_HEADER: &str = "x-durability-owner-generation";
+/// The owner scope's key (its host id) (response).
+pub const OWNER_KEY_HEADER: &str = "x-durability-owner-key";
+/// The owner's endpoint (response).
+pub const OWNER_ENDPOINT_HEADER: &str = "x-durability-owner-endpoint";
+/// The trusted ownership-error marker (response): the error code again.
+pub const OWNERSHIP_ERROR_HEADER: &str = "x-durability-ownership-error";
+/// Every control header prefix: a request's or response's headers under it
+/// that the host did not set itself are stripped.
+pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
+
+/// The largest invoke body a host reads: the arguments' cap plus room for
+/// the class, the name and the method.
+pub const MAX_INVOKE_BODY_BYTES: usize = crate::rpc::MAX_ARGS_BYTES + 8 * 1024;
+/// The largest response body a caller reads.
+pub const MAX_RESPONSE_BYTES: usize = crate::rpc::MAX_ARGS_BYTES;
+
+/// Trusted ownership errors that keep their code across hosts (each a
+/// `503` with the marker); any other marked code or status becomes
+/// `owner_unavailable`.
+pub const TRUSTED_OWNERSHIP_CODES: &[&str] = &[
+    "stale_owner",
+    "owner_race",
+    "draining",
+    "lease_expired",
+    "storage_inactive",
+    "worker_delete_locked",
+    "owner_store_unavailable",
+];
+
+/// The pre-dispatch subset: one router rediscovery is allowed after these,
+/// for any method and RPC.
+pub const REDISCOVERY_CODES: &[&str] = &["stale_owner", "owner_race"];
+
+/// A route fence: the owner a forwarded or cached-direct call was sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteFence {
+    /// The task the caller believes owns the scope.
+    pub task: String,
+    /// Its generation (a positive safe integer).
+    pub generation: u64,
+}
+
+/// One invoke.
+#[derive(Debug, Clone)]
+pub struct InvokeRequest {
+    /// The object's class.
+    pub class: String,
+    /// The object's name.
+    pub name: String,
+    /// The method.
+    pub method: String,
+    /// The arguments.
+    pub args: RpcArgs,
+    /// The route fence (forwarded and cached-direct calls).
+    pub fence: Option<RouteFence>,
+}
+
+/// The owner's trusted headers on a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerHeaders {
+    /// The owning task.
+    pub task: String,
+    /// Its generation.
+    pub generation: u64,
+    /// The scope's key (host id).
+    pub key: String,
+    /// Its endpoint, when it advertises one.
+    pub endpoint: Option<String>,
+}
+
+/// How a caller classifies what came back from an invoke.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A valid success envelope.
+    Ok {
+        /// The method's result.
+        result: Value,
+        /// The owner's headers, when complete and well-formed.
+        owner: Option<OwnerHeaders>,
+    },
+    /// A trusted ownership refusal (a `503` whose marker matches the
+    /// envelope's allowlisted code): proven not started.
+    Ownership {
+        /// The code (one of [`TRUSTED_OWNERSHIP_CODES`]).
+        code: String,
+    },
+    /// A validated error envelope other than a trusted ownership refusal.
+    Failed {
+        /// The HTTP status.
+        status: u16,
+        /// The envelope's code.
+        code: String,
+        /// Its message.
+        message: String,
+        /// Its details.
+        details: Option<Value>,
+    },
+    /// No trusted answer: the connection failed or timed out, or a status
+    /// or error envelope could not be trusted (502/503/504 without the
+    /// marker, a malformed envelope). The method may have run.
+    Unmarked {
+        /// What happened (internal diagnostics; never shown to tenants).
+        reason: String,
+    },
+    /// A success status whose body could not be read, decoded, parsed or
+    /// validated (`do_rpc_result_unknown`): the method may have run.
+    ResultUnknown {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// The shared internal token (compared in constant time; never printed).
+#[derive(Clone)]
+pub struct InternalToken(String);
+
+impl InternalToken {
+    /// A token; at least 16 bytes of visible ASCII.
+    ///
+    /// # Errors
+    /// [`crate::HostError::InvalidSetting`] otherwise.
+    pub fn new(token: &str) -> Result<Self, crate::HostError> {
+        if token.len() < 16 || token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(crate::HostError::setting(
+                "internal_token",
+                "16..=1024 bytes of visible ASCII",
+            ));
+        }
+        Ok(Self(token.to_owned()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `presented` is the token, compared in constant time (the
+    /// length is not secret).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq as _;
+        presented.len() == self.0.len() && bool::from(self.0.as_bytes().ct_eq(presented))
+    }
+}
+
+impl fmt::Debug for InternalToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("InternalToken(..)")
+    }
+}
+
+/// Sends invokes to other hosts. Object safe: a host holds one chosen at
+/// run time ([`HttpTransport`] by default).
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `request` to `endpoint` with `token` and classifies the answer.
+    /// Never fails: every failure is a [`Reply`].
+    fn invoke<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a InvokeRequest,
+    ) -> BoxFuture<'a, Reply>;
+}
+
+/// Where a task can be reached. The owner record does not carry the
+/// endpoint yet; a host resolves an owner's task through this directory,
+/// and every endpoint it returns is checked against the host's
+/// [`EndpointPolicy`] before the token is attached.
+pub trait PeerDirectory: Send + Sync + 'static {
+    /// The raw endpoint of `task`, if known.
+    fn endpoint(&self, task: &str) -> Option<String>;
+}
+
+/// A fixed task → endpoint map.
+#[derive(Debug, Clone, Default)]
+pub struct StaticPeers(pub std::collections::BTreeMap<String, String>);
+
+impl PeerDirectory for StaticPeers {
+    fn endpoint(&self, task: &str) -> Option<String> {
+        self.0.get(task).cloned()
+    }
+}
+
+/// The error envelope's body: `{ error, message, details? }`.
+pub(crate) fn envelope(code: &str, message: &str, details: Option<Value>) -> Value {
+    let mut map = serde_json::Map::new();
+    map.insert("error".to_owned(), Value::String(code.to_owned()));
+    map.insert("message".to_owned(), Value::String(message.to_owned()));
+    if let Some(d) = details {
+        map.insert("details".to_owned(), d);
+    }
+    Value::Object(map)
+}
+
+/// Reads an error envelope strictly: exactly `error` and `message`
+/// strings and optionally `details`; the code is `[a-z0-9_]{1,64}`.
+pub(crate) fn parse_envelope(value: &Value) -> Option<(String, String, Option<Value>)> {
+    let map = value.as_object()?;
+    if map
+        .keys()
+        .any(|k| !matches!(k.as_str(), "error" | "message" | "details"))
+    {
+        return None;
+    }
+    let code = map.get("error")?.as_str()?;
+    let message = map.get("message")?.as_str()?;
+    if !crate::rpc::MethodError::code_is_valid(code) {
+        return None;
+    }
+    Some((
+        code.to_owned(),
+        message.to_owned(),
+        map.get("details").cloned(),
+    ))
+}
+
+/// Reads a success envelope strictly: exactly `{ "ok": true, "result": … }`.
+pub(crate) fn parse_success(value: Value) -> Option<Value> {
+    let Value::Object(mut map) = value else {
+        return None;
+    };
+    if map.len() != 2 || map.get("ok") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    map.remove("result")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,341 @@
+//! RPC through the host: local calls, refusals before dispatch, start-time
+//! checks, and the router's replay rules against a scripted transport (a
+//! second host owns the scope; the transport's answers are scripted, so
+//! every rule is checked without timing).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use durability_host::transport::{
+    Endpoint, EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders, Reply, StaticPeers,
+    Transport,
+};
+use durability_host::{BoxError, Handle, HostConfig, HostError, MethodError};
+use durability_ownership::DispatchOutcome;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use crate::support::{Counter, Store, TestHost, World};
+
+const TOKEN: &str = "in-process-token-0123456789";
+
+type H = Handle<Counter, SqliteAlarmIndex>;
+
+fn with_methods(
+    config: HostConfig<Store, SqliteAlarmIndex>,
+) -> HostConfig<Store, SqliteAlarmIndex> {
+    config
+        .method("Counter", "incr", |h: H, _args: Value| async move {
+            let n = h.scheduler.transaction(|tx| h.object.incr(tx))?;
+            Ok(json!({ "n": n }))
+        })
+        .method("Counter", "fail", |_h: H, _args: Value| async move {
+            Err::<Value, BoxError>(Box::new(MethodError::new("out_of_stock", "none left")))
+        })
+        .method(
+            "Counter",
+            "echo",
+            |_h: H, args: Value| async move { Ok(args) },
+        )
+}
+
+#[tokio::test]
+async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
+    let w = World::new();
+    let host: TestHost = TestHost::start(with_methods(w.config("a"))).await.unwrap();
+    let c1 = host.object("Counter", "c1");
+    assert_eq!(
+        c1.call("incr", Value::Null).await.unwrap(),
+        json!({ "n": 1 })
+    );
+    assert_eq!(
+        c1.call("incr", Value::Null).await.unwrap(),
+        json!({ "n": 2 })
+    );
+    assert_eq!(
+        c1.call("echo", json!({"a": [1, "x", null]})).await.unwrap(),
+        json!({"a": [1, "x", null]})
+    );
+    let completed = host.probe().dispatch.completed;
+
+    let refusals: Vec<(HostError, &str)> = vec![
+        (
+            c1.call("nope", Value::Null).await.unwrap_err(),
+            "host_unknown_method",
+        ),
+        (
+            c1.call("1bad", Value::Null).await.unwrap_err(),
+            "host_invalid_method",
+        ),
+        (
+            c1.call(&"m".repeat(257), Value::Null).await.unwrap_err(),
+            "host_invalid_method",
+        ),
+        (
+            c1.call("echo", Value::String("x".repeat(1024 * 1024)))
+                .await
+                .unwrap_err(),
+            "host_invalid_args",
+        ),
+        (
+            host.object("Nope", "c1")
+                .call("incr", Value::Null)
+                .await
+                .unwrap_err(),
+            "host_unknown_class",
+        ),
+        (
+            host.object("Counter", "")
+                .call("incr", Value::Null)
+                .await
+                .unwrap_err(),
+            "host_invalid_object_name",
+        ),
+    ];
+    for (e, code) in &refusals {
+        assert_eq!(e.code(), *code, "{e}");
+        assert_eq!(e.outcome(), DispatchOutcome::NotStarted, "{e}");
+    }
+    assert_eq!(
+        host.probe().dispatch.completed,
+        completed,
+        "nothing refused ran"
+    );
+
+    // A method's own error keeps its code (the handler ran: unknown outcome).
+    let e = c1.call("fail", Value::Null).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.rpc_code().as_str()),
+        ("host_handler_failed", "out_of_stock")
+    );
+    assert_eq!(e.outcome(), DispatchOutcome::Unknown);
+    assert_eq!(
+        c1.call("incr", Value::Null).await.unwrap(),
+        json!({ "n": 3 })
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn start_refuses_bad_methods_tokens_and_endpoints() {
+    let w = World::new();
+    let cases: Vec<(HostConfig<Store, SqliteAlarmIndex>, &str)> = vec![
+        (
+            w.config("a")
+                .method("Counter", "1x", |_h: H, a: Value| async move { Ok(a) }),
+            "methods",
+        ),
+        (
+            w.config("a")
+                .method("Other", "x", |_h: H, a: Value| async move { Ok(a) }),
+            "methods",
+        ),
+        (w.config("a").internal_token("short"), "internal_token"),
+        (
+            // The support config's endpoint has a path: refused once calls
+            // between hosts are on.
+            w.config("a").internal_token(TOKEN),
+            "endpoint",
+        ),
+        (
+            w.config("a")
+                .internal_token(TOKEN)
+                .endpoint("http://8.8.8.8:8788"),
+            "endpoint",
+        ),
+    ];
+    for (config, setting) in cases {
+        match TestHost::start(config).await {
+            Err(HostError::InvalidSetting { setting: s, .. }) => assert_eq!(s, setting),
+            Err(e) => panic!("{setting}: {e}"),
+            Ok(_) => panic!("{setting}: started"),
+        }
+    }
+}
+
+/// A transport whose replies are scripted; records every request.
+#[derive(Clone, Default)]
+struct Scripted {
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    sent: Arc<Mutex<Vec<(String, InvokeRequest)>>>,
+}
+
+impl Scripted {
+    fn script(&self, replies: Vec<Reply>) {
+        *self.replies.lock().unwrap() = replies.into();
+        self.sent.lock().unwrap().clear();
+    }
+
+    fn sent(&self) -> Vec<(String, InvokeRequest)> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+impl Transport for Scripted {
+    fn invoke<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        _token: &'a InternalToken,
+        request: &'a InvokeRequest,
+    ) -> BoxFuture<'a, Reply> {
+        self.sent
+            .lock()
+            .unwrap()
+            .push((endpoint.url(), request.clone()));
+        let reply = self
+            .replies
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(Reply::Unmarked {
+                reason: "script exhausted".to_owned(),
+            });
+        Box::pin(async move { reply })
+    }
+}
+
+fn ownership(code: &str) -> Reply {
+    Reply::Ownership {
+        code: code.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_router_follows_the_replay_rules() {
+    let w = World::new();
+    let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
+    a.object("Counter", "c1")
+        .call("incr", Value::Null)
+        .await
+        .unwrap();
+    let generation = a.probe().scopes[0].generation;
+    let key = a.scope_for("Counter", "c1").unwrap().host_id().to_owned();
+
+    let transport = Scripted::default();
+    let peers = StaticPeers(BTreeMap::from([(
+        "a".to_owned(),
+        "http://127.0.0.1:18788".to_owned(),
+    )]));
+    let b = TestHost::start(
+        with_methods(w.config("b"))
+            .endpoint("http://127.0.0.1:18789")
+            .internal_token(TOKEN)
+            .peers(peers)
+            .endpoint_policy(EndpointPolicy::default())
+            .transport(transport.clone()),
+    )
+    .await
+    .unwrap();
+    let c1 = b.object("Counter", "c1");
+    let ok = |owner: Option<OwnerHeaders>| Reply::Ok {
+        result: json!({"n": 7}),
+        owner,
+    };
+    let headers = |key: &str| {
+        Some(OwnerHeaders {
+            task: "a".to_owned(),
+            generation,
+            key: key.to_owned(),
+            endpoint: None,
+        })
+    };
+    let mut tried = 0;
+
+    // A stale_owner twice: one rediscovery, then the trusted code, not started.
+    transport.script(vec![ownership("stale_owner"), ownership("stale_owner")]);
+    let e = c1.call("incr", Value::Null).await.unwrap_err();
+    assert_eq!(
+        (e.rpc_code().as_str(), e.outcome()),
+        ("stale_owner", DispatchOutcome::NotStarted)
+    );
+    assert_eq!(transport.sent().len(), 2, "exactly one rediscovery");
+    tried += 1;
+
+    // Trusted but not a rediscovery code: terminal for RPC.
+    transport.script(vec![ownership("draining")]);
+    let e = c1.call("incr", Value::Null).await.unwrap_err();
+    assert_eq!(e.rpc_code(), "draining");
+    assert_eq!(transport.sent().len(), 1);
+    tried += 1;
+
+    // Unknown outcomes are never replayed.
+    for (reply, code) in [
+        (
+            Reply::ResultUnknown {
+                reason: "cut".to_owned(),
+            },
+            "do_rpc_result_unknown",
+        ),
+        (
+            Reply::Unmarked {
+                reason: "reset".to_owned(),
+            },
+            "owner_unavailable",
+        ),
+    ] {
+        transport.script(vec![reply, ok(headers(&key))]);
+        let e = c1.call("incr", Value::Null).await.unwrap_err();
+        assert_eq!((e.code(), e.outcome()), (code, DispatchOutcome::Unknown));
+        assert_eq!(transport.sent().len(), 1, "{code} not replayed");
+        tried += 1;
+    }
+
+    // A success whose owner headers name another scope teaches nothing.
+    transport.script(vec![ok(headers("st1:Counter:shard999"))]);
+    assert_eq!(c1.call("incr", Value::Null).await.unwrap(), json!({"n": 7}));
+    assert_eq!(b.owner_hint("Counter", "c1").unwrap(), None);
+    tried += 1;
+
+    // A matching one does; the next call goes direct with the fence.
+    transport.script(vec![ok(headers(&key)), ok(headers(&key))]);
+    c1.call("incr", Value::Null).await.unwrap();
+    let hint = b.owner_hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (hint.task.as_str(), hint.generation.get()),
+        ("a", generation)
+    );
+    c1.call("incr", Value::Null).await.unwrap();
+    let sent = transport.sent();
+    assert_eq!(sent.len(), 2);
+    for (endpoint, request) in &sent {
+        assert_eq!(endpoint, "http://127.0.0.1:18788");
+        let fence = request.fence.clone().unwrap();
+        assert_eq!((fence.task.as_str(), fence.generation), ("a", generation));
+    }
+    assert_eq!(b.probe().routing.direct, 1);
+    tried += 1;
+
+    // A hinted call answered stale_owner rediscovers once through the router.
+    transport.script(vec![ownership("stale_owner"), ok(headers(&key))]);
+    c1.call("incr", Value::Null).await.unwrap();
+    assert_eq!(transport.sent().len(), 2);
+    assert_eq!(b.probe().routing.rediscoveries, 2);
+    tried += 1;
+
+    // An unmarked failure on the hinted path evicts the hint.
+    transport.script(vec![Reply::Unmarked {
+        reason: "reset".to_owned(),
+    }]);
+    let e = c1.call("incr", Value::Null).await.unwrap_err();
+    assert_eq!(e.code(), "owner_unavailable");
+    assert_eq!(b.owner_hint("Counter", "c1").unwrap(), None);
+    tried += 1;
+
+    // The owner's validated error passes with its code.
+    transport.script(vec![Reply::Failed {
+        status: 422,
+        code: "out_of_stock".to_owned(),
+        message: "none left".to_owned(),
+        details: None,
+    }]);
+    let e = c1.call("fail", Value::Null).await.unwrap_err();
+    assert_eq!(
+        (e.rpc_code().as_str(), e.outcome()),
+        ("out_of_stock", DispatchOutcome::Unknown)
+    );
+    tried += 1;
+    eprintln!("tried: {tried} scripted owner answers against b's router");
+    b.shutdown().await;
+    a.shutdown().await;
+}

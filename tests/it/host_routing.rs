@@ -1,0 +1,875 @@
+//! Process tests of calls between hosts: real `routing-host` processes (the
+//! `tests` package's binary), each serving its internal endpoints over
+//! HTTP/1.1 on a loopback port, over one SQLite lease store and one
+//! directory of object files. They check forwarding once, owner-hint
+//! learning and eviction, one rediscovery after a takeover, no replay of
+//! RPC after an unknown outcome, the limits at their boundary and one past,
+//! forged fences and headers, a wrong or missing token, and hostile owner
+//! endpoints. Each test prints what it tried.
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durability_ownership::{
+    ClassName, Clock, ObjectName, OwnerScope, ShardCount, StorageId, SystemClock,
+};
+use serde_json::Value;
+
+const TOKEN: &str = "test-internal-token-0123456789";
+/// Owner lease (`DO_OWNER_TTL_SECONDS`).
+const TTL_S: u64 = 3;
+const MIB: usize = 1024 * 1024;
+
+fn now() -> i64 {
+    SystemClock::new().now_ms()
+}
+
+/// One `routing-host` process and the lines it printed.
+struct Proc {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Arc<Mutex<Vec<String>>>,
+    endpoint: String,
+}
+
+impl Proc {
+    fn spawn(name: &str, dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_routing-host"))
+            .arg(format!("dir={}", dir.display()))
+            .arg(format!("task={name}"))
+            .arg(format!("token={TOKEN}"))
+            .arg("interval=200")
+            .env("DO_OWNER_TTL_SECONDS", TTL_S.to_string())
+            .env("DO_OWNER_LEASE_GUARD_MS", "300")
+            .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
+            .env("DO_DRAIN_TIMEOUT_MS", "5000")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for out in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let sink = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+        }
+        let stdin = child.stdin.take();
+        let mut p = Self {
+            name: name.to_owned(),
+            child,
+            stdin,
+            lines,
+            endpoint: String::new(),
+        };
+        let ready = p.wait_new("ready ", 0);
+        p.endpoint = field(&ready, "endpoint").to_owned();
+        p
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    }
+
+    /// Waits (real processes: real time) for the line starting with
+    /// `prefix` after the first `skip` such lines.
+    fn wait_new(&self, prefix: &str, skip: usize) -> String {
+        let end = now() + 30_000;
+        loop {
+            let found: Vec<String> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.starts_with(prefix))
+                .cloned()
+                .collect();
+            if let Some(l) = found.get(skip) {
+                return l.clone();
+            }
+            assert!(
+                now() < end,
+                "{}: timed out waiting for {prefix:?}: {:#?}",
+                self.name,
+                self.lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn send(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{command}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends a command and returns its answer line (the first line
+    /// starting with `answer` that was not there before).
+    fn ask(&mut self, command: &str, answer: &str) -> String {
+        let before = self.count(answer);
+        self.send(command);
+        self.wait_new(answer, before)
+    }
+
+    /// `call <name> <method> <args>` → its `ok`/`err` line.
+    fn call(&mut self, name: &str, method: &str, args: &str) -> String {
+        let before = self.count(&format!("ok call {name} {method} "))
+            + self.count(&format!("err call {name} {method} "));
+        self.send(&format!("call {name} {method} {args}"));
+        let end = now() + 30_000;
+        loop {
+            let answers: Vec<String> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| {
+                    l.starts_with(&format!("ok call {name} {method} "))
+                        || l.starts_with(&format!("err call {name} {method} "))
+                })
+                .cloned()
+                .collect();
+            if answers.len() > before {
+                return answers[before].clone();
+            }
+            assert!(
+                now() < end,
+                "{}: no answer to call {name} {method}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn call_ok(&mut self, name: &str, method: &str, args: &str) -> Value {
+        let line = self.call(name, method, args);
+        let result = line
+            .strip_prefix(&format!("ok call {name} {method} result="))
+            .unwrap_or_else(|| panic!("{}: {line}", self.name));
+        serde_json::from_str(result).unwrap()
+    }
+
+    fn hint(&mut self, name: &str) -> (String, u64) {
+        let line = self.ask(&format!("hint {name}"), &format!("hint {name} "));
+        (
+            field(&line, "task").to_owned(),
+            field(&line, "gen").parse().unwrap(),
+        )
+    }
+
+    fn routing(&mut self) -> std::collections::HashMap<String, u64> {
+        let line = self.ask("routing", "routing ");
+        line.split_whitespace()
+            .skip(1)
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_owned(), v.parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+fn shard(name: &str) -> u32 {
+    OwnerScope::for_object(
+        StorageId::new("st1").unwrap(),
+        ClassName::new("Counter").unwrap(),
+        &ObjectName::new(name),
+        ShardCount::default(),
+    )
+    .unwrap()
+    .shard()
+}
+
+/// Another object name in the shard of `name`.
+fn same_shard(name: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("obj{i}"))
+        .find(|n| n != name && shard(n) == shard(name))
+        .unwrap()
+}
+
+/// A raw HTTP/1.1 exchange: (status, headers lowercased, body).
+fn raw(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let addr = endpoint.strip_prefix("http://").unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    let mut has_length = false;
+    for (k, v) in headers {
+        has_length |= k.eq_ignore_ascii_case("content-length");
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !has_length {
+        req.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, out[split + 4..].to_vec())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn invoke_body(name: &str, method: &str, args: &str) -> Vec<u8> {
+    format!("{{\"class\":\"Counter\",\"name\":\"{name}\",\"method\":\"{method}\",\"args\":{args}}}")
+        .into_bytes()
+}
+
+fn n_of(v: &Value) -> i64 {
+    v["n"].as_i64().unwrap()
+}
+
+#[test]
+fn a_call_is_forwarded_once_then_goes_direct_on_the_learned_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    // a claims the scope of c1 by calling it.
+    let v = a.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!((n_of(&v), v["task"].as_str()), (1, Some("a")));
+    assert_eq!(b.hint("c1").0, "none");
+
+    let v = b.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(
+        (n_of(&v), v["task"].as_str()),
+        (2, Some("a")),
+        "ran on the owner"
+    );
+    let r = b.routing();
+    assert_eq!((r["forwarded"], r["direct"], r["local"]), (1, 0, 0));
+    let (task, generation) = b.hint("c1");
+    assert_eq!(task, "a");
+    assert!(generation >= 1);
+
+    let v = b.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(n_of(&v), 3);
+    let r = b.routing();
+    assert_eq!(
+        (r["forwarded"], r["direct"]),
+        (1, 1),
+        "the second call went direct"
+    );
+
+    // Another object of the same shard shares the hint.
+    let sibling = same_shard("c1");
+    assert_eq!(b.hint(&sibling), ("a".to_owned(), generation));
+    let v = b.call_ok(&sibling, "get", "null");
+    assert_eq!((n_of(&v), v["task"].as_str()), (0, Some("a")));
+    let r = b.routing();
+    assert_eq!((r["forwarded"], r["direct"]), (1, 2));
+    let served = a.routing()["served"];
+    assert_eq!(served, 3, "a served each of b's calls exactly once");
+    eprintln!(
+        "tried: b called c1 (owned by a) uncached → forwarded once and learned hint a@{generation}; \
+         then c1 and {sibling} (same shard) went direct; a served {served} invokes"
+    );
+}
+
+#[test]
+fn a_stale_hint_after_a_takeover_costs_one_rediscovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    let mut c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    b.call_ok("c1", "incr", "{\"by\":1}");
+    let (_, g1) = b.hint("c1");
+    let drained = a.ask("drain", "drained ");
+    assert!(
+        field(&drained, "released").parse::<u64>().unwrap() >= 1,
+        "{drained}"
+    );
+    // c takes the scope over (a released it) and runs a call locally.
+    let v = c.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!((n_of(&v), v["task"].as_str()), (3, Some("c")));
+
+    // b's hint still says a@g1: a answers a trusted stale_owner before
+    // dispatch; b rediscovers once and reaches c.
+    let v = b.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(
+        (n_of(&v), v["task"].as_str()),
+        (4, Some("c")),
+        "ran once, on the new owner"
+    );
+    let r = b.routing();
+    assert_eq!((r["direct"], r["rediscoveries"], r["forwarded"]), (1, 1, 2));
+    let (task, g2) = b.hint("c1");
+    assert_eq!(task, "c");
+    assert!(g2 > g1, "new generation {g2} > {g1}");
+    eprintln!(
+        "tried: b's hint a@{g1}, a drained, c took over at {g2}; b's direct call got a trusted \
+         stale_owner from a, rediscovered once and ran on c (n=4: every call ran exactly once)"
+    );
+}
+
+#[test]
+fn rpc_is_not_replayed_after_an_unknown_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    b.call_ok("c1", "get", "null");
+    assert_eq!(b.hint("c1").0, "a");
+    // The method commits on a, then a dies before answering.
+    let before = b.count("err call c1 incr_hang ");
+    b.send("call c1 incr_hang null");
+    let committed = a.wait_new("hang-committed", 0);
+    assert_eq!(field(&committed, "n"), "2");
+    a.kill();
+    let answer = b.wait_new("err call c1 incr_hang ", before);
+    assert_eq!(field(&answer, "code"), "owner_unavailable", "{answer}");
+    assert_eq!(field(&answer, "outcome"), "unknown", "{answer}");
+    assert_eq!(
+        b.hint("c1").0,
+        "none",
+        "the unmarked failure evicted the hint"
+    );
+    assert_eq!(b.routing()["rediscoveries"], 0);
+
+    // Until a's lease runs out, b gets owner_unavailable (a's endpoint is
+    // dead); then b claims the scope and reads what a committed, once.
+    let end = now() + 30_000;
+    let mut unavailable = 0;
+    let v = loop {
+        let line = b.call("c1", "get", "null");
+        if let Some(r) = line.strip_prefix("ok call c1 get result=") {
+            break serde_json::from_str::<Value>(r).unwrap();
+        }
+        assert_eq!(field(&line, "code"), "owner_unavailable", "{line}");
+        unavailable += 1;
+        assert!(now() < end, "b never took over");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        (n_of(&v), v["task"].as_str()),
+        (2, Some("b")),
+        "the method ran once, not replayed"
+    );
+    eprintln!(
+        "tried: incr_hang committed on a, a SIGKILLed before answering → b got owner_unavailable \
+         (unknown), no replay; {unavailable} calls refused until a's {TTL_S} s lease ran out; n=2 on b"
+    );
+}
+
+#[test]
+fn limits_hold_at_the_boundary_and_one_past() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let mut tried = Vec::new();
+
+    // Method names: 256 bytes pass the grammar (the class has no such
+    // method), 257 are refused before anything is sent.
+    let m256 = "m".repeat(256);
+    let line = b.call("c1", &m256, "null");
+    assert_eq!(field(&line, "code"), "unknown_method", "{line}");
+    assert_eq!(field(&line, "outcome"), "not_started");
+    let m257 = "m".repeat(257);
+    let served = a.routing()["served"];
+    let line = b.call("c1", &m257, "null");
+    assert_eq!(field(&line, "code"), "invalid_method", "{line}");
+    assert_eq!(a.routing()["served"], served, "refused before sending");
+    tried.push("method 256 B ok / 257 B refused");
+
+    // Arguments: exactly 1 MiB encoded passes, one byte more is refused
+    // before sending. `{"by":1,"pad":"…"}` is 17 bytes + the pad.
+    let args_of = |len: usize| format!("{{\"by\":1,\"pad\":\"{}\"}}", "p".repeat(len - 17));
+    assert_eq!(args_of(MIB).len(), MIB);
+    let v = b.call_ok("c1", "incr", &args_of(MIB));
+    assert_eq!(n_of(&v), 2);
+    let served = a.routing()["served"];
+    let line = b.call("c1", "incr", &args_of(MIB + 1));
+    assert_eq!(field(&line, "code"), "invalid_args", "{line}");
+    assert_eq!(a.routing()["served"], served);
+    tried.push("args 1 MiB ok / 1 MiB + 1 refused");
+
+    // Responses: the envelope `{"ok":true,"result":"…"}` is 23 bytes + the
+    // string; exactly 1 MiB is read, one more is do_rpc_result_unknown.
+    let v = b.call_ok("c1", "big", &format!("{{\"bytes\":{}}}", MIB - 23));
+    assert_eq!(v.as_str().unwrap().len(), MIB - 23);
+    let line = b.call("c1", "big", &format!("{{\"bytes\":{}}}", MIB - 22));
+    assert_eq!(field(&line, "code"), "do_rpc_result_unknown", "{line}");
+    assert_eq!(field(&line, "outcome"), "unknown");
+    tried.push("response 1 MiB ok / 1 MiB + 1 result unknown");
+
+    // The owner's own reader: an announced body over its cap is refused
+    // before reading (413); a method name of 257 bytes sent raw is 400.
+    let (status, _, body) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[
+            ("x-durability-internal-auth", TOKEN),
+            ("content-length", &(MIB + 8 * 1024 + 1).to_string()),
+        ],
+        b"",
+    );
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let (status, _, body) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[("x-durability-internal-auth", TOKEN)],
+        &invoke_body("c1", &m257, "null"),
+    );
+    assert_eq!(status, 400);
+    let env: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(env["error"], "invalid_method");
+    // Lone surrogates in an object name are refused by the reader.
+    let (status, _, _) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[("x-durability-internal-auth", TOKEN)],
+        &invoke_body("\\ud800", "get", "null"),
+    );
+    assert_eq!(status, 400);
+    tried.push(
+        "owner: 413 on oversized Content-Length, 400 on 257-byte method, 400 on a lone surrogate",
+    );
+    let v = b.call_ok("c1", "get", "null");
+    assert_eq!(n_of(&v), 2, "nothing refused ran");
+    eprintln!("tried: {}", tried.join("; "));
+}
+
+#[test]
+fn forged_fences_headers_and_tokens_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let v = a.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(n_of(&v), 1);
+    let invoke = invoke_body("c1", "incr", "{\"by\":100}");
+    let endpoint = a.endpoint.clone();
+    let post =
+        |headers: &[(&str, &str)]| raw(&endpoint, "POST", "/internal/do/invoke", headers, &invoke);
+
+    let wrong_same_length: String = TOKEN.chars().rev().collect();
+    for (what, headers) in [
+        ("missing token", vec![]),
+        (
+            "wrong token",
+            vec![("x-durability-internal-auth", wrong_same_length.as_str())],
+        ),
+        (
+            "token prefix",
+            vec![("x-durability-internal-auth", &TOKEN[..TOKEN.len() - 1])],
+        ),
+        ("empty token", vec![("x-durability-internal-auth", "")]),
+    ] {
+        let (status, _, body) = post(&headers);
+        assert_eq!(status, 401, "{what}");
+        let env: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(env["error"], "unauthorized", "{what}");
+    }
+    assert_eq!(a.routing()["auth"], 4);
+    let (status, _, _) = raw(&a.endpoint, "GET", "/internal/do/probe", &[], b"");
+    assert_eq!(status, 401, "the probe needs the token");
+    let (status, _, body) = raw(
+        &a.endpoint,
+        "GET",
+        "/internal/do/probe",
+        &[("x-durability-internal-auth", TOKEN)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["task"], "a");
+    for path in ["/health", "/metrics"] {
+        let (status, _, _) = raw(&a.endpoint, "GET", path, &[], b"");
+        assert_eq!(status, 200, "{path} is unauthenticated");
+    }
+
+    // Forged fences: a generation this host does not own, malformed ones.
+    let auth = ("x-durability-internal-auth", TOKEN);
+    let (status, headers, body) = post(&[
+        auth,
+        ("x-durability-route-task", "a"),
+        ("x-durability-route-generation", "999999"),
+    ]);
+    assert_eq!(status, 503);
+    assert_eq!(
+        header(&headers, "x-durability-ownership-error"),
+        Some("stale_owner")
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["error"],
+        "stale_owner"
+    );
+    let (status, headers, _) = post(&[
+        auth,
+        ("x-durability-route-task", "zz"),
+        ("x-durability-route-generation", "1"),
+    ]);
+    assert_eq!(
+        (status, header(&headers, "x-durability-ownership-error")),
+        (503, Some("stale_owner"))
+    );
+    for bad in [
+        vec![
+            auth,
+            ("x-durability-route-task", "a"),
+            ("x-durability-route-generation", "0"),
+        ],
+        vec![
+            auth,
+            ("x-durability-route-task", "a"),
+            ("x-durability-route-generation", "9007199254740992"),
+        ],
+        vec![
+            auth,
+            ("x-durability-route-task", "a"),
+            ("x-durability-route-generation", "01"),
+        ],
+        vec![auth, ("x-durability-route-task", "a")],
+        vec![auth, ("x-durability-route-generation", "1")],
+    ] {
+        let (status, _, body) = post(&bad);
+        assert_eq!(status, 400, "{bad:?}");
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap()["error"],
+            "invalid_fence"
+        );
+    }
+
+    // Tenant-looking control headers on a request are ignored: the owner
+    // answers with its own trusted headers.
+    let (status, headers, _) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[
+            auth,
+            ("x-durability-owner-task", "evil"),
+            ("x-durability-ownership-error", "stale_owner"),
+        ],
+        &invoke_body("c1", "get", "null"),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "x-durability-owner-task"), Some("a"));
+    assert_eq!(header(&headers, "x-durability-ownership-error"), None);
+
+    // A method's own error keeps its code; an unknown one is downgraded
+    // and leaks nothing.
+    let (status, _, body) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[auth],
+        &invoke_body("c1", "fail", "null"),
+    );
+    assert_eq!(status, 422);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["error"],
+        "out_of_stock"
+    );
+    let (status, _, body) = raw(
+        &a.endpoint,
+        "POST",
+        "/internal/do/invoke",
+        &[auth],
+        &invoke_body("c1", "boom", "null"),
+    );
+    assert_eq!(status, 500);
+    let env: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (env["error"].as_str(), env["message"].as_str()),
+        (Some("internal_error"), Some("Internal error"))
+    );
+    assert!(!String::from_utf8_lossy(&body).contains("10.0.0.9"));
+
+    let v = a.call_ok("c1", "get", "null");
+    assert_eq!(n_of(&v), 1, "no refused invoke ran");
+    eprintln!(
+        "tried: 4 bad tokens (401), probe without token (401), health/metrics open, 2 stale fences \
+         (503 stale_owner), 5 malformed fences (400), forged control headers ignored, \
+         method error kept, internal error downgraded"
+    );
+}
+
+fn set_peer(dir: &Path, task: &str, endpoint: &str) {
+    let peers = dir.join("peers");
+    let tmp = peers.join(format!(".{task}.test"));
+    std::fs::write(&tmp, endpoint).unwrap();
+    std::fs::rename(&tmp, peers.join(task)).unwrap();
+}
+
+#[test]
+fn hostile_owner_endpoints_are_refused_before_the_token_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let trap = TcpListener::bind("127.0.0.1:0").unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let port = trap.local_addr().unwrap().port();
+    let hostile = [
+        format!("http://localhost:{port}"),
+        format!("http://127.0.0.1:{port}/evil"),
+        format!("http://user@127.0.0.1:{port}"),
+        format!("https://127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{port}\n"),
+        format!("http://127.0.0.1:0{port}"),
+        "http://8.8.8.8:80".to_owned(),
+        "http://169.254.169.254:80".to_owned(),
+    ];
+    for endpoint in &hostile {
+        set_peer(dir.path(), "a", endpoint);
+        let line = b.call("c1", "incr", "{\"by\":100}");
+        assert_eq!(
+            field(&line, "code"),
+            "owner_unavailable",
+            "{endpoint:?}: {line}"
+        );
+        assert!(
+            trap.accept().is_err(),
+            "{endpoint:?}: a connection reached the trap"
+        );
+    }
+    assert_eq!(b.routing()["refusals"], hostile.len() as u64);
+    assert_eq!(b.hint("c1").0, "none");
+    set_peer(dir.path(), "a", &a.endpoint);
+    let v = b.call_ok("c1", "get", "null");
+    assert_eq!(n_of(&v), 1, "no refused call ran");
+    eprintln!(
+        "tried: {} hostile endpoints for a, each refused before connecting: {hostile:?}",
+        hostile.len()
+    );
+}
+
+/// Answers one connection with `response` and returns what it received.
+fn impostor(listener: TcpListener, response: String) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Read the head and the announced body.
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+            if let Some(split) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..split]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map(|v| v.trim().parse().unwrap())
+                    .unwrap_or(0);
+                if got.len() >= split + 4 + len {
+                    break;
+                }
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        s.write_all(response.as_bytes()).unwrap();
+        String::from_utf8_lossy(&got).to_string()
+    })
+}
+
+#[test]
+fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    b.call_ok("c1", "get", "null");
+    assert_eq!(b.hint("c1").0, "a");
+    let body = "{\"error\":\"stale_owner\",\"message\":\"replay me\"}";
+    let answers = [
+        // A tenant-shaped body naming a rediscovery code, no marker.
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+        // The marker on the wrong status.
+        format!(
+            "HTTP/1.1 500 Internal Server Error\r\nx-durability-ownership-error: stale_owner\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+        // A gateway error.
+        "HTTP/1.1 504 Gateway Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
+    ];
+    for answer in answers {
+        // b learns the hint again through a forwarded call, then an
+        // impostor answers at a's published endpoint.
+        set_peer(dir.path(), "a", &a.endpoint);
+        b.call_ok("c1", "get", "null");
+        assert_eq!(b.hint("c1").0, "a");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        set_peer(
+            dir.path(),
+            "a",
+            &format!("http://{}", listener.local_addr().unwrap()),
+        );
+        let seen = impostor(listener, answer.clone());
+        let before = b.routing();
+        let line = b.call("c1", "incr", "{\"by\":100}");
+        let request = seen.join().unwrap();
+        assert!(
+            request.contains("x-durability-route-task: a"),
+            "a fenced direct call: {request}"
+        );
+        assert_eq!(
+            field(&line, "code"),
+            "owner_unavailable",
+            "{answer:?}: {line}"
+        );
+        assert_eq!(field(&line, "outcome"), "unknown");
+        let after = b.routing();
+        assert_eq!(
+            after["rediscoveries"], before["rediscoveries"],
+            "no replay after {answer:?}"
+        );
+        assert_eq!(
+            after["forwarded"], before["forwarded"],
+            "no replay after {answer:?}"
+        );
+        assert_eq!(b.hint("c1").0, "none", "hint evicted after {answer:?}");
+    }
+    set_peer(dir.path(), "a", &a.endpoint);
+    let v = b.call_ok("c1", "get", "null");
+    assert_eq!(n_of(&v), 1);
+    eprintln!(
+        "tried: 3 untrusted answers at a's endpoint (unmarked 503 naming stale_owner, marker on a 500, 504): each evicted the hint and returned owner_unavailable without a replay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
+    use durability_host::RpcClient;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    let mut c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+
+    // Uncached: through b's router, forwarded once to a.
+    let v = client
+        .call("Counter", "c1", "incr", serde_json::json!({"by": 1}))
+        .await
+        .unwrap();
+    assert_eq!((n_of(&v), v["task"].as_str()), (2, Some("a")));
+    let (task, g1, endpoint) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (task.as_str(), endpoint.as_str()),
+        ("a", a.endpoint.as_str())
+    );
+    assert_eq!(b.routing()["forwarded"], 1);
+
+    // Hinted: straight to a; b sees nothing.
+    let v = client
+        .call("Counter", "c1", "get", Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(n_of(&v), 2);
+    assert_eq!(client.stats().direct, 1);
+    assert_eq!(b.routing()["served"], 1, "the direct call skipped b");
+
+    // Takeover: a drains, c claims; the client's direct call gets a trusted
+    // stale_owner from a, rediscovers once through b, which forwards to c.
+    a.ask("drain", "drained ");
+    let v = c.call_ok("c1", "incr", "{\"by\":1}");
+    assert_eq!(v["task"], "c");
+    let v = client
+        .call("Counter", "c1", "incr", serde_json::json!({"by": 1}))
+        .await
+        .unwrap();
+    assert_eq!((n_of(&v), v["task"].as_str()), (4, Some("c")));
+    let s = client.stats();
+    assert_eq!((s.direct, s.rediscoveries, s.routed), (2, 1, 2));
+    let (task, g2, endpoint) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (task.as_str(), endpoint.as_str()),
+        ("c", c.endpoint.as_str())
+    );
+    assert!(g2 > g1);
+
+    // A wrong token is refused by the entry host before anything runs.
+    let bad = RpcClient::new(
+        &b.endpoint,
+        "wrong-token-0123456789",
+        "st1",
+        ShardCount::default(),
+    )
+    .unwrap();
+    let e = bad
+        .call("Counter", "c1", "incr", Value::Null)
+        .await
+        .unwrap_err();
+    assert_eq!(e.rpc_code(), "unauthorized");
+    assert_eq!(
+        e.outcome(),
+        durability_ownership::DispatchOutcome::NotStarted
+    );
+    let v = client
+        .call("Counter", "c1", "get", Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(n_of(&v), 4, "every call ran exactly once");
+    eprintln!(
+        "tried: a thin client entering through b: forwarded to a@{g1}, direct to a, a drained and \
+         c took over at {g2}, one rediscovery through b to c; a wrong token refused (401)"
+    );
+}

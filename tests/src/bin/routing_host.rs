@@ -1,0 +1,259 @@
+//! A host process for the routing process tests (`tests/it/host_routing.rs`):
+//! a `durability-host` serving its internal endpoints over HTTP/1.1 on a
+//! loopback port, with one object class, `Counter`, and RPC methods on it,
+//! over a SQLite lease store and alarm index in a directory every process
+//! of a test shares. Each host publishes its endpoint as the file
+//! `<dir>/peers/<task>` (the peer directory every host reads, validated
+//! against the endpoint allowlist on every read).
+//!
+//! Output, one line per step: `ready task=<t> endpoint=<e>`;
+//! `ok call <name> <method> result=<json>` /
+//! `err call <name> <method> code=<wire code> host_code=<code>
+//! outcome=<not_started|unknown>`; `hint <name> task=<t|none> gen=<g>`;
+//! `routing local=.. forwarded=.. direct=.. rediscoveries=.. evictions=..
+//! refusals=.. auth=.. served=..`; `hang-committed <name> n=<n>` (the
+//! `incr_hang` method committed and now never answers); `drained
+//! released=<n>` (after `drain`; the server keeps answering).
+//!
+//! Commands on stdin: `call <name> <method> <json args>`, `hint <name>`,
+//! `routing`, `drain`.
+//!
+//! Methods of `Counter`: `incr` (`{"by": n}` → `{"n", "task"}`), `get`,
+//! `echo` (returns its arguments), `big` (`{"bytes": n}` → a string of `n`
+//! bytes), `fail` (a `MethodError` `out_of_stock`), `boom` (a plain error:
+//! `internal_error` across hosts), `incr_hang` (commits one increment,
+//! prints `hang-committed`, never returns).
+//!
+//! Arguments `key=value`: `dir`, `task`, `token`, `own` (`all` or `none`),
+//! `interval` (owner loop period, ms). `DO_*` settings from the environment.
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use durability_alarms::DispatcherConfig;
+use durability_host::transport::{PeerDirectory, serve};
+use durability_host::{
+    BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
+};
+use durability_ownership::{DispatchOutcome, ShardCount, SystemClock};
+use durability_scheduler::StorageError;
+use durability_storage_sqlite::Synchronous;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+use tokio_util::sync::CancellationToken;
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn sql(e: rusqlite::Error) -> StorageError {
+    StorageError::backend("counter sql", e)
+}
+
+struct Counter {
+    task: String,
+}
+
+type Store = SqliteLeaseStore<SystemClock>;
+type H = Handle<Counter, SqliteAlarmIndex>;
+
+/// Peers as files `<dir>/<task>` holding the raw endpoint.
+struct FilePeers(PathBuf);
+
+impl PeerDirectory for FilePeers {
+    fn endpoint(&self, task: &str) -> Option<String> {
+        if !task
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return None;
+        }
+        std::fs::read_to_string(self.0.join(task)).ok()
+    }
+}
+
+fn add(h: &H, by: i64) -> Result<i64, StorageError> {
+    h.scheduler.transaction(|tx| {
+        tx.sql()
+            .query_row(
+                "INSERT INTO counter (id, n) VALUES (0, ?1)
+                 ON CONFLICT (id) DO UPDATE SET n = n + ?1 RETURNING n",
+                [by],
+                |r| r.get(0),
+            )
+            .map_err(sql)
+    })
+}
+
+fn read(h: &H) -> Result<i64, StorageError> {
+    h.scheduler.transaction(|tx| {
+        tx.sql()
+            .query_row("SELECT COALESCE(MAX(n), 0) FROM counter", [], |r| r.get(0))
+            .map_err(sql)
+    })
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: HashMap<String, String> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
+    let mut settings = HostSettings::from_env().unwrap();
+    settings.renew_interval_ms = arg("interval").parse().ok();
+    let dir = PathBuf::from(arg("dir"));
+    let task = arg("task");
+    let peers = dir.join("peers");
+    std::fs::create_dir_all(&peers).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let clock = SystemClock::new();
+    let store: Arc<Store> = Arc::new(
+        SqliteLeaseStore::open(dir.join("leases.db"), clock, ShardCount::default()).unwrap(),
+    );
+    let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
+    let owner = task.clone();
+    let config = HostConfig::new(store, index, dir.join("objects"), "st1", "ns:app", &task)
+        .endpoint(&endpoint)
+        .internal_token(&arg("token"))
+        .peers(FilePeers(peers.clone()))
+        .class("Counter", move |ctx| {
+            ctx.scheduler.transaction(|tx| {
+                tx.sql()
+                    .execute_batch(
+                        "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);",
+                    )
+                    .map_err(sql)
+            })?;
+            Ok::<_, BoxError>(Counter { task: owner.clone() })
+        })
+        .method("Counter", "incr", |h: H, args: Value| async move {
+            let by = args.get("by").and_then(Value::as_i64).unwrap_or(1);
+            let n = add(&h, by)?;
+            Ok(json!({ "n": n, "task": h.object.task }))
+        })
+        .method("Counter", "get", |h: H, _args: Value| async move {
+            Ok(json!({ "n": read(&h)?, "task": h.object.task }))
+        })
+        .method("Counter", "echo", |_h: H, args: Value| async move { Ok(args) })
+        .method("Counter", "big", |_h: H, args: Value| async move {
+            let n = args.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+            Ok(Value::String("b".repeat(usize::try_from(n).unwrap_or(0))))
+        })
+        .method("Counter", "fail", |_h: H, _args: Value| async move {
+            Err::<Value, BoxError>(Box::new(MethodError::new("out_of_stock", "none left")))
+        })
+        .method("Counter", "boom", |_h: H, _args: Value| async move {
+            Err::<Value, BoxError>("secret internal detail at 10.0.0.9".into())
+        })
+        .method("Counter", "incr_hang", |h: H, _args: Value| async move {
+            let n = add(&h, 1)?;
+            say(&format!("hang-committed n={n}"));
+            std::future::pending::<()>().await;
+            Ok(Value::Null)
+        })
+        .clock(Arc::new(clock))
+        .settings(settings)
+        .own(if arg("own") == "all" {
+            OwnPolicy::AllShards
+        } else {
+            OwnPolicy::OnDemand
+        })
+        .create_active_storage_if_absent(true)
+        .dispatcher(DispatcherConfig {
+            poll_ms: 100,
+            idle_ms: 20,
+            owner_wait_max_ms: 300,
+            ..DispatcherConfig::fast()
+        });
+    let host = match Host::start(config).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("refused {} {e}", e.code());
+            std::process::exit(2);
+        }
+    };
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(host.clone(), listener, stop.clone()));
+    // Publish the endpoint atomically (a reader never sees half of it).
+    let tmp = peers.join(format!(".{task}.tmp"));
+    std::fs::write(&tmp, &endpoint).unwrap();
+    std::fs::rename(&tmp, peers.join(&task)).unwrap();
+    say(&format!("ready task={task} endpoint={endpoint}"));
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let host = host.clone();
+        tokio::spawn(async move { command(&host, &line).await });
+    }
+    std::process::exit(0);
+}
+
+fn outcome(e: &HostError) -> &'static str {
+    match e.outcome() {
+        DispatchOutcome::NotStarted => "not_started",
+        _ => "unknown",
+    }
+}
+
+async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
+    let mut parts = line.splitn(4, ' ');
+    let cmd = parts.next().unwrap_or("");
+    match cmd {
+        "call" => {
+            let name = parts.next().unwrap_or("");
+            let method = parts.next().unwrap_or("");
+            let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
+            match host.object("Counter", name).call(method, args).await {
+                Ok(v) => say(&format!("ok call {name} {method} result={v}")),
+                Err(e) => say(&format!(
+                    "err call {name} {method} code={} host_code={} outcome={}",
+                    e.rpc_code(),
+                    e.code(),
+                    outcome(&e)
+                )),
+            }
+        }
+        "hint" => {
+            let name = parts.next().unwrap_or("");
+            match host.owner_hint("Counter", name).unwrap() {
+                Some(h) => say(&format!(
+                    "hint {name} task={} gen={}",
+                    h.task.as_str(),
+                    h.generation.get()
+                )),
+                None => say(&format!("hint {name} task=none gen=0")),
+            }
+        }
+        "routing" => {
+            let r = host.probe().routing;
+            say(&format!(
+                "routing local={} forwarded={} direct={} rediscoveries={} evictions={} refusals={} auth={} served={}",
+                r.local,
+                r.forwarded,
+                r.direct,
+                r.rediscoveries,
+                r.hint_evictions,
+                r.endpoint_refusals,
+                r.auth_refusals,
+                r.served
+            ));
+        }
+        "drain" => {
+            let report = host.shutdown().await;
+            let released = match &report {
+                durability_ownership::DrainReport::Drained { released, .. } => released.len(),
+                _ => 0,
+            };
+            say(&format!("drained released={released}"));
+        }
+        other => say(&format!("err {other} unknown_command")),
+    }
+}
