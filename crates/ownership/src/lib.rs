@@ -34,6 +34,7 @@ mod floor;
 mod hints;
 mod manager;
 pub mod memory;
+mod metrics;
 mod record;
 mod scope;
 mod settings;

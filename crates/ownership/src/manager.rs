@@ -8,6 +8,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::OwnershipError;
+use crate::metrics::OwnershipMetrics;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
 use crate::settings::{Admission, OwnershipSettings};
@@ -46,6 +47,7 @@ struct Inner<S, C> {
     draining: AtomicBool,
     in_flight: AtomicU64,
     idle: Notify,
+    metrics: OwnershipMetrics,
 }
 
 /// One task's view of ownership: claims, renewals, admission, drain and the
@@ -77,6 +79,7 @@ trait InFlight: Send + Sync + std::fmt::Debug {
 
 impl<S: Send + Sync, C: Send + Sync> InFlight for Inner<S, C> {
     fn done(&self) {
+        self.metrics.in_flight.decrement(1.0);
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
         }
@@ -198,6 +201,7 @@ pub struct Probe {
 impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// The ownership state of `task` over `store`.
     pub fn new(store: S, clock: C, task: TaskId, settings: OwnershipSettings) -> Self {
+        let metrics = OwnershipMetrics::new(task.as_str());
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -208,6 +212,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 draining: AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
                 idle: Notify::new(),
+                metrics,
             }),
         }
     }
@@ -295,6 +300,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             .await;
         match outcome {
             Ok(ClaimOutcome::Claimed(lease)) => {
+                self.inner.metrics.claimed.increment(1);
                 tracing::info!(
                     event = "durability.ownership.claimed",
                     scope = %scope,
@@ -309,9 +315,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(Resolution::Local(self.remember(&lease, sent)))
             }
             Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
+                self.inner.metrics.held_here.increment(1);
                 Ok(Resolution::Local(self.remember(&lease, sent)))
             }
             Ok(ClaimOutcome::Held(lease)) => {
+                self.inner.metrics.held_elsewhere.increment(1);
                 self.forget(scope);
                 Ok(Resolution::Remote {
                     task: lease.record.task().clone(),
@@ -319,6 +327,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 })
             }
             Err(e) => {
+                self.inner.metrics.claim_failed.increment(1);
                 self.forget(scope);
                 tracing::warn!(
                     event = "durability.ownership.claim_failed",
@@ -365,6 +374,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     ) -> Result<Generation, OwnershipError> {
         match result {
             Ok(lease) => {
+                self.inner.metrics.renewed.increment(1);
                 // Only update if the scope was not forgotten or replaced meanwhile.
                 let mut leases = self.leases();
                 if let Some(l) = leases.get_mut(scope)
@@ -381,12 +391,15 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 // until its deadline, admission still checks the budget and
                 // commits are fenced, and the next renew decides. Every other
                 // refusal is definite: the scope is forgotten.
-                if !matches!(
+                if matches!(
                     e,
                     OwnershipError::StoreUnavailable { .. }
                         | OwnershipError::OwnerUnavailable { .. }
                         | OwnershipError::OwnerRace { .. }
                 ) {
+                    self.inner.metrics.renew_unknown.increment(1);
+                } else {
+                    self.inner.metrics.renew_lost.increment(1);
                     self.leases().remove(scope);
                 }
                 tracing::warn!(
@@ -455,10 +468,15 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         scope: &OwnerScope,
         generation: Generation,
     ) -> Result<AdmissionPermit, OwnershipError> {
-        match self.inner.settings.admission {
+        let admitted = match self.inner.settings.admission {
             Admission::Snapshot => self.admit_checked(scope, generation).await,
             Admission::Cached => self.admit_cached(scope, generation).await,
+        };
+        match &admitted {
+            Ok(_) => self.inner.metrics.admitted.increment(1),
+            Err(_) => self.inner.metrics.refused.increment(1),
         }
+        admitted
     }
 
     /// The local part of admission (the whole of [`Admission::Cached`]):
@@ -486,6 +504,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             }
         }
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.inner.metrics.in_flight.increment(1.0);
         let permit = AdmissionPermit {
             scope: scope.clone(),
             generation,

@@ -14,6 +14,7 @@ use durability_time::ManualClock;
 
 mod admission;
 mod drain;
+mod metrics;
 mod renew_all;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
