@@ -9,6 +9,7 @@ mod alarms_owner_routing;
 mod alarms_ownership;
 mod fence_processes;
 mod host_processes;
+mod migration_computed_fence;
 mod migration_dialects;
 mod migration_placement;
 mod migration_review;
