@@ -605,18 +605,42 @@ impl Router {
             visited.insert((shard_name.clone(), via.clone()));
             let (name, shard) = self.shard_named(&shard_name)?;
             let d = shard.dialect();
-            let st = if d.is_proven() {
+            let rows = if d.is_proven() {
                 // Validates the table on first use (cached): a key column
                 // compared more coarsely than bytes is refused.
                 self.columns(name, spec).await?;
-                d.select_row_routed(&spec.name, &spec.key_col, key, via.as_deref())
+                let st = d.select_row_routed(&spec.name, &spec.key_col, key, via.as_deref());
+                match shard.query(&st).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // The table reads but the marker lookup failed: whether
+                        // a row there is the key's cannot be told.
+                        let plain = d.select_row(&spec.name, &spec.key_col, key);
+                        if shard.query(&plain).await.is_err() {
+                            return Err(MigrationError::shard(name, e));
+                        }
+                        let e = MigrationError::LookupUnavailable {
+                            key: key.to_owned(),
+                            reason: format!("in-flight marker lookup failed: {e}"),
+                        };
+                        if opts.best_effort {
+                            tracing::debug!(
+                                event = "durability.migration.read_best_effort",
+                                code = e.code(),
+                                key,
+                                "marker lookup failed; best-effort read returns nothing"
+                            );
+                            return Ok(None);
+                        }
+                        return Err(e);
+                    }
+                }
             } else {
-                d.select_row(&spec.name, &spec.key_col, key)
+                shard
+                    .query(&d.select_row(&spec.name, &spec.key_col, key))
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?
             };
-            let rows = shard
-                .query(&st)
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
             if let Some(r) = rows.into_iter().next() {
                 return Ok(Some(r));
             }
