@@ -109,6 +109,11 @@ impl BeforeWrite for StopAtCutover {
 /// Leaves a move of `k` from `s0` to `s1` stopped after its copy, before
 /// its cutover; returns its operation id.
 async fn stopped_after_copy(e: &Env, k: &str) -> String {
+    stopped_after_copy_of(e, k, &["users"]).await
+}
+
+/// [`stopped_after_copy`] of a move over `tables`.
+async fn stopped_after_copy_of(e: &Env, k: &str, tables: &[&str]) -> String {
     let hooked = Arc::new(HookedShard::new(
         Arc::clone(e.shard("s0")),
         StopAtCutover {
@@ -116,7 +121,7 @@ async fn stopped_after_copy(e: &Env, k: &str) -> String {
         },
     ));
     let mover = replacing(e, "s0", hooked.clone()).await;
-    let err = mover.reassign_shard(k, "s1", "users").await.unwrap_err();
+    let err = mover.reassign_keys(k, "s1", tables).await.unwrap_err();
     assert!(hooked.hook.fired.load(Ordering::SeqCst), "stopped: {err}");
     assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{err}");
     let live = e.live("users", "id", k).await;
@@ -200,6 +205,37 @@ async fn abort_leaves_one_row(kinds: [Kind; 2]) {
     one_row_holding(&e, &k, acked, &format!("{kinds:?} abort")).await;
     assert_eq!(rep.copies_dropped, 1, "{kinds:?}: {rep:?}");
     assert_eq!(e.live("users", "id", &k).await[0].0, "s0", "{kinds:?}");
+}
+
+/// A table-set move (`users` with a row, `orgs` without) stopped after its
+/// copy: a second router's insert of the key's `orgs` row lands with the
+/// key's other row on the source (not beside the fenced copy, where an
+/// abort would strand it), and the recovered move takes it along.
+async fn table_set_insert_joins_the_key(kinds: [Kind; 2]) {
+    let Some(e) = env(&kinds).await else { return };
+    let k = placed(&e).await;
+    stopped_after_copy_of(&e, &k, &["users", "orgs"]).await;
+    let other = fresh(&e).await;
+    assert_eq!(
+        other
+            .insert(&k, "orgs", row([("title", "Acme")]))
+            .await
+            .unwrap(),
+        1
+    );
+    let orgs = e.live("orgs", "org_id", &k).await;
+    assert_eq!(orgs.len(), 1, "{kinds:?}: {orgs:?}");
+    assert_eq!(orgs[0].0, "s0", "{kinds:?}: with the key's users row");
+    e.clock
+        .advance(i64::try_from(MOVE_LIVENESS_MS).unwrap() + 1_000);
+    let rep = fresh(&e).await.recover_migrations().await.unwrap();
+    assert_eq!(rep.committed.len(), 1, "{kinds:?}: {rep:?}");
+    let orgs = e.live("orgs", "org_id", &k).await;
+    assert_eq!(orgs.len(), 1, "{kinds:?}: {orgs:?}");
+    assert_eq!(orgs[0].0, "s1", "{kinds:?}: moved with the key");
+    let got = fresh(&e).await.get(&k, "orgs").await.unwrap().unwrap();
+    assert_eq!(got.get("title"), Some(&Value::from("Acme")), "{kinds:?}");
+    one_row_holding(&e, &k, 1, &format!("{kinds:?} table set")).await;
 }
 
 /// On the destination, just before the publish batch (the source is cut
@@ -365,4 +401,19 @@ async fn cut_over_copy_refuses_writes_mariadb() {
 #[tokio::test]
 async fn crash_at_every_write_mariadb() {
     crash_at_every_write(SETS[2]).await;
+}
+
+#[tokio::test]
+async fn table_set_insert_joins_the_key_sqlite() {
+    table_set_insert_joins_the_key(SETS[0]).await;
+}
+
+#[tokio::test]
+async fn table_set_insert_joins_the_key_postgres() {
+    table_set_insert_joins_the_key(SETS[1]).await;
+}
+
+#[tokio::test]
+async fn table_set_insert_joins_the_key_mariadb() {
+    table_set_insert_joins_the_key(SETS[2]).await;
 }
