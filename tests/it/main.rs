@@ -10,6 +10,7 @@ mod alarms_ownership;
 mod fence_processes;
 mod host_processes;
 mod host_routing;
+mod migration_computed_fence;
 mod migration_dialects;
 mod migration_placement;
 mod migration_review;

@@ -265,6 +265,9 @@ pub(crate) mod names {
     pub(crate) const MANIFEST: &str = "durability_manifest";
     pub(crate) const EXCEPTIONS: &str = "durability_placement_exceptions";
     pub(crate) const TOPOLOGY: &str = "durability_topology";
+    /// The `digest` of an in-flight marker in `durability_retired` (a real
+    /// tombstone's digest is a SHA-256 hex string or `-`).
+    pub(crate) const IN_FLIGHT: &str = "in-flight";
 }
 
 /// Validated columns of a row, in canonical order.
@@ -421,6 +424,138 @@ impl Dialect {
             .ident(key_col)
             .raw(" = ")
             .bind(key);
+        s.finish()
+    }
+
+    /// ` AND NOT EXISTS (<an in-flight marker of the key in the table>)`,
+    /// ignoring the marker of operation `via`.
+    fn push_unmarked(s: &mut Sql<'_>, table: &Ident, key: &str, via: Option<&str>) {
+        s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0 AND digest = ")
+            .bind(names::IN_FLIGHT);
+        if let Some(op) = via {
+            s.raw(" AND op_id <> ").bind(op);
+        }
+        s.raw(")");
+    }
+
+    /// [`Dialect::select_row`] of a routed read: a row under an in-flight
+    /// marker (a move's destination copy before its publish) is not the
+    /// key's row, unless the read reached this shard by following the
+    /// cutover tombstone of the marker's own operation `via` (the source
+    /// was cut over, so the copy is the key's row until the publish).
+    pub fn select_row_routed(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        via: Option<&str>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT * FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        Self::push_unmarked(&mut s, table, key, via);
+        s.finish()
+    }
+
+    /// [`Dialect::key_probe`] of a placement probe: a row under an
+    /// in-flight marker (a move's destination copy) is not found.
+    pub fn key_probe_unmarked(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        Self::push_unmarked(&mut s, table, key, None);
+        s.finish()
+    }
+
+    /// The in-flight marker of a move's copy of `key` in `table` on its
+    /// destination: a live `durability_retired` row of the operation whose
+    /// `moved_to` names the source (where the key lives until the publish)
+    /// and whose digest is the in-flight sentinel. Routed writes match no
+    /// row while it exists (the tombstone fence), routed reads and probes
+    /// skip the row under it. Written in the copy's batch; inserts nothing
+    /// when the operation's marker exists.
+    pub(crate) fn in_flight_mark(
+        &self,
+        op_id: &str,
+        scope: &str,
+        table: &Ident,
+        key: &str,
+        source: &str,
+        now_ms: i64,
+    ) -> Statement {
+        self.insert_absent(
+            names::RETIRED,
+            &[
+                ("mkey", key.into()),
+                ("op_id", op_id.into()),
+                ("tname", table.as_str().into()),
+                ("scope", scope.into()),
+                ("moved_to", source.into()),
+                ("digest", names::IN_FLIGHT.into()),
+                ("retired_ms", now_ms.into()),
+            ],
+            3,
+        )
+    }
+
+    /// Deletes the operation's in-flight markers of `key` (at publish, in
+    /// the destination's publish batch, and at abort, with the copies).
+    pub(crate) fn in_flight_clear(&self, op_id: &str, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND digest = ")
+            .bind(names::IN_FLIGHT);
+        s.finish()
+    }
+
+    /// Deletes the key's row in `table` while the operation's in-flight
+    /// marker covers it (nothing routed can have written it since the copy).
+    pub(crate) fn delete_marked(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        op_id: &str,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND superseded = 0 AND digest = ")
+            .bind(names::IN_FLIGHT)
+            .raw(")");
         s.finish()
     }
 
@@ -815,10 +950,11 @@ impl Dialect {
         s.finish()
     }
 
-    /// The newest live tombstone of a key in a table.
+    /// The newest live tombstone of a key in a table (an in-flight marker
+    /// included: its `digest` is the in-flight sentinel).
     pub fn tombstone_query(&self, table: &Ident, key: &str) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("SELECT op_id, moved_to FROM ")
+        s.raw("SELECT op_id, moved_to, digest FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE tname = ")
             .bind(table.as_str())

@@ -5,8 +5,15 @@
 //!
 //! 1. claim + `prepared` with the snapshot digests (one journal statement:
 //!    the operation row holds its key in `claim`, unique per scope);
-//! 2. copy to the destination (one insert when the destination has no row
-//!    of the key, else one batch: delete + insert per table);
+//! 2. copy to the destination, in one batch with the operation's in-flight
+//!    marker of every moved table (a live `durability_retired` row of the
+//!    operation on the destination, `moved_to` naming the source, digest
+//!    the in-flight sentinel): the marker plus one insert when the
+//!    destination has no row of the key, else markers + delete + insert per
+//!    table. From here to the publish no routed read, write or placement
+//!    probe takes the copy for the key's row: writes there match no row
+//!    (the tombstone fence) and fail with `MIGRATION_CUTOVER_PENDING`,
+//!    reads and probes skip it and find the source;
 //! 3. read the destination back and compare digests;
 //! 4. `cutover_pending` (the row moves from `prepared` past `copied` and
 //!    `verified` in one write: no work separates those states, and recovery
@@ -17,11 +24,19 @@
 //!    the whole batch write nothing; a miss returns to `prepared` and copies
 //!    again, up to three times, then aborts;
 //! 6. `committed`;
-//! 7. publish: lift an old fence of the key on the destination, write the
-//!    mapping, update this router's cache;
+//! 7. publish: one batch on the destination deletes the operation's
+//!    in-flight markers and lifts an old fence of the key there, then the
+//!    mapping is written and this router's cache updated;
 //! 8. `retired` (past `published`, with the retention deadline) and claim
 //!    release (one journal statement; recovery finishes `committed` and
 //!    `published` alike).
+//!
+//! An abort deletes the operation's copies (rows equal to the journaled
+//! snapshot, and any row still under its marker: nothing routed wrote it
+//! since the copy) and its markers in one batch on the destination, before
+//! the terminal journal write. A crash between any two writes leaves either
+//! no marker (nothing copied) or a marker with a claim held, which recovery
+//! settles by finishing (publish deletes it) or aborting (the abort does).
 //!
 //! When the journal shares the source's database, steps 4–6 are one atomic
 //! batch on it: the archive inserts are guarded by the operation's owner (a
@@ -224,11 +239,14 @@ impl<'r> MoveCtx<'r> {
             .collect()
     }
 
-    /// Copies the snapshot to the destination. A one-table move first tries
-    /// one insert that lands only when the destination has no row of the
-    /// key (the usual case: one statement, no transaction); otherwise, and
-    /// for a table set, one batch replaces the key's rows (delete + insert
-    /// per table), superseding an earlier attempt's copy.
+    /// Copies the snapshot to the destination, with the operation's
+    /// in-flight marker of every moved table in the same batch. A one-table
+    /// move first tries one batch (marker + an insert that lands only when
+    /// the destination has no row of the key: the usual case); otherwise,
+    /// and for a table set, one batch writes the markers and replaces the
+    /// key's rows (delete + insert per table), superseding an earlier
+    /// attempt's copy. The markers stay until the publish (or the abort)
+    /// deletes them.
     ///
     /// A definite refusal (a value the destination's dialect cannot hold,
     /// found before any write; a [`DataRejected`] or [`UniqueViolation`]
@@ -238,21 +256,40 @@ impl<'r> MoveCtx<'r> {
         self.check_storable(snap)?;
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
-        if let ([spec], [Some(row)]) = (self.specs.as_slice(), snap.as_slice()) {
-            let n = shard
-                .execute(&d.insert_row_absent(
+        // The in-flight markers land in the copy's batch: no routed read,
+        // write or probe sees the copy before the publish.
+        let now = self.r.now();
+        let marks: Vec<Statement> = self
+            .specs
+            .iter()
+            .map(|spec| {
+                d.in_flight_mark(
+                    &self.op_id,
+                    &self.r.scope,
                     &spec.name,
-                    &spec.key_col,
                     &self.key,
-                    &row_idents(row)?,
-                ))
+                    &self.source,
+                    now,
+                )
+            })
+            .collect();
+        if let ([spec], [Some(row)]) = (self.specs.as_slice(), snap.as_slice()) {
+            let mut stmts = marks.clone();
+            stmts.push(d.insert_row_absent(
+                &spec.name,
+                &spec.key_col,
+                &self.key,
+                &row_idents(row)?,
+            ));
+            let counts = shard
+                .batch(&stmts)
                 .await
                 .map_err(|e| self.copy_error(name, e))?;
-            if n > 0 {
+            if counts.last().copied().unwrap_or(0) > 0 {
                 return Ok(());
             }
         }
-        let mut stmts = Vec::new();
+        let mut stmts = marks;
         for (spec, row) in self.specs.iter().zip(snap) {
             if let Some(row) = row {
                 stmts.push(d.delete_key(&spec.name, &spec.key_col, &self.key));
@@ -449,18 +486,23 @@ impl<'r> MoveCtx<'r> {
         // for a ghost behind the old tombstone), then lift the destination's
         // old tombstones of the key (from an earlier move away from it), if
         // any: only now, after the source cutover, may writes land there.
-        let mut stmts = Vec::with_capacity(self.specs.len() + 1);
+        // The same batch deletes this operation's in-flight markers: the
+        // copy becomes the key's row for routed reads, writes and probes at
+        // once (the source is cut over, so nothing else is).
+        let mut stmts = Vec::with_capacity(self.specs.len() + 2);
         for (spec, row) in self.specs.iter().zip(snap) {
             if let Some(row) = row {
                 stmts.push(d.restore_copy(&spec.name, &spec.key_col, &self.key, &row_idents(row)?));
             }
         }
+        let restores = stmts.len();
+        stmts.push(d.in_flight_clear(&self.op_id, &self.key));
         stmts.push(d.tombstone_lift(&tnames, &self.key));
         let counts = shard
             .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
-        if counts.iter().rev().skip(1).any(|n| *n > 0) {
+        if counts.iter().take(restores).any(|n| *n > 0) {
             tracing::warn!(
                 event = "durability.migration.copy_restored",
                 op_id = %self.op_id,
@@ -480,35 +522,37 @@ impl<'r> MoveCtx<'r> {
         Ok(())
     }
 
-    /// Removes destination rows equal to the journaled snapshot (the proof
-    /// that they are this operation's copies), unless the key is routed there.
+    /// Removes this operation's copies from the destination, unless the key
+    /// is routed there: rows equal to the journaled snapshot, and any row
+    /// of the key in a moved table still under the operation's in-flight
+    /// marker (nothing routed can have written it since the copy, so it is
+    /// an earlier attempt's copy); then, in the same batch, the markers.
     pub(crate) async fn drop_copies(&self, digests: &BTreeMap<String, String>) -> Result<usize> {
-        if self.r.mapping_fresh(&self.key).await?.as_deref() == Some(self.target.as_str()) {
-            return Ok(0);
-        }
-        let dest = self.read_rows(&self.target).await?;
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let mut stmts = Vec::new();
-        for (spec, row) in self.specs.iter().zip(&dest) {
-            let Some(row) = row else { continue };
-            if digests.get(spec.name.as_str()) == Some(&value::digest(Some(row))) {
-                stmts.push(d.delete_matching(
-                    &spec.name,
-                    &spec.key_col,
-                    &self.key,
-                    &row_idents(row)?,
-                ));
+        if self.r.mapping_fresh(&self.key).await?.as_deref() != Some(self.target.as_str()) {
+            let dest = self.read_rows(&self.target).await?;
+            for (spec, row) in self.specs.iter().zip(&dest) {
+                let Some(row) = row else { continue };
+                if digests.get(spec.name.as_str()) == Some(&value::digest(Some(row))) {
+                    stmts.push(d.delete_matching(
+                        &spec.name,
+                        &spec.key_col,
+                        &self.key,
+                        &row_idents(row)?,
+                    ));
+                }
+                stmts.push(d.delete_marked(&spec.name, &spec.key_col, &self.key, &self.op_id));
             }
         }
-        if stmts.is_empty() {
-            return Ok(0);
-        }
+        let deletes = stmts.len();
+        stmts.push(d.in_flight_clear(&self.op_id, &self.key));
         let counts = shard
             .batch(&stmts)
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
-        Ok(counts.iter().filter(|c| **c > 0).count())
+        Ok(counts.iter().take(deletes).filter(|c| **c > 0).count())
     }
 
     /// Aborts: drops the destination copies, then journals `aborted` and

@@ -16,7 +16,12 @@
 //!   `STALE_TOPOLOGY`;
 //! - a key's row lives on its mapped shard, or else on the owner of some
 //!   epoch; a write finds it by probing the owners newest first and writes
-//!   where it is, or on the newest owner when no shard holds it.
+//!   where it is, or on the newest owner when no shard holds it;
+//! - a move's destination copy is not the key's row until the move
+//!   publishes it: from the copy to the publish it sits under the move's
+//!   in-flight marker, which probes skip (so a copy on the key's newest
+//!   owner is not found before the source that still holds the row), and
+//!   a write routed onto it matches no row (`MIGRATION_CUTOVER_PENDING`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -910,8 +915,15 @@ impl Router {
                     Err(e) => return Err(unresolved(e)),
                 }
             }
+            // A move's destination copy (under its in-flight marker) is not
+            // the key's row until the move publishes it.
+            let probe = if d.is_proven() {
+                d.key_probe_unmarked(&spec.name, &spec.key_col, key)
+            } else {
+                d.key_probe(&spec.name, &spec.key_col, key)
+            };
             let rows = shard
-                .query(&d.key_probe(&spec.name, &spec.key_col, key))
+                .query(&probe)
                 .await
                 .map_err(|e| unresolved(MigrationError::shard(shard_name, e)))?;
             if !rows.is_empty() {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Generation, Ident, row_idents};
+use crate::dialect::{Generation, Ident, names, row_idents};
 use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::mapping::MappingStore;
@@ -20,6 +20,17 @@ pub const MAX_CHAIN_HOPS: usize = 4;
 const CACHE_CAPACITY: usize = 100_000;
 
 type ColumnSet = Arc<BTreeSet<String>>;
+
+/// A live row of `durability_retired` for a key in a table on a shard: the
+/// cutover tombstone of a move away from the shard (`moved_to`: where the
+/// key went), or the in-flight marker of a move's copy on its destination
+/// (`moved_to`: the move's source, where the key lives until the publish).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tombstone {
+    pub(crate) op_id: String,
+    pub(crate) moved_to: String,
+    pub(crate) in_flight: bool,
+}
 
 /// Options of a routed read.
 #[derive(Debug, Clone, Copy, Default)]
@@ -507,7 +518,9 @@ impl Router {
     /// newest finished move is published again and read (one journal query
     /// for a key with no mapping). A miss on a shard that holds a tombstone
     /// for the key follows `moved_to`, up to four hops (only with a journal
-    /// shard).
+    /// shard). A move's destination copy is not read before the move
+    /// publishes it (unless its source was cut over): the read finds the
+    /// key on the move's source.
     ///
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (also
@@ -572,6 +585,12 @@ impl Router {
     }
 
     /// Reads the key's row on `shard_name`, following tombstones.
+    ///
+    /// A row under an in-flight marker (a move's destination copy before
+    /// its publish) is skipped and the marker's `moved_to` (the move's
+    /// source) followed, unless the read arrived by following the cutover
+    /// tombstone of the marker's own operation: then the source was cut
+    /// over and the copy is the key's row.
     async fn read_chain(
         &self,
         key: &str,
@@ -579,39 +598,74 @@ impl Router {
         mut shard_name: String,
         opts: ReadOptions,
     ) -> Result<Option<Row>> {
-        let mut visited = BTreeSet::new();
+        // (shard, the operation whose tombstone led there).
+        let mut visited: BTreeSet<(String, Option<String>)> = BTreeSet::new();
+        let mut via: Option<String> = None;
         loop {
-            visited.insert(shard_name.clone());
+            visited.insert((shard_name.clone(), via.clone()));
             let (name, shard) = self.shard_named(&shard_name)?;
-            if shard.dialect().is_proven() {
+            let d = shard.dialect();
+            let rows = if d.is_proven() {
                 // Validates the table on first use (cached): a key column
                 // compared more coarsely than bytes is refused.
                 self.columns(name, spec).await?;
-            }
-            let rows = shard
-                .query(&shard.dialect().select_row(&spec.name, &spec.key_col, key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
+                let st = d.select_row_routed(&spec.name, &spec.key_col, key, via.as_deref());
+                match shard.query(&st).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // The table reads but the marker lookup failed: whether
+                        // a row there is the key's cannot be told.
+                        let plain = d.select_row(&spec.name, &spec.key_col, key);
+                        if shard.query(&plain).await.is_err() {
+                            return Err(MigrationError::shard(name, e));
+                        }
+                        let e = MigrationError::LookupUnavailable {
+                            key: key.to_owned(),
+                            reason: format!("in-flight marker lookup failed: {e}"),
+                        };
+                        if opts.best_effort {
+                            tracing::debug!(
+                                event = "durability.migration.read_best_effort",
+                                code = e.code(),
+                                key,
+                                "marker lookup failed; best-effort read returns nothing"
+                            );
+                            return Ok(None);
+                        }
+                        return Err(e);
+                    }
+                }
+            } else {
+                shard
+                    .query(&d.select_row(&spec.name, &spec.key_col, key))
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?
+            };
             if let Some(r) = rows.into_iter().next() {
                 return Ok(Some(r));
             }
-            if !self.fence_checks || !shard.dialect().is_proven() {
+            if !self.fence_checks || !d.is_proven() {
                 return Ok(None);
             }
             let next = match self.tombstone(&shard_name, &spec.name, key).await {
                 Ok(None) => return Ok(None),
-                Ok(Some((_, moved_to))) => {
-                    if !self.shards.contains_key(&moved_to) {
+                Ok(Some(t)) => {
+                    // A cutover tombstone leads to its operation's copy; an
+                    // in-flight marker leads back to the move's source.
+                    let next_via = (!t.in_flight).then(|| t.op_id.clone());
+                    if !self.shards.contains_key(&t.moved_to) {
                         Err(MigrationError::LookupUnavailable {
                             key: key.to_owned(),
-                            reason: format!("tombstone names unconfigured shard {moved_to:?}"),
+                            reason: format!("tombstone names unconfigured shard {:?}", t.moved_to),
                         })
-                    } else if visited.contains(&moved_to) || visited.len() > MAX_CHAIN_HOPS {
+                    } else if visited.contains(&(t.moved_to.clone(), next_via.clone()))
+                        || visited.len() > MAX_CHAIN_HOPS
+                    {
                         Err(MigrationError::ChainExceeded {
                             key: key.to_owned(),
                         })
                     } else {
-                        Ok(moved_to)
+                        Ok((t.moved_to, next_via))
                     }
                 }
                 Err(e) => Err(MigrationError::LookupUnavailable {
@@ -620,7 +674,10 @@ impl Router {
                 }),
             };
             match next {
-                Ok(n) => shard_name = n,
+                Ok((n, v)) => {
+                    shard_name = n;
+                    via = v;
+                }
                 Err(e) if opts.best_effort => {
                     tracing::debug!(
                         event = "durability.migration.read_best_effort",
@@ -635,13 +692,14 @@ impl Router {
         }
     }
 
-    /// The newest live tombstone of the key in the table on a shard.
+    /// The newest live tombstone of the key in the table on a shard (or
+    /// the in-flight marker of a move's copy there).
     pub(crate) async fn tombstone(
         &self,
         shard_name: &str,
         table: &Ident,
         key: &str,
-    ) -> Result<Option<(String, String)>> {
+    ) -> Result<Option<Tombstone>> {
         let (name, shard) = self.shard_named(shard_name)?;
         let rows = shard
             .query(&shard.dialect().tombstone_query(table, key))
@@ -649,10 +707,11 @@ impl Router {
             .map_err(|e| MigrationError::shard(name, e))?;
         match rows.first() {
             None => Ok(None),
-            Some(r) => Ok(Some((
-                crate::journal::text(r, "op_id")?,
-                crate::journal::text(r, "moved_to")?,
-            ))),
+            Some(r) => Ok(Some(Tombstone {
+                op_id: crate::journal::text(r, "op_id")?,
+                moved_to: crate::journal::text(r, "moved_to")?,
+                in_flight: crate::journal::text(r, "digest")? == names::IN_FLIGHT,
+            })),
         }
     }
 
@@ -662,7 +721,7 @@ impl Router {
         let d = shard.dialect();
         let mut s = crate::dialect::Sql::new(&d);
         s.raw("SELECT op_id FROM ")
-            .raw(crate::dialect::names::RETIRED)
+            .raw(names::RETIRED)
             .raw(" WHERE tname = ")
             .bind(table.as_str())
             .raw(" AND mkey = ")
@@ -710,7 +769,8 @@ impl Router {
     /// Updates columns of the key's row; returns the changed-row count.
     ///
     /// Every routed write is fenced: on a shard holding a live tombstone for
-    /// the key it changes nothing. Then the router consults the journal: when
+    /// the key (or the in-flight marker of a move's copy there) it changes
+    /// nothing. Then the router consults the journal: when
     /// the move is published it re-routes; otherwise the write fails with
     /// `MIGRATION_CUTOVER_PENDING` and was not applied. When the mapping
     /// still names the fenced shard (or nothing) although the move finished,
@@ -913,7 +973,7 @@ impl Router {
                     });
                 }
             };
-            let Some((op_id, _)) = tomb else {
+            let Some(Tombstone { op_id, .. }) = tomb else {
                 // A fence lifted between the write and the lookup (the key
                 // moved back here meanwhile) looks like a real zero-row
                 // result: retry once when the shard holds a lifted fence.
