@@ -105,6 +105,20 @@ pub struct IndexCounts {
     pub ready: u64,
 }
 
+/// Checks a [`AlarmIndex::jobs_with_prefix`] page limit (at least 1), for
+/// backends.
+///
+/// # Errors
+/// [`AlarmError::InvalidConfig`] for 0.
+pub fn validate_page_limit(limit: usize) -> Result<(), AlarmError> {
+    if limit == 0 {
+        return Err(AlarmError::InvalidConfig {
+            reason: "a job page limit must be at least 1".to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// One page of [`AlarmIndex::jobs_with_prefix`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobPage {

@@ -62,7 +62,10 @@ pub use dispatcher::{
     Delivery, Dispatch, DispatchCounters, DispatchCounts, DispatchOutcome, Dispatcher, TickReport,
 };
 pub use error::{AlarmError, BoxError};
-pub use index::{AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, RetryJob};
+pub use index::{
+    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, RetryJob,
+    validate_page_limit,
+};
 pub use memory::MemoryAlarmIndex;
 pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
 #[cfg(feature = "ownership")]

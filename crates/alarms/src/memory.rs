@@ -78,11 +78,7 @@ impl AlarmIndex for MemoryAlarmIndex {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<JobPage, AlarmError> {
-        if limit == 0 {
-            return Err(AlarmError::InvalidConfig {
-                reason: "a job page limit must be at least 1".to_owned(),
-            });
-        }
+        crate::index::validate_page_limit(limit)?;
         let s = self.lock();
         // The cursor is the last object id listed; the ids are ordered, so
         // the next page starts after it (a model: a scan is fine here).

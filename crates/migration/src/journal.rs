@@ -367,21 +367,9 @@ impl JournalSql<'_> {
         now: i64,
         live_until: i64,
     ) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::OPS)
-            .raw(" SET owner = ")
-            .bind(g.owner.as_str())
-            .raw(", live_until_ms = ")
-            .bind(live_until)
-            .raw(" WHERE op_id = ")
-            .bind(op.op_id.as_str())
-            .raw(" AND owner = ")
-            .bind(op.owner.as_str())
-            .raw(" AND live_until_ms <= ")
-            .bind(now);
-        self.push_lease_guard(&mut s, g, now);
-        s.finish()
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND live_until_ms <= ").bind(now);
+        })
     }
 
     /// An operator's abort takes an operation over from its owner, live or
@@ -394,6 +382,21 @@ impl JournalSql<'_> {
         now: i64,
         live_until: i64,
     ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND state IN ('prepared', 'copied', 'verified')");
+        })
+    }
+
+    /// Takes `op` over for `g` from its recorded owner when `condition`
+    /// (appended to the `WHERE`) holds, under the lease guard.
+    fn take_over_when(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+        condition: impl FnOnce(&mut Sql<'_>),
+    ) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("UPDATE ")
             .raw(names::OPS)
@@ -404,8 +407,8 @@ impl JournalSql<'_> {
             .raw(" WHERE op_id = ")
             .bind(op.op_id.as_str())
             .raw(" AND owner = ")
-            .bind(op.owner.as_str())
-            .raw(" AND state IN ('prepared', 'copied', 'verified')");
+            .bind(op.owner.as_str());
+        condition(&mut s);
         self.push_lease_guard(&mut s, g, now);
         s.finish()
     }

@@ -572,11 +572,7 @@ impl AlarmIndex for RedisAlarmIndex {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<JobPage, AlarmError> {
-        if limit == 0 {
-            return Err(AlarmError::InvalidConfig {
-                reason: "a job page limit must be at least 1".to_owned(),
-            });
-        }
+        durability_alarms::validate_page_limit(limit)?;
         let mut scan: u64 = match cursor {
             None => 0,
             Some(c) => {

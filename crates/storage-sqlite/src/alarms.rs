@@ -566,11 +566,7 @@ impl AlarmIndex for SqliteAlarmIndex {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<JobPage, AlarmError> {
-        if limit == 0 {
-            return Err(AlarmError::InvalidConfig {
-                reason: "a job page limit must be at least 1".to_owned(),
-            });
-        }
+        durability_alarms::validate_page_limit(limit)?;
         // Object ids compare bytewise (BINARY): the prefix's ids form one
         // range of the primary key, from the prefix (or after the cursor,
         // the last id listed) to the prefix with its last byte raised
