@@ -384,12 +384,12 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let now = self.clock.now_ms_u64();
         let (record, expires, generation, active, lock): Row = conn
             .prepare_cached(
-                "SELECT
-                   (SELECT record FROM durability_owner_leases WHERE scope = ?1),
-                   (SELECT expires_at_ms FROM durability_owner_leases WHERE scope = ?1),
-                   (SELECT generation FROM durability_owner_generations WHERE scope = ?1),
-                   (SELECT active_storage FROM durability_owner_lifecycle WHERE lifecycle = ?2),
-                   (SELECT delete_lock FROM durability_owner_lifecycle WHERE lifecycle = ?2)",
+                "SELECT l.record, l.expires_at_ms,
+                   (SELECT generation FROM durability_owner_generations WHERE scope = k.s),
+                   c.active_storage, c.delete_lock
+                 FROM (SELECT ?1 AS s, ?2 AS lc) AS k
+                 LEFT JOIN durability_owner_leases l ON l.scope = k.s
+                 LEFT JOIN durability_owner_lifecycle c ON c.lifecycle = k.lc",
             )
             .and_then(|mut st| {
                 st.query_row(params![scope.host_id(), lifecycle.as_str()], |r| {
