@@ -253,8 +253,8 @@ struct Inner<S, I> {
     sqlite: SqliteOptions,
     state: AtomicU8,
     scopes: Mutex<HashMap<OwnerScope, ScopeEntry>>,
-    objects: Mutex<HashMap<(String, String), Slot<I>>>,
-    addresses: Mutex<lru::LruCache<(String, String), Address>>,
+    objects: Mutex<HashMap<ObjectId, Slot<I>>>,
+    addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
     events: broadcast::Sender<OwnerEvent>,
     counters: Counters,
     stop: CancellationToken,
@@ -578,13 +578,13 @@ where
     /// # Errors
     /// [`HostError::UnknownClass`] or [`HostError::InvalidObjectName`].
     pub fn scope_for(&self, class: &str, name: &str) -> Result<OwnerScope, HostError> {
-        Ok(self.address(class, name)?.scope)
+        Ok(self.address(class, name)?.scope.clone())
     }
 
-    fn address(&self, class: &str, name: &str) -> Result<Address, HostError> {
+    fn address(&self, class: &str, name: &str) -> Result<Arc<Address>, HostError> {
         let key = (class.to_owned(), name.to_owned());
         if let Some(a) = lock(&self.inner.addresses).get(&key) {
-            return Ok(a.clone());
+            return Ok(Arc::clone(a));
         }
         let (class_name, _) =
             self.inner
@@ -608,7 +608,7 @@ where
             &ObjectName::new(name),
             self.inner.settings.ownership.shard_count,
         )?;
-        let address = Address {
+        let address = Arc::new(Address {
             class: class.to_owned(),
             name: name.to_owned(),
             scope,
@@ -619,8 +619,8 @@ where
                 class,
                 name,
             ),
-        };
-        lock(&self.inner.addresses).put(key, address.clone());
+        });
+        lock(&self.inner.addresses).put(key, Arc::clone(&address));
         Ok(address)
     }
 
@@ -708,8 +708,11 @@ where
     }
 
     fn slot(&self, address: &Address) -> Slot<I> {
-        let key = (address.class.clone(), address.name.clone());
-        Arc::clone(lock(&self.inner.objects).entry(key).or_default())
+        let mut objects = lock(&self.inner.objects);
+        if let Some(slot) = objects.get(&address.id) {
+            return Arc::clone(slot);
+        }
+        Arc::clone(objects.entry(address.id.clone()).or_default())
     }
 
     /// Resolves the object's owner and opens it (fenced) if needed.
@@ -919,7 +922,7 @@ where
             // A fence for a scope this draining host no longer holds at
             // that generation is stale (the caller rediscovers once).
             if let Some(g) = expect {
-                let scope = self.address(class, name)?.scope;
+                let scope = self.address(class, name)?.scope.clone();
                 let held = self
                     .inner
                     .ownership
