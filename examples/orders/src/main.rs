@@ -11,7 +11,7 @@
 //! `pay <shop> <order>` → `ok pay <shop> <order> <true|false>`;
 //! `status <shop> <order>` → `ok status <shop> <order> <placed|paid|cancelled|none>`;
 //! a refusal is `err <cmd> <shop> <order> code=<code>` (`host_not_owner`: another
-//! host owns the shop; calls between hosts are not routed yet).
+//! host owns the shop: this example does not configure the hosts' RPC routing).
 //! It prints `ready task=<t>` once started, and on SIGTERM or ctrl-c drains
 //! (releasing its shards so another host takes them at once), prints
 //! `drained` and exits.
@@ -103,7 +103,7 @@ async fn main() -> Result<(), BoxError> {
     )
     .class(SHOP, move |ctx| Shop::open(ctx, sink.clone(), cancel_ms))
     .settings(settings)
-    // Calls between hosts are not routed yet: an alarm claimed by the
+    // Alarm deliveries are not forwarded between hosts yet: an alarm claimed by the
     // dispatcher of a host that does not own the shop waits for the
     // owner's dispatcher, at most this long per bounce (default 30 s).
     .dispatcher(DispatcherConfig {
