@@ -947,8 +947,9 @@ where
         report: &mut DeliveryReport,
     ) -> Result<(), OutboxError> {
         let now = self.scheduler.now_ms();
-        let events = self.scheduler.transaction(|tx| {
+        let (events, lateness) = self.scheduler.transaction(|tx| {
             let mut events = Vec::with_capacity(outcomes.len());
+            let mut lateness = Vec::new();
             for Settlement {
                 stored,
                 attempt,
@@ -970,8 +971,7 @@ where
                                 (EventKind::Dropped { error }, Some(Fate::Dropped))
                             }
                             _ => {
-                                self.metrics
-                                    .delivered_late_by(now.saturating_sub(stored.due_at));
+                                lateness.push(now.saturating_sub(stored.due_at));
                                 (EventKind::Delivered, None)
                             }
                         };
@@ -1010,8 +1010,12 @@ where
             }
             let next = tx.outbox_next_due(&self.name)?;
             tx.set_due(&self.capability, next)?;
-            Ok::<_, OutboxError>(events)
+            Ok::<_, OutboxError>((events, lateness))
         })?;
+        // Recorded once the settlements committed, as the events are.
+        for ms in lateness {
+            self.metrics.delivered_late_by(ms);
+        }
         for (key, version, attempt, kind, fate, undecodable) in events {
             match (&kind, fate) {
                 (EventKind::Delivered, _) => report.delivered += 1,

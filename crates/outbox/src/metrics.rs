@@ -51,7 +51,8 @@ impl ChannelMetrics {
     }
 
     /// Records how late a delivered entry was: from its due time to the
-    /// sink's acknowledgement (its staging time for a first attempt).
+    /// sink's acknowledgement (its staging time for a first attempt),
+    /// once the settlement committed.
     pub(crate) fn delivered_late_by(&self, ms: i64) {
         #[allow(clippy::cast_precision_loss)] // milliseconds well below 2^52
         self.lateness_ms.record(ms.max(0) as f64);

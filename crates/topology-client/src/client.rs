@@ -201,6 +201,32 @@ struct Inner<R> {
     store: R,
     config: ClientConfig,
     cache: Mutex<Cache>,
+    metrics: ClientMetrics,
+}
+
+/// The client's metric handles, bound when it is built (a lookup in the
+/// recorder per read would sit on the cache-hit fast path).
+struct ClientMetrics {
+    hits: metrics::Counter,
+    store_reads: metrics::Counter,
+    unavailable: metrics::Counter,
+    stale_if_error: metrics::Counter,
+    seed: metrics::Counter,
+    fallback: metrics::Counter,
+}
+
+impl ClientMetrics {
+    fn new() -> Self {
+        let fallbacks = |source: &'static str| metrics::counter!("durability_topology_client_fallbacks_total", "source" => source);
+        Self {
+            hits: metrics::counter!("durability_topology_client_cache_hits_total"),
+            store_reads: metrics::counter!("durability_topology_client_store_reads_total"),
+            unavailable: metrics::counter!("durability_topology_client_unavailable_total"),
+            stale_if_error: fallbacks("stale_if_error"),
+            seed: fallbacks("seed"),
+            fallback: fallbacks("fallback"),
+        }
+    }
 }
 
 /// A read-only topology client. It reads the published copy through a
@@ -258,6 +284,7 @@ impl<R: ReadStore> TopologyClient<R> {
                     groups: LruCache::new(max),
                     floors: LruCache::new(floors),
                 }),
+                metrics: ClientMetrics::new(),
             }),
         })
     }
@@ -283,14 +310,14 @@ impl<R: ReadStore> TopologyClient<R> {
     pub async fn get(&self, group: &str) -> Result<Arc<Snapshot>, TopologyClientError> {
         // Fast path: a cached group was validated when it was first read.
         if let Some(snapshot) = self.fresh(group) {
-            metrics::counter!("durability_topology_client_cache_hits_total").increment(1);
+            self.inner.metrics.hits.increment(1);
             return Ok(snapshot);
         }
         check_group(group).map_err(|reason| TopologyClientError::InvalidGroup { reason })?;
         let step = self.lookup(group);
         let reason = match step {
             Step::Hit(snapshot) => {
-                metrics::counter!("durability_topology_client_cache_hits_total").increment(1);
+                self.inner.metrics.hits.increment(1);
                 return Ok(snapshot);
             }
             Step::Failed(reason) => reason,
@@ -337,7 +364,7 @@ impl<R: ReadStore> TopologyClient<R> {
     }
 
     async fn read(inner: Arc<Inner<R>>, group: String) -> ReadOutcome {
-        metrics::counter!("durability_topology_client_store_reads_total").increment(1);
+        inner.metrics.store_reads.increment(1);
         {
             let clock = Arc::clone(&inner.config.clock);
             let timeout = inner.config.read_timeout_ms;
@@ -396,7 +423,7 @@ impl<R: ReadStore> TopologyClient<R> {
                 ),
             }
         }
-        metrics::counter!("durability_topology_client_unavailable_total").increment(1);
+        self.inner.metrics.unavailable.increment(1);
         Err(TopologyClientError::TopologyUnavailable {
             group: group.to_owned(),
             reason,
@@ -404,13 +431,13 @@ impl<R: ReadStore> TopologyClient<R> {
     }
 
     fn report(&self, group: &str, source: FallbackSource, reason: &UnavailableReason) {
-        let label = match source {
-            FallbackSource::StaleIfError => "stale_if_error",
-            FallbackSource::Seed => "seed",
-            FallbackSource::Fallback => "fallback",
-        };
-        metrics::counter!("durability_topology_client_fallbacks_total", "source" => label)
-            .increment(1);
+        let m = &self.inner.metrics;
+        match source {
+            FallbackSource::StaleIfError => &m.stale_if_error,
+            FallbackSource::Seed => &m.seed,
+            FallbackSource::Fallback => &m.fallback,
+        }
+        .increment(1);
         tracing::info!(
             event = "durability.topology_client.fallback",
             group, ?source, reason = %reason, "served topology from a fallback"
