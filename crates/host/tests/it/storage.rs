@@ -418,3 +418,45 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
         .unwrap();
     assert_eq!(snap.active_storage, Some(StorageId::new("st2").unwrap()));
 }
+
+#[tokio::test]
+async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_result() {
+    let w = World::new();
+    let a = w.host("a").await;
+    incr(&a, "c1").await.unwrap();
+    a.shutdown().await;
+    // The index's job table is gone: listing the storage's jobs fails.
+    let broken = w.dir.path().join("broken-alarms.db");
+    let index = durability_storage_sqlite::alarms::SqliteAlarmIndex::open(
+        &broken,
+        durability_storage_sqlite::Synchronous::Normal,
+    )
+    .unwrap();
+    rusqlite::Connection::open(&broken)
+        .unwrap()
+        .execute_batch("DROP TABLE durability_alarm_index_jobs")
+        .unwrap();
+    let store = w.store();
+    let report = delete_storage_id(store.as_ref(), &index, &w.root(), LIFECYCLE, STORAGE)
+        .await
+        .unwrap();
+    eprintln!("partial: {report:?}");
+    assert!(!report.complete());
+    assert_eq!(report.objects_deleted, 1, "what could be deleted was");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert!(report.failures[0].what.contains("alarm jobs of st1:"));
+    let tombstone = std::fs::read_to_string(w.root().join(STORAGE).join(TOMBSTONE_FILE)).unwrap();
+    assert!(
+        tombstone.contains("state=deleting"),
+        "an incomplete deletion is not marked deleted: {tombstone}"
+    );
+    let snap = store
+        .snapshot(&probe_scope(STORAGE), &lifecycle())
+        .await
+        .unwrap();
+    assert_eq!(
+        (snap.active_storage, snap.delete_lock),
+        (None, None),
+        "the pointer is gone and the lock released either way"
+    );
+}
