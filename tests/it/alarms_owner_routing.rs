@@ -13,8 +13,8 @@ use durability_alarms::{
 };
 use durability_ownership::memory::InMemoryLeaseStore;
 use durability_ownership::{
-    ClassName, DeleteLock, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
-    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
+    ClassName, DeleteLock, Generation, LifecycleAdmin, LifecycleId, ManualClock, ObjectName,
+    OwnerScope, Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
 };
 
 const START: i64 = 1_700_000_000_000;
@@ -39,7 +39,12 @@ impl Dispatch for Local {
 #[derive(Clone, Default)]
 struct DeadOwner(Arc<AtomicU64>);
 impl Forward for DeadOwner {
-    async fn forward(&self, _owner: &TaskId, _d: Delivery) -> DispatchOutcome {
+    async fn forward(
+        &self,
+        _owner: &TaskId,
+        _generation: Generation,
+        _d: Delivery,
+    ) -> DispatchOutcome {
         self.0.fetch_add(1, Ordering::SeqCst);
         DispatchOutcome::NeverStarted {
             reason: "connection refused".to_owned(),

@@ -10,8 +10,8 @@ use durability_alarms::{
 };
 use durability_ownership::memory::InMemoryLeaseStore;
 use durability_ownership::{
-    ClassName, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope, Ownership,
-    OwnershipSettings, ShardCount, StorageId, TaskId,
+    ClassName, Generation, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
+    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
 };
 
 type Log = Arc<Mutex<Vec<String>>>;
@@ -31,7 +31,12 @@ impl Dispatch for Local {
 /// The host's transport to the owner: records where it sent the delivery.
 struct Send(&'static str, Log);
 impl Forward for Send {
-    async fn forward(&self, owner: &TaskId, d: Delivery) -> DispatchOutcome {
+    async fn forward(
+        &self,
+        owner: &TaskId,
+        _generation: Generation,
+        d: Delivery,
+    ) -> DispatchOutcome {
         self.1.lock().unwrap().push(format!(
             "{} forwarded {} to {}",
             self.0,

@@ -4,8 +4,10 @@
 //! directory of object files. They check forwarding once, owner-hint
 //! learning and eviction, one rediscovery after a takeover, no replay of
 //! RPC after an unknown outcome, the limits at their boundary and one past,
-//! forged fences and headers, a wrong or missing token, and hostile owner
-//! endpoints. Each test prints what it tried.
+//! forged fences and headers, a wrong or missing token, hostile owner
+//! endpoints, and alarm deliveries claimed by one host's dispatcher and run
+//! on the owner (forwarded over the transport, fenced, and not lost when
+//! the owner is killed). Each test prints what it tried.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -40,11 +42,17 @@ struct Proc {
 
 impl Proc {
     fn spawn(name: &str, dir: &Path) -> Self {
+        Self::spawn_with(name, dir, &[])
+    }
+
+    /// [`Proc::spawn`] with extra `key=value` arguments.
+    fn spawn_with(name: &str, dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_routing-host"))
             .arg(format!("dir={}", dir.display()))
             .arg(format!("task={name}"))
             .arg(format!("token={TOKEN}"))
             .arg("interval=200")
+            .args(extra)
             .env("DO_OWNER_TTL_SECONDS", TTL_S.to_string())
             .env("DO_OWNER_LEASE_GUARD_MS", "300")
             .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
@@ -871,5 +879,142 @@ async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
     eprintln!(
         "tried: a thin client entering through b: forwarded to a@{g1}, direct to a, a drained and \
          c took over at {g2}, one rediscovery through b to c; a wrong token refused (401)"
+    );
+}
+
+fn fired(p: &mut Proc, name: &str) -> Vec<String> {
+    let v = p.call_ok(name, "fired", "null");
+    v["fired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn an_alarm_claimed_by_another_hosts_dispatcher_runs_once_on_the_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    // a runs the only dispatcher; b owns the object and runs none, so the
+    // alarm can only reach b through a's forward over the transport.
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    let armed = b.call_ok("t1", "arm", "{\"in_ms\":200}");
+    assert_eq!(armed["task"].as_str(), Some("b"));
+    let line = b.wait_new("fired t1 ", 0);
+    assert_eq!(field(&line, "task"), "b");
+    assert_eq!(fired(&mut b, "t1"), vec!["b".to_owned()], "ran once, on b");
+    let ra = a.routing();
+    let rb = b.routing();
+    assert_eq!(
+        (ra["alarms_forwarded"], rb["alarms_served"]),
+        (1, 1),
+        "a forwarded the delivery once and b served it once"
+    );
+    assert_eq!(a.count("fired "), 0, "a never ran it");
+    eprintln!(
+        "tried: b owns t1 and runs no dispatcher; b armed t1's alarm; a's dispatcher claimed \
+         the job, resolved b as the owner and forwarded the delivery over HTTP with the fence; \
+         b admitted it at that generation and ran it once (fired=[b]); forwarded=1 served=1"
+    );
+}
+
+#[test]
+fn an_alarm_of_a_killed_owner_runs_on_the_survivor_after_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    b.call_ok("t2", "arm", "{\"in_ms\":400}");
+    b.kill();
+    // a's forward finds no one listening (connection refused: provably
+    // never started), waits for b's lease, then claims the scope and runs
+    // the alarm itself.
+    let line = a.wait_new("fired t2 ", 0);
+    assert_eq!(field(&line, "task"), "a");
+    assert_eq!(fired(&mut a, "t2"), vec!["a".to_owned()], "ran once, on a");
+    let r = a.routing();
+    assert!(r["alarms_forwarded"] >= 1, "{r:?}");
+    eprintln!(
+        "tried: b armed t2 and was SIGKILLed before it was due; a's forwards to b were \
+         refused at connect ({} tried, each never started, no try used), then b's lease \
+         expired, a took the scope over and ran the alarm once (fired=[a])",
+        r["alarms_forwarded"]
+    );
+}
+
+#[test]
+fn the_alarm_endpoint_admits_only_at_its_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    b.call_ok("t3", "get", "null");
+    a.call_ok("t3", "get", "null");
+    let (owner, g) = a.hint("t3");
+    assert_eq!(owner, "b");
+    let body = |object: &str| {
+        format!(
+            "{{\"object\":\"{object}\",\"token\":\"0123456789abcdef0123456789abcdef\",\
+             \"scheduledAt\":1,\"attempt\":1,\"finalAttempt\":false}}"
+        )
+        .into_bytes()
+    };
+    let g_s = g.to_string();
+    let stale = (g + 1).to_string();
+    let post = |headers: &[(&str, &str)], body: &[u8]| {
+        let (status, _, out) = raw(&b.endpoint, "POST", "/internal/do/alarm", headers, body);
+        (status, String::from_utf8(out).unwrap())
+    };
+    let auth = ("x-durability-internal-auth", TOKEN);
+    let fence_b = [
+        auth,
+        ("x-durability-route-task", "b"),
+        ("x-durability-route-generation", g_s.as_str()),
+    ];
+    // No live row carries this token: admitted at b@g, then ignored.
+    assert_eq!(
+        post(&fence_b, &body("st1:Counter:t3")),
+        (200, r#"{"ok":true,"ignored":true}"#.to_owned())
+    );
+    let never = (
+        200,
+        r#"{"ok":false,"error":"do_alarm_dispatch_failed","started":false}"#.to_owned(),
+    );
+    // A fence naming another task, or a stale generation: never started.
+    let fence_a = [
+        auth,
+        ("x-durability-route-task", "a"),
+        ("x-durability-route-generation", g_s.as_str()),
+    ];
+    assert_eq!(post(&fence_a, &body("st1:Counter:t3")), never);
+    let fence_stale = [
+        auth,
+        ("x-durability-route-task", "b"),
+        ("x-durability-route-generation", stale.as_str()),
+    ];
+    assert_eq!(post(&fence_stale, &body("st1:Counter:t3")), never);
+    // No fence, no token, a wrong token, a malformed delivery: refused
+    // before anything runs.
+    assert_eq!(post(&[auth], &body("st1:Counter:t3")).0, 400);
+    assert_eq!(post(&fence_b[1..], &body("st1:Counter:t3")).0, 401);
+    let wrong = [
+        ("x-durability-internal-auth", "wrong-token-0123456789abc"),
+        fence_b[1],
+        fence_b[2],
+    ];
+    assert_eq!(post(&wrong, &body("st1:Counter:t3")).0, 401);
+    assert_eq!(post(&fence_b, b"{\"object\":\"st1:Counter:t3\"}").0, 400);
+    let zero_attempt = String::from_utf8(body("st1:Counter:t3"))
+        .unwrap()
+        .replace("\"attempt\":1", "\"attempt\":0");
+    assert_eq!(post(&fence_b, zero_attempt.as_bytes()).0, 400);
+    assert_eq!(fired(&mut b, "t3"), Vec::<String>::new(), "nothing ran");
+    let rb = b.routing();
+    assert_eq!(rb["alarms_served"], 3, "{rb:?}");
+    assert!(rb["auth"] >= 2, "{rb:?}");
+    eprintln!(
+        "tried: POST /internal/do/alarm on b (owner at {g}): fence b@{g} with an unknown token \
+         → ignored; fence a@{g} and b@{} → never started; no fence → 400; no/wrong token → \
+         401; a malformed delivery and attempt 0 → 400; nothing ran",
+        g + 1
     );
 }

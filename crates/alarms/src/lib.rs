@@ -80,7 +80,8 @@ pub use policy::{
 pub use store::{AlarmRow, AlarmTx};
 pub use token::{MAX_TOKEN_BYTES, Token, validate_time};
 pub use wire::{
-    DISPATCH_FAILED, DISPATCH_RESULT_UNKNOWN, decode_dispatch_response, read_dispatch_response,
+    DISPATCH_FAILED, DISPATCH_NOT_DUE, DISPATCH_RESULT_UNKNOWN, DISPATCH_STORAGE_GONE,
+    decode_dispatch_response, encode_dispatch_outcome, read_dispatch_response,
 };
 
 /// The object ID type, re-exported so backends need no scheduler dependency.

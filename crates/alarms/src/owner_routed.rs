@@ -17,7 +17,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use durability_ownership::{
-    Clock, LeaseStore, LifecycleId, OwnerScope, Ownership, OwnershipError, Resolution, TaskId,
+    Clock, Generation, LeaseStore, LifecycleId, OwnerScope, Ownership, OwnershipError, Resolution,
+    TaskId,
 };
 use durability_scheduler::ObjectId;
 
@@ -31,10 +32,15 @@ pub type ScopeOf =
 /// Sends a delivery to the task that owns the object (the transport is the
 /// host's: an RPC, an internal HTTP call …).
 pub trait Forward: Send + Sync + 'static {
-    /// Delivers on `owner` and reports the outcome there.
+    /// Delivers on `owner`, fenced at the `generation` this task resolved
+    /// it at (the owner admits the delivery only at that generation), and
+    /// reports the outcome there. An outcome that proves the owner did not
+    /// start the alarm (it could not be reached, or refused before running
+    /// anything) is [`DispatchOutcome::NeverStarted`].
     fn forward(
         &self,
         owner: &TaskId,
+        generation: Generation,
         delivery: Delivery,
     ) -> impl Future<Output = DispatchOutcome> + Send;
 }
@@ -94,14 +100,25 @@ fn refused(object: &ObjectId, e: &OwnershipError) -> DispatchOutcome {
 const SNAPSHOT_FAILED_WAIT_MS: i64 = 1_000;
 
 impl<L, F, S: LeaseStore, C: Clock> OwnerRouted<L, F, S, C> {
-    /// How long the remote owner's lease has left (from one store snapshot),
-    /// plus 1 ms so the retry finds it expired; 0 when no other task holds a
-    /// live lease any more.
-    async fn owner_lease_left(&self, scope: &OwnerScope, lifecycle: &LifecycleId) -> i64 {
+    /// How long to wait before retrying a delivery that `forwarded_to` at
+    /// `generation` (resolved as the owner) did not start: that lease's
+    /// time left (from one store snapshot) plus 1 ms, so the retry finds it
+    /// expired; 0 when the scope's live lease is no longer that one (it
+    /// moved, was claimed again, or nobody holds it), so the retry resolves
+    /// the new owner at once.
+    async fn owner_lease_left(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        forwarded_to: &TaskId,
+        generation: Generation,
+    ) -> i64 {
         match self.ownership.store().snapshot(scope, lifecycle).await {
             Ok(snapshot) => snapshot
                 .owner
-                .filter(|lease| lease.record.task() != self.ownership.task())
+                .filter(|lease| {
+                    lease.record.task() == forwarded_to && lease.record.generation() == generation
+                })
                 .map_or(0, |lease| {
                     i64::try_from(lease.remaining_ms)
                         .unwrap_or(i64::MAX)
@@ -120,6 +137,35 @@ impl<L, F, S: LeaseStore, C: Clock> OwnerRouted<L, F, S, C> {
     }
 }
 
+impl<L, F, S, C> OwnerRouted<L, F, S, C>
+where
+    L: Dispatch,
+    S: LeaseStore,
+    C: Clock,
+{
+    /// Delivers here at `generation`: passes dispatch admission (this
+    /// task's exact owner record at that generation, lease budget,
+    /// lifecycle) and runs the local dispatch while the permit counts it in
+    /// flight. What the local branch of [`Dispatch::dispatch`] does after
+    /// resolving this task as the owner, and what a host runs for a
+    /// delivery another task forwarded to it with that generation as its
+    /// fence.
+    pub async fn dispatch_at(&self, delivery: Delivery, generation: Generation) -> DispatchOutcome {
+        let scope = match (self.scope_of)(&delivery.object) {
+            Ok((scope, _)) => scope,
+            Err(reason) => return DispatchOutcome::Failed { reason },
+        };
+        match self.ownership.admit(&scope, generation).await {
+            Ok(permit) => {
+                let outcome = self.local.dispatch(delivery).await;
+                drop(permit);
+                outcome
+            }
+            Err(e) => refused(&delivery.object, &e),
+        }
+    }
+}
+
 impl<L, F, S, C> Dispatch for OwnerRouted<L, F, S, C>
 where
     L: Dispatch,
@@ -134,27 +180,21 @@ where
         };
         let delivery_object = delivery.object.clone();
         match self.ownership.resolve(&scope, &lifecycle).await {
-            Ok(Resolution::Remote { task, .. }) => {
-                match self.forward.forward(&task, delivery).await {
+            Ok(Resolution::Remote { task, generation }) => {
+                match self.forward.forward(&task, generation, delivery).await {
                     // The owner elsewhere could not take it (a dead owner
-                    // during failover): wait for its lease, not a hot loop.
+                    // during failover): wait for its lease, not a hot loop;
+                    // at once when the lease has moved on from it.
                     DispatchOutcome::NeverStarted { reason } => DispatchOutcome::OwnerElsewhere {
-                        retry_in_ms: self.owner_lease_left(&scope, &lifecycle).await,
+                        retry_in_ms: self
+                            .owner_lease_left(&scope, &lifecycle, &task, generation)
+                            .await,
                         reason: format!("owner {}: {reason}", task.as_str()),
                     },
                     other => other,
                 }
             }
-            Ok(Resolution::Local(generation)) => {
-                match self.ownership.admit(&scope, generation).await {
-                    Ok(permit) => {
-                        let outcome = self.local.dispatch(delivery).await;
-                        drop(permit);
-                        outcome
-                    }
-                    Err(e) => refused(&delivery_object, &e),
-                }
-            }
+            Ok(Resolution::Local(generation)) => self.dispatch_at(delivery, generation).await,
             Err(e) => refused(&delivery_object, &e),
         }
     }

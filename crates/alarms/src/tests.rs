@@ -876,6 +876,72 @@ fn dispatch_responses_are_strict_and_capped() {
     );
 }
 
+#[test]
+fn every_outcome_survives_the_wire_as_what_the_sender_acts_on() {
+    let reason = || "private detail at 10.0.0.9".to_owned();
+    let cases = [
+        (DispatchOutcome::Delivered, DispatchOutcome::Delivered),
+        (DispatchOutcome::Ignored, DispatchOutcome::Ignored),
+        (
+            DispatchOutcome::NotDue { at: 1_700 },
+            DispatchOutcome::NotDue { at: 1_700 },
+        ),
+        (DispatchOutcome::Gone, DispatchOutcome::Gone),
+        (
+            DispatchOutcome::NeverStarted { reason: reason() },
+            DispatchOutcome::NeverStarted {
+                reason: DISPATCH_FAILED.to_owned(),
+            },
+        ),
+        // The serving host is not the owner: the sender decides how long
+        // to wait, so it reads as never started.
+        (
+            DispatchOutcome::OwnerElsewhere {
+                reason: reason(),
+                retry_in_ms: 5,
+            },
+            DispatchOutcome::NeverStarted {
+                reason: DISPATCH_FAILED.to_owned(),
+            },
+        ),
+        (
+            DispatchOutcome::Failed { reason: reason() },
+            DispatchOutcome::Failed {
+                reason: DISPATCH_FAILED.to_owned(),
+            },
+        ),
+        (
+            DispatchOutcome::Unknown { reason: reason() },
+            DispatchOutcome::Unknown {
+                reason: DISPATCH_RESULT_UNKNOWN.to_owned(),
+            },
+        ),
+    ];
+    for (sent, read) in cases {
+        let body = encode_dispatch_outcome(&sent);
+        assert!(!body.contains("10.0.0.9"), "{body}");
+        assert_eq!(
+            decode_dispatch_response(body.as_bytes()).unwrap(),
+            read,
+            "{body}"
+        );
+    }
+    for bad in [
+        r#"{"ok":false,"error":"do_alarm_not_due"}"#,
+        r#"{"ok":false,"error":"do_alarm_not_due","at":-1}"#,
+        r#"{"ok":false,"error":"do_alarm_not_due","at":9007199254740992}"#,
+        r#"{"ok":false,"error":"do_alarm_not_due","at":1.5}"#,
+        r#"{"ok":false,"error":"do_alarm_storage_gone","started":false}"#,
+        r#"{"ok":true,"at":5}"#,
+    ] {
+        assert_eq!(
+            decode_dispatch_response(bad.as_bytes()).unwrap_err().code(),
+            "do_alarm_corrupt",
+            "{bad}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn response_reads_enforce_the_cap_and_the_deadline() {
     let clock = ManualClock::new(START);

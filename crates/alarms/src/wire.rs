@@ -2,7 +2,10 @@
 //! to a remote host: strict UTF-8 JSON variants, a 16 KiB cap and an
 //! independent 5 s body deadline. Anything that cannot be read and
 //! classified is an unknown outcome (the claim is kept until its lease
-//! expires), never a success.
+//! expires), never a success. [`encode_dispatch_outcome`] is the serving
+//! side: every [`DispatchOutcome`] maps to exactly one variant, and
+//! [`decode_dispatch_response`] reads it back to the outcome the sender
+//! acts on.
 
 use std::pin::pin;
 
@@ -20,6 +23,12 @@ use crate::policy::{MAX_RESPONSE_BYTES, RESPONSE_DEADLINE_MS};
 pub const DISPATCH_FAILED: &str = "do_alarm_dispatch_failed";
 /// The code a host sends when the alarm's outcome is unknown.
 pub const DISPATCH_RESULT_UNKNOWN: &str = "do_alarm_dispatch_result_unknown";
+/// The code a host sends when the object's alarm row is not due yet (with
+/// its time in `at`): nothing ran; the job is rescheduled for `at`.
+pub const DISPATCH_NOT_DUE: &str = "do_alarm_not_due";
+/// The code a host sends when the object's storage is inactive or being
+/// deleted: nothing ran; the job discards itself.
+pub const DISPATCH_STORAGE_GONE: &str = "do_alarm_storage_gone";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,13 +40,18 @@ struct Raw {
     error: Option<String>,
     #[serde(default)]
     started: Option<bool>,
+    #[serde(default)]
+    at: Option<i64>,
 }
 
 /// Decodes one complete response body.
 ///
 /// Accepted: `{"ok":true}`, `{"ok":true,"ignored":bool}`,
-/// `{"ok":false,"error":"do_alarm_dispatch_failed","started":bool}` and
-/// `{"ok":false,"error":"do_alarm_dispatch_result_unknown"}`.
+/// `{"ok":false,"error":"do_alarm_dispatch_failed","started":bool}`,
+/// `{"ok":false,"error":"do_alarm_dispatch_result_unknown"}`, and two
+/// variants that only hosts of this crate send:
+/// `{"ok":false,"error":"do_alarm_not_due","at":<ms>}` (a safe integer) and
+/// `{"ok":false,"error":"do_alarm_storage_gone"}`.
 ///
 /// # Errors
 /// [`AlarmError::ResponseTooLarge`] above 16 KiB; [`AlarmError::Corrupt`]
@@ -53,19 +67,58 @@ pub fn decode_dispatch_response(body: &[u8]) -> Result<DispatchOutcome, AlarmErr
     };
     let text = std::str::from_utf8(body).map_err(|_| bad("not UTF-8"))?;
     let raw: Raw = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
-    match (raw.ok, raw.ignored, raw.error.as_deref(), raw.started) {
-        (true, None | Some(false), None, None) => Ok(DispatchOutcome::Delivered),
-        (true, Some(true), None, None) => Ok(DispatchOutcome::Ignored),
-        (false, None, Some(DISPATCH_FAILED), Some(false)) => Ok(DispatchOutcome::NeverStarted {
+    match (
+        raw.ok,
+        raw.ignored,
+        raw.error.as_deref(),
+        raw.started,
+        raw.at,
+    ) {
+        (true, None | Some(false), None, None, None) => Ok(DispatchOutcome::Delivered),
+        (true, Some(true), None, None, None) => Ok(DispatchOutcome::Ignored),
+        (false, None, Some(DISPATCH_FAILED), Some(false), None) => {
+            Ok(DispatchOutcome::NeverStarted {
+                reason: DISPATCH_FAILED.to_owned(),
+            })
+        }
+        (false, None, Some(DISPATCH_FAILED), Some(true), None) => Ok(DispatchOutcome::Failed {
             reason: DISPATCH_FAILED.to_owned(),
         }),
-        (false, None, Some(DISPATCH_FAILED), Some(true)) => Ok(DispatchOutcome::Failed {
-            reason: DISPATCH_FAILED.to_owned(),
-        }),
-        (false, None, Some(DISPATCH_RESULT_UNKNOWN), None) => Ok(DispatchOutcome::Unknown {
+        (false, None, Some(DISPATCH_RESULT_UNKNOWN), None, None) => Ok(DispatchOutcome::Unknown {
             reason: DISPATCH_RESULT_UNKNOWN.to_owned(),
         }),
+        (false, None, Some(DISPATCH_NOT_DUE), None, Some(at)) => {
+            let at =
+                crate::token::validate_time(at).map_err(|_| bad("`at` is not a valid time"))?;
+            Ok(DispatchOutcome::NotDue { at })
+        }
+        (false, None, Some(DISPATCH_STORAGE_GONE), None, None) => Ok(DispatchOutcome::Gone),
         _ => Err(bad("not one of the accepted variants")),
+    }
+}
+
+/// The response body a serving host sends for `outcome` (one of the
+/// variants [`decode_dispatch_response`] accepts). Both never-started
+/// outcomes are `do_alarm_dispatch_failed` with `"started":false`: the
+/// serving host is not the one to wait for an owner, the sender decides.
+/// Reasons stay on the serving host (in its logs), never on the wire.
+pub fn encode_dispatch_outcome(outcome: &DispatchOutcome) -> String {
+    match outcome {
+        DispatchOutcome::Delivered => r#"{"ok":true}"#.to_owned(),
+        DispatchOutcome::Ignored => r#"{"ok":true,"ignored":true}"#.to_owned(),
+        DispatchOutcome::NeverStarted { .. } | DispatchOutcome::OwnerElsewhere { .. } => {
+            format!(r#"{{"ok":false,"error":"{DISPATCH_FAILED}","started":false}}"#)
+        }
+        DispatchOutcome::Failed { .. } => {
+            format!(r#"{{"ok":false,"error":"{DISPATCH_FAILED}","started":true}}"#)
+        }
+        DispatchOutcome::Unknown { .. } => {
+            format!(r#"{{"ok":false,"error":"{DISPATCH_RESULT_UNKNOWN}"}}"#)
+        }
+        DispatchOutcome::NotDue { at } => {
+            format!(r#"{{"ok":false,"error":"{DISPATCH_NOT_DUE}","at":{at}}}"#)
+        }
+        DispatchOutcome::Gone => format!(r#"{{"ok":false,"error":"{DISPATCH_STORAGE_GONE}"}}"#),
     }
 }
 

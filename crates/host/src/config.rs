@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward};
-use durability_ownership::TaskId;
+use durability_ownership::{Generation, TaskId};
 use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use futures::future::BoxFuture;
@@ -48,22 +48,35 @@ pub enum OwnPolicy {
     OnDemand,
 }
 
-/// The transport to another host for alarm deliveries whose object is
-/// owned elsewhere (the [`Forward`] hook, object safe).
+/// A custom transport to another host for alarm deliveries whose object is
+/// owned elsewhere (the [`Forward`] hook, object safe). Without one, a host
+/// with an internal token sends them over its [`crate::transport::Transport`]
+/// (`POST /internal/do/alarm`), and a host without a token uses
+/// [`NoTransport`].
 pub trait HostForward: Send + Sync + 'static {
-    /// Delivers on `owner` and reports the outcome there.
-    fn forward(&self, owner: &TaskId, delivery: Delivery) -> BoxFuture<'static, DispatchOutcome>;
+    /// Delivers on `owner`, fenced at `generation`, and reports the
+    /// outcome there.
+    fn forward(
+        &self,
+        owner: &TaskId,
+        generation: Generation,
+        delivery: Delivery,
+    ) -> BoxFuture<'static, DispatchOutcome>;
 }
 
-/// The default transport: none. A delivery for an object owned elsewhere
-/// is reported never started, and the dispatcher retries it once that
-/// owner's lease could have run out (the owner's own dispatcher usually
-/// claims it first).
+/// No transport. A delivery for an object owned elsewhere is reported never
+/// started, and the dispatcher retries it once that owner's lease could
+/// have run out (the owner's own dispatcher usually claims it first).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoTransport;
 
 impl HostForward for NoTransport {
-    fn forward(&self, owner: &TaskId, _delivery: Delivery) -> BoxFuture<'static, DispatchOutcome> {
+    fn forward(
+        &self,
+        owner: &TaskId,
+        _generation: Generation,
+        _delivery: Delivery,
+    ) -> BoxFuture<'static, DispatchOutcome> {
         let reason = format!("no transport to task {}", owner.as_str());
         Box::pin(async move { DispatchOutcome::NeverStarted { reason } })
     }
@@ -76,9 +89,10 @@ impl Forward for ForwardHook {
     fn forward(
         &self,
         owner: &TaskId,
+        generation: Generation,
         delivery: Delivery,
     ) -> impl Future<Output = DispatchOutcome> + Send {
-        self.0.forward(owner, delivery)
+        self.0.forward(owner, generation, delivery)
     }
 }
 
@@ -99,7 +113,8 @@ pub struct HostConfig<S, I> {
     pub(crate) create_active_storage: bool,
     pub(crate) dispatcher: DispatcherConfig,
     pub(crate) sqlite: SqliteOptions,
-    pub(crate) forward: Arc<dyn HostForward>,
+    pub(crate) forward: Option<Arc<dyn HostForward>>,
+    pub(crate) run_dispatcher: bool,
     pub(crate) methods: crate::rpc::Methods<I>,
     pub(crate) method_names: Vec<(String, String)>,
     pub(crate) internal_token: Option<String>,
@@ -137,7 +152,8 @@ impl<S, I> HostConfig<S, I> {
             create_active_storage: false,
             dispatcher: DispatcherConfig::default(),
             sqlite: SqliteOptions::default(),
-            forward: Arc::new(NoTransport),
+            forward: None,
+            run_dispatcher: true,
             methods: BTreeMap::new(),
             method_names: Vec::new(),
             internal_token: None,
@@ -207,6 +223,15 @@ impl<S, I> HostConfig<S, I> {
     #[must_use]
     pub fn dispatcher(mut self, config: DispatcherConfig) -> Self {
         self.dispatcher = config;
+        self
+    }
+
+    /// Whether this host runs an alarm dispatcher (default `true`). A host
+    /// without one claims no alarm jobs; the deliveries of the objects it
+    /// owns reach it from other hosts' dispatchers over the transport.
+    #[must_use]
+    pub fn alarm_dispatcher(mut self, run: bool) -> Self {
+        self.run_dispatcher = run;
         self
     }
 
@@ -286,10 +311,12 @@ impl<S, I> HostConfig<S, I> {
         self
     }
 
-    /// The transport for alarm deliveries owned elsewhere.
+    /// A custom transport for alarm deliveries owned elsewhere, instead of
+    /// the default (the host's [`crate::transport::Transport`] when an
+    /// internal token is set, else [`NoTransport`]).
     #[must_use]
     pub fn forward(mut self, forward: impl HostForward) -> Self {
-        self.forward = Arc::new(forward);
+        self.forward = Some(Arc::new(forward));
         self
     }
 }

@@ -33,9 +33,11 @@ use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport, tombstoned};
 use crate::transport::InternalToken;
 
+/// The owner-routed dispatch of a host.
+pub(crate) type HostRouted<S, I> =
+    OwnerRouted<HostLocal<S, I>, ForwardHook, Arc<S>, Arc<dyn Clock>>;
 /// The dispatcher type of a host.
-type HostDispatcher<S, I> =
-    Dispatcher<I, OwnerRouted<HostLocal<S, I>, ForwardHook, Arc<S>, Arc<dyn Clock>>>;
+type HostDispatcher<S, I> = Dispatcher<I, HostRouted<S, I>>;
 
 /// A change of this host's ownership, published to
 /// [`Host::subscribe`]rs.
@@ -259,6 +261,7 @@ struct Inner<S, I> {
     counters: Counters,
     stop: CancellationToken,
     dispatcher: OnceLock<Arc<HostDispatcher<S, I>>>,
+    routed: OnceLock<Arc<HostRouted<S, I>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     routing: RoutingState<I>,
 }
@@ -492,6 +495,7 @@ where
             counters: Counters::default(),
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
+            routed: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
             routing: RoutingState {
                 methods: config.methods,
@@ -513,26 +517,37 @@ where
         );
 
         let scope_of = host.scope_of();
-        let routed = OwnerRouted::new(
+        let forward: Arc<dyn crate::config::HostForward> = match config.forward {
+            Some(custom) => custom,
+            None if host.inner.routing.token.is_some() => {
+                Arc::new(TransportForward(Arc::downgrade(&host.inner)))
+            }
+            None => Arc::new(crate::config::NoTransport),
+        };
+        let routed = Arc::new(OwnerRouted::new(
             HostLocal(Arc::downgrade(&host.inner)),
-            ForwardHook(config.forward),
+            ForwardHook(forward),
             ownership,
             scope_of,
-        );
+        ));
+        let _ = host.inner.routed.set(Arc::clone(&routed));
         let dispatcher = Arc::new(
             Dispatcher::new(
                 Arc::clone(&config.alarm_index),
-                Arc::new(routed),
+                routed,
                 Arc::clone(&clock),
                 dispatcher_config,
             )
             .map_err(|e| HostError::setting("dispatcher", e.to_string()))?,
         );
         let _ = host.inner.dispatcher.set(Arc::clone(&dispatcher));
-        let run = tokio::spawn(async move { dispatcher.run().await });
         let looper = host.clone();
         let owner_loop = tokio::spawn(async move { looper.owner_loop().await });
-        lock(&host.inner.tasks).extend([run, owner_loop]);
+        lock(&host.inner.tasks).push(owner_loop);
+        if config.run_dispatcher {
+            let run = tokio::spawn(async move { dispatcher.run().await });
+            lock(&host.inner.tasks).push(run);
+        }
         Ok(host)
     }
 
@@ -1090,6 +1105,15 @@ where
 
     pub(crate) fn internal_token(&self) -> Option<&InternalToken> {
         self.inner.routing.token.as_ref()
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The owner-routed dispatch (set once the host started).
+    pub(crate) fn routed(&self) -> Option<&Arc<HostRouted<S, I>>> {
+        self.inner.routed.get()
     }
 
     /// Runs one transaction on an object through the host (admission,
@@ -1679,6 +1703,38 @@ where
                 reason: "the host stopped".to_owned(),
             },
         }
+    }
+}
+
+/// The default alarm forward of a host with an internal token: its
+/// transport (see [`Host::forward_alarm`]).
+struct TransportForward<S, I>(Weak<Inner<S, I>>);
+
+impl<S, I> crate::config::HostForward for TransportForward<S, I>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    fn forward(
+        &self,
+        owner: &TaskId,
+        generation: Generation,
+        delivery: Delivery,
+    ) -> futures::future::BoxFuture<'static, DispatchOutcome> {
+        let inner = self.0.upgrade();
+        let owner = owner.clone();
+        Box::pin(async move {
+            match inner {
+                Some(inner) => {
+                    Host { inner }
+                        .forward_alarm(&owner, generation, delivery)
+                        .await
+                }
+                None => DispatchOutcome::NeverStarted {
+                    reason: "the host stopped".to_owned(),
+                },
+            }
+        })
     }
 }
 

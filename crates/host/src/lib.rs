@@ -107,9 +107,11 @@
 //! time); owner endpoints come from a [`transport::PeerDirectory`] (the
 //! owner record does not carry the endpoint yet) and must pass the
 //! [`transport::EndpointPolicy`] (loopback and private addresses by
-//! default) before the token is attached. Alarm deliveries for objects
-//! owned elsewhere still go through the [`HostForward`] hook (default:
-//! [`NoTransport`]).
+//! default) before the token is attached. An alarm delivery claimed by
+//! this host's dispatcher for an object owned elsewhere is forwarded the
+//! same way (`POST /internal/do/alarm`, fenced at the owner's generation),
+//! unless a custom [`HostForward`] is set; a host without an internal token
+//! uses [`NoTransport`] (the delivery waits for the owner's lease).
 //!
 //! ```no_run
 //! use std::collections::BTreeMap;

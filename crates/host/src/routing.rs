@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use durability_alarms::AlarmIndex;
+use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome};
 use durability_ownership::{
     Generation, LeaseStore, LifecycleAdmin, OwnerHint, OwnerHintCache, OwnerScope, Resolution,
     TaskId,
@@ -36,8 +36,8 @@ use crate::error::HostError;
 use crate::host::Host;
 use crate::rpc::{MethodInput, Methods, RpcArgs, validate_method};
 use crate::transport::{
-    EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders, PeerDirectory, REDISCOVERY_CODES,
-    Reply, RouteFence, Transport,
+    AlarmRequest, Endpoint, EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders,
+    PeerDirectory, REDISCOVERY_CODES, Reply, RouteFence, Transport,
 };
 
 /// Routing outcome counters.
@@ -59,6 +59,10 @@ pub struct RoutingStats {
     pub auth_refusals: u64,
     /// Invokes this host served over the transport.
     pub served: u64,
+    /// Alarm deliveries this host's dispatcher sent to their owner.
+    pub alarms_forwarded: u64,
+    /// Alarm deliveries this host served for another host's dispatcher.
+    pub alarms_served: u64,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +75,8 @@ pub(crate) struct RoutingCounters {
     endpoint_refusals: AtomicU64,
     auth_refusals: AtomicU64,
     served: AtomicU64,
+    alarms_forwarded: AtomicU64,
+    alarms_served: AtomicU64,
 }
 
 impl RoutingCounters {
@@ -85,6 +91,8 @@ impl RoutingCounters {
             endpoint_refusals: g(&self.endpoint_refusals),
             auth_refusals: g(&self.auth_refusals),
             served: g(&self.served),
+            alarms_forwarded: g(&self.alarms_forwarded),
+            alarms_served: g(&self.alarms_served),
         }
     }
 }
@@ -273,22 +281,10 @@ where
                 reason: "no internal token configured: calls between hosts are off".to_owned(),
             }));
         };
-        let endpoint = match routing.peers.endpoint(task.as_str()) {
-            None => Err("the owner's endpoint is unknown".to_owned()),
-            Some(raw) => routing.policy.check(&raw).map_err(|e| e.to_string()),
-        };
-        let endpoint = match endpoint {
+        let endpoint = match self.owner_endpoint(task) {
             Ok(e) => e,
             Err(reason) => {
-                bump(&routing.counters.endpoint_refusals);
                 self.evict(scope);
-                tracing::warn!(
-                    event = "durability.host.owner_endpoint_refused",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    reason,
-                    "owner endpoint refused before the token was attached"
-                );
                 return Attempt::Done(Err(HostError::OwnerUnavailable { reason }));
             }
         };
@@ -356,6 +352,90 @@ where
                 Attempt::Done(Err(HostError::RpcResultUnknown { reason }))
             }
         }
+    }
+
+    /// The endpoint of `task`, from the peer directory, checked against the
+    /// endpoint policy (before any token is attached).
+    fn owner_endpoint(&self, task: &TaskId) -> Result<Endpoint, String> {
+        let routing = self.routing();
+        let endpoint = match routing.peers.endpoint(task.as_str()) {
+            None => Err("the owner's endpoint is unknown".to_owned()),
+            Some(raw) => routing.policy.check(&raw).map_err(|e| e.to_string()),
+        };
+        if let Err(reason) = &endpoint {
+            bump(&routing.counters.endpoint_refusals);
+            tracing::warn!(
+                event = "durability.host.owner_endpoint_refused",
+                owner = task.as_str(),
+                reason,
+                "owner endpoint refused before the token was attached"
+            );
+        }
+        endpoint
+    }
+
+    /// Sends an alarm delivery this host's dispatcher claimed to `owner`,
+    /// fenced at `generation`, over the transport. Nothing sent (no token,
+    /// an unknown or refused endpoint) is never started.
+    pub(crate) async fn forward_alarm(
+        &self,
+        owner: &TaskId,
+        generation: Generation,
+        delivery: Delivery,
+    ) -> DispatchOutcome {
+        let routing = self.routing();
+        let Some(token) = routing.token.as_ref() else {
+            return DispatchOutcome::NeverStarted {
+                reason: "no internal token configured: calls between hosts are off".to_owned(),
+            };
+        };
+        let endpoint = match self.owner_endpoint(owner) {
+            Ok(e) => e,
+            Err(reason) => return DispatchOutcome::NeverStarted { reason },
+        };
+        bump(&routing.counters.alarms_forwarded);
+        let object = delivery.object.clone();
+        let request = AlarmRequest {
+            delivery,
+            fence: RouteFence {
+                task: owner.as_str().to_owned(),
+                generation: generation.get(),
+            },
+        };
+        let outcome = routing
+            .transport
+            .deliver_alarm(&endpoint, token, &request, self.clock().as_ref())
+            .await;
+        tracing::debug!(
+            event = "durability.host.alarm_forwarded",
+            object = %object,
+            owner = owner.as_str(),
+            generation = generation.get(),
+            outcome = ?outcome,
+            "alarm delivery forwarded to its owner"
+        );
+        outcome
+    }
+
+    /// Serves an alarm delivery another host's dispatcher forwarded: it
+    /// runs here only if the fence names this task and admission finds this
+    /// task's owner record at the fence's generation; otherwise it never
+    /// started (the sender re-resolves the owner).
+    pub(crate) async fn serve_alarm(&self, request: AlarmRequest) -> DispatchOutcome {
+        bump(&self.routing().counters.alarms_served);
+        let AlarmRequest { delivery, fence } = request;
+        if fence.task != self.ownership().task().as_str() {
+            return DispatchOutcome::NeverStarted {
+                reason: format!("the route fence names task {:?}, not this host", fence.task),
+            };
+        }
+        let (Ok(generation), Some(routed)) = (Generation::new(fence.generation), self.routed())
+        else {
+            return DispatchOutcome::NeverStarted {
+                reason: "the host is not serving alarm deliveries".to_owned(),
+            };
+        };
+        routed.dispatch_at(delivery, generation).await
     }
 
     fn evict(&self, scope: &OwnerScope) {

@@ -103,9 +103,11 @@ async fn main() -> Result<(), BoxError> {
     )
     .class(SHOP, move |ctx| Shop::open(ctx, sink.clone(), cancel_ms))
     .settings(settings)
-    // Alarm deliveries are not forwarded between hosts yet: an alarm claimed by the
-    // dispatcher of a host that does not own the shop waits for the
-    // owner's dispatcher, at most this long per bounce (default 30 s).
+    // These hosts serve no transport (no internal token), so an alarm
+    // claimed by the dispatcher of a host that does not own the shop is not
+    // forwarded: it waits for the owner's dispatcher, at most this long per
+    // bounce (default 30 s). With `internal_token`, `peers` and
+    // `transport::serve`, the delivery is forwarded to the owner instead.
     .dispatcher(DispatcherConfig {
         owner_wait_max_ms: 1_000,
         ..DispatcherConfig::default()

@@ -22,16 +22,21 @@
 //! `echo` (returns its arguments), `big` (`{"bytes": n}` → a string of `n`
 //! bytes), `fail` (a `MethodError` `out_of_stock`), `boom` (a plain error:
 //! `internal_error` across hosts), `incr_hang` (commits one increment,
-//! prints `hang-committed`, never returns).
+//! prints `hang-committed`, never returns), `arm` (`{"in_ms": n}`: moves
+//! the object's `tick` alarm capability to now + n ms), `fired` (the tasks
+//! that ran `tick`, in order). When `tick` runs it records this host's task
+//! in the object's storage and prints `fired <name> task=<t>`.
 //!
 //! Arguments `key=value`: `dir`, `task`, `token`, `own` (`all` or `none`),
-//! `interval` (owner loop period, ms). `DO_*` settings from the environment.
+//! `interval` (owner loop period, ms), `dispatch` (`off`: this host runs no
+//! alarm dispatcher, so the alarms of its objects reach it from other
+//! hosts). `DO_*` settings from the environment.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use durability_alarms::DispatcherConfig;
 use durability_host::transport::{PeerDirectory, serve};
@@ -39,10 +44,12 @@ use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };
 use durability_ownership::{DispatchOutcome, ShardCount, SystemClock};
-use durability_scheduler::StorageError;
+use durability_scheduler::{Capability, Scheduler, StorageError};
+use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +66,36 @@ fn sql(e: rusqlite::Error) -> StorageError {
 
 struct Counter {
     task: String,
+    /// Keeps the scheduler the `tick` capability reaches weakly alive.
+    _scheduler: Arc<Scheduler<SqliteStorage>>,
+}
+
+const TICK: &str = "tick";
+
+/// The `tick` alarm capability: records which task ran it.
+struct Tick {
+    scheduler: Weak<Scheduler<SqliteStorage>>,
+    task: String,
+    name: String,
+}
+
+impl Capability for Tick {
+    fn run(&self, _now_ms: i64) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(scheduler) = self.scheduler.upgrade() else {
+                return;
+            };
+            let ran = scheduler.transaction(|tx| {
+                tx.sql()
+                    .execute("INSERT INTO fired (task) VALUES (?1)", [&self.task])
+                    .map_err(sql)?;
+                tx.set_due(TICK, None)
+            });
+            if ran.is_ok() {
+                say(&format!("fired {} task={}", self.name, self.task));
+            }
+        })
+    }
 }
 
 type Store = SqliteLeaseStore<SystemClock>;
@@ -129,11 +166,46 @@ async fn main() {
             ctx.scheduler.transaction(|tx| {
                 tx.sql()
                     .execute_batch(
-                        "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);",
+                        "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
+                         CREATE TABLE IF NOT EXISTS fired (task TEXT NOT NULL);",
                     )
                     .map_err(sql)
             })?;
-            Ok::<_, BoxError>(Counter { task: owner.clone() })
+            let scheduler = Arc::new(ctx.scheduler.clone());
+            ctx.scheduler.attach(
+                TICK,
+                None,
+                Arc::new(Tick {
+                    scheduler: Arc::downgrade(&scheduler),
+                    task: owner.clone(),
+                    name: ctx.name.clone(),
+                }),
+            )?;
+            Ok::<_, BoxError>(Counter {
+                task: owner.clone(),
+                _scheduler: scheduler,
+            })
+        })
+        .method("Counter", "arm", |h: H, args: Value| async move {
+            let in_ms = args.get("in_ms").and_then(Value::as_i64).unwrap_or(0);
+            let at = h.scheduler.now_ms().saturating_add(in_ms);
+            h.scheduler.transaction(|tx| tx.set_due(TICK, Some(at)))?;
+            Ok(json!({ "at": at, "task": h.object.task }))
+        })
+        .method("Counter", "fired", |h: H, _args: Value| async move {
+            let tasks: Vec<String> = h.scheduler.transaction(|tx| {
+                let mut stmt = tx
+                    .sql()
+                    .prepare("SELECT task FROM fired ORDER BY rowid")
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map([], |r| r.get(0))
+                    .map_err(sql)?
+                    .collect::<Result<Vec<String>, _>>()
+                    .map_err(sql)?;
+                Ok::<_, StorageError>(rows)
+            })?;
+            Ok(json!({ "fired": tasks, "task": h.object.task }))
         })
         .method("Counter", "incr", |h: H, args: Value| async move {
             let by = args.get("by").and_then(Value::as_i64).unwrap_or(1);
@@ -168,6 +240,7 @@ async fn main() {
             OwnPolicy::OnDemand
         })
         .create_active_storage_if_absent(true)
+        .alarm_dispatcher(arg("dispatch") != "off")
         .dispatcher(DispatcherConfig {
             poll_ms: 100,
             idle_ms: 20,
@@ -235,7 +308,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
         "routing" => {
             let r = host.probe().routing;
             say(&format!(
-                "routing local={} forwarded={} direct={} rediscoveries={} evictions={} refusals={} auth={} served={}",
+                "routing local={} forwarded={} direct={} rediscoveries={} evictions={} refusals={} auth={} served={} alarms_forwarded={} alarms_served={}",
                 r.local,
                 r.forwarded,
                 r.direct,
@@ -243,7 +316,9 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                 r.hint_evictions,
                 r.endpoint_refusals,
                 r.auth_refusals,
-                r.served
+                r.served,
+                r.alarms_forwarded,
+                r.alarms_served
             ));
         }
         "drain" => {

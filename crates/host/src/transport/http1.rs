@@ -11,8 +11,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::{Bytes, BytesMut};
-use durability_alarms::AlarmIndex;
+use durability_alarms::{
+    AlarmIndex, Delivery, DispatchOutcome, ObjectId, Token, encode_dispatch_outcome, validate_time,
+};
 use durability_ownership::{LeaseStore, LifecycleAdmin};
+use durability_time::Clock;
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
@@ -22,8 +26,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AUTH_HEADER, Endpoint, HEALTH_PATH, INVOKE_PATH, InternalToken, InvokeRequest,
-    MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
+    ALARM_PATH, AUTH_HEADER, AlarmRequest, Endpoint, HEALTH_PATH, INVOKE_PATH, InternalToken,
+    InvokeRequest, MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
     OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, Reply, RouteFence,
     TRUSTED_OWNERSHIP_CODES, Transport, envelope, parse_envelope, parse_success,
@@ -126,6 +130,87 @@ impl Transport for HttpTransport {
         request: &'a InvokeRequest,
     ) -> BoxFuture<'a, Reply> {
         Box::pin(self.send(endpoint, token, request))
+    }
+
+    fn deliver_alarm<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a AlarmRequest,
+        clock: &'a dyn Clock,
+    ) -> BoxFuture<'a, DispatchOutcome> {
+        Box::pin(self.send_alarm(endpoint, token, request, clock))
+    }
+}
+
+impl HttpTransport {
+    async fn send_alarm(
+        &self,
+        endpoint: &Endpoint,
+        token: &InternalToken,
+        request: &AlarmRequest,
+        clock: &dyn Clock,
+    ) -> DispatchOutcome {
+        let d = &request.delivery;
+        let body = serde_json::json!({
+            "object": d.object.as_str(),
+            "token": d.token.as_str(),
+            "scheduledAt": d.scheduled_at,
+            "attempt": d.attempt,
+            "finalAttempt": d.final_attempt,
+        })
+        .to_string();
+        let http_request = http::Request::post(format!("{}{ALARM_PATH}", endpoint.url()))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(AUTH_HEADER, token.as_str())
+            .header(ROUTE_TASK_HEADER, request.fence.task.as_str())
+            .header(
+                ROUTE_GENERATION_HEADER,
+                request.fence.generation.to_string(),
+            )
+            .body(Full::new(Bytes::from(body)));
+        let http_request = match http_request {
+            Ok(r) => r,
+            Err(e) => {
+                return DispatchOutcome::NeverStarted {
+                    reason: format!("building the request failed: {e}"),
+                };
+            }
+        };
+        let response =
+            match tokio::time::timeout(self.timeout, self.client.request(http_request)).await {
+                Ok(Ok(r)) => r,
+                // The connection was never made: the owner never saw it.
+                Ok(Err(e)) if e.is_connect() => {
+                    return DispatchOutcome::NeverStarted {
+                        reason: format!("could not connect to the owner: {e}"),
+                    };
+                }
+                Ok(Err(e)) => {
+                    return DispatchOutcome::Unknown {
+                        reason: format!("the alarm request failed after sending: {e}"),
+                    };
+                }
+                Err(_) => {
+                    return DispatchOutcome::Unknown {
+                        reason: "the alarm request timed out before a response".to_owned(),
+                    };
+                }
+            };
+        let (parts, body) = response.into_parts();
+        if parts.status != StatusCode::OK {
+            // Not a dispatch response variant: unclassifiable, so unknown.
+            return DispatchOutcome::Unknown {
+                reason: format!("the owner answered status {}", parts.status.as_u16()),
+            };
+        }
+        let chunks = body.into_data_stream().map(|chunk| {
+            chunk
+                .map(|b| b.to_vec())
+                .map_err(|e| -> durability_alarms::BoxError { Box::new(e) })
+        });
+        durability_alarms::read_dispatch_response(clock, content_length(&parts.headers), chunks)
+            .await
     }
 }
 
@@ -283,6 +368,7 @@ where
 {
     let app = Router::new()
         .route(INVOKE_PATH, post(invoke::<S, I>))
+        .route(ALARM_PATH, post(alarm::<S, I>))
         .route(PROBE_PATH, get(probe::<S, I>))
         .route(HEALTH_PATH, get(|| async { "ok" }))
         .route(METRICS_PATH, get(metrics::<S, I>))
@@ -433,6 +519,91 @@ where
     }
 }
 
+/// The largest alarm delivery body a host reads.
+const MAX_ALARM_BODY_BYTES: usize = 4 * 1024;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WireAlarm {
+    object: String,
+    token: String,
+    scheduled_at: i64,
+    attempt: u32,
+    final_attempt: bool,
+}
+
+impl WireAlarm {
+    fn delivery(self) -> Result<Delivery, String> {
+        let object = ObjectId::new(&self.object).map_err(|e| format!("object: {e}"))?;
+        let token = Token::new(self.token).map_err(|e| format!("token: {e}"))?;
+        let scheduled_at =
+            validate_time(self.scheduled_at).map_err(|e| format!("scheduledAt: {e}"))?;
+        if self.attempt == 0 {
+            return Err("attempt: tries count from 1".to_owned());
+        }
+        Ok(Delivery {
+            object,
+            token,
+            scheduled_at,
+            attempt: self.attempt,
+            final_attempt: self.final_attempt,
+        })
+    }
+}
+
+async fn alarm<S, I>(
+    State(host): State<Arc<Host<S, I>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    if let Some(refused) = refused(&host, &headers) {
+        host.count_refused_auth();
+        return refused;
+    }
+    let fence = match fence_of(&headers) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            return error_response(
+                400,
+                "invalid_fence",
+                "an alarm delivery carries its route fence",
+                false,
+            );
+        }
+        Err(reason) => return error_response(400, "invalid_fence", reason, false),
+    };
+    let bytes = match read_capped(body, MAX_ALARM_BODY_BYTES, content_length(&headers)).await {
+        Ok(b) => b,
+        Err(reason) => return error_response(413, "request_too_large", &reason, false),
+    };
+    let delivery = serde_json::from_slice::<WireAlarm>(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(WireAlarm::delivery);
+    let delivery = match delivery {
+        Ok(d) => d,
+        Err(reason) => {
+            return error_response(
+                400,
+                "invalid_request",
+                &format!(
+                    "the alarm is not {{ object, token, scheduledAt, attempt, finalAttempt }}: {reason}"
+                ),
+                false,
+            );
+        }
+    };
+    let outcome = host.serve_alarm(AlarmRequest { delivery, fence }).await;
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        encode_dispatch_outcome(&outcome),
+    )
+        .into_response()
+}
+
 async fn probe<S, I>(State(host): State<Arc<Host<S, I>>>, headers: HeaderMap) -> Response
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
@@ -480,7 +651,9 @@ where
          do_route_hint_evictions {}\n\
          do_route_endpoint_refusals {}\n\
          do_internal_auth_refusals {}\n\
-         do_invokes_served {}\n",
+         do_invokes_served {}\n\
+         do_alarm_deliveries_forwarded {}\n\
+         do_alarm_deliveries_served {}\n",
         p.in_flight,
         d.completed,
         d.handler_failed,
@@ -493,6 +666,8 @@ where
         r.endpoint_refusals,
         r.auth_refusals,
         r.served,
+        r.alarms_forwarded,
+        r.alarms_served,
     );
     text.into_response()
 }

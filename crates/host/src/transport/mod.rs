@@ -15,6 +15,13 @@
 //! - Failure: `{ error, message, details? }`; a pre-dispatch ownership
 //!   refusal is a `503` whose [`OWNERSHIP_ERROR_HEADER`] marker repeats the
 //!   code.
+//! - `POST /internal/do/alarm`: an alarm delivery for an object this host
+//!   owns, claimed by another host's dispatcher: `{ object, token,
+//!   scheduledAt, attempt, finalAttempt }` with the token and the route
+//!   fence (always). The receiver admits it only at the fence's task and
+//!   generation and answers `200` with one of the dispatch response
+//!   variants of `durability_alarms` (`encode_dispatch_outcome`), read
+//!   back under their 16 KiB cap and 5 s body deadline.
 //! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
 //!   `GET /internal/do/probe` needs the token.
 
@@ -33,6 +40,8 @@ use crate::rpc::RpcArgs;
 
 /// The invoke path.
 pub const INVOKE_PATH: &str = "/internal/do/invoke";
+/// The alarm delivery path.
+pub const ALARM_PATH: &str = "/internal/do/alarm";
 /// The probe path (authenticated).
 pub const PROBE_PATH: &str = "/internal/do/probe";
 /// The health path (unauthenticated).
@@ -105,6 +114,16 @@ pub struct InvokeRequest {
     pub args: RpcArgs,
     /// The route fence (forwarded and cached-direct calls).
     pub fence: Option<RouteFence>,
+}
+
+/// One alarm delivery sent to the owner of its object.
+#[derive(Debug, Clone)]
+pub struct AlarmRequest {
+    /// The delivery the sender's dispatcher claimed.
+    pub delivery: durability_alarms::Delivery,
+    /// The owner and generation the sender resolved (always carried: the
+    /// receiver admits the delivery only there).
+    pub fence: RouteFence,
 }
 
 /// The owner's trusted headers on a response.
@@ -210,6 +229,32 @@ pub trait Transport: Send + Sync + 'static {
         token: &'a InternalToken,
         request: &'a InvokeRequest,
     ) -> BoxFuture<'a, Reply>;
+
+    /// Sends an alarm delivery to `endpoint` and reports the outcome the
+    /// owner answered. Never fails: a request that provably never reached
+    /// the owner (the connection could not be made) is
+    /// [`durability_alarms::DispatchOutcome::NeverStarted`]; any other
+    /// transport failure, and a response that cannot be read and
+    /// classified within its cap and `clock`'s 5 s body deadline, is
+    /// [`durability_alarms::DispatchOutcome::Unknown`].
+    ///
+    /// The default carries none: nothing is sent, and the delivery never
+    /// started (the dispatcher waits for the owner's lease, as without a
+    /// transport).
+    fn deliver_alarm<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a AlarmRequest,
+        clock: &'a dyn durability_time::Clock,
+    ) -> BoxFuture<'a, durability_alarms::DispatchOutcome> {
+        let _ = (endpoint, token, request, clock);
+        Box::pin(async {
+            durability_alarms::DispatchOutcome::NeverStarted {
+                reason: "this transport does not carry alarm deliveries".to_owned(),
+            }
+        })
+    }
 }
 
 /// Where a task can be reached. The owner record does not carry the
