@@ -4,7 +4,10 @@
 //! store calls of one owner-loop cycle with 1,000 owned scopes; and the
 //! failover time between host processes (the cluster scene's
 //! `cluster-host`) after SIGKILL and after a drain (SIGTERM) of the owner,
-//! from the signal to the first successful call on the survivor.
+//! from the signal to the first successful call on the survivor; and calls
+//! between hosts over HTTP/1.1 against a bare round trip ([`routed`]).
+
+mod routed;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -258,6 +261,7 @@ async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, f64)> {
 pub(crate) async fn bench() -> BoxResult<()> {
     const N: u64 = 500;
     const ROUNDS: usize = 9;
+    const ROUTES: usize = 9;
     let dir = tempfile::tempdir()?;
     let ([baseline, snapshot, cached], [snapshot_ratio, cached_ratio], snapshots_per_call) =
         call_overhead(&dir.path().join("calls"), ROUNDS, N).await?;
@@ -282,6 +286,41 @@ pub(crate) async fn bench() -> BoxResult<()> {
         "<=1.3",
         n,
         json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": ROUNDS}),
+    );
+    let r = routed::routed(&dir.path().join("routed"), ROUTES, N).await?;
+    let [bare_us, routed_us, direct_us] = r.us;
+    eprintln!(
+        "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
+        r.ratios[0], r.ratios[1], r.calls_per_s
+    );
+    let routed_n = N * u64::try_from(ROUTES)?;
+    let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": ROUTES});
+    figure(
+        "host.routed_call",
+        routed_us,
+        bare_us,
+        "us/call",
+        "<=1.3",
+        routed_n,
+        extra(r.ratios[0]),
+    );
+    figure(
+        "host.direct_call",
+        direct_us,
+        bare_us,
+        "us/call",
+        "<=1.1",
+        routed_n,
+        extra(r.ratios[1]),
+    );
+    figure(
+        "host.calls_per_s",
+        r.calls_per_s,
+        1e6 / bare_us,
+        "calls/s",
+        "printed (baseline: sequential bare round trips/s)",
+        r.throughput_calls,
+        json!({"in_flight": 8, "objects": 8, "hosts": 2}),
     );
     let (handoff, ttl) = drain_handoff(&dir.path().join("drain")).await?;
     eprintln!("host: drain handoff of 16 shards {handoff:.1} ms with a {ttl} ms lease");

@@ -191,6 +191,21 @@ where
         Ok(self.routing().hints.get(&scope))
     }
 
+    /// Drops the cached owner hint of an object's scope (and so of every
+    /// object of its shard): the next call goes through this host's router
+    /// again. For diagnostics, tests and benchmarks; hints are advisory.
+    /// Whether there was one.
+    ///
+    /// # Errors
+    /// [`HostError::UnknownClass`] or [`HostError::InvalidObjectName`].
+    pub fn forget_owner_hint(&self, class: &str, name: &str) -> Result<bool, HostError> {
+        let scope = self.scope_for(class, name)?;
+        let hints = &self.routing().hints;
+        let had = hints.get(&scope).is_some();
+        hints.remove(&scope);
+        Ok(had)
+    }
+
     pub(crate) fn count_refused_auth(&self) {
         bump(&self.routing().counters.auth_refusals);
     }
