@@ -396,7 +396,8 @@ fn rpc_is_not_replayed_after_an_unknown_outcome() {
     assert_eq!(b.routing()["rediscoveries"], 0);
 
     // Until a's lease runs out, b gets owner_unavailable (a's endpoint is
-    // dead); then b claims the scope and reads what a committed, once.
+    // dead: the connection is refused, so nothing ran and the outcome says
+    // so); then b claims the scope and reads what a committed, once.
     let end = now() + 30_000;
     let mut unavailable = 0;
     let v = loop {
@@ -405,6 +406,7 @@ fn rpc_is_not_replayed_after_an_unknown_outcome() {
             break serde_json::from_str::<Value>(r).unwrap();
         }
         assert_eq!(field(&line, "code"), "owner_unavailable", "{line}");
+        assert_eq!(field(&line, "outcome"), "not_started", "{line}");
         unavailable += 1;
         assert!(now() < end, "b never took over");
         std::thread::sleep(Duration::from_millis(100));
@@ -416,7 +418,8 @@ fn rpc_is_not_replayed_after_an_unknown_outcome() {
     );
     eprintln!(
         "tried: incr_hang committed on a, a SIGKILLed before answering → b got owner_unavailable \
-         (unknown), no replay; {unavailable} calls refused until a's {TTL_S} s lease ran out; n=2 on b"
+         (unknown), no replay; {unavailable} calls refused at connect (not started) until a's {TTL_S} s \
+         lease ran out; n=2 on b"
     );
 }
 
@@ -688,6 +691,11 @@ fn hostile_owner_endpoints_are_refused_before_the_token_is_sent() {
             field(&line, "code"),
             "owner_unavailable",
             "{endpoint:?}: {line}"
+        );
+        assert_eq!(
+            field(&line, "outcome"),
+            "not_started",
+            "{endpoint:?}: nothing was sent: {line}"
         );
         assert!(
             trap.accept().is_err(),

@@ -285,6 +285,10 @@ impl RpcClient {
                 message,
                 details,
             }),
+            Reply::NotSent { reason } => {
+                self.evict(scope);
+                Err(HostError::OwnerUnreachable { reason })
+            }
             Reply::Unmarked { reason } => {
                 self.evict(scope);
                 Err(HostError::OwnerUnavailable { reason })

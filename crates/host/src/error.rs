@@ -136,11 +136,20 @@ pub enum HostError {
         /// The fence's generation.
         generation: u64,
     },
-    /// No trusted answer came from the owner (a transport failure, a
-    /// timeout, an unmarked 502/503/504, an unusable endpoint): the method
-    /// may have run, so it is not replayed.
+    /// No trusted answer came from the owner (a transport failure after
+    /// the request was sent, a timeout, an unmarked 502/503/504): the
+    /// method may have run, so it is not replayed.
     #[error("owner unavailable")]
     OwnerUnavailable {
+        /// What happened (diagnostics; not part of the tenant message).
+        reason: String,
+    },
+    /// The call never reached the owner (no internal token, no acceptable
+    /// endpoint, or the connection could not be made): the method did not
+    /// run, and calling again is safe. Its wire code is
+    /// `owner_unavailable`, like [`HostError::OwnerUnavailable`].
+    #[error("owner unreachable")]
+    OwnerUnreachable {
         /// What happened (diagnostics; not part of the tenant message).
         reason: String,
     },
@@ -250,7 +259,7 @@ impl HostError {
             Self::InvalidArgs { .. } => "host_invalid_args",
             Self::UnknownMethod { .. } => "host_unknown_method",
             Self::StaleFence { .. } => "host_stale_fence",
-            Self::OwnerUnavailable { .. } => "owner_unavailable",
+            Self::OwnerUnavailable { .. } | Self::OwnerUnreachable { .. } => "owner_unavailable",
             Self::RpcResultUnknown { .. } => "do_rpc_result_unknown",
             Self::Remote { .. } => "host_remote_error",
             Self::Transport { .. } => "host_transport_failed",
@@ -267,6 +276,7 @@ impl HostError {
             | Self::OwnershipLost { .. }
             | Self::StaleFence { .. }
             | Self::OwnerUnavailable { .. }
+            | Self::OwnerUnreachable { .. }
             | Self::Transport { .. } => true,
             Self::Remote { code, .. } => {
                 crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
@@ -385,7 +395,8 @@ impl HostError {
             Self::Ownership(_)
             | Self::OwnershipLost { .. }
             | Self::Fenced(_)
-            | Self::OwnerUnavailable { .. } => unavailable(),
+            | Self::OwnerUnavailable { .. }
+            | Self::OwnerUnreachable { .. } => unavailable(),
             Self::RpcResultUnknown { .. } => w(
                 502,
                 "do_rpc_result_unknown",

@@ -13,7 +13,10 @@
 //!   pre-dispatch `stale_owner` / `owner_race` answer. An unmarked transport
 //!   failure, or a 502/503/504 without the trusted marker, evicts the hint
 //!   and returns `owner_unavailable`: the owner may already have run the
-//!   method, so RPC is never replayed. An unreadable success is
+//!   method, so RPC is never replayed. A connection that could not be made
+//!   (and a missing token or refused endpoint) is `owner_unavailable` too,
+//!   as [`HostError::OwnerUnreachable`]: nothing ran, so the caller may
+//!   call again. An unreadable success is
 //!   `do_rpc_result_unknown`, never replayed either.
 //! - Hints live in a process-local LRU of 10,000 entries keyed by storage
 //!   id, class and shard (objects of one shard share a hint); the owner's
@@ -132,7 +135,9 @@ where
     /// [`HostError::InvalidArgs`], [`HostError::UnknownMethod`],
     /// [`HostError::UnknownClass`], [`HostError::InvalidObjectName`].
     /// Across hosts: [`HostError::OwnerUnavailable`] (the method may have
-    /// run), [`HostError::RpcResultUnknown`] (it may have run),
+    /// run), [`HostError::OwnerUnreachable`] (it did not run: the owner
+    /// could not be reached), [`HostError::RpcResultUnknown`] (it may have
+    /// run),
     /// [`HostError::Remote`] (the owner's answer: a trusted ownership code,
     /// the method's own [`crate::MethodError`], or `internal_error`).
     /// Locally: as [`Host::call`].
@@ -292,7 +297,7 @@ where
     ) -> Attempt {
         let routing = self.routing();
         let Some(token) = routing.token.as_ref() else {
-            return Attempt::Done(Err(HostError::OwnerUnavailable {
+            return Attempt::Done(Err(HostError::OwnerUnreachable {
                 reason: "no internal token configured: calls between hosts are off".to_owned(),
             }));
         };
@@ -300,7 +305,7 @@ where
             Ok(e) => e,
             Err(reason) => {
                 self.evict(scope);
-                return Attempt::Done(Err(HostError::OwnerUnavailable { reason }));
+                return Attempt::Done(Err(HostError::OwnerUnreachable { reason }));
             }
         };
         let mut fenced = request.clone();
@@ -345,6 +350,17 @@ where
                 message,
                 details,
             })),
+            Reply::NotSent { reason } => {
+                self.evict(scope);
+                tracing::warn!(
+                    event = "durability.host.owner_unreachable",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    reason,
+                    "the owner could not be reached; hint evicted, nothing ran"
+                );
+                Attempt::Done(Err(HostError::OwnerUnreachable { reason }))
+            }
             Reply::Unmarked { reason } => {
                 self.evict(scope);
                 tracing::warn!(

@@ -100,6 +100,11 @@ impl HttpTransport {
         let response =
             match tokio::time::timeout_at(deadline, self.client.request(http_request)).await {
                 Ok(Ok(r)) => r,
+                Ok(Err(e)) if e.is_connect() => {
+                    return Reply::NotSent {
+                        reason: format!("could not connect: {e}"),
+                    };
+                }
                 Ok(Err(e)) => {
                     return Reply::Unmarked {
                         reason: format!("transport failed: {e}"),

@@ -166,7 +166,14 @@ pub enum Reply {
         /// Its details.
         details: Option<Value>,
     },
-    /// No trusted answer: the connection failed or timed out, or a status
+    /// The request never reached the owner: the connection could not be
+    /// made. Nothing ran.
+    NotSent {
+        /// What happened (internal diagnostics; never shown to tenants).
+        reason: String,
+    },
+    /// No trusted answer: the connection failed or timed out after the
+    /// request was sent, or a status
     /// or error envelope could not be trusted (502/503/504 without the
     /// marker, a malformed envelope). The method may have run.
     Unmarked {

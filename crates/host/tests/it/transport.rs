@@ -141,15 +141,16 @@ async fn a_stream_is_cut_as_it_crosses_the_cap_and_exactly_the_cap_is_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_connection_is_unmarked() {
-    // Bind and drop: nothing listens on the port.
+async fn a_refused_connection_is_not_sent() {
+    // Bind and drop: nothing listens on the port, so the request never
+    // left this process (unlike a failure after sending, which is unmarked).
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     match send(&format!("http://127.0.0.1:{port}")).await {
-        Reply::Unmarked { .. } => {}
+        Reply::NotSent { .. } => {}
         other => panic!("{other:?}"),
     }
 }
