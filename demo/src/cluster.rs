@@ -1,19 +1,27 @@
 //! The cluster scene of `cargo xtask demo` (also `durability-demo
 //! demo-cluster [--redis]`): three `durability-host` processes (this binary
-//! run again as `cluster-host`, see [`host`]) own the shards of one class
+//! run again as `cluster-host`, see [`host`]; a fourth replaces the killed
+//! one) own the shards of one class
 //! over a lease store and an alarm index they share: SQLite files in a
 //! temporary directory, or with `--redis` Redis under a key prefix made for
 //! the run and deleted at the end. The objects' SQLite files live in that
 //! directory too.
 //!
-//! The parent is the client. Calls between hosts do not exist yet, so it
-//! sends each call to the host the lease store names as the owner of the
-//! object's scope (one snapshot read per call); when that owner is dead,
-//! paused or draining it sends it to a survivor, which claims the scope once
-//! it is free (before that it answers `host_not_owner`: refused before it
-//! started, so the parent retries). Work is increments (counted when
-//! acknowledged) and alarms (an object timer that records its tag and the
-//! task that ran it in the object's own file when it fires).
+//! The parent is the client. It sends each call to any live host, round
+//! robin, and the host routes it (`host.object(..).call(..)` over HTTP/1.1
+//! between the hosts): run there if it owns the object's scope, else
+//! forwarded once to the owner, or sent straight to it on a learned owner
+//! hint. A call whose owner is dead answers `owner_unavailable` with outcome
+//! not started (the connection was refused) until a survivor takes the
+//! scope over, and the parent sends it again; after a drain, a host whose
+//! hint still names the drained owner gets a trusted `stale_owner` and
+//! rediscovers the new owner once. Only the paused phase sends its calls to
+//! the owner the lease store names (a routed call to a paused owner cannot
+//! be told from one that ran until it times out). Work is increments
+//! (counted when acknowledged) and alarms (an object timer that records its
+//! tag and the task that ran it in the object's own file when it fires);
+//! an alarm job claimed by a host that does not own the object is forwarded
+//! to the owner too.
 //!
 //! Then one host is killed (SIGKILL), one paused past its lease (SIGSTOP)
 //! inside a call that commits late, and one drained (SIGTERM), and the
@@ -181,8 +189,13 @@ pub(crate) async fn demo(redis: Option<&str>) -> Result {
 
 /// What a call came back with.
 enum Outcome {
-    /// Acknowledged, by `host`, read at `at`.
-    Ok { host: String, at: i64, line: String },
+    /// Acknowledged: sent to `entered`, ran on `host`, read at `at`.
+    Ok {
+        entered: String,
+        host: String,
+        at: i64,
+        line: String,
+    },
     /// The outcome is unknown (it may have run).
     Unknown { host: String, line: String },
 }
@@ -205,6 +218,9 @@ struct Cluster<S> {
     rr: usize,
     /// Calls refused before they started and sent again.
     retried: u64,
+    /// Send calls to any live host (routed by the hosts), not to the lease
+    /// store's owner.
+    route: bool,
 }
 
 impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
@@ -222,6 +238,7 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
             next_id: 0,
             rr: 0,
             retried: 0,
+            route: true,
         };
         // The control plane's record: the lifecycle's active storage.
         c.store
@@ -309,10 +326,12 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
             .ok_or_else(|| "no live host".into())
     }
 
-    /// Where a call on `scope` goes: its live owner, else the preferred or
-    /// next live host (which claims the scope once it is free).
+    /// Where a call on `scope` goes: the preferred host while placing;
+    /// routed, the next live host; else its live owner in the lease store
+    /// or the next live host (which claims the scope once it is free).
     async fn target(&mut self, scope: &OwnerScope) -> Result<String> {
-        if let Some(owner) = self.owner(scope).await?
+        if !self.route
+            && let Some(owner) = self.owner(scope).await?
             && self.live.contains(&owner)
         {
             return Ok(owner);
@@ -357,7 +376,12 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
                     .ok_or("a command names its object")?;
                 let scope = self.scope(name)?;
                 let task = self.target(&scope).await?;
-                let id = self.send(&task, &commands[i])?;
+                let command = if self.route {
+                    format!("via {}", commands[i])
+                } else {
+                    commands[i].clone()
+                };
+                let id = self.send(&task, &command)?;
                 pending.push((i, task, id));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -368,8 +392,11 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
                     continue;
                 };
                 if line.contains(" ok ") {
+                    // A routed call names the host it ran on.
+                    let host = field(&line, "ran").map_or_else(|| task.clone(), str::to_owned);
                     done[i] = Some(Outcome::Ok {
-                        host: task,
+                        entered: task,
+                        host,
                         at,
                         line,
                     });
@@ -648,6 +675,10 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
     );
 
     kill_phase(&mut c, &mut ledger, &mut fig, &names).await?;
+    // A replacement host, as an operator would start one: it owns nothing
+    // until a scope is free, and routes the calls it gets to the owners.
+    c.spawn("d").await?;
+    println!("started host d in place of the killed host");
     work(&mut c, &mut ledger, &incrs(&names)).await?;
     stop_phase(&mut c, &mut ledger, &mut fig, &names).await?;
     work(&mut c, &mut ledger, &incrs(&names)).await?;
@@ -679,13 +710,28 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
             fired_tags.insert(tag.to_owned());
         }
     }
-    let last = c.live.iter().next().cloned().ok_or("no live host")?;
+    // What the surviving hosts routed (the killed and drained hosts'
+    // counters went with them).
+    let mut routed: BTreeMap<&str, u64> = BTreeMap::new();
+    let live: Vec<String> = c.live.iter().cloned().collect();
+    for t in &live {
+        let id = c.send(t, "probe")?;
+        let (_, report) = c.proc(t)?.wait_answer(id, 10_000).await?;
+        for k in ["forwarded", "direct", "rediscoveries", "alarms_forwarded"] {
+            *routed.entry(k).or_insert(0) += field(&report, k).unwrap_or("0").parse::<u64>()?;
+        }
+    }
     println!(
-        "read every object back through host {last} ({})",
+        "read every object back through hosts {} (ran: {})",
+        live.join(", "),
         hosts_list(&read_on)
     );
-    c.proc(&last)?.signal("TERM")?;
-    c.proc(&last)?.wait_lines("drained ", 1, 15_000).await?;
+    for t in &live {
+        c.proc(t)?.signal("TERM")?;
+    }
+    for t in &live {
+        c.proc(t)?.wait_lines("drained ", 1, 15_000).await?;
+    }
     let lost_alarms: Vec<&String> = set.difference(&fired_tags).collect();
     let lost = lost_increments + lost_alarms.len() as u64;
 
@@ -705,6 +751,20 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
     row(
         "calls refused before they started, sent again",
         c.retried.to_string(),
+    );
+    let routed_row = |k: &str| routed.get(k).copied().unwrap_or(0).to_string();
+    row(
+        "calls forwarded to the owner (surviving hosts)",
+        routed_row("forwarded"),
+    );
+    row("  sent straight to an owner hint", routed_row("direct"));
+    row(
+        "  rediscoveries after a takeover",
+        routed_row("rediscoveries"),
+    );
+    row(
+        "alarm deliveries forwarded to the owner",
+        routed_row("alarms_forwarded"),
     );
     row("alarms set", set.len().to_string());
     row(
@@ -807,7 +867,7 @@ async fn kill_phase<S: LeaseStore + LifecycleAdmin>(
         *by_task.entry(t.clone()).or_insert(0) += 1;
     }
     println!(
-        "its pending alarms: {on_survivors} of {} fired on survivors ({}), the last {worst} ms after the kill (due 1.5 s after it was set; reference: lease + renew interval + dispatcher poll + one owner-wait retry = {} ms, plus the delivery; each further owner-wait retry adds up to {OWNER_WAIT_MAX_MS} ms, which is how a survivor hands back a job whose scope the other survivor took: no transport between hosts yet)",
+        "its pending alarms: {on_survivors} of {} fired on survivors ({}), the last {worst} ms after the kill (due 1.5 s after it was set; reference: lease + renew interval + dispatcher poll + one owner-wait retry = {} ms, plus the delivery; a survivor that claims a job whose scope the other survivor took forwards it there)",
         tags.len(),
         hosts_list(&by_task),
         alarm_budget_ms()
@@ -839,7 +899,12 @@ async fn stop_phase<S: LeaseStore + LifecycleAdmin>(
     c.proc(&p)?.signal("STOP")?;
     let stopped = now_ms();
     c.live.remove(&p);
-    let outcomes = work(c, ledger, &incrs(&objs)).await?;
+    // Sent to the lease store's owner: routed, a call to the paused owner
+    // would time out with an unknown outcome.
+    c.route = false;
+    let outcomes = work(c, ledger, &incrs(&objs)).await;
+    c.route = true;
+    let outcomes = outcomes?;
     let (first, _, by) = acked_span(&outcomes);
     fig.stop_first_ms = first.map_or(-1, |t| t - stopped);
     let before = outcomes
@@ -976,6 +1041,15 @@ async fn drain_phase<S: LeaseStore + LifecycleAdmin>(
         fig.drain_all_ms,
         hosts_list(&by)
     );
+    if let Some((name, Outcome::Ok { entered, host, .. })) = objs
+        .iter()
+        .zip(&outcomes)
+        .find(|(_, o)| matches!(o, Outcome::Ok { entered, host, .. } if entered != host))
+    {
+        println!(
+            "redirected after the takeover: `incr {name}` entered host {entered}, which routed it to the new owner {host} (where it ran once)"
+        );
+    }
     let tags: BTreeSet<String> = objs.iter().map(|n| format!("drain-{n}")).collect();
     let fired = c.wait_fired(&tags).await;
     let elsewhere = fired.values().filter(|(_, t)| *t != d).count();

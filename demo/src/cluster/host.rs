@@ -9,15 +9,25 @@
 //! `redis` (URL) and `prefix` (key prefix). It owns every shard it finds
 //! free (`OwnPolicy::AllShards`).
 //!
+//! Each host serves its internal endpoints over HTTP/1.1 on a loopback
+//! port (`durability_host::transport::serve`, a shared internal token) and
+//! publishes that endpoint as `<dir>/peers/<task>`, the peer directory
+//! every host reads; `incr`, `timer` and `read` are RPC methods of the
+//! class, so a call that enters any host runs once on the owner.
+//!
 //! Commands on stdin, one a line, each with a request id the answer
 //! repeats: `<id> incr <name>`, `<id> timer <name> <tag> <delay ms>` (an
 //! alarm: the object records `<tag>` as fired, with the task that ran it,
 //! when it is due), `<id> slow <name> <ms>` (one committed increment, a
 //! pause of `ms` outside any transaction, a second increment), `<id> read
-//! <name>`, `<id> probe`. End of input drains the host.
+//! <name>`, `<id> probe`; `<id> via incr|timer|read …` is the same call
+//! routed (`host.object(..).call(..)`: run here if this host owns the
+//! object, else forwarded once to the owner, or sent straight to it on an
+//! owner hint). End of input drains the host.
 //!
 //! Lines on stdout: `ready task=<t>`; `acquired|lost|released scope=<s>
-//! gen=<g>`; `ans <id> ok gen=<g> <key=value…>` or `ans <id> err code=<c>
+//! gen=<g>`; `ans <id> ok gen=<g> <key=value…>` (routed: `ans <id> ok
+//! gen=<g> ran=<task> <key=value…>`) or `ans <id> err code=<c>
 //! outcome=<not_started|unknown> <message>`; `slow-wrote <id> gen=<g>`;
 //! `fired <name> tag=<tag> task=<t>`; `drained timed_out=<bool>
 //! released=<n>` before it exits.
@@ -29,6 +39,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
+use durability_host::transport::PeerDirectory;
 use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
 use durability_ownership::{
     DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
@@ -42,6 +53,7 @@ use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
 use futures::future::BoxFuture;
 use rusqlite::OptionalExtension as _;
+use serde_json::Value;
 use tokio::io::AsyncBufReadExt as _;
 
 use crate::Result;
@@ -71,7 +83,13 @@ fn sql(e: rusqlite::Error) -> StorageError {
 /// The object. It holds its timer's state (the scheduler holds the timer
 /// capability weakly through it).
 struct Counter {
-    _state: Arc<CounterState>,
+    state: Arc<CounterState>,
+}
+
+impl Counter {
+    fn task(&self) -> &str {
+        &self.state.task
+    }
 }
 
 struct CounterState {
@@ -148,6 +166,87 @@ fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> std::result::Result<i64,
         .map_err(sql)
 }
 
+/// The shared internal token of the scene's hosts.
+const TOKEN: &str = "demo-cluster-internal-token-0123456789";
+
+/// Peers as files `<dir>/<task>` holding the raw endpoint (checked against
+/// the endpoint policy on every read).
+struct FilePeers(PathBuf);
+
+impl PeerDirectory for FilePeers {
+    fn endpoint(&self, task: &str) -> Option<String> {
+        if !task
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return None;
+        }
+        std::fs::read_to_string(self.0.join(task)).ok()
+    }
+}
+
+type Handle<I> = durability_host::Handle<Counter, I>;
+
+fn incr_call<I>(h: &Handle<I>) -> std::result::Result<String, StorageError> {
+    let v = h.scheduler.transaction(incr)?;
+    Ok(format!("value={v}"))
+}
+
+fn timer_call<I>(
+    h: &Handle<I>,
+    tag: &str,
+    delay: u64,
+) -> std::result::Result<String, StorageError> {
+    let at = SystemClock::new()
+        .now_ms()
+        .saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
+    h.scheduler.transaction(|tx| {
+        tx.sql()
+            .execute(
+                "INSERT INTO pending (tag, due) VALUES (?1, ?2)
+                 ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
+                rusqlite::params![tag, at],
+            )
+            .map_err(sql)?;
+        rearm(tx)
+    })?;
+    Ok(format!("due={at}"))
+}
+
+fn read_call<I>(h: &Handle<I>) -> std::result::Result<String, StorageError> {
+    h.scheduler.transaction(|tx| {
+        let n: i64 = tx
+            .sql()
+            .query_row("SELECT n FROM counter", [], |r| r.get(0))
+            .optional()
+            .map_err(sql)?
+            .unwrap_or(0);
+        let fired: Option<String> = tx
+            .sql()
+            .query_row(
+                "SELECT group_concat(tag || '@' || task, ',')
+                 FROM (SELECT tag, task FROM fired ORDER BY tag)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql)?;
+        let pending: i64 = tx
+            .sql()
+            .query_row("SELECT COUNT(*) FROM pending", [], |r| r.get(0))
+            .map_err(sql)?;
+        Ok::<_, StorageError>(format!(
+            "value={n} pending={pending} fired={}",
+            fired.as_deref().unwrap_or("-")
+        ))
+    })
+}
+
+/// A method's result: the payload of the answer line, the generation and
+/// the task it ran under.
+fn ran<I>(h: &Handle<I>, payload: String) -> Value {
+    serde_json::json!({ "payload": payload, "gen": h.generation, "task": h.object.task() })
+}
+
 /// What one child was started with.
 struct Args {
     dir: PathBuf,
@@ -220,6 +319,10 @@ where
 {
     let task = args.task.clone();
     let owner = task.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    let peers = args.dir.join("peers");
+    std::fs::create_dir_all(&peers)?;
     let config = HostConfig::new(
         store,
         index,
@@ -238,8 +341,25 @@ where
         });
         ctx.scheduler
             .attach("timer", None, Arc::new(Timer(Arc::downgrade(&state))))?;
-        Ok::<_, BoxError>(Counter { _state: state })
+        Ok::<_, BoxError>(Counter { state })
     })
+    .method(CLASS, "incr", |h: Handle<I>, _args: Value| async move {
+        let payload = incr_call(&h)?;
+        Ok(ran(&h, payload))
+    })
+    .method(CLASS, "timer", |h: Handle<I>, args: Value| async move {
+        let tag = args.get("tag").and_then(Value::as_str).unwrap_or("");
+        let delay = args.get("delay").and_then(Value::as_u64).unwrap_or(0);
+        let payload = timer_call(&h, tag, delay)?;
+        Ok(ran(&h, payload))
+    })
+    .method(CLASS, "read", |h: Handle<I>, _args: Value| async move {
+        let payload = read_call(&h)?;
+        Ok(ran(&h, payload))
+    })
+    .endpoint(&endpoint)
+    .internal_token(TOKEN)
+    .peers(FilePeers(peers.clone()))
     .settings(args.settings)
     .own(OwnPolicy::AllShards)
     .dispatcher(DispatcherConfig {
@@ -251,6 +371,16 @@ where
         ..DispatcherConfig::fast()
     });
     let host = Host::start(config).await?;
+    let server_stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(durability_host::transport::serve(
+        host.clone(),
+        listener,
+        server_stop.clone(),
+    ));
+    // Publish the endpoint atomically (a reader never sees half of it).
+    let tmp = peers.join(format!(".{task}.tmp"));
+    std::fs::write(&tmp, &endpoint)?;
+    std::fs::rename(&tmp, peers.join(&task))?;
     let mut events = host.subscribe();
     tokio::spawn(async move {
         while let Ok(e) = events.recv().await {
@@ -296,6 +426,11 @@ where
         "drained timed_out={} released={released}",
         report.timed_out()
     ));
+    // Stop serving gracefully: requests already received get their answer
+    // (a trusted refusal now that the leases are released), new
+    // connections are refused (so callers know nothing ran).
+    server_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
     // Exit at once: the stdin reader blocks a thread the runtime would
     // otherwise wait for.
     std::process::exit(if report.timed_out() { 3 } else { 0 });
@@ -318,31 +453,21 @@ where
     };
     let arg = |i: usize| parts.get(i).copied().unwrap_or("");
     let number = |i: usize| arg(i).parse::<u64>().unwrap_or(0);
+    if cmd == "via" {
+        routed(host, id, &parts[2..]).await;
+        return;
+    }
     let answer: Answer = match cmd {
         "incr" => {
             host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
-                let v = h.scheduler.transaction(incr)?;
-                Ok((format!("value={v}"), h.generation))
+                Ok((incr_call(&h)?, h.generation))
             })
             .await
         }
         "timer" => {
             let (tag, delay) = (arg(3).to_owned(), number(4));
             host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
-                let at = SystemClock::new()
-                    .now_ms()
-                    .saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
-                h.scheduler.transaction(|tx| {
-                    tx.sql()
-                        .execute(
-                            "INSERT INTO pending (tag, due) VALUES (?1, ?2)
-                             ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
-                            rusqlite::params![tag, at],
-                        )
-                        .map_err(sql)?;
-                    rearm(tx)
-                })?;
-                Ok((format!("due={at}"), h.generation))
+                Ok((timer_call(&h, &tag, delay)?, h.generation))
             })
             .await
         }
@@ -359,47 +484,29 @@ where
         }
         "read" => {
             host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
-                let read = h.scheduler.transaction(|tx| {
-                    let n: i64 = tx
-                        .sql()
-                        .query_row("SELECT n FROM counter", [], |r| r.get(0))
-                        .optional()
-                        .map_err(sql)?
-                        .unwrap_or(0);
-                    let fired: Option<String> = tx
-                        .sql()
-                        .query_row(
-                            "SELECT group_concat(tag || '@' || task, ',')
-                             FROM (SELECT tag, task FROM fired ORDER BY tag)",
-                            [],
-                            |r| r.get(0),
-                        )
-                        .map_err(sql)?;
-                    let pending: i64 = tx
-                        .sql()
-                        .query_row("SELECT COUNT(*) FROM pending", [], |r| r.get(0))
-                        .map_err(sql)?;
-                    Ok::<_, StorageError>(format!(
-                        "value={n} pending={pending} fired={}",
-                        fired.as_deref().unwrap_or("-")
-                    ))
-                })?;
-                Ok((read, h.generation))
+                Ok((read_call(&h)?, h.generation))
             })
             .await
         }
         "probe" => {
             let p = host.probe();
+            let r = p.routing;
             Ok((
                 format!(
-                    "state={} scopes={} completed={} fenced={} lost={} refused_not_owner={} alarms_delivered={}",
+                    "state={} scopes={} completed={} fenced={} lost={} refused_not_owner={} alarms_delivered={} forwarded={} direct={} rediscoveries={} served={} alarms_forwarded={} alarms_served={}",
                     p.state,
                     p.scopes.len(),
                     p.dispatch.completed,
                     p.dispatch.fenced,
                     p.dispatch.ownership_lost,
                     p.dispatch.refused_not_owner,
-                    p.alarms.delivered
+                    p.alarms.delivered,
+                    r.forwarded,
+                    r.direct,
+                    r.rediscoveries,
+                    r.served,
+                    r.alarms_forwarded,
+                    r.alarms_served
                 ),
                 0,
             ))
@@ -413,13 +520,49 @@ where
     };
     match answer {
         Ok((payload, generation)) => say(&format!("ans {id} ok gen={generation} {payload}")),
-        Err(e) => say(&format!(
-            "ans {id} err code={} outcome={} {e}",
-            e.code(),
-            match e.outcome() {
-                DispatchOutcome::NotStarted => "not_started",
-                _ => "unknown",
-            }
+        Err(e) => say_err(id, &e),
+    }
+}
+
+fn say_err(id: &str, e: &HostError) {
+    say(&format!(
+        "ans {id} err code={} outcome={} {e}",
+        e.code(),
+        match e.outcome() {
+            DispatchOutcome::NotStarted => "not_started",
+            _ => "unknown",
+        }
+    ));
+}
+
+/// `<id> via <method> <name> [<tag> <delay>]`: the call through this
+/// host's router.
+async fn routed<S, I>(host: &Host<S, I>, id: &str, parts: &[&str])
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    let (method, name) = match parts {
+        [method, name, ..] => (*method, *name),
+        _ => {
+            say(&format!("bad-command via {parts:?}"));
+            return;
+        }
+    };
+    let args = match method {
+        "timer" => serde_json::json!({
+            "tag": parts.get(2).copied().unwrap_or(""),
+            "delay": parts.get(3).and_then(|d| d.parse::<u64>().ok()).unwrap_or(0),
+        }),
+        _ => Value::Null,
+    };
+    match host.object(CLASS, name).call(method, args).await {
+        Ok(v) => say(&format!(
+            "ans {id} ok gen={} ran={} {}",
+            v["gen"],
+            v["task"].as_str().unwrap_or("?"),
+            v["payload"].as_str().unwrap_or("")
         )),
+        Err(e) => say_err(id, &e),
     }
 }
