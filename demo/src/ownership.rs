@@ -120,7 +120,9 @@ async fn story<S: LeaseStore + LifecycleAdmin>(
         g1.get()
     );
     match host_b.resolve(&scope, &lifecycle).await? {
-        Resolution::Remote { task, generation } => {
+        Resolution::Remote {
+            task, generation, ..
+        } => {
             println!(
                 "   host-b asks: owned by {} at generation {} -> it would forward",
                 task.as_str(),

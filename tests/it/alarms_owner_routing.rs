@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use durability_alarms::{
     AlarmIndex, Delivery, Dispatch, DispatchOutcome, Dispatcher, DispatcherConfig, Forward,
-    MemoryAlarmIndex, ObjectId, OwnerRouted, ScopeOf, Token,
+    MemoryAlarmIndex, ObjectId, OwnerRouted, RemoteOwner, ScopeOf, Token,
 };
 use durability_ownership::memory::InMemoryLeaseStore;
 use durability_ownership::{
-    ClassName, DeleteLock, Generation, LifecycleAdmin, LifecycleId, ManualClock, ObjectName,
-    OwnerScope, Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
+    ClassName, DeleteLock, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
+    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
 };
 
 const START: i64 = 1_700_000_000_000;
@@ -39,12 +39,7 @@ impl Dispatch for Local {
 #[derive(Clone, Default)]
 struct DeadOwner(Arc<AtomicU64>);
 impl Forward for DeadOwner {
-    async fn forward(
-        &self,
-        _owner: &TaskId,
-        _generation: Generation,
-        _d: Delivery,
-    ) -> DispatchOutcome {
+    async fn forward(&self, _owner: &RemoteOwner, _d: Delivery) -> DispatchOutcome {
         self.0.fetch_add(1, Ordering::SeqCst);
         DispatchOutcome::NeverStarted {
             reason: "connection refused".to_owned(),

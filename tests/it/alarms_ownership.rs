@@ -6,12 +6,13 @@
 use std::sync::{Arc, Mutex};
 
 use durability_alarms::{
-    Delivery, Dispatch, DispatchOutcome, Forward, ObjectId, OwnerRouted, ScopeOf, Token,
+    Delivery, Dispatch, DispatchOutcome, Forward, ObjectId, OwnerRouted, RemoteOwner, ScopeOf,
+    Token,
 };
 use durability_ownership::memory::InMemoryLeaseStore;
 use durability_ownership::{
-    ClassName, Generation, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
-    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
+    ClassName, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope, Ownership,
+    OwnershipSettings, ShardCount, StorageId, TaskId,
 };
 
 type Log = Arc<Mutex<Vec<String>>>;
@@ -31,17 +32,12 @@ impl Dispatch for Local {
 /// The host's transport to the owner: records where it sent the delivery.
 struct Send(&'static str, Log);
 impl Forward for Send {
-    async fn forward(
-        &self,
-        owner: &TaskId,
-        _generation: Generation,
-        d: Delivery,
-    ) -> DispatchOutcome {
+    async fn forward(&self, owner: &RemoteOwner, d: Delivery) -> DispatchOutcome {
         self.1.lock().unwrap().push(format!(
             "{} forwarded {} to {}",
             self.0,
             d.object,
-            owner.as_str()
+            owner.task.as_str()
         ));
         DispatchOutcome::Delivered
     }

@@ -18,8 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use durability_ownership::{
-    ClassName, Clock, ObjectName, OwnerScope, ShardCount, StorageId, SystemClock,
+    ClaimOutcome, ClassName, Clock, LeaseStore as _, LifecycleId, ObjectName, OwnerEndpoint,
+    OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
 };
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use serde_json::Value;
 
 const TOKEN: &str = "test-internal-token-0123456789";
@@ -658,35 +660,89 @@ fn forged_fences_headers_and_tokens_are_refused() {
     );
 }
 
-fn set_peer(dir: &Path, task: &str, endpoint: &str) {
-    let peers = dir.join("peers");
-    let tmp = peers.join(format!(".{task}.test"));
-    std::fs::write(&tmp, endpoint).unwrap();
-    std::fs::rename(&tmp, peers.join(task)).unwrap();
+fn object_scope(name: &str) -> OwnerScope {
+    OwnerScope::for_object(
+        StorageId::new("st1").unwrap(),
+        ClassName::new("Counter").unwrap(),
+        &ObjectName::new(name),
+        ShardCount::default(),
+    )
+    .unwrap()
 }
 
-#[test]
-fn hostile_owner_endpoints_are_refused_before_the_token_is_sent() {
+/// An object name in a shard other than those of `avoid`.
+fn other_shard(avoid: &[&str]) -> String {
+    (0..10_000)
+        .map(|i| format!("obj{i}"))
+        .find(|n| avoid.iter().all(|a| shard(n) != shard(a)))
+        .unwrap()
+}
+
+/// The test's own handle on the lease store the hosts share.
+fn lease_store(dir: &Path) -> SqliteLeaseStore<SystemClock> {
+    SqliteLeaseStore::open(
+        dir.join("leases.db"),
+        SystemClock::new(),
+        ShardCount::default(),
+    )
+    .unwrap()
+}
+
+/// Writes an owner record of `task` advertising `endpoint` for the scope
+/// of `name` (free, or after releasing `previous`), as a hostile or
+/// broken writer of the lease store would.
+async fn plant_owner(
+    store: &SqliteLeaseStore<SystemClock>,
+    name: &str,
+    task: &str,
+    endpoint: &str,
+    previous: Option<OwnerRecord>,
+) -> OwnerRecord {
+    if let Some(old) = previous {
+        assert!(store.release(&old).await.unwrap());
+    }
+    match store
+        .claim_as(
+            &object_scope(name),
+            &LifecycleId::new("ns:app").unwrap(),
+            &TaskId::new(task).unwrap(),
+            Some(&OwnerEndpoint::new(endpoint).unwrap()),
+            60_000,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Claimed(lease) => lease.record,
+        ClaimOutcome::Held(lease) => panic!("{name}'s scope is held: {lease:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_owner_records_are_refused_before_the_token_is_sent() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = Proc::spawn("a", dir.path());
     let mut b = Proc::spawn("b", dir.path());
     a.call_ok("c1", "incr", "{\"by\":1}");
+    let store = lease_store(dir.path());
+    let victim = other_shard(&["c1"]);
     let trap = TcpListener::bind("127.0.0.1:0").unwrap();
     trap.set_nonblocking(true).unwrap();
     let port = trap.local_addr().unwrap().port();
+    // Each passes the record's grammar (so the store keeps it) and fails
+    // the host's endpoint policy.
     let hostile = [
         format!("http://localhost:{port}"),
         format!("http://127.0.0.1:{port}/evil"),
         format!("http://user@127.0.0.1:{port}"),
-        format!("https://127.0.0.1:{port}"),
-        format!("http://127.0.0.1:{port}\n"),
         format!("http://127.0.0.1:0{port}"),
+        format!("http://127.0.0.1:{port}?x=1"),
         "http://8.8.8.8:80".to_owned(),
         "http://169.254.169.254:80".to_owned(),
     ];
+    let mut record = None;
     for endpoint in &hostile {
-        set_peer(dir.path(), "a", endpoint);
-        let line = b.call("c1", "incr", "{\"by\":100}");
+        record = Some(plant_owner(&store, &victim, "evil", endpoint, record).await);
+        let line = b.call(&victim, "incr", "{\"by\":100}");
         assert_eq!(
             field(&line, "code"),
             "owner_unavailable",
@@ -703,12 +759,18 @@ fn hostile_owner_endpoints_are_refused_before_the_token_is_sent() {
         );
     }
     assert_eq!(b.routing()["refusals"], hostile.len() as u64);
-    assert_eq!(b.hint("c1").0, "none");
-    set_peer(dir.path(), "a", &a.endpoint);
-    let v = b.call_ok("c1", "get", "null");
-    assert_eq!(n_of(&v), 1, "no refused call ran");
+    assert_eq!(b.hint(&victim).0, "none");
+    // Once the hostile record is gone, b claims the scope: nothing ran.
+    assert!(store.release(&record.unwrap()).await.unwrap());
+    let v = b.call_ok(&victim, "get", "null");
+    assert_eq!(
+        (n_of(&v), v["task"].as_str()),
+        (0, Some("b")),
+        "no refused call ran"
+    );
     eprintln!(
-        "tried: {} hostile endpoints for a, each refused before connecting: {hostile:?}",
+        "tried: {} owner records of task evil advertising hostile endpoints for {victim}'s \
+         scope, each refused by b before connecting: {hostile:?}",
         hostile.len()
     );
 }
@@ -743,14 +805,14 @@ fn impostor(listener: TcpListener, response: String) -> std::thread::JoinHandle<
     })
 }
 
-#[test]
-fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
+    let _a = Proc::spawn("a", dir.path());
     let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
-    b.call_ok("c1", "get", "null");
-    assert_eq!(b.hint("c1").0, "a");
+    let store = lease_store(dir.path());
+    let victim = other_shard(&[]);
+    let key = object_scope(&victim).host_id().to_owned();
     let body = "{\"error\":\"stale_owner\",\"message\":\"replay me\"}";
     let answers = [
         // A tenant-shaped body naming a rediscovery code, no marker.
@@ -766,24 +828,35 @@ fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
         // A gateway error.
         "HTTP/1.1 504 Gateway Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
     ];
+    let mut record = None;
     for answer in answers {
-        // b learns the hint again through a forwarded call, then an
-        // impostor answers at a's published endpoint.
-        set_peer(dir.path(), "a", &a.endpoint);
-        b.call_ok("c1", "get", "null");
-        assert_eq!(b.hint("c1").0, "a");
+        // An impostor "owner" whose record advertises its listener: it
+        // first answers a valid success with owner headers (b learns the
+        // hint), then the untrusted answer to b's direct call.
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        set_peer(
-            dir.path(),
-            "a",
-            &format!("http://{}", listener.local_addr().unwrap()),
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let planted = plant_owner(&store, &victim, "imp", &endpoint, record.take()).await;
+        let generation = planted.generation().get();
+        record = Some(planted);
+        let ok = "{\"ok\":true,\"result\":{\"n\":0,\"task\":\"imp\"}}";
+        let first = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-durability-owner-task: imp\r\nx-durability-owner-generation: {generation}\r\nx-durability-owner-key: {key}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{ok}",
+            ok.len()
         );
-        let seen = impostor(listener, answer.clone());
-        let before = b.routing();
-        let line = b.call("c1", "incr", "{\"by\":100}");
+        let seen = impostor(listener.try_clone().unwrap(), first);
+        b.call_ok(&victim, "get", "null");
         let request = seen.join().unwrap();
         assert!(
-            request.contains("x-durability-route-task: a"),
+            request.contains("x-durability-route-task: imp"),
+            "a fenced forward to the record's endpoint: {request}"
+        );
+        assert_eq!(b.hint(&victim).0, "imp");
+        let seen = impostor(listener, answer.clone());
+        let before = b.routing();
+        let line = b.call(&victim, "incr", "{\"by\":100}");
+        let request = seen.join().unwrap();
+        assert!(
+            request.contains("x-durability-route-task: imp"),
             "a fenced direct call: {request}"
         );
         assert_eq!(
@@ -801,13 +874,17 @@ fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
             after["forwarded"], before["forwarded"],
             "no replay after {answer:?}"
         );
-        assert_eq!(b.hint("c1").0, "none", "hint evicted after {answer:?}");
+        assert_eq!(after["direct"], before["direct"] + 1, "{answer:?}");
+        assert_eq!(b.hint(&victim).0, "none", "hint evicted after {answer:?}");
     }
-    set_peer(dir.path(), "a", &a.endpoint);
-    let v = b.call_ok("c1", "get", "null");
-    assert_eq!(n_of(&v), 1);
+    assert!(store.release(&record.unwrap()).await.unwrap());
+    let v = b.call_ok(&victim, "get", "null");
+    assert_eq!(n_of(&v), 0, "nothing b sent the impostor ran anywhere");
     eprintln!(
-        "tried: 3 untrusted answers at a's endpoint (unmarked 503 naming stale_owner, marker on a 500, 504): each evicted the hint and returned owner_unavailable without a replay"
+        "tried: 3 untrusted answers from an impostor owner of {victim}'s scope (its record \
+         advertising its listener; unmarked 503 naming stale_owner, marker on a 500, 504): \
+         each direct call on the learned hint evicted it and returned owner_unavailable \
+         without a replay"
     );
 }
 

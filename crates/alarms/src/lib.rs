@@ -69,7 +69,7 @@ pub use index::{
 pub use memory::MemoryAlarmIndex;
 pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};
 #[cfg(feature = "ownership")]
-pub use owner_routed::{Forward, OwnerRouted, ScopeOf};
+pub use owner_routed::{Forward, OwnerRouted, RemoteOwner, ScopeOf};
 pub use policy::{
     DEFAULT_CLAIM_LEASE_MS, DEFAULT_CONCURRENCY, DEFAULT_DISPATCH_TIMEOUT_MS,
     DEFAULT_LOG_INTERVAL_MS, DEFAULT_MAX_TRIES, DEFAULT_OWNER_WAIT_MAX_MS, DEFAULT_PROMOTE_BATCH,

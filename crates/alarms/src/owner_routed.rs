@@ -17,8 +17,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use durability_ownership::{
-    Clock, Generation, LeaseStore, LifecycleId, OwnerScope, Ownership, OwnershipError, Resolution,
-    TaskId,
+    Clock, Generation, LeaseStore, LifecycleId, OwnerEndpoint, OwnerScope, Ownership,
+    OwnershipError, Resolution, TaskId,
 };
 use durability_scheduler::ObjectId;
 
@@ -29,18 +29,28 @@ use crate::dispatcher::{Delivery, Dispatch, DispatchOutcome};
 pub type ScopeOf =
     Arc<dyn Fn(&ObjectId) -> Result<(OwnerScope, LifecycleId), String> + Send + Sync>;
 
+/// The owner another task resolved for a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteOwner {
+    /// The owning task.
+    pub task: TaskId,
+    /// Its generation (the owner admits the delivery only there).
+    pub generation: Generation,
+    /// The endpoint its owner record advertises, if any (grammar-checked
+    /// only).
+    pub endpoint: Option<OwnerEndpoint>,
+}
+
 /// Sends a delivery to the task that owns the object (the transport is the
 /// host's: an RPC, an internal HTTP call …).
 pub trait Forward: Send + Sync + 'static {
-    /// Delivers on `owner`, fenced at the `generation` this task resolved
-    /// it at (the owner admits the delivery only at that generation), and
-    /// reports the outcome there. An outcome that proves the owner did not
-    /// start the alarm (it could not be reached, or refused before running
-    /// anything) is [`DispatchOutcome::NeverStarted`].
+    /// Delivers on `owner`, fenced at the generation this task resolved it
+    /// at, and reports the outcome there. An outcome that proves the owner
+    /// did not start the alarm (it could not be reached, or refused before
+    /// running anything) is [`DispatchOutcome::NeverStarted`].
     fn forward(
         &self,
-        owner: &TaskId,
-        generation: Generation,
+        owner: &RemoteOwner,
         delivery: Delivery,
     ) -> impl Future<Output = DispatchOutcome> + Send;
 }
@@ -180,14 +190,24 @@ where
         };
         let delivery_object = delivery.object.clone();
         match self.ownership.resolve(&scope, &lifecycle).await {
-            Ok(Resolution::Remote { task, generation }) => {
-                match self.forward.forward(&task, generation, delivery).await {
+            Ok(Resolution::Remote {
+                task,
+                generation,
+                endpoint,
+            }) => {
+                let owner = RemoteOwner {
+                    task,
+                    generation,
+                    endpoint,
+                };
+                let (task, generation) = (&owner.task, owner.generation);
+                match self.forward.forward(&owner, delivery).await {
                     // The owner elsewhere could not take it (a dead owner
                     // during failover): wait for its lease, not a hot loop;
                     // at once when the lease has moved on from it.
                     DispatchOutcome::NeverStarted { reason } => DispatchOutcome::OwnerElsewhere {
                         retry_in_ms: self
-                            .owner_lease_left(&scope, &lifecycle, &task, generation)
+                            .owner_lease_left(&scope, &lifecycle, task, generation)
                             .await,
                         reason: format!("owner {}: {reason}", task.as_str()),
                     },

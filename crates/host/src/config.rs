@@ -6,8 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward};
-use durability_ownership::{Generation, TaskId};
+use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward, RemoteOwner};
 use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use futures::future::BoxFuture;
@@ -54,12 +53,11 @@ pub enum OwnPolicy {
 /// (`POST /internal/do/alarm`), and a host without a token uses
 /// [`NoTransport`].
 pub trait HostForward: Send + Sync + 'static {
-    /// Delivers on `owner`, fenced at `generation`, and reports the
+    /// Delivers on `owner`, fenced at its generation, and reports the
     /// outcome there.
     fn forward(
         &self,
-        owner: &TaskId,
-        generation: Generation,
+        owner: &RemoteOwner,
         delivery: Delivery,
     ) -> BoxFuture<'static, DispatchOutcome>;
 }
@@ -73,11 +71,10 @@ pub struct NoTransport;
 impl HostForward for NoTransport {
     fn forward(
         &self,
-        owner: &TaskId,
-        _generation: Generation,
+        owner: &RemoteOwner,
         _delivery: Delivery,
     ) -> BoxFuture<'static, DispatchOutcome> {
-        let reason = format!("no transport to task {}", owner.as_str());
+        let reason = format!("no transport to task {}", owner.task.as_str());
         Box::pin(async move { DispatchOutcome::NeverStarted { reason } })
     }
 }
@@ -88,11 +85,10 @@ pub(crate) struct ForwardHook(pub(crate) Arc<dyn HostForward>);
 impl Forward for ForwardHook {
     fn forward(
         &self,
-        owner: &TaskId,
-        generation: Generation,
+        owner: &RemoteOwner,
         delivery: Delivery,
     ) -> impl Future<Output = DispatchOutcome> + Send {
-        self.0.forward(owner, generation, delivery)
+        self.0.forward(owner, delivery)
     }
 }
 
@@ -287,8 +283,9 @@ impl<S, I> HostConfig<S, I> {
         self
     }
 
-    /// Where other tasks are reached (the owner record does not carry the
-    /// endpoint yet). Every endpoint is checked against the endpoint policy
+    /// Where other tasks are reached when their owner record advertises no
+    /// endpoint (records written by a host without a token, or by an older
+    /// version). Every endpoint is checked against the endpoint policy
     /// before the token is attached.
     #[must_use]
     pub fn peers(mut self, peers: impl crate::transport::PeerDirectory) -> Self {

@@ -14,8 +14,8 @@ use durability_alarms::{
 };
 use durability_ownership::{
     AdmissionPermit, ClassName, DrainReport, Generation, Lease, LeaseBudget, LeaseStore,
-    LifecycleAdmin, LifecycleId, ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership,
-    OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
+    LifecycleAdmin, LifecycleId, ObjectName, OwnerEndpoint, OwnerHintCache, OwnerRecord,
+    OwnerScope, Ownership, OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
@@ -360,14 +360,18 @@ where
             .as_deref()
             .map(InternalToken::new)
             .transpose()?;
-        if let Some(e) = &config.endpoint
-            && token.is_some()
-        {
-            config
-                .endpoint_policy
-                .check(e)
-                .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
-        }
+        // With calls between hosts on, the endpoint must pass this host's
+        // own policy, and every owner record it writes advertises it.
+        let advertised = match (&config.endpoint, &token) {
+            (Some(e), Some(_)) => {
+                let checked = config
+                    .endpoint_policy
+                    .check(e)
+                    .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
+                Some(OwnerEndpoint::new(&checked.url()).map_err(bad("endpoint"))?)
+            }
+            _ => None,
+        };
         for (class, method) in &config.method_names {
             if !config.classes.contains_key(class) {
                 return Err(HostError::setting(
@@ -466,10 +470,11 @@ where
         })?;
 
         let clock = Arc::clone(&config.clock);
-        let ownership = Ownership::new(
+        let ownership = Ownership::with_endpoint(
             Arc::clone(&config.lease_store),
             Arc::clone(&clock),
             task,
+            advertised,
             settings.ownership,
         );
         let (events, _) = broadcast::channel(1024);
@@ -742,7 +747,9 @@ where
             .await?
         {
             Resolution::Local(g) => g,
-            Resolution::Remote { task, generation } => {
+            Resolution::Remote {
+                task, generation, ..
+            } => {
                 tracing::debug!(
                     event = "durability.host.owner_resolved",
                     scope = %address.scope,
@@ -1717,19 +1724,14 @@ where
 {
     fn forward(
         &self,
-        owner: &TaskId,
-        generation: Generation,
+        owner: &durability_alarms::RemoteOwner,
         delivery: Delivery,
     ) -> futures::future::BoxFuture<'static, DispatchOutcome> {
         let inner = self.0.upgrade();
         let owner = owner.clone();
         Box::pin(async move {
             match inner {
-                Some(inner) => {
-                    Host { inner }
-                        .forward_alarm(&owner, generation, delivery)
-                        .await
-                }
+                Some(inner) => Host { inner }.forward_alarm(&owner, delivery).await,
                 None => DispatchOutcome::NeverStarted {
                     reason: "the host stopped".to_owned(),
                 },

@@ -104,8 +104,9 @@
 //! `owner_unavailable`; an unreadable success is `do_rpc_result_unknown`;
 //! RPC is never replayed after an unknown outcome. Internal endpoints need
 //! the shared token ([`HostConfig::internal_token`], compared in constant
-//! time); owner endpoints come from a [`transport::PeerDirectory`] (the
-//! owner record does not carry the endpoint yet) and must pass the
+//! time); owner endpoints come from the owner's record (every host with a
+//! token advertises its endpoint in the records it writes), else from a
+//! [`transport::PeerDirectory`], and must pass the
 //! [`transport::EndpointPolicy`] (loopback and private addresses by
 //! default) before the token is attached. An alarm delivery claimed by
 //! this host's dispatcher for an object owned elsewhere is forwarded the

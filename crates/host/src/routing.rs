@@ -21,17 +21,21 @@
 //! - Hints live in a process-local LRU of 10,000 entries keyed by storage
 //!   id, class and shard (objects of one shard share a hint); the owner's
 //!   admission stays authoritative.
-//! - Before the internal token is attached, the owner's endpoint (from the
-//!   [`PeerDirectory`]) must pass the [`EndpointPolicy`]; an invalid one
-//!   fails closed as `owner_unavailable`.
+//! - Before the internal token is attached, the owner's endpoint (the one
+//!   its owner record advertises, else the [`PeerDirectory`]'s) must pass
+//!   the [`EndpointPolicy`]; an invalid one fails closed as
+//!   `owner_unavailable`, not started. A host with a token advertises its
+//!   endpoint (checked against its own policy at start) in every owner
+//!   record it writes; after a restart on another endpoint it gives its old
+//!   record back and claims again, so the record never names a stale port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome};
+use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
 use durability_ownership::{
-    Generation, LeaseStore, LifecycleAdmin, OwnerHint, OwnerHintCache, OwnerScope, Resolution,
-    TaskId,
+    Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerHint, OwnerHintCache, OwnerScope,
+    Resolution, TaskId,
 };
 use serde_json::Value;
 
@@ -222,7 +226,13 @@ where
         if let Some(hint) = routing.hints.get(scope).filter(|h| h.task != me) {
             bump(&routing.counters.direct);
             match self
-                .send(scope, &request, &hint.task, hint.generation)
+                .send(
+                    scope,
+                    &request,
+                    &hint.task,
+                    hint.generation,
+                    hint.endpoint.as_ref(),
+                )
                 .await
             {
                 Attempt::Done(result) => return result,
@@ -279,21 +289,28 @@ where
                     other => Attempt::Done(other.map(|(v, _)| v)),
                 }
             }
-            Resolution::Remote { task, generation } => {
+            Resolution::Remote {
+                task,
+                generation,
+                endpoint,
+            } => {
                 bump(&routing.counters.forwarded);
-                self.send(scope, request, &task, generation).await
+                self.send(scope, request, &task, generation, endpoint.as_ref())
+                    .await
             }
         }
     }
 
     /// Sends `request` fenced at (`task`, `generation`) to `task`'s
-    /// endpoint and classifies the answer.
+    /// endpoint (the one its owner record advertises, else the peer
+    /// directory's) and classifies the answer.
     async fn send(
         &self,
         scope: &OwnerScope,
         request: &InvokeRequest,
         task: &TaskId,
         generation: Generation,
+        advertised: Option<&OwnerEndpoint>,
     ) -> Attempt {
         let routing = self.routing();
         let Some(token) = routing.token.as_ref() else {
@@ -301,7 +318,7 @@ where
                 reason: "no internal token configured: calls between hosts are off".to_owned(),
             }));
         };
-        let endpoint = match self.owner_endpoint(task) {
+        let endpoint = match self.owner_endpoint(task, advertised) {
             Ok(e) => e,
             Err(reason) => {
                 self.evict(scope);
@@ -327,6 +344,7 @@ where
                         OwnerHint {
                             task: task.clone(),
                             generation: g,
+                            endpoint: advertised.cloned(),
                         },
                     );
                 }
@@ -385,11 +403,19 @@ where
         }
     }
 
-    /// The endpoint of `task`, from the peer directory, checked against the
-    /// endpoint policy (before any token is attached).
-    fn owner_endpoint(&self, task: &TaskId) -> Result<Endpoint, String> {
+    /// The endpoint of `task`: the one its owner record advertises, else
+    /// the peer directory's; checked against the endpoint policy (before
+    /// any token is attached).
+    fn owner_endpoint(
+        &self,
+        task: &TaskId,
+        advertised: Option<&OwnerEndpoint>,
+    ) -> Result<Endpoint, String> {
         let routing = self.routing();
-        let endpoint = match routing.peers.endpoint(task.as_str()) {
+        let raw = advertised
+            .map(|e| e.as_str().to_owned())
+            .or_else(|| routing.peers.endpoint(task.as_str()));
+        let endpoint = match raw {
             None => Err("the owner's endpoint is unknown".to_owned()),
             Some(raw) => routing.policy.check(&raw).map_err(|e| e.to_string()),
         };
@@ -410,17 +436,17 @@ where
     /// an unknown or refused endpoint) is never started.
     pub(crate) async fn forward_alarm(
         &self,
-        owner: &TaskId,
-        generation: Generation,
+        remote: &RemoteOwner,
         delivery: Delivery,
     ) -> DispatchOutcome {
+        let (owner, generation) = (&remote.task, remote.generation);
         let routing = self.routing();
         let Some(token) = routing.token.as_ref() else {
             return DispatchOutcome::NeverStarted {
                 reason: "no internal token configured: calls between hosts are off".to_owned(),
             };
         };
-        let endpoint = match self.owner_endpoint(owner) {
+        let endpoint = match self.owner_endpoint(owner, remote.endpoint.as_ref()) {
             Ok(e) => e,
             Err(reason) => return DispatchOutcome::NeverStarted { reason },
         };
@@ -506,16 +532,25 @@ where
                 bump(&routing.counters.local);
                 self.invoke_local(&request, None).await
             }
-            Resolution::Remote { task, generation } => {
+            Resolution::Remote {
+                task,
+                generation,
+                endpoint,
+            } => {
                 bump(&routing.counters.forwarded);
-                match self.send(&scope, &request, &task, generation).await {
+                match self
+                    .send(&scope, &request, &task, generation, endpoint.as_ref())
+                    .await
+                {
                     Attempt::Done(Ok(value)) => Ok((
                         value,
                         OwnerHeaders {
                             task: task.as_str().to_owned(),
                             generation: generation.get(),
                             key: scope.host_id().to_owned(),
-                            endpoint: routing.peers.endpoint(task.as_str()),
+                            endpoint: endpoint
+                                .map(|e| e.as_str().to_owned())
+                                .or_else(|| routing.peers.endpoint(task.as_str())),
                         },
                     )),
                     Attempt::Done(Err(e)) => Err(e),

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot};
 
@@ -467,6 +467,52 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 h.expire_owner(&c.scope).await;
                 assert_eq!(claimed(h, &c, "b").await.generation().get(), 10, "{name}");
             }
+            "a_claimed_endpoint_is_stored_renewed_and_released_exactly" => {
+                let endpoint = OwnerEndpoint::new("http://10.1.2.3:7001").expect("endpoint");
+                let r = match h
+                    .store()
+                    .claim_as(&c.scope, &c.lifecycle, &task("a"), Some(&endpoint), TTL_MS)
+                    .await
+                    .expect("claim")
+                {
+                    ClaimOutcome::Claimed(l) => l.record,
+                    ClaimOutcome::Held(l) => panic!("{name}: held by {:?}", l.record.task()),
+                };
+                assert_eq!(r.endpoint(), Some(&endpoint), "{name}");
+                let raw = snap_raw(h, &c).await;
+                assert_eq!(
+                    raw.owner.as_deref(),
+                    Some(r.encoded().as_bytes()),
+                    "{name}: the stored bytes are the record's"
+                );
+                let s = snap(h, &c).await;
+                let held = s.owner.expect("owner").record;
+                assert_eq!(held, r, "{name}: read back with its endpoint");
+                assert_eq!(held.endpoint(), Some(&endpoint), "{name}");
+                // The same task and generation without the endpoint is
+                // another record: renew and release refuse it.
+                let bare = OwnerRecord::new(
+                    c.scope.clone(),
+                    c.lifecycle.clone(),
+                    task("a"),
+                    r.generation(),
+                );
+                assert!(
+                    h.store().renew(&bare, TTL_MS).await.is_err(),
+                    "{name}: renew is exact"
+                );
+                assert!(
+                    !h.store().release(&bare).await.expect("release"),
+                    "{name}: release is exact"
+                );
+                assert_eq!(
+                    h.store().renew(&r, TTL_MS).await.expect("renew").record,
+                    r,
+                    "{name}"
+                );
+                assert!(h.store().release(&r).await.expect("release"), "{name}");
+                assert!(snap(h, &c).await.owner.is_none(), "{name}: released");
+            }
             other => panic!("unknown case {other}"),
         }
     }
@@ -505,6 +551,7 @@ macro_rules! ownership_conformance {
             bad_ttl_is_refused_before_any_write
             renew_many_matches_renew_one_by_one
             raise_generation_floor_never_lowers_and_keeps_the_owner
+            a_claimed_endpoint_is_stored_renewed_and_released_exactly
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use lru::LruCache;
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{OwnerScope, TaskId};
 
 /// Default capacity of an [`OwnerHintCache`].
@@ -19,6 +19,9 @@ pub struct OwnerHint {
     pub task: TaskId,
     /// Its generation.
     pub generation: Generation,
+    /// The endpoint its owner record advertised, if any (grammar-checked
+    /// only).
+    pub endpoint: Option<OwnerEndpoint>,
 }
 
 /// An advisory, bounded routing cache. Eviction only costs a rediscovery;
@@ -68,6 +71,7 @@ impl OwnerHintCache {
             OwnerHint {
                 task: record.task().clone(),
                 generation: record.generation(),
+                endpoint: record.endpoint().cloned(),
             },
         );
         Ok(())

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
 use crate::store::{ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot};
 
@@ -172,14 +172,17 @@ impl<S> HookedStore<S> {
 }
 
 impl<S: LeaseStore> LeaseStore for HookedStore<S> {
-    async fn claim(
+    async fn claim_as(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        let f = self.inner.claim(scope, lifecycle, task, ttl_ms);
+        let f = self
+            .inner
+            .claim_as(scope, lifecycle, task, endpoint, ttl_ms);
         self.call(Method::Claim, Some(scope), f).await
     }
 

@@ -56,7 +56,10 @@ pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{
     AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,
 };
-pub use record::{Generation, OwnerRecord, RECORD_VERSION, RecordTemplate};
+pub use record::{
+    Generation, MAX_OWNER_ENDPOINT_BYTES, OwnerEndpoint, OwnerRecord, RECORD_VERSION,
+    RecordTemplate,
+};
 pub use scope::{
     ClassName, DEFAULT_SHARD_COUNT, LifecycleId, MAX_CLASS_NAME_BYTES, MAX_HOST_ID_BYTES,
     MAX_LIFECYCLE_ID_BYTES, MAX_SAFE_INTEGER, MAX_SHARD_COUNT, MAX_STORAGE_ID_BYTES,

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::OwnershipError;
 use crate::metrics::OwnershipMetrics;
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
 use crate::settings::{Admission, OwnershipSettings};
 use crate::store::{ClaimOutcome, Lease, LeaseStore};
@@ -26,6 +26,9 @@ pub enum Resolution {
         task: TaskId,
         /// Its generation.
         generation: Generation,
+        /// The endpoint its record advertises, if any (grammar-checked
+        /// only: check it against your policy before sending there).
+        endpoint: Option<OwnerEndpoint>,
     },
 }
 
@@ -42,6 +45,7 @@ struct Inner<S, C> {
     store: S,
     clock: C,
     task: TaskId,
+    endpoint: Option<OwnerEndpoint>,
     settings: OwnershipSettings,
     leases: Mutex<HashMap<OwnerScope, LocalLease>>,
     draining: AtomicBool,
@@ -199,14 +203,28 @@ pub struct Probe {
 }
 
 impl<S: LeaseStore, C: Clock> Ownership<S, C> {
-    /// The ownership state of `task` over `store`.
+    /// The ownership state of `task` over `store`; its owner records
+    /// advertise no endpoint.
     pub fn new(store: S, clock: C, task: TaskId, settings: OwnershipSettings) -> Self {
+        Self::with_endpoint(store, clock, task, None, settings)
+    }
+
+    /// The ownership state of `task` over `store`; every owner record it
+    /// writes advertises `endpoint` (where other tasks reach it).
+    pub fn with_endpoint(
+        store: S,
+        clock: C,
+        task: TaskId,
+        endpoint: Option<OwnerEndpoint>,
+        settings: OwnershipSettings,
+    ) -> Self {
         let metrics = OwnershipMetrics::new(task.as_str());
         Self {
             inner: Arc::new(Inner {
                 store,
                 clock,
                 task,
+                endpoint,
                 settings,
                 leases: Mutex::new(HashMap::new()),
                 draining: AtomicBool::new(false),
@@ -225,6 +243,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// This task.
     pub fn task(&self) -> &TaskId {
         &self.inner.task
+    }
+
+    /// The endpoint this task's owner records advertise.
+    pub fn endpoint(&self) -> Option<&OwnerEndpoint> {
+        self.inner.endpoint.as_ref()
     }
 
     /// The settings.
@@ -287,58 +310,86 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         {
             return Ok(Resolution::Local(l.record.generation()));
         }
-        let sent = self.inner.clock.now_ms_u64();
-        let outcome = self
-            .inner
-            .store
-            .claim(
-                scope,
-                lifecycle,
-                &self.inner.task,
-                self.inner.settings.owner_ttl_ms,
-            )
-            .await;
-        match outcome {
-            Ok(ClaimOutcome::Claimed(lease)) => {
-                self.inner.metrics.claimed.increment(1);
-                tracing::info!(
-                    event = "durability.ownership.claimed",
-                    scope = %scope,
-                    generation = lease.record.generation().get(),
-                    "claimed owner scope"
-                );
-                if self.inner.draining.load(Ordering::SeqCst) {
-                    // A drain started while claiming: give the scope straight back.
-                    let _ = self.inner.store.release(&lease.record).await;
-                    return Err(OwnershipError::Draining);
+        // At most twice: once more after giving back a record of this task
+        // that advertises another endpoint.
+        for _ in 0..2 {
+            let sent = self.inner.clock.now_ms_u64();
+            let outcome = self
+                .inner
+                .store
+                .claim_as(
+                    scope,
+                    lifecycle,
+                    &self.inner.task,
+                    self.inner.endpoint.as_ref(),
+                    self.inner.settings.owner_ttl_ms,
+                )
+                .await;
+            return match outcome {
+                Ok(ClaimOutcome::Claimed(lease)) => {
+                    self.inner.metrics.claimed.increment(1);
+                    tracing::info!(
+                        event = "durability.ownership.claimed",
+                        scope = %scope,
+                        generation = lease.record.generation().get(),
+                        "claimed owner scope"
+                    );
+                    if self.inner.draining.load(Ordering::SeqCst) {
+                        // A drain started while claiming: give the scope straight back.
+                        let _ = self.inner.store.release(&lease.record).await;
+                        return Err(OwnershipError::Draining);
+                    }
+                    Ok(Resolution::Local(self.remember(&lease, sent)))
                 }
-                Ok(Resolution::Local(self.remember(&lease, sent)))
-            }
-            Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
-                self.inner.metrics.held_here.increment(1);
-                Ok(Resolution::Local(self.remember(&lease, sent)))
-            }
-            Ok(ClaimOutcome::Held(lease)) => {
-                self.inner.metrics.held_elsewhere.increment(1);
-                self.forget(scope);
-                Ok(Resolution::Remote {
-                    task: lease.record.task().clone(),
-                    generation: lease.record.generation(),
-                })
-            }
-            Err(e) => {
-                self.inner.metrics.claim_failed.increment(1);
-                self.forget(scope);
-                tracing::warn!(
-                    event = "durability.ownership.claim_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    error = %e,
-                    "claiming the owner scope failed"
-                );
-                Err(e)
-            }
+                Ok(ClaimOutcome::Held(lease))
+                    if lease.record.task() == &self.inner.task
+                        && lease.record.endpoint() != self.inner.endpoint.as_ref() =>
+                {
+                    // This task's record from an earlier run at another
+                    // endpoint (a restart on a new port): other tasks would
+                    // route to the old one. Give it back (exact bytes) and
+                    // claim again, so the new record, at a new generation,
+                    // advertises this endpoint.
+                    tracing::info!(
+                        event = "durability.ownership.endpoint_changed",
+                        scope = %scope,
+                        generation = lease.record.generation().get(),
+                        "this task's record advertises another endpoint; reclaiming"
+                    );
+                    self.forget(scope);
+                    self.inner.store.release(&lease.record).await?;
+                    continue;
+                }
+                Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
+                    self.inner.metrics.held_here.increment(1);
+                    Ok(Resolution::Local(self.remember(&lease, sent)))
+                }
+                Ok(ClaimOutcome::Held(lease)) => {
+                    self.inner.metrics.held_elsewhere.increment(1);
+                    self.forget(scope);
+                    Ok(Resolution::Remote {
+                        task: lease.record.task().clone(),
+                        generation: lease.record.generation(),
+                        endpoint: lease.record.endpoint().cloned(),
+                    })
+                }
+                Err(e) => {
+                    self.inner.metrics.claim_failed.increment(1);
+                    self.forget(scope);
+                    tracing::warn!(
+                        event = "durability.ownership.claim_failed",
+                        scope = %scope,
+                        code = e.code(),
+                        error = %e,
+                        "claiming the owner scope failed"
+                    );
+                    Err(e)
+                }
+            };
         }
+        Err(OwnershipError::OwnerRace {
+            scope: scope.to_string(),
+        })
     }
 
     /// Renews the local lease of `scope` (same task, same generation, exact

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
@@ -104,11 +104,12 @@ impl<C: Clock> InMemoryLeaseStore<C> {
 }
 
 impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
-    async fn claim(
+    async fn claim_as(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
         validate_ttl(ttl_ms)?;
@@ -120,7 +121,13 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         }
         let next = st.generations.get(scope.host_id()).copied().unwrap_or(0) + 1;
         let generation = Generation::new(next)?;
-        let record = OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+        let record = OwnerRecord::with_endpoint(
+            scope.clone(),
+            lifecycle.clone(),
+            task.clone(),
+            endpoint.cloned(),
+            generation,
+        );
         let exp = now.saturating_add(ttl_ms);
         st.generations.insert(scope.to_string(), next);
         st.owners.insert(

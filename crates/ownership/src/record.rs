@@ -1,8 +1,9 @@
 //! The persisted owner record: its canonical encoding and its validation on read.
 //!
-//! A record is canonical JSON with the generation as its last field, so a
-//! store can build it atomically from a prefix, the bumped generation and a
-//! suffix ([`RecordTemplate`]). Stores compare records by their exact bytes.
+//! A record is canonical JSON with the generation as its last field but
+//! for the owner's optional endpoint, so a store can build it atomically
+//! from a prefix, the bumped generation and a suffix ([`RecordTemplate`]).
+//! Stores compare records by their exact bytes.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -42,6 +43,49 @@ impl Generation {
     }
 }
 
+/// The longest endpoint an owner record carries, in bytes.
+pub const MAX_OWNER_ENDPOINT_BYTES: usize = 256;
+
+/// The endpoint an owner advertises in its record, where other tasks reach
+/// it (`http://host:port`). Checked here for its grammar only: at most
+/// [`MAX_OWNER_ENDPOINT_BYTES`] of visible ASCII without quotes or
+/// backslashes, starting with `http://`, so the record stays canonical
+/// JSON. Which addresses a caller accepts is the caller's policy (the host
+/// checks every endpoint it reads against its allowlist before it sends
+/// anything there).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OwnerEndpoint(String);
+
+impl OwnerEndpoint {
+    /// Validates an endpoint's grammar.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] otherwise.
+    pub fn new(raw: &str) -> Result<Self, OwnershipError> {
+        let ok = raw.len() > "http://".len()
+            && raw.len() <= MAX_OWNER_ENDPOINT_BYTES
+            && raw.starts_with("http://")
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+        if !ok {
+            return Err(OwnershipError::invalid(
+                "endpoint",
+                format!(
+                    "{:?} is not http://… of at most {MAX_OWNER_ENDPOINT_BYTES} visible ASCII bytes without quotes or backslashes",
+                    raw.chars().take(64).collect::<String>()
+                ),
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The endpoint.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// The record naming the owner of a scope.
 ///
 /// Cloning is a reference-count increment: leases, permits and renew
@@ -54,6 +98,7 @@ struct RecordFields {
     scope: OwnerScope,
     lifecycle: LifecycleId,
     task: TaskId,
+    endpoint: Option<OwnerEndpoint>,
     generation: Generation,
     encoded: String,
 }
@@ -68,8 +113,14 @@ pub struct RecordTemplate {
 }
 
 impl RecordTemplate {
-    /// The template of the record `task` would write for `scope`.
-    pub fn new(scope: &OwnerScope, lifecycle: &LifecycleId, task: &TaskId) -> Self {
+    /// The template of the record `task` (advertising `endpoint`) would
+    /// write for `scope`.
+    pub fn new(
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
+    ) -> Self {
         // Every field's grammar excludes quotes, backslashes and control
         // characters, so no JSON escaping is needed and the bytes are canonical.
         let prefix = format!(
@@ -83,10 +134,13 @@ impl RecordTemplate {
             lifecycle = lifecycle.as_str(),
             task = task.as_str(),
         );
-        Self {
-            prefix,
-            suffix: "}".to_owned(),
-        }
+        // The endpoint's grammar excludes quotes, backslashes and control
+        // characters too.
+        let suffix = match endpoint {
+            Some(e) => format!(",\"endpoint\":\"{}\"}}", e.as_str()),
+            None => "}".to_owned(),
+        };
+        Self { prefix, suffix }
     }
 
     /// The record whose bytes are `prefix + generation + suffix`: what a
@@ -99,9 +153,13 @@ impl RecordTemplate {
         scope: OwnerScope,
         lifecycle: LifecycleId,
         task: TaskId,
+        endpoint: Option<OwnerEndpoint>,
         generation: Generation,
     ) -> OwnerRecord {
-        debug_assert_eq!(self, RecordTemplate::new(&scope, &lifecycle, &task));
+        debug_assert_eq!(
+            self,
+            RecordTemplate::new(&scope, &lifecycle, &task, endpoint.as_ref())
+        );
         let mut encoded = self.prefix;
         // Writing into a String cannot fail.
         let _ = write!(encoded, "{}{}", generation.get(), self.suffix);
@@ -109,6 +167,7 @@ impl RecordTemplate {
             scope,
             lifecycle,
             task,
+            endpoint,
             generation,
             encoded,
         }))
@@ -131,17 +190,32 @@ struct Wire {
     #[serde(rename = "taskId")]
     task_id: String,
     generation: u64,
+    #[serde(default)]
+    endpoint: Option<String>,
 }
 
 impl OwnerRecord {
-    /// A record for `task` owning `scope` at `generation`.
+    /// A record for `task` owning `scope` at `generation` (no endpoint).
     pub fn new(
         scope: OwnerScope,
         lifecycle: LifecycleId,
         task: TaskId,
         generation: Generation,
     ) -> Self {
-        RecordTemplate::new(&scope, &lifecycle, &task).record(scope, lifecycle, task, generation)
+        Self::with_endpoint(scope, lifecycle, task, None, generation)
+    }
+
+    /// A record for `task`, reachable at `endpoint`, owning `scope` at
+    /// `generation`.
+    pub fn with_endpoint(
+        scope: OwnerScope,
+        lifecycle: LifecycleId,
+        task: TaskId,
+        endpoint: Option<OwnerEndpoint>,
+        generation: Generation,
+    ) -> Self {
+        RecordTemplate::new(&scope, &lifecycle, &task, endpoint.as_ref())
+            .record(scope, lifecycle, task, endpoint, generation)
     }
 
     /// Decodes and validates a record read under `expected` scope.
@@ -185,7 +259,13 @@ impl OwnerRecord {
         let lifecycle = LifecycleId::new(&wire.lifecycle).map_err(field)?;
         let task = TaskId::new(&wire.task_id).map_err(field)?;
         let generation = Generation::new(wire.generation).map_err(field)?;
-        let record = Self::new(scope, lifecycle, task, generation);
+        let endpoint = wire
+            .endpoint
+            .as_deref()
+            .map(OwnerEndpoint::new)
+            .transpose()
+            .map_err(field)?;
+        let record = Self::with_endpoint(scope, lifecycle, task, endpoint, generation);
         if record.0.encoded.as_bytes() != raw {
             return Err(bad("record is not in canonical form".to_owned()));
         }
@@ -210,6 +290,12 @@ impl OwnerRecord {
     /// The owner generation.
     pub fn generation(&self) -> Generation {
         self.0.generation
+    }
+
+    /// The endpoint the owner advertises, if any (grammar-checked only:
+    /// check it against your own policy before sending anything there).
+    pub fn endpoint(&self) -> Option<&OwnerEndpoint> {
+        self.0.endpoint.as_ref()
     }
 
     /// The exact stored bytes.

@@ -7,7 +7,7 @@
 use std::future::Future;
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerRecord};
+use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
 
 /// A lease as the store reported it.
@@ -86,19 +86,35 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Atomically: check that `lifecycle`'s active storage pointer names the
     /// scope's storage id and that no whole-delete lock is held; if a live
     /// owner exists return it; otherwise bump the generation and write `task`'s
-    /// record with a lease of `ttl_ms` on the store's clock.
+    /// record (advertising `endpoint`) with a lease of `ttl_ms` on the
+    /// store's clock.
     ///
     /// # Errors
     /// [`OwnershipError::StorageInactive`], [`OwnershipError::DeleteLocked`],
     /// [`OwnershipError::InvalidOwnerRecord`] (the held record is invalid: fail
     /// closed), [`OwnershipError::OwnerRace`], or a store error.
+    fn claim_as(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send;
+
+    /// [`LeaseStore::claim_as`] with a record that advertises no endpoint.
+    ///
+    /// # Errors
+    /// As [`LeaseStore::claim_as`].
     fn claim(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send;
+    ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send {
+        self.claim_as(scope, lifecycle, task, None, ttl_ms)
+    }
 
     /// Atomically compares the exact owner record and the active storage
     /// pointer (and the delete lock), then refreshes the lease to `ttl_ms`.
@@ -191,14 +207,15 @@ pub trait LeaseStore: Send + Sync + 'static {
 /// A shared store is a store: several `Ownership` handles (one per task in a
 /// test, or a store shared with other components) can use one `Arc`.
 impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
-    fn claim(
+    fn claim_as(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send {
-        (**self).claim(scope, lifecycle, task, ttl_ms)
+        (**self).claim_as(scope, lifecycle, task, endpoint, ttl_ms)
     }
 
     fn renew(

@@ -29,8 +29,8 @@
 
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate, ShardCount, StorageId,
-    TaskId, check_lifecycle, parse_generation_counter, validate_ttl,
+    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
+    ShardCount, StorageId, TaskId, check_lifecycle, parse_generation_counter, validate_ttl,
 };
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
@@ -323,15 +323,16 @@ impl RedisLeaseStore {
 }
 
 impl LeaseStore for RedisLeaseStore {
-    async fn claim(
+    async fn claim_as(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
         validate_ttl(ttl_ms)?;
-        let template = RecordTemplate::new(scope, lifecycle, task);
+        let template = RecordTemplate::new(scope, lifecycle, task, endpoint);
         let mut conn = self.conn.clone();
         let reply: Value = self
             .claim
@@ -353,8 +354,13 @@ impl LeaseStore for RedisLeaseStore {
                 let n = u64::try_from(n)
                     .map_err(|_| protocol("claim reply with a negative generation"))?;
                 let generation = Generation::new(n)?;
-                let record =
-                    template.record(scope.clone(), lifecycle.clone(), task.clone(), generation);
+                let record = template.record(
+                    scope.clone(),
+                    lifecycle.clone(),
+                    task.clone(),
+                    endpoint.cloned(),
+                    generation,
+                );
                 return Ok(ClaimOutcome::Claimed(Lease {
                     record,
                     remaining_ms: ttl_ms,

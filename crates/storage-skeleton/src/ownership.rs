@@ -2,7 +2,7 @@
 
 use durability_ownership::{
     ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
+    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
 };
 
 use crate::Unsupported;
@@ -27,11 +27,12 @@ fn unavailable(operation: &'static str) -> OwnershipError {
 }
 
 impl LeaseStore for SkeletonLeaseStore {
-    async fn claim(
+    async fn claim_as(
         &self,
         _scope: &OwnerScope,
         _lifecycle: &LifecycleId,
         _task: &TaskId,
+        _endpoint: Option<&OwnerEndpoint>,
         _ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
         // One atomic step on the store's clock: check lifecycle, return a live owner, or bump the generation and write the record.

@@ -27,8 +27,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use durability_ownership::{
     BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
-    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount, StorageId,
-    TaskId, check_lifecycle, validate_ttl,
+    LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount,
+    StorageId, TaskId, check_lifecycle, validate_ttl,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -295,11 +295,12 @@ impl<C: Clock> SqliteLeaseStore<C> {
 }
 
 impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
-    async fn claim(
+    async fn claim_as(
         &self,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
         task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> Result<ClaimOutcome, OwnershipError> {
         validate_ttl(ttl_ms)?;
@@ -314,7 +315,13 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             return Ok(ClaimOutcome::Held(lease));
         }
         let generation = Generation::new(Self::generation(&tx, scope)? + 1)?;
-        let record = OwnerRecord::new(scope.clone(), lifecycle.clone(), task.clone(), generation);
+        let record = OwnerRecord::with_endpoint(
+            scope.clone(),
+            lifecycle.clone(),
+            task.clone(),
+            endpoint.cloned(),
+            generation,
+        );
         let exp = now.saturating_add(ttl_ms);
         tx.prepare_cached(
             "INSERT INTO durability_owner_generations (scope, generation) VALUES (?1, ?2)

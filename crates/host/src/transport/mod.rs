@@ -264,10 +264,9 @@ pub trait Transport: Send + Sync + 'static {
     }
 }
 
-/// Where a task can be reached. The owner record does not carry the
-/// endpoint yet; a host resolves an owner's task through this directory,
-/// and every endpoint it returns is checked against the host's
-/// [`EndpointPolicy`] before the token is attached.
+/// Where a task can be reached when its owner record advertises no
+/// endpoint. Every endpoint, from a record or from here, is checked against
+/// the host's [`EndpointPolicy`] before the token is attached.
 pub trait PeerDirectory: Send + Sync + 'static {
     /// The raw endpoint of `task`, if known.
     fn endpoint(&self, task: &str) -> Option<String>;

@@ -11,6 +11,7 @@ fn hint(g: u64) -> OwnerHint {
     OwnerHint {
         task: TaskId::new("t1").expect("task"),
         generation: Generation::new(g).expect("gen"),
+        endpoint: None,
     }
 }
 

@@ -227,9 +227,14 @@ async fn admission_checks_generation_and_ownership() {
     );
     let b = f.task("b");
     match b.resolve(&f.scope, &f.lifecycle).await.expect("resolve") {
-        Resolution::Remote { task, generation } => {
+        Resolution::Remote {
+            task,
+            generation,
+            endpoint,
+        } => {
             assert_eq!(task.as_str(), "a");
             assert_eq!(generation, g);
+            assert_eq!(endpoint, None);
         }
         other => panic!("expected remote, got {other:?}"),
     }
@@ -486,4 +491,61 @@ fn public_futures_are_send() {
     check(&o.admit(&scope, g));
     check(&o.drain());
     check(&o.watch(&scope, g, CancellationToken::new()));
+}
+
+impl Fixture {
+    fn task_at(&self, name: &str, endpoint: &str) -> Ownership<Counting, ManualClock> {
+        let store = HookedStore::new(Arc::clone(&self.store), self.calls.clone());
+        Ownership::with_endpoint(
+            store,
+            self.clock.clone(),
+            TaskId::new(name).expect("task"),
+            Some(OwnerEndpoint::new(endpoint).expect("endpoint")),
+            settings(),
+        )
+    }
+}
+
+#[tokio::test]
+async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_reclaims() {
+    let f = fixture().await;
+    let a1 = f.task_at("a", "http://10.0.0.1:7001");
+    let Resolution::Local(g1) = a1.resolve(&f.scope, &f.lifecycle).await.expect("a1") else {
+        panic!("a1 claims");
+    };
+    let b = f.task("b");
+    assert_eq!(
+        b.resolve(&f.scope, &f.lifecycle).await.expect("b"),
+        Resolution::Remote {
+            task: TaskId::new("a").expect("task"),
+            generation: g1,
+            endpoint: Some(OwnerEndpoint::new("http://10.0.0.1:7001").expect("endpoint")),
+        }
+    );
+    // Task a restarts on another port while its old lease is live: its
+    // first resolution gives the old record back and claims again, so the
+    // record (at a new generation, fencing the old run) names the new port.
+    let a2 = f.task_at("a", "http://10.0.0.1:7002");
+    let Resolution::Local(g2) = a2.resolve(&f.scope, &f.lifecycle).await.expect("a2") else {
+        panic!("a2 owns");
+    };
+    assert!(g2 > g1, "{g2:?} > {g1:?}");
+    let held = f
+        .store
+        .snapshot(&f.scope, &f.lifecycle)
+        .await
+        .expect("snapshot")
+        .owner
+        .expect("owner")
+        .record;
+    assert_eq!(
+        held.endpoint().map(OwnerEndpoint::as_str),
+        Some("http://10.0.0.1:7002")
+    );
+    assert_eq!(held.generation(), g2);
+    // The old run's admission fails closed at its generation.
+    assert_eq!(
+        a1.admit(&f.scope, g1).await.expect_err("stale").code(),
+        "stale_owner"
+    );
 }

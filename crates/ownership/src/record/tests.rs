@@ -25,8 +25,87 @@ fn encoding_is_pinned_and_round_trips() {
     let back = OwnerRecord::decode(r.encoded().as_bytes(), r.scope(), ShardCount::default())
         .expect("decodes");
     assert_eq!(back, r);
-    let t = RecordTemplate::new(r.scope(), r.lifecycle(), r.task());
+    let t = RecordTemplate::new(r.scope(), r.lifecycle(), r.task(), None);
     assert_eq!(format!("{}7{}", t.prefix, t.suffix), r.encoded());
+    assert_eq!(r.endpoint(), None);
+}
+
+fn with_endpoint(endpoint: &str) -> OwnerRecord {
+    OwnerRecord::with_endpoint(
+        scope("st1:Room:shard3"),
+        LifecycleId::new("ns:w").expect("lifecycle"),
+        TaskId::new("task-a").expect("task"),
+        Some(OwnerEndpoint::new(endpoint).expect("endpoint")),
+        Generation::new(7).expect("generation"),
+    )
+}
+
+#[test]
+fn an_advertised_endpoint_follows_the_generation_and_round_trips() {
+    let r = with_endpoint("http://10.0.0.7:8080");
+    assert_eq!(
+        r.encoded(),
+        r#"{"v":1,"ownerKey":"st1:Room:shard3","hostId":"st1:Room:shard3","storageId":"st1","class":"Room","shard":3,"lifecycle":"ns:w","taskId":"task-a","generation":7,"endpoint":"http://10.0.0.7:8080"}"#
+    );
+    let back = OwnerRecord::decode(r.encoded().as_bytes(), r.scope(), ShardCount::default())
+        .expect("decodes");
+    assert_eq!(back, r);
+    assert_eq!(
+        back.endpoint().map(OwnerEndpoint::as_str),
+        Some("http://10.0.0.7:8080")
+    );
+    let t = RecordTemplate::new(r.scope(), r.lifecycle(), r.task(), r.endpoint());
+    assert_eq!(format!("{}7{}", t.prefix, t.suffix), r.encoded());
+    // Records differing only in the endpoint are different records.
+    assert_ne!(r, record());
+}
+
+#[test]
+fn hostile_endpoints_are_refused_on_write_and_fail_closed_on_read() {
+    let long = format!("http://{}", "a".repeat(MAX_OWNER_ENDPOINT_BYTES));
+    for bad in [
+        "",
+        "http://",
+        "https://10.0.0.7:1",
+        "10.0.0.7:1",
+        "http://10.0.0.7:1 x",
+        "http://10.0.0.7:1\"",
+        "http://10.0.0.7:1\\",
+        "http://10.0.0.7:1\n",
+        "http://h\u{e9}:1",
+        long.as_str(),
+    ] {
+        assert_eq!(
+            OwnerEndpoint::new(bad).expect_err(bad).code(),
+            "invalid_input",
+            "{bad:?}"
+        );
+    }
+    let good = with_endpoint("http://10.0.0.7:8080").encoded().to_owned();
+    for (raw, what) in [
+        (
+            good.replace("http://10.0.0.7:8080", "ftp://10.0.0.7:8080"),
+            "scheme",
+        ),
+        (good.replace("http://10.0.0.7:8080", ""), "empty"),
+        (
+            good.replace("http://10.0.0.7:8080", "http://10.0.0.7:8080\\u0000"),
+            "escaped control",
+        ),
+        (
+            good.replace("\"endpoint\":\"http://10.0.0.7:8080\"", "\"endpoint\":null"),
+            "null",
+        ),
+        (
+            good.replace("\"endpoint\":\"http://10.0.0.7:8080\"", "\"endpoint\":7"),
+            "number",
+        ),
+    ] {
+        let scope = scope("st1:Room:shard3");
+        let err =
+            OwnerRecord::decode(raw.as_bytes(), &scope, ShardCount::default()).expect_err(what);
+        assert_eq!(err.code(), "invalid_owner_record", "{what}: {raw}");
+    }
 }
 
 #[test]

@@ -228,7 +228,8 @@ async fn ownership_over_redis_claims_admits_drains_and_hands_over() {
         b.resolve(&sc, &l).await.unwrap(),
         Resolution::Remote {
             task: TaskId::new("task-a").unwrap(),
-            generation: g1
+            generation: g1,
+            endpoint: None,
         }
     );
     let permit = a.admit(&sc, g1).await.unwrap();
