@@ -1,0 +1,88 @@
+//! The human rendering of the crates' reports: plain aligned text.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use durability_scheduler::ObjectReport;
+
+/// A time in ms with its distance from `now`: `1000 (in 2.5s)`.
+fn at(ms: i64, now: i64) -> String {
+    let delta = ms.saturating_sub(now);
+    let abs = delta.unsigned_abs();
+    let span = if abs < 1000 {
+        format!("{abs}ms")
+    } else {
+        format!("{}.{}s", abs / 1000, (abs % 1000) / 100)
+    };
+    match delta {
+        0 => format!("{ms} (now)"),
+        d if d > 0 => format!("{ms} (in {span})"),
+        _ => format!("{ms} ({span} ago)"),
+    }
+}
+
+fn opt_at(ms: Option<i64>, now: i64) -> String {
+    ms.map_or_else(|| "none".to_owned(), |ms| at(ms, now))
+}
+
+/// Renders `rows` (first row: headers) as left-aligned columns.
+fn table(out: &mut impl Write, rows: &[Vec<String>]) -> io::Result<()> {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::from(" ");
+        for (cell, width) in row.iter().zip(&widths) {
+            line.push(' ');
+            line.push_str(cell);
+            line.push_str(&" ".repeat(width - cell.chars().count()));
+            line.push(' ');
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// `object inspect`.
+pub(crate) fn object(out: &mut impl Write, file: &Path, report: &ObjectReport) -> io::Result<()> {
+    let now = report.now_ms;
+    writeln!(out, "object database {}", file.display())?;
+    writeln!(out, "now:          {now}")?;
+    writeln!(out, "alarm:        {}", opt_at(report.alarm, now))?;
+    writeln!(out, "earliest due: {}", opt_at(report.earliest_due, now))?;
+    if report.alarm != report.earliest_due {
+        writeln!(
+            out,
+            "warning: the alarm is not at the earliest due time of the capabilities"
+        )?;
+    }
+    let due: Vec<&str> = report.due_capabilities().collect();
+    writeln!(
+        out,
+        "due now:      {}",
+        if due.is_empty() {
+            "nothing".to_owned()
+        } else {
+            due.join(", ")
+        }
+    )?;
+    if report.capabilities.is_empty() {
+        return writeln!(out, "capabilities: none");
+    }
+    writeln!(out, "capabilities:")?;
+    let mut rows = vec![vec![
+        "NAME".to_owned(),
+        "SCHEMA".to_owned(),
+        "DUE".to_owned(),
+    ]];
+    for c in &report.capabilities {
+        rows.push(vec![
+            c.name.clone(),
+            c.schema_version
+                .map_or_else(|| "-".to_owned(), |v| format!("v{v}")),
+            opt_at(c.due, now),
+        ]);
+    }
+    table(out, &rows)
+}

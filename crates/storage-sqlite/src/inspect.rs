@@ -1,0 +1,217 @@
+//! Read-only inspection of an object database, for operators.
+//!
+//! [`inspect_object`] opens an existing file read-only (it never creates
+//! the file, a table or a row, and never changes the journal mode), checks
+//! that it is an object database (it holds the scheduler's tables) and
+//! reads the scheduler's rows into a [`durability_scheduler::ObjectReport`].
+
+use std::path::{Path, PathBuf};
+
+use durability_scheduler::ObjectReport;
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+/// The tables every object database holds (created by [`crate::SqliteStorage::open`]).
+const SCHEDULER_TABLES: [&str; 3] = [
+    "durability_schema",
+    "durability_scheduler_due",
+    "durability_scheduler_alarm",
+];
+
+/// Why an object database could not be inspected. Nothing was written in
+/// any case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    /// No file exists at the path.
+    #[error("{}: no such file", path.display())]
+    NotFound {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The file is not a SQLite database, or lacks the scheduler's tables.
+    #[error("{}: not an object database ({reason})", path.display())]
+    NotObjectDatabase {
+        /// The path given.
+        path: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
+    /// A stored row could not be decoded.
+    #[error("{}: corrupt row: {detail}", path.display())]
+    Corrupt {
+        /// The path given.
+        path: PathBuf,
+        /// Which row, and what is wrong with it.
+        detail: String,
+    },
+    /// SQLite failed to open or read the file.
+    #[error("{}: {context}: {source}", path.display())]
+    Sqlite {
+        /// The path given.
+        path: PathBuf,
+        /// What was being done.
+        context: &'static str,
+        /// The SQLite error.
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+impl InspectError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "SQLITE_INSPECT_NOT_FOUND",
+            Self::NotObjectDatabase { .. } => "SQLITE_INSPECT_NOT_OBJECT_DATABASE",
+            Self::Corrupt { .. } => "SQLITE_INSPECT_CORRUPT",
+            Self::Sqlite { .. } => "SQLITE_INSPECT_SQLITE",
+        }
+    }
+}
+
+/// Opens the object database at `path` read-only: the file must exist and
+/// hold the scheduler's tables. Nothing is created or changed (SQLite may
+/// read, but not write, the database's WAL).
+///
+/// # Errors
+/// [`InspectError::NotFound`] for a missing file,
+/// [`InspectError::NotObjectDatabase`] for a file that is not a SQLite
+/// database or has no scheduler tables, [`InspectError::Sqlite`] when SQLite
+/// fails.
+pub fn open_object_read_only(path: &Path) -> Result<Connection, InspectError> {
+    if !path.is_file() {
+        return Err(InspectError::NotFound {
+            path: path.to_owned(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| InspectError::Sqlite {
+        path: path.to_owned(),
+        context: "open read-only",
+        source,
+    })?;
+    for table in SCHEDULER_TABLES {
+        let found: Option<String> = conn
+            .query_row(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [table],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|source| match source.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::NotADatabase) => InspectError::NotObjectDatabase {
+                    path: path.to_owned(),
+                    reason: "not a SQLite database".to_owned(),
+                },
+                _ => InspectError::Sqlite {
+                    path: path.to_owned(),
+                    context: "list tables",
+                    source,
+                },
+            })?;
+        if found.is_none() {
+            return Err(InspectError::NotObjectDatabase {
+                path: path.to_owned(),
+                reason: format!("no table {table}"),
+            });
+        }
+    }
+    Ok(conn)
+}
+
+/// Reads the scheduler's rows of the object database at `path` (opened with
+/// [`open_object_read_only`]) into a report taken at `now_ms`.
+///
+/// # Errors
+/// The errors of [`open_object_read_only`], and
+/// [`InspectError::Corrupt`] for a row whose values are out of range or of
+/// the wrong type.
+pub fn inspect_object(path: &Path, now_ms: i64) -> Result<ObjectReport, InspectError> {
+    let conn = open_object_read_only(path)?;
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(|source| InspectError::Sqlite {
+            path: path.to_owned(),
+            context: "begin read",
+            source,
+        })?;
+    let versions = read_rows::<u32>(
+        &tx,
+        path,
+        "SELECT capability, version FROM durability_schema ORDER BY capability",
+        "schema version",
+    )?;
+    let dues = read_rows::<i64>(
+        &tx,
+        path,
+        "SELECT capability, due FROM durability_scheduler_due ORDER BY capability",
+        "due time",
+    )?;
+    let alarm: Option<i64> = tx
+        .query_row(
+            "SELECT at FROM durability_scheduler_alarm WHERE id = 0",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        )
+        .optional()
+        .map(Option::flatten)
+        .map_err(|e| corrupt_or_sqlite(path, "read alarm", "alarm", e))?;
+    Ok(ObjectReport::new(now_ms, alarm, versions, dues))
+}
+
+fn read_rows<T: rusqlite::types::FromSql>(
+    conn: &Connection,
+    path: &Path,
+    sql: &str,
+    what: &'static str,
+) -> Result<Vec<(String, T)>, InspectError> {
+    let mut st = conn.prepare(sql).map_err(|source| InspectError::Sqlite {
+        path: path.to_owned(),
+        context: what,
+        source,
+    })?;
+    let mut rows = st.query([]).map_err(|source| InspectError::Sqlite {
+        path: path.to_owned(),
+        context: what,
+        source,
+    })?;
+    let mut out = Vec::new();
+    while let Some(row) = rows
+        .next()
+        .map_err(|e| corrupt_or_sqlite(path, what, what, e))?
+    {
+        let name: String = row
+            .get(0)
+            .map_err(|e| corrupt_or_sqlite(path, what, what, e))?;
+        let value: T = row.get(1).map_err(|e| {
+            corrupt_or_sqlite(path, what, &format!("{what} of capability {name:?}"), e)
+        })?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+/// A value that does not decode is a corrupt row; anything else is SQLite.
+fn corrupt_or_sqlite(
+    path: &Path,
+    context: &'static str,
+    row: &str,
+    e: rusqlite::Error,
+) -> InspectError {
+    match e {
+        rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::FromSqlConversionFailure(..) => InspectError::Corrupt {
+            path: path.to_owned(),
+            detail: format!("{row}: {e}"),
+        },
+        source => InspectError::Sqlite {
+            path: path.to_owned(),
+            context,
+            source,
+        },
+    }
+}
