@@ -11,13 +11,22 @@
 //! - `durability object inspect <file>`: an object database's capabilities,
 //!   their schema versions and due times, and its one alarm. The file is
 //!   opened read-only and never created.
+//! - `durability outbox list <file> [--channel C] [--limit N]`: stored outbox
+//!   rows (read-only) with their state, and quarantine counts.
+//! - `durability outbox retry|discard <file> --channel C --key K [--yes]`:
+//!   makes an entry due now, or removes it, in one scheduler transaction
+//!   that moves the object's alarm. Without `--yes` it asks on a terminal
+//!   and refuses otherwise.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
-use durability_scheduler::{Clock, SystemClock};
+use durability_outbox::admin;
+use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, SystemClock};
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 
 mod render;
 
@@ -48,6 +57,46 @@ enum Command {
     /// One object database.
     #[command(subcommand)]
     Object(ObjectCommand),
+    /// Stored outbox entries of an object database.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// Stored rows with version, attempts, next due time and state, and the
+    /// quarantine counts (read-only).
+    List {
+        /// The object's SQLite file.
+        file: PathBuf,
+        /// Only this channel.
+        #[arg(long)]
+        channel: Option<String>,
+        /// List at most this many rows.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    /// Make an entry due now (attempts kept) and move the object's alarm to
+    /// now, so the next driver of the object delivers it.
+    Retry(EntryTarget),
+    /// Remove an entry (healthy or corrupt) and move the object's alarm to
+    /// the channel's next entry.
+    Discard(EntryTarget),
+}
+
+#[derive(Debug, Args)]
+struct EntryTarget {
+    /// The object's SQLite file.
+    file: PathBuf,
+    /// The entry's channel.
+    #[arg(long)]
+    channel: String,
+    /// The entry's key.
+    #[arg(long)]
+    key: String,
+    /// Change the file without asking.
+    #[arg(long)]
+    yes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,6 +114,30 @@ enum ObjectCommand {
 enum CliError {
     #[error(transparent)]
     Inspect(#[from] durability_storage_sqlite::inspect::InspectError),
+    #[error("{}: {source}", file.display())]
+    Outbox {
+        file: PathBuf,
+        source: durability_outbox::OutboxError,
+    },
+    #[error("{}: opening for writing: {source}", file.display())]
+    Open {
+        file: PathBuf,
+        source: durability_scheduler::StorageError,
+    },
+    #[error("{}: {source}", file.display())]
+    Scheduler {
+        file: PathBuf,
+        source: durability_scheduler::SchedulerError,
+    },
+    #[error("{}: {what} of key {key:?} in channel {channel:?}", file.display())]
+    Refused {
+        file: PathBuf,
+        channel: String,
+        key: String,
+        what: String,
+    },
+    #[error("{}: not changed: {reason}", file.display())]
+    NotConfirmed { file: PathBuf, reason: &'static str },
     #[error("writing output: {0}")]
     Output(#[from] io::Error),
     #[error("encoding JSON: {0}")]
@@ -105,9 +178,131 @@ fn run(cli: &Cli) -> Result<(), CliError> {
                 render::object(&mut out, file, &report)?;
             }
         }
+        Command::Outbox(OutboxCommand::List {
+            file,
+            channel,
+            limit,
+        }) => {
+            let listing = durability_storage_sqlite::inspect::outbox_entries(
+                file,
+                channel.as_deref(),
+                now_ms,
+                *limit,
+            )?;
+            if cli.global.json {
+                emit_json(&mut out, &listing)?;
+            } else {
+                render::outbox(&mut out, file, &listing)?;
+            }
+        }
+        Command::Outbox(OutboxCommand::Retry(target)) => {
+            let outcome = outbox_admin(target, now_ms, "retry", admin::retry_now)?;
+            if cli.global.json {
+                emit_json(&mut out, &outcome)?;
+            } else {
+                render::admin(&mut out, "due now", target, &outcome)?;
+            }
+        }
+        Command::Outbox(OutboxCommand::Discard(target)) => {
+            let outcome = outbox_admin(target, now_ms, "discard", admin::discard)?;
+            if cli.global.json {
+                emit_json(&mut out, &outcome)?;
+            } else {
+                render::admin(&mut out, "discarded", target, &outcome)?;
+            }
+        }
     }
     out.flush()?;
     Ok(())
+}
+
+/// The admin function of `outbox retry` / `outbox discard`.
+type AdminFn = fn(
+    &mut durability_scheduler::Transaction<'_, '_, SqliteStorage>,
+    &str,
+    &str,
+    i64,
+) -> Result<admin::AdminOutcome, durability_outbox::OutboxError>;
+
+/// Checks the file read-only, asks (or requires `--yes`), then runs `f` in
+/// one scheduler transaction; an outcome other than done is an error.
+fn outbox_admin(
+    target: &EntryTarget,
+    now_ms: i64,
+    verb: &str,
+    f: AdminFn,
+) -> Result<admin::AdminOutcome, CliError> {
+    let file = &target.file;
+    // Refuse a missing or foreign file before anything opens it for writing.
+    drop(durability_storage_sqlite::inspect::open_object_read_only(
+        file,
+    )?);
+    confirm(target, verb)?;
+    let storage =
+        SqliteStorage::open(file, SqliteOptions::default()).map_err(|source| CliError::Open {
+            file: file.clone(),
+            source,
+        })?;
+    let scheduler_error = |source| CliError::Scheduler {
+        file: file.clone(),
+        source,
+    };
+    let id = ObjectId::new("durability-cli").map_err(scheduler_error)?;
+    let scheduler =
+        Scheduler::new(ObjectContext::new(id, Arc::new(storage))).map_err(scheduler_error)?;
+    let outcome = scheduler
+        .transaction(|tx| f(tx, &target.channel, &target.key, now_ms))
+        .map_err(|source| CliError::Outbox {
+            file: file.clone(),
+            source,
+        })?;
+    let refused = |what: String| CliError::Refused {
+        file: file.clone(),
+        channel: target.channel.clone(),
+        key: target.key.clone(),
+        what,
+    };
+    match outcome {
+        admin::AdminOutcome::Done { .. } => Ok(outcome),
+        admin::AdminOutcome::NotFound => Err(refused("no stored entry".to_owned())),
+        admin::AdminOutcome::InFlight { claimed_until } => Err(refused(format!(
+            "an attempt is in flight until {claimed_until}; nothing changed"
+        ))),
+        admin::AdminOutcome::Corrupt { problem } => Err(refused(format!(
+            "the row is corrupt ({problem}); nothing changed"
+        ))),
+        _ => Err(refused("unexpected outcome; nothing changed".to_owned())),
+    }
+}
+
+/// `--yes`, or a `y` typed on a terminal.
+fn confirm(target: &EntryTarget, verb: &str) -> Result<(), CliError> {
+    if target.yes {
+        return Ok(());
+    }
+    let not_confirmed = |reason| CliError::NotConfirmed {
+        file: target.file.clone(),
+        reason,
+    };
+    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+        return Err(not_confirmed("pass --yes (stdin is not a terminal)"));
+    }
+    let mut err = io::stderr();
+    write!(
+        err,
+        "{verb} key {:?} of channel {:?} in {}? [y/N] ",
+        target.key,
+        target.channel,
+        target.file.display()
+    )?;
+    err.flush()?;
+    let mut answer = String::new();
+    io::stdin().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err(not_confirmed("not confirmed"))
+    }
 }
 
 fn emit_json(out: &mut impl Write, value: &impl serde::Serialize) -> Result<(), CliError> {

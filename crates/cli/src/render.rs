@@ -3,7 +3,10 @@
 use std::io::{self, Write};
 use std::path::Path;
 
+use durability_outbox::admin::{AdminOutcome, EntryState, OutboxListing};
 use durability_scheduler::ObjectReport;
+
+use crate::EntryTarget;
 
 /// A time in ms with its distance from `now`: `1000 (in 2.5s)`.
 fn at(ms: i64, now: i64) -> String {
@@ -85,4 +88,81 @@ pub(crate) fn object(out: &mut impl Write, file: &Path, report: &ObjectReport) -
         ]);
     }
     table(out, &rows)
+}
+
+fn state(s: EntryState) -> &'static str {
+    match s {
+        EntryState::Due => "due",
+        EntryState::Waiting => "waiting",
+        EntryState::InFlight => "in flight",
+        EntryState::Corrupt => "corrupt",
+        _ => "unknown",
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// `outbox list`.
+pub(crate) fn outbox(out: &mut impl Write, file: &Path, listing: &OutboxListing) -> io::Result<()> {
+    let now = listing.now_ms;
+    writeln!(out, "outbox of {}", file.display())?;
+    writeln!(out, "now: {now}")?;
+    if listing.entries.is_empty() {
+        writeln!(out, "entries: none")?;
+    } else {
+        writeln!(out, "entries:")?;
+        let mut rows = vec![
+            ["CHANNEL", "KEY", "VERSION", "ATTEMPTS", "NEXT DUE", "STATE"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for e in &listing.entries {
+            let mut state = state(e.state).to_owned();
+            if let Some(until) = e.claimed_until.filter(|_| e.state == EntryState::InFlight) {
+                state = format!("{state} until {}", at(until, now));
+            }
+            if let Some(problem) = &e.problem {
+                state = format!("{state}: {problem}");
+            }
+            rows.push(vec![
+                e.channel.clone(),
+                e.key.clone(),
+                opt(e.version),
+                opt(e.attempts),
+                e.due_at.map_or_else(|| "-".to_owned(), |d| at(d, now)),
+                state,
+            ]);
+        }
+        table(out, &rows)?;
+    }
+    if listing.truncated {
+        writeln!(out, "(more rows are stored: raise --limit)")?;
+    }
+    for q in &listing.quarantined {
+        writeln!(out, "quarantined in {}: {} rows", q.channel, q.rows)?;
+    }
+    Ok(())
+}
+
+/// `outbox retry` / `outbox discard` (only a done outcome is rendered).
+pub(crate) fn admin(
+    out: &mut impl Write,
+    done: &str,
+    target: &EntryTarget,
+    outcome: &AdminOutcome,
+) -> io::Result<()> {
+    if let AdminOutcome::Done { entry } = outcome {
+        writeln!(
+            out,
+            "{done}: key {:?} of channel {:?} (version {}, attempts {}) in {}",
+            target.key,
+            target.channel,
+            opt(entry.version),
+            opt(entry.attempts),
+            target.file.display()
+        )?;
+    }
+    Ok(())
 }

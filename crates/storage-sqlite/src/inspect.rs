@@ -215,3 +215,84 @@ fn corrupt_or_sqlite(
         },
     }
 }
+
+/// Lists up to `limit` stored outbox rows of the object database at `path`
+/// (opened with [`open_object_read_only`]), of one channel or of all, by
+/// channel then key, with their state at `now_ms` and the quarantine counts.
+/// Each row is decoded strictly and on its own: a corrupt row is listed as
+/// corrupt among the healthy ones. An object without outbox tables lists
+/// nothing.
+///
+/// # Errors
+/// The errors of [`open_object_read_only`]; [`InspectError::Sqlite`] when a
+/// read fails.
+#[cfg(feature = "outbox")]
+pub fn outbox_entries(
+    path: &Path,
+    channel: Option<&str>,
+    now_ms: i64,
+    limit: usize,
+) -> Result<durability_outbox::admin::OutboxListing, InspectError> {
+    use durability_outbox::admin::{EntryReport, OutboxListing, QuarantineCount};
+    let conn = open_object_read_only(path)?;
+    let sqlite = |context: &'static str| {
+        move |source| InspectError::Sqlite {
+            path: path.to_owned(),
+            context,
+            source,
+        }
+    };
+    let tx = conn.unchecked_transaction().map_err(sqlite("begin read"))?;
+    let has_outbox: bool = tx
+        .query_row(
+            "SELECT COUNT(*) = 2 FROM sqlite_master WHERE type = 'table'
+             AND name IN ('durability_outbox', 'durability_outbox_quarantine')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("list tables"))?;
+    let mut listing = OutboxListing {
+        now_ms,
+        entries: Vec::new(),
+        quarantined: Vec::new(),
+        truncated: false,
+    };
+    if !has_outbox {
+        return Ok(listing);
+    }
+    // One more than asked, to tell whether the listing is complete.
+    let fetch = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+    let columns = crate::outbox::COLUMNS;
+    let mut st = tx
+        .prepare(&format!(
+            "SELECT {columns} FROM durability_outbox
+             WHERE ?1 IS NULL OR channel = ?1 ORDER BY channel, key LIMIT ?2"
+        ))
+        .map_err(sqlite("list outbox entries"))?;
+    let rows = st
+        .query_map(rusqlite::params![channel, fetch], crate::outbox::row)
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(sqlite("list outbox entries"))?;
+    listing.truncated = rows.len() > limit;
+    listing.entries = rows
+        .iter()
+        .take(limit)
+        .map(|row| EntryReport::from_row(row, now_ms))
+        .collect();
+    let mut st = tx
+        .prepare(
+            "SELECT channel, COUNT(*) FROM durability_outbox_quarantine
+             WHERE ?1 IS NULL OR channel = ?1 GROUP BY channel ORDER BY channel",
+        )
+        .map_err(sqlite("count quarantined rows"))?;
+    listing.quarantined = st
+        .query_map([channel], |r| {
+            Ok(QuarantineCount {
+                channel: r.get(0)?,
+                rows: r.get::<_, i64>(1)?.unsigned_abs(),
+            })
+        })
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(sqlite("count quarantined rows"))?;
+    Ok(listing)
+}

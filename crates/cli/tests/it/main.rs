@@ -6,4 +6,5 @@
 #![allow(clippy::unwrap_used)]
 
 mod object;
+mod outbox;
 mod support;

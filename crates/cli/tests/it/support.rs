@@ -21,19 +21,46 @@ impl Sink<String> for Accept {
     }
 }
 
+/// A sink that asks for every entry to be retried after [`RETRY_MS`].
+pub(crate) struct RetryLater;
+
+/// The delay [`RetryLater`] asks for.
+pub(crate) const RETRY_MS: i64 = 30_000;
+
+impl Sink<String> for RetryLater {
+    async fn publish(&self, batch: &[Entry<String>]) -> Result<(), SinkError> {
+        for e in batch {
+            #[allow(clippy::cast_precision_loss)] // 30 000 is exact.
+            e.retry_after(RETRY_MS as f64);
+        }
+        Ok(())
+    }
+}
+
 /// One object on a SQLite file, with an outbox channel `orders`.
-pub(crate) struct Object {
+pub(crate) struct Object<K: Sink<String> = Accept> {
     pub(crate) sched: Scheduler<SqliteStorage>,
-    pub(crate) outbox: Outbox<SqliteStorage, String, Accept>,
+    pub(crate) outbox: Outbox<SqliteStorage, String, K>,
 }
 
 /// Opens (creating) the object database at `path` at time [`START`].
 pub(crate) fn object(path: &Path) -> Object {
+    object_at(path, START, "orders", Accept)
+}
+
+/// Opens (creating) the object database at `path` at time `now`, with the
+/// channel `channel` publishing to `sink`.
+pub(crate) fn object_at<K: Sink<String>>(
+    path: &Path,
+    now: i64,
+    channel: &str,
+    sink: K,
+) -> Object<K> {
     let storage = Arc::new(SqliteStorage::open(path, SqliteOptions::default()).unwrap());
-    let clock = Arc::new(ManualClock::new(START));
+    let clock = Arc::new(ManualClock::new(now));
     let ctx = ObjectContext::with_clock(ObjectId::new("object-1").unwrap(), storage, clock);
     let sched = Scheduler::new(ctx).unwrap();
-    let outbox = Outbox::attach(&sched, ChannelConfig::new("orders"), Accept).unwrap();
+    let outbox = Outbox::attach(&sched, ChannelConfig::new(channel), sink).unwrap();
     Object { sched, outbox }
 }
 
