@@ -17,6 +17,9 @@
 //!   makes an entry due now, or removes it, in one scheduler transaction
 //!   that moves the object's alarm. Without `--yes` it asks on a terminal
 //!   and refuses otherwise.
+//! - `durability alarms jobs|counts (--sqlite <file> | --redis <url>)
+//!   [--prefix P]`: a page of the alarm index's jobs by object-id prefix, or
+//!   its counts (read-only).
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -24,8 +27,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
+use durability_alarms::listing;
 use durability_outbox::admin;
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, SystemClock};
+use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 
 mod render;
@@ -60,6 +66,46 @@ enum Command {
     /// Stored outbox entries of an object database.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// The alarm job index (SQLite file or Redis).
+    #[command(subcommand)]
+    Alarms(AlarmsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AlarmsCommand {
+    /// One page of jobs whose object id starts with `--object-prefix`.
+    Jobs {
+        #[command(flatten)]
+        index: IndexArgs,
+        /// Only objects whose id starts with this.
+        #[arg(long, default_value = "")]
+        object_prefix: String,
+        /// Jobs per page (about: a Redis scan may return a few more).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// How many jobs are scheduled (due or running) and ready.
+    Counts {
+        #[command(flatten)]
+        index: IndexArgs,
+    },
+}
+
+/// Where the alarm index is.
+#[derive(Debug, Args)]
+struct IndexArgs {
+    /// The SQLite alarm index file (opened read-only).
+    #[arg(long, required_unless_present = "redis", conflicts_with = "redis")]
+    sqlite: Option<PathBuf>,
+    /// The Redis URL of the alarm index.
+    #[arg(long)]
+    redis: Option<String>,
+    /// The Redis key prefix of the index.
+    #[arg(long, default_value = "", requires = "redis")]
+    prefix: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +182,8 @@ enum CliError {
         key: String,
         what: String,
     },
+    #[error("alarm index: {0}")]
+    Alarms(#[from] durability_alarms::AlarmError),
     #[error("{}: not changed: {reason}", file.display())]
     NotConfirmed { file: PathBuf, reason: &'static str },
     #[error("writing output: {0}")]
@@ -195,6 +243,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
                 render::outbox(&mut out, file, &listing)?;
             }
         }
+        Command::Alarms(command) => alarms(&mut out, cli.global.json, command)?,
         Command::Outbox(OutboxCommand::Retry(target)) => {
             let outcome = outbox_admin(target, now_ms, "retry", admin::retry_now)?;
             if cli.global.json {
@@ -214,6 +263,64 @@ fn run(cli: &Cli) -> Result<(), CliError> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// An alarm index opened for reading.
+enum Index {
+    Sqlite(SqliteAlarmIndex),
+    Redis(Box<RedisAlarmIndex>),
+}
+
+fn alarms(out: &mut impl Write, json: bool, command: &AlarmsCommand) -> Result<(), CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let args = match command {
+        AlarmsCommand::Jobs { index, .. } | AlarmsCommand::Counts { index } => index,
+    };
+    runtime.block_on(async {
+        let index = match (&args.sqlite, &args.redis) {
+            (Some(file), _) => Index::Sqlite(SqliteAlarmIndex::open_read_only(file)?),
+            (None, Some(url)) => Index::Redis(Box::new(
+                RedisAlarmIndex::connect(url, &args.prefix, IndexTime::Server).await?,
+            )),
+            (None, None) => unreachable!("clap requires one backend"),
+        };
+        match command {
+            AlarmsCommand::Jobs {
+                object_prefix,
+                limit,
+                cursor,
+                ..
+            } => {
+                let cursor = cursor.as_deref();
+                let page = match &index {
+                    Index::Sqlite(ix) => {
+                        listing::list_jobs(ix, object_prefix, cursor, *limit).await
+                    }
+                    Index::Redis(ix) => {
+                        listing::list_jobs(&**ix, object_prefix, cursor, *limit).await
+                    }
+                }?;
+                if json {
+                    emit_json(out, &page)
+                } else {
+                    Ok(render::jobs(out, &page)?)
+                }
+            }
+            AlarmsCommand::Counts { .. } => {
+                let counts = match &index {
+                    Index::Sqlite(ix) => listing::counts(ix).await,
+                    Index::Redis(ix) => listing::counts(&**ix).await,
+                }?;
+                if json {
+                    emit_json(out, &counts)
+                } else {
+                    Ok(render::counts(out, &counts)?)
+                }
+            }
+        }
+    })
 }
 
 /// The admin function of `outbox retry` / `outbox discard`.

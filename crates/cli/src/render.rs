@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::path::Path;
 
+use durability_alarms::listing::{CountsReport, JobListing};
 use durability_outbox::admin::{AdminOutcome, EntryState, OutboxListing};
 use durability_scheduler::ObjectReport;
 
@@ -165,4 +166,39 @@ pub(crate) fn admin(
         )?;
     }
     Ok(())
+}
+
+/// `alarms jobs`.
+pub(crate) fn jobs(out: &mut impl Write, page: &JobListing) -> io::Result<()> {
+    if page.jobs.is_empty() {
+        writeln!(out, "jobs with prefix {:?}: none", page.prefix)?;
+    } else {
+        writeln!(out, "jobs with prefix {:?}:", page.prefix)?;
+        let mut rows = vec![
+            ["OBJECT", "STATE", "DUE AT", "TRIES", "TOKEN"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for j in &page.jobs {
+            rows.push(vec![
+                j.object.clone(),
+                j.state.to_owned(),
+                j.due_at.to_string(),
+                j.tries.to_string(),
+                j.token.clone(),
+            ]);
+        }
+        table(out, &rows)?;
+    }
+    if let Some(cursor) = &page.cursor {
+        writeln!(out, "more: --cursor {cursor}")?;
+    }
+    Ok(())
+}
+
+/// `alarms counts`.
+pub(crate) fn counts(out: &mut impl Write, c: &CountsReport) -> io::Result<()> {
+    writeln!(out, "scheduled: {}", c.scheduled)?;
+    writeln!(out, "ready:     {}", c.ready)?;
+    writeln!(out, "total:     {}", c.total)
 }

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod alarms;
 mod object;
 mod outbox;
 mod support;
