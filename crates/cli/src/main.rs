@@ -20,6 +20,8 @@
 //! - `durability alarms jobs|counts (--sqlite <file> | --redis <url>)
 //!   [--prefix P]`: a page of the alarm index's jobs by object-id prefix, or
 //!   its counts (read-only).
+//! - `durability leases list (--sqlite <file> | --redis <url> [--prefix P])`:
+//!   live owner leases with owner, generation and lease left (read-only).
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -31,6 +33,7 @@ use durability_alarms::listing;
 use durability_outbox::admin;
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, SystemClock};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
+use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 
@@ -69,6 +72,27 @@ enum Command {
     /// The alarm job index (SQLite file or Redis).
     #[command(subcommand)]
     Alarms(AlarmsCommand),
+    /// Owner leases (SQLite lease store file or Redis).
+    #[command(subcommand)]
+    Leases(LeasesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum LeasesCommand {
+    /// One page of live leases: scope, owner, generation and lease left.
+    List {
+        #[command(flatten)]
+        store: BackendArgs,
+        /// The shard count the scopes were made with.
+        #[arg(long, default_value_t = durability_ownership::DEFAULT_SHARD_COUNT)]
+        shards: u32,
+        /// Leases per page (about, on Redis: `SCAN` counts keys).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,7 +100,7 @@ enum AlarmsCommand {
     /// One page of jobs whose object id starts with `--object-prefix`.
     Jobs {
         #[command(flatten)]
-        index: IndexArgs,
+        index: BackendArgs,
         /// Only objects whose id starts with this.
         #[arg(long, default_value = "")]
         object_prefix: String,
@@ -90,20 +114,20 @@ enum AlarmsCommand {
     /// How many jobs are scheduled (due or running) and ready.
     Counts {
         #[command(flatten)]
-        index: IndexArgs,
+        index: BackendArgs,
     },
 }
 
-/// Where the alarm index is.
+/// Where the alarm index or lease store is.
 #[derive(Debug, Args)]
-struct IndexArgs {
-    /// The SQLite alarm index file (opened read-only).
+struct BackendArgs {
+    /// The SQLite file (opened read-only).
     #[arg(long, required_unless_present = "redis", conflicts_with = "redis")]
     sqlite: Option<PathBuf>,
-    /// The Redis URL of the alarm index.
+    /// The Redis URL.
     #[arg(long)]
     redis: Option<String>,
-    /// The Redis key prefix of the index.
+    /// The Redis key prefix.
     #[arg(long, default_value = "", requires = "redis")]
     prefix: String,
 }
@@ -182,6 +206,10 @@ enum CliError {
         key: String,
         what: String,
     },
+    #[error("lease store: {0}")]
+    Ownership(#[from] durability_ownership::OwnershipError),
+    #[error(transparent)]
+    Runtime(io::Error),
     #[error("alarm index: {0}")]
     Alarms(#[from] durability_alarms::AlarmError),
     #[error("{}: not changed: {reason}", file.display())]
@@ -244,6 +272,33 @@ fn run(cli: &Cli) -> Result<(), CliError> {
             }
         }
         Command::Alarms(command) => alarms(&mut out, cli.global.json, command)?,
+        Command::Leases(LeasesCommand::List {
+            store,
+            shards,
+            limit,
+            cursor,
+        }) => {
+            let count = durability_ownership::ShardCount::new(*shards)?;
+            let listing = match (&store.sqlite, &store.redis) {
+                (Some(file), _) => durability_storage_sqlite::inspect::leases(
+                    file,
+                    now_ms,
+                    count,
+                    cursor.as_deref(),
+                    *limit,
+                )?,
+                (None, Some(url)) => runtime()?.block_on(async {
+                    let leases = RedisLeaseStore::connect(url, &store.prefix, count).await?;
+                    leases.list_leases(cursor.as_deref(), *limit).await
+                })?,
+                (None, None) => unreachable!("clap requires one backend"),
+            };
+            if cli.global.json {
+                emit_json(&mut out, &listing)?;
+            } else {
+                render::leases(&mut out, &listing)?;
+            }
+        }
         Command::Outbox(OutboxCommand::Retry(target)) => {
             let outcome = outbox_admin(target, now_ms, "retry", admin::retry_now)?;
             if cli.global.json {
@@ -265,6 +320,14 @@ fn run(cli: &Cli) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The runtime of the commands that talk to Redis (or an async index).
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)
+}
+
 /// An alarm index opened for reading.
 enum Index {
     Sqlite(SqliteAlarmIndex),
@@ -272,9 +335,7 @@ enum Index {
 }
 
 fn alarms(out: &mut impl Write, json: bool, command: &AlarmsCommand) -> Result<(), CliError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = runtime()?;
     let args = match command {
         AlarmsCommand::Jobs { index, .. } | AlarmsCommand::Counts { index } => index,
     };

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use durability_alarms::listing::{CountsReport, JobListing};
 use durability_outbox::admin::{AdminOutcome, EntryState, OutboxListing};
+use durability_ownership::listing::LeaseListing;
 use durability_scheduler::ObjectReport;
 
 use crate::EntryTarget;
@@ -201,4 +202,32 @@ pub(crate) fn counts(out: &mut impl Write, c: &CountsReport) -> io::Result<()> {
     writeln!(out, "scheduled: {}", c.scheduled)?;
     writeln!(out, "ready:     {}", c.ready)?;
     writeln!(out, "total:     {}", c.total)
+}
+
+/// `leases list`.
+pub(crate) fn leases(out: &mut impl Write, page: &LeaseListing) -> io::Result<()> {
+    if page.leases.is_empty() {
+        writeln!(out, "live leases: none")?;
+    } else {
+        writeln!(out, "live leases:")?;
+        let mut rows = vec![
+            ["SCOPE", "OWNER", "GENERATION", "LEASE LEFT", "PROBLEM"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for l in &page.leases {
+            rows.push(vec![
+                l.scope.clone(),
+                opt(l.owner.as_deref()),
+                opt(l.generation),
+                format!("{}ms", l.lease_left_ms),
+                opt(l.problem.as_deref()),
+            ]);
+        }
+        table(out, &rows)?;
+    }
+    if let Some(cursor) = &page.cursor {
+        writeln!(out, "more: --cursor {cursor}")?;
+    }
+    Ok(())
 }

@@ -36,6 +36,14 @@ pub enum InspectError {
         /// What is missing.
         reason: String,
     },
+    /// The file is not a SQLite database, or lacks the lease store's table.
+    #[error("{}: not a lease store database ({reason})", path.display())]
+    NotLeaseStore {
+        /// The path given.
+        path: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
     /// A stored row could not be decoded.
     #[error("{}: corrupt row: {detail}", path.display())]
     Corrupt {
@@ -63,6 +71,7 @@ impl InspectError {
         match self {
             Self::NotFound { .. } => "SQLITE_INSPECT_NOT_FOUND",
             Self::NotObjectDatabase { .. } => "SQLITE_INSPECT_NOT_OBJECT_DATABASE",
+            Self::NotLeaseStore { .. } => "SQLITE_INSPECT_NOT_LEASE_STORE",
             Self::Corrupt { .. } => "SQLITE_INSPECT_CORRUPT",
             Self::Sqlite { .. } => "SQLITE_INSPECT_SQLITE",
         }
@@ -295,4 +304,108 @@ pub fn outbox_entries(
         .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
         .map_err(sqlite("count quarantined rows"))?;
     Ok(listing)
+}
+
+/// Lists up to `limit` live owner leases of the lease store file at `path`
+/// (a `SqliteLeaseStore` database), opened read-only, by scope, starting
+/// after the scope `after` (a previous page's cursor). `now_ms` is the
+/// store's time: the SQLite store runs its leases on the clock of the
+/// processes that use it, so pass that clock's reading. Leases expired at
+/// `now_ms` are not listed. Each record is decoded strictly with `count`
+/// shards; an invalid one is listed with its problem.
+///
+/// # Errors
+/// [`InspectError::NotFound`] for a missing file,
+/// [`InspectError::NotLeaseStore`] for a file that is not SQLite or has no
+/// lease table, [`InspectError::Corrupt`] for a row whose columns have the
+/// wrong type, [`InspectError::Sqlite`] when a read fails.
+#[cfg(feature = "ownership")]
+pub fn leases(
+    path: &Path,
+    now_ms: i64,
+    count: durability_ownership::ShardCount,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<durability_ownership::listing::LeaseListing, InspectError> {
+    use durability_ownership::listing::{LeaseListing, LeaseReport};
+    if !path.is_file() {
+        return Err(InspectError::NotFound {
+            path: path.to_owned(),
+        });
+    }
+    let sqlite = |context: &'static str| {
+        move |source| InspectError::Sqlite {
+            path: path.to_owned(),
+            context,
+            source,
+        }
+    };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite("open read-only"))?;
+    let not_store = |reason: &str| InspectError::NotLeaseStore {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let found: Option<String> = conn
+        .query_row(
+            "SELECT name FROM sqlite_master WHERE type = 'table'
+             AND name = 'durability_owner_leases'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|source| match source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => not_store("not a SQLite database"),
+            _ => InspectError::Sqlite {
+                path: path.to_owned(),
+                context: "list tables",
+                source,
+            },
+        })?;
+    if found.is_none() {
+        return Err(not_store("no table durability_owner_leases"));
+    }
+    let fetch = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+    let mut st = conn
+        .prepare(
+            "SELECT scope, record, expires_at_ms FROM durability_owner_leases
+             WHERE (?1 IS NULL OR scope > ?1) AND expires_at_ms > ?2
+             ORDER BY scope LIMIT ?3",
+        )
+        .map_err(sqlite("list leases"))?;
+    let mut rows = st
+        .query(rusqlite::params![after, now_ms, fetch])
+        .map_err(sqlite("list leases"))?;
+    let mut leases = Vec::new();
+    let mut more = false;
+    while let Some(row) = rows
+        .next()
+        .map_err(|e| corrupt_or_sqlite(path, "list leases", "lease", e))?
+    {
+        if leases.len() == limit {
+            more = true;
+            break;
+        }
+        let scope: String = row
+            .get(0)
+            .map_err(|e| corrupt_or_sqlite(path, "list leases", "lease scope", e))?;
+        let what = format!("lease of {scope}");
+        let record: Vec<u8> = row
+            .get(1)
+            .map_err(|e| corrupt_or_sqlite(path, "list leases", &what, e))?;
+        let expires: i64 = row
+            .get(2)
+            .map_err(|e| corrupt_or_sqlite(path, "list leases", &what, e))?;
+        let left = u64::try_from(expires.saturating_sub(now_ms)).unwrap_or(0);
+        leases.push(LeaseReport::from_stored(&scope, &record, left, count));
+    }
+    let cursor = if more {
+        leases.last().map(|l| l.scope.clone())
+    } else {
+        None
+    };
+    Ok(LeaseListing { leases, cursor })
 }

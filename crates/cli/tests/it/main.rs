@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod alarms;
+mod leases;
 mod object;
 mod outbox;
 mod support;
