@@ -206,6 +206,8 @@ enum CliError {
         key: String,
         what: String,
     },
+    #[error("pass --sqlite <file> or --redis <url>")]
+    NoBackend,
     #[error("lease store: {0}")]
     Ownership(#[from] durability_ownership::OwnershipError),
     #[error(transparent)]
@@ -291,7 +293,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
                     let leases = RedisLeaseStore::connect(url, &store.prefix, count).await?;
                     leases.list_leases(cursor.as_deref(), *limit).await
                 })?,
-                (None, None) => unreachable!("clap requires one backend"),
+                (None, None) => return Err(CliError::NoBackend),
             };
             if cli.global.json {
                 emit_json(&mut out, &listing)?;
@@ -345,7 +347,7 @@ fn alarms(out: &mut impl Write, json: bool, command: &AlarmsCommand) -> Result<(
             (None, Some(url)) => Index::Redis(Box::new(
                 RedisAlarmIndex::connect(url, &args.prefix, IndexTime::Server).await?,
             )),
-            (None, None) => unreachable!("clap requires one backend"),
+            (None, None) => return Err(CliError::NoBackend),
         };
         match command {
             AlarmsCommand::Jobs {
