@@ -28,6 +28,9 @@
 //!   alarm with this crate, so outbox and topology work resumes on whichever
 //!   host owns the object after a crash.
 //!
+//! - **Operator views** ([`listing`]): a page of jobs by object-id prefix
+//!   and the job counts of any [`AlarmIndex`], as `Serialize` reports.
+//!
 //! This crate holds logic only: no SQL and no network client.
 //!
 //! # Features
@@ -41,6 +44,7 @@ mod bridge;
 mod dispatcher;
 mod error;
 mod index;
+pub mod listing;
 mod log_limit;
 mod memory;
 mod object;

@@ -194,7 +194,7 @@ impl<T> ChannelConfig<T> {
 }
 
 /// Validates a channel name.
-fn check_channel(name: &str) -> Result<(), OutboxError> {
+pub(crate) fn check_channel(name: &str) -> Result<(), OutboxError> {
     let reason = if name.is_empty() {
         Some("must not be empty")
     } else if name.len() > MAX_CHANNEL_BYTES {
@@ -214,7 +214,7 @@ fn check_channel(name: &str) -> Result<(), OutboxError> {
 }
 
 /// Validates a key.
-fn check_key(key: &str) -> Result<(), OutboxError> {
+pub(crate) fn check_key(key: &str) -> Result<(), OutboxError> {
     let reason = if key.is_empty() {
         Some("must not be empty")
     } else if key.len() > MAX_KEY_BYTES {
@@ -336,7 +336,7 @@ where
                 reason: "must be at least 1".into(),
             });
         }
-        let capability = format!("outbox:{}", config.name);
+        let capability = crate::admin::capability(&config.name);
         let metrics = ChannelMetrics::new(&config.name);
         let inner = Arc::new(Channel {
             scheduler: scheduler.clone(),

@@ -51,12 +51,20 @@
 //!
 //! The storage backend implements [`OutboxTx`] on its transaction type.
 //!
+//! # Operator tools
+//!
+//! The [`admin`] module reads and repairs stored entries without a channel
+//! attached: [`admin::EntryReport`] describes a stored row,
+//! [`admin::retry_now`] makes an entry due now and [`admin::discard`]
+//! removes one, both moving the object's alarm in the caller's transaction.
+//!
 //! # Features
 //!
 //! - `conformance`: the `conformance` module, the suite every [`OutboxTx`] backend runs,
 //!   and the in-memory implementation on the scheduler's testkit storage.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod channel;
 mod codec;
 mod error;

@@ -32,6 +32,7 @@
 mod error;
 mod floor;
 mod hints;
+pub mod listing;
 mod manager;
 pub mod memory;
 mod metrics;

@@ -23,6 +23,8 @@
 //!   context's signatures use it.
 //! - [`Driver`]: an in-process tokio task that sleeps until the stored alarm
 //!   and fires it; started again after a restart, it re-arms from storage.
+//! - [`ObjectReport`]: a read-only view of an object's scheduler rows
+//!   (schema versions, due times, the alarm) for operators.
 //! - [`migrate`]: versioned schema migrations per capability, forward and
 //!   back to a named version, applied in one transaction.
 //!
@@ -35,6 +37,7 @@
 
 mod driver;
 mod error;
+mod inspect;
 mod scheduler;
 mod schema;
 mod storage;
@@ -47,6 +50,7 @@ pub use testkit::conformance;
 pub use driver::{DEFAULT_IDLE_RETRY, Driver};
 pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use error::SchedulerError;
+pub use inspect::{CapabilityReport, ObjectReport};
 pub use scheduler::{
     Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,
     Transaction,

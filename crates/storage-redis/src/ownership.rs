@@ -646,3 +646,110 @@ impl LifecycleAdmin for RedisLeaseStore {
         .await
     }
 }
+
+/// Escapes Redis glob characters so `prefix` matches only itself in `SCAN
+/// MATCH`.
+fn glob_escape(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl RedisLeaseStore {
+    /// Lists the live owner leases under this store's prefix, a page at a
+    /// time: `SCAN` over the owner keys (about `limit` keys per page, as
+    /// `SCAN` counts), then each record and its `PTTL`, so the lease left
+    /// is on the server's clock. Start with `cursor: None` and pass back the
+    /// page's cursor until it is `None`. A lease present for the whole
+    /// listing is listed at least once (`SCAN` may list it twice); a key
+    /// that expires meanwhile is left out. Each record is decoded strictly;
+    /// an invalid one is listed with its problem. Read-only.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] for a `limit` of 0 or a cursor that
+    /// is not a `SCAN` cursor; [`OwnershipError::StoreUnavailable`] when
+    /// Redis fails (nothing is written either way).
+    pub async fn list_leases(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
+        use durability_ownership::listing::{LeaseListing, LeaseReport};
+        if limit == 0 {
+            return Err(OwnershipError::InvalidInput {
+                what: "limit",
+                reason: "must be at least 1".to_owned(),
+            });
+        }
+        let start: u64 = match cursor {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| OwnershipError::InvalidInput {
+                what: "cursor",
+                reason: format!("{c:?} is not a scan cursor"),
+            })?,
+        };
+        let unavailable = |e: redis::RedisError| OwnershipError::StoreUnavailable {
+            source: Box::new(e) as BoxError,
+        };
+        let key_prefix = format!("{}do:owner:scope:", self.prefix);
+        let mut conn = self.conn.clone();
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(start)
+            .arg("MATCH")
+            .arg(format!("{}*", glob_escape(&key_prefix)))
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let keys: Vec<String> = keys
+            .into_iter()
+            .filter(|k| !k.ends_with(":generation"))
+            .collect();
+        let mut leases = Vec::with_capacity(keys.len());
+        if !keys.is_empty() {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+            }
+            let values: Vec<Value> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for (key, pair) in keys.iter().zip(values.chunks(2)) {
+                let [record, ttl] = pair else { continue };
+                // Generation counters share the owner keys' prefix
+                // (`<owner key>:generation`); a host id ends in `shard<N>`.
+                let Some(scope) = key
+                    .strip_prefix(&key_prefix)
+                    .filter(|scope| !scope.ends_with(":generation"))
+                else {
+                    continue;
+                };
+                let raw = match record {
+                    Value::BulkString(b) => b.as_slice(),
+                    // Expired or deleted between SCAN and GET.
+                    Value::Nil => continue,
+                    _ => b"",
+                };
+                let left = match ttl {
+                    Value::Int(ms) if *ms > 0 => ms.unsigned_abs(),
+                    Value::Int(-2) => continue,
+                    _ => 0,
+                };
+                let mut report = LeaseReport::from_stored(scope, raw, left, self.count);
+                if left == 0 && report.problem.is_none() {
+                    report.problem = Some("owner key has no expiry".to_owned());
+                }
+                leases.push(report);
+            }
+        }
+        leases.sort_by(|a, b| a.scope.cmp(&b.scope));
+        Ok(LeaseListing {
+            leases,
+            cursor: (next != 0).then(|| next.to_string()),
+        })
+    }
+}

@@ -652,3 +652,51 @@ impl AlarmIndex for SqliteAlarmIndex {
         })
     }
 }
+
+impl SqliteAlarmIndex {
+    /// Opens an existing index database at `path` read-only, for operator
+    /// reads ([`AlarmIndex::jobs_with_prefix`], [`AlarmIndex::counts`],
+    /// [`AlarmIndex::next_due`], [`AlarmIndex::job`]): the file is never
+    /// created or changed, and every write through this handle fails.
+    ///
+    /// # Errors
+    /// [`AlarmError::InvalidConfig`] when no file exists at `path` or it
+    /// holds no alarm index table (or is not SQLite);
+    /// [`AlarmError::BackendUnavailable`] when SQLite cannot open it.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, AlarmError> {
+        let path = path.as_ref();
+        if !path.is_file() {
+            return Err(AlarmError::InvalidConfig {
+                reason: format!("{}: no such file", path.display()),
+            });
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(AlarmError::unavailable)?;
+        let not_index = |why: &str| AlarmError::InvalidConfig {
+            reason: format!("{}: not an alarm index database ({why})", path.display()),
+        };
+        let found: Option<String> = conn
+            .query_row(
+                "SELECT name FROM sqlite_master WHERE type = 'table'
+                 AND name = 'durability_alarm_index_jobs'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::NotADatabase) => not_index("not a SQLite database"),
+                _ => AlarmError::unavailable(e),
+            })?;
+        if found.is_none() {
+            return Err(not_index("no table durability_alarm_index_jobs"));
+        }
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(AlarmError::unavailable)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+}

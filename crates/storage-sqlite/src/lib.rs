@@ -9,7 +9,8 @@
 //!
 //! - `scheduler`: [`SqliteStorage`], the object storage of
 //!   `durability-scheduler` (synchronous transactions, the one alarm, schema
-//!   migrations).
+//!   migrations), and the `inspect` module: a read-only view of an object
+//!   database's scheduler rows for operators.
 //! - `outbox`: the outbox store of `durability-outbox` on [`SqliteTx`].
 //! - `ownership`: the `ownership` module, the owner lease store and the object storage
 //!   fence of `durability-ownership`.
@@ -33,6 +34,9 @@ pub use connection::{ConnectionOptions, Synchronous, open_connection};
 mod object;
 #[cfg(feature = "scheduler")]
 pub use object::{DEFAULT_BUSY_TIMEOUT, SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx};
+
+#[cfg(feature = "scheduler")]
+pub mod inspect;
 
 #[cfg(feature = "outbox")]
 mod outbox;

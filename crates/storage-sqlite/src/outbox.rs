@@ -76,7 +76,7 @@ CREATE INDEX durability_outbox_quarantine_channel ON durability_outbox_quarantin
     },
 ];
 
-const COLUMNS: &str = "channel, key, value, version, attempt, due_at, claimed_until";
+pub(crate) const COLUMNS: &str = "channel, key, value, version, attempt, due_at, claimed_until";
 
 /// Largest stored time, version or safe integer: 2^53-1.
 const MAX_SAFE: i64 = (1 << 53) - 1;
@@ -115,7 +115,7 @@ fn row_id(tag: u8, bytes: &[u8]) -> Vec<u8> {
     id
 }
 
-fn row(r: &Row<'_>) -> rusqlite::Result<StoredRow> {
+pub(crate) fn row(r: &Row<'_>) -> rusqlite::Result<StoredRow> {
     let channel: String = r.get(0)?;
     let (key, id, mut problem) = match r.get_ref(1)? {
         ValueRef::Text(b) => match std::str::from_utf8(b) {

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod inspect;
 mod lease_durability;
 mod migration;
 mod object;
