@@ -20,6 +20,9 @@ pub struct LeaseReport {
     pub lifecycle: Option<String>,
     /// The owner's generation (`None` when the record is invalid).
     pub generation: Option<u64>,
+    /// The endpoint the owner advertises (omitted when it advertises none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// Lease time left on the store's own clock when it was read, in ms.
     pub lease_left_ms: u64,
     /// Why the stored record is invalid (claims of the scope fail closed).
@@ -36,6 +39,7 @@ impl LeaseReport {
                 owner: Some(record.task().as_str().to_owned()),
                 lifecycle: Some(record.lifecycle().as_str().to_owned()),
                 generation: Some(record.generation().get()),
+                endpoint: record.endpoint().map(|e| e.as_str().to_owned()),
                 lease_left_ms,
                 problem: None,
             },
@@ -44,6 +48,7 @@ impl LeaseReport {
                 owner: None,
                 lifecycle: None,
                 generation: None,
+                endpoint: None,
                 lease_left_ms,
                 problem: Some(problem),
             },

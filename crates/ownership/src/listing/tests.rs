@@ -48,3 +48,30 @@ fn invalid_records_are_reported_with_their_problem() {
     assert!(spaced.problem.is_some());
     assert_eq!(spaced.owner, None);
 }
+
+#[test]
+fn an_advertised_endpoint_is_reported() {
+    let r = record();
+    let with = OwnerRecord::with_endpoint(
+        r.scope().clone(),
+        r.lifecycle().clone(),
+        r.task().clone(),
+        Some(crate::OwnerEndpoint::new("http://10.0.0.2:7000").unwrap()),
+        r.generation(),
+    );
+    let scope = r.scope().host_id().to_owned();
+    let report = LeaseReport::from_stored(
+        &scope,
+        with.encoded().as_bytes(),
+        900,
+        ShardCount::default(),
+    );
+    assert_eq!(report.endpoint.as_deref(), Some("http://10.0.0.2:7000"));
+    assert_eq!(report.problem, None);
+    let bare = LeaseReport::from_stored(&scope, r.encoded().as_bytes(), 900, ShardCount::default());
+    assert_eq!(bare.endpoint, None);
+    assert!(
+        !serde_json::to_string(&bare).unwrap().contains("endpoint"),
+        "omitted when none"
+    );
+}
