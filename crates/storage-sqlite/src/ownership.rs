@@ -107,14 +107,64 @@ pub struct SqliteLeaseStore<C> {
     /// pure function of the bytes (and the scope, checked on every hit), and
     /// every admission snapshot reads the same record again.
     decoded: Mutex<HashMap<Vec<u8>, OwnerRecord>>,
+    /// Snapshots already read, valid while the database is unchanged (see
+    /// [`SnapshotCache`]).
+    snapshots: Mutex<SnapshotCache>,
 }
 
 /// Decoded owner records kept per store (cleared when full).
 const DECODED_RECORDS: usize = 4_096;
 
+/// Snapshots kept per store (cleared when full).
+const CACHED_SNAPSHOTS: usize = 4_096;
+
+/// The rows of a snapshot, as read (the lease time left is computed from
+/// the expiry at every use).
+#[derive(Debug, Clone)]
+struct SnapshotRows {
+    /// A live owner record when read, and its expiry.
+    owner: Option<(OwnerRecord, u64)>,
+    generation: u64,
+    active: Option<StorageId>,
+    lock: Option<DeleteLock>,
+}
+
+/// Snapshot rows by (scope, lifecycle), valid for one database state: the
+/// stamp is SQLite's `PRAGMA data_version` (it changes when any other
+/// connection, in this process or another, commits to the file) and this
+/// connection's `total_changes` (it changes when this store writes). A
+/// snapshot whose stamp, read before the snapshot's own rows were, still
+/// matches is exactly what reading the rows again would return; any commit
+/// since makes every entry stale at once.
+#[derive(Debug, Default)]
+struct SnapshotCache {
+    stamp: Option<(i64, u64)>,
+    rows: HashMap<(String, String), SnapshotRows>,
+}
+
 struct Lifecycle {
     active: Option<StorageId>,
     lock: Option<DeleteLock>,
+}
+
+impl SnapshotRows {
+    /// The snapshot these rows give at `now`, as a fresh read would.
+    fn snapshot(&self, now: u64) -> OwnerSnapshot {
+        OwnerSnapshot {
+            store_now_ms: now,
+            owner: self
+                .owner
+                .as_ref()
+                .filter(|(_, exp)| *exp > now)
+                .map(|(record, exp)| Lease {
+                    record: record.clone(),
+                    remaining_ms: exp - now,
+                }),
+            generation: self.generation,
+            active_storage: self.active.clone(),
+            delete_lock: self.lock,
+        }
+    }
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
@@ -153,6 +203,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
         conn.execute_batch(LEASE_SCHEMA).map_err(not_applied)?;
         Ok(Self {
             decoded: Mutex::new(HashMap::new()),
+            snapshots: Mutex::new(SnapshotCache::default()),
             conn: Mutex::new(conn),
             clock,
             count,
@@ -389,6 +440,26 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         );
         let conn = self.lock();
         let now = self.clock.now_ms_u64();
+        // The database state, read before the rows: a cached snapshot of
+        // the same state answers without reading them.
+        let version: i64 = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .map_err(not_applied)?;
+        let stamp = (version, conn.total_changes());
+        let key = (scope.host_id().to_owned(), lifecycle.as_str().to_owned());
+        {
+            let mut cache = self
+                .snapshots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if cache.stamp != Some(stamp) {
+                cache.stamp = Some(stamp);
+                cache.rows.clear();
+            } else if let Some(hit) = cache.rows.get(&key) {
+                return Ok(hit.snapshot(now));
+            }
+        }
         let (record, expires, generation, active, lock): Row = conn
             .prepare_cached(
                 "SELECT l.record, l.expires_at_ms,
@@ -405,16 +476,34 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             })
             .map_err(not_applied)?;
         drop(conn);
-        let owner = self.decode_owner(scope, record.zip(expires), now)?;
+        let row = record.zip(expires);
+        // Only a live or absent owner is remembered (an expired record is
+        // not decoded, and a clock set back could make it live again).
+        let cacheable = row.as_ref().is_none_or(|(_, exp)| u64_of(*exp) > now);
+        let owner = self.decode_owner(scope, row, now)?;
         let generation = Self::decode_generation(scope, generation)?;
         let lc = Self::decode_lifecycle(lifecycle, active, lock)?;
-        Ok(OwnerSnapshot {
-            store_now_ms: now,
-            owner,
+        let rows = SnapshotRows {
+            owner: owner
+                .as_ref()
+                .map(|l| (l.record.clone(), now.saturating_add(l.remaining_ms))),
             generation,
-            active_storage: lc.active,
-            delete_lock: lc.lock,
-        })
+            active: lc.active,
+            lock: lc.lock,
+        };
+        if cacheable {
+            let mut cache = self
+                .snapshots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if cache.stamp == Some(stamp) {
+                if cache.rows.len() >= CACHED_SNAPSHOTS {
+                    cache.rows.clear();
+                }
+                cache.rows.insert(key, rows.clone());
+            }
+        }
+        Ok(rows.snapshot(now))
     }
 
     /// Renews the whole batch in one `BEGIN IMMEDIATE` transaction, each

@@ -576,3 +576,107 @@ fn store_is_send_sync() {
     check::<SqliteLeaseStore<ManualClock>>();
     check::<SqliteLeaseStore<durability_ownership::SystemClock>>();
 }
+
+/// The admission snapshot is answered from memory while the database is
+/// unchanged; every kind of change made elsewhere shows at the next
+/// snapshot: another connection's commit (another host process sharing
+/// the file), this store's own writes, a raw write on its connection, and
+/// time running the lease out.
+#[tokio::test]
+async fn a_remembered_snapshot_never_hides_a_commit_or_an_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let clock = ManualClock::new(1_000_000);
+    let reader = open(&path, &clock);
+    let other = open(&path, &clock);
+    let l = LifecycleId::new("ns:w").unwrap();
+    let sc = scope("st1:Room:shard3");
+    reader
+        .set_active_storage(&l, Some(&StorageId::new("st1").unwrap()))
+        .await
+        .unwrap();
+    let empty = reader.snapshot(&sc, &l).await.unwrap();
+    assert!(empty.owner.is_none());
+    assert_eq!(reader.snapshot(&sc, &l).await.unwrap(), empty, "unchanged");
+
+    // Another connection claims: the reader sees the owner at once.
+    let ClaimOutcome::Claimed(lease) = other
+        .claim(&sc, &l, &TaskId::new("b").unwrap(), 10_000)
+        .await
+        .unwrap()
+    else {
+        panic!("claims")
+    };
+    let seen = reader.snapshot(&sc, &l).await.unwrap();
+    assert_eq!(seen.owner.as_ref().map(|o| &o.record), Some(&lease.record));
+    assert_eq!(seen.generation, 1);
+    assert_eq!(seen.owner.as_ref().unwrap().remaining_ms, 10_000);
+
+    // Time alone: the remembered lease runs down, then out.
+    clock.advance(4_000);
+    assert_eq!(
+        reader
+            .snapshot(&sc, &l)
+            .await
+            .unwrap()
+            .owner
+            .unwrap()
+            .remaining_ms,
+        6_000
+    );
+    clock.advance(6_000);
+    assert!(reader.snapshot(&sc, &l).await.unwrap().owner.is_none());
+
+    // The reader's own write (a claim), then the other's delete lock and
+    // pointer move.
+    let ClaimOutcome::Claimed(mine) = reader
+        .claim(&sc, &l, &TaskId::new("a").unwrap(), 10_000)
+        .await
+        .unwrap()
+    else {
+        panic!("claims after expiry")
+    };
+    let s = reader.snapshot(&sc, &l).await.unwrap();
+    assert_eq!(s.owner.unwrap().record, mine.record);
+    assert_eq!(s.generation, 2);
+    other
+        .set_delete_lock(&l, Some(durability_ownership::DeleteLock::Whole))
+        .await
+        .unwrap();
+    assert_eq!(
+        reader.snapshot(&sc, &l).await.unwrap().delete_lock,
+        Some(durability_ownership::DeleteLock::Whole)
+    );
+    other.set_delete_lock(&l, None).await.unwrap();
+    other
+        .set_active_storage(&l, Some(&StorageId::new("st2").unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(
+        reader
+            .snapshot(&sc, &l)
+            .await
+            .unwrap()
+            .active_storage
+            .map(|s| s.as_str().to_owned()),
+        Some("st2".to_owned())
+    );
+
+    // A raw write on the reader's own connection.
+    reader.with_connection(|c| {
+        c.execute(
+            "UPDATE durability_owner_generations SET generation = 9 WHERE scope = ?1",
+            [sc.host_id()],
+        )
+        .unwrap();
+    });
+    assert_eq!(reader.snapshot(&sc, &l).await.unwrap().generation, 9);
+    // A raw write on another connection, as another process's tool would.
+    let raw = Connection::open(&path).unwrap();
+    raw.execute(
+        "UPDATE durability_owner_generations SET generation = 11 WHERE scope = ?1",
+        [sc.host_id()],
+    )
+    .unwrap();
+    assert_eq!(reader.snapshot(&sc, &l).await.unwrap().generation, 11);
+}
