@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use durability_migration::conformance::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use durability_migration::{
-    Clock, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore, MigrationConfig, RebalanceOptions,
+    Clock, DEFAULT_CUTOVER_HOLD_MS, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore, MigrationConfig, RebalanceOptions,
     Router, Shard, Sql, Statement, SystemClock, Value, VerifyOptions, row,
 };
 use durability_storage_mysql::{MysqlMappingStore, MysqlShard};
@@ -1094,6 +1094,48 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
             ours_w.lost, naive_w.lost
         ),
     );
+    let (held, plain) = (
+        with_env(backend, &dir.join("hot-held"), 2, 1, async |env| {
+            hot_key_moves(env, None).await
+        })
+        .await?,
+        with_env(backend, &dir.join("hot-plain"), 2, 1, async |env| {
+            hot_key_moves(env, Some(0)).await
+        })
+        .await?,
+    );
+    eprintln!(
+        "  hot key (a write every ms): {}/{HOT_MOVES} moves committed with the cutover hold (p99 {:.1} ms, {} writes refused), {}/{HOT_MOVES} without (p99 {:.1} ms); {} + {} lost writes",
+        held.committed, held.p99_ms, held.refused, plain.committed, plain.p99_ms, held.lost, plain.lost
+    );
+    json_line(
+        &backend.figure("migration.hot_key_committed"),
+        (held.fraction(), plain.fraction()),
+        "fraction",
+        ">=0.95",
+        HOT_MOVES,
+        backend,
+        &format!(
+            ",\"baseline_cutover_hold_ms\":0,\"cutover_hold_ms\":{DEFAULT_CUTOVER_HOLD_MS},\"refused_writes\":{}",
+            held.refused
+        ),
+    );
+    json_line(
+        &backend.figure("migration.hot_key_move_p99"),
+        (held.p99_ms, plain.p99_ms),
+        "ms",
+        "bounded",
+        HOT_MOVES,
+        backend,
+        ",\"baseline_cutover_hold_ms\":0",
+    );
+    if held.lost + plain.lost != 0 {
+        return Err(format!(
+            "hot-key moves lost {} acknowledged writes",
+            held.lost + plain.lost
+        )
+        .into());
+    }
     if ours.lost + ours_w.lost != 0 {
         return Err(format!(
             "journaled moves lost {} acknowledged writes",
@@ -1102,4 +1144,82 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
         .into());
     }
     Ok(())
+}
+
+/// Moves of the hot key per hot-key run.
+const HOT_MOVES: usize = 50;
+
+/// What a hot-key run measured.
+struct HotRun {
+    committed: usize,
+    p99_ms: f64,
+    refused: u64,
+    lost: usize,
+}
+
+impl HotRun {
+    fn fraction(&self) -> f64 {
+        self.committed as f64 / HOT_MOVES as f64
+    }
+}
+
+/// [`HOT_MOVES`] single-attempt moves of one key back and forth while a
+/// writer updates it every millisecond, with the given cutover hold
+/// (`None`: the default). Times every move attempt, committed or not.
+async fn hot_key_moves(env: &Env, hold_ms: Option<u64>) -> Result<HotRun, BoxError> {
+    let mut c = env.config(Arc::new(SystemClock), None);
+    if let Some(ms) = hold_ms {
+        c = c.cutover_hold_ms(ms);
+    }
+    let r = Arc::new(Router::new(c)?);
+    r.init().await?;
+    let k = key(0);
+    let stop = Stop::new();
+    let writer = {
+        let (r, k, stop) = (Arc::clone(&r), k.clone(), Arc::clone(&stop.0));
+        tokio::spawn(async move {
+            let (mut acked, mut refused, mut v) = (None, 0u64, 0i64);
+            while !stop.load(Ordering::SeqCst) {
+                v += 1;
+                match routed_write(&r, &k, v).await {
+                    Outcome::Acked => acked = Some(v),
+                    Outcome::Refused => refused += 1,
+                    Outcome::Missed => {}
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (acked, refused)
+        })
+    };
+    let mut times = Vec::with_capacity(HOT_MOVES);
+    let mut committed = 0;
+    for _ in 0..HOT_MOVES {
+        let from = r.route(&k).await?.ok_or("the hot key has no mapping")?;
+        let to = if from == "s0" { "s1" } else { "s0" };
+        let t = instant();
+        let res = r.reassign_shard(&k, to, "users").await;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        match res {
+            Ok(_) => committed += 1,
+            Err(e) if e.code() == "MIGRATION_ABORTED" => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    stop.raise();
+    let (acked, refused) = writer.await?;
+    times.sort_by(f64::total_cmp);
+    let p99_ms = times
+        .get((times.len() * 99).div_ceil(100).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    let mut last = HashMap::new();
+    if let Some(v) = acked {
+        last.insert(k, v);
+    }
+    Ok(HotRun {
+        committed,
+        p99_ms,
+        refused,
+        lost: env.lost(&last).await?,
+    })
 }

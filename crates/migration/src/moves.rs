@@ -22,7 +22,13 @@
 //!    `durability_retired` and deletes it, under one predicate (every row
 //!    still equals its snapshot), so a write that changed a row first makes
 //!    the whole batch write nothing; a miss returns to `prepared` and copies
-//!    again, up to three times, then aborts;
+//!    again, up to three times, then aborts. The first miss first writes
+//!    the write hold of the key on the source (`durability_write_hold`,
+//!    deadline now + `cutover_hold_ms`): routed writes there fail with
+//!    `MIGRATION_CUTOVER_PENDING` until the cutover batch that archives the
+//!    key deletes it (in that batch), the abort deletes it, or its deadline
+//!    passes (the mover stops at it; a routed write removes an expired
+//!    hold);
 //! 6. `committed`;
 //! 7. publish: one batch on the destination deletes the operation's
 //!    in-flight markers and lifts an old fence of the key there, then the

@@ -782,6 +782,13 @@ impl Router {
     /// mapping first asks the journal the same (one query), so a key whose
     /// mapping was lost is never allocated a second home.
     ///
+    /// A move's write hold of the key on the shard (its write-blocking
+    /// cutover, [`crate::MigrationConfig::cutover_hold_ms`]) also makes the
+    /// write change nothing: while the hold's deadline has not passed on
+    /// this router's clock the write fails with the retryable
+    /// `MIGRATION_CUTOVER_PENDING`; an expired hold is deleted and the write
+    /// runs again.
+    ///
     /// Under computed placement the write binds the manifest generation it
     /// routed with: a shard whose fence is above it changes nothing, the
     /// router reloads the manifest from the journal once and routes again.
