@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use durability_migration::conformance::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use durability_migration::{
-    Clock, DEFAULT_CUTOVER_HOLD_MS, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore, MigrationConfig, RebalanceOptions,
-    Router, Shard, Sql, Statement, SystemClock, Value, VerifyOptions, row,
+    Clock, DEFAULT_CUTOVER_HOLD_MS, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore,
+    MigrationConfig, RebalanceOptions, Router, Shard, Sql, Statement, SystemClock, Value,
+    VerifyOptions, row,
 };
 use durability_storage_mysql::{MysqlMappingStore, MysqlShard};
 use durability_storage_postgres::{PostgresMappingStore, PostgresShard};
@@ -1106,7 +1107,13 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
     );
     eprintln!(
         "  hot key (a write every ms): {}/{HOT_MOVES} moves committed with the cutover hold (p99 {:.1} ms, {} writes refused), {}/{HOT_MOVES} without (p99 {:.1} ms); {} + {} lost writes",
-        held.committed, held.p99_ms, held.refused, plain.committed, plain.p99_ms, held.lost, plain.lost
+        held.committed,
+        held.p99_ms,
+        held.refused,
+        plain.committed,
+        plain.p99_ms,
+        held.lost,
+        plain.lost
     );
     json_line(
         &backend.figure("migration.hot_key_committed"),

@@ -18,8 +18,8 @@ use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, Router, Row, Shard,
-    Statement, Value, row,
+    BackendError, BoxFuture, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, MappingStore,
+    MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -315,7 +315,8 @@ async fn a_mover_that_dies_inside_the_window_blocks_writes_only_until_the_deadli
             .unwrap_err();
         assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
         assert!(err.is_retryable());
-        e.clock.advance(i64::try_from(DEFAULT_CUTOVER_HOLD_MS).unwrap() - 1);
+        e.clock
+            .advance(i64::try_from(DEFAULT_CUTOVER_HOLD_MS).unwrap() - 1);
         let err = fresh
             .update("k", "users", user("held", 1))
             .await
@@ -426,4 +427,40 @@ async fn a_bad_cutover_hold_is_a_typed_error() {
     .unwrap_err();
     assert_eq!(err.code(), "INVALID_CONFIG");
     assert!(Router::new(e.config(false, 30_000).cutover_hold_ms(MAX_CUTOVER_HOLD_MS)).is_ok());
+}
+
+/// Issue 13 item 15: a router without an explicit journal shard (one
+/// shard, the journal implied) does not report a write its fence refused
+/// as a real zero-row result: the key moved away (a live tombstone there)
+/// is `MIGRATION_CUTOVER_PENDING`, nothing written; a key with no row stays
+/// `Ok(0)`.
+#[tokio::test]
+async fn a_fenced_write_without_an_explicit_journal_is_not_a_silent_zero() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let a = seed(&e).await;
+        a.reassign_shard("k", "s1", "users").await.unwrap();
+        let mapping = Arc::new(MemoryMappingStore::new());
+        mapping.put("k", "s0").await.unwrap();
+        mapping.put("absent", "s0").await.unwrap();
+        let b = Router::new(
+            MigrationConfig::new(mapping)
+                .shard("s0", Arc::clone(e.shard("s0")))
+                .table("users")
+                .clock(Arc::new(e.clock.clone())),
+        )
+        .unwrap();
+        b.init().await.unwrap();
+        let err = b.update("k", "users", user("lost", 1)).await.unwrap_err();
+        assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
+        assert_eq!(
+            b.update("absent", "users", user("x", 1)).await.unwrap(),
+            0,
+            "{kinds:?}: a real zero-row result"
+        );
+        assert_eq!(users_row(&a).await.get("name"), Some(&name_of(0)));
+        let live = e.live("users", "id", "k").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(live[0].0, "s1");
+    }
 }

@@ -964,8 +964,23 @@ impl Router {
                     continue;
                 }
             }
-            if n > 0 || !self.fence_checks || !d.is_proven() {
+            if n > 0 || !d.is_proven() || self.journal.is_none() {
                 return Ok(n);
+            }
+            if !self.fence_checks {
+                // No explicit journal shard: no re-routing through the
+                // journal, but a write the fence refused (a live tombstone,
+                // in-flight marker or write hold of the key here) is never
+                // reported as a real zero-row result.
+                if self.held(&shard_name, key).await? {
+                    continue;
+                }
+                return match self.tombstone(&shard_name, &spec.name, key).await {
+                    Ok(None) => Ok(0),
+                    _ => Err(MigrationError::CutoverPending {
+                        key: key.to_owned(),
+                    }),
+                };
             }
             // Zero rows: a move's write hold, a real zero-row result, or a
             // fence.
