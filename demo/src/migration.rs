@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use durability_migration::conformance::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use durability_migration::{
-    Clock, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore, MigrationConfig, RebalanceOptions,
-    Router, Shard, Sql, Statement, SystemClock, Value, VerifyOptions, row,
+    Clock, DEFAULT_CUTOVER_HOLD_MS, Ident, MOVE_LIVENESS_MS, ManualClock, MappingStore,
+    MigrationConfig, RebalanceOptions, Router, Shard, Sql, Statement, SystemClock, Value,
+    VerifyOptions, row,
 };
 use durability_storage_mysql::{MysqlMappingStore, MysqlShard};
 use durability_storage_postgres::{PostgresMappingStore, PostgresShard};
@@ -974,7 +975,7 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut failed = Vec::new();
     // `DURABILITY_BENCH_MIGRATION=sqlite,mariadb` runs only the listed parts
-    // (`sqlite`, `postgres`, `mariadb`, `rss`); unset runs them all.
+    // (`sqlite`, `postgres`, `mariadb`, `hot`, `rss`); unset runs them all.
     let parts = std::env::var("DURABILITY_BENCH_MIGRATION").ok();
     let wanted = |part: &str| {
         parts
@@ -988,6 +989,15 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
         if let Err(e) = bench_moves(backend, &dir.join(backend.name()), n).await {
             eprintln!("  {} failed: {e}", backend.label());
             failed.push(format!("{}: {e}", backend.name()));
+        }
+    }
+    // The hot-key figures (part `hot`): every backend.
+    if wanted("hot") {
+        for (backend, _) in BENCH_KEYS {
+            if let Err(e) = bench_hot(backend, &dir.join("hot").join(backend.name())).await {
+                eprintln!("  {} hot key failed: {e}", backend.label());
+                failed.push(format!("hot {}: {e}", backend.name()));
+            }
         }
     }
     if !wanted("rss") {
@@ -1102,4 +1112,138 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
         .into());
     }
     Ok(())
+}
+
+/// One backend's hot-key figures: [`HOT_MOVES`] moves of one key under a
+/// writer every millisecond, with the default cutover hold and with the
+/// hold off (the baseline), in the same run.
+async fn bench_hot(backend: Backend, dir: &Path) -> Result<(), BoxError> {
+    eprintln!("migration bench: hot key, {} shards", backend.label());
+    let (held, plain) = (
+        with_env(backend, &dir.join("held"), 2, 1, async |env| {
+            hot_key_moves(env, None).await
+        })
+        .await?,
+        with_env(backend, &dir.join("plain"), 2, 1, async |env| {
+            hot_key_moves(env, Some(0)).await
+        })
+        .await?,
+    );
+    eprintln!(
+        "  hot key (a write every ms): {}/{HOT_MOVES} moves committed with the cutover hold (p99 {:.1} ms, {} writes refused), {}/{HOT_MOVES} without (p99 {:.1} ms); {} + {} lost writes",
+        held.committed,
+        held.p99_ms,
+        held.refused,
+        plain.committed,
+        plain.p99_ms,
+        held.lost,
+        plain.lost
+    );
+    json_line(
+        &backend.figure("migration.hot_key_committed"),
+        (held.fraction(), plain.fraction()),
+        "fraction",
+        ">=0.95",
+        HOT_MOVES,
+        backend,
+        &format!(
+            ",\"baseline_cutover_hold_ms\":0,\"cutover_hold_ms\":{DEFAULT_CUTOVER_HOLD_MS},\"refused_writes\":{}",
+            held.refused
+        ),
+    );
+    json_line(
+        &backend.figure("migration.hot_key_move_p99"),
+        (held.p99_ms, plain.p99_ms),
+        "ms",
+        "bounded",
+        HOT_MOVES,
+        backend,
+        ",\"baseline_cutover_hold_ms\":0",
+    );
+    if held.lost + plain.lost != 0 {
+        return Err(format!(
+            "hot-key moves lost {} acknowledged writes",
+            held.lost + plain.lost
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Moves of the hot key per hot-key run.
+const HOT_MOVES: usize = 50;
+
+/// What a hot-key run measured.
+struct HotRun {
+    committed: usize,
+    p99_ms: f64,
+    refused: u64,
+    lost: usize,
+}
+
+impl HotRun {
+    fn fraction(&self) -> f64 {
+        self.committed as f64 / HOT_MOVES as f64
+    }
+}
+
+/// [`HOT_MOVES`] single-attempt moves of one key back and forth while a
+/// writer updates it every millisecond, with the given cutover hold
+/// (`None`: the default). Times every move attempt, committed or not.
+async fn hot_key_moves(env: &Env, hold_ms: Option<u64>) -> Result<HotRun, BoxError> {
+    let mut c = env.config(Arc::new(SystemClock), None);
+    if let Some(ms) = hold_ms {
+        c = c.cutover_hold_ms(ms);
+    }
+    let r = Arc::new(Router::new(c)?);
+    r.init().await?;
+    let k = key(0);
+    let stop = Stop::new();
+    let writer = {
+        let (r, k, stop) = (Arc::clone(&r), k.clone(), Arc::clone(&stop.0));
+        tokio::spawn(async move {
+            let (mut acked, mut refused, mut v) = (None, 0u64, 0i64);
+            while !stop.load(Ordering::SeqCst) {
+                v += 1;
+                match routed_write(&r, &k, v).await {
+                    Outcome::Acked => acked = Some(v),
+                    Outcome::Refused => refused += 1,
+                    Outcome::Missed => {}
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (acked, refused)
+        })
+    };
+    let mut times = Vec::with_capacity(HOT_MOVES);
+    let mut committed = 0;
+    for _ in 0..HOT_MOVES {
+        let from = r.route(&k).await?.ok_or("the hot key has no mapping")?;
+        let to = if from == "s0" { "s1" } else { "s0" };
+        let t = instant();
+        let res = r.reassign_shard(&k, to, "users").await;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        match res {
+            Ok(_) => committed += 1,
+            Err(e) if e.code() == "MIGRATION_ABORTED" => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    stop.raise();
+    let (acked, refused) = writer.await?;
+    times.sort_by(f64::total_cmp);
+    let p99_ms = times
+        .get((times.len() * 99).div_ceil(100).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    let mut last = HashMap::new();
+    if let Some(v) = acked {
+        last.insert(k, v);
+    }
+    Ok(HotRun {
+        committed,
+        p99_ms,
+        refused,
+        lost: env.lost(&last).await?,
+    })
 }

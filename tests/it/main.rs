@@ -12,6 +12,7 @@ mod host_processes;
 mod host_routing;
 mod migration_computed_fence;
 mod migration_dialects;
+mod migration_hotkey;
 mod migration_placement;
 mod migration_review;
 mod migration_stuck;

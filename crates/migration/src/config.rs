@@ -26,6 +26,11 @@ pub const MAX_NAME_BYTES: usize = 64;
 pub const RESERVED_KEY_PREFIX: char = '\u{1}';
 /// Longest mapping cache TTL accepted (2^31 - 1 ms).
 pub const MAX_MAPPING_CACHE_TTL_MS: u64 = 2_147_483_647;
+/// Default write-blocking cutover window (milliseconds): see
+/// [`MigrationConfig::cutover_hold_ms`].
+pub const DEFAULT_CUTOVER_HOLD_MS: u64 = 300;
+/// Longest write-blocking cutover window accepted (milliseconds).
+pub const MAX_CUTOVER_HOLD_MS: u64 = 5_000;
 
 /// How keys without a mapping are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +55,7 @@ pub struct MigrationConfig {
     pub(crate) coordinator: Option<Arc<dyn AllocationLedger>>,
     pub(crate) placement: Placement,
     pub(crate) manifest_refresh_ms: u64,
+    pub(crate) cutover_hold_ms: u64,
 }
 
 impl std::fmt::Debug for MigrationConfig {
@@ -63,6 +69,7 @@ impl std::fmt::Debug for MigrationConfig {
             .field("tables", &self.tables)
             .field("placement", &self.placement)
             .field("manifest_refresh_ms", &self.manifest_refresh_ms)
+            .field("cutover_hold_ms", &self.cutover_hold_ms)
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +90,7 @@ impl MigrationConfig {
             coordinator: None,
             placement: Placement::Mapped,
             manifest_refresh_ms: DEFAULT_MANIFEST_REFRESH_MS,
+            cutover_hold_ms: DEFAULT_CUTOVER_HOLD_MS,
         }
     }
     /// Adds a named shard.
@@ -142,6 +150,20 @@ impl MigrationConfig {
     /// may miss a key placed under an epoch added within this period.
     pub fn manifest_refresh_ms(mut self, ms: u64) -> Self {
         self.manifest_refresh_ms = ms;
+        self
+    }
+    /// The write-blocking cutover window (default 300 ms, at most
+    /// [`MAX_CUTOVER_HOLD_MS`]; 0 turns it off). When a move's cutover
+    /// misses because a write changed the key's row after the snapshot, the
+    /// mover holds the key's writes on the source (routed writes there fail
+    /// with the retryable `MIGRATION_CUTOVER_PENDING`) while it copies the
+    /// final delta and cuts over. The hold ends with the cutover or the
+    /// abort, and at the latest when this many milliseconds have passed on
+    /// the injected clock: the mover stops trying at its deadline, and a
+    /// routed write that meets an expired hold removes it. Reads are never
+    /// held.
+    pub fn cutover_hold_ms(mut self, ms: u64) -> Self {
+        self.cutover_hold_ms = ms;
         self
     }
     /// Injects the clock.
@@ -239,6 +261,12 @@ pub(crate) fn validate(c: &MigrationConfig) -> Result<Validated> {
     if c.manifest_refresh_ms > MAX_MAPPING_CACHE_TTL_MS {
         return Err(MigrationError::InvalidConfig(format!(
             "manifest refresh above {MAX_MAPPING_CACHE_TTL_MS} ms"
+        )));
+    }
+    if c.cutover_hold_ms > MAX_CUTOVER_HOLD_MS {
+        return Err(MigrationError::InvalidConfig(format!(
+            "cutover hold of {} ms above {MAX_CUTOVER_HOLD_MS} ms",
+            c.cutover_hold_ms
         )));
     }
     let mut tables = BTreeMap::new();

@@ -268,6 +268,9 @@ pub(crate) mod names {
     /// The `digest` of an in-flight marker in `durability_retired` (a real
     /// tombstone's digest is a SHA-256 hex string or `-`).
     pub(crate) const IN_FLIGHT: &str = "in-flight";
+    /// A move's write hold on its source: routed writes of the key there
+    /// match no row while a row of the key exists.
+    pub(crate) const HOLD: &str = "durability_write_hold";
 }
 
 /// Validated columns of a row, in canonical order.
@@ -289,14 +292,105 @@ impl Dialect {
             self.int_type(),
             self.blob_type(),
         );
-        vec![Statement::new(format!(
-            "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
+        vec![
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {r} (op_id {k} NOT NULL, tname {k} NOT NULL, \
                  mkey {mk} NOT NULL, scope {k} NOT NULL, moved_to {t} NOT NULL, payload {b}, \
                  digest {t} NOT NULL, retired_ms {i} NOT NULL, superseded {i} NOT NULL DEFAULT 0, \
                  purged {i} NOT NULL DEFAULT 0, PRIMARY KEY (mkey, op_id, tname)){w}",
-            r = names::RETIRED,
-            w = self.keyed_table_suffix()
-        ))]
+                r = names::RETIRED,
+                w = self.keyed_table_suffix()
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {h} (mkey {mk} NOT NULL, op_id {k} NOT NULL, \
+                 scope {k} NOT NULL, until_ms {i} NOT NULL, PRIMARY KEY (mkey, op_id)){w}",
+                h = names::HOLD,
+                w = self.keyed_table_suffix()
+            )),
+        ]
+    }
+
+    /// A move's write hold of `key` on its source until `until_ms` (on the
+    /// mover's clock): replaces an earlier hold of the same operation.
+    pub(crate) fn hold_take(
+        &self,
+        op_id: &str,
+        scope: &str,
+        key: &str,
+        until_ms: i64,
+    ) -> Vec<Statement> {
+        vec![
+            self.hold_release(op_id, key),
+            self.insert_absent(
+                names::HOLD,
+                &[
+                    ("mkey", key.into()),
+                    ("op_id", op_id.into()),
+                    ("scope", scope.into()),
+                    ("until_ms", until_ms.into()),
+                ],
+                2,
+            ),
+        ]
+    }
+
+    /// Deletes the operation's write hold of `key`.
+    pub(crate) fn hold_release(&self, op_id: &str, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id);
+        s.finish()
+    }
+
+    /// Deletes the operation's write hold of `key` when the operation's
+    /// archive row exists (the cutover batch archived the key).
+    pub(crate) fn hold_release_archived(&self, op_id: &str, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND digest <> ")
+            .bind(names::IN_FLIGHT)
+            .raw(")");
+        s.finish()
+    }
+
+    /// The key's write holds (operation and deadline).
+    pub(crate) fn hold_query(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT op_id, until_ms FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// Deletes an expired hold: the operation's hold of `key` whose deadline
+    /// is still `until_ms`.
+    pub(crate) fn hold_expire(&self, op_id: &str, key: &str, until_ms: i64) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND until_ms = ")
+            .bind(until_ms);
+        s.finish()
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
@@ -753,7 +847,11 @@ impl Dialect {
             .bind(table.as_str())
             .raw(" AND mkey = ")
             .bind(key)
-            .raw(" AND superseded = 0)");
+            .raw(" AND superseded = 0) AND NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(")");
         if let Some(g) = generation {
             s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
                 .raw(names::TOPOLOGY)

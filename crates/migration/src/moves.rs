@@ -22,7 +22,13 @@
 //!    `durability_retired` and deletes it, under one predicate (every row
 //!    still equals its snapshot), so a write that changed a row first makes
 //!    the whole batch write nothing; a miss returns to `prepared` and copies
-//!    again, up to three times, then aborts;
+//!    again, up to three times, then aborts. The first miss first writes
+//!    the write hold of the key on the source (`durability_write_hold`,
+//!    deadline now + `cutover_hold_ms`): routed writes there fail with
+//!    `MIGRATION_CUTOVER_PENDING` until the cutover batch that archives the
+//!    key deletes it (in that batch), the abort deletes it, or its deadline
+//!    passes (the mover stops at it; a routed write removes an expired
+//!    hold);
 //! 6. `committed`;
 //! 7. publish: one batch on the destination deletes the operation's
 //!    in-flight markers and lifts an old fence of the key there, then the
@@ -418,6 +424,9 @@ impl<'r> MoveCtx<'r> {
             .map(|t| (t.name, t.key_col))
             .collect();
         let mut stmts = d.cutover_batch_guarded(&c, &absent);
+        // The write hold (if any) ends with the cutover that archived the
+        // key, in its batch; a missed cutover keeps it for the next copy.
+        stmts.push(d.hold_release_archived(&self.op_id, &self.key));
         if with_commit {
             let change = Change {
                 committed_if_archived: Some(self.key.clone()),
@@ -576,6 +585,7 @@ impl<'r> MoveCtx<'r> {
         reason: &str,
     ) -> Result<usize> {
         let dropped = self.drop_copies(digests).await?;
+        self.release_hold().await;
         let change = Change {
             finished: true,
             error: Some(reason.to_owned()),
@@ -594,6 +604,50 @@ impl<'r> MoveCtx<'r> {
         Ok(dropped)
     }
 
+    /// Holds the key's writes on the source until `cutover_hold_ms` from
+    /// now (one statement batch, replacing an earlier hold of this
+    /// operation). Returns the deadline.
+    async fn take_hold(&self) -> Result<i64> {
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let d = shard.dialect();
+        let until = self
+            .r
+            .now()
+            .saturating_add(i64::try_from(self.r.cutover_hold_ms).unwrap_or(i64::MAX));
+        shard
+            .batch(&d.hold_take(&self.op_id, &self.r.scope, &self.key, until))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        tracing::debug!(
+            event = "durability.migration.hold_taken",
+            op_id = %self.op_id,
+            key = %self.key,
+            until_ms = until,
+            "holding the key's writes on the source for the final copy"
+        );
+        Ok(until)
+    }
+
+    /// Deletes this operation's write hold on the source. Best effort: a
+    /// hold left behind ends at its deadline (the next routed write there
+    /// removes it).
+    async fn release_hold(&self) {
+        let Ok((name, shard)) = self.r.shard_named(&self.source) else {
+            return;
+        };
+        let d = shard.dialect();
+        if let Err(e) = shard.execute(&d.hold_release(&self.op_id, &self.key)).await {
+            tracing::warn!(
+                event = "durability.migration.hold_release_failed",
+                op_id = %self.op_id,
+                key = %self.key,
+                shard = name,
+                error = %e,
+                "write hold not released; it ends at its deadline"
+            );
+        }
+    }
+
     /// Runs the move from `stage` with the journaled snapshot `snap`.
     /// Returns the number of re-copies, or `MIGRATION_ABORTED`.
     pub(crate) async fn run(
@@ -605,6 +659,8 @@ impl<'r> MoveCtx<'r> {
         // The digests of the copy before the current one (its rows are
         // superseded by the next copy, unless that copy is refused).
         let mut previous: Option<BTreeMap<String, String>> = None;
+        // The deadline of this run's write hold on the source, once taken.
+        let mut hold_until: Option<i64> = None;
         let committed = loop {
             let digests = self.digests(&snap);
             let mut hit = (false, false);
@@ -645,6 +701,22 @@ impl<'r> MoveCtx<'r> {
                 attempts,
                 "cutover batch missed; retrying"
             );
+            if attempts > MAX_RECOPIES {
+                return Err(self.abort(&digests, "copies used up").await?);
+            }
+            // A write changed the row since the snapshot: hold the key's
+            // writes on the source for the final copy (bounded by the
+            // configured window on the injected clock), so a key under
+            // constant writes still moves.
+            if self.r.cutover_hold_ms > 0 {
+                match hold_until {
+                    None => hold_until = Some(self.take_hold().await?),
+                    Some(until) if self.r.now() >= until => {
+                        return Err(self.abort(&digests, "cutover hold expired").await?);
+                    }
+                    Some(_) => {}
+                }
+            }
             let fresh = self.snapshot().await?;
             if fresh.iter().all(Option::is_none) {
                 return Err(self.abort(&digests, "source row gone").await?);
@@ -653,9 +725,6 @@ impl<'r> MoveCtx<'r> {
             if !elsewhere.is_empty() {
                 let reason = format!("rows appeared in tables outside the move: {elsewhere:?}");
                 return Err(self.abort(&digests, &reason).await?);
-            }
-            if attempts > MAX_RECOPIES {
-                return Err(self.abort(&digests, "copies used up").await?);
             }
             // A value the destination can never store: abort while the
             // journal still holds the digests of the copy that landed.

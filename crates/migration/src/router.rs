@@ -70,6 +70,7 @@ pub struct Router {
     pub(crate) coordinator: Option<Arc<dyn crate::ledger::AllocationLedger>>,
     pub(crate) placement: Placement,
     pub(crate) manifest_refresh_ms: u64,
+    pub(crate) cutover_hold_ms: u64,
     pub(crate) manifest: Mutex<Option<CachedManifest>>,
     pub(crate) instance: String,
     /// Operations a task of this router is driving right now.
@@ -109,6 +110,7 @@ impl Router {
             coordinator: config.coordinator,
             placement: config.placement,
             manifest_refresh_ms: config.manifest_refresh_ms,
+            cutover_hold_ms: config.cutover_hold_ms,
             manifest: Mutex::new(None),
             instance: uuid::Uuid::now_v7().to_string(),
             running: Mutex::new(std::collections::HashSet::new()),
@@ -780,6 +782,13 @@ impl Router {
     /// mapping first asks the journal the same (one query), so a key whose
     /// mapping was lost is never allocated a second home.
     ///
+    /// A move's write hold of the key on the shard (its write-blocking
+    /// cutover, [`crate::MigrationConfig::cutover_hold_ms`]) also makes the
+    /// write change nothing: while the hold's deadline has not passed on
+    /// this router's clock the write fails with the retryable
+    /// `MIGRATION_CUTOVER_PENDING`; an expired hold is deleted and the write
+    /// runs again.
+    ///
     /// Under computed placement the write binds the manifest generation it
     /// routed with: a shard whose fence is above it changes nothing, the
     /// router reloads the manifest from the journal once and routes again.
@@ -955,10 +964,29 @@ impl Router {
                     continue;
                 }
             }
-            if n > 0 || !self.fence_checks || !d.is_proven() {
+            if n > 0 || !d.is_proven() || self.journal.is_none() {
                 return Ok(n);
             }
-            // Zero rows: a real zero-row result, or a fence.
+            if !self.fence_checks {
+                // No explicit journal shard: no re-routing through the
+                // journal, but a write the fence refused (a live tombstone,
+                // in-flight marker or write hold of the key here) is never
+                // reported as a real zero-row result.
+                if self.held(&shard_name, key).await? {
+                    continue;
+                }
+                return match self.tombstone(&shard_name, &spec.name, key).await {
+                    Ok(None) => Ok(0),
+                    _ => Err(MigrationError::CutoverPending {
+                        key: key.to_owned(),
+                    }),
+                };
+            }
+            // Zero rows: a move's write hold, a real zero-row result, or a
+            // fence.
+            if self.held(&shard_name, key).await? {
+                continue;
+            }
             let tomb = match self.tombstone(&shard_name, &spec.name, key).await {
                 Ok(t) => t,
                 Err(e) => {
@@ -1032,6 +1060,54 @@ impl Router {
         Err(MigrationError::CutoverPending {
             key: key.to_owned(),
         })
+    }
+
+    /// After a zero-row write on `shard_name`: whether the key had an
+    /// expired write hold there, which this call removed (`true`: write
+    /// again). A live hold, or a hold lookup that fails, is
+    /// `MIGRATION_CUTOVER_PENDING` (retryable: nothing was written).
+    async fn held(&self, shard_name: &str, key: &str) -> Result<bool> {
+        let pending = || MigrationError::CutoverPending {
+            key: key.to_owned(),
+        };
+        let (name, shard) = self.shard_named(shard_name)?;
+        let d = shard.dialect();
+        let rows = match shard.query(&d.hold_query(key)).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.migration.hold_lookup_failed",
+                    error = %e,
+                    key,
+                    shard = name,
+                    "write hold lookup after a zero-row write failed"
+                );
+                return Err(pending());
+            }
+        };
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        let now = self.now();
+        for r in &rows {
+            let op_id = crate::journal::text(r, "op_id")?;
+            let until = crate::journal::int(r, "until_ms")?;
+            if now < until {
+                return Err(pending());
+            }
+            tracing::info!(
+                event = "durability.migration.hold_expired",
+                op_id = %op_id,
+                key,
+                shard = name,
+                "removing an expired write hold"
+            );
+            shard
+                .execute(&d.hold_expire(&op_id, key, until))
+                .await
+                .map_err(|_| pending())?;
+        }
+        Ok(true)
     }
 
     // ---- raw ----
