@@ -24,6 +24,15 @@ pub struct SchedulerAlarm<S, I> {
     idle_ms: i64,
 }
 
+impl<S, I> std::fmt::Debug for SchedulerAlarm<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerAlarm")
+            .field("scheduler", &self.sched)
+            .field("idle_ms", &self.idle_ms)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, I> Clone for SchedulerAlarm<S, I> {
     fn clone(&self) -> Self {
         Self {

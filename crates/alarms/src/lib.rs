@@ -36,6 +36,7 @@
 //!   [`AlarmTx`] suites every backend runs) and the [`AlarmTx`]
 //!   implementation on the scheduler's in-memory test storage.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod bridge;
 mod dispatcher;

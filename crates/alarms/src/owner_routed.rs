@@ -51,6 +51,12 @@ pub struct OwnerRouted<L, F, S, C> {
     scope_of: ScopeOf,
 }
 
+impl<L, F, S, C> std::fmt::Debug for OwnerRouted<L, F, S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerRouted").finish_non_exhaustive()
+    }
+}
+
 impl<L, F, S, C> OwnerRouted<L, F, S, C> {
     /// Routes with `ownership`: deliveries this task owns go to `local`,
     /// others to `forward`.

@@ -270,6 +270,16 @@ pub struct Host<S, I> {
     inner: Arc<Inner<S, I>>,
 }
 
+impl<S, I> std::fmt::Debug for Host<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the internal token, and no per-object state.
+        f.debug_struct("Host")
+            .field("storage_id", &self.inner.storage_id)
+            .field("endpoint", &self.inner.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, I> Clone for Host<S, I> {
     fn clone(&self) -> Self {
         Self {
@@ -289,6 +299,15 @@ pub struct Handle<T, I> {
     pub alarms: Alarms<SqliteStorage, I>,
     /// The generation the call runs under.
     pub generation: u64,
+}
+
+impl<T, I> std::fmt::Debug for Handle<T, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("scheduler", &self.scheduler)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

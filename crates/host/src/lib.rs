@@ -154,6 +154,7 @@
 //! }
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod client;
 mod config;

@@ -28,6 +28,7 @@
 //! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod abort;
 mod config;

@@ -56,6 +56,7 @@
 //! - `conformance`: the `conformance` module, the suite every [`OutboxTx`] backend runs,
 //!   and the in-memory implementation on the scheduler's testkit storage.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod channel;
 mod codec;

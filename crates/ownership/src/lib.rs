@@ -28,6 +28,7 @@
 //! Feature flags:
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod error;
 mod floor;

@@ -56,6 +56,14 @@ pub struct Ownership<S, C> {
     inner: Arc<Inner<S, C>>,
 }
 
+impl<S, C> std::fmt::Debug for Ownership<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("task", &self.inner.task)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, C> Clone for Ownership<S, C> {
     fn clone(&self) -> Self {
         Self {

@@ -32,6 +32,7 @@
 //!   [`scheduler_conformance!`]) and the `testkit` module it re-exports: an
 //!   in-memory storage and a crash-injecting storage wrapper.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod driver;
 mod error;

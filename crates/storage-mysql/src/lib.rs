@@ -23,6 +23,7 @@
 //! Features: `testkit` adds `testkit::TestDatabase`, a throwaway database
 //! on a real server for tests.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,

@@ -31,6 +31,7 @@
 //! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 use std::error::Error as StdError;
 

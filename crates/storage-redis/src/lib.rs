@@ -11,6 +11,7 @@
 //!
 //! The `testkit` module (always built) holds what the Redis suites share.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 /// The Redis client this crate is built on: the stores take a
 /// [`redis::aio::ConnectionManager`], so applications use the same version.

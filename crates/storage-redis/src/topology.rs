@@ -102,6 +102,14 @@ pub struct RedisPublisher {
     prefix: String,
 }
 
+impl std::fmt::Debug for RedisPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisPublisher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 impl RedisPublisher {
     /// A publisher writing under `prefix`.
     pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
@@ -151,6 +159,14 @@ pub struct RedisVersionedPublisher {
     prefix: String,
     write: Script,
     delete: Script,
+}
+
+impl std::fmt::Debug for RedisVersionedPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisVersionedPublisher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisVersionedPublisher {
@@ -215,6 +231,14 @@ impl Publisher for RedisVersionedPublisher {
 pub struct RedisReadStore {
     conn: ConnectionManager,
     prefix: String,
+}
+
+impl std::fmt::Debug for RedisReadStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisReadStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisReadStore {

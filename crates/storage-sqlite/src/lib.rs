@@ -21,6 +21,7 @@
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 /// The SQLite binding this crate is built on: [`SqliteTx::sql`] hands out a
 /// [`rusqlite::Connection`], so applications use the same version.

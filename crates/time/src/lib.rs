@@ -31,6 +31,7 @@
 //! assert!((2_000..=4_000).contains(&delay));
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod backoff;
 mod clock;

@@ -30,6 +30,7 @@
 //! - `conformance`: reserved for backend suites (the publication suites live
 //!   in `durability-topology`, which owns the writer side).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod client;
 mod error;

@@ -40,6 +40,7 @@
 //!   It has no encoder either: its suites take their encoded snapshots from
 //!   a real coordinator (`conformance::coordinator_snapshots`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod coordinator;
 mod encode;
