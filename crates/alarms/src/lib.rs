@@ -1,4 +1,4 @@
-//! Durable per-object alarms with at-least-once delivery (seed 003).
+//! Durable per-object alarms with at-least-once delivery.
 //!
 //! Three parts:
 //!
@@ -8,7 +8,7 @@
 //!   mutation to the backend index after the local commit, in API order.
 //!   Inside [`Alarms::transaction`] the effect is coalesced and flushed once
 //!   after commit. A pending delete fences its row so a stale delivery can
-//!   never run a deleted alarm. Failures are typed as the seed names them:
+//!   never run a deleted alarm. Failures are typed with stable codes:
 //!   `do_alarm_backend_unavailable`, `do_alarm_backend_failed`,
 //!   `do_alarm_result_unknown`.
 //! - **Backend index** ([`AlarmIndex`]): one job per object with due /

@@ -70,7 +70,7 @@ pub enum OwnerEvent {
     },
 }
 
-/// Dispatch outcome counters (the seed's runtime metrics, as plain numbers).
+/// Dispatch outcome counters (the runtime's dispatch metrics, as plain numbers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DispatchStats {
     /// Calls that ran to completion (their own result, ok or not).
@@ -141,7 +141,7 @@ impl Counters {
     }
 }
 
-/// Diagnostics: the seed's probe (task and owner state) plus the in-flight
+/// Diagnostics: the probe (task and owner state) plus the in-flight
 /// gauge and the dispatch outcome counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostProbe {
@@ -1142,7 +1142,7 @@ where
         .await
     }
 
-    /// Deletes one object's storage (the seed's `deleteAll`): the object's
+    /// Deletes one object's storage (Durable Objects' `deleteAll`): the object's
     /// own tables, views and triggers (every name not starting with the
     /// reserved `durability_` or `sqlite_`) are dropped in pages of at most
     /// [`DELETE_PAGE`], each page one transaction through the storage fence;
@@ -1157,7 +1157,7 @@ where
     /// stale host's delete fails closed at admission or at the first
     /// page's commit, and a drain waits for it.
     ///
-    /// Not atomic and best-effort, as the seed says: a failure (or a lost
+    /// Not atomic and best-effort: a failure (or a lost
     /// ownership) leaves the pages already dropped; calling it again
     /// finishes the job. It does not exclude concurrent calls on the same
     /// object, which may write between pages: do not race it with other

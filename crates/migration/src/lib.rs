@@ -1,4 +1,4 @@
-//! Routed shards and journaled key moves (seed 004), on any SQL dialect.
+//! Routed shards and journaled key moves, on any SQL dialect.
 //!
 //! A [`Router`] is built from a [`MigrationConfig`]: a [`MappingStore`]
 //! (key → shard), named [`Shard`]s, a hash [`Strategy`], the journal shard

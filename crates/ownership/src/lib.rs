@@ -1,4 +1,4 @@
-//! Owner leases with generation fencing (seed 003).
+//! Owner leases with generation fencing.
 //!
 //! One task owns a class shard — an [`OwnerScope`] `<storage id>:<class>:shard<N>`
 //! — at a time. A claim bumps a never-decreasing [`Generation`] and writes the

@@ -5,7 +5,7 @@
 //! | `<prefix><group>` | string | the group's encoded snapshot, as the client reads it |
 //! | `<prefix><group>:versions` | hash coordinator → version | highest version seen (versioned publisher only) |
 //!
-//! - [`RedisPublisher`]: plain `SET`/`DEL`, the seed's key-value store. The
+//! - [`RedisPublisher`]: plain `SET`/`DEL`, a key-value store. The
 //!   coordinator's write records bound how long an abandoned older write
 //!   may land over a newer snapshot (the landing window).
 //! - [`RedisVersionedPublisher`]: one Lua script per write or delete keeps
@@ -95,7 +95,7 @@ fn versions_key(prefix: &str, group: &str) -> String {
     format!("{prefix}{group}:versions")
 }
 
-/// The seed's plain key-value publisher: `SET` and `DEL`.
+/// The plain key-value publisher: `SET` and `DEL`.
 #[derive(Clone)]
 pub struct RedisPublisher {
     conn: ConnectionManager,

@@ -1,5 +1,4 @@
-//! The topology snapshot format and the cached read client (seed 000,
-//! "Reading").
+//! The topology snapshot format and the cached read client.
 //!
 //! Readers never call the coordinator: they read the snapshot it published
 //! to a read store and cache it.
@@ -17,7 +16,7 @@
 //! - [`TopologyClient`]: a per-group cache (TTL with ±20 % jitter), one
 //!   store read shared by concurrent callers, version regression guard per
 //!   coordinator, negative cache, read timeout, and the opt-in fallbacks
-//!   (stale-if-error, seed, fallback) in the seed's order. The cache is
+//!   (stale-if-error, seed, fallback) in that order. The cache is
 //!   bounded ([`DEFAULT_MAX_GROUPS`] groups, least recently used evicted).
 //!   The never-older guard does not live in the cache entry: a version floor
 //!   per (group, coordinator), bounded separately

@@ -54,7 +54,7 @@ struct Stored {
     highest: BTreeMap<(String, String), u64>,
 }
 
-/// An in-memory publication store. Plain mode is the seed's key-value store
+/// An in-memory publication store. Plain mode is a key-value store
 /// (last write wins); versioned mode keeps only the highest version per
 /// group and coordinator.
 #[derive(Clone, Default)]

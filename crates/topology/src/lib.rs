@@ -1,4 +1,4 @@
-//! Topology coordinator (seed 000): shard-group membership held by one
+//! Topology coordinator: shard-group membership held by one
 //! coordinator object, published to a read store, and pushed to members
 //! through state channels.
 //!
