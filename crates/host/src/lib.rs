@@ -121,7 +121,7 @@
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
 //! use durability_storage_sqlite::Synchronous;
 //! use serde_json::{Value, json};
-//! use tokio_util::sync::CancellationToken;
+//! use durability_host::CancellationToken;
 //!
 //! struct Cart;
 //!
@@ -165,6 +165,10 @@ pub mod rpc;
 mod settings;
 mod storage;
 pub mod transport;
+
+/// The cancellation token [`transport::serve`] stops on (tokio-util's), so
+/// callers need not depend on tokio-util themselves.
+pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientStats, RpcClient};
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};

@@ -47,6 +47,10 @@ pub mod conformance;
 #[cfg_attr(not(feature = "conformance"), allow(unreachable_pub, dead_code))]
 mod hooked;
 
+/// The cancellation token [`Ownership::watch`] cancels (tokio-util's), so
+/// callers need not depend on tokio-util themselves.
+pub use tokio_util::sync::CancellationToken;
+
 pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, DispatchOutcome, OwnershipError};
 pub use floor::{
