@@ -25,6 +25,46 @@
 //! Key types: [`OwnerScope`], [`OwnerRecord`], [`LeaseStore`], [`Ownership`],
 //! [`OwnerHintCache`], [`OwnershipSettings`], [`OwnershipError`], [`Clock`].
 //!
+//! # Example
+//!
+//! Two tasks on the in-memory lease store ([`memory::InMemoryLeaseStore`];
+//! production uses the Redis or SQLite store): the first claims the scope,
+//! the second is routed to it; once the first's lease runs out the second
+//! claims a higher generation, and the first can no longer admit work
+//! (`lease_expired`: it checks its own lease before the store).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_ownership::memory::InMemoryLeaseStore;
+//! use durability_ownership::{
+//!     LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership, OwnershipSettings,
+//!     Resolution, ShardCount, StorageId, TaskId,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = ManualClock::new(1_000_000);
+//! let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), ShardCount::default()));
+//! let lifecycle = LifecycleId::new("ns:shop")?;
+//! store.set_active_storage(&lifecycle, Some(&StorageId::new("st1")?)).await?;
+//! let scope = OwnerScope::parse("st1:Cart:shard3", ShardCount::default())?;
+//! let settings = OwnershipSettings { owner_ttl_ms: 10_000, ..OwnershipSettings::default() };
+//! let a = Ownership::new(store.clone(), clock.clone(), TaskId::new("task-a")?, settings.clone());
+//! let b = Ownership::new(store.clone(), clock.clone(), TaskId::new("task-b")?, settings);
+//!
+//! let Resolution::Local(first) = a.resolve(&scope, &lifecycle).await? else { panic!("a claims") };
+//! assert!(matches!(b.resolve(&scope, &lifecycle).await?, Resolution::Remote { .. }));
+//! drop(a.admit(&scope, first).await?); // admitted: a owns it at `first`
+//!
+//! clock.advance(10_001); // a stops renewing; its lease runs out
+//! let Resolution::Local(second) = b.resolve(&scope, &lifecycle).await? else { panic!("b claims") };
+//! assert!(second > first);
+//! let stale = a.admit(&scope, first).await.unwrap_err();
+//! assert_eq!(stale.code(), "lease_expired", "{stale}");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Feature flags:
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
