@@ -31,7 +31,7 @@
 //! production uses the Redis or SQLite store): the first claims the scope,
 //! the second is routed to it; once the first's lease runs out the second
 //! claims a higher generation, and the first can no longer admit work
-//! (`lease_expired`: it checks its own lease before the store).
+//! (`lease_expired`).
 //!
 //! ```
 //! use std::sync::Arc;
