@@ -63,7 +63,7 @@ async fn timeout_at_prefers_a_ready_future_and_cancels_on_the_deadline() {
     clock.advance(1);
     let elapsed = task.await.expect("joins");
     assert_eq!(elapsed, Err(Elapsed { deadline_ms: 200 }));
-    let code = elapsed.unwrap_err().code();
+    let code = elapsed.expect_err("the deadline won").code();
     assert_eq!(code, "TIME_DEADLINE_ELAPSED");
     assert_eq!(Elapsed::CODES, [code]);
 }
