@@ -526,9 +526,7 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         (ChannelConfig::new("c"), "SCHEDULER_DUPLICATE_CAPABILITY"),
     ];
     for (config, code) in bad_configs {
-        let err = Outbox::attach(&o.sched, config, Recorder::default())
-            .err()
-            .expect("rejected");
+        let err = Outbox::attach(&o.sched, config, Recorder::default()).expect_err("rejected");
         assert_eq!(err.code(), code);
     }
     assert!(

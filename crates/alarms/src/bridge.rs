@@ -18,10 +18,43 @@ use crate::store::AlarmTx;
 pub const DEFAULT_SCHEDULER_IDLE_MS: i64 = 1_000;
 
 /// The scheduler's alarm, delivered through the alarm index.
+///
+/// ```
+/// use std::sync::Arc;
+/// use durability_alarms::conformance::memory_storage;
+/// use durability_alarms::{AlarmIndex, Alarms, MemoryAlarmIndex, SchedulerAlarm};
+/// use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let id = ObjectId::new("shop-1")?;
+/// let clock = Arc::new(ManualClock::new(1_000));
+/// let ctx = ObjectContext::with_clock(id.clone(), Arc::new(memory_storage()), clock);
+/// let scheduler = Scheduler::new(ctx)?;
+/// let index = Arc::new(MemoryAlarmIndex::new());
+/// let bridge = SchedulerAlarm::new(&scheduler, Alarms::new(&scheduler, index.clone())?);
+///
+/// // A capability's due time moves the scheduler's alarm; syncing writes it
+/// // to the object's alarm row and the index job.
+/// scheduler.transaction(|tx| tx.set_due("reports", Some(60_000)))?;
+/// bridge.sync().await?;
+/// assert_eq!(index.job(&id).await?.map(|job| job.due_at), Some(60_000));
+/// # Ok(())
+/// # }
+/// ```
 pub struct SchedulerAlarm<S, I> {
     sched: Scheduler<S>,
     alarms: Alarms<S, I>,
     idle_ms: i64,
+}
+
+impl<S, I> std::fmt::Debug for SchedulerAlarm<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerAlarm")
+            .field("scheduler", &self.sched)
+            .field("idle_ms", &self.idle_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, I> Clone for SchedulerAlarm<S, I> {

@@ -278,6 +278,12 @@ pub struct Dispatcher<I, D> {
     stop: Stop,
 }
 
+impl<I, D> std::fmt::Debug for Dispatcher<I, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
+
 impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
     /// A dispatcher on `index`, delivering through `dispatch`, on `clock`.
     ///

@@ -1,5 +1,5 @@
-//! The alarms error type: one enum with stable codes (the seed's
-//! `do_alarm_*` codes where it names them).
+//! The alarms error type: one enum with stable codes (`do_alarm_*`,
+//! the alarm API's wire spelling).
 
 use durability_scheduler::StorageError;
 
@@ -8,7 +8,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong with alarms.
 ///
-/// The three backend variants are the seed's tenant-visible classes:
+/// The three backend variants are the classes a tenant sees:
 /// [`AlarmError::BackendUnavailable`] (request setup failed: nothing
 /// changed), [`AlarmError::BackendFailed`] (the backend rejected the request
 /// before mutating its index) and [`AlarmError::ResultUnknown`] (the backend

@@ -1,4 +1,4 @@
-//! Durable per-object alarms with at-least-once delivery (seed 003).
+//! Durable per-object alarms with at-least-once delivery.
 //!
 //! Three parts:
 //!
@@ -8,7 +8,7 @@
 //!   mutation to the backend index after the local commit, in API order.
 //!   Inside [`Alarms::transaction`] the effect is coalesced and flushed once
 //!   after commit. A pending delete fences its row so a stale delivery can
-//!   never run a deleted alarm. Failures are typed as the seed names them:
+//!   never run a deleted alarm. Failures are typed with stable codes:
 //!   `do_alarm_backend_unavailable`, `do_alarm_backend_failed`,
 //!   `do_alarm_result_unknown`.
 //! - **Backend index** ([`AlarmIndex`]): one job per object with due /
@@ -33,12 +33,44 @@
 //!
 //! This crate holds logic only: no SQL and no network client.
 //!
+//! # Example
+//!
+//! The object side on the in-memory storage of the `conformance` feature
+//! and [`MemoryAlarmIndex`] (production uses SQLite object storage and the
+//! SQLite or Redis index): setting the alarm commits the row locally, then
+//! writes the job to the index; deleting it removes both.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_alarms::conformance::memory_storage;
+//! use durability_alarms::{AlarmIndex, Alarms, MemoryAlarmIndex};
+//! use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let id = ObjectId::new("shop-1")?;
+//! let scheduler = Scheduler::new(ObjectContext::new(id.clone(), Arc::new(memory_storage())))?;
+//! let index = Arc::new(MemoryAlarmIndex::new());
+//! let alarms = Alarms::new(&scheduler, index.clone())?;
+//!
+//! alarms.set_alarm(1_800_000_000_000).await?;
+//! assert_eq!(alarms.get_alarm().await?, Some(1_800_000_000_000));
+//! assert_eq!(index.job(&id).await?.map(|job| job.due_at), Some(1_800_000_000_000));
+//!
+//! alarms.delete_alarm().await?;
+//! assert_eq!(alarms.get_alarm().await?, None);
+//! assert!(index.job(&id).await?.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Features
 //!
 //! - `conformance`: the `conformance` module (the [`AlarmIndex`] and
 //!   [`AlarmTx`] suites every backend runs) and the [`AlarmTx`]
 //!   implementation on the scheduler's in-memory test storage.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod bridge;
 mod dispatcher;

@@ -143,6 +143,12 @@ pub struct AlarmTxn<'a, 't, S: Storage> {
     state: TxnState,
 }
 
+impl<S: Storage> std::fmt::Debug for AlarmTxn<'_, '_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlarmTxn").finish_non_exhaustive()
+    }
+}
+
 impl<'t, S> AlarmTxn<'_, 't, S>
 where
     S: Storage,
@@ -317,6 +323,14 @@ impl Drop for ActiveGuard<'_> {
 /// Cloning shares the same object (and its mutation tail).
 pub struct Alarms<S, I> {
     inner: Arc<Inner<S, I>>,
+}
+
+impl<S, I> std::fmt::Debug for Alarms<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Alarms")
+            .field("scheduler", &self.inner.sched)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, I> Clone for Alarms<S, I> {

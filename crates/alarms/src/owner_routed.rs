@@ -1,6 +1,6 @@
 //! Dispatch through the owner router and fence (feature `ownership`).
 //!
-//! The seed delivers an alarm through "the normal owner router/fence path":
+//! An alarm is delivered through the normal owner router and fence path:
 //! resolve who owns the object's scope; if another task does, forward the
 //! delivery there; if this task does, pass dispatch admission (task,
 //! generation, lease budget, lifecycle) and deliver locally while the
@@ -10,8 +10,8 @@
 //! retried at once without using a try; one whose outcome is unknown keeps
 //! the claim until its lease expires. Inactive storage (the storage pointer
 //! gone or moved) and a whole-delete lock are reported as
-//! [`DispatchOutcome::Gone`]: the job discards itself, as the seed's
-//! residual jobs do.
+//! [`DispatchOutcome::Gone`]: the job discards itself, like any
+//! residual job of a deleted object.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -65,6 +65,12 @@ pub struct OwnerRouted<L, F, S, C> {
     forward: F,
     ownership: Ownership<S, C>,
     scope_of: ScopeOf,
+}
+
+impl<L, F, S, C> std::fmt::Debug for OwnerRouted<L, F, S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerRouted").finish_non_exhaustive()
+    }
 }
 
 impl<L, F, S, C> OwnerRouted<L, F, S, C> {

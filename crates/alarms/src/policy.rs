@@ -1,4 +1,4 @@
-//! Limits, defaults and the retry policy (seed 003's `WORKFLOWS_DO_ALARM_*`
+//! Limits, defaults and the retry policy (the `WORKFLOWS_DO_ALARM_*`
 //! settings).
 
 use durability_time::{Backoff, Jitter, Random};
@@ -31,10 +31,10 @@ pub const DEFAULT_OWNER_WAIT_MAX_MS: i64 = 30_000;
 /// Default number of deliveries one dispatcher runs at once.
 pub const DEFAULT_CONCURRENCY: usize = 32;
 /// Default time a stopping dispatcher gives its in-flight deliveries to
-/// finish before it releases their claims (the seed's
+/// finish before it releases their claims (the
 /// `DO_DRAIN_IN_FLIGHT_TIMEOUT_MS` default).
 pub const DEFAULT_STOP_GRACE_MS: i64 = 8_000;
-/// The seed's default owner lease (`DO_OWNER_TTL_SECONDS` falls back to 120).
+/// The default owner lease (`DO_OWNER_TTL_SECONDS` falls back to 120).
 pub const SEED_OWNER_TTL_MS: i64 = 120_000;
 /// Default interval of the per-object, per-outcome log rate limit.
 pub const DEFAULT_LOG_INTERVAL_MS: i64 = 10_000;

@@ -19,7 +19,7 @@ pub struct AlarmRow {
     pub at: i64,
     /// The row token.
     pub token: Token,
-    /// The fence token of a pending delete (`in_flight = 1` in the seed).
+    /// The fence token of a pending delete (stored as `in_flight = 1`).
     pub fence: Option<Token>,
 }
 
@@ -67,8 +67,8 @@ pub trait AlarmTx: SchedulerTx {
     }
 
     /// Sets (or with `None` clears) the pending-delete fence of the row if it
-    /// still carries `token`, writing nothing else (the seed: "creating the
-    /// fence updates only token and in_flight under the current token"), so
+    /// still carries `token`, writing nothing else (creating the fence updates only the token and
+    /// `in_flight`, under the current token), so
     /// a row with a corrupt time stays deletable. Whether the row matched.
     /// The default reads and rewrites the whole row: sound for a backend
     /// that can only hold valid rows.

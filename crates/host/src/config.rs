@@ -29,6 +29,14 @@ pub struct ObjectCtx<I> {
     pub alarms: durability_alarms::Alarms<SqliteStorage, I>,
 }
 
+impl<I> std::fmt::Debug for ObjectCtx<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectCtx")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
 pub(crate) type Factory<I> = Arc<dyn Fn(&ObjectCtx<I>) -> Result<Instance, BoxError> + Send + Sync>;
 
@@ -117,6 +125,17 @@ pub struct HostConfig<S, I> {
     pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
     pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
     pub(crate) transport: Arc<dyn crate::transport::Transport>,
+}
+
+impl<S, I> std::fmt::Debug for HostConfig<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the internal token.
+        f.debug_struct("HostConfig")
+            .field("storage_id", &self.storage_id)
+            .field("task", &self.task)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, I> HostConfig<S, I> {

@@ -72,7 +72,7 @@ pub enum OwnerEvent {
     },
 }
 
-/// Dispatch outcome counters (the seed's runtime metrics, as plain numbers).
+/// Dispatch outcome counters (the runtime's dispatch metrics, as plain numbers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DispatchStats {
     /// Calls that ran to completion (their own result, ok or not).
@@ -143,7 +143,7 @@ impl Counters {
     }
 }
 
-/// Diagnostics: the seed's probe (task and owner state) plus the in-flight
+/// Diagnostics: the probe (task and owner state) plus the in-flight
 /// gauge and the dispatch outcome counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostProbe {
@@ -273,6 +273,16 @@ pub struct Host<S, I> {
     inner: Arc<Inner<S, I>>,
 }
 
+impl<S, I> std::fmt::Debug for Host<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the internal token, and no per-object state.
+        f.debug_struct("Host")
+            .field("storage_id", &self.inner.storage_id)
+            .field("endpoint", &self.inner.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, I> Clone for Host<S, I> {
     fn clone(&self) -> Self {
         Self {
@@ -292,6 +302,15 @@ pub struct Handle<T, I> {
     pub alarms: Alarms<SqliteStorage, I>,
     /// The generation the call runs under.
     pub generation: u64,
+}
+
+impl<T, I> std::fmt::Debug for Handle<T, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("scheduler", &self.scheduler)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1154,7 +1173,7 @@ where
         .await
     }
 
-    /// Deletes one object's storage (the seed's `deleteAll`): the object's
+    /// Deletes one object's storage (Durable Objects' `deleteAll`): the object's
     /// own tables, views and triggers (every name not starting with the
     /// reserved `durability_` or `sqlite_`) are dropped in pages of at most
     /// [`DELETE_PAGE`], each page one transaction through the storage fence;
@@ -1169,7 +1188,7 @@ where
     /// stale host's delete fails closed at admission or at the first
     /// page's commit, and a drain waits for it.
     ///
-    /// Not atomic and best-effort, as the seed says: a failure (or a lost
+    /// Not atomic and best-effort: a failure (or a lost
     /// ownership) leaves the pages already dropped; calling it again
     /// finishes the job. It does not exclude concurrent calls on the same
     /// object, which may write between pages: do not race it with other

@@ -1,10 +1,10 @@
-//! The host: a runnable object runtime (seed 003's do-runtime) built from
+//! The host: a runnable object runtime built from
 //! the workspace's parts.
 //!
 //! A user writes object classes (factories that build an object from its
 //! [`ObjectCtx`]) and a short `main`: a [`HostConfig`] (lease store, alarm
 //! index, the object-storage root every host shares, storage id, classes,
-//! task id, endpoint, the seed's `DO_*` settings), [`Host::start`], calls
+//! task id, endpoint, the `DO_*` settings), [`Host::start`], calls
 //! through [`Host::call`] / [`Host::transaction`], and
 //! [`Host::run_until_signal`] (SIGTERM or ctrl-c drains).
 //!
@@ -23,7 +23,7 @@
 //! - **Object registry**: an object is opened on first use (one SQLite file
 //!   per object under the root) and fenced at its scope's claim through
 //!   `Ownership::open_fenced` (the generation floor) before its first
-//!   dispatch; it is closed when the scope is lost. Residency as the seed's
+//!   dispatch; it is closed when the scope is lost. Residency as
 //!   `DO_PREVENT_EVICTION` says ([`Residency`]).
 //! - **Fenced dispatch**: every call and alarm delivery is admitted
 //!   (`Ownership::admit`: task, generation, lease budget, lifecycle),
@@ -36,7 +36,7 @@
 //!   whichever host owns it after a crash.
 //! - **Drain** ([`Host::shutdown`]): stop new ownership, reject new work,
 //!   stop the dispatcher, wait for admitted work, release matching leases,
-//!   within the seed's budgets.
+//!   within the drain budgets (`DO_DRAIN_*`).
 //! - **Storage lifecycle**: [`Host::delete_all`] drops one object's own
 //!   tables in fenced pages of [`DELETE_PAGE`] and cancels its timers
 //!   (unless [`DeleteAll::keep_alarm`]); [`delete_storage_id`] deletes a
@@ -124,7 +124,7 @@
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
 //! use durability_storage_sqlite::Synchronous;
 //! use serde_json::{Value, json};
-//! use tokio_util::sync::CancellationToken;
+//! use durability_host::CancellationToken;
 //!
 //! struct Cart;
 //!
@@ -157,6 +157,7 @@
 //! }
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod client;
 mod config;
@@ -167,6 +168,10 @@ pub mod rpc;
 mod settings;
 mod storage;
 pub mod transport;
+
+/// The cancellation token [`transport::serve`] stops on (tokio-util's), so
+/// callers need not depend on tokio-util themselves.
+pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientStats, RpcClient};
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};

@@ -126,6 +126,15 @@ pub struct ObjectRef<S, I> {
     name: String,
 }
 
+impl<S, I> std::fmt::Debug for ObjectRef<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectRef")
+            .field("class", &self.class)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, I> ObjectRef<S, I>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,

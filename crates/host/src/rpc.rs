@@ -1,5 +1,5 @@
 //! RPC on objects: named methods an object class registers, and the
-//! seed's limits on what a call may carry.
+//! limits on what a call may carry.
 //!
 //! A class registers methods with [`crate::HostConfig::method`]: a method
 //! name (the identifier grammar, at most [`MAX_METHOD_BYTES`] ASCII bytes)
@@ -15,7 +15,7 @@
 //!
 //! A handler's error is the tenant's own: a [`MethodError`] keeps its code
 //! and message across hosts; any other error is downgraded to
-//! `internal_error` (the seed's rule for unknown internal failures).
+//! `internal_error`, so internal failures never leak details.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

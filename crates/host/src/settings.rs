@@ -1,15 +1,15 @@
-//! The host's settings: the seed's `DO_*` variables, read from the
+//! The host's settings: the `DO_*` variables, read from the
 //! environment (or any lookup) or set in code.
 //!
 //! The ownership variables (`DO_OWNER_TTL_SECONDS`, `DO_OWNER_LEASE_GUARD_MS`,
 //! `DO_DRAIN_IN_FLIGHT_TIMEOUT_MS`, `DO_DRAIN_TIMEOUT_MS`) are parsed by
 //! `durability-ownership` ([`OwnershipSettings::from_lookup`]): an invalid
-//! value falls back to its default with a logged warning, as the seed says
+//! value falls back to its default with a logged warning
 //! (`DO_OWNER_TTL_SECONDS` → 120 s, `DO_DRAIN_TIMEOUT_MS` → 10000 ms).
 //! `DO_PREVENT_EVICTION` is the host's: unset or exactly `true` selects the
 //! resident mode, exactly `false` the evictable mode, and any other value
-//! refuses to start ([`HostError::InvalidSetting`]), as the seed's
-//! supervisor exits before starting the runtime.
+//! refuses to start ([`HostError::InvalidSetting`]) before anything
+//! runs.
 
 use durability_ownership::OwnershipSettings;
 
@@ -22,7 +22,7 @@ pub const ENV_PREVENT_EVICTION: &str = "DO_PREVENT_EVICTION";
 /// upstream runtime's "about 10 seconds of inactivity"; not an SLA).
 pub const DEFAULT_EVICTION_IDLE_MS: u64 = 10_000;
 
-/// Bound of the host's advisory caches (the seed's 10,000 entries).
+/// Bound of the host's advisory caches (10,000 entries).
 pub const ADVISORY_CACHE_ENTRIES: usize = 10_000;
 
 /// Whether idle objects stay open.

@@ -21,8 +21,8 @@ use durability_ownership::{
 use crate::error::HostError;
 
 /// How many schema objects one delete-all page drops (one transaction), and
-/// how many alarm jobs a storage deletion lists per page: the seed's bound
-/// of 128 keys per storage page.
+/// how many alarm jobs a storage deletion lists per page: at most
+/// 128 keys per storage page.
 pub const DELETE_PAGE: usize = 128;
 
 /// The tombstone file a deleted storage id leaves under the object root
@@ -43,7 +43,7 @@ pub struct DeleteAll {
 }
 
 impl DeleteAll {
-    /// Keep the alarm (the seed's `deleteAlarm: false`).
+    /// Keep the alarm (`deleteAlarm: false` in Durable Objects).
     #[must_use]
     pub fn keep_alarm(mut self, keep: bool) -> Self {
         self.keep_alarm = keep;
@@ -74,7 +74,7 @@ pub struct DeleteFailure {
 }
 
 /// What [`delete_storage_id`] did: a partial result lists what was not
-/// deleted (the seed's `{ ok: false, deleted, errors }`).
+/// deleted (the shape `{ ok: false, deleted, errors }`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageDeleteReport {
     /// The storage id deleted.

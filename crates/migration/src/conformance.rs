@@ -102,6 +102,12 @@ pub struct FaultShard {
     plan: Arc<FaultPlan>,
 }
 
+impl std::fmt::Debug for FaultShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultShard").finish_non_exhaustive()
+    }
+}
+
 impl FaultShard {
     /// Wraps a shard.
     pub fn new(inner: Arc<dyn Shard>, plan: Arc<FaultPlan>) -> Self {
@@ -160,6 +166,12 @@ impl Shard for FaultShard {
 pub struct FaultMappingStore {
     inner: Arc<dyn MappingStore>,
     plan: Arc<FaultPlan>,
+}
+
+impl std::fmt::Debug for FaultMappingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultMappingStore").finish_non_exhaustive()
+    }
 }
 
 impl FaultMappingStore {

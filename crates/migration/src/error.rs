@@ -321,7 +321,7 @@ pub enum MigrationError {
 
 impl MigrationError {
     /// Every code this crate can return, in declaration order.
-    pub const ALL_CODES: &'static [&'static str] = &[
+    pub const CODES: &'static [&'static str] = &[
         "INVALID_JOURNAL_SHARD",
         "JOURNAL_NOT_CONFIGURED",
         "INVALID_CONFIG",

@@ -1,4 +1,4 @@
-//! Routed shards and journaled key moves (seed 004), on any SQL dialect.
+//! Routed shards and journaled key moves, on any SQL dialect.
 //!
 //! A [`Router`] is built from a [`MigrationConfig`]: a [`MappingStore`]
 //! (key → shard), named [`Shard`]s, a hash [`Strategy`], the journal shard
@@ -27,7 +27,26 @@
 //! Features: `conformance` enables the `conformance` module, the suites every shard,
 //! mapping store and allocation ledger backend runs, and the fault-injecting wrappers used by
 //! crash tests.
+//!
+//! # Example
+//!
+//! This crate ships no shard: the backends do (`SqliteShard`,
+//! `PostgresShard`, `MysqlShard`). The `migration` module of
+//! `durability-storage-sqlite` has a runnable example that writes a key,
+//! moves it and reads it back. A configuration is checked before anything
+//! is touched; here one without any shard:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_migration::{MemoryMappingStore, MigrationConfig, Router};
+//!
+//! let config = MigrationConfig::new(Arc::new(MemoryMappingStore::new())).table("users");
+//! let err = Router::new(config).unwrap_err();
+//! assert_eq!(err.code(), "INVALID_CONFIG");
+//! assert!(err.to_string().contains("shard"), "{err}");
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod abort;
 mod config;

@@ -61,7 +61,7 @@ pub struct Router {
     pub(crate) strategy: Strategy,
     pub(crate) journal: Option<String>,
     /// Reads follow tombstones and writes check fences only when a journal
-    /// shard is set explicitly (as in the seed).
+    /// shard is set explicitly.
     pub(crate) fence_checks: bool,
     pub(crate) scope: String,
     pub(crate) ttl_ms: u64,

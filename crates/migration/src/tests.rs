@@ -114,8 +114,8 @@ fn error_codes_are_unique_and_listed() {
     assert_eq!(unique.len(), codes.len(), "codes are unique");
     assert_eq!(
         codes,
-        MigrationError::ALL_CODES,
-        "ALL_CODES lists every variant in order"
+        MigrationError::CODES,
+        "CODES lists every variant in order"
     );
     for c in [
         "INVALID_JOURNAL_SHARD",

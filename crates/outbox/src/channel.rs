@@ -138,6 +138,16 @@ pub struct ChannelConfig<T> {
     codec: Option<Arc<dyn Codec<T>>>,
 }
 
+impl<T> std::fmt::Debug for ChannelConfig<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelConfig")
+            .field("name", &self.name)
+            .field("attempt_timeout_ms", &self.attempt_timeout_ms)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T> ChannelConfig<T> {
     /// Defaults: 30 s attempts, batches of 100, jittered exponential backoff
     /// capped at 5 minutes, no maximum attempts.
@@ -237,6 +247,14 @@ pub(crate) fn check_key(key: &str) -> Result<(), OutboxError> {
 /// Cloning shares the channel; dropping the last handle detaches it.
 pub struct Outbox<S: Storage, T, K> {
     inner: Arc<Channel<S, T, K>>,
+}
+
+impl<S: Storage, T, K> std::fmt::Debug for Outbox<S, T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("channel", &self.inner.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Storage, T, K> Clone for Outbox<S, T, K> {

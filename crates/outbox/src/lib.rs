@@ -51,6 +51,46 @@
 //!
 //! The storage backend implements [`OutboxTx`] on its transaction type.
 //!
+//! # Example
+//!
+//! A channel on the in-memory storage of the `conformance` feature (a real
+//! object uses a backend such as `durability-storage-sqlite`): a value staged in a transaction, then
+//! delivered to the sink with its version.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use durability_outbox::{ChannelConfig, Entry, Outbox, Sink, SinkError};
+//! use durability_outbox::conformance::memory_storage;
+//! use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+//!
+//! #[derive(Clone, Default)]
+//! struct Log(Arc<Mutex<Vec<(String, u64, u32)>>>);
+//! impl Sink<u32> for Log {
+//!     async fn publish(&self, batch: &[Entry<u32>]) -> Result<(), SinkError> {
+//!         let mut log = self.0.lock().unwrap();
+//!         log.extend(batch.iter().map(|e| (e.key().to_owned(), e.version(), *e.value())));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = ObjectContext::new(ObjectId::new("shop-1")?, Arc::new(memory_storage()));
+//! let scheduler = Scheduler::new(ctx)?;
+//! let log = Log::default();
+//! let orders = Outbox::attach(&scheduler, ChannelConfig::new("orders"), log.clone())?;
+//!
+//! let version = scheduler.transaction(|tx| orders.stage(tx, "order-7", &1200))?;
+//! assert_eq!(orders.len()?, 1); // pending until delivered
+//!
+//! let report = orders.deliver_due().await?;
+//! assert_eq!(report.delivered, 1);
+//! assert_eq!(*log.0.lock().unwrap(), [("order-7".to_owned(), version, 1200)]);
+//! assert_eq!(orders.len()?, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Operator tools
 //!
 //! The [`admin`] module reads and repairs stored entries without a channel
@@ -63,6 +103,7 @@
 //! - `conformance`: the `conformance` module, the suite every [`OutboxTx`] backend runs,
 //!   and the in-memory implementation on the scheduler's testkit storage.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 pub mod admin;
 mod channel;

@@ -126,8 +126,8 @@ pub struct FloorSettings {
     pub clock: Arc<dyn Clock>,
     /// The lease of a claim made again, in milliseconds.
     pub ttl_ms: u64,
-    /// How long before the lease ends the budget is spent (the seed's
-    /// `DO_OWNER_LEASE_GUARD_MS`, default 1000).
+    /// How long before the lease ends the budget is spent
+    /// (`DO_OWNER_LEASE_GUARD_MS`, default 1000).
     pub guard_ms: u64,
 }
 

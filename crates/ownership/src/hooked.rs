@@ -64,6 +64,12 @@ pub struct Hooks {
     inner: Arc<HooksInner>,
 }
 
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct HooksInner {
     calls: [AtomicUsize; METHODS],
@@ -131,6 +137,12 @@ impl Hooks {
 pub struct HookedStore<S> {
     inner: S,
     hooks: Hooks,
+}
+
+impl<S> std::fmt::Debug for HookedStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedStore").finish_non_exhaustive()
+    }
 }
 
 impl<S> HookedStore<S> {

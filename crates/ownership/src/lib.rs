@@ -1,4 +1,4 @@
-//! Owner leases with generation fencing (seed 003).
+//! Owner leases with generation fencing.
 //!
 //! One task owns a class shard — an [`OwnerScope`] `<storage id>:<class>:shard<N>`
 //! — at a time. A claim bumps a never-decreasing [`Generation`] and writes the
@@ -25,9 +25,50 @@
 //! Key types: [`OwnerScope`], [`OwnerRecord`], [`LeaseStore`], [`Ownership`],
 //! [`OwnerHintCache`], [`OwnershipSettings`], [`OwnershipError`], [`Clock`].
 //!
+//! # Example
+//!
+//! Two tasks on the in-memory lease store ([`memory::InMemoryLeaseStore`];
+//! production uses the Redis or SQLite store): the first claims the scope,
+//! the second is routed to it; once the first's lease runs out the second
+//! claims a higher generation, and the first can no longer admit work
+//! (`lease_expired`).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_ownership::memory::InMemoryLeaseStore;
+//! use durability_ownership::{
+//!     LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership, OwnershipSettings,
+//!     Resolution, ShardCount, StorageId, TaskId,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = ManualClock::new(1_000_000);
+//! let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), ShardCount::default()));
+//! let lifecycle = LifecycleId::new("ns:shop")?;
+//! store.set_active_storage(&lifecycle, Some(&StorageId::new("st1")?)).await?;
+//! let scope = OwnerScope::parse("st1:Cart:shard3", ShardCount::default())?;
+//! let settings = OwnershipSettings { owner_ttl_ms: 10_000, ..OwnershipSettings::default() };
+//! let a = Ownership::new(store.clone(), clock.clone(), TaskId::new("task-a")?, settings.clone());
+//! let b = Ownership::new(store.clone(), clock.clone(), TaskId::new("task-b")?, settings);
+//!
+//! let Resolution::Local(first) = a.resolve(&scope, &lifecycle).await? else { panic!("a claims") };
+//! assert!(matches!(b.resolve(&scope, &lifecycle).await?, Resolution::Remote { .. }));
+//! drop(a.admit(&scope, first).await?); // admitted: a owns it at `first`
+//!
+//! clock.advance(10_001); // a stops renewing; its lease runs out
+//! let Resolution::Local(second) = b.resolve(&scope, &lifecycle).await? else { panic!("b claims") };
+//! assert!(second > first);
+//! let stale = a.admit(&scope, first).await.unwrap_err();
+//! assert_eq!(stale.code(), "lease_expired", "{stale}");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Feature flags:
 //! - `conformance`: the `conformance` module, the suite every [`LeaseStore`] backend runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod error;
 mod floor;
@@ -46,6 +87,10 @@ pub mod conformance;
 #[cfg(any(test, feature = "conformance"))]
 #[cfg_attr(not(feature = "conformance"), allow(unreachable_pub, dead_code))]
 mod hooked;
+
+/// The cancellation token [`Ownership::watch`] cancels (tokio-util's), so
+/// callers need not depend on tokio-util themselves.
+pub use tokio_util::sync::CancellationToken;
 
 pub use durability_time::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, DispatchOutcome, OwnershipError};

@@ -60,6 +60,14 @@ pub struct Ownership<S, C> {
     inner: Arc<Inner<S, C>>,
 }
 
+impl<S, C> std::fmt::Debug for Ownership<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("task", &self.inner.task)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, C> Clone for Ownership<S, C> {
     fn clone(&self) -> Self {
         Self {
@@ -121,8 +129,8 @@ impl Drop for AdmissionPermit {
 /// A drain is bounded twice: the wait for admitted work by
 /// `drain_in_flight_timeout_ms`, and the whole drain (that wait and the
 /// releases) by `drain_timeout_ms`, both on the ownership's clock.
-/// [`DrainReport::TimedOut`] and [`DrainReport::ReleaseTimedOut`] are the
-/// seed's "drain timed out" (503): the supervisor must not treat the task's
+/// [`DrainReport::TimedOut`] and [`DrainReport::ReleaseTimedOut`] are a
+/// "drain timed out" (503): the supervisor must not treat the task's
 /// scopes as released; the kept leases fail over by normal lease expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainReport {
@@ -161,7 +169,7 @@ pub enum DrainReport {
 }
 
 impl DrainReport {
-    /// Whether the drain ran out of time (the seed's 503): leases not listed
+    /// Whether the drain ran out of time (a 503): leases not listed
     /// as released were kept or are in doubt.
     pub fn timed_out(&self) -> bool {
         !matches!(self, Self::Drained { .. })

@@ -1,4 +1,4 @@
-//! Settings of the ownership layer, parsed the way the seed specifies.
+//! Settings of the ownership layer, parsed from `DO_*` variables.
 //!
 //! `DO_OWNER_TTL_SECONDS` is a canonical positive decimal of at most
 //! 9007199254740 seconds (else 120 s); `DO_DRAIN_TIMEOUT_MS` a canonical
@@ -79,7 +79,7 @@ pub fn drain_timeout_ms(raw: Option<&str>) -> u64 {
 /// How [`crate::Ownership::admit`] checks a dispatch before admitting it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Admission {
-    /// The seed's owner-side assertion (the default): every admission first
+    /// The owner-side assertion (the default): every admission first
     /// reads the owner record, generation, active storage pointer, whole-delete
     /// lock and the store's clock in one snapshot (one store round trip), and
     /// refuses the work when the record is not exactly this task's, the

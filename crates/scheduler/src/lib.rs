@@ -28,12 +28,55 @@
 //! - [`migrate`]: versioned schema migrations per capability, forward and
 //!   back to a named version, applied in one transaction.
 //!
+//! # Example
+//!
+//! One capability on the in-memory testkit storage (any [`Storage`]
+//! backend works the same way), its due time set in a transaction and run
+//! by the alarm once the clock reaches it:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use durability_scheduler::testkit::MemoryStorage;
+//! use durability_scheduler::{Capability, ManualClock, ObjectContext, ObjectId, Scheduler};
+//! use futures::future::BoxFuture;
+//!
+//! struct Reports(AtomicU32);
+//! impl Capability for Reports {
+//!     fn run(&self, _now_ms: i64) -> BoxFuture<'_, ()> {
+//!         self.0.fetch_add(1, Ordering::SeqCst);
+//!         Box::pin(async {})
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = ManualClock::new(1_000);
+//! let id = ObjectId::new("shop-1")?;
+//! let ctx = ObjectContext::with_clock(id, Arc::new(MemoryStorage::new()), Arc::new(clock.clone()));
+//! let scheduler = Scheduler::new(ctx)?;
+//! let reports = Arc::new(Reports(AtomicU32::new(0)));
+//! scheduler.attach("reports", None, reports.clone())?;
+//!
+//! scheduler.transaction(|tx| tx.set_due("reports", Some(61_000)))?;
+//! assert_eq!(scheduler.alarm_at(), Some(61_000)); // the one alarm moved with the commit
+//!
+//! scheduler.alarm().await?; // not due yet: nothing runs
+//! assert_eq!(reports.0.load(Ordering::SeqCst), 0);
+//! clock.advance(60_000);
+//! scheduler.alarm().await?;
+//! assert_eq!(reports.0.load(Ordering::SeqCst), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Features
 //!
 //! - `conformance`: the `conformance` module (the suite for backends, run with
 //!   [`scheduler_conformance!`]) and the `testkit` module it re-exports: an
 //!   in-memory storage and a crash-injecting storage wrapper.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod driver;
 mod error;

@@ -69,6 +69,14 @@ pub struct ObjectContext<S> {
     clock: Arc<dyn Clock>,
 }
 
+impl<S> fmt::Debug for ObjectContext<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectContext")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> Clone for ObjectContext<S> {
     fn clone(&self) -> Self {
         Self {
@@ -271,6 +279,14 @@ struct Inner<S> {
 /// Cloning shares the same scheduler.
 pub struct Scheduler<S> {
     inner: Arc<Inner<S>>,
+}
+
+impl<S> fmt::Debug for Scheduler<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("object", &self.inner.ctx.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> Clone for Scheduler<S> {

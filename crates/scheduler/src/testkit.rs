@@ -35,6 +35,14 @@ pub struct MemoryState {
     ext: BTreeMap<TypeId, Box<dyn Ext>>,
 }
 
+impl std::fmt::Debug for MemoryState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryState")
+            .field("alarm", &self.alarm)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Clone for MemoryState {
     fn clone(&self) -> Self {
         Self {
@@ -57,6 +65,12 @@ impl Clone for MemoryState {
 pub struct MemoryStorage {
     state: Mutex<MemoryState>,
     schemas: BTreeMap<String, &'static [SchemaStep]>,
+}
+
+impl std::fmt::Debug for MemoryStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStorage").finish_non_exhaustive()
+    }
 }
 
 impl MemoryStorage {
@@ -85,6 +99,12 @@ impl MemoryStorage {
 /// A transaction on a [`MemoryStorage`].
 pub struct MemoryTx<'t> {
     state: &'t mut MemoryState,
+}
+
+impl std::fmt::Debug for MemoryTx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryTx").finish_non_exhaustive()
+    }
 }
 
 impl MemoryTx<'_> {
@@ -204,6 +224,12 @@ pub enum CrashMode {
 pub struct CrashStorage<S> {
     inner: Arc<S>,
     point: CrashPoint<CrashMode>,
+}
+
+impl<S> std::fmt::Debug for CrashStorage<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrashStorage").finish_non_exhaustive()
+    }
 }
 
 /// What [`CrashPoint::next`] says of a call.

@@ -252,6 +252,19 @@ fn error_codes_are_unique() {
     assert_eq!(codes.len(), SchedulerError::CODES.len());
 }
 
+#[test]
+fn every_storage_error_kind_has_its_own_listed_code() {
+    use crate::StorageErrorKind as K;
+    let codes: Vec<&str> = [K::Backend, K::Corrupt, K::Crash, K::Unknown, K::Fenced]
+        .into_iter()
+        .map(|kind| StorageError::new(kind, "x").code())
+        .collect();
+    assert_eq!(codes, StorageError::CODES);
+    // Via a constructor, not only `new`.
+    let backend = StorageError::backend("write", std::io::Error::other("disk"));
+    assert_eq!(backend.code(), "STORAGE_BACKEND");
+}
+
 #[tokio::test]
 async fn driver_backs_off_when_a_due_capability_makes_no_progress() {
     let clock = ManualClock::new(1_000);

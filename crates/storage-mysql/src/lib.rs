@@ -22,7 +22,34 @@
 //!
 //! Features: `testkit` adds `testkit::TestDatabase`, a throwaway database
 //! on a real server for tests.
+//!
+//! # Example
+//!
+//! A router with one MariaDB shard (compiled, not run: it needs a server;
+//! production keeps its mappings in a persistent mapping store):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use durability_migration::{MemoryMappingStore, MigrationConfig, Router, row};
+//! use durability_storage_mysql::MysqlShard;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let east = MysqlShard::connect("mysql://root@127.0.0.1:3306/test").await?;
+//! east.query_drop("CREATE TABLE IF NOT EXISTS users (id VARCHAR(255) PRIMARY KEY, name LONGTEXT)").await?;
+//! let router = Router::new(
+//!     MigrationConfig::new(Arc::new(MemoryMappingStore::new()))
+//!         .shard("east", Arc::new(east))
+//!         .journal_shard("east")
+//!         .table("users"),
+//! )?;
+//! router.init().await?;
+//! router.insert("user-1", "users", row([("name", "Ann")])).await?;
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 use durability_migration::{
     BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,

@@ -30,7 +30,34 @@
 //!
 //! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
+//!
+//! # Example
+//!
+//! A router with one PostgreSQL shard (compiled, not run: it needs a server;
+//! production keeps its mappings in a persistent mapping store):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use durability_migration::{MemoryMappingStore, MigrationConfig, Router, row};
+//! use durability_storage_postgres::PostgresShard;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let east = PostgresShard::connect("postgres://postgres@127.0.0.1/test", Some("east")).await?;
+//! east.batch_execute("CREATE TABLE IF NOT EXISTS users (id TEXT PRIMARY KEY, name TEXT)").await?;
+//! let router = Router::new(
+//!     MigrationConfig::new(Arc::new(MemoryMappingStore::new()))
+//!         .shard("east", Arc::new(east))
+//!         .journal_shard("east")
+//!         .table("users"),
+//! )?;
+//! router.init().await?;
+//! router.insert("user-1", "users", row([("name", "Ann")])).await?;
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 use std::error::Error as StdError;
 

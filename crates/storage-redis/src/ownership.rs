@@ -1,7 +1,7 @@
 //! Redis owner lease store.
 //!
 //! [`RedisLeaseStore`] implements [`LeaseStore`] and [`LifecycleAdmin`] with
-//! the seed's key families (under a configurable prefix):
+//! these key families (under a configurable prefix):
 //!
 //! | key | type | meaning |
 //! |---|---|---|

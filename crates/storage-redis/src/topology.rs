@@ -5,7 +5,7 @@
 //! | `<prefix><group>` | string | the group's encoded snapshot, as the client reads it |
 //! | `<prefix><group>:versions` | hash coordinator → version | highest version seen (versioned publisher only) |
 //!
-//! - [`RedisPublisher`]: plain `SET`/`DEL`, the seed's key-value store. The
+//! - [`RedisPublisher`]: plain `SET`/`DEL`, a key-value store. The
 //!   coordinator's write records bound how long an abandoned older write
 //!   may land over a newer snapshot (the landing window).
 //! - [`RedisVersionedPublisher`]: one Lua script per write or delete keeps
@@ -95,11 +95,19 @@ fn versions_key(prefix: &str, group: &str) -> String {
     format!("{prefix}{group}:versions")
 }
 
-/// The seed's plain key-value publisher: `SET` and `DEL`.
+/// The plain key-value publisher: `SET` and `DEL`.
 #[derive(Clone)]
 pub struct RedisPublisher {
     conn: ConnectionManager,
     prefix: String,
+}
+
+impl std::fmt::Debug for RedisPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisPublisher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisPublisher {
@@ -151,6 +159,14 @@ pub struct RedisVersionedPublisher {
     prefix: String,
     write: Script,
     delete: Script,
+}
+
+impl std::fmt::Debug for RedisVersionedPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisVersionedPublisher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisVersionedPublisher {
@@ -215,6 +231,14 @@ impl Publisher for RedisVersionedPublisher {
 pub struct RedisReadStore {
     conn: ConnectionManager,
     prefix: String,
+}
+
+impl std::fmt::Debug for RedisReadStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisReadStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisReadStore {

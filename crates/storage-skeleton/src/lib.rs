@@ -31,6 +31,7 @@
 //!
 //! Every stub error carries an [`Unsupported`] source naming the operation.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod unsupported;
 

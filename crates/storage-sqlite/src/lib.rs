@@ -21,7 +21,45 @@
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
+//!
+//! # Example
+//!
+//! An object on an in-memory database (`SqliteStorage::open(path, ..)` for a
+//! file): the application's own rows and the scheduler's due time commit in
+//! one SQLite transaction, and a failed closure rolls both back.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_scheduler::{ObjectContext, ObjectId, Scheduler, StorageError};
+//! use durability_storage_sqlite::SqliteStorage;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let storage = Arc::new(SqliteStorage::open_in_memory()?);
+//! let scheduler = Scheduler::new(ObjectContext::new(ObjectId::new("shop-1")?, storage))?;
+//! let sql = |e| StorageError::backend("sql", e);
+//! scheduler.transaction(|tx| {
+//!     tx.sql().execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY)").map_err(sql)?;
+//!     tx.sql().execute("INSERT INTO orders (id) VALUES (7)", []).map_err(sql)?;
+//!     tx.set_due("reports", Some(60_000))
+//! })?;
+//! assert_eq!(scheduler.alarm_at(), Some(60_000));
+//!
+//! let failed = scheduler.transaction(|tx| {
+//!     tx.sql().execute("INSERT INTO orders (id) VALUES (8)", []).map_err(sql)?;
+//!     tx.set_due("reports", Some(1_000))?;
+//!     Err::<(), _>(StorageError::corrupt("the application gave up"))
+//! });
+//! assert!(failed.is_err());
+//! let count: i64 = scheduler.transaction(|tx| {
+//!     tx.sql().query_row("SELECT count(*) FROM orders", [], |r| r.get(0)).map_err(sql)
+//! })?;
+//! assert_eq!(count, 1, "the failed transaction's row was rolled back");
+//! assert_eq!(scheduler.alarm_at(), Some(60_000), "and so was its alarm move");
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 /// The SQLite binding this crate is built on: [`SqliteTx::sql`] hands out a
 /// [`rusqlite::Connection`], so applications use the same version.

@@ -9,6 +9,41 @@
 //!
 //! Statements run synchronously on the calling task while holding the
 //! connection's mutex; SQLite statements on a local file are short.
+//!
+//! A [`Router`](durability_migration::Router) over two SQLite shards: a key
+//! is written to one, moved to the other through the journal, and read back
+//! where it now lives.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_migration::{MigrationConfig, Router, row};
+//! use durability_storage_sqlite::migration::{SqliteMappingStore, SqliteShard};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let shard = || -> Result<Arc<SqliteShard>, Box<dyn std::error::Error + Send + Sync>> {
+//!     let s = SqliteShard::open_in_memory()?;
+//!     s.execute_sync("CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT)")?;
+//!     Ok(Arc::new(s))
+//! };
+//! let router = Router::new(
+//!     MigrationConfig::new(Arc::new(SqliteMappingStore::open_in_memory()?))
+//!         .shard("east", shard()?)
+//!         .shard("west", shard()?)
+//!         .journal_shard("east")
+//!         .table("users"),
+//! )?;
+//! router.init().await?;
+//! router.insert("user-1", "users", row([("name", "Ann")])).await?;
+//! let first = router.route("user-1").await?.expect("mapped on first write");
+//! let other = if first == "east" { "west" } else { "east" };
+//! router.reassign_shard("user-1", other, "users").await?;
+//! assert_eq!(router.route("user-1").await?.as_deref(), Some(other));
+//! let ann = router.get("user-1", "users").await?.expect("moved, not lost");
+//! assert_eq!(ann.get("name").and_then(|v| v.as_text()), Some("Ann"));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};

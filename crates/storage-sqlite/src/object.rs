@@ -83,6 +83,14 @@ pub struct SqliteStorage {
     fence: Mutex<Option<Fence>>,
 }
 
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("schemas", &self.schemas.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The claim a fenced storage checks after `BEGIN`, and the lease budget it
 /// checks right before `COMMIT`.
 #[cfg(feature = "ownership")]
@@ -99,6 +107,12 @@ pub struct SqliteTx<'t> {
     /// counter (see `crate::outbox::TxVersions`).
     #[cfg(feature = "outbox")]
     pub(crate) versions: crate::outbox::TxVersions,
+}
+
+impl std::fmt::Debug for SqliteTx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteTx").finish_non_exhaustive()
+    }
 }
 
 impl SqliteTx<'_> {

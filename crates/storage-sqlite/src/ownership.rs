@@ -8,7 +8,7 @@
 //! one time source (the system clock on one machine).
 //!
 //! The fence functions ([`ensure_fence_schema`], [`record_generation`],
-//! [`check_generation`]) close the gap the seed leaves open: a stale owner
+//! [`check_generation`]) close the gap leases alone leave open: a stale owner
 //! finishing a commit after losing its lease. They run inside the object
 //! database's own transaction: the first dispatch after a claim records the
 //! claim (its generation and its holder, the exact owner record bytes), and

@@ -8,7 +8,7 @@
 //!   table `durability_topology_published` in its own database file, so the
 //!   coordinator writes and readers on the same machine read it. It
 //!   implements `Publisher` and `ReadStore`. [`SqlitePublication::open`] is
-//!   the seed's plain key-value store (last write wins, the landing-window
+//!   a plain key-value store (last write wins, the landing-window
 //!   bound applies); [`SqlitePublication::open_versioned`] keeps only the
 //!   highest version per group and coordinator.
 //!
@@ -255,9 +255,17 @@ pub struct SqlitePublication {
     versioned: bool,
 }
 
+impl std::fmt::Debug for SqlitePublication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlitePublication")
+            .field("versioned", &self.versioned)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SqlitePublication {
     /// Opens (or creates) the store at `path` as a plain key-value store:
-    /// last write wins, as the seed's KV.
+    /// last write wins.
     ///
     /// # Errors
     /// A SQLite failure opening the file or creating the table.

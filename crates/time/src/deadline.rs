@@ -21,6 +21,16 @@ impl std::fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
+impl Elapsed {
+    /// Every stable code of this error.
+    pub const CODES: &'static [&'static str] = &["TIME_DEADLINE_ELAPSED"];
+
+    /// The stable machine code of this error: `TIME_DEADLINE_ELAPSED`.
+    pub fn code(&self) -> &'static str {
+        "TIME_DEADLINE_ELAPSED"
+    }
+}
+
 /// Runs `fut` until `clock` reaches `deadline_ms`.
 ///
 /// The future is polled before the deadline, so a future that is ready when

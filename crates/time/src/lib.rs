@@ -31,6 +31,7 @@
 //! assert!((2_000..=4_000).contains(&delay));
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod backoff;
 mod clock;
@@ -42,8 +43,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use deadline::{Elapsed, timeout_at};
 pub use random::Random;
 
-/// The largest integer a JavaScript number (and so the seeds' stored times,
-/// versions and generations) represents exactly: `2^53 - 1`.
+/// The largest integer a JavaScript number (and so the stored times,
+/// versions and generations JavaScript peers read) represents exactly: `2^53 - 1`.
 pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
 /// [`MAX_SAFE_INTEGER`] as a `u64`, for unsigned generations, versions and

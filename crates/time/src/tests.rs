@@ -61,10 +61,11 @@ async fn timeout_at_prefers_a_ready_future_and_cancels_on_the_deadline() {
     tokio::task::yield_now().await;
     assert!(!task.is_finished());
     clock.advance(1);
-    assert_eq!(
-        task.await.expect("joins"),
-        Err(Elapsed { deadline_ms: 200 })
-    );
+    let elapsed = task.await.expect("joins");
+    assert_eq!(elapsed, Err(Elapsed { deadline_ms: 200 }));
+    let code = elapsed.expect_err("the deadline won").code();
+    assert_eq!(code, "TIME_DEADLINE_ELAPSED");
+    assert_eq!(Elapsed::CODES, [code]);
 }
 
 #[tokio::test]

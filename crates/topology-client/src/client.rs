@@ -76,6 +76,18 @@ pub struct ClientConfig {
     jitter: Random,
 }
 
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("ttl_ms", &self.ttl_ms)
+            .field("negative_ttl_ms", &self.negative_ttl_ms)
+            .field("read_timeout_ms", &self.read_timeout_ms)
+            .field("stale_if_error_ms", &self.stale_if_error_ms)
+            .field("max_groups", &self.max_groups)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for ClientConfig {
     fn default() -> Self {
         Self {
@@ -235,6 +247,12 @@ impl ClientMetrics {
 /// Cloning shares the cache.
 pub struct TopologyClient<R> {
     inner: Arc<Inner<R>>,
+}
+
+impl<R> std::fmt::Debug for TopologyClient<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopologyClient").finish_non_exhaustive()
+    }
 }
 
 impl<R> Clone for TopologyClient<R> {

@@ -1,5 +1,4 @@
-//! The topology snapshot format and the cached read client (seed 000,
-//! "Reading").
+//! The topology snapshot format and the cached read client.
 //!
 //! Readers never call the coordinator: they read the snapshot it published
 //! to a read store and cache it.
@@ -17,7 +16,7 @@
 //! - [`TopologyClient`]: a per-group cache (TTL with ±20 % jitter), one
 //!   store read shared by concurrent callers, version regression guard per
 //!   coordinator, negative cache, read timeout, and the opt-in fallbacks
-//!   (stale-if-error, seed, fallback) in the seed's order. The cache is
+//!   (stale-if-error, seed, fallback) in that order. The cache is
 //!   bounded ([`DEFAULT_MAX_GROUPS`] groups, least recently used evicted).
 //!   The never-older guard does not live in the cache entry: a version floor
 //!   per (group, coordinator), bounded separately
@@ -25,11 +24,57 @@
 //!   again after its entry was evicted is never served older than before
 //!   ([`UnavailableReason::Regressed`] instead).
 //!
+//! # Example
+//!
+//! A read store with nothing published yet, and a seed that derives one
+//! group locally: that group is served from the seed, any other is
+//! unavailable (a typed error, never an empty group).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_topology_client::{
+//!     BoxError, ClientConfig, Member, MemberState, ReadStore, Snapshot, TopologyClient,
+//! };
+//!
+//! struct NothingPublished;
+//! impl ReadStore for NothingPublished {
+//!     async fn read(&self, _group: &str) -> Result<Option<Vec<u8>>, BoxError> {
+//!         Ok(None)
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let seed = Arc::new(|group: &str| {
+//!     (group == "chat").then(|| Snapshot {
+//!         group: group.to_owned(),
+//!         version: 1,
+//!         coordinator: "coord-1".to_owned(),
+//!         members: vec![Member {
+//!             id: "node-a".to_owned(),
+//!             state: MemberState::Active,
+//!             location_hint: None,
+//!             meta: None,
+//!             joined_at: 0,
+//!         }],
+//!     })
+//! });
+//! let client = TopologyClient::new(NothingPublished, ClientConfig::new().seed(seed))?;
+//!
+//! let chat = client.get("chat").await?;
+//! assert_eq!(chat.members[0].id, "node-a");
+//! let err = client.get("billing").await.unwrap_err();
+//! assert_eq!(err.code(), "TOPOLOGY_UNAVAILABLE");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Features
 //!
 //! - `conformance`: reserved for backend suites (the publication suites live
 //!   in `durability-topology`, which owns the writer side).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod client;
 mod error;

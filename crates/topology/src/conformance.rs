@@ -54,13 +54,21 @@ struct Stored {
     highest: BTreeMap<(String, String), u64>,
 }
 
-/// An in-memory publication store. Plain mode is the seed's key-value store
+/// An in-memory publication store. Plain mode is a key-value store
 /// (last write wins); versioned mode keeps only the highest version per
 /// group and coordinator.
 #[derive(Clone, Default)]
 pub struct MemoryPublication {
     versioned: bool,
     stored: Arc<Mutex<Stored>>,
+}
+
+impl std::fmt::Debug for MemoryPublication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryPublication")
+            .field("versioned", &self.versioned)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryPublication {

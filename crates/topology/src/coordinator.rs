@@ -81,6 +81,14 @@ pub struct StateChannel {
     delay: Option<DelayFn>,
 }
 
+impl std::fmt::Debug for StateChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateChannel")
+            .field("attempt_timeout_ms", &self.attempt_timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
 impl StateChannel {
     /// A `write` channel delivering through `deliver`.
     pub fn new(deliver: DeliverFn) -> Self {
@@ -136,6 +144,14 @@ pub struct TopologyConfig<P> {
     delay: Option<DelayFn>,
     states: BTreeMap<String, StateChannel>,
     on_event: Option<TopologyEventHook>,
+}
+
+impl<P> std::fmt::Debug for TopologyConfig<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopologyConfig")
+            .field("states", &self.states.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 impl TopologyConfig<NoPublisher> {
@@ -399,6 +415,17 @@ where
     for<'t> S::Tx<'t>: TopologyTx,
 {
     core: Arc<Core<S, P>>,
+}
+
+impl<S: Storage, P: Publisher> std::fmt::Debug for Topology<S, P>
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Topology")
+            .field("coordinator", &self.core.coordinator)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Storage, P: Publisher> Clone for Topology<S, P>

@@ -1,5 +1,5 @@
 //! The coordinator's lifecycle events: its outbox channels' events, and the
-//! failures the seed reports (`publish_failed`, `restage_failed`,
+//! failures it reports (`publish_failed`, `restage_failed`,
 //! `delivery_failed`), each with a typed error.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

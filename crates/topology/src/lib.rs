@@ -1,4 +1,4 @@
-//! Topology coordinator (seed 000): shard-group membership held by one
+//! Topology coordinator: shard-group membership held by one
 //! coordinator object, published to a read store, and pushed to members
 //! through state channels.
 //!
@@ -39,7 +39,45 @@
 //!   the scheduler's testkit storage, and an in-memory publication store.
 //!   It has no encoder either: its suites take their encoded snapshots from
 //!   a real coordinator (`conformance::coordinator_snapshots`).
+//!
+//! # Example
+//!
+//! A coordinator on the in-memory storage and publication store of the
+//! `conformance` feature (production uses SQLite object storage and a
+//! SQLite or Redis publication): an update commits the membership and
+//! publishes it, and a reader sees it through `durability-topology-client`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+//! use durability_topology::conformance::{MemoryPublication, memory_storage};
+//! use durability_topology::{Draft, MemberInput, Topology, TopologyConfig};
+//! use durability_topology_client::{ClientConfig, TopologyClient};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = ObjectContext::new(ObjectId::new("coord-1")?, Arc::new(memory_storage()));
+//! let scheduler = Scheduler::new(ctx)?;
+//! let store = MemoryPublication::versioned();
+//! let topology = Topology::attach(&scheduler, TopologyConfig::new().publish(store.clone()))?;
+//!
+//! let outcome = topology
+//!     .update("chat", |_current| {
+//!         Draft::new().members([MemberInput::active("node-a"), MemberInput::active("node-b")])
+//!     })
+//!     .await?;
+//! assert!(outcome.published);
+//!
+//! let reader = TopologyClient::new(store, ClientConfig::new())?;
+//! let chat = reader.get("chat").await?;
+//! assert_eq!(chat.version, outcome.snapshot.version);
+//! let ids: Vec<&str> = chat.members.iter().map(|m| m.id.as_str()).collect();
+//! assert_eq!(ids, ["node-a", "node-b"]);
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_debug_implementations)]
 
 mod coordinator;
 mod encode;

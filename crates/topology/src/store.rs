@@ -185,7 +185,7 @@ impl fmt::Display for PublishError {
 /// own before the coordinator's attempt timeout (the coordinator bounds
 /// every call).
 ///
-/// A plain key-value store is enough for the seed's guarantees within the
+/// A plain key-value store is enough for the publication guarantees within the
 /// landing window; a store that keeps only the highest version per group
 /// and coordinator removes that bound.
 pub trait Publisher: Send + Sync + 'static {

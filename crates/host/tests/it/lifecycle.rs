@@ -160,7 +160,7 @@ async fn bad_configuration_refuses_to_start_before_anything_starts() {
         ),
     ];
     for (setting, config) in cases {
-        let err = Host::start(config).await.err().expect(setting);
+        let err = Host::start(config).await.expect_err(setting);
         eprintln!("refused {setting}: {err}");
         match &err {
             HostError::InvalidSetting { setting: s, .. } => assert_eq!(*s, setting, "{err}"),

@@ -339,3 +339,29 @@ async fn the_router_follows_the_replay_rules() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn debug_output_names_the_host_but_never_its_internal_token() {
+    let w = World::new();
+    let config = w
+        .config("a")
+        .internal_token(TOKEN)
+        .endpoint("http://127.0.0.1:8788");
+    let shown = format!("{config:?}");
+    assert!(
+        shown.contains("HostConfig") && shown.contains("\"a\""),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains(TOKEN),
+        "the config leaks its token: {shown}"
+    );
+    let host: TestHost = TestHost::start(config).await.unwrap();
+    let shown = format!("{host:?} {:?}", host.object("Counter", "c1"));
+    assert!(
+        shown.contains("Host {") && shown.contains("ObjectRef"),
+        "{shown}"
+    );
+    assert!(!shown.contains(TOKEN), "the host leaks its token: {shown}");
+    host.shutdown().await;
+}

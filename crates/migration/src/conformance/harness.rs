@@ -38,6 +38,18 @@ pub struct Harness {
     _guards: Vec<Box<dyn Any + Send + Sync>>,
 }
 
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field(
+                "shards",
+                &self.shards.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("journal", &self.journal)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Harness {
     /// A harness over `shards` and `mapping`, the clock at [`START_MS`], the
     /// journal on `s0`, no tables yet.
@@ -225,6 +237,15 @@ pub struct CrashRun {
     pub recovery_tripped: bool,
 }
 
+impl std::fmt::Debug for CrashRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrashRun")
+            .field("tripped", &self.tripped)
+            .field("recovery_tripped", &self.recovery_tripped)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CrashRun {
     /// Checks what the crash scenario of [`Harness::crash_move`] over
     /// `tables` must leave on `h`: nothing failed, a clean verification, one
@@ -290,6 +311,14 @@ pub struct HookedShard<H> {
     /// What [`Shard::single_connection`] reports (`None`: the inner shard's
     /// answer).
     pub single_connection: Option<bool>,
+}
+
+impl<H> std::fmt::Debug for HookedShard<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedShard")
+            .field("single_connection", &self.single_connection)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<H: BeforeWrite> HookedShard<H> {

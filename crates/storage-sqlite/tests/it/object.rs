@@ -143,3 +143,20 @@ mod rusqlite_error {
         }
     }
 }
+
+#[test]
+fn a_file_that_cannot_be_opened_is_sqlite_open_failed() {
+    use durability_storage_sqlite::connection::{ConnectionOptions, OpenError, open_connection};
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir").join("x.db");
+    let options = ConnectionOptions {
+        wal: true,
+        synchronous: Synchronous::Full,
+        busy_timeout: std::time::Duration::from_secs(1),
+    };
+    let err = open_connection(&missing, &options).unwrap_err();
+    assert!(matches!(err, OpenError::Sqlite { .. }), "{err:?}");
+    assert_eq!(err.code(), "SQLITE_OPEN_FAILED");
+    assert!(OpenError::CODES.contains(&err.code()));
+    assert!(!missing.exists(), "nothing was created");
+}
