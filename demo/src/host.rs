@@ -229,7 +229,11 @@ async fn drain_handoff(dir: &std::path::Path) -> BoxResult<(f64, u64)> {
 
 /// Lease store calls of one owner-loop cycle with 1,000 owned scopes.
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
-async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, f64)> {
+/// One measured owner cycle: (scopes owned, `renew_many` calls, all lease
+/// store calls, ms). The host's own background loop may run a claim pass
+/// in the same window (its first cycle starts with the host), so the
+/// figure is the `renew_many` count and the total is printed beside it.
+async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, usize, f64)> {
     let hooks = Hooks::new();
     let h = host(
         dir,
@@ -255,7 +259,7 @@ async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, f64)> {
     eprintln!(
         "host: one owner cycle renewed {owned} scopes with {renew_calls} renew_many call(s), {calls} lease store call(s) in all, in {ms:.1} ms"
     );
-    Ok((owned, calls, ms))
+    Ok((owned, renew_calls, calls, ms))
 }
 
 pub(crate) async fn bench() -> BoxResult<()> {
@@ -333,15 +337,15 @@ pub(crate) async fn bench() -> BoxResult<()> {
         16,
         json!({"owner_ttl_ms": ttl, "lease_guard_ms": 1000, "lease_store": "sqlite"}),
     );
-    let (owned, calls, ms) = renew_cycle(&dir.path().join("renew")).await?;
+    let (owned, renew_calls, calls, ms) = renew_cycle(&dir.path().join("renew")).await?;
     figure(
         "host.renew_cycle_store_calls",
-        calls as f64,
+        renew_calls as f64,
         owned as f64,
-        "calls/cycle",
+        "renew_many calls/cycle",
         "1 renew_many call",
         1,
-        json!({"scopes": owned, "cycle_ms": ms}),
+        json!({"scopes": owned, "cycle_ms": ms, "all_store_calls_in_window": calls}),
     );
     failover().await
 }
