@@ -97,25 +97,11 @@ impl HttpTransport {
             }
         };
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let response =
-            match tokio::time::timeout_at(deadline, self.client.request(http_request)).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) if e.is_connect() => {
-                    return Reply::NotSent {
-                        reason: format!("could not connect: {e}"),
-                    };
-                }
-                Ok(Err(e)) => {
-                    return Reply::Unmarked {
-                        reason: format!("transport failed: {e}"),
-                    };
-                }
-                Err(_) => {
-                    return Reply::Unmarked {
-                        reason: "the invoke timed out before a response".to_owned(),
-                    };
-                }
-            };
+        let response = match self.request(http_request, deadline).await {
+            Ok(r) => r,
+            Err(SendFailure::NotSent(reason)) => return Reply::NotSent { reason },
+            Err(SendFailure::AfterSending(reason)) => return Reply::Unmarked { reason },
+        };
         let (parts, body) = response.into_parts();
         let read = tokio::time::timeout_at(
             deadline,
@@ -124,6 +110,34 @@ impl HttpTransport {
         .await
         .unwrap_or_else(|_| Err("the response body timed out".to_owned()));
         classify(parts.status.as_u16(), &parts.headers, read)
+    }
+}
+
+/// How a request failed before its response head arrived.
+enum SendFailure {
+    /// The connection could not be made: the peer never saw the request.
+    NotSent(String),
+    /// It failed or timed out after it may have been sent.
+    AfterSending(String),
+}
+
+impl HttpTransport {
+    /// Sends `request`, waiting for the response head until `deadline`.
+    async fn request(
+        &self,
+        request: http::Request<Full<Bytes>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<http::Response<hyper::body::Incoming>, SendFailure> {
+        match tokio::time::timeout_at(deadline, self.client.request(request)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) if e.is_connect() => {
+                Err(SendFailure::NotSent(format!("could not connect: {e}")))
+            }
+            Ok(Err(e)) => Err(SendFailure::AfterSending(format!("transport failed: {e}"))),
+            Err(_) => Err(SendFailure::AfterSending(
+                "timed out before a response".to_owned(),
+            )),
+        }
     }
 }
 
@@ -182,26 +196,12 @@ impl HttpTransport {
                 };
             }
         };
-        let response =
-            match tokio::time::timeout(self.timeout, self.client.request(http_request)).await {
-                Ok(Ok(r)) => r,
-                // The connection was never made: the owner never saw it.
-                Ok(Err(e)) if e.is_connect() => {
-                    return DispatchOutcome::NeverStarted {
-                        reason: format!("could not connect to the owner: {e}"),
-                    };
-                }
-                Ok(Err(e)) => {
-                    return DispatchOutcome::Unknown {
-                        reason: format!("the alarm request failed after sending: {e}"),
-                    };
-                }
-                Err(_) => {
-                    return DispatchOutcome::Unknown {
-                        reason: "the alarm request timed out before a response".to_owned(),
-                    };
-                }
-            };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let response = match self.request(http_request, deadline).await {
+            Ok(r) => r,
+            Err(SendFailure::NotSent(reason)) => return DispatchOutcome::NeverStarted { reason },
+            Err(SendFailure::AfterSending(reason)) => return DispatchOutcome::Unknown { reason },
+        };
         let (parts, body) = response.into_parts();
         if parts.status != StatusCode::OK {
             // Not a dispatch response variant: unclassifiable, so unknown.
