@@ -10,9 +10,10 @@
 //! free (`OwnPolicy::AllShards`).
 //!
 //! Each host serves its internal endpoints over HTTP/1.1 on a loopback
-//! port (`durability_host::transport::serve`, a shared internal token) and
-//! publishes that endpoint as `<dir>/peers/<task>`, the peer directory
-//! every host reads; `incr`, `timer` and `read` are RPC methods of the
+//! port (`durability_host::transport::serve`, a shared internal token),
+//! advertises that endpoint in the owner records it writes and publishes it
+//! as `<dir>/peers/<task>` (the peer directory, for records without one);
+//! `incr`, `timer` and `read` are RPC methods of the
 //! class, so a call that enters any host runs once on the owner.
 //!
 //! Commands on stdin, one a line, each with a request id the answer

@@ -2,9 +2,10 @@
 //! a `durability-host` serving its internal endpoints over HTTP/1.1 on a
 //! loopback port, with one object class, `Counter`, and RPC methods on it,
 //! over a SQLite lease store and alarm index in a directory every process
-//! of a test shares. Each host publishes its endpoint as the file
-//! `<dir>/peers/<task>` (the peer directory every host reads, validated
-//! against the endpoint allowlist on every read).
+//! of a test shares. Each host advertises its endpoint in the owner records
+//! it writes, and also publishes it as the file `<dir>/peers/<task>` (the
+//! peer directory, used for records without one); every endpoint read is
+//! validated against the endpoint allowlist.
 //!
 //! Output, one line per step: `ready task=<t> endpoint=<e>`;
 //! `ok call <name> <method> result=<json>` /

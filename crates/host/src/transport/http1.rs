@@ -79,16 +79,13 @@ impl HttpTransport {
         token: &InternalToken,
         request: &InvokeRequest,
     ) -> Reply {
-        let body = invoke_body(request);
-        let mut builder = http::Request::post(format!("{}{INVOKE_PATH}", endpoint.url()))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(AUTH_HEADER, token.as_str());
-        if let Some(fence) = &request.fence {
-            builder = builder
-                .header(ROUTE_TASK_HEADER, fence.task.as_str())
-                .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
-        }
-        let http_request = match builder.body(Full::new(Bytes::from(body))) {
+        let http_request = match internal_post(
+            endpoint,
+            INVOKE_PATH,
+            token,
+            request.fence.as_ref(),
+            invoke_body(request),
+        ) {
             Ok(r) => r,
             Err(e) => {
                 return Reply::Unmarked {
@@ -111,6 +108,26 @@ impl HttpTransport {
         .unwrap_or_else(|_| Err("the response body timed out".to_owned()));
         classify(parts.status.as_u16(), &parts.headers, read)
     }
+}
+
+/// A JSON `POST` of `body` to an internal `path` of `endpoint`, with the
+/// token and, when given, the route fence.
+fn internal_post(
+    endpoint: &Endpoint,
+    path: &str,
+    token: &InternalToken,
+    fence: Option<&RouteFence>,
+    body: String,
+) -> Result<http::Request<Full<Bytes>>, http::Error> {
+    let mut builder = http::Request::post(format!("{}{path}", endpoint.url()))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(AUTH_HEADER, token.as_str());
+    if let Some(fence) = fence {
+        builder = builder
+            .header(ROUTE_TASK_HEADER, fence.task.as_str())
+            .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
+    }
+    builder.body(Full::new(Bytes::from(body)))
 }
 
 /// How a request failed before its response head arrived.
@@ -179,23 +196,15 @@ impl HttpTransport {
             "finalAttempt": d.final_attempt,
         })
         .to_string();
-        let http_request = http::Request::post(format!("{}{ALARM_PATH}", endpoint.url()))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(AUTH_HEADER, token.as_str())
-            .header(ROUTE_TASK_HEADER, request.fence.task.as_str())
-            .header(
-                ROUTE_GENERATION_HEADER,
-                request.fence.generation.to_string(),
-            )
-            .body(Full::new(Bytes::from(body)));
-        let http_request = match http_request {
-            Ok(r) => r,
-            Err(e) => {
-                return DispatchOutcome::NeverStarted {
-                    reason: format!("building the request failed: {e}"),
-                };
-            }
-        };
+        let http_request =
+            match internal_post(endpoint, ALARM_PATH, token, Some(&request.fence), body) {
+                Ok(r) => r,
+                Err(e) => {
+                    return DispatchOutcome::NeverStarted {
+                        reason: format!("building the request failed: {e}"),
+                    };
+                }
+            };
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
