@@ -258,6 +258,10 @@ struct Inner<S, I> {
     objects: Mutex<HashMap<ObjectId, Slot<I>>>,
     addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
     events: broadcast::Sender<OwnerEvent>,
+    /// The receiver made with the channel, before the owner loop ran: the
+    /// first [`Host::subscribe`] takes it, so it sees every change since
+    /// start.
+    first_events: Mutex<Option<broadcast::Receiver<OwnerEvent>>>,
     counters: Counters,
     stop: CancellationToken,
     dispatcher: OnceLock<Arc<HostDispatcher<S, I>>>,
@@ -496,7 +500,7 @@ where
             advertised,
             settings.ownership,
         );
-        let (events, _) = broadcast::channel(1024);
+        let (events, first_events) = broadcast::channel(1024);
         let inner = Arc::new(Inner {
             ownership: ownership.clone(),
             index: Arc::clone(&config.alarm_index),
@@ -516,6 +520,7 @@ where
                 NonZeroUsize::new(ADVISORY_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN),
             )),
             events,
+            first_events: Mutex::new(Some(first_events)),
             counters: Counters::default(),
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
@@ -603,8 +608,16 @@ where
     }
 
     /// Subscribes to this host's owner changes.
+    ///
+    /// The owner loop starts claiming inside [`Host::start`], so the first
+    /// subscriber receives every change since start (up to the channel's
+    /// 1,024 buffered events; beyond that the receiver reports `Lagged`);
+    /// every later subscriber receives the changes after its own
+    /// subscription. [`Host::probe`] gives the current state.
     pub fn subscribe(&self) -> broadcast::Receiver<OwnerEvent> {
-        self.inner.events.subscribe()
+        lock(&self.inner.first_events)
+            .take()
+            .unwrap_or_else(|| self.inner.events.subscribe())
     }
 
     /// The ownership state (for diagnostics and tests).

@@ -537,3 +537,26 @@ async fn incr_hooked(
         .await
         .unwrap()
 }
+
+#[tokio::test]
+async fn the_first_subscriber_sees_every_owner_change_since_start() {
+    // The owner loop starts claiming inside `Host::start`: a subscriber that
+    // arrives after the first claims (a user's `main` subscribing right
+    // after start) still sees each one.
+    let w = World::new();
+    let a = w
+        .host_with("a", OwnPolicy::AllShards, Residency::Resident)
+        .await;
+    spin().await;
+    assert_eq!(a.probe().scopes.len(), 16, "the owner loop claimed first");
+    let mut events = a.subscribe();
+    let mut acquired = 0;
+    while let Ok(e) = events.try_recv() {
+        assert!(matches!(e, OwnerEvent::Acquired { generation: 1, .. }), "{e:?}");
+        acquired += 1;
+    }
+    assert_eq!(acquired, 16);
+    // A later subscriber starts at its own subscription.
+    let mut later = a.subscribe();
+    assert!(later.try_recv().is_err());
+}
