@@ -321,6 +321,47 @@ impl Drop for ActiveGuard<'_> {
 /// One object's alarm: rows in the object's storage, jobs in the index.
 ///
 /// Cloning shares the same object (and its mutation tail).
+///
+/// # Example
+///
+/// Alarm calls inside [`Alarms::transaction`] commit with the transaction's
+/// other writes and reach the index once, after the commit: the last call
+/// wins, and a transaction that fails changes neither the row nor the job.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use durability_alarms::conformance::memory_storage;
+/// # use durability_alarms::{AlarmError, AlarmIndex, Alarms, MemoryAlarmIndex};
+/// # use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let id = ObjectId::new("shop-1")?;
+/// # let scheduler = Scheduler::new(ObjectContext::new(id.clone(), Arc::new(memory_storage())))?;
+/// let index = Arc::new(MemoryAlarmIndex::new());
+/// let alarms = Alarms::new(&scheduler, index.clone())?;
+///
+/// alarms
+///     .transaction(|txn| -> Result<(), AlarmError> {
+///         txn.set_alarm(1_800_000_000_000)?;
+///         txn.set_alarm(1_700_000_000_000)?; // the last call wins
+///         Ok(())
+///     })
+///     .await?;
+/// assert_eq!(alarms.get_alarm().await?, Some(1_700_000_000_000));
+/// assert_eq!(index.job(&id).await?.map(|j| j.due_at), Some(1_700_000_000_000));
+///
+/// let failed = alarms
+///     .transaction(|txn| -> Result<(), AlarmError> {
+///         txn.delete_alarm()?;
+///         Err(AlarmError::NestedTransaction) // any error rolls back
+///     })
+///     .await;
+/// assert!(failed.is_err());
+/// assert_eq!(alarms.get_alarm().await?, Some(1_700_000_000_000));
+/// assert!(index.job(&id).await?.is_some());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Alarms<S, I> {
     inner: Arc<Inner<S, I>>,
 }

@@ -273,6 +273,69 @@ struct Inner<S, I> {
 /// The runtime: owns class shards, opens objects fenced at the current
 /// generation, admits and runs calls and alarm deliveries under the
 /// watchdog, and drains. Clones share one host.
+///
+/// # Example
+///
+/// Two hosts over one lease store, alarm index and object directory (on a
+/// shared file system in production; a temporary directory here). The
+/// first call on `a` claims the object's shard and opens the object fenced
+/// at that generation; `b` refuses the object while `a` owns it (with no
+/// transport between them); `a` drains, releasing its leases, and `b`
+/// claims at once at a higher generation, with the object's state intact.
+///
+/// ```
+/// use std::sync::Arc;
+/// use durability_host::{BoxError, Host, HostConfig, OwnPolicy};
+/// use durability_ownership::{DrainReport, ShardCount, SystemClock};
+/// use durability_scheduler::StorageError;
+/// use durability_storage_sqlite::Synchronous;
+/// use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+/// use durability_storage_sqlite::ownership::SqliteLeaseStore;
+///
+/// struct Counter;
+/// fn sql(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+///     StorageError::backend("counter", e)
+/// }
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), BoxError> {
+/// let dir = tempfile::tempdir()?;
+/// let host = |task: &str, create: bool| {
+///     let leases = SqliteLeaseStore::open(dir.path().join("leases.db"), SystemClock::new(), ShardCount::default())?;
+///     let index = SqliteAlarmIndex::open(dir.path().join("alarms.db"), Synchronous::Full)?;
+///     let config = HostConfig::new(Arc::new(leases), Arc::new(index), dir.path().join("objects"), "st1", "ns:shop", task)
+///         .class("Counter", |ctx| {
+///             ctx.scheduler.transaction(|tx| {
+///                 tx.sql().execute_batch("CREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL)").map_err(sql)
+///             })?;
+///             Ok::<_, BoxError>(Counter)
+///         })
+///         .own(OwnPolicy::OnDemand)
+///         .create_active_storage_if_absent(create);
+///     Ok::<_, BoxError>(Host::start(config))
+/// };
+/// let incr = |h: Host<_, _>| async move {
+///     h.transaction::<Counter, _, _>("Counter", "c1", |_, tx| {
+///         tx.sql().execute("INSERT INTO counter (n) VALUES (1)", []).map_err(sql)?;
+///         tx.sql().query_row("SELECT COUNT(*) FROM counter", [], |r| r.get::<_, i64>(0)).map_err(sql)
+///     })
+///     .await
+/// };
+/// let a = host("a", true)?.await?;
+/// let b = host("b", false)?.await?;
+///
+/// assert_eq!(incr(a.clone()).await?, 1);
+/// let first = a.probe().scopes[0].generation;
+/// assert_eq!(incr(b.clone()).await.unwrap_err().code(), "host_not_owner");
+///
+/// let DrainReport::Drained { released, .. } = a.shutdown().await else { panic!("drained") };
+/// assert_eq!(released.len(), 1);
+/// assert_eq!(incr(b.clone()).await?, 2, "the state moved with the object");
+/// assert!(b.probe().scopes[0].generation > first);
+/// b.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Host<S, I> {
     inner: Arc<Inner<S, I>>,
 }

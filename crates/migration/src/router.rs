@@ -55,6 +55,57 @@ enum WriteKind {
 /// up to the mapping cache TTL; their writes to the old shard are refused by
 /// the tombstone fence there and re-routed, and their reads follow the
 /// tombstone's `moved_to`.
+///
+/// # Example
+///
+/// Two routers (two processes, say) over the same shards and mapping
+/// store. One moves a key; the other, with the old shard still cached,
+/// writes to it and is re-routed, so the write lands on the new shard. A
+/// verification pass then finds nothing left over, and the moved-away
+/// copy is kept until its retention has passed.
+///
+/// ```
+/// use std::sync::Arc;
+/// use durability_migration::{MigrationConfig, Router, VerifyOptions, row};
+/// use durability_storage_sqlite::migration::{SqliteMappingStore, SqliteShard};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let shard = || -> Result<Arc<SqliteShard>, Box<dyn std::error::Error + Send + Sync>> {
+///     let s = SqliteShard::open_in_memory()?;
+///     s.execute_sync("CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT)")?;
+///     Ok(Arc::new(s))
+/// };
+/// let (east, west) = (shard()?, shard()?);
+/// let mapping = Arc::new(SqliteMappingStore::open_in_memory()?);
+/// let router = || {
+///     Router::new(
+///         MigrationConfig::new(mapping.clone())
+///             .shard("east", east.clone())
+///             .shard("west", west.clone())
+///             .journal_shard("east")
+///             .table("users"),
+///     )
+/// };
+/// let (mover, other) = (router()?, router()?);
+/// mover.init().await?;
+/// mover.insert("user-1", "users", row([("name", "Ann")])).await?;
+/// let from = other.route("user-1").await?.expect("mapped"); // now cached
+/// let to = if from == "east" { "west" } else { "east" };
+///
+/// mover.reassign_shard("user-1", to, "users").await?;
+/// // `other` still routes to `from`: the tombstone there re-routes it.
+/// other.update("user-1", "users", row([("name", "Ann B.")])).await?;
+/// let read = mover.get("user-1", "users").await?.expect("one live row");
+/// assert_eq!(read.get("name").and_then(|v| v.as_text()), Some("Ann B."));
+///
+/// let report = mover.verify_migrations(VerifyOptions::default()).await?;
+/// assert_eq!(report.ghost_count + report.dangling_count, 0);
+/// let purge = mover.purge_retired().await?;
+/// assert_eq!(purge.refused[0].error.code(), "RETENTION_NOT_ELAPSED");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Router {
     pub(crate) shards: BTreeMap<String, Arc<dyn Shard>>,
     pub(crate) mapping: Arc<dyn MappingStore>,

@@ -340,6 +340,39 @@ where
     /// [`OutboxError::InvalidChannel`] or [`OutboxError::InvalidPolicy`] for
     /// bad settings, a scheduler error for a duplicate channel or a schema
     /// problem; nothing is attached or written then.
+    ///
+    /// # Example
+    ///
+    /// One channel of a name per object; a bad setting is refused before
+    /// anything is attached.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use durability_outbox::{ChannelConfig, Entry, Outbox, Sink, SinkError};
+    /// # use durability_outbox::conformance::memory_storage;
+    /// # use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+    /// # #[derive(Clone)]
+    /// # struct Print;
+    /// # impl Sink<String> for Print {
+    /// #     async fn publish(&self, _batch: &[Entry<String>]) -> Result<(), SinkError> { Ok(()) }
+    /// # }
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = ObjectContext::new(ObjectId::new("shop-1")?, Arc::new(memory_storage()));
+    /// # let scheduler = Scheduler::new(ctx)?;
+    /// let events = Outbox::attach(&scheduler, ChannelConfig::new("events"), Print)?;
+    /// assert_eq!(events.name(), "events");
+    ///
+    /// let twice = Outbox::attach(&scheduler, ChannelConfig::<String>::new("events"), Print);
+    /// assert!(twice.is_err(), "the channel is attached already");
+    ///
+    /// let bad = ChannelConfig::<String>::new("mail").batch_size(0);
+    /// assert_eq!(
+    ///     Outbox::attach(&scheduler, bad, Print).unwrap_err().code(),
+    ///     "OUTBOX_INVALID_POLICY"
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn attach(
         scheduler: &Scheduler<S>,
         config: ChannelConfig<T>,
@@ -407,6 +440,42 @@ where
     /// before anything is written; a storage error (roll the transaction
     /// back), [`OutboxError::code`] `OUTBOX_CORRUPT` for a corrupt version
     /// counter.
+    ///
+    /// # Example
+    ///
+    /// A value staged in a transaction that fails is never pending; a newer
+    /// value of a key replaces the pending one with a higher version.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxError, Sink, SinkError};
+    /// # use durability_outbox::conformance::memory_storage;
+    /// # use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+    /// # #[derive(Clone)]
+    /// # struct Print;
+    /// # impl Sink<String> for Print {
+    /// #     async fn publish(&self, _batch: &[Entry<String>]) -> Result<(), SinkError> { Ok(()) }
+    /// # }
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = ObjectContext::new(ObjectId::new("shop-1")?, Arc::new(memory_storage()));
+    /// # let scheduler = Scheduler::new(ctx)?;
+    /// let events = Outbox::attach(&scheduler, ChannelConfig::new("events"), Print)?;
+    ///
+    /// let failed: Result<u64, OutboxError> = scheduler.transaction(|tx| {
+    ///     events.stage(tx, "order-7", &"placed".to_owned())?;
+    ///     // The caller's own write fails: the whole transaction rolls back.
+    ///     Err(OutboxError::InvalidKey { reason: "example" })
+    /// });
+    /// assert!(failed.is_err());
+    /// assert_eq!(events.len()?, 0, "nothing staged by a rolled-back transaction");
+    ///
+    /// let v1 = scheduler.transaction(|tx| events.stage(tx, "order-7", &"placed".to_owned()))?;
+    /// let v2 = scheduler.transaction(|tx| events.stage(tx, "order-7", &"paid".to_owned()))?;
+    /// assert!(v2 > v1);
+    /// assert_eq!(events.len()?, 1, "only the newest value of a key is pending");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stage(
         &self,
         tx: &mut Transaction<'_, '_, S>,

@@ -56,6 +56,47 @@ struct Inner<S, C> {
 
 /// One task's view of ownership: claims, renewals, admission, drain and the
 /// watchdog, over a [`LeaseStore`]. Clones share state.
+///
+/// # Example
+///
+/// A task renews what it owns on a timer (here by hand, on a manual
+/// clock), then drains: admitted work finishes, the leases of matching
+/// generations are released, and another task claims at once with a
+/// higher generation, without waiting for the lease to run out.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use durability_ownership::memory::InMemoryLeaseStore;
+/// # use durability_ownership::{
+/// #     DrainReport, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership,
+/// #     OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+/// # };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let clock = ManualClock::new(1_000_000);
+/// # let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), ShardCount::default()));
+/// # let lifecycle = LifecycleId::new("ns:shop")?;
+/// # store.set_active_storage(&lifecycle, Some(&StorageId::new("st1")?)).await?;
+/// let scope = OwnerScope::parse("st1:Cart:shard3", ShardCount::default())?;
+/// let settings = OwnershipSettings { owner_ttl_ms: 10_000, ..OwnershipSettings::default() };
+/// let a = Ownership::new(store.clone(), clock.clone(), TaskId::new("a")?, settings.clone());
+/// let b = Ownership::new(store.clone(), clock.clone(), TaskId::new("b")?, settings);
+///
+/// let Resolution::Local(first) = a.resolve(&scope, &lifecycle).await? else { panic!() };
+/// clock.advance(8_000);
+/// for (_, renewed) in a.renew_all().await {
+///     assert_eq!(renewed?, first); // a renew keeps the generation
+/// }
+/// clock.advance(8_000); // past the first lease, within the renewed one
+/// assert!(matches!(b.resolve(&scope, &lifecycle).await?, Resolution::Remote { .. }));
+///
+/// let DrainReport::Drained { released, .. } = a.drain().await else { panic!() };
+/// assert_eq!(released, [(scope.clone(), first)]);
+/// let Resolution::Local(second) = b.resolve(&scope, &lifecycle).await? else { panic!() };
+/// assert!(second > first);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Ownership<S, C> {
     inner: Arc<Inner<S, C>>,
 }

@@ -245,6 +245,67 @@ impl ClientMetrics {
 /// [`ReadStore`] and never contacts the coordinator.
 ///
 /// Cloning shares the cache.
+///
+/// # Example
+///
+/// Reads within the TTL are served from the cache without a store read; a
+/// newer publication is seen once the entry expires; while the store
+/// fails, the last good copy is served for the `stale_if_error` window,
+/// then the group is unavailable (a typed error, never an empty group).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use durability_topology_client::{
+///     BoxError, ClientConfig, ManualClock, Random, ReadStore, TopologyClient,
+/// };
+///
+/// #[derive(Clone, Default)]
+/// struct Store(Arc<Mutex<(Option<Vec<u8>>, bool, u32)>>); // (copy, down, reads)
+/// impl ReadStore for Store {
+///     async fn read(&self, _group: &str) -> Result<Option<Vec<u8>>, BoxError> {
+///         let mut s = self.0.lock().unwrap();
+///         s.2 += 1;
+///         if s.1 { Err("store down".into()) } else { Ok(s.0.clone()) }
+///     }
+/// }
+/// fn publish(store: &Store, version: u64) {
+///     let json = format!(
+///         r#"{{"format":1,"group":"chat","version":{version},"coordinator":"c1","members":[{{"id":"node-a","state":"active","joinedAt":1}}]}}"#
+///     );
+///     store.0.lock().unwrap().0 = Some(json.into_bytes());
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Store::default();
+/// publish(&store, 1);
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let client = TopologyClient::new(
+///     store.clone(),
+///     ClientConfig::new()
+///         .ttl(Duration::from_secs(1))
+///         .stale_if_error(Duration::from_secs(60))
+///         .clock(Arc::new(clock.clone()))
+///         .jitter(Random::fixed(0.5)),
+/// )?;
+///
+/// assert_eq!(client.get("chat").await?.version, 1);
+/// publish(&store, 2);
+/// assert_eq!(client.get("chat").await?.version, 1, "cached within the TTL");
+/// assert_eq!(store.0.lock().unwrap().2, 1, "one store read so far");
+///
+/// clock.advance(2_000);
+/// assert_eq!(client.get("chat").await?.version, 2);
+///
+/// store.0.lock().unwrap().1 = true; // the store fails from now on
+/// clock.advance(2_000);
+/// assert_eq!(client.get("chat").await?.version, 2, "the last good copy");
+/// clock.advance(61_000);
+/// assert_eq!(client.get("chat").await.unwrap_err().code(), "TOPOLOGY_UNAVAILABLE");
+/// # Ok(())
+/// # }
+/// ```
 pub struct TopologyClient<R> {
     inner: Arc<Inner<R>>,
 }
