@@ -267,87 +267,106 @@ pub(crate) async fn bench() -> BoxResult<()> {
     const ROUNDS: usize = 9;
     const ROUTES: usize = 9;
     let dir = tempfile::tempdir()?;
-    let ([baseline, snapshot, cached], [snapshot_ratio, cached_ratio], snapshots_per_call) =
-        call_overhead(&dir.path().join("calls"), ROUNDS, N).await?;
-    eprintln!(
-        "host: bare transaction {baseline:.1} us; through the host {snapshot:.1} us (snapshot admission, {snapshots_per_call} lease store read per call; median ratio {snapshot_ratio:.3}), {cached:.1} us (cached admission; median ratio {cached_ratio:.3}); medians of {ROUNDS} interleaved rounds of {N} calls"
-    );
-    let n = N * u64::try_from(ROUNDS)?;
-    figure(
-        "host.call_overhead",
-        snapshot,
-        baseline,
-        "us/call",
-        "<=1.3",
-        n,
-        json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": snapshot_ratio, "rounds": ROUNDS}),
-    );
-    figure(
-        "host.call_overhead_cached",
-        cached,
-        baseline,
-        "us/call",
-        "<=1.3",
-        n,
-        json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": ROUNDS}),
-    );
-    let r = routed::routed(&dir.path().join("routed"), ROUTES, N).await?;
-    let [bare_us, routed_us, direct_us] = r.us;
-    eprintln!(
-        "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
-        r.ratios[0], r.ratios[1], r.calls_per_s
-    );
-    let routed_n = N * u64::try_from(ROUTES)?;
-    let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": ROUTES});
-    figure(
-        "host.routed_call",
-        routed_us,
-        bare_us,
-        "us/call",
-        "<=1.3",
-        routed_n,
-        extra(r.ratios[0]),
-    );
-    figure(
-        "host.direct_call",
-        direct_us,
-        bare_us,
-        "us/call",
-        "<=1.1",
-        routed_n,
-        extra(r.ratios[1]),
-    );
-    figure(
-        "host.calls_per_s",
-        r.calls_per_s,
-        1e6 / bare_us,
-        "calls/s",
-        "printed (baseline: sequential bare round trips/s)",
-        r.throughput_calls,
-        json!({"in_flight": 8, "objects": 8, "hosts": 2}),
-    );
-    let (handoff, ttl) = drain_handoff(&dir.path().join("drain")).await?;
-    eprintln!("host: drain handoff of 16 shards {handoff:.1} ms with a {ttl} ms lease");
-    figure(
-        "host.drain_handoff",
-        handoff,
-        ttl as f64,
-        "ms",
-        "< lease",
-        16,
-        json!({"owner_ttl_ms": ttl, "lease_guard_ms": 1000, "lease_store": "sqlite"}),
-    );
-    let (owned, renew_calls, calls, ms) = renew_cycle(&dir.path().join("renew")).await?;
-    figure(
-        "host.renew_cycle_store_calls",
-        renew_calls as f64,
-        owned as f64,
-        "renew_many calls/cycle",
-        "1 renew_many call",
-        1,
-        json!({"scopes": owned, "cycle_ms": ms, "all_store_calls_in_window": calls}),
-    );
-    failover().await
+    // `DURABILITY_BENCH_HOST=calls,routed` runs only the listed parts
+    // (`calls`, `routed`, `drain`, `renew`, `failover`); unset runs them all.
+    let parts = std::env::var("DURABILITY_BENCH_HOST").ok();
+    let wanted = |part: &str| {
+        parts
+            .as_deref()
+            .is_none_or(|p| p.split(',').any(|x| x.trim() == part))
+    };
+    if wanted("calls") {
+        let ([baseline, snapshot, cached], [snapshot_ratio, cached_ratio], snapshots_per_call) =
+            call_overhead(&dir.path().join("calls"), ROUNDS, N).await?;
+        eprintln!(
+            "host: bare transaction {baseline:.1} us; through the host {snapshot:.1} us (snapshot admission, {snapshots_per_call} lease store read per call; median ratio {snapshot_ratio:.3}), {cached:.1} us (cached admission; median ratio {cached_ratio:.3}); medians of {ROUNDS} interleaved rounds of {N} calls"
+        );
+        let n = N * u64::try_from(ROUNDS)?;
+        figure(
+            "host.call_overhead",
+            snapshot,
+            baseline,
+            "us/call",
+            "<=1.3",
+            n,
+            json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": snapshot_ratio, "rounds": ROUNDS}),
+        );
+        figure(
+            "host.call_overhead_cached",
+            cached,
+            baseline,
+            "us/call",
+            "<=1.3",
+            n,
+            json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": ROUNDS}),
+        );
+    }
+    if wanted("routed") {
+        let r = routed::routed(&dir.path().join("routed"), ROUTES, N).await?;
+        let [bare_us, routed_us, direct_us] = r.us;
+        eprintln!(
+            "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
+            r.ratios[0], r.ratios[1], r.calls_per_s
+        );
+        let routed_n = N * u64::try_from(ROUTES)?;
+        let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": ROUTES});
+        figure(
+            "host.routed_call",
+            routed_us,
+            bare_us,
+            "us/call",
+            "<=1.3",
+            routed_n,
+            extra(r.ratios[0]),
+        );
+        figure(
+            "host.direct_call",
+            direct_us,
+            bare_us,
+            "us/call",
+            "<=1.1",
+            routed_n,
+            extra(r.ratios[1]),
+        );
+        figure(
+            "host.calls_per_s",
+            r.calls_per_s,
+            1e6 / bare_us,
+            "calls/s",
+            "printed (baseline: sequential bare round trips/s)",
+            r.throughput_calls,
+            json!({"in_flight": 8, "objects": 8, "hosts": 2}),
+        );
+    }
+    if wanted("drain") {
+        let (handoff, ttl) = drain_handoff(&dir.path().join("drain")).await?;
+        eprintln!("host: drain handoff of 16 shards {handoff:.1} ms with a {ttl} ms lease");
+        figure(
+            "host.drain_handoff",
+            handoff,
+            ttl as f64,
+            "ms",
+            "< lease",
+            16,
+            json!({"owner_ttl_ms": ttl, "lease_guard_ms": 1000, "lease_store": "sqlite"}),
+        );
+    }
+    if wanted("renew") {
+        let (owned, renew_calls, calls, ms) = renew_cycle(&dir.path().join("renew")).await?;
+        figure(
+            "host.renew_cycle_store_calls",
+            renew_calls as f64,
+            owned as f64,
+            "renew_many calls/cycle",
+            "1 renew_many call",
+            1,
+            json!({"scopes": owned, "cycle_ms": ms, "all_store_calls_in_window": calls}),
+        );
+    }
+    if wanted("failover") {
+        failover().await?;
+    }
+    Ok(())
 }
 
 /// The process failover figures: three SIGKILLs, then three drains.
