@@ -3,7 +3,8 @@
 //! receives them with retries, the process "crashes" mid-delivery, the
 //! object is reopened from its file, and everything arrives. Then the
 //! topology, ownership, alarm and migration scenes, and the cluster scene
-//! (three host processes: kill, pause, drain).
+//! (three host processes: kill, pause, drain), and the table of the figures
+//! recorded through the `metrics` facade.
 //!
 //! Flags: `--redis` runs topology, ownership, alarms and the cluster's
 //! leases and alarm jobs through Redis;
@@ -171,6 +172,9 @@ pub(crate) fn run(args: &[String]) -> Result {
     if shards.is_empty() {
         shards.push(Backend::Sqlite);
     }
+    // Before the first scene: the libraries bind their handles when a
+    // channel is attached or an `Ownership` built.
+    let figures = crate::figures::install()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         for backend in &shards {
@@ -194,6 +198,8 @@ pub(crate) fn run(args: &[String]) -> Result {
         }
         println!();
         crate::cluster::demo(url.as_deref()).await?;
+        println!();
+        crate::figures::print(&figures);
         Ok(())
     })
 }

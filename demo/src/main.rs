@@ -2,7 +2,8 @@
 //! `cargo xtask demo | bench | verify` run this binary.
 //!
 //! - `demo [--redis] [--postgres] [--mariadb]`: the main job, a readable run
-//!   on embedded SQLite. `--redis` publishes, leases and indexes alarms
+//!   on embedded SQLite, ending with the table of the figures the scenes
+//!   recorded through the `metrics` facade. `--redis` publishes, leases and indexes alarms
 //!   through Redis; `--postgres` and `--mariadb` run the migration scene on
 //!   PostgreSQL or MariaDB shards instead of SQLite files (a schema or
 //!   database per shard and one for the mapping store, created for the run
@@ -25,6 +26,7 @@ mod alarms;
 mod bench;
 mod cluster;
 mod demo;
+mod figures;
 mod host;
 mod lease_peers;
 mod migration;

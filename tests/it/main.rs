@@ -11,6 +11,7 @@ mod error_codes;
 mod fence_processes;
 mod host_processes;
 mod host_routing;
+mod metrics;
 mod migration_computed_fence;
 mod migration_dialects;
 mod migration_hotkey;

@@ -24,9 +24,11 @@ use futures::future::{Either, select};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::{Factory, ForwardHook, HostConfig, Instance, ObjectCtx, OwnPolicy};
 use crate::error::{BoxError, HostError};
+use crate::metrics::{self, Figure};
 use crate::routing::{RoutingCounters, RoutingState, RoutingStats};
 use crate::rpc::{MethodInput, validate_method};
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
@@ -96,50 +98,67 @@ pub struct DispatchStats {
     pub ownership_lost: u64,
 }
 
-#[derive(Debug, Default)]
+/// The dispatch figures (plain numbers and facade counters, see
+/// [`crate::metrics`]). Each dispatch counts under exactly one outcome;
+/// the probe's `completed` adds the calls whose body failed.
+#[derive(Debug)]
 struct Counters {
-    completed: AtomicU64,
-    handler_failed: AtomicU64,
-    cold: AtomicU64,
-    evicted: AtomicU64,
-    refused_draining: AtomicU64,
-    refused_not_owner: AtomicU64,
-    refused_ownership: AtomicU64,
-    fenced: AtomicU64,
-    ownership_lost: AtomicU64,
+    completed: Figure,
+    handler_failed: Figure,
+    refused_draining: Figure,
+    refused_not_owner: Figure,
+    refused_ownership: Figure,
+    fenced: Figure,
+    ownership_lost: Figure,
+    /// Every other error (bad name or class, open or alarm failures, a
+    /// stale route fence): only on the facade.
+    failed: Figure,
+    cold: Figure,
+    evicted: Figure,
 }
 
 impl Counters {
+    fn new(task: &str) -> Self {
+        Self {
+            completed: metrics::dispatch(task, "completed"),
+            handler_failed: metrics::dispatch(task, "handler_failed"),
+            refused_draining: metrics::dispatch(task, "refused_draining"),
+            refused_not_owner: metrics::dispatch(task, "refused_not_owner"),
+            refused_ownership: metrics::dispatch(task, "refused_ownership"),
+            fenced: metrics::dispatch(task, "fenced"),
+            ownership_lost: metrics::dispatch(task, "ownership_lost"),
+            failed: metrics::dispatch(task, "failed"),
+            cold: Figure::new("durability_host_cold_opens_total", task, &[]),
+            evicted: Figure::new("durability_host_evictions_total", task, &[]),
+        }
+    }
+
     fn snapshot(&self) -> DispatchStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         DispatchStats {
-            completed: g(&self.completed),
-            handler_failed: g(&self.handler_failed),
-            cold: g(&self.cold),
-            evicted: g(&self.evicted),
-            refused_draining: g(&self.refused_draining),
-            refused_not_owner: g(&self.refused_not_owner),
-            refused_ownership: g(&self.refused_ownership),
-            fenced: g(&self.fenced),
-            ownership_lost: g(&self.ownership_lost),
+            completed: self.completed.get() + self.handler_failed.get(),
+            handler_failed: self.handler_failed.get(),
+            cold: self.cold.get(),
+            evicted: self.evicted.get(),
+            refused_draining: self.refused_draining.get(),
+            refused_not_owner: self.refused_not_owner.get(),
+            refused_ownership: self.refused_ownership.get(),
+            fenced: self.fenced.get(),
+            ownership_lost: self.ownership_lost.get(),
         }
     }
 
     fn count(&self, result: &Result<impl Sized, HostError>) {
         let c = match result {
             Ok(_) => &self.completed,
-            Err(HostError::Handler(_)) => {
-                self.completed.fetch_add(1, Ordering::Relaxed);
-                &self.handler_failed
-            }
+            Err(HostError::Handler(_)) => &self.handler_failed,
             Err(HostError::Draining) => &self.refused_draining,
             Err(HostError::NotOwner { .. }) => &self.refused_not_owner,
             Err(HostError::Ownership(_)) => &self.refused_ownership,
             Err(HostError::Fenced(_)) => &self.fenced,
             Err(HostError::OwnershipLost { .. }) => &self.ownership_lost,
-            Err(_) => return,
+            Err(_) => &self.failed,
         };
-        c.fetch_add(1, Ordering::Relaxed);
+        c.bump();
     }
 }
 
@@ -584,7 +603,7 @@ where
             )),
             events,
             first_events: Mutex::new(Some(first_events)),
-            counters: Counters::default(),
+            counters: Counters::new(ownership.task().as_str()),
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
             routed: OnceLock::new(),
@@ -596,7 +615,7 @@ where
                 policy: config.endpoint_policy,
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
-                counters: RoutingCounters::default(),
+                counters: RoutingCounters::new(ownership.task().as_str()),
             },
         });
         let host = Self { inner };
@@ -884,7 +903,7 @@ where
         let open = Arc::new(self.open(address).await?);
         *guard = Some(Arc::clone(&open));
         drop(guard);
-        inner.counters.cold.fetch_add(1, Ordering::Relaxed);
+        inner.counters.cold.bump();
         tracing::info!(
             event = "durability.host.residency_selected",
             object = %address.id,
@@ -988,7 +1007,11 @@ where
     where
         Fut: Future<Output = Result<R, HostError>>,
     {
-        let result = self.dispatch_inner(class, name, expect, work).await;
+        let span = tracing::debug_span!("durability.host.dispatch", class, object = name);
+        let result = self
+            .dispatch_inner(class, name, expect, work)
+            .instrument(span)
+            .await;
         self.inner.counters.count(&result);
         tracing::debug!(
             event = "durability.host.dispatch",
@@ -1361,6 +1384,15 @@ where
     /// Delivers an alarm on this host (the local side of the owner-routed
     /// dispatch: already admitted there).
     async fn deliver(&self, delivery: Delivery) -> DispatchOutcome {
+        let span = tracing::debug_span!(
+            "durability.host.alarm_delivery",
+            object = %delivery.object,
+            attempt = delivery.attempt
+        );
+        self.deliver_inner(delivery).instrument(span).await
+    }
+
+    async fn deliver_inner(&self, delivery: Delivery) -> DispatchOutcome {
         let object = delivery.object.to_string();
         let Some((storage, (class, name))) = object
             .split_once(':')
@@ -1597,7 +1629,7 @@ where
                 if evict && let Some(o) = guard.take() {
                     o.close();
                     report.evicted += 1;
-                    inner.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                    inner.counters.evicted.bump();
                     tracing::debug!(
                         event = "durability.host.evicted",
                         object = %o.address.id,

@@ -163,6 +163,7 @@ mod client;
 mod config;
 mod error;
 mod host;
+mod metrics;
 mod routing;
 pub mod rpc;
 mod settings;

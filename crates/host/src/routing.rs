@@ -30,7 +30,6 @@
 //!   record back and claims again, so the record never names a stale port.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
 use durability_ownership::{
@@ -38,9 +37,11 @@ use durability_ownership::{
     Resolution, TaskId,
 };
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::error::HostError;
 use crate::host::Host;
+use crate::metrics::{self, Figure};
 use crate::rpc::{MethodInput, Methods, RpcArgs, validate_method};
 use crate::transport::{
     AlarmRequest, Endpoint, EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders,
@@ -72,40 +73,56 @@ pub struct RoutingStats {
     pub alarms_served: u64,
 }
 
-#[derive(Debug, Default)]
+/// The routing figures (plain numbers and facade counters, see
+/// [`crate::metrics`]).
+#[derive(Debug)]
 pub(crate) struct RoutingCounters {
-    local: AtomicU64,
-    forwarded: AtomicU64,
-    direct: AtomicU64,
-    rediscoveries: AtomicU64,
-    hint_evictions: AtomicU64,
-    endpoint_refusals: AtomicU64,
-    auth_refusals: AtomicU64,
-    served: AtomicU64,
-    alarms_forwarded: AtomicU64,
-    alarms_served: AtomicU64,
+    local: Figure,
+    forwarded: Figure,
+    direct: Figure,
+    rediscoveries: Figure,
+    hint_evictions: Figure,
+    endpoint_refusals: Figure,
+    auth_refusals: Figure,
+    served: Figure,
+    alarms_forwarded: Figure,
+    alarms_served: Figure,
 }
 
 impl RoutingCounters {
+    pub(crate) fn new(task: &str) -> Self {
+        Self {
+            local: metrics::routed(task, "local"),
+            forwarded: metrics::routed(task, "forwarded"),
+            direct: metrics::routed(task, "direct"),
+            rediscoveries: Figure::new("durability_host_rediscoveries_total", task, &[]),
+            hint_evictions: Figure::new("durability_host_hint_evictions_total", task, &[]),
+            endpoint_refusals: metrics::refusal(task, "endpoint"),
+            auth_refusals: metrics::refusal(task, "auth"),
+            served: Figure::new("durability_host_invokes_served_total", task, &[]),
+            alarms_forwarded: metrics::alarm_forward(task, "sent"),
+            alarms_served: metrics::alarm_forward(task, "served"),
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> RoutingStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RoutingStats {
-            local: g(&self.local),
-            forwarded: g(&self.forwarded),
-            direct: g(&self.direct),
-            rediscoveries: g(&self.rediscoveries),
-            hint_evictions: g(&self.hint_evictions),
-            endpoint_refusals: g(&self.endpoint_refusals),
-            auth_refusals: g(&self.auth_refusals),
-            served: g(&self.served),
-            alarms_forwarded: g(&self.alarms_forwarded),
-            alarms_served: g(&self.alarms_served),
+            local: self.local.get(),
+            forwarded: self.forwarded.get(),
+            direct: self.direct.get(),
+            rediscoveries: self.rediscoveries.get(),
+            hint_evictions: self.hint_evictions.get(),
+            endpoint_refusals: self.endpoint_refusals.get(),
+            auth_refusals: self.auth_refusals.get(),
+            served: self.served.get(),
+            alarms_forwarded: self.alarms_forwarded.get(),
+            alarms_served: self.alarms_served.get(),
         }
     }
 }
 
-fn bump(a: &AtomicU64) {
-    a.fetch_add(1, Ordering::Relaxed);
+fn bump(figure: &Figure) {
+    figure.bump();
 }
 
 /// What a host routes with.
@@ -165,7 +182,14 @@ where
             args,
             fence: None,
         };
-        self.host.route(&scope, request).await
+        let span = tracing::debug_span!(
+            "durability.host.route",
+            class = %self.class,
+            object = %self.name,
+            method,
+            scope = %scope
+        );
+        self.host.route(&scope, request).instrument(span).await
     }
 
     /// The object's class.
@@ -234,6 +258,13 @@ where
         let mut rediscoveries = 1;
         if let Some(hint) = routing.hints.get(scope).filter(|h| h.task != me) {
             bump(&routing.counters.direct);
+            tracing::debug!(
+                event = "durability.host.route_direct",
+                scope = %scope,
+                owner = hint.task.as_str(),
+                generation = hint.generation.get(),
+                "sending the call straight to the hinted owner"
+            );
             match self
                 .send(
                     scope,
@@ -292,6 +323,11 @@ where
             Resolution::Local(_) => {
                 self.evict_quiet(scope);
                 bump(&routing.counters.local);
+                tracing::debug!(
+                    event = "durability.host.route_local",
+                    scope = %scope,
+                    "owned here; running the call on this host"
+                );
                 match self.invoke_local(request, None).await {
                     // Resolved here, then found owned elsewhere: a race.
                     Err(HostError::NotOwner { .. }) => Attempt::Rediscover("owner_race".to_owned()),
@@ -304,6 +340,13 @@ where
                 endpoint,
             } => {
                 bump(&routing.counters.forwarded);
+                tracing::debug!(
+                    event = "durability.host.route_forward",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    generation = generation.get(),
+                    "owned by another host; forwarding the call"
+                );
                 self.send(scope, request, &task, generation, endpoint.as_ref())
                     .await
             }
@@ -547,6 +590,13 @@ where
                 endpoint,
             } => {
                 bump(&routing.counters.forwarded);
+                tracing::debug!(
+                    event = "durability.host.route_forward",
+                    scope = %scope,
+                    owner = task.as_str(),
+                    generation = generation.get(),
+                    "owned by another host; forwarding the call"
+                );
                 match self
                     .send(&scope, &request, &task, generation, endpoint.as_ref())
                     .await

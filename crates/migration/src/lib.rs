@@ -55,6 +55,7 @@ mod error;
 mod journal;
 mod ledger;
 mod mapping;
+mod metrics;
 mod moves;
 mod pairs;
 mod placement;

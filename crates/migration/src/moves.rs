@@ -64,6 +64,7 @@ use crate::recovery::Resumed;
 use crate::router::Router;
 use crate::shard::Statement;
 use crate::value::{self, Row, Value};
+use tracing::Instrument as _;
 
 /// When an archived source row may be purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -936,7 +937,42 @@ impl Router {
     /// its source), `SHARD_UNAVAILABLE` (outcome unknown: the operation
     /// stays active, for this call to resume, recovery to settle or
     /// [`Router::abort_operation`]), `MAPPING_UNAVAILABLE`.
+    ///
+    /// Each call counts once in `durability_migration_moves_total` by
+    /// outcome and records its duration on the router's clock (see
+    /// ARCHITECTURE.md, "Metrics"), inside a `durability.migration.move`
+    /// span naming the scope, key and target.
     pub async fn reassign_keys_with(
+        &self,
+        key: &str,
+        target: &str,
+        tables: &[&str],
+        opts: MoveOptions,
+    ) -> Result<MoveOutcome> {
+        let span = tracing::debug_span!(
+            "durability.migration.move",
+            scope = %self.scope,
+            key,
+            target
+        );
+        let started = self.now();
+        let result = self
+            .reassign_keys_inner(key, target, tables, opts)
+            .instrument(span)
+            .await;
+        let outcome = crate::metrics::outcome(&result);
+        crate::metrics::record_move(outcome, self.now().saturating_sub(started));
+        tracing::debug!(
+            event = "durability.migration.move_finished",
+            key,
+            target,
+            outcome,
+            "reassign call finished"
+        );
+        result
+    }
+
+    async fn reassign_keys_inner(
         &self,
         key: &str,
         target: &str,

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::{Codec, Postcard};
 use crate::error::{OutboxError, SinkError};
 use crate::event::{EventHook, EventKind, OutboxEvent, emit};
-use crate::metrics::ChannelMetrics;
+use crate::metrics::{ChannelMetrics, Pending};
 use crate::policy::{
     DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
     check_timeout, default_delay_ms,
@@ -275,6 +275,7 @@ struct Channel<S: Storage, T, K> {
     dead_letter: Option<DeadLetterFn<T>>,
     on_event: Option<EventHook>,
     metrics: ChannelMetrics,
+    pending: Arc<Pending>,
     codec: Arc<dyn Codec<T>>,
     sink: K,
     busy: tokio::sync::Mutex<()>,
@@ -389,6 +390,7 @@ where
         }
         let capability = crate::admin::capability(&config.name);
         let metrics = ChannelMetrics::new(&config.name);
+        let pending = Arc::new(metrics.pending());
         let inner = Arc::new(Channel {
             scheduler: scheduler.clone(),
             name: config.name,
@@ -399,6 +401,7 @@ where
             dead_letter: config.dead_letter,
             on_event: config.on_event,
             metrics,
+            pending,
             codec: config.codec.unwrap_or_else(|| Arc::new(Postcard)),
             sink,
             busy: tokio::sync::Mutex::new(()),
@@ -414,6 +417,17 @@ where
             }
             return Err(e.into());
         }
+        // The pending gauge starts from what the store holds (entries staged
+        // before a restart). A failed count detaches the channel again (the
+        // dropped handle detaches it).
+        let ch = &inner;
+        ch.scheduler.transaction(|tx| {
+            let ticket = ch.pending.ticket();
+            let n = tx.outbox_len(&ch.name)?;
+            let pending = Arc::clone(&ch.pending);
+            tx.after_commit(move || pending.counted(ticket, n));
+            Ok::<_, OutboxError>(())
+        })?;
         Ok(Self { inner })
     }
 
@@ -495,6 +509,9 @@ where
             return Err(OutboxError::VersionsExhausted);
         }
         let now = ch.scheduler.now_ms();
+        // A new key adds a pending entry; a staged value replacing a
+        // pending one does not.
+        let new = tx.outbox_get(&ch.name, key)?.is_none();
         tx.outbox_upsert(&StoredEntry {
             channel: ch.name.clone(),
             key: key.to_owned(),
@@ -505,6 +522,9 @@ where
             claimed_until: None,
         })?;
         tx.lower_due(&ch.capability, now)?;
+        if new {
+            ch.pending_changed(tx, 1);
+        }
         ch.after_commit(tx, key, version, 0, EventKind::Staged);
         Ok(version)
     }
@@ -528,6 +548,7 @@ where
         tx.outbox_remove(&ch.name, key)?;
         let next = tx.outbox_next_due(&ch.name)?;
         tx.set_due(&ch.capability, next)?;
+        ch.pending_changed(tx, -1);
         ch.after_commit(tx, key, version, attempt, EventKind::Discarded);
         Ok(true)
     }
@@ -698,6 +719,23 @@ where
         }
     }
 
+    /// Reports a change of the pending count after `tx` commits.
+    fn pending_changed(&self, tx: &mut Transaction<'_, '_, S>, delta: i64) {
+        let ticket = self.pending.ticket();
+        let pending = Arc::clone(&self.pending);
+        tx.after_commit(move || pending.changed(ticket, delta));
+    }
+
+    /// Reads the pending count from the store in `tx` and reports it after
+    /// `tx` commits.
+    fn pending_count(&self, tx: &mut Transaction<'_, '_, S>) -> Result<(), OutboxError> {
+        let ticket = self.pending.ticket();
+        let n = tx.outbox_len(&self.name)?;
+        let pending = Arc::clone(&self.pending);
+        tx.after_commit(move || pending.counted(ticket, n));
+        Ok(())
+    }
+
     fn emit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
         self.metrics.record(&kind);
         if self.on_event.is_some() {
@@ -830,6 +868,10 @@ where
         }
         let next = tx.outbox_next_due(&self.name)?;
         tx.set_due(&self.capability, next)?;
+        if !quarantined.is_empty() {
+            // Quarantined rows left the pending ones.
+            self.pending_count(tx)?;
+        }
         for corrupt in quarantined {
             self.report_quarantined(tx, &corrupt);
             report.quarantined.push(Quarantined {
@@ -1097,6 +1139,7 @@ where
             }
             let next = tx.outbox_next_due(&self.name)?;
             tx.set_due(&self.capability, next)?;
+            self.pending_count(tx)?;
             Ok::<_, OutboxError>((events, lateness))
         })?;
         // Recorded once the settlements committed, as the events are.

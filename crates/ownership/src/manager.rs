@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::error::OwnershipError;
 use crate::metrics::OwnershipMetrics;
@@ -349,6 +350,15 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<Resolution, OwnershipError> {
+        let span = tracing::debug_span!("durability.ownership.resolve", scope = %scope);
+        self.resolve_inner(scope, lifecycle).instrument(span).await
+    }
+
+    async fn resolve_inner(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<Resolution, OwnershipError> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(OwnershipError::Draining);
         }
@@ -411,10 +421,23 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 }
                 Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
                     self.inner.metrics.held_here.increment(1);
+                    tracing::debug!(
+                        event = "durability.ownership.held_here",
+                        scope = %scope,
+                        generation = lease.record.generation().get(),
+                        "the store's live record is this task's; adopted"
+                    );
                     Ok(Resolution::Local(self.remember(&lease, sent)))
                 }
                 Ok(ClaimOutcome::Held(lease)) => {
                     self.inner.metrics.held_elsewhere.increment(1);
+                    tracing::debug!(
+                        event = "durability.ownership.held_elsewhere",
+                        scope = %scope,
+                        owner = lease.record.task().as_str(),
+                        generation = lease.record.generation().get(),
+                        "another task owns the scope"
+                    );
                     self.forget(scope);
                     Ok(Resolution::Remote {
                         task: lease.record.task().clone(),

@@ -6,6 +6,7 @@
 
 mod dispatch;
 mod lifecycle;
+mod metrics;
 mod rpc;
 mod storage;
 mod support;

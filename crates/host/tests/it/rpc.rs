@@ -18,11 +18,11 @@ use serde_json::{Value, json};
 
 use crate::support::{Counter, Store, TestHost, World};
 
-const TOKEN: &str = "in-process-token-0123456789";
+pub(crate) const TOKEN: &str = "in-process-token-0123456789";
 
 type H = Handle<Counter, SqliteAlarmIndex>;
 
-fn with_methods(
+pub(crate) fn with_methods(
     config: HostConfig<Store, SqliteAlarmIndex>,
 ) -> HostConfig<Store, SqliteAlarmIndex> {
     config
@@ -156,18 +156,18 @@ async fn start_refuses_bad_methods_tokens_and_endpoints() {
 
 /// A transport whose replies are scripted; records every request.
 #[derive(Clone, Default)]
-struct Scripted {
+pub(crate) struct Scripted {
     replies: Arc<Mutex<VecDeque<Reply>>>,
     sent: Arc<Mutex<Vec<(String, InvokeRequest)>>>,
 }
 
 impl Scripted {
-    fn script(&self, replies: Vec<Reply>) {
+    pub(crate) fn script(&self, replies: Vec<Reply>) {
         *self.replies.lock().unwrap() = replies.into();
         self.sent.lock().unwrap().clear();
     }
 
-    fn sent(&self) -> Vec<(String, InvokeRequest)> {
+    pub(crate) fn sent(&self) -> Vec<(String, InvokeRequest)> {
         self.sent.lock().unwrap().clone()
     }
 }
@@ -195,7 +195,7 @@ impl Transport for Scripted {
     }
 }
 
-fn ownership(code: &str) -> Reply {
+pub(crate) fn ownership(code: &str) -> Reply {
     Reply::Ownership {
         code: code.to_owned(),
     }

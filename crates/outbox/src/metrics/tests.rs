@@ -139,3 +139,125 @@ fn every_lifecycle_event_is_counted_per_channel_with_or_without_a_hook() {
         );
     }
 }
+
+/// Fails every call.
+struct Down;
+
+impl Sink<String> for Down {
+    async fn publish(&self, _batch: &[Entry<String>]) -> Result<(), SinkError> {
+        Err(SinkError::new("down"))
+    }
+}
+
+/// Reads the pending gauge of `channel` from `snapshotter` and adds it to
+/// `total`: the debugging recorder hands out each gauge's change since its
+/// previous snapshot.
+fn pending(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    channel: &str,
+    total: &mut f64,
+) -> f64 {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let here = key
+            .labels()
+            .any(|l| l.key() == "channel" && l.value() == channel);
+        if let (true, "durability_outbox_pending", DebugValue::Gauge(v)) = (here, key.name(), value)
+        {
+            *total += v.into_inner();
+        }
+    }
+    *total
+}
+
+fn object(name: &str, clock: &ManualClock) -> Scheduler<MemoryStorage> {
+    let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, STEPS));
+    let ctx = ObjectContext::with_clock(
+        ObjectId::new(name).unwrap(),
+        storage,
+        Arc::new(clock.clone()),
+    );
+    Scheduler::new(ctx).unwrap()
+}
+
+#[test]
+fn the_pending_gauge_follows_stage_discard_delivery_give_up_and_reattach() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut total = 0.0;
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = ManualClock::new(START);
+            let sched = object("o", &clock);
+            let outbox =
+                Outbox::attach(&sched, ChannelConfig::new("pend"), FailOnce::default()).unwrap();
+            sched
+                .transaction(|tx| {
+                    outbox.stage(tx, "a", &"1".to_owned())?;
+                    outbox.stage(tx, "b", &"2".to_owned())?;
+                    outbox.stage(tx, "c", &"3".to_owned())?;
+                    // A new value of a pending key is not a new entry.
+                    outbox.stage(tx, "a", &"1b".to_owned())
+                })
+                .unwrap();
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
+            // A rolled-back stage changes nothing.
+            let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
+                outbox.stage(tx, "d", &"4".to_owned())?;
+                Err(OutboxError::InvalidKey {
+                    reason: "on purpose",
+                })
+            });
+            assert!(rolled_back.is_err());
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
+            assert!(sched.transaction(|tx| outbox.discard(tx, "c")).unwrap());
+            assert!(!sched.transaction(|tx| outbox.discard(tx, "zz")).unwrap());
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 2.0);
+            // A failed batch keeps both pending; the next delivers them.
+            assert_eq!(outbox.deliver_due().await.unwrap().retried, 2);
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 2.0);
+            clock.advance(60_000);
+            assert_eq!(outbox.deliver_due().await.unwrap().delivered, 2);
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 0.0);
+            assert_eq!(outbox.len().unwrap(), 0);
+
+            // Given up after one attempt with no dead-letter sink: dropped.
+            let config = ChannelConfig::new("pend2").retry(crate::RetryPolicy {
+                max_attempts: Some(1),
+                ..Default::default()
+            });
+            let gives_up = Outbox::attach(&sched, config, Down).unwrap();
+            sched
+                .transaction(|tx| gives_up.stage(tx, "x", &"1".to_owned()))
+                .unwrap();
+            assert_eq!(pending(&snapshotter, "pend2", &mut 0.0), 1.0);
+            let report = gives_up.deliver_due().await.unwrap();
+            assert_eq!(report.gave_up.len(), 1);
+            assert_eq!(pending(&snapshotter, "pend2", &mut 0.0), -1.0);
+
+            // Two objects with a channel of one name add up; dropping a
+            // channel takes its entries out, attaching it again counts the
+            // stored ones.
+            let other = object("p", &clock);
+            let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
+            other
+                .transaction(|tx| {
+                    down.stage(tx, "k1", &"1".to_owned())?;
+                    down.stage(tx, "k2", &"2".to_owned())
+                })
+                .unwrap();
+            sched
+                .transaction(|tx| outbox.stage(tx, "e", &"5".to_owned()))
+                .unwrap();
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
+            drop(down);
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 1.0);
+            let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
+            assert_eq!(down.len().unwrap(), 2);
+            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
+        });
+    });
+}

@@ -1,0 +1,275 @@
+//! The host's figures through the `metrics` facade, read back with the
+//! debugging recorder: dispatch outcomes, cold opens and routing (local,
+//! forwarded, direct, rediscoveries) after real calls, each equal to the
+//! plain number of the probe; and the route, dispatch, owner-resolution
+//! and alarm-delivery spans with their fields.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use durability_host::transport::{EndpointPolicy, OwnerHeaders, Reply, StaticPeers};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use serde_json::{Value, json};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+use crate::rpc::{Scripted, TOKEN, ownership, with_methods};
+use crate::support::{Counter, TestHost, World, advance_until, incr};
+
+/// Every counter of the snapshot: (name, task, other label value) → value.
+fn counters(snapshotter: &Snapshotter) -> BTreeMap<(String, String, String), u64> {
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut task = String::new();
+        let mut other = String::new();
+        for label in key.labels() {
+            if label.key() == "task" {
+                task = label.value().to_owned();
+            } else {
+                other = label.value().to_owned();
+            }
+        }
+        if let DebugValue::Counter(n) = value {
+            *out.entry((key.name().to_owned(), task, other)).or_default() += n;
+        }
+    }
+    out
+}
+
+fn get(c: &BTreeMap<(String, String, String), u64>, name: &str, task: &str, label: &str) -> u64 {
+    c.get(&(name.to_owned(), task.to_owned(), label.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn dispatch_and_routing_figures_reach_the_facade_and_match_the_probe() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (pa, pb) = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let w = World::new();
+            let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
+            let c1 = a.object("Counter", "c1");
+            c1.call("incr", Value::Null).await.unwrap();
+            c1.call("incr", Value::Null).await.unwrap();
+            // The method's own error: a dispatch whose body failed.
+            assert!(c1.call("fail", Value::Null).await.is_err());
+            // Refused before anything opens.
+            assert_eq!(
+                incr(&a, "").await.unwrap_err().code(),
+                "host_invalid_object_name"
+            );
+            let generation = a.probe().scopes[0].generation;
+            let key = a.scope_for("Counter", "c1").unwrap().host_id().to_owned();
+
+            let transport = Scripted::default();
+            let peers = StaticPeers(BTreeMap::from([(
+                "a".to_owned(),
+                "http://127.0.0.1:18788".to_owned(),
+            )]));
+            let b = TestHost::start(
+                with_methods(w.config("b"))
+                    .endpoint("http://127.0.0.1:18789")
+                    .internal_token(TOKEN)
+                    .peers(peers)
+                    .endpoint_policy(EndpointPolicy::default())
+                    .transport(transport.clone()),
+            )
+            .await
+            .unwrap();
+            let ok = || Reply::Ok {
+                result: json!({"n": 7}),
+                owner: Some(OwnerHeaders {
+                    task: "a".to_owned(),
+                    generation,
+                    key: key.clone(),
+                    endpoint: None,
+                }),
+            };
+            let b1 = b.object("Counter", "c1");
+            // Forwarded through b's router (b learns the hint), then sent
+            // direct, then direct again answered stale_owner: one
+            // rediscovery through the router, forwarded.
+            transport.script(vec![ok()]);
+            b1.call("incr", Value::Null).await.unwrap();
+            transport.script(vec![ok()]);
+            b1.call("incr", Value::Null).await.unwrap();
+            transport.script(vec![ownership("stale_owner"), ok()]);
+            b1.call("incr", Value::Null).await.unwrap();
+            assert_eq!(transport.sent().len(), 2);
+            // A direct dispatch on b of an object a owns: refused.
+            assert!(matches!(
+                incr(&b, "c1").await.unwrap_err(),
+                durability_host::HostError::NotOwner { .. }
+            ));
+            b.shutdown().await;
+            a.shutdown().await;
+            // A drained host refuses.
+            assert_eq!(incr(&a, "c1").await.unwrap_err().code(), "host_draining");
+            (a.probe(), b.probe())
+        })
+    });
+    let c = counters(&snapshotter);
+    let d = "durability_host_dispatches_total";
+    // Host a: two calls completed, one failed in its body, one bad name,
+    // one refused while draining; one cold open; three local routes.
+    assert_eq!(get(&c, d, "a", "completed"), 2);
+    assert_eq!(get(&c, d, "a", "handler_failed"), 1);
+    assert_eq!(get(&c, d, "a", "failed"), 1);
+    assert_eq!(get(&c, d, "a", "refused_draining"), 1);
+    assert_eq!(get(&c, d, "a", "refused_not_owner"), 0);
+    assert_eq!(get(&c, "durability_host_cold_opens_total", "a", ""), 1);
+    assert_eq!(get(&c, "durability_host_routed_total", "a", "local"), 3);
+    // Host b: one refused (a owns the scope); routed: forwarded twice,
+    // direct twice, one rediscovery, one hint evicted.
+    assert_eq!(get(&c, d, "b", "refused_not_owner"), 1);
+    assert_eq!(get(&c, d, "b", "completed"), 0);
+    let r = "durability_host_routed_total";
+    assert_eq!(get(&c, r, "b", "forwarded"), 2);
+    assert_eq!(get(&c, r, "b", "direct"), 2);
+    assert_eq!(get(&c, r, "b", "local"), 0);
+    assert_eq!(get(&c, "durability_host_rediscoveries_total", "b", ""), 1);
+    // One mechanism: every facade figure is the probe's number.
+    for (task, p) in [("a", &pa), ("b", &pb)] {
+        let s = &p.dispatch;
+        assert_eq!(
+            get(&c, d, task, "completed") + get(&c, d, task, "handler_failed"),
+            s.completed,
+            "{task}"
+        );
+        for (outcome, n) in [
+            ("handler_failed", s.handler_failed),
+            ("refused_draining", s.refused_draining),
+            ("refused_not_owner", s.refused_not_owner),
+            ("refused_ownership", s.refused_ownership),
+            ("fenced", s.fenced),
+            ("ownership_lost", s.ownership_lost),
+        ] {
+            assert_eq!(get(&c, d, task, outcome), n, "{task} {outcome}");
+        }
+        let q = &p.routing;
+        for (name, label, n) in [
+            ("durability_host_cold_opens_total", "", s.cold),
+            ("durability_host_evictions_total", "", s.evicted),
+            (r, "local", q.local),
+            (r, "forwarded", q.forwarded),
+            (r, "direct", q.direct),
+            ("durability_host_rediscoveries_total", "", q.rediscoveries),
+            ("durability_host_hint_evictions_total", "", q.hint_evictions),
+            (
+                "durability_host_refusals_total",
+                "endpoint",
+                q.endpoint_refusals,
+            ),
+            ("durability_host_refusals_total", "auth", q.auth_refusals),
+            ("durability_host_invokes_served_total", "", q.served),
+            (
+                "durability_host_alarm_forwards_total",
+                "sent",
+                q.alarms_forwarded,
+            ),
+            (
+                "durability_host_alarm_forwards_total",
+                "served",
+                q.alarms_served,
+            ),
+        ] {
+            assert_eq!(get(&c, name, task, label), n, "{task} {name} {label}");
+        }
+    }
+}
+
+/// The spans opened, as `name{field=value,…}` (fields sorted).
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<String>>>);
+
+struct Fields(BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields(BTreeMap::new());
+        attrs.record(&mut fields);
+        let fields: Vec<String> = fields.0.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        self.0.lock().unwrap().push(format!(
+            "{}{{{}}}",
+            attrs.metadata().name(),
+            fields.join(",")
+        ));
+    }
+}
+
+#[test]
+fn calls_and_alarm_deliveries_open_spans_naming_the_object() {
+    let spans = Spans::default();
+    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let w = World::new();
+            let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
+            a.object("Counter", "c1")
+                .call("incr", Value::Null)
+                .await
+                .unwrap();
+            let now = durability_ownership::Clock::now_ms(&w.clock);
+            a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, now + 1_000))
+                .await
+                .unwrap();
+            assert!(
+                advance_until(&w.clock, 100, 5_000, || w
+                    .fired()
+                    .contains(&"a c1".to_owned()))
+                .await
+            );
+            a.shutdown().await;
+        });
+    });
+    let spans = spans.0.lock().unwrap().clone();
+    let scope = "st1:Counter:shard";
+    let route = spans
+        .iter()
+        .find(|s| s.starts_with("durability.host.route{"))
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert!(
+        route.contains("class=Counter")
+            && route.contains("object=c1")
+            && route.contains("method=incr"),
+        "{route}"
+    );
+    assert!(route.contains(&format!("scope={scope}")), "{route}");
+    assert!(
+        spans
+            .iter()
+            .any(|s| s == "durability.host.dispatch{class=Counter,object=c1}"),
+        "{spans:#?}"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.starts_with("durability.ownership.resolve{")
+                && s.contains(&format!("scope={scope}"))),
+        "{spans:#?}"
+    );
+}
