@@ -552,7 +552,10 @@ async fn the_first_subscriber_sees_every_owner_change_since_start() {
     let mut events = a.subscribe();
     let mut acquired = 0;
     while let Ok(e) = events.try_recv() {
-        assert!(matches!(e, OwnerEvent::Acquired { generation: 1, .. }), "{e:?}");
+        assert!(
+            matches!(e, OwnerEvent::Acquired { generation: 1, .. }),
+            "{e:?}"
+        );
         acquired += 1;
     }
     assert_eq!(acquired, 16);
