@@ -22,11 +22,23 @@
 //!   its counts (read-only).
 //! - `durability leases list (--sqlite <file> | --redis <url> [--prefix P])`:
 //!   live owner leases with owner, generation and lease left (read-only).
+//! - `durability migrations status|recover|verify|purge|rebalance|abort
+//!   --config <file>`: the migration journal of a shard set described by a
+//!   JSON config file (see the `migrations` module): its operations and
+//!   counts (read-only), recovery of interrupted moves, verification (with
+//!   `--repair`), purge of archives, rebalancing, and an operator's abort.
+//!   Every command except `status`, `verify` without `--repair` and
+//!   `rebalance --dry-run` changes stored state and needs `--yes` (or a `y`
+//!   on a terminal). Long runs show a progress line on stderr when it is a
+//!   terminal. A command that ran but left something unsettled (verify not
+//!   clean, recovery or rebalance moves that failed) exits with code 2 after
+//!   printing its report.
 
 use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use durability_alarms::listing;
@@ -36,7 +48,9 @@ use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
+use indicatif::{ProgressBar, ProgressStyle};
 
+mod migrations;
 mod render;
 
 /// Operator tools for durability object databases.
@@ -75,6 +89,117 @@ enum Command {
     /// Owner leases (SQLite lease store file or Redis).
     #[command(subcommand)]
     Leases(LeasesCommand),
+    /// The migration journal of a shard set (a JSON config file).
+    #[command(subcommand)]
+    Migrations(MigrationsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum MigrationsCommand {
+    /// Operations of the journal with their state, key, source and
+    /// destination, and the counts per state (read-only).
+    Status {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only operations in this state (prepared, copied, verified,
+        /// cutover_pending, committed, published, retired, aborted).
+        #[arg(long, value_parser = parse_state)]
+        state: Option<durability_migration::MoveState>,
+        /// Only operations that have not ended.
+        #[arg(long)]
+        active: bool,
+        /// Only operations of this key.
+        #[arg(long)]
+        key: Option<String>,
+        /// List at most this many operations.
+        #[arg(long, default_value_t = durability_migration::DEFAULT_STATUS_LIMIT)]
+        limit: usize,
+    },
+    /// Finish or abort every interrupted move (takes the recovery lease).
+    Recover {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Look for leftovers of stalled moves; with `--repair`, recover first
+    /// and repair what can be proven. Records the pass on the journal shard
+    /// (purge needs one); changes no row without `--repair`.
+    Verify {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Recover and repair (changes stored state: needs --yes).
+        #[arg(long)]
+        repair: bool,
+        /// Rows read per page.
+        #[arg(long, default_value_t = 500)]
+        page_size: usize,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Clear the archived payload of retired moves whose retention elapsed
+    /// and that a verification pass covered.
+    Purge {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Move every mapped key to its hash owner among the target shards.
+    Rebalance {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The target shard set (default: every configured shard).
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        /// The tables whose rows move (default: every configured table).
+        #[arg(long = "table")]
+        tables: Vec<String>,
+        /// Plan only; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep each move's archived source rows this long before purge may
+        /// clear them (default seven days).
+        #[arg(long, value_name = "MS")]
+        retain_ms: Option<u64>,
+        /// Mappings read per page.
+        #[arg(long, default_value_t = 500)]
+        page_size: usize,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Abort one move that has not cut over (its destination copies are
+    /// dropped; the key stays on its source).
+    Abort {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The operation id (see `migrations status`).
+        #[arg(long = "op")]
+        op_id: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+/// The shard set's config file.
+#[derive(Debug, Args)]
+struct ConfigArg {
+    /// The JSON config file naming the shards, mapping store, journal and
+    /// tables.
+    #[arg(long = "config", value_name = "FILE")]
+    file: PathBuf,
+}
+
+/// The confirmation of a mutating command.
+#[derive(Debug, Args)]
+struct Confirm {
+    /// Change stored state without asking.
+    #[arg(long)]
+    yes: bool,
+}
+
+fn parse_state(s: &str) -> Result<durability_migration::MoveState, String> {
+    durability_migration::MoveState::parse(s).map_err(|_| format!("unknown state {s:?}"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -216,6 +341,17 @@ enum CliError {
     Alarms(#[from] durability_alarms::AlarmError),
     #[error("{}: not changed: {reason}", file.display())]
     NotConfirmed { file: PathBuf, reason: &'static str },
+    #[error(transparent)]
+    Config(#[from] migrations::ConfigError),
+    #[error("{}: {source}", file.display())]
+    Migration {
+        file: PathBuf,
+        source: Box<durability_migration::MigrationError>,
+    },
+    /// The command ran and printed its report, which leaves something
+    /// unsettled (exit code 2).
+    #[error("{0}")]
+    Unsettled(String),
     #[error("writing output: {0}")]
     Output(#[from] io::Error),
     #[error("encoding JSON: {0}")]
@@ -226,6 +362,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Unsettled(what)) => {
+            let _ = writeln!(io::stderr(), "unsettled: {what}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             // One line: the error and its sources, joined.
             let mut line = e.to_string();
@@ -274,6 +414,12 @@ fn run(cli: &Cli) -> Result<(), CliError> {
             }
         }
         Command::Alarms(command) => alarms(&mut out, cli.global.json, command)?,
+        Command::Migrations(command) => {
+            let ran = migrations_command(&mut out, cli.global.json, cli.global.now_ms, command);
+            // An unsettled report is printed before its exit code.
+            out.flush()?;
+            ran?;
+        }
         Command::Leases(LeasesCommand::List {
             store,
             shards,
@@ -447,24 +593,33 @@ fn outbox_admin(
 
 /// `--yes`, or a `y` typed on a terminal.
 fn confirm(target: &EntryTarget, verb: &str) -> Result<(), CliError> {
-    if target.yes {
+    ask(
+        target.yes,
+        &target.file,
+        &format!(
+            "{verb} key {:?} of channel {:?} in {}?",
+            target.key,
+            target.channel,
+            target.file.display()
+        ),
+    )
+}
+
+/// `yes`, or a `y` typed on a terminal after `question`; refuses off a
+/// terminal. `file` names what would have changed.
+fn ask(yes: bool, file: &Path, question: &str) -> Result<(), CliError> {
+    if yes {
         return Ok(());
     }
     let not_confirmed = |reason| CliError::NotConfirmed {
-        file: target.file.clone(),
+        file: file.to_owned(),
         reason,
     };
     if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
         return Err(not_confirmed("pass --yes (stdin is not a terminal)"));
     }
     let mut err = io::stderr();
-    write!(
-        err,
-        "{verb} key {:?} of channel {:?} in {}? [y/N] ",
-        target.key,
-        target.channel,
-        target.file.display()
-    )?;
+    write!(err, "{question} [y/N] ")?;
     err.flush()?;
     let mut answer = String::new();
     io::stdin().read_line(&mut answer)?;
@@ -479,4 +634,227 @@ fn emit_json(out: &mut impl Write, value: &impl serde::Serialize) -> Result<(), 
     serde_json::to_writer_pretty(&mut *out, value)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// A spinner with a message on stderr when stderr is a terminal; hidden
+/// otherwise (pipes, files, tests).
+fn progress_line(message: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed}] {msg}") {
+        bar.set_style(style);
+    }
+    bar.set_message(message.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// Shows a progress event on the spinner.
+fn show_progress(bar: &ProgressBar, p: durability_migration::Progress) {
+    bar.set_message(format!(
+        "{}: {} examined, {} changed",
+        p.phase, p.done, p.changed
+    ));
+}
+
+/// `durability migrations ...`: opens the router (writing nothing), checks
+/// the journal can be read, asks for mutating commands, runs, prints.
+fn migrations_command(
+    out: &mut impl Write,
+    json: bool,
+    now_ms: Option<i64>,
+    command: &MigrationsCommand,
+) -> Result<(), CliError> {
+    use MigrationsCommand as C;
+    use durability_migration::{
+        MigrationError, MoveOptions, RebalanceOptions, Retire, StatusOptions, VerifyOptions,
+    };
+    let (C::Status { config, .. }
+    | C::Recover { config, .. }
+    | C::Verify { config, .. }
+    | C::Purge { config, .. }
+    | C::Rebalance { config, .. }
+    | C::Abort { config, .. }) = command;
+    let file = &config.file;
+    let clock: Arc<dyn Clock> = match now_ms {
+        Some(ms) => Arc::new(migrations::ShiftedClock::starting_at(ms)),
+        None => Arc::new(SystemClock),
+    };
+    let failed = |source| CliError::Migration {
+        file: file.clone(),
+        source: Box::new(source),
+    };
+    runtime()?.block_on(async {
+        let router = migrations::open(file, clock).await?;
+        // Before asking: the journal is configured, its tables exist and
+        // they read (a read-only query).
+        let preflight = || async {
+            router
+                .migration_status(&StatusOptions {
+                    limit: 1,
+                    ..StatusOptions::default()
+                })
+                .await
+                .map(drop)
+                .map_err(failed)
+        };
+        let scope = router.journal_scope().to_owned();
+        match command {
+            C::Status {
+                state,
+                active,
+                key,
+                limit,
+                ..
+            } => {
+                let report = router
+                    .migration_status(&StatusOptions {
+                        state: *state,
+                        active_only: *active,
+                        key: key.clone(),
+                        limit: *limit,
+                    })
+                    .await
+                    .map_err(failed)?;
+                if json {
+                    emit_json(out, &report)
+                } else {
+                    Ok(render::migration_status(out, &report)?)
+                }
+            }
+            C::Recover { confirm, .. } => {
+                preflight().await?;
+                ask(
+                    confirm.yes,
+                    file,
+                    &format!("recover the interrupted moves of journal scope {scope:?}?"),
+                )?;
+                let bar = progress_line("recovering interrupted moves");
+                let report = router.recover_migrations().await;
+                bar.finish_and_clear();
+                let report = report.map_err(failed)?;
+                if json {
+                    emit_json(out, &report)?;
+                } else {
+                    render::recovery(out, &report)?;
+                }
+                match report.failed.len() {
+                    0 => Ok(()),
+                    n => Err(CliError::Unsettled(format!(
+                        "{n} operations could not be settled"
+                    ))),
+                }
+            }
+            C::Verify {
+                repair,
+                page_size,
+                confirm,
+                ..
+            } => {
+                preflight().await?;
+                if *repair {
+                    ask(
+                        confirm.yes,
+                        file,
+                        &format!("recover and repair journal scope {scope:?}?"),
+                    )?;
+                }
+                let bar = progress_line("verifying");
+                let opts = VerifyOptions {
+                    repair: *repair,
+                    page_size: *page_size,
+                };
+                let report = router
+                    .verify_migrations_observed(opts, &|p| show_progress(&bar, p))
+                    .await;
+                bar.finish_and_clear();
+                let report = report.map_err(failed)?;
+                if json {
+                    emit_json(out, &report)?;
+                } else {
+                    render::verify(out, &report)?;
+                }
+                if report.clean {
+                    Ok(())
+                } else {
+                    Err(CliError::Unsettled("verification is not clean".to_owned()))
+                }
+            }
+            C::Purge { confirm, .. } => {
+                preflight().await?;
+                ask(
+                    confirm.yes,
+                    file,
+                    &format!("purge the archives of journal scope {scope:?}?"),
+                )?;
+                let bar = progress_line("purging archives");
+                let report = router.purge_retired().await;
+                bar.finish_and_clear();
+                let report = report.map_err(failed)?;
+                if json {
+                    emit_json(out, &report)
+                } else {
+                    Ok(render::purge(out, &report)?)
+                }
+            }
+            C::Rebalance {
+                to,
+                tables,
+                dry_run,
+                retain_ms,
+                page_size,
+                confirm,
+                ..
+            } => {
+                let names = router.shard_names();
+                if let Some(unknown) = to.iter().find(|t| !names.contains(&t.as_str())) {
+                    return Err(failed(MigrationError::UnknownShard(unknown.clone())));
+                }
+                if !*dry_run {
+                    preflight().await?;
+                    ask(
+                        confirm.yes,
+                        file,
+                        &format!("rebalance the keys of journal scope {scope:?}?"),
+                    )?;
+                }
+                let opts = RebalanceOptions {
+                    target_shards: (!to.is_empty()).then(|| to.clone()),
+                    tables: tables.clone(),
+                    dry_run: *dry_run,
+                    page_size: *page_size,
+                    move_options: MoveOptions {
+                        retire: retain_ms.map_or_else(Retire::default, Retire::After),
+                    },
+                };
+                let bar = progress_line("rebalancing");
+                let report = router
+                    .rebalance_observed(opts, &|p| show_progress(&bar, p))
+                    .await;
+                bar.finish_and_clear();
+                let report = report.map_err(failed)?;
+                if json {
+                    emit_json(out, &report)?;
+                } else {
+                    render::rebalance(out, *dry_run, &report)?;
+                }
+                match report.failed.len() {
+                    0 => Ok(()),
+                    n => Err(CliError::Unsettled(format!("{n} moves failed"))),
+                }
+            }
+            C::Abort { op_id, confirm, .. } => {
+                preflight().await?;
+                ask(confirm.yes, file, &format!("abort operation {op_id}?"))?;
+                let report = router.abort_operation(op_id).await.map_err(failed)?;
+                if json {
+                    emit_json(out, &report)
+                } else {
+                    Ok(render::abort(out, &report)?)
+                }
+            }
+        }
+    })
 }

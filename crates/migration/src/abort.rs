@@ -28,7 +28,7 @@ use crate::router::Router;
 const TAKE_OVER_TRIES: usize = 3;
 
 /// What [`Router::abort_operation`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AbortReport {
     /// The operation.
     pub op_id: String,

@@ -20,8 +20,9 @@ pub const MAX_RECOPIES: i64 = 3;
 /// Default retention of archived source rows (seven days, ms).
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
 
-/// A state of a move operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A state of a move operation (serialized as its stored name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MoveState {
     /// Claimed, snapshot digested; the copy follows.
     Prepared,
@@ -87,7 +88,7 @@ impl fmt::Display for MoveState {
 }
 
 /// One journaled operation, as stored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct OpRecord {
     /// Operation id (UUID v7).
     pub op_id: String,
@@ -456,6 +457,7 @@ impl JournalSql<'_> {
             OpFilter::Unpurged => {
                 s.raw(" AND state = 'retired' AND purged = 0");
             }
+            OpFilter::All => {}
         }
         s.raw(&format!(" ORDER BY op_id LIMIT {limit}"));
         s.finish()
@@ -664,4 +666,6 @@ pub(crate) enum OpFilter {
     Active,
     State(MoveState),
     Unpurged,
+    /// Every operation of the scope (read-only listings).
+    All,
 }

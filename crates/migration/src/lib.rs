@@ -66,6 +66,7 @@ mod recovery;
 mod republish;
 mod router;
 mod shard;
+mod status;
 mod value;
 mod verify;
 
@@ -103,6 +104,9 @@ pub use record::{MigrateOptions, OnConflict};
 pub use recovery::{FailedOp, RecoveryReport};
 pub use router::{MAX_CHAIN_HOPS, ReadOptions, Router};
 pub use shard::{BatchSupport, BoxFuture, Shard, Statement};
+pub use status::{
+    DEFAULT_STATUS_LIMIT, LeaseStatus, MAX_STATUS_OPERATIONS, Progress, StatusOptions, StatusReport,
+};
 pub use value::{Row, Value, decode_row, digest, encode_row, row};
 pub use verify::{
     Leftover, MAX_REPORT_ENTRIES, MappingMismatch, PurgeReport, Refusal, StaleCutover,

@@ -6,6 +6,7 @@ use crate::config;
 use crate::error::{MigrationError, Result};
 use crate::moves::MoveOptions;
 use crate::router::Router;
+use crate::status::Progress;
 use crate::verify::MAX_REPORT_ENTRIES;
 
 /// Options of [`Router::rebalance`].
@@ -36,7 +37,7 @@ impl Default for RebalanceOptions {
 }
 
 /// One planned move.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PlannedMove {
     /// The key.
     pub key: String,
@@ -46,8 +47,9 @@ pub struct PlannedMove {
     pub to: String,
 }
 
-/// What a rebalance planned and did.
-#[derive(Debug, Default)]
+/// What a rebalance planned and did (`failed` serializes as `[key, code]`
+/// pairs).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct RebalanceReport {
     /// Mappings examined.
     pub examined: u64,
@@ -71,6 +73,21 @@ impl Router {
     /// `UNKNOWN_SHARD`, `UNKNOWN_TABLE`, `JOURNAL_NOT_CONFIGURED` (not for a
     /// dry run), `MAPPING_UNAVAILABLE`. Per-key failures are in the report.
     pub async fn rebalance(&self, opts: RebalanceOptions) -> Result<RebalanceReport> {
+        let quiet = |_: Progress| {};
+        self.rebalance_observed(opts, &quiet).await
+    }
+
+    /// [`Router::rebalance`], calling `progress` after each mapping it
+    /// examines (phase `keys`; `changed` counts committed moves). The
+    /// callback runs on the rebalancing task: keep it short.
+    ///
+    /// # Errors
+    /// As [`Router::rebalance`].
+    pub async fn rebalance_observed(
+        &self,
+        opts: RebalanceOptions,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<RebalanceReport> {
         let targets: Vec<String> = match &opts.target_shards {
             Some(t) => t.clone(),
             None => self.shards.keys().cloned().collect(),
@@ -115,6 +132,11 @@ impl Router {
                     continue;
                 };
                 if to == from {
+                    progress(Progress {
+                        phase: "keys",
+                        done: report.examined,
+                        changed: report.moved,
+                    });
                     continue;
                 }
                 report.planned += 1;
@@ -126,6 +148,11 @@ impl Router {
                     });
                 }
                 if opts.dry_run {
+                    progress(Progress {
+                        phase: "keys",
+                        done: report.examined,
+                        changed: report.moved,
+                    });
                     continue;
                 }
                 match self
@@ -149,6 +176,11 @@ impl Router {
                         }
                     }
                 }
+                progress(Progress {
+                    phase: "keys",
+                    done: report.examined,
+                    changed: report.moved,
+                });
             }
         }
         Ok(report)

@@ -25,19 +25,21 @@ use crate::router::Router;
 
 const PAGE: usize = 100;
 
-/// One operation recovery could not settle (left as it was).
-#[derive(Debug)]
+/// One operation recovery could not settle (left as it was; its error
+/// serializes as `{code, message}`).
+#[derive(Debug, serde::Serialize)]
 pub struct FailedOp {
     /// The operation.
     pub op_id: String,
     /// Its key.
     pub key: String,
     /// Why.
+    #[serde(serialize_with = "crate::status::serialize_error")]
     pub error: MigrationError,
 }
 
 /// What a recovery did.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct RecoveryReport {
     /// Operations looked at.
     pub examined: Vec<String>,

@@ -10,6 +10,7 @@ use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
 use crate::router::Router;
+use crate::status::Progress;
 use crate::value::{self, Value};
 
 /// Most entries kept in each list of a report (counts stay exact).
@@ -34,7 +35,7 @@ impl Default for VerifyOptions {
 }
 
 /// A row-level leftover.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Leftover {
     /// The shard holding it.
     pub shard: String,
@@ -49,7 +50,7 @@ pub struct Leftover {
 /// A key whose mapping disagrees with the journal: the key's newest
 /// finished move put it on `expected`, the mapping store says `found` (its
 /// publish was lost: a failover, a restore).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MappingMismatch {
     /// The key.
     pub key: String,
@@ -62,7 +63,7 @@ pub struct MappingMismatch {
 }
 
 /// A tombstone whose move the journal ended as aborted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StaleCutover {
     /// Where.
     pub leftover: Leftover,
@@ -74,7 +75,7 @@ pub struct StaleCutover {
 ///
 /// Each list keeps its first [`MAX_REPORT_ENTRIES`] entries; the matching
 /// `*_count` field is the exact total.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub struct VerifyReport {
     /// Operations still active in the journal (first entries).
     pub dangling_ops: Vec<String>,
@@ -115,6 +116,7 @@ pub struct VerifyReport {
     /// keys' operations after an unclean pass. `None` once more than
     /// [`MAX_UNCLEAN_KEYS`] were found: such a pass is not recorded (purge
     /// then needs a clean pass), which keeps a pass's memory bounded.
+    #[serde(skip)]
     pub(crate) unclean_keys: Option<BTreeSet<String>>,
 }
 
@@ -162,17 +164,18 @@ impl VerifyReport {
     }
 }
 
-/// One refused purge.
-#[derive(Debug)]
+/// One refused purge (its error serializes as `{code, message}`).
+#[derive(Debug, serde::Serialize)]
 pub struct Refusal {
     /// The operation.
     pub op_id: String,
     /// `RETENTION_NOT_ELAPSED` or `NOT_VERIFIED`.
+    #[serde(serialize_with = "crate::status::serialize_error")]
     pub error: MigrationError,
 }
 
 /// What `purge_retired` did.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct PurgeReport {
     /// Operations whose archived payload was cleared (first 1000).
     pub purged: Vec<String>,
@@ -281,6 +284,22 @@ impl Router {
     /// (with `repair`), `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`,
     /// `CORRUPT_RECORD`.
     pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
+        let quiet = |_: Progress| {};
+        self.verify_migrations_observed(opts, &quiet).await
+    }
+
+    /// [`Router::verify_migrations`], calling `progress` after each page it
+    /// examines (phases `operations`, `tombstones`, `aborted`, `mappings`;
+    /// see [`Progress`]). The callback runs on the verifying task: keep it
+    /// short.
+    ///
+    /// # Errors
+    /// As [`Router::verify_migrations`].
+    pub async fn verify_migrations_observed(
+        &self,
+        opts: VerifyOptions,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<VerifyReport> {
         self.journal_shard()?;
         // A clean pass covers the moves that finished before it started:
         // one that finished while it ran may not have been examined, so the
@@ -304,7 +323,7 @@ impl Router {
             None
         };
         let res = self
-            .verify_scan(&mut report, opts.repair, page, lease.as_ref())
+            .verify_scan(&mut report, opts.repair, page, lease.as_ref(), progress)
             .await;
         if let Some(l) = &lease
             && !matches!(res, Err(MigrationError::RecoveryFenced(_)))
@@ -362,7 +381,16 @@ impl Router {
         repair: bool,
         page: usize,
         lease: Option<&crate::recovery::Lease>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<()> {
+        let tell = |phase, done: &mut u64, n: usize, report: &VerifyReport| {
+            *done += n as u64;
+            progress(Progress {
+                phase,
+                done: *done,
+                changed: report.repaired_count,
+            });
+        };
         let (jname, js) = self.journal_shard()?;
         let jd = js.dialect();
         let q = JournalSql {
@@ -371,6 +399,7 @@ impl Router {
         };
         // Dangling operations.
         let mut after = String::new();
+        let mut done = 0;
         loop {
             let rows = js
                 .query(&q.ops_page(&after, page, OpFilter::Active))
@@ -386,8 +415,10 @@ impl Router {
                 );
                 report.flag(&crate::journal::text(r, "mkey")?);
             }
+            tell("operations", &mut done, rows.len(), report);
         }
         // Tombstones on every shard.
+        let mut done = 0;
         for shard_name in self.shards.keys() {
             let (name, shard) = self.shard_named(shard_name)?;
             let d = shard.dialect();
@@ -446,10 +477,12 @@ impl Router {
                     }
                     self.check_tomb(report, shard_name, &t, repair).await?;
                 }
+                tell("tombstones", &mut done, rows.len(), report);
             }
         }
         // Stranded copies of aborted operations.
         let mut after = String::new();
+        let mut done = 0;
         loop {
             let rows = js
                 .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Aborted)))
@@ -464,10 +497,12 @@ impl Router {
                 let op = OpRecord::from_row(r)?;
                 self.check_stranded_copy(report, &op, repair).await?;
             }
+            tell("aborted", &mut done, rows.len(), report);
         }
         // Mappings against the journal: each key's newest finished move
         // names its shard (checked once per key, at that operation).
         let mut after = String::new();
+        let mut done = 0;
         loop {
             let rows = js
                 .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Retired)))
@@ -482,6 +517,7 @@ impl Router {
                 let op = OpRecord::from_row(r)?;
                 self.check_mapping(report, &op, repair).await?;
             }
+            tell("mappings", &mut done, rows.len(), report);
         }
         Ok(())
     }
