@@ -832,7 +832,7 @@ fn bench_peers_stays_out_of_the_main_workspace() {
     assert!(
         out.status.success(),
         "bench/peers/ours no longer resolves with its lock against the current crates; \
-         refresh it with `cargo update --workspace --manifest-path bench/peers/ours/Cargo.toml`: {}",
+         refresh it: copy Cargo.lock to bench/peers/ours/ and run `cargo tree --manifest-path bench/peers/ours/Cargo.toml`: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let apalis = std::fs::read_to_string(peers.join("apalis/Cargo.lock")).expect("apalis lock");
