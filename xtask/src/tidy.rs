@@ -743,3 +743,103 @@ fn the_time_check_recognises_what_it_forbids() {
             .any(|d| "pub const MAX_SAFE_INTEGER: u64 = 1;".contains(d.as_str()))
     );
 }
+
+/// `[[package]]` entries of a Cargo.lock as `name version`.
+fn locked_packages(lock: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut name = None;
+    for line in lock.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_owned());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = "), name.take()) {
+            out.push(format!("{n} {}", v.trim_matches('"')));
+        }
+    }
+    out
+}
+
+/// `cargo xtask bench peers` lives in `bench/peers/`: two workspaces of
+/// their own that never join the main lock or build (apalis-sqlite links
+/// another SQLite than rusqlite). Nothing of it is built here; this checks
+/// that it stays apart, that our side resolves with exactly the main lock's
+/// versions (a lock subset, so `cargo fetch` of the main lock has them),
+/// and that our side still resolves against the current crates (`cargo
+/// metadata --locked --offline`, no build).
+#[test]
+fn bench_peers_stays_out_of_the_main_workspace() {
+    let root = root();
+    let peers = root.join("bench/peers");
+    let meta = metadata();
+    let packages = meta["packages"].as_array().expect("packages");
+    let inside: Vec<&str> = packages
+        .iter()
+        .filter(|p| {
+            p["manifest_path"]
+                .as_str()
+                .is_some_and(|m| Path::new(m).starts_with(&peers))
+                || p["name"].as_str().is_some_and(|n| {
+                    n.starts_with("durability-bench-peers") || n.starts_with("apalis")
+                })
+        })
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert!(
+        inside.is_empty(),
+        "bench/peers must stay outside the main workspace and lock, found {inside:?}"
+    );
+    let main_lock = std::fs::read_to_string(root.join("Cargo.lock")).expect("Cargo.lock");
+    let main_packages = locked_packages(&main_lock);
+    for (dir, bin) in crate::PEER_BINARIES {
+        let manifest = std::fs::read_to_string(peers.join(dir).join("Cargo.toml"))
+            .expect("bench/peers/<dir>/Cargo.toml");
+        assert!(
+            manifest.lines().any(|l| l.trim() == "[workspace]"),
+            "bench/peers/{dir} is a workspace of its own"
+        );
+        assert!(
+            manifest.contains(&format!("name = \"{bin}\"")),
+            "bench/peers/{dir} builds {bin}"
+        );
+        let lock = std::fs::read_to_string(peers.join(dir).join("Cargo.lock"))
+            .expect("bench/peers/<dir>/Cargo.lock is committed");
+        assert!(
+            locked_packages(&lock).contains(&format!("{bin} 0.1.0")),
+            "bench/peers/{dir}/Cargo.lock locks {bin}"
+        );
+    }
+    let ours = peers.join("ours");
+    let ours_lock = std::fs::read_to_string(ours.join("Cargo.lock")).expect("ours lock");
+    let extra: Vec<String> = locked_packages(&ours_lock)
+        .into_iter()
+        .filter(|p| !p.starts_with("durability-bench-peers-ours ") && !main_packages.contains(p))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "bench/peers/ours/Cargo.lock must use the main lock's versions; not in it: {extra:?}"
+    );
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(ours.join("Cargo.toml"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "bench/peers/ours no longer resolves with its lock against the current crates; \
+         refresh it: copy Cargo.lock to bench/peers/ours/ and run `cargo tree --manifest-path bench/peers/ours/Cargo.toml`: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let apalis = std::fs::read_to_string(peers.join("apalis/Cargo.lock")).expect("apalis lock");
+    assert!(
+        locked_packages(&apalis)
+            .iter()
+            .any(|p| p.starts_with("apalis-sqlite 1.0.")),
+        "the apalis peer is apalis-sqlite 1.0"
+    );
+}
