@@ -1,5 +1,6 @@
 //! Fetch request and response limits, each at its boundary and one past,
 //! and control-header stripping.
+#![allow(clippy::unwrap_used)]
 
 use super::*;
 
