@@ -121,6 +121,7 @@ pub struct HostConfig<S, I> {
     pub(crate) run_dispatcher: bool,
     pub(crate) methods: crate::rpc::Methods<I>,
     pub(crate) method_names: Vec<(String, String)>,
+    pub(crate) fetchers: crate::fetch::Fetchers<I>,
     pub(crate) internal_token: Option<String>,
     pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
     pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
@@ -171,6 +172,7 @@ impl<S, I> HostConfig<S, I> {
             run_dispatcher: true,
             methods: BTreeMap::new(),
             method_names: Vec::new(),
+            fetchers: BTreeMap::new(),
             internal_token: None,
             peers: Arc::new(crate::transport::StaticPeers::default()),
             endpoint_policy: crate::transport::EndpointPolicy::default(),
@@ -290,6 +292,37 @@ impl<S, I> HostConfig<S, I> {
             .entry(class.to_owned())
             .or_default()
             .insert(method.to_owned(), wrapped);
+        self
+    }
+
+    /// Registers the fetch handler of `class` (one per class; a later one
+    /// replaces it): `handler` gets the object's handle and the validated
+    /// [`crate::fetch::FetchRequest`] (control headers stripped) and
+    /// answers a [`crate::fetch::FetchResponse`], which is checked against
+    /// the same limits. The class is checked at [`crate::Host::start`].
+    /// Errors are handled as an RPC method's are (see
+    /// [`HostConfig::method`]).
+    #[must_use]
+    pub fn fetch<T, F, Fut>(mut self, class: &str, handler: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        I: Send + Sync + 'static,
+        F: Fn(crate::Handle<T, I>, crate::fetch::FetchRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let class_name = class.to_owned();
+        let wrapped: crate::fetch::Fetcher<I> = Arc::new(move |input, request| {
+            let handler = Arc::clone(&handler);
+            let class_name = class_name.clone();
+            Box::pin(async move {
+                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
+                    format!("object class {class_name} is not of the fetch handler's type").into()
+                })?;
+                handler(handle, request).await
+            })
+        });
+        self.fetchers.insert(class.to_owned(), wrapped);
         self
     }
 

@@ -181,6 +181,22 @@ pub enum HostError {
         /// What happened.
         reason: String,
     },
+    /// A fetch request breaks a grammar rule (method, URL form, header
+    /// name or value; see [`crate::fetch`]): refused before dispatch
+    /// (`invalid_request`).
+    #[error("invalid request: {reason}")]
+    InvalidRequest {
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A fetch request breaks a size limit (URL, header count or bytes,
+    /// body; see [`crate::fetch`]): refused before dispatch
+    /// (`request_too_large`).
+    #[error("request too large: {reason}")]
+    RequestTooLarge {
+        /// Why it was rejected.
+        reason: String,
+    },
 }
 
 /// How an error crosses the wire: status, envelope code and message, and
@@ -236,6 +252,8 @@ impl HostError {
         "do_rpc_result_unknown",
         "host_remote_error",
         "host_transport_failed",
+        "host_invalid_request",
+        "host_request_too_large",
     ];
 
     /// The stable machine code of this error.
@@ -263,6 +281,8 @@ impl HostError {
             Self::RpcResultUnknown { .. } => "do_rpc_result_unknown",
             Self::Remote { .. } => "host_remote_error",
             Self::Transport { .. } => "host_transport_failed",
+            Self::InvalidRequest { .. } => "host_invalid_request",
+            Self::RequestTooLarge { .. } => "host_request_too_large",
         }
     }
 
@@ -383,6 +403,8 @@ impl HostError {
             Self::InvalidObjectName { .. } => {
                 w(400, "invalid_object_name", self.to_string(), false)
             }
+            Self::InvalidRequest { .. } => w(400, "invalid_request", self.to_string(), false),
+            Self::RequestTooLarge { .. } => w(413, "request_too_large", self.to_string(), false),
             Self::Draining => refused("draining"),
             Self::StaleFence { .. } => refused("stale_owner"),
             Self::NotOwner { .. } => refused("owner_race"),

@@ -486,6 +486,16 @@ where
             }
             validate_method(method).map_err(|e| HostError::setting("methods", e.to_string()))?;
         }
+        if let Some(class) = config
+            .fetchers
+            .keys()
+            .find(|c| !config.classes.contains_key(*c))
+        {
+            return Err(HostError::setting(
+                "fetch",
+                format!("a fetch handler names class {class}, which is not configured"),
+            ));
+        }
         if config.classes.is_empty() {
             return Err(HostError::setting("classes", "at least one object class"));
         }
@@ -610,6 +620,7 @@ where
             tasks: Mutex::new(Vec::new()),
             routing: RoutingState {
                 methods: config.methods,
+                fetchers: config.fetchers,
                 token,
                 peers: config.peers,
                 policy: config.endpoint_policy,
@@ -1186,16 +1197,16 @@ where
     /// Runs a registered method's body under dispatch (see
     /// [`Self::dispatch_with`]); returns its value and the generation it
     /// ran under.
-    pub(crate) async fn dispatch_expect<F, Fut>(
+    pub(crate) async fn dispatch_expect<R, F, Fut>(
         &self,
         class: &str,
         name: &str,
         expect: Option<u64>,
         body: F,
-    ) -> Result<(serde_json::Value, u64), HostError>
+    ) -> Result<(R, u64), HostError>
     where
         F: FnOnce(MethodInput<I>) -> Fut,
-        Fut: Future<Output = Result<serde_json::Value, HostError>>,
+        Fut: Future<Output = Result<R, HostError>>,
     {
         self.dispatch_with(class, name, expect, |open, generation| async move {
             let input = MethodInput {

@@ -162,6 +162,7 @@
 mod client;
 mod config;
 mod error;
+pub mod fetch;
 mod host;
 mod metrics;
 mod routing;

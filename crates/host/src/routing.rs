@@ -29,6 +29,8 @@
 //!   record it writes; after a restart on another endpoint it gives its old
 //!   record back and claims again, so the record never names a stale port.
 
+mod fetch;
+
 use std::sync::Arc;
 
 use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
@@ -128,6 +130,7 @@ fn bump(figure: &Figure) {
 /// What a host routes with.
 pub(crate) struct RoutingState<I> {
     pub(crate) methods: Methods<I>,
+    pub(crate) fetchers: crate::fetch::Fetchers<I>,
     pub(crate) token: Option<InternalToken>,
     pub(crate) peers: Arc<dyn PeerDirectory>,
     pub(crate) policy: EndpointPolicy,
@@ -385,21 +388,7 @@ where
         let reply = routing.transport.invoke(&endpoint, token, &fenced).await;
         match reply {
             Reply::Ok { result, owner } => {
-                if let Some(owner) = owner
-                    && owner.task == task.as_str()
-                    && owner.generation == generation.get()
-                    && owner.key == scope.host_id()
-                    && let Ok(g) = Generation::new(owner.generation)
-                {
-                    routing.hints.insert(
-                        scope,
-                        OwnerHint {
-                            task: task.clone(),
-                            generation: g,
-                            endpoint: advertised.cloned(),
-                        },
-                    );
-                }
+                self.learn_hint(scope, task, generation, advertised, owner.as_ref());
                 Attempt::Done(Ok(result))
             }
             Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
@@ -452,6 +441,33 @@ where
                 );
                 Attempt::Done(Err(HostError::RpcResultUnknown { reason }))
             }
+        }
+    }
+
+    /// Caches the owner hint a success taught: only when the owner's
+    /// trusted headers name the task, generation and scope it was sent to.
+    fn learn_hint(
+        &self,
+        scope: &OwnerScope,
+        task: &TaskId,
+        generation: Generation,
+        advertised: Option<&OwnerEndpoint>,
+        owner: Option<&OwnerHeaders>,
+    ) {
+        if let Some(owner) = owner
+            && owner.task == task.as_str()
+            && owner.generation == generation.get()
+            && owner.key == scope.host_id()
+            && let Ok(g) = Generation::new(owner.generation)
+        {
+            self.routing().hints.insert(
+                scope,
+                OwnerHint {
+                    task: task.clone(),
+                    generation: g,
+                    endpoint: advertised.cloned(),
+                },
+            );
         }
     }
 

@@ -25,16 +25,21 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+mod fetch;
+
 use super::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, Endpoint, HEALTH_PATH, INVOKE_PATH, InternalToken,
-    InvokeRequest, MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, Reply, RouteFence,
-    TRUSTED_OWNERSHIP_CODES, Transport, envelope, parse_envelope, parse_success,
+    ALARM_PATH, AUTH_HEADER, AlarmRequest, Endpoint, FETCH_PATH, FetchInvoke, HEALTH_PATH,
+    INVOKE_PATH, InternalToken, InvokeRequest, MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES,
+    METRICS_PATH, OWNER_ENDPOINT_HEADER, OWNER_GENERATION_HEADER, OWNER_KEY_HEADER,
+    OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER, OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER,
+    ROUTE_TASK_HEADER, Reply, RouteFence, TRUSTED_OWNERSHIP_CODES, Transport, envelope,
+    parse_envelope, parse_success,
 };
 use crate::error::HostError;
 use crate::host::Host;
 use crate::rpc::RpcArgs;
+
+const JSON: &str = "application/json";
 
 /// The default time an invoke may take, from sending to the last byte of
 /// the response (an expired invoke's outcome is unknown).
@@ -84,7 +89,8 @@ impl HttpTransport {
             INVOKE_PATH,
             token,
             request.fence.as_ref(),
-            invoke_body(request),
+            JSON,
+            Bytes::from(invoke_body(request)),
         ) {
             Ok(r) => r,
             Err(e) => {
@@ -93,6 +99,19 @@ impl HttpTransport {
                 };
             }
         };
+        self.round_trip(http_request, MAX_RESPONSE_BYTES, invoke_success)
+            .await
+    }
+
+    /// Sends `http_request`, reads the response body under `cap` within
+    /// the timeout, and classifies the answer ([`classify_with`]): the one
+    /// path every invoke and fetch takes.
+    async fn round_trip<T>(
+        &self,
+        http_request: http::Request<Full<Bytes>>,
+        cap: usize,
+        success: impl FnOnce(Bytes) -> Result<T, String>,
+    ) -> Reply<T> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
@@ -102,32 +121,33 @@ impl HttpTransport {
         let (parts, body) = response.into_parts();
         let read = tokio::time::timeout_at(
             deadline,
-            read_capped(body, MAX_RESPONSE_BYTES, content_length(&parts.headers)),
+            read_capped(body, cap, content_length(&parts.headers)),
         )
         .await
         .unwrap_or_else(|_| Err("the response body timed out".to_owned()));
-        classify(parts.status.as_u16(), &parts.headers, read)
+        classify_with(parts.status.as_u16(), &parts.headers, read, success)
     }
 }
 
-/// A JSON `POST` of `body` to an internal `path` of `endpoint`, with the
-/// token and, when given, the route fence.
+/// A `POST` of `body` (of `content_type`) to an internal `path` of
+/// `endpoint`, with the token and, when given, the route fence.
 fn internal_post(
     endpoint: &Endpoint,
     path: &str,
     token: &InternalToken,
     fence: Option<&RouteFence>,
-    body: String,
+    content_type: &'static str,
+    body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, http::Error> {
     let mut builder = http::Request::post(format!("{}{path}", endpoint.url()))
-        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_TYPE, content_type)
         .header(AUTH_HEADER, token.as_str());
     if let Some(fence) = fence {
         builder = builder
             .header(ROUTE_TASK_HEADER, fence.task.as_str())
             .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
     }
-    builder.body(Full::new(Bytes::from(body)))
+    builder.body(Full::new(body))
 }
 
 /// How a request failed before its response head arrived.
@@ -168,6 +188,15 @@ impl Transport for HttpTransport {
         Box::pin(self.send(endpoint, token, request))
     }
 
+    fn fetch<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a FetchInvoke,
+    ) -> BoxFuture<'a, Reply<crate::fetch::FetchResponse>> {
+        Box::pin(self.send_fetch(endpoint, token, request))
+    }
+
     fn deliver_alarm<'a>(
         &'a self,
         endpoint: &'a Endpoint,
@@ -196,15 +225,21 @@ impl HttpTransport {
             "finalAttempt": d.final_attempt,
         })
         .to_string();
-        let http_request =
-            match internal_post(endpoint, ALARM_PATH, token, Some(&request.fence), body) {
-                Ok(r) => r,
-                Err(e) => {
-                    return DispatchOutcome::NeverStarted {
-                        reason: format!("building the request failed: {e}"),
-                    };
-                }
-            };
+        let http_request = match internal_post(
+            endpoint,
+            ALARM_PATH,
+            token,
+            Some(&request.fence),
+            JSON,
+            Bytes::from(body),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                return DispatchOutcome::NeverStarted {
+                    reason: format!("building the request failed: {e}"),
+                };
+            }
+        };
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
@@ -279,32 +314,51 @@ where
     Ok(buf.freeze())
 }
 
-/// The reply a caller makes of a response (see [`Reply`]).
+fn parse_json(body: &[u8]) -> Result<Value, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+    serde_json::from_str::<Value>(text).map_err(|e| format!("the body is not JSON: {e}"))
+}
+
+/// The reply a caller makes of an invoke's response (see [`Reply`]).
+#[cfg(test)]
 pub(crate) fn classify(status: u16, headers: &HeaderMap, body: Result<Bytes, String>) -> Reply {
+    classify_with(status, headers, body, invoke_success)
+}
+
+/// Reads an invoke's success body: `{ "ok": true, "result": … }`.
+fn invoke_success(body: Bytes) -> Result<Value, String> {
+    parse_success(parse_json(&body)?)
+        .ok_or_else(|| "the success envelope is not { ok: true, result }".to_owned())
+}
+
+/// The reply a caller makes of a response: a `200` without the ownership
+/// marker is read by `success` (its failure, and any other 2xx, is
+/// [`Reply::ResultUnknown`]); every other status is classified as an
+/// error envelope, the same for invokes and fetches.
+pub(crate) fn classify_with<T>(
+    status: u16,
+    headers: &HeaderMap,
+    body: Result<Bytes, String>,
+    success: impl FnOnce(Bytes) -> Result<T, String>,
+) -> Reply<T> {
     let marker = headers
         .get(OWNERSHIP_ERROR_HEADER)
         .map(|v| v.to_str().unwrap_or("").to_owned());
-    let parsed = body.and_then(|b| {
-        let text = std::str::from_utf8(&b).map_err(|e| format!("the body is not UTF-8: {e}"))?;
-        serde_json::from_str::<Value>(text).map_err(|e| format!("the body is not JSON: {e}"))
-    });
     if (200..300).contains(&status) {
         if status != 200 || marker.is_some() {
             return Reply::ResultUnknown {
                 reason: format!("unexpected success status {status}"),
             };
         }
-        return match parsed.map(parse_success) {
-            Ok(Some(result)) => Reply::Ok {
+        return match body.and_then(success) {
+            Ok(result) => Reply::Ok {
                 result,
                 owner: owner_headers(headers),
-            },
-            Ok(None) => Reply::ResultUnknown {
-                reason: "the success envelope is not { ok: true, result }".to_owned(),
             },
             Err(reason) => Reply::ResultUnknown { reason },
         };
     }
+    let parsed = body.and_then(|b| parse_json(&b));
     let envelope = match parsed {
         Ok(v) => parse_envelope(&v),
         Err(reason) => {
@@ -383,6 +437,7 @@ where
     let app = Router::new()
         .route(INVOKE_PATH, post(invoke::<S, I>))
         .route(ALARM_PATH, post(alarm::<S, I>))
+        .route(FETCH_PATH, post(fetch::fetch_endpoint::<S, I>))
         .route(PROBE_PATH, get(probe::<S, I>))
         .route(HEALTH_PATH, get(|| async { "ok" }))
         .route(METRICS_PATH, get(metrics::<S, I>))
@@ -512,24 +567,28 @@ where
         Ok((value, owner)) => {
             let mut response =
                 axum::Json(serde_json::json!({ "ok": true, "result": value })).into_response();
-            let h = response.headers_mut();
-            let mut put = |name: &'static str, value: &str| {
-                if let Ok(v) = HeaderValue::from_str(value) {
-                    h.insert(name, v);
-                }
-            };
-            put(OWNER_TASK_HEADER, &owner.task);
-            put(OWNER_GENERATION_HEADER, &owner.generation.to_string());
-            put(OWNER_KEY_HEADER, &owner.key);
-            if let Some(e) = &owner.endpoint {
-                put(OWNER_ENDPOINT_HEADER, e);
-            }
+            put_owner_headers(response.headers_mut(), &owner);
             response
         }
         Err(e) => {
             let wire = e.wire();
             error_response(wire.status, &wire.code, &wire.message, wire.marked)
         }
+    }
+}
+
+/// Sets the owner's trusted headers on a success response.
+fn put_owner_headers(h: &mut HeaderMap, owner: &OwnerHeaders) {
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    };
+    put(OWNER_TASK_HEADER, &owner.task);
+    put(OWNER_GENERATION_HEADER, &owner.generation.to_string());
+    put(OWNER_KEY_HEADER, &owner.key);
+    if let Some(e) = &owner.endpoint {
+        put(OWNER_ENDPOINT_HEADER, e);
     }
 }
 

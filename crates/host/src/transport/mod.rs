@@ -22,6 +22,16 @@
 //!   generation and answers `200` with one of the dispatch response
 //!   variants of `durability_alarms` (`encode_dispatch_outcome`), read
 //!   back under their 16 KiB cap and 5 s body deadline.
+//! - `POST /internal/do/fetch`: a tenant fetch ([`crate::fetch`]) with the
+//!   token and, on a forwarded or cached-direct fetch, the route fence.
+//!   The body is one line of JSON metadata, `{ class, name, method, url,
+//!   headers: [[name, value], …] }`, a newline, then the tenant's body
+//!   bytes (at most [`MAX_FETCH_WIRE_BYTES`] in all). The owner answers
+//!   `200` with its trusted headers and a body framed the same way: `{
+//!   status, headers }`, a newline, the tenant's response body. The
+//!   tenant's own status (a 503 included) is inside that frame, so it is
+//!   never taken for a transport status. Refusals are error envelopes, as
+//!   for invokes.
 //! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
 //!   `GET /internal/do/probe` needs the token.
 
@@ -40,6 +50,8 @@ use crate::rpc::RpcArgs;
 
 /// The invoke path.
 pub const INVOKE_PATH: &str = "/internal/do/invoke";
+/// The tenant fetch path.
+pub const FETCH_PATH: &str = "/internal/do/fetch";
 /// The alarm delivery path.
 pub const ALARM_PATH: &str = "/internal/do/alarm";
 /// The probe path (authenticated).
@@ -74,6 +86,15 @@ pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
 pub const MAX_INVOKE_BODY_BYTES: usize = crate::rpc::MAX_ARGS_BYTES + 8 * 1024;
 /// The largest response body a caller reads.
 pub const MAX_RESPONSE_BYTES: usize = crate::rpc::MAX_ARGS_BYTES;
+
+/// The most metadata a fetch frame carries: the header and URL budgets,
+/// each byte possibly escaped in JSON (`\"`, `\\`), plus room for the
+/// class, the name, the method and the punctuation.
+pub const MAX_FETCH_META_BYTES: usize =
+    2 * (crate::fetch::MAX_HEADER_BYTES + crate::fetch::MAX_URL_BYTES) + 16 * 1024;
+/// The largest fetch frame (request or response) a host reads: the body
+/// cap plus the metadata cap.
+pub const MAX_FETCH_WIRE_BYTES: usize = crate::fetch::MAX_BODY_BYTES + MAX_FETCH_META_BYTES;
 
 /// Trusted ownership errors that keep their code across hosts (each a
 /// `503` with the marker); any other marked code or status becomes
@@ -116,6 +137,19 @@ pub struct InvokeRequest {
     pub fence: Option<RouteFence>,
 }
 
+/// One tenant fetch sent to another host.
+#[derive(Debug, Clone)]
+pub struct FetchInvoke {
+    /// The object's class.
+    pub class: String,
+    /// The object's name.
+    pub name: String,
+    /// The validated request (control headers stripped).
+    pub request: crate::fetch::FetchRequest,
+    /// The route fence (forwarded and cached-direct fetches).
+    pub fence: Option<RouteFence>,
+}
+
 /// One alarm delivery sent to the owner of its object.
 #[derive(Debug, Clone)]
 pub struct AlarmRequest {
@@ -139,13 +173,15 @@ pub struct OwnerHeaders {
     pub endpoint: Option<String>,
 }
 
-/// How a caller classifies what came back from an invoke.
+/// How a caller classifies what came back from an invoke (`T` is the
+/// result: JSON for an invoke, a [`crate::fetch::FetchResponse`] for a
+/// fetch).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
+pub enum Reply<T = Value> {
     /// A valid success envelope.
     Ok {
         /// The method's result.
-        result: Value,
+        result: T,
         /// The owner's headers, when complete and well-formed.
         owner: Option<OwnerHeaders>,
     },
@@ -236,6 +272,23 @@ pub trait Transport: Send + Sync + 'static {
         token: &'a InternalToken,
         request: &'a InvokeRequest,
     ) -> BoxFuture<'a, Reply>;
+
+    /// Sends a tenant fetch to `endpoint` with `token` and classifies the
+    /// answer, like [`Transport::invoke`]. The default carries none: the
+    /// fetch is [`Reply::NotSent`] (nothing ran).
+    fn fetch<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a FetchInvoke,
+    ) -> BoxFuture<'a, Reply<crate::fetch::FetchResponse>> {
+        let _ = (endpoint, token, request);
+        Box::pin(async {
+            Reply::NotSent {
+                reason: "this transport does not carry fetches".to_owned(),
+            }
+        })
+    }
 
     /// Sends an alarm delivery to `endpoint` and reports the outcome the
     /// owner answered. Never fails: a request that provably never reached

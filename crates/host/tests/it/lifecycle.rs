@@ -97,6 +97,8 @@ fn error_codes_are_unique_and_stable() {
             "do_rpc_result_unknown",
             "host_remote_error",
             "host_transport_failed",
+            "host_invalid_request",
+            "host_request_too_large",
         ]
     );
     assert_eq!(HostError::Draining.code(), "host_draining");
