@@ -654,7 +654,7 @@ async fn bad_input_is_one_line_and_changes_nothing() {
 #[tokio::test]
 async fn a_postgres_shard_set_rebalances_and_lists_its_journal() {
     use durability_storage_postgres::testkit::{TestSchema, url};
-    use durability_storage_postgres::{PostgresMappingStore, PostgresShard};
+    use durability_storage_postgres::PostgresMappingStore;
     let (Some(a), Some(b)) = (TestSchema::create().await, TestSchema::create().await) else {
         return; // no server, and services are not required
     };
