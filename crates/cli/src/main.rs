@@ -669,7 +669,8 @@ fn migrations_command(
 ) -> Result<(), CliError> {
     use MigrationsCommand as C;
     use durability_migration::{
-        MigrationError, MoveOptions, RebalanceOptions, Retire, StatusOptions, VerifyOptions,
+        MigrationError, MoveOptions, MoveState, RebalanceOptions, Retire, StatusOptions,
+        VerifyOptions,
     };
     let (C::Status { config, .. }
     | C::Recover { config, .. }
@@ -678,9 +679,12 @@ fn migrations_command(
     | C::Rebalance { config, .. }
     | C::Abort { config, .. }) = command;
     let file = &config.file;
-    let clock: Arc<dyn Clock> = match now_ms {
-        Some(ms) => Arc::new(migrations::ShiftedClock::starting_at(ms)),
-        None => Arc::new(SystemClock),
+    // `status` reads as of exactly `--now-ms`; a changing command's clock
+    // starts there and runs on (leases and liveness need time to pass).
+    let clock: Arc<dyn Clock> = match (now_ms, command) {
+        (Some(ms), C::Status { .. }) => Arc::new(durability_migration::ManualClock::new(ms)),
+        (Some(ms), _) => Arc::new(migrations::ShiftedClock::starting_at(ms)),
+        (None, _) => Arc::new(SystemClock),
     };
     let failed = |source| CliError::Migration {
         file: file.clone(),
@@ -714,6 +718,7 @@ fn migrations_command(
                         state: *state,
                         active_only: *active,
                         key: key.clone(),
+                        op_id: None,
                         limit: *limit,
                     })
                     .await
@@ -846,7 +851,30 @@ fn migrations_command(
                 }
             }
             C::Abort { op_id, confirm, .. } => {
-                preflight().await?;
+                // Refuse an unknown or finished operation before asking
+                // (the abort itself takes the recovery lease first).
+                let found = router
+                    .migration_status(&StatusOptions {
+                        op_id: Some(op_id.clone()),
+                        ..StatusOptions::default()
+                    })
+                    .await
+                    .map_err(failed)?;
+                match found.operations.first().map(|op| op.state) {
+                    None => return Err(failed(MigrationError::OperationNotFound(op_id.clone()))),
+                    Some(
+                        s @ (MoveState::CutoverPending
+                        | MoveState::Committed
+                        | MoveState::Published
+                        | MoveState::Retired),
+                    ) => {
+                        return Err(failed(MigrationError::NotAbortable {
+                            op_id: op_id.clone(),
+                            state: s.as_str().to_owned(),
+                        }));
+                    }
+                    Some(_) => {}
+                }
                 ask(confirm.yes, file, &format!("abort operation {op_id}?"))?;
                 let report = router.abort_operation(op_id).await.map_err(failed)?;
                 if json {

@@ -28,6 +28,8 @@ pub struct StatusOptions {
     pub active_only: bool,
     /// Only operations of this key.
     pub key: Option<String>,
+    /// Only this operation (with the other filters applied to it).
+    pub op_id: Option<String>,
     /// List at most this many (clamped to 1..=[`MAX_STATUS_OPERATIONS`]).
     pub limit: usize,
 }
@@ -38,6 +40,7 @@ impl Default for StatusOptions {
             state: None,
             active_only: false,
             key: None,
+            op_id: None,
             limit: DEFAULT_STATUS_LIMIT,
         }
     }
@@ -158,7 +161,15 @@ impl Router {
                 && (!opts.active_only || !op.state.is_terminal())
         };
         let mut operations = Vec::new();
-        if let Some(key) = &opts.key {
+        if let Some(op_id) = &opts.op_id {
+            for r in js.query(&q.load_op(op_id)).await.map_err(shard_err)? {
+                let op = OpRecord::from_row(&r)?;
+                let key_ok = opts.key.as_ref().is_none_or(|k| *k == op.key);
+                if op.scope == self.scope && key_ok && keep(&op) {
+                    operations.push(op);
+                }
+            }
+        } else if let Some(key) = &opts.key {
             for r in js.query(&q.ops_for_key(key)).await.map_err(shard_err)? {
                 let op = OpRecord::from_row(&r)?;
                 if keep(&op) {

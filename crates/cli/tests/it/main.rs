@@ -7,6 +7,7 @@
 
 mod alarms;
 mod leases;
+mod migrations;
 mod object;
 mod outbox;
 mod support;

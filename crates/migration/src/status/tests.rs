@@ -200,6 +200,30 @@ async fn status_filters_by_state_and_key_and_refuses_a_bad_key_before_reading() 
         .any(|s| s.sql.contains("mkey = ") && s.params.contains(&Value::from("k")));
     assert!(by_state, "the key's operations were read by key");
 
+    let one = r
+        .migration_status(&StatusOptions {
+            op_id: Some("op-2".into()),
+            state: Some(MoveState::Retired),
+            ..StatusOptions::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = one.operations.iter().map(|o| o.op_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["op-2"],
+        "the state filter applies to what the id read"
+    );
+    assert!(
+        journal
+            .ran
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.sql.contains("WHERE op_id = ") && s.params == [Value::from("op-2")]),
+        "the operation was read by id"
+    );
+
     journal.ran.lock().unwrap().clear();
     let err = r
         .migration_status(&StatusOptions {
