@@ -683,7 +683,7 @@ fn migrations_command(
     // starts there and runs on (leases and liveness need time to pass).
     let clock: Arc<dyn Clock> = match (now_ms, command) {
         (Some(ms), C::Status { .. }) => Arc::new(durability_migration::ManualClock::new(ms)),
-        (Some(ms), _) => Arc::new(migrations::ShiftedClock::starting_at(ms)),
+        (Some(ms), _) => Arc::new(durability_time::ShiftedClock::starting_at(ms)),
         (None, _) => Arc::new(SystemClock),
     };
     let failed = |source| CliError::Migration {

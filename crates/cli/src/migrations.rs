@@ -237,27 +237,3 @@ pub(crate) async fn open(file: &Path, clock: Arc<dyn Clock>) -> Result<Router, C
         source: Box::new(source),
     })
 }
-
-/// The system clock shifted so that it reads `start` now (`--now-ms`):
-/// reports are as of that time and time still passes during a run.
-pub(crate) struct ShiftedClock {
-    offset: i64,
-}
-
-impl ShiftedClock {
-    pub(crate) fn starting_at(start: i64) -> Self {
-        Self {
-            offset: start.saturating_sub(SystemClock.now_ms()),
-        }
-    }
-}
-
-impl Clock for ShiftedClock {
-    fn now_ms(&self) -> i64 {
-        SystemClock.now_ms().saturating_add(self.offset)
-    }
-
-    fn sleep_until(&self, at_ms: i64) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
-        SystemClock.sleep_until(at_ms.saturating_sub(self.offset))
-    }
-}

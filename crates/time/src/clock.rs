@@ -190,3 +190,30 @@ impl Clock for ManualClock {
         })
     }
 }
+
+/// The system clock shifted so that it read a chosen time when it was made:
+/// time still passes at the system clock's rate (operator tools that report
+/// "as of" a given time while a run goes on).
+#[derive(Debug, Clone, Copy)]
+pub struct ShiftedClock {
+    offset: i64,
+}
+
+impl ShiftedClock {
+    /// A clock reading `start_ms` now.
+    pub fn starting_at(start_ms: i64) -> Self {
+        Self {
+            offset: start_ms.saturating_sub(SystemClock.now_ms()),
+        }
+    }
+}
+
+impl Clock for ShiftedClock {
+    fn now_ms(&self) -> i64 {
+        SystemClock.now_ms().saturating_add(self.offset)
+    }
+
+    fn sleep_until(&self, at_ms: i64) -> BoxFuture<'static, ()> {
+        SystemClock.sleep_until(at_ms.saturating_sub(self.offset))
+    }
+}

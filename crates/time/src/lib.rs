@@ -39,7 +39,7 @@ mod deadline;
 mod random;
 
 pub use backoff::{Backoff, Jitter};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
 pub use deadline::{Elapsed, timeout_at};
 pub use random::Random;
 

@@ -653,8 +653,8 @@ async fn bad_input_is_one_line_and_changes_nothing() {
 /// through the CLI.
 #[tokio::test]
 async fn a_postgres_shard_set_rebalances_and_lists_its_journal() {
-    use durability_storage_postgres::testkit::{TestSchema, url};
     use durability_storage_postgres::PostgresMappingStore;
+    use durability_storage_postgres::testkit::{TestSchema, url};
     let (Some(a), Some(b)) = (TestSchema::create().await, TestSchema::create().await) else {
         return; // no server, and services are not required
     };
