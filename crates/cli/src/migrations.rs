@@ -29,13 +29,11 @@
 //! them): the CLI never creates them.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use durability_migration::{
-    Clock, MappingStore, MigrationConfig, Placement, Router, Shard, ShardMappingStore, SystemClock,
+    Clock, MappingStore, MigrationConfig, Placement, Router, Shard, ShardMappingStore,
 };
 use durability_storage_mysql::MysqlShard;
 use durability_storage_postgres::PostgresShard;
