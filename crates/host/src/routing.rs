@@ -368,23 +368,12 @@ where
         advertised: Option<&OwnerEndpoint>,
     ) -> Attempt {
         let routing = self.routing();
-        let Some(token) = routing.token.as_ref() else {
-            return Attempt::Done(Err(HostError::OwnerUnreachable {
-                reason: "no internal token configured: calls between hosts are off".to_owned(),
-            }));
-        };
-        let endpoint = match self.owner_endpoint(task, advertised) {
-            Ok(e) => e,
-            Err(reason) => {
-                self.evict(scope);
-                return Attempt::Done(Err(HostError::OwnerUnreachable { reason }));
-            }
+        let (token, endpoint, fence) = match self.send_target(scope, task, generation, advertised) {
+            Ok(t) => t,
+            Err(e) => return Attempt::Done(Err(e)),
         };
         let mut fenced = request.clone();
-        fenced.fence = Some(RouteFence {
-            task: task.as_str().to_owned(),
-            generation: generation.get(),
-        });
+        fenced.fence = Some(fence);
         let reply = routing.transport.invoke(&endpoint, token, &fenced).await;
         match reply {
             Reply::Ok { result, owner } => {
@@ -474,6 +463,33 @@ where
     /// The endpoint of `task`: the one its owner record advertises, else
     /// the peer directory's; checked against the endpoint policy (before
     /// any token is attached).
+    /// The token, the owner's endpoint and the route fence of a send to
+    /// `task` at `generation` (calls and fetches alike). No token, or an
+    /// endpoint this host's policy refuses (the hint is evicted), is
+    /// [`HostError::OwnerUnreachable`]: nothing was sent.
+    pub(crate) fn send_target(
+        &self,
+        scope: &OwnerScope,
+        task: &TaskId,
+        generation: Generation,
+        advertised: Option<&OwnerEndpoint>,
+    ) -> Result<(&InternalToken, Endpoint, RouteFence), HostError> {
+        let Some(token) = self.routing().token.as_ref() else {
+            return Err(HostError::OwnerUnreachable {
+                reason: "no internal token configured: calls between hosts are off".to_owned(),
+            });
+        };
+        let endpoint = self.owner_endpoint(task, advertised).map_err(|reason| {
+            self.evict(scope);
+            HostError::OwnerUnreachable { reason }
+        })?;
+        let fence = RouteFence {
+            task: task.as_str().to_owned(),
+            generation: generation.get(),
+        };
+        Ok((token, endpoint, fence))
+    }
+
     fn owner_endpoint(
         &self,
         task: &TaskId,

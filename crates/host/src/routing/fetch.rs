@@ -24,7 +24,7 @@ use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::rpc::MethodInput;
-use crate::transport::{FetchInvoke, OwnerHeaders, REDISCOVERY_CODES, Reply, RouteFence};
+use crate::transport::{FetchInvoke, OwnerHeaders, REDISCOVERY_CODES, Reply};
 
 /// How one fetch attempt ended.
 enum Attempt {
@@ -177,23 +177,12 @@ where
         advertised: Option<&OwnerEndpoint>,
     ) -> Attempt {
         let routing = self.routing();
-        let Some(token) = routing.token.as_ref() else {
-            return Attempt::Done(Err(HostError::OwnerUnreachable {
-                reason: "no internal token configured: calls between hosts are off".to_owned(),
-            }));
-        };
-        let endpoint = match self.owner_endpoint(task, advertised) {
-            Ok(e) => e,
-            Err(reason) => {
-                self.evict(scope);
-                return Attempt::Done(Err(HostError::OwnerUnreachable { reason }));
-            }
+        let (token, endpoint, fence) = match self.send_target(scope, task, generation, advertised) {
+            Ok(t) => t,
+            Err(e) => return Attempt::Done(Err(e)),
         };
         let mut fenced = invoke.clone();
-        fenced.fence = Some(RouteFence {
-            task: task.as_str().to_owned(),
-            generation: generation.get(),
-        });
+        fenced.fence = Some(fence);
         let untrusted = |e: HostError, what: &str| {
             self.evict(scope);
             tracing::warn!(
