@@ -617,3 +617,84 @@ async fn a_move_finished_during_a_clean_pass_is_not_verified_by_it() {
         );
     }
 }
+
+/// A router caches the columns of a table it has used: a column added
+/// afterwards is accepted by routed writes (the cache is re-read on a
+/// miss instead of refusing with `UNKNOWN_COLUMN`), and a move copies it.
+#[tokio::test]
+async fn a_column_added_after_first_use_is_written_and_moved() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        assert_eq!(
+            r.get("u1", "users").await.unwrap().unwrap().get("note"),
+            None
+        );
+        for s in ["s0", "s1"] {
+            e.shard(s)
+                .execute(&Statement::new("ALTER TABLE users ADD COLUMN note TEXT"))
+                .await
+                .unwrap();
+        }
+        let note = |v: &str| row([("note", Value::from(v))]);
+        assert_eq!(
+            r.update("u1", "users", note("first")).await.unwrap(),
+            1,
+            "{kinds:?}"
+        );
+        e.mapping.put("u2", "s1").await.unwrap();
+        let mut with_note = user("bo", 2);
+        with_note.insert("note".into(), Value::from("second"));
+        assert_eq!(
+            r.insert("u2", "users", with_note).await.unwrap(),
+            1,
+            "{kinds:?}"
+        );
+        // A column the table does not have is still a definite refusal.
+        let err = r
+            .update("u1", "users", row([("nope", Value::from(1))]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "UNKNOWN_COLUMN", "{kinds:?}: {err}");
+        r.reassign_shard("u1", "s1", "users").await.unwrap();
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}");
+        assert_eq!(live[0].0, "s1", "{kinds:?}");
+        assert_eq!(
+            live[0].1.get("note"),
+            Some(&Value::from("first")),
+            "{kinds:?}"
+        );
+        clean_verify(&r).await;
+    }
+}
+
+/// A move validates both tables afresh: a key column made coarser than
+/// bytes after the router first used it (here MariaDB's
+/// `utf8mb4_general_ci`) refuses the move with `KEY_COLUMN_NOT_BYTEWISE`
+/// before any write; the row stays where it was.
+#[tokio::test]
+async fn a_move_sees_a_key_collation_changed_after_first_use() {
+    let Some(e) = env(&[MySql, MySql]).await else {
+        return;
+    };
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    e.mapping.put("u2", "s1").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    r.insert("u2", "users", user("bo", 2)).await.unwrap();
+    e.shard("s1")
+        .execute(&Statement::new(
+            "ALTER TABLE users MODIFY id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci",
+        ))
+        .await
+        .unwrap();
+    let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{err}");
+    assert!(err.to_string().contains("id"), "{err}");
+    let live = e.live("users", "id", "u1").await;
+    assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
+    assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
+}

@@ -1024,8 +1024,8 @@ impl Router {
         }
         self.check_movable(&source)?;
         for spec in &specs {
-            self.columns(&source, spec).await?;
-            self.columns(target, spec).await?;
+            self.columns_fresh(&source, spec).await?;
+            self.columns_fresh(target, spec).await?;
         }
         // A key has one active operation: a move while another holds the
         // claim gets the conflict code (or resumes this router's own).

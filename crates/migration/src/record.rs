@@ -52,8 +52,8 @@ impl Router {
                 shard: sname.to_owned(),
             });
         }
-        self.columns(sname, &spec).await?;
-        self.columns(tname, &spec).await?;
+        self.columns_fresh(sname, &spec).await?;
+        self.columns_fresh(tname, &spec).await?;
         let sd = src.dialect();
         let td = dst.dialect();
         let row = src

@@ -290,7 +290,10 @@ impl Router {
         }
     }
 
-    /// The columns of a table on a shard (cached); checks the key column.
+    /// The columns of a table on a shard, validated once (the key column
+    /// exists and compares bytes) and then cached until
+    /// [`forget_columns`](Self::forget_columns): a row check that misses
+    /// re-reads them, and a move reads them fresh.
     pub(crate) async fn columns(
         &self,
         shard_name: &str,
@@ -409,17 +412,45 @@ impl Router {
         Ok(())
     }
 
-    fn check_row_columns(spec: &TableSpec, cols: &BTreeSet<String>, row: &Row) -> Result<()> {
+    /// Drops the cached columns of `spec` on `shard_name`: the next use
+    /// reads and validates them again.
+    pub(crate) fn forget_columns(&self, shard_name: &str, spec: &TableSpec) {
+        if let Ok(mut m) = self.columns.lock() {
+            m.remove(&(shard_name.to_owned(), spec.name.as_str().to_owned()));
+        }
+    }
+
+    /// The columns of `spec` on `shard_name` read and validated now (a
+    /// move's view of both tables, so a column or collation changed since
+    /// first use is seen).
+    pub(crate) async fn columns_fresh(
+        &self,
+        shard_name: &str,
+        spec: &TableSpec,
+    ) -> Result<Arc<BTreeSet<String>>> {
+        self.forget_columns(shard_name, spec);
+        self.columns(shard_name, spec).await
+    }
+
+    /// Refuses a row naming a column `spec`'s table on `shard_name` does
+    /// not have (`UNKNOWN_COLUMN`). A column missing from the cached set is
+    /// looked up once more on the shard before the refusal: a column added
+    /// since this router first used the table is written, not refused.
+    async fn check_row(&self, shard_name: &str, spec: &TableSpec, row: &Row) -> Result<()> {
         for c in row.keys() {
             Ident::new(c)?;
-            if !cols.contains(c) {
-                return Err(MigrationError::UnknownColumn {
-                    table: spec.name.as_str().to_owned(),
-                    column: c.clone(),
-                });
-            }
         }
-        Ok(())
+        let mut cols = self.columns(shard_name, spec).await?;
+        if row.keys().any(|c| !cols.contains(c)) {
+            cols = self.columns_fresh(shard_name, spec).await?;
+        }
+        match row.keys().find(|c| !cols.contains(*c)) {
+            Some(c) => Err(MigrationError::UnknownColumn {
+                table: spec.name.as_str().to_owned(),
+                column: c.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     // ---- mapping and cache ----
@@ -886,14 +917,12 @@ impl Router {
                         .placement(key)
                         .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?,
                 };
-                let cols = self.columns(&candidate, &spec).await?;
-                Self::check_row_columns(&spec, &cols, r)?;
+                self.check_row(&candidate, &spec, r).await?;
                 self.route_or_allocate(key).await?
             }
             WriteKind::Update(r) => match self.route_healed(key).await? {
                 Some(s) => {
-                    let cols = self.columns(&s, &spec).await?;
-                    Self::check_row_columns(&spec, &cols, r)?;
+                    self.check_row(&s, &spec, r).await?;
                     s
                 }
                 None => {
@@ -957,7 +986,14 @@ impl Router {
         let mut retried = false;
         let mut reloaded = false;
         for _ in 0..=MAX_CHAIN_HOPS {
-            let cols = self.columns(&shard_name, &spec).await?;
+            match &kind {
+                WriteKind::Insert(r) | WriteKind::Upsert(r) | WriteKind::Update(r) => {
+                    self.check_row(&shard_name, &spec, r).await?;
+                }
+                WriteKind::Delete => {
+                    self.columns(&shard_name, &spec).await?;
+                }
+            }
             let (name, shard) = self.shard_named(&shard_name)?;
             let d = shard.dialect();
             let generation = manifest.as_ref().map(|m| m.generation);
@@ -967,12 +1003,10 @@ impl Router {
             });
             let st = match &kind {
                 WriteKind::Insert(r) | WriteKind::Upsert(r) => {
-                    Self::check_row_columns(&spec, &cols, r)?;
                     let up = matches!(kind, WriteKind::Upsert(_)).then_some(&spec.key_col);
                     d.guarded_insert(&spec.name, key, &row_idents(r)?, up, g)
                 }
                 WriteKind::Update(r) => {
-                    Self::check_row_columns(&spec, &cols, r)?;
                     d.guarded_update(&spec.name, &spec.key_col, key, &row_idents(r)?, g)
                 }
                 WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
