@@ -24,6 +24,8 @@ use durability_ownership::{
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use serde_json::Value;
 
+mod fetch;
+
 const TOKEN: &str = "test-internal-token-0123456789";
 /// Owner lease (`DO_OWNER_TTL_SECONDS`).
 const TTL_S: u64 = 3;

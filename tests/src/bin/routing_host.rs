@@ -16,8 +16,21 @@
 //! `incr_hang` method committed and now never answers); `drained
 //! released=<n>` (after `drain`; the server keeps answering).
 //!
-//! Commands on stdin: `call <name> <method> <json args>`, `hint <name>`,
-//! `routing`, `drain`.
+//! `ok fetch <name> <METHOD> status=<s> headers=<json pairs> body=<text>` /
+//! `err fetch <name> <METHOD> code=.. host_code=.. outcome=..`;
+//! `fetch-hang-committed n=<n>` (a `POST /hang` committed and never answers).
+//!
+//! Commands on stdin: `call <name> <method> <json args>`, `fetch <name>
+//! <METHOD> <url> <json header pairs> [<body>]` (a body `<n>x<c>` is `n`
+//! bytes of `c`), `hint <name>`, `routing`, `drain`.
+//!
+//! The fetch handler of `Counter`: `POST /incr` (adds one), `POST /hang`
+//! (adds one, prints `fetch-hang-committed`, never answers), `/n` (reads),
+//! each answering 200 `n=<n> task=<t> body=<request body bytes>` with the
+//! header `x-seen` listing the request header names it saw (a query is
+//! ignored); `/teapot`
+//! answers 418 with a tenant header and a forged control header; anything
+//! else 404.
 //!
 //! Methods of `Counter`: `incr` (`{"by": n}` → `{"n", "task"}`), `get`,
 //! `echo` (returns its arguments), `big` (`{"bytes": n}` → a string of `n`
@@ -40,6 +53,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use durability_alarms::DispatcherConfig;
+use durability_host::fetch::{FetchRequest, FetchResponse};
 use durability_host::transport::{PeerDirectory, serve};
 use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
@@ -233,6 +247,30 @@ async fn main() {
             std::future::pending::<()>().await;
             Ok(Value::Null)
         })
+        .fetch("Counter", |h: H, req: FetchRequest| async move {
+            // What the handler saw: its method, URL and every header name.
+            let seen: Vec<&str> = req.headers.iter().map(|(k, _)| k.as_str()).collect();
+            let seen = serde_json::to_string(&seen)?;
+            let path = req.url.split('?').next().unwrap_or("");
+            let n = match (req.method.as_str(), path) {
+                ("POST", "/incr") => add(&h, 1)?,
+                ("POST", "/hang") => {
+                    let n = add(&h, 1)?;
+                    say(&format!("fetch-hang-committed n={n}"));
+                    std::future::pending::<()>().await;
+                    n
+                }
+                (_, "/n") => read(&h)?,
+                (_, "/teapot") => {
+                    return Ok(FetchResponse::new(418, "short and stout")
+                        .header("x-teapot", "yes")
+                        .header("x-durability-owner-task", "forged"));
+                }
+                _ => return Ok(FetchResponse::new(404, "no such route")),
+            };
+            Ok(FetchResponse::new(200, format!("n={n} task={} body={}", h.object.task, req.body.len()))
+                .header("x-seen", &seen))
+        })
         .clock(Arc::new(clock))
         .settings(settings)
         .own(if arg("own") == "all" {
@@ -270,6 +308,15 @@ async fn main() {
     std::process::exit(0);
 }
 
+/// A fetch body from the command line: `<n>x<c>` is `n` bytes of `c`
+/// (`1048576xa`), anything else is itself.
+fn expand(body: &str) -> String {
+    match body.split_once('x') {
+        Some((n, c)) if c.len() == 1 && n.parse::<usize>().is_ok() => c.repeat(n.parse().unwrap()),
+        _ => body.to_owned(),
+    }
+}
+
 fn outcome(e: &HostError) -> &'static str {
     match e.outcome() {
         DispatchOutcome::NotStarted => "not_started",
@@ -289,6 +336,32 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                 Ok(v) => say(&format!("ok call {name} {method} result={v}")),
                 Err(e) => say(&format!(
                     "err call {name} {method} code={} host_code={} outcome={}",
+                    e.rpc_code(),
+                    e.code(),
+                    outcome(&e)
+                )),
+            }
+        }
+        "fetch" => {
+            // fetch <name> <METHOD> <url> <headers as compact JSON pairs> [<body>]
+            let name = parts.next().unwrap_or("");
+            let method = parts.next().unwrap_or("");
+            let mut rest = parts.next().unwrap_or("").splitn(3, ' ');
+            let url = rest.next().unwrap_or("");
+            let headers: Vec<(String, String)> =
+                serde_json::from_str(rest.next().unwrap_or("[]")).unwrap();
+            let body = expand(rest.next().unwrap_or(""));
+            let mut request = FetchRequest::new(method, url).body(body);
+            request.headers = headers;
+            match host.object("Counter", name).fetch(request).await {
+                Ok(r) => say(&format!(
+                    "ok fetch {name} {method} status={} headers={} body={}",
+                    r.status,
+                    serde_json::to_string(&r.headers).unwrap(),
+                    String::from_utf8_lossy(&r.body)
+                )),
+                Err(e) => say(&format!(
+                    "err fetch {name} {method} code={} host_code={} outcome={}",
                     e.rpc_code(),
                     e.code(),
                     outcome(&e)

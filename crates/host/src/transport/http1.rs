@@ -484,6 +484,32 @@ where
     }
 }
 
+/// The common front of every internal `POST` that may carry a route
+/// fence (invoke, fetch, alarm delivery): the token (a refusal is
+/// counted), the fence headers, then the body under `cap` (an oversized
+/// Content-Length refused before reading). `Err` is the response to send.
+pub(super) async fn admitted_body<S, I>(
+    host: &Host<S, I>,
+    headers: &HeaderMap,
+    body: Body,
+    cap: usize,
+) -> Result<(Option<RouteFence>, Bytes), Response>
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    if let Some(refused) = refused(host, headers) {
+        host.count_refused_auth();
+        return Err(refused);
+    }
+    let fence =
+        fence_of(headers).map_err(|reason| error_response(400, "invalid_fence", reason, false))?;
+    let bytes = read_capped(body, cap, content_length(headers))
+        .await
+        .map_err(|reason| error_response(413, "request_too_large", &reason, false))?;
+    Ok((fence, bytes))
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireInvoke {
@@ -527,17 +553,9 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    if let Some(refused) = refused(&host, &headers) {
-        host.count_refused_auth();
-        return refused;
-    }
-    let fence = match fence_of(&headers) {
-        Ok(f) => f,
-        Err(reason) => return error_response(400, "invalid_fence", reason, false),
-    };
-    let bytes = match read_capped(body, MAX_INVOKE_BODY_BYTES, content_length(&headers)).await {
-        Ok(b) => b,
-        Err(reason) => return error_response(413, "request_too_large", &reason, false),
+    let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_INVOKE_BODY_BYTES).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     let wire: WireInvoke = match serde_json::from_slice(&bytes) {
         Ok(w) => w,
@@ -633,25 +651,17 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    if let Some(refused) = refused(&host, &headers) {
-        host.count_refused_auth();
-        return refused;
-    }
-    let fence = match fence_of(&headers) {
-        Ok(Some(f)) => f,
-        Ok(None) => {
-            return error_response(
-                400,
-                "invalid_fence",
-                "an alarm delivery carries its route fence",
-                false,
-            );
-        }
-        Err(reason) => return error_response(400, "invalid_fence", reason, false),
+    let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_ALARM_BODY_BYTES).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
-    let bytes = match read_capped(body, MAX_ALARM_BODY_BYTES, content_length(&headers)).await {
-        Ok(b) => b,
-        Err(reason) => return error_response(413, "request_too_large", &reason, false),
+    let Some(fence) = fence else {
+        return error_response(
+            400,
+            "invalid_fence",
+            "an alarm delivery carries its route fence",
+            false,
+        );
     };
     let delivery = serde_json::from_slice::<WireAlarm>(&bytes)
         .map_err(|e| e.to_string())

@@ -13,10 +13,7 @@ use durability_ownership::{LeaseStore, LifecycleAdmin};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-use super::{
-    HttpTransport, content_length, error_response, fence_of, internal_post, put_owner_headers,
-    read_capped, refused,
-};
+use super::{HttpTransport, admitted_body, error_response, internal_post, put_owner_headers};
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::transport::{
@@ -137,17 +134,9 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    if let Some(refused) = refused(&host, &headers) {
-        host.count_refused_auth();
-        return refused;
-    }
-    let fence = match fence_of(&headers) {
-        Ok(f) => f,
-        Err(reason) => return error_response(400, "invalid_fence", reason, false),
-    };
-    let frame = match read_capped(body, MAX_FETCH_WIRE_BYTES, content_length(&headers)).await {
-        Ok(b) => b,
-        Err(reason) => return error_response(413, "request_too_large", &reason, false),
+    let (fence, frame) = match admitted_body(&host, &headers, body, MAX_FETCH_WIRE_BYTES).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     let (meta, body): (WireFetch, Bytes) = match split_frame(&frame) {
         Ok(parts) => parts,
