@@ -103,6 +103,8 @@ impl Proc {
     }
 }
 
+type Headers = Vec<(String, String)>;
+
 fn pairs(headers: &[(&str, &str)]) -> Vec<(String, String)> {
     headers
         .iter()
@@ -207,7 +209,7 @@ fn fetch_limits_hold_at_the_boundary_and_one_past() {
     one_byte_more[0].1.push('v');
     let mut name_too_long = pairs(&[("x", "1")]);
     name_too_long[0].0 = "n".repeat(129);
-    let cases: Vec<(&str, String, Vec<(String, String)>, String, &str)> = vec![
+    let cases: Vec<(&str, String, Headers, String, &str)> = vec![
         (
             "body 1 MiB + 1",
             "/incr".into(),
