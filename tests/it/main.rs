@@ -14,6 +14,7 @@ mod host_routing;
 mod metrics;
 mod migration_computed_fence;
 mod migration_dialects;
+mod migration_history;
 mod migration_hotkey;
 mod migration_placement;
 mod migration_review;

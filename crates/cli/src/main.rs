@@ -134,6 +134,11 @@ enum MigrationsCommand {
         /// Rows read per page.
         #[arg(long, default_value_t = 500)]
         page_size: usize,
+        /// Examine every finished move and every tombstone on every shard,
+        /// not only the moves no pass has examined yet (after restoring a
+        /// shard or the mapping store).
+        #[arg(long)]
+        full: bool,
         #[command(flatten)]
         confirm: Confirm,
     },
@@ -755,6 +760,7 @@ fn migrations_command(
             C::Verify {
                 repair,
                 page_size,
+                full,
                 confirm,
                 ..
             } => {
@@ -770,6 +776,7 @@ fn migrations_command(
                 let opts = VerifyOptions {
                     repair: *repair,
                     page_size: *page_size,
+                    full: *full,
                 };
                 let report = router
                     .verify_migrations_observed(opts, &|p| show_progress(&bar, p))

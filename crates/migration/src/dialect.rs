@@ -43,6 +43,12 @@ impl Ident {
         Ok(Self(s.to_owned()))
     }
 
+    /// One of the crate's own table names (`names`), which the reserved
+    /// prefix keeps apart from user identifiers.
+    pub(crate) fn internal(name: &'static str) -> Self {
+        Self(name.to_owned())
+    }
+
     /// The identifier text.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -393,6 +399,28 @@ impl Dialect {
         s.finish()
     }
 
+    /// The column a journal written before verification marks lacks, and
+    /// the statement adding it (run when the column query misses it).
+    pub(crate) fn journal_upgrade(&self) -> (&'static str, Statement) {
+        (
+            "verified",
+            Statement::new(format!(
+                "ALTER TABLE {o} ADD COLUMN verified {i} NOT NULL DEFAULT 0",
+                o = names::OPS,
+                i = self.int_type()
+            )),
+        )
+    }
+
+    /// The index that finds the finished operations no pass examined yet
+    /// (created after [`Self::journal_upgrade`]).
+    pub(crate) fn journal_verified_index(&self) -> Statement {
+        Statement::new(format!(
+            "CREATE INDEX IF NOT EXISTS durability_migration_ops_unverified ON {o} (scope, verified, op_id)",
+            o = names::OPS
+        ))
+    }
+
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
     pub fn journal_schema(&self) -> Vec<Statement> {
         let (k, t, i) = (self.text_key_type(), self.text_type(), self.int_type());
@@ -404,7 +432,8 @@ impl Dialect {
                  state {t} NOT NULL, attempts {i} NOT NULL, digests {t} NOT NULL, owner {t} NOT NULL, \
                  live_until_ms {i} NOT NULL, retain_ms {i} NOT NULL, retire_at_ms {i}, \
                  created_ms {i} NOT NULL, updated_ms {i} NOT NULL, finished_ms {i}, \
-                 purged {i} NOT NULL DEFAULT 0, error {t}, claim {mk}){w}",
+                 purged {i} NOT NULL DEFAULT 0, error {t}, claim {mk}, \
+                 verified {i} NOT NULL DEFAULT 0){w}",
                 o = names::OPS,
                 w = self.keyed_table_suffix()
             )),

@@ -124,6 +124,10 @@ pub struct OpRecord {
     pub finished_ms: Option<i64>,
     /// Whether the archive payload was purged.
     pub purged: bool,
+    /// Whether a verification pass examined the finished operation (its
+    /// tombstones, copy and mapping) and found nothing on its key: later
+    /// passes skip it unless they are full, and purge requires it.
+    pub verified: bool,
     /// Why it aborted, if it did.
     pub error: Option<String>,
 }
@@ -193,6 +197,7 @@ impl OpRecord {
             updated_ms: int(row, "updated_ms")?,
             finished_ms: opt_int(row, "finished_ms")?,
             purged: int(row, "purged")? != 0,
+            verified: int(row, "verified")? != 0,
             error: match row.get("error") {
                 Some(Value::Text(s)) => Some(s.clone()),
                 _ => None,
@@ -457,6 +462,12 @@ impl JournalSql<'_> {
             OpFilter::Unpurged => {
                 s.raw(" AND state = 'retired' AND purged = 0");
             }
+            OpFilter::Unverified => {
+                s.raw(" AND verified = 0 AND state IN ('retired', 'aborted')");
+            }
+            OpFilter::Finished => {
+                s.raw(" AND state IN ('retired', 'aborted')");
+            }
             OpFilter::All => {}
         }
         s.raw(&format!(" ORDER BY op_id LIMIT {limit}"));
@@ -484,6 +495,48 @@ impl JournalSql<'_> {
             .bind(op_id)
             .raw(" AND state IN ('retired', 'aborted')");
         self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    /// Marks `op_ids` examined by a verification pass (one statement).
+    pub(crate) fn mark_verified(&self, op_ids: &[String]) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET verified = 1 WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id IN (");
+        for (i, op) in op_ids.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(op.as_str());
+        }
+        s.raw(")");
+        s.finish()
+    }
+
+    /// Every key the last finished verification pass found something on.
+    pub(crate) fn unclean_keys(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT mkey FROM ")
+            .raw(names::UNCLEAN)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" ORDER BY mkey");
+        s.finish()
+    }
+
+    /// Deletes a compacted operation's row (see `Router::purge_retired`).
+    pub(crate) fn delete_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("DELETE FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND state = 'retired' AND purged = 1");
         s.finish()
     }
 
@@ -606,18 +659,6 @@ impl JournalSql<'_> {
         s.finish()
     }
 
-    /// Whether the last finished verification pass found something on `key`.
-    pub(crate) fn unclean_get(&self, key: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT mkey FROM ")
-            .raw(names::UNCLEAN)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND mkey = ")
-            .bind(key);
-        s.finish()
-    }
-
     /// Records a finished verification pass that started at `started` and
     /// found something on exactly `keys` (one batch: the previous pass's
     /// keys are replaced).
@@ -666,6 +707,10 @@ pub(crate) enum OpFilter {
     Active,
     State(MoveState),
     Unpurged,
+    /// Finished operations no verification pass has examined.
+    Unverified,
+    /// Every finished operation.
+    Finished,
     /// Every operation of the scope (read-only listings).
     All,
 }

@@ -1101,6 +1101,7 @@ impl Router {
             updated_ms: now,
             finished_ms: None,
             purged: false,
+            verified: false,
             error: None,
         };
         let d = js.dialect();

@@ -193,12 +193,39 @@ impl Router {
             }
         }
         let (name, shard) = self.shard_named(j)?;
-        for st in shard.dialect().journal_schema() {
+        let d = shard.dialect();
+        for st in d.journal_schema() {
             shard
                 .execute(&st)
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
         }
+        // A journal created before verification marks gains the column
+        // (every finished operation then counts as unexamined).
+        let (column, add) = d.journal_upgrade();
+        let ops = Ident::internal(names::OPS);
+        let has = shard
+            .query(&d.columns_query(&ops))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?
+            .iter()
+            .any(|r| r.get("name").and_then(Value::as_text) == Some(column));
+        if !has && let Err(e) = shard.execute(&add).await {
+            // Another router's init may have added it first.
+            let added = shard
+                .query(&d.columns_query(&ops))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?
+                .iter()
+                .any(|r| r.get("name").and_then(Value::as_text) == Some(column));
+            if !added {
+                return Err(MigrationError::shard(name, e));
+            }
+        }
+        shard
+            .execute(&d.journal_verified_index())
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
         if self.computed() {
             self.init_placement().await?;
         }

@@ -91,10 +91,9 @@ pub struct StatusReport {
 /// far, and `changed` changes made so far by the whole pass.
 ///
 /// Phases of [`Router::verify_migrations_observed`]: `operations` (active
-/// operations), `tombstones` (archive rows on every shard), `aborted`
-/// (aborted operations, for stranded copies), `mappings` (retired
-/// operations, checked against the mapping store); `changed` counts
-/// repairs. Phase of [`Router::rebalance_observed`]: `keys` (mappings
+/// operations), `moves` (finished operations examined: their tombstones,
+/// stranded copies and mappings), `tombstones` (a full pass only: archive
+/// rows on every shard); `changed` counts repairs. Phase of [`Router::rebalance_observed`]: `keys` (mappings
 /// examined); `changed` counts committed moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Progress {

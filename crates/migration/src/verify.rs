@@ -2,7 +2,7 @@
 //! retention and `purge_retired`. Both stream the journal and the tombstone
 //! tables in pages.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use crate::dialect::{Sql, names, row_idents};
 use crate::error::{MigrationError, Result};
@@ -23,6 +23,12 @@ pub struct VerifyOptions {
     pub repair: bool,
     /// Rows read per page.
     pub page_size: usize,
+    /// Examine every finished operation and every tombstone on every shard
+    /// (finding tombstones without a journal record, and leftovers written
+    /// after an earlier pass examined their move), instead of only the
+    /// operations no pass has examined yet and the keys the last pass found
+    /// something on.
+    pub full: bool,
 }
 
 impl Default for VerifyOptions {
@@ -30,6 +36,7 @@ impl Default for VerifyOptions {
         Self {
             repair: false,
             page_size: 500,
+            full: false,
         }
     }
 }
@@ -185,6 +192,8 @@ pub struct PurgeReport {
     pub purged_count: u64,
     /// Exact number of operations refused.
     pub refused_count: u64,
+    /// Journal rows of purged operations deleted by the compaction.
+    pub compacted_count: u64,
 }
 
 fn push_capped<T>(v: &mut Vec<T>, x: T) {
@@ -207,6 +216,25 @@ struct Tomb {
     digest: String,
     superseded: bool,
 }
+
+impl Tomb {
+    fn from_row(r: &value::Row) -> Result<Self> {
+        Ok(Self {
+            op_id: crate::journal::text(r, "op_id")?,
+            table: crate::journal::text(r, "tname")?,
+            key: crate::journal::text(r, "mkey")?,
+            payload: match r.get("payload") {
+                Some(Value::Blob(b)) => Some(b.clone()),
+                _ => None,
+            },
+            digest: crate::journal::text(r, "digest")?,
+            superseded: crate::journal::int(r, "superseded")? != 0,
+        })
+    }
+}
+
+/// Operations marked verified per statement.
+const MARK_CHUNK: usize = 200;
 
 impl Router {
     /// Whether an active operation holds `key`'s claim (a move of the key is
@@ -272,12 +300,25 @@ impl Router {
     /// a ghost only when it equals the archived payload, a stranded copy by
     /// the abort's digest proof, a stale cutover only when its operation is
     /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. Every key's mapping is checked against the journal
+    /// shard has no row. A key's mapping is checked against the journal
     /// (the target of the key's newest finished move); repair publishes
-    /// that target again. Every pass is recorded with its start time and the
-    /// keys it found something on; a clean pass also as clean. Purge
-    /// requires a pass that started after the operation finished and found
-    /// nothing on its key, so one stuck operation blocks only its own key.
+    /// that target again.
+    ///
+    /// A pass examines every active operation, every finished operation
+    /// no pass has examined yet (its tombstones on its source and
+    /// destination, its copy, its mapping) and every operation of a key the
+    /// last pass found something on, so its cost follows the moves since
+    /// the last pass, not the history. [`VerifyOptions::full`] examines
+    /// every finished operation and every tombstone on every shard: run it
+    /// after restoring a shard or the mapping store, or when writers that
+    /// bypass the router's fences may have written to a shard a key left.
+    ///
+    /// At the end, each finished operation the pass read after it finished
+    /// and found nothing on (or repaired) is marked verified; purge requires
+    /// that mark, so a move that finished while a pass ran and was not read
+    /// by it stays unpurgeable until a later pass, and one stuck operation
+    /// blocks only its own key. Every pass is also recorded with its start
+    /// time and the keys it found something on; a clean pass also as clean.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
@@ -289,7 +330,7 @@ impl Router {
     }
 
     /// [`Router::verify_migrations`], calling `progress` after each page it
-    /// examines (phases `operations`, `tombstones`, `aborted`, `mappings`;
+    /// examines (phases `operations`, `moves`, `tombstones`;
     /// see [`Progress`]). The callback runs on the verifying task: keep it
     /// short.
     ///
@@ -323,14 +364,14 @@ impl Router {
             None
         };
         let res = self
-            .verify_scan(&mut report, opts.repair, page, lease.as_ref(), progress)
+            .verify_scan(&mut report, opts, page, lease.as_ref(), progress)
             .await;
         if let Some(l) = &lease
             && !matches!(res, Err(MigrationError::RecoveryFenced(_)))
         {
             self.release_lease(l).await;
         }
-        res?;
+        let examined = res?;
         report.clean = report.dangling_ops.is_empty()
             && report.ghosts.is_empty()
             && report.stranded_archives.is_empty()
@@ -359,6 +400,20 @@ impl Router {
                     .await
                     .map_err(|e| MigrationError::shard(jname, e))?;
             }
+            // The examined operations whose key the pass found nothing on
+            // (none when the pass found too many keys to remember).
+            if let Some(unclean) = &report.unclean_keys {
+                let fine: Vec<String> = examined
+                    .into_iter()
+                    .filter(|(_, key)| !unclean.contains(key))
+                    .map(|(op, _)| op)
+                    .collect();
+                for chunk in fine.chunks(MARK_CHUNK) {
+                    js.execute(&q.mark_verified(chunk))
+                        .await
+                        .map_err(|e| MigrationError::shard(jname, e))?;
+                }
+            }
         }
         if !report.clean {
             tracing::warn!(
@@ -375,14 +430,17 @@ impl Router {
         Ok(report)
     }
 
+    /// The pass's scan; returns the finished operations it examined
+    /// (op id, key), read after they finished.
     async fn verify_scan(
         &self,
         report: &mut VerifyReport,
-        repair: bool,
+        opts: VerifyOptions,
         page: usize,
         lease: Option<&crate::recovery::Lease>,
         progress: &(dyn Fn(Progress) + Send + Sync),
-    ) -> Result<()> {
+    ) -> Result<Vec<(String, String)>> {
+        let repair = opts.repair;
         let tell = |phase, done: &mut u64, n: usize, report: &VerifyReport| {
             *done += n as u64;
             progress(Progress {
@@ -417,8 +475,138 @@ impl Router {
             }
             tell("operations", &mut done, rows.len(), report);
         }
-        // Tombstones on every shard.
+        // Finished operations: unexamined ones (every one in a full pass),
+        // each read after it finished.
+        let mut examined: Vec<(String, String)> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        // (shard, op id, key) of every tombstone lookup made.
+        let mut read: HashSet<(String, String, String)> = HashSet::new();
+        let filter = if opts.full {
+            OpFilter::Finished
+        } else {
+            OpFilter::Unverified
+        };
+        let mut after = String::new();
         let mut done = 0;
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, page, filter))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            if let Some(l) = lease {
+                self.renew_lease(l).await?;
+            }
+            for r in &rows {
+                let op = OpRecord::from_row(r)?;
+                self.examine_op(report, &op, repair, &mut read).await?;
+                seen.insert(op.op_id.clone());
+                examined.push((op.op_id, op.key));
+            }
+            tell("moves", &mut done, rows.len(), report);
+        }
+        // Every operation of a key the last pass found something on.
+        let keys = js
+            .query(&q.unclean_keys())
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?;
+        for (i, k) in keys.iter().enumerate() {
+            if i % page == 0
+                && let Some(l) = lease
+            {
+                self.renew_lease(l).await?;
+            }
+            let key = crate::journal::text(k, "mkey")?;
+            let ops = js
+                .query(&q.ops_for_key(&key))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let mut n = 0;
+            for r in &ops {
+                let op = OpRecord::from_row(r)?;
+                if !op.state.is_terminal() || seen.contains(&op.op_id) {
+                    continue;
+                }
+                self.examine_op(report, &op, repair, &mut read).await?;
+                seen.insert(op.op_id.clone());
+                examined.push((op.op_id, op.key));
+                n += 1;
+            }
+            tell("moves", &mut done, n, report);
+        }
+        if opts.full {
+            self.scan_tombstones(report, repair, page, lease, &read, progress)
+                .await?;
+        }
+        Ok(examined)
+    }
+
+    /// One finished operation: its tombstones on its source and its
+    /// destination, then its stranded copy (aborted) or its mapping
+    /// (retired).
+    async fn examine_op(
+        &self,
+        report: &mut VerifyReport,
+        op: &OpRecord,
+        repair: bool,
+        read: &mut HashSet<(String, String, String)>,
+    ) -> Result<()> {
+        let mut shards = vec![op.source.as_str()];
+        if op.target != op.source {
+            shards.push(op.target.as_str());
+        }
+        for shard_name in shards {
+            let Ok((name, shard)) = self.shard_named(shard_name) else {
+                continue;
+            };
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            let mut s = Sql::new(&d);
+            s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE mkey = ")
+                .bind(op.key.as_str())
+                .raw(" AND op_id = ")
+                .bind(op.op_id.as_str())
+                .raw(" ORDER BY tname");
+            let rows = shard
+                .query(&s.finish())
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            read.insert((shard_name.to_owned(), op.op_id.clone(), op.key.clone()));
+            for r in &rows {
+                let t = Tomb::from_row(r)?;
+                if t.digest == names::IN_FLIGHT {
+                    continue;
+                }
+                self.check_tomb_of(report, shard_name, &t, op, repair)
+                    .await?;
+            }
+        }
+        match op.state {
+            MoveState::Aborted => self.check_stranded_copy(report, op, repair).await,
+            MoveState::Retired => self.check_mapping(report, op, repair).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// A full pass's scan of every tombstone on every shard, skipping the
+    /// ones examined already (`read`: shard, op id, key): finds tombstones
+    /// without a journal record, or on a shard or key their operation does
+    /// not name.
+    async fn scan_tombstones(
+        &self,
+        report: &mut VerifyReport,
+        repair: bool,
+        page: usize,
+        lease: Option<&crate::recovery::Lease>,
+        read: &HashSet<(String, String, String)>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<()> {
+        let mut done = 0u64;
         for shard_name in self.shards.keys() {
             let (name, shard) = self.shard_named(shard_name)?;
             let d = shard.dialect();
@@ -456,68 +644,26 @@ impl Router {
                     break;
                 }
                 for r in &rows {
-                    let t = Tomb {
-                        op_id: crate::journal::text(r, "op_id")?,
-                        table: crate::journal::text(r, "tname")?,
-                        key: crate::journal::text(r, "mkey")?,
-                        payload: match r.get("payload") {
-                            Some(Value::Blob(b)) => Some(b.clone()),
-                            _ => None,
-                        },
-                        digest: crate::journal::text(r, "digest")?,
-                        superseded: crate::journal::int(r, "superseded")? != 0,
-                    };
+                    let t = Tomb::from_row(r)?;
                     after_k.clone_from(&t.key);
                     after_op.clone_from(&t.op_id);
                     after_t.clone_from(&t.table);
                     // An in-flight marker fences a move's copy until its
                     // publish (the move holds the key's claim): no tombstone.
-                    if t.digest == names::IN_FLIGHT {
+                    if t.digest == names::IN_FLIGHT
+                        || read.contains(&(shard_name.clone(), t.op_id.clone(), t.key.clone()))
+                    {
                         continue;
                     }
                     self.check_tomb(report, shard_name, &t, repair).await?;
                 }
-                tell("tombstones", &mut done, rows.len(), report);
+                done += rows.len() as u64;
+                progress(Progress {
+                    phase: "tombstones",
+                    done,
+                    changed: report.repaired_count,
+                });
             }
-        }
-        // Stranded copies of aborted operations.
-        let mut after = String::new();
-        let mut done = 0;
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Aborted)))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
-            if let Some(l) = lease {
-                self.renew_lease(l).await?;
-            }
-            for r in &rows {
-                let op = OpRecord::from_row(r)?;
-                self.check_stranded_copy(report, &op, repair).await?;
-            }
-            tell("aborted", &mut done, rows.len(), report);
-        }
-        // Mappings against the journal: each key's newest finished move
-        // names its shard (checked once per key, at that operation).
-        let mut after = String::new();
-        let mut done = 0;
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, page, OpFilter::State(MoveState::Retired)))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
-            if let Some(l) = lease {
-                self.renew_lease(l).await?;
-            }
-            for r in &rows {
-                let op = OpRecord::from_row(r)?;
-                self.check_mapping(report, &op, repair).await?;
-            }
-            tell("mappings", &mut done, rows.len(), report);
         }
         Ok(())
     }
@@ -591,6 +737,24 @@ impl Router {
                 leftover,
             );
             return Ok(());
+        };
+        self.check_tomb_of(report, shard_name, t, &op, repair).await
+    }
+
+    /// [`Self::check_tomb`] with the tombstone's operation at hand.
+    async fn check_tomb_of(
+        &self,
+        report: &mut VerifyReport,
+        shard_name: &str,
+        t: &Tomb,
+        op: &OpRecord,
+        repair: bool,
+    ) -> Result<()> {
+        let leftover = Leftover {
+            shard: shard_name.to_owned(),
+            table: t.table.clone(),
+            key: t.key.clone(),
+            op_id: t.op_id.clone(),
         };
         if !op.state.is_terminal() {
             return Ok(()); // reported as dangling
@@ -770,10 +934,17 @@ impl Router {
     }
 
     /// Clears the archived payload of every retired operation whose
-    /// retention elapsed and that a verification pass has covered: one
-    /// that started after the operation finished and was clean, or found
-    /// nothing on the operation's key.
-    /// Tombstones stay, so stale writers remain refused.
+    /// retention elapsed and that a verification pass examined after it
+    /// finished and found nothing on its key (its `verified` mark), then
+    /// compacts the key's history: tombstones that no longer fence (a
+    /// later move brought the key back to their shard) and whose payload
+    /// is purged are deleted, except the newest of each table on each
+    /// shard, and so is a purged operation's journal row
+    /// once it has no tombstone left and a newer retired operation of the
+    /// key covers all its tables. What remains per key is what fences
+    /// stale writers and says where the key lives, so history stays
+    /// bounded by the keys and the shards they left, not by the moves.
+    /// Tombstones that fence stay, so stale writers remain refused.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
@@ -786,22 +957,6 @@ impl Router {
             d: &d,
             scope: &self.scope,
         };
-        let last_clean = js
-            .query(&q.meta_get())
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?
-            .first()
-            .map(|r| crate::journal::int(r, "last_clean_verify_ms"))
-            .transpose()?;
-        // The last pass, clean or not: it covers every key it found
-        // nothing on.
-        let last_pass = js
-            .query(&q.pass_get())
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?
-            .first()
-            .map(|r| crate::journal::int(r, "started_ms"))
-            .transpose()?;
         let now = self.now();
         let mut report = PurgeReport::default();
         let mut after = String::new();
@@ -825,16 +980,7 @@ impl Router {
                     );
                     continue;
                 }
-                let after_finish =
-                    |t: Option<i64>| t.is_some_and(|t| op.finished_ms.is_some_and(|f| t >= f));
-                let covered = after_finish(last_clean)
-                    || (after_finish(last_pass)
-                        && js
-                            .query(&q.unclean_get(&op.key))
-                            .await
-                            .map_err(|e| MigrationError::shard(jname, e))?
-                            .is_empty());
-                if !covered {
+                if !op.verified {
                     report.refused_count += 1;
                     push_capped(
                         &mut report.refused,
@@ -863,8 +1009,124 @@ impl Router {
                     .map_err(|e| MigrationError::shard(jname, e))?;
                 report.purged_count += 1;
                 push_capped(&mut report.purged, op.op_id.clone());
+                report.compacted_count += self.compact_key(&op.key).await?;
             }
         }
         Ok(report)
+    }
+
+    /// Compacts `key`'s history (see [`Router::purge_retired`]): first
+    /// the purged tombstones that no longer fence, on every shard, then the
+    /// purged operations left without tombstones that a newer retired
+    /// operation covers. Each step is idempotent and a crash between them
+    /// leaves an operation without tombstones, never a tombstone without
+    /// its operation. Returns the operations deleted.
+    async fn compact_key(&self, key: &str) -> Result<u64> {
+        for (name, shard) in &self.shards {
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            // The key's lifted fences, newest first per table: the newest
+            // stays (a write that met the fence just before it was lifted
+            // finds it and retries), purged older ones go.
+            let mut s = Sql::new(&d);
+            s.raw("SELECT op_id, tname, purged FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE mkey = ")
+                .bind(key)
+                .raw(" AND scope = ")
+                .bind(self.scope.as_str())
+                .raw(" AND superseded = 1 ORDER BY tname, retired_ms DESC, op_id DESC");
+            let rows = shard
+                .query(&s.finish())
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            let mut newest_of: Option<String> = None;
+            for r in &rows {
+                let table = crate::journal::text(r, "tname")?;
+                if newest_of.as_deref() != Some(table.as_str()) {
+                    newest_of = Some(table);
+                    continue;
+                }
+                if crate::journal::int(r, "purged")? == 0 {
+                    continue;
+                }
+                let mut del = Sql::new(&d);
+                del.raw("DELETE FROM ")
+                    .raw(names::RETIRED)
+                    .raw(" WHERE mkey = ")
+                    .bind(key)
+                    .raw(" AND op_id = ")
+                    .bind(crate::journal::text(r, "op_id")?)
+                    .raw(" AND tname = ")
+                    .bind(table.as_str())
+                    .raw(" AND superseded = 1 AND purged = 1");
+                shard
+                    .execute(&del.finish())
+                    .await
+                    .map_err(|e| MigrationError::shard(name, e))?;
+            }
+        }
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        // Newest first.
+        let ops: Vec<OpRecord> = js
+            .query(&q.ops_for_key(key))
+            .await
+            .map_err(|e| MigrationError::shard(jname, e))?
+            .iter()
+            .map(OpRecord::from_row)
+            .collect::<Result<_>>()?;
+        let mut deleted = 0;
+        let mut covered: BTreeSet<&str> = BTreeSet::new();
+        for op in &ops {
+            if op.state != MoveState::Retired {
+                continue;
+            }
+            let covers_all = op.tables.iter().all(|t| covered.contains(t.as_str()));
+            covered.extend(op.tables.iter().map(String::as_str));
+            if !covers_all || !op.purged || self.has_tombstones(op).await? {
+                continue;
+            }
+            js.execute(&q.delete_op(&op.op_id))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// Whether `op` still has a tombstone (or marker) on its source or its
+    /// destination.
+    async fn has_tombstones(&self, op: &OpRecord) -> Result<bool> {
+        for shard_name in [&op.source, &op.target] {
+            let Ok((name, shard)) = self.shard_named(shard_name) else {
+                continue;
+            };
+            let d = shard.dialect();
+            if !d.is_proven() {
+                continue;
+            }
+            let mut s = Sql::new(&d);
+            s.raw("SELECT tname FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE mkey = ")
+                .bind(op.key.as_str())
+                .raw(" AND op_id = ")
+                .bind(op.op_id.as_str());
+            let rows = shard
+                .query(&s.finish())
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            if !rows.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

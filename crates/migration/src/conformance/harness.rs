@@ -420,20 +420,28 @@ pub fn user(name: &str, n: i64) -> Row {
 pub async fn clean_verify(r: &Router) {
     let rep = repair(r).await.unwrap();
     assert!(rep.clean, "repairing verification is clean: {rep:?}");
-    let rep = r.verify_migrations(VerifyOptions::default()).await.unwrap();
+    let rep = r
+        .verify_migrations(VerifyOptions {
+            full: true,
+            ..VerifyOptions::default()
+        })
+        .await
+        .unwrap();
     assert!(
         rep.clean && rep.repaired.is_empty(),
         "second verification is clean: {rep:?}"
     );
 }
 
-/// A repairing verification.
+/// A full repairing verification (every finished operation and every
+/// tombstone).
 ///
 /// # Errors
 /// The router's error.
 pub async fn repair(r: &Router) -> Result<VerifyReport, MigrationError> {
     r.verify_migrations(VerifyOptions {
         repair: true,
+        full: true,
         ..VerifyOptions::default()
     })
     .await

@@ -74,6 +74,7 @@ fn op_row(op_id: &str, key: &str, state: &str) -> Row {
         ("created_ms", 1_000i64.into()),
         ("updated_ms", 2_000i64.into()),
         ("purged", 0i64.into()),
+        ("verified", 0i64.into()),
         ("error", Value::Null),
     ]);
     let t = if finished {

@@ -1,0 +1,253 @@
+//! Verification cost and retired history (issue 13, item 14), on SQLite,
+//! PostgreSQL and MariaDB shards: a pass examines the moves no pass has
+//! examined yet (and the keys the last pass found something on), a full
+//! pass everything; purge needs a pass that read the move after it
+//! finished; purge compacts a key's history to what still fences or says
+//! where the key lives.
+
+use std::sync::{Arc, Mutex};
+
+use crate::shards::{Env, Kind, clean_verify, env};
+use durability_migration::conformance::harness::user;
+use durability_migration::{MoveOptions, Retire, Router, Statement, Value, VerifyOptions, row};
+
+use Kind::{MySql, Postgres, Sqlite};
+
+const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
+
+const NOW: MoveOptions = MoveOptions {
+    retire: Retire::Immediate,
+};
+
+/// A pass and the most finished operations it reported examining.
+async fn pass(r: &Router, full: bool, repair: bool) -> (durability_migration::VerifyReport, u64) {
+    let moves = Arc::new(Mutex::new(0u64));
+    let seen = Arc::clone(&moves);
+    let progress = move |p: durability_migration::Progress| {
+        if p.phase == "moves" {
+            let mut m = seen.lock().unwrap();
+            *m = (*m).max(p.done);
+        }
+    };
+    let rep = r
+        .verify_migrations_observed(
+            VerifyOptions {
+                full,
+                repair,
+                ..VerifyOptions::default()
+            },
+            &progress,
+        )
+        .await
+        .unwrap();
+    let n = *moves.lock().unwrap();
+    (rep, n)
+}
+
+async fn count(e: &Env, shard: &str, sql: &str) -> usize {
+    e.shard(shard)
+        .query(&Statement::new(sql))
+        .await
+        .unwrap()
+        .len()
+}
+
+/// Moves `key` (mapped on `from`) to the other shard of two.
+fn other(shard: &str) -> &'static str {
+    if shard == "s0" { "s1" } else { "s0" }
+}
+
+#[tokio::test]
+async fn a_pass_examines_only_the_moves_since_the_last_pass() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        for i in 0..20 {
+            let k = format!("k{i}");
+            e.mapping.put(&k, "s0").await.unwrap();
+            r.insert(&k, "users", user("ann", i)).await.unwrap();
+            r.reassign_shard(&k, "s1", "users").await.unwrap();
+        }
+        let (rep, n) = pass(&r, false, false).await;
+        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        assert_eq!(n, 20, "{kinds:?}: the first pass examines every move");
+        for i in 0..3 {
+            r.reassign_shard(&format!("k{i}"), "s0", "users")
+                .await
+                .unwrap();
+        }
+        let (rep, n) = pass(&r, false, false).await;
+        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        assert_eq!(n, 3, "{kinds:?}: only the three moves since the last pass");
+        let (_, n) = pass(&r, false, false).await;
+        assert_eq!(n, 0, "{kinds:?}: nothing new");
+        let (rep, n) = pass(&r, true, false).await;
+        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        assert_eq!(n, 23, "{kinds:?}: a full pass examines every move");
+
+        // A row written behind k5's tombstone on s0 by a writer that
+        // bypasses the router: the move was examined already, so only a
+        // full pass finds it; the next pass examines the key again.
+        e.shard("s0")
+            .execute(&Statement::new(
+                "INSERT INTO users (id, name, n) VALUES ('k5', 'ghost', 5)",
+            ))
+            .await
+            .unwrap();
+        let (rep, _) = pass(&r, false, false).await;
+        assert_eq!(rep.ghost_count, 0, "{kinds:?}: the limit of a pass");
+        let (rep, _) = pass(&r, true, false).await;
+        assert_eq!(rep.ghost_count, 1, "{kinds:?}: {rep:?}");
+        assert_eq!(rep.ghosts[0].key, "k5");
+        let (rep, n) = pass(&r, false, false).await;
+        assert_eq!(
+            (rep.ghost_count, n),
+            (1, 1),
+            "{kinds:?}: a key the last pass flagged is examined again"
+        );
+        e.shard("s0")
+            .execute(&Statement::new("DELETE FROM users WHERE id = 'k5'"))
+            .await
+            .unwrap();
+        let (rep, n) = pass(&r, false, false).await;
+        assert!(rep.clean && n == 1, "{kinds:?}: {rep:?}");
+        clean_verify(&r).await;
+    }
+}
+
+/// Item 9 under the verified mark: purge needs a pass that read the move
+/// after it finished; a pass before it does not count.
+#[tokio::test]
+async fn purge_needs_a_pass_that_read_the_finished_move() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let (rep, _) = pass(&r, false, false).await;
+        assert!(rep.clean);
+        r.reassign_shard_with("u1", "s1", "users", NOW)
+            .await
+            .unwrap();
+        e.clock.advance(1);
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(
+            (purge.purged_count, purge.refused_count),
+            (0, 1),
+            "{kinds:?}"
+        );
+        assert_eq!(purge.refused[0].error.code(), "NOT_VERIFIED");
+        let (rep, n) = pass(&r, false, false).await;
+        assert!(rep.clean && n == 1, "{kinds:?}: {rep:?}");
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(
+            (purge.purged_count, purge.refused_count),
+            (1, 0),
+            "{kinds:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn purge_compacts_a_bouncing_keys_history() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("b1", "s0").await.unwrap();
+        r.insert("b1", "users", user("ann", 0)).await.unwrap();
+        let mut at = "s0";
+        let mut compacted = 0;
+        for round in 1..=8 {
+            r.reassign_shard_with("b1", other(at), "users", NOW)
+                .await
+                .unwrap();
+            at = other(at);
+            r.update("b1", "users", row([("n", Value::from(round))]))
+                .await
+                .unwrap();
+            e.clock.advance(1);
+            let (rep, _) = pass(&r, false, false).await;
+            assert!(rep.clean, "{kinds:?}: {rep:?}");
+            let purge = r.purge_retired().await.unwrap();
+            assert_eq!(purge.purged_count, 1, "{kinds:?} round {round}");
+            compacted += purge.compacted_count;
+            let ops = count(
+                &e,
+                "s0",
+                "SELECT op_id FROM durability_migration_ops WHERE mkey = 'b1'",
+            )
+            .await;
+            let tombs = count(
+                &e,
+                "s0",
+                "SELECT op_id FROM durability_retired WHERE mkey = 'b1'",
+            )
+            .await
+                + count(
+                    &e,
+                    "s1",
+                    "SELECT op_id FROM durability_retired WHERE mkey = 'b1'",
+                )
+                .await;
+            // What fences (the live tombstone), the newest lifted fence on
+            // each shard, and the newest move: never more than three.
+            assert!(
+                ops <= 3 && tombs <= 3,
+                "{kinds:?} round {round}: {ops} operations, {tombs} tombstones"
+            );
+        }
+        assert_eq!(compacted, 5, "{kinds:?}: 8 moves, 3 kept");
+        let got = r.get("b1", "users").await.unwrap().unwrap();
+        assert_eq!(got.get("n"), Some(&Value::from(8)), "{kinds:?}");
+        // The compacted key still moves, and a router routing by a stale
+        // mapping to the shard the key left is refused by the fence.
+        let stale = e.router_with(false, 3_600_000).await;
+        assert_eq!(stale.route("b1").await.unwrap().as_deref(), Some(at));
+        r.reassign_shard("b1", other(at), "users").await.unwrap();
+        let stale_write = stale
+            .update("b1", "users", row([("n", Value::from(-1))]))
+            .await;
+        let expected = match &stale_write {
+            Ok(1) => -1,
+            Ok(n) => panic!("{kinds:?}: the stale update reported {n} rows"),
+            Err(e) => {
+                assert_eq!(e.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {e}");
+                8
+            }
+        };
+        let live = e.live("users", "id", "b1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: one live row");
+        assert_eq!(live[0].0, other(at), "{kinds:?}");
+        assert_eq!(
+            live[0].1.get("n"),
+            Some(&Value::from(expected)),
+            "{kinds:?}: {stale_write:?}"
+        );
+        clean_verify(&r).await;
+    }
+}
+
+/// A journal created before the verified mark gains it at `init`; its
+/// finished operations count as unexamined.
+#[tokio::test]
+async fn an_older_journal_gains_the_verified_mark() {
+    let Some(e) = env(&[Sqlite, Sqlite]).await else {
+        return;
+    };
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    r.reassign_shard("u1", "s1", "users").await.unwrap();
+    for ddl in [
+        "DROP INDEX durability_migration_ops_unverified",
+        "ALTER TABLE durability_migration_ops DROP COLUMN verified",
+    ] {
+        e.shard("s0").execute(&Statement::new(ddl)).await.unwrap();
+    }
+    let r = e.router().await;
+    let (rep, n) = pass(&r, false, false).await;
+    assert!(rep.clean, "{rep:?}");
+    assert_eq!(n, 1, "the move made before the upgrade is examined");
+    let (_, n) = pass(&r, false, false).await;
+    assert_eq!(n, 0);
+}
