@@ -929,6 +929,85 @@ async fn stream_rss(dir: &Path, n: usize) -> Result<u64, BoxError> {
     .await
 }
 
+/// New moves a verification pass examines in `bench_history`.
+const HISTORY_NEW_MOVES: usize = 500;
+/// Rounds of each history size in `bench_history`.
+const HISTORY_ROUNDS: usize = 3;
+
+/// The verification pass after history (part `history`, SQLite files): a
+/// journal holding `n` moves a pass already examined (each with its
+/// tombstone), then [`HISTORY_NEW_MOVES`] real moves; the time of the next
+/// pass, which examines only the new ones, after 100,000 against after
+/// 10,000 (rounds interleaved; medians).
+async fn bench_history(dir: &Path) -> Result<(), BoxError> {
+    eprintln!(
+        "migration bench: verification after history, {HISTORY_NEW_MOVES} new moves, SQLite files"
+    );
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    for round in 0..HISTORY_ROUNDS {
+        small.push(verify_after_history(&dir.join(format!("10k-{round}")), 10_000).await?);
+        large.push(verify_after_history(&dir.join(format!("100k-{round}")), 100_000).await?);
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (small, large) = (med(small), med(large));
+    eprintln!("  pass after 10,000 examined moves {small:.1} ms, after 100,000 {large:.1} ms");
+    json_line(
+        "migration.verify_after_history",
+        (large, small),
+        "ms",
+        "<=1.5",
+        100_000,
+        Backend::Sqlite,
+        &format!(",\"baseline_n\":10000,\"new_moves\":{HISTORY_NEW_MOVES},\"rounds\":{HISTORY_ROUNDS}"),
+    );
+    Ok(())
+}
+
+/// One round of [`bench_history`]: the pass's time in ms.
+async fn verify_after_history(dir: &Path, n: usize) -> Result<f64, BoxError> {
+    with_env(Backend::Sqlite, dir, 2, HISTORY_NEW_MOVES, async |env| {
+        let r = env.router(Arc::new(SystemClock), None, None).await?;
+        // n finished moves of other keys, examined by an earlier pass, each
+        // with its tombstone on the journal's shard.
+        let mut c = rusqlite::Connection::open(dir.join("s0.db"))?;
+        let tx = c.transaction()?;
+        {
+            let mut op = tx.prepare(
+                "INSERT INTO durability_migration_ops (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, live_until_ms, retain_ms, retire_at_ms, created_ms, updated_ms, finished_ms, purged, verified) \
+                 VALUES (?1, 'default', ?2, 'users', 's0', 's1', 'retired', 0, 'users=-', 'bench', 0, 0, 0, 0, 0, 0, 0, 1)",
+            )?;
+            let mut tomb = tx.prepare(
+                "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms) VALUES (?1, 'users', ?2, 'default', 's1', x'00', '-', 0)",
+            )?;
+            for k in 0..n {
+                let id = format!("op-{k:08}");
+                let mkey = format!("hist-{k:08}");
+                op.execute(rusqlite::params![id, mkey])?;
+                tomb.execute(rusqlite::params![id, mkey])?;
+            }
+        }
+        tx.commit()?;
+        drop(c);
+        for k in 0..HISTORY_NEW_MOVES {
+            let from = r.route(&key(k)).await?.ok_or("a bench key has no mapping")?;
+            let to = if from == "s0" { "s1" } else { "s0" };
+            r.reassign_shard(&key(k), to, "users").await?;
+        }
+        let t = instant();
+        let v = r.verify_migrations(VerifyOptions::default()).await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if !v.clean {
+            return Err(format!("the pass after {n} moves is not clean: {v:?}").into());
+        }
+        eprintln!("  n={n}: pass {ms:.1} ms");
+        Ok(ms)
+    })
+    .await
+}
+
 /// Prints one JSON line: a figure, its baseline from the same run, and
 /// their ratio.
 fn json_line(
@@ -975,7 +1054,8 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut failed = Vec::new();
     // `DURABILITY_BENCH_MIGRATION=sqlite,mariadb` runs only the listed parts
-    // (`sqlite`, `postgres`, `mariadb`, `hot`, `rss`); unset runs them all.
+    // (`sqlite`, `postgres`, `mariadb`, `hot`, `history`, `rss`); unset runs
+    // them all.
     let parts = std::env::var("DURABILITY_BENCH_MIGRATION").ok();
     let wanted = |part: &str| {
         parts
@@ -998,6 +1078,12 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
                 eprintln!("  {} hot key failed: {e}", backend.label());
                 failed.push(format!("hot {}: {e}", backend.name()));
             }
+        }
+    }
+    if wanted("history") {
+        if let Err(e) = bench_history(&dir.join("history")).await {
+            eprintln!("  verify after history failed: {e}");
+            failed.push(format!("history: {e}"));
         }
     }
     if !wanted("rss") {
