@@ -498,14 +498,14 @@ impl JournalSql<'_> {
         s.finish()
     }
 
-    /// Marks `op_ids` examined by a verification pass (one statement).
+    /// Marks `op_ids` examined by a verification pass (one statement, by
+    /// primary key only: a condition on the scope would let a planner
+    /// walk the scope's whole `(scope, verified, op_id)` index instead).
     pub(crate) fn mark_verified(&self, op_ids: &[String]) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("UPDATE ")
             .raw(names::OPS)
-            .raw(" SET verified = 1 WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND op_id IN (");
+            .raw(" SET verified = 1 WHERE op_id IN (");
         for (i, op) in op_ids.iter().enumerate() {
             if i > 0 {
                 s.raw(", ");
