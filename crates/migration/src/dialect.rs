@@ -412,13 +412,20 @@ impl Dialect {
         )
     }
 
-    /// The index that finds the finished operations no pass examined yet
-    /// (created after [`Self::journal_upgrade`]).
-    pub(crate) fn journal_verified_index(&self) -> Statement {
-        Statement::new(format!(
-            "CREATE INDEX IF NOT EXISTS durability_migration_ops_unverified ON {o} (scope, verified, op_id)",
-            o = names::OPS
-        ))
+    /// The indexes that find the finished operations no pass examined yet
+    /// and the retired ones not purged yet, so a pass and a purge read what
+    /// is new, not the history (created after [`Self::journal_upgrade`]).
+    pub(crate) fn journal_history_indexes(&self) -> Vec<Statement> {
+        vec![
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unverified ON {o} (scope, verified, op_id)",
+                o = names::OPS
+            )),
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unpurged ON {o} (scope, purged, op_id)",
+                o = names::OPS
+            )),
+        ]
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.

@@ -222,10 +222,12 @@ impl Router {
                 return Err(MigrationError::shard(name, e));
             }
         }
-        shard
-            .execute(&d.journal_verified_index())
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        for st in d.journal_history_indexes() {
+            shard
+                .execute(&st)
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+        }
         if self.computed() {
             self.init_placement().await?;
         }
