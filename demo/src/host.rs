@@ -303,10 +303,10 @@ pub(crate) async fn bench() -> BoxResult<()> {
     }
     if wanted("routed") {
         let r = routed::routed(&dir.path().join("routed"), ROUTES, N).await?;
-        let [bare_us, routed_us, direct_us] = r.us;
+        let [bare_us, routed_us, direct_us, owner_us] = r.us;
         eprintln!(
-            "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
-            r.ratios[0], r.ratios[1], r.calls_per_s
+            "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); the owner's endpoint called straight with the fence {owner_us:.1} us (median ratio {:.3}: the owner's share); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
+            r.ratios[0], r.ratios[1], r.ratios[2], r.calls_per_s
         );
         let routed_n = N * u64::try_from(ROUTES)?;
         let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": ROUTES});

@@ -12,7 +12,10 @@
 //!   runs it under the watchdog and commits through the fence (the hint is
 //!   forgotten before each call, so each one takes the router's path);
 //! - a direct call on the learned owner hint (no resolution on `a`; `b`
-//!   still admits).
+//!   still admits);
+//! - for the breakdown, the owner's endpoint called straight with the
+//!   route fence through the same client (no caller host: what `b` adds to
+//!   the bare round trip).
 //!
 //! Then calls/s per host: `a` keeps eight calls in flight to eight objects
 //! `b` owns, for a fixed count of calls.
@@ -24,7 +27,7 @@ use std::time::Instant;
 use axum::extract::State;
 use durability_host::transport::{
     Endpoint, EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, InvokeRequest, Reply,
-    StaticPeers, Transport, serve,
+    RouteFence, StaticPeers, Transport, serve,
 };
 use durability_host::{BoxError, Handle, Host, HostConfig, RpcArgs};
 use durability_ownership::SystemClock;
@@ -46,10 +49,12 @@ type RHost = Host<RStore, SqliteAlarmIndex>;
 
 /// What one figure measured.
 pub(super) struct Routed {
-    /// Medians of the per-round times (us/call): bare, routed, direct.
-    pub(super) us: [f64; 3],
-    /// Medians of the per-round ratios to the bare round trip: routed, direct.
-    pub(super) ratios: [f64; 2],
+    /// Medians of the per-round times (us/call): bare, routed, direct,
+    /// owner endpoint.
+    pub(super) us: [f64; 4],
+    /// Medians of the per-round ratios to the bare round trip: routed,
+    /// direct, owner endpoint.
+    pub(super) ratios: [f64; 3],
     /// Calls/s `b` served with eight calls in flight from `a`.
     pub(super) calls_per_s: f64,
     /// Calls in the throughput run.
@@ -126,6 +131,7 @@ async fn bare_calls(
     transport: &HttpTransport,
     endpoint: &Endpoint,
     token: &InternalToken,
+    fence: Option<RouteFence>,
     n: u64,
 ) -> BoxResult<f64> {
     let request = InvokeRequest {
@@ -133,7 +139,7 @@ async fn bare_calls(
         name: "c1".to_owned(),
         method: "incr".to_owned(),
         args: RpcArgs::new(args())?,
-        fence: None,
+        fence,
     };
     let t = Instant::now();
     for _ in 0..n {
@@ -185,6 +191,7 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     let la = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let b_endpoint = format!("http://{}", lb.local_addr()?);
     let peers = StaticPeers(BTreeMap::from([
         ("a".to_owned(), format!("http://{}", la.local_addr()?)),
         ("b".to_owned(), format!("http://{}", lb.local_addr()?)),
@@ -217,18 +224,44 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     let token = InternalToken::new(TOKEN)?;
 
     // Warm every path (connections pooled, objects open, hint learned).
-    bare_calls(&transport, &bare_endpoint, &token, 20).await?;
+    bare_calls(&transport, &bare_endpoint, &token, None, 20).await?;
     host_calls(&a, 20, true).await?;
     host_calls(&a, 20, false).await?;
+    let hint = a
+        .owner_hint("Counter", "c1")?
+        .ok_or("a learned no owner hint for c1")?;
+    let owner_fence = RouteFence {
+        task: hint.task.as_str().to_owned(),
+        generation: hint.generation.get(),
+    };
+    let owner_endpoint = EndpointPolicy::default().check(&b_endpoint)?;
+    bare_calls(
+        &transport,
+        &owner_endpoint,
+        &token,
+        Some(owner_fence.clone()),
+        20,
+    )
+    .await?;
 
-    let mut times: [Vec<f64>; 3] = Default::default();
+    let mut times: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {
-        for k in 0..3 {
-            let which = (round + k) % 3;
+        for k in 0..4 {
+            let which = (round + k) % 4;
             let us = match which {
-                0 => bare_calls(&transport, &bare_endpoint, &token, n).await?,
+                0 => bare_calls(&transport, &bare_endpoint, &token, None, n).await?,
                 1 => host_calls(&a, n, true).await?,
-                _ => host_calls(&a, n, false).await?,
+                2 => host_calls(&a, n, false).await?,
+                _ => {
+                    bare_calls(
+                        &transport,
+                        &owner_endpoint,
+                        &token,
+                        Some(owner_fence.clone()),
+                        n,
+                    )
+                    .await?
+                }
             };
             times[which].push(us);
         }
@@ -244,10 +277,10 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     a.shutdown().await;
     b.shutdown().await;
     let ratio = |i: usize| median((0..rounds).map(|r| times[i][r] / times[0][r]).collect());
-    let ratios = [ratio(1), ratio(2)];
-    let [bare, routed, direct] = times;
+    let ratios = [ratio(1), ratio(2), ratio(3)];
+    let [bare, routed, direct, owner] = times;
     Ok(Routed {
-        us: [median(bare), median(routed), median(direct)],
+        us: [median(bare), median(routed), median(direct), median(owner)],
         ratios,
         calls_per_s,
         throughput_calls,
