@@ -1082,11 +1082,11 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
             }
         }
     }
-    if wanted("history") {
-        if let Err(e) = bench_history(&dir.join("history")).await {
-            eprintln!("  verify after history failed: {e}");
-            failed.push(format!("history: {e}"));
-        }
+    if wanted("history")
+        && let Err(e) = bench_history(&dir.join("history")).await
+    {
+        eprintln!("  verify after history failed: {e}");
+        failed.push(format!("history: {e}"));
     }
     if !wanted("rss") {
         return if failed.is_empty() {
