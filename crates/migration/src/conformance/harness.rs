@@ -308,27 +308,18 @@ pub struct HookedShard<H> {
     pub inner: Arc<dyn Shard>,
     /// The hook.
     pub hook: H,
-    /// What [`Shard::single_connection`] reports (`None`: the inner shard's
-    /// answer).
-    pub single_connection: Option<bool>,
 }
 
 impl<H> std::fmt::Debug for HookedShard<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HookedShard")
-            .field("single_connection", &self.single_connection)
-            .finish_non_exhaustive()
+        f.debug_struct("HookedShard").finish_non_exhaustive()
     }
 }
 
 impl<H: BeforeWrite> HookedShard<H> {
-    /// `inner` with `hook`, reporting the inner shard's connection model.
+    /// `inner` with `hook`.
     pub fn new(inner: Arc<dyn Shard>, hook: H) -> Self {
-        Self {
-            inner,
-            hook,
-            single_connection: None,
-        }
+        Self { inner, hook }
     }
 }
 
@@ -338,10 +329,6 @@ impl<H: BeforeWrite> Shard for HookedShard<H> {
     }
     fn batch_support(&self) -> BatchSupport {
         self.inner.batch_support()
-    }
-    fn single_connection(&self) -> bool {
-        self.single_connection
-            .unwrap_or_else(|| self.inner.single_connection())
     }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {

@@ -605,7 +605,6 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
             at: 2,
             n: AtomicU64::new(0),
         },
-        single_connection: Some(true),
     });
     let cfg = MigrationConfig::new(e.mapping.clone())
         .shard("s0", stall)
@@ -1172,7 +1171,7 @@ struct OnWrite {
     bump_before_cutover: bool,
 }
 
-/// A single-connection shard over `inner` with an [`OnWrite`] hook.
+/// A shard over `inner` with an [`OnWrite`] hook.
 fn hook_shard(
     inner: Arc<dyn Shard>,
     at: u64,
@@ -1187,7 +1186,6 @@ fn hook_shard(
             hook: std::sync::Mutex::new(hook),
             bump_before_cutover,
         },
-        single_connection: Some(true),
     }
 }
 
