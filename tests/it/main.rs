@@ -17,6 +17,7 @@ mod migration_dialects;
 mod migration_hotkey;
 mod migration_placement;
 mod migration_review;
+mod migration_smaller;
 mod migration_stuck;
 mod outbox;
 mod outbox_codec;

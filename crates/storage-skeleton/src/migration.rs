@@ -37,7 +37,6 @@ impl Shard for SkeletonShard {
         BatchSupport::None
     }
 
-
     fn execute<'a>(&'a self, _stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         // Execute one statement with its bound parameters; the number of rows it changed.
         Box::pin(async { Err(Unsupported::boxed("execute")) })
