@@ -200,3 +200,194 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_not_detected() {
         );
     }
 }
+
+/// Where the winning move runs inside the losing one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WinnerRuns {
+    /// Right after the loser read the key's mapping (before its claim
+    /// check and snapshot).
+    AfterMappingRead,
+    /// Right before the loser's claim insert (after its snapshot).
+    BeforeClaim,
+}
+
+/// Runs the winner's whole move of `u1` to `s1`, then an acknowledged
+/// update of the moved row, once.
+struct Winner {
+    router: OnceLock<Arc<Router>>,
+    fired: AtomicBool,
+    seen: Mutex<Option<String>>,
+}
+
+impl Winner {
+    fn new() -> Self {
+        Self {
+            router: OnceLock::new(),
+            fired: AtomicBool::new(false),
+            seen: Mutex::new(None),
+        }
+    }
+
+    async fn run_once(&self) -> Result<(), BackendError> {
+        if self.fired.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let w = self.router.get().ok_or("no winner")?;
+        let out = w
+            .reassign_shard("u1", "s1", "users")
+            .await
+            .map_err(|e| e.to_string())?;
+        let n = w
+            .update("u1", "users", user("after", 2))
+            .await
+            .map_err(|e| e.to_string())?;
+        *self.seen.lock().unwrap() = Some(format!("{} moved, updated {n}", out.op_id));
+        Ok(())
+    }
+}
+
+/// A mapping store that runs the winner after it answers the loser's first
+/// read of `u1`.
+struct RaceMapping {
+    inner: Arc<dyn durability_migration::MappingStore>,
+    winner: Arc<Winner>,
+    armed: AtomicBool,
+}
+
+impl durability_migration::MappingStore for RaceMapping {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        Box::pin(async move {
+            let got = self.inner.get(key).await?;
+            if key == "u1" && self.armed.load(Ordering::SeqCst) {
+                self.winner.run_once().await?;
+            }
+            Ok(got)
+        })
+    }
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        self.inner.put(key, shard)
+    }
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        shard: &'a str,
+    ) -> BoxFuture<'a, Result<String, BackendError>> {
+        self.inner.put_if_absent(key, shard)
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        self.inner.remove(key)
+    }
+    fn scan<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        self.inner.scan(after, limit)
+    }
+}
+
+/// Runs the winner before the loser's claim insert on the journal shard.
+struct BeforeClaim(Arc<Winner>);
+
+impl BeforeWrite for BeforeClaim {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            if stmts
+                .iter()
+                .any(|s| s.sql.starts_with("INSERT INTO durability_migration_ops"))
+            {
+                self.0.run_once().await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Two routers move `u1` from s0 to s1 at once; the winner's whole move
+/// (and an acknowledged update of the moved row) runs at `at` inside the
+/// loser's. The loser gets `MIGRATION_ALREADY_ACTIVE` and changes nothing:
+/// the key keeps one live row, on s1, with the update.
+async fn losing_move(kinds: [Kind; 2], at: WinnerRuns) {
+    let Some(e) = env(&kinds).await else { return };
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let winner = Arc::new(Winner::new());
+    let _ = winner.router.set(Arc::new(e.router().await));
+    let mapping = Arc::new(RaceMapping {
+        inner: Arc::clone(&e.mapping),
+        winner: Arc::clone(&winner),
+        armed: AtomicBool::new(false),
+    });
+    let s0: Arc<dyn Shard> = match at {
+        WinnerRuns::AfterMappingRead => Arc::clone(e.shard("s0")),
+        WinnerRuns::BeforeClaim => Arc::new(HookedShard::new(
+            Arc::clone(e.shard("s0")),
+            BeforeClaim(Arc::clone(&winner)),
+        )),
+    };
+    let cfg = durability_migration::MigrationConfig::new(mapping.clone())
+        .journal_shard("s0")
+        .mapping_cache_ttl_ms(0)
+        .clock(Arc::new(e.clock.clone()))
+        .table("users")
+        .shard("s0", s0)
+        .shard("s1", Arc::clone(e.shard("s1")));
+    let loser = Router::new(cfg).unwrap();
+    loser.init().await.unwrap();
+    mapping
+        .armed
+        .store(at == WinnerRuns::AfterMappingRead, Ordering::SeqCst);
+    let err = loser.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    let seen = winner.seen.lock().unwrap().clone();
+    assert!(seen.is_some(), "{kinds:?} {at:?}: the winner ran");
+    let live = e.live("users", "id", "u1").await;
+    assert_eq!(live.len(), 1, "{kinds:?} {at:?}: {live:?} ({err})");
+    assert_eq!(live[0].0, "s1", "{kinds:?} {at:?}");
+    assert_eq!(
+        live[0].1.get("name"),
+        Some(&Value::from("after")),
+        "{kinds:?} {at:?}: the acknowledged update stays ({err})"
+    );
+    assert_eq!(
+        r.get("u1", "users").await.unwrap().unwrap().get("n"),
+        Some(&Value::Integer(2)),
+        "{kinds:?} {at:?}"
+    );
+    assert_eq!(
+        err.code(),
+        "MIGRATION_ALREADY_ACTIVE",
+        "{kinds:?} {at:?}: {err} (winner: {seen:?})"
+    );
+    assert_eq!(
+        r.update("u1", "users", user("later", 3)).await.unwrap(),
+        1,
+        "{kinds:?} {at:?}: writes land"
+    );
+    crate::shards::clean_verify(&r).await;
+}
+
+/// A move that loses to a concurrent move of the key, which finished after
+/// the loser read the key's mapping, gets the conflict code, not
+/// `MIGRATION_ROW_NOT_FOUND` (the loser's snapshot finds the row gone from
+/// the source).
+#[tokio::test]
+async fn a_move_losing_after_its_mapping_read_gets_the_conflict_code() {
+    for kinds in SAME {
+        losing_move(kinds, WinnerRuns::AfterMappingRead).await;
+    }
+}
+
+/// A move whose snapshot was taken before a concurrent move of the key
+/// finished gets the conflict code once its claim lands, and writes
+/// nothing to the destination (where the winner's row lives).
+#[tokio::test]
+async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
+    for kinds in SAME {
+        losing_move(kinds, WinnerRuns::BeforeClaim).await;
+    }
+}
