@@ -11,7 +11,8 @@ use crate::shards::{Env, Kind, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, MoveState, Router, Row, Shard, Statement, Value, VerifyOptions, row,
+    BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MoveState, Router, Row, Shard,
+    Statement, Value, VerifyOptions, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -334,6 +335,7 @@ async fn losing_move(kinds: [Kind; 2], at: WinnerRuns) {
         .journal_shard("s0")
         .mapping_cache_ttl_ms(0)
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users")
         .shard("s0", s0)
         .shard("s1", Arc::clone(e.shard("s1")));
@@ -389,5 +391,114 @@ async fn a_move_losing_after_its_mapping_read_gets_the_conflict_code() {
 async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
     for kinds in SAME {
         losing_move(kinds, WinnerRuns::BeforeClaim).await;
+    }
+}
+
+/// A router over `e` on `clock`, in clock domain `domain` (a host of its
+/// own), through the crash plan when `faulty`.
+async fn router_on(e: &Env, clock: &ManualClock, domain: &str, faulty: bool) -> Router {
+    let r = Router::new(
+        e.config(faulty, 30_000)
+            .clock(Arc::new(clock.clone()))
+            .clock_domain(domain),
+    )
+    .unwrap();
+    r.init().await.unwrap();
+    r
+}
+
+/// Host A's router starts a move of `u1` to s1 whose copy fails (write 2,
+/// before it runs): the operation stays `prepared`, owned by host A.
+async fn interrupted_on_host_a(e: &Env) -> (Router, String) {
+    let r = e.router().await;
+    e.mapping.put("u1", "s0").await.unwrap();
+    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let mover = router_on(e, &e.clock, "host-a", true).await;
+    e.plan.arm(2, FaultMode::Before);
+    assert!(mover.reassign_shard("u1", "s1", "users").await.is_err());
+    e.plan.disarm();
+    let op = r
+        .get_migration_status("u1", "users")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(op.state, MoveState::Prepared);
+    assert_eq!(op.owner, mover.instance_id());
+    (mover, op.op_id)
+}
+
+/// A recovery on a host whose clock is ahead of the mover's by more than
+/// the liveness period does not take the live move for dead: it skips it,
+/// and the mover, calling again, finishes its own move.
+#[tokio::test]
+async fn a_recovery_on_a_clock_ahead_leaves_a_live_move_alone() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { continue };
+        let (mover, op_id) = interrupted_on_host_a(&e).await;
+        let ahead = ManualClock::new(e.clock.now_ms() + 2 * MOVE_LIVENESS_MS as i64);
+        let judge = router_on(&e, &ahead, "host-b", false).await;
+        let rep = judge.recover_migrations().await.unwrap();
+        assert_eq!(rep.skipped, vec![op_id.clone()], "{kinds:?}: {rep:?}");
+        assert!(
+            rep.committed.is_empty() && rep.aborted.is_empty(),
+            "{kinds:?}"
+        );
+        let out = mover.reassign_shard("u1", "s1", "users").await.unwrap();
+        assert_eq!(
+            out.op_id, op_id,
+            "{kinds:?}: the mover resumed its own move"
+        );
+        let rep = judge.recover_migrations().await.unwrap();
+        assert!(rep.examined.is_empty(), "{kinds:?}: {rep:?}");
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(live[0].0, "s1", "{kinds:?}");
+        crate::shards::clean_verify(&judge).await;
+    }
+}
+
+/// A move whose owner is on another clock is settled once the recovering
+/// router saw its journal row unchanged for the liveness period of its own
+/// clock; a step of the owner in between starts the period again.
+#[tokio::test]
+async fn a_move_owned_on_another_clock_is_settled_after_its_row_stood_still() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { continue };
+        let (mover, op_id) = interrupted_on_host_a(&e).await;
+        // Host B's clock is far behind host A's: its own deadline reading
+        // would never lapse.
+        let behind = ManualClock::new(e.clock.now_ms() - 10 * MOVE_LIVENESS_MS as i64);
+        let judge = router_on(&e, &behind, "host-b", false).await;
+        let liveness = MOVE_LIVENESS_MS as i64;
+        assert_eq!(
+            judge.recover_migrations().await.unwrap().skipped,
+            vec![op_id.clone()],
+            "{kinds:?}: first sight"
+        );
+        behind.advance(liveness - 1);
+        assert_eq!(
+            judge.recover_migrations().await.unwrap().skipped,
+            vec![op_id.clone()],
+            "{kinds:?}: not yet a full period"
+        );
+        // The owner steps (its retry journals a fresh snapshot, then its
+        // copy fails again).
+        e.clock.advance(1_000);
+        e.plan.arm(2, FaultMode::Before);
+        assert!(mover.reassign_shard("u1", "s1", "users").await.is_err());
+        e.plan.disarm();
+        behind.advance(1);
+        assert_eq!(
+            judge.recover_migrations().await.unwrap().skipped,
+            vec![op_id.clone()],
+            "{kinds:?}: the row changed, the period starts again"
+        );
+        behind.advance(liveness);
+        let rep = judge.recover_migrations().await.unwrap();
+        assert_eq!(rep.committed, vec![op_id.clone()], "{kinds:?}: {rep:?}");
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(live[0].0, "s1", "{kinds:?}");
+        crate::shards::clean_verify(&judge).await;
     }
 }

@@ -373,6 +373,29 @@ impl JournalSql<'_> {
         })
     }
 
+    /// Recovery takes an operation over whose owner is outside its clock
+    /// domain and whose row it saw unchanged for the liveness period: only
+    /// while the row is still exactly as seen (no clock reading of another
+    /// host is compared).
+    pub(crate) fn take_over_unchanged(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND state = ")
+                .bind(op.state.as_str())
+                .raw(" AND attempts = ")
+                .bind(op.attempts)
+                .raw(" AND updated_ms = ")
+                .bind(op.updated_ms)
+                .raw(" AND live_until_ms = ")
+                .bind(op.live_until_ms);
+        })
+    }
+
     /// An operator's abort takes an operation over from its owner, live or
     /// not, only while it has not reached `cutover_pending` (so no cutover
     /// can have run): the owner's next journal write is then fenced.

@@ -249,6 +249,11 @@ impl Router {
                 }
             }
         }
+        // Forget what was seen of operations that are no longer active.
+        self.liveness_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|op_id, _| report.examined.contains(op_id));
         // Finished operations whose claims were left behind.
         let rows = js
             .query(&q.terminal_claims())
@@ -269,9 +274,59 @@ impl Router {
         Ok(report)
     }
 
+    /// Whether `owner` (an operation's recorded owner) reads this router's
+    /// clock: this router, its own recoveries, or a router of its
+    /// configured clock domain.
+    pub(crate) fn same_clock(&self, owner: &str) -> bool {
+        owner == self.instance
+            || owner
+                .strip_prefix(self.instance.as_str())
+                .is_some_and(|rest| rest.starts_with(':'))
+            || self.clock_domain.as_ref().is_some_and(|d| {
+                owner
+                    .strip_prefix(d.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+    }
+
+    /// Whether this router has seen `op`'s journal row unchanged for
+    /// [`MOVE_LIVENESS_MS`] of its own clock (a first sight, or a changed
+    /// row, starts the period at `now`).
+    fn lapsed_as_seen(&self, op: &OpRecord, now: i64) -> bool {
+        let token = format!(
+            "{}|{}|{}|{}|{}",
+            op.owner,
+            op.state.as_str(),
+            op.attempts,
+            op.updated_ms,
+            op.live_until_ms
+        );
+        let mut seen = self
+            .liveness_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match seen.get(&op.op_id) {
+            Some((t, since)) if *t == token => {
+                now.saturating_sub(*since) >= i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX)
+            }
+            _ => {
+                seen.insert(op.op_id.clone(), (token, now));
+                false
+            }
+        }
+    }
+
     async fn recover_op(&self, op: &OpRecord, guard: &Guard) -> Result<Outcome> {
         let now = self.now();
-        if op.live_until_ms > now {
+        // A deadline is compared only with the clock that wrote it: a move
+        // owned outside this router's clock domain is judged by its row
+        // staying unchanged over this router's own elapsed time.
+        let same_clock = self.same_clock(&op.owner);
+        if same_clock {
+            if op.live_until_ms > now {
+                return Ok(Outcome::Skipped);
+            }
+        } else if !self.lapsed_as_seen(op, now) {
             return Ok(Outcome::Skipped);
         }
         let ctx = MoveCtx::from_op(self, op, guard.clone())?;
@@ -283,8 +338,13 @@ impl Router {
             scope: &self.scope,
         };
         let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
+        let take = if same_clock {
+            q.take_over(op, guard, now, live)
+        } else {
+            q.take_over_unchanged(op, guard, now, live)
+        };
         let n = js
-            .execute(&q.take_over(op, guard, now, live))
+            .execute(&take)
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         if n == 0 {

@@ -34,6 +34,9 @@ pub struct Harness {
     pub plan: Arc<FaultPlan>,
     /// The shard holding the journal (`s0` unless changed).
     pub journal: &'static str,
+    /// The clock domain of every router of the harness (they all read
+    /// [`Harness::clock`]); unique per harness.
+    pub clock_domain: String,
     tables: Vec<(&'static str, Option<&'static str>)>,
     _guards: Vec<Box<dyn Any + Send + Sync>>,
 }
@@ -60,6 +63,7 @@ impl Harness {
             mapping,
             plan: FaultPlan::new(),
             journal: "s0",
+            clock_domain: format!("harness-{}", uuid::Uuid::now_v7()),
             tables: Vec::new(),
             _guards: Vec::new(),
         }
@@ -102,7 +106,8 @@ impl Harness {
         let mut c = MigrationConfig::new(mapping)
             .journal_shard(self.journal)
             .mapping_cache_ttl_ms(ttl)
-            .clock(Arc::new(self.clock.clone()));
+            .clock(Arc::new(self.clock.clone()))
+            .clock_domain(self.clock_domain.clone());
         for (table, column) in &self.tables {
             c = match column {
                 None => c.table(*table),

@@ -611,6 +611,7 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
         .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users");
     let a = Router::new(cfg).unwrap();
     let before_gen = 8;
@@ -1221,6 +1222,7 @@ fn hooked_config(e: &Harness, s0: Arc<dyn Shard>) -> MigrationConfig {
         .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users")
 }
 
