@@ -11,7 +11,9 @@ use crate::shard::Statement;
 use crate::value::{Row, Value};
 
 /// How long a live move's claim on its operation lasts without a step (ms).
-/// Recovery skips an operation whose mover stepped more recently.
+/// Recovery skips an operation whose mover stepped more recently: by the
+/// recorded deadline when the mover reads its clock (its clock domain),
+/// otherwise by seeing the row unchanged for this long on its own clock.
 pub const MOVE_LIVENESS_MS: u64 = 30_000;
 /// How long a recovery lease lasts without renewal (ms).
 pub const RECOVERY_LEASE_MS: u64 = 60_000;

@@ -9,7 +9,7 @@
 //! | `cutover_pending` | cutover check: source unchanged → run the cutover again; changed → abort; gone → the archive decides: present → check the destination, publish; absent → abort |
 //! | `committed`, `published` | finish: publish, retire, release |
 //! | `retired`, `aborted` with claims left | release the claims |
-//! | any, mover still live | skip |
+//! | any, mover still live (same clock domain: its deadline not passed; otherwise: first seen, or its row changed, less than `MOVE_LIVENESS_MS` ago on this router's clock) | skip |
 //!
 //! Every abort drops the destination copy (only rows equal to the journaled
 //! snapshot). Every journal write carries the lease predicate, so a
@@ -179,7 +179,11 @@ impl Router {
 
     /// Finishes or aborts every interrupted move of this journal scope.
     ///
-    /// Takes the scope's lease row first (60 s without renewal). Call it
+    /// Takes the scope's lease row first (60 s without renewal). A move
+    /// owned outside this router's clock domain is settled only once this
+    /// router saw its journal row unchanged for [`MOVE_LIVENESS_MS`] of its
+    /// own clock (so a first call skips it; see
+    /// [`crate::MigrationConfig::clock_domain`]). Call it
     /// after any deploy or crash that may have interrupted a move; a
     /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
     /// success.
