@@ -254,10 +254,12 @@ impl Router {
             }
         }
         // Forget what was seen of operations that are no longer active.
+        let active: std::collections::HashSet<&str> =
+            report.examined.iter().map(String::as_str).collect();
         self.liveness_seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|op_id, _| report.examined.contains(op_id));
+            .retain(|op_id, _| active.contains(op_id.as_str()));
         // Finished operations whose claims were left behind.
         let rows = js
             .query(&q.terminal_claims())
