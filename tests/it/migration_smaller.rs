@@ -502,3 +502,71 @@ async fn a_move_owned_on_another_clock_is_settled_after_its_row_stood_still() {
         crate::shards::clean_verify(&judge).await;
     }
 }
+
+/// Starts the winner's move, crashing it after its claim (write 2, its
+/// copy, fails before it runs), before the loser's claim insert.
+struct ClaimTaken {
+    e: OnceLock<Arc<Env>>,
+    fired: AtomicBool,
+}
+
+impl BeforeWrite for ClaimTaken {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            if !stmts
+                .iter()
+                .any(|s| s.sql.starts_with("INSERT INTO durability_migration_ops"))
+                || self.fired.swap(true, Ordering::SeqCst)
+            {
+                return Ok(());
+            }
+            let e = self.e.get().ok_or("no env")?;
+            let w = e.router_with(true, 30_000).await;
+            e.plan.arm(2, FaultMode::Before);
+            let res = w.reassign_shard("u1", "s1", "users").await;
+            e.plan.disarm();
+            if res.is_ok() {
+                return Err("the winner's move was to stop after its claim".into());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A move whose claim insert comes after a concurrent move of the key
+/// claimed it (past the loser's claim check) gets the conflict code; the
+/// winner's operation keeps the claim and the row stays on the source.
+#[tokio::test]
+async fn a_move_losing_the_claim_itself_gets_the_conflict_code() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { continue };
+        let e = Arc::new(e);
+        let r = e.router().await;
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let hook = ClaimTaken {
+            e: OnceLock::new(),
+            fired: AtomicBool::new(false),
+        };
+        let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s0")), hook));
+        let loser = router_replacing(&e, "s0", hooked.clone()).await;
+        let _ = hooked.hook.e.set(Arc::clone(&e));
+        let err = loser.reassign_shard("u1", "s1", "users").await.unwrap_err();
+        assert!(hooked.hook.fired.load(Ordering::SeqCst), "{kinds:?}");
+        assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE", "{kinds:?}: {err}");
+        let op = r
+            .get_migration_status("u1", "users")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(op.state, MoveState::Prepared, "{kinds:?}: the winner's");
+        assert_ne!(op.owner, loser.instance_id(), "{kinds:?}");
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(live[0].0, "s0", "{kinds:?}");
+    }
+}
