@@ -226,7 +226,8 @@ impl Router {
         &self.scope
     }
 
-    /// This router's instance id (owner of the moves it runs).
+    /// This router's instance id (owner of the moves it runs):
+    /// `<clock domain>/<uuid>` with a configured clock domain, else a uuid.
     pub fn instance_id(&self) -> &str {
         &self.instance
     }
