@@ -413,10 +413,12 @@ impl Env {
             Some(p) => Arc::new(FaultMappingStore::new(self.mapping.clone(), Arc::clone(p))),
             None => self.mapping.clone(),
         };
+        // The demo's processes run on one host: one clock, one domain.
         let mut c = MigrationConfig::new(mapping)
             .journal_shard("s0")
             .table("users")
-            .clock(clock);
+            .clock(clock)
+            .clock_domain("demo-host");
         for (name, s) in self.shards.iter() {
             let shard: Arc<dyn Shard> = match plan {
                 Some(p) => Arc::new(FaultShard::new(Arc::clone(s), Arc::clone(p))),

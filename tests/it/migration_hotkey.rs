@@ -447,7 +447,8 @@ async fn a_fenced_write_without_an_explicit_journal_is_not_a_silent_zero() {
             MigrationConfig::new(mapping)
                 .shard("s0", Arc::clone(e.shard("s0")))
                 .table("users")
-                .clock(Arc::new(e.clock.clone())),
+                .clock(Arc::new(e.clock.clone()))
+                .clock_domain(e.clock_domain.clone()),
         )
         .unwrap();
         b.init().await.unwrap();

@@ -232,6 +232,7 @@ async fn epoch_limits(kinds: [Kind; 3]) {
         .journal_shard("s0")
         .placement(Placement::Computed)
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users")
         .shard("s0", racing.clone())
         .shard("s1", Arc::clone(e.shard("s1")))
@@ -514,6 +515,7 @@ async fn unresolved_and_unverified(kinds: [Kind; 3]) {
         .placement(Placement::Computed)
         .manifest_refresh_ms(1_000)
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users")
         .table("docs");
     for (n, s) in &e.shards {

@@ -83,6 +83,8 @@ struct ConfigFile {
     tables: BTreeMap<String, String>,
     #[serde(default)]
     placement: PlacementName,
+    #[serde(default)]
+    clock_domain: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -226,6 +228,9 @@ pub(crate) async fn open(file: &Path, clock: Arc<dyn Clock>) -> Result<Router, C
     }
     if let Some(s) = c.journal_scope {
         config = config.journal_scope(s);
+    }
+    if let Some(d) = c.clock_domain {
+        config = config.clock_domain(d);
     }
     for (table, key_column) in c.tables {
         config = config.table_with_key_column(table, key_column);

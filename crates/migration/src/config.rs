@@ -56,6 +56,7 @@ pub struct MigrationConfig {
     pub(crate) placement: Placement,
     pub(crate) manifest_refresh_ms: u64,
     pub(crate) cutover_hold_ms: u64,
+    pub(crate) clock_domain: Option<String>,
 }
 
 impl std::fmt::Debug for MigrationConfig {
@@ -70,6 +71,7 @@ impl std::fmt::Debug for MigrationConfig {
             .field("placement", &self.placement)
             .field("manifest_refresh_ms", &self.manifest_refresh_ms)
             .field("cutover_hold_ms", &self.cutover_hold_ms)
+            .field("clock_domain", &self.clock_domain)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +93,7 @@ impl MigrationConfig {
             placement: Placement::Mapped,
             manifest_refresh_ms: DEFAULT_MANIFEST_REFRESH_MS,
             cutover_hold_ms: DEFAULT_CUTOVER_HOLD_MS,
+            clock_domain: None,
         }
     }
     /// Adds a named shard.
@@ -169,6 +172,20 @@ impl MigrationConfig {
     /// Injects the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+    /// Names the clock this router's clock is (`[A-Za-z0-9_.-]`, at most
+    /// [`MAX_NAME_BYTES`] bytes): routers that name the same domain promise
+    /// to read one clock (one host's wall clock; one test's manual clock).
+    ///
+    /// Recovery compares a move's liveness deadline with its own clock only
+    /// when the move's owner is in its domain (or is this router). A move
+    /// owned elsewhere is settled only after this router saw its journal
+    /// row unchanged for [`crate::MOVE_LIVENESS_MS`] of its own clock, so a
+    /// router whose clock runs ahead of the mover's never takes a live move
+    /// for dead. Without a domain, a router is a domain of its own.
+    pub fn clock_domain(mut self, name: impl Into<String>) -> Self {
+        self.clock_domain = Some(name.into());
         self
     }
 }
@@ -262,6 +279,9 @@ pub(crate) fn validate(c: &MigrationConfig) -> Result<Validated> {
         return Err(MigrationError::InvalidConfig(format!(
             "manifest refresh above {MAX_MAPPING_CACHE_TTL_MS} ms"
         )));
+    }
+    if let Some(d) = &c.clock_domain {
+        validate_name("clock domain", d)?;
     }
     if c.cutover_hold_ms > MAX_CUTOVER_HOLD_MS {
         return Err(MigrationError::InvalidConfig(format!(

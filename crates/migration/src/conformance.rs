@@ -122,9 +122,6 @@ impl Shard for FaultShard {
     fn batch_support(&self) -> BatchSupport {
         self.inner.batch_support()
     }
-    fn single_connection(&self) -> bool {
-        self.inner.single_connection()
-    }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {
             self.plan.dead()?;
@@ -321,7 +318,7 @@ fn ddl(d: &Dialect, table: &str) -> Statement {
 }
 
 /// The shard contract: bound values round-trip, batches are atomic when
-/// declared so, and the generated cutover archives and deletes a row only
+/// declared so and isolated from concurrent statements, and the generated cutover archives and deletes a row only
 /// when it is unchanged. `table` must not exist yet.
 pub async fn shard_suite(shard: &dyn Shard, table: &str) {
     let d = shard.dialect();
@@ -379,6 +376,23 @@ pub async fn shard_suite(shard: &dyn Shard, table: &str) {
                 got.is_empty(),
                 "a failed atomic batch rolls back every statement"
             );
+            // A batch is isolated: a statement issued while it runs is not
+            // part of it, so the failing batch does not roll it back (in
+            // whatever order the adapter runs the two).
+            let r4 = row([("id", Value::from("k4"))]);
+            let insert_r4 = d.insert_row(&t, &row_idents(&r4).unwrap());
+            let (failed, alone) = futures::join!(shard.batch(&bad), shard.execute(&insert_r4));
+            assert!(failed.is_err(), "duplicate key fails the batch");
+            assert_eq!(alone.unwrap(), 1, "the concurrent insert lands");
+            let got = shard.query(&d.select_row(&t, &id, "k4")).await.unwrap();
+            assert_eq!(
+                got.len(),
+                1,
+                "a failing batch does not roll back a concurrent statement"
+            );
+            let got = shard.query(&d.select_row(&t, &id, "k2")).await.unwrap();
+            assert!(got.is_empty(), "the failed batch left nothing");
+            shard.execute(&d.delete_key(&t, &id, "k4")).await.unwrap();
             let ok = vec![
                 d.insert_row(&t, &row_idents(&r2).unwrap()),
                 d.delete_key(&t, &id, "nope"),

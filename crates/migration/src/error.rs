@@ -160,7 +160,8 @@ pub enum MigrationError {
     /// A key is empty or longer than [`crate::MAX_KEY_BYTES`].
     #[error("invalid key: {0}")]
     InvalidKey(String),
-    /// Another move of the same key and table is active.
+    /// Another move of the same key is active, or moved the key after
+    /// this call located it (a losing concurrent move always gets this).
     #[error("a move of key {0:?} is already active")]
     AlreadyActive(String),
     /// The key already lives on the target shard.

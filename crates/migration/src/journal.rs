@@ -11,7 +11,9 @@ use crate::shard::Statement;
 use crate::value::{Row, Value};
 
 /// How long a live move's claim on its operation lasts without a step (ms).
-/// Recovery skips an operation whose mover stepped more recently.
+/// Recovery skips an operation whose mover stepped more recently: by the
+/// recorded deadline when the mover reads its clock (its clock domain),
+/// otherwise by seeing the row unchanged for this long on its own clock.
 pub const MOVE_LIVENESS_MS: u64 = 30_000;
 /// How long a recovery lease lasts without renewal (ms).
 pub const RECOVERY_LEASE_MS: u64 = 60_000;
@@ -375,6 +377,29 @@ impl JournalSql<'_> {
     ) -> Statement {
         self.take_over_when(op, g, now, live_until, |s| {
             s.raw(" AND live_until_ms <= ").bind(now);
+        })
+    }
+
+    /// Recovery takes an operation over whose owner is outside its clock
+    /// domain and whose row it saw unchanged for the liveness period: only
+    /// while the row is still exactly as seen (no clock reading of another
+    /// host is compared).
+    pub(crate) fn take_over_unchanged(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND state = ")
+                .bind(op.state.as_str())
+                .raw(" AND attempts = ")
+                .bind(op.attempts)
+                .raw(" AND updated_ms = ")
+                .bind(op.updated_ms)
+                .raw(" AND live_until_ms = ")
+                .bind(op.live_until_ms);
         })
     }
 

@@ -200,6 +200,44 @@ impl<'r> MoveCtx<'r> {
         Ok(out)
     }
 
+    /// Whether the source holds a live tombstone (or in-flight marker) of
+    /// the key in a moved table: the key was moved away from it (or is
+    /// being moved into it) by another operation.
+    pub(crate) async fn moved_away(&self) -> Result<bool> {
+        for spec in &self.specs {
+            if self
+                .r
+                .tombstone(&self.source, &spec.name, &self.key)
+                .await?
+                .is_some_and(|t| t.op_id != self.op_id)
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Ends the operation as aborted without touching a data shard (nothing
+    /// was copied, no hold taken): one journal write, which releases the
+    /// claim.
+    async fn end_unmoved(&self, reason: &str) -> Result<()> {
+        let change = Change {
+            finished: true,
+            error: Some(reason.to_owned()),
+            ..Change::default()
+        };
+        self.journal(vec![self.update(MoveState::Aborted, &change)?])
+            .await?;
+        tracing::info!(
+            event = "durability.migration.aborted",
+            op_id = %self.op_id,
+            key = %self.key,
+            reason,
+            "move aborted before its copy"
+        );
+        Ok(())
+    }
+
     /// Configured tables outside the move that exist on the source.
     async fn others(&self) -> Result<Vec<TableSpec>> {
         let mut out = Vec::new();
@@ -1065,6 +1103,12 @@ impl Router {
         };
         let snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
+            // The row left the source after this call located the key: a
+            // concurrent move cut it over (its tombstone is there). That is
+            // the conflict, not a key without a row.
+            if ctx.moved_away().await? {
+                return Err(MigrationError::AlreadyActive(key.to_owned()));
+            }
             return Err(MigrationError::RowNotFound(key.to_owned()));
         }
         // A value the destination can never store: refused before anything
@@ -1124,6 +1168,17 @@ impl Router {
                 }
                 return Err(MigrationError::shard(&jname, e));
             }
+        }
+        // A concurrent move of the key that finished between this call's
+        // snapshot and its claim has cut the source over (its claim is
+        // released, so ours landed): our snapshot is stale and the key's
+        // row is elsewhere. End the operation before any write outside the
+        // journal (a copy would overwrite the winner's row) and report the
+        // conflict.
+        if ctx.moved_away().await? {
+            ctx.end_unmoved("the key was moved by a concurrent operation")
+                .await?;
+            return Err(MigrationError::AlreadyActive(key.to_owned()));
         }
         let recopies = ctx.run(snap, 0, Stage::Copy).await?;
         Ok(MoveOutcome {

@@ -619,9 +619,6 @@ mod tests {
         fn batch_support(&self) -> BatchSupport {
             BatchSupport::Atomic
         }
-        fn single_connection(&self) -> bool {
-            false
-        }
         fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
             self.writes.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Err("memshard is read-only".into()) })

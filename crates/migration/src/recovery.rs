@@ -9,7 +9,7 @@
 //! | `cutover_pending` | cutover check: source unchanged → run the cutover again; changed → abort; gone → the archive decides: present → check the destination, publish; absent → abort |
 //! | `committed`, `published` | finish: publish, retire, release |
 //! | `retired`, `aborted` with claims left | release the claims |
-//! | any, mover still live | skip |
+//! | any, mover still live (same clock domain: its deadline not passed; otherwise: first seen, or its row changed, less than `MOVE_LIVENESS_MS` ago on this router's clock) | skip |
 //!
 //! Every abort drops the destination copy (only rows equal to the journaled
 //! snapshot). Every journal write carries the lease predicate, so a
@@ -179,7 +179,11 @@ impl Router {
 
     /// Finishes or aborts every interrupted move of this journal scope.
     ///
-    /// Takes the scope's lease row first (60 s without renewal). Call it
+    /// Takes the scope's lease row first (60 s without renewal). A move
+    /// owned outside this router's clock domain is settled only once this
+    /// router saw its journal row unchanged for [`MOVE_LIVENESS_MS`] of its
+    /// own clock (so a first call skips it; see
+    /// [`crate::MigrationConfig::clock_domain`]). Call it
     /// after any deploy or crash that may have interrupted a move; a
     /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
     /// success.
@@ -249,6 +253,13 @@ impl Router {
                 }
             }
         }
+        // Forget what was seen of operations that are no longer active.
+        let active: std::collections::HashSet<&str> =
+            report.examined.iter().map(String::as_str).collect();
+        self.liveness_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|op_id, _| active.contains(op_id.as_str()));
         // Finished operations whose claims were left behind.
         let rows = js
             .query(&q.terminal_claims())
@@ -269,9 +280,59 @@ impl Router {
         Ok(report)
     }
 
+    /// Whether `owner` (an operation's recorded owner) reads this router's
+    /// clock: this router, its own recoveries, or a router of its
+    /// configured clock domain.
+    pub(crate) fn same_clock(&self, owner: &str) -> bool {
+        owner == self.instance
+            || owner
+                .strip_prefix(self.instance.as_str())
+                .is_some_and(|rest| rest.starts_with(':'))
+            || self.clock_domain.as_ref().is_some_and(|d| {
+                owner
+                    .strip_prefix(d.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+    }
+
+    /// Whether this router has seen `op`'s journal row unchanged for
+    /// [`MOVE_LIVENESS_MS`] of its own clock (a first sight, or a changed
+    /// row, starts the period at `now`).
+    fn lapsed_as_seen(&self, op: &OpRecord, now: i64) -> bool {
+        let token = format!(
+            "{}|{}|{}|{}|{}",
+            op.owner,
+            op.state.as_str(),
+            op.attempts,
+            op.updated_ms,
+            op.live_until_ms
+        );
+        let mut seen = self
+            .liveness_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match seen.get(&op.op_id) {
+            Some((t, since)) if *t == token => {
+                now.saturating_sub(*since) >= i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX)
+            }
+            _ => {
+                seen.insert(op.op_id.clone(), (token, now));
+                false
+            }
+        }
+    }
+
     async fn recover_op(&self, op: &OpRecord, guard: &Guard) -> Result<Outcome> {
         let now = self.now();
-        if op.live_until_ms > now {
+        // A deadline is compared only with the clock that wrote it: a move
+        // owned outside this router's clock domain is judged by its row
+        // staying unchanged over this router's own elapsed time.
+        let same_clock = self.same_clock(&op.owner);
+        if same_clock {
+            if op.live_until_ms > now {
+                return Ok(Outcome::Skipped);
+            }
+        } else if !self.lapsed_as_seen(op, now) {
             return Ok(Outcome::Skipped);
         }
         let ctx = MoveCtx::from_op(self, op, guard.clone())?;
@@ -283,8 +344,13 @@ impl Router {
             scope: &self.scope,
         };
         let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
+        let take = if same_clock {
+            q.take_over(op, guard, now, live)
+        } else {
+            q.take_over_unchanged(op, guard, now, live)
+        };
         let n = js
-            .execute(&q.take_over(op, guard, now, live))
+            .execute(&take)
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         if n == 0 {

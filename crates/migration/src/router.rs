@@ -124,6 +124,12 @@ pub struct Router {
     pub(crate) cutover_hold_ms: u64,
     pub(crate) manifest: Mutex<Option<CachedManifest>>,
     pub(crate) instance: String,
+    /// The configured clock domain (see [`MigrationConfig::clock_domain`]).
+    pub(crate) clock_domain: Option<String>,
+    /// Active operations owned outside this router's clock domain, as this
+    /// router last saw their journal rows: op id → (row token, first seen
+    /// unchanged at, on this router's clock).
+    pub(crate) liveness_seen: Mutex<HashMap<String, (String, i64)>>,
     /// Operations a task of this router is driving right now.
     pub(crate) running: Mutex<std::collections::HashSet<String>>,
     cache: Mutex<HashMap<String, (String, u64)>>,
@@ -163,7 +169,12 @@ impl Router {
             manifest_refresh_ms: config.manifest_refresh_ms,
             cutover_hold_ms: config.cutover_hold_ms,
             manifest: Mutex::new(None),
-            instance: uuid::Uuid::now_v7().to_string(),
+            instance: match &config.clock_domain {
+                Some(d) => format!("{d}/{}", uuid::Uuid::now_v7()),
+                None => uuid::Uuid::now_v7().to_string(),
+            },
+            clock_domain: config.clock_domain.clone(),
+            liveness_seen: Mutex::new(HashMap::new()),
             running: Mutex::new(std::collections::HashSet::new()),
             cache: Mutex::new(HashMap::new()),
             columns: Mutex::new(HashMap::new()),
@@ -244,7 +255,8 @@ impl Router {
         &self.scope
     }
 
-    /// This router's instance id (owner of the moves it runs).
+    /// This router's instance id (owner of the moves it runs):
+    /// `<clock domain>/<uuid>` with a configured clock domain, else a uuid.
     pub fn instance_id(&self) -> &str {
         &self.instance
     }

@@ -53,19 +53,17 @@ pub enum BatchSupport {
 /// One database of the shard set.
 ///
 /// Implementations execute statements generated for their [`Dialect`].
-/// An adapter that holds one connection declares
-/// [`Shard::single_connection`] and must hold its other statements until an
-/// open batch commits (so nothing interleaves with a batch).
+/// A batch is isolated from the shard's other statements: a statement
+/// issued through the same shard while a batch is open is never part of it
+/// (an adapter on one connection holds it until the batch ends; a pooled
+/// adapter runs it on another connection). The conformance suite checks
+/// this (a failing batch raced with an insert leaves the insert).
 pub trait Shard: Send + Sync {
     /// The dialect statements must be generated for.
     fn dialect(&self) -> Dialect;
 
     /// What [`Shard::batch`] guarantees.
     fn batch_support(&self) -> BatchSupport;
-
-    /// Whether the adapter holds one connection (and so serialises its
-    /// statements behind an open batch).
-    fn single_connection(&self) -> bool;
 
     /// Executes one statement and returns the number of rows it changed.
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>>;

@@ -227,9 +227,6 @@ impl Shard for NoShard {
     fn batch_support(&self) -> BatchSupport {
         self.1
     }
-    fn single_connection(&self) -> bool {
-        false
-    }
     fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async { Err("no".into()) })
     }
@@ -468,9 +465,6 @@ impl Shard for MemoryNoShard {
     }
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
-    }
-    fn single_connection(&self) -> bool {
-        false
     }
     fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async { Err("never run".into()) })

@@ -318,9 +318,6 @@ impl Shard for MysqlShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn single_connection(&self) -> bool {
-        false
-    }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(self.retrying(move || self.execute_once(stmt)))
     }

@@ -457,9 +457,6 @@ impl Shard for PostgresShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn single_connection(&self) -> bool {
-        false
-    }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(self.execute_retrying(stmt))
     }

@@ -37,11 +37,6 @@ impl Shard for SkeletonShard {
         BatchSupport::None
     }
 
-    fn single_connection(&self) -> bool {
-        // `true` when one connection is shared: every statement must then wait for an open batch.
-        false
-    }
-
     fn execute<'a>(&'a self, _stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         // Execute one statement with its bound parameters; the number of rows it changed.
         Box::pin(async { Err(Unsupported::boxed("execute")) })

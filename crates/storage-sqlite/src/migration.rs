@@ -222,9 +222,6 @@ impl Shard for SqliteShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn single_connection(&self) -> bool {
-        true
-    }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move { exec(&*self.lock()?, stmt) })
     }

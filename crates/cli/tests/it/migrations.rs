@@ -49,7 +49,9 @@ fn router_over(
             .journal_shard("east")
             .table("users")
             .mapping_cache_ttl_ms(0)
-            .clock(Arc::new(ManualClock::new(START))),
+            .clock(Arc::new(ManualClock::new(START)))
+            // The CLI's config names the same clock: the test's.
+            .clock_domain("test-host"),
     )
     .unwrap()
 }
@@ -108,7 +110,8 @@ async fn shard_set(crash: bool) -> ShardSet {
   "shards": { "east": "east.db", "west": "sqlite:west.db" },
   "mapping": "mapping.db",
   "journal_shard": "east",
-  "tables": { "users": "id" }
+  "tables": { "users": "id" },
+  "clock_domain": "test-host"
 }"#,
     )
     .unwrap();

@@ -34,6 +34,9 @@ pub struct Harness {
     pub plan: Arc<FaultPlan>,
     /// The shard holding the journal (`s0` unless changed).
     pub journal: &'static str,
+    /// The clock domain of every router of the harness (they all read
+    /// [`Harness::clock`]); unique per harness.
+    pub clock_domain: String,
     tables: Vec<(&'static str, Option<&'static str>)>,
     _guards: Vec<Box<dyn Any + Send + Sync>>,
 }
@@ -60,6 +63,7 @@ impl Harness {
             mapping,
             plan: FaultPlan::new(),
             journal: "s0",
+            clock_domain: format!("harness-{}", uuid::Uuid::now_v7()),
             tables: Vec::new(),
             _guards: Vec::new(),
         }
@@ -102,7 +106,8 @@ impl Harness {
         let mut c = MigrationConfig::new(mapping)
             .journal_shard(self.journal)
             .mapping_cache_ttl_ms(ttl)
-            .clock(Arc::new(self.clock.clone()));
+            .clock(Arc::new(self.clock.clone()))
+            .clock_domain(self.clock_domain.clone());
         for (table, column) in &self.tables {
             c = match column {
                 None => c.table(*table),
@@ -308,27 +313,18 @@ pub struct HookedShard<H> {
     pub inner: Arc<dyn Shard>,
     /// The hook.
     pub hook: H,
-    /// What [`Shard::single_connection`] reports (`None`: the inner shard's
-    /// answer).
-    pub single_connection: Option<bool>,
 }
 
 impl<H> std::fmt::Debug for HookedShard<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HookedShard")
-            .field("single_connection", &self.single_connection)
-            .finish_non_exhaustive()
+        f.debug_struct("HookedShard").finish_non_exhaustive()
     }
 }
 
 impl<H: BeforeWrite> HookedShard<H> {
-    /// `inner` with `hook`, reporting the inner shard's connection model.
+    /// `inner` with `hook`.
     pub fn new(inner: Arc<dyn Shard>, hook: H) -> Self {
-        Self {
-            inner,
-            hook,
-            single_connection: None,
-        }
+        Self { inner, hook }
     }
 }
 
@@ -338,10 +334,6 @@ impl<H: BeforeWrite> Shard for HookedShard<H> {
     }
     fn batch_support(&self) -> BatchSupport {
         self.inner.batch_support()
-    }
-    fn single_connection(&self) -> bool {
-        self.single_connection
-            .unwrap_or_else(|| self.inner.single_connection())
     }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {

@@ -37,9 +37,6 @@ impl Shard for Canned {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn single_connection(&self) -> bool {
-        true
-    }
     fn execute<'a>(&'a self, st: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         self.ran.lock().unwrap().push(st.clone());
         Box::pin(async { Ok(1) })

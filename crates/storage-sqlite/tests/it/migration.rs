@@ -605,13 +605,13 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
             at: 2,
             n: AtomicU64::new(0),
         },
-        single_connection: Some(true),
     });
     let cfg = MigrationConfig::new(e.mapping.clone())
         .shard("s0", stall)
         .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users");
     let a = Router::new(cfg).unwrap();
     let before_gen = 8;
@@ -1178,7 +1178,7 @@ struct OnWrite {
     bump_before_cutover: bool,
 }
 
-/// A single-connection shard over `inner` with an [`OnWrite`] hook.
+/// A shard over `inner` with an [`OnWrite`] hook.
 fn hook_shard(
     inner: Arc<dyn Shard>,
     at: u64,
@@ -1193,7 +1193,6 @@ fn hook_shard(
             hook: std::sync::Mutex::new(hook),
             bump_before_cutover,
         },
-        single_connection: Some(true),
     }
 }
 
@@ -1229,6 +1228,7 @@ fn hooked_config(e: &Harness, s0: Arc<dyn Shard>) -> MigrationConfig {
         .shard("s1", e.shard("s1").clone())
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
+        .clock_domain(e.clock_domain.clone())
         .table("users")
 }
 
