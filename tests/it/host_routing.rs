@@ -958,11 +958,27 @@ async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
         e.outcome(),
         durability_ownership::DispatchOutcome::NotStarted
     );
+    // A trusted error envelope: one `failed` call, nothing else.
+    assert_eq!(
+        bad.stats().calls,
+        durability_host::ClientCalls {
+            failed: 1,
+            ..Default::default()
+        }
+    );
     let v = client
         .call("Counter", "c1", "get", Value::Null)
         .await
         .unwrap();
     assert_eq!(n_of(&v), 4, "every call ran exactly once");
+    assert_eq!(
+        client.stats().calls,
+        durability_host::ClientCalls {
+            completed: 4,
+            ..Default::default()
+        },
+        "four calls, each completed once (the rediscovery is not a call)"
+    );
     eprintln!(
         "tried: a thin client entering through b: forwarded to a@{g1}, direct to a, a drained and \
          c took over at {g2}, one rediscovery through b to c; a wrong token refused (401)"

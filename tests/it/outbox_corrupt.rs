@@ -1,7 +1,9 @@
 //! Corrupt outbox rows on SQLite (issue 15, outbox item 2): rows corrupted
 //! by SQL are decoded strictly, quarantined with an event, never block
 //! their channel's healthy entries, stay deletable, and never keep the
-//! alarm in the past; a corrupt version counter is a typed error.
+//! alarm in the past; a corrupt version counter is a typed error; the
+//! pending gauge counts only what is still pending once rows are
+//! quarantined.
 #![allow(clippy::unwrap_used)]
 
 use crate::support;
@@ -315,4 +317,114 @@ async fn a_corrupt_version_counter_is_a_typed_error_and_stages_nothing() {
         .transaction(|tx| o.outbox.stage(tx, "k", &"v".to_owned()))
         .unwrap_err();
     assert_eq!(err.code(), "OUTBOX_CORRUPT");
+}
+
+/// The change of the pending gauge of `channel` since the previous
+/// snapshot (the debugging recorder hands out changes), added to `total`.
+fn pending_gauge(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    channel: &str,
+    total: &mut f64,
+) -> u64 {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let here = key
+            .labels()
+            .any(|l| l.key() == "channel" && l.value() == channel);
+        if let (true, "durability_outbox_pending", metrics_util::debugging::DebugValue::Gauge(v)) =
+            (here, key.name(), value)
+        {
+            *total += v.into_inner();
+        }
+    }
+    assert!(*total >= 0.0 && total.fract() == 0.0, "gauge {total}");
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let n = *total as u64;
+    n
+}
+
+#[test]
+fn the_pending_gauge_counts_what_is_left_after_corrupt_rows_are_quarantined() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = ManualClock::new(START);
+            let dir = tempfile::tempdir().unwrap();
+            let storage = sqlite(&dir);
+            // The first publish fails: the healthy entries stay pending
+            // after the run that quarantines the corrupt ones.
+            let o = open(
+                storage.clone(),
+                &clock,
+                Recorder::with_mode(Mode::Fail(1)),
+                ChannelConfig::new("gauge"),
+            );
+            let mut total = 0.0;
+            let gauge = |total: &mut f64| pending_gauge(&snapshotter, "gauge", total);
+            stage_all(&o, &["healthy-1", "bad-attempt", "healthy-2", "bad-due"]);
+            assert_eq!(gauge(&mut total), 4);
+            sql(
+                &storage,
+                "UPDATE durability_outbox SET attempt = -1 WHERE key = 'bad-attempt'",
+            );
+            sql(
+                &storage,
+                "UPDATE durability_outbox SET due_at = 'soon' WHERE key = 'bad-due'",
+            );
+
+            // Quarantine, then a failed attempt: two healthy entries left.
+            let report = o.outbox.deliver_due().await.unwrap();
+            assert_eq!(report.quarantined.len(), 2);
+            assert_eq!((report.delivered, report.retried), (0, 2));
+            assert_eq!(o.outbox.quarantined().unwrap(), 2);
+            assert_eq!(o.outbox.len().unwrap(), 2);
+            assert_eq!(gauge(&mut total), 2);
+
+            // The retries deliver: nothing left.
+            clock.advance(60_000);
+            let report = o.outbox.deliver_due().await.unwrap();
+            assert_eq!(report.delivered, 2);
+            assert!(report.quarantined.is_empty());
+            assert_eq!(o.outbox.len().unwrap(), 0);
+            assert_eq!(gauge(&mut total), 0);
+
+            // A corrupt row met by `publish_now`, next to a healthy one.
+            stage_all(&o, &["bad-version", "healthy-3"]);
+            sql(
+                &storage,
+                "UPDATE durability_outbox SET version = 'abc' WHERE key = 'bad-version'",
+            );
+            assert_eq!(gauge(&mut total), 2);
+            let outcome = o.outbox.publish_now("bad-version").await.unwrap();
+            assert!(!outcome.pending);
+            assert_eq!(outcome.report.quarantined.len(), 1);
+            assert_eq!(o.outbox.len().unwrap(), 1);
+            assert_eq!(gauge(&mut total), 1);
+
+            // A corrupt row discarded by the application, and a new value
+            // of a quarantined key.
+            stage_all(&o, &["bad-value", "bad-due"]);
+            sql(
+                &storage,
+                "UPDATE durability_outbox SET value = 'not bytes' WHERE key = 'bad-value'",
+            );
+            assert_eq!(gauge(&mut total), 3);
+            o.sched
+                .transaction(|tx| o.outbox.discard(tx, "bad-value"))
+                .unwrap();
+            assert_eq!(o.outbox.len().unwrap(), 2);
+            assert_eq!(gauge(&mut total), 2);
+            let report = o.outbox.deliver_due().await.unwrap();
+            assert_eq!(report.delivered, 2);
+            assert!(report.quarantined.is_empty());
+            assert_eq!(o.outbox.len().unwrap(), 0);
+            assert_eq!(gauge(&mut total), 0);
+            assert_eq!(o.outbox.quarantined().unwrap(), 3);
+        });
+    });
 }

@@ -843,3 +843,160 @@ fn bench_peers_stays_out_of_the_main_workspace() {
         "the apalis peer is apalis-sqlite 1.0"
     );
 }
+
+const METRICS_HEADING: &str = "## Metrics";
+
+/// The metric names of ARCHITECTURE.md's "Metrics" table with their kind:
+/// every backticked name of a row's first cell.
+fn documented_metrics(arch: &str) -> Vec<(String, String)> {
+    let start = arch
+        .lines()
+        .position(|l| l.trim_end() == METRICS_HEADING)
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has a `{METRICS_HEADING}` section"));
+    let mut out = Vec::new();
+    for line in arch
+        .lines()
+        .skip(start + 1)
+        .take_while(|l| !l.starts_with("## "))
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "| name | kind | labels | what |" splits into 6 cells.
+        if cells.len() < 4 || !cells[1].starts_with('`') {
+            continue;
+        }
+        for name in cells[1].split('`').skip(1).step_by(2) {
+            out.push((name.to_owned(), cells[2].to_owned()));
+        }
+    }
+    out
+}
+
+/// The metric names `text` records, with their kind: the literal first
+/// argument of every `counter!`, `gauge!` and `histogram!` invocation, and
+/// of the host's `Figure::new` / `Figure::untasked` (counters). A name
+/// that is not a literal is returned as `Err(line)`.
+fn recorded_metrics(text: &str) -> Vec<Result<(String, String), usize>> {
+    const SITES: &[(&str, &str)] = &[
+        ("counter!(", "counter"),
+        ("gauge!(", "gauge"),
+        ("histogram!(", "histogram"),
+        ("Figure::new(", "counter"),
+        ("Figure::untasked(", "counter"),
+    ];
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let code = line.trim_start();
+        if !code.starts_with("//") {
+            for (site, kind) in SITES {
+                for (at, _) in line.match_indices(site) {
+                    // `Figure::new(` inside `…Figure::new(`: only whole words.
+                    let before = line[..at].chars().next_back();
+                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                        continue;
+                    }
+                    let rest = text[offset + at + site.len()..].trim_start();
+                    let name = rest
+                        .strip_prefix('"')
+                        .and_then(|r| r.split_once('"'))
+                        .map(|(name, _)| name.to_owned());
+                    out.push(name.map(|n| (n, (*kind).to_owned())).ok_or(index + 1));
+                }
+            }
+        }
+        offset += line.len();
+    }
+    out
+}
+
+/// The one wrapper allowed to pass a metric name through a variable: the
+/// host's `Figure`, whose constructors are checked at their call sites.
+const METRIC_NAME_WRAPPERS: &[&str] = &["crates/host/src/metrics.rs"];
+
+#[test]
+fn the_metrics_table_names_exactly_the_recorded_metrics() {
+    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let documented = documented_metrics(&arch);
+    assert!(
+        documented.len() > 20,
+        "the tidy check found the metrics table ({})",
+        documented.len()
+    );
+    let mut files = Vec::new();
+    rust_files(&root().join("crates"), &mut files);
+    files.sort();
+    let mut recorded: Vec<(String, String, String)> = Vec::new();
+    let mut offenders = Vec::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(root())
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        // Library code only: tests read metrics back, they do not record.
+        if !rel.contains("/src/")
+            || rel.ends_with("/tests.rs")
+            || rel.contains("/tests/")
+            || rel.starts_with("crates/bench")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("source file reads");
+        for found in recorded_metrics(&text) {
+            match found {
+                Ok((name, kind)) => recorded.push((name, kind, rel.clone())),
+                Err(line) if !METRIC_NAME_WRAPPERS.contains(&rel.as_str()) => {
+                    offenders.push(format!("{rel}:{line}: a metric name that is not a literal"));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    for (name, kind, rel) in &recorded {
+        match documented.iter().find(|(n, _)| n == name) {
+            None => offenders.push(format!(
+                "{rel}: `{name}` is recorded but not in ARCHITECTURE.md's metrics table"
+            )),
+            Some((_, k)) if k != kind => offenders.push(format!(
+                "{rel}: `{name}` is recorded as a {kind}, the table says {k}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, _) in &documented {
+        if !recorded.iter().any(|(n, _, _)| n == name) {
+            offenders.push(format!(
+                "`{name}` is in ARCHITECTURE.md's metrics table but recorded nowhere"
+            ));
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "the metrics table and the recording sites disagree:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn the_metrics_scanner_reads_literal_names_and_flags_the_rest() {
+    let text = "// counter!(\"durability_x_comment_total\")\nlet a = metrics::counter!(\"durability_x_a_total\", \"k\" => v);\nlet b = gauge!(\n    \"durability_x_b\",\n    &label,\n);\nlet c = counter!(name, &all);\nFigure::untasked(\"durability_x_c_total\", &[]);\nMyFigure::new(\"durability_x_d_total\");\n";
+    let found = recorded_metrics(text);
+    assert_eq!(
+        found,
+        vec![
+            Ok(("durability_x_a_total".to_owned(), "counter".to_owned())),
+            Ok(("durability_x_b".to_owned(), "gauge".to_owned())),
+            Err(7),
+            Ok(("durability_x_c_total".to_owned(), "counter".to_owned())),
+        ]
+    );
+    let arch = "## Metrics\n\n| name | kind | labels | what |\n|---|---|---|---|\n| `a_total`, `b_total` | counter | | x |\n| `c` | gauge | `channel` | y |\n\n## Limits\n| `d` | counter | | z |\n";
+    assert_eq!(
+        documented_metrics(arch),
+        vec![
+            ("a_total".to_owned(), "counter".to_owned()),
+            ("b_total".to_owned(), "counter".to_owned()),
+            ("c".to_owned(), "gauge".to_owned()),
+        ]
+    );
+}

@@ -4,9 +4,12 @@
 //! and calls the owner directly with the route fence next time, under the
 //! same replay rules as a host's own router (see [`crate::routing`]'s
 //! docs on [`crate::Host::object`]).
+//!
+//! Its figures are plain numbers ([`RpcClient::stats`]) and counters of the
+//! `metrics` facade (`durability_host_client_*`, names in ARCHITECTURE.md,
+//! "Metrics"; no `task` label), bound when the client is made.
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use durability_ownership::{
@@ -15,6 +18,7 @@ use durability_ownership::{
 use serde_json::Value;
 
 use crate::error::HostError;
+use crate::metrics::{self, Figure};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::transport::{
     Endpoint, EndpointPolicy, HttpTransport, InternalToken, InvokeRequest, REDISCOVERY_CODES,
@@ -32,6 +36,90 @@ pub struct ClientStats {
     pub rediscoveries: u64,
     /// Hints evicted.
     pub hint_evictions: u64,
+    /// Every [`RpcClient::call`], one outcome each.
+    pub calls: ClientCalls,
+}
+
+/// The outcomes of a [`RpcClient`]'s calls
+/// (`durability_host_client_calls_total{outcome}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCalls {
+    /// `completed`: the owner answered with the method's result.
+    pub completed: u64,
+    /// `failed`: a host answered a trusted error (the method's own, or a
+    /// refusal such as an unknown method).
+    pub failed: u64,
+    /// `refused_ownership`: ownership refused the call before dispatch,
+    /// after the one rediscovery allowed (nothing ran).
+    pub refused_ownership: u64,
+    /// `unreachable`: the request never reached a host (nothing ran).
+    pub unreachable: u64,
+    /// `unavailable`: an untrusted or unmarked answer (the method may
+    /// have run).
+    pub unavailable: u64,
+    /// `unknown`: a success whose result could not be read (the method may
+    /// have run).
+    pub unknown: u64,
+    /// `invalid`: refused by the client before anything was sent (method,
+    /// arguments, class or name).
+    pub invalid: u64,
+}
+
+/// How one call ended, for its figure.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Completed,
+    Failed,
+    RefusedOwnership,
+    Unreachable,
+    Unavailable,
+    Unknown,
+    Invalid,
+}
+
+#[derive(Debug)]
+struct Figures {
+    completed: Figure,
+    failed: Figure,
+    refused_ownership: Figure,
+    unreachable: Figure,
+    unavailable: Figure,
+    unknown: Figure,
+    invalid: Figure,
+    entry: Figure,
+    direct: Figure,
+    rediscoveries: Figure,
+    hint_evictions: Figure,
+}
+
+impl Figures {
+    fn new() -> Self {
+        Self {
+            completed: metrics::client_call("completed"),
+            failed: metrics::client_call("failed"),
+            refused_ownership: metrics::client_call("refused_ownership"),
+            unreachable: metrics::client_call("unreachable"),
+            unavailable: metrics::client_call("unavailable"),
+            unknown: metrics::client_call("unknown"),
+            invalid: metrics::client_call("invalid"),
+            entry: metrics::client_routed("entry"),
+            direct: metrics::client_routed("direct"),
+            rediscoveries: Figure::untasked("durability_host_client_rediscoveries_total", &[]),
+            hint_evictions: Figure::untasked("durability_host_client_hint_evictions_total", &[]),
+        }
+    }
+
+    fn call(&self, outcome: Outcome) -> &Figure {
+        match outcome {
+            Outcome::Completed => &self.completed,
+            Outcome::Failed => &self.failed,
+            Outcome::RefusedOwnership => &self.refused_ownership,
+            Outcome::Unreachable => &self.unreachable,
+            Outcome::Unavailable => &self.unavailable,
+            Outcome::Unknown => &self.unknown,
+            Outcome::Invalid => &self.invalid,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -51,10 +139,7 @@ pub struct RpcClient {
     policy: EndpointPolicy,
     transport: Arc<dyn Transport>,
     hints: Mutex<lru::LruCache<OwnerScope, Hint>>,
-    routed: AtomicU64,
-    direct: AtomicU64,
-    rediscoveries: AtomicU64,
-    evictions: AtomicU64,
+    figures: Figures,
 }
 
 impl std::fmt::Debug for RpcClient {
@@ -117,10 +202,7 @@ impl RpcClient {
             hints: Mutex::new(lru::LruCache::new(
                 NonZeroUsize::new(DEFAULT_HINT_CAPACITY).unwrap_or(NonZeroUsize::MIN),
             )),
-            routed: AtomicU64::new(0),
-            direct: AtomicU64::new(0),
-            rediscoveries: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            figures: Figures::new(),
         })
     }
 
@@ -130,18 +212,27 @@ impl RpcClient {
 
     fn evict(&self, scope: &OwnerScope) {
         if self.hints().pop(scope).is_some() {
-            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.figures.hint_evictions.bump();
         }
     }
 
     /// What the client did so far.
     pub fn stats(&self) -> ClientStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let f = &self.figures;
         ClientStats {
-            routed: g(&self.routed),
-            direct: g(&self.direct),
-            rediscoveries: g(&self.rediscoveries),
-            hint_evictions: g(&self.evictions),
+            routed: f.entry.get(),
+            direct: f.direct.get(),
+            rediscoveries: f.rediscoveries.get(),
+            hint_evictions: f.hint_evictions.get(),
+            calls: ClientCalls {
+                completed: f.completed.get(),
+                failed: f.failed.get(),
+                refused_ownership: f.refused_ownership.get(),
+                unreachable: f.unreachable.get(),
+                unavailable: f.unavailable.get(),
+                unknown: f.unknown.get(),
+                invalid: f.invalid.get(),
+            },
         }
     }
 
@@ -194,9 +285,25 @@ impl RpcClient {
         method: &str,
         args: Value,
     ) -> Result<Value, HostError> {
-        validate_method(method)?;
-        let args = RpcArgs::new(args)?;
-        let scope = self.scope(class, name)?;
+        let (outcome, result) = match self.send(class, name, method, args).await {
+            Ok(value) => (Outcome::Completed, Ok(value)),
+            Err((outcome, e)) => (outcome, Err(e)),
+        };
+        self.figures.call(outcome).bump();
+        result
+    }
+
+    async fn send(
+        &self,
+        class: &str,
+        name: &str,
+        method: &str,
+        args: Value,
+    ) -> Result<Value, (Outcome, HostError)> {
+        let invalid = |e| (Outcome::Invalid, e);
+        validate_method(method).map_err(invalid)?;
+        let args = RpcArgs::new(args).map_err(invalid)?;
+        let scope = self.scope(class, name).map_err(invalid)?;
         let mut request = InvokeRequest {
             class: class.to_owned(),
             name: name.to_owned(),
@@ -207,7 +314,7 @@ impl RpcClient {
         let mut rediscoveries = 1;
         let hint = self.hints().get(&scope).cloned();
         if let Some(hint) = hint {
-            self.direct.fetch_add(1, Ordering::Relaxed);
+            self.figures.direct.bump();
             request.fence = Some(RouteFence {
                 task: hint.task.clone(),
                 generation: hint.generation,
@@ -220,13 +327,13 @@ impl RpcClient {
                 Some(value) => return Ok(value),
                 None => {
                     rediscoveries = 0;
-                    self.rediscoveries.fetch_add(1, Ordering::Relaxed);
+                    self.figures.rediscoveries.bump();
                 }
             }
             request.fence = None;
         }
         loop {
-            self.routed.fetch_add(1, Ordering::Relaxed);
+            self.figures.entry.bump();
             let reply = self
                 .transport
                 .invoke(&self.entry, &self.token, &request)
@@ -253,9 +360,14 @@ impl RpcClient {
                 Ok(Some(value)) => return Ok(value),
                 Ok(None) if rediscoveries > 0 => {
                     rediscoveries -= 1;
-                    self.rediscoveries.fetch_add(1, Ordering::Relaxed);
+                    self.figures.rediscoveries.bump();
                 }
-                Ok(None) => return Err(HostError::remote_ownership("stale_owner")),
+                Ok(None) => {
+                    return Err((
+                        Outcome::RefusedOwnership,
+                        HostError::remote_ownership("stale_owner"),
+                    ));
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -263,7 +375,11 @@ impl RpcClient {
 
     /// `Some(value)` on success, `None` when one rediscovery is allowed,
     /// else the error.
-    fn settle(&self, scope: &OwnerScope, reply: Reply) -> Result<Option<Value>, HostError> {
+    fn settle(
+        &self,
+        scope: &OwnerScope,
+        reply: Reply,
+    ) -> Result<Option<Value>, (Outcome, HostError)> {
         match reply {
             Reply::Ok { result, .. } => Ok(Some(result)),
             Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
@@ -272,28 +388,40 @@ impl RpcClient {
             }
             Reply::Ownership { code } => {
                 self.evict(scope);
-                Err(HostError::remote_ownership(&code))
+                let e = HostError::remote_ownership(&code);
+                // An untrusted code is an unavailable owner, not a refusal.
+                let outcome = if matches!(e, HostError::OwnerUnavailable { .. }) {
+                    Outcome::Unavailable
+                } else {
+                    Outcome::RefusedOwnership
+                };
+                Err((outcome, e))
             }
             Reply::Failed {
                 status,
                 code,
                 message,
                 details,
-            } => Err(HostError::Remote {
-                status,
-                code,
-                message,
-                details,
-            }),
+            } => Err((
+                Outcome::Failed,
+                HostError::Remote {
+                    status,
+                    code,
+                    message,
+                    details,
+                },
+            )),
             Reply::NotSent { reason } => {
                 self.evict(scope);
-                Err(HostError::OwnerUnreachable { reason })
+                Err((Outcome::Unreachable, HostError::OwnerUnreachable { reason }))
             }
             Reply::Unmarked { reason } => {
                 self.evict(scope);
-                Err(HostError::OwnerUnavailable { reason })
+                Err((Outcome::Unavailable, HostError::OwnerUnavailable { reason }))
             }
-            Reply::ResultUnknown { reason } => Err(HostError::RpcResultUnknown { reason }),
+            Reply::ResultUnknown { reason } => {
+                Err((Outcome::Unknown, HostError::RpcResultUnknown { reason }))
+            }
         }
     }
 }

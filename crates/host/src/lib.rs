@@ -175,7 +175,7 @@ pub mod transport;
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
-pub use client::{ClientStats, RpcClient};
+pub use client::{ClientCalls, ClientStats, RpcClient};
 pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};

@@ -31,6 +31,17 @@ impl Figure {
         }
     }
 
+    /// `name` with only the given bounded labels (no task: a figure of the
+    /// [`crate::RpcClient`], which is not a host).
+    pub(crate) fn untasked(name: &'static str, labels: &[(&'static str, &'static str)]) -> Self {
+        let all: Vec<(&'static str, String)> =
+            labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        Self {
+            n: AtomicU64::new(0),
+            counter: counter!(name, &all),
+        }
+    }
+
     /// Counts one.
     pub(crate) fn bump(&self) {
         self.n.fetch_add(1, Ordering::Relaxed);
@@ -73,4 +84,17 @@ pub(crate) fn alarm_forward(task: &str, side: &'static str) -> Figure {
         task,
         &[("side", side)],
     )
+}
+
+/// `durability_host_client_calls_total`, outcome `outcome`.
+pub(crate) fn client_call(outcome: &'static str) -> Figure {
+    Figure::untasked(
+        "durability_host_client_calls_total",
+        &[("outcome", outcome)],
+    )
+}
+
+/// `durability_host_client_routed_total`, route `route`.
+pub(crate) fn client_routed(route: &'static str) -> Figure {
+    Figure::untasked("durability_host_client_routed_total", &[("route", route)])
 }

@@ -61,6 +61,29 @@ impl TestDatabase {
         &self.name
     }
 
+    /// A `mysql://` URL of this database: the test server's URL with its
+    /// database replaced (its query parameters kept), the form
+    /// [`MysqlShard::connect`] and the operator CLI accept.
+    ///
+    /// # Panics
+    /// When the test server's URL has no `scheme://authority`.
+    pub fn url(&self) -> String {
+        let base = url();
+        let (base, query) = base
+            .split_once('?')
+            .map_or((base.as_str(), None), |(b, q)| (b, Some(q)));
+        let authority_at = base.find("://").expect("the test url has a scheme") + 3;
+        let end = base[authority_at..]
+            .find('/')
+            .map_or(base.len(), |i| authority_at + i);
+        let mut out = format!("{}/{}", &base[..end], self.name);
+        if let Some(q) = query {
+            out.push('?');
+            out.push_str(q);
+        }
+        out
+    }
+
     /// A new shard on this database.
     pub fn shard(&self) -> MysqlShard {
         MysqlShard::new(

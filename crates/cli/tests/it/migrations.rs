@@ -1,5 +1,6 @@
 //! `durability migrations status|recover|verify|purge|rebalance|abort`
-//! against real SQLite shard files (and one PostgreSQL shard set), with
+//! against real SQLite shard files (and one PostgreSQL and one MariaDB
+//! shard set), with
 //! the moves made through the migration crate's API.
 
 use std::path::{Path, PathBuf};
@@ -719,6 +720,94 @@ async fn a_postgres_shard_set_rebalances_and_lists_its_journal() {
         assert_eq!(
             Some(shard.as_str()),
             durability_migration::hash_owner(&key, &names)
+        );
+    }
+    let clean = json(&ok(&["migrations", "verify", "--config", config, "--json"]));
+    assert_eq!(clean["clean"], true);
+}
+
+/// One shard set on MariaDB (a database per shard, the mapping table on
+/// the first): rebalance, status and verify through the CLI, by
+/// `mysql://` URL.
+#[tokio::test]
+async fn a_mariadb_shard_set_rebalances_and_lists_its_journal() {
+    use durability_storage_mysql::MysqlMappingStore;
+    use durability_storage_mysql::testkit::TestDatabase;
+    let (Some(a), Some(b)) = (TestDatabase::create().await, TestDatabase::create().await) else {
+        return; // no server, and services are not required
+    };
+    let (east, west) = (a.shard(), b.shard());
+    for s in [&east, &west] {
+        s.query_drop(
+            "CREATE TABLE users (id VARCHAR(255) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_nopad_bin PRIMARY KEY, name LONGTEXT)",
+        )
+        .await
+        .unwrap();
+    }
+    let mapping: Arc<dyn MappingStore> = Arc::new(MysqlMappingStore::new(a.shard()).await.unwrap());
+    let router = Router::new(
+        MigrationConfig::new(mapping.clone())
+            .shard("east", Arc::new(east))
+            .shard("west", Arc::new(west))
+            .journal_shard("east")
+            .table("users"),
+    )
+    .unwrap();
+    router.init().await.unwrap();
+    for k in KEYS {
+        mapping.put(k, "east").await.unwrap();
+        router
+            .insert(k, "users", row([("id", k), ("name", "Ann")]))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("maria.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({
+            "shards": { "east": a.url(), "west": b.url() },
+            "mapping": a.url(),
+            "journal_shard": "east",
+            "tables": { "users": "id" },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let before = json(&ok(&["migrations", "status", "--config", config, "--json"]));
+    assert_eq!(before["active"], 0, "{before}");
+    let done = json(&ok(&[
+        "migrations",
+        "rebalance",
+        "--config",
+        config,
+        "--yes",
+        "--json",
+    ]));
+    let moved = done["moved"].as_u64().unwrap();
+    assert_eq!(Some(moved), done["planned"].as_u64());
+    assert!(moved > 0, "{done}");
+    let v = json(&ok(&["migrations", "status", "--config", config, "--json"]));
+    assert_eq!(v["counts"]["retired"].as_u64(), Some(moved));
+    assert_eq!(v["active"], 0);
+    let names = ["east", "west"];
+    let mut on_west = 0;
+    for (key, shard) in mapping.scan(None, 100).await.unwrap() {
+        assert_eq!(
+            Some(shard.as_str()),
+            durability_migration::hash_owner(&key, &names)
+        );
+        on_west += usize::from(shard == "west");
+    }
+    assert_eq!(u64::try_from(on_west).unwrap(), moved);
+    // Every row reads back through a router where the mapping says.
+    for k in KEYS {
+        assert_eq!(
+            router.get(k, "users").await.unwrap().unwrap().get("name"),
+            Some(&Value::from("Ann")),
+            "{k}"
         );
     }
     let clean = json(&ok(&["migrations", "verify", "--config", config, "--json"]));

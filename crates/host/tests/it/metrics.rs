@@ -273,3 +273,158 @@ fn calls_and_alarm_deliveries_open_spans_naming_the_object() {
         "{spans:#?}"
     );
 }
+
+#[test]
+fn client_calls_reach_the_facade_one_outcome_each_and_match_its_stats() {
+    use durability_host::transport::Transport;
+    use durability_host::{ClientCalls, ClientStats, RpcClient};
+    use durability_ownership::{ClassName, ObjectName, OwnerScope, ShardCount, StorageId};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (stats, sent) = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let key = OwnerScope::for_object(
+                StorageId::new("st1").unwrap(),
+                ClassName::new("Counter").unwrap(),
+                &ObjectName::new("c1"),
+                ShardCount::default(),
+            )
+            .unwrap()
+            .host_id()
+            .to_owned();
+            let owner = "http://127.0.0.1:18788";
+            let ok = || Reply::Ok {
+                result: json!({"n": 1}),
+                owner: Some(OwnerHeaders {
+                    task: "a".to_owned(),
+                    generation: 1,
+                    key: key.clone(),
+                    endpoint: Some(owner.to_owned()),
+                }),
+            };
+            let transport = Scripted::default();
+            transport.script(vec![
+                // 1: through the entry, the hint learned: completed.
+                ok(),
+                // 2: direct, the method's own error: failed.
+                Reply::Failed {
+                    status: 500,
+                    code: "app_error".to_owned(),
+                    message: "no".to_owned(),
+                    details: None,
+                },
+                // 3: direct, stale (hint evicted, one rediscovery), then
+                // through the entry: completed.
+                ownership("stale_owner"),
+                ok(),
+                // 4: direct, never sent (hint evicted): unreachable.
+                Reply::NotSent {
+                    reason: "refused".to_owned(),
+                },
+                // 5: through the entry, unreadable success: unknown.
+                Reply::ResultUnknown {
+                    reason: "truncated".to_owned(),
+                },
+                // 6: through the entry, unmarked answer: unavailable.
+                Reply::Unmarked {
+                    reason: "502".to_owned(),
+                },
+                // 7: a refusal that is not rediscovered: refused_ownership.
+                ownership("draining"),
+                // 8: stale twice (one rediscovery allowed): refused_ownership.
+                ownership("stale_owner"),
+                ownership("owner_race"),
+            ]);
+            let client = RpcClient::with(
+                "http://127.0.0.1:18789",
+                TOKEN,
+                "st1",
+                ShardCount::default(),
+                EndpointPolicy::default(),
+                Arc::new(transport.clone()) as Arc<dyn Transport>,
+            )
+            .unwrap();
+            let call = || client.call("Counter", "c1", "incr", Value::Null);
+            let remote = |e: durability_host::HostError| match e {
+                durability_host::HostError::Remote { code, .. } => code,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(call().await.unwrap(), json!({"n": 1}));
+            assert_eq!(remote(call().await.unwrap_err()), "app_error");
+            assert_eq!(call().await.unwrap(), json!({"n": 1}));
+            assert!(matches!(
+                call().await.unwrap_err(),
+                durability_host::HostError::OwnerUnreachable { .. }
+            ));
+            assert!(matches!(
+                call().await.unwrap_err(),
+                durability_host::HostError::RpcResultUnknown { .. }
+            ));
+            assert!(matches!(
+                call().await.unwrap_err(),
+                durability_host::HostError::OwnerUnavailable { .. }
+            ));
+            assert_eq!(remote(call().await.unwrap_err()), "draining");
+            assert_eq!(remote(call().await.unwrap_err()), "stale_owner");
+            // 9: refused by the client, nothing sent: invalid.
+            assert!(client.call("Counter", "c1", "", Value::Null).await.is_err());
+            (client.stats(), transport.sent())
+        })
+    });
+    // Every scripted reply was consumed, none more.
+    assert_eq!(sent.len(), 10);
+    assert_eq!(
+        stats,
+        ClientStats {
+            routed: 7,
+            direct: 3,
+            rediscoveries: 2,
+            hint_evictions: 2,
+            calls: ClientCalls {
+                completed: 2,
+                failed: 1,
+                refused_ownership: 2,
+                unreachable: 1,
+                unavailable: 1,
+                unknown: 1,
+                invalid: 1,
+            },
+        }
+    );
+    let c = counters(&snapshotter);
+    let calls = "durability_host_client_calls_total";
+    let s = &stats.calls;
+    for (outcome, n) in [
+        ("completed", s.completed),
+        ("failed", s.failed),
+        ("refused_ownership", s.refused_ownership),
+        ("unreachable", s.unreachable),
+        ("unavailable", s.unavailable),
+        ("unknown", s.unknown),
+        ("invalid", s.invalid),
+    ] {
+        assert_eq!(get(&c, calls, "", outcome), n, "{outcome}");
+    }
+    let r = "durability_host_client_routed_total";
+    assert_eq!(get(&c, r, "", "entry"), stats.routed);
+    assert_eq!(get(&c, r, "", "direct"), stats.direct);
+    assert_eq!(
+        get(&c, "durability_host_client_rediscoveries_total", "", ""),
+        stats.rediscoveries
+    );
+    assert_eq!(
+        get(&c, "durability_host_client_hint_evictions_total", "", ""),
+        stats.hint_evictions
+    );
+    // The client is not a host: no task label, and no host figure moved.
+    assert!(
+        c.keys()
+            .all(|(name, task, _)| task.is_empty() && name.starts_with("durability_host_client_")),
+        "{c:#?}"
+    );
+}
