@@ -18,12 +18,14 @@ use durability_ownership::{
 use serde_json::Value;
 
 use crate::error::HostError;
+use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::transport::{
-    Endpoint, EndpointPolicy, HttpTransport, InternalToken, InvokeRequest, REDISCOVERY_CODES,
-    Reply, RouteFence, Transport,
+    Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken, InvokeRequest,
+    REDISCOVERY_CODES, Reply, RouteFence, Transport,
 };
+use futures::future::BoxFuture;
 
 /// What a [`RpcClient`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -304,39 +306,102 @@ impl RpcClient {
         validate_method(method).map_err(invalid)?;
         let args = RpcArgs::new(args).map_err(invalid)?;
         let scope = self.scope(class, name).map_err(invalid)?;
-        let mut request = InvokeRequest {
+        let request = InvokeRequest {
             class: class.to_owned(),
             name: name.to_owned(),
             method: method.to_owned(),
             args,
             fence: None,
         };
+        self.route(&scope, request, false).await
+    }
+
+    /// Sends a tenant fetch to the fetch handler of the object of `class`
+    /// named `name`, wherever it is owned: through the entry host's router
+    /// (forwarded once to the owner), then straight to the learned owner
+    /// with the route fence. One rediscovery after a trusted pre-dispatch
+    /// ownership answer; after an untrusted failure a `GET` or `HEAD`
+    /// replays once through the entry host, any other method returns the
+    /// error (it may have run). Counted with the calls in
+    /// [`RpcClient::stats`] and the client's figures.
+    ///
+    /// # Errors
+    /// As [`crate::ObjectRef::fetch`]: the request limits
+    /// ([`HostError::InvalidRequest`], [`HostError::RequestTooLarge`]) before
+    /// anything is sent, then the routing errors of [`RpcClient::call`].
+    pub async fn fetch(
+        &self,
+        class: &str,
+        name: &str,
+        request: FetchRequest,
+    ) -> Result<FetchResponse, HostError> {
+        let sent = async {
+            let invalid = |e| (Outcome::Invalid, e);
+            let request = request.validate().map_err(invalid)?;
+            let scope = self.scope(class, name).map_err(invalid)?;
+            let safe = request.is_safe();
+            let invoke = FetchInvoke {
+                class: class.to_owned(),
+                name: name.to_owned(),
+                request,
+                fence: None,
+            };
+            self.route(&scope, invoke, safe).await
+        };
+        let (outcome, result) = match sent.await {
+            Ok(response) => (Outcome::Completed, Ok(response)),
+            Err((outcome, e)) => (outcome, Err(e)),
+        };
+        self.figures.call(outcome).bump();
+        result
+    }
+
+    /// Sends `request` straight to the hinted owner, else (or after one
+    /// trusted rediscovery answer) through the entry host, learning the
+    /// hint from the owner's trusted headers; with `replay`, an untrusted
+    /// failure is sent once more through the entry host.
+    async fn route<R: Exchange>(
+        &self,
+        scope: &OwnerScope,
+        mut request: R,
+        replay: bool,
+    ) -> Result<R::Out, (Outcome, HostError)> {
         let mut rediscoveries = 1;
-        let hint = self.hints().get(&scope).cloned();
+        let mut replays = u8::from(replay);
+        let untrusted = |o: &Outcome| {
+            matches!(
+                o,
+                Outcome::Unreachable | Outcome::Unavailable | Outcome::Unknown
+            )
+        };
+        let hint = self.hints().get(scope).cloned();
         if let Some(hint) = hint {
             self.figures.direct.bump();
-            request.fence = Some(RouteFence {
+            request.set_fence(Some(RouteFence {
                 task: hint.task.clone(),
                 generation: hint.generation,
-            });
-            let reply = self
-                .transport
-                .invoke(&hint.endpoint, &self.token, &request)
+            }));
+            let reply = request
+                .send(self.transport.as_ref(), &hint.endpoint, &self.token)
                 .await;
-            match self.settle(&scope, reply)? {
-                Some(value) => return Ok(value),
-                None => {
+            match self.settle(scope, reply) {
+                Ok(Some(value)) => return Ok(value),
+                Ok(None) => {
                     rediscoveries = 0;
                     self.figures.rediscoveries.bump();
                 }
+                Err((outcome, _)) if replays > 0 && untrusted(&outcome) => {
+                    replays -= 1;
+                    self.evict(scope);
+                }
+                Err(e) => return Err(e),
             }
-            request.fence = None;
+            request.set_fence(None);
         }
         loop {
             self.figures.entry.bump();
-            let reply = self
-                .transport
-                .invoke(&self.entry, &self.token, &request)
+            let reply = request
+                .send(self.transport.as_ref(), &self.entry, &self.token)
                 .await;
             if let Reply::Ok {
                 owner: Some(owner), ..
@@ -356,7 +421,7 @@ impl RpcClient {
                     },
                 );
             }
-            match self.settle(&scope, reply) {
+            match self.settle(scope, reply) {
                 Ok(Some(value)) => return Ok(value),
                 Ok(None) if rediscoveries > 0 => {
                     rediscoveries -= 1;
@@ -368,6 +433,9 @@ impl RpcClient {
                         HostError::remote_ownership("stale_owner"),
                     ));
                 }
+                Err((outcome, _)) if replays > 0 && untrusted(&outcome) => {
+                    replays -= 1;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -375,11 +443,11 @@ impl RpcClient {
 
     /// `Some(value)` on success, `None` when one rediscovery is allowed,
     /// else the error.
-    fn settle(
+    fn settle<T>(
         &self,
         scope: &OwnerScope,
-        reply: Reply,
-    ) -> Result<Option<Value>, (Outcome, HostError)> {
+        reply: Reply<T>,
+    ) -> Result<Option<T>, (Outcome, HostError)> {
         match reply {
             Reply::Ok { result, .. } => Ok(Some(result)),
             Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
@@ -423,5 +491,49 @@ impl RpcClient {
                 Err((Outcome::Unknown, HostError::RpcResultUnknown { reason }))
             }
         }
+    }
+}
+
+/// One request the client routes: an invoke or a fetch, sent with or
+/// without a route fence.
+trait Exchange: Send + Sync {
+    /// What a success carries.
+    type Out;
+    fn set_fence(&mut self, fence: Option<RouteFence>);
+    fn send<'a>(
+        &'a self,
+        transport: &'a dyn Transport,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+    ) -> BoxFuture<'a, Reply<Self::Out>>;
+}
+
+impl Exchange for InvokeRequest {
+    type Out = Value;
+    fn set_fence(&mut self, fence: Option<RouteFence>) {
+        self.fence = fence;
+    }
+    fn send<'a>(
+        &'a self,
+        transport: &'a dyn Transport,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+    ) -> BoxFuture<'a, Reply<Value>> {
+        transport.invoke(endpoint, token, self)
+    }
+}
+
+impl Exchange for FetchInvoke {
+    type Out = FetchResponse;
+    fn set_fence(&mut self, fence: Option<RouteFence>) {
+        self.fence = fence;
+    }
+    fn send<'a>(
+        &'a self,
+        transport: &'a dyn Transport,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+    ) -> BoxFuture<'a, Reply<FetchResponse>> {
+        transport.fetch(endpoint, token, self)
     }
 }

@@ -521,3 +521,98 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
          through the router (a second connection) and returned the replay's answer"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_client_fetches_through_any_host_and_replays_only_a_get() {
+    use durability_host::RpcClient;
+    use durability_host::fetch::FetchRequest;
+    use durability_ownership::ShardCount;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    let mut c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+    let text =
+        |r: &durability_host::fetch::FetchResponse| String::from_utf8_lossy(&r.body).to_string();
+
+    // Uncached: through b's router, forwarded once to a; the forged
+    // control header never reaches the handler.
+    let r = client
+        .fetch(
+            "Counter",
+            "c1",
+            FetchRequest::new("POST", "/incr").header("x-durability-route-task", "evil"),
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.status, text(&r).as_str()), (200, "n=2 task=a body=0"));
+    assert_eq!(seen(&r.headers), Vec::<String>::new());
+    assert_eq!(client.hint("Counter", "c1").unwrap().unwrap().0, "a");
+    // Hinted: straight to a.
+    let r = client
+        .fetch("Counter", "c1", FetchRequest::new("GET", "/n"))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "n=2 task=a body=0");
+    assert_eq!(b.routing()["served"], 1, "the direct fetch skipped b");
+    // Takeover: one rediscovery after a's trusted stale_owner.
+    a.ask("drain", "drained ");
+    assert_eq!(c.call_ok("c1", "incr", "{\"by\":1}")["task"], "c");
+    let r = client
+        .fetch("Counter", "c1", FetchRequest::new("POST", "/incr"))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "n=4 task=c body=0");
+    let s = client.stats();
+    assert_eq!((s.direct, s.rediscoveries, s.routed), (2, 1, 2));
+
+    // The owner dies (its lease still runs): a GET on the hint finds no
+    // one and replays once through b, whose forward fails too; a POST
+    // through b is not replayed.
+    c.kill();
+    let before = client.stats();
+    let e = client
+        .fetch("Counter", "c1", FetchRequest::new("GET", "/n"))
+        .await
+        .unwrap_err();
+    let after = client.stats();
+    assert_eq!(
+        (after.direct - before.direct, after.routed - before.routed),
+        (1, 1),
+        "the direct GET, then one replay through the entry host: {e}"
+    );
+    assert!(client.hint("Counter", "c1").unwrap().is_none());
+    let e = client
+        .fetch("Counter", "c1", FetchRequest::new("POST", "/incr"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.rpc_code(), "owner_unavailable", "{e}");
+    let last = client.stats();
+    assert_eq!(
+        (last.direct, last.routed - after.routed),
+        (after.direct, 1),
+        "the POST went once through the entry host, never again"
+    );
+    let e = client
+        .fetch("Counter", "c1", FetchRequest::new("GET", "/n"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        client.stats().routed - last.routed,
+        2,
+        "an unhinted GET replays once through the entry host: {e}"
+    );
+    // Refused before anything is sent.
+    let e = client
+        .fetch("Counter", "c1", FetchRequest::new("GET", "no-path"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.rpc_code(), "invalid_request");
+    assert_eq!(client.stats().calls.invalid, 1);
+    eprintln!(
+        "tried: an RpcClient fetched through host b: forwarded to a, then direct on the hint; \
+         after a drained and c took over, one rediscovery; after c was SIGKILLed, a GET replayed \
+         once through b and a POST did not; a malformed URL refused before sending"
+    );
+}
