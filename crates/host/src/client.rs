@@ -1,5 +1,5 @@
-//! [`RpcClient`]: a thin client that is not a host. It sends a call to an
-//! entry host's router, learns the owner hint from the owner's trusted
+//! [`RpcClient`]: a thin client that is not a host. It sends a call (or a
+//! tenant fetch) to an entry host's router, learns the owner hint from the owner's trusted
 //! headers (the endpoint checked against the client's [`EndpointPolicy`]),
 //! and calls the owner directly with the route fence next time, under the
 //! same replay rules as a host's own router (see [`crate::routing`]'s
