@@ -136,6 +136,18 @@ pub struct Router {
     columns: Mutex<HashMap<(String, String), ColumnSet>>,
 }
 
+/// What a routed write's zero-row result means (see `Router::zero_rows`).
+#[derive(Debug, PartialEq, Eq)]
+enum ZeroRows {
+    /// No row matched: the result stands.
+    Real,
+    /// Write again on the same shard (`lifted`: a fence was lifted
+    /// meanwhile, which is retried once).
+    WriteAgain { lifted: bool },
+    /// The key's move finished: write on this shard.
+    MovedTo(String),
+}
+
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
@@ -1093,99 +1105,103 @@ impl Router {
             if n > 0 || !d.is_proven() || self.journal.is_none() {
                 return Ok(n);
             }
-            if !self.fence_checks {
-                // No explicit journal shard: no re-routing through the
-                // journal, but a write the fence refused (a live tombstone,
-                // in-flight marker or write hold of the key here) is never
-                // reported as a real zero-row result.
-                if self.held(&shard_name, key).await? {
-                    continue;
-                }
-                return match self.tombstone(&shard_name, &spec.name, key).await {
-                    Ok(None) => Ok(0),
-                    _ => Err(MigrationError::CutoverPending {
-                        key: key.to_owned(),
-                    }),
-                };
-            }
-            // Zero rows: a move's write hold, a real zero-row result, or a
-            // fence.
-            if self.held(&shard_name, key).await? {
-                continue;
-            }
-            let tomb = match self.tombstone(&shard_name, &spec.name, key).await {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!(
-                        event = "durability.migration.fence_lookup_failed",
-                        error = %e,
-                        key,
-                        "tombstone lookup after a zero-row write failed"
-                    );
-                    return Err(MigrationError::CutoverPending {
-                        key: key.to_owned(),
-                    });
-                }
-            };
-            let Some(Tombstone { op_id, .. }) = tomb else {
-                // A fence lifted between the write and the lookup (the key
-                // moved back here meanwhile) looks like a real zero-row
-                // result: retry once when the shard holds a lifted fence.
-                if !retried && self.lifted_fence(&shard_name, &spec.name, key).await? {
-                    retried = true;
-                    continue;
-                }
-                return Ok(0);
-            };
-            let op = match self.load_op(&op_id).await {
-                Ok(op) => op,
-                Err(e) => {
-                    tracing::warn!(
-                        event = "durability.migration.journal_lookup_failed",
-                        error = %e,
-                        key,
-                        "journal lookup for a tombstone's operation failed"
-                    );
-                    return Err(MigrationError::CutoverPending {
-                        key: key.to_owned(),
-                    });
-                }
-            };
-            match op.map(|o| o.state) {
-                Some(MoveState::Published | MoveState::Retired) => {
-                    let fresh = self.mapping_fresh(key).await?;
-                    match fresh {
-                        Some(s) if s != shard_name => shard_name = s,
-                        found => {
-                            // The mapping names the fenced shard (or
-                            // nothing): its publish was lost. The journal's
-                            // newest finished move of the key names where
-                            // the key lives; publish it again.
-                            match self.journal_home(key).await {
-                                Ok(Home::At { op_id, target }) if target != shard_name => {
-                                    self.republish(key, &op_id, &target, found.as_deref())
-                                        .await?;
-                                    shard_name = target;
-                                }
-                                _ => {
-                                    return Err(MigrationError::CutoverPending {
-                                        key: key.to_owned(),
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    return Err(MigrationError::CutoverPending {
-                        key: key.to_owned(),
-                    });
-                }
+            match self.zero_rows(&shard_name, &spec, key, retried).await? {
+                ZeroRows::Real => return Ok(0),
+                ZeroRows::WriteAgain { lifted } => retried |= lifted,
+                ZeroRows::MovedTo(s) => shard_name = s,
             }
         }
         Err(MigrationError::CutoverPending {
             key: key.to_owned(),
         })
+    }
+
+    /// What a routed write's zero-row result on `shard_name` means (the
+    /// write ran under the fences of a proven dialect with a journal):
+    /// a real zero-row result, a write to try again (a dead mover's expired
+    /// hold was removed, or a fence was lifted between the write and the
+    /// lookup, which is retried once: `retried`), or the shard the key
+    /// moved to (its move finished; a lost mapping publish is republished
+    /// from the journal). A live fence, hold or unfinished move, or a
+    /// lookup that fails, is `MIGRATION_CUTOVER_PENDING` (nothing was
+    /// written).
+    async fn zero_rows(
+        &self,
+        shard_name: &str,
+        spec: &TableSpec,
+        key: &str,
+        retried: bool,
+    ) -> Result<ZeroRows> {
+        let pending = || MigrationError::CutoverPending {
+            key: key.to_owned(),
+        };
+        if self.held(shard_name, key).await? {
+            return Ok(ZeroRows::WriteAgain { lifted: false });
+        }
+        if !self.fence_checks {
+            // No explicit journal shard: no re-routing through the journal,
+            // but a write the fence refused (a live tombstone or in-flight
+            // marker here) is never reported as a real zero-row result.
+            return match self.tombstone(shard_name, &spec.name, key).await {
+                Ok(None) => Ok(ZeroRows::Real),
+                _ => Err(pending()),
+            };
+        }
+        let tomb = match self.tombstone(shard_name, &spec.name, key).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.migration.fence_lookup_failed",
+                    error = %e,
+                    key,
+                    "tombstone lookup after a zero-row write failed"
+                );
+                return Err(pending());
+            }
+        };
+        let Some(Tombstone { op_id, .. }) = tomb else {
+            // A fence lifted between the write and the lookup (the key
+            // moved back here meanwhile) looks like a real zero-row result:
+            // retry once when the shard holds a lifted fence.
+            if !retried && self.lifted_fence(shard_name, &spec.name, key).await? {
+                return Ok(ZeroRows::WriteAgain { lifted: true });
+            }
+            return Ok(ZeroRows::Real);
+        };
+        let op = match self.load_op(&op_id).await {
+            Ok(op) => op,
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.migration.journal_lookup_failed",
+                    error = %e,
+                    key,
+                    "journal lookup for a tombstone's operation failed"
+                );
+                return Err(pending());
+            }
+        };
+        if !matches!(
+            op.map(|o| o.state),
+            Some(MoveState::Published | MoveState::Retired)
+        ) {
+            return Err(pending());
+        }
+        match self.mapping_fresh(key).await? {
+            Some(s) if s != shard_name => Ok(ZeroRows::MovedTo(s)),
+            found => {
+                // The mapping names the fenced shard (or nothing): its
+                // publish was lost. The journal's newest finished move of
+                // the key names where the key lives; publish it again.
+                match self.journal_home(key).await {
+                    Ok(Home::At { op_id, target }) if target != shard_name => {
+                        self.republish(key, &op_id, &target, found.as_deref())
+                            .await?;
+                        Ok(ZeroRows::MovedTo(target))
+                    }
+                    _ => Err(pending()),
+                }
+            }
+        }
     }
 
     /// After a zero-row write on `shard_name`: whether the key had an
