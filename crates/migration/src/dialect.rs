@@ -483,6 +483,20 @@ impl Dialect {
         ]
     }
 
+    /// The tombstones and in-flight markers of operation `op_id` on key
+    /// `key` (a primary-key prefix lookup), by table.
+    pub(crate) fn op_tombstones(&self, key: &str, op_id: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" ORDER BY tname");
+        s.finish()
+    }
+
     /// The query listing a table's columns (one `name` column per row).
     pub fn columns_query(&self, table: &Ident) -> Statement {
         let mut s = Sql::new(self);

@@ -233,6 +233,16 @@ impl Tomb {
     }
 }
 
+/// The shards an operation's tombstones and markers live on: its source
+/// and its destination.
+fn op_shards(op: &OpRecord) -> Vec<&str> {
+    let mut shards = vec![op.source.as_str()];
+    if op.target != op.source {
+        shards.push(op.target.as_str());
+    }
+    shards
+}
+
 /// Operations marked verified per statement.
 const MARK_CHUNK: usize = 200;
 
@@ -552,30 +562,10 @@ impl Router {
         repair: bool,
         read: &mut HashSet<(String, String, String)>,
     ) -> Result<()> {
-        let mut shards = vec![op.source.as_str()];
-        if op.target != op.source {
-            shards.push(op.target.as_str());
-        }
-        for shard_name in shards {
-            let Ok((name, shard)) = self.shard_named(shard_name) else {
+        for shard_name in op_shards(op) {
+            let Some(rows) = self.op_tombstones(shard_name, op).await? else {
                 continue;
             };
-            let d = shard.dialect();
-            if !d.is_proven() {
-                continue;
-            }
-            let mut s = Sql::new(&d);
-            s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(op.key.as_str())
-                .raw(" AND op_id = ")
-                .bind(op.op_id.as_str())
-                .raw(" ORDER BY tname");
-            let rows = shard
-                .query(&s.finish())
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
             read.insert((shard_name.to_owned(), op.op_id.clone(), op.key.clone()));
             for r in &rows {
                 let t = Tomb::from_row(r)?;
@@ -1104,29 +1094,37 @@ impl Router {
     /// Whether `op` still has a tombstone (or marker) on its source or its
     /// destination.
     async fn has_tombstones(&self, op: &OpRecord) -> Result<bool> {
-        for shard_name in [&op.source, &op.target] {
-            let Ok((name, shard)) = self.shard_named(shard_name) else {
-                continue;
-            };
-            let d = shard.dialect();
-            if !d.is_proven() {
-                continue;
-            }
-            let mut s = Sql::new(&d);
-            s.raw("SELECT tname FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(op.key.as_str())
-                .raw(" AND op_id = ")
-                .bind(op.op_id.as_str());
-            let rows = shard
-                .query(&s.finish())
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-            if !rows.is_empty() {
+        for shard_name in op_shards(op) {
+            if self
+                .op_tombstones(shard_name, op)
+                .await?
+                .is_some_and(|rows| !rows.is_empty())
+            {
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// `op`'s tombstones and markers on `shard_name` (its key, its id), or
+    /// `None` for a shard this router does not know or of an unproven
+    /// dialect (which keeps none).
+    async fn op_tombstones(
+        &self,
+        shard_name: &str,
+        op: &OpRecord,
+    ) -> Result<Option<Vec<value::Row>>> {
+        let Ok((name, shard)) = self.shard_named(shard_name) else {
+            return Ok(None);
+        };
+        let d = shard.dialect();
+        if !d.is_proven() {
+            return Ok(None);
+        }
+        shard
+            .query(&d.op_tombstones(&op.key, &op.op_id))
+            .await
+            .map(Some)
+            .map_err(|e| MigrationError::shard(name, e))
     }
 }
