@@ -961,7 +961,9 @@ async fn bench_history(dir: &Path) -> Result<(), BoxError> {
         "<=1.5",
         100_000,
         Backend::Sqlite,
-        &format!(",\"baseline_n\":10000,\"new_moves\":{HISTORY_NEW_MOVES},\"rounds\":{HISTORY_ROUNDS}"),
+        &format!(
+            ",\"baseline_n\":10000,\"new_moves\":{HISTORY_NEW_MOVES},\"rounds\":{HISTORY_ROUNDS}"
+        ),
     );
     Ok(())
 }
