@@ -43,8 +43,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use futures::future::join_all;
 use rand::rngs::StdRng;
@@ -56,7 +56,7 @@ use durability_migration::conformance::harness::repair;
 use durability_migration::{
     BackendError, BoxFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
     MoveOptions, MoveOutcome, Placement, PurgeReport, RebalanceOptions, RebalanceReport,
-    RecoveryReport, Retire, Router, Row, Statement, Value, VerifyOptions, VerifyReport, row,
+    RecoveryReport, Retire, Router, Row, Shard, Statement, Value, VerifyOptions, VerifyReport, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -604,6 +604,8 @@ impl World {
     fn pick(&self, rng: &mut StdRng, next_tok: &mut i64) -> Vec<Act> {
         let n = rng.random_range(1..=3);
         let mut acts = Vec::new();
+        // Keys a write or read of this step touches (one per key: the model
+        // orders each key's writes and reads).
         let mut written = BTreeSet::new();
         let mut faulty_used = false;
         for _ in 0..n {
@@ -642,6 +644,8 @@ impl World {
                     if written.contains(&key) {
                         continue;
                     }
+                    // Read alone: no write of the key runs beside it.
+                    written.insert(key);
                     Act::Read {
                         r,
                         key,
@@ -798,11 +802,42 @@ impl World {
                 self.apply(step, a, res);
             }
             if !self.violations.is_empty() {
-                // Stop at the first violation: the log ends where it happened.
+                // Stop at the first violation: the log ends where it
+                // happened, with what every key's rows look like.
+                self.dump().await;
                 return;
             }
         }
         self.finish(step + 1).await;
+    }
+
+    /// Appends every key's mapping, live rows, tombstones and journal rows
+    /// to the log.
+    async fn dump(&mut self) {
+        for k in self.keys.clone() {
+            let mapping = self.lossy.inner.get(&k).await;
+            self.log.push(format!("state {k}: mapping {mapping:?}"));
+            for (t, c) in TABLES {
+                let live = self.e.live(t, c, &k).await;
+                self.log.push(format!("state {k}: live {t} {live:?}"));
+            }
+            for (name, s) in &self.e.shards {
+                let d = s.dialect();
+                let mut q = durability_migration::Sql::new(&d);
+                q.raw("SELECT op_id, tname, moved_to, digest, superseded, purged FROM durability_retired WHERE mkey = ")
+                    .bind(k.as_str());
+                let rows = s.query(&q.finish()).await;
+                self.log
+                    .push(format!("state {k}: retired on {name} {rows:?}"));
+            }
+            let s = self.e.shard(self.e.journal);
+            let d = s.dialect();
+            let mut q = durability_migration::Sql::new(&d);
+            q.raw("SELECT op_id, source, target, state, tables, claim FROM durability_migration_ops WHERE mkey = ")
+                .bind(k.as_str());
+            let rows = s.query(&q.finish()).await;
+            self.log.push(format!("state {k}: journal {rows:?}"));
+        }
     }
 
     /// Recovers, repairs with a fresh router, and checks every key through
@@ -1171,6 +1206,109 @@ async fn model_regression_an_abort_drops_its_marked_copy_whatever_the_mapping() 
             assert_eq!(fresh.get("k", t).await.unwrap(), None, "{kinds:?} {t}");
         }
         assert_eq!(fresh.update("k", "orgs", org("again")).await.unwrap(), 0);
+        crate::shards::clean_verify(&fresh).await;
+    }
+}
+
+/// A source shard whose second read of `sql` first runs a whole move of
+/// `k` to `s2` through another router (the race of two moves of one key:
+/// the other move runs between this move's snapshots, before its claim).
+struct MoveOnSecondRead {
+    inner: Arc<dyn Shard>,
+    sql: String,
+    seen: AtomicU64,
+    mover: OnceLock<Router>,
+    moved: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for MoveOnSecondRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoveOnSecondRead").finish_non_exhaustive()
+    }
+}
+
+impl Shard for MoveOnSecondRead {
+    fn dialect(&self) -> durability_migration::Dialect {
+        self.inner.dialect()
+    }
+    fn batch_support(&self) -> durability_migration::BatchSupport {
+        self.inner.batch_support()
+    }
+    fn single_connection(&self) -> bool {
+        self.inner.single_connection()
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        self.inner.execute(stmt)
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        self.inner.batch(stmts)
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(async move {
+            if stmt.sql == self.sql && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
+                let m = self.mover.get().ok_or("no mover")?;
+                let out = m.reassign_shard("k", "s2", "users").await;
+                *self.moved.lock().unwrap() = Some(format!("{out:?}"));
+            }
+            self.inner.query(stmt).await
+        })
+    }
+}
+
+/// Found by the model (seed 3, 1,000 operations, mixed shards: a rebalance
+/// and a move of `k1` in one step; the rebalance's move published `k1` on a
+/// shard holding none of its rows), in the first version of the fix that
+/// widens a move to every configured table. A move takes a second snapshot after it
+/// widened its tables (every configured table moves); when another move
+/// took the key away between the two, the second snapshot is empty and a
+/// move of nothing cut over where the key no longer lived and published its
+/// target: every row of the key was routed away from.
+#[tokio::test]
+async fn model_regression_a_move_raced_away_between_its_snapshots() {
+    for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("k", "s0").await.unwrap();
+        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let s0 = Arc::clone(e.shard("s0"));
+        let sql = s0
+            .dialect()
+            .select_row(
+                &durability_migration::Ident::new("users").unwrap(),
+                &durability_migration::Ident::new("id").unwrap(),
+                "k",
+            )
+            .sql;
+        let hooked = Arc::new(MoveOnSecondRead {
+            inner: s0,
+            sql,
+            seen: AtomicU64::new(0),
+            mover: OnceLock::new(),
+            moved: Mutex::new(None),
+        });
+        let racer = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
+        racer.init().await.unwrap();
+        hooked.mover.set(e.router().await).unwrap();
+        let res = racer.reassign_shard("k", "s1", "users").await;
+        let moved = hooked.moved.lock().unwrap().clone();
+        let ctx = format!("{kinds:?}: the other move {moved:?}, this one {res:?}");
+        assert!(
+            moved.as_deref().is_some_and(|m| m.starts_with("Ok")),
+            "{ctx}"
+        );
+        let live = e.live("users", "id", "k").await;
+        assert_eq!(live.len(), 1, "{ctx}: {live:?}");
+        let fresh = e.router_with(false, 0).await;
+        assert_eq!(
+            fresh.route("k").await.unwrap().as_deref(),
+            Some(live[0].0.as_str()),
+            "{ctx}: the mapping names where the row lives"
+        );
+        let got = fresh.get("k", "users").await.unwrap();
+        assert_eq!(got.as_ref().and_then(|r| token(0, r)), Some(1), "{ctx}");
         crate::shards::clean_verify(&fresh).await;
     }
 }

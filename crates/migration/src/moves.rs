@@ -938,14 +938,23 @@ impl Router {
     /// key on its source: the key's mapping moves as a whole, so a row left
     /// behind in another table would no longer be routed to (reads `None`,
     /// updates changing nothing, inserts creating a second row). Such a
-    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables;
-    /// the cutover also requires them to be still empty, and a move that
-    /// finds a row appeared there meanwhile aborts.
+    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables.
+    /// Every other configured table that exists on both shards moves too
+    /// (its row of the key absent): the cutover fences it on the source and
+    /// the publish lifts its old fence on the destination, so a router whose
+    /// cache still names the source (or a write between the cutover and the
+    /// publish) cannot leave a row there that the mapping no longer routes
+    /// to; a row that appears in one of them before the cutover makes the
+    /// cutover miss and moves with the key on the next copy. A configured
+    /// table missing on the destination stays outside the move: the cutover
+    /// requires it still empty on the source, and a move that finds a row
+    /// appeared there meanwhile aborts.
     ///
     /// A key has one active operation at a time. When this router's own
     /// earlier call stopped on an error and left its operation active, the
-    /// same call (same key, target and tables) resumes that operation from
-    /// its journaled state at once; any other move of the key gets
+    /// same call (same key and target, naming tables the operation moves)
+    /// resumes that operation from its journaled state at once; any other
+    /// move of the key gets
     /// `MIGRATION_ALREADY_ACTIVE` until the operation ends or recovery
     /// settles it (after its mover's liveness lapses).
     ///
@@ -1114,6 +1123,12 @@ impl Router {
         if !extra.is_empty() {
             ctx.specs.extend(extra);
             snap = ctx.snapshot().await?;
+            // Another move may have taken the key away since the first
+            // snapshot: a move of nothing would cut over where the key no
+            // longer lives and publish its target.
+            if snap.iter().all(Option::is_none) {
+                return Err(MigrationError::RowNotFound(key.to_owned()));
+            }
             ctx.check_storable(&snap)?;
         }
         let op = OpRecord {
