@@ -1312,3 +1312,86 @@ async fn model_regression_a_move_raced_away_between_its_snapshots() {
         crate::shards::clean_verify(&fresh).await;
     }
 }
+
+/// Runs a whole move of `k` from `s1` to `s0` through another router just
+/// before the first write of the shard it wraps (the claim of a move that
+/// read the key's source and snapshot before that other move finished).
+struct MoveBeforeFirstWrite {
+    mover: OnceLock<Router>,
+    moved: Mutex<Option<String>>,
+}
+
+impl durability_migration::conformance::harness::BeforeWrite for MoveBeforeFirstWrite {
+    fn before_write<'a>(
+        &'a self,
+        _inner: &'a Arc<dyn Shard>,
+        _stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            if self.moved.lock().unwrap().is_some() {
+                return Ok(());
+            }
+            // Armed once the mover is set (after the router's `init`).
+            let Some(m) = self.mover.get() else {
+                return Ok(());
+            };
+            let out = m.reassign_shard("k", "s0", "users").await;
+            // An acknowledged write on the key's new home.
+            let wrote = m.update("k", "users", value_row(0, 2)).await;
+            *self.moved.lock().unwrap() = Some(format!("{out:?} then {wrote:?}"));
+            Ok(())
+        })
+    }
+}
+
+/// Found by the model (seed 7, 1,500 operations, mixed shards: two moves of
+/// `k2` to one shard in one step; the `orgs` row was gone afterwards). A
+/// move reads the key's source and snapshot before it claims the key; when
+/// another move of the key to the same destination finished in between,
+/// the copy replaced the key's live rows there with the old snapshot (an
+/// update acknowledged there since was lost), the cutover on the old source
+/// missed, and the abort kept the copy (the mapping named the destination;
+/// with the abort fix above it dropped it: every row was lost). The move
+/// now reads the source again once it holds the claim and ends before any
+/// shard write when the key has left it.
+#[tokio::test]
+async fn model_regression_a_move_claiming_after_another_finished() {
+    for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("k", "s1").await.unwrap();
+        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let hooked = Arc::new(
+            durability_migration::conformance::harness::HookedShard::new(
+                Arc::clone(e.shard("s0")),
+                MoveBeforeFirstWrite {
+                    mover: OnceLock::new(),
+                    moved: Mutex::new(None),
+                },
+            ),
+        );
+        let racer = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
+        racer.init().await.unwrap();
+        hooked.hook.mover.set(e.router().await).unwrap();
+        let res = racer.reassign_shard("k", "s0", "users").await;
+        let moved = hooked.hook.moved.lock().unwrap().clone();
+        let ctx = format!("{kinds:?}: the other move {moved:?}, this one {res:?}");
+        assert!(
+            moved
+                .as_deref()
+                .is_some_and(|m| m.starts_with("Ok") && m.ends_with("Ok(1)")),
+            "{ctx}"
+        );
+        let live = e.live("users", "id", "k").await;
+        assert_eq!(live.len(), 1, "{ctx}: {live:?}");
+        assert_eq!(live[0].0, "s0", "{ctx}");
+        let fresh = e.router_with(false, 0).await;
+        let got = fresh.get("k", "users").await.unwrap();
+        assert_eq!(
+            got.as_ref().and_then(|r| token(0, r)),
+            Some(2),
+            "{ctx}: the write acknowledged on the new home is kept"
+        );
+        crate::shards::clean_verify(&fresh).await;
+    }
+}

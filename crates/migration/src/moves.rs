@@ -1177,6 +1177,22 @@ impl Router {
                 return Err(MigrationError::shard(&jname, e));
             }
         }
+        // The source and the snapshot were read before the claim: a move
+        // of the key that finished in between took every row away (and may
+        // have put them on this move's destination, where a copy would
+        // replace the key's live rows). Read the source again now that the
+        // claim is held; if nothing is left, end the operation before any
+        // shard write.
+        if ctx.snapshot().await?.iter().all(Option::is_none) {
+            let change = Change {
+                finished: true,
+                error: Some("the key left its source before the move claimed it".into()),
+                ..Change::default()
+            };
+            ctx.journal(vec![ctx.update(MoveState::Aborted, &change)?])
+                .await?;
+            return Err(MigrationError::RowNotFound(key.to_owned()));
+        }
         let recopies = ctx.run(snap, 0, Stage::Copy).await?;
         Ok(MoveOutcome {
             op_id,
