@@ -16,6 +16,7 @@ mod migration_computed_fence;
 mod migration_dialects;
 mod migration_history;
 mod migration_hotkey;
+mod migration_model;
 mod migration_placement;
 mod migration_review;
 mod migration_smaller;

@@ -209,8 +209,10 @@ async fn partial_move(kinds: [Kind; 2]) {
         r.get("u1", "orgs").await.unwrap().unwrap().get("title"),
         Some(&Value::from("Acme"))
     );
-    // A row that appears in a table outside the move before its cutover
-    // makes the cutover miss and the move abort: nothing is stranded.
+    // A row that appears in another configured table before the cutover
+    // makes the cutover miss: every configured table on both shards moves
+    // (the others empty, fenced all the same), so the next copy takes the
+    // late row along and nothing is stranded.
     r.insert("u2", "users", user("bo", 2)).await.unwrap();
     let src = r.route("u2").await.unwrap().unwrap();
     let to = if src == "s0" { "s1" } else { "s0" };
@@ -221,23 +223,23 @@ async fn partial_move(kinds: [Kind; 2]) {
         },
     ));
     let mover = router_replacing(&e, &src, hooked).await;
-    let err = mover.reassign_shard("u2", to, "users").await.unwrap_err();
-    assert_eq!(err.code(), "MIGRATION_ABORTED", "{kinds:?}: {err}");
+    let out = mover.reassign_shard("u2", to, "users").await.unwrap();
+    assert_eq!(out.recopies, 1, "{kinds:?}: one missed cutover");
     let users = e.live("users", "id", "u2").await;
-    assert_eq!((users.len(), users[0].0.as_str()), (1, src.as_str()));
+    assert_eq!((users.len(), users[0].0.as_str()), (1, to));
     let orgs = e.live("orgs", "org_id", "u2").await;
-    assert_eq!((orgs.len(), orgs[0].0.as_str()), (1, src.as_str()));
+    assert_eq!((orgs.len(), orgs[0].0.as_str()), (1, to));
     assert_eq!(
         r.get("u2", "orgs").await.unwrap().unwrap().get("title"),
         Some(&Value::from("late")),
-        "{kinds:?}: the late row stays routed"
+        "{kinds:?}: the late row moved with the key and stays routed"
     );
     clean_verify(&r).await;
 }
 
 /// Item 6: a move that names only some of the configured tables holding a
 /// row of the key is refused with `MIGRATION_PARTIAL_MOVE` before any
-/// write; a row appearing outside the move during it aborts the move.
+/// write; a row appearing in another table during it moves with the key.
 #[tokio::test]
 async fn a_move_must_include_every_table_holding_a_row_of_the_key() {
     for kinds in SAME {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use durability_migration::conformance::harness::Harness;
 pub(crate) use durability_migration::conformance::harness::clean_verify;
-use durability_migration::{MemoryMappingStore, Shard};
+use durability_migration::{MappingStore, MemoryMappingStore, Shard};
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
 use durability_storage_postgres::testkit::TestSchema;
@@ -86,6 +86,11 @@ pub(crate) type Env = Harness;
 
 /// An environment, or `None` when a server it needs is unreachable.
 pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
+    env_with(kinds, Arc::new(MemoryMappingStore::new())).await
+}
+
+/// [`env`] over the given mapping store (which must be empty).
+pub(crate) async fn env_with(kinds: &[Kind], mapping: Arc<dyn MappingStore>) -> Option<Env> {
     let mut shards = Vec::new();
     let mut guards = Vec::new();
     for (i, k) in kinds.iter().enumerate() {
@@ -93,7 +98,7 @@ pub(crate) async fn env(kinds: &[Kind]) -> Option<Env> {
         shards.push((format!("s{i}"), s));
         guards.push(g);
     }
-    let h = Harness::new(shards, Arc::new(MemoryMappingStore::new()))
+    let h = Harness::new(shards, mapping)
         .table("users")
         .table("docs")
         .table("bkeys")

@@ -131,10 +131,19 @@ fn ci() -> Result {
     )
 }
 
+/// Seeds of the migration model campaign `verify` runs.
+const MODEL_SEEDS: &str = "20";
+/// Operations per seed of that campaign.
+const MODEL_OPS: &str = "2000";
+
 /// The crash-point and model suites, with their counts printed, then the
 /// full-size alarm soak (100k alarms with dispatch failures and crashes).
+/// The migration model runs a larger campaign here than in the normal test
+/// run: `MODEL_SEEDS` seeds of `MODEL_OPS` operations per shard set (an
+/// environment that sets the variables itself keeps its values).
 fn verify() -> Result {
-    cargo(&[
+    let mut cmd = Command::new(env_cargo());
+    cmd.args([
         "nextest",
         "run",
         "--workspace",
@@ -143,7 +152,16 @@ fn verify() -> Result {
         "--no-capture",
         "-E",
         "test(/crash|model|lock_set|recover/)",
-    ])?;
+    ]);
+    for (var, value) in [
+        ("DURABILITY_MIGRATION_MODEL_SEEDS", MODEL_SEEDS),
+        ("DURABILITY_MIGRATION_MODEL_OPS", MODEL_OPS),
+    ] {
+        if std::env::var_os(var).is_none() {
+            cmd.env(var, value);
+        }
+    }
+    run_cmd(&mut cmd)?;
     eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
     demo_bin(false, &["soak", "100000", "7"])
 }

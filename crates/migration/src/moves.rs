@@ -254,6 +254,21 @@ impl<'r> MoveCtx<'r> {
         Ok(out)
     }
 
+    /// Configured tables outside the move that exist on the source and on
+    /// the destination (both validated afresh, as a moved table is).
+    async fn others_on_target(&self) -> Result<Vec<TableSpec>> {
+        let mut out = Vec::new();
+        for spec in self.others().await? {
+            self.r.columns_fresh(&self.source, &spec).await?;
+            match self.r.columns_fresh(&self.target, &spec).await {
+                Ok(_) => out.push(spec),
+                Err(MigrationError::UnknownTable(_) | MigrationError::UnknownKeyColumn { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Configured tables outside the move that hold a row of the key on the
     /// source (a move of only some of them would strand the others).
     pub(crate) async fn rows_elsewhere(&self) -> Result<Vec<String>> {
@@ -289,8 +304,8 @@ impl<'r> MoveCtx<'r> {
     /// move first tries one batch (marker + an insert that lands only when
     /// the destination has no row of the key: the usual case); otherwise,
     /// and for a table set, one batch writes the markers and replaces the
-    /// key's rows (delete + insert per table), superseding an earlier
-    /// attempt's copy. The markers stay until the publish (or the abort)
+    /// key's rows (delete + insert per table; delete only for a table the
+    /// snapshot holds no row of), superseding an earlier attempt's copy. The markers stay until the publish (or the abort)
     /// deletes them.
     ///
     /// A definite refusal (a value the destination's dialect cannot hold,
@@ -334,10 +349,13 @@ impl<'r> MoveCtx<'r> {
                 return Ok(());
             }
         }
+        // Every moved table's row of the key is replaced, an absent one by
+        // nothing: an earlier attempt's copy of a row deleted on the source
+        // since must not be published.
         let mut stmts = marks;
         for (spec, row) in self.specs.iter().zip(snap) {
+            stmts.push(d.delete_key(&spec.name, &spec.key_col, &self.key));
             if let Some(row) = row {
-                stmts.push(d.delete_key(&spec.name, &spec.key_col, &self.key));
                 stmts.push(d.insert_row(&spec.name, &row_idents(row)?));
             }
         }
@@ -570,29 +588,31 @@ impl<'r> MoveCtx<'r> {
         Ok(())
     }
 
-    /// Removes this operation's copies from the destination, unless the key
-    /// is routed there: rows equal to the journaled snapshot, and any row
-    /// of the key in a moved table still under the operation's in-flight
-    /// marker (nothing routed can have written it since the copy, so it is
-    /// an earlier attempt's copy); then, in the same batch, the markers.
+    /// Removes this operation's copies from the destination: any row of the
+    /// key in a moved table still under the operation's in-flight marker
+    /// (nothing routed can have written it since the copy, so it is this
+    /// operation's copy, whatever the mapping says: a mapping restored to a
+    /// shard the key once left may name the destination), and, unless the
+    /// key is routed there, rows equal to the journaled snapshot; then, in
+    /// the same batch, the markers.
     pub(crate) async fn drop_copies(&self, digests: &BTreeMap<String, String>) -> Result<usize> {
         let (name, shard) = self.r.shard_named(&self.target)?;
         let d = shard.dialect();
         let mut stmts = Vec::new();
-        if self.r.mapping_fresh(&self.key).await?.as_deref() != Some(self.target.as_str()) {
-            let dest = self.read_rows(&self.target).await?;
-            for (spec, row) in self.specs.iter().zip(&dest) {
-                let Some(row) = row else { continue };
-                if digests.get(spec.name.as_str()) == Some(&value::digest(Some(row))) {
-                    stmts.push(d.delete_matching(
-                        &spec.name,
-                        &spec.key_col,
-                        &self.key,
-                        &row_idents(row)?,
-                    ));
-                }
-                stmts.push(d.delete_marked(&spec.name, &spec.key_col, &self.key, &self.op_id));
+        let routed_there =
+            self.r.mapping_fresh(&self.key).await?.as_deref() == Some(self.target.as_str());
+        let dest = self.read_rows(&self.target).await?;
+        for (spec, row) in self.specs.iter().zip(&dest) {
+            let Some(row) = row else { continue };
+            if !routed_there && digests.get(spec.name.as_str()) == Some(&value::digest(Some(row))) {
+                stmts.push(d.delete_matching(
+                    &spec.name,
+                    &spec.key_col,
+                    &self.key,
+                    &row_idents(row)?,
+                ));
             }
+            stmts.push(d.delete_marked(&spec.name, &spec.key_col, &self.key, &self.op_id));
         }
         let deletes = stmts.len();
         stmts.push(d.in_flight_clear(&self.op_id, &self.key));
@@ -872,7 +892,12 @@ impl Router {
         let Some(op) = self.load_op(&op_id).await? else {
             return Err(busy());
         };
-        if op.owner != self.instance || op.target != target || op.tables != tables {
+        // A move fences every configured table on both shards (it takes
+        // the others along, empty): the same call asks for a subset of them.
+        if op.owner != self.instance
+            || op.target != target
+            || !tables.iter().all(|t| op.tables.contains(t))
+        {
             return Err(busy());
         }
         let Some(_running) = self.drive(&op.op_id) else {
@@ -951,14 +976,23 @@ impl Router {
     /// key on its source: the key's mapping moves as a whole, so a row left
     /// behind in another table would no longer be routed to (reads `None`,
     /// updates changing nothing, inserts creating a second row). Such a
-    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables;
-    /// the cutover also requires them to be still empty, and a move that
-    /// finds a row appeared there meanwhile aborts.
+    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables.
+    /// Every other configured table that exists on both shards moves too
+    /// (its row of the key absent): the cutover fences it on the source and
+    /// the publish lifts its old fence on the destination, so a router whose
+    /// cache still names the source (or a write between the cutover and the
+    /// publish) cannot leave a row there that the mapping no longer routes
+    /// to; a row that appears in one of them before the cutover makes the
+    /// cutover miss and moves with the key on the next copy. A configured
+    /// table missing on the destination stays outside the move: the cutover
+    /// requires it still empty on the source, and a move that finds a row
+    /// appeared there meanwhile aborts.
     ///
     /// A key has one active operation at a time. When this router's own
     /// earlier call stopped on an error and left its operation active, the
-    /// same call (same key, target and tables) resumes that operation from
-    /// its journaled state at once; any other move of the key gets
+    /// same call (same key and target, naming tables the operation moves)
+    /// resumes that operation from its journaled state at once; any other
+    /// move of the key gets
     /// `MIGRATION_ALREADY_ACTIVE` until the operation ends or recovery
     /// settles it (after its mover's liveness lapses).
     ///
@@ -1088,7 +1122,7 @@ impl Router {
         };
         let now = self.now();
         let op_id = uuid::Uuid::now_v7().to_string();
-        let ctx = MoveCtx {
+        let mut ctx = MoveCtx {
             r: self,
             guard: Guard {
                 owner: self.instance.clone(),
@@ -1101,7 +1135,7 @@ impl Router {
             target: target.to_owned(),
             retain_ms,
         };
-        let snap = ctx.snapshot().await?;
+        let mut snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
             // The row left the source after this call located the key: a
             // concurrent move cut it over (its tombstone is there). That is
@@ -1122,6 +1156,24 @@ impl Router {
                 key: key.to_owned(),
                 tables: elsewhere,
             });
+        }
+        // Every other configured table on both shards (empty of the key
+        // on the source: checked above) moves too, so the cutover fences it
+        // on the source and the publish lifts its old fence on the
+        // destination: a router whose cache still names the source, or a
+        // write between the cutover and the publish, cannot leave a row of
+        // it there that the mapping no longer routes to.
+        let extra = ctx.others_on_target().await?;
+        if !extra.is_empty() {
+            ctx.specs.extend(extra);
+            snap = ctx.snapshot().await?;
+            // Another move may have taken the key away since the first
+            // snapshot: a move of nothing would cut over where the key no
+            // longer lives and publish its target.
+            if snap.iter().all(Option::is_none) {
+                return Err(MigrationError::RowNotFound(key.to_owned()));
+            }
+            ctx.check_storable(&snap)?;
         }
         let op = OpRecord {
             op_id: op_id.clone(),

@@ -192,7 +192,7 @@ async fn journaled_move_and_status() {
     let t = e
         .shard("s0")
         .query(&Statement::new(
-            "SELECT moved_to, payload FROM durability_retired",
+            "SELECT moved_to, payload FROM durability_retired WHERE tname = 'users'",
         ))
         .await
         .unwrap();
@@ -612,7 +612,11 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
         .journal_shard("s0")
         .clock(Arc::new(e.clock.clone()))
         .clock_domain(e.clock_domain.clone())
-        .table("users");
+        // The tables every router of the harness knows (the interrupted
+        // move fences them all).
+        .table("users")
+        .table("docs")
+        .table_with_key_column("orgs", "org_id");
     let a = Router::new(cfg).unwrap();
     let before_gen = 8;
     let err = a.recover_migrations().await.unwrap_err();
@@ -704,7 +708,7 @@ async fn retention_purge_and_tombstones() {
     let t = e
         .shard("s0")
         .query(&Statement::new(
-            "SELECT payload, purged FROM durability_retired",
+            "SELECT payload, purged FROM durability_retired WHERE tname = 'users'",
         ))
         .await
         .unwrap();
@@ -1445,7 +1449,7 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
     // The users move's claim lands, its copy crashes.
     let (e, r) = interrupted_move(2, FaultMode::Before).await;
     let before = dump(&e).await;
-    let err = r.reassign_shard("u1", "s1", "orgs").await.unwrap_err();
+    let err = r.reassign_shard("u1", "s2", "orgs").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
     assert_eq!(dump(&e).await, before, "a refused claim writes nothing");
     e.clock.advance(31_000);
@@ -1474,9 +1478,11 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
 }
 
 /// A move that stopped on an error is resumed at once by the router that
-/// started it, when called again for the same key, target and tables (no
-/// wait for its liveness to lapse, no recovery); another router, another
-/// target or another table set gets `MIGRATION_ALREADY_ACTIVE`.
+/// started it, when called again for the same key and target naming tables
+/// it moves (every configured table on both shards: a call naming another
+/// of them is the same move) (no wait for its liveness to lapse, no
+/// recovery); another router or another target gets
+/// `MIGRATION_ALREADY_ACTIVE`.
 #[tokio::test]
 async fn own_interrupted_move_resumes_when_called_again() {
     // Write 2 is the copy (crashes before applying: state `prepared`);
@@ -1497,7 +1503,7 @@ async fn own_interrupted_move_resumes_when_called_again() {
         for (who, target, table) in [
             (&other, "s1", "users"),
             (&r, "s2", "users"),
-            (&r, "s1", "orgs"),
+            (&r, "s2", "orgs"),
         ] {
             let err = who.reassign_shard("u1", target, table).await.unwrap_err();
             assert!(
@@ -1508,7 +1514,8 @@ async fn own_interrupted_move_resumes_when_called_again() {
                 "crash at write {crash}, {target}/{table}: {err}"
             );
         }
-        let out = r.reassign_shard("u1", "s1", "users").await.unwrap();
+        // Naming another table it moves resumes it as well.
+        let out = r.reassign_shard("u1", "s1", "orgs").await.unwrap();
         assert_eq!(out.op_id, st.op_id, "the interrupted operation itself");
         let st = r
             .get_migration_status("u1", "users")
