@@ -1,7 +1,8 @@
 //! [`RpcClient`]: a thin client that is not a host. It sends a call (or a
-//! tenant fetch) to an entry host's router, learns the owner hint from the owner's trusted
-//! headers (the endpoint checked against the client's [`EndpointPolicy`]),
-//! and calls the owner directly with the route fence next time, under the
+//! tenant fetch) to an entry host's router, learns the owner hint from the
+//! owner's trusted headers (the endpoint checked against the client's
+//! [`EndpointPolicy`]), and calls the owner directly with the route fence
+//! next time, under the
 //! same replay rules as a host's own router (see [`crate::routing`]'s
 //! docs on [`crate::Host::object`]).
 //!
@@ -38,7 +39,7 @@ pub struct ClientStats {
     pub rediscoveries: u64,
     /// Hints evicted.
     pub hint_evictions: u64,
-    /// Every [`RpcClient::call`], one outcome each.
+    /// Every [`RpcClient::call`] and [`RpcClient::fetch`], one outcome each.
     pub calls: ClientCalls,
 }
 
