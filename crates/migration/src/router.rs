@@ -226,24 +226,22 @@ impl Router {
         // A journal created before verification marks gains the column
         // (every finished operation then counts as unexamined).
         let (column, add) = d.journal_upgrade();
-        let ops = Ident::internal(names::OPS);
-        let has = shard
-            .query(&d.columns_query(&ops))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?
-            .iter()
-            .any(|r| r.get("name").and_then(Value::as_text) == Some(column));
-        if !has && let Err(e) = shard.execute(&add).await {
-            // Another router's init may have added it first.
-            let added = shard
-                .query(&d.columns_query(&ops))
+        let has_column = async || -> Result<bool> {
+            let cols = shard
+                .query(&d.columns_query(&Ident::internal(names::OPS)))
                 .await
-                .map_err(|e| MigrationError::shard(name, e))?
+                .map_err(|e| MigrationError::shard(name, e))?;
+            Ok(cols
                 .iter()
-                .any(|r| r.get("name").and_then(Value::as_text) == Some(column));
-            if !added {
-                return Err(MigrationError::shard(name, e));
-            }
+                .any(|r| r.get("name").and_then(Value::as_text) == Some(column)))
+        };
+        // Another router's init may add it first: then the ALTER fails and
+        // the column is there.
+        if !has_column().await?
+            && let Err(e) = shard.execute(&add).await
+            && !has_column().await?
+        {
+            return Err(MigrationError::shard(name, e));
         }
         for st in d.journal_history_indexes() {
             shard
