@@ -305,8 +305,8 @@ impl<'r> MoveCtx<'r> {
     /// the destination has no row of the key: the usual case); otherwise,
     /// and for a table set, one batch writes the markers and replaces the
     /// key's rows (delete + insert per table; delete only for a table the
-    /// snapshot holds no row of), superseding an earlier attempt's copy. The markers stay until the publish (or the abort)
-    /// deletes them.
+    /// snapshot holds no row of), superseding an earlier attempt's copy.
+    /// The markers stay until the publish (or the abort) deletes them.
     ///
     /// A definite refusal (a value the destination's dialect cannot hold,
     /// found before any write; a [`DataRejected`] or [`UniqueViolation`]

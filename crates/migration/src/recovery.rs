@@ -11,8 +11,9 @@
 //! | `retired`, `aborted` with claims left | release the claims |
 //! | any, mover still live (same clock domain: its deadline not passed; otherwise: first seen, or its row changed, less than `MOVE_LIVENESS_MS` ago on this router's clock) | skip |
 //!
-//! Every abort drops the destination copy (only rows equal to the journaled
-//! snapshot). Every journal write carries the lease predicate, so a
+//! Every abort drops the destination copy (the rows of the key still under
+//! the operation's in-flight marker, and rows equal to the journaled
+//! snapshot unless the key is routed there). Every journal write carries the lease predicate, so a
 //! recovery that lost its lease writes nothing more to the journal and
 //! returns `RECOVERY_FENCED`.
 
