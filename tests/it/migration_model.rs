@@ -2,6 +2,12 @@
 //! of what every key must read (issue 13, "Proof"), on SQLite, PostgreSQL
 //! and MariaDB shard sets, under mapped and computed placement.
 //!
+//! Every shard call and mapping lookup or publish yields first (an
+//! embedded SQLite shard never does by itself), and each operation of a
+//! step starts after a seeded random number of yields, so the operations
+//! of a step interleave on every dialect and a short one can land anywhere
+//! inside a long one.
+//!
 //! Each seed drives five routers over three shards (two with the default
 //! mapping cache TTL, one with TTL 0, one with a one-day TTL that routes
 //! stale, one whose shards and mapping store go through the harness's crash
@@ -53,6 +59,7 @@ use rand::{Rng, SeedableRng};
 use crate::shards::{Env, Kind, env, env_with};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::repair;
+use durability_migration::conformance::safety::SafetyCheck;
 use durability_migration::{
     BackendError, BoxFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
     MoveOptions, MoveOutcome, Placement, PurgeReport, RebalanceOptions, RebalanceReport,
@@ -108,7 +115,11 @@ struct LossyMapping {
 
 impl MappingStore for LossyMapping {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
-        self.inner.get(key)
+        // Yields first, like the shards (see `Yielding`).
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.inner.get(key).await
+        })
     }
     fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         let lose = {
@@ -124,7 +135,10 @@ impl MappingStore for LossyMapping {
             self.lost.fetch_add(1, Ordering::SeqCst);
             return Box::pin(async { Ok(()) });
         }
-        self.inner.put(key, shard)
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.inner.put(key, shard).await
+        })
     }
     fn put_if_absent<'a>(
         &'a self,
@@ -142,6 +156,49 @@ impl MappingStore for LossyMapping {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
         self.inner.scan(after, limit)
+    }
+}
+
+/// A shard that yields to the other operations of its step before every
+/// call. An embedded SQLite shard answers without ever returning
+/// `Pending`, so without it the operations `join_all` runs together would
+/// run one after the other on SQLite shards instead of interleaving at
+/// every backend call.
+struct Yielding(Arc<dyn Shard>);
+
+impl std::fmt::Debug for Yielding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Yielding").finish_non_exhaustive()
+    }
+}
+
+impl Shard for Yielding {
+    fn dialect(&self) -> durability_migration::Dialect {
+        self.0.dialect()
+    }
+    fn batch_support(&self) -> durability_migration::BatchSupport {
+        self.0.batch_support()
+    }
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.0.execute(stmt).await
+        })
+    }
+    fn batch<'a>(
+        &'a self,
+        stmts: &'a [Statement],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.0.batch(stmts).await
+        })
+    }
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.0.query(stmt).await
+        })
     }
 }
 
@@ -217,6 +274,14 @@ enum Act {
 }
 
 impl Act {
+    /// The key the operation is about, when it is about one.
+    fn key(&self) -> Option<usize> {
+        match self {
+            Act::Write { key, .. } | Act::Read { key, .. } | Act::Move { key, .. } => Some(*key),
+            _ => None,
+        }
+    }
+
     fn router(&self) -> usize {
         match self {
             Act::Write { r, .. }
@@ -301,6 +366,9 @@ struct World {
     codes: BTreeMap<String, u64>,
     faults: BTreeMap<&'static str, u64>,
     checks: BTreeMap<&'static str, u64>,
+    /// The safety check every router of this world skips (the proof that
+    /// the checker notices its absence), or none.
+    disabled: Option<SafetyCheck>,
 }
 
 fn config(e: &Env, computed: bool, faulty: bool, ttl: u64) -> MigrationConfig {
@@ -312,8 +380,18 @@ fn config(e: &Env, computed: bool, faulty: bool, ttl: u64) -> MigrationConfig {
     }
 }
 
-async fn router(e: &Env, computed: bool, faulty: bool, ttl: u64) -> Router {
-    let r = Router::new(config(e, computed, faulty, ttl)).unwrap();
+async fn router_without(
+    e: &Env,
+    computed: bool,
+    faulty: bool,
+    ttl: u64,
+    disabled: Option<SafetyCheck>,
+) -> Router {
+    let mut c = config(e, computed, faulty, ttl);
+    if let Some(check) = disabled {
+        c = c.without_safety_check(check);
+    }
+    let r = Router::new(c).unwrap();
     r.init().await.unwrap();
     r
 }
@@ -361,16 +439,22 @@ async fn coarse_key_column_is_refused(e: &Env, kind: Kind, computed: bool) {
 }
 
 impl World {
-    async fn new(kinds: &[Kind], computed: bool) -> Option<Self> {
+    async fn new(kinds: &[Kind], computed: bool, disabled: Option<SafetyCheck>) -> Option<Self> {
         let lossy = Arc::new(LossyMapping::default());
-        let e = env_with(kinds, Arc::clone(&lossy) as Arc<dyn MappingStore>).await?;
-        let routers = vec![
-            router(&e, computed, false, 30_000).await,
-            router(&e, computed, false, 30_000).await,
-            router(&e, computed, false, 0).await,
-            router(&e, computed, false, STALE_TTL_MS).await,
-            router(&e, computed, true, 30_000).await,
-        ];
+        let mut e = env_with(kinds, Arc::clone(&lossy) as Arc<dyn MappingStore>).await?;
+        for (_, s) in &mut e.shards {
+            *s = Arc::new(Yielding(Arc::clone(s)));
+        }
+        let mut routers = Vec::new();
+        for (faulty, ttl) in [
+            (false, 30_000),
+            (false, 30_000),
+            (false, 0),
+            (false, STALE_TTL_MS),
+            (true, 30_000),
+        ] {
+            routers.push(router_without(&e, computed, faulty, ttl, disabled).await);
+        }
         let mut model = BTreeMap::new();
         for k in 0..KEYS {
             for t in 0..TABLES.len() {
@@ -391,6 +475,7 @@ impl World {
             codes: BTreeMap::new(),
             faults: BTreeMap::new(),
             checks: BTreeMap::new(),
+            disabled,
         })
     }
 
@@ -617,7 +702,13 @@ impl World {
             } else {
                 rng.random_range(0..PLAIN_ROUTERS)
             };
-            let key = rng.random_range(0..KEYS);
+            // Half the time the key of the step's previous operation: a
+            // write or read racing a move of the same key is the case
+            // that matters.
+            let key = match acts.last().and_then(Act::key) {
+                Some(k) if rng.random_bool(0.5) => k,
+                _ => rng.random_range(0..KEYS),
+            };
             let roll = rng.random_range(0..100);
             let a = match roll {
                 0..45 => {
@@ -771,10 +862,22 @@ impl World {
                     "step {step}: crash plan armed at write {n} ({mode:?})"
                 ));
             }
+            // Each operation starts after a random number of yields, so a
+            // short one (a write) can land anywhere inside a long one (a
+            // move), not only before its first few backend calls.
+            let delays: Vec<u32> = acts.iter().map(|_| rng.random_range(0..40)).collect();
+            self.log
+                .push(format!("step {step}: start delays (yields) {delays:?}"));
             let lost_before = self.lossy.lost.load(Ordering::SeqCst);
             let results = {
                 let this = &*self;
-                join_all(acts.iter().map(|a| this.exec(a))).await
+                join_all(acts.iter().zip(&delays).map(|(a, d)| async move {
+                    for _ in 0..*d {
+                        tokio::task::yield_now().await;
+                    }
+                    this.exec(a).await
+                }))
+                .await
             };
             if armed {
                 if self.e.plan.tripped() {
@@ -847,7 +950,7 @@ impl World {
         *self.lossy.lose_put_of.lock().unwrap() = None;
         // Past every mover's liveness and every recovery lease.
         self.e.clock.advance(200_000);
-        let fixer = router(&self.e, self.computed, false, 30_000).await;
+        let fixer = router_without(&self.e, self.computed, false, 30_000, self.disabled).await;
         match fixer.recover_migrations().await {
             Ok(rep) if rep.failed.is_empty() && rep.skipped.is_empty() => {}
             other => self.violation(step, format!("final recovery: {other:?}")),
@@ -867,7 +970,7 @@ impl World {
             other => self.violation(step, format!("second full verify: {other:?}")),
         }
         Self::count(&mut self.checks, "final_verify");
-        let fresh = router(&self.e, self.computed, false, 0).await;
+        let fresh = router_without(&self.e, self.computed, false, 0, self.disabled).await;
         for key in 0..KEYS {
             for (table, (t, col)) in TABLES.iter().enumerate() {
                 let k = self.keys[key].clone();
@@ -913,6 +1016,14 @@ impl World {
                         format!("{k}/{t}: the live row {live:?} is not the one read ({tok})"),
                     );
                 }
+                // Every key is writable again once recovery ran: rewriting
+                // the value read leaves the model as it is.
+                if let Some(tok) = seen {
+                    Self::count(&mut self.checks, "final_writes");
+                    if let Err(e) = fresh.upsert(&k, t, value_row(table, tok)).await {
+                        self.violation(step, format!("final rewrite of {k}/{t}: {e}"));
+                    }
+                }
             }
         }
     }
@@ -938,7 +1049,7 @@ fn summary(m: &BTreeMap<impl std::fmt::Display, u64>) -> String {
 async fn campaign(name: &str, kinds: [Kind; 3], computed: bool) {
     let ops = ops();
     for (i, seed) in seeds().into_iter().enumerate() {
-        let Some(mut w) = World::new(&kinds, computed).await else {
+        let Some(mut w) = World::new(&kinds, computed, None).await else {
             eprintln!("{name}: skipped (no server for {kinds:?})");
             return;
         };
@@ -1296,6 +1407,14 @@ async fn model_regression_a_move_raced_away_between_its_snapshots() {
             moved.as_deref().is_some_and(|m| m.starts_with("Ok")),
             "{ctx}"
         );
+        // The losing move gets the conflict code, not "no such row".
+        assert_eq!(
+            res.as_ref()
+                .err()
+                .map(MigrationError::code),
+            Some("MIGRATION_ALREADY_ACTIVE"),
+            "{ctx}"
+        );
         let live = e.live("users", "id", "k").await;
         assert_eq!(live.len(), 1, "{ctx}: {live:?}");
         let fresh = e.router_with(false, 0).await;
@@ -1391,4 +1510,49 @@ async fn model_regression_a_move_claiming_after_another_finished() {
         );
         crate::shards::clean_verify(&fresh).await;
     }
+}
+
+/// The proof that the checker would notice a missing safety check: each
+/// named check off in turn (every router of the world skips it), seeds run
+/// until one reports a violation; a check whose absence no seed of the
+/// budget exposes fails the test. Prints what each found.
+#[tokio::test]
+async fn migration_model_reports_each_disabled_safety_check() {
+    const SEED_BUDGET: u64 = 8;
+    let ops = ops();
+    let mut unnoticed = Vec::new();
+    for check in SafetyCheck::ALL {
+        let mut found = None;
+        for seed in 1..=SEED_BUDGET {
+            let Some(mut w) = World::new(&[Sqlite; 3], false, Some(check)).await else {
+                eprintln!("skipped (no SQLite shards)");
+                return;
+            };
+            w.run(seed, ops).await;
+            eprintln!(
+                "{} disabled, seed={seed} ops: {} | faults: {} | checks: {} | results: {}",
+                check.name(),
+                summary(&w.ops),
+                summary(&w.faults),
+                summary(&w.checks),
+                summary(&w.codes),
+            );
+            if let Some(first) = w.violations.first() {
+                found = Some((seed, first.clone(), summary(&w.faults)));
+                break;
+            }
+        }
+        let Some((seed, first, faults)) = found else {
+            unnoticed.push(check.name());
+            continue;
+        };
+        eprintln!(
+            "safety check {} disabled: seed {seed} found a violation (faults: {faults}): {first}",
+            check.name()
+        );
+    }
+    assert!(
+        unnoticed.is_empty(),
+        "with {unnoticed:?} disabled, no seed of 1..={SEED_BUDGET} ({ops} operations) reported a violation"
+    );
 }

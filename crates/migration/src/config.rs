@@ -57,6 +57,26 @@ pub struct MigrationConfig {
     pub(crate) manifest_refresh_ms: u64,
     pub(crate) cutover_hold_ms: u64,
     pub(crate) clock_domain: Option<String>,
+    /// A safety check this router skips (only settable with the
+    /// `conformance` feature, for the model checker's proof that it would
+    /// notice; `None` in every other build).
+    pub(crate) disabled: Option<Check>,
+}
+
+/// A safety check of the router, by name. Every check is always on, except
+/// in a router built with the `conformance` feature's
+/// `MigrationConfig::without_safety_check`, which the model checker uses to
+/// show that it reports a violation without the check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The cutover archives and deletes the source row only while it still
+    /// equals the move's snapshot (a write since then misses the cutover
+    /// and the key is copied again).
+    SnapshotUnchanged,
+    /// A mapping that lost its publish is published again from the
+    /// journal (by a write meeting the fence, a lookup of an unmapped key
+    /// and a repairing verify).
+    Republish,
 }
 
 impl std::fmt::Debug for MigrationConfig {
@@ -94,6 +114,7 @@ impl MigrationConfig {
             manifest_refresh_ms: DEFAULT_MANIFEST_REFRESH_MS,
             cutover_hold_ms: DEFAULT_CUTOVER_HOLD_MS,
             clock_domain: None,
+            disabled: None,
         }
     }
     /// Adds a named shard.

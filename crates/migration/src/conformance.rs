@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 pub mod harness;
+pub mod safety;
 
 use std::sync::Arc;
 use std::sync::Mutex;

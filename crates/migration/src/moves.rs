@@ -53,7 +53,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{self, TableSpec};
+use crate::config::{self, Check, TableSpec};
 use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
@@ -451,6 +451,16 @@ impl<'r> MoveCtx<'r> {
             self.step(MoveState::CutoverPending, Change::default())
                 .await?;
         }
+        // Without the "unchanged since the snapshot" check (the model
+        // checker's proof only), the guard compares with the source as it
+        // is now, so a write since the snapshot no longer misses the cutover.
+        let now_row;
+        let snap = if self.r.checks(Check::SnapshotUnchanged) {
+            snap
+        } else {
+            now_row = self.snapshot().await?;
+            &now_row
+        };
         let (name, shard) = self.r.shard_named(&self.source)?;
         let d = shard.dialect();
         let mut tables = Vec::with_capacity(self.specs.len());
@@ -1170,7 +1180,12 @@ impl Router {
             // Another move may have taken the key away since the first
             // snapshot: a move of nothing would cut over where the key no
             // longer lives and publish its target.
+            // That is the conflict (the other move's tombstone is on the
+            // source); a key whose row was deleted meanwhile has no row.
             if snap.iter().all(Option::is_none) {
+                if ctx.moved_away().await? {
+                    return Err(MigrationError::AlreadyActive(key.to_owned()));
+                }
                 return Err(MigrationError::RowNotFound(key.to_owned()));
             }
             ctx.check_storable(&snap)?;

@@ -9,6 +9,7 @@
 //! names an old shard only makes writes meet the fence there (refused,
 //! never applied) until the next heal names the newest target again.
 
+use crate::config::Check;
 use crate::error::{MigrationError, Result};
 use crate::journal::{JournalSql, MoveState, OpRecord};
 use crate::router::Router;
@@ -102,7 +103,7 @@ impl Router {
     /// lives (its mapping was lost), published again. `Pending` when a move
     /// of the key is active, `Unknown` when the journal never moved it.
     pub(crate) async fn heal_unmapped(&self, key: &str) -> Result<Home> {
-        if self.computed() || !self.fence_checks {
+        if self.computed() || !self.fence_checks || !self.checks(Check::Republish) {
             return Ok(Home::Unknown);
         }
         let home = self.journal_home(key).await?;

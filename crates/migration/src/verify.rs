@@ -676,7 +676,7 @@ impl Router {
         if found.as_deref() == Some(target.as_str()) {
             return Ok(());
         }
-        if repair {
+        if repair && self.checks(crate::config::Check::Republish) {
             self.republish(&op.key, &op_id, &target, found.as_deref())
                 .await?;
             push_counted(
