@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::shards::{Env, Kind, clean_verify, env};
+use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::user;
 use durability_migration::{MoveOptions, Retire, Router, Statement, Value, VerifyOptions, row};
 
@@ -221,6 +222,55 @@ async fn purge_compacts_a_bouncing_keys_history() {
             Some(&Value::from(expected)),
             "{kinds:?}: {stale_write:?}"
         );
+        clean_verify(&r).await;
+    }
+}
+
+/// Aborted operations are history too: purge deletes an aborted
+/// operation's journal row once a pass examined it and its retention
+/// elapsed (its abort left no tombstone or marker), not before; the key
+/// still moves and reads afterwards.
+#[tokio::test]
+async fn purge_compacts_examined_aborted_operations() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("a1", "s0").await.unwrap();
+        r.insert("a1", "users", user("ann", 1)).await.unwrap();
+        // Stopped after its copy to s1, then aborted by the operator.
+        e.interrupt_move("a1", "s1", "users", 3, FaultMode::Before)
+            .await;
+        let stuck = r
+            .get_migration_status("a1", "users")
+            .await
+            .unwrap()
+            .unwrap();
+        r.abort_operation(&stuck.op_id).await.unwrap();
+        let ops = "SELECT op_id FROM durability_migration_ops WHERE mkey = 'a1'";
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.compacted_count, 0, "{kinds:?}: not examined yet");
+        assert_eq!(count(&e, "s0", ops).await, 1, "{kinds:?}");
+        let (rep, _) = pass(&r, false, false).await;
+        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.compacted_count, 0, "{kinds:?}: retention not elapsed");
+        assert_eq!(count(&e, "s0", ops).await, 1, "{kinds:?}");
+        e.clock
+            .advance(i64::try_from(durability_migration::DEFAULT_RETENTION_MS).unwrap());
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.compacted_count, 1, "{kinds:?}: {purge:?}");
+        assert_eq!(count(&e, "s0", ops).await, 0, "{kinds:?}");
+        assert!(
+            r.get_migration_status("a1", "users")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        r.reassign_shard_with("a1", "s1", "users", NOW)
+            .await
+            .unwrap();
+        let got = r.get("a1", "users").await.unwrap().unwrap();
+        assert_eq!(got.get("n"), Some(&Value::from(1)), "{kinds:?}");
         clean_verify(&r).await;
     }
 }

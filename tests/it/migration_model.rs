@@ -1409,9 +1409,7 @@ async fn model_regression_a_move_raced_away_between_its_snapshots() {
         );
         // The losing move gets the conflict code, not "no such row".
         assert_eq!(
-            res.as_ref()
-                .err()
-                .map(MigrationError::code),
+            res.as_ref().err().map(MigrationError::code),
             Some("MIGRATION_ALREADY_ACTIVE"),
             "{ctx}"
         );

@@ -565,6 +565,20 @@ impl JournalSql<'_> {
         s.finish()
     }
 
+    /// Deletes an aborted operation's row once a pass examined it (see
+    /// `Router::purge_retired`).
+    pub(crate) fn delete_aborted_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("DELETE FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND state = 'aborted' AND verified = 1");
+        s.finish()
+    }
+
     pub(crate) fn mark_purged(&self, op_id: &str) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("UPDATE ")

@@ -192,7 +192,8 @@ pub struct PurgeReport {
     pub purged_count: u64,
     /// Exact number of operations refused.
     pub refused_count: u64,
-    /// Journal rows of purged operations deleted by the compaction.
+    /// Journal rows deleted by the compaction: purged operations, and
+    /// aborted ones a pass examined whose retention elapsed.
     pub compacted_count: u64,
 }
 
@@ -935,6 +936,8 @@ impl Router {
     /// stale writers and says where the key lives, so history stays
     /// bounded by the keys and the shards they left, not by the moves.
     /// Tombstones that fence stay, so stale writers remain refused.
+    /// Aborted operations go too once a pass examined them, their retention
+    /// elapsed and nothing of theirs is left on a shard.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
@@ -1002,7 +1005,52 @@ impl Router {
                 report.compacted_count += self.compact_key(&op.key).await?;
             }
         }
+        report.compacted_count += self.compact_aborted(now).await?;
         Ok(report)
+    }
+
+    /// Deletes the journal rows of aborted operations that are done with:
+    /// a verification pass examined them after they finished (their
+    /// `verified` mark), their retention elapsed since they finished, and
+    /// no tombstone or in-flight marker of theirs is left on their source
+    /// or destination. Reads never look at an aborted operation (the key's
+    /// newest operation that is not aborted says where it lives), so only
+    /// [`Router::get_migration_status`] sees one go. Returns the rows
+    /// deleted.
+    async fn compact_aborted(&self, now: i64) -> Result<u64> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let mut deleted = 0;
+        let mut after = String::new();
+        loop {
+            let rows = js
+                .query(&q.ops_page(&after, 500, OpFilter::State(MoveState::Aborted)))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            let Some(last) = rows.last() else { break };
+            after = crate::journal::text(last, "op_id")?;
+            for r in &rows {
+                let op = OpRecord::from_row(r)?;
+                let done_at = op
+                    .finished_ms
+                    .map(|f| f.saturating_add(op.retain_ms.max(0)));
+                if !op.verified
+                    || done_at.is_none_or(|t| t > now)
+                    || self.has_tombstones(&op).await?
+                {
+                    continue;
+                }
+                js.execute(&q.delete_aborted_op(&op.op_id))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     /// Compacts `key`'s history (see [`Router::purge_retired`]): first
