@@ -161,6 +161,7 @@
 
 mod client;
 mod config;
+pub mod connect;
 mod error;
 pub mod fetch;
 mod host;
