@@ -32,7 +32,7 @@
 mod connect;
 mod fetch;
 
-pub(crate) use connect::Served;
+pub(crate) use connect::{Served, after_refusal};
 
 use std::sync::Arc;
 

@@ -555,3 +555,113 @@ fn connect_limits_hold_at_the_boundary_and_one_past() {
         cases.len()
     );
 }
+
+/// The greeting of a fresh session, then its answer to `message`.
+async fn converse(
+    socket: &mut durability_host::connect::Socket,
+    message: &str,
+) -> (String, String) {
+    use durability_host::connect::Message;
+    let text = |m: Option<Result<Message, durability_host::HostError>>| match m {
+        Some(Ok(Message::Text(t))) => t,
+        other => panic!("unexpected {other:?}"),
+    };
+    let greeting = text(socket.recv().await);
+    socket
+        .send(Message::Text(message.to_owned()))
+        .await
+        .unwrap();
+    (greeting, text(socket.recv().await))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
+    use durability_host::RpcClient;
+    use durability_host::connect::ConnectRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let mut b = Proc::spawn("b", dir.path());
+    let mut c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+
+    // Uncached: b's router hands off over the wire; the client connects
+    // to a, which upgrades.
+    let mut s = client
+        .connect("Counter", "c1", ConnectRequest::new("/ws"))
+        .await
+        .unwrap();
+    let (greeting, reply) = converse(&mut s, "incr").await;
+    assert!(greeting.starts_with("hello task=a "), "{greeting}");
+    assert_eq!(reply, "echo task=a msg=n=2");
+    s.close().await.unwrap();
+    let rb = b.routing();
+    assert_eq!(
+        (rb["handoffs"], rb["upgrades"]),
+        (1, 0),
+        "b upgraded nothing"
+    );
+    let (task, g1, endpoint) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(
+        (task.as_str(), endpoint.as_str()),
+        ("a", a.endpoint.as_str())
+    );
+
+    // Hinted: straight to a, b sees nothing.
+    let served = b.routing()["served"];
+    let mut s = client
+        .connect("Counter", "c1", ConnectRequest::new("/ws"))
+        .await
+        .unwrap();
+    assert!(converse(&mut s, "hi").await.0.starts_with("hello task=a "));
+    assert_eq!(
+        b.routing()["served"],
+        served,
+        "the direct connect skipped b"
+    );
+    let st = client.stats();
+    assert_eq!((st.routed, st.direct, st.rediscoveries), (1, 1, 0));
+
+    // Takeover: a drains, c claims; the direct connect to a is refused
+    // before any upgrade, one rediscovery through b, handed off to c.
+    a.ask("drain", "drained ");
+    assert_eq!(c.call_ok("c1", "incr", "{\"by\":1}")["task"], "c");
+    let mut s = client
+        .connect("Counter", "c1", ConnectRequest::new("/ws"))
+        .await
+        .unwrap();
+    let (greeting, reply) = converse(&mut s, "incr").await;
+    assert!(greeting.starts_with("hello task=c "), "{greeting}");
+    assert_eq!(reply, "echo task=c msg=n=4");
+    let st = client.stats();
+    assert_eq!((st.routed, st.direct, st.rediscoveries), (2, 2, 1));
+    let (task, g2, _) = client.hint("Counter", "c1").unwrap().unwrap();
+    assert_eq!(task, "c");
+    assert!(g2 > g1);
+
+    // A wrong token is refused by the entry host; nothing upgrades.
+    let bad = RpcClient::new(
+        &b.endpoint,
+        "wrong-token-0123456789",
+        "st1",
+        ShardCount::default(),
+    )
+    .unwrap();
+    let e = bad
+        .connect("Counter", "c1", ConnectRequest::new("/ws"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.rpc_code(), "unauthorized");
+    assert_eq!(
+        client.stats().calls,
+        durability_host::ClientCalls {
+            completed: 3,
+            ..Default::default()
+        }
+    );
+    eprintln!(
+        "tried: a thin client entering through b: b's wire handoff to a@{g1}, a upgraded; direct \
+         to a; a drained and c took over at {g2}: one rediscovery through b, c upgraded; a wrong \
+         token refused (401)"
+    );
+}
