@@ -24,6 +24,7 @@ use durability_ownership::{
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use serde_json::Value;
 
+mod connect;
 mod fetch;
 
 const TOKEN: &str = "test-internal-token-0123456789";

@@ -18,13 +18,15 @@ use durability_ownership::{
 };
 use serde_json::Value;
 
+use crate::connect::{ConnectRequest, Socket};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
+use crate::routing::after_refusal;
 use crate::rpc::{RpcArgs, validate_method};
 use crate::transport::{
-    Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken, InvokeRequest,
-    REDISCOVERY_CODES, Reply, RouteFence, Transport,
+    ConnectInvoke, ConnectReply, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport,
+    InternalToken, InvokeRequest, REDISCOVERY_CODES, Reply, RouteFence, Transport,
 };
 use futures::future::BoxFuture;
 
@@ -69,7 +71,7 @@ pub struct ClientCalls {
 }
 
 /// How one call ended, for its figure.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Completed,
     Failed,
@@ -355,6 +357,159 @@ impl RpcClient {
         };
         self.figures.call(outcome).bump();
         result
+    }
+
+    /// Opens a WebSocket session with the connect handler of the object of
+    /// `class` named `name`, wherever it is owned, and returns the
+    /// caller's end. Uncached, the connect enters the entry host's router,
+    /// which upgrades only when it owns the object and otherwise answers
+    /// the hint-only handoff: the client then connects straight to the
+    /// handed-off owner (its endpoint checked against the client's policy)
+    /// with the route fence; a cached hint connects directly. The hint is
+    /// learned from the owner's trusted headers on the `101`. One
+    /// rediscovery through the entry host in all, after a valid trusted
+    /// owner hint from an owner's endpoint (the cached hint is evicted) or
+    /// a trusted pre-dispatch `stale_owner` / `owner_race`; anything else
+    /// is final and never falls back to an upgrade by another host.
+    /// Counted with the calls in [`RpcClient::stats`].
+    ///
+    /// # Errors
+    /// As [`crate::ObjectRef::connect`].
+    pub async fn connect(
+        &self,
+        class: &str,
+        name: &str,
+        request: ConnectRequest,
+    ) -> Result<Socket, HostError> {
+        let sent = async {
+            let invalid = |e| (Outcome::Invalid, e);
+            let request = request.validate().map_err(invalid)?;
+            let scope = self.scope(class, name).map_err(invalid)?;
+            let invoke = ConnectInvoke {
+                class: class.to_owned(),
+                name: name.to_owned(),
+                request,
+                fence: None,
+            };
+            self.route_connect(&scope, invoke).await
+        };
+        let (outcome, result) = match sent.await {
+            Ok(socket) => (Outcome::Completed, Ok(socket)),
+            Err((outcome, e)) => (outcome, Err(e)),
+        };
+        self.figures.call(outcome).bump();
+        result
+    }
+
+    async fn route_connect(
+        &self,
+        scope: &OwnerScope,
+        mut invoke: ConnectInvoke,
+    ) -> Result<Socket, (Outcome, HostError)> {
+        let key = scope.host_id();
+        let mut rediscoveries = 1;
+        // The owner the next attempt goes to; `None` is the entry host.
+        let mut target = self.hints().get(scope).cloned();
+        if target.is_some() {
+            self.figures.direct.bump();
+        }
+        loop {
+            let endpoint = match &target {
+                Some(owner) => {
+                    invoke.fence = Some(RouteFence {
+                        task: owner.task.clone(),
+                        generation: owner.generation,
+                    });
+                    owner.endpoint.clone()
+                }
+                None => {
+                    self.figures.entry.bump();
+                    invoke.fence = None;
+                    self.entry.clone()
+                }
+            };
+            let from_router = target.is_none();
+            let rediscover = match self
+                .transport
+                .connect(&endpoint, &self.token, &invoke, key)
+                .await
+            {
+                ConnectReply::Upgraded { socket, owner } => {
+                    if let Some(owner) = owner
+                        && owner.key == key
+                        && let Some(endpoint) = owner
+                            .endpoint
+                            .as_deref()
+                            .and_then(|e| self.policy.check(e).ok())
+                    {
+                        self.hints().put(
+                            scope.clone(),
+                            Hint {
+                                task: owner.task,
+                                generation: owner.generation,
+                                endpoint,
+                            },
+                        );
+                    }
+                    return Ok(socket);
+                }
+                // The router's handoff: follow it to the owner.
+                ConnectReply::Hint(owner) if from_router => {
+                    let Some(endpoint) = owner
+                        .endpoint
+                        .as_deref()
+                        .and_then(|e| self.policy.check(e).ok())
+                    else {
+                        return Err((
+                            Outcome::Unreachable,
+                            HostError::OwnerUnreachable {
+                                reason: "the handed-off owner endpoint is refused".to_owned(),
+                            },
+                        ));
+                    };
+                    target = Some(Hint {
+                        task: owner.task,
+                        generation: owner.generation,
+                        endpoint,
+                    });
+                    continue;
+                }
+                // A hint from an owner's endpoint is never followed.
+                ConnectReply::Hint(_) => None,
+                ConnectReply::Refused(reply) => match after_refusal(reply) {
+                    Ok(code) => Some(code),
+                    Err(e) => {
+                        let outcome = match &e {
+                            HostError::Remote { .. } => Outcome::Failed,
+                            HostError::OwnerUnreachable { .. } => Outcome::Unreachable,
+                            _ => Outcome::Unavailable,
+                        };
+                        if outcome != Outcome::Failed {
+                            self.evict(scope);
+                        }
+                        return Err((outcome, e));
+                    }
+                },
+            };
+            self.evict(scope);
+            if rediscoveries == 0 {
+                return Err(match rediscover {
+                    Some(code) => (
+                        Outcome::RefusedOwnership,
+                        HostError::remote_ownership(&code),
+                    ),
+                    None => (
+                        Outcome::Unavailable,
+                        HostError::OwnerUnavailable {
+                            reason: "a second owner hint after the one rediscovery".to_owned(),
+                        },
+                    ),
+                });
+            }
+            rediscoveries -= 1;
+            self.figures.rediscoveries.bump();
+            target = None;
+        }
     }
 
     /// Sends `request` straight to the hinted owner, else (or after one

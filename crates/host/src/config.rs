@@ -122,6 +122,7 @@ pub struct HostConfig<S, I> {
     pub(crate) methods: crate::rpc::Methods<I>,
     pub(crate) method_names: Vec<(String, String)>,
     pub(crate) fetchers: crate::fetch::Fetchers<I>,
+    pub(crate) connectors: crate::connect::Connectors<I>,
     pub(crate) internal_token: Option<String>,
     pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
     pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
@@ -173,6 +174,7 @@ impl<S, I> HostConfig<S, I> {
             methods: BTreeMap::new(),
             method_names: Vec::new(),
             fetchers: BTreeMap::new(),
+            connectors: BTreeMap::new(),
             internal_token: None,
             peers: Arc::new(crate::transport::StaticPeers::default()),
             endpoint_policy: crate::transport::EndpointPolicy::default(),
@@ -323,6 +325,41 @@ impl<S, I> HostConfig<S, I> {
             })
         });
         self.fetchers.insert(class.to_owned(), wrapped);
+        self
+    }
+
+    /// Registers the WebSocket connect handler of `class` (one per class; a
+    /// later one replaces it): `handler` gets the object's handle, the
+    /// validated [`crate::connect::ConnectRequest`] (control headers
+    /// stripped) and the server end of the session
+    /// ([`crate::connect::Socket`]), and runs the session until it returns
+    /// (see [`crate::connect`] for when a session ends). The class is
+    /// checked at [`crate::Host::start`]. An error it returns is logged
+    /// (the session has already been upgraded, so no caller sees it).
+    #[must_use]
+    pub fn connect<T, F, Fut>(mut self, class: &str, handler: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        I: Send + Sync + 'static,
+        F: Fn(crate::Handle<T, I>, crate::connect::ConnectRequest, crate::connect::Socket) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let class_name = class.to_owned();
+        let wrapped: crate::connect::Connector<I> = Arc::new(move |input, request, socket| {
+            let handler = Arc::clone(&handler);
+            let class_name = class_name.clone();
+            Box::pin(async move {
+                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
+                    format!("object class {class_name} is not of the connect handler's type").into()
+                })?;
+                handler(handle, request, socket).await
+            })
+        });
+        self.connectors.insert(class.to_owned(), wrapped);
         self
     }
 

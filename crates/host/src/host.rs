@@ -253,6 +253,31 @@ impl<I> Drop for Busy<'_, I> {
     }
 }
 
+/// A WebSocket session's hold on its object: the object counts as busy
+/// (idle eviction skips it) until the hold is dropped.
+pub(crate) struct SessionHold<I> {
+    open: Arc<OpenObject<I>>,
+    ended: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl<I> SessionHold<I> {
+    /// Resolves when the session must end: its scope was lost here (or
+    /// moved to another generation), or the host started draining.
+    pub(crate) async fn ended(&self) {
+        tokio::select! {
+            () = self.ended.cancelled() => {}
+            () = self.stop.cancelled() => {}
+        }
+    }
+}
+
+impl<I> Drop for SessionHold<I> {
+    fn drop(&mut self) {
+        self.open.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 type Slot<I> = Arc<tokio::sync::Mutex<Option<Arc<OpenObject<I>>>>>;
 
 struct ScopeEntry {
@@ -496,6 +521,16 @@ where
                 format!("a fetch handler names class {class}, which is not configured"),
             ));
         }
+        if let Some(class) = config
+            .connectors
+            .keys()
+            .find(|c| !config.classes.contains_key(*c))
+        {
+            return Err(HostError::setting(
+                "connect",
+                format!("a connect handler names class {class}, which is not configured"),
+            ));
+        }
         if config.classes.is_empty() {
             return Err(HostError::setting("classes", "at least one object class"));
         }
@@ -621,6 +656,7 @@ where
             routing: RoutingState {
                 methods: config.methods,
                 fetchers: config.fetchers,
+                connectors: config.connectors,
                 token,
                 peers: config.peers,
                 policy: config.endpoint_policy,
@@ -1223,6 +1259,42 @@ where
                 other => other,
             })?;
             Ok((value, generation.get()))
+        })
+        .await
+    }
+
+    /// Admits a WebSocket session on an object (see [`crate::connect`]):
+    /// the checks of a dispatch ([`Self::dispatch_with`]: running host,
+    /// owner at `expect`, admission), then the object's input and a hold
+    /// that marks the object busy until the session ends.
+    pub(crate) async fn admit_session(
+        &self,
+        class: &str,
+        name: &str,
+        expect: Option<u64>,
+    ) -> Result<(MethodInput<I>, SessionHold<I>), HostError> {
+        let scope = self.scope_for(class, name)?;
+        self.dispatch_with(class, name, expect, |open, generation| async move {
+            let ended = lock(&self.inner.scopes)
+                .get(&scope)
+                .filter(|e| e.generation == generation)
+                .map(|e| e.token.child_token())
+                .ok_or_else(|| HostError::StaleFence {
+                    generation: generation.get(),
+                })?;
+            open.in_flight.fetch_add(1, Ordering::SeqCst);
+            let input = MethodInput {
+                instance: Arc::clone(&open.instance),
+                scheduler: open.scheduler.clone(),
+                alarms: open.alarms.clone(),
+                generation: generation.get(),
+            };
+            let hold = SessionHold {
+                open,
+                ended,
+                stop: self.inner.stop.clone(),
+            };
+            Ok((input, hold))
         })
         .await
     }

@@ -114,6 +114,15 @@
 //! unless a custom [`HostForward`] is set; a host without an internal token
 //! uses [`NoTransport`] (the delivery waits for the owner's lease).
 //!
+//! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
+//! registers a connect handler ([`HostConfig::connect`]);
+//! `host.object(class, name).connect(request)` returns the caller's
+//! [`connect::Socket`]. The `101` comes only from the owner's endpoint,
+//! after admission at the route fence: a router that does not own the
+//! object hands the connect off (a trusted owner hint) and the caller
+//! connects to the owner directly; at most one rediscovery, and no
+//! fallback to another host's upgrade.
+//!
 //! ```no_run
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
@@ -161,6 +170,7 @@
 
 mod client;
 mod config;
+pub mod connect;
 mod error;
 pub mod fetch;
 mod host;

@@ -29,7 +29,10 @@
 //!   record it writes; after a restart on another endpoint it gives its old
 //!   record back and claims again, so the record never names a stale port.
 
+mod connect;
 mod fetch;
+
+pub(crate) use connect::{Served, after_refusal};
 
 use std::sync::Arc;
 
@@ -69,6 +72,11 @@ pub struct RoutingStats {
     pub auth_refusals: u64,
     /// Invokes this host served over the transport.
     pub served: u64,
+    /// WebSocket connects this host's router handed off to another owner
+    /// (the caller connects to the owner directly).
+    pub handoffs: u64,
+    /// WebSocket sessions this host admitted as the owner.
+    pub upgrades: u64,
     /// Alarm deliveries this host's dispatcher sent to their owner.
     pub alarms_forwarded: u64,
     /// Alarm deliveries this host served for another host's dispatcher.
@@ -87,6 +95,8 @@ pub(crate) struct RoutingCounters {
     endpoint_refusals: Figure,
     auth_refusals: Figure,
     served: Figure,
+    handoffs: Figure,
+    upgrades: Figure,
     alarms_forwarded: Figure,
     alarms_served: Figure,
 }
@@ -102,6 +112,8 @@ impl RoutingCounters {
             endpoint_refusals: metrics::refusal(task, "endpoint"),
             auth_refusals: metrics::refusal(task, "auth"),
             served: Figure::new("durability_host_invokes_served_total", task, &[]),
+            handoffs: metrics::routed(task, "handoff"),
+            upgrades: metrics::routed(task, "upgraded"),
             alarms_forwarded: metrics::alarm_forward(task, "sent"),
             alarms_served: metrics::alarm_forward(task, "served"),
         }
@@ -117,6 +129,8 @@ impl RoutingCounters {
             endpoint_refusals: self.endpoint_refusals.get(),
             auth_refusals: self.auth_refusals.get(),
             served: self.served.get(),
+            handoffs: self.handoffs.get(),
+            upgrades: self.upgrades.get(),
             alarms_forwarded: self.alarms_forwarded.get(),
             alarms_served: self.alarms_served.get(),
         }
@@ -131,6 +145,7 @@ fn bump(figure: &Figure) {
 pub(crate) struct RoutingState<I> {
     pub(crate) methods: Methods<I>,
     pub(crate) fetchers: crate::fetch::Fetchers<I>,
+    pub(crate) connectors: crate::connect::Connectors<I>,
     pub(crate) token: Option<InternalToken>,
     pub(crate) peers: Arc<dyn PeerDirectory>,
     pub(crate) policy: EndpointPolicy,

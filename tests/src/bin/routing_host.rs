@@ -20,9 +20,20 @@
 //! `err fetch <name> <METHOD> code=.. host_code=.. outcome=..`;
 //! `fetch-hang-committed n=<n>` (a `POST /hang` committed and never answers).
 //!
+//! `ok connect <name> greeting=<hello task=<t> url=<u> seen=<json names>>
+//! reply=<echo task=<t> msg=<m>>` (the session's first message, then the
+//! answer to the one message sent) / `err connect <name> code=..
+//! host_code=.. outcome=..`.
+//!
 //! Commands on stdin: `call <name> <method> <json args>`, `fetch <name>
 //! <METHOD> <url> <json header pairs> [<body>]` (a body `<n>x<c>` is `n`
-//! bytes of `c`), `hint <name>`, `routing`, `drain`.
+//! bytes of `c`), `connect <name> <url> <json header pairs> <message>`,
+//! `hint <name>`, `routing`, `drain`.
+//!
+//! The connect handler of `Counter` greets with `hello task=<t> url=<u>
+//! seen=<json header names>`, then answers each text message `incr` with
+//! `echo task=<t> msg=n=<n>` (adds one) and any other with `echo task=<t>
+//! msg=<m>`, until the caller closes.
 //!
 //! The fetch handler of `Counter`: `POST /incr` (adds one), `POST /hang`
 //! (adds one, prints `fetch-hang-committed`, never answers), `/n` (reads),
@@ -53,6 +64,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use durability_alarms::DispatcherConfig;
+use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
 use durability_host::transport::{PeerDirectory, serve};
 use durability_host::{
@@ -271,6 +283,27 @@ async fn main() {
             Ok(FetchResponse::new(200, format!("n={n} task={} body={}", h.object.task, req.body.len()))
                 .header("x-seen", &seen))
         })
+        .connect("Counter", |h: H, req: ConnectRequest, mut socket: Socket| async move {
+            let seen: Vec<&str> = req.headers.iter().map(|(k, _)| k.as_str()).collect();
+            let greeting = format!(
+                "hello task={} url={} seen={}",
+                h.object.task,
+                req.url,
+                serde_json::to_string(&seen)?
+            );
+            socket.send(Message::Text(greeting)).await?;
+            while let Some(message) = socket.recv().await {
+                let reply = match message? {
+                    Message::Text(t) if t == "incr" => format!("n={}", add(&h, 1)?),
+                    Message::Text(t) => t,
+                    Message::Binary(b) => format!("{} bytes", b.len()),
+                };
+                socket
+                    .send(Message::Text(format!("echo task={} msg={reply}", h.object.task)))
+                    .await?;
+            }
+            Ok(())
+        })
         .clock(Arc::new(clock))
         .settings(settings)
         .own(if arg("own") == "all" {
@@ -368,6 +401,38 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                 )),
             }
         }
+        "connect" => {
+            // connect <name> <url> <headers as compact JSON pairs> <message>
+            let name = parts.next().unwrap_or("");
+            let url = parts.next().unwrap_or("");
+            let mut rest = parts.next().unwrap_or("").splitn(2, ' ');
+            let headers: Vec<(String, String)> =
+                serde_json::from_str(rest.next().unwrap_or("[]")).unwrap();
+            let message = rest.next().unwrap_or("").to_owned();
+            let mut request = ConnectRequest::new(url);
+            request.headers = headers;
+            match host.object("Counter", name).connect(request).await {
+                Ok(mut socket) => {
+                    let text = |m: Option<Result<Message, HostError>>| match m {
+                        Some(Ok(Message::Text(t))) => t,
+                        other => format!("unexpected {other:?}"),
+                    };
+                    let greeting = text(socket.recv().await);
+                    socket.send(Message::Text(message)).await.unwrap();
+                    let reply = text(socket.recv().await);
+                    socket.close().await.unwrap();
+                    say(&format!(
+                        "ok connect {name} greeting={greeting} reply={reply}"
+                    ));
+                }
+                Err(e) => say(&format!(
+                    "err connect {name} code={} host_code={} outcome={}",
+                    e.rpc_code(),
+                    e.code(),
+                    outcome(&e)
+                )),
+            }
+        }
         "hint" => {
             let name = parts.next().unwrap_or("");
             match host.owner_hint("Counter", name).unwrap() {
@@ -382,7 +447,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
         "routing" => {
             let r = host.probe().routing;
             say(&format!(
-                "routing local={} forwarded={} direct={} rediscoveries={} evictions={} refusals={} auth={} served={} alarms_forwarded={} alarms_served={}",
+                "routing local={} forwarded={} direct={} rediscoveries={} evictions={} refusals={} auth={} served={} handoffs={} upgrades={} alarms_forwarded={} alarms_served={}",
                 r.local,
                 r.forwarded,
                 r.direct,
@@ -391,6 +456,8 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                 r.endpoint_refusals,
                 r.auth_refusals,
                 r.served,
+                r.handoffs,
+                r.upgrades,
                 r.alarms_forwarded,
                 r.alarms_served
             ));

@@ -25,15 +25,19 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+mod connect;
 mod fetch;
 
+#[cfg(test)]
+pub(crate) use connect::classify_connect;
+
 use super::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, Endpoint, FETCH_PATH, FetchInvoke, HEALTH_PATH,
-    INVOKE_PATH, InternalToken, InvokeRequest, MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES,
-    METRICS_PATH, OWNER_ENDPOINT_HEADER, OWNER_GENERATION_HEADER, OWNER_KEY_HEADER,
-    OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER, OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER,
-    ROUTE_TASK_HEADER, Reply, RouteFence, TRUSTED_OWNERSHIP_CODES, Transport, envelope,
-    parse_envelope, parse_success,
+    ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, ConnectInvoke, ConnectReply, Endpoint,
+    FETCH_PATH, FetchInvoke, HEALTH_PATH, INVOKE_PATH, InternalToken, InvokeRequest,
+    MAX_INVOKE_BODY_BYTES, MAX_RESPONSE_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
+    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
+    OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, Reply, RouteFence,
+    TRUSTED_OWNERSHIP_CODES, Transport, envelope, parse_envelope, parse_success,
 };
 use crate::error::HostError;
 use crate::host::Host;
@@ -129,6 +133,27 @@ impl HttpTransport {
     }
 }
 
+/// A request of `method` to an internal `path` of `endpoint`, with the
+/// token and, when given, the route fence.
+fn internal_request(
+    method: http::Method,
+    endpoint: &Endpoint,
+    path: &str,
+    token: &InternalToken,
+    fence: Option<&RouteFence>,
+) -> http::request::Builder {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", endpoint.url()))
+        .header(AUTH_HEADER, token.as_str());
+    if let Some(fence) = fence {
+        builder = builder
+            .header(ROUTE_TASK_HEADER, fence.task.as_str())
+            .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
+    }
+    builder
+}
+
 /// A `POST` of `body` (of `content_type`) to an internal `path` of
 /// `endpoint`, with the token and, when given, the route fence.
 fn internal_post(
@@ -139,15 +164,9 @@ fn internal_post(
     content_type: &'static str,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, http::Error> {
-    let mut builder = http::Request::post(format!("{}{path}", endpoint.url()))
+    internal_request(http::Method::POST, endpoint, path, token, fence)
         .header(http::header::CONTENT_TYPE, content_type)
-        .header(AUTH_HEADER, token.as_str());
-    if let Some(fence) = fence {
-        builder = builder
-            .header(ROUTE_TASK_HEADER, fence.task.as_str())
-            .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
-    }
-    builder.body(Full::new(body))
+        .body(Full::new(body))
 }
 
 /// How a request failed before its response head arrived.
@@ -195,6 +214,16 @@ impl Transport for HttpTransport {
         request: &'a FetchInvoke,
     ) -> BoxFuture<'a, Reply<crate::fetch::FetchResponse>> {
         Box::pin(self.send_fetch(endpoint, token, request))
+    }
+
+    fn connect<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a ConnectInvoke,
+        key: &'a str,
+    ) -> BoxFuture<'a, ConnectReply> {
+        Box::pin(self.send_connect(endpoint, token, request, key))
     }
 
     fn deliver_alarm<'a>(
@@ -438,6 +467,7 @@ where
         .route(INVOKE_PATH, post(invoke::<S, I>))
         .route(ALARM_PATH, post(alarm::<S, I>))
         .route(FETCH_PATH, post(fetch::fetch_endpoint::<S, I>))
+        .route(CONNECT_PATH, get(connect::connect_endpoint::<S, I>))
         .route(PROBE_PATH, get(probe::<S, I>))
         .route(HEALTH_PATH, get(|| async { "ok" }))
         .route(METRICS_PATH, get(metrics::<S, I>))
@@ -735,6 +765,8 @@ where
          do_route_endpoint_refusals {}\n\
          do_internal_auth_refusals {}\n\
          do_invokes_served {}\n\
+         do_connect_handoffs {}\n\
+         do_connect_upgrades {}\n\
          do_alarm_deliveries_forwarded {}\n\
          do_alarm_deliveries_served {}\n",
         p.in_flight,
@@ -749,6 +781,8 @@ where
         r.endpoint_refusals,
         r.auth_refusals,
         r.served,
+        r.handoffs,
+        r.upgrades,
         r.alarms_forwarded,
         r.alarms_served,
     );

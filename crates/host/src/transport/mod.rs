@@ -32,6 +32,18 @@
 //!   tenant's own status (a 503 included) is inside that frame, so it is
 //!   never taken for a transport status. Refusals are error envelopes, as
 //!   for invokes.
+//! - `GET /internal/do/connect`: a WebSocket upgrade ([`crate::connect`])
+//!   with the token, on a cached-direct or handed-off connect the route
+//!   fence, and the tenant's request as one line of JSON in
+//!   [`CONNECT_META_HEADER`] (`{ class, name, url, headers }`, checked
+//!   against the fetch limits before dispatch). Only the owner answers
+//!   `101`, after admission at the fence's generation, with its trusted
+//!   owner headers. A host that does not own the scope never upgrades: it
+//!   answers a hint-only handoff, a `503` whose [`CONNECT_HINT_HEADER`]
+//!   marker is [`CONNECT_HINT_VALUE`], with the owner's task, generation,
+//!   scope key and endpoint in the owner headers (or a trusted
+//!   `stale_owner` when it knows no other owner). Refusals are error
+//!   envelopes, as for invokes.
 //! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
 //!   `GET /internal/do/probe` needs the token.
 
@@ -46,12 +58,17 @@ use serde_json::Value;
 pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
 pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport, serve};
 
+#[cfg(test)]
+pub(crate) use http1::classify_connect;
+
 use crate::rpc::RpcArgs;
 
 /// The invoke path.
 pub const INVOKE_PATH: &str = "/internal/do/invoke";
 /// The tenant fetch path.
 pub const FETCH_PATH: &str = "/internal/do/fetch";
+/// The WebSocket connect path.
+pub const CONNECT_PATH: &str = "/internal/do/connect";
 /// The alarm delivery path.
 pub const ALARM_PATH: &str = "/internal/do/alarm";
 /// The probe path (authenticated).
@@ -77,6 +94,15 @@ pub const OWNER_KEY_HEADER: &str = "x-durability-owner-key";
 pub const OWNER_ENDPOINT_HEADER: &str = "x-durability-owner-endpoint";
 /// The trusted ownership-error marker (response): the error code again.
 pub const OWNERSHIP_ERROR_HEADER: &str = "x-durability-ownership-error";
+/// The tenant's connect request (one line of JSON) on a connect upgrade.
+pub const CONNECT_META_HEADER: &str = "x-durability-connect";
+/// The private owner-hint marker of a connect handoff (response).
+pub const CONNECT_HINT_HEADER: &str = "x-durability-owner-hint";
+/// The one value of [`CONNECT_HINT_HEADER`].
+pub const CONNECT_HINT_VALUE: &str = "connect";
+/// The status of a connect handoff: the trusted control status (as for a
+/// trusted ownership refusal).
+pub const CONNECT_HINT_STATUS: u16 = 503;
 /// Every control header prefix: a request's or response's headers under it
 /// that the host did not set itself are stripped.
 pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
@@ -148,6 +174,38 @@ pub struct FetchInvoke {
     pub request: crate::fetch::FetchRequest,
     /// The route fence (forwarded and cached-direct fetches).
     pub fence: Option<RouteFence>,
+}
+
+/// One WebSocket connect sent to another host.
+#[derive(Debug, Clone)]
+pub struct ConnectInvoke {
+    /// The object's class.
+    pub class: String,
+    /// The object's name.
+    pub name: String,
+    /// The validated request (control headers stripped).
+    pub request: crate::connect::ConnectRequest,
+    /// The route fence (cached-direct and handed-off connects).
+    pub fence: Option<RouteFence>,
+}
+
+/// How a caller classifies the answer to a connect.
+#[derive(Debug)]
+pub enum ConnectReply {
+    /// `101`: the owner upgraded; the client end of the session.
+    Upgraded {
+        /// The session.
+        socket: crate::connect::Socket,
+        /// The owner's headers on the `101`, when complete and well-formed.
+        owner: Option<OwnerHeaders>,
+    },
+    /// A valid trusted hint-only handoff: the right status, marker value,
+    /// complete owner metadata with an endpoint, and the scope key the
+    /// caller expects. Nothing was upgraded.
+    Hint(OwnerHeaders),
+    /// Anything else, classified as an invoke's answer is ([`Reply`]; a
+    /// malformed handoff is [`Reply::Unmarked`]). Nothing was upgraded.
+    Refused(Reply<std::convert::Infallible>),
 }
 
 /// One alarm delivery sent to the owner of its object.
@@ -287,6 +345,24 @@ pub trait Transport: Send + Sync + 'static {
             Reply::NotSent {
                 reason: "this transport does not carry fetches".to_owned(),
             }
+        })
+    }
+
+    /// Sends a WebSocket connect to `endpoint` with `token`; `key` is the
+    /// scope key (host id) a handoff must name. The default carries none:
+    /// [`Reply::NotSent`] (nothing ran).
+    fn connect<'a>(
+        &'a self,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        request: &'a ConnectInvoke,
+        key: &'a str,
+    ) -> BoxFuture<'a, ConnectReply> {
+        let _ = (endpoint, token, request, key);
+        Box::pin(async {
+            ConnectReply::Refused(Reply::NotSent {
+                reason: "this transport does not carry connects".to_owned(),
+            })
         })
     }
 
