@@ -18,8 +18,9 @@
 //! `recover_migrations` settles it as any interrupted move once its
 //! liveness lapsed.
 
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{Guard, JournalSql, MOVE_LIVENESS_MS, MoveState};
+use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState};
 use crate::moves::MoveCtx;
 use crate::recovery::Lease;
 use crate::router::Router;

@@ -54,11 +54,10 @@
 use std::collections::BTreeMap;
 
 use crate::config::{self, TableSpec};
-use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
+use crate::dialect::{Cutover, CutoverTable, JournalSql, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
-    Change, DEFAULT_RETENTION_MS, Guard, JournalSql, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState,
-    OpRecord,
+    Change, DEFAULT_RETENTION_MS, Guard, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord,
 };
 use crate::recovery::Resumed;
 use crate::router::Router;
@@ -504,31 +503,23 @@ impl<'r> MoveCtx<'r> {
 
     /// Whether the source holds this operation's archive rows.
     pub(crate) async fn archive_exists(&self) -> Result<bool> {
-        Ok(!self.archive_rows("tname").await?.is_empty())
+        Ok(!self.archive_rows(false).await?.is_empty())
     }
 
-    /// `columns` of this operation's archive rows on the source.
-    async fn archive_rows(&self, columns: &str) -> Result<Vec<Row>> {
+    /// This operation's archive rows on the source (`tname`, and `payload`
+    /// when `payloads`).
+    async fn archive_rows(&self, payloads: bool) -> Result<Vec<Row>> {
         let (name, shard) = self.r.shard_named(&self.source)?;
-        let d = shard.dialect();
-        let mut s = Sql::new(&d);
-        s.raw("SELECT ")
-            .raw(columns)
-            .raw(" FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(self.key.as_str())
-            .raw(" AND op_id = ")
-            .bind(self.op_id.as_str());
+        let st = shard.dialect().op_archive(&self.key, &self.op_id, payloads);
         shard
-            .query(&s.finish())
+            .query(&st)
             .await
             .map_err(|e| MigrationError::shard(name, e))
     }
 
     /// The snapshot this operation archived on the source (its payloads).
     pub(crate) async fn archived_snapshot(&self) -> Result<Snapshot> {
-        let rows = self.archive_rows("tname, payload").await?;
+        let rows = self.archive_rows(true).await?;
         let mut out = vec![None; self.specs.len()];
         for r in &rows {
             let t = crate::journal::text(r, "tname")?;

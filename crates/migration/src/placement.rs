@@ -30,10 +30,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, TableSpec};
-use crate::dialect::{Dialect, Sql, names};
 use crate::error::{MigrationError, Result};
 use crate::router::Router;
-use crate::shard::Statement;
 use crate::value::Value;
 
 /// Most epochs a manifest holds, the current one included.
@@ -240,158 +238,6 @@ pub(crate) struct CachedManifest {
     pub(crate) confirmed_ms: u64,
 }
 
-// ---- SQL ----
-
-pub(crate) fn journal_schema(d: &Dialect) -> Vec<Statement> {
-    let (k, t, i, mk) = (
-        d.text_key_type(),
-        d.text_type(),
-        d.int_type(),
-        d.mkey_type(),
-    );
-    vec![
-        Statement::new(format!(
-            "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, revision {i} NOT NULL, body {t} NOT NULL)",
-            m = names::MANIFEST
-        )),
-        Statement::new(format!(
-            "CREATE TABLE IF NOT EXISTS {x} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
-             shard {t} NOT NULL, epoch {i} NOT NULL, PRIMARY KEY (scope, mkey)){w}",
-            x = names::EXCEPTIONS,
-            w = d.keyed_table_suffix()
-        )),
-    ]
-}
-
-pub(crate) fn topology_schema(d: &Dialect) -> Vec<Statement> {
-    let (k, i) = (d.text_key_type(), d.int_type());
-    vec![Statement::new(format!(
-        "CREATE TABLE IF NOT EXISTS {t} (scope {k} PRIMARY KEY, min_generation {i} NOT NULL)",
-        t = names::TOPOLOGY
-    ))]
-}
-
-fn manifest_get(d: &Dialect, scope: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("SELECT revision, body FROM ")
-        .raw(names::MANIFEST)
-        .raw(" WHERE scope = ")
-        .bind(scope);
-    s.finish()
-}
-
-fn manifest_insert(d: &Dialect, scope: &str, m: &Manifest, body: &str) -> Statement {
-    d.insert_absent(
-        names::MANIFEST,
-        &[
-            ("scope", scope.into()),
-            ("revision", m.revision.into()),
-            ("body", body.into()),
-        ],
-        1,
-    )
-}
-
-fn manifest_cas(
-    d: &Dialect,
-    scope: &str,
-    old_revision: i64,
-    m: &Manifest,
-    body: &str,
-) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("UPDATE ")
-        .raw(names::MANIFEST)
-        .raw(" SET revision = ")
-        .bind(m.revision)
-        .raw(", body = ")
-        .bind(body)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND revision = ")
-        .bind(old_revision);
-    s.finish()
-}
-
-fn fence_get(d: &Dialect, scope: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("SELECT min_generation FROM ")
-        .raw(names::TOPOLOGY)
-        .raw(" WHERE scope = ")
-        .bind(scope);
-    s.finish()
-}
-
-/// Raises the fence to `generation` (never lowers it).
-fn fence_raise(d: &Dialect, scope: &str, generation: i64) -> Vec<Statement> {
-    let mut u = Sql::new(d);
-    u.raw("UPDATE ")
-        .raw(names::TOPOLOGY)
-        .raw(" SET min_generation = ")
-        .bind(generation)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND min_generation < ")
-        .bind(generation);
-    let i = d.insert_absent(
-        names::TOPOLOGY,
-        &[
-            ("scope", scope.into()),
-            ("min_generation", generation.into()),
-        ],
-        1,
-    );
-    vec![u.finish(), i]
-}
-
-fn exception_put(d: &Dialect, scope: &str, key: &str, e: &Exception) -> Vec<Statement> {
-    let mut u = Sql::new(d);
-    u.raw("UPDATE ")
-        .raw(names::EXCEPTIONS)
-        .raw(" SET shard = ")
-        .bind(e.shard.as_str())
-        .raw(", epoch = ")
-        .bind(i64::from(e.epoch))
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND mkey = ")
-        .bind(key);
-    let i = d.insert_absent(
-        names::EXCEPTIONS,
-        &[
-            ("scope", scope.into()),
-            ("mkey", key.into()),
-            ("shard", e.shard.as_str().into()),
-            ("epoch", i64::from(e.epoch).into()),
-        ],
-        2,
-    );
-    vec![u.finish(), i]
-}
-
-fn exception_delete(d: &Dialect, scope: &str, key: &str) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("DELETE FROM ")
-        .raw(names::EXCEPTIONS)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND mkey = ")
-        .bind(key);
-    s.finish()
-}
-
-fn exception_page(d: &Dialect, scope: &str, after: &str, limit: usize) -> Statement {
-    let mut s = Sql::new(d);
-    s.raw("SELECT mkey, shard, epoch FROM ")
-        .raw(names::EXCEPTIONS)
-        .raw(" WHERE scope = ")
-        .bind(scope)
-        .raw(" AND mkey > ")
-        .bind(after)
-        .raw(&format!(" ORDER BY mkey LIMIT {limit}"));
-    s.finish()
-}
-
 fn epoch_number(v: Option<&Value>) -> Result<u32> {
     v.and_then(Value::as_integer)
         .and_then(|i| u32::try_from(i).ok())
@@ -425,7 +271,7 @@ impl Router {
             if !d.is_proven() {
                 continue;
             }
-            for st in topology_schema(&d) {
+            for st in d.topology_schema() {
                 shard
                     .execute(&st)
                     .await
@@ -434,7 +280,7 @@ impl Router {
         }
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();
-        for st in journal_schema(&d) {
+        for st in d.placement_schema() {
             js.execute(&st)
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
@@ -449,7 +295,7 @@ impl Router {
                 algorithm: Algorithm::Hash,
             }],
         };
-        js.execute(&manifest_insert(&d, &self.scope, &first, &first.encode()?))
+        js.execute(&d.manifest_insert(&self.scope, first.revision, &first.encode()?))
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         let m = self.manifest_from_journal().await?;
@@ -467,7 +313,7 @@ impl Router {
         self.require_computed()?;
         let (jname, js) = self.journal_shard()?;
         let rows = js
-            .query(&manifest_get(&js.dialect(), &self.scope))
+            .query(&js.dialect().manifest_get(&self.scope))
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         let Some(r) = rows.first() else {
@@ -635,13 +481,7 @@ impl Router {
             };
             next.revision = cur.revision + 1;
             let n = js
-                .execute(&manifest_cas(
-                    &d,
-                    &self.scope,
-                    cur.revision,
-                    &next,
-                    &next.encode()?,
-                ))
+                .execute(&d.manifest_cas(&self.scope, cur.revision, next.revision, &next.encode()?))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
             if n == 1 {
@@ -671,7 +511,7 @@ impl Router {
     pub async fn fence(&self, shard: &str) -> Result<i64> {
         let (name, s) = self.shard_named(shard)?;
         let rows = s
-            .query(&fence_get(&s.dialect(), &self.scope))
+            .query(&s.dialect().fence_get(&self.scope))
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
         match rows.first() {
@@ -688,7 +528,7 @@ impl Router {
                 continue;
             }
             shard
-                .batch(&fence_raise(&d, &self.scope, generation))
+                .batch(&d.fence_raise(&self.scope, generation))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
         }
@@ -761,11 +601,7 @@ impl Router {
     /// `epoch`), in the journal and as its mapping.
     async fn record_exception(&self, key: &str, shard: &str, epoch: u32) -> Result<()> {
         let (jname, js) = self.journal_shard()?;
-        let e = Exception {
-            shard: shard.to_owned(),
-            epoch,
-        };
-        js.batch(&exception_put(&js.dialect(), &self.scope, key, &e))
+        js.batch(&js.dialect().exception_put(&self.scope, key, shard, epoch))
             .await
             .map_err(|e| MigrationError::shard(jname, e))?;
         Ok(())
@@ -835,7 +671,7 @@ impl Router {
         };
         if owner == target {
             let (jname, js) = self.journal_shard()?;
-            js.execute(&exception_delete(&js.dialect(), &self.scope, key))
+            js.execute(&js.dialect().exception_delete(&self.scope, key))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
             return Ok(());
@@ -1100,7 +936,7 @@ impl Router {
         let mut after = String::new();
         loop {
             let rows = js
-                .query(&exception_page(&d, &self.scope, &after, 500))
+                .query(&d.exception_page(&self.scope, &after, 500))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
             let n = rows.len();

@@ -17,10 +17,9 @@
 //! recovery that lost its lease writes nothing more to the journal and
 //! returns `RECOVERY_FENCED`.
 
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{
-    Guard, JournalSql, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS,
-};
+use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS};
 use crate::moves::{MoveCtx, Stage};
 use crate::router::Router;
 

@@ -9,8 +9,9 @@
 //! names an old shard only makes writes meet the fence there (refused,
 //! never applied) until the next heal names the newest target again.
 
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpRecord};
+use crate::journal::{MoveState, OpRecord};
 use crate::router::Router;
 
 /// Where the journal says a key lives.

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Generation, Ident, names, row_idents};
+use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{MigrationError, Result, UniqueViolation};
-use crate::journal::{JournalSql, MoveState, OpRecord};
+use crate::journal::{MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
 use crate::republish::Home;
@@ -853,17 +853,8 @@ impl Router {
     /// Whether the shard holds a lifted (superseded) fence of the key.
     async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
         let (name, shard) = self.shard_named(shard_name)?;
-        let d = shard.dialect();
-        let mut s = crate::dialect::Sql::new(&d);
-        s.raw("SELECT op_id FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 1 LIMIT 1");
         let rows = shard
-            .query(&s.finish())
+            .query(&shard.dialect().lifted_fence_query(table, key))
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
         Ok(!rows.is_empty())

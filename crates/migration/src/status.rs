@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::dialect::{Sql, names};
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord, int, opt_int, text};
+use crate::journal::{MoveState, OpFilter, OpRecord, int, opt_int, text};
 use crate::router::Router;
 
 /// Most operations one [`Router::migration_status`] call lists.
@@ -224,19 +224,6 @@ impl Router {
             last_clean_verify_ms,
             last_verify_pass_ms,
         })
-    }
-}
-
-impl JournalSql<'_> {
-    /// The number of operations per state in the scope.
-    pub(crate) fn state_counts(&self) -> crate::shard::Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT state, COUNT(*) AS n FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" GROUP BY state");
-        s.finish()
     }
 }
 

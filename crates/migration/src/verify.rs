@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::dialect::{Sql, names, row_idents};
+use crate::dialect::{JournalSql, names, row_idents};
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord};
+use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
 use crate::router::Router;
@@ -278,31 +278,11 @@ impl Router {
         tomb: Option<(&str, &str)>,
     ) -> Result<crate::shard::Statement> {
         let (_, shard) = self.shard_named(shard_name)?;
-        let d = shard.dialect();
-        let mut s = Sql::new(&d);
-        s.raw("DELETE FROM ").ident(&spec.name).raw(" WHERE ");
-        d.push_match(&mut s, &spec.key_col, key, cols);
-        if let Some((op_id, table)) = tomb {
-            s.raw(" AND EXISTS (SELECT 1 FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key)
-                .raw(" AND op_id = ")
-                .bind(op_id)
-                .raw(" AND tname = ")
-                .bind(table)
-                .raw(" AND superseded = 0)");
-        }
-        if self.journal.as_deref() == Some(shard_name) {
-            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
-                .raw(names::OPS)
-                .raw(" WHERE scope = ")
-                .bind(self.scope.as_str())
-                .raw(" AND claim = ")
-                .bind(key)
-                .raw(")");
-        }
-        Ok(s.finish())
+        let claim_scope =
+            (self.journal.as_deref() == Some(shard_name)).then_some(self.scope.as_str());
+        Ok(shard
+            .dialect()
+            .repair_delete(&spec.name, &spec.key_col, key, cols, tomb, claim_scope))
     }
 
     /// Reports leftovers of stalled writers; with `repair: true` runs
@@ -610,24 +590,9 @@ impl Router {
                 if let Some(l) = lease {
                     self.renew_lease(l).await?;
                 }
-                let mut s = Sql::new(&d);
-                s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE scope = ")
-                    .bind(self.scope.as_str())
-                    .raw(" AND (mkey > ")
-                    .bind(after_k.as_str())
-                    .raw(" OR (mkey = ")
-                    .bind(after_k.as_str())
-                    .raw(" AND (op_id > ")
-                    .bind(after_op.as_str())
-                    .raw(" OR (op_id = ")
-                    .bind(after_op.as_str())
-                    .raw(" AND tname > ")
-                    .bind(after_t.as_str())
-                    .raw(&format!(")))) ORDER BY mkey, op_id, tname LIMIT {page}"));
+                let page_query = d.tombstone_page(&self.scope, &after_k, &after_op, &after_t, page);
                 let rows = shard
-                    .query(&s.finish())
+                    .query(&page_query)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
                 if rows.is_empty() {
@@ -770,16 +735,8 @@ impl Router {
                 && live.is_none();
             if repair && restorable {
                 let row = value::decode_row(t.payload.as_deref().unwrap_or_default())?;
-                let mut lift = Sql::new(&d);
-                lift.raw("UPDATE ")
-                    .raw(names::RETIRED)
-                    .raw(" SET superseded = 1 WHERE mkey = ")
-                    .bind(t.key.as_str())
-                    .raw(" AND op_id = ")
-                    .bind(t.op_id.as_str())
-                    .raw(" AND tname = ")
-                    .bind(t.table.as_str());
-                let stmts = vec![d.insert_row(&spec.name, &row_idents(&row)?), lift.finish()];
+                let lift = d.tombstone_lift_one(&t.key, &t.op_id, &t.table);
+                let stmts = vec![d.insert_row(&spec.name, &row_idents(&row)?), lift];
                 shard
                     .batch(&stmts)
                     .await
@@ -982,16 +939,9 @@ impl Router {
                     continue;
                 }
                 let (sname, shard) = self.shard_named(&op.source)?;
-                let sd = shard.dialect();
-                let mut s = Sql::new(&sd);
-                s.raw("UPDATE ")
-                    .raw(names::RETIRED)
-                    .raw(" SET payload = NULL, purged = 1 WHERE mkey = ")
-                    .bind(op.key.as_str())
-                    .raw(" AND op_id = ")
-                    .bind(op.op_id.as_str());
+                let purge = shard.dialect().archive_purge(&op.key, &op.op_id);
                 shard
-                    .execute(&s.finish())
+                    .execute(&purge)
                     .await
                     .map_err(|e| MigrationError::shard(sname, e))?;
                 js.execute(&q.mark_purged(&op.op_id))
@@ -1020,16 +970,8 @@ impl Router {
             // The key's lifted fences, newest first per table: the newest
             // stays (a write that met the fence just before it was lifted
             // finds it and retries), purged older ones go.
-            let mut s = Sql::new(&d);
-            s.raw("SELECT op_id, tname, purged FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key)
-                .raw(" AND scope = ")
-                .bind(self.scope.as_str())
-                .raw(" AND superseded = 1 ORDER BY tname, retired_ms DESC, op_id DESC");
             let rows = shard
-                .query(&s.finish())
+                .query(&d.lifted_fences(key, &self.scope))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
             let mut newest_of: Option<String> = None;
@@ -1042,18 +984,9 @@ impl Router {
                 if crate::journal::int(r, "purged")? == 0 {
                     continue;
                 }
-                let mut del = Sql::new(&d);
-                del.raw("DELETE FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE mkey = ")
-                    .bind(key)
-                    .raw(" AND op_id = ")
-                    .bind(crate::journal::text(r, "op_id")?)
-                    .raw(" AND tname = ")
-                    .bind(table.as_str())
-                    .raw(" AND superseded = 1 AND purged = 1");
+                let op_id = crate::journal::text(r, "op_id")?;
                 shard
-                    .execute(&del.finish())
+                    .execute(&d.lifted_fence_delete(key, &op_id, &table))
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
             }
