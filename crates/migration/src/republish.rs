@@ -12,7 +12,7 @@
 use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
 use crate::journal::{MoveState, OpRecord};
-use crate::router::Router;
+use crate::router::Core;
 
 /// Where the journal says a key lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub(crate) enum Home {
     },
 }
 
-impl Router {
+impl Core {
     /// Where the journal says `key` lives: the newest operation of the key
     /// that is not aborted decides (active: pending; retired: its target).
     pub(crate) async fn journal_home(&self, key: &str) -> Result<Home> {

@@ -9,14 +9,14 @@ use crate::error::{MigrationError, Result};
 use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
-use crate::router::Router;
+use crate::router::Core;
 use crate::status::Progress;
 use crate::value::{self, Value};
 
 /// Most entries kept in each list of a report (counts stay exact).
 pub const MAX_REPORT_ENTRIES: usize = 1000;
 
-/// Options of [`Router::verify_migrations`].
+/// Options of [`Router::verify_migrations`](crate::Router::verify_migrations).
 #[derive(Debug, Clone, Copy)]
 pub struct VerifyOptions {
     /// Run recovery first (taking the lease) and repair what can be proven.
@@ -128,7 +128,7 @@ pub struct VerifyReport {
 }
 
 /// Most keys an unclean pass remembers for purge (see
-/// [`Router::purge_retired`]); a pass that finds more covers nothing.
+/// [`Router::purge_retired`](crate::Router::purge_retired)); a pass that finds more covers nothing.
 pub(crate) const MAX_UNCLEAN_KEYS: usize = 10_000;
 
 impl Default for VerifyReport {
@@ -246,7 +246,7 @@ fn op_shards(op: &OpRecord) -> Vec<&str> {
 /// Operations marked verified per statement.
 const MARK_CHUNK: usize = 200;
 
-impl Router {
+impl Core {
     /// Whether an active operation holds `key`'s claim (a move of the key is
     /// in flight: its rows cannot be judged, and repair leaves them alone).
     async fn claim_held(&self, key: &str) -> Result<bool> {
@@ -285,48 +285,14 @@ impl Router {
             .repair_delete(&spec.name, &spec.key_col, key, cols, tomb, claim_scope))
     }
 
-    /// Reports leftovers of stalled writers; with `repair: true` runs
-    /// recovery first (taking the lease) and repairs what can be proven:
-    /// a ghost only when it equals the archived payload, a stranded copy by
-    /// the abort's digest proof, a stale cutover only when its operation is
-    /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A key's mapping is checked against the journal
-    /// (the target of the key's newest finished move); repair publishes
-    /// that target again.
-    ///
-    /// A pass examines every active operation, every finished operation
-    /// no pass has examined yet (its tombstones on its source and
-    /// destination, its copy, its mapping) and every operation of a key the
-    /// last pass found something on, so its cost follows the moves since
-    /// the last pass, not the history. [`VerifyOptions::full`] examines
-    /// every finished operation and every tombstone on every shard: run it
-    /// after restoring a shard or the mapping store, or when writers that
-    /// bypass the router's fences may have written to a shard a key left.
-    ///
-    /// At the end, each finished operation the pass read after it finished
-    /// and found nothing on (or repaired) is marked verified; purge requires
-    /// that mark, so a move that finished while a pass ran and was not read
-    /// by it stays unpurgeable until a later pass, and one stuck operation
-    /// blocks only its own key. Every pass is also recorded with its start
-    /// time and the keys it found something on; a clean pass also as clean.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
-    /// (with `repair`), `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`,
-    /// `CORRUPT_RECORD`.
-    pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
+    /// See [`Router::verify_migrations`](crate::Router::verify_migrations).
+    pub(crate) async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         let quiet = |_: Progress| {};
         self.verify_migrations_observed(opts, &quiet).await
     }
 
-    /// [`Router::verify_migrations`], calling `progress` after each page it
-    /// examines (phases `operations`, `moves`, `tombstones`;
-    /// see [`Progress`]). The callback runs on the verifying task: keep it
-    /// short.
-    ///
-    /// # Errors
-    /// As [`Router::verify_migrations`].
-    pub async fn verify_migrations_observed(
+    /// See [`Router::verify_migrations_observed`](crate::Router::verify_migrations_observed).
+    pub(crate) async fn verify_migrations_observed(
         &self,
         opts: VerifyOptions,
         progress: &(dyn Fn(Progress) + Send + Sync),
@@ -880,24 +846,8 @@ impl Router {
         Ok(())
     }
 
-    /// Clears the archived payload of every retired operation whose
-    /// retention elapsed and that a verification pass examined after it
-    /// finished and found nothing on its key (its `verified` mark), then
-    /// compacts the key's history: tombstones that no longer fence (a
-    /// later move brought the key back to their shard) and whose payload
-    /// is purged are deleted, except the newest of each table on each
-    /// shard, and so is a purged operation's journal row
-    /// once it has no tombstone left and a newer retired operation of the
-    /// key covers all its tables. What remains per key is what fences
-    /// stale writers and says where the key lives, so history stays
-    /// bounded by the keys and the shards they left, not by the moves.
-    /// Tombstones that fence stay, so stale writers remain refused.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
-    /// Per-operation refusals (`RETENTION_NOT_ELAPSED`, `NOT_VERIFIED`) are
-    /// listed in the report.
-    pub async fn purge_retired(&self) -> Result<PurgeReport> {
+    /// See [`Router::purge_retired`](crate::Router::purge_retired).
+    pub(crate) async fn purge_retired(&self) -> Result<PurgeReport> {
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();
         let q = JournalSql {
@@ -955,7 +905,7 @@ impl Router {
         Ok(report)
     }
 
-    /// Compacts `key`'s history (see [`Router::purge_retired`]): first
+    /// Compacts `key`'s history (see [`Router::purge_retired`](crate::Router::purge_retired)): first
     /// the purged tombstones that no longer fence, on every shard, then the
     /// purged operations left without tombstones that a newer retired
     /// operation covers. Each step is idempotent and a crash between them

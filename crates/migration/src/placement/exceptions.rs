@@ -4,9 +4,9 @@
 
 use super::Manifest;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
-impl Router {
+impl Core {
     /// Records `key` as living on `shard` off its computed owner (epoch
     /// `epoch`), in the journal and as its mapping.
     async fn record_exception(&self, key: &str, shard: &str, epoch: u32) -> Result<()> {

@@ -2,14 +2,11 @@
 //! older manifest than the fence matches no row there.
 
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
-impl Router {
-    /// The generation fence of a shard (0 when none was raised).
-    ///
-    /// # Errors
-    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
-    pub async fn fence(&self, shard: &str) -> Result<i64> {
+impl Core {
+    /// See [`Router::fence`](crate::Router::fence).
+    pub(crate) async fn fence(&self, shard: &str) -> Result<i64> {
         let (name, s) = self.shard_named(shard)?;
         let rows = s
             .query(&s.dialect().fence_get(&self.scope))

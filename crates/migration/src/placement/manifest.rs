@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::{Algorithm, CachedManifest, Epoch, MAX_CAS_ATTEMPTS, MAX_EPOCHS, Manifest};
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
-impl Router {
+impl Core {
     /// Creates the placement tables and the first manifest (epoch 1: every
     /// configured shard) when none exists, and publishes its copy.
     pub(crate) async fn init_placement(&self) -> Result<()> {
@@ -51,12 +51,8 @@ impl Router {
         Ok(())
     }
 
-    /// The manifest as the journal shard holds it (the authority).
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`,
-    /// `INVALID_CONFIG` (placement is not computed, or `init` never ran).
-    pub async fn manifest_from_journal(&self) -> Result<Manifest> {
+    /// See [`Router::manifest_from_journal`](crate::Router::manifest_from_journal).
+    pub(crate) async fn manifest_from_journal(&self) -> Result<Manifest> {
         self.require_computed()?;
         let (jname, js) = self.journal_shard()?;
         let rows = js
@@ -148,14 +144,8 @@ impl Router {
         }
     }
 
-    /// The manifest a read routes with: the cached one while it is fresh,
-    /// else the mapping store's copy; when that cannot be read, a cached
-    /// manifest of any age.
-    ///
-    /// # Errors
-    /// `INVALID_CONFIG` (not computed), `MAPPING_UNAVAILABLE` or
-    /// `SHARD_UNAVAILABLE` when no manifest was ever cached.
-    pub async fn manifest(&self) -> Result<Arc<Manifest>> {
+    /// See [`Router::manifest`](crate::Router::manifest).
+    pub(crate) async fn manifest(&self) -> Result<Arc<Manifest>> {
         self.require_computed()?;
         let cached = self.cached_manifest();
         if let Some(c) = &cached
@@ -251,17 +241,8 @@ impl Router {
         Err(MigrationError::PlacementConflict(MAX_CAS_ATTEMPTS))
     }
 
-    /// Adds an epoch over `shards` as the newest, bumps the generation and
-    /// raises every shard's fence to it. Adding the shard set the newest
-    /// epoch already has changes nothing but re-raises the fences, so a
-    /// call interrupted by a crash is finished by calling it again.
-    ///
-    /// # Errors
-    /// `INVALID_CONFIG` (not computed, empty set), `UNKNOWN_SHARD`,
-    /// `MIGRATION_UNSUPPORTED_DIALECT`, `JOURNAL_NOT_CONFIGURED`,
-    /// `TOO_MANY_EPOCHS`, `PLACEMENT_CONFLICT`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`.
-    pub async fn add_epoch(&self, shards: &[&str]) -> Result<Arc<Manifest>> {
+    /// See [`Router::add_epoch`](crate::Router::add_epoch).
+    pub(crate) async fn add_epoch(&self, shards: &[&str]) -> Result<Arc<Manifest>> {
         self.require_computed()?;
         if shards.is_empty() {
             return Err(MigrationError::InvalidConfig(

@@ -5,7 +5,7 @@
 //!
 //! Invariants:
 //! - the manifest holds 1..=[`MAX_EPOCHS`] epochs, newest first; an epoch is
-//!   removed only by [`Router::prune_epochs`] after a census over every page
+//!   removed only by [`Router::prune_epochs`](crate::Router::prune_epochs) after a census over every page
 //!   of every listed table found no row depending on it;
 //! - every manifest change is one compare-and-swap on the journal row's
 //!   revision; the copy in the mapping store is derived from it and is never
@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
 pub use prune::{DEFAULT_PRUNE_CONCURRENCY, DEFAULT_PRUNE_PAGE_SIZE, PruneOptions, PruneReport};
 
@@ -185,7 +185,7 @@ pub(crate) struct CachedManifest {
     pub(crate) confirmed_ms: u64,
 }
 
-impl Router {
+impl Core {
     pub(crate) fn computed(&self) -> bool {
         self.placement == Placement::Computed
     }

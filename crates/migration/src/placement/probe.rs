@@ -4,9 +4,9 @@
 use super::Manifest;
 use crate::config::TableSpec;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
-impl Router {
+impl Core {
     /// Finds the shard that holds any row of `key` (in `spec` first, then in
     /// every other configured table) among the owners of every epoch, newest
     /// first (`None`: no shard holds one). A key's rows live together, so a

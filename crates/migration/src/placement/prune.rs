@@ -9,7 +9,7 @@ use futures::StreamExt;
 use super::{Epoch, Manifest};
 use crate::config::TableSpec;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 use crate::value::Value;
 
 /// Default page size of the pruning census.
@@ -18,7 +18,7 @@ pub const DEFAULT_PRUNE_PAGE_SIZE: usize = 500;
 /// Default number of (table, shard) census scans run at once.
 pub const DEFAULT_PRUNE_CONCURRENCY: usize = 4;
 
-/// Options of [`Router::prune_epochs`].
+/// Options of [`Router::prune_epochs`](crate::Router::prune_epochs).
 #[derive(Debug, Clone)]
 pub struct PruneOptions {
     /// Every table that holds keyed rows. A census over fewer tables cannot
@@ -47,7 +47,7 @@ impl Default for PruneOptions {
     }
 }
 
-/// What [`Router::prune_epochs`] found and did.
+/// What [`Router::prune_epochs`](crate::Router::prune_epochs) found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PruneReport {
     /// Epochs removed (empty on a dry run).
@@ -85,28 +85,9 @@ fn epoch_number(v: Option<&Value>) -> Result<u32> {
         .ok_or_else(|| MigrationError::Corrupt(format!("epoch column: {v:?}")))
 }
 
-impl Router {
-    /// Drops every epoch no row depends on.
-    ///
-    /// A run reads the exception set, bumps the manifest generation and
-    /// raises every shard's fence to it (so writers holding an older
-    /// manifest cannot place a row under an epoch being counted), counts the
-    /// rows depending on each epoch over every page of every listed table on
-    /// every shard, and publishes the manifest without the epochs nothing
-    /// depends on, by the same compare-and-swap. The newest epoch always
-    /// stays. A row depends on the newest epoch whose owner is the shard the
-    /// row sits on; a key with a placement exception whose mapping points at
-    /// that shard depends on the exception's epoch instead. A mapping alone
-    /// keeps no epoch.
-    ///
-    /// With `dry_run` it reports the dependents and changes nothing.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `INVALID_CONFIG` (not computed, no tables,
-    /// bad page size or concurrency), `INVALID_IDENTIFIER`, `PRUNE_REFUSED`
-    /// (the exception set cannot be read), `PLACEMENT_CONFLICT`,
-    /// `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`.
-    pub async fn prune_epochs(&self, opts: PruneOptions) -> Result<PruneReport> {
+impl Core {
+    /// See [`Router::prune_epochs`](crate::Router::prune_epochs).
+    pub(crate) async fn prune_epochs(&self, opts: PruneOptions) -> Result<PruneReport> {
         let Some(_) = self.journal.as_ref().filter(|_| self.fence_checks) else {
             return Err(MigrationError::JournalNotConfigured);
         };

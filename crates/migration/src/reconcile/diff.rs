@@ -10,7 +10,7 @@ use super::{
 use crate::dialect::Ident;
 use crate::error::{MigrationError, Result};
 use crate::ledger::AllocationLedger;
-use crate::router::Router;
+use crate::router::Core;
 
 /// What every row of one run shares.
 struct RowCtx<'a> {
@@ -20,63 +20,17 @@ struct RowCtx<'a> {
     ledger: &'a dyn AllocationLedger,
 }
 
-impl Router {
-    /// Compares the coordinator's allocation ledger with routing, page by
-    /// page, and reports the result. The mapping store is the record and the
-    /// ledger is advisory.
-    ///
-    /// For each ledger row `(key, ledger_shard)`, routing is the key's
-    /// mapping (read fresh from the mapping store, never from the cache) or,
-    /// with none, [`Router::computed_owner`]. The row agrees when routing
-    /// names the ledger shard; otherwise it is reported as disagreeing and
-    /// left alone — neither the mapping nor the ledger row is changed.
-    ///
-    /// With [`ReconcileOptions::verify_records`], the key is probed (a
-    /// `SELECT` of the key column, the key a bound parameter) in each listed
-    /// table on the shard routing names, or on the ledger shard when the key
-    /// is unrouted. Each row then counts as exactly one of verified (a listed
-    /// table holds the key), missing (no listed table does, every probe ran)
-    /// or unchecked (the shard is not configured, the table list is empty, or
-    /// a probe failed and no other table held the key). A probe failure does
-    /// not stop the run. A row found on a shard is not proof it is the
-    /// authoritative copy: a shard holding a tombstone can keep a retained
-    /// row, and for moved keys the journal is the authority.
-    ///
-    /// Nothing is written unless a flag asks for it:
-    /// - `repair` maps (`put_if_absent`) each unrouted key to its ledger
-    ///   shard, only when the probe found the row there and the key is valid
-    ///   ([`crate::validate_key`]). A mapping another writer created first is
-    ///   kept and the key is not counted as repaired.
-    /// - `prune_verified` removes (`remove_if`, so a row re-recorded meanwhile
-    ///   stays) each ledger row that agrees with an explicit mapping and,
-    ///   with `verify_records`, was verified. Rows that match only computed
-    ///   placement stay.
-    ///
-    /// The ledger is walked in key order with a cursor, so rows pruned by the
-    /// run and rows recorded concurrently behind the cursor do not disturb
-    /// it. `limit` stops the run early; [`ReconcileReport::resume_after`]
-    /// then tells where to continue.
-    ///
-    /// Every option is checked before any I/O.
-    ///
-    /// # Errors
-    /// `COORDINATOR_NOT_CONFIGURED` without a coordinator;
-    /// `RECONCILE_VERIFY_REQUIRED` for `repair` without `verify_records`;
-    /// `INVALID_CONFIG` for a page size outside `1..=10_000` or a zero
-    /// limit; `INVALID_IDENTIFIER` for a bad table or key column name;
-    /// under computed placement, the errors of [`Router::manifest`] when no
-    /// manifest can be confirmed or was ever cached;
-    /// `MAPPING_UNAVAILABLE` when the mapping store fails (for a repair
-    /// write the outcome is unknown); `COORDINATOR_UNAVAILABLE` when the ledger fails (for a prune the
-    /// outcome is unknown); `CORRUPT_RECORD` when a ledger page is not in
-    /// strictly increasing key order. Rows handled before an error keep
-    /// their writes.
-    pub async fn reconcile_allocations(&self, opts: &ReconcileOptions) -> Result<ReconcileReport> {
+impl Core {
+    /// See [`Router::reconcile_allocations`](crate::Router::reconcile_allocations).
+    pub(crate) async fn reconcile_allocations(
+        &self,
+        opts: &ReconcileOptions,
+    ) -> Result<ReconcileReport> {
         self.reconcile_with(opts, &|key: &str| self.computed_owner(key))
             .await
     }
 
-    /// [`Router::reconcile_allocations`] with the computed owner supplied
+    /// [`Router::reconcile_allocations`](crate::Router::reconcile_allocations) with the computed owner supplied
     /// (unit tests inject computed placement through it).
     pub(crate) async fn reconcile_with(
         &self,

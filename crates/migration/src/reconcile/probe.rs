@@ -3,7 +3,7 @@
 
 use super::UncheckedReason;
 use crate::dialect::Ident;
-use crate::router::Router;
+use crate::router::Core;
 
 /// The outcome of probing one key.
 pub(super) enum Probe {
@@ -13,7 +13,7 @@ pub(super) enum Probe {
     Unchecked(UncheckedReason),
 }
 
-impl Router {
+impl Core {
     /// Probes `key` in each table on `shard_name`, stopping at the first hit.
     pub(super) async fn probe(
         &self,

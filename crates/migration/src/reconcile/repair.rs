@@ -5,9 +5,9 @@ use super::ReconcileReport;
 use super::report::push_capped;
 use crate::config;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 
-impl Router {
+impl Core {
     /// Maps an unrouted key whose row was found on its ledger shard.
     pub(super) async fn repair_mapping(
         &self,

@@ -484,7 +484,12 @@ async fn repair_maps_only_unrouted_keys_found_on_their_ledger_shard() {
         repair: true,
         ..ReconcileOptions::default()
     };
-    let r = e.router.reconcile_with(&opts, &computed).await.unwrap();
+    let r = e
+        .router
+        .core
+        .reconcile_with(&opts, &computed)
+        .await
+        .unwrap();
     assert_eq!(r.repaired_count, 1);
     assert_eq!(r.repaired, vec!["lost".to_owned()]);
     assert_eq!(r.unrouted, 5, "lost, gone, elsewhere, nowhere, flaky");
@@ -502,7 +507,12 @@ async fn repair_maps_only_unrouted_keys_found_on_their_ledger_shard() {
         "repair never touches the ledger"
     );
     // A second run finds the key routed and agreeing: nothing to repair.
-    let r = e.router.reconcile_with(&opts, &computed).await.unwrap();
+    let r = e
+        .router
+        .core
+        .reconcile_with(&opts, &computed)
+        .await
+        .unwrap();
     assert_eq!(r.repaired_count, 0);
     assert_eq!(r.unrouted, 4);
 }
@@ -589,7 +599,12 @@ async fn prune_removes_only_agreeing_mapped_verified_rows() {
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e.router.reconcile_with(&opts, &computed).await.unwrap();
+    let r = e
+        .router
+        .core
+        .reconcile_with(&opts, &computed)
+        .await
+        .unwrap();
     assert_eq!(r.routing_agreed, 3, "settled, no-row, computed");
     assert_eq!(r.pruned_count, 1);
     assert_eq!(r.pruned, vec!["settled".to_owned()]);
@@ -602,7 +617,12 @@ async fn prune_removes_only_agreeing_mapped_verified_rows() {
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e.router.reconcile_with(&opts, &computed).await.unwrap();
+    let r = e
+        .router
+        .core
+        .reconcile_with(&opts, &computed)
+        .await
+        .unwrap();
     assert_eq!(r.pruned, vec!["no-row".to_owned()]);
     assert_eq!(
         (e.s0.queries(), e.s1.queries()),
@@ -748,7 +768,12 @@ async fn computed_placement_routes_unmapped_keys() {
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e.router.reconcile_with(&opts, &computed).await.unwrap();
+    let r = e
+        .router
+        .core
+        .reconcile_with(&opts, &computed)
+        .await
+        .unwrap();
     assert_eq!(
         (r.routing_agreed, r.disagreeing_count, r.unrouted),
         (1, 1, 0)
