@@ -309,8 +309,9 @@ impl Router {
     ///
     /// Takes the scope's lease row first (60 s without renewal). A move
     /// owned outside this router's clock domain is settled only once this
-    /// router saw its journal row unchanged for [`MOVE_LIVENESS_MS`](crate::MOVE_LIVENESS_MS) of its
-    /// own clock (so a first call skips it; see
+    /// router saw its journal row unchanged for
+    /// [`MOVE_LIVENESS_MS`](crate::MOVE_LIVENESS_MS) of its own clock (so a
+    /// first call skips it; see
     /// [`crate::MigrationConfig::clock_domain`]). Call it
     /// after any deploy or crash that may have interrupted a move; a
     /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
