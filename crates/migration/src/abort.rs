@@ -18,16 +18,17 @@
 //! `recover_migrations` settles it as any interrupted move once its
 //! liveness lapsed.
 
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{Guard, JournalSql, MOVE_LIVENESS_MS, MoveState};
+use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState};
 use crate::moves::MoveCtx;
 use crate::recovery::Lease;
-use crate::router::Router;
+use crate::router::Core;
 
 /// How many times an abort looks again when its take-over lost a race.
 const TAKE_OVER_TRIES: usize = 3;
 
-/// What [`Router::abort_operation`] did.
+/// What [`Router::abort_operation`](crate::Router::abort_operation) did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AbortReport {
     /// The operation.
@@ -40,28 +41,9 @@ pub struct AbortReport {
     pub copies_dropped: usize,
 }
 
-impl Router {
-    /// Aborts the operation `op_id` of this journal scope when it has not
-    /// cut over: its destination copies are dropped, it is journaled
-    /// `aborted` (reason "aborted by an operator") and its claim released,
-    /// so the key stays on its source and may be moved again. Idempotent:
-    /// an operation already aborted is reported as such.
-    ///
-    /// Takes the scope's recovery lease for the call. A live mover of the
-    /// operation loses it (its next step fails with `MIGRATION_TAKEN_OVER`).
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS` while a recovery (or
-    /// another abort) holds the lease, `MIGRATION_OPERATION_NOT_FOUND`,
-    /// `MIGRATION_NOT_ABORTABLE` for an operation in `cutover_pending`,
-    /// `committed`, `published` or `retired` (settle `cutover_pending` with
-    /// `recover_migrations`), `MIGRATION_ALREADY_ACTIVE` when the operation
-    /// kept changing owner, `RECOVERY_FENCED` when the lease was lost,
-    /// `SHARD_UNAVAILABLE` and `MAPPING_UNAVAILABLE` (the abort may have
-    /// stopped part-way: call it again), `UNKNOWN_TABLE` /
-    /// `UNKNOWN_SHARD` when the operation's tables or shards are no longer
-    /// configured.
-    pub async fn abort_operation(&self, op_id: &str) -> Result<AbortReport> {
+impl Core {
+    /// See [`Router::abort_operation`](crate::Router::abort_operation).
+    pub(crate) async fn abort_operation(&self, op_id: &str) -> Result<AbortReport> {
         let lease = self.acquire_lease().await?;
         let res = self.abort_under(op_id, &lease).await;
         if !matches!(res, Err(MigrationError::RecoveryFenced(_))) {

@@ -49,6 +49,7 @@
 #![warn(missing_debug_implementations)]
 
 mod abort;
+mod api;
 mod config;
 mod dialect;
 mod error;

@@ -54,14 +54,13 @@
 use std::collections::BTreeMap;
 
 use crate::config::{self, Check, TableSpec};
-use crate::dialect::{Cutover, CutoverTable, Sql, names, row_idents};
+use crate::dialect::{Cutover, CutoverTable, JournalSql, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
-    Change, DEFAULT_RETENTION_MS, Guard, JournalSql, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState,
-    OpRecord,
+    Change, DEFAULT_RETENTION_MS, Guard, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord,
 };
 use crate::recovery::Resumed;
-use crate::router::Router;
+use crate::router::Core;
 use crate::shard::Statement;
 use crate::value::{self, Row, Value};
 use tracing::Instrument as _;
@@ -109,7 +108,7 @@ pub(crate) enum Stage {
 }
 
 pub(crate) struct MoveCtx<'r> {
-    pub(crate) r: &'r Router,
+    pub(crate) r: &'r Core,
     pub(crate) guard: Guard,
     pub(crate) op_id: String,
     pub(crate) key: String,
@@ -122,7 +121,7 @@ pub(crate) struct MoveCtx<'r> {
 pub(crate) type Snapshot = Vec<Option<Row>>;
 
 impl<'r> MoveCtx<'r> {
-    pub(crate) fn from_op(r: &'r Router, op: &OpRecord, guard: Guard) -> Result<Self> {
+    pub(crate) fn from_op(r: &'r Core, op: &OpRecord, guard: Guard) -> Result<Self> {
         let specs = op
             .tables
             .iter()
@@ -514,31 +513,23 @@ impl<'r> MoveCtx<'r> {
 
     /// Whether the source holds this operation's archive rows.
     pub(crate) async fn archive_exists(&self) -> Result<bool> {
-        Ok(!self.archive_rows("tname").await?.is_empty())
+        Ok(!self.archive_rows(false).await?.is_empty())
     }
 
-    /// `columns` of this operation's archive rows on the source.
-    async fn archive_rows(&self, columns: &str) -> Result<Vec<Row>> {
+    /// This operation's archive rows on the source (`tname`, and `payload`
+    /// when `payloads`).
+    async fn archive_rows(&self, payloads: bool) -> Result<Vec<Row>> {
         let (name, shard) = self.r.shard_named(&self.source)?;
-        let d = shard.dialect();
-        let mut s = Sql::new(&d);
-        s.raw("SELECT ")
-            .raw(columns)
-            .raw(" FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(self.key.as_str())
-            .raw(" AND op_id = ")
-            .bind(self.op_id.as_str());
+        let st = shard.dialect().op_archive(&self.key, &self.op_id, payloads);
         shard
-            .query(&s.finish())
+            .query(&st)
             .await
             .map_err(|e| MigrationError::shard(name, e))
     }
 
     /// The snapshot this operation archived on the source (its payloads).
     pub(crate) async fn archived_snapshot(&self) -> Result<Snapshot> {
-        let rows = self.archive_rows("tname, payload").await?;
+        let rows = self.archive_rows(true).await?;
         let mut out = vec![None; self.specs.len()];
         for r in &rows {
             let t = crate::journal::text(r, "tname")?;
@@ -851,7 +842,7 @@ impl<'r> MoveCtx<'r> {
 
 /// Marks an operation as driven by a task of this router until dropped.
 struct Running<'r> {
-    r: &'r Router,
+    r: &'r Core,
     op_id: String,
 }
 
@@ -865,7 +856,7 @@ impl Drop for Running<'_> {
     }
 }
 
-impl Router {
+impl Core {
     /// Marks `op_id` as driven by the calling task; `None` when another task
     /// of this router drives it already.
     fn drive(&self, op_id: &str) -> Option<Running<'_>> {
@@ -937,11 +928,8 @@ impl Router {
         }
     }
 
-    /// Moves one table's row of `key` to `target` through the journal.
-    ///
-    /// # Errors
-    /// See [`Router::reassign_keys_with`].
-    pub async fn reassign_shard(
+    /// See [`Router::reassign_shard`](crate::Router::reassign_shard).
+    pub(crate) async fn reassign_shard(
         &self,
         key: &str,
         target: &str,
@@ -951,11 +939,8 @@ impl Router {
             .await
     }
 
-    /// [`Router::reassign_shard`] with options.
-    ///
-    /// # Errors
-    /// See [`Router::reassign_keys_with`].
-    pub async fn reassign_shard_with(
+    /// See [`Router::reassign_shard_with`](crate::Router::reassign_shard_with).
+    pub(crate) async fn reassign_shard_with(
         &self,
         key: &str,
         target: &str,
@@ -965,11 +950,8 @@ impl Router {
         self.reassign_keys_with(key, target, &[table], opts).await
     }
 
-    /// Moves the key's rows in a set of tables as one journaled operation.
-    ///
-    /// # Errors
-    /// See [`Router::reassign_keys_with`].
-    pub async fn reassign_keys(
+    /// See [`Router::reassign_keys`](crate::Router::reassign_keys).
+    pub(crate) async fn reassign_keys(
         &self,
         key: &str,
         target: &str,
@@ -979,52 +961,8 @@ impl Router {
             .await
     }
 
-    /// Moves the key's rows in `tables` to `target` as one journaled
-    /// operation. Everything is validated before the first write.
-    ///
-    /// A move must include every configured table that holds a row of the
-    /// key on its source: the key's mapping moves as a whole, so a row left
-    /// behind in another table would no longer be routed to (reads `None`,
-    /// updates changing nothing, inserts creating a second row). Such a
-    /// move is refused with `MIGRATION_PARTIAL_MOVE` naming those tables.
-    /// Every other configured table that exists on both shards moves too
-    /// (its row of the key absent): the cutover fences it on the source and
-    /// the publish lifts its old fence on the destination, so a router whose
-    /// cache still names the source (or a write between the cutover and the
-    /// publish) cannot leave a row there that the mapping no longer routes
-    /// to; a row that appears in one of them before the cutover makes the
-    /// cutover miss and moves with the key on the next copy. A configured
-    /// table missing on the destination stays outside the move: the cutover
-    /// requires it still empty on the source, and a move that finds a row
-    /// appeared there meanwhile aborts.
-    ///
-    /// A key has one active operation at a time. When this router's own
-    /// earlier call stopped on an error and left its operation active, the
-    /// same call (same key and target, naming tables the operation moves)
-    /// resumes that operation from its journaled state at once; any other
-    /// move of the key gets
-    /// `MIGRATION_ALREADY_ACTIVE` until the operation ends or recovery
-    /// settles it (after its mover's liveness lapses).
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
-    /// `JOURNAL_NOT_CONFIGURED`, `MIGRATION_UNSUPPORTED_DIALECT`,
-    /// `MIGRATION_NO_BATCH`, `MIGRATION_NO_ATOMIC_BATCH`, `MAPPING_NOT_FOUND`,
-    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`, `MIGRATION_PARTIAL_MOVE`,
-    /// `MIGRATION_ALREADY_ACTIVE`, `MIGRATION_ABORTED`, `MIGRATION_TAKEN_OVER`,
-    /// `MIGRATION_COPY_REJECTED` (the destination definitely refused the
-    /// copy: a value its dialect cannot hold, refused before any write, or a
-    /// refusal its shard reports as [`crate::DataRejected`] /
-    /// [`crate::UniqueViolation`]; the move was aborted, the key stays on
-    /// its source), `SHARD_UNAVAILABLE` (outcome unknown: the operation
-    /// stays active, for this call to resume, recovery to settle or
-    /// [`Router::abort_operation`]), `MAPPING_UNAVAILABLE`.
-    ///
-    /// Each call counts once in `durability_migration_moves_total` by
-    /// outcome and records its duration on the router's clock (see
-    /// ARCHITECTURE.md, "Metrics"), inside a `durability.migration.move`
-    /// span naming the scope, key and target.
-    pub async fn reassign_keys_with(
+    /// See [`Router::reassign_keys_with`](crate::Router::reassign_keys_with).
+    pub(crate) async fn reassign_keys_with(
         &self,
         key: &str,
         target: &str,
@@ -1256,12 +1194,12 @@ impl Router {
         })
     }
 
-    /// The latest recorded operation that moved `table`'s row of `key`, or
-    /// `None` when there is none.
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
-    pub async fn get_migration_status(&self, key: &str, table: &str) -> Result<Option<OpRecord>> {
+    /// See [`Router::get_migration_status`](crate::Router::get_migration_status).
+    pub(crate) async fn get_migration_status(
+        &self,
+        key: &str,
+        table: &str,
+    ) -> Result<Option<OpRecord>> {
         config::validate_key(key)?;
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();

@@ -5,11 +5,11 @@
 use crate::config;
 use crate::error::{MigrationError, Result};
 use crate::moves::MoveOptions;
-use crate::router::Router;
+use crate::router::Core;
 use crate::status::Progress;
 use crate::verify::MAX_REPORT_ENTRIES;
 
-/// Options of [`Router::rebalance`].
+/// Options of [`Router::rebalance`](crate::Router::rebalance).
 #[derive(Debug, Clone)]
 pub struct RebalanceOptions {
     /// The shard set keys should be placed on (default: every configured shard).
@@ -65,25 +65,15 @@ pub struct RebalanceReport {
     pub failed: Vec<(String, &'static str)>,
 }
 
-impl Router {
-    /// Plans (and unless `dry_run`, runs) the moves that place every mapped
-    /// key on its hash owner among the target shards.
-    ///
-    /// # Errors
-    /// `UNKNOWN_SHARD`, `UNKNOWN_TABLE`, `JOURNAL_NOT_CONFIGURED` (not for a
-    /// dry run), `MAPPING_UNAVAILABLE`. Per-key failures are in the report.
-    pub async fn rebalance(&self, opts: RebalanceOptions) -> Result<RebalanceReport> {
+impl Core {
+    /// See [`Router::rebalance`](crate::Router::rebalance).
+    pub(crate) async fn rebalance(&self, opts: RebalanceOptions) -> Result<RebalanceReport> {
         let quiet = |_: Progress| {};
         self.rebalance_observed(opts, &quiet).await
     }
 
-    /// [`Router::rebalance`], calling `progress` after each mapping it
-    /// examines (phase `keys`; `changed` counts committed moves). The
-    /// callback runs on the rebalancing task: keep it short.
-    ///
-    /// # Errors
-    /// As [`Router::rebalance`].
-    pub async fn rebalance_observed(
+    /// See [`Router::rebalance_observed`](crate::Router::rebalance_observed).
+    pub(crate) async fn rebalance_observed(
         &self,
         opts: RebalanceOptions,
         progress: &(dyn Fn(Progress) + Send + Sync),

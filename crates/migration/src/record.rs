@@ -1,11 +1,11 @@
 //! `migrate_record`: copy one row to another shard and delete the source,
 //! without a journal. Not crash-safe: a crash between the two writes leaves
-//! the row on both shards. Use [`Router::reassign_shard`] when that matters.
+//! the row on both shards. Use [`Router::reassign_shard`](crate::Router::reassign_shard) when that matters.
 
 use crate::config;
 use crate::dialect::row_idents;
 use crate::error::{MigrationError, Result};
-use crate::router::Router;
+use crate::router::Core;
 use crate::value;
 
 /// What to do when the destination already holds a different row.
@@ -18,23 +18,16 @@ pub enum OnConflict {
     Replace,
 }
 
-/// Options of [`Router::migrate_record`].
+/// Options of [`Router::migrate_record`](crate::Router::migrate_record).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MigrateOptions {
     /// Conflict handling.
     pub on_conflict: OnConflict,
 }
 
-impl Router {
-    /// Copies `table`'s row of `key` from `source` to `target`, then deletes
-    /// the source row (only if unchanged since the copy). Writes no journal,
-    /// updates no mapping and is **not crash-safe**.
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
-    /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`,
-    /// `DESTINATION_CONFLICT`, `SHARD_UNAVAILABLE`.
-    pub async fn migrate_record(
+impl Core {
+    /// See [`Router::migrate_record`](crate::Router::migrate_record).
+    pub(crate) async fn migrate_record(
         &self,
         source: &str,
         target: &str,

@@ -17,12 +17,11 @@
 //! recovery that lost its lease writes nothing more to the journal and
 //! returns `RECOVERY_FENCED`.
 
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{
-    Guard, JournalSql, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS,
-};
+use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS};
 use crate::moves::{MoveCtx, Stage};
-use crate::router::Router;
+use crate::router::Core;
 
 const PAGE: usize = 100;
 
@@ -80,7 +79,7 @@ pub(crate) enum Resumed {
     Finished,
 }
 
-impl Router {
+impl Core {
     pub(crate) async fn acquire_lease(&self) -> Result<Lease> {
         let (jname, js) = self.journal_shard()?;
         self.check_movable(jname)?;
@@ -178,22 +177,8 @@ impl Router {
         }
     }
 
-    /// Finishes or aborts every interrupted move of this journal scope.
-    ///
-    /// Takes the scope's lease row first (60 s without renewal). A move
-    /// owned outside this router's clock domain is settled only once this
-    /// router saw its journal row unchanged for [`MOVE_LIVENESS_MS`] of its
-    /// own clock (so a first call skips it; see
-    /// [`crate::MigrationConfig::clock_domain`]). Call it
-    /// after any deploy or crash that may have interrupted a move; a
-    /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
-    /// success.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS` while another
-    /// recovery's lease is live, `RECOVERY_FENCED` when this recovery lost
-    /// its lease (it made no further journal writes), `SHARD_UNAVAILABLE`.
-    pub async fn recover_migrations(&self) -> Result<RecoveryReport> {
+    /// See [`Router::recover_migrations`](crate::Router::recover_migrations).
+    pub(crate) async fn recover_migrations(&self) -> Result<RecoveryReport> {
         let lease = self.acquire_lease().await?;
         let res = self.recover_with(&lease).await;
         if !matches!(res, Err(MigrationError::RecoveryFenced(_))) {

@@ -10,9 +10,10 @@
 //! never applied) until the next heal names the newest target again.
 
 use crate::config::Check;
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpRecord};
-use crate::router::Router;
+use crate::journal::{MoveState, OpRecord};
+use crate::router::Core;
 
 /// Where the journal says a key lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +37,7 @@ pub(crate) enum Home {
     },
 }
 
-impl Router {
+impl Core {
     /// Where the journal says `key` lives: the newest operation of the key
     /// that is not aborted decides (active: pending; retired: its target).
     pub(crate) async fn journal_home(&self, key: &str) -> Result<Home> {

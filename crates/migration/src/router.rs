@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::Check;
 use crate::config::{self, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Generation, Ident, names, row_idents};
+use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{MigrationError, Result, UniqueViolation};
-use crate::journal::{JournalSql, MoveState, OpRecord};
+use crate::journal::{MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
 use crate::republish::Home;
@@ -108,6 +108,15 @@ enum WriteKind {
 /// # }
 /// ```
 pub struct Router {
+    pub(crate) core: Core,
+}
+
+/// The router's private core: its shards, mapping store, clock and caches,
+/// with the configuration they run under. The modules (routing here,
+/// `moves`, `recovery`, `verify`, `placement`, `reconcile`, `rebalance`,
+/// ...) are functions over it; [`Router`]'s public methods (`api`)
+/// delegate to them.
+pub(crate) struct Core {
     pub(crate) shards: BTreeMap<String, Arc<dyn Shard>>,
     pub(crate) mapping: Arc<dyn MappingStore>,
     pub(crate) strategy: Strategy,
@@ -152,6 +161,12 @@ enum ZeroRows {
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
             .field("shards", &self.shards.keys().collect::<Vec<_>>())
             .field("journal", &self.journal)
@@ -161,12 +176,9 @@ impl std::fmt::Debug for Router {
     }
 }
 
-impl Router {
-    /// Builds a router from a validated configuration. Does no I/O.
-    ///
-    /// # Errors
-    /// `INVALID_JOURNAL_SHARD`, `INVALID_CONFIG`, `INVALID_IDENTIFIER`.
-    pub fn new(config: MigrationConfig) -> Result<Self> {
+impl Core {
+    /// See [`Router::new`].
+    pub(crate) fn new(config: MigrationConfig) -> Result<Self> {
         let v = config::validate(&config)?;
         Ok(Self {
             shards: config.shards,
@@ -202,13 +214,8 @@ impl Router {
         self.disabled != Some(c)
     }
 
-    /// Creates the crate's tables: the tombstone table on every shard of a
-    /// proven dialect when a journal shard is set, and the journal tables on
-    /// the journal shard. Idempotent.
-    ///
-    /// # Errors
-    /// `SHARD_UNAVAILABLE` when a shard fails.
-    pub async fn init(&self) -> Result<()> {
+    /// See [`Router::init`].
+    pub(crate) async fn init(&self) -> Result<()> {
         let Some(j) = &self.journal else {
             return Ok(());
         };
@@ -264,24 +271,23 @@ impl Router {
         Ok(())
     }
 
-    /// The placement this router was configured with.
-    pub fn placement_mode(&self) -> Placement {
+    /// See [`Router::placement_mode`].
+    pub(crate) fn placement_mode(&self) -> Placement {
         self.placement
     }
 
-    /// The journal scope.
-    pub fn journal_scope(&self) -> &str {
+    /// See [`Router::journal_scope`].
+    pub(crate) fn journal_scope(&self) -> &str {
         &self.scope
     }
 
-    /// This router's instance id (owner of the moves it runs):
-    /// `<clock domain>/<uuid>` with a configured clock domain, else a uuid.
-    pub fn instance_id(&self) -> &str {
+    /// See [`Router::instance_id`].
+    pub(crate) fn instance_id(&self) -> &str {
         &self.instance
     }
 
-    /// The configured shard names.
-    pub fn shard_names(&self) -> Vec<&str> {
+    /// See [`Router::shard_names`].
+    pub(crate) fn shard_names(&self) -> Vec<&str> {
         self.shards.keys().map(String::as_str).collect()
     }
 
@@ -545,8 +551,8 @@ impl Router {
         }
     }
 
-    /// Drops this router's cached mapping of `key`.
-    pub fn invalidate(&self, key: &str) {
+    /// See [`Router::invalidate`].
+    pub(crate) fn invalidate(&self, key: &str) {
         if let Ok(mut m) = self.cache.lock() {
             m.remove(key);
         }
@@ -565,11 +571,8 @@ impl Router {
         Ok(m)
     }
 
-    /// The shard `key` is routed to, if it has a mapping (never allocates).
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `MAPPING_UNAVAILABLE`.
-    pub async fn route(&self, key: &str) -> Result<Option<String>> {
+    /// See [`Router::route`].
+    pub(crate) async fn route(&self, key: &str) -> Result<Option<String>> {
         config::validate_key(key)?;
         if let Some(s) = self.cache_get(key) {
             return Ok(Some(s));
@@ -577,20 +580,15 @@ impl Router {
         self.mapping_fresh(key).await
     }
 
-    /// The shard the strategy places an unmapped key on.
-    pub fn placement(&self, key: &str) -> Option<String> {
+    /// See [`Router::placement`].
+    pub(crate) fn placement(&self, key: &str) -> Option<String> {
         match self.strategy {
             Strategy::Hash => config::hash_owner(key, &self.shard_names()).map(str::to_owned),
         }
     }
 
-    /// The owner computed placement gives a key with no mapping (the newest
-    /// epoch's owner). `None` under mapped placement, where a key has no
-    /// owner until its first write allocates a mapping.
-    ///
-    /// Uses the cached manifest (see [`Router::manifest`]); `None` until a
-    /// manifest was loaded (by `init` or any routed call).
-    pub fn computed_owner(&self, key: &str) -> Option<String> {
+    /// See [`Router::computed_owner`].
+    pub(crate) fn computed_owner(&self, key: &str) -> Option<String> {
         if !self.computed() {
             return None;
         }
@@ -648,30 +646,18 @@ impl Router {
 
     // ---- reads ----
 
-    /// Reads the key's row of `table`, following tombstones (default options).
-    ///
-    /// # Errors
-    /// See [`Router::get_with`].
-    pub async fn get(&self, key: &str, table: &str) -> Result<Option<Row>> {
+    /// See [`Router::get`].
+    pub(crate) async fn get(&self, key: &str, table: &str) -> Result<Option<Row>> {
         self.get_with(key, table, ReadOptions::default()).await
     }
 
-    /// Reads the key's row of `table`. A key with no mapping reads as absent
-    /// and allocates nothing, unless (mapped placement with a journal shard)
-    /// the journal moved it: its mapping was lost, and the target of its
-    /// newest finished move is published again and read (one journal query
-    /// for a key with no mapping). A miss on a shard that holds a tombstone
-    /// for the key follows `moved_to`, up to four hops (only with a journal
-    /// shard). A move's destination copy is not read before the move
-    /// publishes it (unless its source was cut over): the read finds the
-    /// key on the move's source.
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (also
-    /// when the journal cannot be read for a key with no mapping),
-    /// `MIGRATION_CHAIN_EXCEEDED` (unless `best_effort`), `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`.
-    pub async fn get_with(&self, key: &str, table: &str, opts: ReadOptions) -> Result<Option<Row>> {
+    /// See [`Router::get_with`].
+    pub(crate) async fn get_with(
+        &self,
+        key: &str,
+        table: &str,
+        opts: ReadOptions,
+    ) -> Result<Option<Row>> {
         config::validate_key(key)?;
         let spec = self.table(table)?.clone();
         let routed = match self.route(key).await {
@@ -862,17 +848,8 @@ impl Router {
     /// Whether the shard holds a lifted (superseded) fence of the key.
     async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
         let (name, shard) = self.shard_named(shard_name)?;
-        let d = shard.dialect();
-        let mut s = crate::dialect::Sql::new(&d);
-        s.raw("SELECT op_id FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 1 LIMIT 1");
         let rows = shard
-            .query(&s.finish())
+            .query(&shard.dialect().lifted_fence_query(table, key))
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
         Ok(!rows.is_empty())
@@ -894,65 +871,23 @@ impl Router {
 
     // ---- writes ----
 
-    /// Inserts the key's row (the key column is set to `key`).
-    ///
-    /// # Errors
-    /// See [`Router::update`].
-    pub async fn insert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
+    /// See [`Router::insert`].
+    pub(crate) async fn insert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
         self.write(key, table, WriteKind::Insert(row)).await
     }
 
-    /// Inserts or replaces the key's row.
-    ///
-    /// # Errors
-    /// See [`Router::update`].
-    pub async fn upsert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
+    /// See [`Router::upsert`].
+    pub(crate) async fn upsert(&self, key: &str, table: &str, row: Row) -> Result<u64> {
         self.write(key, table, WriteKind::Upsert(row)).await
     }
 
-    /// Updates columns of the key's row; returns the changed-row count.
-    ///
-    /// Every routed write is fenced: on a shard holding a live tombstone for
-    /// the key (or the in-flight marker of a move's copy there) it changes
-    /// nothing. Then the router consults the journal: when
-    /// the move is published it re-routes; otherwise the write fails with
-    /// `MIGRATION_CUTOVER_PENDING` and was not applied. When the mapping
-    /// still names the fenced shard (or nothing) although the move finished,
-    /// the mapping store lost its publish: the target of the key's newest
-    /// finished move is published again and the write goes there. Under
-    /// mapped placement with a journal shard, a write of a key with no
-    /// mapping first asks the journal the same (one query), so a key whose
-    /// mapping was lost is never allocated a second home.
-    ///
-    /// A move's write hold of the key on the shard (its write-blocking
-    /// cutover, [`crate::MigrationConfig::cutover_hold_ms`]) also makes the
-    /// write change nothing: while the hold's deadline has not passed on
-    /// this router's clock the write fails with the retryable
-    /// `MIGRATION_CUTOVER_PENDING`; an expired hold is deleted and the write
-    /// runs again.
-    ///
-    /// Under computed placement the write binds the manifest generation it
-    /// routed with: a shard whose fence is above it changes nothing, the
-    /// router reloads the manifest from the journal once and routes again.
-    ///
-    /// # Errors
-    /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_COLUMN`,
-    /// `INVALID_IDENTIFIER`, `MIGRATION_CUTOVER_PENDING`, `SHARD_UNAVAILABLE`,
-    /// `MAPPING_UNAVAILABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (a key with no
-    /// mapping whose journal could not be read; nothing written),
-    /// `DUPLICATE_KEY` (an insert of a key whose row
-    /// exists: definite, nothing written); under computed placement also
-    /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
-    /// of which applied the write).
-    pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
+    /// See [`Router::update`].
+    pub(crate) async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
         self.write(key, table, WriteKind::Update(changes)).await
     }
 
-    /// Deletes the key's row.
-    ///
-    /// # Errors
-    /// See [`Router::update`].
-    pub async fn delete(&self, key: &str, table: &str) -> Result<u64> {
+    /// See [`Router::delete`].
+    pub(crate) async fn delete(&self, key: &str, table: &str) -> Result<u64> {
         self.write(key, table, WriteKind::Delete).await
     }
 
@@ -1263,25 +1198,16 @@ impl Router {
 
     // ---- raw ----
 
-    /// Executes a raw statement on a named shard.
-    ///
-    /// Raw statements bypass routing and every fence: nothing stops them from
-    /// writing a row on a shard the key moved away from.
-    ///
-    /// # Errors
-    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`.
-    pub async fn raw_execute(&self, shard: &str, stmt: &Statement) -> Result<u64> {
+    /// See [`Router::raw_execute`].
+    pub(crate) async fn raw_execute(&self, shard: &str, stmt: &Statement) -> Result<u64> {
         let (name, s) = self.shard_named(shard)?;
         s.execute(stmt)
             .await
             .map_err(|e| MigrationError::shard(name, e))
     }
 
-    /// Runs a raw query on a named shard (bypasses routing and fences).
-    ///
-    /// # Errors
-    /// `UNKNOWN_SHARD`, `SHARD_UNAVAILABLE`.
-    pub async fn raw_query(&self, shard: &str, stmt: &Statement) -> Result<Vec<Row>> {
+    /// See [`Router::raw_query`].
+    pub(crate) async fn raw_query(&self, shard: &str, stmt: &Statement) -> Result<Vec<Row>> {
         let (name, s) = self.shard_named(shard)?;
         s.query(stmt)
             .await

@@ -1,24 +1,24 @@
 //! Read-only views for operators: the journal's operations with their
-//! counts per state ([`Router::migration_status`]), and the [`Progress`]
-//! events long passes ([`Router::verify_migrations_observed`],
-//! [`Router::rebalance_observed`]) report while they run.
+//! counts per state ([`Router::migration_status`](crate::Router::migration_status)), and the [`Progress`]
+//! events long passes ([`Router::verify_migrations_observed`](crate::Router::verify_migrations_observed),
+//! [`Router::rebalance_observed`](crate::Router::rebalance_observed)) report while they run.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::dialect::{Sql, names};
+use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord, int, opt_int, text};
-use crate::router::Router;
+use crate::journal::{MoveState, OpFilter, OpRecord, int, opt_int, text};
+use crate::router::Core;
 
-/// Most operations one [`Router::migration_status`] call lists.
+/// Most operations one [`Router::migration_status`](crate::Router::migration_status) call lists.
 pub const MAX_STATUS_OPERATIONS: usize = 10_000;
 
-/// Default number of operations [`Router::migration_status`] lists.
+/// Default number of operations [`Router::migration_status`](crate::Router::migration_status) lists.
 pub const DEFAULT_STATUS_LIMIT: usize = 100;
 
-/// Which operations [`Router::migration_status`] lists (the counts always
+/// Which operations [`Router::migration_status`](crate::Router::migration_status) lists (the counts always
 /// cover the whole scope).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusOptions {
@@ -58,7 +58,7 @@ pub struct LeaseStatus {
     pub expires_ms: i64,
 }
 
-/// What [`Router::migration_status`] read.
+/// What [`Router::migration_status`](crate::Router::migration_status) read.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StatusReport {
     /// The journal scope.
@@ -90,10 +90,10 @@ pub struct StatusReport {
 /// One progress event of a long pass: `done` items of `phase` examined so
 /// far, and `changed` changes made so far by the whole pass.
 ///
-/// Phases of [`Router::verify_migrations_observed`]: `operations` (active
+/// Phases of [`Router::verify_migrations_observed`](crate::Router::verify_migrations_observed): `operations` (active
 /// operations), `moves` (finished operations examined: their tombstones,
 /// stranded copies and mappings), `tombstones` (a full pass only: archive
-/// rows on every shard); `changed` counts repairs. Phase of [`Router::rebalance_observed`]: `keys` (mappings
+/// rows on every shard); `changed` counts repairs. Phase of [`Router::rebalance_observed`](crate::Router::rebalance_observed): `keys` (mappings
 /// examined); `changed` counts committed moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Progress {
@@ -118,19 +118,9 @@ pub(crate) fn serialize_error<S: serde::Serializer>(
     st.end()
 }
 
-impl Router {
-    /// Reads the journal of this scope without changing anything: the
-    /// exact number of operations per state, the operations `opts` selects
-    /// (first [`StatusOptions::limit`] in id order), the recovery lease and
-    /// the last verification passes. Each part is one query on the journal
-    /// shard; the parts are not one snapshot (a move running meanwhile may
-    /// be counted in one state and listed in the next).
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `INVALID_KEY` for a bad key filter,
-    /// `SHARD_UNAVAILABLE` (also when the journal tables were never created:
-    /// [`Router::init`] creates them), `CORRUPT_RECORD`.
-    pub async fn migration_status(&self, opts: &StatusOptions) -> Result<StatusReport> {
+impl Core {
+    /// See [`Router::migration_status`](crate::Router::migration_status).
+    pub(crate) async fn migration_status(&self, opts: &StatusOptions) -> Result<StatusReport> {
         let (jname, js) = self.journal_shard()?;
         if let Some(k) = &opts.key {
             crate::config::validate_key(k)?;
@@ -224,19 +214,6 @@ impl Router {
             last_clean_verify_ms,
             last_verify_pass_ms,
         })
-    }
-}
-
-impl JournalSql<'_> {
-    /// The number of operations per state in the scope.
-    pub(crate) fn state_counts(&self) -> crate::shard::Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT state, COUNT(*) AS n FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" GROUP BY state");
-        s.finish()
     }
 }
 

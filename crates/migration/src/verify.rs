@@ -4,19 +4,19 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::dialect::{Sql, names, row_idents};
+use crate::dialect::{JournalSql, names, row_idents};
 use crate::error::{MigrationError, Result};
-use crate::journal::{JournalSql, MoveState, OpFilter, OpRecord};
+use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
-use crate::router::Router;
+use crate::router::Core;
 use crate::status::Progress;
 use crate::value::{self, Value};
 
 /// Most entries kept in each list of a report (counts stay exact).
 pub const MAX_REPORT_ENTRIES: usize = 1000;
 
-/// Options of [`Router::verify_migrations`].
+/// Options of [`Router::verify_migrations`](crate::Router::verify_migrations).
 #[derive(Debug, Clone, Copy)]
 pub struct VerifyOptions {
     /// Run recovery first (taking the lease) and repair what can be proven.
@@ -128,7 +128,7 @@ pub struct VerifyReport {
 }
 
 /// Most keys an unclean pass remembers for purge (see
-/// [`Router::purge_retired`]); a pass that finds more covers nothing.
+/// [`Router::purge_retired`](crate::Router::purge_retired)); a pass that finds more covers nothing.
 pub(crate) const MAX_UNCLEAN_KEYS: usize = 10_000;
 
 impl Default for VerifyReport {
@@ -247,7 +247,7 @@ fn op_shards(op: &OpRecord) -> Vec<&str> {
 /// Operations marked verified per statement.
 const MARK_CHUNK: usize = 200;
 
-impl Router {
+impl Core {
     /// Whether an active operation holds `key`'s claim (a move of the key is
     /// in flight: its rows cannot be judged, and repair leaves them alone).
     async fn claim_held(&self, key: &str) -> Result<bool> {
@@ -279,75 +279,21 @@ impl Router {
         tomb: Option<(&str, &str)>,
     ) -> Result<crate::shard::Statement> {
         let (_, shard) = self.shard_named(shard_name)?;
-        let d = shard.dialect();
-        let mut s = Sql::new(&d);
-        s.raw("DELETE FROM ").ident(&spec.name).raw(" WHERE ");
-        d.push_match(&mut s, &spec.key_col, key, cols);
-        if let Some((op_id, table)) = tomb {
-            s.raw(" AND EXISTS (SELECT 1 FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key)
-                .raw(" AND op_id = ")
-                .bind(op_id)
-                .raw(" AND tname = ")
-                .bind(table)
-                .raw(" AND superseded = 0)");
-        }
-        if self.journal.as_deref() == Some(shard_name) {
-            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
-                .raw(names::OPS)
-                .raw(" WHERE scope = ")
-                .bind(self.scope.as_str())
-                .raw(" AND claim = ")
-                .bind(key)
-                .raw(")");
-        }
-        Ok(s.finish())
+        let claim_scope =
+            (self.journal.as_deref() == Some(shard_name)).then_some(self.scope.as_str());
+        Ok(shard
+            .dialect()
+            .repair_delete(&spec.name, &spec.key_col, key, cols, tomb, claim_scope))
     }
 
-    /// Reports leftovers of stalled writers; with `repair: true` runs
-    /// recovery first (taking the lease) and repairs what can be proven:
-    /// a ghost only when it equals the archived payload, a stranded copy by
-    /// the abort's digest proof, a stale cutover only when its operation is
-    /// the newest on the key, the archive still holds the payload and the
-    /// shard has no row. A key's mapping is checked against the journal
-    /// (the target of the key's newest finished move); repair publishes
-    /// that target again.
-    ///
-    /// A pass examines every active operation, every finished operation
-    /// no pass has examined yet (its tombstones on its source and
-    /// destination, its copy, its mapping) and every operation of a key the
-    /// last pass found something on, so its cost follows the moves since
-    /// the last pass, not the history. [`VerifyOptions::full`] examines
-    /// every finished operation and every tombstone on every shard: run it
-    /// after restoring a shard or the mapping store, or when writers that
-    /// bypass the router's fences may have written to a shard a key left.
-    ///
-    /// At the end, each finished operation the pass read after it finished
-    /// and found nothing on (or repaired) is marked verified; purge requires
-    /// that mark, so a move that finished while a pass ran and was not read
-    /// by it stays unpurgeable until a later pass, and one stuck operation
-    /// blocks only its own key. Every pass is also recorded with its start
-    /// time and the keys it found something on; a clean pass also as clean.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS`, `RECOVERY_FENCED`
-    /// (with `repair`), `SHARD_UNAVAILABLE`, `MAPPING_UNAVAILABLE`,
-    /// `CORRUPT_RECORD`.
-    pub async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
+    /// See [`Router::verify_migrations`](crate::Router::verify_migrations).
+    pub(crate) async fn verify_migrations(&self, opts: VerifyOptions) -> Result<VerifyReport> {
         let quiet = |_: Progress| {};
         self.verify_migrations_observed(opts, &quiet).await
     }
 
-    /// [`Router::verify_migrations`], calling `progress` after each page it
-    /// examines (phases `operations`, `moves`, `tombstones`;
-    /// see [`Progress`]). The callback runs on the verifying task: keep it
-    /// short.
-    ///
-    /// # Errors
-    /// As [`Router::verify_migrations`].
-    pub async fn verify_migrations_observed(
+    /// See [`Router::verify_migrations_observed`](crate::Router::verify_migrations_observed).
+    pub(crate) async fn verify_migrations_observed(
         &self,
         opts: VerifyOptions,
         progress: &(dyn Fn(Progress) + Send + Sync),
@@ -611,24 +557,9 @@ impl Router {
                 if let Some(l) = lease {
                     self.renew_lease(l).await?;
                 }
-                let mut s = Sql::new(&d);
-                s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE scope = ")
-                    .bind(self.scope.as_str())
-                    .raw(" AND (mkey > ")
-                    .bind(after_k.as_str())
-                    .raw(" OR (mkey = ")
-                    .bind(after_k.as_str())
-                    .raw(" AND (op_id > ")
-                    .bind(after_op.as_str())
-                    .raw(" OR (op_id = ")
-                    .bind(after_op.as_str())
-                    .raw(" AND tname > ")
-                    .bind(after_t.as_str())
-                    .raw(&format!(")))) ORDER BY mkey, op_id, tname LIMIT {page}"));
+                let page_query = d.tombstone_page(&self.scope, &after_k, &after_op, &after_t, page);
                 let rows = shard
-                    .query(&s.finish())
+                    .query(&page_query)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
                 if rows.is_empty() {
@@ -771,16 +702,8 @@ impl Router {
                 && live.is_none();
             if repair && restorable {
                 let row = value::decode_row(t.payload.as_deref().unwrap_or_default())?;
-                let mut lift = Sql::new(&d);
-                lift.raw("UPDATE ")
-                    .raw(names::RETIRED)
-                    .raw(" SET superseded = 1 WHERE mkey = ")
-                    .bind(t.key.as_str())
-                    .raw(" AND op_id = ")
-                    .bind(t.op_id.as_str())
-                    .raw(" AND tname = ")
-                    .bind(t.table.as_str());
-                let stmts = vec![d.insert_row(&spec.name, &row_idents(&row)?), lift.finish()];
+                let lift = d.tombstone_lift_one(&t.key, &t.op_id, &t.table);
+                let stmts = vec![d.insert_row(&spec.name, &row_idents(&row)?), lift];
                 shard
                     .batch(&stmts)
                     .await
@@ -924,26 +847,8 @@ impl Router {
         Ok(())
     }
 
-    /// Clears the archived payload of every retired operation whose
-    /// retention elapsed and that a verification pass examined after it
-    /// finished and found nothing on its key (its `verified` mark), then
-    /// compacts the key's history: tombstones that no longer fence (a
-    /// later move brought the key back to their shard) and whose payload
-    /// is purged are deleted, except the newest of each table on each
-    /// shard, and so is a purged operation's journal row
-    /// once it has no tombstone left and a newer retired operation of the
-    /// key covers all its tables. What remains per key is what fences
-    /// stale writers and says where the key lives, so history stays
-    /// bounded by the keys and the shards they left, not by the moves.
-    /// Tombstones that fence stay, so stale writers remain refused.
-    /// Aborted operations go too once a pass examined them, their retention
-    /// elapsed and nothing of theirs is left on a shard.
-    ///
-    /// # Errors
-    /// `JOURNAL_NOT_CONFIGURED`, `SHARD_UNAVAILABLE`, `CORRUPT_RECORD`.
-    /// Per-operation refusals (`RETENTION_NOT_ELAPSED`, `NOT_VERIFIED`) are
-    /// listed in the report.
-    pub async fn purge_retired(&self) -> Result<PurgeReport> {
+    /// See [`Router::purge_retired`](crate::Router::purge_retired).
+    pub(crate) async fn purge_retired(&self) -> Result<PurgeReport> {
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();
         let q = JournalSql {
@@ -985,16 +890,9 @@ impl Router {
                     continue;
                 }
                 let (sname, shard) = self.shard_named(&op.source)?;
-                let sd = shard.dialect();
-                let mut s = Sql::new(&sd);
-                s.raw("UPDATE ")
-                    .raw(names::RETIRED)
-                    .raw(" SET payload = NULL, purged = 1 WHERE mkey = ")
-                    .bind(op.key.as_str())
-                    .raw(" AND op_id = ")
-                    .bind(op.op_id.as_str());
+                let purge = shard.dialect().archive_purge(&op.key, &op.op_id);
                 shard
-                    .execute(&s.finish())
+                    .execute(&purge)
                     .await
                     .map_err(|e| MigrationError::shard(sname, e))?;
                 js.execute(&q.mark_purged(&op.op_id))
@@ -1015,7 +913,7 @@ impl Router {
     /// no tombstone or in-flight marker of theirs is left on their source
     /// or destination. Reads never look at an aborted operation (the key's
     /// newest operation that is not aborted says where it lives), so only
-    /// [`Router::get_migration_status`] sees one go. Returns the rows
+    /// [`Router::get_migration_status`](crate::Router::get_migration_status) sees one go. Returns the rows
     /// deleted.
     async fn compact_aborted(&self, now: i64) -> Result<u64> {
         let (jname, js) = self.journal_shard()?;
@@ -1053,7 +951,7 @@ impl Router {
         Ok(deleted)
     }
 
-    /// Compacts `key`'s history (see [`Router::purge_retired`]): first
+    /// Compacts `key`'s history (see [`Router::purge_retired`](crate::Router::purge_retired)): first
     /// the purged tombstones that no longer fence, on every shard, then the
     /// purged operations left without tombstones that a newer retired
     /// operation covers. Each step is idempotent and a crash between them
@@ -1068,16 +966,8 @@ impl Router {
             // The key's lifted fences, newest first per table: the newest
             // stays (a write that met the fence just before it was lifted
             // finds it and retries), purged older ones go.
-            let mut s = Sql::new(&d);
-            s.raw("SELECT op_id, tname, purged FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key)
-                .raw(" AND scope = ")
-                .bind(self.scope.as_str())
-                .raw(" AND superseded = 1 ORDER BY tname, retired_ms DESC, op_id DESC");
             let rows = shard
-                .query(&s.finish())
+                .query(&d.lifted_fences(key, &self.scope))
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
             let mut newest_of: Option<String> = None;
@@ -1090,18 +980,9 @@ impl Router {
                 if crate::journal::int(r, "purged")? == 0 {
                     continue;
                 }
-                let mut del = Sql::new(&d);
-                del.raw("DELETE FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE mkey = ")
-                    .bind(key)
-                    .raw(" AND op_id = ")
-                    .bind(crate::journal::text(r, "op_id")?)
-                    .raw(" AND tname = ")
-                    .bind(table.as_str())
-                    .raw(" AND superseded = 1 AND purged = 1");
+                let op_id = crate::journal::text(r, "op_id")?;
                 shard
-                    .execute(&del.finish())
+                    .execute(&d.lifted_fence_delete(key, &op_id, &table))
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
             }

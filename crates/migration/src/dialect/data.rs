@@ -1,0 +1,501 @@
+//! The statements on the user's keyed tables: schema queries, routed reads
+//! and probes, fenced writes, and the row statements of a move's copy.
+
+use super::{Dialect, Generation, Ident, Sql, names};
+use crate::shard::Statement;
+use crate::value::Value;
+
+impl Dialect {
+    /// The query listing a table's columns (one `name` column per row).
+    pub fn columns_query(&self, table: &Ident) -> Statement {
+        let mut s = Sql::new(self);
+        match self {
+            Self::Postgres => s.raw(
+                "SELECT column_name AS name FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = ",
+            ),
+            Self::MySql => s.raw(
+                "SELECT column_name AS name FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ",
+            ),
+            _ => s.raw("SELECT name FROM pragma_table_info("),
+        };
+        s.bind(table.as_str());
+        if matches!(self, Self::Postgres | Self::MySql) {
+            s.finish()
+        } else {
+            s.raw(")");
+            s.finish()
+        }
+    }
+
+    /// The query describing how a table's key column compares: one row per
+    /// collation that applies to it (SQLite: `coll` of every index on the
+    /// column plus the table's `CREATE` text in `sql`; PostgreSQL: its type
+    /// `ty` and whether its collation is deterministic `det`; MariaDB/MySQL:
+    /// its `collation`, NULL for binary and non-text types).
+    pub fn key_collation_query(&self, table: &Ident, key_col: &Ident) -> Statement {
+        let mut s = Sql::new(self);
+        match self {
+            Self::Postgres => {
+                s.raw(
+                    "SELECT format_type(a.atttypid, a.atttypmod) AS ty, co.collisdeterministic AS det \
+                     FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+                     WHERE a.attrelid = to_regclass(",
+                )
+                .bind(self.quote(table))
+                .raw(") AND a.attname = ")
+                .bind(key_col.as_str());
+            }
+            Self::MySql => {
+                s.raw(
+                    "SELECT collation_name AS collation FROM information_schema.columns \
+                     WHERE table_schema = DATABASE() AND table_name = ",
+                )
+                .bind(table.as_str())
+                .raw(" AND column_name = ")
+                .bind(key_col.as_str());
+            }
+            _ => {
+                s.raw("SELECT x.coll AS coll, NULL AS sql FROM pragma_index_list(")
+                    .bind(table.as_str())
+                    .raw(") AS l, pragma_index_xinfo(l.name) AS x WHERE x.name = ")
+                    .bind(key_col.as_str())
+                    .raw(" AND x.key = 1 UNION ALL SELECT NULL AS coll, sql FROM sqlite_schema WHERE type = 'table' AND name = ")
+                    .bind(table.as_str());
+            }
+        }
+        s.finish()
+    }
+
+    /// `SELECT * FROM t WHERE k = ?`.
+    pub fn select_row(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT * FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// ` AND NOT EXISTS (<an in-flight marker of the key in the table>)`,
+    /// ignoring the marker of operation `via`.
+    fn push_unmarked(s: &mut Sql<'_>, table: &Ident, key: &str, via: Option<&str>) {
+        s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0 AND digest = ")
+            .bind(names::IN_FLIGHT);
+        if let Some(op) = via {
+            s.raw(" AND op_id <> ").bind(op);
+        }
+        s.raw(")");
+    }
+
+    /// [`Dialect::select_row`] of a routed read: a row under an in-flight
+    /// marker (a move's destination copy before its publish) is not the
+    /// key's row, unless the read reached this shard by following the
+    /// cutover tombstone of the marker's own operation `via` (the source
+    /// was cut over, so the copy is the key's row until the publish).
+    pub fn select_row_routed(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        via: Option<&str>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT * FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        Self::push_unmarked(&mut s, table, key, via);
+        s.finish()
+    }
+
+    /// [`Dialect::key_probe`] of a placement probe: a row under an
+    /// in-flight marker (a move's destination copy) is not found.
+    pub fn key_probe_unmarked(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        Self::push_unmarked(&mut s, table, key, None);
+        s.finish()
+    }
+
+    /// Deletes the key's row in `table` while the operation's in-flight
+    /// marker covers it (nothing routed can have written it since the copy).
+    pub(crate) fn delete_marked(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        op_id: &str,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND superseded = 0 AND digest = ")
+            .bind(names::IN_FLIGHT)
+            .raw(")");
+        s.finish()
+    }
+
+    /// `SELECT k FROM t WHERE k = ?`: whether the key has a row. Selects the
+    /// key column only, so a table with column types the backend cannot
+    /// decode still probes.
+    pub fn key_probe(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// `SELECT k FROM t [WHERE k > ?] ORDER BY k LIMIT n`: one page of keys.
+    ///
+    /// The cursor is the last key value of the previous page, bound with the
+    /// type it was read with (an integer for an integer column, bytes for a
+    /// binary one); the first page (`after: None`) has no lower bound. A text
+    /// cursor such as `''` would skip rows: SQLite orders every integer
+    /// before any text, MariaDB compares `''` as `0`, PostgreSQL refuses to
+    /// bind text to an integer.
+    pub fn key_page(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        after: Option<&Value>,
+        limit: usize,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT ")
+            .ident(key_col)
+            .raw(" AS k FROM ")
+            .ident(table);
+        if let Some(after) = after {
+            s.raw(" WHERE ")
+                .ident(key_col)
+                .raw(" > ")
+                .bind(after.clone());
+        }
+        s.raw(" ORDER BY ")
+            .ident(key_col)
+            .raw(&format!(" LIMIT {limit}"));
+        s.finish()
+    }
+
+    /// `INSERT INTO t (c1, c2, ..) ` for a row's columns.
+    fn push_insert_into(s: &mut Sql<'_>, table: &Ident, cols: &[(Ident, Value)]) {
+        s.raw("INSERT INTO ").ident(table).raw(" (");
+        for (i, (c, _)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c);
+        }
+        s.raw(") ");
+    }
+
+    /// The row's values as bound parameters, comma-separated.
+    fn push_values(s: &mut Sql<'_>, cols: &[(Ident, Value)]) {
+        for (i, (_, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v.clone());
+        }
+    }
+
+    /// `INSERT INTO t (cols) VALUES (?..)`.
+    pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("VALUES (");
+        Self::push_values(&mut s, cols);
+        s.raw(")");
+        s.finish()
+    }
+
+    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the
+    /// key)`: inserts the row unless the table holds one for the key (then
+    /// it changes nothing and reports no row).
+    pub fn insert_row_absent(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_absent(&mut s, table, key_col, key, cols);
+        s.finish()
+    }
+
+    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the key)`,
+    /// the shared start of [`Dialect::insert_row_absent`] and
+    /// [`Dialect::restore_copy`].
+    fn push_insert_absent(
+        s: &mut Sql<'_>,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) {
+        Self::push_insert_into(s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(s, cols);
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(")");
+    }
+
+    /// Re-inserts a move's copy that went missing from its destination before
+    /// publish: inserts the row only while the table has no row of the key
+    /// and the destination still holds a live tombstone of the key in the
+    /// table (so nothing routed could have written or deleted the key there
+    /// yet). Once the tombstone is lifted it changes nothing.
+    pub fn restore_copy(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_absent(&mut s, table, key_col, key, cols);
+        s.raw(" AND EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0)");
+        s.finish()
+    }
+
+    /// `DELETE FROM t WHERE k = ?`.
+    pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key);
+        s.finish()
+    }
+
+    /// `DELETE FROM t WHERE k = ? AND <every column equals the row>`.
+    pub fn delete_matching(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ").ident(table).raw(" WHERE ");
+        self.push_match(&mut s, key_col, key, cols);
+        s.finish()
+    }
+
+    pub(crate) fn push_match(
+        &self,
+        s: &mut Sql<'_>,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) {
+        s.ident(key_col).raw(" = ").bind(key);
+        for (c, v) in cols {
+            s.raw(" AND ").col_is(c, v.clone());
+        }
+    }
+
+    fn push_fence(
+        &self,
+        s: &mut Sql<'_>,
+        table: &Ident,
+        key: &str,
+        generation: Option<Generation<'_>>,
+    ) {
+        s.raw("NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE tname = ")
+            .bind(table.as_str())
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" AND superseded = 0) AND NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::HOLD)
+            .raw(" WHERE mkey = ")
+            .bind(key)
+            .raw(")");
+        if let Some(g) = generation {
+            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+                .raw(names::TOPOLOGY)
+                .raw(" WHERE scope = ")
+                .bind(g.scope)
+                .raw(" AND min_generation > ")
+                .bind(g.generation)
+                .raw(")");
+        }
+    }
+
+    /// A fenced insert: inserts only while no live tombstone for the key exists.
+    pub fn fenced_insert(
+        &self,
+        table: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        upsert_key: Option<&Ident>,
+    ) -> Statement {
+        self.guarded_insert(table, key, cols, upsert_key, None)
+    }
+
+    /// [`Dialect::fenced_insert`] that also matches no row while the shard's
+    /// generation fence is above `generation`.
+    pub fn guarded_insert(
+        &self,
+        table: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        upsert_key: Option<&Ident>,
+        generation: Option<Generation<'_>>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        Self::push_insert_into(&mut s, table, cols);
+        s.raw("SELECT ");
+        Self::push_values(&mut s, cols);
+        s.dual().raw(" WHERE ");
+        self.push_fence(&mut s, table, key, generation);
+        if let Some(k) = upsert_key {
+            let others: Vec<&Ident> = cols.iter().map(|(c, _)| c).filter(|c| *c != k).collect();
+            match self {
+                Self::MySql => {
+                    s.raw(" ON DUPLICATE KEY UPDATE ");
+                    if others.is_empty() {
+                        s.ident(k).raw(" = ").ident(k);
+                    }
+                    for (i, c) in others.iter().enumerate() {
+                        if i > 0 {
+                            s.raw(", ");
+                        }
+                        s.ident(c).raw(" = VALUES(").ident(c).raw(")");
+                    }
+                }
+                _ => {
+                    s.raw(" ON CONFLICT (").ident(k).raw(") DO ");
+                    if others.is_empty() {
+                        s.raw("NOTHING");
+                    } else {
+                        s.raw("UPDATE SET ");
+                        for (i, c) in others.iter().enumerate() {
+                            if i > 0 {
+                                s.raw(", ");
+                            }
+                            s.ident(c).raw(" = excluded.").ident(c);
+                        }
+                    }
+                }
+            }
+        }
+        s.finish()
+    }
+
+    /// A fenced update of the key's row.
+    pub fn fenced_update(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+    ) -> Statement {
+        self.guarded_update(table, key_col, key, cols, None)
+    }
+
+    /// [`Dialect::fenced_update`] with an optional generation fence.
+    pub fn guarded_update(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        cols: &[(Ident, Value)],
+        generation: Option<Generation<'_>>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("UPDATE ").ident(table).raw(" SET ");
+        for (i, (c, v)) in cols.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.ident(c).raw(" = ").bind(v.clone());
+        }
+        s.raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND ");
+        self.push_fence(&mut s, table, key, generation);
+        s.finish()
+    }
+
+    /// A fenced delete of the key's row.
+    pub fn fenced_delete(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        self.guarded_delete(table, key_col, key, None)
+    }
+
+    /// [`Dialect::fenced_delete`] with an optional generation fence.
+    pub fn guarded_delete(
+        &self,
+        table: &Ident,
+        key_col: &Ident,
+        key: &str,
+        generation: Option<Generation<'_>>,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("DELETE FROM ")
+            .ident(table)
+            .raw(" WHERE ")
+            .ident(key_col)
+            .raw(" = ")
+            .bind(key)
+            .raw(" AND ");
+        self.push_fence(&mut s, table, key, generation);
+        s.finish()
+    }
+}

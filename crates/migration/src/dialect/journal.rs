@@ -1,0 +1,615 @@
+//! The journal's statements: its schema and upgrade, and every statement
+//! on the operation rows and the recovery lease ([`JournalSql`]).
+
+use super::{Dialect, Sql, names};
+use crate::journal::{Change, Guard, MoveState, OpFilter, OpRecord, encode_digests};
+use crate::shard::Statement;
+use crate::value::Value;
+
+impl Dialect {
+    /// The column a journal written before verification marks lacks, and
+    /// the statement adding it (run when the column query misses it).
+    pub(crate) fn journal_upgrade(&self) -> (&'static str, Statement) {
+        (
+            "verified",
+            Statement::new(format!(
+                "ALTER TABLE {o} ADD COLUMN verified {i} NOT NULL DEFAULT 0",
+                o = names::OPS,
+                i = self.int_type()
+            )),
+        )
+    }
+
+    /// The indexes that find the finished operations no pass examined yet
+    /// and the retired ones not purged yet, so a pass and a purge read what
+    /// is new, not the history (created after [`Self::journal_upgrade`]).
+    pub(crate) fn journal_history_indexes(&self) -> Vec<Statement> {
+        vec![
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unverified ON {o} (scope, verified, op_id)",
+                o = names::OPS
+            )),
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unpurged ON {o} (scope, purged, op_id)",
+                o = names::OPS
+            )),
+        ]
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
+    pub fn journal_schema(&self) -> Vec<Statement> {
+        let (k, t, i) = (self.text_key_type(), self.text_type(), self.int_type());
+        let mk = self.mkey_type();
+        vec![
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {o} (op_id {k} PRIMARY KEY, scope {k} NOT NULL, \
+                 mkey {mk} NOT NULL, tables {t} NOT NULL, source {t} NOT NULL, target {t} NOT NULL, \
+                 state {t} NOT NULL, attempts {i} NOT NULL, digests {t} NOT NULL, owner {t} NOT NULL, \
+                 live_until_ms {i} NOT NULL, retain_ms {i} NOT NULL, retire_at_ms {i}, \
+                 created_ms {i} NOT NULL, updated_ms {i} NOT NULL, finished_ms {i}, \
+                 purged {i} NOT NULL DEFAULT 0, error {t}, claim {mk}, \
+                 verified {i} NOT NULL DEFAULT 0){w}",
+                o = names::OPS,
+                w = self.keyed_table_suffix()
+            )),
+            Statement::new(format!(
+                "CREATE INDEX IF NOT EXISTS durability_migration_ops_key ON {o} (scope, mkey)",
+                o = names::OPS
+            )),
+            // The claim: an active operation holds its key in `claim`; the
+            // terminal state's write sets it to NULL. Unique per scope, so a
+            // key has at most one active operation. Partial where the
+            // dialect has partial indexes (only active operations are
+            // indexed); MySQL/MariaDB keep NULLs, which never collide.
+            Statement::new(format!(
+                "CREATE UNIQUE INDEX IF NOT EXISTS durability_migration_ops_claim ON {o} (scope, claim){p}",
+                o = names::OPS,
+                p = match self {
+                    Self::MySql => "",
+                    _ => " WHERE claim IS NOT NULL",
+                }
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {l} (scope {k} PRIMARY KEY, holder {t} NOT NULL, \
+                 generation {i} NOT NULL, expires_ms {i} NOT NULL)",
+                l = names::LEASE
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {m} (scope {k} PRIMARY KEY, last_clean_verify_ms {i} NOT NULL)",
+                m = names::META
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {p} (scope {k} PRIMARY KEY, started_ms {i} NOT NULL)",
+                p = names::PASS
+            )),
+            Statement::new(format!(
+                "CREATE TABLE IF NOT EXISTS {u} (scope {k} NOT NULL, mkey {mk} NOT NULL, \
+                 PRIMARY KEY (scope, mkey)){w}",
+                u = names::UNCLEAN,
+                w = self.keyed_table_suffix()
+            )),
+        ]
+    }
+}
+
+/// The journal statements of one scope on the journal shard's dialect.
+pub(crate) struct JournalSql<'a> {
+    pub(crate) d: &'a Dialect,
+    pub(crate) scope: &'a str,
+}
+
+impl JournalSql<'_> {
+    fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
+        if let Some((scope, generation)) = &g.lease {
+            s.raw(" AND EXISTS (SELECT 1 FROM ")
+                .raw(names::LEASE)
+                .raw(" WHERE scope = ")
+                .bind(scope.as_str())
+                .raw(" AND generation = ")
+                .bind(*generation)
+                .raw(" AND expires_ms > ")
+                .bind(now)
+                .raw(")");
+        }
+    }
+
+    /// The claim and `prepared` in one statement: inserts the operation
+    /// holding its key in `claim`, unless an active operation of the key
+    /// holds it already (then it inserts nothing; a racing claim that slips
+    /// past the check trips the unique claim index instead).
+    pub(crate) fn insert_op(&self, op: &OpRecord) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("INSERT INTO ").raw(names::OPS).raw(
+            " (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, \
+                 live_until_ms, retain_ms, created_ms, updated_ms, purged, claim) SELECT ",
+        );
+        let vals: Vec<Value> = vec![
+            op.op_id.clone().into(),
+            op.scope.clone().into(),
+            op.key.clone().into(),
+            op.tables.join(",").into(),
+            op.source.clone().into(),
+            op.target.clone().into(),
+            op.state.as_str().into(),
+            op.attempts.into(),
+            encode_digests(&op.digests).into(),
+            op.owner.clone().into(),
+            op.live_until_ms.into(),
+            op.retain_ms.into(),
+            op.created_ms.into(),
+            op.updated_ms.into(),
+            0i64.into(),
+            op.key.clone().into(),
+        ];
+        for (i, v) in vals.into_iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(v);
+        }
+        s.dual()
+            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND claim = ")
+            .bind(op.key.as_str())
+            .raw(")");
+        s.finish()
+    }
+
+    /// The operation holding `key`'s claim, if any.
+    pub(crate) fn claim_holder(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT op_id FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND claim = ")
+            .bind(key);
+        s.finish()
+    }
+
+    pub(crate) fn update_state(
+        &self,
+        op_id: &str,
+        state: MoveState,
+        change: &Change,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ").raw(names::OPS).raw(" SET state = ");
+        match &change.committed_if_archived {
+            Some(key) => {
+                s.raw("CASE WHEN EXISTS (SELECT 1 FROM ")
+                    .raw(names::RETIRED)
+                    .raw(" WHERE mkey = ")
+                    .bind(key.as_str())
+                    .raw(" AND op_id = ")
+                    .bind(op_id)
+                    .raw(") THEN ")
+                    .bind(MoveState::Committed.as_str())
+                    .raw(" ELSE ")
+                    .bind(state.as_str())
+                    .raw(" END");
+            }
+            None => {
+                s.bind(state.as_str());
+            }
+        }
+        s.raw(", updated_ms = ")
+            .bind(now)
+            .raw(", live_until_ms = ")
+            .bind(live_until);
+        if let Some(a) = change.attempts {
+            s.raw(", attempts = ").bind(a);
+        }
+        if let Some(d) = &change.digests {
+            s.raw(", digests = ").bind(d.as_str());
+        }
+        if change.finished {
+            s.raw(", finished_ms = ").bind(now);
+        }
+        if let Some(r) = change.retire_at_ms {
+            s.raw(", retire_at_ms = ").bind(r);
+        }
+        if let Some(e) = &change.error {
+            s.raw(", error = ").bind(e.as_str());
+        }
+        if change.finished {
+            // A terminal state releases the claim in the same write.
+            s.raw(", claim = NULL");
+        }
+        s.raw(" WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND owner = ")
+            .bind(g.owner.as_str());
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    /// Recovery takes an operation over from a mover that is no longer live.
+    pub(crate) fn take_over(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND live_until_ms <= ").bind(now);
+        })
+    }
+
+    /// Recovery takes an operation over whose owner is outside its clock
+    /// domain and whose row it saw unchanged for the liveness period: only
+    /// while the row is still exactly as seen (no clock reading of another
+    /// host is compared).
+    pub(crate) fn take_over_unchanged(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND state = ")
+                .bind(op.state.as_str())
+                .raw(" AND attempts = ")
+                .bind(op.attempts)
+                .raw(" AND updated_ms = ")
+                .bind(op.updated_ms)
+                .raw(" AND live_until_ms = ")
+                .bind(op.live_until_ms);
+        })
+    }
+
+    /// An operator's abort takes an operation over from its owner, live or
+    /// not, only while it has not reached `cutover_pending` (so no cutover
+    /// can have run): the owner's next journal write is then fenced.
+    pub(crate) fn take_over_uncut(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+    ) -> Statement {
+        self.take_over_when(op, g, now, live_until, |s| {
+            s.raw(" AND state IN ('prepared', 'copied', 'verified')");
+        })
+    }
+
+    /// Takes `op` over for `g` from its recorded owner when `condition`
+    /// (appended to the `WHERE`) holds, under the lease guard.
+    fn take_over_when(
+        &self,
+        op: &OpRecord,
+        g: &Guard,
+        now: i64,
+        live_until: i64,
+        condition: impl FnOnce(&mut Sql<'_>),
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET owner = ")
+            .bind(g.owner.as_str())
+            .raw(", live_until_ms = ")
+            .bind(live_until)
+            .raw(" WHERE op_id = ")
+            .bind(op.op_id.as_str())
+            .raw(" AND owner = ")
+            .bind(op.owner.as_str());
+        condition(&mut s);
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    pub(crate) fn load_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE op_id = ")
+            .bind(op_id);
+        s.finish()
+    }
+
+    pub(crate) fn ops_for_key(&self, key: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND mkey = ")
+            .bind(key)
+            .raw(" ORDER BY created_ms DESC, op_id DESC");
+        s.finish()
+    }
+
+    /// A page of operations after `after` (by id); `active` selects
+    /// non-terminal ones, otherwise `state` selects one state.
+    pub(crate) fn ops_page(&self, after: &str, limit: usize, filter: OpFilter) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT * FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id > ")
+            .bind(after);
+        match filter {
+            OpFilter::Active => {
+                // Every active operation holds its claim: the claim index
+                // finds them without reading the finished history.
+                s.raw(" AND claim IS NOT NULL AND state NOT IN ('retired', 'aborted')");
+            }
+            OpFilter::State(st) => {
+                s.raw(" AND state = ").bind(st.as_str());
+            }
+            OpFilter::Unpurged => {
+                s.raw(" AND state = 'retired' AND purged = 0");
+            }
+            OpFilter::Unverified => {
+                s.raw(" AND verified = 0 AND state IN ('retired', 'aborted')");
+            }
+            OpFilter::Finished => {
+                s.raw(" AND state IN ('retired', 'aborted')");
+            }
+            OpFilter::All => {}
+        }
+        s.raw(&format!(" ORDER BY op_id LIMIT {limit}"));
+        s.finish()
+    }
+
+    /// Finished operations still holding a claim (the terminal write
+    /// releases it, so only a journal written otherwise has these).
+    pub(crate) fn terminal_claims(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT op_id FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND claim IS NOT NULL AND state IN ('retired', 'aborted')");
+        s.finish()
+    }
+
+    /// Releases a finished operation's leftover claim (under the lease).
+    pub(crate) fn release_claim(&self, op_id: &str, g: &Guard, now: i64) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET claim = NULL WHERE op_id = ")
+            .bind(op_id)
+            .raw(" AND state IN ('retired', 'aborted')");
+        self.push_lease_guard(&mut s, g, now);
+        s.finish()
+    }
+
+    /// Marks `op_ids` examined by a verification pass (one statement, by
+    /// primary key only: a condition on the scope would let a planner
+    /// walk the scope's whole `(scope, verified, op_id)` index instead).
+    pub(crate) fn mark_verified(&self, op_ids: &[String]) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET verified = 1 WHERE op_id IN (");
+        for (i, op) in op_ids.iter().enumerate() {
+            if i > 0 {
+                s.raw(", ");
+            }
+            s.bind(op.as_str());
+        }
+        s.raw(")");
+        s.finish()
+    }
+
+    /// Every key the last finished verification pass found something on.
+    pub(crate) fn unclean_keys(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT mkey FROM ")
+            .raw(names::UNCLEAN)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" ORDER BY mkey");
+        s.finish()
+    }
+
+    /// Deletes a compacted operation's row (see `Router::purge_retired`).
+    pub(crate) fn delete_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("DELETE FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND state = 'retired' AND purged = 1");
+        s.finish()
+    }
+
+    /// Deletes an aborted operation's row once a pass examined it (see
+    /// `Router::purge_retired`).
+    pub(crate) fn delete_aborted_op(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("DELETE FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND op_id = ")
+            .bind(op_id)
+            .raw(" AND state = 'aborted' AND verified = 1");
+        s.finish()
+    }
+
+    pub(crate) fn mark_purged(&self, op_id: &str) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::OPS)
+            .raw(" SET purged = 1 WHERE op_id = ")
+            .bind(op_id);
+        s.finish()
+    }
+
+    pub(crate) fn lease_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT holder, generation, expires_ms FROM ")
+            .raw(names::LEASE)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    pub(crate) fn lease_insert(&self, holder: &str, expires: i64) -> Statement {
+        self.d.insert_absent(
+            names::LEASE,
+            &[
+                ("scope", self.scope.into()),
+                ("holder", holder.into()),
+                ("generation", 1i64.into()),
+                ("expires_ms", expires.into()),
+            ],
+            1,
+        )
+    }
+
+    pub(crate) fn lease_take(
+        &self,
+        holder: &str,
+        old_gen: i64,
+        now: i64,
+        expires: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::LEASE)
+            .raw(" SET holder = ")
+            .bind(holder)
+            .raw(", generation = ")
+            .bind(old_gen + 1)
+            .raw(", expires_ms = ")
+            .bind(expires)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND generation = ")
+            .bind(old_gen)
+            .raw(" AND expires_ms <= ")
+            .bind(now);
+        s.finish()
+    }
+
+    pub(crate) fn lease_renew(
+        &self,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        expires: i64,
+    ) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("UPDATE ")
+            .raw(names::LEASE)
+            .raw(" SET expires_ms = ")
+            .bind(expires)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" AND generation = ")
+            .bind(generation)
+            .raw(" AND holder = ")
+            .bind(holder)
+            .raw(" AND expires_ms > ")
+            .bind(now);
+        s.finish()
+    }
+
+    pub(crate) fn meta_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT last_clean_verify_ms FROM ")
+            .raw(names::META)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    pub(crate) fn meta_set(&self, now: i64) -> Vec<Statement> {
+        let mut u = Sql::new(self.d);
+        u.raw("UPDATE ")
+            .raw(names::META)
+            .raw(" SET last_clean_verify_ms = ")
+            .bind(now)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        let i = self.d.insert_absent(
+            names::META,
+            &[
+                ("scope", self.scope.into()),
+                ("last_clean_verify_ms", now.into()),
+            ],
+            1,
+        );
+        vec![u.finish(), i]
+    }
+}
+
+impl JournalSql<'_> {
+    /// The start time of the last finished verification pass.
+    pub(crate) fn pass_get(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT started_ms FROM ")
+            .raw(names::PASS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s.finish()
+    }
+
+    /// Records a finished verification pass that started at `started` and
+    /// found something on exactly `keys` (one batch: the previous pass's
+    /// keys are replaced).
+    pub(crate) fn pass_set<'k>(
+        &self,
+        started: i64,
+        keys: impl IntoIterator<Item = &'k String>,
+    ) -> Vec<Statement> {
+        let mut del = Sql::new(self.d);
+        del.raw("DELETE FROM ")
+            .raw(names::UNCLEAN)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        let mut out = vec![del.finish()];
+        for k in keys {
+            let mut ins = Sql::new(self.d);
+            ins.raw("INSERT INTO ")
+                .raw(names::UNCLEAN)
+                .raw(" (scope, mkey) VALUES (")
+                .bind(self.scope)
+                .raw(", ")
+                .bind(k.as_str())
+                .raw(")");
+            out.push(ins.finish());
+        }
+        let mut u = Sql::new(self.d);
+        u.raw("UPDATE ")
+            .raw(names::PASS)
+            .raw(" SET started_ms = ")
+            .bind(started)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        out.push(u.finish());
+        out.push(self.d.insert_absent(
+            names::PASS,
+            &[("scope", self.scope.into()), ("started_ms", started.into())],
+            1,
+        ));
+        out
+    }
+
+    /// The number of operations per state in the scope (the status report).
+    pub(crate) fn state_counts(&self) -> Statement {
+        let mut s = Sql::new(self.d);
+        s.raw("SELECT state, COUNT(*) AS n FROM ")
+            .raw(names::OPS)
+            .raw(" WHERE scope = ")
+            .bind(self.scope)
+            .raw(" GROUP BY state");
+        s.finish()
+    }
+}
