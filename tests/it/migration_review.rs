@@ -705,3 +705,32 @@ async fn a_move_sees_a_key_collation_changed_after_first_use() {
     assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
     assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
 }
+
+/// On SQLite a move re-reads a table's columns only when the shard's
+/// schema version changed since it last validated them: a unique index
+/// with a coarser collation added to the key column after a move validated
+/// the table changes the version, and the next move sees it and refuses
+/// with `KEY_COLUMN_NOT_BYTEWISE` before any write.
+#[tokio::test]
+async fn a_sqlite_move_sees_a_key_index_added_after_a_validated_move() {
+    let Some(e) = env(&[Sqlite, Sqlite]).await else {
+        return;
+    };
+    let r = e.router().await;
+    for (k, s, n) in [("u1", "s0", 1), ("u2", "s1", 2), ("u3", "s0", 3)] {
+        e.mapping.put(k, s).await.unwrap();
+        r.insert(k, "users", user("ann", n)).await.unwrap();
+    }
+    // Validates both tables at the current schema versions.
+    r.reassign_shard("u3", "s1", "users").await.unwrap();
+    e.shard("s1")
+        .execute(&Statement::new(
+            "CREATE UNIQUE INDEX users_id_nocase ON users (id COLLATE NOCASE)",
+        ))
+        .await
+        .unwrap();
+    let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{err}");
+    let live = e.live("users", "id", "u1").await;
+    assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
+}

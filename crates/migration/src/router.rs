@@ -22,6 +22,10 @@ const CACHE_CAPACITY: usize = 100_000;
 
 type ColumnSet = Arc<BTreeSet<String>>;
 
+/// A table's validated columns on a shard, with the shard's schema version
+/// they were read at when its dialect keeps one (SQLite), else `None`.
+type CachedColumns = (ColumnSet, Option<i64>);
+
 /// A live row of `durability_retired` for a key in a table on a shard: the
 /// cutover tombstone of a move away from the shard (`moved_to`: where the
 /// key went), or the in-flight marker of a move's copy on its destination
@@ -143,7 +147,8 @@ pub(crate) struct Core {
     /// Operations a task of this router is driving right now.
     pub(crate) running: Mutex<std::collections::HashSet<String>>,
     cache: Mutex<HashMap<String, (String, u64)>>,
-    columns: Mutex<HashMap<(String, String), ColumnSet>>,
+    /// Validated columns per (shard, table).
+    columns: Mutex<HashMap<(String, String), CachedColumns>>,
     disabled: Option<Check>,
 }
 
@@ -370,7 +375,7 @@ impl Core {
             .columns
             .lock()
             .ok()
-            .and_then(|m| m.get(&cache_key).cloned())
+            .and_then(|m| m.get(&cache_key).map(|(c, _)| Arc::clone(c)))
         {
             return Ok(c);
         }
@@ -395,7 +400,7 @@ impl Core {
         self.check_key_bytewise(name, shard.as_ref(), spec).await?;
         let cols = Arc::new(cols);
         if let Ok(mut m) = self.columns.lock() {
-            m.insert(cache_key, Arc::clone(&cols));
+            m.insert(cache_key, (Arc::clone(&cols), None));
         }
         Ok(cols)
     }
@@ -494,8 +499,48 @@ impl Core {
         shard_name: &str,
         spec: &TableSpec,
     ) -> Result<Arc<BTreeSet<String>>> {
+        let version = self.schema_version(shard_name).await?;
+        let cache_key = (shard_name.to_owned(), spec.name.as_str().to_owned());
+        if let Some(v) = version
+            && let Some(c) = self.columns.lock().ok().and_then(|m| {
+                m.get(&cache_key)
+                    .filter(|(_, at)| *at == Some(v))
+                    .map(|(c, _)| Arc::clone(c))
+            })
+        {
+            // The shard's schema is unchanged since they were validated.
+            return Ok(c);
+        }
         self.forget_columns(shard_name, spec);
-        self.columns(shard_name, spec).await
+        let cols = self.columns(shard_name, spec).await?;
+        if let (Some(v), Ok(mut m)) = (version, self.columns.lock())
+            && let Some(entry) = m.get_mut(&cache_key)
+        {
+            // Read before the columns: a schema change in between makes
+            // the next fresh read see another version and read again.
+            entry.1 = Some(v);
+        }
+        Ok(cols)
+    }
+
+    /// The shard's schema version when its dialect keeps one that changes
+    /// with every schema change (SQLite's schema cookie), else `None`.
+    async fn schema_version(&self, shard_name: &str) -> Result<Option<i64>> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        let Some(q) = shard.dialect().schema_version_query() else {
+            return Ok(None);
+        };
+        let rows = shard
+            .query(&q)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        match rows.first().and_then(|r| r.get("schema_version")) {
+            Some(Value::Integer(v)) => Ok(Some(*v)),
+            other => Err(MigrationError::shard(
+                name,
+                format!("unexpected schema version {other:?}").into(),
+            )),
+        }
     }
 
     /// Refuses a row naming a column `spec`'s table on `shard_name` does

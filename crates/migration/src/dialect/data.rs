@@ -29,6 +29,15 @@ impl Dialect {
         }
     }
 
+    /// The query reading the database's schema version, a number every
+    /// schema change (`CREATE`, `ALTER`, `DROP`) changes, as
+    /// `schema_version`: SQLite's schema cookie. `None` for dialects with no
+    /// such number (a move then reads the columns every time).
+    pub(crate) fn schema_version_query(&self) -> Option<Statement> {
+        matches!(self, Self::Sqlite)
+            .then(|| Statement::new("SELECT schema_version FROM pragma_schema_version()"))
+    }
+
     /// The query describing how a table's key column compares: one row per
     /// collation that applies to it (SQLite: `coll` of every index on the
     /// column plus the table's `CREATE` text in `sql`; PostgreSQL: its type
