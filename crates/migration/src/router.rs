@@ -397,7 +397,8 @@ impl Core {
                 column: spec.key_col.as_str().to_owned(),
             });
         }
-        self.check_key_bytewise(name, shard.as_ref(), spec).await?;
+        self.check_key_bytewise(name, shard.as_ref(), spec, &rows)
+            .await?;
         let cols = Arc::new(cols);
         if let Ok(mut m) = self.columns.lock() {
             m.insert(cache_key, (Arc::clone(&cols), None));
@@ -407,20 +408,31 @@ impl Core {
 
     /// Refuses a key column whose equality is coarser than bytes on its
     /// shard (`KEY_COLUMN_NOT_BYTEWISE`, naming the column and the fix).
+    /// `columns`: the rows of the table's columns query.
     async fn check_key_bytewise(
         &self,
         name: &str,
         shard: &dyn Shard,
         spec: &TableSpec,
+        columns: &[Row],
     ) -> Result<()> {
         let d = shard.dialect();
         if !d.is_proven() {
             return Ok(());
         }
-        let rows = shard
-            .query(&d.key_collation_query(&spec.name, &spec.key_col))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = if d.columns_describe_collation() {
+            // The key column's row of the columns query describes it.
+            columns
+                .iter()
+                .filter(|r| r.get("name").and_then(Value::as_text) == Some(spec.key_col.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            shard
+                .query(&d.key_collation_query(&spec.name, &spec.key_col))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?
+        };
         let refuse = |collation: String, fix: &str| MigrationError::KeyColumnNotBytewise {
             table: spec.name.as_str().to_owned(),
             column: spec.key_col.as_str().to_owned(),

@@ -6,27 +6,49 @@ use crate::shard::Statement;
 use crate::value::Value;
 
 impl Dialect {
-    /// The query listing a table's columns (one `name` column per row).
+    /// The query listing a table's columns, one row per column with its
+    /// `name`. On PostgreSQL and MariaDB/MySQL each row also says how the
+    /// column compares, as [`Dialect::key_collation_query`] does for the
+    /// key column (`ty` and `det`; `collation`), so one query reads a
+    /// table's columns and its key column's collation
+    /// ([`Dialect::columns_describe_collation`]). PostgreSQL reads the
+    /// catalog (`pg_attribute`, the table as the search path resolves it),
+    /// not the much slower `information_schema`.
     pub fn columns_query(&self, table: &Ident) -> Statement {
         let mut s = Sql::new(self);
         match self {
-            Self::Postgres => s.raw(
-                "SELECT column_name AS name FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = ",
-            ),
-            Self::MySql => s.raw(
-                "SELECT column_name AS name FROM information_schema.columns \
-                 WHERE table_schema = DATABASE() AND table_name = ",
-            ),
-            _ => s.raw("SELECT name FROM pragma_table_info("),
-        };
-        s.bind(table.as_str());
-        if matches!(self, Self::Postgres | Self::MySql) {
-            s.finish()
-        } else {
-            s.raw(")");
-            s.finish()
+            Self::Postgres => {
+                s.raw(
+                    "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS ty, \
+                     co.collisdeterministic AS det \
+                     FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+                     WHERE a.attrelid = to_regclass(",
+                )
+                .bind(self.quote(table))
+                .raw(") AND a.attnum > 0 AND NOT a.attisdropped");
+            }
+            Self::MySql => {
+                s.raw(
+                    "SELECT column_name AS name, collation_name AS collation \
+                     FROM information_schema.columns \
+                     WHERE table_schema = DATABASE() AND table_name = ",
+                )
+                .bind(table.as_str());
+            }
+            _ => {
+                s.raw("SELECT name FROM pragma_table_info(")
+                    .bind(table.as_str())
+                    .raw(")");
+            }
         }
+        s.finish()
+    }
+
+    /// Whether [`Dialect::columns_query`]'s rows carry the collation
+    /// columns of [`Dialect::key_collation_query`] (PostgreSQL,
+    /// MariaDB/MySQL), so the key column's row is its collation row.
+    pub fn columns_describe_collation(&self) -> bool {
+        matches!(self, Self::Postgres | Self::MySql)
     }
 
     /// The query reading the database's schema version, a number every
