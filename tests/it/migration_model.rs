@@ -202,6 +202,42 @@ impl Shard for Yielding {
     }
 }
 
+/// Letters of an `orgs.title`: the write token in their case, one bit per
+/// letter (a set bit is upper case).
+const TITLE_LETTERS: u32 = 24;
+
+/// The `orgs.title` of write token `tok`: the same letters whatever the
+/// token, only their case differs. `orgs.title` compares case-insensitively
+/// on every dialect of the workload (see `fold_case_title`), so any two
+/// writes of a title are equal to the column's collation and differ only
+/// in their bytes.
+fn title(tok: i64) -> String {
+    (0..TITLE_LETTERS)
+        .map(|bit| {
+            let c = char::from(b'a' + u8::try_from(bit % 26).unwrap());
+            if (tok >> bit) & 1 == 1 {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// The write token an `orgs.title` holds.
+fn title_token(t: &str) -> Option<i64> {
+    if t.len() != TITLE_LETTERS as usize || !t.eq_ignore_ascii_case(&title(0)) {
+        return None;
+    }
+    Some(
+        t.bytes()
+            .enumerate()
+            .filter(|(_, b)| b.is_ascii_uppercase())
+            .map(|(bit, _)| 1i64 << bit)
+            .sum(),
+    )
+}
+
 /// The row a write of `tok` puts in `table`.
 fn value_row(table: usize, tok: i64) -> Row {
     match table {
@@ -209,7 +245,7 @@ fn value_row(table: usize, tok: i64) -> Row {
             ("name", Value::from(format!("w{tok}"))),
             ("n", Value::from(tok)),
         ]),
-        _ => row([("title", Value::from(format!("t{tok}")))]),
+        _ => row([("title", Value::from(title(tok)))]),
     }
 }
 
@@ -220,8 +256,30 @@ fn token(table: usize, r: &Row) -> Option<i64> {
         _ => r
             .get("title")
             .and_then(Value::as_text)
-            .and_then(|t| t.strip_prefix('t'))
-            .and_then(|t| t.parse().ok()),
+            .and_then(title_token),
+    }
+}
+
+/// Makes `orgs.title` compare case-insensitively on `kind`'s shard (it
+/// holds no row yet): SQLite `NOCASE`, MariaDB `utf8mb4_general_ci`,
+/// PostgreSQL a nondeterministic ICU collation. The crate must decide
+/// equality of its values by their bytes.
+async fn fold_case_title(s: &Arc<dyn Shard>, kind: Kind) {
+    let ddl: &[&str] = match kind {
+        Sqlite => &[
+            "DROP TABLE orgs",
+            "CREATE TABLE orgs (org_id TEXT PRIMARY KEY, title TEXT COLLATE NOCASE)",
+        ],
+        Postgres => &[
+            "CREATE COLLATION IF NOT EXISTS fold_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            "ALTER TABLE orgs ALTER COLUMN title TYPE TEXT COLLATE fold_case",
+        ],
+        MySql => &[
+            "ALTER TABLE orgs MODIFY title LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci",
+        ],
+    };
+    for stmt in ddl {
+        s.execute(&Statement::new(*stmt)).await.unwrap();
     }
 }
 
@@ -442,7 +500,8 @@ impl World {
     async fn new(kinds: &[Kind], computed: bool, disabled: Option<SafetyCheck>) -> Option<Self> {
         let lossy = Arc::new(LossyMapping::default());
         let mut e = env_with(kinds, Arc::clone(&lossy) as Arc<dyn MappingStore>).await?;
-        for (_, s) in &mut e.shards {
+        for ((_, s), kind) in e.shards.iter_mut().zip(kinds) {
+            fold_case_title(s, *kind).await;
             *s = Arc::new(Yielding(Arc::clone(s)));
         }
         let mut routers = Vec::new();

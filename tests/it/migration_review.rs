@@ -423,19 +423,30 @@ impl BeforeWrite for UpdateAtCutover {
 
 /// Item 3 (a): the cutover's "unchanged since the snapshot" check compares
 /// bytes: a concurrent acknowledged write that changes only case (SQLite
-/// `NOCASE`) or trailing spaces (MariaDB `utf8mb4_general_ci`, PAD SPACE)
-/// makes the cutover miss, and the move carries the new value.
+/// `NOCASE`, a PostgreSQL nondeterministic collation) or trailing spaces
+/// (MariaDB `utf8mb4_general_ci`, PAD SPACE) makes the cutover miss, and
+/// the move carries the new value.
 #[tokio::test]
 async fn cutover_sees_case_and_trailing_space_changes() {
     for (kind, ddl, name) in [
         (
             Sqlite,
-            "CREATE TABLE cnames (id TEXT PRIMARY KEY, name TEXT COLLATE NOCASE)",
+            &["CREATE TABLE cnames (id TEXT PRIMARY KEY, name TEXT COLLATE NOCASE)"][..],
+            "ANN",
+        ),
+        (
+            Postgres,
+            &[
+                "CREATE COLLATION fold_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+                "CREATE TABLE cnames (id TEXT PRIMARY KEY, name TEXT COLLATE fold_case)",
+            ][..],
             "ANN",
         ),
         (
             MySql,
-            "CREATE TABLE cnames (id VARBINARY(255) PRIMARY KEY, name VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci)",
+            &[
+                "CREATE TABLE cnames (id VARBINARY(255) PRIMARY KEY, name VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci)",
+            ][..],
             "ann ",
         ),
     ] {
@@ -443,7 +454,9 @@ async fn cutover_sees_case_and_trailing_space_changes() {
             return;
         };
         for s in ["s0", "s1"] {
-            e.shard(s).execute(&Statement::new(ddl)).await.unwrap();
+            for stmt in ddl {
+                e.shard(s).execute(&Statement::new(*stmt)).await.unwrap();
+            }
         }
         let plain = Router::new(e.config(false, 30_000).table("cnames")).unwrap();
         plain.init().await.unwrap();
@@ -733,4 +746,42 @@ async fn a_sqlite_move_sees_a_key_index_added_after_a_validated_move() {
     assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{err}");
     let live = e.live("users", "id", "u1").await;
     assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
+}
+
+/// Item 3 (a) on PostgreSQL: the byte-wise comparison of text values goes
+/// through the column type's own text form, so a row of `char(n)` (padded),
+/// `varchar` and nondeterministic-collation columns still equals its
+/// snapshot: the move cuts over at its first attempt and carries the
+/// values unchanged.
+#[tokio::test]
+async fn a_postgres_move_of_padded_and_folded_text_cuts_over_at_once() {
+    let Some(e) = env(&[Postgres, Postgres]).await else {
+        return;
+    };
+    for s in ["s0", "s1"] {
+        for stmt in [
+            "CREATE COLLATION fold_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            "CREATE TABLE ptext (id TEXT PRIMARY KEY, c CHAR(8), v VARCHAR(16), f TEXT COLLATE fold_case)",
+        ] {
+            e.shard(s).execute(&Statement::new(stmt)).await.unwrap();
+        }
+    }
+    let r = Router::new(e.config(false, 30_000).table("ptext")).unwrap();
+    r.init().await.unwrap();
+    e.mapping.put("p1", "s0").await.unwrap();
+    r.insert(
+        "p1",
+        "ptext",
+        row([("c", "ab"), ("v", "Mixed Case "), ("f", "ÄbC")]),
+    )
+    .await
+    .unwrap();
+    let before = r.get("p1", "ptext").await.unwrap().unwrap();
+    let out = r.reassign_shard("p1", "s1", "ptext").await.unwrap();
+    assert_eq!(out.recopies, 0, "the snapshot equals the row: {out:?}");
+    let live = e.live("ptext", "id", "p1").await;
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(live[0].0, "s1");
+    assert_eq!(live[0].1, before, "the values moved unchanged");
+    clean_verify(&r).await;
 }

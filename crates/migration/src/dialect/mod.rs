@@ -251,11 +251,27 @@ impl<'d> Sql<'d> {
     }
     /// Appends `col <null-safe => ?` bound to `v`. Text is compared by its
     /// bytes, never by the column's collation (SQLite `COLLATE BINARY`,
-    /// MariaDB/MySQL binary casts), so a value that differs only in case or
-    /// trailing spaces is a different value.
+    /// MariaDB/MySQL binary casts, PostgreSQL both sides' text forms under
+    /// `COLLATE "C"`), so a value that differs only in case or trailing
+    /// spaces is a different value.
     pub fn col_is(&mut self, col: &Ident, v: Value) -> &mut Self {
         let text = matches!(v, Value::Text(_));
         match self.dialect {
+            Dialect::Postgres if text => {
+                // `COALESCE(?, col)` is the bound value (never NULL here)
+                // typed as the column, so both sides go through the
+                // column type's own text form (a `char(n)` drops its padding on
+                // both, a `uuid` prints both canonically) and compare under the
+                // byte-wise "C" collation, whatever the column's collation
+                // (a nondeterministic one folds case).
+                self.raw("CAST(").ident(col).raw(" AS TEXT) COLLATE \"C\"");
+                self.raw(self.dialect.null_safe_eq());
+                self.raw("CAST(COALESCE(")
+                    .bind(v)
+                    .raw(", ")
+                    .ident(col)
+                    .raw(") AS TEXT) COLLATE \"C\"")
+            }
             Dialect::MySql if text => {
                 self.raw("CAST(").ident(col).raw(" AS BINARY)");
                 self.raw(self.dialect.null_safe_eq());
