@@ -14,7 +14,8 @@
 //! plan) through steps of one to three operations run concurrently
 //! (`join_all` on one task, so they interleave at every backend call):
 //! routed insert / update / upsert / delete of a few keys in `users` and
-//! `orgs`, reads, single-table moves and table-set moves (every table the
+//! `orgs` (whose `title` folds case on every dialect, and every title
+//! written differs from the others only in case), reads, single-table moves and table-set moves (every table the
 //! model says may hold a row of the key), rebalances onto random shard
 //! subsets, incremental and full verification with and without repair,
 //! `purge_retired` (most moves retire immediately; the clock advances so
