@@ -73,6 +73,10 @@ pub(crate) enum Check {
     /// equals the move's snapshot (a write since then misses the cutover
     /// and the key is copied again).
     SnapshotUnchanged,
+    /// A routed write that matched no row is classified (a real zero-row
+    /// result, a fence of a move: write where the key went, or a live
+    /// move: `MIGRATION_CUTOVER_PENDING`) instead of reported as `Ok(0)`.
+    ZeroRowsClassified,
     /// A mapping that lost its publish is published again from the
     /// journal (by a write meeting the fence, a lookup of an unmapped key
     /// and a repairing verify).

@@ -1101,7 +1101,11 @@ impl Core {
                     continue;
                 }
             }
-            if n > 0 || !d.is_proven() || self.journal.is_none() {
+            if n > 0
+                || !d.is_proven()
+                || self.journal.is_none()
+                || !self.checks(Check::ZeroRowsClassified)
+            {
                 return Ok(n);
             }
             match self.zero_rows(&shard_name, &spec, key, retried).await? {

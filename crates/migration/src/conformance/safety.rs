@@ -16,6 +16,12 @@ pub enum SafetyCheck {
     /// snapshot and the cutover is lost (the destination holds the older
     /// copy).
     SnapshotUnchanged,
+    /// A routed write that matched no row is classified: a real zero-row
+    /// result, a fence of a finished move (the write goes where the key
+    /// went) or a move in flight (`MIGRATION_CUTOVER_PENDING`). Without it,
+    /// a write a fence refused is reported as `Ok(0)`: an insert or update
+    /// through a router whose mapping cache is stale silently does nothing.
+    ZeroRowsClassified,
     /// A mapping that lost an acknowledged publish is published again from
     /// the journal (by a write that meets the fence, a lookup of an
     /// unmapped key and a repairing verify). Without it, the key stays
@@ -25,12 +31,17 @@ pub enum SafetyCheck {
 
 impl SafetyCheck {
     /// Every named check.
-    pub const ALL: [SafetyCheck; 2] = [SafetyCheck::SnapshotUnchanged, SafetyCheck::Republish];
+    pub const ALL: [SafetyCheck; 3] = [
+        SafetyCheck::SnapshotUnchanged,
+        SafetyCheck::ZeroRowsClassified,
+        SafetyCheck::Republish,
+    ];
 
     /// The check's name, as the model checker prints it.
     pub fn name(self) -> &'static str {
         match self {
             SafetyCheck::SnapshotUnchanged => "snapshot_unchanged",
+            SafetyCheck::ZeroRowsClassified => "zero_rows_classified",
             SafetyCheck::Republish => "republish",
         }
     }
@@ -38,6 +49,7 @@ impl SafetyCheck {
     fn check(self) -> Check {
         match self {
             SafetyCheck::SnapshotUnchanged => Check::SnapshotUnchanged,
+            SafetyCheck::ZeroRowsClassified => Check::ZeroRowsClassified,
             SafetyCheck::Republish => Check::Republish,
         }
     }
