@@ -2,11 +2,12 @@
 //! of what every key must read (issue 13, "Proof"), on SQLite, PostgreSQL
 //! and MariaDB shard sets, under mapped and computed placement.
 //!
-//! Every shard call and mapping lookup or publish yields first (an
-//! embedded SQLite shard never does by itself), and each operation of a
-//! step starts after a seeded random number of yields, so the operations
-//! of a step interleave on every dialect and a short one can land anywhere
-//! inside a long one.
+//! Every shard call yields one to four times first (a seeded pace; an
+//! embedded SQLite shard never yields by itself) and every mapping lookup
+//! or publish once, and each operation of a step starts after a seeded
+//! random number of yields, so the operations of a step interleave on
+//! every dialect at varying relative speeds. Every key a move of a step
+//! acknowledged is read back right after the step.
 //!
 //! Each seed drives five routers over three shards (two with the default
 //! mapping cache TTL, one with TTL 0, one with a one-day TTL that routes
@@ -165,7 +166,25 @@ impl MappingStore for LossyMapping {
 /// `Pending`, so without it the operations `join_all` runs together would
 /// run one after the other on SQLite shards instead of interleaving at
 /// every backend call.
-struct Yielding(Arc<dyn Shard>);
+struct Yielding {
+    inner: Arc<dyn Shard>,
+    pace: Arc<Pace>,
+}
+
+/// How many times a shard call yields before it runs: one to four, drawn
+/// from the seed's own random stream (reseeded by `World::run`), so the
+/// operations of a step run at varying relative speeds and a whole short
+/// operation can fit between two calls of a long one.
+struct Pace(Mutex<StdRng>);
+
+impl Pace {
+    async fn wait(&self) {
+        let n = self.0.lock().unwrap().random_range(1..=4);
+        for _ in 0..n {
+            tokio::task::yield_now().await;
+        }
+    }
+}
 
 impl std::fmt::Debug for Yielding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -175,15 +194,15 @@ impl std::fmt::Debug for Yielding {
 
 impl Shard for Yielding {
     fn dialect(&self) -> durability_migration::Dialect {
-        self.0.dialect()
+        self.inner.dialect()
     }
     fn batch_support(&self) -> durability_migration::BatchSupport {
-        self.0.batch_support()
+        self.inner.batch_support()
     }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
-            self.0.execute(stmt).await
+            self.pace.wait().await;
+            self.inner.execute(stmt).await
         })
     }
     fn batch<'a>(
@@ -191,14 +210,14 @@ impl Shard for Yielding {
         stmts: &'a [Statement],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
-            self.0.batch(stmts).await
+            self.pace.wait().await;
+            self.inner.batch(stmts).await
         })
     }
     fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
-            self.0.query(stmt).await
+            self.pace.wait().await;
+            self.inner.query(stmt).await
         })
     }
 }
@@ -412,6 +431,8 @@ type Poss = BTreeSet<Option<i64>>;
 struct World {
     e: Env,
     lossy: Arc<LossyMapping>,
+    /// The shards' pace (see `Pace`).
+    pace: Arc<Pace>,
     routers: Vec<Router>,
     computed: bool,
     keys: Vec<String>,
@@ -501,9 +522,13 @@ impl World {
     async fn new(kinds: &[Kind], computed: bool, disabled: Option<SafetyCheck>) -> Option<Self> {
         let lossy = Arc::new(LossyMapping::default());
         let mut e = env_with(kinds, Arc::clone(&lossy) as Arc<dyn MappingStore>).await?;
+        let pace = Arc::new(Pace(Mutex::new(StdRng::seed_from_u64(0))));
         for ((_, s), kind) in e.shards.iter_mut().zip(kinds) {
             fold_case_title(s, *kind).await;
-            *s = Arc::new(Yielding(Arc::clone(s)));
+            *s = Arc::new(Yielding {
+                inner: Arc::clone(s),
+                pace: Arc::clone(&pace),
+            });
         }
         let mut routers = Vec::new();
         for (faulty, ttl) in [
@@ -524,6 +549,7 @@ impl World {
         Some(Self {
             e,
             lossy,
+            pace,
             routers,
             computed,
             keys: (0..KEYS).map(|k| format!("k{k}")).collect(),
@@ -899,6 +925,7 @@ impl World {
 
     async fn run(&mut self, seed: u64, ops: usize) {
         let mut rng = StdRng::seed_from_u64(seed);
+        *self.pace.0.lock().unwrap() = StdRng::seed_from_u64(seed.wrapping_add(0x9e37_79b9));
         let mut next_tok = 0i64;
         let mut done = 0;
         let mut step = 0;
@@ -963,6 +990,29 @@ impl World {
                     }
                 ));
                 self.apply(step, a, res);
+            }
+            // Every key a move of this step acknowledged is read back at
+            // once (through the router without a mapping cache), before
+            // a later verification could repair what the move broke.
+            let moved: BTreeSet<usize> = acts
+                .iter()
+                .zip(&results)
+                .filter_map(|(a, res)| match (a, res) {
+                    (Act::Move { key, .. }, Res::Move(Ok(_))) => Some(*key),
+                    _ => None,
+                })
+                .collect();
+            for key in moved {
+                for table in 0..TABLES.len() {
+                    let read = Act::Read { r: 2, key, table };
+                    let res = self.exec(&read).await;
+                    Self::count(&mut self.checks, "reads_after_move");
+                    self.log.push(format!(
+                        "step {step}: read after the move {read:?} -> {}",
+                        res.code()
+                    ));
+                    self.apply(step, &read, &res);
+                }
             }
             if !self.violations.is_empty() {
                 // Stop at the first violation: the log ends where it

@@ -69,10 +69,6 @@ pub struct MigrationConfig {
 /// show that it reports a violation without the check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Check {
-    /// The cutover archives and deletes the source row only while it still
-    /// equals the move's snapshot (a write since then misses the cutover
-    /// and the key is copied again).
-    SnapshotUnchanged,
     /// A routed write that matched no row is classified (a real zero-row
     /// result, a fence of a move: write where the key went, or a live
     /// move: `MIGRATION_CUTOVER_PENDING`) instead of reported as `Ok(0)`.

@@ -53,7 +53,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{self, Check, TableSpec};
+use crate::config::{self, TableSpec};
 use crate::dialect::{Cutover, CutoverTable, JournalSql, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
@@ -450,16 +450,6 @@ impl<'r> MoveCtx<'r> {
             self.step(MoveState::CutoverPending, Change::default())
                 .await?;
         }
-        // Without the "unchanged since the snapshot" check (the model
-        // checker's proof only), the guard compares with the source as it
-        // is now, so a write since the snapshot no longer misses the cutover.
-        let now_row;
-        let snap = if self.r.checks(Check::SnapshotUnchanged) {
-            snap
-        } else {
-            now_row = self.snapshot().await?;
-            &now_row
-        };
         let (name, shard) = self.r.shard_named(&self.source)?;
         let d = shard.dialect();
         let mut tables = Vec::with_capacity(self.specs.len());

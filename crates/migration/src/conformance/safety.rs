@@ -10,12 +10,6 @@ use crate::config::{Check, MigrationConfig};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum SafetyCheck {
-    /// The cutover archives and deletes the source row only while it still
-    /// equals the move's snapshot. Without it, the guard compares with the
-    /// source as it is at the cutover, so a write acknowledged between the
-    /// snapshot and the cutover is lost (the destination holds the older
-    /// copy).
-    SnapshotUnchanged,
     /// A routed write that matched no row is classified: a real zero-row
     /// result, a fence of a finished move (the write goes where the key
     /// went) or a move in flight (`MIGRATION_CUTOVER_PENDING`). Without it,
@@ -31,16 +25,11 @@ pub enum SafetyCheck {
 
 impl SafetyCheck {
     /// Every named check.
-    pub const ALL: [SafetyCheck; 3] = [
-        SafetyCheck::SnapshotUnchanged,
-        SafetyCheck::ZeroRowsClassified,
-        SafetyCheck::Republish,
-    ];
+    pub const ALL: [SafetyCheck; 2] = [SafetyCheck::ZeroRowsClassified, SafetyCheck::Republish];
 
     /// The check's name, as the model checker prints it.
     pub fn name(self) -> &'static str {
         match self {
-            SafetyCheck::SnapshotUnchanged => "snapshot_unchanged",
             SafetyCheck::ZeroRowsClassified => "zero_rows_classified",
             SafetyCheck::Republish => "republish",
         }
@@ -48,7 +37,6 @@ impl SafetyCheck {
 
     fn check(self) -> Check {
         match self {
-            SafetyCheck::SnapshotUnchanged => Check::SnapshotUnchanged,
             SafetyCheck::ZeroRowsClassified => Check::ZeroRowsClassified,
             SafetyCheck::Republish => Check::Republish,
         }
