@@ -417,20 +417,17 @@ impl JournalSql<'_> {
 
     /// Deletes a compacted operation's row (see `Router::purge_retired`).
     pub(crate) fn delete_op(&self, op_id: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("DELETE FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND state = 'retired' AND purged = 1");
-        s.finish()
+        self.delete_op_if(op_id, "state = 'retired' AND purged = 1")
     }
 
     /// Deletes an aborted operation's row once a pass examined it (see
     /// `Router::purge_retired`).
     pub(crate) fn delete_aborted_op(&self, op_id: &str) -> Statement {
+        self.delete_op_if(op_id, "state = 'aborted' AND verified = 1")
+    }
+
+    /// Deletes operation `op_id`'s row while `condition` holds.
+    fn delete_op_if(&self, op_id: &str, condition: &str) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("DELETE FROM ")
             .raw(names::OPS)
@@ -438,7 +435,8 @@ impl JournalSql<'_> {
             .bind(self.scope)
             .raw(" AND op_id = ")
             .bind(op_id)
-            .raw(" AND state = 'aborted' AND verified = 1");
+            .raw(" AND ")
+            .raw(condition);
         s.finish()
     }
 
