@@ -1233,7 +1233,7 @@ async fn bench_hot(backend: Backend, dir: &Path) -> Result<(), BoxError> {
         &backend.figure("migration.hot_key_committed"),
         (held.fraction(), plain.fraction()),
         "fraction",
-        ">=0.95",
+        ">=0.99",
         HOT_MOVES,
         backend,
         &format!(
