@@ -199,6 +199,19 @@ impl<'r> MoveCtx<'r> {
         Ok(out)
     }
 
+    /// Why a snapshot before the claim found no row of the key on the
+    /// source: a concurrent move cut it over after this call located the
+    /// key (its tombstone is there), which is the conflict
+    /// (`MIGRATION_ALREADY_ACTIVE`), or the key has no row
+    /// (`MIGRATION_ROW_NOT_FOUND`).
+    async fn no_row(&self) -> Result<MigrationError> {
+        Ok(if self.moved_away().await? {
+            MigrationError::AlreadyActive(self.key.clone())
+        } else {
+            MigrationError::RowNotFound(self.key.clone())
+        })
+    }
+
     /// Whether the source holds a live tombstone (or in-flight marker) of
     /// the key in a moved table: the key was moved away from it (or is
     /// being moved into it) by another operation.
@@ -1075,13 +1088,7 @@ impl Core {
         };
         let mut snap = ctx.snapshot().await?;
         if snap.iter().all(Option::is_none) {
-            // The row left the source after this call located the key: a
-            // concurrent move cut it over (its tombstone is there). That is
-            // the conflict, not a key without a row.
-            if ctx.moved_away().await? {
-                return Err(MigrationError::AlreadyActive(key.to_owned()));
-            }
-            return Err(MigrationError::RowNotFound(key.to_owned()));
+            return Err(ctx.no_row().await?);
         }
         // A value the destination can never store: refused before anything
         // is written.
@@ -1108,13 +1115,8 @@ impl Core {
             // Another move may have taken the key away since the first
             // snapshot: a move of nothing would cut over where the key no
             // longer lives and publish its target.
-            // That is the conflict (the other move's tombstone is on the
-            // source); a key whose row was deleted meanwhile has no row.
             if snap.iter().all(Option::is_none) {
-                if ctx.moved_away().await? {
-                    return Err(MigrationError::AlreadyActive(key.to_owned()));
-                }
-                return Err(MigrationError::RowNotFound(key.to_owned()));
+                return Err(ctx.no_row().await?);
             }
             ctx.check_storable(&snap)?;
         }

@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::config::Check;
-use crate::config::{self, MigrationConfig, Strategy, TableSpec};
+use crate::config::{self, Check, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{MigrationError, Result, UniqueViolation};
 use crate::journal::{MoveState, OpRecord};
