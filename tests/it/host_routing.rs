@@ -141,34 +141,48 @@ impl Proc {
         self.wait_new(answer, before)
     }
 
-    /// `call <name> <method> <args>` → its `ok`/`err` line.
-    fn call(&mut self, name: &str, method: &str, args: &str) -> String {
-        let before = self.count(&format!("ok call {name} {method} "))
-            + self.count(&format!("err call {name} {method} "));
-        self.send(&format!("call {name} {method} {args}"));
+    /// Sends `command` and waits (real processes: real time) for its
+    /// answer: the first line starting with `ok <what> ` or `err <what> `
+    /// that was not there before.
+    fn ask_for(&mut self, command: &str, what: &str) -> String {
+        let (ok, err) = (format!("ok {what} "), format!("err {what} "));
+        let answer = |l: &String| l.starts_with(&ok) || l.starts_with(&err);
+        let before = self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| answer(l))
+            .count();
+        self.send(command);
         let end = now() + 30_000;
         loop {
-            let answers: Vec<String> = self
+            if let Some(l) = self
                 .lines
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|l| {
-                    l.starts_with(&format!("ok call {name} {method} "))
-                        || l.starts_with(&format!("err call {name} {method} "))
-                })
-                .cloned()
-                .collect();
-            if answers.len() > before {
-                return answers[before].clone();
+                .filter(|l| answer(l))
+                .nth(before)
+            {
+                return l.clone();
             }
             assert!(
                 now() < end,
-                "{}: no answer to call {name} {method}",
-                self.name
+                "{}: no answer to {what}: {:#?}",
+                self.name,
+                self.lines.lock().unwrap()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// `call <name> <method> <args>` → its `ok`/`err` line.
+    fn call(&mut self, name: &str, method: &str, args: &str) -> String {
+        self.ask_for(
+            &format!("call {name} {method} {args}"),
+            &format!("call {name} {method}"),
+        )
     }
 
     fn call_ok(&mut self, name: &str, method: &str, args: &str) -> Value {

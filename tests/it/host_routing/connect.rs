@@ -57,40 +57,11 @@ impl Proc {
         headers: &[(String, String)],
         message: &str,
     ) -> Connected {
-        let answer = |l: &String| {
-            l.starts_with(&format!("ok connect {name} "))
-                || l.starts_with(&format!("err connect {name} "))
-        };
-        let before = self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| answer(l))
-            .count();
         let headers = serde_json::to_string(headers).unwrap();
-        self.send(&format!("connect {name} {url} {headers} {message}"));
-        let end = now() + 30_000;
-        let line = loop {
-            let answers: Vec<String> = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| answer(l))
-                .cloned()
-                .collect();
-            if let Some(l) = answers.get(before) {
-                break l.clone();
-            }
-            assert!(
-                now() < end,
-                "{}: no answer to connect {name}: {:#?}",
-                self.name,
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let line = self.ask_for(
+            &format!("connect {name} {url} {headers} {message}"),
+            &format!("connect {name}"),
+        );
         if line.starts_with("err ") {
             return Connected::Err {
                 code: field(&line, "code").to_owned(),

@@ -54,39 +54,11 @@ impl Proc {
         headers: &[(String, String)],
         body: &str,
     ) -> Fetched {
-        let answer = |l: &String| {
-            l.starts_with(&format!("ok fetch {name} {method} "))
-                || l.starts_with(&format!("err fetch {name} {method} "))
-        };
-        let before = self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| answer(l))
-            .count();
         let headers = serde_json::to_string(headers).unwrap();
-        self.send(&format!("fetch {name} {method} {url} {headers} {body}"));
-        let end = now() + 30_000;
-        let line = loop {
-            let answers: Vec<String> = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| answer(l))
-                .cloned()
-                .collect();
-            if let Some(l) = answers.get(before) {
-                break l.clone();
-            }
-            assert!(
-                now() < end,
-                "{}: no answer to fetch {name} {method}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let line = self.ask_for(
+            &format!("fetch {name} {method} {url} {headers} {body}"),
+            &format!("fetch {name} {method}"),
+        );
         if line.starts_with("err ") {
             return Fetched::Err {
                 code: field(&line, "code").to_owned(),
