@@ -116,6 +116,9 @@ pub(crate) struct MoveCtx<'r> {
     pub(crate) source: String,
     pub(crate) target: String,
     pub(crate) retain_ms: i64,
+    /// Claimed by this call (not resumed): no write hold of the operation
+    /// exists until its run takes one.
+    pub(crate) fresh: bool,
 }
 
 pub(crate) type Snapshot = Vec<Option<Row>>;
@@ -138,6 +141,7 @@ impl<'r> MoveCtx<'r> {
             source: op.source.clone(),
             target: op.target.clone(),
             retain_ms: op.retain_ms,
+            fresh: false,
         })
     }
 
@@ -216,17 +220,17 @@ impl<'r> MoveCtx<'r> {
     /// the key in a moved table: the key was moved away from it (or is
     /// being moved into it) by another operation.
     pub(crate) async fn moved_away(&self) -> Result<bool> {
-        for spec in &self.specs {
-            if self
-                .r
-                .tombstone(&self.source, &spec.name, &self.key)
-                .await?
-                .is_some_and(|t| t.op_id != self.op_id)
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let (name, shard) = self.r.shard_named(&self.source)?;
+        let tables: Vec<&crate::dialect::Ident> = self.specs.iter().map(|s| &s.name).collect();
+        let rows = shard
+            .query(
+                &shard
+                    .dialect()
+                    .foreign_tombstone_query(&tables, &self.key, &self.op_id),
+            )
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(!rows.is_empty())
     }
 
     /// Ends the operation as aborted without touching a data shard (nothing
@@ -457,7 +461,10 @@ impl<'r> MoveCtx<'r> {
     /// `cutover_pending` otherwise, and writes nothing when the operation
     /// is no longer this mover's (the archive insert is guarded by the same
     /// owner, so such a batch writes nothing at all).
-    async fn cutover(&self, snap: &Snapshot, pending: bool) -> Result<(bool, bool)> {
+    ///
+    /// `held`: the operation may hold the key's writes on the source (the
+    /// batch then deletes the hold when it archives the key).
+    async fn cutover(&self, snap: &Snapshot, pending: bool, held: bool) -> Result<(bool, bool)> {
         let with_commit = self.r.journal.as_deref() == Some(self.source.as_str());
         if pending && !with_commit {
             self.step(MoveState::CutoverPending, Change::default())
@@ -495,7 +502,9 @@ impl<'r> MoveCtx<'r> {
         let mut stmts = d.cutover_batch_guarded(&c, &absent);
         // The write hold (if any) ends with the cutover that archived the
         // key, in its batch; a missed cutover keeps it for the next copy.
-        stmts.push(d.hold_release_archived(&self.op_id, &self.key));
+        if held {
+            stmts.push(d.hold_release_archived(&self.op_id, &self.key));
+        }
         if with_commit {
             let change = Change {
                 committed_if_archived: Some(self.key.clone()),
@@ -749,10 +758,14 @@ impl<'r> MoveCtx<'r> {
                     // source's database). A crash before it leaves
                     // `prepared`, which recovery treats exactly as `copied`
                     // and `verified`: start over from a fresh snapshot.
-                    hit = self.cutover(&snap, true).await?;
+                    hit = self
+                        .cutover(&snap, true, !self.fresh || hold_until.is_some())
+                        .await?;
                 }
             } else {
-                hit = self.cutover(&snap, false).await?;
+                hit = self
+                    .cutover(&snap, false, !self.fresh || hold_until.is_some())
+                    .await?;
             }
             if hit.0 {
                 break hit.1;
@@ -931,6 +944,33 @@ impl Core {
         }
     }
 
+    /// Where a move of `key` starts: the shard its mapping names, or under
+    /// computed placement with no mapping the shard holding its row.
+    async fn move_source(&self, key: &str, specs: &[TableSpec]) -> Result<String> {
+        if let Some(s) = self.mapping_fresh(key).await? {
+            return Ok(s);
+        }
+        if !self.computed() {
+            return Err(MigrationError::MappingNotFound(key.to_owned()));
+        }
+        let m = self.manifest_for_write().await?;
+        for spec in specs {
+            if let Some(s) = self.probe_key(&m, key, spec).await? {
+                return Ok(s);
+            }
+        }
+        Err(MigrationError::RowNotFound(key.to_owned()))
+    }
+
+    /// [`Core::columns_fresh`] of every table on `shard`, concurrently; the
+    /// first table's error in `specs` order.
+    async fn columns_fresh_all(&self, shard: &str, specs: &[TableSpec]) -> Result<()> {
+        futures::future::join_all(specs.iter().map(|spec| self.columns_fresh(shard, spec)))
+            .await
+            .into_iter()
+            .try_for_each(|r| r.map(drop))
+    }
+
     /// See [`Router::reassign_shard`](crate::Router::reassign_shard).
     pub(crate) async fn reassign_shard(
         &self,
@@ -1018,25 +1058,20 @@ impl Core {
         let jname = jname.to_owned();
         self.check_movable(&jname)?;
         self.check_movable(target)?;
-        let source = match self.mapping_fresh(key).await? {
-            Some(s) => s,
-            None if self.computed() => {
-                // Computed placement: the shard that holds the key's row.
-                let m = self.manifest_for_write().await?;
-                let mut found = None;
-                for spec in &specs {
-                    if let Some(s) = self.probe_key(&m, key, spec).await? {
-                        found = Some(s);
-                        break;
-                    }
-                }
-                found.ok_or_else(|| MigrationError::RowNotFound(key.to_owned()))?
-            }
-            None => return Err(MigrationError::MappingNotFound(key.to_owned())),
-        };
+        let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
+        // The reads before the claim do not depend on each other (except the
+        // source's on the mapping), so they run concurrently; each result is
+        // then checked in this order, so the error reported does not depend
+        // on which read answered first. The claim's insert is the guard:
+        // none of these reads needs to precede another.
+        let (source, target_cols, held) = futures::join!(
+            self.move_source(key, &specs),
+            self.columns_fresh_all(target, &specs),
+            self.claim_held(key),
+        );
+        let source = source?;
         if source == target {
             // This router's own interrupted move may have published already.
-            let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
             return match self.resume_own(key, target, &names).await {
                 Err(MigrationError::AlreadyActive(_)) => Err(MigrationError::SameShard {
                     key: key.to_owned(),
@@ -1046,26 +1081,11 @@ impl Core {
             };
         }
         self.check_movable(&source)?;
-        for spec in &specs {
-            self.columns_fresh(&source, spec).await?;
-            self.columns_fresh(target, spec).await?;
-        }
+        target_cols?;
         // A key has one active operation: a move while another holds the
         // claim gets the conflict code (or resumes this router's own).
-        let names: Vec<String> = specs.iter().map(|s| s.name.as_str().to_owned()).collect();
-        {
-            let d = js.dialect();
-            let q = JournalSql {
-                d: &d,
-                scope: &self.scope,
-            };
-            let held = js
-                .query(&q.claim_holder(key))
-                .await
-                .map_err(|e| MigrationError::shard(&jname, e))?;
-            if !held.is_empty() {
-                return self.resume_own(key, target, &names).await;
-            }
+        if held? {
+            return self.resume_own(key, target, &names).await;
         }
         let retain_ms = match opts.retire {
             Retire::After(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
@@ -1085,8 +1105,17 @@ impl Core {
             source: source.clone(),
             target: target.to_owned(),
             retain_ms,
+            fresh: true,
         };
-        let mut snap = ctx.snapshot().await?;
+        // The source's side, concurrently (checked in this order).
+        let (source_cols, snap, elsewhere, extra) = futures::join!(
+            self.columns_fresh_all(&source, &ctx.specs),
+            ctx.snapshot(),
+            ctx.rows_elsewhere(),
+            ctx.others_on_target(),
+        );
+        source_cols?;
+        let mut snap = snap?;
         if snap.iter().all(Option::is_none) {
             return Err(ctx.no_row().await?);
         }
@@ -1095,7 +1124,7 @@ impl Core {
         ctx.check_storable(&snap)?;
         // A move of some tables only would strand the key's rows in the
         // others: refused before anything is written.
-        let elsewhere = ctx.rows_elsewhere().await?;
+        let elsewhere = elsewhere?;
         if !elsewhere.is_empty() {
             return Err(MigrationError::PartialMove {
                 key: key.to_owned(),
@@ -1108,7 +1137,7 @@ impl Core {
         // destination: a router whose cache still names the source, or a
         // write between the cutover and the publish, cannot leave a row of
         // it there that the mapping no longer routes to.
-        let extra = ctx.others_on_target().await?;
+        let extra = extra?;
         if !extra.is_empty() {
             ctx.specs.extend(extra);
             snap = ctx.snapshot().await?;

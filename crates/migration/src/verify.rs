@@ -250,7 +250,7 @@ const MARK_CHUNK: usize = 200;
 impl Core {
     /// Whether an active operation holds `key`'s claim (a move of the key is
     /// in flight: its rows cannot be judged, and repair leaves them alone).
-    async fn claim_held(&self, key: &str) -> Result<bool> {
+    pub(crate) async fn claim_held(&self, key: &str) -> Result<bool> {
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();
         let rows = js

@@ -217,6 +217,24 @@ impl Dialect {
         s.finish()
     }
 
+    /// One live tombstone (or in-flight marker) of `key` in any of
+    /// `tables` written by an operation other than `op_id`, if any: one
+    /// primary-key range read, no sort.
+    pub(crate) fn foreign_tombstone_query(
+        &self,
+        tables: &[&Ident],
+        key: &str,
+        op_id: &str,
+    ) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT op_id FROM ")
+            .raw(names::RETIRED)
+            .raw(" WHERE ");
+        Self::push_live_tombstones(&mut s, tables, key);
+        s.raw(" AND op_id <> ").bind(op_id).raw(" LIMIT 1");
+        s.finish()
+    }
+
     /// Operation `op_id`'s archive rows of `key` (`tname`, and `payload`
     /// when `payloads`).
     pub(crate) fn op_archive(&self, key: &str, op_id: &str, payloads: bool) -> Statement {
