@@ -169,6 +169,155 @@ async fn exec_on<Q: Queryable>(q: &mut Q, st: &Statement) -> Result<u64, mysql_a
     Ok(n)
 }
 
+/// The most text one multi-statement batch sends (half the server's default
+/// `max_allowed_packet` of 16 MiB); a larger batch runs statement by
+/// statement.
+const MAX_MULTI_BYTES: usize = 8 << 20;
+
+/// A batch as one multi-statement text query, `START TRANSACTION; s1; …;
+/// sn; COMMIT` (one round trip instead of `n + 2`), or `None` when a
+/// statement cannot be inlined safely (see [`inline`]) or the text would be
+/// too long: the batch then runs statement by statement, prepared.
+fn multi_text(stmts: &[Statement]) -> Option<String> {
+    let mut out = String::from("START TRANSACTION");
+    for st in stmts {
+        out.push_str(";\n");
+        inline(st, &mut out)?;
+        if out.len() > MAX_MULTI_BYTES {
+            return None;
+        }
+    }
+    out.push_str(";\nCOMMIT");
+    Some(out)
+}
+
+/// Appends `st` to `out` with every `?` placeholder replaced by its value
+/// as a literal (see [`literal`]). `None` (and `out` is to be discarded)
+/// when the text holds anything this scanner does not fully understand:
+/// a backslash inside a quoted string, a `;`, a comment, an unterminated
+/// quote, or placeholders that do not match the parameters one to one.
+/// Quoted strings and identifiers are copied unchanged (a `?` inside them
+/// is not a placeholder).
+fn inline(st: &Statement, out: &mut String) -> Option<()> {
+    let mut params = st.params.iter();
+    let mut quote: Option<char> = None;
+    let mut prev = ' ';
+    for c in st.sql.chars() {
+        match quote {
+            Some(_) if c == '\\' => return None,
+            Some(q) => {
+                if c == q {
+                    quote = None;
+                }
+                out.push(c);
+            }
+            None => match c {
+                '\'' | '"' | '`' => {
+                    quote = Some(c);
+                    out.push(c);
+                }
+                '?' => literal(params.next()?, out)?,
+                ';' | '#' => return None,
+                '-' if prev == '-' => return None,
+                '*' if prev == '/' => return None,
+                _ => out.push(c),
+            },
+        }
+        prev = c;
+    }
+    (quote.is_none() && params.next().is_none()).then_some(())
+}
+
+/// A value as a SQL literal that means what the bound parameter means:
+/// text as `_utf8mb4 X'…'` (its UTF-8 bytes in hex: no escaping, whatever
+/// `NO_BACKSLASH_ESCAPES` says, and compared under the column's collation
+/// like a bound string), bytes as `X'…'`, integers in decimal, floats in
+/// exponent form (a `DOUBLE`, never a `DECIMAL` literal). `None` for a
+/// float with no literal (NaN, infinity): the batch is then sent prepared.
+fn literal(v: &Value, out: &mut String) -> Option<()> {
+    use std::fmt::Write as _;
+    match v {
+        Value::Null => out.push_str("NULL"),
+        // `9223372036854775808` does not fit a BIGINT literal.
+        Value::Integer(i64::MIN) => out.push_str("(-9223372036854775807 - 1)"),
+        Value::Integer(i) => write!(out, "{i}").ok()?,
+        Value::Real(f) if f.is_finite() => write!(out, "{f:e}").ok()?,
+        Value::Real(_) => return None,
+        Value::Text(t) => {
+            out.push_str("_utf8mb4 X'");
+            hex(t.as_bytes(), out);
+            out.push('\'');
+        }
+        Value::Blob(b) => {
+            out.push_str("X'");
+            hex(b, out);
+            out.push('\'');
+        }
+    }
+    Some(())
+}
+
+fn hex(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xF)]));
+    }
+}
+
+/// Runs a [`multi_text`] batch of `n` statements on a connection of `pool`.
+/// The server runs the statements in order and stops at the first error,
+/// leaving the transaction open: the connection then rolls it back (or is
+/// closed, which rolls it back too) before it returns to the pool, so no
+/// later statement on it runs inside a failed batch's transaction. This
+/// runs in a task of its own so that it always gets that far.
+async fn batch_multi(
+    pool: Pool,
+    text: String,
+    n: usize,
+) -> Result<Attempt<Vec<u64>>, BackendError> {
+    let mut conn = pool.get_conn().await?;
+    let ran = run_multi(&mut conn, text, n).await;
+    if let Err(e) = &ran {
+        let closed =
+            matches!(e, mysql_async::Error::Server(_)) && conn.query_drop("ROLLBACK").await.is_ok();
+        if !closed && let Err(d) = conn.disconnect().await {
+            tracing::warn!(
+                event = "durability.storage_mysql.discard_failed",
+                error = %d,
+                "closing the connection of a failed batch failed"
+            );
+        }
+    }
+    Ok(classify(ran))
+}
+
+/// Sends the batch and reads one result per statement of it: the counts of
+/// the `n` statements between `START TRANSACTION` and `COMMIT` (0 for a
+/// statement that returned rows).
+async fn run_multi(
+    conn: &mut mysql_async::Conn,
+    text: String,
+    n: usize,
+) -> Result<Vec<u64>, mysql_async::Error> {
+    let mut r = conn.query_iter(text).await?;
+    let mut counts = Vec::with_capacity(n);
+    for i in 0..n + 2 {
+        if (1..=n).contains(&i) {
+            counts.push(if r.columns_ref().is_empty() {
+                r.affected_rows()
+            } else {
+                0
+            });
+        }
+        // Reads the rest of this result and the head of the next one (an
+        // error of a later statement surfaces here).
+        r.collect::<mysql_async::Row>().await?;
+    }
+    Ok(counts)
+}
+
 /// One MariaDB/MySQL database as a migration shard.
 #[derive(Clone, Debug)]
 pub struct MysqlShard {
@@ -255,6 +404,13 @@ impl MysqlShard {
     }
 
     async fn batch_once(&self, stmts: &[Statement]) -> Result<Attempt<Vec<u64>>, BackendError> {
+        if let Some(text) = multi_text(stmts) {
+            // Its own task: a caller that stops waiting cannot drop the
+            // connection half-way through the batch (see `batch_multi`).
+            return tokio::spawn(batch_multi(self.pool.clone(), text, stmts.len()))
+                .await
+                .map_err(|e| -> BackendError { Box::new(e) })?;
+        }
         let mut conn = self.pool.get_conn().await?;
         // The session is `SERIALIZABLE` (setup), so the transaction needs no
         // `SET TRANSACTION` round trip of its own.
@@ -348,3 +504,70 @@ pub type MysqlMappingStore = ShardMappingStore<MysqlShard>;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
+
+#[cfg(test)]
+mod tests {
+    use super::{inline, multi_text};
+    use durability_migration::{Statement, Value};
+
+    fn inlined(sql: &str, params: Vec<Value>) -> Option<String> {
+        let mut out = String::new();
+        inline(&Statement::with_params(sql, params), &mut out).map(|()| out)
+    }
+
+    #[test]
+    fn placeholders_become_hex_literals_and_quoted_text_is_kept() {
+        assert_eq!(
+            inlined(
+                "SELECT `a?` FROM t WHERE x = ? AND y = '?' AND z IN (?, ?, ?, ?)",
+                vec![
+                    "k'0".into(),
+                    Value::Blob(vec![0, 0xff]),
+                    Value::Integer(i64::MIN),
+                    Value::Real(1.5),
+                    Value::Null,
+                ],
+            )
+            .as_deref(),
+            Some(
+                "SELECT `a?` FROM t WHERE x = _utf8mb4 X'6B2730' AND y = '?' AND z IN \
+                 (X'00FF', (-9223372036854775807 - 1), 1.5e0, NULL)"
+            )
+        );
+        assert_eq!(
+            inlined("SELECT 'it''s', ?", vec![String::new().into()]).as_deref(),
+            Some("SELECT 'it''s', _utf8mb4 X''")
+        );
+    }
+
+    #[test]
+    fn anything_not_understood_is_left_to_the_prepared_path() {
+        let one = || vec![Value::Integer(1)];
+        for sql in [
+            "SELECT ?; DROP TABLE t",
+            "SELECT ? -- comment",
+            "SELECT ? # comment",
+            "SELECT ? /* comment */",
+            "SELECT '\\'', ?",
+            "SELECT 'open, ?",
+            "SELECT ?, ?",
+            "SELECT 1",
+        ] {
+            assert_eq!(inlined(sql, one()), None, "{sql}");
+        }
+        assert_eq!(inlined("SELECT ?", vec![Value::Real(f64::NAN)]), None);
+        assert_eq!(inlined("SELECT ?", vec![Value::Real(f64::INFINITY)]), None);
+        // One statement that cannot be inlined sends the whole batch prepared.
+        let ok = Statement::with_params("SELECT ?", one());
+        let bad = Statement::with_params("SELECT ?; SELECT 1", one());
+        assert!(multi_text(&[ok.clone(), ok.clone()]).is_some());
+        assert_eq!(multi_text(&[ok, bad]), None);
+    }
+
+    #[test]
+    fn a_batch_too_long_for_one_packet_is_sent_prepared() {
+        let big = Statement::with_params("SELECT ?", vec![Value::Blob(vec![7; 3 << 20])]);
+        assert!(multi_text(std::slice::from_ref(&big)).is_some());
+        assert_eq!(multi_text(&[big.clone(), big]), None);
+    }
+}
