@@ -691,10 +691,16 @@ async fn a_column_added_after_first_use_is_written_and_moved() {
     }
 }
 
-/// A move validates both tables afresh: a key column made coarser than
-/// bytes after the router first used it (here MariaDB's
+/// A move re-validates both tables once its validation is older than
+/// `schema_recheck_ms` (MariaDB keeps no schema version): a key column made
+/// coarser than bytes after the router first used it (here
 /// `utf8mb4_general_ci`) refuses the move with `KEY_COLUMN_NOT_BYTEWISE`
-/// before any write; the row stays where it was.
+/// before any write; the row stays where it was. Within the window the
+/// move does not see the change, but its key matches compare bytes: a move
+/// of `u1` onto the shard holding `U1` (the same key to the collation)
+/// never takes `U1` for its copy's row (a key match under the collation
+/// deleted it), it is refused by the unique key and aborts, and both rows
+/// stay.
 #[tokio::test]
 async fn a_move_sees_a_key_collation_changed_after_first_use() {
     let Some(e) = env(&[MySql, MySql]).await else {
@@ -702,9 +708,10 @@ async fn a_move_sees_a_key_collation_changed_after_first_use() {
     };
     let r = e.router().await;
     e.mapping.put("u1", "s0").await.unwrap();
-    e.mapping.put("u2", "s1").await.unwrap();
+    e.mapping.put("U1", "s1").await.unwrap();
     r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    r.insert("u2", "users", user("bo", 2)).await.unwrap();
+    r.insert("U1", "users", user("bo", 2)).await.unwrap();
+    // The inserts validated both tables just now.
     e.shard("s1")
         .execute(&Statement::new(
             "ALTER TABLE users MODIFY id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci",
@@ -712,11 +719,34 @@ async fn a_move_sees_a_key_collation_changed_after_first_use() {
         .await
         .unwrap();
     let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_COPY_REJECTED", "{err}");
+    for (k, n) in [("u1", 1), ("U1", 2)] {
+        let rows = e
+            .shard(if k == "u1" { "s0" } else { "s1" })
+            .query(&Statement::with_params(
+                "SELECT n FROM users WHERE CAST(id AS BINARY) = CAST(? AS BINARY)",
+                vec![k.into()],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "{k}");
+        assert_eq!(rows[0].get("n"), Some(&Value::from(n)), "{k}");
+    }
+    assert_eq!(
+        r.get_migration_status("u1", "users")
+            .await
+            .unwrap()
+            .map(|o| o.state.as_str()),
+        Some("aborted")
+    );
+    // Past the window the move validates afresh and refuses.
+    e.clock
+        .advance(i64::try_from(durability_migration::DEFAULT_SCHEMA_RECHECK_MS).unwrap());
+    let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "KEY_COLUMN_NOT_BYTEWISE", "{err}");
     assert!(err.to_string().contains("id"), "{err}");
     let live = e.live("users", "id", "u1").await;
     assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
-    assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
 }
 
 /// On SQLite a move re-reads a table's columns only when the shard's

@@ -31,6 +31,10 @@ pub const MAX_MAPPING_CACHE_TTL_MS: u64 = 2_147_483_647;
 pub const DEFAULT_CUTOVER_HOLD_MS: u64 = 300;
 /// Longest write-blocking cutover window accepted (milliseconds).
 pub const MAX_CUTOVER_HOLD_MS: u64 = 5_000;
+/// Default window within which a move reuses a table's validated columns
+/// on a shard whose dialect keeps no schema version (milliseconds): see
+/// [`MigrationConfig::schema_recheck_ms`].
+pub const DEFAULT_SCHEMA_RECHECK_MS: u64 = 1_000;
 
 /// How keys without a mapping are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,6 +60,7 @@ pub struct MigrationConfig {
     pub(crate) placement: Placement,
     pub(crate) manifest_refresh_ms: u64,
     pub(crate) cutover_hold_ms: u64,
+    pub(crate) schema_recheck_ms: u64,
     pub(crate) clock_domain: Option<String>,
     /// A safety check this router skips (only settable with the
     /// `conformance` feature, for the model checker's proof that it would
@@ -91,6 +96,7 @@ impl std::fmt::Debug for MigrationConfig {
             .field("placement", &self.placement)
             .field("manifest_refresh_ms", &self.manifest_refresh_ms)
             .field("cutover_hold_ms", &self.cutover_hold_ms)
+            .field("schema_recheck_ms", &self.schema_recheck_ms)
             .field("clock_domain", &self.clock_domain)
             .finish_non_exhaustive()
     }
@@ -113,6 +119,7 @@ impl MigrationConfig {
             placement: Placement::Mapped,
             manifest_refresh_ms: DEFAULT_MANIFEST_REFRESH_MS,
             cutover_hold_ms: DEFAULT_CUTOVER_HOLD_MS,
+            schema_recheck_ms: DEFAULT_SCHEMA_RECHECK_MS,
             clock_domain: None,
             disabled: None,
         }
@@ -188,6 +195,22 @@ impl MigrationConfig {
     /// held.
     pub fn cutover_hold_ms(mut self, ms: u64) -> Self {
         self.cutover_hold_ms = ms;
+        self
+    }
+    /// How long a move reuses a table's columns and key-column collation
+    /// validated on a PostgreSQL or MariaDB/MySQL shard (default
+    /// [`DEFAULT_SCHEMA_RECHECK_MS`], at most [`MAX_MAPPING_CACHE_TTL_MS`];
+    /// 0: read them afresh for every move), on the injected clock. A
+    /// SQLite shard keeps a schema version that every schema change
+    /// changes: a move there reads it (one cheap query) and re-validates
+    /// exactly when it changed, whatever this says. Within the window a
+    /// move does not see a table dropped, or a key column altered to a
+    /// coarser collation, since the last validation: a missing table fails
+    /// the move's statements, and on these two dialects every key match of
+    /// the crate also compares the key's bytes, so such a column never
+    /// makes a move (or a routed read or write) match another key's row.
+    pub fn schema_recheck_ms(mut self, ms: u64) -> Self {
+        self.schema_recheck_ms = ms;
         self
     }
     /// Injects the clock.
@@ -299,6 +322,11 @@ pub(crate) fn validate(c: &MigrationConfig) -> Result<Validated> {
     if c.manifest_refresh_ms > MAX_MAPPING_CACHE_TTL_MS {
         return Err(MigrationError::InvalidConfig(format!(
             "manifest refresh above {MAX_MAPPING_CACHE_TTL_MS} ms"
+        )));
+    }
+    if c.schema_recheck_ms > MAX_MAPPING_CACHE_TTL_MS {
+        return Err(MigrationError::InvalidConfig(format!(
+            "schema recheck above {MAX_MAPPING_CACHE_TTL_MS} ms"
         )));
     }
     if let Some(d) = &c.clock_domain {

@@ -77,8 +77,9 @@ pub mod conformance;
 pub use abort::AbortReport;
 pub use config::{
     DEFAULT_CUTOVER_HOLD_MS, DEFAULT_JOURNAL_SCOPE, DEFAULT_KEY_COLUMN,
-    DEFAULT_MAPPING_CACHE_TTL_MS, MAX_CUTOVER_HOLD_MS, MAX_KEY_BYTES, MAX_MAPPING_CACHE_TTL_MS,
-    MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy, hash_owner, validate_key,
+    DEFAULT_MAPPING_CACHE_TTL_MS, DEFAULT_SCHEMA_RECHECK_MS, MAX_CUTOVER_HOLD_MS, MAX_KEY_BYTES,
+    MAX_MAPPING_CACHE_TTL_MS, MAX_NAME_BYTES, MigrationConfig, RESERVED_KEY_PREFIX, Strategy,
+    hash_owner, validate_key,
 };
 pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
 pub use durability_time::{Clock, ManualClock, SystemClock};

@@ -21,9 +21,15 @@ const CACHE_CAPACITY: usize = 100_000;
 
 type ColumnSet = Arc<BTreeSet<String>>;
 
-/// A table's validated columns on a shard, with the shard's schema version
-/// they were read at when its dialect keeps one (SQLite), else `None`.
-type CachedColumns = (ColumnSet, Option<i64>);
+/// A table's validated columns on a shard.
+struct CachedColumns {
+    cols: ColumnSet,
+    /// The shard's schema version they were read at, when its dialect
+    /// keeps one (SQLite) and a move read it.
+    version: Option<i64>,
+    /// When their read started, on the injected clock.
+    read_ms: i64,
+}
 
 /// A live row of `durability_retired` for a key in a table on a shard: the
 /// cutover tombstone of a move away from the shard (`moved_to`: where the
@@ -135,6 +141,7 @@ pub(crate) struct Core {
     pub(crate) placement: Placement,
     pub(crate) manifest_refresh_ms: u64,
     pub(crate) cutover_hold_ms: u64,
+    schema_recheck_ms: u64,
     pub(crate) manifest: Mutex<Option<CachedManifest>>,
     pub(crate) instance: String,
     /// The configured clock domain (see [`MigrationConfig::clock_domain`]).
@@ -198,6 +205,7 @@ impl Core {
             placement: config.placement,
             manifest_refresh_ms: config.manifest_refresh_ms,
             cutover_hold_ms: config.cutover_hold_ms,
+            schema_recheck_ms: config.schema_recheck_ms,
             manifest: Mutex::new(None),
             instance: match &config.clock_domain {
                 Some(d) => format!("{d}/{}", uuid::Uuid::now_v7()),
@@ -363,7 +371,8 @@ impl Core {
     /// The columns of a table on a shard, validated once (the key column
     /// exists and compares bytes) and then cached until
     /// [`forget_columns`](Self::forget_columns): a row check that misses
-    /// re-reads them, and a move reads them fresh.
+    /// re-reads them, and a move re-validates them (see
+    /// [`columns_fresh`](Self::columns_fresh)).
     pub(crate) async fn columns(
         &self,
         shard_name: &str,
@@ -374,10 +383,11 @@ impl Core {
             .columns
             .lock()
             .ok()
-            .and_then(|m| m.get(&cache_key).map(|(c, _)| Arc::clone(c)))
+            .and_then(|m| m.get(&cache_key).map(|c| Arc::clone(&c.cols)))
         {
             return Ok(c);
         }
+        let read_ms = self.now();
         let (name, shard) = self.shard_named(shard_name)?;
         let rows = shard
             .query(&shard.dialect().columns_query(&spec.name))
@@ -400,7 +410,14 @@ impl Core {
             .await?;
         let cols = Arc::new(cols);
         if let Ok(mut m) = self.columns.lock() {
-            m.insert(cache_key, (Arc::clone(&cols), None));
+            m.insert(
+                cache_key,
+                CachedColumns {
+                    cols: Arc::clone(&cols),
+                    version: None,
+                    read_ms,
+                },
+            );
         }
         Ok(cols)
     }
@@ -502,24 +519,29 @@ impl Core {
         }
     }
 
-    /// The columns of `spec` on `shard_name` read and validated now (a
-    /// move's view of both tables, so a column or collation changed since
-    /// first use is seen).
+    /// The columns of `spec` on `shard_name` as a move sees them: validated
+    /// again when the shard's schema version changed since (SQLite), or
+    /// when their validation is older than `schema_recheck_ms` (dialects
+    /// with no schema version), so a column or collation changed since
+    /// first use is seen.
     pub(crate) async fn columns_fresh(
         &self,
         shard_name: &str,
         spec: &TableSpec,
     ) -> Result<Arc<BTreeSet<String>>> {
         let version = self.schema_version(shard_name).await?;
+        let now = self.now();
+        let window = i64::try_from(self.schema_recheck_ms).unwrap_or(i64::MAX);
         let cache_key = (shard_name.to_owned(), spec.name.as_str().to_owned());
-        if let Some(v) = version
-            && let Some(c) = self.columns.lock().ok().and_then(|m| {
-                m.get(&cache_key)
-                    .filter(|(_, at)| *at == Some(v))
-                    .map(|(c, _)| Arc::clone(c))
-            })
-        {
-            // The shard's schema is unchanged since they were validated.
+        if let Some(c) = self.columns.lock().ok().and_then(|m| {
+            m.get(&cache_key)
+                .filter(|c| match version {
+                    // The shard's schema is unchanged since they were validated.
+                    Some(v) => c.version == Some(v),
+                    None => now.saturating_sub(c.read_ms) < window,
+                })
+                .map(|c| Arc::clone(&c.cols))
+        }) {
             return Ok(c);
         }
         self.forget_columns(shard_name, spec);
@@ -529,7 +551,7 @@ impl Core {
         {
             // Read before the columns: a schema change in between makes
             // the next fresh read see another version and read again.
-            entry.1 = Some(v);
+            entry.version = Some(v);
         }
         Ok(cols)
     }
@@ -564,7 +586,8 @@ impl Core {
         }
         let mut cols = self.columns(shard_name, spec).await?;
         if row.keys().any(|c| !cols.contains(c)) {
-            cols = self.columns_fresh(shard_name, spec).await?;
+            self.forget_columns(shard_name, spec);
+            cols = self.columns(shard_name, spec).await?;
         }
         match row.keys().find(|c| !cols.contains(*c)) {
             Some(c) => Err(MigrationError::UnknownColumn {

@@ -179,15 +179,27 @@ fn statements_bind_values_per_dialect() {
     let t = Ident::new("users").unwrap();
     let k = Ident::new("org_id").unwrap();
     let st = Dialect::Postgres.select_row(&t, &k, "a'b");
-    assert_eq!(st.sql, "SELECT * FROM \"users\" WHERE \"org_id\" = $1");
-    assert_eq!(st.params, vec![Value::from("a'b")]);
-    let st = Dialect::MySql.select_row(&t, &k, "x");
-    assert_eq!(st.sql, "SELECT * FROM `users` WHERE `org_id` = ?");
-    let cols = vec![(Ident::new("a").unwrap(), Value::Null)];
-    let st = Dialect::Postgres.delete_matching(&t, &k, "x", &cols);
     assert_eq!(
         st.sql,
-        "DELETE FROM \"users\" WHERE \"org_id\" = $1 AND \"a\" IS NOT DISTINCT FROM $2"
+        "SELECT * FROM \"users\" WHERE \"org_id\" = $1 AND CAST(\"org_id\" AS TEXT) COLLATE \"C\" \
+         IS NOT DISTINCT FROM CAST(COALESCE($2, \"org_id\") AS TEXT) COLLATE \"C\""
+    );
+    assert_eq!(st.params, vec![Value::from("a'b"), Value::from("a'b")]);
+    let st = Dialect::MySql.select_row(&t, &k, "x");
+    assert_eq!(
+        st.sql,
+        "SELECT * FROM `users` WHERE `org_id` = ? AND CAST(`org_id` AS BINARY) <=> CAST(? AS BINARY)"
+    );
+    let st = Dialect::Sqlite.select_row(&t, &k, "x");
+    assert_eq!(st.sql, "SELECT * FROM \"users\" WHERE \"org_id\" = ?1");
+    let cols = vec![(Ident::new("a").unwrap(), Value::Null)];
+    let st = Dialect::Postgres.delete_matching(&t, &k, "x", &cols);
+    assert!(
+        st.sql
+            .starts_with("DELETE FROM \"users\" WHERE \"org_id\" = $1 AND CAST(")
+            && st.sql.ends_with(" AND \"a\" IS NOT DISTINCT FROM $3"),
+        "{}",
+        st.sql
     );
     let st = Dialect::MySql.delete_matching(&t, &k, "x", &cols);
     assert!(st.sql.contains("`a` <=> ?"), "{}", st.sql);

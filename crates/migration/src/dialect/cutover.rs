@@ -43,9 +43,7 @@ impl Dialect {
             s.raw("NOT EXISTS (SELECT 1 FROM ")
                 .ident(table)
                 .raw(" WHERE ")
-                .ident(key_col)
-                .raw(" = ")
-                .bind(c.key)
+                .key_is(key_col, c.key)
                 .raw(")");
         }
         if let Some(owner) = c.journal_owner {

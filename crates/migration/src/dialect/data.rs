@@ -105,9 +105,7 @@ impl Dialect {
         s.raw("SELECT * FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key);
+            .key_is(key_col, key);
         s.finish()
     }
 
@@ -144,9 +142,7 @@ impl Dialect {
         s.raw("SELECT * FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key);
+            .key_is(key_col, key);
         Self::push_unmarked(&mut s, table, key, via);
         s.finish()
     }
@@ -160,9 +156,7 @@ impl Dialect {
             .raw(" FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key);
+            .key_is(key_col, key);
         Self::push_unmarked(&mut s, table, key, None);
         s.finish()
     }
@@ -180,9 +174,7 @@ impl Dialect {
         s.raw("DELETE FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key)
+            .key_is(key_col, key)
             .raw(" AND EXISTS (SELECT 1 FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE tname = ")
@@ -207,9 +199,7 @@ impl Dialect {
             .raw(" FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key);
+            .key_is(key_col, key);
         s.finish()
     }
 
@@ -309,9 +299,7 @@ impl Dialect {
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key)
+            .key_is(key_col, key)
             .raw(")");
     }
 
@@ -345,9 +333,7 @@ impl Dialect {
         s.raw("DELETE FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key);
+            .key_is(key_col, key);
         s.finish()
     }
 
@@ -372,7 +358,7 @@ impl Dialect {
         key: &str,
         cols: &[(Ident, Value)],
     ) {
-        s.ident(key_col).raw(" = ").bind(key);
+        s.key_is(key_col, key);
         for (c, v) in cols {
             s.raw(" AND ").col_is(c, v.clone());
         }
@@ -496,11 +482,7 @@ impl Dialect {
             }
             s.ident(c).raw(" = ").bind(v.clone());
         }
-        s.raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key)
-            .raw(" AND ");
+        s.raw(" WHERE ").key_is(key_col, key).raw(" AND ");
         self.push_fence(&mut s, table, key, generation);
         s.finish()
     }
@@ -522,9 +504,7 @@ impl Dialect {
         s.raw("DELETE FROM ")
             .ident(table)
             .raw(" WHERE ")
-            .ident(key_col)
-            .raw(" = ")
-            .bind(key)
+            .key_is(key_col, key)
             .raw(" AND ");
         self.push_fence(&mut s, table, key, generation);
         s.finish()

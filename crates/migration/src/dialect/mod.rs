@@ -289,6 +289,24 @@ impl<'d> Sql<'d> {
             }
         }
     }
+    /// A key match, `col = ?`, that uses the column's index. On PostgreSQL
+    /// and MariaDB/MySQL it also requires the column's bytes to equal the
+    /// key's ([`Sql::col_is`]): their routers re-validate a key column's
+    /// collation only every `schema_recheck_ms`, and a key column altered
+    /// to a coarser collation meanwhile must still never match another
+    /// key's row. SQLite needs no second test: a move re-validates exactly
+    /// when the schema cookie changed, and a column's collation cannot
+    /// change without a schema change.
+    pub fn key_is(&mut self, col: &Ident, key: &str) -> &mut Self {
+        self.ident(col).raw(" = ").bind(key);
+        match self.dialect {
+            Dialect::Postgres | Dialect::MySql => {
+                self.raw(" AND ");
+                self.col_is(col, Value::Text(key.to_owned()))
+            }
+            _ => self,
+        }
+    }
     /// Appends `FROM DUAL` where the dialect needs it.
     pub fn dual(&mut self) -> &mut Self {
         self.raw(self.dialect.dual())
