@@ -302,12 +302,16 @@ async fn query_once<C: GenericClient>(c: &C, st: &Statement) -> Attempt<Vec<Row>
     Attempt::Done(Ok(out))
 }
 
-/// One try of an atomic batch: `BEGIN` (one round trip), then every
-/// statement and `COMMIT` pipelined, sent without waiting for each other's
-/// replies (one more round trip once the statements are prepared). The
-/// server runs them in order; when a statement fails, the transaction is
-/// aborted, every later statement fails, and the pipelined `COMMIT` rolls
-/// back. The first failure in order is the batch's error.
+/// One try of an atomic batch: once the statements are prepared (cached
+/// per connection), `BEGIN`, every statement and `COMMIT` pipelined, sent
+/// without waiting for each other's replies (one round trip). The server
+/// runs them in order; when a statement fails, the transaction is aborted,
+/// every later statement fails, and the pipelined `COMMIT` rolls back. The
+/// first failure in order is the batch's error. `BEGIN` cannot fail on its
+/// own on a live connection (it fails only in an aborted transaction, where
+/// every later statement fails too, and a dead connection fails them all);
+/// should it fail while a statement succeeded, the batch's error says that
+/// its outcome is unknown.
 async fn batch_once(client: &mut Object, stmts: &[Statement]) -> Attempt<Vec<u64>> {
     let c: &Object = client;
     let mut prepared = Vec::with_capacity(stmts.len());
@@ -319,10 +323,9 @@ async fn batch_once(client: &mut Object, stmts: &[Statement]) -> Attempt<Vec<u64
     }
     let bound: Vec<Vec<&(dyn ToSql + Sync)>> =
         prepared.iter().map(|(_, params)| refs(params)).collect();
-    if let Err(e) = c.batch_execute("BEGIN").await {
-        return classify(Err(e));
-    }
-    let (results, commit) = futures::join!(
+    // `join!` polls in order, so the requests go out in this order.
+    let (begin, results, commit) = futures::join!(
+        c.batch_execute("BEGIN"),
         futures::future::join_all(
             prepared
                 .iter()
@@ -331,6 +334,15 @@ async fn batch_once(client: &mut Object, stmts: &[Statement]) -> Attempt<Vec<u64
         ),
         c.batch_execute("COMMIT"),
     );
+    if let Err(e) = begin {
+        if results.iter().any(Result::is_ok) {
+            return Attempt::Done(Err(format!(
+                "BEGIN failed ({e}) but a statement of the batch ran: outcome unknown"
+            )
+            .into()));
+        }
+        return classify(Err(e));
+    }
     let mut counts = Vec::with_capacity(results.len());
     for r in results {
         match r {
