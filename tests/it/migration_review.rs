@@ -815,3 +815,80 @@ async fn a_postgres_move_of_padded_and_folded_text_cuts_over_at_once() {
     assert_eq!(live[0].1, before, "the values moved unchanged");
     clean_verify(&r).await;
 }
+
+/// A finished move's in-flight marker left behind (no crash path leaves
+/// one: the publish and the abort delete it in the batch that ends the
+/// copy's fence; a hand edit or a partial restore can) fences the key's
+/// live row: its routed writes fail. Verify reports it (not clean), and
+/// repair deletes it, after which the key is writable again.
+#[tokio::test]
+async fn verify_reports_and_repairs_a_leftover_in_flight_marker() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let op = r.reassign_shard("u1", "s1", "users").await.unwrap().op_id;
+        let s1 = e.shard("s1");
+        let d = s1.dialect();
+        let mut s = durability_migration::Sql::new(&d);
+        s.raw(
+            "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, digest, \
+             retired_ms, superseded, purged) VALUES (",
+        )
+        .bind(op.as_str())
+        .raw(", ")
+        .bind("users")
+        .raw(", ")
+        .bind("u1")
+        .raw(", ")
+        .bind(r.journal_scope())
+        .raw(", ")
+        .bind("s0")
+        .raw(", ")
+        .bind("in-flight")
+        .raw(", ")
+        .bind(0i64)
+        .raw(", 0, 0)");
+        s1.execute(&s.finish()).await.unwrap();
+        let n = |v: i64| row([("n", Value::from(v))]);
+        let err = r.update("u1", "users", n(2)).await.unwrap_err();
+        assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
+        let rep = r
+            .verify_migrations(durability_migration::VerifyOptions::default())
+            .await
+            .unwrap();
+        assert!(!rep.clean, "{kinds:?}: {rep:?}");
+        assert_eq!(rep.leftover_marker_count, 1, "{kinds:?}: {rep:?}");
+        assert_eq!(
+            rep.leftover_markers,
+            vec![durability_migration::Leftover {
+                shard: "s1".into(),
+                table: "users".into(),
+                key: "u1".into(),
+                op_id: op.clone(),
+            }],
+            "{kinds:?}"
+        );
+        let rep = r
+            .verify_migrations(durability_migration::VerifyOptions {
+                repair: true,
+                ..durability_migration::VerifyOptions::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(rep.repaired_count, 1, "{kinds:?}: {rep:?}");
+        assert!(
+            rep.repaired[0].contains("leftover in-flight marker"),
+            "{rep:?}"
+        );
+        assert_eq!(rep.leftover_marker_count, 0, "{kinds:?}: {rep:?}");
+        assert_eq!(r.update("u1", "users", n(3)).await.unwrap(), 1, "{kinds:?}");
+        assert_eq!(
+            r.get("u1", "users").await.unwrap().unwrap().get("n"),
+            Some(&Value::from(3)),
+            "{kinds:?}"
+        );
+        clean_verify(&r).await;
+    }
+}

@@ -395,6 +395,7 @@ pub(crate) fn verify(out: &mut impl Write, r: &VerifyReport) -> io::Result<()> {
     let ghosts = list(r.ghosts.iter().map(leftover).collect());
     let archives = list(r.stranded_archives.iter().map(leftover).collect());
     let copies = list(r.stranded_copies.iter().map(leftover).collect());
+    let markers = list(r.leftover_markers.iter().map(leftover).collect());
     let stale: Vec<String> = r
         .stale_cutovers
         .iter()
@@ -444,6 +445,11 @@ pub(crate) fn verify(out: &mut impl Write, r: &VerifyReport) -> io::Result<()> {
             "mapping mismatches",
             count(r.mapping_mismatch_count),
             &ids(&mismatches),
+        ),
+        summary_row(
+            "leftover markers",
+            count(r.leftover_marker_count),
+            &ids(&markers),
         ),
         summary_row("repaired", count(r.repaired_count), &ids(&r.repaired)),
     ];

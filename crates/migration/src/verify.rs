@@ -99,6 +99,12 @@ pub struct VerifyReport {
     /// Keys whose mapping disagrees with their newest finished move (first
     /// entries; repair publishes the move's target again).
     pub mapping_mismatches: Vec<MappingMismatch>,
+    /// In-flight markers a finished move left behind (first entries): the
+    /// publish and the abort delete a move's markers in the batch that ends
+    /// its copy's fence, so one left (a hand edit, a partial restore) hides
+    /// the key's row on that shard from routed reads and fails its writes
+    /// with `MIGRATION_CUTOVER_PENDING`. Repair deletes them.
+    pub leftover_markers: Vec<Leftover>,
     /// What repair changed (first entries).
     pub repaired: Vec<String>,
     /// Exact number of dangling operations.
@@ -113,6 +119,8 @@ pub struct VerifyReport {
     pub stale_cutover_count: u64,
     /// Exact number of mapping mismatches.
     pub mapping_mismatch_count: u64,
+    /// Exact number of leftover in-flight markers.
+    pub leftover_marker_count: u64,
     /// Exact number of repairs.
     pub repaired_count: u64,
     /// Nothing remains to report.
@@ -140,6 +148,7 @@ impl Default for VerifyReport {
             stranded_copies: Vec::new(),
             stale_cutovers: Vec::new(),
             mapping_mismatches: Vec::new(),
+            leftover_markers: Vec::new(),
             repaired: Vec::new(),
             dangling_count: 0,
             ghost_count: 0,
@@ -147,6 +156,7 @@ impl Default for VerifyReport {
             stranded_copy_count: 0,
             stale_cutover_count: 0,
             mapping_mismatch_count: 0,
+            leftover_marker_count: 0,
             repaired_count: 0,
             clean: false,
             recovery: None,
@@ -334,7 +344,8 @@ impl Core {
             && report.stranded_archives.is_empty()
             && report.stranded_copies.is_empty()
             && report.stale_cutovers.is_empty()
-            && report.mapping_mismatches.is_empty();
+            && report.mapping_mismatches.is_empty()
+            && report.leftover_markers.is_empty();
         {
             // The pass and the keys it found something on, in one batch: an
             // unclean pass still covers every other key's finished moves
@@ -517,6 +528,10 @@ impl Core {
             for r in &rows {
                 let t = Tomb::from_row(r)?;
                 if t.digest == names::IN_FLIGHT {
+                    if !t.superseded {
+                        self.check_marker(report, shard_name, &t, op, repair)
+                            .await?;
+                    }
                     continue;
                 }
                 self.check_tomb_of(report, shard_name, &t, op, repair)
@@ -528,6 +543,49 @@ impl Core {
             MoveState::Retired => self.check_mapping(report, op, repair).await,
             _ => Ok(()),
         }
+    }
+
+    /// A live in-flight marker of the finished operation `op` on
+    /// `shard_name` (see [`VerifyReport::leftover_markers`]). Repair
+    /// deletes the operation's markers of the key there, unless a move of
+    /// the key holds its claim (its own copy may be under the fence).
+    async fn check_marker(
+        &self,
+        report: &mut VerifyReport,
+        shard_name: &str,
+        t: &Tomb,
+        op: &OpRecord,
+        repair: bool,
+    ) -> Result<()> {
+        let leftover = Leftover {
+            shard: shard_name.to_owned(),
+            table: t.table.clone(),
+            key: op.key.clone(),
+            op_id: op.op_id.clone(),
+        };
+        if repair && !self.claim_held(&op.key).await? {
+            let (name, shard) = self.shard_named(shard_name)?;
+            shard
+                .execute(&shard.dialect().in_flight_clear(&op.op_id, &op.key))
+                .await
+                .map_err(|e| MigrationError::shard(name, e))?;
+            push_counted(
+                &mut report.repaired,
+                &mut report.repaired_count,
+                format!(
+                    "removed leftover in-flight marker {shard_name}:{}:{} ({})",
+                    t.table, op.key, op.op_id
+                ),
+            );
+        } else {
+            report.flag(&op.key);
+            push_counted(
+                &mut report.leftover_markers,
+                &mut report.leftover_marker_count,
+                leftover,
+            );
+        }
+        Ok(())
     }
 
     /// A full pass's scan of every tombstone on every shard, skipping the
