@@ -271,7 +271,7 @@ impl<'r> MoveCtx<'r> {
     }
 
     /// Configured tables outside the move that exist on the source and on
-    /// the destination (both validated afresh, as a moved table is).
+    /// the destination (both re-validated, as a moved table is).
     async fn others_on_target(&self) -> Result<Vec<TableSpec>> {
         let mut out = Vec::new();
         for spec in self.others().await? {
