@@ -85,13 +85,14 @@ impl BeforeWrite for StaleCopy {
 /// The seed's undetectable case: a stale destination insert (the copy of a
 /// recovery that stalled past its lease) lands after the new lease holder
 /// committed the move and an acknowledged delete removed the key. The key's
-/// row is back on the destination, under the stale copy's in-flight marker,
-/// and verification reports nothing. The stalled recovery ends with
+/// row is back on the destination, under the stale copy's in-flight marker;
+/// verification reports the leftover markers but cannot tell the row was
+/// deleted, so repair leaves it. The stalled recovery ends with
 /// `RECOVERY_FENCED` (its next journal write is refused), which is the only
 /// trace. This pins that behaviour; see ARCHITECTURE.md (`crates/migration`,
 /// "the undetectable case").
 #[tokio::test]
-async fn stale_copy_after_commit_and_acknowledged_delete_is_not_detected() {
+async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaired() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
         let e = Arc::new(e);
@@ -148,12 +149,28 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_not_detected() {
                 "{kinds:?}"
             );
         }
-        // Nothing reports it: verification is clean, recovery finds nothing.
-        let rep = fresh
-            .verify_migrations(VerifyOptions::default())
-            .await
-            .unwrap();
-        assert!(rep.clean, "{kinds:?}: {rep:?}");
+        // Verification reports the markers the stale batch left (one per
+        // configured table), and repair leaves them and the row (nothing
+        // tells a deleted row from a live one); recovery finds nothing.
+        for repair in [false, true] {
+            let rep = fresh
+                .verify_migrations(VerifyOptions {
+                    repair,
+                    ..VerifyOptions::default()
+                })
+                .await
+                .unwrap();
+            assert!(!rep.clean, "{kinds:?}: {rep:?}");
+            assert_eq!(rep.leftover_marker_count, 4, "{kinds:?}: {rep:?}");
+            assert!(
+                rep.leftover_markers
+                    .iter()
+                    .all(|l| l.shard == "s1" && l.key == "u1"),
+                "{kinds:?}: {rep:?}"
+            );
+            assert_eq!(rep.repaired_count, 0, "{kinds:?}: {rep:?}");
+        }
+        assert_eq!(e.live("users", "id", "u1").await.len(), 1, "{kinds:?}");
         let rep = fresh.recover_migrations().await.unwrap();
         assert!(rep.examined.is_empty(), "{kinds:?}: {rep:?}");
         // The operator's way out (ARCHITECTURE.md): the in-flight markers of

@@ -594,7 +594,8 @@ impl BeforeWrite for AbortAtCopy {
 /// Item 8: an abort of an operation whose mover is live and copying: the
 /// mover's copy lands after the abort and its next journal write is fenced
 /// (`MIGRATION_TAKEN_OVER`, outcome unknown); the key keeps its one row on
-/// the source, and repair removes the late copy as a stranded copy.
+/// the source, verify reports the late copy and its in-flight markers, and
+/// repair removes both.
 #[tokio::test]
 async fn an_abort_wins_over_a_live_mover() {
     for kinds in SAME {
@@ -621,6 +622,7 @@ async fn an_abort_wins_over_a_live_mover() {
         assert_eq!(status(&r, "u1").await.state, MoveState::Aborted);
         let rep = verify(&r).await;
         assert_eq!(rep.stranded_copy_count, 1, "{kinds:?}: {rep:?}");
+        assert_eq!(rep.leftover_marker_count, 4, "{kinds:?}: {rep:?}");
         clean_verify(&r).await;
         let live = e.live("users", "id", "u1").await;
         assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");

@@ -1182,9 +1182,23 @@ impl Core {
         // Driven by this task from before its claim lands, so no other task
         // of this router takes it for an interrupted move of its own.
         let _running = self.drive(&op_id);
-        // The claim and `prepared` are one statement.
-        match js.batch(&[q.insert_op(&op)]).await {
+        // The claim and `prepared` are one statement; on SQLite, when the
+        // journal shares the source's database, with the check that no
+        // concurrent move cut the key over since the snapshot (one
+        // statement under SQLite's write lock, which never writes from a
+        // stale read). A claim taken since the check above: the conflict
+        // code (or this router's own move, resumed).
+        let fold = matches!(d, crate::dialect::Dialect::Sqlite)
+            && self.journal.as_deref() == Some(source.as_str());
+        let tnames: Vec<&crate::dialect::Ident> = ctx.specs.iter().map(|s| &s.name).collect();
+        match js
+            .batch(&[q.insert_op(&op, fold.then_some(tnames.as_slice()))])
+            .await
+        {
             Ok(counts) if counts.first().copied().unwrap_or(0) > 0 => {}
+            Ok(_) if fold && ctx.moved_away().await? => {
+                return Err(MigrationError::AlreadyActive(key.to_owned()));
+            }
             Ok(_) => return self.resume_own(key, target, &op.tables).await,
             Err(e) => {
                 // A racing claim trips the unique claim index; report it as such.
@@ -1201,7 +1215,7 @@ impl Core {
         // row is elsewhere. End the operation before any write outside the
         // journal (a copy would overwrite the winner's row) and report the
         // conflict.
-        if ctx.moved_away().await? {
+        if !fold && ctx.moved_away().await? {
             ctx.end_unmoved("the key was moved by a concurrent operation")
                 .await?;
             return Err(MigrationError::AlreadyActive(key.to_owned()));

@@ -99,11 +99,15 @@ pub struct VerifyReport {
     /// Keys whose mapping disagrees with their newest finished move (first
     /// entries; repair publishes the move's target again).
     pub mapping_mismatches: Vec<MappingMismatch>,
-    /// In-flight markers a finished move left behind (first entries): the
-    /// publish and the abort delete a move's markers in the batch that ends
-    /// its copy's fence, so one left (a hand edit, a partial restore) hides
-    /// the key's row on that shard from routed reads and fails its writes
-    /// with `MIGRATION_CUTOVER_PENDING`. Repair deletes them.
+    /// In-flight markers of finished moves (first entries): the publish and
+    /// the abort delete a move's markers in the batch that ends its copy's
+    /// fence, so one found later was written after that by a stalled
+    /// mover's stale copy batch (or a hand edit, a partial restore). It
+    /// fails the key's routed writes on that shard with
+    /// `MIGRATION_CUTOVER_PENDING`, and the row under it may be one the
+    /// application deleted since (the seed's undetectable case). Repair
+    /// removes an aborted move's late copy and its marker; it leaves a
+    /// retired move's, which the operator decides on (ARCHITECTURE.md).
     pub leftover_markers: Vec<Leftover>,
     /// What repair changed (first entries).
     pub repaired: Vec<String>,
@@ -546,9 +550,18 @@ impl Core {
     }
 
     /// A live in-flight marker of the finished operation `op` on
-    /// `shard_name` (see [`VerifyReport::leftover_markers`]). Repair
-    /// deletes the operation's markers of the key there, unless a move of
-    /// the key holds its claim (its own copy may be under the fence).
+    /// `shard_name` (see [`VerifyReport::leftover_markers`]).
+    ///
+    /// Repair removes it, with the row of the key under it, only for an
+    /// aborted move whose key is not routed to that shard and has no claim
+    /// held: the row under it is then a late copy of the aborted move (no
+    /// routed write lands under a marker). Anything else is left: under a
+    /// retired move's marker (or one on the shard the key is routed to) is
+    /// either the key's live row (a stalled mover's stale copy batch landed
+    /// after the move finished and changed nothing but the marker) or a row
+    /// the application deleted, brought back by that batch (the seed's
+    /// undetectable case), and nothing stored tells the two apart; the
+    /// operator's procedure is in ARCHITECTURE.md.
     async fn check_marker(
         &self,
         report: &mut VerifyReport,
@@ -557,34 +570,43 @@ impl Core {
         op: &OpRecord,
         repair: bool,
     ) -> Result<()> {
-        let leftover = Leftover {
-            shard: shard_name.to_owned(),
-            table: t.table.clone(),
-            key: op.key.clone(),
-            op_id: op.op_id.clone(),
-        };
-        if repair && !self.claim_held(&op.key).await? {
+        if repair
+            && op.state == MoveState::Aborted
+            && let Some(spec) = self.tables.get(&t.table).cloned()
+            && self.mapping_fresh(&op.key).await?.as_deref() != Some(shard_name)
+            && !self.claim_held(&op.key).await?
+        {
             let (name, shard) = self.shard_named(shard_name)?;
+            let d = shard.dialect();
+            let stmts = [
+                d.delete_marked(&spec.name, &spec.key_col, &op.key, &op.op_id),
+                d.in_flight_clear(&op.op_id, &op.key),
+            ];
             shard
-                .execute(&shard.dialect().in_flight_clear(&op.op_id, &op.key))
+                .batch(&stmts)
                 .await
                 .map_err(|e| MigrationError::shard(name, e))?;
             push_counted(
                 &mut report.repaired,
                 &mut report.repaired_count,
                 format!(
-                    "removed leftover in-flight marker {shard_name}:{}:{} ({})",
+                    "removed a late copy's in-flight marker {shard_name}:{}:{} ({})",
                     t.table, op.key, op.op_id
                 ),
             );
-        } else {
-            report.flag(&op.key);
-            push_counted(
-                &mut report.leftover_markers,
-                &mut report.leftover_marker_count,
-                leftover,
-            );
+            return Ok(());
         }
+        report.flag(&op.key);
+        push_counted(
+            &mut report.leftover_markers,
+            &mut report.leftover_marker_count,
+            Leftover {
+                shard: shard_name.to_owned(),
+                table: t.table.clone(),
+                key: op.key.clone(),
+                op_id: op.op_id.clone(),
+            },
+        );
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! The journal's statements: its schema and upgrade, and every statement
 //! on the operation rows and the recovery lease ([`JournalSql`]).
 
-use super::{Dialect, Sql, names};
+use super::{Dialect, Ident, Sql, names};
 use crate::journal::{Change, Guard, MoveState, OpFilter, OpRecord, encode_digests};
 use crate::shard::Statement;
 use crate::value::Value;
@@ -117,7 +117,13 @@ impl JournalSql<'_> {
     /// holding its key in `claim`, unless an active operation of the key
     /// holds it already (then it inserts nothing; a racing claim that slips
     /// past the check trips the unique claim index instead).
-    pub(crate) fn insert_op(&self, op: &OpRecord) -> Statement {
+    ///
+    /// `unmoved`: the moved tables, when the journal shares the source's
+    /// SQLite database: the statement then also requires that no other
+    /// operation left a live tombstone of the key there (the check
+    /// [`MoveCtx::moved_away`](crate::moves::MoveCtx::moved_away) makes
+    /// after the claim otherwise), atomically with the claim.
+    pub(crate) fn insert_op(&self, op: &OpRecord, unmoved: Option<&[&Ident]>) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("INSERT INTO ").raw(names::OPS).raw(
             " (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, \
@@ -155,6 +161,13 @@ impl JournalSql<'_> {
             .raw(" AND claim = ")
             .bind(op.key.as_str())
             .raw(")");
+        if let Some(tables) = unmoved {
+            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
+                .raw(names::RETIRED)
+                .raw(" WHERE ");
+            Dialect::push_live_tombstones(&mut s, tables, &op.key);
+            s.raw(" AND op_id <> ").bind(op.op_id.as_str()).raw(")");
+        }
         s.finish()
     }
 

@@ -244,9 +244,15 @@ impl<'d> Sql<'d> {
     }
     /// Appends a placeholder bound to `v`.
     pub fn bind(&mut self, v: impl Into<Value>) -> &mut Self {
+        use std::fmt::Write as _;
         self.params.push(v.into());
-        let p = self.dialect.placeholder(self.params.len());
-        self.text.push_str(&p);
+        let n = self.params.len();
+        // Written in place: no string per placeholder.
+        let _ = match self.dialect {
+            Dialect::Postgres => write!(self.text, "${n}"),
+            Dialect::Sqlite => write!(self.text, "?{n}"),
+            _ => write!(self.text, "?"),
+        };
         self
     }
     /// Appends `col <null-safe => ?` bound to `v`. Text is compared by its

@@ -180,7 +180,7 @@ impl Dialect {
 
     /// `mkey = ? AND superseded = 0 AND tname IN (?..)`: the key's live
     /// tombstones in any of `tables`.
-    fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
+    pub(super) fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
         s.raw("mkey = ")
             .bind(key)
             .raw(" AND superseded = 0 AND tname IN (");
