@@ -4,7 +4,10 @@
 //! describes):
 //!
 //! 1. claim + `prepared` with the snapshot digests (one journal statement:
-//!    the operation row holds its key in `claim`, unique per scope);
+//!    the operation row holds its key in `claim`, unique per scope), then
+//!    the check that no concurrent move cut the key over on the source
+//!    since the snapshot (in the claim's statement on SQLite when the
+//!    journal shares the source's database);
 //! 2. copy to the destination, in one batch with the operation's in-flight
 //!    marker of every moved table (a live `durability_retired` row of the
 //!    operation on the destination, `moved_to` naming the source, digest
