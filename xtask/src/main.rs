@@ -146,6 +146,8 @@ fn verify() -> Result {
     cmd.args([
         "nextest",
         "run",
+        "--profile",
+        "verify",
         "--workspace",
         "--all-targets",
         "--locked",
