@@ -14,7 +14,14 @@
 //! transaction back, so the shard retries the statement or the whole batch,
 //! up to [`MAX_ATTEMPTS`] times.
 //!
-//! Values are always bound parameters (the binary protocol). Reads map
+//! Values are bound parameters (the binary protocol), except in a batch of
+//! several statements: it is one multi-statement text query, `START
+//! TRANSACTION; …; COMMIT` (one round trip), each value written as a literal
+//! that means what the bound parameter means (text `_utf8mb4 X'…'`, bytes
+//! `X'…'`, integers in decimal, floats in exponent form), and a statement
+//! that cannot be written so sends the batch prepared, statement by
+//! statement. A failed batch's connection is rolled back or closed before it
+//! returns to the pool. Reads map
 //! integer columns to [`Value::Integer`], `FLOAT`/`DOUBLE` to
 //! [`Value::Real`], character columns to [`Value::Text`] and binary-charset
 //! columns (`BLOB`, `VARBINARY`) to [`Value::Blob`]; any other value (dates,
