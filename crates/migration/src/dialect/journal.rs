@@ -165,8 +165,8 @@ impl JournalSql<'_> {
             s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
                 .raw(names::RETIRED)
                 .raw(" WHERE ");
-            Dialect::push_live_tombstones(&mut s, tables, &op.key);
-            s.raw(" AND op_id <> ").bind(op.op_id.as_str()).raw(")");
+            Dialect::push_foreign_tombstones(&mut s, tables, &op.key, &op.op_id);
+            s.raw(")");
         }
         s.finish()
     }

@@ -141,11 +141,19 @@ impl Dialect {
 
     /// The placeholder of the `n`th (1-based) parameter.
     pub fn placeholder(&self, n: usize) -> String {
-        match self {
-            Self::Postgres => format!("${n}"),
-            Self::Sqlite => format!("?{n}"),
-            _ => "?".to_owned(),
-        }
+        let mut out = String::new();
+        self.push_placeholder(n, &mut out);
+        out
+    }
+
+    /// Appends [`Dialect::placeholder`] to `out` (no string of its own).
+    fn push_placeholder(&self, n: usize, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = match self {
+            Self::Postgres => write!(out, "${n}"),
+            Self::Sqlite => write!(out, "?{n}"),
+            _ => write!(out, "?"),
+        };
     }
 
     /// The null-safe equality operator.
@@ -244,15 +252,9 @@ impl<'d> Sql<'d> {
     }
     /// Appends a placeholder bound to `v`.
     pub fn bind(&mut self, v: impl Into<Value>) -> &mut Self {
-        use std::fmt::Write as _;
         self.params.push(v.into());
-        let n = self.params.len();
-        // Written in place: no string per placeholder.
-        let _ = match self.dialect {
-            Dialect::Postgres => write!(self.text, "${n}"),
-            Dialect::Sqlite => write!(self.text, "?{n}"),
-            _ => write!(self.text, "?"),
-        };
+        self.dialect
+            .push_placeholder(self.params.len(), &mut self.text);
         self
     }
     /// Appends `col <null-safe => ?` bound to `v`. Text is compared by its

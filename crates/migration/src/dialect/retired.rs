@@ -180,7 +180,7 @@ impl Dialect {
 
     /// `mkey = ? AND superseded = 0 AND tname IN (?..)`: the key's live
     /// tombstones in any of `tables`.
-    pub(super) fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
+    fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
         s.raw("mkey = ")
             .bind(key)
             .raw(" AND superseded = 0 AND tname IN (");
@@ -230,9 +230,21 @@ impl Dialect {
         s.raw("SELECT op_id FROM ")
             .raw(names::RETIRED)
             .raw(" WHERE ");
-        Self::push_live_tombstones(&mut s, tables, key);
-        s.raw(" AND op_id <> ").bind(op_id).raw(" LIMIT 1");
+        Self::push_foreign_tombstones(&mut s, tables, key, op_id);
+        s.raw(" LIMIT 1");
         s.finish()
+    }
+
+    /// `<live tombstones of key in tables> AND op_id <> ?`: another
+    /// operation's (see [`Dialect::foreign_tombstone_query`]).
+    pub(super) fn push_foreign_tombstones(
+        s: &mut Sql<'_>,
+        tables: &[&Ident],
+        key: &str,
+        op_id: &str,
+    ) {
+        Self::push_live_tombstones(s, tables, key);
+        s.raw(" AND op_id <> ").bind(op_id);
     }
 
     /// Operation `op_id`'s archive rows of `key` (`tname`, and `payload`
