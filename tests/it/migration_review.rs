@@ -889,3 +889,18 @@ async fn verify_reports_a_leftover_in_flight_marker_and_repair_leaves_it() {
         clean_verify(&r).await;
     }
 }
+
+/// `schema_recheck_ms` is validated: above [`MAX_MAPPING_CACHE_TTL_MS`] is
+/// `INVALID_CONFIG` and no router is built; the maximum and 0 are accepted.
+#[tokio::test]
+async fn a_bad_schema_recheck_is_a_typed_error() {
+    let Some(e) = env(&[Sqlite, Sqlite]).await else {
+        return;
+    };
+    let max = durability_migration::MAX_MAPPING_CACHE_TTL_MS;
+    let err = Router::new(e.config(false, 30_000).schema_recheck_ms(max + 1)).unwrap_err();
+    assert_eq!(err.code(), "INVALID_CONFIG", "{err}");
+    for ok in [0, max] {
+        assert!(Router::new(e.config(false, 30_000).schema_recheck_ms(ok)).is_ok());
+    }
+}
