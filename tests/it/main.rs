@@ -18,6 +18,7 @@ mod migration_history;
 mod migration_hotkey;
 mod migration_model;
 mod migration_placement;
+mod migration_refusals;
 mod migration_review;
 mod migration_smaller;
 mod migration_stuck;

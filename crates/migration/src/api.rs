@@ -155,7 +155,10 @@ impl Router {
     /// `MAPPING_UNAVAILABLE`, `MIGRATION_LOOKUP_UNAVAILABLE` (a key with no
     /// mapping whose journal could not be read; nothing written),
     /// `DUPLICATE_KEY` (an insert of a key whose row
-    /// exists: definite, nothing written); under computed placement also
+    /// exists: definite, nothing written), `ROW_REJECTED` (the shard
+    /// refused the row's data: a NOT NULL, CHECK or foreign-key constraint,
+    /// a value its column cannot hold; definite, nothing written, naming the
+    /// column when the shard does); under computed placement also
     /// `PLACEMENT_UNVERIFIED`, `STALE_TOPOLOGY` and `WRITE_UNRESOLVED` (none
     /// of which applied the write).
     pub async fn update(&self, key: &str, table: &str, changes: Row) -> Result<u64> {
@@ -621,7 +624,8 @@ impl Router {
     /// # Errors
     /// `INVALID_KEY`, `UNKNOWN_TABLE`, `UNKNOWN_KEY_COLUMN`, `UNKNOWN_SHARD`,
     /// `MIGRATION_SAME_SHARD`, `MIGRATION_ROW_NOT_FOUND`,
-    /// `DESTINATION_CONFLICT`, `SHARD_UNAVAILABLE`.
+    /// `DESTINATION_CONFLICT`, `ROW_REJECTED` (the destination refused the
+    /// row's data; nothing was copied), `SHARD_UNAVAILABLE`.
     pub async fn migrate_record(
         &self,
         source: &str,

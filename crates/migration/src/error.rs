@@ -34,9 +34,12 @@ impl UniqueViolation {
 /// column's type cannot hold, a value out of range): a definite rejection
 /// (the statement applied nothing), never an unknown outcome. Shards wrap
 /// the driver's error in it (the SQLite shard: `SQLITE_CONSTRAINT_*` other
-/// than unique, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`), naming the column when
-/// the driver's message does. A move whose copy fails with it (or with a
-/// [`UniqueViolation`]) aborts with `MIGRATION_COPY_REJECTED`.
+/// than unique, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`; the PostgreSQL shard:
+/// SQLSTATE classes `22` and `23` and values its parameters cannot hold;
+/// the MariaDB/MySQL shard: its data-refusal server errors), naming the
+/// column when the driver's error does. A move whose copy fails with it (or
+/// with a [`UniqueViolation`]) aborts with `MIGRATION_COPY_REJECTED`; a
+/// routed write is `ROW_REJECTED`.
 #[derive(Debug, thiserror::Error)]
 #[error("the statement's data was refused")]
 pub struct DataRejected {
@@ -61,6 +64,20 @@ impl DataRejected {
         }
         None
     }
+}
+
+/// An error and its sources, outermost first, joined by `": "` (a
+/// driver's error often says only "db error" and keeps the server's words
+/// in its source).
+pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// Every failure the migration crate reports.
@@ -305,6 +322,26 @@ pub enum MigrationError {
         /// Why.
         reason: String,
     },
+    /// A routed write was definitely refused by its shard for the data it
+    /// carries (a [`DataRejected`] from the shard: a NOT NULL, CHECK or
+    /// foreign-key constraint, a value its column cannot hold): nothing was
+    /// written. Change the row; retrying it as it is fails again.
+    #[error(
+        "shard {shard:?} refused the write of key {key:?} into {table:?}{}: {reason}",
+        column.as_deref().map(|c| format!(" (column {c:?})")).unwrap_or_default()
+    )]
+    RowRejected {
+        /// The key.
+        key: String,
+        /// The shard that refused it.
+        shard: String,
+        /// The table written.
+        table: String,
+        /// The column, when the shard names it.
+        column: Option<String>,
+        /// The shard's reason.
+        reason: String,
+    },
     /// No operation with this id exists in the journal scope.
     #[error("operation {0} does not exist")]
     OperationNotFound(String),
@@ -365,6 +402,7 @@ impl MigrationError {
         "DUPLICATE_KEY",
         "KEY_COLUMN_NOT_BYTEWISE",
         "MIGRATION_COPY_REJECTED",
+        "ROW_REJECTED",
         "MIGRATION_OPERATION_NOT_FOUND",
         "MIGRATION_NOT_ABORTABLE",
     ];
@@ -414,6 +452,7 @@ impl MigrationError {
             Self::DuplicateKey { .. } => "DUPLICATE_KEY",
             Self::KeyColumnNotBytewise { .. } => "KEY_COLUMN_NOT_BYTEWISE",
             Self::CopyRejected { .. } => "MIGRATION_COPY_REJECTED",
+            Self::RowRejected { .. } => "ROW_REJECTED",
             Self::OperationNotFound(_) => "MIGRATION_OPERATION_NOT_FOUND",
             Self::NotAbortable { .. } => "MIGRATION_NOT_ABORTABLE",
         }

@@ -363,7 +363,7 @@ impl<'r> MoveCtx<'r> {
             let counts = shard
                 .batch(&stmts)
                 .await
-                .map_err(|e| self.copy_error(name, e))?;
+                .map_err(|e| self.copy_error(name, snap, e))?;
             if counts.last().copied().unwrap_or(0) > 0 {
                 return Ok(());
             }
@@ -381,7 +381,7 @@ impl<'r> MoveCtx<'r> {
         shard
             .batch(&stmts)
             .await
-            .map_err(|e| self.copy_error(name, e))?;
+            .map_err(|e| self.copy_error(name, snap, e))?;
         Ok(())
     }
 
@@ -408,38 +408,30 @@ impl<'r> MoveCtx<'r> {
     }
 
     /// A copy's failure: a definite refusal by the destination is
-    /// `MIGRATION_COPY_REJECTED`, anything else `SHARD_UNAVAILABLE`.
-    fn copy_error(&self, shard: &str, e: BackendError) -> MigrationError {
+    /// `MIGRATION_COPY_REJECTED`, anything else `SHARD_UNAVAILABLE`. The
+    /// refused table is the one the shard names, else the one moved table
+    /// the snapshot holds a row of (the others are copied empty), else every
+    /// moved table with a row.
+    fn copy_error(&self, shard: &str, snap: &Snapshot, e: BackendError) -> MigrationError {
         let rejected = DataRejected::find(e.as_ref());
         if rejected.is_none() && !UniqueViolation::is(e.as_ref()) {
             return MigrationError::shard(shard, e);
         }
-        let table = rejected
-            .and_then(|r| r.table.clone())
-            .or_else(|| match self.specs.as_slice() {
-                [one] => Some(one.name.as_str().to_owned()),
-                _ => None,
-            })
-            .unwrap_or_else(|| {
-                self.specs
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            });
-        let reason = match rejected {
-            Some(r) => r.source.to_string(),
-            None => format!(
-                "{e}: {}",
-                e.source().map(ToString::to_string).unwrap_or_default()
-            ),
-        };
+        let table = rejected.and_then(|r| r.table.clone()).unwrap_or_else(|| {
+            self.specs
+                .iter()
+                .zip(snap)
+                .filter(|(_, row)| row.is_some())
+                .map(|(s, _)| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        });
         MigrationError::CopyRejected {
             key: self.key.clone(),
             shard: shard.to_owned(),
             table,
             column: rejected.and_then(|r| r.column.clone()),
-            reason,
+            reason: crate::error::chain(rejected.map_or(e.as_ref(), |r| r.source.as_ref())),
         }
     }
 

@@ -75,7 +75,7 @@ impl Core {
                 ];
                 dst.batch(&stmts)
                     .await
-                    .map_err(|e| MigrationError::shard(tname, e))?;
+                    .map_err(|e| crate::router::refused_write(tname, key, spec.name.as_str(), e))?;
             }
         }
         src.execute(&sd.delete_matching(&spec.name, &spec.key_col, key, &cols))

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{self, Check, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
-use crate::error::{MigrationError, Result, UniqueViolation};
+use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{MoveState, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
@@ -1085,16 +1085,10 @@ impl Core {
                 }
                 WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
             };
-            let n = shard.execute(&st).await.map_err(|e| {
-                if UniqueViolation::is(e.as_ref()) {
-                    MigrationError::DuplicateKey {
-                        key: key.to_owned(),
-                        table: spec.name.as_str().to_owned(),
-                    }
-                } else {
-                    MigrationError::shard(name, e)
-                }
-            })?;
+            let n = shard
+                .execute(&st)
+                .await
+                .map_err(|e| refused_write(name, key, spec.name.as_str(), e))?;
             if n == 0
                 && let Some(generation) = generation
                 && d.is_proven()
@@ -1339,4 +1333,31 @@ fn sqlite_declared_collation(sql: &str, col: &str) -> Option<String> {
         return (!c.is_empty()).then_some(c);
     }
     None
+}
+
+/// A routed write's failure: a unique violation is `DUPLICATE_KEY`, a data
+/// refusal `ROW_REJECTED` (both definite: nothing was written), anything
+/// else `SHARD_UNAVAILABLE` (outcome unknown).
+pub(crate) fn refused_write(
+    shard: &str,
+    key: &str,
+    table: &str,
+    e: BackendError,
+) -> MigrationError {
+    if UniqueViolation::is(e.as_ref()) {
+        return MigrationError::DuplicateKey {
+            key: key.to_owned(),
+            table: table.to_owned(),
+        };
+    }
+    match DataRejected::find(e.as_ref()) {
+        Some(r) => MigrationError::RowRejected {
+            key: key.to_owned(),
+            shard: shard.to_owned(),
+            table: table.to_owned(),
+            column: r.column.clone(),
+            reason: crate::error::chain(r.source.as_ref()),
+        },
+        None => MigrationError::shard(shard, e),
+    }
 }

@@ -99,6 +99,13 @@ fn all_errors() -> Vec<MigrationError> {
             column: Some(s()),
             reason: s(),
         },
+        MigrationError::RowRejected {
+            key: s(),
+            shard: s(),
+            table: s(),
+            column: None,
+            reason: s(),
+        },
         MigrationError::OperationNotFound(s()),
         MigrationError::NotAbortable {
             op_id: s(),

@@ -12,7 +12,10 @@
 //! router counts), not only the rows whose values changed. A deadlock or a
 //! lock wait timeout (server errors 1213, 1205) rolled the statement's
 //! transaction back, so the shard retries the statement or the whole batch,
-//! up to [`MAX_ATTEMPTS`] times.
+//! up to [`MAX_ATTEMPTS`] times. Refusals are definite and typed: a
+//! duplicate entry (1062) is a `UniqueViolation`, a refusal of the data
+//! (NOT NULL, out of range, too long, invalid characters, foreign key,
+//! CHECK) a `DataRejected` naming the column the server's message names.
 //!
 //! Values are bound parameters (the binary protocol), except in a batch of
 //! several statements: it is one multi-statement text query, `START
@@ -59,8 +62,8 @@
 #![warn(missing_debug_implementations)]
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,
-    UniqueViolation, Value,
+    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, Row, Shard, ShardMappingStore,
+    Statement, UniqueViolation, Value,
 };
 use durability_time::{Backoff, Jitter, Random, SystemClock};
 use mysql_async::consts::ColumnType;
@@ -151,14 +154,65 @@ enum Attempt<T> {
     Done(Result<T, BackendError>),
 }
 
+/// Server errors that refuse a statement for the data it carries (the
+/// server applied nothing of it): a NULL in a NOT NULL column (1048), a
+/// column left out that has no default (1364), a value out of range (1264,
+/// 1690), truncated or not valid for its type (1265, 1292, 1366, 1411),
+/// invalid characters (1300), too long (1406), a foreign key (1216, 1217,
+/// 1451, 1452) or a CHECK constraint (MariaDB 4025, MySQL 3819).
+const DATA_REFUSALS: [u16; 16] = [
+    1048, 1216, 1217, 1264, 1265, 1292, 1300, 1364, 1366, 1406, 1411, 1451, 1452, 1690, 3819, 4025,
+];
+
 /// A driver error as a backend error: a duplicate entry (server error
-/// 1062) is wrapped in [`UniqueViolation`] (a definite rejection).
+/// 1062) is wrapped in [`UniqueViolation`], a data refusal
+/// ([`DATA_REFUSALS`]) in [`DataRejected`], naming the table and column
+/// when the server's message does. Both are definite rejections (a batch's
+/// transaction is rolled back or its connection closed).
 fn backend(e: mysql_async::Error) -> BackendError {
-    if matches!(&e, mysql_async::Error::Server(s) if s.code == 1062) {
-        Box::new(UniqueViolation(Box::new(e)))
-    } else {
-        Box::new(e)
+    let mysql_async::Error::Server(s) = &e else {
+        return Box::new(e);
+    };
+    if s.code == 1062 {
+        return Box::new(UniqueViolation(Box::new(e)));
     }
+    if DATA_REFUSALS.contains(&s.code) {
+        let (table, column) = named_column(&s.message);
+        return Box::new(DataRejected {
+            table,
+            column,
+            source: Box::new(e),
+        });
+    }
+    Box::new(e)
+}
+
+/// The table and column a server message names: ``for column `db`.`t`.`c` ``
+/// (table and column), `column 'c'`, `Column 'c'` or `Field 'c'` (column
+/// only).
+fn named_column(msg: &str) -> (Option<String>, Option<String>) {
+    if let Some((_, rest)) = msg.split_once("column `") {
+        let quoted = rest.split(' ').next().unwrap_or_default();
+        let parts: Vec<&str> = quoted
+            .split('.')
+            .map(|p| p.trim_matches('`'))
+            .filter(|p| !p.is_empty())
+            .collect();
+        return match parts.as_slice() {
+            [.., t, c] => (Some((*t).to_owned()), Some((*c).to_owned())),
+            [c] => (None, Some((*c).to_owned())),
+            [] => (None, None),
+        };
+    }
+    let rest = msg
+        .split_once("column '")
+        .or_else(|| msg.split_once("Column '"))
+        .or_else(|| msg.split_once("Field '"))
+        .map(|(_, r)| r);
+    let column = rest
+        .and_then(|r| r.split_once('\''))
+        .map(|(c, _)| c.to_owned());
+    (None, column)
 }
 
 fn classify<T>(r: Result<T, mysql_async::Error>) -> Attempt<T> {
@@ -514,7 +568,7 @@ pub mod testkit;
 
 #[cfg(test)]
 mod tests {
-    use super::{inline, multi_text};
+    use super::{inline, multi_text, named_column};
     use durability_migration::{Statement, Value};
 
     fn inlined(sql: &str, params: Vec<Value>) -> Option<String> {
@@ -576,5 +630,31 @@ mod tests {
         let big = Statement::with_params("SELECT ?", vec![Value::Blob(vec![7; 3 << 20])]);
         assert!(multi_text(std::slice::from_ref(&big)).is_some());
         assert_eq!(multi_text(&[big.clone(), big]), None);
+    }
+
+    #[test]
+    fn a_refusal_names_the_column_its_message_names() {
+        let named = |m: &str| named_column(m);
+        let owned = |t: Option<&str>, c: Option<&str>| (t.map(str::to_owned), c.map(str::to_owned));
+        assert_eq!(
+            named("Column 'name' cannot be null"),
+            owned(None, Some("name"))
+        );
+        assert_eq!(
+            named("Data too long for column 'name' at row 1"),
+            owned(None, Some("name"))
+        );
+        assert_eq!(
+            named("Incorrect integer value: 'x' for column `db`.`users`.`n` at row 1"),
+            owned(Some("users"), Some("n"))
+        );
+        assert_eq!(
+            named("Field 'name' doesn't have a default value"),
+            owned(None, Some("name"))
+        );
+        assert_eq!(
+            named("CONSTRAINT `users.n` failed for `db`.`users`"),
+            owned(None, None)
+        );
     }
 }

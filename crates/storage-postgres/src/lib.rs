@@ -17,7 +17,11 @@
 //! deadlock (SQLSTATE `40001`, `40P01`) applied nothing, so the shard retries
 //! the statement or the whole batch, up to [`MAX_ATTEMPTS`] times, pausing
 //! [`RETRY_BACKOFF`] between attempts (immediate retries of one hot row can
-//! keep losing to the same writers).
+//! keep losing to the same writers). Refusals are definite and typed: a
+//! unique violation (`23505`) is a `UniqueViolation`; any other integrity
+//! violation (class `23`), a data exception (class `22`) or a value its
+//! parameter's type cannot hold (refused before anything is sent) a
+//! `DataRejected`, naming the table and column the server's error names.
 //!
 //! Values are always bound parameters. A value is encoded for the type the
 //! server inferred for its placeholder: integers bind to `BIGINT`,
@@ -63,8 +67,8 @@ use std::error::Error as StdError;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Row, Shard, ShardMappingStore, Statement,
-    UniqueViolation, Value,
+    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, Row, Shard, ShardMappingStore,
+    Statement, UniqueViolation, Value,
 };
 use durability_time::{Backoff, Jitter, Random, SystemClock};
 use tokio_postgres::error::SqlState;
@@ -228,11 +232,21 @@ async fn prepare<C: GenericClient>(
         )
         .into());
     }
+    // A value the parameter's type cannot hold is refused before anything
+    // is sent: a definite rejection.
     let params = st
         .params
         .iter()
         .zip(prepared.params())
-        .map(|(v, ty)| param(v, ty))
+        .map(|(v, ty)| {
+            param(v, ty).map_err(|source| -> BackendError {
+                Box::new(DataRejected {
+                    table: None,
+                    column: None,
+                    source,
+                })
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((prepared, params))
 }
@@ -251,13 +265,33 @@ enum Attempt<T> {
 }
 
 /// A driver error as a backend error: a unique violation (SQLSTATE
-/// `23505`) is wrapped in [`UniqueViolation`] (a definite rejection).
+/// `23505`) is wrapped in [`UniqueViolation`], any other integrity
+/// constraint violation (class `23`: NOT NULL, CHECK, foreign key,
+/// exclusion) and any data exception (class `22`: a value too long for its
+/// column, out of range, not valid for its type) in [`DataRejected`],
+/// naming the table and column when the server's error does. All of them
+/// are definite rejections: the server refused the statement, and a batch's
+/// transaction rolls back.
 fn backend(e: tokio_postgres::Error) -> BackendError {
     if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
-        Box::new(UniqueViolation(Box::new(e)))
-    } else {
-        Box::new(e)
+        return Box::new(UniqueViolation(Box::new(e)));
     }
+    let Some(db) = e.as_db_error() else {
+        return Box::new(e);
+    };
+    let class = db.code().code().get(..2);
+    if matches!(class, Some("22" | "23")) {
+        let (table, column) = (
+            db.table().map(str::to_owned),
+            db.column().map(str::to_owned),
+        );
+        return Box::new(DataRejected {
+            table,
+            column,
+            source: Box::new(e),
+        });
+    }
+    Box::new(e)
 }
 
 fn classify<T>(r: Result<T, tokio_postgres::Error>) -> Attempt<T> {
