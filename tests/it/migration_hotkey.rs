@@ -18,8 +18,8 @@ use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, MappingStore,
-    MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
+    BackendError, BoxFuture, Clock, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, ManualClock,
+    MappingStore, MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -118,14 +118,24 @@ async fn hooked_mover(
     hold_ms: Option<u64>,
     hook: HotWriter,
 ) -> (Router, Arc<HookedShard<HotWriter>>) {
+    hooked_mover_with(e, faulty, hook, |c| match hold_ms {
+        Some(ms) => c.cutover_hold_ms(ms),
+        None => c,
+    })
+    .await
+}
+
+/// [`hooked_mover`] with its configuration changed by `configure`.
+async fn hooked_mover_with(
+    e: &Env,
+    faulty: bool,
+    hook: HotWriter,
+    configure: impl FnOnce(MigrationConfig) -> MigrationConfig,
+) -> (Router, Arc<HookedShard<HotWriter>>) {
     let base = e.config(faulty, 30_000);
     let s0 = base_shard(e, faulty);
     let hooked = Arc::new(HookedShard::new(s0, hook));
-    let mut c = base.shard("s0", hooked.clone());
-    if let Some(ms) = hold_ms {
-        c = c.cutover_hold_ms(ms);
-    }
-    let mover = Router::new(c).unwrap();
+    let mover = Router::new(configure(base.shard("s0", hooked.clone()))).unwrap();
     mover.init().await.unwrap();
     let writer = e.router().await;
     let _ = hooked.hook.writer.set(Arc::new(writer));
@@ -345,6 +355,143 @@ async fn a_mover_that_dies_inside_the_window_blocks_writes_only_until_the_deadli
         );
         assert_eq!(after.update("k", "users", user("x", 3)).await.unwrap(), 1);
         clean_verify(&after).await;
+    }
+}
+
+/// A router over `e` on `clock`, in clock domain `domain`.
+async fn router_on(e: &Env, clock: &ManualClock, domain: &str) -> Router {
+    let r = Router::new(
+        e.config(false, 30_000)
+            .clock(Arc::new(clock.clone()))
+            .clock_domain(domain),
+    )
+    .unwrap();
+    r.init().await.unwrap();
+    r
+}
+
+/// A write hold's deadline is compared only on its mover's clock. The
+/// mover (host A) dies inside the window. A writer on host B, whose clock
+/// runs ten windows ahead, does not remove the live-looking hold at once
+/// (before, it did: its clock was past the deadline), and a writer on host
+/// C, ten windows behind, does not wait out the skew (before, it waited ten
+/// windows): each removes the dead mover's hold once it saw it unchanged for
+/// the hold's window of its own clock.
+#[tokio::test]
+async fn a_hold_is_judged_on_its_movers_clock_only() {
+    let window = i64::try_from(DEFAULT_CUTOVER_HOLD_MS).unwrap();
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        seed(&e).await;
+        let hook = HotWriter {
+            die_after_hold: true,
+            ..HotWriter::default()
+        };
+        let (mover, hooked) =
+            hooked_mover_with(&e, false, hook, |c| c.clock_domain("host-a")).await;
+        let err = mover.reassign_shard("k", "s1", "users").await.unwrap_err();
+        assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{kinds:?}: {err}");
+        assert!(hooked.hook.died.load(Ordering::SeqCst));
+        drop(mover);
+        let ahead = ManualClock::new(e.clock.now_ms() + 10 * window);
+        let behind = ManualClock::new(e.clock.now_ms() - 10 * window);
+        let (b, c) = (
+            router_on(&e, &ahead, "host-b").await,
+            router_on(&e, &behind, "host-c").await,
+        );
+        let held = async |r: &Router, what: &str| {
+            let err = r.update("k", "users", user("held", 1)).await.unwrap_err();
+            assert_eq!(
+                err.code(),
+                "MIGRATION_CUTOVER_PENDING",
+                "{kinds:?} {what}: {err}"
+            );
+        };
+        held(&b, "ahead, first sight").await;
+        held(&c, "behind, first sight").await;
+        ahead.advance(window - 1);
+        behind.advance(window - 1);
+        held(&b, "ahead, short of the window").await;
+        held(&c, "behind, short of the window").await;
+        behind.advance(1);
+        assert_eq!(
+            c.update("k", "users", user("c", 2)).await.unwrap(),
+            1,
+            "{kinds:?}: host C saw the hold stand for its window"
+        );
+        assert_eq!(b.update("k", "users", user("b", 3)).await.unwrap(), 1);
+        // Host A's recovery settles the move after its liveness.
+        e.clock.advance(31_000);
+        let fresh = router_on(&e, &e.clock, "host-a").await;
+        let rep = fresh.recover_migrations().await.unwrap();
+        assert!(
+            rep.failed.is_empty() && rep.skipped.is_empty(),
+            "{kinds:?}: {rep:?}"
+        );
+        assert_eq!(users_row(&fresh).await.get("name"), Some(&Value::from("b")));
+        clean_verify(&fresh).await;
+    }
+}
+
+/// A write-hold table created before holds named their mover gains the
+/// columns at `init`; an old hold (no mover, no window) counts as a mover's
+/// on another clock holding for the longest window.
+#[tokio::test]
+async fn an_old_hold_table_is_upgraded_and_its_holds_end() {
+    let max = i64::try_from(MAX_CUTOVER_HOLD_MS).unwrap();
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let s0 = Arc::clone(e.shard("s0"));
+        let old = match kinds[0] {
+            Sqlite => {
+                "CREATE TABLE durability_write_hold (mkey TEXT NOT NULL, op_id TEXT NOT NULL, \
+                       scope TEXT NOT NULL, until_ms INTEGER NOT NULL, PRIMARY KEY (mkey, op_id)) WITHOUT ROWID"
+            }
+            Postgres => {
+                "CREATE TABLE durability_write_hold (mkey TEXT NOT NULL, op_id TEXT NOT NULL, \
+                         scope TEXT NOT NULL, until_ms BIGINT NOT NULL, PRIMARY KEY (mkey, op_id))"
+            }
+            MySql => {
+                "CREATE TABLE durability_write_hold (mkey VARBINARY(512) NOT NULL, \
+                      op_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                      scope VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                      until_ms BIGINT NOT NULL, PRIMARY KEY (mkey, op_id))"
+            }
+        };
+        s0.execute(&Statement::new(old)).await.unwrap();
+        let r = seed(&e).await;
+        let p = |n| s0.dialect().placeholder(n);
+        s0.execute(&Statement::with_params(
+            format!(
+                "INSERT INTO durability_write_hold (mkey, op_id, scope, until_ms) \
+                 VALUES ({}, {}, {}, {})",
+                p(1),
+                p(2),
+                p(3),
+                p(4)
+            ),
+            vec![
+                "k".into(),
+                "old-op".into(),
+                "default".into(),
+                Value::Integer(0),
+            ],
+        ))
+        .await
+        .unwrap();
+        let held = async || {
+            let err = r.update("k", "users", user("x", 1)).await.unwrap_err();
+            assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
+        };
+        held().await;
+        e.clock.advance(max - 1);
+        held().await;
+        e.clock.advance(1);
+        assert_eq!(
+            r.update("k", "users", user("x", 1)).await.unwrap(),
+            1,
+            "{kinds:?}"
+        );
     }
 }
 

@@ -11,8 +11,8 @@ use crate::shards::{Env, Kind, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MoveState, Router, Row, Shard,
-    Statement, Value, VerifyOptions, row,
+    BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
+    RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -520,6 +520,83 @@ async fn a_move_owned_on_another_clock_is_settled_after_its_row_stood_still() {
         assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
         assert_eq!(live[0].0, "s1", "{kinds:?}");
         crate::shards::clean_verify(&judge).await;
+    }
+}
+
+/// Host A's recovery dies holding the scope's recovery lease: its lease
+/// write applies, then the process is gone (nothing releases it).
+async fn lease_left_on_host_a(e: &Env) {
+    let a = router_on(e, &e.clock, "host-a", true).await;
+    e.plan.arm(1, FaultMode::After);
+    assert!(a.recover_migrations().await.is_err());
+    assert!(e.plan.tripped());
+    e.plan.disarm();
+}
+
+fn in_progress(r: Result<durability_migration::RecoveryReport, MigrationError>) -> bool {
+    matches!(r, Err(e) if e.code() == "RECOVERY_IN_PROGRESS")
+}
+
+/// The recovery lease's deadline is compared only on its holder's clock. A
+/// recovery on a host whose clock runs far ahead does not take a live lease
+/// over (before, it took it at once and fenced the live holder): it takes it
+/// once it saw the lease unchanged for the lease's period of its own clock,
+/// and a change of the lease (the holder's host took it over itself)
+/// starts that period again. A host whose clock runs far behind does not
+/// wait out the skew (before, it waited ten periods), and a released lease
+/// is free at once on any clock.
+#[tokio::test]
+async fn a_recovery_lease_is_judged_on_its_holders_clock_only() {
+    let period = RECOVERY_LEASE_MS as i64;
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { continue };
+        lease_left_on_host_a(&e).await;
+        let ahead = ManualClock::new(e.clock.now_ms() + 10 * period);
+        let b = router_on(&e, &ahead, "host-b", false).await;
+        assert!(
+            in_progress(b.recover_migrations().await),
+            "{kinds:?}: first sight"
+        );
+        ahead.advance(period - 1);
+        assert!(
+            in_progress(b.recover_migrations().await),
+            "{kinds:?}: short of a period"
+        );
+        // Host A's next recovery takes its own lapsed lease over and dies
+        // again: the lease changed, so host B's period starts again.
+        e.clock.advance(period);
+        lease_left_on_host_a(&e).await;
+        ahead.advance(1);
+        assert!(
+            in_progress(b.recover_migrations().await),
+            "{kinds:?}: the lease changed"
+        );
+        ahead.advance(period - 1);
+        assert!(in_progress(b.recover_migrations().await), "{kinds:?}");
+        ahead.advance(1);
+        let rep = b.recover_migrations().await.unwrap();
+        assert_eq!(
+            rep.generation, 3,
+            "{kinds:?}: taken over after a full period"
+        );
+
+        // Host C, far behind, takes a dead holder's lease after one period
+        // of its own clock.
+        lease_left_on_host_a(&e).await;
+        let behind = ManualClock::new(e.clock.now_ms() - 10 * period);
+        let c = router_on(&e, &behind, "host-c", false).await;
+        assert!(
+            in_progress(c.recover_migrations().await),
+            "{kinds:?}: first sight"
+        );
+        behind.advance(period - 1);
+        assert!(in_progress(c.recover_migrations().await), "{kinds:?}");
+        behind.advance(1);
+        let rep = c.recover_migrations().await.unwrap();
+        assert_eq!(rep.generation, 5, "{kinds:?}");
+        // C released it: free at once for host B's clock.
+        let rep = b.recover_migrations().await.unwrap();
+        assert_eq!(rep.generation, 6, "{kinds:?}: a released lease is free");
     }
 }
 

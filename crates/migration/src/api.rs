@@ -140,10 +140,12 @@ impl Router {
     ///
     /// A move's write hold of the key on the shard (its write-blocking
     /// cutover, [`crate::MigrationConfig::cutover_hold_ms`]) also makes the
-    /// write change nothing: while the hold's deadline has not passed on
-    /// this router's clock the write fails with the retryable
-    /// `MIGRATION_CUTOVER_PENDING`; an expired hold is deleted and the write
-    /// runs again.
+    /// write change nothing: while the hold lasts the write fails with the
+    /// retryable `MIGRATION_CUTOVER_PENDING`; an expired hold is deleted and
+    /// the write runs again. A hold's deadline is compared with this
+    /// router's clock only when its mover is in this router's clock domain;
+    /// a hold taken elsewhere has expired once this router saw it unchanged
+    /// for the hold's window of its own clock.
     ///
     /// Under computed placement the write binds the manifest generation it
     /// routed with: a shard whose fence is above it changes nothing, the
@@ -310,12 +312,14 @@ impl Router {
 impl Router {
     /// Finishes or aborts every interrupted move of this journal scope.
     ///
-    /// Takes the scope's lease row first (60 s without renewal). A move
-    /// owned outside this router's clock domain is settled only once this
-    /// router saw its journal row unchanged for
-    /// [`MOVE_LIVENESS_MS`](crate::MOVE_LIVENESS_MS) of its own clock (so a
-    /// first call skips it; see
-    /// [`crate::MigrationConfig::clock_domain`]). Call it
+    /// Takes the scope's lease row first (60 s without renewal). A lease
+    /// held outside this router's clock domain is taken over only once this
+    /// router saw it unchanged for
+    /// [`RECOVERY_LEASE_MS`](crate::RECOVERY_LEASE_MS) of its own clock (a
+    /// released lease at once), and a move owned outside the domain is
+    /// settled only once this router saw its journal row unchanged for
+    /// [`MOVE_LIVENESS_MS`](crate::MOVE_LIVENESS_MS) (so a first call
+    /// skips it; see [`crate::MigrationConfig::clock_domain`]). Call it
     /// after any deploy or crash that may have interrupted a move; a
     /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
     /// success.

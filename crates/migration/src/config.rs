@@ -222,12 +222,18 @@ impl MigrationConfig {
     /// [`MAX_NAME_BYTES`] bytes): routers that name the same domain promise
     /// to read one clock (one host's wall clock; one test's manual clock).
     ///
-    /// Recovery compares a move's liveness deadline with its own clock only
-    /// when the move's owner is in its domain (or is this router). A move
+    /// A router compares a deadline another router wrote with its own clock
+    /// only when the writer is in its domain (or is this router): a move's
+    /// liveness deadline, the recovery lease's and a write hold's. A move
     /// owned elsewhere is settled only after this router saw its journal
-    /// row unchanged for [`crate::MOVE_LIVENESS_MS`] of its own clock, so a
-    /// router whose clock runs ahead of the mover's never takes a live move
-    /// for dead. Without a domain, a router is a domain of its own.
+    /// row unchanged for [`crate::MOVE_LIVENESS_MS`] of its own clock, a
+    /// lease held elsewhere is taken over only after it saw the lease
+    /// unchanged for [`crate::RECOVERY_LEASE_MS`] (a released one at once),
+    /// and a write hold taken elsewhere is removed only after it saw the
+    /// hold unchanged for its window. So a router whose clock runs ahead
+    /// never takes a live row for lapsed, and one whose clock runs behind
+    /// does not wait out the skew. Without a domain, a router is a domain of
+    /// its own.
     pub fn clock_domain(mut self, name: impl Into<String>) -> Self {
         self.clock_domain = Some(name.into());
         self

@@ -162,6 +162,14 @@ pub(crate) fn text(row: &Row, col: &str) -> Result<String> {
     }
 }
 
+/// A text column that may be NULL (or absent).
+pub(crate) fn opt_text(row: &Row, col: &str) -> Result<Option<String>> {
+    match row.get(col) {
+        Some(Value::Null) | None => Ok(None),
+        Some(_) => text(row, col).map(Some),
+    }
+}
+
 pub(crate) fn int(row: &Row, col: &str) -> Result<i64> {
     match row.get(col) {
         Some(Value::Integer(i)) => Ok(*i),

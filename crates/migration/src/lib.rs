@@ -50,6 +50,7 @@
 
 mod abort;
 mod api;
+mod clocks;
 mod config;
 mod dialect;
 mod error;

@@ -681,8 +681,13 @@ impl<'r> MoveCtx<'r> {
             .r
             .now()
             .saturating_add(i64::try_from(self.r.cutover_hold_ms).unwrap_or(i64::MAX));
+        let hold = crate::dialect::Hold {
+            until_ms: until,
+            owner: &self.guard.owner,
+            hold_ms: i64::try_from(self.r.cutover_hold_ms).unwrap_or(i64::MAX),
+        };
         shard
-            .batch(&d.hold_take(&self.op_id, &self.r.scope, &self.key, until))
+            .batch(&d.hold_take(&self.op_id, &self.r.scope, &self.key, hold))
             .await
             .map_err(|e| MigrationError::shard(name, e))?;
         tracing::debug!(

@@ -99,11 +99,27 @@ impl Core {
         let generation = match rows.first() {
             Some(r) => {
                 let gen_ = crate::journal::int(r, "generation")?;
-                if crate::journal::int(r, "expires_ms")? > now {
+                let seen = crate::journal::int(r, "expires_ms")?;
+                let held_by = crate::journal::text(r, "holder")?;
+                // A released lease (deadline 0) is free on any clock; a
+                // held one's deadline is compared only with the clock that
+                // wrote it, and one held on another clock is free once this
+                // router saw it unchanged for the lease's whole period.
+                let token = format!("{held_by}|{gen_}|{seen}");
+                if seen > 0
+                    && !self.lapsed(
+                        &self.lease_seen,
+                        (&held_by, seen),
+                        (&self.scope, &token),
+                        RECOVERY_LEASE_MS,
+                    )
+                {
                     return Err(in_progress());
                 }
+                // Taken only as it was seen: a renewal or another taker
+                // since makes this write nothing.
                 let n = js
-                    .execute(&q.lease_take(&holder, gen_, now, expires))
+                    .execute(&q.lease_take(&holder, gen_, seen, expires))
                     .await
                     .map_err(|e| MigrationError::shard(jname, e))?;
                 if n == 0 {
@@ -242,10 +258,7 @@ impl Core {
         // Forget what was seen of operations that are no longer active.
         let active: std::collections::HashSet<&str> =
             report.examined.iter().map(String::as_str).collect();
-        self.liveness_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|op_id, _| active.contains(op_id.as_str()));
+        self.liveness_seen.retain(|op_id| active.contains(op_id));
         // Finished operations whose claims were left behind.
         let rows = js
             .query(&q.terminal_claims())
@@ -266,25 +279,12 @@ impl Core {
         Ok(report)
     }
 
-    /// Whether `owner` (an operation's recorded owner) reads this router's
-    /// clock: this router, its own recoveries, or a router of its
-    /// configured clock domain.
-    pub(crate) fn same_clock(&self, owner: &str) -> bool {
-        owner == self.instance
-            || owner
-                .strip_prefix(self.instance.as_str())
-                .is_some_and(|rest| rest.starts_with(':'))
-            || self.clock_domain.as_ref().is_some_and(|d| {
-                owner
-                    .strip_prefix(d.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'))
-            })
-    }
-
-    /// Whether this router has seen `op`'s journal row unchanged for
-    /// [`MOVE_LIVENESS_MS`] of its own clock (a first sight, or a changed
-    /// row, starts the period at `now`).
-    fn lapsed_as_seen(&self, op: &OpRecord, now: i64) -> bool {
+    async fn recover_op(&self, op: &OpRecord, guard: &Guard) -> Result<Outcome> {
+        let now = self.now();
+        // A deadline is compared only with the clock that wrote it: a move
+        // owned outside this router's clock domain is judged by its row
+        // staying unchanged over this router's own elapsed time.
+        let same_clock = self.same_clock(&op.owner);
         let token = format!(
             "{}|{}|{}|{}|{}",
             op.owner,
@@ -293,32 +293,12 @@ impl Core {
             op.updated_ms,
             op.live_until_ms
         );
-        let mut seen = self
-            .liveness_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match seen.get(&op.op_id) {
-            Some((t, since)) if *t == token => {
-                now.saturating_sub(*since) >= i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX)
-            }
-            _ => {
-                seen.insert(op.op_id.clone(), (token, now));
-                false
-            }
-        }
-    }
-
-    async fn recover_op(&self, op: &OpRecord, guard: &Guard) -> Result<Outcome> {
-        let now = self.now();
-        // A deadline is compared only with the clock that wrote it: a move
-        // owned outside this router's clock domain is judged by its row
-        // staying unchanged over this router's own elapsed time.
-        let same_clock = self.same_clock(&op.owner);
-        if same_clock {
-            if op.live_until_ms > now {
-                return Ok(Outcome::Skipped);
-            }
-        } else if !self.lapsed_as_seen(op, now) {
+        if !self.lapsed(
+            &self.liveness_seen,
+            (&op.owner, op.live_until_ms),
+            (&op.op_id, &token),
+            MOVE_LIVENESS_MS,
+        ) {
             return Ok(Outcome::Skipped);
         }
         let ctx = MoveCtx::from_op(self, op, guard.clone())?;

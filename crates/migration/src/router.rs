@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use crate::clocks::Sightings;
 use crate::config::{self, Check, MigrationConfig, Strategy, TableSpec};
 use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
@@ -147,9 +148,14 @@ pub(crate) struct Core {
     /// The configured clock domain (see [`MigrationConfig::clock_domain`]).
     pub(crate) clock_domain: Option<String>,
     /// Active operations owned outside this router's clock domain, as this
-    /// router last saw their journal rows: op id → (row token, first seen
-    /// unchanged at, on this router's clock).
-    pub(crate) liveness_seen: Mutex<HashMap<String, (String, i64)>>,
+    /// router last saw their journal rows (by op id).
+    pub(crate) liveness_seen: Sightings,
+    /// The recovery lease of the scope, when held outside this router's
+    /// clock domain, as this router last saw it.
+    pub(crate) lease_seen: Sightings,
+    /// Write holds of movers outside this router's clock domain, as this
+    /// router last saw them (by key and op id).
+    pub(crate) hold_seen: Sightings,
     /// Operations a task of this router is driving right now.
     pub(crate) running: Mutex<std::collections::HashSet<String>>,
     cache: Mutex<HashMap<String, (String, u64)>>,
@@ -212,7 +218,9 @@ impl Core {
                 None => uuid::Uuid::now_v7().to_string(),
             },
             clock_domain: config.clock_domain.clone(),
-            liveness_seen: Mutex::new(HashMap::new()),
+            liveness_seen: Sightings::default(),
+            lease_seen: Sightings::default(),
+            hold_seen: Sightings::default(),
             running: Mutex::new(std::collections::HashSet::new()),
             cache: Mutex::new(HashMap::new()),
             columns: Mutex::new(HashMap::new()),
@@ -242,6 +250,11 @@ impl Core {
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
             }
+            // A hold table created before holds named their mover gains
+            // the columns.
+            for (column, add) in d.hold_upgrade() {
+                add_column(name, shard.as_ref(), names::HOLD, column, &add).await?;
+            }
         }
         let (name, shard) = self.shard_named(j)?;
         let d = shard.dialect();
@@ -254,23 +267,7 @@ impl Core {
         // A journal created before verification marks gains the column
         // (every finished operation then counts as unexamined).
         let (column, add) = d.journal_upgrade();
-        let has_column = async || -> Result<bool> {
-            let cols = shard
-                .query(&d.columns_query(&Ident::internal(names::OPS)))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-            Ok(cols
-                .iter()
-                .any(|r| r.get("name").and_then(Value::as_text) == Some(column)))
-        };
-        // Another router's init may add it first: then the ALTER fails and
-        // the column is there.
-        if !has_column().await?
-            && let Err(e) = shard.execute(&add).await
-            && !has_column().await?
-        {
-            return Err(MigrationError::shard(name, e));
-        }
+        add_column(name, shard.as_ref(), names::OPS, column, &add).await?;
         for st in d.journal_history_indexes() {
             shard
                 .execute(&st)
@@ -1251,13 +1248,28 @@ impl Core {
         if rows.is_empty() {
             return Ok(false);
         }
-        let now = self.now();
         for r in &rows {
             let op_id = crate::journal::text(r, "op_id")?;
             let until = crate::journal::int(r, "until_ms")?;
-            if now < until {
+            // The deadline is compared only on the mover's clock; a hold of
+            // a mover on another clock (or one written before holds named
+            // their mover) is over once this router saw it unchanged for
+            // its window.
+            let owner = crate::journal::opt_text(r, "owner")?.unwrap_or_default();
+            let window = match crate::journal::opt_int(r, "hold_ms")? {
+                Some(ms) => u64::try_from(ms).unwrap_or(0),
+                None => config::MAX_CUTOVER_HOLD_MS,
+            };
+            let id = format!("{key}\u{0}{op_id}");
+            if !self.lapsed(
+                &self.hold_seen,
+                (&owner, until),
+                (&id, &until.to_string()),
+                window,
+            ) {
                 return Err(pending());
             }
+            self.hold_seen.forget(&id);
             tracing::info!(
                 event = "durability.migration.hold_expired",
                 op_id = %op_id,
@@ -1333,6 +1345,35 @@ fn sqlite_declared_collation(sql: &str, col: &str) -> Option<String> {
         return (!c.is_empty()).then_some(c);
     }
     None
+}
+
+/// Adds `column` to the crate's table `table` on `shard` with `add`, unless
+/// the column query finds it there. Another router's init may add it first:
+/// then the `ALTER` fails and the column is there.
+async fn add_column(
+    name: &str,
+    shard: &dyn Shard,
+    table: &'static str,
+    column: &str,
+    add: &Statement,
+) -> Result<()> {
+    let d = shard.dialect();
+    let has_column = async || -> Result<bool> {
+        let cols = shard
+            .query(&d.columns_query(&Ident::internal(table)))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(cols
+            .iter()
+            .any(|r| r.get("name").and_then(Value::as_text) == Some(column)))
+    };
+    if !has_column().await?
+        && let Err(e) = shard.execute(add).await
+        && !has_column().await?
+    {
+        return Err(MigrationError::shard(name, e));
+    }
+    Ok(())
 }
 
 /// A routed write's failure: a unique violation is `DUPLICATE_KEY`, a data

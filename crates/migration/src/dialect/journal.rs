@@ -484,11 +484,13 @@ impl JournalSql<'_> {
         )
     }
 
+    /// Takes the lease over at the next generation, only if it is still as
+    /// seen (generation `old_gen`, deadline `seen_expires`).
     pub(crate) fn lease_take(
         &self,
         holder: &str,
         old_gen: i64,
-        now: i64,
+        seen_expires: i64,
         expires: i64,
     ) -> Statement {
         let mut s = Sql::new(self.d);
@@ -504,8 +506,8 @@ impl JournalSql<'_> {
             .bind(self.scope)
             .raw(" AND generation = ")
             .bind(old_gen)
-            .raw(" AND expires_ms <= ")
-            .bind(now);
+            .raw(" AND expires_ms = ")
+            .bind(seen_expires);
         s.finish()
     }
 

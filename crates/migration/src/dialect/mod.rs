@@ -34,6 +34,7 @@ use std::fmt;
 
 pub(crate) use journal::JournalSql;
 pub(crate) use pairs::{ALLOCATIONS, MAPPING, PairTable};
+pub(crate) use retired::Hold;
 
 use crate::error::{MigrationError, Result};
 use crate::shard::Statement;

@@ -5,6 +5,17 @@
 use super::{Dialect, Ident, Sql, names};
 use crate::shard::Statement;
 
+/// A write hold as its mover takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold<'a> {
+    /// The deadline, on the mover's clock.
+    pub(crate) until_ms: i64,
+    /// The mover (the operation's owner), whose clock `until_ms` reads.
+    pub(crate) owner: &'a str,
+    /// The window the hold lasts.
+    pub(crate) hold_ms: i64,
+}
+
 impl Dialect {
     /// `CREATE TABLE IF NOT EXISTS` statements of the tombstone table every
     /// data shard holds. It is keyed by (key, operation, table): every
@@ -28,21 +39,40 @@ impl Dialect {
             )),
             Statement::new(format!(
                 "CREATE TABLE IF NOT EXISTS {h} (mkey {mk} NOT NULL, op_id {k} NOT NULL, \
-                 scope {k} NOT NULL, until_ms {i} NOT NULL, PRIMARY KEY (mkey, op_id)){w}",
+                 scope {k} NOT NULL, until_ms {i} NOT NULL, owner {t}, hold_ms {i}, \
+                 PRIMARY KEY (mkey, op_id)){w}",
                 h = names::HOLD,
                 w = self.keyed_table_suffix()
             )),
         ]
     }
 
-    /// A move's write hold of `key` on its source until `until_ms` (on the
-    /// mover's clock): replaces an earlier hold of the same operation.
+    /// The columns a write-hold table created before holds named their
+    /// mover lacks, with the statements adding them (run when the column
+    /// query misses one; its rows then have neither, which reads as a mover
+    /// on another clock holding for [`crate::MAX_CUTOVER_HOLD_MS`]).
+    pub(crate) fn hold_upgrade(&self) -> [(&'static str, Statement); 2] {
+        let add = |col: &str, ty: &str| {
+            Statement::new(format!(
+                "ALTER TABLE {h} ADD COLUMN {col} {ty}",
+                h = names::HOLD
+            ))
+        };
+        [
+            ("owner", add("owner", self.text_type())),
+            ("hold_ms", add("hold_ms", self.int_type())),
+        ]
+    }
+
+    /// A move's write hold of `key` on its source for `hold_ms`, until
+    /// `until_ms` on the clock of `owner` (the operation's mover): replaces
+    /// an earlier hold of the same operation.
     pub(crate) fn hold_take(
         &self,
         op_id: &str,
         scope: &str,
         key: &str,
-        until_ms: i64,
+        hold: Hold<'_>,
     ) -> Vec<Statement> {
         vec![
             self.hold_release(op_id, key),
@@ -52,7 +82,9 @@ impl Dialect {
                     ("mkey", key.into()),
                     ("op_id", op_id.into()),
                     ("scope", scope.into()),
-                    ("until_ms", until_ms.into()),
+                    ("until_ms", hold.until_ms.into()),
+                    ("owner", hold.owner.into()),
+                    ("hold_ms", hold.hold_ms.into()),
                 ],
                 2,
             ),
@@ -93,10 +125,10 @@ impl Dialect {
         s.finish()
     }
 
-    /// The key's write holds (operation and deadline).
+    /// The key's write holds (operation, deadline, mover and window).
     pub(crate) fn hold_query(&self, key: &str) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("SELECT op_id, until_ms FROM ")
+        s.raw("SELECT op_id, until_ms, owner, hold_ms FROM ")
             .raw(names::HOLD)
             .raw(" WHERE mkey = ")
             .bind(key);
