@@ -232,18 +232,20 @@ enum WinnerRuns {
     BeforeClaim,
 }
 
-/// Runs the winner's whole move of `u1` to `s1`, then an acknowledged
+/// Runs the winner's whole move of `u1` to `target`, then an acknowledged
 /// update of the moved row, once.
 struct Winner {
     router: OnceLock<Arc<Router>>,
+    target: &'static str,
     fired: AtomicBool,
     seen: Mutex<Option<String>>,
 }
 
 impl Winner {
-    fn new() -> Self {
+    fn new(target: &'static str) -> Self {
         Self {
             router: OnceLock::new(),
+            target,
             fired: AtomicBool::new(false),
             seen: Mutex::new(None),
         }
@@ -255,7 +257,7 @@ impl Winner {
         }
         let w = self.router.get().ok_or("no winner")?;
         let out = w
-            .reassign_shard("u1", "s1", "users")
+            .reassign_shard("u1", self.target, "users")
             .await
             .map_err(|e| e.to_string())?;
         let n = w
@@ -328,16 +330,17 @@ impl BeforeWrite for BeforeClaim {
     }
 }
 
-/// Two routers move `u1` from s0 to s1 at once; the winner's whole move
-/// (and an acknowledged update of the moved row) runs at `at` inside the
-/// loser's. The loser gets `MIGRATION_ALREADY_ACTIVE` and changes nothing:
-/// the key keeps one live row, on s1, with the update.
-async fn losing_move(kinds: [Kind; 2], at: WinnerRuns) {
+/// Two routers move `u1` from `from` to `to` at once (the journal is on
+/// s0); the winner's whole move (and an acknowledged update of the moved
+/// row) runs at `at` inside the loser's. The loser gets
+/// `MIGRATION_ALREADY_ACTIVE` and changes nothing: the key keeps one live
+/// row, on `to`, with the update.
+async fn losing_move(kinds: [Kind; 2], at: WinnerRuns, (from, to): (&str, &'static str)) {
     let Some(e) = env(&kinds).await else { return };
     let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
+    e.mapping.put("u1", from).await.unwrap();
     r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    let winner = Arc::new(Winner::new());
+    let winner = Arc::new(Winner::new(to));
     let _ = winner.router.set(Arc::new(e.router().await));
     let mapping = Arc::new(RaceMapping {
         inner: Arc::clone(&e.mapping),
@@ -364,12 +367,12 @@ async fn losing_move(kinds: [Kind; 2], at: WinnerRuns) {
     mapping
         .armed
         .store(at == WinnerRuns::AfterMappingRead, Ordering::SeqCst);
-    let err = loser.reassign_shard("u1", "s1", "users").await.unwrap_err();
+    let err = loser.reassign_shard("u1", to, "users").await.unwrap_err();
     let seen = winner.seen.lock().unwrap().clone();
     assert!(seen.is_some(), "{kinds:?} {at:?}: the winner ran");
     let live = e.live("users", "id", "u1").await;
     assert_eq!(live.len(), 1, "{kinds:?} {at:?}: {live:?} ({err})");
-    assert_eq!(live[0].0, "s1", "{kinds:?} {at:?}");
+    assert_eq!(live[0].0, to, "{kinds:?} {at:?}");
     assert_eq!(
         live[0].1.get("name"),
         Some(&Value::from("after")),
@@ -400,17 +403,21 @@ async fn losing_move(kinds: [Kind; 2], at: WinnerRuns) {
 #[tokio::test]
 async fn a_move_losing_after_its_mapping_read_gets_the_conflict_code() {
     for kinds in SAME {
-        losing_move(kinds, WinnerRuns::AfterMappingRead).await;
+        losing_move(kinds, WinnerRuns::AfterMappingRead, ("s0", "s1")).await;
     }
 }
 
 /// A move whose snapshot was taken before a concurrent move of the key
 /// finished gets the conflict code once its claim lands, and writes
-/// nothing to the destination (where the winner's row lives).
+/// nothing to the destination (where the winner's row lives): from the
+/// journal's shard (the claim's statement checks for the winner's
+/// tombstone) and from another shard (a check right after the claim).
 #[tokio::test]
 async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
     for kinds in SAME {
-        losing_move(kinds, WinnerRuns::BeforeClaim).await;
+        for route in [("s0", "s1"), ("s1", "s0")] {
+            losing_move(kinds, WinnerRuns::BeforeClaim, route).await;
+        }
     }
 }
 

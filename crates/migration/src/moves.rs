@@ -6,7 +6,7 @@
 //! 1. claim + `prepared` with the snapshot digests (one journal statement:
 //!    the operation row holds its key in `claim`, unique per scope), then
 //!    the check that no concurrent move cut the key over on the source
-//!    since the snapshot (in the claim's statement on SQLite when the
+//!    since the snapshot (in the claim's statement when the
 //!    journal shares the source's database);
 //! 2. copy to the destination, in one batch with the operation's in-flight
 //!    marker of every moved table (a live `durability_retired` row of the
@@ -1182,14 +1182,17 @@ impl Core {
         // Driven by this task from before its claim lands, so no other task
         // of this router takes it for an interrupted move of its own.
         let _running = self.drive(&op_id);
-        // The claim and `prepared` are one statement; on SQLite, when the
-        // journal shares the source's database, with the check that no
-        // concurrent move cut the key over since the snapshot (one
-        // statement under SQLite's write lock, which never writes from a
-        // stale read). A claim taken since the check above: the conflict
-        // code (or this router's own move, resumed).
-        let fold = matches!(d, crate::dialect::Dialect::Sqlite)
-            && self.journal.as_deref() == Some(source.as_str());
+        // The claim and `prepared` are one statement; when the journal
+        // shares the source's database, with the check that no concurrent
+        // move cut the key over since the snapshot. One statement suffices
+        // on every proven dialect: a winner commits its cutover's tombstone
+        // before the write that releases its claim, both in this database,
+        // and the statement reads both from one view (SQLite under its
+        // write lock; PostgreSQL from one snapshot; MariaDB/MySQL by
+        // locking reads of the latest rows): a view in which the claim is
+        // free holds the tombstone. A claim taken since the check above:
+        // the conflict code (or this router's own move, resumed).
+        let fold = self.journal.as_deref() == Some(source.as_str());
         let tnames: Vec<&crate::dialect::Ident> = ctx.specs.iter().map(|s| &s.name).collect();
         match js
             .batch(&[q.insert_op(&op, fold.then_some(tnames.as_slice()))])

@@ -119,7 +119,7 @@ impl JournalSql<'_> {
     /// past the check trips the unique claim index instead).
     ///
     /// `unmoved`: the moved tables, when the journal shares the source's
-    /// SQLite database: the statement then also requires that no other
+    /// database: the statement then also requires that no other
     /// operation left a live tombstone of the key there (the check
     /// [`MoveCtx::moved_away`](crate::moves::MoveCtx::moved_away) makes
     /// after the claim otherwise), atomically with the claim.
