@@ -40,8 +40,9 @@
 //! each reads a value the model allows and has exactly one live row per
 //! table that holds it (none where it holds nothing).
 //!
-//! Size: `DURABILITY_MIGRATION_MODEL_SEEDS` (how many seeds, from 1; default
-//! 2) and `DURABILITY_MIGRATION_MODEL_OPS` (operations per seed; default
+//! Size: `DURABILITY_MIGRATION_MODEL_SEEDS` (how many seeds, from
+//! `DURABILITY_MIGRATION_MODEL_FIRST_SEED`, default 1; default 2) and
+//! `DURABILITY_MIGRATION_MODEL_OPS` (operations per seed; default
 //! 150); `DURABILITY_MIGRATION_MODEL_SEED=n` runs seed `n` only (a failure
 //! prints its seed and the operations that led to it). `cargo xtask verify`
 //! runs a larger campaign. Without a server a test prints that it skipped,
@@ -93,12 +94,16 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 /// The seeds to run: `DURABILITY_MIGRATION_MODEL_SEED` alone, else
-/// `1..=DURABILITY_MIGRATION_MODEL_SEEDS`.
+/// `DURABILITY_MIGRATION_MODEL_SEEDS` seeds from
+/// `DURABILITY_MIGRATION_MODEL_FIRST_SEED` (a campaign that explores new
+/// seeds).
 fn seeds() -> Vec<u64> {
     if let Ok(v) = std::env::var("DURABILITY_MIGRATION_MODEL_SEED") {
         return vec![v.parse().expect("DURABILITY_MIGRATION_MODEL_SEED is a u64")];
     }
-    (1..=env_usize("DURABILITY_MIGRATION_MODEL_SEEDS", 2) as u64).collect()
+    let first = env_usize("DURABILITY_MIGRATION_MODEL_FIRST_SEED", 1) as u64;
+    let n = env_usize("DURABILITY_MIGRATION_MODEL_SEEDS", 2) as u64;
+    (first..first + n).collect()
 }
 
 fn ops() -> usize {

@@ -16,8 +16,9 @@ use crate::shards::{Env, Kind, clean_verify, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, Harness, HookedShard, repair};
 use durability_migration::{
-    BackendError, BoxFuture, MemoryMappingStore, MoveOptions, MoveState, OpRecord, Placement,
-    Retire, Router, Row, Shard, Statement, Value, VerifyOptions, row,
+    AllocationLedger as _, BackendError, BoxFuture, MemoryLedger, MemoryMappingStore, MoveOptions,
+    MoveState, OpRecord, Placement, ReconcileOptions, Retire, Router, Row, Shard, Statement, Value,
+    VerifyOptions, VerifyRecords, row,
 };
 use durability_storage_sqlite::migration::SqliteShard;
 
@@ -764,5 +765,94 @@ async fn a_stuck_operation_does_not_block_purge_of_other_moves() {
         clean_verify(&r).await;
         let purge = r.purge_retired().await.unwrap();
         assert_eq!(purge.purged, vec![u2_done], "{kinds:?}: {purge:?}");
+    }
+}
+
+/// A router over `e` whose coordinator is `ledger`.
+async fn with_ledger(e: &Env, ledger: &Arc<MemoryLedger>) -> Router {
+    let r = Router::new(e.config(false, 30_000).coordinator(ledger.clone())).unwrap();
+    r.init().await.unwrap();
+    r
+}
+
+async fn reconcile_repair(r: &Router) -> durability_migration::ReconcileReport {
+    r.reconcile_allocations(&ReconcileOptions {
+        verify_records: Some(VerifyRecords::tables(["users"])),
+        repair: true,
+        ..ReconcileOptions::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Item 7 and the seed's "for moved keys the journal is the authority": a
+/// key whose mapping was lost is not mapped from the coordinator's ledger
+/// onto a move's destination copy (still under its in-flight marker: it is
+/// not the key's row, and the probe no longer counts it), nor onto a shard
+/// the journal moved it away from (a row left there behind the tombstone);
+/// the key then routes where the journal says. Before, repair mapped both
+/// to the ledger's shard.
+#[tokio::test]
+async fn reconcile_repair_follows_the_journal_not_the_ledger() {
+    for kinds in SAME {
+        let Some(e) = env(&[kinds[0], kinds[1], kinds[0]]).await else {
+            return;
+        };
+        let ledger = Arc::new(MemoryLedger::new());
+        let r = with_ledger(&e, &ledger).await;
+        // u1: its move to s1 stops after the copy (the cutover fails
+        // before it runs); its mapping is then lost.
+        e.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
+            .await;
+        assert_eq!(status(&r, "u1").await.state, MoveState::Prepared);
+        assert_eq!(e.live("users", "id", "u1").await.len(), 2, "{kinds:?}");
+        e.mapping.remove("u1").await.unwrap();
+        ledger.record("u1", "s1").await.unwrap();
+        // u2: moved to s1; a writer that bypasses the fences leaves a row
+        // on s0 behind the tombstone; its mapping is then lost.
+        e.mapping.put("u2", "s0").await.unwrap();
+        r.insert("u2", "users", user("bob", 1)).await.unwrap();
+        r.reassign_shard("u2", "s1", "users").await.unwrap();
+        r.update("u2", "users", user("bob", 2)).await.unwrap();
+        let p = |n| e.shard("s0").dialect().placeholder(n);
+        r.raw_execute(
+            "s0",
+            &Statement::with_params(
+                format!(
+                    "INSERT INTO users (id, name, n) VALUES ({}, {}, {})",
+                    p(1),
+                    p(2),
+                    p(3)
+                ),
+                vec!["u2".into(), "ghost".into(), Value::Integer(0)],
+            ),
+        )
+        .await
+        .unwrap();
+        e.mapping.remove("u2").await.unwrap();
+        ledger.record("u2", "s0").await.unwrap();
+
+        let fresh = with_ledger(&e, &ledger).await;
+        let rep = reconcile_repair(&fresh).await;
+        assert_eq!(rep.repaired_count, 0, "{kinds:?}: {rep:?}");
+        assert_eq!(e.mapping.get("u1").await.unwrap(), None, "{kinds:?}");
+        assert_eq!(e.mapping.get("u2").await.unwrap(), None, "{kinds:?}");
+        assert_eq!(
+            rep.record_missing_count, 1,
+            "{kinds:?}: the copy is not u1's row: {rep:?}"
+        );
+        // The journal routes u2 to s1 (its next routed call republishes).
+        let got = fresh.get("u2", "users").await.unwrap().unwrap();
+        assert_eq!(got.get("n"), Some(&Value::Integer(2)), "{kinds:?}");
+        // Recovery settles u1's move; then it maps and reads as usual.
+        let rep = fresh.recover_migrations().await.unwrap();
+        assert!(rep.failed.is_empty(), "{kinds:?}: {rep:?}");
+        assert_eq!(
+            fresh.get("u1", "users").await.unwrap().unwrap().get("n"),
+            Some(&Value::Integer(1)),
+            "{kinds:?}"
+        );
     }
 }

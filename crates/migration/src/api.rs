@@ -580,14 +580,18 @@ impl Router {
     /// table holds the key), missing (no listed table does, every probe ran)
     /// or unchecked (the shard is not configured, the table list is empty, or
     /// a probe failed and no other table held the key). A probe failure does
-    /// not stop the run. A row found on a shard is not proof it is the
+    /// not stop the run. With a journal, a move's destination copy under
+    /// its in-flight marker is not counted (it is not the key's row until
+    /// the move publishes it). A row found on a shard is not proof it is the
     /// authoritative copy: a shard holding a tombstone can keep a retained
     /// row, and for moved keys the journal is the authority.
     ///
     /// Nothing is written unless a flag asks for it:
     /// - `repair` maps (`put_if_absent`) each unrouted key to its ledger
-    ///   shard, only when the probe found the row there and the key is valid
-    ///   ([`crate::validate_key`]). A mapping another writer created first is
+    ///   shard, only when the probe found the row there, the key is valid
+    ///   ([`crate::validate_key`]) and, with a journal, the journal is not
+    ///   moving the key and did not move it to another shard (one journal
+    ///   query per such key). A mapping another writer created first is
     ///   kept and the key is not counted as repaired.
     /// - `prune_verified` removes (`remove_if`, so a row re-recorded meanwhile
     ///   stays) each ledger row that agrees with an explicit mapping and,

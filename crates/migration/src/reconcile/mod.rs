@@ -94,7 +94,9 @@ pub struct ReconcileOptions {
     /// shard is queried and every examined row counts as unchecked.
     pub verify_records: Option<VerifyRecords>,
     /// Write a mapping to the ledger shard for each key that has neither a
-    /// mapping nor a computed owner, when the probe found its row there.
+    /// mapping nor a computed owner, when the probe found its row there
+    /// and, with a journal, the journal neither is moving the key nor moved
+    /// it to another shard (for moved keys the journal is the record).
     /// Requires `verify_records` (`RECONCILE_VERIFY_REQUIRED`).
     pub repair: bool,
     /// Remove ledger rows that agree with an explicit mapping (and, with

@@ -28,9 +28,18 @@ impl Core {
             return Probe::Unchecked(UncheckedReason::UnknownShard);
         };
         let d = shard.dialect();
+        // A move's destination copy (under its in-flight marker) is not the
+        // key's row until the move publishes it; the markers exist where a
+        // journal's `init` made the tables.
+        let unmarked = self.journal.is_some() && d.is_proven();
         let mut failure = None;
         for (table, key_col) in tables {
-            match shard.query(&d.key_probe(table, key_col, key)).await {
+            let st = if unmarked {
+                d.key_probe_unmarked(table, key_col, key)
+            } else {
+                d.key_probe(table, key_col, key)
+            };
+            match shard.query(&st).await {
                 Ok(rows) if !rows.is_empty() => return Probe::Verified,
                 Ok(_) => {}
                 Err(e) => {

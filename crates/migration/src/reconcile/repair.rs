@@ -5,6 +5,7 @@ use super::ReconcileReport;
 use super::report::push_capped;
 use crate::config;
 use crate::error::{MigrationError, Result};
+use crate::republish::Home;
 use crate::router::Core;
 
 impl Core {
@@ -22,6 +23,27 @@ impl Core {
                 "ledger key invalid; repair skipped"
             );
             return Ok(());
+        }
+        // For a key the journal moved, the journal is the record: a key
+        // being moved, or moved elsewhere, is not mapped from the ledger (a
+        // row found on the ledger shard may be left behind a tombstone).
+        if self.journal.is_some() {
+            let skip = match self.journal_home(key).await? {
+                Home::Unknown => None,
+                Home::At { target, .. } if target == ledger_shard => None,
+                Home::At { target, .. } => Some(format!("the journal moved it to {target}")),
+                Home::Pending { op_id, .. } => Some(format!("operation {op_id} is moving it")),
+            };
+            if let Some(why) = skip {
+                tracing::warn!(
+                    event = "durability.migration.reconcile_repair_skipped",
+                    key,
+                    ledger_shard,
+                    why,
+                    "repair skipped: the journal decides where the key lives"
+                );
+                return Ok(());
+            }
         }
         let holder = self
             .mapping
