@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Kind, clean_verify, env, router_on};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
@@ -358,18 +358,6 @@ async fn a_mover_that_dies_inside_the_window_blocks_writes_only_until_the_deadli
     }
 }
 
-/// A router over `e` on `clock`, in clock domain `domain`.
-async fn router_on(e: &Env, clock: &ManualClock, domain: &str) -> Router {
-    let r = Router::new(
-        e.config(false, 30_000)
-            .clock(Arc::new(clock.clone()))
-            .clock_domain(domain),
-    )
-    .unwrap();
-    r.init().await.unwrap();
-    r
-}
-
 /// A write hold's deadline is compared only on its mover's clock. The
 /// mover (host A) dies inside the window. A writer on host B, whose clock
 /// runs ten windows ahead, does not remove the live-looking hold at once
@@ -396,8 +384,8 @@ async fn a_hold_is_judged_on_its_movers_clock_only() {
         let ahead = ManualClock::new(e.clock.now_ms() + 10 * window);
         let behind = ManualClock::new(e.clock.now_ms() - 10 * window);
         let (b, c) = (
-            router_on(&e, &ahead, "host-b").await,
-            router_on(&e, &behind, "host-c").await,
+            router_on(&e, &ahead, "host-b", false).await,
+            router_on(&e, &behind, "host-c", false).await,
         );
         let held = async |r: &Router, what: &str| {
             let err = r.update("k", "users", user("held", 1)).await.unwrap_err();
@@ -422,7 +410,7 @@ async fn a_hold_is_judged_on_its_movers_clock_only() {
         assert_eq!(b.update("k", "users", user("b", 3)).await.unwrap(), 1);
         // Host A's recovery settles the move after its liveness.
         e.clock.advance(31_000);
-        let fresh = router_on(&e, &e.clock, "host-a").await;
+        let fresh = router_on(&e, &e.clock, "host-a", false).await;
         let rep = fresh.recover_migrations().await.unwrap();
         assert!(
             rep.failed.is_empty() && rep.skipped.is_empty(),

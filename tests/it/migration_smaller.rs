@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, env};
+use crate::shards::{Env, Kind, env, router_on};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
@@ -419,19 +419,6 @@ async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
             losing_move(kinds, WinnerRuns::BeforeClaim, route).await;
         }
     }
-}
-
-/// A router over `e` on `clock`, in clock domain `domain` (a host of its
-/// own), through the crash plan when `faulty`.
-async fn router_on(e: &Env, clock: &ManualClock, domain: &str, faulty: bool) -> Router {
-    let r = Router::new(
-        e.config(faulty, 30_000)
-            .clock(Arc::new(clock.clone()))
-            .clock_domain(domain),
-    )
-    .unwrap();
-    r.init().await.unwrap();
-    r
 }
 
 /// Host A's router starts a move of `u1` to s1 whose copy fails (write 2,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use durability_migration::conformance::harness::Harness;
 pub(crate) use durability_migration::conformance::harness::clean_verify;
-use durability_migration::{MappingStore, MemoryMappingStore, Shard};
+use durability_migration::{ManualClock, MappingStore, MemoryMappingStore, Router, Shard};
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
 use durability_storage_postgres::testkit::TestSchema;
@@ -105,4 +105,17 @@ pub(crate) async fn env_with(kinds: &[Kind], mapping: Arc<dyn MappingStore>) -> 
         .table_with_key_column("orgs", "org_id")
         .holding(guards);
     Some(h)
+}
+
+/// A router over `e` on `clock`, in clock domain `domain` (a host of its
+/// own), through the crash plan when `faulty`.
+pub(crate) async fn router_on(e: &Env, clock: &ManualClock, domain: &str, faulty: bool) -> Router {
+    let r = Router::new(
+        e.config(faulty, 30_000)
+            .clock(Arc::new(clock.clone()))
+            .clock_domain(domain),
+    )
+    .unwrap();
+    r.init().await.unwrap();
+    r
 }
