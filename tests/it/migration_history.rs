@@ -275,27 +275,132 @@ async fn purge_compacts_examined_aborted_operations() {
     }
 }
 
-/// A journal created before the verified mark gains it at `init`; its
-/// finished operations count as unexamined.
-#[tokio::test]
-async fn an_older_journal_gains_the_verified_mark() {
-    let Some(e) = env(&[Sqlite, Sqlite]).await else {
-        return;
+/// The journal's history indexes, by name.
+async fn history_indexes(e: &Env, kind: Kind) -> Vec<String> {
+    let sql = match kind {
+        Sqlite => {
+            "SELECT name FROM sqlite_master WHERE type = 'index' \
+             AND tbl_name = 'durability_migration_ops' AND name LIKE '%_ops_%' ORDER BY name"
+        }
+        Postgres => {
+            "SELECT indexname AS name FROM pg_indexes WHERE schemaname = current_schema() \
+             AND tablename = 'durability_migration_ops' AND indexname LIKE '%_ops_%' ORDER BY indexname"
+        }
+        MySql => {
+            "SELECT DISTINCT index_name AS name FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = 'durability_migration_ops' \
+             AND index_name LIKE '%_ops_%' ORDER BY index_name"
+        }
     };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    r.reassign_shard("u1", "s1", "users").await.unwrap();
-    for ddl in [
-        "DROP INDEX durability_migration_ops_unverified",
-        "ALTER TABLE durability_migration_ops DROP COLUMN verified",
-    ] {
-        e.shard("s0").execute(&Statement::new(ddl)).await.unwrap();
+    e.shard("s0")
+        .query(&Statement::new(sql))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get("name").and_then(Value::as_text).unwrap().to_owned())
+        .filter(|n| n.contains("unverified") || n.contains("unpurged") || n.contains("history"))
+        .collect()
+}
+
+/// A journal created before the verified mark gains it at `init`; its
+/// finished operations count as unexamined, those purged before the mark
+/// existed too. A journal with the two history indexes of before (one per
+/// mark) gets the one index of both marks and loses them.
+#[tokio::test]
+async fn an_older_journal_gains_the_verified_mark_and_one_history_index() {
+    for kinds in SAME {
+        let kind = kinds[0];
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        assert_eq!(
+            history_indexes(&e, kind).await,
+            ["durability_migration_ops_history"],
+            "{kind:?}"
+        );
+        // u1's move purged (a pass read it, its retention elapsed), u2's not.
+        for k in ["u1", "u2"] {
+            e.mapping.put(k, "s0").await.unwrap();
+            r.insert(k, "users", user("ann", 1)).await.unwrap();
+        }
+        r.reassign_shard("u1", "s1", "users").await.unwrap();
+        clean_verify(&r).await;
+        e.clock
+            .advance(i64::try_from(durability_migration::DEFAULT_RETENTION_MS).unwrap());
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.purged_count, 1, "{kind:?}: {purge:?}");
+        r.reassign_shard("u2", "s1", "users").await.unwrap();
+        // The journal as an older version wrote it.
+        let drop_new = match kind {
+            MySql => "DROP INDEX durability_migration_ops_history ON durability_migration_ops",
+            _ => "DROP INDEX durability_migration_ops_history",
+        };
+        for ddl in [
+            drop_new,
+            "ALTER TABLE durability_migration_ops DROP COLUMN verified",
+            "CREATE INDEX durability_migration_ops_unpurged ON durability_migration_ops (scope, purged, op_id)",
+        ] {
+            e.shard("s0").execute(&Statement::new(ddl)).await.unwrap();
+        }
+        assert_eq!(
+            history_indexes(&e, kind).await,
+            ["durability_migration_ops_unpurged"],
+            "{kind:?}"
+        );
+        let r = e.router().await;
+        assert_eq!(
+            history_indexes(&e, kind).await,
+            ["durability_migration_ops_history"],
+            "{kind:?}: the older index is dropped"
+        );
+        let (rep, n) = pass(&r, false, false).await;
+        assert!(rep.clean, "{kind:?}: {rep:?}");
+        assert_eq!(
+            n, 2,
+            "{kind:?}: both moves made before the upgrade are examined, the purged one too"
+        );
+        let (_, n) = pass(&r, false, false).await;
+        assert_eq!(n, 0, "{kind:?}");
+        // Purge reads both ranges: u2's move is purged now, and u1's was.
+        e.clock
+            .advance(i64::try_from(durability_migration::DEFAULT_RETENTION_MS).unwrap());
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.purged_count, 1, "{kind:?}: {purge:?}");
+        assert_eq!(purge.refused_count, 0, "{kind:?}: {purge:?}");
     }
-    let r = e.router().await;
-    let (rep, n) = pass(&r, false, false).await;
-    assert!(rep.clean, "{rep:?}");
-    assert_eq!(n, 1, "the move made before the upgrade is examined");
-    let (_, n) = pass(&r, false, false).await;
-    assert_eq!(n, 0);
+}
+
+/// Purge refuses the moves no pass examined and purges the examined ones,
+/// with exact counts over both ranges of the history index.
+#[tokio::test]
+async fn purge_counts_examined_and_unexamined_moves_exactly() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { return };
+        let r = e.router().await;
+        for i in 0..6 {
+            let k = format!("k{i}");
+            e.mapping.put(&k, "s0").await.unwrap();
+            r.insert(&k, "users", user("ann", i)).await.unwrap();
+            r.reassign_shard_with(&k, "s1", "users", NOW).await.unwrap();
+            if i == 3 {
+                // k0..k3 examined, k4 and k5 not.
+                clean_verify(&r).await;
+            }
+        }
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(purge.purged_count, 4, "{kinds:?}: {purge:?}");
+        assert_eq!(purge.refused_count, 2, "{kinds:?}: {purge:?}");
+        assert!(
+            purge
+                .refused
+                .iter()
+                .all(|f| f.error.code() == "NOT_VERIFIED"),
+            "{kinds:?}: {purge:?}"
+        );
+        let purge = r.purge_retired().await.unwrap();
+        assert_eq!(
+            (purge.purged_count, purge.refused_count),
+            (0, 2),
+            "{kinds:?}: {purge:?}"
+        );
+    }
 }

@@ -241,9 +241,17 @@ pub(crate) struct Change {
 pub(crate) enum OpFilter {
     Active,
     State(MoveState),
-    Unpurged,
-    /// Finished operations no verification pass has examined.
-    Unverified,
+    /// Retired operations not purged, with the `verified` mark as given
+    /// (one range of the history index).
+    Unpurged {
+        verified: bool,
+    },
+    /// Finished operations no verification pass has examined, with the
+    /// `purged` mark as given (one range of the history index; only a
+    /// journal purged before verification marks existed has purged ones).
+    Unverified {
+        purged: bool,
+    },
     /// Every finished operation.
     Finished,
     /// Every operation of the scope (read-only listings).

@@ -453,30 +453,35 @@ impl Core {
         let mut seen: HashSet<String> = HashSet::new();
         // (shard, op id, key) of every tombstone lookup made.
         let mut read: HashSet<(String, String, String)> = HashSet::new();
-        let filter = if opts.full {
-            OpFilter::Finished
+        let filters: &[OpFilter] = if opts.full {
+            &[OpFilter::Finished]
         } else {
-            OpFilter::Unverified
+            &[
+                OpFilter::Unverified { purged: false },
+                OpFilter::Unverified { purged: true },
+            ]
         };
-        let mut after = String::new();
         let mut done = 0;
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, page, filter))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
-            if let Some(l) = lease {
-                self.renew_lease(l).await?;
+        for filter in filters {
+            let mut after = String::new();
+            loop {
+                let rows = js
+                    .query(&q.ops_page(&after, page, *filter))
+                    .await
+                    .map_err(|e| MigrationError::shard(jname, e))?;
+                let Some(last) = rows.last() else { break };
+                after = crate::journal::text(last, "op_id")?;
+                if let Some(l) = lease {
+                    self.renew_lease(l).await?;
+                }
+                for r in &rows {
+                    let op = OpRecord::from_row(r)?;
+                    self.examine_op(report, &op, repair, &mut read).await?;
+                    seen.insert(op.op_id.clone());
+                    examined.push((op.op_id, op.key));
+                }
+                tell("moves", &mut done, rows.len(), report);
             }
-            for r in &rows {
-                let op = OpRecord::from_row(r)?;
-                self.examine_op(report, &op, repair, &mut read).await?;
-                seen.insert(op.op_id.clone());
-                examined.push((op.op_id, op.key));
-            }
-            tell("moves", &mut done, rows.len(), report);
         }
         // Every operation of a key the last pass found something on.
         let keys = js
@@ -937,50 +942,57 @@ impl Core {
         };
         let now = self.now();
         let mut report = PurgeReport::default();
-        let mut after = String::new();
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, 500, OpFilter::Unpurged))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
-            for r in &rows {
-                let op = OpRecord::from_row(r)?;
-                if op.retire_at_ms.is_none_or(|t| t > now) {
-                    report.refused_count += 1;
-                    push_capped(
-                        &mut report.refused,
-                        Refusal {
-                            op_id: op.op_id.clone(),
-                            error: MigrationError::RetentionNotElapsed(op.op_id.clone()),
-                        },
-                    );
-                    continue;
-                }
-                if !op.verified {
-                    report.refused_count += 1;
-                    push_capped(
-                        &mut report.refused,
-                        Refusal {
-                            op_id: op.op_id.clone(),
-                            error: MigrationError::NotVerified(op.op_id.clone()),
-                        },
-                    );
-                    continue;
-                }
-                let (sname, shard) = self.shard_named(&op.source)?;
-                let purge = shard.dialect().archive_purge(&op.key, &op.op_id);
-                shard
-                    .execute(&purge)
-                    .await
-                    .map_err(|e| MigrationError::shard(sname, e))?;
-                js.execute(&q.mark_purged(&op.op_id))
+        // Examined operations first, then those no pass examined (each
+        // refused): one range of the history index each, in id order.
+        for filter in [
+            OpFilter::Unpurged { verified: true },
+            OpFilter::Unpurged { verified: false },
+        ] {
+            let mut after = String::new();
+            loop {
+                let rows = js
+                    .query(&q.ops_page(&after, 500, filter))
                     .await
                     .map_err(|e| MigrationError::shard(jname, e))?;
-                report.purged_count += 1;
-                push_capped(&mut report.purged, op.op_id.clone());
-                report.compacted_count += self.compact_key(&op.key).await?;
+                let Some(last) = rows.last() else { break };
+                after = crate::journal::text(last, "op_id")?;
+                for r in &rows {
+                    let op = OpRecord::from_row(r)?;
+                    if op.retire_at_ms.is_none_or(|t| t > now) {
+                        report.refused_count += 1;
+                        push_capped(
+                            &mut report.refused,
+                            Refusal {
+                                op_id: op.op_id.clone(),
+                                error: MigrationError::RetentionNotElapsed(op.op_id.clone()),
+                            },
+                        );
+                        continue;
+                    }
+                    if !op.verified {
+                        report.refused_count += 1;
+                        push_capped(
+                            &mut report.refused,
+                            Refusal {
+                                op_id: op.op_id.clone(),
+                                error: MigrationError::NotVerified(op.op_id.clone()),
+                            },
+                        );
+                        continue;
+                    }
+                    let (sname, shard) = self.shard_named(&op.source)?;
+                    let purge = shard.dialect().archive_purge(&op.key, &op.op_id);
+                    shard
+                        .execute(&purge)
+                        .await
+                        .map_err(|e| MigrationError::shard(sname, e))?;
+                    js.execute(&q.mark_purged(&op.op_id))
+                        .await
+                        .map_err(|e| MigrationError::shard(jname, e))?;
+                    report.purged_count += 1;
+                    push_capped(&mut report.purged, op.op_id.clone());
+                    report.compacted_count += self.compact_key(&op.key).await?;
+                }
             }
         }
         report.compacted_count += self.compact_aborted(now).await?;

@@ -6,6 +6,15 @@ use crate::journal::{Change, Guard, MoveState, OpFilter, OpRecord, encode_digest
 use crate::shard::Statement;
 use crate::value::Value;
 
+/// The journal's history index (see [`Dialect::journal_history_indexes`]).
+pub(crate) const HISTORY_INDEX: &str = "durability_migration_ops_history";
+
+/// The history indexes of journals written before [`HISTORY_INDEX`].
+const OLD_HISTORY_INDEXES: [&str; 2] = [
+    "durability_migration_ops_unverified",
+    "durability_migration_ops_unpurged",
+];
+
 impl Dialect {
     /// The column a journal written before verification marks lacks, and
     /// the statement adding it (run when the column query misses it).
@@ -20,20 +29,25 @@ impl Dialect {
         )
     }
 
-    /// The indexes that find the finished operations no pass examined yet
+    /// The index that finds the finished operations no pass examined yet
     /// and the retired ones not purged yet, so a pass and a purge read what
-    /// is new, not the history (created after [`Self::journal_upgrade`]).
+    /// is new, not the history (created after [`Self::journal_upgrade`]):
+    /// one index on `(scope, verified, purged, op_id)` serves both, a
+    /// range per (verified, purged) pair read in id order, so a claim
+    /// writes one history index entry, not two. Then the two indexes an
+    /// older journal kept for them (one per mark) are dropped.
     pub(crate) fn journal_history_indexes(&self) -> Vec<Statement> {
-        vec![
-            Statement::new(format!(
-                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unverified ON {o} (scope, verified, op_id)",
-                o = names::OPS
-            )),
-            Statement::new(format!(
-                "CREATE INDEX IF NOT EXISTS durability_migration_ops_unpurged ON {o} (scope, purged, op_id)",
-                o = names::OPS
-            )),
-        ]
+        let mut out = vec![Statement::new(format!(
+            "CREATE INDEX IF NOT EXISTS {HISTORY_INDEX} ON {o} (scope, verified, purged, op_id)",
+            o = names::OPS
+        ))];
+        for old in OLD_HISTORY_INDEXES {
+            out.push(Statement::new(match self {
+                Self::MySql => format!("DROP INDEX IF EXISTS {old} ON {o}", o = names::OPS),
+                _ => format!("DROP INDEX IF EXISTS {old}"),
+            }));
+        }
+        out
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements of the journal tables.
@@ -360,11 +374,16 @@ impl JournalSql<'_> {
             OpFilter::State(st) => {
                 s.raw(" AND state = ").bind(st.as_str());
             }
-            OpFilter::Unpurged => {
-                s.raw(" AND state = 'retired' AND purged = 0");
+            // One range of the history index each.
+            OpFilter::Unpurged { verified } => {
+                s.raw(" AND verified = ")
+                    .raw(if verified { "1" } else { "0" })
+                    .raw(" AND purged = 0 AND state = 'retired'");
             }
-            OpFilter::Unverified => {
-                s.raw(" AND verified = 0 AND state IN ('retired', 'aborted')");
+            OpFilter::Unverified { purged } => {
+                s.raw(" AND verified = 0 AND purged = ")
+                    .raw(if purged { "1" } else { "0" })
+                    .raw(" AND state IN ('retired', 'aborted')");
             }
             OpFilter::Finished => {
                 s.raw(" AND state IN ('retired', 'aborted')");
@@ -401,7 +420,7 @@ impl JournalSql<'_> {
 
     /// Marks `op_ids` examined by a verification pass (one statement, by
     /// primary key only: a condition on the scope would let a planner
-    /// walk the scope's whole `(scope, verified, op_id)` index instead).
+    /// walk the scope's whole history index instead).
     pub(crate) fn mark_verified(&self, op_ids: &[String]) -> Statement {
         let mut s = Sql::new(self.d);
         s.raw("UPDATE ")
