@@ -495,10 +495,11 @@ async fn a_move_owned_on_another_clock_is_settled_after_its_row_stood_still() {
             vec![op_id.clone()],
             "{kinds:?}: not yet a full period"
         );
-        // The owner steps (its retry journals a fresh snapshot, then its
+        // The owner steps (its retry's claim insert finds its own claim
+        // held and inserts nothing, it journals a fresh snapshot, then its
         // copy fails again).
         e.clock.advance(1_000);
-        e.plan.arm(2, FaultMode::Before);
+        e.plan.arm(3, FaultMode::Before);
         assert!(mover.reassign_shard("u1", "s1", "users").await.is_err());
         e.plan.disarm();
         behind.advance(1);
@@ -629,7 +630,7 @@ impl BeforeWrite for ClaimTaken {
 }
 
 /// A move whose claim insert comes after a concurrent move of the key
-/// claimed it (past the loser's claim check) gets the conflict code; the
+/// claimed it gets the conflict code; the
 /// winner's operation keeps the claim and the row stays on the source.
 #[tokio::test]
 async fn a_move_losing_the_claim_itself_gets_the_conflict_code() {

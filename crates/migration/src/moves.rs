@@ -318,6 +318,58 @@ impl<'r> MoveCtx<'r> {
             .collect()
     }
 
+    /// The source's side of a new move, before its claim: the source's
+    /// columns, the snapshot (widened to every other configured table on
+    /// both shards) and the refusals that need no write: no row
+    /// (`MIGRATION_ROW_NOT_FOUND`, or the conflict code when a concurrent
+    /// move cut the key over), a value the destination cannot store, rows
+    /// in tables outside the move (`MIGRATION_PARTIAL_MOVE`). The reads run
+    /// concurrently and are checked in this order.
+    async fn claimable_snapshot(&mut self) -> Result<Snapshot> {
+        let (source_cols, snap, elsewhere, extra) = futures::join!(
+            self.r.columns_fresh_all(&self.source, &self.specs),
+            self.snapshot(),
+            self.rows_elsewhere(),
+            self.others_on_target(),
+        );
+        source_cols?;
+        let mut snap = snap?;
+        if snap.iter().all(Option::is_none) {
+            return Err(self.no_row().await?);
+        }
+        // A value the destination can never store: refused before anything
+        // is written.
+        self.check_storable(&snap)?;
+        // A move of some tables only would strand the key's rows in the
+        // others: refused before anything is written.
+        let elsewhere = elsewhere?;
+        if !elsewhere.is_empty() {
+            return Err(MigrationError::PartialMove {
+                key: self.key.clone(),
+                tables: elsewhere,
+            });
+        }
+        // Every other configured table on both shards (empty of the key
+        // on the source: checked above) moves too, so the cutover fences it
+        // on the source and the publish lifts its old fence on the
+        // destination: a router whose cache still names the source, or a
+        // write between the cutover and the publish, cannot leave a row of
+        // it there that the mapping no longer routes to.
+        let extra = extra?;
+        if !extra.is_empty() {
+            self.specs.extend(extra);
+            snap = self.snapshot().await?;
+            // Another move may have taken the key away since the first
+            // snapshot: a move of nothing would cut over where the key no
+            // longer lives and publish its target.
+            if snap.iter().all(Option::is_none) {
+                return Err(self.no_row().await?);
+            }
+            self.check_storable(&snap)?;
+        }
+        Ok(snap)
+    }
+
     /// Copies the snapshot to the destination, with the operation's
     /// in-flight marker of every moved table in the same batch. A one-table
     /// move first tries one batch (marker + an insert that lands only when
@@ -1064,10 +1116,9 @@ impl Core {
         // then checked in this order, so the error reported does not depend
         // on which read answered first. The claim's insert is the guard:
         // none of these reads needs to precede another.
-        let (source, target_cols, held) = futures::join!(
+        let (source, target_cols) = futures::join!(
             self.move_source(key, &specs),
             self.columns_fresh_all(target, &specs),
-            self.claim_held(key),
         );
         let source = source?;
         if source == target {
@@ -1083,10 +1134,17 @@ impl Core {
         self.check_movable(&source)?;
         target_cols?;
         // A key has one active operation: a move while another holds the
-        // claim gets the conflict code (or resumes this router's own).
-        if held? {
-            return self.resume_own(key, target, &names).await;
-        }
+        // claim gets the conflict code (or resumes this router's own). The
+        // claim's insert finds a held claim; a refusal before it first asks
+        // whether one is held (a held claim comes first, as if it had been
+        // read here), so a move that finds nothing wrong reads no claim.
+        let refuse = async |e: MigrationError| -> Result<MoveOutcome> {
+            if self.claim_held(key).await? {
+                self.resume_own(key, target, &names).await
+            } else {
+                Err(e)
+            }
+        };
         let retain_ms = match opts.retire {
             Retire::After(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
             Retire::Immediate => 0,
@@ -1107,48 +1165,11 @@ impl Core {
             retain_ms,
             fresh: true,
         };
-        // The source's side, concurrently (checked in this order).
-        let (source_cols, snap, elsewhere, extra) = futures::join!(
-            self.columns_fresh_all(&source, &ctx.specs),
-            ctx.snapshot(),
-            ctx.rows_elsewhere(),
-            ctx.others_on_target(),
-        );
-        source_cols?;
-        let mut snap = snap?;
-        if snap.iter().all(Option::is_none) {
-            return Err(ctx.no_row().await?);
-        }
-        // A value the destination can never store: refused before anything
-        // is written.
-        ctx.check_storable(&snap)?;
-        // A move of some tables only would strand the key's rows in the
-        // others: refused before anything is written.
-        let elsewhere = elsewhere?;
-        if !elsewhere.is_empty() {
-            return Err(MigrationError::PartialMove {
-                key: key.to_owned(),
-                tables: elsewhere,
-            });
-        }
-        // Every other configured table on both shards (empty of the key
-        // on the source: checked above) moves too, so the cutover fences it
-        // on the source and the publish lifts its old fence on the
-        // destination: a router whose cache still names the source, or a
-        // write between the cutover and the publish, cannot leave a row of
-        // it there that the mapping no longer routes to.
-        let extra = extra?;
-        if !extra.is_empty() {
-            ctx.specs.extend(extra);
-            snap = ctx.snapshot().await?;
-            // Another move may have taken the key away since the first
-            // snapshot: a move of nothing would cut over where the key no
-            // longer lives and publish its target.
-            if snap.iter().all(Option::is_none) {
-                return Err(ctx.no_row().await?);
-            }
-            ctx.check_storable(&snap)?;
-        }
+        // The source's side: the snapshot and the checks before the claim.
+        let snap = match ctx.claimable_snapshot().await {
+            Ok(snap) => snap,
+            Err(e) => return refuse(e).await,
+        };
         let op = OpRecord {
             op_id: op_id.clone(),
             scope: self.scope.clone(),
@@ -1199,7 +1220,10 @@ impl Core {
             .await
         {
             Ok(counts) if counts.first().copied().unwrap_or(0) > 0 => {}
-            Ok(_) if fold && ctx.moved_away().await? => {
+            // Nothing inserted: a claim is held (the conflict code, or this
+            // router's own move resumed), or, folded, a concurrent move cut
+            // the key over (the conflict code).
+            Ok(_) if !self.claim_held(key).await? && fold && ctx.moved_away().await? => {
                 return Err(MigrationError::AlreadyActive(key.to_owned()));
             }
             Ok(_) => return self.resume_own(key, target, &op.tables).await,
