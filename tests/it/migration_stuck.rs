@@ -194,6 +194,65 @@ async fn verify_reports_a_lost_publish_and_repair_republishes_it() {
     }
 }
 
+/// Item 7 with verify's stranded-copy repair: `u1` on s1; a move to s0 is
+/// aborted by an operator (its copy dropped), then a second move to s0
+/// finishes with the row unchanged, so s0 holds a row equal to the aborted
+/// move's snapshot; then the mapping publish is lost. A repairing pass must
+/// not take the key's live row for the aborted move's stranded copy (the
+/// journal's newest finished move put the key on s0): before, it deleted
+/// it, found by the model campaign (seed 2 of 2,000 operations).
+#[tokio::test]
+async fn repair_keeps_a_live_row_equal_to_an_aborted_moves_copy_after_a_lost_publish() {
+    for kinds in SAME {
+        for how in [Lost::Deleted, Lost::Reverted] {
+            let Some(e) = env(&kinds).await else { return };
+            let ctx = format!("{kinds:?} {how:?}");
+            let r = e.router().await;
+            e.mapping.put("u1", "s1").await.unwrap();
+            r.insert("u1", "users", user("ann", 1)).await.unwrap();
+            // Stopped after its copy to s0, then aborted by an operator.
+            e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
+                .await;
+            let stuck = status(&r, "u1").await;
+            let ab = r.abort_operation(&stuck.op_id).await.unwrap();
+            assert_eq!(ab.copies_dropped, 1, "{ctx}");
+            r.reassign_shard("u1", "s0", "users").await.unwrap();
+            match how {
+                Lost::Deleted => assert!(e.mapping.remove("u1").await.unwrap()),
+                Lost::Reverted => e.mapping.put("u1", "s1").await.unwrap(),
+            }
+            let r = e.router().await;
+            for full in [false, true] {
+                let rep = r
+                    .verify_migrations(VerifyOptions {
+                        repair: true,
+                        full,
+                        ..VerifyOptions::default()
+                    })
+                    .await
+                    .unwrap();
+                assert!(
+                    rep.repaired
+                        .iter()
+                        .all(|line| !line.starts_with("removed stranded copy")),
+                    "{ctx}: {rep:?}"
+                );
+            }
+            let live = e.live("users", "id", "u1").await;
+            assert_eq!(live.len(), 1, "{ctx}: the key's row is kept: {live:?}");
+            assert_eq!(live[0].0, "s0", "{ctx}");
+            assert_eq!(e.mapping.get("u1").await.unwrap().as_deref(), Some("s0"));
+            let got = r.get("u1", "users").await.unwrap();
+            assert_eq!(
+                got.and_then(|row| row.get("n").cloned()),
+                Some(Value::from(1)),
+                "{ctx}"
+            );
+            clean_verify(&r).await;
+        }
+    }
+}
+
 /// Item 7: the newest finished move decides, not the move whose tombstone
 /// the write meets: `u1` moved s0 → s1 → s2, a later move s2 → s1 was
 /// aborted, and the mapping reverted to s0. A write meets s0's tombstone

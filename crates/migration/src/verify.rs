@@ -91,8 +91,9 @@ pub struct VerifyReport {
     pub ghosts: Vec<Leftover>,
     /// Tombstones with no journal record (first entries).
     pub stranded_archives: Vec<Leftover>,
-    /// Rows on the destination of an aborted move equal to the journaled row
-    /// (first entries).
+    /// Rows on the destination of an aborted move equal to the journaled row,
+    /// on a shard the key does not live on by its mapping or by the
+    /// journal's newest finished move (first entries).
     pub stranded_copies: Vec<Leftover>,
     /// Tombstones whose move was aborted (first entries).
     pub stale_cutovers: Vec<StaleCutover>,
@@ -558,8 +559,8 @@ impl Core {
     /// `shard_name` (see [`VerifyReport::leftover_markers`]).
     ///
     /// Repair removes it, with the row of the key under it, only for an
-    /// aborted move whose key is not routed to that shard and has no claim
-    /// held: the row under it is then a late copy of the aborted move (no
+    /// aborted move whose key does not live on that shard (by its mapping
+    /// or the journal) and has no claim held: the row under it is then a late copy of the aborted move (no
     /// routed write lands under a marker). Anything else is left: under a
     /// retired move's marker (or one on the shard the key is routed to) is
     /// either the key's live row (a stalled mover's stale copy batch landed
@@ -578,7 +579,7 @@ impl Core {
         if repair
             && op.state == MoveState::Aborted
             && let Some(spec) = self.tables.get(&t.table).cloned()
-            && self.mapping_fresh(&op.key).await?.as_deref() != Some(shard_name)
+            && !self.lives_on(&op.key, shard_name).await?
             && !self.claim_held(&op.key).await?
         {
             let (name, shard) = self.shard_named(shard_name)?;
@@ -748,6 +749,23 @@ impl Core {
         self.check_tomb_of(report, shard_name, t, &op, repair).await
     }
 
+    /// Whether `key` lives on `shard` by either record: its mapping names
+    /// the shard, or the journal's newest finished move of the key put it
+    /// there (the mapping lost that move's publish: absent, or naming a
+    /// shard the key left). A repair that deletes a row as a leftover of an
+    /// aborted move asks this first: a row on the shard the key lives on
+    /// may be the key's own, equal to the aborted move's snapshot because
+    /// it did not change since.
+    async fn lives_on(&self, key: &str, shard: &str) -> Result<bool> {
+        if self.mapping_fresh(key).await?.as_deref() == Some(shard) {
+            return Ok(true);
+        }
+        Ok(matches!(
+            self.journal_home(key).await?,
+            Home::At { target, .. } if target == shard
+        ))
+    }
+
     /// [`Self::check_tomb`] with the tombstone's operation at hand.
     async fn check_tomb_of(
         &self,
@@ -869,7 +887,7 @@ impl Core {
             return Ok(());
         };
         let d = shard.dialect();
-        let mut mapped: Option<Option<String>> = None;
+        let mut lives_there: Option<bool> = None;
         for (table, digest) in &op.digests {
             if digest == "-" {
                 continue;
@@ -889,10 +907,13 @@ impl Core {
             if &value::digest(Some(&row)) != digest {
                 continue;
             }
-            if mapped.is_none() {
-                mapped = Some(self.mapping_fresh(&op.key).await?);
-            }
-            if mapped.as_ref().and_then(Option::as_deref) == Some(op.target.as_str()) {
+            // The key's own row, equal to the aborted move's snapshot, on a
+            // shard the key lives on again: not a copy.
+            let there = match lives_there {
+                Some(t) => t,
+                None => *lives_there.insert(self.lives_on(&op.key, &op.target).await?),
+            };
+            if there {
                 continue;
             }
             // A later move of the key in flight: the row may be its copy.
