@@ -560,12 +560,13 @@ impl Core {
     ///
     /// Repair removes it, with the row of the key under it, only for an
     /// aborted move whose key does not live on that shard (by its mapping
-    /// or the journal) and has no claim held: the row under it is then a late copy of the aborted move (no
-    /// routed write lands under a marker). Anything else is left: under a
-    /// retired move's marker (or one on the shard the key is routed to) is
-    /// either the key's live row (a stalled mover's stale copy batch landed
-    /// after the move finished and changed nothing but the marker) or a row
-    /// the application deleted, brought back by that batch (the seed's
+    /// or the journal) and has no claim held: the row under it is then a
+    /// late copy of the aborted move (no routed write lands under a
+    /// marker). Anything else is left: under a retired move's marker (or
+    /// one on a shard the key lives on) is either the key's live row (a
+    /// stalled mover's stale copy batch landed after the move finished and
+    /// changed nothing but the marker) or a row the application deleted,
+    /// brought back by that batch (the seed's
     /// undetectable case), and nothing stored tells the two apart; the
     /// operator's procedure is in ARCHITECTURE.md.
     async fn check_marker(

@@ -7,7 +7,7 @@ use crate::shard::Statement;
 use crate::value::Value;
 
 /// The journal's history index (see [`Dialect::journal_history_indexes`]).
-pub(crate) const HISTORY_INDEX: &str = "durability_migration_ops_history";
+const HISTORY_INDEX: &str = "durability_migration_ops_history";
 
 /// The history indexes of journals written before [`HISTORY_INDEX`].
 const OLD_HISTORY_INDEXES: [&str; 2] = [
