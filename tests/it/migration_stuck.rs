@@ -60,9 +60,14 @@ enum Lost {
 }
 
 async fn lose(e: &Env, how: Lost) {
+    lose_to(e, how, "s0").await;
+}
+
+/// [`lose`], reverting to `left` (a shard `u1` left).
+async fn lose_to(e: &Env, how: Lost, left: &str) {
     match how {
         Lost::Deleted => assert!(e.mapping.remove("u1").await.unwrap()),
-        Lost::Reverted => e.mapping.put("u1", "s0").await.unwrap(),
+        Lost::Reverted => e.mapping.put("u1", left).await.unwrap(),
     }
 }
 
@@ -217,10 +222,7 @@ async fn repair_keeps_a_live_row_equal_to_an_aborted_moves_copy_after_a_lost_pub
             let ab = r.abort_operation(&stuck.op_id).await.unwrap();
             assert_eq!(ab.copies_dropped, 1, "{ctx}");
             r.reassign_shard("u1", "s0", "users").await.unwrap();
-            match how {
-                Lost::Deleted => assert!(e.mapping.remove("u1").await.unwrap()),
-                Lost::Reverted => e.mapping.put("u1", "s1").await.unwrap(),
-            }
+            lose_to(&e, how, "s1").await;
             let r = e.router().await;
             for full in [false, true] {
                 let rep = r

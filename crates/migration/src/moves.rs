@@ -1223,7 +1223,7 @@ impl Core {
             // Nothing inserted: a claim is held (the conflict code, or this
             // router's own move resumed), or, folded, a concurrent move cut
             // the key over (the conflict code).
-            Ok(_) if !self.claim_held(key).await? && fold && ctx.moved_away().await? => {
+            Ok(_) if fold && !self.claim_held(key).await? && ctx.moved_away().await? => {
                 return Err(MigrationError::AlreadyActive(key.to_owned()));
             }
             Ok(_) => return self.resume_own(key, target, &op.tables).await,

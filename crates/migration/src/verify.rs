@@ -980,24 +980,20 @@ impl Core {
                 after = crate::journal::text(last, "op_id")?;
                 for r in &rows {
                     let op = OpRecord::from_row(r)?;
-                    if op.retire_at_ms.is_none_or(|t| t > now) {
+                    let refused = if op.retire_at_ms.is_none_or(|t| t > now) {
+                        Some(MigrationError::RetentionNotElapsed(op.op_id.clone()))
+                    } else if !op.verified {
+                        Some(MigrationError::NotVerified(op.op_id.clone()))
+                    } else {
+                        None
+                    };
+                    if let Some(error) = refused {
                         report.refused_count += 1;
                         push_capped(
                             &mut report.refused,
                             Refusal {
                                 op_id: op.op_id.clone(),
-                                error: MigrationError::RetentionNotElapsed(op.op_id.clone()),
-                            },
-                        );
-                        continue;
-                    }
-                    if !op.verified {
-                        report.refused_count += 1;
-                        push_capped(
-                            &mut report.refused,
-                            Refusal {
-                                op_id: op.op_id.clone(),
-                                error: MigrationError::NotVerified(op.op_id.clone()),
+                                error,
                             },
                         );
                         continue;
