@@ -1,5 +1,18 @@
 //! Limits, defaults and the retry policy (the `WORKFLOWS_DO_ALARM_*`
 //! settings).
+//!
+//! [`DispatcherConfig::from_env`] reads the seed's variables:
+//! `WORKFLOWS_DO_ALARM_RETRY_DELAY_MS` (first retry delay, default 1000),
+//! `WORKFLOWS_DO_ALARM_RETRY_MAX_DELAY_MS` (cap, default 300000),
+//! `WORKFLOWS_DO_ALARM_RETRY_JITTER` (a decimal in `0..=1`, default 0.2),
+//! `WORKFLOWS_DO_ALARM_RETRY_MAX_TRIES` (default 6),
+//! `WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS` (default 300000) and
+//! `WORKFLOWS_DISPATCH_TIMEOUT_MS` (default 60000). Durations and counts are
+//! canonical positive decimals of at most 2^31-1 (ms); a value that breaks
+//! the rule falls back to its default with a `durability.alarms.setting_fallback`
+//! warning naming the variable, as the `DO_*` settings do. A cap below the
+//! first delay is raised to it (also logged); the claim lease is kept above
+//! the dispatch timeout as [`DispatcherConfig::effective_lease_ms`] says.
 
 use durability_time::{Backoff, Jitter, Random};
 
@@ -40,6 +53,54 @@ pub const SEED_OWNER_TTL_MS: i64 = 120_000;
 pub const DEFAULT_LOG_INTERVAL_MS: i64 = 10_000;
 /// The longest delay or lease accepted (2^31-1 ms).
 pub const MAX_DELAY_MS: i64 = i32::MAX as i64;
+
+/// Variable of the first retry delay in milliseconds.
+pub const ENV_RETRY_DELAY_MS: &str = "WORKFLOWS_DO_ALARM_RETRY_DELAY_MS";
+/// Variable of the retry delay cap in milliseconds.
+pub const ENV_RETRY_MAX_DELAY_MS: &str = "WORKFLOWS_DO_ALARM_RETRY_MAX_DELAY_MS";
+/// Variable of the retry jitter fraction (`0..=1`).
+pub const ENV_RETRY_JITTER: &str = "WORKFLOWS_DO_ALARM_RETRY_JITTER";
+/// Variable of the tries before an alarm is discarded.
+pub const ENV_RETRY_MAX_TRIES: &str = "WORKFLOWS_DO_ALARM_RETRY_MAX_TRIES";
+/// Variable of the claim lease in milliseconds.
+pub const ENV_CLAIM_LEASE_MS: &str = "WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS";
+/// Variable of the dispatch timeout in milliseconds.
+pub const ENV_DISPATCH_TIMEOUT_MS: &str = "WORKFLOWS_DISPATCH_TIMEOUT_MS";
+
+/// Logs that `setting` held an unusable `value` and `fallback` is used.
+fn fallback<T: std::fmt::Display>(setting: &str, value: &str, fallback: T, why: &str) -> T {
+    tracing::warn!(
+        event = "durability.alarms.setting_fallback",
+        setting,
+        value,
+        fallback = %fallback,
+        "{why}, using the default"
+    );
+    fallback
+}
+
+/// A positive millisecond or count setting (`1..=2^31-1`), else `default`.
+fn positive(lookup: &impl Fn(&str) -> Option<String>, name: &str, default: i64) -> i64 {
+    let Some(raw) = lookup(name) else {
+        return default;
+    };
+    durability_time::parse_canonical_positive(&raw, MAX_DELAY_MS.unsigned_abs())
+        .and_then(|v| i64::try_from(v).ok())
+        .unwrap_or_else(|| fallback(name, &raw, default, "invalid setting"))
+}
+
+/// The jitter fraction, a finite decimal in `0..=1`, else `default`.
+fn jitter(lookup: &impl Fn(&str) -> Option<String>, default: f64) -> f64 {
+    let Some(raw) = lookup(ENV_RETRY_JITTER) else {
+        return default;
+    };
+    let plain =
+        !raw.is_empty() && raw.len() <= 32 && raw.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    raw.parse::<f64>()
+        .ok()
+        .filter(|j| plain && (0.0..=1.0).contains(j))
+        .unwrap_or_else(|| fallback(ENV_RETRY_JITTER, &raw, default, "invalid setting"))
+}
 
 /// Exponential backoff with jitter and a maximum number of tries.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -213,6 +274,52 @@ impl DispatcherConfig {
         Ok(())
     }
 
+    /// The defaults with the seed's `WORKFLOWS_*` variables applied, read
+    /// through `lookup` (for example `|k| std::env::var(k).ok()`). An
+    /// invalid value falls back to its default with a warning; a cap below
+    /// the first delay is raised to it, also with a warning. The result
+    /// always passes [`DispatcherConfig::validate`].
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let defaults = Self::default();
+        let base_delay_ms = positive(&lookup, ENV_RETRY_DELAY_MS, defaults.retry.base_delay_ms);
+        let mut max_delay_ms =
+            positive(&lookup, ENV_RETRY_MAX_DELAY_MS, defaults.retry.max_delay_ms);
+        if max_delay_ms < base_delay_ms {
+            max_delay_ms = fallback(
+                ENV_RETRY_MAX_DELAY_MS,
+                &max_delay_ms.to_string(),
+                base_delay_ms,
+                "retry cap below the first delay",
+            );
+        }
+        let max_tries = positive(
+            &lookup,
+            ENV_RETRY_MAX_TRIES,
+            i64::from(defaults.retry.max_tries),
+        );
+        Self {
+            retry: RetryPolicy {
+                base_delay_ms,
+                max_delay_ms,
+                jitter: jitter(&lookup, defaults.retry.jitter),
+                max_tries: u32::try_from(max_tries).unwrap_or(defaults.retry.max_tries),
+            },
+            claim_lease_ms: positive(&lookup, ENV_CLAIM_LEASE_MS, defaults.claim_lease_ms),
+            dispatch_timeout_ms: positive(
+                &lookup,
+                ENV_DISPATCH_TIMEOUT_MS,
+                defaults.dispatch_timeout_ms,
+            )
+            .min(MAX_DELAY_MS - 1),
+            ..defaults
+        }
+    }
+
+    /// [`DispatcherConfig::from_lookup`] over the process environment.
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
     /// The claim lease actually used: always above the dispatch timeout.
     pub fn effective_lease_ms(&self) -> i64 {
         self.claim_lease_ms.max(self.dispatch_timeout_ms + 1)
@@ -261,3 +368,6 @@ impl DispatcherConfig {
             .saturating_add(self.poll_ms)
     }
 }
+
+#[cfg(test)]
+mod tests;

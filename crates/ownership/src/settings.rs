@@ -28,17 +28,7 @@ pub const DEFAULT_DRAIN_IN_FLIGHT_TIMEOUT_MS: u64 = 8000;
 /// Default supervisor-side drain timeout in milliseconds.
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 
-/// Parses a canonical positive decimal (`[1-9][0-9]*`) no greater than `max`.
-pub fn parse_canonical_positive(raw: &str, max: u64) -> Option<u64> {
-    let canonical = !raw.is_empty()
-        && raw.len() <= 16
-        && raw.bytes().all(|b| b.is_ascii_digit())
-        && !raw.starts_with('0');
-    if !canonical {
-        return None;
-    }
-    raw.parse::<u64>().ok().filter(|v| *v <= max)
-}
+pub use durability_time::parse_canonical_positive;
 
 fn setting(name: &'static str, raw: Option<&str>, max: u64, default: u64) -> u64 {
     match raw {

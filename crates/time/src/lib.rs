@@ -56,5 +56,20 @@ pub const fn is_safe_non_negative(n: i64) -> bool {
     n >= 0 && n <= MAX_SAFE_INTEGER
 }
 
+/// Parses a canonical positive decimal (`[1-9][0-9]*`, at most 16 digits)
+/// no greater than `max`: the rule every numeric setting read from the
+/// environment follows (a value that breaks it falls back to its default,
+/// logged by the caller).
+pub fn parse_canonical_positive(raw: &str, max: u64) -> Option<u64> {
+    let canonical = !raw.is_empty()
+        && raw.len() <= 16
+        && raw.bytes().all(|b| b.is_ascii_digit())
+        && !raw.starts_with('0');
+    if !canonical {
+        return None;
+    }
+    raw.parse::<u64>().ok().filter(|v| *v <= max)
+}
+
 #[cfg(test)]
 mod tests;
