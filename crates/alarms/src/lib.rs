@@ -125,3 +125,5 @@ pub use durability_scheduler::ObjectId;
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

@@ -65,3 +65,5 @@ pub mod migration;
     feature = "migration"
 ))]
 mod tests;
+
+pub mod docs;

@@ -58,3 +58,5 @@ pub const fn is_safe_non_negative(n: i64) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;
