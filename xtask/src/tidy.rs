@@ -1153,3 +1153,80 @@ fn architecture_md_and_readme_hold_no_pasted_figure() {
         found.join("\n")
     );
 }
+
+/// The Markdown design notes next to the code (`crates/*/docs/*.md`).
+fn crate_doc_pages() -> Vec<PathBuf> {
+    let mut pages = Vec::new();
+    for entry in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let docs = entry.expect("dir entry").path().join("docs");
+        for page in std::fs::read_dir(&docs).into_iter().flatten().flatten() {
+            if page.path().extension().is_some_and(|e| e == "md") {
+                pages.push(page.path());
+            }
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// The opening fences of `text` (```` ``` ```` lines outside a block) that
+/// name no language: rustdoc would compile those as Rust doctests.
+fn untagged_fences(text: &str) -> Vec<usize> {
+    let mut open = false;
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some(info) = line.trim_start().strip_prefix("```") else {
+            continue;
+        };
+        if !open && info.trim().is_empty() {
+            found.push(n + 1);
+        }
+        open = !open;
+    }
+    found
+}
+
+#[test]
+fn crate_doc_pages_tag_every_code_block() {
+    let pages = crate_doc_pages();
+    assert!(pages.len() > 10, "the tidy check found the pages");
+    let mut found = Vec::new();
+    for page in pages {
+        let text = std::fs::read_to_string(&page).expect("the page reads");
+        for line in untagged_fences(&text) {
+            found.push(format!("{}:{line}", page.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "code blocks without a language (write ```text for anything that is not Rust, \
+         or rustdoc runs it as a doctest):\n{}",
+        found.join("\n")
+    );
+    assert_eq!(untagged_fences("```text\na\n```\n```\nb\n```\n"), [4]);
+}
+
+#[test]
+fn results_files_hold_stamped_json_figures() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root().join("results")).expect("results/") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("the results file reads");
+        for (n, line) in text.lines().enumerate() {
+            let where_ = format!("{}:{}", path.display(), n + 1);
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{where_}: not a JSON line: {e}"));
+            for field in ["run", "commit", "name"] {
+                assert!(
+                    value[field].as_str().is_some_and(|s| !s.is_empty()),
+                    "{where_}: no `{field}`"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "the tidy check found the results files");
+}
