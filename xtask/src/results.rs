@@ -249,6 +249,21 @@ mod tests {
     }
 
     #[test]
+    fn a_teed_command_keeps_both_streams_line_by_line() {
+        let teed = run_teed(Command::new("sh").args([
+            "-c",
+            "echo '{\"name\":\"host.x\",\"value\":1}'; echo 'a: 3 crash points tried' >&2; echo plain; exit 3",
+        ]))
+        .expect("sh runs");
+        assert_eq!(teed.status.code(), Some(3));
+        assert_eq!(teed.stdout, [r#"{"name":"host.x","value":1}"#, "plain"]);
+        assert_eq!(teed.stderr, ["a: 3 crash points tried"]);
+        let files = group_figures(&teed.stdout, &stamp());
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].0, "bench-host.jsonl");
+    }
+
+    #[test]
     fn timestamps_are_utc_calendar_times() {
         assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc_timestamp(951_782_400), "2000-02-29T00:00:00Z");
