@@ -89,8 +89,8 @@ impl BeforeWrite for StaleCopy {
 /// verification reports the leftover markers but cannot tell the row was
 /// deleted, so repair leaves it. The stalled recovery ends with
 /// `RECOVERY_FENCED` (its next journal write is refused), which is the only
-/// trace. This pins that behaviour; see ARCHITECTURE.md (`crates/migration`,
-/// "the undetectable case").
+/// trace. This pins that behaviour; see `durability_migration::docs::verify`,
+/// "The undetectable case".
 #[tokio::test]
 async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaired() {
     for kinds in SAME {
@@ -173,9 +173,10 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaire
         assert_eq!(e.live("users", "id", "u1").await.len(), 1, "{kinds:?}");
         let rep = fresh.recover_migrations().await.unwrap();
         assert!(rep.examined.is_empty(), "{kinds:?}: {rep:?}");
-        // The operator's way out (ARCHITECTURE.md): the in-flight markers of
-        // finished operations name the key; the application's record says it
-        // was deleted; delete the row and the marker on that shard.
+        // The operator's way out (`durability_migration::docs::verify`): the
+        // in-flight markers of finished operations name the key; the
+        // application's record says it was deleted; delete the row and the
+        // marker on that shard.
         let markers = fresh
             .raw_query(
                 "s1",

@@ -20,12 +20,17 @@
 //!   the medians and ratios. Not part of CI.
 //! - `verify`: the crash-point and simulation suites, with what they tried.
 //!
+//! `bench` and `verify` also write what they measured to results files
+//! under `results/` (module `results`): the figures live there, dated and
+//! with their commit, not in the docs.
+//!
 //! xtask only orchestrates: the demo scenes, the benchmarks and the alarm
 //! soak live in the `durability-demo` package (`demo/`), which `demo`,
 //! `bench` and `verify` run through `cargo run`. xtask itself depends on no
 //! crate of the workspace (a tidy test checks it), so `cargo xtask` builds
 //! in seconds.
 
+mod results;
 #[cfg(test)]
 mod tidy;
 
@@ -75,6 +80,12 @@ const BENCH_AREAS: &[&str] = &[
 
 /// The demo package's binary, run by `demo`, `bench` and `verify`.
 const DEMO: [&str; 4] = ["--package", "durability-demo", "--bin", "durability-demo"];
+
+/// The workspace root (xtask's parent directory).
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
 
 fn cargo(args: &[&str]) -> Result {
     run_cmd(Command::new(env_cargo()).args(args))
@@ -142,6 +153,7 @@ const MODEL_OPS: &str = "2000";
 /// run: `MODEL_SEEDS` seeds of `MODEL_OPS` operations per shard set (an
 /// environment that sets the variables itself keeps its values).
 fn verify() -> Result {
+    let stamp = results::Stamp::now();
     let mut cmd = Command::new(env_cargo());
     cmd.args([
         "nextest",
@@ -155,31 +167,80 @@ fn verify() -> Result {
         "-E",
         "test(/crash|model|lock_set|recover/)",
     ]);
+    let mut settings = Vec::new();
     for (var, value) in [
         ("DURABILITY_MIGRATION_MODEL_SEEDS", MODEL_SEEDS),
         ("DURABILITY_MIGRATION_MODEL_OPS", MODEL_OPS),
     ] {
-        if std::env::var_os(var).is_none() {
-            cmd.env(var, value);
+        match std::env::var(var) {
+            Ok(set) => settings.push(format!("{var}={set}")),
+            Err(_) => {
+                cmd.env(var, value);
+                settings.push(format!("{var}={value}"));
+            }
         }
     }
-    run_cmd(&mut cmd)?;
-    eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
-    demo_bin(false, &["soak", "100000", "7"])
+    eprintln!("$ {cmd:?}");
+    let mut steps = vec![verify_step(
+        "nextest (crash, model, lock_set, recover)",
+        &mut cmd,
+    )?];
+    if steps[0].status == "passed" {
+        eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
+        let mut soak = Command::new(env_cargo());
+        soak.args(["run", "--quiet"])
+            .args(DEMO)
+            .args(["--", "soak", "100000", "7"]);
+        steps.push(verify_step(
+            "alarm soak (100000 alarms, seed 7)",
+            &mut soak,
+        )?);
+    }
+    let path = results::append(
+        "verify.txt",
+        &results::verify_section(&stamp, &settings.join(", "), &steps),
+    )?;
+    eprintln!("recorded in {}", results::shown(&path));
+    match steps.iter().find(|s| s.status != "passed") {
+        Some(failed) => Err(format!("{}: {}", failed.what, failed.status).into()),
+        None => Ok(()),
+    }
 }
 
-/// `cargo run` of the demo package's binary with `args`: a debug build, or
-/// a release build with `release`. Prints no command line, so the demo's
-/// output reads as before; a failure of the binary (which has already said
-/// why on stderr) is reported with its exit status.
-fn demo_bin(release: bool, args: &[&str]) -> Result {
-    let mut cmd = Command::new(env_cargo());
-    cmd.arg("run");
-    if release {
-        cmd.arg("--release");
-    }
-    cmd.arg("--quiet").args(DEMO).arg("--").args(args);
-    let status = cmd.status()?;
+/// Runs one `verify` step, shown as usual, and keeps what the results file
+/// records of it.
+fn verify_step(what: &str, cmd: &mut Command) -> Result<results::VerifyStep> {
+    let teed = results::run_teed(cmd)?;
+    let status = if teed.status.success() {
+        "passed".to_owned()
+    } else {
+        format!("failed ({})", teed.status)
+    };
+    let kept = teed
+        .stderr
+        .iter()
+        .chain(&teed.stdout)
+        .filter(|l| results::verify_line_kept(l))
+        .cloned()
+        .collect();
+    Ok(results::VerifyStep {
+        what: what.to_owned(),
+        status,
+        kept,
+    })
+}
+
+/// `cargo run` of the demo package's binary with `args`, in a debug build.
+/// Prints no command line, so the demo's output reads as before; a failure
+/// of the binary (which has already said why on stderr) is reported with
+/// its exit status.
+fn demo_bin(args: &[&str]) -> Result {
+    let status = Command::new(env_cargo())
+        .args(["run", "--quiet"])
+        .args(DEMO)
+        .arg("--")
+        .args(args)
+        .status()?;
     if status.success() {
         Ok(())
     } else {
@@ -192,7 +253,7 @@ fn demo_bin(release: bool, args: &[&str]) -> Result {
 fn demo(args: &[String]) -> Result {
     let mut all = vec!["demo"];
     all.extend(args.iter().map(String::as_str));
-    demo_bin(false, &all)
+    demo_bin(&all)
 }
 
 /// `bench [AREA]...`: the demo package built in release, then its
@@ -206,9 +267,25 @@ fn bench(args: &[String]) -> Result {
         return Err(format!("unknown bench area {other:?}; known: {BENCH_AREAS:?}").into());
     }
     eprintln!("building durability-demo in release for benchmarks …");
-    let mut all = vec!["bench-inner"];
-    all.extend(args.iter().map(String::as_str));
-    demo_bin(true, &all).map_err(|e| format!("benchmarks failed: {e}").into())
+    let stamp = results::Stamp::now();
+    let mut cmd = Command::new(env_cargo());
+    cmd.args(["run", "--release", "--quiet"])
+        .args(DEMO)
+        .arg("--")
+        .arg("bench-inner")
+        .args(args);
+    let teed = results::run_teed(&mut cmd)?;
+    if !teed.status.success() {
+        return Err(format!(
+            "benchmarks failed with {} (nothing recorded in results/)",
+            teed.status
+        )
+        .into());
+    }
+    for path in results::record_figures(&teed.stdout, &stamp)? {
+        eprintln!("recorded in {}", results::shown(&path));
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------ bench peers
@@ -610,15 +687,13 @@ fn run_peer_binary(binary: &std::path::Path, args: &[String]) -> Result<Vec<Meas
 /// `bench peers [--quick] [--reps N]`.
 fn peers(args: &[String]) -> Result {
     let options = peer_options(args)?;
+    let stamp = results::Stamp::now();
     let sizes = if options.quick {
         PeerSizes::QUICK
     } else {
         PeerSizes::FULL
     };
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask lives inside the workspace")?
-        .to_path_buf();
+    let root = workspace_root();
     let mut binaries = Vec::new();
     for (dir, bin) in PEER_BINARIES {
         let dir = root.join("bench/peers").join(dir);
@@ -673,9 +748,16 @@ fn peers(args: &[String]) -> Result {
         all.extend(run_peer_binary(ours, &leases)?);
     }
     let comparisons = compare(&all)?;
+    let lines: Vec<String> = comparisons
+        .iter()
+        .map(|c| c.json(options.reps, mode))
+        .collect();
     #[allow(clippy::print_stdout, reason = "the bench prints its JSON lines")]
-    for c in &comparisons {
-        println!("{}", c.json(options.reps, mode));
+    for line in &lines {
+        println!("{line}");
+    }
+    for path in results::record_figures(&lines, &stamp)? {
+        eprintln!("recorded in {}", results::shown(&path));
     }
     eprintln!(
         "\n| figure | unit | ours | peer | peer's | ours / peer's |\n|---|---|---:|---:|---:|---:|"

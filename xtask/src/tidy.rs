@@ -1000,3 +1000,233 @@ fn the_metrics_scanner_reads_literal_names_and_flags_the_rest() {
         ]
     );
 }
+
+/// The line budget of ARCHITECTURE.md: a map read first, not a manual
+/// (protocol prose lives in the crate docs, figures in `results/`).
+const ARCHITECTURE_MAX_LINES: usize = 500;
+
+#[test]
+fn architecture_md_stays_within_its_line_budget() {
+    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let lines = arch.lines().count();
+    assert!(
+        lines <= ARCHITECTURE_MAX_LINES,
+        "ARCHITECTURE.md has {lines} lines, over its budget of {ARCHITECTURE_MAX_LINES}: \
+         move protocol prose into the crate's docs (crates/<crate>/docs/*.md, included into \
+         rustdoc) and keep one paragraph and the invariants per crate here"
+    );
+}
+
+/// The first thing in `line` that reads like a measured figure pasted by
+/// hand: a number followed by a ratio sign (`0.25×`, `1.18x`), a time below
+/// a millisecond (`7.4 µs`, `72 us`, `300 ns`), a rate (`2,966 keys/s`,
+/// `4,239 pairs/s`) or a fraction of a millisecond (`48.5 ms`). Limits and
+/// defaults (`30 s`, `1 MiB`, `5,000 ms`, `2^53-1`, `±20 %`) are not
+/// figures: they name no sub-millisecond time, no rate, no ratio and no
+/// fractional millisecond.
+fn pasted_figure(line: &str) -> Option<String> {
+    if let Some(row) = figure_table_row(line) {
+        return Some(row);
+    }
+    let chars: Vec<char> = line.chars().collect();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut i = 0;
+    while i < chars.len() {
+        let starts = chars[i].is_ascii_digit()
+            && (i == 0 || !(word(chars[i - 1]) || chars[i - 1] == '.' || chars[i - 1] == '^'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut fractional = false;
+        while i < chars.len()
+            && (chars[i].is_ascii_digit()
+                || ((chars[i] == ',' || chars[i] == '.')
+                    && chars.get(i + 1).is_some_and(char::is_ascii_digit)))
+        {
+            fractional |= chars[i] == '.';
+            i += 1;
+        }
+        let mut j = i;
+        if chars
+            .get(j)
+            .is_some_and(|c| [' ', '\u{a0}', '\u{202f}'].contains(c))
+        {
+            j += 1;
+        }
+        let rest: String = chars[j..].iter().take(24).collect();
+        let unit_end = rest
+            .find(|c: char| !(word(c) || c == '/'))
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_end];
+        let ratio = rest.starts_with('×') || (unit == "x" && j == i);
+        let small_time = ["µs", "us", "ns"].contains(&unit);
+        let rate = unit.ends_with("/s") && unit.len() > 2;
+        let fractional_ms = fractional && unit == "ms";
+        if ratio || small_time || rate || fractional_ms {
+            let shown: String = chars[start..j].iter().collect();
+            return Some(format!(
+                "{shown}{}",
+                if ratio {
+                    &rest[..rest.chars().next().map_or(0, char::len_utf8)]
+                } else {
+                    unit
+                }
+            ));
+        }
+    }
+    None
+}
+
+/// A Markdown table row of measurements: one cell is a unit alone (`ms`,
+/// `us`, `µs`, `ns`, or a rate such as `entries/s`) and another a bare
+/// number, as in `| enqueue | entries/s | 26,837 | 40,563 |`.
+fn figure_table_row(line: &str) -> Option<String> {
+    let cells: Vec<&str> = line
+        .trim()
+        .strip_prefix('|')?
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let unit = cells.iter().find(|c| {
+        ["ms", "us", "µs", "ns"].contains(c)
+            || (c.len() > 2
+                && c.ends_with("/s")
+                && c.chars().all(|ch| ch.is_alphanumeric() || ch == '/'))
+    })?;
+    let number = cells.iter().find(|c| {
+        c.starts_with(|ch: char| ch.is_ascii_digit())
+            && c.chars()
+                .all(|ch| ch.is_ascii_digit() || ch == ',' || ch == '.')
+    })?;
+    Some(format!("{number} {unit}"))
+}
+
+#[test]
+fn the_figure_rule_catches_pasted_figures_and_spares_limits() {
+    for pasted in [
+        "SQLite 0.243× / 0.228× and 0.257×",
+        "ratio 1.18x of the baseline",
+        "about 2x slower",
+        "a local call costs 7.4 µs more",
+        "bare 135–137 us, routed",
+        "(2,966 against 12,212 keys/s alone)",
+        "| lock + unlock | pairs/s | 4,239 | 4,637 |",
+        "p99 4.1 ms SQLite",
+        "4,239 pairs/s",
+        "10,148 calls/s with eight in flight",
+    ] {
+        assert!(pasted_figure(pasted).is_some(), "missed {pasted:?}");
+    }
+    for fine in [
+        "TTL 30 s with ±20 % jitter, a 1 s read timeout",
+        "at most `MAX_CUTOVER_HOLD_MS` = 5,000 ms, default 300 ms",
+        "versions at most 2^53-1; values at most 1 MiB + 8 KiB",
+        "a hex byte 0x1f, a 3x3 grid, v0.24, metrics 0.24, 2 x 3",
+        "| outbox key | 1..=1024 bytes, no control characters |",
+        "| attempt timeout | 1..=2^31-1 ms, default 30 s |",
+        "| figure | unit | ours | peer |",
+        "retry backoff 1 s · 2^(n-1), scaled by a uniform factor in [0.5, 1)",
+        "`cargo xtask bench host` writes `results/bench-host.jsonl`",
+        "a 5-minute tour; 16 shards; 120 s owner lease",
+    ] {
+        assert_eq!(pasted_figure(fine), None, "flagged {fine:?}");
+    }
+}
+
+#[test]
+fn architecture_md_and_readme_hold_no_pasted_figure() {
+    let mut found = Vec::new();
+    for file in ["ARCHITECTURE.md", "README.md"] {
+        let text = std::fs::read_to_string(root().join(file)).expect("the file reads");
+        for (n, line) in text.lines().enumerate() {
+            if let Some(figure) = pasted_figure(line) {
+                found.push(format!("{file}:{}: `{figure}`", n + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "measured figures pasted by hand (run `cargo xtask bench [AREA]` / `cargo xtask verify`, \
+         which write results/, and link there):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The Markdown design notes next to the code (`crates/*/docs/*.md`).
+fn crate_doc_pages() -> Vec<PathBuf> {
+    let mut pages = Vec::new();
+    for entry in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let docs = entry.expect("dir entry").path().join("docs");
+        for page in std::fs::read_dir(&docs).into_iter().flatten().flatten() {
+            if page.path().extension().is_some_and(|e| e == "md") {
+                pages.push(page.path());
+            }
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// The opening fences of `text` (```` ``` ```` lines outside a block) that
+/// name no language: rustdoc would compile those as Rust doctests.
+fn untagged_fences(text: &str) -> Vec<usize> {
+    let mut open = false;
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some(info) = line.trim_start().strip_prefix("```") else {
+            continue;
+        };
+        if !open && info.trim().is_empty() {
+            found.push(n + 1);
+        }
+        open = !open;
+    }
+    found
+}
+
+#[test]
+fn crate_doc_pages_tag_every_code_block() {
+    let pages = crate_doc_pages();
+    assert!(pages.len() > 10, "the tidy check found the pages");
+    let mut found = Vec::new();
+    for page in pages {
+        let text = std::fs::read_to_string(&page).expect("the page reads");
+        for line in untagged_fences(&text) {
+            found.push(format!("{}:{line}", page.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "code blocks without a language (write ```text for anything that is not Rust, \
+         or rustdoc runs it as a doctest):\n{}",
+        found.join("\n")
+    );
+    assert_eq!(untagged_fences("```text\na\n```\n```\nb\n```\n"), [4]);
+}
+
+#[test]
+fn results_files_hold_stamped_json_figures() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root().join("results")).expect("results/") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("the results file reads");
+        for (n, line) in text.lines().enumerate() {
+            let where_ = format!("{}:{}", path.display(), n + 1);
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{where_}: not a JSON line: {e}"));
+            for field in ["run", "commit", "name"] {
+                assert!(
+                    value[field].as_str().is_some_and(|s| !s.is_empty()),
+                    "{where_}: no `{field}`"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "the tidy check found the results files");
+}

@@ -127,3 +127,5 @@ pub use durability_scheduler::ObjectId;
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

@@ -33,6 +33,8 @@
 //!   terminal. A command that ran but left something unsettled (verify not
 //!   clean, recovery or rebalance moves that failed) exits with code 2 after
 //!   printing its report.
+#![doc = include_str!("../docs/commands.md")]
+#![doc = include_str!("../docs/cli.md")]
 
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};

@@ -118,3 +118,5 @@ pub use verify::{
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

@@ -108,7 +108,7 @@ pub struct VerifyReport {
     /// `MIGRATION_CUTOVER_PENDING`, and the row under it may be one the
     /// application deleted since (the seed's undetectable case). Repair
     /// removes an aborted move's late copy and its marker; it leaves a
-    /// retired move's, which the operator decides on (ARCHITECTURE.md).
+    /// retired move's, which the operator decides on ([`crate::docs::verify`]).
     pub leftover_markers: Vec<Leftover>,
     /// What repair changed (first entries).
     pub repaired: Vec<String>,
@@ -568,7 +568,7 @@ impl Core {
     /// changed nothing but the marker) or a row the application deleted,
     /// brought back by that batch (the seed's
     /// undetectable case), and nothing stored tells the two apart; the
-    /// operator's procedure is in ARCHITECTURE.md.
+    /// operator's procedure is in `docs::verify`, "The undetectable case".
     async fn check_marker(
         &self,
         report: &mut VerifyReport,

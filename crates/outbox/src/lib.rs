@@ -134,3 +134,5 @@ pub use policy::{
 };
 pub use report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
 pub use store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+
+pub mod docs;

@@ -122,3 +122,5 @@ pub use store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
     parse_generation_counter, validate_ttl,
 };
+
+pub mod docs;

@@ -103,3 +103,5 @@ pub use storage::{Direction, SchedulerTx, SchemaStep, Storage, StorageError, Sto
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

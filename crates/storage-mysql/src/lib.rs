@@ -658,3 +658,5 @@ mod tests {
         );
     }
 }
+
+pub mod docs;

@@ -537,3 +537,5 @@ pub mod testkit;
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

@@ -50,3 +50,5 @@ pub mod topology;
 pub mod alarms;
 
 pub mod testkit;
+
+pub mod docs;

@@ -11,8 +11,7 @@
 //! types after the backend (`SkeletonStorage` → `FooStorage`), delete the
 //! traits the backend will not offer, replace each stub by the real thing,
 //! and run the conformance suite of every trait it implements (each
-//! capability crate's `conformance` feature; see "Adding a backend" in
-//! `ARCHITECTURE.md`).
+//! capability crate's `conformance` feature; see [`docs::adding_a_backend`]).
 //!
 //! Feature flags select which capability's traits are implemented
 //! (`default` enables all of them), as in `durability-storage-sqlite`:
@@ -65,3 +64,5 @@ pub mod migration;
     feature = "migration"
 ))]
 mod tests;
+
+pub mod docs;

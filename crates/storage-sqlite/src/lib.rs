@@ -93,3 +93,5 @@ pub mod topology;
 
 #[cfg(feature = "alarms")]
 pub mod alarms;
+
+pub mod docs;

@@ -73,3 +73,5 @@ pub fn parse_canonical_positive(raw: &str, max: u64) -> Option<u64> {
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

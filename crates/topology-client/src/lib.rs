@@ -99,3 +99,5 @@ pub use durability_time::{Clock, ManualClock, Random, SystemClock};
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;

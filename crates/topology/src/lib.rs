@@ -110,3 +110,5 @@ pub const MAX_STATE_BYTES: usize = 256 * 1024;
 
 #[cfg(test)]
 mod tests;
+
+pub mod docs;
