@@ -532,6 +532,20 @@ pub type PostgresMappingStore = ShardMappingStore<PostgresShard>;
 mod ledger;
 pub use ledger::PostgresLedger;
 
+#[cfg(any(feature = "ownership", feature = "alarms"))]
+mod store_client;
+#[cfg(any(feature = "ownership", feature = "alarms"))]
+pub use store_client::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_STORE_POOL_SIZE, InvalidSchemaName, MAX_SCHEMA_NAME_BYTES,
+    SchemaName,
+};
+
+#[cfg(feature = "ownership")]
+pub mod ownership;
+
+#[cfg(feature = "alarms")]
+pub mod alarms;
+
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod ownership;
+mod pg;
+
 use std::sync::Arc;
 
 use durability_migration::conformance::harness::{failed_batches_roll_back, insert_t};

@@ -1,0 +1,1 @@
+//! PostgreSQL alarm job index (feature `alarms`).

@@ -1,0 +1,273 @@
+//! The PostgreSQL lease store against the test server: the ownership
+//! conformance suite (each case in a schema of its own), concurrent claims
+//! from several store instances, hostile schema names, and
+//! `Ownership` end to end.
+
+use std::sync::Arc;
+
+use durability_ownership::conformance::{Harness, RawState};
+use durability_ownership::{
+    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
+    Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+};
+use durability_storage_postgres::ownership::PostgresLeaseStore;
+use durability_storage_postgres::testkit::{TestSchema, url};
+
+use crate::pg::{raw_client, schema};
+
+/// A set-up lease store in `schema`.
+pub(crate) async fn store_in(schema: &TestSchema) -> PostgresLeaseStore {
+    let store = PostgresLeaseStore::connect(&url(), schema.name(), ShardCount::default()).unwrap();
+    store.setup().await.unwrap();
+    store
+}
+
+pub(crate) struct PgHarness {
+    store: PostgresLeaseStore,
+    raw: tokio_postgres::Client,
+    table: String,
+    // Dropped last: drops the schema.
+    _schema: TestSchema,
+}
+
+impl PgHarness {
+    pub(crate) async fn new() -> Option<Self> {
+        let schema = schema().await?;
+        let store = store_in(&schema).await;
+        Some(Self {
+            store,
+            raw: raw_client().await,
+            table: format!("\"{}\"", schema.name()),
+            _schema: schema,
+        })
+    }
+}
+
+impl Harness for PgHarness {
+    type Store = PostgresLeaseStore;
+
+    fn store(&self) -> &Self::Store {
+        &self.store
+    }
+
+    async fn expire_owner(&self, scope: &OwnerScope) {
+        // The lease ends now on the server's clock, as it would have.
+        self.raw
+            .execute(
+                &format!(
+                    "UPDATE {}.durability_owner_leases
+                     SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                     WHERE scope = $1",
+                    self.table
+                ),
+                &[&scope.host_id()],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
+        self.raw
+            .execute(
+                &format!(
+                    "INSERT INTO {}.durability_owner_leases (scope, record, expires_at_ms)
+                     VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)
+                     ON CONFLICT (scope) DO UPDATE SET record = excluded.record,
+                       expires_at_ms = excluded.expires_at_ms",
+                    self.table
+                ),
+                &[&scope.host_id(), &raw],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn raw_state(&self, scope: &OwnerScope) -> RawState {
+        let owner = self
+            .raw
+            .query_opt(
+                &format!(
+                    "SELECT record FROM {}.durability_owner_leases WHERE scope = $1",
+                    self.table
+                ),
+                &[&scope.host_id()],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get::<_, Vec<u8>>(0));
+        let generation = self
+            .raw
+            .query_opt(
+                &format!(
+                    "SELECT generation FROM {}.durability_owner_generations WHERE scope = $1",
+                    self.table
+                ),
+                &[&scope.host_id()],
+            )
+            .await
+            .unwrap()
+            .map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap());
+        RawState { owner, generation }
+    }
+}
+
+durability_ownership::ownership_conformance!(conformance, "pg", PgHarness::new());
+
+fn class_scopes(storage: &StorageId, class: &str) -> Vec<OwnerScope> {
+    (0..16)
+        .map(|shard| {
+            OwnerScope::new(
+                storage.clone(),
+                ClassName::new(class).unwrap(),
+                shard,
+                ShardCount::default(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Eight store instances (eight pools, as eight hosts have) claim the same
+/// sixteen scopes at once, whole class per call and one by one: every
+/// scope is claimed exactly once, at generation 1, and every other answer
+/// names that claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_from_many_stores_hand_out_one_owner_per_scope() {
+    let Some(schema) = schema().await else { return };
+    let first = store_in(&schema).await;
+    let lifecycle = LifecycleId::new("ns:race").unwrap();
+    let storage = StorageId::new("st-race").unwrap();
+    first
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let scopes = Arc::new(class_scopes(&storage, "Race"));
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let store = store_in(&schema).await;
+        let (scopes, lifecycle) = (Arc::clone(&scopes), lifecycle.clone());
+        tasks.push(tokio::spawn(async move {
+            let task = TaskId::new(&format!("host-{n}")).unwrap();
+            if n % 2 == 0 {
+                store
+                    .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+                    .await
+            } else {
+                let mut out = Vec::new();
+                for s in scopes.iter().rev() {
+                    out.push(store.claim(s, &lifecycle, &task, 60_000).await);
+                }
+                out.reverse();
+                out
+            }
+        }));
+    }
+    let mut winners = vec![Vec::new(); 16];
+    let mut seen = vec![Vec::new(); 16];
+    for t in tasks {
+        for (i, r) in t.await.unwrap().into_iter().enumerate() {
+            match r.unwrap() {
+                ClaimOutcome::Claimed(l) => winners[i].push(l.record),
+                ClaimOutcome::Held(l) => seen[i].push(l.record),
+            }
+        }
+    }
+    for i in 0..16 {
+        assert_eq!(winners[i].len(), 1, "scope {i}: exactly one claim");
+        let won = &winners[i][0];
+        assert_eq!(won.generation().get(), 1, "scope {i}");
+        assert_eq!(seen[i].len(), 7, "scope {i}");
+        assert!(
+            seen[i].iter().all(|r| r == won),
+            "scope {i}: every holder is the winner"
+        );
+        let snap = first.snapshot(&scopes[i], &lifecycle).await.unwrap();
+        assert_eq!(snap.owner.map(|l| l.record).as_ref(), Some(won));
+        assert_eq!(snap.generation, 1);
+    }
+}
+
+/// A schema name that could break out of its identifier is refused before
+/// anything is sent, and nothing is created on the server.
+#[tokio::test]
+async fn hostile_schema_names_are_refused_before_any_statement() {
+    let Some(_schema) = schema().await else {
+        return;
+    };
+    let hostile = [
+        "x\"; DROP SCHEMA public CASCADE; --",
+        "a b",
+        "Tenant",
+        "pg_temp",
+        "",
+        "1x",
+        "dur\u{0}able",
+        "s\u{e9}",
+    ];
+    let long = "a".repeat(64);
+    let raw = raw_client().await;
+    let before: i64 = raw
+        .query_one("SELECT count(*) FROM pg_namespace", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for name in hostile.iter().copied().chain([long.as_str()]) {
+        let e = PostgresLeaseStore::connect(&url(), name, ShardCount::default()).expect_err(name);
+        assert_eq!(e.code(), "invalid_input", "{name:?}: {e}");
+    }
+    let after: i64 = raw
+        .query_one("SELECT count(*) FROM pg_namespace", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "no schema was created");
+    let sql = PostgresLeaseStore::setup_sql(
+        &durability_storage_postgres::SchemaName::new("tenant_1").unwrap(),
+    );
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"tenant_1\".durability_owner_leases"));
+}
+
+/// `Ownership` on the PostgreSQL store: resolve claims, a second task is
+/// routed to the first, renew_all renews, and after expiry the second
+/// claims a higher generation.
+#[tokio::test]
+async fn ownership_end_to_end_on_server_time() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = Arc::new(h.store.clone());
+    let lifecycle = LifecycleId::new("ns:e2e").unwrap();
+    let storage = StorageId::new("st-e2e").unwrap();
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let scope = class_scopes(&storage, "Cart").remove(3);
+    let settings = OwnershipSettings {
+        owner_ttl_ms: 60_000,
+        ..OwnershipSettings::default()
+    };
+    let clock = ManualClock::new(1_000);
+    let a = Ownership::new(
+        store.clone(),
+        clock.clone(),
+        TaskId::new("a").unwrap(),
+        settings,
+    );
+    let b = Ownership::new(store.clone(), clock, TaskId::new("b").unwrap(), settings);
+    let Resolution::Local(first) = a.resolve(&scope, &lifecycle).await.unwrap() else {
+        panic!("a claims")
+    };
+    assert!(matches!(
+        b.resolve(&scope, &lifecycle).await.unwrap(),
+        Resolution::Remote { .. }
+    ));
+    drop(a.admit(&scope, first).await.unwrap());
+    assert!(a.renew_all().await.iter().all(|(_, r)| r.is_ok()));
+    h.expire_owner(&scope).await;
+    let Resolution::Local(second) = b.resolve(&scope, &lifecycle).await.unwrap() else {
+        panic!("b claims after expiry")
+    };
+    assert!(second > first);
+    assert!(a.admit(&scope, first).await.is_err(), "a is stale");
+}
