@@ -58,7 +58,9 @@ use crate::store_client::{Access, DEFAULT_STORE_POOL_SIZE, Failure, SchemaName, 
 
 fn failure(f: Failure) -> OwnershipError {
     match f {
-        Failure::NotApplied(source) => OwnershipError::StoreUnavailable { source },
+        Failure::NotApplied(source) | Failure::Rejected(source) => {
+            OwnershipError::StoreUnavailable { source }
+        }
         Failure::Unknown(source) => OwnershipError::OwnerUnavailable { source },
     }
 }
@@ -66,7 +68,7 @@ fn failure(f: Failure) -> OwnershipError {
 /// The same failure, once per record of a batch.
 fn each_failure(f: Failure, n: usize) -> Vec<OwnershipError> {
     let (unknown, text) = match &f {
-        Failure::NotApplied(e) => (false, e.to_string()),
+        Failure::NotApplied(e) | Failure::Rejected(e) => (false, e.to_string()),
         Failure::Unknown(e) => (true, e.to_string()),
     };
     let mut first = Some(failure(f));

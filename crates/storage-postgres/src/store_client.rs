@@ -103,9 +103,11 @@ impl std::fmt::Display for SchemaName {
 /// Why a store call failed, by what it proves about the store.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// Nothing was sent, or the server refused the statement (it rolled
-    /// back): nothing was applied.
+    /// No connection could be had, or nothing was sent, or a read lost its
+    /// reply: nothing was applied.
     NotApplied(BoxError),
+    /// The server refused the statement (it rolled back): nothing was applied.
+    Rejected(BoxError),
     /// The statement may have been applied: the connection was lost or the
     /// deadline passed after it was sent.
     Unknown(BoxError),
@@ -181,7 +183,7 @@ impl StoreClient {
     }
 
     /// Runs one statement (prepared once per connection) within the
-    /// deadline and returns its rows. A server error is [`Failure::NotApplied`]
+    /// deadline and returns its rows. A server error is [`Failure::Rejected`]
     /// (the statement rolled back); a lost connection or the deadline after
     /// a write was sent is [`Failure::Unknown`]. A connection that missed
     /// its deadline is closed, never handed out again.
@@ -196,7 +198,7 @@ impl StoreClient {
             let st = client
                 .prepare_cached(sql)
                 .await
-                .map_err(|e| Failure::NotApplied(Box::new(e)))?;
+                .map_err(|e| classify(Access::Read, e))?;
             client
                 .query(&st, params)
                 .await
@@ -235,7 +237,9 @@ impl StoreClient {
 /// A server error rolled its statement back; anything else after the
 /// statement was handed to the connection leaves a write unknown.
 fn classify(access: Access, e: tokio_postgres::Error) -> Failure {
-    if e.as_db_error().is_some() || access == Access::Read {
+    if e.as_db_error().is_some() {
+        Failure::Rejected(Box::new(e))
+    } else if access == Access::Read {
         Failure::NotApplied(Box::new(e))
     } else {
         Failure::Unknown(Box::new(e))

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod alarms;
 mod ownership;
 mod pg;
 
