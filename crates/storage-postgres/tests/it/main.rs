@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod alarms;
+mod claim_round_trips;
 mod ownership;
 mod pg;
 
