@@ -6,8 +6,10 @@
 
 mod alarms;
 mod claim_round_trips;
+mod cluster;
 mod ownership;
 mod pg;
+mod restart;
 
 use std::sync::Arc;
 
