@@ -106,8 +106,7 @@ impl PostgresAlarmIndex {
 
     /// An index at `url` (a `postgres://` URL) with its tables in `schema`
     /// (validated: see [`SchemaName`]) and
-    /// [`DEFAULT_STORE_POOL_SIZE`](crate::DEFAULT_STORE_POOL_SIZE)
-    /// connections. Nothing is sent until the first call.
+    /// [`DEFAULT_STORE_POOL_SIZE`] connections. Nothing is sent until the first call.
     ///
     /// # Errors
     /// [`AlarmError::InvalidConfig`] for a schema name outside the grammar
@@ -130,6 +129,11 @@ impl PostgresAlarmIndex {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.client.set_timeout(timeout);
         self
+    }
+
+    /// The call deadline.
+    pub fn timeout(&self) -> Duration {
+        self.client.timeout()
     }
 
     /// The schema holding this index's tables.
