@@ -43,7 +43,9 @@ use durability_alarms::{
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, Row};
 
-use crate::store_client::{Access, DEFAULT_STORE_POOL_SIZE, Failure, SchemaName, StoreClient};
+use crate::store_client::{
+    Access, DEFAULT_STORE_POOL_SIZE, Failure, SchemaName, StoreClient, target,
+};
 
 /// Which clock the index's lease and retry times run on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,12 +114,8 @@ impl PostgresAlarmIndex {
     /// [`AlarmError::InvalidConfig`] for a schema name outside the grammar
     /// or a malformed URL.
     pub fn connect(url: &str, schema: &str, time: IndexTime) -> Result<Self, AlarmError> {
-        let schema = SchemaName::new(schema).map_err(|e| AlarmError::InvalidConfig {
-            reason: e.to_string(),
-        })?;
-        let config: Config = url.parse().map_err(|e| AlarmError::InvalidConfig {
-            reason: format!("postgres url: {e}"),
-        })?;
+        let (config, schema) =
+            target(url, schema).map_err(|reason| AlarmError::InvalidConfig { reason })?;
         Self::new(config, DEFAULT_STORE_POOL_SIZE, schema, time)
     }
 

@@ -54,7 +54,9 @@ use durability_ownership::{
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
 
-use crate::store_client::{Access, DEFAULT_STORE_POOL_SIZE, Failure, SchemaName, StoreClient};
+use crate::store_client::{
+    Access, DEFAULT_STORE_POOL_SIZE, Failure, SchemaName, StoreClient, target,
+};
 
 fn failure(f: Failure) -> OwnershipError {
     match f {
@@ -143,14 +145,11 @@ impl PostgresLeaseStore {
     /// [`OwnershipError::InvalidInput`] for a schema name outside the
     /// grammar or a malformed URL.
     pub fn connect(url: &str, schema: &str, count: ShardCount) -> Result<Self, OwnershipError> {
-        let schema = SchemaName::new(schema).map_err(|e| OwnershipError::InvalidInput {
-            what: "schema name",
-            reason: e.to_string(),
-        })?;
-        let config: Config = url.parse().map_err(|e| OwnershipError::InvalidInput {
-            what: "postgres url",
-            reason: format!("{e}"),
-        })?;
+        let (config, schema) =
+            target(url, schema).map_err(|reason| OwnershipError::InvalidInput {
+                what: "postgres store",
+                reason,
+            })?;
         Self::new(config, DEFAULT_STORE_POOL_SIZE, schema, count)
     }
 

@@ -100,6 +100,14 @@ impl std::fmt::Display for SchemaName {
     }
 }
 
+/// A store's target: a `postgres://` URL and the schema its tables live
+/// in, both checked before anything is sent; `Err` says what is wrong.
+pub(crate) fn target(url: &str, schema: &str) -> Result<(Config, SchemaName), String> {
+    let schema = SchemaName::new(schema).map_err(|e| e.to_string())?;
+    let config: Config = url.parse().map_err(|e| format!("postgres url: {e}"))?;
+    Ok((config, schema))
+}
+
 /// Why a store call failed, by what it proves about the store.
 #[derive(Debug)]
 pub(crate) enum Failure {

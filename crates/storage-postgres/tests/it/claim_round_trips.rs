@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
-    StorageId, TaskId,
+    ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::ownership::PostgresLeaseStore;
@@ -18,7 +17,7 @@ use durability_storage_postgres::testkit::url;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::pg::schema;
+use crate::pg::{class_scopes, schema};
 
 /// Who sent the last bytes on a proxied connection.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -118,20 +117,6 @@ fn through(port: u16) -> ((String, u16), tokio_postgres::Config) {
     (upstream, config)
 }
 
-fn class(storage: &StorageId, name: &str) -> Vec<OwnerScope> {
-    (0..16)
-        .map(|shard| {
-            OwnerScope::new(
-                storage.clone(),
-                ClassName::new(name).unwrap(),
-                shard,
-                ShardCount::default(),
-            )
-            .unwrap()
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
     let Some(schema) = schema().await else { return };
@@ -156,7 +141,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
     let task = TaskId::new("host-a").unwrap();
     // Prepare every statement on the connection first (a prepare is a turn
     // of its own, once per connection).
-    let warm = class(&storage, "Warm");
+    let warm = class_scopes(&storage, "Warm");
     store
         .claim_many(&warm[..2], &lifecycle, &task, None, 60_000)
         .await;
@@ -166,7 +151,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
         .unwrap();
     let counted = |before: u64| proxy.turns.load(Ordering::SeqCst) - before;
 
-    let scopes = class(&storage, "Cart");
+    let scopes = class_scopes(&storage, "Cart");
     let before = proxy.turns.load(Ordering::SeqCst);
     let claims = store
         .claim_many(&scopes, &lifecycle, &task, None, 60_000)
@@ -181,7 +166,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
         .collect();
     assert_eq!(records.len(), 16);
 
-    let one_by_one_scopes = class(&storage, "Room");
+    let one_by_one_scopes = class_scopes(&storage, "Room");
     let before = proxy.turns.load(Ordering::SeqCst);
     for s in &one_by_one_scopes {
         assert!(matches!(

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use durability_ownership::conformance::{Harness, RawState};
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
-    Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+    ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership,
+    OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 use durability_storage_postgres::testkit::{TestSchema, url};
 
-use crate::pg::{raw_client, schema};
+use crate::pg::{class_scopes, raw_client, schema};
 
 /// A set-up lease store in `schema`.
 pub(crate) async fn store_in(schema: &TestSchema) -> PostgresLeaseStore {
@@ -112,20 +112,6 @@ impl Harness for PgHarness {
 }
 
 durability_ownership::ownership_conformance!(conformance, "pg", PgHarness::new());
-
-fn class_scopes(storage: &StorageId, class: &str) -> Vec<OwnerScope> {
-    (0..16)
-        .map(|shard| {
-            OwnerScope::new(
-                storage.clone(),
-                ClassName::new(class).unwrap(),
-                shard,
-                ShardCount::default(),
-            )
-            .unwrap()
-        })
-        .collect()
-}
 
 /// Eight store instances (eight pools, as eight hosts have) claim the same
 /// sixteen scopes at once, whole class per call and one by one: every

@@ -17,6 +17,7 @@ use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 
 use crate::cluster::{Cluster, signal};
+use crate::pg::class_scopes;
 
 /// The call deadline of the stores here: past it, a paused backend's reply is lost.
 const DEADLINE: Duration = Duration::from_millis(1_500);
@@ -70,11 +71,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
         .set_active_storage(&lifecycle, Some(&storage))
         .await
         .unwrap();
-    let scopes: Vec<OwnerScope> = (0..16)
-        .map(|n| {
-            OwnerScope::new(storage.clone(), ClassName::new("Cart").unwrap(), n, count).unwrap()
-        })
-        .collect();
+    let scopes = class_scopes(&storage, "Cart");
     let task = TaskId::new("host-a").unwrap();
     let records: Vec<_> = leases
         .claim_many(&scopes, &lifecycle, &task, None, 60_000)
