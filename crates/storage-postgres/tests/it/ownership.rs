@@ -43,6 +43,23 @@ impl PgHarness {
     }
 }
 
+impl PgHarness {
+    /// The stored counter of `scope`, whatever its value.
+    async fn raw_counter(&self, scope: &OwnerScope) -> Option<i64> {
+        self.raw
+            .query_opt(
+                &format!(
+                    "SELECT generation FROM {}.durability_owner_generations WHERE scope = $1",
+                    self.table
+                ),
+                &[&scope.host_id()],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0))
+    }
+}
+
 impl Harness for PgHarness {
     type Store = PostgresLeaseStore;
 
@@ -256,4 +273,173 @@ async fn ownership_end_to_end_on_server_time() {
     };
     assert!(second > first);
     assert!(a.admit(&scope, first).await.is_err(), "a is stale");
+}
+
+/// A stored generation counter out of range (0, negative, above 2^53-1)
+/// fails its scope closed, typed, with nothing written; the other scopes
+/// of the same class claim go through. (A counter at 2^53-1 is valid but
+/// spent: the conformance of `snapshot` accepts it, claims refuse it.)
+#[tokio::test]
+async fn a_corrupt_counter_fails_its_scope_closed_and_only_its_scope() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let lifecycle = LifecycleId::new("ns:corrupt").unwrap();
+    let storage = StorageId::new("st-corrupt").unwrap();
+    h.store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let scopes = class_scopes(&storage, "Cart");
+    let task = TaskId::new("a").unwrap();
+    for bad in [0_i64, -4, 9_007_199_254_740_992, i64::MAX] {
+        h.raw
+            .execute(
+                &format!(
+                    "INSERT INTO {}.durability_owner_generations (scope, generation) VALUES ($1, $2)
+                     ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+                    h.table
+                ),
+                &[&scopes[5].host_id(), &bad],
+            )
+            .await
+            .unwrap();
+        let before = h.raw_counter(&scopes[5]).await;
+        let results = h
+            .store
+            .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+            .await;
+        for (i, r) in results.iter().enumerate() {
+            match (i, r) {
+                (5, Err(e)) => assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}"),
+                (5, Ok(_)) => panic!("{bad}: a corrupt counter was claimed over"),
+                (_, r) => assert!(r.is_ok(), "{bad}: scope {i}: {r:?}"),
+            }
+        }
+        let e = h.store.snapshot(&scopes[5], &lifecycle).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}");
+        let floor = durability_ownership::Generation::new(3).unwrap();
+        let e = h
+            .store
+            .raise_generation_floor(&scopes[5], floor)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}");
+        assert_eq!(
+            h.raw_counter(&scopes[5]).await,
+            before,
+            "{bad}: nothing written"
+        );
+        let owners: i64 = h
+            .raw
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {}.durability_owner_leases WHERE scope = $1",
+                    h.table
+                ),
+                &[&scopes[5].host_id()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(owners, 0, "{bad}: no owner written");
+    }
+}
+
+/// An object fence in memory: the claim it holds (generation and exact
+/// record bytes), refusing lower generations and other holders of its own.
+#[derive(Default)]
+struct MemoryFence(std::sync::Mutex<Option<(u64, String)>>);
+
+impl durability_ownership::ObjectFence for MemoryFence {
+    fn fence_claim(
+        &self,
+        record: &durability_ownership::OwnerRecord,
+        _budget: Option<Arc<dyn durability_ownership::BudgetCheck>>,
+    ) -> Result<(), durability_ownership::OwnershipError> {
+        let mut held = self.0.lock().unwrap();
+        let g = record.generation().get();
+        if let Some((stored, holder)) = &*held
+            && (*stored > g || (*stored == g && holder != record.encoded()))
+        {
+            return Err(durability_ownership::OwnershipError::StaleGeneration {
+                scope: record.scope().to_string(),
+                attempted: g,
+                stored: *stored,
+            });
+        }
+        *held = Some((g, record.encoded().to_owned()));
+        Ok(())
+    }
+}
+
+/// The lease tables lost (truncated, as a restore from an old backup or a
+/// recreated database loses them): claims start again from generation 1,
+/// and opening the object through `fence_with_floor` raises the counter
+/// above the generation its fence accepted, so no generation is handed out
+/// twice.
+#[tokio::test]
+async fn a_wiped_table_is_brought_above_the_fence_by_the_floor() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let lifecycle = LifecycleId::new("ns:wipe").unwrap();
+    let storage = StorageId::new("st-wipe").unwrap();
+    h.store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let scope = class_scopes(&storage, "Cart").remove(0);
+    let fence = MemoryFence::default();
+    let clock: Arc<dyn durability_ownership::Clock> = Arc::new(ManualClock::new(0));
+    let settings = durability_ownership::FloorSettings {
+        clock: Arc::clone(&clock),
+        ttl_ms: 60_000,
+        guard_ms: 1_000,
+    };
+    let claim = |t: &'static str| {
+        let store = h.store.clone();
+        let (scope, lifecycle) = (scope.clone(), lifecycle.clone());
+        async move {
+            match store
+                .claim(&scope, &lifecycle, &TaskId::new(t).unwrap(), 60_000)
+                .await
+                .unwrap()
+            {
+                ClaimOutcome::Claimed(l) => l,
+                ClaimOutcome::Held(_) => panic!("{t}: held"),
+            }
+        }
+    };
+    for t in ["a", "b", "c"] {
+        let lease = claim(t).await;
+        let fenced = durability_ownership::fence_with_floor(&h.store, &fence, &settings, lease, 0)
+            .await
+            .unwrap();
+        h.expire_owner(&scope).await;
+        drop(fenced);
+    }
+    assert_eq!(h.raw_counter(&scope).await, Some(3));
+    h.raw
+        .batch_execute(&format!(
+            "TRUNCATE {t}.durability_owner_leases, {t}.durability_owner_generations",
+            t = h.table
+        ))
+        .await
+        .unwrap();
+    let reissued = claim("d").await;
+    assert_eq!(
+        reissued.record.generation().get(),
+        1,
+        "the wiped table starts over"
+    );
+    let fenced = durability_ownership::fence_with_floor(&h.store, &fence, &settings, reissued, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        fenced.lease.record.generation().get(),
+        4,
+        "above the fence's 3"
+    );
+    assert_eq!(h.raw_counter(&scope).await, Some(4));
 }
