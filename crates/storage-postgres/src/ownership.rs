@@ -587,6 +587,49 @@ impl PostgresLeaseStore {
     }
 }
 
+impl PostgresLeaseStore {
+    /// Lists the live owner leases, a page of at most `limit` at a time in
+    /// scope order (byte order), with the lease left on the server's clock.
+    /// Start with `cursor: None` and pass back the page's cursor until it
+    /// is `None`. Each record is decoded strictly; an invalid one is listed
+    /// with its problem. Read-only.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] for a `limit` of 0;
+    /// [`OwnershipError::StoreUnavailable`] when the server fails.
+    pub async fn list_leases(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
+        use durability_ownership::listing::{LeaseListing, LeaseReport};
+        if limit == 0 {
+            return Err(OwnershipError::InvalidInput {
+                what: "limit",
+                reason: "must be at least 1".to_owned(),
+            });
+        }
+        let limit_value = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .client
+            .query(Access::Read, &self.sql.list, &[&cursor, &limit_value])
+            .await
+            .map_err(failure)?;
+        let mut leases = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let scope: String = row.try_get(0).map_err(|_| protocol("listed scope"))?;
+            let raw: Vec<u8> = row.try_get(1).map_err(|_| protocol("listed record"))?;
+            let left: i64 = row.try_get(2).map_err(|_| protocol("listed lease"))?;
+            let left = u64::try_from(left).unwrap_or(0);
+            leases.push(LeaseReport::from_stored(&scope, &raw, left, self.count));
+        }
+        let cursor = (rows.len() == limit)
+            .then(|| leases.last().map(|l| l.scope.clone()))
+            .flatten();
+        Ok(LeaseListing { leases, cursor })
+    }
+}
+
 impl LifecycleAdmin for PostgresLeaseStore {
     async fn set_active_storage(
         &self,

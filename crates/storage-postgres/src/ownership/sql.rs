@@ -153,6 +153,7 @@ pub(super) struct Statements {
     pub(super) snapshot: String,
     pub(super) set_active: String,
     pub(super) set_lock: String,
+    pub(super) list: String,
 }
 
 impl Statements {
@@ -183,6 +184,13 @@ impl Statements {
             set_active: format!(
                 "INSERT INTO {s}.durability_owner_lifecycle (lifecycle, active_storage) VALUES ($1, $2)
                  ON CONFLICT (lifecycle) DO UPDATE SET active_storage = excluded.active_storage"
+            ),
+            list: format!(
+                "SELECT l.scope, l.record, l.expires_at_ms - k.now_ms
+                 FROM (SELECT {SERVER_NOW_MS} AS now_ms) AS k
+                 JOIN {s}.durability_owner_leases l ON l.expires_at_ms > k.now_ms
+                 WHERE $1::text IS NULL OR l.scope > $1
+                 ORDER BY l.scope LIMIT $2"
             ),
             set_lock: format!(
                 "INSERT INTO {s}.durability_owner_lifecycle (lifecycle, delete_lock) VALUES ($1, $2)

@@ -443,3 +443,63 @@ async fn a_wiped_table_is_brought_above_the_fence_by_the_floor() {
     );
     assert_eq!(h.raw_counter(&scope).await, Some(4));
 }
+
+/// The operator listing pages through every live lease once, in scope
+/// order, leaves expired leases out and lists an invalid record with its
+/// problem instead of hiding the healthy ones.
+#[tokio::test]
+async fn list_leases_pages_through_live_leases() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let lifecycle = LifecycleId::new("ns:list").unwrap();
+    let storage = StorageId::new("st-list").unwrap();
+    h.store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let scopes = class_scopes(&storage, "Cart");
+    let task = TaskId::new("a").unwrap();
+    for r in h
+        .store
+        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .await
+    {
+        r.unwrap();
+    }
+    h.expire_owner(&scopes[0]).await;
+    h.put_raw_owner(&scopes[1], b"garbage").await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let page = h.store.list_leases(cursor.as_deref(), 4).await.unwrap();
+        assert!(page.leases.len() <= 4);
+        seen.extend(page.leases);
+        cursor = page.cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(cursor.is_none(), "paging ends");
+    let names: Vec<&str> = seen.iter().map(|l| l.scope.as_str()).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted, "scope order");
+    assert_eq!(
+        seen.len(),
+        15,
+        "every live lease once, the expired one left out"
+    );
+    let bad = seen
+        .iter()
+        .find(|l| l.scope == scopes[1].host_id())
+        .unwrap();
+    assert!(bad.problem.is_some() && bad.owner.is_none());
+    assert!(
+        seen.iter()
+            .filter(|l| l.scope != scopes[1].host_id())
+            .all(|l| l.owner.as_deref() == Some("a") && l.lease_left_ms > 0)
+    );
+    let e = h.store.list_leases(None, 0).await.unwrap_err();
+    assert_eq!(e.code(), "invalid_input");
+}
