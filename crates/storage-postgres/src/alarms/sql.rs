@@ -86,42 +86,8 @@ impl Statements {
                  RETURNING 1",
                 now1 = now(1),
             ),
-            // The i-th earliest ready job not locked by another claimant
-            // goes to the i-th run token ($3); tries rise by one unless the
-            // stored count is out of range (then it is left for the decoder
-            // to quarantine, never overflowed).
-            claim: format!(
-                "WITH picked AS (
-                   SELECT object, due_at FROM {jobs} WHERE state = 1
-                   ORDER BY due_at, object LIMIT cardinality($3::text[]) FOR UPDATE SKIP LOCKED
-                 ), numbered AS (
-                   SELECT object, row_number() OVER (ORDER BY due_at, object) AS i FROM picked
-                 )
-                 UPDATE {jobs} j SET state = 2, run = ($3::text[])[n.i],
-                   tries = CASE WHEN j.tries BETWEEN 0 AND 4294967294 THEN j.tries + 1 ELSE j.tries END,
-                   score = {now1} + $2
-                 FROM numbered n WHERE j.object = n.object
-                 RETURNING n.i, j.object, j.token, j.due_at, j.tries, j.score",
-                now1 = now(1),
-            ),
-            quarantine: format!(
-                "WITH bad AS (
-                   SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS b(object, run, reason)
-                 ), moved AS (
-                   DELETE FROM {jobs} j USING bad
-                   WHERE j.object = bad.object AND j.state = 2 AND j.run = bad.run
-                   RETURNING j.object, j.token, j.due_at, j.state, j.run, j.tries, j.score, bad.reason
-                 )
-                 INSERT INTO {s}.durability_alarm_quarantine
-                   (object, token, due_at, state, run, tries, score, reason, quarantined_at)
-                 SELECT object, token, due_at, state, run, tries, score, reason, {SERVER_NOW_MS}
-                 FROM moved
-                 ON CONFLICT (object) DO UPDATE SET token = excluded.token, due_at = excluded.due_at,
-                   state = excluded.state, run = excluded.run, tries = excluded.tries,
-                   score = excluded.score, reason = excluded.reason,
-                   quarantined_at = excluded.quarantined_at
-                 RETURNING object"
-            ),
+            claim: claim(&jobs),
+            quarantine: quarantine(&s, &jobs),
             finish: format!(
                 "DELETE FROM {jobs} WHERE object = $1 AND state = 2 AND run = $2 RETURNING 1"
             ),
@@ -154,4 +120,46 @@ impl Statements {
             quarantined: format!("SELECT count(*) FROM {s}.durability_alarm_quarantine"),
         }
     }
+}
+
+/// The i-th earliest ready job not locked by another claimant goes to the
+/// i-th run token ($3); tries rise by one unless the stored count is out of
+/// range (then it is left for the decoder to quarantine, never overflowed).
+fn claim(jobs: &str) -> String {
+    format!(
+        "WITH picked AS (
+           SELECT object, due_at FROM {jobs} WHERE state = 1
+           ORDER BY due_at, object LIMIT cardinality($3::text[]) FOR UPDATE SKIP LOCKED
+         ), numbered AS (
+           SELECT object, row_number() OVER (ORDER BY due_at, object) AS i FROM picked
+         )
+         UPDATE {jobs} j SET state = 2, run = ($3::text[])[n.i],
+           tries = CASE WHEN j.tries BETWEEN 0 AND 4294967294 THEN j.tries + 1 ELSE j.tries END,
+           score = COALESCE($1::bigint, {SERVER_NOW_MS}) + $2
+         FROM numbered n WHERE j.object = n.object
+         RETURNING n.i, j.object, j.token, j.due_at, j.tries, j.score"
+    )
+}
+
+/// Moves claimed jobs (object, run token, reason) to quarantine, each fenced
+/// by its run token.
+fn quarantine(s: &str, jobs: &str) -> String {
+    format!(
+        "WITH bad AS (
+           SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS b(object, run, reason)
+         ), moved AS (
+           DELETE FROM {jobs} j USING bad
+           WHERE j.object = bad.object AND j.state = 2 AND j.run = bad.run
+           RETURNING j.object, j.token, j.due_at, j.state, j.run, j.tries, j.score, bad.reason
+         )
+         INSERT INTO {s}.durability_alarm_quarantine
+           (object, token, due_at, state, run, tries, score, reason, quarantined_at)
+         SELECT object, token, due_at, state, run, tries, score, reason, {SERVER_NOW_MS}
+         FROM moved
+         ON CONFLICT (object) DO UPDATE SET token = excluded.token, due_at = excluded.due_at,
+           state = excluded.state, run = excluded.run, tries = excluded.tries,
+           score = excluded.score, reason = excluded.reason,
+           quarantined_at = excluded.quarantined_at
+         RETURNING object"
+    )
 }

@@ -16,6 +16,15 @@ fn body(schema: &SchemaName) -> String {
     let s = schema.quoted();
     let lit = schema.as_str();
     format!(
+        "{}{}{}",
+        tables(&s),
+        claim_function(&s, lit),
+        renew_and_floor_functions(&s, lit)
+    )
+}
+
+fn tables(s: &str) -> String {
+    format!(
         r#"CREATE TABLE IF NOT EXISTS {s}.durability_owner_leases (
     scope TEXT COLLATE "C" PRIMARY KEY,
     record BYTEA NOT NULL,
@@ -30,7 +39,13 @@ CREATE TABLE IF NOT EXISTS {s}.durability_owner_lifecycle (
     active_storage TEXT,
     delete_lock TEXT
 );
--- Claims every scope of p_scopes for one lifecycle: per scope, a lifecycle
+"#
+    )
+}
+
+fn claim_function(s: &str, lit: &str) -> String {
+    format!(
+        r#"-- Claims every scope of p_scopes for one lifecycle: per scope, a lifecycle
 -- refusal, the live holder, a corrupt counter, or the bumped generation and
 -- the new record (p_prefixes[i] || generation || p_suffix) with its lease
 -- on this server's clock. Scopes are locked in one order (advisory lock per
@@ -83,7 +98,13 @@ BEGIN
     END LOOP;
 END
 $fn$;
--- Renews every record of p_records: per record, stale (not the exact live
+"#
+    )
+}
+
+fn renew_and_floor_functions(s: &str, lit: &str) -> String {
+    format!(
+        r#"-- Renews every record of p_records: per record, stale (not the exact live
 -- record), a lifecycle refusal, or renewed (lease refreshed to p_ttl on this
 -- server's clock). Lifecycle rows are locked before owner rows, owner rows
 -- in scope order, as claims lock them.
