@@ -258,3 +258,23 @@ async fn server_time_decides_leases_and_due_jobs() {
         "a caller's now far ahead promotes nothing on server time"
     );
 }
+
+/// A schema name outside the grammar is refused as a configuration error
+/// before anything is sent; the setup SQL of a valid one names it quoted.
+#[test]
+fn hostile_schema_names_are_refused_by_the_index() {
+    for name in [
+        "x\"; DROP SCHEMA public CASCADE; --",
+        "a.b",
+        "Jobs",
+        "pg_toast",
+        "",
+    ] {
+        let e = PostgresAlarmIndex::connect(&url(), name, IndexTime::Server).expect_err(name);
+        assert_eq!(e.code(), "do_alarm_invalid_config", "{name:?}: {e}");
+    }
+    let sql = PostgresAlarmIndex::setup_sql(
+        &durability_storage_postgres::SchemaName::new("tenant_1").unwrap(),
+    );
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"tenant_1\".durability_alarm_jobs"));
+}

@@ -208,22 +208,34 @@ async fn hostile_schema_names_are_refused_before_any_statement() {
         "s\u{e9}",
     ];
     let long = "a".repeat(64);
-    let raw = raw_client().await;
-    let before: i64 = raw
-        .query_one("SELECT count(*) FROM pg_namespace", &[])
-        .await
-        .unwrap()
-        .get(0);
     for name in hostile.iter().copied().chain([long.as_str()]) {
         let e = PostgresLeaseStore::connect(&url(), name, ShardCount::default()).expect_err(name);
         assert_eq!(e.code(), "invalid_input", "{name:?}: {e}");
     }
-    let after: i64 = raw
-        .query_one("SELECT count(*) FROM pg_namespace", &[])
+    // Nothing reached the server: no schema by any of these names (nor the
+    // part before a quote), and `public` is still there.
+    let raw = raw_client().await;
+    let found: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1) OR nspname = 'x'",
+            &[&hostile
+                .iter()
+                .map(|n| n.replace('\0', ""))
+                .collect::<Vec<_>>()],
+        )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(before, after, "no schema was created");
+    assert_eq!(found, 0, "no schema was created");
+    let public: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(public, 1);
     let sql = PostgresLeaseStore::setup_sql(
         &durability_storage_postgres::SchemaName::new("tenant_1").unwrap(),
     );
