@@ -255,11 +255,12 @@ fn classify(access: Access, e: tokio_postgres::Error) -> Failure {
 }
 
 /// The statements that create a schema's objects in one transaction, under
-/// a transaction-scoped advisory lock so concurrent setups of one schema
-/// wait for each other instead of failing.
-pub(crate) fn in_setup_transaction(schema: &SchemaName, what: &str, body: &str) -> String {
+/// a transaction-scoped advisory lock per schema, so concurrent setups of
+/// one schema (lease store and alarm index alike) wait for each other
+/// instead of failing.
+pub(crate) fn in_setup_transaction(schema: &SchemaName, body: &str) -> String {
     format!(
-        "BEGIN;\nSELECT pg_advisory_xact_lock(hashtextextended('durability-setup:{name}:{what}', 0));\n\
+        "BEGIN;\nSELECT pg_advisory_xact_lock(hashtextextended('durability-setup:{name}', 0));\n\
          CREATE SCHEMA IF NOT EXISTS {quoted};\n{body}\nCOMMIT;\n",
         name = schema.as_str(),
         quoted = schema.quoted(),

@@ -10,7 +10,6 @@ pub(super) fn setup(schema: &SchemaName) -> String {
     let s = schema.quoted();
     in_setup_transaction(
         schema,
-        "alarms",
         &format!(
             r#"-- One job per object. state: 0 due, 1 ready, 2 running. score: the due
 -- or retry time, or the claim lease's end while running.

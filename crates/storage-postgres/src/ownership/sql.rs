@@ -9,7 +9,7 @@ const MAX_SAFE: &str = "9007199254740991";
 /// The tables and functions of the lease store in `schema`, created if
 /// missing (functions replaced), in one transaction.
 pub(super) fn setup(schema: &SchemaName) -> String {
-    in_setup_transaction(schema, "ownership", &body(schema))
+    in_setup_transaction(schema, &body(schema))
 }
 
 fn body(schema: &SchemaName) -> String {

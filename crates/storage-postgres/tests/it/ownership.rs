@@ -515,3 +515,34 @@ async fn list_leases_pages_through_live_leases() {
     let e = h.store.list_leases(None, 0).await.unwrap_err();
     assert_eq!(e.code(), "invalid_input");
 }
+
+/// Hosts starting together all run the setup: concurrent setups of one
+/// schema wait for each other (an advisory lock) and all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_setups_of_one_schema_all_succeed() {
+    let Some(schema) = schema().await else { return };
+    let name = format!("{}_fresh", schema.name());
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move {
+            let leases = PostgresLeaseStore::connect(&url(), &name, ShardCount::default())?;
+            leases.setup().await?;
+            let index = durability_storage_postgres::alarms::PostgresAlarmIndex::connect(
+                &url(),
+                &name,
+                durability_storage_postgres::alarms::IndexTime::Server,
+            )?;
+            index.setup().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+    }
+    let results: Vec<_> = futures::future::join_all(tasks).await;
+    let raw = raw_client().await;
+    raw.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap().unwrap();
+    }
+}
