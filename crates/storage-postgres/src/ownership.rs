@@ -20,7 +20,10 @@
 //! whole class (every shard of it after a failover) in one call, as
 //! [`LeaseStore::renew_many`] renews them. Lease time is the database
 //! server's clock (`clock_timestamp()`), never the host's; the lease left is
-//! reported from it.
+//! reported from it. After a failover the promoted standby's clock decides,
+//! so keep the servers' clocks synchronized: a clock that jumps forward ends
+//! leases early (a new claim at a higher generation, never two owners at
+//! one), one that jumps back makes them last longer.
 //!
 //! Atomicity: a claim takes a transaction-scoped advisory lock per scope
 //! (in scope order) and locks the lifecycle row `FOR SHARE` and the owner
