@@ -546,3 +546,58 @@ async fn concurrent_setups_of_one_schema_all_succeed() {
         r.unwrap().unwrap();
     }
 }
+
+/// A scope named twice in one `claim_many` is claimed once; the second
+/// answer is that claim, held. Refusals stay per scope: a scope of another
+/// storage in the same batch is refused, the rest are claimed.
+#[tokio::test]
+async fn claim_many_answers_per_scope() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let lifecycle = LifecycleId::new("ns:many").unwrap();
+    let storage = StorageId::new("st-many").unwrap();
+    h.store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let mut scopes = class_scopes(&storage, "Cart");
+    scopes.truncate(2);
+    scopes.push(scopes[0].clone());
+    scopes.push(class_scopes(&StorageId::new("st-other").unwrap(), "Cart").remove(0));
+    let task = TaskId::new("a").unwrap();
+    let r = h
+        .store
+        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .await;
+    let ClaimOutcome::Claimed(first) = r[0].as_ref().unwrap() else {
+        panic!("first named: claimed")
+    };
+    assert!(matches!(r[1].as_ref().unwrap(), ClaimOutcome::Claimed(_)));
+    match r[2].as_ref().unwrap() {
+        ClaimOutcome::Held(l) => assert_eq!(l.record, first.record, "the same claim"),
+        ClaimOutcome::Claimed(_) => panic!("a scope named twice was claimed twice"),
+    }
+    assert_eq!(r[3].as_ref().unwrap_err().code(), "storage_inactive");
+    assert_eq!(h.raw_counter(&scopes[0]).await, Some(1));
+    assert_eq!(
+        h.raw_counter(&scopes[3]).await,
+        None,
+        "nothing written for the refused scope"
+    );
+    assert!(
+        h.store
+            .claim_many(&[], &lifecycle, &task, None, 60_000)
+            .await
+            .is_empty()
+    );
+    let bad_ttl = h
+        .store
+        .claim_many(&scopes, &lifecycle, &task, None, 0)
+        .await;
+    assert!(
+        bad_ttl
+            .iter()
+            .all(|r| r.as_ref().unwrap_err().code() == "invalid_input")
+    );
+}
