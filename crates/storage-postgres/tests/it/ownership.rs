@@ -15,6 +15,17 @@ use durability_storage_postgres::testkit::{TestSchema, url};
 
 use crate::pg::{class_scopes, raw_client, schema};
 
+/// Lifecycle `ns:<tag>` pointing at storage `st-<tag>` on `store`.
+pub(crate) async fn active(store: &PostgresLeaseStore, tag: &str) -> (LifecycleId, StorageId) {
+    let lifecycle = LifecycleId::new(&format!("ns:{tag}")).unwrap();
+    let storage = StorageId::new(&format!("st-{tag}")).unwrap();
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    (lifecycle, storage)
+}
+
 /// A set-up lease store in `schema`.
 pub(crate) async fn store_in(schema: &TestSchema) -> PostgresLeaseStore {
     let store = PostgresLeaseStore::connect(&url(), schema.name(), ShardCount::default()).unwrap();
@@ -138,12 +149,7 @@ durability_ownership::ownership_conformance!(conformance, "pg", PgHarness::new()
 async fn concurrent_claims_from_many_stores_hand_out_one_owner_per_scope() {
     let Some(schema) = schema().await else { return };
     let first = store_in(&schema).await;
-    let lifecycle = LifecycleId::new("ns:race").unwrap();
-    let storage = StorageId::new("st-race").unwrap();
-    first
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&first, "race").await;
     let scopes = Arc::new(class_scopes(&storage, "Race"));
     let mut tasks = Vec::new();
     for n in 0..8 {
@@ -251,12 +257,7 @@ async fn ownership_end_to_end_on_server_time() {
         return;
     };
     let store = Arc::new(h.store.clone());
-    let lifecycle = LifecycleId::new("ns:e2e").unwrap();
-    let storage = StorageId::new("st-e2e").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&store, "e2e").await;
     let scope = class_scopes(&storage, "Cart").remove(3);
     let settings = OwnershipSettings {
         owner_ttl_ms: 60_000,
@@ -296,12 +297,7 @@ async fn a_corrupt_counter_fails_its_scope_closed_and_only_its_scope() {
     let Some(h) = PgHarness::new().await else {
         return;
     };
-    let lifecycle = LifecycleId::new("ns:corrupt").unwrap();
-    let storage = StorageId::new("st-corrupt").unwrap();
-    h.store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&h.store, "corrupt").await;
     let scopes = class_scopes(&storage, "Cart");
     let task = TaskId::new("a").unwrap();
     for bad in [0_i64, -4, 9_007_199_254_740_992, i64::MAX] {
@@ -395,12 +391,7 @@ async fn a_wiped_table_is_brought_above_the_fence_by_the_floor() {
     let Some(h) = PgHarness::new().await else {
         return;
     };
-    let lifecycle = LifecycleId::new("ns:wipe").unwrap();
-    let storage = StorageId::new("st-wipe").unwrap();
-    h.store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&h.store, "wipe").await;
     let scope = class_scopes(&storage, "Cart").remove(0);
     let fence = MemoryFence::default();
     let clock: Arc<dyn durability_ownership::Clock> = Arc::new(ManualClock::new(0));
@@ -464,12 +455,7 @@ async fn list_leases_pages_through_live_leases() {
     let Some(h) = PgHarness::new().await else {
         return;
     };
-    let lifecycle = LifecycleId::new("ns:list").unwrap();
-    let storage = StorageId::new("st-list").unwrap();
-    h.store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&h.store, "list").await;
     let scopes = class_scopes(&storage, "Cart");
     let task = TaskId::new("a").unwrap();
     for r in h
@@ -555,12 +541,7 @@ async fn claim_many_answers_per_scope() {
     let Some(h) = PgHarness::new().await else {
         return;
     };
-    let lifecycle = LifecycleId::new("ns:many").unwrap();
-    let storage = StorageId::new("st-many").unwrap();
-    h.store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&h.store, "many").await;
     let mut scopes = class_scopes(&storage, "Cart");
     scopes.truncate(2);
     scopes.push(scopes[0].clone());
