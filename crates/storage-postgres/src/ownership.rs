@@ -91,6 +91,18 @@ fn each_failure(f: Failure, n: usize) -> Vec<OwnershipError> {
         .collect()
 }
 
+/// The same refusal for each of `n` requests when `ttl_ms` is out of
+/// range, before anything is sent; `None` when it is valid.
+fn ttl_refusals<T>(n: usize, ttl_ms: u64) -> Option<Vec<Result<T, OwnershipError>>> {
+    validate_ttl(ttl_ms).err()?;
+    Some(
+        (0..n)
+            .filter_map(|_| validate_ttl(ttl_ms).err())
+            .map(Err)
+            .collect(),
+    )
+}
+
 fn protocol(reason: &str) -> OwnershipError {
     OwnershipError::OwnerUnavailable {
         source: BoxError::from(format!("unexpected lease store reply: {reason}")),
@@ -214,19 +226,8 @@ impl PostgresLeaseStore {
         endpoint: Option<&OwnerEndpoint>,
         ttl_ms: u64,
     ) -> Vec<Result<ClaimOutcome, OwnershipError>> {
-        if let Err(e) = validate_ttl(ttl_ms) {
-            let mut first = Some(e);
-            return scopes
-                .iter()
-                .map(|_| {
-                    Err(first
-                        .take()
-                        .unwrap_or_else(|| OwnershipError::InvalidInput {
-                            what: "lease ttl",
-                            reason: format!("{ttl_ms} ms not in 1..=2^53-1"),
-                        }))
-                })
-                .collect();
+        if let Some(refused) = ttl_refusals(scopes.len(), ttl_ms) {
+            return refused;
         }
         if scopes.is_empty() {
             return Vec::new();
@@ -475,12 +476,8 @@ impl LeaseStore for PostgresLeaseStore {
         records: &[OwnerRecord],
         ttl_ms: u64,
     ) -> Vec<Result<Lease, OwnershipError>> {
-        if validate_ttl(ttl_ms).is_err() {
-            return records
-                .iter()
-                .filter_map(|_| validate_ttl(ttl_ms).err())
-                .map(Err)
-                .collect();
+        if let Some(refused) = ttl_refusals(records.len(), ttl_ms) {
+            return refused;
         }
         if records.is_empty() {
             return Vec::new();
