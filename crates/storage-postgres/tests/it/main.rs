@@ -1,6 +1,9 @@
 //! `PostgresShard` and `PostgresMappingStore` against a real PostgreSQL
 //! server: the conformance suites, batch rollback, and retried
-//! serialization failures. Each test works in a schema of its own.
+//! serialization failures; the lease store (`ownership`), the alarm index
+//! (`alarms`), their round trips on the wire (`claim_round_trips`) and a
+//! private server crashed and restarted under them (`restart`). Each test
+//! works in a schema (or a server) of its own.
 
 #![allow(clippy::unwrap_used)]
 
