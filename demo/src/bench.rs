@@ -54,8 +54,11 @@ pub(crate) fn inner(args: &[String]) -> Result {
         match area {
             "outbox" => outbox()?,
             "topology" => crate::topology::bench()?,
-            "ownership" => tokio::runtime::Runtime::new()?
-                .block_on(crate::ownership::bench(&crate::redis_url()))?,
+            "ownership" => {
+                let rt = tokio::runtime::Runtime::new()?;
+                rt.block_on(crate::ownership::bench(&crate::redis_url()))?;
+                rt.block_on(crate::pg_leases::bench(&crate::postgres_url()))?;
+            }
             "alarms" => tokio::runtime::Runtime::new()?
                 .block_on(crate::alarms::bench(&crate::redis_url()))?,
             "migration" => {

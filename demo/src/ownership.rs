@@ -269,7 +269,7 @@ pub(crate) fn start() -> Instant {
 
 /// The median of per-operation samples in microseconds (robust to load spikes
 /// from other processes on a shared machine).
-fn median_us(mut samples: Vec<Duration>) -> f64 {
+pub(crate) fn median_us(mut samples: Vec<Duration>) -> f64 {
     samples.sort_unstable();
     samples
         .get(samples.len() / 2)

@@ -32,8 +32,54 @@
 //! (and domains over them) to [`Value::Text`] and `BYTEA` to [`Value::Blob`];
 //! any other column type is an error, never a silent conversion.
 //!
-//! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
-//! real server for tests.
+//! Beyond migration, the crate holds the stores a cluster of hosts shares
+//! on PostgreSQL alone, each in a schema the caller chooses
+//! ([`SchemaName`]: validated, always quoted) and created by one documented
+//! call whose SQL is printable:
+//!
+//! - `ownership::PostgresLeaseStore` (feature `ownership`): owner leases with
+//!   monotonic generations, the storage pointer and delete lock, renew by
+//!   compare-and-swap on the exact owner record, the generation floor, lease
+//!   time from the server's `clock_timestamp()`; a whole class claimed
+//!   (`claim_many`) or renewed (`renew_many`) in one round trip.
+//! - `alarms::PostgresAlarmIndex` (feature `alarms`): the alarm job index,
+//!   claims with `FOR UPDATE SKIP LOCKED` so many hosts' dispatchers never
+//!   deliver a job twice, leases on server time, corrupt jobs quarantined.
+//!
+//! Features: `default` = `ownership` + `alarms`; `testkit` adds
+//! `testkit::TestSchema`, a throwaway schema on a real server for tests.
+//!
+//! # Example: leases and alarm jobs on PostgreSQL
+//!
+//! (Compiled, not run: it needs a server.)
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "ownership", feature = "alarms"))]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use durability_ownership::{ClassName, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
+//! use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
+//! use durability_storage_postgres::ownership::PostgresLeaseStore;
+//!
+//! let url = "postgres://postgres@127.0.0.1:5432/app";
+//! let leases = PostgresLeaseStore::connect(url, "durability", ShardCount::default())?;
+//! leases.setup().await?; // once per schema; PostgresLeaseStore::setup_sql prints it
+//! let index = PostgresAlarmIndex::connect(url, "durability", IndexTime::Server)?;
+//! index.setup().await?;
+//!
+//! let lifecycle = LifecycleId::new("ns:shop")?;
+//! let storage = StorageId::new("st1")?;
+//! leases.set_active_storage(&lifecycle, Some(&storage)).await?;
+//! // After a failover: claim every shard of a class in one round trip.
+//! let class: Vec<OwnerScope> = (0..16)
+//!     .map(|n| OwnerScope::new(storage.clone(), ClassName::new("Cart")?, n, ShardCount::default()))
+//!     .collect::<Result<_, _>>()?;
+//! let claims = leases
+//!     .claim_many(&class, &lifecycle, &TaskId::new("host-a")?, None, 120_000)
+//!     .await;
+//! # let _ = claims;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Example
 //!
@@ -531,6 +577,20 @@ pub type PostgresMappingStore = ShardMappingStore<PostgresShard>;
 
 mod ledger;
 pub use ledger::PostgresLedger;
+
+#[cfg(any(feature = "ownership", feature = "alarms"))]
+mod store_client;
+#[cfg(any(feature = "ownership", feature = "alarms"))]
+pub use store_client::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_STORE_POOL_SIZE, InvalidSchemaName, MAX_SCHEMA_NAME_BYTES,
+    SchemaName,
+};
+
+#[cfg(feature = "ownership")]
+pub mod ownership;
+
+#[cfg(feature = "alarms")]
+pub mod alarms;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -1,8 +1,18 @@
 //! `PostgresShard` and `PostgresMappingStore` against a real PostgreSQL
 //! server: the conformance suites, batch rollback, and retried
-//! serialization failures. Each test works in a schema of its own.
+//! serialization failures; the lease store (`ownership`), the alarm index
+//! (`alarms`), their round trips on the wire (`claim_round_trips`) and a
+//! private server crashed and restarted under them (`restart`). Each test
+//! works in a schema (or a server) of its own.
 
 #![allow(clippy::unwrap_used)]
+
+mod alarms;
+mod claim_round_trips;
+mod cluster;
+mod ownership;
+mod pg;
+mod restart;
 
 use std::sync::Arc;
 
