@@ -33,7 +33,9 @@
 //! any other column type is an error, never a silent conversion.
 //!
 //! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
-//! real server for tests.
+//! real server for tests. `object` (default) adds the [`object`] module:
+//! object storage on PostgreSQL (the scheduler's `Storage` and every
+//! object-level capability's transaction trait, fenced inside the commit).
 //!
 //! # Example
 //!
@@ -534,6 +536,9 @@ pub use ledger::PostgresLedger;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
+
+#[cfg(feature = "object")]
+pub mod object;
 
 #[cfg(test)]
 mod tests;
