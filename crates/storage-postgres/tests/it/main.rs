@@ -14,6 +14,8 @@ use durability_storage_postgres::testkit::TestSchema;
 #[cfg(feature = "object")]
 mod object;
 #[cfg(feature = "object")]
+mod object_crash;
+#[cfg(feature = "object")]
 mod object_support;
 
 durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {

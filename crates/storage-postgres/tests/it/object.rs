@@ -50,3 +50,253 @@ fn topology_conformance_on_postgres() {
         durability_topology::conformance::run_tx_case(case, || d.fresh());
     }
 }
+
+fn kind<T: std::fmt::Debug>(r: Result<T, StorageError>) -> StorageErrorKind {
+    r.expect_err("the transaction fails").kind()
+}
+
+fn orders(s: &durability_storage_postgres::object::PostgresObjectStorage) -> i64 {
+    s.transaction(|tx| {
+        tx.sql()
+            .query_one("SELECT count(*) FROM orders", &[])?
+            .try_get::<_, i64>(0)
+            .map_err(|e| StorageError::backend("count", e))
+    })
+    .unwrap()
+}
+
+#[test]
+fn own_tables_commit_and_roll_back_with_the_capability_rows() {
+    use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let storage = std::sync::Arc::new(d.objects.open("shop-1").unwrap());
+    let scheduler = Scheduler::new(ObjectContext::new(
+        ObjectId::new("shop-1").unwrap(),
+        storage.clone(),
+    ))
+    .unwrap();
+    scheduler
+        .transaction(|tx| {
+            tx.sql()
+                .batch_execute("CREATE TABLE orders (id BIGINT PRIMARY KEY)")?;
+            tx.sql()
+                .execute("INSERT INTO orders (id) VALUES ($1)", &[&7_i64])?;
+            tx.set_due("reports", Some(60_000))
+        })
+        .unwrap();
+    assert_eq!(scheduler.alarm_at(), Some(60_000));
+    let failed = scheduler.transaction(|tx| {
+        tx.sql()
+            .execute("INSERT INTO orders (id) VALUES ($1)", &[&8_i64])?;
+        tx.set_due("reports", Some(1_000))?;
+        Err::<(), _>(StorageError::corrupt("the application gave up"))
+    });
+    assert!(failed.is_err());
+    assert_eq!(
+        orders(&storage),
+        1,
+        "the failed transaction's row was rolled back"
+    );
+    assert_eq!(
+        scheduler.alarm_at(),
+        Some(60_000),
+        "and so was its alarm move"
+    );
+    // Another object's `orders` is its own table.
+    let other = d.objects.open("shop-2").unwrap();
+    other
+        .transaction(|tx| {
+            tx.sql()
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY, note TEXT)")
+        })
+        .unwrap();
+    assert_eq!(orders(&other), 0);
+    assert_eq!(orders(&storage), 1);
+}
+
+#[test]
+fn a_swallowed_statement_error_never_reports_a_commit() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    s.transaction(|tx| {
+        tx.sql()
+            .batch_execute("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
+    })
+    .unwrap();
+    let r = s.transaction(|tx| {
+        tx.set_alarm(Some(5))?;
+        tx.sql()
+            .execute("INSERT INTO orders (id) VALUES ($1)", &[&1_i64])?;
+        // A duplicate key aborts the PostgreSQL transaction; the closure
+        // ignores the error and returns Ok.
+        let _ = tx
+            .sql()
+            .execute("INSERT INTO orders (id) VALUES ($1)", &[&1_i64]);
+        Ok::<_, StorageError>(())
+    });
+    assert_eq!(kind(r), StorageErrorKind::Backend);
+    assert_eq!(orders(&s), 0, "nothing of the aborted transaction landed");
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), None);
+}
+
+#[test]
+fn hostile_deployment_names_are_refused_before_anything_is_written() {
+    let url = durability_storage_postgres::testkit::url();
+    if crate::object_support::available(&url).is_none() {
+        return;
+    }
+    let hostile = [
+        "x; DROP SCHEMA public CASCADE; --",
+        "a\"b",
+        "Robert'); DROP TABLE students;--",
+        "UpperCase",
+        "pg_catalog",
+        "",
+        "1starts_with_digit",
+        "has space",
+        &"x".repeat(41),
+    ];
+    for name in hostile {
+        let err =
+            PostgresObjects::connect(&url, name, PostgresObjectOptions::default()).expect_err(name);
+        assert_eq!(err.kind(), StorageErrorKind::Backend, "{name}: {err}");
+        assert!(PostgresObjects::install_sql(name).is_err(), "{name}");
+    }
+    // The printable install SQL names the schema quoted.
+    let sql = PostgresObjects::install_sql("shop_objects").unwrap();
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"shop_objects\".durability_objects"));
+}
+
+#[test]
+fn hostile_object_ids_are_plain_data_and_control_characters_are_refused() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let ids = ["'; DROP TABLE orders; --", "\"quoted\"", "ünï/cödé $1 %s"];
+    for (i, id) in ids.iter().enumerate() {
+        let s = d.objects.open(id).unwrap();
+        let at = i64::try_from(i).unwrap() + 1;
+        s.transaction(|tx| tx.set_alarm(Some(at))).unwrap();
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let s = d.objects.open(id).unwrap();
+        let at = i64::try_from(i).unwrap() + 1;
+        assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(at), "{id}");
+    }
+    assert_eq!(d.objects.object_count().unwrap(), 3);
+    for bad in ["", "a\u{0}b", "line\nbreak", &"x".repeat(257)] {
+        assert!(d.objects.open(bad).is_err(), "{bad:?} is refused");
+    }
+    assert_eq!(d.objects.object_count().unwrap(), 3, "nothing was recorded");
+}
+
+#[test]
+fn two_handles_on_one_object_serialise_their_writers() {
+    let Some(d) = TestDeployment::with_options(PostgresObjectOptions {
+        lock_timeout: std::time::Duration::from_millis(50),
+        ..PostgresObjectOptions::default()
+    }) else {
+        return;
+    };
+    let id = "shared-object";
+    let a = d.objects.open(id).unwrap();
+    let b = d.objects.open(id).unwrap();
+    let (inside_tx, inside_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let a = &a;
+        scope.spawn(move || {
+            a.transaction(|tx| {
+                tx.set_alarm(Some(1))?;
+                inside_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok::<_, StorageError>(())
+            })
+            .unwrap();
+        });
+        inside_rx.recv().unwrap();
+        // B waits for the object row, past its lock timeout: a retryable
+        // backend failure, nothing written.
+        let err = b.transaction(|tx| tx.set_alarm(Some(2))).unwrap_err();
+        assert_eq!(err.kind(), StorageErrorKind::Backend, "{err}");
+        go_tx.send(()).unwrap();
+    });
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(1));
+    b.transaction(|tx| tx.set_alarm(Some(2))).unwrap();
+    assert_eq!(a.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
+
+#[test]
+fn a_connection_lost_at_commit_is_an_unknown_outcome() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    let url = d.url.clone();
+    let r = s.transaction(|tx| {
+        tx.set_alarm(Some(77))?;
+        let pid: i32 = tx
+            .sql()
+            .query_one("SELECT pg_backend_pid()", &[])?
+            .try_get(0)
+            .map_err(|e| StorageError::backend("pid", e))?;
+        // The connection dies between the last statement and COMMIT.
+        crate::object_support::run_sql(&url, &format!("SELECT pg_terminate_backend({pid}, 5000)"))
+            .unwrap();
+        Ok::<_, StorageError>(())
+    });
+    assert_eq!(
+        kind(r),
+        StorageErrorKind::Unknown,
+        "never a definite failure"
+    );
+    // The server rolled it back; the storage works on a fresh connection.
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), None);
+    s.transaction(|tx| tx.set_alarm(Some(78))).unwrap();
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(78));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn transactions_work_from_a_current_thread_runtime() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    // The connection is driven on the deployment's own thread: blocking
+    // this runtime's only thread cannot deadlock.
+    s.transaction(|tx| tx.set_alarm(Some(3))).unwrap();
+    let ticker = tokio::spawn(async { 1 });
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(3));
+    assert_eq!(ticker.await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_transaction_on_a_worker_leaves_the_runtime_free() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = std::sync::Arc::new(d.fresh());
+    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let s2 = s.clone();
+    // The one worker runs a transaction that waits; with block_in_place
+    // another task still runs on the runtime meanwhile.
+    let held = tokio::spawn(async move {
+        s2.transaction(|tx| {
+            tx.set_alarm(Some(9))?;
+            inside_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            Ok::<_, StorageError>(())
+        })
+    });
+    inside_rx.await.unwrap();
+    let other = tokio::spawn(async { 41 + 1 }).await.unwrap();
+    assert_eq!(other, 42);
+    go_tx.send(()).unwrap();
+    held.await.unwrap().unwrap();
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(9));
+}
