@@ -16,6 +16,8 @@ mod object;
 #[cfg(feature = "object")]
 mod object_crash;
 #[cfg(feature = "object")]
+mod object_fence;
+#[cfg(feature = "object")]
 mod object_support;
 
 durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {

@@ -1,0 +1,234 @@
+//! The owner fence inside the PostgreSQL commit: stale and equal-generation
+//! claims refused with nothing written, the lease budget checked before
+//! COMMIT, and a holder paused inside its transaction (a real process,
+//! stopped with SIGSTOP) whose commit never lands while the new owner's
+//! fence ends its session instead of waiting behind it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use durability_ownership::{
+    BudgetCheck, ClassName, Generation, LifecycleId, ObjectFence, OwnerRecord, OwnerScope,
+    ShardCount, StorageId, TaskId,
+};
+use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
+
+use crate::object_support::TestDeployment;
+
+fn claim(task: &str, g: u64) -> OwnerRecord {
+    let scope = OwnerScope::new(
+        StorageId::new("store-1").unwrap(),
+        ClassName::new("Shop").unwrap(),
+        3,
+        ShardCount::new(16).unwrap(),
+    )
+    .unwrap();
+    OwnerRecord::new(
+        scope,
+        LifecycleId::new("ns:shop").unwrap(),
+        TaskId::new(task).unwrap(),
+        Generation::new(g).unwrap(),
+    )
+}
+
+#[test]
+fn a_stale_owner_commit_is_refused_by_the_database() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let a = d.objects.open("shop-1").unwrap();
+    a.fence(&claim("a", 1)).unwrap();
+    a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
+
+    // Host B claims generation 2 on another handle (another machine).
+    let b = d.objects.open("shop-1").unwrap();
+    b.fence(&claim("b", 2)).unwrap();
+    b.transaction(|tx| tx.set_alarm(Some(20))).unwrap();
+
+    // A's late transaction is refused inside the database; nothing lands.
+    let err = a.transaction(|tx| tx.set_alarm(Some(99))).unwrap_err();
+    assert_eq!(err.kind(), StorageErrorKind::Fenced, "{err}");
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(20));
+
+    // The fence only rises, and one generation has one holder.
+    assert_eq!(
+        a.fence(&claim("a", 1)).unwrap_err().kind(),
+        StorageErrorKind::Fenced
+    );
+    let c = d.objects.open("shop-1").unwrap();
+    assert_eq!(
+        c.fence(&claim("c", 2)).unwrap_err().kind(),
+        StorageErrorKind::Fenced
+    );
+    // The same claim again is accepted (a reopened object).
+    c.fence(&claim("b", 2)).unwrap();
+    c.transaction(|tx| tx.set_alarm(Some(21))).unwrap();
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(21));
+}
+
+#[test]
+fn an_unfenced_storage_does_not_check_and_another_object_is_not_fenced() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let fenced = d.objects.open("one").unwrap();
+    fenced.fence(&claim("a", 5)).unwrap();
+    let plain = d.objects.open("two").unwrap();
+    plain.transaction(|tx| tx.set_alarm(Some(1))).unwrap();
+    let stale_elsewhere = d.objects.open("two").unwrap();
+    stale_elsewhere.fence(&claim("a", 1)).unwrap();
+    stale_elsewhere
+        .transaction(|tx| tx.set_alarm(Some(2)))
+        .unwrap();
+    assert_eq!(plain.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
+
+struct Spent(AtomicBool);
+
+impl BudgetCheck for Spent {
+    fn spent(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_spent_lease_budget_rolls_back_before_commit() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    let budget = Arc::new(Spent(AtomicBool::new(false)));
+    s.fence_claim(&claim("a", 1), Some(budget.clone())).unwrap();
+    s.transaction(|tx| tx.set_alarm(Some(1))).unwrap();
+    let r = s.transaction(|tx| {
+        tx.set_alarm(Some(2))?;
+        // The holder is paused past its lease inside the transaction.
+        budget.0.store(true, Ordering::SeqCst);
+        Ok::<_, StorageError>(())
+    });
+    assert_eq!(r.unwrap_err().kind(), StorageErrorKind::Fenced);
+    budget.0.store(false, Ordering::SeqCst);
+    assert_eq!(
+        s.transaction(|tx| tx.alarm()).unwrap(),
+        Some(1),
+        "nothing landed"
+    );
+}
+
+#[test]
+fn a_corrupt_fence_generation_is_a_typed_error() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.objects.open("bad-fence").unwrap();
+    s.fence(&claim("a", 1)).unwrap();
+    crate::object_support::run_sql(
+        &d.url,
+        &format!(
+            "UPDATE {}.durability_object_fences SET generation = {} WHERE object_id = 'bad-fence'",
+            d.name,
+            1_i64 << 60
+        ),
+    )
+    .unwrap();
+    let err = s.transaction(|tx| tx.set_alarm(Some(1))).unwrap_err();
+    assert_eq!(err.kind(), StorageErrorKind::Corrupt, "{err}");
+}
+
+/// Reads one line from the holder's stdout.
+fn line(out: &mut impl BufRead) -> String {
+    let mut s = String::new();
+    out.read_line(&mut s).unwrap();
+    s.trim().to_owned()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Kills the holder process if the test fails while it is stopped (its
+/// open transaction would otherwise hold the test schema forever).
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let id = "paused-object";
+    let b = d.objects.open(id).unwrap();
+    b.transaction(|tx| {
+        tx.sql()
+            .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
+    })
+    .unwrap();
+    let mut holder = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
+            .args([&d.url, &d.name, id, "a", "1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    assert_eq!(line(&mut out), "inside");
+    signal(holder.0.id(), "-STOP");
+
+    // The new owner claims generation 2 while the stopped holder still
+    // holds the object row inside its open transaction.
+    let started = Instant::now();
+    b.fence(&claim("b", 2))
+        .expect("the new owner is not blocked by the paused holder");
+    let waited = started.elapsed();
+    b.transaction(|tx| {
+        tx.sql()
+            .execute("INSERT INTO marks (who) VALUES ($1)", &[&"b"])?;
+        tx.set_alarm(Some(2))
+    })
+    .unwrap();
+    eprintln!("the new owner's fence ended the paused holder's session in {waited:?}");
+
+    // The holder resumes and tries to commit: its session is gone.
+    signal(holder.0.id(), "-CONT");
+    let mut stdin = holder.0.stdin.take().unwrap();
+    writeln!(stdin).unwrap();
+    let outcome = line(&mut out);
+    assert!(holder.0.wait().unwrap().success());
+    assert_ne!(
+        outcome, "outcome committed",
+        "the paused holder's commit never lands"
+    );
+    assert!(outcome.starts_with("outcome STORAGE_"), "{outcome}");
+
+    let marks: Vec<String> = b
+        .transaction(|tx| {
+            tx.sql()
+                .query("SELECT who FROM marks ORDER BY who", &[])?
+                .iter()
+                .map(|r| r.try_get(0).map_err(|e| StorageError::backend("who", e)))
+                .collect()
+        })
+        .unwrap();
+    assert_eq!(marks, ["b"], "only the new owner's write is stored");
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
