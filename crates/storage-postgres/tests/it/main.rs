@@ -18,6 +18,8 @@ mod object_crash;
 #[cfg(feature = "object")]
 mod object_fence;
 #[cfg(feature = "object")]
+mod object_restart;
+#[cfg(feature = "object")]
 mod object_support;
 
 durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {
