@@ -300,3 +300,64 @@ async fn a_transaction_on_a_worker_leaves_the_runtime_free() {
     held.await.unwrap().unwrap();
     assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(9));
 }
+
+/// A sink that acknowledges everything and remembers the keys.
+#[derive(Clone, Default)]
+struct Keys(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl durability_outbox::Sink<String> for Keys {
+    async fn publish(
+        &self,
+        batch: &[durability_outbox::Entry<String>],
+    ) -> Result<(), durability_outbox::SinkError> {
+        let mut keys = self.0.lock().unwrap();
+        keys.extend(batch.iter().map(|e| e.key().to_owned()));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_outbox_row_is_quarantined_without_blocking_and_stays_deletable() {
+    use durability_outbox::{ChannelConfig, Outbox};
+    use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let storage = std::sync::Arc::new(d.objects.open("corrupt").unwrap());
+    let sched = Scheduler::new(ObjectContext::new(
+        ObjectId::new("corrupt").unwrap(),
+        storage.clone(),
+    ))
+    .unwrap();
+    let sink = Keys::default();
+    let outbox = Outbox::attach(&sched, ChannelConfig::new("c"), sink.clone()).unwrap();
+    sched
+        .transaction(|tx| outbox.stage(tx, "healthy", &"v".to_owned()))
+        .unwrap();
+    // A row whose version is out of range, written behind the storage's back.
+    crate::object_support::run_sql(
+        &d.url,
+        &format!(
+            "INSERT INTO {}.durability_object_outbox
+               (object_id, channel, key, value, version, attempt, due_at)
+             VALUES ('corrupt', 'c', 'broken', '\\x00', -4, 0, 0)",
+            d.name
+        ),
+    )
+    .unwrap();
+    let report = outbox.deliver_due().await.unwrap();
+    assert_eq!(report.quarantined.len(), 1, "{report:?}");
+    assert_eq!(
+        *sink.0.lock().unwrap(),
+        ["healthy"],
+        "the healthy entry was delivered"
+    );
+    assert!(outbox.is_empty().unwrap());
+    assert_eq!(outbox.quarantined().unwrap(), 1);
+    assert_eq!(outbox.purge_quarantined().unwrap(), 1);
+    assert_eq!(
+        outbox.quarantined().unwrap(),
+        0,
+        "the quarantined row is deleted"
+    );
+}

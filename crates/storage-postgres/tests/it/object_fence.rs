@@ -8,13 +8,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use durability_ownership::{
     BudgetCheck, ClassName, Generation, LifecycleId, ObjectFence, OwnerRecord, OwnerScope,
     ShardCount, StorageId, TaskId,
 };
 use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
+use durability_time::{Clock, SystemClock};
 
 use crate::object_support::TestDeployment;
 
@@ -196,17 +196,17 @@ fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
 
     // The new owner claims generation 2 while the stopped holder still
     // holds the object row inside its open transaction.
-    let started = Instant::now();
+    let started = SystemClock.now_ms();
     b.fence(&claim("b", 2))
         .expect("the new owner is not blocked by the paused holder");
-    let waited = started.elapsed();
+    let waited = SystemClock.now_ms() - started;
     b.transaction(|tx| {
         tx.sql()
             .execute("INSERT INTO marks (who) VALUES ($1)", &[&"b"])?;
         tx.set_alarm(Some(2))
     })
     .unwrap();
-    eprintln!("the new owner's fence ended the paused holder's session in {waited:?}");
+    eprintln!("the new owner's fence ended the paused holder's session in {waited} ms");
 
     // The holder resumes and tries to commit: its session is gone.
     signal(holder.0.id(), "-CONT");
