@@ -47,32 +47,8 @@ impl PostgresObjectStorage {
              SET LOCAL lock_timeout = {ms}",
             self.own_schema
         );
-        let s = &self.shared.s;
-        let (began, locked) = match fence {
-            None => wait(futures::future::join(client.batch_execute(&begin), async {
-                let st = client
-                    .prepare_cached(&format!(
-                        "SELECT NULL::bigint, NULL::bytea FROM {s}.durability_objects \
-                             WHERE id = $1 FOR UPDATE"
-                    ))
-                    .await?;
-                client.query(&st, &[&self.object]).await
-            })),
-            Some((record, _)) => {
-                let scope = record.scope().host_id();
-                wait(futures::future::join(client.batch_execute(&begin), async {
-                    let st = client
-                        .prepare_cached(&format!(
-                            "SELECT f.generation, f.holder FROM {s}.durability_objects o \
-                             LEFT JOIN {s}.durability_object_fences f \
-                               ON f.object_id = o.id AND f.scope = $2 \
-                             WHERE o.id = $1 FOR UPDATE OF o"
-                        ))
-                        .await?;
-                    client.query(&st, &[&self.object, &scope]).await
-                }))
-            }
-        };
+        let scope = fence.map(|(record, _)| record.scope().host_id());
+        let (began, locked) = begin_locked(client, &self.shared.s, &self.object, &begin, scope);
         began.map_err(|e| StorageError::backend("begin transaction", e))?;
         let rows = locked.map_err(|e| lock_error("lock the object row", e))?;
         let Some(row) = rows.first() else {
@@ -161,6 +137,46 @@ impl PostgresObjectStorage {
         }
         Ok(value)
     }
+}
+
+/// Runs `begin` (a `BEGIN` batch) and locks the object row, reading the
+/// fence of `scope` when given (generation and holder; two `NULL`s
+/// otherwise), pipelined: one round trip.
+pub(super) fn begin_locked(
+    client: &Object,
+    s: &str,
+    object: &str,
+    begin: &str,
+    scope: Option<&str>,
+) -> (
+    Result<(), tokio_postgres::Error>,
+    Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+) {
+    let lock = async {
+        match scope {
+            None => {
+                let st = client
+                    .prepare_cached(&format!(
+                        "SELECT NULL::bigint, NULL::bytea FROM {s}.durability_objects \
+                         WHERE id = $1 FOR UPDATE"
+                    ))
+                    .await?;
+                client.query(&st, &[&object]).await
+            }
+            Some(scope) => {
+                let st = client
+                    .prepare_cached(&format!(
+                        "SELECT f.generation, f.holder FROM {s}.durability_objects o \
+                         LEFT JOIN {s}.durability_object_fences f \
+                           ON f.object_id = o.id AND f.scope = $2 \
+                         WHERE o.id = $1 FOR UPDATE OF o"
+                    ))
+                    .await?;
+                client.query(&st, &[&object, &scope]).await
+            }
+        }
+    };
+    wait(futures::future::join(client.batch_execute(begin), lock))
 }
 
 /// A failure to take the object row lock: a lock timeout is a retryable

@@ -8,7 +8,7 @@ use durability_ownership::{BudgetCheck, ObjectFence, OwnerRecord, OwnershipError
 use durability_scheduler::{StorageError, StorageErrorKind};
 use tokio_postgres::error::SqlState;
 
-use super::driver::Held;
+use super::driver::{Held, begin_locked};
 use super::runtime::{blocking, wait};
 use super::{FENCE_ROUNDS, PostgresObjectStorage};
 
@@ -144,17 +144,7 @@ impl PostgresObjectStorage {
         let s = &self.shared.s;
         let scope = record.scope().host_id();
         let begin = format!("BEGIN; SET LOCAL lock_timeout = {}", wait_ms.max(1));
-        let (began, locked) = wait(futures::future::join(client.batch_execute(&begin), async {
-            let st = client
-                .prepare_cached(&format!(
-                    "SELECT f.generation, f.holder FROM {s}.durability_objects o \
-                     LEFT JOIN {s}.durability_object_fences f \
-                       ON f.object_id = o.id AND f.scope = $2 \
-                     WHERE o.id = $1 FOR UPDATE OF o"
-                ))
-                .await?;
-            client.query(&st, &[&self.object, &scope]).await
-        }));
+        let (began, locked) = begin_locked(client, s, &self.object, &begin, Some(scope));
         began.map_err(unavailable)?;
         let rows = match locked {
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(Round::Busy),

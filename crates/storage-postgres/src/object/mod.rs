@@ -316,31 +316,63 @@ impl PostgresObjects {
         })
     }
 
+    /// The object's number: read (no write) when it is recorded; else
+    /// the object row and its schema are created in one transaction.
     fn register_object(&self, object_id: &str) -> Result<i64, StorageError> {
         let client = self.shared.backend.client()?;
         let s = &self.shared.s;
-        let inserted = wait(client.query(
-            &format!(
-                "INSERT INTO {s}.durability_objects (id) VALUES ($1)
-                 ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id RETURNING seq"
-            ),
+        let seq = |rows: Vec<tokio_postgres::Row>| -> Result<Option<i64>, StorageError> {
+            rows.first()
+                .map(|r| r.try_get(0))
+                .transpose()
+                .map_err(|e| StorageError::backend("read the object number", e))
+        };
+        let found = wait(client.query(
+            &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
             &[&object_id],
         ))
-        .map_err(|e| StorageError::backend("record the object", e))?;
-        let seq: i64 = inserted
-            .first()
-            .map(|r| r.try_get(0))
-            .transpose()
-            .map_err(|e| StorageError::backend("read the object number", e))?
-            .ok_or_else(|| StorageError::corrupt("the object row has no number"))?;
-        let schema = self.shared.deployment.object_schema(seq);
-        match wait(client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))) {
-            Ok(()) => Ok(seq),
-            // Two processes opening the object at once: the other one won.
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                Ok(seq)
+        .map_err(|e| StorageError::backend("read the object row", e))?;
+        if let Some(n) = seq(found)? {
+            return Ok(n);
+        }
+        let created = wait(async {
+            client.batch_execute("BEGIN").await?;
+            let rows = client
+                .query(
+                    &format!(
+                        "INSERT INTO {s}.durability_objects (id) VALUES ($1)
+                         ON CONFLICT (id) DO NOTHING RETURNING seq"
+                    ),
+                    &[&object_id],
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                let n: i64 = row.try_get(0)?;
+                let schema = self.shared.deployment.object_schema(n);
+                client
+                    .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT"))
+                    .await?;
+                return Ok(Some(n));
             }
-            Err(e) => Err(StorageError::backend("create the object's schema", e)),
+            // Another process recorded it first (and made its schema).
+            client.batch_execute("ROLLBACK").await?;
+            Ok::<_, tokio_postgres::Error>(None)
+        });
+        match created {
+            Ok(Some(n)) => Ok(n),
+            Ok(None) => {
+                let found = wait(client.query(
+                    &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
+                    &[&object_id],
+                ))
+                .map_err(|e| StorageError::backend("read the object row", e))?;
+                seq(found)?.ok_or_else(|| StorageError::corrupt("the object row vanished"))
+            }
+            Err(e) => {
+                // Leave no half-open transaction in the pool.
+                drop(deadpool_postgres::Object::take(client));
+                Err(StorageError::backend("record the object", e))
+            }
         }
     }
 
