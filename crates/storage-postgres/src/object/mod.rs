@@ -156,6 +156,9 @@ pub struct PostgresObjectOptions {
     /// How long `fence_claim` waits for an ended session to exit; default
     /// 1 s.
     pub terminate_timeout: Duration,
+    /// How long a transaction waits for a pooled connection, and for a new
+    /// connection to be made, before failing (retryably); default 5 s.
+    pub connect_timeout: Duration,
 }
 
 impl Default for PostgresObjectOptions {
@@ -165,6 +168,7 @@ impl Default for PostgresObjectOptions {
             lock_timeout: Duration::from_secs(1),
             fence_wait: Duration::from_millis(100),
             terminate_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -220,7 +224,7 @@ impl PostgresObjects {
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StorageError::backend("parse the PostgreSQL URL", e))?;
-        let backend = Backend::new(config, options.pool_size)?;
+        let backend = Backend::new(config, options.pool_size, options.connect_timeout)?;
         let s = deployment.quoted();
         let this = Self {
             shared: Arc::new(Shared {

@@ -52,7 +52,11 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     /// A runtime of its own and a pool of up to `size` connections built
     /// from `config` (not connected yet).
-    pub(crate) fn new(mut config: Config, size: usize) -> Result<Self, StorageError> {
+    pub(crate) fn new(
+        mut config: Config,
+        size: usize,
+        connect_timeout: Duration,
+    ) -> Result<Self, StorageError> {
         // A peer that vanishes mid-statement is noticed within about 20 s
         // instead of the kernel's retransmission timeout.
         config
@@ -76,6 +80,9 @@ impl Backend {
         );
         let pool = Pool::builder(mgr)
             .max_size(size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(connect_timeout))
+            .create_timeout(Some(connect_timeout))
             .build()
             .map_err(|e| StorageError::backend("build the PostgreSQL pool", e))?;
         Ok(Self { rt: Some(rt), pool })

@@ -138,6 +138,18 @@ fn a_corrupt_fence_generation_is_a_typed_error() {
     assert_eq!(err.kind(), StorageErrorKind::Corrupt, "{err}");
 }
 
+/// Who wrote the object's marks.
+fn marks(s: &durability_storage_postgres::object::PostgresObjectStorage) -> Vec<String> {
+    s.transaction(|tx| {
+        tx.sql()
+            .query("SELECT who FROM marks ORDER BY who", &[])?
+            .iter()
+            .map(|r| r.try_get(0).map_err(|e| StorageError::backend("who", e)))
+            .collect()
+    })
+    .unwrap()
+}
+
 /// Reads one line from the holder's stdout.
 fn line(out: &mut impl BufRead) -> String {
     let mut s = String::new();
@@ -220,15 +232,43 @@ fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
     );
     assert!(outcome.starts_with("outcome STORAGE_"), "{outcome}");
 
-    let marks: Vec<String> = b
-        .transaction(|tx| {
-            tx.sql()
-                .query("SELECT who FROM marks ORDER BY who", &[])?
-                .iter()
-                .map(|r| r.try_get(0).map_err(|e| StorageError::backend("who", e)))
-                .collect()
-        })
-        .unwrap();
+    let marks = marks(&b);
     assert_eq!(marks, ["b"], "only the new owner's write is stored");
     assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
+
+#[test]
+fn a_holder_killed_inside_its_transaction_leaves_nothing_and_blocks_nobody() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let id = "killed-object";
+    let b = d.objects.open(id).unwrap();
+    b.transaction(|tx| {
+        tx.sql()
+            .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
+    })
+    .unwrap();
+    let mut holder = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
+            .args([&d.url, &d.name, id, "a", "1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    assert_eq!(line(&mut out), "inside");
+    signal(holder.0.id(), "-KILL");
+    assert!(!holder.0.wait().unwrap().success());
+
+    b.fence(&claim("b", 2)).unwrap();
+    b.transaction(|tx| {
+        tx.sql()
+            .execute("INSERT INTO marks (who) VALUES ($1)", &[&"b"])?;
+        tx.set_alarm(Some(2))
+    })
+    .unwrap();
+    let marks = marks(&b);
+    assert_eq!(marks, ["b"], "the killed holder's write never landed");
 }
