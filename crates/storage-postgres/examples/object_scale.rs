@@ -127,16 +127,33 @@ fn main() -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     let result = (|| -> Result<(), Error> {
         for &target in &checkpoints {
-            let mut creating = Vec::new();
-            while made < target {
-                let started = Instant::now();
-                create(&objects, made, tables)?;
-                creating.push(started.elapsed());
-                made += 1;
-                if made % 1000 == 0 {
-                    eprintln!("{made} objects");
+            // Four creators at once (the pool has eight connections).
+            let creating: Vec<Duration> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..4)
+                    .map(|w| {
+                        let objects = &objects;
+                        scope.spawn(move || -> Result<Vec<Duration>, StorageError> {
+                            let mut took = Vec::new();
+                            for n in (made + w..target).step_by(4) {
+                                let started = Instant::now();
+                                create(objects, n, tables)?;
+                                took.push(started.elapsed());
+                                if n % 5000 == 0 {
+                                    eprintln!("{n} objects");
+                                }
+                            }
+                            Ok(took)
+                        })
+                    })
+                    .collect();
+                let mut all = Vec::new();
+                for w in workers {
+                    all.extend(w.join().map_err(|_| "a creator panicked")??);
                 }
-            }
+                Ok::<_, Error>(all)
+            })?;
+            made = target;
+            let mut creating = creating;
             let (mut first, mut steady) = (Vec::new(), Vec::new());
             for i in 0..200 {
                 let (f, s) = first_and_steady(&objects, (i * 7919) % made, tables)?;

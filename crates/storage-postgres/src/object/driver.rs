@@ -4,6 +4,7 @@
 //! connection out of the pool, so no half-open transaction is ever reused.
 
 use std::cell::Cell;
+use std::sync::atomic::Ordering;
 
 use deadpool_postgres::Object;
 use durability_scheduler::{StorageError, StorageErrorKind};
@@ -83,8 +84,8 @@ impl PostgresObjectStorage {
     {
         let held = Held(Some(self.shared.backend.client()?));
         let client = held.client();
-        let value = match self.work(client, fence.as_ref(), f) {
-            Ok(value) => value,
+        let (value, created) = match self.work(client, fence.as_ref(), f) {
+            Ok(done) => done,
             Err(e) => {
                 let rolled_back = wait(client.batch_execute("ROLLBACK")).is_ok();
                 if rolled_back {
@@ -96,16 +97,20 @@ impl PostgresObjectStorage {
         // A failed COMMIT drops `held`: the connection is closed.
         wait(client.batch_execute("COMMIT")).map_err(|e| E::from(commit_error(e)))?;
         held.release();
+        if created {
+            self.own_ready.store(true, Ordering::Release);
+        }
         Ok(value)
     }
 
-    /// Everything up to `COMMIT`.
+    /// Everything up to `COMMIT`; also says whether the transaction
+    /// created the object's own schema.
     fn work<R, E>(
         &self,
         client: &Object,
         fence: Option<&Fence>,
         f: impl FnOnce(&mut PostgresObjectTx<'_>) -> Result<R, E>,
-    ) -> Result<R, E>
+    ) -> Result<(R, bool), E>
     where
         E: From<StorageError>,
     {
@@ -116,6 +121,8 @@ impl PostgresObjectStorage {
             object: &self.object,
             own_schema: &self.own_schema,
             failed: Cell::new(false),
+            own_ready: &self.own_ready,
+            own_created: Cell::new(false),
         };
         let value = f(&mut tx)?;
         if tx.failed.get() {
@@ -135,7 +142,7 @@ impl PostgresObjectStorage {
                 },
             )));
         }
-        Ok(value)
+        Ok((value, tx.own_created.get()))
     }
 }
 

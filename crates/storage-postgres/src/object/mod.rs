@@ -21,8 +21,9 @@
 //!   A few tables serve every object: the catalog does not grow with the
 //!   number of objects, and an operator can query across objects.
 //! - The object's own tables live in a schema of its own,
-//!   `<deployment>_o<n>` (`n` numbered by the database), created when the
-//!   object is first opened. Every transaction sets the `search_path` to
+//!   `<deployment>_o<n>` (`n` numbered by the database), created by the
+//!   object's first transaction that touches its own tables (an object
+//!   with no tables of its own costs no catalog entry). Every transaction sets the `search_path` to
 //!   it, so object code names its tables without a schema, as on SQLite.
 //!   An empty schema costs one catalog row; each table the object creates
 //!   costs catalog rows and files, which is what bounds how many objects
@@ -126,6 +127,7 @@ mod topology;
 mod tx;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -300,8 +302,9 @@ impl PostgresObjects {
         Ok(())
     }
 
-    /// The storage of the object `object_id`: records the object (and
-    /// creates its own schema) on first open.
+    /// The storage of the object `object_id`: records the object on first
+    /// open (its own schema is created lazily, by its first transaction
+    /// that uses [`PostgresObjectTx::sql`]).
     ///
     /// # Errors
     /// An invalid id (empty, over 256 bytes, control characters: nothing
@@ -315,69 +318,37 @@ impl PostgresObjects {
             schemas: Arc::clone(&self.schemas),
             object: object_id.to_owned(),
             own_schema: self.shared.deployment.object_schema(seq),
+            own_ready: AtomicBool::new(false),
             serial: Mutex::new(()),
             fence: Mutex::new(None),
         })
     }
 
-    /// The object's number: read (no write) when it is recorded; else
-    /// the object row and its schema are created in one transaction.
+    /// The object's number: read (no write) when it is recorded, else
+    /// recorded. Its own schema is made by its first transaction that uses
+    /// its own tables.
     fn register_object(&self, object_id: &str) -> Result<i64, StorageError> {
         let client = self.shared.backend.client()?;
         let s = &self.shared.s;
-        let seq = |rows: Vec<tokio_postgres::Row>| -> Result<Option<i64>, StorageError> {
-            rows.first()
-                .map(|r| r.try_get(0))
-                .transpose()
-                .map_err(|e| StorageError::backend("read the object number", e))
-        };
-        let found = wait(client.query(
-            &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
-            &[&object_id],
-        ))
-        .map_err(|e| StorageError::backend("read the object row", e))?;
-        if let Some(n) = seq(found)? {
-            return Ok(n);
-        }
-        let created = wait(async {
-            client.batch_execute("BEGIN").await?;
-            let rows = client
-                .query(
-                    &format!(
-                        "INSERT INTO {s}.durability_objects (id) VALUES ($1)
-                         ON CONFLICT (id) DO NOTHING RETURNING seq"
-                    ),
-                    &[&object_id],
-                )
-                .await?;
+        let select = format!("SELECT seq FROM {s}.durability_objects WHERE id = $1");
+        let insert = format!(
+            "INSERT INTO {s}.durability_objects (id) VALUES ($1)
+             ON CONFLICT (id) DO NOTHING RETURNING seq"
+        );
+        // Read; else insert; else (another process inserted it first)
+        // read again.
+        for sql in [&select, &insert, &select] {
+            let rows = wait(client.query(sql.as_str(), &[&object_id]))
+                .map_err(|e| StorageError::backend("record the object", e))?;
             if let Some(row) = rows.first() {
-                let n: i64 = row.try_get(0)?;
-                let schema = self.shared.deployment.object_schema(n);
-                client
-                    .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT"))
-                    .await?;
-                return Ok(Some(n));
-            }
-            // Another process recorded it first (and made its schema).
-            client.batch_execute("ROLLBACK").await?;
-            Ok::<_, tokio_postgres::Error>(None)
-        });
-        match created {
-            Ok(Some(n)) => Ok(n),
-            Ok(None) => {
-                let found = wait(client.query(
-                    &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
-                    &[&object_id],
-                ))
-                .map_err(|e| StorageError::backend("read the object row", e))?;
-                seq(found)?.ok_or_else(|| StorageError::corrupt("the object row vanished"))
-            }
-            Err(e) => {
-                // Leave no half-open transaction in the pool.
-                drop(deadpool_postgres::Object::take(client));
-                Err(StorageError::backend("record the object", e))
+                return row
+                    .try_get(0)
+                    .map_err(|e| StorageError::backend("read the object number", e));
             }
         }
+        Err(StorageError::corrupt(
+            "the object row vanished while it was recorded",
+        ))
     }
 
     /// How many objects the deployment holds.
@@ -416,6 +387,8 @@ pub struct PostgresObjectStorage {
     schemas: Arc<Schemas>,
     object: String,
     own_schema: String,
+    /// Whether the object's own schema is known to exist.
+    own_ready: AtomicBool,
     /// This handle's transactions run one at a time (as on SQLite).
     serial: Mutex<()>,
     fence: Mutex<Option<Fence>>,

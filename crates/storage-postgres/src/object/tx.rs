@@ -3,6 +3,7 @@
 //! lease budget check, `COMMIT`.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::Object;
 use durability_scheduler::{StorageError, StorageErrorKind};
@@ -31,6 +32,10 @@ pub struct PostgresObjectTx<'t> {
     /// Set by any statement that failed: PostgreSQL then aborted the
     /// transaction, so it must not be reported as committed.
     pub(crate) failed: Cell<bool>,
+    /// Whether the object's own schema is known to exist (committed).
+    pub(crate) own_ready: &'t AtomicBool,
+    /// Set when this transaction created the object's own schema.
+    pub(crate) own_created: Cell<bool>,
 }
 
 impl std::fmt::Debug for PostgresObjectTx<'_> {
@@ -145,8 +150,25 @@ impl<'t> PostgresObjectTx<'t> {
         .map_err(|e| self.fail(what, e))
     }
 
+    /// Creates the object's own schema, in this transaction, the first
+    /// time the object's own tables are used: an object that never has
+    /// tables of its own costs no catalog entry.
+    pub(crate) fn ensure_own_schema(&self) -> Result<(), StorageError> {
+        if self.own_ready.load(Ordering::Acquire) || self.own_created.get() {
+            return Ok(());
+        }
+        wait(
+            self.client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.own_schema)),
+        )
+        .map_err(|e| self.fail("create the object's schema", e))?;
+        self.own_created.set(true);
+        Ok(())
+    }
+
     /// Several statements without parameters, in the object's schema.
     pub(crate) fn batch(&self, what: &str, sql: &str) -> Result<(), StorageError> {
+        self.ensure_own_schema()?;
         wait(self.client.batch_execute(sql)).map_err(|e| self.fail(what, e))
     }
 }
@@ -170,6 +192,7 @@ impl Sql<'_> {
     /// The server's refusal or a lost connection, as a `Backend` storage
     /// error (the transaction is then aborted).
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StorageError> {
+        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
         wait(async { c.execute(&self.prepare(sql).await?, params).await })
             .map_err(|e| self.tx.fail("statement", e))
@@ -184,6 +207,7 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StorageError> {
+        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
         wait(async { c.query(&self.prepare(sql).await?, params).await })
             .map_err(|e| self.tx.fail("query", e))
@@ -198,6 +222,7 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StorageError> {
+        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
         wait(async { c.query_opt(&self.prepare(sql).await?, params).await })
             .map_err(|e| self.tx.fail("query", e))
@@ -212,6 +237,7 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StorageError> {
+        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
         wait(async { c.query_one(&self.prepare(sql).await?, params).await })
             .map_err(|e| self.tx.fail("query", e))

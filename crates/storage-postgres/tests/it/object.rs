@@ -361,3 +361,49 @@ async fn a_corrupt_outbox_row_is_quarantined_without_blocking_and_stays_deletabl
         "the quarantined row is deleted"
     );
 }
+
+#[test]
+fn the_own_schema_is_created_by_the_first_transaction_that_uses_it() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let observer = d.objects.open("observer").unwrap();
+    let exists = |schema: &str| -> bool {
+        let name = schema.trim_matches('"').to_owned();
+        observer
+            .transaction(|tx| {
+                tx.sql()
+                    .query_one(
+                        "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
+                        &[&name],
+                    )?
+                    .try_get::<_, i64>(0)
+                    .map_err(|e| StorageError::backend("count", e))
+            })
+            .unwrap()
+            == 1
+    };
+    let s = d.objects.open("lazy").unwrap();
+    s.transaction(|tx| tx.set_alarm(Some(1))).unwrap();
+    assert!(
+        !exists(s.own_schema()),
+        "capability rows need no schema of its own"
+    );
+    let r = s.transaction(|tx| {
+        tx.sql().batch_execute("CREATE TABLE t (id BIGINT)")?;
+        Err::<(), _>(StorageError::corrupt("give up"))
+    });
+    assert!(r.is_err());
+    assert!(
+        !exists(s.own_schema()),
+        "a rolled-back first use leaves nothing"
+    );
+    s.transaction(|tx| tx.sql().batch_execute("CREATE TABLE t (id BIGINT)"))
+        .unwrap();
+    assert!(exists(s.own_schema()));
+    // Another handle on the object finds it.
+    let again = d.objects.open("lazy").unwrap();
+    again
+        .transaction(|tx| tx.sql().execute("INSERT INTO t (id) VALUES (1)", &[]))
+        .unwrap();
+}
