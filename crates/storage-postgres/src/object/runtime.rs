@@ -9,6 +9,8 @@
 //! trip per statement, no runtime needed on the caller's side.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -29,10 +31,31 @@ pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Wakes a parked thread.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
 /// Parks the calling thread until `fut` is ready. Only for futures that
-/// need no runtime context of their own (the client's statement futures).
+/// need no runtime context of their own (the client's statement futures,
+/// which talk to their connection's task through channels). Unlike an
+/// executor's `block_on`, it may run inside any executor's task (a
+/// transaction inside an async function driven by any runtime).
 pub(crate) fn wait<F: Future>(fut: F) -> F::Output {
-    futures::executor::block_on(fut)
+    let mut fut = std::pin::pin!(fut);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        // A spurious wake-up only polls again.
+        std::thread::park();
+    }
 }
 
 /// The runtime and connection pool shared by every object of a deployment.

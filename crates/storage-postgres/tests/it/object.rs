@@ -407,3 +407,19 @@ fn the_own_schema_is_created_by_the_first_transaction_that_uses_it() {
         .transaction(|tx| tx.sql().execute("INSERT INTO t (id) VALUES (1)", &[]))
         .unwrap();
 }
+
+#[test]
+fn a_transaction_inside_another_executor_s_task_works() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    // A transaction called from a future that the `futures` executor
+    // drives (as an async outbox delivery driven without tokio would).
+    let got = futures::executor::block_on(async {
+        s.transaction(|tx| tx.set_alarm(Some(4)))?;
+        s.transaction(|tx| tx.alarm())
+    })
+    .unwrap();
+    assert_eq!(got, Some(4));
+}
