@@ -26,9 +26,10 @@
 //!   with no tables of its own costs no catalog entry). Every transaction sets the `search_path` to
 //!   it, so object code names its tables without a schema, as on SQLite.
 //!   An empty schema costs one catalog row; each table the object creates
-//!   costs catalog rows and files, which is what bounds how many objects
-//!   with tables of their own one database holds (see the measurements in
-//!   ARCHITECTURE.md). This is isolation by naming, not a security
+//!   costs catalog rows and files (a table with a primary key and a text
+//!   column: four `pg_class` rows), which is what bounds how many objects
+//!   with tables of their own one database holds. The `object_scale`
+//!   example measures it (numbers in ARCHITECTURE.md). This is isolation by naming, not a security
 //!   boundary: every object uses the deployment's role.
 //! - Alternatives weighed: a schema per object for everything (simple, but
 //!   ~10 capability tables per object multiply the catalog and files by
