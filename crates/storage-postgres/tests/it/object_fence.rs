@@ -272,3 +272,88 @@ fn a_holder_killed_inside_its_transaction_leaves_nothing_and_blocks_nobody() {
     let marks = marks(&b);
     assert_eq!(marks, ["b"], "the killed holder's write never landed");
 }
+
+/// The test server's connection string for another role.
+fn url_as(url: &str, role: &str) -> String {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("postgres");
+    format!("host={host} port={port} dbname={db} user={role}")
+}
+
+#[test]
+fn without_the_right_to_end_the_holder_the_new_owner_fails_retryably() {
+    use durability_ownership::OwnershipError;
+    use durability_storage_postgres::object::{PostgresObjectOptions, PostgresObjects};
+    let url = durability_storage_postgres::testkit::url();
+    if crate::object_support::available(&url).is_none() {
+        return;
+    }
+    // A role that may not end a superuser's session owns the deployment;
+    // the holder runs as the (superuser) test role.
+    let role = crate::object_support::fresh_name();
+    let name = crate::object_support::fresh_name();
+    let db = url_as(&url, "x")
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("dbname=").map(str::to_owned))
+        .unwrap();
+    crate::object_support::run_sql(
+        &url,
+        &format!("CREATE ROLE {role} LOGIN; GRANT CREATE ON DATABASE \"{db}\" TO {role}"),
+    )
+    .unwrap();
+    let cleanup = format!(
+        "DO $$ DECLARE n text; BEGIN
+           FOR n IN SELECT nspname FROM pg_namespace
+             WHERE nspname = '{name}' OR nspname LIKE '{name}\\_o%' LOOP
+             EXECUTE format('DROP SCHEMA %I CASCADE', n);
+           END LOOP;
+         END $$;
+         REVOKE CREATE ON DATABASE \"{db}\" FROM {role}; DROP ROLE {role}"
+    );
+    let result = std::panic::catch_unwind(|| {
+        let options = PostgresObjectOptions {
+            fence_wait: std::time::Duration::from_millis(50),
+            lock_timeout: std::time::Duration::from_millis(200),
+            ..PostgresObjectOptions::default()
+        };
+        let objects = PostgresObjects::connect(&url_as(&url, &role), &name, options).unwrap();
+        let b = objects.open("guarded").unwrap();
+        b.transaction(|tx| {
+            tx.sql()
+                .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
+        })
+        .unwrap();
+        let mut holder = Reaper(
+            Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
+                .args([&url, &name, "guarded", "a", "1"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+        assert_eq!(line(&mut out), "inside");
+        signal(holder.0.id(), "-STOP");
+        let err = b.fence_claim(&claim("b", 2), None).unwrap_err();
+        assert!(matches!(err, OwnershipError::OwnerRace { .. }), "{err}");
+        assert!(err.is_retryable(), "{err}");
+        // Once the holder is gone, the claim goes through.
+        drop(holder);
+        b.fence(&claim("b", 2)).unwrap();
+        b.transaction(|tx| tx.set_alarm(Some(2))).unwrap();
+        assert_eq!(
+            marks(&b),
+            Vec::<String>::new(),
+            "the holder's write never landed"
+        );
+    });
+    crate::object_support::run_sql(&url, &cleanup).unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
