@@ -10,8 +10,10 @@
 //! its own (in its own schema) holding one row, and at each checkpoint
 //! prints one JSON line: the cost of creating an object, a first
 //! transaction on a freshly opened handle of a random existing object
-//! (open + lock + read its own table and its alarm) and a steady
-//! transaction, as medians and 99th percentiles, and the catalog's size.
+//! (open + lock + read its own table and its alarm), a steady
+//! transaction, and the same reads hand-written on a tokio-postgres
+//! connection of its own (`bare`, the baseline), as medians and 99th
+//! percentiles, and the catalog's size.
 //! The deployment and every object schema are dropped at the end.
 #![allow(clippy::disallowed_methods)] // A measurement reads the wall clock.
 
@@ -63,6 +65,59 @@ fn first_and_steady(
     let started = Instant::now();
     read(&s)?;
     Ok((first, started.elapsed()))
+}
+
+/// The same reads as a hand-written tokio-postgres transaction on a
+/// connection of its own (the baseline of the steady transaction): lock
+/// the object row, read its own table and its alarm, commit.
+fn baseline(
+    url: &str,
+    deployment: &str,
+    objects: &[usize],
+    tables: usize,
+) -> Result<Vec<Duration>, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        let lock = c
+            .prepare(&format!(
+                "SELECT 1 FROM \"{deployment}\".durability_objects WHERE id = $1 FOR UPDATE"
+            ))
+            .await?;
+        let alarm = c
+            .prepare(&format!(
+                "SELECT at FROM \"{deployment}\".durability_object_alarm WHERE object_id = $1"
+            ))
+            .await?;
+        let mut took = Vec::new();
+        for &n in objects {
+            let id = format!("o-{n}");
+            let seq: i64 = c
+                .query_one(
+                    &format!("SELECT seq FROM \"{deployment}\".durability_objects WHERE id = $1"),
+                    &[&id],
+                )
+                .await?
+                .try_get(0)?;
+            let started = Instant::now();
+            c.batch_execute(&format!(
+                "BEGIN; SET LOCAL search_path TO \"{deployment}_o{seq}\""
+            ))
+            .await?;
+            c.query(&lock, &[&id]).await?;
+            if tables > 0 {
+                c.query_one("SELECT v FROM items0 WHERE id = 1", &[])
+                    .await?;
+            }
+            c.query(&alarm, &[&id]).await?;
+            c.batch_execute("COMMIT").await?;
+            took.push(started.elapsed());
+        }
+        Ok(took)
+    })
 }
 
 fn catalog(url: &str) -> Result<(i64, i64, i64), Error> {
@@ -155,11 +210,13 @@ fn main() -> Result<(), Error> {
             made = target;
             let mut creating = creating;
             let (mut first, mut steady) = (Vec::new(), Vec::new());
-            for i in 0..200 {
-                let (f, s) = first_and_steady(&objects, (i * 7919) % made, tables)?;
+            let sample: Vec<usize> = (0..200).map(|i| (i * 7919) % made).collect();
+            for &n in &sample {
+                let (f, s) = first_and_steady(&objects, n, tables)?;
                 first.push(f);
                 steady.push(s);
             }
+            let mut bare = baseline(&url, &name, &sample, tables)?;
             let last = creating.len().saturating_sub(200);
             let create_recent = &mut creating[last..];
             let (classes, schemas, bytes) = catalog(&url)?;
@@ -169,6 +226,7 @@ fn main() -> Result<(), Error> {
                  \"create_ms_p50\":{:.2},\"create_ms_p99\":{:.2},\
                  \"first_tx_ms_p50\":{:.2},\"first_tx_ms_p99\":{:.2},\
                  \"steady_tx_ms_p50\":{:.2},\"steady_tx_ms_p99\":{:.2},\
+                 \"bare_tx_ms_p50\":{:.2},\"bare_tx_ms_p99\":{:.2},\
                  \"pg_class\":{classes},\"pg_namespace\":{schemas},\"db_bytes\":{bytes}}}",
                 percentile(create_recent, 0.5),
                 percentile(create_recent, 0.99),
@@ -176,6 +234,8 @@ fn main() -> Result<(), Error> {
                 percentile(&mut first, 0.99),
                 percentile(&mut steady, 0.5),
                 percentile(&mut steady, 0.99),
+                percentile(&mut bare, 0.5),
+                percentile(&mut bare, 0.99),
             )?;
             out.flush()?;
         }

@@ -111,8 +111,10 @@ impl Backend {
         Ok(Self { rt: Some(rt), pool })
     }
 
-    /// A connection from the pool, connecting one if none is idle (the
-    /// connection task is spawned on the backend's runtime).
+    /// A connection from the pool, connecting one if none is idle. The
+    /// caller waits on its own thread with the backend's runtime entered
+    /// (a new connection's task and the pool's timeouts belong to that
+    /// runtime, whose thread drives them): no hand-off per transaction.
     pub(crate) fn client(&self) -> Result<Object, StorageError> {
         let Some(rt) = &self.rt else {
             return Err(StorageError::new(
@@ -120,13 +122,8 @@ impl Backend {
                 "the PostgreSQL runtime is shut down",
             ));
         };
-        let pool = self.pool.clone();
-        let task = rt.spawn(async move { pool.get().await });
-        match wait(task) {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(StorageError::backend("connect to PostgreSQL", e)),
-            Err(e) => Err(StorageError::backend("connect to PostgreSQL", e)),
-        }
+        let _context = rt.enter();
+        wait(self.pool.get()).map_err(|e| StorageError::backend("connect to PostgreSQL", e))
     }
 }
 
