@@ -423,3 +423,10 @@ fn a_transaction_inside_another_executor_s_task_works() {
     .unwrap();
     assert_eq!(got, Some(4));
 }
+
+#[test]
+fn objects_and_storages_are_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<PostgresObjects>();
+    check::<durability_storage_postgres::object::PostgresObjectStorage>();
+}
