@@ -79,7 +79,9 @@
 //! [`PostgresObjectOptions::fence_wait`] for the row lock, then finds the
 //! backend holding it (the row's locking transaction in `pg_locks`) and
 //! ends it with `pg_terminate_backend`: the server aborts the holder's
-//! transaction, which can then never commit, and the claim proceeds. The
+//! transaction, which can then never commit, and the claim proceeds.
+//! Whatever session holds the object row past `fence_wait` is ended (a
+//! claim is made after the lease moved, so the holder is stale). The
 //! new owner is blocked at most about `fence_wait` + `terminate_timeout`
 //! per round, [`FENCE_ROUNDS`] rounds (3.3 s with the defaults; about
 //! 0.2 s measured against a stopped holder). Ending another session needs the
@@ -159,7 +161,8 @@ pub struct PostgresObjectOptions {
     pub pool_size: usize,
     /// How long a transaction waits for another writer of the same object
     /// (the object row lock) before failing, retryably; default 1 s, as
-    /// SQLite's busy timeout.
+    /// SQLite's busy timeout. It is the transaction's `lock_timeout`, so it
+    /// also bounds every other lock wait of the object code's statements.
     pub lock_timeout: Duration,
     /// How long a new owner's `fence_claim` waits for the holder of the
     /// object row before ending the holder's session; default 100 ms.
