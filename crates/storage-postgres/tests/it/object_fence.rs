@@ -357,3 +357,71 @@ fn without_the_right_to_end_the_holder_the_new_owner_fails_retryably() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// The generation floor procedure on PostgreSQL object storage: a lease
+/// store that lost its counters reissues a generation the object's fence
+/// already accepted; `fence_with_floor` raises the store above the fence
+/// and claims again, and the old holder's late commit is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_lease_store_is_raised_above_the_fence() {
+    use durability_ownership::memory::InMemoryLeaseStore;
+    use durability_ownership::{
+        ClaimOutcome, FloorSettings, LeaseStore, LifecycleAdmin, ManualClock, fence_with_floor,
+    };
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let clock = ManualClock::new(1_000_000);
+    let scope = claim("x", 1).scope().clone();
+    let lifecycle = LifecycleId::new("ns:shop").unwrap();
+    let leases = InMemoryLeaseStore::new(clock.clone(), ShardCount::new(16).unwrap());
+    leases
+        .set_active_storage(&lifecycle, Some(&StorageId::new("store-1").unwrap()))
+        .await
+        .unwrap();
+    let take = |task: &'static str| {
+        let (leases, scope, lifecycle) = (&leases, &scope, &lifecycle);
+        async move {
+            match leases
+                .claim(scope, lifecycle, &TaskId::new(task).unwrap(), 1000)
+                .await
+                .unwrap()
+            {
+                ClaimOutcome::Claimed(l) => l,
+                ClaimOutcome::Held(l) => panic!("held by {:?}", l.record.task()),
+            }
+        }
+    };
+    let cfg = FloorSettings {
+        clock: Arc::new(clock.clone()),
+        ttl_ms: 1000,
+        guard_ms: 100,
+    };
+    let a = d.objects.open("floored").unwrap();
+    let la = take("task-a").await;
+    let fa = fence_with_floor(&leases, &a, &cfg, la, 1_000_000)
+        .await
+        .unwrap();
+    assert_eq!(fa.lease.record.generation().get(), 1);
+    a.transaction(|tx| tx.set_alarm(Some(1))).unwrap();
+
+    leases.wipe();
+    let b = d.objects.open("floored").unwrap();
+    let lb = take("task-b").await;
+    assert_eq!(
+        lb.record.generation().get(),
+        1,
+        "the wiped store reissues 1"
+    );
+    let e = b.fence_claim(&lb.record, None).unwrap_err();
+    assert_eq!(e.code(), "stale_generation", "{e}");
+    let fb = fence_with_floor(&leases, &b, &cfg, lb, 1_000_000)
+        .await
+        .unwrap();
+    assert_eq!(fb.lease.record.generation().get(), 2);
+    b.transaction(|tx| tx.set_alarm(Some(2))).unwrap();
+
+    let e = a.transaction(|tx| tx.set_alarm(Some(99))).unwrap_err();
+    assert_eq!(e.kind(), StorageErrorKind::Fenced, "{e}");
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(2));
+}
