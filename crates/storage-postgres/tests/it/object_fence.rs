@@ -182,6 +182,26 @@ impl Drop for Reaper {
     }
 }
 
+/// Starts the holder process (claim `a` at generation 1) on `object` and
+/// waits until it is inside its transaction.
+fn holder_inside(
+    url: &str,
+    deployment: &str,
+    object: &str,
+) -> (Reaper, BufReader<std::process::ChildStdout>) {
+    let mut holder = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
+            .args([url, deployment, object, "a", "1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    assert_eq!(line(&mut out), "inside");
+    (holder, out)
+}
+
 #[test]
 fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
     let Some(d) = TestDeployment::create() else {
@@ -194,16 +214,7 @@ fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
             .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
     })
     .unwrap();
-    let mut holder = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
-            .args([&d.url, &d.name, id, "a", "1"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
-    assert_eq!(line(&mut out), "inside");
+    let (mut holder, mut out) = holder_inside(&d.url, &d.name, id);
     signal(holder.0.id(), "-STOP");
 
     // The new owner claims generation 2 while the stopped holder still
@@ -249,16 +260,7 @@ fn a_holder_killed_inside_its_transaction_leaves_nothing_and_blocks_nobody() {
             .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
     })
     .unwrap();
-    let mut holder = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
-            .args([&d.url, &d.name, id, "a", "1"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
-    assert_eq!(line(&mut out), "inside");
+    let (mut holder, _out) = holder_inside(&d.url, &d.name, id);
     signal(holder.0.id(), "-KILL");
     assert!(!holder.0.wait().unwrap().success());
 
@@ -328,16 +330,7 @@ fn without_the_right_to_end_the_holder_the_new_owner_fails_retryably() {
                 .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
         })
         .unwrap();
-        let mut holder = Reaper(
-            Command::new(env!("CARGO_BIN_EXE_pg_object_holder"))
-                .args([&url, &name, "guarded", "a", "1"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
-        let mut out = BufReader::new(holder.0.stdout.take().unwrap());
-        assert_eq!(line(&mut out), "inside");
+        let (holder, _out) = holder_inside(&url, &name, "guarded");
         signal(holder.0.id(), "-STOP");
         let err = b.fence_claim(&claim("b", 2), None).unwrap_err();
         assert!(matches!(err, OwnershipError::OwnerRace { .. }), "{err}");
