@@ -95,9 +95,11 @@
 //! A commit is durable as PostgreSQL makes it (`synchronous_commit`, and a
 //! synchronous standby where one is configured).
 //! A statement's failure is a `Backend` error (the transaction is rolled
-//! back). A `COMMIT` that the server refused is `Backend`; a `COMMIT`
-//! whose reply never came (connection lost, unreadable reply) is
-//! `Unknown`, never a definite failure. Stored rows are decoded strictly;
+//! back). A `COMMIT` that the live session refused with an `ERROR` is
+//! `Backend`; a `COMMIT` whose reply never came (connection lost,
+//! unreadable reply) or came as `FATAL` (a session terminated while it
+//! commits may have written its commit record first) is `Unknown`, never
+//! a definite failure. Stored rows are decoded strictly;
 //! a corrupt outbox row is a typed `Corrupt` row, quarantined and
 //! deletable as on SQLite. The deployment schema name is validated
 //! ([`MAX_DEPLOYMENT_NAME_BYTES`], `[a-z_][a-z0-9_]*`) and quoted; every

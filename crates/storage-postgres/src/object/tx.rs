@@ -252,12 +252,16 @@ impl Sql<'_> {
     }
 }
 
-/// How a `COMMIT` that returned an error ended: a refusal the server sent
-/// (a deferred constraint, a serialization failure) rolled back; anything
-/// else (the connection lost, the reply unreadable) may or may not have
-/// committed.
+/// How a `COMMIT` that returned an error ended: an `ERROR` the live
+/// session sent (a deferred constraint, a serialization failure) rolled
+/// back; anything else may or may not have committed: the connection lost,
+/// the reply unreadable, or a `FATAL`/`PANIC` (a session told to terminate
+/// while it commits still sends `FATAL` after its commit record).
 pub(crate) fn commit_error(e: tokio_postgres::Error) -> StorageError {
-    if e.as_db_error().is_some() {
+    let refused = e
+        .as_db_error()
+        .is_some_and(|db| db.parsed_severity() == Some(tokio_postgres::error::Severity::Error));
+    if refused {
         StorageError::backend(format!("commit refused{}", sqlstate(&e)), e)
     } else {
         StorageError::new(

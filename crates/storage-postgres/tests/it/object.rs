@@ -430,3 +430,37 @@ fn objects_and_storages_are_send_and_sync() {
     check::<PostgresObjects>();
     check::<durability_storage_postgres::object::PostgresObjectStorage>();
 }
+
+/// A session ended while it commits answers the COMMIT with a FATAL error
+/// instead of its outcome (after the commit record, PostgreSQL still sends
+/// FATAL when it was asked to terminate): that is in doubt, never a
+/// definite refusal. Here a deferred trigger ends its own session inside
+/// the COMMIT.
+#[test]
+fn a_fatal_reply_to_commit_is_an_unknown_outcome() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    s.transaction(|tx| {
+        tx.sql().batch_execute(
+            "CREATE FUNCTION die() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+             CREATE TABLE doomed (id BIGINT);
+             CREATE CONSTRAINT TRIGGER die_at_commit AFTER INSERT ON doomed
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION die();",
+        )
+    })
+    .unwrap();
+    let r = s.transaction(|tx| {
+        tx.sql()
+            .execute("INSERT INTO doomed (id) VALUES (1)", &[])?;
+        tx.set_alarm(Some(5))
+    });
+    assert_eq!(
+        kind(r),
+        StorageErrorKind::Unknown,
+        "a FATAL reply is in doubt"
+    );
+    assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), None);
+}
