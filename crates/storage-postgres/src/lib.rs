@@ -45,8 +45,11 @@
 //! - `alarms::PostgresAlarmIndex` (feature `alarms`): the alarm job index,
 //!   claims with `FOR UPDATE SKIP LOCKED` so many hosts' dispatchers never
 //!   deliver a job twice, leases on server time, corrupt jobs quarantined.
+//! - [`object`] (feature `object`): object storage on PostgreSQL (the
+//!   scheduler's `Storage` and every object-level capability's transaction
+//!   trait, fenced inside the commit).
 //!
-//! Features: `default` = `ownership` + `alarms`; `testkit` adds
+//! Features: `default` = `ownership` + `alarms` + `object`; `testkit` adds
 //! `testkit::TestSchema`, a throwaway schema on a real server for tests.
 //!
 //! # Example: leases and alarm jobs on PostgreSQL
@@ -594,6 +597,9 @@ pub mod alarms;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
+
+#[cfg(feature = "object")]
+pub mod object;
 
 #[cfg(test)]
 mod tests;

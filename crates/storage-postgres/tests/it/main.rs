@@ -21,6 +21,17 @@ use durability_migration::{Shard, Statement, Value};
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
 
+#[cfg(feature = "object")]
+mod object;
+#[cfg(feature = "object")]
+mod object_crash;
+#[cfg(feature = "object")]
+mod object_fence;
+#[cfg(feature = "object")]
+mod object_restart;
+#[cfg(feature = "object")]
+mod object_support;
+
 durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {
     let schema = TestSchema::create().await?;
     let shard = schema.shard().await;
