@@ -98,7 +98,8 @@ pub enum Dialect {
     Sqlite,
     /// PostgreSQL.
     Postgres,
-    /// MySQL or MariaDB.
+    /// MariaDB (tested) or MySQL (the same SQL, but untested: no test
+    /// runs against Oracle's MySQL server).
     MySql,
     /// Any other dialect: routed reads and raw statements work, moves refuse.
     Other(String),
