@@ -233,7 +233,10 @@ impl MigrationConfig {
     /// hold unchanged for its window. So a router whose clock runs ahead
     /// never takes a live row for lapsed, and one whose clock runs behind
     /// does not wait out the skew. Without a domain, a router is a domain of
-    /// its own.
+    /// its own. The lease and a move's row are also watched on the journal
+    /// database's own clock, through sightings persisted in the journal, so
+    /// routers built fresh for every call settle them too (see
+    /// [`crate::Router::recover_migrations`]).
     pub fn clock_domain(mut self, name: impl Into<String>) -> Self {
         self.clock_domain = Some(name.into());
         self
