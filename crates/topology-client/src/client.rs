@@ -23,7 +23,9 @@ pub const DEFAULT_READ_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_MAX_GROUPS: usize = 10_000;
 /// Default bound of the version floors: 100,000 (group, coordinator) pairs,
 /// least recently used evicted. A floor is a few dozen bytes, so it outlives
-/// the cache entry of its group by far.
+/// the cache entry of its group by far; an evicted floor ends the
+/// never-older guard of its pair and is reported
+/// (`durability.topology_client.version_floor_evicted`).
 pub const DEFAULT_MAX_VERSION_FLOORS: usize = 100_000;
 
 /// Derives a group's members locally, without I/O (`None`: no seed for it).
@@ -147,10 +149,15 @@ impl ClientConfig {
         self.max_groups = n;
         self
     }
-    /// The most (group, coordinator) version floors kept. A floor is the
-    /// highest version served for the group from that coordinator; it
-    /// outlives the group's cache entry, so a group read again after its
-    /// entry was evicted never comes back older.
+    /// The most (group, coordinator) version floors kept (default
+    /// [`DEFAULT_MAX_VERSION_FLOORS`], 100,000). A floor is the highest
+    /// version served for the group from that coordinator; it outlives the
+    /// group's cache entry, so a group read again after its entry was
+    /// evicted never comes back older. The guarantee holds for at most this
+    /// many pairs: past the bound the least recently used floor is evicted
+    /// (the event `durability.topology_client.version_floor_evicted` and the
+    /// counter `durability_topology_client_version_floors_evicted_total`),
+    /// and that pair may then be served older than before.
     #[must_use]
     pub fn max_version_floors(mut self, n: usize) -> Self {
         self.max_floors = n;
@@ -225,6 +232,7 @@ struct ClientMetrics {
     stale_if_error: metrics::Counter,
     seed: metrics::Counter,
     fallback: metrics::Counter,
+    floors_evicted: metrics::Counter,
 }
 
 impl ClientMetrics {
@@ -237,6 +245,9 @@ impl ClientMetrics {
             stale_if_error: fallbacks("stale_if_error"),
             seed: fallbacks("seed"),
             fallback: fallbacks("fallback"),
+            floors_evicted: metrics::counter!(
+                "durability_topology_client_version_floors_evicted_total"
+            ),
         }
     }
 }
@@ -550,6 +561,21 @@ impl<R> Inner<R> {
         now.saturating_add(ttl.max(1))
     }
 
+    /// The least recently used version floor made room for another: the
+    /// never-older guard of that (group, coordinator) lapsed, so this client
+    /// may serve an older snapshot of it than it served before.
+    fn floor_evicted(&self, group: &str, coordinator: &str, version: u64) {
+        self.metrics.floors_evicted.increment(1);
+        tracing::warn!(
+            event = "durability.topology_client.version_floor_evicted",
+            group,
+            coordinator,
+            version,
+            max_version_floors = self.config.max_floors,
+            "a version floor was evicted: this client no longer guards the group against an older snapshot from this coordinator"
+        );
+    }
+
     /// Records a finished read: a snapshot replaces the cached one unless it
     /// is an older version from the same coordinator; a snapshot older than
     /// the version floor of its coordinator (its cache entry was evicted) is
@@ -583,7 +609,12 @@ impl<R> Inner<R> {
                     })
                 }
                 _ => {
-                    cache.floors.put(key, snapshot.version);
+                    if let Some(((g, coordinator), version)) =
+                        cache.floors.push(key.clone(), snapshot.version)
+                        && (g.as_str(), coordinator.as_str()) != (key.0.as_str(), key.1.as_str())
+                    {
+                        self.floor_evicted(&g, &coordinator, version);
+                    }
                     Ok(snapshot)
                 }
             }
