@@ -134,7 +134,16 @@ impl MigrationConfig {
         self.journal_shard = Some(name.into());
         self
     }
-    /// Sets the journal scope (default `default`).
+    /// Sets the journal scope (default `default`): separate journals when
+    /// several shard sets share databases. Everything a scope keeps apart:
+    /// its operations, recovery lease, sightings, verification passes,
+    /// placement manifest and exceptions, and its movers' write holds (a
+    /// hold is per key, not per table, so it fences only routed writes of
+    /// its own scope). Tombstones and in-flight markers are per table and
+    /// key: two scopes that key the same table on one database share its
+    /// rows, so their keys must be disjoint (a key both route is one row,
+    /// and either scope's fence on it applies to both). Tests:
+    /// `tests/it/migration_scopes.rs`.
     pub fn journal_scope(mut self, scope: impl Into<String>) -> Self {
         self.journal_scope = scope.into();
         self
