@@ -10,16 +10,12 @@
 
 use std::sync::Arc;
 
-use crate::shards::{Env, Kind, env};
+use crate::shards::{Env, SAME, env};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
     Clock as _, MappingStore, MemoryMappingStore, MigrationConfig, MoveState, Router, Row,
     Statement, Value, VerifyOptions, row,
 };
-
-use Kind::{MySql, Postgres, Sqlite};
-
-const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
 
 /// Set `a`: the harness's mapping store, scope `a`, table `users`.
 fn config_a(e: &Env) -> MigrationConfig {

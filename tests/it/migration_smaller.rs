@@ -7,17 +7,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, env, router_on};
+use crate::shards::{Env, Kind, SAME, env, router_on, router_replacing};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
     BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
     RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
-
-use Kind::{MySql, Postgres, Sqlite};
-
-const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
 
 fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
@@ -30,13 +26,6 @@ fn bytes(v: Option<&Value>) -> &[u8] {
         Some(Value::Blob(b)) => b,
         other => panic!("not text: {other:?}"),
     }
-}
-
-/// A router over `e` whose shard `name` is `shard` instead.
-async fn router_replacing(e: &Env, name: &str, shard: Arc<dyn Shard>) -> Router {
-    let r = Router::new(e.config(false, 30_000).shard(name, shard)).unwrap();
-    r.init().await.unwrap();
-    r
 }
 
 fn is_copy(stmts: &[Statement]) -> bool {
