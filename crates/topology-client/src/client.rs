@@ -155,9 +155,9 @@ impl ClientConfig {
     /// group's cache entry, so a group read again after its entry was
     /// evicted never comes back older. The guarantee holds for at most this
     /// many pairs: past the bound the least recently used floor is evicted
-    /// (the event `durability.topology_client.version_floor_evicted` and the
-    /// counter `durability_topology_client_version_floors_evicted_total`),
-    /// and that pair may then be served older than before.
+    /// (the event `durability.topology_client.version_floor_evicted`,
+    /// counted by [`TopologyClient::version_floors_evicted`]), and that pair
+    /// may then be served older than before.
     #[must_use]
     pub fn max_version_floors(mut self, n: usize) -> Self {
         self.max_floors = n;
@@ -214,6 +214,8 @@ struct Cache {
     /// (group, coordinator) → the highest version served: the never-older
     /// guard, bounded apart from (and far beyond) the groups.
     floors: LruCache<(String, String), u64>,
+    /// How many floors were evicted to make room (each ended a guard).
+    floors_evicted: u64,
 }
 
 struct Inner<R> {
@@ -232,7 +234,6 @@ struct ClientMetrics {
     stale_if_error: metrics::Counter,
     seed: metrics::Counter,
     fallback: metrics::Counter,
-    floors_evicted: metrics::Counter,
 }
 
 impl ClientMetrics {
@@ -245,9 +246,6 @@ impl ClientMetrics {
             stale_if_error: fallbacks("stale_if_error"),
             seed: fallbacks("seed"),
             fallback: fallbacks("fallback"),
-            floors_evicted: metrics::counter!(
-                "durability_topology_client_version_floors_evicted_total"
-            ),
         }
     }
 }
@@ -373,6 +371,7 @@ impl<R: ReadStore> TopologyClient<R> {
                 cache: Mutex::new(Cache {
                     groups: LruCache::new(max),
                     floors: LruCache::new(floors),
+                    floors_evicted: 0,
                 }),
                 metrics: ClientMetrics::new(),
             }),
@@ -387,6 +386,13 @@ impl<R: ReadStore> TopologyClient<R> {
     /// How many version floors are kept now (at most the configured bound).
     pub fn version_floors(&self) -> usize {
         self.inner.lock().floors.len()
+    }
+
+    /// How many version floors this client evicted to make room, each
+    /// ending the never-older guard of its (group, coordinator) pair (each
+    /// also logged as `durability.topology_client.version_floor_evicted`).
+    pub fn version_floors_evicted(&self) -> u64 {
+        self.inner.lock().floors_evicted
     }
 
     /// The group's topology: from cache, or one store read shared by every
@@ -564,14 +570,18 @@ impl<R> Inner<R> {
     /// The least recently used version floor made room for another: the
     /// never-older guard of that (group, coordinator) lapsed, so this client
     /// may serve an older snapshot of it than it served before.
-    fn floor_evicted(&self, group: &str, coordinator: &str, version: u64) {
-        self.metrics.floors_evicted.increment(1);
+    fn floor_evicted(
+        cache: &mut Cache,
+        max_floors: usize,
+        (group, coordinator, version): (&str, &str, u64),
+    ) {
+        cache.floors_evicted = cache.floors_evicted.saturating_add(1);
         tracing::warn!(
             event = "durability.topology_client.version_floor_evicted",
             group,
             coordinator,
             version,
-            max_version_floors = self.config.max_floors,
+            max_version_floors = max_floors,
             "a version floor was evicted: this client no longer guards the group against an older snapshot from this coordinator"
         );
     }
@@ -613,7 +623,8 @@ impl<R> Inner<R> {
                         cache.floors.push(key.clone(), snapshot.version)
                         && (g.as_str(), coordinator.as_str()) != (key.0.as_str(), key.1.as_str())
                     {
-                        self.floor_evicted(&g, &coordinator, version);
+                        let max = self.config.max_floors;
+                        Self::floor_evicted(cache, max, (&g, &coordinator, version));
                     }
                     Ok(snapshot)
                 }

@@ -26,9 +26,9 @@
 //!   guarantee is bounded: past 100,000 (group, coordinator) pairs (or the
 //!   configured [`ClientConfig::max_version_floors`]) the least recently
 //!   used floor is evicted, reported by the event
-//!   `durability.topology_client.version_floor_evicted` and the counter
-//!   `durability_topology_client_version_floors_evicted_total`, and that
-//!   pair may then be served older than before.
+//!   `durability.topology_client.version_floor_evicted` and counted by
+//!   [`TopologyClient::version_floors_evicted`], and that pair may then be
+//!   served older than before.
 //!
 //! # Example
 //!
