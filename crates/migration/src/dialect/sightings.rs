@@ -22,12 +22,15 @@ pub(crate) enum Watched<'a> {
     Op(&'a str),
 }
 
+/// The `kind` of an operation's sightings.
+const OP: &str = "op";
+
 impl<'a> Watched<'a> {
     /// Its `(kind, id)` in the table.
     fn parts(self) -> (&'static str, &'a str) {
         match self {
             Self::Lease => ("lease", ""),
-            Self::Op(id) => ("op", id),
+            Self::Op(id) => (OP, id),
         }
     }
 }
@@ -139,7 +142,7 @@ impl JournalSql<'_> {
             .raw(" WHERE scope = ")
             .bind(self.scope)
             .raw(" AND kind = ")
-            .bind(Watched::Op("").parts().0)
+            .bind(OP)
             .raw(" AND id NOT IN (SELECT op_id FROM ")
             .raw(names::OPS)
             .raw(" WHERE scope = ")
