@@ -20,6 +20,8 @@ mod migration_model;
 mod migration_placement;
 mod migration_refusals;
 mod migration_review;
+mod migration_scopes;
+mod migration_seed_branches;
 mod migration_smaller;
 mod migration_stuck;
 mod outbox;

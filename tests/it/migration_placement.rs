@@ -619,10 +619,31 @@ async fn moved_key_exception(kinds: [Kind; 3]) {
     );
     assert_eq!(other.update(k, "users", user(2)).await.unwrap(), 1);
     assert_eq!(home(&e, k).await, target);
-    // Moving back to the computed owner records no exception.
+    // A router that confirms the manifest on every call caches the key's
+    // mapping (its exception) for its mapping cache TTL.
+    let confirming = computed(&e, false, 0).await;
+    assert_eq!(
+        n_of(&confirming.get(k, "users").await.unwrap().unwrap()),
+        Some(2)
+    );
+    assert_eq!(confirming.route(k).await.unwrap().as_deref(), Some(target));
+    // Moving back to the computed owner deletes the exception and bumps
+    // the exception version (before, it deleted it without a bump, and
+    // every other router kept routing the key to the shard it left, one
+    // extra hop per call, until its mapping cache expired).
     r.reassign_shard(k, &owner, "users").await.unwrap();
     let back = r.manifest_from_journal().await.unwrap();
-    assert_eq!(back.exception_version, after.exception_version);
+    assert_eq!(
+        back.exception_version,
+        after.exception_version + 1,
+        "deleting the exception bumps"
+    );
+    confirming.manifest().await.unwrap();
+    assert_eq!(
+        confirming.route(k).await.unwrap().as_deref(),
+        Some(owner.as_str()),
+        "the other router dropped its cached mapping of the key"
+    );
     assert_eq!(
         n_of(&other.get(k, "users").await.unwrap().unwrap()),
         Some(2)

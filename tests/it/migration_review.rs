@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Kind, SAME, clean_verify, env, is_cutover, router_replacing};
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard, repair};
 use durability_migration::{
     BackendError, BoxFuture, Ident, Router, Row, Shard, Statement, Value, row,
@@ -16,23 +16,8 @@ use durability_migration::{
 
 use Kind::{MySql, Postgres, Sqlite};
 
-const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
-
 fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
-}
-
-/// A router over `e` whose shard `name` is `shard` instead.
-async fn router_replacing(e: &Env, name: &str, shard: Arc<dyn Shard>) -> Router {
-    let r = Router::new(e.config(false, 30_000).shard(name, shard)).unwrap();
-    r.init().await.unwrap();
-    r
-}
-
-fn is_cutover(stmts: &[Statement]) -> bool {
-    stmts
-        .iter()
-        .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
 }
 
 /// What the hook on a move's source does just before its cutover batch.

@@ -7,17 +7,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, env, router_on};
+use crate::shards::{Env, Kind, SAME, env, router_on, router_replacing};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
     BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
     RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
-
-use Kind::{MySql, Postgres, Sqlite};
-
-const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
 
 fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
@@ -30,13 +26,6 @@ fn bytes(v: Option<&Value>) -> &[u8] {
         Some(Value::Blob(b)) => b,
         other => panic!("not text: {other:?}"),
     }
-}
-
-/// A router over `e` whose shard `name` is `shard` instead.
-async fn router_replacing(e: &Env, name: &str, shard: Arc<dyn Shard>) -> Router {
-    let r = Router::new(e.config(false, 30_000).shard(name, shard)).unwrap();
-    r.init().await.unwrap();
-    r
 }
 
 fn is_copy(stmts: &[Statement]) -> bool {
@@ -661,5 +650,76 @@ async fn a_move_losing_the_claim_itself_gets_the_conflict_code() {
         let live = e.live("users", "id", "u1").await;
         assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
         assert_eq!(live[0].0, "s0", "{kinds:?}");
+    }
+}
+
+/// Issue 32 item 11: routers built fresh for every call (a cron job, the
+/// one-shot CLI), each on another clock domain than the crashed recovery
+/// and the dead mover, take the lease over at a higher generation and then
+/// settle the move, once the sightings they persisted in the journal are a
+/// period old on the journal database's clock (PostgreSQL
+/// `clock_timestamp()`, MariaDB `NOW(6)`, SQLite the machine's clock). The
+/// test ages the sightings instead of waiting. Before, every fresh router
+/// got `RECOVERY_IN_PROGRESS` forever; their own clocks (here frozen, one
+/// far ahead) never matter.
+#[tokio::test]
+async fn fresh_routers_take_a_crashed_recovery_over_on_the_journals_clock() {
+    for kinds in SAME {
+        let Some(e) = env(&kinds).await else { continue };
+        let (_mover, op_id) = interrupted_on_host_a(&e).await;
+        lease_left_on_host_a(&e).await;
+        let fresh = |offset: i64| {
+            let clock = ManualClock::new(e.clock.now_ms() + offset);
+            let e = &e;
+            async move { router_on(e, &clock, "cron", false).await }
+        };
+        for offset in [0, 600_000, -600_000, 0, 0] {
+            assert!(
+                in_progress(fresh(offset).await.recover_migrations().await),
+                "{kinds:?}: a fresh router at {offset} ms"
+            );
+        }
+        let age = |ms: i64| {
+            Statement::new(format!(
+                "UPDATE durability_migration_sightings SET since_ms = since_ms - {ms}"
+            ))
+        };
+        let journal = e.shard("s0");
+        // Short of a period on the journal's clock: still in progress.
+        assert_eq!(
+            journal
+                .execute(&age(RECOVERY_LEASE_MS as i64 - 10_000))
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(in_progress(fresh(0).await.recover_migrations().await));
+        journal.execute(&age(10_000)).await.unwrap();
+        let rep = fresh(0).await.recover_migrations().await.unwrap();
+        assert_eq!(rep.generation, 2, "{kinds:?}: taken over");
+        assert_eq!(rep.skipped, vec![op_id.clone()], "{kinds:?}: first sight");
+        assert_eq!(
+            journal
+                .execute(&age(MOVE_LIVENESS_MS as i64))
+                .await
+                .unwrap(),
+            2,
+            "{kinds:?}: the lease's and the move's sightings"
+        );
+        let rep = fresh(0).await.recover_migrations().await.unwrap();
+        assert_eq!(rep.generation, 3, "{kinds:?}");
+        assert_eq!(rep.committed, vec![op_id.clone()], "{kinds:?}: {rep:?}");
+        let live = e.live("users", "id", "u1").await;
+        assert_eq!(live.len(), 1, "{kinds:?}: {live:?}");
+        assert_eq!(live[0].0, "s1", "{kinds:?}");
+        // The finished operation's sighting is gone with it.
+        let left = journal
+            .query(&Statement::new(
+                "SELECT kind FROM durability_migration_sightings",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 1, "{kinds:?}: only the lease's: {left:?}");
+        crate::shards::clean_verify(&fresh(0).await).await;
     }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use durability_migration::conformance::harness::Harness;
 pub(crate) use durability_migration::conformance::harness::clean_verify;
-use durability_migration::{ManualClock, MappingStore, MemoryMappingStore, Router, Shard};
+use durability_migration::{
+    ManualClock, MappingStore, MemoryMappingStore, Router, Shard, Statement,
+};
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
 use durability_storage_postgres::testkit::TestSchema;
@@ -118,4 +120,27 @@ pub(crate) async fn router_on(e: &Env, clock: &ManualClock, domain: &str, faulty
     .unwrap();
     r.init().await.unwrap();
     r
+}
+
+/// Two shards of one dialect, for each dialect.
+pub(crate) const SAME: [[Kind; 2]; 3] = [
+    [Kind::Sqlite, Kind::Sqlite],
+    [Kind::Postgres, Kind::Postgres],
+    [Kind::MySql, Kind::MySql],
+];
+
+/// A router over `e` whose shard `name` is `shard` instead.
+pub(crate) async fn router_replacing(e: &Env, name: &str, shard: Arc<dyn Shard>) -> Router {
+    let r = Router::new(e.config(false, 30_000).shard(name, shard)).unwrap();
+    r.init().await.unwrap();
+    r
+}
+
+/// A move's cutover batch on its source: it archives into
+/// `durability_retired` (the copy batch, which writes the in-flight
+/// markers, runs on the destination).
+pub(crate) fn is_cutover(stmts: &[Statement]) -> bool {
+    stmts
+        .iter()
+        .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
 }

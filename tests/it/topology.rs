@@ -712,6 +712,110 @@ async fn members_are_retried_independently_and_a_hanging_member_only_holds_its_b
     assert_eq!(t.pending().unwrap(), 0);
 }
 
+/// Issue 32 item 14: a delivery still running at its attempt timeout is
+/// dropped, not left running (the seed's promise would keep going): the
+/// member's future stops at the await point it hung on, its drop glue runs
+/// and nothing after that point does; the update stays pending and the
+/// retry delivers the same version. So `deliver` must be cancel-safe (the
+/// `DeliverFn` docs).
+#[tokio::test]
+async fn a_timed_out_delivery_is_dropped_at_its_await_point_and_retried_with_its_version() {
+    let w = world();
+    let t = w.c.topology.clone();
+    w.members.set_mode("h", MemberMode::Hang);
+    w.seed(vec![MemberInput::active("h")], "limits", json!(1))
+        .await;
+    let t2 = t.clone();
+    with_clock(&w.clock, async move { t2.deliver_due().await.unwrap() }).await;
+    let started = w.members.started.lock().unwrap().clone();
+    assert_eq!(started.len(), 1, "one call started: {started:?}");
+    assert_eq!(
+        *w.members.dropped.lock().unwrap(),
+        started,
+        "its future was dropped at the timeout"
+    );
+    assert!(
+        w.members.received("h").is_empty(),
+        "nothing past the await point ran"
+    );
+    assert_eq!(t.pending().unwrap(), 1, "the update stays pending");
+    w.members.set_mode("h", MemberMode::Ok);
+    w.clock.advance(2_000);
+    t.deliver_due().await.unwrap();
+    let got = w.members.received("h");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].version, started[0].1, "retried with its version");
+    assert_eq!(w.members.applied("h", "limits"), Some(json!(1)));
+    assert_eq!(w.members.dropped.lock().unwrap().len(), 1);
+    assert_eq!(t.pending().unwrap(), 0);
+}
+
+/// Issue 32 item 12: a pending publication whose stored row is corrupt (a
+/// version or attempt out of range: quarantined by the outbox; a value
+/// that does not decode: dead-lettered) is replaced by the coordinator's
+/// newest snapshot, so the store reaches it, across deliveries and a
+/// restart (the coordinator reopened from its file). Before, the
+/// corruption was reported, the store stayed at v1 while the coordinator
+/// held v2, and nothing was pending.
+#[tokio::test]
+async fn a_corrupt_pending_publication_is_replaced_by_the_newest_snapshot() {
+    for damage in [
+        "UPDATE durability_outbox SET version = -5 WHERE channel = 'durability.topology'",
+        "UPDATE durability_outbox SET attempt = -1 WHERE channel = 'durability.topology'",
+        "UPDATE durability_outbox SET value = x'00ff17' WHERE channel = 'durability.topology'",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+        let members = Members::default();
+        {
+            let c = open(sqlite(&dir), &clock, &publisher, &members);
+            let t = &c.topology;
+            assert!(
+                t.update("g", |_| Draft::new().members(shards("g", 1)))
+                    .await
+                    .unwrap()
+                    .published
+            );
+            publisher.set_mode(PubMode::Fail(1));
+            let out = t
+                .update("g", |_| Draft::new().members(shards("g", 2)))
+                .await
+                .unwrap();
+            assert!(!out.published, "v2 stays pending");
+            assert_eq!(out.snapshot.version, 2);
+        }
+        let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
+        assert_eq!(raw.execute(damage, []).unwrap(), 1, "{damage}");
+        // Deliveries: the corrupt row is out of the way and v2 is written.
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        clock.advance(2_000);
+        for _ in 0..3 {
+            c.topology.deliver_due().await.unwrap();
+            idle().await;
+        }
+        assert_eq!(
+            publisher.published("g").await.unwrap().version,
+            2,
+            "{damage}: the newest snapshot reached the store"
+        );
+        assert_eq!(c.topology.pending().unwrap(), 0, "{damage}");
+        drop(c);
+        // A restart finds nothing stuck, and publication goes on.
+        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        c.topology.deliver_due().await.unwrap();
+        assert_eq!(c.topology.pending().unwrap(), 0, "{damage}");
+        assert_eq!(publisher.published("g").await.unwrap().version, 2);
+        let out = c
+            .topology
+            .update("g", |_| Draft::new().members(shards("g", 3)))
+            .await
+            .unwrap();
+        assert!(out.published, "{damage}");
+        assert_eq!(publisher.published("g").await.unwrap().version, 3);
+    }
+}
+
 // ---- Crash injection ----
 
 fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {

@@ -27,6 +27,15 @@
 //! PostgreSQL schema. The mapping store's `durability_mapping` table and
 //! the journal tables must exist (the service's `Router::init` creates
 //! them): the CLI never creates them.
+//!
+//! `clock_domain` (optional) names the clock domain of the routers whose
+//! deadlines the CLI may judge on its own clock (run on their host). Without
+//! it, every run is a domain of its own and remembers nothing, yet
+//! `migrations recover` still takes a crashed recovery's lease over (and
+//! settles a dead mover's operation): each run persists in the journal when
+//! it first saw the lease or operation as it is, on the journal database's
+//! own clock, and a run after that sighting is a period old (60 s for the
+//! lease, 30 s for an operation) takes it over at a higher generation.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -319,10 +319,20 @@ impl Router {
     /// released lease at once), and a move owned outside the domain is
     /// settled only once this router saw its journal row unchanged for
     /// [`MOVE_LIVENESS_MS`](crate::MOVE_LIVENESS_MS) (so a first call
-    /// skips it; see [`crate::MigrationConfig::clock_domain`]). Call it
-    /// after any deploy or crash that may have interrupted a move; a
-    /// scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS` as
-    /// success.
+    /// skips it; see [`crate::MigrationConfig::clock_domain`]). "Saw
+    /// unchanged" is measured on this router's clock in its memory, or on
+    /// the journal database's own clock from the first sighting any router
+    /// persisted in the journal (`durability_migration_sightings`), so a
+    /// router built fresh for every call (a cron job, the one-shot CLI)
+    /// takes a crashed recovery's lease over at a higher generation, and
+    /// settles a dead mover's operation, on its first call after the
+    /// sighting is a period old; whichever judgement lapses first counts.
+    /// Call it after any deploy or crash that may have interrupted a move;
+    /// a scheduler calling it on every tick treats `RECOVERY_IN_PROGRESS`
+    /// as success. A journal created before sightings gains their table at
+    /// [`Router::init`]; until then a sighting that cannot be written is
+    /// logged (`durability.migration.sighting_failed`) and only this
+    /// router's memory judges.
     ///
     /// # Errors
     /// `JOURNAL_NOT_CONFIGURED`, `RECOVERY_IN_PROGRESS` while another

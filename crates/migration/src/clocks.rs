@@ -11,10 +11,24 @@
 //! lapsed. So a router whose clock runs ahead never takes a live row for
 //! lapsed, and one whose clock runs behind still sees a dead one lapse.
 //! Clock offsets never matter; clock rates are assumed equal.
+//!
+//! The recovery lease and an operation's liveness are watched twice
+//! ([`Core::lapsed_journaled`]): in this router's memory, on its own clock,
+//! and in the journal (`durability_migration_sightings`), on the journal
+//! database's own clock (PostgreSQL `clock_timestamp()`, MariaDB `NOW(6)`,
+//! SQLite the clock of the machine holding the file). Either judgement is
+//! one clock's reading of how long the row stood still, so either lapses
+//! it. The journal's is what lets a router built fresh on every call (a
+//! cron job, the one-shot CLI), which remembers nothing, take a crashed
+//! recovery's lease over and settle a dead mover's operation once the
+//! first sighting is a period old. A write hold on a data shard is watched
+//! in memory only (recovery ends a dead mover's hold with its operation).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::dialect::{JournalSql, Watched};
+use crate::journal::Guard;
 use crate::router::Core;
 
 /// At most this many rows are watched at once; past it the sightings start
@@ -97,6 +111,73 @@ impl Core {
         } else {
             seen.stood_still(id, token, now, period_ms)
         }
+    }
+
+    /// [`Core::lapsed`] for a row of the journal (`watched`, as `token`):
+    /// a row written on another clock lapses once it stood still for
+    /// `period_ms` on this router's clock (in memory) or on the journal
+    /// database's clock (a sighting persisted in the journal, so it
+    /// outlives this router). `guard`: the recovery lease the sighting is
+    /// written under (none before the lease is taken).
+    pub(crate) async fn lapsed_journaled(
+        &self,
+        seen: &Sightings,
+        (owner, until): (&str, i64),
+        (watched, token): (Watched<'_>, &str),
+        period_ms: u64,
+        guard: Option<&Guard>,
+    ) -> bool {
+        let now = self.now();
+        if self.same_clock(owner) {
+            return now >= until;
+        }
+        let id = match watched {
+            Watched::Lease => self.scope.as_str(),
+            Watched::Op(id) => id,
+        };
+        let in_memory = seen.stood_still(id, token, now, period_ms);
+        match self.journal_stood_still(watched, token, guard).await {
+            Ok(age) => {
+                in_memory || age.is_some_and(|a| a >= i64::try_from(period_ms).unwrap_or(i64::MAX))
+            }
+            Err(error) => {
+                tracing::warn!(
+                    event = "durability.migration.sighting_failed",
+                    scope = %self.scope,
+                    %error,
+                    "a sighting could not be recorded in the journal; judged on this router's memory only"
+                );
+                in_memory
+            }
+        }
+    }
+
+    /// Records the sighting of `watched` as `token` in the journal and
+    /// returns how long it has been seen so on the journal database's clock
+    /// (`None` when the sighting was not written: the lease was lost).
+    async fn journal_stood_still(
+        &self,
+        watched: Watched<'_>,
+        token: &str,
+        guard: Option<&Guard>,
+    ) -> crate::error::Result<Option<i64>> {
+        let (jname, js) = self.journal_shard()?;
+        let d = js.dialect();
+        let q = JournalSql {
+            d: &d,
+            scope: &self.scope,
+        };
+        let shard_err = |e| crate::error::MigrationError::shard(jname, e);
+        js.batch(&q.sighting_note(watched, token, guard, self.now()))
+            .await
+            .map_err(shard_err)?;
+        let rows = js
+            .query(&q.sighting_age(watched, token))
+            .await
+            .map_err(shard_err)?;
+        rows.first()
+            .map(|r| crate::journal::int(r, "age_ms"))
+            .transpose()
     }
 }
 

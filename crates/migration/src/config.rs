@@ -134,7 +134,16 @@ impl MigrationConfig {
         self.journal_shard = Some(name.into());
         self
     }
-    /// Sets the journal scope (default `default`).
+    /// Sets the journal scope (default `default`): separate journals when
+    /// several shard sets share databases. Everything a scope keeps apart:
+    /// its operations, recovery lease, sightings, verification passes,
+    /// placement manifest and exceptions, and its movers' write holds (a
+    /// hold is per key, not per table, so it fences only routed writes of
+    /// its own scope). Tombstones and in-flight markers are per table and
+    /// key: two scopes that key the same table on one database share its
+    /// rows, so their keys must be disjoint (a key both route is one row,
+    /// and either scope's fence on it applies to both). Tests:
+    /// `tests/it/migration_scopes.rs`.
     pub fn journal_scope(mut self, scope: impl Into<String>) -> Self {
         self.journal_scope = scope.into();
         self
@@ -233,7 +242,10 @@ impl MigrationConfig {
     /// hold unchanged for its window. So a router whose clock runs ahead
     /// never takes a live row for lapsed, and one whose clock runs behind
     /// does not wait out the skew. Without a domain, a router is a domain of
-    /// its own.
+    /// its own. The lease and a move's row are also watched on the journal
+    /// database's own clock, through sightings persisted in the journal, so
+    /// routers built fresh for every call settle them too (see
+    /// [`crate::Router::recover_migrations`]).
     pub fn clock_domain(mut self, name: impl Into<String>) -> Self {
         self.clock_domain = Some(name.into());
         self

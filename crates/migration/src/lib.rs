@@ -1,4 +1,13 @@
-//! Routed shards and journaled key moves, on any SQL dialect.
+//! Routed shards and journaled key moves on SQLite, PostgreSQL and MariaDB.
+//!
+//! Moves run only between shards on a proven [`Dialect`] (`Sqlite`,
+//! `Postgres`, `MySql`); any other dialect routes reads, writes and raw
+//! statements, and every move refuses with `MIGRATION_UNSUPPORTED_DIALECT`.
+//! What is tested: SQLite (files and `:memory:`), PostgreSQL 15 and
+//! MariaDB, each alone and mixed, by the conformance suites, the crash
+//! harness and the model campaign. `Dialect::MySql` is the dialect MariaDB
+//! speaks; MySQL proper (Oracle's server) is untested: its SQL is meant to
+//! be the same, but no test has run against it.
 //!
 //! A [`Router`] is built from a [`MigrationConfig`]: a [`MappingStore`]
 //! (key → shard), named [`Shard`]s, a hash [`Strategy`], the journal shard

@@ -9,7 +9,7 @@
 //! | `cutover_pending` | cutover check: source unchanged → run the cutover again; changed → abort; gone → the archive decides: present → check the destination, publish; absent → abort |
 //! | `committed`, `published` | finish: publish, retire, release |
 //! | `retired`, `aborted` with claims left | release the claims |
-//! | any, mover still live (same clock domain: its deadline not passed; otherwise: first seen, or its row changed, less than `MOVE_LIVENESS_MS` ago on this router's clock) | skip |
+//! | any, mover still live (same clock domain: its deadline not passed; otherwise: first seen, or its row changed, less than `MOVE_LIVENESS_MS` ago on this router's clock and on the journal database's clock, where the first sighting is persisted) | skip |
 //!
 //! Every abort drops the destination copy (the rows of the key still under
 //! the operation's in-flight marker, and rows equal to the journaled
@@ -17,7 +17,7 @@
 //! recovery that lost its lease writes nothing more to the journal and
 //! returns `RECOVERY_FENCED`.
 
-use crate::dialect::JournalSql;
+use crate::dialect::{JournalSql, Watched};
 use crate::error::{MigrationError, Result};
 use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS};
 use crate::moves::{MoveCtx, Stage};
@@ -107,12 +107,15 @@ impl Core {
                 // router saw it unchanged for the lease's whole period.
                 let token = format!("{held_by}|{gen_}|{seen}");
                 if seen > 0
-                    && !self.lapsed(
-                        &self.lease_seen,
-                        (&held_by, seen),
-                        (&self.scope, &token),
-                        RECOVERY_LEASE_MS,
-                    )
+                    && !self
+                        .lapsed_journaled(
+                            &self.lease_seen,
+                            (&held_by, seen),
+                            (Watched::Lease, &token),
+                            RECOVERY_LEASE_MS,
+                            None,
+                        )
+                        .await
                 {
                     return Err(in_progress());
                 }
@@ -259,6 +262,15 @@ impl Core {
         let active: std::collections::HashSet<&str> =
             report.examined.iter().map(String::as_str).collect();
         self.liveness_seen.retain(|op_id| active.contains(op_id));
+        // Best effort: a leftover sighting only costs a row.
+        if let Err(error) = js.execute(&q.sightings_prune(&guard, self.now())).await {
+            tracing::warn!(
+                event = "durability.migration.sighting_failed",
+                scope = %self.scope,
+                %error,
+                "the sightings of finished operations could not be pruned"
+            );
+        }
         // Finished operations whose claims were left behind.
         let rows = js
             .query(&q.terminal_claims())
@@ -293,12 +305,16 @@ impl Core {
             op.updated_ms,
             op.live_until_ms
         );
-        if !self.lapsed(
-            &self.liveness_seen,
-            (&op.owner, op.live_until_ms),
-            (&op.op_id, &token),
-            MOVE_LIVENESS_MS,
-        ) {
+        if !self
+            .lapsed_journaled(
+                &self.liveness_seen,
+                (&op.owner, op.live_until_ms),
+                (Watched::Op(&op.op_id), &token),
+                MOVE_LIVENESS_MS,
+                Some(guard),
+            )
+            .await
+        {
             return Ok(Outcome::Skipped);
         }
         let ctx = MoveCtx::from_op(self, op, guard.clone())?;

@@ -1075,12 +1075,19 @@ impl Core {
             let st = match &kind {
                 WriteKind::Insert(r) | WriteKind::Upsert(r) => {
                     let up = matches!(kind, WriteKind::Upsert(_)).then_some(&spec.key_col);
-                    d.guarded_insert(&spec.name, key, &row_idents(r)?, up, g)
+                    d.guarded_insert(&spec.name, key, &row_idents(r)?, up, g, Some(&self.scope))
                 }
-                WriteKind::Update(r) => {
-                    d.guarded_update(&spec.name, &spec.key_col, key, &row_idents(r)?, g)
+                WriteKind::Update(r) => d.guarded_update(
+                    &spec.name,
+                    &spec.key_col,
+                    key,
+                    &row_idents(r)?,
+                    g,
+                    Some(&self.scope),
+                ),
+                WriteKind::Delete => {
+                    d.guarded_delete(&spec.name, &spec.key_col, key, g, Some(&self.scope))
                 }
-                WriteKind::Delete => d.guarded_delete(&spec.name, &spec.key_col, key, g),
             };
             let n = shard
                 .execute(&st)
@@ -1232,7 +1239,7 @@ impl Core {
         };
         let (name, shard) = self.shard_named(shard_name)?;
         let d = shard.dialect();
-        let rows = match shard.query(&d.hold_query(key)).await {
+        let rows = match shard.query(&d.hold_query(key, &self.scope)).await {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(

@@ -78,6 +78,12 @@ impl<T> Entry<T> {
 }
 
 /// Where a channel publishes. Calls for one channel never overlap.
+///
+/// The future `publish` returns must be cancel-safe: at the attempt
+/// timeout it is dropped (it stops at the await point it is parked on and
+/// only its drop glue runs), and every entry of the batch is retried later
+/// with its version, so a request it already sent may still land after a
+/// newer one. Sinks ignore versions older than the newest they applied.
 pub trait Sink<T>: Send + Sync + 'static {
     /// Publishes a batch. `Ok` acknowledges every entry that did not call
     /// [`Entry::retry`]; `Err` retries the whole batch.

@@ -23,7 +23,9 @@ pub const DEFAULT_READ_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_MAX_GROUPS: usize = 10_000;
 /// Default bound of the version floors: 100,000 (group, coordinator) pairs,
 /// least recently used evicted. A floor is a few dozen bytes, so it outlives
-/// the cache entry of its group by far.
+/// the cache entry of its group by far; an evicted floor ends the
+/// never-older guard of its pair and is reported
+/// (`durability.topology_client.version_floor_evicted`).
 pub const DEFAULT_MAX_VERSION_FLOORS: usize = 100_000;
 
 /// Derives a group's members locally, without I/O (`None`: no seed for it).
@@ -147,10 +149,15 @@ impl ClientConfig {
         self.max_groups = n;
         self
     }
-    /// The most (group, coordinator) version floors kept. A floor is the
-    /// highest version served for the group from that coordinator; it
-    /// outlives the group's cache entry, so a group read again after its
-    /// entry was evicted never comes back older.
+    /// The most (group, coordinator) version floors kept (default
+    /// [`DEFAULT_MAX_VERSION_FLOORS`], 100,000). A floor is the highest
+    /// version served for the group from that coordinator; it outlives the
+    /// group's cache entry, so a group read again after its entry was
+    /// evicted never comes back older. The guarantee holds for at most this
+    /// many pairs: past the bound the least recently used floor is evicted
+    /// (the event `durability.topology_client.version_floor_evicted`,
+    /// counted by [`TopologyClient::version_floors_evicted`]), and that pair
+    /// may then be served older than before.
     #[must_use]
     pub fn max_version_floors(mut self, n: usize) -> Self {
         self.max_floors = n;
@@ -207,6 +214,8 @@ struct Cache {
     /// (group, coordinator) → the highest version served: the never-older
     /// guard, bounded apart from (and far beyond) the groups.
     floors: LruCache<(String, String), u64>,
+    /// How many floors were evicted to make room (each ended a guard).
+    floors_evicted: u64,
 }
 
 struct Inner<R> {
@@ -362,6 +371,7 @@ impl<R: ReadStore> TopologyClient<R> {
                 cache: Mutex::new(Cache {
                     groups: LruCache::new(max),
                     floors: LruCache::new(floors),
+                    floors_evicted: 0,
                 }),
                 metrics: ClientMetrics::new(),
             }),
@@ -376,6 +386,13 @@ impl<R: ReadStore> TopologyClient<R> {
     /// How many version floors are kept now (at most the configured bound).
     pub fn version_floors(&self) -> usize {
         self.inner.lock().floors.len()
+    }
+
+    /// How many version floors this client evicted to make room, each
+    /// ending the never-older guard of its (group, coordinator) pair (each
+    /// also logged as `durability.topology_client.version_floor_evicted`).
+    pub fn version_floors_evicted(&self) -> u64 {
+        self.inner.lock().floors_evicted
     }
 
     /// The group's topology: from cache, or one store read shared by every
@@ -550,6 +567,25 @@ impl<R> Inner<R> {
         now.saturating_add(ttl.max(1))
     }
 
+    /// The least recently used version floor made room for another: the
+    /// never-older guard of that (group, coordinator) lapsed, so this client
+    /// may serve an older snapshot of it than it served before.
+    fn floor_evicted(
+        cache: &mut Cache,
+        max_floors: usize,
+        (group, coordinator, version): (&str, &str, u64),
+    ) {
+        cache.floors_evicted = cache.floors_evicted.saturating_add(1);
+        tracing::warn!(
+            event = "durability.topology_client.version_floor_evicted",
+            group,
+            coordinator,
+            version,
+            max_version_floors = max_floors,
+            "a version floor was evicted: this client no longer guards the group against an older snapshot from this coordinator"
+        );
+    }
+
     /// Records a finished read: a snapshot replaces the cached one unless it
     /// is an older version from the same coordinator; a snapshot older than
     /// the version floor of its coordinator (its cache entry was evicted) is
@@ -583,7 +619,13 @@ impl<R> Inner<R> {
                     })
                 }
                 _ => {
-                    cache.floors.put(key, snapshot.version);
+                    if let Some(((g, coordinator), version)) =
+                        cache.floors.push(key.clone(), snapshot.version)
+                        && (g.as_str(), coordinator.as_str()) != (key.0.as_str(), key.1.as_str())
+                    {
+                        let max = self.config.max_floors;
+                        Self::floor_evicted(cache, max, (&g, &coordinator, version));
+                    }
                     Ok(snapshot)
                 }
             }

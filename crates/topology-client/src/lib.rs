@@ -20,9 +20,15 @@
 //!   bounded ([`DEFAULT_MAX_GROUPS`] groups, least recently used evicted).
 //!   The never-older guard does not live in the cache entry: a version floor
 //!   per (group, coordinator), bounded separately
-//!   ([`DEFAULT_MAX_VERSION_FLOORS`]), outlives eviction, so a group read
-//!   again after its entry was evicted is never served older than before
-//!   ([`UnavailableReason::Regressed`] instead).
+//!   ([`DEFAULT_MAX_VERSION_FLOORS`], 100,000 pairs), outlives eviction,
+//!   so a group read again after its entry was evicted is never served
+//!   older than before ([`UnavailableReason::Regressed`] instead). The
+//!   guarantee is bounded: past 100,000 (group, coordinator) pairs (or the
+//!   configured [`ClientConfig::max_version_floors`]) the least recently
+//!   used floor is evicted, reported by the event
+//!   `durability.topology_client.version_floor_evicted` and counted by
+//!   [`TopologyClient::version_floors_evicted`], and that pair may then be
+//!   served older than before.
 //!
 //! # Example
 //!

@@ -580,3 +580,33 @@ fn cache_hits_store_reads_fallbacks_and_unavailable_reads_are_counted() {
         ]
     );
 }
+
+/// Issue 32 item 13: the never-older guard is bounded. Past the floor bound
+/// the least recently used floor is evicted and counted (with the event
+/// `durability.topology_client.version_floor_evicted`); that pair's guard
+/// has lapsed, so an older snapshot of it is served again, as the docs
+/// say. Before, the eviction was silent.
+#[tokio::test]
+async fn an_evicted_version_floor_is_reported_and_its_guard_lapses() {
+    let clock = ManualClock::new(START);
+    let store = Fake::new();
+    for g in ["g0", "g1", "g2"] {
+        store.put(g, enc(g, 7, "c", &["a"]));
+    }
+    let c = client(&store, config(&clock).max_groups(1).max_version_floors(2));
+    c.get("g0").await.unwrap();
+    c.get("g1").await.unwrap();
+    // A newer version of a kept floor replaces it: no eviction.
+    store.put("g1", enc("g1", 8, "c", &["a"]));
+    clock.advance(60_000);
+    c.get("g1").await.unwrap();
+    assert_eq!(c.version_floors_evicted(), 0);
+    c.get("g2").await.unwrap(); // evicts g0's floor
+    assert_eq!(c.version_floors_evicted(), 1);
+    assert_eq!(c.version_floors(), 2);
+    store.put("g0", enc("g0", 6, "c", &["old"]));
+    let served = c.get("g0").await.unwrap();
+    assert_eq!(served.version, 6, "g0's guard lapsed with its floor");
+    // g0's floor came back and evicted g1's.
+    assert_eq!(c.version_floors_evicted(), 2);
+}

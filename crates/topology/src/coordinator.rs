@@ -26,6 +26,8 @@ use crate::event::{TopologyEvent, TopologyEventHook, emit};
 use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
 
+mod lost;
+
 /// The publication channel: keyed by group.
 pub const PUBLICATION_CHANNEL: &str = "durability.topology";
 /// How long after its timeout an abandoned publisher write is assumed able
@@ -69,6 +71,20 @@ pub struct StateUpdate {
 
 /// Delivers one update to one member (an RPC, say). `Err` retries that
 /// member alone.
+///
+/// # Cancellation
+///
+/// The returned future must be cancel-safe. A delivery still running at
+/// its attempt timeout ([`StateChannel::attempt_timeout_ms`]) is dropped,
+/// not left running as the seed's promise is: it stops at the await point
+/// it was parked on, nothing after that point runs, its drop glue does,
+/// and the update is retried later with the same version (or a newer
+/// one). Whatever the member received before the drop may still be
+/// applied (a request already sent lands), so the member must apply only
+/// versions newer than the last it applied, and the future must leave
+/// nothing half-done when dropped (hold no lock or transaction of the
+/// member's across an await). Test: `tests/it/topology.rs`
+/// `a_timed_out_delivery_is_dropped_at_its_await_point_and_retried_with_its_version`.
 pub type DeliverFn =
     Arc<dyn Fn(Member, StateUpdate) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
@@ -105,7 +121,9 @@ impl StateChannel {
         self.role = role;
         self
     }
-    /// Maximum duration of one delivery (default: the topology's).
+    /// Maximum duration of one delivery (default: the topology's). A
+    /// delivery still running then is dropped (see [`DeliverFn`]: it must
+    /// be cancel-safe) and retried.
     #[must_use]
     pub fn attempt_timeout_ms(mut self, ms: u64) -> Self {
         self.attempt_timeout_ms = Some(ms);
@@ -541,12 +559,14 @@ where
             let mut publication = None;
             if let Some(p) = config.publisher {
                 let delay = config.publish_delay.or_else(|| config.delay.clone());
+                let restaging = lost::publication_hook(hook.clone(), weak.clone());
                 let cfg = channel_config(
                     PUBLICATION_CHANNEL.to_owned(),
                     publish_timeout,
                     delay,
-                    hook.as_ref(),
-                );
+                    Some(&restaging),
+                )
+                .dead_letter(lost::dead_letter(weak.clone()));
                 match Outbox::attach(scheduler, cfg, PublicationSink { core: weak.clone() }) {
                     Ok(o) => publication = Some(o),
                     Err(e) => failure = Some(e.into()),

@@ -188,6 +188,17 @@ impl fmt::Display for PublishError {
 /// A plain key-value store is enough for the publication guarantees within the
 /// landing window; a store that keeps only the highest version per group
 /// and coordinator removes that bound.
+///
+/// # Cancellation
+///
+/// The futures must be cancel-safe: a write that outlives its attempt
+/// timeout keeps running only while the object lives (it is then settled
+/// late), and the outbox drops the whole publication batch (every write in
+/// it) at its own deadline, twice the attempt timeout, as eviction does. A
+/// dropped call counts as an unknown outcome: its durable write record
+/// holds newer writes back until its landing deadline, so a dropped
+/// future may have sent its request, but must not leave the store in a
+/// state a completed or refused call could not.
 pub trait Publisher: Send + Sync + 'static {
     /// Stores `encoded` as is under `snapshot.group`: it is what the client
     /// reads.

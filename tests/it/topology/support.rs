@@ -157,6 +157,19 @@ pub struct Members {
     /// Counts updates offered with an older version than the member applied
     /// (the member ignores them).
     pub regressions: Arc<AtomicUsize>,
+    /// Every call that started, (member, version), in order.
+    pub started: Arc<Mutex<Vec<(String, u64)>>>,
+    /// Every hanging call whose future was dropped, (member, version).
+    pub dropped: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+/// Records its call as dropped when a hanging delivery's future goes.
+struct DropGuard(Arc<Mutex<Vec<(String, u64)>>>, (String, u64));
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push(self.1.clone());
+    }
 }
 
 impl Members {
@@ -201,7 +214,12 @@ impl Members {
         match mode {
             MemberMode::Ok => {}
             MemberMode::Fail => return Err("member down".into()),
-            MemberMode::Hang => std::future::pending::<()>().await,
+            MemberMode::Hang => {
+                let call = (member.id.clone(), update.version);
+                self.started.lock().unwrap().push(call.clone());
+                let _guard = DropGuard(Arc::clone(&self.dropped), call);
+                std::future::pending::<()>().await;
+            }
         }
         self.received
             .lock()

@@ -813,3 +813,86 @@ async fn a_mariadb_shard_set_rebalances_and_lists_its_journal() {
     let clean = json(&ok(&["migrations", "verify", "--config", config, "--json"]));
     assert_eq!(clean["clean"], true);
 }
+
+/// Issue 32 item 11: a recovery that crashed holding the lease, on another
+/// clock domain, is taken over by the one-shot CLI, a fresh process on
+/// every run (a cron job's config naming no clock domain). A run persists
+/// in the journal when it first saw the lease (and the dead mover's
+/// operation) as it is, on the journal database's own clock (for a SQLite
+/// file, the machine's); a run after that sighting is a lease period old
+/// takes the lease over at a higher generation, and the next settles the
+/// move. The test ages the sighting by a period instead of waiting a
+/// minute. Before, every run got `RECOVERY_IN_PROGRESS`: each process
+/// remembered nothing and never saw a period pass.
+#[tokio::test]
+async fn a_fresh_cli_process_takes_a_crashed_recoverys_lease_over() {
+    let set = shard_set(true).await;
+    let crashed = set.crashed.clone().unwrap();
+    let east = shard_file(&set.dir.path().join("east.db"));
+    let west = shard_file(&set.dir.path().join("west.db"));
+    // Host A's recovery writes its lease, then its process is gone.
+    let plan = FaultPlan::new();
+    let host_a = router_over(
+        set.mapping.clone(),
+        Arc::new(FaultShard::new(east.clone(), plan.clone())),
+        Arc::new(FaultShard::new(west, plan.clone())),
+    );
+    plan.arm(1, FaultMode::After);
+    host_a.recover_migrations().await.unwrap_err();
+    assert!(plan.tripped());
+    let config = set.dir.path().join("cron.json");
+    std::fs::write(
+        &config,
+        r#"{
+  "shards": { "east": "east.db", "west": "west.db" },
+  "mapping": "mapping.db",
+  "journal_shard": "east",
+  "tables": { "users": "id" }
+}"#,
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let recover = [
+        "migrations",
+        "recover",
+        "--config",
+        config,
+        "--yes",
+        "--json",
+    ];
+    for run in 0..3 {
+        let line = fails(&recover);
+        assert!(
+            line.contains("another recovery holds the lease"),
+            "run {run}: {line}"
+        );
+    }
+    // A lease period passes on the journal's clock.
+    let age =
+        Statement::new("UPDATE durability_migration_sightings SET since_ms = since_ms - 60000");
+    assert_eq!(
+        east.execute(&age).await.unwrap(),
+        1,
+        "one sighting: the lease"
+    );
+    let taken = json(&ok(&recover));
+    assert_eq!(taken["generation"], 2, "taken over at a higher generation");
+    assert_eq!(
+        taken["skipped"],
+        serde_json::json!([crashed]),
+        "first sight of the move"
+    );
+    // The mover's liveness period passes on the journal's clock too.
+    assert_eq!(east.execute(&age).await.unwrap(), 2);
+    let settled = json(&ok(&recover));
+    assert_eq!(
+        settled["generation"], 3,
+        "the released lease is free at once"
+    );
+    assert_eq!(settled["committed"], serde_json::json!([crashed]));
+    assert_eq!(set.status()["active"], 0);
+    assert_eq!(
+        set.router.route("k2").await.unwrap().as_deref(),
+        Some("west")
+    );
+}

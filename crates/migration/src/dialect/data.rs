@@ -364,12 +364,18 @@ impl Dialect {
         }
     }
 
+    /// The fence of a routed write: no live tombstone or marker of the key
+    /// in the table (a table belongs to one journal scope per database,
+    /// which `Router::init` enforces), no write hold of the key by a mover
+    /// of `scope` (`None`: of any scope; holds are per key, not per table,
+    /// so another scope's hold must not fence this one's writes), and,
+    /// with `generation`, no generation fence above it.
     fn push_fence(
         &self,
         s: &mut Sql<'_>,
         table: &Ident,
         key: &str,
-        generation: Option<Generation<'_>>,
+        (generation, scope): (Option<Generation<'_>>, Option<&str>),
     ) {
         s.raw("NOT EXISTS (SELECT 1 FROM ")
             .raw(names::RETIRED)
@@ -380,8 +386,11 @@ impl Dialect {
             .raw(" AND superseded = 0) AND NOT EXISTS (SELECT 1 FROM ")
             .raw(names::HOLD)
             .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(")");
+            .bind(key);
+        if let Some(scope) = scope {
+            s.raw(" AND scope = ").bind(scope);
+        }
+        s.raw(")");
         if let Some(g) = generation {
             s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
                 .raw(names::TOPOLOGY)
@@ -401,11 +410,13 @@ impl Dialect {
         cols: &[(Ident, Value)],
         upsert_key: Option<&Ident>,
     ) -> Statement {
-        self.guarded_insert(table, key, cols, upsert_key, None)
+        self.guarded_insert(table, key, cols, upsert_key, None, None)
     }
 
     /// [`Dialect::fenced_insert`] that also matches no row while the shard's
-    /// generation fence is above `generation`.
+    /// generation fence is above `generation`. `scope`: the writing
+    /// router's journal scope, whose write holds alone fence it (`None`:
+    /// every scope's, as the `fenced_*` statements).
     pub fn guarded_insert(
         &self,
         table: &Ident,
@@ -413,13 +424,14 @@ impl Dialect {
         cols: &[(Ident, Value)],
         upsert_key: Option<&Ident>,
         generation: Option<Generation<'_>>,
+        scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
         Self::push_insert_into(&mut s, table, cols);
         s.raw("SELECT ");
         Self::push_values(&mut s, cols);
         s.dual().raw(" WHERE ");
-        self.push_fence(&mut s, table, key, generation);
+        self.push_fence(&mut s, table, key, (generation, scope));
         if let Some(k) = upsert_key {
             let others: Vec<&Ident> = cols.iter().map(|(c, _)| c).filter(|c| *c != k).collect();
             match self {
@@ -462,10 +474,11 @@ impl Dialect {
         key: &str,
         cols: &[(Ident, Value)],
     ) -> Statement {
-        self.guarded_update(table, key_col, key, cols, None)
+        self.guarded_update(table, key_col, key, cols, None, None)
     }
 
-    /// [`Dialect::fenced_update`] with an optional generation fence.
+    /// [`Dialect::fenced_update`] with an optional generation fence and
+    /// the writing router's journal scope (see [`Dialect::guarded_insert`]).
     pub fn guarded_update(
         &self,
         table: &Ident,
@@ -473,6 +486,7 @@ impl Dialect {
         key: &str,
         cols: &[(Ident, Value)],
         generation: Option<Generation<'_>>,
+        scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("UPDATE ").ident(table).raw(" SET ");
@@ -483,22 +497,24 @@ impl Dialect {
             s.ident(c).raw(" = ").bind(v.clone());
         }
         s.raw(" WHERE ").key_is(key_col, key).raw(" AND ");
-        self.push_fence(&mut s, table, key, generation);
+        self.push_fence(&mut s, table, key, (generation, scope));
         s.finish()
     }
 
     /// A fenced delete of the key's row.
     pub fn fenced_delete(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-        self.guarded_delete(table, key_col, key, None)
+        self.guarded_delete(table, key_col, key, None, None)
     }
 
-    /// [`Dialect::fenced_delete`] with an optional generation fence.
+    /// [`Dialect::fenced_delete`] with an optional generation fence and
+    /// the writing router's journal scope (see [`Dialect::guarded_insert`]).
     pub fn guarded_delete(
         &self,
         table: &Ident,
         key_col: &Ident,
         key: &str,
         generation: Option<Generation<'_>>,
+        scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
         s.raw("DELETE FROM ")
@@ -506,7 +522,7 @@ impl Dialect {
             .raw(" WHERE ")
             .key_is(key_col, key)
             .raw(" AND ");
-        self.push_fence(&mut s, table, key, generation);
+        self.push_fence(&mut s, table, key, (generation, scope));
         s.finish()
     }
 }

@@ -102,6 +102,7 @@ impl Dialect {
                 u = names::UNCLEAN,
                 w = self.keyed_table_suffix()
             )),
+            self.sightings_schema(),
         ]
     }
 }
@@ -113,7 +114,7 @@ pub(crate) struct JournalSql<'a> {
 }
 
 impl JournalSql<'_> {
-    fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
+    pub(super) fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
         if let Some((scope, generation)) = &g.lease {
             s.raw(" AND EXISTS (SELECT 1 FROM ")
                 .raw(names::LEASE)

@@ -25,6 +25,7 @@ mod journal;
 mod pairs;
 mod placement;
 mod retired;
+mod sightings;
 mod verify;
 
 #[cfg(test)]
@@ -35,6 +36,7 @@ use std::fmt;
 pub(crate) use journal::JournalSql;
 pub(crate) use pairs::{ALLOCATIONS, MAPPING, PairTable};
 pub(crate) use retired::Hold;
+pub(crate) use sightings::Watched;
 
 use crate::error::{MigrationError, Result};
 use crate::shard::Statement;
@@ -98,7 +100,8 @@ pub enum Dialect {
     Sqlite,
     /// PostgreSQL.
     Postgres,
-    /// MySQL or MariaDB.
+    /// MariaDB (tested) or MySQL (the same SQL, but untested: no test
+    /// runs against Oracle's MySQL server).
     MySql,
     /// Any other dialect: routed reads and raw statements work, moves refuse.
     Other(String),
@@ -339,6 +342,9 @@ pub(crate) mod names {
     pub(crate) const PASS: &str = "durability_migration_pass";
     /// The keys the last finished verification pass found something on.
     pub(crate) const UNCLEAN: &str = "durability_migration_unclean";
+    /// When a router first saw a row of another clock domain as it is now,
+    /// on the journal database's clock.
+    pub(crate) const SIGHTINGS: &str = "durability_migration_sightings";
     pub(crate) const MANIFEST: &str = "durability_manifest";
     pub(crate) const EXCEPTIONS: &str = "durability_placement_exceptions";
     pub(crate) const TOPOLOGY: &str = "durability_topology";

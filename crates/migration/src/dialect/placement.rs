@@ -150,6 +150,18 @@ impl Dialect {
         vec![u.finish(), i]
     }
 
+    /// The placement exception of `key` (`shard`), if one is recorded.
+    pub(crate) fn exception_get(&self, scope: &str, key: &str) -> Statement {
+        let mut s = Sql::new(self);
+        s.raw("SELECT shard FROM ")
+            .raw(names::EXCEPTIONS)
+            .raw(" WHERE scope = ")
+            .bind(scope)
+            .raw(" AND mkey = ")
+            .bind(key);
+        s.finish()
+    }
+
     /// Deletes the placement exception of `key`.
     pub(crate) fn exception_delete(&self, scope: &str, key: &str) -> Statement {
         let mut s = Sql::new(self);

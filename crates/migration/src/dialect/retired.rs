@@ -125,13 +125,16 @@ impl Dialect {
         s.finish()
     }
 
-    /// The key's write holds (operation, deadline, mover and window).
-    pub(crate) fn hold_query(&self, key: &str) -> Statement {
+    /// The key's write holds by movers of journal scope `scope`
+    /// (operation, deadline, mover and window).
+    pub(crate) fn hold_query(&self, key: &str, scope: &str) -> Statement {
         let mut s = Sql::new(self);
         s.raw("SELECT op_id, until_ms, owner, hold_ms FROM ")
             .raw(names::HOLD)
             .raw(" WHERE mkey = ")
-            .bind(key);
+            .bind(key)
+            .raw(" AND scope = ")
+            .bind(scope);
         s.finish()
     }
 

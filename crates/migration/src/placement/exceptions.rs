@@ -72,8 +72,13 @@ impl Core {
     }
 
     /// After a move published `key` on `target`: record a placement
-    /// exception (and bump the exception version) when `target` is not the
-    /// computed owner; otherwise drop a stale exception. Idempotent.
+    /// exception when `target` is not the computed owner; otherwise drop
+    /// the key's stale exception. Either change of the exception set bumps
+    /// the manifest's exception version, so other routers drop the mapping
+    /// they cached for the key. Idempotent, and safe to crash anywhere: the
+    /// bump comes before the delete, so a retry that still finds the
+    /// exception bumps again (harmless) and one that finds it gone had
+    /// bumped already.
     pub(crate) async fn publish_placement(&self, key: &str, target: &str) -> Result<()> {
         let m = self.manifest_from_journal().await?;
         let (Some(newest), Some(owner)) = (m.newest(), m.owner(key)) else {
@@ -81,12 +86,26 @@ impl Core {
         };
         if owner == target {
             let (jname, js) = self.journal_shard()?;
-            js.execute(&js.dialect().exception_delete(&self.scope, key))
+            let d = js.dialect();
+            let recorded = js
+                .query(&d.exception_get(&self.scope, key))
+                .await
+                .map_err(|e| MigrationError::shard(jname, e))?;
+            if recorded.is_empty() {
+                return Ok(());
+            }
+            self.bump_exception_version().await?;
+            js.execute(&d.exception_delete(&self.scope, key))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
             return Ok(());
         }
         self.record_exception(key, target, newest.number).await?;
+        self.bump_exception_version().await
+    }
+
+    /// Bumps the manifest's exception version (one compare-and-swap).
+    async fn bump_exception_version(&self) -> Result<()> {
         self.update_manifest(|cur| {
             let mut next = cur.clone();
             next.exception_version += 1;
