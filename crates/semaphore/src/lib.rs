@@ -57,8 +57,9 @@
 //!   not fit holds everyone behind it until permits return or its deadline
 //!   passes.
 //! - **Capacity changes never revoke.** Shrinking below what is held blocks
-//!   new grants until enough permits return; queued requests asking for
-//!   more than the new capacity leave the queue (`Cancelled`). Growing
+//!   new grants until enough permits return; a queued request asking for
+//!   more than the new capacity leaves the queue (`Cancelled`) when it
+//!   reaches the head. Growing
 //!   grants the queue's head at once.
 //! - **Leases run on the holder's clock.** A shard that stops renewing
 //!   loses its permits at `lease_until` (give the shard a margin for its

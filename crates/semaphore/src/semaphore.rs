@@ -256,9 +256,9 @@ where
     /// Creates the pool `name` or changes its settings, in `tx`.
     ///
     /// A capacity change never revokes a live grant: after a shrink below
-    /// what is held, new grants wait until enough permits return, and
-    /// queued requests asking for more than the new capacity leave the
-    /// queue ([`Outcome::Cancelled`]). After a growth the queue's head is
+    /// what is held, new grants wait until enough permits return, and a
+    /// queued request asking for more than the new capacity leaves the
+    /// queue ([`Outcome::Cancelled`]) when it reaches the head. After a growth the queue's head is
     /// granted at once, in FIFO order.
     ///
     /// # Errors
