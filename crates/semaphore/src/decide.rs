@@ -429,21 +429,24 @@ pub fn decide_renew(
     })
 }
 
-/// Records `n` more permits of a live grant as used (they stay held until
-/// release or expiry).
+/// Records that `total` permits of a live grant have been used so far
+/// (they stay held until release or expiry). Reports are totals, not
+/// increments, so a retried report counts once: a total at or below what
+/// is recorded changes nothing (`None`), a higher one adds the difference
+/// to the pool's `used`.
 ///
 /// # Errors
-/// [`SemaphoreError::InvalidNumber`] for `n` of 0 or above the capacity,
-/// [`SemaphoreError::UsedExceedsCount`], and the errors of [`decide_renew`].
+/// [`SemaphoreError::InvalidNumber`] for a `total` of 0 or above the
+/// capacity limit, [`SemaphoreError::UsedExceedsCount`] above the grant's
+/// count, and the errors of [`decide_renew`].
 pub fn decide_used(
     pool: &mut PoolRow,
     row: &RequestRow,
     holder: &str,
-    n: u64,
-) -> Result<RequestRow, SemaphoreError> {
-    check_range("used", n.into(), 1, MAX_CAPACITY.into())?;
+    total: u64,
+) -> Result<Option<RequestRow>, SemaphoreError> {
+    check_range("used", total.into(), 1, MAX_CAPACITY.into())?;
     let (lease_until, used) = live_grant(row, holder)?;
-    let total = used + n;
     if total > row.count {
         return Err(SemaphoreError::UsedExceedsCount {
             id: row.id,
@@ -451,14 +454,17 @@ pub fn decide_used(
             count: row.count,
         });
     }
-    pool.used = pool.used.saturating_add(n);
-    Ok(RequestRow {
+    if total <= used {
+        return Ok(None);
+    }
+    pool.used = pool.used.saturating_add(total - used);
+    Ok(Some(RequestRow {
         state: RequestState::Granted {
             lease_until,
             used: total,
         },
         ..row.clone()
-    })
+    }))
 }
 
 /// Releases a request of `holder` at `now`: a grant returns its permits

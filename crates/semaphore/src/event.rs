@@ -29,9 +29,9 @@ pub enum EventKind {
         /// The new lease deadline.
         lease_until: i64,
     },
-    /// Permits of the grant were reported used.
+    /// More permits of the grant were reported used.
     Used {
-        /// Permits reported by this call.
+        /// Permits this report added to the grant's used total.
         n: u64,
     },
     /// The request finished: released, expired, timed out or cancelled.

@@ -18,7 +18,8 @@
 //!   grants twice. The same key with other parameters is
 //!   [`SemaphoreError::KeyConflict`].
 //! - [`Semaphore::renew`] extends a grant's lease by its `lease_ms` from
-//!   now; [`Semaphore::used`] reports permits of a grant used;
+//!   now; [`Semaphore::used`] reports how many permits of a grant were
+//!   used so far (a total, so a retried report counts once);
 //!   [`Semaphore::release`] returns a grant's permits (or withdraws a
 //!   queued request) and grants the queue's head.
 //! - A grant that is not renewed returns to the pool at its lease deadline:

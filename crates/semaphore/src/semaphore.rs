@@ -423,9 +423,11 @@ where
         Ok(grant)
     }
 
-    /// Reports `n` permits of the grant `id` used, in `tx`. Used permits
-    /// stay held (they count against the capacity) until the grant is
-    /// released or expires; the pool's `used` total counts them.
+    /// Reports that `total` permits of the grant `id` have been used so
+    /// far, in `tx`. Used permits stay held (they count against the
+    /// capacity) until the grant is released or expires; the pool's `used`
+    /// total counts them. Reports are totals, so a retry counts once: a
+    /// total at or below the recorded one changes nothing.
     ///
     /// # Errors
     /// As [`Semaphore::renew`], and [`SemaphoreError::UsedExceedsCount`] or
@@ -435,16 +437,23 @@ where
         tx: &mut Transaction<'_, '_, S>,
         holder: &str,
         id: u64,
-        n: u64,
+        total: u64,
     ) -> Result<Grant, SemaphoreError> {
         let mut changes = Changes::default();
         let (_, mut pool, row) = self.request_of(tx, holder, id, &mut changes)?;
-        let updated = decide::decide_used(&mut pool, &row, holder, n)?;
-        tx.semaphore_put_request(&updated)?;
-        tx.semaphore_put_pool(&pool)?;
-        changes.push(&updated, EventKind::Used { n });
+        let before = grant(&row).used;
+        let row = match decide::decide_used(&mut pool, &row, holder, total)? {
+            Some(updated) => {
+                tx.semaphore_put_request(&updated)?;
+                tx.semaphore_put_pool(&pool)?;
+                let n = total - before;
+                changes.push(&updated, EventKind::Used { n });
+                updated
+            }
+            None => row,
+        };
         self.finish_tx(tx, changes)?;
-        Ok(grant(&updated))
+        Ok(grant(&row))
     }
 
     /// Releases the request `id` of `holder`, in `tx`: a grant returns its

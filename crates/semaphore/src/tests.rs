@@ -415,14 +415,19 @@ fn leases_expire_through_the_alarm_and_renewals_extend_them() {
 }
 
 #[test]
-fn used_permits_stay_held_until_release_and_a_retried_release_changes_nothing() {
+fn used_totals_count_once_stay_held_until_release_and_a_retried_release_changes_nothing() {
     let h = Holder::new(Some(PoolConfig::new(3)));
     let g = h.granted(&Acquire::new("p", "a", "s1", 3));
-    let g2 = h
-        .scheduler
-        .transaction(|tx| h.sem.used(tx, "s1", g.id, 2))
-        .unwrap();
-    assert_eq!(g2.used, 2);
+    let used = |total| {
+        h.scheduler
+            .transaction(|tx| h.sem.used(tx, "s1", g.id, total))
+            .unwrap()
+    };
+    assert_eq!(used(2).used, 2);
+    let reported = h.raw();
+    assert_eq!(used(2).used, 2, "a retried report");
+    assert_eq!(used(1).used, 2, "a stale report");
+    assert_eq!(h.raw(), reported, "neither counted again");
     let pool = h.raw().0.unwrap();
     assert_eq!((pool.used, pool.held), (2, 3));
     assert_eq!(

@@ -21,6 +21,8 @@
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
+//! - `semaphore`: the semaphore store of `durability-semaphore` (pools,
+//!   requests, the id counter) on [`SqliteTx`].
 //!
 //! # Example
 //!
@@ -93,3 +95,6 @@ pub mod topology;
 
 #[cfg(feature = "alarms")]
 pub mod alarms;
+
+#[cfg(feature = "semaphore")]
+mod semaphore;

@@ -247,7 +247,7 @@ impl Model {
         self.answer(&key)
     }
 
-    fn used(&mut self, id: u64, holder: &str, n: u64, now: i64) -> Answer {
+    fn used(&mut self, id: u64, holder: &str, total: u64, now: i64) -> Answer {
         let key = match self
             .find(id, holder, now)
             .and_then(|k| self.live(&k).map(|()| k))
@@ -259,14 +259,16 @@ impl Model {
         let St::Granted { lease_until, used } = r.st else {
             unreachable!()
         };
-        if used + n > r.count {
+        if total > r.count {
             return Answer::Refused("SEMAPHORE_USED_EXCEEDS_COUNT");
         }
-        r.st = St::Granted {
-            lease_until,
-            used: used + n,
-        };
-        self.used += n;
+        if total > used {
+            r.st = St::Granted {
+                lease_until,
+                used: total,
+            };
+            self.used += total - used;
+        }
         self.answer(&key)
     }
 
@@ -311,7 +313,7 @@ enum Op {
     },
     Used {
         key: u8,
-        n: u64,
+        total: u64,
     },
     Release {
         key: u8,
@@ -333,7 +335,7 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         2 => (0..8u8).prop_map(|key| Op::Retry { key }),
         2 => (0..8u8, proptest::bool::weighted(0.1)).prop_map(|(key, wrong)| Op::Renew { key, wrong }),
-        1 => (0..8u8, 1..=3u64).prop_map(|(key, n)| Op::Used { key, n }),
+        1 => (0..8u8, 1..=4u64).prop_map(|(key, total)| Op::Used { key, total }),
         2 => (0..8u8, proptest::bool::weighted(0.1)).prop_map(|(key, wrong)| Op::Release { key, wrong }),
         3 => (0..=80i64, any::<bool>()).prop_map(|(ms, alarm)| Op::Advance { ms, alarm }),
         1 => (1..=6u64).prop_map(|capacity| Op::Capacity { capacity }),
@@ -428,14 +430,14 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
                     m.renew(id, &holder, now),
                 )
             }
-            Op::Used { key, n } => {
+            Op::Used { key, total } => {
                 let (id, holder) = (id_of(&m, *key), holder_of(*key, false));
                 (
                     grant_answer(
                         h.scheduler
-                            .transaction(|tx| h.sem.used(tx, &holder, id, *n)),
+                            .transaction(|tx| h.sem.used(tx, &holder, id, *total)),
                     ),
-                    m.used(id, &holder, *n, now),
+                    m.used(id, &holder, *total, now),
                 )
             }
             Op::Release { key, wrong } => {
