@@ -15,6 +15,7 @@ const CAPABILITY_CRATES: &[&str] = &[
     "durability-topology",
     "durability-topology-client",
     "durability-alarms",
+    "durability-semaphore",
 ];
 
 /// Drivers a capability crate must not reach through normal dependencies.

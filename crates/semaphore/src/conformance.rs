@@ -401,7 +401,7 @@ where
         "FIFO: both fit"
     );
     clock.advance(100);
-    run_alarm(&scheduler);
+    run_alarm(&scheduler).expect("the alarm handler runs");
     let pool = scheduler.transaction(|t| sem.pool(t, "p")).expect("pool");
     assert_eq!(
         (pool.held, pool.granted, pool.released, pool.expired),
@@ -422,19 +422,23 @@ where
     assert_eq!(renew.code(), "SEMAPHORE_FINISHED");
 }
 
-/// Runs the object's alarm handler once. The semaphore's work is
-/// synchronous, so the handler is ready on its first poll.
+/// Runs the object's alarm handler once and returns what it returned. The
+/// semaphore's work is synchronous, so the handler is ready on its first
+/// poll.
+///
+/// # Errors
+/// The handler's error (a storage failure reading the due times).
 ///
 /// # Panics
-/// When the handler fails or is not ready at once.
-pub fn run_alarm<S: Storage>(scheduler: &Scheduler<S>) {
+/// When the handler is not ready at once.
+pub fn run_alarm<S: Storage>(
+    scheduler: &Scheduler<S>,
+) -> Result<Option<i64>, durability_scheduler::SchedulerError> {
     use std::future::Future as _;
     use std::task::{Context, Poll, Waker};
     let mut alarm = std::pin::pin!(scheduler.alarm());
     match alarm.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(result) => {
-            result.expect("the alarm handler runs");
-        }
+        Poll::Ready(result) => result,
         Poll::Pending => panic!("the semaphore's alarm work is synchronous"),
     }
 }

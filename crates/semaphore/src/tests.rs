@@ -386,7 +386,7 @@ fn leases_expire_through_the_alarm_and_renewals_extend_them() {
         .unwrap();
     assert_eq!(renewed.lease_until, 1_160);
     h.clock.advance(40);
-    crate::conformance::run_alarm(&h.scheduler);
+    crate::conformance::run_alarm(&h.scheduler).unwrap();
     let pool = h.raw().0.unwrap();
     assert_eq!(
         (pool.held, pool.expired),
@@ -457,7 +457,7 @@ fn queued_requests_time_out_and_keys_are_forgotten_after_retention() {
     };
     assert_eq!((deadline, h.scheduler.alarm_at()), (1_100, Some(1_100)));
     h.clock.advance(100);
-    crate::conformance::run_alarm(&h.scheduler);
+    crate::conformance::run_alarm(&h.scheduler).unwrap();
     assert_eq!(
         h.acquire(&b).unwrap(),
         Acquired::Finished {
@@ -472,7 +472,7 @@ fn queued_requests_time_out_and_keys_are_forgotten_after_retention() {
     );
     h.release("s1", a.id).unwrap();
     h.clock.advance(500);
-    crate::conformance::run_alarm(&h.scheduler);
+    crate::conformance::run_alarm(&h.scheduler).unwrap();
     let Acquired::Granted(again) = h.acquire(&b).unwrap() else {
         panic!("a new request")
     };

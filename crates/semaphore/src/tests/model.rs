@@ -451,7 +451,7 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
             Op::Advance { ms, alarm } => {
                 h.clock.advance(*ms);
                 if *alarm {
-                    crate::conformance::run_alarm(&h.scheduler);
+                    crate::conformance::run_alarm(&h.scheduler).unwrap();
                     m.settle(h.scheduler.now_ms());
                 }
                 (Answer::Done, Answer::Done)
