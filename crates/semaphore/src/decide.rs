@@ -313,6 +313,37 @@ fn finish(pool: &PoolRow, row: &RequestRow, outcome: Outcome, now: i64) -> Reque
     }
 }
 
+/// Ends a live request in the pool's accounting, the one place requests
+/// leave: a grant returns its permits (`held` down, the `granted_as`
+/// total up by its count), a waiter leaves the queue (`queued` down, the
+/// `waiting_as` total up by one). `None` for a finished request.
+fn end(
+    pool: &mut PoolRow,
+    row: &RequestRow,
+    granted_as: Outcome,
+    waiting_as: Outcome,
+) -> Option<Outcome> {
+    let (outcome, n) = match row.state {
+        RequestState::Granted { .. } => {
+            pool.held = pool.held.saturating_sub(row.count);
+            (granted_as, row.count)
+        }
+        RequestState::Queued { .. } => {
+            pool.queued = pool.queued.saturating_sub(1);
+            (waiting_as, 1)
+        }
+        RequestState::Finished { .. } => return None,
+    };
+    let total = match outcome {
+        Outcome::Released => &mut pool.released,
+        Outcome::Expired => &mut pool.expired,
+        Outcome::TimedOut => &mut pool.timed_out,
+        Outcome::Cancelled => &mut pool.cancelled,
+    };
+    *total = total.saturating_add(n);
+    Some(outcome)
+}
+
 /// What settling one row due at `now` does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DueChange {
@@ -331,18 +362,8 @@ pub fn settle_due_row(pool: &mut PoolRow, row: &RequestRow, now: i64) -> DueChan
     if row.due_at() > now {
         return DueChange::Keep;
     }
-    let outcome = match row.state {
-        RequestState::Granted { .. } => {
-            pool.held = pool.held.saturating_sub(row.count);
-            pool.expired = pool.expired.saturating_add(row.count);
-            Outcome::Expired
-        }
-        RequestState::Queued { .. } => {
-            pool.queued = pool.queued.saturating_sub(1);
-            pool.timed_out = pool.timed_out.saturating_add(1);
-            Outcome::TimedOut
-        }
-        RequestState::Finished { .. } => return DueChange::Forget,
+    let Some(outcome) = end(pool, row, Outcome::Expired, Outcome::TimedOut) else {
+        return DueChange::Forget;
     };
     let finished = finish(pool, row, outcome, now);
     if finished.due_at() <= now {
@@ -366,8 +387,7 @@ pub enum QueueStep {
 /// Admits the queue's head at `now` if enough permits are free.
 pub fn admit_head(pool: &mut PoolRow, waiter: &RequestRow, now: i64) -> QueueStep {
     if waiter.count > pool.capacity {
-        pool.queued = pool.queued.saturating_sub(1);
-        pool.cancelled = pool.cancelled.saturating_add(1);
+        end(pool, waiter, Outcome::Released, Outcome::Cancelled);
         return QueueStep::Cancel(finish(pool, waiter, Outcome::Cancelled, now));
     }
     if waiter.count > pool.free() {
@@ -480,18 +500,8 @@ pub fn decide_release(
     now: i64,
 ) -> Result<Option<(RequestRow, Outcome)>, SemaphoreError> {
     check_holder(row, holder)?;
-    let outcome = match row.state {
-        RequestState::Finished { .. } => return Ok(None),
-        RequestState::Granted { .. } => {
-            pool.held = pool.held.saturating_sub(row.count);
-            pool.released = pool.released.saturating_add(row.count);
-            Outcome::Released
-        }
-        RequestState::Queued { .. } => {
-            pool.queued = pool.queued.saturating_sub(1);
-            pool.cancelled = pool.cancelled.saturating_add(1);
-            Outcome::Cancelled
-        }
+    let Some(outcome) = end(pool, row, Outcome::Released, Outcome::Cancelled) else {
+        return Ok(None);
     };
     Ok(Some((finish(pool, row, outcome, now), outcome)))
 }
