@@ -266,17 +266,17 @@ pub fn decide_acquire(
     })
 }
 
-/// The new request row of a decided acquire, with the pool's accounting.
+/// The new request row of an acquire that was not seen before, with the
+/// pool's accounting: granted now, or queued until `queue_until`.
 pub fn admit(
     pool: &mut PoolRow,
     req: &Acquire,
     id: u64,
-    decision: &AcquireDecision,
+    queue_until: Option<i64>,
     now: i64,
-) -> Option<RequestRow> {
-    let state = match *decision {
-        AcquireDecision::Existing(_) => return None,
-        AcquireDecision::Grant => {
+) -> RequestRow {
+    let state = match queue_until {
+        None => {
             pool.held += req.count;
             pool.granted = pool.granted.saturating_add(req.count);
             RequestState::Granted {
@@ -284,12 +284,12 @@ pub fn admit(
                 used: 0,
             }
         }
-        AcquireDecision::Queue { deadline } => {
+        Some(deadline) => {
             pool.queued += 1;
             RequestState::Queued { deadline }
         }
     };
-    Some(RequestRow {
+    RequestRow {
         pool: req.pool.clone(),
         key: req.key.clone(),
         id,
@@ -297,7 +297,7 @@ pub fn admit(
         count: req.count,
         lease_ms: req.lease_ms,
         state,
-    })
+    }
 }
 
 /// A request finished at `now` with `outcome`, remembered for the pool's

@@ -343,18 +343,18 @@ where
         let mut pool = settled_pool(tx, &req.pool, now, &mut changes)?;
         let existing = tx.semaphore_request(&req.pool, &req.key)?;
         let decision = decide::decide_acquire(&pool, existing.as_ref(), req, now)?;
+        let mut insert = |queue_until| -> Result<RequestRow, SemaphoreError> {
+            let id = tx.semaphore_next_id()?;
+            let row = decide::admit(&mut pool, req, id, queue_until, now);
+            tx.semaphore_put_request(&row)?;
+            tx.semaphore_put_pool(&pool)?;
+            changes.push(&row, event_of(&row));
+            Ok(row)
+        };
         let row = match decision {
             AcquireDecision::Existing(row) => row,
-            _ => {
-                let id = tx.semaphore_next_id()?;
-                let Some(row) = decide::admit(&mut pool, req, id, &decision, now) else {
-                    return Err(SemaphoreError::UnknownGrant { id });
-                };
-                tx.semaphore_put_request(&row)?;
-                tx.semaphore_put_pool(&pool)?;
-                changes.push(&row, event_of(&row));
-                row
-            }
+            AcquireDecision::Grant => insert(None)?,
+            AcquireDecision::Queue { deadline } => insert(Some(deadline))?,
         };
         let acquired = match row.state {
             RequestState::Granted { .. } => Acquired::Granted(grant(&row)),
