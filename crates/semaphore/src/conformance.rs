@@ -46,6 +46,7 @@ where
         "due_order_limit_and_pools" => due_order_limit_and_pools(&s),
         "queue_order_and_position" => queue_order_and_position(&s),
         "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
+        "quarantine_keeps_healthy_rows" => quarantine_keeps_healthy_rows(&s),
         other => panic!("no semaphore conformance case {other:?}"),
     }
 }
@@ -344,6 +345,39 @@ where
     );
 }
 
+fn quarantine_keeps_healthy_rows<S: Storage>(s: &S)
+where
+    for<'t> S::Tx<'t>: SemaphoreTx,
+{
+    let rows = [
+        queued("p", "a", 1, 10),
+        request(
+            "p",
+            "b",
+            2,
+            RequestState::Granted {
+                lease_until: 5,
+                used: 1,
+            },
+        ),
+    ];
+    tx(s, |t| {
+        rows.iter().try_for_each(|r| t.semaphore_put_request(r))
+    });
+    assert!(
+        tx(s, |t| t.semaphore_quarantine("p", 100)).is_empty(),
+        "healthy rows are not corrupt"
+    );
+    for r in &rows {
+        assert_eq!(
+            tx(s, |t| t.semaphore_request("p", &r.key)).as_ref(),
+            Some(r),
+            "{} stays",
+            r.key
+        );
+    }
+}
+
 /// The semaphore itself on the backend: grant, queue, FIFO hand-over on
 /// release, expiry at the lease deadline through the alarm, a retried key.
 fn semaphore_end_to_end<S>(s: S)
@@ -443,10 +477,16 @@ pub fn run_alarm<S: Storage>(
     }
 }
 
-static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static MEMORY_STEPS: &[SchemaStep] = &[
+    SchemaStep {
+        version: 1,
+        name: "initial",
+    },
+    SchemaStep {
+        version: 2,
+        name: "quarantine",
+    },
+];
 
 /// A scheduler test storage with the semaphore schema registered: the
 /// in-memory implementation of [`SemaphoreTx`].
@@ -473,6 +513,7 @@ macro_rules! semaphore_conformance {
             due_order_limit_and_pools
             queue_order_and_position
             rollback_leaves_nothing
+            quarantine_keeps_healthy_rows
             semaphore_end_to_end
         ], $($args)* }
     };

@@ -107,6 +107,18 @@ fn record(e: &SemaphoreEvent) {
     }
 }
 
+/// Reports a request row moved to the quarantine (after its commit).
+pub(crate) fn quarantined(row: &crate::store::CorruptRequest) {
+    counter!("durability_semaphore_quarantined_total", "pool" => row.pool.clone()).increment(1);
+    tracing::warn!(
+        event = "durability.semaphore.quarantined",
+        pool = %row.pool,
+        key = %row.key,
+        reason = %row.reason,
+        "a corrupt semaphore request row was moved to the quarantine; its permits stay held"
+    );
+}
+
 fn finished(e: &SemaphoreEvent, outcome: Outcome) {
     let pool = e.pool.clone();
     match outcome {

@@ -51,6 +51,20 @@
 //! After every commit `granted == released + expired + held`, and `held`
 //! never exceeds the capacity through a new grant.
 //!
+//! # Corrupt rows
+//!
+//! A backend decodes stored rows strictly: a count, time or state out of
+//! range or of the wrong type is a storage error with the code
+//! `SEMAPHORE_CORRUPT`, never a misread number. The alarm isolates it: it
+//! settles each due pool in a transaction of its own, and a pool that
+//! fails on a corrupt request row has that row moved to the quarantine
+//! ([`Semaphore::quarantine`], reported as
+//! `durability.semaphore.quarantined`) and is settled again, so one bad row
+//! never blocks the pool's healthy requests or the other pools. The
+//! permits of a quarantined grant stay counted as held (the pool never
+//! grants past its capacity on a guess) until an operator reconfigures or
+//! repairs the pool. A corrupt pool row fails only that pool's calls.
+//!
 //! # Guarantees and limits
 //!
 //! - **No barging.** A request is granted on arrival only when nothing
@@ -145,7 +159,7 @@ pub use decide::{
 pub use error::SemaphoreError;
 pub use event::{EventHook, EventKind, SemaphoreEvent};
 pub use semaphore::{Acquired, Grant, Released, SCHEMA, Semaphore, SemaphoreConfig};
-pub use store::{Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
+pub use store::{CorruptRequest, Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use durability_scheduler::StorageError;
 use durability_scheduler::testkit::MemoryTx;
 
-use crate::store::{PoolRow, RequestRow, RequestState, SemaphoreTx};
+use crate::store::{CorruptRequest, PoolRow, RequestRow, RequestState, SemaphoreTx};
 
 /// The semaphore rows of a `MemoryStorage`.
 #[derive(Debug, Clone, Default)]
@@ -119,6 +119,15 @@ impl SemaphoreTx for MemoryTx<'_> {
         pools.dedup();
         pools.truncate(limit);
         Ok(pools)
+    }
+
+    fn semaphore_quarantine(
+        &mut self,
+        _pool: &str,
+        _at: i64,
+    ) -> Result<Vec<CorruptRequest>, StorageError> {
+        // Rows here are typed: none is ever corrupt.
+        Ok(Vec::new())
     }
 
     fn semaphore_next_due(&mut self) -> Result<Option<i64>, StorageError> {

@@ -13,7 +13,7 @@ use crate::decide::{
 };
 use crate::error::SemaphoreError;
 use crate::event::{EventHook, EventKind, SemaphoreEvent, emit};
-use crate::store::{Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
+use crate::store::{CorruptRequest, Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
 
 /// The schema (and capability) name the semaphore registers.
 pub const SCHEMA: &str = "semaphore";
@@ -487,31 +487,65 @@ where
         Ok(Released::Now(outcome))
     }
 
-    /// Settles every pool with a row due now, in transactions of its own:
-    /// expired grants return their permits, waiters past their deadline
-    /// leave the queue, the queue's head is granted, forgotten keys are
-    /// deleted. The alarm calls it; returns how many pools were settled.
+    /// Settles every pool with a row due now, each in a transaction of its
+    /// own: expired grants return their permits, waiters past their
+    /// deadline leave the queue, the queue's head is granted, forgotten
+    /// keys are deleted. A pool that fails on a corrupt request row has
+    /// the row quarantined ([`Semaphore::quarantine`]) and is settled
+    /// again, so it never blocks the others. The alarm calls it; returns
+    /// how many pools were settled.
     ///
     /// # Errors
-    /// A storage failure (the alarm stays due and is retried).
+    /// The first failure of a pool that could not be settled (the others
+    /// were); the alarm stays due and is retried.
     pub fn run_due(&self) -> Result<usize, SemaphoreError> {
-        let mut settled = 0;
-        loop {
-            let n = self.inner.scheduler.transaction(|tx| {
-                let now = self.now()?;
-                let mut changes = Changes::default();
-                let pools = tx.semaphore_due_pools(now, PAGE)?;
-                for name in &pools {
-                    settled_pool(tx, name, now, &mut changes)?;
-                }
-                self.finish_tx(tx, changes)?;
-                Ok::<_, SemaphoreError>(pools.len())
-            })?;
-            settled += n;
-            if n < PAGE {
-                return Ok(settled);
+        let now = self.now()?;
+        let pools = self
+            .inner
+            .scheduler
+            .transaction(|tx| tx.semaphore_due_pools(now, usize::MAX))?;
+        let mut first_error = None;
+        for name in &pools {
+            let result = match self.settle_alone(name, now) {
+                Err(e) if e.code() == "SEMAPHORE_CORRUPT" => self
+                    .quarantine(name)
+                    .and_then(|_| self.settle_alone(name, now)),
+                other => other,
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
             }
         }
+        first_error.map_or(Ok(pools.len()), Err)
+    }
+
+    /// Settles one pool at `now` in a transaction of its own.
+    fn settle_alone(&self, name: &str, now: i64) -> Result<(), SemaphoreError> {
+        self.inner.scheduler.transaction(|tx| {
+            let mut changes = Changes::default();
+            settled_pool(tx, name, now, &mut changes)?;
+            self.finish_tx(tx, changes)
+        })
+    }
+
+    /// Moves every request row of the pool `name` that fails strict
+    /// decoding into the quarantine, in a transaction of its own, and
+    /// reports each (`durability.semaphore.quarantined`). The permits of a
+    /// quarantined grant stay counted as held. The alarm calls it when a
+    /// pool fails on a corrupt row; operators may call it too.
+    ///
+    /// # Errors
+    /// A storage failure; nothing is moved then.
+    pub fn quarantine(&self, name: &str) -> Result<Vec<CorruptRequest>, SemaphoreError> {
+        check_name("pool", name)?;
+        let now = self.now()?;
+        self.inner.scheduler.transaction(|tx| {
+            let moved = tx.semaphore_quarantine(name, now)?;
+            let reported = moved.clone();
+            tx.after_commit(move || reported.iter().for_each(crate::event::quarantined));
+            self.finish_tx(tx, Changes::default())?;
+            Ok(moved)
+        })
     }
 }
 

@@ -167,6 +167,18 @@ impl RequestRow {
     }
 }
 
+/// A stored request row that failed strict decoding, moved out of its pool
+/// into the quarantine ([`SemaphoreTx::semaphore_quarantine`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptRequest {
+    /// The pool it was in.
+    pub pool: String,
+    /// Its key as read (lossily, for a key that is not UTF-8 text).
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
 /// The semaphore's rows in the holder object's storage.
 ///
 /// Every method runs inside the caller's transaction. A stored row that
@@ -257,6 +269,19 @@ pub trait SemaphoreTx: SchedulerTx {
     /// # Errors
     /// A backend failure.
     fn semaphore_due_pools(&mut self, now: i64, limit: usize) -> Result<Vec<String>, StorageError>;
+
+    /// Moves every request row of `pool` that fails strict decoding into
+    /// the quarantine, as stored, with the time `at`; returns them. The
+    /// pool's row is not touched: the permits of a quarantined grant stay
+    /// counted as held.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn semaphore_quarantine(
+        &mut self,
+        pool: &str,
+        at: i64,
+    ) -> Result<Vec<CorruptRequest>, StorageError>;
 
     /// The earliest due time over every request of every pool.
     ///

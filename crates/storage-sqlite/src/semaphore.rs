@@ -8,23 +8,32 @@
 //! error naming the row and column, never a misread value.
 
 use durability_scheduler::{SchemaStep, StorageError};
-use durability_semaphore::{Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
-use rusqlite::types::ValueRef;
+use durability_semaphore::{
+    CorruptRequest, Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx,
+};
+use rusqlite::types::{Value, ValueRef};
 use rusqlite::{OptionalExtension, Row, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
-
-pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
+pub(crate) static STEPS: &[SchemaStep] = &[
+    SchemaStep {
         version: 1,
         name: "initial",
     },
-    up: "
+    SchemaStep {
+        version: 2,
+        name: "quarantine",
+    },
+];
+
+pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
+    SqliteSchemaStep {
+        step: SchemaStep {
+            version: 1,
+            name: "initial",
+        },
+        up: "
 CREATE TABLE durability_semaphore_pool (
     name TEXT PRIMARY KEY NOT NULL,
     capacity INTEGER NOT NULL,
@@ -61,12 +70,37 @@ CREATE TABLE durability_semaphore_id (
 );
 INSERT INTO durability_semaphore_id (id, last) VALUES (0, 0);
 ",
-    down: "
+        down: "
 DROP TABLE durability_semaphore_pool;
 DROP TABLE durability_semaphore_request;
 DROP TABLE durability_semaphore_id;
 ",
-}];
+    },
+    SqliteSchemaStep {
+        step: SchemaStep {
+            version: 2,
+            name: "quarantine",
+        },
+        // Untyped columns: a quarantined row keeps exactly what was stored.
+        up: "
+CREATE TABLE durability_semaphore_quarantine (
+    pool,
+    key,
+    id,
+    holder,
+    count,
+    lease_ms,
+    state,
+    due_at,
+    used,
+    outcome,
+    reason TEXT NOT NULL,
+    quarantined_at INTEGER NOT NULL
+);
+",
+        down: "DROP TABLE durability_semaphore_quarantine;",
+    },
+];
 
 const POOL_COLUMNS: &str = "name, capacity, max_queue, key_retention_ms, held, queued, granted, \
      used, released, expired, timed_out, cancelled";
@@ -380,6 +414,52 @@ impl SemaphoreTx for SqliteTx<'_> {
                     .collect()
             })
             .map_err(|e| backend("read due semaphore pools", e))
+    }
+
+    fn semaphore_quarantine(
+        &mut self,
+        pool: &str,
+        at: i64,
+    ) -> Result<Vec<CorruptRequest>, StorageError> {
+        // Every row of the pool, decoded one by one; the key as stored
+        // (whatever its type) locates a corrupt one.
+        let rows: Vec<(Value, Result<RequestRow, String>)> = self
+            .sql()
+            .prepare_cached(&format!(
+                "SELECT {REQUEST_COLUMNS}, key FROM durability_semaphore_request WHERE pool = ?1"
+            ))
+            .and_then(|mut st| {
+                st.query_map([pool], |r| Ok((r.get::<_, Value>(10)?, request_row(r)?)))?
+                    .collect()
+            })
+            .map_err(|e| backend("read semaphore requests", e))?;
+        let mut moved = Vec::new();
+        for (key, decoded) in rows {
+            let Err(reason) = decoded else { continue };
+            let c = self.sql();
+            c.prepare_cached(&format!(
+                "INSERT INTO durability_semaphore_quarantine ({REQUEST_COLUMNS}, reason, quarantined_at)
+                 SELECT {REQUEST_COLUMNS}, ?3, ?4 FROM durability_semaphore_request
+                 WHERE pool = ?1 AND key = ?2"
+            ))
+            .and_then(|mut st| st.execute(params![pool, key, reason, at]))
+            .and_then(|_| {
+                c.prepare_cached("DELETE FROM durability_semaphore_request WHERE pool = ?1 AND key = ?2")
+                    .and_then(|mut st| st.execute(params![pool, key]))
+            })
+            .map_err(|e| backend("quarantine semaphore request", e))?;
+            let key = match key {
+                Value::Text(t) => t,
+                Value::Blob(b) => String::from_utf8_lossy(&b).into_owned(),
+                other => format!("{other:?}"),
+            };
+            moved.push(CorruptRequest {
+                pool: pool.to_owned(),
+                key,
+                reason,
+            });
+        }
+        Ok(moved)
     }
 
     fn semaphore_next_due(&mut self) -> Result<Option<i64>, StorageError> {

@@ -339,3 +339,70 @@ fn a_corrupt_row_is_a_typed_error_and_stays_deletable() {
         .unwrap_err();
     assert_eq!(err.code(), "SEMAPHORE_CORRUPT", "{err}");
 }
+
+#[test]
+fn the_alarm_quarantines_a_corrupt_row_and_settles_every_pool() {
+    let make = file_storages();
+    let storage = Arc::new(make());
+    let clock = ManualClock::new(1_000);
+    let h = open(Arc::clone(&storage), &clock).unwrap();
+    for (pool, key) in [("p", "bad"), ("p", "good"), ("q", "other")] {
+        h.scheduler
+            .transaction(|tx| {
+                h.sem.configure(tx, pool, PoolConfig::new(3))?;
+                h.sem
+                    .acquire(tx, &Acquire::new(pool, key, "s1", 1).lease_ms(100))
+            })
+            .unwrap();
+    }
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .execute_batch(
+                    "UPDATE durability_semaphore_request SET count = 'many' WHERE key = 'bad'",
+                )
+                .map_err(|e| durability_scheduler::StorageError::backend("test", e))
+        })
+        .unwrap();
+    clock.advance(100);
+    run_alarm(&h.scheduler).unwrap();
+    let (p, q) = storage
+        .transaction(|tx| {
+            Ok::<_, SemaphoreError>((
+                tx.semaphore_pool("p")?.unwrap(),
+                tx.semaphore_pool("q")?.unwrap(),
+            ))
+        })
+        .unwrap();
+    assert_eq!((q.held, q.expired), (0, 1), "the other pool was settled");
+    assert_eq!(
+        (p.held, p.expired),
+        (1, 1),
+        "the healthy grant expired; the quarantined one's permit stays held"
+    );
+    let quarantined: (i64, String) = storage
+        .transaction(|tx| {
+            tx.sql()
+                .query_row(
+                    "SELECT count(*), max(reason) FROM durability_semaphore_quarantine",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(|e| durability_scheduler::StorageError::backend("test", e))
+        })
+        .unwrap();
+    assert_eq!(quarantined.0, 1);
+    assert!(quarantined.1.contains("count"), "{quarantined:?}");
+    assert_eq!(
+        h.scheduler.alarm_at(),
+        Some(1_100 + durability_semaphore::DEFAULT_KEY_RETENTION_MS),
+        "the alarm moved on"
+    );
+    let again = h
+        .scheduler
+        .transaction(|tx| h.sem.acquire(tx, &Acquire::new("p", "new", "s2", 2)));
+    assert!(
+        matches!(again, Ok(durability_semaphore::Acquired::Granted(_))),
+        "the pool serves again: {again:?}"
+    );
+}
