@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::Holder;
-use crate::{Acquire, Acquired, EventKind, Outcome, PoolConfig, Released};
+use crate::{Acquire, Acquired, EventKind, Outcome, PoolConfig, PoolRow, Released};
 
 /// Where a model request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,40 +368,40 @@ fn grant_answer(r: Result<crate::Grant, crate::SemaphoreError>) -> Answer {
     answer_of(r.map(Acquired::Granted))
 }
 
-/// Runs `ops` on a pool of `capacity`, `max_queue`, `retention`, checking
-/// everything after every step.
-fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
-    let config = |capacity| {
+/// One test run: the semaphore, the model, and the last request sent
+/// under each key (retried as is).
+struct Run {
+    h: Holder,
+    m: Model,
+    sent: BTreeMap<u8, Acquire>,
+    max_queue: u64,
+    retention: i64,
+}
+
+impl Run {
+    fn config(&self, capacity: u64) -> PoolConfig {
         PoolConfig::new(capacity)
-            .max_queue(max_queue)
-            .key_retention_ms(retention)
-    };
-    let h = Holder::new(Some(config(capacity)));
-    let mut m = Model {
-        capacity,
-        max_queue,
-        retention,
-        last_id: 0,
-        reqs: BTreeMap::new(),
-        granted: 0,
-        used: 0,
-        released: 0,
-        expired: 0,
-        timed_out: 0,
-        cancelled: 0,
-    };
-    // The last request sent under each key, retried as is.
-    let mut sent: BTreeMap<u8, Acquire> = BTreeMap::new();
-    for (step, op) in ops.iter().enumerate() {
-        let now = h.scheduler.now_ms();
-        let before = h.raw().0.unwrap();
-        let saved = m.clone();
-        let id_of = |m: &Model, key: u8| m.reqs.get(&format!("k{key}")).map_or(999, |r| r.id);
-        let holder_of = |key: u8, wrong: bool| {
-            let holder = sent.get(&key).map_or("s9".to_owned(), |a| a.holder.clone());
-            if wrong { format!("{holder}-x") } else { holder }
-        };
-        let (got, want) = match op {
+            .max_queue(self.max_queue)
+            .key_retention_ms(self.retention)
+    }
+
+    fn id_of(&self, key: u8) -> u64 {
+        self.m.reqs.get(&format!("k{key}")).map_or(999, |r| r.id)
+    }
+
+    fn holder_of(&self, key: u8, wrong: bool) -> String {
+        let holder = self
+            .sent
+            .get(&key)
+            .map_or("s9".to_owned(), |a| a.holder.clone());
+        if wrong { format!("{holder}-x") } else { holder }
+    }
+
+    /// Applies `op` to both sides: (the semaphore's answer, the model's),
+    /// or `None` when the op does not apply.
+    fn apply(&mut self, op: &Op, now: i64) -> Option<(Answer, Answer)> {
+        let h = &self.h;
+        Some(match op {
             Op::Acquire {
                 key,
                 shard,
@@ -413,62 +413,59 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
                     .lease_ms(*lease)
                     .wait_ms(*wait);
                 let got = answer_of(h.acquire(&req));
-                let want = m.acquire(&req, now);
+                let want = self.m.acquire(&req, now);
                 if !matches!(want, Answer::Refused(_)) {
-                    sent.insert(*key, req);
+                    self.sent.insert(*key, req);
                 }
                 (got, want)
             }
-            Op::Retry { key } => match sent.get(key) {
-                Some(req) => (answer_of(h.acquire(req)), m.acquire(req, now)),
-                None => continue,
-            },
+            Op::Retry { key } => {
+                let req = self.sent.get(key)?;
+                (answer_of(h.acquire(req)), self.m.acquire(req, now))
+            }
             Op::Renew { key, wrong } => {
-                let (id, holder) = (id_of(&m, *key), holder_of(*key, *wrong));
-                (
-                    grant_answer(h.scheduler.transaction(|tx| h.sem.renew(tx, &holder, id))),
-                    m.renew(id, &holder, now),
-                )
+                let (id, holder) = (self.id_of(*key), self.holder_of(*key, *wrong));
+                let got = grant_answer(h.scheduler.transaction(|tx| h.sem.renew(tx, &holder, id)));
+                (got, self.m.renew(id, &holder, now))
             }
             Op::Used { key, total } => {
-                let (id, holder) = (id_of(&m, *key), holder_of(*key, false));
-                (
-                    grant_answer(
-                        h.scheduler
-                            .transaction(|tx| h.sem.used(tx, &holder, id, *total)),
-                    ),
-                    m.used(id, &holder, *total, now),
-                )
+                let (id, holder) = (self.id_of(*key), self.holder_of(*key, false));
+                let got = grant_answer(
+                    h.scheduler
+                        .transaction(|tx| h.sem.used(tx, &holder, id, *total)),
+                );
+                (got, self.m.used(id, &holder, *total, now))
             }
             Op::Release { key, wrong } => {
-                let (id, holder) = (id_of(&m, *key), holder_of(*key, *wrong));
+                let (id, holder) = (self.id_of(*key), self.holder_of(*key, *wrong));
                 let got = match h.release(&holder, id) {
                     Ok(r) => Answer::Released(r),
                     Err(e) => Answer::Refused(e.code()),
                 };
-                (got, m.release(id, &holder, now))
+                (got, self.m.release(id, &holder, now))
             }
             Op::Advance { ms, alarm } => {
                 h.clock.advance(*ms);
                 if *alarm {
                     crate::conformance::run_alarm(&h.scheduler).unwrap();
-                    m.settle(h.scheduler.now_ms());
+                    self.m.settle(h.scheduler.now_ms());
                 }
                 (Answer::Done, Answer::Done)
             }
             Op::Capacity { capacity } => {
-                h.configure(config(*capacity)).unwrap();
-                m.capacity = *capacity;
-                m.settle(now);
+                h.configure(self.config(*capacity)).unwrap();
+                self.m.capacity = *capacity;
+                self.m.settle(now);
                 (Answer::Done, Answer::Done)
             }
-        };
-        assert_eq!(got, want, "step {step}: {op:?}");
-        if matches!(want, Answer::Refused(_)) {
-            // A refusal rolls back everything, the settling it did included.
-            m = saved;
-        }
-        let (pool, rows, alarm) = h.raw();
+        })
+    }
+
+    /// The stored state agrees with the model and keeps the invariants;
+    /// `before` is the pool before the step.
+    fn check_state(&self, step: usize, before: &PoolRow) {
+        let m = &self.m;
+        let (pool, rows, alarm) = self.h.raw();
         let pool = pool.unwrap();
         let totals = (
             pool.granted,
@@ -478,18 +475,15 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
             pool.timed_out,
             pool.cancelled,
         );
-        assert_eq!(
-            totals,
-            (
-                m.granted,
-                m.used,
-                m.released,
-                m.expired,
-                m.timed_out,
-                m.cancelled
-            ),
-            "step {step}: totals"
+        let model = (
+            m.granted,
+            m.used,
+            m.released,
+            m.expired,
+            m.timed_out,
+            m.cancelled,
         );
+        assert_eq!(totals, model, "step {step}: totals");
         assert_eq!(
             pool.held,
             m.held(),
@@ -516,8 +510,51 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
             "step {step}: the alarm is the earliest due row"
         );
     }
+}
+
+/// Runs `ops` on a pool of `capacity`, `max_queue`, `retention`, checking
+/// everything after every step.
+fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
+    let config = PoolConfig::new(capacity)
+        .max_queue(max_queue)
+        .key_retention_ms(retention);
+    let m = Model {
+        capacity,
+        max_queue,
+        retention,
+        last_id: 0,
+        reqs: BTreeMap::new(),
+        granted: 0,
+        used: 0,
+        released: 0,
+        expired: 0,
+        timed_out: 0,
+        cancelled: 0,
+    };
+    let mut run = Run {
+        h: Holder::new(Some(config)),
+        m,
+        sent: BTreeMap::new(),
+        max_queue,
+        retention,
+    };
+    for (step, op) in ops.iter().enumerate() {
+        let now = run.h.scheduler.now_ms();
+        let before = run.h.raw().0.unwrap();
+        let saved = run.m.clone();
+        let Some((got, want)) = run.apply(op, now) else {
+            continue;
+        };
+        assert_eq!(got, want, "step {step}: {op:?}");
+        if matches!(want, Answer::Refused(_)) {
+            // A refusal rolls back everything, the settling it did included.
+            run.m = saved;
+        }
+        run.check_state(step, &before);
+    }
     // Grants are made in arrival order, each request at most once.
-    let granted: Vec<u64> = h
+    let granted: Vec<u64> = run
+        .h
         .events
         .lock()
         .unwrap()
