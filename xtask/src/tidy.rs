@@ -15,6 +15,7 @@ const CAPABILITY_CRATES: &[&str] = &[
     "durability-topology",
     "durability-topology-client",
     "durability-alarms",
+    "durability-semaphore",
 ];
 
 /// Drivers a capability crate must not reach through normal dependencies.
@@ -504,10 +505,11 @@ fn event_scanner_handles_multi_line_invocations() {
 /// The heading of the crate graph section in ARCHITECTURE.md.
 const CRATE_GRAPH_HEADING: &str = "## Crate graph";
 
-/// One documented line per normal dependency between the packages under
-/// `crates/`, as `cargo metadata` declares them: `- from → to`, with
-/// ` (feature a, b)` for an optional dependency (the features that enable it
-/// with `dep:`, or its implicit feature).
+/// One documented line per package under `crates/` that depends on another,
+/// naming every normal dependency between them as `cargo metadata` declares
+/// them: `- from → to; to (feature a, b)`, each optional dependency with the
+/// features that enable it (with `dep:`, or its implicit feature), the
+/// targets sorted.
 fn crate_graph_lines(meta: &Value) -> Vec<String> {
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let crates_dir = canonical(&root().join("crates"));
@@ -528,6 +530,7 @@ fn crate_graph_lines(meta: &Value) -> Vec<String> {
     let mut lines = Vec::new();
     for p in &library {
         let from = p["name"].as_str().unwrap_or_default();
+        let mut targets = Vec::new();
         let mut edges: Vec<(String, bool)> = Vec::new();
         for dep in p["dependencies"].as_array().into_iter().flatten() {
             let to = dep["name"].as_str().unwrap_or_default();
@@ -542,7 +545,7 @@ fn crate_graph_lines(meta: &Value) -> Vec<String> {
         }
         for (to, optional) in edges {
             if !optional {
-                lines.push(format!("- {from} → {to}"));
+                targets.push(to);
                 continue;
             }
             let key = dep_key(p, &to);
@@ -564,7 +567,11 @@ fn crate_graph_lines(meta: &Value) -> Vec<String> {
                 features.push(&key);
             }
             features.sort_unstable();
-            lines.push(format!("- {from} → {to} (feature {})", features.join(", ")));
+            targets.push(format!("{to} (feature {})", features.join(", ")));
+        }
+        targets.sort();
+        if !targets.is_empty() {
+            lines.push(format!("- {from} → {}", targets.join("; ")));
         }
     }
     lines.sort();

@@ -21,6 +21,8 @@
 //!   (`TopologyTx`) and the key-value publication store of `durability-topology`.
 //! - `alarms`: the `alarms` module, the object-side alarm rows and the
 //!   embedded alarm job index of `durability-alarms`.
+//! - `semaphore`: the semaphore store of `durability-semaphore` (pools,
+//!   requests, the id counter) on [`SqliteTx`].
 //!
 //! # Example
 //!
@@ -95,3 +97,5 @@ pub mod topology;
 pub mod alarms;
 
 pub mod docs;
+#[cfg(feature = "semaphore")]
+mod semaphore;

@@ -263,6 +263,11 @@ impl SqliteStorage {
             durability_alarms::SCHEMA.to_owned(),
             (crate::alarms::STEPS, crate::alarms::SQL_STEPS),
         );
+        #[cfg(feature = "semaphore")]
+        schemas.insert(
+            durability_semaphore::SCHEMA.to_owned(),
+            (crate::semaphore::STEPS, crate::semaphore::SQL_STEPS),
+        );
         Ok(Self {
             conn: Mutex::new(conn),
             #[cfg(feature = "outbox")]

@@ -12,3 +12,4 @@ mod object_fence;
 mod object_floor;
 mod ownership;
 mod reconcile;
+mod semaphore;
