@@ -85,6 +85,11 @@ fn families() -> Vec<Family> {
             Snake("do_alarm_"),
             durability_alarms::AlarmError::CODES,
         ),
+        f(
+            "durability-semaphore::SemaphoreError",
+            Screaming("SEMAPHORE_"),
+            durability_semaphore::SemaphoreError::CODES,
+        ),
         Family {
             owner: "durability-host::HostError",
             style: Snake("host_"),
