@@ -1000,3 +1000,50 @@ fn the_metrics_scanner_reads_literal_names_and_flags_the_rest() {
         ]
     );
 }
+
+/// The host's one module that may know SQLite (its object store).
+const HOST_SQLITE_MODULE: &str = "store/sqlite";
+
+/// Lines of `text` (1-based) that name SQLite in code: the SQLite crates
+/// or an object file name. Comments and doc comments (doctests need a
+/// concrete store) do not count.
+fn sqlite_mentions(text: &str) -> Vec<usize> {
+    let names = ["rusqlite", "durability_storage_sqlite", ".sqlite\""];
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| names.iter().any(|n| line.contains(n)))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn only_the_hosts_object_store_module_names_sqlite() {
+    let src = root().join("crates/host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 5, "the tidy check found the host's sources");
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let relative = f.strip_prefix(&src).expect("under src");
+            !relative.with_extension("").starts_with(HOST_SQLITE_MODULE)
+        })
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            sqlite_mentions(&text)
+                .into_iter()
+                .map(move |line| format!("{}:{line}", f.display()))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "SQLite named outside crates/host/src/{HOST_SQLITE_MODULE}: {offenders:?}"
+    );
+}
+
+#[test]
+fn the_sqlite_scan_sees_code_and_skips_comments() {
+    let text = "//! uses rusqlite\nuse durability_storage_sqlite::SqliteStorage;\n/// rusqlite in docs\nlet p = format!(\"{n}.sqlite\");\n    let c = rusqlite::Connection::open(p);\n";
+    assert_eq!(sqlite_mentions(text), vec![2, 4, 5]);
+}

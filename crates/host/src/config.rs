@@ -3,20 +3,19 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward, RemoteOwner};
 use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use futures::future::BoxFuture;
 
 use crate::error::BoxError;
 use crate::settings::HostSettings;
+use crate::store::{DefaultObjectStore, DefaultStorage, ObjectStore};
 
 /// What an object's factory gets: the object's identity, its scheduler
 /// (storage, one alarm, clock) and its alarms.
-pub struct ObjectCtx<I> {
+pub struct ObjectCtx<I, D = DefaultStorage> {
     /// The object's class.
     pub class: String,
     /// The object's name within its class.
@@ -24,12 +23,12 @@ pub struct ObjectCtx<I> {
     /// The object id (`<storage id>:<class>:<name>`).
     pub id: ObjectId,
     /// The object's scheduler; its storage is fenced at the scope's claim.
-    pub scheduler: Scheduler<SqliteStorage>,
+    pub scheduler: Scheduler<D>,
     /// The object's alarm (backed by the host's alarm index).
-    pub alarms: durability_alarms::Alarms<SqliteStorage, I>,
+    pub alarms: durability_alarms::Alarms<D, I>,
 }
 
-impl<I> std::fmt::Debug for ObjectCtx<I> {
+impl<I, D> std::fmt::Debug for ObjectCtx<I, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectCtx")
             .field("id", &self.id)
@@ -38,7 +37,8 @@ impl<I> std::fmt::Debug for ObjectCtx<I> {
 }
 
 pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
-pub(crate) type Factory<I> = Arc<dyn Fn(&ObjectCtx<I>) -> Result<Instance, BoxError> + Send + Sync>;
+pub(crate) type Factory<I, D> =
+    Arc<dyn Fn(&ObjectCtx<I, D>) -> Result<Instance, BoxError> + Send + Sync>;
 
 /// Which scopes the owner loop claims (besides those a call claims on
 /// first use).
@@ -102,34 +102,33 @@ impl Forward for ForwardHook {
 
 /// Everything a host needs. Build it with [`HostConfig::new`] and the
 /// setters; [`crate::Host::start`] validates it all before anything starts.
-pub struct HostConfig<S, I> {
+pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) lease_store: Arc<S>,
     pub(crate) alarm_index: Arc<I>,
-    pub(crate) root: PathBuf,
+    pub(crate) objects: O,
     pub(crate) storage_id: String,
     pub(crate) lifecycle: String,
     pub(crate) task: String,
     pub(crate) endpoint: Option<String>,
-    pub(crate) classes: BTreeMap<String, Factory<I>>,
+    pub(crate) classes: BTreeMap<String, Factory<I, O::Storage>>,
     pub(crate) settings: HostSettings,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) own: OwnPolicy,
     pub(crate) create_active_storage: bool,
     pub(crate) dispatcher: DispatcherConfig,
-    pub(crate) sqlite: SqliteOptions,
     pub(crate) forward: Option<Arc<dyn HostForward>>,
     pub(crate) run_dispatcher: bool,
-    pub(crate) methods: crate::rpc::Methods<I>,
+    pub(crate) methods: crate::rpc::Methods<I, O::Storage>,
     pub(crate) method_names: Vec<(String, String)>,
-    pub(crate) fetchers: crate::fetch::Fetchers<I>,
-    pub(crate) connectors: crate::connect::Connectors<I>,
+    pub(crate) fetchers: crate::fetch::Fetchers<I, O::Storage>,
+    pub(crate) connectors: crate::connect::Connectors<I, O::Storage>,
     pub(crate) internal_token: Option<String>,
     pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
     pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
     pub(crate) transport: Arc<dyn crate::transport::Transport>,
 }
 
-impl<S, I> std::fmt::Debug for HostConfig<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token.
         f.debug_struct("HostConfig")
@@ -140,16 +139,17 @@ impl<S, I> std::fmt::Debug for HostConfig<S, I> {
     }
 }
 
-impl<S, I> HostConfig<S, I> {
+impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// A host of task `task` serving storage `storage_id` of lifecycle
     /// `lifecycle` (the logical worker whose active storage pointer names
     /// the storage), with leases in `lease_store`, alarm jobs in
-    /// `alarm_index`, and one SQLite file per object under `root` (a
-    /// directory every host of the deployment shares).
-    pub fn new(
+    /// `alarm_index`, and its objects in `objects` (a store every host of
+    /// the deployment shares). With the default SQLite directory:
+    /// [`HostConfig::new`].
+    pub fn with_store(
         lease_store: Arc<S>,
         alarm_index: Arc<I>,
-        root: impl Into<PathBuf>,
+        objects: O,
         storage_id: &str,
         lifecycle: &str,
         task: &str,
@@ -157,7 +157,7 @@ impl<S, I> HostConfig<S, I> {
         Self {
             lease_store,
             alarm_index,
-            root: root.into(),
+            objects,
             storage_id: storage_id.to_owned(),
             lifecycle: lifecycle.to_owned(),
             task: task.to_owned(),
@@ -168,7 +168,6 @@ impl<S, I> HostConfig<S, I> {
             own: OwnPolicy::default(),
             create_active_storage: false,
             dispatcher: DispatcherConfig::default(),
-            sqlite: SqliteOptions::default(),
             forward: None,
             run_dispatcher: true,
             methods: BTreeMap::new(),
@@ -197,9 +196,9 @@ impl<S, I> HostConfig<S, I> {
     pub fn class<T, F>(mut self, name: &str, factory: F) -> Self
     where
         T: Send + Sync + 'static,
-        F: Fn(&ObjectCtx<I>) -> Result<T, BoxError> + Send + Sync + 'static,
+        F: Fn(&ObjectCtx<I, O::Storage>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let factory: Factory<I> =
+        let factory: Factory<I, O::Storage> =
             Arc::new(move |ctx| factory(ctx).map(|t| Arc::new(t) as Instance));
         self.classes.insert(name.to_owned(), factory);
         self
@@ -254,13 +253,6 @@ impl<S, I> HostConfig<S, I> {
         self
     }
 
-    /// Options of every object database.
-    #[must_use]
-    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
-        self.sqlite = options;
-        self
-    }
-
     /// Registers RPC method `method` on objects of `class`: `handler` gets
     /// the object's handle and the JSON arguments and returns JSON. The
     /// name is checked at [`crate::Host::start`] (identifier grammar, at
@@ -273,12 +265,12 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, serde_json::Value) -> Fut + Send + Sync + 'static,
+        F: Fn(crate::Handle<T, I, O::Storage>, serde_json::Value) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::rpc::Method<I> = Arc::new(move |input, args| {
+        let wrapped: crate::rpc::Method<I, O::Storage> = Arc::new(move |input, args| {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
@@ -309,12 +301,15 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, crate::fetch::FetchRequest) -> Fut + Send + Sync + 'static,
+        F: Fn(crate::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
+            + Send
+            + Sync
+            + 'static,
         Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::fetch::Fetcher<I> = Arc::new(move |input, request| {
+        let wrapped: crate::fetch::Fetcher<I, O::Storage> = Arc::new(move |input, request| {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
@@ -341,7 +336,11 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, crate::connect::ConnectRequest, crate::connect::Socket) -> Fut
+        F: Fn(
+                crate::Handle<T, I, O::Storage>,
+                crate::connect::ConnectRequest,
+                crate::connect::Socket,
+            ) -> Fut
             + Send
             + Sync
             + 'static,
@@ -349,16 +348,18 @@ impl<S, I> HostConfig<S, I> {
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::connect::Connector<I> = Arc::new(move |input, request, socket| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the connect handler's type").into()
-                })?;
-                handler(handle, request, socket).await
-            })
-        });
+        let wrapped: crate::connect::Connector<I, O::Storage> =
+            Arc::new(move |input, request, socket| {
+                let handler = Arc::clone(&handler);
+                let class_name = class_name.clone();
+                Box::pin(async move {
+                    let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
+                        format!("object class {class_name} is not of the connect handler's type")
+                            .into()
+                    })?;
+                    handler(handle, request, socket).await
+                })
+            });
         self.connectors.insert(class.to_owned(), wrapped);
         self
     }

@@ -213,14 +213,14 @@ impl Socket {
 }
 
 /// A registered connect handler.
-pub(crate) type Connector<I> = Arc<
-    dyn Fn(MethodInput<I>, ConnectRequest, Socket) -> BoxFuture<'static, Result<(), BoxError>>
+pub(crate) type Connector<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, ConnectRequest, Socket) -> BoxFuture<'static, Result<(), BoxError>>
         + Send
         + Sync,
 >;
 
 /// The connect handler of every class that has one: class → handler.
-pub(crate) type Connectors<I> = BTreeMap<String, Connector<I>>;
+pub(crate) type Connectors<I, D> = BTreeMap<String, Connector<I, D>>;
 
 #[cfg(test)]
 mod tests;

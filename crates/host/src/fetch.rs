@@ -278,14 +278,14 @@ fn check_headers(headers: &mut Vec<(String, String)>) -> Result<(), HostError> {
 }
 
 /// A registered fetch handler.
-pub(crate) type Fetcher<I> = Arc<
-    dyn Fn(MethodInput<I>, FetchRequest) -> BoxFuture<'static, Result<FetchResponse, BoxError>>
+pub(crate) type Fetcher<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, FetchRequest) -> BoxFuture<'static, Result<FetchResponse, BoxError>>
         + Send
         + Sync,
 >;
 
 /// The fetch handler of every class that has one: class → handler.
-pub(crate) type Fetchers<I> = BTreeMap<String, Fetcher<I>>;
+pub(crate) type Fetchers<I, D> = BTreeMap<String, Fetcher<I, D>>;
 
 #[cfg(test)]
 mod tests;

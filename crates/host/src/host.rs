@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
@@ -18,7 +17,6 @@ use durability_ownership::{
     OwnerScope, Ownership, OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use durability_time::timeout_at;
 use futures::future::{Either, select};
 use tokio::sync::broadcast;
@@ -32,14 +30,15 @@ use crate::metrics::{self, Figure};
 use crate::routing::{RoutingCounters, RoutingState, RoutingStats};
 use crate::rpc::{MethodInput, validate_method};
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
-use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport, tombstoned};
+use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
+use crate::store::{DefaultObjectStore, DefaultStorage, ObjectKey, ObjectStore};
 use crate::transport::InternalToken;
 
 /// The owner-routed dispatch of a host.
-pub(crate) type HostRouted<S, I> =
-    OwnerRouted<HostLocal<S, I>, ForwardHook, Arc<S>, Arc<dyn Clock>>;
+pub(crate) type HostRouted<S, I, O> =
+    OwnerRouted<HostLocal<S, I, O>, ForwardHook, Arc<S>, Arc<dyn Clock>>;
 /// The dispatcher type of a host.
-type HostDispatcher<S, I> = Dispatcher<I, HostRouted<S, I>>;
+type HostDispatcher<S, I, O> = Dispatcher<I, HostRouted<S, I, O>>;
 
 /// A change of this host's ownership, published to
 /// [`Host::subscribe`]rs.
@@ -212,22 +211,20 @@ const STOPPED: u8 = 2;
 /// A validated object address (the advisory name cache's entries).
 #[derive(Debug, Clone)]
 struct Address {
-    class: String,
-    name: String,
+    key: ObjectKey,
     scope: OwnerScope,
     id: ObjectId,
-    path: PathBuf,
 }
 
 /// One open object.
-struct OpenObject<I> {
+struct OpenObject<I, D> {
     address: Address,
     generation: Generation,
     record: OwnerRecord,
     budget: Arc<LeaseBudget>,
-    scheduler: Scheduler<SqliteStorage>,
-    alarms: Alarms<SqliteStorage, I>,
-    bridge: SchedulerAlarm<SqliteStorage, I>,
+    scheduler: Scheduler<D>,
+    alarms: Alarms<D, I>,
+    bridge: SchedulerAlarm<D, I>,
     instance: Instance,
     watcher: JoinHandle<()>,
     last_used: AtomicI64,
@@ -235,7 +232,7 @@ struct OpenObject<I> {
     closed: AtomicBool,
 }
 
-impl<I> OpenObject<I> {
+impl<I, D: durability_scheduler::Storage> OpenObject<I, D> {
     fn close(&self) {
         if !self.closed.swap(true, Ordering::SeqCst) {
             self.watcher.abort();
@@ -245,9 +242,9 @@ impl<I> OpenObject<I> {
 }
 
 /// Counts a call on its object while it runs (eviction skips busy objects).
-struct Busy<'a, I>(&'a OpenObject<I>);
+struct Busy<'a, I, D>(&'a OpenObject<I, D>);
 
-impl<I> Drop for Busy<'_, I> {
+impl<I, D> Drop for Busy<'_, I, D> {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -255,13 +252,13 @@ impl<I> Drop for Busy<'_, I> {
 
 /// A WebSocket session's hold on its object: the object counts as busy
 /// (idle eviction skips it) until the hold is dropped.
-pub(crate) struct SessionHold<I> {
-    open: Arc<OpenObject<I>>,
+pub(crate) struct SessionHold<I, D> {
+    open: Arc<OpenObject<I, D>>,
     ended: CancellationToken,
     stop: CancellationToken,
 }
 
-impl<I> SessionHold<I> {
+impl<I, D> SessionHold<I, D> {
     /// Resolves when the session must end: its scope was lost here (or
     /// moved to another generation), or the host started draining.
     pub(crate) async fn ended(&self) {
@@ -272,34 +269,33 @@ impl<I> SessionHold<I> {
     }
 }
 
-impl<I> Drop for SessionHold<I> {
+impl<I, D> Drop for SessionHold<I, D> {
     fn drop(&mut self) {
         self.open.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-type Slot<I> = Arc<tokio::sync::Mutex<Option<Arc<OpenObject<I>>>>>;
+type Slot<I, D> = Arc<tokio::sync::Mutex<Option<Arc<OpenObject<I, D>>>>>;
 
 struct ScopeEntry {
     generation: Generation,
     token: CancellationToken,
 }
 
-struct Inner<S, I> {
+struct Inner<S, I, O: ObjectStore> {
     ownership: Ownership<Arc<S>, Arc<dyn Clock>>,
     index: Arc<I>,
     clock: Arc<dyn Clock>,
     storage_id: StorageId,
     lifecycle: LifecycleId,
     endpoint: Option<String>,
-    root: PathBuf,
-    classes: BTreeMap<String, (ClassName, Factory<I>)>,
+    objects: O,
+    classes: BTreeMap<String, (ClassName, Factory<I, O::Storage>)>,
     settings: HostSettings,
     targets: Vec<OwnerScope>,
-    sqlite: SqliteOptions,
     state: AtomicU8,
     scopes: Mutex<HashMap<OwnerScope, ScopeEntry>>,
-    objects: Mutex<HashMap<ObjectId, Slot<I>>>,
+    open: Mutex<HashMap<ObjectId, Slot<I, O::Storage>>>,
     addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
     events: broadcast::Sender<OwnerEvent>,
     /// The receiver made with the channel, before the owner loop ran: the
@@ -308,10 +304,10 @@ struct Inner<S, I> {
     first_events: Mutex<Option<broadcast::Receiver<OwnerEvent>>>,
     counters: Counters,
     stop: CancellationToken,
-    dispatcher: OnceLock<Arc<HostDispatcher<S, I>>>,
-    routed: OnceLock<Arc<HostRouted<S, I>>>,
+    dispatcher: OnceLock<Arc<HostDispatcher<S, I, O>>>,
+    routed: OnceLock<Arc<HostRouted<S, I, O>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    routing: RoutingState<I>,
+    routing: RoutingState<I, O::Storage>,
 }
 
 /// The runtime: owns class shards, opens objects fenced at the current
@@ -380,11 +376,11 @@ struct Inner<S, I> {
 /// # Ok(())
 /// # }
 /// ```
-pub struct Host<S, I> {
-    inner: Arc<Inner<S, I>>,
+pub struct Host<S, I, O: ObjectStore = DefaultObjectStore> {
+    inner: Arc<Inner<S, I, O>>,
 }
 
-impl<S, I> std::fmt::Debug for Host<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for Host<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token, and no per-object state.
         f.debug_struct("Host")
@@ -394,7 +390,7 @@ impl<S, I> std::fmt::Debug for Host<S, I> {
     }
 }
 
-impl<S, I> Clone for Host<S, I> {
+impl<S, I, O: ObjectStore> Clone for Host<S, I, O> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -403,19 +399,19 @@ impl<S, I> Clone for Host<S, I> {
 }
 
 /// An open object, as a call body gets it.
-pub struct Handle<T, I> {
+pub struct Handle<T, I, D = DefaultStorage> {
     /// The object (what its class's factory built).
     pub object: Arc<T>,
     /// Its scheduler (storage, one alarm, clock); transactions commit
     /// through the storage fence.
-    pub scheduler: Scheduler<SqliteStorage>,
+    pub scheduler: Scheduler<D>,
     /// Its alarm.
-    pub alarms: Alarms<SqliteStorage, I>,
+    pub alarms: Alarms<D, I>,
     /// The generation the call runs under.
     pub generation: u64,
 }
 
-impl<T, I> std::fmt::Debug for Handle<T, I> {
+impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handle")
             .field("scheduler", &self.scheduler)
@@ -428,34 +424,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The file name of an object: the name itself when it is a plain
-/// `[A-Za-z0-9_-]` word, else `~` and its UTF-8 bytes in hex, split into
-/// directories of at most 200 characters (file names stay short, and the
-/// two forms never collide: `~` is not a plain character).
-fn object_path(root: &std::path::Path, storage: &str, class: &str, name: &str) -> PathBuf {
-    let mut path = root.join(storage).join(class);
-    let plain = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if plain {
-        return path.join(format!("{name}.sqlite"));
-    }
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    let mut encoded = format!("~{hex}");
-    while encoded.len() > 200 {
-        let rest = encoded.split_off(200);
-        path = path.join(&encoded);
-        encoded = format!("~{rest}");
-    }
-    path.join(format!("{encoded}.sqlite"))
-}
-
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     /// Validates `config`, checks (or creates, when asked) the lifecycle's
     /// active storage pointer, then starts the owner loop and the alarm
@@ -468,7 +441,7 @@ where
     /// missing (and not to be created), names another storage, or a
     /// whole-delete lock is held; [`HostError::Ownership`] when the lease
     /// store cannot be read.
-    pub async fn start(config: HostConfig<S, I>) -> Result<Self, HostError> {
+    pub async fn start(config: HostConfig<S, I, O>) -> Result<Self, HostError> {
         let settings = config.settings;
         settings.validate()?;
         let bad = |setting: &'static str| {
@@ -577,12 +550,10 @@ where
         dispatcher_config
             .validate()
             .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
-        if config.root.as_os_str().is_empty() {
-            return Err(HostError::setting(
-                "root",
-                "the object storage root is empty",
-            ));
-        }
+        config
+            .objects
+            .validate()
+            .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
 
         // Lifecycle records, read through a scope of the first class.
         let (first, _) = classes
@@ -590,14 +561,14 @@ where
             .next()
             .ok_or_else(|| HostError::setting("classes", "at least one object class"))?;
         let probe_scope = OwnerScope::new(storage_id.clone(), first.clone(), 0, count)?;
-        if tombstoned(&config.root, &storage_id) {
+        if let Some(tombstone) = config.objects.tombstone(&storage_id) {
             return Err(HostError::LifecycleRecord {
                 lifecycle: lifecycle.as_str().to_owned(),
                 storage_id: storage_id.as_str().to_owned(),
                 found: format!(
                     "tombstoned: storage {} was deleted ({})",
                     storage_id.as_str(),
-                    crate::storage::tombstone_path(&config.root, &storage_id).display()
+                    tombstone
                 ),
                 how_to_fix:
                     "a deleted storage id is never served again; deploy with a new storage id"
@@ -612,12 +583,10 @@ where
             config.create_active_storage,
         )
         .await?;
-        std::fs::create_dir_all(config.root.join(storage_id.as_str())).map_err(|e| {
-            HostError::setting(
-                "root",
-                format!("cannot create {}: {e}", config.root.display()),
-            )
-        })?;
+        config
+            .objects
+            .prepare(&storage_id)
+            .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
 
         let clock = Arc::clone(&config.clock);
         let ownership = Ownership::with_endpoint(
@@ -635,14 +604,13 @@ where
             storage_id,
             lifecycle,
             endpoint: config.endpoint,
-            root: config.root,
+            objects: config.objects,
             classes,
             settings,
             targets,
-            sqlite: config.sqlite,
             state: AtomicU8::new(RUNNING),
             scopes: Mutex::new(HashMap::new()),
-            objects: Mutex::new(HashMap::new()),
+            open: Mutex::new(HashMap::new()),
             addresses: Mutex::new(lru::LruCache::new(
                 NonZeroUsize::new(ADVISORY_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN),
             )),
@@ -790,16 +758,12 @@ where
             self.inner.settings.ownership.shard_count,
         )?;
         let address = Arc::new(Address {
-            class: class.to_owned(),
-            name: name.to_owned(),
+            key: ObjectKey {
+                class: class.to_owned(),
+                name: name.to_owned(),
+            },
             scope,
             id,
-            path: object_path(
-                &self.inner.root,
-                self.inner.storage_id.as_str(),
-                class,
-                name,
-            ),
         });
         lock(&self.inner.addresses).put(key, Arc::clone(&address));
         Ok(address)
@@ -865,7 +829,7 @@ where
     }
 
     async fn close_where(&self, matches: impl Fn(&Address) -> bool) -> usize {
-        let slots: Vec<Slot<I>> = lock(&self.inner.objects).values().cloned().collect();
+        let slots: Vec<Slot<I, O::Storage>> = lock(&self.inner.open).values().cloned().collect();
         let mut closed = 0;
         for slot in slots {
             let mut guard = slot.lock().await;
@@ -883,13 +847,13 @@ where
     /// Forgets registry slots that hold no open object and that nobody is
     /// using, so the registry stays as large as the set of open objects.
     fn prune_slots(&self) {
-        lock(&self.inner.objects).retain(|_, slot| {
+        lock(&self.inner.open).retain(|_, slot| {
             Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |g| g.is_some())
         });
     }
 
-    fn slot(&self, address: &Address) -> Slot<I> {
-        let mut objects = lock(&self.inner.objects);
+    fn slot(&self, address: &Address) -> Slot<I, O::Storage> {
+        let mut objects = lock(&self.inner.open);
         if let Some(slot) = objects.get(&address.id) {
             return Arc::clone(slot);
         }
@@ -900,7 +864,7 @@ where
     async fn resolve_open(
         &self,
         address: &Address,
-    ) -> Result<(Arc<OpenObject<I>>, CancellationToken), HostError> {
+    ) -> Result<(Arc<OpenObject<I, O::Storage>>, CancellationToken), HostError> {
         let inner = &self.inner;
         let generation = match inner
             .ownership
@@ -942,7 +906,7 @@ where
         // inactive or deleted storage id): admission before the file, and
         // never under a tombstone.
         drop(inner.ownership.admit(&address.scope, generation).await?);
-        if tombstoned(&inner.root, &inner.storage_id) {
+        if inner.objects.tombstone(&inner.storage_id).is_some() {
             return Err(HostError::Ownership(OwnershipError::StorageInactive {
                 storage_id: inner.storage_id.as_str().to_owned(),
             }));
@@ -963,19 +927,11 @@ where
         Ok((open, token))
     }
 
-    /// Opens an object: its SQLite file, fenced at the scope's claim
+    /// Opens an object: its storage in the object store, fenced at the scope's claim
     /// (through the generation floor), its scheduler, alarm and bridge.
-    async fn open(&self, address: &Address) -> Result<OpenObject<I>, HostError> {
+    async fn open(&self, address: &Address) -> Result<OpenObject<I, O::Storage>, HostError> {
         let inner = &self.inner;
-        if let Some(dir) = address.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                HostError::Storage(StorageError::backend(
-                    format!("create {}", dir.display()),
-                    e,
-                ))
-            })?;
-        }
-        let storage = Arc::new(SqliteStorage::open(&address.path, inner.sqlite)?);
+        let storage = inner.objects.open(&inner.storage_id, &address.key).await?;
         let fenced = inner
             .ownership
             .open_fenced(
@@ -994,8 +950,8 @@ where
         let alarms = Alarms::new(&scheduler, Arc::clone(&inner.index)).map_err(HostError::Alarm)?;
         let bridge = SchedulerAlarm::new(&scheduler, alarms.clone());
         let ctx = ObjectCtx {
-            class: address.class.clone(),
-            name: address.name.clone(),
+            class: address.key.class.clone(),
+            name: address.key.name.clone(),
             id: address.id.clone(),
             scheduler: scheduler.clone(),
             alarms: alarms.clone(),
@@ -1003,9 +959,9 @@ where
         let (_, factory) =
             inner
                 .classes
-                .get(&address.class)
+                .get(&address.key.class)
                 .ok_or_else(|| HostError::UnknownClass {
-                    class: address.class.clone(),
+                    class: address.key.class.clone(),
                 })?;
         let instance = factory(&ctx).map_err(|source| HostError::Factory {
             object: address.id.to_string(),
@@ -1034,7 +990,7 @@ where
         &self,
         class: &str,
         name: &str,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
+        work: impl FnOnce(Arc<OpenObject<I, O::Storage>>, Generation) -> Fut,
     ) -> Result<R, HostError>
     where
         Fut: Future<Output = Result<R, HostError>>,
@@ -1049,7 +1005,7 @@ where
         class: &str,
         name: &str,
         expect: Option<u64>,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
+        work: impl FnOnce(Arc<OpenObject<I, O::Storage>>, Generation) -> Fut,
     ) -> Result<R, HostError>
     where
         Fut: Future<Output = Result<R, HostError>>,
@@ -1100,7 +1056,7 @@ where
         class: &str,
         name: &str,
         expect: Option<u64>,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
+        work: impl FnOnce(Arc<OpenObject<I, O::Storage>>, Generation) -> Fut,
     ) -> Result<R, HostError>
     where
         Fut: Future<Output = Result<R, HostError>>,
@@ -1204,7 +1160,7 @@ where
     pub async fn call<T, R, F, Fut>(&self, class: &str, name: &str, body: F) -> Result<R, HostError>
     where
         T: Send + Sync + 'static,
-        F: FnOnce(Handle<T, I>) -> Fut,
+        F: FnOnce(Handle<T, I, O::Storage>) -> Fut,
         Fut: Future<Output = Result<R, BoxError>>,
     {
         self.dispatch(class, name, |open, generation| async move {
@@ -1212,7 +1168,7 @@ where
                 Arc::clone(&open.instance)
                     .downcast::<T>()
                     .map_err(|_| HostError::ClassType {
-                        class: open.address.class.clone(),
+                        class: open.address.key.class.clone(),
                     })?;
             let handle = Handle {
                 object,
@@ -1241,7 +1197,7 @@ where
         body: F,
     ) -> Result<(R, u64), HostError>
     where
-        F: FnOnce(MethodInput<I>) -> Fut,
+        F: FnOnce(MethodInput<I, O::Storage>) -> Fut,
         Fut: Future<Output = Result<R, HostError>>,
     {
         self.dispatch_with(class, name, expect, |open, generation| async move {
@@ -1272,7 +1228,7 @@ where
         class: &str,
         name: &str,
         expect: Option<u64>,
-    ) -> Result<(MethodInput<I>, SessionHold<I>), HostError> {
+    ) -> Result<(MethodInput<I, O::Storage>, SessionHold<I, O::Storage>), HostError> {
         let scope = self.scope_for(class, name)?;
         self.dispatch_with(class, name, expect, |open, generation| async move {
             let ended = lock(&self.inner.scopes)
@@ -1299,7 +1255,7 @@ where
         .await
     }
 
-    pub(crate) fn routing(&self) -> &RoutingState<I> {
+    pub(crate) fn routing(&self) -> &RoutingState<I, O::Storage> {
         &self.inner.routing
     }
 
@@ -1320,7 +1276,7 @@ where
     }
 
     /// The owner-routed dispatch (set once the host started).
-    pub(crate) fn routed(&self) -> Option<&Arc<HostRouted<S, I>>> {
+    pub(crate) fn routed(&self) -> Option<&Arc<HostRouted<S, I, O>>> {
         self.inner.routed.get()
     }
 
@@ -1339,14 +1295,14 @@ where
     ) -> Result<R, HostError>
     where
         T: Send + Sync + 'static,
-        F: FnOnce(&T, &mut Transaction<'_, '_, SqliteStorage>) -> Result<R, StorageError>,
+        F: FnOnce(&T, &mut Transaction<'_, '_, O::Storage>) -> Result<R, StorageError>,
     {
         self.dispatch(class, name, |open, _| async move {
             let object =
                 Arc::clone(&open.instance)
                     .downcast::<T>()
                     .map_err(|_| HostError::ClassType {
-                        class: open.address.class.clone(),
+                        class: open.address.key.class.clone(),
                     })?;
             open.scheduler
                 .transaction(|tx| body(&object, tx))
@@ -1392,7 +1348,7 @@ where
                 loop {
                     let (page, more) = open
                         .scheduler
-                        .transaction(|tx| tx.storage_tx().drop_own_schema_objects(DELETE_PAGE))
+                        .transaction(|tx| O::drop_own_page(tx.storage_tx(), DELETE_PAGE))
                         .map_err(HostError::from_storage)?;
                     report.pages += 1;
                     report.dropped.extend(page);
@@ -1407,7 +1363,7 @@ where
                         .scheduler
                         .transaction(|tx| {
                             let mut cleared = Vec::new();
-                            for capability in tx.storage_tx().due_capabilities()? {
+                            for capability in O::due_capabilities(tx.storage_tx())? {
                                 if !capability.starts_with("outbox:") {
                                     tx.set_due(&capability, None)?;
                                     cleared.push(capability);
@@ -1445,7 +1401,7 @@ where
     }
 
     /// Deletes this host's whole storage id ([`crate::delete_storage_id`]
-    /// with this host's lease store, alarm index, root and lifecycle). Every
+    /// with this host's lease store, alarm index, object store and lifecycle). Every
     /// host serving it, this one included, then refuses its work
     /// (`delete_locked`, `storage_inactive`) and drops its scopes; drain
     /// them afterwards.
@@ -1457,7 +1413,7 @@ where
         crate::storage::delete_storage_id(
             inner.ownership.store().as_ref(),
             inner.index.as_ref(),
-            &inner.root,
+            &inner.objects,
             inner.lifecycle.as_str(),
             inner.storage_id.as_str(),
         )
@@ -1651,7 +1607,7 @@ where
         );
         // The open objects' commit budgets follow the renewed leases.
         let asked_at = inner.clock.now_ms();
-        let slots: Vec<Slot<I>> = lock(&inner.objects).values().cloned().collect();
+        let slots: Vec<Slot<I, O::Storage>> = lock(&inner.open).values().cloned().collect();
         for slot in &slots {
             let open = slot.lock().await.clone();
             if let Some(open) = open
@@ -1801,7 +1757,7 @@ where
         let inner = &self.inner;
         let ownership = inner.ownership.probe();
         let (open_objects, registry_entries) = {
-            let objects = lock(&inner.objects);
+            let objects = lock(&inner.open);
             let open = objects
                 .values()
                 .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
@@ -1906,12 +1862,13 @@ async fn check_lifecycle_records<S: LeaseStore + LifecycleAdmin>(
 }
 
 /// The local side of owner-routed alarm dispatch.
-pub(crate) struct HostLocal<S, I>(Weak<Inner<S, I>>);
+pub(crate) struct HostLocal<S, I, O: ObjectStore>(Weak<Inner<S, I, O>>);
 
-impl<S, I> Dispatch for HostLocal<S, I>
+impl<S, I, O: ObjectStore> Dispatch for HostLocal<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     async fn dispatch(&self, delivery: Delivery) -> DispatchOutcome {
         match self.0.upgrade() {
@@ -1925,12 +1882,13 @@ where
 
 /// The default alarm forward of a host with an internal token: its
 /// transport (see [`Host::forward_alarm`]).
-struct TransportForward<S, I>(Weak<Inner<S, I>>);
+struct TransportForward<S, I, O: ObjectStore>(Weak<Inner<S, I, O>>);
 
-impl<S, I> crate::config::HostForward for TransportForward<S, I>
+impl<S, I, O: ObjectStore> crate::config::HostForward for TransportForward<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
+    O: ObjectStore,
 {
     fn forward(
         &self,
@@ -1949,6 +1907,3 @@ where
         })
     }
 }
-
-#[cfg(test)]
-mod tests;

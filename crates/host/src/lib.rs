@@ -20,8 +20,13 @@
 //!   its objects closed and its running work cancelled; configured scopes
 //!   ([`OwnPolicy`]) are claimed when free; changes are published as
 //!   [`OwnerEvent`]s ([`Host::subscribe`]).
-//! - **Object registry**: an object is opened on first use (one SQLite file
-//!   per object under the root) and fenced at its scope's claim through
+//! - **Object store** ([`ObjectStore`], [`store`]): where objects live.
+//!   The default is the SQLite directory ([`SqliteObjectStore`]: one
+//!   SQLite file per object under a root every host shares), and it is the
+//!   only module of the host that knows SQLite; another backend is one
+//!   module implementing the trait, used through [`HostConfig::with_store`].
+//! - **Object registry**: an object is opened on first use (through the
+//!   object store) and fenced at its scope's claim through
 //!   `Ownership::open_fenced` (the generation floor) before its first
 //!   dispatch; it is closed when the scope is lost. Residency as
 //!   `DO_PREVENT_EVICTION` says ([`Residency`]).
@@ -29,7 +34,7 @@
 //!   (`Ownership::admit`: task, generation, lease budget, lifecycle),
 //!   counted in flight, run under the watchdog (`Ownership::watch`), and
 //!   commits through the object's storage fence (generation, holder and
-//!   lease budget checked inside the SQLite transaction).
+//!   lease budget checked inside the storage's transaction).
 //! - **Alarms** (`durability-alarms`): one `Dispatcher` per host, routed
 //!   through `OwnerRouted`; each open object's scheduler alarm is backed by
 //!   the alarm index (`SchedulerAlarm`), so its pending work resumes on
@@ -179,6 +184,7 @@ mod routing;
 pub mod rpc;
 mod settings;
 mod storage;
+pub mod store;
 pub mod transport;
 
 /// The cancellation token [`transport::serve`] stops on (tokio-util's), so
@@ -195,6 +201,7 @@ pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
 pub use storage::{
-    DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, TOMBSTONE_FILE,
-    delete_storage_id,
+    DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,
 };
+pub use store::sqlite::{SqliteObjectStore, TOMBSTONE_FILE};
+pub use store::{ObjectStore, StoreTx};

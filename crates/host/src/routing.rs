@@ -48,6 +48,7 @@ use crate::error::HostError;
 use crate::host::Host;
 use crate::metrics::{self, Figure};
 use crate::rpc::{MethodInput, Methods, RpcArgs, validate_method};
+use crate::store::ObjectStore;
 use crate::transport::{
     AlarmRequest, Endpoint, EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders,
     PeerDirectory, REDISCOVERY_CODES, Reply, RouteFence, Transport,
@@ -142,10 +143,10 @@ fn bump(figure: &Figure) {
 }
 
 /// What a host routes with.
-pub(crate) struct RoutingState<I> {
-    pub(crate) methods: Methods<I>,
-    pub(crate) fetchers: crate::fetch::Fetchers<I>,
-    pub(crate) connectors: crate::connect::Connectors<I>,
+pub(crate) struct RoutingState<I, D> {
+    pub(crate) methods: Methods<I, D>,
+    pub(crate) fetchers: crate::fetch::Fetchers<I, D>,
+    pub(crate) connectors: crate::connect::Connectors<I, D>,
     pub(crate) token: Option<InternalToken>,
     pub(crate) peers: Arc<dyn PeerDirectory>,
     pub(crate) policy: EndpointPolicy,
@@ -155,13 +156,13 @@ pub(crate) struct RoutingState<I> {
 }
 
 /// An object addressed by class and name, from [`Host::object`].
-pub struct ObjectRef<S, I> {
-    host: Host<S, I>,
+pub struct ObjectRef<S, I, O: ObjectStore = crate::store::DefaultObjectStore> {
+    host: Host<S, I, O>,
     class: String,
     name: String,
 }
 
-impl<S, I> std::fmt::Debug for ObjectRef<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for ObjectRef<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectRef")
             .field("class", &self.class)
@@ -170,7 +171,7 @@ impl<S, I> std::fmt::Debug for ObjectRef<S, I> {
     }
 }
 
-impl<S, I> ObjectRef<S, I>
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -227,14 +228,14 @@ enum Attempt {
     Rediscover(String),
 }
 
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
     /// The object of `class` named `name` (nothing is resolved until a
     /// call).
-    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I> {
+    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
         ObjectRef {
             host: self.clone(),
             class: class.to_owned(),
@@ -690,7 +691,7 @@ where
                 &request.class,
                 &request.name,
                 expect,
-                |input: MethodInput<I>| async move {
+                |input: MethodInput<I, O::Storage>| async move {
                     method(input, args).await.map_err(HostError::Handler)
                 },
             )

@@ -177,16 +177,16 @@ impl MethodError {
 }
 
 /// What a registered method gets besides its arguments.
-pub(crate) struct MethodInput<I> {
+pub(crate) struct MethodInput<I, D> {
     pub(crate) instance: Instance,
-    pub(crate) scheduler: durability_scheduler::Scheduler<durability_storage_sqlite::SqliteStorage>,
-    pub(crate) alarms: durability_alarms::Alarms<durability_storage_sqlite::SqliteStorage, I>,
+    pub(crate) scheduler: durability_scheduler::Scheduler<D>,
+    pub(crate) alarms: durability_alarms::Alarms<D, I>,
     pub(crate) generation: u64,
 }
 
-impl<I> MethodInput<I> {
+impl<I, D> MethodInput<I, D> {
     /// The typed handle, or `None` when the object is not a `T`.
-    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I>> {
+    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I, D>> {
         let object = self.instance.downcast::<T>().ok()?;
         Some(Handle {
             object,
@@ -197,11 +197,12 @@ impl<I> MethodInput<I> {
     }
 }
 
-pub(crate) type Method<I> =
-    Arc<dyn Fn(MethodInput<I>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync>;
+pub(crate) type Method<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync,
+>;
 
 /// The methods of every class: class → method name → handler.
-pub(crate) type Methods<I> = BTreeMap<String, BTreeMap<String, Method<I>>>;
+pub(crate) type Methods<I, D> = BTreeMap<String, BTreeMap<String, Method<I, D>>>;
 
 #[cfg(test)]
 mod tests;

@@ -38,6 +38,7 @@ use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
 use crate::rpc::MethodInput;
+use crate::store::ObjectStore;
 use crate::transport::{ConnectInvoke, ConnectReply, OwnerHeaders, REDISCOVERY_CODES, Reply};
 
 /// The rediscovery reason of a valid trusted owner hint.
@@ -82,16 +83,16 @@ pub(crate) fn after_refusal(reply: Reply<Infallible>) -> Result<String, HostErro
 
 /// An admitted session, not yet running: the owner's headers go on the
 /// `101`, then [`Session::run`] runs the class's handler.
-pub(crate) struct Session<I> {
-    input: MethodInput<I>,
-    hold: SessionHold<I>,
-    connector: Connector<I>,
+pub(crate) struct Session<I, D> {
+    input: MethodInput<I, D>,
+    hold: SessionHold<I, D>,
+    connector: Connector<I, D>,
     request: ConnectRequest,
     /// The owner's trusted headers (this host).
     pub(crate) owner: OwnerHeaders,
 }
 
-impl<I: Send + Sync + 'static> Session<I> {
+impl<I: Send + Sync + 'static, D: Send + Sync + 'static> Session<I, D> {
     /// Runs the handler on `socket` until it returns or the session must
     /// end (scope lost, host draining): then its future is dropped, which
     /// closes the connection.
@@ -124,15 +125,15 @@ impl<I: Send + Sync + 'static> Session<I> {
 }
 
 /// What a host answers a connect it was sent.
-pub(crate) enum Served<I> {
+pub(crate) enum Served<I, D> {
     /// Upgrade: this host owns the scope at the fence (or, unfenced,
     /// resolved it here).
-    Upgrade(Session<I>),
+    Upgrade(Session<I, D>),
     /// Hand off: another task owns the scope.
     Hint(OwnerHeaders),
 }
 
-impl<S, I> ObjectRef<S, I>
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -168,7 +169,7 @@ where
     }
 }
 
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -264,7 +265,7 @@ where
     }
 
     /// Starts an admitted session here and returns the caller's end.
-    async fn open_here(&self, session: Session<I>) -> Socket {
+    async fn open_here(&self, session: Session<I, O::Storage>) -> Socket {
         let (client, server) = Socket::pair().await;
         tokio::spawn(session.run(server));
         client
@@ -326,7 +327,7 @@ where
     pub(crate) async fn serve_connect(
         &self,
         invoke: ConnectInvoke,
-    ) -> Result<Served<I>, HostError> {
+    ) -> Result<Served<I, O::Storage>, HostError> {
         let routing = self.routing();
         bump(&routing.counters.served);
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
@@ -399,7 +400,7 @@ where
         &self,
         invoke: &ConnectInvoke,
         expect: Option<u64>,
-    ) -> Result<Session<I>, HostError> {
+    ) -> Result<Session<I, O::Storage>, HostError> {
         let connector = self
             .routing()
             .connectors

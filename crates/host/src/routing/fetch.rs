@@ -24,6 +24,7 @@ use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::rpc::MethodInput;
+use crate::store::ObjectStore;
 use crate::transport::{FetchInvoke, OwnerHeaders, REDISCOVERY_CODES, Reply};
 
 /// How one fetch attempt ended.
@@ -36,7 +37,7 @@ enum Attempt {
     Untrusted(HostError),
 }
 
-impl<S, I> ObjectRef<S, I>
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -71,7 +72,7 @@ where
     }
 }
 
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -306,7 +307,7 @@ where
                 &invoke.class,
                 &invoke.name,
                 expect,
-                |input: MethodInput<I>| async move {
+                |input: MethodInput<I, O::Storage>| async move {
                     let response = fetcher(input, request).await.map_err(HostError::Handler)?;
                     response.validate().map_err(|e| {
                         HostError::Handler(format!("the fetch handler's response: {e}").into())

@@ -42,6 +42,7 @@ use super::{
 use crate::error::HostError;
 use crate::host::Host;
 use crate::rpc::RpcArgs;
+use crate::store::ObjectStore;
 
 const JSON: &str = "application/json";
 
@@ -454,8 +455,8 @@ pub(crate) fn parse_generation(raw: &str) -> Option<u64> {
 ///
 /// # Errors
 /// [`HostError::Transport`] when the server fails.
-pub async fn serve<S, I>(
-    host: Host<S, I>,
+pub async fn serve<S, I, O: ObjectStore>(
+    host: Host<S, I, O>,
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
 ) -> Result<(), HostError>
@@ -464,13 +465,13 @@ where
     I: AlarmIndex + Send + Sync + 'static,
 {
     let app = Router::new()
-        .route(INVOKE_PATH, post(invoke::<S, I>))
-        .route(ALARM_PATH, post(alarm::<S, I>))
-        .route(FETCH_PATH, post(fetch::fetch_endpoint::<S, I>))
-        .route(CONNECT_PATH, get(connect::connect_endpoint::<S, I>))
-        .route(PROBE_PATH, get(probe::<S, I>))
+        .route(INVOKE_PATH, post(invoke::<S, I, O>))
+        .route(ALARM_PATH, post(alarm::<S, I, O>))
+        .route(FETCH_PATH, post(fetch::fetch_endpoint::<S, I, O>))
+        .route(CONNECT_PATH, get(connect::connect_endpoint::<S, I, O>))
+        .route(PROBE_PATH, get(probe::<S, I, O>))
         .route(HEALTH_PATH, get(|| async { "ok" }))
-        .route(METRICS_PATH, get(metrics::<S, I>))
+        .route(METRICS_PATH, get(metrics::<S, I, O>))
         .with_state(Arc::new(host));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -490,7 +491,7 @@ fn error_response(status: u16, code: &str, message: &str, marked: bool) -> Respo
 }
 
 /// `None` when authorized, else the refusal.
-fn refused<S, I>(host: &Host<S, I>, headers: &HeaderMap) -> Option<Response>
+fn refused<S, I, O: ObjectStore>(host: &Host<S, I, O>, headers: &HeaderMap) -> Option<Response>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
@@ -518,8 +519,8 @@ where
 /// fence (invoke, fetch, alarm delivery): the token (a refusal is
 /// counted), the fence headers, then the body under `cap` (an oversized
 /// Content-Length refused before reading). `Err` is the response to send.
-pub(super) async fn admitted_body<S, I>(
-    host: &Host<S, I>,
+pub(super) async fn admitted_body<S, I, O: ObjectStore>(
+    host: &Host<S, I, O>,
     headers: &HeaderMap,
     body: Body,
     cap: usize,
@@ -574,8 +575,8 @@ fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'static str> {
     }
 }
 
-async fn invoke<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
+async fn invoke<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response
@@ -672,8 +673,8 @@ impl WireAlarm {
     }
 }
 
-async fn alarm<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
+async fn alarm<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response
@@ -717,7 +718,10 @@ where
         .into_response()
 }
 
-async fn probe<S, I>(State(host): State<Arc<Host<S, I>>>, headers: HeaderMap) -> Response
+async fn probe<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+    headers: HeaderMap,
+) -> Response
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -744,7 +748,7 @@ where
     .into_response()
 }
 
-async fn metrics<S, I>(State(host): State<Arc<Host<S, I>>>) -> Response
+async fn metrics<S, I, O: ObjectStore>(State(host): State<Arc<Host<S, I, O>>>) -> Response
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,

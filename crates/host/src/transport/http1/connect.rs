@@ -27,6 +27,7 @@ use super::{
 use crate::connect::{ConnectRequest, Socket};
 use crate::host::Host;
 use crate::routing::Served;
+use crate::store::ObjectStore;
 use crate::transport::{
     CONNECT_HINT_HEADER, CONNECT_HINT_STATUS, CONNECT_HINT_VALUE, CONNECT_META_HEADER,
     CONNECT_PATH, ConnectInvoke, ConnectReply, Endpoint, InternalToken, MAX_ENDPOINT_BYTES,
@@ -224,8 +225,8 @@ fn handoff_response(owner: &OwnerHeaders) -> Response {
 /// `GET /internal/do/connect`: token, fence, the upgrade headers, the
 /// tenant's request under the fetch limits, then [`Host::serve_connect`];
 /// `101` only when this host admitted the session as the owner.
-pub(super) async fn connect_endpoint<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
+pub(super) async fn connect_endpoint<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
     request: Request,
 ) -> Response
 where

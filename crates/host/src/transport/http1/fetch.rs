@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::{HttpTransport, admitted_body, error_response, internal_post, put_owner_headers};
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
+use crate::store::ObjectStore;
 use crate::transport::{
     Endpoint, FETCH_PATH, FetchInvoke, InternalToken, MAX_FETCH_META_BYTES, MAX_FETCH_WIRE_BYTES,
     Reply,
@@ -125,8 +126,8 @@ impl HttpTransport {
 /// `POST /internal/do/fetch`: token, fence, the frame under its cap (an
 /// oversized Content-Length refused before reading), the limits, then
 /// [`Host::serve_fetch`].
-pub(super) async fn fetch_endpoint<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
+pub(super) async fn fetch_endpoint<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response
