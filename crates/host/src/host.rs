@@ -1048,7 +1048,14 @@ where
         if let Some((scope, code)) = lost {
             self.drop_scope(&scope, code).await;
         }
-        result
+        // Sent to this task at a generation it does not own: the route
+        // fence is stale (a trusted pre-dispatch `stale_owner`).
+        match (result, expect) {
+            (Err(HostError::NotOwner { .. }), Some(generation)) => {
+                Err(HostError::StaleFence { generation })
+            }
+            (result, _) => result,
+        }
     }
 
     async fn dispatch_inner<R, Fut>(
