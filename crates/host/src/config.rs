@@ -1,42 +1,20 @@
 //! [`HostConfig`]: what a host needs to start, set with a builder.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward, RemoteOwner};
-use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
+use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
 use crate::error::BoxError;
+use crate::object::{Instance, ObjectCtx};
 use crate::settings::HostSettings;
-use crate::store::{DefaultObjectStore, DefaultStorage, ObjectStore};
+use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
+use crate::store::{DefaultObjectStore, ObjectStore};
 
-/// What an object's factory gets: the object's identity, its scheduler
-/// (storage, one alarm, clock) and its alarms.
-pub struct ObjectCtx<I, D = DefaultStorage> {
-    /// The object's class.
-    pub class: String,
-    /// The object's name within its class.
-    pub name: String,
-    /// The object id (`<storage id>:<class>:<name>`).
-    pub id: ObjectId,
-    /// The object's scheduler; its storage is fenced at the scope's claim.
-    pub scheduler: Scheduler<D>,
-    /// The object's alarm (backed by the host's alarm index).
-    pub alarms: durability_alarms::Alarms<D, I>,
-}
-
-impl<I, D> std::fmt::Debug for ObjectCtx<I, D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectCtx")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
 pub(crate) type Factory<I, D> =
     Arc<dyn Fn(&ObjectCtx<I, D>) -> Result<Instance, BoxError> + Send + Sync>;
 
@@ -265,7 +243,10 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I, O::Storage>, serde_json::Value) -> Fut + Send + Sync + 'static,
+        F: Fn(crate::object::Handle<T, I, O::Storage>, serde_json::Value) -> Fut
+            + Send
+            + Sync
+            + 'static,
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
@@ -301,7 +282,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
             + Send
             + Sync
             + 'static,
@@ -337,7 +318,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
         F: Fn(
-                crate::Handle<T, I, O::Storage>,
+                crate::object::Handle<T, I, O::Storage>,
                 crate::connect::ConnectRequest,
                 crate::connect::Socket,
             ) -> Fut
@@ -404,6 +385,39 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     #[must_use]
     pub fn forward(mut self, forward: impl HostForward) -> Self {
         self.forward = Some(Arc::new(forward));
+        self
+    }
+}
+
+impl<S, I> HostConfig<S, I, SqliteObjectStore> {
+    /// A host of task `task` serving storage `storage_id` of lifecycle
+    /// `lifecycle` (the logical worker whose active storage pointer names
+    /// the storage), with leases in `lease_store`, alarm jobs in
+    /// `alarm_index`, and one SQLite file per object under `root` (a
+    /// directory every host of the deployment shares). Another object
+    /// store: [`HostConfig::with_store`].
+    pub fn new(
+        lease_store: Arc<S>,
+        alarm_index: Arc<I>,
+        root: impl Into<PathBuf>,
+        storage_id: &str,
+        lifecycle: &str,
+        task: &str,
+    ) -> Self {
+        Self::with_store(
+            lease_store,
+            alarm_index,
+            SqliteObjectStore::new(root),
+            storage_id,
+            lifecycle,
+            task,
+        )
+    }
+
+    /// Options of every object database.
+    #[must_use]
+    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
+        self.objects = self.objects.options(options);
         self
     }
 }

@@ -41,7 +41,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::error::{BoxError, HostError};
 use crate::fetch::FetchRequest;
-use crate::rpc::MethodInput;
+use crate::object::MethodInput;
 
 /// The largest WebSocket message (and frame) either end accepts: 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;

@@ -43,8 +43,11 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, HostError};
-use crate::rpc::MethodInput;
-use crate::transport::CONTROL_HEADER_PREFIX;
+use crate::object::MethodInput;
+
+/// Every control header prefix: a request's or response's headers under it
+/// that the host did not set itself are stripped.
+pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
 
 /// The longest method, in bytes.
 pub const MAX_METHOD_BYTES: usize = 64;

@@ -24,14 +24,15 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{Factory, ForwardHook, HostConfig, Instance, ObjectCtx, OwnPolicy};
+use crate::config::{Factory, ForwardHook, HostConfig, OwnPolicy};
 use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
-use crate::routing::{RoutingCounters, RoutingState, RoutingStats};
-use crate::rpc::{MethodInput, validate_method};
+use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
+use crate::route_table::{RoutingCounters, RoutingState, RoutingStats};
+use crate::rpc::validate_method;
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
-use crate::store::{DefaultObjectStore, DefaultStorage, ObjectKey, ObjectStore};
+use crate::store::{DefaultObjectStore, ObjectKey, ObjectStore};
 use crate::transport::InternalToken;
 
 /// The owner-routed dispatch of a host.
@@ -395,28 +396,6 @@ impl<S, I, O: ObjectStore> Clone for Host<S, I, O> {
         Self {
             inner: Arc::clone(&self.inner),
         }
-    }
-}
-
-/// An open object, as a call body gets it.
-pub struct Handle<T, I, D = DefaultStorage> {
-    /// The object (what its class's factory built).
-    pub object: Arc<T>,
-    /// Its scheduler (storage, one alarm, clock); transactions commit
-    /// through the storage fence.
-    pub scheduler: Scheduler<D>,
-    /// Its alarm.
-    pub alarms: Alarms<D, I>,
-    /// The generation the call runs under.
-    pub generation: u64,
-}
-
-impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handle")
-            .field("scheduler", &self.scheduler)
-            .field("generation", &self.generation)
-            .finish_non_exhaustive()
     }
 }
 

@@ -101,7 +101,7 @@
 //! runs the method once on the host that owns the object's scope. An
 //! uncached call enters this host's router (owner resolution): owned here,
 //! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
-//! ([`transport::serve`], [`transport::HttpTransport`]) with the route
+//! ([`wire::serve`], [`transport::HttpTransport`]) with the route
 //! fence, and the owner's trusted headers teach an owner hint (an LRU of
 //! 10,000 keyed by storage id, class and shard) so the next call goes
 //! straight to the owner. One rediscovery follows a trusted pre-dispatch
@@ -131,7 +131,8 @@
 //! ```no_run
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
-//! use durability_host::transport::{StaticPeers, serve};
+//! use durability_host::transport::StaticPeers;
+//! use durability_host::wire::serve;
 //! use durability_host::{BoxError, Handle, Host, HostConfig, MethodError, OwnPolicy};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -180,21 +181,25 @@ mod error;
 pub mod fetch;
 mod host;
 mod metrics;
+mod object;
+mod route_table;
 mod routing;
 pub mod rpc;
 mod settings;
 mod storage;
 pub mod store;
 pub mod transport;
+pub mod wire;
 
-/// The cancellation token [`transport::serve`] stops on (tokio-util's), so
+/// The cancellation token [`wire::serve`] stops on (tokio-util's), so
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientCalls, ClientStats, RpcClient};
-pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
+pub use config::{HostConfig, HostForward, NoTransport, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
-pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use object::{Handle, ObjectCtx};
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{

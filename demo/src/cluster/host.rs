@@ -10,7 +10,7 @@
 //! free (`OwnPolicy::AllShards`).
 //!
 //! Each host serves its internal endpoints over HTTP/1.1 on a loopback
-//! port (`durability_host::transport::serve`, a shared internal token),
+//! port (`durability_host::wire::serve`, a shared internal token),
 //! advertises that endpoint in the owner records it writes and publishes it
 //! as `<dir>/peers/<task>` (the peer directory, for records without one);
 //! `incr`, `timer` and `read` are RPC methods of the
@@ -373,7 +373,7 @@ where
     });
     let host = Host::start(config).await?;
     let server_stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(durability_host::transport::serve(
+    let server = tokio::spawn(durability_host::wire::serve(
         host.clone(),
         listener,
         server_stop.clone(),

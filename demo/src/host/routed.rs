@@ -27,8 +27,9 @@ use std::time::Instant;
 use axum::extract::State;
 use durability_host::transport::{
     Endpoint, EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, InvokeRequest, Reply,
-    RouteFence, StaticPeers, Transport, serve,
+    RouteFence, StaticPeers, Transport,
 };
+use durability_host::wire::serve;
 use durability_host::{BoxError, Handle, Host, HostConfig, RpcArgs};
 use durability_ownership::SystemClock;
 use durability_scheduler::{Scheduler, StorageError};

@@ -66,7 +66,8 @@ use std::sync::{Arc, Weak};
 use durability_alarms::DispatcherConfig;
 use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
-use durability_host::transport::{PeerDirectory, serve};
+use durability_host::transport::PeerDirectory;
+use durability_host::wire::serve;
 use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };

@@ -13,7 +13,8 @@ use super::rules::{Answer, Rules};
 use super::{Kind, ObjectRef, RunHere};
 use crate::error::HostError;
 use crate::host::Host;
-use crate::rpc::{MethodInput, RpcArgs, validate_method};
+use crate::object::MethodInput;
+use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
 use crate::transport::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, Transport};
 

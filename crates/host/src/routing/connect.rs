@@ -37,7 +37,7 @@ use super::{Kind, ObjectRef, RunHere, bump};
 use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
-use crate::rpc::MethodInput;
+use crate::object::MethodInput;
 use crate::store::ObjectStore;
 use crate::transport::{
     ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, Transport,

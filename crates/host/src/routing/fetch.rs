@@ -25,7 +25,7 @@ use super::{Kind, ObjectRef, RunHere};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
-use crate::rpc::MethodInput;
+use crate::object::MethodInput;
 use crate::store::ObjectStore;
 use crate::transport::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
 

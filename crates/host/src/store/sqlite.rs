@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 use durability_ownership::{LifecycleId, StorageId};
 use durability_scheduler::StorageError;
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
+/// Options of every object database (the SQLite backend's).
+pub use durability_storage_sqlite::SqliteOptions;
+use durability_storage_sqlite::SqliteStorage;
 
 use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
-use crate::config::HostConfig;
 
 #[cfg(test)]
 mod tests;
@@ -69,39 +70,6 @@ impl SqliteObjectStore {
     /// The file of an object.
     fn object_path(&self, storage: &StorageId, object: &ObjectKey) -> PathBuf {
         object_path(&self.root, storage.as_str(), &object.class, &object.name)
-    }
-}
-
-impl<S, I> HostConfig<S, I, SqliteObjectStore> {
-    /// A host of task `task` serving storage `storage_id` of lifecycle
-    /// `lifecycle` (the logical worker whose active storage pointer names
-    /// the storage), with leases in `lease_store`, alarm jobs in
-    /// `alarm_index`, and one SQLite file per object under `root` (a
-    /// directory every host of the deployment shares). Another object
-    /// store: [`HostConfig::with_store`].
-    pub fn new(
-        lease_store: Arc<S>,
-        alarm_index: Arc<I>,
-        root: impl Into<PathBuf>,
-        storage_id: &str,
-        lifecycle: &str,
-        task: &str,
-    ) -> Self {
-        Self::with_store(
-            lease_store,
-            alarm_index,
-            SqliteObjectStore::new(root),
-            storage_id,
-            lifecycle,
-            task,
-        )
-    }
-
-    /// Options of every object database.
-    #[must_use]
-    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
-        self.objects = self.objects.options(options);
-        self
     }
 }
 

@@ -1,6 +1,6 @@
 //! Calls between hosts: the wire (paths, control headers, envelopes), the
 //! [`Transport`] trait a caller sends invokes through, and the HTTP/1.1
-//! implementation ([`HttpTransport`] and [`serve`]).
+//! implementation ([`HttpTransport`] and [`crate::wire::serve`]).
 //!
 //! This module is the only network code of the host. What it carries:
 //!
@@ -48,7 +48,7 @@
 //!   `GET /internal/do/probe` needs the token.
 
 mod endpoint;
-mod http1;
+pub(crate) mod http1;
 
 use std::fmt;
 
@@ -56,7 +56,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
-pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport, serve};
+pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport};
 
 #[cfg(test)]
 pub(crate) use http1::classify_connect;
@@ -103,9 +103,7 @@ pub const CONNECT_HINT_VALUE: &str = "connect";
 /// The status of a connect handoff: the trusted control status (as for a
 /// trusted ownership refusal).
 pub const CONNECT_HINT_STATUS: u16 = 503;
-/// Every control header prefix: a request's or response's headers under it
-/// that the host did not set itself are stripped.
-pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
+pub use crate::fetch::CONTROL_HEADER_PREFIX;
 
 /// The largest invoke body a host reads: the arguments' cap plus room for
 /// the class, the name and the method.
@@ -122,22 +120,7 @@ pub const MAX_FETCH_META_BYTES: usize =
 /// cap plus the metadata cap.
 pub const MAX_FETCH_WIRE_BYTES: usize = crate::fetch::MAX_BODY_BYTES + MAX_FETCH_META_BYTES;
 
-/// Trusted ownership errors that keep their code across hosts (each a
-/// `503` with the marker); any other marked code or status becomes
-/// `owner_unavailable`.
-pub const TRUSTED_OWNERSHIP_CODES: &[&str] = &[
-    "stale_owner",
-    "owner_race",
-    "draining",
-    "lease_expired",
-    "storage_inactive",
-    "worker_delete_locked",
-    "owner_store_unavailable",
-];
-
-/// The pre-dispatch subset: one router rediscovery is allowed after these,
-/// for any method and RPC.
-pub const REDISCOVERY_CODES: &[&str] = &["stale_owner", "owner_race"];
+pub use crate::error::{REDISCOVERY_CODES, TRUSTED_OWNERSHIP_CODES};
 
 /// A route fence: the owner a forwarded or cached-direct call was sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]
