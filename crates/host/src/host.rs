@@ -1,7 +1,7 @@
 //! [`Host`]: the owner loop, the object registry, fenced dispatch, alarms
 //! and drain, over the ownership, alarms and scheduler crates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
@@ -12,9 +12,9 @@ use durability_alarms::{
     OwnerRouted, SchedulerAlarm, ScopeOf,
 };
 use durability_ownership::{
-    AdmissionPermit, ClassName, DrainReport, Generation, Lease, LeaseBudget, LeaseStore,
-    LifecycleAdmin, LifecycleId, ObjectName, OwnerEndpoint, OwnerHintCache, OwnerRecord,
-    OwnerScope, Ownership, OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
+    AdmissionPermit, DrainReport, Generation, Lease, LeaseBudget, LeaseStore, LifecycleAdmin,
+    LifecycleId, ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership, OwnershipError,
+    ProbeScope, Resolution, StorageId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
 use durability_time::timeout_at;
@@ -24,16 +24,17 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{Factory, ForwardHook, HostConfig, OwnPolicy};
+use crate::config::{ForwardHook, HostConfig};
 use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
 use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
 use crate::route_table::{RoutingCounters, RoutingState, RoutingStats};
-use crate::rpc::validate_method;
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
 use crate::store::{DefaultObjectStore, ObjectKey, ObjectStore};
 use crate::transport::InternalToken;
+
+mod start;
 
 /// The owner-routed dispatch of a host.
 pub(crate) type HostRouted<S, I, O> =
@@ -291,7 +292,7 @@ struct Inner<S, I, O: ObjectStore> {
     lifecycle: LifecycleId,
     endpoint: Option<String>,
     objects: O,
-    classes: BTreeMap<String, (ClassName, Factory<I, O::Storage>)>,
+    classes: start::Classes<I, O::Storage>,
     settings: HostSettings,
     targets: Vec<OwnerScope>,
     state: AtomicU8,
@@ -420,173 +421,41 @@ where
     /// missing (and not to be created), names another storage, or a
     /// whole-delete lock is held; [`HostError::Ownership`] when the lease
     /// store cannot be read.
-    pub async fn start(config: HostConfig<S, I, O>) -> Result<Self, HostError> {
-        let settings = config.settings;
-        settings.validate()?;
-        let bad = |setting: &'static str| {
-            move |e: OwnershipError| HostError::setting(setting, e.to_string())
-        };
-        let storage_id = StorageId::new(&config.storage_id).map_err(bad("storage_id"))?;
-        let lifecycle = LifecycleId::new(&config.lifecycle).map_err(bad("lifecycle"))?;
-        let task = TaskId::new(&config.task).map_err(bad("task"))?;
-        if let Some(e) = &config.endpoint
-            && (e.is_empty() || e.len() > 512 || e.chars().any(char::is_control))
-        {
-            return Err(HostError::setting(
-                "endpoint",
-                "must be 1..=512 bytes without control characters",
-            ));
-        }
-        let token = config
-            .internal_token
-            .as_deref()
-            .map(InternalToken::new)
-            .transpose()?;
-        // With calls between hosts on, the endpoint must pass this host's
-        // own policy, and every owner record it writes advertises it.
-        let advertised = match (&config.endpoint, &token) {
-            (Some(e), Some(_)) => {
-                let checked = config
-                    .endpoint_policy
-                    .check(e)
-                    .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
-                Some(OwnerEndpoint::new(&checked.url()).map_err(bad("endpoint"))?)
-            }
-            _ => None,
-        };
-        for (class, method) in &config.method_names {
-            if !config.classes.contains_key(class) {
-                return Err(HostError::setting(
-                    "methods",
-                    format!("method {method} names class {class}, which is not configured"),
-                ));
-            }
-            validate_method(method).map_err(|e| HostError::setting("methods", e.to_string()))?;
-        }
-        if let Some(class) = config
-            .fetchers
-            .keys()
-            .find(|c| !config.classes.contains_key(*c))
-        {
-            return Err(HostError::setting(
-                "fetch",
-                format!("a fetch handler names class {class}, which is not configured"),
-            ));
-        }
-        if let Some(class) = config
-            .connectors
-            .keys()
-            .find(|c| !config.classes.contains_key(*c))
-        {
-            return Err(HostError::setting(
-                "connect",
-                format!("a connect handler names class {class}, which is not configured"),
-            ));
-        }
-        if config.classes.is_empty() {
-            return Err(HostError::setting("classes", "at least one object class"));
-        }
-        let count = settings.ownership.shard_count;
-        let mut classes = BTreeMap::new();
-        for (name, factory) in config.classes {
-            let class = ClassName::new(&name).map_err(bad("classes"))?;
-            // Every scope of the class must fit the host-id limit.
-            OwnerScope::new(storage_id.clone(), class.clone(), count.get() - 1, count)
-                .map_err(bad("classes"))?;
-            classes.insert(name, (class, factory));
-        }
-        let targets = match &config.own {
-            OwnPolicy::OnDemand => Vec::new(),
-            OwnPolicy::AllShards => classes
-                .values()
-                .flat_map(|(class, _)| {
-                    (0..count.get()).filter_map(|shard| {
-                        OwnerScope::new(storage_id.clone(), class.clone(), shard, count).ok()
-                    })
-                })
-                .collect(),
-            OwnPolicy::Shards(list) => {
-                let mut out = Vec::new();
-                for (class, shard) in list {
-                    let Some((class, _)) = classes.get(class) else {
-                        return Err(HostError::setting(
-                            "own",
-                            format!("class {class} is not configured"),
-                        ));
-                    };
-                    out.push(
-                        OwnerScope::new(storage_id.clone(), class.clone(), *shard, count)
-                            .map_err(bad("own"))?,
-                    );
-                }
-                out
-            }
-        };
-        let mut dispatcher_config = config.dispatcher;
-        dispatcher_config.stop_grace_ms = dispatcher_config
-            .stop_grace_ms
-            .min(i64::try_from(settings.ownership.drain_in_flight_timeout_ms).unwrap_or(i64::MAX));
-        dispatcher_config
-            .validate()
-            .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
-        config
-            .objects
-            .validate()
-            .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
+    pub async fn start(mut config: HostConfig<S, I, O>) -> Result<Self, HostError> {
+        let validated = start::validate(&mut config)?;
+        start::check_records(&config, &validated).await?;
+        let (host, spawn) = Self::build(config, validated);
+        host.spawn(spawn)?;
+        Ok(host)
+    }
 
-        // Lifecycle records, read through a scope of the first class.
-        let (first, _) = classes
-            .values()
-            .next()
-            .ok_or_else(|| HostError::setting("classes", "at least one object class"))?;
-        let probe_scope = OwnerScope::new(storage_id.clone(), first.clone(), 0, count)?;
-        if let Some(tombstone) = config.objects.tombstone(&storage_id) {
-            return Err(HostError::LifecycleRecord {
-                lifecycle: lifecycle.as_str().to_owned(),
-                storage_id: storage_id.as_str().to_owned(),
-                found: format!(
-                    "tombstoned: storage {} was deleted ({})",
-                    storage_id.as_str(),
-                    tombstone
-                ),
-                how_to_fix:
-                    "a deleted storage id is never served again; deploy with a new storage id"
-                        .to_owned(),
-            });
-        }
-        check_lifecycle_records(
-            config.lease_store.as_ref(),
-            &probe_scope,
-            &lifecycle,
-            &storage_id,
-            config.create_active_storage,
-        )
-        .await?;
-        config
-            .objects
-            .prepare(&storage_id)
-            .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
-
+    /// The host's state, from a validated configuration (nothing runs
+    /// yet), and what [`Self::spawn`] needs.
+    fn build(
+        config: HostConfig<S, I, O>,
+        v: start::Validated<I, O::Storage>,
+    ) -> (Self, start::Spawn<I>) {
         let clock = Arc::clone(&config.clock);
         let ownership = Ownership::with_endpoint(
             Arc::clone(&config.lease_store),
             Arc::clone(&clock),
-            task,
-            advertised,
-            settings.ownership,
+            v.task,
+            v.advertised,
+            v.settings.ownership,
         );
         let (events, first_events) = broadcast::channel(1024);
+        let task = ownership.task().as_str().to_owned();
         let inner = Arc::new(Inner {
-            ownership: ownership.clone(),
+            ownership,
             index: Arc::clone(&config.alarm_index),
-            clock: Arc::clone(&clock),
-            storage_id,
-            lifecycle,
+            clock,
+            storage_id: v.storage_id,
+            lifecycle: v.lifecycle,
             endpoint: config.endpoint,
             objects: config.objects,
-            classes,
-            settings,
-            targets,
+            classes: v.classes,
+            settings: v.settings,
+            targets: v.targets,
             state: AtomicU8::new(RUNNING),
             scopes: Mutex::new(HashMap::new()),
             open: Mutex::new(HashMap::new()),
@@ -595,7 +464,7 @@ where
             )),
             events,
             first_events: Mutex::new(Some(first_events)),
-            counters: Counters::new(ownership.task().as_str()),
+            counters: Counters::new(&task),
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
             routed: OnceLock::new(),
@@ -604,56 +473,65 @@ where
                 methods: config.methods,
                 fetchers: config.fetchers,
                 connectors: config.connectors,
-                token,
+                token: v.token,
                 peers: config.peers,
                 policy: config.endpoint_policy,
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
-                counters: RoutingCounters::new(ownership.task().as_str()),
+                counters: RoutingCounters::new(&task),
             },
         });
-        let host = Self { inner };
+        let spawn = start::Spawn {
+            index: config.alarm_index,
+            forward: config.forward,
+            dispatcher: v.dispatcher,
+            run_dispatcher: config.run_dispatcher,
+        };
+        (Self { inner }, spawn)
+    }
+
+    /// Starts the owner loop and (unless turned off) the alarm dispatcher,
+    /// which delivers through the owner-routed dispatch.
+    fn spawn(&self, spawn: start::Spawn<I>) -> Result<(), HostError> {
+        let inner = &self.inner;
         tracing::info!(
             event = "durability.host.residency_configured",
-            residency = settings.residency.as_str(),
-            task = host.inner.ownership.task().as_str(),
-            storage_id = host.inner.storage_id.as_str(),
+            residency = inner.settings.residency.as_str(),
+            task = inner.ownership.task().as_str(),
+            storage_id = inner.storage_id.as_str(),
             "host configured"
         );
-
-        let scope_of = host.scope_of();
-        let forward: Arc<dyn crate::config::HostForward> = match config.forward {
+        let forward: Arc<dyn crate::config::HostForward> = match spawn.forward {
             Some(custom) => custom,
-            None if host.inner.routing.token.is_some() => {
-                Arc::new(TransportForward(Arc::downgrade(&host.inner)))
+            None if inner.routing.token.is_some() => {
+                Arc::new(TransportForward(Arc::downgrade(inner)))
             }
             None => Arc::new(crate::config::NoTransport),
         };
         let routed = Arc::new(OwnerRouted::new(
-            HostLocal(Arc::downgrade(&host.inner)),
+            HostLocal(Arc::downgrade(inner)),
             ForwardHook(forward),
-            ownership,
-            scope_of,
+            inner.ownership.clone(),
+            self.scope_of(),
         ));
-        let _ = host.inner.routed.set(Arc::clone(&routed));
-        let dispatcher = Arc::new(
-            Dispatcher::new(
-                Arc::clone(&config.alarm_index),
-                routed,
-                Arc::clone(&clock),
-                dispatcher_config,
-            )
-            .map_err(|e| HostError::setting("dispatcher", e.to_string()))?,
-        );
-        let _ = host.inner.dispatcher.set(Arc::clone(&dispatcher));
-        let looper = host.clone();
+        let _ = inner.routed.set(Arc::clone(&routed));
+        let dispatcher = Dispatcher::new(
+            spawn.index,
+            routed,
+            Arc::clone(&inner.clock),
+            spawn.dispatcher,
+        )
+        .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
+        let dispatcher = Arc::new(dispatcher);
+        let _ = inner.dispatcher.set(Arc::clone(&dispatcher));
+        let looper = self.clone();
         let owner_loop = tokio::spawn(async move { looper.owner_loop().await });
-        lock(&host.inner.tasks).push(owner_loop);
-        if config.run_dispatcher {
+        lock(&inner.tasks).push(owner_loop);
+        if spawn.run_dispatcher {
             let run = tokio::spawn(async move { dispatcher.run().await });
-            lock(&host.inner.tasks).push(run);
+            lock(&inner.tasks).push(run);
         }
-        Ok(host)
+        Ok(())
     }
 
     fn scope_of(&self) -> ScopeOf {
@@ -1796,55 +1674,6 @@ pub async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
-}
-
-/// Checks the lifecycle's active storage pointer and delete lock before
-/// the host starts (creating the pointer when asked and absent).
-async fn check_lifecycle_records<S: LeaseStore + LifecycleAdmin>(
-    store: &S,
-    scope: &OwnerScope,
-    lifecycle: &LifecycleId,
-    storage: &StorageId,
-    create: bool,
-) -> Result<(), HostError> {
-    let how = format!(
-        "point it at this storage with LifecycleAdmin::set_active_storage({:?}, Some({:?})) \
-         on the lease store (the control plane's step), or start the host with \
-         HostConfig::create_active_storage_if_absent(true)",
-        lifecycle.as_str(),
-        storage.as_str()
-    );
-    let record = |found: String, how_to_fix: String| HostError::LifecycleRecord {
-        lifecycle: lifecycle.as_str().to_owned(),
-        storage_id: storage.as_str().to_owned(),
-        found,
-        how_to_fix,
-    };
-    let mut snapshot = store.snapshot(scope, lifecycle).await?;
-    if snapshot.active_storage.is_none() && create {
-        store.set_active_storage(lifecycle, Some(storage)).await?;
-        tracing::info!(
-            event = "durability.host.active_storage_created",
-            lifecycle = lifecycle.as_str(),
-            storage_id = storage.as_str(),
-            "created the active storage pointer"
-        );
-        snapshot = store.snapshot(scope, lifecycle).await?;
-    }
-    if snapshot.delete_lock == Some(durability_ownership::DeleteLock::Whole) {
-        return Err(record(
-            "whole-delete locked".to_owned(),
-            "the lifecycle is being deleted; wait for the delete to finish and redeploy with a new storage id".to_owned(),
-        ));
-    }
-    match snapshot.active_storage {
-        None => Err(record("missing".to_owned(), how)),
-        Some(active) if &active != storage => Err(record(
-            format!("{:?}", active.as_str()),
-            "this host serves another storage id than the active one; start it with the active storage id".to_owned(),
-        )),
-        Some(_) => Ok(()),
-    }
 }
 
 /// The local side of owner-routed alarm dispatch.
