@@ -12,9 +12,9 @@ use durability_alarms::{
     OwnerRouted, SchedulerAlarm, ScopeOf,
 };
 use durability_ownership::{
-    AdmissionPermit, DrainReport, Generation, Lease, LeaseBudget, LeaseStore, LifecycleAdmin,
-    LifecycleId, ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership, OwnershipError,
-    ProbeScope, Resolution, StorageId,
+    AdmissionPermit, DrainReport, Generation, LeaseBudget, LeaseStore, LifecycleAdmin, LifecycleId,
+    ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership, OwnershipError, ProbeScope,
+    Resolution, StorageId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
 use durability_time::timeout_at;
@@ -29,11 +29,12 @@ use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
 use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
 use crate::route_table::{RoutingCounters, RoutingState, RoutingStats};
-use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
+use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
 use crate::store::{DefaultObjectStore, ObjectKey, ObjectStore};
 use crate::transport::InternalToken;
 
+mod owner_loop;
 mod start;
 
 /// The owner-routed dispatch of a host.
@@ -1353,197 +1354,6 @@ where
             "alarm delivery ran on this host"
         );
         outcome
-    }
-
-    async fn owner_loop(&self) {
-        let interval = i64::try_from(self.inner.settings.renew_interval()).unwrap_or(i64::MAX);
-        loop {
-            let next = self.inner.clock.now_ms().saturating_add(interval);
-            self.owner_cycle().await;
-            if timeout_at(&self.inner.clock, next, self.inner.stop.cancelled())
-                .await
-                .is_ok()
-            {
-                return;
-            }
-        }
-    }
-
-    /// One cycle of the owner loop (it runs every renew interval on the
-    /// host's clock; tests call it directly): renews every owned scope in
-    /// one batched `renew_all`, drops the scopes whose renew failed
-    /// (closing their objects), moves the open objects' lease budgets,
-    /// claims the configured scopes that are free, and in the evictable
-    /// mode closes idle objects. Does nothing once draining.
-    pub async fn owner_cycle(&self) -> CycleReport {
-        let mut report = CycleReport::default();
-        if !self.running() {
-            return report;
-        }
-        let inner = &self.inner;
-        let results = inner.ownership.renew_all().await;
-        for (scope, result) in &results {
-            match result {
-                Ok(_) => report.renewed += 1,
-                // The store was busy or unreachable: nothing proves the
-                // lease moved. Its objects stay open; the check below takes
-                // the store's word again (the lease is re-adopted when it
-                // is still this task's, at the same generation).
-                Err(
-                    OwnershipError::OwnerRace { .. }
-                    | OwnershipError::StoreUnavailable { .. }
-                    | OwnershipError::OwnerUnavailable { .. },
-                ) => {}
-                Err(e) => {
-                    self.drop_scope(scope, e.code()).await;
-                    report.lost.push(scope.to_string());
-                }
-            }
-        }
-        // Scopes the ownership forgot meanwhile (an admission or the
-        // watchdog found them moved, or a renew met a busy store): re-adopt
-        // them when the store still shows this task's claim, else drop them.
-        let known: Vec<(OwnerScope, Generation)> = lock(&inner.scopes)
-            .iter()
-            .map(|(s, e)| (s.clone(), e.generation))
-            .collect();
-        let held: std::collections::HashSet<String> = inner
-            .ownership
-            .probe()
-            .scopes
-            .into_iter()
-            .map(|s| s.scope)
-            .collect();
-        for (scope, generation) in known {
-            if held.contains(scope.host_id()) {
-                continue;
-            }
-            // Only a claim the store still shows as this task's, at the
-            // same generation, is re-adopted (never claimed anew here).
-            let still_ours = match inner
-                .ownership
-                .store()
-                .snapshot(&scope, &inner.lifecycle)
-                .await
-            {
-                Ok(snapshot) => snapshot.owner.is_some_and(|l| {
-                    l.record.task() == inner.ownership.task() && l.record.generation() == generation
-                }),
-                // The store cannot answer: decide at the next cycle (nothing
-                // is admitted meanwhile: the local lease is gone).
-                Err(_) => continue,
-            };
-            let readopted = still_ours
-                && match inner.ownership.resolve(&scope, &inner.lifecycle).await {
-                    Ok(Resolution::Local(g)) => g == generation,
-                    // Busy or unreachable again: decide at the next cycle.
-                    Err(
-                        OwnershipError::OwnerRace { .. }
-                        | OwnershipError::StoreUnavailable { .. }
-                        | OwnershipError::OwnerUnavailable { .. },
-                    ) => continue,
-                    _ => false,
-                };
-            if !readopted {
-                self.drop_scope(&scope, "stale_owner").await;
-                report.lost.push(scope.to_string());
-            }
-            if readopted {
-                tracing::debug!(
-                    event = "durability.host.readopted",
-                    scope = %scope,
-                    generation = generation.get(),
-                    "owner scope re-adopted after a transient renew failure"
-                );
-            }
-        }
-        let probe = inner.ownership.probe();
-        let owned: HashMap<&str, u64> = probe
-            .scopes
-            .iter()
-            .map(|s| (s.scope.as_str(), s.lease_remaining_ms))
-            .collect();
-        tracing::debug!(
-            event = "durability.host.renew",
-            renewed = report.renewed,
-            lost = report.lost.len(),
-            "owner leases renewed"
-        );
-        // The open objects' commit budgets follow the renewed leases.
-        let asked_at = inner.clock.now_ms();
-        let slots: Vec<Slot<I, O::Storage>> = lock(&inner.open).values().cloned().collect();
-        for slot in &slots {
-            let open = slot.lock().await.clone();
-            if let Some(open) = open
-                && let Some(remaining) = owned.get(open.address.scope.host_id())
-            {
-                open.budget.renewed(
-                    asked_at,
-                    &Lease {
-                        record: open.record.clone(),
-                        remaining_ms: *remaining,
-                    },
-                );
-            }
-        }
-        for scope in &inner.targets {
-            if !self.running() {
-                break;
-            }
-            if owned.contains_key(scope.host_id()) {
-                continue;
-            }
-            // A read first: a scope another task holds live is not worth a
-            // claim (a write transaction on the lease store) every cycle.
-            if let Ok(snapshot) = inner
-                .ownership
-                .store()
-                .snapshot(scope, &inner.lifecycle)
-                .await
-                && snapshot
-                    .owner
-                    .is_some_and(|l| l.record.task() != inner.ownership.task())
-            {
-                continue;
-            }
-            match inner.ownership.resolve(scope, &inner.lifecycle).await {
-                Ok(Resolution::Local(g)) => {
-                    self.note_scope(scope, g);
-                    report.claimed.push(scope.to_string());
-                }
-                Ok(Resolution::Remote { .. }) => {}
-                Err(e) => tracing::debug!(
-                    event = "durability.host.claim_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    "claiming a configured scope failed"
-                ),
-            }
-        }
-        if inner.settings.residency == Residency::Evictable {
-            let now = inner.clock.now_ms();
-            let idle = i64::try_from(inner.settings.eviction_idle_ms).unwrap_or(i64::MAX);
-            for slot in &slots {
-                let mut guard = slot.lock().await;
-                let evict = guard.as_ref().is_some_and(|o| {
-                    o.in_flight.load(Ordering::SeqCst) == 0
-                        && now.saturating_sub(o.last_used.load(Ordering::SeqCst)) >= idle
-                });
-                if evict && let Some(o) = guard.take() {
-                    o.close();
-                    report.evicted += 1;
-                    inner.counters.evicted.bump();
-                    tracing::debug!(
-                        event = "durability.host.evicted",
-                        object = %o.address.id,
-                        "idle object closed"
-                    );
-                }
-            }
-        }
-        drop(slots);
-        self.prune_slots();
-        report
     }
 
     /// Drains: stops new ownership (the owner loop ends), rejects new work,
