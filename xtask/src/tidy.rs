@@ -1198,3 +1198,81 @@ fn the_cycle_scan_reads_use_paths_and_finds_cycles() {
         });
     assert_eq!(module_cycles(&edges), vec![vec!["a", "b", "c"]]);
 }
+
+/// The longest a library function of the host may be, in lines.
+const HOST_FUNCTION_LINES: usize = 80;
+
+/// Every function in `text` with its first line (1-based), name and
+/// length in lines, from its `fn` line to its closing brace at the same
+/// indentation. Declarations without a body do not count.
+fn function_lengths(text: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = trimmed
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("const ")
+            .trim_start_matches("async ");
+        let Some(rest) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = lines[i..].iter().position(|l| {
+            let l = l.trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        let open_line = lines[i + open].trim_end();
+        if open_line.ends_with(';') || open_line.ends_with('}') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + open..].iter().position(|l| l.trim_end() == close) {
+            out.push((i + 1, name, open + end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_host_library_function_is_over_80_lines() {
+    let src = root().join("crates/host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 5, "the tidy check found the host's sources");
+    let long: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let relative = f.strip_prefix(&src).expect("under src");
+            !relative.iter().any(|p| p == "tests" || p == "tests.rs")
+        })
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            function_lengths(&text)
+                .into_iter()
+                .filter(|(_, _, n)| *n > HOST_FUNCTION_LINES)
+                .map(move |(line, name, n)| format!("{}:{line} {name}: {n} lines", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "host functions over {HOST_FUNCTION_LINES} lines: {long:?}"
+    );
+}
+
+#[test]
+fn the_function_scan_measures_bodies_and_skips_declarations() {
+    let text = "fn a() {\n    x();\n}\n\ntrait T {\n    fn decl(\n        &self,\n    ) -> u8;\n    fn one(&self) -> u8 { 1 }\n}\n\n    pub(crate) async fn b<'a>(\n        s: &'a str,\n    ) -> u8 {\n        if s.is_empty() {\n            0\n        }\n        1\n    }\n";
+    assert_eq!(
+        function_lengths(text),
+        vec![(1, "a".to_owned(), 3), (12, "b".to_owned(), 8)]
+    );
+}

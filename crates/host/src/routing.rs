@@ -44,7 +44,7 @@ mod fetch;
 mod router;
 mod rules;
 
-pub(crate) use connect::Served;
+pub(crate) use connect::{Served, Session};
 pub(crate) use router::{Attempt, Kind, Refusal, Routes, Step, route};
 pub(crate) use rules::{Answer, Failure};
 

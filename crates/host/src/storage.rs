@@ -171,27 +171,7 @@ where
     objects.write_tombstone(&storage, &lifecycle, TombstoneState::Deleting)?;
 
     // 2. Lock and remove the pointer when it names this storage.
-    let snapshot = lease_store.snapshot(&scope, &lifecycle).await?;
-    let ours = snapshot.active_storage.as_ref() == Some(&storage);
-    if ours {
-        lease_store
-            .set_delete_lock(&lifecycle, Some(DeleteLock::Whole))
-            .await?;
-        lease_store.set_active_storage(&lifecycle, None).await?;
-        report.pointer_removed = true;
-    }
-    // A whole lock with no pointer is this deletion's own (an earlier run
-    // stopped before releasing it); with a pointer to another storage it
-    // belongs to someone else and stays.
-    let holds_lock = ours
-        || (snapshot.active_storage.is_none() && snapshot.delete_lock == Some(DeleteLock::Whole));
-    tracing::info!(
-        event = "durability.host.storage_delete_started",
-        storage_id = storage.as_str(),
-        lifecycle = lifecycle.as_str(),
-        pointer_removed = report.pointer_removed,
-        "deleting a storage id"
-    );
+    let holds_lock = take_pointer(lease_store, &scope, &lifecycle, &storage, &mut report).await?;
 
     // 3. The objects; 4. the alarm jobs.
     delete_objects(objects, &storage, &mut report).await;
@@ -216,6 +196,39 @@ where
         "storage id deleted"
     );
     Ok(report)
+}
+
+/// Step 2 of [`delete_storage_id`]: when the active storage pointer names
+/// this storage, the whole-delete lock is taken and the pointer removed.
+/// Whether this deletion holds the lock (to release at the end).
+async fn take_pointer<S: LeaseStore + LifecycleAdmin>(
+    lease_store: &S,
+    scope: &OwnerScope,
+    lifecycle: &LifecycleId,
+    storage: &StorageId,
+    report: &mut StorageDeleteReport,
+) -> Result<bool, HostError> {
+    let snapshot = lease_store.snapshot(scope, lifecycle).await?;
+    let ours = snapshot.active_storage.as_ref() == Some(storage);
+    if ours {
+        lease_store
+            .set_delete_lock(lifecycle, Some(DeleteLock::Whole))
+            .await?;
+        lease_store.set_active_storage(lifecycle, None).await?;
+        report.pointer_removed = true;
+    }
+    tracing::info!(
+        event = "durability.host.storage_delete_started",
+        storage_id = storage.as_str(),
+        lifecycle = lifecycle.as_str(),
+        pointer_removed = report.pointer_removed,
+        "deleting a storage id"
+    );
+    // A whole lock with no pointer is this deletion's own (an earlier run
+    // stopped before releasing it); with a pointer to another storage it
+    // belongs to someone else and stays.
+    Ok(ours
+        || (snapshot.active_storage.is_none() && snapshot.delete_lock == Some(DeleteLock::Whole)))
 }
 
 /// Step 3 of [`delete_storage_id`]: every listed object, then the rest.

@@ -3,7 +3,7 @@
 use super::*;
 use crate::connect::{ConnectRequest, Socket};
 use crate::host::Host;
-use crate::routing::Served;
+use crate::routing::{Served, Session};
 use crate::store::ObjectStore;
 use crate::transport::http1::connect::*;
 use crate::transport::{
@@ -67,44 +67,10 @@ where
         Ok(f) => f,
         Err(reason) => return error_response(400, "invalid_fence", reason, false),
     };
-    let ws_key = headers
-        .get(http::header::SEC_WEBSOCKET_KEY)
-        .filter(|k| !k.is_empty())
-        .map(|k| k.as_bytes().to_vec());
-    let upgrade = lists(headers, http::header::UPGRADE, "websocket")
-        && lists(headers, http::header::CONNECTION, "upgrade")
-        && headers
-            .get(http::header::SEC_WEBSOCKET_VERSION)
-            .is_some_and(|v| v.as_bytes() == b"13");
-    let (Some(ws_key), true) = (ws_key, upgrade) else {
-        return error_response(
-            400,
-            "invalid_request",
-            "the connect is not a WebSocket upgrade",
-            false,
-        );
-    };
-    let Some(meta) = headers.get(CONNECT_META_HEADER) else {
-        return error_response(400, "invalid_request", "the connect names no object", false);
-    };
-    if meta.len() > MAX_FETCH_META_BYTES {
-        return error_response(
-            413,
-            "request_too_large",
-            &format!("the connect metadata is over {MAX_FETCH_META_BYTES} bytes"),
-            false,
-        );
-    }
-    let wire: WireConnect = match serde_json::from_slice(meta.as_bytes()) {
-        Ok(w) => w,
-        Err(e) => {
-            return error_response(
-                400,
-                "invalid_request",
-                &format!("the connect is not {{ class, name, url, headers }}: {e}"),
-                false,
-            );
-        }
+    let checked = upgrade_key(headers).and_then(|key| Ok((key, connect_meta(headers)?)));
+    let (ws_key, wire) = match checked {
+        Ok(checked) => checked,
+        Err((status, code, message)) => return error_response(status, code, &message, false),
     };
     let checked = ConnectRequest {
         url: wire.url,
@@ -139,6 +105,70 @@ where
             false,
         );
     };
+    upgraded(&ws_key, session, on_upgrade)
+}
+
+/// A connect refused before the host is asked: status, code, message.
+type BadConnect = (u16, &'static str, String);
+
+/// The caller's WebSocket key, when the request is a WebSocket upgrade.
+fn upgrade_key(headers: &HeaderMap) -> Result<Vec<u8>, BadConnect> {
+    let ws_key = headers
+        .get(http::header::SEC_WEBSOCKET_KEY)
+        .filter(|k| !k.is_empty())
+        .map(|k| k.as_bytes().to_vec());
+    let upgrade = lists(headers, http::header::UPGRADE, "websocket")
+        && lists(headers, http::header::CONNECTION, "upgrade")
+        && headers
+            .get(http::header::SEC_WEBSOCKET_VERSION)
+            .is_some_and(|v| v.as_bytes() == b"13");
+    match (ws_key, upgrade) {
+        (Some(ws_key), true) => Ok(ws_key),
+        _ => Err((
+            400,
+            "invalid_request",
+            "the connect is not a WebSocket upgrade".to_owned(),
+        )),
+    }
+}
+
+/// The connect's object and tenant request, from its metadata header
+/// (under the fetch metadata cap).
+fn connect_meta(headers: &HeaderMap) -> Result<WireConnect, BadConnect> {
+    let Some(meta) = headers.get(CONNECT_META_HEADER) else {
+        return Err((
+            400,
+            "invalid_request",
+            "the connect names no object".to_owned(),
+        ));
+    };
+    if meta.len() > MAX_FETCH_META_BYTES {
+        return Err((
+            413,
+            "request_too_large",
+            format!("the connect metadata is over {MAX_FETCH_META_BYTES} bytes"),
+        ));
+    }
+    serde_json::from_slice(meta.as_bytes()).map_err(|e| {
+        (
+            400,
+            "invalid_request",
+            format!("the connect is not {{ class, name, url, headers }}: {e}"),
+        )
+    })
+}
+
+/// The `101` with the owner's headers; the admitted session runs on the
+/// upgraded connection.
+fn upgraded<I, D>(
+    ws_key: &[u8],
+    session: Session<I, D>,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+) -> Response
+where
+    I: Send + Sync + 'static,
+    D: Send + Sync + 'static,
+{
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = response.headers_mut();
@@ -147,7 +177,7 @@ where
         HeaderValue::from_static("upgrade"),
     );
     h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(&ws_key)) {
+    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(ws_key)) {
         h.insert(http::header::SEC_WEBSOCKET_ACCEPT, accept);
     }
     put_owner_headers(h, &session.owner);
