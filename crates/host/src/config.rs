@@ -10,7 +10,7 @@ use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
 use crate::error::BoxError;
-use crate::object::{Instance, ObjectCtx};
+use crate::object::{Class, Instance, ObjectCtx};
 use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
 use crate::store::{DefaultObjectStore, ObjectStore};
@@ -180,6 +180,22 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             Arc::new(move |ctx| factory(ctx).map(|t| Arc::new(t) as Instance));
         self.classes.insert(name.to_owned(), factory);
         self
+    }
+
+    /// Adds the object class `T` (named [`Class::NAME`]), built by
+    /// `factory`, and returns its builder: the handlers registered there
+    /// get a [`crate::Handle`] of `T`, so a handler of another type does
+    /// not compile. [`ClassBuilder::done`] returns the configuration.
+    #[must_use]
+    pub fn class_of<T, F>(self, factory: F) -> ClassBuilder<S, I, O, T>
+    where
+        T: Class,
+        F: Fn(&ObjectCtx<I, O::Storage>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        ClassBuilder {
+            config: self.class(T::NAME, factory),
+            class: std::marker::PhantomData,
+        }
     }
 
     /// The settings, set in code.
@@ -419,5 +435,72 @@ impl<S, I> HostConfig<S, I, SqliteObjectStore> {
     pub fn sqlite(mut self, options: SqliteOptions) -> Self {
         self.objects = self.objects.options(options);
         self
+    }
+}
+
+/// The handlers of one object class `T` ([`HostConfig::class_of`]).
+pub struct ClassBuilder<S, I, O: ObjectStore, T> {
+    config: HostConfig<S, I, O>,
+    class: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<S, I, O: ObjectStore, T> std::fmt::Debug for ClassBuilder<S, I, O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O, T> {
+    /// Registers RPC method `method` of `T` (see [`HostConfig::method`]).
+    #[must_use]
+    pub fn method<F, Fut>(mut self, method: &str, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, serde_json::Value) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
+    {
+        self.config = self.config.method(T::NAME, method, handler);
+        self
+    }
+
+    /// Registers the fetch handler of `T` (see [`HostConfig::fetch`]).
+    #[must_use]
+    pub fn fetch<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
+    {
+        self.config = self.config.fetch(T::NAME, handler);
+        self
+    }
+
+    /// Registers the connect handler of `T` (see [`HostConfig::connect`]).
+    #[must_use]
+    pub fn connect<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(
+                crate::object::Handle<T, I, O::Storage>,
+                crate::connect::ConnectRequest,
+                crate::connect::Socket,
+            ) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.config = self.config.connect(T::NAME, handler);
+        self
+    }
+
+    /// The configuration, with the class and its handlers.
+    pub fn done(self) -> HostConfig<S, I, O> {
+        self.config
     }
 }

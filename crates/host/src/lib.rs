@@ -95,9 +95,17 @@
 //! }
 //! ```
 //!
+//! **Classes as types** ([`Class`]): a class type knows its name;
+//! [`HostConfig::class_of`] registers it and returns a [`ClassBuilder`]
+//! whose handlers get a [`Handle`] of exactly that type, and
+//! `host.object::<Cart>("cart-42")` ([`Object`]) calls, runs and
+//! transacts on it without naming the class again. The string API
+//! ([`HostConfig::class`], [`Host::object_named`]) stays for classes
+//! chosen at run time.
+//!
 //! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
-//! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
+//! ([`HostConfig::method`]); `host.object_named(class, name).call(method, args)`
 //! runs the method once on the host that owns the object's scope. An
 //! uncached call enters this host's router (owner resolution): owned here,
 //! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
@@ -121,7 +129,7 @@
 //!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
-//! `host.object(class, name).connect(request)` returns the caller's
+//! `host.object_named(class, name).connect(request)` returns the caller's
 //! [`connect::Socket`]. The `101` comes only from the owner's endpoint,
 //! after admission at the route fence: a router that does not own the
 //! object hands the connect off (a trusted owner hint) and the caller
@@ -133,7 +141,7 @@
 //! use std::sync::Arc;
 //! use durability_host::transport::StaticPeers;
 //! use durability_host::wire::serve;
-//! use durability_host::{BoxError, Handle, Host, HostConfig, MethodError, OwnPolicy};
+//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, MethodError, OwnPolicy};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -142,6 +150,10 @@
 //! use durability_host::CancellationToken;
 //!
 //! struct Cart;
+//!
+//! impl Class for Cart {
+//!     const NAME: &'static str = "Cart";
+//! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), BoxError> {
@@ -153,19 +165,20 @@
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .internal_token(&std::env::var("DURABILITY_INTERNAL_TOKEN")?)
 //!         .peers(peers)
-//!         .class("Cart", |_ctx| Ok::<_, BoxError>(Cart))
-//!         .method("Cart", "add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
+//!         .own(OwnPolicy::AllShards)
+//!         .class_of(|_ctx| Ok::<_, BoxError>(Cart))
+//!         .method("add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
 //!             if args["sku"].is_null() {
 //!                 return Err(MethodError::new("missing_sku", "add needs a sku").into());
 //!             }
 //!             Ok(json!({ "added": args["sku"] }))
 //!         })
-//!         .own(OwnPolicy::AllShards);
+//!         .done();
 //!     let host = Host::start(config).await?;
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object("Cart", "cart-42").call("add", json!({ "sku": 7 })).await?;
+//!     let added = host.object::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
 //!     assert_eq!(added, json!({ "added": 7 }));
 //!     host.run_until_signal().await;
 //!     Ok(())
@@ -196,10 +209,12 @@ pub mod wire;
 pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientCalls, ClientStats, RpcClient};
+pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, NoTransport, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
-pub use object::{Handle, ObjectCtx};
+pub use object::{Class, Handle, ObjectCtx};
+pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{

@@ -10,6 +10,28 @@ use durability_scheduler::{ObjectId, Scheduler};
 
 use crate::store::DefaultStorage;
 
+/// An object class as a type: the type knows its class name, so a caller
+/// names the class once, by type (`host.object::<Cart>("cart-42")`), and
+/// a handler registered on [`crate::HostConfig::class_of`]'s builder gets a
+/// [`Handle`] of exactly that type. The name is what crosses the wire
+/// (object ids, owner scopes, invokes), so renaming a class is a storage
+/// change.
+///
+/// ```
+/// use durability_host::Class;
+///
+/// struct Cart;
+///
+/// impl Class for Cart {
+///     const NAME: &'static str = "Cart";
+/// }
+/// assert_eq!(Cart::NAME, "Cart");
+/// ```
+pub trait Class: Send + Sync + 'static {
+    /// The class name (the object-class grammar of the ownership crate).
+    const NAME: &'static str;
+}
+
 /// What an object's factory gets: the object's identity, its scheduler
 /// (storage, one alarm, clock) and its alarms.
 pub struct ObjectCtx<I, D = DefaultStorage> {

@@ -49,6 +49,7 @@ pub(crate) use router::{Attempt, Kind, Refusal, Routes, Step, route};
 pub(crate) use rules::{Answer, Failure};
 
 use std::future::Future;
+use std::marker::PhantomData;
 
 use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
 use durability_ownership::{
@@ -60,6 +61,7 @@ use tracing::Instrument as _;
 
 use crate::error::HostError;
 use crate::host::Host;
+use crate::object::Class;
 pub use crate::route_table::RoutingStats;
 use crate::route_table::bump;
 use crate::store::ObjectStore;
@@ -117,6 +119,77 @@ impl<S, I, O: ObjectStore> ObjectRef<S, I, O> {
     }
 }
 
+/// An object of class `T`, from [`Host::object`]: the calls of an
+/// [`ObjectRef`], and `T`'s own body and transaction without naming the
+/// class again.
+pub struct Object<S, I, O: ObjectStore, T> {
+    object: ObjectRef<S, I, O>,
+    class: PhantomData<fn() -> T>,
+}
+
+impl<S, I, O: ObjectStore, T> std::fmt::Debug for Object<S, I, O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.object.fmt(f)
+    }
+}
+
+impl<S, I, O: ObjectStore, T: Class> Object<S, I, O, T>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    /// The untyped reference (calls by method name, fetch, connect).
+    pub fn by_name(&self) -> &ObjectRef<S, I, O> {
+        &self.object
+    }
+
+    /// Calls RPC method `method` (see [`ObjectRef::call`]).
+    ///
+    /// # Errors
+    /// As [`ObjectRef::call`].
+    pub async fn call(
+        &self,
+        method: &str,
+        args: serde_json::Value,
+    ) -> Result<serde_json::Value, HostError> {
+        self.object.call(method, args).await
+    }
+
+    /// Runs `body` on the object on this host ([`Host::call`] with the
+    /// class named by its type).
+    ///
+    /// # Errors
+    /// As [`Host::call`].
+    pub async fn run<R, F, Fut>(&self, body: F) -> Result<R, HostError>
+    where
+        F: FnOnce(crate::Handle<T, I, O::Storage>) -> Fut,
+        Fut: Future<Output = Result<R, crate::BoxError>>,
+    {
+        self.object
+            .host
+            .call::<T, R, F, Fut>(T::NAME, &self.object.name, body)
+            .await
+    }
+
+    /// Runs one transaction on the object on this host
+    /// ([`Host::transaction`] with the class named by its type).
+    ///
+    /// # Errors
+    /// As [`Host::transaction`].
+    pub async fn transaction<R, F>(&self, body: F) -> Result<R, HostError>
+    where
+        F: FnOnce(
+            &T,
+            &mut durability_scheduler::Transaction<'_, '_, O::Storage>,
+        ) -> Result<R, durability_scheduler::StorageError>,
+    {
+        self.object
+            .host
+            .transaction::<T, R, F>(T::NAME, &self.object.name, body)
+            .await
+    }
+}
+
 /// A request kind a host runs itself when it owns the object.
 pub(crate) trait RunHere<S, I, O: ObjectStore>: Kind {
     /// Runs the request here under admission, the watchdog and the storage
@@ -134,9 +207,18 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    /// The object of `class` named `name` (nothing is resolved until a
+    /// The object of class `T` named `name` (nothing is resolved until a
     /// call).
-    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
+    pub fn object<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
+        Object {
+            object: self.object_named(T::NAME, name),
+            class: PhantomData,
+        }
+    }
+
+    /// The object of `class` named `name`, the class by its name (nothing
+    /// is resolved until a call). With a [`Class`] type: [`Host::object`].
+    pub fn object_named(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
         ObjectRef {
             host: self.clone(),
             class: class.to_owned(),

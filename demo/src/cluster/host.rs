@@ -22,7 +22,7 @@
 //! when it is due), `<id> slow <name> <ms>` (one committed increment, a
 //! pause of `ms` outside any transaction, a second increment), `<id> read
 //! <name>`, `<id> probe`; `<id> via incr|timer|read …` is the same call
-//! routed (`host.object(..).call(..)`: run here if this host owns the
+//! routed (`host.object_named(..).call(..)`: run here if this host owns the
 //! object, else forwarded once to the owner, or sent straight to it on an
 //! owner hint). End of input drains the host.
 //!
@@ -557,7 +557,7 @@ where
         }),
         _ => Value::Null,
     };
-    match host.object(CLASS, name).call(method, args).await {
+    match host.object_named(CLASS, name).call(method, args).await {
         Ok(v) => say(&format!(
             "ans {id} ok gen={} ran={} {}",
             v["gen"],

@@ -44,7 +44,7 @@ pub(crate) fn with_methods(
 async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
     let w = World::new();
     let host: TestHost = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    let c1 = host.object("Counter", "c1");
+    let c1 = host.object_named("Counter", "c1");
     assert_eq!(
         c1.call("incr", Value::Null).await.unwrap(),
         json!({ "n": 1 })
@@ -79,14 +79,14 @@ async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
             "host_invalid_args",
         ),
         (
-            host.object("Nope", "c1")
+            host.object_named("Nope", "c1")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
             "host_unknown_class",
         ),
         (
-            host.object("Counter", "")
+            host.object_named("Counter", "")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
@@ -205,7 +205,7 @@ pub(crate) fn ownership(code: &str) -> Reply {
 async fn the_router_follows_the_replay_rules() {
     let w = World::new();
     let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    a.object("Counter", "c1")
+    a.object_named("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap();
@@ -227,7 +227,7 @@ async fn the_router_follows_the_replay_rules() {
     )
     .await
     .unwrap();
-    let c1 = b.object("Counter", "c1");
+    let c1 = b.object_named("Counter", "c1");
     let ok = |owner: Option<OwnerHeaders>| Reply::Ok {
         result: json!({"n": 7}),
         owner,
@@ -357,11 +357,87 @@ async fn debug_output_names_the_host_but_never_its_internal_token() {
         "the config leaks its token: {shown}"
     );
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let shown = format!("{host:?} {:?}", host.object("Counter", "c1"));
+    let shown = format!("{host:?} {:?}", host.object_named("Counter", "c1"));
     assert!(
         shown.contains("Host {") && shown.contains("ObjectRef"),
         "{shown}"
     );
     assert!(!shown.contains(TOKEN), "the host leaks its token: {shown}");
+    host.shutdown().await;
+}
+
+/// A class as a type: it knows its name.
+struct Ledger;
+
+impl durability_host::Class for Ledger {
+    const NAME: &'static str = "Ledger";
+}
+
+impl Ledger {
+    fn add(
+        tx: &mut durability_scheduler::Transaction<
+            '_,
+            '_,
+            durability_storage_sqlite::SqliteStorage,
+        >,
+        n: i64,
+    ) -> Result<i64, durability_scheduler::StorageError> {
+        let sql = |e| durability_scheduler::StorageError::backend("ledger", e);
+        tx.sql()
+            .execute_batch("CREATE TABLE IF NOT EXISTS ledger (n INTEGER NOT NULL)")
+            .map_err(sql)?;
+        tx.sql()
+            .execute("INSERT INTO ledger (n) VALUES (?1)", [n])
+            .map_err(sql)?;
+        tx.sql()
+            .query_row("SELECT SUM(n) FROM ledger", [], |r| r.get(0))
+            .map_err(sql)
+    }
+}
+
+#[tokio::test]
+async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
+    let w = World::new();
+    let config = w
+        .config("a")
+        .class_of(|_ctx| Ok::<_, BoxError>(Ledger))
+        .method(
+            "add",
+            |h: Handle<Ledger, SqliteAlarmIndex>, args: Value| async move {
+                let n = args["n"].as_i64().unwrap_or(0);
+                let total = h.scheduler.transaction(|tx| Ledger::add(tx, n))?;
+                Ok(json!({ "total": total }))
+            },
+        )
+        .done();
+    let host: TestHost = TestHost::start(config).await.unwrap();
+    let l1 = host.object::<Ledger>("l1");
+    assert_eq!(
+        l1.call("add", json!({"n": 2})).await.unwrap(),
+        json!({"total": 2})
+    );
+    // No turbofish, no class name: the type says both.
+    assert_eq!(l1.transaction(|_, tx| Ledger::add(tx, 3)).await.unwrap(), 5);
+    let generation = l1
+        .run(|h| async move { Ok::<_, BoxError>(h.generation) })
+        .await
+        .unwrap();
+    assert!(generation > 0);
+    // The wire keeps the class name: the untyped path reaches the same
+    // object, in the same scope.
+    assert_eq!(
+        host.object_named("Ledger", "l1")
+            .call("add", json!({"n": 1}))
+            .await
+            .unwrap(),
+        json!({"total": 6})
+    );
+    assert_eq!(
+        host.scope_for(<Ledger as durability_host::Class>::NAME, "l1")
+            .unwrap()
+            .to_string(),
+        host.scope_for("Ledger", "l1").unwrap().to_string()
+    );
+    assert_eq!(l1.by_name().class(), "Ledger");
     host.shutdown().await;
 }
