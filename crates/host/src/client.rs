@@ -23,12 +23,12 @@ use crate::connect::{ConnectRequest, Socket};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
-use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
-use crate::rpc::{RpcArgs, validate_method};
-use crate::transport::{
+use crate::protocol::{
     ConnectInvoke, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken,
     InvokeRequest, OwnerHeaders, RouteFence, Transport,
 };
+use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
+use crate::rpc::{RpcArgs, validate_method};
 
 /// What a [`RpcClient`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

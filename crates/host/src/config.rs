@@ -101,9 +101,9 @@ pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) fetchers: crate::fetch::Fetchers<I, O::Storage>,
     pub(crate) connectors: crate::connect::Connectors<I, O::Storage>,
     pub(crate) internal_token: Option<String>,
-    pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
-    pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
-    pub(crate) transport: Arc<dyn crate::transport::Transport>,
+    pub(crate) peers: Arc<dyn crate::protocol::PeerDirectory>,
+    pub(crate) endpoint_policy: crate::protocol::EndpointPolicy,
+    pub(crate) transport: Arc<dyn crate::protocol::Transport>,
 }
 
 impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
@@ -153,9 +153,9 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             fetchers: BTreeMap::new(),
             connectors: BTreeMap::new(),
             internal_token: None,
-            peers: Arc::new(crate::transport::StaticPeers::default()),
-            endpoint_policy: crate::transport::EndpointPolicy::default(),
-            transport: Arc::new(crate::transport::HttpTransport::default()),
+            peers: Arc::new(crate::protocol::StaticPeers::default()),
+            endpoint_policy: crate::protocol::EndpointPolicy::default(),
+            transport: Arc::new(crate::protocol::HttpTransport::default()),
         }
     }
 
@@ -375,7 +375,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// version). Every endpoint is checked against the endpoint policy
     /// before the token is attached.
     #[must_use]
-    pub fn peers(mut self, peers: impl crate::transport::PeerDirectory) -> Self {
+    pub fn peers(mut self, peers: impl crate::protocol::PeerDirectory) -> Self {
         self.peers = Arc::new(peers);
         self
     }
@@ -383,14 +383,14 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// Which owner endpoints calls are forwarded to (default: loopback and
     /// private addresses).
     #[must_use]
-    pub fn endpoint_policy(mut self, policy: crate::transport::EndpointPolicy) -> Self {
+    pub fn endpoint_policy(mut self, policy: crate::protocol::EndpointPolicy) -> Self {
         self.endpoint_policy = policy;
         self
     }
 
     /// The transport for calls between hosts (default: HTTP/1.1).
     #[must_use]
-    pub fn transport(mut self, transport: impl crate::transport::Transport) -> Self {
+    pub fn transport(mut self, transport: impl crate::protocol::Transport) -> Self {
         self.transport = Arc::new(transport);
         self
     }

@@ -28,11 +28,11 @@ use crate::config::{ForwardHook, HostConfig};
 use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
 use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
+use crate::protocol::InternalToken;
 use crate::route_table::{RoutingCounters, RoutingState, RoutingStats};
 use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings};
 use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
 use crate::store::{DefaultObjectStore, ObjectKey, ObjectStore};
-use crate::transport::InternalToken;
 
 mod dispatch;
 mod drain;

@@ -98,18 +98,18 @@
 //! **Classes as types** ([`Class`]): a class type knows its name;
 //! [`HostConfig::class_of`] registers it and returns a [`ClassBuilder`]
 //! whose handlers get a [`Handle`] of exactly that type, and
-//! `host.object::<Cart>("cart-42")` ([`Object`]) calls, runs and
+//! `host.object_of::<Cart>("cart-42")` ([`Object`]) calls, runs and
 //! transacts on it without naming the class again. The string API
-//! ([`HostConfig::class`], [`Host::object_named`]) stays for classes
+//! ([`HostConfig::class`], [`Host::object`]) stays for classes
 //! chosen at run time.
 //!
 //! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
-//! ([`HostConfig::method`]); `host.object_named(class, name).call(method, args)`
+//! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
 //! runs the method once on the host that owns the object's scope. An
 //! uncached call enters this host's router (owner resolution): owned here,
 //! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
-//! ([`wire::serve`], [`transport::HttpTransport`]) with the route
+//! ([`transport::serve`], [`transport::HttpTransport`]) with the route
 //! fence, and the owner's trusted headers teach an owner hint (an LRU of
 //! 10,000 keyed by storage id, class and shard) so the next call goes
 //! straight to the owner. One rediscovery follows a trusted pre-dispatch
@@ -129,7 +129,7 @@
 //!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
-//! `host.object_named(class, name).connect(request)` returns the caller's
+//! `host.object(class, name).connect(request)` returns the caller's
 //! [`connect::Socket`]. The `101` comes only from the owner's endpoint,
 //! after admission at the route fence: a router that does not own the
 //! object hands the connect off (a trusted owner hint) and the caller
@@ -139,8 +139,7 @@
 //! ```no_run
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
-//! use durability_host::transport::StaticPeers;
-//! use durability_host::wire::serve;
+//! use durability_host::transport::{StaticPeers, serve};
 //! use durability_host::{BoxError, Class, Handle, Host, HostConfig, MethodError, OwnPolicy};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -178,7 +177,7 @@
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
+//!     let added = host.object_of::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
 //!     assert_eq!(added, json!({ "added": 7 }));
 //!     host.run_until_signal().await;
 //!     Ok(())
@@ -195,6 +194,7 @@ pub mod fetch;
 mod host;
 mod metrics;
 mod object;
+mod protocol;
 mod route_table;
 mod routing;
 pub mod rpc;
@@ -204,7 +204,7 @@ pub mod store;
 pub mod transport;
 pub mod wire;
 
-/// The cancellation token [`wire::serve`] stops on (tokio-util's), so
+/// The cancellation token [`transport::serve`] stops on (tokio-util's), so
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 

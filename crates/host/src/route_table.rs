@@ -8,8 +8,8 @@ use std::sync::Arc;
 use durability_ownership::OwnerHintCache;
 
 use crate::metrics::{self, Figure};
+use crate::protocol::{EndpointPolicy, InternalToken, PeerDirectory, Transport};
 use crate::rpc::Methods;
-use crate::transport::{EndpointPolicy, InternalToken, PeerDirectory, Transport};
 
 /// Routing outcome counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -62,10 +62,10 @@ use tracing::Instrument as _;
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::Class;
+use crate::protocol::{AlarmRequest, Endpoint, InternalToken, OwnerHeaders, Reply, RouteFence};
 pub use crate::route_table::RoutingStats;
 use crate::route_table::bump;
 use crate::store::ObjectStore;
-use crate::transport::{AlarmRequest, Endpoint, InternalToken, OwnerHeaders, Reply, RouteFence};
 use router::forwarded_once;
 
 /// An object addressed by class and name, from [`Host::object`].
@@ -119,7 +119,7 @@ impl<S, I, O: ObjectStore> ObjectRef<S, I, O> {
     }
 }
 
-/// An object of class `T`, from [`Host::object`]: the calls of an
+/// An object of class `T`, from [`Host::object_of`]: the calls of an
 /// [`ObjectRef`], and `T`'s own body and transaction without naming the
 /// class again.
 pub struct Object<S, I, O: ObjectStore, T> {
@@ -208,17 +208,18 @@ where
     I: AlarmIndex + Send + Sync + 'static,
 {
     /// The object of class `T` named `name` (nothing is resolved until a
-    /// call).
-    pub fn object<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
+    /// call): `host.object_of::<Cart>("cart-42")`.
+    pub fn object_of<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
         Object {
-            object: self.object_named(T::NAME, name),
+            object: self.object(T::NAME, name),
             class: PhantomData,
         }
     }
 
     /// The object of `class` named `name`, the class by its name (nothing
-    /// is resolved until a call). With a [`Class`] type: [`Host::object`].
-    pub fn object_named(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
+    /// is resolved until a call). With a [`Class`] type:
+    /// [`Host::object_of`].
+    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
         ObjectRef {
             host: self.clone(),
             class: class.to_owned(),

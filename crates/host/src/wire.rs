@@ -5,15 +5,15 @@
 
 use crate::error::HostError;
 use crate::host::Host;
-use crate::rpc::RpcArgs;
-use crate::store::ObjectStore;
-use crate::transport::http1::*;
-use crate::transport::{
+use crate::protocol::http1::*;
+use crate::protocol::{
     ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH,
     InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
     OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence, envelope,
 };
+use crate::rpc::RpcArgs;
+use crate::store::ObjectStore;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;

@@ -10,7 +10,7 @@
 //! free (`OwnPolicy::AllShards`).
 //!
 //! Each host serves its internal endpoints over HTTP/1.1 on a loopback
-//! port (`durability_host::wire::serve`, a shared internal token),
+//! port (`durability_host::transport::serve`, a shared internal token),
 //! advertises that endpoint in the owner records it writes and publishes it
 //! as `<dir>/peers/<task>` (the peer directory, for records without one);
 //! `incr`, `timer` and `read` are RPC methods of the
@@ -22,7 +22,7 @@
 //! when it is due), `<id> slow <name> <ms>` (one committed increment, a
 //! pause of `ms` outside any transaction, a second increment), `<id> read
 //! <name>`, `<id> probe`; `<id> via incr|timer|read …` is the same call
-//! routed (`host.object_named(..).call(..)`: run here if this host owns the
+//! routed (`host.object(..).call(..)`: run here if this host owns the
 //! object, else forwarded once to the owner, or sent straight to it on an
 //! owner hint). End of input drains the host.
 //!
@@ -373,7 +373,7 @@ where
     });
     let host = Host::start(config).await?;
     let server_stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(durability_host::wire::serve(
+    let server = tokio::spawn(durability_host::transport::serve(
         host.clone(),
         listener,
         server_stop.clone(),
@@ -557,7 +557,7 @@ where
         }),
         _ => Value::Null,
     };
-    match host.object_named(CLASS, name).call(method, args).await {
+    match host.object(CLASS, name).call(method, args).await {
         Ok(v) => say(&format!(
             "ans {id} ok gen={} ran={} {}",
             v["gen"],

@@ -107,7 +107,7 @@ async fn main() -> Result<(), BoxError> {
     // claimed by the dispatcher of a host that does not own the shop is not
     // forwarded: it waits for the owner's dispatcher, at most this long per
     // bounce (default 30 s). With `internal_token`, an `endpoint` and
-    // `wire::serve`, the delivery is forwarded to the owner instead.
+    // `transport::serve`, the delivery is forwarded to the owner instead.
     .dispatcher(DispatcherConfig {
         owner_wait_max_ms: 1_000,
         ..DispatcherConfig::default()

@@ -66,8 +66,7 @@ use std::sync::{Arc, Weak};
 use durability_alarms::DispatcherConfig;
 use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
-use durability_host::transport::PeerDirectory;
-use durability_host::wire::serve;
+use durability_host::transport::{PeerDirectory, serve};
 use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };
@@ -366,7 +365,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let name = parts.next().unwrap_or("");
             let method = parts.next().unwrap_or("");
             let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host.object_named("Counter", name).call(method, args).await {
+            match host.object("Counter", name).call(method, args).await {
                 Ok(v) => say(&format!("ok call {name} {method} result={v}")),
                 Err(e) => say(&format!(
                     "err call {name} {method} code={} host_code={} outcome={}",
@@ -387,7 +386,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let body = expand(rest.next().unwrap_or(""));
             let mut request = FetchRequest::new(method, url).body(body);
             request.headers = headers;
-            match host.object_named("Counter", name).fetch(request).await {
+            match host.object("Counter", name).fetch(request).await {
                 Ok(r) => say(&format!(
                     "ok fetch {name} {method} status={} headers={} body={}",
                     r.status,
@@ -412,7 +411,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let message = rest.next().unwrap_or("").to_owned();
             let mut request = ConnectRequest::new(url);
             request.headers = headers;
-            match host.object_named("Counter", name).connect(request).await {
+            match host.object("Counter", name).connect(request).await {
                 Ok(mut socket) => {
                     let text = |m: Option<Result<Message, HostError>>| match m {
                         Some(Ok(Message::Text(t))) => t,

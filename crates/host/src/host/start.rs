@@ -13,10 +13,10 @@ use durability_ownership::{
 
 use crate::config::{Factory, HostConfig, HostForward, OwnPolicy};
 use crate::error::HostError;
+use crate::protocol::InternalToken;
 use crate::rpc::validate_method;
 use crate::settings::HostSettings;
 use crate::store::ObjectStore;
-use crate::transport::InternalToken;
 
 /// The configured classes by name.
 pub(super) type Classes<I, D> = BTreeMap<String, (ClassName, Factory<I, D>)>;

@@ -14,9 +14,9 @@ use super::{Kind, ObjectRef, RunHere};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::MethodInput;
+use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, Transport};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
-use crate::transport::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, Transport};
 
 impl Kind for InvokeRequest {
     type Out = Value;

@@ -38,10 +38,10 @@ use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
 use crate::object::MethodInput;
-use crate::store::ObjectStore;
-use crate::transport::{
+use crate::protocol::{
     ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, Transport,
 };
+use crate::store::ObjectStore;
 
 impl Kind for ConnectInvoke {
     type Out = Socket;

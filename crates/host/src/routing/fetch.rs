@@ -26,8 +26,8 @@ use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::object::MethodInput;
+use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
 use crate::store::ObjectStore;
-use crate::transport::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
 
 impl Kind for FetchInvoke {
     type Out = FetchResponse;

@@ -17,7 +17,7 @@ use super::rules::{
     Answer, Budget, Decision, Failure, Payload, Rules, Seen, Source, Verdict, decide, error_of,
 };
 use crate::error::HostError;
-use crate::transport::{Endpoint, InternalToken, OwnerHeaders, RouteFence, Transport};
+use crate::protocol::{Endpoint, InternalToken, OwnerHeaders, RouteFence, Transport};
 
 /// A request addressed to one object, with an optional route fence.
 pub(crate) trait Addressed {
@@ -52,9 +52,9 @@ macro_rules! addressed {
 }
 
 addressed!(
-    crate::transport::InvokeRequest,
-    crate::transport::FetchInvoke,
-    crate::transport::ConnectInvoke
+    crate::protocol::InvokeRequest,
+    crate::protocol::FetchInvoke,
+    crate::protocol::ConnectInvoke
 );
 
 /// One kind of request the router carries.

@@ -21,7 +21,7 @@
 //!   owner's final answer.
 
 use crate::error::HostError;
-use crate::transport::{OwnerHeaders, REDISCOVERY_CODES, Reply};
+use crate::protocol::{OwnerHeaders, REDISCOVERY_CODES, Reply};
 
 #[cfg(test)]
 mod tests;

@@ -3,13 +3,13 @@
 use super::*;
 use crate::connect::{ConnectRequest, Socket};
 use crate::host::Host;
-use crate::routing::{Served, Session};
-use crate::store::ObjectStore;
-use crate::transport::http1::connect::*;
-use crate::transport::{
+use crate::protocol::http1::connect::*;
+use crate::protocol::{
     CONNECT_HINT_HEADER, CONNECT_HINT_STATUS, CONNECT_HINT_VALUE, CONNECT_META_HEADER,
     ConnectInvoke, MAX_FETCH_META_BYTES, OwnerHeaders,
 };
+use crate::routing::{Served, Session};
+use crate::store::ObjectStore;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;

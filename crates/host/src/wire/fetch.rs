@@ -3,9 +3,9 @@
 use super::*;
 use crate::fetch::FetchRequest;
 use crate::host::Host;
+use crate::protocol::http1::fetch::*;
+use crate::protocol::{FetchInvoke, MAX_FETCH_WIRE_BYTES};
 use crate::store::ObjectStore;
-use crate::transport::http1::fetch::*;
-use crate::transport::{FetchInvoke, MAX_FETCH_WIRE_BYTES};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};

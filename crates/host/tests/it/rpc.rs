@@ -44,7 +44,7 @@ pub(crate) fn with_methods(
 async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
     let w = World::new();
     let host: TestHost = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    let c1 = host.object_named("Counter", "c1");
+    let c1 = host.object("Counter", "c1");
     assert_eq!(
         c1.call("incr", Value::Null).await.unwrap(),
         json!({ "n": 1 })
@@ -79,14 +79,14 @@ async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
             "host_invalid_args",
         ),
         (
-            host.object_named("Nope", "c1")
+            host.object("Nope", "c1")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
             "host_unknown_class",
         ),
         (
-            host.object_named("Counter", "")
+            host.object("Counter", "")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
@@ -205,7 +205,7 @@ pub(crate) fn ownership(code: &str) -> Reply {
 async fn the_router_follows_the_replay_rules() {
     let w = World::new();
     let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    a.object_named("Counter", "c1")
+    a.object("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap();
@@ -227,7 +227,7 @@ async fn the_router_follows_the_replay_rules() {
     )
     .await
     .unwrap();
-    let c1 = b.object_named("Counter", "c1");
+    let c1 = b.object("Counter", "c1");
     let ok = |owner: Option<OwnerHeaders>| Reply::Ok {
         result: json!({"n": 7}),
         owner,
@@ -357,7 +357,7 @@ async fn debug_output_names_the_host_but_never_its_internal_token() {
         "the config leaks its token: {shown}"
     );
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let shown = format!("{host:?} {:?}", host.object_named("Counter", "c1"));
+    let shown = format!("{host:?} {:?}", host.object("Counter", "c1"));
     assert!(
         shown.contains("Host {") && shown.contains("ObjectRef"),
         "{shown}"
@@ -411,7 +411,7 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
         )
         .done();
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let l1 = host.object::<Ledger>("l1");
+    let l1 = host.object_of::<Ledger>("l1");
     assert_eq!(
         l1.call("add", json!({"n": 2})).await.unwrap(),
         json!({"total": 2})
@@ -426,7 +426,7 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
     // The wire keeps the class name: the untyped path reaches the same
     // object, in the same scope.
     assert_eq!(
-        host.object_named("Ledger", "l1")
+        host.object("Ledger", "l1")
             .call("add", json!({"n": 1}))
             .await
             .unwrap(),

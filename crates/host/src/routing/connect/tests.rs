@@ -9,13 +9,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 
 use crate::error::HostError;
-use crate::routing::rules::{
-    Answer, Budget, Rules, Source, Verdict, decide, error_of as rule_error,
-};
-use crate::transport::{
+use crate::protocol::{
     CONNECT_HINT_HEADER, CONNECT_HINT_VALUE, ConnectReply, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER, Reply,
     classify_connect,
+};
+use crate::routing::rules::{
+    Answer, Budget, Rules, Source, Verdict, decide, error_of as rule_error,
 };
 
 const KEY: &str = "st1:Counter:17";

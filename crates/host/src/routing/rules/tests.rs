@@ -2,7 +2,7 @@
 //! Semantics") as a table over [`decide`], for RPC, fetch and connect.
 
 use super::{Budget, Decision, Failure, Rules, Seen, Source, Verdict, decide};
-use crate::transport::Reply;
+use crate::protocol::Reply;
 
 const FULL: Budget = Budget {
     rediscoveries: 1,

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{HttpTransport, internal_post};
 use crate::fetch::FetchResponse;
-use crate::transport::{
+use crate::protocol::{
     Endpoint, FETCH_PATH, FetchInvoke, InternalToken, MAX_FETCH_META_BYTES, MAX_FETCH_WIRE_BYTES,
     Reply,
 };

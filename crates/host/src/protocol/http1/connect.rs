@@ -21,7 +21,7 @@ use super::{
     read_capped,
 };
 use crate::connect::Socket;
-use crate::transport::{
+use crate::protocol::{
     CONNECT_HINT_HEADER, CONNECT_HINT_STATUS, CONNECT_HINT_VALUE, CONNECT_META_HEADER,
     CONNECT_PATH, ConnectInvoke, ConnectReply, Endpoint, InternalToken, MAX_ENDPOINT_BYTES,
     OWNERSHIP_ERROR_HEADER, Reply,
