@@ -303,8 +303,7 @@ struct Inner<S, I, O: ObjectStore> {
     targets: Vec<OwnerScope>,
     state: AtomicU8,
     scopes: Mutex<HashMap<OwnerScope, ScopeEntry>>,
-    open: Mutex<HashMap<ObjectId, Slot<I, O::Storage>>>,
-    addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
+    registry: registry::Registry<I, O::Storage>,
     events: broadcast::Sender<OwnerEvent>,
     /// The receiver made with the channel, before the owner loop ran: the
     /// first [`Host::subscribe`] takes it, so it sees every change since
@@ -464,10 +463,7 @@ where
             targets: v.targets,
             state: AtomicU8::new(RUNNING),
             scopes: Mutex::new(HashMap::new()),
-            open: Mutex::new(HashMap::new()),
-            addresses: Mutex::new(lru::LruCache::new(
-                NonZeroUsize::new(ADVISORY_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN),
-            )),
+            registry: registry::Registry::new(),
             events,
             first_events: Mutex::new(Some(first_events)),
             counters: Counters::new(&task),
@@ -701,14 +697,7 @@ where
     pub fn probe(&self) -> HostProbe {
         let inner = &self.inner;
         let ownership = inner.ownership.probe();
-        let (open_objects, registry_entries) = {
-            let objects = lock(&inner.open);
-            let open = objects
-                .values()
-                .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
-                .count();
-            (open, objects.len())
-        };
+        let (open_objects, registry_entries) = inner.registry.counts();
         HostProbe {
             task: ownership.task,
             endpoint: inner.endpoint.clone(),

@@ -67,7 +67,7 @@ where
             .into_iter()
             .map(|s| (s.scope, s.lease_remaining_ms))
             .collect();
-        let slots: Vec<Slot<I, O::Storage>> = lock(&self.inner.open).values().cloned().collect();
+        let slots = self.inner.registry.slots();
         self.move_budgets(&slots, &owned).await;
         self.claim_targets(&owned, &mut report).await;
         if self.inner.settings.residency == Residency::Evictable {

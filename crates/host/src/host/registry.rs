@@ -4,6 +4,65 @@
 
 use super::*;
 
+/// The open objects (by object id, each in a slot its opening and closing
+/// lock) and the advisory cache of validated addresses: the registry's own
+/// state.
+pub(super) struct Registry<I, D> {
+    open: Mutex<HashMap<ObjectId, Slot<I, D>>>,
+    addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
+}
+
+impl<I, D> Registry<I, D> {
+    pub(super) fn new() -> Self {
+        Self {
+            open: Mutex::new(HashMap::new()),
+            addresses: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(ADVISORY_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN),
+            )),
+        }
+    }
+
+    /// Every slot now.
+    pub(super) fn slots(&self) -> Vec<Slot<I, D>> {
+        lock(&self.open).values().cloned().collect()
+    }
+
+    /// The slot of `address` (made empty when new).
+    fn slot(&self, address: &Address) -> Slot<I, D> {
+        let mut objects = lock(&self.open);
+        if let Some(slot) = objects.get(&address.id) {
+            return Arc::clone(slot);
+        }
+        Arc::clone(objects.entry(address.id.clone()).or_default())
+    }
+
+    /// Forgets slots that hold no open object and that nobody is using, so
+    /// the registry stays as large as the set of open objects.
+    fn prune(&self) {
+        lock(&self.open).retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |g| g.is_some())
+        });
+    }
+
+    /// Open objects, and registry entries (open, opening or closing).
+    pub(super) fn counts(&self) -> (usize, usize) {
+        let objects = lock(&self.open);
+        let open = objects
+            .values()
+            .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
+            .count();
+        (open, objects.len())
+    }
+
+    fn cached(&self, key: &(String, String)) -> Option<Arc<Address>> {
+        lock(&self.addresses).get(key).cloned()
+    }
+
+    fn remember(&self, key: (String, String), address: Arc<Address>) {
+        lock(&self.addresses).put(key, address);
+    }
+}
+
 impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin,
@@ -11,8 +70,8 @@ where
 {
     pub(super) fn address(&self, class: &str, name: &str) -> Result<Arc<Address>, HostError> {
         let key = (class.to_owned(), name.to_owned());
-        if let Some(a) = lock(&self.inner.addresses).get(&key) {
-            return Ok(Arc::clone(a));
+        if let Some(a) = self.inner.registry.cached(&key) {
+            return Ok(a);
         }
         let (class_name, _) =
             self.inner
@@ -44,28 +103,22 @@ where
             scope,
             id,
         });
-        lock(&self.inner.addresses).put(key, Arc::clone(&address));
+        self.inner.registry.remember(key, Arc::clone(&address));
         Ok(address)
     }
 
     pub(super) fn slot(&self, address: &Address) -> Slot<I, O::Storage> {
-        let mut objects = lock(&self.inner.open);
-        if let Some(slot) = objects.get(&address.id) {
-            return Arc::clone(slot);
-        }
-        Arc::clone(objects.entry(address.id.clone()).or_default())
+        self.inner.registry.slot(address)
     }
 
     /// Forgets registry slots that hold no open object and that nobody is
     /// using, so the registry stays as large as the set of open objects.
     pub(super) fn prune_slots(&self) {
-        lock(&self.inner.open).retain(|_, slot| {
-            Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |g| g.is_some())
-        });
+        self.inner.registry.prune();
     }
 
     pub(super) async fn close_where(&self, matches: impl Fn(&Address) -> bool) -> usize {
-        let slots: Vec<Slot<I, O::Storage>> = lock(&self.inner.open).values().cloned().collect();
+        let slots = self.inner.registry.slots();
         let mut closed = 0;
         for slot in slots {
             let mut guard = slot.lock().await;
