@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward, RemoteOwner};
+use durability_ownership::{LifecycleId, StorageId, TaskId};
 use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
@@ -78,6 +79,19 @@ impl Forward for ForwardHook {
     }
 }
 
+/// Who a host is: the storage id it serves, the lifecycle (the logical
+/// worker whose active storage pointer names the storage) and its task,
+/// each checked when it was made ([`HostConfig::with_store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostIds {
+    /// The storage id served.
+    pub storage: StorageId,
+    /// The lifecycle.
+    pub lifecycle: LifecycleId,
+    /// This host's task.
+    pub task: TaskId,
+}
+
 /// Everything a host needs. Build it with [`HostConfig::new`] and the
 /// setters; [`crate::Host::start`] validates it all before anything starts.
 pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
@@ -122,16 +136,26 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// `lifecycle` (the logical worker whose active storage pointer names
     /// the storage), with leases in `lease_store`, alarm jobs in
     /// `alarm_index`, and its objects in `objects` (a store every host of
-    /// the deployment shares). With the default SQLite directory:
+    /// the deployment shares). The ids are typed: each was checked when it
+    /// was made. With the default SQLite directory and ids as strings:
     /// [`HostConfig::new`].
-    pub fn with_store(
-        lease_store: Arc<S>,
-        alarm_index: Arc<I>,
-        objects: O,
-        storage_id: &str,
-        lifecycle: &str,
-        task: &str,
-    ) -> Self {
+    pub fn with_store(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: HostIds) -> Self {
+        Self::unchecked(
+            lease_store,
+            alarm_index,
+            objects,
+            [
+                ids.storage.as_str(),
+                ids.lifecycle.as_str(),
+                ids.task.as_str(),
+            ],
+        )
+    }
+
+    /// A configuration with ids still to be checked at start, in the order
+    /// storage id, lifecycle, task.
+    fn unchecked(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: [&str; 3]) -> Self {
+        let [storage_id, lifecycle, task] = ids;
         Self {
             lease_store,
             alarm_index,
@@ -420,13 +444,11 @@ impl<S, I> HostConfig<S, I, SqliteObjectStore> {
         lifecycle: &str,
         task: &str,
     ) -> Self {
-        Self::with_store(
+        Self::unchecked(
             lease_store,
             alarm_index,
             SqliteObjectStore::new(root),
-            storage_id,
-            lifecycle,
-            task,
+            [storage_id, lifecycle, task],
         )
     }
 

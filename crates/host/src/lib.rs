@@ -210,7 +210,7 @@ pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientCalls, ClientStats, RpcClient};
 pub use config::ClassBuilder;
-pub use config::{HostConfig, HostForward, NoTransport, OwnPolicy};
+pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
 pub use object::{Class, Handle, ObjectCtx};

@@ -441,3 +441,30 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
     assert_eq!(l1.by_name().class(), "Ledger");
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn another_object_store_plugs_in_through_with_store_and_typed_ids() {
+    use durability_host::{HostIds, SqliteObjectStore};
+    use durability_ownership::{LifecycleId, StorageId, TaskId};
+    let w = World::new();
+    let ids = HostIds {
+        storage: StorageId::new(crate::support::STORAGE).unwrap(),
+        lifecycle: LifecycleId::new(crate::support::LIFECYCLE).unwrap(),
+        task: TaskId::new("a").unwrap(),
+    };
+    // The ids were checked when they were made: a bad one never reaches a
+    // configuration.
+    assert!(StorageId::new("bad:id").is_err());
+    let config =
+        HostConfig::with_store(w.store(), w.index(), SqliteObjectStore::new(w.root()), ids)
+            .clock(Arc::new(w.clock.clone()))
+            .create_active_storage_if_absent(true)
+            .class_of(|_ctx| Ok::<_, BoxError>(Ledger))
+            .done();
+    let host: TestHost = TestHost::start(config).await.unwrap();
+    let l1 = host.object_of::<Ledger>("l1");
+    assert_eq!(l1.transaction(|_, tx| Ledger::add(tx, 4)).await.unwrap(), 4);
+    assert_eq!(host.probe().task, "a");
+    assert_eq!(host.probe().storage_id, crate::support::STORAGE);
+    host.shutdown().await;
+}
