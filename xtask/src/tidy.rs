@@ -1237,3 +1237,279 @@ fn results_files_hold_stamped_json_figures() {
     }
     assert!(checked > 0, "the tidy check found the results files");
 }
+
+/// The host's one module that may know SQLite (its object store).
+const HOST_SQLITE_MODULE: &str = "store/sqlite";
+
+/// Lines of `text` (1-based) that name SQLite in code: the SQLite crates
+/// or an object file name. Comments and doc comments (doctests need a
+/// concrete store) do not count.
+fn sqlite_mentions(text: &str) -> Vec<usize> {
+    let names = ["rusqlite", "durability_storage_sqlite", ".sqlite\""];
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| names.iter().any(|n| line.contains(n)))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn only_the_hosts_object_store_module_names_sqlite() {
+    let src = root().join("crates/host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 5, "the tidy check found the host's sources");
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let relative = f.strip_prefix(&src).expect("under src");
+            !relative.with_extension("").starts_with(HOST_SQLITE_MODULE)
+        })
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            sqlite_mentions(&text)
+                .into_iter()
+                .map(move |line| format!("{}:{line}", f.display()))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "SQLite named outside crates/host/src/{HOST_SQLITE_MODULE}: {offenders:?}"
+    );
+}
+
+#[test]
+fn the_sqlite_scan_sees_code_and_skips_comments() {
+    let text = "//! uses rusqlite\nuse durability_storage_sqlite::SqliteStorage;\n/// rusqlite in docs\nlet p = format!(\"{n}.sqlite\");\n    let c = rusqlite::Connection::open(p);\n";
+    assert_eq!(sqlite_mentions(text), vec![2, 4, 5]);
+}
+
+/// The top-level modules a crate's `src` files name through `crate::`
+/// paths (`use crate::a::…`, `use crate::{a, b}`, `crate::a::f()`), as
+/// edges between top-level modules. Comments and unit-test files
+/// (`tests.rs`, `tests/`) do not count.
+fn module_edges(
+    src: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut edges = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for file in files {
+        let relative = file.strip_prefix(src).expect("under src");
+        if relative.iter().any(|p| p == "tests" || p == "tests.rs") {
+            continue;
+        }
+        let first = relative
+            .iter()
+            .next()
+            .and_then(|p| p.to_str())
+            .unwrap_or("");
+        let from = first.trim_end_matches(".rs").to_owned();
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let targets = edges.entry(from.clone()).or_default();
+        for to in crate_references(&text) {
+            if to != from {
+                targets.insert(to);
+            }
+        }
+    }
+    edges
+}
+
+/// The first path segment after each `crate::` in code (a group
+/// `crate::{a::x, b}` names each of its members).
+fn crate_references(text: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            if let Some(group) = after.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                out.extend(inner.split(',').map(|m| ident(m.trim())));
+            } else {
+                out.push(ident(after));
+            }
+            rest = after;
+        }
+    }
+    // A multi-line group: `use crate::{` with members on the next lines.
+    let mut in_group = false;
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("").trim();
+        if code.ends_with("crate::{") {
+            in_group = true;
+            continue;
+        }
+        if in_group {
+            if code.starts_with('}') {
+                in_group = false;
+                continue;
+            }
+            out.extend(code.split(',').map(|m| ident(m.trim())));
+        }
+    }
+    out.retain(|m| !m.is_empty() && m != "self");
+    out
+}
+
+/// The modules of each cycle (strongly connected component of more than
+/// one module), sorted.
+fn module_cycles(
+    edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    let reaches = |from: &str| {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack = vec![from.to_owned()];
+        while let Some(m) = stack.pop() {
+            for next in edges.get(&m).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reach: std::collections::BTreeMap<&String, _> =
+        edges.keys().map(|m| (m, reaches(m))).collect();
+    let mut cycles: Vec<Vec<String>> = Vec::new();
+    for (m, r) in &reach {
+        if !r.contains(*m) || cycles.iter().any(|c| c.contains(m)) {
+            continue;
+        }
+        let cycle: Vec<String> = reach
+            .iter()
+            .filter(|(n, rn)| r.contains(**n) && rn.contains(*m))
+            .map(|(n, _)| (*n).clone())
+            .collect();
+        cycles.push(cycle);
+    }
+    cycles
+}
+
+#[test]
+fn the_host_has_no_module_cycle() {
+    let edges = module_edges(&root().join("crates/host/src"));
+    assert!(edges.len() > 5, "the tidy check found the host's modules");
+    let cycles = module_cycles(&edges);
+    assert!(
+        cycles.is_empty(),
+        "module cycles in crates/host: {cycles:?}"
+    );
+}
+
+/// Modules of `crates/migration` that sit in a cycle today; the number
+/// may only shrink.
+const MIGRATION_CYCLE_BUDGET: usize = 9;
+
+#[test]
+fn the_migration_crate_stays_within_its_cycle_budget() {
+    let edges = module_edges(&root().join("crates/migration/src"));
+    let cycles = module_cycles(&edges);
+    let in_cycles: usize = cycles.iter().map(Vec::len).sum();
+    eprintln!("migration: {in_cycles} modules in cycles: {cycles:?}");
+    assert!(
+        in_cycles <= MIGRATION_CYCLE_BUDGET,
+        "crates/migration has {in_cycles} modules in cycles (budget {MIGRATION_CYCLE_BUDGET}): {cycles:?}"
+    );
+}
+
+#[test]
+fn the_cycle_scan_reads_use_paths_and_finds_cycles() {
+    let text = "use crate::a::X;\nuse crate::{b::Y, c};\n// use crate::z;\nlet v = crate::d::f();\nuse crate::{\n    e::Z,\n    f,\n};\n";
+    assert_eq!(crate_references(text), ["a", "b", "c", "d", "e", "f"]);
+    let edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e")]
+        .into_iter()
+        .fold(std::collections::BTreeMap::new(), |mut m, (f, t)| {
+            m.entry(f.to_owned())
+                .or_insert_with(std::collections::BTreeSet::new)
+                .insert(t.to_owned());
+            m
+        });
+    assert_eq!(module_cycles(&edges), vec![vec!["a", "b", "c"]]);
+}
+
+/// The longest a library function of the host may be, in lines.
+const HOST_FUNCTION_LINES: usize = 80;
+
+/// Every function in `text` with its first line (1-based), name and
+/// length in lines, from its `fn` line to its closing brace at the same
+/// indentation. Declarations without a body do not count.
+fn function_lengths(text: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = trimmed
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("const ")
+            .trim_start_matches("async ");
+        let Some(rest) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = lines[i..].iter().position(|l| {
+            let l = l.trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        let open_line = lines[i + open].trim_end();
+        if open_line.ends_with(';') || open_line.ends_with('}') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + open..].iter().position(|l| l.trim_end() == close) {
+            out.push((i + 1, name, open + end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_host_library_function_is_over_80_lines() {
+    let src = root().join("crates/host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 5, "the tidy check found the host's sources");
+    let long: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let relative = f.strip_prefix(&src).expect("under src");
+            !relative.iter().any(|p| p == "tests" || p == "tests.rs")
+        })
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            function_lengths(&text)
+                .into_iter()
+                .filter(|(_, _, n)| *n > HOST_FUNCTION_LINES)
+                .map(move |(line, name, n)| format!("{}:{line} {name}: {n} lines", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "host functions over {HOST_FUNCTION_LINES} lines: {long:?}"
+    );
+}
+
+#[test]
+fn the_function_scan_measures_bodies_and_skips_declarations() {
+    let text = "fn a() {\n    x();\n}\n\ntrait T {\n    fn decl(\n        &self,\n    ) -> u8;\n    fn one(&self) -> u8 { 1 }\n}\n\n    pub(crate) async fn b<'a>(\n        s: &'a str,\n    ) -> u8 {\n        if s.is_empty() {\n            0\n        }\n        1\n    }\n";
+    assert_eq!(
+        function_lengths(text),
+        vec![(1, "a".to_owned(), 3), (12, "b".to_owned(), 8)]
+    );
+}

@@ -10,6 +10,7 @@
 //! `metrics` facade (`durability_host_client_*`, names in ARCHITECTURE.md,
 //! "Metrics"; no `task` label), bound when the client is made.
 
+use std::future::Future;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -22,13 +23,12 @@ use crate::connect::{ConnectRequest, Socket};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
-use crate::routing::after_refusal;
-use crate::rpc::{RpcArgs, validate_method};
-use crate::transport::{
-    ConnectInvoke, ConnectReply, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport,
-    InternalToken, InvokeRequest, REDISCOVERY_CODES, Reply, RouteFence, Transport,
+use crate::protocol::{
+    ConnectInvoke, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken,
+    InvokeRequest, OwnerHeaders, RouteFence, Transport,
 };
-use futures::future::BoxFuture;
+use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
+use crate::rpc::{RpcArgs, validate_method};
 
 /// What a [`RpcClient`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Figures {
 }
 
 #[derive(Debug, Clone)]
-struct Hint {
+pub(crate) struct Hint {
     task: String,
     generation: u64,
     endpoint: Endpoint,
@@ -215,7 +215,7 @@ impl RpcClient {
         self.hints.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn evict(&self, scope: &OwnerScope) {
+    fn evict_hint(&self, scope: &OwnerScope) {
         if self.hints().pop(scope).is_some() {
             self.figures.hint_evictions.bump();
         }
@@ -290,33 +290,16 @@ impl RpcClient {
         method: &str,
         args: Value,
     ) -> Result<Value, HostError> {
-        let (outcome, result) = match self.send(class, name, method, args).await {
-            Ok(value) => (Outcome::Completed, Ok(value)),
-            Err((outcome, e)) => (outcome, Err(e)),
-        };
-        self.figures.call(outcome).bump();
-        result
-    }
-
-    async fn send(
-        &self,
-        class: &str,
-        name: &str,
-        method: &str,
-        args: Value,
-    ) -> Result<Value, (Outcome, HostError)> {
-        let invalid = |e| (Outcome::Invalid, e);
-        validate_method(method).map_err(invalid)?;
-        let args = RpcArgs::new(args).map_err(invalid)?;
-        let scope = self.scope(class, name).map_err(invalid)?;
-        let request = InvokeRequest {
-            class: class.to_owned(),
-            name: name.to_owned(),
-            method: method.to_owned(),
-            args,
-            fence: None,
-        };
-        self.route(&scope, request, false).await
+        let request = validate_method(method)
+            .and_then(|()| RpcArgs::new(args))
+            .map(|args| InvokeRequest {
+                class: class.to_owned(),
+                name: name.to_owned(),
+                method: method.to_owned(),
+                args,
+                fence: None,
+            });
+        self.send(class, name, request).await
     }
 
     /// Sends a tenant fetch to the fetch handler of the object of `class`
@@ -338,25 +321,13 @@ impl RpcClient {
         name: &str,
         request: FetchRequest,
     ) -> Result<FetchResponse, HostError> {
-        let sent = async {
-            let invalid = |e| (Outcome::Invalid, e);
-            let request = request.validate().map_err(invalid)?;
-            let scope = self.scope(class, name).map_err(invalid)?;
-            let safe = request.is_safe();
-            let invoke = FetchInvoke {
-                class: class.to_owned(),
-                name: name.to_owned(),
-                request,
-                fence: None,
-            };
-            self.route(&scope, invoke, safe).await
-        };
-        let (outcome, result) = match sent.await {
-            Ok(response) => (Outcome::Completed, Ok(response)),
-            Err((outcome, e)) => (outcome, Err(e)),
-        };
-        self.figures.call(outcome).bump();
-        result
+        let invoke = request.validate().map(|request| FetchInvoke {
+            class: class.to_owned(),
+            name: name.to_owned(),
+            request,
+            fence: None,
+        });
+        self.send(class, name, invoke).await
     }
 
     /// Opens a WebSocket session with the connect handler of the object of
@@ -381,315 +352,138 @@ impl RpcClient {
         name: &str,
         request: ConnectRequest,
     ) -> Result<Socket, HostError> {
-        let sent = async {
-            let invalid = |e| (Outcome::Invalid, e);
-            let request = request.validate().map_err(invalid)?;
-            let scope = self.scope(class, name).map_err(invalid)?;
-            let invoke = ConnectInvoke {
-                class: class.to_owned(),
-                name: name.to_owned(),
-                request,
-                fence: None,
-            };
-            self.route_connect(&scope, invoke).await
+        let invoke = request.validate().map(|request| ConnectInvoke {
+            class: class.to_owned(),
+            name: name.to_owned(),
+            request,
+            fence: None,
+        });
+        self.send(class, name, invoke).await
+    }
+
+    /// Routes a validated request (the one router, [`route`]) and counts
+    /// its outcome; a request or object refused before anything was sent
+    /// is `invalid`.
+    async fn send<K: Kind>(
+        &self,
+        class: &str,
+        name: &str,
+        request: Result<K, HostError>,
+    ) -> Result<K::Out, HostError> {
+        let routed = match request.and_then(|r| Ok((self.scope(class, name)?, r))) {
+            Err(e) => Err((Outcome::Invalid, e)),
+            Ok((scope, request)) => route(self, &scope, &request)
+                .await
+                .map_err(|refusal| (outcome(&refusal), refusal.error)),
         };
-        let (outcome, result) = match sent.await {
-            Ok(socket) => (Outcome::Completed, Ok(socket)),
+        let (outcome, result) = match routed {
+            Ok(value) => (Outcome::Completed, Ok(value)),
             Err((outcome, e)) => (outcome, Err(e)),
         };
         self.figures.call(outcome).bump();
         result
     }
 
-    async fn route_connect(
-        &self,
-        scope: &OwnerScope,
-        mut invoke: ConnectInvoke,
-    ) -> Result<Socket, (Outcome, HostError)> {
-        let key = scope.host_id();
-        let mut rediscoveries = 1;
-        // The owner the next attempt goes to; `None` is the entry host.
-        let mut target = self.hints().get(scope).cloned();
-        if target.is_some() {
-            self.figures.direct.bump();
+    /// The owner a trusted owner header names, when its endpoint passes
+    /// the client's policy.
+    fn owner_of(&self, owner: &OwnerHeaders) -> Option<Hint> {
+        let endpoint = owner
+            .endpoint
+            .as_deref()
+            .and_then(|e| self.policy.check(e).ok())?;
+        Some(Hint {
+            task: owner.task.clone(),
+            generation: owner.generation,
+            endpoint,
+        })
+    }
+}
+
+/// The figure of a refused call.
+fn outcome(refusal: &Refusal) -> Outcome {
+    match refusal.failure {
+        None | Some(Failure::Remote) => Outcome::Failed,
+        // An untrusted code is an unavailable owner, not a refusal.
+        Some(Failure::Ownership) if matches!(refusal.error, HostError::OwnerUnavailable { .. }) => {
+            Outcome::Unavailable
         }
-        loop {
-            let endpoint = match &target {
-                Some(owner) => {
-                    invoke.fence = Some(RouteFence {
-                        task: owner.task.clone(),
-                        generation: owner.generation,
-                    });
-                    owner.endpoint.clone()
-                }
-                None => {
-                    self.figures.entry.bump();
-                    invoke.fence = None;
-                    self.entry.clone()
-                }
-            };
-            let from_router = target.is_none();
-            let rediscover = match self
-                .transport
-                .connect(&endpoint, &self.token, &invoke, key)
-                .await
-            {
-                ConnectReply::Upgraded { socket, owner } => {
-                    if let Some(owner) = owner
-                        && owner.key == key
-                        && let Some(endpoint) = owner
-                            .endpoint
-                            .as_deref()
-                            .and_then(|e| self.policy.check(e).ok())
-                    {
-                        self.hints().put(
-                            scope.clone(),
-                            Hint {
-                                task: owner.task,
-                                generation: owner.generation,
-                                endpoint,
-                            },
-                        );
-                    }
-                    return Ok(socket);
-                }
-                // The router's handoff: follow it to the owner.
-                ConnectReply::Hint(owner) if from_router => {
-                    let Some(endpoint) = owner
-                        .endpoint
-                        .as_deref()
-                        .and_then(|e| self.policy.check(e).ok())
-                    else {
-                        return Err((
-                            Outcome::Unreachable,
-                            HostError::OwnerUnreachable {
-                                reason: "the handed-off owner endpoint is refused".to_owned(),
-                            },
-                        ));
-                    };
-                    target = Some(Hint {
-                        task: owner.task,
-                        generation: owner.generation,
-                        endpoint,
-                    });
-                    continue;
-                }
-                // A hint from an owner's endpoint is never followed.
-                ConnectReply::Hint(_) => None,
-                ConnectReply::Refused(reply) => match after_refusal(reply) {
-                    Ok(code) => Some(code),
-                    Err(e) => {
-                        let outcome = match &e {
-                            HostError::Remote { .. } => Outcome::Failed,
-                            HostError::OwnerUnreachable { .. } => Outcome::Unreachable,
-                            _ => Outcome::Unavailable,
-                        };
-                        if outcome != Outcome::Failed {
-                            self.evict(scope);
-                        }
-                        return Err((outcome, e));
-                    }
-                },
-            };
-            self.evict(scope);
-            if rediscoveries == 0 {
-                return Err(match rediscover {
-                    Some(code) => (
-                        Outcome::RefusedOwnership,
-                        HostError::remote_ownership(&code),
-                    ),
-                    None => (
-                        Outcome::Unavailable,
-                        HostError::OwnerUnavailable {
-                            reason: "a second owner hint after the one rediscovery".to_owned(),
-                        },
-                    ),
-                });
-            }
-            rediscoveries -= 1;
-            self.figures.rediscoveries.bump();
-            target = None;
-        }
+        Some(Failure::Ownership) => Outcome::RefusedOwnership,
+        Some(Failure::Unreachable) => Outcome::Unreachable,
+        Some(Failure::Unavailable | Failure::SecondHint) => Outcome::Unavailable,
+        Some(Failure::Unknown) => Outcome::Unknown,
+    }
+}
+
+/// The client's router is its entry host; its hints come from the
+/// owners' trusted headers.
+impl<K: Kind> Routes<K> for RpcClient {
+    type Owner = Hint;
+
+    fn hint(&self, scope: &OwnerScope) -> Option<Hint> {
+        self.hints().get(scope).cloned()
     }
 
-    /// Sends `request` straight to the hinted owner, else (or after one
-    /// trusted rediscovery answer) through the entry host, learning the
-    /// hint from the owner's trusted headers; with `replay`, an untrusted
-    /// failure is sent once more through the entry host.
-    async fn route<R: Exchange>(
-        &self,
-        scope: &OwnerScope,
-        mut request: R,
-        replay: bool,
-    ) -> Result<R::Out, (Outcome, HostError)> {
-        let mut rediscoveries = 1;
-        let mut replays = u8::from(replay);
-        let untrusted = |o: &Outcome| {
-            matches!(
-                o,
-                Outcome::Unreachable | Outcome::Unavailable | Outcome::Unknown
-            )
-        };
-        let hint = self.hints().get(scope).cloned();
-        if let Some(hint) = hint {
-            self.figures.direct.bump();
-            request.set_fence(Some(RouteFence {
-                task: hint.task.clone(),
-                generation: hint.generation,
-            }));
-            let reply = request
-                .send(self.transport.as_ref(), &hint.endpoint, &self.token)
+    fn via_router<'a>(
+        &'a self,
+        scope: &'a OwnerScope,
+        request: &'a K,
+    ) -> impl Future<Output = Attempt<K::Out, Hint>> + Send + 'a {
+        self.figures.entry.bump();
+        async move {
+            let transport = self.transport.as_ref();
+            let answer = request
+                .send(transport, &self.entry, &self.token, scope.host_id())
                 .await;
-            match self.settle(scope, reply) {
-                Ok(Some(value)) => return Ok(value),
-                Ok(None) => {
-                    rediscoveries = 0;
-                    self.figures.rediscoveries.bump();
-                }
-                Err((outcome, _)) if replays > 0 && untrusted(&outcome) => {
-                    replays -= 1;
-                    self.evict(scope);
-                }
-                Err(e) => return Err(e),
-            }
-            request.set_fence(None);
-        }
-        loop {
-            self.figures.entry.bump();
-            let reply = request
-                .send(self.transport.as_ref(), &self.entry, &self.token)
-                .await;
-            if let Reply::Ok {
-                owner: Some(owner), ..
-            } = &reply
-                && owner.key == scope.host_id()
-                && let Some(endpoint) = owner
-                    .endpoint
-                    .as_deref()
-                    .and_then(|e| self.policy.check(e).ok())
-            {
-                self.hints().put(
-                    scope.clone(),
-                    Hint {
-                        task: owner.task.clone(),
-                        generation: owner.generation,
-                        endpoint,
-                    },
-                );
-            }
-            match self.settle(scope, reply) {
-                Ok(Some(value)) => return Ok(value),
-                Ok(None) if rediscoveries > 0 => {
-                    rediscoveries -= 1;
-                    self.figures.rediscoveries.bump();
-                }
-                Ok(None) => {
-                    return Err((
-                        Outcome::RefusedOwnership,
-                        HostError::remote_ownership("stale_owner"),
-                    ));
-                }
-                Err((outcome, _)) if replays > 0 && untrusted(&outcome) => {
-                    replays -= 1;
-                }
-                Err(e) => return Err(e),
-            }
+            Attempt::Answered { answer, to: None }
         }
     }
 
-    /// `Some(value)` on success, `None` when one rediscovery is allowed,
-    /// else the error.
-    fn settle<T>(
-        &self,
-        scope: &OwnerScope,
-        reply: Reply<T>,
-    ) -> Result<Option<T>, (Outcome, HostError)> {
-        match reply {
-            Reply::Ok { result, .. } => Ok(Some(result)),
-            Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
-                self.evict(scope);
-                Ok(None)
-            }
-            Reply::Ownership { code } => {
-                self.evict(scope);
-                let e = HostError::remote_ownership(&code);
-                // An untrusted code is an unavailable owner, not a refusal.
-                let outcome = if matches!(e, HostError::OwnerUnavailable { .. }) {
-                    Outcome::Unavailable
-                } else {
-                    Outcome::RefusedOwnership
-                };
-                Err((outcome, e))
-            }
-            Reply::Failed {
-                status,
-                code,
-                message,
-                details,
-            } => Err((
-                Outcome::Failed,
-                HostError::Remote {
-                    status,
-                    code,
-                    message,
-                    details,
-                },
-            )),
-            Reply::NotSent { reason } => {
-                self.evict(scope);
-                Err((Outcome::Unreachable, HostError::OwnerUnreachable { reason }))
-            }
-            Reply::Unmarked { reason } => {
-                self.evict(scope);
-                Err((Outcome::Unavailable, HostError::OwnerUnavailable { reason }))
-            }
-            Reply::ResultUnknown { reason } => {
-                Err((Outcome::Unknown, HostError::RpcResultUnknown { reason }))
-            }
+    async fn to_owner<'a>(
+        &'a self,
+        scope: &'a OwnerScope,
+        request: &'a K,
+        owner: Hint,
+    ) -> Attempt<K::Out, Hint> {
+        let mut fenced = request.clone();
+        fenced.set_fence(Some(RouteFence {
+            task: owner.task.clone(),
+            generation: owner.generation,
+        }));
+        let transport = self.transport.as_ref();
+        let answer = fenced
+            .send(transport, &owner.endpoint, &self.token, scope.host_id())
+            .await;
+        Attempt::Answered {
+            answer,
+            to: Some(owner),
         }
     }
-}
 
-/// One request the client routes: an invoke or a fetch, sent with or
-/// without a route fence.
-trait Exchange: Send + Sync {
-    /// What a success carries.
-    type Out;
-    fn set_fence(&mut self, fence: Option<RouteFence>);
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-    ) -> BoxFuture<'a, Reply<Self::Out>>;
-}
+    fn follow(&self, owner: OwnerHeaders) -> Result<Hint, HostError> {
+        self.owner_of(&owner)
+            .ok_or_else(|| HostError::OwnerUnreachable {
+                reason: "the handed-off owner endpoint is refused".to_owned(),
+            })
+    }
 
-impl Exchange for InvokeRequest {
-    type Out = Value;
-    fn set_fence(&mut self, fence: Option<RouteFence>) {
-        self.fence = fence;
+    fn learn(&self, scope: &OwnerScope, _to: Option<&Hint>, owner: Option<&OwnerHeaders>) {
+        if let Some(owner) = owner
+            && owner.key == scope.host_id()
+            && let Some(hint) = self.owner_of(owner)
+        {
+            self.hints().put(scope.clone(), hint);
+        }
     }
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-    ) -> BoxFuture<'a, Reply<Value>> {
-        transport.invoke(endpoint, token, self)
-    }
-}
 
-impl Exchange for FetchInvoke {
-    type Out = FetchResponse;
-    fn set_fence(&mut self, fence: Option<RouteFence>) {
-        self.fence = fence;
+    fn evict(&self, scope: &OwnerScope) {
+        self.evict_hint(scope);
     }
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-    ) -> BoxFuture<'a, Reply<FetchResponse>> {
-        transport.fetch(endpoint, token, self)
+
+    fn note(&self, _scope: &OwnerScope, step: Step<'_>) {
+        match step {
+            Step::Direct => self.figures.direct.bump(),
+            Step::Rediscover(_) => self.figures.rediscoveries.bump(),
+            Step::Replay(_) | Step::Untrusted(..) => {}
+        }
     }
 }

@@ -1,44 +1,23 @@
 //! [`HostConfig`]: what a host needs to start, set with a builder.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use durability_alarms::{Delivery, DispatchOutcome, DispatcherConfig, Forward, RemoteOwner};
-use durability_scheduler::{Clock, ObjectId, Scheduler, SystemClock};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
+use durability_ownership::{LifecycleId, StorageId, TaskId};
+use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
 use crate::error::BoxError;
+use crate::object::{Class, Instance, ObjectCtx};
 use crate::settings::HostSettings;
+use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
+use crate::store::{DefaultObjectStore, ObjectStore};
 
-/// What an object's factory gets: the object's identity, its scheduler
-/// (storage, one alarm, clock) and its alarms.
-pub struct ObjectCtx<I> {
-    /// The object's class.
-    pub class: String,
-    /// The object's name within its class.
-    pub name: String,
-    /// The object id (`<storage id>:<class>:<name>`).
-    pub id: ObjectId,
-    /// The object's scheduler; its storage is fenced at the scope's claim.
-    pub scheduler: Scheduler<SqliteStorage>,
-    /// The object's alarm (backed by the host's alarm index).
-    pub alarms: durability_alarms::Alarms<SqliteStorage, I>,
-}
-
-impl<I> std::fmt::Debug for ObjectCtx<I> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectCtx")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
-pub(crate) type Factory<I> = Arc<dyn Fn(&ObjectCtx<I>) -> Result<Instance, BoxError> + Send + Sync>;
+pub(crate) type Factory<I, D> =
+    Arc<dyn Fn(&ObjectCtx<I, D>) -> Result<Instance, BoxError> + Send + Sync>;
 
 /// Which scopes the owner loop claims (besides those a call claims on
 /// first use).
@@ -100,36 +79,48 @@ impl Forward for ForwardHook {
     }
 }
 
+/// Who a host is: the storage id it serves, the lifecycle (the logical
+/// worker whose active storage pointer names the storage) and its task,
+/// each checked when it was made ([`HostConfig::with_store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostIds {
+    /// The storage id served.
+    pub storage: StorageId,
+    /// The lifecycle.
+    pub lifecycle: LifecycleId,
+    /// This host's task.
+    pub task: TaskId,
+}
+
 /// Everything a host needs. Build it with [`HostConfig::new`] and the
 /// setters; [`crate::Host::start`] validates it all before anything starts.
-pub struct HostConfig<S, I> {
+pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) lease_store: Arc<S>,
     pub(crate) alarm_index: Arc<I>,
-    pub(crate) root: PathBuf,
+    pub(crate) objects: O,
     pub(crate) storage_id: String,
     pub(crate) lifecycle: String,
     pub(crate) task: String,
     pub(crate) endpoint: Option<String>,
-    pub(crate) classes: BTreeMap<String, Factory<I>>,
+    pub(crate) classes: BTreeMap<String, Factory<I, O::Storage>>,
     pub(crate) settings: HostSettings,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) own: OwnPolicy,
     pub(crate) create_active_storage: bool,
     pub(crate) dispatcher: DispatcherConfig,
-    pub(crate) sqlite: SqliteOptions,
     pub(crate) forward: Option<Arc<dyn HostForward>>,
     pub(crate) run_dispatcher: bool,
-    pub(crate) methods: crate::rpc::Methods<I>,
+    pub(crate) methods: crate::rpc::Methods<I, O::Storage>,
     pub(crate) method_names: Vec<(String, String)>,
-    pub(crate) fetchers: crate::fetch::Fetchers<I>,
-    pub(crate) connectors: crate::connect::Connectors<I>,
+    pub(crate) fetchers: crate::fetch::Fetchers<I, O::Storage>,
+    pub(crate) connectors: crate::connect::Connectors<I, O::Storage>,
     pub(crate) internal_token: Option<String>,
-    pub(crate) peers: Arc<dyn crate::transport::PeerDirectory>,
-    pub(crate) endpoint_policy: crate::transport::EndpointPolicy,
-    pub(crate) transport: Arc<dyn crate::transport::Transport>,
+    pub(crate) peers: Arc<dyn crate::protocol::PeerDirectory>,
+    pub(crate) endpoint_policy: crate::protocol::EndpointPolicy,
+    pub(crate) transport: Arc<dyn crate::protocol::Transport>,
 }
 
-impl<S, I> std::fmt::Debug for HostConfig<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token.
         f.debug_struct("HostConfig")
@@ -140,24 +131,35 @@ impl<S, I> std::fmt::Debug for HostConfig<S, I> {
     }
 }
 
-impl<S, I> HostConfig<S, I> {
+impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// A host of task `task` serving storage `storage_id` of lifecycle
     /// `lifecycle` (the logical worker whose active storage pointer names
     /// the storage), with leases in `lease_store`, alarm jobs in
-    /// `alarm_index`, and one SQLite file per object under `root` (a
-    /// directory every host of the deployment shares).
-    pub fn new(
-        lease_store: Arc<S>,
-        alarm_index: Arc<I>,
-        root: impl Into<PathBuf>,
-        storage_id: &str,
-        lifecycle: &str,
-        task: &str,
-    ) -> Self {
+    /// `alarm_index`, and its objects in `objects` (a store every host of
+    /// the deployment shares). The ids are typed: each was checked when it
+    /// was made. With the default SQLite directory and ids as strings:
+    /// [`HostConfig::new`].
+    pub fn with_store(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: HostIds) -> Self {
+        Self::unchecked(
+            lease_store,
+            alarm_index,
+            objects,
+            [
+                ids.storage.as_str(),
+                ids.lifecycle.as_str(),
+                ids.task.as_str(),
+            ],
+        )
+    }
+
+    /// A configuration with ids still to be checked at start, in the order
+    /// storage id, lifecycle, task.
+    fn unchecked(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: [&str; 3]) -> Self {
+        let [storage_id, lifecycle, task] = ids;
         Self {
             lease_store,
             alarm_index,
-            root: root.into(),
+            objects,
             storage_id: storage_id.to_owned(),
             lifecycle: lifecycle.to_owned(),
             task: task.to_owned(),
@@ -168,7 +170,6 @@ impl<S, I> HostConfig<S, I> {
             own: OwnPolicy::default(),
             create_active_storage: false,
             dispatcher: DispatcherConfig::default(),
-            sqlite: SqliteOptions::default(),
             forward: None,
             run_dispatcher: true,
             methods: BTreeMap::new(),
@@ -176,9 +177,9 @@ impl<S, I> HostConfig<S, I> {
             fetchers: BTreeMap::new(),
             connectors: BTreeMap::new(),
             internal_token: None,
-            peers: Arc::new(crate::transport::StaticPeers::default()),
-            endpoint_policy: crate::transport::EndpointPolicy::default(),
-            transport: Arc::new(crate::transport::HttpTransport::default()),
+            peers: Arc::new(crate::protocol::StaticPeers::default()),
+            endpoint_policy: crate::protocol::EndpointPolicy::default(),
+            transport: Arc::new(crate::protocol::HttpTransport::default()),
         }
     }
 
@@ -197,12 +198,28 @@ impl<S, I> HostConfig<S, I> {
     pub fn class<T, F>(mut self, name: &str, factory: F) -> Self
     where
         T: Send + Sync + 'static,
-        F: Fn(&ObjectCtx<I>) -> Result<T, BoxError> + Send + Sync + 'static,
+        F: Fn(&ObjectCtx<I, O::Storage>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let factory: Factory<I> =
+        let factory: Factory<I, O::Storage> =
             Arc::new(move |ctx| factory(ctx).map(|t| Arc::new(t) as Instance));
         self.classes.insert(name.to_owned(), factory);
         self
+    }
+
+    /// Adds the object class `T` (named [`Class::NAME`]), built by
+    /// `factory`, and returns its builder: the handlers registered there
+    /// get a [`crate::Handle`] of `T`, so a handler of another type does
+    /// not compile. [`ClassBuilder::done`] returns the configuration.
+    #[must_use]
+    pub fn class_of<T, F>(self, factory: F) -> ClassBuilder<S, I, O, T>
+    where
+        T: Class,
+        F: Fn(&ObjectCtx<I, O::Storage>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        ClassBuilder {
+            config: self.class(T::NAME, factory),
+            class: std::marker::PhantomData,
+        }
     }
 
     /// The settings, set in code.
@@ -254,13 +271,6 @@ impl<S, I> HostConfig<S, I> {
         self
     }
 
-    /// Options of every object database.
-    #[must_use]
-    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
-        self.sqlite = options;
-        self
-    }
-
     /// Registers RPC method `method` on objects of `class`: `handler` gets
     /// the object's handle and the JSON arguments and returns JSON. The
     /// name is checked at [`crate::Host::start`] (identifier grammar, at
@@ -273,12 +283,15 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, serde_json::Value) -> Fut + Send + Sync + 'static,
+        F: Fn(crate::object::Handle<T, I, O::Storage>, serde_json::Value) -> Fut
+            + Send
+            + Sync
+            + 'static,
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::rpc::Method<I> = Arc::new(move |input, args| {
+        let wrapped: crate::rpc::Method<I, O::Storage> = Arc::new(move |input, args| {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
@@ -309,12 +322,15 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, crate::fetch::FetchRequest) -> Fut + Send + Sync + 'static,
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
+            + Send
+            + Sync
+            + 'static,
         Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::fetch::Fetcher<I> = Arc::new(move |input, request| {
+        let wrapped: crate::fetch::Fetcher<I, O::Storage> = Arc::new(move |input, request| {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
@@ -341,7 +357,11 @@ impl<S, I> HostConfig<S, I> {
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::Handle<T, I>, crate::connect::ConnectRequest, crate::connect::Socket) -> Fut
+        F: Fn(
+                crate::object::Handle<T, I, O::Storage>,
+                crate::connect::ConnectRequest,
+                crate::connect::Socket,
+            ) -> Fut
             + Send
             + Sync
             + 'static,
@@ -349,16 +369,18 @@ impl<S, I> HostConfig<S, I> {
     {
         let handler = Arc::new(handler);
         let class_name = class.to_owned();
-        let wrapped: crate::connect::Connector<I> = Arc::new(move |input, request, socket| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the connect handler's type").into()
-                })?;
-                handler(handle, request, socket).await
-            })
-        });
+        let wrapped: crate::connect::Connector<I, O::Storage> =
+            Arc::new(move |input, request, socket| {
+                let handler = Arc::clone(&handler);
+                let class_name = class_name.clone();
+                Box::pin(async move {
+                    let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
+                        format!("object class {class_name} is not of the connect handler's type")
+                            .into()
+                    })?;
+                    handler(handle, request, socket).await
+                })
+            });
         self.connectors.insert(class.to_owned(), wrapped);
         self
     }
@@ -377,7 +399,7 @@ impl<S, I> HostConfig<S, I> {
     /// version). Every endpoint is checked against the endpoint policy
     /// before the token is attached.
     #[must_use]
-    pub fn peers(mut self, peers: impl crate::transport::PeerDirectory) -> Self {
+    pub fn peers(mut self, peers: impl crate::protocol::PeerDirectory) -> Self {
         self.peers = Arc::new(peers);
         self
     }
@@ -385,14 +407,14 @@ impl<S, I> HostConfig<S, I> {
     /// Which owner endpoints calls are forwarded to (default: loopback and
     /// private addresses).
     #[must_use]
-    pub fn endpoint_policy(mut self, policy: crate::transport::EndpointPolicy) -> Self {
+    pub fn endpoint_policy(mut self, policy: crate::protocol::EndpointPolicy) -> Self {
         self.endpoint_policy = policy;
         self
     }
 
     /// The transport for calls between hosts (default: HTTP/1.1).
     #[must_use]
-    pub fn transport(mut self, transport: impl crate::transport::Transport) -> Self {
+    pub fn transport(mut self, transport: impl crate::protocol::Transport) -> Self {
         self.transport = Arc::new(transport);
         self
     }
@@ -404,5 +426,103 @@ impl<S, I> HostConfig<S, I> {
     pub fn forward(mut self, forward: impl HostForward) -> Self {
         self.forward = Some(Arc::new(forward));
         self
+    }
+}
+
+impl<S, I> HostConfig<S, I, SqliteObjectStore> {
+    /// A host of task `task` serving storage `storage_id` of lifecycle
+    /// `lifecycle` (the logical worker whose active storage pointer names
+    /// the storage), with leases in `lease_store`, alarm jobs in
+    /// `alarm_index`, and one SQLite file per object under `root` (a
+    /// directory every host of the deployment shares). Another object
+    /// store: [`HostConfig::with_store`].
+    pub fn new(
+        lease_store: Arc<S>,
+        alarm_index: Arc<I>,
+        root: impl Into<PathBuf>,
+        storage_id: &str,
+        lifecycle: &str,
+        task: &str,
+    ) -> Self {
+        Self::unchecked(
+            lease_store,
+            alarm_index,
+            SqliteObjectStore::new(root),
+            [storage_id, lifecycle, task],
+        )
+    }
+
+    /// Options of every object database.
+    #[must_use]
+    pub fn sqlite(mut self, options: SqliteOptions) -> Self {
+        self.objects = self.objects.options(options);
+        self
+    }
+}
+
+/// The handlers of one object class `T` ([`HostConfig::class_of`]).
+pub struct ClassBuilder<S, I, O: ObjectStore, T> {
+    config: HostConfig<S, I, O>,
+    class: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<S, I, O: ObjectStore, T> std::fmt::Debug for ClassBuilder<S, I, O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O, T> {
+    /// Registers RPC method `method` of `T` (see [`HostConfig::method`]).
+    #[must_use]
+    pub fn method<F, Fut>(mut self, method: &str, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, serde_json::Value) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
+    {
+        self.config = self.config.method(T::NAME, method, handler);
+        self
+    }
+
+    /// Registers the fetch handler of `T` (see [`HostConfig::fetch`]).
+    #[must_use]
+    pub fn fetch<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
+    {
+        self.config = self.config.fetch(T::NAME, handler);
+        self
+    }
+
+    /// Registers the connect handler of `T` (see [`HostConfig::connect`]).
+    #[must_use]
+    pub fn connect<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(
+                crate::object::Handle<T, I, O::Storage>,
+                crate::connect::ConnectRequest,
+                crate::connect::Socket,
+            ) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.config = self.config.connect(T::NAME, handler);
+        self
+    }
+
+    /// The configuration, with the class and its handlers.
+    pub fn done(self) -> HostConfig<S, I, O> {
+        self.config
     }
 }

@@ -41,7 +41,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::error::{BoxError, HostError};
 use crate::fetch::FetchRequest;
-use crate::rpc::MethodInput;
+use crate::object::MethodInput;
 
 /// The largest WebSocket message (and frame) either end accepts: 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -213,14 +213,14 @@ impl Socket {
 }
 
 /// A registered connect handler.
-pub(crate) type Connector<I> = Arc<
-    dyn Fn(MethodInput<I>, ConnectRequest, Socket) -> BoxFuture<'static, Result<(), BoxError>>
+pub(crate) type Connector<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, ConnectRequest, Socket) -> BoxFuture<'static, Result<(), BoxError>>
         + Send
         + Sync,
 >;
 
 /// The connect handler of every class that has one: class → handler.
-pub(crate) type Connectors<I> = BTreeMap<String, Connector<I>>;
+pub(crate) type Connectors<I, D> = BTreeMap<String, Connector<I, D>>;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,55 @@ use durability_alarms::AlarmError;
 use durability_ownership::{DispatchOutcome, OwnershipError};
 use durability_scheduler::{SchedulerError, StorageError, StorageErrorKind};
 
+/// Trusted ownership errors that keep their code across hosts (each a
+/// `503` with the marker); any other marked code or status becomes
+/// `owner_unavailable`.
+pub const TRUSTED_OWNERSHIP_CODES: &[&str] = &[
+    "stale_owner",
+    "owner_race",
+    "draining",
+    "lease_expired",
+    "storage_inactive",
+    "worker_delete_locked",
+    "owner_store_unavailable",
+];
+
+/// The pre-dispatch subset: one router rediscovery is allowed after these,
+/// for any method and RPC.
+pub const REDISCOVERY_CODES: &[&str] = &["stale_owner", "owner_race"];
+
+/// An error a method returns on purpose: its code and message reach the
+/// caller unchanged, on this host or across hosts. The code uses
+/// `[a-z0-9_]`, 1..=64 bytes (else it is downgraded to `internal_error`);
+/// the message is at most 1024 bytes (longer is truncated).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct MethodError {
+    /// The tenant's machine code.
+    pub code: String,
+    /// The tenant's message.
+    pub message: String,
+}
+
+impl MethodError {
+    /// A method error with this code and message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether the code passes the grammar.
+    pub fn code_is_valid(code: &str) -> bool {
+        !code.is_empty()
+            && code.len() <= 64
+            && code
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    }
+}
+
 /// A boxed error from user code (a factory or a call body).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -298,9 +347,7 @@ impl HostError {
             | Self::OwnerUnavailable { .. }
             | Self::OwnerUnreachable { .. }
             | Self::Transport { .. } => true,
-            Self::Remote { code, .. } => {
-                crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
-            }
+            Self::Remote { code, .. } => TRUSTED_OWNERSHIP_CODES.contains(&code.as_str()),
             Self::Ownership(e) => e.is_retryable(),
             Self::Storage(e) => e.kind() == StorageErrorKind::Backend,
             Self::Alarm(e) => e.is_retryable(),
@@ -320,7 +367,7 @@ impl HostError {
             | Self::OwnerUnavailable { .. }
             | Self::RpcResultUnknown { .. } => DispatchOutcome::Unknown,
             Self::Remote { code, .. }
-                if !crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
+                if !TRUSTED_OWNERSHIP_CODES.contains(&code.as_str())
                     && !NOT_STARTED_REMOTE.contains(&code.as_str()) =>
             {
                 DispatchOutcome::Unknown
@@ -371,7 +418,6 @@ impl HostError {
     /// ownership becomes `owner_unavailable`; messages never carry task ids,
     /// endpoints or transport text.
     pub fn wire(&self) -> WireError {
-        use crate::transport::TRUSTED_OWNERSHIP_CODES;
         let w = |status: u16, code: &str, message: String, marked: bool| WireError {
             status,
             code: code.to_owned(),
@@ -425,8 +471,8 @@ impl HostError {
                 "The rpc result is unknown".to_owned(),
                 false,
             ),
-            Self::Handler(e) => match e.downcast_ref::<crate::rpc::MethodError>() {
-                Some(m) if crate::rpc::MethodError::code_is_valid(&m.code) => {
+            Self::Handler(e) => match e.downcast_ref::<MethodError>() {
+                Some(m) if MethodError::code_is_valid(&m.code) => {
                     let mut message = m.message.clone();
                     if message.len() > 1024 {
                         let mut cut = 1024;
@@ -455,7 +501,7 @@ impl HostError {
     /// A trusted ownership refusal returned by another host: its code is
     /// kept only when allowlisted, its message replaced.
     pub(crate) fn remote_ownership(code: &str) -> Self {
-        if crate::transport::TRUSTED_OWNERSHIP_CODES.contains(&code) {
+        if TRUSTED_OWNERSHIP_CODES.contains(&code) {
             Self::Remote {
                 status: 503,
                 code: code.to_owned(),

@@ -43,8 +43,11 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, HostError};
-use crate::rpc::MethodInput;
-use crate::transport::CONTROL_HEADER_PREFIX;
+use crate::object::MethodInput;
+
+/// Every control header prefix: a request's or response's headers under it
+/// that the host did not set itself are stripped.
+pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
 
 /// The longest method, in bytes.
 pub const MAX_METHOD_BYTES: usize = 64;
@@ -278,14 +281,14 @@ fn check_headers(headers: &mut Vec<(String, String)>) -> Result<(), HostError> {
 }
 
 /// A registered fetch handler.
-pub(crate) type Fetcher<I> = Arc<
-    dyn Fn(MethodInput<I>, FetchRequest) -> BoxFuture<'static, Result<FetchResponse, BoxError>>
+pub(crate) type Fetcher<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, FetchRequest) -> BoxFuture<'static, Result<FetchResponse, BoxError>>
         + Send
         + Sync,
 >;
 
 /// The fetch handler of every class that has one: class → handler.
-pub(crate) type Fetchers<I> = BTreeMap<String, Fetcher<I>>;
+pub(crate) type Fetchers<I, D> = BTreeMap<String, Fetcher<I, D>>;
 
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,9 @@
 //! [`Host`]: the owner loop, the object registry, fenced dispatch, alarms
 //! and drain, over the ownership, alarms and scheduler crates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
@@ -13,12 +12,11 @@ use durability_alarms::{
     OwnerRouted, SchedulerAlarm, ScopeOf,
 };
 use durability_ownership::{
-    AdmissionPermit, ClassName, DrainReport, Generation, Lease, LeaseBudget, LeaseStore,
-    LifecycleAdmin, LifecycleId, ObjectName, OwnerEndpoint, OwnerHintCache, OwnerRecord,
-    OwnerScope, Ownership, OwnershipError, ProbeScope, Resolution, StorageId, TaskId,
+    AdmissionPermit, DrainReport, Generation, LeaseBudget, LeaseStore, LifecycleAdmin, LifecycleId,
+    ObjectName, OwnerHintCache, OwnerRecord, OwnerScope, Ownership, OwnershipError, ProbeScope,
+    Resolution, StorageId,
 };
 use durability_scheduler::{Clock, ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use durability_time::timeout_at;
 use futures::future::{Either, select};
 use tokio::sync::broadcast;
@@ -26,20 +24,29 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{Factory, ForwardHook, HostConfig, Instance, ObjectCtx, OwnPolicy};
+use crate::config::{ForwardHook, HostConfig};
 use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
-use crate::routing::{RoutingCounters, RoutingState, RoutingStats};
-use crate::rpc::{MethodInput, validate_method};
-use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings, Residency};
-use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport, tombstoned};
-use crate::transport::InternalToken;
+use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
+use crate::protocol::InternalToken;
+use crate::route_table::{RoutingCounters, RoutingState, RoutingStats};
+use crate::settings::{ADVISORY_CACHE_ENTRIES, HostSettings};
+use crate::storage::{DELETE_PAGE, DeleteAll, DeleteAllReport, StorageDeleteReport};
+use crate::store::{DefaultObjectStore, ObjectKey, ObjectStore};
+
+mod dispatch;
+mod drain;
+mod owner_loop;
+mod registry;
+mod start;
+
+pub use drain::shutdown_signal;
 
 /// The owner-routed dispatch of a host.
-pub(crate) type HostRouted<S, I> =
-    OwnerRouted<HostLocal<S, I>, ForwardHook, Arc<S>, Arc<dyn Clock>>;
+pub(crate) type HostRouted<S, I, O> =
+    OwnerRouted<HostLocal<S, I, O>, ForwardHook, Arc<S>, Arc<dyn Clock>>;
 /// The dispatcher type of a host.
-type HostDispatcher<S, I> = Dispatcher<I, HostRouted<S, I>>;
+type HostDispatcher<S, I, O> = Dispatcher<I, HostRouted<S, I, O>>;
 
 /// A change of this host's ownership, published to
 /// [`Host::subscribe`]rs.
@@ -212,22 +219,20 @@ const STOPPED: u8 = 2;
 /// A validated object address (the advisory name cache's entries).
 #[derive(Debug, Clone)]
 struct Address {
-    class: String,
-    name: String,
+    key: ObjectKey,
     scope: OwnerScope,
     id: ObjectId,
-    path: PathBuf,
 }
 
 /// One open object.
-struct OpenObject<I> {
+struct OpenObject<I, D> {
     address: Address,
     generation: Generation,
     record: OwnerRecord,
     budget: Arc<LeaseBudget>,
-    scheduler: Scheduler<SqliteStorage>,
-    alarms: Alarms<SqliteStorage, I>,
-    bridge: SchedulerAlarm<SqliteStorage, I>,
+    scheduler: Scheduler<D>,
+    alarms: Alarms<D, I>,
+    bridge: SchedulerAlarm<D, I>,
     instance: Instance,
     watcher: JoinHandle<()>,
     last_used: AtomicI64,
@@ -235,7 +240,7 @@ struct OpenObject<I> {
     closed: AtomicBool,
 }
 
-impl<I> OpenObject<I> {
+impl<I, D: durability_scheduler::Storage> OpenObject<I, D> {
     fn close(&self) {
         if !self.closed.swap(true, Ordering::SeqCst) {
             self.watcher.abort();
@@ -245,9 +250,9 @@ impl<I> OpenObject<I> {
 }
 
 /// Counts a call on its object while it runs (eviction skips busy objects).
-struct Busy<'a, I>(&'a OpenObject<I>);
+struct Busy<'a, I, D>(&'a OpenObject<I, D>);
 
-impl<I> Drop for Busy<'_, I> {
+impl<I, D> Drop for Busy<'_, I, D> {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -255,13 +260,13 @@ impl<I> Drop for Busy<'_, I> {
 
 /// A WebSocket session's hold on its object: the object counts as busy
 /// (idle eviction skips it) until the hold is dropped.
-pub(crate) struct SessionHold<I> {
-    open: Arc<OpenObject<I>>,
+pub(crate) struct SessionHold<I, D> {
+    open: Arc<OpenObject<I, D>>,
     ended: CancellationToken,
     stop: CancellationToken,
 }
 
-impl<I> SessionHold<I> {
+impl<I, D> SessionHold<I, D> {
     /// Resolves when the session must end: its scope was lost here (or
     /// moved to another generation), or the host started draining.
     pub(crate) async fn ended(&self) {
@@ -272,35 +277,33 @@ impl<I> SessionHold<I> {
     }
 }
 
-impl<I> Drop for SessionHold<I> {
+impl<I, D> Drop for SessionHold<I, D> {
     fn drop(&mut self) {
         self.open.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-type Slot<I> = Arc<tokio::sync::Mutex<Option<Arc<OpenObject<I>>>>>;
+type Slot<I, D> = Arc<tokio::sync::Mutex<Option<Arc<OpenObject<I, D>>>>>;
 
 struct ScopeEntry {
     generation: Generation,
     token: CancellationToken,
 }
 
-struct Inner<S, I> {
+struct Inner<S, I, O: ObjectStore> {
     ownership: Ownership<Arc<S>, Arc<dyn Clock>>,
     index: Arc<I>,
     clock: Arc<dyn Clock>,
     storage_id: StorageId,
     lifecycle: LifecycleId,
     endpoint: Option<String>,
-    root: PathBuf,
-    classes: BTreeMap<String, (ClassName, Factory<I>)>,
+    objects: O,
+    classes: start::Classes<I, O::Storage>,
     settings: HostSettings,
     targets: Vec<OwnerScope>,
-    sqlite: SqliteOptions,
     state: AtomicU8,
     scopes: Mutex<HashMap<OwnerScope, ScopeEntry>>,
-    objects: Mutex<HashMap<ObjectId, Slot<I>>>,
-    addresses: Mutex<lru::LruCache<(String, String), Arc<Address>>>,
+    registry: registry::Registry<I, O::Storage>,
     events: broadcast::Sender<OwnerEvent>,
     /// The receiver made with the channel, before the owner loop ran: the
     /// first [`Host::subscribe`] takes it, so it sees every change since
@@ -308,10 +311,10 @@ struct Inner<S, I> {
     first_events: Mutex<Option<broadcast::Receiver<OwnerEvent>>>,
     counters: Counters,
     stop: CancellationToken,
-    dispatcher: OnceLock<Arc<HostDispatcher<S, I>>>,
-    routed: OnceLock<Arc<HostRouted<S, I>>>,
+    dispatcher: OnceLock<Arc<HostDispatcher<S, I, O>>>,
+    routed: OnceLock<Arc<HostRouted<S, I, O>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    routing: RoutingState<I>,
+    routing: RoutingState<I, O::Storage>,
 }
 
 /// The runtime: owns class shards, opens objects fenced at the current
@@ -380,11 +383,11 @@ struct Inner<S, I> {
 /// # Ok(())
 /// # }
 /// ```
-pub struct Host<S, I> {
-    inner: Arc<Inner<S, I>>,
+pub struct Host<S, I, O: ObjectStore = DefaultObjectStore> {
+    inner: Arc<Inner<S, I, O>>,
 }
 
-impl<S, I> std::fmt::Debug for Host<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for Host<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token, and no per-object state.
         f.debug_struct("Host")
@@ -394,7 +397,7 @@ impl<S, I> std::fmt::Debug for Host<S, I> {
     }
 }
 
-impl<S, I> Clone for Host<S, I> {
+impl<S, I, O: ObjectStore> Clone for Host<S, I, O> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -402,60 +405,15 @@ impl<S, I> Clone for Host<S, I> {
     }
 }
 
-/// An open object, as a call body gets it.
-pub struct Handle<T, I> {
-    /// The object (what its class's factory built).
-    pub object: Arc<T>,
-    /// Its scheduler (storage, one alarm, clock); transactions commit
-    /// through the storage fence.
-    pub scheduler: Scheduler<SqliteStorage>,
-    /// Its alarm.
-    pub alarms: Alarms<SqliteStorage, I>,
-    /// The generation the call runs under.
-    pub generation: u64,
-}
-
-impl<T, I> std::fmt::Debug for Handle<T, I> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handle")
-            .field("scheduler", &self.scheduler)
-            .field("generation", &self.generation)
-            .finish_non_exhaustive()
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The file name of an object: the name itself when it is a plain
-/// `[A-Za-z0-9_-]` word, else `~` and its UTF-8 bytes in hex, split into
-/// directories of at most 200 characters (file names stay short, and the
-/// two forms never collide: `~` is not a plain character).
-fn object_path(root: &std::path::Path, storage: &str, class: &str, name: &str) -> PathBuf {
-    let mut path = root.join(storage).join(class);
-    let plain = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if plain {
-        return path.join(format!("{name}.sqlite"));
-    }
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    let mut encoded = format!("~{hex}");
-    while encoded.len() > 200 {
-        let rest = encoded.split_off(200);
-        path = path.join(&encoded);
-        encoded = format!("~{rest}");
-    }
-    path.join(format!("{encoded}.sqlite"))
-}
-
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     /// Validates `config`, checks (or creates, when asked) the lifecycle's
     /// active storage pointer, then starts the owner loop and the alarm
@@ -468,187 +426,47 @@ where
     /// missing (and not to be created), names another storage, or a
     /// whole-delete lock is held; [`HostError::Ownership`] when the lease
     /// store cannot be read.
-    pub async fn start(config: HostConfig<S, I>) -> Result<Self, HostError> {
-        let settings = config.settings;
-        settings.validate()?;
-        let bad = |setting: &'static str| {
-            move |e: OwnershipError| HostError::setting(setting, e.to_string())
-        };
-        let storage_id = StorageId::new(&config.storage_id).map_err(bad("storage_id"))?;
-        let lifecycle = LifecycleId::new(&config.lifecycle).map_err(bad("lifecycle"))?;
-        let task = TaskId::new(&config.task).map_err(bad("task"))?;
-        if let Some(e) = &config.endpoint
-            && (e.is_empty() || e.len() > 512 || e.chars().any(char::is_control))
-        {
-            return Err(HostError::setting(
-                "endpoint",
-                "must be 1..=512 bytes without control characters",
-            ));
-        }
-        let token = config
-            .internal_token
-            .as_deref()
-            .map(InternalToken::new)
-            .transpose()?;
-        // With calls between hosts on, the endpoint must pass this host's
-        // own policy, and every owner record it writes advertises it.
-        let advertised = match (&config.endpoint, &token) {
-            (Some(e), Some(_)) => {
-                let checked = config
-                    .endpoint_policy
-                    .check(e)
-                    .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
-                Some(OwnerEndpoint::new(&checked.url()).map_err(bad("endpoint"))?)
-            }
-            _ => None,
-        };
-        for (class, method) in &config.method_names {
-            if !config.classes.contains_key(class) {
-                return Err(HostError::setting(
-                    "methods",
-                    format!("method {method} names class {class}, which is not configured"),
-                ));
-            }
-            validate_method(method).map_err(|e| HostError::setting("methods", e.to_string()))?;
-        }
-        if let Some(class) = config
-            .fetchers
-            .keys()
-            .find(|c| !config.classes.contains_key(*c))
-        {
-            return Err(HostError::setting(
-                "fetch",
-                format!("a fetch handler names class {class}, which is not configured"),
-            ));
-        }
-        if let Some(class) = config
-            .connectors
-            .keys()
-            .find(|c| !config.classes.contains_key(*c))
-        {
-            return Err(HostError::setting(
-                "connect",
-                format!("a connect handler names class {class}, which is not configured"),
-            ));
-        }
-        if config.classes.is_empty() {
-            return Err(HostError::setting("classes", "at least one object class"));
-        }
-        let count = settings.ownership.shard_count;
-        let mut classes = BTreeMap::new();
-        for (name, factory) in config.classes {
-            let class = ClassName::new(&name).map_err(bad("classes"))?;
-            // Every scope of the class must fit the host-id limit.
-            OwnerScope::new(storage_id.clone(), class.clone(), count.get() - 1, count)
-                .map_err(bad("classes"))?;
-            classes.insert(name, (class, factory));
-        }
-        let targets = match &config.own {
-            OwnPolicy::OnDemand => Vec::new(),
-            OwnPolicy::AllShards => classes
-                .values()
-                .flat_map(|(class, _)| {
-                    (0..count.get()).filter_map(|shard| {
-                        OwnerScope::new(storage_id.clone(), class.clone(), shard, count).ok()
-                    })
-                })
-                .collect(),
-            OwnPolicy::Shards(list) => {
-                let mut out = Vec::new();
-                for (class, shard) in list {
-                    let Some((class, _)) = classes.get(class) else {
-                        return Err(HostError::setting(
-                            "own",
-                            format!("class {class} is not configured"),
-                        ));
-                    };
-                    out.push(
-                        OwnerScope::new(storage_id.clone(), class.clone(), *shard, count)
-                            .map_err(bad("own"))?,
-                    );
-                }
-                out
-            }
-        };
-        let mut dispatcher_config = config.dispatcher;
-        dispatcher_config.stop_grace_ms = dispatcher_config
-            .stop_grace_ms
-            .min(i64::try_from(settings.ownership.drain_in_flight_timeout_ms).unwrap_or(i64::MAX));
-        dispatcher_config
-            .validate()
-            .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
-        if config.root.as_os_str().is_empty() {
-            return Err(HostError::setting(
-                "root",
-                "the object storage root is empty",
-            ));
-        }
+    pub async fn start(mut config: HostConfig<S, I, O>) -> Result<Self, HostError> {
+        let validated = start::validate(&mut config)?;
+        start::check_records(&config, &validated).await?;
+        let (host, spawn) = Self::build(config, validated);
+        host.spawn(spawn)?;
+        Ok(host)
+    }
 
-        // Lifecycle records, read through a scope of the first class.
-        let (first, _) = classes
-            .values()
-            .next()
-            .ok_or_else(|| HostError::setting("classes", "at least one object class"))?;
-        let probe_scope = OwnerScope::new(storage_id.clone(), first.clone(), 0, count)?;
-        if tombstoned(&config.root, &storage_id) {
-            return Err(HostError::LifecycleRecord {
-                lifecycle: lifecycle.as_str().to_owned(),
-                storage_id: storage_id.as_str().to_owned(),
-                found: format!(
-                    "tombstoned: storage {} was deleted ({})",
-                    storage_id.as_str(),
-                    crate::storage::tombstone_path(&config.root, &storage_id).display()
-                ),
-                how_to_fix:
-                    "a deleted storage id is never served again; deploy with a new storage id"
-                        .to_owned(),
-            });
-        }
-        check_lifecycle_records(
-            config.lease_store.as_ref(),
-            &probe_scope,
-            &lifecycle,
-            &storage_id,
-            config.create_active_storage,
-        )
-        .await?;
-        std::fs::create_dir_all(config.root.join(storage_id.as_str())).map_err(|e| {
-            HostError::setting(
-                "root",
-                format!("cannot create {}: {e}", config.root.display()),
-            )
-        })?;
-
+    /// The host's state, from a validated configuration (nothing runs
+    /// yet), and what [`Self::spawn`] needs.
+    fn build(
+        config: HostConfig<S, I, O>,
+        v: start::Validated<I, O::Storage>,
+    ) -> (Self, start::Spawn<I>) {
         let clock = Arc::clone(&config.clock);
         let ownership = Ownership::with_endpoint(
             Arc::clone(&config.lease_store),
             Arc::clone(&clock),
-            task,
-            advertised,
-            settings.ownership,
+            v.task,
+            v.advertised,
+            v.settings.ownership,
         );
         let (events, first_events) = broadcast::channel(1024);
+        let task = ownership.task().as_str().to_owned();
         let inner = Arc::new(Inner {
-            ownership: ownership.clone(),
+            ownership,
             index: Arc::clone(&config.alarm_index),
-            clock: Arc::clone(&clock),
-            storage_id,
-            lifecycle,
+            clock,
+            storage_id: v.storage_id,
+            lifecycle: v.lifecycle,
             endpoint: config.endpoint,
-            root: config.root,
-            classes,
-            settings,
-            targets,
-            sqlite: config.sqlite,
+            objects: config.objects,
+            classes: v.classes,
+            settings: v.settings,
+            targets: v.targets,
             state: AtomicU8::new(RUNNING),
             scopes: Mutex::new(HashMap::new()),
-            objects: Mutex::new(HashMap::new()),
-            addresses: Mutex::new(lru::LruCache::new(
-                NonZeroUsize::new(ADVISORY_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN),
-            )),
+            registry: registry::Registry::new(),
             events,
             first_events: Mutex::new(Some(first_events)),
-            counters: Counters::new(ownership.task().as_str()),
+            counters: Counters::new(&task),
             stop: CancellationToken::new(),
             dispatcher: OnceLock::new(),
             routed: OnceLock::new(),
@@ -657,56 +475,65 @@ where
                 methods: config.methods,
                 fetchers: config.fetchers,
                 connectors: config.connectors,
-                token,
+                token: v.token,
                 peers: config.peers,
                 policy: config.endpoint_policy,
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
-                counters: RoutingCounters::new(ownership.task().as_str()),
+                counters: RoutingCounters::new(&task),
             },
         });
-        let host = Self { inner };
+        let spawn = start::Spawn {
+            index: config.alarm_index,
+            forward: config.forward,
+            dispatcher: v.dispatcher,
+            run_dispatcher: config.run_dispatcher,
+        };
+        (Self { inner }, spawn)
+    }
+
+    /// Starts the owner loop and (unless turned off) the alarm dispatcher,
+    /// which delivers through the owner-routed dispatch.
+    fn spawn(&self, spawn: start::Spawn<I>) -> Result<(), HostError> {
+        let inner = &self.inner;
         tracing::info!(
             event = "durability.host.residency_configured",
-            residency = settings.residency.as_str(),
-            task = host.inner.ownership.task().as_str(),
-            storage_id = host.inner.storage_id.as_str(),
+            residency = inner.settings.residency.as_str(),
+            task = inner.ownership.task().as_str(),
+            storage_id = inner.storage_id.as_str(),
             "host configured"
         );
-
-        let scope_of = host.scope_of();
-        let forward: Arc<dyn crate::config::HostForward> = match config.forward {
+        let forward: Arc<dyn crate::config::HostForward> = match spawn.forward {
             Some(custom) => custom,
-            None if host.inner.routing.token.is_some() => {
-                Arc::new(TransportForward(Arc::downgrade(&host.inner)))
+            None if inner.routing.token.is_some() => {
+                Arc::new(TransportForward(Arc::downgrade(inner)))
             }
             None => Arc::new(crate::config::NoTransport),
         };
         let routed = Arc::new(OwnerRouted::new(
-            HostLocal(Arc::downgrade(&host.inner)),
+            HostLocal(Arc::downgrade(inner)),
             ForwardHook(forward),
-            ownership,
-            scope_of,
+            inner.ownership.clone(),
+            self.scope_of(),
         ));
-        let _ = host.inner.routed.set(Arc::clone(&routed));
-        let dispatcher = Arc::new(
-            Dispatcher::new(
-                Arc::clone(&config.alarm_index),
-                routed,
-                Arc::clone(&clock),
-                dispatcher_config,
-            )
-            .map_err(|e| HostError::setting("dispatcher", e.to_string()))?,
-        );
-        let _ = host.inner.dispatcher.set(Arc::clone(&dispatcher));
-        let looper = host.clone();
+        let _ = inner.routed.set(Arc::clone(&routed));
+        let dispatcher = Dispatcher::new(
+            spawn.index,
+            routed,
+            Arc::clone(&inner.clock),
+            spawn.dispatcher,
+        )
+        .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
+        let dispatcher = Arc::new(dispatcher);
+        let _ = inner.dispatcher.set(Arc::clone(&dispatcher));
+        let looper = self.clone();
         let owner_loop = tokio::spawn(async move { looper.owner_loop().await });
-        lock(&host.inner.tasks).push(owner_loop);
-        if config.run_dispatcher {
+        lock(&inner.tasks).push(owner_loop);
+        if spawn.run_dispatcher {
             let run = tokio::spawn(async move { dispatcher.run().await });
-            lock(&host.inner.tasks).push(run);
+            lock(&inner.tasks).push(run);
         }
-        Ok(host)
+        Ok(())
     }
 
     fn scope_of(&self) -> ScopeOf {
@@ -760,49 +587,6 @@ where
     /// [`HostError::UnknownClass`] or [`HostError::InvalidObjectName`].
     pub fn scope_for(&self, class: &str, name: &str) -> Result<OwnerScope, HostError> {
         Ok(self.address(class, name)?.scope.clone())
-    }
-
-    fn address(&self, class: &str, name: &str) -> Result<Arc<Address>, HostError> {
-        let key = (class.to_owned(), name.to_owned());
-        if let Some(a) = lock(&self.inner.addresses).get(&key) {
-            return Ok(Arc::clone(a));
-        }
-        let (class_name, _) =
-            self.inner
-                .classes
-                .get(class)
-                .ok_or_else(|| HostError::UnknownClass {
-                    class: class.to_owned(),
-                })?;
-        if name.is_empty() {
-            return Err(HostError::InvalidObjectName {
-                reason: "the name is empty".to_owned(),
-            });
-        }
-        let id = ObjectId::new(format!("{}:{class}:{name}", self.inner.storage_id.as_str()))
-            .map_err(|e| HostError::InvalidObjectName {
-                reason: e.to_string(),
-            })?;
-        let scope = OwnerScope::for_object(
-            self.inner.storage_id.clone(),
-            class_name.clone(),
-            &ObjectName::new(name),
-            self.inner.settings.ownership.shard_count,
-        )?;
-        let address = Arc::new(Address {
-            class: class.to_owned(),
-            name: name.to_owned(),
-            scope,
-            id,
-            path: object_path(
-                &self.inner.root,
-                self.inner.storage_id.as_str(),
-                class,
-                name,
-            ),
-        });
-        lock(&self.inner.addresses).put(key, Arc::clone(&address));
-        Ok(address)
     }
 
     fn running(&self) -> bool {
@@ -864,442 +648,7 @@ where
         }
     }
 
-    async fn close_where(&self, matches: impl Fn(&Address) -> bool) -> usize {
-        let slots: Vec<Slot<I>> = lock(&self.inner.objects).values().cloned().collect();
-        let mut closed = 0;
-        for slot in slots {
-            let mut guard = slot.lock().await;
-            if guard.as_ref().is_some_and(|o| matches(&o.address))
-                && let Some(o) = guard.take()
-            {
-                o.close();
-                closed += 1;
-            }
-        }
-        self.prune_slots();
-        closed
-    }
-
-    /// Forgets registry slots that hold no open object and that nobody is
-    /// using, so the registry stays as large as the set of open objects.
-    fn prune_slots(&self) {
-        lock(&self.inner.objects).retain(|_, slot| {
-            Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |g| g.is_some())
-        });
-    }
-
-    fn slot(&self, address: &Address) -> Slot<I> {
-        let mut objects = lock(&self.inner.objects);
-        if let Some(slot) = objects.get(&address.id) {
-            return Arc::clone(slot);
-        }
-        Arc::clone(objects.entry(address.id.clone()).or_default())
-    }
-
-    /// Resolves the object's owner and opens it (fenced) if needed.
-    async fn resolve_open(
-        &self,
-        address: &Address,
-    ) -> Result<(Arc<OpenObject<I>>, CancellationToken), HostError> {
-        let inner = &self.inner;
-        let generation = match inner
-            .ownership
-            .resolve(&address.scope, &inner.lifecycle)
-            .await?
-        {
-            Resolution::Local(g) => g,
-            Resolution::Remote {
-                task, generation, ..
-            } => {
-                tracing::debug!(
-                    event = "durability.host.owner_resolved",
-                    scope = %address.scope,
-                    owner = task.as_str(),
-                    generation = generation.get(),
-                    "object owned by another task"
-                );
-                return Err(HostError::NotOwner {
-                    owner: task.as_str().to_owned(),
-                    generation: generation.get(),
-                });
-            }
-        };
-        let slot = self.slot(address);
-        let mut guard = slot.lock().await;
-        if let Some(open) = guard.as_ref()
-            && !open.closed.load(Ordering::SeqCst)
-            && open.generation == generation
-        {
-            let open = Arc::clone(open);
-            drop(guard);
-            let token = self.note_scope(&address.scope, open.generation);
-            return Ok((open, token));
-        }
-        if let Some(old) = guard.take() {
-            old.close();
-        }
-        // Nothing is created for a scope the store no longer grants (an
-        // inactive or deleted storage id): admission before the file, and
-        // never under a tombstone.
-        drop(inner.ownership.admit(&address.scope, generation).await?);
-        if tombstoned(&inner.root, &inner.storage_id) {
-            return Err(HostError::Ownership(OwnershipError::StorageInactive {
-                storage_id: inner.storage_id.as_str().to_owned(),
-            }));
-        }
-        let open = Arc::new(self.open(address).await?);
-        *guard = Some(Arc::clone(&open));
-        drop(guard);
-        inner.counters.cold.bump();
-        tracing::info!(
-            event = "durability.host.residency_selected",
-            object = %address.id,
-            residency = inner.settings.residency.as_str(),
-            generation = open.generation.get(),
-            dispatch = "cold",
-            "object opened"
-        );
-        let token = self.note_scope(&address.scope, open.generation);
-        Ok((open, token))
-    }
-
-    /// Opens an object: its SQLite file, fenced at the scope's claim
-    /// (through the generation floor), its scheduler, alarm and bridge.
-    async fn open(&self, address: &Address) -> Result<OpenObject<I>, HostError> {
-        let inner = &self.inner;
-        if let Some(dir) = address.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                HostError::Storage(StorageError::backend(
-                    format!("create {}", dir.display()),
-                    e,
-                ))
-            })?;
-        }
-        let storage = Arc::new(SqliteStorage::open(&address.path, inner.sqlite)?);
-        let fenced = inner
-            .ownership
-            .open_fenced(
-                &address.scope,
-                &inner.lifecycle,
-                storage.as_ref(),
-                Arc::clone(&inner.clock),
-            )
-            .await?;
-        let scheduler = Scheduler::new(ObjectContext::with_clock(
-            address.id.clone(),
-            Arc::clone(&storage),
-            Arc::clone(&inner.clock),
-        ))
-        .map_err(HostError::from_scheduler)?;
-        let alarms = Alarms::new(&scheduler, Arc::clone(&inner.index)).map_err(HostError::Alarm)?;
-        let bridge = SchedulerAlarm::new(&scheduler, alarms.clone());
-        let ctx = ObjectCtx {
-            class: address.class.clone(),
-            name: address.name.clone(),
-            id: address.id.clone(),
-            scheduler: scheduler.clone(),
-            alarms: alarms.clone(),
-        };
-        let (_, factory) =
-            inner
-                .classes
-                .get(&address.class)
-                .ok_or_else(|| HostError::UnknownClass {
-                    class: address.class.clone(),
-                })?;
-        let instance = factory(&ctx).map_err(|source| HostError::Factory {
-            object: address.id.to_string(),
-            source,
-        })?;
-        // Keep the alarm row (and the index job) at the scheduler's alarm.
-        let watcher = tokio::spawn(bridge.clone().watch());
-        Ok(OpenObject {
-            address: address.clone(),
-            generation: fenced.lease.record.generation(),
-            record: fenced.lease.record.clone(),
-            budget: fenced.budget,
-            scheduler,
-            alarms,
-            bridge,
-            instance,
-            watcher,
-            last_used: AtomicI64::new(inner.clock.now_ms()),
-            in_flight: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
-        })
-    }
-
-    /// Runs `work` on the object under admission and the watchdog.
-    async fn dispatch<R, Fut>(
-        &self,
-        class: &str,
-        name: &str,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
-    ) -> Result<R, HostError>
-    where
-        Fut: Future<Output = Result<R, HostError>>,
-    {
-        self.dispatch_with(class, name, None, work).await
-    }
-
-    /// [`Self::dispatch`], refusing with [`HostError::StaleFence`] unless
-    /// the object is owned here at `expect` (a route fence).
-    async fn dispatch_with<R, Fut>(
-        &self,
-        class: &str,
-        name: &str,
-        expect: Option<u64>,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
-    ) -> Result<R, HostError>
-    where
-        Fut: Future<Output = Result<R, HostError>>,
-    {
-        let span = tracing::debug_span!("durability.host.dispatch", class, object = name);
-        let result = self
-            .dispatch_inner(class, name, expect, work)
-            .instrument(span)
-            .await;
-        self.inner.counters.count(&result);
-        tracing::debug!(
-            event = "durability.host.dispatch",
-            class,
-            object = name,
-            outcome = match &result {
-                Ok(_) => "ok",
-                Err(e) => e.code(),
-            },
-            "call dispatched"
-        );
-        // An admission that proved the scope gone drops it here at once
-        // (its objects close), not only at the next renew.
-        let code = match &result {
-            Err(HostError::Ownership(
-                e @ (OwnershipError::StaleOwner { .. }
-                | OwnershipError::LeaseExpired { .. }
-                | OwnershipError::StorageInactive { .. }
-                | OwnershipError::DeleteLocked { .. }),
-            )) => Some(e.code()),
-            // Another task owns a scope this host still counted as its own.
-            Err(HostError::NotOwner { .. }) => Some("stale_owner"),
-            _ => None,
-        };
-        let lost = code.and_then(|code| {
-            self.scope_for(class, name)
-                .ok()
-                .filter(|scope| lock(&self.inner.scopes).contains_key(scope))
-                .map(|scope| (scope, code))
-        });
-        if let Some((scope, code)) = lost {
-            self.drop_scope(&scope, code).await;
-        }
-        result
-    }
-
-    async fn dispatch_inner<R, Fut>(
-        &self,
-        class: &str,
-        name: &str,
-        expect: Option<u64>,
-        work: impl FnOnce(Arc<OpenObject<I>>, Generation) -> Fut,
-    ) -> Result<R, HostError>
-    where
-        Fut: Future<Output = Result<R, HostError>>,
-    {
-        if !self.running() {
-            // A fence for a scope this draining host no longer holds at
-            // that generation is stale (the caller rediscovers once).
-            if let Some(g) = expect {
-                let scope = self.address(class, name)?.scope.clone();
-                let held = self
-                    .inner
-                    .ownership
-                    .probe()
-                    .scopes
-                    .iter()
-                    .any(|s| s.scope == scope.host_id() && s.generation == g);
-                if !held {
-                    return Err(HostError::StaleFence { generation: g });
-                }
-            }
-            return Err(HostError::Draining);
-        }
-        let address = self.address(class, name)?;
-        let (open, token) = self.resolve_open(&address).await?;
-        if let Some(g) = expect
-            && open.generation.get() != g
-        {
-            return Err(HostError::StaleFence { generation: g });
-        }
-        let permit: AdmissionPermit = self
-            .inner
-            .ownership
-            .admit(&address.scope, open.generation)
-            .await?;
-        open.in_flight.fetch_add(1, Ordering::SeqCst);
-        let _busy = Busy(open.as_ref());
-        open.last_used
-            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
-        let generation = open.generation;
-        let alarm_before = open.scheduler.alarm_at();
-        let mut result = self
-            .watched(
-                &address.scope,
-                generation,
-                &token,
-                work(Arc::clone(&open), generation),
-            )
-            .await;
-        // A call that moved the object's alarm returns once the alarm index
-        // holds the matching job (the seed's setAlarm contract): a crash
-        // right after the call cannot lose the pending alarm.
-        if open.scheduler.alarm_at() != alarm_before
-            && let Err(e) = open.bridge.sync().await
-            && result.is_ok()
-        {
-            result = Err(HostError::Alarm(e));
-        }
-        open.last_used
-            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
-        drop(permit);
-        result
-    }
-
-    /// Runs `fut` while the watchdog watches the scope; cancels it (drops
-    /// it) when ownership moves or the scope is dropped.
-    async fn watched<R>(
-        &self,
-        scope: &OwnerScope,
-        generation: Generation,
-        scope_token: &CancellationToken,
-        fut: impl Future<Output = Result<R, HostError>>,
-    ) -> Result<R, HostError> {
-        let token = scope_token.child_token();
-        let watch = self.inner.ownership.watch(scope, generation, token.clone());
-        let fut = std::pin::pin!(fut);
-        let watch = std::pin::pin!(watch);
-        match select(fut, watch).await {
-            Either::Left((result, _)) => {
-                token.cancel();
-                result
-            }
-            Either::Right((_, _)) => Err(HostError::OwnershipLost {
-                scope: scope.to_string(),
-            }),
-        }
-    }
-
-    /// Calls an object of `class` named `name` on this host: resolves its
-    /// owner (claiming a free scope), opens it on first use fenced at the
-    /// scope's generation, admits the call (task, generation, lease budget,
-    /// lifecycle), counts it in flight and runs `body` under the watchdog.
-    /// Transactions inside commit through the storage fence.
-    ///
-    /// # Errors
-    /// [`HostError::Draining`], [`HostError::NotOwner`],
-    /// [`HostError::Ownership`] (refused before it started),
-    /// [`HostError::OwnershipLost`] (cancelled while running),
-    /// [`HostError::Fenced`] (the body returned a fence refusal),
-    /// [`HostError::Handler`] (the body's own error), and the name, class
-    /// and open errors.
-    pub async fn call<T, R, F, Fut>(&self, class: &str, name: &str, body: F) -> Result<R, HostError>
-    where
-        T: Send + Sync + 'static,
-        F: FnOnce(Handle<T, I>) -> Fut,
-        Fut: Future<Output = Result<R, BoxError>>,
-    {
-        self.dispatch(class, name, |open, generation| async move {
-            let object =
-                Arc::clone(&open.instance)
-                    .downcast::<T>()
-                    .map_err(|_| HostError::ClassType {
-                        class: open.address.class.clone(),
-                    })?;
-            let handle = Handle {
-                object,
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
-            body(handle)
-                .await
-                .map_err(|e| match e.downcast::<StorageError>() {
-                    Ok(s) => HostError::from_storage(*s),
-                    Err(e) => HostError::Handler(e),
-                })
-        })
-        .await
-    }
-
-    /// Runs a registered method's body under dispatch (see
-    /// [`Self::dispatch_with`]); returns its value and the generation it
-    /// ran under.
-    pub(crate) async fn dispatch_expect<R, F, Fut>(
-        &self,
-        class: &str,
-        name: &str,
-        expect: Option<u64>,
-        body: F,
-    ) -> Result<(R, u64), HostError>
-    where
-        F: FnOnce(MethodInput<I>) -> Fut,
-        Fut: Future<Output = Result<R, HostError>>,
-    {
-        self.dispatch_with(class, name, expect, |open, generation| async move {
-            let input = MethodInput {
-                instance: Arc::clone(&open.instance),
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
-            let value = body(input).await.map_err(|e| match e {
-                HostError::Handler(e) => match e.downcast::<StorageError>() {
-                    Ok(s) => HostError::from_storage(*s),
-                    Err(e) => HostError::Handler(e),
-                },
-                other => other,
-            })?;
-            Ok((value, generation.get()))
-        })
-        .await
-    }
-
-    /// Admits a WebSocket session on an object (see [`crate::connect`]):
-    /// the checks of a dispatch ([`Self::dispatch_with`]: running host,
-    /// owner at `expect`, admission), then the object's input and a hold
-    /// that marks the object busy until the session ends.
-    pub(crate) async fn admit_session(
-        &self,
-        class: &str,
-        name: &str,
-        expect: Option<u64>,
-    ) -> Result<(MethodInput<I>, SessionHold<I>), HostError> {
-        let scope = self.scope_for(class, name)?;
-        self.dispatch_with(class, name, expect, |open, generation| async move {
-            let ended = lock(&self.inner.scopes)
-                .get(&scope)
-                .filter(|e| e.generation == generation)
-                .map(|e| e.token.child_token())
-                .ok_or_else(|| HostError::StaleFence {
-                    generation: generation.get(),
-                })?;
-            open.in_flight.fetch_add(1, Ordering::SeqCst);
-            let input = MethodInput {
-                instance: Arc::clone(&open.instance),
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
-            let hold = SessionHold {
-                open,
-                ended,
-                stop: self.inner.stop.clone(),
-            };
-            Ok((input, hold))
-        })
-        .await
-    }
-
-    pub(crate) fn routing(&self) -> &RoutingState<I> {
+    pub(crate) fn routing(&self) -> &RoutingState<I, O::Storage> {
         &self.inner.routing
     }
 
@@ -1320,132 +669,12 @@ where
     }
 
     /// The owner-routed dispatch (set once the host started).
-    pub(crate) fn routed(&self) -> Option<&Arc<HostRouted<S, I>>> {
+    pub(crate) fn routed(&self) -> Option<&Arc<HostRouted<S, I, O>>> {
         self.inner.routed.get()
     }
 
-    /// Runs one transaction on an object through the host (admission,
-    /// fence, watchdog), like [`Host::call`] with a synchronous body.
-    ///
-    /// # Errors
-    /// As [`Host::call`]; a storage error from the body or the commit is
-    /// [`HostError::Fenced`] when the fence refused it, else
-    /// [`HostError::Storage`].
-    pub async fn transaction<T, R, F>(
-        &self,
-        class: &str,
-        name: &str,
-        body: F,
-    ) -> Result<R, HostError>
-    where
-        T: Send + Sync + 'static,
-        F: FnOnce(&T, &mut Transaction<'_, '_, SqliteStorage>) -> Result<R, StorageError>,
-    {
-        self.dispatch(class, name, |open, _| async move {
-            let object =
-                Arc::clone(&open.instance)
-                    .downcast::<T>()
-                    .map_err(|_| HostError::ClassType {
-                        class: open.address.class.clone(),
-                    })?;
-            open.scheduler
-                .transaction(|tx| body(&object, tx))
-                .map_err(HostError::from_storage)
-        })
-        .await
-    }
-
-    /// Deletes one object's storage (Durable Objects' `deleteAll`): the object's
-    /// own tables, views and triggers (every name not starting with the
-    /// reserved `durability_` or `sqlite_`) are dropped in pages of at most
-    /// [`DELETE_PAGE`], each page one transaction through the storage fence;
-    /// then, unless [`DeleteAll::keep_alarm`], the due times of the
-    /// object's own capabilities are cleared (the outbox's stay: committed
-    /// entries are acknowledged work and still deliver), which moves or
-    /// removes its alarm and the alarm index job; then the object is closed,
-    /// so the next call reopens it (its factory runs on the emptied
-    /// storage).
-    ///
-    /// It is admitted, counted in flight and watched like a call, so a
-    /// stale host's delete fails closed at admission or at the first
-    /// page's commit, and a drain waits for it.
-    ///
-    /// Not atomic and best-effort: a failure (or a lost
-    /// ownership) leaves the pages already dropped; calling it again
-    /// finishes the job. It does not exclude concurrent calls on the same
-    /// object, which may write between pages: do not race it with other
-    /// writes of the object. Capability state is kept: pending outbox
-    /// entries, topology groups, schema versions and the storage fence.
-    ///
-    /// # Errors
-    /// As [`Host::call`]; [`HostError::Fenced`] when a page's commit was
-    /// refused, [`HostError::Storage`] when a page failed.
-    pub async fn delete_all(
-        &self,
-        class: &str,
-        name: &str,
-        options: DeleteAll,
-    ) -> Result<DeleteAllReport, HostError> {
-        let (report, open) = self
-            .dispatch(class, name, |open, _| async move {
-                let mut report = DeleteAllReport::default();
-                loop {
-                    let (page, more) = open
-                        .scheduler
-                        .transaction(|tx| tx.storage_tx().drop_own_schema_objects(DELETE_PAGE))
-                        .map_err(HostError::from_storage)?;
-                    report.pages += 1;
-                    report.dropped.extend(page);
-                    if !more {
-                        break;
-                    }
-                    // Between pages the watchdog may cancel the delete.
-                    tokio::task::yield_now().await;
-                }
-                if !options.keep_alarm {
-                    report.cancelled_due = open
-                        .scheduler
-                        .transaction(|tx| {
-                            let mut cleared = Vec::new();
-                            for capability in tx.storage_tx().due_capabilities()? {
-                                if !capability.starts_with("outbox:") {
-                                    tx.set_due(&capability, None)?;
-                                    cleared.push(capability);
-                                }
-                            }
-                            Ok::<_, StorageError>(cleared)
-                        })
-                        .map_err(HostError::from_storage)?;
-                }
-                Ok((report, open))
-            })
-            .await?;
-        // Close the object (when the registry still holds this opening), so
-        // its instance is rebuilt on the emptied storage.
-        let slot = self.slot(&open.address);
-        {
-            let mut guard = slot.lock().await;
-            if guard.as_ref().is_some_and(|o| Arc::ptr_eq(o, &open))
-                && let Some(o) = guard.take()
-            {
-                o.close();
-            }
-        }
-        drop(slot);
-        self.prune_slots();
-        tracing::info!(
-            event = "durability.host.storage_delete_all",
-            object = %open.address.id,
-            dropped = report.dropped.len(),
-            pages = report.pages,
-            cancelled_due = report.cancelled_due.len(),
-            "object storage deleted"
-        );
-        Ok(report)
-    }
-
     /// Deletes this host's whole storage id ([`crate::delete_storage_id`]
-    /// with this host's lease store, alarm index, root and lifecycle). Every
+    /// with this host's lease store, alarm index, object store and lifecycle). Every
     /// host serving it, this one included, then refuses its work
     /// (`delete_locked`, `storage_inactive`) and drops its scopes; drain
     /// them afterwards.
@@ -1457,357 +686,18 @@ where
         crate::storage::delete_storage_id(
             inner.ownership.store().as_ref(),
             inner.index.as_ref(),
-            &inner.root,
+            &inner.objects,
             inner.lifecycle.as_str(),
             inner.storage_id.as_str(),
         )
         .await
     }
 
-    /// Delivers an alarm on this host (the local side of the owner-routed
-    /// dispatch: already admitted there).
-    async fn deliver(&self, delivery: Delivery) -> DispatchOutcome {
-        let span = tracing::debug_span!(
-            "durability.host.alarm_delivery",
-            object = %delivery.object,
-            attempt = delivery.attempt
-        );
-        self.deliver_inner(delivery).instrument(span).await
-    }
-
-    async fn deliver_inner(&self, delivery: Delivery) -> DispatchOutcome {
-        let object = delivery.object.to_string();
-        let Some((storage, (class, name))) = object
-            .split_once(':')
-            .and_then(|(storage, rest)| Some((storage, rest.split_once(':')?)))
-        else {
-            return DispatchOutcome::Failed {
-                reason: format!("object id {object} is not <storage>:<class>:<name>"),
-            };
-        };
-        if storage != self.inner.storage_id.as_str() {
-            // Another storage id's job (an old deployment's): this host never
-            // opens its objects; the owner path found it admitted, so its
-            // storage cannot be the active one for long. Discard it.
-            return DispatchOutcome::Gone;
-        }
-        let outcome = match self.address(class, name) {
-            Err(e) => DispatchOutcome::Failed {
-                reason: e.to_string(),
-            },
-            Ok(address) => match self.resolve_open(&address).await {
-                Err(HostError::Ownership(
-                    OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. },
-                )) => DispatchOutcome::Gone,
-                Err(e @ HostError::Factory { .. }) => DispatchOutcome::Failed {
-                    reason: e.to_string(),
-                },
-                Err(e) => DispatchOutcome::NeverStarted {
-                    reason: e.to_string(),
-                },
-                Ok((open, token)) => {
-                    open.in_flight.fetch_add(1, Ordering::SeqCst);
-                    let _busy = Busy(open.as_ref());
-                    open.last_used
-                        .store(self.inner.clock.now_ms(), Ordering::SeqCst);
-                    let run = async {
-                        Ok::<_, HostError>(open.alarms.deliver(&delivery, &open.bridge).await)
-                    };
-                    match self
-                        .watched(&address.scope, open.generation, &token, run)
-                        .await
-                    {
-                        Ok(outcome) => outcome,
-                        Err(e) => DispatchOutcome::Unknown {
-                            reason: e.to_string(),
-                        },
-                    }
-                }
-            },
-        };
-        tracing::info!(
-            event = "durability.host.alarm_executed",
-            object = %delivery.object,
-            attempt = delivery.attempt,
-            outcome = ?outcome,
-            "alarm delivery ran on this host"
-        );
-        outcome
-    }
-
-    async fn owner_loop(&self) {
-        let interval = i64::try_from(self.inner.settings.renew_interval()).unwrap_or(i64::MAX);
-        loop {
-            let next = self.inner.clock.now_ms().saturating_add(interval);
-            self.owner_cycle().await;
-            if timeout_at(&self.inner.clock, next, self.inner.stop.cancelled())
-                .await
-                .is_ok()
-            {
-                return;
-            }
-        }
-    }
-
-    /// One cycle of the owner loop (it runs every renew interval on the
-    /// host's clock; tests call it directly): renews every owned scope in
-    /// one batched `renew_all`, drops the scopes whose renew failed
-    /// (closing their objects), moves the open objects' lease budgets,
-    /// claims the configured scopes that are free, and in the evictable
-    /// mode closes idle objects. Does nothing once draining.
-    pub async fn owner_cycle(&self) -> CycleReport {
-        let mut report = CycleReport::default();
-        if !self.running() {
-            return report;
-        }
-        let inner = &self.inner;
-        let results = inner.ownership.renew_all().await;
-        for (scope, result) in &results {
-            match result {
-                Ok(_) => report.renewed += 1,
-                // The store was busy or unreachable: nothing proves the
-                // lease moved. Its objects stay open; the check below takes
-                // the store's word again (the lease is re-adopted when it
-                // is still this task's, at the same generation).
-                Err(
-                    OwnershipError::OwnerRace { .. }
-                    | OwnershipError::StoreUnavailable { .. }
-                    | OwnershipError::OwnerUnavailable { .. },
-                ) => {}
-                Err(e) => {
-                    self.drop_scope(scope, e.code()).await;
-                    report.lost.push(scope.to_string());
-                }
-            }
-        }
-        // Scopes the ownership forgot meanwhile (an admission or the
-        // watchdog found them moved, or a renew met a busy store): re-adopt
-        // them when the store still shows this task's claim, else drop them.
-        let known: Vec<(OwnerScope, Generation)> = lock(&inner.scopes)
-            .iter()
-            .map(|(s, e)| (s.clone(), e.generation))
-            .collect();
-        let held: std::collections::HashSet<String> = inner
-            .ownership
-            .probe()
-            .scopes
-            .into_iter()
-            .map(|s| s.scope)
-            .collect();
-        for (scope, generation) in known {
-            if held.contains(scope.host_id()) {
-                continue;
-            }
-            // Only a claim the store still shows as this task's, at the
-            // same generation, is re-adopted (never claimed anew here).
-            let still_ours = match inner
-                .ownership
-                .store()
-                .snapshot(&scope, &inner.lifecycle)
-                .await
-            {
-                Ok(snapshot) => snapshot.owner.is_some_and(|l| {
-                    l.record.task() == inner.ownership.task() && l.record.generation() == generation
-                }),
-                // The store cannot answer: decide at the next cycle (nothing
-                // is admitted meanwhile: the local lease is gone).
-                Err(_) => continue,
-            };
-            let readopted = still_ours
-                && match inner.ownership.resolve(&scope, &inner.lifecycle).await {
-                    Ok(Resolution::Local(g)) => g == generation,
-                    // Busy or unreachable again: decide at the next cycle.
-                    Err(
-                        OwnershipError::OwnerRace { .. }
-                        | OwnershipError::StoreUnavailable { .. }
-                        | OwnershipError::OwnerUnavailable { .. },
-                    ) => continue,
-                    _ => false,
-                };
-            if !readopted {
-                self.drop_scope(&scope, "stale_owner").await;
-                report.lost.push(scope.to_string());
-            }
-            if readopted {
-                tracing::debug!(
-                    event = "durability.host.readopted",
-                    scope = %scope,
-                    generation = generation.get(),
-                    "owner scope re-adopted after a transient renew failure"
-                );
-            }
-        }
-        let probe = inner.ownership.probe();
-        let owned: HashMap<&str, u64> = probe
-            .scopes
-            .iter()
-            .map(|s| (s.scope.as_str(), s.lease_remaining_ms))
-            .collect();
-        tracing::debug!(
-            event = "durability.host.renew",
-            renewed = report.renewed,
-            lost = report.lost.len(),
-            "owner leases renewed"
-        );
-        // The open objects' commit budgets follow the renewed leases.
-        let asked_at = inner.clock.now_ms();
-        let slots: Vec<Slot<I>> = lock(&inner.objects).values().cloned().collect();
-        for slot in &slots {
-            let open = slot.lock().await.clone();
-            if let Some(open) = open
-                && let Some(remaining) = owned.get(open.address.scope.host_id())
-            {
-                open.budget.renewed(
-                    asked_at,
-                    &Lease {
-                        record: open.record.clone(),
-                        remaining_ms: *remaining,
-                    },
-                );
-            }
-        }
-        for scope in &inner.targets {
-            if !self.running() {
-                break;
-            }
-            if owned.contains_key(scope.host_id()) {
-                continue;
-            }
-            // A read first: a scope another task holds live is not worth a
-            // claim (a write transaction on the lease store) every cycle.
-            if let Ok(snapshot) = inner
-                .ownership
-                .store()
-                .snapshot(scope, &inner.lifecycle)
-                .await
-                && snapshot
-                    .owner
-                    .is_some_and(|l| l.record.task() != inner.ownership.task())
-            {
-                continue;
-            }
-            match inner.ownership.resolve(scope, &inner.lifecycle).await {
-                Ok(Resolution::Local(g)) => {
-                    self.note_scope(scope, g);
-                    report.claimed.push(scope.to_string());
-                }
-                Ok(Resolution::Remote { .. }) => {}
-                Err(e) => tracing::debug!(
-                    event = "durability.host.claim_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    "claiming a configured scope failed"
-                ),
-            }
-        }
-        if inner.settings.residency == Residency::Evictable {
-            let now = inner.clock.now_ms();
-            let idle = i64::try_from(inner.settings.eviction_idle_ms).unwrap_or(i64::MAX);
-            for slot in &slots {
-                let mut guard = slot.lock().await;
-                let evict = guard.as_ref().is_some_and(|o| {
-                    o.in_flight.load(Ordering::SeqCst) == 0
-                        && now.saturating_sub(o.last_used.load(Ordering::SeqCst)) >= idle
-                });
-                if evict && let Some(o) = guard.take() {
-                    o.close();
-                    report.evicted += 1;
-                    inner.counters.evicted.bump();
-                    tracing::debug!(
-                        event = "durability.host.evicted",
-                        object = %o.address.id,
-                        "idle object closed"
-                    );
-                }
-            }
-        }
-        drop(slots);
-        self.prune_slots();
-        report
-    }
-
-    /// Drains: stops new ownership (the owner loop ends), rejects new work,
-    /// stops the alarm dispatcher (its held claims are released at once),
-    /// waits up to `DO_DRAIN_IN_FLIGHT_TIMEOUT_MS` for admitted work, then
-    /// releases the leases of matching generations so another host can
-    /// claim them at once, all within `DO_DRAIN_TIMEOUT_MS`. A drain that
-    /// runs out of time keeps its leases (failover waits for their expiry).
-    /// Objects are closed afterwards. Calling it again returns an empty
-    /// report.
-    pub async fn shutdown(&self) -> DrainReport {
-        let inner = &self.inner;
-        let started = inner.clock.now_ms();
-        let _ = inner
-            .state
-            .compare_exchange(RUNNING, DRAINING, Ordering::SeqCst, Ordering::SeqCst);
-        tracing::info!(
-            event = "durability.host.drain_started",
-            in_flight = inner.ownership.in_flight(),
-            "drain started"
-        );
-        inner.stop.cancel();
-        if let Some(d) = inner.dispatcher.get() {
-            d.stop();
-        }
-        let report = inner.ownership.drain().await;
-        let deadline = started.saturating_add(
-            i64::try_from(inner.settings.ownership.drain_timeout_ms).unwrap_or(i64::MAX),
-        );
-        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&inner.tasks));
-        for task in tasks {
-            let abort = task.abort_handle();
-            if timeout_at(&inner.clock, deadline, task).await.is_err() {
-                abort.abort();
-            }
-        }
-        self.close_where(|_| true).await;
-        let released: Vec<(OwnerScope, Generation)> = match &report {
-            DrainReport::Drained { released, .. }
-            | DrainReport::ReleaseTimedOut { released, .. } => released.clone(),
-            _ => Vec::new(),
-        };
-        {
-            let mut scopes = lock(&inner.scopes);
-            for (scope, _) in &released {
-                if let Some(e) = scopes.remove(scope) {
-                    e.token.cancel();
-                }
-            }
-        }
-        for (scope, generation) in &released {
-            let _ = inner.events.send(OwnerEvent::Released {
-                scope: scope.to_string(),
-                generation: generation.get(),
-            });
-        }
-        inner.state.store(STOPPED, Ordering::SeqCst);
-        tracing::info!(
-            event = "durability.host.drained",
-            released = released.len(),
-            timed_out = report.timed_out(),
-            "drain finished"
-        );
-        report
-    }
-
-    /// Waits for SIGTERM or ctrl-c, then drains ([`Host::shutdown`]).
-    pub async fn run_until_signal(&self) -> DrainReport {
-        shutdown_signal().await;
-        self.shutdown().await
-    }
-
     /// The probe: task, owner state, in-flight gauge, dispatch outcomes.
     pub fn probe(&self) -> HostProbe {
         let inner = &self.inner;
         let ownership = inner.ownership.probe();
-        let (open_objects, registry_entries) = {
-            let objects = lock(&inner.objects);
-            let open = objects
-                .values()
-                .filter(|slot| slot.try_lock().map_or(true, |g| g.is_some()))
-                .count();
-            (open, objects.len())
-        };
+        let (open_objects, registry_entries) = inner.registry.counts();
         HostProbe {
             task: ownership.task,
             endpoint: inner.endpoint.clone(),
@@ -1833,85 +723,14 @@ where
     }
 }
 
-/// Resolves when the process gets SIGTERM or ctrl-c (SIGINT).
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-                return;
-            }
-            Err(error) => tracing::warn!(
-                event = "durability.host.signal_unavailable",
-                %error,
-                "cannot listen for SIGTERM; waiting for ctrl-c only"
-            ),
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-/// Checks the lifecycle's active storage pointer and delete lock before
-/// the host starts (creating the pointer when asked and absent).
-async fn check_lifecycle_records<S: LeaseStore + LifecycleAdmin>(
-    store: &S,
-    scope: &OwnerScope,
-    lifecycle: &LifecycleId,
-    storage: &StorageId,
-    create: bool,
-) -> Result<(), HostError> {
-    let how = format!(
-        "point it at this storage with LifecycleAdmin::set_active_storage({:?}, Some({:?})) \
-         on the lease store (the control plane's step), or start the host with \
-         HostConfig::create_active_storage_if_absent(true)",
-        lifecycle.as_str(),
-        storage.as_str()
-    );
-    let record = |found: String, how_to_fix: String| HostError::LifecycleRecord {
-        lifecycle: lifecycle.as_str().to_owned(),
-        storage_id: storage.as_str().to_owned(),
-        found,
-        how_to_fix,
-    };
-    let mut snapshot = store.snapshot(scope, lifecycle).await?;
-    if snapshot.active_storage.is_none() && create {
-        store.set_active_storage(lifecycle, Some(storage)).await?;
-        tracing::info!(
-            event = "durability.host.active_storage_created",
-            lifecycle = lifecycle.as_str(),
-            storage_id = storage.as_str(),
-            "created the active storage pointer"
-        );
-        snapshot = store.snapshot(scope, lifecycle).await?;
-    }
-    if snapshot.delete_lock == Some(durability_ownership::DeleteLock::Whole) {
-        return Err(record(
-            "whole-delete locked".to_owned(),
-            "the lifecycle is being deleted; wait for the delete to finish and redeploy with a new storage id".to_owned(),
-        ));
-    }
-    match snapshot.active_storage {
-        None => Err(record("missing".to_owned(), how)),
-        Some(active) if &active != storage => Err(record(
-            format!("{:?}", active.as_str()),
-            "this host serves another storage id than the active one; start it with the active storage id".to_owned(),
-        )),
-        Some(_) => Ok(()),
-    }
-}
-
 /// The local side of owner-routed alarm dispatch.
-pub(crate) struct HostLocal<S, I>(Weak<Inner<S, I>>);
+pub(crate) struct HostLocal<S, I, O: ObjectStore>(Weak<Inner<S, I, O>>);
 
-impl<S, I> Dispatch for HostLocal<S, I>
+impl<S, I, O: ObjectStore> Dispatch for HostLocal<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     async fn dispatch(&self, delivery: Delivery) -> DispatchOutcome {
         match self.0.upgrade() {
@@ -1925,12 +744,13 @@ where
 
 /// The default alarm forward of a host with an internal token: its
 /// transport (see [`Host::forward_alarm`]).
-struct TransportForward<S, I>(Weak<Inner<S, I>>);
+struct TransportForward<S, I, O: ObjectStore>(Weak<Inner<S, I, O>>);
 
-impl<S, I> crate::config::HostForward for TransportForward<S, I>
+impl<S, I, O: ObjectStore> crate::config::HostForward for TransportForward<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
+    O: ObjectStore,
 {
     fn forward(
         &self,
@@ -1949,6 +769,3 @@ where
         })
     }
 }
-
-#[cfg(test)]
-mod tests;

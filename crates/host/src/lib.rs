@@ -20,8 +20,13 @@
 //!   its objects closed and its running work cancelled; configured scopes
 //!   ([`OwnPolicy`]) are claimed when free; changes are published as
 //!   [`OwnerEvent`]s ([`Host::subscribe`]).
-//! - **Object registry**: an object is opened on first use (one SQLite file
-//!   per object under the root) and fenced at its scope's claim through
+//! - **Object store** ([`ObjectStore`], [`store`]): where objects live.
+//!   The default is the SQLite directory ([`SqliteObjectStore`]: one
+//!   SQLite file per object under a root every host shares), and it is the
+//!   only module of the host that knows SQLite; another backend is one
+//!   module implementing the trait, used through [`HostConfig::with_store`].
+//! - **Object registry**: an object is opened on first use (through the
+//!   object store) and fenced at its scope's claim through
 //!   `Ownership::open_fenced` (the generation floor) before its first
 //!   dispatch; it is closed when the scope is lost. Residency as
 //!   `DO_PREVENT_EVICTION` says ([`Residency`]).
@@ -29,7 +34,7 @@
 //!   (`Ownership::admit`: task, generation, lease budget, lifecycle),
 //!   counted in flight, run under the watchdog (`Ownership::watch`), and
 //!   commits through the object's storage fence (generation, holder and
-//!   lease budget checked inside the SQLite transaction).
+//!   lease budget checked inside the storage's transaction).
 //! - **Alarms** (`durability-alarms`): one `Dispatcher` per host, routed
 //!   through `OwnerRouted`; each open object's scheduler alarm is backed by
 //!   the alarm index (`SchedulerAlarm`), so its pending work resumes on
@@ -90,6 +95,14 @@
 //! }
 //! ```
 //!
+//! **Classes as types** ([`Class`]): a class type knows its name;
+//! [`HostConfig::class_of`] registers it and returns a [`ClassBuilder`]
+//! whose handlers get a [`Handle`] of exactly that type, and
+//! `host.object_of::<Cart>("cart-42")` ([`Object`]) calls, runs and
+//! transacts on it without naming the class again. The string API
+//! ([`HostConfig::class`], [`Host::object`]) stays for classes
+//! chosen at run time.
+//!
 //! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
 //! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
@@ -127,7 +140,7 @@
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
 //! use durability_host::transport::{StaticPeers, serve};
-//! use durability_host::{BoxError, Handle, Host, HostConfig, MethodError, OwnPolicy};
+//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, MethodError, OwnPolicy};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -136,6 +149,10 @@
 //! use durability_host::CancellationToken;
 //!
 //! struct Cart;
+//!
+//! impl Class for Cart {
+//!     const NAME: &'static str = "Cart";
+//! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), BoxError> {
@@ -147,19 +164,20 @@
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .internal_token(&std::env::var("DURABILITY_INTERNAL_TOKEN")?)
 //!         .peers(peers)
-//!         .class("Cart", |_ctx| Ok::<_, BoxError>(Cart))
-//!         .method("Cart", "add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
+//!         .own(OwnPolicy::AllShards)
+//!         .class_of(|_ctx| Ok::<_, BoxError>(Cart))
+//!         .method("add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
 //!             if args["sku"].is_null() {
 //!                 return Err(MethodError::new("missing_sku", "add needs a sku").into());
 //!             }
 //!             Ok(json!({ "added": args["sku"] }))
 //!         })
-//!         .own(OwnPolicy::AllShards);
+//!         .done();
 //!     let host = Host::start(config).await?;
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object("Cart", "cart-42").call("add", json!({ "sku": 7 })).await?;
+//!     let added = host.object_of::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
 //!     assert_eq!(added, json!({ "added": 7 }));
 //!     host.run_until_signal().await;
 //!     Ok(())
@@ -175,26 +193,35 @@ mod error;
 pub mod fetch;
 mod host;
 mod metrics;
+mod object;
+mod protocol;
+mod route_table;
 mod routing;
 pub mod rpc;
 mod settings;
 mod storage;
+pub mod store;
 pub mod transport;
+pub mod wire;
 
 /// The cancellation token [`transport::serve`] stops on (tokio-util's), so
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
 pub use client::{ClientCalls, ClientStats, RpcClient};
-pub use config::{HostConfig, HostForward, NoTransport, ObjectCtx, OwnPolicy};
+pub use config::ClassBuilder;
+pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
-pub use host::{CycleReport, DispatchStats, Handle, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
+pub use object::{Class, Handle, ObjectCtx};
+pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
 pub use storage::{
-    DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, TOMBSTONE_FILE,
-    delete_storage_id,
+    DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,
 };
+pub use store::sqlite::{SqliteObjectStore, TOMBSTONE_FILE};
+pub use store::{ObjectStore, StoreTx};

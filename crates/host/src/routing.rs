@@ -1,6 +1,15 @@
 //! Routing calls between hosts: `host.object(class, name).call(method,
 //! args)` runs the method once on the host that owns the object's scope.
 //!
+//! One router carries every request kind: `router` holds the one
+//! owner-routing loop (used by a host's own router and by the thin
+//! [`crate::RpcClient`]), `rules` the replay rules as one pure function
+//! from what an attempt observed to what happens next, and each kind (an
+//! RPC `call`, a `fetch`, a `connect`) is one file implementing the
+//! loop's per-kind trait. Alarm deliveries are forwarded once to the owner
+//! the dispatcher resolved (`forward_alarm`): their retries belong to the
+//! alarm dispatcher's at-least-once contract, not to this loop.
+//!
 //! - An uncached call enters this host's own router: owner resolution
 //!   (claiming a free scope). Owned here, it runs here. Owned by another
 //!   task, it is forwarded once, with the route fence (task, generation),
@@ -29,139 +38,44 @@
 //!   record it writes; after a restart on another endpoint it gives its old
 //!   record back and claims again, so the record never names a stale port.
 
+mod call;
 mod connect;
 mod fetch;
+mod router;
+mod rules;
 
-pub(crate) use connect::{Served, after_refusal};
+pub(crate) use connect::{Served, Session};
+pub(crate) use router::{Attempt, Kind, Refusal, Routes, Step, route};
+pub(crate) use rules::{Answer, Failure};
 
-use std::sync::Arc;
+use std::future::Future;
+use std::marker::PhantomData;
 
 use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
 use durability_ownership::{
-    Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerHint, OwnerHintCache, OwnerScope,
-    Resolution, TaskId,
+    Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerHint, OwnerScope, Resolution,
+    TaskId,
 };
-use serde_json::Value;
+
 use tracing::Instrument as _;
 
 use crate::error::HostError;
 use crate::host::Host;
-use crate::metrics::{self, Figure};
-use crate::rpc::{MethodInput, Methods, RpcArgs, validate_method};
-use crate::transport::{
-    AlarmRequest, Endpoint, EndpointPolicy, InternalToken, InvokeRequest, OwnerHeaders,
-    PeerDirectory, REDISCOVERY_CODES, Reply, RouteFence, Transport,
-};
-
-/// Routing outcome counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RoutingStats {
-    /// Calls run on this host (owned here).
-    pub local: u64,
-    /// Calls forwarded by this host's router to another owner.
-    pub forwarded: u64,
-    /// Calls sent straight to a hinted owner.
-    pub direct: u64,
-    /// Rediscoveries after a trusted pre-dispatch ownership answer.
-    pub rediscoveries: u64,
-    /// Hints evicted (stale answers, unmarked failures).
-    pub hint_evictions: u64,
-    /// Owner endpoints refused by the allowlist (or unknown).
-    pub endpoint_refusals: u64,
-    /// Internal requests refused for a missing or wrong token.
-    pub auth_refusals: u64,
-    /// Invokes this host served over the transport.
-    pub served: u64,
-    /// WebSocket connects this host's router handed off to another owner
-    /// (the caller connects to the owner directly).
-    pub handoffs: u64,
-    /// WebSocket sessions this host admitted as the owner.
-    pub upgrades: u64,
-    /// Alarm deliveries this host's dispatcher sent to their owner.
-    pub alarms_forwarded: u64,
-    /// Alarm deliveries this host served for another host's dispatcher.
-    pub alarms_served: u64,
-}
-
-/// The routing figures (plain numbers and facade counters, see
-/// [`crate::metrics`]).
-#[derive(Debug)]
-pub(crate) struct RoutingCounters {
-    local: Figure,
-    forwarded: Figure,
-    direct: Figure,
-    rediscoveries: Figure,
-    hint_evictions: Figure,
-    endpoint_refusals: Figure,
-    auth_refusals: Figure,
-    served: Figure,
-    handoffs: Figure,
-    upgrades: Figure,
-    alarms_forwarded: Figure,
-    alarms_served: Figure,
-}
-
-impl RoutingCounters {
-    pub(crate) fn new(task: &str) -> Self {
-        Self {
-            local: metrics::routed(task, "local"),
-            forwarded: metrics::routed(task, "forwarded"),
-            direct: metrics::routed(task, "direct"),
-            rediscoveries: Figure::new("durability_host_rediscoveries_total", task, &[]),
-            hint_evictions: Figure::new("durability_host_hint_evictions_total", task, &[]),
-            endpoint_refusals: metrics::refusal(task, "endpoint"),
-            auth_refusals: metrics::refusal(task, "auth"),
-            served: Figure::new("durability_host_invokes_served_total", task, &[]),
-            handoffs: metrics::routed(task, "handoff"),
-            upgrades: metrics::routed(task, "upgraded"),
-            alarms_forwarded: metrics::alarm_forward(task, "sent"),
-            alarms_served: metrics::alarm_forward(task, "served"),
-        }
-    }
-
-    pub(crate) fn snapshot(&self) -> RoutingStats {
-        RoutingStats {
-            local: self.local.get(),
-            forwarded: self.forwarded.get(),
-            direct: self.direct.get(),
-            rediscoveries: self.rediscoveries.get(),
-            hint_evictions: self.hint_evictions.get(),
-            endpoint_refusals: self.endpoint_refusals.get(),
-            auth_refusals: self.auth_refusals.get(),
-            served: self.served.get(),
-            handoffs: self.handoffs.get(),
-            upgrades: self.upgrades.get(),
-            alarms_forwarded: self.alarms_forwarded.get(),
-            alarms_served: self.alarms_served.get(),
-        }
-    }
-}
-
-fn bump(figure: &Figure) {
-    figure.bump();
-}
-
-/// What a host routes with.
-pub(crate) struct RoutingState<I> {
-    pub(crate) methods: Methods<I>,
-    pub(crate) fetchers: crate::fetch::Fetchers<I>,
-    pub(crate) connectors: crate::connect::Connectors<I>,
-    pub(crate) token: Option<InternalToken>,
-    pub(crate) peers: Arc<dyn PeerDirectory>,
-    pub(crate) policy: EndpointPolicy,
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) hints: OwnerHintCache,
-    pub(crate) counters: RoutingCounters,
-}
+use crate::object::Class;
+use crate::protocol::{AlarmRequest, Endpoint, InternalToken, OwnerHeaders, Reply, RouteFence};
+pub use crate::route_table::RoutingStats;
+use crate::route_table::bump;
+use crate::store::ObjectStore;
+use router::forwarded_once;
 
 /// An object addressed by class and name, from [`Host::object`].
-pub struct ObjectRef<S, I> {
-    host: Host<S, I>,
+pub struct ObjectRef<S, I, O: ObjectStore = crate::store::DefaultObjectStore> {
+    host: Host<S, I, O>,
     class: String,
     name: String,
 }
 
-impl<S, I> std::fmt::Debug for ObjectRef<S, I> {
+impl<S, I, O: ObjectStore> std::fmt::Debug for ObjectRef<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectRef")
             .field("class", &self.class)
@@ -170,46 +84,30 @@ impl<S, I> std::fmt::Debug for ObjectRef<S, I> {
     }
 }
 
-impl<S, I> ObjectRef<S, I>
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    /// Calls `method` with `args` on the object, on whichever host owns it
-    /// (see the module docs for routing and replay).
-    ///
-    /// # Errors
-    /// Refused before dispatch: [`HostError::InvalidMethod`],
-    /// [`HostError::InvalidArgs`], [`HostError::UnknownMethod`],
-    /// [`HostError::UnknownClass`], [`HostError::InvalidObjectName`].
-    /// Across hosts: [`HostError::OwnerUnavailable`] (the method may have
-    /// run), [`HostError::OwnerUnreachable`] (it did not run: the owner
-    /// could not be reached), [`HostError::RpcResultUnknown`] (it may have
-    /// run),
-    /// [`HostError::Remote`] (the owner's answer: a trusted ownership code,
-    /// the method's own [`crate::MethodError`], or `internal_error`).
-    /// Locally: as [`Host::call`].
-    pub async fn call(&self, method: &str, args: Value) -> Result<Value, HostError> {
-        validate_method(method)?;
-        let args = RpcArgs::new(args)?;
+    /// Routes a validated request to the object's owner (the one router).
+    async fn routed<K: RunHere<S, I, O>>(&self, request: K) -> Result<K::Out, HostError> {
         let scope = self.host.scope_for(&self.class, &self.name)?;
-        let request = InvokeRequest {
-            class: self.class.clone(),
-            name: self.name.clone(),
-            method: method.to_owned(),
-            args,
-            fence: None,
-        };
         let span = tracing::debug_span!(
             "durability.host.route",
+            kind = K::NAME,
             class = %self.class,
             object = %self.name,
-            method,
+            method = request.method(),
             scope = %scope
         );
-        self.host.route(&scope, request).instrument(span).await
+        route(&self.host, &scope, &request)
+            .instrument(span)
+            .await
+            .map_err(|refusal| refusal.error)
     }
+}
 
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O> {
     /// The object's class.
     pub fn class(&self) -> &str {
         &self.class
@@ -221,20 +119,107 @@ where
     }
 }
 
-/// How one attempt ended.
-enum Attempt {
-    Done(Result<Value, HostError>),
-    Rediscover(String),
+/// An object of class `T`, from [`Host::object_of`]: the calls of an
+/// [`ObjectRef`], and `T`'s own body and transaction without naming the
+/// class again.
+pub struct Object<S, I, O: ObjectStore, T> {
+    object: ObjectRef<S, I, O>,
+    class: PhantomData<fn() -> T>,
 }
 
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore, T> std::fmt::Debug for Object<S, I, O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.object.fmt(f)
+    }
+}
+
+impl<S, I, O: ObjectStore, T: Class> Object<S, I, O, T>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    /// The object of `class` named `name` (nothing is resolved until a
-    /// call).
-    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I> {
+    /// The untyped reference (calls by method name, fetch, connect).
+    pub fn by_name(&self) -> &ObjectRef<S, I, O> {
+        &self.object
+    }
+
+    /// Calls RPC method `method` (see [`ObjectRef::call`]).
+    ///
+    /// # Errors
+    /// As [`ObjectRef::call`].
+    pub async fn call(
+        &self,
+        method: &str,
+        args: serde_json::Value,
+    ) -> Result<serde_json::Value, HostError> {
+        self.object.call(method, args).await
+    }
+
+    /// Runs `body` on the object on this host ([`Host::call`] with the
+    /// class named by its type).
+    ///
+    /// # Errors
+    /// As [`Host::call`].
+    pub async fn run<R, F, Fut>(&self, body: F) -> Result<R, HostError>
+    where
+        F: FnOnce(crate::Handle<T, I, O::Storage>) -> Fut,
+        Fut: Future<Output = Result<R, crate::BoxError>>,
+    {
+        self.object
+            .host
+            .call::<T, R, F, Fut>(T::NAME, &self.object.name, body)
+            .await
+    }
+
+    /// Runs one transaction on the object on this host
+    /// ([`Host::transaction`] with the class named by its type).
+    ///
+    /// # Errors
+    /// As [`Host::transaction`].
+    pub async fn transaction<R, F>(&self, body: F) -> Result<R, HostError>
+    where
+        F: FnOnce(
+            &T,
+            &mut durability_scheduler::Transaction<'_, '_, O::Storage>,
+        ) -> Result<R, durability_scheduler::StorageError>,
+    {
+        self.object
+            .host
+            .transaction::<T, R, F>(T::NAME, &self.object.name, body)
+            .await
+    }
+}
+
+/// A request kind a host runs itself when it owns the object.
+pub(crate) trait RunHere<S, I, O: ObjectStore>: Kind {
+    /// Runs the request here under admission, the watchdog and the storage
+    /// fence; with `expect`, only at that generation (else
+    /// [`HostError::StaleFence`]). Returns this host's owner headers.
+    fn run_here<'a>(
+        &'a self,
+        host: &'a Host<S, I, O>,
+        expect: Option<u64>,
+    ) -> impl Future<Output = Result<(Self::Out, OwnerHeaders), HostError>> + Send + 'a;
+}
+
+impl<S, I, O: ObjectStore> Host<S, I, O>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    /// The object of class `T` named `name` (nothing is resolved until a
+    /// call): `host.object_of::<Cart>("cart-42")`.
+    pub fn object_of<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
+        Object {
+            object: self.object(T::NAME, name),
+            class: PhantomData,
+        }
+    }
+
+    /// The object of `class` named `name`, the class by its name (nothing
+    /// is resolved until a call). With a [`Class`] type:
+    /// [`Host::object_of`].
+    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
         ObjectRef {
             host: self.clone(),
             class: class.to_owned(),
@@ -270,181 +255,115 @@ where
         bump(&self.routing().counters.auth_refusals);
     }
 
-    async fn route(&self, scope: &OwnerScope, request: InvokeRequest) -> Result<Value, HostError> {
-        let routing = self.routing();
-        let me = self.ownership().task().clone();
-        let mut rediscoveries = 1;
-        if let Some(hint) = routing.hints.get(scope).filter(|h| h.task != me) {
-            bump(&routing.counters.direct);
-            tracing::debug!(
-                event = "durability.host.route_direct",
-                scope = %scope,
-                owner = hint.task.as_str(),
-                generation = hint.generation.get(),
-                "sending the call straight to the hinted owner"
-            );
-            match self
-                .send(
-                    scope,
-                    &request,
-                    &hint.task,
-                    hint.generation,
-                    hint.endpoint.as_ref(),
-                )
-                .await
-            {
-                Attempt::Done(result) => return result,
-                Attempt::Rediscover(code) => {
-                    self.evict(scope);
-                    bump(&routing.counters.rediscoveries);
-                    rediscoveries = 0;
-                    tracing::debug!(
-                        event = "durability.host.route_rediscover",
-                        scope = %scope,
-                        code,
-                        "hinted owner refused before dispatch; rediscovering"
-                    );
-                }
-            }
-        }
-        loop {
-            match self.route_once(scope, &request).await {
-                Attempt::Done(result) => return result,
-                Attempt::Rediscover(code) if rediscoveries > 0 => {
-                    rediscoveries -= 1;
-                    self.evict(scope);
-                    bump(&routing.counters.rediscoveries);
-                    tracing::debug!(
-                        event = "durability.host.route_rediscover",
-                        scope = %scope,
-                        code,
-                        "owner refused before dispatch; rediscovering once"
-                    );
-                }
-                Attempt::Rediscover(code) => {
-                    self.evict(scope);
-                    return Err(HostError::remote_ownership(&code));
-                }
-            }
+    /// Sends `request` fenced at `owner` to its endpoint (the one its
+    /// owner record advertises, else the peer directory's).
+    async fn send_to<K: Kind>(
+        &self,
+        scope: &OwnerScope,
+        request: &K,
+        owner: OwnerHint,
+    ) -> Attempt<K::Out, OwnerHint> {
+        let (token, endpoint, fence) = match self.send_target(
+            scope,
+            &owner.task,
+            owner.generation,
+            owner.endpoint.as_ref(),
+        ) {
+            Ok(t) => t,
+            Err(e) => return Attempt::Done(Err(e)),
+        };
+        let mut fenced = request.clone();
+        fenced.set_fence(Some(fence));
+        let transport = self.routing().transport.as_ref();
+        let answer = fenced
+            .send(transport, &endpoint, token, scope.host_id())
+            .await;
+        Attempt::Answered {
+            answer,
+            to: Some(owner),
         }
     }
 
-    /// One pass through this host's router: resolve, then run here or
-    /// forward once.
-    async fn route_once(&self, scope: &OwnerScope, request: &InvokeRequest) -> Attempt {
+    /// Serves a request that arrived over the transport: a fenced one runs
+    /// here only if the fence names this task and admission finds this
+    /// task's claim at the fence's generation (else a trusted
+    /// `stale_owner`); an unfenced one enters the router and is forwarded
+    /// at most once (the caller applies the replay rules).
+    pub(crate) async fn serve_routed<K: RunHere<S, I, O>>(
+        &self,
+        request: K,
+    ) -> Result<(K::Out, OwnerHeaders), HostError> {
         let routing = self.routing();
-        let resolution = match self.ownership().resolve(scope, self.lifecycle()).await {
-            Ok(r) => r,
-            Err(e) => return Attempt::Done(Err(HostError::Ownership(e))),
-        };
-        match resolution {
+        bump(&routing.counters.served);
+        let (class, name) = request.object();
+        let scope = self.scope_for(class, name)?;
+        if let Some(fence) = request.fence() {
+            if fence.task != self.ownership().task().as_str() {
+                return Err(HostError::StaleFence {
+                    generation: fence.generation,
+                });
+            }
+            return request.run_here(self, Some(fence.generation)).await;
+        }
+        match self.ownership().resolve(&scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
-                self.evict_quiet(scope);
                 bump(&routing.counters.local);
-                tracing::debug!(
-                    event = "durability.host.route_local",
-                    scope = %scope,
-                    "owned here; running the call on this host"
-                );
-                match self.invoke_local(request, None).await {
-                    // Resolved here, then found owned elsewhere: a race.
-                    Err(HostError::NotOwner { .. }) => Attempt::Rediscover("owner_race".to_owned()),
-                    other => Attempt::Done(other.map(|(v, _)| v)),
-                }
+                request.run_here(self, None).await
             }
             Resolution::Remote {
                 task,
                 generation,
                 endpoint,
             } => {
-                bump(&routing.counters.forwarded);
-                tracing::debug!(
-                    event = "durability.host.route_forward",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    generation = generation.get(),
-                    "owned by another host; forwarding the call"
-                );
-                self.send(scope, request, &task, generation, endpoint.as_ref())
-                    .await
+                self.note_forward::<K>(&scope, &task, generation);
+                let owner = OwnerHeaders {
+                    task: task.as_str().to_owned(),
+                    generation: generation.get(),
+                    key: scope.host_id().to_owned(),
+                    endpoint: endpoint
+                        .as_ref()
+                        .map(|e| e.as_str().to_owned())
+                        .or_else(|| routing.peers.endpoint(task.as_str())),
+                };
+                let hint = OwnerHint {
+                    task,
+                    generation,
+                    endpoint,
+                };
+                let value = match self.send_to(&scope, &request, hint).await {
+                    Attempt::Done(result) => result?,
+                    Attempt::Answered { answer, .. } => forwarded_once(&request.rules(), answer)?,
+                };
+                Ok((value, owner))
             }
         }
     }
 
-    /// Sends `request` fenced at (`task`, `generation`) to `task`'s
-    /// endpoint (the one its owner record advertises, else the peer
-    /// directory's) and classifies the answer.
-    async fn send(
-        &self,
-        scope: &OwnerScope,
-        request: &InvokeRequest,
-        task: &TaskId,
-        generation: Generation,
-        advertised: Option<&OwnerEndpoint>,
-    ) -> Attempt {
-        let routing = self.routing();
-        let (token, endpoint, fence) = match self.send_target(scope, task, generation, advertised) {
-            Ok(t) => t,
-            Err(e) => return Attempt::Done(Err(e)),
-        };
-        let mut fenced = request.clone();
-        fenced.fence = Some(fence);
-        let reply = routing.transport.invoke(&endpoint, token, &fenced).await;
-        match reply {
-            Reply::Ok { result, owner } => {
-                self.learn_hint(scope, task, generation, advertised, owner.as_ref());
-                Attempt::Done(Ok(result))
-            }
-            Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => {
-                Attempt::Rediscover(code)
-            }
-            Reply::Ownership { code } => {
-                self.evict(scope);
-                Attempt::Done(Err(HostError::remote_ownership(&code)))
-            }
-            Reply::Failed {
-                status,
-                code,
-                message,
-                details,
-            } => Attempt::Done(Err(HostError::Remote {
-                status,
-                code,
-                message,
-                details,
-            })),
-            Reply::NotSent { reason } => {
-                self.evict(scope);
-                tracing::warn!(
-                    event = "durability.host.owner_unreachable",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    reason,
-                    "the owner could not be reached; hint evicted, nothing ran"
-                );
-                Attempt::Done(Err(HostError::OwnerUnreachable { reason }))
-            }
-            Reply::Unmarked { reason } => {
-                self.evict(scope);
-                tracing::warn!(
-                    event = "durability.host.owner_unavailable",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    reason,
-                    "no trusted answer from the owner; hint evicted, not replayed"
-                );
-                Attempt::Done(Err(HostError::OwnerUnavailable { reason }))
-            }
-            Reply::ResultUnknown { reason } => {
-                tracing::warn!(
-                    event = "durability.host.rpc_result_unknown",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    reason,
-                    "the owner's success could not be read; not replayed"
-                );
-                Attempt::Done(Err(HostError::RpcResultUnknown { reason }))
-            }
+    /// Counts and reports a request sent on to another owner.
+    fn note_forward<K: Kind>(&self, scope: &OwnerScope, task: &TaskId, generation: Generation) {
+        let counters = &self.routing().counters;
+        bump(if K::HANDOFF {
+            &counters.handoffs
+        } else {
+            &counters.forwarded
+        });
+        tracing::debug!(
+            event = "durability.host.route_forward",
+            kind = K::NAME,
+            scope = %scope,
+            owner = task.as_str(),
+            generation = generation.get(),
+            "owned by another host; sending the request to the owner"
+        );
+    }
+
+    /// This host's owner headers for `scope` at `generation`.
+    pub(crate) fn own_headers(&self, scope: &OwnerScope, generation: u64) -> OwnerHeaders {
+        OwnerHeaders {
+            task: self.ownership().task().as_str().to_owned(),
+            generation,
+            key: scope.host_id().to_owned(),
+            endpoint: self.endpoint().map(str::to_owned),
         }
     }
 
@@ -475,9 +394,6 @@ where
         }
     }
 
-    /// The endpoint of `task`: the one its owner record advertises, else
-    /// the peer directory's; checked against the endpoint policy (before
-    /// any token is attached).
     /// The token, the owner's endpoint and the route fence of a send to
     /// `task` at `generation` (calls and fetches alike). No token, or an
     /// endpoint this host's policy refuses (the hint is evicted), is
@@ -495,7 +411,7 @@ where
             });
         };
         let endpoint = self.owner_endpoint(task, advertised).map_err(|reason| {
-            self.evict(scope);
+            self.evict_hint(scope);
             HostError::OwnerUnreachable { reason }
         })?;
         let fence = RouteFence {
@@ -505,7 +421,10 @@ where
         Ok((token, endpoint, fence))
     }
 
-    fn owner_endpoint(
+    /// The endpoint of `task`: the one its owner record advertises, else
+    /// the peer directory's; checked against the endpoint policy (before
+    /// any token is attached).
+    pub(crate) fn owner_endpoint(
         &self,
         task: &TaskId,
         advertised: Option<&OwnerEndpoint>,
@@ -594,7 +513,7 @@ where
         routed.dispatch_at(delivery, generation).await
     }
 
-    fn evict(&self, scope: &OwnerScope) {
+    pub(crate) fn evict_hint(&self, scope: &OwnerScope) {
         let routing = self.routing();
         if routing.hints.get(scope).is_some() {
             routing.hints.remove(scope);
@@ -602,115 +521,146 @@ where
         }
     }
 
-    fn evict_quiet(&self, scope: &OwnerScope) {
+    pub(crate) fn evict_quiet(&self, scope: &OwnerScope) {
         self.routing().hints.remove(scope);
     }
+}
 
-    /// Serves an invoke that arrived over the transport: a fenced one runs
-    /// here only if this host owns the scope at the fence's generation
-    /// (else a trusted `stale_owner`); an unfenced one enters the router
-    /// and is forwarded at most once.
-    pub(crate) async fn serve_invoke(
-        &self,
-        request: InvokeRequest,
-    ) -> Result<(Value, OwnerHeaders), HostError> {
-        bump(&self.routing().counters.served);
-        validate_method(&request.method)?;
-        let scope = self.scope_for(&request.class, &request.name)?;
-        if let Some(fence) = request.fence.clone() {
-            if fence.task != self.ownership().task().as_str() {
-                return Err(HostError::StaleFence {
-                    generation: fence.generation,
-                });
-            }
-            return self.invoke_local(&request, Some(fence.generation)).await;
-        }
-        let routing = self.routing();
-        match self.ownership().resolve(&scope, self.lifecycle()).await? {
+impl<K, S, I, O> Routes<K> for Host<S, I, O>
+where
+    K: RunHere<S, I, O>,
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+    O: ObjectStore,
+{
+    type Owner = OwnerHint;
+
+    fn hint(&self, scope: &OwnerScope) -> Option<OwnerHint> {
+        let me = self.ownership().task();
+        self.routing().hints.get(scope).filter(|h| h.task != *me)
+    }
+
+    /// Resolves the owner: owned here, the request runs here (a race with
+    /// another owner is a pre-dispatch `owner_race`); owned elsewhere, it
+    /// is sent to the owner once, fenced.
+    async fn via_router<'a>(
+        &'a self,
+        scope: &'a OwnerScope,
+        request: &'a K,
+    ) -> Attempt<K::Out, OwnerHint> {
+        let resolution = match self.ownership().resolve(scope, self.lifecycle()).await {
+            Ok(r) => r,
+            Err(e) => return Attempt::Done(Err(HostError::Ownership(e))),
+        };
+        match resolution {
             Resolution::Local(_) => {
-                bump(&routing.counters.local);
-                self.invoke_local(&request, None).await
+                self.evict_quiet(scope);
+                bump(&self.routing().counters.local);
+                tracing::debug!(
+                    event = "durability.host.route_local",
+                    kind = K::NAME,
+                    scope = %scope,
+                    "owned here; running the request on this host"
+                );
+                match request.run_here(self, None).await {
+                    Err(HostError::NotOwner { .. }) => Attempt::Answered {
+                        answer: Answer::Reply(Reply::Ownership {
+                            code: "owner_race".to_owned(),
+                        }),
+                        to: None,
+                    },
+                    other => Attempt::Done(other.map(|(value, _)| value)),
+                }
             }
             Resolution::Remote {
                 task,
                 generation,
                 endpoint,
             } => {
-                bump(&routing.counters.forwarded);
-                tracing::debug!(
-                    event = "durability.host.route_forward",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    generation = generation.get(),
-                    "owned by another host; forwarding the call"
-                );
-                match self
-                    .send(&scope, &request, &task, generation, endpoint.as_ref())
-                    .await
-                {
-                    Attempt::Done(Ok(value)) => Ok((
-                        value,
-                        OwnerHeaders {
-                            task: task.as_str().to_owned(),
-                            generation: generation.get(),
-                            key: scope.host_id().to_owned(),
-                            endpoint: endpoint
-                                .map(|e| e.as_str().to_owned())
-                                .or_else(|| routing.peers.endpoint(task.as_str())),
-                        },
-                    )),
-                    Attempt::Done(Err(e)) => Err(e),
-                    Attempt::Rediscover(code) => Err(HostError::remote_ownership(&code)),
-                }
+                self.note_forward::<K>(scope, &task, generation);
+                let owner = OwnerHint {
+                    task,
+                    generation,
+                    endpoint,
+                };
+                self.send_to(scope, request, owner).await
             }
         }
     }
 
-    /// Runs a registered method here under admission, the watchdog and the
-    /// storage fence; with `expect`, only at that generation.
-    pub(crate) async fn invoke_local(
-        &self,
-        request: &InvokeRequest,
-        expect: Option<u64>,
-    ) -> Result<(Value, OwnerHeaders), HostError> {
-        let method = self
-            .routing()
-            .methods
-            .get(&request.class)
-            .and_then(|m| m.get(&request.method))
-            .cloned()
-            .ok_or_else(|| HostError::UnknownMethod {
-                class: request.class.clone(),
-                method: request.method.clone(),
-            })?;
-        let args = request.args.value().clone();
-        let scope = self.scope_for(&request.class, &request.name)?;
-        let value = self
-            .dispatch_expect(
-                &request.class,
-                &request.name,
-                expect,
-                |input: MethodInput<I>| async move {
-                    method(input, args).await.map_err(HostError::Handler)
-                },
-            )
-            .await;
-        let (value, generation) = match value {
-            Err(HostError::NotOwner { .. }) if expect.is_some() => {
-                return Err(HostError::StaleFence {
-                    generation: expect.unwrap_or(0),
-                });
-            }
-            other => other?,
+    fn to_owner<'a>(
+        &'a self,
+        scope: &'a OwnerScope,
+        request: &'a K,
+        owner: OwnerHint,
+    ) -> impl Future<Output = Attempt<K::Out, OwnerHint>> + Send + 'a {
+        self.send_to(scope, request, owner)
+    }
+
+    fn follow(&self, owner: OwnerHeaders) -> Result<OwnerHint, HostError> {
+        let unreachable = |e: durability_ownership::OwnershipError| HostError::OwnerUnreachable {
+            reason: format!("the handed-off owner is malformed: {e}"),
         };
-        Ok((
-            value,
-            OwnerHeaders {
-                task: self.ownership().task().as_str().to_owned(),
-                generation,
-                key: scope.host_id().to_owned(),
-                endpoint: self.endpoint().map(str::to_owned),
-            },
-        ))
+        Ok(OwnerHint {
+            task: TaskId::new(&owner.task).map_err(unreachable)?,
+            generation: Generation::new(owner.generation).map_err(unreachable)?,
+            endpoint: owner
+                .endpoint
+                .as_deref()
+                .map(OwnerEndpoint::new)
+                .transpose()
+                .map_err(unreachable)?,
+        })
+    }
+
+    fn learn(&self, scope: &OwnerScope, to: Option<&OwnerHint>, owner: Option<&OwnerHeaders>) {
+        if let Some(to) = to {
+            self.learn_hint(scope, &to.task, to.generation, to.endpoint.as_ref(), owner);
+        }
+    }
+
+    fn evict(&self, scope: &OwnerScope) {
+        self.evict_hint(scope);
+    }
+
+    fn note(&self, scope: &OwnerScope, step: Step<'_>) {
+        let counters = &self.routing().counters;
+        match step {
+            Step::Direct => {
+                bump(&counters.direct);
+                tracing::debug!(
+                    event = "durability.host.route_direct",
+                    kind = K::NAME,
+                    scope = %scope,
+                    "sending the request straight to the hinted owner"
+                );
+            }
+            Step::Rediscover(seen) => {
+                bump(&counters.rediscoveries);
+                tracing::debug!(
+                    event = "durability.host.route_rediscover",
+                    kind = K::NAME,
+                    scope = %scope,
+                    seen = ?seen,
+                    "refused before dispatch; rediscovering once through the router"
+                );
+            }
+            Step::Replay(seen) => tracing::debug!(
+                event = "durability.host.route_replayed",
+                kind = K::NAME,
+                scope = %scope,
+                seen = ?seen,
+                "no trusted answer to a safe request; replaying once through the router"
+            ),
+            Step::Untrusted(failure, error) => tracing::warn!(
+                event = "durability.host.route_untrusted",
+                kind = K::NAME,
+                scope = %scope,
+                failure = ?failure,
+                code = error.code(),
+                reason = %error,
+                "no trusted answer from the owner; not replayed"
+            ),
+        }
     }
 }

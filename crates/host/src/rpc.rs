@@ -3,7 +3,7 @@
 //!
 //! A class registers methods with [`crate::HostConfig::method`]: a method
 //! name (the identifier grammar, at most [`MAX_METHOD_BYTES`] ASCII bytes)
-//! and an async handler taking the object's [`Handle`] and the JSON
+//! and an async handler taking the object's [`crate::Handle`] and the JSON
 //! arguments, returning JSON. Arguments are structural JSON
 //! ([`RpcArgs`]): finite numbers, strings, booleans, null, dense arrays and
 //! plain objects, at most [`MAX_ARGS_BYTES`] encoded. `serde_json::Value`
@@ -23,9 +23,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::config::Instance;
+pub use crate::error::MethodError;
 use crate::error::{BoxError, HostError};
-use crate::host::Handle;
+use crate::object::MethodInput;
 
 /// The longest method name, in ASCII bytes.
 pub const MAX_METHOD_BYTES: usize = 256;
@@ -144,64 +144,12 @@ fn check_depth(value: &Value, depth: usize) -> Result<(), HostError> {
     }
 }
 
-/// An error a method returns on purpose: its code and message reach the
-/// caller unchanged, on this host or across hosts. The code uses
-/// `[a-z0-9_]`, 1..=64 bytes (else it is downgraded to `internal_error`);
-/// the message is at most 1024 bytes (longer is truncated).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct MethodError {
-    /// The tenant's machine code.
-    pub code: String,
-    /// The tenant's message.
-    pub message: String,
-}
-
-impl MethodError {
-    /// A method error with this code and message.
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-        }
-    }
-
-    /// Whether the code passes the grammar.
-    pub fn code_is_valid(code: &str) -> bool {
-        !code.is_empty()
-            && code.len() <= 64
-            && code
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    }
-}
-
-/// What a registered method gets besides its arguments.
-pub(crate) struct MethodInput<I> {
-    pub(crate) instance: Instance,
-    pub(crate) scheduler: durability_scheduler::Scheduler<durability_storage_sqlite::SqliteStorage>,
-    pub(crate) alarms: durability_alarms::Alarms<durability_storage_sqlite::SqliteStorage, I>,
-    pub(crate) generation: u64,
-}
-
-impl<I> MethodInput<I> {
-    /// The typed handle, or `None` when the object is not a `T`.
-    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I>> {
-        let object = self.instance.downcast::<T>().ok()?;
-        Some(Handle {
-            object,
-            scheduler: self.scheduler,
-            alarms: self.alarms,
-            generation: self.generation,
-        })
-    }
-}
-
-pub(crate) type Method<I> =
-    Arc<dyn Fn(MethodInput<I>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync>;
+pub(crate) type Method<I, D> = Arc<
+    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync,
+>;
 
 /// The methods of every class: class → method name → handler.
-pub(crate) type Methods<I> = BTreeMap<String, BTreeMap<String, Method<I>>>;
+pub(crate) type Methods<I, D> = BTreeMap<String, BTreeMap<String, Method<I, D>>>;
 
 #[cfg(test)]
 mod tests;

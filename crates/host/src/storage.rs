@@ -10,8 +10,6 @@
 //! of the storage id, and reports what it could and could not delete; run
 //! again, it finishes what a crash or a failure left.
 
-use std::path::{Path, PathBuf};
-
 use durability_alarms::AlarmIndex;
 use durability_ownership::{
     ClassName, DeleteLock, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
@@ -19,15 +17,12 @@ use durability_ownership::{
 };
 
 use crate::error::HostError;
+use crate::store::{ObjectStore, TombstoneState};
 
 /// How many schema objects one delete-all page drops (one transaction), and
 /// how many alarm jobs a storage deletion lists per page: at most
 /// 128 keys per storage page.
 pub const DELETE_PAGE: usize = 128;
-
-/// The tombstone file a deleted storage id leaves under the object root
-/// (`<root>/<storage id>/TOMBSTONE`).
-pub const TOMBSTONE_FILE: &str = "TOMBSTONE";
 
 /// Options of `Host::delete_all`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -83,8 +78,8 @@ pub struct StorageDeleteReport {
     /// storage id). `false` when it was already gone or names a newer
     /// storage id (a redeploy, which the deletion leaves alone).
     pub pointer_removed: bool,
-    /// Object databases deleted (`.sqlite` files; their `-wal` / `-shm`
-    /// companions go with them).
+    /// Objects deleted (the object store's
+    /// [`crate::store::ObjectStore::delete_object`] found and removed them).
     pub objects_deleted: usize,
     /// Alarm jobs of the storage id removed from the index.
     pub jobs_deleted: usize,
@@ -99,47 +94,11 @@ impl StorageDeleteReport {
     }
 }
 
-/// The tombstone path of `storage` under `root`.
-pub(crate) fn tombstone_path(root: &Path, storage: &StorageId) -> PathBuf {
-    root.join(storage.as_str()).join(TOMBSTONE_FILE)
-}
-
-/// Whether `storage` was deleted (its tombstone exists under `root`).
-pub(crate) fn tombstoned(root: &Path, storage: &StorageId) -> bool {
-    tombstone_path(root, storage).exists()
-}
-
-/// Writes the tombstone durably: a temporary file, fsynced, renamed over
-/// the tombstone, and the directory fsynced.
-fn write_tombstone(
-    root: &Path,
-    storage: &StorageId,
-    lifecycle: &LifecycleId,
-    state: &str,
-) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let dir = root.join(storage.as_str());
-    std::fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!("{TOMBSTONE_FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        writeln!(
-            f,
-            "storage_id={}\nlifecycle={}\nstate={state}",
-            storage.as_str(),
-            lifecycle.as_str()
-        )?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(TOMBSTONE_FILE))?;
-    std::fs::File::open(&dir)?.sync_all()
-}
-
-/// Deletes a whole storage id: every object database under
-/// `<root>/<storage_id>`, every alarm job of the storage id, and the
-/// lifecycle's active storage pointer when it still names this storage id;
-/// the storage id is tombstoned, so no host serves it again
-/// (`Host::start` refuses a tombstoned storage id).
+/// Deletes a whole storage id: every object the object store lists for
+/// it, whatever else the store holds for it, every alarm job of the
+/// storage id, and the lifecycle's active storage pointer when it still
+/// names this storage id; the storage id is tombstoned, so no host serves
+/// it again (`Host::start` refuses a tombstoned storage id).
 ///
 /// In order, each step idempotent so that a run after a crash or a failure
 /// finishes the deletion:
@@ -153,9 +112,10 @@ fn write_tombstone(
 ///    discard themselves when they come due. A pointer that names another
 ///    storage id (a redeploy) is left alone: the deletion is fenced to its
 ///    own storage id.
-/// 3. The object files are deleted (a host still holding one open writes
-///    into a file nobody will read; its commits are refused once its lease
-///    budget runs out).
+/// 3. The objects are listed page by page and deleted one by one, then
+///    whatever else the store holds for the storage id (a host still
+///    holding an object open writes into storage nobody will read; its
+///    commits are refused once its lease budget runs out).
 /// 4. The alarm jobs whose object id starts with `<storage_id>:` are listed
 ///    page by page and removed at their listed token; a job replaced
 ///    meanwhile (a late alarm write of an old host) is reported and
@@ -169,32 +129,31 @@ fn write_tombstone(
 ///
 /// # Errors
 /// [`HostError::InvalidSetting`] for a malformed storage or lifecycle id
-/// (nothing is touched); [`HostError::Ownership`] when the lease store
-/// cannot be read or written, and [`HostError::Storage`] when the tombstone
-/// cannot be written (run it again). Failures to delete a file or a job
-/// are not errors: they are listed in the report.
-pub async fn delete_storage_id<S, I>(
+/// or object store setting (nothing is touched); [`HostError::Ownership`]
+/// when the lease store cannot be read or written, and
+/// [`HostError::Storage`] when the tombstone cannot be written (run it
+/// again). Failures to delete an object or a job are not errors: they are
+/// listed in the report.
+pub async fn delete_storage_id<S, I, O>(
     lease_store: &S,
     alarm_index: &I,
-    root: &Path,
+    objects: &O,
     lifecycle: &str,
     storage_id: &str,
 ) -> Result<StorageDeleteReport, HostError>
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     let bad = |setting: &'static str| {
         move |e: durability_ownership::OwnershipError| HostError::setting(setting, e.to_string())
     };
     let storage = StorageId::new(storage_id).map_err(bad("storage_id"))?;
     let lifecycle = LifecycleId::new(lifecycle).map_err(bad("lifecycle"))?;
-    if root.as_os_str().is_empty() {
-        return Err(HostError::setting(
-            "root",
-            "the object storage root is empty",
-        ));
-    }
+    objects
+        .validate()
+        .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
     let mut report = StorageDeleteReport {
         storage_id: storage.as_str().to_owned(),
         ..StorageDeleteReport::default()
@@ -207,31 +166,57 @@ where
         ShardCount::new(1).map_err(bad("shard_count"))?,
     )
     .map_err(bad("storage_id"))?;
-    let tombstone_error = |e: std::io::Error| {
-        HostError::Storage(durability_scheduler::StorageError::backend(
-            format!("write the tombstone of storage {}", storage.as_str()),
-            e,
-        ))
-    };
 
     // 1. Tombstone first.
-    write_tombstone(root, &storage, &lifecycle, "deleting").map_err(tombstone_error)?;
+    objects.write_tombstone(&storage, &lifecycle, TombstoneState::Deleting)?;
 
     // 2. Lock and remove the pointer when it names this storage.
-    let snapshot = lease_store.snapshot(&scope, &lifecycle).await?;
-    let ours = snapshot.active_storage.as_ref() == Some(&storage);
+    let holds_lock = take_pointer(lease_store, &scope, &lifecycle, &storage, &mut report).await?;
+
+    // 3. The objects; 4. the alarm jobs.
+    delete_objects(objects, &storage, &mut report).await;
+    delete_jobs(alarm_index, &storage, &mut report).await;
+
+    // 5. Release the lock, mark the tombstone.
+    if holds_lock && let Err(e) = lease_store.set_delete_lock(&lifecycle, None).await {
+        report.failures.push(DeleteFailure {
+            what: format!("delete lock of lifecycle {}", lifecycle.as_str()),
+            error: e.to_string(),
+        });
+    }
+    if report.complete() {
+        objects.write_tombstone(&storage, &lifecycle, TombstoneState::Deleted)?;
+    }
+    tracing::info!(
+        event = "durability.host.storage_deleted",
+        storage_id = storage.as_str(),
+        objects = report.objects_deleted,
+        jobs = report.jobs_deleted,
+        failures = report.failures.len(),
+        "storage id deleted"
+    );
+    Ok(report)
+}
+
+/// Step 2 of [`delete_storage_id`]: when the active storage pointer names
+/// this storage, the whole-delete lock is taken and the pointer removed.
+/// Whether this deletion holds the lock (to release at the end).
+async fn take_pointer<S: LeaseStore + LifecycleAdmin>(
+    lease_store: &S,
+    scope: &OwnerScope,
+    lifecycle: &LifecycleId,
+    storage: &StorageId,
+    report: &mut StorageDeleteReport,
+) -> Result<bool, HostError> {
+    let snapshot = lease_store.snapshot(scope, lifecycle).await?;
+    let ours = snapshot.active_storage.as_ref() == Some(storage);
     if ours {
         lease_store
-            .set_delete_lock(&lifecycle, Some(DeleteLock::Whole))
+            .set_delete_lock(lifecycle, Some(DeleteLock::Whole))
             .await?;
-        lease_store.set_active_storage(&lifecycle, None).await?;
+        lease_store.set_active_storage(lifecycle, None).await?;
         report.pointer_removed = true;
     }
-    // A whole lock with no pointer is this deletion's own (an earlier run
-    // stopped before releasing it); with a pointer to another storage it
-    // belongs to someone else and stays.
-    let holds_lock = ours
-        || (snapshot.active_storage.is_none() && snapshot.delete_lock == Some(DeleteLock::Whole));
     tracing::info!(
         event = "durability.host.storage_delete_started",
         storage_id = storage.as_str(),
@@ -239,11 +224,58 @@ where
         pointer_removed = report.pointer_removed,
         "deleting a storage id"
     );
+    // A whole lock with no pointer is this deletion's own (an earlier run
+    // stopped before releasing it); with a pointer to another storage it
+    // belongs to someone else and stays.
+    Ok(ours
+        || (snapshot.active_storage.is_none() && snapshot.delete_lock == Some(DeleteLock::Whole)))
+}
 
-    // 3. The object files.
-    delete_files(&root.join(storage.as_str()), &mut report);
+/// Step 3 of [`delete_storage_id`]: every listed object, then the rest.
+async fn delete_objects<O: ObjectStore>(
+    objects: &O,
+    storage: &StorageId,
+    report: &mut StorageDeleteReport,
+) {
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = match objects.list(storage, cursor.as_deref(), DELETE_PAGE).await {
+            Ok(page) => page,
+            Err(e) => {
+                report.failures.push(DeleteFailure {
+                    what: format!("objects of storage {}", storage.as_str()),
+                    error: e.to_string(),
+                });
+                return;
+            }
+        };
+        for object in &page.objects {
+            match objects.delete_object(storage, object).await {
+                Ok(true) => report.objects_deleted += 1,
+                Ok(false) => {}
+                Err(e) => report.failures.push(DeleteFailure {
+                    what: format!("object {}:{}", object.class, object.name),
+                    error: e.to_string(),
+                }),
+            }
+        }
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    for (what, error) in objects.delete_rest(storage).await {
+        report.failures.push(DeleteFailure { what, error });
+    }
+}
 
-    // 4. The alarm jobs.
+/// Step 4 of [`delete_storage_id`]: the storage id's alarm jobs, page by
+/// page, each at its listed token.
+async fn delete_jobs<I: AlarmIndex>(
+    alarm_index: &I,
+    storage: &StorageId,
+    report: &mut StorageDeleteReport,
+) {
     let prefix = format!("{}:", storage.as_str());
     let mut cursor: Option<String> = None;
     loop {
@@ -257,7 +289,7 @@ where
                     what: format!("alarm jobs of {prefix}*"),
                     error: e.to_string(),
                 });
-                break;
+                return;
             }
         };
         for (object, job) in &page.jobs {
@@ -282,79 +314,7 @@ where
         }
         match page.cursor {
             Some(next) => cursor = Some(next),
-            None => break,
-        }
-    }
-
-    // 5. Release the lock, mark the tombstone.
-    if holds_lock && let Err(e) = lease_store.set_delete_lock(&lifecycle, None).await {
-        report.failures.push(DeleteFailure {
-            what: format!("delete lock of lifecycle {}", lifecycle.as_str()),
-            error: e.to_string(),
-        });
-    }
-    if report.complete() {
-        write_tombstone(root, &storage, &lifecycle, "deleted").map_err(tombstone_error)?;
-    }
-    tracing::info!(
-        event = "durability.host.storage_deleted",
-        storage_id = storage.as_str(),
-        objects = report.objects_deleted,
-        jobs = report.jobs_deleted,
-        failures = report.failures.len(),
-        "storage id deleted"
-    );
-    Ok(report)
-}
-
-/// Deletes every file under `dir` except the tombstone, then the empty
-/// directories; failures go to the report.
-fn delete_files(dir: &Path, report: &mut StorageDeleteReport) {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-        Err(e) => {
-            report.failures.push(DeleteFailure {
-                what: dir.display().to_string(),
-                error: e.to_string(),
-            });
-            return;
-        }
-    };
-    for entry in entries {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => {
-                report.failures.push(DeleteFailure {
-                    what: dir.display().to_string(),
-                    error: e.to_string(),
-                });
-                continue;
-            }
-        };
-        let path = entry.path();
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if is_dir {
-            delete_files(&path, report);
-            // Not empty when something inside failed: that is reported.
-            let _ = std::fs::remove_dir(&path);
-            continue;
-        }
-        let name = entry.file_name();
-        if name == TOMBSTONE_FILE {
-            continue;
-        }
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                if path.extension().is_some_and(|e| e == "sqlite") {
-                    report.objects_deleted += 1;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => report.failures.push(DeleteFailure {
-                what: path.display().to_string(),
-                error: e.to_string(),
-            }),
+            None => return,
         }
     }
 }

@@ -77,6 +77,7 @@ pub mod listing;
 mod manager;
 pub mod memory;
 mod metrics;
+mod readopt;
 mod record;
 mod scope;
 mod settings;
@@ -102,6 +103,7 @@ pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{
     AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,
 };
+pub use readopt::Readoption;
 pub use record::{
     Generation, MAX_OWNER_ENDPOINT_BYTES, OwnerEndpoint, OwnerRecord, RECORD_VERSION,
     RecordTemplate,

@@ -26,72 +26,83 @@
 //!   [`HostError::OwnerUnreachable`], also `owner_unavailable`), with a
 //!   fixed message: no task id or endpoint reaches the tenant.
 
-use std::convert::Infallible;
-
 use durability_alarms::AlarmIndex;
 use durability_ownership::{
     Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerScope, Resolution, TaskId,
 };
+use futures::future::BoxFuture;
 
-use super::{ObjectRef, bump};
+use super::rules::{Answer, Rules, refused};
+use super::{Kind, ObjectRef, RunHere, bump};
 use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
-use crate::rpc::MethodInput;
-use crate::transport::{ConnectInvoke, ConnectReply, OwnerHeaders, REDISCOVERY_CODES, Reply};
+use crate::object::MethodInput;
+use crate::protocol::{
+    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, Transport,
+};
+use crate::store::ObjectStore;
 
-/// The rediscovery reason of a valid trusted owner hint.
-const HINTED: &str = "owner_hint";
+impl Kind for ConnectInvoke {
+    type Out = Socket;
+    const NAME: &'static str = "connect";
+    const HANDOFF: bool = true;
 
-/// How one connect attempt ended.
-enum Attempt {
-    Done(Result<Socket, HostError>),
-    /// A valid trusted owner hint or a trusted pre-dispatch refusal:
-    /// rediscover once through the router.
-    Rediscover(String),
+    fn rules(&self) -> Rules {
+        Rules::CONNECT
+    }
+
+    fn send<'a>(
+        &'a self,
+        transport: &'a dyn Transport,
+        endpoint: &'a Endpoint,
+        token: &'a InternalToken,
+        key: &'a str,
+    ) -> BoxFuture<'a, Answer<Socket>> {
+        Box::pin(async move {
+            match transport.connect(endpoint, token, self, key).await {
+                ConnectReply::Upgraded { socket, owner } => Answer::Reply(Reply::Ok {
+                    result: socket,
+                    owner,
+                }),
+                ConnectReply::Hint(owner) => Answer::Handoff(owner),
+                ConnectReply::Refused(reply) => Answer::Reply(refused(reply)),
+            }
+        })
+    }
 }
 
-/// What a caller makes of a connect that was not upgraded and carried no
-/// valid hint: `Ok` is a trusted pre-dispatch refusal (rediscover once
-/// with that code), `Err` the final error. Broad ownership errors,
-/// unmarked failures and malformed handoffs are `owner_unavailable`.
-pub(crate) fn after_refusal(reply: Reply<Infallible>) -> Result<String, HostError> {
-    match reply {
-        Reply::Ok { result, .. } => match result {},
-        Reply::Ownership { code } if REDISCOVERY_CODES.contains(&code.as_str()) => Ok(code),
-        Reply::Ownership { .. } => Err(HostError::OwnerUnavailable {
-            reason: "a broad ownership refusal of the connect".to_owned(),
-        }),
-        Reply::Failed {
-            status,
-            code,
-            message,
-            details,
-        } => Err(HostError::Remote {
-            status,
-            code,
-            message,
-            details,
-        }),
-        Reply::NotSent { reason } => Err(HostError::OwnerUnreachable { reason }),
-        Reply::Unmarked { reason } | Reply::ResultUnknown { reason } => {
-            Err(HostError::OwnerUnavailable { reason })
-        }
+impl<S, I, O: ObjectStore> RunHere<S, I, O> for ConnectInvoke
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    /// Admits the session here and opens it over an in-memory pipe.
+    async fn run_here<'a>(
+        &'a self,
+        host: &'a Host<S, I, O>,
+        expect: Option<u64>,
+    ) -> Result<(Socket, OwnerHeaders), HostError> {
+        let session = host.connect_local(self, expect).await?;
+        let owner = session.owner.clone();
+        let (client, server) = Socket::pair().await;
+        tokio::spawn(session.run(server));
+        Ok((client, owner))
     }
 }
 
 /// An admitted session, not yet running: the owner's headers go on the
 /// `101`, then [`Session::run`] runs the class's handler.
-pub(crate) struct Session<I> {
-    input: MethodInput<I>,
-    hold: SessionHold<I>,
-    connector: Connector<I>,
+pub(crate) struct Session<I, D> {
+    input: MethodInput<I, D>,
+    hold: SessionHold<I, D>,
+    connector: Connector<I, D>,
     request: ConnectRequest,
     /// The owner's trusted headers (this host).
     pub(crate) owner: OwnerHeaders,
 }
 
-impl<I: Send + Sync + 'static> Session<I> {
+impl<I: Send + Sync + 'static, D: Send + Sync + 'static> Session<I, D> {
     /// Runs the handler on `socket` until it returns or the session must
     /// end (scope lost, host draining): then its future is dropped, which
     /// closes the connection.
@@ -124,15 +135,15 @@ impl<I: Send + Sync + 'static> Session<I> {
 }
 
 /// What a host answers a connect it was sent.
-pub(crate) enum Served<I> {
+pub(crate) enum Served<I, D> {
     /// Upgrade: this host owns the scope at the fence (or, unfenced,
     /// resolved it here).
-    Upgrade(Session<I>),
+    Upgrade(Session<I, D>),
     /// Hand off: another task owns the scope.
     Hint(OwnerHeaders),
 }
 
-impl<S, I> ObjectRef<S, I>
+impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
@@ -157,166 +168,21 @@ where
     /// [`Host::call`].
     pub async fn connect(&self, request: ConnectRequest) -> Result<Socket, HostError> {
         let request = request.validate()?;
-        let scope = self.host.scope_for(&self.class, &self.name)?;
-        let invoke = ConnectInvoke {
+        self.routed(ConnectInvoke {
             class: self.class.clone(),
             name: self.name.clone(),
             request,
             fence: None,
-        };
-        self.host.route_connect(&scope, &invoke).await
+        })
+        .await
     }
 }
 
-impl<S, I> Host<S, I>
+impl<S, I, O: ObjectStore> Host<S, I, O>
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    async fn route_connect(
-        &self,
-        scope: &OwnerScope,
-        invoke: &ConnectInvoke,
-    ) -> Result<Socket, HostError> {
-        let routing = self.routing();
-        let me = self.ownership().task().clone();
-        let mut rediscoveries = 1;
-        let mut first = routing
-            .hints
-            .get(scope)
-            .filter(|h| h.task != me)
-            .inspect(|_| bump(&routing.counters.direct));
-        loop {
-            let attempt = match first.take() {
-                Some(hint) => {
-                    self.send_connect(
-                        scope,
-                        invoke,
-                        &hint.task,
-                        hint.generation,
-                        hint.endpoint.as_ref(),
-                    )
-                    .await
-                }
-                None => self.route_connect_once(scope, invoke).await,
-            };
-            match attempt {
-                Attempt::Done(result) => return result,
-                Attempt::Rediscover(code) if rediscoveries > 0 => {
-                    rediscoveries -= 1;
-                    self.evict(scope);
-                    bump(&routing.counters.rediscoveries);
-                    tracing::debug!(
-                        event = "durability.host.connect_rediscover",
-                        scope = %scope,
-                        code,
-                        "the connect was not upgraded before dispatch; rediscovering once"
-                    );
-                }
-                Attempt::Rediscover(code) => {
-                    self.evict(scope);
-                    if code == HINTED {
-                        return Err(HostError::OwnerUnavailable {
-                            reason: "a second owner hint after the one rediscovery".to_owned(),
-                        });
-                    }
-                    return Err(HostError::remote_ownership(&code));
-                }
-            }
-        }
-    }
-
-    /// One pass through this host's router: resolve, then open the session
-    /// here or hand it off to the owner (connect there directly, fenced).
-    async fn route_connect_once(&self, scope: &OwnerScope, invoke: &ConnectInvoke) -> Attempt {
-        let routing = self.routing();
-        let resolution = match self.ownership().resolve(scope, self.lifecycle()).await {
-            Ok(r) => r,
-            Err(e) => return Attempt::Done(Err(HostError::Ownership(e))),
-        };
-        match resolution {
-            Resolution::Local(_) => {
-                self.evict_quiet(scope);
-                bump(&routing.counters.local);
-                match self.connect_local(invoke, None).await {
-                    Ok(session) => Attempt::Done(Ok(self.open_here(session).await)),
-                    Err(HostError::NotOwner { .. }) => Attempt::Rediscover("owner_race".to_owned()),
-                    Err(e) => Attempt::Done(Err(e)),
-                }
-            }
-            Resolution::Remote {
-                task,
-                generation,
-                endpoint,
-            } => {
-                bump(&routing.counters.handoffs);
-                tracing::debug!(
-                    event = "durability.host.connect_handoff",
-                    scope = %scope,
-                    owner = task.as_str(),
-                    generation = generation.get(),
-                    "owned by another host; connecting to the owner directly"
-                );
-                self.send_connect(scope, invoke, &task, generation, endpoint.as_ref())
-                    .await
-            }
-        }
-    }
-
-    /// Starts an admitted session here and returns the caller's end.
-    async fn open_here(&self, session: Session<I>) -> Socket {
-        let (client, server) = Socket::pair().await;
-        tokio::spawn(session.run(server));
-        client
-    }
-
-    /// Sends `invoke` fenced at (`task`, `generation`) to the owner's
-    /// endpoint and classifies the answer.
-    async fn send_connect(
-        &self,
-        scope: &OwnerScope,
-        invoke: &ConnectInvoke,
-        task: &TaskId,
-        generation: Generation,
-        advertised: Option<&OwnerEndpoint>,
-    ) -> Attempt {
-        let routing = self.routing();
-        let (token, endpoint, fence) = match self.send_target(scope, task, generation, advertised) {
-            Ok(t) => t,
-            Err(e) => return Attempt::Done(Err(e)),
-        };
-        let mut fenced = invoke.clone();
-        fenced.fence = Some(fence);
-        let reply = routing
-            .transport
-            .connect(&endpoint, token, &fenced, scope.host_id())
-            .await;
-        let refusal = match reply {
-            ConnectReply::Upgraded { socket, owner } => {
-                self.learn_hint(scope, task, generation, advertised, owner.as_ref());
-                return Attempt::Done(Ok(socket));
-            }
-            ConnectReply::Hint(_) => return Attempt::Rediscover(HINTED.to_owned()),
-            ConnectReply::Refused(reply) => after_refusal(reply),
-        };
-        match refusal {
-            Ok(code) => Attempt::Rediscover(code),
-            Err(e) => {
-                if !matches!(e, HostError::Remote { .. }) {
-                    self.evict(scope);
-                    tracing::warn!(
-                        event = "durability.host.connect_untrusted",
-                        scope = %scope,
-                        owner = task.as_str(),
-                        reason = %format!("{e:?}"),
-                        "no trusted upgrade from the owner; hint evicted, no fallback"
-                    );
-                }
-                Attempt::Done(Err(e))
-            }
-        }
-    }
-
     /// Serves a connect that arrived over the transport. Fenced: it
     /// upgrades only if the fence names this task and admission finds this
     /// task's claim at the fence's generation; otherwise a handoff to the
@@ -326,7 +192,7 @@ where
     pub(crate) async fn serve_connect(
         &self,
         invoke: ConnectInvoke,
-    ) -> Result<Served<I>, HostError> {
+    ) -> Result<Served<I, O::Storage>, HostError> {
         let routing = self.routing();
         bump(&routing.counters.served);
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
@@ -395,11 +261,11 @@ where
 
     /// Admits a session with the class's connect handler here (see
     /// [`Host::admit_session`]); with `expect`, only at that generation.
-    async fn connect_local(
+    pub(super) async fn connect_local(
         &self,
         invoke: &ConnectInvoke,
         expect: Option<u64>,
-    ) -> Result<Session<I>, HostError> {
+    ) -> Result<Session<I, O::Storage>, HostError> {
         let connector = self
             .routing()
             .connectors
@@ -410,17 +276,9 @@ where
                 method: "connect".to_owned(),
             })?;
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
-        let (input, hold) = match self
+        let (input, hold) = self
             .admit_session(&invoke.class, &invoke.name, expect)
-            .await
-        {
-            Err(HostError::NotOwner { .. }) if expect.is_some() => {
-                return Err(HostError::StaleFence {
-                    generation: expect.unwrap_or(0),
-                });
-            }
-            other => other?,
-        };
+            .await?;
         bump(&self.routing().counters.upgrades);
         let generation = input.generation;
         Ok(Session {
@@ -428,12 +286,7 @@ where
             hold,
             connector,
             request: invoke.request.clone(),
-            owner: OwnerHeaders {
-                task: self.ownership().task().as_str().to_owned(),
-                generation,
-                key: scope.host_id().to_owned(),
-                endpoint: self.endpoint().map(str::to_owned),
-            },
+            owner: self.own_headers(&scope, generation),
         })
     }
 }

@@ -370,7 +370,8 @@ fn client_calls_reach_the_facade_one_outcome_each_and_match_its_stats() {
                 durability_host::HostError::OwnerUnavailable { .. }
             ));
             assert_eq!(remote(call().await.unwrap_err()), "draining");
-            assert_eq!(remote(call().await.unwrap_err()), "stale_owner");
+            // The last trusted code, as a host's own router reports it.
+            assert_eq!(remote(call().await.unwrap_err()), "owner_race");
             // 9: refused by the client, nothing sent: invalid.
             assert!(client.call("Counter", "c1", "", Value::Null).await.is_err());
             (client.stats(), transport.sent())

@@ -365,3 +365,106 @@ async fn debug_output_names_the_host_but_never_its_internal_token() {
     assert!(!shown.contains(TOKEN), "the host leaks its token: {shown}");
     host.shutdown().await;
 }
+
+/// A class as a type: it knows its name.
+struct Ledger;
+
+impl durability_host::Class for Ledger {
+    const NAME: &'static str = "Ledger";
+}
+
+impl Ledger {
+    fn add(
+        tx: &mut durability_scheduler::Transaction<
+            '_,
+            '_,
+            durability_storage_sqlite::SqliteStorage,
+        >,
+        n: i64,
+    ) -> Result<i64, durability_scheduler::StorageError> {
+        let sql = |e| durability_scheduler::StorageError::backend("ledger", e);
+        tx.sql()
+            .execute_batch("CREATE TABLE IF NOT EXISTS ledger (n INTEGER NOT NULL)")
+            .map_err(sql)?;
+        tx.sql()
+            .execute("INSERT INTO ledger (n) VALUES (?1)", [n])
+            .map_err(sql)?;
+        tx.sql()
+            .query_row("SELECT SUM(n) FROM ledger", [], |r| r.get(0))
+            .map_err(sql)
+    }
+}
+
+#[tokio::test]
+async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
+    let w = World::new();
+    let config = w
+        .config("a")
+        .class_of(|_ctx| Ok::<_, BoxError>(Ledger))
+        .method(
+            "add",
+            |h: Handle<Ledger, SqliteAlarmIndex>, args: Value| async move {
+                let n = args["n"].as_i64().unwrap_or(0);
+                let total = h.scheduler.transaction(|tx| Ledger::add(tx, n))?;
+                Ok(json!({ "total": total }))
+            },
+        )
+        .done();
+    let host: TestHost = TestHost::start(config).await.unwrap();
+    let l1 = host.object_of::<Ledger>("l1");
+    assert_eq!(
+        l1.call("add", json!({"n": 2})).await.unwrap(),
+        json!({"total": 2})
+    );
+    // No turbofish, no class name: the type says both.
+    assert_eq!(l1.transaction(|_, tx| Ledger::add(tx, 3)).await.unwrap(), 5);
+    let generation = l1
+        .run(|h| async move { Ok::<_, BoxError>(h.generation) })
+        .await
+        .unwrap();
+    assert!(generation > 0);
+    // The wire keeps the class name: the untyped path reaches the same
+    // object, in the same scope.
+    assert_eq!(
+        host.object("Ledger", "l1")
+            .call("add", json!({"n": 1}))
+            .await
+            .unwrap(),
+        json!({"total": 6})
+    );
+    assert_eq!(
+        host.scope_for(<Ledger as durability_host::Class>::NAME, "l1")
+            .unwrap()
+            .to_string(),
+        host.scope_for("Ledger", "l1").unwrap().to_string()
+    );
+    assert_eq!(l1.by_name().class(), "Ledger");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn another_object_store_plugs_in_through_with_store_and_typed_ids() {
+    use durability_host::{HostIds, SqliteObjectStore};
+    use durability_ownership::{LifecycleId, StorageId, TaskId};
+    let w = World::new();
+    let ids = HostIds {
+        storage: StorageId::new(crate::support::STORAGE).unwrap(),
+        lifecycle: LifecycleId::new(crate::support::LIFECYCLE).unwrap(),
+        task: TaskId::new("a").unwrap(),
+    };
+    // The ids were checked when they were made: a bad one never reaches a
+    // configuration.
+    assert!(StorageId::new("bad:id").is_err());
+    let config =
+        HostConfig::with_store(w.store(), w.index(), SqliteObjectStore::new(w.root()), ids)
+            .clock(Arc::new(w.clock.clone()))
+            .create_active_storage_if_absent(true)
+            .class_of(|_ctx| Ok::<_, BoxError>(Ledger))
+            .done();
+    let host: TestHost = TestHost::start(config).await.unwrap();
+    let l1 = host.object_of::<Ledger>("l1");
+    assert_eq!(l1.transaction(|_, tx| Ledger::add(tx, 4)).await.unwrap(), 4);
+    assert_eq!(host.probe().task, "a");
+    assert_eq!(host.probe().storage_id, crate::support::STORAGE);
+    host.shutdown().await;
+}

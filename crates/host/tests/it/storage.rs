@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use durability_alarms::{AlarmIndex, Token};
-use durability_host::{DeleteAll, Host, HostError, TOMBSTONE_FILE, delete_storage_id};
+use durability_host::{
+    DeleteAll, Host, HostError, SqliteObjectStore, TOMBSTONE_FILE, delete_storage_id,
+};
 use durability_ownership::{
     ClassName, DeleteLock, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, OwnershipError,
     ShardCount, StorageId,
@@ -337,7 +339,7 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
         let report = delete_storage_id(
             store.as_ref(),
             w.index().as_ref(),
-            &w.root(),
+            &SqliteObjectStore::new(w.root()),
             LIFECYCLE,
             STORAGE,
         )
@@ -362,7 +364,7 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
         let again = delete_storage_id(
             store.as_ref(),
             w.index().as_ref(),
-            &w.root(),
+            &SqliteObjectStore::new(w.root()),
             LIFECYCLE,
             STORAGE,
         )
@@ -387,7 +389,7 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
     let report = delete_storage_id(
         store.as_ref(),
         w.index().as_ref(),
-        &w.root(),
+        &SqliteObjectStore::new(w.root()),
         LIFECYCLE,
         STORAGE,
     )
@@ -405,7 +407,7 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
     let err = delete_storage_id(
         store.as_ref(),
         w.index().as_ref(),
-        &w.root(),
+        &SqliteObjectStore::new(w.root()),
         LIFECYCLE,
         "bad:id",
     )
@@ -437,9 +439,15 @@ async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_
         .execute_batch("DROP TABLE durability_alarm_index_jobs")
         .unwrap();
     let store = w.store();
-    let report = delete_storage_id(store.as_ref(), &index, &w.root(), LIFECYCLE, STORAGE)
-        .await
-        .unwrap();
+    let report = delete_storage_id(
+        store.as_ref(),
+        &index,
+        &SqliteObjectStore::new(w.root()),
+        LIFECYCLE,
+        STORAGE,
+    )
+    .await
+    .unwrap();
     eprintln!("partial: {report:?}");
     assert!(!report.complete());
     assert_eq!(report.objects_deleted, 1, "what could be deleted was");

@@ -3,15 +3,19 @@
 //! `owner_unavailable` (no task id, endpoint or shard key of the response
 //! in the error, its message or its diagnostics).
 
+use std::convert::Infallible;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 
-use super::after_refusal;
 use crate::error::HostError;
-use crate::transport::{
+use crate::protocol::{
     CONNECT_HINT_HEADER, CONNECT_HINT_VALUE, ConnectReply, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
+    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER, Reply,
     classify_connect,
+};
+use crate::routing::rules::{
+    Answer, Budget, Rules, Source, Verdict, decide, error_of as rule_error,
 };
 
 const KEY: &str = "st1:Counter:17";
@@ -52,6 +56,23 @@ fn envelope() -> Result<Bytes, String> {
     Ok(Bytes::from_static(
         br#"{"error":"owner_hint","message":"Connect to the owner"}"#,
     ))
+}
+
+/// The router's reading of a refused connect from an owner's endpoint,
+/// with the rediscovery still to spend: `Ok` the code it rediscovers
+/// after, `Err` the final error.
+fn after_refusal(reply: Reply<Infallible>) -> Result<String, HostError> {
+    let code = match &reply {
+        Reply::Ownership { code } => code.clone(),
+        _ => String::new(),
+    };
+    let rules = Rules::CONNECT;
+    let (seen, _) = Answer::<()>::Reply(super::refused(reply.clone())).split();
+    match decide(&rules, Source::Owner, Budget::new(&rules), seen).verdict {
+        Verdict::Rediscover => Ok(code),
+        Verdict::Fail(failure) => Err(rule_error(failure, Some(reply))),
+        other => panic!("a refusal is never {other:?}"),
+    }
 }
 
 /// The error a caller ends with for a non-hint answer.

@@ -3,25 +3,17 @@
 //! the transport module docs). The send path, the failure classifier and
 //! the internal `POST` builder are the invoke's own.
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
 use bytes::Bytes;
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
-use super::{HttpTransport, admitted_body, error_response, internal_post, put_owner_headers};
-use crate::fetch::{FetchRequest, FetchResponse};
-use crate::host::Host;
-use crate::transport::{
+use super::{HttpTransport, internal_post};
+use crate::fetch::FetchResponse;
+use crate::protocol::{
     Endpoint, FETCH_PATH, FetchInvoke, InternalToken, MAX_FETCH_META_BYTES, MAX_FETCH_WIRE_BYTES,
     Reply,
 };
 
-const OCTET_STREAM: &str = "application/octet-stream";
+pub(crate) const OCTET_STREAM: &str = "application/octet-stream";
 
 /// One line of JSON metadata, a newline, the body.
 pub(crate) fn encode_frame(meta: &Value, body: &[u8]) -> Bytes {
@@ -119,74 +111,5 @@ impl HttpTransport {
         };
         self.round_trip(http_request, MAX_FETCH_WIRE_BYTES, parse_response)
             .await
-    }
-}
-
-/// `POST /internal/do/fetch`: token, fence, the frame under its cap (an
-/// oversized Content-Length refused before reading), the limits, then
-/// [`Host::serve_fetch`].
-pub(super) async fn fetch_endpoint<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
-    let (fence, frame) = match admitted_body(&host, &headers, body, MAX_FETCH_WIRE_BYTES).await {
-        Ok(admitted) => admitted,
-        Err(refused) => return refused,
-    };
-    let (meta, body): (WireFetch, Bytes) = match split_frame(&frame) {
-        Ok(parts) => parts,
-        Err(reason) => {
-            return error_response(
-                400,
-                "invalid_request",
-                &format!(
-                    "the fetch is not {{ class, name, method, url, headers }} + body: {reason}"
-                ),
-                false,
-            );
-        }
-    };
-    let request = FetchRequest {
-        method: meta.method,
-        url: meta.url,
-        headers: meta.headers,
-        body,
-    }
-    .validate();
-    let result = match request {
-        Ok(request) => {
-            host.serve_fetch(FetchInvoke {
-                class: meta.class,
-                name: meta.name,
-                request,
-                fence,
-            })
-            .await
-        }
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok((response, owner)) => {
-            let frame = encode_frame(
-                &json!({ "status": response.status, "headers": response.headers }),
-                &response.body,
-            );
-            let mut out = Response::new(Body::from(frame));
-            out.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static(OCTET_STREAM),
-            );
-            put_owner_headers(out.headers_mut(), &owner);
-            out
-        }
-        Err(e) => {
-            let wire = e.wire();
-            error_response(wire.status, &wire.code, &wire.message, wire.marked)
-        }
     }
 }

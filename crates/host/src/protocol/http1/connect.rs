@@ -5,14 +5,10 @@
 //! token check and the fence reader are the invoke's own.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse as _, Response};
+use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin, TaskId};
+use durability_ownership::TaskId;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -21,28 +17,26 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::{
-    HttpTransport, SendFailure, classify_with, content_length, error_response, fence_of,
-    internal_request, owner_headers, put_owner_headers, read_capped, refused,
+    HttpTransport, SendFailure, classify_with, content_length, internal_request, owner_headers,
+    read_capped,
 };
-use crate::connect::{ConnectRequest, Socket};
-use crate::host::Host;
-use crate::routing::Served;
-use crate::transport::{
+use crate::connect::Socket;
+use crate::protocol::{
     CONNECT_HINT_HEADER, CONNECT_HINT_STATUS, CONNECT_HINT_VALUE, CONNECT_META_HEADER,
     CONNECT_PATH, ConnectInvoke, ConnectReply, Endpoint, InternalToken, MAX_ENDPOINT_BYTES,
-    MAX_FETCH_META_BYTES, OWNERSHIP_ERROR_HEADER, OwnerHeaders, Reply,
+    OWNERSHIP_ERROR_HEADER, Reply,
 };
 
 /// The largest body of a connect refusal or handoff a caller reads.
-const MAX_CONNECT_REFUSAL_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_CONNECT_REFUSAL_BYTES: usize = 64 * 1024;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireConnect {
-    class: String,
-    name: String,
-    url: String,
-    headers: Vec<(String, String)>,
+pub(crate) struct WireConnect {
+    pub(crate) class: String,
+    pub(crate) name: String,
+    pub(crate) url: String,
+    pub(crate) headers: Vec<(String, String)>,
 }
 
 /// The caller's reading of a connect answer that is not a `101`: a
@@ -100,7 +94,7 @@ pub(crate) fn classify_connect(
 }
 
 /// The tenant's request as the one-line JSON of [`CONNECT_META_HEADER`].
-fn meta_header(invoke: &ConnectInvoke) -> Result<HeaderValue, String> {
+pub(crate) fn meta_header(invoke: &ConnectInvoke) -> Result<HeaderValue, String> {
     let meta = serde_json::to_vec(&json!({
         "class": invoke.class,
         "name": invoke.name,
@@ -194,151 +188,4 @@ impl HttpTransport {
             Err(_) => unmarked("the upgrade timed out"),
         }
     }
-}
-
-/// Whether header `name` lists `token` (comma-separated, any case).
-fn lists(headers: &HeaderMap, name: http::header::HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    })
-}
-
-/// The hint-only handoff: the trusted control status, the marker and the
-/// owner's headers; nothing is upgraded.
-fn handoff_response(owner: &OwnerHeaders) -> Response {
-    let mut response = (
-        StatusCode::from_u16(CONNECT_HINT_STATUS).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-        axum::Json(json!({ "error": "owner_hint", "message": "Connect to the owner" })),
-    )
-        .into_response();
-    let h = response.headers_mut();
-    h.insert(
-        CONNECT_HINT_HEADER,
-        HeaderValue::from_static(CONNECT_HINT_VALUE),
-    );
-    put_owner_headers(h, owner);
-    response
-}
-
-/// `GET /internal/do/connect`: token, fence, the upgrade headers, the
-/// tenant's request under the fetch limits, then [`Host::serve_connect`];
-/// `101` only when this host admitted the session as the owner.
-pub(super) async fn connect_endpoint<S, I>(
-    State(host): State<Arc<Host<S, I>>>,
-    request: Request,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
-    let (mut parts, _body) = request.into_parts();
-    let headers = &parts.headers;
-    if let Some(refused) = refused(&host, headers) {
-        host.count_refused_auth();
-        return refused;
-    }
-    let fence = match fence_of(headers) {
-        Ok(f) => f,
-        Err(reason) => return error_response(400, "invalid_fence", reason, false),
-    };
-    let ws_key = headers
-        .get(http::header::SEC_WEBSOCKET_KEY)
-        .filter(|k| !k.is_empty())
-        .map(|k| k.as_bytes().to_vec());
-    let upgrade = lists(headers, http::header::UPGRADE, "websocket")
-        && lists(headers, http::header::CONNECTION, "upgrade")
-        && headers
-            .get(http::header::SEC_WEBSOCKET_VERSION)
-            .is_some_and(|v| v.as_bytes() == b"13");
-    let (Some(ws_key), true) = (ws_key, upgrade) else {
-        return error_response(
-            400,
-            "invalid_request",
-            "the connect is not a WebSocket upgrade",
-            false,
-        );
-    };
-    let Some(meta) = headers.get(CONNECT_META_HEADER) else {
-        return error_response(400, "invalid_request", "the connect names no object", false);
-    };
-    if meta.len() > MAX_FETCH_META_BYTES {
-        return error_response(
-            413,
-            "request_too_large",
-            &format!("the connect metadata is over {MAX_FETCH_META_BYTES} bytes"),
-            false,
-        );
-    }
-    let wire: WireConnect = match serde_json::from_slice(meta.as_bytes()) {
-        Ok(w) => w,
-        Err(e) => {
-            return error_response(
-                400,
-                "invalid_request",
-                &format!("the connect is not {{ class, name, url, headers }}: {e}"),
-                false,
-            );
-        }
-    };
-    let checked = ConnectRequest {
-        url: wire.url,
-        headers: wire.headers,
-    }
-    .validate();
-    let served = match checked {
-        Ok(request) => {
-            host.serve_connect(ConnectInvoke {
-                class: wire.class,
-                name: wire.name,
-                request,
-                fence,
-            })
-            .await
-        }
-        Err(e) => Err(e),
-    };
-    let session = match served {
-        Ok(Served::Upgrade(session)) => session,
-        Ok(Served::Hint(owner)) => return handoff_response(&owner),
-        Err(e) => {
-            let wire = e.wire();
-            return error_response(wire.status, &wire.code, &wire.message, wire.marked);
-        }
-    };
-    let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
-        return error_response(
-            400,
-            "invalid_request",
-            "the connection cannot be upgraded",
-            false,
-        );
-    };
-    let mut response = Response::new(axum::body::Body::empty());
-    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = response.headers_mut();
-    h.insert(
-        http::header::CONNECTION,
-        HeaderValue::from_static("upgrade"),
-    );
-    h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(&ws_key)) {
-        h.insert(http::header::SEC_WEBSOCKET_ACCEPT, accept);
-    }
-    put_owner_headers(h, &session.owner);
-    tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(io) => {
-                let socket = Socket::over(Box::new(TokioIo::new(io)), Role::Server).await;
-                session.run(socket).await;
-            }
-            Err(e) => tracing::warn!(
-                event = "durability.host.connect_upgrade_failed",
-                scope = session.owner.key,
-                error = %e,
-                "the caller went away before the upgrade completed; the session is dropped"
-            ),
-        }
-    });
-    response
 }

@@ -1,54 +1,9 @@
-//! Calls between hosts: the wire (paths, control headers, envelopes), the
-//! [`Transport`] trait a caller sends invokes through, and the HTTP/1.1
-//! implementation ([`HttpTransport`] and [`serve`]).
-//!
-//! This module is the only network code of the host. What it carries:
-//!
-//! - `POST /internal/do/invoke`: `{ class, name, method, args }`, with the
-//!   shared internal token in [`AUTH_HEADER`] and, on a forwarded or
-//!   cached-direct call, the route fence in [`ROUTE_TASK_HEADER`] /
-//!   [`ROUTE_GENERATION_HEADER`]. A fenced invoke is never forwarded again:
-//!   the receiver runs it or answers a trusted stale-owner error.
-//! - Success: `200 { "ok": true, "result": … }` with the owner's trusted
-//!   headers ([`OWNER_TASK_HEADER`], [`OWNER_GENERATION_HEADER`],
-//!   [`OWNER_KEY_HEADER`], [`OWNER_ENDPOINT_HEADER`]).
-//! - Failure: `{ error, message, details? }`; a pre-dispatch ownership
-//!   refusal is a `503` whose [`OWNERSHIP_ERROR_HEADER`] marker repeats the
-//!   code.
-//! - `POST /internal/do/alarm`: an alarm delivery for an object this host
-//!   owns, claimed by another host's dispatcher: `{ object, token,
-//!   scheduledAt, attempt, finalAttempt }` with the token and the route
-//!   fence (always). The receiver admits it only at the fence's task and
-//!   generation and answers `200` with one of the dispatch response
-//!   variants of `durability_alarms` (`encode_dispatch_outcome`), read
-//!   back under their 16 KiB cap and 5 s body deadline.
-//! - `POST /internal/do/fetch`: a tenant fetch ([`crate::fetch`]) with the
-//!   token and, on a forwarded or cached-direct fetch, the route fence.
-//!   The body is one line of JSON metadata, `{ class, name, method, url,
-//!   headers: [[name, value], …] }`, a newline, then the tenant's body
-//!   bytes (at most [`MAX_FETCH_WIRE_BYTES`] in all). The owner answers
-//!   `200` with its trusted headers and a body framed the same way: `{
-//!   status, headers }`, a newline, the tenant's response body. The
-//!   tenant's own status (a 503 included) is inside that frame, so it is
-//!   never taken for a transport status. Refusals are error envelopes, as
-//!   for invokes.
-//! - `GET /internal/do/connect`: a WebSocket upgrade ([`crate::connect`])
-//!   with the token, on a cached-direct or handed-off connect the route
-//!   fence, and the tenant's request as one line of JSON in
-//!   [`CONNECT_META_HEADER`] (`{ class, name, url, headers }`, checked
-//!   against the fetch limits before dispatch). Only the owner answers
-//!   `101`, after admission at the fence's generation, with its trusted
-//!   owner headers. A host that does not own the scope never upgrades: it
-//!   answers a hint-only handoff, a `503` whose [`CONNECT_HINT_HEADER`]
-//!   marker is [`CONNECT_HINT_VALUE`], with the owner's task, generation,
-//!   scope key and endpoint in the owner headers (or a trusted
-//!   `stale_owner` when it knows no other owner). Refusals are error
-//!   envelopes, as for invokes.
-//! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
-//!   `GET /internal/do/probe` needs the token.
+//! The protocol between hosts: requests, replies, limits, headers,
+//! the internal token, endpoints and the HTTP/1.1 client. Public through
+//! [`crate::transport`].
 
 mod endpoint;
-mod http1;
+pub(crate) mod http1;
 
 use std::fmt;
 
@@ -56,7 +11,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
-pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport, serve};
+pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport};
 
 #[cfg(test)]
 pub(crate) use http1::classify_connect;
@@ -103,9 +58,7 @@ pub const CONNECT_HINT_VALUE: &str = "connect";
 /// The status of a connect handoff: the trusted control status (as for a
 /// trusted ownership refusal).
 pub const CONNECT_HINT_STATUS: u16 = 503;
-/// Every control header prefix: a request's or response's headers under it
-/// that the host did not set itself are stripped.
-pub const CONTROL_HEADER_PREFIX: &str = "x-durability-";
+pub use crate::fetch::CONTROL_HEADER_PREFIX;
 
 /// The largest invoke body a host reads: the arguments' cap plus room for
 /// the class, the name and the method.
@@ -122,22 +75,7 @@ pub const MAX_FETCH_META_BYTES: usize =
 /// cap plus the metadata cap.
 pub const MAX_FETCH_WIRE_BYTES: usize = crate::fetch::MAX_BODY_BYTES + MAX_FETCH_META_BYTES;
 
-/// Trusted ownership errors that keep their code across hosts (each a
-/// `503` with the marker); any other marked code or status becomes
-/// `owner_unavailable`.
-pub const TRUSTED_OWNERSHIP_CODES: &[&str] = &[
-    "stale_owner",
-    "owner_race",
-    "draining",
-    "lease_expired",
-    "storage_inactive",
-    "worker_delete_locked",
-    "owner_store_unavailable",
-];
-
-/// The pre-dispatch subset: one router rediscovery is allowed after these,
-/// for any method and RPC.
-pub const REDISCOVERY_CODES: &[&str] = &["stale_owner", "owner_race"];
+pub use crate::error::{REDISCOVERY_CODES, TRUSTED_OWNERSHIP_CODES};
 
 /// A route fence: the owner a forwarded or cached-direct call was sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]

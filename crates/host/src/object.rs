@@ -1,0 +1,102 @@
+//! What an object class's code gets: [`ObjectCtx`] when the object is
+//! built, [`Handle`] in every call, and the untyped input a registered
+//! handler is called with.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use durability_alarms::Alarms;
+use durability_scheduler::{ObjectId, Scheduler};
+
+use crate::store::DefaultStorage;
+
+/// An object class as a type: the type knows its class name, so a caller
+/// names the class once, by type (`host.object_of::<Cart>("cart-42")`), and
+/// a handler registered on [`crate::HostConfig::class_of`]'s builder gets a
+/// [`Handle`] of exactly that type. The name is what crosses the wire
+/// (object ids, owner scopes, invokes), so renaming a class is a storage
+/// change.
+///
+/// ```
+/// use durability_host::Class;
+///
+/// struct Cart;
+///
+/// impl Class for Cart {
+///     const NAME: &'static str = "Cart";
+/// }
+/// assert_eq!(Cart::NAME, "Cart");
+/// ```
+pub trait Class: Send + Sync + 'static {
+    /// The class name (the object-class grammar of the ownership crate).
+    const NAME: &'static str;
+}
+
+/// What an object's factory gets: the object's identity, its scheduler
+/// (storage, one alarm, clock) and its alarms.
+pub struct ObjectCtx<I, D = DefaultStorage> {
+    /// The object's class.
+    pub class: String,
+    /// The object's name within its class.
+    pub name: String,
+    /// The object id (`<storage id>:<class>:<name>`).
+    pub id: ObjectId,
+    /// The object's scheduler; its storage is fenced at the scope's claim.
+    pub scheduler: Scheduler<D>,
+    /// The object's alarm (backed by the host's alarm index).
+    pub alarms: Alarms<D, I>,
+}
+
+impl<I, D> std::fmt::Debug for ObjectCtx<I, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectCtx")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An object as its class's factory built it (type-erased).
+pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
+
+/// An open object, as a call body gets it.
+pub struct Handle<T, I, D = DefaultStorage> {
+    /// The object (what its class's factory built).
+    pub object: Arc<T>,
+    /// Its scheduler (storage, one alarm, clock); transactions commit
+    /// through the storage fence.
+    pub scheduler: Scheduler<D>,
+    /// Its alarm.
+    pub alarms: Alarms<D, I>,
+    /// The generation the call runs under.
+    pub generation: u64,
+}
+
+impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("scheduler", &self.scheduler)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a registered method gets besides its arguments.
+pub(crate) struct MethodInput<I, D> {
+    pub(crate) instance: Instance,
+    pub(crate) scheduler: Scheduler<D>,
+    pub(crate) alarms: Alarms<D, I>,
+    pub(crate) generation: u64,
+}
+
+impl<I, D> MethodInput<I, D> {
+    /// The typed handle, or `None` when the object is not a `T`.
+    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I, D>> {
+        let object = self.instance.downcast::<T>().ok()?;
+        Some(Handle {
+            object,
+            scheduler: self.scheduler,
+            alarms: self.alarms,
+            generation: self.generation,
+        })
+    }
+}

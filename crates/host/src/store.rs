@@ -1,0 +1,164 @@
+//! Object storage behind one trait: [`ObjectStore`].
+//!
+//! The host reaches every object's storage through an [`ObjectStore`]: it
+//! opens an object's storage (which the host then fences at the scope's
+//! claim through [`ObjectFence`]), clears one object's own data page by
+//! page, lists a storage id's objects, deletes one object, deletes what a
+//! storage id leaves, and keeps the storage id's tombstone. The store is
+//! the only part of the host that knows the backend: the SQLite directory
+//! ([`sqlite::SqliteObjectStore`], the default, one file per object) is
+//! one module, and another backend is one more module implementing this
+//! trait.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use durability_alarms::AlarmTx;
+use durability_ownership::{LifecycleId, ObjectFence, StorageId};
+use durability_scheduler::{Storage, StorageError};
+
+pub mod sqlite;
+
+/// The object store a host uses when none is named: the SQLite directory.
+pub type DefaultObjectStore = sqlite::SqliteObjectStore;
+
+/// The storage type of [`DefaultObjectStore`]'s objects (what
+/// [`crate::Handle`] and [`crate::ObjectCtx`] default to).
+pub type DefaultStorage = <DefaultObjectStore as ObjectStore>::Storage;
+
+/// The transaction type of an object store's storage.
+pub type StoreTx<'t, O> = <<O as ObjectStore>::Storage as Storage>::Tx<'t>;
+
+/// One object of a storage id, as a store lists it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// The object's class.
+    pub class: String,
+    /// The object's name within its class.
+    pub name: String,
+}
+
+/// One page of [`ObjectStore::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectPage {
+    /// The objects of the page, in the store's order.
+    pub objects: Vec<ObjectKey>,
+    /// Where the next page starts; `None` after the last page.
+    pub cursor: Option<String>,
+}
+
+/// The state a tombstone records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TombstoneState {
+    /// A deletion started (and may not have finished).
+    Deleting,
+    /// The deletion finished with nothing left behind.
+    Deleted,
+}
+
+impl TombstoneState {
+    /// The state's stored word (`deleting` or `deleted`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deleting => "deleting",
+            Self::Deleted => "deleted",
+        }
+    }
+}
+
+/// Where a host's objects are stored.
+///
+/// Every method is fenced to one storage id. Implementations must make
+/// [`ObjectStore::open`] idempotent (the same object opens the same data
+/// every time, from any host of the deployment), must refuse a commit
+/// that the fence refuses (see [`ObjectFence`]), and must write the
+/// tombstone durably before [`ObjectStore::write_tombstone`] returns.
+pub trait ObjectStore: Send + Sync + 'static {
+    /// One object's transactional storage: the scheduler's storage, with
+    /// the alarm rows, fenced at the owner's claim.
+    type Storage: for<'t> Storage<Tx<'t>: AlarmTx> + ObjectFence + Sync;
+
+    /// Checks the store's own settings (before a host writes anything).
+    ///
+    /// # Errors
+    /// The setting's name and what is wrong with it.
+    fn validate(&self) -> Result<(), (&'static str, String)>;
+
+    /// Makes the store ready to hold `storage`'s objects (called at start,
+    /// after the lifecycle records were checked).
+    ///
+    /// # Errors
+    /// The setting's name and why the store cannot hold the storage id.
+    fn prepare(&self, storage: &StorageId) -> Result<(), (&'static str, String)>;
+
+    /// Where `storage`'s tombstone is, when it was deleted.
+    fn tombstone(&self, storage: &StorageId) -> Option<String>;
+
+    /// Writes `storage`'s tombstone durably, in `state`.
+    ///
+    /// # Errors
+    /// A backend failure (nothing is known to be written).
+    fn write_tombstone(
+        &self,
+        storage: &StorageId,
+        lifecycle: &LifecycleId,
+        state: TombstoneState,
+    ) -> Result<(), StorageError>;
+
+    /// Opens one object's storage, creating it when absent. The host
+    /// fences it (through [`ObjectFence`]) before the first dispatch.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn open(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<Arc<Self::Storage>, StorageError>> + Send;
+
+    /// Drops at most `limit` of the object's own schema objects (never the
+    /// capabilities' reserved ones) inside `tx`: the names dropped and
+    /// whether more may be left. One page of a paged delete-all.
+    ///
+    /// # Errors
+    /// A backend failure; the transaction rolls back.
+    fn drop_own_page(
+        tx: &mut StoreTx<'_, Self>,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StorageError>;
+
+    /// The capabilities with a stored due time, by name.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn due_capabilities(tx: &mut StoreTx<'_, Self>) -> Result<Vec<String>, StorageError>;
+
+    /// Lists at most `limit` objects of `storage` after `cursor`.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn list(
+        &self,
+        storage: &StorageId,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send;
+
+    /// Deletes one object's storage; `false` when it was already gone.
+    ///
+    /// # Errors
+    /// A backend failure (the object may be partly deleted; run again).
+    fn delete_object(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<bool, StorageError>> + Send;
+
+    /// Deletes whatever `storage` still holds besides its tombstone (after
+    /// its objects were deleted one by one): what could not be deleted, by
+    /// name, with the reason.
+    fn delete_rest(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Vec<(String, String)>> + Send;
+}

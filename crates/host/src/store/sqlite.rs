@@ -1,0 +1,331 @@
+//! The SQLite directory: one SQLite file per object under a root every
+//! host of the deployment shares (`<root>/<storage id>/<class>/<name>.sqlite`),
+//! and the storage id's tombstone file beside them. The only module of the
+//! host that knows SQLite.
+//!
+//! A name is its own file name when it is a plain `[A-Za-z0-9_-]` word of
+//! at most 200 bytes, else `~` and its UTF-8 bytes in hex, split into
+//! directories of at most 200 characters (file names stay short, and the
+//! two forms never collide: `~` is not a plain character).
+//!
+//! The directory is for one machine: SQLite's WAL does not work on a
+//! network file system.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use durability_ownership::{LifecycleId, StorageId};
+use durability_scheduler::StorageError;
+/// Options of every object database (the SQLite backend's).
+pub use durability_storage_sqlite::SqliteOptions;
+use durability_storage_sqlite::SqliteStorage;
+
+use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
+
+#[cfg(test)]
+mod tests;
+
+/// The tombstone file a deleted storage id leaves under the object root
+/// (`<root>/<storage id>/TOMBSTONE`).
+pub const TOMBSTONE_FILE: &str = "TOMBSTONE";
+
+/// The extension of an object database.
+const EXTENSION: &str = "sqlite";
+
+/// The SQLite files that belong to one object database besides itself.
+const COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// One SQLite file per object under `root` (see the module docs).
+#[derive(Debug, Clone)]
+pub struct SqliteObjectStore {
+    root: PathBuf,
+    options: SqliteOptions,
+}
+
+impl SqliteObjectStore {
+    /// The directory at `root`, with default options.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            options: SqliteOptions::default(),
+        }
+    }
+
+    /// Options of every object database.
+    #[must_use]
+    pub fn options(mut self, options: SqliteOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn storage_dir(&self, storage: &StorageId) -> PathBuf {
+        self.root.join(storage.as_str())
+    }
+
+    /// The file of an object.
+    fn object_path(&self, storage: &StorageId, object: &ObjectKey) -> PathBuf {
+        object_path(&self.root, storage.as_str(), &object.class, &object.name)
+    }
+}
+
+/// The file of object `name` of `class` (see the module docs).
+fn object_path(root: &Path, storage: &str, class: &str, name: &str) -> PathBuf {
+    let mut path = root.join(storage).join(class);
+    let plain = !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if plain {
+        return path.join(format!("{name}.{EXTENSION}"));
+    }
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    let mut encoded = format!("~{hex}");
+    while encoded.len() > 200 {
+        let rest = encoded.split_off(200);
+        path = path.join(&encoded);
+        encoded = format!("~{rest}");
+    }
+    path.join(format!("{encoded}.{EXTENSION}"))
+}
+
+/// The object a file under the storage directory holds (`relative` is
+/// `<class>/<name parts…>.sqlite`), or `None` for anything else.
+fn object_of(relative: &Path) -> Option<ObjectKey> {
+    let mut parts = relative.iter().map(|p| p.to_str());
+    let class = parts.next()??.to_owned();
+    let parts: Vec<&str> = parts.collect::<Option<_>>()?;
+    let (last, dirs) = parts.split_last()?;
+    let last = last.strip_suffix(&format!(".{EXTENSION}"))?;
+    if dirs.is_empty() && !last.starts_with('~') {
+        return Some(ObjectKey {
+            class,
+            name: last.to_owned(),
+        });
+    }
+    let mut hex = String::new();
+    for part in dirs.iter().chain(std::iter::once(&last)) {
+        hex.push_str(part.strip_prefix('~')?);
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let name = String::from_utf8(bytes).ok()?;
+    // Only the canonical spelling names the object.
+    (object_path(Path::new(""), "", &class, &name) == Path::new("").join(relative))
+        .then_some(ObjectKey { class, name })
+}
+
+/// Every object database file under `dir`, as paths relative to `base`.
+fn object_files(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            object_files(base, &path, out)?;
+        } else if path.extension().is_some_and(|e| e == EXTENSION)
+            && let Ok(relative) = path.strip_prefix(base)
+        {
+            out.push(relative.to_path_buf());
+        }
+    }
+    Ok(())
+}
+
+fn io_error(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
+    move |e| StorageError::backend(what, e)
+}
+
+impl ObjectStore for SqliteObjectStore {
+    type Storage = SqliteStorage;
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.root.as_os_str().is_empty() {
+            return Err(("root", "the object storage root is empty".to_owned()));
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, storage: &StorageId) -> Result<(), (&'static str, String)> {
+        std::fs::create_dir_all(self.storage_dir(storage)).map_err(|e| {
+            (
+                "root",
+                format!("cannot create {}: {e}", self.root.display()),
+            )
+        })
+    }
+
+    fn tombstone(&self, storage: &StorageId) -> Option<String> {
+        let path = self.storage_dir(storage).join(TOMBSTONE_FILE);
+        path.exists().then(|| path.display().to_string())
+    }
+
+    /// A temporary file, fsynced, renamed over the tombstone, and the
+    /// directory fsynced.
+    fn write_tombstone(
+        &self,
+        storage: &StorageId,
+        lifecycle: &LifecycleId,
+        state: TombstoneState,
+    ) -> Result<(), StorageError> {
+        use std::io::Write as _;
+        let dir = self.storage_dir(storage);
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            let tmp = dir.join(format!("{TOMBSTONE_FILE}.tmp"));
+            {
+                let mut f = std::fs::File::create(&tmp)?;
+                writeln!(
+                    f,
+                    "storage_id={}\nlifecycle={}\nstate={}",
+                    storage.as_str(),
+                    lifecycle.as_str(),
+                    state.as_str()
+                )?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, dir.join(TOMBSTONE_FILE))?;
+            std::fs::File::open(&dir)?.sync_all()
+        };
+        write().map_err(io_error(format!(
+            "write the tombstone of storage {}",
+            storage.as_str()
+        )))
+    }
+
+    fn open(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<Arc<SqliteStorage>, StorageError>> + Send {
+        let path = self.object_path(storage, object);
+        let open = || {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(io_error(format!("create {}", dir.display())))?;
+            }
+            SqliteStorage::open(&path, self.options).map(Arc::new)
+        };
+        std::future::ready(open())
+    }
+
+    fn drop_own_page(
+        tx: &mut StoreTx<'_, Self>,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StorageError> {
+        tx.drop_own_schema_objects(limit)
+    }
+
+    fn due_capabilities(tx: &mut StoreTx<'_, Self>) -> Result<Vec<String>, StorageError> {
+        tx.due_capabilities()
+    }
+
+    /// Sorted by relative path; the cursor is the last path listed.
+    fn list(
+        &self,
+        storage: &StorageId,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send {
+        let base = self.storage_dir(storage);
+        let list = || {
+            let mut files = Vec::new();
+            object_files(&base, &base, &mut files)
+                .map_err(io_error(format!("list {}", base.display())))?;
+            let mut files: Vec<(String, ObjectKey)> = files
+                .iter()
+                .filter_map(|f| Some((f.to_str()?.to_owned(), object_of(f)?)))
+                .filter(|(f, _)| cursor.is_none_or(|c| f.as_str() > c))
+                .collect();
+            files.sort();
+            let more = files.len() > limit;
+            files.truncate(limit);
+            Ok(ObjectPage {
+                cursor: more.then(|| files.last().map(|(f, _)| f.clone())).flatten(),
+                objects: files.into_iter().map(|(_, o)| o).collect(),
+            })
+        };
+        std::future::ready(list())
+    }
+
+    fn delete_object(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<bool, StorageError>> + Send {
+        let path = self.object_path(storage, object);
+        let delete = || {
+            for companion in COMPANIONS {
+                let mut file = path.clone().into_os_string();
+                file.push(companion);
+                remove(Path::new(&file))?;
+            }
+            remove(&path)
+        };
+        std::future::ready(delete())
+    }
+
+    fn delete_rest(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Vec<(String, String)>> + Send {
+        let mut failures = Vec::new();
+        delete_files(&self.storage_dir(storage), &mut failures);
+        std::future::ready(failures)
+    }
+}
+
+/// Removes a file; `false` when it was not there.
+fn remove(path: &Path) -> Result<bool, StorageError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StorageError::backend(path.display().to_string(), e)),
+    }
+}
+
+/// Deletes every file under `dir` except the tombstone, then the empty
+/// directories; failures go to `failures`.
+fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            failures.push((dir.display().to_string(), e.to_string()));
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                failures.push((dir.display().to_string(), e.to_string()));
+                continue;
+            }
+        };
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            delete_files(&path, failures);
+            // Not empty when something inside failed: that is reported.
+            let _ = std::fs::remove_dir(&path);
+            continue;
+        }
+        if entry.file_name() == TOMBSTONE_FILE {
+            continue;
+        }
+        if let Err(e) = remove(&path) {
+            failures.push((path.display().to_string(), e.to_string()));
+        }
+    }
+}

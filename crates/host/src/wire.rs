@@ -1,0 +1,381 @@
+//! The wire: the internal HTTP/1.1 endpoints a host serves to other
+//! hosts and clients ([`serve`]): invoke, fetch, connect, alarm, probe,
+//! health and metrics, each checking the internal token and the route
+//! fence before the host admits anything.
+
+use crate::error::HostError;
+use crate::host::Host;
+use crate::protocol::http1::*;
+use crate::protocol::{
+    ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH,
+    InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
+    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
+    OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence, envelope,
+};
+use crate::rpc::RpcArgs;
+use crate::store::ObjectStore;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use durability_alarms::{
+    AlarmIndex, Delivery, ObjectId, Token, encode_dispatch_outcome, validate_time,
+};
+use durability_ownership::{LeaseStore, LifecycleAdmin};
+use serde_json::Value;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+mod connect;
+mod fetch;
+
+/// Serves `host`'s internal endpoints on `listener` until `stop` is
+/// cancelled.
+///
+/// # Errors
+/// [`HostError::Transport`] when the server fails.
+pub async fn serve<S, I, O: ObjectStore>(
+    host: Host<S, I, O>,
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) -> Result<(), HostError>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    let app = Router::new()
+        .route(INVOKE_PATH, post(invoke::<S, I, O>))
+        .route(ALARM_PATH, post(alarm::<S, I, O>))
+        .route(FETCH_PATH, post(fetch::fetch_endpoint::<S, I, O>))
+        .route(CONNECT_PATH, get(connect::connect_endpoint::<S, I, O>))
+        .route(PROBE_PATH, get(probe::<S, I, O>))
+        .route(HEALTH_PATH, get(|| async { "ok" }))
+        .route(METRICS_PATH, get(metrics::<S, I, O>))
+        .with_state(Arc::new(host));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .map_err(|e| HostError::Transport {
+            reason: format!("the server failed: {e}"),
+        })
+}
+
+pub(crate) fn error_response(status: u16, code: &str, message: &str, marked: bool) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, axum::Json(envelope(code, message, None))).into_response();
+    if marked && let Ok(v) = HeaderValue::from_str(code) {
+        response.headers_mut().insert(OWNERSHIP_ERROR_HEADER, v);
+    }
+    response
+}
+
+/// `None` when authorized, else the refusal.
+pub(crate) fn refused<S, I, O: ObjectStore>(
+    host: &Host<S, I, O>,
+    headers: &HeaderMap,
+) -> Option<Response>
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    let Some(token) = host.internal_token() else {
+        return Some(error_response(
+            401,
+            "unauthorized",
+            "internal endpoints are disabled (no internal token configured)",
+            false,
+        ));
+    };
+    match headers.get(AUTH_HEADER) {
+        Some(v) if token.matches(v.as_bytes()) => None,
+        _ => Some(error_response(
+            401,
+            "unauthorized",
+            "missing or wrong internal token",
+            false,
+        )),
+    }
+}
+
+/// The common front of every internal `POST` that may carry a route
+/// fence (invoke, fetch, alarm delivery): the token (a refusal is
+/// counted), the fence headers, then the body under `cap` (an oversized
+/// Content-Length refused before reading). `Err` is the response to send.
+pub(crate) async fn admitted_body<S, I, O: ObjectStore>(
+    host: &Host<S, I, O>,
+    headers: &HeaderMap,
+    body: Body,
+    cap: usize,
+) -> Result<(Option<RouteFence>, Bytes), Response>
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+{
+    if let Some(refused) = refused(host, headers) {
+        host.count_refused_auth();
+        return Err(refused);
+    }
+    let fence =
+        fence_of(headers).map_err(|reason| error_response(400, "invalid_fence", reason, false))?;
+    let bytes = read_capped(body, cap, content_length(headers))
+        .await
+        .map_err(|reason| error_response(413, "request_too_large", &reason, false))?;
+    Ok((fence, bytes))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WireInvoke {
+    class: String,
+    name: String,
+    method: String,
+    args: Value,
+}
+
+pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'static str> {
+    let task = headers.get(ROUTE_TASK_HEADER);
+    let generation = headers.get(ROUTE_GENERATION_HEADER);
+    match (task, generation) {
+        (None, None) => Ok(None),
+        (Some(task), Some(generation)) => {
+            let task = task
+                .to_str()
+                .ok()
+                .filter(|t| durability_ownership::TaskId::new(t).is_ok())
+                .ok_or("the route fence's task is malformed")?;
+            let generation = generation
+                .to_str()
+                .ok()
+                .and_then(parse_generation)
+                .ok_or("the route fence's generation is not a positive safe integer")?;
+            Ok(Some(RouteFence {
+                task: task.to_owned(),
+                generation,
+            }))
+        }
+        _ => Err("a route fence carries both its task and its generation"),
+    }
+}
+
+pub(crate) async fn invoke<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_INVOKE_BODY_BYTES).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
+    };
+    let wire: WireInvoke = match serde_json::from_slice(&bytes) {
+        Ok(w) => w,
+        Err(e) => {
+            return error_response(
+                400,
+                "invalid_request",
+                &format!("the invoke is not {{ class, name, method, args }}: {e}"),
+                false,
+            );
+        }
+    };
+    let result = match RpcArgs::new(wire.args) {
+        Ok(args) => {
+            host.serve_invoke(InvokeRequest {
+                class: wire.class,
+                name: wire.name,
+                method: wire.method,
+                args,
+                fence,
+            })
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok((value, owner)) => {
+            let mut response =
+                axum::Json(serde_json::json!({ "ok": true, "result": value })).into_response();
+            put_owner_headers(response.headers_mut(), &owner);
+            response
+        }
+        Err(e) => {
+            let wire = e.wire();
+            error_response(wire.status, &wire.code, &wire.message, wire.marked)
+        }
+    }
+}
+
+/// Sets the owner's trusted headers on a success response.
+pub(crate) fn put_owner_headers(h: &mut HeaderMap, owner: &OwnerHeaders) {
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    };
+    put(OWNER_TASK_HEADER, &owner.task);
+    put(OWNER_GENERATION_HEADER, &owner.generation.to_string());
+    put(OWNER_KEY_HEADER, &owner.key);
+    if let Some(e) = &owner.endpoint {
+        put(OWNER_ENDPOINT_HEADER, e);
+    }
+}
+
+/// The largest alarm delivery body a host reads.
+pub(crate) const MAX_ALARM_BODY_BYTES: usize = 4 * 1024;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct WireAlarm {
+    object: String,
+    token: String,
+    scheduled_at: i64,
+    attempt: u32,
+    final_attempt: bool,
+}
+
+impl WireAlarm {
+    fn delivery(self) -> Result<Delivery, String> {
+        let object = ObjectId::new(&self.object).map_err(|e| format!("object: {e}"))?;
+        let token = Token::new(self.token).map_err(|e| format!("token: {e}"))?;
+        let scheduled_at =
+            validate_time(self.scheduled_at).map_err(|e| format!("scheduledAt: {e}"))?;
+        if self.attempt == 0 {
+            return Err("attempt: tries count from 1".to_owned());
+        }
+        Ok(Delivery {
+            object,
+            token,
+            scheduled_at,
+            attempt: self.attempt,
+            final_attempt: self.final_attempt,
+        })
+    }
+}
+
+pub(crate) async fn alarm<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_ALARM_BODY_BYTES).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
+    };
+    let Some(fence) = fence else {
+        return error_response(
+            400,
+            "invalid_fence",
+            "an alarm delivery carries its route fence",
+            false,
+        );
+    };
+    let delivery = serde_json::from_slice::<WireAlarm>(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(WireAlarm::delivery);
+    let delivery = match delivery {
+        Ok(d) => d,
+        Err(reason) => {
+            return error_response(
+                400,
+                "invalid_request",
+                &format!(
+                    "the alarm is not {{ object, token, scheduledAt, attempt, finalAttempt }}: {reason}"
+                ),
+                false,
+            );
+        }
+    };
+    let outcome = host.serve_alarm(AlarmRequest { delivery, fence }).await;
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        encode_dispatch_outcome(&outcome),
+    )
+        .into_response()
+}
+
+pub(crate) async fn probe<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+    headers: HeaderMap,
+) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    if let Some(refused) = refused(&host, &headers) {
+        host.count_refused_auth();
+        return refused;
+    }
+    let p = host.probe();
+    let scopes: Vec<Value> = p
+        .scopes
+        .iter()
+        .map(|s| serde_json::json!({ "scope": s.scope, "generation": s.generation }))
+        .collect();
+    axum::Json(serde_json::json!({
+        "task": p.task,
+        "endpoint": p.endpoint,
+        "storageId": p.storage_id,
+        "state": p.state,
+        "inFlight": p.in_flight,
+        "openObjects": p.open_objects,
+        "scopes": scopes,
+    }))
+    .into_response()
+}
+
+pub(crate) async fn metrics<S, I, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    let p = host.probe();
+    let r = p.routing;
+    let d = p.dispatch;
+    let text = format!(
+        "do_in_flight {}\n\
+         do_dispatches{{outcome=\"completed\"}} {}\n\
+         do_dispatches{{outcome=\"handler_failed\"}} {}\n\
+         do_dispatches{{outcome=\"refused_not_owner\"}} {}\n\
+         do_routed_calls{{path=\"local\"}} {}\n\
+         do_routed_calls{{path=\"forwarded\"}} {}\n\
+         do_routed_calls{{path=\"direct\"}} {}\n\
+         do_route_rediscoveries {}\n\
+         do_route_hint_evictions {}\n\
+         do_route_endpoint_refusals {}\n\
+         do_internal_auth_refusals {}\n\
+         do_invokes_served {}\n\
+         do_connect_handoffs {}\n\
+         do_connect_upgrades {}\n\
+         do_alarm_deliveries_forwarded {}\n\
+         do_alarm_deliveries_served {}\n",
+        p.in_flight,
+        d.completed,
+        d.handler_failed,
+        d.refused_not_owner,
+        r.local,
+        r.forwarded,
+        r.direct,
+        r.rediscoveries,
+        r.hint_evictions,
+        r.endpoint_refusals,
+        r.auth_refusals,
+        r.served,
+        r.handoffs,
+        r.upgrades,
+        r.alarms_forwarded,
+        r.alarms_served,
+    );
+    text.into_response()
+}
