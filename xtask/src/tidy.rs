@@ -1513,3 +1513,48 @@ fn the_function_scan_measures_bodies_and_skips_declarations() {
         vec![(1, "a".to_owned(), 3), (12, "b".to_owned(), 8)]
     );
 }
+
+/// The `durability.host.*` events named in `text` after `marker` up to the
+/// next blank line (the host notes' event list).
+fn listed_host_events(text: &str, marker: &str) -> Vec<String> {
+    let start = text.find(marker).expect("the host notes list their events");
+    let list = &text[start..];
+    let list = &list[..list.find("\n\n").unwrap_or(list.len())];
+    let mut names: Vec<String> = list
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn the_host_event_list_names_every_emitted_event() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/host/src"), &mut files);
+    let mut emitted: Vec<String> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("host source reads");
+        for part in text.split("event = \"durability.host.").skip(1) {
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            emitted.push(name);
+        }
+    }
+    emitted.sort();
+    emitted.dedup();
+    assert!(emitted.len() > 10, "the tidy check found the host's events");
+    let notes = std::fs::read_to_string(root().join("crates/host/docs/runtime.md"))
+        .expect("the host's runtime notes exist");
+    let listed = listed_host_events(&notes, "keeps this list exact):");
+    assert_eq!(
+        listed, emitted,
+        "crates/host/docs/runtime.md's event list differs from the events the host emits"
+    );
+}

@@ -31,7 +31,10 @@
 //!   dispatch; it is closed when the scope is lost. Residency as
 //!   `DO_PREVENT_EVICTION` says ([`Residency`]).
 //! - **Fenced dispatch**: every call and alarm delivery is admitted
-//!   (`Ownership::admit`: task, generation, lease budget, lifecycle),
+//!   (`Ownership::admit`: task, generation and lease budget; with the
+//!   default `Admission::Snapshot` also the owner record, the active storage
+//!   pointer and the delete lock in one store snapshot, while
+//!   `Admission::Cached` trusts the last claim or renew for those),
 //!   counted in flight, run under the watchdog (`Ownership::watch`), and
 //!   commits through the object's storage fence (generation, holder and
 //!   lease budget checked inside the storage's transaction).
@@ -189,6 +192,7 @@
 mod client;
 mod config;
 pub mod connect;
+pub mod docs;
 mod error;
 pub mod fetch;
 mod host;

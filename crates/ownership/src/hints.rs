@@ -77,8 +77,10 @@ impl OwnerHintCache {
         Ok(())
     }
 
-    /// Caches a hint, unless an equal or newer generation is already cached
-    /// for a different task.
+    /// Caches a hint, unless a newer generation is already cached for the
+    /// scope. An equal generation replaces the cached hint whatever its task
+    /// (hints are advisory: the owner's admission stays authoritative, and a
+    /// wrong hint costs one rediscovery).
     pub fn insert(&self, scope: &OwnerScope, hint: OwnerHint) {
         let mut c = self.lock();
         if let Some(old) = c.peek(scope)

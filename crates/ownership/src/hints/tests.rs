@@ -65,3 +65,22 @@ fn hints_must_match_the_scope_and_never_go_back() {
         "older generation ignored"
     );
 }
+
+#[test]
+fn an_equal_generation_replaces_the_hint_and_only_an_older_one_is_ignored() {
+    let c = OwnerHintCache::default();
+    c.insert(&scope(6), hint(4));
+    let other = OwnerHint {
+        task: TaskId::new("t9").expect("task"),
+        generation: Generation::new(4).expect("gen"),
+        endpoint: None,
+    };
+    c.insert(&scope(6), other);
+    assert_eq!(
+        c.get(&scope(6)).map(|h| h.task.as_str().to_owned()),
+        Some("t9".to_owned()),
+        "an equal generation from another task replaces the hint (as documented)"
+    );
+    c.insert(&scope(6), hint(3));
+    assert_eq!(c.get(&scope(6)).map(|h| h.generation.get()), Some(4));
+}
