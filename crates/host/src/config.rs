@@ -107,7 +107,6 @@ pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) own: OwnPolicy,
     pub(crate) create_active_storage: bool,
-    pub(crate) dispatcher: DispatcherConfig,
     pub(crate) forward: Option<Arc<dyn HostForward>>,
     pub(crate) run_dispatcher: bool,
     pub(crate) methods: crate::rpc::Methods<I, O::Storage>,
@@ -169,7 +168,6 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             clock: Arc::new(SystemClock::new()),
             own: OwnPolicy::default(),
             create_active_storage: false,
-            dispatcher: DispatcherConfig::default(),
             forward: None,
             run_dispatcher: true,
             methods: BTreeMap::new(),
@@ -255,10 +253,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     }
 
     /// The alarm dispatcher's configuration (its `stop_grace_ms` is capped
-    /// at the drain's in-flight timeout).
+    /// at the drain's in-flight timeout): sets [`HostSettings::alarms`], so
+    /// a later [`HostConfig::settings`] replaces it.
     #[must_use]
     pub fn dispatcher(mut self, config: DispatcherConfig) -> Self {
-        self.dispatcher = config;
+        self.settings.alarms = config;
         self
     }
 

@@ -9,8 +9,13 @@
 //! `DO_PREVENT_EVICTION` is the host's: unset or exactly `true` selects the
 //! resident mode, exactly `false` the evictable mode, and any other value
 //! refuses to start ([`HostError::InvalidSetting`]) before anything
-//! runs.
+//! runs. The alarm dispatcher's `WORKFLOWS_DO_ALARM_RETRY_DELAY_MS`,
+//! `_RETRY_MAX_DELAY_MS`, `_RETRY_JITTER`, `_RETRY_MAX_TRIES`,
+//! `WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS` and `WORKFLOWS_DISPATCH_TIMEOUT_MS`
+//! are parsed by `durability-alarms` ([`DispatcherConfig::from_lookup`]),
+//! with the same logged fallback.
 
+use durability_alarms::DispatcherConfig;
 use durability_ownership::OwnershipSettings;
 
 use crate::error::HostError;
@@ -63,10 +68,13 @@ impl Residency {
 }
 
 /// Everything the host's loops are tuned by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostSettings {
     /// Leases, guard, drain budgets, shard count, admission mode.
     pub ownership: OwnershipSettings,
+    /// The alarm dispatcher: retries, claim lease, dispatch timeout (its
+    /// `stop_grace_ms` is capped at the drain's in-flight timeout).
+    pub alarms: DispatcherConfig,
     /// Resident (default) or evictable.
     pub residency: Residency,
     /// Idle time before the evictable mode closes an object.
@@ -80,6 +88,7 @@ impl Default for HostSettings {
     fn default() -> Self {
         Self {
             ownership: OwnershipSettings::default(),
+            alarms: DispatcherConfig::default(),
             residency: Residency::default(),
             eviction_idle_ms: DEFAULT_EVICTION_IDLE_MS,
             renew_interval_ms: None,
@@ -97,6 +106,7 @@ impl HostSettings {
         let residency = Residency::parse(lookup(ENV_PREVENT_EVICTION).as_deref())?;
         Ok(Self {
             ownership: OwnershipSettings::from_lookup(&lookup),
+            alarms: DispatcherConfig::from_lookup(&lookup),
             residency,
             ..Self::default()
         })

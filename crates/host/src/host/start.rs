@@ -63,7 +63,7 @@ pub(super) fn validate<S, I, O: ObjectStore>(
     let count = settings.ownership.shard_count;
     let classes = classes(std::mem::take(&mut config.classes), &storage_id, count)?;
     let targets = targets(&config.own, &classes, &storage_id, count)?;
-    let mut dispatcher = config.dispatcher;
+    let mut dispatcher = settings.alarms;
     dispatcher.stop_grace_ms = dispatcher
         .stop_grace_ms
         .min(i64::try_from(settings.ownership.drain_in_flight_timeout_ms).unwrap_or(i64::MAX));

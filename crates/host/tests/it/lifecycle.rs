@@ -67,6 +67,29 @@ fn ownership_settings_fall_back_as_the_seed_says() {
 }
 
 #[test]
+fn alarm_settings_are_read_from_the_workflows_variables() {
+    let s = HostSettings::from_lookup(lookup(&[
+        ("WORKFLOWS_DO_ALARM_RETRY_DELAY_MS", "250"),
+        ("WORKFLOWS_DO_ALARM_RETRY_MAX_DELAY_MS", "60000"),
+        ("WORKFLOWS_DO_ALARM_RETRY_JITTER", "0.1"),
+        ("WORKFLOWS_DO_ALARM_RETRY_MAX_TRIES", "9"),
+        ("WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS", "90000"),
+        ("WORKFLOWS_DISPATCH_TIMEOUT_MS", "15000"),
+    ]))
+    .unwrap();
+    assert_eq!(s.alarms.retry.base_delay_ms, 250);
+    assert_eq!(s.alarms.retry.max_delay_ms, 60_000);
+    assert_eq!(s.alarms.retry.jitter, 0.1);
+    assert_eq!(s.alarms.retry.max_tries, 9);
+    assert_eq!(s.alarms.claim_lease_ms, 90_000);
+    assert_eq!(s.alarms.dispatch_timeout_ms, 15_000);
+    // An invalid value falls back to the seed's default (6 tries), loudly.
+    let s = HostSettings::from_lookup(lookup(&[("WORKFLOWS_DO_ALARM_RETRY_MAX_TRIES", "six")]))
+        .unwrap();
+    assert_eq!(s.alarms.retry.max_tries, 6);
+}
+
+#[test]
 fn error_codes_are_unique_and_stable() {
     let mut codes = HostError::CODES.to_vec();
     codes.sort_unstable();
