@@ -123,6 +123,14 @@ pub(crate) fn settings() -> HostSettings {
             ..OwnershipSettings::default()
         },
         renew_interval_ms: Some(3_000),
+        // The tests' dispatcher (part of the settings, so a test that
+        // replaces the settings keeps it).
+        alarms: DispatcherConfig {
+            poll_ms: 100,
+            idle_ms: 10,
+            owner_wait_max_ms: 500,
+            ..DispatcherConfig::fast()
+        },
         ..HostSettings::default()
     }
 }
@@ -188,12 +196,6 @@ impl World {
                 Counter::open(ctx, &owner, Arc::clone(&fired))
             })
             .create_active_storage_if_absent(true)
-            .dispatcher(DispatcherConfig {
-                poll_ms: 100,
-                idle_ms: 10,
-                owner_wait_max_ms: 500,
-                ..DispatcherConfig::fast()
-            })
     }
 
     pub(crate) async fn host(&self, task: &str) -> TestHost {
