@@ -120,7 +120,7 @@ pub use settings::{
 };
 pub use store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    parse_generation_counter, validate_ttl,
+    check_shard_count, parse_generation_counter, parse_shard_count, validate_ttl,
 };
 
 pub mod docs;
