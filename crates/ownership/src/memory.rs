@@ -126,12 +126,12 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         let now = self.clock.now_ms_u64();
         let mut st = self.lock();
         Self::check(&st, scope, lifecycle)?;
-        Self::record_count(&mut st, scope);
         if let Some(lease) = self.live_owner(&mut st, scope, now)? {
             return Ok(ClaimOutcome::Held(lease));
         }
         let next = st.generations.get(scope.host_id()).copied().unwrap_or(0) + 1;
         let generation = Generation::new(next)?;
+        Self::record_count(&mut st, scope);
         let record = OwnerRecord::with_endpoint(
             scope.clone(),
             lifecycle.clone(),

@@ -340,10 +340,10 @@ pub fn check_lifecycle(
 /// Checks the shard count recorded for a scope's storage id against the
 /// count the scope was built under.
 ///
-/// The count is a property of the storage id, written once: a claim (or
-/// [`LeaseStore::record_shard_count`]) that passes the lifecycle checks
-/// with nothing recorded records the scope's count in the same atomic
-/// step, and nothing ever changes it (a storage id is never reused after
+/// The count is a property of the storage id, written once: a claim that
+/// writes an owner record (or [`LeaseStore::record_shard_count`]) with
+/// nothing recorded records the scope's count in the same atomic step (a
+/// refused or held claim writes nothing), and nothing ever changes it (a storage id is never reused after
 /// deletion). Claims, renewals, the start-up check and admission compare.
 /// A storage id whose hosts ran before counts were recorded has none: its
 /// first claim after the upgrade records the count it runs with.

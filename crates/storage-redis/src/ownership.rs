@@ -56,14 +56,14 @@ local c = redis.call('GET', KEYS[5])
 if c and c ~= ARGV[5] then
   return {'shards', c}
 end
-if not c then
-  redis.call('SET', KEYS[5], ARGV[5])
-end
 if cur then
   return {'held', cur, redis.call('PTTL', KEYS[1])}
 end
 if g and (not string.match(g, '^[1-9][0-9]*$') or #g > 16 or tonumber(g) >= 9007199254740991) then
   return {'badgen', g}
+end
+if not c then
+  redis.call('SET', KEYS[5], ARGV[5])
 end
 local n = redis.call('INCR', KEYS[2])
 local rec = ARGV[2] .. string.format('%d', n) .. ARGV[3]

@@ -296,10 +296,9 @@ impl<C: Clock> SqliteLeaseStore<C> {
         .transpose()
     }
 
-    /// The lifecycle checks of a claim of `scope` inside `tx`, recording the
-    /// scope's shard count for its storage id when none is. Returns whether
-    /// it wrote.
-    fn check_and_record_count(
+    /// The lifecycle and shard count checks of a claim of `scope` inside
+    /// `tx`. Returns whether the storage id has no count recorded yet.
+    fn check_claim(
         tx: &Connection,
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
@@ -308,9 +307,12 @@ impl<C: Clock> SqliteLeaseStore<C> {
         check_lifecycle(scope.storage_id(), lifecycle, lc.active.as_ref(), lc.lock)?;
         let recorded = Self::recorded_count(tx, scope.storage_id())?;
         check_shard_count(scope, recorded)?;
-        if recorded.is_some() {
-            return Ok(false);
-        }
+        Ok(recorded.is_none())
+    }
+
+    /// Records `scope`'s shard count for its storage id inside `tx` (once:
+    /// [`Self::check_claim`] said none is recorded).
+    fn record_count(tx: &Connection, scope: &OwnerScope) -> Result<(), OwnershipError> {
         tx.prepare_cached(
             "INSERT INTO durability_storage_shard_count (storage_id, shard_count) VALUES (?1, ?2)",
         )
@@ -321,7 +323,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
             ])
         })
         .map_err(not_applied)?;
-        Ok(true)
+        Ok(())
     }
 
     fn owner(
@@ -424,14 +426,14 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| begin_error(e, scope))?;
         let now = self.clock.now_ms_u64();
-        let recorded = Self::check_and_record_count(&tx, scope, lifecycle)?;
+        let unrecorded = Self::check_claim(&tx, scope, lifecycle)?;
         if let Some(lease) = self.owner(&tx, scope, now)? {
-            if recorded {
-                tx.commit().map_err(unknown)?;
-            }
             return Ok(ClaimOutcome::Held(lease));
         }
         let generation = Generation::new(Self::generation(&tx, scope)? + 1)?;
+        if unrecorded {
+            Self::record_count(&tx, scope)?;
+        }
         let record = OwnerRecord::with_endpoint(
             scope.clone(),
             lifecycle.clone(),
@@ -666,7 +668,8 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| begin_error(e, scope))?;
-        if Self::check_and_record_count(&tx, scope, lifecycle)? {
+        if Self::check_claim(&tx, scope, lifecycle)? {
+            Self::record_count(&tx, scope)?;
             tx.commit().map_err(unknown)?;
         }
         Ok(())

@@ -77,8 +77,9 @@ BEGIN
            OR v_active IS DISTINCT FROM p_storages[v_i] THEN
             o_outcome := 'lifecycle'; RETURN NEXT; CONTINUE;
         END IF;
-        v_count := {s}.durability_storage_record_count(p_storages[v_i], p_counts[v_i]);
-        IF v_count IS DISTINCT FROM p_counts[v_i] THEN
+        SELECT n.shard_count INTO v_count
+            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
+        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
             o_outcome := 'shards'; o_number := v_count; RETURN NEXT; CONTINUE;
         END IF;
         SELECT o.record, o.expires_at_ms INTO v_record, v_expires
@@ -93,6 +94,11 @@ BEGIN
             FROM {s}.durability_owner_generations g WHERE g.scope = p_scopes[v_i] FOR UPDATE;
         IF FOUND AND (v_gen < 1 OR v_gen >= {MAX_SAFE}) THEN
             o_outcome := 'badgen'; o_number := v_gen; RETURN NEXT; CONTINUE;
+        END IF;
+        -- A claim that writes records the storage id's count (once).
+        v_count := {s}.durability_storage_record_count(p_storages[v_i], p_counts[v_i]);
+        IF v_count IS DISTINCT FROM p_counts[v_i] THEN
+            o_outcome := 'shards'; o_number := v_count; RETURN NEXT; CONTINUE;
         END IF;
         v_gen := coalesce(v_gen, 0) + 1;
         INSERT INTO {s}.durability_owner_generations (scope, generation)
