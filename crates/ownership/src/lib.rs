@@ -130,7 +130,8 @@ pub use settings::{
 };
 pub use store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    check_shard_count, parse_generation_counter, parse_shard_count, validate_ttl,
+    check_shard_count, parse_generation_counter, parse_shard_count, stored_shard_count,
+    validate_ttl,
 };
 
 pub mod docs;

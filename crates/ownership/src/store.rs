@@ -366,7 +366,8 @@ pub fn check_shard_count(
     }
 }
 
-/// Decodes the stored shard count of `storage` (absent: none recorded).
+/// Decodes the stored shard count of `storage` from its text (absent: none
+/// recorded).
 ///
 /// # Errors
 /// [`OwnershipError::InvalidLifecycleState`] (naming the storage id) when
@@ -376,16 +377,34 @@ pub fn parse_shard_count(
     storage: &StorageId,
 ) -> Result<Option<ShardCount>, OwnershipError> {
     let Some(raw) = raw else { return Ok(None) };
-    std::str::from_utf8(raw)
+    let n = std::str::from_utf8(raw)
         .ok()
         .filter(|s| !s.starts_with('0'))
-        .and_then(|s| s.parse::<u32>().ok())
-        .and_then(|n| ShardCount::new(n).ok())
-        .map(Some)
-        .ok_or_else(|| OwnershipError::InvalidLifecycleState {
-            lifecycle: storage.as_str().to_owned(),
-            reason: "recorded shard count is not a count in 1..=1024".to_owned(),
-        })
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or(0);
+    stored_shard_count(Some(n), storage)
+}
+
+/// Decodes the stored shard count of `storage` from an integer column
+/// (absent: none recorded).
+///
+/// # Errors
+/// [`OwnershipError::InvalidLifecycleState`] (naming the storage id) when
+/// it is not a count in 1..=1024.
+pub fn stored_shard_count(
+    n: Option<i64>,
+    storage: &StorageId,
+) -> Result<Option<ShardCount>, OwnershipError> {
+    n.map(|n| {
+        u32::try_from(n)
+            .ok()
+            .and_then(|n| ShardCount::new(n).ok())
+            .ok_or_else(|| OwnershipError::InvalidLifecycleState {
+                lifecycle: storage.as_str().to_owned(),
+                reason: format!("recorded shard count {n} is not in 1..=1024"),
+            })
+    })
+    .transpose()
 }
 
 /// Validates a lease TTL given to a store (1..=2^53-1 ms). Stores call it

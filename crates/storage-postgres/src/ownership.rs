@@ -53,7 +53,8 @@ use std::time::Duration;
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
     OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
-    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, validate_ttl,
+    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count,
+    validate_ttl,
 };
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
@@ -403,24 +404,11 @@ fn count_of(scope: &OwnerScope) -> i32 {
     i32::try_from(scope.shard_count().get()).unwrap_or(i32::MAX)
 }
 
-/// Decodes a recorded shard count of `storage` strictly.
-fn decode_count(storage: &StorageId, n: Option<i64>) -> Result<Option<ShardCount>, OwnershipError> {
-    n.map(|n| {
-        u32::try_from(n)
-            .ok()
-            .and_then(|n| ShardCount::new(n).ok())
-            .ok_or_else(|| OwnershipError::InvalidLifecycleState {
-                lifecycle: storage.as_str().to_owned(),
-                reason: format!("recorded shard count {n} is not in 1..=1024"),
-            })
-    })
-    .transpose()
-}
-
 /// The refusal of a `shards` outcome: the recorded count differs from the
 /// scope's (or is not a valid count).
 fn shards_error(scope: &OwnerScope, recorded: Option<i64>) -> OwnershipError {
-    match decode_count(scope.storage_id(), recorded).and_then(|c| check_shard_count(scope, c)) {
+    match stored_shard_count(recorded, scope.storage_id()).and_then(|c| check_shard_count(scope, c))
+    {
         Err(e) => e,
         // The function saw a count the check accepts: a race.
         Ok(()) => OwnershipError::OwnerRace {
@@ -652,7 +640,7 @@ impl PostgresLeaseStore {
             });
         }
         let (active_storage, delete_lock) = decode_lifecycle(lifecycle, active, lock)?;
-        let shard_count = decode_count(scope.storage_id(), count.map(i64::from))?;
+        let shard_count = stored_shard_count(count.map(i64::from), scope.storage_id())?;
         Ok(OwnerSnapshot {
             store_now_ms: u64::try_from(now).unwrap_or(0),
             owner,

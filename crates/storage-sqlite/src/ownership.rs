@@ -28,7 +28,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use durability_ownership::{
     BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
     LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount,
-    StorageId, TaskId, check_lifecycle, check_shard_count, validate_ttl,
+    StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count, validate_ttl,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -277,23 +277,7 @@ impl<C: Clock> SqliteLeaseStore<C> {
             )
             .and_then(|mut st| st.query_row([storage.as_str()], |r| r.get(0)).optional())
             .map_err(not_applied)?;
-        Self::decode_count(storage, n)
-    }
-
-    fn decode_count(
-        storage: &StorageId,
-        n: Option<i64>,
-    ) -> Result<Option<ShardCount>, OwnershipError> {
-        n.map(|n| {
-            u32::try_from(n)
-                .ok()
-                .and_then(|n| ShardCount::new(n).ok())
-                .ok_or_else(|| OwnershipError::InvalidLifecycleState {
-                    lifecycle: storage.as_str().to_owned(),
-                    reason: format!("recorded shard count {n} is not in 1..=1024"),
-                })
-        })
-        .transpose()
+        stored_shard_count(n, storage)
     }
 
     /// The lifecycle and shard count checks of a claim of `scope` inside
@@ -561,7 +545,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let owner = self.decode_owner(scope, row, now)?;
         let generation = Self::decode_generation(scope, generation)?;
         let lc = Self::decode_lifecycle(lifecycle, active, lock)?;
-        let count = Self::decode_count(scope.storage_id(), count)?;
+        let count = stored_shard_count(count, scope.storage_id())?;
         let rows = SnapshotRows {
             owner: owner
                 .as_ref()

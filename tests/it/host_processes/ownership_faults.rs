@@ -33,6 +33,15 @@ fn fenced_scopes(dir: &std::path::Path, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The `refused <code> <message>` line of a process that refused to run.
+fn refusal(p: &Proc) -> String {
+    p.lines()
+        .into_iter()
+        .map(|(_, l)| l)
+        .find(|l| l.starts_with("refused "))
+        .unwrap_or_else(|| panic!("no refusal: {:#?}", p.lines()))
+}
+
 #[test]
 fn a_host_with_another_shard_count_refuses_to_start_and_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -48,12 +57,7 @@ fn a_host_with_another_shard_count_refuses_to_start_and_commits_nothing() {
     let mut b = Proc::spawn("b", dir.path(), TTL_S, &["own=all", "shards=8"], &[]);
     let status = b.wait_exit();
     assert_eq!(status.code(), Some(2), "{:#?}", b.lines());
-    let refusal = b
-        .lines()
-        .into_iter()
-        .map(|(_, l)| l)
-        .find(|l| l.starts_with("refused "))
-        .unwrap_or_else(|| panic!("no refusal: {:#?}", b.lines()));
+    let refusal = refusal(&b);
     assert!(
         refusal.starts_with("refused shard_count_mismatch ")
             && refusal.contains("16")
@@ -84,12 +88,7 @@ fn a_second_process_with_the_same_task_id_stops_and_takes_nothing() {
     let mut second = Proc::spawn("t-1", dir.path(), TTL_S, &["own=all"], &[]);
     let status = second.wait_exit();
     assert_eq!(status.code(), Some(2), "{:#?}", second.lines());
-    let refusal = second
-        .lines()
-        .into_iter()
-        .map(|(_, l)| l)
-        .find(|l| l.starts_with("refused "))
-        .unwrap_or_else(|| panic!("no refusal: {:#?}", second.lines()));
+    let refusal = refusal(&second);
     assert!(
         refusal.starts_with("refused duplicate_task_id ") && refusal.contains("t-1"),
         "{refusal}"
