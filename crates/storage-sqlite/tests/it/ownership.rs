@@ -732,3 +732,42 @@ async fn a_corrupt_shard_count_fails_its_storage_id_closed_and_only_it() {
         Some(ShardCount::default())
     );
 }
+
+/// Admission and renewal compare the recorded shard count too: a count
+/// that differs from the owned scope's (here rewritten under the owner, as
+/// an operator or an older host could) refuses new work at once.
+#[tokio::test]
+async fn admission_and_renewal_refuse_a_scope_of_another_shard_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = open(&dir.path().join("leases.db"), &clock);
+    let l = LifecycleId::new("ns:admit").unwrap();
+    let sc = scope("st1:Room:shard3");
+    store
+        .set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let o = Ownership::new(
+        store,
+        clock.clone(),
+        TaskId::new("a").unwrap(),
+        OwnershipSettings::default(),
+    );
+    let Resolution::Local(g) = o.resolve(&sc, &l).await.unwrap() else {
+        panic!("claimed")
+    };
+    drop(o.admit_checked(&sc, g).await.unwrap());
+    o.store().with_connection(|c| {
+        c.execute(
+            "UPDATE durability_storage_shard_count SET shard_count = 8 WHERE storage_id = 'st1'",
+            [],
+        )
+        .unwrap();
+    });
+    let e = o.admit_checked(&sc, g).await.unwrap_err();
+    assert_eq!(e.code(), "shard_count_mismatch", "{e}");
+    assert!(!e.is_retryable());
+    let owner = o.store().snapshot(&sc, &l).await.unwrap().owner.unwrap();
+    let e = o.store().renew(&owner.record, 10_000).await.unwrap_err();
+    assert_eq!(e.code(), "shard_count_mismatch", "{e}");
+}
