@@ -446,3 +446,5 @@ fn bad_configuration_exits_before_anything_starts() {
     signal(p.child.id(), "TERM");
     assert!(p.wait_exit().success());
 }
+
+mod ownership_faults;

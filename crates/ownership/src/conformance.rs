@@ -16,6 +16,8 @@ use crate::store::{ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSn
 
 pub use crate::hooked::{Action, Hook, HookedStore, Hooks, Method};
 
+mod shard_count;
+
 /// Lease time used by the suite: long enough never to expire on its own.
 pub const TTL_MS: u64 = 60_000;
 
@@ -425,6 +427,12 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 assert!(remaining > TTL_MS / 2, "{name}: lease untouched");
             }
             "renew_many_matches_renew_one_by_one" => renew_many_case(h, &c, name).await,
+            "a_claim_records_the_shard_count_and_refuses_another" => {
+                shard_count::claim_records_and_refuses(h, &c, name).await;
+            }
+            "the_shard_count_is_kept_per_storage_id" => {
+                shard_count::kept_per_storage_id(h, &c, name).await;
+            }
             "raise_generation_floor_never_lowers_and_keeps_the_owner" => {
                 let g = |n: u64| Generation::new(n).expect("generation");
                 // On a scope that never had a counter (a wiped store).
@@ -552,6 +560,8 @@ macro_rules! ownership_conformance {
             renew_many_matches_renew_one_by_one
             raise_generation_floor_never_lowers_and_keeps_the_owner
             a_claimed_endpoint_is_stored_renewed_and_released_exactly
+            a_claim_records_the_shard_count_and_refuses_another
+            the_shard_count_is_kept_per_storage_id
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };

@@ -129,6 +129,44 @@ pub enum OwnershipError {
         /// The generation the commit carried.
         attempted: u64,
     },
+    /// The storage id's recorded shard count differs from the count this
+    /// scope was built under: two hosts with different counts would own one
+    /// object under two scopes. Nothing was written; fix the configuration
+    /// (the count is a property of the storage id, recorded once).
+    #[error(
+        "storage {storage_id} is recorded with {recorded} shards per class, not {requested}: \
+         start every host of this storage id with {recorded} shards"
+    )]
+    ShardCountMismatch {
+        /// The storage id.
+        storage_id: String,
+        /// The count recorded in the lifecycle record.
+        recorded: u32,
+        /// The count the refused scope was built under.
+        requested: u32,
+    },
+    /// An object's storage fence recorded another scope for the object than
+    /// the claim's (the same object under another shard count): the claim is
+    /// refused and nothing is written.
+    #[error("object fenced under scope {recorded}, refused a claim of scope {attempted}")]
+    ObjectScopeMismatch {
+        /// The scope recorded in the object's fence.
+        recorded: String,
+        /// The scope of the refused claim.
+        attempted: String,
+    },
+    /// Another live process runs with this process's task id: it renewed an
+    /// owner record of this task id that this process did not write. Task
+    /// ids must be unique per process; this process must stop.
+    #[error(
+        "another process runs with task id {task_id} (it renews {scope}): task ids must be unique"
+    )]
+    DuplicateTaskId {
+        /// The duplicated task id.
+        task_id: String,
+        /// The scope where the other process was seen renewing.
+        scope: String,
+    },
 }
 
 impl OwnershipError {
@@ -148,6 +186,9 @@ impl OwnershipError {
         "ownership_lost",
         "stale_generation",
         "fence_not_recorded",
+        "shard_count_mismatch",
+        "object_scope_mismatch",
+        "duplicate_task_id",
     ];
 
     /// The stable machine code of this error.
@@ -167,6 +208,9 @@ impl OwnershipError {
             Self::OwnershipLost { .. } => "ownership_lost",
             Self::StaleGeneration { .. } => "stale_generation",
             Self::FenceNotRecorded { .. } => "fence_not_recorded",
+            Self::ShardCountMismatch { .. } => "shard_count_mismatch",
+            Self::ObjectScopeMismatch { .. } => "object_scope_mismatch",
+            Self::DuplicateTaskId { .. } => "duplicate_task_id",
         }
     }
 

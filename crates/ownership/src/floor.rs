@@ -282,6 +282,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             // store's word again (a claim of this task is adopted).
             self.forget(scope);
             if let Ok(f) = &result {
+                // The procedure's claim is this process's record.
+                self.wrote(&f.lease.record);
                 match self.resolve(scope, lifecycle).await? {
                     Resolution::Local(g) if g == f.lease.record.generation() => {}
                     _ => return Err(stale()),

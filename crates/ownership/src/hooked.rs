@@ -263,6 +263,15 @@ impl<S: LeaseStore> LeaseStore for HookedStore<S> {
         self.call(Method::RaiseGenerationFloor, Some(scope), f)
             .await
     }
+
+    /// Not hooked: forwarded as is.
+    async fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        self.inner.record_shard_count(scope, lifecycle).await
+    }
 }
 
 impl<S: LifecycleAdmin> LifecycleAdmin for HookedStore<S> {

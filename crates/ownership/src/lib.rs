@@ -16,6 +16,16 @@
 //! store that lost its generation counters (a wiped Redis without
 //! persistence) never hands out a generation the fence already accepted.
 //!
+//! The shard count is a property of the storage id: the store records it
+//! once (the first claim that writes, or [`LeaseStore::record_shard_count`],
+//! which a host calls at start) and refuses every claim, renewal and
+//! admission under another count ([`OwnershipError::ShardCountMismatch`]).
+//! A task id runs in one process: [`Ownership`] adopts only records it
+//! wrote, waits out another run's lease (a restart with the same task id
+//! waits up to the owner TTL), and reports a live duplicate as
+//! [`OwnershipError::DuplicateTaskId`] ([`Ownership::duplicate_task`]).
+//! See `docs/leases.md`.
+//!
 //! What a lease store must persist: its generation counters. A Redis lease
 //! store needs AOF or RDB persistence, or every object must be opened
 //! through [`fence_with_floor`]: it restores monotonicity for every object
@@ -122,7 +132,8 @@ pub use settings::{
 };
 pub use store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    parse_generation_counter, validate_ttl,
+    check_shard_count, parse_generation_counter, parse_shard_count, stored_shard_count,
+    validate_ttl,
 };
 
 pub mod docs;

@@ -53,6 +53,7 @@ struct Inner<S, C> {
     in_flight: AtomicU64,
     idle: Notify,
     metrics: OwnershipMetrics,
+    incarnation: incarnation::Incarnation,
 }
 
 /// One task's view of ownership: claims, renewals, admission, drain and the
@@ -281,6 +282,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 in_flight: AtomicU64::new(0),
                 idle: Notify::new(),
                 metrics,
+                incarnation: incarnation::Incarnation::default(),
             }),
         }
     }
@@ -342,8 +344,22 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     /// otherwise claims it (bumping the generation if missing or expired), or
     /// reports the live owner on another task.
     ///
+    /// A live record of this task id is adopted only when this process
+    /// wrote it. One written by another run of the task id (a crashed
+    /// predecessor, or another process started with the same task id) is
+    /// never adopted or given back: the resolution answers
+    /// [`OwnershipError::OwnerRace`] until its lease ends on the store's
+    /// clock (a restart with the same task id waits out its predecessor's
+    /// leases, at most the owner TTL), and
+    /// [`OwnershipError::DuplicateTaskId`] once that lease is seen moving
+    /// forward (or a newer generation of the task id appears) between two
+    /// resolutions, and for every resolution after (see
+    /// [`Ownership::duplicate_task`]).
+    ///
     /// # Errors
-    /// [`OwnershipError::Draining`] while draining, and the errors of
+    /// [`OwnershipError::Draining`] while draining,
+    /// [`OwnershipError::DuplicateTaskId`], [`OwnershipError::OwnerRace`]
+    /// (held by another run of this task id), and the errors of
     /// [`LeaseStore::claim`].
     pub async fn resolve(
         &self,
@@ -362,6 +378,9 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(OwnershipError::Draining);
         }
+        if let Some(e) = self.inner.incarnation.duplicate(&self.inner.task) {
+            return Err(e);
+        }
         let now = self.inner.clock.now_ms_u64();
         if let Some(l) = self.leases().get(scope)
             && l.deadline_ms > now
@@ -369,99 +388,85 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         {
             return Ok(Resolution::Local(l.record.generation()));
         }
-        // At most twice: once more after giving back a record of this task
-        // that advertises another endpoint.
-        for _ in 0..2 {
-            let sent = self.inner.clock.now_ms_u64();
-            let outcome = self
-                .inner
-                .store
-                .claim_as(
-                    scope,
-                    lifecycle,
-                    &self.inner.task,
-                    self.inner.endpoint.as_ref(),
-                    self.inner.settings.owner_ttl_ms,
-                )
-                .await;
-            return match outcome {
-                Ok(ClaimOutcome::Claimed(lease)) => {
-                    self.inner.metrics.claimed.increment(1);
-                    tracing::info!(
-                        event = "durability.ownership.claimed",
-                        scope = %scope,
-                        generation = lease.record.generation().get(),
-                        "claimed owner scope"
-                    );
-                    if self.inner.draining.load(Ordering::SeqCst) {
-                        // A drain started while claiming: give the scope straight back.
-                        let _ = self.inner.store.release(&lease.record).await;
-                        return Err(OwnershipError::Draining);
-                    }
-                    Ok(Resolution::Local(self.remember(&lease, sent)))
+        let sent = self.inner.clock.now_ms_u64();
+        let outcome = self
+            .inner
+            .store
+            .claim_as(
+                scope,
+                lifecycle,
+                &self.inner.task,
+                self.inner.endpoint.as_ref(),
+                self.inner.settings.owner_ttl_ms,
+            )
+            .await;
+        match outcome {
+            Ok(ClaimOutcome::Claimed(lease)) => {
+                self.inner.incarnation.wrote(&lease.record);
+                self.inner.metrics.claimed.increment(1);
+                tracing::info!(
+                    event = "durability.ownership.claimed",
+                    scope = %scope,
+                    generation = lease.record.generation().get(),
+                    "claimed owner scope"
+                );
+                if self.inner.draining.load(Ordering::SeqCst) {
+                    // A drain started while claiming: give the scope straight back.
+                    let _ = self.inner.store.release(&lease.record).await;
+                    return Err(OwnershipError::Draining);
                 }
-                Ok(ClaimOutcome::Held(lease))
-                    if lease.record.task() == &self.inner.task
-                        && lease.record.endpoint() != self.inner.endpoint.as_ref() =>
-                {
-                    // This task's record from an earlier run at another
-                    // endpoint (a restart on a new port): other tasks would
-                    // route to the old one. Give it back (exact bytes) and
-                    // claim again, so the new record, at a new generation,
-                    // advertises this endpoint.
-                    tracing::info!(
-                        event = "durability.ownership.endpoint_changed",
-                        scope = %scope,
-                        generation = lease.record.generation().get(),
-                        "this task's record advertises another endpoint; reclaiming"
-                    );
-                    self.forget(scope);
-                    self.inner.store.release(&lease.record).await?;
-                    continue;
+                Ok(Resolution::Local(self.remember(&lease, sent)))
+            }
+            Ok(ClaimOutcome::Held(lease))
+                if lease.record.task() == &self.inner.task
+                    && self.inner.incarnation.is_ours(&lease.record) =>
+            {
+                self.inner.metrics.held_here.increment(1);
+                tracing::debug!(
+                    event = "durability.ownership.held_here",
+                    scope = %scope,
+                    generation = lease.record.generation().get(),
+                    "the store's live record is one this process wrote; adopted"
+                );
+                Ok(Resolution::Local(self.remember(&lease, sent)))
+            }
+            // A record of this task id from another run (a crashed
+            // predecessor, or a duplicate): never adopted or given back.
+            Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
+                Err(self.held_by_another_run(scope, lifecycle).await)
+            }
+            Ok(ClaimOutcome::Held(lease)) => {
+                self.inner.metrics.held_elsewhere.increment(1);
+                tracing::debug!(
+                    event = "durability.ownership.held_elsewhere",
+                    scope = %scope,
+                    owner = lease.record.task().as_str(),
+                    generation = lease.record.generation().get(),
+                    "another task owns the scope"
+                );
+                self.forget(scope);
+                Ok(Resolution::Remote {
+                    task: lease.record.task().clone(),
+                    generation: lease.record.generation(),
+                    endpoint: lease.record.endpoint().cloned(),
+                })
+            }
+            Err(e) => {
+                self.inner.metrics.claim_failed.increment(1);
+                self.forget(scope);
+                if e.outcome() == crate::error::DispatchOutcome::Unknown {
+                    self.inner.incarnation.unsure(scope);
                 }
-                Ok(ClaimOutcome::Held(lease)) if lease.record.task() == &self.inner.task => {
-                    self.inner.metrics.held_here.increment(1);
-                    tracing::debug!(
-                        event = "durability.ownership.held_here",
-                        scope = %scope,
-                        generation = lease.record.generation().get(),
-                        "the store's live record is this task's; adopted"
-                    );
-                    Ok(Resolution::Local(self.remember(&lease, sent)))
-                }
-                Ok(ClaimOutcome::Held(lease)) => {
-                    self.inner.metrics.held_elsewhere.increment(1);
-                    tracing::debug!(
-                        event = "durability.ownership.held_elsewhere",
-                        scope = %scope,
-                        owner = lease.record.task().as_str(),
-                        generation = lease.record.generation().get(),
-                        "another task owns the scope"
-                    );
-                    self.forget(scope);
-                    Ok(Resolution::Remote {
-                        task: lease.record.task().clone(),
-                        generation: lease.record.generation(),
-                        endpoint: lease.record.endpoint().cloned(),
-                    })
-                }
-                Err(e) => {
-                    self.inner.metrics.claim_failed.increment(1);
-                    self.forget(scope);
-                    tracing::warn!(
-                        event = "durability.ownership.claim_failed",
-                        scope = %scope,
-                        code = e.code(),
-                        error = %e,
-                        "claiming the owner scope failed"
-                    );
-                    Err(e)
-                }
-            };
+                tracing::warn!(
+                    event = "durability.ownership.claim_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "claiming the owner scope failed"
+                );
+                Err(e)
+            }
         }
-        Err(OwnershipError::OwnerRace {
-            scope: scope.to_string(),
-        })
     }
 
     /// Renews the local lease of `scope` (same task, same generation, exact
@@ -685,6 +690,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 snap.active_storage.as_ref(),
                 snap.delete_lock,
             )
+            .and_then(|()| crate::store::check_shard_count(scope, snap.shard_count))
             .and_then(|()| match snap.owner {
                 Some(lease) if lease.record == local.record => Ok(lease.remaining_ms),
                 _ => Err(OwnershipError::StaleOwner {
@@ -956,6 +962,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         }
     }
 }
+
+mod incarnation;
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
     ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    validate_ttl,
+    check_shard_count, validate_ttl,
 };
 use durability_time::Clock;
 
@@ -18,6 +18,8 @@ struct State {
     generations: HashMap<String, u64>,
     active: HashMap<String, StorageId>,
     locks: HashMap<String, DeleteLock>,
+    /// Shard counts by storage id.
+    counts: HashMap<String, ShardCount>,
 }
 
 /// A lease store in process memory, timed by an injected clock.
@@ -76,7 +78,15 @@ impl<C: Clock> InMemoryLeaseStore<C> {
             lifecycle,
             st.active.get(lifecycle.as_str()),
             st.locks.get(lifecycle.as_str()).copied(),
-        )
+        )?;
+        check_shard_count(scope, st.counts.get(scope.storage_id().as_str()).copied())
+    }
+
+    /// Records the scope's shard count for its storage id if none is.
+    fn record_count(st: &mut State, scope: &OwnerScope) {
+        st.counts
+            .entry(scope.storage_id().as_str().to_owned())
+            .or_insert(scope.shard_count());
     }
 
     fn live_owner(
@@ -121,6 +131,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         }
         let next = st.generations.get(scope.host_id()).copied().unwrap_or(0) + 1;
         let generation = Generation::new(next)?;
+        Self::record_count(&mut st, scope);
         let record = OwnerRecord::with_endpoint(
             scope.clone(),
             lifecycle.clone(),
@@ -190,6 +201,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
             generation: st.generations.get(scope.host_id()).copied().unwrap_or(0),
             active_storage: st.active.get(lifecycle.as_str()).cloned(),
             delete_lock: st.locks.get(lifecycle.as_str()).copied(),
+            shard_count: st.counts.get(scope.storage_id().as_str()).copied(),
         })
     }
 
@@ -202,6 +214,17 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         let counter = st.generations.entry(scope.to_string()).or_insert(0);
         *counter = (*counter).max(floor.get());
         Ok(*counter)
+    }
+
+    async fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        let mut st = self.lock();
+        Self::check(&st, scope, lifecycle)?;
+        Self::record_count(&mut st, scope);
+        Ok(())
     }
 }
 

@@ -224,6 +224,10 @@ impl OwnerRecord {
     /// grammar, and its owner key, host id, storage id, class and shard must
     /// reconstruct `expected`.
     ///
+    /// The record is read under `expected`'s own shard count (a record
+    /// carries no count: the lifecycle record holds the storage id's one
+    /// count); `count`, the store's configured count, is not consulted.
+    ///
     /// # Errors
     /// [`OwnershipError::InvalidOwnerRecord`] otherwise: the scope fails closed.
     pub fn decode(
@@ -231,6 +235,7 @@ impl OwnerRecord {
         expected: &OwnerScope,
         count: ShardCount,
     ) -> Result<Self, OwnershipError> {
+        let _ = count;
         let bad = |reason: String| OwnershipError::InvalidOwnerRecord {
             scope: expected.to_string(),
             reason,
@@ -245,7 +250,7 @@ impl OwnerRecord {
             StorageId::new(&wire.storage_id).map_err(field)?,
             ClassName::new(&wire.class).map_err(field)?,
             wire.shard,
-            count,
+            expected.shard_count(),
         )
         .map_err(field)?;
         if &scope != expected

@@ -258,7 +258,7 @@ pub fn stable_hash(name: &ObjectName) -> u64 {
 }
 
 /// The fixed number of shards of a class (1..=1024, 16 by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShardCount(u32);
 
 impl Default for ShardCount {
@@ -326,12 +326,18 @@ pub fn parse_shard(s: &str, count: ShardCount) -> Result<u32, OwnershipError> {
 
 /// An owner scope: one class shard of one storage id. Its canonical string
 /// `<storage id>:<class>:shard<N>` is the host id, at most 512 bytes.
+///
+/// A scope also knows the shard count it was built under: the count is a
+/// property of the storage id (recorded once in the lifecycle record, see
+/// [`crate::check_shard_count`]), and the same host id under two counts
+/// names two different scopes (an object hashes to different shards).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OwnerScope {
     storage_id: StorageId,
     class: ClassName,
     shard: u32,
     host_id: String,
+    count: ShardCount,
 }
 
 impl OwnerScope {
@@ -364,6 +370,7 @@ impl OwnerScope {
             class,
             shard,
             host_id,
+            count,
         })
     }
 
@@ -428,6 +435,11 @@ impl OwnerScope {
     /// The canonical host id string.
     pub fn host_id(&self) -> &str {
         &self.host_id
+    }
+
+    /// The shard count the scope was built under.
+    pub fn shard_count(&self) -> ShardCount {
+        self.count
     }
 }
 

@@ -8,7 +8,7 @@ use std::future::Future;
 
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
-use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
+use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 
 /// A lease as the store reported it.
 ///
@@ -79,6 +79,10 @@ pub struct OwnerSnapshot {
     pub active_storage: Option<StorageId>,
     /// The delete lock on the lifecycle.
     pub delete_lock: Option<DeleteLock>,
+    /// The shard count recorded for the scope's storage id (`None` until
+    /// the first claim or [`LeaseStore::record_shard_count`] under it
+    /// records one).
+    pub shard_count: Option<ShardCount>,
 }
 
 /// Where owner leases live.
@@ -173,6 +177,25 @@ pub trait LeaseStore: Send + Sync + 'static {
         lifecycle: &LifecycleId,
     ) -> impl Future<Output = Result<OwnerSnapshot, OwnershipError>> + Send;
 
+    /// Atomically: checks `lifecycle` as a claim of `scope` would (its
+    /// active storage pointer names the scope's storage id, no whole-delete
+    /// lock) and its recorded shard count, and records the scope's count
+    /// when none is recorded yet. Writes nothing else.
+    ///
+    /// A host calls it once at start, before its first claim, with any
+    /// scope built under its configured count: a host configured with
+    /// another count than its storage id's refuses to start.
+    ///
+    /// # Errors
+    /// [`OwnershipError::ShardCountMismatch`] (nothing written),
+    /// [`OwnershipError::StorageInactive`], [`OwnershipError::DeleteLocked`],
+    /// [`OwnershipError::InvalidLifecycleState`], or a store error.
+    fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send;
+
     /// Atomically sets the generation counter of `scope` to
     /// `max(counter, floor)`: it never lowers it, and touches nothing else
     /// (the owner record and its lease stay). Returns the counter after the
@@ -256,12 +279,21 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
     ) -> impl Future<Output = Result<u64, OwnershipError>> + Send {
         (**self).raise_generation_floor(scope, floor)
     }
+
+    fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
+        (**self).record_shard_count(scope, lifecycle)
+    }
 }
 
 /// Control-plane writes of lifecycle state (the active storage pointer and the
 /// delete lock). The ownership layer only reads them; control and tests write them.
 pub trait LifecycleAdmin: Send + Sync + 'static {
-    /// Points `lifecycle` at `storage` (or removes the pointer).
+    /// Points `lifecycle` at `storage` (or removes the pointer). Shard
+    /// counts are recorded per storage id and stay.
     ///
     /// # Errors
     /// A store error.
@@ -303,6 +335,76 @@ pub fn check_lifecycle(
         });
     }
     Ok(())
+}
+
+/// Checks the shard count recorded for a scope's storage id against the
+/// count the scope was built under.
+///
+/// The count is a property of the storage id, written once: a claim that
+/// writes an owner record (or [`LeaseStore::record_shard_count`]) with
+/// nothing recorded records the scope's count in the same atomic step (a
+/// refused or held claim writes nothing), and nothing ever changes it (a storage id is never reused after
+/// deletion). Claims, renewals, the start-up check and admission compare.
+/// A storage id whose hosts ran before counts were recorded has none: its
+/// first claim after the upgrade records the count it runs with.
+///
+/// # Errors
+/// [`OwnershipError::ShardCountMismatch`] when a different count is recorded.
+pub fn check_shard_count(
+    scope: &OwnerScope,
+    recorded: Option<ShardCount>,
+) -> Result<(), OwnershipError> {
+    match recorded {
+        Some(recorded) if recorded != scope.shard_count() => {
+            Err(OwnershipError::ShardCountMismatch {
+                storage_id: scope.storage_id().as_str().to_owned(),
+                recorded: recorded.get(),
+                requested: scope.shard_count().get(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Decodes the stored shard count of `storage` from its text (absent: none
+/// recorded).
+///
+/// # Errors
+/// [`OwnershipError::InvalidLifecycleState`] (naming the storage id) when
+/// it is not a count in 1..=1024 in canonical decimal.
+pub fn parse_shard_count(
+    raw: Option<&[u8]>,
+    storage: &StorageId,
+) -> Result<Option<ShardCount>, OwnershipError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let n = std::str::from_utf8(raw)
+        .ok()
+        .filter(|s| !s.starts_with('0'))
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or(0);
+    stored_shard_count(Some(n), storage)
+}
+
+/// Decodes the stored shard count of `storage` from an integer column
+/// (absent: none recorded).
+///
+/// # Errors
+/// [`OwnershipError::InvalidLifecycleState`] (naming the storage id) when
+/// it is not a count in 1..=1024.
+pub fn stored_shard_count(
+    n: Option<i64>,
+    storage: &StorageId,
+) -> Result<Option<ShardCount>, OwnershipError> {
+    n.map(|n| {
+        u32::try_from(n)
+            .ok()
+            .and_then(|n| ShardCount::new(n).ok())
+            .ok_or_else(|| OwnershipError::InvalidLifecycleState {
+                lifecycle: storage.as_str().to_owned(),
+                reason: format!("recorded shard count {n} is not in 1..=1024"),
+            })
+    })
+    .transpose()
 }
 
 /// Validates a lease TTL given to a store (1..=2^53-1 ms). Stores call it

@@ -8,6 +8,7 @@
 //! | `durability_owner_leases` | `scope`, `record`, `expires_at_ms` | owner record (exact bytes) and its lease end on the server's clock |
 //! | `durability_owner_generations` | `scope`, `generation` | monotonic generation counter, never lowered or deleted |
 //! | `durability_owner_lifecycle` | `lifecycle`, `active_storage`, `delete_lock` | active storage pointer and `whole`/`version` delete lock |
+//! | `durability_storage_shard_count` | `storage_id`, `shard_count` | the storage id's shard count, written once by its first claim (or `record_shard_count`) |
 //!
 //! Create them once with [`PostgresLeaseStore::setup`] (the SQL is
 //! [`PostgresLeaseStore::setup_sql`], for operators who run it themselves).
@@ -52,7 +53,8 @@ use std::time::Duration;
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
     OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
-    ShardCount, StorageId, TaskId, check_lifecycle, validate_ttl,
+    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count,
+    validate_ttl,
 };
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
@@ -240,14 +242,16 @@ impl PostgresLeaseStore {
         let names: Vec<&str> = scopes.iter().map(OwnerScope::host_id).collect();
         let storages: Vec<&str> = scopes.iter().map(|s| s.storage_id().as_str()).collect();
         let prefixes: Vec<&str> = templates.iter().map(|t| t.prefix.as_str()).collect();
+        let counts: Vec<i32> = scopes.iter().map(count_of).collect();
         let ttl = i64_of(ttl_ms);
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let params: [&(dyn ToSql + Sync); 7] = [
             &names,
             &storages,
             &lifecycle.as_str(),
             &prefixes,
             &suffix,
             &ttl,
+            &counts,
         ];
         let rows = match self
             .client
@@ -315,6 +319,7 @@ impl PostgresLeaseStore {
                 }))
             }
             "lifecycle" => Err(lifecycle_error(scope, claim.lifecycle, row, 4)),
+            "shards" => Err(shards_error(scope, number)),
             "badgen" => Err(bad_counter(scope)),
             _ => Err(protocol("unknown claim outcome")),
         }
@@ -334,8 +339,10 @@ impl PostgresLeaseStore {
             .iter()
             .map(|r| r.scope().storage_id().as_str())
             .collect();
+        let counts: Vec<i32> = records.iter().map(|r| count_of(r.scope())).collect();
         let ttl = i64_of(ttl_ms);
-        let params: [&(dyn ToSql + Sync); 5] = [&scopes, &bytes, &lifecycles, &storages, &ttl];
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&scopes, &bytes, &lifecycles, &storages, &ttl, &counts];
         let rows = match self
             .client
             .query(Access::Write, &self.sql.renew, &params)
@@ -370,6 +377,10 @@ impl PostgresLeaseStore {
                 Some("lifecycle") => {
                     Err(lifecycle_error(record.scope(), record.lifecycle(), &row, 2))
                 }
+                Some("shards") => {
+                    let recorded: Option<i32> = row.try_get(4).ok().flatten();
+                    Err(shards_error(record.scope(), recorded.map(i64::from)))
+                }
                 _ => Err(protocol("unknown renew outcome")),
             };
         }
@@ -385,6 +396,25 @@ struct ClaimArgs<'a> {
     task: &'a TaskId,
     endpoint: Option<&'a OwnerEndpoint>,
     ttl_ms: u64,
+}
+
+/// A scope's shard count as the functions take it.
+fn count_of(scope: &OwnerScope) -> i32 {
+    // A count is at most 1024.
+    i32::try_from(scope.shard_count().get()).unwrap_or(i32::MAX)
+}
+
+/// The refusal of a `shards` outcome: the recorded count differs from the
+/// scope's (or is not a valid count).
+fn shards_error(scope: &OwnerScope, recorded: Option<i64>) -> OwnershipError {
+    match stored_shard_count(recorded, scope.storage_id()).and_then(|c| check_shard_count(scope, c))
+    {
+        Err(e) => e,
+        // The function saw a count the check accepts: a race.
+        Ok(()) => OwnershipError::OwnerRace {
+            scope: scope.to_string(),
+        },
+    }
 }
 
 /// The 0-based position a function row answers for (its 1-based `o_ord`).
@@ -501,7 +531,11 @@ impl LeaseStore for PostgresLeaseStore {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<OwnerSnapshot, OwnershipError> {
-        let params: [&(dyn ToSql + Sync); 2] = [&scope.host_id(), &lifecycle.as_str()];
+        let params: [&(dyn ToSql + Sync); 3] = [
+            &scope.host_id(),
+            &lifecycle.as_str(),
+            &scope.storage_id().as_str(),
+        ];
         let rows = self
             .client
             .query(Access::Read, &self.sql.snapshot, &params)
@@ -538,6 +572,34 @@ impl LeaseStore for PostgresLeaseStore {
             _ => Err(protocol("unknown floor outcome")),
         }
     }
+
+    async fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        let count = count_of(scope);
+        let params: [&(dyn ToSql + Sync); 3] =
+            [&lifecycle.as_str(), &scope.storage_id().as_str(), &count];
+        let rows = self
+            .client
+            .query(Access::Write, &self.sql.record_count, &params)
+            .await
+            .map_err(failure)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("shard count check without a row"))?;
+        let outcome: String = row.try_get(0).map_err(|_| protocol("count outcome"))?;
+        match outcome.as_str() {
+            "ok" => Ok(()),
+            "lifecycle" => Err(lifecycle_error(scope, lifecycle, row, 1)),
+            "shards" => {
+                let recorded: Option<i32> = row.try_get(3).ok().flatten();
+                Err(shards_error(scope, recorded.map(i64::from)))
+            }
+            _ => Err(protocol("unknown shard count outcome")),
+        }
+    }
 }
 
 impl PostgresLeaseStore {
@@ -554,6 +616,7 @@ impl PostgresLeaseStore {
         let counter: Option<i64> = row.try_get(3).map_err(|_| cell("generation"))?;
         let active: Option<String> = row.try_get(4).map_err(|_| cell("pointer"))?;
         let lock: Option<String> = row.try_get(5).map_err(|_| cell("lock"))?;
+        let count: Option<i32> = row.try_get(6).map_err(|_| cell("shard count"))?;
         let owner = match record.zip(expires) {
             Some((raw, exp)) if exp > now => Some(Lease {
                 record: OwnerRecord::decode(&raw, scope, self.count)?,
@@ -577,12 +640,14 @@ impl PostgresLeaseStore {
             });
         }
         let (active_storage, delete_lock) = decode_lifecycle(lifecycle, active, lock)?;
+        let shard_count = stored_shard_count(count.map(i64::from), scope.storage_id())?;
         Ok(OwnerSnapshot {
             store_now_ms: u64::try_from(now).unwrap_or(0),
             owner,
             generation,
             active_storage,
             delete_lock,
+            shard_count,
         })
     }
 }

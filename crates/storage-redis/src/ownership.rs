@@ -9,6 +9,7 @@
 //! | `do:owner:scope:<scope>:generation` | string | monotonic generation counter, never decremented |
 //! | `worker:do-storage:<lifecycle>` | string | active storage pointer |
 //! | `worker:delete-lock:<lifecycle>` | string | `whole` or `version` delete lock |
+//! | `worker:do-shards:<storage id>` | string | the storage id's shard count, written once by its first claim (or `record_shard_count`) |
 //!
 //! Claim, renew, release, snapshot and raising the generation floor
 //! ([`LeaseStore::raise_generation_floor`]: `max(counter, floor)`, never
@@ -30,7 +31,8 @@
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
     OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
-    ShardCount, StorageId, TaskId, check_lifecycle, parse_generation_counter, validate_ttl,
+    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, parse_generation_counter,
+    parse_shard_count, validate_ttl,
 };
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
@@ -50,11 +52,18 @@ local lock, ptr, cur, g = v[1], v[2], v[3], v[4]
 if lock == 'whole' or ptr ~= ARGV[1] or (lock and lock ~= 'version') then
   return {'lifecycle', ptr, lock}
 end
+local c = redis.call('GET', KEYS[5])
+if c and c ~= ARGV[5] then
+  return {'shards', c}
+end
 if cur then
   return {'held', cur, redis.call('PTTL', KEYS[1])}
 end
 if g and (not string.match(g, '^[1-9][0-9]*$') or #g > 16 or tonumber(g) >= 9007199254740991) then
   return {'badgen', g}
+end
+if not c then
+  redis.call('SET', KEYS[5], ARGV[5])
 end
 local n = redis.call('INCR', KEYS[2])
 local rec = ARGV[2] .. string.format('%d', n) .. ARGV[3]
@@ -85,18 +94,37 @@ return {'kept', g}
 
 const SNAPSHOT: &str = "
 return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]),
-  redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
+  redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4]), redis.call('GET', KEYS[5])}
+";
+
+/// The start-up check: KEYS (pointer, lock, count), ARGV (storage id,
+/// count). The lifecycle checks of a claim, then the recorded count:
+/// `1` when it matches or was recorded now.
+const RECORD_COUNT: &str = "
+local v = redis.call('MGET', KEYS[2], KEYS[1], KEYS[3])
+local lock, ptr, c = v[1], v[2], v[3]
+if lock == 'whole' or ptr ~= ARGV[1] or (lock and lock ~= 'version') then
+  return {'lifecycle', ptr, lock}
+end
+if c and c ~= ARGV[2] then
+  return {'shards', c}
+end
+if not c then
+  redis.call('SET', KEYS[3], ARGV[2])
+end
+return 1
 ";
 
 /// The renew check of one record, shared by [`RENEW_ONE`] and
 /// [`RENEW_MANY`]: the exact owner bytes (which carry the generation; a lease
 /// that ran out on the server's clock is gone, so it is stale), the active
-/// storage pointer and the delete lock, then `PEXPIRE`. Returns `1` renewed,
-/// `0` stale, or `{'lifecycle', pointer, lock}` refused by the lifecycle
-/// records.
+/// storage pointer, the delete lock and the storage id's shard count, then
+/// `PEXPIRE`. Returns `1` renewed, `0` stale, `{'lifecycle', pointer, lock}`
+/// refused by the lifecycle records, or `{'shards', count}` refused by the
+/// recorded count.
 const RENEW_CHECK: &str = "
-local function renew(owner, ptr_key, lock_key, rec, storage, ttl)
-  local v = redis.call('MGET', owner, lock_key, ptr_key)
+local function renew(owner, ptr_key, lock_key, count_key, rec, storage, count, ttl)
+  local v = redis.call('MGET', owner, lock_key, ptr_key, count_key)
   if v[1] ~= rec then
     return 0
   end
@@ -104,26 +132,31 @@ local function renew(owner, ptr_key, lock_key, rec, storage, ttl)
   if lock == 'whole' or ptr ~= storage or (lock and lock ~= 'version') then
     return {'lifecycle', ptr, lock}
   end
+  if v[4] and v[4] ~= count then
+    return {'shards', v[4]}
+  end
   redis.call('PEXPIRE', owner, ttl)
   return 1
 end
 ";
 
 /// Renews one record (`renew`, and a batch of one): KEYS are (owner,
-/// pointer, lock), ARGV (TTL, record, storage id); the reply is the check's
-/// own, not wrapped in a batch.
+/// pointer, lock, count), ARGV (TTL, record, storage id, count); the reply
+/// is the check's own, not wrapped in a batch.
 const RENEW_ONE: &str = "
-return renew(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[1])
+return renew(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
 ";
 
-/// Renews a batch: KEYS are (owner, pointer, lock) per record; ARGV[1] is
-/// the TTL, then (record, storage id) per record. One reply per record.
+/// Renews a batch: KEYS are (owner, pointer, lock, count) per record;
+/// ARGV[1] is the TTL, then (record, storage id, count) per record. One
+/// reply per record.
 const RENEW_MANY: &str = "
 local out = {}
-for i = 1, #KEYS / 3 do
-  local k = (i - 1) * 3
-  local a = (i - 1) * 2 + 1
-  out[i] = renew(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[1])
+for i = 1, #KEYS / 4 do
+  local k = (i - 1) * 4
+  local a = (i - 1) * 3 + 1
+  out[i] = renew(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[1])
 end
 return out
 ";
@@ -201,6 +234,7 @@ pub struct RedisLeaseStore {
     release: Script,
     snapshot: Script,
     raise_floor: Script,
+    record_count: Script,
 }
 
 impl std::fmt::Debug for RedisLeaseStore {
@@ -222,6 +256,7 @@ impl RedisLeaseStore {
             release: Script::new(RELEASE),
             snapshot: Script::new(&format!("{NOW}{SNAPSHOT}")),
             raise_floor: Script::new(RAISE_FLOOR),
+            record_count: Script::new(RECORD_COUNT),
         }
     }
 
@@ -274,6 +309,25 @@ impl RedisLeaseStore {
     /// The delete lock key of `lifecycle`.
     pub fn delete_lock_key(&self, lifecycle: &LifecycleId) -> String {
         format!("{}worker:delete-lock:{}", self.prefix, lifecycle.as_str())
+    }
+
+    /// The shard count key of `storage`.
+    pub fn shard_count_key(&self, storage: &StorageId) -> String {
+        format!("{}worker:do-shards:{}", self.prefix, storage.as_str())
+    }
+
+    /// The refusal for a `{'shards', count}` reply: the recorded count
+    /// differs from `scope`'s (or is not a valid count).
+    fn shards_error(scope: &OwnerScope, recorded: Option<&Value>) -> OwnershipError {
+        match parse_shard_count(recorded.and_then(bytes), scope.storage_id())
+            .and_then(|c| check_shard_count(scope, c))
+        {
+            Err(e) => e,
+            // The script saw a count the check accepts: treat as a race.
+            Ok(()) => OwnershipError::OwnerRace {
+                scope: scope.to_string(),
+            },
+        }
     }
 
     fn lifecycle_error(
@@ -340,10 +394,12 @@ impl LeaseStore for RedisLeaseStore {
             .key(self.generation_key(scope))
             .key(self.storage_pointer_key(lifecycle))
             .key(self.delete_lock_key(lifecycle))
+            .key(self.shard_count_key(scope.storage_id()))
             .arg(scope.storage_id().as_str())
             .arg(&template.prefix)
             .arg(&template.suffix)
             .arg(ttl_ms)
+            .arg(scope.shard_count().get())
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
@@ -387,6 +443,7 @@ impl LeaseStore for RedisLeaseStore {
                 reply.get(1),
                 reply.get(2),
             )),
+            Some(b"shards") => Err(Self::shards_error(scope, reply.get(1))),
             Some(b"badgen") => Err(OwnershipError::InvalidLifecycleState {
                 lifecycle: scope.to_string(),
                 reason: "generation counter is not a positive safe integer below 2^53-1".to_owned(),
@@ -428,6 +485,7 @@ impl LeaseStore for RedisLeaseStore {
             .key(self.generation_key(scope))
             .key(self.storage_pointer_key(lifecycle))
             .key(self.delete_lock_key(lifecycle))
+            .key(self.shard_count_key(scope.storage_id()))
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
@@ -451,6 +509,7 @@ impl LeaseStore for RedisLeaseStore {
             .and_then(bytes)
             .map(|raw| DeleteLock::parse(raw, lifecycle))
             .transpose()?;
+        let shard_count = parse_shard_count(reply.get(6).and_then(bytes), scope.storage_id())?;
         if let Some(o) = &owner
             && Generation::new(generation).map_or(true, |g| g < o.record.generation())
         {
@@ -464,6 +523,7 @@ impl LeaseStore for RedisLeaseStore {
             generation,
             active_storage,
             delete_lock,
+            shard_count,
         })
     }
 
@@ -497,6 +557,40 @@ impl LeaseStore for RedisLeaseStore {
     ) -> Result<u64, OwnershipError> {
         self.raise_floor(scope, floor).await
     }
+
+    async fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .record_count
+            .key(self.storage_pointer_key(lifecycle))
+            .key(self.delete_lock_key(lifecycle))
+            .key(self.shard_count_key(scope.storage_id()))
+            .arg(scope.storage_id().as_str())
+            .arg(scope.shard_count().get())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let Value::Array(reply) = reply else {
+            return match reply {
+                Value::Int(1) => Ok(()),
+                _ => Err(protocol("unknown shard count reply")),
+            };
+        };
+        match reply.first().and_then(bytes) {
+            Some(b"lifecycle") => Err(Self::lifecycle_error(
+                scope,
+                lifecycle,
+                reply.get(1),
+                reply.get(2),
+            )),
+            Some(b"shards") => Err(Self::shards_error(scope, reply.get(1))),
+            _ => Err(protocol("unknown shard count reply")),
+        }
+    }
 }
 
 impl RedisLeaseStore {
@@ -521,8 +615,10 @@ impl RedisLeaseStore {
                 .key(self.owner_key(record.scope()))
                 .key(self.storage_pointer_key(record.lifecycle()))
                 .key(self.delete_lock_key(record.lifecycle()))
+                .key(self.shard_count_key(record.scope().storage_id()))
                 .arg(record.encoded())
-                .arg(record.scope().storage_id().as_str());
+                .arg(record.scope().storage_id().as_str())
+                .arg(record.scope().shard_count().get());
         }
         let mut conn = self.conn.clone();
         let replies = match invocation.invoke_async::<Value>(&mut conn).await {
@@ -575,6 +671,11 @@ impl RedisLeaseStore {
                             reply.get(1),
                             reply.get(2),
                         ))
+                    }
+                    Some(Value::Array(reply))
+                        if reply.first().and_then(bytes) == Some(b"shards") =>
+                    {
+                        Err(Self::shards_error(scope, reply.get(1)))
                     }
                     Some(_) => Err(protocol("unknown renew reply")),
                     None => Err(protocol("renew batch reply without this record")),

@@ -75,8 +75,17 @@ impl LeaseStore for SkeletonLeaseStore {
         _scope: &OwnerScope,
         _lifecycle: &LifecycleId,
     ) -> Result<OwnerSnapshot, OwnershipError> {
-        // One consistent read of owner, generation, lifecycle state and the store's clock.
+        // One consistent read of owner, generation, lifecycle state (with the recorded shard count) and the store's clock.
         Err(unavailable("snapshot"))
+    }
+
+    async fn record_shard_count(
+        &self,
+        _scope: &OwnerScope,
+        _lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        // Atomically: the lifecycle checks of a claim, then the recorded shard count (refuse another; record the scope's when none). A claim does the same in its own step; set_active_storage keeps the count for the same storage id and clears it when the pointer moves.
+        Err(unavailable("record_shard_count"))
     }
 }
 

@@ -359,6 +359,7 @@ impl durability_ownership::ObjectFence for SqliteStorage {
                 },
             })?;
         crate::ownership::ensure_fence_schema(&tx)?;
+        crate::ownership::check_fenced_scope(&tx, record)?;
         crate::ownership::record_generation(&tx, record)?;
         tx.commit().map_err(|e| OwnershipError::OwnerUnavailable {
             source: Box::new(e),
@@ -373,7 +374,10 @@ fn fenced(e: durability_ownership::OwnershipError) -> StorageError {
     let kind = match e {
         durability_ownership::OwnershipError::StaleGeneration { .. }
         | durability_ownership::OwnershipError::FenceNotRecorded { .. }
-        | durability_ownership::OwnershipError::StaleOwner { .. } => StorageErrorKind::Fenced,
+        | durability_ownership::OwnershipError::StaleOwner { .. }
+        | durability_ownership::OwnershipError::ObjectScopeMismatch { .. } => {
+            StorageErrorKind::Fenced
+        }
         _ => StorageErrorKind::Backend,
     };
     StorageError::new(kind, e.to_string())

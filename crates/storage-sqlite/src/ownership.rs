@@ -28,7 +28,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use durability_ownership::{
     BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
     LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount,
-    StorageId, TaskId, check_lifecycle, validate_ttl,
+    StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count, validate_ttl,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS durability_owner_lifecycle (
     lifecycle TEXT PRIMARY KEY NOT NULL,
     active_storage TEXT,
     delete_lock BLOB
+) STRICT;
+CREATE TABLE IF NOT EXISTS durability_storage_shard_count (
+    storage_id TEXT PRIMARY KEY NOT NULL,
+    shard_count INTEGER NOT NULL
 ) STRICT;
 ";
 
@@ -127,6 +131,7 @@ struct SnapshotRows {
     generation: u64,
     active: Option<StorageId>,
     lock: Option<DeleteLock>,
+    count: Option<ShardCount>,
 }
 
 /// Snapshot rows by (scope, lifecycle), valid for one database state: the
@@ -163,6 +168,7 @@ impl SnapshotRows {
             generation: self.generation,
             active_storage: self.active.clone(),
             delete_lock: self.lock,
+            shard_count: self.count,
         }
     }
 }
@@ -258,6 +264,50 @@ impl<C: Clock> SqliteLeaseStore<C> {
             .map(|raw| DeleteLock::parse(&raw, lifecycle))
             .transpose()?;
         Ok(Lifecycle { active, lock })
+    }
+
+    /// The shard count recorded for `storage`.
+    fn recorded_count(
+        conn: &Connection,
+        storage: &StorageId,
+    ) -> Result<Option<ShardCount>, OwnershipError> {
+        let n: Option<i64> = conn
+            .prepare_cached(
+                "SELECT shard_count FROM durability_storage_shard_count WHERE storage_id = ?1",
+            )
+            .and_then(|mut st| st.query_row([storage.as_str()], |r| r.get(0)).optional())
+            .map_err(not_applied)?;
+        stored_shard_count(n, storage)
+    }
+
+    /// The lifecycle and shard count checks of a claim of `scope` inside
+    /// `tx`. Returns whether the storage id has no count recorded yet.
+    fn check_claim(
+        tx: &Connection,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<bool, OwnershipError> {
+        let lc = Self::lifecycle(tx, lifecycle)?;
+        check_lifecycle(scope.storage_id(), lifecycle, lc.active.as_ref(), lc.lock)?;
+        let recorded = Self::recorded_count(tx, scope.storage_id())?;
+        check_shard_count(scope, recorded)?;
+        Ok(recorded.is_none())
+    }
+
+    /// Records `scope`'s shard count for its storage id inside `tx` (once:
+    /// [`Self::check_claim`] said none is recorded).
+    fn record_count(tx: &Connection, scope: &OwnerScope) -> Result<(), OwnershipError> {
+        tx.prepare_cached(
+            "INSERT INTO durability_storage_shard_count (storage_id, shard_count) VALUES (?1, ?2)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                scope.storage_id().as_str(),
+                scope.shard_count().get()
+            ])
+        })
+        .map_err(not_applied)?;
+        Ok(())
     }
 
     fn owner(
@@ -360,12 +410,14 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| begin_error(e, scope))?;
         let now = self.clock.now_ms_u64();
-        let lc = Self::lifecycle(&tx, lifecycle)?;
-        check_lifecycle(scope.storage_id(), lifecycle, lc.active.as_ref(), lc.lock)?;
+        let unrecorded = Self::check_claim(&tx, scope, lifecycle)?;
         if let Some(lease) = self.owner(&tx, scope, now)? {
             return Ok(ClaimOutcome::Held(lease));
         }
         let generation = Generation::new(Self::generation(&tx, scope)? + 1)?;
+        if unrecorded {
+            Self::record_count(&tx, scope)?;
+        }
         let record = OwnerRecord::with_endpoint(
             scope.clone(),
             lifecycle.clone(),
@@ -437,6 +489,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             Option<i64>,
             Option<String>,
             Option<Vec<u8>>,
+            Option<i64>,
         );
         let conn = self.lock();
         let now = self.clock.now_ms_u64();
@@ -460,18 +513,27 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
                 return Ok(hit.snapshot(now));
             }
         }
-        let (record, expires, generation, active, lock): Row = conn
+        let (record, expires, generation, active, lock, count): Row = conn
             .prepare_cached(
                 "SELECT l.record, l.expires_at_ms,
                    (SELECT generation FROM durability_owner_generations WHERE scope = k.s),
-                   c.active_storage, c.delete_lock
+                   c.active_storage, c.delete_lock,
+                   (SELECT shard_count FROM durability_storage_shard_count WHERE storage_id = ?3)
                  FROM (SELECT ?1 AS s, ?2 AS lc) AS k
                  LEFT JOIN durability_owner_leases l ON l.scope = k.s
                  LEFT JOIN durability_owner_lifecycle c ON c.lifecycle = k.lc",
             )
             .and_then(|mut st| {
-                st.query_row(params![scope.host_id(), lifecycle.as_str()], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                let storage = scope.storage_id().as_str();
+                st.query_row(params![scope.host_id(), lifecycle.as_str(), storage], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
                 })
             })
             .map_err(not_applied)?;
@@ -483,6 +545,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let owner = self.decode_owner(scope, row, now)?;
         let generation = Self::decode_generation(scope, generation)?;
         let lc = Self::decode_lifecycle(lifecycle, active, lock)?;
+        let count = stored_shard_count(count, scope.storage_id())?;
         let rows = SnapshotRows {
             owner: owner
                 .as_ref()
@@ -490,6 +553,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
             generation,
             active: lc.active,
             lock: lc.lock,
+            count,
         };
         if cacheable {
             let mut cache = self
@@ -578,6 +642,22 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         tx.commit().map_err(unknown)?;
         Ok(counter)
     }
+
+    async fn record_shard_count(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+    ) -> Result<(), OwnershipError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| begin_error(e, scope))?;
+        if Self::check_claim(&tx, scope, lifecycle)? {
+            Self::record_count(&tx, scope)?;
+            tx.commit().map_err(unknown)?;
+        }
+        Ok(())
+    }
 }
 
 impl<C: Clock> SqliteLeaseStore<C> {
@@ -608,7 +688,10 @@ impl<C: Clock> SqliteLeaseStore<C> {
             record.lifecycle(),
             lc.active.as_ref(),
             lc.lock,
-        ) {
+        )
+        .and_then(|()| Self::recorded_count(tx, scope.storage_id()))
+        .and_then(|recorded| check_shard_count(scope, recorded))
+        {
             return Ok(Err(e));
         }
         let exp = now.saturating_add(ttl_ms);
@@ -786,6 +869,44 @@ pub fn record_generation(conn: &Connection, record: &OwnerRecord) -> Result<(), 
     )
     .map_err(not_applied)?;
     Ok(())
+}
+
+/// Refuses, inside the caller's transaction, a claim of an object whose
+/// fence already recorded another shard of the same storage id and class:
+/// an object has one scope, and another shard for it means a host with
+/// another shard count (the store refuses such a claim too; this is the
+/// object's own last line). Rows of other storage ids or classes are not
+/// consulted.
+///
+/// # Errors
+/// [`OwnershipError::ObjectScopeMismatch`] (nothing is written);
+/// [`OwnershipError::InvalidInput`] outside a transaction; SQLite errors as
+/// [`OwnershipError::StoreUnavailable`].
+pub fn check_fenced_scope(conn: &Connection, record: &OwnerRecord) -> Result<(), OwnershipError> {
+    in_transaction(conn)?;
+    let scope = record.scope();
+    let prefix = format!(
+        "{}:{}:shard",
+        scope.storage_id().as_str(),
+        scope.class().as_str()
+    );
+    let other: Option<String> = conn
+        .prepare_cached(
+            "SELECT scope FROM durability_owner_fence
+             WHERE scope <> ?1 AND substr(scope, 1, length(?2)) = ?2 LIMIT 1",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![scope.host_id(), prefix], |r| r.get(0))
+                .optional()
+        })
+        .map_err(not_applied)?;
+    match other {
+        Some(recorded) => Err(OwnershipError::ObjectScopeMismatch {
+            recorded,
+            attempted: scope.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Checks, inside the caller's transaction, that the object database's

@@ -20,8 +20,13 @@
 //!
 //! Arguments `key=value`: `dir`, `task`, `own` (`all` or `none`),
 //! `create` (`1`: create the active storage pointer if absent),
-//! `interval` (owner loop period, ms). Settings come from the `DO_*`
-//! environment variables.
+//! `interval` (owner loop period, ms), `shards` (shards per class, 16 when
+//! absent). Settings come from the `DO_*` environment variables.
+//!
+//! Until the host does both itself, this binary checks its shard count
+//! against the storage id's (`LeaseStore::record_shard_count`) right after
+//! the host started, and exits on a duplicate task id
+//! (`Ownership::duplicate_task`), as `refused <code> <message>`.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
 use std::collections::HashMap;
@@ -31,7 +36,9 @@ use std::time::Duration;
 
 use durability_alarms::DispatcherConfig;
 use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy, OwnerEvent};
-use durability_ownership::{ShardCount, SystemClock};
+use durability_ownership::{
+    ClassName, LeaseStore as _, LifecycleId, OwnerScope, ShardCount, StorageId, SystemClock,
+};
 use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -118,6 +125,10 @@ async fn main() {
         Err(e) => refuse(e.code(), &e.to_string()),
     };
     settings.renew_interval_ms = arg("interval").parse().ok();
+    if let Ok(n) = arg("shards").parse::<u32>() {
+        settings.ownership.shard_count = ShardCount::new(n).unwrap();
+    }
+    let count = settings.ownership.shard_count;
     let dir = std::path::PathBuf::from(arg("dir"));
     let task = arg("task");
     let clock = SystemClock::new();
@@ -164,6 +175,31 @@ async fn main() {
         Ok(h) => h,
         Err(e) => refuse(e.code(), &e.to_string()),
     };
+    let probe = OwnerScope::new(
+        StorageId::new("st1").unwrap(),
+        ClassName::new("Counter").unwrap(),
+        0,
+        count,
+    )
+    .unwrap();
+    let lifecycle = LifecycleId::new("ns:app").unwrap();
+    if let Err(e) = host
+        .ownership()
+        .store()
+        .record_shard_count(&probe, &lifecycle)
+        .await
+    {
+        refuse(e.code(), &e.to_string());
+    }
+    let watched = host.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Some(e) = watched.ownership().duplicate_task() {
+                refuse(e.code(), &e.to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
     let mut events = host.subscribe();
     tokio::spawn(async move {
         while let Ok(e) = events.recv().await {

@@ -37,6 +37,19 @@ fn all() -> Vec<OwnershipError> {
             scope: "s".into(),
             attempted: 1,
         },
+        OwnershipError::ShardCountMismatch {
+            storage_id: "s".into(),
+            recorded: 16,
+            requested: 8,
+        },
+        OwnershipError::ObjectScopeMismatch {
+            recorded: "s".into(),
+            attempted: "t".into(),
+        },
+        OwnershipError::DuplicateTaskId {
+            task_id: "t".into(),
+            scope: "s".into(),
+        },
     ]
 }
 
@@ -78,4 +91,33 @@ fn classification_matches_the_seed() {
 fn errors_are_send_sync_static() {
     fn check<T: Send + Sync + 'static>() {}
     check::<OwnershipError>();
+}
+
+#[test]
+fn configuration_refusals_name_both_sides_and_are_final() {
+    let e = OwnershipError::ShardCountMismatch {
+        storage_id: "st1".into(),
+        recorded: 16,
+        requested: 8,
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains("16") && text.contains(" 8") && text.contains("st1"),
+        "{text}"
+    );
+    assert!(!e.is_retryable());
+    assert_eq!(e.outcome(), DispatchOutcome::NotStarted);
+    let d = OwnershipError::DuplicateTaskId {
+        task_id: "task-7".into(),
+        scope: "st1:C:shard0".into(),
+    };
+    assert!(d.to_string().contains("task-7"));
+    assert!(!d.is_retryable());
+    assert!(
+        !OwnershipError::ObjectScopeMismatch {
+            recorded: "a".into(),
+            attempted: "b".into()
+        }
+        .is_retryable()
+    );
 }

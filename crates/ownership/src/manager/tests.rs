@@ -14,6 +14,7 @@ use durability_time::ManualClock;
 
 mod admission;
 mod drain;
+mod duplicate;
 mod metrics;
 mod renew_all;
 
@@ -507,7 +508,7 @@ impl Fixture {
 }
 
 #[tokio::test]
-async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_reclaims() {
+async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_waits_out_the_old_lease() {
     let f = fixture().await;
     let a1 = f.task_at("a", "http://10.0.0.1:7001");
     let Resolution::Local(g1) = a1.resolve(&f.scope, &f.lifecycle).await.expect("a1") else {
@@ -522,10 +523,17 @@ async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_reclaims() {
             endpoint: Some(OwnerEndpoint::new("http://10.0.0.1:7001").expect("endpoint")),
         }
     );
-    // Task a restarts on another port while its old lease is live: its
-    // first resolution gives the old record back and claims again, so the
-    // record (at a new generation, fencing the old run) names the new port.
+    // Task a restarts on another port while its old lease is live (the old
+    // run crashed: it renews no more). The new run neither adopts nor gives
+    // back a record it did not write: it waits for the lease to end.
     let a2 = f.task_at("a", "http://10.0.0.1:7002");
+    for _ in 0..3 {
+        let e = a2.resolve(&f.scope, &f.lifecycle).await.expect_err("held");
+        assert_eq!(e.code(), "owner_race", "{e}");
+        f.clock.advance(1000);
+    }
+    assert!(a2.duplicate_task().is_none(), "a lease that never moves");
+    f.clock.advance(10_000);
     let Resolution::Local(g2) = a2.resolve(&f.scope, &f.lifecycle).await.expect("a2") else {
         panic!("a2 owns");
     };
@@ -543,9 +551,8 @@ async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_reclaims() {
         Some("http://10.0.0.1:7002")
     );
     assert_eq!(held.generation(), g2);
-    // The old run's admission fails closed at its generation.
-    assert_eq!(
-        a1.admit(&f.scope, g1).await.expect_err("stale").code(),
-        "stale_owner"
-    );
+    // The old run's admission fails closed at its generation (its local
+    // lease ran out while the new run waited).
+    let e = a1.admit(&f.scope, g1).await.expect_err("stale");
+    assert!(matches!(e.code(), "stale_owner" | "lease_expired"), "{e}");
 }

@@ -16,10 +16,11 @@ fn body(schema: &SchemaName) -> String {
     let s = schema.quoted();
     let lit = schema.as_str();
     format!(
-        "{}{}{}",
+        "{}{}{}{}",
         tables(&s),
         claim_function(&s, lit),
-        renew_and_floor_functions(&s, lit)
+        renew_and_floor_functions(&s, lit),
+        record_count_function(&s)
     )
 }
 
@@ -39,6 +40,10 @@ CREATE TABLE IF NOT EXISTS {s}.durability_owner_lifecycle (
     active_storage TEXT,
     delete_lock TEXT
 );
+CREATE TABLE IF NOT EXISTS {s}.durability_storage_shard_count (
+    storage_id TEXT COLLATE "C" PRIMARY KEY,
+    shard_count INT NOT NULL
+);
 "#
     )
 }
@@ -52,13 +57,13 @@ fn claim_function(s: &str, lit: &str) -> String {
 -- scope, then each owner row), so batches never deadlock one another.
 CREATE OR REPLACE FUNCTION {s}.durability_owner_claim(
     p_scopes TEXT[], p_storages TEXT[], p_lifecycle TEXT,
-    p_prefixes TEXT[], p_suffix TEXT, p_ttl BIGINT)
+    p_prefixes TEXT[], p_suffix TEXT, p_ttl BIGINT, p_counts INT[])
 RETURNS TABLE (o_ord INT, o_outcome TEXT, o_record BYTEA, o_number BIGINT,
                o_active TEXT, o_lock TEXT)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_i INT; v_now BIGINT; v_found BOOLEAN; v_active TEXT; v_lock TEXT;
-    v_record BYTEA; v_expires BIGINT; v_gen BIGINT;
+    v_record BYTEA; v_expires BIGINT; v_gen BIGINT; v_count INT;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('{lit}:' || u.s, 0))
         FROM (SELECT DISTINCT x AS s FROM unnest(p_scopes) AS x) AS u ORDER BY u.s;
@@ -72,6 +77,11 @@ BEGIN
            OR v_active IS DISTINCT FROM p_storages[v_i] THEN
             o_outcome := 'lifecycle'; RETURN NEXT; CONTINUE;
         END IF;
+        SELECT n.shard_count INTO v_count
+            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
+        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
+            o_outcome := 'shards'; o_number := v_count; RETURN NEXT; CONTINUE;
+        END IF;
         SELECT o.record, o.expires_at_ms INTO v_record, v_expires
             FROM {s}.durability_owner_leases o WHERE o.scope = p_scopes[v_i] FOR UPDATE;
         v_found := FOUND;
@@ -84,6 +94,11 @@ BEGIN
             FROM {s}.durability_owner_generations g WHERE g.scope = p_scopes[v_i] FOR UPDATE;
         IF FOUND AND (v_gen < 1 OR v_gen >= {MAX_SAFE}) THEN
             o_outcome := 'badgen'; o_number := v_gen; RETURN NEXT; CONTINUE;
+        END IF;
+        -- A claim that writes records the storage id's count (once).
+        v_count := {s}.durability_storage_record_count(p_storages[v_i], p_counts[v_i]);
+        IF v_count IS DISTINCT FROM p_counts[v_i] THEN
+            o_outcome := 'shards'; o_number := v_count; RETURN NEXT; CONTINUE;
         END IF;
         v_gen := coalesce(v_gen, 0) + 1;
         INSERT INTO {s}.durability_owner_generations (scope, generation)
@@ -109,17 +124,18 @@ fn renew_and_floor_functions(s: &str, lit: &str) -> String {
 -- server's clock). Lifecycle rows are locked before owner rows, owner rows
 -- in scope order, as claims lock them.
 CREATE OR REPLACE FUNCTION {s}.durability_owner_renew(
-    p_scopes TEXT[], p_records BYTEA[], p_lifecycles TEXT[], p_storages TEXT[], p_ttl BIGINT)
-RETURNS TABLE (o_ord INT, o_outcome TEXT, o_active TEXT, o_lock TEXT)
+    p_scopes TEXT[], p_records BYTEA[], p_lifecycles TEXT[], p_storages TEXT[], p_ttl BIGINT,
+    p_counts INT[])
+RETURNS TABLE (o_ord INT, o_outcome TEXT, o_active TEXT, o_lock TEXT, o_count INT)
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    v_i INT; v_active TEXT; v_lock TEXT; v_expires BIGINT;
+    v_i INT; v_active TEXT; v_lock TEXT; v_expires BIGINT; v_count INT;
 BEGIN
     PERFORM 1 FROM {s}.durability_owner_lifecycle c
         WHERE c.lifecycle = ANY (p_lifecycles) ORDER BY c.lifecycle FOR SHARE;
     FOR v_i IN SELECT x.i FROM generate_subscripts(p_scopes, 1) AS x(i)
                ORDER BY p_scopes[x.i], x.i LOOP
-        o_ord := v_i; o_active := NULL; o_lock := NULL;
+        o_ord := v_i; o_active := NULL; o_lock := NULL; o_count := NULL;
         SELECT o.expires_at_ms INTO v_expires FROM {s}.durability_owner_leases o
             WHERE o.scope = p_scopes[v_i] AND o.record = p_records[v_i] FOR UPDATE;
         IF NOT FOUND OR v_expires <= {SERVER_NOW_MS} THEN
@@ -131,6 +147,11 @@ BEGIN
            OR v_active IS DISTINCT FROM p_storages[v_i] THEN
             o_outcome := 'lifecycle'; o_active := v_active; o_lock := v_lock;
             RETURN NEXT; CONTINUE;
+        END IF;
+        SELECT n.shard_count INTO v_count
+            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
+        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
+            o_outcome := 'shards'; o_count := v_count; RETURN NEXT; CONTINUE;
         END IF;
         UPDATE {s}.durability_owner_leases SET expires_at_ms = {SERVER_NOW_MS} + p_ttl
             WHERE scope = p_scopes[v_i];
@@ -164,6 +185,48 @@ $fn$;"#
     )
 }
 
+fn record_count_function(s: &str) -> String {
+    format!(
+        r#"
+-- The shard count of p_storage: the recorded one, or p_count recorded now
+-- when none is (a concurrent first record waits and the winner's is read).
+CREATE OR REPLACE FUNCTION {s}.durability_storage_record_count(p_storage TEXT, p_count INT)
+RETURNS INT LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_count INT;
+BEGIN
+    SELECT n.shard_count INTO v_count
+        FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storage;
+    IF FOUND THEN
+        RETURN v_count;
+    END IF;
+    INSERT INTO {s}.durability_storage_shard_count (storage_id, shard_count)
+        VALUES (p_storage, p_count) ON CONFLICT (storage_id) DO NOTHING;
+    SELECT n.shard_count INTO v_count
+        FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storage;
+    RETURN v_count;
+END
+$fn$;
+-- The start-up check: the lifecycle checks of a claim under p_storage,
+-- then its shard count (recorded now when none is).
+CREATE OR REPLACE FUNCTION {s}.durability_owner_record_count(
+    p_lifecycle TEXT, p_storage TEXT, p_count INT)
+RETURNS TABLE (o_outcome TEXT, o_active TEXT, o_lock TEXT, o_count INT)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    SELECT c.active_storage, c.delete_lock INTO o_active, o_lock
+        FROM {s}.durability_owner_lifecycle c WHERE c.lifecycle = p_lifecycle FOR SHARE;
+    IF (o_lock IS NOT NULL AND o_lock <> 'version') OR o_active IS DISTINCT FROM p_storage THEN
+        o_outcome := 'lifecycle'; RETURN NEXT; RETURN;
+    END IF;
+    o_count := {s}.durability_storage_record_count(p_storage, p_count);
+    o_outcome := CASE WHEN o_count IS DISTINCT FROM p_count THEN 'shards' ELSE 'ok' END;
+    RETURN NEXT;
+END
+$fn$;"#
+    )
+}
+
 /// The statements of one store, built once for its schema.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -175,6 +238,7 @@ pub(super) struct Statements {
     pub(super) set_active: String,
     pub(super) set_lock: String,
     pub(super) list: String,
+    pub(super) record_count: String,
 }
 
 impl Statements {
@@ -183,11 +247,11 @@ impl Statements {
         Self {
             claim: format!(
                 "SELECT o_ord, o_outcome, o_record, o_number, o_active, o_lock \
-                 FROM {s}.durability_owner_claim($1, $2, $3, $4, $5, $6)"
+                 FROM {s}.durability_owner_claim($1, $2, $3, $4, $5, $6, $7)"
             ),
             renew: format!(
-                "SELECT o_ord, o_outcome, o_active, o_lock \
-                 FROM {s}.durability_owner_renew($1, $2, $3, $4, $5)"
+                "SELECT o_ord, o_outcome, o_active, o_lock, o_count \
+                 FROM {s}.durability_owner_renew($1, $2, $3, $4, $5, $6)"
             ),
             raise_floor: format!(
                 "SELECT o_outcome, o_generation FROM {s}.durability_owner_raise_floor($1, $2)"
@@ -196,7 +260,8 @@ impl Statements {
                 "DELETE FROM {s}.durability_owner_leases WHERE scope = $1 AND record = $2 RETURNING 1"
             ),
             snapshot: format!(
-                "SELECT k.now_ms, l.record, l.expires_at_ms, g.generation, c.active_storage, c.delete_lock
+                "SELECT k.now_ms, l.record, l.expires_at_ms, g.generation, c.active_storage, c.delete_lock,
+                   (SELECT n.shard_count FROM {s}.durability_storage_shard_count n WHERE n.storage_id = $3)
                  FROM (SELECT {SERVER_NOW_MS} AS now_ms) AS k
                  LEFT JOIN {s}.durability_owner_leases l ON l.scope = $1
                  LEFT JOIN {s}.durability_owner_generations g ON g.scope = $1
@@ -212,6 +277,10 @@ impl Statements {
                  JOIN {s}.durability_owner_leases l ON l.expires_at_ms > k.now_ms
                  WHERE $1::text IS NULL OR l.scope > $1
                  ORDER BY l.scope LIMIT $2"
+            ),
+            record_count: format!(
+                "SELECT o_outcome, o_active, o_lock, o_count \
+                 FROM {s}.durability_owner_record_count($1, $2, $3)"
             ),
             set_lock: format!(
                 "INSERT INTO {s}.durability_owner_lifecycle (lifecycle, delete_lock) VALUES ($1, $2)

@@ -255,3 +255,57 @@ fn store_is_send_sync() {
     fn check<T: Send + Sync + 'static>() {}
     check::<RedisLeaseStore>();
 }
+
+/// A stored shard count that is not a canonical count in 1..=1024 fails its
+/// storage id closed, and a count of another value refuses the claim as a
+/// mismatch naming both counts; nothing is written either way.
+#[tokio::test]
+async fn a_corrupt_or_other_shard_count_refuses_the_claim_and_writes_nothing() {
+    let Some(s) = store("shardcount").await else {
+        return;
+    };
+    let mut c = s.connection();
+    let t = TaskId::new("a").unwrap();
+    for (i, (stored, code)) in [
+        ("016", "invalid_lifecycle_state"),
+        ("0", "invalid_lifecycle_state"),
+        ("1025", "invalid_lifecycle_state"),
+        ("sixteen", "invalid_lifecycle_state"),
+        ("8", "shard_count_mismatch"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let l = LifecycleId::new(&format!("ns:c{i}")).unwrap();
+        let sc = scope(&format!("stc{i}:Room:shard0"));
+        s.set_active_storage(&l, Some(sc.storage_id()))
+            .await
+            .unwrap();
+        let _: () = c
+            .set(s.shard_count_key(sc.storage_id()), stored)
+            .await
+            .unwrap();
+        let e = s.claim(&sc, &l, &t, 10_000).await.unwrap_err();
+        assert_eq!(e.code(), code, "{stored}: {e}");
+        let e = s.record_shard_count(&sc, &l).await.unwrap_err();
+        assert_eq!(e.code(), code, "{stored}: {e}");
+        if code == "invalid_lifecycle_state" {
+            let e = s.snapshot(&sc, &l).await.unwrap_err();
+            assert_eq!(e.code(), code, "{stored}: {e}");
+        } else {
+            assert!(
+                e.to_string().contains("8") && e.to_string().contains("16"),
+                "{e}"
+            );
+        }
+        let owner: Option<String> = c.get(s.owner_key(&sc)).await.unwrap();
+        let generation: Option<String> = c.get(s.generation_key(&sc)).await.unwrap();
+        let count: Option<String> = c.get(s.shard_count_key(sc.storage_id())).await.unwrap();
+        assert_eq!(
+            (owner, generation),
+            (None, None),
+            "{stored}: nothing written"
+        );
+        assert_eq!(count.as_deref(), Some(stored), "{stored}: count untouched");
+    }
+}

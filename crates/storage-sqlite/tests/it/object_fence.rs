@@ -61,3 +61,47 @@ fn an_unfenced_storage_does_not_check() {
     let r: Result<(), StorageError> = s.transaction(|tx| tx.set_alarm(Some(1)));
     assert!(r.is_ok());
 }
+
+/// Issue 32, item 1: a host with another shard count owns the same object
+/// under another shard of the same storage id and class. The object's fence
+/// refuses that claim, and the other host's commit never lands.
+#[test]
+fn an_object_fenced_under_one_shard_refuses_a_claim_under_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("object.db");
+    let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
+    a.fence(&claim("a", 1)).unwrap();
+    a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
+
+    // The same object, as a host with 8 shards places it (shard 5 of 8).
+    let eight = OwnerScope::new(
+        StorageId::new("store-1").unwrap(),
+        ClassName::new("Shop").unwrap(),
+        5,
+        ShardCount::new(8).unwrap(),
+    )
+    .unwrap();
+    let other = OwnerRecord::new(
+        eight.clone(),
+        LifecycleId::new("ns:shop").unwrap(),
+        TaskId::new("b").unwrap(),
+        Generation::new(7).unwrap(),
+    );
+    let b = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
+    let err = durability_ownership::ObjectFence::fence_claim(&b, &other, None).unwrap_err();
+    match &err {
+        durability_ownership::OwnershipError::ObjectScopeMismatch {
+            recorded,
+            attempted,
+        } => {
+            assert_eq!(recorded, scope().host_id());
+            assert_eq!(attempted, eight.host_id());
+        }
+        e => panic!("expected object_scope_mismatch, got {e:?}"),
+    }
+    let err = b.fence(&other).unwrap_err();
+    assert_eq!(err.kind(), StorageErrorKind::Fenced, "{err}");
+    // Nothing of b's claim was recorded: a's claim still holds the fence.
+    a.transaction(|tx| tx.set_alarm(Some(11))).unwrap();
+    assert_eq!(a.transaction(|tx| tx.alarm()).unwrap(), Some(11));
+}

@@ -680,3 +680,94 @@ async fn a_remembered_snapshot_never_hides_a_commit_or_an_expiry() {
     .unwrap();
     assert_eq!(reader.snapshot(&sc, &l).await.unwrap().generation, 11);
 }
+
+/// A stored shard count outside 1..=1024 fails its storage id closed
+/// (claim, renew, snapshot, start-up check) and only that storage id.
+#[tokio::test]
+async fn a_corrupt_shard_count_fails_its_storage_id_closed_and_only_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = open(&dir.path().join("leases.db"), &clock);
+    let t = TaskId::new("t").unwrap();
+    for (i, bad) in [0_i64, -3, 1025, i64::MAX].into_iter().enumerate() {
+        let l = LifecycleId::new(&format!("ns:bad{i}")).unwrap();
+        let sc = scope(&format!("bad{i}:Room:shard0"));
+        store
+            .set_active_storage(&l, Some(sc.storage_id()))
+            .await
+            .unwrap();
+        store.with_connection(|c| {
+            c.execute(
+                "INSERT INTO durability_storage_shard_count (storage_id, shard_count) VALUES (?1, ?2)",
+                params![sc.storage_id().as_str(), bad],
+            )
+            .unwrap();
+        });
+        let before = store.with_connection(|c| raw_state(c, &sc));
+        let e = store.claim(&sc, &l, &t, 10_000).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}");
+        let e = store.snapshot(&sc, &l).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}");
+        let e = store.record_shard_count(&sc, &l).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_lifecycle_state", "{bad}: {e}");
+        assert_eq!(
+            store.with_connection(|c| raw_state(c, &sc)),
+            before,
+            "{bad}"
+        );
+    }
+    // A healthy storage id next to them is claimed and renewed.
+    let l = LifecycleId::new("ns:good").unwrap();
+    let sc = scope("good:Room:shard0");
+    store
+        .set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed(lease) = store.claim(&sc, &l, &t, 10_000).await.unwrap() else {
+        panic!("a free scope is claimed")
+    };
+    store.renew(&lease.record, 10_000).await.unwrap();
+    assert_eq!(
+        store.snapshot(&sc, &l).await.unwrap().shard_count,
+        Some(ShardCount::default())
+    );
+}
+
+/// Admission and renewal compare the recorded shard count too: a count
+/// that differs from the owned scope's (here rewritten under the owner, as
+/// an operator or an older host could) refuses new work at once.
+#[tokio::test]
+async fn admission_and_renewal_refuse_a_scope_of_another_shard_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = open(&dir.path().join("leases.db"), &clock);
+    let l = LifecycleId::new("ns:admit").unwrap();
+    let sc = scope("st1:Room:shard3");
+    store
+        .set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    let o = Ownership::new(
+        store,
+        clock.clone(),
+        TaskId::new("a").unwrap(),
+        OwnershipSettings::default(),
+    );
+    let Resolution::Local(g) = o.resolve(&sc, &l).await.unwrap() else {
+        panic!("claimed")
+    };
+    drop(o.admit_checked(&sc, g).await.unwrap());
+    o.store().with_connection(|c| {
+        c.execute(
+            "UPDATE durability_storage_shard_count SET shard_count = 8 WHERE storage_id = 'st1'",
+            [],
+        )
+        .unwrap();
+    });
+    let e = o.admit_checked(&sc, g).await.unwrap_err();
+    assert_eq!(e.code(), "shard_count_mismatch", "{e}");
+    assert!(!e.is_retryable());
+    let owner = o.store().snapshot(&sc, &l).await.unwrap().owner.unwrap();
+    let e = o.store().renew(&owner.record, 10_000).await.unwrap_err();
+    assert_eq!(e.code(), "shard_count_mismatch", "{e}");
+}
