@@ -311,6 +311,9 @@ struct Inner<S, I, O: ObjectStore> {
     first_events: Mutex<Option<broadcast::Receiver<OwnerEvent>>>,
     counters: Counters,
     stop: CancellationToken,
+    /// Cancelled when the host found it cannot go on (another live process
+    /// runs under its task id): [`Host::run_until_signal`] then drains.
+    fatal: CancellationToken,
     dispatcher: OnceLock<Arc<HostDispatcher<S, I, O>>>,
     routed: OnceLock<Arc<HostRouted<S, I, O>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -468,6 +471,7 @@ where
             first_events: Mutex::new(Some(first_events)),
             counters: Counters::new(&task),
             stop: CancellationToken::new(),
+            fatal: CancellationToken::new(),
             dispatcher: OnceLock::new(),
             routed: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),

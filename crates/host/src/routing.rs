@@ -35,8 +35,9 @@
 //!   the [`EndpointPolicy`]; an invalid one fails closed as
 //!   `owner_unavailable`, not started. A host with a token advertises its
 //!   endpoint (checked against its own policy at start) in every owner
-//!   record it writes; after a restart on another endpoint it gives its old
-//!   record back and claims again, so the record never names a stale port.
+//!   record it writes; after a restart (on any endpoint) it adopts only
+//!   records it wrote itself, so its predecessor's records (and their
+//!   endpoints) are waited out, at most one owner TTL, before it claims.
 
 mod call;
 mod connect;

@@ -23,10 +23,10 @@
 //! `interval` (owner loop period, ms), `shards` (shards per class, 16 when
 //! absent). Settings come from the `DO_*` environment variables.
 //!
-//! Until the host does both itself, this binary checks its shard count
-//! against the storage id's (`LeaseStore::record_shard_count`) right after
-//! the host started, and exits on a duplicate task id
-//! (`Ownership::duplicate_task`), as `refused <code> <message>`.
+//! A host that refuses to start (another shard count:
+//! `shard_count_mismatch`) or stops on its own (another live process under
+//! its task id: `duplicate_task_id`, `Host::failed`) exits with
+//! `refused <code> <message>`, the ownership error's code.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
 use std::collections::HashMap;
@@ -35,10 +35,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy, OwnerEvent};
-use durability_ownership::{
-    ClassName, LeaseStore as _, LifecycleId, OwnerScope, ShardCount, StorageId, SystemClock,
-};
+use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -128,7 +126,6 @@ async fn main() {
     if let Ok(n) = arg("shards").parse::<u32>() {
         settings.ownership.shard_count = ShardCount::new(n).unwrap();
     }
-    let count = settings.ownership.shard_count;
     let dir = std::path::PathBuf::from(arg("dir"));
     let task = arg("task");
     let clock = SystemClock::new();
@@ -173,33 +170,9 @@ async fn main() {
         });
     let host = match Host::start(config).await {
         Ok(h) => h,
+        Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
         Err(e) => refuse(e.code(), &e.to_string()),
     };
-    let probe = OwnerScope::new(
-        StorageId::new("st1").unwrap(),
-        ClassName::new("Counter").unwrap(),
-        0,
-        count,
-    )
-    .unwrap();
-    let lifecycle = LifecycleId::new("ns:app").unwrap();
-    if let Err(e) = host
-        .ownership()
-        .store()
-        .record_shard_count(&probe, &lifecycle)
-        .await
-    {
-        refuse(e.code(), &e.to_string());
-    }
-    let watched = host.clone();
-    tokio::spawn(async move {
-        loop {
-            if let Some(e) = watched.ownership().duplicate_task() {
-                refuse(e.code(), &e.to_string());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
     let mut events = host.subscribe();
     tokio::spawn(async move {
         while let Ok(e) = events.recv().await {
@@ -229,6 +202,9 @@ async fn main() {
         }
     });
     let report = host.run_until_signal().await;
+    if let Some(HostError::Ownership(e)) = host.failed() {
+        refuse(e.code(), &e.to_string());
+    }
     let released = match &report {
         durability_ownership::DrainReport::Drained { released, .. } => released.len(),
         _ => 0,

@@ -74,8 +74,23 @@ where
 
     /// Waits for SIGTERM or ctrl-c, then drains ([`Host::shutdown`]).
     pub async fn run_until_signal(&self) -> DrainReport {
-        shutdown_signal().await;
+        tokio::select! {
+            () = shutdown_signal() => {}
+            () = self.inner.fatal.cancelled() => {}
+        }
         self.shutdown().await
+    }
+
+    /// Why this host stopped on its own, if it did: another live process
+    /// runs under its task id (`duplicate_task_id`, found by the owner
+    /// loop). The host then claims and renews nothing more, and
+    /// [`Host::run_until_signal`] drains it at once; check this after it
+    /// returns to exit with the error.
+    pub fn failed(&self) -> Option<HostError> {
+        self.inner
+            .ownership
+            .duplicate_task()
+            .map(HostError::Ownership)
     }
 }
 

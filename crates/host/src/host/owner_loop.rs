@@ -48,7 +48,7 @@ where
     /// idle objects. Does nothing once draining.
     pub async fn owner_cycle(&self) -> CycleReport {
         let mut report = CycleReport::default();
-        if !self.running() {
+        if !self.running() || self.stop_on_duplicate_task() {
             return report;
         }
         self.renew(&mut report).await;
@@ -76,6 +76,25 @@ where
         drop(slots);
         self.prune_slots();
         report
+    }
+
+    /// Whether another live process runs under this host's task id
+    /// ([`durability_ownership::Ownership::duplicate_task`]): then the host
+    /// claims and renews nothing more, reports it once and fires
+    /// [`Host::failed`]'s signal so [`Host::run_until_signal`] drains.
+    fn stop_on_duplicate_task(&self) -> bool {
+        let Some(error) = self.inner.ownership.duplicate_task() else {
+            return false;
+        };
+        if !self.inner.fatal.is_cancelled() {
+            tracing::error!(
+                event = "durability.host.duplicate_task",
+                error = %error,
+                "another live process runs under this task id; this host stops"
+            );
+            self.inner.fatal.cancel();
+        }
+        true
     }
 
     /// Renews every owned scope in one batch; a scope whose renew proved

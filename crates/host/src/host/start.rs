@@ -256,7 +256,8 @@ where
         .map_err(|(setting, reason)| HostError::setting(setting, reason))
 }
 
-/// Checks the lifecycle's active storage pointer and delete lock before
+/// Checks the lifecycle's active storage pointer, delete lock and the storage
+/// id's shard count (recording it when none is) before
 /// the host starts (creating the pointer when asked and absent).
 async fn check_lifecycle_records<S: LeaseStore + LifecycleAdmin>(
     store: &S,
@@ -301,6 +302,11 @@ async fn check_lifecycle_records<S: LeaseStore + LifecycleAdmin>(
             format!("{:?}", active.as_str()),
             "this host serves another storage id than the active one; start it with the active storage id".to_owned(),
         )),
-        Some(_) => Ok(()),
+        Some(_) => {
+            // The storage id's shard count: recorded by the first host,
+            // refused (`shard_count_mismatch`) for a host with another.
+            store.record_shard_count(scope, lifecycle).await?;
+            Ok(())
+        }
     }
 }
