@@ -156,6 +156,9 @@ impl PostgresObjectStorage {
         })?;
         let generation: Option<i64> = row.try_get(0).map_err(unavailable)?;
         let holder: Option<Vec<u8>> = row.try_get(1).map_err(unavailable)?;
+        if generation.is_none() {
+            self.check_one_shard(client, record)?;
+        }
         if claim_writes(generation, holder.as_deref(), record)? {
             let g = i64::try_from(record.generation().get()).unwrap_or(i64::MAX);
             wait(client.execute(
@@ -174,6 +177,37 @@ impl PostgresObjectStorage {
             source: Box::new(e),
         })?;
         Ok(Round::Done)
+    }
+
+    /// Refuses a first claim of this object under one shard of a storage
+    /// id and class when its fence already recorded another shard of them:
+    /// an object has one scope, so another shard means a host with another
+    /// shard count ([`OwnershipError::ObjectScopeMismatch`], nothing
+    /// written; the lease store refuses such a claim too, this is the
+    /// object's own last line). Runs under the object row's lock.
+    fn check_one_shard(&self, client: &Object, record: &OwnerRecord) -> Result<(), OwnershipError> {
+        let s = &self.shared.s;
+        let scope = record.scope();
+        let prefix = format!(
+            "{}:{}:shard",
+            scope.storage_id().as_str(),
+            scope.class().as_str()
+        );
+        let rows = wait(client.query(
+            &format!(
+                "SELECT scope FROM {s}.durability_object_fences
+                 WHERE object_id = $1 AND scope <> $2 AND left(scope, length($3)) = $3 LIMIT 1"
+            ),
+            &[&self.object, &scope.host_id(), &prefix],
+        ))
+        .map_err(unavailable)?;
+        match rows.first() {
+            Some(row) => Err(OwnershipError::ObjectScopeMismatch {
+                recorded: row.try_get(0).map_err(unavailable)?,
+                attempted: scope.to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Ends the session whose transaction holds the object row: its

@@ -70,6 +70,35 @@ fn a_stale_owner_commit_is_refused_by_the_database() {
 }
 
 #[test]
+fn an_object_fenced_under_one_shard_refuses_a_claim_under_another_shard_count() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let a = d.objects.open("shop-9").unwrap();
+    a.fence(&claim("a", 1)).unwrap();
+    // A host started with 8 shards maps the object to another shard of the
+    // same storage id and class: refused, nothing written.
+    let eight = OwnerRecord::new(
+        OwnerScope::new(
+            StorageId::new("store-1").unwrap(),
+            ClassName::new("Shop").unwrap(),
+            5,
+            ShardCount::new(8).unwrap(),
+        )
+        .unwrap(),
+        LifecycleId::new("ns:shop").unwrap(),
+        TaskId::new("b").unwrap(),
+        Generation::new(7).unwrap(),
+    );
+    let b = d.objects.open("shop-9").unwrap();
+    let err = b.fence_claim(&eight, None).unwrap_err();
+    assert_eq!(err.code(), "object_scope_mismatch", "{err}");
+    // The first owner still commits: the refused claim wrote no fence.
+    a.transaction(|tx| tx.set_alarm(Some(5))).unwrap();
+    assert_eq!(a.transaction(|tx| tx.alarm()).unwrap(), Some(5));
+}
+
+#[test]
 fn an_unfenced_storage_does_not_check_and_another_object_is_not_fenced() {
     let Some(d) = TestDeployment::create() else {
         return;
