@@ -239,8 +239,11 @@ impl<T> ChannelConfig<T> {
     }
 }
 
-/// Validates a channel name.
-pub(crate) fn check_channel(name: &str) -> Result<(), OutboxError> {
+/// Validates a channel name: 1..=200 bytes, no control characters.
+///
+/// # Errors
+/// [`OutboxError::InvalidChannel`].
+pub fn check_channel(name: &str) -> Result<(), OutboxError> {
     let reason = if name.is_empty() {
         Some("must not be empty")
     } else if name.len() > MAX_CHANNEL_BYTES {
@@ -259,8 +262,11 @@ pub(crate) fn check_channel(name: &str) -> Result<(), OutboxError> {
     }
 }
 
-/// Validates a key.
-pub(crate) fn check_key(key: &str) -> Result<(), OutboxError> {
+/// Validates a key: 1..=1024 bytes, no control characters.
+///
+/// # Errors
+/// [`OutboxError::InvalidKey`].
+pub fn check_key(key: &str) -> Result<(), OutboxError> {
     let reason = if key.is_empty() {
         Some("must not be empty")
     } else if key.len() > MAX_KEY_BYTES {

@@ -6,7 +6,8 @@
 //! the caller's own transaction) reads rows, asks these functions what to
 //! do, and writes the answer. So the rules live here once:
 //!
-//! - staging: [`version_issued`] checks a version a counter issued,
+//! - staging: [`check_channel`], [`check_key`] and [`encode`] refuse bad
+//!   input before anything is written, [`version_issued`] checks a version a counter issued,
 //!   [`staged`] is the row a stage writes (attempt 0, due now, no claim);
 //! - claiming: [`claim`] counts the attempt (or marks it exhausted when the
 //!   channel's maximum is reached) and [`claim_deadline`] is the time the
@@ -18,6 +19,9 @@
 //!   attempt).
 
 use durability_scheduler::StorageError;
+
+pub use crate::channel::{check_channel, check_key};
+use crate::codec::Codec;
 use durability_time::MAX_SAFE_UNSIGNED;
 
 use crate::error::OutboxError;
@@ -39,6 +43,17 @@ pub fn version_issued(version: u64) -> Result<u64, OutboxError> {
         return Err(OutboxError::VersionsExhausted);
     }
     Ok(version)
+}
+
+/// The stored bytes of a value staged on a channel using `codec`: its
+/// format byte, then its payload, checked to read back, at most
+/// [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES).
+///
+/// # Errors
+/// [`OutboxError::Encode`], [`OutboxError::ValueTooLarge`] or
+/// [`OutboxError::ValueDoesNotRoundTrip`].
+pub fn encode<T: 'static>(codec: &dyn Codec<T>, value: &T) -> Result<Vec<u8>, OutboxError> {
+    crate::publisher::encode_with(codec, value)
 }
 
 /// The row a stage writes: the newest value of `key`, at `version`, with

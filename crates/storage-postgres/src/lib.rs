@@ -32,7 +32,8 @@
 //! (and domains over them) to [`Value::Text`] and `BYTEA` to [`Value::Blob`];
 //! any other column type is an error, never a silent conversion.
 //!
-//! Features: `testkit` adds `testkit::TestSchema`, a throwaway schema on a
+//! Features: `outbox` (default) adds the [`outbox`] module, the outbox in
+//! your own PostgreSQL transaction; `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
 //!
 //! # Example
@@ -530,6 +531,10 @@ impl Shard for PostgresShard {
 pub type PostgresMappingStore = ShardMappingStore<PostgresShard>;
 
 mod ledger;
+
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub use ledger::PostgresLedger;
 
 #[cfg(feature = "testkit")]

@@ -1,0 +1,427 @@
+//! Delivering one channel: claim with `SKIP LOCKED`, publish through the
+//! outbox's [`Publisher`], settle guarded by version and attempt.
+
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use durability_outbox::rules::{self, Claimed, Settle};
+use durability_outbox::{
+    ChannelConfig, CorruptEntry, DeliveryReport, EventKind, Publisher, Quarantined, Settled,
+    Settlement, Sink, StoredEntry, StoredRow,
+};
+use durability_time::{MAX_SAFE_INTEGER, is_safe_non_negative};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::{Config, NoTls, Row};
+
+use super::PgOutbox;
+use super::error::PgOutboxError;
+
+/// Default fallback poll of [`PgDeliverer::run`]: 5 seconds (notifications
+/// wake it sooner).
+pub const DEFAULT_POLL_MS: i64 = 5_000;
+
+/// Delivers one channel of a [`PgOutbox`] to its sink.
+///
+/// Any number of deliverers of a channel may run, in one process or many:
+/// `FOR UPDATE SKIP LOCKED` keeps them off each other's entries. Publish
+/// calls of one deliverer run one at a time.
+pub struct PgDeliverer<T, K> {
+    pub(super) outbox: PgOutbox,
+    pub(super) pool: Pool,
+    pub(super) config: Config,
+    pub(super) publisher: Publisher<T, K>,
+    pub(super) poll_ms: i64,
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl<T, K> std::fmt::Debug for PgDeliverer<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgDeliverer")
+            .field("outbox", &self.outbox)
+            .field("publisher", &self.publisher)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decodes a row of `key, value, version, attempt, due_at, claimed_until`
+/// strictly: anything out of range is corrupt, never misread.
+fn decode(channel: &str, row: &Row) -> Result<StoredRow, PgOutboxError> {
+    let get = |e| PgOutboxError::Corrupt(format!("unreadable outbox row: {e}"));
+    let key: String = row.try_get(0).map_err(get)?;
+    let value: Vec<u8> = row.try_get(1).map_err(get)?;
+    let version: i64 = row.try_get(2).map_err(get)?;
+    let attempt: i32 = row.try_get(3).map_err(get)?;
+    let due_at: i64 = row.try_get(4).map_err(get)?;
+    let claimed_until: Option<i64> = row.try_get(5).map_err(get)?;
+    let reason = if !(1..=MAX_SAFE_INTEGER).contains(&version) {
+        Some(format!("version {version} is outside 1..=2^53-1"))
+    } else if attempt < 0 {
+        Some(format!("attempt {attempt} is negative"))
+    } else if !is_safe_non_negative(due_at) {
+        Some(format!("due time {due_at} is outside 0..=2^53-1"))
+    } else if claimed_until.is_some_and(|c| !is_safe_non_negative(c)) {
+        Some(format!(
+            "claim deadline {claimed_until:?} is outside 0..=2^53-1"
+        ))
+    } else {
+        None
+    };
+    Ok(match reason {
+        Some(reason) => StoredRow::Corrupt(CorruptEntry {
+            channel: channel.to_owned(),
+            row: key.as_bytes().to_vec(),
+            key,
+            reason,
+        }),
+        None => StoredRow::Entry(StoredEntry {
+            channel: channel.to_owned(),
+            key,
+            value,
+            version: version.unsigned_abs(),
+            attempt: attempt.unsigned_abs(),
+            due_at,
+            claimed_until,
+        }),
+    })
+}
+
+fn as_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl<T, K> PgDeliverer<T, K>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink<T>,
+{
+    /// A deliverer of `channel` (its name, codec, timeouts, retries, dead
+    /// letters and hook) over a pool of `pool_size` connections made from
+    /// `config`, on the outbox's clock. Connections open lazily.
+    ///
+    /// # Errors
+    /// [`PgOutboxError::Outbox`] for a bad channel setting;
+    /// [`PgOutboxError::Unavailable`] for a pool that cannot be built.
+    pub fn new(
+        outbox: &PgOutbox,
+        config: Config,
+        pool_size: usize,
+        channel: ChannelConfig<T>,
+        sink: K,
+    ) -> Result<Self, PgOutboxError> {
+        let publisher = Publisher::new(channel, sink, Arc::clone(&outbox.clock))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .build()
+            .map_err(|e| PgOutboxError::Unavailable(Box::new(e)))?;
+        Ok(Self {
+            outbox: outbox.clone(),
+            pool,
+            config,
+            publisher,
+            poll_ms: DEFAULT_POLL_MS,
+            busy: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The fallback poll of [`PgDeliverer::run`], in ms (at least 1).
+    #[must_use]
+    pub fn poll_interval_ms(mut self, ms: i64) -> Self {
+        self.poll_ms = ms.max(1);
+        self
+    }
+
+    /// The channel's name.
+    pub fn name(&self) -> &str {
+        self.publisher.name()
+    }
+
+    /// Delivers every entry due when the run starts, batch by batch, and
+    /// reports what happened.
+    ///
+    /// # Errors
+    /// [`PgOutboxError::Unavailable`] or [`PgOutboxError::Rejected`]
+    /// (nothing of the failed step applied) or
+    /// [`PgOutboxError::OutcomeUnknown`] (a settlement may or may not have
+    /// landed); claimed entries are retried after their deadline.
+    pub async fn deliver_due(&self) -> Result<DeliveryReport, PgOutboxError> {
+        let _busy = self.busy.lock().await;
+        let start = self.publisher.now_ms();
+        let mut report = DeliveryReport::default();
+        loop {
+            let before = report.quarantined.len();
+            let claimed = self.claim(start, &mut report).await?;
+            if claimed.is_empty() {
+                if report.quarantined.len() > before {
+                    continue;
+                }
+                return Ok(report);
+            }
+            let outcomes = self.publisher.attempt(claimed).await;
+            self.settle(outcomes, &mut report).await?;
+        }
+    }
+
+    /// Claims up to a batch of due entries in one transaction: rows other
+    /// deliverers hold are skipped, corrupt rows are quarantined, and each
+    /// claim is recorded before it is published.
+    async fn claim(
+        &self,
+        now: i64,
+        report: &mut DeliveryReport,
+    ) -> Result<Vec<Claimed>, PgOutboxError> {
+        let sql = &self.outbox.sql;
+        let name = self.publisher.name();
+        let limit = i64::try_from(self.publisher.batch_size()).unwrap_or(i64::MAX);
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let rows = tx
+            .query(&sql.due, &[&name, &now, &limit])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let deadline = self.publisher.claim_deadline(now);
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut quarantined = Vec::new();
+        for row in &rows {
+            match decode(name, row)? {
+                StoredRow::Entry(stored) => claimed.push(self.publisher.claim(stored)),
+                StoredRow::Corrupt(corrupt) => {
+                    tx.execute(
+                        &sql.quarantine,
+                        &[&name, &corrupt.key, &corrupt.reason, &now],
+                    )
+                    .await
+                    .map_err(PgOutboxError::statement)?;
+                    quarantined.push(corrupt);
+                }
+            }
+        }
+        if !claimed.is_empty() {
+            let keys: Vec<&str> = claimed.iter().map(|c| c.stored.key.as_str()).collect();
+            let attempts: Vec<i32> = claimed.iter().map(|c| as_i32(c.attempt)).collect();
+            tx.execute(&sql.claim, &[&name, &deadline, &keys, &attempts])
+                .await
+                .map_err(PgOutboxError::statement)?;
+        }
+        tx.commit().await.map_err(PgOutboxError::commit)?;
+        for corrupt in quarantined {
+            tracing::error!(
+                event = "durability.outbox.quarantined",
+                channel = %name, key = %corrupt.key, reason = %corrupt.reason,
+                "corrupt outbox row moved to quarantine; the channel's other entries continue"
+            );
+            self.publisher.emit(
+                &corrupt.key,
+                0,
+                0,
+                EventKind::Quarantined {
+                    reason: corrupt.reason.clone(),
+                },
+            );
+            report.quarantined.push(Quarantined {
+                key: corrupt.key,
+                reason: corrupt.reason,
+            });
+        }
+        Ok(claimed)
+    }
+
+    /// Settles a batch in one transaction ([`rules::settle`]), each write
+    /// guarded by the version and attempt claimed, then reports.
+    async fn settle(
+        &self,
+        outcomes: Vec<Settlement>,
+        report: &mut DeliveryReport,
+    ) -> Result<(), PgOutboxError> {
+        let now = self.publisher.now_ms();
+        let mut removed = Vec::new();
+        let mut kept = Vec::new();
+        for s in outcomes {
+            let key = s.stored.key;
+            let (version, attempt) = (s.stored.version, s.attempt);
+            match rules::settle(s.outcome) {
+                Settle::Remove { kind, fate } => {
+                    if kind == EventKind::Delivered {
+                        self.publisher
+                            .delivered_late_by(now.saturating_sub(s.stored.due_at));
+                    }
+                    let settled = Settled {
+                        key,
+                        version,
+                        attempt,
+                        kind,
+                        fate,
+                        undecodable: s.undecodable,
+                    };
+                    removed.push(settled);
+                }
+                Settle::Reschedule {
+                    error,
+                    requested,
+                    fate,
+                } => {
+                    let next_at = self.publisher.retry_at(&key, attempt, requested, now);
+                    let kind = EventKind::RetryScheduled { next_at, error };
+                    kept.push((
+                        Settled {
+                            key,
+                            version,
+                            attempt,
+                            kind,
+                            fate,
+                            undecodable: s.undecodable,
+                        },
+                        next_at,
+                    ));
+                }
+            }
+        }
+        let rescheduled = self.write_settlements(&removed, &kept).await?;
+        let mut settled = removed;
+        // A newer value staged meanwhile replaced a retried attempt: nothing
+        // to retry, and no event to report.
+        settled.extend(
+            kept.into_iter()
+                .map(|(s, _)| s)
+                .filter(|s| rescheduled.contains(&s.key)),
+        );
+        self.publisher.report_settled(settled, report);
+        Ok(())
+    }
+
+    async fn write_settlements(
+        &self,
+        removed: &[Settled],
+        kept: &[(Settled, i64)],
+    ) -> Result<std::collections::HashSet<String>, PgOutboxError> {
+        let sql = &self.outbox.sql;
+        let name = self.publisher.name();
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(PgOutboxError::statement)?;
+        if !removed.is_empty() {
+            let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
+            let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
+            let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
+            tx.execute(&sql.remove_if, &[&name, &keys, &versions, &attempts])
+                .await
+                .map_err(PgOutboxError::statement)?;
+        }
+        let mut rescheduled = std::collections::HashSet::new();
+        if !kept.is_empty() {
+            let keys: Vec<&str> = kept.iter().map(|(s, _)| s.key.as_str()).collect();
+            let versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
+            let attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
+            let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
+            for row in tx
+                .query(
+                    &sql.reschedule_if,
+                    &[&name, &keys, &versions, &attempts, &due],
+                )
+                .await
+                .map_err(PgOutboxError::statement)?
+            {
+                rescheduled.insert(
+                    row.try_get::<_, String>(0)
+                        .map_err(PgOutboxError::statement)?,
+                );
+            }
+        }
+        tx.commit().await.map_err(PgOutboxError::commit)?;
+        Ok(rescheduled)
+    }
+
+    /// The pending entry of `key`: its version and attempts so far.
+    ///
+    /// # Errors
+    /// `OUTBOX_INVALID_KEY`; [`PgOutboxError::Corrupt`] for a corrupt row;
+    /// a server error.
+    pub async fn pending(&self, key: &str) -> Result<Option<(u64, u32)>, PgOutboxError> {
+        rules::check_key(key)?;
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(&self.outbox.sql.get, &[&self.publisher.name(), &key])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        match row.map(|r| decode(self.publisher.name(), &r)).transpose()? {
+            None => Ok(None),
+            Some(StoredRow::Entry(e)) => Ok(Some((e.version, e.attempt))),
+            Some(StoredRow::Corrupt(c)) => Err(PgOutboxError::Corrupt(c.reason)),
+        }
+    }
+
+    /// How many entries of the channel are pending.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn len(&self) -> Result<u64, PgOutboxError> {
+        self.count(&self.outbox.sql.len).await
+    }
+
+    /// Whether nothing is pending.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn is_empty(&self) -> Result<bool, PgOutboxError> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// How many of the channel's rows are in quarantine.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn quarantined(&self) -> Result<u64, PgOutboxError> {
+        self.count(&self.outbox.sql.quarantined_len).await
+    }
+
+    /// Deletes the channel's quarantined rows; how many there were.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn purge_quarantined(&self) -> Result<u64, PgOutboxError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                &self.outbox.sql.purge_quarantined,
+                &[&self.publisher.name()],
+            )
+            .await
+            .map_err(PgOutboxError::statement)
+    }
+
+    /// The earliest due time of the channel's entries.
+    pub(super) async fn next_due(&self) -> Result<Option<i64>, PgOutboxError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(&self.outbox.sql.next_due, &[&self.publisher.name()])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        row.try_get(0).map_err(PgOutboxError::statement)
+    }
+
+    async fn count(&self, sql: &str) -> Result<u64, PgOutboxError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(sql, &[&self.publisher.name()])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let n: i64 = row.try_get(0).map_err(PgOutboxError::statement)?;
+        Ok(n.unsigned_abs())
+    }
+}

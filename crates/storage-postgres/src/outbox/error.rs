@@ -1,0 +1,117 @@
+//! The PostgreSQL outbox's error type.
+
+use durability_outbox::OutboxError;
+use tokio_postgres::error::SqlState;
+
+/// Everything that can go wrong with the PostgreSQL outbox.
+///
+/// Definite failures ([`Self::InvalidName`], [`Self::Outbox`],
+/// [`Self::Rejected`], [`Self::Unavailable`]) applied nothing.
+/// [`Self::OutcomeUnknown`] is a commit whose reply was lost: it may or may
+/// not have landed, and is never reported as a failure (an unsettled entry
+/// is delivered again after its claim's deadline).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgOutboxError {
+    /// A schema or table name outside the accepted grammar; nothing was
+    /// sent to the server.
+    #[error("invalid {what} name {name:?}: {reason}")]
+    InvalidName {
+        /// `schema` or `table`.
+        what: &'static str,
+        /// The refused name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The outbox refused the input (a bad channel, key, value or policy)
+    /// or found a corrupt version; nothing was written.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    /// The server refused a statement; the transaction rolled back (or, in
+    /// the caller's own transaction, must be rolled back).
+    #[error("the server refused the statement: {0}")]
+    Rejected(#[source] tokio_postgres::Error),
+    /// The server could not be reached, or the connection was lost before
+    /// a commit was sent: nothing was applied.
+    #[error("the server is unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The connection was lost while a commit was in flight: it may or may
+    /// not have landed.
+    #[error("the outcome of the commit is unknown: {0}")]
+    OutcomeUnknown(#[source] tokio_postgres::Error),
+    /// A stored row failed strict decoding (it is quarantined when next
+    /// due).
+    #[error("corrupt outbox row: {0}")]
+    Corrupt(String),
+}
+
+impl PgOutboxError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidName { .. } => "PG_OUTBOX_INVALID_NAME",
+            Self::Outbox(e) => e.code(),
+            Self::Rejected(_) => "PG_OUTBOX_REJECTED",
+            Self::Unavailable(_) => "PG_OUTBOX_UNAVAILABLE",
+            Self::OutcomeUnknown(_) => "PG_OUTBOX_OUTCOME_UNKNOWN",
+            Self::Corrupt(_) => "OUTBOX_CORRUPT",
+        }
+    }
+
+    /// Whether retrying the same call can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Outbox(e) => e.is_retryable(),
+            Self::Rejected(e) => matches!(
+                e.code(),
+                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == SqlState::T_R_DEADLOCK_DETECTED
+            ),
+            Self::Unavailable(_) | Self::OutcomeUnknown(_) => true,
+            Self::InvalidName { .. } | Self::Corrupt(_) => false,
+        }
+    }
+
+    /// Whether the outcome is unknown (the commit may have landed).
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Self::OutcomeUnknown(_))
+    }
+
+    /// Every code this enum produces itself.
+    pub const CODES: &'static [&'static str] = &[
+        "PG_OUTBOX_INVALID_NAME",
+        "PG_OUTBOX_REJECTED",
+        "PG_OUTBOX_UNAVAILABLE",
+        "PG_OUTBOX_OUTCOME_UNKNOWN",
+        "OUTBOX_CORRUPT",
+    ];
+
+    /// A failed statement (not a commit): the server's refusal is definite;
+    /// a lost connection applied nothing either, since nothing committed.
+    pub(crate) fn statement(e: tokio_postgres::Error) -> Self {
+        if e.code() == Some(&SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED) {
+            return Self::Outbox(OutboxError::VersionsExhausted);
+        }
+        if e.as_db_error().is_some() {
+            Self::Rejected(e)
+        } else {
+            Self::Unavailable(Box::new(e))
+        }
+    }
+
+    /// A failed commit: a refusal is definite, a lost reply is unknown.
+    pub(crate) fn commit(e: tokio_postgres::Error) -> Self {
+        if e.as_db_error().is_some() {
+            Self::Rejected(e)
+        } else {
+            Self::OutcomeUnknown(e)
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PgOutboxError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Unavailable(Box::new(e))
+    }
+}
