@@ -41,11 +41,11 @@ where
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {
-                if let AsyncMessage::Notification(n) = message {
-                    if n.payload() == channel {
-                        // A full channel already holds a wake-up.
-                        let _ = tx.try_send(());
-                    }
+                // A full channel already holds a wake-up.
+                if let AsyncMessage::Notification(n) = message
+                    && n.payload() == channel
+                {
+                    let _ = tx.try_send(());
                 }
             }
         });
