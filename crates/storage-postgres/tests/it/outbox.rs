@@ -344,11 +344,14 @@ impl Sink<String> for Signal {
 async fn the_run_loop_wakes_on_notify() {
     let Some(mut f) = fixture().await else { return };
     let log = Log::default();
-    // A poll far beyond the test: only NOTIFY (or the first run) delivers.
-    let d = Arc::new(
-        f.deliverer(ChannelConfig::new("jobs"), log.clone())
-            .poll_interval_ms(i64::MAX / 4),
-    );
+    let (signal, mut delivered) = tokio::sync::mpsc::unbounded_channel();
+    let sink = Signal {
+        log: log.clone(),
+        signal,
+    };
+    // The clock is manual and stands still: only NOTIFY (or the first run)
+    // delivers.
+    let d = Arc::new(f.deliverer(ChannelConfig::new("jobs"), sink));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn({
         let d = d.clone();
