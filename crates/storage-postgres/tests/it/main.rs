@@ -10,6 +10,7 @@ use durability_migration::conformance::harness::{failed_batches_roll_back, inser
 use durability_migration::{Shard, Statement, Value};
 
 mod outbox;
+mod outbox_faults;
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
 
