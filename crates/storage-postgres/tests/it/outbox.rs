@@ -327,9 +327,9 @@ async fn concurrent_deliverers_never_claim_the_same_entry() {
 }
 
 /// Logs, then says so.
-struct Signal {
-    log: Log,
-    signal: tokio::sync::mpsc::UnboundedSender<()>,
+pub(crate) struct Signal {
+    pub(crate) log: Log,
+    pub(crate) signal: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 impl Sink<String> for Signal {

@@ -117,3 +117,218 @@ async fn a_sigkilled_deliverers_claims_are_redelivered_after_their_deadline() {
         .collect();
     assert_eq!(held, late);
 }
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A PostgreSQL cluster of the test's own, run as `postgres` on a free
+/// port; stopped with `-m immediate` (a crash) on drop.
+struct Cluster {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+fn as_postgres(tool: &str, args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--", &format!("{PG_BIN}/{tool}")])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+impl Cluster {
+    /// `None` (after saying why) when the cluster cannot be made here.
+    fn create() -> Option<Self> {
+        if !std::path::Path::new(PG_BIN).join("initdb").exists() {
+            let required = std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1");
+            assert!(!required, "PostgreSQL binaries are required in {PG_BIN}");
+            eprintln!("skipped: no PostgreSQL binaries in {PG_BIN}");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        Command::new("chown")
+            .args(["postgres", dir.path().to_str().unwrap()])
+            .status()
+            .unwrap();
+        let data = dir.path().join("data");
+        let init = as_postgres(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+            ],
+        );
+        assert!(
+            init.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cluster = Self { dir, port };
+        cluster.start();
+        Some(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").to_str().unwrap().to_owned()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn start(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = format!("{}/log", self.dir.path().display());
+        let out = as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-o", &opts, "-l", &log, "-w", "start"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A crash: no checkpoint, no clean shutdown.
+    fn crash(&self) {
+        let out = as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = as_postgres("pg_ctl", &["-D", &self.data(), "-m", "immediate", "stop"]);
+    }
+}
+
+/// Stages `keys` one transaction each on a fresh connection; returns the
+/// keys whose commit was acknowledged, stopping at the first failure (its
+/// outcome may be unknown, so it is neither counted nor required).
+async fn stage_until_failure(
+    url: &str,
+    outbox: &PgOutbox,
+    keys: std::ops::Range<u32>,
+) -> Vec<String> {
+    let mut acked = Vec::new();
+    let Ok((mut client, connection)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
+    else {
+        return acked;
+    };
+    tokio::spawn(connection);
+    for i in keys {
+        let key = format!("k{i:04}");
+        let Ok(tx) = client.transaction().await else {
+            break;
+        };
+        if outbox
+            .stage(&tx, "jobs", &key, &format!("v{i}"))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        if tx.commit().await.is_err() {
+            break;
+        }
+        acked.push(key);
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_and_restarted_server_loses_nothing_acknowledged() {
+    let Some(cluster) = Cluster::create() else {
+        return;
+    };
+    let url = cluster.url();
+    let outbox = PgOutbox::new("app").unwrap();
+    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    outbox.setup(&mut client).await.unwrap();
+    drop(client);
+
+    let log = Log::default();
+    let (signal, mut delivered) = tokio::sync::mpsc::unbounded_channel();
+    let sink = crate::outbox::Signal {
+        log: log.clone(),
+        signal,
+    };
+    let d = Arc::new(
+        PgDeliverer::new(
+            &outbox,
+            url.parse().unwrap(),
+            2,
+            ChannelConfig::new("jobs").batch_size(20),
+            sink,
+        )
+        .unwrap()
+        .poll_interval_ms(500),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn({
+        let d = d.clone();
+        async move {
+            d.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        }
+    });
+
+    let mut acked = stage_until_failure(&url, &outbox, 0..100).await;
+    assert_eq!(acked.len(), 100);
+    // Mid-load: a stager runs while the server crashes under it.
+    let stager = tokio::spawn({
+        let (url, outbox) = (url.clone(), outbox.clone());
+        async move { stage_until_failure(&url, &outbox, 100..100_000).await }
+    });
+    delivered.recv().await.unwrap();
+    cluster.crash();
+    let during = stager.await.unwrap();
+    assert!(during.len() < 99_900, "the crash interrupted the stager");
+    acked.extend(during);
+    cluster.start();
+    let after = stage_until_failure(&url, &outbox, 100_000..100_050).await;
+    assert_eq!(after.len(), 50, "staging works again after the restart");
+    acked.extend(after);
+
+    let want: BTreeSet<String> = acked.into_iter().collect();
+    let wait = async {
+        loop {
+            let got: BTreeSet<String> = log.values().into_iter().map(|(k, _, _)| k).collect();
+            if want.is_subset(&got) {
+                return;
+            }
+            delivered.recv().await.unwrap();
+        }
+    };
+    // A guard against a hang, far above any expected time: not a threshold.
+    tokio::time::timeout(std::time::Duration::from_secs(300), wait)
+        .await
+        .expect("every acknowledged entry is delivered after the restart");
+    stop.send(()).unwrap();
+    runner.await.unwrap();
+}
