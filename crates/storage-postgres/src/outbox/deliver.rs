@@ -33,6 +33,20 @@ pub struct PgDeliverer<T, K> {
     pub(super) publisher: Publisher<T, K>,
     pub(super) poll_ms: i64,
     busy: tokio::sync::Mutex<()>,
+    #[cfg(feature = "testkit")]
+    crash: std::sync::Mutex<Option<CrashAt>>,
+}
+
+/// Where an injected crash happens (feature `testkit`): at the `nth`
+/// commit (from 1) the deliverer makes, before it is sent (the server
+/// rolls the transaction back) or after it landed.
+#[cfg(feature = "testkit")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashAt {
+    /// Which commit.
+    pub nth: u32,
+    /// After the commit landed (else before it is sent).
+    pub after_commit: bool,
 }
 
 impl<T, K> std::fmt::Debug for PgDeliverer<T, K> {
@@ -132,6 +146,8 @@ where
             publisher,
             poll_ms: DEFAULT_POLL_MS,
             busy: tokio::sync::Mutex::new(()),
+            #[cfg(feature = "testkit")]
+            crash: std::sync::Mutex::new(None),
         })
     }
 
@@ -140,6 +156,43 @@ where
     pub fn poll_interval_ms(mut self, ms: i64) -> Self {
         self.poll_ms = ms.max(1);
         self
+    }
+
+    /// Crashes at a commit (feature `testkit`): the call that reaches it
+    /// fails with `PG_OUTBOX_UNAVAILABLE` and the test drops this
+    /// deliverer, as a process that died there.
+    #[cfg(feature = "testkit")]
+    pub fn crash_at(&self, at: CrashAt) {
+        *self
+            .crash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+    }
+
+    /// Whether this commit crashes, and after landing or before.
+    #[cfg(feature = "testkit")]
+    fn crash_now(&self) -> Option<bool> {
+        let mut crash = self
+            .crash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = crash.as_mut()?;
+        at.nth = at.nth.saturating_sub(1);
+        (at.nth == 0)
+            .then(|| crash.take().map(|at| at.after_commit))
+            .flatten()
+    }
+
+    /// Commits a claim or settlement: a lost reply is an unknown outcome.
+    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>) -> Result<(), PgOutboxError> {
+        #[cfg(feature = "testkit")]
+        if let Some(after_commit) = self.crash_now() {
+            if after_commit {
+                tx.commit().await.map_err(PgOutboxError::commit)?;
+            }
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        tx.commit().await.map_err(PgOutboxError::commit)
     }
 
     /// The channel's name.
@@ -217,7 +270,7 @@ where
                 .await
                 .map_err(PgOutboxError::statement)?;
         }
-        tx.commit().await.map_err(PgOutboxError::commit)?;
+        self.commit(tx).await?;
         for corrupt in quarantined {
             tracing::error!(
                 event = "durability.outbox.quarantined",
@@ -343,7 +396,7 @@ where
                 );
             }
         }
-        tx.commit().await.map_err(PgOutboxError::commit)?;
+        self.commit(tx).await?;
         Ok(rescheduled)
     }
 

@@ -100,9 +100,15 @@ impl PgOutboxError {
         }
     }
 
-    /// A failed commit: a refusal is definite, a lost reply is unknown.
+    /// A failed commit: a refusal is definite; a lost reply, or the
+    /// connection ended by the server (classes `08` connection exception
+    /// and `57` operator intervention), is unknown.
     pub(crate) fn commit(e: tokio_postgres::Error) -> Self {
-        if e.as_db_error().is_some() {
+        let ended = e.code().is_some_and(|c| {
+            let c = c.code();
+            c.starts_with("08") || c.starts_with("57")
+        });
+        if e.as_db_error().is_some() && !ended {
             Self::Rejected(e)
         } else {
             Self::OutcomeUnknown(e)

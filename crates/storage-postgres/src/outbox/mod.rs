@@ -72,6 +72,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::Transaction;
 
+#[cfg(feature = "testkit")]
+pub use deliver::CrashAt;
 pub use deliver::{DEFAULT_POLL_MS, PgDeliverer};
 pub use error::PgOutboxError;
 pub use names::MAX_NAME_BYTES;

@@ -10,7 +10,7 @@ use durability_outbox::{
     ChannelConfig, DeadLetter, DeadLetterFn, Entry, EventKind, OutboxEvent, RetryPolicy, Sink,
     SinkError,
 };
-use durability_storage_postgres::outbox::{PgDeliverer, PgOutbox};
+use durability_storage_postgres::outbox::{CrashAt, PgDeliverer, PgOutbox};
 use durability_storage_postgres::testkit::{self, TestSchema};
 use durability_time::ManualClock;
 use futures::FutureExt as _;
@@ -485,5 +485,80 @@ async fn setup_is_idempotent_and_concurrent_setups_agree() {
         f.count("SELECT count(*) FROM pg_tables WHERE schemaname = '{s}'")
             .await,
         2
+    );
+}
+
+/// One crash scenario: stage, deliver with a crash at the `nth` commit of
+/// the deliverer, then deliver with a fresh one ("restarted") past every
+/// claim's deadline. Returns whether the crash point was reached.
+async fn crash_scenario(at: CrashAt) -> Option<bool> {
+    let mut f = fixture().await?;
+    let mut newest = HashMap::new();
+    for (key, value) in [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1"), ("d", "1")] {
+        let v = f.stage("jobs", key, value).await;
+        newest.insert(key.to_owned(), (v, value.to_owned()));
+    }
+    let log = Log::failing(1);
+    let config = || {
+        let policy = RetryPolicy {
+            delay: Some(Arc::new(|_| 10.0)),
+            ..RetryPolicy::default()
+        };
+        ChannelConfig::new("jobs").batch_size(2).retry(policy)
+    };
+    let crashy = f.deliverer(config(), log.clone());
+    crashy.crash_at(at);
+    let mut crashed = false;
+    for _ in 0..10 {
+        match crashy.deliver_due().await {
+            Err(e) => {
+                assert_eq!(e.code(), "PG_OUTBOX_UNAVAILABLE", "{e}");
+                crashed = true;
+                break;
+            }
+            Ok(_) if crashy.is_empty().await.unwrap() => break,
+            Ok(_) => f.clock.advance(10),
+        }
+    }
+    drop(crashy);
+    f.clock.advance(30_001);
+    let restarted = f.deliverer(config(), log.clone());
+    for _ in 0..10 {
+        restarted.deliver_due().await.unwrap();
+        f.clock.advance(10);
+    }
+    assert!(
+        restarted.is_empty().await.unwrap(),
+        "{at:?}: everything delivered"
+    );
+    assert_eq!(restarted.quarantined().await.unwrap(), 0);
+    let got = log.values();
+    for (key, (version, value)) in &newest {
+        assert!(
+            got.contains(&(key.clone(), *version, value.clone())),
+            "{at:?}: the newest value of {key} was delivered: {got:?}"
+        );
+    }
+    Some(crashed)
+}
+
+#[tokio::test]
+async fn crash_at_every_commit_then_restart_delivers_the_newest_of_every_key() {
+    if TestSchema::create().await.is_none() {
+        return;
+    }
+    let mut tried = 0;
+    for after_commit in [false, true] {
+        for nth in 1.. {
+            let at = CrashAt { nth, after_commit };
+            if !crash_scenario(at).await.unwrap() {
+                assert!(nth > 4, "the scenario commits claims and settlements");
+                break;
+            }
+            tried += 1;
+        }
+    }
+    eprintln!(
+        "pg outbox crash injection: {tried} crash points tried (each commit, before and after)"
     );
 }
