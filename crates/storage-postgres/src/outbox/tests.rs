@@ -103,7 +103,7 @@ async fn a_connection_lost_at_commit_is_unknown_and_a_refused_commit_is_definite
 #[allow(dead_code)]
 fn futures_are_send(
     outbox: &PgOutbox,
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &Transaction<'_>,
     deliverer: &PgDeliverer<String, NoSink>,
     client: &mut tokio_postgres::Client,
 ) {
