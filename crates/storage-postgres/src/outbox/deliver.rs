@@ -12,6 +12,7 @@ use durability_outbox::{
 use durability_time::{MAX_SAFE_INTEGER, is_safe_non_negative};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, NoTls, Row};
 
 use super::PgOutbox;
@@ -38,8 +39,9 @@ pub struct PgDeliverer<T, K> {
 }
 
 /// Where an injected crash happens (feature `testkit`): at the `nth`
-/// commit (from 1) the deliverer makes, before it is sent (the server
-/// rolls the transaction back) or after it landed.
+/// commit (from 1) the deliverer makes (a claim's transaction, or a
+/// settlement statement), before it is sent (nothing of it lands) or after
+/// it landed.
 #[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CrashAt {
@@ -128,8 +130,17 @@ where
         sink: K,
     ) -> Result<Self, PgOutboxError> {
         let publisher = Publisher::new(channel, sink, Arc::clone(&outbox.clock))?;
+        // Claims and settlements commit asynchronously: a server crash can
+        // forget the last of them, and then the entries are delivered again
+        // (at least once), never lost. Stages are the caller's commits.
+        let mut pooled = config.clone();
+        let options = match config.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} -c synchronous_commit=off"),
+            _ => "-c synchronous_commit=off".to_owned(),
+        };
+        pooled.options(options);
         let manager = Manager::from_config(
-            config.clone(),
+            pooled,
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -293,8 +304,8 @@ where
         Ok(claimed)
     }
 
-    /// Settles a batch in one transaction ([`rules::settle`]), each write
-    /// guarded by the version and attempt claimed, then reports.
+    /// Settles a batch ([`rules::settle`]), each write guarded by the
+    /// version and attempt claimed, then reports.
     async fn settle(
         &self,
         outcomes: Vec<Settlement>,
@@ -356,6 +367,10 @@ where
         Ok(())
     }
 
+    /// Writes settlements: removals, then reschedules, each one guarded
+    /// statement that commits on its own (a settlement that did not land is
+    /// an entry delivered again after its claim's deadline). Returns the
+    /// keys rescheduled.
     async fn write_settlements(
         &self,
         removed: &[Settled],
@@ -363,18 +378,17 @@ where
     ) -> Result<std::collections::HashSet<String>, PgOutboxError> {
         let sql = &self.outbox.sql;
         let name = self.publisher.name();
-        let mut client = self.pool.get().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(PgOutboxError::statement)?;
+        let client = self.pool.get().await?;
         if !removed.is_empty() {
             let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
             let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
             let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
-            tx.execute(&sql.remove_if, &[&name, &keys, &versions, &attempts])
-                .await
-                .map_err(PgOutboxError::statement)?;
+            self.autocommit(
+                &client,
+                &sql.remove_if,
+                &[&name, &keys, &versions, &attempts],
+            )
+            .await?;
         }
         let mut rescheduled = std::collections::HashSet::new();
         if !kept.is_empty() {
@@ -382,13 +396,10 @@ where
             let versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
             let attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
             let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
-            for row in tx
-                .query(
-                    &sql.reschedule_if,
-                    &[&name, &keys, &versions, &attempts, &due],
-                )
-                .await
-                .map_err(PgOutboxError::statement)?
+            let params: [&(dyn ToSql + Sync); 5] = [&name, &keys, &versions, &attempts, &due];
+            for row in self
+                .autocommit(&client, &sql.reschedule_if, &params)
+                .await?
             {
                 rescheduled.insert(
                     row.try_get::<_, String>(0)
@@ -396,8 +407,32 @@ where
                 );
             }
         }
-        self.commit(tx).await?;
         Ok(rescheduled)
+    }
+
+    /// Runs one statement that commits on its own: a refusal is definite,
+    /// a lost reply an unknown outcome.
+    async fn autocommit(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, PgOutboxError> {
+        #[cfg(feature = "testkit")]
+        let crash = self.crash_now();
+        #[cfg(feature = "testkit")]
+        if crash == Some(false) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        let rows = client
+            .query(sql, params)
+            .await
+            .map_err(PgOutboxError::commit)?;
+        #[cfg(feature = "testkit")]
+        if crash == Some(true) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        Ok(rows)
     }
 
     /// The pending entry of `key`: its version and attempts so far.

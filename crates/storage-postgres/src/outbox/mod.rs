@@ -14,7 +14,8 @@
 //!   against `[a-z_][a-z0-9_]*` and always quoted). [`PgOutbox::setup`]
 //!   creates them in one call; [`PgOutbox::schema_sql`] prints the same
 //!   SQL for teams that run migrations themselves.
-//! - [`PgOutbox::stage`] writes one entry in the caller's
+//! - [`PgOutbox::stage`] writes one entry (and [`PgOutbox::stage_batch`]
+//!   many, in one statement) in the caller's
 //!   `tokio_postgres::Transaction`, in one round trip: it replaces the
 //!   key's pending entry, takes a version from a sequence (under the key's
 //!   row lock when the key is pending, so a key's versions follow its
@@ -43,6 +44,17 @@
 //!   transaction, with a `Quarantined` event), never misread and never in
 //!   the way of healthy entries; [`PgDeliverer::purge_quarantined`] deletes
 //!   them.
+//! - Claims and settlements commit with `synchronous_commit = off` on the
+//!   deliverer's own connections (stages are the caller's commits, with the
+//!   caller's settings): a server crash can forget the last few of them,
+//!   and then those entries are delivered again (at least once), never
+//!   lost. WAL order keeps it consistent: a stage that is durable makes
+//!   every earlier settlement durable too.
+//! - A batch's settlements are guarded statements that each commit on
+//!   their own; one that did not land leaves its entry claimed, delivered
+//!   again after the claim's deadline.
+//! - [`PgOutbox::stage`] reports no `Staged` event: the commit is the
+//!   caller's. The deliverer's hook sees every later step.
 //! - Times are the deliverers' and stagers' clocks (Unix ms): keep the
 //!   machines' clocks synchronised, as for any lease.
 //! - A key staged for the first time by two transactions at once gets the
@@ -64,6 +76,7 @@ mod listen;
 mod names;
 mod sql;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use durability_outbox::{Codec, Postcard, rules};
@@ -233,6 +246,79 @@ impl PgOutbox {
             PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
         })?;
         Ok(rules::version_issued(version)?)
+    }
+}
+
+impl PgOutbox {
+    /// Stages many values on one channel in the caller's transaction, in
+    /// one round trip, encoded with [`Postcard`]: as many [`PgOutbox::stage`]
+    /// calls, in order (a key given twice keeps its last value). Returns
+    /// the version pending for each given entry's key, in order.
+    ///
+    /// # Errors
+    /// As [`PgOutbox::stage_with`]; every entry is checked before anything
+    /// is sent.
+    pub async fn stage_batch<T>(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        entries: &[(&str, T)],
+    ) -> Result<Vec<u64>, PgOutboxError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        rules::check_channel(channel)?;
+        let mut at: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (key, value) in entries {
+            rules::check_key(key)?;
+            let bytes = rules::encode(&Postcard, value)?;
+            match at.get(key) {
+                Some(&i) => values[i] = bytes,
+                None => {
+                    at.insert(key, keys.len());
+                    keys.push(*key);
+                    values.push(bytes);
+                }
+            }
+        }
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let row = rules::staged(channel, "", Vec::new(), 0, self.clock.now_ms());
+        let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
+        let rows = tx
+            .query(
+                &self.sql.stage_batch,
+                &[
+                    &row.channel,
+                    &keys,
+                    &values,
+                    &attempt,
+                    &row.due_at,
+                    &row.claimed_until,
+                    &self.sql.notify_channel,
+                ],
+            )
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let mut versions = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let key: &str = r.try_get(0).map_err(PgOutboxError::statement)?;
+            let version: i64 = r.try_get(1).map_err(PgOutboxError::statement)?;
+            let version = u64::try_from(version).map_err(|_| {
+                PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
+            })?;
+            versions.insert(key.to_owned(), rules::version_issued(version)?);
+        }
+        entries
+            .iter()
+            .map(|(key, _)| {
+                versions.get(*key).copied().ok_or_else(|| {
+                    PgOutboxError::Corrupt(format!("no version returned for key {key:?}"))
+                })
+            })
+            .collect()
     }
 }
 

@@ -13,6 +13,7 @@ pub(crate) struct Sql {
     pub(crate) listen: String,
     pub(crate) notify_channel: String,
     pub(crate) stage: String,
+    pub(crate) stage_batch: String,
     pub(crate) due: String,
     pub(crate) claim: String,
     pub(crate) remove_if: String,
@@ -77,6 +78,20 @@ impl Sql {
                  claimed_until = EXCLUDED.claimed_until \
                  RETURNING o.version) \
                  SELECT version, pg_notify($7, $1) FROM up"
+            ),
+            // The batch form: distinct keys (the caller keeps the newest
+            // value of each), one notification.
+            stage_batch: format!(
+                "WITH up AS (\
+                 INSERT INTO {t} AS o (channel, {cols}) \
+                 SELECT $1, b.key, b.value, {seq}, $4, $5, $6 \
+                 FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS b(key, value, n) \
+                 ORDER BY b.n \
+                 ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
+                 version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
+                 claimed_until = EXCLUDED.claimed_until \
+                 RETURNING o.key, o.version) \
+                 SELECT up.key, up.version FROM up, (SELECT pg_notify($7, $1)) AS n"
             ),
             due: format!(
                 "SELECT {cols} FROM {t} WHERE channel = $1 \

@@ -562,3 +562,40 @@ async fn crash_at_every_commit_then_restart_delivers_the_newest_of_every_key() {
         "pg outbox crash injection: {tried} crash points tried (each commit, before and after)"
     );
 }
+
+#[tokio::test]
+async fn a_batch_stages_the_newest_value_of_each_key_in_one_statement() {
+    let Some(mut f) = fixture().await else { return };
+    let before = f.stage("jobs", "a", "old").await;
+    let tx = f.client.transaction().await.unwrap();
+    let entries = [
+        ("a", "1".to_owned()),
+        ("b", "1".to_owned()),
+        ("a", "2".to_owned()),
+    ];
+    let versions = f.outbox.stage_batch(&tx, "jobs", &entries).await.unwrap();
+    // A bad key anywhere refuses the whole batch before anything is sent.
+    let bad = [("c", "1".to_owned()), ("", "1".to_owned())];
+    let e = f.outbox.stage_batch(&tx, "jobs", &bad).await.unwrap_err();
+    assert_eq!(e.code(), "OUTBOX_INVALID_KEY");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        versions[0], versions[2],
+        "a key given twice keeps one version"
+    );
+    assert!(versions.iter().all(|&v| v > before));
+
+    let log = Log::default();
+    let d = f.deliverer(ChannelConfig::new("jobs"), log.clone());
+    assert_eq!(d.len().await.unwrap(), 2);
+    d.deliver_due().await.unwrap();
+    let mut got = log.values();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("a".into(), versions[0], "2".into()),
+            ("b".into(), versions[1], "1".into())
+        ]
+    );
+}
