@@ -7,7 +7,7 @@
 //! is guarded by version and attempt, claims are durable, entries that run
 //! out of attempts go to a dead-letter sink, and the lifecycle hook sees
 //! every step. The decisions are the outbox crate's own
-//! ([`durability_outbox::rules`], [`Publisher`]); this module
+//! ([`durability_outbox::rules`], [`durability_outbox::Publisher`]); this module
 //! reads and writes rows.
 //!
 //! - [`PgOutbox`] names the tables (a schema and a table name, validated
