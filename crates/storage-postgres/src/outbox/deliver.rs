@@ -102,6 +102,16 @@ fn decode(channel: &str, row: &Row) -> Result<StoredRow, PgOutboxError> {
     })
 }
 
+/// A statement prepared once per pooled connection.
+async fn prepared(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+) -> Result<tokio_postgres::Statement, PgOutboxError> {
+    tx.prepare_cached(sql)
+        .await
+        .map_err(PgOutboxError::statement)
+}
+
 fn as_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
@@ -254,7 +264,7 @@ where
             .await
             .map_err(PgOutboxError::statement)?;
         let rows = tx
-            .query(&sql.due, &[&name, &now, &limit])
+            .query(&prepared(&tx, &sql.due).await?, &[&name, &now, &limit])
             .await
             .map_err(PgOutboxError::statement)?;
         let deadline = self.publisher.claim_deadline(now);
@@ -277,9 +287,12 @@ where
         if !claimed.is_empty() {
             let keys: Vec<&str> = claimed.iter().map(|c| c.stored.key.as_str()).collect();
             let attempts: Vec<i32> = claimed.iter().map(|c| as_i32(c.attempt)).collect();
-            tx.execute(&sql.claim, &[&name, &deadline, &keys, &attempts])
-                .await
-                .map_err(PgOutboxError::statement)?;
+            tx.execute(
+                &prepared(&tx, &sql.claim).await?,
+                &[&name, &deadline, &keys, &attempts],
+            )
+            .await
+            .map_err(PgOutboxError::statement)?;
         }
         self.commit(tx).await?;
         for corrupt in quarantined {

@@ -84,6 +84,7 @@ use durability_time::{Clock, SystemClock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::Transaction;
+use tokio_postgres::types::Type;
 
 #[cfg(feature = "testkit")]
 pub use deliver::CrashAt;
@@ -226,17 +227,18 @@ impl PgOutbox {
         let bytes = rules::encode(codec, value)?;
         let row = rules::staged(channel, key, bytes, 0, self.clock.now_ms());
         let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
+        // Typed parameters: one round trip, no separate prepare.
         let got = tx
-            .query_one(
+            .query_typed_one(
                 &self.sql.stage,
                 &[
-                    &row.channel,
-                    &row.key,
-                    &row.value,
-                    &attempt,
-                    &row.due_at,
-                    &row.claimed_until,
-                    &self.sql.notify_channel,
+                    (&row.channel, Type::TEXT),
+                    (&row.key, Type::TEXT),
+                    (&row.value, Type::BYTEA),
+                    (&attempt, Type::INT4),
+                    (&row.due_at, Type::INT8),
+                    (&row.claimed_until, Type::INT8),
+                    (&self.sql.notify_channel, Type::TEXT),
                 ],
             )
             .await
@@ -288,16 +290,16 @@ impl PgOutbox {
         let row = rules::staged(channel, "", Vec::new(), 0, self.clock.now_ms());
         let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
         let rows = tx
-            .query(
+            .query_typed(
                 &self.sql.stage_batch,
                 &[
-                    &row.channel,
-                    &keys,
-                    &values,
-                    &attempt,
-                    &row.due_at,
-                    &row.claimed_until,
-                    &self.sql.notify_channel,
+                    (&row.channel, Type::TEXT),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&values, Type::BYTEA_ARRAY),
+                    (&attempt, Type::INT4),
+                    (&row.due_at, Type::INT8),
+                    (&row.claimed_until, Type::INT8),
+                    (&self.sql.notify_channel, Type::TEXT),
                 ],
             )
             .await
