@@ -31,6 +31,7 @@ mod host;
 mod lease_peers;
 mod migration;
 mod ownership;
+mod pg_outbox;
 mod rss;
 mod topology;
 
