@@ -96,10 +96,24 @@ async fn pause(attempt: usize) {
 pub const DEFAULT_POOL_SIZE: usize = 8;
 
 /// A PostgreSQL connection pool whose connections run at `SERIALIZABLE`.
-fn pool(mut config: Config, size: usize) -> Result<Pool, BackendError> {
+fn pool(config: Config, size: usize) -> Result<Pool, BackendError> {
+    Ok(pool_with(
+        config,
+        "default_transaction_isolation=serializable",
+        size,
+    )?)
+}
+
+/// A pool of at most `size` connections from `config`, each with the
+/// server setting `setting` (`name=value`) added to its options.
+fn pool_with(
+    mut config: Config,
+    setting: &str,
+    size: usize,
+) -> Result<Pool, deadpool_postgres::BuildError> {
     let opts = match config.get_options() {
-        Some(o) if !o.is_empty() => format!("{o} -c default_transaction_isolation=serializable"),
-        _ => "-c default_transaction_isolation=serializable".to_owned(),
+        Some(o) if !o.is_empty() => format!("{o} -c {setting}"),
+        _ => format!("-c {setting}"),
     };
     config.options(opts);
     let mgr = Manager::from_config(
@@ -109,7 +123,7 @@ fn pool(mut config: Config, size: usize) -> Result<Pool, BackendError> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    Ok(Pool::builder(mgr).max_size(size.max(1)).build()?)
+    Pool::builder(mgr).max_size(size.max(1)).build()
 }
 
 /// Parses a `postgres://` URL and sets the schema search path, when given.

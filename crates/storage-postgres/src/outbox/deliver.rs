@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use durability_outbox::rules::{self, Claimed, Settle};
 use durability_outbox::{
     ChannelConfig, CorruptEntry, DeliveryReport, EventKind, Publisher, Quarantined, Settled,
@@ -13,7 +13,7 @@ use durability_time::{MAX_SAFE_INTEGER, is_safe_non_negative};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Config, NoTls, Row};
+use tokio_postgres::{Config, Row};
 
 use super::PgOutbox;
 use super::error::PgOutboxError;
@@ -143,22 +143,7 @@ where
         // Claims and settlements commit asynchronously: a server crash can
         // forget the last of them, and then the entries are delivered again
         // (at least once), never lost. Stages are the caller's commits.
-        let mut pooled = config.clone();
-        let options = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} -c synchronous_commit=off"),
-            _ => "-c synchronous_commit=off".to_owned(),
-        };
-        pooled.options(options);
-        let manager = Manager::from_config(
-            pooled,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size.max(1))
-            .build()
+        let pool = crate::pool_with(config.clone(), "synchronous_commit=off", pool_size)
             .map_err(|e| PgOutboxError::Unavailable(Box::new(e)))?;
         Ok(Self {
             outbox: outbox.clone(),
@@ -328,43 +313,41 @@ where
         let mut removed = Vec::new();
         let mut kept = Vec::new();
         for s in outcomes {
-            let key = s.stored.key;
             let (version, attempt) = (s.stored.version, s.attempt);
-            match rules::settle(s.outcome) {
+            let (kind, fate, next_at) = match rules::settle(s.outcome) {
                 Settle::Remove { kind, fate } => {
                     if kind == EventKind::Delivered {
                         self.publisher
                             .delivered_late_by(now.saturating_sub(s.stored.due_at));
                     }
-                    let settled = Settled {
-                        key,
-                        version,
-                        attempt,
-                        kind,
-                        fate,
-                        undecodable: s.undecodable,
-                    };
-                    removed.push(settled);
+                    (kind, fate, None)
                 }
                 Settle::Reschedule {
                     error,
                     requested,
                     fate,
                 } => {
-                    let next_at = self.publisher.retry_at(&key, attempt, requested, now);
-                    let kind = EventKind::RetryScheduled { next_at, error };
-                    kept.push((
-                        Settled {
-                            key,
-                            version,
-                            attempt,
-                            kind,
-                            fate,
-                            undecodable: s.undecodable,
-                        },
-                        next_at,
-                    ));
+                    let at = self
+                        .publisher
+                        .retry_at(&s.stored.key, attempt, requested, now);
+                    (
+                        EventKind::RetryScheduled { next_at: at, error },
+                        fate,
+                        Some(at),
+                    )
                 }
+            };
+            let settled = Settled {
+                key: s.stored.key,
+                version,
+                attempt,
+                kind,
+                fate,
+                undecodable: s.undecodable,
+            };
+            match next_at {
+                None => removed.push(settled),
+                Some(at) => kept.push((settled, at)),
             }
         }
         let rescheduled = self.write_settlements(&removed, &kept).await?;

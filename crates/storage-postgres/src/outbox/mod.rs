@@ -225,16 +225,34 @@ impl PgOutbox {
         rules::check_channel(channel)?;
         rules::check_key(key)?;
         let bytes = rules::encode(codec, value)?;
-        let row = rules::staged(channel, key, bytes, 0, self.clock.now_ms());
+        let versions = self.write(tx, channel, &[key], &[bytes]).await?;
+        versions
+            .get(key)
+            .copied()
+            .ok_or_else(|| PgOutboxError::Corrupt(format!("no version returned for key {key:?}")))
+    }
+
+    /// Upserts distinct `keys` with their encoded `values` in one
+    /// statement ([`rules::staged`] rows), notifying on commit; the version
+    /// each key now has.
+    async fn write(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        keys: &[&str],
+        values: &[Vec<u8>],
+    ) -> Result<HashMap<String, u64>, PgOutboxError> {
+        // Every row staged now shares attempt, due time and claim.
+        let row = rules::staged(channel, "", Vec::new(), 0, self.clock.now_ms());
         let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
         // Typed parameters: one round trip, no separate prepare.
-        let got = tx
-            .query_typed_one(
+        let rows = tx
+            .query_typed(
                 &self.sql.stage,
                 &[
                     (&row.channel, Type::TEXT),
-                    (&row.key, Type::TEXT),
-                    (&row.value, Type::BYTEA),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&values, Type::BYTEA_ARRAY),
                     (&attempt, Type::INT4),
                     (&row.due_at, Type::INT8),
                     (&row.claimed_until, Type::INT8),
@@ -243,11 +261,16 @@ impl PgOutbox {
             )
             .await
             .map_err(PgOutboxError::statement)?;
-        let version: i64 = got.try_get(0).map_err(PgOutboxError::statement)?;
-        let version = u64::try_from(version).map_err(|_| {
-            PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
-        })?;
-        Ok(rules::version_issued(version)?)
+        let mut versions = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let key: String = r.try_get(0).map_err(PgOutboxError::statement)?;
+            let version: i64 = r.try_get(1).map_err(PgOutboxError::statement)?;
+            let version = u64::try_from(version).map_err(|_| {
+                PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
+            })?;
+            versions.insert(key, rules::version_issued(version)?);
+        }
+        Ok(versions)
     }
 }
 
@@ -287,32 +310,7 @@ impl PgOutbox {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let row = rules::staged(channel, "", Vec::new(), 0, self.clock.now_ms());
-        let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
-        let rows = tx
-            .query_typed(
-                &self.sql.stage_batch,
-                &[
-                    (&row.channel, Type::TEXT),
-                    (&keys, Type::TEXT_ARRAY),
-                    (&values, Type::BYTEA_ARRAY),
-                    (&attempt, Type::INT4),
-                    (&row.due_at, Type::INT8),
-                    (&row.claimed_until, Type::INT8),
-                    (&self.sql.notify_channel, Type::TEXT),
-                ],
-            )
-            .await
-            .map_err(PgOutboxError::statement)?;
-        let mut versions = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            let key: &str = r.try_get(0).map_err(PgOutboxError::statement)?;
-            let version: i64 = r.try_get(1).map_err(PgOutboxError::statement)?;
-            let version = u64::try_from(version).map_err(|_| {
-                PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
-            })?;
-            versions.insert(key.to_owned(), rules::version_issued(version)?);
-        }
+        let versions = self.write(tx, channel, &keys, &values).await?;
         entries
             .iter()
             .map(|(key, _)| {

@@ -13,7 +13,6 @@ pub(crate) struct Sql {
     pub(crate) listen: String,
     pub(crate) notify_channel: String,
     pub(crate) stage: String,
-    pub(crate) stage_batch: String,
     pub(crate) due: String,
     pub(crate) claim: String,
     pub(crate) remove_if: String,
@@ -65,23 +64,12 @@ impl Sql {
                      quarantined_at bigint NOT NULL\n);\n"
             ),
             listen: format!("LISTEN {}", quote(&notify_channel)),
-            // One round trip: the upsert assigns the version under the
-            // key's row lock when a row is there (so a key's versions
-            // follow its commit order), and the notification fires on
-            // commit.
+            // One round trip for one entry or many: the upsert assigns the
+            // version under the key's row lock when a row is there (so a
+            // key's versions follow its commit order); one notification
+            // fires on commit. Keys are distinct (the caller keeps the
+            // newest value of each).
             stage: format!(
-                "WITH up AS (\
-                 INSERT INTO {t} AS o (channel, {cols}) \
-                 VALUES ($1, $2, $3, {seq}, $4, $5, $6) \
-                 ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
-                 version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
-                 claimed_until = EXCLUDED.claimed_until \
-                 RETURNING o.version) \
-                 SELECT version, pg_notify($7, $1) FROM up"
-            ),
-            // The batch form: distinct keys (the caller keeps the newest
-            // value of each), one notification.
-            stage_batch: format!(
                 "WITH up AS (\
                  INSERT INTO {t} AS o (channel, {cols}) \
                  SELECT $1, b.key, b.value, {seq}, $4, $5, $6 \
