@@ -50,7 +50,8 @@ fn median(xs: &mut [f64]) -> f64 {
 }
 
 fn pg(extra: serde_json::Value) -> serde_json::Value {
-    let mut base = json!({"backend": "postgres", "synchronous_commit": "on", "statistic": "median"});
+    let mut base =
+        json!({"backend": "postgres", "synchronous_commit": "on", "statistic": "median"});
     if let (Some(map), serde_json::Value::Object(more)) = (base.as_object_mut(), extra) {
         map.extend(more);
     }
@@ -128,11 +129,24 @@ async fn stage_single(schema: &str, outbox: &PgOutbox, client: &mut Client) -> R
         }
     }
     let (ours, base) = (median(&mut ours), median(&mut base));
-    eprintln!("postgres staging, 1 entry per transaction (us/txn): hand-written upsert {base:.1}, ours {ours:.1}");
+    eprintln!(
+        "postgres staging, 1 entry per transaction (us/txn): hand-written upsert {base:.1}, ours {ours:.1}"
+    );
     let n = u64::try_from(rounds * per_round)?;
-    figure("outbox.pg.stage_overhead", ours, base, "us/txn", "<=1.25", n,
-        pg(json!({"value_bytes": 200, "rounds": rounds, "baseline_is": "app row + hand-written upsert"})));
-    client.batch_execute(&format!("TRUNCATE {schema}.outbox, {schema}.hand")).await?;
+    figure(
+        "outbox.pg.stage_overhead",
+        ours,
+        base,
+        "us/txn",
+        "<=1.25",
+        n,
+        pg(
+            json!({"value_bytes": 200, "rounds": rounds, "baseline_is": "app row + hand-written upsert"}),
+        ),
+    );
+    client
+        .batch_execute(&format!("TRUNCATE {schema}.outbox, {schema}.hand"))
+        .await?;
     Ok(())
 }
 
@@ -169,10 +183,23 @@ async fn stage_hundred(schema: &str, outbox: &PgOutbox, client: &mut Client) -> 
         }
     }
     let (ours, base) = (median(&mut ours), median(&mut base));
-    eprintln!("postgres staging, 100 per transaction (us/entry): one multi-row insert {base:.2}, ours {ours:.2}");
-    figure("outbox.pg.stage_100_per_txn", ours, base, "us/entry", "<=1.0", rounds * txns * per_tx,
-        pg(json!({"value_bytes": 200, "per_txn": per_tx, "baseline_is": "one multi-row insert (apalis push_bulk's shape)"})));
-    client.batch_execute(&format!("TRUNCATE {schema}.outbox, {schema}.bare_jobs")).await?;
+    eprintln!(
+        "postgres staging, 100 per transaction (us/entry): one multi-row insert {base:.2}, ours {ours:.2}"
+    );
+    figure(
+        "outbox.pg.stage_100_per_txn",
+        ours,
+        base,
+        "us/entry",
+        "<=1.0",
+        rounds * txns * per_tx,
+        pg(
+            json!({"value_bytes": 200, "per_txn": per_tx, "baseline_is": "one multi-row insert (apalis push_bulk's shape)"}),
+        ),
+    );
+    client
+        .batch_execute(&format!("TRUNCATE {schema}.outbox, {schema}.bare_jobs"))
+        .await?;
     Ok(())
 }
 
@@ -181,7 +208,8 @@ async fn backlog(schema: &str, outbox: &PgOutbox, client: &mut Client, n: usize)
     let body = vec![3u8; 200];
     for chunk in 0..n / 1_000 {
         let keys: Vec<String> = (0..1_000).map(|i| format!("key-{chunk}-{i}")).collect();
-        let entries: Vec<(&str, Vec<u8>)> = keys.iter().map(|k| (k.as_str(), body.clone())).collect();
+        let entries: Vec<(&str, Vec<u8>)> =
+            keys.iter().map(|k| (k.as_str(), body.clone())).collect();
         let tx = client.transaction().await?;
         outbox.stage_batch(&tx, "drain", &entries).await?;
         let values = vec![body.clone(); keys.len()];
@@ -192,12 +220,21 @@ async fn backlog(schema: &str, outbox: &PgOutbox, client: &mut Client, n: usize)
         .await?;
         tx.commit().await?;
     }
-    client.batch_execute(&format!("VACUUM ANALYZE {schema}.outbox; VACUUM ANALYZE {schema}.bare_jobs")).await?;
+    // One statement each: VACUUM cannot run in the implicit transaction of
+    // a multi-statement query.
+    for table in ["outbox", "bare_jobs"] {
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {schema}.{table}"))
+            .await?;
+    }
     Ok(())
 }
 
 /// The baseline worker: claim and delete 100 at a time until empty.
-async fn bare_worker(url: String, schema: String) -> std::result::Result<u64, tokio_postgres::Error> {
+async fn bare_worker(
+    url: String,
+    schema: String,
+) -> std::result::Result<u64, tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(connection);
     let claim = client
@@ -217,7 +254,13 @@ async fn bare_worker(url: String, schema: String) -> std::result::Result<u64, to
 }
 
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
-async fn delivery(url: &str, schema: &str, outbox: &PgOutbox, client: &mut Client, workers: usize) -> Result {
+async fn delivery(
+    url: &str,
+    schema: &str,
+    outbox: &PgOutbox,
+    client: &mut Client,
+    workers: usize,
+) -> Result {
     let n = 10_000;
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for _ in 0..3 {
@@ -225,7 +268,13 @@ async fn delivery(url: &str, schema: &str, outbox: &PgOutbox, client: &mut Clien
         let mut deliverers = Vec::new();
         for _ in 0..workers {
             let config = ChannelConfig::new("drain");
-            deliverers.push(Arc::new(PgDeliverer::new(outbox, url.parse()?, 2, config, Count(None))?));
+            deliverers.push(Arc::new(PgDeliverer::new(
+                outbox,
+                url.parse()?,
+                2,
+                config,
+                Count(None),
+            )?));
         }
         let start = Instant::now();
         let runs: Vec<_> = deliverers
@@ -254,10 +303,21 @@ async fn delivery(url: &str, schema: &str, outbox: &PgOutbox, client: &mut Clien
         assert_eq!(drained, n as u64, "the bare loop drained everything");
     }
     let (ours, base) = (median(&mut ours), median(&mut base));
-    eprintln!("postgres delivery, 10k backlog, {workers} worker(s): bare SKIP LOCKED loop {base:.0}/s, ours {ours:.0}/s");
-    figure(&format!("outbox.pg.delivery_{workers}w"), ours, base, "entries/s", ">=0.8", 3 * n as u64,
-        pg(json!({"workers": workers, "batch": 100, "value_bytes": 200, "backlog": n,
-            "baseline_is": "DELETE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT 100)"})));
+    eprintln!(
+        "postgres delivery, 10k backlog, {workers} worker(s): bare SKIP LOCKED loop {base:.0}/s, ours {ours:.0}/s"
+    );
+    figure(
+        &format!("outbox.pg.delivery_{workers}w"),
+        ours,
+        base,
+        "entries/s",
+        ">=0.8",
+        3 * n as u64,
+        pg(
+            json!({"workers": workers, "batch": 100, "value_bytes": 200, "backlog": n,
+            "baseline_is": "DELETE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT 100)"}),
+        ),
+    );
     Ok(())
 }
 
@@ -267,13 +327,24 @@ async fn latency(url: &str, outbox: &PgOutbox, client: &mut Client) -> Result {
     // Ours: an idle deliverer woken by NOTIFY.
     let (tx, mut rx) = mpsc::unbounded_channel();
     let d = Arc::new(
-        PgDeliverer::new(outbox, url.parse()?, 2, ChannelConfig::new("latency"), Count(Some(tx)))?
-            .poll_interval_ms(60_000),
+        PgDeliverer::new(
+            outbox,
+            url.parse()?,
+            2,
+            ChannelConfig::new("latency"),
+            Count(Some(tx)),
+        )?
+        .poll_interval_ms(60_000),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn({
         let d = d.clone();
-        async move { d.run(async { let _ = stopped.await; }).await }
+        async move {
+            d.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        }
     });
     let listening = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{}\"'",
@@ -285,7 +356,9 @@ async fn latency(url: &str, outbox: &PgOutbox, client: &mut Client) -> Result {
     let mut ours = Vec::new();
     for i in 0..samples {
         let t = client.transaction().await?;
-        outbox.stage(&t, "latency", &format!("k{i}"), &vec![1u8]).await?;
+        outbox
+            .stage(&t, "latency", &format!("k{i}"), &vec![1u8])
+            .await?;
         let start = Instant::now();
         t.commit().await?;
         let got = rx.recv().await.ok_or("the deliverer stopped")?;
@@ -309,15 +382,25 @@ async fn latency(url: &str, outbox: &PgOutbox, client: &mut Client) -> Result {
     let mut base = Vec::new();
     for _ in 0..samples {
         let t = client.transaction().await?;
-        t.execute("SELECT pg_notify('bench_bare', 'x')", &[]).await?;
+        t.execute("SELECT pg_notify('bench_bare', 'x')", &[])
+            .await?;
         let start = Instant::now();
         t.commit().await?;
         let got = nrx.recv().await.ok_or("the listener stopped")?;
         base.push(got.duration_since(start).as_secs_f64() * 1e6);
     }
     let (ours, base) = (median(&mut ours) / 1e3, median(&mut base) / 1e3);
-    eprintln!("postgres idle stage → sink latency p50: ours {ours:.2} ms, bare NOTIFY receipt {base:.2} ms");
-    figure("outbox.pg.notify_latency_p50", ours, base, "ms", "informational (peers: <= apalis with_pubsub)",
-        samples, pg(json!({"statistic": "p50", "baseline_is": "bare NOTIFY commit to listener receipt"})));
+    eprintln!(
+        "postgres idle stage → sink latency p50: ours {ours:.2} ms, bare NOTIFY receipt {base:.2} ms"
+    );
+    figure(
+        "outbox.pg.notify_latency_p50",
+        ours,
+        base,
+        "ms",
+        "informational (peers: <= apalis with_pubsub)",
+        samples,
+        pg(json!({"statistic": "p50", "baseline_is": "bare NOTIFY commit to listener receipt"})),
+    );
     Ok(())
 }
