@@ -30,8 +30,14 @@ pub enum PgOutboxError {
     Outbox(#[from] OutboxError),
     /// The server refused a statement; the transaction rolled back (or, in
     /// the caller's own transaction, must be rolled back).
-    #[error("the server refused the statement: {0}")]
-    Rejected(#[source] tokio_postgres::Error),
+    #[error("the server refused the statement ({}): {source}", sqlstate.as_deref().unwrap_or("no SQLSTATE"))]
+    Rejected {
+        /// The server's SQLSTATE, when it sent one.
+        sqlstate: Option<String>,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The server could not be reached, or the connection was lost before
     /// a commit was sent: nothing was applied.
     #[error("the server is unavailable: {0}")]
@@ -39,7 +45,7 @@ pub enum PgOutboxError {
     /// The connection was lost while a commit was in flight: it may or may
     /// not have landed.
     #[error("the outcome of the commit is unknown: {0}")]
-    OutcomeUnknown(#[source] tokio_postgres::Error),
+    OutcomeUnknown(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A stored row failed strict decoding (it is quarantined when next
     /// due).
     #[error("corrupt outbox row: {0}")]
@@ -52,7 +58,7 @@ impl PgOutboxError {
         match self {
             Self::InvalidName { .. } => "PG_OUTBOX_INVALID_NAME",
             Self::Outbox(e) => e.code(),
-            Self::Rejected(_) => "PG_OUTBOX_REJECTED",
+            Self::Rejected { .. } => "PG_OUTBOX_REJECTED",
             Self::Unavailable(_) => "PG_OUTBOX_UNAVAILABLE",
             Self::OutcomeUnknown(_) => "PG_OUTBOX_OUTCOME_UNKNOWN",
             Self::Corrupt(_) => "OUTBOX_CORRUPT",
@@ -63,11 +69,13 @@ impl PgOutboxError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Outbox(e) => e.is_retryable(),
-            Self::Rejected(e) => matches!(
-                e.code(),
-                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                    || *c == SqlState::T_R_DEADLOCK_DETECTED
-            ),
+            Self::Rejected { sqlstate, .. } => {
+                let retry = [
+                    SqlState::T_R_SERIALIZATION_FAILURE,
+                    SqlState::T_R_DEADLOCK_DETECTED,
+                ];
+                retry.iter().any(|c| sqlstate.as_deref() == Some(c.code()))
+            }
             Self::Unavailable(_) | Self::OutcomeUnknown(_) => true,
             Self::InvalidName { .. } | Self::Corrupt(_) => false,
         }
@@ -90,28 +98,44 @@ impl PgOutboxError {
     /// A failed statement (not a commit): the server's refusal is definite;
     /// a lost connection applied nothing either, since nothing committed.
     pub(crate) fn statement(e: tokio_postgres::Error) -> Self {
-        if e.code() == Some(&SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED) {
-            return Self::Outbox(OutboxError::VersionsExhausted);
-        }
-        if e.as_db_error().is_some() {
-            Self::Rejected(e)
-        } else {
-            Self::Unavailable(Box::new(e))
-        }
+        let sqlstate = e.code().map(|c| c.code().to_owned());
+        Self::classify(sqlstate, e.as_db_error().is_some(), false, Box::new(e))
     }
 
     /// A failed commit: a refusal is definite; a lost reply, or the
     /// connection ended by the server (classes `08` connection exception
     /// and `57` operator intervention), is unknown.
     pub(crate) fn commit(e: tokio_postgres::Error) -> Self {
-        let ended = e.code().is_some_and(|c| {
-            let c = c.code();
-            c.starts_with("08") || c.starts_with("57")
-        });
-        if e.as_db_error().is_some() && !ended {
-            Self::Rejected(e)
-        } else {
-            Self::OutcomeUnknown(e)
+        let sqlstate = e.code().map(|c| c.code().to_owned());
+        Self::classify(sqlstate, e.as_db_error().is_some(), true, Box::new(e))
+    }
+
+    /// A failed sqlx statement in the caller's transaction.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn sqlx(e: sqlx::Error) -> Self {
+        let sqlstate = match &e {
+            sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+            _ => None,
+        };
+        let from_server = matches!(e, sqlx::Error::Database(_));
+        Self::classify(sqlstate, from_server, false, Box::new(e))
+    }
+
+    fn classify(
+        sqlstate: Option<String>,
+        from_server: bool,
+        commit: bool,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> Self {
+        let code = sqlstate.as_deref().unwrap_or("");
+        if code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED.code() {
+            return Self::Outbox(OutboxError::VersionsExhausted);
+        }
+        let ended = code.starts_with("08") || code.starts_with("57");
+        match (from_server && !ended, commit) {
+            (true, _) => Self::Rejected { sqlstate, source },
+            (false, true) => Self::OutcomeUnknown(source),
+            (false, false) => Self::Unavailable(source),
         }
     }
 }

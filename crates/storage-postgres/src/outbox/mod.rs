@@ -75,22 +75,22 @@ mod error;
 mod listen;
 mod names;
 mod sql;
+mod stage;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use durability_outbox::{Codec, Postcard, rules};
+use durability_outbox::{Codec, Postcard};
 use durability_time::{Clock, SystemClock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::Transaction;
-use tokio_postgres::types::Type;
 
 #[cfg(feature = "testkit")]
 pub use deliver::CrashAt;
 pub use deliver::{DEFAULT_POLL_MS, PgDeliverer};
 pub use error::PgOutboxError;
 pub use names::MAX_NAME_BYTES;
+use stage::Batch;
 
 use names::Ident;
 use sql::Sql;
@@ -222,59 +222,13 @@ impl PgOutbox {
         key: &str,
         value: &T,
     ) -> Result<u64, PgOutboxError> {
-        rules::check_channel(channel)?;
-        rules::check_key(key)?;
-        let bytes = rules::encode(codec, value)?;
-        let versions = self.write(tx, channel, &[key], &[bytes]).await?;
-        versions
-            .get(key)
-            .copied()
-            .ok_or_else(|| PgOutboxError::Corrupt(format!("no version returned for key {key:?}")))
+        let entries = [(key, value)];
+        let batch = Batch::encode(codec, channel, &entries)?;
+        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
+        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        Ok(batch.versions(rows)?[0])
     }
 
-    /// Upserts distinct `keys` with their encoded `values` in one
-    /// statement ([`rules::staged`] rows), notifying on commit; the version
-    /// each key now has.
-    async fn write(
-        &self,
-        tx: &Transaction<'_>,
-        channel: &str,
-        keys: &[&str],
-        values: &[Vec<u8>],
-    ) -> Result<HashMap<String, u64>, PgOutboxError> {
-        // Every row staged now shares attempt, due time and claim.
-        let row = rules::staged(channel, "", Vec::new(), 0, self.clock.now_ms());
-        let attempt = i32::try_from(row.attempt).unwrap_or(i32::MAX);
-        // Typed parameters: one round trip, no separate prepare.
-        let rows = tx
-            .query_typed(
-                &self.sql.stage,
-                &[
-                    (&row.channel, Type::TEXT),
-                    (&keys, Type::TEXT_ARRAY),
-                    (&values, Type::BYTEA_ARRAY),
-                    (&attempt, Type::INT4),
-                    (&row.due_at, Type::INT8),
-                    (&row.claimed_until, Type::INT8),
-                    (&self.sql.notify_channel, Type::TEXT),
-                ],
-            )
-            .await
-            .map_err(PgOutboxError::statement)?;
-        let mut versions = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            let key: String = r.try_get(0).map_err(PgOutboxError::statement)?;
-            let version: i64 = r.try_get(1).map_err(PgOutboxError::statement)?;
-            let version = u64::try_from(version).map_err(|_| {
-                PgOutboxError::Corrupt(format!("the sequence issued version {version}"))
-            })?;
-            versions.insert(key, rules::version_issued(version)?);
-        }
-        Ok(versions)
-    }
-}
-
-impl PgOutbox {
     /// Stages many values on one channel in the caller's transaction, in
     /// one round trip, encoded with [`Postcard`]: as many [`PgOutbox::stage`]
     /// calls, in order (a key given twice keeps its last value). Returns
@@ -292,33 +246,59 @@ impl PgOutbox {
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        rules::check_channel(channel)?;
-        let mut at: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        for (key, value) in entries {
-            rules::check_key(key)?;
-            let bytes = rules::encode(&Postcard, value)?;
-            match at.get(key) {
-                Some(&i) => values[i] = bytes,
-                None => {
-                    at.insert(key, keys.len());
-                    keys.push(*key);
-                    values.push(bytes);
-                }
-            }
-        }
-        if keys.is_empty() {
+        let batch = Batch::encode(&Postcard, channel, entries)?;
+        if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let versions = self.write(tx, channel, &keys, &values).await?;
-        entries
-            .iter()
-            .map(|(key, _)| {
-                versions.get(*key).copied().ok_or_else(|| {
-                    PgOutboxError::Corrupt(format!("no version returned for key {key:?}"))
-                })
-            })
-            .collect()
+        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
+        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        batch.versions(rows)
+    }
+
+    /// [`PgOutbox::stage`] in a sqlx transaction (feature `sqlx`; a runtime
+    /// query, no database needed at compile time).
+    ///
+    /// # Errors
+    /// As [`PgOutbox::stage_with`].
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn stage_sqlx<T>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        channel: &str,
+        key: &str,
+        value: &T,
+    ) -> Result<u64, PgOutboxError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let entries = [(key, value)];
+        Ok(self.stage_batch_sqlx(tx, channel, &entries).await?[0])
+    }
+
+    /// [`PgOutbox::stage_batch`] in a sqlx transaction (feature `sqlx`).
+    ///
+    /// # Errors
+    /// As [`PgOutbox::stage_with`].
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn stage_batch_sqlx<T, V>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        channel: &str,
+        entries: &[(&str, V)],
+    ) -> Result<Vec<u64>, PgOutboxError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        V: std::borrow::Borrow<T> + Sync,
+    {
+        let batch = Batch::encode(&Postcard, channel, entries)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
+        let rows = stage::upsert_sqlx(tx, &self.sql.stage, &staging).await?;
+        batch.versions(rows)
     }
 }
 
