@@ -273,7 +273,7 @@ impl PgOutbox {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         let entries = [(key, value)];
-        Ok(self.stage_batch_sqlx(tx, channel, &entries).await?[0])
+        Ok(self.batch_sqlx::<T, &T>(tx, channel, &entries).await?[0])
     }
 
     /// [`PgOutbox::stage_batch`] in a sqlx transaction (feature `sqlx`).
@@ -282,7 +282,20 @@ impl PgOutbox {
     /// As [`PgOutbox::stage_with`].
     #[cfg(feature = "sqlx")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-    pub async fn stage_batch_sqlx<T, V>(
+    pub async fn stage_batch_sqlx<T>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        channel: &str,
+        entries: &[(&str, T)],
+    ) -> Result<Vec<u64>, PgOutboxError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.batch_sqlx::<T, T>(tx, channel, entries).await
+    }
+
+    #[cfg(feature = "sqlx")]
+    async fn batch_sqlx<T, V>(
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         channel: &str,

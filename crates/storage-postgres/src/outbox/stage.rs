@@ -58,7 +58,7 @@ pub(crate) async fn upsert_sqlx(
     s: &Staging<'_>,
 ) -> Result<Vec<(String, i64)>, PgOutboxError> {
     use sqlx::Row as _;
-    let rows = sqlx::query(sql)
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
         .bind(s.channel)
         .bind(s.keys)
         .bind(s.values)

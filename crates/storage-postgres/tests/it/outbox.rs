@@ -599,3 +599,51 @@ async fn a_batch_stages_the_newest_value_of_each_key_in_one_statement() {
         ]
     );
 }
+
+#[cfg(feature = "sqlx")]
+#[tokio::test]
+async fn stages_in_a_sqlx_transaction_with_the_same_contract() {
+    let Some(f) = fixture().await else { return };
+    let pool = sqlx::PgPool::connect(&testkit::url()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    f.outbox
+        .stage_sqlx(&mut tx, "orders", "o-1", &"lost".to_owned())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(f.count("SELECT count(*) FROM {s}.outbox").await, 0);
+
+    let mut tx = pool.begin().await.unwrap();
+    let v1 = f
+        .outbox
+        .stage_sqlx(&mut tx, "orders", "o-1", &"placed".to_owned())
+        .await
+        .unwrap();
+    let batch = [("o-1", "paid".to_owned()), ("o-2", "placed".to_owned())];
+    let vs = f
+        .outbox
+        .stage_batch_sqlx(&mut tx, "orders", &batch)
+        .await
+        .unwrap();
+    let e = f
+        .outbox
+        .stage_sqlx(&mut tx, "orders", "", &"x".to_owned())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "OUTBOX_INVALID_KEY");
+    tx.commit().await.unwrap();
+    assert!(vs[0] > v1);
+
+    let log = Log::default();
+    let d = f.deliverer(ChannelConfig::new("orders"), log.clone());
+    assert_eq!(d.deliver_due().await.unwrap().delivered, 2);
+    let mut got = log.values();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("o-1".into(), vs[0], "paid".into()),
+            ("o-2".into(), vs[1], "placed".into())
+        ]
+    );
+}
