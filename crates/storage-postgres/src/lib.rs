@@ -33,7 +33,8 @@
 //! any other column type is an error, never a silent conversion.
 //!
 //! Features: `outbox` (default) adds the [`outbox`] module, the outbox in
-//! your own PostgreSQL transaction; `testkit` adds `testkit::TestSchema`, a throwaway schema on a
+//! your own PostgreSQL transaction; `sqlx` lets it stage in a sqlx
+//! transaction too; `testkit` adds `testkit::TestSchema`, a throwaway schema on a
 //! real server for tests.
 //!
 //! # Example

@@ -21,7 +21,9 @@
 //!   row lock when the key is pending, so a key's versions follow its
 //!   commit order), resets the attempt count, makes it due now, and sends a
 //!   `NOTIFY` that fires when the caller commits. Nothing is written when
-//!   the caller rolls back.
+//!   the caller rolls back. With the feature `sqlx`, `stage_sqlx` and
+//!   `stage_batch_sqlx` do the same in a `sqlx::Transaction<'_, Postgres>`
+//!   (runtime queries only: no database at compile time).
 //! - [`PgDeliverer`] delivers one channel. Any number of them, in any
 //!   number of processes, share one database: each claims a batch with
 //!   `FOR UPDATE SKIP LOCKED` and records the claim (attempt count up, due
