@@ -23,9 +23,9 @@ use crate::error::{OutboxError, SinkError};
 use crate::event::{EventHook, EventKind, OutboxEvent, emit};
 use crate::metrics::ChannelMetrics;
 use crate::policy::{RetryPolicy, check_batch, check_delay, check_timeout, default_delay_ms};
-use crate::report::{DeliveryReport, Fate, Undelivered};
+use crate::report::{DeliveryReport, Fate, Quarantined, Undelivered};
 use crate::rules::{self, Claimed, Outcome};
-use crate::store::StoredEntry;
+use crate::store::{CorruptEntry, StoredEntry};
 
 /// One claimed entry's outcome, to settle.
 #[derive(Debug, Clone, PartialEq)]
@@ -404,6 +404,29 @@ where
             %reason,
             "retry delay rejected; using the default backoff"
         );
+    }
+
+    /// Reports a corrupt row moved to the quarantine (after the commit that
+    /// moved it): logs it, emits [`EventKind::Quarantined`] and lists it in
+    /// `report`.
+    pub fn report_quarantined(&self, corrupt: CorruptEntry, report: &mut DeliveryReport) {
+        tracing::error!(
+            event = "durability.outbox.quarantined",
+            channel = %self.name, key = %corrupt.key, reason = %corrupt.reason,
+            "corrupt outbox row moved to quarantine; the channel's other entries continue"
+        );
+        self.emit(
+            &corrupt.key,
+            0,
+            0,
+            EventKind::Quarantined {
+                reason: corrupt.reason.clone(),
+            },
+        );
+        report.quarantined.push(Quarantined {
+            key: corrupt.key,
+            reason: corrupt.reason,
+        });
     }
 
     /// Reports settlements that committed: counts them in `report`, logs

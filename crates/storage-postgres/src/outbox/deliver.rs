@@ -6,8 +6,8 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use durability_outbox::rules::{self, Claimed, Settle};
 use durability_outbox::{
-    ChannelConfig, CorruptEntry, DeliveryReport, EventKind, Publisher, Quarantined, Settled,
-    Settlement, Sink, StoredEntry, StoredRow,
+    ChannelConfig, CorruptEntry, DeliveryReport, EventKind, Publisher, Settled, Settlement, Sink,
+    StoredEntry, StoredRow,
 };
 use durability_time::{MAX_SAFE_INTEGER, is_safe_non_negative};
 use serde::Serialize;
@@ -281,23 +281,7 @@ where
         }
         self.commit(tx).await?;
         for corrupt in quarantined {
-            tracing::error!(
-                event = "durability.outbox.quarantined",
-                channel = %name, key = %corrupt.key, reason = %corrupt.reason,
-                "corrupt outbox row moved to quarantine; the channel's other entries continue"
-            );
-            self.publisher.emit(
-                &corrupt.key,
-                0,
-                0,
-                EventKind::Quarantined {
-                    reason: corrupt.reason.clone(),
-                },
-            );
-            report.quarantined.push(Quarantined {
-                key: corrupt.key,
-                reason: corrupt.reason,
-            });
+            self.publisher.report_quarantined(corrupt, report);
         }
         Ok(claimed)
     }

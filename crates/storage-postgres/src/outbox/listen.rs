@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use durability_outbox::Sink;
-use durability_time::{Backoff, Jitter, Random};
+use durability_time::{Backoff, Jitter, Random, timeout_at};
 use futures::{FutureExt as _, StreamExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -64,7 +64,7 @@ where
     /// at the fallback poll. A lost connection is retried with backoff and
     /// a full run follows every reconnection, so nothing staged while the
     /// server was away waits for the poll. Failures are logged
-    /// (`durability.outbox.deliver_failed`), never fatal.
+    /// (`durability.storage_postgres.outbox_deliver_failed`), never fatal.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown.fuse());
         let clock = std::sync::Arc::clone(self.publisher.clock());
@@ -94,20 +94,19 @@ where
                     now.saturating_add(RECONNECT.delay_ms(failures, &random))
                 }
             };
-            let sleep = clock.sleep_until(wake_at).fuse();
             let woke = async {
                 match listener.as_mut() {
                     Some(l) => l.wakes.recv().await.is_some(),
                     None => std::future::pending().await,
                 }
-            }
-            .fuse();
+            };
+            // Woken by a notification, or the wake-up time passed.
+            let waited = timeout_at(&*clock, wake_at, woke).fuse();
             let alive = {
-                futures::pin_mut!(sleep, woke);
+                futures::pin_mut!(waited);
                 futures::select! {
                     () = shutdown => return,
-                    () = sleep => true,
-                    alive = woke => alive,
+                    woke = waited => woke.unwrap_or(true),
                 }
             };
             if !alive {
@@ -118,7 +117,7 @@ where
 
     fn report(&self, error: &PgOutboxError, what: &str) {
         tracing::warn!(
-            event = "durability.outbox.deliver_failed",
+            event = "durability.storage_postgres.outbox_deliver_failed",
             channel = %self.publisher.name(),
             %error,
             code = error.code(),
