@@ -52,7 +52,11 @@ pub(crate) fn inner(args: &[String]) -> Result {
     };
     for area in areas {
         match area {
-            "outbox" => outbox()?,
+            "outbox" => {
+                outbox()?;
+                tokio::runtime::Runtime::new()?
+                    .block_on(crate::pg_outbox::bench(&crate::postgres_url()))?;
+            }
             "topology" => crate::topology::bench()?,
             "ownership" => {
                 let rt = tokio::runtime::Runtime::new()?;

@@ -32,6 +32,7 @@ mod lease_peers;
 mod migration;
 mod ownership;
 mod pg_leases;
+mod pg_outbox;
 mod rss;
 mod topology;
 

@@ -1,25 +1,22 @@
 //! An outbox channel: staging, claiming, publishing and settling entries.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use durability_scheduler::{Capability, Scheduler, Storage, StorageError, Transaction};
-use durability_time::{MAX_SAFE_UNSIGNED, timeout_at};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::codec::{Codec, Postcard};
+use crate::codec::Codec;
 use crate::error::{OutboxError, SinkError};
-use crate::event::{EventHook, EventKind, OutboxEvent, emit};
-use crate::metrics::{ChannelMetrics, Pending};
-use crate::policy::{
-    DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy, check_batch, check_delay,
-    check_timeout, default_delay_ms,
-};
-use crate::report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
-use crate::store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+use crate::event::{EventHook, EventKind, emit};
+use crate::metrics::Pending;
+use crate::policy::{DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BATCH_SIZE, RetryPolicy};
+use crate::publisher::{Publisher, Settled, Settlement};
+use crate::report::{DeliveryReport, PublishOutcome, Quarantined};
+use crate::rules::{self, Claimed, Settle};
+use crate::store::{CorruptEntry, OutboxTx, Reschedule, StoredRow};
 use tracing::Instrument as _;
 
 /// Largest encoded value accepted by [`Outbox::stage`]: 1 MiB.
@@ -72,8 +69,22 @@ impl<T> Entry<T> {
     pub fn retry_after(&self, delay_ms: f64) {
         *self.retry.lock().unwrap_or_else(PoisonError::into_inner) = Some(Some(delay_ms));
     }
-    fn retry_request(&self) -> Option<Option<f64>> {
+    /// The retry this entry's sink asked for: `None` when it did not,
+    /// `Some(None)` for the channel's delay, `Some(Some(ms))` for its own.
+    pub(crate) fn retry_requested(&self) -> Option<Option<f64>> {
         *self.retry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn new(key: String, value: T, version: u64, attempt: u32) -> Self {
+        Self {
+            key,
+            value,
+            version,
+            attempt,
+            retry: Mutex::new(None),
+        }
+    }
+    pub(crate) fn into_value(self) -> T {
+        self.value
     }
 }
 
@@ -168,7 +179,7 @@ impl<T> ChannelConfig<T> {
             codec: None,
         }
     }
-    /// The codec values are stored with ([`Postcard`] by default; [`Json`](crate::Json)
+    /// The codec values are stored with ([`Postcard`](crate::Postcard) by default; [`Json`](crate::Json)
     /// for types postcard cannot decode; any [`Codec`]).
     #[must_use]
     pub fn codec(mut self, codec: impl Codec<T>) -> Self {
@@ -209,8 +220,36 @@ impl<T> ChannelConfig<T> {
     }
 }
 
-/// Validates a channel name.
-pub(crate) fn check_channel(name: &str) -> Result<(), OutboxError> {
+/// A [`ChannelConfig`] taken apart (by [`Publisher::new`](crate::Publisher::new)).
+pub(crate) struct ConfigParts<T> {
+    pub(crate) name: String,
+    pub(crate) attempt_timeout_ms: u64,
+    pub(crate) batch_size: usize,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) dead_letter: Option<DeadLetterFn<T>>,
+    pub(crate) on_event: Option<EventHook>,
+    pub(crate) codec: Option<Arc<dyn Codec<T>>>,
+}
+
+impl<T> ChannelConfig<T> {
+    pub(crate) fn into_parts(self) -> ConfigParts<T> {
+        ConfigParts {
+            name: self.name,
+            attempt_timeout_ms: self.attempt_timeout_ms,
+            batch_size: self.batch_size,
+            retry: self.retry,
+            dead_letter: self.dead_letter,
+            on_event: self.on_event,
+            codec: self.codec,
+        }
+    }
+}
+
+/// Validates a channel name: 1..=200 bytes, no control characters.
+///
+/// # Errors
+/// [`OutboxError::InvalidChannel`].
+pub fn check_channel(name: &str) -> Result<(), OutboxError> {
     let reason = if name.is_empty() {
         Some("must not be empty")
     } else if name.len() > MAX_CHANNEL_BYTES {
@@ -229,8 +268,11 @@ pub(crate) fn check_channel(name: &str) -> Result<(), OutboxError> {
     }
 }
 
-/// Validates a key.
-pub(crate) fn check_key(key: &str) -> Result<(), OutboxError> {
+/// Validates a key: 1..=1024 bytes, no control characters.
+///
+/// # Errors
+/// [`OutboxError::InvalidKey`].
+pub fn check_key(key: &str) -> Result<(), OutboxError> {
     let reason = if key.is_empty() {
         Some("must not be empty")
     } else if key.len() > MAX_KEY_BYTES {
@@ -275,17 +317,9 @@ struct Channel<S: Storage, T, K> {
     scheduler: Scheduler<S>,
     name: String,
     capability: String,
-    attempt_timeout_ms: i64,
-    batch_size: usize,
-    retry: RetryPolicy,
-    dead_letter: Option<DeadLetterFn<T>>,
-    on_event: Option<EventHook>,
-    metrics: ChannelMetrics,
     pending: Arc<Pending>,
-    codec: Arc<dyn Codec<T>>,
-    sink: K,
+    publisher: Publisher<T, K>,
     busy: tokio::sync::Mutex<()>,
-    _value: PhantomData<fn() -> T>,
 }
 
 impl<S: Storage, T, K> Drop for Channel<S, T, K> {
@@ -297,41 +331,6 @@ impl<S: Storage, T, K> Drop for Channel<S, T, K> {
 /// The scheduler holds the channel weakly, so dropping every [`Outbox`]
 /// handle frees it.
 struct Attachment<S: Storage, T, K>(Weak<Channel<S, T, K>>);
-
-/// The outcome of one claimed entry.
-#[derive(Debug)]
-enum Outcome {
-    Delivered,
-    Retry {
-        error: String,
-        delay: Option<f64>,
-    },
-    DeadLettered {
-        error: String,
-    },
-    Dropped {
-        error: String,
-    },
-    /// Dead-lettering failed: keep the entry and try again later.
-    DeadLetterFailed {
-        error: String,
-    },
-}
-
-struct Claimed {
-    stored: StoredEntry,
-    attempt: u32,
-    exhausted: bool,
-}
-
-/// One claimed entry's outcome, to settle.
-struct Settlement {
-    stored: StoredEntry,
-    attempt: u32,
-    outcome: Outcome,
-    /// Its value could not be decoded.
-    undecodable: bool,
-}
 
 impl<S, T, K> Outbox<S, T, K>
 where
@@ -385,33 +384,16 @@ where
         config: ChannelConfig<T>,
         sink: K,
     ) -> Result<Self, OutboxError> {
-        check_channel(&config.name)?;
-        let timeout = check_timeout(config.attempt_timeout_ms)?;
-        let batch_size = check_batch(config.batch_size)?;
-        if config.retry.max_attempts == Some(0) {
-            return Err(OutboxError::InvalidPolicy {
-                field: "max_attempts",
-                reason: "must be at least 1".into(),
-            });
-        }
-        let capability = crate::admin::capability(&config.name);
-        let metrics = ChannelMetrics::new(&config.name);
-        let pending = Arc::new(metrics.pending());
+        let publisher = Publisher::new(config, sink, Arc::clone(scheduler.context().clock()))?;
+        let capability = crate::admin::capability(publisher.name());
+        let pending = Arc::new(publisher.metrics().pending());
         let inner = Arc::new(Channel {
             scheduler: scheduler.clone(),
-            name: config.name,
+            name: publisher.name().to_owned(),
             capability: capability.clone(),
-            attempt_timeout_ms: i64::try_from(timeout).unwrap_or(i64::MAX),
-            batch_size,
-            retry: config.retry,
-            dead_letter: config.dead_letter,
-            on_event: config.on_event,
-            metrics,
             pending,
-            codec: config.codec.unwrap_or_else(|| Arc::new(Postcard)),
-            sink,
+            publisher,
             busy: tokio::sync::Mutex::new(()),
-            _value: PhantomData,
         });
         let attachment: Arc<dyn Capability> = Arc::new(Attachment(Arc::downgrade(&inner)));
         if let Err(e) = scheduler.attach(&capability, Some(SCHEMA), attachment) {
@@ -504,29 +486,13 @@ where
     ) -> Result<u64, OutboxError> {
         check_key(key)?;
         let ch = &self.inner;
-        let bytes = ch.encode(value)?;
-        let version = tx.outbox_next_version()?;
-        if version == 0 {
-            return Err(
-                StorageError::corrupt("the outbox version counter issued version 0").into(),
-            );
-        }
-        if version > MAX_SAFE_UNSIGNED {
-            return Err(OutboxError::VersionsExhausted);
-        }
+        let bytes = ch.publisher.encode(value)?;
+        let version = rules::version_issued(tx.outbox_next_version()?)?;
         let now = ch.scheduler.now_ms();
         // A new key adds a pending entry; a staged value replacing a
         // pending one does not.
         let new = tx.outbox_get(&ch.name, key)?.is_none();
-        tx.outbox_upsert(&StoredEntry {
-            channel: ch.name.clone(),
-            key: key.to_owned(),
-            value: bytes,
-            version,
-            attempt: 0,
-            due_at: now,
-            claimed_until: None,
-        })?;
+        tx.outbox_upsert(&rules::staged(&ch.name, key, bytes, version, now))?;
         tx.lower_due(&ch.capability, now)?;
         if new {
             ch.pending_changed(tx, 1);
@@ -634,7 +600,8 @@ where
             ch.claim(tx, vec![row], now, &mut report)
         })?;
         if !claimed.is_empty() {
-            ch.attempt(claimed, &mut report).await?;
+            let outcomes = ch.publisher.attempt(claimed).await;
+            ch.settle(outcomes, &mut report)?;
         }
         let pending = ch
             .scheduler
@@ -694,16 +661,6 @@ where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
     K: Sink<T>,
 {
-    fn event(&self, key: &str, version: u64, attempt: u32, kind: EventKind) -> OutboxEvent {
-        OutboxEvent {
-            channel: self.name.clone(),
-            key: key.to_owned(),
-            version,
-            attempt,
-            kind,
-        }
-    }
-
     fn after_commit(
         &self,
         tx: &mut Transaction<'_, '_, S>,
@@ -712,10 +669,10 @@ where
         attempt: u32,
         kind: EventKind,
     ) {
-        let metrics = self.metrics.clone();
-        match self.on_event.clone() {
+        let metrics = self.publisher.metrics().clone();
+        match self.publisher.hook().cloned() {
             Some(hook) => {
-                let event = self.event(key, version, attempt, kind);
+                let event = self.publisher.event(key, version, attempt, kind);
                 tx.after_commit(move || {
                     metrics.record(&event.kind);
                     emit(Some(&hook), &event);
@@ -742,60 +699,6 @@ where
         Ok(())
     }
 
-    fn emit(&self, key: &str, version: u64, attempt: u32, kind: EventKind) {
-        self.metrics.record(&kind);
-        if self.on_event.is_some() {
-            emit(
-                self.on_event.as_ref(),
-                &self.event(key, version, attempt, kind),
-            );
-        }
-    }
-
-    /// The stored bytes of `value`: the codec's format byte, then its
-    /// payload, checked to read back.
-    fn encode(&self, value: &T) -> Result<Vec<u8>, OutboxError> {
-        let codec = &*self.codec;
-        let mut out = Vec::with_capacity(64);
-        out.push(codec.format());
-        codec
-            .encode(value, &mut out)
-            .map_err(|e| OutboxError::Encode(format!("{}: {e}", codec.name())))?;
-        if out.len() > MAX_VALUE_BYTES {
-            return Err(OutboxError::ValueTooLarge {
-                size: out.len(),
-                limit: MAX_VALUE_BYTES,
-            });
-        }
-        codec.check_round_trip(value, &out[1..]).map_err(|e| {
-            OutboxError::ValueDoesNotRoundTrip {
-                codec: codec.name(),
-                reason: e.0,
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<T, String> {
-        let codec = &*self.codec;
-        match bytes.split_first() {
-            Some((&format, payload)) if format == codec.format() => {
-                codec.decode(payload).map_err(|e| {
-                    format!(
-                        "the {} codec cannot decode the stored value: {e}",
-                        codec.name()
-                    )
-                })
-            }
-            Some((format, _)) => Err(format!(
-                "the stored value has format {format}; the channel's {} codec reads format {}",
-                codec.name(),
-                codec.format()
-            )),
-            None => Err("the stored value is empty".to_owned()),
-        }
-    }
-
     async fn deliver_due(&self) -> Result<DeliveryReport, OutboxError> {
         let _busy = self.busy.lock().await;
         // Only entries due when this run started: an entry retried with no
@@ -805,7 +708,7 @@ where
         loop {
             let mut quarantined = 0;
             let claimed = self.scheduler.transaction(|tx| {
-                let due = tx.outbox_due(&self.name, start, self.batch_size)?;
+                let due = tx.outbox_due(&self.name, start, self.publisher.batch_size())?;
                 let before = report.quarantined.len();
                 let claimed = self.claim(tx, due, start, &mut report);
                 quarantined = report.quarantined.len() - before;
@@ -819,7 +722,8 @@ where
                 }
                 return Ok(report);
             }
-            self.attempt(claimed, &mut report).await?;
+            let outcomes = self.publisher.attempt(claimed).await;
+            self.settle(outcomes, &mut report)?;
         }
     }
 
@@ -834,7 +738,7 @@ where
         now: i64,
         report: &mut DeliveryReport,
     ) -> Result<Vec<Claimed>, OutboxError> {
-        let deadline = now.saturating_add(self.attempt_timeout_ms);
+        let deadline = self.publisher.claim_deadline(now);
         let mut claimed = Vec::with_capacity(due.len());
         let mut quarantined = Vec::new();
         for row in due {
@@ -847,29 +751,17 @@ where
                     continue;
                 }
             };
-            let exhausted = self
-                .retry
-                .max_attempts
-                .is_some_and(|max| stored.attempt >= max);
-            let attempt = if exhausted {
-                stored.attempt
-            } else {
-                stored.attempt.saturating_add(1)
-            };
+            let claim = self.publisher.claim(stored);
             if tx.outbox_reschedule_if(Reschedule {
                 channel: &self.name,
-                key: &stored.key,
-                version: stored.version,
-                expected_attempt: stored.attempt,
-                attempt,
+                key: &claim.stored.key,
+                version: claim.stored.version,
+                expected_attempt: claim.stored.attempt,
+                attempt: claim.attempt,
                 due_at: deadline,
                 claimed_until: Some(deadline),
             })? {
-                claimed.push(Claimed {
-                    stored,
-                    attempt,
-                    exhausted,
-                });
+                claimed.push(claim);
             }
         }
         let next = tx.outbox_next_due(&self.name)?;
@@ -912,319 +804,69 @@ where
         );
     }
 
-    /// Publishes claimed entries and settles them.
-    async fn attempt(
-        &self,
-        claimed: Vec<Claimed>,
-        report: &mut DeliveryReport,
-    ) -> Result<(), OutboxError> {
-        let mut outcomes: Vec<Settlement> = Vec::with_capacity(claimed.len());
-        let mut batch: Vec<Entry<T>> = Vec::with_capacity(claimed.len());
-        let mut batch_meta: Vec<StoredEntry> = Vec::with_capacity(claimed.len());
-        for c in claimed {
-            match self.decode(&c.stored.value) {
-                Err(error) => {
-                    tracing::error!(
-                        event = "durability.outbox.undecodable_entry",
-                        channel = %self.name,
-                        key = %c.stored.key,
-                        version = c.stored.version,
-                        %error,
-                        "stored outbox value cannot be decoded; it is dead-lettered or dropped, never retried"
-                    );
-                    let outcome = self
-                        .dead_letter_one(&c.stored, c.attempt, None, DeadReason::Undecodable, error)
-                        .await;
-                    outcomes.push(Settlement {
-                        stored: c.stored,
-                        attempt: c.attempt,
-                        outcome,
-                        undecodable: true,
-                    });
-                }
-                Ok(value) if c.exhausted => {
-                    let error = format!("gave up after {} attempts", c.attempt);
-                    let outcome = self
-                        .dead_letter_one(
-                            &c.stored,
-                            c.attempt,
-                            Some(value),
-                            DeadReason::Exhausted,
-                            error,
-                        )
-                        .await;
-                    outcomes.push(Settlement {
-                        stored: c.stored,
-                        attempt: c.attempt,
-                        outcome,
-                        undecodable: false,
-                    });
-                }
-                Ok(value) => {
-                    self.emit(
-                        &c.stored.key,
-                        c.stored.version,
-                        c.attempt,
-                        EventKind::AttemptStarted,
-                    );
-                    batch.push(Entry {
-                        key: c.stored.key.clone(),
-                        value,
-                        version: c.stored.version,
-                        attempt: c.attempt,
-                        retry: Mutex::new(None),
-                    });
-                    batch_meta.push(c.stored);
-                }
-            }
-        }
-        if !batch.is_empty() {
-            let deadline = self
-                .scheduler
-                .now_ms()
-                .saturating_add(self.attempt_timeout_ms);
-            let result = self
-                .with_deadline(self.sink.publish(&batch), deadline)
-                .await;
-            for (entry, stored) in batch.into_iter().zip(batch_meta) {
-                let outcome = match (&result, entry.retry_request()) {
-                    (Ok(()), None) => Outcome::Delivered,
-                    (Ok(()), Some(delay)) => Outcome::Retry {
-                        error: "sink asked to retry".to_owned(),
-                        delay,
-                    },
-                    (Err(error), request) => Outcome::Retry {
-                        error: error.clone(),
-                        delay: request.flatten(),
-                    },
-                };
-                let outcome = match outcome {
-                    Outcome::Retry { error, .. }
-                        if self.retry.max_attempts.is_some_and(|m| entry.attempt >= m) =>
-                    {
-                        let gave_up = format!("gave up after {} attempts", entry.attempt);
-                        self.dead_letter_one(
-                            &stored,
-                            entry.attempt,
-                            Some(entry.value),
-                            DeadReason::Exhausted,
-                            gave_up,
-                        )
-                        .await
-                        .with_error(error)
-                    }
-                    other => other,
-                };
-                outcomes.push(Settlement {
-                    attempt: entry.attempt,
-                    stored,
-                    outcome,
-                    undecodable: false,
-                });
-            }
-        }
-        self.settle(outcomes, report)
-    }
-
-    async fn with_deadline<F>(&self, fut: F, deadline: i64) -> Result<(), String>
-    where
-        F: Future<Output = Result<(), SinkError>>,
-    {
-        let clock = self.scheduler.context().clock();
-        match timeout_at(&**clock, deadline, fut).await {
-            Ok(r) => r.map_err(|e| e.0),
-            Err(_) => Err(format!(
-                "attempt timed out after {} ms",
-                self.attempt_timeout_ms
-            )),
-        }
-    }
-
-    /// Hands an entry to the dead-letter sink (or drops it, without one).
-    async fn dead_letter_one(
-        &self,
-        stored: &StoredEntry,
-        attempt: u32,
-        value: Option<T>,
-        reason: DeadReason,
-        error: String,
-    ) -> Outcome {
-        let Some(sink) = &self.dead_letter else {
-            return Outcome::Dropped { error };
-        };
-        let letter = DeadLetter {
-            channel: self.name.clone(),
-            key: stored.key.clone(),
-            value,
-            bytes: stored.value.clone(),
-            version: stored.version,
-            attempts: attempt,
-            reason,
-            error: error.clone(),
-        };
-        let deadline = self
-            .scheduler
-            .now_ms()
-            .saturating_add(self.attempt_timeout_ms);
-        match self.with_deadline(sink(letter), deadline).await {
-            Ok(()) => Outcome::DeadLettered { error },
-            Err(e) => Outcome::DeadLetterFailed {
-                error: format!("dead-letter sink failed: {e}"),
-            },
-        }
-    }
-
     /// Settles a batch in one transaction, each entry guarded by the version
-    /// and attempt it was claimed at, then reports the events.
+    /// and attempt it was claimed at ([`rules::settle`]), then reports the
+    /// events.
     fn settle(
         &self,
         outcomes: Vec<Settlement>,
         report: &mut DeliveryReport,
     ) -> Result<(), OutboxError> {
         let now = self.scheduler.now_ms();
-        let (events, lateness) = self.scheduler.transaction(|tx| {
-            let mut events = Vec::with_capacity(outcomes.len());
+        let (settled, lateness) = self.scheduler.transaction(|tx| {
+            let mut settled = Vec::with_capacity(outcomes.len());
             let mut lateness = Vec::new();
-            for Settlement {
-                stored,
-                attempt,
-                outcome,
-                undecodable,
-            } in outcomes
-            {
-                let (key, version) = (stored.key.as_str(), stored.version);
-                let (error, requested, fate) = match outcome {
-                    Outcome::Retry { error, delay } => (error, delay, None),
-                    Outcome::DeadLetterFailed { error } => (error, None, Some(Fate::Kept)),
-                    Outcome::Delivered | Outcome::DeadLettered { .. } | Outcome::Dropped { .. } => {
+            for s in outcomes {
+                let (key, version, attempt) = (s.stored.key.as_str(), s.stored.version, s.attempt);
+                let (kind, fate) = match rules::settle(s.outcome) {
+                    Settle::Remove { kind, fate } => {
                         tx.outbox_remove_if(&self.name, key, version, attempt)?;
-                        let (kind, fate) = match outcome {
-                            Outcome::DeadLettered { error } => {
-                                (EventKind::DeadLettered { error }, Some(Fate::DeadLettered))
-                            }
-                            Outcome::Dropped { error } => {
-                                (EventKind::Dropped { error }, Some(Fate::Dropped))
-                            }
-                            _ => {
-                                lateness.push(now.saturating_sub(stored.due_at));
-                                (EventKind::Delivered, None)
-                            }
-                        };
-                        events.push((
-                            stored.key.clone(),
+                        if kind == EventKind::Delivered {
+                            lateness.push(now.saturating_sub(s.stored.due_at));
+                        }
+                        (kind, fate)
+                    }
+                    Settle::Reschedule {
+                        error,
+                        requested,
+                        fate,
+                    } => {
+                        let next_at = self.publisher.retry_at(key, attempt, requested, now);
+                        // A newer value staged meanwhile replaced this
+                        // attempt: nothing to retry, and no event to report.
+                        if !tx.outbox_reschedule_if(Reschedule {
+                            channel: &self.name,
+                            key,
                             version,
+                            expected_attempt: attempt,
                             attempt,
-                            kind,
-                            fate,
-                            undecodable,
-                        ));
-                        continue;
+                            due_at: next_at,
+                            claimed_until: None,
+                        })? {
+                            continue;
+                        }
+                        (EventKind::RetryScheduled { next_at, error }, fate)
                     }
                 };
-                let next_at = now.saturating_add(self.retry_delay(key, attempt, requested, now));
-                // A newer value staged meanwhile replaced this attempt:
-                // nothing to retry, and no event to report.
-                if tx.outbox_reschedule_if(Reschedule {
-                    channel: &self.name,
-                    key,
+                settled.push(Settled {
+                    key: s.stored.key,
                     version,
-                    expected_attempt: attempt,
                     attempt,
-                    due_at: next_at,
-                    claimed_until: None,
-                })? {
-                    events.push((
-                        stored.key.clone(),
-                        version,
-                        attempt,
-                        EventKind::RetryScheduled { next_at, error },
-                        fate,
-                        undecodable,
-                    ));
-                }
+                    kind,
+                    fate,
+                    undecodable: s.undecodable,
+                });
             }
             let next = tx.outbox_next_due(&self.name)?;
             tx.set_due(&self.capability, next)?;
             self.pending_count(tx)?;
-            Ok::<_, OutboxError>((events, lateness))
+            Ok::<_, OutboxError>((settled, lateness))
         })?;
         // Recorded once the settlements committed, as the events are.
         for ms in lateness {
-            self.metrics.delivered_late_by(ms);
+            self.publisher.delivered_late_by(ms);
         }
-        for (key, version, attempt, kind, fate, undecodable) in events {
-            match (&kind, fate) {
-                (EventKind::Delivered, _) => report.delivered += 1,
-                (EventKind::RetryScheduled { error, .. }, None) => {
-                    report.retried += 1;
-                    tracing::debug!(
-                        event = "durability.outbox.retry_scheduled",
-                        channel = %self.name, %key, version, attempt, %error,
-                        "outbox delivery failed; retry scheduled"
-                    );
-                }
-                (
-                    EventKind::RetryScheduled { error, .. }
-                    | EventKind::DeadLettered { error }
-                    | EventKind::Dropped { error },
-                    Some(fate),
-                ) => {
-                    let lost = Undelivered {
-                        key: key.clone(),
-                        version,
-                        error: error.clone(),
-                        fate,
-                    };
-                    if undecodable {
-                        report.undecodable.push(lost);
-                    } else {
-                        report.gave_up.push(lost);
-                    }
-                }
-                _ => {}
-            }
-            self.emit(&key, version, attempt, kind);
-        }
+        self.publisher.report_settled(settled, report);
         Ok(())
-    }
-
-    /// The delay before a retry: the one the sink asked for, else the
-    /// channel's policy; a rejected delay is reported and replaced by the
-    /// default backoff. Never below 1 ms, so a run never spins on one entry.
-    fn retry_delay(&self, key: &str, attempt: u32, requested: Option<f64>, now: i64) -> i64 {
-        if let Some(ms) = requested {
-            match check_delay(ms, now) {
-                Ok(delay) => return delay.max(1),
-                Err(reason) => self.report_bad_delay(key, &reason),
-            }
-        }
-        match self.retry.delay_ms(attempt, now) {
-            Ok(delay) => delay.max(1),
-            Err(reason) => {
-                self.report_bad_delay(key, &reason);
-                let fallback = default_delay_ms(attempt, self.retry.jitter.unit());
-                check_delay(fallback, now).unwrap_or(1).max(1)
-            }
-        }
-    }
-
-    fn report_bad_delay(&self, key: &str, reason: &str) {
-        tracing::warn!(
-            event = "durability.outbox.invalid_delay",
-            channel = %self.name,
-            %key,
-            %reason,
-            "retry delay rejected; using the default backoff"
-        );
-    }
-}
-
-impl Outcome {
-    fn with_error(self, last: String) -> Self {
-        match self {
-            Self::DeadLettered { .. } => Self::DeadLettered { error: last },
-            Self::Dropped { .. } => Self::Dropped { error: last },
-            other => other,
-        }
     }
 }

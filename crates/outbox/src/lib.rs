@@ -112,7 +112,9 @@ mod error;
 mod event;
 mod metrics;
 mod policy;
+mod publisher;
 mod report;
+pub mod rules;
 mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -132,6 +134,7 @@ pub use policy::{
     BASE_DELAY_MS, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DelayFn,
     MAX_ATTEMPT_TIMEOUT_MS, MAX_BATCH_SIZE, MAX_DELAY_MS, RetryPolicy, default_delay_ms,
 };
+pub use publisher::{Publisher, Settled, Settlement};
 pub use report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
 pub use store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
 

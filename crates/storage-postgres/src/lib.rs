@@ -48,9 +48,13 @@
 //! - [`object`] (feature `object`): object storage on PostgreSQL (the
 //!   scheduler's `Storage` and every object-level capability's transaction
 //!   trait, fenced inside the commit).
+//! - [`outbox`] (feature `outbox`): the outbox in your own PostgreSQL
+//!   transaction (`PgOutbox`, `PgDeliverer`); feature `sqlx` lets it stage
+//!   in a sqlx transaction too.
 //!
-//! Features: `default` = `ownership` + `alarms` + `object`; `testkit` adds
-//! `testkit::TestSchema`, a throwaway schema on a real server for tests.
+//! Features: `default` = `ownership` + `alarms` + `object` + `outbox`;
+//! `testkit` adds `testkit::TestSchema`, a throwaway schema on a real server
+//! for tests.
 //!
 //! # Example: leases and alarm jobs on PostgreSQL
 //!
@@ -144,10 +148,24 @@ async fn pause(attempt: usize) {
 pub const DEFAULT_POOL_SIZE: usize = 8;
 
 /// A PostgreSQL connection pool whose connections run at `SERIALIZABLE`.
-fn pool(mut config: Config, size: usize) -> Result<Pool, BackendError> {
+fn pool(config: Config, size: usize) -> Result<Pool, BackendError> {
+    Ok(pool_with(
+        config,
+        "default_transaction_isolation=serializable",
+        size,
+    )?)
+}
+
+/// A pool of at most `size` connections from `config`, each with the
+/// server setting `setting` (`name=value`) added to its options.
+fn pool_with(
+    mut config: Config,
+    setting: &str,
+    size: usize,
+) -> Result<Pool, deadpool_postgres::BuildError> {
     let opts = match config.get_options() {
-        Some(o) if !o.is_empty() => format!("{o} -c default_transaction_isolation=serializable"),
-        _ => "-c default_transaction_isolation=serializable".to_owned(),
+        Some(o) if !o.is_empty() => format!("{o} -c {setting}"),
+        _ => format!("-c {setting}"),
     };
     config.options(opts);
     let mgr = Manager::from_config(
@@ -157,7 +175,7 @@ fn pool(mut config: Config, size: usize) -> Result<Pool, BackendError> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    Ok(Pool::builder(mgr).max_size(size.max(1)).build()?)
+    Pool::builder(mgr).max_size(size.max(1)).build()
 }
 
 /// Parses a `postgres://` URL and sets the schema search path, when given.
@@ -579,6 +597,10 @@ impl Shard for PostgresShard {
 pub type PostgresMappingStore = ShardMappingStore<PostgresShard>;
 
 mod ledger;
+
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub use ledger::PostgresLedger;
 
 #[cfg(any(feature = "ownership", feature = "alarms"))]

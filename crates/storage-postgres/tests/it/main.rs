@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 use durability_migration::conformance::harness::{failed_batches_roll_back, insert_t};
 use durability_migration::{Shard, Statement, Value};
+
+mod outbox;
+mod outbox_faults;
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
 

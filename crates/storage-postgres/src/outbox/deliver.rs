@@ -1,0 +1,495 @@
+//! Delivering one channel: claim with `SKIP LOCKED`, publish through the
+//! outbox's [`Publisher`], settle guarded by version and attempt.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use durability_outbox::rules::{self, Claimed, Settle};
+use durability_outbox::{
+    ChannelConfig, CorruptEntry, DeliveryReport, EventKind, Publisher, Settled, Settlement, Sink,
+    StoredEntry, StoredRow,
+};
+use durability_time::{MAX_SAFE_INTEGER, is_safe_non_negative};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Config, Row};
+
+use super::PgOutbox;
+use super::error::PgOutboxError;
+
+/// Default fallback poll of [`PgDeliverer::run`]: 5 seconds (notifications
+/// wake it sooner).
+pub const DEFAULT_POLL_MS: i64 = 5_000;
+
+/// Delivers one channel of a [`PgOutbox`] to its sink.
+///
+/// Any number of deliverers of a channel may run, in one process or many:
+/// `FOR UPDATE SKIP LOCKED` keeps them off each other's entries. Publish
+/// calls of one deliverer run one at a time.
+pub struct PgDeliverer<T, K> {
+    pub(super) outbox: PgOutbox,
+    pub(super) pool: Pool,
+    pub(super) config: Config,
+    pub(super) publisher: Publisher<T, K>,
+    pub(super) poll_ms: i64,
+    busy: tokio::sync::Mutex<()>,
+    #[cfg(feature = "testkit")]
+    crash: std::sync::Mutex<Option<CrashAt>>,
+}
+
+/// Where an injected crash happens (feature `testkit`): at the `nth`
+/// commit (from 1) the deliverer makes (a claim's transaction, or a
+/// settlement statement), before it is sent (nothing of it lands) or after
+/// it landed.
+#[cfg(feature = "testkit")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashAt {
+    /// Which commit.
+    pub nth: u32,
+    /// After the commit landed (else before it is sent).
+    pub after_commit: bool,
+}
+
+impl<T, K> std::fmt::Debug for PgDeliverer<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgDeliverer")
+            .field("outbox", &self.outbox)
+            .field("publisher", &self.publisher)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decodes a row of `key, value, version, attempt, due_at, claimed_until`
+/// strictly: anything out of range is corrupt, never misread.
+fn decode(channel: &str, row: &Row) -> Result<StoredRow, PgOutboxError> {
+    let get = |e| PgOutboxError::Corrupt(format!("unreadable outbox row: {e}"));
+    let key: String = row.try_get(0).map_err(get)?;
+    let value: Vec<u8> = row.try_get(1).map_err(get)?;
+    let version: i64 = row.try_get(2).map_err(get)?;
+    let attempt: i32 = row.try_get(3).map_err(get)?;
+    let due_at: i64 = row.try_get(4).map_err(get)?;
+    let claimed_until: Option<i64> = row.try_get(5).map_err(get)?;
+    let reason = if !(1..=MAX_SAFE_INTEGER).contains(&version) {
+        Some(format!("version {version} is outside 1..=2^53-1"))
+    } else if attempt < 0 {
+        Some(format!("attempt {attempt} is negative"))
+    } else if !is_safe_non_negative(due_at) {
+        Some(format!("due time {due_at} is outside 0..=2^53-1"))
+    } else if claimed_until.is_some_and(|c| !is_safe_non_negative(c)) {
+        Some(format!(
+            "claim deadline {claimed_until:?} is outside 0..=2^53-1"
+        ))
+    } else {
+        None
+    };
+    Ok(match reason {
+        Some(reason) => StoredRow::Corrupt(CorruptEntry {
+            channel: channel.to_owned(),
+            row: key.as_bytes().to_vec(),
+            key,
+            reason,
+        }),
+        None => StoredRow::Entry(StoredEntry {
+            channel: channel.to_owned(),
+            key,
+            value,
+            version: version.unsigned_abs(),
+            attempt: attempt.unsigned_abs(),
+            due_at,
+            claimed_until,
+        }),
+    })
+}
+
+/// A statement prepared once per pooled connection.
+async fn prepared(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+) -> Result<tokio_postgres::Statement, PgOutboxError> {
+    tx.prepare_cached(sql)
+        .await
+        .map_err(PgOutboxError::statement)
+}
+
+fn as_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl<T, K> PgDeliverer<T, K>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink<T>,
+{
+    /// A deliverer of `channel` (its name, codec, timeouts, retries, dead
+    /// letters and hook) over a pool of `pool_size` connections made from
+    /// `config`, on the outbox's clock. Connections open lazily.
+    ///
+    /// # Errors
+    /// [`PgOutboxError::Outbox`] for a bad channel setting;
+    /// [`PgOutboxError::Unavailable`] for a pool that cannot be built.
+    pub fn new(
+        outbox: &PgOutbox,
+        config: Config,
+        pool_size: usize,
+        channel: ChannelConfig<T>,
+        sink: K,
+    ) -> Result<Self, PgOutboxError> {
+        let publisher = Publisher::new(channel, sink, Arc::clone(&outbox.clock))?;
+        // Claims and settlements commit asynchronously: a server crash can
+        // forget the last of them, and then the entries are delivered again
+        // (at least once), never lost. Stages are the caller's commits.
+        let pool = crate::pool_with(config.clone(), "synchronous_commit=off", pool_size)
+            .map_err(|e| PgOutboxError::Unavailable(Box::new(e)))?;
+        Ok(Self {
+            outbox: outbox.clone(),
+            pool,
+            config,
+            publisher,
+            poll_ms: DEFAULT_POLL_MS,
+            busy: tokio::sync::Mutex::new(()),
+            #[cfg(feature = "testkit")]
+            crash: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The fallback poll of [`PgDeliverer::run`], in ms (at least 1).
+    #[must_use]
+    pub fn poll_interval_ms(mut self, ms: i64) -> Self {
+        self.poll_ms = ms.max(1);
+        self
+    }
+
+    /// Crashes at a commit (feature `testkit`): the call that reaches it
+    /// fails with `PG_OUTBOX_UNAVAILABLE` and the test drops this
+    /// deliverer, as a process that died there.
+    #[cfg(feature = "testkit")]
+    pub fn crash_at(&self, at: CrashAt) {
+        *self
+            .crash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+    }
+
+    /// Whether this commit crashes, and after landing or before.
+    #[cfg(feature = "testkit")]
+    fn crash_now(&self) -> Option<bool> {
+        let mut crash = self
+            .crash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = crash.as_mut()?;
+        at.nth = at.nth.saturating_sub(1);
+        (at.nth == 0)
+            .then(|| crash.take().map(|at| at.after_commit))
+            .flatten()
+    }
+
+    /// Commits a claim or settlement: a lost reply is an unknown outcome.
+    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>) -> Result<(), PgOutboxError> {
+        #[cfg(feature = "testkit")]
+        if let Some(after_commit) = self.crash_now() {
+            if after_commit {
+                tx.commit().await.map_err(PgOutboxError::commit)?;
+            }
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        tx.commit().await.map_err(PgOutboxError::commit)
+    }
+
+    /// The channel's name.
+    pub fn name(&self) -> &str {
+        self.publisher.name()
+    }
+
+    /// Delivers every entry due when the run starts, batch by batch, and
+    /// reports what happened.
+    ///
+    /// # Errors
+    /// [`PgOutboxError::Unavailable`] or [`PgOutboxError::Rejected`]
+    /// (nothing of the failed step applied) or
+    /// [`PgOutboxError::OutcomeUnknown`] (a settlement may or may not have
+    /// landed); claimed entries are retried after their deadline.
+    pub async fn deliver_due(&self) -> Result<DeliveryReport, PgOutboxError> {
+        let _busy = self.busy.lock().await;
+        let start = self.publisher.now_ms();
+        let mut report = DeliveryReport::default();
+        loop {
+            let before = report.quarantined.len();
+            let claimed = self.claim(start, &mut report).await?;
+            if claimed.is_empty() {
+                if report.quarantined.len() > before {
+                    continue;
+                }
+                return Ok(report);
+            }
+            let outcomes = self.publisher.attempt(claimed).await;
+            self.settle(outcomes, &mut report).await?;
+        }
+    }
+
+    /// Claims up to a batch of due entries in one transaction: rows other
+    /// deliverers hold are skipped, corrupt rows are quarantined, and each
+    /// claim is recorded before it is published.
+    async fn claim(
+        &self,
+        now: i64,
+        report: &mut DeliveryReport,
+    ) -> Result<Vec<Claimed>, PgOutboxError> {
+        let sql = &self.outbox.sql;
+        let name = self.publisher.name();
+        let limit = i64::try_from(self.publisher.batch_size()).unwrap_or(i64::MAX);
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let rows = tx
+            .query(&prepared(&tx, &sql.due).await?, &[&name, &now, &limit])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let deadline = self.publisher.claim_deadline(now);
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut quarantined = Vec::new();
+        for row in &rows {
+            match decode(name, row)? {
+                StoredRow::Entry(stored) => claimed.push(self.publisher.claim(stored)),
+                StoredRow::Corrupt(corrupt) => {
+                    tx.execute(
+                        &sql.quarantine,
+                        &[&name, &corrupt.key, &corrupt.reason, &now],
+                    )
+                    .await
+                    .map_err(PgOutboxError::statement)?;
+                    quarantined.push(corrupt);
+                }
+            }
+        }
+        if !claimed.is_empty() {
+            let keys: Vec<&str> = claimed.iter().map(|c| c.stored.key.as_str()).collect();
+            let attempts: Vec<i32> = claimed.iter().map(|c| as_i32(c.attempt)).collect();
+            tx.execute(
+                &prepared(&tx, &sql.claim).await?,
+                &[&name, &deadline, &keys, &attempts],
+            )
+            .await
+            .map_err(PgOutboxError::statement)?;
+        }
+        self.commit(tx).await?;
+        for corrupt in quarantined {
+            self.publisher.report_quarantined(corrupt, report);
+        }
+        Ok(claimed)
+    }
+
+    /// Settles a batch ([`rules::settle`]), each write guarded by the
+    /// version and attempt claimed, then reports.
+    async fn settle(
+        &self,
+        outcomes: Vec<Settlement>,
+        report: &mut DeliveryReport,
+    ) -> Result<(), PgOutboxError> {
+        let now = self.publisher.now_ms();
+        let mut removed = Vec::new();
+        let mut kept = Vec::new();
+        for s in outcomes {
+            let (version, attempt) = (s.stored.version, s.attempt);
+            let (kind, fate, next_at) = match rules::settle(s.outcome) {
+                Settle::Remove { kind, fate } => {
+                    if kind == EventKind::Delivered {
+                        self.publisher
+                            .delivered_late_by(now.saturating_sub(s.stored.due_at));
+                    }
+                    (kind, fate, None)
+                }
+                Settle::Reschedule {
+                    error,
+                    requested,
+                    fate,
+                } => {
+                    let at = self
+                        .publisher
+                        .retry_at(&s.stored.key, attempt, requested, now);
+                    (
+                        EventKind::RetryScheduled { next_at: at, error },
+                        fate,
+                        Some(at),
+                    )
+                }
+            };
+            let settled = Settled {
+                key: s.stored.key,
+                version,
+                attempt,
+                kind,
+                fate,
+                undecodable: s.undecodable,
+            };
+            match next_at {
+                None => removed.push(settled),
+                Some(at) => kept.push((settled, at)),
+            }
+        }
+        let rescheduled = self.write_settlements(&removed, &kept).await?;
+        let mut settled = removed;
+        // A newer value staged meanwhile replaced a retried attempt: nothing
+        // to retry, and no event to report.
+        settled.extend(
+            kept.into_iter()
+                .map(|(s, _)| s)
+                .filter(|s| rescheduled.contains(&s.key)),
+        );
+        self.publisher.report_settled(settled, report);
+        Ok(())
+    }
+
+    /// Writes settlements: removals, then reschedules, each one guarded
+    /// statement that commits on its own (a settlement that did not land is
+    /// an entry delivered again after its claim's deadline). Returns the
+    /// keys rescheduled.
+    async fn write_settlements(
+        &self,
+        removed: &[Settled],
+        kept: &[(Settled, i64)],
+    ) -> Result<std::collections::HashSet<String>, PgOutboxError> {
+        let sql = &self.outbox.sql;
+        let name = self.publisher.name();
+        let client = self.pool.get().await?;
+        if !removed.is_empty() {
+            let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
+            let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
+            let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
+            self.autocommit(
+                &client,
+                &sql.remove_if,
+                &[&name, &keys, &versions, &attempts],
+            )
+            .await?;
+        }
+        let mut rescheduled = std::collections::HashSet::new();
+        if !kept.is_empty() {
+            let keys: Vec<&str> = kept.iter().map(|(s, _)| s.key.as_str()).collect();
+            let versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
+            let attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
+            let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
+            let params: [&(dyn ToSql + Sync); 5] = [&name, &keys, &versions, &attempts, &due];
+            for row in self
+                .autocommit(&client, &sql.reschedule_if, &params)
+                .await?
+            {
+                rescheduled.insert(
+                    row.try_get::<_, String>(0)
+                        .map_err(PgOutboxError::statement)?,
+                );
+            }
+        }
+        Ok(rescheduled)
+    }
+
+    /// Runs one statement that commits on its own: a refusal is definite,
+    /// a lost reply an unknown outcome.
+    async fn autocommit(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, PgOutboxError> {
+        #[cfg(feature = "testkit")]
+        let crash = self.crash_now();
+        #[cfg(feature = "testkit")]
+        if crash == Some(false) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        let rows = client
+            .query(sql, params)
+            .await
+            .map_err(PgOutboxError::commit)?;
+        #[cfg(feature = "testkit")]
+        if crash == Some(true) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        }
+        Ok(rows)
+    }
+
+    /// The pending entry of `key`: its version and attempts so far.
+    ///
+    /// # Errors
+    /// `OUTBOX_INVALID_KEY`; [`PgOutboxError::Corrupt`] for a corrupt row;
+    /// a server error.
+    pub async fn pending(&self, key: &str) -> Result<Option<(u64, u32)>, PgOutboxError> {
+        rules::check_key(key)?;
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(&self.outbox.sql.get, &[&self.publisher.name(), &key])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        match row.map(|r| decode(self.publisher.name(), &r)).transpose()? {
+            None => Ok(None),
+            Some(StoredRow::Entry(e)) => Ok(Some((e.version, e.attempt))),
+            Some(StoredRow::Corrupt(c)) => Err(PgOutboxError::Corrupt(c.reason)),
+        }
+    }
+
+    /// How many entries of the channel are pending.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn len(&self) -> Result<u64, PgOutboxError> {
+        self.count(&self.outbox.sql.len).await
+    }
+
+    /// Whether nothing is pending.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn is_empty(&self) -> Result<bool, PgOutboxError> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// How many of the channel's rows are in quarantine.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn quarantined(&self) -> Result<u64, PgOutboxError> {
+        self.count(&self.outbox.sql.quarantined_len).await
+    }
+
+    /// Deletes the channel's quarantined rows; how many there were.
+    ///
+    /// # Errors
+    /// A server error.
+    pub async fn purge_quarantined(&self) -> Result<u64, PgOutboxError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                &self.outbox.sql.purge_quarantined,
+                &[&self.publisher.name()],
+            )
+            .await
+            .map_err(PgOutboxError::statement)
+    }
+
+    /// The earliest due time of the channel's entries.
+    pub(super) async fn next_due(&self) -> Result<Option<i64>, PgOutboxError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(&self.outbox.sql.next_due, &[&self.publisher.name()])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        row.try_get(0).map_err(PgOutboxError::statement)
+    }
+
+    async fn count(&self, sql: &str) -> Result<u64, PgOutboxError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(sql, &[&self.publisher.name()])
+            .await
+            .map_err(PgOutboxError::statement)?;
+        let n: i64 = row.try_get(0).map_err(PgOutboxError::statement)?;
+        Ok(n.unsigned_abs())
+    }
+}

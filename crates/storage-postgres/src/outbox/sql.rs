@@ -1,0 +1,121 @@
+//! The SQL of one outbox (a schema and a table name), written once when
+//! the outbox is built. Names are validated and quoted; every value is a
+//! bound parameter.
+
+use durability_time::MAX_SAFE_INTEGER;
+
+use super::names::{Ident, quote};
+
+/// The statements of one outbox.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    pub(crate) schema: String,
+    pub(crate) listen: String,
+    pub(crate) notify_channel: String,
+    pub(crate) stage: String,
+    pub(crate) due: String,
+    pub(crate) claim: String,
+    pub(crate) remove_if: String,
+    pub(crate) reschedule_if: String,
+    pub(crate) quarantine: String,
+    pub(crate) get: String,
+    pub(crate) len: String,
+    pub(crate) next_due: String,
+    pub(crate) quarantined_len: String,
+    pub(crate) purge_quarantined: String,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &Ident, table: &Ident) -> Self {
+        let s = quote(schema.as_str());
+        let t = format!("{s}.{}", quote(table.as_str()));
+        let q = format!("{s}.{}", quote(&format!("{}_quarantine", table.as_str())));
+        let seq_ident = format!("{s}.{}", quote(&format!("{}_version", table.as_str())));
+        // The name inside a string literal: validated names hold no quote.
+        let seq = format!("nextval('{seq_ident}'::regclass)");
+        let index = quote(&format!("{}_due", table.as_str()));
+        let notify_channel = format!("{}.{}", schema.as_str(), table.as_str());
+        let cols = "key, value, version, attempt, due_at, claimed_until";
+        let max = MAX_SAFE_INTEGER;
+        Self {
+            schema: format!(
+                "CREATE SCHEMA IF NOT EXISTS {s};\n\
+                 CREATE SEQUENCE IF NOT EXISTS {seq_ident} AS bigint MINVALUE 1 MAXVALUE {max} NO CYCLE;\n\
+                 CREATE TABLE IF NOT EXISTS {t} (\n    \
+                     channel text COLLATE \"C\" NOT NULL,\n    \
+                     key text COLLATE \"C\" NOT NULL,\n    \
+                     value bytea NOT NULL,\n    \
+                     version bigint NOT NULL,\n    \
+                     attempt integer NOT NULL,\n    \
+                     due_at bigint NOT NULL,\n    \
+                     claimed_until bigint,\n    \
+                     PRIMARY KEY (channel, key)\n);\n\
+                 CREATE INDEX IF NOT EXISTS {index} ON {t} (channel, due_at, version);\n\
+                 CREATE TABLE IF NOT EXISTS {q} (\n    \
+                     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
+                     channel text COLLATE \"C\" NOT NULL,\n    \
+                     key text COLLATE \"C\" NOT NULL,\n    \
+                     value bytea,\n    \
+                     version bigint,\n    \
+                     attempt integer,\n    \
+                     due_at bigint,\n    \
+                     claimed_until bigint,\n    \
+                     reason text NOT NULL,\n    \
+                     quarantined_at bigint NOT NULL\n);\n"
+            ),
+            listen: format!("LISTEN {}", quote(&notify_channel)),
+            // One round trip for one entry or many: the upsert assigns the
+            // version under the key's row lock when a row is there (so a
+            // key's versions follow its commit order); one notification
+            // fires on commit. Keys are distinct (the caller keeps the
+            // newest value of each).
+            stage: format!(
+                "WITH up AS (\
+                 INSERT INTO {t} AS o (channel, {cols}) \
+                 SELECT $1, b.key, b.value, {seq}, $4, $5, $6 \
+                 FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS b(key, value, n) \
+                 ORDER BY b.n \
+                 ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
+                 version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
+                 claimed_until = EXCLUDED.claimed_until \
+                 RETURNING o.key, o.version) \
+                 SELECT up.key, up.version FROM up, (SELECT pg_notify($7, $1)) AS n"
+            ),
+            due: format!(
+                "SELECT {cols} FROM {t} WHERE channel = $1 \
+                 AND (due_at <= $2 OR due_at < 0 OR due_at > {max}) \
+                 ORDER BY due_at, version LIMIT $3 FOR UPDATE SKIP LOCKED"
+            ),
+            claim: format!(
+                "UPDATE {t} AS o SET attempt = c.attempt, due_at = $2, claimed_until = $2 \
+                 FROM unnest($3::text[], $4::int[]) AS c(key, attempt) \
+                 WHERE o.channel = $1 AND o.key = c.key"
+            ),
+            remove_if: format!(
+                "DELETE FROM {t} AS o USING unnest($2::text[], $3::bigint[], $4::int[]) \
+                 AS c(key, version, attempt) \
+                 WHERE o.channel = $1 AND o.key = c.key AND o.version = c.version \
+                 AND o.attempt = c.attempt"
+            ),
+            reschedule_if: format!(
+                "UPDATE {t} AS o SET due_at = c.due_at, claimed_until = NULL \
+                 FROM unnest($2::text[], $3::bigint[], $4::int[], $5::bigint[]) \
+                 AS c(key, version, attempt, due_at) \
+                 WHERE o.channel = $1 AND o.key = c.key AND o.version = c.version \
+                 AND o.attempt = c.attempt RETURNING o.key"
+            ),
+            quarantine: format!(
+                "WITH moved AS (DELETE FROM {t} WHERE channel = $1 AND key = $2 \
+                 RETURNING channel, {cols}) \
+                 INSERT INTO {q} (channel, {cols}, reason, quarantined_at) \
+                 SELECT channel, {cols}, $3, $4 FROM moved"
+            ),
+            get: format!("SELECT {cols} FROM {t} WHERE channel = $1 AND key = $2"),
+            len: format!("SELECT count(*) FROM {t} WHERE channel = $1"),
+            next_due: format!("SELECT min(due_at) FROM {t} WHERE channel = $1"),
+            quarantined_len: format!("SELECT count(*) FROM {q} WHERE channel = $1"),
+            purge_quarantined: format!("DELETE FROM {q} WHERE channel = $1"),
+            notify_channel,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Names, the printed schema and error codes, without a server.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+#[test]
+fn names_outside_the_grammar_are_refused_before_any_sql() {
+    for bad in [
+        "",
+        "Public",
+        "a-b",
+        "x\"; DROP TABLE t; --",
+        "a b",
+        "1abc",
+        "pg_catalog",
+        "schéma",
+        "a\0",
+        &"a".repeat(MAX_NAME_BYTES + 1),
+    ] {
+        let e = PgOutbox::new(bad).unwrap_err();
+        assert_eq!(e.code(), "PG_OUTBOX_INVALID_NAME", "{bad:?}");
+        assert!(!e.is_retryable());
+        let e = PgOutbox::with_table("ok", bad).unwrap_err();
+        assert_eq!(e.code(), "PG_OUTBOX_INVALID_NAME", "{bad:?}");
+    }
+    let longest = "a".repeat(MAX_NAME_BYTES);
+    assert!(PgOutbox::with_table(&longest, &longest).is_ok());
+}
+
+#[test]
+fn the_printed_schema_quotes_every_name_and_is_idempotent() {
+    let outbox = PgOutbox::with_table("app", "events").unwrap();
+    let sql = outbox.schema_sql();
+    assert!(sql.contains("CREATE SCHEMA IF NOT EXISTS \"app\";"));
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app\".\"events\" ("));
+    assert!(sql.contains("CREATE SEQUENCE IF NOT EXISTS \"app\".\"events_version\""));
+    assert!(sql.contains("\"app\".\"events_quarantine\""));
+    assert!(sql.contains("MAXVALUE 9007199254740991 NO CYCLE"));
+    let creates = sql.matches("CREATE ").count();
+    assert_eq!(creates, sql.matches(" IF NOT EXISTS ").count(), "{sql}");
+    assert_eq!(outbox.notify_channel(), "app.events");
+}
+
+#[test]
+fn error_codes_are_unique() {
+    let mut codes = PgOutboxError::CODES.to_vec();
+    codes.sort_unstable();
+    codes.dedup();
+    assert_eq!(codes.len(), PgOutboxError::CODES.len());
+}
+
+async fn connect() -> tokio_postgres::Client {
+    let (client, connection) =
+        tokio_postgres::connect(&crate::testkit::url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test]
+async fn a_connection_lost_at_commit_is_unknown_and_a_refused_commit_is_definite() {
+    let Some(_schema) = crate::testkit::TestSchema::create().await else {
+        return;
+    };
+    let mut c = connect().await;
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tx = c.transaction().await.unwrap();
+    tx.execute("SELECT 1", &[]).await.unwrap();
+    let killer = connect().await;
+    killer
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let e = PgOutboxError::commit(tx.commit().await.unwrap_err());
+    assert!(e.is_outcome_unknown(), "{e}");
+    assert!(e.is_retryable());
+    assert_eq!(e.code(), "PG_OUTBOX_OUTCOME_UNKNOWN");
+
+    let mut c = connect().await;
+    c.batch_execute("CREATE TEMP TABLE u (x int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+        .await
+        .unwrap();
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("INSERT INTO u VALUES (1); INSERT INTO u VALUES (1)")
+        .await
+        .unwrap();
+    let e = PgOutboxError::commit(tx.commit().await.unwrap_err());
+    assert_eq!(
+        e.code(),
+        "PG_OUTBOX_REJECTED",
+        "a constraint at commit is definite: {e}"
+    );
+    assert!(!e.is_outcome_unknown());
+}
+
+/// Public futures are `Send`, so they run on a multi-threaded runtime.
+#[allow(dead_code)]
+fn futures_are_send(
+    outbox: &PgOutbox,
+    tx: &Transaction<'_>,
+    deliverer: &PgDeliverer<String, NoSink>,
+    client: &mut tokio_postgres::Client,
+) {
+    fn send<F: Send>(_: F) {}
+    send(outbox.stage(tx, "c", "k", &String::new()));
+    send(outbox.setup(client));
+    send(deliverer.deliver_due());
+    send(deliverer.run(std::future::pending()));
+    send(deliverer.len());
+}
+
+#[allow(dead_code)]
+struct NoSink;
+
+impl durability_outbox::Sink<String> for NoSink {
+    async fn publish(
+        &self,
+        _batch: &[durability_outbox::Entry<String>],
+    ) -> Result<(), durability_outbox::SinkError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,334 @@
+//! Process faults for the outbox in the caller's transaction: a delivering
+//! process SIGKILLed while it holds claims, and a private PostgreSQL
+//! cluster crashed (`pg_ctl stop -m immediate`) and restarted mid-load.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command};
+use std::sync::Arc;
+
+use durability_outbox::ChannelConfig;
+use durability_storage_postgres::outbox::{PgDeliverer, PgOutbox};
+use durability_storage_postgres::testkit;
+use durability_time::{Clock, ManualClock, SystemClock};
+
+use crate::outbox::{Log, fixture};
+
+/// Kills the child on drop, so a failing test leaves no process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_sigkilled_deliverers_claims_are_redelivered_after_their_deadline() {
+    let Some(mut f) = fixture().await else { return };
+    let s = f.schema.name().to_owned();
+    f.client
+        .batch_execute(&format!("CREATE TABLE {s}.seen (key text, version bigint)"))
+        .await
+        .unwrap();
+    // Staged on the system clock, as the worker runs on it.
+    let outbox = PgOutbox::new(&s).unwrap();
+    let tx = f.client.transaction().await.unwrap();
+    let mut staged = BTreeSet::new();
+    for i in 0..30 {
+        let key = format!("k{i:02}");
+        let v = outbox
+            .stage(&tx, "jobs", &key, &format!("v{i}"))
+            .await
+            .unwrap();
+        staged.insert((key, v));
+    }
+    tx.commit().await.unwrap();
+
+    let mut worker = Killed(
+        Command::new(env!("CARGO_BIN_EXE_durability-pg-outbox-worker"))
+            .args([testkit::url().as_str(), &s, "jobs", "hang"])
+            .spawn()
+            .unwrap(),
+    );
+    // The worker claimed a batch and its sink received it: it hangs there.
+    let seen = format!("SELECT count(*) FROM {s}.seen");
+    while f
+        .client
+        .query_one(&seen, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < 10
+    {
+        tokio::task::yield_now().await;
+    }
+    worker.0.kill().unwrap(); // SIGKILL
+    worker.0.wait().unwrap();
+
+    let claimed: i64 = f
+        .client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {s}.outbox WHERE claimed_until IS NOT NULL AND attempt = 1"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claimed, 10, "the dead worker's claims are durable");
+
+    // Before the deadline the claims hold; after it they are delivered.
+    let now = SystemClock::new().now_ms();
+    let clock = Arc::new(ManualClock::new(now));
+    let outbox = outbox.with_clock(clock.clone());
+    let log = Log::default();
+    let d = PgDeliverer::new(
+        &outbox,
+        testkit::url().parse().unwrap(),
+        2,
+        ChannelConfig::new("jobs"),
+        log.clone(),
+    )
+    .unwrap();
+    assert_eq!(d.deliver_due().await.unwrap().delivered, 20);
+    assert_eq!(d.len().await.unwrap(), 10);
+    clock.set(now + 60_001);
+    assert_eq!(d.deliver_due().await.unwrap().delivered, 10);
+    let delivered: BTreeSet<(String, u64)> =
+        log.values().into_iter().map(|(k, v, _)| (k, v)).collect();
+    assert_eq!(delivered, staged, "every staged entry was delivered");
+    // The entries redelivered after the deadline are the ones the dead
+    // worker held.
+    let held: BTreeSet<String> = f
+        .client
+        .query(&format!("SELECT key FROM {s}.seen"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let late: BTreeSet<String> = log
+        .values()
+        .into_iter()
+        .skip(20)
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(held, late);
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A PostgreSQL cluster of the test's own, run as `postgres` on a free
+/// port; stopped with `-m immediate` (a crash) on drop.
+struct Cluster {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+fn as_postgres(tool: &str, args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--", &format!("{PG_BIN}/{tool}")])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+impl Cluster {
+    /// `None` (after saying why) when the cluster cannot be made here.
+    fn create() -> Option<Self> {
+        if !std::path::Path::new(PG_BIN).join("initdb").exists() {
+            let required = std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1");
+            assert!(!required, "PostgreSQL binaries are required in {PG_BIN}");
+            eprintln!("skipped: no PostgreSQL binaries in {PG_BIN}");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        Command::new("chown")
+            .args(["postgres", dir.path().to_str().unwrap()])
+            .status()
+            .unwrap();
+        let data = dir.path().join("data");
+        let init = as_postgres(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+            ],
+        );
+        assert!(
+            init.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cluster = Self { dir, port };
+        cluster.start();
+        Some(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").to_str().unwrap().to_owned()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn start(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = format!("{}/log", self.dir.path().display());
+        let out = as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-o", &opts, "-l", &log, "-w", "start"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A crash: no checkpoint, no clean shutdown.
+    fn crash(&self) {
+        let out = as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = as_postgres("pg_ctl", &["-D", &self.data(), "-m", "immediate", "stop"]);
+    }
+}
+
+/// Stages `keys` one transaction each on a fresh connection; returns the
+/// keys whose commit was acknowledged, stopping at the first failure (its
+/// outcome may be unknown, so it is neither counted nor required).
+async fn stage_until_failure(
+    url: &str,
+    outbox: &PgOutbox,
+    keys: std::ops::Range<u32>,
+) -> Vec<String> {
+    let mut acked = Vec::new();
+    let Ok((mut client, connection)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
+    else {
+        return acked;
+    };
+    tokio::spawn(connection);
+    for i in keys {
+        let key = format!("k{i:04}");
+        let Ok(tx) = client.transaction().await else {
+            break;
+        };
+        if outbox
+            .stage(&tx, "jobs", &key, &format!("v{i}"))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        if tx.commit().await.is_err() {
+            break;
+        }
+        acked.push(key);
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_and_restarted_server_loses_nothing_acknowledged() {
+    let Some(cluster) = Cluster::create() else {
+        return;
+    };
+    let url = cluster.url();
+    let outbox = PgOutbox::new("app").unwrap();
+    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    outbox.setup(&mut client).await.unwrap();
+    drop(client);
+
+    let log = Log::default();
+    let (signal, mut delivered) = tokio::sync::mpsc::unbounded_channel();
+    let sink = crate::outbox::Signal {
+        log: log.clone(),
+        signal,
+    };
+    let d = Arc::new(
+        PgDeliverer::new(
+            &outbox,
+            url.parse().unwrap(),
+            2,
+            ChannelConfig::new("jobs").batch_size(20),
+            sink,
+        )
+        .unwrap()
+        .poll_interval_ms(500),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn({
+        let d = d.clone();
+        async move {
+            d.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        }
+    });
+
+    let mut acked = stage_until_failure(&url, &outbox, 0..100).await;
+    assert_eq!(acked.len(), 100);
+    // Mid-load: a stager runs while the server crashes under it.
+    let stager = tokio::spawn({
+        let (url, outbox) = (url.clone(), outbox.clone());
+        async move { stage_until_failure(&url, &outbox, 100..100_000).await }
+    });
+    delivered.recv().await.unwrap();
+    cluster.crash();
+    let during = stager.await.unwrap();
+    assert!(during.len() < 99_900, "the crash interrupted the stager");
+    acked.extend(during);
+    cluster.start();
+    let after = stage_until_failure(&url, &outbox, 100_000..100_050).await;
+    assert_eq!(after.len(), 50, "staging works again after the restart");
+    acked.extend(after);
+
+    let want: BTreeSet<String> = acked.into_iter().collect();
+    let wait = async {
+        loop {
+            let got: BTreeSet<String> = log.values().into_iter().map(|(k, _, _)| k).collect();
+            if want.is_subset(&got) {
+                return;
+            }
+            delivered.recv().await.unwrap();
+        }
+    };
+    // A guard against a hang, far above any expected time: not a threshold.
+    tokio::time::timeout(std::time::Duration::from_secs(300), wait)
+        .await
+        .expect("every acknowledged entry is delivered after the restart");
+    stop.send(()).unwrap();
+    runner.await.unwrap();
+}
