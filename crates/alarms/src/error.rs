@@ -83,6 +83,11 @@ pub enum AlarmError {
     /// The object's storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The object's alarm schema could not be applied: most often it was
+    /// stored by newer code (`SchedulerError::SchemaAhead`), which this
+    /// code must never run on. Nothing was changed.
+    #[error("alarm schema refused: {0}")]
+    Schema(#[source] durability_scheduler::SchedulerError),
 }
 
 impl AlarmError {
@@ -101,6 +106,7 @@ impl AlarmError {
             Self::Corrupt { .. } => "do_alarm_corrupt",
             Self::ResponseTooLarge { .. } => "do_alarm_response_too_large",
             Self::Storage(_) => "do_alarm_storage",
+            Self::Schema(_) => "do_alarm_schema",
         }
     }
 
@@ -134,6 +140,7 @@ impl AlarmError {
         "do_alarm_corrupt",
         "do_alarm_response_too_large",
         "do_alarm_storage",
+        "do_alarm_schema",
     ];
 
     /// A backend setup failure (nothing changed).

@@ -392,14 +392,13 @@ where
     /// applies the alarm schema.
     ///
     /// # Errors
-    /// A storage failure applying the schema.
+    /// A storage failure applying the schema; [`AlarmError::Schema`] when
+    /// the stored alarm schema is newer than this code (nothing changed).
     pub fn new(sched: &Scheduler<S>, index: Arc<I>) -> Result<Self, AlarmError> {
         let storage = sched.context().storage();
         migrate(storage.as_ref(), SCHEMA, &SchemaTarget::Latest).map_err(|e| match e {
             durability_scheduler::SchedulerError::Storage(s) => AlarmError::Storage(s),
-            other => AlarmError::InvalidConfig {
-                reason: other.to_string(),
-            },
+            other => AlarmError::Schema(other),
         })?;
         Ok(Self {
             inner: Arc::new(Inner {

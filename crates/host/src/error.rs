@@ -155,6 +155,21 @@ pub enum HostError {
     /// Wiring the object's alarm failed.
     #[error("object alarm failed: {0}")]
     Alarm(#[source] AlarmError),
+    /// The object's stored schema is newer than this host's code (a host
+    /// binary older than the one that last wrote the object): the object is
+    /// not opened and nothing is changed, so replacing hosts one by one is
+    /// safe; deploy the newer binary to serve it. Not retryable.
+    #[error(
+        "object schema of {capability:?} is stored at version {stored}, newer than this host's {latest}: deploy the newer host binary"
+    )]
+    SchemaAhead {
+        /// The capability whose schema is ahead.
+        capability: String,
+        /// The stored version.
+        stored: u32,
+        /// The newest version this code knows.
+        latest: u32,
+    },
     /// The RPC method name breaks the identifier grammar or its length
     /// limit (refused before dispatch).
     #[error("invalid method name: {reason}")]
@@ -293,6 +308,7 @@ impl HostError {
         "host_factory_failed",
         "host_handler_failed",
         "host_alarm_failed",
+        "host_schema_ahead",
         "host_invalid_method",
         "host_invalid_args",
         "host_unknown_method",
@@ -322,6 +338,7 @@ impl HostError {
             Self::Factory { .. } => "host_factory_failed",
             Self::Handler(_) => "host_handler_failed",
             Self::Alarm(_) => "host_alarm_failed",
+            Self::SchemaAhead { .. } => "host_schema_ahead",
             Self::InvalidMethod { .. } => "host_invalid_method",
             Self::InvalidArgs { .. } => "host_invalid_args",
             Self::UnknownMethod { .. } => "host_unknown_method",
@@ -396,11 +413,53 @@ impl HostError {
     pub(crate) fn from_scheduler(e: SchedulerError) -> Self {
         match e {
             SchedulerError::Storage(s) => Self::from_storage(s),
+            SchedulerError::SchemaAhead {
+                capability,
+                stored,
+                latest,
+            } => Self::SchemaAhead {
+                capability,
+                stored,
+                latest,
+            },
             other => Self::Storage(StorageError::new(
                 StorageErrorKind::Backend,
                 other.to_string(),
             )),
         }
+    }
+
+    /// Classifies a failure wiring the object's alarm: a schema stored by
+    /// newer code is [`HostError::SchemaAhead`].
+    pub(crate) fn from_alarm(e: AlarmError) -> Self {
+        match e {
+            AlarmError::Schema(s) => Self::from_scheduler(s),
+            other => Self::Alarm(other),
+        }
+    }
+
+    /// Classifies a failing factory: a scheduler refusal of a schema
+    /// stored by newer code anywhere in its error chain (a capability it
+    /// attached) is [`HostError::SchemaAhead`]; anything else is
+    /// [`HostError::Factory`].
+    pub(crate) fn from_factory(object: String, source: BoxError) -> Self {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+        while let Some(e) = cause {
+            if let Some(SchedulerError::SchemaAhead {
+                capability,
+                stored,
+                latest,
+            }) = e.downcast_ref::<SchedulerError>()
+            {
+                return Self::SchemaAhead {
+                    capability: capability.clone(),
+                    stored: *stored,
+                    latest: *latest,
+                };
+            }
+            cause = e.source();
+        }
+        Self::Factory { object, source }
     }
 
     /// The envelope code a caller sees: the wire code for errors that

@@ -223,7 +223,8 @@ where
             Arc::clone(&inner.clock),
         ))
         .map_err(HostError::from_scheduler)?;
-        let alarms = Alarms::new(&scheduler, Arc::clone(&inner.index)).map_err(HostError::Alarm)?;
+        let alarms =
+            Alarms::new(&scheduler, Arc::clone(&inner.index)).map_err(HostError::from_alarm)?;
         let bridge = SchedulerAlarm::new(&scheduler, alarms.clone());
         let ctx = ObjectCtx {
             class: address.key.class.clone(),
@@ -239,10 +240,8 @@ where
                 .ok_or_else(|| HostError::UnknownClass {
                     class: address.key.class.clone(),
                 })?;
-        let instance = factory(&ctx).map_err(|source| HostError::Factory {
-            object: address.id.to_string(),
-            source,
-        })?;
+        let instance = factory(&ctx)
+            .map_err(|source| HostError::from_factory(address.id.to_string(), source))?;
         // Keep the alarm row (and the index job) at the scheduler's alarm.
         let watcher = tokio::spawn(bridge.clone().watch());
         Ok(OpenObject {

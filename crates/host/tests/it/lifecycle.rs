@@ -112,6 +112,7 @@ fn error_codes_are_unique_and_stable() {
             "host_factory_failed",
             "host_handler_failed",
             "host_alarm_failed",
+            "host_schema_ahead",
             "host_invalid_method",
             "host_invalid_args",
             "host_unknown_method",

@@ -8,6 +8,7 @@ mod connect;
 mod dispatch;
 mod lifecycle;
 mod metrics;
+mod rolling;
 mod rpc;
 mod storage;
 mod support;
