@@ -30,6 +30,11 @@ pub const DEFAULT_EVICTION_IDLE_MS: u64 = 10_000;
 /// Bound of the host's advisory caches (10,000 entries).
 pub const ADVISORY_CACHE_ENTRIES: usize = 10_000;
 
+/// Default bound on the objects the resident mode keeps open (each holds a
+/// connection and, on SQLite, file descriptors): past it, each owner-loop
+/// cycle closes the least recently used idle objects.
+pub const DEFAULT_MAX_RESIDENT_OBJECTS: usize = 10_000;
+
 /// Whether idle objects stay open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Residency {
@@ -79,6 +84,13 @@ pub struct HostSettings {
     pub residency: Residency,
     /// Idle time before the evictable mode closes an object.
     pub eviction_idle_ms: u64,
+    /// The most objects the resident mode keeps open (default
+    /// [`DEFAULT_MAX_RESIDENT_OBJECTS`]): each owner-loop cycle closes the
+    /// least recently used objects with no work in flight beyond it. Closing
+    /// drops only in-memory state (the object's instance and its open
+    /// storage handle); the next call reopens it from storage, fenced, with
+    /// every pending alarm, outbox entry and row intact, and counts as cold.
+    pub max_resident_objects: usize,
     /// Period of the owner loop (renew, claim, evict); `None`: a third of
     /// the owner TTL. Must be below the TTL minus the lease guard.
     pub renew_interval_ms: Option<u64>,
@@ -91,6 +103,7 @@ impl Default for HostSettings {
             alarms: DispatcherConfig::default(),
             residency: Residency::default(),
             eviction_idle_ms: DEFAULT_EVICTION_IDLE_MS,
+            max_resident_objects: DEFAULT_MAX_RESIDENT_OBJECTS,
             renew_interval_ms: None,
         }
     }
@@ -159,6 +172,12 @@ impl HostSettings {
                     "{interval} ms does not renew before the lease guard ({} ms TTL, {} ms guard)",
                     o.owner_ttl_ms, o.lease_guard_ms
                 ),
+            ));
+        }
+        if self.max_resident_objects == 0 {
+            return Err(HostError::setting(
+                "max_resident_objects",
+                "must be at least 1",
             ));
         }
         if self.residency == Residency::Evictable && self.eviction_idle_ms == 0 {

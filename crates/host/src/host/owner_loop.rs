@@ -72,6 +72,8 @@ where
         self.claim_targets(&owned, &mut report).await;
         if self.inner.settings.residency == Residency::Evictable {
             self.evict_idle(&slots, &mut report).await;
+        } else {
+            self.evict_beyond_bound(&slots, &mut report).await;
         }
         drop(slots);
         self.prune_slots();
@@ -216,25 +218,58 @@ where
     /// Closes the objects idle for `DO_EVICTION_IDLE_MS` with nothing in
     /// flight (the evictable mode).
     async fn evict_idle(&self, slots: &[Slot<I, O::Storage>], report: &mut CycleReport) {
-        let inner = &self.inner;
-        let now = inner.clock.now_ms();
-        let idle = i64::try_from(inner.settings.eviction_idle_ms).unwrap_or(i64::MAX);
+        let now = self.inner.clock.now_ms();
+        let idle = i64::try_from(self.inner.settings.eviction_idle_ms).unwrap_or(i64::MAX);
         for slot in slots {
-            let mut guard = slot.lock().await;
-            let evict = guard.as_ref().is_some_and(|o| {
-                o.in_flight.load(Ordering::SeqCst) == 0
-                    && now.saturating_sub(o.last_used.load(Ordering::SeqCst)) >= idle
-            });
-            if evict && let Some(o) = guard.take() {
-                o.close();
-                report.evicted += 1;
-                inner.counters.evicted.bump();
-                tracing::debug!(
-                    event = "durability.host.evicted",
-                    object = %o.address.id,
-                    "idle object closed"
-                );
+            self.evict_if(slot, report, |last_used| {
+                now.saturating_sub(last_used) >= idle
+            })
+            .await;
+        }
+    }
+
+    /// The resident mode's bound: beyond `max_resident_objects` open
+    /// objects, closes the least recently used ones with nothing in flight.
+    async fn evict_beyond_bound(&self, slots: &[Slot<I, O::Storage>], report: &mut CycleReport) {
+        let bound = self.inner.settings.max_resident_objects;
+        let mut open = Vec::new();
+        for slot in slots {
+            if let Some(o) = slot.lock().await.as_ref() {
+                open.push((o.last_used.load(Ordering::SeqCst), slot));
             }
+        }
+        let Some(excess) = open.len().checked_sub(bound).filter(|n| *n > 0) else {
+            return;
+        };
+        open.sort_by_key(|(last_used, _)| *last_used);
+        for (seen, slot) in open.into_iter().take(excess) {
+            // Closed only if it was not used since it was ranked.
+            self.evict_if(slot, report, |last_used| last_used == seen)
+                .await;
+        }
+    }
+
+    /// Closes the object in `slot` when it has nothing in flight and
+    /// `stale(last_used)` holds.
+    async fn evict_if(
+        &self,
+        slot: &Slot<I, O::Storage>,
+        report: &mut CycleReport,
+        stale: impl Fn(i64) -> bool,
+    ) {
+        let mut guard = slot.lock().await;
+        let evict = guard.as_ref().is_some_and(|o| {
+            o.in_flight.load(Ordering::SeqCst) == 0 && stale(o.last_used.load(Ordering::SeqCst))
+        });
+        if evict && let Some(o) = guard.take() {
+            o.close();
+            report.evicted += 1;
+            self.inner.counters.evicted.bump();
+            tracing::debug!(
+                event = "durability.host.evicted",
+                object = %o.address.id,
+                "idle object closed"
+            );
         }
     }
 }

@@ -1,11 +1,11 @@
 //! Calls, ownership moves, fencing, alarms, residency and drain, on a
 //! manual clock.
 
-use durability_host::{HostError, OwnPolicy, OwnerEvent, Residency};
+use durability_host::{Host, HostError, OwnPolicy, OwnerEvent, Residency};
 use durability_ownership::{DrainReport, OwnershipError};
 use durability_scheduler::StorageErrorKind;
 
-use crate::support::{Counter, TTL, World, advance_until, incr, spin};
+use crate::support::{Counter, TTL, World, advance_until, incr, settings, spin};
 
 fn fence_generation(w: &World, name: &str) -> i64 {
     let path = w
@@ -320,6 +320,42 @@ async fn evictable_mode_closes_idle_objects_and_counts_the_next_call_cold() {
     r.owner_cycle().await;
     assert_eq!(r.probe().dispatch.evicted, 0);
     a.shutdown().await;
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn resident_mode_keeps_at_most_its_bound_open_closing_the_least_recently_used() {
+    let w = World::new();
+    let mut s = settings();
+    s.max_resident_objects = 3;
+    let r = Host::start(w.config("r").own(OwnPolicy::OnDemand).settings(s))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        assert_eq!(incr(&r, &format!("o{i}")).await.unwrap(), 1);
+        w.clock.advance(10);
+    }
+    assert_eq!(
+        r.probe().open_objects,
+        10,
+        "the bound holds per owner cycle"
+    );
+    // o7, o8, o9 were used last; they stay open, the other seven close.
+    assert_eq!(r.owner_cycle().await.evicted, 7);
+    let probe = r.probe();
+    assert_eq!((probe.open_objects, probe.dispatch.evicted), (3, 7));
+    let cold = probe.dispatch.cold;
+    assert_eq!(
+        incr(&r, "o9").await.unwrap(),
+        2,
+        "an open object stays warm"
+    );
+    assert_eq!(r.probe().dispatch.cold, cold);
+    // A closed object reopens from storage with its state, counted cold.
+    assert_eq!(incr(&r, "o0").await.unwrap(), 2);
+    assert_eq!(r.probe().dispatch.cold, cold + 1);
+    r.owner_cycle().await;
+    assert!(r.probe().open_objects <= 3);
     r.shutdown().await;
 }
 
