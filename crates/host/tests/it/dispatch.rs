@@ -564,7 +564,7 @@ async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_
 }
 
 async fn incr_hooked(
-    a: &durability_host::Host<
+    a: &Host<
         durability_ownership::conformance::HookedStore<crate::support::Store>,
         durability_storage_sqlite::alarms::SqliteAlarmIndex,
     >,
