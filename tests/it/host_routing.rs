@@ -14,6 +14,7 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -790,6 +791,44 @@ async fn hostile_owner_records_are_refused_before_the_token_is_sent() {
          scope, each refused by b before connecting: {hostile:?}",
         hostile.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_owner_record_on_another_loopback_port_gets_no_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    // b forwards by its default policy: loopback and private addresses on
+    // its own (internal) port only.
+    let mut b = Proc::spawn_with("b", dir.path(), &["policy=derived"]);
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    let store = lease_store(dir.path());
+    let victim = other_shard(&["c1"]);
+    // Another local service (a database, an admin port): counts every
+    // connection it accepts, before dropping it.
+    let trap = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = trap.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&connections);
+    std::thread::spawn(move || {
+        for stream in trap.incoming() {
+            seen.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let forged = format!("http://127.0.0.1:{port}");
+    let record = plant_owner(&store, &victim, "evil", &forged, None).await;
+    let line = b.call(&victim, "incr", "{\"by\":100}");
+    assert_eq!(
+        (field(&line, "code"), field(&line, "outcome")),
+        ("owner_unavailable", "not_started"),
+        "{line}"
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 0, "nothing connects");
+    assert_eq!(b.routing()["refusals"], 1);
+    // Once the forged record is gone, b claims the scope: nothing ran.
+    assert!(store.release(&record).await.unwrap());
+    let v = b.call_ok(&victim, "get", "null");
+    assert_eq!((n_of(&v), v["task"].as_str()), (0, Some("b")));
 }
 
 /// Answers one connection with `response` and returns what it received.

@@ -115,7 +115,7 @@ pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) connectors: crate::connect::Connectors<I, O::Storage>,
     pub(crate) internal_token: Option<String>,
     pub(crate) peers: Arc<dyn crate::protocol::PeerDirectory>,
-    pub(crate) endpoint_policy: crate::protocol::EndpointPolicy,
+    pub(crate) endpoint_policy: Option<crate::protocol::EndpointPolicy>,
     pub(crate) transport: Arc<dyn crate::protocol::Transport>,
 }
 
@@ -176,7 +176,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             connectors: BTreeMap::new(),
             internal_token: None,
             peers: Arc::new(crate::protocol::StaticPeers::default()),
-            endpoint_policy: crate::protocol::EndpointPolicy::default(),
+            endpoint_policy: None,
             transport: Arc::new(crate::protocol::HttpTransport::default()),
         }
     }
@@ -403,11 +403,16 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
         self
     }
 
-    /// Which owner endpoints calls are forwarded to (default: loopback and
-    /// private addresses).
+    /// Which owner endpoints calls are forwarded to. Without one, a host
+    /// with an internal token derives
+    /// [`crate::transport::EndpointPolicy::internal_port`] from its own
+    /// [`HostConfig::endpoint`] (loopback and private addresses on that
+    /// port only); a host with a token and no endpoint must set one
+    /// ([`crate::HostError::InvalidSetting`] `endpoint_policy` at start).
+    /// The host's own endpoint must pass the policy too.
     #[must_use]
     pub fn endpoint_policy(mut self, policy: crate::protocol::EndpointPolicy) -> Self {
-        self.endpoint_policy = policy;
+        self.endpoint_policy = Some(policy);
         self
     }
 

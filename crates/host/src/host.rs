@@ -481,7 +481,7 @@ where
                 connectors: config.connectors,
                 token: v.token,
                 peers: config.peers,
-                policy: config.endpoint_policy,
+                policy: v.policy,
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
                 counters: RoutingCounters::new(&task),

@@ -123,8 +123,11 @@
 //! time); owner endpoints come from the owner's record (every host with a
 //! token advertises its endpoint in the records it writes), else from a
 //! [`transport::PeerDirectory`], and must pass the
-//! [`transport::EndpointPolicy`] (loopback and private addresses by
-//! default) before the token is attached. An alarm delivery claimed by
+//! [`transport::EndpointPolicy`] before the token is attached: by default
+//! loopback and private addresses on the port of the host's own
+//! [`HostConfig::endpoint`] only (the internal port every host of a
+//! deployment shares; a host with a token and no endpoint must set
+//! [`HostConfig::endpoint_policy`]). An alarm delivery claimed by
 //! this host's dispatcher for an object owned elsewhere is forwarded the
 //! same way (`POST /internal/do/alarm`, fenced at the owner's generation),
 //! unless a custom [`HostForward`] is set; a host without an internal token

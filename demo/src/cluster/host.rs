@@ -40,7 +40,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
-use durability_host::transport::PeerDirectory;
+use durability_host::transport::{EndpointPolicy, PeerDirectory};
 use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
 use durability_ownership::{
     DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
@@ -360,6 +360,8 @@ where
     })
     .endpoint(&endpoint)
     .internal_token(TOKEN)
+    // Hosts of this machine bind ephemeral ports: no one internal port.
+    .endpoint_policy(EndpointPolicy::loopback())
     .peers(FilePeers(peers.clone()))
     .settings(args.settings)
     .own(OwnPolicy::AllShards)

@@ -82,6 +82,15 @@ async fn start_host(
         durability_storage_sqlite::Synchronous::Normal,
     )?;
     let endpoint = format!("http://{}", listener.local_addr()?);
+    // Both hosts listen on one machine, each on its own port: forward only
+    // to the ports the peers listen on (the default is the own port only).
+    let policy = EndpointPolicy::ports(
+        peers
+            .0
+            .values()
+            .filter_map(|e| EndpointPolicy::default().check(e).ok())
+            .map(|e| e.port()),
+    );
     let config = HostConfig::new(
         Arc::new(store),
         Arc::new(index),
@@ -92,6 +101,7 @@ async fn start_host(
     )
     .endpoint(&endpoint)
     .internal_token(TOKEN)
+    .endpoint_policy(policy)
     .peers(peers)
     .class("Counter", |ctx| {
         ctx.scheduler.transaction(|tx| {

@@ -106,8 +106,9 @@ async fn main() -> Result<(), BoxError> {
     // These hosts serve no transport (no internal token), so an alarm
     // claimed by the dispatcher of a host that does not own the shop is not
     // forwarded: it waits for the owner's dispatcher, at most this long per
-    // bounce (default 30 s). With `internal_token`, an `endpoint` and
-    // `transport::serve`, the delivery is forwarded to the owner instead.
+    // bounce (default 30 s). With `internal_token`, an `endpoint` (its port
+    // is the internal port every host shares: a host forwards to no other)
+    // and `transport::serve`, the delivery is forwarded to the owner instead.
     .dispatcher(DispatcherConfig {
         owner_wait_max_ms: 1_000,
         ..DispatcherConfig::default()

@@ -5,7 +5,9 @@
 //! of a test shares. Each host advertises its endpoint in the owner records
 //! it writes, and also publishes it as the file `<dir>/peers/<task>` (the
 //! peer directory, used for records without one); every endpoint read is
-//! validated against the endpoint allowlist.
+//! validated against the endpoint allowlist: loopback on any port (the
+//! hosts bind ephemeral ports), or with `policy=derived` the host's default
+//! (loopback and private addresses on its own port only).
 //!
 //! Output, one line per step: `ready task=<t> endpoint=<e>`;
 //! `ok call <name> <method> result=<json>` /
@@ -66,7 +68,7 @@ use std::sync::{Arc, Weak};
 use durability_alarms::DispatcherConfig;
 use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
-use durability_host::transport::{PeerDirectory, serve};
+use durability_host::transport::{EndpointPolicy, PeerDirectory, serve};
 use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };
@@ -319,6 +321,14 @@ async fn main() {
             owner_wait_max_ms: 300,
             ..DispatcherConfig::fast()
         });
+    // Hosts of this machine bind ephemeral ports, so there is no one
+    // internal port: loopback on any port, unless `policy=derived` asks for
+    // the host's default (its own port only).
+    let config = if arg("policy") == "derived" {
+        config
+    } else {
+        config.endpoint_policy(EndpointPolicy::loopback())
+    };
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(e) => {

@@ -13,7 +13,7 @@ use durability_ownership::{
 
 use crate::config::{Factory, HostConfig, HostForward, OwnPolicy};
 use crate::error::HostError;
-use crate::protocol::InternalToken;
+use crate::protocol::{EndpointPolicy, EndpointRefused, InternalToken};
 use crate::rpc::validate_method;
 use crate::settings::HostSettings;
 use crate::store::ObjectStore;
@@ -29,6 +29,7 @@ pub(super) struct Validated<I, D> {
     pub(super) task: TaskId,
     pub(super) token: Option<InternalToken>,
     pub(super) advertised: Option<OwnerEndpoint>,
+    pub(super) policy: EndpointPolicy,
     pub(super) classes: Classes<I, D>,
     pub(super) targets: Vec<OwnerScope>,
     pub(super) dispatcher: DispatcherConfig,
@@ -58,7 +59,7 @@ pub(super) fn validate<S, I, O: ObjectStore>(
     let storage_id = StorageId::new(&config.storage_id).map_err(bad("storage_id"))?;
     let lifecycle = LifecycleId::new(&config.lifecycle).map_err(bad("lifecycle"))?;
     let task = TaskId::new(&config.task).map_err(bad("task"))?;
-    let (token, advertised) = endpoint(config)?;
+    let (token, advertised, policy) = endpoint(config)?;
     handlers(config)?;
     let count = settings.ownership.shard_count;
     let classes = classes(std::mem::take(&mut config.classes), &storage_id, count)?;
@@ -81,18 +82,22 @@ pub(super) fn validate<S, I, O: ObjectStore>(
         task,
         token,
         advertised,
+        policy,
         classes,
         targets,
         dispatcher,
     })
 }
 
-/// The internal token, and the endpoint this host advertises: with calls
-/// between hosts on, the endpoint must pass this host's own policy, and
-/// every owner record it writes advertises it.
+/// The internal token, the endpoint this host advertises and the policy
+/// it forwards by: with calls between hosts on, the endpoint must pass
+/// that policy, and every owner record it writes advertises it. Without an
+/// explicit policy, a host with a token forwards only to its own internal
+/// port ([`EndpointPolicy::internal_port`] of its endpoint), and a host
+/// with a token but no endpoint has no internal port to derive: refused.
 fn endpoint<S, I, O: ObjectStore>(
     config: &HostConfig<S, I, O>,
-) -> Result<(Option<InternalToken>, Option<OwnerEndpoint>), HostError> {
+) -> Result<(Option<InternalToken>, Option<OwnerEndpoint>, EndpointPolicy), HostError> {
     if let Some(e) = &config.endpoint
         && (e.is_empty() || e.len() > 512 || e.chars().any(char::is_control))
     {
@@ -106,17 +111,29 @@ fn endpoint<S, I, O: ObjectStore>(
         .as_deref()
         .map(InternalToken::new)
         .transpose()?;
-    let advertised = match (&config.endpoint, &token) {
-        (Some(e), Some(_)) => {
-            let checked = config
-                .endpoint_policy
-                .check(e)
-                .map_err(|e| HostError::setting("endpoint", e.to_string()))?;
-            Some(OwnerEndpoint::new(&checked.url()).map_err(bad("endpoint"))?)
+    let (advertised, policy) = match (&config.endpoint, &token, &config.endpoint_policy) {
+        (Some(e), Some(_), explicit) => {
+            let refused = |e: EndpointRefused| HostError::setting("endpoint", e.to_string());
+            let policy = match explicit {
+                Some(policy) => policy.clone(),
+                None => EndpointPolicy::internal_port(
+                    EndpointPolicy::default().check(e).map_err(refused)?.port(),
+                ),
+            };
+            let checked = policy.check(e).map_err(refused)?;
+            let advertised = OwnerEndpoint::new(&checked.url()).map_err(bad("endpoint"))?;
+            (Some(advertised), policy)
         }
-        _ => None,
+        (None, Some(_), None) => {
+            return Err(HostError::setting(
+                "endpoint_policy",
+                "a host with an internal token and no endpoint has no internal port to \
+                 forward to: set an endpoint or an explicit endpoint policy",
+            ));
+        }
+        (_, _, explicit) => (None, explicit.clone().unwrap_or_default()),
     };
-    Ok((token, advertised))
+    Ok((token, advertised, policy))
 }
 
 /// Every method, fetch and connect handler names a configured class (and

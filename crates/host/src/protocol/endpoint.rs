@@ -3,10 +3,20 @@
 //!
 //! An endpoint is `http://<host>:<port>` exactly: no user info, path,
 //! query or fragment (a trailing `/` is tolerated), an explicit port, and a
-//! host that is an IP literal or a DNS name the policy lists. The default
-//! [`EndpointPolicy`] accepts loopback (`127.0.0.0/8`, `::1`) and private
+//! host that is an IP literal or a DNS name the policy lists.
+//!
+//! A host forwards only to the internal port that every host of a
+//! deployment shares: with no explicit policy, it derives
+//! [`EndpointPolicy::internal_port`] from the port of its own advertised
+//! endpoint, accepting loopback (`127.0.0.0/8`, `::1`) and private
 //! addresses (`10.0.0.0/8`, `172.16.0.0/12`, `192.168.0.0/16`,
-//! `100.64.0.0/10`, `fc00::/7`) on any port, and no DNS names.
+//! `100.64.0.0/10`, `fc00::/7`) on that port only, and no DNS names. A
+//! forged owner record naming another local port (a database, an admin
+//! listener) is refused before anything connects. [`EndpointPolicy::default`]
+//! (loopback and private on any port) is only for an explicit
+//! [`crate::HostConfig::endpoint_policy`], e.g. tests whose hosts listen on
+//! several ports of one machine; [`EndpointPolicy::ports`] narrows it to the
+//! ports such a deployment uses.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -57,6 +67,9 @@ pub struct EndpointPolicy {
     pub ports: Option<Vec<u16>>,
 }
 
+/// Loopback and private addresses on any port, no DNS names (only as an
+/// explicit policy: a host's derived policy is
+/// [`EndpointPolicy::internal_port`]).
 impl Default for EndpointPolicy {
     fn default() -> Self {
         Self {
@@ -74,6 +87,32 @@ impl Default for EndpointPolicy {
 pub struct EndpointRefused(pub String);
 
 impl EndpointPolicy {
+    /// Loopback and private addresses on `port` only, no DNS names: the
+    /// policy a host derives from its own advertised endpoint's port (the
+    /// internal port every host of a deployment shares).
+    pub fn internal_port(port: u16) -> Self {
+        Self::ports([port])
+    }
+
+    /// Loopback and private addresses on these ports only, no DNS names
+    /// (hosts of one machine listening on several ports).
+    pub fn ports(ports: impl IntoIterator<Item = u16>) -> Self {
+        Self {
+            ports: Some(ports.into_iter().collect()),
+            ..Self::default()
+        }
+    }
+
+    /// Loopback addresses on any port, no private addresses or DNS names:
+    /// hosts of one machine that bind ephemeral ports (test and demo
+    /// clusters), where no single internal port exists.
+    pub fn loopback() -> Self {
+        Self {
+            private: false,
+            ..Self::default()
+        }
+    }
+
     /// Parses `raw` and checks it against the policy.
     ///
     /// # Errors

@@ -4,6 +4,7 @@
 //! every rule is checked without timing).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durability_host::transport::{
@@ -142,6 +143,20 @@ async fn start_refuses_bad_methods_tokens_and_endpoints() {
             w.config("a")
                 .internal_token(TOKEN)
                 .endpoint("http://8.8.8.8:8788"),
+            "endpoint",
+        ),
+        (
+            // A token and no endpoint: no internal port to derive a
+            // policy from, and no explicit one.
+            w.bare("a", "st1").internal_token(TOKEN),
+            "endpoint_policy",
+        ),
+        (
+            // An explicit policy its own endpoint does not pass.
+            w.config("a")
+                .internal_token(TOKEN)
+                .endpoint("http://127.0.0.1:8788")
+                .endpoint_policy(EndpointPolicy::ports([8789])),
             "endpoint",
         ),
     ];
@@ -336,6 +351,65 @@ async fn the_router_follows_the_replay_rules() {
     );
     tried += 1;
     eprintln!("tried: {tried} scripted owner answers against b's router");
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+/// A listener that accepts, counts and drops every connection.
+fn counting_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&count);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            // Counted before the connection is dropped, so a caller that saw
+            // it fail sees the count.
+            seen.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (port, count)
+}
+
+#[tokio::test]
+async fn a_forged_owner_record_on_another_local_port_gets_no_request() {
+    let w = World::new();
+    let (port, connections) = counting_listener();
+    // The "owner" a writes records advertising the counting listener (a
+    // local service that is not a host): a forged owner record.
+    let a = TestHost::start(
+        with_methods(w.config("a"))
+            .endpoint(&format!("http://127.0.0.1:{port}"))
+            .internal_token(TOKEN)
+            .endpoint_policy(EndpointPolicy::ports([port])),
+    )
+    .await
+    .unwrap();
+    a.object("Counter", "c1")
+        .call("incr", Value::Null)
+        .await
+        .unwrap();
+    // b has the default policy: its own internal port only.
+    let b = TestHost::start(
+        with_methods(w.config("b"))
+            .endpoint("http://127.0.0.1:18789")
+            .internal_token(TOKEN),
+    )
+    .await
+    .unwrap();
+    let e = b
+        .object("Counter", "c1")
+        .call("incr", Value::Null)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.outcome()),
+        ("owner_unavailable", DispatchOutcome::NotStarted),
+        "{e}"
+    );
+    assert_eq!(b.probe().routing.endpoint_refusals, 1);
+    assert_eq!(connections.load(Ordering::SeqCst), 0, "nothing connects");
     b.shutdown().await;
     a.shutdown().await;
 }

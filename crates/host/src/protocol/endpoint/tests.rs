@@ -23,6 +23,42 @@ fn default_policy_accepts_loopback_and_private_addresses() {
 }
 
 #[test]
+fn the_derived_policy_is_loopback_and_private_on_the_internal_port_only() {
+    let p = EndpointPolicy::internal_port(8788);
+    assert_eq!(
+        p,
+        EndpointPolicy {
+            loopback: true,
+            private: true,
+            hosts: Vec::new(),
+            ports: Some(vec![8788]),
+        }
+    );
+    for ok in [
+        "http://127.0.0.1:8788",
+        "http://10.0.0.7:8788",
+        "http://[::1]:8788",
+    ] {
+        assert!(p.check(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "http://127.0.0.1:5432",
+        "http://127.0.0.1:6379",
+        "http://10.0.0.7:8789",
+        "http://8.8.8.8:8788",
+        "http://do.internal:8788",
+    ] {
+        assert!(p.check(bad).is_err(), "{bad}");
+    }
+    let several = EndpointPolicy::ports([18788, 18789]);
+    assert!(several.check("http://127.0.0.1:18789").is_ok());
+    assert!(several.check("http://127.0.0.1:18790").is_err());
+    let local = EndpointPolicy::loopback();
+    assert!(local.check("http://127.0.0.1:40123").is_ok());
+    assert!(local.check("http://10.0.0.7:8788").is_err());
+}
+
+#[test]
 fn hostile_endpoints_are_refused() {
     let p = EndpointPolicy::default();
     for bad in [
