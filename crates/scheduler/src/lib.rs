@@ -98,7 +98,7 @@ pub use scheduler::{
     Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,
     Transaction,
 };
-pub use schema::{SchemaTarget, migrate, migrate_within};
+pub use schema::{SchemaTarget, check_schema_steps, migrate, migrate_within};
 pub use storage::{Direction, SchedulerTx, SchemaStep, Storage, StorageError, StorageErrorKind};
 
 #[cfg(test)]

@@ -6,7 +6,34 @@
 
 use crate::error::SchedulerError;
 use crate::storage::SchedulerTx as _;
-use crate::storage::{Direction, SchemaStep, Storage};
+use crate::storage::{Direction, SchemaStep, Storage, StorageError, StorageErrorKind};
+
+/// Checks the schema steps a backend is asked to register for
+/// `capability`: `steps` are versions 1, 2, … in order, and `with_sql` (the
+/// steps its SQL list declares) names exactly the same steps.
+///
+/// # Errors
+/// A `Backend` [`StorageError`] naming the capability when they disagree.
+pub fn check_schema_steps(
+    capability: &str,
+    steps: &[SchemaStep],
+    with_sql: impl ExactSizeIterator<Item = SchemaStep>,
+) -> Result<(), StorageError> {
+    let same = steps.len() == with_sql.len()
+        && steps.iter().zip(with_sql).all(|(a, b)| *a == b)
+        && steps
+            .iter()
+            .enumerate()
+            .all(|(i, s)| usize::try_from(s.version).ok() == Some(i + 1));
+    if same {
+        Ok(())
+    } else {
+        Err(StorageError::new(
+            StorageErrorKind::Backend,
+            format!("schema steps of {capability} must be versions 1.. matching their SQL"),
+        ))
+    }
+}
 
 /// Where [`migrate`] takes a capability's schema.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -293,18 +293,7 @@ impl PostgresObjects {
         steps: &'static [SchemaStep],
         sql: &'static [PostgresSchemaStep],
     ) -> Result<(), StorageError> {
-        let same = steps.len() == sql.len()
-            && steps.iter().zip(sql).all(|(a, b)| *a == b.step)
-            && steps
-                .iter()
-                .enumerate()
-                .all(|(i, s)| usize::try_from(s.version).ok() == Some(i + 1));
-        if !same {
-            return Err(StorageError::new(
-                StorageErrorKind::Backend,
-                format!("schema steps of {capability} must be versions 1.. matching their SQL"),
-            ));
-        }
+        durability_scheduler::check_schema_steps(capability, steps, sql.iter().map(|s| s.step))?;
         if self.schemas.contains_key(capability) {
             return Err(StorageError::new(
                 StorageErrorKind::Backend,
