@@ -6,6 +6,7 @@
 
 mod connect;
 mod dispatch;
+mod edge;
 mod lifecycle;
 mod metrics;
 mod rolling;
