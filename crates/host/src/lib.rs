@@ -200,6 +200,7 @@ pub mod edge;
 mod error;
 pub mod fetch;
 mod host;
+pub mod idempotency;
 mod metrics;
 mod object;
 mod protocol;
@@ -216,7 +217,9 @@ pub mod wire;
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
-pub use client::{ClientCalls, ClientStats, RpcClient};
+pub use client::{
+    ClientCalls, ClientStats, EntryBackoff, EntryState, FailoverClient, FailoverStats, RpcClient,
+};
 pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
 pub use edge::Edge;

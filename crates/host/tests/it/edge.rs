@@ -13,7 +13,7 @@ use durability_host::fetch::{
     FetchRequest, FetchResponse, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_URL_BYTES,
 };
 use durability_host::transport::{EndpointPolicy, serve};
-use durability_host::{CancellationToken, Handle, Host, OwnPolicy};
+use durability_host::{CancellationToken, Handle, Host, MethodError, OwnPolicy, idempotency};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -55,6 +55,17 @@ pub(crate) async fn node(
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let owner = task.to_owned();
     let config = with_methods(world.config(task))
+        .method("Counter", "incr_once", |h: H, args: Value| async move {
+            let (key, _args) = idempotency::split(args)?;
+            let key =
+                key.ok_or_else(|| MethodError::new("missing_key", "incr_once needs a key"))?;
+            let result = h.scheduler.transaction(|tx| {
+                idempotency::once(tx, "incr_once", &key, |tx| {
+                    Ok(json!({ "n": h.object.incr(tx)? }))
+                })
+            })?;
+            Ok(result)
+        })
         .endpoint(&endpoint)
         .internal_token(TOKEN)
         .endpoint_policy(EndpointPolicy::loopback())

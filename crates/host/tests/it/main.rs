@@ -7,6 +7,7 @@
 mod connect;
 mod dispatch;
 mod edge;
+mod failover;
 mod lifecycle;
 mod metrics;
 mod rolling;
