@@ -249,18 +249,17 @@ where
     let (mut parts, body) = request.into_parts();
     let head = match check_head(&parts) {
         Ok(head) => head,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
-    let (class, name) = match address(&mut parts, target).await {
-        Some(address) => address,
-        None => return refusal(404, "not_found", "no object route matches the request"),
+    let Some((class, name)) = address(&mut parts, target).await else {
+        return refusal(404, "not_found", "no object route matches the request");
     };
     if let Err(e) = host.scope_for(&class, &name) {
         return error(&e);
     }
     let body = match read_body(&parts.headers, body).await {
         Ok(body) => body,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let request = FetchRequest {
         method: parts.method.as_str().to_owned(),
@@ -281,7 +280,9 @@ struct Head {
 }
 
 /// Steps 1, 2 and 5: the URL and header limits, then the stripping.
-fn check_head(parts: &Parts) -> Result<Head, Response> {
+fn check_head(parts: &Parts) -> Result<Head, Box<Response>> {
+    let too_large = |status, reason| Box::new(too_large(status, reason));
+    let error = |e: &HostError| Box::new(error(e));
     let url = parts
         .uri
         .path_and_query()
@@ -358,7 +359,9 @@ async fn address(parts: &mut Parts, target: &Target) -> Option<(String, String)>
 }
 
 /// Step 4: the body, under the cap.
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, Response> {
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, Box<Response>> {
+    let too_large = |status, reason| Box::new(too_large(status, reason));
+    let error = |e: &HostError| Box::new(error(e));
     let announced = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -133,6 +133,18 @@
 //! unless a custom [`HostForward`] is set; a host without an internal token
 //! uses [`NoTransport`] (the delivery waits for the owner's lease).
 //!
+//! **The public edge** ([`Edge`], [`Host::edge`]): an `axum::Router` the
+//! user mounts next to their own routes, mapping tenant paths to objects
+//! by name (`.route("/orders/{name}", "Orders")`, or a closure) through
+//! the same router as [`ObjectRef::fetch`], under the fetch limits (414,
+//! 431, 413 with the host's JSON error shape, nothing dispatched) and
+//! with hop-by-hop and `x-durability-` headers stripped both ways.
+//! **Several entry hosts** ([`FailoverClient`]): a client for programs
+//! that are not hosts; an entry that refuses connections is skipped within
+//! the call and backed off on an injected clock, an unknown outcome is
+//! never replayed, and [`idempotency`] keys let a caller re-send a call
+//! that still runs once. Both, with their limits: [`docs::edge_and_client`].
+//!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
 //! `host.object(class, name).connect(request)` returns the caller's

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durability_host::fetch::{
-    FetchRequest, FetchResponse, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_URL_BYTES,
+    FetchRequest, FetchResponse, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES,
 };
 use durability_host::transport::{EndpointPolicy, serve};
 use durability_host::{CancellationToken, Handle, Host, MethodError, OwnPolicy, idempotency};
@@ -365,6 +365,20 @@ async fn limits_refuse_with_typed_errors_and_nothing_is_dispatched() {
     .await;
     assert_eq!(r.status, 431, "{r:?}");
     assert_eq!(r.error().0, "request_too_large");
+
+    // More header entries than the cap: 431 (hyper's own 100-line cap
+    // under `axum::serve` answers first, with the same status).
+    let many: Vec<(String, String)> = (0..=MAX_HEADERS)
+        .map(|i| (format!("x-h{i}"), "1".to_owned()))
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let r = http(&addr, "GET", "/counters/c1", &many, b"").await;
+    assert_eq!(r.status, 431, "{r:?}");
+    eprintln!(
+        "129 headers: {:?} {:?}",
+        r.headers,
+        String::from_utf8_lossy(&r.body)
+    );
 
     // An announced body one past the cap: 413, refused before reading.
     let len = (MAX_BODY_BYTES + 1).to_string();
