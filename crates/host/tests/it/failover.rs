@@ -353,3 +353,66 @@ async fn a_get_is_replayed_per_the_rules_through_the_next_entry_and_a_post_is_no
     assert_eq!(cluster.transport.sent().len(), 3);
     assert_eq!(cluster.dispatched.load(Ordering::SeqCst), 3);
 }
+
+#[tokio::test]
+async fn a_corrupt_recorded_result_is_a_typed_error_for_its_key_only_and_keys_can_be_pruned() {
+    let cluster = Cluster::new().await;
+    let client = cluster.client(&[&cluster.b().endpoint, &cluster.c().endpoint]);
+    let (k1, k2) = (
+        IdempotencyKey::new("k-1").unwrap(),
+        IdempotencyKey::new("k-2").unwrap(),
+    );
+    for key in [&k1, &k2] {
+        let v = client
+            .call_idempotent("Counter", "z1", "incr_once", key, json!({}))
+            .await
+            .unwrap();
+        assert!(n(&v) >= 1);
+    }
+    // Corrupt k-1's recorded result in the object's own table, on its owner.
+    let changed = cluster
+        .a
+        .host
+        .transaction::<crate::support::Counter, _, _>("Counter", "z1", |_, tx| {
+            tx.sql()
+                .execute(
+                    "UPDATE idempotency_keys SET result = 'not json' WHERE key = 'k-1'",
+                    [],
+                )
+                .map_err(|e| durability_scheduler::StorageError::backend("test", e))
+        })
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    let sent = cluster.transport.sent().len();
+    let e = client
+        .call_idempotent("Counter", "z1", "incr_once", &k1, json!({}))
+        .await
+        .unwrap_err();
+    // A definite, typed failure (the method's storage error), not an
+    // unknown outcome: not re-sent.
+    assert!(!FailoverClient::outcome_unknown(&e), "{e:?}");
+    assert_eq!(e.rpc_code(), "internal_error", "{e:?}");
+    assert_eq!(cluster.transport.sent().len(), sent + 1);
+    // The other key still answers its recorded result.
+    let v = client
+        .call_idempotent("Counter", "z1", "incr_once", &k2, json!({}))
+        .await
+        .unwrap();
+    assert_eq!(n(&v), 2);
+    // Pruning removes the recorded keys; the same key then runs again.
+    let pruned = cluster
+        .a
+        .host
+        .transaction::<crate::support::Counter, _, _>("Counter", "z1", |_, tx| {
+            durability_host::idempotency::prune(tx, 10)
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned, 2);
+    let v = client
+        .call_idempotent("Counter", "z1", "incr_once", &k2, json!({}))
+        .await
+        .unwrap();
+    assert_eq!(n(&v), 3);
+}
