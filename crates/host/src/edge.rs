@@ -398,7 +398,7 @@ fn respond(response: FetchResponse) -> Response {
     for (name, value) in &response.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value.as_bytes()),
         ) {
             announced.append(name, value);
         }

@@ -87,6 +87,7 @@ pub(crate) async fn node(
                 Ok(FetchResponse::new(201, body.to_string())
                     .header("content-type", "application/json")
                     .header("x-app-out", "yes")
+                    .header("x-utf8-out", "café")
                     .header("connection", "x-secret-out")
                     .header("x-secret-out", "1")
                     .header("keep-alive", "timeout=5")
@@ -332,6 +333,8 @@ async fn internal_and_hop_by_hop_headers_never_cross_the_tenant_boundary() {
     // trusted headers (task, generation, key, endpoint) do not reach the
     // tenant, and the length is the real one.
     assert_eq!(r.header("x-app-out"), Some("yes"));
+    // A UTF-8 value (obs-text bytes on the wire) is kept, not dropped.
+    assert_eq!(r.header("x-utf8-out"), Some("café"));
     assert_eq!(r.header("x-secret-out"), None, "{:?}", r.headers);
     assert_eq!(r.header("keep-alive"), None, "{:?}", r.headers);
     assert_eq!(
