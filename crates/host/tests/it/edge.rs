@@ -194,6 +194,19 @@ async fn http(
     }
 }
 
+/// `GET /by-header` naming the class and the object in headers (the
+/// custom route).
+async fn by_header(addr: &str, class: &str, name: &str) -> Answer {
+    http(
+        addr,
+        "GET",
+        "/by-header",
+        &[("x-class", class), ("x-name", name)],
+        b"",
+    )
+    .await
+}
+
 /// The user's app: its own route and the edge of `host`, served on a
 /// loopback port; returns the address.
 async fn app(host: &TestHost) -> String {
@@ -261,14 +274,7 @@ async fn the_edge_reaches_an_object_owned_by_another_host_next_to_the_apps_own_r
     // The declarative route without a rest, and the custom extractor.
     let r = http(&addr, "GET", "/counters/c1", &[], b"").await;
     assert_eq!((r.status, r.json()["n"].clone()), (201, json!(3)));
-    let r = http(
-        &addr,
-        "GET",
-        "/by-header",
-        &[("x-class", "Counter"), ("x-name", "c1")],
-        b"",
-    )
-    .await;
+    let r = by_header(&addr, "Counter", "c1").await;
     assert_eq!((r.status, r.json()["n"].clone()), (201, json!(4)));
     assert_eq!(dispatched.load(Ordering::SeqCst), 4);
     // b forwarded to a and learned a's hint.
@@ -403,23 +409,9 @@ async fn limits_refuse_with_typed_errors_and_nothing_is_dispatched() {
     assert_eq!(r.error().0, "request_too_large");
 
     // Unknown class: 404; invalid name: 400; no route: 404.
-    let r = http(
-        &addr,
-        "GET",
-        "/by-header",
-        &[("x-class", "Nope"), ("x-name", "c1")],
-        b"",
-    )
-    .await;
+    let r = by_header(&addr, "Nope", "c1").await;
     assert_eq!((r.status, r.error().0.as_str()), (404, "unknown_class"));
-    let r = http(
-        &addr,
-        "GET",
-        "/by-header",
-        &[("x-class", "Counter"), ("x-name", "")],
-        b"",
-    )
-    .await;
+    let r = by_header(&addr, "Counter", "").await;
     assert_eq!(
         (r.status, r.error().0.as_str()),
         (400, "invalid_object_name")
@@ -446,33 +438,18 @@ async fn bad_routes_are_refused_when_the_router_is_made() {
     let world = World::new();
     let dispatched = Arc::new(AtomicUsize::new(0));
     let a = node(&world, "a", OwnPolicy::AllShards, dispatched).await;
-    let code = |r: Result<axum::Router, durability_host::HostError>| r.unwrap_err().code();
-    assert_eq!(
-        code(
-            a.host
-                .edge()
-                .route("/counters/{id}", "Counter")
-                .into_router()
-        ),
-        "host_invalid_setting"
-    );
-    assert_eq!(
-        code(
-            a.host
-                .edge()
-                .route("counters/{name}", "Counter")
-                .into_router()
-        ),
-        "host_invalid_setting"
-    );
-    assert_eq!(
-        code(
-            a.host
-                .edge()
-                .route("/c/{name}", "Counter")
-                .route("/c/{name}", "Counter")
-                .into_router()
-        ),
-        "host_invalid_setting"
-    );
+    for edge in [
+        // No {name} segment.
+        a.host.edge().route("/counters/{id}", "Counter"),
+        // Not a path.
+        a.host.edge().route("counters/{name}", "Counter"),
+        // Routed twice.
+        a.host
+            .edge()
+            .route("/c/{name}", "Counter")
+            .route("/c/{name}", "Counter"),
+    ] {
+        let e = edge.into_router::<()>().unwrap_err();
+        assert_eq!(e.code(), "host_invalid_setting", "{e}");
+    }
 }
