@@ -26,18 +26,18 @@
 //! Limits: a key is scoped to one object and one method; keys are kept
 //! until [`prune`] removes them (the caller's retry horizon decides how
 //! long); the table lives in the object's own SQLite storage (the default
-//! object store: [`crate::SqliteObjectStore`]), so it goes with the
+//! object store: [`crate::SqliteObjectStore`]; the SQL lives with that
+//! store, and another store would need its own), so it goes with the
 //! object's other tables in [`crate::Host::delete_all`]. Reusing a key for
 //! other arguments returns the first call's result: a key names one
 //! intended call.
 
 use durability_scheduler::{StorageError, Transaction};
-use durability_storage_sqlite::SqliteStorage;
-use durability_storage_sqlite::rusqlite::{self, OptionalExtension as _, params};
 use serde_json::Value;
 
 use crate::error::HostError;
 use crate::rpc::MethodError;
+use crate::store::DefaultStorage;
 
 /// The field of the wrapped arguments that carries the key.
 pub const KEY_FIELD: &str = "idempotencyKey";
@@ -46,7 +46,7 @@ pub const ARGS_FIELD: &str = "args";
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 128;
 /// The table of recorded keys in each object's storage.
-pub const TABLE: &str = "idempotency_keys";
+pub const TABLE: &str = crate::store::sqlite::idempotency::TABLE;
 
 /// A caller's key for one intended call: 1..=[`MAX_KEY_BYTES`] bytes of
 /// visible ASCII (a UUID is a good one).
@@ -113,65 +113,25 @@ pub fn split(args: Value) -> Result<(Option<IdempotencyKey>, Value), MethodError
     Ok((Some(key), map.remove(ARGS_FIELD).unwrap_or(Value::Null)))
 }
 
-fn sql(e: rusqlite::Error) -> StorageError {
-    StorageError::backend("idempotency keys", e)
-}
-
 /// Runs `body` at most once for (`method`, `key`) on this object, in the
 /// caller's transaction `tx` (module docs): the recorded result if the key
-/// is already there, else the body's result, recorded with the key.
+/// is already there, else the body's result, recorded with the key in the
+/// same transaction.
 ///
 /// # Errors
 /// The body's error (nothing recorded); a storage failure; a recorded
 /// result that is not JSON (a corrupt row) as a storage error naming the
 /// key.
 pub fn once<F>(
-    tx: &mut Transaction<'_, '_, SqliteStorage>,
+    tx: &mut Transaction<'_, '_, DefaultStorage>,
     method: &str,
     key: &IdempotencyKey,
     body: F,
 ) -> Result<Value, StorageError>
 where
-    F: FnOnce(&mut Transaction<'_, '_, SqliteStorage>) -> Result<Value, StorageError>,
+    F: FnOnce(&mut Transaction<'_, '_, DefaultStorage>) -> Result<Value, StorageError>,
 {
-    tx.sql()
-        .execute_batch(&format!(
-            "CREATE TABLE IF NOT EXISTS {TABLE} (
-                method TEXT NOT NULL,
-                key TEXT NOT NULL,
-                result TEXT NOT NULL,
-                PRIMARY KEY (method, key)
-            )"
-        ))
-        .map_err(sql)?;
-    let recorded: Option<String> = tx
-        .sql()
-        .query_row(
-            &format!("SELECT result FROM {TABLE} WHERE method = ?1 AND key = ?2"),
-            params![method, key.as_str()],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(sql)?;
-    if let Some(recorded) = recorded {
-        return serde_json::from_str(&recorded).map_err(|e| {
-            StorageError::backend(
-                "idempotency keys",
-                format!(
-                    "the recorded result of key {} is not JSON: {e}",
-                    key.as_str()
-                ),
-            )
-        });
-    }
-    let result = body(tx)?;
-    tx.sql()
-        .execute(
-            &format!("INSERT INTO {TABLE} (method, key, result) VALUES (?1, ?2, ?3)"),
-            params![method, key.as_str(), result.to_string()],
-        )
-        .map_err(sql)?;
-    Ok(result)
+    crate::store::sqlite::idempotency::once(tx, method, key.as_str(), body)
 }
 
 /// Removes up to `limit` recorded keys of this object (oldest rows
@@ -181,26 +141,8 @@ where
 /// # Errors
 /// A storage failure.
 pub fn prune(
-    tx: &mut Transaction<'_, '_, SqliteStorage>,
+    tx: &mut Transaction<'_, '_, DefaultStorage>,
     limit: u32,
 ) -> Result<usize, StorageError> {
-    let exists: bool = tx
-        .sql()
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-            [TABLE],
-            |r| r.get(0),
-        )
-        .map_err(sql)?;
-    if !exists {
-        return Ok(0);
-    }
-    tx.sql()
-        .execute(
-            &format!(
-                "DELETE FROM {TABLE} WHERE rowid IN (SELECT rowid FROM {TABLE} ORDER BY rowid LIMIT ?1)"
-            ),
-            [limit],
-        )
-        .map_err(sql)
+    crate::store::sqlite::idempotency::prune(tx, limit)
 }

@@ -22,6 +22,7 @@ use durability_storage_sqlite::SqliteStorage;
 
 use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
 
+pub(crate) mod idempotency;
 #[cfg(test)]
 mod tests;
 
