@@ -21,6 +21,10 @@
 //!   `GET`/`HEAD` fetch replays once, through the next entry. Either way the
 //!   preferred entry moves on to the next one, so a hung entry host does
 //!   not hold later calls.
+//! - An entry that answers the trusted `draining` refusal (it, or the
+//!   owner it forwarded to, is shutting down; nothing ran) ends that call
+//!   with that refusal, as the rules say, and is put in backoff, so later
+//!   calls go to the other entries instead of meeting it again.
 //! - Backoff is counted on the client's [`Clock`] (injected; no sleeps):
 //!   the `n`-th consecutive failure of an entry keeps it out for
 //!   `base * 2^(n-1)` ms, at most `max` ([`EntryBackoff`]); an answer from
@@ -403,6 +407,9 @@ impl FailoverClient {
     }
 }
 
+/// The trusted refusal of a draining host.
+const DRAINING: &str = "draining";
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -448,6 +455,16 @@ impl<K: Kind> Routes<K> for FailoverClient {
                     self.failovers.fetch_add(1, Ordering::Relaxed);
                     last = Some(answer);
                     continue;
+                }
+                if let Answer::Reply(Reply::Ownership { code }) = &answer
+                    && code == DRAINING
+                {
+                    // A trusted refusal before dispatch: this call ends as
+                    // the rules say (RPC is not re-sent after a broad
+                    // ownership refusal), later calls skip the entry.
+                    self.unreachable(i);
+                    self.preferred.store(i + 1, Ordering::Relaxed);
+                    return Attempt::Answered { answer, to: None };
                 }
                 self.answered(i);
                 if matches!(

@@ -416,3 +416,37 @@ async fn a_corrupt_recorded_result_is_a_typed_error_for_its_key_only_and_keys_ca
         .unwrap();
     assert_eq!(n(&v), 3);
 }
+
+#[tokio::test]
+async fn a_draining_entry_host_is_left_for_the_next_entry() {
+    let cluster = Cluster::new().await;
+    let b = cluster.b().endpoint.clone();
+    let c = cluster.c().endpoint.clone();
+    let client = cluster.client(&[&b, &c]);
+    // b drains (SIGTERM) but keeps its listener open.
+    let _ = cluster.b().host.shutdown().await;
+    let mut results = Vec::new();
+    for i in 0..4 {
+        let name = unhinted(&client, 1_000 * (i + 1));
+        results.push(client.call("Counter", &name, "incr", Value::Null).await);
+    }
+    eprintln!(
+        "{results:?} {:?} {:?}",
+        cluster.transport.sent(),
+        client.stats()
+    );
+    // At most the first call meets the draining entry; it is a trusted
+    // refusal before dispatch (nothing ran), never an unknown outcome.
+    if let Err(e) = &results[0] {
+        assert!(!FailoverClient::outcome_unknown(e), "{e:?}");
+        assert_eq!(e.rpc_code(), "draining", "{e:?}");
+    }
+    for r in &results[1..] {
+        assert_eq!(n(r.as_ref().unwrap()), 1);
+    }
+    assert!(
+        cluster.transport.count(&b) <= 1,
+        "{:?}",
+        cluster.transport.sent()
+    );
+}
