@@ -435,18 +435,20 @@ async fn a_draining_entry_host_is_left_for_the_next_entry() {
         cluster.transport.sent(),
         client.stats()
     );
-    // At most the first call meets the draining entry; it is a trusted
-    // refusal before dispatch (nothing ran), never an unknown outcome.
-    if let Err(e) = &results[0] {
-        assert!(!FailoverClient::outcome_unknown(e), "{e:?}");
-        assert_eq!(e.rpc_code(), "draining", "{e:?}");
-    }
+    // Only the first call meets the draining entry: a trusted refusal
+    // before dispatch (nothing ran), never an unknown outcome, not re-sent.
+    let e = results[0].as_ref().unwrap_err();
+    assert!(!FailoverClient::outcome_unknown(e), "{e:?}");
+    assert_eq!(e.rpc_code(), "draining", "{e:?}");
     for r in &results[1..] {
         assert_eq!(n(r.as_ref().unwrap()), 1);
     }
-    assert!(
-        cluster.transport.count(&b) <= 1,
+    assert_eq!(
+        cluster.transport.count(&b),
+        1,
         "{:?}",
         cluster.transport.sent()
     );
+    assert_eq!(cluster.transport.count(&c), 3);
+    assert_eq!(client.stats().entries[0].failures, 1);
 }
