@@ -59,7 +59,7 @@ use futures::future::join_all;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::shards::{Env, Kind, env, env_with};
+use crate::shards::{Env, Hook, Kind, Write, env, env_with, hooked, router_with_user};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::repair;
 use durability_migration::conformance::safety::SafetyCheck;
@@ -1315,9 +1315,7 @@ async fn model_regression_a_write_to_a_table_outside_an_interrupted_move() {
             let Some(e) = env(&kinds).await else {
                 return;
             };
-            let r = e.router().await;
-            e.mapping.put("k", "s0").await.unwrap();
-            r.insert("k", "users", value_row(0, 1)).await.unwrap();
+            let _r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
             let faulty = e.router_with(true, 30_000).await;
             e.plan.arm(n, FaultMode::Before);
             let moved = faulty.reassign_shard("k", "s1", "users").await;
@@ -1342,9 +1340,7 @@ async fn model_regression_a_recopy_drops_the_copy_of_a_row_deleted_since() {
     for kinds in PAIRS {
         for resume in [false, true] {
             let Some(e) = env(&kinds).await else { return };
-            let r = e.router().await;
-            e.mapping.put("k", "s0").await.unwrap();
-            r.insert("k", "users", value_row(0, 1)).await.unwrap();
+            let r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
             r.insert("k", "orgs", org("kept")).await.unwrap();
             // Write 1 claims the key, write 2 is the copy: it applies and
             // reports failure.
@@ -1398,9 +1394,7 @@ async fn model_regression_a_recopy_drops_the_copy_of_a_row_deleted_since() {
 async fn model_regression_an_abort_drops_its_marked_copy_whatever_the_mapping() {
     for kinds in PAIRS {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s1").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let r = router_with_user(&e, "k", "s1", value_row(0, 1)).await;
         r.insert("k", "orgs", org("kept")).await.unwrap();
         r.reassign_keys("k", "s0", &["users", "orgs"])
             .await
@@ -1493,9 +1487,7 @@ impl Shard for MoveOnSecondRead {
 async fn model_regression_a_move_raced_away_between_its_snapshots() {
     for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s0").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let _r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
         let s0 = Arc::clone(e.shard("s0"));
         let sql = s0
             .dialect()
@@ -1550,26 +1542,20 @@ struct MoveBeforeFirstWrite {
     moved: Mutex<Option<String>>,
 }
 
-impl durability_migration::conformance::harness::BeforeWrite for MoveBeforeFirstWrite {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        _stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if self.moved.lock().unwrap().is_some() {
-                return Ok(());
-            }
-            // Armed once the mover is set (after the router's `init`).
-            let Some(m) = self.mover.get() else {
-                return Ok(());
-            };
-            let out = m.reassign_shard("k", "s0", "users").await;
-            // An acknowledged write on the key's new home.
-            let wrote = m.update("k", "users", value_row(0, 2)).await;
-            *self.moved.lock().unwrap() = Some(format!("{out:?} then {wrote:?}"));
-            Ok(())
-        })
+impl Hook for MoveBeforeFirstWrite {
+    async fn before(&self, _w: Write<'_>) -> Result<(), BackendError> {
+        if self.moved.lock().unwrap().is_some() {
+            return Ok(());
+        }
+        // Armed once the mover is set (after the router's `init`).
+        let Some(m) = self.mover.get() else {
+            return Ok(());
+        };
+        let out = m.reassign_shard("k", "s0", "users").await;
+        // An acknowledged write on the key's new home.
+        let wrote = m.update("k", "users", value_row(0, 2)).await;
+        *self.moved.lock().unwrap() = Some(format!("{out:?} then {wrote:?}"));
+        Ok(())
     }
 }
 
@@ -1587,17 +1573,14 @@ impl durability_migration::conformance::harness::BeforeWrite for MoveBeforeFirst
 async fn model_regression_a_move_claiming_after_another_finished() {
     for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s1").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
-        let hooked = Arc::new(
-            durability_migration::conformance::harness::HookedShard::new(
-                Arc::clone(e.shard("s0")),
-                MoveBeforeFirstWrite {
-                    mover: OnceLock::new(),
-                    moved: Mutex::new(None),
-                },
-            ),
+        let _r = router_with_user(&e, "k", "s1", value_row(0, 1)).await;
+        let hooked = hooked(
+            &e,
+            "s0",
+            MoveBeforeFirstWrite {
+                mover: OnceLock::new(),
+                moved: Mutex::new(None),
+            },
         );
         let racer = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
         racer.init().await.unwrap();

@@ -14,10 +14,9 @@ use durability_outbox::{
     OutboxError, OutboxEvent, RetryPolicy, Sink, SinkError,
 };
 use durability_scheduler::{ManualClock, Scheduler, Storage, StorageError};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use support::START;
+use support::{START, sql, sqlite};
 
 /// An internally tagged enum: postcard cannot decode it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,20 +73,6 @@ fn dead_letters<T: Send + 'static>(letters: &Letters<T>) -> durability_outbox::D
         l.lock().unwrap().push(letter);
         Box::pin(async { Ok(()) })
     })
-}
-
-fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
-    Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
-}
-
-fn sql(storage: &SqliteStorage, statement: &str) {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .execute(statement, [])
-                .map_err(|e| StorageError::backend("test sql", e))
-        })
-        .unwrap();
 }
 
 #[tokio::test]
