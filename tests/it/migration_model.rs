@@ -59,12 +59,14 @@ use futures::future::join_all;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::shards::{Env, Hook, Kind, Write, env, env_with, hooked, router_with_user};
+use crate::shards::{
+    Env, Hook, Kind, Write, coarse_key_ddl, env, env_with, hooked, router_with_user,
+};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::repair;
 use durability_migration::conformance::safety::SafetyCheck;
 use durability_migration::{
-    BackendError, BoxFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
+    BackendError, BackendFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
     MoveOptions, MoveOutcome, Placement, PurgeReport, RebalanceOptions, RebalanceReport,
     RecoveryReport, Retire, Router, Row, Shard, Statement, Value, VerifyOptions, VerifyReport, row,
 };
@@ -121,14 +123,14 @@ struct LossyMapping {
 }
 
 impl MappingStore for LossyMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         // Yields first, like the shards (see `Yielding`).
         Box::pin(async move {
             tokio::task::yield_now().await;
             self.inner.get(key).await
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         let lose = {
             let mut armed = self.lose_put_of.lock().unwrap();
             if armed.as_deref() == Some(key) {
@@ -147,21 +149,17 @@ impl MappingStore for LossyMapping {
             self.inner.put(key, shard).await
         })
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         self.inner.put_if_absent(key, shard)
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         self.inner.remove(key)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         self.inner.scan(after, limit)
     }
 }
@@ -204,22 +202,19 @@ impl Shard for Yielding {
     fn batch_support(&self) -> durability_migration::BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.execute(stmt).await
         })
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.batch(stmts).await
         })
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.query(stmt).await
@@ -479,20 +474,6 @@ async fn router_without(
     let r = Router::new(c).unwrap();
     r.init().await.unwrap();
     r
-}
-
-/// A table whose key column compares more coarsely than bytes, per dialect.
-fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
-    match kind {
-        Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
-        Postgres => vec![
-            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
-            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
-        ],
-        MySql => vec![
-            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
-        ],
-    }
 }
 
 /// The workload's setup check: a key column with a coarse collation is
@@ -1454,16 +1435,13 @@ impl Shard for MoveOnSecondRead {
     fn batch_support(&self) -> durability_migration::BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         self.inner.execute(stmt)
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         self.inner.batch(stmts)
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async move {
             if stmt.sql == self.sql && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
                 let m = self.mover.get().ok_or("no mover")?;

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
-    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore, MigrationConfig,
-    Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
+    BackendError, BackendFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
+    MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -454,29 +454,25 @@ impl FlakyMapping {
 }
 
 impl MappingStore for FlakyMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             self.check()?;
             self.inner.get(key).await
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             self.check()?;
             self.inner.put(key, shard).await
         })
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         Box::pin(async move {
             self.check()?;
             self.inner.put_if_absent(key, shard).await
         })
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             self.check()?;
             self.inner.remove(key).await
@@ -486,7 +482,7 @@ impl MappingStore for FlakyMapping {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async move {
             self.check()?;
             self.inner.scan(after, limit).await

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::shards::{
-    Hook, Kind, SAME, Write, clean_verify, env, hooked, router_replacing, router_with_user,
+    Hook, Kind, SAME, Write, clean_verify, coarse_key_ddl, env, hooked, router_replacing,
+    router_with_user,
 };
 use durability_migration::conformance::harness::repair;
 use durability_migration::{BackendError, Ident, Router, Row, Shard, Statement, Value, row};
@@ -288,21 +289,6 @@ async fn verify_report_counts_are_exact_beyond_the_list_cap() {
         ),
         (0, 0, 0)
     );
-}
-
-/// A table whose key column compares more coarsely than bytes, per dialect
-/// (`None`: the dialect has no such table in this test).
-fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
-    match kind {
-        Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
-        Postgres => vec![
-            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
-            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
-        ],
-        MySql => vec![
-            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
-        ],
-    }
 }
 
 /// Item 3 (b): a key column whose equality is coarser than bytes (SQLite

@@ -12,7 +12,7 @@ use crate::shards::{
 };
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
-    BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
+    BackendError, BackendFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
     RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
 
@@ -257,7 +257,7 @@ struct RaceMapping {
 }
 
 impl durability_migration::MappingStore for RaceMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             let got = self.inner.get(key).await?;
             if key == "u1" && self.armed.load(Ordering::SeqCst) {
@@ -266,24 +266,20 @@ impl durability_migration::MappingStore for RaceMapping {
             Ok(got)
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         self.inner.put(key, shard)
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         self.inner.put_if_absent(key, shard)
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         self.inner.remove(key)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         self.inner.scan(after, limit)
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use durability_outbox::{ChannelConfig, EventKind, OutboxError};
 use durability_scheduler::{ManualClock, Storage, StorageError};
 use durability_storage_sqlite::SqliteStorage;
-use support::{Mode, Obj, Recorder, START, open, sql, sqlite};
+use support::{Mode, Obj, Recorder, START, fresh_sqlite, open, sql};
 
 /// A fresh SQLite object at [`START`] with channel `channel` delivering to
 /// `sink`; the directory holds the database file.
@@ -26,9 +26,7 @@ fn on_sqlite(
     Arc<SqliteStorage>,
     Obj<SqliteStorage>,
 ) {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, dir, storage) = fresh_sqlite();
     let o = open(storage.clone(), &clock, sink, ChannelConfig::new(channel));
     (clock, dir, storage, o)
 }

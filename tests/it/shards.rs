@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub(crate) use durability_migration::conformance::harness::clean_verify;
 use durability_migration::conformance::harness::{BeforeWrite, Harness, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, ManualClock, MappingStore, MemoryMappingStore, OpRecord, Router, Row,
-    Shard, Statement,
+    BackendError, BackendFuture, ManualClock, MappingStore, MemoryMappingStore, OpRecord, Router,
+    Row, Shard, Statement,
 };
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
@@ -210,7 +210,7 @@ impl<H: Hook> BeforeWrite for OnWrite<H> {
         &'a self,
         inner: &'a Arc<dyn Shard>,
         stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
+    ) -> BackendFuture<'a, ()> {
         Box::pin(self.0.before(Write { inner, stmts }))
     }
 }
@@ -218,4 +218,20 @@ impl<H: Hook> BeforeWrite for OnWrite<H> {
 /// Shard `name` of `e` running `hook` before each of its writes.
 pub(crate) fn hooked<H: Hook>(e: &Env, name: &str, hook: H) -> Arc<HookedShard<OnWrite<H>>> {
     Arc::new(HookedShard::new(Arc::clone(e.shard(name)), OnWrite(hook)))
+}
+
+/// DDL of a table `ckeys` whose key column's equality is coarser than bytes
+/// on `kind` (SQLite `NOCASE`, a PostgreSQL nondeterministic collation,
+/// MariaDB's `utf8mb4_general_ci`).
+pub(crate) fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
+    match kind {
+        Kind::Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
+        Kind::Postgres => vec![
+            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
+        ],
+        Kind::MySql => vec![
+            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
+        ],
+    }
 }

@@ -316,6 +316,14 @@ pub async fn rooms(clock: &ManualClock) -> Rooms {
     }
 }
 
+/// A manual clock at [`START`] and an object's SQLite storage in a fresh
+/// directory (which holds the database file: keep it alive).
+pub fn fresh_sqlite() -> (ManualClock, tempfile::TempDir, Arc<SqliteStorage>) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    (ManualClock::new(START), dir, storage)
+}
+
 /// An object's SQLite storage in `dir` (file `obj.db`, default options).
 pub fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
     Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
