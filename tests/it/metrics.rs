@@ -56,7 +56,7 @@ impl Hook for Cutover {
 
 async fn mover(e: &Env) -> (Router, Arc<HookedShard<OnWrite<Cutover>>>) {
     let hooked = hooked(
-        &e,
+        e,
         "s0",
         Cutover {
             clock: e.clock.clone(),

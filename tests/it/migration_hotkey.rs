@@ -86,8 +86,7 @@ impl Hook for HotWriter {
 
 /// `k` on `s0` with an acknowledged `users` row (`name` = `w0`).
 async fn seed(e: &Env) -> Router {
-    let setup = router_with_user(&e, "k", "s0", user("w0", 0)).await;
-    setup
+    router_with_user(e, "k", "s0", user("w0", 0)).await
 }
 
 /// A mover over `e` (faulty or not) whose source `s0` runs `hook`, and the

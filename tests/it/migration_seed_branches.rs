@@ -25,8 +25,7 @@ fn user(name: &str, n: i64) -> Row {
 
 /// `u1` with one row on `shard`, mapped there.
 async fn key_on(e: &Env, shard: &str) -> Router {
-    let r = router_with_user(&e, "u1", shard, user("ann", 1)).await;
-    r
+    router_with_user(e, "u1", shard, user("ann", 1)).await
 }
 
 /// Runs `sql` on `shard` directly (bypassing every fence).

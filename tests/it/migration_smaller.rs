@@ -385,7 +385,7 @@ async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
 /// Host A's router starts a move of `u1` to s1 whose copy fails (write 2,
 /// before it runs): the operation stays `prepared`, owned by host A.
 async fn interrupted_on_host_a(e: &Env) -> (Router, String) {
-    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
+    let r = router_with_user(e, "u1", "s0", user("ann", 1)).await;
     let mover = router_on(e, &e.clock, "host-a", true).await;
     e.plan.arm(2, FaultMode::Before);
     assert!(mover.reassign_shard("u1", "s1", "users").await.is_err());

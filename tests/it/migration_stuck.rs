@@ -31,7 +31,7 @@ fn user(name: &str, n: i64) -> Row {
 }
 
 async fn status(r: &Router, key: &str) -> OpRecord {
-    op_of(&r, key, "users").await
+    op_of(r, key, "users").await
 }
 
 async fn verify(r: &Router) -> durability_migration::VerifyReport {
@@ -41,7 +41,7 @@ async fn verify(r: &Router) -> durability_migration::VerifyReport {
 /// `u1` on `s0` with one row, moved to `s1` (retired). Returns the move's
 /// operation id.
 async fn moved(e: &Env) -> String {
-    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
+    let r = router_with_user(e, "u1", "s0", user("ann", 1)).await;
     let op = r.reassign_shard("u1", "s1", "users").await.unwrap();
     assert_eq!(status(&r, "u1").await.state, MoveState::Retired);
     op.op_id
