@@ -291,9 +291,9 @@ pub struct Rooms {
 /// [`Rooms`] on `clock`.
 pub async fn rooms(clock: &ManualClock) -> Rooms {
     let count = ShardCount::default();
-    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
     let lifecycle = LifecycleId::new("ns:rooms").unwrap();
     let storage = StorageId::new("st1").unwrap();
+    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
     store
         .set_active_storage(&lifecycle, Some(&storage))
         .await
