@@ -4,8 +4,8 @@
 //! owner's lease instead of retrying in a hot loop.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use durability_alarms::{
     AlarmIndex, Delivery, Dispatch, DispatchOutcome, Dispatcher, DispatcherConfig, Forward,
@@ -13,26 +13,13 @@ use durability_alarms::{
 };
 use durability_ownership::memory::InMemoryLeaseStore;
 use durability_ownership::{
-    ClassName, DeleteLock, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope,
-    Ownership, OwnershipSettings, ShardCount, StorageId, TaskId,
+    DeleteLock, LifecycleAdmin, LifecycleId, ManualClock, Ownership, OwnershipSettings, StorageId,
+    TaskId,
 };
 
-const START: i64 = 1_700_000_000_000;
+use crate::support::{Local, Log, Rooms, START, rooms};
+
 const TTL: u64 = 10_000;
-
-type Log = Arc<Mutex<Vec<String>>>;
-
-/// Runs the alarm on this host: records it.
-struct Local(&'static str, Log);
-impl Dispatch for Local {
-    async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
-        self.1
-            .lock()
-            .unwrap()
-            .push(format!("{} ran {}", self.0, d.object));
-        DispatchOutcome::Delivered
-    }
-}
 
 /// The transport to a dead owner: the connection is refused, so the
 /// delivery provably never started there.
@@ -60,25 +47,11 @@ struct World {
 
 async fn world() -> World {
     let clock = ManualClock::new(START);
-    let count = ShardCount::default();
-    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
-    let lifecycle = LifecycleId::new("ns:rooms").unwrap();
-    let storage = StorageId::new("st1").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
-    let l = lifecycle.clone();
-    let scope_of: ScopeOf = Arc::new(move |object: &ObjectId| {
-        let scope = OwnerScope::for_object(
-            storage.clone(),
-            ClassName::new("Room").map_err(|e| e.to_string())?,
-            &ObjectName::new(object.as_str()),
-            count,
-        )
-        .map_err(|e| e.to_string())?;
-        Ok((scope, l.clone()))
-    });
+    let Rooms {
+        store,
+        lifecycle,
+        scope_of,
+    } = rooms(&clock).await;
     World {
         clock,
         store,

@@ -3,31 +3,16 @@
 //! follows ownership when it moves.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use durability_alarms::{
     Delivery, Dispatch, DispatchOutcome, Forward, ObjectId, OwnerRouted, RemoteOwner, ScopeOf,
     Token,
 };
 use durability_ownership::memory::InMemoryLeaseStore;
-use durability_ownership::{
-    ClassName, LifecycleAdmin, LifecycleId, ManualClock, ObjectName, OwnerScope, Ownership,
-    OwnershipSettings, ShardCount, StorageId, TaskId,
-};
+use durability_ownership::{ManualClock, Ownership, OwnershipSettings, TaskId};
 
-type Log = Arc<Mutex<Vec<String>>>;
-
-/// Runs the alarm on this host: records it.
-struct Local(&'static str, Log);
-impl Dispatch for Local {
-    async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
-        self.1
-            .lock()
-            .unwrap()
-            .push(format!("{} ran {}", self.0, d.object));
-        DispatchOutcome::Delivered
-    }
-}
+use crate::support::{Local, Log, Rooms, rooms};
 
 /// The host's transport to the owner: records where it sent the delivery.
 struct Send(&'static str, Log);
@@ -71,24 +56,9 @@ async fn world() -> (
     Log,
 ) {
     let clock = ManualClock::new(1_000_000);
-    let count = ShardCount::default();
-    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
-    let lifecycle = LifecycleId::new("ns:rooms").unwrap();
-    let storage = StorageId::new("st1").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
-    let scope_of: ScopeOf = Arc::new(move |object: &ObjectId| {
-        let scope = OwnerScope::for_object(
-            storage.clone(),
-            ClassName::new("Room").map_err(|e| e.to_string())?,
-            &ObjectName::new(object.as_str()),
-            count,
-        )
-        .map_err(|e| e.to_string())?;
-        Ok((scope, lifecycle.clone()))
-    });
+    let Rooms {
+        store, scope_of, ..
+    } = rooms(&clock).await;
     let log: Log = Arc::default();
     let owner = |name: &str| {
         Ownership::new(

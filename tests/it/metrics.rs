@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard, user};
-use durability_migration::{BackendError, BoxFuture, Router, Shard, Statement, Value};
+use durability_migration::conformance::harness::{HookedShard, user};
+use durability_migration::{BackendError, Router, Statement, Value};
 use durability_time::ManualClock;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tracing_subscriber::layer::SubscriberExt as _;
 
-use crate::shards::{Env, Kind, env};
+use crate::shards::{Env, Hook, Kind, OnWrite, Write, env, hooked, router_with_user};
 
 /// Nothing happens before the source's writes.
 const QUIET: u8 = 0;
@@ -31,45 +31,38 @@ struct Cutover {
     mode: AtomicU8,
 }
 
-impl BeforeWrite for Cutover {
-    fn before_write<'a>(
-        &'a self,
-        inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let cutover = stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT INTO durability_retired"));
-            if !cutover {
-                return Ok(());
+impl Hook for Cutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        let cutover = w.is_cutover();
+        if !cutover {
+            return Ok(());
+        }
+        match self.mode.load(Ordering::SeqCst) {
+            SLOW => self.clock.advance(250),
+            VANISH => {
+                self.mode.store(QUIET, Ordering::SeqCst);
+                w.inner
+                    .execute(&Statement::with_params(
+                        "DELETE FROM users WHERE id = ?1",
+                        vec![Value::from("gone")],
+                    ))
+                    .await?;
             }
-            match self.mode.load(Ordering::SeqCst) {
-                SLOW => self.clock.advance(250),
-                VANISH => {
-                    self.mode.store(QUIET, Ordering::SeqCst);
-                    inner
-                        .execute(&Statement::with_params(
-                            "DELETE FROM users WHERE id = ?1",
-                            vec![Value::from("gone")],
-                        ))
-                        .await?;
-                }
-                _ => {}
-            }
-            Ok(())
-        })
+            _ => {}
+        }
+        Ok(())
     }
 }
 
-async fn mover(e: &Env) -> (Router, Arc<HookedShard<Cutover>>) {
-    let hooked = Arc::new(HookedShard::new(
-        Arc::clone(e.shard("s0")),
+async fn mover(e: &Env) -> (Router, Arc<HookedShard<OnWrite<Cutover>>>) {
+    let hooked = hooked(
+        e,
+        "s0",
         Cutover {
             clock: e.clock.clone(),
             mode: AtomicU8::new(QUIET),
         },
-    ));
+    );
     let r = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
     r.init().await.unwrap();
     (r, hooked)
@@ -108,11 +101,7 @@ fn every_move_counts_once_by_outcome_with_its_duration_on_the_router_clock() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        crate::support::block_on(async {
             let e = env(&[Kind::Sqlite, Kind::Sqlite]).await.unwrap();
             let setup = e.router().await;
             for key in ["k", "gone", "busy"] {
@@ -201,15 +190,9 @@ fn a_move_runs_in_a_span_naming_its_scope_key_and_target() {
     let spans = Spans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     tracing::subscriber::with_default(subscriber, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        crate::support::block_on(async {
             let e = env(&[Kind::Sqlite, Kind::Sqlite]).await.unwrap();
-            let r = e.router().await;
-            e.mapping.put("k", "s0").await.unwrap();
-            r.insert("k", "users", user("k", 1)).await.unwrap();
+            let r = router_with_user(&e, "k", "s0", user("k", 1)).await;
             r.reassign_shard("k", "s1", "users").await.unwrap();
         });
     });

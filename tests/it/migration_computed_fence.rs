@@ -15,12 +15,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked, op_of};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, MOVE_LIVENESS_MS, MigrationConfig, Placement, Router, Row, Shard,
-    Statement, Value, row,
+    BackendError, MOVE_LIVENESS_MS, MigrationConfig, Placement, Router, Row, Shard, Statement,
+    Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -91,18 +90,12 @@ struct StopAtCutover {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for StopAtCutover {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if is_cutover(stmts) && !self.fired.swap(true, Ordering::SeqCst) {
-                return Err("stopped before the cutover".into());
-            }
-            Ok(())
-        })
+impl Hook for StopAtCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if w.once(is_cutover(w.stmts), &self.fired) {
+            return Err("stopped before the cutover".into());
+        }
+        Ok(())
     }
 }
 
@@ -114,24 +107,20 @@ async fn stopped_after_copy(e: &Env, k: &str) -> String {
 
 /// [`stopped_after_copy`] of a move over `tables`.
 async fn stopped_after_copy_of(e: &Env, k: &str, tables: &[&str]) -> String {
-    let hooked = Arc::new(HookedShard::new(
-        Arc::clone(e.shard("s0")),
+    let hooked = hooked(
+        e,
+        "s0",
         StopAtCutover {
             fired: AtomicBool::new(false),
         },
-    ));
+    );
     let mover = replacing(e, "s0", hooked.clone()).await;
     let err = mover.reassign_keys(k, "s1", tables).await.unwrap_err();
     assert!(hooked.hook.fired.load(Ordering::SeqCst), "stopped: {err}");
     assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{err}");
     let live = e.live("users", "id", k).await;
     assert_eq!(live.len(), 2, "source row and destination copy: {live:?}");
-    mover
-        .get_migration_status(k, "users")
-        .await
-        .unwrap()
-        .unwrap()
-        .op_id
+    op_of(&mover, k, "users").await.op_id
 }
 
 /// A second router reads and writes the key while its move is stopped
@@ -247,45 +236,40 @@ struct BeforePublish {
     seen: Mutex<Vec<String>>,
 }
 
-impl BeforeWrite for BeforePublish {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !is_publish(stmts) || self.fired.swap(true, Ordering::SeqCst) {
-                return Ok(());
-            }
-            let other = self.env_router.get().ok_or("no router")?;
-            let k = self.key.get().ok_or("no key")?;
-            let mut seen = self.seen.lock().unwrap().clone();
-            match other.update(k, "users", user(7)).await {
-                Ok(n) => seen.push(format!("update Ok({n})")),
-                Err(e) => seen.push(format!("update {}", e.code())),
-            }
-            match other.get(k, "users").await {
-                Ok(r) => seen.push(format!("get {:?}", r.as_ref().and_then(n_of))),
-                Err(e) => seen.push(format!("get {}", e.code())),
-            }
-            *self.seen.lock().unwrap() = seen;
-            Ok(())
-        })
+impl Hook for BeforePublish {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.once(is_publish(w.stmts), &self.fired) {
+            return Ok(());
+        }
+        let other = self.env_router.get().ok_or("no router")?;
+        let k = self.key.get().ok_or("no key")?;
+        let mut seen = self.seen.lock().unwrap().clone();
+        match other.update(k, "users", user(7)).await {
+            Ok(n) => seen.push(format!("update Ok({n})")),
+            Err(e) => seen.push(format!("update {}", e.code())),
+        }
+        match other.get(k, "users").await {
+            Ok(r) => seen.push(format!("get {:?}", r.as_ref().and_then(n_of))),
+            Err(e) => seen.push(format!("get {}", e.code())),
+        }
+        *self.seen.lock().unwrap() = seen;
+        Ok(())
     }
 }
 
 async fn cut_over_copy_refuses_writes(kinds: [Kind; 2]) {
     let Some(e) = env(&kinds).await else { return };
     let k = placed(&e).await;
-    let hooked = Arc::new(HookedShard::new(
-        Arc::clone(e.shard("s1")),
+    let hooked = hooked(
+        &e,
+        "s1",
         BeforePublish {
             fired: AtomicBool::new(false),
             key: OnceLock::new(),
             env_router: OnceLock::new(),
             seen: Mutex::new(Vec::new()),
         },
-    ));
+    );
     let _ = hooked.hook.key.set(k.clone());
     let _ = hooked.hook.env_router.set(Arc::new(fresh(&e).await));
     let mover = replacing(&e, "s1", hooked.clone()).await;

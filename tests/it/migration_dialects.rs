@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Kind, clean_verify, env, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{Ident, MoveState, Row, Value, VerifyOptions, row};
 
@@ -78,16 +78,10 @@ async fn routed_reads_and_writes_postgres_and_mariadb() {
 
 async fn journaled_move(kinds: [Kind; 2]) {
     let Some(e) = env(&kinds).await else { return };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     let out = r.reassign_shard("u1", "s1", "users").await.unwrap();
     assert_eq!((out.source.as_str(), out.target.as_str()), ("s0", "s1"));
-    let st = r
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let st = op_of(&r, "u1", "users").await;
     assert_eq!(st.state, MoveState::Retired, "{kinds:?}");
     let live = e.live("users", "id", "u1").await;
     assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"), "{kinds:?}");
@@ -133,7 +127,7 @@ async fn table_set_move(kinds: [Kind; 2]) {
     for (t, c) in [("orgs", "org_id"), ("users", "id")] {
         let live = e.live(t, c, "org1").await;
         assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"), "{kinds:?} {t}");
-        let st = r.get_migration_status("org1", t).await.unwrap().unwrap();
+        let st = op_of(&r, "org1", t).await;
         assert_eq!(st.state, MoveState::Retired);
     }
     assert_eq!(
@@ -385,9 +379,7 @@ async fn atomic_batch_rolls_back_on_every_dialect() {
 /// ghost, so it never goes unnoticed.
 async fn non_key_statement(kinds: [Kind; 2]) {
     let Some(e) = env(&kinds).await else { return };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     r.reassign_shard("u1", "s1", "users").await.unwrap();
     let by_name = |shard: &Env, name: &str| {
         let d = shard.shard(name).dialect();
@@ -475,11 +467,7 @@ async fn padded_and_long_keys(kinds: [Kind; 2]) {
         let got = r.get(k, "bkeys").await.unwrap().unwrap();
         assert_eq!(got.get("n"), Some(&Value::Integer(n)), "{kinds:?} {k:?}");
     }
-    let status = r
-        .get_migration_status(&long, "bkeys")
-        .await
-        .unwrap()
-        .unwrap();
+    let status = op_of(&r, &long, "bkeys").await;
     assert_eq!(status.key, long, "the journal keeps the whole key");
     assert_eq!(status.state, MoveState::Retired);
     clean_verify(&r).await;

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Kind, clean_verify, env, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::user;
 use durability_migration::{MoveOptions, Retire, Router, Statement, Value, VerifyOptions, row};
@@ -122,9 +122,7 @@ async fn a_pass_examines_only_the_moves_since_the_last_pass() {
 async fn purge_needs_a_pass_that_read_the_finished_move() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
         let (rep, _) = pass(&r, false, false).await;
         assert!(rep.clean);
         r.reassign_shard_with("u1", "s1", "users", NOW)
@@ -153,9 +151,7 @@ async fn purge_needs_a_pass_that_read_the_finished_move() {
 async fn purge_compacts_a_bouncing_keys_history() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("b1", "s0").await.unwrap();
-        r.insert("b1", "users", user("ann", 0)).await.unwrap();
+        let r = router_with_user(&e, "b1", "s0", user("ann", 0)).await;
         let mut at = "s0";
         let mut compacted = 0;
         for round in 1..=8 {
@@ -234,17 +230,11 @@ async fn purge_compacts_a_bouncing_keys_history() {
 async fn purge_compacts_examined_aborted_operations() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("a1", "s0").await.unwrap();
-        r.insert("a1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "a1", "s0", user("ann", 1)).await;
         // Stopped after its copy to s1, then aborted by the operator.
         e.interrupt_move("a1", "s1", "users", 3, FaultMode::Before)
             .await;
-        let stuck = r
-            .get_migration_status("a1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let stuck = op_of(&r, "a1", "users").await;
         r.abort_operation(&stuck.op_id).await.unwrap();
         let ops = "SELECT op_id FROM durability_migration_ops WHERE mkey = 'a1'";
         let purge = r.purge_retired().await.unwrap();

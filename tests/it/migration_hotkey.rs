@@ -14,12 +14,14 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::shards::{Env, Kind, clean_verify, env, router_on};
+use crate::shards::{
+    Env, Hook, Kind, OnWrite, Write, clean_verify, env, router_on, router_with_user,
+};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
+use durability_migration::conformance::harness::HookedShard;
 use durability_migration::{
-    BackendError, BoxFuture, Clock, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, ManualClock,
-    MappingStore, MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
+    BackendError, Clock, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, ManualClock, MappingStore,
+    MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -28,18 +30,6 @@ const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, My
 
 fn user(name: &str, n: i64) -> Row {
     row([("name", Value::from(name)), ("n", Value::from(n))])
-}
-
-fn is_cutover(stmts: &[Statement]) -> bool {
-    stmts
-        .iter()
-        .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
-}
-
-fn is_hold(stmts: &[Statement]) -> bool {
-    stmts
-        .iter()
-        .any(|s| s.sql.starts_with("INSERT INTO durability_write_hold"))
 }
 
 /// On the move's source: a routed update of `k` through another router just
@@ -78,36 +68,25 @@ impl HotWriter {
     }
 }
 
-impl BeforeWrite for HotWriter {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if self.die_after_hold {
-                if is_hold(stmts) {
-                    self.held.store(true, Ordering::SeqCst);
-                } else if self.held.load(Ordering::SeqCst)
-                    && !self.died.swap(true, Ordering::SeqCst)
-                {
-                    return Err("the mover died inside the window".into());
-                }
+impl Hook for HotWriter {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if self.die_after_hold {
+            if w.has("INSERT INTO durability_write_hold") {
+                self.held.store(true, Ordering::SeqCst);
+            } else if self.held.load(Ordering::SeqCst) && !self.died.swap(true, Ordering::SeqCst) {
+                return Err("the mover died inside the window".into());
             }
-            if is_cutover(stmts) {
-                self.write().await?;
-            }
-            Ok(())
-        })
+        }
+        if w.is_cutover() {
+            self.write().await?;
+        }
+        Ok(())
     }
 }
 
 /// `k` on `s0` with an acknowledged `users` row (`name` = `w0`).
 async fn seed(e: &Env) -> Router {
-    let setup = e.router().await;
-    e.mapping.put("k", "s0").await.unwrap();
-    setup.insert("k", "users", user("w0", 0)).await.unwrap();
-    setup
+    router_with_user(e, "k", "s0", user("w0", 0)).await
 }
 
 /// A mover over `e` (faulty or not) whose source `s0` runs `hook`, and the
@@ -117,7 +96,7 @@ async fn hooked_mover(
     faulty: bool,
     hold_ms: Option<u64>,
     hook: HotWriter,
-) -> (Router, Arc<HookedShard<HotWriter>>) {
+) -> (Router, Arc<HookedShard<OnWrite<HotWriter>>>) {
     hooked_mover_with(e, faulty, hook, |c| match hold_ms {
         Some(ms) => c.cutover_hold_ms(ms),
         None => c,
@@ -131,10 +110,10 @@ async fn hooked_mover_with(
     faulty: bool,
     hook: HotWriter,
     configure: impl FnOnce(MigrationConfig) -> MigrationConfig,
-) -> (Router, Arc<HookedShard<HotWriter>>) {
+) -> (Router, Arc<HookedShard<OnWrite<HotWriter>>>) {
     let base = e.config(faulty, 30_000);
     let s0 = base_shard(e, faulty);
-    let hooked = Arc::new(HookedShard::new(s0, hook));
+    let hooked = Arc::new(HookedShard::new(s0, OnWrite(hook)));
     let mover = Router::new(configure(base.shard("s0", hooked.clone()))).unwrap();
     mover.init().await.unwrap();
     let writer = e.router().await;

@@ -59,12 +59,14 @@ use futures::future::join_all;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::shards::{Env, Kind, env, env_with};
+use crate::shards::{
+    Env, Hook, Kind, Write, coarse_key_ddl, env, env_with, hooked, router_with_user,
+};
 use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::repair;
 use durability_migration::conformance::safety::SafetyCheck;
 use durability_migration::{
-    BackendError, BoxFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
+    BackendError, BackendFuture, MappingStore, MemoryMappingStore, MigrationConfig, MigrationError,
     MoveOptions, MoveOutcome, Placement, PurgeReport, RebalanceOptions, RebalanceReport,
     RecoveryReport, Retire, Router, Row, Shard, Statement, Value, VerifyOptions, VerifyReport, row,
 };
@@ -121,14 +123,14 @@ struct LossyMapping {
 }
 
 impl MappingStore for LossyMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         // Yields first, like the shards (see `Yielding`).
         Box::pin(async move {
             tokio::task::yield_now().await;
             self.inner.get(key).await
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         let lose = {
             let mut armed = self.lose_put_of.lock().unwrap();
             if armed.as_deref() == Some(key) {
@@ -147,21 +149,17 @@ impl MappingStore for LossyMapping {
             self.inner.put(key, shard).await
         })
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         self.inner.put_if_absent(key, shard)
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         self.inner.remove(key)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         self.inner.scan(after, limit)
     }
 }
@@ -204,22 +202,19 @@ impl Shard for Yielding {
     fn batch_support(&self) -> durability_migration::BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.execute(stmt).await
         })
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.batch(stmts).await
         })
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async move {
             self.pace.wait().await;
             self.inner.query(stmt).await
@@ -479,20 +474,6 @@ async fn router_without(
     let r = Router::new(c).unwrap();
     r.init().await.unwrap();
     r
-}
-
-/// A table whose key column compares more coarsely than bytes, per dialect.
-fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
-    match kind {
-        Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
-        Postgres => vec![
-            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
-            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
-        ],
-        MySql => vec![
-            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
-        ],
-    }
 }
 
 /// The workload's setup check: a key column with a coarse collation is
@@ -1315,9 +1296,7 @@ async fn model_regression_a_write_to_a_table_outside_an_interrupted_move() {
             let Some(e) = env(&kinds).await else {
                 return;
             };
-            let r = e.router().await;
-            e.mapping.put("k", "s0").await.unwrap();
-            r.insert("k", "users", value_row(0, 1)).await.unwrap();
+            let _r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
             let faulty = e.router_with(true, 30_000).await;
             e.plan.arm(n, FaultMode::Before);
             let moved = faulty.reassign_shard("k", "s1", "users").await;
@@ -1342,9 +1321,7 @@ async fn model_regression_a_recopy_drops_the_copy_of_a_row_deleted_since() {
     for kinds in PAIRS {
         for resume in [false, true] {
             let Some(e) = env(&kinds).await else { return };
-            let r = e.router().await;
-            e.mapping.put("k", "s0").await.unwrap();
-            r.insert("k", "users", value_row(0, 1)).await.unwrap();
+            let r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
             r.insert("k", "orgs", org("kept")).await.unwrap();
             // Write 1 claims the key, write 2 is the copy: it applies and
             // reports failure.
@@ -1398,9 +1375,7 @@ async fn model_regression_a_recopy_drops_the_copy_of_a_row_deleted_since() {
 async fn model_regression_an_abort_drops_its_marked_copy_whatever_the_mapping() {
     for kinds in PAIRS {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s1").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let r = router_with_user(&e, "k", "s1", value_row(0, 1)).await;
         r.insert("k", "orgs", org("kept")).await.unwrap();
         r.reassign_keys("k", "s0", &["users", "orgs"])
             .await
@@ -1460,16 +1435,13 @@ impl Shard for MoveOnSecondRead {
     fn batch_support(&self) -> durability_migration::BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         self.inner.execute(stmt)
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         self.inner.batch(stmts)
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async move {
             if stmt.sql == self.sql && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
                 let m = self.mover.get().ok_or("no mover")?;
@@ -1493,9 +1465,7 @@ impl Shard for MoveOnSecondRead {
 async fn model_regression_a_move_raced_away_between_its_snapshots() {
     for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s0").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
+        let _r = router_with_user(&e, "k", "s0", value_row(0, 1)).await;
         let s0 = Arc::clone(e.shard("s0"));
         let sql = s0
             .dialect()
@@ -1550,26 +1520,20 @@ struct MoveBeforeFirstWrite {
     moved: Mutex<Option<String>>,
 }
 
-impl durability_migration::conformance::harness::BeforeWrite for MoveBeforeFirstWrite {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        _stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if self.moved.lock().unwrap().is_some() {
-                return Ok(());
-            }
-            // Armed once the mover is set (after the router's `init`).
-            let Some(m) = self.mover.get() else {
-                return Ok(());
-            };
-            let out = m.reassign_shard("k", "s0", "users").await;
-            // An acknowledged write on the key's new home.
-            let wrote = m.update("k", "users", value_row(0, 2)).await;
-            *self.moved.lock().unwrap() = Some(format!("{out:?} then {wrote:?}"));
-            Ok(())
-        })
+impl Hook for MoveBeforeFirstWrite {
+    async fn before(&self, _w: Write<'_>) -> Result<(), BackendError> {
+        if self.moved.lock().unwrap().is_some() {
+            return Ok(());
+        }
+        // Armed once the mover is set (after the router's `init`).
+        let Some(m) = self.mover.get() else {
+            return Ok(());
+        };
+        let out = m.reassign_shard("k", "s0", "users").await;
+        // An acknowledged write on the key's new home.
+        let wrote = m.update("k", "users", value_row(0, 2)).await;
+        *self.moved.lock().unwrap() = Some(format!("{out:?} then {wrote:?}"));
+        Ok(())
     }
 }
 
@@ -1587,17 +1551,14 @@ impl durability_migration::conformance::harness::BeforeWrite for MoveBeforeFirst
 async fn model_regression_a_move_claiming_after_another_finished() {
     for kinds in [[Sqlite; 3], [Postgres; 3], [MySql; 3]] {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("k", "s1").await.unwrap();
-        r.insert("k", "users", value_row(0, 1)).await.unwrap();
-        let hooked = Arc::new(
-            durability_migration::conformance::harness::HookedShard::new(
-                Arc::clone(e.shard("s0")),
-                MoveBeforeFirstWrite {
-                    mover: OnceLock::new(),
-                    moved: Mutex::new(None),
-                },
-            ),
+        let _r = router_with_user(&e, "k", "s1", value_row(0, 1)).await;
+        let hooked = hooked(
+            &e,
+            "s0",
+            MoveBeforeFirstWrite {
+                mover: OnceLock::new(),
+                moved: Mutex::new(None),
+            },
         );
         let racer = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
         racer.init().await.unwrap();

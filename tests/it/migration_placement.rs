@@ -10,12 +10,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore, MigrationConfig,
-    Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
+    BackendError, BackendFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
+    MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -200,34 +199,25 @@ impl Racing {
     }
 }
 
-impl BeforeWrite for Racing {
-    fn before_write<'a>(
-        &'a self,
-        inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            // The router swaps the manifest in a statement of its own.
-            if self.racing.load(Ordering::SeqCst)
-                && stmts
-                    .iter()
-                    .any(|s| s.sql.starts_with("UPDATE durability_manifest"))
-            {
-                Self::race(inner).await?;
-            }
-            Ok(())
-        })
+impl Hook for Racing {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        // The router swaps the manifest in a statement of its own.
+        if self.racing.load(Ordering::SeqCst) && w.has("UPDATE durability_manifest") {
+            Self::race(w.inner).await?;
+        }
+        Ok(())
     }
 }
 
 async fn epoch_limits(kinds: [Kind; 3]) {
     let Some(e) = env(&kinds).await else { return };
-    let racing = Arc::new(HookedShard::new(
-        Arc::clone(e.shard("s0")),
+    let racing = hooked(
+        &e,
+        "s0",
         Racing {
             racing: AtomicBool::new(false),
         },
-    ));
+    );
     let mut c = MigrationConfig::new(e.mapping.clone())
         .journal_shard("s0")
         .placement(Placement::Computed)
@@ -464,29 +454,25 @@ impl FlakyMapping {
 }
 
 impl MappingStore for FlakyMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             self.check()?;
             self.inner.get(key).await
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             self.check()?;
             self.inner.put(key, shard).await
         })
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         Box::pin(async move {
             self.check()?;
             self.inner.put_if_absent(key, shard).await
         })
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             self.check()?;
             self.inner.remove(key).await
@@ -496,7 +482,7 @@ impl MappingStore for FlakyMapping {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async move {
             self.check()?;
             self.inner.scan(after, limit).await

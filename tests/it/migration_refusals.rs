@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use crate::shards::{Kind, clean_verify, env};
+use crate::shards::{Kind, clean_verify, env, op_of, router_with_user};
 use durability_migration::{
     MigrateOptions, MigrationError, MoveState, Router, Row, Statement, Value, row,
 };
@@ -82,9 +82,7 @@ async fn a_copy_a_server_refuses_for_its_data_aborts_the_move() {
         let Some(e) = env(&[Sqlite, kind, Sqlite]).await else {
             return;
         };
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", data).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", data).await;
         ddl(&r, "s1", alter).await;
         // The unjournaled copy is refused the same way, definitely.
         let err = r
@@ -109,11 +107,7 @@ async fn a_copy_a_server_refuses_for_its_data_aborts_the_move() {
             ),
             other => panic!("{other:?}"),
         }
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::Aborted, "{alter}: {op:?}");
         let live = e.live("users", "id", "u1").await;
         assert_eq!(live.len(), 1, "{alter}: {live:?}");

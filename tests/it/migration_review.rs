@@ -8,11 +8,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Kind, SAME, clean_verify, env, is_cutover, router_replacing};
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard, repair};
-use durability_migration::{
-    BackendError, BoxFuture, Ident, Router, Row, Shard, Statement, Value, row,
+use crate::shards::{
+    Hook, Kind, SAME, Write, clean_verify, coarse_key_ddl, env, hooked, router_replacing,
+    router_with_user,
 };
+use durability_migration::conformance::harness::repair;
+use durability_migration::{BackendError, Ident, Router, Row, Shard, Statement, Value, row};
 
 use Kind::{MySql, Postgres, Sqlite};
 
@@ -38,36 +39,30 @@ struct BeforeCutover {
     seen: Mutex<Option<String>>,
 }
 
-impl BeforeWrite for BeforeCutover {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !is_cutover(stmts) || self.fired.swap(true, Ordering::SeqCst) {
-                return Ok(());
+impl Hook for BeforeCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.once(w.is_cutover(), &self.fired) {
+            return Ok(());
+        }
+        match self.what {
+            AtCutover::Repair => {
+                let v = self.verifier.get().ok_or("no verifier")?;
+                let rep = repair(v).await.map_err(|e| e.to_string())?;
+                *self.seen.lock().unwrap() = Some(format!("{rep:?}"));
             }
-            match self.what {
-                AtCutover::Repair => {
-                    let v = self.verifier.get().ok_or("no verifier")?;
-                    let rep = repair(v).await.map_err(|e| e.to_string())?;
-                    *self.seen.lock().unwrap() = Some(format!("{rep:?}"));
-                }
-                AtCutover::DeleteCopy => {
-                    let (dest, key) = self.destination.get().ok_or("no destination")?;
-                    let d = dest.dialect();
-                    let st = d.delete_key(
-                        &Ident::new("users").unwrap(),
-                        &Ident::new("id").unwrap(),
-                        key,
-                    );
-                    let n = dest.execute(&st).await?;
-                    *self.seen.lock().unwrap() = Some(format!("deleted {n}"));
-                }
+            AtCutover::DeleteCopy => {
+                let (dest, key) = self.destination.get().ok_or("no destination")?;
+                let d = dest.dialect();
+                let st = d.delete_key(
+                    &Ident::new("users").unwrap(),
+                    &Ident::new("id").unwrap(),
+                    key,
+                );
+                let n = dest.execute(&st).await?;
+                *self.seen.lock().unwrap() = Some(format!("deleted {n}"));
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 }
 
@@ -76,9 +71,7 @@ impl BeforeWrite for BeforeCutover {
 /// on s0 holding its value.
 async fn move_back_with(kinds: [Kind; 2], what: AtCutover) {
     let Some(e) = env(&kinds).await else { return };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     r.reassign_shard("u1", "s1", "users").await.unwrap();
     let hook = BeforeCutover {
         what,
@@ -87,7 +80,7 @@ async fn move_back_with(kinds: [Kind; 2], what: AtCutover) {
         fired: AtomicBool::new(false),
         seen: Mutex::new(None),
     };
-    let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s1")), hook));
+    let hooked = hooked(&e, "s1", hook);
     let mover = router_replacing(&e, "s1", hooked.clone()).await;
     let _ = hooked.hook.verifier.set(Arc::new(e.router().await));
     let _ = hooked
@@ -147,33 +140,25 @@ struct OrgAtCutover {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for OrgAtCutover {
-    fn before_write<'a>(
-        &'a self,
-        inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if is_cutover(stmts) && !self.fired.swap(true, Ordering::SeqCst) {
-                let st = inner.dialect().insert_row(
-                    &Ident::new("orgs").unwrap(),
-                    &[
-                        (Ident::new("org_id").unwrap(), Value::from("u2")),
-                        (Ident::new("title").unwrap(), Value::from("late")),
-                    ],
-                );
-                inner.execute(&st).await?;
-            }
-            Ok(())
-        })
+impl Hook for OrgAtCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if w.once(w.is_cutover(), &self.fired) {
+            let st = w.inner.dialect().insert_row(
+                &Ident::new("orgs").unwrap(),
+                &[
+                    (Ident::new("org_id").unwrap(), Value::from("u2")),
+                    (Ident::new("title").unwrap(), Value::from("late")),
+                ],
+            );
+            w.inner.execute(&st).await?;
+        }
+        Ok(())
     }
 }
 
 async fn partial_move(kinds: [Kind; 2]) {
     let Some(e) = env(&kinds).await else { return };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     r.insert("u1", "orgs", row([("title", "Acme")]))
         .await
         .unwrap();
@@ -201,12 +186,13 @@ async fn partial_move(kinds: [Kind; 2]) {
     r.insert("u2", "users", user("bo", 2)).await.unwrap();
     let src = r.route("u2").await.unwrap().unwrap();
     let to = if src == "s0" { "s1" } else { "s0" };
-    let hooked = Arc::new(HookedShard::new(
-        Arc::clone(e.shard(&src)),
+    let hooked = hooked(
+        &e,
+        &src,
         OrgAtCutover {
             fired: AtomicBool::new(false),
         },
-    ));
+    );
     let mover = router_replacing(&e, &src, hooked).await;
     let out = mover.reassign_shard("u2", to, "users").await.unwrap();
     assert_eq!(out.recopies, 1, "{kinds:?}: one missed cutover");
@@ -264,9 +250,7 @@ async fn verify_report_counts_are_exact_beyond_the_list_cap() {
     let Some(e) = env(&[Sqlite, Sqlite]).await else {
         return;
     };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     let op = r.reassign_shard("u1", "s1", "users").await.unwrap().op_id;
     let s0 = e.shard("s0");
     let d = s0.dialect();
@@ -305,21 +289,6 @@ async fn verify_report_counts_are_exact_beyond_the_list_cap() {
         ),
         (0, 0, 0)
     );
-}
-
-/// A table whose key column compares more coarsely than bytes, per dialect
-/// (`None`: the dialect has no such table in this test).
-fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
-    match kind {
-        Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
-        Postgres => vec![
-            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
-            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
-        ],
-        MySql => vec![
-            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
-        ],
-    }
 }
 
 /// Item 3 (b): a key column whose equality is coarser than bytes (SQLite
@@ -384,25 +353,19 @@ struct UpdateAtCutover {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for UpdateAtCutover {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if is_cutover(stmts) && !self.fired.swap(true, Ordering::SeqCst) {
-                let w = self.writer.get().ok_or("no writer")?;
-                let n = w
-                    .update("u1", "cnames", row([("name", self.name)]))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if n != 1 {
-                    return Err(format!("concurrent write changed {n} rows").into());
-                }
+impl Hook for UpdateAtCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if w.once(w.is_cutover(), &self.fired) {
+            let w = self.writer.get().ok_or("no writer")?;
+            let n = w
+                .update("u1", "cnames", row([("name", self.name)]))
+                .await
+                .map_err(|e| e.to_string())?;
+            if n != 1 {
+                return Err(format!("concurrent write changed {n} rows").into());
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 }
 
@@ -450,14 +413,15 @@ async fn cutover_sees_case_and_trailing_space_changes() {
             .insert("u1", "cnames", row([("name", "ann")]))
             .await
             .unwrap();
-        let hooked = Arc::new(HookedShard::new(
-            Arc::clone(e.shard("s0")),
+        let hooked = hooked(
+            &e,
+            "s0",
             UpdateAtCutover {
                 writer: OnceLock::new(),
                 name,
                 fired: AtomicBool::new(false),
             },
-        ));
+        );
         let mover = Router::new(
             e.config(false, 30_000)
                 .table("cnames")
@@ -557,30 +521,24 @@ struct MoveDuringPass {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for MoveDuringPass {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let renew = stmts.iter().any(|s| {
-                s.sql
-                    .starts_with("UPDATE durability_migration_lease SET expires_ms")
-            });
-            if renew && !self.fired.swap(true, Ordering::SeqCst) {
-                let m = self.mover.get().ok_or("no mover")?;
-                self.clock.advance(10);
-                let opts = durability_migration::MoveOptions {
-                    retire: durability_migration::Retire::Immediate,
-                };
-                m.reassign_shard_with("u2", "s1", "users", opts)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.clock.advance(1_000);
-            }
-            Ok(())
-        })
+impl Hook for MoveDuringPass {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        let renew = w.stmts.iter().any(|s| {
+            s.sql
+                .starts_with("UPDATE durability_migration_lease SET expires_ms")
+        });
+        if w.once(renew, &self.fired) {
+            let m = self.mover.get().ok_or("no mover")?;
+            self.clock.advance(10);
+            let opts = durability_migration::MoveOptions {
+                retire: durability_migration::Retire::Immediate,
+            };
+            m.reassign_shard_with("u2", "s1", "users", opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.clock.advance(1_000);
+        }
+        Ok(())
     }
 }
 
@@ -591,17 +549,16 @@ impl BeforeWrite for MoveDuringPass {
 async fn a_move_finished_during_a_clean_pass_is_not_verified_by_it() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("u2", "s0").await.unwrap();
-        r.insert("u2", "users", user("ann", 1)).await.unwrap();
-        let hooked = Arc::new(HookedShard::new(
-            Arc::clone(e.shard("s0")),
+        let r = router_with_user(&e, "u2", "s0", user("ann", 1)).await;
+        let hooked = hooked(
+            &e,
+            "s0",
             MoveDuringPass {
                 mover: OnceLock::new(),
                 clock: e.clock.clone(),
                 fired: AtomicBool::new(false),
             },
-        ));
+        );
         let verifier = router_replacing(&e, "s0", hooked.clone()).await;
         let _ = hooked.hook.mover.set(Arc::new(e.router().await));
         let rep = repair(&verifier).await.unwrap();
@@ -630,9 +587,7 @@ async fn a_move_finished_during_a_clean_pass_is_not_verified_by_it() {
 async fn a_column_added_after_first_use_is_written_and_moved() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
         assert_eq!(
             r.get("u1", "users").await.unwrap().unwrap().get("note"),
             None
@@ -811,9 +766,7 @@ async fn a_postgres_move_of_padded_and_folded_text_cuts_over_at_once() {
 async fn verify_reports_a_leftover_in_flight_marker_and_repair_leaves_it() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
         let op = r.reassign_shard("u1", "s1", "users").await.unwrap().op_id;
         let s1 = e.shard("s1");
         let d = s1.dialect();

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::shards::{Env, SAME, env};
+use crate::shards::{Env, SAME, env, op_of};
 use durability_migration::conformance::FaultMode;
 use durability_migration::{
     Clock as _, MappingStore, MemoryMappingStore, MigrationConfig, MoveState, Router, Row,
@@ -150,11 +150,7 @@ async fn journal_scopes_keep_moves_leases_recovery_and_verification_apart() {
         e.plan.arm(1, FaultMode::After);
         assert!(faulty_a.recover_migrations().await.is_err());
         e.plan.disarm();
-        let op = a
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&a, "u1", "users").await;
         assert_eq!(op.state, MoveState::Prepared, "{kinds:?}");
         assert_eq!(op.scope, "a", "{kinds:?}");
         // `b`'s recovery is not held by `a`'s lease and sees no operation.

@@ -7,15 +7,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, SAME, clean_verify, env, is_cutover, router_replacing};
+use crate::shards::{
+    Env, Hook, SAME, Write, clean_verify, env, hooked, op_of, router_replacing, router_with_user,
+};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard, repair};
+use durability_migration::conformance::harness::repair;
 use durability_migration::{
-    BackendError, BoxFuture, MoveOptions, MoveState, Retire, Router, Row, Shard, Statement, Value,
-    VerifyOptions, row,
+    BackendError, MoveOptions, MoveState, Retire, Router, Row, Statement, Value, VerifyOptions, row,
 };
 
 fn user(name: &str, n: i64) -> Row {
@@ -24,10 +25,7 @@ fn user(name: &str, n: i64) -> Row {
 
 /// `u1` with one row on `shard`, mapped there.
 async fn key_on(e: &Env, shard: &str) -> Router {
-    let r = e.router().await;
-    e.mapping.put("u1", shard).await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    r
+    router_with_user(e, "u1", shard, user("ann", 1)).await
 }
 
 /// Runs `sql` on `shard` directly (bypassing every fence).
@@ -42,26 +40,20 @@ struct DeleteBeforeCutover {
     deleted: Mutex<Option<u64>>,
 }
 
-impl BeforeWrite for DeleteBeforeCutover {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !is_cutover(stmts) || self.deleted.lock().unwrap().is_some() {
-                return Ok(());
-            }
-            let e = self.e.get().ok_or("no env")?;
-            let n = e
-                .router()
-                .await
-                .delete("u1", "users")
-                .await
-                .map_err(|e| e.to_string())?;
-            *self.deleted.lock().unwrap() = Some(n);
-            Ok(())
-        })
+impl Hook for DeleteBeforeCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.is_cutover() || self.deleted.lock().unwrap().is_some() {
+            return Ok(());
+        }
+        let e = self.e.get().ok_or("no env")?;
+        let n = e
+            .router()
+            .await
+            .delete("u1", "users")
+            .await
+            .map_err(|e| e.to_string())?;
+        *self.deleted.lock().unwrap() = Some(n);
+        Ok(())
     }
 }
 
@@ -79,7 +71,7 @@ async fn a_live_move_whose_source_row_is_deleted_aborts_and_the_delete_holds() {
             e: OnceLock::new(),
             deleted: Mutex::new(None),
         };
-        let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s1")), hook));
+        let hooked = hooked(&e, "s1", hook);
         let _ = hooked.hook.e.set(Arc::clone(&e));
         let mover = router_replacing(&e, "s1", hooked.clone()).await;
         let err = mover.reassign_shard("u1", "s0", "users").await.unwrap_err();
@@ -92,11 +84,7 @@ async fn a_live_move_whose_source_row_is_deleted_aborts_and_the_delete_holds() {
             ["MIGRATION_ABORTED", "MIGRATION_ROW_NOT_FOUND"].contains(&err.code()),
             "{kinds:?}: {err}"
         );
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::Aborted, "{kinds:?}");
         assert!(e.live("users", "id", "u1").await.is_empty(), "{kinds:?}");
         let fresh = e.router().await;
@@ -115,21 +103,13 @@ async fn recovery_aborts_a_prepared_move_whose_source_row_is_gone() {
         let r = key_on(&e, "s0").await;
         e.interrupt_move("u1", "s1", "users", 2, FaultMode::Before)
             .await;
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::Prepared, "{kinds:?}");
         assert_eq!(raw(&e, "s0", "DELETE FROM users WHERE id = 'u1'").await, 1);
         let rep = e.router().await.recover_migrations().await.unwrap();
         assert_eq!(rep.aborted, vec![op.op_id.clone()], "{kinds:?}: {rep:?}");
         assert!(rep.failed.is_empty(), "{kinds:?}: {rep:?}");
-        let after = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let after = op_of(&r, "u1", "users").await;
         assert_eq!(after.state, MoveState::Aborted, "{kinds:?}");
         assert!(e.live("users", "id", "u1").await.is_empty(), "{kinds:?}");
         clean_verify(&e.router().await).await;
@@ -149,11 +129,7 @@ async fn recovery_aborts_a_cutover_pending_move_whose_source_row_is_gone() {
         let r = key_on(&e, "s1").await;
         e.interrupt_move("u1", "s0", "users", 4, FaultMode::Before)
             .await;
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::CutoverPending, "{kinds:?}");
         assert_eq!(raw(&e, "s1", "DELETE FROM users WHERE id = 'u1'").await, 1);
         let live = e.live("users", "id", "u1").await;
@@ -161,11 +137,7 @@ async fn recovery_aborts_a_cutover_pending_move_whose_source_row_is_gone() {
         assert_eq!(live[0].0, "s0", "{kinds:?}");
         let rep = e.router().await.recover_migrations().await.unwrap();
         assert_eq!(rep.aborted, vec![op.op_id.clone()], "{kinds:?}: {rep:?}");
-        let after = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let after = op_of(&r, "u1", "users").await;
         assert_eq!(after.state, MoveState::Aborted, "{kinds:?}");
         assert!(
             e.live("users", "id", "u1").await.is_empty(),
@@ -186,32 +158,26 @@ struct StaleCutover {
     aborted: Mutex<Vec<String>>,
 }
 
-impl BeforeWrite for StaleCutover {
-    fn before_write<'a>(
-        &'a self,
-        inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !is_cutover(stmts) || self.fired.swap(true, Ordering::SeqCst) {
-                return Ok(());
-            }
-            let e = self.e.get().ok_or("no env")?;
-            let set = |name: &str| {
-                Statement::new(format!("UPDATE users SET name = '{name}' WHERE id = 'u1'"))
-            };
-            inner.execute(&set("bob")).await?;
-            e.clock.advance(31_000);
-            let rep = e
-                .router()
-                .await
-                .recover_migrations()
-                .await
-                .map_err(|e| e.to_string())?;
-            self.aborted.lock().unwrap().extend(rep.aborted);
-            inner.execute(&set("ann")).await?;
-            Ok(())
-        })
+impl Hook for StaleCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.once(w.is_cutover(), &self.fired) {
+            return Ok(());
+        }
+        let e = self.e.get().ok_or("no env")?;
+        let set = |name: &str| {
+            Statement::new(format!("UPDATE users SET name = '{name}' WHERE id = 'u1'"))
+        };
+        w.inner.execute(&set("bob")).await?;
+        e.clock.advance(31_000);
+        let rep = e
+            .router()
+            .await
+            .recover_migrations()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.aborted.lock().unwrap().extend(rep.aborted);
+        w.inner.execute(&set("ann")).await?;
+        Ok(())
     }
 }
 
@@ -231,7 +197,7 @@ async fn a_stale_cutover_with_a_live_row_is_not_restorable_and_repair_leaves_it(
             fired: AtomicBool::new(false),
             aborted: Mutex::new(Vec::new()),
         };
-        let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s1")), hook));
+        let hooked = hooked(&e, "s1", hook);
         let _ = hooked.hook.e.set(Arc::clone(&e));
         let mover = router_replacing(&e, "s1", hooked.clone()).await;
         assert!(mover.reassign_shard("u1", "s0", "users").await.is_err());

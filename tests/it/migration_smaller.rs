@@ -7,11 +7,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, SAME, env, router_on, router_replacing};
+use crate::shards::{
+    Env, Hook, Kind, SAME, Write, env, hooked, op_of, router_on, router_replacing, router_with_user,
+};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, HookedShard};
 use durability_migration::{
-    BackendError, BoxFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
+    BackendError, BackendFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
     RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
 };
 
@@ -45,29 +46,23 @@ struct StaleCopy {
     seen: Mutex<Vec<String>>,
 }
 
-impl BeforeWrite for StaleCopy {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !is_copy(stmts) || self.fired.swap(true, Ordering::SeqCst) {
-                return Ok(());
-            }
-            let e = self.e.get().ok_or("no env")?;
-            let b = self.other.get().ok_or("no router")?;
-            // The stalled recovery's lease (60 s) and its claim on the
-            // operation (30 s) both lapse.
-            e.clock.advance(61_000);
-            let rep = b.recover_migrations().await.map_err(|e| e.to_string())?;
-            let deleted = b.delete("u1", "users").await.map_err(|e| e.to_string())?;
-            self.seen
-                .lock()
-                .unwrap()
-                .push(format!("committed {:?}, deleted {deleted}", rep.committed));
-            Ok(())
-        })
+impl Hook for StaleCopy {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.once(is_copy(w.stmts), &self.fired) {
+            return Ok(());
+        }
+        let e = self.e.get().ok_or("no env")?;
+        let b = self.other.get().ok_or("no router")?;
+        // The stalled recovery's lease (60 s) and its claim on the
+        // operation (30 s) both lapse.
+        e.clock.advance(61_000);
+        let rep = b.recover_migrations().await.map_err(|e| e.to_string())?;
+        let deleted = b.delete("u1", "users").await.map_err(|e| e.to_string())?;
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("committed {:?}, deleted {deleted}", rep.committed));
+        Ok(())
     }
 }
 
@@ -85,9 +80,7 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaire
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
         let e = Arc::new(e);
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
         // The move crashes before its copy (write 2): journaled `prepared`.
         e.interrupt_move("u1", "s1", "users", 2, FaultMode::Before)
             .await;
@@ -97,7 +90,7 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaire
             fired: AtomicBool::new(false),
             seen: Mutex::new(Vec::new()),
         };
-        let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s1")), hook));
+        let hooked = hooked(&e, "s1", hook);
         let a = router_replacing(&e, "s1", hooked.clone()).await;
         let _ = hooked.hook.e.set(Arc::clone(&e));
         let _ = hooked.hook.other.set(Arc::new(e.router().await));
@@ -107,11 +100,7 @@ async fn stale_copy_after_commit_and_acknowledged_delete_is_reported_not_repaire
         let seen = hooked.hook.seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 1, "{kinds:?}: {seen:?}");
         assert!(seen[0].ends_with("deleted 1"), "{kinds:?}: {seen:?}");
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::Retired, "{kinds:?}: the move finished");
         // The deleted row is back, on the destination only.
         let live = e.live("users", "id", "u1").await;
@@ -268,7 +257,7 @@ struct RaceMapping {
 }
 
 impl durability_migration::MappingStore for RaceMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             let got = self.inner.get(key).await?;
             if key == "u1" && self.armed.load(Ordering::SeqCst) {
@@ -277,24 +266,20 @@ impl durability_migration::MappingStore for RaceMapping {
             Ok(got)
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         self.inner.put(key, shard)
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         self.inner.put_if_absent(key, shard)
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         self.inner.remove(key)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         self.inner.scan(after, limit)
     }
 }
@@ -302,21 +287,12 @@ impl durability_migration::MappingStore for RaceMapping {
 /// Runs the winner before the loser's claim insert on the journal shard.
 struct BeforeClaim(Arc<Winner>);
 
-impl BeforeWrite for BeforeClaim {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT INTO durability_migration_ops"))
-            {
-                self.0.run_once().await?;
-            }
-            Ok(())
-        })
+impl Hook for BeforeClaim {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if w.has("INSERT INTO durability_migration_ops") {
+            self.0.run_once().await?;
+        }
+        Ok(())
     }
 }
 
@@ -327,9 +303,7 @@ impl BeforeWrite for BeforeClaim {
 /// row, on `to`, with the update.
 async fn losing_move(kinds: [Kind; 2], at: WinnerRuns, (from, to): (&str, &'static str)) {
     let Some(e) = env(&kinds).await else { return };
-    let r = e.router().await;
-    e.mapping.put("u1", from).await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", from, user("ann", 1)).await;
     let winner = Arc::new(Winner::new(to));
     let _ = winner.router.set(Arc::new(e.router().await));
     let mapping = Arc::new(RaceMapping {
@@ -339,10 +313,7 @@ async fn losing_move(kinds: [Kind; 2], at: WinnerRuns, (from, to): (&str, &'stat
     });
     let s0: Arc<dyn Shard> = match at {
         WinnerRuns::AfterMappingRead => Arc::clone(e.shard("s0")),
-        WinnerRuns::BeforeClaim => Arc::new(HookedShard::new(
-            Arc::clone(e.shard("s0")),
-            BeforeClaim(Arc::clone(&winner)),
-        )),
+        WinnerRuns::BeforeClaim => hooked(&e, "s0", BeforeClaim(Arc::clone(&winner))),
     };
     let cfg = durability_migration::MigrationConfig::new(mapping.clone())
         .journal_shard("s0")
@@ -414,18 +385,12 @@ async fn a_move_losing_before_its_claim_gets_the_conflict_code() {
 /// Host A's router starts a move of `u1` to s1 whose copy fails (write 2,
 /// before it runs): the operation stays `prepared`, owned by host A.
 async fn interrupted_on_host_a(e: &Env) -> (Router, String) {
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(e, "u1", "s0", user("ann", 1)).await;
     let mover = router_on(e, &e.clock, "host-a", true).await;
     e.plan.arm(2, FaultMode::Before);
     assert!(mover.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
-    let op = r
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let op = op_of(&r, "u1", "users").await;
     assert_eq!(op.state, MoveState::Prepared);
     assert_eq!(op.owner, mover.instance_id());
     (mover, op.op_id)
@@ -592,30 +557,20 @@ struct ClaimTaken {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for ClaimTaken {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            if !stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT INTO durability_migration_ops"))
-                || self.fired.swap(true, Ordering::SeqCst)
-            {
-                return Ok(());
-            }
-            let e = self.e.get().ok_or("no env")?;
-            let w = e.router_with(true, 30_000).await;
-            e.plan.arm(2, FaultMode::Before);
-            let res = w.reassign_shard("u1", "s1", "users").await;
-            e.plan.disarm();
-            if res.is_ok() {
-                return Err("the winner's move was to stop after its claim".into());
-            }
-            Ok(())
-        })
+impl Hook for ClaimTaken {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if !w.once(w.has("INSERT INTO durability_migration_ops"), &self.fired) {
+            return Ok(());
+        }
+        let e = self.e.get().ok_or("no env")?;
+        let w = e.router_with(true, 30_000).await;
+        e.plan.arm(2, FaultMode::Before);
+        let res = w.reassign_shard("u1", "s1", "users").await;
+        e.plan.disarm();
+        if res.is_ok() {
+            return Err("the winner's move was to stop after its claim".into());
+        }
+        Ok(())
     }
 }
 
@@ -627,24 +582,18 @@ async fn a_move_losing_the_claim_itself_gets_the_conflict_code() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
         let e = Arc::new(e);
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
         let hook = ClaimTaken {
             e: OnceLock::new(),
             fired: AtomicBool::new(false),
         };
-        let hooked = Arc::new(HookedShard::new(Arc::clone(e.shard("s0")), hook));
+        let hooked = hooked(&e, "s0", hook);
         let loser = router_replacing(&e, "s0", hooked.clone()).await;
         let _ = hooked.hook.e.set(Arc::clone(&e));
         let err = loser.reassign_shard("u1", "s1", "users").await.unwrap_err();
         assert!(hooked.hook.fired.load(Ordering::SeqCst), "{kinds:?}");
         assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE", "{kinds:?}: {err}");
-        let op = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let op = op_of(&r, "u1", "users").await;
         assert_eq!(op.state, MoveState::Prepared, "{kinds:?}: the winner's");
         assert_ne!(op.owner, loser.instance_id(), "{kinds:?}");
         let live = e.live("users", "id", "u1").await;

@@ -12,12 +12,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::shards::{Env, Kind, clean_verify, env};
+use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{BeforeWrite, Harness, HookedShard, repair};
+use durability_migration::conformance::harness::{Harness, repair};
 use durability_migration::{
-    AllocationLedger as _, BackendError, BoxFuture, MemoryLedger, MemoryMappingStore, MoveOptions,
-    MoveState, OpRecord, Placement, ReconcileOptions, Retire, Router, Row, Shard, Statement, Value,
+    AllocationLedger as _, BackendError, MemoryLedger, MemoryMappingStore, MoveOptions, MoveState,
+    OpRecord, Placement, ReconcileOptions, Retire, Router, Row, Shard, Statement, Value,
     VerifyOptions, VerifyRecords, row,
 };
 use durability_storage_sqlite::migration::SqliteShard;
@@ -31,7 +31,7 @@ fn user(name: &str, n: i64) -> Row {
 }
 
 async fn status(r: &Router, key: &str) -> OpRecord {
-    r.get_migration_status(key, "users").await.unwrap().unwrap()
+    op_of(r, key, "users").await
 }
 
 async fn verify(r: &Router) -> durability_migration::VerifyReport {
@@ -41,9 +41,7 @@ async fn verify(r: &Router) -> durability_migration::VerifyReport {
 /// `u1` on `s0` with one row, moved to `s1` (retired). Returns the move's
 /// operation id.
 async fn moved(e: &Env) -> String {
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(e, "u1", "s0", user("ann", 1)).await;
     let op = r.reassign_shard("u1", "s1", "users").await.unwrap();
     assert_eq!(status(&r, "u1").await.state, MoveState::Retired);
     op.op_id
@@ -212,9 +210,7 @@ async fn repair_keeps_a_live_row_equal_to_an_aborted_moves_copy_after_a_lost_pub
         for how in [Lost::Deleted, Lost::Reverted] {
             let Some(e) = env(&kinds).await else { return };
             let ctx = format!("{kinds:?} {how:?}");
-            let r = e.router().await;
-            e.mapping.put("u1", "s1").await.unwrap();
-            r.insert("u1", "users", user("ann", 1)).await.unwrap();
+            let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
             // Stopped after its copy to s0, then aborted by an operator.
             e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
                 .await;
@@ -338,9 +334,7 @@ async fn a_nul_byte_moved_to_postgres_is_refused_before_any_write() {
     let Some(e) = env(&[Sqlite, Postgres, Sqlite]).await else {
         return;
     };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("a\0b", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("a\0b", 1)).await;
     let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_COPY_REJECTED", "{err}");
     assert!(!err.is_retryable() && !err.is_outcome_unknown(), "{err}");
@@ -366,26 +360,17 @@ struct NulAtCutover {
     fired: AtomicBool,
 }
 
-impl BeforeWrite for NulAtCutover {
-    fn before_write<'a>(
-        &'a self,
-        inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let cutover = stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT INTO durability_retired"));
-            if cutover && !self.fired.swap(true, Ordering::SeqCst) {
-                inner
-                    .execute(&Statement::with_params(
-                        "UPDATE users SET name = ?1 WHERE id = ?2",
-                        vec![Value::from("late\0nul"), Value::from("u1")],
-                    ))
-                    .await?;
-            }
-            Ok(())
-        })
+impl Hook for NulAtCutover {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        if w.once(w.is_cutover(), &self.fired) {
+            w.inner
+                .execute(&Statement::with_params(
+                    "UPDATE users SET name = ?1 WHERE id = ?2",
+                    vec![Value::from("late\0nul"), Value::from("u1")],
+                ))
+                .await?;
+        }
+        Ok(())
     }
 }
 
@@ -398,15 +383,14 @@ async fn a_nul_byte_written_during_the_move_aborts_it() {
     let Some(e) = env(&[Sqlite, Postgres, Sqlite]).await else {
         return;
     };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
-    let hooked = Arc::new(HookedShard::new(
-        Arc::clone(e.shard("s0")),
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
+    let hooked = hooked(
+        &e,
+        "s0",
         NulAtCutover {
             fired: AtomicBool::new(false),
         },
-    ));
+    );
     let mover = Router::new(e.config(false, 30_000).shard("s0", hooked.clone())).unwrap();
     mover.init().await.unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
@@ -431,9 +415,7 @@ async fn recovery_aborts_a_move_whose_copy_is_refused() {
     let Some(e) = env(&[Sqlite, Postgres]).await else {
         return;
     };
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
     // The move stops after its claim (its copy fails without applying).
     e.interrupt_move("u1", "s1", "users", 2, FaultMode::Before)
         .await;
@@ -529,9 +511,7 @@ async fn a_copy_with_an_unknown_outcome_is_not_aborted() {
     for kinds in SAME {
         for mode in [FaultMode::Before, FaultMode::After] {
             let Some(e) = env(&kinds).await else { return };
-            let r = e.router().await;
-            e.mapping.put("u1", "s0").await.unwrap();
-            r.insert("u1", "users", user("ann", 1)).await.unwrap();
+            let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
             let rf = e.router_with(true, 30_000).await;
             e.plan.arm(2, mode);
             let err = rf.reassign_shard("u1", "s1", "users").await.unwrap_err();
@@ -560,9 +540,7 @@ async fn an_operator_aborts_a_stuck_operation_and_nothing_else() {
         let Some(e) = env(&[kinds[0], kinds[1], kinds[0]]).await else {
             return;
         };
-        let r = e.router().await;
-        e.mapping.put("u1", "s1").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
+        let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
         // Stopped after its copy to s0, before cutover_pending.
         e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
             .await;
@@ -624,32 +602,27 @@ struct AbortAtCopy {
     seen: Mutex<Option<String>>,
 }
 
-impl BeforeWrite for AbortAtCopy {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let copy = stmts
-                .iter()
-                .any(|s| s.sql.starts_with("INSERT") && s.sql.contains("users"));
-            if !copy || self.fired.swap(true, Ordering::SeqCst) {
-                return Ok(());
-            }
-            let r = self.abort.get().ok_or("no router")?;
-            let op = r
-                .get_migration_status("u1", "users")
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("no operation")?;
-            let ab = r
-                .abort_operation(&op.op_id)
-                .await
-                .map_err(|e| e.to_string())?;
-            *self.seen.lock().unwrap() = Some(format!("{ab:?}"));
-            Ok(())
-        })
+impl Hook for AbortAtCopy {
+    async fn before(&self, w: Write<'_>) -> Result<(), BackendError> {
+        let copy = w
+            .stmts
+            .iter()
+            .any(|s| s.sql.starts_with("INSERT") && s.sql.contains("users"));
+        if !w.once(copy, &self.fired) {
+            return Ok(());
+        }
+        let r = self.abort.get().ok_or("no router")?;
+        let op = r
+            .get_migration_status("u1", "users")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no operation")?;
+        let ab = r
+            .abort_operation(&op.op_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        *self.seen.lock().unwrap() = Some(format!("{ab:?}"));
+        Ok(())
     }
 }
 
@@ -662,17 +635,16 @@ impl BeforeWrite for AbortAtCopy {
 async fn an_abort_wins_over_a_live_mover() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        let r = e.router().await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        r.insert("u1", "users", user("ann", 1)).await.unwrap();
-        let hooked = Arc::new(HookedShard::new(
-            Arc::clone(e.shard("s1")),
+        let r = router_with_user(&e, "u1", "s0", user("ann", 1)).await;
+        let hooked = hooked(
+            &e,
+            "s1",
             AbortAtCopy {
                 abort: OnceLock::new(),
                 fired: AtomicBool::new(false),
                 seen: Mutex::new(None),
             },
-        ));
+        );
         let _ = hooked.hook.abort.set(Arc::new(e.router().await));
         let mover = Router::new(e.config(false, 30_000).shard("s1", hooked.clone())).unwrap();
         mover.init().await.unwrap();
@@ -704,9 +676,7 @@ async fn an_interrupted_abort_runs_again_to_the_end() {
         for mode in [FaultMode::Before, FaultMode::After] {
             for n in 1..=5 {
                 let Some(e) = env(&kinds).await else { return };
-                let r = e.router().await;
-                e.mapping.put("u1", "s1").await.unwrap();
-                r.insert("u1", "users", user("ann", 1)).await.unwrap();
+                let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
                 e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
                     .await;
                 let stuck = status(&r, "u1").await;
@@ -753,9 +723,7 @@ async fn recovery_settles_an_interrupted_abort() {
     for kinds in SAME {
         for n in 1..=4 {
             let Some(e) = env(&kinds).await else { return };
-            let r = e.router().await;
-            e.mapping.put("u1", "s1").await.unwrap();
-            r.insert("u1", "users", user("ann", 1)).await.unwrap();
+            let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
             e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
                 .await;
             let stuck = status(&r, "u1").await;

@@ -14,10 +14,9 @@ use durability_outbox::{
     OutboxError, OutboxEvent, RetryPolicy, Sink, SinkError,
 };
 use durability_scheduler::{ManualClock, Scheduler, Storage, StorageError};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use support::START;
+use support::{fresh_sqlite, sql};
 
 /// An internally tagged enum: postcard cannot decode it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,25 +75,9 @@ fn dead_letters<T: Send + 'static>(letters: &Letters<T>) -> durability_outbox::D
     })
 }
 
-fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
-    Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
-}
-
-fn sql(storage: &SqliteStorage, statement: &str) {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .execute(statement, [])
-                .map_err(|e| StorageError::backend("test sql", e))
-        })
-        .unwrap();
-}
-
 #[tokio::test]
 async fn postcard_channels_refuse_values_that_do_not_round_trip_naming_the_cause() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     let tagged: Chan<_, Event> = chan(storage.clone(), &clock, ChannelConfig::new("tagged"));
     let err = tagged
         .sched
@@ -138,9 +121,7 @@ async fn postcard_channels_refuse_values_that_do_not_round_trip_naming_the_cause
 
 #[tokio::test]
 async fn a_json_channel_delivers_tagged_enums_and_json_values() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     let events: Chan<_, Event> = chan(
         storage.clone(),
         &clock,
@@ -228,9 +209,7 @@ impl Codec<String> for Truncating {
 
 #[tokio::test]
 async fn a_custom_codec_writes_the_stored_bytes_and_its_round_trip_check_guards_staging() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     let c: Chan<_, String> = chan(
         storage.clone(),
         &clock,
@@ -259,9 +238,7 @@ async fn a_custom_codec_writes_the_stored_bytes_and_its_round_trip_check_guards_
 
 #[tokio::test]
 async fn an_undecodable_stored_entry_goes_to_the_dead_letter_sink_and_is_never_retried() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     let letters: Letters<String> = Arc::default();
     // A dead-letter sink without a maximum: it receives undecodable entries
     // while healthy ones retry forever.
@@ -318,9 +295,7 @@ async fn an_undecodable_stored_entry_goes_to_the_dead_letter_sink_and_is_never_r
 
 #[tokio::test]
 async fn without_a_dead_letter_sink_an_undecodable_entry_is_dropped_and_publish_now_says_so() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     let c: Chan<_, String> = chan(storage.clone(), &clock, ChannelConfig::new("c"));
     c.sched
         .transaction(|tx| c.outbox.stage(tx, "k", &"x".to_owned()))
@@ -351,9 +326,7 @@ async fn without_a_dead_letter_sink_an_undecodable_entry_is_dropped_and_publish_
 
 #[tokio::test]
 async fn entries_staged_under_another_codec_are_dead_lettered_not_misread() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
+    let (clock, _dir, storage) = fresh_sqlite();
     {
         let c: Chan<_, String> = chan(storage.clone(), &clock, ChannelConfig::new("c"));
         c.sched

@@ -12,21 +12,23 @@ use std::sync::Arc;
 
 use durability_outbox::{ChannelConfig, EventKind, OutboxError};
 use durability_scheduler::{ManualClock, Storage, StorageError};
-use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
-use support::{Mode, Obj, Recorder, START, open};
+use durability_storage_sqlite::SqliteStorage;
+use support::{Mode, Obj, Recorder, START, fresh_sqlite, open, sql};
 
-fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
-    Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
-}
-
-fn sql(storage: &SqliteStorage, statement: &str) {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .execute(statement, [])
-                .map_err(|e| StorageError::backend("test sql", e))
-        })
-        .unwrap();
+/// A fresh SQLite object at [`START`] with channel `channel` delivering to
+/// `sink`; the directory holds the database file.
+fn on_sqlite(
+    sink: Recorder,
+    channel: &str,
+) -> (
+    ManualClock,
+    tempfile::TempDir,
+    Arc<SqliteStorage>,
+    Obj<SqliteStorage>,
+) {
+    let (clock, dir, storage) = fresh_sqlite();
+    let o = open(storage.clone(), &clock, sink, ChannelConfig::new(channel));
+    (clock, dir, storage, o)
 }
 
 fn query_i64(storage: &SqliteStorage, statement: &str) -> i64 {
@@ -64,15 +66,7 @@ fn quarantine_events(o: &Obj<SqliteStorage>) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_deliver() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
-    let o = open(
-        storage.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let (_clock, _dir, storage, o) = on_sqlite(Recorder::default(), "c");
     stage_all(
         &o,
         &[
@@ -186,11 +180,7 @@ async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_del
 
 #[tokio::test]
 async fn a_corrupt_row_never_keeps_the_alarm_in_the_past() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
-    let sink = Recorder::with_mode(Mode::Fail(1));
-    let o = open(storage.clone(), &clock, sink, ChannelConfig::new("c"));
+    let (clock, _dir, storage, o) = on_sqlite(Recorder::with_mode(Mode::Fail(1)), "c");
     stage_all(&o, &["corrupt", "healthy"]);
     // Read as u32::MAX before: never claimable, due in the past forever.
     sql(
@@ -216,15 +206,7 @@ async fn a_corrupt_row_never_keeps_the_alarm_in_the_past() {
 
 #[tokio::test]
 async fn a_corrupt_due_time_wakes_the_alarm_once_and_is_quarantined() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
-    let o = open(
-        storage.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let (_clock, _dir, storage, o) = on_sqlite(Recorder::default(), "c");
     stage_all(&o, &["k"]);
     o.outbox.deliver_due().await.unwrap();
     stage_all(&o, &["late"]);
@@ -238,15 +220,7 @@ async fn a_corrupt_due_time_wakes_the_alarm_once_and_is_quarantined() {
 
 #[tokio::test]
 async fn publish_now_and_pending_report_a_corrupt_key() {
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
-    let o = open(
-        storage.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let (_clock, _dir, storage, o) = on_sqlite(Recorder::default(), "c");
     stage_all(&o, &["k"]);
     sql(&storage, "UPDATE durability_outbox SET version = 0");
     let err = o.outbox.pending("k").unwrap_err();
@@ -276,15 +250,7 @@ async fn publish_now_and_pending_report_a_corrupt_key() {
 #[tokio::test]
 async fn a_corrupt_version_counter_is_a_typed_error_and_stages_nothing() {
     for counter in ["-1", "'abc'", "-9223372036854775808"] {
-        let clock = ManualClock::new(START);
-        let dir = tempfile::tempdir().unwrap();
-        let storage = sqlite(&dir);
-        let o = open(
-            storage.clone(),
-            &clock,
-            Recorder::default(),
-            ChannelConfig::new("c"),
-        );
+        let (_clock, _dir, storage, o) = on_sqlite(Recorder::default(), "c");
         sql(
             &storage,
             &format!("UPDATE durability_outbox_version SET last = {counter}"),
@@ -302,15 +268,7 @@ async fn a_corrupt_version_counter_is_a_typed_error_and_stages_nothing() {
         assert_eq!(o.sched.alarm_at(), None);
     }
     // A missing counter row too.
-    let clock = ManualClock::new(START);
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sqlite(&dir);
-    let o = open(
-        storage.clone(),
-        &clock,
-        Recorder::default(),
-        ChannelConfig::new("c"),
-    );
+    let (_clock, _dir, storage, o) = on_sqlite(Recorder::default(), "c");
     sql(&storage, "DELETE FROM durability_outbox_version");
     let err = o
         .sched
@@ -348,22 +306,10 @@ fn the_pending_gauge_counts_what_is_left_after_corrupt_rows_are_quarantined() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let clock = ManualClock::new(START);
-            let dir = tempfile::tempdir().unwrap();
-            let storage = sqlite(&dir);
+        support::block_on(async {
             // The first publish fails: the healthy entries stay pending
             // after the run that quarantines the corrupt ones.
-            let o = open(
-                storage.clone(),
-                &clock,
-                Recorder::with_mode(Mode::Fail(1)),
-                ChannelConfig::new("gauge"),
-            );
+            let (clock, _dir, storage, o) = on_sqlite(Recorder::with_mode(Mode::Fail(1)), "gauge");
             let mut total = 0.0;
             let gauge = |total: &mut f64| pending_gauge(&snapshotter, "gauge", total);
             stage_all(&o, &["healthy-1", "bad-attempt", "healthy-2", "bad-due"]);

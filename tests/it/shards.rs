@@ -4,11 +4,13 @@
 //! (`durability_migration::conformance::harness`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use durability_migration::conformance::harness::Harness;
 pub(crate) use durability_migration::conformance::harness::clean_verify;
+use durability_migration::conformance::harness::{BeforeWrite, Harness, HookedShard};
 use durability_migration::{
-    ManualClock, MappingStore, MemoryMappingStore, Router, Shard, Statement,
+    BackendError, BackendFuture, ManualClock, MappingStore, MemoryMappingStore, OpRecord, Router,
+    Row, Shard, Statement,
 };
 use durability_storage_mysql::MysqlShard;
 use durability_storage_mysql::testkit::TestDatabase;
@@ -143,4 +145,93 @@ pub(crate) fn is_cutover(stmts: &[Statement]) -> bool {
     stmts
         .iter()
         .any(|s| s.sql.starts_with("INSERT INTO durability_retired"))
+}
+
+/// A router over `e` that has put `key` on `shard` and inserted `row` into
+/// `users` under it (an acknowledged routed insert).
+pub(crate) async fn router_with_user(e: &Env, key: &str, shard: &str, row: Row) -> Router {
+    let r = e.router().await;
+    e.mapping.put(key, shard).await.unwrap();
+    r.insert(key, "users", row).await.unwrap();
+    r
+}
+
+/// The operation of `key`'s newest move of `table`, as `r` reads it (it
+/// must exist).
+pub(crate) async fn op_of(r: &Router, key: &str, table: &str) -> OpRecord {
+    r.get_migration_status(key, table).await.unwrap().unwrap()
+}
+
+/// One write that a [`Hook`] sees before it reaches the shard: the shard
+/// itself (a hook may write to it directly) and the write's statements.
+pub(crate) struct Write<'a> {
+    pub(crate) inner: &'a Arc<dyn Shard>,
+    pub(crate) stmts: &'a [Statement],
+}
+
+impl Write<'_> {
+    /// Whether one of the write's statements starts with `prefix`.
+    pub(crate) fn has(&self, prefix: &str) -> bool {
+        self.stmts.iter().any(|s| s.sql.starts_with(prefix))
+    }
+
+    /// Whether a hook fires on this write: `matched` and not `fired` before
+    /// (it marks `fired`, so a hook fires at most once).
+    pub(crate) fn once(&self, matched: bool, fired: &AtomicBool) -> bool {
+        matched && !fired.swap(true, Ordering::SeqCst)
+    }
+
+    /// Whether this is a move's cutover batch ([`is_cutover`]).
+    pub(crate) fn is_cutover(&self) -> bool {
+        is_cutover(self.stmts)
+    }
+}
+
+/// What a test runs before each write of a shard, written as an `async fn`
+/// (the harness's [`BeforeWrite`] wants a boxed future; [`OnWrite`] adapts).
+pub(crate) trait Hook: Send + Sync {
+    /// Runs before `w` reaches the shard; an error is the write's error.
+    fn before(&self, w: Write<'_>) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
+
+/// A [`Hook`] as the harness's [`BeforeWrite`]; derefs to the hook, so a
+/// test reads its state as `hooked.hook.field`.
+pub(crate) struct OnWrite<H>(pub(crate) H);
+
+impl<H> std::ops::Deref for OnWrite<H> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.0
+    }
+}
+
+impl<H: Hook> BeforeWrite for OnWrite<H> {
+    fn before_write<'a>(
+        &'a self,
+        inner: &'a Arc<dyn Shard>,
+        stmts: &'a [Statement],
+    ) -> BackendFuture<'a, ()> {
+        Box::pin(self.0.before(Write { inner, stmts }))
+    }
+}
+
+/// Shard `name` of `e` running `hook` before each of its writes.
+pub(crate) fn hooked<H: Hook>(e: &Env, name: &str, hook: H) -> Arc<HookedShard<OnWrite<H>>> {
+    Arc::new(HookedShard::new(Arc::clone(e.shard(name)), OnWrite(hook)))
+}
+
+/// DDL of a table `ckeys` whose key column's equality is coarser than bytes
+/// on `kind` (SQLite `NOCASE`, a PostgreSQL nondeterministic collation,
+/// MariaDB's `utf8mb4_general_ci`).
+pub(crate) fn coarse_key_ddl(kind: Kind) -> Vec<&'static str> {
+    match kind {
+        Kind::Sqlite => vec!["CREATE TABLE ckeys (id TEXT COLLATE NOCASE PRIMARY KEY, n INTEGER)"],
+        Kind::Postgres => vec![
+            "CREATE COLLATION ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            "CREATE TABLE ckeys (id TEXT COLLATE ci_level2 PRIMARY KEY, n BIGINT)",
+        ],
+        Kind::MySql => vec![
+            "CREATE TABLE ckeys (id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, n BIGINT)",
+        ],
+    }
 }

@@ -5,11 +5,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use durability_alarms::{Delivery, Dispatch, DispatchOutcome, ObjectId as AlarmObject, ScopeOf};
 use durability_outbox::{
     ChannelConfig, Entry, EventHook, Outbox, OutboxEvent, OutboxTx, Sink, SinkError,
 };
+use durability_ownership::memory::InMemoryLeaseStore;
+use durability_ownership::{
+    ClassName, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope, ShardCount, StorageId,
+};
+use durability_scheduler::StorageError;
 use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{Clock, ManualClock, ObjectContext, ObjectId, Scheduler, Storage};
+use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use tokio::sync::Notify;
 
 /// The manual clock's start: a realistic Unix time.
@@ -254,4 +261,92 @@ pub async fn wait_for_sleeper(clock: &ManualClock) {
     while clock.next_wake().is_none() {
         tokio::task::yield_now().await;
     }
+}
+
+/// What the alarm tests' hosts record, one line an event.
+pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// Runs the alarm on this host (named by the first field): records it.
+pub struct Local(pub &'static str, pub Log);
+
+impl Dispatch for Local {
+    async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
+        self.1
+            .lock()
+            .unwrap()
+            .push(format!("{} ran {}", self.0, d.object));
+        DispatchOutcome::Delivered
+    }
+}
+
+/// An in-memory lease store on `clock` (the default shard count) on which
+/// lifecycle `ns:rooms` has the active storage `st1`.
+pub struct Rooms {
+    pub store: Arc<InMemoryLeaseStore<ManualClock>>,
+    pub lifecycle: LifecycleId,
+    /// The owner scope and lifecycle of a `Room` object.
+    pub scope_of: ScopeOf,
+}
+
+/// [`Rooms`] on `clock`.
+pub async fn rooms(clock: &ManualClock) -> Rooms {
+    let count = ShardCount::default();
+    let lifecycle = LifecycleId::new("ns:rooms").unwrap();
+    let storage = StorageId::new("st1").unwrap();
+    let store = Arc::new(InMemoryLeaseStore::new(clock.clone(), count));
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .unwrap();
+    let l = lifecycle.clone();
+    let scope_of: ScopeOf = Arc::new(move |object: &AlarmObject| {
+        let scope = OwnerScope::for_object(
+            storage.clone(),
+            ClassName::new("Room").map_err(|e| e.to_string())?,
+            &ObjectName::new(object.as_str()),
+            count,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((scope, l.clone()))
+    });
+    Rooms {
+        store,
+        lifecycle,
+        scope_of,
+    }
+}
+
+/// A manual clock at [`START`] and an object's SQLite storage in a fresh
+/// directory (which holds the database file: keep it alive).
+pub fn fresh_sqlite() -> (ManualClock, tempfile::TempDir, Arc<SqliteStorage>) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = sqlite(&dir);
+    (ManualClock::new(START), dir, storage)
+}
+
+/// An object's SQLite storage in `dir` (file `obj.db`, default options).
+pub fn sqlite(dir: &tempfile::TempDir) -> Arc<SqliteStorage> {
+    Arc::new(SqliteStorage::open(dir.path().join("obj.db"), SqliteOptions::default()).unwrap())
+}
+
+/// Runs one SQL statement on `storage` in a transaction of its own (to
+/// corrupt or change stored rows behind the library's back).
+pub fn sql(storage: &SqliteStorage, statement: &str) {
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .execute(statement, [])
+                .map_err(|e| StorageError::backend("test sql", e))
+        })
+        .unwrap();
+}
+
+/// Runs `f` to completion on a current-thread runtime of its own (for tests
+/// that install a thread-local metrics recorder or tracing subscriber).
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::dialect::{Cutover, CutoverTable, Dialect, Ident, row_idents};
 use crate::error::BackendError;
 use crate::mapping::MappingStore;
-use crate::shard::{BatchSupport, BoxFuture, Shard, Statement};
+use crate::shard::{BackendFuture, BatchSupport, Shard, Statement};
 use crate::value::{self, Row, Value, row};
 
 /// Whether a crash lands before or after the write it interrupts.
@@ -123,7 +123,7 @@ impl Shard for FaultShard {
     fn batch_support(&self) -> BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             self.plan.dead()?;
             match self.plan.on_write() {
@@ -136,16 +136,13 @@ impl Shard for FaultShard {
             }
         })
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async move {
             self.plan.dead()?;
             self.inner.query(stmt).await
         })
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async move {
             self.plan.dead()?;
             match self.plan.on_write() {
@@ -180,13 +177,13 @@ impl FaultMappingStore {
 }
 
 impl MappingStore for FaultMappingStore {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             self.plan.dead()?;
             self.inner.get(key).await
         })
     }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             self.plan.dead()?;
             match self.plan.on_write() {
@@ -199,11 +196,7 @@ impl MappingStore for FaultMappingStore {
             }
         })
     }
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         Box::pin(async move {
             self.plan.dead()?;
             match self.plan.on_write() {
@@ -216,7 +209,7 @@ impl MappingStore for FaultMappingStore {
             }
         })
     }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             self.plan.dead()?;
             match self.plan.on_write() {
@@ -233,7 +226,7 @@ impl MappingStore for FaultMappingStore {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async move {
             self.plan.dead()?;
             self.inner.scan(after, limit).await

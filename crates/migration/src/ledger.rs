@@ -2,35 +2,26 @@
 //! each key was allocated to, reconciled against routing by
 //! [`crate::Router::reconcile_allocations`].
 
-use crate::error::BackendError;
 use crate::pairs::{AllocationRows, PairMap, ShardPairs};
-use crate::shard::{BoxFuture, Shard};
+use crate::shard::{BackendFuture, Shard};
 
 /// The coordinator's allocation ledger (key → shard it was allocated to).
 ///
 /// The mapping store is the record of routing; the ledger is advisory.
 pub trait AllocationLedger: Send + Sync {
     /// Records that `key` was allocated to `shard` (replacing any row).
-    fn record<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<(), BackendError>>;
+    fn record<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()>;
 
     /// One page of ledger rows with keys strictly after `after`, in key order.
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>>;
+    ) -> BackendFuture<'a, Vec<(String, String)>>;
 
     /// Removes the row of `key` only while it still names `shard`; returns
     /// whether a row was removed.
-    fn remove_if<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+    fn remove_if<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, bool>;
 }
 
 /// An in-memory allocation ledger (tests and single-process use).
@@ -50,11 +41,7 @@ impl MemoryLedger {
 }
 
 impl AllocationLedger for MemoryLedger {
-    fn record<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn record<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             self.rows.with(|m| {
                 m.insert(key.to_owned(), shard.to_owned());
@@ -66,15 +53,11 @@ impl AllocationLedger for MemoryLedger {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async move { self.rows.page(after, limit) })
     }
 
-    fn remove_if<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove_if<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             self.rows.with(|m| {
                 if m.get(key).is_some_and(|s| s == shard) {
@@ -98,11 +81,7 @@ impl AllocationLedger for MemoryLedger {
 pub type ShardLedger<S> = ShardPairs<S, AllocationRows>;
 
 impl<S: Shard> AllocationLedger for ShardLedger<S> {
-    fn record<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn record<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             self.execute(|t| t.upsert(key, shard)).await?;
             Ok(())
@@ -113,18 +92,14 @@ impl<S: Shard> AllocationLedger for ShardLedger<S> {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(self.page(move |t| match after {
             Some(a) => t.page_after(a, limit),
             None => t.page_first(limit),
         }))
     }
 
-    fn remove_if<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove_if<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move { Ok(self.execute(|t| t.delete_if(key, shard)).await? > 0) })
     }
 }

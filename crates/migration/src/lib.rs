@@ -115,7 +115,7 @@ pub use reconcile::{
 pub use record::{MigrateOptions, OnConflict};
 pub use recovery::{FailedOp, RecoveryReport};
 pub use router::{MAX_CHAIN_HOPS, ReadOptions, Router};
-pub use shard::{BatchSupport, BoxFuture, Shard, Statement};
+pub use shard::{BackendFuture, BatchSupport, BoxFuture, Shard, Statement};
 pub use status::{
     DEFAULT_STATUS_LIMIT, LeaseStatus, MAX_STATUS_OPERATIONS, Progress, StatusOptions, StatusReport,
 };

@@ -11,6 +11,10 @@ use crate::value::{Row, Value};
 /// `dyn`, because one router holds shards of several backends).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What a call on a backend (a shard, the mapping store, the allocation
+/// ledger) returns: a [`BoxFuture`] of its result.
+pub type BackendFuture<'a, T> = BoxFuture<'a, Result<T, BackendError>>;
+
 /// One SQL statement with its bound parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Statement {
@@ -66,14 +70,13 @@ pub trait Shard: Send + Sync {
     fn batch_support(&self) -> BatchSupport;
 
     /// Executes one statement and returns the number of rows it changed.
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>>;
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64>;
 
     /// Runs one query and returns its rows (column name → value).
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>>;
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>>;
 
     /// Runs statements as one batch, returning each statement's changed-row
     /// count. With [`BatchSupport::Atomic`], a failing statement rolls the
     /// whole group back.
-    fn batch<'a>(&'a self, stmts: &'a [Statement])
-    -> BoxFuture<'a, Result<Vec<u64>, BackendError>>;
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>>;
 }

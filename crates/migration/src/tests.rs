@@ -246,13 +246,13 @@ impl Shard for NoShard {
     fn batch_support(&self) -> BatchSupport {
         self.1
     }
-    fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async { Err("no".into()) })
     }
-    fn query<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async { Err("no".into()) })
     }
-    fn batch<'a>(&'a self, _: &'a [Statement]) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, _: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async { Err("no".into()) })
     }
 }
@@ -485,13 +485,13 @@ impl Shard for MemoryNoShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async { Err("never run".into()) })
     }
-    fn query<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(async { Err("never run".into()) })
     }
-    fn batch<'a>(&'a self, _: &'a [Statement]) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, _: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async { Err("never run".into()) })
     }
 }

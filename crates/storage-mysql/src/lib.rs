@@ -62,8 +62,8 @@
 #![warn(missing_debug_implementations)]
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, Row, Shard, ShardMappingStore,
-    Statement, UniqueViolation, Value,
+    BackendError, BackendFuture, BatchSupport, DataRejected, Dialect, Row, Shard,
+    ShardMappingStore, Statement, UniqueViolation, Value,
 };
 use durability_time::{Backoff, Jitter, Random, SystemClock};
 use mysql_async::consts::ColumnType;
@@ -535,16 +535,13 @@ impl Shard for MysqlShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(self.retrying(move || self.execute_once(stmt)))
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         Box::pin(self.retrying(move || self.query_once(stmt)))
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async move {
             match stmts {
                 // One statement is atomic on its own (autocommit): no

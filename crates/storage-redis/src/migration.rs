@@ -5,7 +5,7 @@
 //! paged scans by key. Both keys share one hash tag so a cluster keeps them
 //! in one slot; every write updates both atomically in a Lua script.
 
-use durability_migration::{BackendError, BoxFuture, MappingStore};
+use durability_migration::{BackendFuture, MappingStore};
 use redis::Script;
 use redis::aio::ConnectionManager;
 
@@ -98,7 +98,7 @@ impl RedisMappingStore {
 }
 
 impl MappingStore for RedisMappingStore {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
         Box::pin(async move {
             let mut c = self.conn.clone();
             let v: Option<String> = redis::cmd("HGET")
@@ -110,25 +110,21 @@ impl MappingStore for RedisMappingStore {
         })
     }
 
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             let _: i64 = self.run(&self.put, &[key, shard]).await?;
             Ok(())
         })
     }
 
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<String, BackendError>> {
+    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
         Box::pin(async move {
             let v: String = self.run(&self.put_if_absent, &[key, shard]).await?;
             Ok(v)
         })
     }
 
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async move {
             let n: i64 = self.run(&self.remove, &[key]).await?;
             Ok(n > 0)
@@ -139,7 +135,7 @@ impl MappingStore for RedisMappingStore {
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async move {
             let mut c = self.conn.clone();
             let min = after.map_or_else(|| "-".to_owned(), |a| format!("({a}"));

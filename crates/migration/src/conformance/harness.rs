@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use super::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use crate::{
-    BackendError, BatchSupport, BoxFuture, Dialect, Ident, ManualClock, MappingStore,
-    MigrationConfig, MigrationError, RecoveryReport, Router, Row, Shard, Statement, Value,
-    VerifyOptions, VerifyReport, row,
+    BackendFuture, BatchSupport, Dialect, Ident, ManualClock, MappingStore, MigrationConfig,
+    MigrationError, RecoveryReport, Router, Row, Shard, Statement, Value, VerifyOptions,
+    VerifyReport, row,
 };
 
 /// The time the harness's clock starts at.
@@ -304,7 +304,7 @@ pub trait BeforeWrite: Send + Sync {
         &'a self,
         inner: &'a Arc<dyn Shard>,
         stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>>;
+    ) -> BackendFuture<'a, ()>;
 }
 
 /// A shard that runs its [`BeforeWrite`] hook before each write of `inner`.
@@ -335,7 +335,7 @@ impl<H: BeforeWrite> Shard for HookedShard<H> {
     fn batch_support(&self) -> BatchSupport {
         self.inner.batch_support()
     }
-    fn execute<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             self.hook
                 .before_write(&self.inner, std::slice::from_ref(stmt))
@@ -343,13 +343,10 @@ impl<H: BeforeWrite> Shard for HookedShard<H> {
             self.inner.execute(stmt).await
         })
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         self.inner.query(stmt)
     }
-    fn batch<'a>(
-        &'a self,
-        stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         Box::pin(async move {
             self.hook.before_write(&self.inner, stmts).await?;
             self.inner.batch(stmts).await

@@ -7,11 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::dialect::Dialect;
-use crate::error::BackendError;
 use crate::ledger::{AllocationLedger, MemoryLedger};
 use crate::mapping::{MappingStore, MemoryMappingStore};
 use crate::router::Router;
-use crate::shard::{BatchSupport, BoxFuture, Shard, Statement};
+use crate::shard::{BackendFuture, BatchSupport, Shard, Statement};
 use crate::value::{Row, Value};
 use crate::{MigrationConfig, conformance};
 
@@ -53,11 +52,11 @@ impl Shard for MemShard {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn execute<'a>(&'a self, _: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, u64> {
         self.writes.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err("memshard is read-only".into()) })
     }
-    fn query<'a>(&'a self, stmt: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         self.queries.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             // The journal of these tests holds no operation.
@@ -102,7 +101,7 @@ impl Shard for MemShard {
             })
         })
     }
-    fn batch<'a>(&'a self, _: &'a [Statement]) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, _: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         self.writes.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err("memshard is read-only".into()) })
     }
@@ -118,29 +117,21 @@ struct CountingLedger {
 }
 
 impl AllocationLedger for CountingLedger {
-    fn record<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn record<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         self.inner.record(key, shard)
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         self.scans.fetch_add(1, Ordering::SeqCst);
         if self.fail {
             return Box::pin(async { Err("ledger down".into()) });
         }
         self.inner.scan(after, limit)
     }
-    fn remove_if<'a>(
-        &'a self,
-        key: &'a str,
-        shard: &'a str,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove_if<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, bool> {
         self.removes.fetch_add(1, Ordering::SeqCst);
         self.inner.remove_if(key, shard)
     }
@@ -151,21 +142,17 @@ impl AllocationLedger for CountingLedger {
 struct StuckLedger;
 
 impl AllocationLedger for StuckLedger {
-    fn record<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn record<'a>(&'a self, _: &'a str, _: &'a str) -> BackendFuture<'a, ()> {
         Box::pin(async { Ok(()) })
     }
     fn scan<'a>(
         &'a self,
         _: Option<&'a str>,
         _: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+    ) -> BackendFuture<'a, Vec<(String, String)>> {
         Box::pin(async { Ok(vec![("a".to_owned(), "s0".to_owned())]) })
     }
-    fn remove_if<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a str,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn remove_if<'a>(&'a self, _: &'a str, _: &'a str) -> BackendFuture<'a, bool> {
         Box::pin(async { Ok(false) })
     }
 }
@@ -538,34 +525,26 @@ async fn repair_keeps_a_mapping_another_writer_made_first() {
     /// our `put_if_absent`.
     struct Racy(MemoryMappingStore);
     impl MappingStore for Racy {
-        fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>, BackendError>> {
+        fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
             self.0.get(key)
         }
-        fn put<'a>(
-            &'a self,
-            key: &'a str,
-            shard: &'a str,
-        ) -> BoxFuture<'a, Result<(), BackendError>> {
+        fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
             self.0.put(key, shard)
         }
-        fn put_if_absent<'a>(
-            &'a self,
-            key: &'a str,
-            shard: &'a str,
-        ) -> BoxFuture<'a, Result<String, BackendError>> {
+        fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
             Box::pin(async move {
                 self.0.put(key, "s1").await?;
                 self.0.put_if_absent(key, shard).await
             })
         }
-        fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
             self.0.remove(key)
         }
         fn scan<'a>(
             &'a self,
             after: Option<&'a str>,
             limit: usize,
-        ) -> BoxFuture<'a, Result<Vec<(String, String)>, BackendError>> {
+        ) -> BackendFuture<'a, Vec<(String, String)>> {
             self.0.scan(after, limit)
         }
     }

@@ -37,16 +37,16 @@ impl Shard for Canned {
     fn batch_support(&self) -> BatchSupport {
         BatchSupport::Atomic
     }
-    fn execute<'a>(&'a self, st: &'a Statement) -> BoxFuture<'a, Result<u64, BackendError>> {
+    fn execute<'a>(&'a self, st: &'a Statement) -> BackendFuture<'a, u64> {
         self.ran.lock().unwrap().push(st.clone());
         Box::pin(async { Ok(1) })
     }
-    fn query<'a>(&'a self, st: &'a Statement) -> BoxFuture<'a, Result<Vec<Row>, BackendError>> {
+    fn query<'a>(&'a self, st: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
         self.ran.lock().unwrap().push(st.clone());
         let rows = self.answer(st);
         Box::pin(async move { Ok(rows) })
     }
-    fn batch<'a>(&'a self, sts: &'a [Statement]) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+    fn batch<'a>(&'a self, sts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
         self.ran.lock().unwrap().extend(sts.iter().cloned());
         let n = sts.len();
         Box::pin(async move { Ok(vec![1; n]) })
