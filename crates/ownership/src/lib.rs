@@ -80,6 +80,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_debug_implementations)]
 
+pub mod balance;
 mod error;
 mod floor;
 mod hints;
@@ -131,9 +132,9 @@ pub use settings::{
     OwnershipSettings, drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
 };
 pub use store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    check_shard_count, parse_generation_counter, parse_shard_count, stored_shard_count,
-    validate_ttl,
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
+    PresenceGroup, check_lifecycle, check_shard_count, parse_generation_counter, parse_shard_count,
+    stored_shard_count, validate_presence, validate_ttl,
 };
 
 pub mod docs;
