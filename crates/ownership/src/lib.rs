@@ -112,7 +112,7 @@ pub use floor::{
 };
 pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{
-    AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,
+    AdmissionPermit, DrainReport, HandOff, Ownership, Probe, ProbeScope, Resolution, WatchExit,
 };
 pub use readopt::Readoption;
 pub use record::{

@@ -16,6 +16,7 @@ mod admission;
 mod drain;
 mod duplicate;
 mod metrics;
+mod hand_off;
 mod renew_all;
 
 /// A store wrapper counting every call, to prove admission does no I/O.
