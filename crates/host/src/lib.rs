@@ -226,7 +226,7 @@ pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, DEFAULT_MAX_RESIDENT_OBJECTS,
-    ENV_PREVENT_EVICTION, HostSettings, Residency,
+    ENV_BALANCE_SHARDS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
 pub use storage::{
     DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,
