@@ -18,8 +18,11 @@
 //! - **Owner loop** (`durability-ownership`'s `Ownership`): every renew
 //!   interval one batched `renew_all`; a scope whose renew fails is dropped,
 //!   its objects closed and its running work cancelled; configured scopes
-//!   ([`OwnPolicy`]) are claimed when free; changes are published as
-//!   [`OwnerEvent`]s ([`Host::subscribe`]).
+//!   ([`OwnPolicy`]) are claimed when free; with [`OwnPolicy::AllShards`]
+//!   the live hosts balance them ([`HostSettings::balance`]: presence
+//!   records on the lease store, an even share each, graceful hand-off of
+//!   the excess); changes are published as [`OwnerEvent`]s
+//!   ([`Host::subscribe`]).
 //! - **Object store** ([`ObjectStore`], [`store`]): where objects live.
 //!   The default is the SQLite directory ([`SqliteObjectStore`]: one
 //!   SQLite file per object under a root every host shares), and it is the

@@ -24,6 +24,10 @@
 //! wrote, waits out another run's lease (a restart with the same task id
 //! waits up to the owner TTL), and reports a live duplicate as
 //! [`OwnershipError::DuplicateTaskId`] ([`Ownership::duplicate_task`]).
+//! Hosts sharing a class balance its shards through the lease store alone
+//! ([`balance`]: presence records via [`LeaseStore::announce`] /
+//! [`LeaseStore::live_tasks`], the pure decision [`balance::decide`],
+//! [`LeaseStore::claim_many`] and the graceful [`Ownership::hand_off`]).
 //! See `docs/leases.md`.
 //!
 //! What a lease store must persist: its generation counters. A Redis lease
