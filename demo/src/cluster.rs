@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope,
-    ShardCount, StorageId, SystemClock, TaskId,
+    ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope, ShardCount,
+    StorageId, SystemClock,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;

@@ -117,7 +117,10 @@ fn converge(hosts: &mut [Proc], want: &[usize], phase: &str, since: i64) -> i64 
         if counts == want {
             return now();
         }
-        assert!(now() < end, "{phase}: no convergence to {want:?}: {counts:?}");
+        assert!(
+            now() < end,
+            "{phase}: no convergence to {want:?}: {counts:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -46,7 +46,13 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    pub(crate) fn spawn(name: &str, dir: &Path, ttl_s: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
+    pub(crate) fn spawn(
+        name: &str,
+        dir: &Path,
+        ttl_s: u64,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_object-host"))
             .arg(format!("dir={}", dir.display()))
             .arg(format!("task={name}"))

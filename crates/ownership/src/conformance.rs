@@ -810,7 +810,10 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
         "{name}: sorted, replaced, this group only"
     );
     assert_eq!(live(other.clone()).await, vec![own("d", b"1;2")], "{name}");
-    for (ttl, value) in [(0, vec![]), (TTL_MS, vec![b'x'; crate::balance::MAX_PRESENCE_BYTES + 1])] {
+    for (ttl, value) in [
+        (0, vec![]),
+        (TTL_MS, vec![b'x'; crate::balance::MAX_PRESENCE_BYTES + 1]),
+    ] {
         let e = h
             .store()
             .announce(&group, &task("e"), &value, ttl)
@@ -819,11 +822,17 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
         assert_eq!(e.code(), "invalid_input", "{name}");
     }
     assert!(
-        h.store().withdraw(&group, &task("c")).await.expect("withdraw"),
+        h.store()
+            .withdraw(&group, &task("c"))
+            .await
+            .expect("withdraw"),
         "{name}"
     );
     assert!(
-        !h.store().withdraw(&group, &task("c")).await.expect("withdraw"),
+        !h.store()
+            .withdraw(&group, &task("c"))
+            .await
+            .expect("withdraw"),
         "{name}: gone"
     );
     h.expire_presence(&group, &task("b")).await;
@@ -837,7 +846,13 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
         .await
         .expect("announce again");
     assert_eq!(live(group).await.len(), 2, "{name}: announced again");
-    assert!(h.store().withdraw(&other, &task("d")).await.expect("withdraw"), "{name}");
+    assert!(
+        h.store()
+            .withdraw(&other, &task("d"))
+            .await
+            .expect("withdraw"),
+        "{name}"
+    );
 }
 
 /// `claim_many` answers per scope what `claim_as` alone would: claims free
@@ -884,7 +899,11 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
         }
     }
     for r in &claimed {
-        let owner = h.store().snapshot(r.scope(), &c.lifecycle).await.expect("snapshot");
+        let owner = h
+            .store()
+            .snapshot(r.scope(), &c.lifecycle)
+            .await
+            .expect("snapshot");
         assert_eq!(owner.owner.map(|l| l.record).as_ref(), Some(r), "{name}");
     }
     h.expire_owner(&scope(1)).await;
@@ -902,7 +921,11 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
         .claim_many(&[scope(7), scope(8)], &c.lifecycle, &task("a"), None, 0)
         .await;
     for r in &bad {
-        assert_eq!(r.as_ref().map(|_| ()).map_err(|e| e.code()), Err("invalid_input"), "{name}");
+        assert_eq!(
+            r.as_ref().map(|_| ()).map_err(|e| e.code()),
+            Err("invalid_input"),
+            "{name}"
+        );
     }
     h.store()
         .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
@@ -910,7 +933,13 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
         .expect("lock");
     let locked = h
         .store()
-        .claim_many(&[scope(7), scope(8)], &c.lifecycle, &task("a"), None, TTL_MS)
+        .claim_many(
+            &[scope(7), scope(8)],
+            &c.lifecycle,
+            &task("a"),
+            None,
+            TTL_MS,
+        )
         .await;
     assert_eq!(locked.len(), 2, "{name}");
     for r in &locked {
@@ -920,9 +949,16 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
             "{name}"
         );
     }
-    assert_eq!(h.raw_state(&scope(7)).await, before, "{name}: nothing written");
+    assert_eq!(
+        h.raw_state(&scope(7)).await,
+        before,
+        "{name}: nothing written"
+    );
     assert!(
-        h.store().claim_many(&[], &c.lifecycle, &task("a"), None, TTL_MS).await.is_empty(),
+        h.store()
+            .claim_many(&[], &c.lifecycle, &task("a"), None, TTL_MS)
+            .await
+            .is_empty(),
         "{name}: empty batch"
     );
 }

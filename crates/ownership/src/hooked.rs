@@ -284,7 +284,10 @@ impl<S: LeaseStore> LeaseStore for HookedStore<S> {
     }
 
     /// Not hooked: forwarded as is.
-    async fn live_tasks(&self, group: &PresenceGroup) -> Result<Vec<PresenceEntry>, OwnershipError> {
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         self.inner.live_tasks(group).await
     }
 

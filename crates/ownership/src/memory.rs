@@ -262,7 +262,10 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
             .is_some())
     }
 
-    async fn live_tasks(&self, group: &PresenceGroup) -> Result<Vec<PresenceEntry>, OwnershipError> {
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let now = self.clock.now_ms_u64();
         let st = self.lock();
         let Some(records) = st.presence.get(&group.key()) else {

@@ -222,7 +222,10 @@ pub trait LeaseStore: Send + Sync + 'static {
         async move {
             let mut out = Vec::with_capacity(scopes.len());
             for scope in scopes {
-                out.push(self.claim_as(scope, lifecycle, task, endpoint, ttl_ms).await);
+                out.push(
+                    self.claim_as(scope, lifecycle, task, endpoint, ttl_ms)
+                        .await,
+                );
             }
             out
         }

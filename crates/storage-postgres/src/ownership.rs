@@ -555,7 +555,10 @@ impl LeaseStore for PostgresLeaseStore {
         Ok(rows.len() == 1)
     }
 
-    async fn live_tasks(&self, group: &PresenceGroup) -> Result<Vec<PresenceEntry>, OwnershipError> {
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let key = group.key();
         let params: [&(dyn ToSql + Sync); 1] = [&key];
         let rows = self

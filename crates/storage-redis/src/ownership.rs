@@ -645,7 +645,10 @@ impl LeaseStore for RedisLeaseStore {
         Ok(n == 1)
     }
 
-    async fn live_tasks(&self, group: &PresenceGroup) -> Result<Vec<PresenceEntry>, OwnershipError> {
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let (z, h) = self.presence_keys(group);
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = LIVE_SCRIPT

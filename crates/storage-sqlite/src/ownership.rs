@@ -681,7 +681,10 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         Ok(n == 1)
     }
 
-    async fn live_tasks(&self, group: &PresenceGroup) -> Result<Vec<PresenceEntry>, OwnershipError> {
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let now = self.clock.now_ms_u64();
         let conn = self.lock();
         let mut st = conn

@@ -331,7 +331,10 @@ where
         let me = inner.ownership.task();
         let ttl = inner.settings.ownership.owner_ttl_ms;
         let store = inner.ownership.store();
-        let live = match store.announce(&group, me, &encode_presence(held), ttl).await {
+        let live = match store
+            .announce(&group, me, &encode_presence(held), ttl)
+            .await
+        {
             Ok(()) => store.live_tasks(&group).await,
             Err(e) => Err(e),
         };

@@ -24,7 +24,11 @@ async fn cycles(hosts: &[&TestHost], want: &[usize], rounds: usize) -> usize {
             handed_off += h.owner_cycle().await.handed_off.len();
         }
     }
-    assert_eq!(counts(hosts).await, want, "no convergence in {rounds} rounds");
+    assert_eq!(
+        counts(hosts).await,
+        want,
+        "no convergence in {rounds} rounds"
+    );
     handed_off
 }
 
@@ -44,22 +48,39 @@ async fn incr(hosts: &[&TestHost], name: &str) -> i64 {
 #[tokio::test]
 async fn joining_hosts_get_their_share_by_hand_off_before_any_lease_could_expire() {
     let w = World::new();
-    let a = w.host_with("a", OwnPolicy::AllShards, Residency::Resident).await;
+    let a = w
+        .host_with("a", OwnPolicy::AllShards, Residency::Resident)
+        .await;
     assert_eq!(cycles(&[&a], &[16], 3).await, 0);
     let names: Vec<String> = (0..24).map(|i| format!("o{i}")).collect();
     for n in &names {
         assert_eq!(incr(&[&a], n).await, 1);
     }
     let start = w.clock.now_ms_u64();
-    let b = w.host_with("b", OwnPolicy::AllShards, Residency::Resident).await;
-    let c = w.host_with("c", OwnPolicy::AllShards, Residency::Resident).await;
+    let b = w
+        .host_with("b", OwnPolicy::AllShards, Residency::Resident)
+        .await;
+    let c = w
+        .host_with("c", OwnPolicy::AllShards, Residency::Resident)
+        .await;
     let handed = cycles(&[&a, &b, &c], &[6, 5, 5], 10).await;
     assert_eq!(handed, 10, "a handed off exactly its excess");
-    assert_eq!(w.clock.now_ms_u64(), start, "the clock never moved: no lease expired");
+    assert_eq!(
+        w.clock.now_ms_u64(),
+        start,
+        "the clock never moved: no lease expired"
+    );
     let generations: Vec<u64> = b.probe().scopes.iter().map(|s| s.generation).collect();
-    assert!(generations.iter().all(|g| *g == 2), "one claim after a's: {generations:?}");
+    assert!(
+        generations.iter().all(|g| *g == 2),
+        "one claim after a's: {generations:?}"
+    );
     for n in &names {
-        assert_eq!(incr(&[&a, &b, &c], n).await, 2, "{n}: state moved with the shard");
+        assert_eq!(
+            incr(&[&a, &b, &c], n).await,
+            2,
+            "{n}: state moved with the shard"
+        );
     }
     // A few more cycles move nothing.
     for _ in 0..5 {
@@ -85,9 +106,10 @@ async fn balancing_off_keeps_first_come_ownership() {
     let w = World::new();
     let mut s = crate::support::settings();
     s.balance = false;
-    let a = durability_host::Host::start(w.config("a").own(OwnPolicy::AllShards).settings(s.clone()))
-        .await
-        .unwrap();
+    let a =
+        durability_host::Host::start(w.config("a").own(OwnPolicy::AllShards).settings(s.clone()))
+            .await
+            .unwrap();
     a.owner_cycle().await;
     let b = durability_host::Host::start(w.config("b").own(OwnPolicy::AllShards).settings(s))
         .await

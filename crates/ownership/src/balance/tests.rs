@@ -245,7 +245,10 @@ fn join_kill_rejoin_converges_each_phase() {
     sim.round(&["h1".into(), "h3".into()]);
     sim.expire_dead();
     sim.converge(1);
-    assert_eq!(sim.moves, handed, "a dead host's shards spread without hand-offs");
+    assert_eq!(
+        sim.moves, handed,
+        "a dead host's shards spread without hand-offs"
+    );
     sim.join("h4");
     sim.converge(0);
     let counts: BTreeSet<usize> = sim.counts().values().copied().collect();

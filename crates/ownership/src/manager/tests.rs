@@ -15,8 +15,8 @@ use durability_time::ManualClock;
 mod admission;
 mod drain;
 mod duplicate;
-mod metrics;
 mod hand_off;
+mod metrics;
 mod renew_all;
 
 /// A store wrapper counting every call, to prove admission does no I/O.

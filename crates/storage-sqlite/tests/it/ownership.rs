@@ -10,8 +10,8 @@ use std::path::Path;
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
     ClaimOutcome, Clock, Generation, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
-    OwnerRecord, OwnerScope, Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId,
-    TaskId,
+    OwnerRecord, OwnerScope, Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount,
+    StorageId, TaskId,
 };
 use durability_storage_sqlite::ownership::{
     SqliteLeaseStore, check_generation, ensure_fence_schema, fenced_generation, record_generation,

@@ -32,7 +32,11 @@ async fn a_hand_off_drains_just_its_scope_and_releases_at_once() {
     assert!(!handing.is_finished(), "waits for the admitted work");
     let refused = a.admit(&shard(1), gens[0]).await.expect_err("leaving");
     assert_eq!(refused.code(), "draining");
-    drop(a.admit(&shard(2), gens[1]).await.expect("another scope still admits"));
+    drop(
+        a.admit(&shard(2), gens[1])
+            .await
+            .expect("another scope still admits"),
+    );
     assert_eq!(a.in_flight_on(&shard(1)), 1);
     drop(running);
     let HandOff::Released(g) = handing.await.expect("joined") else {
@@ -46,7 +50,10 @@ async fn a_hand_off_drains_just_its_scope_and_releases_at_once() {
     }
     let stale = a.admit(&shard(1), gens[0]).await.expect_err("handed off");
     assert_eq!(stale.code(), "stale_owner");
-    assert!(matches!(a.hand_off(&shard(1), far).await, HandOff::NotOwned));
+    assert!(matches!(
+        a.hand_off(&shard(1), far).await,
+        HandOff::NotOwned
+    ));
 }
 
 /// Work that outlives the hand-off's deadline keeps the scope here, and
@@ -61,8 +68,16 @@ async fn a_busy_hand_off_keeps_the_scope() {
     assert!(matches!(out, HandOff::Busy { in_flight: 1 }), "{out:?}");
     drop(running);
     drop(a.admit(&f.scope, g).await.expect("admits again"));
-    let snap = f.store.snapshot(&f.scope, &f.lifecycle).await.expect("snap");
-    assert_eq!(snap.owner.map(|l| l.record.generation()), Some(g), "lease kept");
+    let snap = f
+        .store
+        .snapshot(&f.scope, &f.lifecycle)
+        .await
+        .expect("snap");
+    assert_eq!(
+        snap.owner.map(|l| l.record.generation()),
+        Some(g),
+        "lease kept"
+    );
 }
 
 /// `claim_many` adopts what this process holds and reports other owners.
@@ -81,5 +96,8 @@ async fn claim_many_applies_each_outcome_as_resolve_does() {
     assert_eq!(a.probe().scopes.len(), 1);
     drop(a.drain().await);
     let out = a.claim_many(&[shard(3)], &f.lifecycle).await;
-    assert_eq!(out[0].1.as_ref().map(|_| ()).map_err(OwnershipError::code), Err("draining"));
+    assert_eq!(
+        out[0].1.as_ref().map(|_| ()).map_err(OwnershipError::code),
+        Err("draining")
+    );
 }
