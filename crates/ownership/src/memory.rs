@@ -275,11 +275,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
             .iter()
             .filter(|(_, (_, exp))| *exp > now)
             .filter_map(|(task, (value, exp))| {
-                Some(PresenceEntry {
-                    task: TaskId::new(task).ok()?,
-                    value: value.clone(),
-                    remaining_ms: exp - now,
-                })
+                PresenceEntry::stored(task, value.clone(), exp - now)
             })
             .collect())
     }

@@ -131,6 +131,18 @@ pub struct PresenceEntry {
     pub remaining_ms: u64,
 }
 
+impl PresenceEntry {
+    /// A stored record as a store read it: `None` when `task` is not a
+    /// valid task id (skipped, never hiding the valid ones).
+    pub fn stored(task: &str, value: Vec<u8>, remaining_ms: u64) -> Option<Self> {
+        Some(Self {
+            task: TaskId::new(task).ok()?,
+            value,
+            remaining_ms,
+        })
+    }
+}
+
 /// Validates a presence value and TTL before a store writes them.
 ///
 /// # Errors

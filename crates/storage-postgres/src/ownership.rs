@@ -571,13 +571,11 @@ impl LeaseStore for PostgresLeaseStore {
             let task: String = row.try_get(0).map_err(|_| protocol("presence task"))?;
             let value: Vec<u8> = row.try_get(1).map_err(|_| protocol("presence value"))?;
             let left: i64 = row.try_get(2).map_err(|_| protocol("presence lease"))?;
-            if let Ok(task) = TaskId::new(&task) {
-                out.push(PresenceEntry {
-                    task,
-                    value,
-                    remaining_ms: u64::try_from(left).unwrap_or(0),
-                });
-            }
+            out.extend(PresenceEntry::stored(
+                &task,
+                value,
+                u64::try_from(left).unwrap_or(0),
+            ));
         }
         Ok(out)
     }

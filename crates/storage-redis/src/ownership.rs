@@ -662,18 +662,10 @@ impl LeaseStore for RedisLeaseStore {
             let [task, value, left] = entry else {
                 return Err(protocol("presence reply not in triples"));
             };
-            let task = bytes(task)
-                .and_then(|t| std::str::from_utf8(t).ok())
-                .and_then(|t| TaskId::new(t).ok());
+            let task = bytes(task).and_then(|t| std::str::from_utf8(t).ok());
             let value = bytes(value).ok_or_else(|| protocol("presence without a value"))?;
             let left = int(left).and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
-            if let Some(task) = task {
-                out.push(PresenceEntry {
-                    task,
-                    value: value.to_vec(),
-                    remaining_ms: left,
-                });
-            }
+            out.extend(task.and_then(|t| PresenceEntry::stored(t, value.to_vec(), left)));
         }
         out.sort_by(|a, b| a.task.cmp(&b.task));
         Ok(out)

@@ -705,13 +705,11 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         let mut out = Vec::new();
         for row in rows {
             let (task, value, exp) = row.map_err(not_applied)?;
-            if let Ok(task) = TaskId::new(&task) {
-                out.push(PresenceEntry {
-                    task,
-                    value,
-                    remaining_ms: u64_of(exp).saturating_sub(now),
-                });
-            }
+            out.extend(PresenceEntry::stored(
+                &task,
+                value,
+                u64_of(exp).saturating_sub(now),
+            ));
         }
         Ok(out)
     }
