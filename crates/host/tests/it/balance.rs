@@ -106,10 +106,9 @@ async fn balancing_off_keeps_first_come_ownership() {
     let w = World::new();
     let mut s = crate::support::settings();
     s.balance = false;
-    let a =
-        durability_host::Host::start(w.config("a").own(OwnPolicy::AllShards).settings(s.clone()))
-            .await
-            .unwrap();
+    let a = durability_host::Host::start(w.config("a").own(OwnPolicy::AllShards).settings(s))
+        .await
+        .unwrap();
     a.owner_cycle().await;
     let b = durability_host::Host::start(w.config("b").own(OwnPolicy::AllShards).settings(s))
         .await

@@ -2,6 +2,7 @@
 //! round by round (each host sees the others' presence as announced the
 //! round before, claims succeed only on shards nobody holds, a dead host's
 //! shards stay held until its lease expires), from arbitrary starts.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
