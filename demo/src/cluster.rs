@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope,
-    ShardCount, StorageId, SystemClock, TaskId,
+    ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope, ShardCount,
+    StorageId, SystemClock,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -293,6 +293,41 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
             out.insert(shard, self.owner(&self.shard_scope(shard)?).await?);
         }
         Ok(out)
+    }
+
+    /// Waits until the live hosts hold the class's shards evenly (every
+    /// shard owned by a live host, counts within one), reading the lease
+    /// store, and prints the counts and how long it took.
+    async fn balanced(&self, after: &str) -> Result {
+        let since = now_ms();
+        let end = since + i64::try_from(TTL_MS * 4)? + 10_000;
+        loop {
+            let owners = self.owners().await?;
+            let mut counts: BTreeMap<&str, usize> =
+                self.live.iter().map(|t| (t.as_str(), 0)).collect();
+            let mut all = true;
+            for o in owners.values() {
+                match o.as_deref().and_then(|o| counts.get_mut(o)) {
+                    Some(n) => *n += 1,
+                    None => all = false,
+                }
+            }
+            let min = counts.values().min().copied().unwrap_or(0);
+            let max = counts.values().max().copied().unwrap_or(0);
+            if all && max - min <= 1 {
+                let list: Vec<String> = counts.iter().map(|(t, n)| format!("{t}={n}")).collect();
+                println!(
+                    "shard counts after {after}: {} (even within one, {} ms after the check began)",
+                    list.join(" "),
+                    now_ms() - since
+                );
+                return Ok(());
+            }
+            if now_ms() > end {
+                return Err(format!("shards not balanced after {after}: {owners:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The objects of `names` whose scope `task` owns now.
@@ -602,26 +637,9 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
     let by_shard = objects(&c, PER_SHARD)?;
     let names: Vec<String> = by_shard.values().flatten().cloned().collect();
 
-    // Placement. Every host owns every shard it finds free, so the shards
-    // go to whoever claims first. To spread them, the client holds them all
-    // under a placeholder task while the hosts start, then frees one at a
-    // time and at once calls one of its objects on the host it picked for
-    // it (round robin); that host's call claims it, unless another host's
-    // owner loop came first (then the call follows the store's owner).
-    let placer = TaskId::new("placer")?;
-    let mut held = Vec::new();
-    for shard in 0..SHARDS {
-        match c
-            .store
-            .claim(&c.shard_scope(shard)?, &c.lifecycle, &placer, 60_000)
-            .await?
-        {
-            ClaimOutcome::Claimed(lease) => held.push((shard, lease.record)),
-            ClaimOutcome::Held(lease) => {
-                return Err(format!("shard {shard} is already held: {lease:?}").into());
-            }
-        }
-    }
+    // Placement: the hosts balance the class's shards themselves (presence
+    // records on the lease store, an even share each, graceful hand-off),
+    // so the first host's shards spread as the others join.
     for task in TASKS {
         c.spawn(task).await?;
     }
@@ -629,14 +647,7 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
         let pids: Vec<String> = c.procs.values().map(|p| p.pid().to_string()).collect();
         pids.join(", ")
     });
-    for (shard, record) in held {
-        let task = TASKS[shard as usize % TASKS.len()];
-        c.prefer.insert(shard, task.to_owned());
-        c.store.release(&record).await?;
-        let first = by_shard[&shard][0].clone();
-        work(&mut c, &mut ledger, &incrs(&[first])).await?;
-    }
-    c.prefer.clear();
+    c.balanced("start").await?;
     let owners = c.owners().await?;
     for task in TASKS {
         let shards: Vec<String> = owners
@@ -677,13 +688,17 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
     kill_phase(&mut c, &mut ledger, &mut fig, &names).await?;
     // A replacement host, as an operator would start one: it owns nothing
     // until a scope is free, and routes the calls it gets to the owners.
+    c.balanced("the kill").await?;
     c.spawn("d").await?;
     println!("started host d in place of the killed host");
     work(&mut c, &mut ledger, &incrs(&names)).await?;
+    c.balanced("d joined").await?;
     stop_phase(&mut c, &mut ledger, &mut fig, &names).await?;
     work(&mut c, &mut ledger, &incrs(&names)).await?;
+    c.balanced("the pause").await?;
     drain_phase(&mut c, &mut ledger, &mut fig, &names).await?;
     work(&mut c, &mut ledger, &incrs(&names)).await?;
+    c.balanced("the drain").await?;
 
     // The end: every alarm set has had its chance to fire; read every
     // object back through a host, then drain the last one.

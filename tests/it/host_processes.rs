@@ -22,11 +22,11 @@ const INTERVAL_MS: u64 = 200;
 /// Lease guard (`DO_OWNER_LEASE_GUARD_MS`).
 const GUARD_MS: u64 = 300;
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     SystemClock::new().now_ms()
 }
 
-fn signal(pid: u32, signal: &str) {
+pub(crate) fn signal(pid: u32, signal: &str) {
     let ok = Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
@@ -38,15 +38,21 @@ fn signal(pid: u32, signal: &str) {
 
 /// One `object-host` process and the lines it printed, each with the time
 /// the test read it.
-struct Proc {
+pub(crate) struct Proc {
     name: String,
-    child: Child,
+    pub(crate) child: Child,
     stdin: Option<ChildStdin>,
     lines: Arc<Mutex<Vec<(i64, String)>>>,
 }
 
 impl Proc {
-    fn spawn(name: &str, dir: &Path, ttl_s: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
+    pub(crate) fn spawn(
+        name: &str,
+        dir: &Path,
+        ttl_s: u64,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_object-host"))
             .arg(format!("dir={}", dir.display()))
             .arg(format!("task={name}"))
@@ -56,6 +62,9 @@ impl Proc {
             .env("DO_OWNER_LEASE_GUARD_MS", GUARD_MS.to_string())
             .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
             .env("DO_DRAIN_TIMEOUT_MS", "5000")
+            // These tests move shards by failover and drain alone; the
+            // balance tests (`tests/it/balance.rs`) turn balancing on.
+            .env("DO_BALANCE_SHARDS", "false")
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -83,17 +92,21 @@ impl Proc {
         }
     }
 
-    fn send(&mut self, command: &str) {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn send(&mut self, command: &str) {
         let stdin = self.stdin.as_mut().unwrap();
         writeln!(stdin, "{command}").unwrap();
         stdin.flush().unwrap();
     }
 
-    fn lines(&self) -> Vec<(i64, String)> {
+    pub(crate) fn lines(&self) -> Vec<(i64, String)> {
         self.lines.lock().unwrap().clone()
     }
 
-    fn count(&self, prefix: &str) -> usize {
+    pub(crate) fn count(&self, prefix: &str) -> usize {
         self.lines()
             .iter()
             .filter(|(_, l)| l.starts_with(prefix))
@@ -102,12 +115,12 @@ impl Proc {
 
     /// Waits (real time: real processes) for the first line starting with
     /// `prefix`; returns it and when it was read.
-    fn wait_line(&self, prefix: &str) -> (i64, String) {
+    pub(crate) fn wait_line(&self, prefix: &str) -> (i64, String) {
         self.wait_n(prefix, 1).pop().unwrap()
     }
 
     /// Waits for `n` lines starting with `prefix`.
-    fn wait_n(&self, prefix: &str, n: usize) -> Vec<(i64, String)> {
+    pub(crate) fn wait_n(&self, prefix: &str, n: usize) -> Vec<(i64, String)> {
         let end = now() + 30_000;
         loop {
             let found: Vec<(i64, String)> = self
@@ -129,7 +142,7 @@ impl Proc {
     }
 
     /// Sends a command and waits for its `ok`/`err` answer.
-    fn run(&mut self, command: &str) -> String {
+    pub(crate) fn run(&mut self, command: &str) -> String {
         let mut parts = command.split_whitespace();
         let tag = format!("{} {} ", parts.next().unwrap(), parts.next().unwrap());
         let before = self.count(&format!("ok {tag}")) + self.count(&format!("err {tag}"));
@@ -161,7 +174,7 @@ impl Proc {
     /// resolution) while it is refused before it started: on a loaded
     /// machine a short lease can lapse between a claim and its admission.
     /// Prints each retry.
-    fn run_ok(&mut self, command: &str) -> String {
+    pub(crate) fn run_ok(&mut self, command: &str) -> String {
         for _ in 0..50 {
             let answer = self.run(command);
             if !answer.contains(" outcome=not_started ") {
@@ -180,7 +193,7 @@ impl Proc {
         );
     }
 
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn wait_exit(&mut self) -> std::process::ExitStatus {
         let end = now() + 30_000;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -207,13 +220,13 @@ impl Drop for Proc {
     }
 }
 
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> &'a str {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
-fn counter(dir: &Path, name: &str) -> i64 {
+pub(crate) fn counter(dir: &Path, name: &str) -> i64 {
     let path = dir
         .join("objects/st1/Counter")
         .join(format!("{name}.sqlite"));

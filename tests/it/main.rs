@@ -7,6 +7,7 @@ mod alarms;
 mod alarms_corrupt;
 mod alarms_owner_routing;
 mod alarms_ownership;
+mod balance;
 mod error_codes;
 mod fence_processes;
 mod host_processes;

@@ -23,9 +23,11 @@ pub(crate) type Factory<I, D> =
 /// first use).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum OwnPolicy {
-    /// Every shard of every class: the loop claims whichever is unowned
-    /// (so a survivor takes over a dead host's shards once their leases
-    /// expire).
+    /// Every shard of every class: the live hosts share them evenly
+    /// ([`crate::HostSettings::balance`], on by default: a joining host gets
+    /// its share by graceful hand-off, a dead host's shards spread over the
+    /// survivors once their leases expire); with balancing off, the loop
+    /// claims whichever is unowned.
     AllShards,
     /// These shards of these classes.
     Shards(Vec<(String, u32)>),

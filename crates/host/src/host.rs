@@ -210,6 +210,8 @@ pub struct CycleReport {
     pub claimed: Vec<String>,
     /// Objects closed as idle (evictable mode).
     pub evicted: usize,
+    /// Scopes handed off to balance the class (drained and released).
+    pub handed_off: Vec<String>,
 }
 
 const RUNNING: u8 = 0;
@@ -318,6 +320,8 @@ struct Inner<S, I, O: ObjectStore> {
     routed: OnceLock<Arc<HostRouted<S, I, O>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     routing: RoutingState<I, O::Storage>,
+    /// The balancing state between owner cycles.
+    balancer: Mutex<durability_ownership::balance::Balancer>,
 }
 
 /// The runtime: owns class shards, opens objects fenced at the current
@@ -486,6 +490,7 @@ where
                 hints: OwnerHintCache::default(),
                 counters: RoutingCounters::new(&task),
             },
+            balancer: Mutex::new(durability_ownership::balance::Balancer::default()),
         });
         let spawn = start::Spawn {
             index: config.alarm_index,

@@ -18,8 +18,11 @@
 //! - **Owner loop** (`durability-ownership`'s `Ownership`): every renew
 //!   interval one batched `renew_all`; a scope whose renew fails is dropped,
 //!   its objects closed and its running work cancelled; configured scopes
-//!   ([`OwnPolicy`]) are claimed when free; changes are published as
-//!   [`OwnerEvent`]s ([`Host::subscribe`]).
+//!   ([`OwnPolicy`]) are claimed when free; with [`OwnPolicy::AllShards`]
+//!   the live hosts balance them ([`HostSettings::balance`]: presence
+//!   records on the lease store, an even share each, graceful hand-off of
+//!   the excess); changes are published as [`OwnerEvent`]s
+//!   ([`Host::subscribe`]).
 //! - **Object store** ([`ObjectStore`], [`store`]): where objects live.
 //!   The default is the SQLite directory ([`SqliteObjectStore`]: one
 //!   SQLite file per object under a root every host shares), and it is the
@@ -243,7 +246,7 @@ pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, DEFAULT_MAX_RESIDENT_OBJECTS,
-    ENV_PREVENT_EVICTION, HostSettings, Residency,
+    ENV_BALANCE_SHARDS, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
 pub use storage::{
     DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,

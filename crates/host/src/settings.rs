@@ -22,6 +22,8 @@ use crate::error::HostError;
 
 /// Environment variable selecting the residency mode.
 pub const ENV_PREVENT_EVICTION: &str = "DO_PREVENT_EVICTION";
+/// Environment variable: `false` turns shard balancing off (default `true`).
+pub const ENV_BALANCE_SHARDS: &str = "DO_BALANCE_SHARDS";
 
 /// Default idle time after which the evictable mode closes an object (the
 /// upstream runtime's "about 10 seconds of inactivity"; not an SLA).
@@ -94,6 +96,13 @@ pub struct HostSettings {
     /// Period of the owner loop (renew, claim, evict); `None`: a third of
     /// the owner TTL. Must be below the TTL minus the lease guard.
     pub renew_interval_ms: Option<u64>,
+    /// Balanced ownership ([`crate::OwnPolicy::AllShards`] only; default
+    /// `true`, `DO_BALANCE_SHARDS=false` turns it off): the live hosts of a
+    /// class converge to an even share of its shards, a joining host gets
+    /// its share by graceful hand-off, a dead host's shards spread over the
+    /// survivors (`durability_ownership::balance`). Off, every host claims
+    /// whichever shard is free.
+    pub balance: bool,
 }
 
 impl Default for HostSettings {
@@ -105,6 +114,7 @@ impl Default for HostSettings {
             eviction_idle_ms: DEFAULT_EVICTION_IDLE_MS,
             max_resident_objects: DEFAULT_MAX_RESIDENT_OBJECTS,
             renew_interval_ms: None,
+            balance: true,
         }
     }
 }
@@ -117,7 +127,18 @@ impl HostSettings {
     /// ownership variables fall back with a logged warning instead.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, HostError> {
         let residency = Residency::parse(lookup(ENV_PREVENT_EVICTION).as_deref())?;
+        let balance = match lookup(ENV_BALANCE_SHARDS).as_deref() {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                return Err(HostError::setting(
+                    ENV_BALANCE_SHARDS,
+                    format!("{other:?} is neither \"true\" nor \"false\""),
+                ));
+            }
+        };
         Ok(Self {
+            balance,
             ownership: OwnershipSettings::from_lookup(&lookup),
             alarms: DispatcherConfig::from_lookup(&lookup),
             residency,

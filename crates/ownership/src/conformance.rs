@@ -12,7 +12,9 @@ use std::future::Future;
 
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
-use crate::store::{ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot};
+use crate::store::{
+    ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceGroup,
+};
 
 pub use crate::hooked::{Action, Hook, HookedStore, Hooks, Method};
 
@@ -38,6 +40,13 @@ pub trait Harness: Send + Sync {
 
     /// The raw stored owner record (if any, live or not) and generation counter of `scope`.
     fn raw_state(&self, scope: &OwnerScope) -> impl Future<Output = RawState> + Send;
+
+    /// Makes the presence record of `task` in `group` expire now, on the store.
+    fn expire_presence(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+    ) -> impl Future<Output = ()> + Send;
 
     /// Called after a case passed: removes what the case stored on a shared
     /// store. The default does nothing.
@@ -521,6 +530,8 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 assert!(h.store().release(&r).await.expect("release"), "{name}");
                 assert!(snap(h, &c).await.owner.is_none(), "{name}: released");
             }
+            "presence_lists_live_tasks_and_expires" => presence_case(h, &c, name).await,
+            "claim_many_matches_claim_one_by_one" => claim_many_case(h, &c, name).await,
             other => panic!("unknown case {other}"),
         }
     }
@@ -562,6 +573,8 @@ macro_rules! ownership_conformance {
             a_claimed_endpoint_is_stored_renewed_and_released_exactly
             a_claim_records_the_shard_count_and_refuses_another
             the_shard_count_is_kept_per_storage_id
+            presence_lists_live_tasks_and_expires
+            claim_many_matches_claim_one_by_one
         ] }
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
@@ -753,5 +766,199 @@ async fn renew_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
         h.raw_state(live.scope()).await,
         before,
         "{name}: nothing written"
+    );
+}
+
+/// Presence records: announced, replaced, listed sorted with their values
+/// while live, withdrawn, expired on the store's clock, kept per group, and
+/// bad input refused with nothing written.
+async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
+    let storage = c.scope.storage_id().clone();
+    let group = PresenceGroup::new(storage.clone(), ClassName::new("Room").expect("class"));
+    let other = PresenceGroup::new(storage, ClassName::new("Hall").expect("class"));
+    let live = |g: PresenceGroup| async move {
+        h.store()
+            .live_tasks(&g)
+            .await
+            .expect("live tasks")
+            .into_iter()
+            .map(|e| {
+                assert!(e.remaining_ms > 0 && e.remaining_ms <= TTL_MS, "{name}");
+                (e.task.as_str().to_owned(), e.value)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(live(group.clone()).await.is_empty(), "{name}: empty group");
+    for (t, v) in [("b", &b"1;1"[..]), ("a", b"1;0"), ("c", b"1;")] {
+        h.store()
+            .announce(&group, &task(t), v, TTL_MS)
+            .await
+            .expect("announce");
+    }
+    h.store()
+        .announce(&other, &task("d"), b"1;2", TTL_MS)
+        .await
+        .expect("announce");
+    h.store()
+        .announce(&group, &task("a"), b"1;0,5", TTL_MS)
+        .await
+        .expect("replace");
+    let own = |t: &str, v: &[u8]| (t.to_owned(), v.to_vec());
+    assert_eq!(
+        live(group.clone()).await,
+        vec![own("a", b"1;0,5"), own("b", b"1;1"), own("c", b"1;")],
+        "{name}: sorted, replaced, this group only"
+    );
+    assert_eq!(live(other.clone()).await, vec![own("d", b"1;2")], "{name}");
+    for (ttl, value) in [
+        (0, vec![]),
+        (TTL_MS, vec![b'x'; crate::balance::MAX_PRESENCE_BYTES + 1]),
+    ] {
+        let e = h
+            .store()
+            .announce(&group, &task("e"), &value, ttl)
+            .await
+            .expect_err("bad input");
+        assert_eq!(e.code(), "invalid_input", "{name}");
+    }
+    assert!(
+        h.store()
+            .withdraw(&group, &task("c"))
+            .await
+            .expect("withdraw"),
+        "{name}"
+    );
+    assert!(
+        !h.store()
+            .withdraw(&group, &task("c"))
+            .await
+            .expect("withdraw"),
+        "{name}: gone"
+    );
+    h.expire_presence(&group, &task("b")).await;
+    assert_eq!(
+        live(group.clone()).await,
+        vec![own("a", b"1;0,5")],
+        "{name}: expired and withdrawn records are not live"
+    );
+    h.store()
+        .announce(&group, &task("b"), b"1;", TTL_MS)
+        .await
+        .expect("announce again");
+    assert_eq!(live(group).await.len(), 2, "{name}: announced again");
+    assert!(
+        h.store()
+            .withdraw(&other, &task("d"))
+            .await
+            .expect("withdraw"),
+        "{name}"
+    );
+}
+
+/// `claim_many` answers per scope what `claim_as` alone would: claims free
+/// scopes (bumping each generation), reports live holders, claims a scope
+/// named twice once, refuses a locked lifecycle or a bad TTL for every scope
+/// with nothing written.
+async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
+    let scope = |n: u32| {
+        OwnerScope::new(
+            c.scope.storage_id().clone(),
+            c.scope.class().clone(),
+            n,
+            ShardCount::default(),
+        )
+        .expect("scope")
+    };
+    let held = h
+        .store()
+        .claim(&scope(4), &c.lifecycle, &task("b"), TTL_MS)
+        .await
+        .expect("claim");
+    let ClaimOutcome::Claimed(held) = held else {
+        panic!("{name}: fresh scope held");
+    };
+    let scopes = [scope(0), scope(1), scope(4), scope(0)];
+    let endpoint = OwnerEndpoint::new("http://127.0.0.1:1").expect("endpoint");
+    let out = h
+        .store()
+        .claim_many(&scopes, &c.lifecycle, &task("a"), Some(&endpoint), TTL_MS)
+        .await;
+    assert_eq!(out.len(), scopes.len(), "{name}: one result per scope");
+    let mut claimed = Vec::new();
+    for (i, r) in out.iter().enumerate() {
+        match (i, r) {
+            (0 | 1, Ok(ClaimOutcome::Claimed(l))) => {
+                assert_eq!(l.record.scope(), &scopes[i], "{name}");
+                assert_eq!(l.record.generation().get(), 1, "{name}");
+                assert_eq!(l.record.endpoint(), Some(&endpoint), "{name}");
+                claimed.push(l.record.clone());
+            }
+            (2, Ok(ClaimOutcome::Held(l))) => assert_eq!(l.record, held.record, "{name}"),
+            (3, Ok(ClaimOutcome::Held(l))) => assert_eq!(l.record, claimed[0], "{name}"),
+            (i, other) => panic!("{name}: scope {i}: {other:?}"),
+        }
+    }
+    for r in &claimed {
+        let owner = h
+            .store()
+            .snapshot(r.scope(), &c.lifecycle)
+            .await
+            .expect("snapshot");
+        assert_eq!(owner.owner.map(|l| l.record).as_ref(), Some(r), "{name}");
+    }
+    h.expire_owner(&scope(1)).await;
+    let again = h
+        .store()
+        .claim_many(&[scope(1)], &c.lifecycle, &task("c"), None, TTL_MS)
+        .await;
+    match again.as_slice() {
+        [Ok(ClaimOutcome::Claimed(l))] => assert_eq!(l.record.generation().get(), 2, "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+    let before = h.raw_state(&scope(7)).await;
+    let bad = h
+        .store()
+        .claim_many(&[scope(7), scope(8)], &c.lifecycle, &task("a"), None, 0)
+        .await;
+    for r in &bad {
+        assert_eq!(
+            r.as_ref().map(|_| ()).map_err(|e| e.code()),
+            Err("invalid_input"),
+            "{name}"
+        );
+    }
+    h.store()
+        .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
+        .await
+        .expect("lock");
+    let locked = h
+        .store()
+        .claim_many(
+            &[scope(7), scope(8)],
+            &c.lifecycle,
+            &task("a"),
+            None,
+            TTL_MS,
+        )
+        .await;
+    assert_eq!(locked.len(), 2, "{name}");
+    for r in &locked {
+        assert_eq!(
+            r.as_ref().map(|_| ()).map_err(|e| e.code()),
+            Err("worker_delete_locked"),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        h.raw_state(&scope(7)).await,
+        before,
+        "{name}: nothing written"
+    );
+    assert!(
+        h.store()
+            .claim_many(&[], &c.lifecycle, &task("a"), None, TTL_MS)
+            .await
+            .is_empty(),
+        "{name}: empty batch"
     );
 }

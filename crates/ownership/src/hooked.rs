@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
-use crate::store::{ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot};
+use crate::store::{
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
+    PresenceGroup,
+};
 
 /// A method of [`LeaseStore`] or [`LifecycleAdmin`], as [`HookedStore`] counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -262,6 +265,30 @@ impl<S: LeaseStore> LeaseStore for HookedStore<S> {
         let f = self.inner.raise_generation_floor(scope, floor);
         self.call(Method::RaiseGenerationFloor, Some(scope), f)
             .await
+    }
+
+    /// Not hooked: forwarded as is.
+    async fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> Result<(), OwnershipError> {
+        self.inner.announce(group, task, value, ttl_ms).await
+    }
+
+    /// Not hooked: forwarded as is.
+    async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
+        self.inner.withdraw(group, task).await
+    }
+
+    /// Not hooked: forwarded as is.
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
+        self.inner.live_tasks(group).await
     }
 
     /// Not hooked: forwarded as is.

@@ -24,6 +24,10 @@
 //! wrote, waits out another run's lease (a restart with the same task id
 //! waits up to the owner TTL), and reports a live duplicate as
 //! [`OwnershipError::DuplicateTaskId`] ([`Ownership::duplicate_task`]).
+//! Hosts sharing a class balance its shards through the lease store alone
+//! ([`balance`]: presence records via [`LeaseStore::announce`] /
+//! [`LeaseStore::live_tasks`], the pure decision [`balance::decide`],
+//! [`LeaseStore::claim_many`] and the graceful [`Ownership::hand_off`]).
 //! See `docs/leases.md`.
 //!
 //! What a lease store must persist: its generation counters. A Redis lease
@@ -80,6 +84,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_debug_implementations)]
 
+pub mod balance;
 mod error;
 mod floor;
 mod hints;
@@ -111,7 +116,7 @@ pub use floor::{
 };
 pub use hints::{DEFAULT_HINT_CAPACITY, OwnerHint, OwnerHintCache};
 pub use manager::{
-    AdmissionPermit, DrainReport, Ownership, Probe, ProbeScope, Resolution, WatchExit,
+    AdmissionPermit, DrainReport, HandOff, Ownership, Probe, ProbeScope, Resolution, WatchExit,
 };
 pub use readopt::Readoption;
 pub use record::{
@@ -131,9 +136,9 @@ pub use settings::{
     OwnershipSettings, drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
 };
 pub use store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    check_shard_count, parse_generation_counter, parse_shard_count, stored_shard_count,
-    validate_ttl,
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
+    PresenceGroup, check_lifecycle, check_shard_count, parse_generation_counter, parse_shard_count,
+    stored_shard_count, validate_presence, validate_ttl,
 };
 
 pub mod docs;

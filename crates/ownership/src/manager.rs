@@ -54,6 +54,36 @@ struct Inner<S, C> {
     idle: Notify,
     metrics: OwnershipMetrics,
     incarnation: incarnation::Incarnation,
+    /// Scopes being handed off and admitted work per scope.
+    scoped: Mutex<Scoped>,
+    /// Notified when a scope's admitted work drops to zero.
+    scope_idle: Notify,
+}
+
+/// Per-scope admission state for hand-offs.
+#[derive(Debug, Default)]
+struct Scoped {
+    leaving: std::collections::HashSet<OwnerScope>,
+    in_flight: HashMap<OwnerScope, u64>,
+}
+
+/// The result of [`Ownership::hand_off`].
+#[derive(Debug)]
+pub enum HandOff {
+    /// Admitted work on the scope finished and its lease (this generation)
+    /// was released: another task may claim it at once.
+    Released(Generation),
+    /// Work on the scope did not finish in time: the scope stays owned here
+    /// and admits work again.
+    Busy {
+        /// Work still in flight on the scope.
+        in_flight: u64,
+    },
+    /// The scope was not owned here (or the stored record had moved).
+    NotOwned,
+    /// The release failed: the scope is forgotten here (it admits nothing)
+    /// and its lease ends on the store by expiry.
+    Failed(OwnershipError),
 }
 
 /// One task's view of ownership: claims, renewals, admission, drain and the
@@ -129,11 +159,21 @@ pub struct AdmissionPermit {
 }
 
 trait InFlight: Send + Sync + std::fmt::Debug {
-    fn done(&self);
+    fn done(&self, scope: &OwnerScope);
 }
 
 impl<S: Send + Sync, C: Send + Sync> InFlight for Inner<S, C> {
-    fn done(&self) {
+    fn done(&self, scope: &OwnerScope) {
+        {
+            let mut scoped = self.scoped.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(n) = scoped.in_flight.get_mut(scope) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    scoped.in_flight.remove(scope);
+                    self.scope_idle.notify_waiters();
+                }
+            }
+        }
         self.metrics.in_flight.decrement(1.0);
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
@@ -163,7 +203,7 @@ impl AdmissionPermit {
 
 impl Drop for AdmissionPermit {
     fn drop(&mut self) {
-        self.counter.done();
+        self.counter.done(&self.scope);
     }
 }
 
@@ -283,6 +323,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 idle: Notify::new(),
                 metrics,
                 incarnation: incarnation::Incarnation::default(),
+                scoped: Mutex::new(Scoped::default()),
+                scope_idle: Notify::new(),
             }),
         }
     }
@@ -333,6 +375,89 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             },
         );
         generation
+    }
+
+    fn scoped(&self) -> MutexGuard<'_, Scoped> {
+        self.inner
+            .scoped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admitted work in flight on `scope`.
+    pub fn in_flight_on(&self, scope: &OwnerScope) -> u64 {
+        self.scoped().in_flight.get(scope).copied().unwrap_or(0)
+    }
+
+    /// Hands `scope` off gracefully (balancing): from now on admission of
+    /// work on it is refused ([`OwnershipError::Draining`]); admitted work
+    /// on it gets until `wait_until_ms` (the ownership's clock) to finish;
+    /// then the scope is forgotten here and its exact record released, so
+    /// another task claims it at once, at a higher generation. Work on
+    /// other scopes is not touched. If work is still running at the
+    /// deadline the scope stays owned and admits again ([`HandOff::Busy`]).
+    pub async fn hand_off(&self, scope: &OwnerScope, wait_until_ms: i64) -> HandOff {
+        let Some(record) = self.leases().get(scope).map(|l| l.record.clone()) else {
+            return HandOff::NotOwned;
+        };
+        self.scoped().leaving.insert(scope.clone());
+        let idle = async {
+            loop {
+                let notified = self.inner.scope_idle.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.in_flight_on(scope) == 0 {
+                    break;
+                }
+                notified.await;
+            }
+        };
+        if timeout_at(&self.inner.clock, wait_until_ms, idle)
+            .await
+            .is_err()
+        {
+            let in_flight = self.in_flight_on(scope);
+            if in_flight != 0 {
+                self.scoped().leaving.remove(scope);
+                tracing::info!(
+                    event = "durability.ownership.hand_off_busy",
+                    scope = %scope,
+                    in_flight,
+                    "hand-off postponed: work still running on the scope"
+                );
+                return HandOff::Busy { in_flight };
+            }
+        }
+        {
+            let mut leases = self.leases();
+            if leases.get(scope).is_some_and(|l| l.record == record) {
+                leases.remove(scope);
+            }
+        }
+        let released = self.inner.store.release(&record).await;
+        self.scoped().leaving.remove(scope);
+        match released {
+            Ok(true) => {
+                tracing::info!(
+                    event = "durability.ownership.handed_off",
+                    scope = %scope,
+                    generation = record.generation().get(),
+                    "owner scope handed off"
+                );
+                HandOff::Released(record.generation())
+            }
+            Ok(false) => HandOff::NotOwned,
+            Err(e) => {
+                tracing::warn!(
+                    event = "durability.ownership.hand_off_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "releasing a handed-off scope failed; its lease ends by expiry"
+                );
+                HandOff::Failed(e)
+            }
+        }
     }
 
     /// Forgets a scope locally (its lease is left to expire on the store).
@@ -400,6 +525,17 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 self.inner.settings.owner_ttl_ms,
             )
             .await;
+        self.apply_claim(scope, lifecycle, outcome, sent).await
+    }
+
+    /// Applies one claim's outcome as [`Ownership::resolve`] does.
+    async fn apply_claim(
+        &self,
+        scope: &OwnerScope,
+        lifecycle: &LifecycleId,
+        outcome: Result<ClaimOutcome, OwnershipError>,
+        sent: u64,
+    ) -> Result<Resolution, OwnershipError> {
         match outcome {
             Ok(ClaimOutcome::Claimed(lease)) => {
                 self.inner.incarnation.wrote(&lease.record);
@@ -467,6 +603,56 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Err(e)
             }
         }
+    }
+
+    /// Claims every scope of `scopes` not already owned here in one
+    /// [`LeaseStore::claim_many`] call (one round trip on a batching
+    /// store), and applies each outcome exactly as [`Ownership::resolve`]
+    /// applies its own. One result per scope, in order.
+    pub async fn claim_many(
+        &self,
+        scopes: &[OwnerScope],
+        lifecycle: &LifecycleId,
+    ) -> Vec<(OwnerScope, Result<Resolution, OwnershipError>)> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return scopes
+                .iter()
+                .map(|s| (s.clone(), Err(OwnershipError::Draining)))
+                .collect();
+        }
+        if self.inner.incarnation.duplicate(&self.inner.task).is_some() {
+            return scopes
+                .iter()
+                .map(|s| {
+                    let e = self.inner.incarnation.duplicate(&self.inner.task);
+                    (s.clone(), Err(e.unwrap_or(OwnershipError::Draining)))
+                })
+                .collect();
+        }
+        let sent = self.inner.clock.now_ms_u64();
+        let results = self
+            .inner
+            .store
+            .claim_many(
+                scopes,
+                lifecycle,
+                &self.inner.task,
+                self.inner.endpoint.as_ref(),
+                self.inner.settings.owner_ttl_ms,
+            )
+            .await;
+        let mut results = results.into_iter();
+        let mut out = Vec::with_capacity(scopes.len());
+        for scope in scopes {
+            let outcome = results.next().unwrap_or_else(|| {
+                Err(OwnershipError::OwnerUnavailable {
+                    source: "the lease store returned fewer claim results than scopes".into(),
+                })
+            });
+            let applied = self.apply_claim(scope, lifecycle, outcome, sent).await;
+            out.push((scope.clone(), applied));
+        }
+        out
     }
 
     /// Renews the local lease of `scope` (same task, same generation, exact
@@ -630,6 +816,13 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                     scope: scope.to_string(),
                 });
             }
+        }
+        {
+            let mut scoped = self.scoped();
+            if scoped.leaving.contains(scope) {
+                return Err(OwnershipError::Draining);
+            }
+            *scoped.in_flight.entry(scope.clone()).or_insert(0) += 1;
         }
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         self.inner.metrics.in_flight.increment(1.0);

@@ -7,8 +7,8 @@ use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, check_lifecycle,
-    check_shard_count, validate_ttl,
+    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
+    PresenceGroup, check_lifecycle, check_shard_count, validate_presence, validate_ttl,
 };
 use durability_time::Clock;
 
@@ -20,6 +20,8 @@ struct State {
     locks: HashMap<String, DeleteLock>,
     /// Shard counts by storage id.
     counts: HashMap<String, ShardCount>,
+    /// Presence records by group key, then task id: value and expiry.
+    presence: HashMap<String, std::collections::BTreeMap<String, (Vec<u8>, u64)>>,
 }
 
 /// A lease store in process memory, timed by an injected clock.
@@ -52,6 +54,13 @@ impl<C: Clock> InMemoryLeaseStore<C> {
     /// Removes the owner record of `scope`, as if its lease expired.
     pub fn expire_owner(&self, scope: &OwnerScope) {
         self.lock().owners.remove(scope.host_id());
+    }
+
+    /// Removes the presence record of `task` in `group`, as if it expired.
+    pub fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
+        if let Some(g) = self.lock().presence.get_mut(&group.key()) {
+            g.remove(task.as_str());
+        }
     }
 
     /// The raw stored owner record (live or not) and generation counter of `scope`.
@@ -225,6 +234,50 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         Self::check(&st, scope, lifecycle)?;
         Self::record_count(&mut st, scope);
         Ok(())
+    }
+
+    async fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> Result<(), OwnershipError> {
+        validate_presence(value, ttl_ms)?;
+        let exp = self.clock.now_ms_u64().saturating_add(ttl_ms);
+        self.lock()
+            .presence
+            .entry(group.key())
+            .or_default()
+            .insert(task.as_str().to_owned(), (value.to_vec(), exp));
+        Ok(())
+    }
+
+    async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
+        Ok(self
+            .lock()
+            .presence
+            .get_mut(&group.key())
+            .and_then(|g| g.remove(task.as_str()))
+            .is_some())
+    }
+
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
+        let now = self.clock.now_ms_u64();
+        let st = self.lock();
+        let Some(records) = st.presence.get(&group.key()) else {
+            return Ok(Vec::new());
+        };
+        Ok(records
+            .iter()
+            .filter(|(_, (_, exp))| *exp > now)
+            .filter_map(|(task, (value, exp))| {
+                PresenceEntry::stored(task, value.clone(), exp - now)
+            })
+            .collect())
     }
 }
 

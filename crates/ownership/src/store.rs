@@ -8,7 +8,7 @@ use std::future::Future;
 
 use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
-use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
+use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 
 /// A lease as the store reported it.
 ///
@@ -85,6 +85,90 @@ pub struct OwnerSnapshot {
     pub shard_count: Option<ShardCount>,
 }
 
+/// The hosts of one class of one storage id, as presence records group
+/// them (see [`crate::balance`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PresenceGroup {
+    storage: StorageId,
+    class: ClassName,
+}
+
+impl PresenceGroup {
+    /// The group of `class` under `storage`.
+    pub fn new(storage: StorageId, class: ClassName) -> Self {
+        Self { storage, class }
+    }
+
+    /// The group of a scope's storage id and class.
+    pub fn of(scope: &OwnerScope) -> Self {
+        Self::new(scope.storage_id().clone(), scope.class().clone())
+    }
+
+    /// The storage id.
+    pub fn storage_id(&self) -> &StorageId {
+        &self.storage
+    }
+
+    /// The class.
+    pub fn class(&self) -> &ClassName {
+        &self.class
+    }
+
+    /// The key stores file the group's records under: `<storage id>:<class>`.
+    pub fn key(&self) -> String {
+        format!("{}:{}", self.storage.as_str(), self.class.as_str())
+    }
+}
+
+/// A live presence record as the store reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresenceEntry {
+    /// The announcing task.
+    pub task: TaskId,
+    /// The value it announced (see [`crate::balance::encode_presence`]).
+    pub value: Vec<u8>,
+    /// Time left on the store's clock when it answered, in milliseconds.
+    pub remaining_ms: u64,
+}
+
+impl PresenceEntry {
+    /// A stored record as a store read it: `None` when `task` is not a
+    /// valid task id (skipped, never hiding the valid ones).
+    pub fn stored(task: &str, value: Vec<u8>, remaining_ms: u64) -> Option<Self> {
+        Some(Self {
+            task: TaskId::new(task).ok()?,
+            value,
+            remaining_ms,
+        })
+    }
+}
+
+/// Validates a presence value and TTL before a store writes them.
+///
+/// # Errors
+/// [`OwnershipError::InvalidInput`] for a TTL outside 1..=2^53-1 ms or a
+/// value over [`crate::balance::MAX_PRESENCE_BYTES`].
+pub fn validate_presence(value: &[u8], ttl_ms: u64) -> Result<(), OwnershipError> {
+    validate_ttl(ttl_ms)?;
+    if value.len() > crate::balance::MAX_PRESENCE_BYTES {
+        return Err(OwnershipError::invalid(
+            "presence record",
+            format!(
+                "{} bytes over {}",
+                value.len(),
+                crate::balance::MAX_PRESENCE_BYTES
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn no_presence<T>() -> Result<T, OwnershipError> {
+    Err(OwnershipError::StoreUnavailable {
+        source: "this lease store keeps no presence records".into(),
+    })
+}
+
 /// Where owner leases live.
 pub trait LeaseStore: Send + Sync + 'static {
     /// Atomically: check that `lifecycle`'s active storage pointer names the
@@ -132,6 +216,82 @@ pub trait LeaseStore: Send + Sync + 'static {
         record: &OwnerRecord,
         ttl_ms: u64,
     ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send;
+
+    /// Claims every scope of `scopes` as [`LeaseStore::claim_as`] claims one,
+    /// with one result per scope in the same order, each what `claim_as`
+    /// alone would answer (a scope named twice is claimed once and then
+    /// held). One scope's refusal never fails another. A backend batches
+    /// them (PostgreSQL: one statement, one round trip); the default calls
+    /// `claim_as` once per scope.
+    fn claim_many(
+        &self,
+        scopes: &[OwnerScope],
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Vec<Result<ClaimOutcome, OwnershipError>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(scopes.len());
+            for scope in scopes {
+                out.push(
+                    self.claim_as(scope, lifecycle, task, endpoint, ttl_ms)
+                        .await,
+                );
+            }
+            out
+        }
+    }
+
+    /// Writes `task`'s presence record in `group` with `value` and a lease
+    /// of `ttl_ms` on the store's clock (replacing its earlier one): one
+    /// atomic step. The unexpired records are the live hosts of the group
+    /// ([`LeaseStore::live_tasks`]).
+    ///
+    /// The default refuses (a store without presence records: the host
+    /// then claims free shards without balancing).
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] ([`validate_presence`], nothing
+    /// written), or a store error.
+    fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
+        let _ = (group, task, value, ttl_ms);
+        async { no_presence() }
+    }
+
+    /// Removes `task`'s presence record in `group` (a draining host);
+    /// returns whether one was there, live or not.
+    ///
+    /// # Errors
+    /// A store error (the default refuses, as for [`LeaseStore::announce`]).
+    fn withdraw(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+    ) -> impl Future<Output = Result<bool, OwnershipError>> + Send {
+        let _ = (group, task);
+        async { no_presence() }
+    }
+
+    /// The unexpired presence records of `group` on the store's clock,
+    /// sorted by task id. A record whose task id is not valid is skipped
+    /// (it never hides the valid ones); values are returned raw.
+    ///
+    /// # Errors
+    /// A store error (the default refuses, as for [`LeaseStore::announce`]).
+    fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> impl Future<Output = Result<Vec<PresenceEntry>, OwnershipError>> + Send {
+        let _ = group;
+        async { no_presence() }
+    }
 
     /// Renews every record of `records` as [`LeaseStore::renew`] would, with
     /// one result per record in the same order, identical to what `renew`
@@ -247,6 +407,42 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
         ttl_ms: u64,
     ) -> impl Future<Output = Result<Lease, OwnershipError>> + Send {
         (**self).renew(record, ttl_ms)
+    }
+
+    fn claim_many(
+        &self,
+        scopes: &[OwnerScope],
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Vec<Result<ClaimOutcome, OwnershipError>>> + Send {
+        (**self).claim_many(scopes, lifecycle, task, endpoint, ttl_ms)
+    }
+
+    fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
+        (**self).announce(group, task, value, ttl_ms)
+    }
+
+    fn withdraw(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+    ) -> impl Future<Output = Result<bool, OwnershipError>> + Send {
+        (**self).withdraw(group, task)
+    }
+
+    fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> impl Future<Output = Result<Vec<PresenceEntry>, OwnershipError>> + Send {
+        (**self).live_tasks(group)
     }
 
     fn renew_many(

@@ -52,9 +52,9 @@ use std::time::Duration;
 
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
-    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count,
-    validate_ttl,
+    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
+    check_shard_count, stored_shard_count, validate_presence, validate_ttl,
 };
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
@@ -513,6 +513,71 @@ impl LeaseStore for PostgresLeaseStore {
             return Vec::new();
         }
         self.renew_batch(records, ttl_ms).await
+    }
+
+    /// One statement for the whole batch ([`PostgresLeaseStore::claim_many`]).
+    async fn claim_many(
+        &self,
+        scopes: &[OwnerScope],
+        lifecycle: &LifecycleId,
+        task: &TaskId,
+        endpoint: Option<&OwnerEndpoint>,
+        ttl_ms: u64,
+    ) -> Vec<Result<ClaimOutcome, OwnershipError>> {
+        PostgresLeaseStore::claim_many(self, scopes, lifecycle, task, endpoint, ttl_ms).await
+    }
+
+    async fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> Result<(), OwnershipError> {
+        validate_presence(value, ttl_ms)?;
+        let (key, ttl) = (group.key(), i64_of(ttl_ms));
+        let params: [&(dyn ToSql + Sync); 4] = [&key, &task.as_str(), &value, &ttl];
+        self.client
+            .query(Access::Write, &self.sql.announce, &params)
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+
+    async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
+        let key = group.key();
+        let params: [&(dyn ToSql + Sync); 2] = [&key, &task.as_str()];
+        let rows = self
+            .client
+            .query(Access::Write, &self.sql.withdraw, &params)
+            .await
+            .map_err(failure)?;
+        Ok(rows.len() == 1)
+    }
+
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
+        let key = group.key();
+        let params: [&(dyn ToSql + Sync); 1] = [&key];
+        let rows = self
+            .client
+            .query(Access::Read, &self.sql.live, &params)
+            .await
+            .map_err(failure)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let task: String = row.try_get(0).map_err(|_| protocol("presence task"))?;
+            let value: Vec<u8> = row.try_get(1).map_err(|_| protocol("presence value"))?;
+            let left: i64 = row.try_get(2).map_err(|_| protocol("presence lease"))?;
+            out.extend(PresenceEntry::stored(
+                &task,
+                value,
+                u64::try_from(left).unwrap_or(0),
+            ));
+        }
+        Ok(out)
     }
 
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {

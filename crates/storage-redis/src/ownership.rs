@@ -10,6 +10,8 @@
 //! | `worker:do-storage:<lifecycle>` | string | active storage pointer |
 //! | `worker:delete-lock:<lifecycle>` | string | `whole` or `version` delete lock |
 //! | `worker:do-shards:<storage id>` | string | the storage id's shard count, written once by its first claim (or `record_shard_count`) |
+//! | `do:presence:<storage id>:<class>` | sorted set | presence records: task id scored by its expiry on the server's clock (ms) |
+//! | `do:presence:<storage id>:<class>:values` | hash | presence values by task id |
 //!
 //! Claim, renew, release, snapshot and raising the generation floor
 //! ([`LeaseStore::raise_generation_floor`]: `max(counter, floor)`, never
@@ -30,9 +32,10 @@
 
 use durability_ownership::{
     BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, RecordTemplate,
-    ShardCount, StorageId, TaskId, check_lifecycle, check_shard_count, parse_generation_counter,
-    parse_shard_count, validate_ttl,
+    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
+    check_shard_count, parse_generation_counter, parse_shard_count, validate_presence,
+    validate_ttl,
 };
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
@@ -42,6 +45,48 @@ use redis::{AsyncCommands, Script, Value};
 const NOW: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
+
+/// Writes a presence record: KEYS (expiries, values), ARGV (task, value,
+/// TTL). Expired records of the group are removed on the way.
+const ANNOUNCE: &str = "
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, d in ipairs(dead) do
+  redis.call('HDEL', KEYS[2], d)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+";
+
+/// Lists the live presence records: KEYS (expiries, values); the reply is
+/// (task, value, time left) per record, in expiry order.
+const LIVE: &str = "
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #live, 2 do
+  local v = redis.call('HGET', KEYS[2], live[i])
+  if v then
+    out[#out + 1] = live[i]
+    out[#out + 1] = v
+    out[#out + 1] = math.floor(tonumber(live[i + 1]) - now)
+  end
+end
+return out
+";
+
+/// Removes a presence record: KEYS (expiries, values), ARGV (task).
+const WITHDRAW: &str = "
+redis.call('HDEL', KEYS[2], ARGV[1])
+return redis.call('ZREM', KEYS[1], ARGV[1])
+";
+
+static ANNOUNCE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(&format!("{NOW}{ANNOUNCE}")));
+static LIVE_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(&format!("{NOW}{LIVE}")));
+static WITHDRAW_SCRIPT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(WITHDRAW));
 
 /// Claims a free scope. The common reply is flat: the new generation as an
 /// integer (a table costs the server a measurable share of the call); the
@@ -280,6 +325,13 @@ impl RedisLeaseStore {
     /// The connection (shared with clones of this store).
     pub fn connection(&self) -> ConnectionManager {
         self.conn.clone()
+    }
+
+    /// The keys of `group`'s presence records: (expiries, values).
+    pub fn presence_keys(&self, group: &PresenceGroup) -> (String, String) {
+        let z = format!("{}do:presence:{}", self.prefix, group.key());
+        let h = format!("{z}:values");
+        (z, h)
     }
 
     /// The key prefix of this store.
@@ -556,6 +608,67 @@ impl LeaseStore for RedisLeaseStore {
         floor: Generation,
     ) -> Result<u64, OwnershipError> {
         self.raise_floor(scope, floor).await
+    }
+
+    async fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> Result<(), OwnershipError> {
+        validate_presence(value, ttl_ms)?;
+        let (z, h) = self.presence_keys(group);
+        let mut conn = self.conn.clone();
+        let _: i64 = ANNOUNCE_SCRIPT
+            .key(z)
+            .key(h)
+            .arg(task.as_str())
+            .arg(value)
+            .arg(ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
+    async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
+        let (z, h) = self.presence_keys(group);
+        let mut conn = self.conn.clone();
+        let n: i64 = WITHDRAW_SCRIPT
+            .key(z)
+            .key(h)
+            .arg(task.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        Ok(n == 1)
+    }
+
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
+        let (z, h) = self.presence_keys(group);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = LIVE_SCRIPT
+            .key(z)
+            .key(h)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let mut out = Vec::new();
+        for entry in reply.chunks(3) {
+            let [task, value, left] = entry else {
+                return Err(protocol("presence reply not in triples"));
+            };
+            let task = bytes(task).and_then(|t| std::str::from_utf8(t).ok());
+            let value = bytes(value).ok_or_else(|| protocol("presence without a value"))?;
+            let left = int(left).and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+            out.extend(task.and_then(|t| PresenceEntry::stored(t, value.to_vec(), left)));
+        }
+        out.sort_by(|a, b| a.task.cmp(&b.task));
+        Ok(out)
     }
 
     async fn record_shard_count(

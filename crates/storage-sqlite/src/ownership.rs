@@ -27,8 +27,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use durability_ownership::{
     BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
-    LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, ShardCount,
-    StorageId, TaskId, check_lifecycle, check_shard_count, stored_shard_count, validate_ttl,
+    LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError,
+    PresenceEntry, PresenceGroup, ShardCount, StorageId, TaskId, check_lifecycle,
+    check_shard_count, stored_shard_count, validate_presence, validate_ttl,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -50,6 +51,13 @@ CREATE TABLE IF NOT EXISTS durability_owner_lifecycle (
 CREATE TABLE IF NOT EXISTS durability_storage_shard_count (
     storage_id TEXT PRIMARY KEY NOT NULL,
     shard_count INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS durability_presence (
+    grp TEXT NOT NULL,
+    task TEXT NOT NULL,
+    value BLOB NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (grp, task)
 ) STRICT;
 ";
 
@@ -641,6 +649,69 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         .map_err(not_applied)?;
         tx.commit().map_err(unknown)?;
         Ok(counter)
+    }
+
+    async fn announce(
+        &self,
+        group: &PresenceGroup,
+        task: &TaskId,
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> Result<(), OwnershipError> {
+        validate_presence(value, ttl_ms)?;
+        let exp = i64_of(self.clock.now_ms_u64().saturating_add(ttl_ms));
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO durability_presence (grp, task, value, expires_at_ms)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (grp, task) DO UPDATE
+                 SET value = excluded.value, expires_at_ms = excluded.expires_at_ms",
+            )
+            .and_then(|mut st| st.execute(params![group.key(), task.as_str(), value, exp]))
+            .map_err(unknown)?;
+        Ok(())
+    }
+
+    async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
+        let n = self
+            .lock()
+            .prepare_cached("DELETE FROM durability_presence WHERE grp = ?1 AND task = ?2")
+            .and_then(|mut st| st.execute(params![group.key(), task.as_str()]))
+            .map_err(unknown)?;
+        Ok(n == 1)
+    }
+
+    async fn live_tasks(
+        &self,
+        group: &PresenceGroup,
+    ) -> Result<Vec<PresenceEntry>, OwnershipError> {
+        let now = self.clock.now_ms_u64();
+        let conn = self.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT task, value, expires_at_ms FROM durability_presence
+                 WHERE grp = ?1 AND expires_at_ms > ?2 ORDER BY task",
+            )
+            .map_err(not_applied)?;
+        let rows = st
+            .query_map(params![group.key(), i64_of(now)], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(not_applied)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (task, value, exp) = row.map_err(not_applied)?;
+            out.extend(PresenceEntry::stored(
+                &task,
+                value,
+                u64_of(exp).saturating_sub(now),
+            ));
+        }
+        Ok(out)
     }
 
     async fn record_shard_count(

@@ -32,6 +32,7 @@ where
             d.stop();
         }
         let report = inner.ownership.drain().await;
+        self.withdraw_presence().await;
         let deadline = started.saturating_add(
             i64::try_from(inner.settings.ownership.drain_timeout_ms).unwrap_or(i64::MAX),
         );
@@ -70,6 +71,32 @@ where
             "drain finished"
         );
         report
+    }
+
+    /// Removes this host's presence records (balanced classes), so the
+    /// other hosts count it gone at once and take the shards its drain
+    /// released. A store error leaves them to expire.
+    async fn withdraw_presence(&self) {
+        let inner = &self.inner;
+        for (balanced, scopes) in self.target_classes().into_values() {
+            let Some(scope) = scopes.first().filter(|_| balanced) else {
+                continue;
+            };
+            let group = durability_ownership::PresenceGroup::of(scope);
+            if let Err(e) = inner
+                .ownership
+                .store()
+                .withdraw(&group, inner.ownership.task())
+                .await
+            {
+                tracing::debug!(
+                    event = "durability.host.presence_failed",
+                    class = %scope.class().as_str(),
+                    code = e.code(),
+                    "withdrawing the presence record failed; it expires"
+                );
+            }
+        }
     }
 
     /// Waits for SIGTERM or ctrl-c, then drains ([`Host::shutdown`]).

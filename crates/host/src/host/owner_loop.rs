@@ -1,17 +1,19 @@
 //! The owner loop: every renew interval one [`Host::owner_cycle`], in
 //! small named steps.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
 use durability_alarms::AlarmIndex;
+use durability_ownership::balance::{Peer, decode_presence, encode_presence};
 use durability_ownership::{
-    Generation, Lease, LeaseStore, LifecycleAdmin, OwnerScope, Readoption, Resolution,
+    Generation, HandOff, Lease, LeaseStore, LifecycleAdmin, OwnerScope, PresenceGroup, Readoption,
+    Resolution,
 };
 use durability_scheduler::Clock;
 use durability_time::timeout_at;
 
-use super::{CycleReport, Host, Slot, lock};
+use super::{CycleReport, Host, OwnerEvent, Slot, lock};
 use crate::settings::Residency;
 use crate::store::ObjectStore;
 
@@ -70,6 +72,7 @@ where
         let slots = self.inner.registry.slots();
         self.move_budgets(&slots, &owned).await;
         self.claim_targets(&owned, &mut report).await;
+        self.balance(&owned, &mut report).await;
         if self.inner.settings.residency == Residency::Evictable {
             self.evict_idle(&slots, &mut report).await;
         } else {
@@ -176,12 +179,39 @@ where
         }
     }
 
-    /// Claims the configured scopes ([`crate::OwnPolicy`]) that are free.
+    /// The configured scopes by class, and whether the class is balanced
+    /// (balancing on and every shard of the class configured).
+    pub(super) fn target_classes(&self) -> BTreeMap<String, (bool, Vec<OwnerScope>)> {
+        let inner = &self.inner;
+        let mut classes: BTreeMap<String, (bool, Vec<OwnerScope>)> = BTreeMap::new();
+        for scope in &inner.targets {
+            classes
+                .entry(scope.class().as_str().to_owned())
+                .or_default()
+                .1
+                .push(scope.clone());
+        }
+        let count = inner.settings.ownership.shard_count.get() as usize;
+        for (balanced, scopes) in classes.values_mut() {
+            *balanced = inner.settings.balance && scopes.len() == count;
+        }
+        classes
+    }
+
+    /// Claims the configured scopes ([`crate::OwnPolicy`]) that are free,
+    /// in one [`LeaseStore::claim_many`], in the classes that are not
+    /// balanced ([`Self::balance`] claims in those).
     async fn claim_targets(&self, owned: &Owned, report: &mut CycleReport) {
         let inner = &self.inner;
-        for scope in &inner.targets {
+        let mut free = Vec::new();
+        let unbalanced = self
+            .target_classes()
+            .into_values()
+            .filter(|(balanced, _)| !balanced)
+            .flat_map(|(_, scopes)| scopes);
+        for scope in unbalanced {
             if !self.running() {
-                break;
+                return;
             }
             if owned.contains_key(scope.host_id()) {
                 continue;
@@ -191,7 +221,7 @@ where
             if let Ok(snapshot) = inner
                 .ownership
                 .store()
-                .snapshot(scope, &inner.lifecycle)
+                .snapshot(&scope, &inner.lifecycle)
                 .await
                 && snapshot
                     .owner
@@ -199,9 +229,21 @@ where
             {
                 continue;
             }
-            match inner.ownership.resolve(scope, &inner.lifecycle).await {
+            free.push(scope);
+        }
+        self.claim(&free, report).await;
+    }
+
+    /// Claims `scopes` in one batch and notes the ones claimed.
+    pub(super) async fn claim(&self, scopes: &[OwnerScope], report: &mut CycleReport) {
+        if scopes.is_empty() || !self.running() {
+            return;
+        }
+        let inner = &self.inner;
+        for (scope, result) in inner.ownership.claim_many(scopes, &inner.lifecycle).await {
+            match result {
                 Ok(Resolution::Local(g)) => {
-                    self.note_scope(scope, g);
+                    self.note_scope(&scope, g);
                     report.claimed.push(scope.to_string());
                 }
                 Ok(Resolution::Remote { .. }) => {}
@@ -212,6 +254,163 @@ where
                     "claiming a configured scope failed"
                 ),
             }
+        }
+    }
+
+    /// Balances every balanced class: announces this host's presence (the
+    /// shards it holds), reads the live hosts, and acts on
+    /// [`durability_ownership::balance::Balancer`]'s decision: claims free
+    /// shards up to its share, hands off its excess ([`Self::hand_off`]),
+    /// and announces again when it changed. A store without presence
+    /// records, or one that fails, leaves the class unbalanced for the
+    /// cycle: the host then claims its free shards as without balancing.
+    async fn balance(&self, owned: &Owned, report: &mut CycleReport) {
+        for (class, (balanced, scopes)) in self.target_classes() {
+            if !balanced || !self.running() {
+                continue;
+            }
+            let held: Vec<u32> = scopes
+                .iter()
+                .filter(|s| owned.contains_key(s.host_id()))
+                .map(OwnerScope::shard)
+                .collect();
+            let Some(peers) = self.observe(&scopes[0], &held).await else {
+                let free: Vec<OwnerScope> = scopes
+                    .into_iter()
+                    .filter(|s| !owned.contains_key(s.host_id()))
+                    .collect();
+                self.claim(&free, report).await;
+                continue;
+            };
+            let shards: Vec<u32> = scopes.iter().map(OwnerScope::shard).collect();
+            let me = self.inner.ownership.task();
+            let decision = lock(&self.inner.balancer).cycle(&class, me, &shards, &peers, &held);
+            let pick = |list: &[u32]| -> Vec<OwnerScope> {
+                scopes
+                    .iter()
+                    .filter(|s| list.contains(&s.shard()))
+                    .cloned()
+                    .collect()
+            };
+            let (claims, hand_offs) = (pick(&decision.claim), pick(&decision.hand_off));
+            let before = (report.claimed.len(), report.handed_off.len());
+            self.claim(&claims, report).await;
+            for scope in &hand_offs {
+                self.hand_off(scope, report).await;
+            }
+            if before != (report.claimed.len(), report.handed_off.len()) {
+                let now: Vec<u32> = self
+                    .inner
+                    .ownership
+                    .probe()
+                    .scopes
+                    .iter()
+                    .filter_map(|p| scopes.iter().find(|s| s.host_id() == p.scope))
+                    .map(OwnerScope::shard)
+                    .collect();
+                let _ = self.observe(&scopes[0], &now).await;
+            }
+            tracing::debug!(
+                event = "durability.host.balanced",
+                class = %class,
+                share = decision.share,
+                held = held.len(),
+                live = peers.len() + 1,
+                claimed = claims.len(),
+                handed_off = hand_offs.len(),
+                "class balanced"
+            );
+        }
+    }
+
+    /// Announces this host's presence in `scope`'s class with `held`, then
+    /// reads the other live hosts; `None` when the store cannot.
+    async fn observe(&self, scope: &OwnerScope, held: &[u32]) -> Option<Vec<Peer>> {
+        let inner = &self.inner;
+        let group = PresenceGroup::of(scope);
+        let me = inner.ownership.task();
+        let ttl = inner.settings.ownership.owner_ttl_ms;
+        let store = inner.ownership.store();
+        let live = match store
+            .announce(&group, me, &encode_presence(held), ttl)
+            .await
+        {
+            Ok(()) => store.live_tasks(&group).await,
+            Err(e) => Err(e),
+        };
+        let live = match live {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::debug!(
+                    event = "durability.host.presence_failed",
+                    class = %scope.class().as_str(),
+                    code = e.code(),
+                    error = %e,
+                    "presence records unavailable; claiming without balancing"
+                );
+                return None;
+            }
+        };
+        let count = scope.shard_count();
+        Some(
+            live.into_iter()
+                .filter(|e| &e.task != me)
+                .map(|e| {
+                    let held = decode_presence(&e.value, count)
+                        .inspect_err(|error| {
+                            tracing::warn!(
+                                event = "durability.host.presence_invalid",
+                                task = %e.task.as_str(),
+                                error = %error,
+                                "a live host's presence record is invalid; its shards count as unknown"
+                            );
+                        })
+                        .ok();
+                    Peer { task: e.task, held }
+                })
+                .collect(),
+        )
+    }
+
+    /// Hands `scope` off (balancing): the ownership refuses new work on
+    /// it, waits for its admitted work (at most the drain's in-flight
+    /// budget, capped at one renew interval) and releases its lease; then
+    /// its objects are closed and its running work's token cancelled. A
+    /// scope still busy at the deadline stays (the next cycle decides
+    /// again).
+    async fn hand_off(&self, scope: &OwnerScope, report: &mut CycleReport) {
+        let inner = &self.inner;
+        let budget = inner
+            .settings
+            .ownership
+            .drain_in_flight_timeout_ms
+            .min(inner.settings.renew_interval());
+        let until = inner
+            .clock
+            .now_ms()
+            .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
+        match inner.ownership.hand_off(scope, until).await {
+            HandOff::Released(generation) => {
+                let entry = lock(&inner.scopes).remove(scope);
+                self.close_where(|a| &a.scope == scope).await;
+                if let Some(entry) = entry {
+                    entry.token.cancel();
+                }
+                tracing::info!(
+                    event = "durability.host.handed_off",
+                    scope = %scope,
+                    generation = generation.get(),
+                    "owner scope handed off to balance its class"
+                );
+                let _ = inner.events.send(OwnerEvent::Released {
+                    scope: scope.to_string(),
+                    generation: generation.get(),
+                });
+                report.handed_off.push(scope.to_string());
+            }
+            HandOff::Busy { .. } => {}
+            HandOff::NotOwned => self.drop_scope(scope, "stale_owner").await,
+            HandOff::Failed(e) => self.drop_scope(scope, e.code()).await,
         }
     }
 

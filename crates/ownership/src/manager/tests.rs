@@ -15,6 +15,7 @@ use durability_time::ManualClock;
 mod admission;
 mod drain;
 mod duplicate;
+mod hand_off;
 mod metrics;
 mod renew_all;
 

@@ -2,7 +2,7 @@
 
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::memory::InMemoryLeaseStore;
-use durability_ownership::{ManualClock, OwnerScope, ShardCount};
+use durability_ownership::{ManualClock, OwnerScope, PresenceGroup, ShardCount, TaskId};
 
 struct Memory(InMemoryLeaseStore<ManualClock>);
 
@@ -24,6 +24,10 @@ impl Harness for Memory {
     async fn raw_state(&self, scope: &OwnerScope) -> RawState {
         let (owner, generation) = self.0.raw_state(scope);
         RawState { owner, generation }
+    }
+
+    async fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
+        self.0.expire_presence(group, task);
     }
 }
 

@@ -44,6 +44,13 @@ CREATE TABLE IF NOT EXISTS {s}.durability_storage_shard_count (
     storage_id TEXT COLLATE "C" PRIMARY KEY,
     shard_count INT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS {s}.durability_presence (
+    grp TEXT COLLATE "C" NOT NULL,
+    task TEXT COLLATE "C" NOT NULL,
+    value BYTEA NOT NULL,
+    expires_at_ms BIGINT NOT NULL,
+    PRIMARY KEY (grp, task)
+);
 "#
     )
 }
@@ -239,6 +246,9 @@ pub(super) struct Statements {
     pub(super) set_lock: String,
     pub(super) list: String,
     pub(super) record_count: String,
+    pub(super) announce: String,
+    pub(super) withdraw: String,
+    pub(super) live: String,
 }
 
 impl Statements {
@@ -281,6 +291,21 @@ impl Statements {
             record_count: format!(
                 "SELECT o_outcome, o_active, o_lock, o_count \
                  FROM {s}.durability_owner_record_count($1, $2, $3)"
+            ),
+            announce: format!(
+                "INSERT INTO {s}.durability_presence (grp, task, value, expires_at_ms)
+                 VALUES ($1, $2, $3, {SERVER_NOW_MS} + $4)
+                 ON CONFLICT (grp, task) DO UPDATE
+                 SET value = excluded.value, expires_at_ms = excluded.expires_at_ms"
+            ),
+            withdraw: format!(
+                "DELETE FROM {s}.durability_presence WHERE grp = $1 AND task = $2 RETURNING 1"
+            ),
+            live: format!(
+                "SELECT p.task, p.value, p.expires_at_ms - k.now_ms
+                 FROM (SELECT {SERVER_NOW_MS} AS now_ms) AS k
+                 JOIN {s}.durability_presence p ON p.grp = $1 AND p.expires_at_ms > k.now_ms
+                 ORDER BY p.task"
             ),
             set_lock: format!(
                 "INSERT INTO {s}.durability_owner_lifecycle (lifecycle, delete_lock) VALUES ($1, $2)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use durability_ownership::conformance::{Harness, RawState};
 use durability_ownership::{
     ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership,
-    OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+    OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 use durability_storage_postgres::testkit::{TestSchema, url};
@@ -89,6 +89,22 @@ impl Harness for PgHarness {
                     self.table
                 ),
                 &[&scope.host_id()],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
+        // The record ends now on the server's clock, as it would have.
+        self.raw
+            .execute(
+                &format!(
+                    "UPDATE {}.durability_presence
+                     SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                     WHERE grp = $1 AND task = $2",
+                    self.table
+                ),
+                &[&group.key(), &task.as_str()],
             )
             .await
             .unwrap();

@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hasher};
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
     ClaimOutcome, DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
-    Ownership, OwnershipSettings, Resolution, ShardCount, StorageId, TaskId,
+    Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_redis::testkit::delete_prefix;
@@ -52,6 +52,13 @@ impl Harness for RedisHarness {
         // PEXPIRE 0 expires the key at once, exactly as Redis does when the lease runs out.
         let mut c = self.0.connection();
         let _: i64 = c.pexpire(self.0.owner_key(scope), 0).await.unwrap();
+    }
+
+    async fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
+        // Score 0: the record's expiry is in the past on the server's clock.
+        let (z, _) = self.0.presence_keys(group);
+        let mut c = self.0.connection();
+        let _: i64 = c.zadd(z, task.as_str(), 0).await.unwrap();
     }
 
     async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {

@@ -10,8 +10,8 @@ use std::path::Path;
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
     ClaimOutcome, Clock, Generation, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
-    OwnerRecord, OwnerScope, Ownership, OwnershipSettings, Resolution, ShardCount, StorageId,
-    TaskId,
+    OwnerRecord, OwnerScope, Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount,
+    StorageId, TaskId,
 };
 use durability_storage_sqlite::ownership::{
     SqliteLeaseStore, check_generation, ensure_fence_schema, fenced_generation, record_generation,
@@ -37,6 +37,17 @@ impl Harness for Sqlite {
             c.execute(
                 "UPDATE durability_owner_leases SET expires_at_ms = ?2 WHERE scope = ?1",
                 params![scope.host_id(), now],
+            )
+            .unwrap();
+        });
+    }
+
+    async fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
+        let now = self.0.clock().now_ms();
+        self.0.with_connection(|c| {
+            c.execute(
+                "UPDATE durability_presence SET expires_at_ms = ?3 WHERE grp = ?1 AND task = ?2",
+                params![group.key(), task.as_str(), now],
             )
             .unwrap();
         });
