@@ -129,6 +129,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod alarms;
 mod driver;
 mod fence;
@@ -146,6 +147,7 @@ use std::time::Duration;
 
 use durability_scheduler::{Direction, SchemaStep, Storage, StorageError, StorageErrorKind};
 
+pub use admin::PgTombstone;
 pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 
