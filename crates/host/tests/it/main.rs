@@ -8,6 +8,7 @@ mod connect;
 mod dispatch;
 mod lifecycle;
 mod metrics;
+mod postgres;
 mod rolling;
 mod rpc;
 mod storage;
