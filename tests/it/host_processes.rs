@@ -47,11 +47,28 @@ struct Proc {
 
 impl Proc {
     fn spawn(name: &str, dir: &Path, ttl_s: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_object-host"))
-            .arg(format!("dir={}", dir.display()))
+        let dir_arg = format!("dir={}", dir.display());
+        let args: Vec<&str> = std::iter::once(dir_arg.as_str())
+            .chain(extra.iter().copied())
+            .collect();
+        let bin = env!("CARGO_BIN_EXE_object-host");
+        Self::spawn_bin(bin, name, dir, ttl_s, &args, env)
+    }
+
+    /// Spawns host binary `bin` as task `name` in working directory `cwd`.
+    fn spawn_bin(
+        bin: &str,
+        name: &str,
+        cwd: &Path,
+        ttl_s: u64,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut child = Command::new(bin)
+            .current_dir(cwd)
             .arg(format!("task={name}"))
             .arg(format!("interval={INTERVAL_MS}"))
-            .args(extra)
+            .args(args)
             .env("DO_OWNER_TTL_SECONDS", ttl_s.to_string())
             .env("DO_OWNER_LEASE_GUARD_MS", GUARD_MS.to_string())
             .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
@@ -448,3 +465,4 @@ fn bad_configuration_exits_before_anything_starts() {
 }
 
 mod ownership_faults;
+mod postgres;

@@ -24,6 +24,8 @@ use durability_alarms::AlarmTx;
 use durability_ownership::{LifecycleId, ObjectFence, StorageId};
 use durability_scheduler::{Storage, StorageError};
 
+use crate::error::HostError;
+
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -93,6 +95,18 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// # Errors
     /// The setting's name and what is wrong with it.
     fn validate(&self) -> Result<(), (&'static str, String)>;
+
+    /// Checks that the store is safe where it is (called at start, right
+    /// after [`ObjectStore::validate`], before anything is written): the
+    /// SQLite directory refuses a root on a network file system. Default:
+    /// nothing to check.
+    ///
+    /// # Errors
+    /// [`HostError::NetworkFileSystem`], or [`HostError::InvalidSetting`]
+    /// when the check itself cannot be made.
+    fn check_placement(&self) -> Result<(), HostError> {
+        Ok(())
+    }
 
     /// Makes the store ready to hold `storage`'s objects (called at start,
     /// after the lifecycle records were checked).

@@ -29,26 +29,18 @@
 //! `refused <code> <message>`, the ownership error's code.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::Write as _;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy};
 use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
+use durability_tests::host_proc::{answer, args, probe_line, refuse, say, serve};
 use futures::future::BoxFuture;
-use tokio::io::AsyncBufReadExt as _;
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
 
 fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
@@ -105,17 +97,9 @@ impl Counter {
 
 type Store = SqliteLeaseStore<SystemClock>;
 
-fn refuse(code: &str, message: &str) -> ! {
-    eprintln!("refused {code} {message}");
-    std::process::exit(2);
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: HashMap<String, String> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+    let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
     // Settings first: a bad one refuses before any file is touched.
     let mut settings = match HostSettings::from_env() {
@@ -173,50 +157,10 @@ async fn main() {
         Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
         Err(e) => refuse(e.code(), &e.to_string()),
     };
-    let mut events = host.subscribe();
-    tokio::spawn(async move {
-        while let Ok(e) = events.recv().await {
-            say(&match e {
-                OwnerEvent::Acquired { scope, generation } => {
-                    format!("acquired scope={scope} gen={generation}")
-                }
-                OwnerEvent::Lost {
-                    scope,
-                    generation,
-                    code,
-                } => format!("lost scope={scope} gen={generation} code={code}"),
-                OwnerEvent::Released { scope, generation } => {
-                    format!("released scope={scope} gen={generation}")
-                }
-                _ => format!("event {e:?}"),
-            });
-        }
-    });
-    say(&format!("ready task={task}"));
-    let commands = host.clone();
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let host = commands.clone();
-            tokio::spawn(async move { command(&host, &clock, &line).await });
-        }
-    });
-    let report = host.run_until_signal().await;
-    if let Some(HostError::Ownership(e)) = host.failed() {
-        refuse(e.code(), &e.to_string());
-    }
-    let released = match &report {
-        durability_ownership::DrainReport::Drained { released, .. } => released.len(),
-        _ => 0,
-    };
-    say(&format!(
-        "drained timed_out={} released={released}",
-        report.timed_out()
-    ));
-    // Exit at once: the stdin reader blocks a thread the runtime would
-    // otherwise wait for (the seed's supervisor also kills the runtime
-    // right after a drain succeeds).
-    std::process::exit(if report.timed_out() { 3 } else { 0 });
+    serve(host, &task, move |host, line| async move {
+        command(&host, &clock, &line).await;
+    })
+    .await
 }
 
 async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line: &str) {
@@ -258,18 +202,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             .await
         }
         "probe" => {
-            let p = host.probe();
-            say(&format!(
-                "probe state={} scopes={} in_flight={} open={} cold={} fenced={} lost={} alarms_delivered={}",
-                p.state,
-                p.scopes.len(),
-                p.in_flight,
-                p.open_objects,
-                p.dispatch.cold,
-                p.dispatch.fenced,
-                p.dispatch.ownership_lost,
-                p.alarms.delivered
-            ));
+            say(&probe_line(host));
             return;
         }
         _ => {
@@ -277,15 +210,5 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             return;
         }
     };
-    match result {
-        Ok((v, g)) => say(&format!("ok {cmd} {name} value={v} gen={g}")),
-        Err(e) => say(&format!(
-            "err {cmd} {name} code={} outcome={} {e}",
-            e.code(),
-            match e.outcome() {
-                durability_ownership::DispatchOutcome::NotStarted => "not_started",
-                _ => "unknown",
-            }
-        )),
-    }
+    say(&answer(cmd, name, result));
 }
