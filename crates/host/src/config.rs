@@ -495,8 +495,10 @@ impl
             settings.ownership.shard_count,
         )
         .await?;
-        Ok(Self::with_store(stores.lease_store, stores.alarm_index, stores.objects, ids)
-            .settings(settings))
+        Ok(
+            Self::with_store(stores.lease_store, stores.alarm_index, stores.objects, ids)
+                .settings(settings),
+        )
     }
 }
 

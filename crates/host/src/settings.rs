@@ -76,7 +76,8 @@ impl DatabaseSettings {
                 "must be a postgres:// or postgresql:// URL",
             ));
         }
-        let schema = lookup(ENV_DATABASE_SCHEMA).unwrap_or_else(|| DEFAULT_DATABASE_SCHEMA.to_owned());
+        let schema =
+            lookup(ENV_DATABASE_SCHEMA).unwrap_or_else(|| DEFAULT_DATABASE_SCHEMA.to_owned());
         if schema.is_empty() {
             return Err(HostError::setting(ENV_DATABASE_SCHEMA, "is empty"));
         }

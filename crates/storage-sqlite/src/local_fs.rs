@@ -141,7 +141,14 @@ mod tests {
         // Sign-extended on a platform with a signed 64-bit f_type.
         assert_eq!(network_file_system(0xFFFF_FFFF_FF53_4D42), Some("CIFS"));
         // ext4, xfs, btrfs, tmpfs, overlayfs, zfs.
-        for local in [0xEF53_u64, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0x794C_7630, 0x2FC1_2FC1] {
+        for local in [
+            0xEF53_u64,
+            0x5846_5342,
+            0x9123_683E,
+            0x0102_1994,
+            0x794C_7630,
+            0x2FC1_2FC1,
+        ] {
             assert_eq!(network_file_system(local), None, "{local:#x}");
         }
     }
@@ -160,7 +167,13 @@ mod tests {
             file_system: "NFS",
         }
         .to_string();
-        for part in ["/mnt/shared/objects", "NFS", "WAL", "one machine", "PostgreSQL"] {
+        for part in [
+            "/mnt/shared/objects",
+            "NFS",
+            "WAL",
+            "one machine",
+            "PostgreSQL",
+        ] {
             assert!(e.contains(part), "{part} in {e}");
         }
     }

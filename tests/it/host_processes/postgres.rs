@@ -142,7 +142,11 @@ fn check(schema: &TestSchema, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
                 holder: task.clone(),
             })
             .collect();
-        violations.extend(fence_violations(&writes).into_iter().map(|v| format!("{name}: {v}")));
+        violations.extend(
+            fence_violations(&writes)
+                .into_iter()
+                .map(|v| format!("{name}: {v}")),
+        );
         for (seq, task, generation, _) in &rows.writes {
             if !claims.contains(&(task.clone(), scope.clone(), *generation)) {
                 violations.push(format!(
@@ -190,7 +194,10 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
     for n in names {
         let answer = a.run_ok(&format!("incr {n}"));
-        assert!(answer.starts_with(&format!("ok incr {n} value=1 gen=")), "{answer}");
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
+            "{answer}"
+        );
         let answer = a.run_ok(&format!("timer {n} 1500"));
         assert!(answer.starts_with("ok timer"), "{answer}");
     }
@@ -223,11 +230,16 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
         ..durability_alarms::DispatcherConfig::fast()
     }
     .failover_budget_ms(i64::try_from(TTL_S * 1000).unwrap());
-    eprintln!("every alarm fired on b within {worst} ms of the kill (worst-case budget {budget} ms)");
+    eprintln!(
+        "every alarm fired on b within {worst} ms of the kill (worst-case budget {budget} ms)"
+    );
     assert!(worst <= budget, "{worst} ms");
     for n in names {
         let answer = b.run_ok(&format!("incr {n}"));
-        assert!(answer.starts_with(&format!("ok incr {n} value=2 ")), "{answer}");
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=2 ")),
+            "{answer}"
+        );
     }
     // m1: the killed call's committed write is kept, its second never ran.
     let answer = b.run_ok("incr m1");
@@ -262,13 +274,19 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
         "tried: SIGSTOP of host a inside a transaction on p1 (a write made, not committed), lease {TTL_S} s"
     );
     let acquired = b.wait_n("acquired ", 16);
-    eprintln!("b owned all 16 shards {} ms after the pause", acquired[15].0 - paused);
+    eprintln!(
+        "b owned all 16 shards {} ms after the pause",
+        acquired[15].0 - paused
+    );
     // b's fence ends a's open transaction instead of waiting behind it.
     let started = now();
     let answer = b.run_ok("incr p1");
     let took = now() - started;
     eprintln!("b's first call on p1 (its claim ended a's session): {answer} in {took} ms");
-    assert!(answer.starts_with("ok incr p1 value=2 "), "a's uncommitted write never landed: {answer}");
+    assert!(
+        answer.starts_with("ok incr p1 value=2 "),
+        "a's uncommitted write never landed: {answer}"
+    );
     signal(a.child.id(), "CONT");
     let end = now() + 30_000;
     let ended = loop {
@@ -284,7 +302,10 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
     eprintln!("a's paused transaction ended with: {ended}");
-    assert!(ended.starts_with("err hold p1 "), "the stale commit must not succeed: {ended}");
+    assert!(
+        ended.starts_with("err hold p1 "),
+        "the stale commit must not succeed: {ended}"
+    );
     let answer = b.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
     let violations = check(&schema, &[&a, &b], &["p1"]);

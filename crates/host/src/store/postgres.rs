@@ -220,10 +220,7 @@ impl ObjectStore for PostgresObjectStore {
         storage: &StorageId,
         object: &ObjectKey,
     ) -> impl Future<Output = Result<Arc<PostgresObjectStorage>, StorageError>> + Send {
-        let opened = self
-            .objects
-            .open(&object_id(storage, object))
-            .map(Arc::new);
+        let opened = self.objects.open(&object_id(storage, object)).map(Arc::new);
         std::future::ready(opened)
     }
 
@@ -267,17 +264,16 @@ impl ObjectStore for PostgresObjectStore {
         let mut cursor: Option<String> = None;
         loop {
             let prefix = format!("{}:", storage.as_str());
-            let (ids, more) =
-                match self
-                    .objects
-                    .list_objects(&prefix, cursor.as_deref(), REST_PAGE)
-                {
-                    Ok(page) => page,
-                    Err(e) => {
-                        failures.push((format!("objects {prefix}*"), e.to_string()));
-                        break;
-                    }
-                };
+            let (ids, more) = match self
+                .objects
+                .list_objects(&prefix, cursor.as_deref(), REST_PAGE)
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    failures.push((format!("objects {prefix}*"), e.to_string()));
+                    break;
+                }
+            };
             for id in &ids {
                 if let Err(e) = self.objects.delete_object(id) {
                     failures.push((format!("object {id}"), e.to_string()));
@@ -308,7 +304,10 @@ mod tests {
         assert_eq!(key_of(&storage, &id), Some(key));
         // Another storage id, a prefix of it, or a malformed id: not ours.
         assert_eq!(key_of(&storage, "st10:Counter:x"), None);
-        assert_eq!(key_of(&StorageId::new("st").unwrap(), "st1:Counter:x"), None);
+        assert_eq!(
+            key_of(&StorageId::new("st").unwrap(), "st1:Counter:x"),
+            None
+        );
         assert_eq!(key_of(&storage, "st1:Counter"), None);
         assert_eq!(key_of(&storage, "st1::x"), None);
     }

@@ -378,3 +378,55 @@ fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
         }
     }
 }
+
+#[cfg(test)]
+mod placement_tests {
+    use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
+
+    use super::*;
+
+    /// The refusal for each network type the decision names, by injected
+    /// `statfs` type (no network mount is needed).
+    #[test]
+    fn a_root_on_a_network_file_system_is_refused_with_what_to_use_instead() {
+        for (f_type, expected) in [
+            (0x6969_u64, "NFS"),
+            (0xFF53_4D42, "CIFS"),
+            (0x6573_5546, "FUSE"),
+        ] {
+            let file_system = network_file_system(f_type).unwrap();
+            assert_eq!(file_system, expected);
+            let e = placement(Err(CheckError::Network(NetworkFileSystem {
+                path: PathBuf::from("/mnt/shared/objects"),
+                file_system,
+            })))
+            .unwrap_err();
+            assert_eq!(e.code(), "host_network_file_system");
+            let text = e.to_string();
+            for part in [
+                "/mnt/shared/objects",
+                expected,
+                "WAL",
+                "one machine",
+                "PostgreSQL",
+                "allow_network_file_system",
+            ] {
+                assert!(text.contains(part), "{part} in {text}");
+            }
+        }
+        assert!(network_file_system(0xEF53).is_none(), "ext4 is local");
+    }
+
+    #[test]
+    fn a_local_root_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteObjectStore::new(dir.path().join("objects"));
+        store.check_placement().unwrap();
+        // /dev/shm is a tmpfs where it exists.
+        if Path::new("/dev/shm").is_dir() {
+            SqliteObjectStore::new("/dev/shm/durability-not-created")
+                .check_placement()
+                .unwrap();
+        }
+    }
+}

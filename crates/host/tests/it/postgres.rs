@@ -150,14 +150,27 @@ async fn a_host_on_postgres_alone_keeps_objects_leases_and_alarm_jobs_in_the_dat
         count(&c, "SELECT count(*) FROM durability_objects WHERE id IN ('st1:Counter:c1', 'st1:Counter:c2')").await,
         2
     );
-    assert_eq!(count(&c, "SELECT count(*) FROM durability_object_fences WHERE object_id = 'st1:Counter:c1'").await, 1);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM durability_object_fences WHERE object_id = 'st1:Counter:c1'"
+        )
+        .await,
+        1
+    );
     let seq: i64 = c
-        .query_one("SELECT seq FROM durability_objects WHERE id = 'st1:Counter:c1'", &[])
+        .query_one(
+            "SELECT seq FROM durability_objects WHERE id = 'st1:Counter:c1'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     let n: i64 = c
-        .query_one(&format!("SELECT n FROM {}_o{seq}.counter", schema.name()), &[])
+        .query_one(
+            &format!("SELECT n FROM {}_o{seq}.counter", schema.name()),
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -167,16 +180,27 @@ async fn a_host_on_postgres_alone_keeps_objects_leases_and_alarm_jobs_in_the_dat
     // An alarm: its job is a row of the index, and it fires.
     let at = SystemClock::new().now_ms() + 2_000;
     host.call::<Counter, _, _, _>("Counter", "c1", |h| async move {
-        Ok(h.scheduler.transaction(|tx| tx.set_due("timer", Some(at)))?)
+        Ok(h.scheduler
+            .transaction(|tx| tx.set_due("timer", Some(at)))?)
     })
     .await
     .unwrap();
     // The index is written after the commit (the scheduler alarm's move).
     assert_eq!(
-        wait_count(&c, "SELECT count(*) FROM durability_alarm_jobs WHERE object = 'st1:Counter:c1'", 1).await,
+        wait_count(
+            &c,
+            "SELECT count(*) FROM durability_alarm_jobs WHERE object = 'st1:Counter:c1'",
+            1
+        )
+        .await,
         1
     );
-    let fired = wait_count(&c, &format!("SELECT count(*) FROM {}_o{seq}.fired", schema.name()), 1).await;
+    let fired = wait_count(
+        &c,
+        &format!("SELECT count(*) FROM {}_o{seq}.fired", schema.name()),
+        1,
+    )
+    .await;
     assert_eq!(fired, 1, "the alarm fired once");
     let report = host.shutdown().await;
     assert!(!report.timed_out());
@@ -193,13 +217,18 @@ async fn delete_all_and_storage_deletion_on_postgres_leave_nothing_but_the_tombs
     }
     let c = client(&schema).await;
     // Delete-all drops the object's own relations (view first), nothing else.
-    let report = host.delete_all("Counter", "d1", DeleteAll::default()).await.unwrap();
+    let report = host
+        .delete_all("Counter", "d1", DeleteAll::default())
+        .await
+        .unwrap();
     assert_eq!(report.dropped, ["counter_view", "counter", "fired"]);
     assert_eq!(incr(&host, "d1").await, 1, "the object restarts empty");
     // Listing by class and name prefix, paged.
     let store = PostgresObjectStore::connect(&url(), schema.name(), Default::default()).unwrap();
     let storage = StorageId::new("st1").unwrap();
-    let page = store.list_prefix(&storage, Some("Counter"), "d", None, 2).unwrap();
+    let page = store
+        .list_prefix(&storage, Some("Counter"), "d", None, 2)
+        .unwrap();
     let names: Vec<&str> = page.objects.iter().map(|o| o.name.as_str()).collect();
     assert_eq!(names, ["d1", "d2"]);
     let next = store
@@ -208,23 +237,41 @@ async fn delete_all_and_storage_deletion_on_postgres_leave_nothing_but_the_tombs
     assert_eq!(next.objects.len(), 1);
     assert_eq!(next.objects[0].name, "d3");
     assert_eq!(next.cursor, None);
-    assert!(store.list_prefix(&storage, Some("Counter"), "x", None, 2).unwrap().objects.is_empty());
+    assert!(
+        store
+            .list_prefix(&storage, Some("Counter"), "x", None, 2)
+            .unwrap()
+            .objects
+            .is_empty()
+    );
     // The whole storage id: objects, own schemas, fences; the tombstone stays.
     let schemas_before = count(
         &c,
-        &format!("SELECT count(*) FROM pg_namespace WHERE nspname LIKE '{}\\_o%'", schema.name()),
+        &format!(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE '{}\\_o%'",
+            schema.name()
+        ),
     )
     .await;
     assert_eq!(schemas_before, 3);
     let report = host.delete_storage_id().await.unwrap();
     assert!(report.complete(), "{report:?}");
     assert_eq!(report.objects_deleted, 3);
-    assert_eq!(count(&c, "SELECT count(*) FROM durability_objects").await, 0);
-    assert_eq!(count(&c, "SELECT count(*) FROM durability_object_fences").await, 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM durability_objects").await,
+        0
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM durability_object_fences").await,
+        0
+    );
     assert_eq!(
         count(
             &c,
-            &format!("SELECT count(*) FROM pg_namespace WHERE nspname LIKE '{}\\_o%'", schema.name())
+            &format!(
+                "SELECT count(*) FROM pg_namespace WHERE nspname LIKE '{}\\_o%'",
+                schema.name()
+            )
         )
         .await,
         0
@@ -243,10 +290,13 @@ async fn delete_all_and_storage_deletion_on_postgres_leave_nothing_but_the_tombs
     );
     // Deleting an object that is gone is not an error.
     let gone = store
-        .delete_object(&storage, &durability_host::store::ObjectKey {
-            class: "Counter".to_owned(),
-            name: "d1".to_owned(),
-        })
+        .delete_object(
+            &storage,
+            &durability_host::store::ObjectKey {
+                class: "Counter".to_owned(),
+                name: "d1".to_owned(),
+            },
+        )
         .await
         .unwrap();
     assert!(!gone);
@@ -255,15 +305,25 @@ async fn delete_all_and_storage_deletion_on_postgres_leave_nothing_but_the_tombs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_database_settings_are_refused_before_anything_is_written() {
     let lookup = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
     };
     assert_eq!(DatabaseSettings::from_lookup(lookup(&[])).unwrap(), None);
-    let s = DatabaseSettings::from_lookup(lookup(&[("DO_DATABASE_URL", "postgres://u:secret@h/db")]))
-        .unwrap()
-        .unwrap();
+    let s =
+        DatabaseSettings::from_lookup(lookup(&[("DO_DATABASE_URL", "postgres://u:secret@h/db")]))
+            .unwrap()
+            .unwrap();
     assert_eq!(s.schema(), "durability");
-    assert!(!format!("{s:?}").contains("secret"), "the URL stays out of Debug");
-    let err = DatabaseSettings::from_lookup(lookup(&[("DO_DATABASE_URL", "/srv/objects")])).unwrap_err();
+    assert!(
+        !format!("{s:?}").contains("secret"),
+        "the URL stays out of Debug"
+    );
+    let err =
+        DatabaseSettings::from_lookup(lookup(&[("DO_DATABASE_URL", "/srv/objects")])).unwrap_err();
     assert_eq!(err.code(), "host_invalid_setting");
     assert!(err.to_string().contains("DO_DATABASE_URL"), "{err}");
     // A schema the stores refuse: no connection is made at all.

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 
 use durability_scheduler::{StorageError, StorageErrorKind};
 
+use super::PostgresObjects;
 use super::driver::Held;
 use super::runtime::{blocking, wait};
 use super::tx::{PostgresObjectTx, commit_error};
-use super::PostgresObjects;
 
 /// A storage id's tombstone, as [`PostgresObjects::tombstone`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,7 +146,10 @@ impl PostgresObjects {
     /// `object_id` column (so a table a later version adds is covered
     /// without a list to keep; a lease store or alarm index sharing the
     /// schema has other names and is never touched).
-    fn object_tables(&self, client: &deadpool_postgres::Object) -> Result<Vec<String>, StorageError> {
+    fn object_tables(
+        &self,
+        client: &deadpool_postgres::Object,
+    ) -> Result<Vec<String>, StorageError> {
         let rows = wait(client.query(
             "SELECT DISTINCT table_name::text FROM information_schema.columns
              WHERE table_schema = $1 AND column_name = 'object_id'
