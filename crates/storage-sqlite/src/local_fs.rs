@@ -130,6 +130,7 @@ pub enum CheckError {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

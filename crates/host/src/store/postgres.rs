@@ -289,6 +289,7 @@ impl ObjectStore for PostgresObjectStore {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -380,6 +380,7 @@ fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod placement_tests {
     use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
 

@@ -88,15 +88,12 @@ impl PostgresObjects {
         blocking(|| {
             let held = Held(Some(self.shared.backend.client()?));
             let client = held.client();
-            let done = self.delete_in(client, object_id);
-            if done.is_err() {
-                // `held` is dropped: the connection closes and the server
-                // rolls the transaction back.
-                return done;
-            }
+            // On an error `held` is dropped: the connection closes and the
+            // server rolls the transaction back.
+            let found = self.delete_in(client, object_id)?;
             wait(client.batch_execute("COMMIT")).map_err(commit_error)?;
             held.release();
-            done
+            Ok(found)
         })
     }
 
