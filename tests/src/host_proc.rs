@@ -6,10 +6,13 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write as _;
+use std::sync::{Arc, Weak};
 
-use durability_alarms::AlarmIndex;
-use durability_host::{Host, HostError, ObjectStore, OwnerEvent};
-use durability_ownership::{LeaseStore, LifecycleAdmin};
+use durability_alarms::{AlarmIndex, DispatcherConfig};
+use durability_host::{BoxError, Host, HostConfig, HostError, ObjectStore, OwnPolicy, OwnerEvent};
+use durability_ownership::{LeaseStore, LifecycleAdmin, SystemClock};
+use durability_scheduler::{Capability, Scheduler, Storage, StorageError, Transaction};
+use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt as _;
 
 /// Prints one line on stdout, flushed.
@@ -126,4 +129,95 @@ where
         p.dispatch.ownership_lost,
         p.alarms.delivered
     )
+}
+
+/// Records a fired timer in the object's own table (the backend's SQL).
+pub type RecordFired<D> = fn(&mut Transaction<'_, '_, D>, i64, &str) -> Result<(), StorageError>;
+
+/// A `Counter` object's state: its scheduler and its timer capability
+/// (`timer`), which records each firing with `record`, clears its due time
+/// and prints `fired <name> task=<t>` (or `fire-failed <name> <error>`).
+/// The object must keep the returned `Arc` alive (the scheduler holds the
+/// timer weakly).
+pub struct TimerObject<D: Storage> {
+    sched: Scheduler<D>,
+    name: String,
+    task: String,
+    record: RecordFired<D>,
+}
+
+impl<D: Storage + Send + Sync + 'static> TimerObject<D> {
+    /// Attaches the timer to `sched`.
+    ///
+    /// # Errors
+    /// The scheduler's refusal to attach it.
+    pub fn attach(
+        sched: &Scheduler<D>,
+        name: &str,
+        task: &str,
+        record: RecordFired<D>,
+    ) -> Result<Arc<Self>, BoxError> {
+        let inner = Arc::new(Self {
+            sched: sched.clone(),
+            name: name.to_owned(),
+            task: task.to_owned(),
+            record,
+        });
+        sched.attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+        Ok(inner)
+    }
+}
+
+struct Timer<D: Storage>(Weak<TimerObject<D>>);
+
+impl<D: Storage + Send + Sync + 'static> Capability for Timer<D> {
+    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
+        let inner = self.0.upgrade();
+        Box::pin(async move {
+            let Some(inner) = inner else { return };
+            let done = inner.sched.transaction(|tx| {
+                (inner.record)(tx, now_ms, &inner.task)?;
+                tx.set_due("timer", None)
+            });
+            match done {
+                Ok(()) => say(&format!("fired {} task={}", inner.name, inner.task)),
+                Err(e) => say(&format!("fire-failed {} {e}", inner.name)),
+            }
+        })
+    }
+}
+
+/// The options every test host shares: `clock`, the owner policy of the
+/// `own` argument (`all`: every shard), the `create` argument (`1`:
+/// create the active storage pointer if absent), and a fast dispatcher.
+pub fn test_options<S, I, O: ObjectStore>(
+    config: HostConfig<S, I, O>,
+    clock: SystemClock,
+    own: &str,
+    create: &str,
+) -> HostConfig<S, I, O> {
+    config
+        .clock(Arc::new(clock))
+        .own(if own == "all" {
+            OwnPolicy::AllShards
+        } else {
+            OwnPolicy::OnDemand
+        })
+        .create_active_storage_if_absent(create == "1")
+        .dispatcher(DispatcherConfig {
+            poll_ms: 100,
+            idle_ms: 20,
+            owner_wait_max_ms: 300,
+            ..DispatcherConfig::fast()
+        })
+}
+
+/// A command line as `(command, object name, number)` (missing parts
+/// empty, a missing or malformed number 0).
+pub fn parse(line: &str) -> (&str, &str, i64) {
+    let mut parts = line.split_whitespace();
+    let cmd = parts.next().unwrap_or("");
+    let name = parts.next().unwrap_or("");
+    let number = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    (cmd, name, number)
 }

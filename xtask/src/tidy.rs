@@ -1245,7 +1245,15 @@ const HOST_SQLITE_MODULE: &str = "store/sqlite";
 /// or an object file name. Comments and doc comments (doctests need a
 /// concrete store) do not count.
 fn sqlite_mentions(text: &str) -> Vec<usize> {
-    let names = ["rusqlite", "durability_storage_sqlite", ".sqlite\""];
+    code_mentions(
+        text,
+        &["rusqlite", "durability_storage_sqlite", ".sqlite\""],
+    )
+}
+
+/// Lines of `text` (1-based) that name one of `names` in code (not in a
+/// comment or doc comment).
+fn code_mentions(text: &str, names: &[&str]) -> Vec<usize> {
     text.lines()
         .enumerate()
         .filter(|(_, line)| !line.trim_start().starts_with("//"))
@@ -1259,17 +1267,14 @@ const HOST_POSTGRES_MODULE: &str = "store/postgres";
 
 /// Lines of `text` (1-based) that name the PostgreSQL crates in code.
 fn postgres_mentions(text: &str) -> Vec<usize> {
-    let names = [
-        "tokio_postgres",
-        "deadpool_postgres",
-        "durability_storage_postgres",
-    ];
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim_start().starts_with("//"))
-        .filter(|(_, line)| names.iter().any(|n| line.contains(n)))
-        .map(|(i, _)| i + 1)
-        .collect()
+    code_mentions(
+        text,
+        &[
+            "tokio_postgres",
+            "deadpool_postgres",
+            "durability_storage_postgres",
+        ],
+    )
 }
 
 /// `file:line` of every host source line outside `module` that `mentions`

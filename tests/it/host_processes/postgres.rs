@@ -214,26 +214,7 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
          (one write committed, the call unanswered), {} objects with an alarm due 1.5 s later; lease {TTL_S} s",
         names.len()
     );
-    let fired = b.wait_n("fired ", names.len());
-    let worst = fired.iter().map(|(t, _)| t - killed).max().unwrap();
-    let mut fired_names: Vec<&str> = fired
-        .iter()
-        .map(|(_, l)| {
-            assert!(l.ends_with("task=b"), "{l}");
-            l.split_whitespace().nth(1).unwrap()
-        })
-        .collect();
-    fired_names.sort_unstable();
-    assert_eq!(fired_names, names, "every pending alarm fired once, on b");
-    let budget = durability_alarms::DispatcherConfig {
-        poll_ms: 100,
-        ..durability_alarms::DispatcherConfig::fast()
-    }
-    .failover_budget_ms(i64::try_from(TTL_S * 1000).unwrap());
-    eprintln!(
-        "every alarm fired on b within {worst} ms of the kill (worst-case budget {budget} ms)"
-    );
-    assert!(worst <= budget, "{worst} ms");
+    super::alarms_fired_on_b(&b, &names, killed);
     for n in names {
         let answer = b.run_ok(&format!("incr {n}"));
         assert!(

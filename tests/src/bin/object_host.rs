@@ -29,18 +29,18 @@
 //! `refused <code> <message>`, the ownership error's code.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy};
+use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings};
 use durability_ownership::{ShardCount, SystemClock};
-use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
+use durability_scheduler::{Clock, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
-use durability_tests::host_proc::{answer, args, probe_line, refuse, say, serve};
-use futures::future::BoxFuture;
+use durability_tests::host_proc::{
+    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+};
 
 fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
@@ -49,37 +49,21 @@ fn sql(e: rusqlite::Error) -> StorageError {
 /// The object; it keeps its timer's state alive (the scheduler holds the
 /// timer weakly).
 struct Counter {
-    _state: Arc<CounterInner>,
+    _state: Arc<TimerObject<SqliteStorage>>,
 }
 
-struct CounterInner {
-    sched: Scheduler<SqliteStorage>,
-    name: String,
-    task: String,
-}
-
-struct Timer(Weak<CounterInner>);
-
-impl Capability for Timer {
-    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
-        let inner = self.0.upgrade();
-        Box::pin(async move {
-            let Some(inner) = inner else { return };
-            let done = inner.sched.transaction(|tx| {
-                tx.sql()
-                    .execute(
-                        "INSERT INTO fired (t, task) VALUES (?1, ?2)",
-                        rusqlite::params![now_ms, inner.task],
-                    )
-                    .map_err(sql)?;
-                tx.set_due("timer", None)
-            });
-            match done {
-                Ok(()) => say(&format!("fired {} task={}", inner.name, inner.task)),
-                Err(e) => say(&format!("fire-failed {} {e}", inner.name)),
-            }
-        })
-    }
+fn record_fired(
+    tx: &mut Transaction<'_, '_, SqliteStorage>,
+    now_ms: i64,
+    task: &str,
+) -> Result<(), StorageError> {
+    tx.sql()
+        .execute(
+            "INSERT INTO fired (t, task) VALUES (?1, ?2)",
+            rusqlite::params![now_ms, task],
+        )
+        .map_err(sql)?;
+    Ok(())
 }
 
 impl Counter {
@@ -129,29 +113,11 @@ async fn main() {
                     )
                     .map_err(sql)
             })?;
-            let inner = Arc::new(CounterInner {
-                sched: ctx.scheduler.clone(),
-                name: ctx.name.clone(),
-                task: owner.clone(),
-            });
-            ctx.scheduler
-                .attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
             Ok::<_, BoxError>(Counter { _state: inner })
         })
-        .clock(Arc::new(clock))
-        .settings(settings)
-        .own(if arg("own") == "all" {
-            OwnPolicy::AllShards
-        } else {
-            OwnPolicy::OnDemand
-        })
-        .create_active_storage_if_absent(arg("create") == "1")
-        .dispatcher(DispatcherConfig {
-            poll_ms: 100,
-            idle_ms: 20,
-            owner_wait_max_ms: 300,
-            ..DispatcherConfig::fast()
-        });
+        .settings(settings);
+    let config = test_options(config, clock, &arg("own"), &arg("create"));
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
@@ -164,15 +130,7 @@ async fn main() {
 }
 
 async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line: &str) {
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let (cmd, name) = (
-        parts.first().copied().unwrap_or(""),
-        parts.get(1).copied().unwrap_or(""),
-    );
-    let number = parts
-        .get(2)
-        .and_then(|n| n.parse::<i64>().ok())
-        .unwrap_or(0);
+    let (cmd, name, number) = parse(line);
     let result = match cmd {
         "incr" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {

@@ -17,20 +17,19 @@
 //! Settings from the `DO_*` environment variables.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use durability_alarms::DispatcherConfig;
 use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
 use durability_host::{
-    BoxError, DatabaseSettings, Host, HostConfig, HostIds, HostSettings, OwnPolicy,
-    PostgresObjectStore,
+    BoxError, DatabaseSettings, Host, HostConfig, HostIds, HostSettings, PostgresObjectStore,
 };
 use durability_ownership::{LifecycleId, StorageId, SystemClock, TaskId};
-use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
+use durability_scheduler::{Clock, StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
-use durability_tests::host_proc::{answer, args, probe_line, refuse, say, serve};
-use futures::future::BoxFuture;
+use durability_tests::host_proc::{
+    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+};
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
 
@@ -40,35 +39,19 @@ fn pg(e: tokio_postgres::Error) -> StorageError {
 
 /// The object; it keeps its timer's state alive.
 struct Counter {
-    _state: Arc<CounterInner>,
+    _state: Arc<TimerObject<PostgresObjectStorage>>,
 }
 
-struct CounterInner {
-    sched: Scheduler<PostgresObjectStorage>,
-    name: String,
-    task: String,
-}
-
-struct Timer(Weak<CounterInner>);
-
-impl Capability for Timer {
-    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
-        let inner = self.0.upgrade();
-        Box::pin(async move {
-            let Some(inner) = inner else { return };
-            let done = inner.sched.transaction(|tx| {
-                tx.sql().execute(
-                    "INSERT INTO fired (t, task) VALUES ($1, $2)",
-                    &[&now_ms, &inner.task],
-                )?;
-                tx.set_due("timer", None)
-            });
-            match done {
-                Ok(()) => say(&format!("fired {} task={}", inner.name, inner.task)),
-                Err(e) => say(&format!("fire-failed {} {e}", inner.name)),
-            }
-        })
-    }
+fn record_fired(
+    tx: &mut Transaction<'_, '_, PostgresObjectStorage>,
+    now_ms: i64,
+    task: &str,
+) -> Result<(), StorageError> {
+    tx.sql().execute(
+        "INSERT INTO fired (t, task) VALUES ($1, $2)",
+        &[&now_ms, &task],
+    )?;
+    Ok(())
 }
 
 /// One increment, recorded with the writer's task and generation.
@@ -131,28 +114,10 @@ async fn main() {
                                                         generation BIGINT NOT NULL, n BIGINT NOT NULL);",
                 )
             })?;
-            let inner = Arc::new(CounterInner {
-                sched: ctx.scheduler.clone(),
-                name: ctx.name.clone(),
-                task: owner.clone(),
-            });
-            ctx.scheduler
-                .attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
             Ok::<_, BoxError>(Counter { _state: inner })
-        })
-        .clock(Arc::new(clock))
-        .own(if arg("own") == "all" {
-            OwnPolicy::AllShards
-        } else {
-            OwnPolicy::OnDemand
-        })
-        .create_active_storage_if_absent(arg("create") == "1")
-        .dispatcher(DispatcherConfig {
-            poll_ms: 100,
-            idle_ms: 20,
-            owner_wait_max_ms: 300,
-            ..DispatcherConfig::fast()
         });
+    let config = test_options(config, clock, &arg("own"), &arg("create"));
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(e) => refuse(e.code(), &e.to_string()),
@@ -166,15 +131,7 @@ async fn main() {
 }
 
 async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let (cmd, name) = (
-        parts.first().copied().unwrap_or(""),
-        parts.get(1).copied().unwrap_or(""),
-    );
-    let number = parts
-        .get(2)
-        .and_then(|n| n.parse::<i64>().ok())
-        .unwrap_or(0);
+    let (cmd, name, number) = parse(line);
     let result = match cmd {
         "incr" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
