@@ -7,7 +7,7 @@
 //! storage id leaves, and keeps the storage id's tombstone. The store is
 //! the only part of the host that knows the backend: the SQLite directory
 //! ([`sqlite::SqliteObjectStore`], the default, one file per object) is
-//! one module, and PostgreSQL ([`postgres::PostgresObjectStore`], feature
+//! one module, and PostgreSQL (`postgres::PostgresObjectStore`, feature
 //! `postgres`: every object in one database, for hosts on several machines)
 //! another; a further backend is one more module implementing this trait.
 //!
