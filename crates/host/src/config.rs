@@ -482,7 +482,7 @@ impl
     /// [`HostConfig::with_store`].
     ///
     /// # Errors
-    /// [`HostError::InvalidSetting`] `DO_DATABASE_URL` or
+    /// [`crate::HostError::InvalidSetting`] `DO_DATABASE_URL` or
     /// `DO_DATABASE_SCHEMA` (nothing is written); the store's error when
     /// the database cannot be reached or set up.
     pub async fn postgres(
