@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 
 use crate::error::BoxError;
 use crate::object::{Class, Instance, ObjectCtx};
-use crate::settings::{DatabaseSettings, HostSettings};
+use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
 use crate::store::{DefaultObjectStore, ObjectStore};
 
@@ -473,7 +473,7 @@ impl
     >
 {
     /// A host on PostgreSQL alone (feature `postgres`): its leases, alarm
-    /// jobs and objects in `database` ([`DatabaseSettings::from_env`] reads
+    /// jobs and objects in `database` ([`crate::DatabaseSettings::from_env`] reads
     /// `DO_DATABASE_URL` and `DO_DATABASE_SCHEMA`), their tables created
     /// when missing, with `settings` (whose shard count the lease store
     /// uses: a later [`HostConfig::settings`] must keep it). No directory
@@ -486,7 +486,7 @@ impl
     /// `DO_DATABASE_SCHEMA` (nothing is written); the store's error when
     /// the database cannot be reached or set up.
     pub async fn postgres(
-        database: &DatabaseSettings,
+        database: &crate::settings::DatabaseSettings,
         settings: HostSettings,
         ids: HostIds,
     ) -> Result<Self, crate::HostError> {
