@@ -264,11 +264,11 @@ fn set_pointer(redis: &Redis) {
 
 /// A committed write as stored in the object database.
 #[derive(Debug)]
-struct Write {
-    seq: i64,
-    task: String,
-    generation: i64,
-    holder: String,
+pub(crate) struct Write {
+    pub(crate) seq: i64,
+    pub(crate) task: String,
+    pub(crate) generation: i64,
+    pub(crate) holder: String,
 }
 
 fn stored_writes(db: &Path) -> Vec<Write> {
@@ -291,7 +291,7 @@ fn stored_writes(db: &Path) -> Vec<Write> {
 
 /// Violations of the fence: a generation committed by two holders, or a
 /// write that landed after a newer generation had committed.
-fn fence_violations(writes: &[Write]) -> Vec<String> {
+pub(crate) fn fence_violations(writes: &[Write]) -> Vec<String> {
     let mut violations = Vec::new();
     let mut holders: std::collections::BTreeMap<i64, (String, String)> = Default::default();
     let mut top = 0;

@@ -1,4 +1,7 @@
-//! Cross-crate integration tests live in `tests/`; this library is empty on purpose.
+//! Cross-crate integration tests live in `tests/`; this library holds only
+//! what the process tests' host binaries (`src/bin`) share: [`host_proc`].
+
+pub mod host_proc;
 
 /// The README's Rust blocks, compiled (and, unless marked `no_run`, run) as
 /// doctests. They live here because this crate's dependencies and

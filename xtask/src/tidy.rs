@@ -1245,7 +1245,15 @@ const HOST_SQLITE_MODULE: &str = "store/sqlite";
 /// or an object file name. Comments and doc comments (doctests need a
 /// concrete store) do not count.
 fn sqlite_mentions(text: &str) -> Vec<usize> {
-    let names = ["rusqlite", "durability_storage_sqlite", ".sqlite\""];
+    code_mentions(
+        text,
+        &["rusqlite", "durability_storage_sqlite", ".sqlite\""],
+    )
+}
+
+/// Lines of `text` (1-based) that name one of `names` in code (not in a
+/// comment or doc comment).
+fn code_mentions(text: &str, names: &[&str]) -> Vec<usize> {
     text.lines()
         .enumerate()
         .filter(|(_, line)| !line.trim_start().starts_with("//"))
@@ -1254,28 +1262,62 @@ fn sqlite_mentions(text: &str) -> Vec<usize> {
         .collect()
 }
 
-#[test]
-fn only_the_hosts_object_store_module_names_sqlite() {
+/// The module of the host's PostgreSQL object store.
+const HOST_POSTGRES_MODULE: &str = "store/postgres";
+
+/// Lines of `text` (1-based) that name the PostgreSQL crates in code.
+fn postgres_mentions(text: &str) -> Vec<usize> {
+    code_mentions(
+        text,
+        &[
+            "tokio_postgres",
+            "deadpool_postgres",
+            "durability_storage_postgres",
+        ],
+    )
+}
+
+/// `file:line` of every host source line outside `module` that `mentions`
+/// finds.
+fn host_backend_mentions(module: &str, mentions: fn(&str) -> Vec<usize>) -> Vec<String> {
     let src = root().join("crates/host/src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     assert!(files.len() > 5, "the tidy check found the host's sources");
-    let offenders: Vec<String> = files
+    files
         .iter()
         .filter(|f| {
             let relative = f.strip_prefix(&src).expect("under src");
-            !relative.with_extension("").starts_with(HOST_SQLITE_MODULE)
+            !relative.with_extension("").starts_with(module)
         })
         .flat_map(|f| {
             let text = std::fs::read_to_string(f).unwrap_or_default();
-            sqlite_mentions(&text)
+            mentions(&text)
                 .into_iter()
                 .map(move |line| format!("{}:{line}", f.display()))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn only_the_hosts_object_store_module_names_sqlite() {
+    let offenders = host_backend_mentions(HOST_SQLITE_MODULE, sqlite_mentions);
     assert!(
         offenders.is_empty(),
         "SQLite named outside crates/host/src/{HOST_SQLITE_MODULE}: {offenders:?}"
+    );
+}
+
+#[test]
+fn only_the_hosts_object_store_module_names_postgres() {
+    let offenders = host_backend_mentions(HOST_POSTGRES_MODULE, postgres_mentions);
+    assert!(
+        offenders.is_empty(),
+        "PostgreSQL named outside crates/host/src/{HOST_POSTGRES_MODULE}: {offenders:?}"
+    );
+    assert_eq!(
+        postgres_mentions("//! tokio_postgres\nuse durability_storage_postgres::object;\n"),
+        vec![2]
     );
 }
 

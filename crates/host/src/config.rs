@@ -466,6 +466,44 @@ impl<S, I> HostConfig<S, I, SqliteObjectStore> {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl
+    HostConfig<
+        crate::store::postgres::PostgresLeaseStore,
+        crate::store::postgres::PostgresAlarmIndex,
+        crate::store::postgres::PostgresObjectStore,
+    >
+{
+    /// A host on PostgreSQL alone (feature `postgres`): its leases, alarm
+    /// jobs and objects in `database` ([`crate::DatabaseSettings::from_env`] reads
+    /// `DO_DATABASE_URL` and `DO_DATABASE_SCHEMA`), their tables created
+    /// when missing, with `settings` (whose shard count the lease store
+    /// uses: a later [`HostConfig::settings`] must keep it). No directory
+    /// is shared with another host. Custom object options:
+    /// [`crate::store::postgres::PostgresBackends::connect_with`] and
+    /// [`HostConfig::with_store`].
+    ///
+    /// # Errors
+    /// [`crate::HostError::InvalidSetting`] `DO_DATABASE_URL` or
+    /// `DO_DATABASE_SCHEMA` (nothing is written); the store's error when
+    /// the database cannot be reached or set up.
+    pub async fn postgres(
+        database: &crate::settings::DatabaseSettings,
+        settings: HostSettings,
+        ids: HostIds,
+    ) -> Result<Self, crate::HostError> {
+        let stores = crate::store::postgres::PostgresBackends::connect(
+            database,
+            settings.ownership.shard_count,
+        )
+        .await?;
+        Ok(
+            Self::with_store(stores.lease_store, stores.alarm_index, stores.objects, ids)
+                .settings(settings),
+        )
+    }
+}
+
 /// The handlers of one object class `T` ([`HostConfig::class_of`]).
 pub struct ClassBuilder<S, I, O: ObjectStore, T> {
     config: HostConfig<S, I, O>,

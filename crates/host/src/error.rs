@@ -261,6 +261,26 @@ pub enum HostError {
         /// Why it was rejected.
         reason: String,
     },
+    /// The SQLite object root is on a network (or cluster, or FUSE) file
+    /// system: the host refuses to start before anything is opened. The
+    /// SQLite directory is for processes on one machine; hosts on several
+    /// machines use PostgreSQL (`HostConfig::postgres`). The documented
+    /// override, for a file system known to be safe for one machine's
+    /// processes, is `SqliteObjectStore::allow_network_file_system(true)`.
+    #[error(
+        "the object root {path} is on a {file_system} file system: {why}; use a local \
+         disk, or PostgreSQL for hosts on several machines (HostConfig::postgres, \
+         DO_DATABASE_URL); override, only for processes of one machine: \
+         SqliteObjectStore::allow_network_file_system(true)"
+    )]
+    NetworkFileSystem {
+        /// The object root.
+        path: String,
+        /// The file system's name (`NFS`, `CIFS`, `FUSE`, ...).
+        file_system: &'static str,
+        /// Why it is refused.
+        why: String,
+    },
 }
 
 /// How an error crosses the wire: status, envelope code and message, and
@@ -319,6 +339,7 @@ impl HostError {
         "host_transport_failed",
         "host_invalid_request",
         "host_request_too_large",
+        "host_network_file_system",
     ];
 
     /// The stable machine code of this error.
@@ -349,6 +370,7 @@ impl HostError {
             Self::Transport { .. } => "host_transport_failed",
             Self::InvalidRequest { .. } => "host_invalid_request",
             Self::RequestTooLarge { .. } => "host_request_too_large",
+            Self::NetworkFileSystem { .. } => "host_network_file_system",
         }
     }
 

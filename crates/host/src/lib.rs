@@ -245,11 +245,14 @@ pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
-    ADVISORY_CACHE_ENTRIES, DEFAULT_EVICTION_IDLE_MS, DEFAULT_MAX_RESIDENT_OBJECTS,
-    ENV_BALANCE_SHARDS, ENV_PREVENT_EVICTION, HostSettings, Residency,
+    ADVISORY_CACHE_ENTRIES, DEFAULT_DATABASE_SCHEMA, DEFAULT_EVICTION_IDLE_MS,
+    DEFAULT_MAX_RESIDENT_OBJECTS, DatabaseSettings, ENV_BALANCE_SHARDS, ENV_DATABASE_SCHEMA,
+    ENV_DATABASE_URL, ENV_PREVENT_EVICTION, HostSettings, Residency,
 };
 pub use storage::{
     DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,
 };
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PostgresBackends, PostgresObjectStore};
 pub use store::sqlite::{SqliteObjectStore, TOMBSTONE_FILE};
 pub use store::{ObjectStore, StoreTx};

@@ -20,6 +20,89 @@ use durability_ownership::OwnershipSettings;
 
 use crate::error::HostError;
 
+/// Environment variable naming the PostgreSQL database that holds a host's
+/// objects, leases and alarm jobs (`postgres://user:password@host/db`;
+/// see [`DatabaseSettings`]). Unset: the host's own choice of stores.
+pub const ENV_DATABASE_URL: &str = "DO_DATABASE_URL";
+
+/// Environment variable naming the schema of [`ENV_DATABASE_URL`]'s
+/// tables (default [`DEFAULT_DATABASE_SCHEMA`]).
+pub const ENV_DATABASE_SCHEMA: &str = "DO_DATABASE_SCHEMA";
+
+/// The schema of the PostgreSQL stores when `DO_DATABASE_SCHEMA` is unset.
+pub const DEFAULT_DATABASE_SCHEMA: &str = "durability";
+
+/// Where a host on PostgreSQL alone keeps everything: one database URL and
+/// one schema (`[a-z_][a-z0-9_]*`, at most 40 bytes, checked when the
+/// stores connect). Every host of a deployment names the same database and
+/// schema; none needs a directory shared with another.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseSettings {
+    url: String,
+    schema: String,
+}
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may hold a password.
+        f.debug_struct("DatabaseSettings")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DatabaseSettings {
+    /// The database at `url`, tables in `schema`.
+    pub fn new(url: &str, schema: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            schema: schema.to_owned(),
+        }
+    }
+
+    /// `DO_DATABASE_URL` and `DO_DATABASE_SCHEMA` from a variable lookup:
+    /// `None` when the URL is unset.
+    ///
+    /// # Errors
+    /// [`HostError::InvalidSetting`] for a URL that is not `postgres://` or
+    /// `postgresql://`, or an empty schema.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, HostError> {
+        let Some(url) = lookup(ENV_DATABASE_URL) else {
+            return Ok(None);
+        };
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(HostError::setting(
+                ENV_DATABASE_URL,
+                "must be a postgres:// or postgresql:// URL",
+            ));
+        }
+        let schema =
+            lookup(ENV_DATABASE_SCHEMA).unwrap_or_else(|| DEFAULT_DATABASE_SCHEMA.to_owned());
+        if schema.is_empty() {
+            return Err(HostError::setting(ENV_DATABASE_SCHEMA, "is empty"));
+        }
+        Ok(Some(Self { url, schema }))
+    }
+
+    /// As [`DatabaseSettings::from_lookup`], from the process environment.
+    ///
+    /// # Errors
+    /// As [`DatabaseSettings::from_lookup`].
+    pub fn from_env() -> Result<Option<Self>, HostError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The database URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
 /// Environment variable selecting the residency mode.
 pub const ENV_PREVENT_EVICTION: &str = "DO_PREVENT_EVICTION";
 /// Environment variable: `false` turns shard balancing off (default `true`).

@@ -7,8 +7,15 @@
 //! storage id leaves, and keeps the storage id's tombstone. The store is
 //! the only part of the host that knows the backend: the SQLite directory
 //! ([`sqlite::SqliteObjectStore`], the default, one file per object) is
-//! one module, and another backend is one more module implementing this
-//! trait.
+//! one module, and PostgreSQL (`postgres::PostgresObjectStore`, feature
+//! `postgres`: every object in one database, for hosts on several machines)
+//! another; a further backend is one more module implementing this trait.
+//!
+//! Which to pick: the SQLite directory is for processes on ONE machine
+//! (its WAL needs shared memory, which a network file system does not
+//! give; [`sqlite::SqliteObjectStore`] refuses a root on one at start).
+//! Hosts on several machines keep objects, leases and alarm jobs in
+//! PostgreSQL (`HostConfig::postgres`, or `DO_DATABASE_URL`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,6 +24,11 @@ use durability_alarms::AlarmTx;
 use durability_ownership::{LifecycleId, ObjectFence, StorageId};
 use durability_scheduler::{Storage, StorageError};
 
+use crate::error::HostError;
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 pub mod sqlite;
 
 /// The object store a host uses when none is named: the SQLite directory.
@@ -83,6 +95,18 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// # Errors
     /// The setting's name and what is wrong with it.
     fn validate(&self) -> Result<(), (&'static str, String)>;
+
+    /// Checks that the store is safe where it is (called at start, right
+    /// after [`ObjectStore::validate`], before anything is written): the
+    /// SQLite directory refuses a root on a network file system. Default:
+    /// nothing to check.
+    ///
+    /// # Errors
+    /// [`HostError::NetworkFileSystem`], or [`HostError::InvalidSetting`]
+    /// when the check itself cannot be made.
+    fn check_placement(&self) -> Result<(), HostError> {
+        Ok(())
+    }
 
     /// Makes the store ready to hold `storage`'s objects (called at start,
     /// after the lifecycle records were checked).

@@ -24,6 +24,11 @@
 //! - `semaphore`: the semaphore store of `durability-semaphore` (pools,
 //!   requests, the id counter) on [`SqliteTx`].
 //!
+//! Every database here is for processes on ONE machine (WAL needs shared
+//! memory and locks a network file system does not give across machines):
+//! [`local_fs`] tells a local path from one on a network file system, and
+//! the host refuses an object root on one at start.
+//!
 //! # Example
 //!
 //! An object on an in-memory database (`SqliteStorage::open(path, ..)` for a
@@ -68,6 +73,7 @@
 pub use rusqlite;
 
 pub mod connection;
+pub mod local_fs;
 pub use connection::{ConnectionOptions, Synchronous, open_connection};
 
 #[cfg(feature = "scheduler")]

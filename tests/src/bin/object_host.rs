@@ -29,26 +29,18 @@
 //! `refused <code> <message>`, the ownership error's code.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::Write as _;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings};
 use durability_ownership::{ShardCount, SystemClock};
-use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
+use durability_scheduler::{Clock, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
-use futures::future::BoxFuture;
-use tokio::io::AsyncBufReadExt as _;
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+use durability_tests::host_proc::{
+    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+};
 
 fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
@@ -57,37 +49,21 @@ fn sql(e: rusqlite::Error) -> StorageError {
 /// The object; it keeps its timer's state alive (the scheduler holds the
 /// timer weakly).
 struct Counter {
-    _state: Arc<CounterInner>,
+    _state: Arc<TimerObject<SqliteStorage>>,
 }
 
-struct CounterInner {
-    sched: Scheduler<SqliteStorage>,
-    name: String,
-    task: String,
-}
-
-struct Timer(Weak<CounterInner>);
-
-impl Capability for Timer {
-    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
-        let inner = self.0.upgrade();
-        Box::pin(async move {
-            let Some(inner) = inner else { return };
-            let done = inner.sched.transaction(|tx| {
-                tx.sql()
-                    .execute(
-                        "INSERT INTO fired (t, task) VALUES (?1, ?2)",
-                        rusqlite::params![now_ms, inner.task],
-                    )
-                    .map_err(sql)?;
-                tx.set_due("timer", None)
-            });
-            match done {
-                Ok(()) => say(&format!("fired {} task={}", inner.name, inner.task)),
-                Err(e) => say(&format!("fire-failed {} {e}", inner.name)),
-            }
-        })
-    }
+fn record_fired(
+    tx: &mut Transaction<'_, '_, SqliteStorage>,
+    now_ms: i64,
+    task: &str,
+) -> Result<(), StorageError> {
+    tx.sql()
+        .execute(
+            "INSERT INTO fired (t, task) VALUES (?1, ?2)",
+            rusqlite::params![now_ms, task],
+        )
+        .map_err(sql)?;
+    Ok(())
 }
 
 impl Counter {
@@ -105,17 +81,9 @@ impl Counter {
 
 type Store = SqliteLeaseStore<SystemClock>;
 
-fn refuse(code: &str, message: &str) -> ! {
-    eprintln!("refused {code} {message}");
-    std::process::exit(2);
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: HashMap<String, String> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+    let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
     // Settings first: a bad one refuses before any file is touched.
     let mut settings = match HostSettings::from_env() {
@@ -145,90 +113,24 @@ async fn main() {
                     )
                     .map_err(sql)
             })?;
-            let inner = Arc::new(CounterInner {
-                sched: ctx.scheduler.clone(),
-                name: ctx.name.clone(),
-                task: owner.clone(),
-            });
-            ctx.scheduler
-                .attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
             Ok::<_, BoxError>(Counter { _state: inner })
         })
-        .clock(Arc::new(clock))
-        .settings(settings)
-        .own(if arg("own") == "all" {
-            OwnPolicy::AllShards
-        } else {
-            OwnPolicy::OnDemand
-        })
-        .create_active_storage_if_absent(arg("create") == "1")
-        .dispatcher(DispatcherConfig {
-            poll_ms: 100,
-            idle_ms: 20,
-            owner_wait_max_ms: 300,
-            ..DispatcherConfig::fast()
-        });
+        .settings(settings);
+    let config = test_options(config, clock, &arg("own"), &arg("create"));
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
         Err(e) => refuse(e.code(), &e.to_string()),
     };
-    let mut events = host.subscribe();
-    tokio::spawn(async move {
-        while let Ok(e) = events.recv().await {
-            say(&match e {
-                OwnerEvent::Acquired { scope, generation } => {
-                    format!("acquired scope={scope} gen={generation}")
-                }
-                OwnerEvent::Lost {
-                    scope,
-                    generation,
-                    code,
-                } => format!("lost scope={scope} gen={generation} code={code}"),
-                OwnerEvent::Released { scope, generation } => {
-                    format!("released scope={scope} gen={generation}")
-                }
-                _ => format!("event {e:?}"),
-            });
-        }
-    });
-    say(&format!("ready task={task}"));
-    let commands = host.clone();
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let host = commands.clone();
-            tokio::spawn(async move { command(&host, &clock, &line).await });
-        }
-    });
-    let report = host.run_until_signal().await;
-    if let Some(HostError::Ownership(e)) = host.failed() {
-        refuse(e.code(), &e.to_string());
-    }
-    let released = match &report {
-        durability_ownership::DrainReport::Drained { released, .. } => released.len(),
-        _ => 0,
-    };
-    say(&format!(
-        "drained timed_out={} released={released}",
-        report.timed_out()
-    ));
-    // Exit at once: the stdin reader blocks a thread the runtime would
-    // otherwise wait for (the seed's supervisor also kills the runtime
-    // right after a drain succeeds).
-    std::process::exit(if report.timed_out() { 3 } else { 0 });
+    serve(host, &task, move |host, line| async move {
+        command(&host, &clock, &line).await;
+    })
+    .await
 }
 
 async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line: &str) {
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let (cmd, name) = (
-        parts.first().copied().unwrap_or(""),
-        parts.get(1).copied().unwrap_or(""),
-    );
-    let number = parts
-        .get(2)
-        .and_then(|n| n.parse::<i64>().ok())
-        .unwrap_or(0);
+    let (cmd, name, number) = parse(line);
     let result = match cmd {
         "incr" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
@@ -258,18 +160,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             .await
         }
         "probe" => {
-            let p = host.probe();
-            say(&format!(
-                "probe state={} scopes={} in_flight={} open={} cold={} fenced={} lost={} alarms_delivered={}",
-                p.state,
-                p.scopes.len(),
-                p.in_flight,
-                p.open_objects,
-                p.dispatch.cold,
-                p.dispatch.fenced,
-                p.dispatch.ownership_lost,
-                p.alarms.delivered
-            ));
+            say(&probe_line(host));
             return;
         }
         _ => {
@@ -277,15 +168,5 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             return;
         }
     };
-    match result {
-        Ok((v, g)) => say(&format!("ok {cmd} {name} value={v} gen={g}")),
-        Err(e) => say(&format!(
-            "err {cmd} {name} code={} outcome={} {e}",
-            e.code(),
-            match e.outcome() {
-                durability_ownership::DispatchOutcome::NotStarted => "not_started",
-                _ => "unknown",
-            }
-        )),
-    }
+    say(&answer(cmd, name, result));
 }

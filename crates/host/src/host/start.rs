@@ -75,6 +75,7 @@ pub(super) fn validate<S, I, O: ObjectStore>(
         .objects
         .validate()
         .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
+    config.objects.check_placement()?;
     Ok(Validated {
         settings,
         storage_id,

@@ -8,8 +8,14 @@
 //! directories of at most 200 characters (file names stay short, and the
 //! two forms never collide: `~` is not a plain character).
 //!
-//! The directory is for one machine: SQLite's WAL does not work on a
-//! network file system.
+//! The directory is for processes on ONE machine: SQLite's WAL needs
+//! shared memory and reliable locks, which a network file system does not
+//! give processes on different machines. At start the host refuses a root
+//! on a network, cluster or FUSE file system
+//! ([`crate::HostError::NetworkFileSystem`]; the decision is
+//! `durability_storage_sqlite::local_fs`), unless
+//! [`SqliteObjectStore::allow_network_file_system`] overrides it. Hosts on
+//! several machines keep their objects in PostgreSQL instead.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +27,7 @@ pub use durability_storage_sqlite::SqliteOptions;
 use durability_storage_sqlite::SqliteStorage;
 
 use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
+use crate::error::HostError;
 
 pub(crate) mod idempotency;
 #[cfg(test)]
@@ -41,6 +48,7 @@ const COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
 pub struct SqliteObjectStore {
     root: PathBuf,
     options: SqliteOptions,
+    allow_network_fs: bool,
 }
 
 impl SqliteObjectStore {
@@ -49,7 +57,20 @@ impl SqliteObjectStore {
         Self {
             root: root.into(),
             options: SqliteOptions::default(),
+            allow_network_fs: false,
         }
+    }
+
+    /// The documented override of the start check (default `false`): with
+    /// `true` the host starts even when the root is on a network, cluster
+    /// or FUSE file system. Only for processes of ONE machine over a file
+    /// system known to give them working locks and shared memory (a local
+    /// FUSE mount, say); never for hosts on several machines, whose commits
+    /// the fence could then not order.
+    #[must_use]
+    pub fn allow_network_file_system(mut self, allow: bool) -> Self {
+        self.allow_network_fs = allow;
+        self
     }
 
     /// Options of every object database.
@@ -156,6 +177,15 @@ impl ObjectStore for SqliteObjectStore {
             return Err(("root", "the object storage root is empty".to_owned()));
         }
         Ok(())
+    }
+
+    /// Refuses a root on a network file system (`statfs` of the root, or
+    /// its nearest existing ancestor), unless overridden.
+    fn check_placement(&self) -> Result<(), HostError> {
+        if self.allow_network_fs {
+            return Ok(());
+        }
+        placement(durability_storage_sqlite::local_fs::check_local(&self.root))
     }
 
     fn prepare(&self, storage: &StorageId) -> Result<(), (&'static str, String)> {
@@ -287,6 +317,25 @@ impl ObjectStore for SqliteObjectStore {
     }
 }
 
+/// The start check's verdict as the host's error.
+fn placement(
+    checked: Result<(), durability_storage_sqlite::local_fs::CheckError>,
+) -> Result<(), HostError> {
+    use durability_storage_sqlite::local_fs::CheckError;
+    match checked {
+        Ok(()) => Ok(()),
+        Err(CheckError::Network(n)) => Err(HostError::NetworkFileSystem {
+            path: n.path.display().to_string(),
+            file_system: n.file_system,
+            why: "SQLite's WAL needs shared memory and reliable locks, which a network \
+                  file system does not give processes on different machines, so the \
+                  SQLite directory is for processes on one machine"
+                .to_owned(),
+        }),
+        Err(e @ CheckError::Io { .. }) => Err(HostError::setting("root", e.to_string())),
+    }
+}
+
 /// Removes a file; `false` when it was not there.
 fn remove(path: &Path) -> Result<bool, StorageError> {
     match std::fs::remove_file(path) {
@@ -327,6 +376,59 @@ fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
         }
         if let Err(e) = remove(&path) {
             failures.push((path.display().to_string(), e.to_string()));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod placement_tests {
+    use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
+
+    use super::*;
+
+    /// The refusal for each network type the decision names, by injected
+    /// `statfs` type (no network mount is needed).
+    #[test]
+    fn a_root_on_a_network_file_system_is_refused_with_what_to_use_instead() {
+        for (f_type, expected) in [
+            (0x6969_u64, "NFS"),
+            (0xFF53_4D42, "CIFS"),
+            (0x6573_5546, "FUSE"),
+        ] {
+            let file_system = network_file_system(f_type).unwrap();
+            assert_eq!(file_system, expected);
+            let e = placement(Err(CheckError::Network(NetworkFileSystem {
+                path: PathBuf::from("/mnt/shared/objects"),
+                file_system,
+            })))
+            .unwrap_err();
+            assert_eq!(e.code(), "host_network_file_system");
+            let text = e.to_string();
+            for part in [
+                "/mnt/shared/objects",
+                expected,
+                "WAL",
+                "one machine",
+                "PostgreSQL",
+                "allow_network_file_system",
+            ] {
+                assert!(text.contains(part), "{part} in {text}");
+            }
+        }
+        assert!(network_file_system(0xEF53).is_none(), "ext4 is local");
+    }
+
+    #[test]
+    fn a_local_root_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteObjectStore::new(dir.path().join("objects"));
+        store.check_placement().unwrap();
+        // /dev/shm is a tmpfs where it exists.
+        if Path::new("/dev/shm").is_dir() {
+            SqliteObjectStore::new("/dev/shm/durability-not-created")
+                .check_placement()
+                .unwrap();
         }
     }
 }

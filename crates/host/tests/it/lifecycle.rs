@@ -123,6 +123,7 @@ fn error_codes_are_unique_and_stable() {
             "host_transport_failed",
             "host_invalid_request",
             "host_request_too_large",
+            "host_network_file_system",
         ]
     );
     assert_eq!(HostError::Draining.code(), "host_draining");

@@ -90,6 +90,21 @@
 //! [`PostgresObjectOptions::lock_timeout`] per round, as on SQLite, and
 //! fails with the retryable `OwnerRace` if the holder still holds it.
 //!
+//! # Administration
+//!
+//! [`PostgresObjects::list_objects`] pages the recorded object ids by
+//! prefix in byte order; [`PostgresObjects::delete_object`] deletes one
+//! object (its rows in every shared `durability_object_*` table, its own
+//! schema, its record) in one transaction behind the object row lock, so a
+//! storage opened on it before fails every later transaction until it is
+//! opened again. A storage id's tombstone (`durability_tombstones`:
+//! [`PostgresObjects::write_tombstone`], [`PostgresObjects::tombstone`])
+//! is what the host writes before it deletes a storage id. Inside a
+//! transaction, [`PostgresObjectTx::due_capabilities`] lists the
+//! capabilities with a due time and
+//! [`PostgresObjectTx::drop_own_schema_objects`] drops one page of the
+//! object's own relations.
+//!
 //! # Failures
 //!
 //! A commit is durable as PostgreSQL makes it (`synchronous_commit`, and a
@@ -129,6 +144,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod alarms;
 mod driver;
 mod fence;
@@ -146,6 +162,7 @@ use std::time::Duration;
 
 use durability_scheduler::{Direction, SchemaStep, Storage, StorageError, StorageErrorKind};
 
+pub use admin::PgTombstone;
 pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 

@@ -41,6 +41,11 @@ impl Deployment {
         Ok(Self(name.to_owned()))
     }
 
+    /// The schema's name, unquoted (as the catalog holds it).
+    pub(crate) fn name(&self) -> &str {
+        &self.0
+    }
+
     /// The schema, quoted for SQL text.
     pub(crate) fn quoted(&self) -> String {
         quote(&self.0)
@@ -152,6 +157,12 @@ CREATE TABLE IF NOT EXISTS {s}.durability_object_topology_writes (
 );
 CREATE INDEX IF NOT EXISTS durability_object_topology_writes_by_group
     ON {s}.durability_object_topology_writes (object_id, group_id, land_by);
+CREATE TABLE IF NOT EXISTS {s}.durability_tombstones (
+    storage_id TEXT COLLATE "C" PRIMARY KEY,
+    lifecycle TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('deleting', 'deleted')),
+    written_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 "#;
 
 /// One schema step with its SQL, as an application registers it for its

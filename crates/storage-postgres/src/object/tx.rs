@@ -84,7 +84,7 @@ impl<'t> PostgresObjectTx<'t> {
         self.object
     }
 
-    fn fail(&self, what: &str, e: tokio_postgres::Error) -> StorageError {
+    pub(crate) fn fail(&self, what: &str, e: tokio_postgres::Error) -> StorageError {
         self.failed.set(true);
         // A statement whose plan no longer fits (its table changed) would
         // fail the same way on every later use.

@@ -1,0 +1,301 @@
+//! Issue 35, item 3, with real `pg-object-host` processes: hosts on
+//! PostgreSQL alone (leases, alarm jobs and objects in the test's own
+//! schema; each host in a working directory of its own, none shared).
+//! A host is SIGKILLed mid-call, or SIGSTOPped inside a transaction past
+//! its lease; every acknowledged write is checked against the stored rows
+//! and every commit against the claims the hosts printed (task,
+//! generation). Skipped (said on stderr) without a PostgreSQL server,
+//! unless `DURABILITY_REQUIRE_SERVICES=1`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use durability_ownership::{ClassName, ObjectName, OwnerScope, ShardCount, StorageId};
+use durability_storage_postgres::testkit::{TestSchema, url};
+
+use super::{Proc, TTL_S, field, now, signal};
+use crate::fence_processes::{Write, fence_violations};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A host process on the test's schema, in a working directory of its own.
+fn spawn(name: &str, cwd: &Path, schema: &TestSchema, extra: &[&str]) -> Proc {
+    let db_url = url();
+    Proc::spawn_bin(
+        env!("CARGO_BIN_EXE_pg-object-host"),
+        name,
+        cwd,
+        TTL_S,
+        extra,
+        &[
+            ("DO_DATABASE_URL", db_url.as_str()),
+            ("DO_DATABASE_SCHEMA", schema.name()),
+        ],
+    )
+}
+
+/// `a` owning every shard (creating the storage pointer), then `b`
+/// waiting to take over; each in its own directory.
+fn pair(schema: &TestSchema, dirs: &[tempfile::TempDir; 2]) -> (Proc, Proc) {
+    let a = spawn("a", dirs[0].path(), schema, &["own=all", "create=1"]);
+    a.wait_line("ready");
+    a.wait_n("acquired ", 16);
+    let b = spawn("b", dirs[1].path(), schema, &["own=all"]);
+    b.wait_line("ready");
+    (a, b)
+}
+
+/// One object's stored rows: its counter and its `writes` log.
+struct Stored {
+    n: i64,
+    writes: Vec<(i64, String, i64, i64)>,
+}
+
+fn stored(schema: &TestSchema, name: &str) -> Stored {
+    runtime().block_on(async {
+        let (c, conn) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = schema.name();
+        let seq: i64 = c
+            .query_one(
+                &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
+                &[&format!("st1:Counter:{name}")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let own = format!("{s}_o{seq}");
+        let n: i64 = c
+            .query_one(&format!("SELECT n FROM {own}.counter"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        let writes = c
+            .query(
+                &format!("SELECT seq, task, generation, n FROM {own}.writes ORDER BY seq"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        Stored { n, writes }
+    })
+}
+
+/// The claims each host printed, as (task, scope, generation).
+fn claims(hosts: &[&Proc]) -> BTreeSet<(String, String, i64)> {
+    hosts
+        .iter()
+        .flat_map(|p| {
+            p.lines()
+                .into_iter()
+                .filter(|(_, l)| l.starts_with("acquired "))
+                .map(|(_, l)| {
+                    (
+                        p.name.clone(),
+                        field(&l, "scope").to_owned(),
+                        field(&l, "gen").parse().unwrap(),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn scope_of(name: &str) -> String {
+    OwnerScope::for_object(
+        StorageId::new("st1").unwrap(),
+        ClassName::new("Counter").unwrap(),
+        &ObjectName::new(name),
+        ShardCount::default(),
+    )
+    .unwrap()
+    .to_string()
+}
+
+/// Checks every object named: each acknowledged increment (`ok incr` /
+/// `ok slow` lines, by any host) is a stored write with its task,
+/// generation and value; each stored write was made under a claim its
+/// host printed for the object's scope; no generation was committed by two
+/// hosts and none landed after a newer one. Returns the violations.
+fn check(schema: &TestSchema, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
+    let claims = claims(hosts);
+    let mut violations = Vec::new();
+    for name in names {
+        let rows = stored(schema, name);
+        let scope = scope_of(name);
+        let writes: Vec<Write> = rows
+            .writes
+            .iter()
+            .map(|(seq, task, generation, _)| Write {
+                seq: *seq,
+                task: task.clone(),
+                generation: *generation,
+                holder: task.clone(),
+            })
+            .collect();
+        violations.extend(
+            fence_violations(&writes)
+                .into_iter()
+                .map(|v| format!("{name}: {v}")),
+        );
+        for (seq, task, generation, _) in &rows.writes {
+            if !claims.contains(&(task.clone(), scope.clone(), *generation)) {
+                violations.push(format!(
+                    "{name}: write #{seq} by {task} at generation {generation} under no claim {task} printed"
+                ));
+            }
+        }
+        if rows.writes.last().map(|w| w.3) != Some(rows.n) {
+            violations.push(format!("{name}: counter {} is not the last write", rows.n));
+        }
+        let stored: BTreeMap<i64, (String, i64)> = rows
+            .writes
+            .iter()
+            .map(|(_, task, generation, n)| (*n, (task.clone(), *generation)))
+            .collect();
+        for p in hosts {
+            for (_, l) in p.lines() {
+                let acked = [format!("ok incr {name} "), format!("ok slow {name} ")];
+                if !acked.iter().any(|a| l.starts_with(a.as_str())) {
+                    continue;
+                }
+                let value: i64 = field(&l, "value").parse().unwrap();
+                let generation: i64 = field(&l, "gen").parse().unwrap();
+                if stored.get(&value) != Some(&(p.name.clone(), generation)) {
+                    violations.push(format!(
+                        "{name}: acknowledged {l:?} by {} is not a stored write ({:?})",
+                        p.name,
+                        stored.get(&value)
+                    ));
+                }
+            }
+        }
+    }
+    violations
+}
+
+#[test]
+fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_accounted_for() {
+    let rt = runtime();
+    let Some(schema) = rt.block_on(TestSchema::create()) else {
+        return;
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (mut a, mut b) = pair(&schema, &dirs);
+    let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
+    for n in names {
+        let answer = a.run_ok(&format!("incr {n}"));
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
+            "{answer}"
+        );
+        let answer = a.run_ok(&format!("timer {n} 1500"));
+        assert!(answer.starts_with("ok timer"), "{answer}");
+    }
+    // Mid-call: the first write of `slow m1` committed, the second not yet.
+    let answer = a.run_ok("incr m1");
+    assert!(answer.starts_with("ok incr m1 value=1 "), "{answer}");
+    a.send("slow m1 60000");
+    a.wait_line("slow-wrote m1");
+    let killed = now();
+    signal(a.child.id(), "KILL");
+    a.wait_exit();
+    eprintln!(
+        "tried: SIGKILL of host a (PostgreSQL only, own directory) owning 16 shards, mid-call on m1 \
+         (one write committed, the call unanswered), {} objects with an alarm due 1.5 s later; lease {TTL_S} s",
+        names.len()
+    );
+    super::alarms_fired_on_b(&b, &names, killed);
+    for n in names {
+        let answer = b.run_ok(&format!("incr {n}"));
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=2 ")),
+            "{answer}"
+        );
+    }
+    // m1: the killed call's committed write is kept, its second never ran.
+    let answer = b.run_ok("incr m1");
+    assert!(answer.starts_with("ok incr m1 value=3 "), "{answer}");
+    let mut all = names.to_vec();
+    all.push("m1");
+    let violations = check(&schema, &[&a, &b], &all);
+    assert!(violations.is_empty(), "{violations:#?}");
+    let m1 = stored(&schema, "m1");
+    eprintln!(
+        "stored writes of m1 (seq, task, generation, n): {:?}; every acknowledged write stored, every commit under a printed claim",
+        m1.writes
+    );
+    assert_eq!(b.count("fired "), names.len(), "nothing fired twice");
+}
+
+#[test]
+fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_ends_it() {
+    let rt = runtime();
+    let Some(schema) = rt.block_on(TestSchema::create()) else {
+        return;
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (mut a, mut b) = pair(&schema, &dirs);
+    let answer = a.run_ok("incr p1");
+    assert!(answer.starts_with("ok incr p1 value=1 "), "{answer}");
+    a.send("hold p1 2000");
+    a.wait_line("in-tx p1");
+    signal(a.child.id(), "STOP");
+    let paused = now();
+    eprintln!(
+        "tried: SIGSTOP of host a inside a transaction on p1 (a write made, not committed), lease {TTL_S} s"
+    );
+    let acquired = b.wait_n("acquired ", 16);
+    eprintln!(
+        "b owned all 16 shards {} ms after the pause",
+        acquired[15].0 - paused
+    );
+    // b's fence ends a's open transaction instead of waiting behind it.
+    let started = now();
+    let answer = b.run_ok("incr p1");
+    let took = now() - started;
+    eprintln!("b's first call on p1 (its claim ended a's session): {answer} in {took} ms");
+    assert!(
+        answer.starts_with("ok incr p1 value=2 "),
+        "a's uncommitted write never landed: {answer}"
+    );
+    signal(a.child.id(), "CONT");
+    let end = now() + 30_000;
+    let ended = loop {
+        if let Some(l) = a
+            .lines()
+            .into_iter()
+            .map(|(_, l)| l)
+            .find(|l| l.starts_with("err hold p1 ") || l.starts_with("ok hold p1 "))
+        {
+            break l;
+        }
+        assert!(now() < end, "{:#?}", a.lines());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    eprintln!("a's paused transaction ended with: {ended}");
+    assert!(
+        ended.starts_with("err hold p1 "),
+        "the stale commit must not succeed: {ended}"
+    );
+    let answer = b.run_ok("incr p1");
+    assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
+    let violations = check(&schema, &[&a, &b], &["p1"]);
+    assert!(violations.is_empty(), "{violations:#?}");
+    let p1 = stored(&schema, "p1");
+    assert!(
+        p1.writes.iter().filter(|w| w.1 == "a").count() == 1,
+        "only a's committed write before the pause is stored: {:?}",
+        p1.writes
+    );
+    signal(a.child.id(), "KILL");
+}

@@ -1,0 +1,189 @@
+//! A host process on PostgreSQL alone for the process tests
+//! (`tests/it/host_processes/postgres.rs`): a `durability-host` whose
+//! leases, alarm jobs and objects are in the database `DO_DATABASE_URL`
+//! names (schema `DO_DATABASE_SCHEMA`), with no directory shared with any
+//! other process. One object class, `Counter`; every write it commits also
+//! records `(task, generation, n)` in the object's `writes` table in the
+//! same transaction, so a test checks each commit against the claims the
+//! hosts printed.
+//!
+//! Output and commands as `object-host` (`ready`, `acquired`, `lost`,
+//! `released`, `ok`/`err`, `slow-wrote`, `fired`, `drained`; `incr <name>`,
+//! `timer <name> <delay ms>`, `slow <name> <ms>`, `probe`), and
+//! `hold <name> <ms>`: one write, `in-tx <name> gen=<g>`, then a pause of
+//! `ms` inside the same transaction before it commits. Arguments
+//! `key=value`: `task`, `own` (`all` or `none`), `create` (`1`: create the
+//! active storage pointer if absent), `interval` (owner loop period, ms).
+//! Settings from the `DO_*` environment variables.
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
+use durability_host::{
+    BoxError, DatabaseSettings, Host, HostConfig, HostIds, HostSettings, PostgresObjectStore,
+};
+use durability_ownership::{LifecycleId, StorageId, SystemClock, TaskId};
+use durability_scheduler::{Clock, StorageError, Transaction};
+use durability_storage_postgres::object::PostgresObjectStorage;
+use durability_tests::host_proc::{
+    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+};
+
+type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
+
+fn pg(e: tokio_postgres::Error) -> StorageError {
+    StorageError::backend("counter sql", e)
+}
+
+/// The object; it keeps its timer's state alive.
+struct Counter {
+    _state: Arc<TimerObject<PostgresObjectStorage>>,
+}
+
+fn record_fired(
+    tx: &mut Transaction<'_, '_, PostgresObjectStorage>,
+    now_ms: i64,
+    task: &str,
+) -> Result<(), StorageError> {
+    tx.sql().execute(
+        "INSERT INTO fired (t, task) VALUES ($1, $2)",
+        &[&now_ms, &task],
+    )?;
+    Ok(())
+}
+
+/// One increment, recorded with the writer's task and generation.
+fn incr(
+    tx: &mut Transaction<'_, '_, PostgresObjectStorage>,
+    task: &str,
+    generation: u64,
+) -> Result<i64, StorageError> {
+    let n: i64 = tx
+        .sql()
+        .query_one(
+            "INSERT INTO counter (id, n) VALUES (0, 1)
+             ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n",
+            &[],
+        )?
+        .try_get(0)
+        .map_err(pg)?;
+    let generation = i64::try_from(generation).unwrap();
+    tx.sql().execute(
+        "INSERT INTO writes (task, generation, n) VALUES ($1, $2, $3)",
+        &[&task, &generation, &n],
+    )?;
+    Ok(n)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
+    let mut settings = match HostSettings::from_env() {
+        Ok(s) => s,
+        Err(e) => refuse(e.code(), &e.to_string()),
+    };
+    settings.renew_interval_ms = arg("interval").parse().ok();
+    let database = match DatabaseSettings::from_env() {
+        Ok(Some(d)) => d,
+        Ok(None) => refuse("host_invalid_setting", "DO_DATABASE_URL is not set"),
+        Err(e) => refuse(e.code(), &e.to_string()),
+    };
+    let task = arg("task");
+    let ids = HostIds {
+        storage: StorageId::new("st1").unwrap(),
+        lifecycle: LifecycleId::new("ns:app").unwrap(),
+        task: TaskId::new(&task).unwrap(),
+    };
+    let config = match HostConfig::postgres(&database, settings, ids).await {
+        Ok(c) => c,
+        Err(e) => refuse(e.code(), &e.to_string()),
+    };
+    let owner = task.clone();
+    let clock = SystemClock::new();
+    let config = config
+        .endpoint(&format!("http://127.0.0.1:8788/{task}"))
+        .class("Counter", move |ctx| {
+            ctx.scheduler.transaction(|tx| {
+                tx.sql().batch_execute(
+                    "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL);
+                     CREATE TABLE IF NOT EXISTS fired (t BIGINT NOT NULL, task TEXT NOT NULL);
+                     CREATE TABLE IF NOT EXISTS writes (seq BIGSERIAL PRIMARY KEY, task TEXT NOT NULL,
+                                                        generation BIGINT NOT NULL, n BIGINT NOT NULL);",
+                )
+            })?;
+            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
+            Ok::<_, BoxError>(Counter { _state: inner })
+        });
+    let config = test_options(config, clock, &arg("own"), &arg("create"));
+    let host = match Host::start(config).await {
+        Ok(h) => h,
+        Err(e) => refuse(e.code(), &e.to_string()),
+    };
+    let me = task.clone();
+    serve(host, &me, move |host, line| {
+        let task = task.clone();
+        async move { command(&host, &clock, &task, &line).await }
+    })
+    .await
+}
+
+async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
+    let (cmd, name, number) = parse(line);
+    let result = match cmd {
+        "incr" => {
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                let g = h.generation;
+                let v = h.scheduler.transaction(|tx| incr(tx, task, g))?;
+                Ok((v, g))
+            })
+            .await
+        }
+        "timer" => {
+            let at = clock.now_ms() + number;
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                h.scheduler
+                    .transaction(|tx| tx.set_due("timer", Some(at)))?;
+                Ok((at, h.generation))
+            })
+            .await
+        }
+        "slow" => {
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                let g = h.generation;
+                h.scheduler.transaction(|tx| incr(tx, task, g))?;
+                say(&format!("slow-wrote {name} gen={g}"));
+                tokio::time::sleep(Duration::from_millis(u64::try_from(number).unwrap_or(0))).await;
+                let v = h.scheduler.transaction(|tx| incr(tx, task, g))?;
+                Ok((v, g))
+            })
+            .await
+        }
+        "hold" => {
+            // Inside one transaction: a write, then a pause of `ms` (the
+            // test stops the process here, holding the object row).
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                let g = h.generation;
+                let v = h.scheduler.transaction(|tx| {
+                    let v = incr(tx, task, g)?;
+                    say(&format!("in-tx {name} gen={g}"));
+                    std::thread::sleep(Duration::from_millis(u64::try_from(number).unwrap_or(0)));
+                    Ok::<_, StorageError>(v)
+                })?;
+                Ok((v, g))
+            })
+            .await
+        }
+        "probe" => {
+            say(&probe_line(host));
+            return;
+        }
+        _ => {
+            say(&format!("err {cmd} {name} code=unknown_command"));
+            return;
+        }
+    };
+    say(&answer(cmd, name, result));
+}
