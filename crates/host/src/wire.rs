@@ -11,6 +11,7 @@ use crate::protocol::{
     InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
     OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence, envelope,
+    hop_id, strip_request_id,
 };
 use crate::rpc::RpcArgs;
 use crate::store::ObjectStore;
@@ -186,14 +187,15 @@ where
     };
     let result = match RpcArgs::new(wire.args) {
         Ok(args) => {
-            host.serve_invoke(InvokeRequest {
-                class: wire.class,
-                name: wire.name,
-                method: wire.method,
-                args,
-                fence,
-            })
-            .await
+            hop_id(&headers)
+                .scope(host.serve_invoke(InvokeRequest {
+                    class: wire.class,
+                    name: wire.name,
+                    method: wire.method,
+                    args,
+                    fence,
+                }))
+                .await
         }
         Err(e) => Err(e),
     };
@@ -295,7 +297,9 @@ where
             );
         }
     };
-    let outcome = host.serve_alarm(AlarmRequest { delivery, fence }).await;
+    let outcome = hop_id(&headers)
+        .scope(host.serve_alarm(AlarmRequest { delivery, fence }))
+        .await;
     (
         [(http::header::CONTENT_TYPE, "application/json")],
         encode_dispatch_outcome(&outcome),

@@ -120,7 +120,7 @@ impl HttpTransport {
 }
 
 /// A request of `method` to an internal `path` of `endpoint`, with the
-/// token and, when given, the route fence.
+/// token, the task's context request id and, when given, the route fence.
 pub(crate) fn internal_request(
     method: http::Method,
     endpoint: &Endpoint,
@@ -132,6 +132,11 @@ pub(crate) fn internal_request(
         .method(method)
         .uri(format!("{}{path}", endpoint.url()))
         .header(AUTH_HEADER, token.as_str());
+    // The sanitized context id, never a tenant's header (see
+    // [`super::RequestId`]).
+    if let Some(id) = super::RequestId::current() {
+        builder = builder.header(super::CONTEXT_ID_HEADER, id.as_str());
+    }
     if let Some(fence) = fence {
         builder = builder
             .header(ROUTE_TASK_HEADER, fence.task.as_str())
