@@ -163,13 +163,15 @@ pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'stat
 
 pub(crate) async fn invoke<S, I, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
+    // The request's own header map (the `HeaderMap` extractor copies it).
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_INVOKE_BODY_BYTES).await {
         Ok(admitted) => admitted,
         Err(refused) => return refused,
@@ -201,8 +203,7 @@ where
     };
     match result {
         Ok((value, owner)) => {
-            let mut response =
-                axum::Json(serde_json::json!({ "ok": true, "result": value })).into_response();
+            let mut response = success_response(&value);
             put_owner_headers(response.headers_mut(), &owner);
             response
         }
@@ -211,6 +212,23 @@ where
             error_response(wire.status, &wire.code, &wire.message, wire.marked)
         }
     }
+}
+
+/// `200 { "ok": true, "result": … }`, the result encoded once straight
+/// into the body.
+fn success_response(value: &Value) -> Response {
+    let mut body = Vec::with_capacity(128);
+    body.extend_from_slice(b"{\"ok\":true,\"result\":");
+    if serde_json::to_writer(&mut body, value).is_err() {
+        return error_response(500, "internal_error", "the result is not JSON", false);
+    }
+    body.push(b'}');
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Sets the owner's trusted headers on a success response.

@@ -46,7 +46,10 @@ where
             request_id = %id
         );
         let result = id
-            .scope(self.dispatch_inner(class, name, expect, work).instrument(span))
+            .scope(
+                self.dispatch_inner(class, name, expect, work)
+                    .instrument(span),
+            )
             .await;
         self.inner.counters.count(&result);
         tracing::debug!(
@@ -425,7 +428,8 @@ where
             attempt = delivery.attempt,
             request_id = %id
         );
-        id.scope(self.deliver_inner(delivery).instrument(span)).await
+        id.scope(self.deliver_inner(delivery).instrument(span))
+            .await
     }
 
     pub(super) async fn deliver_inner(&self, delivery: Delivery) -> DispatchOutcome {

@@ -14,9 +14,7 @@ use super::{Kind, ObjectRef, RunHere};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::MethodInput;
-use crate::protocol::{
-    Endpoint, InternalToken, InvokeRequest, OwnerHeaders, RequestId, Transport,
-};
+use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, RequestId, Transport};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
 

@@ -26,9 +26,7 @@ use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::object::MethodInput;
-use crate::protocol::{
-    Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport, edge_id,
-};
+use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport, edge_id};
 use crate::store::ObjectStore;
 
 impl Kind for FetchInvoke {

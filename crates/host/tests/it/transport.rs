@@ -318,16 +318,31 @@ mod request_ids {
         let stop = CancellationToken::new();
         let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let ports = [la.local_addr().unwrap().port(), lb.local_addr().unwrap().port()];
+        let ports = [
+            la.local_addr().unwrap().port(),
+            lb.local_addr().unwrap().port(),
+        ];
         let peers = StaticPeers(BTreeMap::from([
-            ("a".to_owned(), format!("http://{}", la.local_addr().unwrap())),
-            ("b".to_owned(), format!("http://{}", lb.local_addr().unwrap())),
+            (
+                "a".to_owned(),
+                format!("http://{}", la.local_addr().unwrap()),
+            ),
+            (
+                "b".to_owned(),
+                format!("http://{}", lb.local_addr().unwrap()),
+            ),
         ]));
         let a = start(&w, "a", la, &peers, ports, &stop).await;
         let b = start(&w, "b", lb, &peers, ports, &stop).await;
         // a owns `inner`, b owns `outer`.
-        a.object("Counter", "inner").fetch(fetch_of(None, "/who")).await.unwrap();
-        b.object("Counter", "outer").fetch(fetch_of(None, "/who")).await.unwrap();
+        a.object("Counter", "inner")
+            .fetch(fetch_of(None, "/who"))
+            .await
+            .unwrap();
+        b.object("Counter", "outer")
+            .fetch(fetch_of(None, "/who"))
+            .await
+            .unwrap();
         let outer = a.object("Counter", "outer");
 
         // A well-formed tenant id at the edge crosses the hop as the
@@ -362,23 +377,42 @@ mod request_ids {
         assert_eq!(fresh.len(), 5, "each request got its own id: {fresh:?}");
         // A control character is refused before dispatch, as any header
         // value holding one.
-        let refused = outer.fetch(fetch_of(Some("a\u{1}b"), "/who")).await.unwrap_err();
+        let refused = outer
+            .fetch(fetch_of(Some("a\u{1}b"), "/who"))
+            .await
+            .unwrap_err();
         assert_eq!(refused.code(), "host_invalid_request");
 
         // Nested: a → b (`outer`) → a (`inner`); outer's handler sends a
         // forged tenant id, inner sees the edge's id.
         spans.clear();
-        let answer = body(&outer.fetch(fetch_of(Some("edge-2"), "/nest")).await.unwrap());
+        let answer = body(
+            &outer
+                .fetch(fetch_of(Some("edge-2"), "/nest"))
+                .await
+                .unwrap(),
+        );
         assert_eq!(id_of(&answer), "edge-2");
         let routes = spans.ids("durability.host.route");
-        assert_eq!(routes, vec![Some("edge-2".to_owned()); 2], "the edge's and the nested route");
+        assert_eq!(
+            routes,
+            vec![Some("edge-2".to_owned()); 2],
+            "the edge's and the nested route"
+        );
         let dispatches = spans.ids("durability.host.dispatch");
-        assert_eq!(dispatches, vec![Some("edge-2".to_owned()); 2], "outer's and inner's dispatch");
+        assert_eq!(
+            dispatches,
+            vec![Some("edge-2".to_owned()); 2],
+            "outer's and inner's dispatch"
+        );
 
         // RPC: no tenant id; the edge generates one and the nested call on
         // another host carries it.
         let ids = outer.call("nest", json!(null)).await.unwrap();
-        let (o, i) = (ids["outer"].as_str().unwrap(), ids["inner"].as_str().unwrap());
+        let (o, i) = (
+            ids["outer"].as_str().unwrap(),
+            ids["inner"].as_str().unwrap(),
+        );
         assert!(RequestId::sanitize(o).is_some());
         assert_eq!(o, i, "the nested call carried the context id");
         let again = outer.call("nest", json!(null)).await.unwrap();

@@ -4,7 +4,11 @@ use super::*;
 
 #[test]
 fn sanitize_keeps_well_formed_ids_and_refuses_the_rest() {
-    for good in ["abc", "req-1.2_3:4/5+6=7@8", &"a".repeat(MAX_REQUEST_ID_BYTES)] {
+    for good in [
+        "abc",
+        "req-1.2_3:4/5+6=7@8",
+        &"a".repeat(MAX_REQUEST_ID_BYTES),
+    ] {
         assert_eq!(
             RequestId::sanitize(good).map(|id| id.as_str().to_owned()),
             Some(good.to_owned()),
@@ -48,11 +52,11 @@ async fn edge_takes_the_tenant_id_outside_a_context_and_the_context_id_inside() 
     let outside = edge_id(&mut headers.clone());
     assert_eq!(outside.as_str(), "tenant-1");
     let context = RequestId::sanitize("ctx-9").expect("valid");
-    let inside = context
-        .clone()
-        .scope(async { edge_id(&mut headers) })
-        .await;
+    let inside = context.clone().scope(async { edge_id(&mut headers) }).await;
     assert_eq!(inside, context, "a nested call carries the context id");
     assert_eq!(headers, vec![("accept".to_owned(), "*/*".to_owned())]);
-    assert!(RequestId::current().is_none(), "the context ends with its scope");
+    assert!(
+        RequestId::current().is_none(),
+        "the context ends with its scope"
+    );
 }
