@@ -25,7 +25,7 @@ use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
 use crate::protocol::{
     ConnectInvoke, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken,
-    InvokeRequest, OwnerHeaders, RouteFence, Transport,
+    InvokeRequest, OwnerHeaders, RequestId, RouteFence, Transport, edge_id,
 };
 use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
 use crate::rpc::{RpcArgs, validate_method};
@@ -302,7 +302,7 @@ impl RpcClient {
                 args,
                 fence: None,
             });
-        self.send(self, class, name, request).await
+        self.send(self, class, name, request, None).await
     }
 
     /// Sends a tenant fetch to the fetch handler of the object of `class`
@@ -324,13 +324,17 @@ impl RpcClient {
         name: &str,
         request: FetchRequest,
     ) -> Result<FetchResponse, HostError> {
-        let invoke = request.validate().map(|request| FetchInvoke {
-            class: class.to_owned(),
-            name: name.to_owned(),
-            request,
-            fence: None,
+        let mut id = None;
+        let invoke = request.validate().map(|mut request| {
+            id = Some(edge_id(&mut request.headers));
+            FetchInvoke {
+                class: class.to_owned(),
+                name: name.to_owned(),
+                request,
+                fence: None,
+            }
         });
-        self.send(self, class, name, invoke).await
+        self.send(self, class, name, invoke, id).await
     }
 
     /// Opens a WebSocket session with the connect handler of the object of
@@ -355,29 +359,37 @@ impl RpcClient {
         name: &str,
         request: ConnectRequest,
     ) -> Result<Socket, HostError> {
-        let invoke = request.validate().map(|request| ConnectInvoke {
-            class: class.to_owned(),
-            name: name.to_owned(),
-            request,
-            fence: None,
+        let mut id = None;
+        let invoke = request.validate().map(|mut request| {
+            id = Some(edge_id(&mut request.headers));
+            ConnectInvoke {
+                class: class.to_owned(),
+                name: name.to_owned(),
+                request,
+                fence: None,
+            }
         });
-        self.send(self, class, name, invoke).await
+        self.send(self, class, name, invoke, id).await
     }
 
     /// Routes a validated request (the one router, [`route`], through
-    /// `router`: this client, or a [`FailoverClient`] over it) and counts
-    /// its outcome; a request or object refused before anything was sent
-    /// is `invalid`.
+    /// `router`: this client, or a [`FailoverClient`] over it) with `id`
+    /// (else the task's context id, else a new one) as its request id, and
+    /// counts its outcome; a request or object refused before anything was
+    /// sent is `invalid`.
     async fn send<K: Kind, R: Routes<K>>(
         &self,
         router: &R,
         class: &str,
         name: &str,
         request: Result<K, HostError>,
+        id: Option<RequestId>,
     ) -> Result<K::Out, HostError> {
         let routed = match request.and_then(|r| Ok((self.scope(class, name)?, r))) {
             Err(e) => Err((Outcome::Invalid, e)),
-            Ok((scope, request)) => route(router, &scope, &request)
+            Ok((scope, request)) => id
+                .unwrap_or_else(RequestId::current_or_new)
+                .scope(route(router, &scope, &request))
                 .await
                 .map_err(|refusal| (outcome(&refusal), refusal.error)),
         };

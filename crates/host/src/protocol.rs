@@ -4,6 +4,7 @@
 
 mod endpoint;
 pub(crate) mod http1;
+mod request_id;
 
 use std::fmt;
 
@@ -12,6 +13,8 @@ use serde_json::Value;
 
 pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
 pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport};
+pub use request_id::{CONTEXT_ID_HEADER, MAX_REQUEST_ID_BYTES, REQUEST_ID_HEADER, RequestId};
+pub(crate) use request_id::{edge_id, hop_id, strip_request_id};
 
 #[cfg(test)]
 pub(crate) use http1::classify_connect;

@@ -63,7 +63,9 @@ use tracing::Instrument as _;
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::Class;
-use crate::protocol::{AlarmRequest, Endpoint, InternalToken, OwnerHeaders, Reply, RouteFence};
+use crate::protocol::{
+    AlarmRequest, Endpoint, InternalToken, OwnerHeaders, Reply, RequestId, RouteFence,
+};
 pub use crate::route_table::RoutingStats;
 use crate::route_table::bump;
 use crate::store::ObjectStore;
@@ -90,8 +92,13 @@ where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
-    /// Routes a validated request to the object's owner (the one router).
-    async fn routed<K: RunHere<S, I, O>>(&self, request: K) -> Result<K::Out, HostError> {
+    /// Routes a validated request to the object's owner (the one router),
+    /// with `id` as the context request id of everything it runs and sends.
+    async fn routed<K: RunHere<S, I, O>>(
+        &self,
+        request: K,
+        id: RequestId,
+    ) -> Result<K::Out, HostError> {
         let scope = self.host.scope_for(&self.class, &self.name)?;
         let span = tracing::debug_span!(
             "durability.host.route",
@@ -99,10 +106,10 @@ where
             class = %self.class,
             object = %self.name,
             method = request.method(),
-            scope = %scope
+            scope = %scope,
+            request_id = %id
         );
-        route(&self.host, &scope, &request)
-            .instrument(span)
+        id.scope(route(&self.host, &scope, &request).instrument(span))
             .await
             .map_err(|refusal| refusal.error)
     }
@@ -478,9 +485,15 @@ where
                 generation: generation.get(),
             },
         };
-        let outcome = routing
-            .transport
-            .deliver_alarm(&endpoint, token, &request, self.clock().as_ref())
+        let id = RequestId::current_or_new();
+        let outcome = id
+            .clone()
+            .scope(routing.transport.deliver_alarm(
+                &endpoint,
+                token,
+                &request,
+                self.clock().as_ref(),
+            ))
             .await;
         tracing::debug!(
             event = "durability.host.alarm_forwarded",
@@ -488,6 +501,7 @@ where
             owner = owner.as_str(),
             generation = generation.get(),
             outcome = ?outcome,
+            request_id = %id,
             "alarm delivery forwarded to its owner"
         );
         outcome

@@ -65,11 +65,12 @@ pub fn validate_method(method: &str) -> Result<(), HostError> {
 }
 
 /// Validated RPC arguments: structural JSON whose canonical encoding is at
-/// most [`MAX_ARGS_BYTES`].
+/// most [`MAX_ARGS_BYTES`]. Cloning shares them (a routed call clones its
+/// request once per attempt to set the route fence).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcArgs {
-    value: Value,
-    encoded: String,
+    value: Arc<Value>,
+    encoded: Arc<str>,
 }
 
 impl RpcArgs {
@@ -91,7 +92,10 @@ impl RpcArgs {
                 ),
             });
         }
-        Ok(Self { value, encoded })
+        Ok(Self {
+            value: Arc::new(value),
+            encoded: Arc::from(encoded),
+        })
     }
 
     /// Parses and validates arguments received as JSON text (the wire).
@@ -125,9 +129,9 @@ impl RpcArgs {
         &self.encoded
     }
 
-    /// The arguments, owned.
+    /// The arguments, owned (copied only when a clone still shares them).
     pub fn into_value(self) -> Value {
-        self.value
+        Arc::unwrap_or_clone(self.value)
     }
 }
 

@@ -11,6 +11,7 @@ use crate::protocol::{
     InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
     OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence, envelope,
+    hop_id, strip_request_id,
 };
 use crate::rpc::RpcArgs;
 use crate::store::ObjectStore;
@@ -162,13 +163,15 @@ pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'stat
 
 pub(crate) async fn invoke<S, I, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response
 where
     S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
     I: AlarmIndex + Send + Sync + 'static,
 {
+    // The request's own header map (the `HeaderMap` extractor copies it).
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_INVOKE_BODY_BYTES).await {
         Ok(admitted) => admitted,
         Err(refused) => return refused,
@@ -186,21 +189,21 @@ where
     };
     let result = match RpcArgs::new(wire.args) {
         Ok(args) => {
-            host.serve_invoke(InvokeRequest {
-                class: wire.class,
-                name: wire.name,
-                method: wire.method,
-                args,
-                fence,
-            })
-            .await
+            hop_id(&headers)
+                .scope(host.serve_invoke(InvokeRequest {
+                    class: wire.class,
+                    name: wire.name,
+                    method: wire.method,
+                    args,
+                    fence,
+                }))
+                .await
         }
         Err(e) => Err(e),
     };
     match result {
         Ok((value, owner)) => {
-            let mut response =
-                axum::Json(serde_json::json!({ "ok": true, "result": value })).into_response();
+            let mut response = success_response(&value);
             put_owner_headers(response.headers_mut(), &owner);
             response
         }
@@ -209,6 +212,23 @@ where
             error_response(wire.status, &wire.code, &wire.message, wire.marked)
         }
     }
+}
+
+/// `200 { "ok": true, "result": … }`, the result encoded once straight
+/// into the body.
+fn success_response(value: &Value) -> Response {
+    let mut body = Vec::with_capacity(128);
+    body.extend_from_slice(b"{\"ok\":true,\"result\":");
+    if serde_json::to_writer(&mut body, value).is_err() {
+        return error_response(500, "internal_error", "the result is not JSON", false);
+    }
+    body.push(b'}');
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Sets the owner's trusted headers on a success response.
@@ -295,7 +315,9 @@ where
             );
         }
     };
-    let outcome = host.serve_alarm(AlarmRequest { delivery, fence }).await;
+    let outcome = hop_id(&headers)
+        .scope(host.serve_alarm(AlarmRequest { delivery, fence }))
+        .await;
     (
         [(http::header::CONTENT_TYPE, "application/json")],
         encode_dispatch_outcome(&outcome),

@@ -60,7 +60,7 @@ use crate::fetch::{FetchRequest, FetchResponse};
 use crate::idempotency::{self, IdempotencyKey};
 use crate::protocol::{
     Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InvokeRequest, OwnerHeaders, Reply,
-    Transport,
+    RequestId, Transport, edge_id,
 };
 use crate::routing::{Answer, Attempt, Kind, Routes, Step};
 use crate::rpc::{RpcArgs, validate_method};
@@ -277,7 +277,7 @@ impl FailoverClient {
         args: Value,
     ) -> Result<Value, HostError> {
         match invoke(class, name, method, args) {
-            Ok(request) => self.resend_unreachable(class, name, &request).await,
+            Ok(request) => self.resend_unreachable(class, name, &request, None).await,
             Err(e) => self.invalid::<InvokeRequest>(class, name, e).await,
         }
     }
@@ -303,12 +303,12 @@ impl FailoverClient {
             Ok(request) => request,
             Err(e) => return self.invalid::<InvokeRequest>(class, name, e).await,
         };
-        let mut result = self.resend_unreachable(class, name, &request).await;
+        let mut result = self.resend_unreachable(class, name, &request, None).await;
         for _ in 1..self.entries.len() {
             match &result {
                 Err(e) if Self::outcome_unknown(e) => {
                     self.resends.fetch_add(1, Ordering::Relaxed);
-                    result = self.resend_unreachable(class, name, &request).await;
+                    result = self.resend_unreachable(class, name, &request, None).await;
                 }
                 _ => break,
             }
@@ -330,14 +330,16 @@ impl FailoverClient {
         request: FetchRequest,
     ) -> Result<FetchResponse, HostError> {
         match request.validate() {
-            Ok(request) => {
+            Ok(mut request) => {
+                let id = edge_id(&mut request.headers);
                 let invoke = FetchInvoke {
                     class: class.to_owned(),
                     name: name.to_owned(),
                     request,
                     fence: None,
                 };
-                self.resend_unreachable(class, name, &invoke).await
+                self.resend_unreachable(class, name, &invoke, Some(id))
+                    .await
             }
             Err(e) => self.invalid::<FetchInvoke>(class, name, e).await,
         }
@@ -351,7 +353,7 @@ impl FailoverClient {
         error: HostError,
     ) -> Result<K::Out, HostError> {
         self.client
-            .send::<K, Self>(self, class, name, Err(error))
+            .send::<K, Self>(self, class, name, Err(error), None)
             .await
     }
 
@@ -362,16 +364,17 @@ impl FailoverClient {
         class: &str,
         name: &str,
         request: &K,
+        id: Option<RequestId>,
     ) -> Result<K::Out, HostError> {
         let first = self
             .client
-            .send(self, class, name, Ok(request.clone()))
+            .send(self, class, name, Ok(request.clone()), id.clone())
             .await;
         if let Err(HostError::OwnerUnreachable { .. }) = &first {
             self.resends.fetch_add(1, Ordering::Relaxed);
             return self
                 .client
-                .send(self, class, name, Ok(request.clone()))
+                .send(self, class, name, Ok(request.clone()), id)
                 .await;
         }
         first

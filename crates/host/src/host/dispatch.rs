@@ -4,6 +4,7 @@
 //! the watchdog.
 
 use super::*;
+use crate::protocol::RequestId;
 
 impl<S, I, O: ObjectStore> Host<S, I, O>
 where
@@ -35,10 +36,20 @@ where
     where
         Fut: Future<Output = Result<R, HostError>>,
     {
-        let span = tracing::debug_span!("durability.host.dispatch", class, object = name);
-        let result = self
-            .dispatch_inner(class, name, expect, work)
-            .instrument(span)
+        // The work runs with the request's context id (a new one for a
+        // call that entered without one), so its nested calls carry it.
+        let id = RequestId::current_or_new();
+        let span = tracing::debug_span!(
+            "durability.host.dispatch",
+            class,
+            object = name,
+            request_id = %id
+        );
+        let result = id
+            .scope(
+                self.dispatch_inner(class, name, expect, work)
+                    .instrument(span),
+            )
             .await;
         self.inner.counters.count(&result);
         tracing::debug!(
@@ -410,12 +421,15 @@ where
     /// Delivers an alarm on this host (the local side of the owner-routed
     /// dispatch: already admitted there).
     pub(super) async fn deliver(&self, delivery: Delivery) -> DispatchOutcome {
+        let id = RequestId::current_or_new();
         let span = tracing::debug_span!(
             "durability.host.alarm_delivery",
             object = %delivery.object,
-            attempt = delivery.attempt
+            attempt = delivery.attempt,
+            request_id = %id
         );
-        self.deliver_inner(delivery).instrument(span).await
+        id.scope(self.deliver_inner(delivery).instrument(span))
+            .await
     }
 
     pub(super) async fn deliver_inner(&self, delivery: Delivery) -> DispatchOutcome {

@@ -120,7 +120,7 @@ impl HttpTransport {
 }
 
 /// A request of `method` to an internal `path` of `endpoint`, with the
-/// token and, when given, the route fence.
+/// token, the task's context request id and, when given, the route fence.
 pub(crate) fn internal_request(
     method: http::Method,
     endpoint: &Endpoint,
@@ -132,6 +132,11 @@ pub(crate) fn internal_request(
         .method(method)
         .uri(format!("{}{path}", endpoint.url()))
         .header(AUTH_HEADER, token.as_str());
+    // The sanitized context id, never a tenant's header (see
+    // [`super::RequestId`]).
+    if let Some(id) = super::RequestId::current() {
+        builder = builder.header(super::CONTEXT_ID_HEADER, id.as_str());
+    }
     if let Some(fence) = fence {
         builder = builder
             .header(ROUTE_TASK_HEADER, fence.task.as_str())
@@ -316,17 +321,29 @@ where
         return Err(format!("Content-Length {n} is over the {cap}-byte cap"));
     }
     let mut body = std::pin::pin!(body);
+    // A body of one data frame (the usual small envelope) is kept as it
+    // came, without a copy; a second frame starts the buffer.
+    let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let mut len = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| format!("reading the body failed: {e}"))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > cap {
+            if len + data.len() > cap {
                 return Err(format!("the body crossed the {cap}-byte cap"));
             }
-            buf.extend_from_slice(&data);
+            len += data.len();
+            match first.take() {
+                None if buf.is_empty() => first = Some(data),
+                None => buf.extend_from_slice(&data),
+                Some(head) => {
+                    buf.extend_from_slice(&head);
+                    buf.extend_from_slice(&data);
+                }
+            }
         }
     }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 pub(crate) fn parse_json(body: &[u8]) -> Result<Value, String> {

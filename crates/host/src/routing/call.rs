@@ -14,7 +14,7 @@ use super::{Kind, ObjectRef, RunHere};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::MethodInput;
-use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, Transport};
+use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, RequestId, Transport};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
 
@@ -77,13 +77,16 @@ where
     pub async fn call(&self, method: &str, args: Value) -> Result<Value, HostError> {
         validate_method(method)?;
         let args = RpcArgs::new(args)?;
-        self.routed(InvokeRequest {
-            class: self.class.clone(),
-            name: self.name.clone(),
-            method: method.to_owned(),
-            args,
-            fence: None,
-        })
+        self.routed(
+            InvokeRequest {
+                class: self.class.clone(),
+                name: self.name.clone(),
+                method: method.to_owned(),
+                args,
+                fence: None,
+            },
+            RequestId::current_or_new(),
+        )
         .await
     }
 }

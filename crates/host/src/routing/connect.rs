@@ -39,7 +39,8 @@ use crate::error::HostError;
 use crate::host::{Host, SessionHold};
 use crate::object::MethodInput;
 use crate::protocol::{
-    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, Transport,
+    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, RequestId,
+    Transport, edge_id,
 };
 use crate::store::ObjectStore;
 
@@ -98,6 +99,8 @@ pub(crate) struct Session<I, D> {
     hold: SessionHold<I, D>,
     connector: Connector<I, D>,
     request: ConnectRequest,
+    /// The context request id the session was admitted under.
+    id: RequestId,
     /// The owner's trusted headers (this host).
     pub(crate) owner: OwnerHeaders,
 }
@@ -105,16 +108,18 @@ pub(crate) struct Session<I, D> {
 impl<I: Send + Sync + 'static, D: Send + Sync + 'static> Session<I, D> {
     /// Runs the handler on `socket` until it returns or the session must
     /// end (scope lost, host draining): then its future is dropped, which
-    /// closes the connection.
+    /// closes the connection. The handler runs with the admitting
+    /// request's context id (its nested calls carry it).
     pub(crate) async fn run(self, socket: Socket) {
         let Self {
             input,
             hold,
             connector,
             request,
+            id,
             owner,
         } = self;
-        let handler = connector(input, request, socket);
+        let handler = id.scope(connector(input, request, socket));
         tokio::select! {
             result = handler => if let Err(e) = result {
                 tracing::warn!(
@@ -167,13 +172,17 @@ where
     /// `stale_owner` / `owner_race` after the one rediscovery). Locally: as
     /// [`Host::call`].
     pub async fn connect(&self, request: ConnectRequest) -> Result<Socket, HostError> {
-        let request = request.validate()?;
-        self.routed(ConnectInvoke {
-            class: self.class.clone(),
-            name: self.name.clone(),
-            request,
-            fence: None,
-        })
+        let mut request = request.validate()?;
+        let id = edge_id(&mut request.headers);
+        self.routed(
+            ConnectInvoke {
+                class: self.class.clone(),
+                name: self.name.clone(),
+                request,
+                fence: None,
+            },
+            id,
+        )
         .await
     }
 }
@@ -286,6 +295,7 @@ where
             hold,
             connector,
             request: invoke.request.clone(),
+            id: RequestId::current_or_new(),
             owner: self.own_headers(&scope, generation),
         })
     }

@@ -26,7 +26,7 @@ use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
 use crate::object::MethodInput;
-use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
+use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport, edge_id};
 use crate::store::ObjectStore;
 
 impl Kind for FetchInvoke {
@@ -85,13 +85,17 @@ where
     /// [`Host::call`], with a response that breaks the limits reported as
     /// [`HostError::Handler`].
     pub async fn fetch(&self, request: FetchRequest) -> Result<FetchResponse, HostError> {
-        let request = request.validate()?;
-        self.routed(FetchInvoke {
-            class: self.class.clone(),
-            name: self.name.clone(),
-            request,
-            fence: None,
-        })
+        let mut request = request.validate()?;
+        let id = edge_id(&mut request.headers);
+        self.routed(
+            FetchInvoke {
+                class: self.class.clone(),
+                name: self.name.clone(),
+                request,
+                fence: None,
+            },
+            id,
+        )
         .await
     }
 }

@@ -78,14 +78,17 @@ where
     }
     .validate();
     let served = match checked {
-        Ok(request) => {
-            host.serve_connect(ConnectInvoke {
-                class: wire.class,
-                name: wire.name,
-                request,
-                fence,
-            })
-            .await
+        Ok(mut request) => {
+            // An internal hop carries the context id, never a tenant's.
+            strip_request_id(&mut request.headers);
+            hop_id(headers)
+                .scope(host.serve_connect(ConnectInvoke {
+                    class: wire.class,
+                    name: wire.name,
+                    request,
+                    fence,
+                }))
+                .await
         }
         Err(e) => Err(e),
     };

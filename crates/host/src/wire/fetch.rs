@@ -53,14 +53,17 @@ where
     }
     .validate();
     let result = match request {
-        Ok(request) => {
-            host.serve_fetch(FetchInvoke {
-                class: meta.class,
-                name: meta.name,
-                request,
-                fence,
-            })
-            .await
+        Ok(mut request) => {
+            // An internal hop carries the context id, never a tenant's.
+            strip_request_id(&mut request.headers);
+            hop_id(&headers)
+                .scope(host.serve_fetch(FetchInvoke {
+                    class: meta.class,
+                    name: meta.name,
+                    request,
+                    fence,
+                }))
+                .await
         }
         Err(e) => Err(e),
     };

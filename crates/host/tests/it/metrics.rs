@@ -259,12 +259,25 @@ fn calls_and_alarm_deliveries_open_spans_naming_the_object() {
         "{route}"
     );
     assert!(route.contains(&format!("scope={scope}")), "{route}");
+    // The call's route and its dispatch carry one request id; the alarm
+    // delivery carries its own.
+    let id_of = |span: &str| {
+        span.split_once("request_id=")
+            .and_then(|(_, rest)| rest.split([',', '}']).next())
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no request_id on {span}"))
+    };
+    let id = id_of(route);
     assert!(
-        spans
-            .iter()
-            .any(|s| s == "durability.host.dispatch{class=Counter,object=c1}"),
+        spans.iter().any(|s| *s
+            == format!("durability.host.dispatch{{class=Counter,object=c1,request_id={id}}}")),
         "{spans:#?}"
     );
+    let delivery = spans
+        .iter()
+        .find(|s| s.starts_with("durability.host.alarm_delivery{"))
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_ne!(id_of(delivery), id, "{delivery}");
     assert!(
         spans
             .iter()

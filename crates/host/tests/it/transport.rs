@@ -154,3 +154,271 @@ async fn a_refused_connection_is_not_sent() {
         other => panic!("{other:?}"),
     }
 }
+
+// ------------------------------------------------------------ request ids
+
+mod request_ids {
+    //! Request ids across two hosts serving each other over HTTP/1.1 on
+    //! loopback: a tenant's id is accepted only at the edge and only when
+    //! it sanitizes; nested calls carry the context id, never the tenant's
+    //! header; the host's spans carry `request_id`.
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use durability_host::fetch::{FetchRequest, FetchResponse};
+    use durability_host::transport::{
+        EndpointPolicy, MAX_REQUEST_ID_BYTES, RequestId, StaticPeers, serve,
+    };
+    use durability_host::{BoxError, Handle};
+    use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+    use serde_json::{Value, json};
+    use tokio_util::sync::CancellationToken;
+    use tracing::span::{Attributes, Id};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+
+    use crate::rpc::TOKEN;
+    use crate::support::{Counter, TestHost, World};
+
+    type H = Handle<Counter, SqliteAlarmIndex>;
+    type Me = Arc<OnceLock<TestHost>>;
+
+    /// What a fetch handler answers: `id=<context id> header=<x-request-id
+    /// it saw, or ->`; `GET /nest` first fetches `/who` on object `inner`
+    /// with a forged `x-request-id` and answers what that saw.
+    async fn handler(me: Me, req: FetchRequest) -> Result<FetchResponse, BoxError> {
+        if req.url == "/nest" {
+            let host = me.get().ok_or("no host yet")?;
+            let inner = host
+                .object("Counter", "inner")
+                .fetch(FetchRequest::new("GET", "/who").header("x-request-id", "tenant-forged"))
+                .await?;
+            return Ok(FetchResponse::new(200, inner.body));
+        }
+        let id = RequestId::current().map_or_else(|| "-".to_owned(), |id| id.to_string());
+        let header = req.header_value("x-request-id").unwrap_or("-");
+        Ok(FetchResponse::new(200, format!("id={id} header={header}")))
+    }
+
+    async fn start(
+        w: &World,
+        task: &str,
+        listener: tokio::net::TcpListener,
+        peers: &StaticPeers,
+        ports: [u16; 2],
+        stop: &CancellationToken,
+    ) -> TestHost {
+        let me: Me = Arc::default();
+        let (fetch_me, call_me) = (Arc::clone(&me), Arc::clone(&me));
+        let config = w
+            .config(task)
+            .endpoint(&format!("http://{}", listener.local_addr().unwrap()))
+            .internal_token(TOKEN)
+            .endpoint_policy(EndpointPolicy::ports(ports))
+            .peers(peers.clone())
+            .fetch("Counter", move |_h: H, req: FetchRequest| {
+                handler(Arc::clone(&fetch_me), req)
+            })
+            .method("Counter", "who", |_h: H, _args: Value| async move {
+                Ok(json!(RequestId::current().map(|id| id.to_string())))
+            })
+            .method("Counter", "nest", move |_h: H, _args: Value| {
+                let me = Arc::clone(&call_me);
+                async move {
+                    let outer = RequestId::current().map(|id| id.to_string());
+                    let host = me.get().ok_or("no host yet")?;
+                    let inner = host.object("Counter", "inner");
+                    let inner = inner.call("who", json!(null)).await?;
+                    Ok(json!({ "outer": outer, "inner": inner }))
+                }
+            });
+        let host = TestHost::start(config).await.unwrap();
+        me.set(host.clone()).ok();
+        tokio::spawn(serve(host.clone(), listener, stop.clone()));
+        host
+    }
+
+    /// A span's name and its `request_id` field.
+    type Seen = (String, Option<String>);
+
+    /// Spans the host opened, by name, with their `request_id` field.
+    #[derive(Clone, Default)]
+    struct Spans(Arc<Mutex<Vec<Seen>>>);
+
+    struct IdVisitor(Option<String>);
+
+    impl tracing::field::Visit for IdVisitor {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "request_id" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "request_id" {
+                self.0 = Some(value.to_owned());
+            }
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for Spans {
+        fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
+            let mut visitor = IdVisitor(None);
+            attrs.record(&mut visitor);
+            self.0
+                .lock()
+                .unwrap()
+                .push((attrs.metadata().name().to_owned(), visitor.0));
+        }
+    }
+
+    impl Spans {
+        /// The request ids of the spans named `name`.
+        fn ids(&self, name: &str) -> Vec<Option<String>> {
+            let spans = self.0.lock().unwrap();
+            spans
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, id)| id.clone())
+                .collect()
+        }
+
+        fn clear(&self) {
+            self.0.lock().unwrap().clear();
+        }
+    }
+
+    fn fetch_of(header: Option<&str>, url: &str) -> FetchRequest {
+        let r = FetchRequest::new("GET", url);
+        match header {
+            Some(h) => r.header("X-Request-Id", h),
+            None => r,
+        }
+    }
+
+    fn body(r: &FetchResponse) -> String {
+        String::from_utf8(r.body.to_vec()).unwrap()
+    }
+
+    /// `id=<id> header=-` → the id (the handler never sees the header).
+    fn id_of(answer: &str) -> String {
+        let rest = answer.strip_prefix("id=").unwrap();
+        let (id, header) = rest.split_once(' ').unwrap();
+        assert_eq!(header, "header=-", "the handler saw an x-request-id header");
+        assert!(RequestId::sanitize(id).is_some(), "unsanitized id {id:?}");
+        id.to_owned()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn ids_are_sanitized_at_the_edge_and_nested_calls_carry_the_context_id() {
+        let spans = Spans::default();
+        let _guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+        let w = World::new();
+        let stop = CancellationToken::new();
+        let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ports = [
+            la.local_addr().unwrap().port(),
+            lb.local_addr().unwrap().port(),
+        ];
+        let peers = StaticPeers(BTreeMap::from([
+            (
+                "a".to_owned(),
+                format!("http://{}", la.local_addr().unwrap()),
+            ),
+            (
+                "b".to_owned(),
+                format!("http://{}", lb.local_addr().unwrap()),
+            ),
+        ]));
+        let a = start(&w, "a", la, &peers, ports, &stop).await;
+        let b = start(&w, "b", lb, &peers, ports, &stop).await;
+        // a owns `inner`, b owns `outer`.
+        a.object("Counter", "inner")
+            .fetch(fetch_of(None, "/who"))
+            .await
+            .unwrap();
+        b.object("Counter", "outer")
+            .fetch(fetch_of(None, "/who"))
+            .await
+            .unwrap();
+        let outer = a.object("Counter", "outer");
+
+        // A well-formed tenant id at the edge crosses the hop as the
+        // context id; the handler sees no tenant header.
+        spans.clear();
+        let answer = body(&outer.fetch(fetch_of(Some("edge-1"), "/who")).await.unwrap());
+        assert_eq!(id_of(&answer), "edge-1");
+        assert_eq!(b.probe().routing.served, 1, "the fetch crossed a → b");
+        for name in ["durability.host.route", "durability.host.dispatch"] {
+            assert_eq!(spans.ids(name), vec![Some("edge-1".to_owned())], "{name}");
+        }
+
+        // Forged, oversized and malformed ids are replaced by fresh ones.
+        let oversized = "a".repeat(MAX_REQUEST_ID_BYTES + 1);
+        let mut fresh = Vec::new();
+        for forged in [oversized.as_str(), "has space", "caf\u{e9}", "a\"b"] {
+            let answer = body(&outer.fetch(fetch_of(Some(forged), "/who")).await.unwrap());
+            let id = id_of(&answer);
+            assert_ne!(id, forged);
+            fresh.push(id);
+        }
+        // A tenant's own copy of the internal header is a control header:
+        // stripped, never taken for the context id.
+        let answer = outer
+            .fetch(fetch_of(None, "/who").header("x-durability-request-id", "forged-ctx"))
+            .await
+            .unwrap();
+        fresh.push(id_of(&body(&answer)));
+        assert!(!fresh.contains(&"forged-ctx".to_owned()));
+        fresh.sort();
+        fresh.dedup();
+        assert_eq!(fresh.len(), 5, "each request got its own id: {fresh:?}");
+        // A control character is refused before dispatch, as any header
+        // value holding one.
+        let refused = outer
+            .fetch(fetch_of(Some("a\u{1}b"), "/who"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), "host_invalid_request");
+
+        // Nested: a → b (`outer`) → a (`inner`); outer's handler sends a
+        // forged tenant id, inner sees the edge's id.
+        spans.clear();
+        let answer = body(
+            &outer
+                .fetch(fetch_of(Some("edge-2"), "/nest"))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(id_of(&answer), "edge-2");
+        let routes = spans.ids("durability.host.route");
+        assert_eq!(
+            routes,
+            vec![Some("edge-2".to_owned()); 2],
+            "the edge's and the nested route"
+        );
+        let dispatches = spans.ids("durability.host.dispatch");
+        assert_eq!(
+            dispatches,
+            vec![Some("edge-2".to_owned()); 2],
+            "outer's and inner's dispatch"
+        );
+
+        // RPC: no tenant id; the edge generates one and the nested call on
+        // another host carries it.
+        let ids = outer.call("nest", json!(null)).await.unwrap();
+        let (o, i) = (
+            ids["outer"].as_str().unwrap(),
+            ids["inner"].as_str().unwrap(),
+        );
+        assert!(RequestId::sanitize(o).is_some());
+        assert_eq!(o, i, "the nested call carried the context id");
+        let again = outer.call("nest", json!(null)).await.unwrap();
+        assert_ne!(again["outer"], ids["outer"], "a new edge call, a new id");
+        stop.cancel();
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
