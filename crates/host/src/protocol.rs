@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 pub use endpoint::{Endpoint, EndpointPolicy, EndpointRefused, MAX_ENDPOINT_BYTES};
-pub use http1::{DEFAULT_INVOKE_TIMEOUT, HttpTransport};
+pub use http1::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_INVOKE_TIMEOUT, HttpTransport};
 pub use request_id::{CONTEXT_ID_HEADER, MAX_REQUEST_ID_BYTES, REQUEST_ID_HEADER, RequestId};
 pub(crate) use request_id::{edge_id, hop_id, strip_request_id};
 

@@ -35,7 +35,17 @@ pub(crate) const JSON: &str = "application/json";
 /// the response (an expired invoke's outcome is unknown).
 pub const DEFAULT_INVOKE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a connection attempt may take by default before the request
+/// counts as never sent (a peer host that does not answer its SYN).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The hyper client transport (HTTP/1.1, pooled connections).
+///
+/// A connection attempt that does not complete within the connect timeout
+/// ([`DEFAULT_CONNECT_TIMEOUT`], at most the invoke timeout) is
+/// [`Reply::NotSent`]: nothing was written, so routers and the failover
+/// client may try elsewhere at once. Only after the connection exists does
+/// the invoke timeout make an outcome unknown.
 #[derive(Clone)]
 pub struct HttpTransport {
     client: Client<HttpConnector, Full<Bytes>>,
@@ -57,11 +67,20 @@ impl std::fmt::Debug for HttpTransport {
 }
 
 impl HttpTransport {
-    /// A transport whose invokes take at most `timeout` each.
+    /// A transport whose invokes take at most `timeout` each, connecting
+    /// within [`DEFAULT_CONNECT_TIMEOUT`] (or `timeout`, when shorter).
     pub fn new(timeout: Duration) -> Self {
+        Self::with_connect_timeout(timeout, DEFAULT_CONNECT_TIMEOUT)
+    }
+
+    /// A transport whose invokes take at most `timeout` each and whose
+    /// connection attempts give up after `connect` (capped at `timeout`)
+    /// as not sent.
+    pub fn with_connect_timeout(timeout: Duration, connect: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.enforce_http(true);
+        connector.set_connect_timeout(Some(connect.min(timeout)));
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             timeout,

@@ -155,6 +155,40 @@ async fn a_refused_connection_is_not_sent() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_hangs_is_not_sent_after_the_connect_timeout() {
+    // A listener that never accepts, its backlog of one filled: the kernel
+    // drops further SYNs, so a connection attempt hangs. Before the connect
+    // timeout existed, this waited out the whole invoke timeout and came
+    // back as an unknown outcome, though nothing had been sent.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            held.push(s);
+        }
+    }
+    let transport =
+        HttpTransport::with_connect_timeout(Duration::from_secs(120), Duration::from_millis(300));
+    let endpoint = EndpointPolicy::default()
+        .check(&format!("http://{addr}"))
+        .unwrap();
+    let token = InternalToken::new("transport-test-token-0123").unwrap();
+    match transport.invoke(&endpoint, &token, &request()).await {
+        Reply::NotSent { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    drop((held, listener));
+}
+
 // ------------------------------------------------------------ request ids
 
 mod request_ids {
