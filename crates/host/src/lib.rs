@@ -220,7 +220,7 @@ pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
-pub use object::{Class, Handle, ObjectCtx};
+pub use object::{Class, Handle, MAX_OBJECT_NAME_BYTES, ObjectCtx, validate_object_name};
 pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
@@ -231,5 +231,5 @@ pub use settings::{
 pub use storage::{
     DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,
 };
-pub use store::sqlite::{SqliteObjectStore, TOMBSTONE_FILE};
+pub use store::sqlite::{ADMISSION_FILE, MAX_ROOT_BYTES, SqliteObjectStore, TOMBSTONE_FILE};
 pub use store::{ObjectStore, StoreTx};
