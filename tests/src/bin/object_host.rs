@@ -12,11 +12,17 @@
 //!   outcome=<not_started|unknown> <message>`;
 //! - `slow-wrote <name> gen=<g>`: the first write of a `slow` call committed;
 //! - `fired <name> task=<t>`: the object's timer ran (its alarm was delivered here);
+//! - `committed put <name> value=<v>`: a `put` call's write committed (printed
+//!   inside the call, while it is admitted);
+//! - `deleted complete=<bool> objects=<n> pointer_removed=<bool>` /
+//!   `delete-failed code=<c> <message>`: the answer to `delete`;
 //! - `drained timed_out=<bool> released=<n>` after SIGTERM, then it exits 0.
 //!
 //! Commands: `incr <name>`, `timer <name> <delay ms>` (sets the object's
 //! timer), `slow <name> <ms>` (one committed write, a pause of `ms`
-//! outside any transaction, then a second write), `probe`.
+//! outside any transaction, then a second write), `put <name>` (one write,
+//! reported from inside the call), `delete -` (`Host::delete_storage_id`:
+//! the whole storage id), `probe`.
 //!
 //! Arguments `key=value`: `dir`, `task`, `own` (`all` or `none`),
 //! `create` (`1`: create the active storage pointer if absent),
@@ -256,6 +262,27 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
                 Ok((v, h.generation))
             })
             .await
+        }
+        "put" => {
+            let name_owned = name.to_owned();
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                let v = h.scheduler.transaction(Counter::incr)?;
+                say(&format!("committed put {name_owned} value={v}"));
+                Ok((v, h.generation))
+            })
+            .await
+        }
+        "delete" => {
+            say(&match host.delete_storage_id().await {
+                Ok(r) => format!(
+                    "deleted complete={} objects={} pointer_removed={}",
+                    r.complete(),
+                    r.objects_deleted,
+                    r.pointer_removed
+                ),
+                Err(e) => format!("delete-failed code={} {e}", e.code()),
+            });
+            return;
         }
         "probe" => {
             let p = host.probe();
