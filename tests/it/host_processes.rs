@@ -453,7 +453,7 @@ fn delete_race_iterations() -> usize {
     std::env::var("DURABILITY_DELETE_RACE_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6)
+        .unwrap_or(20)
 }
 
 /// Every file under `dir`, relative to it.
@@ -515,14 +515,24 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
         }
         let deleter = b.as_ref().unwrap_or(&a);
         let (_, deleted) = deleter.wait_line("delete");
-        assert!(deleted.starts_with("deleted complete=true "), "iteration {i}: {deleted}");
+        assert!(
+            deleted.starts_with("deleted complete=true "),
+            "iteration {i}: {deleted}"
+        );
         let end = now() + 30_000;
         while a.count("ok put ") + a.count("err put ") < CALLS {
-            assert!(now() < end, "iteration {i}: calls unanswered: {:#?}", a.lines());
+            assert!(
+                now() < end,
+                "iteration {i}: calls unanswered: {:#?}",
+                a.lines()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         let lines: Vec<String> = a.lines().into_iter().map(|(_, l)| l).collect();
-        let committed = lines.iter().filter(|l| l.starts_with("committed put ")).count();
+        let committed = lines
+            .iter()
+            .filter(|l| l.starts_with("committed put "))
+            .count();
         let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("err put ")).collect();
         eprintln!(
             "iteration {i}: deletion by {} before call {at}: {deleted}; {committed} committed, {} refused",
@@ -530,22 +540,29 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
             refused.len()
         );
         if b.is_none() {
-            let report = lines.iter().position(|l| l.starts_with("deleted ")).unwrap();
+            let report = lines
+                .iter()
+                .position(|l| l.starts_with("deleted "))
+                .unwrap();
             let late: Vec<&String> = lines[report..]
                 .iter()
                 .filter(|l| l.starts_with("committed put "))
                 .collect();
-            assert!(late.is_empty(), "iteration {i}: written after the deletion reported: {late:?}");
+            assert!(
+                late.is_empty(),
+                "iteration {i}: written after the deletion reported: {late:?}"
+            );
         }
         let left = files_under(&dir.path().join("objects/st1"));
-        assert_eq!(left, ["ADMISSION", "TOMBSTONE"], "iteration {i}: files under the deleted storage id");
+        assert_eq!(
+            left,
+            ["ADMISSION", "TOMBSTONE"],
+            "iteration {i}: files under the deleted storage id"
+        );
         drop(b);
         drop(a);
     }
-    eprintln!(
-        "{iterations} deletion races in {} ms",
-        now() - started
-    );
+    eprintln!("{iterations} deletion races in {} ms", now() - started);
 }
 
 mod ownership_faults;

@@ -512,7 +512,10 @@ async fn a_storage_deletion_waits_out_a_call_admitted_before_it_so_no_write_is_a
                     Ok(h.scheduler.transaction(|tx| h.object.incr(tx))?)
                 })
                 .await;
-            order.lock().unwrap().push(format!("call ok={}", result.is_ok()));
+            order
+                .lock()
+                .unwrap()
+                .push(format!("call ok={}", result.is_ok()));
             result
         }
     });
@@ -530,7 +533,10 @@ async fn a_storage_deletion_waits_out_a_call_admitted_before_it_so_no_write_is_a
     release.send(()).unwrap();
     let called = call.await.unwrap();
     let report = deletion.await.unwrap().unwrap();
-    eprintln!("order: {:?}; call: {called:?}; report: {report:?}", order.lock().unwrap());
+    eprintln!(
+        "order: {:?}; call: {called:?}; report: {report:?}",
+        order.lock().unwrap()
+    );
     assert!(
         !finished_while_the_call_ran,
         "the deletion reported while a call admitted before it was still running"
@@ -655,22 +661,38 @@ async fn invalid_object_and_class_names_are_typed_errors_and_write_nothing() {
     let too_long = format!("{}x", "🛒".repeat(128));
     for name in [too_long.as_str(), "", "nul\0inside"] {
         let refused = incr(&a, name).await.unwrap_err();
-        assert_eq!(refused.code(), "host_invalid_object_name", "{name:?}: {refused}");
+        assert_eq!(
+            refused.code(),
+            "host_invalid_object_name",
+            "{name:?}: {refused}"
+        );
     }
     assert_eq!(listed(&w).await, []);
     assert_eq!(files_under(&w.root().join(STORAGE)), Vec::<String>::new());
     a.shutdown().await;
-    for class in [format!("{}x", longest_class()), "1Cart".to_owned(), "Ca-rt".to_owned(), "class".to_owned(), "Cärt".to_owned()] {
+    for class in [
+        format!("{}x", longest_class()),
+        "1Cart".to_owned(),
+        "Ca-rt".to_owned(),
+        "class".to_owned(),
+        "Cärt".to_owned(),
+    ] {
         let w = World::new();
         let fired = std::sync::Arc::clone(&w.fired);
-        let refused = Host::start(w.bare("a", STORAGE).create_active_storage_if_absent(true).class(
-            &class,
-            move |ctx| Counter::open(ctx, "a", std::sync::Arc::clone(&fired)),
-        ))
+        let refused = Host::start(
+            w.bare("a", STORAGE)
+                .create_active_storage_if_absent(true)
+                .class(&class, move |ctx| {
+                    Counter::open(ctx, "a", std::sync::Arc::clone(&fired))
+                }),
+        )
         .await
         .unwrap_err();
         assert_eq!(refused.code(), "host_invalid_setting", "{class}: {refused}");
-        assert!(!w.root().join(STORAGE).exists(), "{class}: nothing was written");
+        assert!(
+            !w.root().join(STORAGE).exists(),
+            "{class}: nothing was written"
+        );
     }
 }
 
@@ -682,14 +704,13 @@ async fn invalid_object_and_class_names_are_typed_errors_and_write_nothing() {
 async fn a_lone_surrogate_on_the_wire_is_a_typed_error_and_writes_nothing() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let w = World::new();
-    let host: crate::support::TestHost =
-        Host::start(
-            crate::rpc::with_methods(w.config("a"))
-                .internal_token(crate::rpc::TOKEN)
-                .endpoint("http://127.0.0.1:8788"),
-        )
-        .await
-        .unwrap();
+    let host: crate::support::TestHost = Host::start(
+        crate::rpc::with_methods(w.config("a"))
+            .internal_token(crate::rpc::TOKEN)
+            .endpoint("http://127.0.0.1:8788"),
+    )
+    .await
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = durability_host::CancellationToken::new();
@@ -721,7 +742,9 @@ async fn a_lone_surrogate_on_the_wire_is_a_typed_error_and_writes_nothing() {
         assert!(response.contains("invalid_request"), "{body}: {response}");
     }
     assert_eq!(listed(&w).await, []);
-    let response = post(r#"{"class":"Counter","name":"\ud83d\uded2 \u00e9","method":"incr","args":null}"#).await;
+    let response =
+        post(r#"{"class":"Counter","name":"\ud83d\uded2 \u00e9","method":"incr","args":null}"#)
+            .await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert_eq!(
         listed(&w).await,

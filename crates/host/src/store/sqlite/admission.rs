@@ -64,7 +64,9 @@ pub(super) async fn lock(dir: PathBuf, exclusive: bool) -> Result<AdmissionLock,
             })
             .await
             .map_err(|e| StorageError::backend(format!("lock {}", dir.display()), e))?;
-            waited.map(|file| AdmissionLock { _file: file }).map_err(failed)
+            waited
+                .map(|file| AdmissionLock { _file: file })
+                .map_err(failed)
         }
     }
 }

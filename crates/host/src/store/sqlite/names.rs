@@ -159,9 +159,7 @@ pub(super) fn object_of(base: &Path, relative: &Path) -> Result<ObjectKey, Strin
             .ok_or_else(|| format!("{shown}: not where its object's file is"))
     };
     if stem.starts_with('@') && inner.is_empty() {
-        let sidecar = base
-            .join(relative)
-            .with_extension(NAME_EXTENSION);
+        let sidecar = base.join(relative).with_extension(NAME_EXTENSION);
         let text = std::fs::read(&sidecar)
             .map_err(|e| format!("{shown}: its name file cannot be read: {e}"))?;
         let key = String::from_utf8(text)

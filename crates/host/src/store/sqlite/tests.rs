@@ -40,7 +40,9 @@ fn short_plain_names_are_file_names_and_every_other_name_a_fixed_length_hash() {
         let (sidecar, text) = f.sidecar.clone().expect("a hashed name has a sidecar");
         assert_eq!(text, format!("{class}\n{name}"));
         assert_eq!(sidecar.with_extension("sqlite"), f.db);
-        let under = f.db.strip_prefix(root.join(&storage)).expect("under the storage");
+        let under =
+            f.db.strip_prefix(root.join(&storage))
+                .expect("under the storage");
         for part in under.iter() {
             assert!(part.len() <= 72, "{part:?}");
         }
@@ -62,11 +64,22 @@ fn a_file_decodes_to_its_object_and_any_other_file_is_an_error() {
         std::fs::write(path, "").expect("written");
     };
     // Legacy files, plain and hex-encoded (split into directories).
-    for name in ["c-1_A", "a b", "..", "~x", &"é".repeat(120), &"x".repeat(200)] {
+    for name in [
+        "c-1_A",
+        "a b",
+        "..",
+        "~x",
+        &"é".repeat(120),
+        &"x".repeat(200),
+    ] {
         let path = legacy_path(base, "", "Counter", name);
         touch(&path);
         let relative = path.strip_prefix(base).expect("under the base");
-        assert_eq!(object_of(base, relative), Ok(key("Counter", name)), "{name}");
+        assert_eq!(
+            object_of(base, relative),
+            Ok(key("Counter", name)),
+            "{name}"
+        );
     }
     // Current hashed files, with their sidecars.
     for (class, name) in [("Counter", "🛒 カート"), (&*longest_class(), "n")] {
@@ -111,15 +124,25 @@ async fn files_of_the_legacy_mapping_still_open_list_and_delete() {
     let legacy = legacy_path(dir.path(), "st", "K", &name);
     std::fs::create_dir_all(legacy.parent().expect("a parent")).expect("created");
     rusqlite::Connection::open(&legacy)
-        .and_then(|c| c.execute_batch("CREATE TABLE kept (v INTEGER); INSERT INTO kept VALUES (7);"))
+        .and_then(|c| {
+            c.execute_batch("CREATE TABLE kept (v INTEGER); INSERT INTO kept VALUES (7);")
+        })
         .expect("written");
     let object = key("K", &name);
     store.open(&storage, &object).await.expect("opened");
     let current = files(dir.path(), "st", "K", &name);
-    assert!(!current.db.exists(), "the legacy file was opened, no new one made");
+    assert!(
+        !current.db.exists(),
+        "the legacy file was opened, no new one made"
+    );
     let page = store.list(&storage, None, 10).await.expect("listed");
     assert_eq!(page.objects, [object.clone()]);
-    assert!(store.delete_object(&storage, &object).await.expect("deleted"));
+    assert!(
+        store
+            .delete_object(&storage, &object)
+            .await
+            .expect("deleted")
+    );
     assert!(!legacy.exists());
 }
 
@@ -145,7 +168,10 @@ async fn a_deletion_waits_for_admitted_work_and_admission_then_finds_the_tombsto
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert!(!excluded.is_finished(), "the deletion waits for admitted work");
+    assert!(
+        !excluded.is_finished(),
+        "the deletion waits for admitted work"
+    );
     drop(admitted);
     excluded.await.expect("joined").expect("excluded");
     assert!(
