@@ -44,6 +44,20 @@ fn id(s: &str) -> ObjectId {
     ObjectId::new(s).unwrap()
 }
 
+/// A refusal because the storage id is deleted (its pointer gone or its
+/// delete lock held).
+fn assert_storage_refused(refused: &HostError) {
+    assert!(
+        matches!(
+            refused,
+            HostError::Ownership(
+                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
+            )
+        ),
+        "{refused}"
+    );
+}
+
 fn lifecycle() -> LifecycleId {
     LifecycleId::new(LIFECYCLE).unwrap()
 }
@@ -251,29 +265,13 @@ async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombston
         .find(|n| a.scope_for("Counter", n).unwrap() == held)
         .unwrap();
     let refused = incr(&a, &sibling).await.unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            HostError::Ownership(
-                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
-            )
-        ),
-        "{refused}"
-    );
+    assert_storage_refused(&refused);
     assert!(
         !object_file(&w, STORAGE, &sibling).exists(),
         "no object file is created under a deleted storage id"
     );
     let refused = incr(&a, "c9").await.unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            HostError::Ownership(
-                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
-            )
-        ),
-        "{refused}"
-    );
+    assert_storage_refused(&refused);
     assert!(!object_file(&w, STORAGE, "c9").exists());
     a.shutdown().await;
     // No host starts on the deleted storage id, even asked to create the
@@ -552,15 +550,7 @@ async fn a_storage_deletion_waits_out_a_call_admitted_before_it_so_no_write_is_a
     assert_eq!(report.objects_deleted, 1);
     // Nothing is admitted after it, and no object file appears.
     let refused = incr(&a, "c2").await.unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            HostError::Ownership(
-                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
-            )
-        ),
-        "{refused}"
-    );
+    assert_storage_refused(&refused);
     assert_eq!(
         files_under(&w.root().join(STORAGE)),
         [durability_host::ADMISSION_FILE, TOMBSTONE_FILE]

@@ -136,7 +136,7 @@ async fn files_of_the_legacy_mapping_still_open_list_and_delete() {
         "the legacy file was opened, no new one made"
     );
     let page = store.list(&storage, None, 10).await.expect("listed");
-    assert_eq!(page.objects, [object.clone()]);
+    assert_eq!(page.objects, std::slice::from_ref(&object));
     assert!(
         store
             .delete_object(&storage, &object)
