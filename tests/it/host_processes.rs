@@ -477,8 +477,9 @@ fn files_under(dir: &Path) -> Vec<String> {
     out
 }
 
-/// Issue 32, item 2: calls creating new objects 1 ms apart, a deletion of
-/// the storage id among them, many times over; the deletion runs in the
+/// Issue 32, item 2: calls creating new objects 1 ms apart (some paused
+/// up to 30 ms inside the call before their write), a deletion of the
+/// storage id among them, many times over; the deletion runs in the
 /// serving process (even iterations) or in another host process (odd
 /// ones). Before the fix files (`-wal`, `-shm`, databases) were left
 /// under the deleted storage id and writes were acknowledged after the
@@ -510,7 +511,9 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
                     None => a.send("delete -"),
                 }
             }
-            a.send(&format!("put n{k}"));
+            // Some calls are admitted and still in flight (paused before
+            // their write) when the deletion starts.
+            a.send(&format!("put n{k} {}", (k % 4) * 10));
             std::thread::sleep(Duration::from_millis(1));
         }
         let deleter = b.as_ref().unwrap_or(&a);
@@ -539,6 +542,9 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
             deleter.name,
             refused.len()
         );
+        if let Some(first) = refused.first() {
+            eprintln!("iteration {i}: first refusal: {first}");
+        }
         if b.is_none() {
             let report = lines
                 .iter()

@@ -20,8 +20,9 @@
 //!
 //! Commands: `incr <name>`, `timer <name> <delay ms>` (sets the object's
 //! timer), `slow <name> <ms>` (one committed write, a pause of `ms`
-//! outside any transaction, then a second write), `put <name>` (one write,
-//! reported from inside the call), `delete -` (`Host::delete_storage_id`:
+//! outside any transaction, then a second write), `put <name> <ms>` (a
+//! pause of `ms` inside the admitted call, then one write, reported from
+//! inside the call), `delete -` (`Host::delete_storage_id`:
 //! the whole storage id), `probe`.
 //!
 //! Arguments `key=value`: `dir`, `task`, `own` (`all` or `none`),
@@ -265,7 +266,10 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
         }
         "put" => {
             let name_owned = name.to_owned();
+            let pause = Duration::from_millis(u64::try_from(number).unwrap_or(0));
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                // Admitted and in flight, not yet written.
+                tokio::time::sleep(pause).await;
                 let v = h.scheduler.transaction(Counter::incr)?;
                 say(&format!("committed put {name_owned} value={v}"));
                 Ok((v, h.generation))
