@@ -193,6 +193,7 @@ fn verify() -> Result {
     )?];
     if steps[0].status == "passed" {
         eprintln!("alarm soak: 100,000 alarms, random dispatch failures and dispatcher crashes");
+        build_demo(false)?;
         let mut soak = Command::new(env_cargo());
         soak.args(["run", "--quiet"])
             .args(DEMO)
@@ -236,11 +237,26 @@ fn verify_step(what: &str, cmd: &mut Command) -> Result<results::VerifyStep> {
     })
 }
 
+/// Builds the demo package's binary with cargo's progress shown (a first
+/// build takes minutes on a small machine; the `cargo run --quiet` that
+/// follows then starts at once and prints only the demo's own output).
+fn build_demo(release: bool) -> Result {
+    let profile = if release { "release" } else { "debug" };
+    eprintln!("building durability-demo ({profile}); a first build takes several minutes …");
+    let mut cmd = Command::new(env_cargo());
+    cmd.arg("build").args(DEMO);
+    if release {
+        cmd.arg("--release");
+    }
+    run_cmd(&mut cmd)
+}
+
 /// `cargo run` of the demo package's binary with `args`, in a debug build.
 /// Prints no command line, so the demo's output reads as before; a failure
 /// of the binary (which has already said why on stderr) is reported with
 /// its exit status.
 fn demo_bin(args: &[&str]) -> Result {
+    build_demo(false)?;
     let status = Command::new(env_cargo())
         .args(["run", "--quiet"])
         .args(DEMO)
@@ -272,7 +288,7 @@ fn bench(args: &[String]) -> Result {
     if let Some(other) = args.iter().find(|a| !BENCH_AREAS.contains(&a.as_str())) {
         return Err(format!("unknown bench area {other:?}; known: {BENCH_AREAS:?}").into());
     }
-    eprintln!("building durability-demo in release for benchmarks …");
+    build_demo(true)?;
     let stamp = results::Stamp::now();
     let mut cmd = Command::new(env_cargo());
     cmd.args(["run", "--release", "--quiet"])

@@ -30,6 +30,9 @@ use crate::protocol::{
 use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
 use crate::rpc::{RpcArgs, validate_method};
 
+mod failover;
+pub use failover::{EntryBackoff, EntryState, FailoverClient, FailoverStats};
+
 /// What a [`RpcClient`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientStats {
@@ -299,7 +302,7 @@ impl RpcClient {
                 args,
                 fence: None,
             });
-        self.send(class, name, request).await
+        self.send(self, class, name, request).await
     }
 
     /// Sends a tenant fetch to the fetch handler of the object of `class`
@@ -327,7 +330,7 @@ impl RpcClient {
             request,
             fence: None,
         });
-        self.send(class, name, invoke).await
+        self.send(self, class, name, invoke).await
     }
 
     /// Opens a WebSocket session with the connect handler of the object of
@@ -358,21 +361,23 @@ impl RpcClient {
             request,
             fence: None,
         });
-        self.send(class, name, invoke).await
+        self.send(self, class, name, invoke).await
     }
 
-    /// Routes a validated request (the one router, [`route`]) and counts
+    /// Routes a validated request (the one router, [`route`], through
+    /// `router`: this client, or a [`FailoverClient`] over it) and counts
     /// its outcome; a request or object refused before anything was sent
     /// is `invalid`.
-    async fn send<K: Kind>(
+    async fn send<K: Kind, R: Routes<K>>(
         &self,
+        router: &R,
         class: &str,
         name: &str,
         request: Result<K, HostError>,
     ) -> Result<K::Out, HostError> {
         let routed = match request.and_then(|r| Ok((self.scope(class, name)?, r))) {
             Err(e) => Err((Outcome::Invalid, e)),
-            Ok((scope, request)) => route(self, &scope, &request)
+            Ok((scope, request)) => route(router, &scope, &request)
                 .await
                 .map_err(|refusal| (outcome(&refusal), refusal.error)),
         };

@@ -16,3 +16,6 @@ pub mod connect {}
 
 #[doc = include_str!("../docs/storage-lifecycle.md")]
 pub mod storage_lifecycle {}
+
+#[doc = include_str!("../docs/edge-and-client.md")]
+pub mod edge_and_client {}

@@ -133,6 +133,18 @@
 //! unless a custom [`HostForward`] is set; a host without an internal token
 //! uses [`NoTransport`] (the delivery waits for the owner's lease).
 //!
+//! **The public edge** ([`Edge`], [`Host::edge`]): an `axum::Router` the
+//! user mounts next to their own routes, mapping tenant paths to objects
+//! by name (`.route("/orders/{name}", "Orders")`, or a closure) through
+//! the same router as [`ObjectRef::fetch`], under the fetch limits (414,
+//! 431, 413 with the host's JSON error shape, nothing dispatched) and
+//! with hop-by-hop and `x-durability-` headers stripped both ways.
+//! **Several entry hosts** ([`FailoverClient`]): a client for programs
+//! that are not hosts; an entry that refuses connections is skipped within
+//! the call and backed off on an injected clock, an unknown outcome is
+//! never replayed, and [`idempotency`] keys let a caller re-send a call
+//! that still runs once. Both, with their limits: [`docs::edge_and_client`].
+//!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
 //! `host.object(class, name).connect(request)` returns the caller's
@@ -196,9 +208,11 @@ mod client;
 mod config;
 pub mod connect;
 pub mod docs;
+pub mod edge;
 mod error;
 pub mod fetch;
 mod host;
+pub mod idempotency;
 mod metrics;
 mod object;
 mod protocol;
@@ -215,9 +229,12 @@ pub mod wire;
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
-pub use client::{ClientCalls, ClientStats, RpcClient};
+pub use client::{
+    ClientCalls, ClientStats, EntryBackoff, EntryState, FailoverClient, FailoverStats, RpcClient,
+};
 pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
+pub use edge::Edge;
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
 pub use object::{Class, Handle, MAX_OBJECT_NAME_BYTES, ObjectCtx, validate_object_name};

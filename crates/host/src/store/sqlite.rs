@@ -27,6 +27,7 @@ use durability_storage_sqlite::SqliteStorage;
 use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
 
 mod admission;
+pub(crate) mod idempotency;
 mod names;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,8 @@
 
 mod connect;
 mod dispatch;
+mod edge;
+mod failover;
 mod lifecycle;
 mod metrics;
 mod rolling;
