@@ -483,5 +483,129 @@ fn bad_configuration_exits_before_anything_starts() {
     assert!(p.wait_exit().success());
 }
 
+/// Iterations of the storage-deletion race: `cargo xtask verify` sets
+/// `DURABILITY_DELETE_RACE_ITERATIONS` to run a larger campaign.
+fn delete_race_iterations() -> usize {
+    std::env::var("DURABILITY_DELETE_RACE_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                out.push(path.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Issue 32, item 2: calls creating new objects 1 ms apart (some paused
+/// up to 30 ms inside the call before their write), a deletion of the
+/// storage id among them, many times over; the deletion runs in the
+/// serving process (even iterations) or in another host process (odd
+/// ones). Before the fix files (`-wal`, `-shm`, databases) were left
+/// under the deleted storage id and writes were acknowledged after the
+/// deletion reported. Now: the deletion is complete, no file but the
+/// tombstone and the admission lock is left, and in the serving process
+/// no write commits after the deletion's report (every call either
+/// committed before the deletion counted it or was refused).
+#[test]
+fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_write() {
+    const CALLS: usize = 30;
+    let iterations = delete_race_iterations();
+    let started = now();
+    for i in 0..iterations {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Proc::spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
+        a.wait_line("ready");
+        a.wait_n("acquired ", 16);
+        let mut b = (i % 2 == 1).then(|| {
+            let b = Proc::spawn("b", dir.path(), TTL_S, &[], &[]);
+            b.wait_line("ready");
+            b
+        });
+        // The deletion among the calls, at a different place each time.
+        let at = 5 + (i * 7) % (CALLS - 10);
+        for k in 0..CALLS {
+            if k == at {
+                match b.as_mut() {
+                    Some(b) => b.send("delete -"),
+                    None => a.send("delete -"),
+                }
+            }
+            // Some calls are admitted and still in flight (paused before
+            // their write) when the deletion starts.
+            a.send(&format!("put n{k} {}", (k % 4) * 10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let deleter = b.as_ref().unwrap_or(&a);
+        let (_, deleted) = deleter.wait_line("delete");
+        assert!(
+            deleted.starts_with("deleted complete=true "),
+            "iteration {i}: {deleted}"
+        );
+        let end = now() + 30_000;
+        while a.count("ok put ") + a.count("err put ") < CALLS {
+            assert!(
+                now() < end,
+                "iteration {i}: calls unanswered: {:#?}",
+                a.lines()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let lines: Vec<String> = a.lines().into_iter().map(|(_, l)| l).collect();
+        let committed = lines
+            .iter()
+            .filter(|l| l.starts_with("committed put "))
+            .count();
+        let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("err put ")).collect();
+        eprintln!(
+            "iteration {i}: deletion by {} before call {at}: {deleted}; {committed} committed, {} refused",
+            deleter.name,
+            refused.len()
+        );
+        if let Some(first) = refused.first() {
+            eprintln!("iteration {i}: first refusal: {first}");
+        }
+        if b.is_none() {
+            let report = lines
+                .iter()
+                .position(|l| l.starts_with("deleted "))
+                .unwrap();
+            let late: Vec<&String> = lines[report..]
+                .iter()
+                .filter(|l| l.starts_with("committed put "))
+                .collect();
+            assert!(
+                late.is_empty(),
+                "iteration {i}: written after the deletion reported: {late:?}"
+            );
+        }
+        let left = files_under(&dir.path().join("objects/st1"));
+        assert_eq!(
+            left,
+            ["ADMISSION", "TOMBSTONE"],
+            "iteration {i}: files under the deleted storage id"
+        );
+        drop(b);
+        drop(a);
+    }
+    eprintln!("{iterations} deletion races in {} ms", now() - started);
+}
+
 mod ownership_faults;
 mod postgres;

@@ -146,12 +146,17 @@ fn ci() -> Result {
 const MODEL_SEEDS: &str = "20";
 /// Operations per seed of that campaign.
 const MODEL_OPS: &str = "2000";
+/// Iterations of the storage-deletion race between host processes
+/// (`host_processes::storage_deletion_race_*`; 20 in the normal test run).
+const DELETE_RACE_ITERATIONS: &str = "60";
 
 /// The crash-point and model suites, with their counts printed, then the
 /// full-size alarm soak (100k alarms with dispatch failures and crashes).
 /// The migration model runs a larger campaign here than in the normal test
-/// run: `MODEL_SEEDS` seeds of `MODEL_OPS` operations per shard set (an
-/// environment that sets the variables itself keeps its values).
+/// run: `MODEL_SEEDS` seeds of `MODEL_OPS` operations per shard set, and
+/// the storage-deletion race between host processes runs
+/// `DELETE_RACE_ITERATIONS` times (an environment that sets the variables
+/// itself keeps its values).
 fn verify() -> Result {
     let stamp = results::Stamp::now();
     let mut cmd = Command::new(env_cargo());
@@ -165,12 +170,13 @@ fn verify() -> Result {
         "--locked",
         "--no-capture",
         "-E",
-        "test(/crash|model|lock_set|recover/)",
+        "test(/crash|model|lock_set|recover|storage_deletion_race/)",
     ]);
     let mut settings = Vec::new();
     for (var, value) in [
         ("DURABILITY_MIGRATION_MODEL_SEEDS", MODEL_SEEDS),
         ("DURABILITY_MIGRATION_MODEL_OPS", MODEL_OPS),
+        ("DURABILITY_DELETE_RACE_ITERATIONS", DELETE_RACE_ITERATIONS),
     ] {
         match std::env::var(var) {
             Ok(set) => settings.push(format!("{var}={set}")),
@@ -182,7 +188,7 @@ fn verify() -> Result {
     }
     eprintln!("$ {cmd:?}");
     let mut steps = vec![verify_step(
-        "nextest (crash, model, lock_set, recover)",
+        "nextest (crash, model, lock_set, recover, storage_deletion_race)",
         &mut cmd,
     )?];
     if steps[0].status == "passed" {

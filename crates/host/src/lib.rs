@@ -240,7 +240,7 @@ pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
 pub use edge::Edge;
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
-pub use object::{Class, Handle, ObjectCtx};
+pub use object::{Class, Handle, MAX_OBJECT_NAME_BYTES, ObjectCtx, validate_object_name};
 pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
@@ -254,5 +254,5 @@ pub use storage::{
 };
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresBackends, PostgresObjectStore};
-pub use store::sqlite::{SqliteObjectStore, TOMBSTONE_FILE};
+pub use store::sqlite::{ADMISSION_FILE, MAX_ROOT_BYTES, SqliteObjectStore, TOMBSTONE_FILE};
 pub use store::{ObjectStore, StoreTx};

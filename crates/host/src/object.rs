@@ -8,7 +8,35 @@ use std::sync::Arc;
 use durability_alarms::Alarms;
 use durability_scheduler::{ObjectId, Scheduler};
 
+use crate::error::HostError;
 use crate::store::DefaultStorage;
+
+/// Longest object name, in UTF-8 bytes (the seed's id cap). Any other
+/// well-formed Unicode name of 1..=512 bytes is valid, control characters
+/// included, except NUL (PostgreSQL text cannot hold it); a name with a
+/// lone UTF-16 surrogate cannot be a Rust string at all, and the wire
+/// refuses one (`invalid_request`).
+pub const MAX_OBJECT_NAME_BYTES: usize = 512;
+
+/// Checks an object name against [`MAX_OBJECT_NAME_BYTES`]'s rules.
+///
+/// # Errors
+/// [`HostError::InvalidObjectName`] naming the broken rule.
+pub fn validate_object_name(name: &str) -> Result<(), HostError> {
+    let reason = if name.is_empty() {
+        "the name is empty".to_owned()
+    } else if name.len() > MAX_OBJECT_NAME_BYTES {
+        format!(
+            "the name is {} bytes, more than {MAX_OBJECT_NAME_BYTES}",
+            name.len()
+        )
+    } else if name.contains('\0') {
+        "the name contains NUL".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(HostError::InvalidObjectName { reason })
+}
 
 /// An object class as a type: the type knows its class name, so a caller
 /// names the class once, by type (`host.object_of::<Cart>("cart-42")`), and

@@ -5,10 +5,11 @@
 //! Neither is atomic. Delete-all drops the object's own tables page by page,
 //! each page a fenced transaction; a failure leaves the pages already
 //! dropped, and running it again finishes the job. A storage id's deletion
-//! takes the lifecycle's whole-delete lock, removes the active storage
-//! pointer, writes a tombstone, deletes the object files and the alarm jobs
-//! of the storage id, and reports what it could and could not delete; run
-//! again, it finishes what a crash or a failure left.
+//! writes a tombstone, takes the lifecycle's whole-delete lock, removes the
+//! active storage pointer, waits out the calls admitted before it (the
+//! object store's shared admission), deletes the object files and the
+//! alarm jobs of the storage id, and reports what it could and could not
+//! delete; run again, it finishes what a crash or a failure left.
 
 use durability_alarms::AlarmIndex;
 use durability_ownership::{
@@ -112,10 +113,19 @@ impl StorageDeleteReport {
 ///    discard themselves when they come due. A pointer that names another
 ///    storage id (a redeploy) is left alone: the deletion is fenced to its
 ///    own storage id.
-/// 3. The objects are listed page by page and deleted one by one, then
-///    whatever else the store holds for the storage id (a host still
-///    holding an object open writes into storage nobody will read; its
-///    commits are refused once its lease budget runs out).
+/// 3. The deletion enters the shared in-flight admission
+///    ([`ObjectStore::exclude`]): it waits until every call admitted on
+///    any host before the tombstone has ended (each committed before the
+///    deletion counts its object, or failed), and while it holds it no
+///    call is admitted, no object opened or created, so no write is
+///    acknowledged after the deletion and no file appears under the
+///    deleted storage id; every call admitted later finds the tombstone
+///    (`storage_inactive`). Holding it, the objects are listed page by
+///    page and deleted one by one, then whatever else the store holds for
+///    the storage id. A call that never ends (a paused host process)
+///    holds the deletion until it ends or its process dies. When the
+///    admission cannot be taken nothing is deleted (a failure in the
+///    report).
 /// 4. The alarm jobs whose object id starts with `<storage_id>:` are listed
 ///    page by page and removed at their listed token; a job replaced
 ///    meanwhile (a late alarm write of an old host) is reported and
@@ -173,8 +183,20 @@ where
     // 2. Lock and remove the pointer when it names this storage.
     let holds_lock = take_pointer(lease_store, &scope, &lifecycle, &storage, &mut report).await?;
 
-    // 3. The objects; 4. the alarm jobs.
-    delete_objects(objects, &storage, &mut report).await;
+    // 3. The shared admission, exclusively: every call admitted before the
+    // tombstone has ended (committed or failed), none is admitted after.
+    // Then the objects, while no host can open, create or write one.
+    match objects.exclude(&storage).await {
+        Ok(exclusion) => {
+            delete_objects(objects, &storage, &mut report).await;
+            drop(exclusion);
+        }
+        Err(e) => report.failures.push(DeleteFailure {
+            what: format!("admission of storage {}", storage.as_str()),
+            error: format!("{e}; no object was deleted"),
+        }),
+    }
+    // 4. The alarm jobs.
     delete_jobs(alarm_index, &storage, &mut report).await;
 
     // 5. Release the lock, mark the tombstone.

@@ -4,7 +4,11 @@
 //! opens an object's storage (which the host then fences at the scope's
 //! claim through [`ObjectFence`]), clears one object's own data page by
 //! page, lists a storage id's objects, deletes one object, deletes what a
-//! storage id leaves, and keeps the storage id's tombstone. The store is
+//! storage id leaves, and keeps the storage id's tombstone and its
+//! admission ([`ObjectStore::admit`], [`ObjectStore::exclude`]): the lock
+//! every admitted call holds shared and a storage deletion exclusively, so
+//! a deletion waits out every call admitted before it and nothing is
+//! admitted, opened or created after its tombstone. The store is
 //! the only part of the host that knows the backend: the SQLite directory
 //! ([`sqlite::SqliteObjectStore`], the default, one file per object) is
 //! one module, and PostgreSQL (`postgres::PostgresObjectStore`, feature
@@ -89,6 +93,41 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// One object's transactional storage: the scheduler's storage, with
     /// the alarm rows, fenced at the owner's claim.
     type Storage: for<'t> Storage<Tx<'t>: AlarmTx> + ObjectFence + Sync;
+
+    /// Admitted work's hold on a storage id (see [`ObjectStore::admit`]);
+    /// dropping it ends the work's admission.
+    type Admission: Send + Sync + 'static;
+
+    /// A deletion's exclusive hold on a storage id (see
+    /// [`ObjectStore::exclude`]); dropping it lets admission resume (and
+    /// find the tombstone).
+    type Exclusion: Send + 'static;
+
+    /// Admits work on `storage`, from any host of the deployment: waits
+    /// while a deletion holds the storage id exclusively, then, holding the
+    /// admission, checks the tombstone. `None` when the storage id is
+    /// tombstoned (nothing may be opened, created or written under it).
+    /// The host holds the admission for the whole call (opening and
+    /// creating the object included), so a deletion that wrote its
+    /// tombstone and then took [`ObjectStore::exclude`] has waited out every
+    /// call admitted before it, and every later call finds the tombstone.
+    ///
+    /// # Errors
+    /// A backend failure (nothing was admitted).
+    fn admit(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Result<Option<Self::Admission>, StorageError>> + Send;
+
+    /// Takes `storage` exclusively for a deletion (after its tombstone was
+    /// written): waits until no admitted work holds it, from any host.
+    ///
+    /// # Errors
+    /// A backend failure (nothing is excluded: delete nothing).
+    fn exclude(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Result<Self::Exclusion, StorageError>> + Send;
 
     /// Checks the store's own settings (before a host writes anything).
     ///

@@ -6,7 +6,7 @@ use crate::storage::StorageError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SchedulerError {
-    /// The object ID is empty, too long, or holds control characters.
+    /// The object ID is empty, too long, or holds NUL.
     #[error("invalid object id: {reason}")]
     InvalidObjectId {
         /// Why the ID was refused.

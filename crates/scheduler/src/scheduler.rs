@@ -16,14 +16,18 @@ use crate::error::SchedulerError;
 use crate::schema::{SchemaTarget, migrate_within};
 use crate::storage::{SchedulerTx, Storage, StorageError};
 
-/// Longest object ID accepted, in bytes.
-pub const MAX_OBJECT_ID_BYTES: usize = 256;
+/// Longest object ID accepted, in bytes: room for a host's
+/// `<storage id>:<class>:<name>` at their limits (128 + 1 + 468 + 1 + 512).
+pub const MAX_OBJECT_ID_BYTES: usize = 1110;
 /// Longest capability name accepted, in bytes.
 pub const MAX_CAPABILITY_NAME_BYTES: usize = 256;
 
 /// The ID of one object (one coordinator, one shard owner …).
 ///
-/// Non-empty, at most [`MAX_OBJECT_ID_BYTES`] bytes, no control characters.
+/// Non-empty, at most [`MAX_OBJECT_ID_BYTES`] bytes of well-formed Unicode
+/// (a Rust string), without NUL (PostgreSQL text cannot hold it). Other
+/// control characters are allowed: object names are any well-formed
+/// Unicode; print an ID with `{:?}` where a log line must stay one line.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(String);
 
@@ -32,15 +36,15 @@ impl ObjectId {
     ///
     /// # Errors
     /// [`SchedulerError::InvalidObjectId`] when the ID is empty, too long or
-    /// holds control characters.
+    /// holds NUL.
     pub fn new(id: impl Into<String>) -> Result<Self, SchedulerError> {
         let id = id.into();
         let reason = if id.is_empty() {
             Some("must not be empty")
         } else if id.len() > MAX_OBJECT_ID_BYTES {
-            Some("must be at most 256 bytes")
-        } else if id.chars().any(char::is_control) {
-            Some("must not contain control characters")
+            Some("must be at most 1110 bytes")
+        } else if id.contains('\0') {
+            Some("must not contain NUL")
         } else {
             None
         };

@@ -65,9 +65,13 @@ fn memory_storage_passes_conformance() {
 fn object_id_is_validated() {
     for (bad, code) in [
         ("", "SCHEDULER_INVALID_OBJECT_ID"),
-        ("a\nb", "SCHEDULER_INVALID_OBJECT_ID"),
+        ("a\0b", "SCHEDULER_INVALID_OBJECT_ID"),
     ] {
         assert_eq!(ObjectId::new(bad).unwrap_err().code(), code);
+    }
+    // Any other well-formed Unicode, control characters included.
+    for good in ["a\nb", "st:Cart:🛒 カート", "st:C:\u{1}\u{7f}"] {
+        assert_eq!(ObjectId::new(good).unwrap().as_str(), good);
     }
     assert!(ObjectId::new("x".repeat(MAX_OBJECT_ID_BYTES + 1)).is_err());
     assert!(ObjectId::new("x".repeat(MAX_OBJECT_ID_BYTES)).is_ok());

@@ -12,11 +12,18 @@
 //!   outcome=<not_started|unknown> <message>`;
 //! - `slow-wrote <name> gen=<g>`: the first write of a `slow` call committed;
 //! - `fired <name> task=<t>`: the object's timer ran (its alarm was delivered here);
+//! - `committed put <name> value=<v>`: a `put` call's write committed (printed
+//!   inside the call, while it is admitted);
+//! - `deleted complete=<bool> objects=<n> pointer_removed=<bool>` /
+//!   `delete-failed code=<c> <message>`: the answer to `delete`;
 //! - `drained timed_out=<bool> released=<n>` after SIGTERM, then it exits 0.
 //!
 //! Commands: `incr <name>`, `timer <name> <delay ms>` (sets the object's
 //! timer), `slow <name> <ms>` (one committed write, a pause of `ms`
-//! outside any transaction, then a second write), `probe`.
+//! outside any transaction, then a second write), `put <name> <ms>` (a
+//! pause of `ms` inside the admitted call, then one write, reported from
+//! inside the call), `delete -` (`Host::delete_storage_id`:
+//! the whole storage id), `probe`.
 //!
 //! Arguments `key=value`: `dir`, `task`, `own` (`all` or `none`),
 //! `create` (`1`: create the active storage pointer if absent),
@@ -158,6 +165,30 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
                 Ok((v, h.generation))
             })
             .await
+        }
+        "put" => {
+            let name_owned = name.to_owned();
+            let pause = Duration::from_millis(u64::try_from(number).unwrap_or(0));
+            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+                // Admitted and in flight, not yet written.
+                tokio::time::sleep(pause).await;
+                let v = h.scheduler.transaction(Counter::incr)?;
+                say(&format!("committed put {name_owned} value={v}"));
+                Ok((v, h.generation))
+            })
+            .await
+        }
+        "delete" => {
+            say(&match host.delete_storage_id().await {
+                Ok(r) => format!(
+                    "deleted complete={} objects={} pointer_removed={}",
+                    r.complete(),
+                    r.objects_deleted,
+                    r.pointer_removed
+                ),
+                Err(e) => format!("delete-failed code={} {e}", e.code()),
+            });
+            return;
         }
         "probe" => {
             say(&probe_line(host));

@@ -123,6 +123,8 @@ where
             return Err(HostError::Draining);
         }
         let address = self.address(class, name)?;
+        // Held to the end of the call: a storage deletion waits for it.
+        let store_admission = self.store_admission().await?;
         let (open, token) = self.resolve_open(&address).await?;
         if let Some(g) = expect
             && open.generation.get() != g
@@ -160,6 +162,7 @@ where
         open.last_used
             .store(self.inner.clock.now_ms(), Ordering::SeqCst);
         drop(permit);
+        drop(store_admission);
         result
     }
 
@@ -448,6 +451,19 @@ where
             // storage cannot be the active one for long. Discard it.
             return DispatchOutcome::Gone;
         }
+        // Held to the end of the delivery, as a call's (a deletion waits
+        // for it; a tombstoned storage id's job is gone).
+        let store_admission = match self.store_admission().await {
+            Ok(admission) => admission,
+            Err(HostError::Ownership(OwnershipError::StorageInactive { .. })) => {
+                return DispatchOutcome::Gone;
+            }
+            Err(e) => {
+                return DispatchOutcome::NeverStarted {
+                    reason: e.to_string(),
+                };
+            }
+        };
         let outcome = match self.address(class, name) {
             Err(e) => DispatchOutcome::Failed {
                 reason: e.to_string(),
@@ -482,6 +498,7 @@ where
                 }
             },
         };
+        drop(store_admission);
         tracing::info!(
             event = "durability.host.alarm_executed",
             object = %delivery.object,

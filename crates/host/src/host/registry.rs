@@ -80,11 +80,7 @@ where
                 .ok_or_else(|| HostError::UnknownClass {
                     class: class.to_owned(),
                 })?;
-        if name.is_empty() {
-            return Err(HostError::InvalidObjectName {
-                reason: "the name is empty".to_owned(),
-            });
-        }
+        crate::object::validate_object_name(name)?;
         let id = ObjectId::new(format!("{}:{class}:{name}", self.inner.storage_id.as_str()))
             .map_err(|e| HostError::InvalidObjectName {
                 reason: e.to_string(),
@@ -105,6 +101,23 @@ where
         });
         self.inner.registry.remember(key, Arc::clone(&address));
         Ok(address)
+    }
+
+    /// The object store's admission of this host's storage id, held by a
+    /// call or an alarm delivery for its whole run, opening and creating
+    /// its object included (see [`ObjectStore::admit`]): it waits while a
+    /// storage deletion runs, and a tombstoned storage id refuses
+    /// (`storage_inactive`), so a deletion waits out every call admitted
+    /// before it and no object file is created after it.
+    pub(super) async fn store_admission(&self) -> Result<O::Admission, HostError> {
+        let inner = &self.inner;
+        match inner.objects.admit(&inner.storage_id).await {
+            Ok(Some(admission)) => Ok(admission),
+            Ok(None) => Err(HostError::Ownership(OwnershipError::StorageInactive {
+                storage_id: inner.storage_id.as_str().to_owned(),
+            })),
+            Err(e) => Err(HostError::from_storage(e)),
+        }
     }
 
     pub(super) fn slot(&self, address: &Address) -> Slot<I, O::Storage> {
@@ -177,7 +190,8 @@ where
         }
         // Nothing is created for a scope the store no longer grants (an
         // inactive or deleted storage id): admission before the file, and
-        // never under a tombstone.
+        // never under a tombstone (the callers hold the object store's
+        // admission, so no deletion runs between this check and the file).
         drop(inner.ownership.admit(&address.scope, generation).await?);
         if inner.objects.tombstone(&inner.storage_id).is_some() {
             return Err(HostError::Ownership(OwnershipError::StorageInactive {

@@ -173,6 +173,40 @@ impl PostgresObjectStore {
 
 impl ObjectStore for PostgresObjectStore {
     type Storage = PostgresObjectStorage;
+    type Admission = ();
+    type Exclusion = ();
+
+    /// The tombstone row read: `None` once it exists. Nothing is held for
+    /// the call: on PostgreSQL a commit and its object's deletion are
+    /// ordered by the object's row lock (`delete_object` takes it; a
+    /// transaction's fence needs the row), so a call commits before the
+    /// deletion counts its object or fails at the fence, and
+    /// `delete_rest` removes objects recorded while the deletion listed.
+    /// Limit (not closed yet): an object first recorded by a call
+    /// admitted before the tombstone but opened after `delete_rest`
+    /// finished keeps its rows under the deleted storage id, and that
+    /// call's commit can be acknowledged after the deletion reported (the
+    /// SQLite directory's `ADMISSION` lock closes this window; a
+    /// PostgreSQL advisory lock taken by the record insert and the
+    /// tombstone write would close it here).
+    fn admit(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Result<Option<()>, StorageError>> + Send {
+        let admitted = self
+            .objects
+            .tombstone(storage.as_str())
+            .map(|t| t.is_none().then_some(()));
+        std::future::ready(admitted)
+    }
+
+    /// Nothing to wait for (see [`ObjectStore::admit`] above).
+    fn exclude(
+        &self,
+        _storage: &StorageId,
+    ) -> impl Future<Output = Result<(), StorageError>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// The URL and schema were checked when the store connected.
     fn validate(&self) -> Result<(), (&'static str, String)> {

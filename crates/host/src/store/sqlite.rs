@@ -1,15 +1,19 @@
 //! The SQLite directory: one SQLite file per object under a root every
-//! host of the deployment shares (`<root>/<storage id>/<class>/<name>.sqlite`),
-//! and the storage id's tombstone file beside them. The only module of the
-//! host that knows SQLite.
+//! host of the deployment shares (`<root>/<storage id>/<class dir>/<file>.sqlite`),
+//! and the storage id's tombstone and admission lock files beside them.
+//! The only module of the host that knows SQLite.
 //!
-//! A name is its own file name when it is a plain `[A-Za-z0-9_-]` word of
-//! at most 200 bytes, else `~` and its UTF-8 bytes in hex, split into
-//! directories of at most 200 characters (file names stay short, and the
-//! two forms never collide: `~` is not a plain character).
+//! File names (module `names`): a short plain name is its own file name,
+//! every other object a fixed-length SHA-256 file name with a sidecar
+//! holding its real class and name, so any valid class and object name
+//! fits SQLite's path limit; files of the earlier mapping (hex-encoded
+//! names) are still found and listed (a second lookup, no migration).
 //!
-//! The directory is for processes on ONE machine: SQLite's WAL needs
-//! shared memory and reliable locks, which a network file system does not
+//! Admission (module `admission`): every admitted call holds the storage
+//! id's `ADMISSION` file locked shared, a deletion holds it exclusively.
+//!
+//! The directory is for processes on ONE machine: SQLite's WAL and the
+//! admission lock need shared memory and reliable locks, which a network file system does not
 //! give processes on different machines. At start the host refuses a root
 //! on a network, cluster or FUSE file system
 //! ([`crate::HostError::NetworkFileSystem`]; the decision is
@@ -29,16 +33,19 @@ use durability_storage_sqlite::SqliteStorage;
 use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
 use crate::error::HostError;
 
+mod admission;
 pub(crate) mod idempotency;
+mod names;
 #[cfg(test)]
 mod tests;
+
+pub use admission::{ADMISSION_FILE, AdmissionLock};
+pub use names::MAX_ROOT_BYTES;
+use names::{EXTENSION, Files, NAME_EXTENSION};
 
 /// The tombstone file a deleted storage id leaves under the object root
 /// (`<root>/<storage id>/TOMBSTONE`).
 pub const TOMBSTONE_FILE: &str = "TOMBSTONE";
-
-/// The extension of an object database.
-const EXTENSION: &str = "sqlite";
 
 /// The SQLite files that belong to one object database besides itself.
 const COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
@@ -89,59 +96,22 @@ impl SqliteObjectStore {
         self.root.join(storage.as_str())
     }
 
-    /// The file of an object.
-    fn object_path(&self, storage: &StorageId, object: &ObjectKey) -> PathBuf {
-        object_path(&self.root, storage.as_str(), &object.class, &object.name)
+    /// The files of an object under the current mapping.
+    fn files(&self, storage: &StorageId, object: &ObjectKey) -> Files {
+        names::files(&self.root, storage.as_str(), &object.class, &object.name)
     }
-}
 
-/// The file of object `name` of `class` (see the module docs).
-fn object_path(root: &Path, storage: &str, class: &str, name: &str) -> PathBuf {
-    let mut path = root.join(storage).join(class);
-    let plain = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if plain {
-        return path.join(format!("{name}.{EXTENSION}"));
+    /// The database of an object: its legacy file when one exists, else
+    /// its current one.
+    fn existing_db(&self, storage: &StorageId, object: &ObjectKey) -> (PathBuf, Option<Files>) {
+        let files = self.files(storage, object);
+        let legacy = names::legacy_path(&self.root, storage.as_str(), &object.class, &object.name);
+        if legacy != files.db && legacy.is_file() {
+            (legacy, None)
+        } else {
+            (files.db.clone(), Some(files))
+        }
     }
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    let mut encoded = format!("~{hex}");
-    while encoded.len() > 200 {
-        let rest = encoded.split_off(200);
-        path = path.join(&encoded);
-        encoded = format!("~{rest}");
-    }
-    path.join(format!("{encoded}.{EXTENSION}"))
-}
-
-/// The object a file under the storage directory holds (`relative` is
-/// `<class>/<name parts…>.sqlite`), or `None` for anything else.
-fn object_of(relative: &Path) -> Option<ObjectKey> {
-    let mut parts = relative.iter().map(|p| p.to_str());
-    let class = parts.next()??.to_owned();
-    let parts: Vec<&str> = parts.collect::<Option<_>>()?;
-    let (last, dirs) = parts.split_last()?;
-    let last = last.strip_suffix(&format!(".{EXTENSION}"))?;
-    if dirs.is_empty() && !last.starts_with('~') {
-        return Some(ObjectKey {
-            class,
-            name: last.to_owned(),
-        });
-    }
-    let mut hex = String::new();
-    for part in dirs.iter().chain(std::iter::once(&last)) {
-        hex.push_str(part.strip_prefix('~')?);
-    }
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    let name = String::from_utf8(bytes).ok()?;
-    // Only the canonical spelling names the object.
-    (object_path(Path::new(""), "", &class, &name) == Path::new("").join(relative))
-        .then_some(ObjectKey { class, name })
 }
 
 /// Every object database file under `dir`, as paths relative to `base`.
@@ -169,12 +139,60 @@ fn io_error(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
     move |e| StorageError::backend(what, e)
 }
 
+/// Writes a hashed object's name sidecar durably (a temporary file,
+/// fsynced, renamed, the directory fsynced) unless it is there; an
+/// existing sidecar must name the same object.
+fn ensure_sidecar(path: &Path, text: &str) -> Result<(), StorageError> {
+    use std::io::Write as _;
+    match std::fs::read(path) {
+        Ok(found) if found == text.as_bytes() => return Ok(()),
+        Ok(_) => {
+            return Err(StorageError::corrupt(format!(
+                "{} names another object (a corrupt name file or a hash collision)",
+                path.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StorageError::backend(format!("read {}", path.display()), e)),
+    }
+    let tmp = path.with_extension(format!("{NAME_EXTENSION}.tmp"));
+    let write = || -> std::io::Result<()> {
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        match path.parent() {
+            Some(dir) => std::fs::File::open(dir)?.sync_all(),
+            None => Ok(()),
+        }
+    };
+    write().map_err(io_error(format!("write {}", path.display())))
+}
+
 impl ObjectStore for SqliteObjectStore {
     type Storage = SqliteStorage;
+    type Admission = AdmissionLock;
+    type Exclusion = AdmissionLock;
 
+    /// The root must not be empty, and (absolute) at most
+    /// [`MAX_ROOT_BYTES`] bytes, so every object path fits SQLite's path
+    /// limit.
     fn validate(&self) -> Result<(), (&'static str, String)> {
         if self.root.as_os_str().is_empty() {
             return Err(("root", "the object storage root is empty".to_owned()));
+        }
+        let absolute = std::path::absolute(&self.root)
+            .map_err(|e| ("root", format!("{}: {e}", self.root.display())))?;
+        if absolute.as_os_str().len() > MAX_ROOT_BYTES {
+            return Err((
+                "root",
+                format!(
+                    "{} is longer than {MAX_ROOT_BYTES} bytes (object paths would pass SQLite's path limit)",
+                    absolute.display()
+                ),
+            ));
         }
         Ok(())
     }
@@ -186,6 +204,27 @@ impl ObjectStore for SqliteObjectStore {
             return Ok(());
         }
         placement(durability_storage_sqlite::local_fs::check_local(&self.root))
+    }
+
+    /// The storage id's `ADMISSION` file locked shared, then the tombstone
+    /// checked.
+    fn admit(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Result<Option<AdmissionLock>, StorageError>> + Send {
+        let dir = self.storage_dir(storage);
+        async move {
+            let lock = admission::lock(dir.clone(), false).await?;
+            Ok((!dir.join(TOMBSTONE_FILE).exists()).then_some(lock))
+        }
+    }
+
+    /// The storage id's `ADMISSION` file locked exclusively.
+    fn exclude(
+        &self,
+        storage: &StorageId,
+    ) -> impl Future<Output = Result<AdmissionLock, StorageError>> + Send {
+        admission::lock(self.storage_dir(storage), true)
     }
 
     fn prepare(&self, storage: &StorageId) -> Result<(), (&'static str, String)> {
@@ -240,11 +279,15 @@ impl ObjectStore for SqliteObjectStore {
         storage: &StorageId,
         object: &ObjectKey,
     ) -> impl Future<Output = Result<Arc<SqliteStorage>, StorageError>> + Send {
-        let path = self.object_path(storage, object);
+        let (path, files) = self.existing_db(storage, object);
         let open = || {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
                     .map_err(io_error(format!("create {}", dir.display())))?;
+            }
+            // The real name is durable before the database exists.
+            if let Some((sidecar, text)) = files.as_ref().and_then(|f| f.sidecar.as_ref()) {
+                ensure_sidecar(sidecar, text)?;
             }
             SqliteStorage::open(&path, self.options).map(Arc::new)
         };
@@ -262,7 +305,10 @@ impl ObjectStore for SqliteObjectStore {
         tx.due_capabilities()
     }
 
-    /// Sorted by relative path; the cursor is the last path listed.
+    /// Sorted by relative path; the cursor is the last path listed. A
+    /// database file that does not decode to its object (a hashed file
+    /// without a readable sidecar, a file where no object's mapping puts
+    /// it) fails the listing with a `Corrupt` error naming it.
     fn list(
         &self,
         storage: &StorageId,
@@ -274,11 +320,19 @@ impl ObjectStore for SqliteObjectStore {
             let mut files = Vec::new();
             object_files(&base, &base, &mut files)
                 .map_err(io_error(format!("list {}", base.display())))?;
-            let mut files: Vec<(String, ObjectKey)> = files
+            let mut listed: Vec<(String, &Path)> = files
                 .iter()
-                .filter_map(|f| Some((f.to_str()?.to_owned(), object_of(f)?)))
+                .map(|f| (f.to_string_lossy().into_owned(), f.as_path()))
                 .filter(|(f, _)| cursor.is_none_or(|c| f.as_str() > c))
                 .collect();
+            listed.sort();
+            let mut files = Vec::with_capacity(listed.len().min(limit + 1));
+            for (shown, relative) in listed.into_iter().take(limit.saturating_add(1)) {
+                let object = names::object_of(&base, relative).map_err(|reason| {
+                    StorageError::corrupt(format!("storage {}: {reason}", storage.as_str()))
+                })?;
+                files.push((shown, object));
+            }
             files.sort();
             let more = files.len() > limit;
             files.truncate(limit);
@@ -295,14 +349,23 @@ impl ObjectStore for SqliteObjectStore {
         storage: &StorageId,
         object: &ObjectKey,
     ) -> impl Future<Output = Result<bool, StorageError>> + Send {
-        let path = self.object_path(storage, object);
+        let files = self.files(storage, object);
+        let legacy = names::legacy_path(&self.root, storage.as_str(), &object.class, &object.name);
         let delete = || {
-            for companion in COMPANIONS {
-                let mut file = path.clone().into_os_string();
-                file.push(companion);
-                remove(Path::new(&file))?;
+            let mut deleted = false;
+            for path in [&legacy, &files.db] {
+                for companion in COMPANIONS {
+                    let mut file = path.clone().into_os_string();
+                    file.push(companion);
+                    remove(Path::new(&file))?;
+                }
+                deleted |= remove(path)?;
             }
-            remove(&path)
+            // The name goes last: a database never outlives it.
+            if let Some((sidecar, _)) = &files.sidecar {
+                remove(sidecar)?;
+            }
+            Ok(deleted)
         };
         std::future::ready(delete())
     }
@@ -345,7 +408,9 @@ fn remove(path: &Path) -> Result<bool, StorageError> {
     }
 }
 
-/// Deletes every file under `dir` except the tombstone, then the empty
+/// Deletes every file under `dir` except the tombstone and the admission
+/// lock (another process may hold it open: a new file would not share its
+/// lock), then the empty
 /// directories; failures go to `failures`.
 fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
     let entries = match std::fs::read_dir(dir) {
@@ -371,7 +436,7 @@ fn delete_files(dir: &Path, failures: &mut Vec<(String, String)>) {
             let _ = std::fs::remove_dir(&path);
             continue;
         }
-        if entry.file_name() == TOMBSTONE_FILE {
+        if entry.file_name() == TOMBSTONE_FILE || entry.file_name() == ADMISSION_FILE {
             continue;
         }
         if let Err(e) = remove(&path) {

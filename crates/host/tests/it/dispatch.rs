@@ -54,7 +54,7 @@ async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
         "host_invalid_object_name"
     );
     assert_eq!(
-        incr(&a, "bad\u{1}name").await.unwrap_err().code(),
+        incr(&a, "bad\0name").await.unwrap_err().code(),
         "host_invalid_object_name"
     );
     let unknown = a

@@ -44,6 +44,20 @@ fn id(s: &str) -> ObjectId {
     ObjectId::new(s).unwrap()
 }
 
+/// A refusal because the storage id is deleted (its pointer gone or its
+/// delete lock held).
+fn assert_storage_refused(refused: &HostError) {
+    assert!(
+        matches!(
+            refused,
+            HostError::Ownership(
+                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
+            )
+        ),
+        "{refused}"
+    );
+}
+
 fn lifecycle() -> LifecycleId {
     LifecycleId::new(LIFECYCLE).unwrap()
 }
@@ -251,29 +265,13 @@ async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombston
         .find(|n| a.scope_for("Counter", n).unwrap() == held)
         .unwrap();
     let refused = incr(&a, &sibling).await.unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            HostError::Ownership(
-                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
-            )
-        ),
-        "{refused}"
-    );
+    assert_storage_refused(&refused);
     assert!(
         !object_file(&w, STORAGE, &sibling).exists(),
         "no object file is created under a deleted storage id"
     );
     let refused = incr(&a, "c9").await.unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            HostError::Ownership(
-                OwnershipError::StorageInactive { .. } | OwnershipError::DeleteLocked { .. }
-            )
-        ),
-        "{refused}"
-    );
+    assert_storage_refused(&refused);
     assert!(!object_file(&w, STORAGE, "c9").exists());
     a.shutdown().await;
     // No host starts on the deleted storage id, even asked to create the
@@ -467,4 +465,282 @@ async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_
         (None, None),
         "the pointer is gone and the lock released either way"
     );
+}
+
+/// Every file left under a storage id's directory, relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                out.push(path.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Issue 32, item 2: a call admitted before a storage deletion, still
+/// running (paused before its write) when the deletion starts. Before the
+/// fix the deletion reported complete while the call ran, and the call's
+/// write was then acknowledged into the deleted file. Now the deletion
+/// enters the shared admission: it waits until the call has committed,
+/// counts the object after it, and nothing is admitted after it.
+#[tokio::test]
+async fn a_storage_deletion_waits_out_a_call_admitted_before_it_so_no_write_is_acknowledged_after_it()
+ {
+    let w = World::new();
+    let a = w.host("a").await;
+    assert_eq!(incr(&a, "c1").await.unwrap(), 1);
+    let order: crate::support::Log = std::sync::Arc::default();
+    let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let call = tokio::spawn({
+        let (a, order) = (a.clone(), order.clone());
+        async move {
+            let result = a
+                .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
+                    entered_tx.send(()).unwrap();
+                    released.await.unwrap();
+                    Ok(h.scheduler.transaction(|tx| h.object.incr(tx))?)
+                })
+                .await;
+            order
+                .lock()
+                .unwrap()
+                .push(format!("call ok={}", result.is_ok()));
+            result
+        }
+    });
+    entered.await.unwrap();
+    let deletion = tokio::spawn({
+        let (a, order) = (a.clone(), order.clone());
+        async move {
+            let report = a.delete_storage_id().await;
+            order.lock().unwrap().push("deletion reported".to_owned());
+            report
+        }
+    });
+    spin().await;
+    let finished_while_the_call_ran = deletion.is_finished();
+    release.send(()).unwrap();
+    let called = call.await.unwrap();
+    let report = deletion.await.unwrap().unwrap();
+    eprintln!(
+        "order: {:?}; call: {called:?}; report: {report:?}",
+        order.lock().unwrap()
+    );
+    assert!(
+        !finished_while_the_call_ran,
+        "the deletion reported while a call admitted before it was still running"
+    );
+    // The call committed before the deletion counted its object.
+    assert_eq!(called.unwrap(), 2);
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["call ok=true", "deletion reported"],
+        "no write is acknowledged after the deletion's report"
+    );
+    assert!(report.complete(), "{report:?}");
+    assert_eq!(report.objects_deleted, 1);
+    // Nothing is admitted after it, and no object file appears.
+    let refused = incr(&a, "c2").await.unwrap_err();
+    assert_storage_refused(&refused);
+    assert_eq!(
+        files_under(&w.root().join(STORAGE)),
+        [durability_host::ADMISSION_FILE, TOMBSTONE_FILE]
+    );
+    a.shutdown().await;
+}
+
+/// The longest valid class name: 468 bytes of the ASCII JavaScript
+/// class-name grammar.
+fn longest_class() -> String {
+    format!("Cart{}", "_".repeat(464))
+}
+
+/// Every object the object store lists for the test storage id.
+async fn listed(w: &World) -> Vec<(String, String)> {
+    use durability_host::ObjectStore as _;
+    let store = SqliteObjectStore::new(w.root());
+    let storage = StorageId::new(STORAGE).unwrap();
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store.list(&storage, cursor.as_deref(), 3).await.unwrap();
+        all.extend(page.objects.into_iter().map(|o| (o.class, o.name)));
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    all.sort();
+    all
+}
+
+/// Issue 32, item 5: any well-formed Unicode object name up to 512 bytes
+/// (emoji, CJK, separators, control characters) and the longest valid
+/// class name work through a call, keep their state across a restart (the
+/// mapping to files is deterministic) and are listed by their real names.
+/// Before the fix a 300-byte class started but named no object (a 256-byte
+/// object id) and non-plain names over about 100 bytes passed SQLite's
+/// path limit.
+#[tokio::test]
+async fn any_valid_object_name_and_the_longest_class_work_end_to_end_and_are_listed() {
+    let w = World::new();
+    let long = longest_class();
+    assert_eq!(long.len(), 468);
+    let config = |task: &str| {
+        let (fired, owner) = (std::sync::Arc::clone(&w.fired), task.to_owned());
+        w.config(task).class(&long, move |ctx| {
+            Counter::open(ctx, &owner, std::sync::Arc::clone(&fired))
+        })
+    };
+    let names = [
+        "🛒".repeat(128),
+        "日本語の名前".to_owned(),
+        "a/b\\c:d ../..".to_owned(),
+        "tab\there\nnewline\u{1}".to_owned(),
+        "é".repeat(256),
+        "plain-name_1".to_owned(),
+    ];
+    assert_eq!(names[0].len(), durability_host::MAX_OBJECT_NAME_BYTES);
+    let a = Host::start(config("a")).await.unwrap();
+    for class in ["Counter", long.as_str()] {
+        for name in &names {
+            let n = a
+                .transaction::<Counter, _, _>(class, name, |c, tx| c.incr(tx))
+                .await
+                .unwrap_or_else(|e| panic!("{class} {name:?}: {e}"));
+            assert_eq!(n, 1);
+        }
+    }
+    a.shutdown().await;
+    let b = Host::start(config("b")).await.unwrap();
+    for class in ["Counter", long.as_str()] {
+        for name in &names {
+            let n = b
+                .transaction::<Counter, _, _>(class, name, |c, tx| c.incr(tx))
+                .await
+                .unwrap();
+            assert_eq!(n, 2, "{class} {name:?} reopened its own storage");
+        }
+    }
+    let mut expected: Vec<(String, String)> = ["Counter", long.as_str()]
+        .iter()
+        .flat_map(|c| names.iter().map(move |n| ((*c).to_owned(), n.clone())))
+        .collect();
+    expected.sort();
+    assert_eq!(listed(&w).await, expected);
+    b.shutdown().await;
+}
+
+/// Issue 32, item 5: invalid names are typed errors and write nothing: an
+/// object name over 512 bytes, an empty one or one holding NUL
+/// (`host_invalid_object_name`); a class name over 468 bytes or outside
+/// the grammar refuses the host's start (`host_invalid_setting`).
+#[tokio::test]
+async fn invalid_object_and_class_names_are_typed_errors_and_write_nothing() {
+    let w = World::new();
+    let a = w.host("a").await;
+    let too_long = format!("{}x", "🛒".repeat(128));
+    for name in [too_long.as_str(), "", "nul\0inside"] {
+        let refused = incr(&a, name).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            "host_invalid_object_name",
+            "{name:?}: {refused}"
+        );
+    }
+    assert_eq!(listed(&w).await, []);
+    assert_eq!(files_under(&w.root().join(STORAGE)), Vec::<String>::new());
+    a.shutdown().await;
+    for class in [
+        format!("{}x", longest_class()),
+        "1Cart".to_owned(),
+        "Ca-rt".to_owned(),
+        "class".to_owned(),
+        "Cärt".to_owned(),
+    ] {
+        let w = World::new();
+        let fired = std::sync::Arc::clone(&w.fired);
+        let refused = Host::start(
+            w.bare("a", STORAGE)
+                .create_active_storage_if_absent(true)
+                .class(&class, move |ctx| {
+                    Counter::open(ctx, "a", std::sync::Arc::clone(&fired))
+                }),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code(), "host_invalid_setting", "{class}: {refused}");
+        assert!(
+            !w.root().join(STORAGE).exists(),
+            "{class}: nothing was written"
+        );
+    }
+}
+
+/// Issue 32, item 5: names arrive on the wire as JSON; a lone surrogate
+/// (`\ud800`) is a typed `invalid_request` (400), not a panic or a
+/// replacement character, and nothing is written; a valid escaped Unicode
+/// name is called and stored under its real name.
+#[tokio::test]
+async fn a_lone_surrogate_on_the_wire_is_a_typed_error_and_writes_nothing() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let w = World::new();
+    let host: crate::support::TestHost = Host::start(
+        crate::rpc::with_methods(w.config("a"))
+            .internal_token(crate::rpc::TOKEN)
+            .endpoint("http://127.0.0.1:8788"),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = durability_host::CancellationToken::new();
+    let server = tokio::spawn(durability_host::transport::serve(
+        host.clone(),
+        listener,
+        stop.clone(),
+    ));
+    let post = |body: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "POST /internal/do/invoke HTTP/1.1\r\nhost: x\r\n{}: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            durability_host::transport::AUTH_HEADER,
+            crate::rpc::TOKEN,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    };
+    for body in [
+        r#"{"class":"Counter","name":"\ud800","method":"incr","args":null}"#,
+        r#"{"class":"Counter","name":"x\udfff","method":"incr","args":null}"#,
+        r#"{"class":"Counter","name":"\ud800\u0041","method":"incr","args":null}"#,
+    ] {
+        let response = post(body).await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{body}: {response}");
+        assert!(response.contains("invalid_request"), "{body}: {response}");
+    }
+    assert_eq!(listed(&w).await, []);
+    let response =
+        post(r#"{"class":"Counter","name":"\ud83d\uded2 \u00e9","method":"incr","args":null}"#)
+            .await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(
+        listed(&w).await,
+        [("Counter".to_owned(), "🛒 é".to_owned())]
+    );
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    host.shutdown().await;
 }

@@ -327,7 +327,7 @@ impl PostgresObjects {
     /// that uses [`PostgresObjectTx::sql`]).
     ///
     /// # Errors
-    /// An invalid id (empty, over 256 bytes, control characters: nothing
+    /// An invalid id (empty, over `MAX_OBJECT_ID_BYTES`, holding NUL: nothing
     /// is written), or a backend failure.
     pub fn open(&self, object_id: &str) -> Result<PostgresObjectStorage, StorageError> {
         durability_scheduler::ObjectId::new(object_id)

@@ -92,8 +92,8 @@ async fn concurrent_claims_from_many_indexes_never_deliver_a_job_twice() {
 }
 
 /// Rows a bug or an operator left corrupt (a token outside the grammar, a
-/// negative due time, a try count out of range, an object id with a
-/// control character) are moved to quarantine when claimed, the healthy
+/// negative due time, a try count out of range, an object id over the
+/// object-id limit) are moved to quarantine when claimed, the healthy
 /// jobs of the same batch are claimed, `job` reports the corrupt row as
 /// `do_alarm_corrupt`, and listing leaves it out.
 #[tokio::test]
@@ -106,11 +106,15 @@ async fn corrupt_jobs_are_quarantined_and_never_block_healthy_ones() {
     }
     let raw = raw_client().await;
     let jobs = format!("\"{}\".durability_alarm_jobs", schema.name());
+    let overlong = format!(
+        "s:C:{}",
+        "x".repeat(durability_scheduler::MAX_OBJECT_ID_BYTES)
+    );
     for (object, token, due, tries) in [
         ("s:C:b", "bad token!", T0, 0_i64),
         ("s:C:c", "t", -5, 0),
         ("s:C:d", "t", T0, -3),
-        ("s:C:\u{7}", "t", T0, 0),
+        (overlong.as_str(), "t", T0, 0),
     ] {
         raw.execute(
             &format!(

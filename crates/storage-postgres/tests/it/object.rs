@@ -172,11 +172,16 @@ fn hostile_deployment_names_are_refused_before_anything_is_written() {
 }
 
 #[test]
-fn hostile_object_ids_are_plain_data_and_control_characters_are_refused() {
+fn hostile_object_ids_are_plain_data_and_nul_or_overlong_ids_are_refused() {
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let ids = ["'; DROP TABLE orders; --", "\"quoted\"", "ünï/cödé $1 %s"];
+    let ids = [
+        "'; DROP TABLE orders; --",
+        "\"quoted\"",
+        "ünï/cödé $1 %s",
+        "line\nbreak\ttab",
+    ];
     for (i, id) in ids.iter().enumerate() {
         let s = d.objects.open(id).unwrap();
         let at = i64::try_from(i).unwrap() + 1;
@@ -187,11 +192,15 @@ fn hostile_object_ids_are_plain_data_and_control_characters_are_refused() {
         let at = i64::try_from(i).unwrap() + 1;
         assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(at), "{id}");
     }
-    assert_eq!(d.objects.object_count().unwrap(), 3);
-    for bad in ["", "a\u{0}b", "line\nbreak", &"x".repeat(257)] {
+    assert_eq!(d.objects.object_count().unwrap(), 4);
+    for bad in [
+        "",
+        "a\u{0}b",
+        &"x".repeat(durability_scheduler::MAX_OBJECT_ID_BYTES + 1),
+    ] {
         assert!(d.objects.open(bad).is_err(), "{bad:?} is refused");
     }
-    assert_eq!(d.objects.object_count().unwrap(), 3, "nothing was recorded");
+    assert_eq!(d.objects.object_count().unwrap(), 4, "nothing was recorded");
 }
 
 #[test]

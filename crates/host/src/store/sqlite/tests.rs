@@ -1,72 +1,184 @@
-//! Unit tests of the SQLite directory's file names and listing.
+//! Unit tests of the SQLite directory's file names, listing and admission.
 
 use std::path::Path;
 
 use durability_ownership::{LifecycleId, StorageId};
 
-use super::{SqliteObjectStore, TOMBSTONE_FILE, object_of, object_path};
+use super::names::{files, legacy_path, object_of};
+use super::{ADMISSION_FILE, SqliteObjectStore, TOMBSTONE_FILE};
 use crate::store::{ObjectKey, ObjectStore, TombstoneState};
 
-#[test]
-fn plain_names_are_file_names_and_others_are_hex_encoded() {
-    let root = Path::new("/r");
-    assert_eq!(
-        object_path(root, "st", "Counter", "c-1_A"),
-        Path::new("/r/st/Counter/c-1_A.sqlite")
-    );
-    // `~` marks the encoded form, so a plain name never collides with it.
-    assert_eq!(
-        object_path(root, "st", "Counter", "a b"),
-        Path::new("/r/st/Counter/~612062.sqlite")
-    );
-    assert_eq!(
-        object_path(root, "st", "Counter", ".."),
-        Path::new("/r/st/Counter/~2e2e.sqlite")
-    );
-    let long = "é".repeat(120);
-    let path = object_path(root, "st", "Counter", &long);
-    assert!(path.starts_with("/r/st/Counter"));
-    for part in path
-        .strip_prefix("/r/st/Counter")
-        .expect("under the class directory")
-        .iter()
-    {
-        assert!(part.len() <= 207, "{part:?}");
+fn key(class: &str, name: &str) -> ObjectKey {
+    ObjectKey {
+        class: class.to_owned(),
+        name: name.to_owned(),
     }
-    assert_ne!(path, object_path(root, "st", "Counter", &"é".repeat(119)));
+}
+
+/// The longest valid class name (468 bytes of the class grammar).
+fn longest_class() -> String {
+    format!("C{}", "x".repeat(467))
 }
 
 #[test]
-fn a_file_name_decodes_to_its_object_and_nothing_else_does() {
+fn short_plain_names_are_file_names_and_every_other_name_a_fixed_length_hash() {
+    let root = Path::new("/r");
+    let plain = files(root, "st", "Counter", "c-1_A");
+    assert_eq!(plain.db, Path::new("/r/st/Counter/c-1_A.sqlite"));
+    assert_eq!(plain.sidecar, None);
+    // The same file as the legacy mapping: existing objects need no lookup.
+    assert_eq!(plain.db, legacy_path(root, "st", "Counter", "c-1_A"));
+    for (class, name) in [
+        ("Counter", "a b".to_owned()),
+        ("Counter", "x".repeat(65)),
+        ("Counter", "🛒".repeat(128)),
+        (longest_class().as_str(), "c1".to_owned()),
+        (longest_class().as_str(), "é".repeat(256)),
+    ] {
+        let storage = "s".repeat(128);
+        let f = files(root, &storage, class, &name);
+        let (sidecar, text) = f.sidecar.clone().expect("a hashed name has a sidecar");
+        assert_eq!(text, format!("{class}\n{name}"));
+        assert_eq!(sidecar.with_extension("sqlite"), f.db);
+        let under =
+            f.db.strip_prefix(root.join(&storage))
+                .expect("under the storage");
+        for part in under.iter() {
+            assert!(part.len() <= 72, "{part:?}");
+        }
+        // Root, storage id at its limit, class, hashed file, `-journal`.
+        assert!(f.db.as_os_str().len() + 8 <= 2 + 276, "{}", f.db.display());
+    }
+    assert_ne!(
+        files(root, "st", "Counter", "a b").db,
+        files(root, "st", "Counter2", "a b").db
+    );
+}
+
+#[test]
+fn a_file_decodes_to_its_object_and_any_other_file_is_an_error() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let base = dir.path();
+    let touch = |path: &Path| {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("created");
+        std::fs::write(path, "").expect("written");
+    };
+    // Legacy files, plain and hex-encoded (split into directories).
     for name in [
         "c-1_A",
         "a b",
         "..",
         "~x",
         &"é".repeat(120),
-        &"x".repeat(201),
+        &"x".repeat(200),
     ] {
-        let path = object_path(Path::new("/r"), "st", "Counter", name);
-        let relative = path.strip_prefix("/r/st").expect("under the storage");
+        let path = legacy_path(base, "", "Counter", name);
+        touch(&path);
+        let relative = path.strip_prefix(base).expect("under the base");
         assert_eq!(
-            object_of(relative),
-            Some(ObjectKey {
-                class: "Counter".to_owned(),
-                name: name.to_owned()
-            }),
+            object_of(base, relative),
+            Ok(key("Counter", name)),
             "{name}"
         );
     }
+    // Current hashed files, with their sidecars.
+    for (class, name) in [("Counter", "🛒 カート"), (&*longest_class(), "n")] {
+        let f = files(base, "", class, name);
+        let (sidecar, text) = f.sidecar.expect("hashed");
+        touch(&f.db);
+        std::fs::write(&sidecar, text).expect("written");
+        let relative = f.db.strip_prefix(base).expect("under the base");
+        assert_eq!(object_of(base, relative), Ok(key(class, name)));
+    }
+    // A hashed file whose sidecar is missing, names another object, or
+    // does not decode.
+    let f = files(base, "", "Counter", "lost name");
+    touch(&f.db);
+    let relative = f.db.strip_prefix(base).expect("under the base").to_owned();
+    assert!(object_of(base, &relative).is_err());
+    let (sidecar, _) = f.sidecar.expect("hashed");
+    std::fs::write(&sidecar, "Counter\nanother name").expect("written");
+    assert!(object_of(base, &relative).is_err());
+    std::fs::write(&sidecar, [0xff, 0xfe]).expect("written");
+    assert!(object_of(base, &relative).is_err());
     for stray in [
-        "Counter/x.txt",
         "Counter/~zz.sqlite",
         "Counter/~6.sqlite",
         // Not the canonical spelling of "ab": the plain form is.
         "Counter/~6162.sqlite",
         "x.sqlite",
+        "not-a-class/x.sqlite",
+        "Counter/@00.sqlite",
     ] {
-        assert_eq!(object_of(Path::new(stray)), None, "{stray}");
+        assert!(object_of(base, Path::new(stray)).is_err(), "{stray}");
     }
+}
+
+#[tokio::test]
+async fn files_of_the_legacy_mapping_still_open_list_and_delete() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteObjectStore::new(dir.path());
+    let storage = StorageId::new("st").expect("a valid storage id");
+    let name = "é".repeat(60);
+    // An object created by the earlier mapping, holding a row.
+    let legacy = legacy_path(dir.path(), "st", "K", &name);
+    std::fs::create_dir_all(legacy.parent().expect("a parent")).expect("created");
+    rusqlite::Connection::open(&legacy)
+        .and_then(|c| {
+            c.execute_batch("CREATE TABLE kept (v INTEGER); INSERT INTO kept VALUES (7);")
+        })
+        .expect("written");
+    let object = key("K", &name);
+    store.open(&storage, &object).await.expect("opened");
+    let current = files(dir.path(), "st", "K", &name);
+    assert!(
+        !current.db.exists(),
+        "the legacy file was opened, no new one made"
+    );
+    let page = store.list(&storage, None, 10).await.expect("listed");
+    assert_eq!(page.objects, std::slice::from_ref(&object));
+    assert!(
+        store
+            .delete_object(&storage, &object)
+            .await
+            .expect("deleted")
+    );
+    assert!(!legacy.exists());
+}
+
+#[tokio::test]
+async fn a_deletion_waits_for_admitted_work_and_admission_then_finds_the_tombstone() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteObjectStore::new(dir.path());
+    let storage = StorageId::new("st").expect("a valid storage id");
+    let admitted = store
+        .admit(&storage)
+        .await
+        .expect("admitted")
+        .expect("no tombstone");
+    let lifecycle = LifecycleId::new("ns:x").expect("a valid lifecycle");
+    store
+        .write_tombstone(&storage, &lifecycle, TombstoneState::Deleting)
+        .expect("written");
+    let deleter = store.clone();
+    let excluded = tokio::spawn({
+        let storage = storage.clone();
+        async move { deleter.exclude(&storage).await.map(drop) }
+    });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !excluded.is_finished(),
+        "the deletion waits for admitted work"
+    );
+    drop(admitted);
+    excluded.await.expect("joined").expect("excluded");
+    assert!(
+        store.admit(&storage).await.expect("answered").is_none(),
+        "a tombstoned storage id admits nothing"
+    );
+    assert!(dir.path().join("st").join(ADMISSION_FILE).exists());
 }
 
 #[tokio::test]
@@ -74,15 +186,18 @@ async fn objects_are_listed_in_pages_and_deleted_one_by_one() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let store = SqliteObjectStore::new(dir.path());
     let storage = StorageId::new("st").expect("a valid storage id");
-    // Long enough to split into directories; much longer paths pass
-    // SQLite's 512-byte path limit, which the directory does not handle.
-    let names = ["a", "b b", "c", &"é".repeat(60)];
+    // Names of every length up to the limit, any Unicode.
+    let names = [
+        "a",
+        "b b",
+        "c",
+        &"é".repeat(60),
+        &"🛒".repeat(128),
+        "line\nbreak",
+        "日本語",
+    ];
     for name in names {
-        let key = ObjectKey {
-            class: "K".to_owned(),
-            name: name.to_owned(),
-        };
-        store.open(&storage, &key).await.expect("opened");
+        store.open(&storage, &key("K", name)).await.expect("opened");
     }
     std::fs::write(dir.path().join("st/K/stray.txt"), "x").expect("written");
     let mut listed = Vec::new();
