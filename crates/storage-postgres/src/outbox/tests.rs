@@ -151,9 +151,12 @@ async fn the_claim_reads_only_due_rows_through_the_index() {
     // The deliverer prepares the statement once per connection: the
     // server may plan it for any parameters (a generic plan) or for the
     // ones given (a custom plan); both must be bounded.
-    c.batch_execute(&format!("PREPARE due(text, bigint, bigint) AS {}", outbox.sql.due))
-        .await
-        .unwrap();
+    c.batch_execute(&format!(
+        "PREPARE due(text, bigint, bigint) AS {}",
+        outbox.sql.due
+    ))
+    .await
+    .unwrap();
     for mode in ["force_generic_plan", "force_custom_plan"] {
         let plan: Vec<String> = c
             .simple_query(&format!(
@@ -170,7 +173,10 @@ async fn the_claim_reads_only_due_rows_through_the_index() {
             .collect();
         let plan = plan.join("\n");
         assert!(!plan.contains("Rows Removed by Filter"), "{mode}: {plan}");
-        assert!(plan.contains("due_at <= "), "{mode}: bounded by the due time: {plan}");
+        assert!(
+            plan.contains("due_at <= "),
+            "{mode}: bounded by the due time: {plan}"
+        );
     }
     let rows = c
         .query(&outbox.sql.due, &[&"drain", &5_000_i64, &100_i64])
