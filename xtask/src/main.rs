@@ -1,7 +1,9 @@
 //! Project automation: `cargo xtask <command>`.
 //!
-//! - `test`: every test of the workspace (nextest) and the doctests. This is
-//!   the README's test command and what `.ci/run` calls.
+//! - `test`: every test of the workspace (nextest), the tests of
+//!   storage-postgres' feature `sqlx` (one more build of that crate), and
+//!   the doctests. This is the README's test command and what `.ci/run`
+//!   calls.
 //! - `ci`: formatting, clippy, `test`, and docs, as CI runs them.
 //! - `demo [--redis] [--postgres] [--mariadb]`: the main job, a readable run
 //!   on embedded SQLite. `--redis` publishes, leases and indexes alarms
@@ -119,6 +121,21 @@ fn test() -> Result {
         "--all-targets",
         "--locked",
         "--no-fail-fast",
+    ])?;
+    // Staging in a sqlx transaction is behind storage-postgres' feature
+    // `sqlx`, which no workspace build enables: its tests run here, in one
+    // more build of that crate only.
+    cargo(&[
+        "nextest",
+        "run",
+        "--package",
+        "durability-storage-postgres",
+        "--features",
+        "sqlx",
+        "--locked",
+        "--no-fail-fast",
+        "-E",
+        "test(sqlx)",
     ])?;
     cargo(&["test", "--workspace", "--doc", "--locked"])
 }

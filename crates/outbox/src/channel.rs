@@ -491,8 +491,7 @@ where
         let now = ch.scheduler.now_ms();
         // A new key adds a pending entry; a staged value replacing a
         // pending one does not.
-        let new = tx.outbox_get(&ch.name, key)?.is_none();
-        tx.outbox_upsert(&rules::staged(&ch.name, key, bytes, version, now))?;
+        let new = tx.outbox_stage(&rules::staged(&ch.name, key, bytes, version, now))?;
         tx.lower_due(&ch.capability, now)?;
         if new {
             ch.pending_changed(tx, 1);
@@ -710,9 +709,14 @@ where
             let claimed = self.scheduler.transaction(|tx| {
                 let due = tx.outbox_due(&self.name, start, self.publisher.batch_size())?;
                 let before = report.quarantined.len();
-                let claimed = self.claim(tx, due, start, &mut report);
+                let claimed = self.claim(tx, due, start, &mut report)?;
                 quarantined = report.quarantined.len() - before;
-                claimed
+                if claimed.is_empty() && quarantined == 0 {
+                    // The run's end: the pending gauge is counted from the
+                    // store once per run (batches report their changes).
+                    self.pending_count(tx)?;
+                }
+                Ok::<_, OutboxError>(claimed)
             })?;
             if claimed.is_empty() {
                 // A batch of only corrupt rows: they are out of the way now,
@@ -816,11 +820,14 @@ where
         let (settled, lateness) = self.scheduler.transaction(|tx| {
             let mut settled = Vec::with_capacity(outcomes.len());
             let mut lateness = Vec::new();
+            let mut removed = 0_i64;
             for s in outcomes {
                 let (key, version, attempt) = (s.stored.key.as_str(), s.stored.version, s.attempt);
                 let (kind, fate) = match rules::settle(s.outcome) {
                     Settle::Remove { kind, fate } => {
-                        tx.outbox_remove_if(&self.name, key, version, attempt)?;
+                        if tx.outbox_remove_if(&self.name, key, version, attempt)? {
+                            removed += 1;
+                        }
                         if kind == EventKind::Delivered {
                             lateness.push(now.saturating_sub(s.stored.due_at));
                         }
@@ -859,7 +866,12 @@ where
             }
             let next = tx.outbox_next_due(&self.name)?;
             tx.set_due(&self.capability, next)?;
-            self.pending_count(tx)?;
+            // The rows this batch removed, not a count of the channel: a
+            // count reads every pending row, so a drain would cost the
+            // square of its backlog.
+            if removed > 0 {
+                self.pending_changed(tx, -removed);
+            }
             Ok::<_, OutboxError>((settled, lateness))
         })?;
         // Recorded once the settlements committed, as the events are.

@@ -102,6 +102,20 @@ pub trait OutboxTx: SchedulerTx {
     /// A backend failure.
     fn outbox_upsert(&mut self, entry: &StoredEntry) -> Result<(), StorageError>;
 
+    /// Stages the entry as [`OutboxTx::outbox_upsert`] does, and says
+    /// whether its key had no row before (a new pending entry). The
+    /// default reads the key's row, then upserts; a backend may answer in
+    /// fewer statements (SQLite: an insert that ignores an existing key,
+    /// and an update only when it did).
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn outbox_stage(&mut self, entry: &StoredEntry) -> Result<bool, StorageError> {
+        let new = self.outbox_get(&entry.channel, &entry.key)?.is_none();
+        self.outbox_upsert(entry)?;
+        Ok(new)
+    }
+
     /// The pending entry of a key, if any; a row that fails strict decoding
     /// is returned as [`StoredRow::Corrupt`], never misread.
     ///

@@ -318,6 +318,43 @@ impl OutboxTx for SqliteTx<'_> {
             .map_err(|err| backend("stage outbox entry", err))
     }
 
+    fn outbox_stage(&mut self, e: &StoredEntry) -> Result<bool, StorageError> {
+        // A new key is one insert; only a key already there pays a second
+        // statement, the update (no read before either).
+        let version = i64_of(e.version).unwrap_or(i64::MAX);
+        let row = params![
+            e.channel,
+            e.key,
+            e.value,
+            version,
+            e.attempt,
+            e.due_at,
+            e.claimed_until
+        ];
+        let inserted = self
+            .sql()
+            .prepare_cached(
+                "INSERT INTO durability_outbox
+                   (channel, key, value, version, attempt, due_at, claimed_until)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (channel, key) DO NOTHING",
+            )
+            .and_then(|mut st| st.execute(row))
+            .map_err(|err| backend("stage outbox entry", err))?;
+        if inserted > 0 {
+            return Ok(true);
+        }
+        self.sql()
+            .prepare_cached(
+                "UPDATE durability_outbox SET value = ?3, version = ?4, attempt = ?5,
+                   due_at = ?6, claimed_until = ?7
+                 WHERE channel = ?1 AND key = ?2",
+            )
+            .and_then(|mut st| st.execute(row))
+            .map_err(|err| backend("stage outbox entry", err))?;
+        Ok(false)
+    }
+
     fn outbox_get(&mut self, channel: &str, key: &str) -> Result<Option<StoredRow>, StorageError> {
         self.sql()
             .prepare_cached(&format!(

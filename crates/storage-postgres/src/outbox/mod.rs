@@ -26,7 +26,8 @@
 //!   (runtime queries only: no database at compile time).
 //! - [`PgDeliverer`] delivers one channel. Any number of them, in any
 //!   number of processes, share one database: each claims a batch with
-//!   `FOR UPDATE SKIP LOCKED` and records the claim (attempt count up, due
+//!   `FOR UPDATE SKIP LOCKED` (reading only rows due, through the due-time
+//!   index, whatever the plan) and records the claim (attempt count up, due
 //!   again at the claim's deadline) before publishing, so no two claim the
 //!   same entry and an attempt lost with its process is retried after the
 //!   deadline. The attempt count is the claim's token: a settlement

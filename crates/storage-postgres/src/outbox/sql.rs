@@ -81,10 +81,20 @@ impl Sql {
                  RETURNING o.key, o.version) \
                  SELECT up.key, up.version FROM up, (SELECT pg_notify($7, $1)) AS n"
             ),
+            // Two index range searches: the rows due by `$2` (a negative,
+            // corrupt due time among them), earliest first, then rows whose
+            // due time is past 2^53-1 (corrupt: they come back to be
+            // quarantined instead of sitting there unseen; nothing on
+            // healthy data). One scan with an `OR` of the two would bound
+            // the index by channel only and walk every row not yet due (the
+            // entries in flight, retries waiting) whenever fewer than a
+            // batch are due.
             due: format!(
-                "SELECT {cols} FROM {t} WHERE channel = $1 \
-                 AND (due_at <= $2 OR due_at < 0 OR due_at > {max}) \
-                 ORDER BY due_at, version LIMIT $3 FOR UPDATE SKIP LOCKED"
+                "SELECT * FROM (SELECT {cols} FROM {t} WHERE channel = $1 AND due_at <= $2 \
+                 ORDER BY due_at, version LIMIT $3 FOR UPDATE SKIP LOCKED) AS due \
+                 UNION ALL \
+                 SELECT * FROM (SELECT {cols} FROM {t} WHERE channel = $1 AND due_at > {max} \
+                 LIMIT $3 FOR UPDATE SKIP LOCKED) AS corrupt"
             ),
             claim: format!(
                 "UPDATE {t} AS o SET attempt = c.attempt, due_at = $2, claimed_until = $2 \

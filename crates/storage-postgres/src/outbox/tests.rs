@@ -126,3 +126,61 @@ impl durability_outbox::Sink<String> for NoSink {
         Ok(())
     }
 }
+
+/// The claim's read is bounded by the due time in the index: with 50 rows
+/// due among 10,000 (the rest in flight or waiting for a retry), it reads
+/// the 50 and finds no corrupt row past 2^53-1, filtering nothing. (A scan
+/// with an `OR` of both conditions was bounded by the channel only and
+/// filtered out the 9,950 rows not due, on every claim of a short batch.)
+#[tokio::test]
+async fn the_claim_reads_only_due_rows_through_the_index() {
+    let Some(schema) = crate::testkit::TestSchema::create().await else {
+        return;
+    };
+    let mut c = connect().await;
+    let outbox = PgOutbox::new(schema.name()).unwrap();
+    outbox.setup(&mut c).await.unwrap();
+    let t = format!("{}.outbox", schema.name());
+    c.batch_execute(&format!(
+        "INSERT INTO {t} SELECT 'drain', 'key-' || i, '\\x01', i, 0, \
+         CASE WHEN i <= 50 THEN 1000 ELSE 99999999 END, NULL \
+         FROM generate_series(1, 10000) AS i; ANALYZE {t}"
+    ))
+    .await
+    .unwrap();
+    // The deliverer prepares the statement once per connection: the
+    // server may plan it for any parameters (a generic plan) or for the
+    // ones given (a custom plan); both must be bounded.
+    c.batch_execute(&format!(
+        "PREPARE due(text, bigint, bigint) AS {}",
+        outbox.sql.due
+    ))
+    .await
+    .unwrap();
+    for mode in ["force_generic_plan", "force_custom_plan"] {
+        let plan: Vec<String> = c
+            .simple_query(&format!(
+                "SET plan_cache_mode = {mode}; \
+                 EXPLAIN (ANALYZE, COSTS OFF) EXECUTE due('drain', 5000, 100)"
+            ))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Rows Removed by Filter"), "{mode}: {plan}");
+        assert!(
+            plan.contains("due_at <= "),
+            "{mode}: bounded by the due time: {plan}"
+        );
+    }
+    let rows = c
+        .query(&outbox.sql.due, &[&"drain", &5_000_i64, &100_i64])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 50, "exactly the due rows");
+}
