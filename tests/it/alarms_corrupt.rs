@@ -111,12 +111,12 @@ async fn sqlite_claim_quarantines_a_corrupt_job_before_claiming_it() {
         .await
         .unwrap();
     // Two corrupt ready jobs that sort before the healthy one: an object id
-    // with a control character and a due time stored as text.
+    // holding NUL (no valid id does) and a due time stored as text.
     let raw = raw_index(&path);
     raw.execute(
         "INSERT INTO durability_alarm_index_jobs (object, token, due_at, state, run, tries, score)
          VALUES (?1, 'tc', ?2, 1, NULL, 0, ?2)",
-        rusqlite::params!["bad\u{1}id", START],
+        rusqlite::params!["bad\0id", START],
     )
     .unwrap();
     raw.execute(
@@ -292,8 +292,8 @@ async fn redis_claim_quarantines_a_job_with_a_corrupt_object_id() {
         .await
         .unwrap();
     // A job whose stored fields decode but whose object id (the set member)
-    // does not: a control character.
-    let bad = "bad\u{1}id";
+    // does not: it holds NUL.
+    let bad = "bad\0id";
     let mut c = ix.connection();
     let _: () = redis::cmd("HSET")
         .arg(format!("{prefix}wf:internal:do-alarm:job:{bad}"))
