@@ -566,7 +566,7 @@ fn forged_fences_headers_and_tokens_are_refused() {
     );
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["task"], "a");
-    for path in ["/health", "/metrics"] {
+    for path in ["/health", "/ready", "/metrics"] {
         let (status, _, _) = raw(&a.endpoint, "GET", path, &[], b"");
         assert_eq!(status, 200, "{path} is unauthenticated");
     }

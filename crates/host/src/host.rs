@@ -702,6 +702,12 @@ where
         .await
     }
 
+    /// Readiness: `true` while the host runs, `false` from the moment its
+    /// drain starts (served as `GET /ready`; liveness is `GET /health`).
+    pub fn is_ready(&self) -> bool {
+        self.inner.state.load(Ordering::SeqCst) == RUNNING
+    }
+
     /// The probe: task, owner state, in-flight gauge, dispatch outcomes.
     pub fn probe(&self) -> HostProbe {
         let inner = &self.inner;

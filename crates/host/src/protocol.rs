@@ -35,6 +35,10 @@ pub const PROBE_PATH: &str = "/internal/do/probe";
 pub const HEALTH_PATH: &str = "/health";
 /// The metrics path (unauthenticated).
 pub const METRICS_PATH: &str = "/metrics";
+/// The readiness path (unauthenticated): `200 ready` while the host runs,
+/// `503` from the moment its drain starts (a load balancer takes it out of
+/// rotation; `/health`, liveness, stays `200` until the process ends).
+pub const READY_PATH: &str = "/ready";
 
 /// The shared internal token.
 pub const AUTH_HEADER: &str = "x-durability-internal-auth";

@@ -45,7 +45,8 @@
 //!   scope key and endpoint in the owner headers (or a trusted
 //!   `stale_owner` when it knows no other owner). Refusals are error
 //!   envelopes, as for invokes.
-//! - `GET /health` and `GET /metrics` are the only unauthenticated paths;
+//! - `GET /health` (liveness), `GET /ready` (readiness: `503` from the
+//!   drain's start) and `GET /metrics` are the only unauthenticated paths;
 //!   `GET /internal/do/probe` needs the token.
 
 pub use crate::protocol::*;

@@ -10,8 +10,8 @@ use crate::protocol::{
     ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH,
     InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
     OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, PROBE_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence, envelope,
-    hop_id, strip_request_id,
+    OwnerHeaders, PROBE_PATH, READY_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence,
+    envelope, hop_id, strip_request_id,
 };
 use crate::rpc::RpcArgs;
 use crate::store::ObjectStore;
@@ -54,6 +54,7 @@ where
         .route(CONNECT_PATH, get(connect::connect_endpoint::<S, I, O>))
         .route(PROBE_PATH, get(probe::<S, I, O>))
         .route(HEALTH_PATH, get(|| async { "ok" }))
+        .route(READY_PATH, get(ready::<S, I, O>))
         .route(METRICS_PATH, get(metrics::<S, I, O>))
         .with_state(Arc::new(host));
     axum::serve(listener, app)
@@ -62,6 +63,20 @@ where
         .map_err(|e| HostError::Transport {
             reason: format!("the server failed: {e}"),
         })
+}
+
+/// `GET /ready`: `200 ready` while the host runs, `503` with its state
+/// (`draining`, `stopped`) from the drain's start.
+async fn ready<S, I, O: ObjectStore>(State(host): State<Arc<Host<S, I, O>>>) -> Response
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+{
+    if host.is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, host.probe().state).into_response()
+    }
 }
 
 pub(crate) fn error_response(status: u16, code: &str, message: &str, marked: bool) -> Response {

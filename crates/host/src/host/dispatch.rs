@@ -499,7 +499,7 @@ where
             },
         };
         drop(store_admission);
-        tracing::info!(
+        tracing::debug!(
             event = "durability.host.alarm_executed",
             object = %delivery.object,
             attempt = delivery.attempt,

@@ -263,3 +263,43 @@ async fn the_active_storage_pointer_is_required_or_created_on_request() {
     assert_eq!(snap.active_storage, Some(StorageId::new(STORAGE).unwrap()));
     host.shutdown().await;
 }
+
+/// `GET path` on `port`, answered with its status code and body.
+async fn get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn readiness_turns_false_at_the_drain_while_liveness_stays_ok() {
+    let w = World::new();
+    let host = w.host("a").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = durability_host::CancellationToken::new();
+    let server = tokio::spawn(durability_host::transport::serve(
+        host.clone(),
+        listener,
+        stop.clone(),
+    ));
+    assert!(host.is_ready());
+    assert_eq!(get(port, "/ready").await, (200, "ready".to_owned()));
+    assert_eq!(get(port, "/health").await, (200, "ok".to_owned()));
+    // Before this endpoint existed, only `/health` answered, and it said
+    // ok through the whole drain.
+    host.shutdown().await;
+    assert!(!host.is_ready());
+    assert_eq!(get(port, "/ready").await, (503, "stopped".to_owned()));
+    assert_eq!(get(port, "/health").await, (200, "ok".to_owned()));
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
