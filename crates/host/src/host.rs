@@ -197,6 +197,14 @@ pub struct HostProbe {
     pub alarms: DispatchCounts,
     /// Routing outcomes (calls between hosts).
     pub routing: RoutingStats,
+    /// The effective owner lease, in milliseconds.
+    pub owner_ttl_ms: u64,
+    /// The effective owner-loop period, in milliseconds.
+    pub renew_interval_ms: u64,
+    /// The failover budget these give ([`HostSettings::failover_budget_ms`]).
+    pub failover_budget_ms: u64,
+    /// Whether the class shards are balanced over the live hosts.
+    pub balance: bool,
 }
 
 /// What one owner-loop cycle did.
@@ -510,7 +518,15 @@ where
             residency = inner.settings.residency.as_str(),
             task = inner.ownership.task().as_str(),
             storage_id = inner.storage_id.as_str(),
-            "host configured"
+            shard_count = inner.settings.ownership.shard_count.get(),
+            owner_ttl_ms = inner.settings.ownership.owner_ttl_ms,
+            lease_guard_ms = inner.settings.ownership.lease_guard_ms,
+            renew_interval_ms = inner.settings.renew_interval(),
+            failover_budget_ms = inner.settings.failover_budget_ms(),
+            drain_in_flight_timeout_ms = inner.settings.ownership.drain_in_flight_timeout_ms,
+            drain_timeout_ms = inner.settings.ownership.drain_timeout_ms,
+            balance = inner.settings.balance,
+            "host configured: a dead host's shards move within failover_budget_ms (owner TTL + one owner-loop period)"
         );
         let forward: Arc<dyn crate::config::HostForward> = match spawn.forward {
             Some(custom) => custom,
@@ -734,6 +750,10 @@ where
                 .map(|d| d.counters().snapshot())
                 .unwrap_or_default(),
             routing: inner.routing.counters.snapshot(),
+            owner_ttl_ms: inner.settings.ownership.owner_ttl_ms,
+            renew_interval_ms: inner.settings.renew_interval(),
+            failover_budget_ms: inner.settings.failover_budget_ms(),
+            balance: inner.settings.balance,
         }
     }
 }

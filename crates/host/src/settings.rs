@@ -244,6 +244,16 @@ impl HostSettings {
             .max(1)
     }
 
+    /// How long a dead host's shards may stay unowned: its lease runs out
+    /// (the owner TTL, on the store's clock), then a survivor claims them
+    /// at its next owner-loop cycle (one renew interval). Logged at start
+    /// (`durability.host.residency_configured`) and shown by the probe.
+    pub fn failover_budget_ms(&self) -> u64 {
+        self.ownership
+            .owner_ttl_ms
+            .saturating_add(self.renew_interval())
+    }
+
     /// Checks the settings set in code.
     ///
     /// # Errors

@@ -366,6 +366,10 @@ where
         "inFlight": p.in_flight,
         "openObjects": p.open_objects,
         "scopes": scopes,
+        "ownerTtlMs": p.owner_ttl_ms,
+        "renewIntervalMs": p.renew_interval_ms,
+        "failoverBudgetMs": p.failover_budget_ms,
+        "balance": p.balance,
     }))
     .into_response()
 }

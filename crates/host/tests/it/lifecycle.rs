@@ -292,6 +292,16 @@ async fn readiness_turns_false_at_the_drain_while_liveness_stays_ok() {
         stop.clone(),
     ));
     assert!(host.is_ready());
+    // The probe shows the effective lease settings and the failover
+    // budget they give (owner TTL + one owner-loop period).
+    let probe = host.probe();
+    let expected = settings();
+    assert_eq!(probe.owner_ttl_ms, expected.ownership.owner_ttl_ms);
+    assert_eq!(probe.renew_interval_ms, expected.renew_interval());
+    assert_eq!(
+        probe.failover_budget_ms,
+        expected.ownership.owner_ttl_ms + expected.renew_interval()
+    );
     assert_eq!(get(port, "/ready").await, (200, "ready".to_owned()));
     assert_eq!(get(port, "/health").await, (200, "ok".to_owned()));
     // Before this endpoint existed, only `/health` answered, and it said
