@@ -179,16 +179,13 @@ impl ObjectStore for PostgresObjectStore {
     /// The tombstone row read: `None` once it exists. Nothing is held for
     /// the call: on PostgreSQL a commit and its object's deletion are
     /// ordered by the object's row lock (`delete_object` takes it; a
-    /// transaction's fence needs the row), so a call commits before the
-    /// deletion counts its object or fails at the fence, and
-    /// `delete_rest` removes objects recorded while the deletion listed.
-    /// Limit (not closed yet): an object first recorded by a call
-    /// admitted before the tombstone but opened after `delete_rest`
-    /// finished keeps its rows under the deleted storage id, and that
-    /// call's commit can be acknowledged after the deletion reported (the
-    /// SQLite directory's `ADMISSION` lock closes this window; a
-    /// PostgreSQL advisory lock taken by the record insert and the
-    /// tombstone write would close it here).
+    /// transaction's fence needs the row, so after the deletion it is
+    /// refused), and a first record of an object is inserted only under
+    /// the storage id's tombstone lock, shared, after finding no tombstone
+    /// (`PostgresObjects::open_unless_tombstoned`; the tombstone write
+    /// takes the lock exclusively). So no object is recorded under a
+    /// storage id after its tombstone, and a call commits before the
+    /// deletion removes its object or is refused.
     fn admit(
         &self,
         storage: &StorageId,
@@ -254,7 +251,20 @@ impl ObjectStore for PostgresObjectStore {
         storage: &StorageId,
         object: &ObjectKey,
     ) -> impl Future<Output = Result<Arc<PostgresObjectStorage>, StorageError>> + Send {
-        let opened = self.objects.open(&object_id(storage, object)).map(Arc::new);
+        let opened = self
+            .objects
+            .open_unless_tombstoned(&object_id(storage, object), storage.as_str())
+            .and_then(|found| {
+                found.map(Arc::new).ok_or_else(|| {
+                    StorageError::backend(
+                        "open the object",
+                        format!(
+                            "storage id {:?} is deleted (its tombstone exists)",
+                            storage.as_str()
+                        ),
+                    )
+                })
+            });
         std::future::ready(opened)
     }
 

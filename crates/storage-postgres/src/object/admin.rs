@@ -206,8 +206,21 @@ impl PostgresObjects {
             )));
         }
         let s = &self.shared.s;
+        let fail = |what: &'static str| move |e| StorageError::backend(what, e);
         blocking(|| {
-            let client = self.shared.backend.client()?;
+            // Under the storage id's tombstone lock, exclusive: a first
+            // object record (shared) commits before it or sees the
+            // tombstone (`PostgresObjects::open_unless_tombstoned`). On an
+            // error `held` is dropped: the connection closes and the server
+            // rolls the transaction back.
+            let held = Held(Some(self.shared.backend.client()?));
+            let client = held.client();
+            wait(client.batch_execute("BEGIN")).map_err(fail("begin the tombstone"))?;
+            wait(client.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                &[&super::tombstone_lock_key(storage_id)],
+            ))
+            .map_err(fail("take the tombstone lock"))?;
             wait(client.execute(
                 &format!(
                     "INSERT INTO {s}.durability_tombstones (storage_id, lifecycle, state)
@@ -218,7 +231,10 @@ impl PostgresObjects {
                 ),
                 &[&storage_id, &lifecycle, &state],
             ))
-            .map_err(commit_error)
+            .map_err(fail("write the tombstone"))?;
+            wait(client.batch_execute("COMMIT")).map_err(commit_error)?;
+            held.release();
+            Ok::<_, StorageError>(())
         })?;
         Ok(())
     }

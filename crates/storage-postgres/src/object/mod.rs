@@ -167,6 +167,12 @@ pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 
 use runtime::{Backend, blocking, wait};
+
+/// The advisory lock key of a storage id's tombstone: taken exclusively by
+/// the tombstone write and shared by a first object record.
+fn tombstone_lock_key(storage_id: &str) -> String {
+    format!("durability_tombstone:{storage_id}")
+}
 use schema::{BUILTINS, Deployment, StepSql};
 
 /// How many rounds `fence_claim` waits for (and ends) a holder before it
@@ -333,7 +339,12 @@ impl PostgresObjects {
         durability_scheduler::ObjectId::new(object_id)
             .map_err(|e| StorageError::new(StorageErrorKind::Backend, e.to_string()))?;
         let seq = blocking(|| self.register_object(object_id))?;
-        Ok(PostgresObjectStorage {
+        Ok(self.storage_of(object_id, seq))
+    }
+
+    /// The storage handle of recorded object `object_id`, number `seq`.
+    fn storage_of(&self, object_id: &str, seq: i64) -> PostgresObjectStorage {
+        PostgresObjectStorage {
             shared: Arc::clone(&self.shared),
             schemas: Arc::clone(&self.schemas),
             object: object_id.to_owned(),
@@ -341,7 +352,89 @@ impl PostgresObjects {
             own_ready: AtomicBool::new(false),
             serial: Mutex::new(()),
             fence: Mutex::new(None),
-        })
+        }
+    }
+
+    /// The storage of the object `object_id` of storage id `storage_id`,
+    /// or `None` when that storage id's tombstone exists and the object is
+    /// not recorded. A first record is inserted only in a transaction
+    /// that holds the storage id's tombstone lock shared
+    /// ([`PostgresObjects::write_tombstone`] takes it exclusively) and
+    /// found no tombstone, so it is either committed before the tombstone
+    /// (and a deletion listing after the tombstone finds it) or refused.
+    ///
+    /// # Errors
+    /// As [`PostgresObjects::open`].
+    pub fn open_unless_tombstoned(
+        &self,
+        object_id: &str,
+        storage_id: &str,
+    ) -> Result<Option<PostgresObjectStorage>, StorageError> {
+        durability_scheduler::ObjectId::new(object_id)
+            .map_err(|e| StorageError::new(StorageErrorKind::Backend, e.to_string()))?;
+        let Some(seq) = blocking(|| self.record_unless_tombstoned(object_id, storage_id))? else {
+            return Ok(None);
+        };
+        Ok(Some(self.storage_of(object_id, seq)))
+    }
+
+    /// The object's number: read when recorded, else recorded under the
+    /// storage id's tombstone lock (see [`Self::open_unless_tombstoned`]);
+    /// `None` when the tombstone exists.
+    fn record_unless_tombstoned(
+        &self,
+        object_id: &str,
+        storage_id: &str,
+    ) -> Result<Option<i64>, StorageError> {
+        let s = &self.shared.s;
+        let fail = |what: &'static str| move |e| StorageError::backend(what, e);
+        let read = format!("SELECT seq FROM {s}.durability_objects WHERE id = $1");
+        let held = driver::Held(Some(self.shared.backend.client()?));
+        let client = held.client();
+        let seq_of =
+            |row: &tokio_postgres::Row| row.try_get(0).map_err(fail("read the object number"));
+        if let Some(row) =
+            wait(client.query_opt(&read, &[&object_id])).map_err(fail("read the object"))?
+        {
+            let seq = seq_of(&row)?;
+            held.release();
+            return Ok(Some(seq));
+        }
+        // On an error `held` is dropped: the connection closes and the
+        // server rolls the transaction back.
+        wait(client.batch_execute("BEGIN")).map_err(fail("begin the record"))?;
+        wait(client.execute(
+            "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))",
+            &[&tombstone_lock_key(storage_id)],
+        ))
+        .map_err(fail("take the tombstone lock"))?;
+        let tombstoned = wait(client.query_opt(
+            &format!("SELECT 1 FROM {s}.durability_tombstones WHERE storage_id = $1"),
+            &[&storage_id],
+        ))
+        .map_err(fail("read the tombstone"))?
+        .is_some();
+        let seq = if tombstoned {
+            None
+        } else {
+            let insert = format!(
+                "INSERT INTO {s}.durability_objects (id) VALUES ($1)
+                 ON CONFLICT (id) DO NOTHING RETURNING seq"
+            );
+            let row = match wait(client.query_opt(&insert, &[&object_id]))
+                .map_err(fail("record the object"))?
+            {
+                Some(row) => row,
+                // Another process recorded it first.
+                None => {
+                    wait(client.query_one(&read, &[&object_id])).map_err(fail("read the object"))?
+                }
+            };
+            Some(seq_of(&row)?)
+        };
+        wait(client.batch_execute("COMMIT")).map_err(tx::commit_error)?;
+        held.release();
+        Ok(seq)
     }
 
     /// The object's number: read (no write) when it is recorded, else

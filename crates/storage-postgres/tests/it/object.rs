@@ -473,3 +473,91 @@ fn a_fatal_reply_to_commit_is_an_unknown_outcome() {
     );
     assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), None);
 }
+
+/// A first record of an object and a storage id's tombstone are ordered by
+/// the tombstone lock: once the tombstone is written, no object of that
+/// storage id is recorded any more, while objects recorded before it (and
+/// other storage ids) still open. Raced from several threads: every object
+/// a deletion lists after the tombstone and deletes stays deleted, and no
+/// object is recorded after it.
+#[test]
+fn no_object_is_recorded_under_a_storage_id_after_its_tombstone() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let objects = &d.objects;
+    let before = objects
+        .open_unless_tombstoned("st1:C:before", "st1")
+        .unwrap();
+    assert!(before.is_some(), "no tombstone yet");
+    objects.write_tombstone("st1", "lc1", "deleting").unwrap();
+    assert!(
+        objects
+            .open_unless_tombstoned("st1:C:after", "st1")
+            .unwrap()
+            .is_none(),
+        "a first record after the tombstone is refused"
+    );
+    assert!(
+        objects
+            .open_unless_tombstoned("st1:C:before", "st1")
+            .unwrap()
+            .is_some(),
+        "an object recorded before the tombstone still opens (its deletion fences it)"
+    );
+    assert!(
+        objects
+            .open_unless_tombstoned("st2:C:x", "st2")
+            .unwrap()
+            .is_some()
+    );
+    let (listed, _) = objects.list_objects("st1:", None, 100).unwrap();
+    assert_eq!(
+        listed,
+        vec!["st1:C:before".to_owned()],
+        "nothing else was recorded"
+    );
+
+    // The race: openers record new objects of st3 until they are refused;
+    // the deletion writes the tombstone, lists and deletes what it finds.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let recorded = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (stop, recorded) = (&stop, &recorded);
+            scope.spawn(move || {
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    match objects.open_unless_tombstoned(&format!("st3:C:o{t}-{i}"), "st3") {
+                        Ok(Some(_)) => {
+                            recorded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(None) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+        while recorded.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+            std::thread::yield_now();
+        }
+        objects.write_tombstone("st3", "lc3", "deleting").unwrap();
+        let (listed, more) = objects.list_objects("st3:", None, 100_000).unwrap();
+        assert!(!more);
+        for id in &listed {
+            objects.delete_object(id).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        eprintln!(
+            "{} objects recorded before the tombstone, deleted",
+            listed.len()
+        );
+    });
+    let (left, _) = objects.list_objects("st3:", None, 100).unwrap();
+    assert!(
+        left.is_empty(),
+        "recorded after the deletion listed: {left:?}"
+    );
+}
