@@ -126,7 +126,8 @@ pub enum HostError {
     Ownership(#[source] OwnershipError),
     /// The object's storage refused the commit: a newer claim is recorded in
     /// it, or this claim's lease budget was spent before the commit. Nothing
-    /// of that transaction was written.
+    /// of that transaction was written. Recognised anywhere in a handler's
+    /// error chain ([`HostError::from_handler`]).
     #[error("commit refused by the storage fence: {0}")]
     Fenced(#[source] StorageError),
     /// Ownership moved while the work ran: the watchdog cancelled it. What
@@ -421,6 +422,30 @@ impl HostError {
             Self::Ownership(e) => Some(e),
             _ => None,
         }
+    }
+
+    /// Classifies the error a handler body returned: a fence refusal
+    /// anywhere in its error chain (a `StorageError` of kind `Fenced`,
+    /// wrapped in the application's own error type or not) is
+    /// [`HostError::Fenced`], so it stays recognised (nothing of that
+    /// transaction was written); a bare `StorageError` is
+    /// [`HostError::Storage`]; anything else is the handler's own
+    /// [`HostError::Handler`], its chain kept.
+    pub fn from_handler(e: BoxError) -> Self {
+        let e = match e.downcast::<StorageError>() {
+            Ok(s) => return Self::from_storage(*s),
+            Err(e) => e,
+        };
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+        while let Some(c) = cause {
+            if let Some(s) = c.downcast_ref::<StorageError>()
+                && s.kind() == StorageErrorKind::Fenced
+            {
+                return Self::Fenced(StorageError::new(StorageErrorKind::Fenced, e.to_string()));
+            }
+            cause = c.source();
+        }
+        Self::Handler(e)
     }
 
     /// Classifies a storage error: a fence refusal or another failure.

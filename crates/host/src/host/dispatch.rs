@@ -222,12 +222,7 @@ where
                 alarms: open.alarms.clone(),
                 generation: generation.get(),
             };
-            body(handle)
-                .await
-                .map_err(|e| match e.downcast::<StorageError>() {
-                    Ok(s) => HostError::from_storage(*s),
-                    Err(e) => HostError::Handler(e),
-                })
+            body(handle).await.map_err(HostError::from_handler)
         })
         .await
     }
@@ -254,10 +249,7 @@ where
                 generation: generation.get(),
             };
             let value = body(input).await.map_err(|e| match e {
-                HostError::Handler(e) => match e.downcast::<StorageError>() {
-                    Ok(s) => HostError::from_storage(*s),
-                    Err(e) => HostError::Handler(e),
-                },
+                HostError::Handler(e) => HostError::from_handler(e),
                 other => other,
             })?;
             Ok((value, generation.get()))

@@ -599,3 +599,63 @@ async fn the_first_subscriber_sees_every_owner_change_since_start() {
     let mut later = a.subscribe();
     assert!(later.try_recv().is_err());
 }
+
+/// An application's own error type wrapping a storage error.
+#[derive(Debug)]
+struct AppError(durability_scheduler::StorageError);
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "placing the order failed")
+    }
+}
+
+impl std::error::Error for AppError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+#[tokio::test]
+async fn a_fence_refusal_wrapped_in_the_applications_error_is_still_fenced() {
+    use durability_scheduler::StorageError;
+    let w = World::new();
+    let a = w.host("a").await;
+    // Before: only a bare `StorageError` was recognised; wrapped in the
+    // application's own error it became an opaque handler failure.
+    let wrapped = a
+        .call::<Counter, (), _, _>("Counter", "c1", |_| async move {
+            Err(AppError(StorageError::new(StorageErrorKind::Fenced, "a newer claim")).into())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(wrapped, HostError::Fenced(_)), "{wrapped:?}");
+    assert_eq!(wrapped.code(), "host_fenced");
+    // A bare one, as before.
+    let bare = a
+        .call::<Counter, (), _, _>("Counter", "c1", |_| async move {
+            Err(StorageError::new(StorageErrorKind::Fenced, "a newer claim").into())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(bare, HostError::Fenced(_)), "{bare:?}");
+    // Another storage failure wrapped by the application stays the
+    // handler's own error, its chain kept.
+    let other = a
+        .call::<Counter, (), _, _>("Counter", "c1", |_| async move {
+            Err(AppError(StorageError::new(StorageErrorKind::Backend, "disk full")).into())
+        })
+        .await
+        .unwrap_err();
+    match other {
+        HostError::Handler(e) => {
+            assert_eq!(e.to_string(), "placing the order failed");
+            assert!(
+                e.source()
+                    .is_some_and(|s| s.to_string().contains("disk full"))
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    a.shutdown().await;
+}
