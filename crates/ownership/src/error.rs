@@ -88,7 +88,7 @@ pub enum OwnershipError {
     #[error("task is draining")]
     Draining,
     /// The lease store could not be reached; the request was never sent.
-    #[error("owner store unavailable")]
+    #[error("owner store unavailable: {source}")]
     StoreUnavailable {
         /// The backend error.
         #[source]
@@ -96,7 +96,7 @@ pub enum OwnershipError {
     },
     /// The lease store failed after the request may have been applied: the
     /// outcome is unknown.
-    #[error("owner unavailable")]
+    #[error("owner unavailable (the outcome is unknown): {source}")]
     OwnerUnavailable {
         /// The backend error.
         #[source]

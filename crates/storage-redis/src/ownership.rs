@@ -314,11 +314,23 @@ impl RedisLeaseStore {
         prefix: &str,
         count: ShardCount,
     ) -> Result<Self, OwnershipError> {
-        let unavailable = |e: redis::RedisError| OwnershipError::StoreUnavailable {
-            source: Box::new(e) as BoxError,
+        // The errors name the store and the cause, never the URL (it may
+        // hold a password): the address once it parsed.
+        let unavailable = |what: String| {
+            move |e: redis::RedisError| OwnershipError::StoreUnavailable {
+                source: format!("{what}: {e}").into(),
+            }
         };
-        let client = redis::Client::open(url).map_err(unavailable)?;
-        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        let client = redis::Client::open(url).map_err(unavailable(
+            "the Redis lease store's URL is invalid".to_owned(),
+        ))?;
+        let at = format!(
+            "the Redis lease store at {}",
+            client.get_connection_info().addr()
+        );
+        let conn = ConnectionManager::new(client)
+            .await
+            .map_err(unavailable(format!("{at} cannot be reached")))?;
         Ok(Self::new(conn, prefix, count))
     }
 

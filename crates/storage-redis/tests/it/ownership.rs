@@ -316,3 +316,37 @@ async fn a_corrupt_or_other_shard_count_refuses_the_claim_and_writes_nothing() {
         assert_eq!(count.as_deref(), Some(stored), "{stored}: count untouched");
     }
 }
+
+#[tokio::test]
+async fn connect_errors_name_the_store_and_the_cause_but_never_the_url() {
+    // A URL that does not parse, holding a password.
+    let e = RedisLeaseStore::connect("redis://:s3cret@[::1", "p:", ShardCount::default())
+        .await
+        .expect_err("an invalid URL is refused");
+    let text = e.to_string();
+    assert_eq!(e.code(), "owner_store_unavailable");
+    assert!(
+        text.contains("the Redis lease store's URL is invalid"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"), "{text}");
+    // A server that is not there: the address and the cause.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://:s3cret@127.0.0.1:{port}");
+    let e = RedisLeaseStore::connect(&url, "p:", ShardCount::default())
+        .await
+        .expect_err("an unreachable server is refused");
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!(
+            "the Redis lease store at 127.0.0.1:{port} cannot be reached"
+        )),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
