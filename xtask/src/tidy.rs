@@ -984,6 +984,43 @@ fn the_metrics_table_names_exactly_the_recorded_metrics() {
     );
 }
 
+/// The host's own `/metrics` endpoint and the metrics facade speak one
+/// vocabulary: every `durability_*` family the endpoint writes
+/// (`crates/host/src/wire.rs`' `metric_families`) is in the table, with its
+/// kind.
+#[test]
+fn the_hosts_metrics_endpoint_uses_the_tables_names() {
+    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let documented = documented_metrics(&arch);
+    let wire = std::fs::read_to_string(root().join("crates/host/src/wire.rs")).expect("wire.rs");
+    let body = wire
+        .split_once("fn metric_families(")
+        .expect("the host's metric families")
+        .1;
+    let body = &body[..body.find("\n}\n").expect("its end")];
+    // The string literals in order: a `durability_*` name, then its kind.
+    let literals: Vec<&str> = body.split('"').skip(1).step_by(2).collect();
+    let written: Vec<(String, String)> = literals
+        .windows(2)
+        .filter(|w| w[0].starts_with("durability_"))
+        .map(|w| (w[0].to_owned(), w[1].to_owned()))
+        .collect();
+    assert!(
+        written.len() >= 10,
+        "the tidy check found the endpoint's families ({written:?})"
+    );
+    let offenders: Vec<String> = written
+        .iter()
+        .filter(|(name, kind)| !documented.iter().any(|(n, k)| n == name && k == kind))
+        .map(|(name, kind)| format!("`{name}` ({kind})"))
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "the host's /metrics writes families the metrics table does not name with that kind: {}",
+        offenders.join(", ")
+    );
+}
+
 #[test]
 fn the_metrics_scanner_reads_literal_names_and_flags_the_rest() {
     let text = "// counter!(\"durability_x_comment_total\")\nlet a = metrics::counter!(\"durability_x_a_total\", \"k\" => v);\nlet b = gauge!(\n    \"durability_x_b\",\n    &label,\n);\nlet c = counter!(name, &all);\nFigure::untasked(\"durability_x_c_total\", &[]);\nMyFigure::new(\"durability_x_d_total\");\n";

@@ -374,6 +374,11 @@ where
     .into_response()
 }
 
+/// `GET /metrics`: the probe's figures in the Prometheus text format,
+/// under the names and labels of the metrics facade (ARCHITECTURE.md's
+/// metrics table; the tidy test `the_hosts_metrics_endpoint_uses_the_tables_names`
+/// keeps them there), so a scrape of this endpoint and of the facade's
+/// exporter read the same numbers under the same names.
 pub(crate) async fn metrics<S, I, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
 ) -> Response
@@ -382,41 +387,110 @@ where
     I: AlarmIndex + Send + Sync + 'static,
 {
     let p = host.probe();
-    let r = p.routing;
-    let d = p.dispatch;
-    let text = format!(
-        "do_in_flight {}\n\
-         do_dispatches{{outcome=\"completed\"}} {}\n\
-         do_dispatches{{outcome=\"handler_failed\"}} {}\n\
-         do_dispatches{{outcome=\"refused_not_owner\"}} {}\n\
-         do_routed_calls{{path=\"local\"}} {}\n\
-         do_routed_calls{{path=\"forwarded\"}} {}\n\
-         do_routed_calls{{path=\"direct\"}} {}\n\
-         do_route_rediscoveries {}\n\
-         do_route_hint_evictions {}\n\
-         do_route_endpoint_refusals {}\n\
-         do_internal_auth_refusals {}\n\
-         do_invokes_served {}\n\
-         do_connect_handoffs {}\n\
-         do_connect_upgrades {}\n\
-         do_alarm_deliveries_forwarded {}\n\
-         do_alarm_deliveries_served {}\n",
-        p.in_flight,
-        d.completed,
-        d.handler_failed,
-        d.refused_not_owner,
-        r.local,
-        r.forwarded,
-        r.direct,
-        r.rediscoveries,
-        r.hint_evictions,
-        r.endpoint_refusals,
-        r.auth_refusals,
-        r.served,
-        r.handoffs,
-        r.upgrades,
-        r.alarms_forwarded,
-        r.alarms_served,
-    );
+    let task = p.task.clone();
+    let mut text = String::new();
+    for (name, kind, label, values) in metric_families(p) {
+        text.push_str(&format!("# TYPE {name} {kind}\n"));
+        for (value_label, value) in values {
+            if label.is_empty() {
+                text.push_str(&format!("{name}{{task=\"{task}\"}} {value}\n"));
+            } else {
+                text.push_str(&format!(
+                    "{name}{{task=\"{task}\",{label}=\"{value_label}\"}} {value}\n"
+                ));
+            }
+        }
+    }
     text.into_response()
+}
+
+/// One metric family of `/metrics`: name, kind, its label beside `task`
+/// (empty: none) and the values by label value.
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Vec<(&'static str, u64)>,
+);
+
+/// The probe's figures as the facade's metric families (names, kinds and
+/// labels of ARCHITECTURE.md's metrics table).
+fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
+    let (r, d) = (p.routing, p.dispatch);
+    [
+        (
+            "durability_ownership_in_flight",
+            "gauge",
+            "",
+            vec![("", p.in_flight)],
+        ),
+        (
+            "durability_host_dispatches_total",
+            "counter",
+            "outcome",
+            vec![
+                ("completed", d.completed - d.handler_failed),
+                ("handler_failed", d.handler_failed),
+                ("refused_draining", d.refused_draining),
+                ("refused_not_owner", d.refused_not_owner),
+                ("refused_ownership", d.refused_ownership),
+                ("fenced", d.fenced),
+                ("ownership_lost", d.ownership_lost),
+            ],
+        ),
+        (
+            "durability_host_cold_opens_total",
+            "counter",
+            "",
+            vec![("", d.cold)],
+        ),
+        (
+            "durability_host_evictions_total",
+            "counter",
+            "",
+            vec![("", d.evicted)],
+        ),
+        (
+            "durability_host_routed_total",
+            "counter",
+            "route",
+            vec![
+                ("local", r.local),
+                ("forwarded", r.forwarded),
+                ("direct", r.direct),
+                ("handoff", r.handoffs),
+                ("upgraded", r.upgrades),
+            ],
+        ),
+        (
+            "durability_host_rediscoveries_total",
+            "counter",
+            "",
+            vec![("", r.rediscoveries)],
+        ),
+        (
+            "durability_host_hint_evictions_total",
+            "counter",
+            "",
+            vec![("", r.hint_evictions)],
+        ),
+        (
+            "durability_host_invokes_served_total",
+            "counter",
+            "",
+            vec![("", r.served)],
+        ),
+        (
+            "durability_host_refusals_total",
+            "counter",
+            "reason",
+            vec![("endpoint", r.endpoint_refusals), ("auth", r.auth_refusals)],
+        ),
+        (
+            "durability_host_alarm_forwards_total",
+            "counter",
+            "side",
+            vec![("sent", r.alarms_forwarded), ("served", r.alarms_served)],
+        ),
+    ]
 }

@@ -304,6 +304,22 @@ async fn readiness_turns_false_at_the_drain_while_liveness_stays_ok() {
     );
     assert_eq!(get(port, "/ready").await, (200, "ready".to_owned()));
     assert_eq!(get(port, "/health").await, (200, "ok".to_owned()));
+    // `/metrics` speaks the facade's vocabulary, with the probe's numbers.
+    crate::support::incr(&host, "c1").await.unwrap();
+    let (status, metrics) = get(port, "/metrics").await;
+    assert_eq!(status, 200);
+    let completed = host.probe().dispatch.completed - host.probe().dispatch.handler_failed;
+    assert!(
+        metrics.contains(&format!(
+            "durability_host_dispatches_total{{task=\"a\",outcome=\"completed\"}} {completed}\n"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE durability_ownership_in_flight gauge\n"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("do_"), "{metrics}");
     // Before this endpoint existed, only `/health` answered, and it said
     // ok through the whole drain.
     host.shutdown().await;
