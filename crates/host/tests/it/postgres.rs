@@ -281,6 +281,18 @@ async fn delete_all_and_storage_deletion_on_postgres_leave_nothing_but_the_tombs
         1
     );
     assert!(store.tombstone(&storage).is_some());
+    // Calls after the deletion, on an object that was there and on a new
+    // one, are refused and record nothing.
+    for name in ["d1", "never-seen"] {
+        let refused = host
+            .call::<Counter, _, _, _>("Counter", name, |h| async move { Ok(h.object.incr()?) })
+            .await;
+        assert!(refused.is_err(), "{name}: {refused:?}");
+    }
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM durability_objects").await,
+        0
+    );
     drop(host);
     // No host serves a tombstoned storage id again.
     let refused = start(&schema, "task-b").await.unwrap_err();
