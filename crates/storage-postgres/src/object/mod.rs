@@ -338,7 +338,8 @@ impl PostgresObjects {
     pub fn open(&self, object_id: &str) -> Result<PostgresObjectStorage, StorageError> {
         durability_scheduler::ObjectId::new(object_id)
             .map_err(|e| StorageError::new(StorageErrorKind::Backend, e.to_string()))?;
-        let seq = blocking(|| self.register_object(object_id))?;
+        let seq = blocking(|| self.record(object_id, None))?
+            .ok_or_else(|| StorageError::corrupt("an unguarded record found a tombstone"))?;
         Ok(self.storage_of(object_id, seq))
     }
 
@@ -372,20 +373,18 @@ impl PostgresObjects {
     ) -> Result<Option<PostgresObjectStorage>, StorageError> {
         durability_scheduler::ObjectId::new(object_id)
             .map_err(|e| StorageError::new(StorageErrorKind::Backend, e.to_string()))?;
-        let Some(seq) = blocking(|| self.record_unless_tombstoned(object_id, storage_id))? else {
+        let Some(seq) = blocking(|| self.record(object_id, Some(storage_id)))? else {
             return Ok(None);
         };
         Ok(Some(self.storage_of(object_id, seq)))
     }
 
-    /// The object's number: read when recorded, else recorded under the
-    /// storage id's tombstone lock (see [`Self::open_unless_tombstoned`]);
-    /// `None` when the tombstone exists.
-    fn record_unless_tombstoned(
-        &self,
-        object_id: &str,
-        storage_id: &str,
-    ) -> Result<Option<i64>, StorageError> {
+    /// The object's number: read when recorded, else recorded (its own
+    /// schema is made by its first transaction that uses its own tables).
+    /// With `guard` (a storage id), the first record is inserted only under
+    /// that storage id's tombstone lock, shared, and only when no tombstone
+    /// exists (`None` then; see [`Self::open_unless_tombstoned`]).
+    fn record(&self, object_id: &str, guard: Option<&str>) -> Result<Option<i64>, StorageError> {
         let s = &self.shared.s;
         let fail = |what: &'static str| move |e| StorageError::backend(what, e);
         let read = format!("SELECT seq FROM {s}.durability_objects WHERE id = $1");
@@ -403,17 +402,22 @@ impl PostgresObjects {
         // On an error `held` is dropped: the connection closes and the
         // server rolls the transaction back.
         wait(client.batch_execute("BEGIN")).map_err(fail("begin the record"))?;
-        wait(client.execute(
-            "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))",
-            &[&tombstone_lock_key(storage_id)],
-        ))
-        .map_err(fail("take the tombstone lock"))?;
-        let tombstoned = wait(client.query_opt(
-            &format!("SELECT 1 FROM {s}.durability_tombstones WHERE storage_id = $1"),
-            &[&storage_id],
-        ))
-        .map_err(fail("read the tombstone"))?
-        .is_some();
+        let tombstoned = match guard {
+            None => false,
+            Some(storage_id) => {
+                wait(client.execute(
+                    "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))",
+                    &[&tombstone_lock_key(storage_id)],
+                ))
+                .map_err(fail("take the tombstone lock"))?;
+                wait(client.query_opt(
+                    &format!("SELECT 1 FROM {s}.durability_tombstones WHERE storage_id = $1"),
+                    &[&storage_id],
+                ))
+                .map_err(fail("read the tombstone"))?
+                .is_some()
+            }
+        };
         let seq = if tombstoned {
             None
         } else {
@@ -435,33 +439,6 @@ impl PostgresObjects {
         wait(client.batch_execute("COMMIT")).map_err(tx::commit_error)?;
         held.release();
         Ok(seq)
-    }
-
-    /// The object's number: read (no write) when it is recorded, else
-    /// recorded. Its own schema is made by its first transaction that uses
-    /// its own tables.
-    fn register_object(&self, object_id: &str) -> Result<i64, StorageError> {
-        let client = self.shared.backend.client()?;
-        let s = &self.shared.s;
-        let select = format!("SELECT seq FROM {s}.durability_objects WHERE id = $1");
-        let insert = format!(
-            "INSERT INTO {s}.durability_objects (id) VALUES ($1)
-             ON CONFLICT (id) DO NOTHING RETURNING seq"
-        );
-        // Read; else insert; else (another process inserted it first)
-        // read again.
-        for sql in [&select, &insert, &select] {
-            let rows = wait(client.query(sql.as_str(), &[&object_id]))
-                .map_err(|e| StorageError::backend("record the object", e))?;
-            if let Some(row) = rows.first() {
-                return row
-                    .try_get(0)
-                    .map_err(|e| StorageError::backend("read the object number", e));
-            }
-        }
-        Err(StorageError::corrupt(
-            "the object row vanished while it was recorded",
-        ))
     }
 
     /// How many objects the deployment holds.
