@@ -41,23 +41,28 @@ use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
 use durability_host::transport::{EndpointPolicy, PeerDirectory};
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
-use durability_ownership::{
-    DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
-    SystemClock,
+use durability_host::store::postgres::PostgresObjectStorage;
+use durability_host::{
+    BoxError, DatabaseSettings, Host, HostConfig, HostError, HostIds, HostSettings, ObjectStore,
+    OwnPolicy, OwnerEvent,
 };
-use durability_scheduler::{Capability, Clock, Scheduler, StorageError, Transaction};
+use durability_ownership::{
+    DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, OwnershipSettings,
+    ShardCount, StorageId, SystemClock, TaskId,
+};
+use durability_scheduler::{Capability, Clock, Scheduler, Storage, StorageError, Transaction};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
 use futures::future::BoxFuture;
-use rusqlite::OptionalExtension as _;
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt as _;
 
 use crate::Result;
+
+type SqlResult<T> = std::result::Result<T, StorageError>;
 
 /// The object class every host of the scene serves.
 pub(crate) const CLASS: &str = "Counter";
@@ -65,11 +70,6 @@ pub(crate) const CLASS: &str = "Counter";
 pub(crate) const STORAGE: &str = "st1";
 /// The lifecycle whose active storage pointer names [`STORAGE`].
 pub(crate) const LIFECYCLE: &str = "demo:cluster";
-
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
-    CREATE TABLE IF NOT EXISTS pending (tag TEXT PRIMARY KEY, due INTEGER NOT NULL);
-    CREATE TABLE IF NOT EXISTS fired (tag TEXT PRIMARY KEY, task TEXT NOT NULL, at INTEGER NOT NULL);";
 
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -81,54 +81,220 @@ fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
 }
 
-/// The object. It holds its timer's state (the scheduler holds the timer
-/// capability weakly through it).
-struct Counter {
-    state: Arc<CounterState>,
+fn pg(e: tokio_postgres::Error) -> StorageError {
+    StorageError::backend("counter sql", e)
 }
 
-impl Counter {
+/// The object's rows on one object storage (SQLite files or PostgreSQL):
+/// a counter, pending timer tags with their due time, and fired tags with
+/// the task that ran them.
+trait CounterSql: Storage + Sized {
+    /// Creates the object's tables if missing.
+    fn create_tables(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<()>;
+    /// Adds one to the counter; returns the new value.
+    fn incr(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<i64>;
+    /// Records tag `tag` as pending, due at `at`.
+    fn pend(tx: &mut Transaction<'_, '_, Self>, tag: &str, at: i64) -> SqlResult<()>;
+    /// Moves every tag due by `now_ms` from pending to fired (run by
+    /// `task`); returns them, sorted.
+    fn fire_due(
+        tx: &mut Transaction<'_, '_, Self>,
+        now_ms: i64,
+        task: &str,
+    ) -> SqlResult<Vec<String>>;
+    /// The earliest pending due time.
+    fn next_due(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<Option<i64>>;
+    /// The counter, the pending count and the fired tags
+    /// (`tag@task,…`, sorted; `None` when none fired).
+    fn read(
+        tx: &mut Transaction<'_, '_, Self>,
+    ) -> SqlResult<(i64, i64, Option<String>)>;
+}
+
+impl CounterSql for SqliteStorage {
+    fn create_tables(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<()> {
+        tx.sql()
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
+                 CREATE TABLE IF NOT EXISTS pending (tag TEXT PRIMARY KEY, due INTEGER NOT NULL);
+                 CREATE TABLE IF NOT EXISTS fired (tag TEXT PRIMARY KEY, task TEXT NOT NULL, at INTEGER NOT NULL);",
+            )
+            .map_err(sql)
+    }
+
+    fn incr(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<i64> {
+        tx.sql()
+            .query_row(
+                "INSERT INTO counter (id, n) VALUES (0, 1)
+                 ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql)
+    }
+
+    fn pend(tx: &mut Transaction<'_, '_, Self>, tag: &str, at: i64) -> SqlResult<()> {
+        tx.sql()
+            .execute(
+                "INSERT INTO pending (tag, due) VALUES (?1, ?2)
+                 ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
+                rusqlite::params![tag, at],
+            )
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    fn fire_due(
+        tx: &mut Transaction<'_, '_, Self>,
+        now_ms: i64,
+        task: &str,
+    ) -> SqlResult<Vec<String>> {
+        let tags: Vec<String> = {
+            let mut stmt = tx
+                .sql()
+                .prepare("SELECT tag FROM pending WHERE due <= ?1 ORDER BY tag")
+                .map_err(sql)?;
+            stmt.query_map([now_ms], |r| r.get(0))
+                .map_err(sql)?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(sql)?
+        };
+        tx.sql()
+            .execute(
+                "INSERT INTO fired (tag, task, at)
+                 SELECT tag, ?2, ?1 FROM pending WHERE due <= ?1",
+                rusqlite::params![now_ms, task],
+            )
+            .map_err(sql)?;
+        tx.sql()
+            .execute("DELETE FROM pending WHERE due <= ?1", [now_ms])
+            .map_err(sql)?;
+        Ok(tags)
+    }
+
+    fn next_due(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<Option<i64>> {
+        tx.sql()
+            .query_row("SELECT MIN(due) FROM pending", [], |r| r.get(0))
+            .map_err(sql)
+    }
+
+    fn read(
+        tx: &mut Transaction<'_, '_, Self>,
+    ) -> SqlResult<(i64, i64, Option<String>)> {
+        tx.sql()
+            .query_row(
+                "SELECT (SELECT COALESCE(MAX(n), 0) FROM counter),
+                        (SELECT COUNT(*) FROM pending),
+                        (SELECT group_concat(tag || '@' || task, ',')
+                         FROM (SELECT tag, task FROM fired ORDER BY tag))",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(sql)
+    }
+}
+
+impl CounterSql for PostgresObjectStorage {
+    fn create_tables(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<()> {
+        tx.sql().batch_execute(
+            "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL);
+             CREATE TABLE IF NOT EXISTS pending (tag TEXT PRIMARY KEY, due BIGINT NOT NULL);
+             CREATE TABLE IF NOT EXISTS fired (tag TEXT PRIMARY KEY, task TEXT NOT NULL, at BIGINT NOT NULL);",
+        )
+    }
+
+    fn incr(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<i64> {
+        tx.sql()
+            .query_one(
+                "INSERT INTO counter (id, n) VALUES (0, 1)
+                 ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n",
+                &[],
+            )?
+            .try_get(0)
+            .map_err(pg)
+    }
+
+    fn pend(tx: &mut Transaction<'_, '_, Self>, tag: &str, at: i64) -> SqlResult<()> {
+        tx.sql().execute(
+            "INSERT INTO pending (tag, due) VALUES ($1, $2)
+             ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
+            &[&tag, &at],
+        )?;
+        Ok(())
+    }
+
+    fn fire_due(
+        tx: &mut Transaction<'_, '_, Self>,
+        now_ms: i64,
+        task: &str,
+    ) -> SqlResult<Vec<String>> {
+        let rows = tx.sql().query(
+            "WITH due AS (DELETE FROM pending WHERE due <= $1 RETURNING tag)
+             INSERT INTO fired (tag, task, at) SELECT tag, $2, $1 FROM due RETURNING tag",
+            &[&now_ms, &task],
+        )?;
+        let mut tags = rows
+            .iter()
+            .map(|r| r.try_get::<_, String>(0))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(pg)?;
+        tags.sort();
+        Ok(tags)
+    }
+
+    fn next_due(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<Option<i64>> {
+        tx.sql()
+            .query_one("SELECT MIN(due) FROM pending", &[])?
+            .try_get(0)
+            .map_err(pg)
+    }
+
+    fn read(
+        tx: &mut Transaction<'_, '_, Self>,
+    ) -> SqlResult<(i64, i64, Option<String>)> {
+        let row = tx.sql().query_one(
+            "SELECT (SELECT COALESCE(MAX(n), 0) FROM counter),
+                    (SELECT COUNT(*) FROM pending),
+                    (SELECT string_agg(tag || '@' || task, ',' ORDER BY tag) FROM fired)",
+            &[],
+        )?;
+        Ok((
+            row.try_get(0).map_err(pg)?,
+            row.try_get(1).map_err(pg)?,
+            row.try_get(2).map_err(pg)?,
+        ))
+    }
+}
+
+/// The object. It holds its timer's state (the scheduler holds the timer
+/// capability weakly through it).
+struct Counter<D> {
+    state: Arc<CounterState<D>>,
+}
+
+impl<D> Counter<D> {
     fn task(&self) -> &str {
         &self.state.task
     }
 }
 
-struct CounterState {
-    sched: Scheduler<SqliteStorage>,
+struct CounterState<D> {
+    sched: Scheduler<D>,
     name: String,
     task: String,
 }
 
 /// The object's timer: moves every due tag from `pending` to `fired` and
 /// sets the object's alarm to the next pending one, in one transaction.
-struct Timer(Weak<CounterState>);
+struct Timer<D>(Weak<CounterState<D>>);
 
-impl Capability for Timer {
+impl<D: CounterSql + Sync> Capability for Timer<D> {
     fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
         let state = self.0.upgrade();
         Box::pin(async move {
             let Some(state) = state else { return };
             let done = state.sched.transaction(|tx| {
-                let tags: Vec<String> = {
-                    let mut stmt = tx
-                        .sql()
-                        .prepare("SELECT tag FROM pending WHERE due <= ?1 ORDER BY tag")
-                        .map_err(sql)?;
-                    stmt.query_map([now_ms], |r| r.get(0))
-                        .map_err(sql)?
-                        .collect::<std::result::Result<_, _>>()
-                        .map_err(sql)?
-                };
-                tx.sql()
-                    .execute(
-                        "INSERT INTO fired (tag, task, at)
-                         SELECT tag, ?2, ?1 FROM pending WHERE due <= ?1",
-                        rusqlite::params![now_ms, state.task],
-                    )
-                    .map_err(sql)?;
-                tx.sql()
-                    .execute("DELETE FROM pending WHERE due <= ?1", [now_ms])
-                    .map_err(sql)?;
+                let tags = D::fire_due(tx, now_ms, &state.task)?;
                 rearm(tx)?;
                 Ok::<_, StorageError>(tags)
             });
@@ -148,23 +314,9 @@ impl Capability for Timer {
 }
 
 /// Sets the object's alarm to its earliest pending tag (or clears it).
-fn rearm(tx: &mut Transaction<'_, '_, SqliteStorage>) -> std::result::Result<(), StorageError> {
-    let next: Option<i64> = tx
-        .sql()
-        .query_row("SELECT MIN(due) FROM pending", [], |r| r.get(0))
-        .map_err(sql)?;
+fn rearm<D: CounterSql>(tx: &mut Transaction<'_, '_, D>) -> SqlResult<()> {
+    let next = D::next_due(tx)?;
     tx.set_due("timer", next)
-}
-
-fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> std::result::Result<i64, StorageError> {
-    tx.sql()
-        .query_row(
-            "INSERT INTO counter (id, n) VALUES (0, 1)
-             ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql)
 }
 
 /// The shared internal token of the scene's hosts.
@@ -186,70 +338,47 @@ impl PeerDirectory for FilePeers {
     }
 }
 
-type Handle<I> = durability_host::Handle<Counter, I>;
+type Handle<I, D> = durability_host::Handle<Counter<D>, I, D>;
 
-fn incr_call<I>(h: &Handle<I>) -> std::result::Result<String, StorageError> {
-    let v = h.scheduler.transaction(incr)?;
+fn incr_call<I, D: CounterSql>(h: &Handle<I, D>) -> SqlResult<String> {
+    let v = h.scheduler.transaction(D::incr)?;
     Ok(format!("value={v}"))
 }
 
-fn timer_call<I>(
-    h: &Handle<I>,
+fn timer_call<I, D: CounterSql>(
+    h: &Handle<I, D>,
     tag: &str,
     delay: u64,
-) -> std::result::Result<String, StorageError> {
+) -> SqlResult<String> {
     let at = SystemClock::new()
         .now_ms()
         .saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
     h.scheduler.transaction(|tx| {
-        tx.sql()
-            .execute(
-                "INSERT INTO pending (tag, due) VALUES (?1, ?2)
-                 ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
-                rusqlite::params![tag, at],
-            )
-            .map_err(sql)?;
+        D::pend(tx, tag, at)?;
         rearm(tx)
     })?;
     Ok(format!("due={at}"))
 }
 
-fn read_call<I>(h: &Handle<I>) -> std::result::Result<String, StorageError> {
-    h.scheduler.transaction(|tx| {
-        let n: i64 = tx
-            .sql()
-            .query_row("SELECT n FROM counter", [], |r| r.get(0))
-            .optional()
-            .map_err(sql)?
-            .unwrap_or(0);
-        let fired: Option<String> = tx
-            .sql()
-            .query_row(
-                "SELECT group_concat(tag || '@' || task, ',')
-                 FROM (SELECT tag, task FROM fired ORDER BY tag)",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql)?;
-        let pending: i64 = tx
-            .sql()
-            .query_row("SELECT COUNT(*) FROM pending", [], |r| r.get(0))
-            .map_err(sql)?;
-        Ok::<_, StorageError>(format!(
-            "value={n} pending={pending} fired={}",
-            fired.as_deref().unwrap_or("-")
-        ))
-    })
+fn read_call<I, D: CounterSql>(h: &Handle<I, D>) -> SqlResult<String> {
+    let (n, pending, fired) = h.scheduler.transaction(D::read)?;
+    Ok(format!(
+        "value={n} pending={pending} fired={}",
+        fired.as_deref().unwrap_or("-")
+    ))
 }
 
 /// A method's result: the payload of the answer line, the generation and
 /// the task it ran under.
-fn ran<I>(h: &Handle<I>, payload: String) -> Value {
+fn ran<I, D>(h: &Handle<I, D>, payload: String) -> Value {
     serde_json::json!({ "payload": payload, "gen": h.generation, "task": h.object.task() })
 }
 
 /// What one child was started with.
 struct Args {
+    /// Its working directory: with SQLite or Redis, the directory every
+    /// host of the scene shares (objects, peers, SQLite stores); on
+    /// PostgreSQL, its own (it writes nothing there).
     dir: PathBuf,
     task: String,
     settings: HostSettings,
@@ -282,97 +411,111 @@ pub(crate) fn main(raw: &[String]) -> Result {
         task: get("task")?.to_owned(),
         settings,
     };
-    let redis = kv.get("redis").map(|url| {
-        (
-            (*url).to_owned(),
-            kv.get("prefix").copied().unwrap_or_default().to_owned(),
-        )
-    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    rt.block_on(async {
         let shards = args.settings.ownership.shard_count;
-        match redis {
-            Some((url, prefix)) => {
-                let store =
-                    RedisLeaseStore::connect(&url, &format!("{prefix}leases:"), shards).await?;
-                let index =
-                    RedisAlarmIndex::connect(&url, &format!("{prefix}alarms:"), IndexTime::Server)
-                        .await?;
-                serve(Arc::new(store), Arc::new(index), args).await
-            }
-            None => {
-                let store =
-                    SqliteLeaseStore::open(args.dir.join("leases.db"), SystemClock::new(), shards)?;
-                let index = SqliteAlarmIndex::open(args.dir.join("alarms.db"), Synchronous::Full)?;
-                serve(Arc::new(store), Arc::new(index), args).await
-            }
+        if let Some(url) = kv.get("postgres") {
+            // Leases, alarm jobs and objects in one schema of the
+            // database: no directory shared with another host.
+            let database = DatabaseSettings::new(url, get("schema")?);
+            let ids = HostIds {
+                storage: StorageId::new(STORAGE)?,
+                lifecycle: LifecycleId::new(LIFECYCLE)?,
+                task: TaskId::new(&args.task)?,
+            };
+            let config = HostConfig::postgres(&database, args.settings.clone(), ids).await?;
+            return serve(config, args, false).await;
         }
+        let dir = args.dir.clone();
+        if let Some(url) = kv.get("redis") {
+            let prefix = kv.get("prefix").copied().unwrap_or_default();
+            let store = RedisLeaseStore::connect(url, &format!("{prefix}leases:"), shards).await?;
+            let index =
+                RedisAlarmIndex::connect(url, &format!("{prefix}alarms:"), IndexTime::Server)
+                    .await?;
+            return serve(on_dir(store, index, &args), args, true).await;
+        }
+        let store = SqliteLeaseStore::open(dir.join("leases.db"), SystemClock::new(), shards)?;
+        let index = SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full)?;
+        serve(on_dir(store, index, &args), args, true).await
     })
 }
 
-async fn serve<S, I>(store: Arc<S>, index: Arc<I>, args: Args) -> Result
+/// A host with its objects' SQLite files under the shared `<dir>/objects`.
+fn on_dir<S, I>(store: S, index: I, args: &Args) -> HostConfig<S, I> {
+    HostConfig::new(
+        Arc::new(store),
+        Arc::new(index),
+        args.dir.join("objects"),
+        STORAGE,
+        LIFECYCLE,
+        &args.task,
+    )
+}
+
+/// Runs the host of `config` with the scene's class, methods and settings.
+/// `shared`: `args.dir` is the directory every host shares, where each
+/// publishes its endpoint (`peers/<task>`) for records without one.
+async fn serve<S, I, O>(config: HostConfig<S, I, O>, args: Args, shared: bool) -> Result
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore<Storage: CounterSql>,
 {
     let task = args.task.clone();
     let owner = task.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("http://{}", listener.local_addr()?);
     let peers = args.dir.join("peers");
-    std::fs::create_dir_all(&peers)?;
-    let config = HostConfig::new(
-        store,
-        index,
-        args.dir.join("objects"),
-        STORAGE,
-        LIFECYCLE,
-        &task,
-    )
-    .class(CLASS, move |ctx| {
-        ctx.scheduler
-            .transaction(|tx| tx.sql().execute_batch(SCHEMA).map_err(sql))?;
-        let state = Arc::new(CounterState {
-            sched: ctx.scheduler.clone(),
-            name: ctx.name.clone(),
-            task: owner.clone(),
+    let config = config
+        .class(CLASS, move |ctx| {
+            ctx.scheduler.transaction(O::Storage::create_tables)?;
+            let state = Arc::new(CounterState {
+                sched: ctx.scheduler.clone(),
+                name: ctx.name.clone(),
+                task: owner.clone(),
+            });
+            ctx.scheduler
+                .attach("timer", None, Arc::new(Timer(Arc::downgrade(&state))))?;
+            Ok::<_, BoxError>(Counter { state })
+        })
+        .method(CLASS, "incr", |h: Handle<I, O::Storage>, _: Value| async move {
+            let payload = incr_call(&h)?;
+            Ok(ran(&h, payload))
+        })
+        .method(CLASS, "timer", |h: Handle<I, O::Storage>, args: Value| async move {
+            let tag = args.get("tag").and_then(Value::as_str).unwrap_or("");
+            let delay = args.get("delay").and_then(Value::as_u64).unwrap_or(0);
+            let payload = timer_call(&h, tag, delay)?;
+            Ok(ran(&h, payload))
+        })
+        .method(CLASS, "read", |h: Handle<I, O::Storage>, _: Value| async move {
+            let payload = read_call(&h)?;
+            Ok(ran(&h, payload))
+        })
+        .endpoint(&endpoint)
+        .internal_token(TOKEN)
+        // Hosts of this machine bind ephemeral ports: no one internal port.
+        .endpoint_policy(EndpointPolicy::loopback())
+        .settings(args.settings)
+        .own(OwnPolicy::AllShards)
+        .dispatcher(DispatcherConfig {
+            claim_lease_ms: 5_000,
+            dispatch_timeout_ms: 3_000,
+            poll_ms: i64::try_from(super::POLL_MS)?,
+            idle_ms: 20,
+            owner_wait_max_ms: i64::try_from(super::OWNER_WAIT_MAX_MS)?,
+            ..DispatcherConfig::fast()
         });
-        ctx.scheduler
-            .attach("timer", None, Arc::new(Timer(Arc::downgrade(&state))))?;
-        Ok::<_, BoxError>(Counter { state })
-    })
-    .method(CLASS, "incr", |h: Handle<I>, _args: Value| async move {
-        let payload = incr_call(&h)?;
-        Ok(ran(&h, payload))
-    })
-    .method(CLASS, "timer", |h: Handle<I>, args: Value| async move {
-        let tag = args.get("tag").and_then(Value::as_str).unwrap_or("");
-        let delay = args.get("delay").and_then(Value::as_u64).unwrap_or(0);
-        let payload = timer_call(&h, tag, delay)?;
-        Ok(ran(&h, payload))
-    })
-    .method(CLASS, "read", |h: Handle<I>, _args: Value| async move {
-        let payload = read_call(&h)?;
-        Ok(ran(&h, payload))
-    })
-    .endpoint(&endpoint)
-    .internal_token(TOKEN)
-    // Hosts of this machine bind ephemeral ports: no one internal port.
-    .endpoint_policy(EndpointPolicy::loopback())
-    .peers(FilePeers(peers.clone()))
-    .settings(args.settings)
-    .own(OwnPolicy::AllShards)
-    .dispatcher(DispatcherConfig {
-        claim_lease_ms: 5_000,
-        dispatch_timeout_ms: 3_000,
-        poll_ms: i64::try_from(super::POLL_MS)?,
-        idle_ms: 20,
-        owner_wait_max_ms: i64::try_from(super::OWNER_WAIT_MAX_MS)?,
-        ..DispatcherConfig::fast()
-    });
+    let config = if shared {
+        std::fs::create_dir_all(&peers)?;
+        config.peers(FilePeers(peers.clone()))
+    } else {
+        config
+    };
     let host = Host::start(config).await?;
     let server_stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(durability_host::transport::serve(
@@ -380,10 +523,12 @@ where
         listener,
         server_stop.clone(),
     ));
-    // Publish the endpoint atomically (a reader never sees half of it).
-    let tmp = peers.join(format!(".{task}.tmp"));
-    std::fs::write(&tmp, &endpoint)?;
-    std::fs::rename(&tmp, peers.join(&task))?;
+    if shared {
+        // Publish the endpoint atomically (a reader never sees half of it).
+        let tmp = peers.join(format!(".{task}.tmp"));
+        std::fs::write(&tmp, &endpoint)?;
+        std::fs::rename(&tmp, peers.join(&task))?;
+    }
     let mut events = host.subscribe();
     tokio::spawn(async move {
         while let Ok(e) = events.recv().await {
@@ -441,10 +586,11 @@ where
 
 type Answer = std::result::Result<(String, u64), HostError>;
 
-async fn command<S, I>(host: &Host<S, I>, line: &str)
+async fn command<S, I, O>(host: &Host<S, I, O>, line: &str)
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore<Storage: CounterSql>,
 {
     let parts: Vec<&str> = line.split_whitespace().collect();
     let (id, cmd, name) = match parts.as_slice() {
@@ -462,31 +608,31 @@ where
     }
     let answer: Answer = match cmd {
         "incr" => {
-            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+            host.call::<Counter<O::Storage>, _, _, _>(CLASS, name, |h| async move {
                 Ok((incr_call(&h)?, h.generation))
             })
             .await
         }
         "timer" => {
             let (tag, delay) = (arg(3).to_owned(), number(4));
-            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+            host.call::<Counter<O::Storage>, _, _, _>(CLASS, name, |h| async move {
                 Ok((timer_call(&h, &tag, delay)?, h.generation))
             })
             .await
         }
         "slow" => {
             let (pause, id) = (number(3), id.to_owned());
-            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
-                h.scheduler.transaction(incr)?;
+            host.call::<Counter<O::Storage>, _, _, _>(CLASS, name, |h| async move {
+                h.scheduler.transaction(O::Storage::incr)?;
                 say(&format!("slow-wrote {id} gen={}", h.generation));
                 tokio::time::sleep(Duration::from_millis(pause)).await;
-                let v = h.scheduler.transaction(incr)?;
+                let v = h.scheduler.transaction(O::Storage::incr)?;
                 Ok((format!("value={v}"), h.generation))
             })
             .await
         }
         "read" => {
-            host.call::<Counter, _, _, _>(CLASS, name, |h| async move {
+            host.call::<Counter<O::Storage>, _, _, _>(CLASS, name, |h| async move {
                 Ok((read_call(&h)?, h.generation))
             })
             .await
@@ -540,10 +686,11 @@ fn say_err(id: &str, e: &HostError) {
 
 /// `<id> via <method> <name> [<tag> <delay>]`: the call through this
 /// host's router.
-async fn routed<S, I>(host: &Host<S, I>, id: &str, parts: &[&str])
+async fn routed<S, I, O>(host: &Host<S, I, O>, id: &str, parts: &[&str])
 where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
+    O: ObjectStore,
 {
     let (method, name) = match parts {
         [method, name, ..] => (*method, *name),
