@@ -32,21 +32,17 @@
 //!
 //! [`failover_times`] reuses the same processes for `cargo xtask bench host`.
 
+mod backing;
 mod host;
 mod proc;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use durability_ownership::{
-    ClassName, LeaseStore, LifecycleAdmin, LifecycleId, ObjectName, OwnerScope, ShardCount,
-    StorageId, SystemClock,
-};
-use durability_storage_redis::ownership::RedisLeaseStore;
-use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_ownership::{ClassName, LifecycleId, ObjectName, OwnerScope, ShardCount, StorageId};
 
+pub(crate) use backing::Backing;
+use backing::Run;
 pub(crate) use host::main as child;
 use proc::{Proc, field, now_ms};
 
@@ -82,107 +78,44 @@ fn alarm_budget_ms() -> u64 {
     TTL_MS + INTERVAL_MS + POLL_MS + OWNER_WAIT_MAX_MS
 }
 
-/// `demo-cluster [--redis]`: the scene alone.
+/// `demo-cluster [--redis | --postgres]`: the scene alone.
 pub(crate) fn run(args: &[String]) -> Result {
-    let mut redis = false;
+    let mut backing = Backing::Sqlite;
     for a in args {
         match a.as_str() {
-            "--redis" => redis = true,
+            "--redis" => backing = Backing::Redis(crate::redis_url()),
+            "--postgres" => backing = Backing::Postgres(crate::postgres_url()),
             other => {
-                return Err(format!("unknown demo-cluster flag {other:?}; known: --redis").into());
+                return Err(format!(
+                    "unknown demo-cluster flag {other:?}; known: --redis --postgres"
+                )
+                .into());
             }
         }
     }
-    let url = redis.then(crate::redis_url);
-    tokio::runtime::Runtime::new()?.block_on(demo(url.as_deref()))
+    tokio::runtime::Runtime::new()?.block_on(demo(backing))
 }
 
-/// Where the processes' shared state lives.
-#[derive(Clone)]
-struct Shared {
-    dir: PathBuf,
-    redis: Option<(String, String)>,
-}
-
-impl Shared {
-    fn args(&self) -> Vec<String> {
-        let mut args = vec![
-            format!("dir={}", self.dir.display()),
-            format!("ttl={TTL_MS}"),
-            format!("interval={INTERVAL_MS}"),
-            format!("guard={GUARD_MS}"),
-            format!("shards={SHARDS}"),
-        ];
-        if let Some((url, prefix)) = &self.redis {
-            args.push(format!("redis={url}"));
-            args.push(format!("prefix={prefix}"));
-        }
-        args
-    }
-}
-
-fn shard_count() -> Result<ShardCount> {
-    Ok(ShardCount::new(SHARDS)?)
-}
-
-fn lease_settings() -> String {
+fn lease_settings(shards: u32) -> String {
     format!(
-        "owner lease {TTL_MS} ms (DO_OWNER_TTL_SECONDS={}), renew interval {INTERVAL_MS} ms, lease guard {GUARD_MS} ms, {SHARDS} shards, drain budgets 3000 / 5000 ms",
+        "owner lease {TTL_MS} ms (DO_OWNER_TTL_SECONDS={}), renew interval {INTERVAL_MS} ms, lease guard {GUARD_MS} ms, {shards} shards, drain budgets 3000 / 5000 ms",
         TTL_MS / 1000
     )
 }
 
-/// The scene, on SQLite files (`redis: None`) or Redis.
-pub(crate) async fn demo(redis: Option<&str>) -> Result {
-    let dir = tempfile::tempdir()?;
+/// The scene, on the stores of `backing`.
+pub(crate) async fn demo(backing: Backing) -> Result {
     println!(
         "== cluster: three host processes own the shards of one class; one is killed, one paused, one drained"
     );
-    let prefix = format!(
-        "durability:demo:cluster:{}:",
-        durability_alarms::Token::random()
-    );
-    let shared = Shared {
-        dir: dir.path().to_owned(),
-        redis: redis.map(|url| (url.to_owned(), prefix.clone())),
-    };
-    match redis {
-        Some(url) => println!(
-            "leases and alarm jobs: Redis at {url} (prefix {prefix}, leases on server TIME); objects: SQLite files in {}",
-            dir.path().display()
-        ),
-        None => println!(
-            "leases, alarm jobs and objects: SQLite files in {} shared by the processes",
-            dir.path().display()
-        ),
-    }
-    println!("lease settings: {}", lease_settings());
-    let result = match redis {
-        Some(url) => {
-            let store =
-                RedisLeaseStore::connect(url, &format!("{prefix}leases:"), shard_count()?).await?;
-            scene(Arc::new(store), shared).await
-        }
-        None => {
-            let store = SqliteLeaseStore::open(
-                dir.path().join("leases.db"),
-                SystemClock::new(),
-                shard_count()?,
-            )?;
-            scene(Arc::new(store), shared).await
-        }
-    };
-    if let Some(url) = redis {
-        let client = redis::Client::open(url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}*"))
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-        }
-        println!("deleted the run's {} Redis keys", keys.len());
+    let run = Run::open(backing, SHARDS).await?;
+    println!("{}", run.describe());
+    println!("lease settings: {}", lease_settings(SHARDS));
+    let mut c = Cluster::new(run).await?;
+    let result = scene(&mut c).await;
+    c.procs.clear();
+    if let Some(done) = c.run.clean_up().await? {
+        println!("{done}");
     }
     result
 }
@@ -202,13 +135,12 @@ enum Outcome {
 
 /// The client side: the processes, the lease store it reads owners from,
 /// and how calls are routed.
-struct Cluster<S> {
-    store: Arc<S>,
+struct Cluster {
+    run: Run,
     lifecycle: LifecycleId,
     storage: StorageId,
     class: ClassName,
     count: ShardCount,
-    shared: Shared,
     procs: BTreeMap<String, Proc>,
     /// Hosts that take calls now (not killed, paused or draining).
     live: BTreeSet<String>,
@@ -223,15 +155,14 @@ struct Cluster<S> {
     route: bool,
 }
 
-impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
-    async fn new(store: Arc<S>, shared: Shared) -> Result<Self> {
+impl Cluster {
+    async fn new(run: Run) -> Result<Self> {
         let c = Self {
-            store,
+            count: run.count(),
+            run,
             lifecycle: LifecycleId::new(host::LIFECYCLE)?,
             storage: StorageId::new(host::STORAGE)?,
             class: ClassName::new(host::CLASS)?,
-            count: shard_count()?,
-            shared,
             procs: BTreeMap::new(),
             live: BTreeSet::new(),
             prefer: HashMap::new(),
@@ -241,9 +172,7 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
             route: true,
         };
         // The control plane's record: the lifecycle's active storage.
-        c.store
-            .set_active_storage(&c.lifecycle, Some(&c.storage))
-            .await?;
+        c.run.set_active(&c.lifecycle, &c.storage).await?;
         Ok(c)
     }
 
@@ -255,7 +184,7 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
 
     /// Starts a host and waits until it is ready.
     async fn spawn(&mut self, task: &str) -> Result {
-        let p = Proc::spawn(task, &self.shared.args())?;
+        let p = Proc::spawn(task, &self.run.cwd(task), &self.run.args(task))?;
         p.wait_lines("ready ", 1, 30_000).await?;
         self.procs.insert(task.to_owned(), p);
         self.live.insert(task.to_owned());
@@ -282,14 +211,13 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
 
     /// The live owner of `scope` in the lease store, if any.
     async fn owner(&self, scope: &OwnerScope) -> Result<Option<String>> {
-        let snapshot = self.store.snapshot(scope, &self.lifecycle).await?;
-        Ok(snapshot.owner.map(|l| l.record.task().as_str().to_owned()))
+        self.run.owner(scope, &self.lifecycle).await
     }
 
     /// Shard → live owner, from the lease store.
     async fn owners(&self) -> Result<BTreeMap<u32, Option<String>>> {
         let mut out = BTreeMap::new();
-        for shard in 0..SHARDS {
+        for shard in 0..self.count.get() {
             out.insert(shard, self.owner(&self.shard_scope(shard)?).await?);
         }
         Ok(out)
@@ -300,14 +228,26 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
     /// store, and prints the counts and how long it took.
     async fn balanced(&self, after: &str) -> Result {
         let since = now_ms();
-        let end = since + i64::try_from(TTL_MS * 4)? + 10_000;
+        let (ms, counts) = self.even_since(since).await?;
+        println!(
+            "shard counts after {after}: {} (even within one, {ms} ms after the check began)",
+            counts_list(&counts)
+        );
+        Ok(())
+    }
+
+    /// Waits until the live hosts hold the class's shards evenly (every
+    /// shard owned by a live host, counts within one); returns the time
+    /// from `since` and the shard count of each live host.
+    async fn even_since(&self, since: i64) -> Result<(i64, BTreeMap<String, usize>)> {
+        let end = now_ms() + i64::try_from(TTL_MS * 4)? + 10_000;
         loop {
             let owners = self.owners().await?;
-            let mut counts: BTreeMap<&str, usize> =
-                self.live.iter().map(|t| (t.as_str(), 0)).collect();
+            let mut counts: BTreeMap<String, usize> =
+                self.live.iter().map(|t| (t.clone(), 0)).collect();
             let mut all = true;
             for o in owners.values() {
-                match o.as_deref().and_then(|o| counts.get_mut(o)) {
+                match o.as_ref().and_then(|o| counts.get_mut(o)) {
                     Some(n) => *n += 1,
                     None => all = false,
                 }
@@ -315,19 +255,24 @@ impl<S: LeaseStore + LifecycleAdmin> Cluster<S> {
             let min = counts.values().min().copied().unwrap_or(0);
             let max = counts.values().max().copied().unwrap_or(0);
             if all && max - min <= 1 {
-                let list: Vec<String> = counts.iter().map(|(t, n)| format!("{t}={n}")).collect();
-                println!(
-                    "shard counts after {after}: {} (even within one, {} ms after the check began)",
-                    list.join(" "),
-                    now_ms() - since
-                );
-                return Ok(());
+                return Ok((now_ms() - since, counts));
             }
             if now_ms() > end {
-                return Err(format!("shards not balanced after {after}: {owners:?}").into());
+                return Err(format!("shards not balanced: {owners:?}").into());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Drains every live host (SIGTERM) and waits until each says so.
+    async fn drain_all(&self) -> Result {
+        for t in &self.live {
+            self.proc(t)?.signal("TERM")?;
+        }
+        for t in &self.live {
+            self.proc(t)?.wait_lines("drained ", 1, 15_000).await?;
+        }
+        Ok(())
     }
 
     /// The objects of `names` whose scope `task` owns now.
@@ -548,8 +493,8 @@ impl Ledger {
     }
 }
 
-async fn work<S: LeaseStore + LifecycleAdmin>(
-    c: &mut Cluster<S>,
+async fn work(
+    c: &mut Cluster,
     ledger: &mut Ledger,
     commands: &[String],
 ) -> Result<Vec<Outcome>> {
@@ -577,6 +522,14 @@ fn acked_span(outcomes: &[Outcome]) -> (Option<i64>, Option<i64>, BTreeMap<Strin
     (first, last, by)
 }
 
+fn counts_list(counts: &BTreeMap<String, usize>) -> String {
+    counts
+        .iter()
+        .map(|(t, n)| format!("{t}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn hosts_list(by: &BTreeMap<String, usize>) -> String {
     by.iter()
         .map(|(h, n)| format!("{n} on {h}"))
@@ -596,13 +549,13 @@ fn timers(names: &[String], phase: &str, delay_ms: u64) -> Vec<String> {
 }
 
 /// `per_shard` object names in each shard (the first names that hash there).
-fn objects<S: LeaseStore + LifecycleAdmin>(
-    c: &Cluster<S>,
+fn objects(
+    c: &Cluster,
     per_shard: usize,
 ) -> Result<BTreeMap<u32, Vec<String>>> {
     let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     let mut i = 0;
-    while by_shard.len() < SHARDS as usize || by_shard.values().any(|v| v.len() < per_shard) {
+    while by_shard.len() < c.count.get() as usize || by_shard.values().any(|v| v.len() < per_shard) {
         let name = format!("o{i:03}");
         let list = by_shard.entry(c.scope(&name)?.shard()).or_default();
         if list.len() < per_shard {
@@ -630,11 +583,10 @@ struct Figures {
 
 const TASKS: [&str; 3] = ["a", "b", "c"];
 
-async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) -> Result {
-    let mut c = Cluster::new(store, shared).await?;
+async fn scene(c: &mut Cluster) -> Result {
     let mut ledger = Ledger::default();
     let mut fig = Figures::default();
-    let by_shard = objects(&c, PER_SHARD)?;
+    let by_shard = objects(c, PER_SHARD)?;
     let names: Vec<String> = by_shard.values().flatten().cloned().collect();
 
     // Placement: the hosts balance the class's shards themselves (presence
@@ -664,7 +616,7 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
         placed.extend(incrs(&names));
     }
     placed.extend(timers(&names, "warm", 500));
-    let outcomes = work(&mut c, &mut ledger, &placed).await?;
+    let outcomes = work(c, &mut ledger, &placed).await?;
     let (_, _, by) = acked_span(&outcomes);
     println!(
         "placed {} calls on {} objects in {SHARDS} shards: {}",
@@ -685,19 +637,19 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
         hosts_list(&by_task)
     );
 
-    kill_phase(&mut c, &mut ledger, &mut fig, &names).await?;
+    kill_phase(c, &mut ledger, &mut fig, &names).await?;
     // A replacement host, as an operator would start one: it owns nothing
     // until a scope is free, and routes the calls it gets to the owners.
     c.balanced("the kill").await?;
     c.spawn("d").await?;
     println!("started host d in place of the killed host");
-    work(&mut c, &mut ledger, &incrs(&names)).await?;
+    work(c, &mut ledger, &incrs(&names)).await?;
     c.balanced("d joined").await?;
-    stop_phase(&mut c, &mut ledger, &mut fig, &names).await?;
-    work(&mut c, &mut ledger, &incrs(&names)).await?;
+    stop_phase(c, &mut ledger, &mut fig, &names).await?;
+    work(c, &mut ledger, &incrs(&names)).await?;
     c.balanced("the pause").await?;
-    drain_phase(&mut c, &mut ledger, &mut fig, &names).await?;
-    work(&mut c, &mut ledger, &incrs(&names)).await?;
+    drain_phase(c, &mut ledger, &mut fig, &names).await?;
+    work(c, &mut ledger, &incrs(&names)).await?;
     c.balanced("the drain").await?;
 
     // The end: every alarm set has had its chance to fire; read every
@@ -741,12 +693,7 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
         live.join(", "),
         hosts_list(&read_on)
     );
-    for t in &live {
-        c.proc(t)?.signal("TERM")?;
-    }
-    for t in &live {
-        c.proc(t)?.wait_lines("drained ", 1, 15_000).await?;
-    }
+    c.drain_all().await?;
     let lost_alarms: Vec<&String> = set.difference(&fired_tags).collect();
     let lost = lost_increments + lost_alarms.len() as u64;
 
@@ -833,8 +780,8 @@ async fn scene<S: LeaseStore + LifecycleAdmin>(store: Arc<S>, shared: Shared) ->
     Ok(())
 }
 
-async fn kill_phase<S: LeaseStore + LifecycleAdmin>(
-    c: &mut Cluster<S>,
+async fn kill_phase(
+    c: &mut Cluster,
     ledger: &mut Ledger,
     fig: &mut Figures,
     names: &[String],
@@ -890,8 +837,8 @@ async fn kill_phase<S: LeaseStore + LifecycleAdmin>(
     Ok(())
 }
 
-async fn stop_phase<S: LeaseStore + LifecycleAdmin>(
-    c: &mut Cluster<S>,
+async fn stop_phase(
+    c: &mut Cluster,
     ledger: &mut Ledger,
     fig: &mut Figures,
     names: &[String],
@@ -983,8 +930,8 @@ async fn stop_phase<S: LeaseStore + LifecycleAdmin>(
 
 /// Sends `slow <target> 1000` to `p` until its first write committed (a
 /// call refused before it started is sent again); returns its request id.
-async fn slow_started<S: LeaseStore + LifecycleAdmin>(
-    c: &mut Cluster<S>,
+async fn slow_started(
+    c: &mut Cluster,
     p: &str,
     target: &str,
 ) -> Result<u64> {
@@ -1015,8 +962,8 @@ async fn slow_started<S: LeaseStore + LifecycleAdmin>(
     }
 }
 
-async fn drain_phase<S: LeaseStore + LifecycleAdmin>(
-    c: &mut Cluster<S>,
+async fn drain_phase(
+    c: &mut Cluster,
     ledger: &mut Ledger,
     fig: &mut Figures,
     names: &[String],
@@ -1086,27 +1033,30 @@ pub(crate) struct FailoverTimes {
     pub(crate) drain_ms: Vec<i64>,
 }
 
-/// Runs the failover rounds of `bench host`.
-pub(crate) async fn failover_times(rounds: usize) -> Result<FailoverTimes> {
-    let dir = tempfile::tempdir()?;
-    let shared = Shared {
-        dir: dir.path().to_owned(),
-        redis: None,
-    };
-    eprintln!("host failover: {}", lease_settings());
-    let store = SqliteLeaseStore::open(
-        dir.path().join("leases.db"),
-        SystemClock::new(),
-        shard_count()?,
-    )?;
-    let mut c = Cluster::new(Arc::new(store), shared).await?;
+/// Runs the failover rounds of `bench host` on the stores of `backing`
+/// (balancing off: the owner holds every shard until it dies or drains).
+pub(crate) async fn failover_times(rounds: usize, backing: Backing) -> Result<FailoverTimes> {
+    let run = Run::open(backing, SHARDS).await?.balance(false);
+    eprintln!(
+        "host failover: {}; {}",
+        lease_settings(SHARDS),
+        run.describe()
+    );
+    let mut c = Cluster::new(run).await?;
+    let times = failover_rounds(&mut c, rounds).await;
+    c.procs.clear();
+    c.run.clean_up().await?;
+    times
+}
+
+async fn failover_rounds(c: &mut Cluster, rounds: usize) -> Result<FailoverTimes> {
     // These figures time ownership moving, not routing: each call goes to
     // the lease store's live owner or the standby, as a client with a fresh
     // view would send it. (Routed through the standby, a call sent in the
     // instant after the SIGKILL can reach the dying owner and come back
     // with an unknown outcome.)
     c.route = false;
-    let names: Vec<String> = objects(&c, 1)?.into_values().flatten().collect();
+    let names: Vec<String> = objects(c, 1)?.into_values().flatten().collect();
     let mut n = 0;
     let mut owner = format!("h{n}");
     c.spawn(&owner).await?;
@@ -1153,4 +1103,66 @@ pub(crate) async fn failover_times(rounds: usize) -> Result<FailoverTimes> {
         p.wait_lines("drained ", 1, 15_000).await?;
     }
     Ok(times)
+}
+
+/// `bench host`'s share figures (see [`share`]).
+pub(crate) struct Share {
+    /// Two hosts started → every live host holds its even share (ms).
+    pub(crate) join_ms: i64,
+    /// Shards per host once even.
+    pub(crate) shards: BTreeMap<String, usize>,
+    /// Calls each host ran (the owner it was routed to), by host.
+    pub(crate) served: BTreeMap<String, usize>,
+    /// Calls with an unknown outcome (none expected).
+    pub(crate) unknown: usize,
+    /// Whether a shard moved during the load.
+    pub(crate) moved: bool,
+}
+
+/// Starts one host (it claims every shard of `shards`), adds two and
+/// times them receiving their share; then sends `calls` increments over
+/// `objects` objects (uniform, round robin over the entry hosts, routed to
+/// the owners) and counts the calls each host ran. SQLite stores, the
+/// scene's lease settings.
+pub(crate) async fn share(shards: u32, objects: usize, calls: usize) -> Result<Share> {
+    let run = Run::open(Backing::Sqlite, shards).await?;
+    eprintln!(
+        "host share: {}; {}",
+        lease_settings(shards),
+        run.describe()
+    );
+    let mut c = Cluster::new(run).await?;
+    let share = share_rounds(&mut c, objects, calls).await;
+    c.procs.clear();
+    c.run.clean_up().await?;
+    share
+}
+
+async fn share_rounds(c: &mut Cluster, objects: usize, calls: usize) -> Result<Share> {
+    c.spawn("a").await?;
+    let all = usize::try_from(c.count.get())?;
+    c.proc("a")?.wait_lines("acquired ", all, 30_000).await?;
+    let joined = now_ms();
+    c.spawn("b").await?;
+    c.spawn("c").await?;
+    let (join_ms, shards) = c.even_since(joined).await?;
+    let names: Vec<String> = (0..objects).map(|i| format!("u{i:05}")).collect();
+    let commands: Vec<String> = (0..calls)
+        .map(|i| format!("incr {}", names[i % objects]))
+        .collect();
+    let outcomes = c.calls(&commands).await?;
+    let (_, _, served) = acked_span(&outcomes);
+    let unknown = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Unknown { .. }))
+        .count();
+    let (_, after) = c.even_since(now_ms()).await?;
+    c.drain_all().await?;
+    Ok(Share {
+        join_ms,
+        moved: after != shards,
+        shards,
+        served,
+        unknown,
+    })
 }

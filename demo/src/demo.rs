@@ -169,6 +169,7 @@ pub(crate) fn run(args: &[String]) -> Result {
             }
         }
     }
+    let postgres = shards.contains(&Backend::Postgres);
     if shards.is_empty() {
         shards.push(Backend::Sqlite);
     }
@@ -197,7 +198,13 @@ pub(crate) fn run(args: &[String]) -> Result {
             crate::migration::demo(backend, dir.path()).await?;
         }
         println!();
-        crate::cluster::demo(url.as_deref()).await?;
+        // `--postgres`: the hosts on PostgreSQL alone (no shared directory).
+        let backing = match (postgres, url) {
+            (true, _) => crate::cluster::Backing::Postgres(crate::postgres_url()),
+            (false, Some(url)) => crate::cluster::Backing::Redis(url),
+            (false, None) => crate::cluster::Backing::Sqlite,
+        };
+        crate::cluster::demo(backing).await?;
         println!();
         crate::figures::print(&figures);
         Ok(())

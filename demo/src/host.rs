@@ -7,8 +7,10 @@
 //! from the signal to the first successful call on the survivor; and calls
 //! between hosts over HTTP/1.1 against a bare round trip ([`routed`]).
 
+mod postgres;
 mod routed;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -268,7 +270,8 @@ pub(crate) async fn bench() -> BoxResult<()> {
     const ROUTES: usize = 9;
     let dir = tempfile::tempdir()?;
     // `DURABILITY_BENCH_HOST=calls,routed` runs only the listed parts
-    // (`calls`, `routed`, `drain`, `renew`, `failover`); unset runs them all.
+    // (`calls`, `routed`, `drain`, `renew`, `failover`, `share`,
+    // `postgres`, `claim`); unset runs them all.
     let parts = std::env::var("DURABILITY_BENCH_HOST").ok();
     let wanted = |part: &str| {
         parts
@@ -364,26 +367,131 @@ pub(crate) async fn bench() -> BoxResult<()> {
         );
     }
     if wanted("failover") {
-        failover().await?;
+        failover(crate::cluster::Backing::Sqlite).await?;
+        failover(crate::cluster::Backing::Postgres(crate::postgres_url())).await?;
+    }
+    if wanted("share") {
+        share().await?;
+    }
+    if wanted("postgres") {
+        postgres_call(ROUNDS, N).await?;
+    }
+    if wanted("claim") {
+        claim().await?;
     }
     Ok(())
 }
 
-/// The process failover figures: three SIGKILLs, then three drains.
-async fn failover() -> BoxResult<()> {
-    use crate::cluster::{GUARD_MS, INTERVAL_MS, SHARDS, TTL_MS};
+/// A joining host's share and the calls each of three hosts serves.
+async fn share() -> BoxResult<()> {
+    use crate::cluster::{INTERVAL_MS, TTL_MS};
+    const SHARDS: u32 = 16;
+    const OBJECTS: usize = 960;
+    const CALLS: usize = 1_920;
+    let s = crate::cluster::share(SHARDS, OBJECTS, CALLS).await?;
+    let counts: Vec<String> = s.shards.iter().map(|(t, n)| format!("{t}={n}")).collect();
+    eprintln!(
+        "host share: 1 host owned {SHARDS} shards; 2 joined and the counts were even ({}) after {} ms (lease {TTL_MS} ms)",
+        counts.join(" "),
+        s.join_ms
+    );
+    figure(
+        "host.join_share",
+        s.join_ms as f64,
+        TTL_MS as f64,
+        "ms",
+        "< lease",
+        1,
+        json!({"shards": SHARDS, "hosts": 3, "counts": s.shards, "owner_ttl_ms": TTL_MS, "renew_interval_ms": INTERVAL_MS, "lease_store": "sqlite", "from": "two hosts started", "until": "every shard owned by a live host, counts within one"}),
+    );
+    let total: usize = s.served.values().sum();
+    let mean = total as f64 / 3.0;
+    let shares: BTreeMap<&String, f64> = s
+        .served
+        .iter()
+        .map(|(t, n)| (t, *n as f64 / mean))
+        .collect();
+    let worst = shares
+        .values()
+        .map(|r| (r - 1.0).abs())
+        .fold(0.0, f64::max);
+    let holds = s.served.len() == 3 && worst <= 0.2;
+    eprintln!(
+        "host share: {CALLS} calls over {OBJECTS} objects, round robin over the entry hosts: served {:?} (mean {mean:.0}; each within ±20 %: {holds}); {} unknown outcomes; a shard moved during the load: {}",
+        s.served, s.unknown, s.moved
+    );
+    figure(
+        "host.load_share",
+        worst,
+        0.2,
+        "max |served/mean - 1|",
+        "<= 0.2 (each host within ±20 % of the mean)",
+        total as u64,
+        json!({"served": s.served, "share_of_mean": shares, "holds": holds, "objects": OBJECTS, "shards": SHARDS, "counts": s.shards, "unknown": s.unknown, "shard_moved_during_load": s.moved}),
+    );
+    Ok(())
+}
+
+/// A call on a host on PostgreSQL alone against a plain axum handler
+/// running the same transaction through tokio-postgres.
+async fn postgres_call(rounds: usize, n: u64) -> BoxResult<()> {
+    let ([bare, host], ratio) = postgres::call_overhead(&crate::postgres_url(), rounds, n).await?;
+    eprintln!(
+        "host on PostgreSQL: plain axum + tokio-postgres {bare:.1} us; the host {host:.1} us (median ratio {ratio:.3}); medians of {rounds} interleaved rounds of {n} calls over HTTP/1.1"
+    );
+    figure(
+        "host.postgres_call",
+        host,
+        bare,
+        "us/call",
+        "<=1.3",
+        n * u64::try_from(rounds)?,
+        json!({"backend": "postgres", "lease_store": "postgres", "alarm_index": "postgres", "admission": "snapshot", "transport": "http1", "baseline": "axum handler, tokio-postgres BEGIN/INSERT..RETURNING/COMMIT on one connection", "median_round_ratio": ratio, "rounds": rounds}),
+    );
+    Ok(())
+}
+
+/// Round trips of claiming a class's 16 scopes on PostgreSQL.
+async fn claim() -> BoxResult<()> {
+    let c = postgres::claim_class(&crate::postgres_url(), 5).await?;
+    let max = c.trips.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "PostgreSQL lease store: claiming {} expired scopes took {:?} round trip(s) per claim (counted at a proxy; SELECT 1 counts {}), {:.0} us against {:.0} us for SELECT 1 through the same proxy",
+        c.scopes, c.trips, c.select_trips, c.claim_us, c.select_us
+    );
+    figure(
+        "host.claim_class_round_trips",
+        max as f64,
+        c.select_trips as f64,
+        "round trips/claim",
+        "1 round trip (as SELECT 1)",
+        c.trips.len() as u64,
+        json!({"scopes": c.scopes, "runs": c.trips, "claim_us": c.claim_us, "select_1_us": c.select_us, "time_ratio": c.claim_us / c.select_us, "lease_store": "postgres", "counted": "Sync and Query messages the client sent, at a loopback proxy"}),
+    );
+    Ok(())
+}
+
+/// The process failover figures on `backing`: three SIGKILLs, then three
+/// drains.
+async fn failover(backing: crate::cluster::Backing) -> BoxResult<()> {
+    use crate::cluster::{Backing, GUARD_MS, INTERVAL_MS, SHARDS, TTL_MS};
     const ROUNDS: usize = 3;
-    let times = crate::cluster::failover_times(ROUNDS).await?;
+    let (suffix, store) = match backing {
+        Backing::Postgres(_) => ("_postgres", "postgres"),
+        Backing::Redis(_) => ("_redis", "redis"),
+        Backing::Sqlite => ("", "sqlite"),
+    };
+    let times = crate::cluster::failover_times(ROUNDS, backing).await?;
     let settings = |runs: &[i64]| {
         json!({
             "owner_ttl_ms": TTL_MS, "renew_interval_ms": INTERVAL_MS, "lease_guard_ms": GUARD_MS,
             "shards": SHARDS, "runs_ms": runs, "max_ms": runs.iter().max(),
-            "lease_store": "sqlite", "alarm_index": "sqlite", "hosts": "processes",
+            "lease_store": store, "alarm_index": store, "objects": store, "hosts": "processes",
         })
     };
     let mean = |runs: &[i64]| runs.iter().sum::<i64>() as f64 / runs.len().max(1) as f64;
     figure(
-        "host.failover_kill",
+        &format!("host.failover_kill{suffix}"),
         mean(&times.kill_ms),
         (TTL_MS + INTERVAL_MS) as f64,
         "ms",
@@ -392,7 +500,7 @@ async fn failover() -> BoxResult<()> {
         settings(&times.kill_ms),
     );
     figure(
-        "host.failover_drain",
+        &format!("host.failover_drain{suffix}"),
         mean(&times.drain_ms),
         TTL_MS as f64,
         "ms",

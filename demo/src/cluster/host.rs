@@ -4,10 +4,13 @@
 //! the scene shares (SQLite files in one directory, or Redis under one key
 //! prefix), with the objects' SQLite files under `<dir>/objects`.
 //!
-//! Arguments: `dir`, `task`, `ttl` (owner lease, ms), `interval` (owner
-//! loop period, ms), `guard` (lease guard, ms), `shards`, and for Redis
-//! `redis` (URL) and `prefix` (key prefix). It owns every shard it finds
-//! free (`OwnPolicy::AllShards`).
+//! Arguments: `dir` (its working directory), `task`, `ttl` (owner lease,
+//! ms), `interval` (owner loop period, ms), `guard` (lease guard, ms),
+//! `shards`, `balance` (`true`/`false`: `HostSettings::balance`), and for
+//! Redis `redis` (URL) and `prefix` (key prefix), for PostgreSQL alone
+//! `postgres` (URL) and `schema` (objects, leases and alarm jobs there; no
+//! directory shared with another host). It owns every shard of the class
+//! (`OwnPolicy::AllShards`), an even share of them with balancing on.
 //!
 //! Each host serves its internal endpoints over HTTP/1.1 on a loopback
 //! port (`durability_host::transport::serve`, a shared internal token),
@@ -404,6 +407,7 @@ pub(crate) fn main(raw: &[String]) -> Result {
             ..OwnershipSettings::default()
         },
         renew_interval_ms: Some(num("interval")?),
+        balance: get("balance")? != "false",
         ..HostSettings::default()
     };
     let args = Args {

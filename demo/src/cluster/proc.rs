@@ -52,9 +52,12 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    /// Starts `durability-demo cluster-host task=<task> <args…>`.
-    pub(crate) fn spawn(task: &str, args: &[String]) -> Result<Self> {
+    /// Starts `durability-demo cluster-host task=<task> <args…>` in the
+    /// working directory `cwd` (made if missing).
+    pub(crate) fn spawn(task: &str, cwd: &std::path::Path, args: &[String]) -> Result<Self> {
+        std::fs::create_dir_all(cwd)?;
         let mut child = Command::new(std::env::current_exe()?)
+            .current_dir(cwd)
             .arg("cluster-host")
             .arg(format!("task={task}"))
             .args(args)

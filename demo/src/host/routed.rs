@@ -136,8 +136,10 @@ async fn bare_invoke(State(sched): State<Arc<Scheduler<SqliteStorage>>>, body: S
     }
 }
 
+/// `n` invokes of `Counter` `c1`'s `incr` (the padded arguments) at
+/// `endpoint` through `transport`, one after another; us per call.
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
-async fn bare_calls(
+pub(super) async fn bare_calls(
     transport: &HttpTransport,
     endpoint: &Endpoint,
     token: &InternalToken,

@@ -1,0 +1,414 @@
+//! `bench host`'s PostgreSQL figures, each against a baseline measured in
+//! the same run:
+//!
+//! - a call on a host on PostgreSQL alone (`HostConfig::postgres`: leases,
+//!   alarm jobs and the object in one schema) over its internal HTTP/1.1
+//!   endpoint (admission, watchdog, the object's transaction committed
+//!   through the owner fence) against a plain axum handler on the same
+//!   route that runs the same transaction through one tokio-postgres
+//!   connection (`BEGIN`, the same `INSERT … RETURNING`, `COMMIT`), both
+//!   called through the same [`HttpTransport`] with the same body, in
+//!   interleaved rounds (the median per-round ratio is the figure);
+//! - the round trips of claiming a whole class (16 scopes) after its
+//!   owner's leases ran out, on the PostgreSQL lease store: its connections
+//!   go through a loopback proxy that counts the messages the client sends
+//!   (a `Sync` ends an extended-protocol exchange and a `Query` is one
+//!   simple-protocol exchange: each is one round trip), checked on a plain
+//!   `SELECT 1` (one round trip), and timed against that `SELECT 1`
+//!   through the same proxy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::extract::State;
+use durability_host::store::postgres::{
+    PostgresAlarmIndex, PostgresLeaseStore, PostgresObjectStorage,
+};
+use durability_host::transport::{
+    EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, serve,
+};
+use durability_host::{
+    BoxError, DatabaseSettings, Handle, Host, HostConfig, HostIds, PostgresObjectStore,
+};
+use durability_ownership::{
+    Admission, ClassName, LeaseStore as _, LifecycleAdmin as _, LifecycleId, OwnerScope,
+    ShardCount, StorageId, TaskId,
+};
+use durability_scheduler::{StorageError, Transaction};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::routed::bare_calls;
+use super::{BoxResult, median, settings};
+
+const TOKEN: &str = "bench-postgres-token-0123456789";
+/// The transaction of both sides.
+const INCR: &str = "INSERT INTO counter (id, n) VALUES (0, 1)
+     ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n";
+const TABLE: &str = "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL)";
+
+type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
+
+struct Counter;
+
+fn pg(e: tokio_postgres::Error) -> StorageError {
+    StorageError::backend("counter sql", e)
+}
+
+fn incr(tx: &mut Transaction<'_, '_, PostgresObjectStorage>) -> Result<i64, StorageError> {
+    tx.sql().query_one(INCR, &[])?.try_get(0).map_err(pg)
+}
+
+/// A schema name for this run (`<prefix>_<random>`).
+fn run_schema(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", rand::random::<u64>())
+}
+
+/// Drops `schema` and its objects' schemas (`<schema>_o<n>`).
+async fn drop_schemas(client: &tokio_postgres::Client, schema: &str) -> BoxResult<()> {
+    let rows = client
+        .query(
+            "SELECT nspname FROM pg_namespace
+             WHERE nspname = $1 OR nspname LIKE replace($1, '_', '\\_') || '\\_o%'",
+            &[&schema],
+        )
+        .await?;
+    for row in rows {
+        let name: String = row.try_get(0)?;
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn connect(url: &str) -> BoxResult<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+async fn pg_host(url: &str, schema: &str, endpoint: &str) -> BoxResult<PgHost> {
+    let ids = HostIds {
+        storage: StorageId::new("st1")?,
+        lifecycle: LifecycleId::new("bench:pg")?,
+        task: TaskId::new("pg")?,
+    };
+    let database = DatabaseSettings::new(url, schema);
+    let config = HostConfig::postgres(
+        &database,
+        settings(Admission::Snapshot, 120_000, 16)?,
+        ids,
+    )
+    .await?
+    .class("Counter", |ctx| {
+        ctx.scheduler.transaction(|tx| tx.sql().batch_execute(TABLE))?;
+        Ok::<_, BoxError>(Counter)
+    })
+    .method(
+        "Counter",
+        "incr",
+        |h: Handle<Counter, PostgresAlarmIndex, PostgresObjectStorage>, _args: Value| async move {
+            let n = h.scheduler.transaction(incr)?;
+            Ok(json!({ "n": n }))
+        },
+    )
+    .endpoint(endpoint)
+    .internal_token(TOKEN)
+    .create_active_storage_if_absent(true);
+    Ok(Host::start(config).await?)
+}
+
+/// The baseline: parse the invoke, run the transaction on the one
+/// connection, answer the same envelope.
+async fn bare_invoke(
+    State(client): State<Arc<Mutex<tokio_postgres::Client>>>,
+    body: String,
+) -> String {
+    let parsed: Result<Value, _> = serde_json::from_str(&body);
+    let mut client = client.lock().await;
+    let n = async {
+        let tx = client.transaction().await?;
+        let n: i64 = tx.query_one(INCR, &[]).await?.try_get(0)?;
+        tx.commit().await?;
+        Ok::<_, tokio_postgres::Error>(n)
+    }
+    .await;
+    match (parsed, n) {
+        (Ok(_), Ok(n)) => json!({ "ok": true, "result": { "n": n } }).to_string(),
+        _ => json!({ "error": "internal_error", "message": "bare call failed" }).to_string(),
+    }
+}
+
+/// Per-call times (us) of the bare handler and the host, medians of
+/// `rounds` interleaved rounds of `n` calls, and the median per-round
+/// ratio.
+pub(super) async fn call_overhead(url: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
+    let schema = run_schema("bench_host");
+    let admin = connect(url).await?;
+    let result = call_rounds(url, &schema, rounds, n).await;
+    drop_schemas(&admin, &schema).await?;
+    result
+}
+
+async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
+    let stop = CancellationToken::new();
+    let lh = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let host_url = format!("http://{}", lh.local_addr()?);
+    let host_endpoint = EndpointPolicy::loopback().check(&host_url)?;
+    let bare_endpoint =
+        EndpointPolicy::loopback().check(&format!("http://{}", lbare.local_addr()?))?;
+    let host = pg_host(url, schema, &host_url).await?;
+    tokio::spawn(serve(host.clone(), lh, stop.clone()));
+    let bare = connect(url).await?;
+    bare.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; SET search_path TO \"{schema}\"; {TABLE}"
+    ))
+    .await?;
+    let app = axum::Router::new()
+        .route(INVOKE_PATH, axum::routing::post(bare_invoke))
+        .with_state(Arc::new(Mutex::new(bare)));
+    let bare_stop = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(lbare, app)
+            .with_graceful_shutdown(async move { bare_stop.cancelled().await })
+            .await
+    });
+    let transport = HttpTransport::default();
+    let token = InternalToken::new(TOKEN)?;
+    // Warm both paths (connections, the object open, the scope claimed).
+    bare_calls(&transport, &bare_endpoint, &token, None, 20).await?;
+    bare_calls(&transport, &host_endpoint, &token, None, 20).await?;
+    let mut times: [Vec<f64>; 2] = Default::default();
+    for round in 0..rounds {
+        for k in 0..2 {
+            let which = (round + k) % 2;
+            let endpoint = if which == 0 { &bare_endpoint } else { &host_endpoint };
+            times[which].push(bare_calls(&transport, endpoint, &token, None, n).await?);
+        }
+    }
+    stop.cancel();
+    host.shutdown().await;
+    let ratio = median((0..rounds).map(|r| times[1][r] / times[0][r]).collect());
+    let [b, h] = times;
+    Ok(([median(b), median(h)], ratio))
+}
+
+/// A loopback TCP proxy to the PostgreSQL server that counts the round
+/// trips its clients start.
+struct Proxy {
+    port: u16,
+    trips: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> BoxResult<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let trips = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&trips);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let counted = Arc::clone(&counted);
+                tokio::spawn(async move {
+                    let (from_client, mut to_client) = client.into_split();
+                    let (mut from_server, to_server) = server.into_split();
+                    let down = tokio::spawn(async move {
+                        tokio::io::copy(&mut from_server, &mut to_client).await
+                    });
+                    let _ = count_up(from_client, to_server, &counted).await;
+                    down.abort();
+                });
+            }
+        });
+        Ok(Self { port, trips })
+    }
+
+    fn trips(&self) -> u64 {
+        self.trips.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies what a client sends to the server, message by message, adding
+/// one to `trips` per `Sync` (`S`) and simple `Query` (`Q`): the messages
+/// after which the client waits for the server's `ReadyForQuery`. The
+/// first packets have no type byte: an SSL or GSS encryption request
+/// (answered with one byte, then the startup follows) and the startup
+/// message.
+async fn count_up(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    trips: &AtomicU64,
+) -> std::io::Result<()> {
+    const SSL_REQUEST: u32 = 80_877_103;
+    const GSS_REQUEST: u32 = 80_877_104;
+    let mut started = false;
+    loop {
+        let mut message = Vec::new();
+        let kind = if started {
+            let kind = from.read_u8().await?;
+            message.push(kind);
+            Some(kind)
+        } else {
+            None
+        };
+        let len = from.read_u32().await?;
+        message.extend_from_slice(&len.to_be_bytes());
+        let body = usize::try_from(len.saturating_sub(4)).unwrap_or(0);
+        let at = message.len();
+        message.resize(at + body, 0);
+        from.read_exact(&mut message[at..]).await?;
+        to.write_all(&message).await?;
+        match kind {
+            None => {
+                let code = message
+                    .get(4..8)
+                    .map_or(0, |c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+                started = code != SSL_REQUEST && code != GSS_REQUEST;
+            }
+            Some(b'S' | b'Q') => {
+                trips.fetch_add(1, Ordering::SeqCst);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// `url`'s settings, connecting to `127.0.0.1:port` instead.
+fn via(url: &str, port: u16) -> BoxResult<tokio_postgres::Config> {
+    let parsed: tokio_postgres::Config = url.parse()?;
+    let mut config = tokio_postgres::Config::new();
+    config.host("127.0.0.1").port(port);
+    if let Some(user) = parsed.get_user() {
+        config.user(user);
+    }
+    if let Some(password) = parsed.get_password() {
+        config.password(password);
+    }
+    if let Some(db) = parsed.get_dbname() {
+        config.dbname(db);
+    }
+    Ok(config)
+}
+
+/// `host:port` of `url`'s first TCP host.
+fn upstream(url: &str) -> BoxResult<String> {
+    let parsed: tokio_postgres::Config = url.parse()?;
+    let host = match parsed.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = parsed.get_ports().first().copied().unwrap_or(5432);
+    Ok(format!("{host}:{port}"))
+}
+
+/// What the claim figure measured.
+pub(super) struct Claims {
+    /// Scopes per claim.
+    pub(super) scopes: usize,
+    /// Round trips of each claim (all rounds).
+    pub(super) trips: Vec<u64>,
+    /// Round trips of one `SELECT 1` (the counter's check: 1).
+    pub(super) select_trips: u64,
+    /// Median time of the claims (us).
+    pub(super) claim_us: f64,
+    /// Median time of a `SELECT 1` through the same proxy (us).
+    pub(super) select_us: f64,
+}
+
+/// `rounds` times: the previous owner's leases of a class's 16 shards
+/// run out (1 s leases), then a new task claims all 16 with
+/// `claim_many`; counts each claim's round trips and times it.
+pub(super) async fn claim_class(url: &str, rounds: usize) -> BoxResult<Claims> {
+    let schema = run_schema("bench_claim");
+    let admin = connect(url).await?;
+    let result = claim_rounds(url, &schema, rounds).await;
+    drop_schemas(&admin, &schema).await?;
+    result
+}
+
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+async fn claim_rounds(url: &str, schema: &str, rounds: usize) -> BoxResult<Claims> {
+    const TTL_MS: u64 = 1_000;
+    let proxy = Proxy::start(upstream(url)?).await?;
+    let count = ShardCount::new(16)?;
+    let store = PostgresLeaseStore::new(
+        via(url, proxy.port)?,
+        1,
+        durability_storage_postgres::SchemaName::new(schema)?,
+        count,
+    )?;
+    store.setup().await?;
+    let (storage, lifecycle) = (StorageId::new("st1")?, LifecycleId::new("bench:claim")?);
+    store.set_active_storage(&lifecycle, Some(&storage)).await?;
+    let class = ClassName::new("Counter")?;
+    let scopes = (0..count.get())
+        .map(|s| OwnerScope::new(storage.clone(), class.clone(), s, count))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (raw, conn) = via(url, proxy.port)?.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let before = proxy.trips();
+    raw.simple_query("SELECT 1").await?;
+    let select_trips = proxy.trips() - before;
+    let mut selects = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        raw.simple_query("SELECT 1").await?;
+        selects.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (mut trips, mut times) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let task = TaskId::new(&format!("t{round}"))?;
+        let before = proxy.trips();
+        let t = Instant::now();
+        let claims = store.claim_many(&scopes, &lifecycle, &task, None, TTL_MS).await;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        let after = proxy.trips();
+        let claimed = claims
+            .iter()
+            .filter(|c| matches!(c, Ok(durability_ownership::ClaimOutcome::Claimed(_))))
+            .count();
+        if claimed != scopes.len() {
+            return Err(format!("round {round}: claimed {claimed} of {}: {claims:?}", scopes.len()).into());
+        }
+        // Round 0 claims free scopes and warms the connection.
+        if round > 0 {
+            trips.push(after - before);
+            times.push(us);
+        }
+        expire(&store, &scopes, &lifecycle).await?;
+    }
+    Ok(Claims {
+        scopes: scopes.len(),
+        trips,
+        select_trips,
+        claim_us: median(times),
+        select_us: median(selects),
+    })
+}
+
+/// Waits (polling, bounded) until no scope of `scopes` has a live owner.
+#[allow(clippy::disallowed_methods)] // Polls a real server's clock.
+async fn expire(
+    store: &PostgresLeaseStore,
+    scopes: &[OwnerScope],
+    lifecycle: &LifecycleId,
+) -> BoxResult<()> {
+    let end = Instant::now() + std::time::Duration::from_secs(15);
+    for scope in scopes {
+        while store.snapshot(scope, lifecycle).await?.owner.is_some() {
+            if Instant::now() > end {
+                return Err(format!("the lease of {scope} did not run out").into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
