@@ -1,11 +1,15 @@
 //! The cluster scene of `cargo xtask demo` (also `durability-demo
-//! demo-cluster [--redis]`): three `durability-host` processes (this binary
-//! run again as `cluster-host`, see [`host`]; a fourth replaces the killed
-//! one) own the shards of one class
-//! over a lease store and an alarm index they share: SQLite files in a
-//! temporary directory, or with `--redis` Redis under a key prefix made for
-//! the run and deleted at the end. The objects' SQLite files live in that
-//! directory too.
+//! demo-cluster [--redis | --postgres]`): three `durability-host` processes
+//! (this binary run again as `cluster-host`, see [`host`]; a fourth
+//! replaces the killed one) own the shards of one class, an even share
+//! each (the hosts balance them; the scene waits for and prints the counts
+//! per host after the start and after every phase), over a lease store and
+//! an alarm index they share: SQLite files in a temporary directory, or
+//! with `--redis` Redis under a key prefix made for the run and deleted at
+//! the end, the objects' SQLite files in that directory too; or with
+//! `--postgres` PostgreSQL alone, objects included, in a schema made for
+//! the run and dropped at the end, each host in a working directory of its
+//! own (no directory shared; see [`backing`]).
 //!
 //! The parent is the client. It sends each call to any live host, round
 //! robin, and the host routes it (`host.object(..).call(..)` over HTTP/1.1
@@ -30,7 +34,9 @@
 //! does a stale commit that landed. The final read of every object goes
 //! through a host.
 //!
-//! [`failover_times`] reuses the same processes for `cargo xtask bench host`.
+//! [`failover_times`] (on SQLite and on PostgreSQL) and [`share`] (one
+//! host, two joining, then uniform load over many objects) reuse the same
+//! processes for `cargo xtask bench host`.
 
 mod backing;
 mod host;
@@ -493,11 +499,7 @@ impl Ledger {
     }
 }
 
-async fn work(
-    c: &mut Cluster,
-    ledger: &mut Ledger,
-    commands: &[String],
-) -> Result<Vec<Outcome>> {
+async fn work(c: &mut Cluster, ledger: &mut Ledger, commands: &[String]) -> Result<Vec<Outcome>> {
     let outcomes = c.calls(commands).await?;
     for (cmd, o) in commands.iter().zip(&outcomes) {
         ledger.account(cmd, o);
@@ -549,13 +551,11 @@ fn timers(names: &[String], phase: &str, delay_ms: u64) -> Vec<String> {
 }
 
 /// `per_shard` object names in each shard (the first names that hash there).
-fn objects(
-    c: &Cluster,
-    per_shard: usize,
-) -> Result<BTreeMap<u32, Vec<String>>> {
+fn objects(c: &Cluster, per_shard: usize) -> Result<BTreeMap<u32, Vec<String>>> {
     let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     let mut i = 0;
-    while by_shard.len() < c.count.get() as usize || by_shard.values().any(|v| v.len() < per_shard) {
+    while by_shard.len() < c.count.get() as usize || by_shard.values().any(|v| v.len() < per_shard)
+    {
         let name = format!("o{i:03}");
         let list = by_shard.entry(c.scope(&name)?.shard()).or_default();
         if list.len() < per_shard {
@@ -930,11 +930,7 @@ async fn stop_phase(
 
 /// Sends `slow <target> 1000` to `p` until its first write committed (a
 /// call refused before it started is sent again); returns its request id.
-async fn slow_started(
-    c: &mut Cluster,
-    p: &str,
-    target: &str,
-) -> Result<u64> {
+async fn slow_started(c: &mut Cluster, p: &str, target: &str) -> Result<u64> {
     let end = now_ms() + CALL_DEADLINE_MS;
     loop {
         let id = c.send(p, &format!("slow {target} 1000"))?;
@@ -1126,11 +1122,7 @@ pub(crate) struct Share {
 /// scene's lease settings.
 pub(crate) async fn share(shards: u32, objects: usize, calls: usize) -> Result<Share> {
     let run = Run::open(Backing::Sqlite, shards).await?;
-    eprintln!(
-        "host share: {}; {}",
-        lease_settings(shards),
-        run.describe()
-    );
+    eprintln!("host share: {}; {}", lease_settings(shards), run.describe());
     let mut c = Cluster::new(run).await?;
     let share = share_rounds(&mut c, objects, calls).await;
     c.procs.clear();

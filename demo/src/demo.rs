@@ -9,7 +9,9 @@
 //! Flags: `--redis` runs topology, ownership, alarms and the cluster's
 //! leases and alarm jobs through Redis;
 //! `--postgres` and `--mariadb` run the migration scene on PostgreSQL or
-//! MariaDB shards instead of SQLite files (both flags: once on each). The
+//! MariaDB shards instead of SQLite files (both flags: once on each), and
+//! `--postgres` runs the cluster scene's hosts on PostgreSQL alone (with
+//! `--redis` too, the cluster scene takes PostgreSQL). The
 //! servers are checked before the first scene, so an unreachable one fails
 //! the command at once.
 

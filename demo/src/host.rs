@@ -411,10 +411,7 @@ async fn share() -> BoxResult<()> {
         .iter()
         .map(|(t, n)| (t, *n as f64 / mean))
         .collect();
-    let worst = shares
-        .values()
-        .map(|r| (r - 1.0).abs())
-        .fold(0.0, f64::max);
+    let worst = shares.values().map(|r| (r - 1.0).abs()).fold(0.0, f64::max);
     let holds = s.served.len() == 3 && worst <= 0.2;
     eprintln!(
         "host share: {CALLS} calls over {OBJECTS} objects, round robin over the entry hosts: served {:?} (mean {mean:.0}; each within ±20 %: {holds}); {} unknown outcomes; a shard moved during the load: {}",

@@ -53,8 +53,9 @@ fn main() -> ExitCode {
         Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: durability-demo <demo [--redis] [--postgres] [--mariadb] | demo-cluster [--redis] | bench [AREA] | soak N SEED>\n  \
+                "usage: durability-demo <demo [--redis] [--postgres] [--mariadb] | demo-cluster [--redis | --postgres] | bench [AREA] | soak N SEED>\n  \
                  demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
+                 demo --postgres: also the cluster scene's hosts on PostgreSQL alone (no shared directory)\n  \
                  (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
                  bench areas: {}",
                 bench::AREAS.join(" | ")

@@ -10,7 +10,10 @@
 //!   through Redis; `--postgres` and `--mariadb` run the migration scene on
 //!   PostgreSQL or MariaDB shards instead of SQLite files (a schema or
 //!   database per shard and one for the mapping store, created for the run
-//!   and dropped at the end; an unreachable server fails the command).
+//!   and dropped at the end; an unreachable server fails the command), and
+//!   `--postgres` runs the cluster scene's hosts on PostgreSQL alone
+//!   (objects, leases and alarm jobs in a schema made for the run; each
+//!   host in its own working directory, none shared).
 //! - `bench [AREA]`: benchmarks printing one JSON line per figure with its
 //!   ratio to a baseline measured in the same run (release build). The
 //!   migration area measures SQLite files, PostgreSQL and MariaDB shards.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask <test | ci | demo [--redis] [--postgres] [--mariadb] | bench [AREA] | bench peers [--quick] [--reps N] | verify>\n  \
                  demo --postgres / --mariadb: the migration scene on PostgreSQL / MariaDB shards\n  \
+                 demo --postgres: also the cluster scene's hosts on PostgreSQL alone (no shared directory)\n  \
                  (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
                  bench areas: {}\n  \
                  bench peers: against apalis-sqlite, rusqlite, rslock, redis-rs (bench/peers/; DURABILITY_REDIS_URL)",

@@ -142,7 +142,9 @@ impl Run {
         let dir = self.dir.path().display();
         match &self.backing {
             Backing::Sqlite => {
-                format!("leases, alarm jobs and objects: SQLite files in {dir} shared by the processes")
+                format!(
+                    "leases, alarm jobs and objects: SQLite files in {dir} shared by the processes"
+                )
             }
             Backing::Redis(url) => format!(
                 "leases and alarm jobs: Redis at {url} (prefix {}, leases on server TIME); objects: SQLite files in {dir}",

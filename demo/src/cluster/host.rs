@@ -43,8 +43,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
-use durability_host::transport::{EndpointPolicy, PeerDirectory};
 use durability_host::store::postgres::PostgresObjectStorage;
+use durability_host::transport::{EndpointPolicy, PeerDirectory};
 use durability_host::{
     BoxError, DatabaseSettings, Host, HostConfig, HostError, HostIds, HostSettings, ObjectStore,
     OwnPolicy, OwnerEvent,
@@ -109,9 +109,7 @@ trait CounterSql: Storage + Sized {
     fn next_due(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<Option<i64>>;
     /// The counter, the pending count and the fired tags
     /// (`tag@task,…`, sorted; `None` when none fired).
-    fn read(
-        tx: &mut Transaction<'_, '_, Self>,
-    ) -> SqlResult<(i64, i64, Option<String>)>;
+    fn read(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<(i64, i64, Option<String>)>;
 }
 
 impl CounterSql for SqliteStorage {
@@ -181,9 +179,7 @@ impl CounterSql for SqliteStorage {
             .map_err(sql)
     }
 
-    fn read(
-        tx: &mut Transaction<'_, '_, Self>,
-    ) -> SqlResult<(i64, i64, Option<String>)> {
+    fn read(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<(i64, i64, Option<String>)> {
         tx.sql()
             .query_row(
                 "SELECT (SELECT COALESCE(MAX(n), 0) FROM counter),
@@ -252,9 +248,7 @@ impl CounterSql for PostgresObjectStorage {
             .map_err(pg)
     }
 
-    fn read(
-        tx: &mut Transaction<'_, '_, Self>,
-    ) -> SqlResult<(i64, i64, Option<String>)> {
+    fn read(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<(i64, i64, Option<String>)> {
         let row = tx.sql().query_one(
             "SELECT (SELECT COALESCE(MAX(n), 0) FROM counter),
                     (SELECT COUNT(*) FROM pending),
@@ -348,11 +342,7 @@ fn incr_call<I, D: CounterSql>(h: &Handle<I, D>) -> SqlResult<String> {
     Ok(format!("value={v}"))
 }
 
-fn timer_call<I, D: CounterSql>(
-    h: &Handle<I, D>,
-    tag: &str,
-    delay: u64,
-) -> SqlResult<String> {
+fn timer_call<I, D: CounterSql>(h: &Handle<I, D>, tag: &str, delay: u64) -> SqlResult<String> {
     let at = SystemClock::new()
         .now_ms()
         .saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
@@ -430,7 +420,7 @@ pub(crate) fn main(raw: &[String]) -> Result {
                 lifecycle: LifecycleId::new(LIFECYCLE)?,
                 task: TaskId::new(&args.task)?,
             };
-            let config = HostConfig::postgres(&database, args.settings.clone(), ids).await?;
+            let config = HostConfig::postgres(&database, args.settings, ids).await?;
             return serve(config, args, false).await;
         }
         let dir = args.dir.clone();
@@ -486,20 +476,32 @@ where
                 .attach("timer", None, Arc::new(Timer(Arc::downgrade(&state))))?;
             Ok::<_, BoxError>(Counter { state })
         })
-        .method(CLASS, "incr", |h: Handle<I, O::Storage>, _: Value| async move {
-            let payload = incr_call(&h)?;
-            Ok(ran(&h, payload))
-        })
-        .method(CLASS, "timer", |h: Handle<I, O::Storage>, args: Value| async move {
-            let tag = args.get("tag").and_then(Value::as_str).unwrap_or("");
-            let delay = args.get("delay").and_then(Value::as_u64).unwrap_or(0);
-            let payload = timer_call(&h, tag, delay)?;
-            Ok(ran(&h, payload))
-        })
-        .method(CLASS, "read", |h: Handle<I, O::Storage>, _: Value| async move {
-            let payload = read_call(&h)?;
-            Ok(ran(&h, payload))
-        })
+        .method(
+            CLASS,
+            "incr",
+            |h: Handle<I, O::Storage>, _: Value| async move {
+                let payload = incr_call(&h)?;
+                Ok(ran(&h, payload))
+            },
+        )
+        .method(
+            CLASS,
+            "timer",
+            |h: Handle<I, O::Storage>, args: Value| async move {
+                let tag = args.get("tag").and_then(Value::as_str).unwrap_or("");
+                let delay = args.get("delay").and_then(Value::as_u64).unwrap_or(0);
+                let payload = timer_call(&h, tag, delay)?;
+                Ok(ran(&h, payload))
+            },
+        )
+        .method(
+            CLASS,
+            "read",
+            |h: Handle<I, O::Storage>, _: Value| async move {
+                let payload = read_call(&h)?;
+                Ok(ran(&h, payload))
+            },
+        )
         .endpoint(&endpoint)
         .internal_token(TOKEN)
         // Hosts of this machine bind ephemeral ports: no one internal port.

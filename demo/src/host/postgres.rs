@@ -48,7 +48,8 @@ const TOKEN: &str = "bench-postgres-token-0123456789";
 /// The transaction of both sides.
 const INCR: &str = "INSERT INTO counter (id, n) VALUES (0, 1)
      ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n";
-const TABLE: &str = "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL)";
+const TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL)";
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
 
@@ -187,7 +188,11 @@ async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResul
     for round in 0..rounds {
         for k in 0..2 {
             let which = (round + k) % 2;
-            let endpoint = if which == 0 { &bare_endpoint } else { &host_endpoint };
+            let endpoint = if which == 0 {
+                &bare_endpoint
+            } else {
+                &host_endpoint
+            };
             times[which].push(bare_calls(&transport, endpoint, &token, None, n).await?);
         }
     }
@@ -368,7 +373,9 @@ async fn claim_rounds(url: &str, schema: &str, rounds: usize) -> BoxResult<Claim
         let task = TaskId::new(&format!("t{round}"))?;
         let before = proxy.trips();
         let t = Instant::now();
-        let claims = store.claim_many(&scopes, &lifecycle, &task, None, TTL_MS).await;
+        let claims = store
+            .claim_many(&scopes, &lifecycle, &task, None, TTL_MS)
+            .await;
         let us = t.elapsed().as_secs_f64() * 1e6;
         let after = proxy.trips();
         let claimed = claims
@@ -376,7 +383,11 @@ async fn claim_rounds(url: &str, schema: &str, rounds: usize) -> BoxResult<Claim
             .filter(|c| matches!(c, Ok(durability_ownership::ClaimOutcome::Claimed(_))))
             .count();
         if claimed != scopes.len() {
-            return Err(format!("round {round}: claimed {claimed} of {}: {claims:?}", scopes.len()).into());
+            return Err(format!(
+                "round {round}: claimed {claimed} of {}: {claims:?}",
+                scopes.len()
+            )
+            .into());
         }
         // Round 0 claims free scopes and warms the connection.
         if round > 0 {
@@ -411,4 +422,36 @@ async fn expire(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The proxy counts one round trip per exchange the client then waits
+    /// on: a simple query is one however many statements it holds, a
+    /// prepare is one, and running a prepared statement is one.
+    #[tokio::test]
+    async fn the_proxy_counts_round_trips() -> BoxResult<()> {
+        let url = crate::postgres_url();
+        let proxy = Proxy::start(upstream(&url)?).await?;
+        let (client, conn) = via(&url, proxy.port)?
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(conn);
+        let before = proxy.trips();
+        client.simple_query("SELECT 1").await?;
+        assert_eq!(proxy.trips() - before, 1, "one simple query");
+        let before = proxy.trips();
+        client.batch_execute("BEGIN; SELECT 1; COMMIT").await?;
+        assert_eq!(proxy.trips() - before, 1, "three statements in one query");
+        let before = proxy.trips();
+        let statement = client.prepare("SELECT $1::int").await?;
+        assert_eq!(proxy.trips() - before, 1, "a prepare");
+        let before = proxy.trips();
+        let row = client.query_one(&statement, &[&7_i32]).await?;
+        assert_eq!(proxy.trips() - before, 1, "a prepared statement run");
+        assert_eq!(row.try_get::<_, i32>(0)?, 7, "the bytes passed unchanged");
+        Ok(())
+    }
 }
