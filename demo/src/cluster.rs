@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use durability_ownership::{ClassName, LifecycleId, ObjectName, OwnerScope, ShardCount, StorageId};
 
-pub(crate) use backing::Backing;
 use backing::Run;
+pub(crate) use backing::{Backing, drop_schemas};
 pub(crate) use host::main as child;
 use proc::{Proc, field, now_ms};
 

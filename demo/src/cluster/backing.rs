@@ -200,29 +200,34 @@ impl Run {
                 Ok(Some(format!("deleted the run's {} Redis keys", keys.len())))
             }
             Backing::Postgres(url) => {
-                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-                tokio::spawn(conn);
-                // The deployment schema and its objects' `<schema>_o<n>`.
-                let rows = client
-                    .query(
-                        "SELECT nspname FROM pg_namespace
-                         WHERE nspname = $1 OR nspname LIKE replace($1, '_', '\\_') || '\\_o%'",
-                        &[&self.name],
-                    )
-                    .await?;
-                for row in &rows {
-                    let schema: String = row.try_get(0)?;
-                    client
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                        .await?;
-                }
+                let dropped = drop_schemas(url, &self.name).await?;
                 Ok(Some(format!(
-                    "dropped the run's {} PostgreSQL schemas",
-                    rows.len()
+                    "dropped the run's {dropped} PostgreSQL schemas"
                 )))
             }
         }
     }
+}
+
+/// Drops the object deployment `schema` of the server at `url` and its
+/// objects' schemas (`<schema>_o<n>`); returns how many it dropped.
+pub(crate) async fn drop_schemas(url: &str, schema: &str) -> Result<usize> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let rows = client
+        .query(
+            "SELECT nspname FROM pg_namespace
+             WHERE nspname = $1 OR nspname LIKE replace($1, '_', '\\_') || '\\_o%'",
+            &[&schema],
+        )
+        .await?;
+    for row in &rows {
+        let name: String = row.try_get(0)?;
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+            .await?;
+    }
+    Ok(rows.len())
 }
 
 /// A schema-safe suffix of a random token: lowercase ASCII letters and

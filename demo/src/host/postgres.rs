@@ -41,8 +41,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::routed::bare_calls;
+use super::routed::{bare_calls, serve_until};
 use super::{BoxResult, median, settings};
+use crate::cluster::drop_schemas;
 
 const TOKEN: &str = "bench-postgres-token-0123456789";
 /// The transaction of both sides.
@@ -66,24 +67,6 @@ fn incr(tx: &mut Transaction<'_, '_, PostgresObjectStorage>) -> Result<i64, Stor
 /// A schema name for this run (`<prefix>_<random>`).
 fn run_schema(prefix: &str) -> String {
     format!("{prefix}_{:016x}", rand::random::<u64>())
-}
-
-/// Drops `schema` and its objects' schemas (`<schema>_o<n>`).
-async fn drop_schemas(client: &tokio_postgres::Client, schema: &str) -> BoxResult<()> {
-    let rows = client
-        .query(
-            "SELECT nspname FROM pg_namespace
-             WHERE nspname = $1 OR nspname LIKE replace($1, '_', '\\_') || '\\_o%'",
-            &[&schema],
-        )
-        .await?;
-    for row in rows {
-        let name: String = row.try_get(0)?;
-        client
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
-            .await?;
-    }
-    Ok(())
 }
 
 async fn connect(url: &str) -> BoxResult<tokio_postgres::Client> {
@@ -149,9 +132,8 @@ async fn bare_invoke(
 /// ratio.
 pub(super) async fn call_overhead(url: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
     let schema = run_schema("bench_host");
-    let admin = connect(url).await?;
     let result = call_rounds(url, &schema, rounds, n).await;
-    drop_schemas(&admin, &schema).await?;
+    drop_schemas(url, &schema).await?;
     result
 }
 
@@ -173,12 +155,7 @@ async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResul
     let app = axum::Router::new()
         .route(INVOKE_PATH, axum::routing::post(bare_invoke))
         .with_state(Arc::new(Mutex::new(bare)));
-    let bare_stop = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(lbare, app)
-            .with_graceful_shutdown(async move { bare_stop.cancelled().await })
-            .await
-    });
+    serve_until(lbare, app, stop.clone());
     let transport = HttpTransport::default();
     let token = InternalToken::new(TOKEN)?;
     // Warm both paths (connections, the object open, the scope claimed).
@@ -333,9 +310,8 @@ pub(super) struct Claims {
 /// `claim_many`; counts each claim's round trips and times it.
 pub(super) async fn claim_class(url: &str, rounds: usize) -> BoxResult<Claims> {
     let schema = run_schema("bench_claim");
-    let admin = connect(url).await?;
     let result = claim_rounds(url, &schema, rounds).await;
-    drop_schemas(&admin, &schema).await?;
+    drop_schemas(url, &schema).await?;
     result
 }
 

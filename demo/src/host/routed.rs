@@ -136,6 +136,20 @@ async fn bare_invoke(State(sched): State<Arc<Scheduler<SqliteStorage>>>, body: S
     }
 }
 
+/// Serves `app` on `listener` until `stop` (a baseline's plain axum
+/// server).
+pub(super) fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+}
+
 /// `n` invokes of `Counter` `c1`'s `incr` (the padded arguments) at
 /// `endpoint` through `transport`, one after another; us per call.
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
@@ -226,12 +240,7 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     let app = axum::Router::new()
         .route(INVOKE_PATH, axum::routing::post(bare_invoke))
         .with_state(sched);
-    let bare_stop = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(lbare, app)
-            .with_graceful_shutdown(async move { bare_stop.cancelled().await })
-            .await
-    });
+    serve_until(lbare, app, stop.clone());
     let transport = HttpTransport::default();
     let token = InternalToken::new(TOKEN)?;
 
