@@ -4,8 +4,16 @@
 //! store calls of one owner-loop cycle with 1,000 owned scopes; and the
 //! failover time between host processes (the cluster scene's
 //! `cluster-host`) after SIGKILL and after a drain (SIGTERM) of the owner,
-//! from the signal to the first successful call on the survivor; and calls
-//! between hosts over HTTP/1.1 against a bare round trip ([`routed`]).
+//! from the signal to the first successful call on the survivor (on
+//! SQLite stores and on PostgreSQL alone); calls between hosts over
+//! HTTP/1.1 against a bare round trip ([`routed`]); the time for two
+//! joining hosts to receive their share of a class's shards (against the
+//! lease) and the calls each of three hosts serves under uniform load over
+//! many objects (the cluster scene's processes, [`crate::cluster::share`]);
+//! a call on a host on PostgreSQL alone against a plain axum handler
+//! running the same transaction through tokio-postgres, and the round
+//! trips of claiming a class's 16 scopes on the PostgreSQL lease store
+//! ([`postgres`]).
 
 mod postgres;
 mod routed;
