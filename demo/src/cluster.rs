@@ -696,6 +696,15 @@ async fn scene(c: &mut Cluster) -> Result {
     c.drain_all().await?;
     let lost_alarms: Vec<&String> = set.difference(&fired_tags).collect();
     let lost = lost_increments + lost_alarms.len() as u64;
+    // What the objects with an alarm that never fired hold (their pending
+    // tags and what fired), for the diagnosis.
+    for (name, o) in names.iter().zip(&outcomes) {
+        if let Outcome::Ok { line, host, .. } = o
+            && lost_alarms.iter().any(|t| t.ends_with(&format!("-{name}")))
+        {
+            println!("object {name} with an alarm that never fired, read on {host}: {line}");
+        }
+    }
 
     println!();
     println!("| figure                                              | value |");
