@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use durability_alarms::{AlarmIndex, DispatcherConfig};
+use durability_alarms::{AlarmIndex, DispatcherConfig, RetryPolicy};
 use durability_host::store::postgres::PostgresObjectStorage;
 use durability_host::transport::{EndpointPolicy, PeerDirectory};
 use durability_host::{
@@ -514,6 +514,10 @@ where
             poll_ms: i64::try_from(super::POLL_MS)?,
             idle_ms: 20,
             owner_wait_max_ms: i64::try_from(super::OWNER_WAIT_MAX_MS)?,
+            retry: RetryPolicy {
+                max_delay_ms: super::RETRY_MAX_DELAY_MS,
+                ..DispatcherConfig::fast().retry
+            },
             ..DispatcherConfig::fast()
         });
     let config = if shared {
