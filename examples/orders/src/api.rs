@@ -315,3 +315,92 @@ pub fn path(request: &FetchRequest) -> &str {
     });
     path.split('?').next().unwrap_or(path)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn code(e: &BoxError) -> Option<&str> {
+        e.downcast_ref::<MethodError>().map(|m| m.code.as_str())
+    }
+
+    #[test]
+    fn arguments_decode_strictly_as_a_typed_refusal() {
+        let ok: PlaceOrder = decode(serde_json::json!({ "cents": 5 })).unwrap();
+        assert_eq!(
+            ok,
+            PlaceOrder {
+                cents: 5,
+                ttl_ms: None
+            }
+        );
+        for bad in [
+            serde_json::json!({ "cents": 5, "extra": 1 }),
+            serde_json::json!({ "cents": "5" }),
+            serde_json::json!({}),
+        ] {
+            let e = decode::<PlaceOrder>(bad.clone()).unwrap_err();
+            assert_eq!(code(&e), Some("invalid_args"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_methods_refusal_has_one_shape_local_or_forwarded() {
+        let local = HostError::Handler(refuse("order_expired", "the order expired"));
+        let forwarded = HostError::Remote {
+            status: 422,
+            code: "order_expired".to_owned(),
+            message: "the order expired".to_owned(),
+            details: None,
+        };
+        for e in [&local, &forwarded] {
+            let m = method_error(e).unwrap();
+            assert_eq!(
+                (m.code.as_str(), m.message.as_str()),
+                ("order_expired", "the order expired")
+            );
+        }
+        let unknown = HostError::RpcResultUnknown {
+            reason: "lost".to_owned(),
+        };
+        assert!(
+            method_error(&unknown).is_none(),
+            "an unknown outcome is not a refusal"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_http_face_maps_refusals_and_bad_bodies_to_statuses() {
+        let mut request = FetchRequest::new("PUT", "/orders/o1?x=1");
+        assert_eq!(path(&request), "/orders/o1");
+        request.body = Bytes::from_static(b"{\"cents\":");
+        let r = http(&request, |_: PlaceOrder| async { Ok(1) })
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400);
+        request.body = Bytes::from_static(b"{\"cents\":1}");
+        let r = http(&request, |_: PlaceOrder| async {
+            Err::<u8, _>(refuse("order_not_found", "none"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.status, 404);
+        let r = http(&request, |_: PlaceOrder| async {
+            Err::<u8, _>(refuse("order_expired", "late"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.status, 409);
+        assert!(String::from_utf8_lossy(&r.body).contains("order_expired"));
+        let r = http(&request, |a: PlaceOrder| async move { Ok(a.cents) })
+            .await
+            .unwrap();
+        assert_eq!((r.status, r.body.as_ref()), (200, b"1".as_ref()));
+        let failed = http(&request, |_: PlaceOrder| async {
+            Err::<u8, BoxError>("storage down".into())
+        })
+        .await;
+        assert!(failed.is_err(), "not a refusal: the host's error");
+    }
+}

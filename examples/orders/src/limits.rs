@@ -23,7 +23,7 @@ use durability_topology::{
 
 use crate::HostSlot;
 use crate::api::{self, AppliedLimits, ApplyLimits, Limits, LimitsSet, SetLimits, refuse};
-use crate::order::{Db, MAX_CENTS};
+use crate::order::{Db, MAX_CENTS, pg};
 
 /// The coordinator's class name.
 pub const COORDINATOR: &str = "LimitsCoordinator";
@@ -181,17 +181,16 @@ impl LimitsMember {
 }
 
 fn read(tx: &mut Transaction<'_, '_, Db>) -> Result<Vec<AppliedLimits>, StorageError> {
-    let pg = |e| StorageError::backend("member limits", e);
     let rows = tx.sql().query(
         "SELECT grp, version, limits FROM member_limits ORDER BY grp",
         &[],
     )?;
     rows.iter()
         .map(|row| {
-            let version: i64 = row.try_get(1).map_err(pg)?;
-            let text: String = row.try_get(2).map_err(pg)?;
+            let version: i64 = row.try_get(1).map_err(pg("member version"))?;
+            let text: String = row.try_get(2).map_err(pg("member limits"))?;
             Ok(AppliedLimits {
-                group: row.try_get(0).map_err(pg)?,
+                group: row.try_get(0).map_err(pg("member group"))?,
                 version: u64::try_from(version)
                     .map_err(|_| StorageError::corrupt(format!("member version {version}")))?,
                 limits: serde_json::from_str(&text)

@@ -48,7 +48,8 @@ struct OrderInner {
     default_ttl_ms: i64,
 }
 
-fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StorageError {
+/// A column that does not read as its type (a storage error naming it).
+pub(crate) fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StorageError {
     move |e| StorageError::backend(what, e)
 }
 

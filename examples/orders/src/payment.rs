@@ -10,7 +10,7 @@ use durability_scheduler::{Scheduler, StorageError, Transaction};
 
 use crate::HostSlot;
 use crate::api::{self, Capture, OrderView, PayOrder, PaymentView, refuse};
-use crate::order::{Db, ORDER};
+use crate::order::{Db, ORDER, pg};
 
 /// The class name.
 pub const PAYMENT: &str = "Payment";
@@ -20,10 +20,6 @@ pub struct Payment {
     name: String,
     scheduler: Scheduler<Db>,
     host: HostSlot,
-}
-
-fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StorageError {
-    move |e| StorageError::backend(what, e)
 }
 
 impl Payment {

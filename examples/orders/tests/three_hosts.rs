@@ -504,6 +504,23 @@ async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_through_a_
         })
         .await;
     }
+    // A member applies only newer versions: a late delivery of v1 (an
+    // older version) changes nothing.
+    let late = api::ApplyLimits {
+        group: "global".to_owned(),
+        version: 1,
+        limits: Limits {
+            rps: 1,
+            max_order_cents: 1,
+        },
+    };
+    let kept: AppliedLimits = until("late delivery", |_| {
+        rpc(&client, "LimitsMember", "m-0", "apply_limits", &late)
+    })
+    .await;
+    assert!(!kept.applied, "{kept:?}");
+    assert_eq!(kept.limits, v2);
+    assert!(kept.version > 1, "{kept:?}");
     let pending: u64 = edge(
         &http,
         "GET",
