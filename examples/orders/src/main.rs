@@ -17,7 +17,9 @@
 //! | `ORDERS_CREATE_POINTER` | `true`: create the active storage pointer if absent | `true` |
 //! | `ORDERS_RENEW_INTERVAL_MS` | the owner loop's period | a third of the TTL |
 //!
-//! It prints `ready task=<t> public=<addr> internal=<addr>` once serving,
+//! It prints `ready task=<t> public=<addr> internal=<addr> owner_failover_ms=<ms>
+//! alarm_failover_ms=<ms>` once serving (how long a dead host's objects, and
+//! an alarm it had claimed, wait for another host),
 //! and on SIGTERM or ctrl-c drains (readiness `503`, in-flight work
 //! finishes, leases and alarm claims released so the other hosts take the
 //! shards at once), prints `drained timed_out=<bool>` and exits.
@@ -41,7 +43,9 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 /// The host's configuration from the environment.
-async fn configure(slot: &HostSlot) -> Result<OrdersConfig, BoxError> {
+/// Also the failover budget of an alarm a dead host had claimed (owner
+/// TTL + alarm claim lease + one dispatcher poll), for the ready line.
+async fn configure(slot: &HostSlot) -> Result<(OrdersConfig, i64), BoxError> {
     let mut settings = HostSettings::from_env()?;
     if let Ok(ms) = std::env::var("ORDERS_RENEW_INTERVAL_MS") {
         settings.renew_interval_ms = Some(
@@ -49,6 +53,8 @@ async fn configure(slot: &HostSlot) -> Result<OrdersConfig, BoxError> {
                 .map_err(|e| format!("ORDERS_RENEW_INTERVAL_MS: {e}"))?,
         );
     }
+    let ttl_ms = i64::try_from(settings.ownership.owner_ttl_ms).unwrap_or(i64::MAX);
+    let alarm_budget_ms = settings.alarms.failover_budget_ms(ttl_ms);
     let database = DatabaseSettings::from_env()?.ok_or("DO_DATABASE_URL is not set")?;
     let ids = HostIds {
         storage: StorageId::new(&env_or("ORDERS_STORAGE_ID", "orders-v1"))?,
@@ -69,11 +75,12 @@ async fn configure(slot: &HostSlot) -> Result<OrdersConfig, BoxError> {
         }
     };
     let config: OrdersConfig = HostConfig::postgres(&database, settings, ids).await?;
-    Ok(classes(config, &service, slot)
+    let config = classes(config, &service, slot)
         .internal_token(&env("ORDERS_INTERNAL_TOKEN")?)
         .endpoint(&format!("http://{}", env("ORDERS_INTERNAL_ADDR")?))
         .create_active_storage_if_absent(create)
-        .own(OwnPolicy::AllShards))
+        .own(OwnPolicy::AllShards);
+    Ok((config, alarm_budget_ms))
 }
 
 #[tokio::main]
@@ -86,7 +93,7 @@ async fn main() -> Result<(), BoxError> {
         .with_writer(std::io::stderr)
         .init();
     let slot: HostSlot = Arc::new(OnceLock::new());
-    let config = configure(&slot).await?;
+    let (config, alarm_budget_ms) = configure(&slot).await?;
     let internal = tokio::net::TcpListener::bind(env("ORDERS_INTERNAL_ADDR")?).await?;
     let public =
         tokio::net::TcpListener::bind(env_or("ORDERS_PUBLIC_ADDR", "0.0.0.0:8080")).await?;
@@ -107,9 +114,11 @@ async fn main() -> Result<(), BoxError> {
             .with_graceful_shutdown(async move { edge_stop.cancelled().await })
             .await
     });
+    let probe = host.probe();
     println!(
-        "ready task={} public={public_addr} internal={internal_addr}",
-        host.probe().task
+        "ready task={} public={public_addr} internal={internal_addr} \
+         owner_failover_ms={} alarm_failover_ms={alarm_budget_ms}",
+        probe.task, probe.failover_budget_ms
     );
     let report = host.run_until_signal().await;
     stop.cancel();

@@ -68,10 +68,28 @@ impl HttpClient {
         url: &str,
         body: Vec<u8>,
     ) -> Result<(u16, Bytes), String> {
-        let request = http::Request::builder()
+        self.send_with(method, url, &[], body).await
+    }
+
+    /// [`HttpClient::send`] with extra headers.
+    ///
+    /// # Errors
+    /// As [`HttpClient::send`].
+    pub async fn send_with(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<(u16, Bytes), String> {
+        let mut request = http::Request::builder()
             .method(method)
             .uri(url)
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
         let exchange = async {
