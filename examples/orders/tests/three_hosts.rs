@@ -357,11 +357,12 @@ async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_through_a_
 }
 
 /// The same with host b SIGKILLed. Ignored: about half the runs end with an
-/// acknowledged order's alarm never delivered (its object's alarm row
-/// pending, its index job gone, after `do_alarm_backend_unavailable` index
-/// writes on the survivors; or a forwarded delivery cut by the kill not
-/// retried). The defect is outside this example (README, "Known issue");
-/// run it with `--run-ignored all`.
+/// acknowledged order's pending work never delivered (its object's alarm
+/// row pending, its index job gone: the survivors' index writes failed
+/// with `do_alarm_backend_unavailable`, the compensation was refused as a
+/// stale owner, and the next owner's open saw nothing to sync). The defect
+/// is outside this example (README, "Known issue"); run it with
+/// `--run-ignored only`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "alarm jobs lost after a host is SIGKILLed on PostgreSQL: see README, Known issue"]
 async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_through_a_kill_and_a_join() {
