@@ -1,7 +1,7 @@
 //! Every method's arguments and result as serde types, and the one place
 //! they are turned into and out of JSON (the host's method API takes and
 //! returns `serde_json::Value`; a typed method API replaces [`method`] and
-//! [`http`] without touching the classes).
+//! [`http()`] without touching the classes).
 
 use std::future::Future;
 use std::sync::Arc;

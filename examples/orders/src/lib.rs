@@ -44,7 +44,8 @@ use crate::webhook::WebhookSink;
 pub type OrdersHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
 /// Its configuration.
 pub type OrdersConfig = HostConfig<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
-/// The host, once started: what objects that call other objects use.
+/// The host, once started: what objects that call other objects use (it
+/// holds a clone of the host, so the host lives as long as the process).
 pub type HostSlot = Arc<OnceLock<OrdersHost>>;
 
 type H<T> = Handle<T, PostgresAlarmIndex, Db>;
@@ -159,18 +160,19 @@ fn not_allowed(request: &FetchRequest) -> Result<FetchResponse, BoxError> {
 /// `GET /orders/{id}`, `PUT|POST /orders/{id}` (place), `POST
 /// /orders/{id}/pay`.
 async fn order_http(h: H<Order>, request: FetchRequest) -> Result<FetchResponse, BoxError> {
-    let pay = api::path(&request).ends_with("/pay");
+    // `/orders/{id}` or `/orders/{id}/pay` (the id is one path segment).
+    let rest = api::path(&request).splitn(4, '/').nth(3).map(str::to_owned);
     let o = &h.object;
-    match (request.method.as_str(), pay) {
-        ("GET", false) => {
+    match (request.method.as_str(), rest.as_deref()) {
+        ("GET", None) => {
             http(&request, |_: NoArgs| async {
                 o.get()?
                     .ok_or_else(|| refuse("order_not_found", "no such order"))
             })
             .await
         }
-        ("PUT" | "POST", false) => http(&request, |a: PlaceOrder| async move { o.place(&a) }).await,
-        ("POST", true) => http(&request, |a: PayOrder| async move { o.pay(&a) }).await,
+        ("PUT" | "POST", None) => http(&request, |a: PlaceOrder| async move { o.place(&a) }).await,
+        ("POST", Some("pay")) => http(&request, |a: PayOrder| async move { o.pay(&a) }).await,
         _ => not_allowed(&request),
     }
 }

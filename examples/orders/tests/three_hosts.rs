@@ -429,6 +429,15 @@ async fn scenario(leave: Leave) {
         .await
         .unwrap();
     assert_eq!(status, 404);
+    let (status, _) = http
+        .send(
+            "POST",
+            &format!("{}/orders/bad/refund", c.public),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 405, "not a route of the Order class");
 
     // Over the public edge of every host: whichever host owns the order.
     let hosts = [&a, &b, &c];
