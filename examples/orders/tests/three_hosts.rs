@@ -4,8 +4,8 @@
 //! serves. Three hosts start; orders and payments go in over the public
 //! edge of every host (plain HTTP) and over a `FailoverClient` entering
 //! through all three; limits go to members through the coordinator's state
-//! channel. Host b leaves mid-run (drained by SIGTERM, or SIGKILLed in the
-//! ignored variant) right after orders on its shards were placed to expire
+//! channel. Host b leaves mid-run (drained by SIGTERM, or SIGKILLed with
+//! `ORDERS_TEST_LEAVE=kill`) right after orders on its shards were placed to expire
 //! after it is gone; calls go on through the others and a fourth host
 //! joins. Then, polling with a deadline: every acknowledged order is stored
 //! in the database with its expected state, every order's newest event
@@ -351,22 +351,18 @@ enum Leave {
     Kill,
 }
 
+/// Host b drains (SIGTERM). With `ORDERS_TEST_LEAVE=kill` it is SIGKILLed
+/// instead: a reproduction of the known issue (README, "Known issue"):
+/// about half those runs end with an acknowledged order's pending work
+/// never delivered (its object's alarm row pending, its index job gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_through_a_drain_and_a_join() {
-    scenario(Leave::Drain).await;
-}
-
-/// The same with host b SIGKILLed. Ignored: about half the runs end with an
-/// acknowledged order's pending work never delivered (its object's alarm
-/// row pending, its index job gone: the survivors' index writes failed
-/// with `do_alarm_backend_unavailable`, the compensation was refused as a
-/// stale owner, and the next owner's open saw nothing to sync). The defect
-/// is outside this example (README, "Known issue"); run it with
-/// `--run-ignored only`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "alarm jobs lost after a host is SIGKILLed on PostgreSQL: see README, Known issue"]
-async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_through_a_kill_and_a_join() {
-    scenario(Leave::Kill).await;
+async fn three_hosts_serve_orders_over_the_edge_and_a_failover_client_while_one_leaves_and_one_joins()
+ {
+    let leave = match std::env::var("ORDERS_TEST_LEAVE").as_deref() {
+        Ok("kill") => Leave::Kill,
+        _ => Leave::Drain,
+    };
+    scenario(leave).await;
 }
 
 async fn scenario(leave: Leave) {
