@@ -1,139 +1,129 @@
-//! `orders`: one host process of the orders service, over Redis (lease
-//! store and alarm index, under a key prefix) with the shops' SQLite files
-//! in a directory every host shares.
+//! `orders`: one host process of the orders service. Every host of a
+//! deployment shares the PostgreSQL database and schema (objects, leases,
+//! alarm jobs) and the internal token; none shares a directory.
 //!
-//! ```text
-//! orders redis=redis://127.0.0.1:6379 prefix=shop: dir=/srv/orders task=host-1 [cancel_ms=900000]
-//! ```
+//! Environment (the host's `DO_*` settings too, e.g. `DO_OWNER_TTL_SECONDS`):
 //!
-//! Commands on stdin, one reply line each on stdout:
-//! `place <shop> <order> <cents>` → `ok place <shop> <order> <true|false>` (`false`: the order exists);
-//! `pay <shop> <order>` → `ok pay <shop> <order> <true|false>`;
-//! `status <shop> <order>` → `ok status <shop> <order> <placed|paid|cancelled|none>`;
-//! a refusal is `err <cmd> <shop> <order> code=<code>` (`host_not_owner`: another
-//! host owns the shop: this example does not configure the hosts' RPC routing).
-//! It prints `ready task=<t>` once started, and on SIGTERM or ctrl-c drains
-//! (releasing its shards so another host takes them at once), prints
-//! `drained` and exits.
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `DO_DATABASE_URL`, `DO_DATABASE_SCHEMA` | the database and schema | required, `durability` |
+//! | `ORDERS_TASK` | this host's task id (unique per process) | required |
+//! | `ORDERS_PUBLIC_ADDR` | the public listener (edge, `/healthz`) | `0.0.0.0:8080` |
+//! | `ORDERS_INTERNAL_ADDR` | the internal listener (calls between hosts, `/health`, `/ready`, `/metrics`); advertised as `http://<addr>`, so an address the other hosts reach, on the port every host shares | required |
+//! | `ORDERS_INTERNAL_TOKEN` | the shared internal token (16+ visible ASCII bytes) | required |
+//! | `ORDERS_WEBHOOK_URL` | where order events are `POST`ed | required |
+//! | `ORDERS_ORDER_TTL_MS` | unpaid orders expire after this | `900000` |
+//! | `ORDERS_STORAGE_ID`, `ORDERS_LIFECYCLE` | the storage id and lifecycle | `orders-v1`, `orders` |
+//! | `ORDERS_CREATE_POINTER` | `true`: create the active storage pointer if absent | `true` |
+//! | `ORDERS_RENEW_INTERVAL_MS` | the owner loop's period | a third of the TTL |
+//!
+//! It prints `ready task=<t> public=<addr> internal=<addr> owner_failover_ms=<ms>
+//! alarm_failover_ms=<ms>` once serving (how long a dead host's objects, and
+//! an alarm it had claimed, wait for another host),
+//! and on SIGTERM or ctrl-c drains (readiness `503`, in-flight work
+//! finishes, leases and alarm claims released so the other hosts take the
+//! shards at once), prints `drained timed_out=<bool>` and exits.
+#![allow(clippy::print_stdout)]
 
-use std::collections::HashMap;
-use std::io::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use durability_alarms::DispatcherConfig;
-use durability_example_orders::{FileSink, SHOP, Shop};
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy};
-use durability_ownership::ShardCount;
-use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
-use durability_storage_redis::ownership::RedisLeaseStore;
-use tokio::io::AsyncBufReadExt as _;
+use durability_example_orders::{HostSlot, OrdersConfig, ServiceConfig, classes, router};
+use durability_host::{
+    BoxError, CancellationToken, DatabaseSettings, Host, HostConfig, HostIds, HostSettings,
+    OwnPolicy,
+};
+use durability_ownership::{LifecycleId, StorageId, TaskId};
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+fn env(name: &str) -> Result<String, BoxError> {
+    std::env::var(name).map_err(|_| format!("{name} is not set").into())
 }
 
-type OrdersHost = Host<RedisLeaseStore, RedisAlarmIndex>;
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
 
-async fn run(host: &OrdersHost, line: &str) -> String {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let (cmd, shop, order) = match words.as_slice() {
-        [cmd, shop, order, ..] => (*cmd, *shop, (*order).to_owned()),
-        _ => return format!("err {line} code=bad_command"),
-    };
-    let result: Result<String, HostError> = match (cmd, words.get(3)) {
-        ("place", Some(cents)) => match cents.parse::<i64>() {
-            Ok(cents) => host
-                .call::<Shop, _, _, _>(SHOP, shop, |h| async move { h.object.place(&order, cents) })
-                .await
-                .map(|placed| format!(" {placed}")),
-            Err(_) => return format!("err {cmd} {shop} code=bad_cents"),
-        },
-        ("pay", None) => host
-            .call::<Shop, _, _, _>(SHOP, shop, |h| async move { h.object.pay(&order) })
-            .await
-            .map(|paid| format!(" {paid}")),
-        ("status", None) => host
-            .call::<Shop, _, _, _>(SHOP, shop, |h| async move { h.object.status(&order) })
-            .await
-            .map(|s| format!(" {}", s.as_deref().unwrap_or("none"))),
-        _ => return format!("err {line} code=bad_command"),
-    };
-    let order = words[2];
-    match result {
-        Ok(rest) => format!("ok {cmd} {shop} {order}{rest}"),
-        Err(e) => format!("err {cmd} {shop} {order} code={} {e}", e.code()),
+/// The host's configuration from the environment.
+/// Also the failover budget of an alarm a dead host had claimed (owner
+/// TTL + alarm claim lease + one dispatcher poll), for the ready line.
+async fn configure(slot: &HostSlot) -> Result<(OrdersConfig, i64), BoxError> {
+    let mut settings = HostSettings::from_env()?;
+    if let Ok(ms) = std::env::var("ORDERS_RENEW_INTERVAL_MS") {
+        settings.renew_interval_ms = Some(
+            ms.parse()
+                .map_err(|e| format!("ORDERS_RENEW_INTERVAL_MS: {e}"))?,
+        );
     }
+    let ttl_ms = i64::try_from(settings.ownership.owner_ttl_ms).unwrap_or(i64::MAX);
+    let alarm_budget_ms = settings.alarms.failover_budget_ms(ttl_ms);
+    let database = DatabaseSettings::from_env()?.ok_or("DO_DATABASE_URL is not set")?;
+    let ids = HostIds {
+        storage: StorageId::new(&env_or("ORDERS_STORAGE_ID", "orders-v1"))?,
+        lifecycle: LifecycleId::new(&env_or("ORDERS_LIFECYCLE", "orders"))?,
+        task: TaskId::new(&env("ORDERS_TASK")?)?,
+    };
+    let service = ServiceConfig {
+        webhook_url: env("ORDERS_WEBHOOK_URL")?,
+        order_ttl_ms: env_or("ORDERS_ORDER_TTL_MS", "900000")
+            .parse()
+            .map_err(|e| format!("ORDERS_ORDER_TTL_MS: {e}"))?,
+    };
+    let create = match env_or("ORDERS_CREATE_POINTER", "true").as_str() {
+        "true" => true,
+        "false" => false,
+        other => {
+            return Err(format!("ORDERS_CREATE_POINTER: {other:?} is not true or false").into());
+        }
+    };
+    let config: OrdersConfig = HostConfig::postgres(&database, settings, ids).await?;
+    let config = classes(config, &service, slot)
+        .internal_token(&env("ORDERS_INTERNAL_TOKEN")?)
+        .endpoint(&format!("http://{}", env("ORDERS_INTERNAL_ADDR")?))
+        .create_active_storage_if_absent(create)
+        .own(OwnPolicy::AllShards);
+    Ok((config, alarm_budget_ms))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let args: HashMap<String, String> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
-    let arg = |k: &str| {
-        args.get(k)
-            .cloned()
-            .ok_or_else(|| format!("missing argument {k}=…"))
-    };
-    let (url, prefix, dir, task) = (arg("redis")?, arg("prefix")?, arg("dir")?, arg("task")?);
-    let cancel_ms: i64 = args
-        .get("cancel_ms")
-        .map_or(Ok(15 * 60_000), |v| v.parse())
-        .map_err(|e| format!("cancel_ms: {e}"))?;
-    let dir = std::path::PathBuf::from(dir);
-    let mut settings = HostSettings::from_env()?;
-    if let Some(ms) = args.get("interval") {
-        settings.renew_interval_ms = Some(ms.parse().map_err(|e| format!("interval: {e}"))?);
-    }
-    let shards: ShardCount = settings.ownership.shard_count;
-    let leases = RedisLeaseStore::connect(&url, &prefix, shards).await?;
-    let index = RedisAlarmIndex::connect(&url, &prefix, IndexTime::Server).await?;
-    let sink = FileSink::new(dir.join("events.jsonl"));
-    let config = HostConfig::new(
-        Arc::new(leases),
-        Arc::new(index),
-        dir.join("shops"),
-        "orders-v1",
-        "orders",
-        &task,
-    )
-    .class(SHOP, move |ctx| Shop::open(ctx, sink.clone(), cancel_ms))
-    .settings(settings)
-    // These hosts serve no transport (no internal token), so an alarm
-    // claimed by the dispatcher of a host that does not own the shop is not
-    // forwarded: it waits for the owner's dispatcher, at most this long per
-    // bounce (default 30 s). With `internal_token`, an `endpoint` (its port
-    // is the internal port every host shares: a host forwards to no other)
-    // and `transport::serve`, the delivery is forwarded to the owner instead.
-    .dispatcher(DispatcherConfig {
-        owner_wait_max_ms: 1_000,
-        ..DispatcherConfig::default()
-    })
-    .create_active_storage_if_absent(true)
-    .own(OwnPolicy::AllShards);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let slot: HostSlot = Arc::new(OnceLock::new());
+    let (config, alarm_budget_ms) = configure(&slot).await?;
+    let internal = tokio::net::TcpListener::bind(env("ORDERS_INTERNAL_ADDR")?).await?;
+    let public =
+        tokio::net::TcpListener::bind(env_or("ORDERS_PUBLIC_ADDR", "0.0.0.0:8080")).await?;
     let host = Host::start(config).await?;
-    say(&format!("ready task={task}"));
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    let signal = durability_host::shutdown_signal();
-    tokio::pin!(signal);
-    loop {
-        tokio::select! {
-            () = &mut signal => break,
-            line = lines.next_line() => match line {
-                Ok(Some(line)) if !line.trim().is_empty() => say(&run(&host, &line).await),
-                Ok(Some(_)) => {}
-                // stdin closed: keep serving alarms until a signal.
-                Ok(None) | Err(_) => { (&mut signal).await; break; }
-            },
-        }
-    }
-    let report = host.shutdown().await;
-    say(&format!("drained timed_out={}", report.timed_out()));
-    // Exit now: tokio's stdin reader is a blocking thread that a runtime
-    // shutdown would wait for until stdin closes.
-    std::process::exit(0)
+    let _ = slot.set(host.clone());
+    let stop = CancellationToken::new();
+    let internal_addr = internal.local_addr()?;
+    let wire = tokio::spawn(durability_host::wire::serve(
+        host.clone(),
+        internal,
+        stop.clone(),
+    ));
+    let public_addr = public.local_addr()?;
+    let app = router(&host)?;
+    let edge_stop = stop.clone();
+    let edge = tokio::spawn(async move {
+        axum::serve(public, app)
+            .with_graceful_shutdown(async move { edge_stop.cancelled().await })
+            .await
+    });
+    let probe = host.probe();
+    println!(
+        "ready task={} public={public_addr} internal={internal_addr} \
+         owner_failover_ms={} alarm_failover_ms={alarm_budget_ms}",
+        probe.task, probe.failover_budget_ms
+    );
+    let report = host.run_until_signal().await;
+    stop.cancel();
+    let _ = wire.await;
+    let _ = edge.await;
+    println!("drained timed_out={}", report.timed_out());
+    Ok(())
 }
