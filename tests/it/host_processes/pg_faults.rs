@@ -12,9 +12,10 @@
 use std::collections::BTreeMap;
 
 use durability_storage_postgres::testkit::TestSchema;
+use durability_storage_postgres::testkit::cluster::Cluster;
 
-use super::Proc;
 use super::postgres::{Db, check, pair, runtime, stored};
+use super::{Proc, TTL_S};
 use crate::host_processes::now;
 
 /// How many writes each answer of a host allows, per object: an `ok`
@@ -149,7 +150,10 @@ fn sigterm_drain_under_load_finishes_in_flight_calls_and_the_survivor_claims_at_
     let names = ["d1", "d2", "d3", "d4"];
     for n in names {
         let answer = a.run_ok(&format!("incr {n}"));
-        assert!(answer.starts_with(&format!("ok incr {n} value=1 ")), "{answer}");
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=1 ")),
+            "{answer}"
+        );
     }
     // In flight at the signal: a slow call per object (one write, a
     // 500 ms pause, a second write) and a burst of increments behind it.
@@ -179,7 +183,11 @@ fn sigterm_drain_under_load_finishes_in_flight_calls_and_the_survivor_claims_at_
         drained.0 - term
     );
     assert_eq!(drained.1, "drained timed_out=false released=16");
-    assert_eq!(slow_ok, names.len(), "the drain finished the calls in flight");
+    assert_eq!(
+        slow_ok,
+        names.len(),
+        "the drain finished the calls in flight"
+    );
     assert!(
         moved < 10_000,
         "the objects moved without waiting for the {ttl_s} s lease: {moved} ms"
@@ -195,4 +203,165 @@ fn sigterm_drain_under_load_finishes_in_flight_calls_and_the_survivor_claims_at_
     let mut violations = check(&db, &[&a, &b], &names);
     violations.extend(outcome_violations(&db, &[&a, &b], &names));
     assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// The objects the failure tests load, and the increments sent to each at
+/// once around the failure.
+const LOADED: [&str; 4] = ["r1", "r2", "r3", "r4"];
+const BURST: usize = 10;
+
+/// Loads `a` (which owns every shard): one acknowledged increment and a
+/// timer due `timer_ms` later per object, then a burst of increments in
+/// flight; returns once some of the burst was acknowledged.
+fn load(a: &mut Proc, timer_ms: u64) {
+    for n in LOADED {
+        let answer = a.run_ok(&format!("incr {n}"));
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=1 ")),
+            "{answer}"
+        );
+        let answer = a.run_ok(&format!("timer {n} {timer_ms}"));
+        assert!(answer.starts_with(&format!("ok timer {n} ")), "{answer}");
+    }
+    burst(a, &LOADED, BURST);
+    a.wait_n("ok incr ", LOADED.len() + 2);
+}
+
+/// After the database came back: every call sent was answered, the hosts
+/// take new calls on every object, every alarm fired and was recorded,
+/// and every answer and commit is accounted for.
+fn resumed(db: &Db, a: &mut Proc, b: &mut Proc, alarms: bool) {
+    wait_answers(a, &LOADED, BURST + 1);
+    let errors: Vec<String> = a
+        .lines()
+        .into_iter()
+        .map(|(_, l)| l)
+        .filter(|l| l.starts_with("err "))
+        .collect();
+    eprintln!(
+        "a answered {} calls ok, {} with an error; first error: {:?}",
+        a.count("ok incr "),
+        errors.len(),
+        errors.first()
+    );
+    for n in LOADED {
+        let answer = incr_until_ok(&mut [&mut *a, &mut *b], n);
+        eprintln!("resumed: {answer}");
+    }
+    if alarms {
+        let end = now() + 60_000;
+        for n in LOADED {
+            while a.count(&format!("fired {n} ")) + b.count(&format!("fired {n} ")) == 0 {
+                assert!(now() < end, "the alarm of {n} never fired");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let fired = stored(db, n).fired;
+            assert!(fired >= 1, "{n}: the firing is stored ({fired})");
+            eprintln!("{n}: alarm fired and recorded {fired} time(s)");
+        }
+    }
+    let mut violations = check(db, &[a, b], &LOADED);
+    violations.extend(outcome_violations(db, &[a, b], &LOADED));
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+#[test]
+fn a_postgres_restart_under_load_loses_no_acknowledged_call_and_the_hosts_resume() {
+    let rt = runtime();
+    let Some(mut cluster) = Cluster::init("host-restart") else {
+        return;
+    };
+    rt.block_on(cluster.start());
+    let db = Db {
+        url: cluster.url(),
+        schema: "hosts".to_owned(),
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
+    load(&mut a, 1500);
+    let crashed = now();
+    cluster.crash();
+    rt.block_on(cluster.start());
+    eprintln!(
+        "tried: immediate shutdown (SIGQUIT, as pg_ctl stop -m immediate) of the private PostgreSQL \
+         under {} increments in flight on host a (16 shards, lease {TTL_S} s; b waiting), each object \
+         with an alarm due 1.5 s after it was set; server back {} ms later",
+        LOADED.len() * BURST,
+        now() - crashed
+    );
+    resumed(&db, &mut a, &mut b, true);
+}
+
+#[test]
+fn the_primarys_loss_and_the_standbys_promotion_lose_no_acknowledged_call_or_alarm() {
+    let rt = runtime();
+    let Some(mut primary) = Cluster::init("host-primary") else {
+        return;
+    };
+    // Every commit waits for the standby's flush (`synchronous_commit = on`
+    // with a synchronous standby): what was acknowledged survives the
+    // primary's loss.
+    primary.configure(&["synchronous_standby_names = '*'", "synchronous_commit = on"]);
+    rt.block_on(primary.start());
+    let mut standby = primary.standby("host-standby");
+    rt.block_on(standby.start());
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&primary.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let end = now() + 60_000;
+        while c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+        {
+            assert!(now() < end, "the standby never became synchronous");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+    let db = Db {
+        url: format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+            primary.port(),
+            standby.port()
+        ),
+        schema: "hosts".to_owned(),
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
+    load(&mut a, 3000);
+    let killed = now();
+    primary.kill();
+    standby.promote();
+    // The promoted standby inherited `synchronous_standby_names`: with no
+    // standby of its own every commit would wait for one, forever (seen
+    // as calls that never answer). With no new standby to attach, the
+    // operator clears it, as here.
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&standby.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for sql in [
+            "ALTER SYSTEM SET synchronous_standby_names = ''",
+            "SELECT pg_reload_conf()",
+        ] {
+            c.batch_execute(sql).await.unwrap();
+        }
+    });
+    eprintln!(
+        "tried: SIGKILL of the primary (postmaster and every backend) under {} increments in flight on \
+         host a (16 shards, lease {TTL_S} s; b waiting; a multi-host URL with \
+         target_session_attrs=read-write), each object with an alarm due 3 s after it was set; the \
+         synchronous standby promoted (and its synchronous_standby_names cleared) {} ms after the kill",
+        LOADED.len() * BURST,
+        now() - killed
+    );
+    resumed(&db, &mut a, &mut b, true);
 }

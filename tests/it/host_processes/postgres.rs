@@ -70,6 +70,8 @@ pub(super) fn pair(db: &Db, dirs: &[tempfile::TempDir; 2], ttl_s: u64) -> (Proc,
 /// One object's stored rows: its counter and its `writes` log.
 pub(super) struct Stored {
     pub(super) n: i64,
+    /// How many firings of its timer the object recorded.
+    pub(super) fired: i64,
     pub(super) writes: Vec<(i64, String, i64, i64)>,
 }
 
@@ -104,7 +106,12 @@ pub(super) fn stored(db: &Db, name: &str) -> Stored {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect();
-        Stored { n, writes }
+        let fired: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {own}.fired"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        Stored { n, fired, writes }
     })
 }
 
