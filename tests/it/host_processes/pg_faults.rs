@@ -227,6 +227,19 @@ fn load(a: &mut Proc, timer_ms: u64) {
     a.wait_n("ok incr ", LOADED.len() + 2);
 }
 
+/// Hosts `a` (owning every shard) and `b` (waiting) on schema `hosts` of
+/// `url`, each in a directory of its own, `a` under [`load`].
+fn loaded_pair(url: String, timer_ms: u64) -> (Db, [tempfile::TempDir; 2], Proc, Proc) {
+    let db = Db {
+        url,
+        schema: "hosts".to_owned(),
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (mut a, b) = pair(&db, &dirs, TTL_S);
+    load(&mut a, timer_ms);
+    (db, dirs, a, b)
+}
+
 /// After the database came back: every call sent was answered, the hosts
 /// take new calls on every object, every alarm fired and was recorded,
 /// and every answer and commit is accounted for.
@@ -272,13 +285,7 @@ fn a_postgres_restart_under_load_loses_no_acknowledged_call_and_the_hosts_resume
         return;
     };
     rt.block_on(cluster.start());
-    let db = Db {
-        url: cluster.url(),
-        schema: "hosts".to_owned(),
-    };
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
-    load(&mut a, 1500);
+    let (db, _dirs, mut a, mut b) = loaded_pair(cluster.url(), 1500);
     let crashed = now();
     cluster.crash();
     rt.block_on(cluster.start());
@@ -325,17 +332,12 @@ fn the_primarys_loss_and_the_standbys_promotion_lose_no_acknowledged_call_or_ala
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     });
-    let db = Db {
-        url: format!(
-            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-            primary.port(),
-            standby.port()
-        ),
-        schema: "hosts".to_owned(),
-    };
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
-    load(&mut a, 3000);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port(),
+        standby.port()
+    );
+    let (db, _dirs, mut a, mut b) = loaded_pair(url, 3000);
     let killed = now();
     primary.kill();
     standby.promote();
