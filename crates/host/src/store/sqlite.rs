@@ -203,7 +203,11 @@ impl ObjectStore for SqliteObjectStore {
         if self.allow_network_fs {
             return Ok(());
         }
-        placement(durability_storage_sqlite::local_fs::check_local(&self.root))
+        placement(
+            ("the object root", "root"),
+            durability_storage_sqlite::local_fs::check_local(&self.root),
+            "SqliteObjectStore::allow_network_file_system(true)",
+        )
     }
 
     /// The storage id's `ADMISSION` file locked shared, then the tombstone
@@ -380,22 +384,27 @@ impl ObjectStore for SqliteObjectStore {
     }
 }
 
-/// The start check's verdict as the host's error.
-fn placement(
+/// The start check's verdict on `what` (`the object root`, `the SQLite
+/// lease store`), whose setting is `setting`, as the host's error, naming
+/// the override.
+pub(crate) fn placement(
+    (what, setting): (&str, &'static str),
     checked: Result<(), durability_storage_sqlite::local_fs::CheckError>,
+    override_with: &'static str,
 ) -> Result<(), HostError> {
     use durability_storage_sqlite::local_fs::CheckError;
     match checked {
         Ok(()) => Ok(()),
         Err(CheckError::Network(n)) => Err(HostError::NetworkFileSystem {
-            path: n.path.display().to_string(),
+            path: format!("{what} {}", n.path.display()),
+            override_with,
             file_system: n.file_system,
             why: "SQLite's WAL needs shared memory and reliable locks, which a network \
                   file system does not give processes on different machines, so the \
                   SQLite directory is for processes on one machine"
                 .to_owned(),
         }),
-        Err(e @ CheckError::Io { .. }) => Err(HostError::setting("root", e.to_string())),
+        Err(e @ CheckError::Io { .. }) => Err(HostError::setting(setting, e.to_string())),
     }
 }
 
@@ -463,10 +472,14 @@ mod placement_tests {
         ] {
             let file_system = network_file_system(f_type).unwrap();
             assert_eq!(file_system, expected);
-            let e = placement(Err(CheckError::Network(NetworkFileSystem {
-                path: PathBuf::from("/mnt/shared/objects"),
-                file_system,
-            })))
+            let e = placement(
+                ("the object root", "root"),
+                Err(CheckError::Network(NetworkFileSystem {
+                    path: PathBuf::from("/mnt/shared/objects"),
+                    file_system,
+                })),
+                "SqliteObjectStore::allow_network_file_system(true)",
+            )
             .unwrap_err();
             assert_eq!(e.code(), "host_network_file_system");
             let text = e.to_string();
