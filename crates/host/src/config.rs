@@ -524,42 +524,21 @@ impl<S: 'static, I: 'static, O: ObjectStore> HostConfig<S, I, O> {
         self
     }
 
-    /// The files of the SQLite stores among the lease store (a
-    /// `SqliteLeaseStore` on the system clock) and the alarm index (a
-    /// `SqliteAlarmIndex`), each with what it is and its setting name;
-    /// in-memory stores and other backends have none.
-    pub(crate) fn sqlite_store_files(&self) -> Vec<(&'static str, &'static str, PathBuf)> {
-        use durability_storage_sqlite::{alarms::SqliteAlarmIndex, ownership::SqliteLeaseStore};
-        let leases: &dyn std::any::Any = self.lease_store.as_ref();
-        let index: &dyn std::any::Any = self.alarm_index.as_ref();
-        let lease_file = leases
-            .downcast_ref::<SqliteLeaseStore<SystemClock>>()
-            .and_then(|s| s.with_connection(|c| c.path().map(PathBuf::from)));
-        let index_file = index
-            .downcast_ref::<SqliteAlarmIndex>()
-            .and_then(SqliteAlarmIndex::path);
-        [
-            ("the SQLite lease store", "lease_store", lease_file),
-            ("the SQLite alarm index", "alarm_index", index_file),
-        ]
-        .into_iter()
-        .filter_map(|(what, setting, file)| {
-            Some((what, setting, file.filter(|f| !f.as_os_str().is_empty())?))
-        })
-        .collect()
-    }
-
-    /// The start check: the object store's placement, then each SQLite
-    /// store file's file system (`check`), unless overridden.
+    /// The start check: the object store's placement, then the file
+    /// system (`check`) of each SQLite file among the lease store and
+    /// alarm index ([`crate::store::sqlite::store_files`]), unless
+    /// overridden.
     pub(crate) fn check_placement_with(
         &self,
-        check: impl Fn(&std::path::Path) -> Result<(), durability_storage_sqlite::local_fs::CheckError>,
+        check: impl Fn(&std::path::Path) -> Result<(), crate::store::sqlite::PlacementError>,
     ) -> Result<(), crate::HostError> {
         self.objects.check_placement()?;
         if self.sqlite_stores_on_network_fs {
             return Ok(());
         }
-        for (what, setting, file) in self.sqlite_store_files() {
+        let files =
+            crate::store::sqlite::store_files(self.lease_store.as_ref(), self.alarm_index.as_ref());
+        for (what, setting, file) in files {
             crate::store::sqlite::placement((what, setting), check(&file), STORES_OVERRIDE)?;
         }
         Ok(())
@@ -630,107 +609,5 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
     /// The configuration, with the class and its handlers.
     pub fn done(self) -> HostConfig<S, I, O> {
         self.config
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod placement_tests {
-    use durability_ownership::ShardCount;
-    use durability_storage_sqlite::alarms::SqliteAlarmIndex;
-    use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
-    use durability_storage_sqlite::ownership::SqliteLeaseStore;
-
-    use super::*;
-
-    type Config = HostConfig<SqliteLeaseStore<SystemClock>, SqliteAlarmIndex, SqliteObjectStore>;
-
-    fn config(dir: &std::path::Path, index: SqliteAlarmIndex) -> Config {
-        let leases = SqliteLeaseStore::open(
-            dir.join("leases.db"),
-            SystemClock::new(),
-            ShardCount::default(),
-        )
-        .unwrap();
-        HostConfig::new(
-            Arc::new(leases),
-            Arc::new(index),
-            dir.join("objects"),
-            "st1",
-            "ns:app",
-            "a",
-        )
-    }
-
-    /// A checker that puts `file` on NFS and everything else on a local disk.
-    fn nfs_at(file: PathBuf) -> impl Fn(&std::path::Path) -> Result<(), CheckError> {
-        move |p| {
-            if p == file {
-                Err(CheckError::Network(NetworkFileSystem {
-                    path: p.to_owned(),
-                    file_system: network_file_system(0x6969).unwrap(),
-                }))
-            } else {
-                Ok(())
-            }
-        }
-    }
-
-    #[test]
-    fn the_sqlite_lease_store_and_alarm_index_files_are_found_and_checked_at_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let index =
-            SqliteAlarmIndex::open(dir.path().join("alarms.db"), Default::default()).unwrap();
-        let config = config(dir.path(), index);
-        let files: Vec<(&str, PathBuf)> = config
-            .sqlite_store_files()
-            .into_iter()
-            .map(|(what, _, f)| (what, f))
-            .collect();
-        assert_eq!(
-            files,
-            [
-                ("the SQLite lease store", dir.path().join("leases.db")),
-                ("the SQLite alarm index", dir.path().join("alarms.db")),
-            ]
-        );
-        // Local (a temporary directory): the real check passes.
-        config
-            .check_placement_with(durability_storage_sqlite::local_fs::check_local)
-            .unwrap();
-        for (what, file) in files {
-            let e = config
-                .check_placement_with(nfs_at(file.clone()))
-                .unwrap_err();
-            assert_eq!(e.code(), "host_network_file_system");
-            let text = e.to_string();
-            for part in [
-                what,
-                file.to_str().unwrap(),
-                "NFS",
-                "one machine",
-                "PostgreSQL",
-                "allow_sqlite_stores_on_network_file_system",
-            ] {
-                assert!(text.contains(part), "{part} in {text}");
-            }
-        }
-        // The documented override.
-        let config = config.allow_sqlite_stores_on_network_file_system(true);
-        config
-            .check_placement_with(nfs_at(dir.path().join("alarms.db")))
-            .unwrap();
-    }
-
-    #[test]
-    fn an_in_memory_alarm_index_has_no_file_to_check() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = config(dir.path(), SqliteAlarmIndex::open_in_memory().unwrap());
-        let files: Vec<&str> = config
-            .sqlite_store_files()
-            .into_iter()
-            .map(|(what, _, _)| what)
-            .collect();
-        assert_eq!(files, ["the SQLite lease store"]);
     }
 }

@@ -75,7 +75,7 @@ pub(super) fn validate<S: 'static, I: 'static, O: ObjectStore>(
         .objects
         .validate()
         .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
-    config.check_placement_with(durability_storage_sqlite::local_fs::check_local)?;
+    config.check_placement_with(crate::store::sqlite::check_local)?;
     Ok(Validated {
         settings,
         storage_id,

@@ -205,7 +205,7 @@ impl ObjectStore for SqliteObjectStore {
         }
         placement(
             ("the object root", "root"),
-            durability_storage_sqlite::local_fs::check_local(&self.root),
+            check_local(&self.root),
             "SqliteObjectStore::allow_network_file_system(true)",
         )
     }
@@ -384,6 +384,38 @@ impl ObjectStore for SqliteObjectStore {
     }
 }
 
+/// Why the start check refused a path (a network file system, or the
+/// kernel could not say).
+pub(crate) use durability_storage_sqlite::local_fs::CheckError as PlacementError;
+/// The start check of one path: its file system (`statfs`).
+pub(crate) use durability_storage_sqlite::local_fs::check_local;
+
+/// The files of the SQLite stores among a host's lease store (a
+/// `SqliteLeaseStore` on the system clock) and alarm index (a
+/// `SqliteAlarmIndex`), each with what it is and its setting name;
+/// in-memory stores and other backends have none.
+pub(crate) fn store_files(
+    leases: &dyn std::any::Any,
+    index: &dyn std::any::Any,
+) -> Vec<(&'static str, &'static str, PathBuf)> {
+    use durability_storage_sqlite::{alarms::SqliteAlarmIndex, ownership::SqliteLeaseStore};
+    let lease_file = leases
+        .downcast_ref::<SqliteLeaseStore<durability_ownership::SystemClock>>()
+        .and_then(|s| s.with_connection(|c| c.path().map(PathBuf::from)));
+    let index_file = index
+        .downcast_ref::<SqliteAlarmIndex>()
+        .and_then(SqliteAlarmIndex::path);
+    [
+        ("the SQLite lease store", "lease_store", lease_file),
+        ("the SQLite alarm index", "alarm_index", index_file),
+    ]
+    .into_iter()
+    .filter_map(|(what, setting, file)| {
+        Some((what, setting, file.filter(|f| !f.as_os_str().is_empty())?))
+    })
+    .collect()
+}
+
 /// The start check's verdict on `what` (`the object root`, `the SQLite
 /// lease store`), whose setting is `setting`, as the host's error, naming
 /// the override.
@@ -508,5 +540,107 @@ mod placement_tests {
                 .check_placement()
                 .unwrap();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod store_placement_tests {
+    use durability_ownership::ShardCount;
+    use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+    use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
+    use durability_storage_sqlite::ownership::SqliteLeaseStore;
+
+    use super::*;
+    use crate::config::HostConfig;
+    use durability_ownership::SystemClock;
+
+    type Config = HostConfig<SqliteLeaseStore<SystemClock>, SqliteAlarmIndex, SqliteObjectStore>;
+
+    fn config(dir: &Path, index: SqliteAlarmIndex) -> Config {
+        let leases = SqliteLeaseStore::open(
+            dir.join("leases.db"),
+            SystemClock::new(),
+            ShardCount::default(),
+        )
+        .unwrap();
+        HostConfig::new(
+            Arc::new(leases),
+            Arc::new(index),
+            dir.join("objects"),
+            "st1",
+            "ns:app",
+            "a",
+        )
+    }
+
+    /// A checker that puts `file` on NFS and everything else on a local disk.
+    fn nfs_at(file: PathBuf) -> impl Fn(&Path) -> Result<(), CheckError> {
+        move |p| {
+            if p == file {
+                Err(CheckError::Network(NetworkFileSystem {
+                    path: p.to_owned(),
+                    file_system: network_file_system(0x6969).unwrap(),
+                }))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn the_sqlite_lease_store_and_alarm_index_files_are_found_and_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let index =
+            SqliteAlarmIndex::open(dir.path().join("alarms.db"), Default::default()).unwrap();
+        let config = config(dir.path(), index);
+        let files: Vec<(&str, PathBuf)> =
+            store_files(config.lease_store.as_ref(), config.alarm_index.as_ref())
+                .into_iter()
+                .map(|(what, _, f)| (what, f))
+                .collect();
+        assert_eq!(
+            files,
+            [
+                ("the SQLite lease store", dir.path().join("leases.db")),
+                ("the SQLite alarm index", dir.path().join("alarms.db")),
+            ]
+        );
+        // Local (a temporary directory): the real check passes.
+        config.check_placement_with(check_local).unwrap();
+        for (what, file) in files {
+            let e = config
+                .check_placement_with(nfs_at(file.clone()))
+                .unwrap_err();
+            assert_eq!(e.code(), "host_network_file_system");
+            let text = e.to_string();
+            for part in [
+                what,
+                file.to_str().unwrap(),
+                "NFS",
+                "one machine",
+                "PostgreSQL",
+                "allow_sqlite_stores_on_network_file_system",
+            ] {
+                assert!(text.contains(part), "{part} in {text}");
+            }
+        }
+        // The documented override.
+        let config = config.allow_sqlite_stores_on_network_file_system(true);
+        config
+            .check_placement_with(nfs_at(dir.path().join("alarms.db")))
+            .unwrap();
+    }
+
+    #[test]
+    fn an_in_memory_alarm_index_has_no_file_to_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path(), SqliteAlarmIndex::open_in_memory().unwrap());
+        let files: Vec<&str> =
+            store_files(config.lease_store.as_ref(), config.alarm_index.as_ref())
+                .into_iter()
+                .map(|(what, _, _)| what)
+                .collect();
+        assert_eq!(files, ["the SQLite lease store"]);
     }
 }
