@@ -552,7 +552,7 @@ mod store_placement_tests {
     use durability_storage_sqlite::ownership::SqliteLeaseStore;
 
     use super::*;
-    use crate::config::HostConfig;
+    use crate::HostConfig;
     use durability_ownership::SystemClock;
 
     type Config = HostConfig<SqliteLeaseStore<SystemClock>, SqliteAlarmIndex, SqliteObjectStore>;
