@@ -26,15 +26,7 @@ pub(crate) fn now() -> i64 {
     SystemClock::new().now_ms()
 }
 
-pub(crate) fn signal(pid: u32, signal: &str) {
-    let ok = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{signal} {pid}");
-}
+pub(crate) use durability_storage_postgres::testkit::cluster::signal;
 
 /// One `object-host` process and the lines it printed, each with the time
 /// the test read it.
@@ -608,4 +600,5 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
 }
 
 mod ownership_faults;
+mod pg_faults;
 mod postgres;

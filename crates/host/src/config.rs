@@ -119,6 +119,7 @@ pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) peers: Arc<dyn crate::protocol::PeerDirectory>,
     pub(crate) endpoint_policy: Option<crate::protocol::EndpointPolicy>,
     pub(crate) transport: Arc<dyn crate::protocol::Transport>,
+    pub(crate) sqlite_stores_on_network_fs: bool,
 }
 
 impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
@@ -180,6 +181,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             peers: Arc::new(crate::protocol::StaticPeers::default()),
             endpoint_policy: None,
             transport: Arc::new(crate::protocol::HttpTransport::default()),
+            sqlite_stores_on_network_fs: false,
         }
     }
 
@@ -501,6 +503,45 @@ impl
             Self::with_store(stores.lease_store, stores.alarm_index, stores.objects, ids)
                 .settings(settings),
         )
+    }
+}
+
+/// The SQLite lease store's override of the start check.
+const STORES_OVERRIDE: &str = "HostConfig::allow_sqlite_stores_on_network_file_system(true)";
+
+impl<S: 'static, I: 'static, O: ObjectStore> HostConfig<S, I, O> {
+    /// The documented override of the start check of the SQLite lease
+    /// store and alarm index (default `false`): with `true` the host starts
+    /// even when their files are on a network, cluster or FUSE file
+    /// system. Only for processes of ONE machine over a file system known
+    /// to give them working locks and shared memory; never for hosts on
+    /// several machines (SQLite's WAL is not safe there, so two hosts could
+    /// both take one lease). The object root has its own:
+    /// [`SqliteObjectStore::allow_network_file_system`].
+    #[must_use]
+    pub fn allow_sqlite_stores_on_network_file_system(mut self, allow: bool) -> Self {
+        self.sqlite_stores_on_network_fs = allow;
+        self
+    }
+
+    /// The start check: the object store's placement, then the file
+    /// system (`check`) of each SQLite file among the lease store and
+    /// alarm index ([`crate::store::sqlite::store_files`]), unless
+    /// overridden.
+    pub(crate) fn check_placement_with(
+        &self,
+        check: impl Fn(&std::path::Path) -> Result<(), crate::store::sqlite::PlacementError>,
+    ) -> Result<(), crate::HostError> {
+        self.objects.check_placement()?;
+        if self.sqlite_stores_on_network_fs {
+            return Ok(());
+        }
+        let files =
+            crate::store::sqlite::store_files(self.lease_store.as_ref(), self.alarm_index.as_ref());
+        for (what, setting, file) in files {
+            crate::store::sqlite::placement((what, setting), check(&file), STORES_OVERRIDE)?;
+        }
+        Ok(())
     }
 }
 

@@ -19,3 +19,6 @@ pub mod storage_lifecycle {}
 
 #[doc = include_str!("../docs/edge-and-client.md")]
 pub mod edge_and_client {}
+
+#[doc = include_str!("../docs/postgres-failover.md")]
+pub mod postgres_failover {}

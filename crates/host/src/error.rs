@@ -262,21 +262,26 @@ pub enum HostError {
         /// Why it was rejected.
         reason: String,
     },
-    /// The SQLite object root is on a network (or cluster, or FUSE) file
-    /// system: the host refuses to start before anything is opened. The
-    /// SQLite directory is for processes on one machine; hosts on several
-    /// machines use PostgreSQL (`HostConfig::postgres`). The documented
-    /// override, for a file system known to be safe for one machine's
-    /// processes, is `SqliteObjectStore::allow_network_file_system(true)`.
+    /// The SQLite object root, or the SQLite lease store's or alarm
+    /// index's file, is on a network (or cluster, or FUSE) file system: the
+    /// host refuses to start before anything is opened. SQLite files are
+    /// for processes on one machine; hosts on several machines use
+    /// PostgreSQL (`HostConfig::postgres`). The documented overrides, for a
+    /// file system known to be safe for one machine's processes:
+    /// `SqliteObjectStore::allow_network_file_system(true)` (the object
+    /// root) and `HostConfig::allow_sqlite_stores_on_network_file_system(true)`
+    /// (the lease store and alarm index).
     #[error(
-        "the object root {path} is on a {file_system} file system: {why}; use a local \
+        "{path} is on a {file_system} file system: {why}; use a local \
          disk, or PostgreSQL for hosts on several machines (HostConfig::postgres, \
          DO_DATABASE_URL); override, only for processes of one machine: \
-         SqliteObjectStore::allow_network_file_system(true)"
+         {override_with}"
     )]
     NetworkFileSystem {
-        /// The object root.
+        /// What is refused and where (`the object root /mnt/x`).
         path: String,
+        /// The documented override.
+        override_with: &'static str,
         /// The file system's name (`NFS`, `CIFS`, `FUSE`, ...).
         file_system: &'static str,
         /// Why it is refused.

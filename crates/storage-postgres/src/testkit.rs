@@ -5,8 +5,13 @@
 //! everything in it, when dropped. When the server cannot be reached it
 //! returns `None` after saying why on stderr, unless
 //! `DURABILITY_REQUIRE_SERVICES=1`, in which case it panics.
+//!
+//! [`cluster::Cluster`] is a private server of a test's own (`initdb` on a
+//! free port), for tests that crash, restart or fail over the server.
 
 use crate::{PostgresShard, config_for};
+
+pub mod cluster;
 
 /// The server tests use when `DURABILITY_POSTGRES_URL` is unset.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

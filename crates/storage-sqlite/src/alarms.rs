@@ -227,6 +227,14 @@ impl SqliteAlarmIndex {
         Self::init(conn)
     }
 
+    /// The index's database file; `None` for an in-memory index.
+    pub fn path(&self) -> Option<std::path::PathBuf> {
+        self.conn()
+            .path()
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from)
+    }
+
     /// An in-memory index: for logic tests only.
     ///
     /// # Errors

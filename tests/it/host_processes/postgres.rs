@@ -16,53 +16,72 @@ use durability_storage_postgres::testkit::{TestSchema, url};
 use super::{Proc, TTL_S, field, now, signal};
 use crate::fence_processes::{Write, fence_violations};
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(super) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
 }
 
-/// A host process on the test's schema, in a working directory of its own.
-fn spawn(name: &str, cwd: &Path, schema: &TestSchema, extra: &[&str]) -> Proc {
-    let db_url = url();
+/// Where a test's hosts keep everything: a database (its URL, possibly
+/// naming several servers) and a schema in it.
+pub(super) struct Db {
+    pub(super) url: String,
+    pub(super) schema: String,
+}
+
+impl Db {
+    /// The test server's database, in the test's own schema.
+    pub(super) fn of(schema: &TestSchema) -> Self {
+        Self {
+            url: url(),
+            schema: schema.name().to_owned(),
+        }
+    }
+}
+
+/// A host process on the test's database, in a working directory of its
+/// own, with owner lease `ttl_s`.
+pub(super) fn spawn(name: &str, cwd: &Path, db: &Db, ttl_s: u64, extra: &[&str]) -> Proc {
     Proc::spawn_bin(
         env!("CARGO_BIN_EXE_pg-object-host"),
         name,
         cwd,
-        TTL_S,
+        ttl_s,
         extra,
         &[
-            ("DO_DATABASE_URL", db_url.as_str()),
-            ("DO_DATABASE_SCHEMA", schema.name()),
+            ("DO_DATABASE_URL", db.url.as_str()),
+            ("DO_DATABASE_SCHEMA", db.schema.as_str()),
         ],
     )
 }
 
 /// `a` owning every shard (creating the storage pointer), then `b`
 /// waiting to take over; each in its own directory.
-fn pair(schema: &TestSchema, dirs: &[tempfile::TempDir; 2]) -> (Proc, Proc) {
-    let a = spawn("a", dirs[0].path(), schema, &["own=all", "create=1"]);
+pub(super) fn pair(db: &Db, dirs: &[tempfile::TempDir; 2], ttl_s: u64) -> (Proc, Proc) {
+    let a = spawn("a", dirs[0].path(), db, ttl_s, &["own=all", "create=1"]);
     a.wait_line("ready");
     a.wait_n("acquired ", 16);
-    let b = spawn("b", dirs[1].path(), schema, &["own=all"]);
+    let b = spawn("b", dirs[1].path(), db, ttl_s, &["own=all"]);
     b.wait_line("ready");
     (a, b)
 }
 
 /// One object's stored rows: its counter and its `writes` log.
-struct Stored {
-    n: i64,
-    writes: Vec<(i64, String, i64, i64)>,
+pub(super) struct Stored {
+    pub(super) n: i64,
+    /// How many firings of its timer the object recorded.
+    pub(super) fired: i64,
+    pub(super) writes: Vec<(i64, String, i64, i64)>,
 }
 
-fn stored(schema: &TestSchema, name: &str) -> Stored {
+pub(super) fn stored(db: &Db, name: &str) -> Stored {
     runtime().block_on(async {
-        let (c, conn) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        let (c, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(conn);
-        let s = schema.name();
+        let s = db.schema.as_str();
         let seq: i64 = c
             .query_one(
                 &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1"),
@@ -87,7 +106,12 @@ fn stored(schema: &TestSchema, name: &str) -> Stored {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect();
-        Stored { n, writes }
+        let fired: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {own}.fired"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        Stored { n, fired, writes }
     })
 }
 
@@ -126,11 +150,11 @@ fn scope_of(name: &str) -> String {
 /// generation and value; each stored write was made under a claim its
 /// host printed for the object's scope; no generation was committed by two
 /// hosts and none landed after a newer one. Returns the violations.
-fn check(schema: &TestSchema, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
+pub(super) fn check(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
     let claims = claims(hosts);
     let mut violations = Vec::new();
     for name in names {
-        let rows = stored(schema, name);
+        let rows = stored(db, name);
         let scope = scope_of(name);
         let writes: Vec<Write> = rows
             .writes
@@ -189,8 +213,9 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
     let Some(schema) = rt.block_on(TestSchema::create()) else {
         return;
     };
+    let db = Db::of(&schema);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&schema, &dirs);
+    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
     for n in names {
         let answer = a.run_ok(&format!("incr {n}"));
@@ -227,9 +252,9 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
     assert!(answer.starts_with("ok incr m1 value=3 "), "{answer}");
     let mut all = names.to_vec();
     all.push("m1");
-    let violations = check(&schema, &[&a, &b], &all);
+    let violations = check(&db, &[&a, &b], &all);
     assert!(violations.is_empty(), "{violations:#?}");
-    let m1 = stored(&schema, "m1");
+    let m1 = stored(&db, "m1");
     eprintln!(
         "stored writes of m1 (seq, task, generation, n): {:?}; every acknowledged write stored, every commit under a printed claim",
         m1.writes
@@ -243,8 +268,9 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
     let Some(schema) = rt.block_on(TestSchema::create()) else {
         return;
     };
+    let db = Db::of(&schema);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&schema, &dirs);
+    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
     let answer = a.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=1 "), "{answer}");
     a.send("hold p1 2000");
@@ -289,9 +315,9 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
     );
     let answer = b.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
-    let violations = check(&schema, &[&a, &b], &["p1"]);
+    let violations = check(&db, &[&a, &b], &["p1"]);
     assert!(violations.is_empty(), "{violations:#?}");
-    let p1 = stored(&schema, "p1");
+    let p1 = stored(&db, "p1");
     assert!(
         p1.writes.iter().filter(|w| w.1 == "a").count() == 1,
         "only a's committed write before the pause is stored: {:?}",

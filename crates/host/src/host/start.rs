@@ -51,7 +51,7 @@ fn bad(setting: &'static str) -> impl Fn(OwnershipError) -> HostError {
 ///
 /// # Errors
 /// [`HostError::InvalidSetting`] naming the first bad setting.
-pub(super) fn validate<S, I, O: ObjectStore>(
+pub(super) fn validate<S: 'static, I: 'static, O: ObjectStore>(
     config: &mut HostConfig<S, I, O>,
 ) -> Result<Validated<I, O::Storage>, HostError> {
     let settings = config.settings;
@@ -75,7 +75,7 @@ pub(super) fn validate<S, I, O: ObjectStore>(
         .objects
         .validate()
         .map_err(|(setting, reason)| HostError::setting(setting, reason))?;
-    config.objects.check_placement()?;
+    config.check_placement_with(crate::store::sqlite::check_local)?;
     Ok(Validated {
         settings,
         storage_id,

@@ -203,7 +203,11 @@ impl ObjectStore for SqliteObjectStore {
         if self.allow_network_fs {
             return Ok(());
         }
-        placement(durability_storage_sqlite::local_fs::check_local(&self.root))
+        placement(
+            ("the object root", "root"),
+            check_local(&self.root),
+            "SqliteObjectStore::allow_network_file_system(true)",
+        )
     }
 
     /// The storage id's `ADMISSION` file locked shared, then the tombstone
@@ -380,22 +384,59 @@ impl ObjectStore for SqliteObjectStore {
     }
 }
 
-/// The start check's verdict as the host's error.
-fn placement(
+/// Why the start check refused a path (a network file system, or the
+/// kernel could not say).
+pub(crate) use durability_storage_sqlite::local_fs::CheckError as PlacementError;
+/// The start check of one path: its file system (`statfs`).
+pub(crate) use durability_storage_sqlite::local_fs::check_local;
+
+/// The files of the SQLite stores among a host's lease store (a
+/// `SqliteLeaseStore` on the system clock) and alarm index (a
+/// `SqliteAlarmIndex`), each with what it is and its setting name;
+/// in-memory stores and other backends have none.
+pub(crate) fn store_files(
+    leases: &dyn std::any::Any,
+    index: &dyn std::any::Any,
+) -> Vec<(&'static str, &'static str, PathBuf)> {
+    use durability_storage_sqlite::{alarms::SqliteAlarmIndex, ownership::SqliteLeaseStore};
+    let lease_file = leases
+        .downcast_ref::<SqliteLeaseStore<durability_ownership::SystemClock>>()
+        .and_then(|s| s.with_connection(|c| c.path().map(PathBuf::from)));
+    let index_file = index
+        .downcast_ref::<SqliteAlarmIndex>()
+        .and_then(SqliteAlarmIndex::path);
+    [
+        ("the SQLite lease store", "lease_store", lease_file),
+        ("the SQLite alarm index", "alarm_index", index_file),
+    ]
+    .into_iter()
+    .filter_map(|(what, setting, file)| {
+        Some((what, setting, file.filter(|f| !f.as_os_str().is_empty())?))
+    })
+    .collect()
+}
+
+/// The start check's verdict on `what` (`the object root`, `the SQLite
+/// lease store`), whose setting is `setting`, as the host's error, naming
+/// the override.
+pub(crate) fn placement(
+    (what, setting): (&str, &'static str),
     checked: Result<(), durability_storage_sqlite::local_fs::CheckError>,
+    override_with: &'static str,
 ) -> Result<(), HostError> {
     use durability_storage_sqlite::local_fs::CheckError;
     match checked {
         Ok(()) => Ok(()),
         Err(CheckError::Network(n)) => Err(HostError::NetworkFileSystem {
-            path: n.path.display().to_string(),
+            path: format!("{what} {}", n.path.display()),
+            override_with,
             file_system: n.file_system,
             why: "SQLite's WAL needs shared memory and reliable locks, which a network \
                   file system does not give processes on different machines, so the \
                   SQLite directory is for processes on one machine"
                 .to_owned(),
         }),
-        Err(e @ CheckError::Io { .. }) => Err(HostError::setting("root", e.to_string())),
+        Err(e @ CheckError::Io { .. }) => Err(HostError::setting(setting, e.to_string())),
     }
 }
 
@@ -463,10 +504,14 @@ mod placement_tests {
         ] {
             let file_system = network_file_system(f_type).unwrap();
             assert_eq!(file_system, expected);
-            let e = placement(Err(CheckError::Network(NetworkFileSystem {
-                path: PathBuf::from("/mnt/shared/objects"),
-                file_system,
-            })))
+            let e = placement(
+                ("the object root", "root"),
+                Err(CheckError::Network(NetworkFileSystem {
+                    path: PathBuf::from("/mnt/shared/objects"),
+                    file_system,
+                })),
+                "SqliteObjectStore::allow_network_file_system(true)",
+            )
             .unwrap_err();
             assert_eq!(e.code(), "host_network_file_system");
             let text = e.to_string();
@@ -495,5 +540,107 @@ mod placement_tests {
                 .check_placement()
                 .unwrap();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod store_placement_tests {
+    use durability_ownership::ShardCount;
+    use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+    use durability_storage_sqlite::local_fs::{CheckError, NetworkFileSystem, network_file_system};
+    use durability_storage_sqlite::ownership::SqliteLeaseStore;
+
+    use super::*;
+    use crate::HostConfig;
+    use durability_ownership::SystemClock;
+
+    type Config = HostConfig<SqliteLeaseStore<SystemClock>, SqliteAlarmIndex, SqliteObjectStore>;
+
+    fn config(dir: &Path, index: SqliteAlarmIndex) -> Config {
+        let leases = SqliteLeaseStore::open(
+            dir.join("leases.db"),
+            SystemClock::new(),
+            ShardCount::default(),
+        )
+        .unwrap();
+        HostConfig::new(
+            Arc::new(leases),
+            Arc::new(index),
+            dir.join("objects"),
+            "st1",
+            "ns:app",
+            "a",
+        )
+    }
+
+    /// A checker that puts `file` on NFS and everything else on a local disk.
+    fn nfs_at(file: PathBuf) -> impl Fn(&Path) -> Result<(), CheckError> {
+        move |p| {
+            if p == file {
+                Err(CheckError::Network(NetworkFileSystem {
+                    path: p.to_owned(),
+                    file_system: network_file_system(0x6969).unwrap(),
+                }))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn the_sqlite_lease_store_and_alarm_index_files_are_found_and_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let index =
+            SqliteAlarmIndex::open(dir.path().join("alarms.db"), Default::default()).unwrap();
+        let config = config(dir.path(), index);
+        let files: Vec<(&str, PathBuf)> =
+            store_files(config.lease_store.as_ref(), config.alarm_index.as_ref())
+                .into_iter()
+                .map(|(what, _, f)| (what, f))
+                .collect();
+        assert_eq!(
+            files,
+            [
+                ("the SQLite lease store", dir.path().join("leases.db")),
+                ("the SQLite alarm index", dir.path().join("alarms.db")),
+            ]
+        );
+        // Local (a temporary directory): the real check passes.
+        config.check_placement_with(check_local).unwrap();
+        for (what, file) in files {
+            let e = config
+                .check_placement_with(nfs_at(file.clone()))
+                .unwrap_err();
+            assert_eq!(e.code(), "host_network_file_system");
+            let text = e.to_string();
+            for part in [
+                what,
+                file.to_str().unwrap(),
+                "NFS",
+                "one machine",
+                "PostgreSQL",
+                "allow_sqlite_stores_on_network_file_system",
+            ] {
+                assert!(text.contains(part), "{part} in {text}");
+            }
+        }
+        // The documented override.
+        let config = config.allow_sqlite_stores_on_network_file_system(true);
+        config
+            .check_placement_with(nfs_at(dir.path().join("alarms.db")))
+            .unwrap();
+    }
+
+    #[test]
+    fn an_in_memory_alarm_index_has_no_file_to_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path(), SqliteAlarmIndex::open_in_memory().unwrap());
+        let files: Vec<&str> =
+            store_files(config.lease_store.as_ref(), config.alarm_index.as_ref())
+                .into_iter()
+                .map(|(what, _, _)| what)
+                .collect();
+        assert_eq!(files, ["the SQLite lease store"]);
     }
 }
