@@ -4,7 +4,7 @@
 //! [`EndpointPolicy`]), and calls the owner directly with the route fence
 //! next time, under the
 //! same replay rules as a host's own router (see [`crate::routing`]'s
-//! docs on [`crate::Host::object`]).
+//! docs on [`crate::Host::object_by_name`]).
 //!
 //! Its figures are plain numbers ([`RpcClient::stats`]) and counters of the
 //! `metrics` facade (`durability_host_client_*`, names in ARCHITECTURE.md,

@@ -83,7 +83,25 @@ impl Forward for ForwardHook {
 
 /// Who a host is: the storage id it serves, the lifecycle (the logical
 /// worker whose active storage pointer names the storage) and its task,
-/// each checked when it was made ([`HostConfig::with_store`]).
+/// each checked when it was made ([`HostConfig::new`],
+/// [`HostConfig::with_store`]). Each is its own type, so passing the task
+/// where the storage id belongs does not compile.
+///
+/// ```
+/// use durability_host::{HostIds, LifecycleId, StorageId, TaskId};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ids = HostIds::new(
+///     StorageId::new("st1")?,
+///     LifecycleId::new("ns:shop")?,
+///     TaskId::new("task-1")?,
+/// );
+/// assert_eq!(ids.task.as_str(), "task-1");
+/// // A bad id never reaches a configuration.
+/// assert!(StorageId::new("bad:id").is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostIds {
     /// The storage id served.
@@ -94,15 +112,24 @@ pub struct HostIds {
     pub task: TaskId,
 }
 
+impl HostIds {
+    /// The ids of a host: storage id, lifecycle, task.
+    pub fn new(storage: StorageId, lifecycle: LifecycleId, task: TaskId) -> Self {
+        Self {
+            storage,
+            lifecycle,
+            task,
+        }
+    }
+}
+
 /// Everything a host needs. Build it with [`HostConfig::new`] and the
 /// setters; [`crate::Host::start`] validates it all before anything starts.
 pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) lease_store: Arc<S>,
     pub(crate) alarm_index: Arc<I>,
     pub(crate) objects: O,
-    pub(crate) storage_id: String,
-    pub(crate) lifecycle: String,
-    pub(crate) task: String,
+    pub(crate) ids: HostIds,
     pub(crate) endpoint: Option<String>,
     pub(crate) classes: BTreeMap<String, Factory<I, O::Storage>>,
     pub(crate) settings: HostSettings,
@@ -125,8 +152,8 @@ impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token.
         f.debug_struct("HostConfig")
-            .field("storage_id", &self.storage_id)
-            .field("task", &self.task)
+            .field("storage_id", &self.ids.storage.as_str())
+            .field("task", &self.ids.task.as_str())
             .field("endpoint", &self.endpoint)
             .finish_non_exhaustive()
     }
@@ -138,32 +165,13 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// the storage), with leases in `lease_store`, alarm jobs in
     /// `alarm_index`, and its objects in `objects` (a store every host of
     /// the deployment shares). The ids are typed: each was checked when it
-    /// was made. With the default SQLite directory and ids as strings:
-    /// [`HostConfig::new`].
+    /// was made. With the default SQLite directory: [`HostConfig::new`].
     pub fn with_store(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: HostIds) -> Self {
-        Self::unchecked(
-            lease_store,
-            alarm_index,
-            objects,
-            [
-                ids.storage.as_str(),
-                ids.lifecycle.as_str(),
-                ids.task.as_str(),
-            ],
-        )
-    }
-
-    /// A configuration with ids still to be checked at start, in the order
-    /// storage id, lifecycle, task.
-    fn unchecked(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: [&str; 3]) -> Self {
-        let [storage_id, lifecycle, task] = ids;
         Self {
             lease_store,
             alarm_index,
             objects,
-            storage_id: storage_id.to_owned(),
-            lifecycle: lifecycle.to_owned(),
-            task: task.to_owned(),
+            ids,
             endpoint: None,
             classes: BTreeMap::new(),
             settings: HostSettings::default(),
@@ -436,26 +444,18 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
 }
 
 impl<S, I> HostConfig<S, I, SqliteObjectStore> {
-    /// A host of task `task` serving storage `storage_id` of lifecycle
-    /// `lifecycle` (the logical worker whose active storage pointer names
-    /// the storage), with leases in `lease_store`, alarm jobs in
-    /// `alarm_index`, and one SQLite file per object under `root` (a
-    /// directory every host of the deployment shares). Another object
-    /// store: [`HostConfig::with_store`].
+    /// A host with the [`HostIds`] `ids` (its storage id, lifecycle and
+    /// task, each a checked type: swapping two is a compile error), with
+    /// leases in `lease_store`, alarm jobs in `alarm_index`, and one SQLite
+    /// file per object under `root` (a directory every host of the
+    /// deployment shares). Another object store: [`HostConfig::with_store`].
     pub fn new(
         lease_store: Arc<S>,
         alarm_index: Arc<I>,
         root: impl Into<PathBuf>,
-        storage_id: &str,
-        lifecycle: &str,
-        task: &str,
+        ids: HostIds,
     ) -> Self {
-        Self::unchecked(
-            lease_store,
-            alarm_index,
-            SqliteObjectStore::new(root),
-            [storage_id, lifecycle, task],
-        )
+        Self::with_store(lease_store, alarm_index, SqliteObjectStore::new(root), ids)
     }
 
     /// Options of every object database.

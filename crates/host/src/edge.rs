@@ -1,6 +1,6 @@
 //! The public edge: an [`axum::Router`] a user mounts in their own app that
 //! routes tenant HTTP requests to objects by name, through the host's one
-//! router (the path of `host.object(class, name).fetch(request)`:
+//! router (the path of `host.object_by_name(class, name).fetch(request)`:
 //! forwarded once to the owner, owner hints, fences and the fetch replay
 //! rules are the router's, see [`crate::ObjectRef::fetch`]).
 //!
@@ -267,7 +267,7 @@ where
         headers: head.headers,
         body,
     };
-    match host.object(&class, &name).fetch(request).await {
+    match host.object_by_name(&class, &name).fetch(request).await {
         Ok(response) => respond(response),
         Err(e) => error(&e),
     }

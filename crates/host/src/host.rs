@@ -347,7 +347,8 @@ struct Inner<S, I, O: ObjectStore> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use durability_host::{BoxError, Host, HostConfig, OwnPolicy};
+/// use durability_host::{BoxError, Host, HostConfig, HostIds, OwnPolicy};
+/// use durability_host::{LifecycleId, StorageId, TaskId};
 /// use durability_ownership::{DrainReport, ShardCount, SystemClock};
 /// use durability_scheduler::StorageError;
 /// use durability_storage_sqlite::Synchronous;
@@ -365,7 +366,8 @@ struct Inner<S, I, O: ObjectStore> {
 /// let host = |task: &str, create: bool| {
 ///     let leases = SqliteLeaseStore::open(dir.path().join("leases.db"), SystemClock::new(), ShardCount::default())?;
 ///     let index = SqliteAlarmIndex::open(dir.path().join("alarms.db"), Synchronous::Full)?;
-///     let config = HostConfig::new(Arc::new(leases), Arc::new(index), dir.path().join("objects"), "st1", "ns:shop", task)
+///     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new(task)?);
+///     let config = HostConfig::new(Arc::new(leases), Arc::new(index), dir.path().join("objects"), ids)
 ///         .class("Counter", |ctx| {
 ///             ctx.scheduler.transaction(|tx| {
 ///                 tx.sql().execute_batch("CREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL)").map_err(sql)

@@ -61,7 +61,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use durability_host::{BoxError, DeleteAll, Host, HostConfig, HostSettings, OwnPolicy};
+//! use durability_host::{BoxError, DeleteAll, Host, HostConfig, HostIds, HostSettings, OwnPolicy};
+//! use durability_host::{LifecycleId, StorageId, TaskId};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -74,7 +75,8 @@
 //!     let shared = std::path::Path::new("/srv/objects"); // every host mounts it
 //!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
 //!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
-//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new("task-1")?);
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, ids)
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .class("Counter", |ctx| {
 //!             ctx.scheduler.transaction(|tx| {
@@ -104,14 +106,14 @@
 //! **Classes as types** ([`Class`]): a class type knows its name;
 //! [`HostConfig::class_of`] registers it and returns a [`ClassBuilder`]
 //! whose handlers get a [`Handle`] of exactly that type, and
-//! `host.object_of::<Cart>("cart-42")` ([`Object`]) calls, runs and
+//! `host.object::<Cart>("cart-42")` ([`Object`]) calls, runs and
 //! transacts on it without naming the class again. The string API
-//! ([`HostConfig::class`], [`Host::object`]) stays for classes
+//! ([`HostConfig::class`], [`Host::object_by_name`]) stays for classes
 //! chosen at run time.
 //!
-//! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
+//! **Calls between hosts** ([`Host::object_by_name`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
-//! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
+//! ([`HostConfig::method`]); `host.object_by_name(class, name).call(method, args)`
 //! runs the method once on the host that owns the object's scope. An
 //! uncached call enters this host's router (owner resolution): owned here,
 //! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
@@ -150,7 +152,7 @@
 //!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
-//! `host.object(class, name).connect(request)` returns the caller's
+//! `host.object_by_name(class, name).connect(request)` returns the caller's
 //! [`connect::Socket`]. The `101` comes only from the owner's endpoint,
 //! after admission at the route fence: a router that does not own the
 //! object hands the connect off (a trusted owner hint) and the caller
@@ -161,7 +163,8 @@
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
 //! use durability_host::transport::{StaticPeers, serve};
-//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, MethodError, OwnPolicy};
+//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, HostIds, MethodError, OwnPolicy};
+//! use durability_host::{LifecycleId, StorageId, TaskId};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -181,7 +184,8 @@
 //!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
 //!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
 //!     let peers = StaticPeers(BTreeMap::from([("task-2".to_owned(), "http://10.0.0.8:8788".to_owned())]));
-//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new("task-1")?);
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, ids)
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .internal_token(&std::env::var("DURABILITY_INTERNAL_TOKEN")?)
 //!         .peers(peers)
@@ -198,7 +202,7 @@
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object_of::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
+//!     let added = host.object::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
 //!     assert_eq!(added, json!({ "added": 7 }));
 //!     host.run_until_signal().await;
 //!     Ok(())
@@ -237,6 +241,9 @@ pub use client::{
 };
 pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
+/// The checked ids of [`HostIds`] (the ownership crate's), so callers need
+/// not depend on it for them.
+pub use durability_ownership::{LifecycleId, StorageId, TaskId};
 pub use edge::Edge;
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};

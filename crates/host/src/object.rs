@@ -39,7 +39,7 @@ pub fn validate_object_name(name: &str) -> Result<(), HostError> {
 }
 
 /// An object class as a type: the type knows its class name, so a caller
-/// names the class once, by type (`host.object_of::<Cart>("cart-42")`), and
+/// names the class once, by type (`host.object::<Cart>("cart-42")`), and
 /// a handler registered on [`crate::HostConfig::class_of`]'s builder gets a
 /// [`Handle`] of exactly that type. The name is what crosses the wire
 /// (object ids, owner scopes, invokes), so renaming a class is a storage

@@ -22,7 +22,7 @@
 //! when it is due), `<id> slow <name> <ms>` (one committed increment, a
 //! pause of `ms` outside any transaction, a second increment), `<id> read
 //! <name>`, `<id> probe`; `<id> via incr|timer|read …` is the same call
-//! routed (`host.object(..).call(..)`: run here if this host owns the
+//! routed (`host.object_by_name(..).call(..)`: run here if this host owns the
 //! object, else forwarded once to the owner, or sent straight to it on an
 //! owner hint). End of input drains the host.
 //!
@@ -41,7 +41,10 @@ use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
 use durability_host::transport::{EndpointPolicy, PeerDirectory};
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_host::{
+    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, OwnPolicy, OwnerEvent,
+    StorageId, TaskId,
+};
 use durability_ownership::{
     DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
     SystemClock,
@@ -328,9 +331,7 @@ where
         store,
         index,
         args.dir.join("objects"),
-        STORAGE,
-        LIFECYCLE,
-        &task,
+        HostIds::new(StorageId::new(STORAGE)?, LifecycleId::new(LIFECYCLE)?, TaskId::new(&task)?),
     )
     .class(CLASS, move |ctx| {
         ctx.scheduler
@@ -559,7 +560,7 @@ where
         }),
         _ => Value::Null,
     };
-    match host.object(CLASS, name).call(method, args).await {
+    match host.object_by_name(CLASS, name).call(method, args).await {
         Ok(v) => say(&format!(
             "ans {id} ok gen={} ran={} {}",
             v["gen"],

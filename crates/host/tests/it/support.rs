@@ -3,7 +3,10 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostSettings, ObjectCtx, OwnPolicy, Residency};
+use durability_host::{
+    BoxError, Host, HostConfig, HostIds, HostSettings, LifecycleId, ObjectCtx, OwnPolicy, Residency,
+    StorageId, TaskId,
+};
 use durability_ownership::{ManualClock, OwnershipSettings, ShardCount};
 use durability_scheduler::{Capability, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -135,6 +138,15 @@ pub(crate) fn settings() -> HostSettings {
     }
 }
 
+/// The ids of host `task` serving `storage` of the tests' lifecycle.
+pub(crate) fn ids(storage: &str, task: &str) -> HostIds {
+    HostIds::new(
+        StorageId::new(storage).unwrap(),
+        LifecycleId::new(LIFECYCLE).unwrap(),
+        TaskId::new(task).unwrap(),
+    )
+}
+
 impl World {
     pub(crate) fn new() -> Self {
         Self {
@@ -171,15 +183,8 @@ impl World {
 
     /// A host config without any class.
     pub(crate) fn bare(&self, task: &str, storage: &str) -> HostConfig<Store, SqliteAlarmIndex> {
-        HostConfig::new(
-            self.store(),
-            self.index(),
-            self.root(),
-            storage,
-            LIFECYCLE,
-            task,
-        )
-        .clock(Arc::new(self.clock.clone()))
+        HostConfig::new(self.store(), self.index(), self.root(), ids(storage, task))
+            .clock(Arc::new(self.clock.clone()))
         .settings(settings())
     }
 
@@ -238,9 +243,7 @@ impl World {
             )),
             self.index(),
             self.root(),
-            STORAGE,
-            LIFECYCLE,
-            task,
+            ids(STORAGE, task),
         )
         .class("Counter", move |ctx| {
             Counter::open(ctx, &owner, Arc::clone(&fired))
