@@ -80,7 +80,11 @@ async fn host(
         Arc::new(HookedStore::new(store, hooks.clone())),
         Arc::new(index),
         dir.join("objects"),
-        HostIds::new(StorageId::new("st1")?, LifecycleId::new("bench:host")?, TaskId::new(task)?),
+        HostIds::new(
+            StorageId::new("st1")?,
+            LifecycleId::new("bench:host")?,
+            TaskId::new(task)?,
+        ),
     )
     .class("Counter", |ctx| {
         ctx.scheduler.transaction(|tx| {

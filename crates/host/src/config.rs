@@ -10,7 +10,7 @@ use durability_ownership::{LifecycleId, StorageId, TaskId};
 use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
-use crate::error::BoxError;
+use crate::error::{BoxError, HostError};
 use crate::object::{Class, Instance, ObjectCtx};
 use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
@@ -288,7 +288,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// [`crate::MethodError`] keeps its code and anything else becomes
     /// `internal_error`.
     #[must_use]
-    pub fn method<T, F, Fut>(mut self, class: &str, method: &str, handler: F) -> Self
+    pub fn method<T, F, Fut>(self, class: &str, method: &str, handler: F) -> Self
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
@@ -304,12 +304,40 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the method's type").into()
-                })?;
-                handler(handle, args).await
+                let handle = input.handle::<T>(&class_name)?;
+                handler(handle, args).await.map_err(HostError::Handler)
             })
         });
+        self.register(class, method, wrapped)
+    }
+
+    /// Registers the typed method `M` on its class [`crate::Method::Class`]
+    /// (see [`crate::typed`]): `handler` gets the object's handle and the
+    /// decoded arguments and returns `M::Out` or an error (`M::Error` is the
+    /// method's own, reaching the caller as [`crate::HostError::Method`] /
+    /// [`crate::CallError::Method`]). Arguments that do not decode are
+    /// refused with [`crate::HostError::InvalidArgs`] before the handler
+    /// runs. The untyped [`crate::ObjectRef::call`] reaches it with the
+    /// same JSON.
+    #[must_use]
+    pub fn rpc<M, F, Fut, E>(self, handler: F) -> Self
+    where
+        M: crate::Method,
+        I: Send + Sync + 'static,
+        F: Fn(crate::object::Handle<M::Class, I, O::Storage>, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Out, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let wrapped = crate::typed::server::<M, I, O::Storage, F, Fut, E>(handler);
+        self.register(<M::Class as Class>::NAME, M::NAME, wrapped)
+    }
+
+    fn register(
+        mut self,
+        class: &str,
+        method: &str,
+        wrapped: crate::rpc::Method<I, O::Storage>,
+    ) -> Self {
         self.method_names
             .push((class.to_owned(), method.to_owned()));
         self.methods
@@ -343,9 +371,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             let handler = Arc::clone(&handler);
             let class_name = class_name.clone();
             Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the fetch handler's type").into()
-                })?;
+                let handle = input.handle::<T>(&class_name)?;
                 handler(handle, request).await
             })
         });
@@ -383,10 +409,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
                 let handler = Arc::clone(&handler);
                 let class_name = class_name.clone();
                 Box::pin(async move {
-                    let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                        format!("object class {class_name} is not of the connect handler's type")
-                            .into()
-                    })?;
+                    let handle = input.handle::<T>(&class_name)?;
                     handler(handle, request, socket).await
                 })
             });
@@ -491,7 +514,7 @@ impl
         database: &crate::settings::DatabaseSettings,
         settings: HostSettings,
         ids: HostIds,
-    ) -> Result<Self, crate::HostError> {
+    ) -> Result<Self, HostError> {
         let stores = crate::store::postgres::PostgresBackends::connect(
             database,
             settings.ownership.shard_count,
@@ -530,6 +553,20 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
         self.config = self.config.method(T::NAME, method, handler);
+        self
+    }
+
+    /// Registers the typed method `M` of `T` (see [`HostConfig::rpc`]): a
+    /// method of another class does not compile.
+    #[must_use]
+    pub fn rpc<M, F, Fut, E>(mut self, handler: F) -> Self
+    where
+        M: crate::Method<Class = T>,
+        F: Fn(crate::object::Handle<T, I, O::Storage>, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Out, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.config = self.config.rpc::<M, F, Fut, E>(handler);
         self
     }
 

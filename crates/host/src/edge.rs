@@ -85,7 +85,7 @@ use crate::fetch::{
 };
 use crate::host::Host;
 use crate::store::ObjectStore;
-use crate::wire::error_response;
+use crate::wire::{error_response, host_error_response};
 
 /// The hop-by-hop headers (RFC 9110 §7.6.1, plus the legacy
 /// `keep-alive` / `proxy-connection`): never forwarded in either
@@ -414,11 +414,10 @@ fn respond(response: FetchResponse) -> Response {
     out
 }
 
-/// An error as the tenant sees it: the wire's code and message, never the
-/// ownership marker.
+/// An error as the tenant sees it: the wire's code, message and details,
+/// never the ownership marker.
 fn error(e: &HostError) -> Response {
-    let wire = e.wire();
-    error_response(wire.status, &wire.code, &wire.message, false)
+    host_error_response(e, false)
 }
 
 /// A size refusal with its own status (413, 414 or 431).

@@ -157,7 +157,7 @@ impl Counters {
     fn count(&self, result: &Result<impl Sized, HostError>) {
         let c = match result {
             Ok(_) => &self.completed,
-            Err(HostError::Handler(_)) => &self.handler_failed,
+            Err(HostError::Handler(_) | HostError::Method { .. }) => &self.handler_failed,
             Err(HostError::Draining) => &self.refused_draining,
             Err(HostError::NotOwner { .. }) => &self.refused_not_owner,
             Err(HostError::Ownership(_)) => &self.refused_ownership,

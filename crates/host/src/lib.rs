@@ -230,6 +230,7 @@ mod settings;
 mod storage;
 pub mod store;
 pub mod transport;
+pub mod typed;
 pub mod wire;
 
 /// The cancellation token [`transport::serve`] stops on (tokio-util's), so
@@ -263,3 +264,4 @@ pub use storage::{
 pub use store::postgres::{PostgresBackends, PostgresObjectStore};
 pub use store::sqlite::{ADMISSION_FILE, MAX_ROOT_BYTES, SqliteObjectStore, TOMBSTONE_FILE};
 pub use store::{ObjectStore, StoreTx};
+pub use typed::{AppError, CallError, Method};

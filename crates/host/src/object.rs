@@ -117,10 +117,21 @@ pub(crate) struct MethodInput<I, D> {
 }
 
 impl<I, D> MethodInput<I, D> {
-    /// The typed handle, or `None` when the object is not a `T`.
-    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I, D>> {
-        let object = self.instance.downcast::<T>().ok()?;
-        Some(Handle {
+    /// The typed handle of an object of `class`.
+    ///
+    /// # Errors
+    /// [`HostError::ClassType`] when the object is not a `T`.
+    pub(crate) fn handle<T: Send + Sync + 'static>(
+        self,
+        class: &str,
+    ) -> Result<Handle<T, I, D>, HostError> {
+        let object = self
+            .instance
+            .downcast::<T>()
+            .map_err(|_| HostError::ClassType {
+                class: class.to_owned(),
+            })?;
+        Ok(Handle {
             object,
             scheduler: self.scheduler,
             alarms: self.alarms,

@@ -151,16 +151,24 @@ where
         &self.object
     }
 
-    /// Calls RPC method `method` (see [`ObjectRef::call`]).
+    /// Calls the typed method `M` of `T` with `args`, on whichever host
+    /// owns the object (routed as [`ObjectRef::call`], with the same JSON on
+    /// the wire): a method of another class, or a result of another type,
+    /// does not compile. See [`crate::typed`].
     ///
     /// # Errors
-    /// As [`ObjectRef::call`].
-    pub async fn call(
+    /// [`crate::CallError::Method`]: the method's own error, decoded (the
+    /// same on this host and across hosts); [`crate::CallError::Host`]:
+    /// everything [`ObjectRef::call`] reports, a result that does not
+    /// decode as `M::Out` ([`HostError::RpcResultUnknown`]), or a method
+    /// error whose details do not decode as `M::Error` (kept as
+    /// [`HostError::Method`]).
+    pub async fn call<M: crate::Method<Class = T>>(
         &self,
-        method: &str,
-        args: serde_json::Value,
-    ) -> Result<serde_json::Value, HostError> {
-        self.object.call(method, args).await
+        args: M,
+    ) -> Result<M::Out, crate::CallError<M::Error>> {
+        let args = crate::typed::encode_args(&args)?;
+        crate::typed::decode::<M>(self.object.call(M::NAME, args).await)
     }
 
     /// Runs `body` on the object on this host ([`Host::call`] with the

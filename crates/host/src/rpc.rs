@@ -23,8 +23,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-pub use crate::error::MethodError;
-use crate::error::{BoxError, HostError};
+use crate::error::HostError;
+pub use crate::error::{MAX_METHOD_MESSAGE_BYTES, METHOD_ERROR_STATUS, MethodError};
 use crate::object::MethodInput;
 
 /// The longest method name, in ASCII bytes.
@@ -148,8 +148,12 @@ fn check_depth(value: &Value, depth: usize) -> Result<(), HostError> {
     }
 }
 
+/// A registered method: the object's input and the JSON arguments in,
+/// JSON out; a handler's own error is [`HostError::Handler`] (classified by
+/// the dispatch), a typed method's refusal of its arguments
+/// [`HostError::InvalidArgs`].
 pub(crate) type Method<I, D> = Arc<
-    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync,
+    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, HostError>> + Send + Sync,
 >;
 
 /// The methods of every class: class → method name → handler.

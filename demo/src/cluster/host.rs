@@ -42,8 +42,8 @@ use std::time::Duration;
 use durability_alarms::{AlarmIndex, DispatcherConfig};
 use durability_host::transport::{EndpointPolicy, PeerDirectory};
 use durability_host::{
-    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, OwnPolicy, OwnerEvent,
-    StorageId, TaskId,
+    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, OwnPolicy,
+    OwnerEvent, StorageId, TaskId,
 };
 use durability_ownership::{
     DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, OwnershipSettings, ShardCount,
@@ -331,7 +331,11 @@ where
         store,
         index,
         args.dir.join("objects"),
-        HostIds::new(StorageId::new(STORAGE)?, LifecycleId::new(LIFECYCLE)?, TaskId::new(&task)?),
+        HostIds::new(
+            StorageId::new(STORAGE)?,
+            LifecycleId::new(LIFECYCLE)?,
+            TaskId::new(&task)?,
+        ),
     )
     .class(CLASS, move |ctx| {
         ctx.scheduler

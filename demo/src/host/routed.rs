@@ -97,7 +97,11 @@ async fn start_host(
         Arc::new(store),
         Arc::new(index),
         dir.join("objects"),
-        HostIds::new(StorageId::new("st1")?, LifecycleId::new("bench:routed")?, TaskId::new(task)?),
+        HostIds::new(
+            StorageId::new("st1")?,
+            LifecycleId::new("bench:routed")?,
+            TaskId::new(task)?,
+        ),
     )
     .endpoint(&endpoint)
     .internal_token(TOKEN)
@@ -211,7 +215,9 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     let a = start_host(&shared, "a", la, peers.clone(), &stop).await?;
     let b = start_host(&shared, "b", lb, peers, &stop).await?;
     // b owns c1 and the throughput objects.
-    b.object_by_name("Counter", "c1").call("incr", args()).await?;
+    b.object_by_name("Counter", "c1")
+        .call("incr", args())
+        .await?;
     for k in 0..8 {
         b.object_by_name("Counter", &format!("t{k}"))
             .call("incr", args())

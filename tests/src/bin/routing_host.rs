@@ -376,7 +376,11 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let name = parts.next().unwrap_or("");
             let method = parts.next().unwrap_or("");
             let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host.object_by_name("Counter", name).call(method, args).await {
+            match host
+                .object_by_name("Counter", name)
+                .call(method, args)
+                .await
+            {
                 Ok(v) => say(&format!("ok call {name} {method} result={v}")),
                 Err(e) => say(&format!(
                     "err call {name} {method} code={} host_code={} outcome={}",

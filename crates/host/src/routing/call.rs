@@ -130,9 +130,7 @@ where
                 &request.class,
                 &request.name,
                 expect,
-                |input: MethodInput<I, O::Storage>| async move {
-                    method(input, args).await.map_err(HostError::Handler)
-                },
+                |input: MethodInput<I, O::Storage>| async move { method(input, args).await },
             )
             .await?;
         Ok((value, self.own_headers(&scope, generation)))

@@ -17,3 +17,4 @@ mod rpc;
 mod storage;
 mod support;
 mod transport;
+mod typed;

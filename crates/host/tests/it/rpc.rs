@@ -108,7 +108,7 @@ async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
     let e = c1.call("fail", Value::Null).await.unwrap_err();
     assert_eq!(
         (e.code(), e.rpc_code().as_str()),
-        ("host_handler_failed", "out_of_stock")
+        ("host_method_error", "out_of_stock")
     );
     assert_eq!(e.outcome(), DispatchOutcome::Unknown);
     assert_eq!(
@@ -487,7 +487,7 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
     let host: TestHost = TestHost::start(config).await.unwrap();
     let l1 = host.object::<Ledger>("l1");
     assert_eq!(
-        l1.call("add", json!({"n": 2})).await.unwrap(),
+        l1.by_name().call("add", json!({"n": 2})).await.unwrap(),
         json!({"total": 2})
     );
     // No turbofish, no class name: the type says both.

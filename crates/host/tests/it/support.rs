@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use durability_alarms::DispatcherConfig;
 use durability_host::{
-    BoxError, Host, HostConfig, HostIds, HostSettings, LifecycleId, ObjectCtx, OwnPolicy, Residency,
-    StorageId, TaskId,
+    BoxError, Host, HostConfig, HostIds, HostSettings, LifecycleId, ObjectCtx, OwnPolicy,
+    Residency, StorageId, TaskId,
 };
 use durability_ownership::{ManualClock, OwnershipSettings, ShardCount};
 use durability_scheduler::{Capability, Scheduler, StorageError, Transaction};
@@ -22,6 +22,7 @@ pub(crate) const LIFECYCLE: &str = "ns:app";
 
 pub(crate) type Store = SqliteLeaseStore<ManualClock>;
 pub(crate) type TestHost = Host<Store, SqliteAlarmIndex>;
+pub(crate) type TestConfig = HostConfig<Store, SqliteAlarmIndex>;
 pub(crate) type Log = Arc<Mutex<Vec<String>>>;
 
 /// A counter with one timer capability; every fired timer is logged as
@@ -185,7 +186,7 @@ impl World {
     pub(crate) fn bare(&self, task: &str, storage: &str) -> HostConfig<Store, SqliteAlarmIndex> {
         HostConfig::new(self.store(), self.index(), self.root(), ids(storage, task))
             .clock(Arc::new(self.clock.clone()))
-        .settings(settings())
+            .settings(settings())
     }
 
     pub(crate) fn config_for(
