@@ -226,6 +226,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     {
         ClassBuilder {
             config: self.class(T::NAME, factory),
+            alarm: None,
             class: std::marker::PhantomData,
         }
     }
@@ -530,6 +531,7 @@ impl
 /// The handlers of one object class `T` ([`HostConfig::class_of`]).
 pub struct ClassBuilder<S, I, O: ObjectStore, T> {
     config: HostConfig<S, I, O>,
+    alarm: Option<crate::alarm::AlarmHook<I, O::Storage>>,
     class: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -602,8 +604,39 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
         self
     }
 
+    /// Registers the alarm handler of `T` (one per class; a later one
+    /// replaces it): an object's own `alarm()`, run once the time its code
+    /// set with [`crate::Handle::set_alarm`] has come, on whichever host
+    /// owns the object (see [`crate::alarm`] for the contract: durable
+    /// once set, cleared after an `Ok` unless the handler set a new time,
+    /// at least once, retried after an error).
+    #[must_use]
+    pub fn alarm<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::alarm::AlarmFired) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.alarm = Some(crate::alarm::hook(T::NAME, handler));
+        self
+    }
+
     /// The configuration, with the class and its handlers.
-    pub fn done(self) -> HostConfig<S, I, O> {
+    pub fn done(mut self) -> HostConfig<S, I, O> {
+        if let Some(hook) = self.alarm
+            && let Some(factory) = self.config.classes.remove(T::NAME)
+        {
+            // The object's alarm is attached when the object is opened,
+            // after the class's own factory built it.
+            let with_alarm: Factory<I, O::Storage> = Arc::new(move |ctx| {
+                let instance = factory(ctx)?;
+                crate::alarm::attach(ctx, Arc::clone(&instance), Arc::clone(&hook))?;
+                Ok(instance)
+            });
+            self.config.classes.insert(T::NAME.to_owned(), with_alarm);
+        }
         self.config
     }
 }

@@ -253,6 +253,9 @@ struct OpenObject<I, D> {
 impl<I, D: durability_scheduler::Storage> OpenObject<I, D> {
     fn close(&self) {
         if !self.closed.swap(true, Ordering::SeqCst) {
+            // The object's alarm capability holds the object and its
+            // scheduler: detached, the cycle is gone.
+            self.scheduler.detach(crate::alarm::OBJECT_ALARM);
             self.watcher.abort();
             self.scheduler.abort_background();
         }

@@ -211,6 +211,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_debug_implementations)]
 
+pub mod alarm;
 mod client;
 mod config;
 pub mod connect;
@@ -231,12 +232,14 @@ mod storage;
 pub mod store;
 pub mod transport;
 pub mod typed;
+
 pub mod wire;
 
 /// The cancellation token [`transport::serve`] stops on (tokio-util's), so
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
+pub use alarm::{AlarmFired, OBJECT_ALARM};
 pub use client::{
     ClientCalls, ClientStats, EntryBackoff, EntryState, FailoverClient, FailoverStats, RpcClient,
 };

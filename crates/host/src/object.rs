@@ -73,6 +73,8 @@ pub struct ObjectCtx<I, D = DefaultStorage> {
     pub scheduler: Scheduler<D>,
     /// The object's alarm (backed by the host's alarm index).
     pub alarms: Alarms<D, I>,
+    /// The generation of the claim the object was opened under.
+    pub generation: u64,
 }
 
 impl<I, D> std::fmt::Debug for ObjectCtx<I, D> {

@@ -4,6 +4,7 @@
 //! a test moves the clock).
 #![allow(clippy::unwrap_used)]
 
+mod alarm;
 mod balance;
 mod connect;
 mod dispatch;
