@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use durability_host::typed::NoError;
 use durability_host::{
-    AlarmFired, BoxError, Class, Handle, Host, HostConfig, HostIds, LifecycleId, Method,
-    StorageId, TaskId,
+    AlarmFired, BoxError, Class, Handle, Host, HostConfig, HostIds, LifecycleId, Method, StorageId,
+    TaskId,
 };
 use durability_ownership::{ShardCount, SystemClock};
 use durability_storage_sqlite::Synchronous;

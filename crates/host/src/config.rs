@@ -284,10 +284,12 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// Registers RPC method `method` on objects of `class`: `handler` gets
     /// the object's handle and the JSON arguments and returns JSON. The
     /// name is checked at [`crate::Host::start`] (identifier grammar, at
-    /// most 256 ASCII bytes). Errors a handler returns are the caller's as
-    /// [`crate::HostError::Handler`] locally; across hosts a
-    /// [`crate::MethodError`] keeps its code and anything else becomes
-    /// `internal_error`.
+    /// most 256 ASCII bytes). A [`crate::MethodError`] a handler returns is
+    /// the caller's [`crate::HostError::Method`], locally and across hosts
+    /// alike; a fence refusal anywhere in an error's chain is
+    /// [`crate::HostError::Fenced`]; any other error is
+    /// [`crate::HostError::Handler`] locally and `internal_error` across
+    /// hosts. Typed methods: [`HostConfig::rpc`].
     #[must_use]
     pub fn method<T, F, Fut>(self, class: &str, method: &str, handler: F) -> Self
     where

@@ -111,6 +111,22 @@
 //! ([`HostConfig::class`], [`Host::object_by_name`]) stays for classes
 //! chosen at run time.
 //!
+//! **Typed methods** ([`typed`], [`Method`]): a method is a serde type
+//! that names its class, wire name, result and error;
+//! [`ClassBuilder::rpc`] registers its handler and
+//! `host.object::<Cart>("cart-42").call(AddItem { .. })` returns its
+//! result or its own error ([`CallError::Method`]), with the same JSON on
+//! the wire as the untyped [`ObjectRef::call`]; a mismatch of class,
+//! arguments or result is a compile error. A method's own error is one
+//! [`HostError::Method`] (code, message, details) whether the call ran
+//! here or on another host.
+//!
+//! **An object's own alarm** ([`alarm`]): [`ClassBuilder::alarm`]
+//! registers the class's `alarm()`, and [`Handle::set_alarm`] sets it
+//! (Durable Objects' `setAlarm`); the handler runs once the time has come,
+//! on whichever host owns the object. Example:
+//! `cargo run -p durability-host --example alarm`.
+//!
 //! **Calls between hosts** ([`Host::object_by_name`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
 //! ([`HostConfig::method`]); `host.object_by_name(class, name).call(method, args)`
@@ -163,19 +179,49 @@
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
 //! use durability_host::transport::{StaticPeers, serve};
-//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, HostIds, MethodError, OwnPolicy};
-//! use durability_host::{LifecycleId, StorageId, TaskId};
+//! use durability_host::{AppError, BoxError, CallError, Class, Handle, Host, HostConfig, HostIds};
+//! use durability_host::{LifecycleId, Method, OwnPolicy, StorageId, TaskId};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
 //! use durability_storage_sqlite::Synchronous;
-//! use serde_json::{Value, json};
+//! use serde::{Deserialize, Serialize};
 //! use durability_host::CancellationToken;
 //!
 //! struct Cart;
 //!
 //! impl Class for Cart {
 //!     const NAME: &'static str = "Cart";
+//! }
+//!
+//! /// The arguments of `Cart.add` (the JSON `{ "sku": 7 }` on the wire).
+//! #[derive(Serialize, Deserialize)]
+//! struct AddItem {
+//!     sku: u32,
+//! }
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Added {
+//!     added: u32,
+//! }
+//!
+//! #[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+//! enum CartError {
+//!     #[error("sku {0} is not sold")]
+//!     NotSold(u32),
+//! }
+//!
+//! impl AppError for CartError {
+//!     fn code(&self) -> &str {
+//!         "not_sold"
+//!     }
+//! }
+//!
+//! impl Method for AddItem {
+//!     type Class = Cart;
+//!     const NAME: &'static str = "add";
+//!     type Out = Added;
+//!     type Error = CartError;
 //! }
 //!
 //! #[tokio::main]
@@ -191,19 +237,21 @@
 //!         .peers(peers)
 //!         .own(OwnPolicy::AllShards)
 //!         .class_of(|_ctx| Ok::<_, BoxError>(Cart))
-//!         .method("add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
-//!             if args["sku"].is_null() {
-//!                 return Err(MethodError::new("missing_sku", "add needs a sku").into());
+//!         .rpc(|_cart: Handle<Cart, SqliteAlarmIndex>, add: AddItem| async move {
+//!             if add.sku == 0 {
+//!                 return Err(CartError::NotSold(add.sku));
 //!             }
-//!             Ok(json!({ "added": args["sku"] }))
+//!             Ok(Added { added: add.sku })
 //!         })
 //!         .done();
 //!     let host = Host::start(config).await?;
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
-//!     assert_eq!(added, json!({ "added": 7 }));
+//!     let cart = host.object::<Cart>("cart-42");
+//!     assert_eq!(cart.call(AddItem { sku: 7 }).await?, Added { added: 7 });
+//!     // The method's own error, typed, on this host or another.
+//!     assert!(matches!(cart.call(AddItem { sku: 0 }).await, Err(CallError::Method(CartError::NotSold(0)))));
 //!     host.run_until_signal().await;
 //!     Ok(())
 //! }

@@ -13,9 +13,11 @@
 //! before dispatch. Everything is refused before dispatch with a typed
 //! [`HostError`].
 //!
-//! A handler's error is the tenant's own: a [`MethodError`] keeps its code
-//! and message across hosts; any other error is downgraded to
-//! `internal_error`, so internal failures never leak details.
+//! A handler's error is the tenant's own: a [`MethodError`] keeps its code,
+//! message and details across hosts, and is the same
+//! [`HostError::Method`] on both paths; any other error is downgraded to
+//! `internal_error`, so internal failures never leak details. Typed
+//! methods over serde types: [`crate::typed`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
