@@ -7,6 +7,8 @@
 //! cargo run -p durability-host --example alarm
 //! ```
 
+#![allow(clippy::print_stdout, reason = "an example prints what it shows")]
+
 use std::sync::Arc;
 use std::time::Duration;
 
