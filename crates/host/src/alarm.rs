@@ -61,9 +61,7 @@ pub struct AlarmFired {
 }
 
 /// A class's alarm handler, type-erased.
-pub(crate) type AlarmHook<I, D> = Arc<
-    dyn Fn(MethodInput<I, D>, AlarmFired) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync,
->;
+pub(crate) type AlarmHook<I, D> = crate::object::Erased<I, D, AlarmFired, ()>;
 
 /// The handler of class `T` as an [`AlarmHook`].
 pub(crate) fn hook<T, I, D, F, Fut>(class: &'static str, handler: F) -> AlarmHook<I, D>
@@ -74,14 +72,7 @@ where
     F: Fn(Handle<T, I, D>, AlarmFired) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
 {
-    let handler = Arc::new(handler);
-    Arc::new(move |input, fired| {
-        let handler = Arc::clone(&handler);
-        Box::pin(async move {
-            let handle = input.handle::<T>(class)?;
-            handler(handle, fired).await
-        })
-    })
+    crate::object::erase(class, handler)
 }
 
 /// Attaches the object's alarm capability to its scheduler (the host

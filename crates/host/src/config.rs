@@ -11,7 +11,7 @@ use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, HostError};
-use crate::object::{Class, Instance, ObjectCtx};
+use crate::object::{Class, Instance, ObjectCtx, erase};
 use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
 use crate::store::{DefaultObjectStore, ObjectStore};
@@ -301,15 +301,10 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
+        let body = erase(class, handler);
         let wrapped: crate::rpc::Method<I, O::Storage> = Arc::new(move |input, args| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>(&class_name)?;
-                handler(handle, args).await.map_err(HostError::Handler)
-            })
+            let run = body(input, args);
+            Box::pin(async move { run.await.map_err(HostError::Handler) })
         });
         self.register(class, method, wrapped)
     }
@@ -368,16 +363,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
-        let wrapped: crate::fetch::Fetcher<I, O::Storage> = Arc::new(move |input, request| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>(&class_name)?;
-                handler(handle, request).await
-            })
-        });
+        let wrapped: crate::fetch::Fetcher<I, O::Storage> = erase(class, handler);
         self.fetchers.insert(class.to_owned(), wrapped);
         self
     }
@@ -405,17 +391,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
+        let session = erase(class, move |h, (request, socket)| {
+            handler(h, request, socket)
+        });
         let wrapped: crate::connect::Connector<I, O::Storage> =
-            Arc::new(move |input, request, socket| {
-                let handler = Arc::clone(&handler);
-                let class_name = class_name.clone();
-                Box::pin(async move {
-                    let handle = input.handle::<T>(&class_name)?;
-                    handler(handle, request, socket).await
-                })
-            });
+            Arc::new(move |input, request, socket| session(input, (request, socket)));
         self.connectors.insert(class.to_owned(), wrapped);
         self
     }

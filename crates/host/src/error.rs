@@ -659,27 +659,32 @@ impl HostError {
                 Some(m) if MethodError::code_is_valid(&m.code) => Self::method(m.clone()).wire(),
                 _ => internal(),
             },
-            Self::Method {
-                code,
-                message,
-                details,
-            } => WireError {
-                details: details.clone(),
-                ..w(METHOD_ERROR_STATUS, code, message.clone(), false)
-            },
-            Self::Remote {
-                status,
-                code,
-                message,
-                details,
-            } => {
-                let marked = *status == 503 && TRUSTED_OWNERSHIP_CODES.contains(&code.as_str());
+            Self::Method { code, .. } | Self::Remote { code, .. } => {
+                let (status, message, details) = self.answered();
+                let marked = status == 503 && TRUSTED_OWNERSHIP_CODES.contains(&code.as_str());
                 WireError {
-                    details: details.clone(),
-                    ..w(*status, code, message.clone(), marked)
+                    details,
+                    ..w(status, code, message, marked)
                 }
             }
             _ => internal(),
+        }
+    }
+
+    /// The status, message and details of an answer (a method's own error
+    /// or another host's envelope).
+    fn answered(&self) -> (u16, String, Option<serde_json::Value>) {
+        match self {
+            Self::Method {
+                message, details, ..
+            } => (METHOD_ERROR_STATUS, message.clone(), details.clone()),
+            Self::Remote {
+                status,
+                message,
+                details,
+                ..
+            } => (*status, message.clone(), details.clone()),
+            _ => (500, String::new(), None),
         }
     }
 

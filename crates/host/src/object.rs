@@ -3,12 +3,15 @@
 //! handler is called with.
 
 use std::any::Any;
+use std::future::Future;
 use std::sync::Arc;
 
 use durability_alarms::Alarms;
 use durability_scheduler::{ObjectId, Scheduler};
 
-use crate::error::HostError;
+use futures::future::BoxFuture;
+
+use crate::error::{BoxError, HostError};
 use crate::store::DefaultStorage;
 
 /// Longest object name, in UTF-8 bytes (the seed's id cap). Any other
@@ -108,6 +111,37 @@ impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D>
             .field("generation", &self.generation)
             .finish_non_exhaustive()
     }
+}
+
+/// A handler registered with a type, type-erased: it gets the object's
+/// input and its argument.
+pub(crate) type Erased<I, D, A, R> =
+    Arc<dyn Fn(MethodInput<I, D>, A) -> BoxFuture<'static, Result<R, BoxError>> + Send + Sync>;
+
+/// `handler` over the typed [`Handle`] of class `class`'s objects,
+/// type-erased: the one place a registered handler (method, fetch,
+/// connect, alarm) gets its handle ([`HostError::ClassType`], boxed, when
+/// the object is of another type).
+pub(crate) fn erase<T, I, D, A, R, F, Fut>(class: &str, handler: F) -> Erased<I, D, A, R>
+where
+    T: Send + Sync + 'static,
+    I: Send + Sync + 'static,
+    D: Send + Sync + 'static,
+    A: Send + 'static,
+    R: 'static,
+    F: Fn(Handle<T, I, D>, A) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, BoxError>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let class = class.to_owned();
+    Arc::new(move |input: MethodInput<I, D>, args| {
+        let handler = Arc::clone(&handler);
+        let class = class.clone();
+        Box::pin(async move {
+            let handle = input.handle::<T>(&class)?;
+            handler(handle, args).await
+        })
+    })
 }
 
 /// What a registered method gets besides its arguments.

@@ -111,6 +111,7 @@ fn error_codes_are_unique_and_stable() {
             "host_storage_failed",
             "host_factory_failed",
             "host_handler_failed",
+            "host_method_error",
             "host_alarm_failed",
             "host_schema_ahead",
             "host_invalid_method",
