@@ -349,3 +349,6 @@ pub(crate) fn decode<M: Method>(
         Err(e) => Err(CallError::Host(e)),
     }
 }
+
+#[cfg(test)]
+mod tests;
