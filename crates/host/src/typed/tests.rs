@@ -1,5 +1,7 @@
 //! How a typed handler's error and a typed call's answer are classified.
 
+#![allow(clippy::unwrap_used)]
+
 use durability_ownership::DispatchOutcome;
 use durability_scheduler::{StorageError, StorageErrorKind};
 use serde::{Deserialize, Serialize};
