@@ -305,6 +305,22 @@ impl RpcClient {
         self.send(self, class, name, request, None).await
     }
 
+    /// Calls the typed method `M` on object `name` of its class (see
+    /// [`crate::typed`]), by the routing and replay rules of
+    /// [`RpcClient::call`], with the same JSON on the wire.
+    ///
+    /// # Errors
+    /// [`crate::CallError::Method`]: the method's own error, decoded;
+    /// [`crate::CallError::Host`]: as [`RpcClient::call`].
+    pub async fn call_typed<M: crate::Method>(
+        &self,
+        name: &str,
+        args: M,
+    ) -> Result<M::Out, crate::CallError<M::Error>> {
+        let class = <M::Class as crate::Class>::NAME;
+        crate::typed::call_with(&args, |args| self.call(class, name, M::NAME, args)).await
+    }
+
     /// Sends a tenant fetch to the fetch handler of the object of `class`
     /// named `name`, wherever it is owned: through the entry host's router
     /// (forwarded once to the owner), then straight to the learned owner

@@ -167,8 +167,7 @@ where
         &self,
         args: M,
     ) -> Result<M::Out, crate::CallError<M::Error>> {
-        let args = crate::typed::encode_args(&args)?;
-        crate::typed::decode::<M>(self.object.call(M::NAME, args).await)
+        crate::typed::call_with(&args, |args| self.object.call(M::NAME, args)).await
     }
 
     /// Runs `body` on the object on this host ([`Host::call`] with the

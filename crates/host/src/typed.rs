@@ -316,8 +316,23 @@ where
     })
 }
 
+/// A typed call through `call` (an untyped call by class, name and
+/// method: a host's router or a thin client's): the arguments encoded,
+/// the answer decoded.
+pub(crate) async fn call_with<M, Fut>(
+    args: &M,
+    call: impl FnOnce(Value) -> Fut,
+) -> Result<M::Out, CallError<M::Error>>
+where
+    M: Method,
+    Fut: Future<Output = Result<Value, HostError>>,
+{
+    let args = encode_args(args)?;
+    decode::<M>(call(args).await)
+}
+
 /// A typed call's arguments as JSON.
-pub(crate) fn encode_args<M: Method>(args: &M) -> Result<Value, HostError> {
+fn encode_args<M: Method>(args: &M) -> Result<Value, HostError> {
     serde_json::to_value(args).map_err(|e| HostError::InvalidArgs {
         reason: format!("the arguments of {} do not encode: {e}", M::NAME),
     })

@@ -9,16 +9,19 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use durability_host::FailoverClient;
+use durability_host::transport::{EndpointPolicy, HttpTransport, Transport};
 use durability_host::{
     AppError, BoxError, CallError, Class, Handle, HostError, Method, ObjectRef, OwnPolicy,
 };
-use durability_ownership::DispatchOutcome;
+use durability_ownership::{DispatchOutcome, ShardCount};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::edge::{Node, node_with};
-use crate::support::{Counter, Store, TestConfig, World};
+use crate::rpc::TOKEN;
+use crate::support::{Counter, STORAGE, Store, TestConfig, World};
 
 impl Class for Counter {
     const NAME: &'static str = "Counter";
@@ -189,9 +192,29 @@ async fn a_methods_own_error_has_one_shape_locally_and_forwarded() {
     assert_eq!(shape(&local), shape(&forwarded));
     assert_eq!(shape(&local).2, "out_of_stock|none left");
 
+    // A thin client (no host of its own) through b: the same typed result
+    // and the same typed error.
+    let client = FailoverClient::with(
+        &[&b.endpoint],
+        TOKEN,
+        STORAGE,
+        ShardCount::default(),
+        EndpointPolicy::loopback(),
+        Arc::new(HttpTransport::default()) as Arc<dyn Transport>,
+    )
+    .unwrap();
+    assert_eq!(
+        client.call_typed("c1", Add { by: 1 }).await.unwrap(),
+        Total { n: 6 }
+    );
+    match client.call_typed("c1", Add { by: 50 }).await {
+        Err(CallError::Method(e)) => assert_eq!(e, too_big),
+        other => panic!("{other:?}"),
+    }
+
     // Nothing of the refused adds was written.
     assert_eq!(on_a.call(Add { by: 0 }).await.unwrap(), Total { n: 0 });
-    assert_eq!(on_b.call(Add { by: 1 }).await.unwrap(), Total { n: 6 });
+    assert_eq!(on_b.call(Add { by: 1 }).await.unwrap(), Total { n: 7 });
 }
 
 #[tokio::test]
