@@ -12,7 +12,7 @@
 //! own (no directory shared; see [`backing`]).
 //!
 //! The parent is the client. It sends each call to any live host, round
-//! robin, and the host routes it (`host.object(..).call(..)` over HTTP/1.1
+//! robin, and the host routes it (`host.object_by_name(..).call(..)` over HTTP/1.1
 //! between the hosts): run there if it owns the object's scope, else
 //! forwarded once to the owner, or sent straight to it on a learned owner
 //! hint. A call whose owner is dead answers `owner_unavailable` with outcome

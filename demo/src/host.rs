@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostSettings, OwnPolicy};
+use durability_host::{
+    BoxError, Host, HostConfig, HostIds, HostSettings, LifecycleId, OwnPolicy, StorageId, TaskId,
+};
 use durability_ownership::conformance::{HookedStore, Hooks, Method};
 use durability_ownership::{Admission, OwnershipSettings, ShardCount, SystemClock};
 use durability_scheduler::{ObjectContext, ObjectId, Scheduler, StorageError, Transaction};
@@ -88,9 +90,11 @@ async fn host(
         Arc::new(HookedStore::new(store, hooks.clone())),
         Arc::new(index),
         dir.join("objects"),
-        "st1",
-        "bench:host",
-        task,
+        HostIds::new(
+            StorageId::new("st1")?,
+            LifecycleId::new("bench:host")?,
+            TaskId::new(task)?,
+        ),
     )
     .class("Counter", |ctx| {
         ctx.scheduler.transaction(|tx| {

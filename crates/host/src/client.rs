@@ -4,7 +4,7 @@
 //! [`EndpointPolicy`]), and calls the owner directly with the route fence
 //! next time, under the
 //! same replay rules as a host's own router (see [`crate::routing`]'s
-//! docs on [`crate::Host::object`]).
+//! docs on [`crate::Host::object_by_name`]).
 //!
 //! Its figures are plain numbers ([`RpcClient::stats`]) and counters of the
 //! `metrics` facade (`durability_host_client_*`, names in ARCHITECTURE.md,
@@ -303,6 +303,22 @@ impl RpcClient {
                 fence: None,
             });
         self.send(self, class, name, request, None).await
+    }
+
+    /// Calls the typed method `M` on object `name` of its class (see
+    /// [`crate::typed`]), by the routing and replay rules of
+    /// [`RpcClient::call`], with the same JSON on the wire.
+    ///
+    /// # Errors
+    /// [`crate::CallError::Method`]: the method's own error, decoded;
+    /// [`crate::CallError::Host`]: as [`RpcClient::call`].
+    pub async fn call_typed<M: crate::Method>(
+        &self,
+        name: &str,
+        args: M,
+    ) -> Result<M::Out, crate::CallError<M::Error>> {
+        let class = <M::Class as crate::Class>::NAME;
+        crate::typed::call_with(&args, |args| self.call(class, name, M::NAME, args)).await
     }
 
     /// Sends a tenant fetch to the fetch handler of the object of `class`

@@ -10,8 +10,8 @@ use durability_ownership::{LifecycleId, StorageId, TaskId};
 use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
-use crate::error::BoxError;
-use crate::object::{Class, Instance, ObjectCtx};
+use crate::error::{BoxError, HostError};
+use crate::object::{Class, Instance, ObjectCtx, erase};
 use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
 use crate::store::{DefaultObjectStore, ObjectStore};
@@ -83,7 +83,25 @@ impl Forward for ForwardHook {
 
 /// Who a host is: the storage id it serves, the lifecycle (the logical
 /// worker whose active storage pointer names the storage) and its task,
-/// each checked when it was made ([`HostConfig::with_store`]).
+/// each checked when it was made ([`HostConfig::new`],
+/// [`HostConfig::with_store`]). Each is its own type, so passing the task
+/// where the storage id belongs does not compile.
+///
+/// ```
+/// use durability_host::{HostIds, LifecycleId, StorageId, TaskId};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ids = HostIds::new(
+///     StorageId::new("st1")?,
+///     LifecycleId::new("ns:shop")?,
+///     TaskId::new("task-1")?,
+/// );
+/// assert_eq!(ids.task.as_str(), "task-1");
+/// // A bad id never reaches a configuration.
+/// assert!(StorageId::new("bad:id").is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostIds {
     /// The storage id served.
@@ -94,15 +112,24 @@ pub struct HostIds {
     pub task: TaskId,
 }
 
+impl HostIds {
+    /// The ids of a host: storage id, lifecycle, task.
+    pub fn new(storage: StorageId, lifecycle: LifecycleId, task: TaskId) -> Self {
+        Self {
+            storage,
+            lifecycle,
+            task,
+        }
+    }
+}
+
 /// Everything a host needs. Build it with [`HostConfig::new`] and the
 /// setters; [`crate::Host::start`] validates it all before anything starts.
 pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) lease_store: Arc<S>,
     pub(crate) alarm_index: Arc<I>,
     pub(crate) objects: O,
-    pub(crate) storage_id: String,
-    pub(crate) lifecycle: String,
-    pub(crate) task: String,
+    pub(crate) ids: HostIds,
     pub(crate) endpoint: Option<String>,
     pub(crate) classes: BTreeMap<String, Factory<I, O::Storage>>,
     pub(crate) settings: HostSettings,
@@ -126,8 +153,8 @@ impl<S, I, O: ObjectStore> std::fmt::Debug for HostConfig<S, I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the internal token.
         f.debug_struct("HostConfig")
-            .field("storage_id", &self.storage_id)
-            .field("task", &self.task)
+            .field("storage_id", &self.ids.storage.as_str())
+            .field("task", &self.ids.task.as_str())
             .field("endpoint", &self.endpoint)
             .finish_non_exhaustive()
     }
@@ -139,32 +166,13 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// the storage), with leases in `lease_store`, alarm jobs in
     /// `alarm_index`, and its objects in `objects` (a store every host of
     /// the deployment shares). The ids are typed: each was checked when it
-    /// was made. With the default SQLite directory and ids as strings:
-    /// [`HostConfig::new`].
+    /// was made. With the default SQLite directory: [`HostConfig::new`].
     pub fn with_store(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: HostIds) -> Self {
-        Self::unchecked(
-            lease_store,
-            alarm_index,
-            objects,
-            [
-                ids.storage.as_str(),
-                ids.lifecycle.as_str(),
-                ids.task.as_str(),
-            ],
-        )
-    }
-
-    /// A configuration with ids still to be checked at start, in the order
-    /// storage id, lifecycle, task.
-    fn unchecked(lease_store: Arc<S>, alarm_index: Arc<I>, objects: O, ids: [&str; 3]) -> Self {
-        let [storage_id, lifecycle, task] = ids;
         Self {
             lease_store,
             alarm_index,
             objects,
-            storage_id: storage_id.to_owned(),
-            lifecycle: lifecycle.to_owned(),
-            task: task.to_owned(),
+            ids,
             endpoint: None,
             classes: BTreeMap::new(),
             settings: HostSettings::default(),
@@ -220,6 +228,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     {
         ClassBuilder {
             config: self.class(T::NAME, factory),
+            alarm: None,
             class: std::marker::PhantomData,
         }
     }
@@ -277,12 +286,14 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// Registers RPC method `method` on objects of `class`: `handler` gets
     /// the object's handle and the JSON arguments and returns JSON. The
     /// name is checked at [`crate::Host::start`] (identifier grammar, at
-    /// most 256 ASCII bytes). Errors a handler returns are the caller's as
-    /// [`crate::HostError::Handler`] locally; across hosts a
-    /// [`crate::MethodError`] keeps its code and anything else becomes
-    /// `internal_error`.
+    /// most 256 ASCII bytes). A [`crate::MethodError`] a handler returns is
+    /// the caller's [`crate::HostError::Method`], locally and across hosts
+    /// alike; a fence refusal anywhere in an error's chain is
+    /// [`crate::HostError::Fenced`]; any other error is
+    /// [`crate::HostError::Handler`] locally and `internal_error` across
+    /// hosts. Typed methods: [`HostConfig::rpc`].
     #[must_use]
-    pub fn method<T, F, Fut>(mut self, class: &str, method: &str, handler: F) -> Self
+    pub fn method<T, F, Fut>(self, class: &str, method: &str, handler: F) -> Self
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
@@ -292,18 +303,41 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
+        let body = erase(class, handler);
         let wrapped: crate::rpc::Method<I, O::Storage> = Arc::new(move |input, args| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the method's type").into()
-                })?;
-                handler(handle, args).await
-            })
+            let run = body(input, args);
+            Box::pin(async move { run.await.map_err(HostError::Handler) })
         });
+        self.register(class, method, wrapped)
+    }
+
+    /// Registers the typed method `M` on its class [`crate::Method::Class`]
+    /// (see [`crate::typed`]): `handler` gets the object's handle and the
+    /// decoded arguments and returns `M::Out` or an error (`M::Error` is the
+    /// method's own, reaching the caller as [`crate::HostError::Method`] /
+    /// [`crate::CallError::Method`]). Arguments that do not decode are
+    /// refused with [`crate::HostError::InvalidArgs`] before the handler
+    /// runs. The untyped [`crate::ObjectRef::call`] reaches it with the
+    /// same JSON.
+    #[must_use]
+    pub fn rpc<M, F, Fut, E>(self, handler: F) -> Self
+    where
+        M: crate::Method,
+        I: Send + Sync + 'static,
+        F: Fn(crate::object::Handle<M::Class, I, O::Storage>, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Out, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let wrapped = crate::typed::server::<M, I, O::Storage, F, Fut, E>(handler);
+        self.register(<M::Class as Class>::NAME, M::NAME, wrapped)
+    }
+
+    fn register(
+        mut self,
+        class: &str,
+        method: &str,
+        wrapped: crate::rpc::Method<I, O::Storage>,
+    ) -> Self {
         self.method_names
             .push((class.to_owned(), method.to_owned()));
         self.methods
@@ -331,18 +365,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
-        let wrapped: crate::fetch::Fetcher<I, O::Storage> = Arc::new(move |input, request| {
-            let handler = Arc::clone(&handler);
-            let class_name = class_name.clone();
-            Box::pin(async move {
-                let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                    format!("object class {class_name} is not of the fetch handler's type").into()
-                })?;
-                handler(handle, request).await
-            })
-        });
+        let wrapped: crate::fetch::Fetcher<I, O::Storage> = erase(class, handler);
         self.fetchers.insert(class.to_owned(), wrapped);
         self
     }
@@ -370,20 +393,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             + 'static,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        let class_name = class.to_owned();
+        let session = erase(class, move |h, (request, socket)| {
+            handler(h, request, socket)
+        });
         let wrapped: crate::connect::Connector<I, O::Storage> =
-            Arc::new(move |input, request, socket| {
-                let handler = Arc::clone(&handler);
-                let class_name = class_name.clone();
-                Box::pin(async move {
-                    let handle = input.handle::<T>().ok_or_else(|| -> BoxError {
-                        format!("object class {class_name} is not of the connect handler's type")
-                            .into()
-                    })?;
-                    handler(handle, request, socket).await
-                })
-            });
+            Arc::new(move |input, request, socket| session(input, (request, socket)));
         self.connectors.insert(class.to_owned(), wrapped);
         self
     }
@@ -438,26 +452,18 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
 }
 
 impl<S, I> HostConfig<S, I, SqliteObjectStore> {
-    /// A host of task `task` serving storage `storage_id` of lifecycle
-    /// `lifecycle` (the logical worker whose active storage pointer names
-    /// the storage), with leases in `lease_store`, alarm jobs in
-    /// `alarm_index`, and one SQLite file per object under `root` (a
-    /// directory every host of the deployment shares). Another object
-    /// store: [`HostConfig::with_store`].
+    /// A host with the [`HostIds`] `ids` (its storage id, lifecycle and
+    /// task, each a checked type: swapping two is a compile error), with
+    /// leases in `lease_store`, alarm jobs in `alarm_index`, and one SQLite
+    /// file per object under `root` (a directory every host of the
+    /// deployment shares). Another object store: [`HostConfig::with_store`].
     pub fn new(
         lease_store: Arc<S>,
         alarm_index: Arc<I>,
         root: impl Into<PathBuf>,
-        storage_id: &str,
-        lifecycle: &str,
-        task: &str,
+        ids: HostIds,
     ) -> Self {
-        Self::unchecked(
-            lease_store,
-            alarm_index,
-            SqliteObjectStore::new(root),
-            [storage_id, lifecycle, task],
-        )
+        Self::with_store(lease_store, alarm_index, SqliteObjectStore::new(root), ids)
     }
 
     /// Options of every object database.
@@ -493,7 +499,7 @@ impl
         database: &crate::settings::DatabaseSettings,
         settings: HostSettings,
         ids: HostIds,
-    ) -> Result<Self, crate::HostError> {
+    ) -> Result<Self, HostError> {
         let stores = crate::store::postgres::PostgresBackends::connect(
             database,
             settings.ownership.shard_count,
@@ -548,6 +554,7 @@ impl<S: 'static, I: 'static, O: ObjectStore> HostConfig<S, I, O> {
 /// The handlers of one object class `T` ([`HostConfig::class_of`]).
 pub struct ClassBuilder<S, I, O: ObjectStore, T> {
     config: HostConfig<S, I, O>,
+    alarm: Option<crate::alarm::AlarmHook<I, O::Storage>>,
     class: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -571,6 +578,20 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
         Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
     {
         self.config = self.config.method(T::NAME, method, handler);
+        self
+    }
+
+    /// Registers the typed method `M` of `T` (see [`HostConfig::rpc`]): a
+    /// method of another class does not compile.
+    #[must_use]
+    pub fn rpc<M, F, Fut, E>(mut self, handler: F) -> Self
+    where
+        M: crate::Method<Class = T>,
+        F: Fn(crate::object::Handle<T, I, O::Storage>, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Out, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.config = self.config.rpc::<M, F, Fut, E>(handler);
         self
     }
 
@@ -606,8 +627,39 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
         self
     }
 
+    /// Registers the alarm handler of `T` (one per class; a later one
+    /// replaces it): an object's own `alarm()`, run once the time its code
+    /// set with [`crate::Handle::set_alarm`] has come, on whichever host
+    /// owns the object (see [`crate::alarm`] for the contract: durable
+    /// once set, cleared after an `Ok` unless the handler set a new time,
+    /// at least once, retried after an error).
+    #[must_use]
+    pub fn alarm<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::alarm::AlarmFired) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.alarm = Some(crate::alarm::hook(T::NAME, handler));
+        self
+    }
+
     /// The configuration, with the class and its handlers.
-    pub fn done(self) -> HostConfig<S, I, O> {
+    pub fn done(mut self) -> HostConfig<S, I, O> {
+        if let Some(hook) = self.alarm
+            && let Some(factory) = self.config.classes.remove(T::NAME)
+        {
+            // The object's alarm is attached when the object is opened,
+            // after the class's own factory built it.
+            let with_alarm: Factory<I, O::Storage> = Arc::new(move |ctx| {
+                let instance = factory(ctx)?;
+                crate::alarm::attach(ctx, Arc::clone(&instance), Arc::clone(&hook))?;
+                Ok(instance)
+            });
+            self.config.classes.insert(T::NAME.to_owned(), with_alarm);
+        }
         self.config
     }
 }

@@ -1,5 +1,5 @@
 //! WebSocket connect on objects: an object class registers one connect
-//! handler ([`crate::HostConfig::connect`]) and `host.object(class, name)
+//! handler ([`crate::HostConfig::connect`]) and `host.object_by_name(class, name)
 //! .connect(request)` opens a WebSocket session with it on the host that
 //! owns the object's scope (see [`crate::ObjectRef::connect`] for the
 //! routing rules).

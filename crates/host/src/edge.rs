@@ -1,6 +1,6 @@
 //! The public edge: an [`axum::Router`] a user mounts in their own app that
 //! routes tenant HTTP requests to objects by name, through the host's one
-//! router (the path of `host.object(class, name).fetch(request)`:
+//! router (the path of `host.object_by_name(class, name).fetch(request)`:
 //! forwarded once to the owner, owner hints, fences and the fetch replay
 //! rules are the router's, see [`crate::ObjectRef::fetch`]).
 //!
@@ -85,7 +85,7 @@ use crate::fetch::{
 };
 use crate::host::Host;
 use crate::store::ObjectStore;
-use crate::wire::error_response;
+use crate::wire::{error_response, host_error_response};
 
 /// The hop-by-hop headers (RFC 9110 §7.6.1, plus the legacy
 /// `keep-alive` / `proxy-connection`): never forwarded in either
@@ -267,7 +267,7 @@ where
         headers: head.headers,
         body,
     };
-    match host.object(&class, &name).fetch(request).await {
+    match host.object_by_name(&class, &name).fetch(request).await {
         Ok(response) => respond(response),
         Err(e) => error(&e),
     }
@@ -414,11 +414,10 @@ fn respond(response: FetchResponse) -> Response {
     out
 }
 
-/// An error as the tenant sees it: the wire's code and message, never the
-/// ownership marker.
+/// An error as the tenant sees it: the wire's code, message and details,
+/// never the ownership marker.
 fn error(e: &HostError) -> Response {
-    let wire = e.wire();
-    error_response(wire.status, &wire.code, &wire.message, false)
+    host_error_response(e, false)
 }
 
 /// A size refusal with its own status (413, 414 or 431).

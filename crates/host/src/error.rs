@@ -21,17 +21,25 @@ pub const TRUSTED_OWNERSHIP_CODES: &[&str] = &[
 /// for any method and RPC.
 pub const REDISCOVERY_CODES: &[&str] = &["stale_owner", "owner_race"];
 
-/// An error a method returns on purpose: its code and message reach the
-/// caller unchanged, on this host or across hosts. The code uses
-/// `[a-z0-9_]`, 1..=64 bytes (else it is downgraded to `internal_error`);
-/// the message is at most 1024 bytes (longer is truncated).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The longest method error message kept, in bytes (longer is cut at a
+/// character boundary).
+pub const MAX_METHOD_MESSAGE_BYTES: usize = 1024;
+
+/// An error a method returns on purpose: its code, message and details
+/// reach the caller unchanged, as [`HostError::Method`], on this host or
+/// across hosts. The code uses `[a-z0-9_]`, 1..=64 bytes (else it is
+/// downgraded to `internal_error`); the message is at most
+/// [`MAX_METHOD_MESSAGE_BYTES`] (longer is truncated, on the host that ran
+/// the method, so both paths see the same text).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct MethodError {
     /// The tenant's machine code.
     pub code: String,
     /// The tenant's message.
     pub message: String,
+    /// Structured details (a typed method's error, encoded), if any.
+    pub details: Option<serde_json::Value>,
 }
 
 impl MethodError {
@@ -40,7 +48,15 @@ impl MethodError {
         Self {
             code: code.into(),
             message: message.into(),
+            details: None,
         }
+    }
+
+    /// The same error with these details.
+    #[must_use]
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = Some(details);
+        self
     }
 
     /// Whether the code passes the grammar.
@@ -153,6 +169,20 @@ pub enum HostError {
     /// The call body failed (its own error).
     #[error("the call failed: {0}")]
     Handler(#[source] BoxError),
+    /// A method returned its own [`MethodError`] (or a typed method's
+    /// error, see [`crate::Method`]): the same variant, code, message and
+    /// details whether the method ran on this host or on another one. The
+    /// method ran: what it committed is its own (the outcome is unknown to
+    /// the host).
+    #[error("the method failed with {code}: {message}")]
+    Method {
+        /// The method's code (`[a-z0-9_]`, 1..=64 bytes).
+        code: String,
+        /// Its message (at most [`MAX_METHOD_MESSAGE_BYTES`]).
+        message: String,
+        /// Its details.
+        details: Option<serde_json::Value>,
+    },
     /// Wiring the object's alarm failed.
     #[error("object alarm failed: {0}")]
     Alarm(#[source] AlarmError),
@@ -289,9 +319,9 @@ pub enum HostError {
     },
 }
 
-/// How an error crosses the wire: status, envelope code and message, and
-/// whether it carries the trusted ownership marker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How an error crosses the wire: status, envelope code, message and
+/// details, and whether it carries the trusted ownership marker.
+#[derive(Debug, Clone, PartialEq)]
 pub struct WireError {
     /// The HTTP status.
     pub status: u16,
@@ -302,7 +332,12 @@ pub struct WireError {
     pub message: String,
     /// Whether the ownership marker is set.
     pub marked: bool,
+    /// The envelope's `details` (a method's own error only).
+    pub details: Option<serde_json::Value>,
 }
+
+/// The HTTP status of a method's own error on the wire (and only of it).
+pub const METHOD_ERROR_STATUS: u16 = 422;
 
 /// Codes of refusals that prove the request never started.
 const NOT_STARTED_REMOTE: &[&str] = &[
@@ -333,6 +368,7 @@ impl HostError {
         "host_storage_failed",
         "host_factory_failed",
         "host_handler_failed",
+        "host_method_error",
         "host_alarm_failed",
         "host_schema_ahead",
         "host_invalid_method",
@@ -364,6 +400,7 @@ impl HostError {
             Self::Storage(_) => "host_storage_failed",
             Self::Factory { .. } => "host_factory_failed",
             Self::Handler(_) => "host_handler_failed",
+            Self::Method { .. } => "host_method_error",
             Self::Alarm(_) => "host_alarm_failed",
             Self::SchemaAhead { .. } => "host_schema_ahead",
             Self::InvalidMethod { .. } => "host_invalid_method",
@@ -407,6 +444,7 @@ impl HostError {
             Self::Ownership(e) => e.outcome(),
             Self::OwnershipLost { .. }
             | Self::Handler(_)
+            | Self::Method { .. }
             | Self::Storage(_)
             | Self::Alarm(_)
             | Self::OwnerUnavailable { .. }
@@ -434,23 +472,62 @@ impl HostError {
     /// wrapped in the application's own error type or not) is
     /// [`HostError::Fenced`], so it stays recognised (nothing of that
     /// transaction was written); a bare `StorageError` is
-    /// [`HostError::Storage`]; anything else is the handler's own
-    /// [`HostError::Handler`], its chain kept.
+    /// [`HostError::Storage`]; a [`MethodError`] with a valid code is
+    /// [`HostError::Method`] (see [`HostError::method`]); anything else is
+    /// the handler's own [`HostError::Handler`], its chain kept.
     pub fn from_handler(e: BoxError) -> Self {
         let e = match e.downcast::<StorageError>() {
             Ok(s) => return Self::from_storage(*s),
             Err(e) => e,
         };
+        let e = match e.downcast::<MethodError>() {
+            Ok(m) if MethodError::code_is_valid(&m.code) => return Self::method(*m),
+            Ok(m) => m,
+            Err(e) => e,
+        };
+        Self::from_handler_chain(&e).unwrap_or(Self::Handler(e))
+    }
+
+    /// [`HostError::Fenced`] when a fence refusal (a `StorageError` of kind
+    /// `Fenced`) is anywhere in `e`'s error chain.
+    pub(crate) fn from_handler_chain(e: &BoxError) -> Option<Self> {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
         while let Some(c) = cause {
             if let Some(s) = c.downcast_ref::<StorageError>()
                 && s.kind() == StorageErrorKind::Fenced
             {
-                return Self::Fenced(StorageError::new(StorageErrorKind::Fenced, e.to_string()));
+                return Some(Self::Fenced(StorageError::new(
+                    StorageErrorKind::Fenced,
+                    e.to_string(),
+                )));
             }
             cause = c.source();
         }
-        Self::Handler(e)
+        None
+    }
+
+    /// A method's own error as the caller sees it: [`HostError::Method`]
+    /// with its message cut to [`MAX_METHOD_MESSAGE_BYTES`] (at a character
+    /// boundary). The one constructor of that variant, on the host that ran
+    /// the method and on the one that decoded its answer.
+    pub fn method(e: MethodError) -> Self {
+        let MethodError {
+            code,
+            mut message,
+            details,
+        } = e;
+        if message.len() > MAX_METHOD_MESSAGE_BYTES {
+            let mut cut = MAX_METHOD_MESSAGE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        Self::Method {
+            code,
+            message,
+            details,
+        }
     }
 
     /// Classifies a storage error: a fence refusal or another failure.
@@ -518,7 +595,7 @@ impl HostError {
     /// crossed hosts (or would), else [`HostError::code`].
     pub fn rpc_code(&self) -> String {
         match self {
-            Self::Remote { code, .. } => code.clone(),
+            Self::Remote { code, .. } | Self::Method { code, .. } => code.clone(),
             _ => self.wire().code,
         }
     }
@@ -534,6 +611,7 @@ impl HostError {
             code: code.to_owned(),
             message,
             marked,
+            details: None,
         };
         let unavailable = || {
             w(
@@ -583,29 +661,60 @@ impl HostError {
                 false,
             ),
             Self::Handler(e) => match e.downcast_ref::<MethodError>() {
-                Some(m) if MethodError::code_is_valid(&m.code) => {
-                    let mut message = m.message.clone();
-                    if message.len() > 1024 {
-                        let mut cut = 1024;
-                        while !message.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        message.truncate(cut);
-                    }
-                    w(422, &m.code, message, false)
-                }
+                Some(m) if MethodError::code_is_valid(&m.code) => Self::method(m.clone()).wire(),
                 _ => internal(),
             },
-            Self::Remote {
-                status,
-                code,
-                message,
-                ..
-            } => {
-                let marked = *status == 503 && TRUSTED_OWNERSHIP_CODES.contains(&code.as_str());
-                w(*status, code, message.clone(), marked)
+            Self::Method { code, .. } | Self::Remote { code, .. } => {
+                let (status, message, details) = self.answered();
+                let marked = status == 503 && TRUSTED_OWNERSHIP_CODES.contains(&code.as_str());
+                WireError {
+                    details,
+                    ..w(status, code, message, marked)
+                }
             }
             _ => internal(),
+        }
+    }
+
+    /// The status, message and details of an answer (a method's own error
+    /// or another host's envelope).
+    fn answered(&self) -> (u16, String, Option<serde_json::Value>) {
+        match self {
+            Self::Method {
+                message, details, ..
+            } => (METHOD_ERROR_STATUS, message.clone(), details.clone()),
+            Self::Remote {
+                status,
+                message,
+                details,
+                ..
+            } => (*status, message.clone(), details.clone()),
+            _ => (500, String::new(), None),
+        }
+    }
+
+    /// An error envelope another host answered (not a trusted ownership
+    /// refusal): a method's own error ([`METHOD_ERROR_STATUS`] with a valid
+    /// code) is [`HostError::Method`], as it was on the owner; anything
+    /// else is [`HostError::Remote`].
+    pub(crate) fn remote(
+        status: u16,
+        code: String,
+        message: String,
+        details: Option<serde_json::Value>,
+    ) -> Self {
+        if status == METHOD_ERROR_STATUS && MethodError::code_is_valid(&code) {
+            return Self::method(MethodError {
+                code,
+                message,
+                details,
+            });
+        }
+        Self::Remote {
+            status,
+            code,
+            message,
+            details,
         }
     }
 

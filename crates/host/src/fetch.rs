@@ -1,5 +1,5 @@
 //! Tenant fetch on objects: an object class registers one fetch handler
-//! ([`crate::HostConfig::fetch`]) and `host.object(class, name)
+//! ([`crate::HostConfig::fetch`]) and `host.object_by_name(class, name)
 //! .fetch(request)` runs it once on the host that owns the object's scope,
 //! under the same routing as RPC (forwarded once, owner hint, fence) and
 //! the fetch replay rules (see [`crate::ObjectRef::fetch`]).

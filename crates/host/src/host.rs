@@ -157,7 +157,7 @@ impl Counters {
     fn count(&self, result: &Result<impl Sized, HostError>) {
         let c = match result {
             Ok(_) => &self.completed,
-            Err(HostError::Handler(_)) => &self.handler_failed,
+            Err(HostError::Handler(_) | HostError::Method { .. }) => &self.handler_failed,
             Err(HostError::Draining) => &self.refused_draining,
             Err(HostError::NotOwner { .. }) => &self.refused_not_owner,
             Err(HostError::Ownership(_)) => &self.refused_ownership,
@@ -253,6 +253,9 @@ struct OpenObject<I, D> {
 impl<I, D: durability_scheduler::Storage> OpenObject<I, D> {
     fn close(&self) {
         if !self.closed.swap(true, Ordering::SeqCst) {
+            // The object's alarm capability holds the object and its
+            // scheduler: detached, the cycle is gone.
+            self.scheduler.detach(crate::alarm::OBJECT_ALARM);
             self.watcher.abort();
             self.scheduler.abort_background();
         }
@@ -347,7 +350,8 @@ struct Inner<S, I, O: ObjectStore> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use durability_host::{BoxError, Host, HostConfig, OwnPolicy};
+/// use durability_host::{BoxError, Host, HostConfig, HostIds, OwnPolicy};
+/// use durability_host::{LifecycleId, StorageId, TaskId};
 /// use durability_ownership::{DrainReport, ShardCount, SystemClock};
 /// use durability_scheduler::StorageError;
 /// use durability_storage_sqlite::Synchronous;
@@ -365,7 +369,8 @@ struct Inner<S, I, O: ObjectStore> {
 /// let host = |task: &str, create: bool| {
 ///     let leases = SqliteLeaseStore::open(dir.path().join("leases.db"), SystemClock::new(), ShardCount::default())?;
 ///     let index = SqliteAlarmIndex::open(dir.path().join("alarms.db"), Synchronous::Full)?;
-///     let config = HostConfig::new(Arc::new(leases), Arc::new(index), dir.path().join("objects"), "st1", "ns:shop", task)
+///     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new(task)?);
+///     let config = HostConfig::new(Arc::new(leases), Arc::new(index), dir.path().join("objects"), ids)
 ///         .class("Counter", |ctx| {
 ///             ctx.scheduler.transaction(|tx| {
 ///                 tx.sql().execute_batch("CREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL)").map_err(sql)

@@ -61,7 +61,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use durability_host::{BoxError, DeleteAll, Host, HostConfig, HostSettings, OwnPolicy};
+//! use durability_host::{BoxError, DeleteAll, Host, HostConfig, HostIds, HostSettings, OwnPolicy};
+//! use durability_host::{LifecycleId, StorageId, TaskId};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
@@ -74,7 +75,8 @@
 //!     let shared = std::path::Path::new("/srv/objects"); // every host mounts it
 //!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
 //!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
-//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new("task-1")?);
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, ids)
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .class("Counter", |ctx| {
 //!             ctx.scheduler.transaction(|tx| {
@@ -104,14 +106,30 @@
 //! **Classes as types** ([`Class`]): a class type knows its name;
 //! [`HostConfig::class_of`] registers it and returns a [`ClassBuilder`]
 //! whose handlers get a [`Handle`] of exactly that type, and
-//! `host.object_of::<Cart>("cart-42")` ([`Object`]) calls, runs and
+//! `host.object::<Cart>("cart-42")` ([`Object`]) calls, runs and
 //! transacts on it without naming the class again. The string API
-//! ([`HostConfig::class`], [`Host::object`]) stays for classes
+//! ([`HostConfig::class`], [`Host::object_by_name`]) stays for classes
 //! chosen at run time.
 //!
-//! **Calls between hosts** ([`Host::object`], [`rpc`], [`transport`],
+//! **Typed methods** ([`typed`], [`Method`]): a method is a serde type
+//! that names its class, wire name, result and error;
+//! [`ClassBuilder::rpc`] registers its handler and
+//! `host.object::<Cart>("cart-42").call(AddItem { .. })` returns its
+//! result or its own error ([`CallError::Method`]), with the same JSON on
+//! the wire as the untyped [`ObjectRef::call`]; a mismatch of class,
+//! arguments or result is a compile error. A method's own error is one
+//! [`HostError::Method`] (code, message, details) whether the call ran
+//! here or on another host.
+//!
+//! **An object's own alarm** ([`alarm`]): [`ClassBuilder::alarm`]
+//! registers the class's `alarm()`, and [`Handle::set_alarm`] sets it
+//! (Durable Objects' `setAlarm`); the handler runs once the time has come,
+//! on whichever host owns the object. Example:
+//! `cargo run -p durability-host --example alarm`.
+//!
+//! **Calls between hosts** ([`Host::object_by_name`], [`rpc`], [`transport`],
 //! [`RpcClient`]): an object class registers named RPC methods
-//! ([`HostConfig::method`]); `host.object(class, name).call(method, args)`
+//! ([`HostConfig::method`]); `host.object_by_name(class, name).call(method, args)`
 //! runs the method once on the host that owns the object's scope. An
 //! uncached call enters this host's router (owner resolution): owned here,
 //! it runs here; owned elsewhere, it is forwarded once over HTTP/1.1
@@ -150,7 +168,7 @@
 //!
 //! **WebSocket sessions** ([`connect`], [`ObjectRef::connect`]): a class
 //! registers a connect handler ([`HostConfig::connect`]);
-//! `host.object(class, name).connect(request)` returns the caller's
+//! `host.object_by_name(class, name).connect(request)` returns the caller's
 //! [`connect::Socket`]. The `101` comes only from the owner's endpoint,
 //! after admission at the route fence: a router that does not own the
 //! object hands the connect off (a trusted owner hint) and the caller
@@ -161,12 +179,13 @@
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
 //! use durability_host::transport::{StaticPeers, serve};
-//! use durability_host::{BoxError, Class, Handle, Host, HostConfig, MethodError, OwnPolicy};
+//! use durability_host::{AppError, BoxError, CallError, Class, Handle, Host, HostConfig, HostIds};
+//! use durability_host::{LifecycleId, Method, OwnPolicy, StorageId, TaskId};
 //! use durability_ownership::{ShardCount, SystemClock};
 //! use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 //! use durability_storage_sqlite::ownership::SqliteLeaseStore;
 //! use durability_storage_sqlite::Synchronous;
-//! use serde_json::{Value, json};
+//! use serde::{Deserialize, Serialize};
 //! use durability_host::CancellationToken;
 //!
 //! struct Cart;
@@ -175,31 +194,64 @@
 //!     const NAME: &'static str = "Cart";
 //! }
 //!
+//! /// The arguments of `Cart.add` (the JSON `{ "sku": 7 }` on the wire).
+//! #[derive(Serialize, Deserialize)]
+//! struct AddItem {
+//!     sku: u32,
+//! }
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Added {
+//!     added: u32,
+//! }
+//!
+//! #[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+//! enum CartError {
+//!     #[error("sku {0} is not sold")]
+//!     NotSold(u32),
+//! }
+//!
+//! impl AppError for CartError {
+//!     fn code(&self) -> &str {
+//!         "not_sold"
+//!     }
+//! }
+//!
+//! impl Method for AddItem {
+//!     type Class = Cart;
+//!     const NAME: &'static str = "add";
+//!     type Out = Added;
+//!     type Error = CartError;
+//! }
+//!
 //! #[tokio::main]
 //! async fn main() -> Result<(), BoxError> {
 //!     let shared = std::path::Path::new("/srv/objects");
 //!     let leases = SqliteLeaseStore::open(shared.join("leases.db"), SystemClock::new(), ShardCount::default())?;
 //!     let index = SqliteAlarmIndex::open(shared.join("alarms.db"), Synchronous::Full)?;
 //!     let peers = StaticPeers(BTreeMap::from([("task-2".to_owned(), "http://10.0.0.8:8788".to_owned())]));
-//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, "st1", "ns:shop", "task-1")
+//!     let ids = HostIds::new(StorageId::new("st1")?, LifecycleId::new("ns:shop")?, TaskId::new("task-1")?);
+//!     let config = HostConfig::new(Arc::new(leases), Arc::new(index), shared, ids)
 //!         .endpoint("http://10.0.0.7:8788")
 //!         .internal_token(&std::env::var("DURABILITY_INTERNAL_TOKEN")?)
 //!         .peers(peers)
 //!         .own(OwnPolicy::AllShards)
 //!         .class_of(|_ctx| Ok::<_, BoxError>(Cart))
-//!         .method("add", |_cart: Handle<Cart, SqliteAlarmIndex>, args: Value| async move {
-//!             if args["sku"].is_null() {
-//!                 return Err(MethodError::new("missing_sku", "add needs a sku").into());
+//!         .rpc(|_cart: Handle<Cart, SqliteAlarmIndex>, add: AddItem| async move {
+//!             if add.sku == 0 {
+//!                 return Err(CartError::NotSold(add.sku));
 //!             }
-//!             Ok(json!({ "added": args["sku"] }))
+//!             Ok(Added { added: add.sku })
 //!         })
 //!         .done();
 //!     let host = Host::start(config).await?;
 //!     let listener = tokio::net::TcpListener::bind("10.0.0.7:8788").await?;
 //!     tokio::spawn(serve(host.clone(), listener, CancellationToken::new()));
 //!     // Runs once on whichever host owns cart-42's shard.
-//!     let added = host.object_of::<Cart>("cart-42").call("add", json!({ "sku": 7 })).await?;
-//!     assert_eq!(added, json!({ "added": 7 }));
+//!     let cart = host.object::<Cart>("cart-42");
+//!     assert_eq!(cart.call(AddItem { sku: 7 }).await?, Added { added: 7 });
+//!     // The method's own error, typed, on this host or another.
+//!     assert!(matches!(cart.call(AddItem { sku: 0 }).await, Err(CallError::Method(CartError::NotSold(0)))));
 //!     host.run_until_signal().await;
 //!     Ok(())
 //! }
@@ -207,6 +259,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_debug_implementations)]
 
+pub mod alarm;
 mod client;
 mod config;
 pub mod connect;
@@ -226,17 +279,23 @@ mod settings;
 mod storage;
 pub mod store;
 pub mod transport;
+pub mod typed;
+
 pub mod wire;
 
 /// The cancellation token [`transport::serve`] stops on (tokio-util's), so
 /// callers need not depend on tokio-util themselves.
 pub use tokio_util::sync::CancellationToken;
 
+pub use alarm::{AlarmFired, OBJECT_ALARM};
 pub use client::{
     ClientCalls, ClientStats, EntryBackoff, EntryState, FailoverClient, FailoverStats, RpcClient,
 };
 pub use config::ClassBuilder;
 pub use config::{HostConfig, HostForward, HostIds, NoTransport, OwnPolicy};
+/// The checked ids of [`HostIds`] (the ownership crate's), so callers need
+/// not depend on it for them.
+pub use durability_ownership::{LifecycleId, StorageId, TaskId};
 pub use edge::Edge;
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
@@ -256,3 +315,4 @@ pub use storage::{
 pub use store::postgres::{PostgresBackends, PostgresObjectStore};
 pub use store::sqlite::{ADMISSION_FILE, MAX_ROOT_BYTES, SqliteObjectStore, TOMBSTONE_FILE};
 pub use store::{ObjectStore, StoreTx};
+pub use typed::{AppError, CallError, Method};

@@ -3,12 +3,15 @@
 //! handler is called with.
 
 use std::any::Any;
+use std::future::Future;
 use std::sync::Arc;
 
 use durability_alarms::Alarms;
 use durability_scheduler::{ObjectId, Scheduler};
 
-use crate::error::HostError;
+use futures::future::BoxFuture;
+
+use crate::error::{BoxError, HostError};
 use crate::store::DefaultStorage;
 
 /// Longest object name, in UTF-8 bytes (the seed's id cap). Any other
@@ -39,7 +42,7 @@ pub fn validate_object_name(name: &str) -> Result<(), HostError> {
 }
 
 /// An object class as a type: the type knows its class name, so a caller
-/// names the class once, by type (`host.object_of::<Cart>("cart-42")`), and
+/// names the class once, by type (`host.object::<Cart>("cart-42")`), and
 /// a handler registered on [`crate::HostConfig::class_of`]'s builder gets a
 /// [`Handle`] of exactly that type. The name is what crosses the wire
 /// (object ids, owner scopes, invokes), so renaming a class is a storage
@@ -73,6 +76,8 @@ pub struct ObjectCtx<I, D = DefaultStorage> {
     pub scheduler: Scheduler<D>,
     /// The object's alarm (backed by the host's alarm index).
     pub alarms: Alarms<D, I>,
+    /// The generation of the claim the object was opened under.
+    pub generation: u64,
 }
 
 impl<I, D> std::fmt::Debug for ObjectCtx<I, D> {
@@ -108,6 +113,37 @@ impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D>
     }
 }
 
+/// A handler registered with a type, type-erased: it gets the object's
+/// input and its argument.
+pub(crate) type Erased<I, D, A, R> =
+    Arc<dyn Fn(MethodInput<I, D>, A) -> BoxFuture<'static, Result<R, BoxError>> + Send + Sync>;
+
+/// `handler` over the typed [`Handle`] of class `class`'s objects,
+/// type-erased: the one place a registered handler (method, fetch,
+/// connect, alarm) gets its handle ([`HostError::ClassType`], boxed, when
+/// the object is of another type).
+pub(crate) fn erase<T, I, D, A, R, F, Fut>(class: &str, handler: F) -> Erased<I, D, A, R>
+where
+    T: Send + Sync + 'static,
+    I: Send + Sync + 'static,
+    D: Send + Sync + 'static,
+    A: Send + 'static,
+    R: 'static,
+    F: Fn(Handle<T, I, D>, A) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, BoxError>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let class = class.to_owned();
+    Arc::new(move |input: MethodInput<I, D>, args| {
+        let handler = Arc::clone(&handler);
+        let class = class.clone();
+        Box::pin(async move {
+            let handle = input.handle::<T>(&class)?;
+            handler(handle, args).await
+        })
+    })
+}
+
 /// What a registered method gets besides its arguments.
 pub(crate) struct MethodInput<I, D> {
     pub(crate) instance: Instance,
@@ -117,10 +153,21 @@ pub(crate) struct MethodInput<I, D> {
 }
 
 impl<I, D> MethodInput<I, D> {
-    /// The typed handle, or `None` when the object is not a `T`.
-    pub(crate) fn handle<T: Send + Sync + 'static>(self) -> Option<Handle<T, I, D>> {
-        let object = self.instance.downcast::<T>().ok()?;
-        Some(Handle {
+    /// The typed handle of an object of `class`.
+    ///
+    /// # Errors
+    /// [`HostError::ClassType`] when the object is not a `T`.
+    pub(crate) fn handle<T: Send + Sync + 'static>(
+        self,
+        class: &str,
+    ) -> Result<Handle<T, I, D>, HostError> {
+        let object = self
+            .instance
+            .downcast::<T>()
+            .map_err(|_| HostError::ClassType {
+                class: class.to_owned(),
+            })?;
+        Ok(Handle {
             object,
             scheduler: self.scheduler,
             alarms: self.alarms,

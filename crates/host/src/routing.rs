@@ -1,4 +1,4 @@
-//! Routing calls between hosts: `host.object(class, name).call(method,
+//! Routing calls between hosts: `host.object_by_name(class, name).call(method,
 //! args)` runs the method once on the host that owns the object's scope.
 //!
 //! One router carries every request kind: `router` holds the one
@@ -71,7 +71,7 @@ use crate::route_table::bump;
 use crate::store::ObjectStore;
 use router::forwarded_once;
 
-/// An object addressed by class and name, from [`Host::object`].
+/// An object addressed by class and name, from [`Host::object_by_name`].
 pub struct ObjectRef<S, I, O: ObjectStore = crate::store::DefaultObjectStore> {
     host: Host<S, I, O>,
     class: String,
@@ -127,7 +127,7 @@ impl<S, I, O: ObjectStore> ObjectRef<S, I, O> {
     }
 }
 
-/// An object of class `T`, from [`Host::object_of`]: the calls of an
+/// An object of class `T`, from [`Host::object`]: the calls of an
 /// [`ObjectRef`], and `T`'s own body and transaction without naming the
 /// class again.
 pub struct Object<S, I, O: ObjectStore, T> {
@@ -151,16 +151,23 @@ where
         &self.object
     }
 
-    /// Calls RPC method `method` (see [`ObjectRef::call`]).
+    /// Calls the typed method `M` of `T` with `args`, on whichever host
+    /// owns the object (routed as [`ObjectRef::call`], with the same JSON on
+    /// the wire): a method of another class, or a result of another type,
+    /// does not compile. See [`crate::typed`].
     ///
     /// # Errors
-    /// As [`ObjectRef::call`].
-    pub async fn call(
+    /// [`crate::CallError::Method`]: the method's own error, decoded (the
+    /// same on this host and across hosts); [`crate::CallError::Host`]:
+    /// everything [`ObjectRef::call`] reports, a result that does not
+    /// decode as `M::Out` ([`HostError::RpcResultUnknown`]), or a method
+    /// error whose details do not decode as `M::Error` (kept as
+    /// [`HostError::Method`]).
+    pub async fn call<M: crate::Method<Class = T>>(
         &self,
-        method: &str,
-        args: serde_json::Value,
-    ) -> Result<serde_json::Value, HostError> {
-        self.object.call(method, args).await
+        args: M,
+    ) -> Result<M::Out, crate::CallError<M::Error>> {
+        crate::typed::call_with(&args, |args| self.object.call(M::NAME, args)).await
     }
 
     /// Runs `body` on the object on this host ([`Host::call`] with the
@@ -216,18 +223,18 @@ where
     I: AlarmIndex + Send + Sync + 'static,
 {
     /// The object of class `T` named `name` (nothing is resolved until a
-    /// call): `host.object_of::<Cart>("cart-42")`.
-    pub fn object_of<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
+    /// call): `host.object::<Cart>("cart-42")`.
+    pub fn object<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
         Object {
-            object: self.object(T::NAME, name),
+            object: self.object_by_name(T::NAME, name),
             class: PhantomData,
         }
     }
 
     /// The object of `class` named `name`, the class by its name (nothing
-    /// is resolved until a call). With a [`Class`] type:
-    /// [`Host::object_of`].
-    pub fn object(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
+    /// is resolved until a call): the untyped form the wire and the thin
+    /// client use. With a [`Class`] type: [`Host::object`].
+    pub fn object_by_name(&self, class: &str, name: &str) -> ObjectRef<S, I, O> {
         ObjectRef {
             host: self.clone(),
             class: class.to_owned(),

@@ -13,9 +13,11 @@
 //! before dispatch. Everything is refused before dispatch with a typed
 //! [`HostError`].
 //!
-//! A handler's error is the tenant's own: a [`MethodError`] keeps its code
-//! and message across hosts; any other error is downgraded to
-//! `internal_error`, so internal failures never leak details.
+//! A handler's error is the tenant's own: a [`MethodError`] keeps its code,
+//! message and details across hosts, and is the same
+//! [`HostError::Method`] on both paths; any other error is downgraded to
+//! `internal_error`, so internal failures never leak details. Typed
+//! methods over serde types: [`crate::typed`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,8 +25,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-pub use crate::error::MethodError;
-use crate::error::{BoxError, HostError};
+use crate::error::HostError;
+pub use crate::error::{MAX_METHOD_MESSAGE_BYTES, METHOD_ERROR_STATUS, MethodError};
 use crate::object::MethodInput;
 
 /// The longest method name, in ASCII bytes.
@@ -148,8 +150,12 @@ fn check_depth(value: &Value, depth: usize) -> Result<(), HostError> {
     }
 }
 
+/// A registered method: the object's input and the JSON arguments in,
+/// JSON out; a handler's own error is [`HostError::Handler`] (classified by
+/// the dispatch), a typed method's refusal of its arguments
+/// [`HostError::InvalidArgs`].
 pub(crate) type Method<I, D> = Arc<
-    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, BoxError>> + Send + Sync,
+    dyn Fn(MethodInput<I, D>, Value) -> BoxFuture<'static, Result<Value, HostError>> + Send + Sync,
 >;
 
 /// The methods of every class: class → method name → handler.

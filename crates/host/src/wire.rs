@@ -80,8 +80,31 @@ where
 }
 
 pub(crate) fn error_response(status: u16, code: &str, message: &str, marked: bool) -> Response {
+    envelope_response(status, code, message, None, marked)
+}
+
+/// A host error as its envelope (with its details and, when `marked`
+/// allows and the error carries it, the ownership marker).
+pub(crate) fn host_error_response(e: &HostError, marked: bool) -> Response {
+    let wire = e.wire();
+    envelope_response(
+        wire.status,
+        &wire.code,
+        &wire.message,
+        wire.details,
+        marked && wire.marked,
+    )
+}
+
+fn envelope_response(
+    status: u16,
+    code: &str,
+    message: &str,
+    details: Option<Value>,
+    marked: bool,
+) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, axum::Json(envelope(code, message, None))).into_response();
+    let mut response = (status, axum::Json(envelope(code, message, details))).into_response();
     if marked && let Ok(v) = HeaderValue::from_str(code) {
         response.headers_mut().insert(OWNERSHIP_ERROR_HEADER, v);
     }
@@ -222,10 +245,7 @@ where
             put_owner_headers(response.headers_mut(), &owner);
             response
         }
-        Err(e) => {
-            let wire = e.wire();
-            error_response(wire.status, &wire.code, &wire.message, wire.marked)
-        }
+        Err(e) => host_error_response(&e, true),
     }
 }
 

@@ -25,7 +25,7 @@
 //! when it is due), `<id> slow <name> <ms>` (one committed increment, a
 //! pause of `ms` outside any transaction, a second increment), `<id> read
 //! <name>`, `<id> probe`; `<id> via incr|timer|read …` is the same call
-//! routed (`host.object(..).call(..)`: run here if this host owns the
+//! routed (`host.object_by_name(..).call(..)`: run here if this host owns the
 //! object, else forwarded once to the owner, or sent straight to it on an
 //! owner hint). End of input drains the host.
 //!
@@ -430,24 +430,27 @@ pub(crate) fn main(raw: &[String]) -> Result {
             let index =
                 RedisAlarmIndex::connect(url, &format!("{prefix}alarms:"), IndexTime::Server)
                     .await?;
-            return serve(on_dir(store, index, &args), args, true).await;
+            return serve(on_dir(store, index, &args)?, args, true).await;
         }
         let store = SqliteLeaseStore::open(dir.join("leases.db"), SystemClock::new(), shards)?;
         let index = SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full)?;
-        serve(on_dir(store, index, &args), args, true).await
+        serve(on_dir(store, index, &args)?, args, true).await
     })
 }
 
 /// A host with its objects' SQLite files under the shared `<dir>/objects`.
-fn on_dir<S, I>(store: S, index: I, args: &Args) -> HostConfig<S, I> {
-    HostConfig::new(
+fn on_dir<S, I>(store: S, index: I, args: &Args) -> Result<HostConfig<S, I>, BoxError> {
+    let ids = HostIds::new(
+        StorageId::new(STORAGE)?,
+        LifecycleId::new(LIFECYCLE)?,
+        TaskId::new(&args.task)?,
+    );
+    Ok(HostConfig::new(
         Arc::new(store),
         Arc::new(index),
         args.dir.join("objects"),
-        STORAGE,
-        LIFECYCLE,
-        &args.task,
-    )
+        ids,
+    ))
 }
 
 /// Runs the host of `config` with the scene's class, methods and settings.
@@ -716,7 +719,7 @@ where
         }),
         _ => Value::Null,
     };
-    match host.object(CLASS, name).call(method, args).await {
+    match host.object_by_name(CLASS, name).call(method, args).await {
         Ok(v) => say(&format!(
             "ans {id} ok gen={} ran={} {}",
             v["gen"],

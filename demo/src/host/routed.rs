@@ -29,7 +29,9 @@ use durability_host::transport::{
     Endpoint, EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, InvokeRequest, Reply,
     RouteFence, StaticPeers, Transport, serve,
 };
-use durability_host::{BoxError, Handle, Host, HostConfig, RpcArgs};
+use durability_host::{
+    BoxError, Handle, Host, HostConfig, HostIds, LifecycleId, RpcArgs, StorageId, TaskId,
+};
 use durability_ownership::SystemClock;
 use durability_scheduler::{Scheduler, StorageError};
 use durability_storage_sqlite::SqliteStorage;
@@ -95,9 +97,11 @@ async fn start_host(
         Arc::new(store),
         Arc::new(index),
         dir.join("objects"),
-        "st1",
-        "bench:routed",
-        task,
+        HostIds::new(
+            StorageId::new("st1")?,
+            LifecycleId::new("bench:routed")?,
+            TaskId::new(task)?,
+        ),
     )
     .endpoint(&endpoint)
     .internal_token(TOKEN)
@@ -179,7 +183,7 @@ pub(super) async fn bare_calls(
 
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
 async fn host_calls(a: &RHost, n: u64, forget: bool) -> BoxResult<f64> {
-    let object = a.object("Counter", "c1");
+    let object = a.object_by_name("Counter", "c1");
     let t = Instant::now();
     for _ in 0..n {
         if forget {
@@ -198,7 +202,7 @@ async fn throughput(a: &RHost, calls: u64) -> BoxResult<f64> {
     for k in 0..IN_FLIGHT {
         let a = a.clone();
         tasks.push(tokio::spawn(async move {
-            let object = a.object("Counter", &format!("t{k}"));
+            let object = a.object_by_name("Counter", &format!("t{k}"));
             for _ in 0..calls / IN_FLIGHT {
                 object.call("incr", args()).await?;
             }
@@ -227,9 +231,11 @@ pub(super) async fn routed(dir: &std::path::Path, rounds: usize, n: u64) -> BoxR
     let a = start_host(&shared, "a", la, peers.clone(), &stop).await?;
     let b = start_host(&shared, "b", lb, peers, &stop).await?;
     // b owns c1 and the throughput objects.
-    b.object("Counter", "c1").call("incr", args()).await?;
+    b.object_by_name("Counter", "c1")
+        .call("incr", args())
+        .await?;
     for k in 0..8 {
-        b.object("Counter", &format!("t{k}"))
+        b.object_by_name("Counter", &format!("t{k}"))
             .call("incr", args())
             .await?;
     }

@@ -55,7 +55,7 @@ impl LimitsCoordinator {
                     version: update.version,
                     limits: update.value,
                 };
-                let target = host.object(MEMBER, &member.id);
+                let target = host.object_by_name(MEMBER, &member.id);
                 let _: AppliedLimits =
                     api::call(|a| target.call("apply_limits", a), &apply).await?;
                 Ok::<(), BoxError>(())

@@ -61,7 +61,7 @@ impl Payment {
             payment: self.name.clone(),
             cents: args.cents,
         };
-        let order = host.object(ORDER, &args.order);
+        let order = host.object_by_name(ORDER, &args.order);
         let outcome: Result<OrderView, HostError> = api::call(|a| order.call("pay", a), &pay).await;
         let (status, reason) = match outcome {
             Ok(_) => ("applied", None),

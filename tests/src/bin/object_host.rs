@@ -39,7 +39,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durability_host::{BoxError, Host, HostConfig, HostError, HostSettings};
+use durability_host::{
+    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, StorageId, TaskId,
+};
 use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{Clock, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -109,7 +111,7 @@ async fn main() {
     );
     let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
     let owner = task.clone();
-    let config = HostConfig::new(store, index, dir.join("objects"), "st1", "ns:app", &task)
+    let config = HostConfig::new(store, index, dir.join("objects"), HostIds::new(StorageId::new("st1").unwrap(), LifecycleId::new("ns:app").unwrap(), TaskId::new(&task).unwrap()))
         .endpoint(&format!("http://127.0.0.1:8788/{task}"))
         .class("Counter", move |ctx| {
             ctx.scheduler.transaction(|tx| {

@@ -70,7 +70,8 @@ use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
 use durability_host::transport::{EndpointPolicy, PeerDirectory, serve};
 use durability_host::{
-    BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
+    BoxError, Handle, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, MethodError,
+    OwnPolicy, StorageId, TaskId,
 };
 use durability_ownership::{DispatchOutcome, ShardCount, SystemClock};
 use durability_scheduler::{Capability, Scheduler, StorageError};
@@ -187,7 +188,7 @@ async fn main() {
     );
     let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
     let owner = task.clone();
-    let config = HostConfig::new(store, index, dir.join("objects"), "st1", "ns:app", &task)
+    let config = HostConfig::new(store, index, dir.join("objects"), HostIds::new(StorageId::new("st1").unwrap(), LifecycleId::new("ns:app").unwrap(), TaskId::new(&task).unwrap()))
         .endpoint(&endpoint)
         .internal_token(&arg("token"))
         .peers(FilePeers(peers.clone()))
@@ -375,7 +376,11 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let name = parts.next().unwrap_or("");
             let method = parts.next().unwrap_or("");
             let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host.object("Counter", name).call(method, args).await {
+            match host
+                .object_by_name("Counter", name)
+                .call(method, args)
+                .await
+            {
                 Ok(v) => say(&format!("ok call {name} {method} result={v}")),
                 Err(e) => say(&format!(
                     "err call {name} {method} code={} host_code={} outcome={}",
@@ -396,7 +401,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let body = expand(rest.next().unwrap_or(""));
             let mut request = FetchRequest::new(method, url).body(body);
             request.headers = headers;
-            match host.object("Counter", name).fetch(request).await {
+            match host.object_by_name("Counter", name).fetch(request).await {
                 Ok(r) => say(&format!(
                     "ok fetch {name} {method} status={} headers={} body={}",
                     r.status,
@@ -421,7 +426,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
             let message = rest.next().unwrap_or("").to_owned();
             let mut request = ConnectRequest::new(url);
             request.headers = headers;
-            match host.object("Counter", name).connect(request).await {
+            match host.object_by_name("Counter", name).connect(request).await {
                 Ok(mut socket) => {
                     let text = |m: Option<Result<Message, HostError>>| match m {
                         Some(Ok(Message::Text(t))) => t,

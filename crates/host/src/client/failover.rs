@@ -282,6 +282,22 @@ impl FailoverClient {
         }
     }
 
+    /// Calls the typed method `M` on object `name` of its class (see
+    /// [`crate::typed`]) as [`FailoverClient::call`] does, with the same
+    /// JSON on the wire.
+    ///
+    /// # Errors
+    /// [`crate::CallError::Method`]: the method's own error, decoded;
+    /// [`crate::CallError::Host`]: as [`FailoverClient::call`].
+    pub async fn call_typed<M: crate::Method>(
+        &self,
+        name: &str,
+        args: M,
+    ) -> Result<M::Out, crate::CallError<M::Error>> {
+        let class = <M::Class as crate::Class>::NAME;
+        crate::typed::call_with(&args, |args| self.call(class, name, M::NAME, args)).await
+    }
+
     /// [`FailoverClient::call`] carrying `key`: the method reads it with
     /// [`idempotency::split`] and runs its body under
     /// [`idempotency::once`], so the call runs at most once however often

@@ -246,6 +246,7 @@ where
             id: address.id.clone(),
             scheduler: scheduler.clone(),
             alarms: alarms.clone(),
+            generation: fenced.lease.record.generation().get(),
         };
         let (_, factory) =
             inner

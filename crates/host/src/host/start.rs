@@ -11,7 +11,7 @@ use durability_ownership::{
     ShardCount, StorageId, TaskId,
 };
 
-use crate::config::{Factory, HostConfig, HostForward, OwnPolicy};
+use crate::config::{Factory, HostConfig, HostForward, HostIds, OwnPolicy};
 use crate::error::HostError;
 use crate::protocol::{EndpointPolicy, EndpointRefused, InternalToken};
 use crate::rpc::validate_method;
@@ -56,9 +56,11 @@ pub(super) fn validate<S: 'static, I: 'static, O: ObjectStore>(
 ) -> Result<Validated<I, O::Storage>, HostError> {
     let settings = config.settings;
     settings.validate()?;
-    let storage_id = StorageId::new(&config.storage_id).map_err(bad("storage_id"))?;
-    let lifecycle = LifecycleId::new(&config.lifecycle).map_err(bad("lifecycle"))?;
-    let task = TaskId::new(&config.task).map_err(bad("task"))?;
+    let HostIds {
+        storage: storage_id,
+        lifecycle,
+        task,
+    } = config.ids.clone();
     let (token, advertised, policy) = endpoint(config)?;
     handlers(config)?;
     let count = settings.ownership.shard_count;

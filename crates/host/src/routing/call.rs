@@ -72,8 +72,9 @@ where
     /// could not be reached), [`HostError::RpcResultUnknown`] (it may have
     /// run),
     /// [`HostError::Remote`] (the owner's answer: a trusted ownership code,
-    /// the method's own [`crate::MethodError`], or `internal_error`).
-    /// Locally: as [`Host::call`].
+    /// a refusal, or `internal_error`). The method's own
+    /// [`crate::MethodError`]: [`HostError::Method`], locally and across
+    /// hosts alike. Locally: as [`Host::call`].
     pub async fn call(&self, method: &str, args: Value) -> Result<Value, HostError> {
         validate_method(method)?;
         let args = RpcArgs::new(args)?;
@@ -130,9 +131,7 @@ where
                 &request.class,
                 &request.name,
                 expect,
-                |input: MethodInput<I, O::Storage>| async move {
-                    method(input, args).await.map_err(HostError::Handler)
-                },
+                |input: MethodInput<I, O::Storage>| async move { method(input, args).await },
             )
             .await?;
         Ok((value, self.own_headers(&scope, generation)))

@@ -271,12 +271,7 @@ pub(crate) fn error_of(
             message,
             details,
         }) => {
-            return HostError::Remote {
-                status,
-                code,
-                message,
-                details,
-            };
+            return HostError::remote(status, code, message, details);
         }
         Some(
             Reply::NotSent { reason }

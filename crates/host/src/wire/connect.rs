@@ -95,10 +95,7 @@ where
     let session = match served {
         Ok(Served::Upgrade(session)) => session,
         Ok(Served::Hint(owner)) => return handoff_response(&owner),
-        Err(e) => {
-            let wire = e.wire();
-            return error_response(wire.status, &wire.code, &wire.message, wire.marked);
-        }
+        Err(e) => return host_error_response(&e, true),
     };
     let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
         return error_response(

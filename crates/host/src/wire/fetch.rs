@@ -81,9 +81,6 @@ where
             put_owner_headers(out.headers_mut(), &owner);
             out
         }
-        Err(e) => {
-            let wire = e.wire();
-            error_response(wire.status, &wire.code, &wire.message, wire.marked)
-        }
+        Err(e) => host_error_response(&e, true),
     }
 }

@@ -41,7 +41,7 @@ async fn a_local_session_runs_on_the_object_and_ends_when_the_host_drains() {
     );
     let host: TestHost = TestHost::start(config).await.unwrap();
     let mut socket = host
-        .object("Counter", "c1")
+        .object_by_name("Counter", "c1")
         .connect(ConnectRequest::new("/ws?x=1"))
         .await
         .unwrap();
@@ -71,7 +71,7 @@ async fn connects_are_refused_before_dispatch() {
     let host: TestHost = w.host("a").await;
     // The class has no connect handler.
     let e = host
-        .object("Counter", "c1")
+        .object_by_name("Counter", "c1")
         .connect(ConnectRequest::new("/ws"))
         .await
         .unwrap_err();
@@ -80,13 +80,13 @@ async fn connects_are_refused_before_dispatch() {
         "{e:?}"
     );
     let e = host
-        .object("Counter", "c1")
+        .object_by_name("Counter", "c1")
         .connect(ConnectRequest::new("no-path"))
         .await
         .unwrap_err();
     assert_eq!(e.code(), "host_invalid_request");
     let e = host
-        .object("Nope", "c1")
+        .object_by_name("Nope", "c1")
         .connect(ConnectRequest::new("/ws"))
         .await
         .unwrap_err();

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
 use crate::rpc::{TOKEN, with_methods};
-use crate::support::{Counter, TestHost, World};
+use crate::support::{Counter, TestConfig, TestHost, World};
 
 type H = Handle<Counter, SqliteAlarmIndex>;
 
@@ -50,6 +50,18 @@ pub(crate) async fn node(
     task: &str,
     own: OwnPolicy,
     dispatched: Arc<AtomicUsize>,
+) -> Node {
+    node_with(world, task, own, dispatched, |c| c).await
+}
+
+/// [`node`], its configuration passed through `extra` before it starts
+/// (more methods, say).
+pub(crate) async fn node_with(
+    world: &World,
+    task: &str,
+    own: OwnPolicy,
+    dispatched: Arc<AtomicUsize>,
+    extra: impl FnOnce(TestConfig) -> TestConfig,
 ) -> Node {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -94,7 +106,7 @@ pub(crate) async fn node(
                     .header("content-length", "1"))
             }
         });
-    let host = Host::start(config).await.unwrap();
+    let host = Host::start(extra(config)).await.unwrap();
     let stop = CancellationToken::new();
     let server = tokio::spawn({
         let (host, stop) = (host.clone(), stop.clone());

@@ -111,6 +111,7 @@ fn error_codes_are_unique_and_stable() {
             "host_storage_failed",
             "host_factory_failed",
             "host_handler_failed",
+            "host_method_error",
             "host_alarm_failed",
             "host_schema_ahead",
             "host_invalid_method",
@@ -158,9 +159,12 @@ async fn bad_configuration_refuses_to_start_before_anything_starts() {
     let w = World::new();
     let mut short = settings();
     short.renew_interval_ms = Some(9_500);
+    // Bad ids never reach a configuration: each id is checked when it is
+    // made ([`durability_host::HostIds`]).
+    assert!(StorageId::new("st 1").is_err());
+    assert!(durability_host::TaskId::new("").is_err());
+    assert!(LifecycleId::new("").is_err());
     let cases: Vec<(&str, durability_host::HostConfig<_, _>)> = vec![
-        ("storage_id", w.config_for("a", "st 1")),
-        ("task", w.config("")),
         (
             "classes",
             w.bare("a", STORAGE).create_active_storage_if_absent(true),

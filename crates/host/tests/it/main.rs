@@ -4,6 +4,7 @@
 //! a test moves the clock).
 #![allow(clippy::unwrap_used)]
 
+mod alarm;
 mod balance;
 mod connect;
 mod dispatch;
@@ -17,3 +18,4 @@ mod rpc;
 mod storage;
 mod support;
 mod transport;
+mod typed;

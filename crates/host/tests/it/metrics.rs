@@ -54,7 +54,7 @@ fn dispatch_and_routing_figures_reach_the_facade_and_match_the_probe() {
         rt.block_on(async {
             let w = World::new();
             let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-            let c1 = a.object("Counter", "c1");
+            let c1 = a.object_by_name("Counter", "c1");
             c1.call("incr", Value::Null).await.unwrap();
             c1.call("incr", Value::Null).await.unwrap();
             // The method's own error: a dispatch whose body failed.
@@ -91,7 +91,7 @@ fn dispatch_and_routing_figures_reach_the_facade_and_match_the_probe() {
                     endpoint: None,
                 }),
             };
-            let b1 = b.object("Counter", "c1");
+            let b1 = b.object_by_name("Counter", "c1");
             // Forwarded through b's router (b learns the hint), then sent
             // direct, then direct again answered stale_owner: one
             // rediscovery through the router, forwarded.
@@ -229,7 +229,7 @@ fn calls_and_alarm_deliveries_open_spans_naming_the_object() {
         rt.block_on(async {
             let w = World::new();
             let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-            a.object("Counter", "c1")
+            a.object_by_name("Counter", "c1")
                 .call("incr", Value::Null)
                 .await
                 .unwrap();

@@ -45,7 +45,7 @@ pub(crate) fn with_methods(
 async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
     let w = World::new();
     let host: TestHost = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    let c1 = host.object("Counter", "c1");
+    let c1 = host.object_by_name("Counter", "c1");
     assert_eq!(
         c1.call("incr", Value::Null).await.unwrap(),
         json!({ "n": 1 })
@@ -80,14 +80,14 @@ async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
             "host_invalid_args",
         ),
         (
-            host.object("Nope", "c1")
+            host.object_by_name("Nope", "c1")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
             "host_unknown_class",
         ),
         (
-            host.object("Counter", "")
+            host.object_by_name("Counter", "")
                 .call("incr", Value::Null)
                 .await
                 .unwrap_err(),
@@ -108,7 +108,7 @@ async fn methods_run_locally_and_bad_calls_are_refused_before_dispatch() {
     let e = c1.call("fail", Value::Null).await.unwrap_err();
     assert_eq!(
         (e.code(), e.rpc_code().as_str()),
-        ("host_handler_failed", "out_of_stock")
+        ("host_method_error", "out_of_stock")
     );
     assert_eq!(e.outcome(), DispatchOutcome::Unknown);
     assert_eq!(
@@ -220,7 +220,7 @@ pub(crate) fn ownership(code: &str) -> Reply {
 async fn the_router_follows_the_replay_rules() {
     let w = World::new();
     let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-    a.object("Counter", "c1")
+    a.object_by_name("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap();
@@ -242,7 +242,7 @@ async fn the_router_follows_the_replay_rules() {
     )
     .await
     .unwrap();
-    let c1 = b.object("Counter", "c1");
+    let c1 = b.object_by_name("Counter", "c1");
     let ok = |owner: Option<OwnerHeaders>| Reply::Ok {
         result: json!({"n": 7}),
         owner,
@@ -386,7 +386,7 @@ async fn a_forged_owner_record_on_another_local_port_gets_no_request() {
     )
     .await
     .unwrap();
-    a.object("Counter", "c1")
+    a.object_by_name("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap();
@@ -399,7 +399,7 @@ async fn a_forged_owner_record_on_another_local_port_gets_no_request() {
     .await
     .unwrap();
     let e = b
-        .object("Counter", "c1")
+        .object_by_name("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap_err();
@@ -431,7 +431,7 @@ async fn debug_output_names_the_host_but_never_its_internal_token() {
         "the config leaks its token: {shown}"
     );
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let shown = format!("{host:?} {:?}", host.object("Counter", "c1"));
+    let shown = format!("{host:?} {:?}", host.object_by_name("Counter", "c1"));
     assert!(
         shown.contains("Host {") && shown.contains("ObjectRef"),
         "{shown}"
@@ -485,9 +485,9 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
         )
         .done();
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let l1 = host.object_of::<Ledger>("l1");
+    let l1 = host.object::<Ledger>("l1");
     assert_eq!(
-        l1.call("add", json!({"n": 2})).await.unwrap(),
+        l1.by_name().call("add", json!({"n": 2})).await.unwrap(),
         json!({"total": 2})
     );
     // No turbofish, no class name: the type says both.
@@ -500,7 +500,7 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
     // The wire keeps the class name: the untyped path reaches the same
     // object, in the same scope.
     assert_eq!(
-        host.object("Ledger", "l1")
+        host.object_by_name("Ledger", "l1")
             .call("add", json!({"n": 1}))
             .await
             .unwrap(),
@@ -518,14 +518,9 @@ async fn a_class_type_names_its_class_once_and_keeps_the_wire_names() {
 
 #[tokio::test]
 async fn another_object_store_plugs_in_through_with_store_and_typed_ids() {
-    use durability_host::{HostIds, SqliteObjectStore};
-    use durability_ownership::{LifecycleId, StorageId, TaskId};
+    use durability_host::{SqliteObjectStore, StorageId};
     let w = World::new();
-    let ids = HostIds {
-        storage: StorageId::new(crate::support::STORAGE).unwrap(),
-        lifecycle: LifecycleId::new(crate::support::LIFECYCLE).unwrap(),
-        task: TaskId::new("a").unwrap(),
-    };
+    let ids = crate::support::ids(crate::support::STORAGE, "a");
     // The ids were checked when they were made: a bad one never reaches a
     // configuration.
     assert!(StorageId::new("bad:id").is_err());
@@ -536,7 +531,7 @@ async fn another_object_store_plugs_in_through_with_store_and_typed_ids() {
             .class_of(|_ctx| Ok::<_, BoxError>(Ledger))
             .done();
     let host: TestHost = TestHost::start(config).await.unwrap();
-    let l1 = host.object_of::<Ledger>("l1");
+    let l1 = host.object::<Ledger>("l1");
     assert_eq!(l1.transaction(|_, tx| Ledger::add(tx, 4)).await.unwrap(), 4);
     assert_eq!(host.probe().task, "a");
     assert_eq!(host.probe().storage_id, crate::support::STORAGE);

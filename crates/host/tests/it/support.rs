@@ -3,7 +3,10 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use durability_alarms::DispatcherConfig;
-use durability_host::{BoxError, Host, HostConfig, HostSettings, ObjectCtx, OwnPolicy, Residency};
+use durability_host::{
+    BoxError, Host, HostConfig, HostIds, HostSettings, LifecycleId, ObjectCtx, OwnPolicy,
+    Residency, StorageId, TaskId,
+};
 use durability_ownership::{ManualClock, OwnershipSettings, ShardCount};
 use durability_scheduler::{Capability, Scheduler, StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -19,6 +22,7 @@ pub(crate) const LIFECYCLE: &str = "ns:app";
 
 pub(crate) type Store = SqliteLeaseStore<ManualClock>;
 pub(crate) type TestHost = Host<Store, SqliteAlarmIndex>;
+pub(crate) type TestConfig = HostConfig<Store, SqliteAlarmIndex>;
 pub(crate) type Log = Arc<Mutex<Vec<String>>>;
 
 /// A counter with one timer capability; every fired timer is logged as
@@ -135,6 +139,15 @@ pub(crate) fn settings() -> HostSettings {
     }
 }
 
+/// The ids of host `task` serving `storage` of the tests' lifecycle.
+pub(crate) fn ids(storage: &str, task: &str) -> HostIds {
+    HostIds::new(
+        StorageId::new(storage).unwrap(),
+        LifecycleId::new(LIFECYCLE).unwrap(),
+        TaskId::new(task).unwrap(),
+    )
+}
+
 impl World {
     pub(crate) fn new() -> Self {
         Self {
@@ -171,16 +184,9 @@ impl World {
 
     /// A host config without any class.
     pub(crate) fn bare(&self, task: &str, storage: &str) -> HostConfig<Store, SqliteAlarmIndex> {
-        HostConfig::new(
-            self.store(),
-            self.index(),
-            self.root(),
-            storage,
-            LIFECYCLE,
-            task,
-        )
-        .clock(Arc::new(self.clock.clone()))
-        .settings(settings())
+        HostConfig::new(self.store(), self.index(), self.root(), ids(storage, task))
+            .clock(Arc::new(self.clock.clone()))
+            .settings(settings())
     }
 
     pub(crate) fn config_for(
@@ -238,9 +244,7 @@ impl World {
             )),
             self.index(),
             self.root(),
-            STORAGE,
-            LIFECYCLE,
-            task,
+            ids(STORAGE, task),
         )
         .class("Counter", move |ctx| {
             Counter::open(ctx, &owner, Arc::clone(&fired))

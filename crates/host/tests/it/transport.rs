@@ -224,7 +224,7 @@ mod request_ids {
         if req.url == "/nest" {
             let host = me.get().ok_or("no host yet")?;
             let inner = host
-                .object("Counter", "inner")
+                .object_by_name("Counter", "inner")
                 .fetch(FetchRequest::new("GET", "/who").header("x-request-id", "tenant-forged"))
                 .await?;
             return Ok(FetchResponse::new(200, inner.body));
@@ -261,7 +261,7 @@ mod request_ids {
                 async move {
                     let outer = RequestId::current().map(|id| id.to_string());
                     let host = me.get().ok_or("no host yet")?;
-                    let inner = host.object("Counter", "inner");
+                    let inner = host.object_by_name("Counter", "inner");
                     let inner = inner.call("who", json!(null)).await?;
                     Ok(json!({ "outer": outer, "inner": inner }))
                 }
@@ -369,15 +369,15 @@ mod request_ids {
         let a = start(&w, "a", la, &peers, ports, &stop).await;
         let b = start(&w, "b", lb, &peers, ports, &stop).await;
         // a owns `inner`, b owns `outer`.
-        a.object("Counter", "inner")
+        a.object_by_name("Counter", "inner")
             .fetch(fetch_of(None, "/who"))
             .await
             .unwrap();
-        b.object("Counter", "outer")
+        b.object_by_name("Counter", "outer")
             .fetch(fetch_of(None, "/who"))
             .await
             .unwrap();
-        let outer = a.object("Counter", "outer");
+        let outer = a.object_by_name("Counter", "outer");
 
         // A well-formed tenant id at the edge crosses the hop as the
         // context id; the handler sees no tenant header.
