@@ -537,7 +537,7 @@ impl<S: 'static, I: 'static, O: ObjectStore> HostConfig<S, I, O> {
     pub(crate) fn check_placement_with(
         &self,
         check: impl Fn(&std::path::Path) -> Result<(), crate::store::sqlite::PlacementError>,
-    ) -> Result<(), crate::HostError> {
+    ) -> Result<(), HostError> {
         self.objects.check_placement()?;
         if self.sqlite_stores_on_network_fs {
             return Ok(());
