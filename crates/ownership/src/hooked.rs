@@ -67,11 +67,7 @@ pub struct Hooks {
     inner: Arc<HooksInner>,
 }
 
-impl std::fmt::Debug for Hooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hooks").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(Hooks {});
 
 #[derive(Default)]
 struct HooksInner {

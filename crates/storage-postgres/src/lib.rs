@@ -462,11 +462,7 @@ pub struct PostgresShard {
     pool: Pool,
 }
 
-impl std::fmt::Debug for PostgresShard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresShard").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(PostgresShard {});
 
 impl PostgresShard {
     /// A shard over a pool of at most `pool_size` connections made from

@@ -195,14 +195,7 @@ pub struct RedisAlarmIndex {
     retry: Script,
 }
 
-impl std::fmt::Debug for RedisAlarmIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisAlarmIndex")
-            .field("prefix", &self.prefix)
-            .field("time", &self.time)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisAlarmIndex { prefix, time });
 
 impl RedisAlarmIndex {
     /// An index on `conn` whose keys all start with `prefix` (may be empty).

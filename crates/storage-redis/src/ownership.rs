@@ -282,13 +282,7 @@ pub struct RedisLeaseStore {
     record_count: Script,
 }
 
-impl std::fmt::Debug for RedisLeaseStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisLeaseStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisLeaseStore { prefix });
 
 impl RedisLeaseStore {
     /// A store on `conn` whose keys all start with `prefix` (may be empty).

@@ -195,11 +195,7 @@ pub struct SqliteAlarmIndex {
     conn: Mutex<Connection>,
 }
 
-impl std::fmt::Debug for SqliteAlarmIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteAlarmIndex").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(SqliteAlarmIndex {});
 
 impl SqliteAlarmIndex {
     /// Opens (or creates) the index database at `path` in WAL mode.
