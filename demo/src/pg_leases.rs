@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, OwnerRecord, OwnerScope,
-    ShardCount, StorageId, TaskId,
+    ClaimOutcome, Claimant, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, OwnerRecord,
+    OwnerScope, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 use serde_json::json;
@@ -70,7 +70,9 @@ async fn figures(url: &str, schema: &str, raw: &tokio_postgres::Client) -> Resul
     for round in 0..ROUNDS {
         let a = class(&storage, &format!("A{round}"))?;
         let t = start();
-        let claims = store.claim_many(&a, &lifecycle, &task, None, TTL_MS).await;
+        let claims = store
+            .claim_many(&a, Claimant::new(&lifecycle, &task, TTL_MS))
+            .await;
         batched.push(t.elapsed());
         last = claims
             .into_iter()

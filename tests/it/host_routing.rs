@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, Clock, LeaseStore as _, LifecycleId, ObjectName, OwnerEndpoint,
-    OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
+    ClaimOutcome, Claimant, ClassName, Clock, LeaseStore as _, LifecycleId, ObjectName,
+    OwnerEndpoint, OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
 };
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use serde_json::Value;
@@ -722,10 +722,12 @@ async fn plant_owner(
     match store
         .claim_as(
             &object_scope(name),
-            &LifecycleId::new("ns:app").unwrap(),
-            &TaskId::new(task).unwrap(),
-            Some(&OwnerEndpoint::new(endpoint).unwrap()),
-            60_000,
+            Claimant::new(
+                &LifecycleId::new("ns:app").unwrap(),
+                &TaskId::new(task).unwrap(),
+                60_000,
+            )
+            .with_endpoint(Some(&OwnerEndpoint::new(endpoint).unwrap())),
         )
         .await
         .unwrap()

@@ -189,11 +189,7 @@ impl Pace {
     }
 }
 
-impl std::fmt::Debug for Yielding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Yielding").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(Yielding {});
 
 impl Shard for Yielding {
     fn dialect(&self) -> durability_migration::Dialect {
@@ -1422,11 +1418,7 @@ struct MoveOnSecondRead {
     moved: Mutex<Option<String>>,
 }
 
-impl std::fmt::Debug for MoveOnSecondRead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MoveOnSecondRead").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(MoveOnSecondRead {});
 
 impl Shard for MoveOnSecondRead {
     fn dialect(&self) -> durability_migration::Dialect {

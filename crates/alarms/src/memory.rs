@@ -208,23 +208,16 @@ impl AlarmIndex for MemoryAlarmIndex {
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
-        let RetryJob {
-            object,
-            run,
-            now,
-            delay_ms,
-            tries,
-        } = retry;
         let mut s = self.lock();
-        if !s.runs_under(object, run) {
+        if !s.runs_under(retry.object, retry.run) {
             return Ok(false);
         }
-        if let Some(mut job) = s.unindex(object) {
+        if let Some(mut job) = s.unindex(retry.object) {
             job.state = JobState::Due;
             job.run = None;
-            job.tries = tries;
-            job.score = safe_add(now, delay_ms.max(0));
-            s.insert(object.clone(), job);
+            job.tries = retry.tries;
+            job.score = safe_add(retry.now, retry.delay_ms.max(0));
+            s.insert(retry.object.clone(), job);
         }
         Ok(true)
     }

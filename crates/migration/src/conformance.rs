@@ -103,11 +103,7 @@ pub struct FaultShard {
     plan: Arc<FaultPlan>,
 }
 
-impl std::fmt::Debug for FaultShard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultShard").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(FaultShard {});
 
 impl FaultShard {
     /// Wraps a shard.
@@ -163,11 +159,7 @@ pub struct FaultMappingStore {
     plan: Arc<FaultPlan>,
 }
 
-impl std::fmt::Debug for FaultMappingStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultMappingStore").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(FaultMappingStore {});
 
 impl FaultMappingStore {
     /// Wraps a mapping store.

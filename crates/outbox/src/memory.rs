@@ -71,20 +71,11 @@ impl OutboxTx for MemoryTx<'_> {
     }
 
     fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
-        let Reschedule {
-            channel,
-            key,
-            version,
-            expected_attempt,
-            attempt,
-            due_at,
-            claimed_until,
-        } = change;
-        match rows(self).entries.get_mut(&k(channel, key)) {
-            Some(e) if e.version == version && e.attempt == expected_attempt => {
-                e.attempt = attempt;
-                e.due_at = due_at;
-                e.claimed_until = claimed_until;
+        match rows(self).entries.get_mut(&k(change.channel, change.key)) {
+            Some(e) if e.version == change.version && e.attempt == change.expected_attempt => {
+                e.attempt = change.attempt;
+                e.due_at = change.due_at;
+                e.claimed_until = change.claimed_until;
                 Ok(true)
             }
             _ => Ok(false),

@@ -13,7 +13,7 @@ use std::future::Future;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceGroup,
+    ClaimOutcome, Claimant, DeleteLock, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceGroup,
 };
 
 pub use crate::hooked::{Action, Hook, HookedStore, Hooks, Method};
@@ -488,7 +488,11 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 let endpoint = OwnerEndpoint::new("http://10.1.2.3:7001").expect("endpoint");
                 let r = match h
                     .store()
-                    .claim_as(&c.scope, &c.lifecycle, &task("a"), Some(&endpoint), TTL_MS)
+                    .claim_as(
+                        &c.scope,
+                        Claimant::new(&c.lifecycle, &task("a"), TTL_MS)
+                            .with_endpoint(Some(&endpoint)),
+                    )
                     .await
                     .expect("claim")
                 {
@@ -881,7 +885,10 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     let endpoint = OwnerEndpoint::new("http://127.0.0.1:1").expect("endpoint");
     let out = h
         .store()
-        .claim_many(&scopes, &c.lifecycle, &task("a"), Some(&endpoint), TTL_MS)
+        .claim_many(
+            &scopes,
+            Claimant::new(&c.lifecycle, &task("a"), TTL_MS).with_endpoint(Some(&endpoint)),
+        )
         .await;
     assert_eq!(out.len(), scopes.len(), "{name}: one result per scope");
     let mut claimed = Vec::new();
@@ -909,7 +916,7 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     h.expire_owner(&scope(1)).await;
     let again = h
         .store()
-        .claim_many(&[scope(1)], &c.lifecycle, &task("c"), None, TTL_MS)
+        .claim_many(&[scope(1)], Claimant::new(&c.lifecycle, &task("c"), TTL_MS))
         .await;
     match again.as_slice() {
         [Ok(ClaimOutcome::Claimed(l))] => assert_eq!(l.record.generation().get(), 2, "{name}"),
@@ -918,7 +925,10 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     let before = h.raw_state(&scope(7)).await;
     let bad = h
         .store()
-        .claim_many(&[scope(7), scope(8)], &c.lifecycle, &task("a"), None, 0)
+        .claim_many(
+            &[scope(7), scope(8)],
+            Claimant::new(&c.lifecycle, &task("a"), 0),
+        )
         .await;
     for r in &bad {
         assert_eq!(
@@ -935,10 +945,7 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
         .store()
         .claim_many(
             &[scope(7), scope(8)],
-            &c.lifecycle,
-            &task("a"),
-            None,
-            TTL_MS,
+            Claimant::new(&c.lifecycle, &task("a"), TTL_MS),
         )
         .await;
     assert_eq!(locked.len(), 2, "{name}");
@@ -956,7 +963,7 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     );
     assert!(
         h.store()
-            .claim_many(&[], &c.lifecycle, &task("a"), None, TTL_MS)
+            .claim_many(&[], Claimant::new(&c.lifecycle, &task("a"), TTL_MS))
             .await
             .is_empty(),
         "{name}: empty batch"

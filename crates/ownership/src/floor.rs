@@ -131,14 +131,7 @@ pub struct FloorSettings {
     pub guard_ms: u64,
 }
 
-impl std::fmt::Debug for FloorSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FloorSettings")
-            .field("ttl_ms", &self.ttl_ms)
-            .field("guard_ms", &self.guard_ms)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(FloorSettings { ttl_ms, guard_ms });
 
 /// An object fenced at a claim.
 #[derive(Debug, Clone)]

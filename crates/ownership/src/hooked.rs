@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
+use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
-    PresenceGroup,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
+    PresenceEntry, PresenceGroup,
 };
 
 /// A method of [`LeaseStore`] or [`LifecycleAdmin`], as [`HookedStore`] counts it.
@@ -67,11 +67,7 @@ pub struct Hooks {
     inner: Arc<HooksInner>,
 }
 
-impl std::fmt::Debug for Hooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hooks").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(Hooks {});
 
 #[derive(Default)]
 struct HooksInner {
@@ -190,14 +186,9 @@ impl<S: LeaseStore> LeaseStore for HookedStore<S> {
     async fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        let f = self
-            .inner
-            .claim_as(scope, lifecycle, task, endpoint, ttl_ms);
+        let f = self.inner.claim_as(scope, claimant);
         self.call(Method::Claim, Some(scope), f).await
     }
 

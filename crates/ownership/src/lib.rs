@@ -136,9 +136,9 @@ pub use settings::{
     OwnershipSettings, drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
 };
 pub use store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
-    PresenceGroup, check_lifecycle, check_shard_count, parse_generation_counter, parse_shard_count,
-    stored_shard_count, validate_presence, validate_ttl,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
+    PresenceEntry, PresenceGroup, check_lifecycle, check_shard_count, parse_generation_counter,
+    parse_shard_count, stored_shard_count, validate_presence, validate_ttl,
 };
 
 pub mod docs;

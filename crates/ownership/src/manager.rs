@@ -13,7 +13,7 @@ use crate::metrics::OwnershipMetrics;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, TaskId};
 use crate::settings::{Admission, OwnershipSettings};
-use crate::store::{ClaimOutcome, Lease, LeaseStore};
+use crate::store::{ClaimOutcome, Claimant, Lease, LeaseStore};
 use durability_time::{Clock, timeout_at};
 
 /// Where a scope is owned.
@@ -514,17 +514,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             return Ok(Resolution::Local(l.record.generation()));
         }
         let sent = self.inner.clock.now_ms_u64();
-        let outcome = self
-            .inner
-            .store
-            .claim_as(
-                scope,
-                lifecycle,
-                &self.inner.task,
-                self.inner.endpoint.as_ref(),
-                self.inner.settings.owner_ttl_ms,
-            )
-            .await;
+        let claimant = self.claimant(lifecycle);
+        let outcome = self.inner.store.claim_as(scope, claimant).await;
         self.apply_claim(scope, lifecycle, outcome, sent).await
     }
 
@@ -605,6 +596,16 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         }
     }
 
+    /// This task claiming in `lifecycle`: its endpoint and owner TTL.
+    fn claimant<'a>(&'a self, lifecycle: &'a LifecycleId) -> Claimant<'a> {
+        Claimant::new(
+            lifecycle,
+            &self.inner.task,
+            self.inner.settings.owner_ttl_ms,
+        )
+        .with_endpoint(self.inner.endpoint.as_ref())
+    }
+
     /// Claims every scope of `scopes` not already owned here in one
     /// [`LeaseStore::claim_many`] call (one round trip on a batching
     /// store), and applies each outcome exactly as [`Ownership::resolve`]
@@ -630,17 +631,8 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 .collect();
         }
         let sent = self.inner.clock.now_ms_u64();
-        let results = self
-            .inner
-            .store
-            .claim_many(
-                scopes,
-                lifecycle,
-                &self.inner.task,
-                self.inner.endpoint.as_ref(),
-                self.inner.settings.owner_ttl_ms,
-            )
-            .await;
+        let claimant = self.claimant(lifecycle);
+        let results = self.inner.store.claim_many(scopes, claimant).await;
         let mut results = results.into_iter();
         let mut out = Vec::with_capacity(scopes.len());
         for scope in scopes {

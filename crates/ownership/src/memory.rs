@@ -4,11 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::OwnershipError;
-use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
+use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, PresenceEntry,
-    PresenceGroup, check_lifecycle, check_shard_count, validate_presence, validate_ttl,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
+    PresenceEntry, PresenceGroup, check_lifecycle, check_shard_count, validate_presence,
+    validate_ttl,
 };
 use durability_time::Clock;
 
@@ -126,29 +127,20 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
     async fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        validate_ttl(ttl_ms)?;
+        validate_ttl(claimant.ttl_ms)?;
         let now = self.clock.now_ms_u64();
         let mut st = self.lock();
-        Self::check(&st, scope, lifecycle)?;
+        Self::check(&st, scope, claimant.lifecycle)?;
         if let Some(lease) = self.live_owner(&mut st, scope, now)? {
             return Ok(ClaimOutcome::Held(lease));
         }
         let next = st.generations.get(scope.host_id()).copied().unwrap_or(0) + 1;
         let generation = Generation::new(next)?;
         Self::record_count(&mut st, scope);
-        let record = OwnerRecord::with_endpoint(
-            scope.clone(),
-            lifecycle.clone(),
-            task.clone(),
-            endpoint.cloned(),
-            generation,
-        );
-        let exp = now.saturating_add(ttl_ms);
+        let record = claimant.record(scope, generation);
+        let exp = now.saturating_add(claimant.ttl_ms);
         st.generations.insert(scope.to_string(), next);
         st.owners.insert(
             scope.to_string(),
@@ -156,7 +148,7 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         );
         Ok(ClaimOutcome::Claimed(Lease {
             record,
-            remaining_ms: ttl_ms,
+            remaining_ms: claimant.ttl_ms,
         }))
     }
 

@@ -169,13 +169,58 @@ fn no_presence<T>() -> Result<T, OwnershipError> {
     })
 }
 
+/// Who claims a scope ([`LeaseStore::claim_as`], [`LeaseStore::claim_many`]):
+/// the lifecycle whose active storage pointer must name the scope's storage
+/// id, the claiming task, the endpoint its record advertises (if any) and
+/// the lease length on the store's clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The lifecycle checked (storage pointer and delete lock).
+    pub lifecycle: &'a LifecycleId,
+    /// The task whose record is written.
+    pub task: &'a TaskId,
+    /// The endpoint the record advertises.
+    pub endpoint: Option<&'a OwnerEndpoint>,
+    /// The lease length in milliseconds ([`validate_ttl`]).
+    pub ttl_ms: u64,
+}
+
+impl<'a> Claimant<'a> {
+    /// `task` claiming in `lifecycle` for `ttl_ms`, advertising no endpoint.
+    pub const fn new(lifecycle: &'a LifecycleId, task: &'a TaskId, ttl_ms: u64) -> Self {
+        Self {
+            lifecycle,
+            task,
+            endpoint: None,
+            ttl_ms,
+        }
+    }
+
+    /// The same claimant advertising `endpoint` in its record.
+    #[must_use]
+    pub const fn with_endpoint(self, endpoint: Option<&'a OwnerEndpoint>) -> Self {
+        Self { endpoint, ..self }
+    }
+
+    /// The record this claimant writes for `scope` at `generation`.
+    pub fn record(&self, scope: &OwnerScope, generation: Generation) -> OwnerRecord {
+        OwnerRecord::with_endpoint(
+            scope.clone(),
+            self.lifecycle.clone(),
+            self.task.clone(),
+            self.endpoint.cloned(),
+            generation,
+        )
+    }
+}
+
 /// Where owner leases live.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Atomically: check that `lifecycle`'s active storage pointer names the
-    /// scope's storage id and that no whole-delete lock is held; if a live
-    /// owner exists return it; otherwise bump the generation and write `task`'s
-    /// record (advertising `endpoint`) with a lease of `ttl_ms` on the
-    /// store's clock.
+    /// Atomically: check that the claimant's lifecycle's active storage
+    /// pointer names the scope's storage id and that no whole-delete lock is
+    /// held; if a live owner exists return it; otherwise bump the generation
+    /// and write the claimant's record ([`Claimant::record`]) with a lease
+    /// of its `ttl_ms` on the store's clock.
     ///
     /// # Errors
     /// [`OwnershipError::StorageInactive`], [`OwnershipError::DeleteLocked`],
@@ -184,10 +229,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send;
 
     /// [`LeaseStore::claim_as`] with a record that advertises no endpoint.
@@ -201,7 +243,10 @@ pub trait LeaseStore: Send + Sync + 'static {
         task: &TaskId,
         ttl_ms: u64,
     ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send {
-        self.claim_as(scope, lifecycle, task, None, ttl_ms)
+        async move {
+            self.claim_as(scope, Claimant::new(lifecycle, task, ttl_ms))
+                .await
+        }
     }
 
     /// Atomically compares the exact owner record and the active storage
@@ -226,18 +271,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn claim_many(
         &self,
         scopes: &[OwnerScope],
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> impl Future<Output = Vec<Result<ClaimOutcome, OwnershipError>>> + Send {
         async move {
             let mut out = Vec::with_capacity(scopes.len());
             for scope in scopes {
-                out.push(
-                    self.claim_as(scope, lifecycle, task, endpoint, ttl_ms)
-                        .await,
-                );
+                out.push(self.claim_as(scope, claimant).await);
             }
             out
         }
@@ -393,12 +432,9 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
     fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> impl Future<Output = Result<ClaimOutcome, OwnershipError>> + Send {
-        (**self).claim_as(scope, lifecycle, task, endpoint, ttl_ms)
+        (**self).claim_as(scope, claimant)
     }
 
     fn renew(
@@ -412,12 +448,9 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
     fn claim_many(
         &self,
         scopes: &[OwnerScope],
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> impl Future<Output = Vec<Result<ClaimOutcome, OwnershipError>>> + Send {
-        (**self).claim_many(scopes, lifecycle, task, endpoint, ttl_ms)
+        (**self).claim_many(scopes, claimant)
     }
 
     fn announce(

@@ -35,13 +35,7 @@ pub struct MemoryState {
     ext: BTreeMap<TypeId, Box<dyn Ext>>,
 }
 
-impl std::fmt::Debug for MemoryState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryState")
-            .field("alarm", &self.alarm)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(MemoryState { alarm });
 
 impl Clone for MemoryState {
     fn clone(&self) -> Self {
@@ -67,11 +61,7 @@ pub struct MemoryStorage {
     schemas: BTreeMap<String, &'static [SchemaStep]>,
 }
 
-impl std::fmt::Debug for MemoryStorage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryStorage").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(MemoryStorage {});
 
 impl MemoryStorage {
     /// An empty storage with no registered schemas.

@@ -405,22 +405,15 @@ impl AlarmIndex for PostgresAlarmIndex {
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
-        let RetryJob {
-            object,
-            run,
-            now,
-            delay_ms,
-            tries,
-        } = retry;
-        let tries = i64::from(tries);
-        let delay = delay_ms.clamp(0, durability_alarms::MAX_DELAY_MS);
+        let tries = i64::from(retry.tries);
+        let delay = retry.delay_ms.clamp(0, durability_alarms::MAX_DELAY_MS);
         self.write(
             &self.sql.retry,
             &[
-                &object.as_str(),
-                &run.as_str(),
+                &retry.object.as_str(),
+                &retry.run.as_str(),
                 &tries,
-                &self.now(now),
+                &self.now(retry.now),
                 &delay,
             ],
         )

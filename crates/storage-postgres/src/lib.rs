@@ -63,7 +63,7 @@
 //! ```no_run
 //! # #[cfg(all(feature = "ownership", feature = "alarms"))]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! use durability_ownership::{ClassName, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
+//! use durability_ownership::{Claimant, ClassName, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 //! use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
 //! use durability_storage_postgres::ownership::PostgresLeaseStore;
 //!
@@ -81,7 +81,7 @@
 //!     .map(|n| OwnerScope::new(storage.clone(), ClassName::new("Cart")?, n, ShardCount::default()))
 //!     .collect::<Result<_, _>>()?;
 //! let claims = leases
-//!     .claim_many(&class, &lifecycle, &TaskId::new("host-a")?, None, 120_000)
+//!     .claim_many(&class, Claimant::new(&lifecycle, &TaskId::new("host-a")?, 120_000))
 //!     .await;
 //! # let _ = claims;
 //! # Ok(())
@@ -462,11 +462,7 @@ pub struct PostgresShard {
     pool: Pool,
 }
 
-impl std::fmt::Debug for PostgresShard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresShard").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(PostgresShard {});
 
 impl PostgresShard {
     /// A shard over a pool of at most `pool_size` connections made from

@@ -51,8 +51,8 @@ mod sql;
 use std::time::Duration;
 
 use durability_ownership::{
-    BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    BoxError, ClaimOutcome, Claimant, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
+    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
     PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
     check_shard_count, stored_shard_count, validate_presence, validate_ttl,
 };
@@ -223,12 +223,9 @@ impl PostgresLeaseStore {
     pub async fn claim_many(
         &self,
         scopes: &[OwnerScope],
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Vec<Result<ClaimOutcome, OwnershipError>> {
-        if let Some(refused) = ttl_refusals(scopes.len(), ttl_ms) {
+        if let Some(refused) = ttl_refusals(scopes.len(), claimant.ttl_ms) {
             return refused;
         }
         if scopes.is_empty() {
@@ -236,18 +233,18 @@ impl PostgresLeaseStore {
         }
         let templates: Vec<RecordTemplate> = scopes
             .iter()
-            .map(|s| RecordTemplate::new(s, lifecycle, task, endpoint))
+            .map(|s| RecordTemplate::new(s, claimant.lifecycle, claimant.task, claimant.endpoint))
             .collect();
         let suffix = templates[0].suffix.as_str();
         let names: Vec<&str> = scopes.iter().map(OwnerScope::host_id).collect();
         let storages: Vec<&str> = scopes.iter().map(|s| s.storage_id().as_str()).collect();
         let prefixes: Vec<&str> = templates.iter().map(|t| t.prefix.as_str()).collect();
         let counts: Vec<i32> = scopes.iter().map(count_of).collect();
-        let ttl = i64_of(ttl_ms);
+        let ttl = i64_of(claimant.ttl_ms);
         let params: [&(dyn ToSql + Sync); 7] = [
             &names,
             &storages,
-            &lifecycle.as_str(),
+            &claimant.lifecycle.as_str(),
             &prefixes,
             &suffix,
             &ttl,
@@ -269,14 +266,7 @@ impl PostgresLeaseStore {
             let Some(i) = ordinal(&row, scopes.len()) else {
                 continue;
             };
-            let claim = ClaimArgs {
-                scope: &scopes[i],
-                lifecycle,
-                task,
-                endpoint,
-                ttl_ms,
-            };
-            out[i] = self.claim_reply(&row, claim, templates[i].clone());
+            out[i] = self.claim_reply(&row, &scopes[i], claimant, templates[i].clone());
         }
         out
     }
@@ -285,10 +275,10 @@ impl PostgresLeaseStore {
     fn claim_reply(
         &self,
         row: &tokio_postgres::Row,
-        claim: ClaimArgs<'_>,
+        scope: &OwnerScope,
+        claim: Claimant<'_>,
         template: RecordTemplate,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        let scope = claim.scope;
         let outcome: String = row.try_get(1).map_err(|_| protocol("claim outcome"))?;
         let record: Option<Vec<u8>> = row.try_get(2).map_err(|_| protocol("claim record"))?;
         let number: Option<i64> = row.try_get(3).map_err(|_| protocol("claim number"))?;
@@ -388,16 +378,6 @@ impl PostgresLeaseStore {
     }
 }
 
-/// One claim's arguments, as `claim_as` takes them.
-#[derive(Clone, Copy)]
-struct ClaimArgs<'a> {
-    scope: &'a OwnerScope,
-    lifecycle: &'a LifecycleId,
-    task: &'a TaskId,
-    endpoint: Option<&'a OwnerEndpoint>,
-    ttl_ms: u64,
-}
-
 /// A scope's shard count as the functions take it.
 fn count_of(scope: &OwnerScope) -> i32 {
     // A count is at most 1024.
@@ -474,21 +454,12 @@ impl LeaseStore for PostgresLeaseStore {
     async fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        self.claim_many(
-            std::slice::from_ref(scope),
-            lifecycle,
-            task,
-            endpoint,
-            ttl_ms,
-        )
-        .await
-        .pop()
-        .unwrap_or_else(|| Err(protocol("claim answered no result")))
+        self.claim_many(std::slice::from_ref(scope), claimant)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(protocol("claim answered no result")))
     }
 
     /// A [`LeaseStore::renew_many`] of one record: the same statement and checks.
@@ -519,12 +490,9 @@ impl LeaseStore for PostgresLeaseStore {
     async fn claim_many(
         &self,
         scopes: &[OwnerScope],
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Vec<Result<ClaimOutcome, OwnershipError>> {
-        PostgresLeaseStore::claim_many(self, scopes, lifecycle, task, endpoint, ttl_ms).await
+        PostgresLeaseStore::claim_many(self, scopes, claimant).await
     }
 
     async fn announce(

@@ -136,13 +136,7 @@ pub(crate) struct StoreClient {
     timeout: Duration,
 }
 
-impl std::fmt::Debug for StoreClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreClient")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(StoreClient { timeout });
 
 impl StoreClient {
     /// A pool of at most `size` connections made from `config`, each forced

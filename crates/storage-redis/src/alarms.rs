@@ -195,14 +195,7 @@ pub struct RedisAlarmIndex {
     retry: Script,
 }
 
-impl std::fmt::Debug for RedisAlarmIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisAlarmIndex")
-            .field("prefix", &self.prefix)
-            .field("time", &self.time)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisAlarmIndex { prefix, time });
 
 impl RedisAlarmIndex {
     /// An index on `conn` whose keys all start with `prefix` (may be empty).
@@ -511,20 +504,13 @@ impl AlarmIndex for RedisAlarmIndex {
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
-        let RetryJob {
-            object,
-            run,
-            now,
-            delay_ms,
-            tries,
-        } = retry;
         let n = self
             .run(
-                self.invocation(&self.retry, now)
-                    .arg(object.as_str())
-                    .arg(run.as_str())
-                    .arg(delay_ms.max(0))
-                    .arg(tries),
+                self.invocation(&self.retry, retry.now)
+                    .arg(retry.object.as_str())
+                    .arg(retry.run.as_str())
+                    .arg(retry.delay_ms.max(0))
+                    .arg(retry.tries),
             )
             .await?;
         Ok(n == 1)

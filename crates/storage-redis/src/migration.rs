@@ -36,13 +36,7 @@ pub struct RedisMappingStore {
     remove: Script,
 }
 
-impl std::fmt::Debug for RedisMappingStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisMappingStore")
-            .field("map_key", &self.map_key)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisMappingStore { map_key });
 
 impl RedisMappingStore {
     /// A store on an existing connection manager, under `prefix`.

@@ -31,8 +31,8 @@
 //! its fence, which refuses every stale writer).
 
 use durability_ownership::{
-    BoxError, ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    BoxError, ClaimOutcome, Claimant, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
+    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
     PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
     check_shard_count, parse_generation_counter, parse_shard_count, validate_presence,
     validate_ttl,
@@ -282,13 +282,7 @@ pub struct RedisLeaseStore {
     record_count: Script,
 }
 
-impl std::fmt::Debug for RedisLeaseStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisLeaseStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisLeaseStore { prefix });
 
 impl RedisLeaseStore {
     /// A store on `conn` whose keys all start with `prefix` (may be empty).
@@ -444,25 +438,23 @@ impl LeaseStore for RedisLeaseStore {
     async fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        validate_ttl(ttl_ms)?;
-        let template = RecordTemplate::new(scope, lifecycle, task, endpoint);
+        validate_ttl(claimant.ttl_ms)?;
+        let template =
+            RecordTemplate::new(scope, claimant.lifecycle, claimant.task, claimant.endpoint);
         let mut conn = self.conn.clone();
         let reply: Value = self
             .claim
             .key(self.owner_key(scope))
             .key(self.generation_key(scope))
-            .key(self.storage_pointer_key(lifecycle))
-            .key(self.delete_lock_key(lifecycle))
+            .key(self.storage_pointer_key(claimant.lifecycle))
+            .key(self.delete_lock_key(claimant.lifecycle))
             .key(self.shard_count_key(scope.storage_id()))
             .arg(scope.storage_id().as_str())
             .arg(&template.prefix)
             .arg(&template.suffix)
-            .arg(ttl_ms)
+            .arg(claimant.ttl_ms)
             .arg(scope.shard_count().get())
             .invoke_async(&mut conn)
             .await
@@ -476,14 +468,14 @@ impl LeaseStore for RedisLeaseStore {
                 let generation = Generation::new(n)?;
                 let record = template.record(
                     scope.clone(),
-                    lifecycle.clone(),
-                    task.clone(),
-                    endpoint.cloned(),
+                    claimant.lifecycle.clone(),
+                    claimant.task.clone(),
+                    claimant.endpoint.cloned(),
                     generation,
                 );
                 return Ok(ClaimOutcome::Claimed(Lease {
                     record,
-                    remaining_ms: ttl_ms,
+                    remaining_ms: claimant.ttl_ms,
                 }));
             }
             Value::Array(reply) => reply,
@@ -503,7 +495,7 @@ impl LeaseStore for RedisLeaseStore {
             }
             Some(b"lifecycle") => Err(Self::lifecycle_error(
                 scope,
-                lifecycle,
+                claimant.lifecycle,
                 reply.get(1),
                 reply.get(2),
             )),

@@ -102,13 +102,7 @@ pub struct RedisPublisher {
     prefix: String,
 }
 
-impl std::fmt::Debug for RedisPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisPublisher")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisPublisher { prefix });
 
 impl RedisPublisher {
     /// A publisher writing under `prefix`.
@@ -161,13 +155,7 @@ pub struct RedisVersionedPublisher {
     delete: Script,
 }
 
-impl std::fmt::Debug for RedisVersionedPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisVersionedPublisher")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisVersionedPublisher { prefix });
 
 impl RedisVersionedPublisher {
     /// A version-aware publisher writing under `prefix`.
@@ -233,13 +221,7 @@ pub struct RedisReadStore {
     prefix: String,
 }
 
-impl std::fmt::Debug for RedisReadStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisReadStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(RedisReadStore { prefix });
 
 impl RedisReadStore {
     /// A read store under `prefix` (the publisher's prefix).

@@ -1,8 +1,8 @@
 //! Owner leases ([`SkeletonLeaseStore`]: `LeaseStore` and `LifecycleAdmin`).
 
 use durability_ownership::{
-    ClaimOutcome, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, StorageId, TaskId,
+    ClaimOutcome, Claimant, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId,
+    OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, StorageId,
 };
 
 use crate::Unsupported;
@@ -30,10 +30,7 @@ impl LeaseStore for SkeletonLeaseStore {
     async fn claim_as(
         &self,
         _scope: &OwnerScope,
-        _lifecycle: &LifecycleId,
-        _task: &TaskId,
-        _endpoint: Option<&OwnerEndpoint>,
-        _ttl_ms: u64,
+        _claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
         // One atomic step on the store's clock: check lifecycle, return a live owner, or bump the generation and write the record.
         Err(unavailable("claim"))

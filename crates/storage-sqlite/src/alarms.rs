@@ -195,11 +195,7 @@ pub struct SqliteAlarmIndex {
     conn: Mutex<Connection>,
 }
 
-impl std::fmt::Debug for SqliteAlarmIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteAlarmIndex").finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(SqliteAlarmIndex {});
 
 impl SqliteAlarmIndex {
     /// Opens (or creates) the index database at `path` in WAL mode.
@@ -518,20 +514,13 @@ impl AlarmIndex for SqliteAlarmIndex {
     }
 
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
-        let RetryJob {
-            object,
-            run,
-            now,
-            delay_ms,
-            tries,
-        } = retry;
-        let at = now.saturating_add(delay_ms.max(0));
+        let at = retry.now.saturating_add(retry.delay_ms.max(0));
         self.conn()
             .prepare_cached(
                 "UPDATE durability_alarm_index_jobs SET state = 0, run = NULL, tries = ?3, score = ?4
                  WHERE object = ?1 AND state = 2 AND run = ?2",
             )
-            .and_then(|mut st| st.execute(params![object.as_str(), run.as_str(), tries, at]))
+            .and_then(|mut st| st.execute(params![retry.object.as_str(), retry.run.as_str(), retry.tries, at]))
             .map(|n| n > 0)
             .map_err(|e| failed("retry job", e))
     }

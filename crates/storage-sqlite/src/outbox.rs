@@ -391,16 +391,7 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
-        let Reschedule {
-            channel,
-            key,
-            version,
-            expected_attempt,
-            attempt,
-            due_at,
-            claimed_until,
-        } = change;
-        let version = i64_of(version)?;
+        let version = i64_of(change.version)?;
         self.sql()
             .prepare_cached(
                 "UPDATE durability_outbox SET attempt = ?5, due_at = ?6, claimed_until = ?7
@@ -408,13 +399,13 @@ impl OutboxTx for SqliteTx<'_> {
             )
             .and_then(|mut st| {
                 st.execute(params![
-                    channel,
-                    key,
+                    change.channel,
+                    change.key,
                     version,
-                    expected_attempt,
-                    attempt,
-                    due_at,
-                    claimed_until
+                    change.expected_attempt,
+                    change.attempt,
+                    change.due_at,
+                    change.claimed_until
                 ])
             })
             .map(|n| n > 0)

@@ -26,8 +26,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use durability_ownership::{
-    BoxError, ClaimOutcome, Clock, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
-    LifecycleId, OwnerEndpoint, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError,
+    BoxError, ClaimOutcome, Claimant, Clock, DeleteLock, Generation, Lease, LeaseStore,
+    LifecycleAdmin, LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError,
     PresenceEntry, PresenceGroup, ShardCount, StorageId, TaskId, check_lifecycle,
     check_shard_count, stored_shard_count, validate_presence, validate_ttl,
 };
@@ -407,18 +407,15 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
     async fn claim_as(
         &self,
         scope: &OwnerScope,
-        lifecycle: &LifecycleId,
-        task: &TaskId,
-        endpoint: Option<&OwnerEndpoint>,
-        ttl_ms: u64,
+        claimant: Claimant<'_>,
     ) -> Result<ClaimOutcome, OwnershipError> {
-        validate_ttl(ttl_ms)?;
+        validate_ttl(claimant.ttl_ms)?;
         let mut conn = self.lock();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| begin_error(e, scope))?;
         let now = self.clock.now_ms_u64();
-        let unrecorded = Self::check_claim(&tx, scope, lifecycle)?;
+        let unrecorded = Self::check_claim(&tx, scope, claimant.lifecycle)?;
         if let Some(lease) = self.owner(&tx, scope, now)? {
             return Ok(ClaimOutcome::Held(lease));
         }
@@ -426,14 +423,8 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         if unrecorded {
             Self::record_count(&tx, scope)?;
         }
-        let record = OwnerRecord::with_endpoint(
-            scope.clone(),
-            lifecycle.clone(),
-            task.clone(),
-            endpoint.cloned(),
-            generation,
-        );
-        let exp = now.saturating_add(ttl_ms);
+        let record = claimant.record(scope, generation);
+        let exp = now.saturating_add(claimant.ttl_ms);
         tx.prepare_cached(
             "INSERT INTO durability_owner_generations (scope, generation) VALUES (?1, ?2)
              ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
@@ -451,7 +442,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         tx.commit().map_err(unknown)?;
         Ok(ClaimOutcome::Claimed(Lease {
             record,
-            remaining_ms: ttl_ms,
+            remaining_ms: claimant.ttl_ms,
         }))
     }
 

@@ -255,13 +255,7 @@ pub struct SqlitePublication {
     versioned: bool,
 }
 
-impl std::fmt::Debug for SqlitePublication {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlitePublication")
-            .field("versioned", &self.versioned)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(SqlitePublication { versioned });
 
 impl SqlitePublication {
     /// Opens (or creates) the store at `path` as a plain key-value store:

@@ -14,6 +14,8 @@
 //! - [`Backoff`] and [`Jitter`]: exponential backoff with a cap, a jitter
 //!   kind and an optional maximum number of tries, drawing from a
 //!   [`Random`] source that a test can seed or fix.
+//! - [`debug_fields!`]: a `Debug` that prints only the named fields, for
+//!   types holding connections, scripts or callbacks.
 //! - [`MAX_SAFE_INTEGER`]: the largest integer a JavaScript number holds
 //!   exactly, the bound on stored times, versions and generations.
 //!
@@ -36,6 +38,7 @@
 mod backoff;
 mod clock;
 mod deadline;
+mod macros;
 mod random;
 
 pub use backoff::{Backoff, Jitter};

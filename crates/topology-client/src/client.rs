@@ -78,17 +78,13 @@ pub struct ClientConfig {
     jitter: Random,
 }
 
-impl std::fmt::Debug for ClientConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConfig")
-            .field("ttl_ms", &self.ttl_ms)
-            .field("negative_ttl_ms", &self.negative_ttl_ms)
-            .field("read_timeout_ms", &self.read_timeout_ms)
-            .field("stale_if_error_ms", &self.stale_if_error_ms)
-            .field("max_groups", &self.max_groups)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(ClientConfig {
+    ttl_ms,
+    negative_ttl_ms,
+    read_timeout_ms,
+    stale_if_error_ms,
+    max_groups
+});
 
 impl Default for ClientConfig {
     fn default() -> Self {

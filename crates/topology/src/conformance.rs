@@ -63,13 +63,7 @@ pub struct MemoryPublication {
     stored: Arc<Mutex<Stored>>,
 }
 
-impl std::fmt::Debug for MemoryPublication {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryPublication")
-            .field("versioned", &self.versioned)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(MemoryPublication { versioned });
 
 impl MemoryPublication {
     /// A plain key-value store.

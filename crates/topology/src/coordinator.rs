@@ -97,13 +97,7 @@ pub struct StateChannel {
     delay: Option<DelayFn>,
 }
 
-impl std::fmt::Debug for StateChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StateChannel")
-            .field("attempt_timeout_ms", &self.attempt_timeout_ms)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(StateChannel { attempt_timeout_ms });
 
 impl StateChannel {
     /// A `write` channel delivering through `deliver`.

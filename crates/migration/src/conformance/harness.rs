@@ -242,14 +242,10 @@ pub struct CrashRun {
     pub recovery_tripped: bool,
 }
 
-impl std::fmt::Debug for CrashRun {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CrashRun")
-            .field("tripped", &self.tripped)
-            .field("recovery_tripped", &self.recovery_tripped)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(CrashRun {
+    tripped,
+    recovery_tripped
+});
 
 impl CrashRun {
     /// Checks what the crash scenario of [`Harness::crash_move`] over

@@ -114,6 +114,17 @@ pub(crate) struct JournalSql<'a> {
 }
 
 impl JournalSql<'_> {
+    /// `{head}{table} WHERE scope = ?` bound to this scope: the start of
+    /// every statement that reads or deletes the scope's rows.
+    pub(super) fn scoped(&self, head: &str, table: &str) -> Sql<'_> {
+        let mut s = Sql::new(self.d);
+        s.raw(head)
+            .raw(table)
+            .raw(" WHERE scope = ")
+            .bind(self.scope);
+        s
+    }
+
     pub(super) fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
         if let Some((scope, generation)) = &g.lease {
             s.raw(" AND EXISTS (SELECT 1 FROM ")
@@ -188,13 +199,8 @@ impl JournalSql<'_> {
 
     /// The operation holding `key`'s claim, if any.
     pub(crate) fn claim_holder(&self, key: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT op_id FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND claim = ")
-            .bind(key);
+        let mut s = self.scoped("SELECT op_id FROM ", names::OPS);
+        s.raw(" AND claim = ").bind(key);
         s.finish()
     }
 
@@ -345,12 +351,8 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn ops_for_key(&self, key: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT * FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND mkey = ")
+        let mut s = self.scoped("SELECT * FROM ", names::OPS);
+        s.raw(" AND mkey = ")
             .bind(key)
             .raw(" ORDER BY created_ms DESC, op_id DESC");
         s.finish()
@@ -359,13 +361,8 @@ impl JournalSql<'_> {
     /// A page of operations after `after` (by id); `active` selects
     /// non-terminal ones, otherwise `state` selects one state.
     pub(crate) fn ops_page(&self, after: &str, limit: usize, filter: OpFilter) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT * FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND op_id > ")
-            .bind(after);
+        let mut s = self.scoped("SELECT * FROM ", names::OPS);
+        s.raw(" AND op_id > ").bind(after);
         match filter {
             OpFilter::Active => {
                 // Every active operation holds its claim: the claim index
@@ -398,12 +395,8 @@ impl JournalSql<'_> {
     /// Finished operations still holding a claim (the terminal write
     /// releases it, so only a journal written otherwise has these).
     pub(crate) fn terminal_claims(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT op_id FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND claim IS NOT NULL AND state IN ('retired', 'aborted')");
+        let mut s = self.scoped("SELECT op_id FROM ", names::OPS);
+        s.raw(" AND claim IS NOT NULL AND state IN ('retired', 'aborted')");
         s.finish()
     }
 
@@ -439,12 +432,8 @@ impl JournalSql<'_> {
 
     /// Every key the last finished verification pass found something on.
     pub(crate) fn unclean_keys(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT mkey FROM ")
-            .raw(names::UNCLEAN)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" ORDER BY mkey");
+        let mut s = self.scoped("SELECT mkey FROM ", names::UNCLEAN);
+        s.raw(" ORDER BY mkey");
         s.finish()
     }
 
@@ -461,12 +450,8 @@ impl JournalSql<'_> {
 
     /// Deletes operation `op_id`'s row while `condition` holds.
     fn delete_op_if(&self, op_id: &str, condition: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("DELETE FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND op_id = ")
+        let mut s = self.scoped("DELETE FROM ", names::OPS);
+        s.raw(" AND op_id = ")
             .bind(op_id)
             .raw(" AND ")
             .raw(condition);
@@ -483,12 +468,8 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn lease_get(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT holder, generation, expires_ms FROM ")
-            .raw(names::LEASE)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        s.finish()
+        self.scoped("SELECT holder, generation, expires_ms FROM ", names::LEASE)
+            .finish()
     }
 
     pub(crate) fn lease_insert(&self, holder: &str, expires: i64) -> Statement {
@@ -555,12 +536,8 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn meta_get(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT last_clean_verify_ms FROM ")
-            .raw(names::META)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        s.finish()
+        self.scoped("SELECT last_clean_verify_ms FROM ", names::META)
+            .finish()
     }
 
     pub(crate) fn meta_set(&self, now: i64) -> Vec<Statement> {
@@ -586,12 +563,7 @@ impl JournalSql<'_> {
 impl JournalSql<'_> {
     /// The start time of the last finished verification pass.
     pub(crate) fn pass_get(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT started_ms FROM ")
-            .raw(names::PASS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        s.finish()
+        self.scoped("SELECT started_ms FROM ", names::PASS).finish()
     }
 
     /// Records a finished verification pass that started at `started` and
@@ -602,11 +574,7 @@ impl JournalSql<'_> {
         started: i64,
         keys: impl IntoIterator<Item = &'k String>,
     ) -> Vec<Statement> {
-        let mut del = Sql::new(self.d);
-        del.raw("DELETE FROM ")
-            .raw(names::UNCLEAN)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
+        let del = self.scoped("DELETE FROM ", names::UNCLEAN);
         let mut out = vec![del.finish()];
         for k in keys {
             let mut ins = Sql::new(self.d);
@@ -637,12 +605,8 @@ impl JournalSql<'_> {
 
     /// The number of operations per state in the scope (the status report).
     pub(crate) fn state_counts(&self) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT state, COUNT(*) AS n FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" GROUP BY state");
+        let mut s = self.scoped("SELECT state, COUNT(*) AS n FROM ", names::OPS);
+        s.raw(" GROUP BY state");
         s.finish()
     }
 }

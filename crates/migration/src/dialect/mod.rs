@@ -364,6 +364,14 @@ pub(crate) fn row_idents(row: &Row) -> Result<Vec<(Ident, Value)>> {
 }
 
 impl Dialect {
+    /// `{head}{table} WHERE scope = ?` bound to `scope`: the start of every
+    /// statement that reads or deletes one scope's rows.
+    pub(crate) fn scoped(&self, head: &str, table: &str, scope: &str) -> Sql<'_> {
+        let mut s = Sql::new(self);
+        s.raw(head).raw(table).raw(" WHERE scope = ").bind(scope);
+        s
+    }
+
     /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (...)`: inserts the
     /// row unless `table` holds one whose first `keys` columns are equal.
     pub(crate) fn insert_absent(

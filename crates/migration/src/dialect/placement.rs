@@ -41,12 +41,8 @@ impl Dialect {
 
     /// The scope's manifest row (`revision`, `body`).
     pub(crate) fn manifest_get(&self, scope: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT revision, body FROM ")
-            .raw(names::MANIFEST)
-            .raw(" WHERE scope = ")
-            .bind(scope);
-        s.finish()
+        self.scoped("SELECT revision, body FROM ", names::MANIFEST, scope)
+            .finish()
     }
 
     /// Inserts the scope's first manifest unless one exists.
@@ -87,12 +83,8 @@ impl Dialect {
 
     /// The shard's generation fence of the scope (`min_generation`).
     pub(crate) fn fence_get(&self, scope: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT min_generation FROM ")
-            .raw(names::TOPOLOGY)
-            .raw(" WHERE scope = ")
-            .bind(scope);
-        s.finish()
+        self.scoped("SELECT min_generation FROM ", names::TOPOLOGY, scope)
+            .finish()
     }
 
     /// Raises the fence to `generation` (never lowers it).
@@ -152,37 +144,23 @@ impl Dialect {
 
     /// The placement exception of `key` (`shard`), if one is recorded.
     pub(crate) fn exception_get(&self, scope: &str, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT shard FROM ")
-            .raw(names::EXCEPTIONS)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND mkey = ")
-            .bind(key);
+        let mut s = self.scoped("SELECT shard FROM ", names::EXCEPTIONS, scope);
+        s.raw(" AND mkey = ").bind(key);
         s.finish()
     }
 
     /// Deletes the placement exception of `key`.
     pub(crate) fn exception_delete(&self, scope: &str, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::EXCEPTIONS)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND mkey = ")
-            .bind(key);
+        let mut s = self.scoped("DELETE FROM ", names::EXCEPTIONS, scope);
+        s.raw(" AND mkey = ").bind(key);
         s.finish()
     }
 
     /// Up to `limit` placement exceptions with keys after `after`, in key
     /// order (`mkey`, `shard`, `epoch`).
     pub(crate) fn exception_page(&self, scope: &str, after: &str, limit: usize) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT mkey, shard, epoch FROM ")
-            .raw(names::EXCEPTIONS)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND mkey > ")
+        let mut s = self.scoped("SELECT mkey, shard, epoch FROM ", names::EXCEPTIONS, scope);
+        s.raw(" AND mkey > ")
             .bind(after)
             .raw(&format!(" ORDER BY mkey LIMIT {limit}"));
         s.finish()

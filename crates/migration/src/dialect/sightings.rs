@@ -136,12 +136,8 @@ impl JournalSql<'_> {
     /// Forgets the sightings of operations that are no longer active (a
     /// recovery's last step, under its lease).
     pub(crate) fn sightings_prune(&self, guard: &Guard, now: i64) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("DELETE FROM ")
-            .raw(names::SIGHTINGS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND kind = ")
+        let mut s = self.scoped("DELETE FROM ", names::SIGHTINGS);
+        s.raw(" AND kind = ")
             .bind(OP)
             .raw(" AND id NOT IN (SELECT op_id FROM ")
             .raw(names::OPS)

@@ -57,12 +57,12 @@ impl Dialect {
         after_table: &str,
         page: usize,
     ) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND (mkey > ")
+        let mut s = self.scoped(
+            "SELECT op_id, tname, mkey, payload, digest, superseded FROM ",
+            names::RETIRED,
+            scope,
+        );
+        s.raw(" AND (mkey > ")
             .bind(after_key)
             .raw(" OR (mkey = ")
             .bind(after_key)

@@ -484,14 +484,7 @@ pub struct PostgresObjectStorage {
     fence: Mutex<Option<Fence>>,
 }
 
-impl std::fmt::Debug for PostgresObjectStorage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresObjectStorage")
-            .field("object", &self.object)
-            .field("own_schema", &self.own_schema)
-            .finish_non_exhaustive()
-    }
-}
+durability_time::debug_fields!(PostgresObjectStorage { object, own_schema });
 
 impl PostgresObjectStorage {
     /// The object's id.

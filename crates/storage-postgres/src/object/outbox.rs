@@ -172,27 +172,18 @@ impl OutboxTx for PostgresObjectTx<'_> {
     }
 
     fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
-        let Reschedule {
-            channel,
-            key,
-            version,
-            expected_attempt,
-            attempt,
-            due_at,
-            claimed_until,
-        } = change;
         self.exec(
             "reschedule outbox entry",
             "UPDATE {s}.durability_object_outbox SET attempt = $6, due_at = $7, claimed_until = $8
              WHERE object_id = $1 AND channel = $2 AND key = $3 AND version = $4 AND attempt = $5",
             &[
-                &channel,
-                &key,
-                &i64_of(version)?,
-                &i64::from(expected_attempt),
-                &i64::from(attempt),
-                &due_at,
-                &claimed_until,
+                &change.channel,
+                &change.key,
+                &i64_of(change.version)?,
+                &i64::from(change.expected_attempt),
+                &i64::from(change.attempt),
+                &change.due_at,
+                &change.claimed_until,
             ],
         )
         .map(|n| n > 0)

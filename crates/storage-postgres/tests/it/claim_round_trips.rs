@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_ownership::{
-    ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ShardCount, StorageId, TaskId,
+    ClaimOutcome, Claimant, LeaseStore, LifecycleAdmin, LifecycleId, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::ownership::PostgresLeaseStore;
@@ -143,7 +143,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
     // of its own, once per connection).
     let warm = class_scopes(&storage, "Warm");
     store
-        .claim_many(&warm[..2], &lifecycle, &task, None, 60_000)
+        .claim_many(&warm[..2], Claimant::new(&lifecycle, &task, 60_000))
         .await;
     store
         .claim(&warm[2], &lifecycle, &task, 60_000)
@@ -154,7 +154,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
     let scopes = class_scopes(&storage, "Cart");
     let before = proxy.turns.load(Ordering::SeqCst);
     let claims = store
-        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
         .await;
     let batched = counted(before);
     let records: Vec<_> = claims

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use durability_ownership::conformance::{Harness, RawState};
 use durability_ownership::{
-    ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, Ownership,
-    OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId, TaskId,
+    ClaimOutcome, Claimant, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
+    Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 use durability_storage_postgres::testkit::{TestSchema, url};
@@ -175,7 +175,7 @@ async fn concurrent_claims_from_many_stores_hand_out_one_owner_per_scope() {
             let task = TaskId::new(&format!("host-{n}")).unwrap();
             if n % 2 == 0 {
                 store
-                    .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+                    .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
                     .await
             } else {
                 let mut out = Vec::new();
@@ -331,7 +331,7 @@ async fn a_corrupt_counter_fails_its_scope_closed_and_only_its_scope() {
         let before = h.raw_counter(&scopes[5]).await;
         let results = h
             .store
-            .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+            .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
             .await;
         for (i, r) in results.iter().enumerate() {
             match (i, r) {
@@ -476,7 +476,7 @@ async fn list_leases_pages_through_live_leases() {
     let task = TaskId::new("a").unwrap();
     for r in h
         .store
-        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
         .await
     {
         r.unwrap();
@@ -565,7 +565,7 @@ async fn claim_many_answers_per_scope() {
     let task = TaskId::new("a").unwrap();
     let r = h
         .store
-        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
         .await;
     let ClaimOutcome::Claimed(first) = r[0].as_ref().unwrap() else {
         panic!("first named: claimed")
@@ -584,13 +584,13 @@ async fn claim_many_answers_per_scope() {
     );
     assert!(
         h.store
-            .claim_many(&[], &lifecycle, &task, None, 60_000)
+            .claim_many(&[], Claimant::new(&lifecycle, &task, 60_000))
             .await
             .is_empty()
     );
     let bad_ttl = h
         .store
-        .claim_many(&scopes, &lifecycle, &task, None, 0)
+        .claim_many(&scopes, Claimant::new(&lifecycle, &task, 0))
         .await;
     assert!(
         bad_ttl

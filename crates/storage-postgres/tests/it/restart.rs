@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, ClaimReady, JobState, ObjectId, Token};
 use durability_ownership::{
-    ClaimOutcome, ClassName, DispatchOutcome, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope,
-    ShardCount, StorageId, TaskId,
+    ClaimOutcome, Claimant, ClassName, DispatchOutcome, LeaseStore, LifecycleAdmin, LifecycleId,
+    OwnerScope, ShardCount, StorageId, TaskId,
 };
 use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
@@ -74,7 +74,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
     let scopes = class_scopes(&storage, "Cart");
     let task = TaskId::new("host-a").unwrap();
     let records: Vec<_> = leases
-        .claim_many(&scopes, &lifecycle, &task, None, 60_000)
+        .claim_many(&scopes, Claimant::new(&lifecycle, &task, 60_000))
         .await
         .into_iter()
         .map(|c| match c.unwrap() {
