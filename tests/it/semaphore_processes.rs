@@ -230,7 +230,7 @@ fn three_hosts_deliver_one_channel_under_a_cross_host_concurrency_and_rate_limit
     };
     let (tolerant, full) = (window(INTERVAL_MS - RATE_TOLERANCE_MS), window(INTERVAL_MS));
     let span = starts.last().unwrap() - starts.first().unwrap();
-    println!(
+    eprintln!(
         "deliveries={} hosts={hosts_used:?} most_in_flight={most} (N={N}) most_per_{}ms={tolerant} most_per_{INTERVAL_MS}ms={full} (R={R}) span_ms={span}",
         starts.len(),
         INTERVAL_MS - RATE_TOLERANCE_MS
@@ -279,7 +279,7 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
         1 => (0, 2),
         _ => (0, 1),
     };
-    println!(
+    eprintln!(
         "holder on {holder_task}, shard {}, waiter {}",
         procs[shard_at].name, procs[waiter_at].name
     );
@@ -296,7 +296,7 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
     let first_until = held.iter().map(|l| num(l, "lease_until")).min().unwrap();
     let w1 = procs[waiter_at].wait_for(|l| l.starts_with("granted "), 1, 30_000)[0].clone();
     let w1_granted = num(&w1, "lease_until") - LEASE_MS;
-    println!(
+    eprintln!(
         "dead shard's leases end {first_until}..={dead_until}; waiter granted at {w1_granted} (+{} ms)",
         w1_granted - first_until
     );
@@ -334,7 +334,7 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
         .map(|(at, _)| history.iter().filter(|(s, e)| s <= at && at < e).count())
         .max()
         .unwrap();
-    println!(
+    eprintln!(
         "grants={} most_live={most} (capacity {CAPACITY})",
         history.len()
     );

@@ -39,11 +39,14 @@ impl Permits for Gate {
     }
 }
 
+/// A published batch's keys and the permits held while it ran.
+type Batch = (Vec<String>, usize);
+
 /// Records each batch with the permits held while it was published.
 #[derive(Clone)]
 struct Recorder {
     held: Arc<AtomicUsize>,
-    batches: Arc<Mutex<Vec<(Vec<String>, usize)>>>,
+    batches: Arc<Mutex<Vec<Batch>>>,
 }
 
 impl Sink<u32> for Recorder {
