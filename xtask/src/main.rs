@@ -78,6 +78,7 @@ const BENCH_AREAS: &[&str] = &[
     "alarms",
     "migration",
     "host",
+    "semaphore",
 ];
 
 /// The demo package's binary, run by `demo`, `bench` and `verify`.
