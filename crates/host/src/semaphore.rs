@@ -136,6 +136,12 @@ struct GrantArgs {
     total: u64,
 }
 
+/// The arguments of `pool` and `delete_pool`.
+#[derive(Debug, Clone, Deserialize)]
+struct PoolArgs {
+    pool: String,
+}
+
 /// The arguments of `configure`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ConfigureArgs {
@@ -191,7 +197,8 @@ where
 {
     /// Registers the semaphore holder class ([`SEMAPHORE_CLASS`]) and its
     /// methods: `configure`, `acquire` (a long poll while queued), `renew`,
-    /// `used`, `release` and `pool` (the pool's counters). Shards call them
+    /// `used`, `release`, `pool` (the pool's counters) and `delete_pool`
+    /// (the repair of a corrupt pool row). Shards call them
     /// through [`crate::Host::object`] or a thin client; [`SemaphorePermits`]
     /// wraps them as a [`Permits`] source.
     #[must_use]
@@ -248,11 +255,19 @@ where
                 };
                 Ok(json!({"now": now, "outcome": outcome.code()}))
             })
+            .method(
+                "delete_pool",
+                |h: Handle<H<O>, I, O::Storage>, a| async move {
+                    let a: PoolArgs = args(a)?;
+                    let sem = h.object.semaphore();
+                    let existed = sem
+                        .scheduler()
+                        .transaction(|tx| sem.delete_pool(tx, &a.pool))
+                        .map_err(|e| method_error(&e))?;
+                    Ok(json!({ "existed": existed }))
+                },
+            )
             .method("pool", |h: Handle<H<O>, I, O::Storage>, a| async move {
-                #[derive(Deserialize)]
-                struct PoolArgs {
-                    pool: String,
-                }
                 let a: PoolArgs = args(a)?;
                 let sem = h.object.semaphore();
                 let row = sem
