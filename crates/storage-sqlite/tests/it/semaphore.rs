@@ -432,7 +432,7 @@ fn the_alarm_quarantines_a_corrupt_row_and_settles_every_pool() {
         .scheduler
         .transaction(|tx| h.sem.acquire(tx, &Acquire::new("p", "new", "s2", 2)));
     assert!(
-        matches!(again, Ok(durability_semaphore::Acquired::Granted(_))),
+        matches!(again, Ok(Acquired::Granted(_))),
         "the pool serves again: {again:?}"
     );
 }
