@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::Result;
 
 #[rustfmt::skip] // One line: xtask's tidy test reads it.
-pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration", "host"];
+pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration", "host", "semaphore"];
 
 pub(crate) fn run(args: &[String]) -> Result {
     if cfg!(debug_assertions) {
@@ -70,6 +70,8 @@ pub(crate) fn inner(args: &[String]) -> Result {
                 tokio::runtime::Runtime::new()?.block_on(crate::migration::bench(dir.path()))?;
             }
             "host" => tokio::runtime::Runtime::new()?.block_on(crate::host::bench())?,
+            "semaphore" => tokio::runtime::Runtime::new()?
+                .block_on(crate::semaphore::bench(&crate::redis_url()))?,
             other => return Err(format!("unknown bench area {other:?}; known: {AREAS:?}").into()),
         }
     }
@@ -215,7 +217,7 @@ fn codec_us(value: &Vec<u8>, n: u64) -> Result<f64> {
 }
 
 /// The middle value of `xs` (sorted in place).
-fn median(xs: &mut [f64]) -> f64 {
+pub(crate) fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
     if n % 2 == 1 {

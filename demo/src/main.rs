@@ -34,6 +34,7 @@ mod ownership;
 mod pg_leases;
 mod pg_outbox;
 mod rss;
+mod semaphore;
 mod topology;
 
 use std::process::ExitCode;

@@ -56,6 +56,11 @@ fn families() -> Vec<Family> {
             durability_scheduler::StorageError::CODES,
         ),
         f(
+            "durability-scheduler::PermitError",
+            Screaming("SCHEDULER_"),
+            durability_scheduler::PermitError::CODES,
+        ),
+        f(
             "durability-outbox::OutboxError",
             Screaming("OUTBOX_"),
             durability_outbox::OutboxError::CODES,

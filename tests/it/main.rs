@@ -29,6 +29,7 @@ mod outbox;
 mod outbox_codec;
 mod outbox_corrupt;
 mod reconcile_postgres;
+mod semaphore_processes;
 mod shards;
 mod support;
 mod topology;

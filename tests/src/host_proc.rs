@@ -221,3 +221,28 @@ pub fn parse(line: &str) -> (&str, &str, i64) {
     let number = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     (cmd, name, number)
 }
+
+/// Collects every line a spawned child prints on stdout and stderr (each
+/// read by a thread of its own) into the returned list, in arrival order.
+///
+/// # Panics
+/// When the child's stdout or stderr was not piped.
+pub fn collect_lines(child: &mut std::process::Child) -> Arc<std::sync::Mutex<Vec<String>>> {
+    use std::io::BufRead as _;
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let outs: [Box<dyn std::io::Read + Send>; 2] = [
+        Box::new(child.stdout.take().expect("stdout piped")),
+        Box::new(child.stderr.take().expect("stderr piped")),
+    ];
+    for out in outs {
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(line);
+            }
+        });
+    }
+    lines
+}

@@ -82,6 +82,7 @@ const BENCH_AREAS: &[&str] = &[
     "alarms",
     "migration",
     "host",
+    "semaphore",
 ];
 
 /// The demo package's binary, run by `demo`, `bench` and `verify`.

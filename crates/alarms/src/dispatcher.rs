@@ -15,7 +15,7 @@ use futures::future::{self, BoxFuture, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 
-use durability_scheduler::{Clock, ObjectId};
+use durability_scheduler::{Clock, ObjectId, Permit, Permits};
 use durability_time::{Random, timeout_at};
 
 use crate::error::AlarmError;
@@ -276,6 +276,7 @@ pub struct Dispatcher<I, D> {
     counters: Arc<DispatchCounters>,
     log_limit: LogLimit,
     stop: Stop,
+    permits: Option<Arc<dyn Permits>>,
 }
 
 impl<I, D> std::fmt::Debug for Dispatcher<I, D> {
@@ -306,7 +307,19 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             counters: Arc::default(),
             log_limit: LogLimit::new(config.log_interval_ms),
             stop: Stop::default(),
+            permits: None,
         })
+    }
+
+    /// Flow control: every delivery holds a [`Permit`] of `permits` (one
+    /// item) while it runs, taken before it starts and within its dispatch
+    /// deadline. Without one the delivery does not start: its job is due
+    /// again after [`PermitError::retry_in_ms`](durability_scheduler::PermitError)
+    /// (capped by `owner_wait_max_ms`) with no try used, counted `retried`.
+    #[must_use]
+    pub fn with_permits(mut self, permits: Arc<dyn Permits>) -> Self {
+        self.permits = Some(permits);
+        self
     }
 
     /// The `do_alarm_dispatches` counters.
@@ -638,6 +651,9 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             .now_ms()
             .saturating_add(self.config.dispatch_timeout_ms)
             .min(lease_end);
+        let Some(_permit) = self.permit(&claim, deadline).await else {
+            return;
+        };
         let span = tracing::debug_span!(
             "durability.alarms.dispatch",
             object = %claim.object,
@@ -736,6 +752,35 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 DispatchCounters::bump(&c.unknown, "unknown", &claim.object);
             }
         }
+    }
+
+    /// The permit a delivery of `claim` runs under (`Some(None)` without a
+    /// permit source), asked for until `deadline`. Without one the job is
+    /// due again when the source said, with no try used, and `None` is
+    /// returned: the delivery does not start.
+    async fn permit(&self, claim: &Claim, deadline: i64) -> Option<Option<Permit>> {
+        let Some(permits) = self.permits.clone() else {
+            return Some(None);
+        };
+        let refused = match timeout_at(&*self.clock, deadline, permits.acquire(1)).await {
+            Ok(Ok(permit)) => return Some(Some(permit)),
+            Ok(Err(refused)) => refused,
+            Err(_) => {
+                durability_scheduler::PermitError::new(0, "no permit before the dispatch deadline")
+            }
+        };
+        let delay = refused.retry_in_ms.clamp(0, self.config.owner_wait_max_ms);
+        tracing::debug!(
+            event = "durability.alarms.no_permit",
+            object = %claim.object,
+            delay_ms = delay,
+            reason = %refused.reason,
+            "no permit for an alarm delivery; it never started and is due again"
+        );
+        let tries = claim.tries.saturating_sub(1);
+        self.settle_retry(claim, delay, tries, &self.counters.retried, "retried")
+            .await;
+        None
     }
 
     /// Counts a settlement the index refused: superseded when the job no

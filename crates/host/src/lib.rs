@@ -275,6 +275,7 @@ mod protocol;
 mod route_table;
 mod routing;
 pub mod rpc;
+pub mod semaphore;
 mod settings;
 mod storage;
 pub mod store;

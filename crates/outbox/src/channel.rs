@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use durability_scheduler::{Capability, Scheduler, Storage, StorageError, Transaction};
+use durability_scheduler::{
+    Capability, Permit, PermitError, Permits, Scheduler, Storage, StorageError, Transaction,
+};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -153,6 +155,7 @@ pub struct ChannelConfig<T> {
     dead_letter: Option<DeadLetterFn<T>>,
     on_event: Option<EventHook>,
     codec: Option<Arc<dyn Codec<T>>>,
+    permits: Option<Arc<dyn Permits>>,
 }
 
 impl<T> std::fmt::Debug for ChannelConfig<T> {
@@ -161,6 +164,7 @@ impl<T> std::fmt::Debug for ChannelConfig<T> {
             .field("name", &self.name)
             .field("attempt_timeout_ms", &self.attempt_timeout_ms)
             .field("batch_size", &self.batch_size)
+            .field("permits", &self.permits.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -177,6 +181,7 @@ impl<T> ChannelConfig<T> {
             dead_letter: None,
             on_event: None,
             codec: None,
+            permits: None,
         }
     }
     /// The codec values are stored with ([`Postcard`](crate::Postcard) by default; [`Json`](crate::Json)
@@ -218,6 +223,18 @@ impl<T> ChannelConfig<T> {
         self.on_event = Some(hook);
         self
     }
+    /// Flow control: every publish call holds a [`Permit`](durability_scheduler::Permit)
+    /// of `permits` while it runs (a cross-host concurrency or rate limit).
+    /// The permit is taken before the batch is claimed and limits its size
+    /// ([`Permit::entries`](durability_scheduler::Permit::entries)); without
+    /// one nothing is claimed or published, the entries stay pending with
+    /// no attempt used, and the channel looks again after
+    /// [`PermitError::retry_in_ms`](durability_scheduler::PermitError).
+    #[must_use]
+    pub fn permits(mut self, permits: Arc<dyn Permits>) -> Self {
+        self.permits = Some(permits);
+        self
+    }
 }
 
 /// A [`ChannelConfig`] taken apart (by [`Publisher::new`](crate::Publisher::new)).
@@ -229,6 +246,7 @@ pub(crate) struct ConfigParts<T> {
     pub(crate) dead_letter: Option<DeadLetterFn<T>>,
     pub(crate) on_event: Option<EventHook>,
     pub(crate) codec: Option<Arc<dyn Codec<T>>>,
+    pub(crate) permits: Option<Arc<dyn Permits>>,
 }
 
 impl<T> ChannelConfig<T> {
@@ -241,6 +259,7 @@ impl<T> ChannelConfig<T> {
             dead_letter: self.dead_letter,
             on_event: self.on_event,
             codec: self.codec,
+            permits: self.permits,
         }
     }
 }
@@ -592,6 +611,19 @@ where
         let _busy = ch.busy.lock().await;
         let now = ch.scheduler.now_ms();
         let mut report = DeliveryReport::default();
+        let permit = match ch.publisher.permits() {
+            Some(permits) => match permits.acquire(1).await {
+                Ok(permit) => Some(permit),
+                Err(refused) => {
+                    report.waiting_for_permit = Some(refused);
+                    let pending = ch.scheduler.transaction(|tx| {
+                        Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_some())
+                    })?;
+                    return Ok(PublishOutcome { pending, report });
+                }
+            },
+            None => None,
+        };
         let claimed = ch.scheduler.transaction(|tx| {
             let Some(row) = tx.outbox_get(&ch.name, key)? else {
                 return Ok::<_, OutboxError>(Vec::new());
@@ -602,6 +634,7 @@ where
             let outcomes = ch.publisher.attempt(claimed).await;
             ch.settle(outcomes, &mut report)?;
         }
+        drop(permit);
         let pending = ch
             .scheduler
             .transaction(|tx| Ok::<_, OutboxError>(tx.outbox_get(&ch.name, key)?.is_some()))?;
@@ -705,9 +738,16 @@ where
         let start = self.scheduler.now_ms();
         let mut report = DeliveryReport::default();
         loop {
+            let (permit, limit) = match self.permit(start).await? {
+                Ok(permit) => permit,
+                Err(refused) => {
+                    report.waiting_for_permit = Some(refused);
+                    return Ok(report);
+                }
+            };
             let mut quarantined = 0;
             let claimed = self.scheduler.transaction(|tx| {
-                let due = tx.outbox_due(&self.name, start, self.publisher.batch_size())?;
+                let due = tx.outbox_due(&self.name, start, limit)?;
                 let before = report.quarantined.len();
                 let claimed = self.claim(tx, due, start, &mut report)?;
                 quarantined = report.quarantined.len() - before;
@@ -727,8 +767,60 @@ where
                 return Ok(report);
             }
             let outcomes = self.publisher.attempt(claimed).await;
+            // Settled before the permit is given back: the delivery ran
+            // under it from the claim to the settlement.
             self.settle(outcomes, &mut report)?;
+            drop(permit);
         }
+    }
+
+    /// The permit for the next batch of the run started at `start` and the
+    /// batch's size: with no permit source, none and the batch size; with
+    /// one, a permit for what is due (up to a batch). Without a permit the
+    /// channel's alarm moves to when the source said to ask again, and the
+    /// entries stay pending, unclaimed (`Ok(Err(_))`).
+    async fn permit(
+        &self,
+        start: i64,
+    ) -> Result<Result<(Option<Permit>, usize), PermitError>, OutboxError> {
+        let batch = self.publisher.batch_size();
+        let Some(permits) = self.publisher.permits() else {
+            return Ok(Ok((None, batch)));
+        };
+        let due = self.scheduler.transaction(|tx| {
+            Ok::<_, OutboxError>(tx.outbox_due(&self.name, start, batch)?.len())
+        })?;
+        if due == 0 {
+            // Nothing to deliver: the claim finds nothing and ends the run.
+            return Ok(Ok((None, batch)));
+        }
+        match permits.acquire(due).await {
+            Ok(permit) => {
+                let limit = permit.entries().min(due);
+                Ok(Ok((Some(permit), limit)))
+            }
+            Err(refused) => {
+                self.wait_for_permit(&refused)?;
+                Ok(Err(refused))
+            }
+        }
+    }
+
+    /// Moves the channel's alarm to when a refused permit may be asked for
+    /// again (nothing else changes: the entries stay pending as they were).
+    fn wait_for_permit(&self, refused: &PermitError) -> Result<(), OutboxError> {
+        let at = self.scheduler.now_ms().saturating_add(refused.retry_in_ms);
+        tracing::debug!(
+            event = "durability.outbox.no_permit",
+            channel = %self.name,
+            retry_in_ms = refused.retry_in_ms,
+            reason = %refused.reason,
+            "no permit for a delivery; entries stay pending"
+        );
+        self.scheduler.transaction(|tx| {
+            tx.set_due(&self.capability, Some(at))?;
+            Ok::<_, OutboxError>(())
+        })
     }
 
     /// Records the attempt of each entry before it starts: attempt count up,
@@ -882,3 +974,6 @@ where
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod permit_tests;

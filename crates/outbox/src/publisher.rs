@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use durability_scheduler::Permits;
 use durability_time::{Clock, timeout_at};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -71,6 +72,7 @@ pub struct Publisher<T, K> {
     codec: Arc<dyn Codec<T>>,
     sink: K,
     clock: Arc<dyn Clock>,
+    permits: Option<Arc<dyn Permits>>,
 }
 
 impl<T, K> std::fmt::Debug for Publisher<T, K> {
@@ -118,6 +120,7 @@ where
             codec: parts.codec.unwrap_or_else(|| Arc::new(Postcard)),
             sink,
             clock,
+            permits: parts.permits,
         })
     }
 
@@ -134,6 +137,12 @@ where
     /// The current time on the channel's clock (Unix ms).
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    /// The channel's permit source ([`ChannelConfig::permits`]): a delivery
+    /// loop holds one of its permits while a publish call runs.
+    pub fn permits(&self) -> Option<&Arc<dyn Permits>> {
+        self.permits.as_ref()
     }
 
     /// The channel's clock.

@@ -36,6 +36,8 @@ pub struct Quarantined {
     pub reason: String,
 }
 
+use durability_scheduler::PermitError;
+
 /// What one [`Outbox::deliver_due`](crate::Outbox::deliver_due) run (or a
 /// [`Outbox::publish_now`](crate::Outbox::publish_now)) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +54,11 @@ pub struct DeliveryReport {
     pub undecodable: Vec<Undelivered>,
     /// Corrupt rows moved to the quarantine.
     pub quarantined: Vec<Quarantined>,
+    /// The run stopped because the channel's permit source
+    /// ([`ChannelConfig::permits`](crate::ChannelConfig::permits)) had no
+    /// permit: what was due stays pending, unclaimed, and the channel's
+    /// alarm is due again after [`PermitError::retry_in_ms`].
+    pub waiting_for_permit: Option<PermitError>,
 }
 
 impl DeliveryReport {

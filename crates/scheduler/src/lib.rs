@@ -81,6 +81,7 @@
 mod driver;
 mod error;
 mod inspect;
+pub mod permits;
 mod scheduler;
 mod schema;
 mod storage;
@@ -94,6 +95,7 @@ pub use driver::{DEFAULT_IDLE_RETRY, Driver};
 pub use durability_time::{Clock, MAX_SAFE_INTEGER, ManualClock, SystemClock};
 pub use error::SchedulerError;
 pub use inspect::{CapabilityReport, ObjectReport};
+pub use permits::{Permit, PermitError, Permits};
 pub use scheduler::{
     Capability, MAX_CAPABILITY_NAME_BYTES, MAX_OBJECT_ID_BYTES, ObjectContext, ObjectId, Scheduler,
     Transaction,

@@ -119,6 +119,16 @@ pub(crate) fn quarantined(row: &crate::store::CorruptRequest) {
     );
 }
 
+/// Reports a deleted pool (after its commit).
+pub(crate) fn pool_deleted(pool: &str, existed: bool) {
+    tracing::warn!(
+        event = "durability.semaphore.pool_deleted",
+        pool = %pool,
+        existed,
+        "a semaphore pool and its requests were deleted; its live grants are forgotten"
+    );
+}
+
 fn finished(e: &SemaphoreEvent, outcome: Outcome) {
     let pool = e.pool.clone();
     match outcome {

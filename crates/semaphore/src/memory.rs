@@ -130,6 +130,12 @@ impl SemaphoreTx for MemoryTx<'_> {
         Ok(Vec::new())
     }
 
+    fn semaphore_delete_pool(&mut self, pool: &str) -> Result<bool, StorageError> {
+        let r = rows(self);
+        r.requests.retain(|(p, _), _| p != pool);
+        Ok(r.pools.remove(pool).is_some())
+    }
+
     fn semaphore_next_due(&mut self) -> Result<Option<i64>, StorageError> {
         Ok(rows(self).requests.values().map(RequestRow::due_at).min())
     }

@@ -320,6 +320,29 @@ where
         Ok(pool)
     }
 
+    /// Deletes the pool `name` and every request of it, in `tx`, without
+    /// reading them: the operator's repair of a pool whose row is corrupt
+    /// (every call of the pool fails with `SEMAPHORE_CORRUPT` until then;
+    /// the other pools are not affected). Its live grants are forgotten:
+    /// their holders' renewals and releases get
+    /// [`SemaphoreError::UnknownGrant`]; configure the pool again to use
+    /// it. Returns whether the pool row was there.
+    ///
+    /// # Errors
+    /// [`SemaphoreError::InvalidName`]; a storage error.
+    pub fn delete_pool(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        name: &str,
+    ) -> Result<bool, SemaphoreError> {
+        check_name("pool", name)?;
+        let existed = tx.semaphore_delete_pool(name)?;
+        let pool = name.to_owned();
+        tx.after_commit(move || crate::event::pool_deleted(&pool, existed));
+        self.finish_tx(tx, Changes::default())?;
+        Ok(existed)
+    }
+
     /// Asks for permits, in `tx`: grants them when nothing waits ahead and
     /// enough are free, queues the request otherwise (FIFO, until its
     /// `wait_ms` passes). A retry with the same key returns the same grant,

@@ -283,6 +283,14 @@ pub trait SemaphoreTx: SchedulerTx {
         at: i64,
     ) -> Result<Vec<CorruptRequest>, StorageError>;
 
+    /// Deletes the pool's row and every request row of the pool, without
+    /// decoding them (a corrupt row is deleted too); whether the pool row
+    /// was there.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn semaphore_delete_pool(&mut self, pool: &str) -> Result<bool, StorageError>;
+
     /// The earliest due time over every request of every pool.
     ///
     /// # Errors

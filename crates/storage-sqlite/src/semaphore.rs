@@ -462,6 +462,18 @@ impl SemaphoreTx for SqliteTx<'_> {
         Ok(moved)
     }
 
+    fn semaphore_delete_pool(&mut self, pool: &str) -> Result<bool, StorageError> {
+        let c = self.sql();
+        c.prepare_cached("DELETE FROM durability_semaphore_request WHERE pool = ?1")
+            .and_then(|mut st| st.execute([pool]))
+            .and_then(|_| {
+                c.prepare_cached("DELETE FROM durability_semaphore_pool WHERE name = ?1")
+                    .and_then(|mut st| st.execute([pool]))
+            })
+            .map(|n| n > 0)
+            .map_err(|e| backend("delete semaphore pool", e))
+    }
+
     fn semaphore_next_due(&mut self) -> Result<Option<i64>, StorageError> {
         self.sql()
             .prepare_cached("SELECT MIN(due_at) FROM durability_semaphore_request")

@@ -511,3 +511,100 @@ fn do_alarm_dispatches_is_recorded_through_the_metrics_facade_by_outcome() {
         "the facade sees what the dispatchers counted"
     );
 }
+
+/// A permit source that grants while open, counting permits held now.
+#[derive(Default)]
+struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl durability_scheduler::Permits for Gate {
+    fn acquire(
+        &self,
+        _want: usize,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<durability_scheduler::Permit, durability_scheduler::PermitError>,
+    > {
+        use std::sync::atomic::Ordering::SeqCst;
+        let result = if self.open.load(SeqCst) {
+            self.held.fetch_add(1, SeqCst);
+            let held = Arc::clone(&self.held);
+            Ok(durability_scheduler::Permit::new(1).on_release(move || {
+                held.fetch_sub(1, SeqCst);
+            }))
+        } else {
+            Err(durability_scheduler::PermitError::new(2_000, "pool busy"))
+        };
+        Box::pin(async move { result })
+    }
+}
+
+/// Records, per delivery, the permits held while it ran.
+struct SeesPermits(
+    Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Mutex<Vec<usize>>,
+);
+
+impl Dispatch for SeesPermits {
+    async fn dispatch(&self, _d: Delivery) -> DispatchOutcome {
+        let held = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        self.1.lock().unwrap().push(held);
+        DispatchOutcome::Delivered
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_runs_only_under_a_permit_and_without_one_its_job_waits_with_no_try_used() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let clock = ManualClock::new(START);
+    let index = Arc::new(MemoryAlarmIndex::new());
+    index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
+    let gate = Arc::new(Gate::default());
+    let host = Arc::new(SeesPermits(
+        Arc::clone(&gate.held),
+        std::sync::Mutex::default(),
+    ));
+    let permits: Arc<dyn durability_scheduler::Permits> = gate.clone();
+    let d = Dispatcher::new(
+        Arc::clone(&index),
+        Arc::clone(&host),
+        Arc::new(clock.clone()),
+        config(),
+    )
+    .unwrap()
+    .with_permits(permits);
+
+    d.tick().await.unwrap();
+    assert!(
+        host.1.lock().unwrap().is_empty(),
+        "nothing ran without a permit"
+    );
+    let job = index.job(&obj("a")).await.unwrap().unwrap();
+    assert_eq!(
+        (job.state, job.tries, job.token.clone()),
+        (JobState::Due, 0, tok("t0")),
+        "kept, due again, no try used"
+    );
+    assert_eq!(d.counters().snapshot().retried, 1);
+
+    clock.advance(1_999);
+    d.tick().await.unwrap();
+    assert!(
+        host.1.lock().unwrap().is_empty(),
+        "not due before the source's delay"
+    );
+
+    gate.open.store(true, SeqCst);
+    clock.advance(1);
+    d.tick().await.unwrap();
+    assert_eq!(
+        *host.1.lock().unwrap(),
+        [1],
+        "delivered once, holding one permit"
+    );
+    assert_eq!(gate.held.load(SeqCst), 0, "the permit was given back");
+    assert!(index.job(&obj("a")).await.unwrap().is_none(), "completed");
+    assert_eq!(d.counters().snapshot().delivered, 1);
+}

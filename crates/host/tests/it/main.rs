@@ -15,6 +15,7 @@ mod metrics;
 mod postgres;
 mod rolling;
 mod rpc;
+mod semaphore;
 mod storage;
 mod support;
 mod transport;

@@ -12,7 +12,7 @@ use durability_scheduler::conformance::{CrashMode, CrashStorage};
 use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler, Storage};
 use durability_semaphore::conformance::run_alarm;
 use durability_semaphore::{
-    Acquire, PoolConfig, PoolRow, RequestRow, Semaphore, SemaphoreConfig, SemaphoreError,
+    Acquire, Acquired, PoolConfig, PoolRow, RequestRow, Semaphore, SemaphoreConfig, SemaphoreError,
     SemaphoreTx,
 };
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
@@ -338,6 +338,36 @@ fn a_corrupt_row_is_a_typed_error_and_stays_deletable() {
         .transaction(|tx| h.sem.pool(tx, "p"))
         .unwrap_err();
     assert_eq!(err.code(), "SEMAPHORE_CORRUPT", "{err}");
+
+    // Isolated: another pool works; deletable: the pool goes, rows and all.
+    h.scheduler
+        .transaction(|tx| h.sem.configure(tx, "q", PoolConfig::new(1)))
+        .unwrap();
+    let other = h
+        .scheduler
+        .transaction(|tx| h.sem.acquire(tx, &Acquire::new("q", "b", "s2", 1)))
+        .unwrap();
+    assert!(matches!(other, Acquired::Granted(_)), "{other:?}");
+    h.scheduler
+        .transaction(|tx| h.sem.acquire(tx, &Acquire::new("p", "c", "s1", 1)))
+        .unwrap_err();
+    let deleted = h
+        .scheduler
+        .transaction(|tx| h.sem.delete_pool(tx, "p"))
+        .unwrap();
+    assert!(deleted);
+    let gone = h
+        .scheduler
+        .transaction(|tx| h.sem.pool(tx, "p"))
+        .unwrap_err();
+    assert_eq!(gone.code(), "SEMAPHORE_UNKNOWN_POOL");
+    h.scheduler
+        .transaction(|tx| h.sem.configure(tx, "p", PoolConfig::new(2)))
+        .unwrap();
+    let fresh = h.scheduler.transaction(|tx| h.sem.pool(tx, "p")).unwrap();
+    assert_eq!((fresh.held, fresh.granted), (0, 0));
+    let q = h.scheduler.transaction(|tx| h.sem.pool(tx, "q")).unwrap();
+    assert_eq!(q.held, 1, "the other pool kept its grant");
 }
 
 #[test]
@@ -402,7 +432,7 @@ fn the_alarm_quarantines_a_corrupt_row_and_settles_every_pool() {
         .scheduler
         .transaction(|tx| h.sem.acquire(tx, &Acquire::new("p", "new", "s2", 2)));
     assert!(
-        matches!(again, Ok(durability_semaphore::Acquired::Granted(_))),
+        matches!(again, Ok(Acquired::Granted(_))),
         "the pool serves again: {again:?}"
     );
 }
