@@ -439,7 +439,11 @@ pub(crate) fn main(raw: &[String]) -> Result {
 }
 
 /// A host with its objects' SQLite files under the shared `<dir>/objects`.
-fn on_dir<S, I>(store: S, index: I, args: &Args) -> Result<HostConfig<S, I>, BoxError> {
+fn on_dir<S, I>(
+    store: S,
+    index: I,
+    args: &Args,
+) -> std::result::Result<HostConfig<S, I>, Box<dyn std::error::Error>> {
     let ids = HostIds::new(
         StorageId::new(STORAGE)?,
         LifecycleId::new(LIFECYCLE)?,

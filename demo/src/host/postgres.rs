@@ -350,7 +350,10 @@ async fn claim_rounds(url: &str, schema: &str, rounds: usize) -> BoxResult<Claim
         let before = proxy.trips();
         let t = Instant::now();
         let claims = store
-            .claim_many(&scopes, &lifecycle, &task, None, TTL_MS)
+            .claim_many(
+                &scopes,
+                durability_ownership::Claimant::new(&lifecycle, &task, TTL_MS),
+            )
             .await;
         let us = t.elapsed().as_secs_f64() * 1e6;
         let after = proxy.trips();

@@ -33,7 +33,10 @@ use std::sync::{Arc, OnceLock};
 use durability_alarms::DispatcherConfig;
 use durability_host::semaphore::{HolderCall, Limit, SemaphoreHolder, SemaphorePermits};
 use durability_host::transport::{EndpointPolicy, serve};
-use durability_host::{Handle, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
+use durability_host::{
+    Handle, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, OwnPolicy, OwnerEvent,
+    StorageId, TaskId,
+};
 use durability_outbox::{ChannelConfig, Entry, Outbox, Sink, SinkError};
 use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{Clock, Permit, PermitError, Permits, StorageError};
@@ -65,7 +68,9 @@ impl HolderCall for Limits {
     ) -> BoxFuture<'a, Result<Value, HostError>> {
         async move {
             let host = self.0.get().ok_or_else(|| HostError::Draining)?;
-            host.object("Semaphore", "limits").call(method, args).await
+            host.object_by_name("Semaphore", "limits")
+                .call(method, args)
+                .await
         }
         .boxed()
     }
@@ -148,43 +153,52 @@ async fn main() {
     let (factory_cell, owner) = (Arc::clone(&cell), task.clone());
     let mut settings = HostSettings::from_env().unwrap();
     settings.renew_interval_ms = Some(200);
-    let config = HostConfig::new(store, index, dir.join("objects"), "st1", "ns:app", &task)
-        .endpoint(&endpoint)
-        .internal_token(&arg("token"))
-        .endpoint_policy(EndpointPolicy::loopback())
-        .semaphore_holder()
-        .method("Semaphore", "whoami", {
+    let config = HostConfig::new(
+        store,
+        index,
+        dir.join("objects"),
+        HostIds::new(
+            StorageId::new("st1").unwrap(),
+            LifecycleId::new("ns:app").unwrap(),
+            TaskId::new(&task).unwrap(),
+        ),
+    )
+    .endpoint(&endpoint)
+    .internal_token(&arg("token"))
+    .endpoint_policy(EndpointPolicy::loopback())
+    .semaphore_holder()
+    .method("Semaphore", "whoami", {
+        let task = task.clone();
+        move |_: Handle<SemaphoreHolder<SqliteStorage>, SqliteAlarmIndex>, _| {
             let task = task.clone();
-            move |_: Handle<SemaphoreHolder<SqliteStorage>, SqliteAlarmIndex>, _| {
-                let task = task.clone();
-                async move { Ok(json!({ "task": task })) }
-            }
+            async move { Ok(json!({ "task": task })) }
+        }
+    })
+    .class("Shard", move |ctx| {
+        let sink = Print {
+            task: owner.clone(),
+            work_ms,
+        };
+        let channel = ChannelConfig::new("sink")
+            .batch_size(1)
+            .attempt_timeout_ms(20_000)
+            .permits(permits(&factory_cell, &owner, interval));
+        Ok::<_, durability_host::BoxError>(Shard {
+            outbox: Outbox::attach(&ctx.scheduler, channel, sink)?,
         })
-        .class("Shard", move |ctx| {
-            let sink = Print {
-                task: owner.clone(),
-                work_ms,
-            };
-            let channel = ChannelConfig::new("sink")
-                .batch_size(1)
-                .attempt_timeout_ms(20_000)
-                .permits(permits(&factory_cell, &owner, interval));
-            Ok::<_, durability_host::BoxError>(Shard {
-                outbox: Outbox::attach(&ctx.scheduler, channel, sink)?,
-            })
-        })
-        .clock(Arc::new(clock))
-        .settings(settings)
-        .own(OwnPolicy::AllShards)
-        .create_active_storage_if_absent(true)
-        .dispatcher(DispatcherConfig {
-            poll_ms: 100,
-            idle_ms: 20,
-            owner_wait_max_ms: 300,
-            dispatch_timeout_ms: 60_000,
-            claim_lease_ms: 90_000,
-            ..DispatcherConfig::fast()
-        });
+    })
+    .clock(Arc::new(clock))
+    .settings(settings)
+    .own(OwnPolicy::AllShards)
+    .create_active_storage_if_absent(true)
+    .dispatcher(DispatcherConfig {
+        poll_ms: 100,
+        idle_ms: 20,
+        owner_wait_max_ms: 300,
+        dispatch_timeout_ms: 60_000,
+        claim_lease_ms: 90_000,
+        ..DispatcherConfig::fast()
+    });
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(e) => {
@@ -228,7 +242,11 @@ async fn command(host: &TheHost, task: &str, line: &str) {
         "call" => {
             let method = parts.next().unwrap_or("");
             let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host.object("Semaphore", name).call(method, args).await {
+            match host
+                .object_by_name("Semaphore", name)
+                .call(method, args)
+                .await
+            {
                 Ok(v) => say(&format!("ok call {name} {method} result={v}")),
                 Err(e) => say(&format!(
                     "err call {name} {method} code={} outcome={}",
@@ -272,7 +290,7 @@ async fn hold(host: &TheHost, task: &str, args: Value) {
     let end = now() + 60_000;
     while now() < end {
         match host
-            .object("Semaphore", "limits")
+            .object_by_name("Semaphore", "limits")
             .call("acquire", args.clone())
             .await
         {

@@ -568,9 +568,11 @@ mod store_placement_tests {
             Arc::new(leases),
             Arc::new(index),
             dir.join("objects"),
-            "st1",
-            "ns:app",
-            "a",
+            crate::HostIds::new(
+                StorageId::new("st1").unwrap(),
+                LifecycleId::new("ns:app").unwrap(),
+                crate::TaskId::new("a").unwrap(),
+            ),
         )
     }
 

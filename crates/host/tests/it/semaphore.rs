@@ -26,7 +26,7 @@ fn acquire(key: &str, count: u64) -> Value {
 async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_poll_end() {
     let world = World::new();
     let host = holder_host(&world).await;
-    let holder = host.object("Semaphore", "limits");
+    let holder = host.object_by_name("Semaphore", "limits");
     holder
         .call("configure", json!({"pool": "sink", "capacity": 1}))
         .await
@@ -35,7 +35,7 @@ async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_po
     let id = first["granted"]["id"].as_u64().unwrap();
 
     let waiting = {
-        let holder = host.object("Semaphore", "limits");
+        let holder = host.object_by_name("Semaphore", "limits");
         tokio::spawn(async move { holder.call("acquire", acquire("b", 1)).await })
     };
     spin().await;
@@ -82,7 +82,7 @@ async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_po
 async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_nothing() {
     let world = World::new();
     let host = holder_host(&world).await;
-    let holder = host.object("Semaphore", "limits");
+    let holder = host.object_by_name("Semaphore", "limits");
     holder
         .call("configure", json!({"pool": "sink", "capacity": 2}))
         .await
@@ -110,7 +110,7 @@ async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_noth
 async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wakes_the_next() {
     let world = World::new();
     let host = holder_host(&world).await;
-    let holder: Arc<dyn HolderCall> = Arc::new(host.object("Semaphore", "limits"));
+    let holder: Arc<dyn HolderCall> = Arc::new(host.object_by_name("Semaphore", "limits"));
     holder
         .call_holder("configure", json!({"pool": "sink", "capacity": 2}))
         .await
@@ -152,7 +152,7 @@ async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wake
 async fn rate_permits_return_at_their_interval_on_the_holders_clock() {
     let world = World::new();
     let host = holder_host(&world).await;
-    let holder: Arc<dyn HolderCall> = Arc::new(host.object("Semaphore", "limits"));
+    let holder: Arc<dyn HolderCall> = Arc::new(host.object_by_name("Semaphore", "limits"));
     holder
         .call_holder("configure", json!({"pool": "sink", "capacity": 3}))
         .await
