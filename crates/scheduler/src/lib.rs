@@ -80,6 +80,7 @@
 
 mod driver;
 mod error;
+pub mod image;
 mod inspect;
 mod scheduler;
 mod schema;
