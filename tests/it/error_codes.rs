@@ -56,6 +56,11 @@ fn families() -> Vec<Family> {
             durability_scheduler::StorageError::CODES,
         ),
         f(
+            "durability-scheduler::ImageError",
+            Screaming("IMAGE_"),
+            durability_scheduler::image::ImageError::CODES,
+        ),
+        f(
             "durability-outbox::OutboxError",
             Screaming("OUTBOX_"),
             durability_outbox::OutboxError::CODES,

@@ -42,7 +42,10 @@ fn physical(name: &str) -> Option<(&'static str, Extra)> {
         "scheduler.alarm" => ("durability_scheduler_alarm", Extra::Singleton),
         "outbox.entries" => ("durability_outbox", Extra::None),
         "outbox.version" => ("durability_outbox_version", Extra::Singleton),
-        "outbox.quarantine" => ("durability_outbox_quarantine", Extra::RowOrder("rowid")),
+        "outbox.quarantine" => (
+            "durability_outbox_quarantine",
+            Extra::RowOrder("channel, key, quarantined_at"),
+        ),
         "alarms.row" => ("durability_alarm", Extra::Singleton),
         "topology.groups" => ("durability_topology_groups", Extra::None),
         "topology.states" => ("durability_topology_states", Extra::None),
@@ -142,7 +145,9 @@ impl SqliteTx<'_> {
         let mut own = Vec::new();
         for (kind, name, table, sql) in &schema {
             match kind.as_str() {
-                "table" if !reserved(name) => own.push(name.clone()),
+                "table" if !reserved(name) => {
+                    own.push((name.clone(), sql.clone().unwrap_or_default()));
+                }
                 "table" => {
                     let known =
                         CAPS.iter().any(|t| t == name) || NOT_CARRIED.contains(&name.as_str());
@@ -166,8 +171,8 @@ impl SqliteTx<'_> {
         for def in image::tables_at(&versions) {
             tables.push(self.capability_rows(def)?);
         }
-        for name in own {
-            tables.push(self.own_table(&name)?);
+        for (name, sql) in own {
+            tables.push(self.own_table(&name, &sql)?);
         }
         Ok(ObjectImage { tables })
     }
@@ -264,19 +269,59 @@ impl SqliteTx<'_> {
         })
     }
 
-    fn own_table(&self, name: &str) -> Result<Table, ImageError> {
-        type Info = (String, String, bool, i64);
+    /// Refuses an own table whose definition holds what the image cannot
+    /// carry: a `UNIQUE` index, a foreign key, or (by the words of its
+    /// `CREATE TABLE`) a `CHECK`, `COLLATE`, `REFERENCES` or generated
+    /// column (a false alarm refuses, never loses).
+    fn check_own_definition(&self, name: &str, sql: &str) -> Result<(), ImageError> {
+        let words = sql
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map(str::to_ascii_uppercase);
+        for word in words {
+            if matches!(
+                word.as_str(),
+                "CHECK" | "COLLATE" | "REFERENCES" | "GENERATED" | "UNIQUE"
+            ) {
+                return Err(not_portable(format!("{name}: a {word} clause")));
+            }
+        }
+        let counted: i64 = self
+            .sql()
+            .query_row(
+                "SELECT (SELECT count(*) FROM pragma_index_list(?1) WHERE origin <> 'pk')
+                      + (SELECT count(*) FROM pragma_foreign_key_list(?1))",
+                [name],
+                |r| r.get(0),
+            )
+            .map_err(|e| backend(&format!("read the indexes of {name}"), e))?;
+        if counted > 0 {
+            return Err(not_portable(format!("{name}: an index or foreign key")));
+        }
+        Ok(())
+    }
+
+    fn own_table(&self, name: &str, sql: &str) -> Result<Table, ImageError> {
+        self.check_own_definition(name, sql)?;
+        type Info = (String, String, bool, i64, Option<String>);
         let info: Vec<Info> = self
             .sql()
-            .prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1) ORDER BY cid")
+            .prepare(
+                "SELECT name, type, \"notnull\", pk, dflt_value FROM pragma_table_info(?1) \
+                 ORDER BY cid",
+            )
             .and_then(|mut st| {
-                st.query_map([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                    .collect()
+                st.query_map([name], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?
+                .collect()
             })
             .map_err(|e| backend(&format!("read the columns of {name}"), e))?;
         let mut columns = Vec::new();
         let mut key: Vec<(i64, String)> = Vec::new();
-        for (col, ty, not_null, pk) in info {
+        for (col, ty, not_null, pk, default) in info {
+            if default.is_some() {
+                return Err(not_portable(format!("{name}.{col}: a default")));
+            }
             let ty = portable_type(&ty)
                 .ok_or_else(|| not_portable(format!("{name}.{col}: the declared type {ty:?}")))?;
             if pk > 0 {
@@ -509,7 +554,7 @@ impl SqliteTx<'_> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::SqliteOptions;
 
@@ -630,5 +675,136 @@ mod tests {
         );
         let after = target.transaction(|tx| tx.export_image()).unwrap();
         assert!(after.tables.iter().all(|t| t.rows.is_empty()), "{after:?}");
+    }
+}
+
+/// Installs `image` as the object database at `target`, crash-safe: the
+/// image is written into a new file beside it (`<target>.import`, in one
+/// transaction, then closed, which checkpoints its WAL into it, and
+/// fsynced), and renamed over `target`, and the directory fsynced. A crash
+/// at any point leaves `target` as it was or wholly the image (a
+/// leftover `.import` file is removed by the next install). With
+/// `replace`, an existing `target`'s WAL is checkpointed and truncated
+/// first, so no frame of the old database outlives it; run it on an
+/// object no process has open.
+///
+/// # Errors
+/// [`ImageError::TargetNotEmpty`] when `target` exists and `replace` is
+/// not set; what [`SqliteStorage::write_image`] refuses; an I/O or SQLite
+/// failure. `target` is untouched on every error.
+pub fn install_image(
+    target: &std::path::Path,
+    image: &ObjectImage,
+    replace: bool,
+    options: crate::SqliteOptions,
+) -> Result<(), ImageError> {
+    let io =
+        |what: String| move |e: std::io::Error| ImageError::Storage(StorageError::backend(what, e));
+    let shown = target.display().to_string();
+    if target.exists() && !replace {
+        return Err(ImageError::TargetNotEmpty(format!("{shown} exists")));
+    }
+    let mut tmp = target.as_os_str().to_owned();
+    tmp.push(".import");
+    let tmp = std::path::PathBuf::from(tmp);
+    for companion in ["", "-wal", "-shm", "-journal"] {
+        let mut path = tmp.as_os_str().to_owned();
+        path.push(companion);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("remove {}", tmp.display()))(e)),
+        }
+    }
+    // The storage is dropped (closed, its WAL checkpointed) at the end.
+    let written = (|| SqliteStorage::open(&tmp, options)?.write_image(image))();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("sync {}", tmp.display())))?;
+    if target.exists() {
+        let conn = rusqlite::Connection::open(target).map_err(|e| backend(&shown, e))?;
+        let busy: i64 = conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .map_err(|e| backend(&format!("checkpoint {shown}"), e))?;
+        if busy != 0 {
+            return Err(ImageError::Storage(StorageError::new(
+                durability_scheduler::StorageErrorKind::Backend,
+                format!("{shown} is in use: its WAL cannot be checkpointed"),
+            )));
+        }
+        drop(conn);
+    }
+    std::fs::rename(&tmp, target).map_err(io(format!("rename over {shown}")))?;
+    if let Some(dir) = target.parent() {
+        std::fs::File::open(dir)
+            .and_then(|f| f.sync_all())
+            .map_err(io(format!("sync {}", dir.display())))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod install_tests {
+    use super::*;
+    use crate::SqliteOptions;
+
+    #[test]
+    fn an_install_refuses_an_existing_file_unless_replacing_and_a_failed_one_leaves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = tests::filled(&dir.path().join("a.sqlite"));
+        let image = source.transaction(|tx| tx.export_image()).unwrap();
+        let target = dir.path().join("b.sqlite");
+        install_image(&target, &image, false, SqliteOptions::default()).unwrap();
+        let read = |p: &std::path::Path| {
+            SqliteStorage::open(p, SqliteOptions::default())
+                .unwrap()
+                .transaction(|tx| tx.export_image())
+                .unwrap()
+        };
+        assert_eq!(read(&target), image);
+        let e = install_image(
+            &target,
+            &ObjectImage::default(),
+            false,
+            SqliteOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "IMAGE_TARGET_NOT_EMPTY");
+        // A failing replacement (a duplicate key) leaves the file whole and
+        // no temporary file behind.
+        let mut broken = image.clone();
+        let orders = broken
+            .tables
+            .iter_mut()
+            .find(|t| t.name == "orders")
+            .unwrap();
+        orders.rows[1][0] = Value::Integer(1);
+        let e = install_image(&target, &broken, true, SqliteOptions::default()).unwrap_err();
+        assert_eq!(e.code(), "IMAGE_STORAGE");
+        assert_eq!(read(&target), image);
+        assert!(!dir.path().join("b.sqlite.import").exists());
+        // A replacement over a database written since holds only the image.
+        let open = SqliteStorage::open(&target, SqliteOptions::default()).unwrap();
+        open.transaction(|tx| {
+            tx.sql()
+                .execute_batch("INSERT INTO orders VALUES (9, 1.0, 'late', NULL)")
+                .map_err(|e| backend("t", e))
+        })
+        .unwrap();
+        drop(open);
+        install_image(
+            &target,
+            &ObjectImage::default(),
+            true,
+            SqliteOptions::default(),
+        )
+        .unwrap();
+        let now = read(&target);
+        assert!(now.table("orders").is_none(), "{now:?}");
     }
 }

@@ -148,6 +148,7 @@ mod admin;
 mod alarms;
 mod driver;
 mod fence;
+mod image;
 mod outbox;
 mod rows;
 mod runtime;
