@@ -95,6 +95,11 @@ fn families() -> Vec<Family> {
             Screaming("SEMAPHORE_"),
             durability_semaphore::SemaphoreError::CODES,
         ),
+        f(
+            "durability-host::MoveError",
+            Snake("move_"),
+            durability_host::store::MoveError::CODES,
+        ),
         Family {
             owner: "durability-host::HostError",
             style: Snake("host_"),

@@ -153,7 +153,7 @@ pub struct Table {
 
 impl Table {
     /// Checks the table's shape and every row against it: at least one
-    /// column, distinct column names, key columns that exist, rows of the
+    /// column, distinct column names, key columns that exist and are `NOT NULL`, rows of the
     /// column count whose values fit their columns.
     ///
     /// # Errors
@@ -175,12 +175,12 @@ impl Table {
                 ));
             }
         }
-        if let Some(k) = self
-            .primary_key
-            .iter()
-            .find(|k| !names.contains(k.as_str()))
-        {
-            return Err(format!("table {t}: key column {k} is not a column"));
+        for k in &self.primary_key {
+            if !self.columns.iter().any(|c| &c.name == k && c.not_null) {
+                return Err(format!(
+                    "table {t}: key column {k} is not a NOT NULL column"
+                ));
+            }
         }
         for (i, row) in self.rows.iter().enumerate() {
             if row.len() != self.columns.len() {

@@ -327,10 +327,12 @@ impl SqliteTx<'_> {
             if pk > 0 {
                 key.push((pk, col.clone()));
             }
+            // A key column is NOT NULL in the image (as PostgreSQL makes
+            // it; a NULL SQLite let into a key refuses the export).
             columns.push(Column {
                 name: col,
                 ty,
-                not_null,
+                not_null: not_null || pk > 0,
             });
         }
         key.sort();

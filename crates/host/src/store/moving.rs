@@ -536,3 +536,23 @@ pub async fn import_object<O: ObjectStore>(
         .await?;
     Ok(object)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_move_error_code_is_listed() {
+        for e in [
+            MoveError::invalid("limit", ""),
+            MoveError::NotFound(String::new()),
+            MoveError::Fence(String::new()),
+            MoveError::CorruptFile(String::new()),
+            MoveError::UnsupportedVersion { found: 2 },
+            MoveError::Image(ImageError::Invalid(String::new())),
+            MoveError::Storage(StorageError::corrupt("x")),
+        ] {
+            assert!(MoveError::CODES.contains(&e.code()), "{}", e.code());
+        }
+    }
+}

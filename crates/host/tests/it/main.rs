@@ -11,6 +11,7 @@ mod edge;
 mod failover;
 mod lifecycle;
 mod metrics;
+mod moving;
 mod postgres;
 mod rolling;
 mod rpc;
