@@ -440,6 +440,7 @@ pub fn versions_of(
 pub const PORTABLE_CAPABILITIES: &[&str] = &["outbox", "alarms", "topology"];
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
