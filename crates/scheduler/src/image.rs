@@ -203,6 +203,32 @@ impl Table {
     }
 }
 
+impl Table {
+    /// The body of the table's `CREATE TABLE` on a backend: each column
+    /// (`<name> <type>[ NOT NULL]`, names through `quote`, types through
+    /// `type_name`), then `PRIMARY KEY (…)` when it has a key; the SQL of
+    /// both SQLite and PostgreSQL.
+    pub fn definition(
+        &self,
+        type_name: impl Fn(ColumnType) -> &'static str,
+        quote: impl Fn(&str) -> String,
+    ) -> String {
+        let mut defs: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| {
+                let nn = if c.not_null { " NOT NULL" } else { "" };
+                format!("{} {}{nn}", quote(&c.name), type_name(c.ty))
+            })
+            .collect();
+        if !self.primary_key.is_empty() {
+            let key: Vec<String> = self.primary_key.iter().map(|k| quote(k)).collect();
+            defs.push(format!("PRIMARY KEY ({})", key.join(", ")));
+        }
+        defs.join(", ")
+    }
+}
+
 /// One object's stored state (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ObjectImage {

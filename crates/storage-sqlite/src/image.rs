@@ -530,24 +530,9 @@ impl SqliteTx<'_> {
                 table.name
             )));
         }
-        let mut defs: Vec<String> = table
-            .columns
-            .iter()
-            .map(|c| {
-                let nn = if c.not_null { " NOT NULL" } else { "" };
-                format!("{} {}{nn}", quote(&c.name), declared(c.ty))
-            })
-            .collect();
-        if !table.primary_key.is_empty() {
-            let key: Vec<String> = table.primary_key.iter().map(|k| quote(k)).collect();
-            defs.push(format!("PRIMARY KEY ({})", key.join(", ")));
-        }
+        let defs = table.definition(declared, |n| quote(n));
         self.sql()
-            .execute_batch(&format!(
-                "CREATE TABLE {} ({})",
-                quote(&table.name),
-                defs.join(", ")
-            ))
+            .execute_batch(&format!("CREATE TABLE {} ({})", quote(&table.name), defs))
             .map_err(|e| backend(&format!("create {}", table.name), e))?;
         let cols: Vec<String> = table.columns.iter().map(|c| c.name.clone()).collect();
         self.insert(&table.name, &cols, &table.rows, &[])

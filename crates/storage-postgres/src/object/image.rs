@@ -397,22 +397,11 @@ impl PostgresObjectTx<'_> {
 
     fn write_own(&self, table: &Table) -> Result<(), ImageError> {
         self.ensure_own_schema()?;
-        let mut defs: Vec<String> = table
-            .columns
-            .iter()
-            .map(|c| {
-                let nn = if c.not_null { " NOT NULL" } else { "" };
-                format!("{} {}{nn}", quote(&c.name), sql_type(c.ty))
-            })
-            .collect();
-        if !table.primary_key.is_empty() {
-            let key: Vec<String> = table.primary_key.iter().map(|k| quote(k)).collect();
-            defs.push(format!("PRIMARY KEY ({})", key.join(", ")));
-        }
+        let defs = table.definition(sql_type, |n| quote(n));
         let t = format!("{}.{}", self.own_schema, quote(&table.name));
         wait(
             self.client
-                .batch_execute(&format!("CREATE TABLE {t} ({})", defs.join(", "))),
+                .batch_execute(&format!("CREATE TABLE {t} ({})", defs)),
         )
         .map_err(|e| self.fail(&format!("create {}", table.name), e))?;
         let names: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
