@@ -57,65 +57,42 @@ fn image_of(db: &Path) -> durability_scheduler::image::ObjectImage {
         .unwrap()
 }
 
+/// Runs the binary with the words of `line` (no word holds a space: the
+/// temporary directories' paths do not), expecting success.
+fn run(line: &str) -> String {
+    ok(&line.split(' ').collect::<Vec<_>>())
+}
+
+/// As [`run`], expecting failure: the one line on stderr.
+fn refused(line: &str) -> String {
+    fails(&line.split(' ').collect::<Vec<_>>())
+}
+
 #[test]
 fn objects_list_pages_a_class_by_prefix_and_refuses_bad_arguments() {
     let dir = tempfile::tempdir().unwrap();
     populated(dir.path());
-    let root = s(dir.path());
-    let first = ok(&[
-        "objects",
-        "list",
-        "--sqlite-root",
-        root,
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--prefix",
-        "c",
-        "--limit",
-        "1",
-    ]);
+    let sq = format!("--sqlite-root {} --storage st", s(dir.path()));
+    let first = run(&format!(
+        "objects list {sq} --class Cart --prefix c --limit 1"
+    ));
     assert_eq!(
         first,
         "\"c-1\"\tst:Cart:c-1\n1 objects\nnext page: --cursor \"c-1\"\n"
     );
-    let json = ok(&[
-        "--json",
-        "objects",
-        "list",
-        "--sqlite-root",
-        root,
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--prefix",
-        "c",
-        "--cursor",
-        "c-1",
-    ]);
+    let json = run(&format!(
+        "--json objects list {sq} --class Cart --prefix c --cursor c-1"
+    ));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["objects"][0]["name"], "c-2");
     assert_eq!(v["objects"].as_array().unwrap().len(), 1);
     assert!(v["cursor"].is_null());
-    let e = fails(&[
-        "objects",
-        "list",
-        "--sqlite-root",
-        root,
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--limit",
-        "0",
-    ]);
+    let e = refused(&format!("objects list {sq} --class Cart --limit 0"));
     assert!(
         e.contains("move_invalid_input") && e.contains("limit"),
         "{e}"
     );
-    let e = fails(&["objects", "list", "--storage", "st", "--class", "Cart"]);
+    let e = refused("objects list --storage st --class Cart");
     assert!(e.contains("--sqlite-root"), "{e}");
 }
 
@@ -125,136 +102,50 @@ fn an_object_moves_sqlite_to_postgres_and_back_with_every_row() {
     let Some(schema) = rt.block_on(TestSchema::create()) else {
         return;
     };
-    let pg = url();
     let dir = tempfile::tempdir().unwrap();
-    let db = populated(&dir.path().join("one"));
-    let before = image_of(&db);
-    assert!(before.table("outbox.entries").unwrap().rows.len() == 2);
-    let file = dir.path().join("c-1.export");
-    let file2 = dir.path().join("c-1.pg.export");
     let root1 = dir.path().join("one");
-    let out = ok(&[
-        "objects",
-        "export",
-        "--sqlite-root",
-        s(&root1),
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--name",
-        "c-1",
-        "--out",
-        s(&file),
-    ]);
+    let root2 = dir.path().join("two");
+    std::fs::create_dir_all(&root2).unwrap();
+    let before = image_of(&populated(&root1));
+    assert_eq!(before.table("outbox.entries").unwrap().rows.len(), 2);
+    let (file, file2) = (dir.path().join("c-1.export"), dir.path().join("pg.export"));
+    let (file, file2) = (s(&file), s(&file2));
+    let one = format!("--sqlite-root {} --storage st", s(&root1));
+    let two = format!("--sqlite-root {} --storage st", s(&root2));
+    let pg = format!(
+        "--postgres {} --schema {} --storage st",
+        url(),
+        schema.name()
+    );
+    let c1 = "--class Cart --name c-1";
+    let out = run(&format!("objects export {one} {c1} --out {file}"));
     assert!(out.starts_with("exported st:Cart:c-1 ("), "{out}");
     assert!(out.contains("fenced at generation 1"), "{out}");
-    let out = ok(&[
-        "objects",
-        "import",
-        "--postgres",
-        &pg,
-        "--schema",
-        schema.name(),
-        "--storage",
-        "st",
-        "--file",
-        s(&file),
-    ]);
+    let out = run(&format!("objects import {pg} --file {file}"));
     assert!(out.starts_with("imported st:Cart:c-1"), "{out}");
     // The rows on PostgreSQL are the SQLite file's.
-    let objects = PostgresObjects::connect(&pg, schema.name(), Default::default()).unwrap();
+    let objects = PostgresObjects::connect(&url(), schema.name(), Default::default()).unwrap();
     let on_pg = objects
         .open("st:Cart:c-1")
         .unwrap()
         .transaction(|tx| tx.export_image())
         .unwrap();
     assert_eq!(on_pg, before);
-    let listed = ok(&[
-        "objects",
-        "list",
-        "--postgres",
-        &pg,
-        "--schema",
-        schema.name(),
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-    ]);
+    let listed = run(&format!("objects list {pg} --class Cart"));
     assert_eq!(listed, "\"c-1\"\tst:Cart:c-1\n1 objects\n");
-    ok(&[
-        "objects",
-        "export",
-        "--postgres",
-        &pg,
-        "--schema",
-        schema.name(),
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--name",
-        "c-1",
-        "--out",
-        s(&file2),
-    ]);
-    let root2 = dir.path().join("two");
-    std::fs::create_dir_all(&root2).unwrap();
-    ok(&[
-        "objects",
-        "import",
-        "--sqlite-root",
-        s(&root2),
-        "--storage",
-        "st",
-        "--file",
-        s(&file2),
-    ]);
-    assert_eq!(image_of(&root2.join("st/Cart/c-1.sqlite")), before);
-    // An existing target is refused, untouched.
+    run(&format!("objects export {pg} {c1} --out {file2}"));
+    run(&format!("objects import {two} --file {file2}"));
     let target = root2.join("st/Cart/c-1.sqlite");
+    assert_eq!(image_of(&target), before);
+    // An existing target is refused, untouched.
     let kept = std::fs::read(&target).unwrap();
-    let e = fails(&[
-        "objects",
-        "import",
-        "--sqlite-root",
-        s(&root2),
-        "--storage",
-        "st",
-        "--file",
-        s(&file),
-    ]);
+    let e = refused(&format!("objects import {two} --file {file}"));
     assert!(e.contains("not empty"), "{e}");
     assert_eq!(std::fs::read(&target).unwrap(), kept);
-    let e = fails(&[
-        "objects",
-        "import",
-        "--postgres",
-        &pg,
-        "--schema",
-        schema.name(),
-        "--storage",
-        "st",
-        "--file",
-        s(&file),
-    ]);
+    let e = refused(&format!("objects import {pg} --file {file}"));
     assert!(e.contains("not empty"), "{e}");
     // An export file is never overwritten.
-    let e = fails(&[
-        "objects",
-        "export",
-        "--sqlite-root",
-        s(&root1),
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--name",
-        "c-1",
-        "--out",
-        s(&file),
-    ]);
+    let e = refused(&format!("objects export {one} {c1} --out {file}"));
     assert!(e.contains("exists"), "{e}");
 }
 
@@ -264,20 +155,11 @@ fn a_damaged_or_foreign_file_is_refused_and_writes_nothing() {
     let root1 = dir.path().join("one");
     populated(&root1);
     let file = dir.path().join("c-1.export");
-    ok(&[
-        "objects",
-        "export",
-        "--sqlite-root",
+    run(&format!(
+        "objects export --sqlite-root {} --storage st --class Cart --name c-1 --out {}",
         s(&root1),
-        "--storage",
-        "st",
-        "--class",
-        "Cart",
-        "--name",
-        "c-1",
-        "--out",
-        s(&file),
-    ]);
+        s(&file)
+    ));
     let root2 = dir.path().join("two");
     std::fs::create_dir_all(&root2).unwrap();
     let good = std::fs::read_to_string(&file).unwrap();
@@ -301,18 +183,15 @@ fn a_damaged_or_foreign_file_is_refused_and_writes_nothing() {
     ];
     for (what, text, code) in cases {
         assert_ne!(text, good, "{what}");
-        let bad = dir.path().join(format!("{what}.export"));
+        let bad = dir
+            .path()
+            .join(format!("{}.export", what.replace(' ', "-")));
         std::fs::write(&bad, text).unwrap();
-        let e = fails(&[
-            "objects",
-            "import",
-            "--sqlite-root",
+        let e = refused(&format!(
+            "objects import --sqlite-root {} --storage st --file {}",
             s(&root2),
-            "--storage",
-            "st",
-            "--file",
-            s(&bad),
-        ]);
+            s(&bad)
+        ));
         assert!(e.contains(code), "{what}: {e}");
     }
     // Nothing was created under the target root.
