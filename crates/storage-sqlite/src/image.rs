@@ -530,7 +530,7 @@ impl SqliteTx<'_> {
                 table.name
             )));
         }
-        let defs = table.definition(declared, |n| quote(n));
+        let defs = table.definition(declared, quote);
         self.sql()
             .execute_batch(&format!("CREATE TABLE {} ({})", quote(&table.name), defs))
             .map_err(|e| backend(&format!("create {}", table.name), e))?;

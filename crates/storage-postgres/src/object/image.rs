@@ -397,7 +397,7 @@ impl PostgresObjectTx<'_> {
 
     fn write_own(&self, table: &Table) -> Result<(), ImageError> {
         self.ensure_own_schema()?;
-        let defs = table.definition(sql_type, |n| quote(n));
+        let defs = table.definition(sql_type, quote);
         let t = format!("{}.{}", self.own_schema, quote(&table.name));
         wait(
             self.client
