@@ -3,7 +3,9 @@
 //! The host reaches every object's storage through an [`ObjectStore`]: it
 //! opens an object's storage (which the host then fences at the scope's
 //! claim through [`ObjectFence`]), clears one object's own data page by
-//! page, lists a storage id's objects, deletes one object, deletes what a
+//! page, lists a storage id's objects (and a class's by name prefix:
+//! [`ObjectStore::list_class`]), exports and imports one object as a
+//! portable image (module [`moving`]), deletes one object, deletes what a
 //! storage id leaves, and keeps the storage id's tombstone and its
 //! admission ([`ObjectStore::admit`], [`ObjectStore::exclude`]): the lock
 //! every admitted call holds shared and a storage deletion exclusively, so
