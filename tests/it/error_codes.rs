@@ -61,6 +61,11 @@ fn families() -> Vec<Family> {
             durability_scheduler::PermitError::CODES,
         ),
         f(
+            "durability-scheduler::ImageError",
+            Screaming("IMAGE_"),
+            durability_scheduler::image::ImageError::CODES,
+        ),
+        f(
             "durability-outbox::OutboxError",
             Screaming("OUTBOX_"),
             durability_outbox::OutboxError::CODES,
@@ -94,6 +99,11 @@ fn families() -> Vec<Family> {
             "durability-semaphore::SemaphoreError",
             Screaming("SEMAPHORE_"),
             durability_semaphore::SemaphoreError::CODES,
+        ),
+        f(
+            "durability-host::MoveError",
+            Snake("move_"),
+            durability_host::store::MoveError::CODES,
         ),
         Family {
             owner: "durability-host::HostError",

@@ -53,6 +53,7 @@ use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod migrations;
+mod objects;
 mod render;
 
 /// Operator tools for durability object databases.
@@ -94,6 +95,10 @@ enum Command {
     /// The migration journal of a shard set (a JSON config file).
     #[command(subcommand)]
     Migrations(MigrationsCommand),
+    /// Objects of an object store (the SQLite directory or PostgreSQL):
+    /// list a class, export one object, import it into another store.
+    #[command(subcommand)]
+    Objects(objects::ObjectsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -340,6 +345,10 @@ enum CliError {
     },
     #[error("pass --sqlite <file> or --redis <url>")]
     NoBackend,
+    #[error("{0}")]
+    NoObjectStore(String),
+    #[error("{code}: {0}", code = .0.code())]
+    Move(#[from] durability_host::store::MoveError),
     #[error("lease store: {0}")]
     Ownership(#[from] durability_ownership::OwnershipError),
     #[error(transparent)]
@@ -421,6 +430,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
             }
         }
         Command::Alarms(command) => alarms(&mut out, cli.global.json, command)?,
+        Command::Objects(command) => objects::run(&mut out, cli.global.json, command)?,
         Command::Migrations(command) => {
             let ran = migrations_command(&mut out, cli.global.json, cli.global.now_ms, command);
             // An unsettled report is printed before its exit code.

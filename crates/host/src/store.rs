@@ -3,7 +3,9 @@
 //! The host reaches every object's storage through an [`ObjectStore`]: it
 //! opens an object's storage (which the host then fences at the scope's
 //! claim through [`ObjectFence`]), clears one object's own data page by
-//! page, lists a storage id's objects, deletes one object, deletes what a
+//! page, lists a storage id's objects (and a class's by name prefix:
+//! [`ObjectStore::list_class`]), exports and imports one object as a
+//! portable image (module [`moving`]), deletes one object, deletes what a
 //! storage id leaves, and keeps the storage id's tombstone and its
 //! admission ([`ObjectStore::admit`], [`ObjectStore::exclude`]): the lock
 //! every admitted call holds shared and a storage deletion exclusively, so
@@ -26,14 +28,18 @@ use std::sync::Arc;
 
 use durability_alarms::AlarmTx;
 use durability_ownership::{LifecycleId, ObjectFence, StorageId};
+use durability_scheduler::image::{ImageError, ObjectImage};
 use durability_scheduler::{Storage, StorageError};
 
 use crate::error::HostError;
 
+pub mod moving;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 pub mod sqlite;
+
+pub use moving::{MoveError, ObjectQuery};
 
 /// The object store a host uses when none is named: the SQLite directory.
 pub type DefaultObjectStore = sqlite::SqliteObjectStore;
@@ -52,6 +58,27 @@ pub struct ObjectKey {
     pub class: String,
     /// The object's name within its class.
     pub name: String,
+}
+
+impl ObjectKey {
+    /// The object's id under `storage`, as the scheduler names it:
+    /// `<storage id>:<class>:<name>`.
+    pub fn object_id(&self, storage: &StorageId) -> String {
+        format!("{}:{}:{}", storage.as_str(), self.class, self.name)
+    }
+
+    /// The object an id of `storage` names (the name back from an id), or
+    /// `None` for an id of another storage id or not of the form
+    /// `<storage id>:<class>:<name>` (neither a storage id nor a class
+    /// holds a `:`; a name may).
+    pub fn from_object_id(storage: &StorageId, id: &str) -> Option<Self> {
+        let rest = id.strip_prefix(storage.as_str())?.strip_prefix(':')?;
+        let (class, name) = rest.split_once(':')?;
+        (!class.is_empty() && !name.is_empty()).then(|| Self {
+            class: class.to_owned(),
+            name: name.to_owned(),
+        })
+    }
 }
 
 /// One page of [`ObjectStore::list`].
@@ -90,6 +117,10 @@ impl TombstoneState {
 /// that the fence refuses (see [`ObjectFence`]), and must write the
 /// tombstone durably before [`ObjectStore::write_tombstone`] returns.
 pub trait ObjectStore: Send + Sync + 'static {
+    /// The store's kind, as an export file names its source (`sqlite`,
+    /// `postgres`).
+    const KIND: &'static str;
+
     /// One object's transactional storage: the scheduler's storage, with
     /// the alarm rows, fenced at the owner's claim.
     type Storage: for<'t> Storage<Tx<'t>: AlarmTx> + ObjectFence + Sync;
@@ -206,6 +237,59 @@ pub trait ObjectStore: Send + Sync + 'static {
         cursor: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send;
+
+    /// At most `query.limit()` objects of `query.class()` under `storage`
+    /// whose names start with `query.prefix()`, after `query.after()`, in
+    /// bytewise name order; the page's cursor is the last name listed.
+    ///
+    /// # Errors
+    /// A backend failure, or a `Corrupt` error naming a stored object that
+    /// does not decode.
+    fn list_class(
+        &self,
+        storage: &StorageId,
+        query: &ObjectQuery,
+    ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send;
+
+    /// Opens one object's storage when the object is stored; `None` (and
+    /// nothing created) when it is not.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn find(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<Option<Arc<Self::Storage>>, StorageError>> + Send;
+
+    /// The object's owner fence inside `tx`: each scope (canonical host
+    /// id) and its fenced generation.
+    ///
+    /// # Errors
+    /// A backend failure, or a `Corrupt` generation.
+    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError>;
+
+    /// The object's state as a portable image, read inside `tx`.
+    ///
+    /// # Errors
+    /// [`ImageError::NotPortable`], or a backend failure.
+    fn export_tx(tx: &mut StoreTx<'_, Self>) -> Result<ObjectImage, ImageError>;
+
+    /// Stores `image` as `object` of `storage`, all or nothing (one
+    /// transaction, or a new file renamed into place). An object already
+    /// stored is refused ([`ImageError::TargetNotEmpty`]) unless
+    /// `replace`. Run it on an object no host serves.
+    ///
+    /// # Errors
+    /// [`ImageError`]; the target is untouched on every error but a commit
+    /// of unknown outcome.
+    fn import(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+        image: &ObjectImage,
+        replace: bool,
+    ) -> impl Future<Output = Result<(), ImageError>> + Send;
 
     /// Deletes one object's storage; `false` when it was already gone.
     ///

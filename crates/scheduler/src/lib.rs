@@ -80,6 +80,7 @@
 
 mod driver;
 mod error;
+pub mod image;
 mod inspect;
 pub mod permits;
 mod scheduler;

@@ -9,5 +9,6 @@ mod alarms;
 mod leases;
 mod migrations;
 mod object;
+mod objects;
 mod outbox;
 mod support;

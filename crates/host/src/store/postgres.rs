@@ -27,7 +27,9 @@ use durability_ownership::ShardCount;
 pub use durability_storage_postgres::alarms::PostgresAlarmIndex;
 pub use durability_storage_postgres::ownership::PostgresLeaseStore;
 
-use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
+use durability_scheduler::image::{ImageError, ObjectImage};
+
+use super::{ObjectKey, ObjectPage, ObjectQuery, ObjectStore, StoreTx, TombstoneState};
 use crate::error::HostError;
 use crate::settings::DatabaseSettings;
 
@@ -107,18 +109,12 @@ pub struct PostgresObjectStore {
 
 /// The object id of `object` of `storage` (the scheduler's).
 fn object_id(storage: &StorageId, object: &ObjectKey) -> String {
-    format!("{}:{}:{}", storage.as_str(), object.class, object.name)
+    object.object_id(storage)
 }
 
-/// The object an id of `storage` names, or `None` for an id that is not
-/// `<storage>:<class>:<name>`.
+/// The object an id of `storage` names.
 fn key_of(storage: &StorageId, id: &str) -> Option<ObjectKey> {
-    let rest = id.strip_prefix(storage.as_str())?.strip_prefix(':')?;
-    let (class, name) = rest.split_once(':')?;
-    (!class.is_empty() && !name.is_empty()).then(|| ObjectKey {
-        class: class.to_owned(),
-        name: name.to_owned(),
-    })
+    ObjectKey::from_object_id(storage, id)
 }
 
 impl PostgresObjectStore {
@@ -172,6 +168,8 @@ impl PostgresObjectStore {
 }
 
 impl ObjectStore for PostgresObjectStore {
+    const KIND: &'static str = "postgres";
+
     type Storage = PostgresObjectStorage;
     type Admission = ();
     type Exclusion = ();
@@ -285,6 +283,80 @@ impl ObjectStore for PostgresObjectStore {
         limit: usize,
     ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send {
         std::future::ready(self.list_prefix(storage, None, "", cursor, limit))
+    }
+
+    /// A range of object ids (`<storage>:<class>:<prefix>`, after
+    /// `<storage>:<class>:<after>`), in their byte order, which is the
+    /// names' byte order.
+    fn list_class(
+        &self,
+        storage: &StorageId,
+        query: &ObjectQuery,
+    ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send {
+        let after = query.after().map(|a| {
+            object_id(
+                storage,
+                &ObjectKey {
+                    class: query.class().to_owned(),
+                    name: a.to_owned(),
+                },
+            )
+        });
+        let page = self
+            .list_prefix(
+                storage,
+                Some(query.class()),
+                query.prefix(),
+                after.as_deref(),
+                query.limit(),
+            )
+            .map(|page| ObjectPage {
+                cursor: page
+                    .cursor
+                    .and_then(|_| page.objects.last().map(|o| o.name.clone())),
+                objects: page.objects,
+            });
+        std::future::ready(page)
+    }
+
+    fn find(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<Option<Arc<PostgresObjectStorage>>, StorageError>> + Send {
+        let id = object_id(storage, object);
+        let found = self.objects.is_recorded(&id).and_then(|recorded| {
+            if !recorded {
+                return Ok(None);
+            }
+            self.objects
+                .open_unless_tombstoned(&id, storage.as_str())
+                .map(|s| s.map(Arc::new))
+        });
+        std::future::ready(found)
+    }
+
+    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError> {
+        tx.fences()
+    }
+
+    fn export_tx(tx: &mut StoreTx<'_, Self>) -> Result<ObjectImage, ImageError> {
+        tx.export_image()
+    }
+
+    fn import(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+        image: &ObjectImage,
+        replace: bool,
+    ) -> impl Future<Output = Result<(), ImageError>> + Send {
+        std::future::ready(self.objects.import_image(
+            &object_id(storage, object),
+            storage.as_str(),
+            image,
+            replace,
+        ))
     }
 
     fn delete_object(

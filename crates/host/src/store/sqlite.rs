@@ -30,7 +30,9 @@ use durability_scheduler::StorageError;
 pub use durability_storage_sqlite::SqliteOptions;
 use durability_storage_sqlite::SqliteStorage;
 
-use super::{ObjectKey, ObjectPage, ObjectStore, StoreTx, TombstoneState};
+use durability_scheduler::image::{ImageError, ObjectImage};
+
+use super::{ObjectKey, ObjectPage, ObjectQuery, ObjectStore, StoreTx, TombstoneState};
 use crate::error::HostError;
 
 mod admission;
@@ -172,6 +174,8 @@ fn ensure_sidecar(path: &Path, text: &str) -> Result<(), StorageError> {
 }
 
 impl ObjectStore for SqliteObjectStore {
+    const KIND: &'static str = "sqlite";
+
     type Storage = SqliteStorage;
     type Admission = AdmissionLock;
     type Exclusion = AdmissionLock;
@@ -346,6 +350,109 @@ impl ObjectStore for SqliteObjectStore {
             })
         };
         std::future::ready(list())
+    }
+
+    /// Reads the class's directories (its current one and its legacy
+    /// one), decodes every file strictly (as [`ObjectStore::list`]), and
+    /// sorts the class's names: each page costs a scan of the class (the
+    /// file names of hashed objects carry no order).
+    fn list_class(
+        &self,
+        storage: &StorageId,
+        query: &ObjectQuery,
+    ) -> impl Future<Output = Result<ObjectPage, StorageError>> + Send {
+        let base = self.storage_dir(storage);
+        let list = || {
+            let current = names::files(Path::new(""), "", query.class(), "x").db;
+            let mut dirs: Vec<PathBuf> = current
+                .parent()
+                .map(Path::to_path_buf)
+                .into_iter()
+                .collect();
+            dirs.push(PathBuf::from(query.class()));
+            dirs.dedup();
+            let mut files = Vec::new();
+            for dir in &dirs {
+                object_files(&base, &base.join(dir), &mut files)
+                    .map_err(io_error(format!("list {}", base.join(dir).display())))?;
+            }
+            let mut names = Vec::new();
+            for relative in &files {
+                let object = names::object_of(&base, relative).map_err(|reason| {
+                    StorageError::corrupt(format!("storage {}: {reason}", storage.as_str()))
+                })?;
+                if object.class == query.class() && query.admits(&object.name) {
+                    names.push(object.name);
+                }
+            }
+            names.sort();
+            names.dedup();
+            let more = names.len() > query.limit();
+            names.truncate(query.limit());
+            Ok(ObjectPage {
+                cursor: more.then(|| names.last().cloned()).flatten(),
+                objects: names
+                    .into_iter()
+                    .map(|name| ObjectKey {
+                        class: query.class().to_owned(),
+                        name,
+                    })
+                    .collect(),
+            })
+        };
+        std::future::ready(list())
+    }
+
+    fn find(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+    ) -> impl Future<Output = Result<Option<Arc<SqliteStorage>>, StorageError>> + Send {
+        let (path, _) = self.existing_db(storage, object);
+        let found = if path.is_file() {
+            SqliteStorage::open(&path, self.options).map(|s| Some(Arc::new(s)))
+        } else {
+            Ok(None)
+        };
+        std::future::ready(found)
+    }
+
+    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError> {
+        tx.fences()
+    }
+
+    fn export_tx(tx: &mut StoreTx<'_, Self>) -> Result<ObjectImage, ImageError> {
+        tx.export_image()
+    }
+
+    /// The image installed crash-safely over the object's file (a new
+    /// file renamed into place: `durability_storage_sqlite::image::install_image`),
+    /// after a hashed object's name file.
+    fn import(
+        &self,
+        storage: &StorageId,
+        object: &ObjectKey,
+        image: &ObjectImage,
+        replace: bool,
+    ) -> impl Future<Output = Result<(), ImageError>> + Send {
+        let (path, files) = self.existing_db(storage, object);
+        let import = || {
+            if path.is_file() && !replace {
+                return Err(ImageError::TargetNotEmpty(format!(
+                    "{} exists",
+                    path.display()
+                )));
+            }
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(io_error(format!("create {}", dir.display())))?;
+            }
+            if let Some((sidecar, text)) = files.as_ref().and_then(|f| f.sidecar.as_ref()) {
+                ensure_sidecar(sidecar, text)?;
+            }
+            durability_storage_sqlite::image::install_image(&path, image, replace, self.options)
+        };
+        std::future::ready(import())
     }
 
     fn delete_object(

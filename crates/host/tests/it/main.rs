@@ -12,6 +12,7 @@ mod edge;
 mod failover;
 mod lifecycle;
 mod metrics;
+mod moving;
 mod postgres;
 mod rolling;
 mod rpc;

@@ -103,11 +103,23 @@ impl PostgresObjects {
         client: &deadpool_postgres::Object,
         object_id: &str,
     ) -> Result<bool, StorageError> {
-        let s = &self.shared.s;
         let ms = self.shared.options.lock_timeout.as_millis().max(1);
         let fail = |what: &'static str| move |e| StorageError::backend(what, e);
         wait(client.batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = {ms}")))
             .map_err(fail("begin the deletion"))?;
+        self.delete_locked(client, object_id)
+    }
+
+    /// Inside the caller's transaction: takes the object row lock and
+    /// deletes the object (its shared rows, its own schema, its record);
+    /// `false` when it was not recorded.
+    pub(super) fn delete_locked(
+        &self,
+        client: &deadpool_postgres::Object,
+        object_id: &str,
+    ) -> Result<bool, StorageError> {
+        let s = &self.shared.s;
+        let fail = |what: &'static str| move |e| StorageError::backend(what, e);
         let row = wait(client.query_opt(
             &format!("SELECT seq FROM {s}.durability_objects WHERE id = $1 FOR UPDATE"),
             &[&object_id],
@@ -318,7 +330,7 @@ impl PostgresObjectTx<'_> {
 
 /// A quoted schema name of this crate's making (no inner quotes) without
 /// its quotes.
-fn unquote(quoted: &str) -> String {
+pub(super) fn unquote(quoted: &str) -> String {
     quoted.trim_matches('"').replace("\"\"", "\"")
 }
 

@@ -104,6 +104,10 @@
 //! capabilities with a due time and
 //! [`PostgresObjectTx::drop_own_schema_objects`] drops one page of the
 //! object's own relations.
+//! [`PostgresObjectTx::export_image`] reads the object as a portable
+//! image (`durability_scheduler::image`) and
+//! [`PostgresObjects::import_image`] writes one in a single transaction
+//! (module [`image`]: what is carried, what refuses the export).
 //!
 //! # Failures
 //!
@@ -148,6 +152,7 @@ mod admin;
 mod alarms;
 mod driver;
 mod fence;
+pub mod image;
 mod outbox;
 mod rows;
 mod runtime;

@@ -31,6 +31,8 @@ mod object_crash;
 #[cfg(feature = "object")]
 mod object_fence;
 #[cfg(feature = "object")]
+mod object_image;
+#[cfg(feature = "object")]
 mod object_restart;
 #[cfg(feature = "object")]
 mod object_support;
