@@ -1,16 +1,20 @@
-//! Every method's arguments and result as serde types, and the one place
-//! they are turned into and out of JSON (the host's method API takes and
-//! returns `serde_json::Value`; a typed method API replaces [`method`] and
-//! [`http()`] without touching the classes).
+//! Every method as a type: its arguments are the value, and its
+//! [`durability_host::Method`] impl names its class, result and error, so a
+//! call of the wrong class or expecting the wrong result does not compile.
+//! The host carries them as JSON; [`http()`] is the HTTP face of the same
+//! types.
 
 use std::future::Future;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use durability_host::fetch::{FetchRequest, FetchResponse};
-use durability_host::{BoxError, HostError, MethodError};
+use durability_host::{AppError, BoxError, Method};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::limits::{LimitsCoordinator, LimitsMember};
+use crate::order::Order;
+use crate::payment::Payment;
 
 /// `Order.place`: places the order named by the object (idempotent: the
 /// same amount again answers the stored order).
@@ -176,76 +180,74 @@ pub struct AppliedLimits {
     pub applied: bool,
 }
 
-/// A domain refusal: its code, as the caller sees it whether the call ran
-/// here or on another host.
-pub fn refuse(code: &str, message: impl Into<String>) -> BoxError {
-    Box::new(MethodError::new(code, message))
+/// A method's own refusal (`invalid_order`, `order_expired`, …): the same
+/// `HostError::Method` whether the call ran here or on another host, and
+/// decoded back as itself by a typed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// The stable code.
+    pub code: String,
+    /// What was refused and why.
+    pub message: String,
 }
 
-/// The method's own refusal in a call's error, if that is what it is (the
-/// same shape locally and forwarded: the wire's `422`).
-pub fn method_error(e: &HostError) -> Option<MethodError> {
-    let w = e.wire();
-    (w.status == 422).then(|| MethodError::new(w.code, w.message))
-}
-
-/// Decodes a method's arguments strictly; `invalid_args` otherwise.
-///
-/// # Errors
-/// A [`MethodError`] `invalid_args` naming the decode error.
-pub fn decode<A: DeserializeOwned>(value: serde_json::Value) -> Result<A, BoxError> {
-    serde_json::from_value(value).map_err(|e| refuse("invalid_args", e.to_string()))
-}
-
-/// Encodes a result.
-///
-/// # Errors
-/// A result that does not encode (never for this crate's types).
-pub fn encode<R: Serialize>(result: &R) -> Result<serde_json::Value, BoxError> {
-    Ok(serde_json::to_value(result)?)
-}
-
-/// A boxed method future.
-pub type MethodFuture = futures::future::BoxFuture<'static, Result<serde_json::Value, BoxError>>;
-
-/// Wraps a typed method body as the host's JSON method: arguments decoded
-/// (strictly) before the body runs, the result encoded after.
-pub fn method<H, A, R, F, Fut>(
-    body: F,
-) -> impl Fn(H, serde_json::Value) -> MethodFuture + Send + Sync + 'static
-where
-    H: Send + 'static,
-    A: DeserializeOwned + Send + 'static,
-    R: Serialize + 'static,
-    F: Fn(H, A) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<R, BoxError>> + Send + 'static,
-{
-    let body = Arc::new(body);
-    move |handle, args| {
-        let body = Arc::clone(&body);
-        Box::pin(async move {
-            let args: A = decode(args)?;
-            encode(&body(handle, args).await?)
-        })
+impl AppError for Refusal {
+    fn code(&self) -> &str {
+        &self.code
     }
 }
 
-/// Calls a typed method through any [`durability_host::ObjectRef`]-like
-/// JSON call and decodes its result.
-///
-/// # Errors
-/// The call's error; a result that does not decode is
-/// [`HostError::Handler`].
-pub async fn call<A: Serialize, R: DeserializeOwned, Fut>(
-    send: impl FnOnce(serde_json::Value) -> Fut,
-    args: &A,
-) -> Result<R, HostError>
-where
-    Fut: Future<Output = Result<serde_json::Value, HostError>>,
-{
-    let args = serde_json::to_value(args).map_err(|e| HostError::Handler(Box::new(e)))?;
-    let value = send(args).await?;
-    serde_json::from_value(value).map_err(|e| HostError::Handler(Box::new(e)))
+/// A refusal as a handler's error.
+pub fn refuse(code: &str, message: impl Into<String>) -> BoxError {
+    Box::new(Refusal {
+        code: code.to_owned(),
+        message: message.into(),
+    })
+}
+
+/// `Order.get`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetOrder {}
+
+/// `Payment.get`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetPayment {}
+
+/// `LimitsCoordinator.pending`: deliveries not yet acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pending {}
+
+/// `LimitsMember.applied`: the limits the member applied, per group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Applied {}
+
+/// Declares `$args` a method of `$class` named `$name` returning `$out`.
+macro_rules! methods {
+    ($($args:ty => $class:ty, $name:literal, $out:ty;)*) => {$(
+        impl Method for $args {
+            type Class = $class;
+            const NAME: &'static str = $name;
+            type Out = $out;
+            type Error = Refusal;
+        }
+    )*};
+}
+
+methods! {
+    PlaceOrder => Order, "place", Placed;
+    PayOrder => Order, "pay", OrderView;
+    GetOrder => Order, "get", Option<OrderView>;
+    Capture => Payment, "capture", PaymentView;
+    GetPayment => Payment, "get", Option<PaymentView>;
+    SetLimits => LimitsCoordinator, "set_limits", LimitsSet;
+    Pending => LimitsCoordinator, "pending", u64;
+    ApplyLimits => LimitsMember, "apply_limits", AppliedLimits;
+    Applied => LimitsMember, "applied", Vec<AppliedLimits>;
 }
 
 /// An HTTP answer with a JSON body.
@@ -284,7 +286,7 @@ where
     };
     match body(args).await {
         Ok(result) => Ok(json_response(200, &result)),
-        Err(e) => match e.downcast_ref::<MethodError>() {
+        Err(e) => match e.downcast_ref::<Refusal>() {
             Some(m) => {
                 let status = match m.code.as_str() {
                     "order_not_found" | "not_found" => 404,
@@ -321,13 +323,9 @@ pub fn path(request: &FetchRequest) -> &str {
 mod tests {
     use super::*;
 
-    fn code(e: &BoxError) -> Option<&str> {
-        e.downcast_ref::<MethodError>().map(|m| m.code.as_str())
-    }
-
     #[test]
-    fn arguments_decode_strictly_as_a_typed_refusal() {
-        let ok: PlaceOrder = decode(serde_json::json!({ "cents": 5 })).unwrap();
+    fn arguments_decode_strictly() {
+        let ok: PlaceOrder = serde_json::from_value(serde_json::json!({ "cents": 5 })).unwrap();
         assert_eq!(
             ok,
             PlaceOrder {
@@ -340,34 +338,21 @@ mod tests {
             serde_json::json!({ "cents": "5" }),
             serde_json::json!({}),
         ] {
-            let e = decode::<PlaceOrder>(bad.clone()).unwrap_err();
-            assert_eq!(code(&e), Some("invalid_args"), "{bad}");
+            assert!(
+                serde_json::from_value::<PlaceOrder>(bad.clone()).is_err(),
+                "{bad}"
+            );
         }
     }
 
     #[test]
-    fn a_methods_refusal_has_one_shape_local_or_forwarded() {
-        let local = HostError::Handler(refuse("order_expired", "the order expired"));
-        let forwarded = HostError::Remote {
-            status: 422,
-            code: "order_expired".to_owned(),
-            message: "the order expired".to_owned(),
-            details: None,
-        };
-        for e in [&local, &forwarded] {
-            let m = method_error(e).unwrap();
-            assert_eq!(
-                (m.code.as_str(), m.message.as_str()),
-                ("order_expired", "the order expired")
-            );
-        }
-        let unknown = HostError::RpcResultUnknown {
-            reason: "lost".to_owned(),
-        };
-        assert!(
-            method_error(&unknown).is_none(),
-            "an unknown outcome is not a refusal"
-        );
+    fn a_refusal_carries_its_code_and_message_through_its_encoding() {
+        let e = refuse("order_expired", "the order expired");
+        let r = e.downcast_ref::<Refusal>().unwrap();
+        assert_eq!(AppError::code(r), "order_expired");
+        assert_eq!(r.to_string(), "the order expired");
+        let back: Refusal = serde_json::from_value(serde_json::to_value(r).unwrap()).unwrap();
+        assert_eq!(&back, r);
     }
 
     #[tokio::test]

@@ -14,8 +14,9 @@
 //! - [`router`]: the app's HTTP routes, the host's public edge among them,
 //!   so a tenant reaches any object through any host.
 //!
-//! Methods take and return the serde types of [`api`]; their JSON
-//! encoding is in [`api::method`] and [`api::http`] only.
+//! Methods are the typed methods of [`api`] (`durability_host::Method`):
+//! each names its class, result and error; [`api::http`] is their HTTP
+//! face.
 //! `src/main.rs` is one host process; `tests/three_hosts.rs` runs three
 //! and kills one.
 
@@ -32,8 +33,8 @@ use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
 use durability_host::{BoxError, Handle, Host, HostConfig, HostError, PostgresObjectStore};
 
 use crate::api::{
-    ApplyLimits, Capture, NoArgs, PayOrder, PlaceOrder, SetLimits, error_response, http, method,
-    refuse,
+    Applied, ApplyLimits, Capture, GetOrder, GetPayment, NoArgs, PayOrder, Pending, PlaceOrder,
+    SetLimits, error_response, http, refuse,
 };
 use crate::limits::{COORDINATOR, LimitsCoordinator, LimitsMember, MEMBER};
 use crate::order::{Db, ORDER, Order};
@@ -68,63 +69,25 @@ pub fn classes(config: OrdersConfig, service: &ServiceConfig, slot: &HostSlot) -
     let (pay_host, coord_host) = (Arc::clone(slot), Arc::clone(slot));
     config
         .class(ORDER, move |ctx| Order::open(ctx, sink.clone(), ttl))
-        .method(
-            ORDER,
-            "place",
-            method(|h: H<Order>, a: PlaceOrder| async move { h.object.place(&a) }),
-        )
-        .method(
-            ORDER,
-            "pay",
-            method(|h: H<Order>, a: PayOrder| async move { h.object.pay(&a) }),
-        )
-        .method(
-            ORDER,
-            "get",
-            method(|h: H<Order>, _: NoArgs| async move { h.object.get() }),
-        )
+        .rpc(|h: H<Order>, a: PlaceOrder| async move { h.object.place(&a) })
+        .rpc(|h: H<Order>, a: PayOrder| async move { h.object.pay(&a) })
+        .rpc(|h: H<Order>, _: GetOrder| async move { h.object.get() })
         .fetch(ORDER, order_http)
         .class(PAYMENT, move |ctx| {
             Payment::open(ctx, Arc::clone(&pay_host))
         })
-        .method(
-            PAYMENT,
-            "capture",
-            method(|h: H<Payment>, a: Capture| async move { h.object.capture(a).await }),
-        )
-        .method(
-            PAYMENT,
-            "get",
-            method(|h: H<Payment>, _: NoArgs| async move { h.object.get() }),
-        )
+        .rpc(|h: H<Payment>, a: Capture| async move { h.object.capture(a).await })
+        .rpc(|h: H<Payment>, _: GetPayment| async move { h.object.get() })
         .fetch(PAYMENT, payment_http)
         .class(COORDINATOR, move |ctx| {
             LimitsCoordinator::open(ctx, Arc::clone(&coord_host))
         })
-        .method(
-            COORDINATOR,
-            "set_limits",
-            method(
-                |h: H<LimitsCoordinator>, a: SetLimits| async move { h.object.set_limits(a).await },
-            ),
-        )
-        .method(
-            COORDINATOR,
-            "pending",
-            method(|h: H<LimitsCoordinator>, _: NoArgs| async move { h.object.pending() }),
-        )
+        .rpc(|h: H<LimitsCoordinator>, a: SetLimits| async move { h.object.set_limits(a).await })
+        .rpc(|h: H<LimitsCoordinator>, _: Pending| async move { h.object.pending() })
         .fetch(COORDINATOR, coordinator_http)
         .class(MEMBER, LimitsMember::open)
-        .method(
-            MEMBER,
-            "apply_limits",
-            method(|h: H<LimitsMember>, a: ApplyLimits| async move { h.object.apply(&a) }),
-        )
-        .method(
-            MEMBER,
-            "applied",
-            method(|h: H<LimitsMember>, _: NoArgs| async move { h.object.applied() }),
-        )
+        .rpc(|h: H<LimitsMember>, a: ApplyLimits| async move { h.object.apply(&a) })
+        .rpc(|h: H<LimitsMember>, _: Applied| async move { h.object.applied() })
         .fetch(MEMBER, member_http)
 }
 

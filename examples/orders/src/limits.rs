@@ -15,14 +15,14 @@
 
 use std::sync::Arc;
 
-use durability_host::{BoxError, ObjectCtx, validate_object_name};
+use durability_host::{BoxError, Class, ObjectCtx, validate_object_name};
 use durability_scheduler::{Scheduler, StorageError, Transaction};
 use durability_topology::{
     ChannelKey, Draft, Member, MemberInput, StateChannel, Topology, TopologyConfig, TypedUpdate,
 };
 
 use crate::HostSlot;
-use crate::api::{self, AppliedLimits, ApplyLimits, Limits, LimitsSet, SetLimits, refuse};
+use crate::api::{AppliedLimits, ApplyLimits, Limits, LimitsSet, SetLimits, refuse};
 use crate::order::{Db, MAX_CENTS, pg};
 
 /// The coordinator's class name.
@@ -37,6 +37,10 @@ pub const MAX_MEMBERS: usize = 64;
 /// A coordinator object.
 pub struct LimitsCoordinator {
     topology: Topology<Db>,
+}
+
+impl Class for LimitsCoordinator {
+    const NAME: &'static str = COORDINATOR;
 }
 
 impl LimitsCoordinator {
@@ -55,9 +59,7 @@ impl LimitsCoordinator {
                     version: update.version,
                     limits: update.value,
                 };
-                let target = host.object_by_name(MEMBER, &member.id);
-                let _: AppliedLimits =
-                    api::call(|a| target.call("apply_limits", a), &apply).await?;
+                let _: AppliedLimits = host.object::<LimitsMember>(&member.id).call(apply).await?;
                 Ok::<(), BoxError>(())
             }
         };
@@ -122,6 +124,10 @@ impl LimitsCoordinator {
 /// A member object: the limits it applied, per group.
 pub struct LimitsMember {
     scheduler: Scheduler<Db>,
+}
+
+impl Class for LimitsMember {
+    const NAME: &'static str = MEMBER;
 }
 
 impl LimitsMember {

@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Weak};
 
-use durability_host::{BoxError, ObjectCtx};
+use durability_host::{BoxError, Class, ObjectCtx};
 use durability_outbox::{ChannelConfig, Outbox};
 use durability_scheduler::{Capability, Scheduler, StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
@@ -39,6 +39,10 @@ pub const EVENTS: &str = "order-events";
 /// An order object.
 pub struct Order {
     inner: Arc<OrderInner>,
+}
+
+impl Class for Order {
+    const NAME: &'static str = ORDER;
 }
 
 struct OrderInner {

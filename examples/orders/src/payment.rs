@@ -5,12 +5,12 @@
 //! outcome records nothing, so calling again is safe (`Order.pay` is
 //! idempotent per payment id).
 
-use durability_host::{BoxError, HostError, ObjectCtx};
+use durability_host::{BoxError, CallError, Class, ObjectCtx};
 use durability_scheduler::{Scheduler, StorageError, Transaction};
 
 use crate::HostSlot;
-use crate::api::{self, Capture, OrderView, PayOrder, PaymentView, refuse};
-use crate::order::{Db, ORDER, pg};
+use crate::api::{Capture, PayOrder, PaymentView, refuse};
+use crate::order::{Db, Order, pg};
 
 /// The class name.
 pub const PAYMENT: &str = "Payment";
@@ -20,6 +20,10 @@ pub struct Payment {
     name: String,
     scheduler: Scheduler<Db>,
     host: HostSlot,
+}
+
+impl Class for Payment {
+    const NAME: &'static str = PAYMENT;
 }
 
 impl Payment {
@@ -61,14 +65,10 @@ impl Payment {
             payment: self.name.clone(),
             cents: args.cents,
         };
-        let order = host.object_by_name(ORDER, &args.order);
-        let outcome: Result<OrderView, HostError> = api::call(|a| order.call("pay", a), &pay).await;
-        let (status, reason) = match outcome {
+        let (status, reason) = match host.object::<Order>(&args.order).call(pay).await {
             Ok(_) => ("applied", None),
-            Err(e) => match api::method_error(&e) {
-                Some(refusal) => ("rejected", Some(refusal.code)),
-                None => return Err(e.into()),
-            },
+            Err(CallError::Method(refusal)) => ("rejected", Some(refusal.code)),
+            Err(e) => return Err(e.into()),
         };
         self.scheduler.transaction(|tx| {
             tx.sql().execute(

@@ -26,7 +26,7 @@ use durability_example_orders::api::{
 };
 use durability_example_orders::webhook::{Delivery, HttpClient};
 use durability_host::transport::{AUTH_HEADER, PROBE_PATH};
-use durability_host::{FailoverClient, HostError};
+use durability_host::{CallError, FailoverClient, HostError, Method};
 use durability_ownership::{ClassName, ObjectName, OwnerScope, ShardCount, StorageId};
 use durability_scheduler::{Clock as _, SystemClock};
 use durability_storage_postgres::testkit::{TestSchema, url};
@@ -186,21 +186,22 @@ async fn edge<A: Serialize, R: DeserializeOwned>(
     serde_json::from_slice(&bytes).map_err(|e| format!("{method} {url}: {e}"))
 }
 
-/// A call through the failover client, decoded; an unknown outcome or an
+/// A typed call through the failover client; an unknown outcome or an
 /// unreachable owner is `Err` (the caller's methods are idempotent, so it
 /// sends again), a method's refusal panics.
-async fn rpc<A: Serialize, R: DeserializeOwned>(
+async fn rpc<M: Method + Clone>(
     client: &FailoverClient,
-    class: &str,
     name: &str,
-    method: &str,
-    args: &A,
-) -> Result<R, String> {
-    match api::call(|a| client.call(class, name, method, a), args).await {
+    args: &M,
+) -> Result<M::Out, String> {
+    let class = <M::Class as durability_host::Class>::NAME;
+    match client.call_typed(name, args.clone()).await {
         Ok(r) => Ok(r),
-        Err(e) if api::method_error(&e).is_some() => panic!("{class} {name} {method}: {e}"),
-        Err(e @ HostError::Handler(_)) => panic!("{class} {name} {method}: {e}"),
-        Err(e) => Err(format!("{class} {name} {method}: {} {e}", e.code())),
+        Err(CallError::Method(refusal)) => panic!("{class} {name} {}: {refusal:?}", M::NAME),
+        Err(CallError::Host(e @ HostError::Handler(_))) => {
+            panic!("{class} {name} {}: {e}", M::NAME)
+        }
+        Err(CallError::Host(e)) => Err(format!("{class} {name} {}: {} {e}", M::NAME, e.code())),
     }
 }
 
@@ -496,7 +497,7 @@ async fn scenario(leave: Leave) {
             cents: 1_000,
             ttl_ms: Some(2_000),
         };
-        let _: Placed = until(&order, |_| rpc(&client, "Order", &order, "place", &args)).await;
+        let _: Placed = until(&order, |_| rpc(&client, &order, &args)).await;
         expected.insert(order, OrderStatus::Expired);
     }
 
@@ -521,7 +522,7 @@ async fn scenario(leave: Leave) {
             cents: 1_000,
             ttl_ms: Some(1_000),
         };
-        let _: Placed = until(order, |_| rpc(&client, "Order", order, "place", &args)).await;
+        let _: Placed = until(order, |_| rpc(&client, order, &args)).await;
         expected.insert(order.clone(), OrderStatus::Expired);
     }
     // b leaves: its shards, objects and pending alarms move to the others
@@ -545,7 +546,7 @@ async fn scenario(leave: Leave) {
             ttl_ms: None,
         };
         if i % 2 == 0 {
-            let _: Placed = until(&order, |_| rpc(&client, "Order", &order, "place", &args)).await;
+            let _: Placed = until(&order, |_| rpc(&client, &order, &args)).await;
         } else {
             place_over_edge(&http, [&a, &c][i % 4 / 2], &order, None).await;
         }
@@ -554,10 +555,7 @@ async fn scenario(leave: Leave) {
             order: order.clone(),
             cents: 1_000,
         };
-        let paid: PaymentView = until(&payment, |_| {
-            rpc(&client, "Payment", &payment, "capture", &capture)
-        })
-        .await;
+        let paid: PaymentView = until(&payment, |_| rpc(&client, &payment, &capture)).await;
         assert_eq!(paid.status, "applied", "{paid:?}");
         expected.insert(order, OrderStatus::Paid);
     }
@@ -572,16 +570,7 @@ async fn scenario(leave: Leave) {
         members: grown.clone(),
         limits: v2.clone(),
     };
-    let _: api::LimitsSet = until("limits v2", |_| {
-        rpc(
-            &client,
-            "LimitsCoordinator",
-            "coordinator",
-            "set_limits",
-            &set,
-        )
-    })
-    .await;
+    let _: api::LimitsSet = until("limits v2", |_| rpc(&client, "coordinator", &set)).await;
 
     // A new host joins and serves at once.
     let d = spawn(3, "host-d");
@@ -660,10 +649,7 @@ async fn scenario(leave: Leave) {
             max_order_cents: 1,
         },
     };
-    let kept: AppliedLimits = until("late delivery", |_| {
-        rpc(&client, "LimitsMember", "m-0", "apply_limits", &late)
-    })
-    .await;
+    let kept: AppliedLimits = until("late delivery", |_| rpc(&client, "m-0", &late)).await;
     assert!(!kept.applied, "{kept:?}");
     assert_eq!(kept.limits, v2);
     assert!(kept.version > 1, "{kept:?}");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use durability_host::semaphore::{HolderCall, Limit, SemaphorePermits};
-use durability_host::{Host, HostError, MethodError};
+use durability_host::{Host, HostError};
 use durability_scheduler::Permits;
 use serde_json::{Value, json};
 
@@ -88,11 +88,10 @@ async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_noth
         .await
         .unwrap();
     let err = holder.call("acquire", acquire("big", 3)).await.unwrap_err();
-    let HostError::Handler(e) = &err else {
+    let HostError::Method { code, .. } = &err else {
         panic!("not the method's error: {err:?}")
     };
-    let m = e.downcast_ref::<MethodError>().unwrap();
-    assert_eq!(m.code, "semaphore_count_exceeds_capacity");
+    assert_eq!(code, "semaphore_count_exceeds_capacity");
     let err = holder
         .call("acquire", json!({"pool": "sink"}))
         .await
