@@ -138,6 +138,7 @@ pub struct HostConfig<S, I, O: ObjectStore = DefaultObjectStore> {
     pub(crate) create_active_storage: bool,
     pub(crate) forward: Option<Arc<dyn HostForward>>,
     pub(crate) run_dispatcher: bool,
+    pub(crate) alarm_permits: Option<Arc<dyn durability_scheduler::Permits>>,
     pub(crate) methods: crate::rpc::Methods<I, O::Storage>,
     pub(crate) method_names: Vec<(String, String)>,
     pub(crate) fetchers: crate::fetch::Fetchers<I, O::Storage>,
@@ -181,6 +182,7 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
             create_active_storage: false,
             forward: None,
             run_dispatcher: true,
+            alarm_permits: None,
             methods: BTreeMap::new(),
             method_names: Vec::new(),
             fetchers: BTreeMap::new(),
@@ -280,6 +282,17 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     #[must_use]
     pub fn alarm_dispatcher(mut self, run: bool) -> Self {
         self.run_dispatcher = run;
+        self
+    }
+
+    /// Permits this host's alarm dispatcher holds while each delivery runs
+    /// (`Dispatcher::with_permits`): with a cross-host source such as
+    /// [`crate::semaphore::SemaphorePermits`], the deliveries of every host
+    /// share one concurrency or rate limit. Without a permit a job waits,
+    /// due again after the permit source's delay, with no try used.
+    #[must_use]
+    pub fn alarm_permits(mut self, permits: Arc<dyn durability_scheduler::Permits>) -> Self {
+        self.alarm_permits = Some(permits);
         self
     }
 

@@ -510,6 +510,7 @@ where
             forward: config.forward,
             dispatcher: v.dispatcher,
             run_dispatcher: config.run_dispatcher,
+            permits: config.alarm_permits,
         };
         (Self { inner }, spawn)
     }
@@ -554,7 +555,10 @@ where
             spawn.dispatcher,
         )
         .map_err(|e| HostError::setting("dispatcher", e.to_string()))?;
-        let dispatcher = Arc::new(dispatcher);
+        let dispatcher = Arc::new(match spawn.permits {
+            Some(permits) => dispatcher.with_permits(permits),
+            None => dispatcher,
+        });
         let _ = inner.dispatcher.set(Arc::clone(&dispatcher));
         let looper = self.clone();
         let owner_loop = tokio::spawn(async move { looper.owner_loop().await });

@@ -41,6 +41,7 @@ pub(super) struct Spawn<I> {
     pub(super) forward: Option<Arc<dyn HostForward>>,
     pub(super) dispatcher: DispatcherConfig,
     pub(super) run_dispatcher: bool,
+    pub(super) permits: Option<Arc<dyn durability_scheduler::Permits>>,
 }
 
 fn bad(setting: &'static str) -> impl Fn(OwnershipError) -> HostError {

@@ -128,3 +128,71 @@ async fn the_alarm_handler_runs_once_per_set_alarm_and_after_a_restart() {
     assert_eq!(stored(&b).await, (2, None));
     b.shutdown().await;
 }
+
+/// Permits that are refused until opened, counting what was asked and
+/// what was given back.
+#[derive(Default)]
+struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    asked: std::sync::atomic::AtomicUsize,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+    given: std::sync::atomic::AtomicUsize,
+}
+
+impl durability_scheduler::Permits for Gate {
+    fn acquire(
+        &self,
+        _want: usize,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<durability_scheduler::Permit, durability_scheduler::PermitError>,
+    > {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.asked.fetch_add(1, SeqCst);
+        let answer = if self.open.load(SeqCst) {
+            self.given.fetch_add(1, SeqCst);
+            self.held.fetch_add(1, SeqCst);
+            let held = Arc::clone(&self.held);
+            Ok(durability_scheduler::Permit::new(1).on_release(move || {
+                held.fetch_sub(1, SeqCst);
+            }))
+        } else {
+            Err(durability_scheduler::PermitError::new(
+                500,
+                "the gate is shut",
+            ))
+        };
+        Box::pin(async move { answer })
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_alarm_dispatcher_delivers_only_under_a_permit_and_gives_it_back() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let w = World::new();
+    let rang: Rang = Arc::default();
+    let count = || rang.lock().unwrap().len();
+    let gate = Arc::new(Gate::default());
+    let a = Host::start(config(&w, "a", &rang).alarm_permits(gate.clone()))
+        .await
+        .unwrap();
+    let r1 = a.object::<Reminder>("r1");
+    let at = w.clock.now_ms() + 1_000;
+    r1.by_name()
+        .call("remind", json!({ "at": at }))
+        .await
+        .unwrap();
+    // Due, but no permit: asked for one, never delivered, the alarm kept.
+    assert!(!advance_until(&w.clock, 250, 10_000, || count() > 0).await);
+    assert!(gate.asked.load(SeqCst) > 0, "the dispatcher never asked");
+    assert_eq!(gate.given.load(SeqCst), 0);
+    assert_eq!(stored(&a).await, (0, Some(at)));
+    // A permit: delivered once, and the permit is back.
+    gate.open.store(true, SeqCst);
+    assert!(advance_until(&w.clock, 250, 10_000, || count() == 1).await);
+    assert!(!advance_until(&w.clock, 500, 10_000, || count() > 1).await);
+    assert_eq!(stored(&a).await, (1, None));
+    assert!(gate.given.load(SeqCst) >= 1);
+    assert_eq!(gate.held.load(SeqCst), 0, "a permit was not given back");
+    a.shutdown().await;
+}
