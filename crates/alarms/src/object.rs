@@ -595,11 +595,11 @@ where
             .backend(self.inner.index.upsert(object, &row.token, row.at))
             .await?
         {
-            tracing::info!(
+            tracing::warn!(
                 event = "durability.alarms.repaired",
                 object = %object,
                 at = row.at,
-                "alarm job repaired in the index"
+                "the index held no job for the pending alarm row: repaired"
             );
         }
         Ok(Some(row))

@@ -27,3 +27,63 @@ fn schema_names_follow_the_grammar() {
         assert_eq!(e.reason, reason, "{raw:?}");
     }
 }
+
+/// The pid of the server session a one-connection client hands out next.
+async fn session(client: &StoreClient) -> i32 {
+    let rows = client
+        .query(Access::Read, "SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(|e| format!("{e:?}"))
+        .unwrap();
+    rows[0].get(0)
+}
+
+#[tokio::test]
+async fn a_call_dropped_before_its_reply_closes_its_connection() {
+    // Skips (or panics, when services are required) without a server.
+    let Some(_schema) = crate::testkit::TestSchema::create().await else {
+        return;
+    };
+    let url = crate::testkit::url();
+    let (other, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let client = StoreClient::new(url.parse().unwrap(), 1).unwrap();
+    let first = session(&client).await;
+    // Hold an advisory lock the pool's statement will wait for.
+    let key: i64 = rand::random();
+    other
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let params: [&(dyn ToSql + Sync); 1] = [&key];
+    let mut call = Box::pin(client.query(Access::Write, "SELECT pg_advisory_lock($1)", &params));
+    // Drive the call until the server shows the statement waiting.
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        let waiting: i64 = other
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                &[&first],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the statement never waited"
+        );
+        tokio::task::yield_now().await;
+    }
+    // The caller's own deadline drops the call mid-statement.
+    drop(call);
+    let next = session(&client).await;
+    assert_ne!(next, first, "the cancelled connection was handed out again");
+    other
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+}
