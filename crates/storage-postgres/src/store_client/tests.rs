@@ -52,7 +52,8 @@ async fn a_call_dropped_before_its_reply_closes_its_connection() {
     let client = StoreClient::new(url.parse().unwrap(), 1).unwrap();
     let first = session(&client).await;
     // Hold an advisory lock the pool's statement will wait for.
-    let key: i64 = rand::random();
+    // Unique per test process (nextest runs each test in its own).
+    let key = 0x5354_4f52_0000_0000_i64 | i64::from(std::process::id());
     other
         .execute("SELECT pg_advisory_lock($1)", &[&key])
         .await
