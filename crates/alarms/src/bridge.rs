@@ -88,8 +88,10 @@ where
     }
 
     /// Makes the alarm row match the scheduler's stored alarm (set, move or
-    /// delete). Call it after opening the object; [`SchedulerAlarm::watch`]
-    /// calls it on every change.
+    /// delete). It compares the scheduler's alarm with the row only: a row
+    /// already at the scheduler's time is trusted to have its job. After
+    /// opening the object call [`SchedulerAlarm::sync_and_repair`] instead
+    /// ([`SchedulerAlarm::watch`] does, then calls `sync` on every change).
     ///
     /// # Errors
     /// A storage failure, or the errors of [`Alarms::set_alarm`] /
@@ -110,14 +112,36 @@ where
         }
     }
 
-    /// Follows the scheduler's alarm forever, syncing on every committed
-    /// change (spawn it next to the object; failures are logged and retried
-    /// after the idle pause).
+    /// [`SchedulerAlarm::sync`], then the seed's repair
+    /// ([`Alarms::repair`]): a pending row whose job the index does not
+    /// hold (its flush failed on an earlier owner, or its outcome was
+    /// unknown) is written to the index again. What an owner runs when it
+    /// opens the object, and after any failed sync.
+    ///
+    /// # Errors
+    /// As [`SchedulerAlarm::sync`], and a backend failure of the repair.
+    pub async fn sync_and_repair(&self) -> Result<(), AlarmError> {
+        self.sync().await?;
+        self.alarms.repair().await.map(|_| ())
+    }
+
+    /// Follows the scheduler's alarm forever (spawn it next to the object
+    /// when it opens): first [`SchedulerAlarm::sync_and_repair`], then
+    /// [`SchedulerAlarm::sync`] on every committed change. A failure is
+    /// logged and retried after the idle pause with the repair, until one
+    /// succeeds: a flush that failed leaves the row's job in doubt.
     pub async fn watch(self) {
         let mut changes = self.sched.watch_alarm();
         let clock = Arc::clone(self.sched.context().clock());
+        let mut repair = true;
         loop {
-            if let Err(error) = self.sync().await {
+            let synced = if repair {
+                self.sync_and_repair().await
+            } else {
+                self.sync().await
+            };
+            repair = synced.is_err();
+            if let Err(error) = synced {
                 tracing::warn!(
                     event = "durability.alarms.scheduler_sync_failed",
                     object = %self.alarms.object(),

@@ -406,7 +406,8 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
             let now = self.clock.now_ms();
             if promoted_at.is_none_or(|at| now >= at.saturating_add(self.config.idle_ms)) {
                 promoted_at = Some(now);
-                if let Err(error) = self.promote_due().await {
+                let promoted = self.alongside(&mut flight, self.promote_due()).await;
+                if let Err(error) = promoted {
                     Self::warn_loop(&error);
                 }
             }
@@ -415,7 +416,7 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 Self::warn_loop(&error);
             }
             let next = if self.room(&flight) > 0 {
-                match self.index.next_due().await {
+                match self.alongside(&mut flight, self.index.next_due()).await {
                     Ok(next) => next,
                     Err(error) => {
                         Self::warn_loop(&error);
@@ -462,6 +463,36 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         }
     }
 
+    /// Awaits `call`, one of the dispatcher's own index calls, while still
+    /// polling the deliveries in flight (settling those that end). A
+    /// delivery holds a pooled index connection while it settles (or while
+    /// its handler writes an alarm); left unpolled, it could never give it
+    /// back, and `call` would wait for a connection in vain: with every
+    /// connection held that way, each dispatcher call failed
+    /// `do_alarm_backend_unavailable` at its deadline, for good.
+    async fn alongside<'a, T>(
+        &'a self,
+        flight: &mut Flight<'a>,
+        call: impl Future<Output = T>,
+    ) -> T {
+        let mut call = pin!(call);
+        let mut ended = Vec::new();
+        let value = loop {
+            if flight.running.is_empty() {
+                break call.await;
+            }
+            match future::select(call.as_mut(), flight.running.next()).await {
+                Either::Left((value, _)) => break value,
+                Either::Right((Some(object), _)) => ended.push(object),
+                Either::Right((None, _)) => {}
+            }
+        };
+        for object in &ended {
+            self.settled(flight, object);
+        }
+        value
+    }
+
     /// Claims that may still be taken before `concurrency` is reached.
     fn room(&self, flight: &Flight<'_>) -> usize {
         self.config
@@ -481,9 +512,10 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                 break;
             }
             let runs: Vec<Token> = (0..want).map(|_| Token::random()).collect();
+            let now = self.clock.now_ms();
+            let lease_ms = self.config.effective_lease_ms();
             let claims = self
-                .index
-                .claim_batch(self.clock.now_ms(), self.config.effective_lease_ms(), &runs)
+                .alongside(flight, self.index.claim_batch(now, lease_ms, &runs))
                 .await?;
             if claims.len() < want {
                 flight.dry = true;

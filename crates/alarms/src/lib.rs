@@ -26,7 +26,9 @@
 //!
 //! - **Scheduler bridge** ([`SchedulerAlarm`]): backs the scheduler's one
 //!   alarm with this crate, so outbox and topology work resumes on whichever
-//!   host owns the object after a crash.
+//!   host owns the object after a crash. An owner opening the object
+//!   re-asserts a pending alarm row's job ([`Alarms::repair`]), so a row
+//!   whose flush failed on an earlier owner is scheduled again.
 //!
 //! - **Operator views** ([`listing`]): a page of jobs by object-id prefix
 //!   and the job counts of any [`AlarmIndex`], as `Serialize` reports.

@@ -518,8 +518,9 @@ where
     /// The alarm time stored locally (`None` with no alarm or a pending
     /// delete). Outside a transaction, a pending row whose backend job is
     /// missing (or carries another token) is rewritten to the backend,
-    /// idempotently and in API order; a repair failure is logged, never
-    /// returned. Neither the time nor `None` confirms backend state.
+    /// idempotently and in API order ([`Alarms::repair`]); a repair failure
+    /// is logged, never returned. Neither the time nor `None` confirms
+    /// backend state.
     ///
     /// # Errors
     /// A storage failure reading the row.
@@ -533,44 +534,85 @@ where
                 .map(|_| tail.reserve());
             Ok::<_, AlarmError>((row, ticket))
         })?;
-        if let (Some(row), Some(ticket)) = (&row, ticket) {
+        if let Some(ticket) = ticket {
             ticket.turn().await;
-            self.repair(row).await;
+            if let Err(error) = self.repair_in_turn().await {
+                self.repair_failed(&error);
+            }
         }
         Ok(row.filter(AlarmRow::is_pending).map(|r| r.at))
     }
 
-    async fn repair(&self, row: &AlarmRow) {
+    /// Re-asserts the pending alarm row's job to the index (the seed's
+    /// `getAlarm()` repair, as a call of its own): with no pending row it
+    /// does nothing; otherwise, in API order with every other alarm
+    /// mutation of this object, it re-reads the row and, when the index
+    /// holds no job for it or a job of another token, upserts the row's
+    /// token and time. Token-fenced: it only ever writes the token the
+    /// live row carries at its turn, so it cannot resurrect a deleted or
+    /// replaced alarm (a later delete's or set's flush comes after it). A
+    /// repair racing a delivery's completion may leave a stray job, which
+    /// its delivery ignores (no row carries its token). Call it when an
+    /// owner opens the object ([`crate::SchedulerAlarm::sync_and_repair`]
+    /// does): a row whose flush failed on an earlier owner, and whose
+    /// compensation that owner could no longer write, is then scheduled
+    /// again.
+    ///
+    /// Returns the pending row found at its turn (`None`: nothing to
+    /// repair).
+    ///
+    /// # Errors
+    /// A storage failure reading the row; a backend failure reading or
+    /// writing the job (the row is left as it is).
+    pub async fn repair(&self) -> Result<Option<AlarmRow>, AlarmError> {
+        let tail = &self.inner.tail;
+        let ticket = self.inner.sched.transaction(|tx| {
+            Ok::<_, AlarmError>(
+                tx.alarm_row()?
+                    .filter(AlarmRow::is_pending)
+                    .map(|_| tail.reserve()),
+            )
+        })?;
+        let Some(ticket) = ticket else {
+            return Ok(None);
+        };
+        ticket.turn().await;
+        self.repair_in_turn().await
+    }
+
+    /// The repair itself, run while holding the object's turn on the tail.
+    async fn repair_in_turn(&self) -> Result<Option<AlarmRow>, AlarmError> {
         let object = self.object();
-        let result = async {
-            let job = self.backend(self.inner.index.job(object)).await?;
-            if job.is_some_and(|j| j.token == row.token) {
-                return Ok(false);
-            }
-            self.backend(self.inner.index.upsert(object, &row.token, row.at))
-                .await
+        let row = self.inner.sched.transaction(|tx| tx.alarm_row())?;
+        let Some(row) = row.filter(AlarmRow::is_pending) else {
+            return Ok(None);
+        };
+        let job = self.backend(self.inner.index.job(object)).await?;
+        if job.is_some_and(|j| j.token == row.token) {
+            return Ok(Some(row));
         }
-        .await;
-        match result {
-            Ok(true) => {
-                tracing::info!(
-                    event = "durability.alarms.repaired",
-                    object = %object,
-                    at = row.at,
-                    "alarm job repaired in the index"
-                );
-            }
-            Ok(false) => {}
-            Err(error) => {
-                tracing::warn!(
-                    event = "durability.alarms.repair_failed",
-                    object = %object,
-                    code = error.code(),
-                    %error,
-                    "repairing the alarm job failed"
-                );
-            }
+        if self
+            .backend(self.inner.index.upsert(object, &row.token, row.at))
+            .await?
+        {
+            tracing::warn!(
+                event = "durability.alarms.repaired",
+                object = %object,
+                at = row.at,
+                "the index held no job for the pending alarm row: repaired"
+            );
         }
+        Ok(Some(row))
+    }
+
+    fn repair_failed(&self, error: &AlarmError) {
+        tracing::warn!(
+            event = "durability.alarms.repair_failed",
+            object = %self.object(),
+            code = error.code(),
+            %error,
+            "repairing the alarm job failed"
+        );
     }
 
     /// Runs a backend call under the mutation deadline.
@@ -689,10 +731,34 @@ where
         Ok(tx.alarm_row()?.filter(AlarmRow::is_pending).map(|r| r.at))
     }
 
+    /// A delivery whose token the live row no longer carries. The row's own
+    /// job is re-asserted ([`Alarms::repair`]) before this job is settled:
+    /// the dispatcher then removes the delivered job, which would otherwise
+    /// leave a row whose flush failed (say, the handler's next alarm) with
+    /// no job at all. A row put back to this delivery's token meanwhile (a
+    /// failed set compensated) makes it a never-started delivery, retried
+    /// at once; a failed repair is a definite failure (backoff), so the job
+    /// stays for another try.
+    async fn superseded(&self, delivery: &Delivery) -> DispatchOutcome {
+        match self.repair().await {
+            Ok(Some(row)) if row.token == delivery.token => DispatchOutcome::NeverStarted {
+                reason: "the alarm row carries this delivery's token again".to_owned(),
+            },
+            Ok(_) => DispatchOutcome::Ignored,
+            Err(error) => {
+                self.repair_failed(&error);
+                DispatchOutcome::Failed {
+                    reason: format!("re-asserting the alarm row's job failed: {error}"),
+                }
+            }
+        }
+    }
+
     /// Delivers one alarm to this object: runs `handler` if the object's
     /// live row still carries the delivery's token and is due.
     ///
-    /// A stale token or a pending delete is ignored; a row not yet due is
+    /// A pending delete or no row is ignored; a stale token is ignored once
+    /// the live row's own job is re-asserted; a row not yet due is
     /// kept and reported [`DispatchOutcome::NotDue`]. On success the row is
     /// removed unless a newer alarm replaced it meanwhile; on the final
     /// failed try it is removed the same way (the alarm is discarded).
@@ -722,8 +788,10 @@ where
                 };
             }
         };
-        let Some(row) = row.filter(|r| r.is_pending() && r.token == delivery.token) else {
-            return DispatchOutcome::Ignored;
+        let row = match row {
+            Some(r) if r.is_pending() && r.token == delivery.token => r,
+            Some(r) if r.is_pending() => return self.superseded(delivery).await,
+            _ => return DispatchOutcome::Ignored,
         };
         if row.at > self.clock().now_ms() {
             return DispatchOutcome::NotDue { at: row.at };

@@ -987,3 +987,233 @@ async fn response_reads_enforce_the_cap_and_the_deadline() {
         }
     );
 }
+
+/// Lets spawned tasks run until `done` holds (manual clock: no time passes).
+async fn settle(mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..1_000 {
+        if done().await {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("spawned work did not settle");
+}
+
+#[tokio::test]
+async fn an_owner_opening_an_object_reasserts_a_pending_row_the_index_lost() {
+    let w = world();
+    let storage = Arc::new(memory_storage());
+    let runs = Arc::new(AtomicU32::new(0));
+    // Host A moved the scheduler's alarm and committed the row, but its
+    // flush never reached the index and its compensation could not be
+    // written (the scope had moved): a pending row without a job.
+    let (sched_a, bridge_a) = open_bridge(&w, &storage, &runs);
+    sched_a
+        .transaction(|tx| tx.set_due("cap", Some(START + 100)))
+        .unwrap();
+    bridge_a.sync().await.unwrap();
+    let id = bridge_a.alarms().object().clone();
+    let r = storage.transaction(|tx| tx.alarm_row()).unwrap().unwrap();
+    w.index.inner().delete(&id, &r.token).await.unwrap();
+    drop((sched_a, bridge_a));
+    // Host B opens it: a sync alone trusts the row; the watcher the host
+    // spawns repairs it, once the index answers again.
+    let (_sched_b, bridge_b) = open_bridge(&w, &storage, &runs);
+    bridge_b.sync().await.unwrap();
+    assert_eq!(w.index.job(&id).await.unwrap(), None);
+    w.index.fail_next(Fault::Unavailable);
+    let calls = w.index.calls();
+    let watcher = tokio::spawn(bridge_b.clone().watch());
+    settle(async || w.index.calls() > calls).await;
+    assert_eq!(w.index.job(&id).await.unwrap(), None, "the repair failed");
+    w.clock.advance(DEFAULT_SCHEDULER_IDLE_MS);
+    settle(async || w.index.job(&id).await.unwrap().is_some()).await;
+    let job = w.index.job(&id).await.unwrap().unwrap();
+    assert_eq!((job.token, job.due_at), (r.token.clone(), START + 100));
+    // Repeating it writes nothing; the alarm then fires on host B.
+    let calls = w.index.calls();
+    assert_eq!(bridge_b.alarms().repair().await.unwrap(), Some(r));
+    assert_eq!(w.index.calls(), calls);
+    let host = Arc::new(BridgeHost::default());
+    *host.bridge.lock().unwrap() = Some(bridge_b.clone());
+    let d = Dispatcher::new(
+        Arc::clone(&w.index),
+        host,
+        Arc::new(w.clock.clone()),
+        config(),
+    )
+    .unwrap();
+    d.tick().await.unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the capability ran on host B"
+    );
+    watcher.abort();
+}
+
+#[tokio::test]
+async fn a_repair_never_resurrects_a_deleted_alarm() {
+    let w = world();
+    let o = w.object("a");
+    assert_eq!(o.alarms.repair().await.unwrap(), None);
+    o.alarms.set_alarm(START + 5).await.unwrap();
+    o.alarms.delete_alarm().await.unwrap();
+    let calls = w.index.calls();
+    assert_eq!(o.alarms.repair().await.unwrap(), None);
+    assert_eq!((w.index.calls(), w.job(&o).await), (calls, None));
+    // A pending delete (fenced row whose backend delete was lost) neither.
+    o.alarms.set_alarm(START + 6).await.unwrap();
+    w.index.fail_next(Fault::UnknownAfter);
+    o.alarms.delete_alarm().await.unwrap_err();
+    assert_eq!(w.job(&o).await, None);
+    let r = row(&o).unwrap();
+    assert!(r.is_pending(), "an unknown delete lifts its fence again");
+    // The row is back, so its job is repaired: the caller must delete again.
+    assert_eq!(o.alarms.repair().await.unwrap(), Some(r.clone()));
+    assert_eq!(w.job(&o).await.map(|j| j.token), Some(r.token));
+}
+
+#[tokio::test]
+async fn a_delivery_of_a_replaced_token_reasserts_the_rows_job_before_settling() {
+    let w = world();
+    let o = w.object("a");
+    o.alarms.set_alarm(START + 1).await.unwrap();
+    // The next set's outcome is unknown: the row carries the new token, the
+    // index still the old one.
+    w.index.fail_next(Fault::UnknownBefore);
+    o.alarms.set_alarm(START + 2).await.unwrap_err();
+    let r = row(&o).unwrap();
+    assert_ne!(w.job(&o).await.unwrap().token, r.token);
+    w.clock.advance(2);
+    w.dispatcher.tick().await.unwrap();
+    assert!(
+        o.handler.fired.lock().unwrap().is_empty(),
+        "old token ignored"
+    );
+    let job = w
+        .job(&o)
+        .await
+        .expect("the row's job survives the settlement");
+    assert_eq!((job.token, job.due_at), (r.token, START + 2));
+    w.dispatcher.tick().await.unwrap();
+    let fired = o.handler.fired.lock().unwrap().clone();
+    assert_eq!(fired.len(), 1);
+    assert_eq!(fired[0].scheduled_at, START + 2);
+    assert_eq!((row(&o), w.job(&o).await), (None, None));
+}
+
+#[tokio::test]
+async fn a_failed_reassertion_keeps_the_delivered_job_for_another_try() {
+    let w = world();
+    let o = w.object("a");
+    o.alarms.set_alarm(START + 1).await.unwrap();
+    w.index.fail_next(Fault::UnknownBefore);
+    o.alarms.set_alarm(START + 2).await.unwrap_err();
+    let old = w.job(&o).await.unwrap().token;
+    w.clock.advance(2);
+    w.index.fail_next(Fault::Unavailable);
+    w.dispatcher.tick().await.unwrap();
+    let job = w.job(&o).await.expect("kept for a retry");
+    assert_eq!((job.token, job.state), (old, JobState::Due));
+    assert_eq!(w.dispatcher.counters().snapshot().retry_scheduled, 1);
+}
+
+/// An index behind a pool of connections (a semaphore handing permits out
+/// in request order, as a connection pool does): every call holds one for
+/// its whole round trip, which takes a few polls, as a real query does.
+struct Pooled {
+    inner: MemoryAlarmIndex,
+    pool: tokio::sync::Semaphore,
+}
+
+impl Pooled {
+    async fn call<T>(&self, f: impl Future<Output = T>) -> T {
+        let _connection = self.pool.acquire().await.unwrap();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        f.await
+    }
+}
+
+impl AlarmIndex for Pooled {
+    async fn upsert(&self, object: &ObjectId, token: &Token, at: i64) -> Result<bool, AlarmError> {
+        self.call(self.inner.upsert(object, token, at)).await
+    }
+    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, AlarmError> {
+        self.call(self.inner.delete(object, token)).await
+    }
+    async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
+        self.call(self.inner.job(object)).await
+    }
+    async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
+        self.call(self.inner.promote(now, limit)).await
+    }
+    async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
+        self.call(self.inner.claim(claim)).await
+    }
+    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
+        self.call(self.inner.finish(object, run)).await
+    }
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
+        self.call(self.inner.retry(retry)).await
+    }
+    async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
+        self.call(self.inner.next_due()).await
+    }
+    async fn counts(&self) -> Result<IndexCounts, AlarmError> {
+        self.call(self.inner.counts()).await
+    }
+    async fn jobs_with_prefix(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage, AlarmError> {
+        self.call(self.inner.jobs_with_prefix(prefix, cursor, limit))
+            .await
+    }
+}
+
+#[tokio::test]
+async fn the_dispatcher_keeps_polling_deliveries_while_it_waits_for_a_connection() {
+    let w = world();
+    let a = w.object("a");
+    let b = w.object("b");
+    a.alarms.set_alarm(START).await.unwrap();
+    b.alarms.set_alarm(START).await.unwrap();
+    // The dispatcher's index: the jobs of `w.index` behind one connection.
+    let pooled = Arc::new(Pooled {
+        inner: MemoryAlarmIndex::new(),
+        pool: tokio::sync::Semaphore::new(1),
+    });
+    for o in [&a, &b] {
+        let r = row(o).unwrap();
+        pooled
+            .inner
+            .upsert(o.alarms.object(), &r.token, r.at)
+            .await
+            .unwrap();
+    }
+    let d = Arc::new(
+        Dispatcher::new(
+            Arc::clone(&pooled),
+            Arc::clone(&w.host),
+            Arc::new(w.clock.clone()),
+            config(),
+        )
+        .unwrap(),
+    );
+    let runner = tokio::spawn({
+        let d = Arc::clone(&d);
+        async move { d.run().await }
+    });
+    // Both deliveries settle (finish) through the one connection; the first
+    // to end hands it to the second while the loop goes on to claim more.
+    settle(async || d.counters().snapshot().delivered == 2).await;
+    assert_eq!(pooled.inner.counts().await.unwrap().total(), 0);
+    assert_eq!(a.handler.fired.lock().unwrap().len(), 1);
+    assert_eq!(b.handler.fired.lock().unwrap().len(), 1);
+    runner.abort();
+}

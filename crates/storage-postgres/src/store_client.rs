@@ -188,28 +188,38 @@ impl StoreClient {
     /// deadline and returns its rows. A server error is [`Failure::Rejected`]
     /// (the statement rolled back); a lost connection or the deadline after
     /// a write was sent is [`Failure::Unknown`]. A connection that missed
-    /// its deadline is closed, never handed out again.
+    /// its deadline, or whose call was dropped (cancelled by the caller's
+    /// own deadline) before its reply came, is closed, never handed out
+    /// again: its statement may still be running, and the next call on it
+    /// would queue behind it.
     pub(crate) async fn query(
         &self,
         access: Access,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Failure> {
-        let client = self.connection().await?;
-        let call = async {
-            let st = client
-                .prepare_cached(sql)
-                .await
-                .map_err(|e| classify(Access::Read, e))?;
-            client
-                .query(&st, params)
-                .await
-                .map_err(|e| classify(access, e))
+        let mut held = Unfinished(Some(self.connection().await?));
+        let outcome = {
+            let client = held.client();
+            let call = async {
+                let st = client
+                    .prepare_cached(sql)
+                    .await
+                    .map_err(|e| classify(Access::Read, e))?;
+                client
+                    .query(&st, params)
+                    .await
+                    .map_err(|e| classify(access, e))
+            };
+            tokio::time::timeout(self.timeout, call).await
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
+        match outcome {
+            Ok(r) => {
+                held.finished();
+                r
+            }
             Err(_) => {
-                drop(Object::take(client));
+                drop(held);
                 let e: BoxError = format!(
                     "no reply within {} ms: the connection was closed",
                     self.timeout.as_millis()
@@ -233,6 +243,32 @@ impl StoreClient {
             drop(Object::take(client));
         }
         done.map_err(|e| classify(Access::Write, e))
+    }
+}
+
+/// A pooled connection with a call on it: dropped before
+/// [`Unfinished::finished`] (the deadline passed, or the caller dropped the
+/// call), the connection is closed rather than returned to the pool.
+struct Unfinished(Option<Object>);
+
+impl Unfinished {
+    fn client(&self) -> &Object {
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("taken only by finished or drop"))
+    }
+
+    /// The call ended with a reply: the connection goes back to the pool.
+    fn finished(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(Object::take(client));
+        }
     }
 }
 
