@@ -294,6 +294,20 @@ impl PostgresObjects {
 
     fn install(&self) -> Result<(), StorageError> {
         let client = self.shared.backend.client()?;
+        // Installed already (a host joining a running deployment): no DDL,
+        // so no lock is taken on a table live objects write.
+        let relations = schema::install_relations();
+        let present: i64 = wait(client.query_one(
+            "SELECT count(DISTINCT c.relname) FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = ANY($2)",
+            &[&self.shared.deployment.name(), &relations],
+        ))
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| StorageError::backend("read the installed object tables", e))?;
+        if usize::try_from(present).is_ok_and(|n| n == relations.len()) {
+            return Ok(());
+        }
         // One installer at a time: concurrent `CREATE … IF NOT EXISTS`
         // can collide in the catalog.
         let sql = format!(

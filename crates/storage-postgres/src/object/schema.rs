@@ -165,6 +165,28 @@ CREATE TABLE IF NOT EXISTS {s}.durability_tombstones (
 );
 "#;
 
+/// Every table and index [`INSTALL`] creates, by name (all in the
+/// deployment schema). A deployment holding all of them is installed: a
+/// host starting into a running deployment runs no DDL, since `CREATE
+/// INDEX IF NOT EXISTS` takes a `SHARE` lock on its table even when the
+/// index exists, and several of those in one transaction deadlock against
+/// object transactions writing the same tables.
+pub(crate) fn install_relations() -> Vec<String> {
+    INSTALL
+        .lines()
+        .filter_map(|line| {
+            let rest = line
+                .strip_prefix("CREATE TABLE IF NOT EXISTS {s}.")
+                .or_else(|| line.strip_prefix("CREATE INDEX IF NOT EXISTS "))?;
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
 /// One schema step with its SQL, as an application registers it for its
 /// own capability with
 /// [`PostgresObjects::register_schema`](super::PostgresObjects::register_schema).
@@ -249,3 +271,21 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         )],
     ),
 ];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_relation_the_install_creates_is_named() {
+        let names = super::install_relations();
+        let creates = super::INSTALL.matches("IF NOT EXISTS").count();
+        // The schema itself is the one `IF NOT EXISTS` that is not a relation.
+        assert_eq!(names.len(), creates - 1, "{names:?}");
+        for name in [
+            "durability_objects",
+            "durability_tombstones",
+            "durability_object_due_by_time",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+    }
+}

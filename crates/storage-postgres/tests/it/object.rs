@@ -561,3 +561,41 @@ fn no_object_is_recorded_under_a_storage_id_after_its_tombstone() {
         "recorded after the deletion listed: {left:?}"
     );
 }
+
+/// A host joining a running deployment connects while object transactions
+/// hold their tables: the install runs no DDL on an installed deployment,
+/// so it neither waits behind them nor deadlocks with them (it did: `CREATE
+/// INDEX IF NOT EXISTS` locks its table even when the index exists, and a
+/// joining host in the orders example failed with SQLSTATE 40P01).
+#[test]
+fn connecting_to_an_installed_deployment_takes_no_lock_live_transactions_hold() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = d.fresh();
+    let (url, name) = (d.url.clone(), d.name.clone());
+    s.transaction(|tx| {
+        // This transaction now holds its writes' locks on the due table.
+        tx.set_capability_due("conformance", Some(77))?;
+        let (done, joined) = std::sync::mpsc::channel();
+        let (url, name) = (url.clone(), name.clone());
+        std::thread::spawn(move || {
+            let r =
+                PostgresObjects::connect(&url, &name, PostgresObjectOptions::default()).map(|_| ());
+            let _ = done.send(r);
+        });
+        // Before the fix the connect waited for this transaction, which
+        // waits for it: it never finished while the transaction was open.
+        let joined = joined
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the joining connect waited behind a live transaction");
+        joined.expect("connect");
+        Ok::<_, StorageError>(())
+    })
+    .unwrap();
+    assert_eq!(
+        s.transaction(|tx| tx.capability_due("conformance"))
+            .unwrap(),
+        Some(77)
+    );
+}
