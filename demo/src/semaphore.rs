@@ -286,7 +286,7 @@ pub(crate) async fn bench(redis_url: &str) -> Result {
     let extra = json!({"ours": "durability-semaphore on SQLite (synchronous=NORMAL), in process",
         "baseline_is": "Lua semaphore on Redis (sorted set), one connection"});
     figure(
-        "semaphore_acquire_release_per_s",
+        "semaphore.acquire_release_per_s",
         po,
         pt,
         "pairs/s",
@@ -295,7 +295,7 @@ pub(crate) async fn bench(redis_url: &str) -> Result {
         extra.clone(),
     );
     figure(
-        "semaphore_waiter_wakeup_us",
+        "semaphore.waiter_wakeup_us",
         wo,
         wt,
         "us (median)",
