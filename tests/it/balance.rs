@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use durability_ownership::{ObjectName, ShardCount};
 
-use crate::host_processes::{Proc, counter, field, now, signal};
+use crate::host_processes::{Proc, counter, field, now, signal, spawn as spawn_host};
 
 /// Owner lease of every host (s): long next to the owner loop (200 ms), so
 /// a shard that moves before it could expire moved by hand-off.
@@ -29,7 +29,7 @@ fn spawn(name: &str, dir: &Path, create: bool) -> Proc {
     if create {
         extra.push("create=1");
     }
-    let p = Proc::spawn(name, dir, TTL_S, &extra, &[("DO_BALANCE_SHARDS", "true")]);
+    let p = spawn_host(name, dir, TTL_S, &extra, &[("DO_BALANCE_SHARDS", "true")]);
     p.wait_line("ready");
     p
 }

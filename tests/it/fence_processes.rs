@@ -8,27 +8,16 @@
 //! `DURABILITY_REQUIRE_SERVICES=1`.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use durability_ownership::{
     Clock, LifecycleAdmin, LifecycleId, ShardCount, StorageId, SystemClock,
 };
+use durability_storage_postgres::testkit::cluster::signal;
 use durability_storage_redis::ownership::RedisLeaseStore;
-
-/// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid` with the `kill` command.
-fn signal(pid: u32, signal: &str) {
-    let ok = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{signal} {pid}");
-}
+use durability_tests::process::Proc;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -119,16 +108,16 @@ impl Drop for Redis {
     }
 }
 
-/// One `fence-host` process and the lines it printed.
+/// One `fence-host` process and the lines it printed (stdout; its stderr
+/// goes to the test's).
 struct Host {
     name: &'static str,
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    proc: Proc,
 }
 
 impl Host {
     fn spawn(name: &'static str, redis: &Redis, db: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fence-host"))
+        let child = Command::new(env!("CARGO_BIN_EXE_fence-host"))
             .arg(format!("redis={}", redis.url()))
             .arg("prefix=t:")
             .arg(format!("db={}", db.display()))
@@ -138,45 +127,30 @@ impl Host {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let out = child.stdout.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { name, child, lines }
+        Self {
+            name,
+            proc: Proc::of(name, child),
+        }
     }
 
     fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
+        self.proc.texts()
     }
 
     fn count(&self, prefix: &str) -> usize {
-        self.lines()
-            .iter()
-            .filter(|l| l.starts_with(prefix))
-            .count()
+        self.proc.count(prefix)
     }
 
     /// Waits (real time: these are real processes) until `done` holds for
     /// the lines printed after line `from`.
     fn wait(&self, what: &str, from: usize, done: impl Fn(&[String]) -> bool) {
-        let clock = SystemClock::new();
-        let end = clock.now_ms() + 20_000;
-        while clock.now_ms() < end {
-            let lines = self.lines();
-            if done(&lines[from.min(lines.len())..]) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!(
-            "{}: timed out waiting for {what}: {:#?}",
-            self.name,
-            self.lines()
-        );
+        self.proc.wait_until(what, |lines| {
+            let after: Vec<String> = lines[from.min(lines.len())..]
+                .iter()
+                .map(|(_, l)| l.clone())
+                .collect();
+            done(&after).then_some(())
+        });
     }
 
     fn wait_commits(&self, n: usize) {
@@ -192,7 +166,7 @@ impl Host {
     /// printed.
     fn pause(&self) -> usize {
         loop {
-            signal(self.child.id(), "STOP");
+            signal(self.proc.child.id(), "STOP");
             // The process is stopped: whatever it printed reaches the reader.
             std::thread::sleep(Duration::from_millis(50));
             let lines = self.lines();
@@ -206,26 +180,12 @@ impl Host {
 
     /// Stops the process wherever it is (inside a transaction too).
     fn pause_anywhere(&self) {
-        signal(self.child.id(), "STOP");
+        signal(self.proc.child.id(), "STOP");
     }
 
     fn resume(&self) {
-        signal(self.child.id(), "CONT");
+        signal(self.proc.child.id(), "CONT");
     }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = signal_quiet(self.child.id());
-        let _ = self.child.wait();
-    }
-}
-
-fn signal_quiet(pid: u32) -> std::io::Result<std::process::ExitStatus> {
-    Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status()
 }
 
 fn redis_or_skip(dir: &Path, test: &str) -> Option<Redis> {

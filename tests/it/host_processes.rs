@@ -6,13 +6,9 @@
 //! Each test prints what it tried and the times it measured.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
-
-use durability_ownership::{Clock, SystemClock};
 
 /// Owner lease of the kill and pause tests (`DO_OWNER_TTL_SECONDS=5`; a
 /// loaded two-core machine stalls processes for a second or more).
@@ -22,217 +18,50 @@ const INTERVAL_MS: u64 = 200;
 /// Lease guard (`DO_OWNER_LEASE_GUARD_MS`).
 const GUARD_MS: u64 = 300;
 
-pub(crate) fn now() -> i64 {
-    SystemClock::new().now_ms()
-}
-
 pub(crate) use durability_storage_postgres::testkit::cluster::signal;
+pub(crate) use durability_tests::process::{Proc, field, now};
 
-/// One `object-host` process and the lines it printed, each with the time
-/// the test read it.
-pub(crate) struct Proc {
-    name: String,
-    pub(crate) child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Arc<Mutex<Vec<(i64, String)>>>,
+/// One `object-host` process in `dir` (its working directory and where it
+/// keeps everything), with owner lease `ttl_s`.
+pub(crate) fn spawn(
+    name: &str,
+    dir: &Path,
+    ttl_s: u64,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let dir_arg = format!("dir={}", dir.display());
+    let args: Vec<&str> = std::iter::once(dir_arg.as_str())
+        .chain(extra.iter().copied())
+        .collect();
+    let bin = env!("CARGO_BIN_EXE_object-host");
+    spawn_bin(bin, name, dir, ttl_s, &args, env)
 }
 
-impl Proc {
-    pub(crate) fn spawn(
-        name: &str,
-        dir: &Path,
-        ttl_s: u64,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        let dir_arg = format!("dir={}", dir.display());
-        let args: Vec<&str> = std::iter::once(dir_arg.as_str())
-            .chain(extra.iter().copied())
-            .collect();
-        let bin = env!("CARGO_BIN_EXE_object-host");
-        Self::spawn_bin(bin, name, dir, ttl_s, &args, env)
-    }
-
-    /// Spawns host binary `bin` as task `name` in working directory `cwd`.
-    fn spawn_bin(
-        bin: &str,
-        name: &str,
-        cwd: &Path,
-        ttl_s: u64,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        let mut child = Command::new(bin)
-            .current_dir(cwd)
-            .arg(format!("task={name}"))
-            .arg(format!("interval={INTERVAL_MS}"))
-            .args(args)
-            .env("DO_OWNER_TTL_SECONDS", ttl_s.to_string())
-            .env("DO_OWNER_LEASE_GUARD_MS", GUARD_MS.to_string())
-            .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
-            .env("DO_DRAIN_TIMEOUT_MS", "5000")
-            // These tests move shards by failover and drain alone; the
-            // balance tests (`tests/it/balance.rs`) turn balancing on.
-            .env("DO_BALANCE_SHARDS", "false")
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let sink = Arc::clone(&lines);
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    sink.lock().unwrap().push((now(), line));
-                }
-            });
-        }
-        let stdin = child.stdin.take();
-        Self {
-            name: name.to_owned(),
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{command}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    pub(crate) fn lines(&self) -> Vec<(i64, String)> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    pub(crate) fn count(&self, prefix: &str) -> usize {
-        self.lines()
-            .iter()
-            .filter(|(_, l)| l.starts_with(prefix))
-            .count()
-    }
-
-    /// Waits (real time: real processes) for the first line starting with
-    /// `prefix`; returns it and when it was read.
-    pub(crate) fn wait_line(&self, prefix: &str) -> (i64, String) {
-        self.wait_n(prefix, 1).pop().unwrap()
-    }
-
-    /// Waits for `n` lines starting with `prefix`.
-    pub(crate) fn wait_n(&self, prefix: &str, n: usize) -> Vec<(i64, String)> {
-        let end = now() + 30_000;
-        loop {
-            let found: Vec<(i64, String)> = self
-                .lines()
-                .into_iter()
-                .filter(|(_, l)| l.starts_with(prefix))
-                .collect();
-            if found.len() >= n {
-                return found;
-            }
-            assert!(
-                now() < end,
-                "{}: timed out waiting for {n} × {prefix:?}: {:#?}",
-                self.name,
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Sends a command and waits for its `ok`/`err` answer.
-    pub(crate) fn run(&mut self, command: &str) -> String {
-        let mut parts = command.split_whitespace();
-        let tag = format!("{} {} ", parts.next().unwrap(), parts.next().unwrap());
-        let before = self.count(&format!("ok {tag}")) + self.count(&format!("err {tag}"));
-        self.send(command);
-        let end = now() + 30_000;
-        loop {
-            let answers: Vec<String> = self
-                .lines()
-                .into_iter()
-                .map(|(_, l)| l)
-                .filter(|l| {
-                    l.starts_with(&format!("ok {tag}")) || l.starts_with(&format!("err {tag}"))
-                })
-                .collect();
-            if answers.len() > before {
-                return answers[before].clone();
-            }
-            assert!(
-                now() < end,
-                "{}: no answer to {command}: {:#?}",
-                self.name,
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Runs a command, retrying (as a client would, through a fresh
-    /// resolution) while it is refused before it started: on a loaded
-    /// machine a short lease can lapse between a claim and its admission.
-    /// Prints each retry.
-    pub(crate) fn run_ok(&mut self, command: &str) -> String {
-        for _ in 0..50 {
-            let answer = self.run(command);
-            if !answer.contains(" outcome=not_started ") {
-                return answer;
-            }
-            eprintln!(
-                "{}: {command} refused before it started, retrying: {answer}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "{}: {command} kept being refused: {:#?}",
-            self.name,
-            self.lines()
-        );
-    }
-
-    pub(crate) fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let end = now() + 30_000;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                now() < end,
-                "{} did not exit: {:#?}",
-                self.name,
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            signal(self.child.id(), "CONT");
-            signal(self.child.id(), "KILL");
-            let _ = self.child.wait();
-        }
-    }
-}
-
-pub(crate) fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+/// Spawns host binary `bin` as task `name` in working directory `cwd`.
+pub(crate) fn spawn_bin(
+    bin: &str,
+    name: &str,
+    cwd: &Path,
+    ttl_s: u64,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut command = Command::new(bin);
+    command
+        .current_dir(cwd)
+        .arg(format!("task={name}"))
+        .arg(format!("interval={INTERVAL_MS}"))
+        .args(args)
+        .env("DO_OWNER_TTL_SECONDS", ttl_s.to_string())
+        .env("DO_OWNER_LEASE_GUARD_MS", GUARD_MS.to_string())
+        .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
+        .env("DO_DRAIN_TIMEOUT_MS", "5000")
+        // These tests move shards by failover and drain alone; the
+        // balance tests (`tests/it/balance.rs`) turn balancing on.
+        .env("DO_BALANCE_SHARDS", "false")
+        .envs(env.iter().copied());
+    Proc::spawn(name, command)
 }
 
 pub(crate) fn counter(dir: &Path, name: &str) -> i64 {
@@ -248,10 +77,10 @@ pub(crate) fn counter(dir: &Path, name: &str) -> i64 {
 /// Starts `a` owning every shard (creating the storage pointer), then `b`
 /// waiting to take over.
 fn pair(dir: &Path, ttl_s: u64) -> (Proc, Proc) {
-    let a = Proc::spawn("a", dir, ttl_s, &["own=all", "create=1"], &[]);
+    let a = spawn("a", dir, ttl_s, &["own=all", "create=1"], &[]);
     a.wait_line("ready");
     a.wait_n("acquired ", 16);
-    let b = Proc::spawn("b", dir, ttl_s, &["own=all"], &[]);
+    let b = spawn("b", dir, ttl_s, &["own=all"], &[]);
     b.wait_line("ready");
     (a, b)
 }
@@ -351,19 +180,7 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
     let b_gen: u64 = field(&answer, "gen").parse().unwrap();
     signal(a.child.id(), "CONT");
-    let end = now() + 30_000;
-    let refused = loop {
-        if let Some(l) = a
-            .lines()
-            .into_iter()
-            .map(|(_, l)| l)
-            .find(|l| l.starts_with("err slow p1 ") || l.starts_with("ok slow p1 "))
-        {
-            break l;
-        }
-        assert!(now() < end, "{:#?}", a.lines());
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let refused = a.wait_answer("slow p1");
     eprintln!("a's paused call ended with: {refused}");
     assert!(
         refused.contains("code=host_fenced") || refused.contains("code=host_ownership_lost"),
@@ -426,7 +243,7 @@ fn sigterm_drains_and_the_objects_move_at_once() {
 fn bad_configuration_exits_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
     for value in ["maybe", "TRUE", "0"] {
-        let mut p = Proc::spawn(
+        let mut p = spawn(
             "a",
             dir.path(),
             TTL_S,
@@ -446,7 +263,7 @@ fn bad_configuration_exits_before_anything_starts() {
         );
     }
     // No active storage pointer and no permission to create it.
-    let mut p = Proc::spawn("a", dir.path(), TTL_S, &[], &[]);
+    let mut p = spawn("a", dir.path(), TTL_S, &[], &[]);
     assert_eq!(p.wait_exit().code(), Some(2));
     let (_, line) = p.wait_line("refused ");
     eprintln!("tried a host without the active storage pointer: {line}");
@@ -461,7 +278,7 @@ fn bad_configuration_exits_before_anything_starts() {
         "no object root was created"
     );
     // A bad TTL falls back to 120 s (logged) and starts.
-    let mut p = Proc::spawn(
+    let mut p = spawn(
         "a",
         dir.path(),
         TTL_S,
@@ -522,11 +339,11 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
     let started = now();
     for i in 0..iterations {
         let dir = tempfile::tempdir().unwrap();
-        let mut a = Proc::spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
+        let mut a = spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
         a.wait_line("ready");
         a.wait_n("acquired ", 16);
         let mut b = (i % 2 == 1).then(|| {
-            let b = Proc::spawn("b", dir.path(), TTL_S, &[], &[]);
+            let b = spawn("b", dir.path(), TTL_S, &[], &[]);
             b.wait_line("ready");
             b
         });
@@ -567,7 +384,7 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
         let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("err put ")).collect();
         eprintln!(
             "iteration {i}: deletion by {} before call {at}: {deleted}; {committed} committed, {} refused",
-            deleter.name,
+            deleter.name(),
             refused.len()
         );
         if let Some(first) = refused.first() {

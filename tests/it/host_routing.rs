@@ -10,19 +10,21 @@
 //! the owner is killed). Each test prints what it tried.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use durability_host::RpcClient;
 use durability_ownership::{
-    ClaimOutcome, Claimant, ClassName, Clock, LeaseStore as _, LifecycleId, ObjectName,
-    OwnerEndpoint, OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
+    ClaimOutcome, Claimant, ClassName, LeaseStore as _, LifecycleId, ObjectName, OwnerEndpoint,
+    OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
 };
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_tests::process::{self, field};
 use serde_json::Value;
 
 mod connect;
@@ -33,17 +35,49 @@ const TOKEN: &str = "test-internal-token-0123456789";
 const TTL_S: u64 = 3;
 const MIB: usize = 1024 * 1024;
 
-fn now() -> i64 {
-    SystemClock::new().now_ms()
+use process::now;
+
+/// One `routing-host` process and its endpoint.
+struct Proc {
+    proc: process::Proc,
+    endpoint: String,
 }
 
-/// One `routing-host` process and the lines it printed.
-struct Proc {
-    name: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Arc<Mutex<Vec<String>>>,
-    endpoint: String,
+impl std::ops::Deref for Proc {
+    type Target = process::Proc;
+    fn deref(&self) -> &process::Proc {
+        &self.proc
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut process::Proc {
+        &mut self.proc
+    }
+}
+
+/// An answer line parsed: `ok` (its part as `T`) or `err` (its code and
+/// outcome).
+#[derive(Debug)]
+enum Answered<T> {
+    Ok(T),
+    Err { code: String, outcome: String },
+}
+
+impl<T: std::fmt::Debug> Answered<T> {
+    fn ok(self) -> T {
+        match self {
+            Self::Ok(t) => t,
+            Self::Err { .. } => panic!("it failed: {self:?}"),
+        }
+    }
+
+    fn err(self) -> (String, String) {
+        match self {
+            Self::Err { code, outcome } => (code, outcome),
+            Self::Ok(_) => panic!("it succeeded: {self:?}"),
+        }
+    }
 }
 
 impl Proc {
@@ -53,7 +87,8 @@ impl Proc {
 
     /// [`Proc::spawn`] with extra `key=value` arguments.
     fn spawn_with(name: &str, dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_routing-host"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_routing-host"));
+        command
             .arg(format!("dir={}", dir.display()))
             .arg(format!("task={name}"))
             .arg(format!("token={TOKEN}"))
@@ -62,120 +97,29 @@ impl Proc {
             .env("DO_OWNER_TTL_SECONDS", TTL_S.to_string())
             .env("DO_OWNER_LEASE_GUARD_MS", "300")
             .env("DO_DRAIN_IN_FLIGHT_TIMEOUT_MS", "3000")
-            .env("DO_DRAIN_TIMEOUT_MS", "5000")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let sink = Arc::clone(&lines);
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    sink.lock().unwrap().push(line);
-                }
-            });
+            .env("DO_DRAIN_TIMEOUT_MS", "5000");
+        let proc = process::Proc::spawn(name, command);
+        let ready = proc.wait_new("ready ", 0);
+        let endpoint = field(&ready, "endpoint").to_owned();
+        Self { proc, endpoint }
+    }
+
+    /// Sends `command` and parses its answer (`ok <what> …` or `err <what>
+    /// …`): `parse` reads an `ok` line.
+    fn answer<T>(
+        &mut self,
+        command: &str,
+        what: &str,
+        parse: impl FnOnce(&str) -> T,
+    ) -> Answered<T> {
+        let line = self.ask_for(command, what);
+        if line.starts_with("err ") {
+            return Answered::Err {
+                code: field(&line, "code").to_owned(),
+                outcome: field(&line, "outcome").to_owned(),
+            };
         }
-        let stdin = child.stdin.take();
-        let mut p = Self {
-            name: name.to_owned(),
-            child,
-            stdin,
-            lines,
-            endpoint: String::new(),
-        };
-        let ready = p.wait_new("ready ", 0);
-        p.endpoint = field(&ready, "endpoint").to_owned();
-        p
-    }
-
-    fn count(&self, prefix: &str) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.starts_with(prefix))
-            .count()
-    }
-
-    /// Waits (real processes: real time) for the line starting with
-    /// `prefix` after the first `skip` such lines.
-    fn wait_new(&self, prefix: &str, skip: usize) -> String {
-        let end = now() + 30_000;
-        loop {
-            let found: Vec<String> = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.starts_with(prefix))
-                .cloned()
-                .collect();
-            if let Some(l) = found.get(skip) {
-                return l.clone();
-            }
-            assert!(
-                now() < end,
-                "{}: timed out waiting for {prefix:?}: {:#?}",
-                self.name,
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{command}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// Sends a command and returns its answer line (the first line
-    /// starting with `answer` that was not there before).
-    fn ask(&mut self, command: &str, answer: &str) -> String {
-        let before = self.count(answer);
-        self.send(command);
-        self.wait_new(answer, before)
-    }
-
-    /// Sends `command` and waits (real processes: real time) for its
-    /// answer: the first line starting with `ok <what> ` or `err <what> `
-    /// that was not there before.
-    fn ask_for(&mut self, command: &str, what: &str) -> String {
-        let (ok, err) = (format!("ok {what} "), format!("err {what} "));
-        let answer = |l: &String| l.starts_with(&ok) || l.starts_with(&err);
-        let before = self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| answer(l))
-            .count();
-        self.send(command);
-        let end = now() + 30_000;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| answer(l))
-                .nth(before)
-            {
-                return l.clone();
-            }
-            assert!(
-                now() < end,
-                "{}: no answer to {what}: {:#?}",
-                self.name,
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        Answered::Ok(parse(&line))
     }
 
     /// `call <name> <method> <args>` → its `ok`/`err` line.
@@ -190,7 +134,7 @@ impl Proc {
         let line = self.call(name, method, args);
         let result = line
             .strip_prefix(&format!("ok call {name} {method} result="))
-            .unwrap_or_else(|| panic!("{}: {line}", self.name));
+            .unwrap_or_else(|| panic!("{}: {line}", self.name()));
         serde_json::from_str(result).unwrap()
     }
 
@@ -212,23 +156,6 @@ impl Proc {
             })
             .collect()
     }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
 fn shard(name: &str) -> u32 {
@@ -299,9 +226,75 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// A raw invoke of `method` with `args` on `Counter` `name` at an
+/// internal endpoint, with `headers`.
+fn invoke(
+    endpoint: &str,
+    headers: &[(&str, &str)],
+    name: &str,
+    method: &str,
+    args: &str,
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let body = invoke_body(name, method, args);
+    raw(endpoint, "POST", "/internal/do/invoke", headers, &body)
+}
+
 fn invoke_body(name: &str, method: &str, args: &str) -> Vec<u8> {
     format!("{{\"class\":\"Counter\",\"name\":\"{name}\",\"method\":\"{method}\",\"args\":{args}}}")
         .into_bytes()
+}
+
+fn pairs(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Sends `send` (an internal endpoint's request with the headers given)
+/// with a missing, a wrong (same length), a truncated and an empty token;
+/// each must be refused `401 unauthorized`. Returns how many it tried (each
+/// counts in the routing probe's `auth`).
+fn assert_bad_tokens_refused(send: impl Fn(&[(&str, &str)]) -> (u16, Vec<u8>)) -> u64 {
+    let wrong: String = TOKEN.chars().rev().collect();
+    let cases = [
+        ("missing token", vec![]),
+        (
+            "wrong token",
+            vec![("x-durability-internal-auth", wrong.as_str())],
+        ),
+        (
+            "token prefix",
+            vec![("x-durability-internal-auth", &TOKEN[..TOKEN.len() - 1])],
+        ),
+        ("empty token", vec![("x-durability-internal-auth", "")]),
+    ];
+    for (what, headers) in &cases {
+        let (status, body) = send(headers);
+        let env: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status, env["error"].as_str()),
+            (401, Some("unauthorized")),
+            "{what}"
+        );
+    }
+    cases.len() as u64
+}
+
+/// A thin client entering through `endpoint`.
+fn client(endpoint: &str) -> RpcClient {
+    RpcClient::new(endpoint, TOKEN, "st1", ShardCount::default()).unwrap()
+}
+
+/// A thin client entering through `endpoint` with a wrong token.
+fn wrong_token_client(endpoint: &str) -> RpcClient {
+    RpcClient::new(
+        endpoint,
+        "wrong-token-0123456789",
+        "st1",
+        ShardCount::default(),
+    )
+    .unwrap()
 }
 
 fn n_of(v: &Value) -> i64 {
@@ -498,24 +491,13 @@ fn limits_hold_at_the_boundary_and_one_past() {
         b"",
     );
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
-    let (status, _, body) = raw(
-        &a.endpoint,
-        "POST",
-        "/internal/do/invoke",
-        &[("x-durability-internal-auth", TOKEN)],
-        &invoke_body("c1", &m257, "null"),
-    );
+    let auth = ("x-durability-internal-auth", TOKEN);
+    let (status, _, body) = invoke(&a.endpoint, &[auth], "c1", &m257, "null");
     assert_eq!(status, 400);
     let env: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(env["error"], "invalid_method");
     // Lone surrogates in an object name are refused by the reader.
-    let (status, _, _) = raw(
-        &a.endpoint,
-        "POST",
-        "/internal/do/invoke",
-        &[("x-durability-internal-auth", TOKEN)],
-        &invoke_body("\\ud800", "get", "null"),
-    );
+    let (status, _, _) = invoke(&a.endpoint, &[auth], "\\ud800", "get", "null");
     assert_eq!(status, 400);
     tried.push(
         "owner: 413 on oversized Content-Length, 400 on 257-byte method, 400 on a lone surrogate",
@@ -531,30 +513,14 @@ fn forged_fences_headers_and_tokens_are_refused() {
     let mut a = Proc::spawn("a", dir.path());
     let v = a.call_ok("c1", "incr", "{\"by\":1}");
     assert_eq!(n_of(&v), 1);
-    let invoke = invoke_body("c1", "incr", "{\"by\":100}");
     let endpoint = a.endpoint.clone();
-    let post =
-        |headers: &[(&str, &str)]| raw(&endpoint, "POST", "/internal/do/invoke", headers, &invoke);
+    let post = |headers: &[(&str, &str)]| invoke(&endpoint, headers, "c1", "incr", "{\"by\":100}");
 
-    let wrong_same_length: String = TOKEN.chars().rev().collect();
-    for (what, headers) in [
-        ("missing token", vec![]),
-        (
-            "wrong token",
-            vec![("x-durability-internal-auth", wrong_same_length.as_str())],
-        ),
-        (
-            "token prefix",
-            vec![("x-durability-internal-auth", &TOKEN[..TOKEN.len() - 1])],
-        ),
-        ("empty token", vec![("x-durability-internal-auth", "")]),
-    ] {
-        let (status, _, body) = post(&headers);
-        assert_eq!(status, 401, "{what}");
-        let env: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(env["error"], "unauthorized", "{what}");
-    }
-    assert_eq!(a.routing()["auth"], 4);
+    let tried = assert_bad_tokens_refused(|headers| {
+        let (status, _, body) = post(headers);
+        (status, body)
+    });
+    assert_eq!(a.routing()["auth"], tried);
     let (status, _, _) = raw(&a.endpoint, "GET", "/internal/do/probe", &[], b"");
     assert_eq!(status, 401, "the probe needs the token");
     let (status, _, body) = raw(
@@ -625,16 +591,16 @@ fn forged_fences_headers_and_tokens_are_refused() {
 
     // Tenant-looking control headers on a request are ignored: the owner
     // answers with its own trusted headers.
-    let (status, headers, _) = raw(
+    let (status, headers, _) = invoke(
         &a.endpoint,
-        "POST",
-        "/internal/do/invoke",
         &[
             auth,
             ("x-durability-owner-task", "evil"),
             ("x-durability-ownership-error", "stale_owner"),
         ],
-        &invoke_body("c1", "get", "null"),
+        "c1",
+        "get",
+        "null",
     );
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-durability-owner-task"), Some("a"));
@@ -642,25 +608,13 @@ fn forged_fences_headers_and_tokens_are_refused() {
 
     // A method's own error keeps its code; an unknown one is downgraded
     // and leaks nothing.
-    let (status, _, body) = raw(
-        &a.endpoint,
-        "POST",
-        "/internal/do/invoke",
-        &[auth],
-        &invoke_body("c1", "fail", "null"),
-    );
+    let (status, _, body) = invoke(&a.endpoint, &[auth], "c1", "fail", "null");
     assert_eq!(status, 422);
     assert_eq!(
         serde_json::from_slice::<Value>(&body).unwrap()["error"],
         "out_of_stock"
     );
-    let (status, _, body) = raw(
-        &a.endpoint,
-        "POST",
-        "/internal/do/invoke",
-        &[auth],
-        &invoke_body("c1", "boom", "null"),
-    );
+    let (status, _, body) = invoke(&a.endpoint, &[auth], "c1", "boom", "null");
     assert_eq!(status, 500);
     let env: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(
@@ -948,13 +902,12 @@ async fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
-    use durability_host::RpcClient;
     let dir = tempfile::tempdir().unwrap();
     let mut a = Proc::spawn("a", dir.path());
     let mut b = Proc::spawn("b", dir.path());
     let mut c = Proc::spawn("c", dir.path());
     a.call_ok("c1", "incr", "{\"by\":1}");
-    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+    let client = client(&b.endpoint);
 
     // Uncached: through b's router, forwarded once to a.
     let v = client
@@ -998,13 +951,7 @@ async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
     assert!(g2 > g1);
 
     // A wrong token is refused by the entry host before anything runs.
-    let bad = RpcClient::new(
-        &b.endpoint,
-        "wrong-token-0123456789",
-        "st1",
-        ShardCount::default(),
-    )
-    .unwrap();
+    let bad = wrong_token_client(&b.endpoint);
     let e = bad
         .call("Counter", "c1", "incr", Value::Null)
         .await

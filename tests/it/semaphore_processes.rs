@@ -6,99 +6,27 @@
 //! polls with a deadline.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
 
-use durability_ownership::SystemClock;
-use durability_scheduler::Clock as _;
+use durability_tests::process::{Proc, field, now};
 
 const TOKEN: &str = "test-internal-token-0123456789";
 
-fn now() -> i64 {
-    SystemClock::new().now_ms()
-}
-
-/// One `semaphore-host` process and the lines it printed.
-struct Proc {
-    name: String,
-    child: Child,
-    stdin: ChildStdin,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(name: &str, dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_semaphore-host"))
-            .arg(format!("dir={}", dir.display()))
-            .arg(format!("task={name}"))
-            .arg(format!("token={TOKEN}"))
-            .args(extra)
-            .env("DO_OWNER_TTL_SECONDS", "2")
-            .env("DO_OWNER_LEASE_GUARD_MS", "300")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = durability_tests::host_proc::collect_lines(&mut child);
-        let stdin = child.stdin.take().unwrap();
-        let p = Self {
-            name: name.to_owned(),
-            child,
-            stdin,
-            lines,
-        };
-        p.wait_for(|l| l.starts_with("ready "), 1, 30_000);
-        p
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    /// Waits (real time, with a deadline) until `n` lines match; returns them.
-    fn wait_for(&self, matches: impl Fn(&str) -> bool, n: usize, ms: i64) -> Vec<String> {
-        let end = now() + ms;
-        loop {
-            let found: Vec<String> = self.lines().into_iter().filter(|l| matches(l)).collect();
-            if found.len() >= n {
-                return found;
-            }
-            assert!(now() < end, "{}: timed out: {:#?}", self.name, self.lines());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Sends `command` and returns the first new line starting with `ok
-    /// <what>` or `err <what>`.
-    fn ask(&mut self, command: &str, what: &str) -> String {
-        let answer =
-            |l: &str| l.starts_with(&format!("ok {what}")) || l.starts_with(&format!("err {what}"));
-        let before = self.lines().iter().filter(|l| answer(l)).count();
-        writeln!(self.stdin, "{command}").unwrap();
-        self.stdin.flush().unwrap();
-        self.wait_for(answer, before + 1, 30_000).pop().unwrap()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
+/// Spawns one `semaphore-host` process and waits until it is ready.
+fn spawn(name: &str, dir: &Path, extra: &[&str]) -> Proc {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_semaphore-host"));
+    command
+        .arg(format!("dir={}", dir.display()))
+        .arg(format!("task={name}"))
+        .arg(format!("token={TOKEN}"))
+        .args(extra)
+        .env("DO_OWNER_TTL_SECONDS", "2")
+        .env("DO_OWNER_LEASE_GUARD_MS", "300");
+    let p = Proc::spawn(name, command);
+    p.wait_line("ready ");
+    p
 }
 
 fn num(line: &str, key: &str) -> i64 {
@@ -111,12 +39,12 @@ fn num(line: &str, key: &str) -> i64 {
 fn three_hosts(dir: &Path, extra: &[&str]) -> Vec<Proc> {
     let procs: Vec<Proc> = ["a", "b", "c"]
         .iter()
-        .map(|t| Proc::spawn(t, dir, extra))
+        .map(|t| spawn(t, dir, extra))
         .collect();
     for p in &procs[1..] {
-        p.wait_for(|l| l.starts_with("acquired "), 1, 30_000);
+        p.wait_line("acquired ");
     }
-    procs[0].wait_for(|l| l.starts_with("released "), 2, 30_000);
+    procs[0].wait_n("released ", 2);
     procs
 }
 
@@ -126,7 +54,7 @@ fn on_owner(procs: &mut [Proc], command: &str, what: &str) -> String {
     let end = now() + 30_000;
     loop {
         for p in procs.iter_mut() {
-            let line = p.ask(command, what);
+            let line = p.ask_for(command, what);
             if line.starts_with("ok ") {
                 return line;
             }
@@ -171,7 +99,7 @@ fn three_hosts_deliver_one_channel_under_a_cross_host_concurrency_and_rate_limit
     let delivered = loop {
         let ended: BTreeSet<String> = procs
             .iter()
-            .flat_map(Proc::lines)
+            .flat_map(Proc::texts)
             .filter(|l| l.starts_with("end "))
             .map(|l| l.split_whitespace().nth(1).unwrap().to_owned())
             .collect();
@@ -187,7 +115,7 @@ fn three_hosts_deliver_one_channel_under_a_cross_host_concurrency_and_rate_limit
     let mut starts: Vec<i64> = Vec::new();
     let mut hosts_used = BTreeSet::new();
     for p in &procs {
-        for l in p.lines() {
+        for l in p.texts() {
             if l.starts_with("start ") {
                 events.push((num(&l, "at"), 1));
                 starts.push(num(&l, "at"));
@@ -241,7 +169,7 @@ const CAPACITY: i64 = 3;
 fn grants(procs: &[&Proc]) -> Vec<(i64, i64)> {
     procs
         .iter()
-        .flat_map(|p| p.lines())
+        .flat_map(|p| p.texts())
         .filter(|l| l.starts_with("granted "))
         .map(|l| {
             let until = num(&l, "lease_until");
@@ -260,9 +188,9 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
         &format!("call limits configure {args}"),
         "call limits configure",
     );
-    let who = procs[0].ask("call limits whoami {}", "call limits whoami");
+    let who = procs[0].ask_for("call limits whoami {}", "call limits whoami");
     let holder_task = who.split('"').nth(3).unwrap().to_owned();
-    let holder_at = procs.iter().position(|p| p.name == holder_task).unwrap();
+    let holder_at = procs.iter().position(|p| p.name() == holder_task).unwrap();
     let (shard_at, waiter_at) = match holder_at {
         0 => (1, 2),
         1 => (0, 2),
@@ -270,20 +198,24 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
     };
     eprintln!(
         "holder on {holder_task}, shard {}, waiter {}",
-        procs[shard_at].name, procs[waiter_at].name
+        procs[shard_at].name(),
+        procs[waiter_at].name()
     );
 
     // A shard takes every permit, then dies holding them.
     for k in ["s1", "s2", "s3"] {
-        writeln!(procs[shard_at].stdin, "hold kill {k} {LEASE_MS}").unwrap();
+        procs[shard_at].send(&format!("hold kill {k} {LEASE_MS}"));
     }
-    let held = procs[shard_at].wait_for(|l| l.starts_with("granted "), 3, 30_000);
-    writeln!(procs[waiter_at].stdin, "hold kill w1 {LEASE_MS}").unwrap();
-    procs[waiter_at].stdin.flush().unwrap();
+    let held: Vec<String> = procs[shard_at]
+        .wait_n("granted ", 3)
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect();
+    procs[waiter_at].send(&format!("hold kill w1 {LEASE_MS}"));
     procs[shard_at].kill();
     let dead_until = held.iter().map(|l| num(l, "lease_until")).max().unwrap();
     let first_until = held.iter().map(|l| num(l, "lease_until")).min().unwrap();
-    let w1 = procs[waiter_at].wait_for(|l| l.starts_with("granted "), 1, 30_000)[0].clone();
+    let w1 = procs[waiter_at].wait_line("granted ").1;
     let w1_granted = num(&w1, "lease_until") - LEASE_MS;
     eprintln!(
         "dead shard's leases end {first_until}..={dead_until}; waiter granted at {w1_granted} (+{} ms)",
@@ -302,17 +234,23 @@ fn killed_shards_and_a_killed_holder_host_never_let_live_grants_exceed_the_capac
     // stored rows, and the waiter's further requests are granted there.
     procs[holder_at].kill();
     for k in ["w2", "w3", "w4"] {
-        writeln!(procs[waiter_at].stdin, "hold kill {k} {LEASE_MS}").unwrap();
+        procs[waiter_at].send(&format!("hold kill {k} {LEASE_MS}"));
     }
-    procs[waiter_at].stdin.flush().unwrap();
-    procs[waiter_at].wait_for(|l| l.starts_with("granted "), 4, 60_000);
+    procs[waiter_at].wait_within("4 grants", 60_000, |lines| {
+        (lines
+            .iter()
+            .filter(|(_, l)| l.starts_with("granted "))
+            .count()
+            >= 4)
+            .then_some(())
+    });
     assert!(
         procs[waiter_at]
-            .lines()
+            .texts()
             .iter()
             .all(|l| !l.starts_with("refused")),
         "{:#?}",
-        procs[waiter_at].lines()
+        procs[waiter_at].texts()
     );
 
     let all: Vec<&Proc> = procs.iter().collect();

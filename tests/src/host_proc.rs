@@ -9,9 +9,11 @@ use std::io::Write as _;
 use std::sync::{Arc, Weak};
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
-use durability_host::{BoxError, Host, HostConfig, HostError, ObjectStore, OwnPolicy, OwnerEvent};
+use durability_host::{
+    BoxError, Host, HostConfig, HostError, HostSettings, ObjectStore, OwnPolicy, OwnerEvent,
+};
 use durability_ownership::{LeaseStore, LifecycleAdmin, SystemClock};
-use durability_scheduler::{Capability, Scheduler, Storage, StorageError, Transaction};
+use durability_scheduler::{Capability, Clock as _, Scheduler, Storage, StorageError, Transaction};
 use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt as _;
 
@@ -44,11 +46,56 @@ pub fn answer(cmd: &str, name: &str, result: Result<(i64, u64), HostError>) -> S
         Err(e) => format!(
             "err {cmd} {name} code={} outcome={} {e}",
             e.code(),
-            match e.outcome() {
-                durability_ownership::DispatchOutcome::NotStarted => "not_started",
-                _ => "unknown",
-            }
+            outcome(&e)
         ),
+    }
+}
+
+/// `not_started` when a refusal proves nothing ran, else `unknown`.
+#[must_use]
+pub fn outcome(e: &HostError) -> &'static str {
+    match e.outcome() {
+        durability_ownership::DispatchOutcome::NotStarted => "not_started",
+        _ => "unknown",
+    }
+}
+
+/// The answer line to a failed routed request `what` (`call <name>
+/// <method>`, `fetch <name> <method>`, `connect <name>`): `err <what>
+/// code=<rpc code> host_code=<code> outcome=<not_started|unknown>`.
+#[must_use]
+pub fn err_line(what: &str, e: &HostError) -> String {
+    format!(
+        "err {what} code={} host_code={} outcome={}",
+        e.rpc_code(),
+        e.code(),
+        outcome(e)
+    )
+}
+
+/// Calls `method` of the object `class`/`name` with the JSON `args`
+/// (`null` when empty), on whichever host owns it; returns the answer
+/// line: `ok call <name> <method> result=<json>` or [`err_line`]'s.
+///
+/// # Panics
+/// When `args` is not JSON.
+pub async fn call_line<S, I, O>(
+    host: &Host<S, I, O>,
+    class: &str,
+    name: &str,
+    method: &str,
+    args: &str,
+) -> String
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+    O: ObjectStore,
+{
+    let args: serde_json::Value =
+        serde_json::from_str(if args.is_empty() { "null" } else { args }).expect("JSON args");
+    match host.object_by_name(class, name).call(method, args).await {
+        Ok(v) => format!("ok call {name} {method} result={v}"),
+        Err(e) => err_line(&format!("call {name} {method}"), &e),
     }
 }
 
@@ -108,6 +155,77 @@ where
     // otherwise wait for (the seed's supervisor also kills the runtime
     // right after a drain succeeds).
     std::process::exit(if report.timed_out() { 3 } else { 0 });
+}
+
+/// The host settings from the `DO_*` environment variables, with the owner
+/// loop period `interval` (ms; the default when not a number); a bad one
+/// refuses as [`refuse`] does.
+pub fn settings_or_refuse(interval: &str) -> HostSettings {
+    let mut settings = match HostSettings::from_env() {
+        Ok(s) => s,
+        Err(e) => refuse(e.code(), &e.to_string()),
+    };
+    settings.renew_interval_ms = interval.parse().ok();
+    settings
+}
+
+/// Starts the host, or refuses as [`refuse`] does with the error's code
+/// (an ownership refusal with the ownership error's code, as [`serve`]
+/// does when the host stops on its own).
+pub async fn start_or_refuse<S, I, O>(config: HostConfig<S, I, O>) -> Host<S, I, O>
+where
+    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
+    I: AlarmIndex + Send + Sync + 'static,
+    O: ObjectStore,
+{
+    match Host::start(config).await {
+        Ok(h) => h,
+        Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
+        Err(e) => refuse(e.code(), &e.to_string()),
+    }
+}
+
+/// The `timer <name> <delay ms>` command of a `Counter` object of type
+/// `T`: sets its `timer` due `delay_ms` from now; answers the due time and
+/// the generation.
+///
+/// # Errors
+/// The call's.
+pub async fn set_timer<T, S, I, O>(
+    host: &Host<S, I, O>,
+    clock: &SystemClock,
+    name: &str,
+    delay_ms: i64,
+) -> Result<(i64, u64), HostError>
+where
+    T: Send + Sync + 'static,
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+    O: ObjectStore,
+{
+    let at = clock.now_ms() + delay_ms;
+    host.call::<T, _, _, _>("Counter", name, |h| async move {
+        h.scheduler
+            .transaction(|tx| tx.set_due("timer", Some(at)))?;
+        Ok((at, h.generation))
+    })
+    .await
+}
+
+/// The commands every counter host answers alike, after its own: `probe`
+/// prints [`probe_line`], any other `err <cmd> <name>
+/// code=unknown_command`.
+pub fn other_command<S, I, O>(host: &Host<S, I, O>, cmd: &str, name: &str)
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+    O: ObjectStore,
+{
+    if cmd == "probe" {
+        say(&probe_line(host));
+    } else {
+        say(&format!("err {cmd} {name} code=unknown_command"));
+    }
 }
 
 /// The `probe` command's line.
@@ -220,29 +338,4 @@ pub fn parse(line: &str) -> (&str, &str, i64) {
     let name = parts.next().unwrap_or("");
     let number = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     (cmd, name, number)
-}
-
-/// Collects every line a spawned child prints on stdout and stderr (each
-/// read by a thread of its own) into the returned list, in arrival order.
-///
-/// # Panics
-/// When the child's stdout or stderr was not piped.
-pub fn collect_lines(child: &mut std::process::Child) -> Arc<std::sync::Mutex<Vec<String>>> {
-    use std::io::BufRead as _;
-    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let outs: [Box<dyn std::io::Read + Send>; 2] = [
-        Box::new(child.stdout.take().expect("stdout piped")),
-        Box::new(child.stderr.take().expect("stderr piped")),
-    ];
-    for out in outs {
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(line);
-            }
-        });
-    }
-    lines
 }

@@ -1,7 +1,10 @@
-//! Cross-crate integration tests live in `tests/`; this library holds only
-//! what the process tests' host binaries (`src/bin`) share: [`host_proc`].
+//! Cross-crate integration tests live in `tests/`; this library holds what
+//! the process tests share: their host binaries' (`src/bin`) common part,
+//! [`host_proc`], and the test side's handle on such a process,
+//! [`process`].
 
 pub mod host_proc;
+pub mod process;
 
 /// The README's Rust blocks, compiled (and, unless marked `no_run`, run) as
 /// doctests. They live here because this crate's dependencies and

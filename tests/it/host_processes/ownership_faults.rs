@@ -45,7 +45,7 @@ fn refusal(p: &Proc) -> String {
 #[test]
 fn a_host_with_another_shard_count_refuses_to_start_and_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
+    let mut a = super::spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
     a.wait_line("ready");
     a.wait_n("acquired ", 16);
     let names = split_names();
@@ -54,7 +54,7 @@ fn a_host_with_another_shard_count_refuses_to_start_and_commits_nothing() {
         let answer = a.run_ok(&format!("incr {n}"));
         assert!(answer.starts_with("ok "), "{answer}");
     }
-    let mut b = Proc::spawn("b", dir.path(), TTL_S, &["own=all", "shards=8"], &[]);
+    let mut b = super::spawn("b", dir.path(), TTL_S, &["own=all", "shards=8"], &[]);
     let status = b.wait_exit();
     assert_eq!(status.code(), Some(2), "{:#?}", b.lines());
     let refusal = refusal(&b);
@@ -80,12 +80,12 @@ fn a_host_with_another_shard_count_refuses_to_start_and_commits_nothing() {
 #[test]
 fn a_second_process_with_the_same_task_id_stops_and_takes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut first = Proc::spawn("t-1", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
+    let mut first = super::spawn("t-1", dir.path(), TTL_S, &["own=all", "create=1"], &[]);
     first.wait_line("ready");
     let acquired = first.wait_n("acquired ", 16);
     let before = first.run_ok("incr x");
     assert!(before.starts_with("ok "), "{before}");
-    let mut second = Proc::spawn("t-1", dir.path(), TTL_S, &["own=all"], &[]);
+    let mut second = super::spawn("t-1", dir.path(), TTL_S, &["own=all"], &[]);
     let status = second.wait_exit();
     assert_eq!(status.code(), Some(2), "{:#?}", second.lines());
     let refusal = refusal(&second);

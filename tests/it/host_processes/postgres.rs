@@ -43,7 +43,7 @@ impl Db {
 /// A host process on the test's database, in a working directory of its
 /// own, with owner lease `ttl_s`.
 pub(super) fn spawn(name: &str, cwd: &Path, db: &Db, ttl_s: u64, extra: &[&str]) -> Proc {
-    Proc::spawn_bin(
+    super::spawn_bin(
         env!("CARGO_BIN_EXE_pg-object-host"),
         name,
         cwd,
@@ -65,6 +65,31 @@ pub(super) fn pair(db: &Db, dirs: &[tempfile::TempDir; 2], ttl_s: u64) -> (Proc,
     let b = spawn("b", dirs[1].path(), db, ttl_s, &["own=all"]);
     b.wait_line("ready");
     (a, b)
+}
+
+/// A test's own schema and [`pair`]'s two hosts in it.
+struct Hosts {
+    a: Proc,
+    b: Proc,
+    db: Db,
+    _dirs: [tempfile::TempDir; 2],
+    _schema: TestSchema,
+}
+
+/// [`Hosts`] with owner lease [`TTL_S`], or `None` (said on stderr)
+/// without a PostgreSQL server.
+fn hosts(rt: &tokio::runtime::Runtime) -> Option<Hosts> {
+    let schema = rt.block_on(TestSchema::create())?;
+    let db = Db::of(&schema);
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let (a, b) = pair(&db, &dirs, TTL_S);
+    Some(Hosts {
+        a,
+        b,
+        db,
+        _dirs: dirs,
+        _schema: schema,
+    })
 }
 
 /// One object's stored rows: its counter and its `writes` log.
@@ -125,7 +150,7 @@ fn claims(hosts: &[&Proc]) -> BTreeSet<(String, String, i64)> {
                 .filter(|(_, l)| l.starts_with("acquired "))
                 .map(|(_, l)| {
                     (
-                        p.name.clone(),
+                        p.name().to_owned(),
                         field(&l, "scope").to_owned(),
                         field(&l, "gen").parse().unwrap(),
                     )
@@ -194,10 +219,10 @@ pub(super) fn check(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
                 }
                 let value: i64 = field(&l, "value").parse().unwrap();
                 let generation: i64 = field(&l, "gen").parse().unwrap();
-                if stored.get(&value) != Some(&(p.name.clone(), generation)) {
+                if stored.get(&value) != Some(&(p.name().to_owned(), generation)) {
                     violations.push(format!(
                         "{name}: acknowledged {l:?} by {} is not a stored write ({:?})",
-                        p.name,
+                        p.name(),
                         stored.get(&value)
                     ));
                 }
@@ -210,12 +235,10 @@ pub(super) fn check(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
 #[test]
 fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_accounted_for() {
     let rt = runtime();
-    let Some(schema) = rt.block_on(TestSchema::create()) else {
+    let Some(mut hosts) = hosts(&rt) else {
         return;
     };
-    let db = Db::of(&schema);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
+    let Hosts { a, b, db, .. } = &mut hosts;
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
     for n in names {
         let answer = a.run_ok(&format!("incr {n}"));
@@ -239,7 +262,7 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
          (one write committed, the call unanswered), {} objects with an alarm due 1.5 s later; lease {TTL_S} s",
         names.len()
     );
-    super::alarms_fired_on_b(&b, &names, killed);
+    super::alarms_fired_on_b(b, &names, killed);
     for n in names {
         let answer = b.run_ok(&format!("incr {n}"));
         assert!(
@@ -252,9 +275,9 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
     assert!(answer.starts_with("ok incr m1 value=3 "), "{answer}");
     let mut all = names.to_vec();
     all.push("m1");
-    let violations = check(&db, &[&a, &b], &all);
+    let violations = check(db, &[a, b], &all);
     assert!(violations.is_empty(), "{violations:#?}");
-    let m1 = stored(&db, "m1");
+    let m1 = stored(db, "m1");
     eprintln!(
         "stored writes of m1 (seq, task, generation, n): {:?}; every acknowledged write stored, every commit under a printed claim",
         m1.writes
@@ -265,12 +288,10 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
 #[test]
 fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_ends_it() {
     let rt = runtime();
-    let Some(schema) = rt.block_on(TestSchema::create()) else {
+    let Some(mut hosts) = hosts(&rt) else {
         return;
     };
-    let db = Db::of(&schema);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut a, mut b) = pair(&db, &dirs, TTL_S);
+    let Hosts { a, b, db, .. } = &mut hosts;
     let answer = a.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=1 "), "{answer}");
     a.send("hold p1 2000");
@@ -295,19 +316,7 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
         "a's uncommitted write never landed: {answer}"
     );
     signal(a.child.id(), "CONT");
-    let end = now() + 30_000;
-    let ended = loop {
-        if let Some(l) = a
-            .lines()
-            .into_iter()
-            .map(|(_, l)| l)
-            .find(|l| l.starts_with("err hold p1 ") || l.starts_with("ok hold p1 "))
-        {
-            break l;
-        }
-        assert!(now() < end, "{:#?}", a.lines());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let ended = a.wait_answer("hold p1");
     eprintln!("a's paused transaction ended with: {ended}");
     assert!(
         ended.starts_with("err hold p1 "),
@@ -315,9 +324,9 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
     );
     let answer = b.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
-    let violations = check(&db, &[&a, &b], &["p1"]);
+    let violations = check(db, &[a, b], &["p1"]);
     assert!(violations.is_empty(), "{violations:#?}");
-    let p1 = stored(&db, "p1");
+    let p1 = stored(db, "p1");
     assert!(
         p1.writes.iter().filter(|w| w.1 == "a").count() == 1,
         "only a's committed write before the pause is stored: {:?}",

@@ -11,69 +11,26 @@ use super::*;
 
 type Pairs = Vec<(String, String)>;
 
-fn pairs(headers: &[(&str, &str)]) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-/// One connect answer, parsed.
-#[derive(Debug)]
-enum Connected {
-    /// The session's greeting and the answer to the one message sent.
-    Ok {
-        greeting: String,
-        reply: String,
-    },
-    Err {
-        code: String,
-        outcome: String,
-    },
-}
-
-impl Connected {
-    fn ok(self) -> (String, String) {
-        match self {
-            Self::Ok { greeting, reply } => (greeting, reply),
-            Self::Err { .. } => panic!("the connect failed: {self:?}"),
-        }
-    }
-
-    fn err(self) -> (String, String) {
-        match self {
-            Self::Err { code, outcome } => (code, outcome),
-            Self::Ok { .. } => panic!("the connect succeeded: {self:?}"),
-        }
-    }
-}
-
 impl Proc {
-    /// `connect <name> <url> <headers> <message>` → its answer.
+    /// `connect <name> <url> <headers> <message>` → its answer: the
+    /// session's greeting and the answer to the one message sent.
     fn connect(
         &mut self,
         name: &str,
         url: &str,
         headers: &[(String, String)],
         message: &str,
-    ) -> Connected {
+    ) -> Answered<(String, String)> {
         let headers = serde_json::to_string(headers).unwrap();
-        let line = self.ask_for(
-            &format!("connect {name} {url} {headers} {message}"),
-            &format!("connect {name}"),
-        );
-        if line.starts_with("err ") {
-            return Connected::Err {
-                code: field(&line, "code").to_owned(),
-                outcome: field(&line, "outcome").to_owned(),
-            };
-        }
-        let greeting_at = line.find(" greeting=").unwrap() + " greeting=".len();
-        let reply_at = line.find(" reply=").unwrap();
-        Connected::Ok {
-            greeting: line[greeting_at..reply_at].to_owned(),
-            reply: line[reply_at + " reply=".len()..].to_owned(),
-        }
+        let command = format!("connect {name} {url} {headers} {message}");
+        self.answer(&command, &format!("connect {name}"), |line| {
+            let greeting_at = line.find(" greeting=").unwrap() + " greeting=".len();
+            let reply_at = line.find(" reply=").unwrap();
+            (
+                line[greeting_at..reply_at].to_owned(),
+                line[reply_at + " reply=".len()..].to_owned(),
+            )
+        })
     }
 }
 
@@ -295,21 +252,13 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
         b.hint("c1")
     };
 
-    // The owner's endpoint: a wrong or missing token never upgrades.
+    // The owner's endpoint: a missing, wrong, truncated or empty token
+    // never upgrades.
     let m = meta("c1", "/ws", &[]);
-    let wrong: String = TOKEN.chars().rev().collect();
-    for (what, extra) in [
-        ("missing token", vec![]),
-        (
-            "wrong token",
-            vec![("x-durability-internal-auth", wrong.as_str())],
-        ),
-    ] {
-        let (status, _, body) = raw_upgrade(&a.endpoint, &m, &extra);
-        assert_eq!(status, 401, "{what}");
-        let env: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(env["error"], "unauthorized", "{what}");
-    }
+    let tokens = assert_bad_tokens_refused(|extra| {
+        let (status, _, body) = raw_upgrade(&a.endpoint, &m, extra);
+        (status, body)
+    });
     // Forged fences: a generation a does not hold, another task.
     let auth = ("x-durability-internal-auth", TOKEN);
     let stale = (g + 1000).to_string();
@@ -330,7 +279,7 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
         );
     }
     let ra = a.routing();
-    assert_eq!((ra["upgrades"], ra["auth"]), (0, 2), "{ra:?}");
+    assert_eq!((ra["upgrades"], ra["auth"]), (0, tokens), "{ra:?}");
 
     // An impostor owner of another shard (its record advertises its
     // listener) answers b's fenced connect with forged hints.
@@ -547,14 +496,13 @@ async fn converse(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
-    use durability_host::RpcClient;
     use durability_host::connect::ConnectRequest;
     let dir = tempfile::tempdir().unwrap();
     let mut a = Proc::spawn("a", dir.path());
     let mut b = Proc::spawn("b", dir.path());
     let mut c = Proc::spawn("c", dir.path());
     a.call_ok("c1", "incr", "{\"by\":1}");
-    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+    let client = client(&b.endpoint);
 
     // Uncached: b's router hands off over the wire; the client connects
     // to a, which upgrades.
@@ -611,13 +559,7 @@ async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
     assert!(g2 > g1);
 
     // A wrong token is refused by the entry host; nothing upgrades.
-    let bad = RpcClient::new(
-        &b.endpoint,
-        "wrong-token-0123456789",
-        "st1",
-        ShardCount::default(),
-    )
-    .unwrap();
+    let bad = wrong_token_client(&b.endpoint);
     let e = bad
         .connect("Counter", "c1", ConnectRequest::new("/ws"))
         .await

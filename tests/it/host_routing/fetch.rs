@@ -10,42 +10,9 @@
 
 use super::*;
 
-/// One fetch answer, parsed.
-#[derive(Debug)]
-enum Fetched {
-    Ok {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: String,
-    },
-    Err {
-        code: String,
-        outcome: String,
-    },
-}
-
-impl Fetched {
-    fn ok(self) -> (u16, Vec<(String, String)>, String) {
-        match self {
-            Self::Ok {
-                status,
-                headers,
-                body,
-            } => (status, headers, body),
-            Self::Err { .. } => panic!("the fetch failed: {self:?}"),
-        }
-    }
-
-    fn err(self) -> (String, String) {
-        match self {
-            Self::Err { code, outcome } => (code, outcome),
-            Self::Ok { .. } => panic!("the fetch succeeded: {self:?}"),
-        }
-    }
-}
-
 impl Proc {
-    /// `fetch <name> <method> <url> <headers> <body>` → its answer.
+    /// `fetch <name> <method> <url> <headers> <body>` → its answer: the
+    /// status, the headers and the body.
     fn fetch(
         &mut self,
         name: &str,
@@ -53,36 +20,22 @@ impl Proc {
         url: &str,
         headers: &[(String, String)],
         body: &str,
-    ) -> Fetched {
+    ) -> Answered<(u16, Headers, String)> {
         let headers = serde_json::to_string(headers).unwrap();
-        let line = self.ask_for(
-            &format!("fetch {name} {method} {url} {headers} {body}"),
-            &format!("fetch {name} {method}"),
-        );
-        if line.starts_with("err ") {
-            return Fetched::Err {
-                code: field(&line, "code").to_owned(),
-                outcome: field(&line, "outcome").to_owned(),
-            };
-        }
-        let headers_at = line.find(" headers=").unwrap() + " headers=".len();
-        let body_at = line.find(" body=").unwrap();
-        Fetched::Ok {
-            status: field(&line, "status").parse().unwrap(),
-            headers: serde_json::from_str(&line[headers_at..body_at]).unwrap(),
-            body: line[body_at + " body=".len()..].to_owned(),
-        }
+        let command = format!("fetch {name} {method} {url} {headers} {body}");
+        self.answer(&command, &format!("fetch {name} {method}"), |line| {
+            let headers_at = line.find(" headers=").unwrap() + " headers=".len();
+            let body_at = line.find(" body=").unwrap();
+            (
+                field(line, "status").parse().unwrap(),
+                serde_json::from_str(&line[headers_at..body_at]).unwrap(),
+                line[body_at + " body=".len()..].to_owned(),
+            )
+        })
     }
 }
 
 type Headers = Vec<(String, String)>;
-
-fn pairs(headers: &[(&str, &str)]) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
 
 fn seen(headers: &[(String, String)]) -> Vec<String> {
     let v = header(headers, "x-seen").unwrap_or_else(|| panic!("no x-seen in {headers:?}"));
@@ -298,26 +251,10 @@ fn the_fetch_endpoint_needs_the_token_and_admits_only_at_its_fence() {
     let frame = fetch_frame("c1", "POST", "/incr", b"");
     let post =
         |headers: &[(&str, &str)]| raw(&a.endpoint, "POST", "/internal/do/fetch", headers, &frame);
-    let wrong: String = TOKEN.chars().rev().collect();
-    for (what, headers) in [
-        ("missing token", vec![]),
-        (
-            "wrong token",
-            vec![("x-durability-internal-auth", wrong.as_str())],
-        ),
-        (
-            "token prefix",
-            vec![("x-durability-internal-auth", &TOKEN[..TOKEN.len() - 1])],
-        ),
-    ] {
-        let (status, _, body) = post(&headers);
-        let env: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(
-            (status, env["error"].as_str()),
-            (401, Some("unauthorized")),
-            "{what}"
-        );
-    }
+    let tokens = assert_bad_tokens_refused(|headers| {
+        let (status, _, body) = post(headers);
+        (status, body)
+    });
     let auth = ("x-durability-internal-auth", TOKEN);
     let (status, headers, _) = post(&[
         auth,
@@ -339,14 +276,14 @@ fn the_fetch_endpoint_needs_the_token_and_admits_only_at_its_fence() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(header(&headers, "x-durability-owner-task"), Some("a"));
     let r = a.routing();
-    assert_eq!(r["auth"], 3);
+    assert_eq!(r["auth"], tokens);
     let (_, _, body) = a.fetch("c1", "GET", "/n", &[], "").ok();
     assert_eq!(
         body, "n=2 task=a body=0",
         "only the authorized, unfenced fetch ran"
     );
     eprintln!(
-        "tried: the fetch endpoint with a missing, wrong and truncated token (401 each), a fence \
+        "tried: the fetch endpoint with a missing, wrong, truncated and empty token (401 each), a fence \
          at a generation a does not hold (trusted stale_owner), half a fence (400), then the \
          token alone (ran once, owner headers set)"
     );
@@ -360,26 +297,17 @@ fn a_post_fetch_is_not_replayed_after_its_owner_is_killed() {
     a.call_ok("c1", "incr", "{\"by\":1}");
     b.fetch("c1", "GET", "/n", &[], "").ok();
     assert_eq!(b.hint("c1").0, "a");
-    let answered = |p: &Proc| p.count("ok fetch c1 POST ") + p.count("err fetch c1 POST ");
-    let before = answered(&b);
+    let answer =
+        |l: &str| l.starts_with("ok fetch c1 POST ") || l.starts_with("err fetch c1 POST ");
+    let before = b.texts().iter().filter(|l| answer(l)).count();
     b.send("fetch c1 POST /hang [] x");
     let committed = a.wait_new("fetch-hang-committed", 0);
     assert_eq!(field(&committed, "n"), "2");
     a.kill();
-    let end = now() + 30_000;
-    while answered(&b) == before {
-        assert!(now() < end, "b never answered the interrupted POST");
-        std::thread::sleep(Duration::from_millis(5));
-    }
     let line = b
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.starts_with("err fetch c1 POST ") || l.starts_with("ok fetch c1 POST "))
-        .nth(before)
-        .cloned()
-        .unwrap();
+        .wait_matching("b's answer to the interrupted POST", answer, before + 1)
+        .swap_remove(before)
+        .1;
     assert_eq!(field(&line, "code"), "owner_unavailable", "{line}");
     assert_eq!(field(&line, "outcome"), "unknown", "{line}");
     assert_eq!(
@@ -391,8 +319,8 @@ fn a_post_fetch_is_not_replayed_after_its_owner_is_killed() {
     let end = now() + 30_000;
     let body = loop {
         match b.fetch("c1", "GET", "/n", &[], "") {
-            Fetched::Ok { body, .. } => break body,
-            Fetched::Err { code, .. } => assert_eq!(code, "owner_unavailable"),
+            Answered::Ok((_, _, body)) => break body,
+            Answered::Err { code, .. } => assert_eq!(code, "owner_unavailable"),
         }
         assert!(now() < end, "b never took over");
         std::thread::sleep(Duration::from_millis(100));
@@ -496,15 +424,13 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_fetches_through_any_host_and_replays_only_a_get() {
-    use durability_host::RpcClient;
     use durability_host::fetch::FetchRequest;
-    use durability_ownership::ShardCount;
     let dir = tempfile::tempdir().unwrap();
     let mut a = Proc::spawn("a", dir.path());
     let mut b = Proc::spawn("b", dir.path());
     let mut c = Proc::spawn("c", dir.path());
     a.call_ok("c1", "incr", "{\"by\":1}");
-    let client = RpcClient::new(&b.endpoint, TOKEN, "st1", ShardCount::default()).unwrap();
+    let client = client(&b.endpoint);
     let text =
         |r: &durability_host::fetch::FetchResponse| String::from_utf8_lossy(&r.body).to_string();
 

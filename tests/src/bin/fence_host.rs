@@ -23,8 +23,6 @@
 //! own test), `pace` (ms between steps, default 20).
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::Write as _;
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -36,12 +34,7 @@ use durability_ownership::{
 use durability_scheduler::Storage;
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+use durability_tests::host_proc::{args, say};
 
 /// The scope every host of a test run competes for.
 fn scope() -> OwnerScope {
@@ -56,10 +49,7 @@ fn scope() -> OwnerScope {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let args: HashMap<String, String> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+    let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
     let ttl: u64 = arg("ttl").parse().unwrap_or(2000);
     let writes: u64 = arg("writes").parse().unwrap_or(0);

@@ -39,16 +39,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durability_host::{
-    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, StorageId, TaskId,
-};
+use durability_host::{BoxError, Host, HostConfig, HostIds, LifecycleId, StorageId, TaskId};
 use durability_ownership::{ShardCount, SystemClock};
-use durability_scheduler::{Clock, StorageError, Transaction};
+use durability_scheduler::{StorageError, Transaction};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
 use durability_tests::host_proc::{
-    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+    TimerObject, answer, args, other_command, parse, say, serve, set_timer, settings_or_refuse,
+    start_or_refuse, test_options,
 };
 
 fn sql(e: rusqlite::Error) -> StorageError {
@@ -95,11 +94,7 @@ async fn main() {
     let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
     // Settings first: a bad one refuses before any file is touched.
-    let mut settings = match HostSettings::from_env() {
-        Ok(s) => s,
-        Err(e) => refuse(e.code(), &e.to_string()),
-    };
-    settings.renew_interval_ms = arg("interval").parse().ok();
+    let mut settings = settings_or_refuse(&arg("interval"));
     if let Ok(n) = arg("shards").parse::<u32>() {
         settings.ownership.shard_count = ShardCount::new(n).unwrap();
     }
@@ -127,11 +122,7 @@ async fn main() {
         })
         .settings(settings);
     let config = test_options(config, clock, &arg("own"), &arg("create"));
-    let host = match Host::start(config).await {
-        Ok(h) => h,
-        Err(HostError::Ownership(e)) => refuse(e.code(), &e.to_string()),
-        Err(e) => refuse(e.code(), &e.to_string()),
-    };
+    let host = start_or_refuse(config).await;
     serve(host, &task, move |host, line| async move {
         command(&host, &clock, &line).await;
     })
@@ -148,15 +139,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             })
             .await
         }
-        "timer" => {
-            let at = clock.now_ms() + number;
-            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
-                h.scheduler
-                    .transaction(|tx| tx.set_due("timer", Some(at)))?;
-                Ok((at, h.generation))
-            })
-            .await
-        }
+        "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
         "slow" => {
             let name_owned = name.to_owned();
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
@@ -192,14 +175,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             });
             return;
         }
-        "probe" => {
-            say(&probe_line(host));
-            return;
-        }
-        _ => {
-            say(&format!("err {cmd} {name} code=unknown_command"));
-            return;
-        }
+        _ => return other_command(host, cmd, name),
     };
     say(&answer(cmd, name, result));
 }

@@ -21,14 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
-use durability_host::{
-    BoxError, DatabaseSettings, Host, HostConfig, HostIds, HostSettings, PostgresObjectStore,
-};
+use durability_host::{BoxError, DatabaseSettings, Host, HostConfig, HostIds, PostgresObjectStore};
 use durability_ownership::{LifecycleId, StorageId, SystemClock, TaskId};
-use durability_scheduler::{Clock, StorageError, Transaction};
+use durability_scheduler::{StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_tests::host_proc::{
-    TimerObject, answer, args, parse, probe_line, refuse, say, serve, test_options,
+    TimerObject, answer, args, other_command, parse, refuse, say, serve, set_timer,
+    settings_or_refuse, start_or_refuse, test_options,
 };
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
@@ -81,11 +80,7 @@ fn incr(
 async fn main() {
     let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
-    let mut settings = match HostSettings::from_env() {
-        Ok(s) => s,
-        Err(e) => refuse(e.code(), &e.to_string()),
-    };
-    settings.renew_interval_ms = arg("interval").parse().ok();
+    let settings = settings_or_refuse(&arg("interval"));
     let database = match DatabaseSettings::from_env() {
         Ok(Some(d)) => d,
         Ok(None) => refuse("host_invalid_setting", "DO_DATABASE_URL is not set"),
@@ -118,10 +113,7 @@ async fn main() {
             Ok::<_, BoxError>(Counter { _state: inner })
         });
     let config = test_options(config, clock, &arg("own"), &arg("create"));
-    let host = match Host::start(config).await {
-        Ok(h) => h,
-        Err(e) => refuse(e.code(), &e.to_string()),
-    };
+    let host = start_or_refuse(config).await;
     let me = task.clone();
     serve(host, &me, move |host, line| {
         let task = task.clone();
@@ -141,15 +133,7 @@ async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
             })
             .await
         }
-        "timer" => {
-            let at = clock.now_ms() + number;
-            host.call::<Counter, _, _, _>("Counter", name, |h| async move {
-                h.scheduler
-                    .transaction(|tx| tx.set_due("timer", Some(at)))?;
-                Ok((at, h.generation))
-            })
-            .await
-        }
+        "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
         "slow" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
                 let g = h.generation;
@@ -176,14 +160,7 @@ async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
             })
             .await
         }
-        "probe" => {
-            say(&probe_line(host));
-            return;
-        }
-        _ => {
-            say(&format!("err {cmd} {name} code=unknown_command"));
-            return;
-        }
+        _ => return other_command(host, cmd, name),
     };
     say(&answer(cmd, name, result));
 }

@@ -60,8 +60,6 @@
 //! hosts). `DO_*` settings from the environment.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
@@ -73,22 +71,17 @@ use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, MethodError,
     OwnPolicy, StorageId, TaskId,
 };
-use durability_ownership::{DispatchOutcome, ShardCount, SystemClock};
+use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{Capability, Scheduler, StorageError};
 use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_tests::host_proc::{args, call_line, err_line, say};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
 
 fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
@@ -169,10 +162,7 @@ fn read(h: &H) -> Result<i64, StorageError> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: HashMap<String, String> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+    let args = args();
     let arg = |k: &str| args.get(k).cloned().unwrap_or_default();
     let mut settings = HostSettings::from_env().unwrap();
     settings.renew_interval_ms = arg("interval").parse().ok();
@@ -361,13 +351,6 @@ fn expand(body: &str) -> String {
     }
 }
 
-fn outcome(e: &HostError) -> &'static str {
-    match e.outcome() {
-        DispatchOutcome::NotStarted => "not_started",
-        _ => "unknown",
-    }
-}
-
 async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
     let mut parts = line.splitn(4, ' ');
     let cmd = parts.next().unwrap_or("");
@@ -375,20 +358,8 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
         "call" => {
             let name = parts.next().unwrap_or("");
             let method = parts.next().unwrap_or("");
-            let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host
-                .object_by_name("Counter", name)
-                .call(method, args)
-                .await
-            {
-                Ok(v) => say(&format!("ok call {name} {method} result={v}")),
-                Err(e) => say(&format!(
-                    "err call {name} {method} code={} host_code={} outcome={}",
-                    e.rpc_code(),
-                    e.code(),
-                    outcome(&e)
-                )),
-            }
+            let args = parts.next().unwrap_or("");
+            say(&call_line(host, "Counter", name, method, args).await);
         }
         "fetch" => {
             // fetch <name> <METHOD> <url> <headers as compact JSON pairs> [<body>]
@@ -408,12 +379,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                     serde_json::to_string(&r.headers).unwrap(),
                     String::from_utf8_lossy(&r.body)
                 )),
-                Err(e) => say(&format!(
-                    "err fetch {name} {method} code={} host_code={} outcome={}",
-                    e.rpc_code(),
-                    e.code(),
-                    outcome(&e)
-                )),
+                Err(e) => say(&err_line(&format!("fetch {name} {method}"), &e)),
             }
         }
         "connect" => {
@@ -440,12 +406,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, line: &str) {
                         "ok connect {name} greeting={greeting} reply={reply}"
                     ));
                 }
-                Err(e) => say(&format!(
-                    "err connect {name} code={} host_code={} outcome={}",
-                    e.rpc_code(),
-                    e.code(),
-                    outcome(&e)
-                )),
+                Err(e) => say(&err_line(&format!("connect {name}"), &e)),
             }
         }
         "hint" => {

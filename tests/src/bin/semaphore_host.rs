@@ -10,7 +10,7 @@
 //! Output, one line per step: `ready task=<t> endpoint=<e>`; `acquired
 //! scope=<s>` and `released scope=<s>` (owner events);
 //! `ok call <name> <method> result=<json>` / `err call <name> <method>
-//! code=<c> outcome=<not_started|unknown>`; `ok stage <name> n=<n>`;
+//! code=<rpc code> host_code=<c> outcome=<not_started|unknown>`; `ok stage <name> n=<n>`;
 //! `start <key> at=<unix ms> task=<t>` and `end <key> at=<unix ms>` around
 //! each publish of the sink (batches of one entry); `granted id=<id>
 //! count=<n> lease_until=<ms> holder=<h> at=<unix ms>` for each grant of
@@ -43,7 +43,7 @@ use durability_scheduler::{Clock, Permit, PermitError, Permits, StorageError};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
-use durability_tests::host_proc::{args, say};
+use durability_tests::host_proc::{args, call_line, outcome, say};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -228,32 +228,14 @@ async fn main() {
     std::process::exit(0);
 }
 
-fn outcome(e: &HostError) -> &'static str {
-    match e.outcome() {
-        durability_ownership::DispatchOutcome::NotStarted => "not_started",
-        _ => "unknown",
-    }
-}
-
 async fn command(host: &TheHost, task: &str, line: &str) {
     let mut parts = line.splitn(4, ' ');
     let (cmd, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     match cmd {
         "call" => {
             let method = parts.next().unwrap_or("");
-            let args: Value = serde_json::from_str(parts.next().unwrap_or("null")).unwrap();
-            match host
-                .object_by_name("Semaphore", name)
-                .call(method, args)
-                .await
-            {
-                Ok(v) => say(&format!("ok call {name} {method} result={v}")),
-                Err(e) => say(&format!(
-                    "err call {name} {method} code={} outcome={}",
-                    e.code(),
-                    outcome(&e)
-                )),
-            }
+            let args = parts.next().unwrap_or("");
+            say(&call_line(host, "Semaphore", name, method, args).await);
         }
         "stage" => {
             let n: u32 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
