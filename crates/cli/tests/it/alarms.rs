@@ -1,19 +1,14 @@
 //! `durability alarms jobs|counts` on a SQLite index file and on Redis.
 
-use std::hash::{BuildHasher, Hasher};
-use std::path::Path;
-
 use durability_alarms::{AlarmIndex, ObjectId, Token};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
 use durability_storage_redis::testkit::delete_prefix;
 use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 
-use crate::support::{START, fails, fingerprint, ok};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use crate::support::{
+    START, connected_or_skip, fails, fingerprint, ok, ok_json, redis_and_prefix, s,
+};
 
 async fn fill(ix: &impl AlarmIndex) {
     for (id, due) in [
@@ -49,13 +44,11 @@ async fn jobs_and_counts_of_a_sqlite_index_are_read_without_writing() {
         "shop:",
     ]);
     insta::assert_snapshot!(out);
-    let json = ok(&["alarms", "counts", "--sqlite", s(&db), "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let v = ok_json(&["alarms", "counts", "--sqlite", s(&db), "--json"]);
     assert_eq!(v["scheduled"], 3);
     assert_eq!(v["ready"], 0);
     assert_eq!(v["total"], 3);
-    let json = ok(&["alarms", "jobs", "--sqlite", s(&db), "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let v = ok_json(&["alarms", "jobs", "--sqlite", s(&db), "--json"]);
     assert_eq!(v["jobs"].as_array().unwrap().len(), 3);
     assert_eq!(v["jobs"][2]["object"], "user:9");
     assert_eq!(v["jobs"][2]["due_at"], START);
@@ -88,29 +81,19 @@ fn a_malformed_redis_url_is_one_line() {
 
 #[tokio::test]
 async fn jobs_and_counts_of_a_redis_index_under_its_prefix() {
-    let url = std::env::var("DURABILITY_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let unique = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let prefix = format!("durability:test:{unique:016x}:cli-alarms:");
-    let ix = match RedisAlarmIndex::connect(&url, &prefix, IndexTime::Caller).await {
-        Ok(ix) => ix,
-        Err(e) if std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1") => {
-            panic!("Redis at {url} is required (DURABILITY_REQUIRE_SERVICES=1): {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: Redis at {url} unreachable: {e}");
-            return;
-        }
+    let (url, prefix) = redis_and_prefix("cli-alarms");
+    let Some(ix) = connected_or_skip(
+        &url,
+        RedisAlarmIndex::connect(&url, &prefix, IndexTime::Caller).await,
+    ) else {
+        return;
     };
     fill(&ix).await;
-    let json = ok(&[
+    let v = ok_json(&[
         "alarms", "counts", "--redis", &url, "--prefix", &prefix, "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["total"], 3, "{v}");
-    let json = ok(&[
+    let v = ok_json(&[
         "alarms",
         "jobs",
         "--redis",
@@ -121,7 +104,6 @@ async fn jobs_and_counts_of_a_redis_index_under_its_prefix() {
         "shop:",
         "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let objects: Vec<&str> = v["jobs"]
         .as_array()
         .unwrap()
@@ -132,10 +114,9 @@ async fn jobs_and_counts_of_a_redis_index_under_its_prefix() {
     assert_eq!(v["jobs"][0]["token"], "tok-shop-1");
     // Another prefix sees nothing.
     let other = format!("{prefix}other:");
-    let json = ok(&[
+    let v = ok_json(&[
         "alarms", "counts", "--redis", &url, "--prefix", &other, "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["total"], 0);
     delete_prefix(ix.connection(), &prefix).await.unwrap();
 }

@@ -1,8 +1,5 @@
 //! `durability leases list` on a SQLite lease store file and on Redis.
 
-use std::hash::{BuildHasher, Hasher};
-use std::path::Path;
-
 use durability_ownership::{
     ClaimOutcome, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope, ShardCount,
     TaskId,
@@ -11,11 +8,9 @@ use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_redis::testkit::delete_prefix;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 
-use crate::support::{START, fails, fingerprint, ok};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use crate::support::{
+    START, connected_or_skip, fails, fingerprint, ok, ok_json, redis_and_prefix, s,
+};
 
 /// Claims `st1:Room:shard0` for `a` (10 s) and `st1:Room:shard1` for `b`
 /// (2 s; claimed, released and claimed again, so its generation is 2);
@@ -57,7 +52,7 @@ async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
     let now = (START + 1_500).to_string();
     let out = ok(&["leases", "list", "--sqlite", s(&db), "--now-ms", &now]);
     insta::assert_snapshot!(out);
-    let json = ok(&[
+    let v = ok_json(&[
         "leases",
         "list",
         "--sqlite",
@@ -68,11 +63,10 @@ async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
         "1",
         "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["leases"].as_array().unwrap().len(), 1);
     assert_eq!(v["leases"][0]["scope"], "st1:Room:shard0");
     let cursor = v["cursor"].as_str().unwrap().to_owned();
-    let json = ok(&[
+    let v = ok_json(&[
         "leases",
         "list",
         "--sqlite",
@@ -85,7 +79,6 @@ async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
         &cursor,
         "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["leases"][0]["scope"], "st1:Room:shard1");
     assert_eq!(v["leases"][0]["owner"], "b");
     assert_eq!(v["leases"][0]["generation"], 2);
@@ -113,27 +106,17 @@ fn a_missing_or_foreign_lease_file_is_refused_and_not_created() {
 
 #[tokio::test]
 async fn live_leases_of_a_redis_store_under_its_prefix() {
-    let url = std::env::var("DURABILITY_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let unique = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let prefix = format!("durability:test:{unique:016x}:cli-leases:");
-    let store = match RedisLeaseStore::connect(&url, &prefix, ShardCount::default()).await {
-        Ok(s) => s,
-        Err(e) if std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1") => {
-            panic!("Redis at {url} is required (DURABILITY_REQUIRE_SERVICES=1): {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: Redis at {url} unreachable: {e}");
-            return;
-        }
+    let (url, prefix) = redis_and_prefix("cli-leases");
+    let Some(store) = connected_or_skip(
+        &url,
+        RedisLeaseStore::connect(&url, &prefix, ShardCount::default()).await,
+    ) else {
+        return;
     };
     claims(&store).await;
-    let json = ok(&[
+    let v = ok_json(&[
         "leases", "list", "--redis", &url, "--prefix", &prefix, "--json", "--limit", "1000",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let leases = v["leases"].as_array().unwrap();
     let a = leases
         .iter()
@@ -151,10 +134,9 @@ async fn live_leases_of_a_redis_store_under_its_prefix() {
     assert!(leases.iter().all(|l| l["problem"].is_null()), "{v}");
     // Another prefix lists nothing.
     let other = format!("{prefix}other:");
-    let json = ok(&[
+    let v = ok_json(&[
         "leases", "list", "--redis", &url, "--prefix", &other, "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert!(v["leases"].as_array().unwrap().is_empty());
     delete_prefix(store.connection(), &prefix).await.unwrap();
 }

@@ -11,11 +11,7 @@ use durability_storage_postgres::object::PostgresObjects;
 use durability_storage_postgres::testkit::{TestSchema, url};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
 
-use crate::support::{fails, object, ok};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use crate::support::{fails, object, ok, s};
 
 /// `<root>/st/Cart/c-1.sqlite`: outbox entries staged through the outbox
 /// (so its tables, version row and the scheduler's due time and alarm are

@@ -7,10 +7,30 @@ use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::inspect::inspect_object;
 use durability_storage_sqlite::rusqlite::Connection;
 
-use crate::support::{Accept, RETRY_MS, RetryLater, START, fails, fingerprint, object_at, ok};
+use crate::support::{
+    Accept, RETRY_MS, RetryLater, START, fails, fingerprint, object_at, ok, ok_json, s,
+};
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+/// `outbox <verb> <db> --channel <channel> --key <key> --yes`, then `extra`.
+fn on_entry<'a>(
+    verb: &'a str,
+    db: &'a Path,
+    channel: &'a str,
+    key: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "outbox",
+        verb,
+        s(db),
+        "--channel",
+        channel,
+        "--key",
+        key,
+        "--yes",
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 fn stage<K: durability_outbox::Sink<String>>(o: &crate::support::Object<K>, key: &str) {
@@ -57,7 +77,7 @@ async fn list_shows_versions_attempts_due_times_and_states() {
     insta::assert_snapshot!(out.replace(s(&db), "[DB]"));
     assert_eq!(fingerprint(&db), before, "list changed the file");
 
-    let json = ok(&[
+    let v = ok_json(&[
         "outbox",
         "list",
         s(&db),
@@ -67,7 +87,6 @@ async fn list_shows_versions_attempts_due_times_and_states() {
         "--now-ms",
         &now,
     ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let entries = v["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 2, "only the orders channel: {v}");
     assert_eq!(entries[0]["key"], "a");
@@ -78,8 +97,7 @@ async fn list_shows_versions_attempts_due_times_and_states() {
     assert_eq!(entries[1]["state"], "due");
     assert_eq!(v["truncated"], false);
 
-    let limited = ok(&["outbox", "list", s(&db), "--limit", "1", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&limited).unwrap();
+    let v = ok_json(&["outbox", "list", s(&db), "--limit", "1", "--json"]);
     assert_eq!(v["entries"].as_array().unwrap().len(), 1);
     assert_eq!(v["truncated"], true);
 }
@@ -99,18 +117,13 @@ async fn retry_makes_a_waiting_entry_due_now_and_moves_the_alarm() {
         inspect_object(&db, now).unwrap().alarm,
         Some(START + RETRY_MS)
     );
-    let out = ok(&[
-        "outbox",
+    let out = ok(&on_entry(
         "retry",
-        s(&db),
-        "--channel",
+        &db,
         "orders",
-        "--key",
         "a",
-        "--yes",
-        "--now-ms",
-        &now.to_string(),
-    ]);
+        &["--now-ms", &now.to_string()],
+    ));
     assert_eq!(
         out.replace(s(&db), "[DB]"),
         "due now: key \"a\" of channel \"orders\" (version 1, attempts 1) in [DB]\n"
@@ -132,17 +145,7 @@ async fn discard_removes_an_entry_and_moves_the_alarm_to_the_next_one() {
     let db = dir.path().join("object.db");
     populated(&db).await;
     // `b` (due START + 1) is the earliest of orders; mail's `m` is at START.
-    let json = ok(&[
-        "outbox",
-        "discard",
-        s(&db),
-        "--channel",
-        "mail",
-        "--key",
-        "m",
-        "--yes",
-        "--json",
-    ]);
+    let json = ok(&on_entry("discard", &db, "mail", "m", &["--json"]));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["outcome"], "done");
     assert_eq!(v["entry"]["key"], "m");
@@ -159,16 +162,7 @@ async fn discard_removes_an_entry_and_moves_the_alarm_to_the_next_one() {
         .unwrap();
     assert_eq!(tx_rows, 0);
     // A corrupt row is discarded too.
-    ok(&[
-        "outbox",
-        "discard",
-        s(&db),
-        "--channel",
-        "mail",
-        "--key",
-        "bad",
-        "--yes",
-    ]);
+    ok(&on_entry("discard", &db, "mail", "bad", &[]));
     tx_rows = conn
         .query_row(
             "SELECT COUNT(*) FROM durability_outbox WHERE channel = 'mail'",
@@ -206,55 +200,21 @@ async fn bad_targets_are_refused_and_change_nothing() {
     let db = dir.path().join("object.db");
     populated(&db).await;
     let before = fingerprint(&db);
-    let line = fails(&[
-        "outbox",
-        "retry",
-        s(&db),
-        "--channel",
-        "orders",
-        "--key",
-        "zz",
-        "--yes",
-    ]);
-    assert!(line.contains("no stored entry"), "{line}");
-    let line = fails(&[
-        "outbox",
-        "retry",
-        s(&db),
-        "--channel",
-        "mail",
-        "--key",
-        "bad",
-        "--yes",
-    ]);
-    assert!(line.contains("corrupt"), "{line}");
-    let line = fails(&[
-        "outbox",
-        "retry",
-        s(&db),
-        "--channel",
-        "",
-        "--key",
-        "a",
-        "--yes",
-    ]);
-    assert!(line.contains("invalid channel"), "{line}");
+    for (channel, key, refusal) in [
+        ("orders", "zz", "no stored entry"),
+        ("mail", "bad", "corrupt"),
+        ("", "a", "invalid channel"),
+    ] {
+        let line = fails(&on_entry("retry", &db, channel, key, &[]));
+        assert!(line.contains(refusal), "{channel:?} {key:?}: {line}");
+    }
     assert_eq!(
         fingerprint(&db).0,
         before.0,
         "the file's bytes are unchanged"
     );
     let missing = dir.path().join("missing.db");
-    let line = fails(&[
-        "outbox",
-        "discard",
-        s(&missing),
-        "--channel",
-        "c",
-        "--key",
-        "k",
-        "--yes",
-    ]);
+    let line = fails(&on_entry("discard", &missing, "c", "k", &[]));
     assert!(line.contains("no such file"), "{line}");
     assert!(!missing.exists());
     let line = fails(&["outbox", "list", s(&missing)]);

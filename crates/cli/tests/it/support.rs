@@ -93,6 +93,43 @@ pub(crate) fn fails(args: &[&str]) -> String {
     err.trim_end().to_owned()
 }
 
+/// [`ok`], its stdout parsed as JSON.
+pub(crate) fn ok_json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(args)).unwrap()
+}
+
+/// A path as an argument.
+pub(crate) fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The test Redis (`DURABILITY_REDIS_URL`, else the local one) and a key
+/// prefix of the test's own, `durability:test:<random>:<what>:`.
+pub(crate) fn redis_and_prefix(what: &str) -> (String, String) {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let url = std::env::var("DURABILITY_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let unique = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (url, format!("durability:test:{unique:016x}:{what}:"))
+}
+
+/// What connecting to the Redis at `url` gave, or `None` (said on stderr)
+/// when it is unreachable and not required (`DURABILITY_REQUIRE_SERVICES`).
+pub(crate) fn connected_or_skip<T, E: std::fmt::Display>(url: &str, r: Result<T, E>) -> Option<T> {
+    match r {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1") => {
+            panic!("Redis at {url} is required (DURABILITY_REQUIRE_SERVICES=1): {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: Redis at {url} unreachable: {e}");
+            None
+        }
+    }
+}
+
 /// A file's bytes and modification time, to prove it was not changed.
 pub(crate) fn fingerprint(path: &Path) -> (Vec<u8>, std::time::SystemTime) {
     (
