@@ -248,14 +248,7 @@ where
     let plan: Arc<dyn FailPlan> = Arc::new(FailFirst(1));
     let names = ["a", "b", "c"];
     for (i, name) in names.iter().enumerate() {
-        let o = host.open(
-            name,
-            Arc::new(conformance::memory_storage()),
-            &clock,
-            Arc::clone(&setup),
-            &log,
-            Arc::clone(&plan),
-        );
+        let o = host.open_in_memory(name, &clock, &setup, &log, &plan);
         o.alarms.set_alarm(START + i as i64 * 10).await.unwrap();
     }
     // Phase 1: a dispatcher that dies at its `crash_at`-th index call.
@@ -533,14 +526,7 @@ where
     ));
     let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
     for name in &names {
-        let o = host.open(
-            name,
-            Arc::new(conformance::memory_storage()),
-            &clock,
-            Arc::clone(&setup),
-            &log,
-            Arc::clone(&plan),
-        );
+        let o = host.open_in_memory(name, &clock, &setup, &log, &plan);
         o.alarms
             .set_alarm(START + rng.random_range(0..20_000))
             .await

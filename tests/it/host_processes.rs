@@ -74,6 +74,21 @@ pub(crate) fn counter(dir: &Path, name: &str) -> i64 {
         .unwrap()
 }
 
+/// Sends `command` to `a`, waits for its `inside` line, stops `a`
+/// (SIGSTOP) there, and waits until `b` owns all 16 shards (`a`'s leases
+/// ran out); prints how long after the pause that was.
+pub(crate) fn pause_inside_until_taken_over(a: &mut Proc, b: &Proc, command: &str, inside: &str) {
+    a.send(command);
+    a.wait_line(inside);
+    signal(a.child.id(), "STOP");
+    let paused = now();
+    let acquired = b.wait_n("acquired ", 16);
+    eprintln!(
+        "b owned all 16 shards {} ms after the pause",
+        acquired[15].0 - paused
+    );
+}
+
 /// Starts `a` owning every shard (creating the storage pointer), then `b`
 /// waiting to take over.
 fn pair(dir: &Path, ttl_s: u64) -> (Proc, Proc) {
@@ -83,6 +98,36 @@ fn pair(dir: &Path, ttl_s: u64) -> (Proc, Proc) {
     let b = spawn("b", dir, ttl_s, &["own=all"], &[]);
     b.wait_line("ready");
     (a, b)
+}
+
+/// Increments every object of `names` on `a` (each its first write) and
+/// sets its alarm due 1.5 s later.
+pub(crate) fn incr_with_alarms(a: &mut Proc, names: &[&str]) {
+    for n in names {
+        let answer = a.run_ok(&format!("incr {n}"));
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
+            "{answer}"
+        );
+        let answer = a.run_ok(&format!("timer {n} 1500"));
+        assert!(answer.starts_with("ok timer"), "{answer}");
+    }
+}
+
+/// Increments every object of `names` on `b`, which took them over: each
+/// kept its first write (value 2 now) and runs under a newer generation.
+pub(crate) fn incr_again_on(b: &mut Proc, names: &[&str]) {
+    for n in names {
+        let answer = b.run_ok(&format!("incr {n}"));
+        assert!(
+            answer.starts_with(&format!("ok incr {n} value=2 ")),
+            "state survived: {answer}"
+        );
+        assert!(
+            field(&answer, "gen").parse::<u64>().unwrap() >= 2,
+            "{answer}"
+        );
+    }
 }
 
 /// Waits until every object of `names` fired its alarm on `b`, once
@@ -124,15 +169,7 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
     let dir = tempfile::tempdir().unwrap();
     let (mut a, mut b) = pair(dir.path(), TTL_S);
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
-    for n in names {
-        let answer = a.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
-            "{answer}"
-        );
-        let answer = a.run_ok(&format!("timer {n} 1500"));
-        assert!(answer.starts_with("ok timer"), "{answer}");
-    }
+    incr_with_alarms(&mut a, &names);
     let killed = now();
     signal(a.child.id(), "KILL");
     a.wait_exit();
@@ -141,17 +178,7 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
         names.len()
     );
     alarms_fired_on_b(&b, &names, killed);
-    for n in names {
-        let answer = b.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=2 ")),
-            "state survived: {answer}"
-        );
-        assert!(
-            field(&answer, "gen").parse::<u64>().unwrap() >= 2,
-            "{answer}"
-        );
-    }
+    incr_again_on(&mut b, &names);
     // Nothing fired twice, and nothing was lost.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(b.count("fired "), names.len());
@@ -163,19 +190,11 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
     let (mut a, mut b) = pair(dir.path(), TTL_S);
     let answer = a.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=1 gen="), "{answer}");
-    a.send("slow p1 6000");
-    a.wait_line("slow-wrote p1");
-    signal(a.child.id(), "STOP");
-    let paused = now();
     eprintln!(
         "tried: SIGSTOP of host a inside a call on p1 (one write committed, a second due after a 6 s pause), lease {TTL_S} s"
     );
     // b takes every shard once a's leases ran out, and continues p1.
-    let acquired = b.wait_n("acquired ", 16);
-    eprintln!(
-        "b owned all 16 shards {} ms after the pause",
-        acquired[15].0 - paused
-    );
+    pause_inside_until_taken_over(&mut a, &b, "slow p1 6000", "slow-wrote p1");
     let answer = b.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=3 "), "{answer}");
     let b_gen: u64 = field(&answer, "gen").parse().unwrap();

@@ -20,10 +20,11 @@ use std::time::Duration;
 
 use durability_host::RpcClient;
 use durability_ownership::{
-    ClaimOutcome, Claimant, ClassName, LeaseStore as _, LifecycleId, ObjectName, OwnerEndpoint,
-    OwnerRecord, OwnerScope, ShardCount, StorageId, SystemClock, TaskId,
+    ClaimOutcome, Claimant, LeaseStore as _, LifecycleId, OwnerEndpoint, OwnerRecord, ShardCount,
+    SystemClock, TaskId,
 };
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_tests::host_proc::counter_scope;
 use durability_tests::process::{self, field};
 use serde_json::Value;
 
@@ -158,15 +159,18 @@ impl Proc {
     }
 }
 
+/// Hosts `a` and `b` over one directory, `a` owning `c1` (incremented
+/// once).
+fn a_owns_c1() -> (tempfile::TempDir, Proc, Proc) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let b = Proc::spawn("b", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    (dir, a, b)
+}
+
 fn shard(name: &str) -> u32 {
-    OwnerScope::for_object(
-        StorageId::new("st1").unwrap(),
-        ClassName::new("Counter").unwrap(),
-        &ObjectName::new(name),
-        ShardCount::default(),
-    )
-    .unwrap()
-    .shard()
+    counter_scope(name).shard()
 }
 
 /// Another object name in the shard of `name`.
@@ -202,9 +206,15 @@ fn raw(
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    let (status, headers) = parse_head(&out[..split]);
+    (status, headers, out[split + 4..].to_vec())
+}
+
+/// A response head: its status and its headers (names lowercased).
+fn parse_head(head: &[u8]) -> (u16, Vec<(String, String)>) {
+    let head = String::from_utf8_lossy(head);
     let mut lines = head.split("\r\n");
-    let status: u16 = lines
+    let status = lines
         .next()
         .unwrap()
         .split(' ')
@@ -216,7 +226,7 @@ fn raw(
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    (status, headers, out[split + 4..].to_vec())
+    (status, headers)
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -386,10 +396,7 @@ fn a_stale_hint_after_a_takeover_costs_one_rediscovery() {
 
 #[test]
 fn rpc_is_not_replayed_after_an_unknown_outcome() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     b.call_ok("c1", "get", "null");
     assert_eq!(b.hint("c1").0, "a");
     // The method commits on a, then a dies before answering.
@@ -438,10 +445,7 @@ fn rpc_is_not_replayed_after_an_unknown_outcome() {
 
 #[test]
 fn limits_hold_at_the_boundary_and_one_past() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     let mut tried = Vec::new();
 
     // Method names: 256 bytes pass the grammar (the class has no such
@@ -632,16 +636,6 @@ fn forged_fences_headers_and_tokens_are_refused() {
     );
 }
 
-fn object_scope(name: &str) -> OwnerScope {
-    OwnerScope::for_object(
-        StorageId::new("st1").unwrap(),
-        ClassName::new("Counter").unwrap(),
-        &ObjectName::new(name),
-        ShardCount::default(),
-    )
-    .unwrap()
-}
-
 /// An object name in a shard other than those of `avoid`.
 fn other_shard(avoid: &[&str]) -> String {
     (0..10_000)
@@ -675,7 +669,7 @@ async fn plant_owner(
     }
     match store
         .claim_as(
-            &object_scope(name),
+            &counter_scope(name),
             Claimant::new(
                 &LifecycleId::new("ns:app").unwrap(),
                 &TaskId::new(task).unwrap(),
@@ -693,10 +687,7 @@ async fn plant_owner(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_owner_records_are_refused_before_the_token_is_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (dir, _a, mut b) = a_owns_c1();
     let store = lease_store(dir.path());
     let victim = other_shard(&["c1"]);
     let trap = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -824,7 +815,7 @@ async fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
     let mut b = Proc::spawn("b", dir.path());
     let store = lease_store(dir.path());
     let victim = other_shard(&[]);
-    let key = object_scope(&victim).host_id().to_owned();
+    let key = counter_scope(&victim).host_id().to_owned();
     let body = "{\"error\":\"stale_owner\",\"message\":\"replay me\"}";
     let answers = [
         // A tenant-shaped body naming a rediscovery code, no marker.

@@ -13,10 +13,23 @@ use std::sync::atomic::Ordering;
 use durability_outbox::{
     ChannelConfig, DeadLetter, EventKind, Outbox, OutboxError, RetryPolicy, default_delay_ms,
 };
-use durability_scheduler::testkit::{CrashMode, CrashStorage};
+use durability_scheduler::testkit::{CrashMode, CrashStorage, MemoryStorage};
 use durability_scheduler::{Driver, ManualClock, SchedulerTx, Storage};
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use support::{Mode, Obj, Recorder, START, memory, open};
+
+/// Channel `c` on a fresh in-memory object, delivering to a recorder in
+/// `mode` (returned too).
+fn on_sink(clock: &ManualClock, mode: Mode) -> (Recorder, Obj<MemoryStorage>) {
+    let sink = Recorder::with_mode(mode);
+    let o = open(memory(), clock, sink.clone(), ChannelConfig::new("c"));
+    (sink, o)
+}
+
+/// Whether `o`'s channel emitted an event of a kind `kind` accepts.
+fn saw<S: Storage>(o: &Obj<S>, kind: impl Fn(&EventKind) -> bool) -> bool {
+    o.events.lock().unwrap().iter().any(|e| kind(&e.kind))
+}
 
 fn stage<S: Storage>(o: &Obj<S>, key: &str, value: &str) -> u64
 where
@@ -139,20 +152,13 @@ async fn discard_removes_a_pending_entry_and_moves_the_alarm() {
     assert_eq!(o.sched.alarm_at(), None);
     o.outbox.deliver_due().await.unwrap();
     assert!(o.sink.delivered().is_empty());
-    assert!(
-        o.events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| e.kind == EventKind::Discarded)
-    );
+    assert!(saw(&o, |e| *e == EventKind::Discarded));
 }
 
 #[tokio::test]
 async fn a_value_staged_while_its_older_version_is_in_flight_is_delivered_next() {
     let clock = ManualClock::new(START);
-    let sink = Recorder::with_mode(Mode::Gate);
-    let o = open(memory(), &clock, sink.clone(), ChannelConfig::new("c"));
+    let (sink, o) = on_sink(&clock, Mode::Gate);
     let v1 = stage(&o, "k", "v1");
     let outbox = o.outbox.clone();
     let flight = tokio::spawn(async move { outbox.deliver_due().await });
@@ -171,8 +177,7 @@ async fn a_value_staged_while_its_older_version_is_in_flight_is_delivered_next()
 #[tokio::test]
 async fn failures_retry_with_jittered_backoff_within_bounds() {
     let clock = ManualClock::new(START);
-    let sink = Recorder::with_mode(Mode::Fail(2));
-    let o = open(memory(), &clock, sink.clone(), ChannelConfig::new("c"));
+    let (sink, o) = on_sink(&clock, Mode::Fail(2));
     stage(&o, "k", "v");
     o.outbox.deliver_due().await.unwrap();
     let next = retry_at(&o);
@@ -216,9 +221,7 @@ fn retry_at<S: Storage>(o: &Obj<S>) -> i64 {
 
 /// `object-1` with the custom retry `delay` and a sink that fails once, after
 /// one entry was staged and its first delivery failed.
-async fn fail_once_with_delay(
-    delay: durability_outbox::DelayFn,
-) -> Obj<durability_scheduler::testkit::MemoryStorage> {
+async fn fail_once_with_delay(delay: durability_outbox::DelayFn) -> Obj<MemoryStorage> {
     let clock = ManualClock::new(START);
     let policy = RetryPolicy {
         delay: Some(delay),
@@ -354,13 +357,7 @@ async fn max_attempts_send_entries_to_the_dead_letter_sink_or_drop_them() {
         2,
         "published exactly max_attempts times"
     );
-    assert!(
-        o.events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| matches!(e.kind, EventKind::DeadLettered { .. }))
-    );
+    assert!(saw(&o, |e| matches!(e, EventKind::DeadLettered { .. })));
 
     let clock = ManualClock::new(START);
     let config = ChannelConfig::new("c").retry(RetryPolicy {
@@ -376,20 +373,13 @@ async fn max_attempts_send_entries_to_the_dead_letter_sink_or_drop_them() {
     stage(&o, "k", "v");
     o.outbox.deliver_due().await.unwrap();
     assert!(o.outbox.is_empty().unwrap());
-    assert!(
-        o.events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| matches!(e.kind, EventKind::Dropped { .. }))
-    );
+    assert!(saw(&o, |e| matches!(e, EventKind::Dropped { .. })));
 }
 
 #[tokio::test]
 async fn publish_now_tries_a_key_at_once_and_reports_delivery() {
     let clock = ManualClock::new(START);
-    let sink = Recorder::with_mode(Mode::Fail(1));
-    let o = open(memory(), &clock, sink.clone(), ChannelConfig::new("c"));
+    let (sink, o) = on_sink(&clock, Mode::Fail(1));
     stage(&o, "k", "v");
     let failed = o.outbox.publish_now("k").await.unwrap();
     assert!(failed.pending, "failed attempt: still pending");

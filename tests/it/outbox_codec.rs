@@ -67,6 +67,30 @@ where
     }
 }
 
+impl<S, T> Chan<S, T>
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: durability_outbox::OutboxTx,
+    T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    /// Stages `value` under `key` in a transaction of its own.
+    fn stage(&self, key: &str, value: &T) -> Result<u64, OutboxError> {
+        self.sched
+            .transaction(|tx| self.outbox.stage(tx, key, value))
+    }
+}
+
+/// The value bytes of the one stored outbox row.
+fn stored_value(storage: &durability_storage_sqlite::SqliteStorage) -> Vec<u8> {
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .query_row("SELECT value FROM durability_outbox", [], |r| r.get(0))
+                .map_err(|e| StorageError::backend("read", e))
+        })
+        .unwrap()
+}
+
 fn dead_letters<T: Send + 'static>(letters: &Letters<T>) -> durability_outbox::DeadLetterFn<T> {
     let l = letters.clone();
     Arc::new(move |letter| {
@@ -79,10 +103,7 @@ fn dead_letters<T: Send + 'static>(letters: &Letters<T>) -> durability_outbox::D
 async fn postcard_channels_refuse_values_that_do_not_round_trip_naming_the_cause() {
     let (clock, _dir, storage) = fresh_sqlite();
     let tagged: Chan<_, Event> = chan(storage.clone(), &clock, ChannelConfig::new("tagged"));
-    let err = tagged
-        .sched
-        .transaction(|tx| tagged.outbox.stage(tx, "k", &Event::Created { id: 1 }))
-        .unwrap_err();
+    let err = tagged.stage("k", &Event::Created { id: 1 }).unwrap_err();
     assert_eq!(err.code(), "OUTBOX_VALUE_NOT_ROUND_TRIP");
     assert!(!err.is_retryable());
     let OutboxError::ValueDoesNotRoundTrip { codec, reason } = &err else {
@@ -100,22 +121,14 @@ async fn postcard_channels_refuse_values_that_do_not_round_trip_naming_the_cause
     let values: Chan<_, serde_json::Value> =
         chan(storage.clone(), &clock, ChannelConfig::new("values"));
     let err = values
-        .sched
-        .transaction(|tx| {
-            values
-                .outbox
-                .stage(tx, "k", &serde_json::json!({"limit": 5, "tags": ["a"]}))
-        })
+        .stage("k", &serde_json::json!({"limit": 5, "tags": ["a"]}))
         .unwrap_err();
     assert_eq!(err.code(), "OUTBOX_VALUE_NOT_ROUND_TRIP");
     assert!(err.to_string().contains("postcard"), "{err}");
 
     // Refused stages consumed no version: the next one is version 1.
     let plain: Chan<_, String> = chan(storage, &clock, ChannelConfig::new("plain"));
-    let v = plain
-        .sched
-        .transaction(|tx| plain.outbox.stage(tx, "k", &"ok".to_owned()))
-        .unwrap();
+    let v = plain.stage("k", &"ok".to_owned()).unwrap();
     assert_eq!(v, 1);
 }
 
@@ -131,17 +144,8 @@ async fn a_json_channel_delivers_tagged_enums_and_json_values() {
         id: 7,
         reason: "gone".into(),
     };
-    events
-        .sched
-        .transaction(|tx| events.outbox.stage(tx, "k", &e1))
-        .unwrap();
-    let stored: Vec<u8> = storage
-        .transaction(|tx| {
-            tx.sql()
-                .query_row("SELECT value FROM durability_outbox", [], |r| r.get(0))
-                .map_err(|e| StorageError::backend("read", e))
-        })
-        .unwrap();
+    events.stage("k", &e1).unwrap();
+    let stored: Vec<u8> = stored_value(&storage);
     assert_eq!(
         stored[0],
         durability_outbox::JSON_FORMAT,
@@ -159,20 +163,14 @@ async fn a_json_channel_delivers_tagged_enums_and_json_values() {
     let values: Chan<_, serde_json::Value> =
         chan(storage, &clock, ChannelConfig::new("values").codec(Json));
     let value = serde_json::json!({"limit": 5, "nested": {"b": [1, 2.5, null], "a": true}});
-    values
-        .sched
-        .transaction(|tx| values.outbox.stage(tx, "k", &value))
-        .unwrap();
+    values.stage("k", &value).unwrap();
     let outcome = values.outbox.publish_now("k").await.unwrap();
     assert!(outcome.is_done());
     assert_eq!(values.got.lock().unwrap()[0].2, value);
 
     // JSON cannot hold a non-finite float: refused, naming the codec.
     let floats: Chan<_, f64> = chan(memory_store(), &clock, ChannelConfig::new("f").codec(Json));
-    let err = floats
-        .sched
-        .transaction(|tx| floats.outbox.stage(tx, "k", &f64::NAN))
-        .unwrap_err();
+    let err = floats.stage("k", &f64::NAN).unwrap_err();
     assert_eq!(err.code(), "OUTBOX_VALUE_NOT_ROUND_TRIP");
     assert!(err.to_string().contains("json"), "{err}");
 }
@@ -215,22 +213,11 @@ async fn a_custom_codec_writes_the_stored_bytes_and_its_round_trip_check_guards_
         &clock,
         ChannelConfig::new("c").codec(Truncating),
     );
-    let err = c
-        .sched
-        .transaction(|tx| c.outbox.stage(tx, "long", &"abcdef".to_owned()))
-        .unwrap_err();
+    let err = c.stage("long", &"abcdef".to_owned()).unwrap_err();
     assert_eq!(err.code(), "OUTBOX_VALUE_NOT_ROUND_TRIP");
     assert!(err.to_string().contains("truncating"), "{err}");
-    c.sched
-        .transaction(|tx| c.outbox.stage(tx, "short", &"abc".to_owned()))
-        .unwrap();
-    let stored: Vec<u8> = storage
-        .transaction(|tx| {
-            tx.sql()
-                .query_row("SELECT value FROM durability_outbox", [], |r| r.get(0))
-                .map_err(|e| StorageError::backend("read", e))
-        })
-        .unwrap();
+    c.stage("short", &"abc".to_owned()).unwrap();
+    let stored: Vec<u8> = stored_value(&storage);
     assert_eq!(stored, vec![200, b'a', b'b', b'c']);
     assert_eq!(c.outbox.deliver_due().await.unwrap().delivered, 1);
     assert_eq!(c.got.lock().unwrap()[0].2, "abc");
@@ -297,9 +284,7 @@ async fn an_undecodable_stored_entry_goes_to_the_dead_letter_sink_and_is_never_r
 async fn without_a_dead_letter_sink_an_undecodable_entry_is_dropped_and_publish_now_says_so() {
     let (clock, _dir, storage) = fresh_sqlite();
     let c: Chan<_, String> = chan(storage.clone(), &clock, ChannelConfig::new("c"));
-    c.sched
-        .transaction(|tx| c.outbox.stage(tx, "k", &"x".to_owned()))
-        .unwrap();
+    c.stage("k", &"x".to_owned()).unwrap();
     // An unknown format byte: a value written by some other codec.
     sql(&storage, "UPDATE durability_outbox SET value = x'09aabb'");
     let outcome = c.outbox.publish_now("k").await.unwrap();
@@ -329,9 +314,7 @@ async fn entries_staged_under_another_codec_are_dead_lettered_not_misread() {
     let (clock, _dir, storage) = fresh_sqlite();
     {
         let c: Chan<_, String> = chan(storage.clone(), &clock, ChannelConfig::new("c"));
-        c.sched
-            .transaction(|tx| c.outbox.stage(tx, "k", &"staged with postcard".to_owned()))
-            .unwrap();
+        c.stage("k", &"staged with postcard".to_owned()).unwrap();
     }
     let letters: Letters<String> = Arc::default();
     let c: Chan<_, String> = chan(

@@ -10,10 +10,14 @@ use std::sync::{Arc, Weak};
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
 use durability_host::{
-    BoxError, Host, HostConfig, HostError, HostSettings, ObjectStore, OwnPolicy, OwnerEvent,
+    BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, ObjectStore,
+    OwnPolicy, OwnerEvent, StorageId, TaskId,
 };
-use durability_ownership::{LeaseStore, LifecycleAdmin, SystemClock};
+use durability_ownership::{LeaseStore, LifecycleAdmin, ShardCount, SystemClock};
 use durability_scheduler::{Capability, Clock as _, Scheduler, Storage, StorageError, Transaction};
+use durability_storage_sqlite::Synchronous;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt as _;
 
@@ -226,6 +230,52 @@ where
     } else {
         say(&format!("err {cmd} {name} code=unknown_command"));
     }
+}
+
+/// The owner scope of the test hosts' `Counter` object `name` (storage
+/// `st1`, the default shard count).
+///
+/// # Panics
+/// Never for a valid name.
+#[must_use]
+pub fn counter_scope(name: &str) -> durability_ownership::OwnerScope {
+    durability_ownership::OwnerScope::for_object(
+        StorageId::new("st1").expect("valid"),
+        durability_ownership::ClassName::new("Counter").expect("valid"),
+        &durability_ownership::ObjectName::new(name),
+        ShardCount::default(),
+    )
+    .expect("a valid scope")
+}
+
+/// The lease store and the alarm index the SQLite test hosts of a test
+/// share in `dir` (`leases.db`, `alarms.db`).
+///
+/// # Panics
+/// When either cannot be opened.
+#[must_use]
+pub fn shared_sqlite(
+    dir: &std::path::Path,
+    clock: SystemClock,
+) -> (Arc<SqliteLeaseStore<SystemClock>>, Arc<SqliteAlarmIndex>) {
+    let store = SqliteLeaseStore::open(dir.join("leases.db"), clock, ShardCount::default())
+        .expect("open the shared lease store");
+    let index = SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full)
+        .expect("open the shared alarm index");
+    (Arc::new(store), Arc::new(index))
+}
+
+/// A test host's ids: storage `st1`, lifecycle `ns:app`, task `task`.
+///
+/// # Panics
+/// When `task` is not a valid task id.
+#[must_use]
+pub fn test_ids(task: &str) -> HostIds {
+    HostIds::new(
+        StorageId::new("st1").expect("valid"),
+        LifecycleId::new("ns:app").expect("valid"),
+        TaskId::new(task).expect("a valid task id"),
+    )
 }
 
 /// The `probe` command's line.

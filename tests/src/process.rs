@@ -34,6 +34,20 @@ pub fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
+/// Calls `step` every 5 ms until it returns something, for at most `ms`.
+fn poll<T>(ms: i64, mut step: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = now() + ms;
+    loop {
+        if let Some(found) = step() {
+            return Some(found);
+        }
+        if now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A spawned process and the lines it printed (stdout and stderr, where
 /// piped, each read by a thread of its own), in arrival order, each with
 /// the time it was read. Killed (SIGKILL, a stopped one too) on drop.
@@ -136,19 +150,13 @@ impl Proc {
         ms: i64,
         mut done: impl FnMut(&[(i64, String)]) -> Option<T>,
     ) -> T {
-        let end = now() + ms;
-        loop {
-            if let Some(found) = done(&self.lines()) {
-                return found;
-            }
-            assert!(
-                now() < end,
+        poll(ms, || done(&self.lines())).unwrap_or_else(|| {
+            panic!(
                 "{}: timed out waiting for {what}: {:#?}",
                 self.name,
                 self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+            )
+        })
     }
 
     /// Waits for `n` lines that match; returns every matching line.
@@ -246,19 +254,9 @@ impl Proc {
 
     /// Waits for the process to exit.
     pub fn wait_exit(&mut self) -> ExitStatus {
-        let end = now() + DEADLINE_MS;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                now() < end,
-                "{} did not exit: {:#?}",
-                self.name,
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let child = &mut self.child;
+        poll(DEADLINE_MS, || child.try_wait().unwrap())
+            .unwrap_or_else(|| panic!("{} did not exit: {:#?}", self.name, self.lines()))
     }
 
     /// Kills the process (SIGKILL) and reaps it.

@@ -528,22 +528,14 @@ fn alarms(out: &mut impl Write, json: bool, command: &AlarmsCommand) -> Result<(
                         listing::list_jobs(&**ix, object_prefix, cursor, *limit).await
                     }
                 }?;
-                if json {
-                    emit_json(out, &page)
-                } else {
-                    Ok(render::jobs(out, &page)?)
-                }
+                emit(out, json, &page, render::jobs)
             }
             AlarmsCommand::Counts { .. } => {
                 let counts = match &index {
                     Index::Sqlite(ix) => listing::counts(ix).await,
                     Index::Redis(ix) => listing::counts(&**ix).await,
                 }?;
-                if json {
-                    emit_json(out, &counts)
-                } else {
-                    Ok(render::counts(out, &counts)?)
-                }
+                emit(out, json, &counts, render::counts)
             }
         }
     })
@@ -647,6 +639,20 @@ fn ask(yes: bool, file: &Path, question: &str) -> Result<(), CliError> {
     }
 }
 
+/// Writes `value` as JSON when `json`, else as `render` writes it.
+fn emit<W: Write, T: serde::Serialize>(
+    out: &mut W,
+    json: bool,
+    value: &T,
+    render: impl FnOnce(&mut W, &T) -> io::Result<()>,
+) -> Result<(), CliError> {
+    if json {
+        emit_json(out, value)
+    } else {
+        Ok(render(out, value)?)
+    }
+}
+
 fn emit_json(out: &mut impl Write, value: &impl serde::Serialize) -> Result<(), CliError> {
     serde_json::to_writer_pretty(&mut *out, value)?;
     writeln!(out)?;
@@ -740,11 +746,7 @@ fn migrations_command(
                     })
                     .await
                     .map_err(failed)?;
-                if json {
-                    emit_json(out, &report)
-                } else {
-                    Ok(render::migration_status(out, &report)?)
-                }
+                emit(out, json, &report, render::migration_status)
             }
             C::Recover { confirm, .. } => {
                 preflight().await?;
@@ -757,11 +759,7 @@ fn migrations_command(
                 let report = router.recover_migrations().await;
                 bar.finish_and_clear();
                 let report = report.map_err(failed)?;
-                if json {
-                    emit_json(out, &report)?;
-                } else {
-                    render::recovery(out, &report)?;
-                }
+                emit(out, json, &report, render::recovery)?;
                 match report.failed.len() {
                     0 => Ok(()),
                     n => Err(CliError::Unsettled(format!(
@@ -795,11 +793,7 @@ fn migrations_command(
                     .await;
                 bar.finish_and_clear();
                 let report = report.map_err(failed)?;
-                if json {
-                    emit_json(out, &report)?;
-                } else {
-                    render::verify(out, &report)?;
-                }
+                emit(out, json, &report, render::verify)?;
                 if report.clean {
                     Ok(())
                 } else {
@@ -817,11 +811,7 @@ fn migrations_command(
                 let report = router.purge_retired().await;
                 bar.finish_and_clear();
                 let report = report.map_err(failed)?;
-                if json {
-                    emit_json(out, &report)
-                } else {
-                    Ok(render::purge(out, &report)?)
-                }
+                emit(out, json, &report, render::purge)
             }
             C::Rebalance {
                 to,
@@ -859,11 +849,9 @@ fn migrations_command(
                     .await;
                 bar.finish_and_clear();
                 let report = report.map_err(failed)?;
-                if json {
-                    emit_json(out, &report)?;
-                } else {
-                    render::rebalance(out, *dry_run, &report)?;
-                }
+                emit(out, json, &report, |out, r| {
+                    render::rebalance(out, *dry_run, r)
+                })?;
                 match report.failed.len() {
                     0 => Ok(()),
                     n => Err(CliError::Unsettled(format!("{n} moves failed"))),
@@ -896,11 +884,7 @@ fn migrations_command(
                 }
                 ask(confirm.yes, file, &format!("abort operation {op_id}?"))?;
                 let report = router.abort_operation(op_id).await.map_err(failed)?;
-                if json {
-                    emit_json(out, &report)
-                } else {
-                    Ok(render::abort(out, &report)?)
-                }
+                emit(out, json, &report, render::abort)
             }
         }
     })

@@ -12,7 +12,7 @@ use durability_alarms::{
     AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Claim, Delivery, Dispatch,
     DispatchOutcome, Fired, IndexCounts, JobView, ObjectId, Token,
 };
-use durability_scheduler::testkit::{CrashGate, CrashPoint};
+use durability_scheduler::testkit::{CrashGate, CrashPoint, MemoryStorage};
 use durability_scheduler::{ManualClock, ObjectContext, Scheduler, Storage};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
 use durability_storage_redis::testkit::delete_prefix;
@@ -123,6 +123,28 @@ impl<S, I> Default for Host<S, I> {
         Self {
             objects: Mutex::new(BTreeMap::new()),
         }
+    }
+}
+
+impl<I: AlarmIndex> Host<MemoryStorage, I> {
+    /// [`Host::open`] of `name` on a fresh in-memory storage.
+    pub fn open_in_memory(
+        &self,
+        name: &str,
+        clock: &ManualClock,
+        index: &Arc<I>,
+        log: &Log,
+        plan: &Arc<dyn FailPlan>,
+    ) -> Arc<Obj<MemoryStorage, I>> {
+        let storage = Arc::new(durability_alarms::conformance::memory_storage());
+        self.open(
+            name,
+            storage,
+            clock,
+            Arc::clone(index),
+            log,
+            Arc::clone(plan),
+        )
     }
 }
 

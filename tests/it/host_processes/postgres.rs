@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use durability_ownership::{ClassName, ObjectName, OwnerScope, ShardCount, StorageId};
 use durability_storage_postgres::testkit::{TestSchema, url};
 
 use super::{Proc, TTL_S, field, now, signal};
@@ -160,14 +159,7 @@ fn claims(hosts: &[&Proc]) -> BTreeSet<(String, String, i64)> {
 }
 
 fn scope_of(name: &str) -> String {
-    OwnerScope::for_object(
-        StorageId::new("st1").unwrap(),
-        ClassName::new("Counter").unwrap(),
-        &ObjectName::new(name),
-        ShardCount::default(),
-    )
-    .unwrap()
-    .to_string()
+    durability_tests::host_proc::counter_scope(name).to_string()
 }
 
 /// Checks every object named: each acknowledged increment (`ok incr` /
@@ -240,15 +232,7 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
     };
     let Hosts { a, b, db, .. } = &mut hosts;
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
-    for n in names {
-        let answer = a.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=1 gen=")),
-            "{answer}"
-        );
-        let answer = a.run_ok(&format!("timer {n} 1500"));
-        assert!(answer.starts_with("ok timer"), "{answer}");
-    }
+    super::incr_with_alarms(a, &names);
     // Mid-call: the first write of `slow m1` committed, the second not yet.
     let answer = a.run_ok("incr m1");
     assert!(answer.starts_with("ok incr m1 value=1 "), "{answer}");
@@ -263,13 +247,7 @@ fn sigkill_mid_call_moves_objects_and_alarms_to_the_survivor_with_every_write_ac
         names.len()
     );
     super::alarms_fired_on_b(b, &names, killed);
-    for n in names {
-        let answer = b.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=2 ")),
-            "{answer}"
-        );
-    }
+    super::incr_again_on(b, &names);
     // m1: the killed call's committed write is kept, its second never ran.
     let answer = b.run_ok("incr m1");
     assert!(answer.starts_with("ok incr m1 value=3 "), "{answer}");
@@ -294,18 +272,10 @@ fn sigstop_inside_a_transaction_past_the_lease_never_lands_and_the_new_owner_end
     let Hosts { a, b, db, .. } = &mut hosts;
     let answer = a.run_ok("incr p1");
     assert!(answer.starts_with("ok incr p1 value=1 "), "{answer}");
-    a.send("hold p1 2000");
-    a.wait_line("in-tx p1");
-    signal(a.child.id(), "STOP");
-    let paused = now();
     eprintln!(
         "tried: SIGSTOP of host a inside a transaction on p1 (a write made, not committed), lease {TTL_S} s"
     );
-    let acquired = b.wait_n("acquired ", 16);
-    eprintln!(
-        "b owned all 16 shards {} ms after the pause",
-        acquired[15].0 - paused
-    );
+    super::pause_inside_until_taken_over(a, b, "hold p1 2000", "in-tx p1");
     // b's fence ends a's open transaction instead of waiting behind it.
     let started = now();
     let answer = b.run_ok("incr p1");

@@ -65,20 +65,7 @@ fn raw_upgrade(
         assert!(n > 0, "closed before a response head");
         got.extend_from_slice(&buf[..n]);
     };
-    let head = String::from_utf8_lossy(&got[..split]).to_string();
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
+    let (status, headers) = parse_head(&got[..split]);
     let mut body = got[split + 4..].to_vec();
     if status != 101 {
         let len: usize = header(&headers, "content-length")
@@ -102,10 +89,7 @@ fn meta(name: &str, url: &str, headers: &[(String, String)]) -> String {
 
 #[test]
 fn a_connect_through_a_non_owner_is_upgraded_by_the_owner_then_goes_direct() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     let forged = pairs(&[
         ("X-Tenant", "t1"),
         ("x-durability-route-task", "evil"),
@@ -151,7 +135,7 @@ fn a_connect_through_a_non_owner_is_upgraded_by_the_owner_then_goes_direct() {
     let auth = ("x-durability-internal-auth", TOKEN);
     let m = meta("c1", "/ws", &[]);
     let (status, headers, _) = raw_upgrade(&b.endpoint, &m, &[auth]);
-    let key = object_scope("c1").host_id().to_owned();
+    let key = counter_scope("c1").host_id().to_owned();
     let g = generation.to_string();
     assert_eq!(status, 503, "{headers:?}");
     for (name, value) in [
@@ -243,10 +227,7 @@ fn hint_response(status: u16, marker: &str, task: &str, generation: &str, key: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (dir, mut a, mut b) = a_owns_c1();
     let (_, g) = {
         b.call_ok("c1", "get", "null");
         b.hint("c1")
@@ -285,8 +266,8 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
     // listener) answers b's fenced connect with forged hints.
     let store = lease_store(dir.path());
     let victim = other_shard(&["c1"]);
-    let key = object_scope(&victim).host_id().to_owned();
-    let other_key = object_scope("c1").host_id().to_owned();
+    let key = counter_scope(&victim).host_id().to_owned();
+    let other_key = counter_scope("c1").host_id().to_owned();
     let mut record = None;
     let forged = [
         (
@@ -380,10 +361,7 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
 
 #[test]
 fn connect_limits_hold_at_the_boundary_and_one_past() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     // Everything at its limit at once, b → a: a 16 KiB URL, 128 headers of
     // 128 KiB in all (one name of 128 bytes).
     let url = format!("/ws?{}", "q".repeat(16 * 1024 - 4));

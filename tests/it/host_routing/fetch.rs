@@ -55,10 +55,7 @@ fn fetch_frame(name: &str, method: &str, url: &str, body: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_fetch_is_forwarded_once_then_direct_with_control_headers_stripped() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     let forged = pairs(&[
         ("X-Tenant", "t1"),
         ("X-Durability-Route-Task", "evil"),
@@ -105,10 +102,7 @@ fn a_fetch_is_forwarded_once_then_direct_with_control_headers_stripped() {
 
 #[test]
 fn fetch_limits_hold_at_the_boundary_and_one_past() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     // Everything at its limit at once, forwarded b → a: a 16 KiB URL, 128
     // headers of 128 KiB in all (one name of 128 bytes), a 1 MiB body.
     let url = format!("/n?{}", "q".repeat(16 * 1024 - 3));
@@ -291,10 +285,7 @@ fn the_fetch_endpoint_needs_the_token_and_admits_only_at_its_fence() {
 
 #[test]
 fn a_post_fetch_is_not_replayed_after_its_owner_is_killed() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b) = a_owns_c1();
     b.fetch("c1", "GET", "/n", &[], "").ok();
     assert_eq!(b.hint("c1").0, "a");
     let answer =
@@ -348,7 +339,7 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
     let mut b = Proc::spawn("b", dir.path());
     let store = lease_store(dir.path());
     let victim = other_shard(&[]);
-    let key = object_scope(&victim).host_id().to_owned();
+    let key = counter_scope(&victim).host_id().to_owned();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let planted = plant_owner(&store, &victim, "imp", &endpoint, None).await;

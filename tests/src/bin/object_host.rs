@@ -39,15 +39,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durability_host::{BoxError, Host, HostConfig, HostIds, LifecycleId, StorageId, TaskId};
+use durability_host::{BoxError, Host, HostConfig};
 use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{StorageError, Transaction};
+use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
-use durability_storage_sqlite::{SqliteStorage, Synchronous};
 use durability_tests::host_proc::{
     TimerObject, answer, args, other_command, parse, say, serve, set_timer, settings_or_refuse,
-    start_or_refuse, test_options,
+    shared_sqlite, start_or_refuse, test_ids, test_options,
 };
 
 fn sql(e: rusqlite::Error) -> StorageError {
@@ -101,12 +101,9 @@ async fn main() {
     let dir = std::path::PathBuf::from(arg("dir"));
     let task = arg("task");
     let clock = SystemClock::new();
-    let store: Arc<Store> = Arc::new(
-        SqliteLeaseStore::open(dir.join("leases.db"), clock, ShardCount::default()).unwrap(),
-    );
-    let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
+    let (store, index) = shared_sqlite(&dir, clock);
     let owner = task.clone();
-    let config = HostConfig::new(store, index, dir.join("objects"), HostIds::new(StorageId::new("st1").unwrap(), LifecycleId::new("ns:app").unwrap(), TaskId::new(&task).unwrap()))
+    let config = HostConfig::new(store, index, dir.join("objects"), test_ids(&task))
         .endpoint(&format!("http://127.0.0.1:8788/{task}"))
         .class("Counter", move |ctx| {
             ctx.scheduler.transaction(|tx| {

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
-use durability_host::{BoxError, DatabaseSettings, Host, HostConfig, HostIds, PostgresObjectStore};
-use durability_ownership::{LifecycleId, StorageId, SystemClock, TaskId};
+use durability_host::{BoxError, DatabaseSettings, Host, HostConfig, PostgresObjectStore};
+use durability_ownership::SystemClock;
 use durability_scheduler::{StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_tests::host_proc::{
     TimerObject, answer, args, other_command, parse, refuse, say, serve, set_timer,
-    settings_or_refuse, start_or_refuse, test_options,
+    settings_or_refuse, start_or_refuse, test_ids, test_options,
 };
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
@@ -87,12 +87,7 @@ async fn main() {
         Err(e) => refuse(e.code(), &e.to_string()),
     };
     let task = arg("task");
-    let ids = HostIds {
-        storage: StorageId::new("st1").unwrap(),
-        lifecycle: LifecycleId::new("ns:app").unwrap(),
-        task: TaskId::new(&task).unwrap(),
-    };
-    let config = match HostConfig::postgres(&database, settings, ids).await {
+    let config = match HostConfig::postgres(&database, settings, test_ids(&task)).await {
         Ok(c) => c,
         Err(e) => refuse(e.code(), &e.to_string()),
     };

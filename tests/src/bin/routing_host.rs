@@ -68,16 +68,14 @@ use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
 use durability_host::transport::{EndpointPolicy, PeerDirectory, serve};
 use durability_host::{
-    BoxError, Handle, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, MethodError,
-    OwnPolicy, StorageId, TaskId,
+    BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };
-use durability_ownership::{ShardCount, SystemClock};
+use durability_ownership::SystemClock;
 use durability_scheduler::{Capability, Scheduler, StorageError};
 use durability_storage_sqlite::SqliteStorage;
-use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
-use durability_tests::host_proc::{args, call_line, err_line, say};
+use durability_tests::host_proc::{args, call_line, err_line, say, shared_sqlite, test_ids};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
@@ -173,12 +171,9 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let clock = SystemClock::new();
-    let store: Arc<Store> = Arc::new(
-        SqliteLeaseStore::open(dir.join("leases.db"), clock, ShardCount::default()).unwrap(),
-    );
-    let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
+    let (store, index) = shared_sqlite(&dir, clock);
     let owner = task.clone();
-    let config = HostConfig::new(store, index, dir.join("objects"), HostIds::new(StorageId::new("st1").unwrap(), LifecycleId::new("ns:app").unwrap(), TaskId::new(&task).unwrap()))
+    let config = HostConfig::new(store, index, dir.join("objects"), test_ids(&task))
         .endpoint(&endpoint)
         .internal_token(&arg("token"))
         .peers(FilePeers(peers.clone()))

@@ -33,17 +33,14 @@ use std::sync::{Arc, OnceLock};
 use durability_alarms::DispatcherConfig;
 use durability_host::semaphore::{HolderCall, Limit, SemaphoreHolder, SemaphorePermits};
 use durability_host::transport::{EndpointPolicy, serve};
-use durability_host::{
-    Handle, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, OwnPolicy, OwnerEvent,
-    StorageId, TaskId,
-};
+use durability_host::{Handle, Host, HostConfig, HostError, HostSettings, OwnPolicy, OwnerEvent};
 use durability_outbox::{ChannelConfig, Entry, Outbox, Sink, SinkError};
-use durability_ownership::{ShardCount, SystemClock};
+use durability_ownership::SystemClock;
 use durability_scheduler::{Clock, Permit, PermitError, Permits, StorageError};
+use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
-use durability_storage_sqlite::{SqliteStorage, Synchronous};
-use durability_tests::host_proc::{args, call_line, outcome, say};
+use durability_tests::host_proc::{args, call_line, outcome, say, shared_sqlite, test_ids};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -145,60 +142,48 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let clock = SystemClock::new();
-    let store: Arc<Store> = Arc::new(
-        SqliteLeaseStore::open(dir.join("leases.db"), clock, ShardCount::default()).unwrap(),
-    );
-    let index = Arc::new(SqliteAlarmIndex::open(dir.join("alarms.db"), Synchronous::Full).unwrap());
+    let (store, index) = shared_sqlite(&dir, clock);
     let cell: Arc<OnceLock<TheHost>> = Arc::default();
     let (factory_cell, owner) = (Arc::clone(&cell), task.clone());
     let mut settings = HostSettings::from_env().unwrap();
     settings.renew_interval_ms = Some(200);
-    let config = HostConfig::new(
-        store,
-        index,
-        dir.join("objects"),
-        HostIds::new(
-            StorageId::new("st1").unwrap(),
-            LifecycleId::new("ns:app").unwrap(),
-            TaskId::new(&task).unwrap(),
-        ),
-    )
-    .endpoint(&endpoint)
-    .internal_token(&arg("token"))
-    .endpoint_policy(EndpointPolicy::loopback())
-    .semaphore_holder()
-    .method("Semaphore", "whoami", {
-        let task = task.clone();
-        move |_: Handle<SemaphoreHolder<SqliteStorage>, SqliteAlarmIndex>, _| {
+    let config = HostConfig::new(store, index, dir.join("objects"), test_ids(&task))
+        .endpoint(&endpoint)
+        .internal_token(&arg("token"))
+        .endpoint_policy(EndpointPolicy::loopback())
+        .semaphore_holder()
+        .method("Semaphore", "whoami", {
             let task = task.clone();
-            async move { Ok(json!({ "task": task })) }
-        }
-    })
-    .class("Shard", move |ctx| {
-        let sink = Print {
-            task: owner.clone(),
-            work_ms,
-        };
-        let channel = ChannelConfig::new("sink")
-            .batch_size(1)
-            .attempt_timeout_ms(20_000)
-            .permits(permits(&factory_cell, &owner, interval));
-        Ok::<_, durability_host::BoxError>(Shard {
-            outbox: Outbox::attach(&ctx.scheduler, channel, sink)?,
+            move |_: Handle<SemaphoreHolder<SqliteStorage>, SqliteAlarmIndex>, _| {
+                let task = task.clone();
+                async move { Ok(json!({ "task": task })) }
+            }
         })
-    })
-    .clock(Arc::new(clock))
-    .settings(settings)
-    .own(OwnPolicy::AllShards)
-    .create_active_storage_if_absent(true)
-    .dispatcher(DispatcherConfig {
-        poll_ms: 100,
-        idle_ms: 20,
-        owner_wait_max_ms: 300,
-        dispatch_timeout_ms: 60_000,
-        claim_lease_ms: 90_000,
-        ..DispatcherConfig::fast()
-    });
+        .class("Shard", move |ctx| {
+            let sink = Print {
+                task: owner.clone(),
+                work_ms,
+            };
+            let channel = ChannelConfig::new("sink")
+                .batch_size(1)
+                .attempt_timeout_ms(20_000)
+                .permits(permits(&factory_cell, &owner, interval));
+            Ok::<_, durability_host::BoxError>(Shard {
+                outbox: Outbox::attach(&ctx.scheduler, channel, sink)?,
+            })
+        })
+        .clock(Arc::new(clock))
+        .settings(settings)
+        .own(OwnPolicy::AllShards)
+        .create_active_storage_if_absent(true)
+        .dispatcher(DispatcherConfig {
+            poll_ms: 100,
+            idle_ms: 20,
+            owner_wait_max_ms: 300,
+            dispatch_timeout_ms: 60_000,
+            claim_lease_ms: 90_000,
+            ..DispatcherConfig::fast()
+        });
     let host = match Host::start(config).await {
         Ok(h) => h,
         Err(e) => {
