@@ -79,18 +79,17 @@ async fn connects_are_refused_before_dispatch() {
         matches!(&e, HostError::UnknownMethod { method, .. } if method == "connect"),
         "{e:?}"
     );
-    let e = host
-        .object_by_name("Counter", "c1")
-        .connect(ConnectRequest::new("no-path"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), "host_invalid_request");
-    let e = host
-        .object_by_name("Nope", "c1")
-        .connect(ConnectRequest::new("/ws"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), "host_unknown_class");
+    for (class, url, code) in [
+        ("Counter", "no-path", "host_invalid_request"),
+        ("Nope", "/ws", "host_unknown_class"),
+    ] {
+        let e = host
+            .object_by_name(class, "c1")
+            .connect(ConnectRequest::new(url))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{class} {url}");
+    }
     assert_eq!(host.probe().routing.upgrades, 0);
     // A connect handler for a class that is not configured refuses start.
     let config = w.config("b").connect(

@@ -182,19 +182,9 @@ async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
 async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
     let w = World::new();
     let a = w.host("a").await;
-    let now = durability_ownership::Clock::now_ms(&w.clock);
-    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, now + 1_000))
-        .await
-        .unwrap();
-    a.transaction::<Counter, _, _>("Counter", "c2", |c, tx| c.set_timer(tx, now + 30_000))
-        .await
-        .unwrap();
-    assert!(
-        advance_until(&w.clock, 100, 5_000, || w
-            .fired()
-            .contains(&"a c1".to_owned()))
-        .await
-    );
+    w.set_timer_in(&a, "c1", 1_000).await;
+    w.set_timer_in(&a, "c2", 30_000).await;
+    assert!(w.fires("a c1").await);
     assert!(a.probe().alarms.delivered >= 1);
     // Drain A: c2's alarm is pending; B claims at once (no lease expiry).
     let report = a.shutdown().await;

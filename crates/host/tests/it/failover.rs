@@ -165,6 +165,14 @@ impl Cluster {
     }
 }
 
+/// `incr` on `Counter` `name` through `client`, which must succeed.
+async fn incr(client: &FailoverClient, name: &str) -> Value {
+    client
+        .call("Counter", name, "incr", Value::Null)
+        .await
+        .unwrap()
+}
+
 fn n(v: &Value) -> i64 {
     v["n"].as_i64().unwrap_or_else(|| panic!("{v}"))
 }
@@ -209,10 +217,7 @@ async fn calls_continue_through_the_other_entries_while_one_entry_host_is_dead()
     let mut names = Vec::new();
     for i in 0..6 {
         let name = unhinted(&client, 100 * (i + 1));
-        let v = client
-            .call("Counter", &name, "incr", Value::Null)
-            .await
-            .unwrap();
+        let v = incr(&client, &name).await;
         assert_eq!(n(&v), 1, "{name}");
         names.push(name);
     }
@@ -228,10 +233,7 @@ async fn calls_continue_through_the_other_entries_while_one_entry_host_is_dead()
     // serves the same call) and its backoff doubles.
     cluster.world.clock.advance(500);
     let name = unhinted(&client, 10_000);
-    let v = client
-        .call("Counter", &name, "incr", Value::Null)
-        .await
-        .unwrap();
+    let v = incr(&client, &name).await;
     assert_eq!(n(&v), 1);
     assert_eq!(cluster.transport.count(&b_endpoint), 2);
     let stats = client.stats();
@@ -241,19 +243,13 @@ async fn calls_continue_through_the_other_entries_while_one_entry_host_is_dead()
     assert_eq!(stats.entries[1].failures, 0);
     // Each call ran once: a second call on each object counts 2.
     for name in &names {
-        let v = client
-            .call("Counter", name, "incr", Value::Null)
-            .await
-            .unwrap();
+        let v = incr(&client, name).await;
         assert_eq!(n(&v), 2, "{name}");
     }
     // Every entry dead but the owner: calls still complete.
     let _c_host = cluster.c.take().unwrap().kill_listener().await;
     let name = unhinted(&client, 20_000);
-    let v = client
-        .call("Counter", &name, "incr", Value::Null)
-        .await
-        .unwrap();
+    let v = incr(&client, &name).await;
     assert_eq!(n(&v), 1);
     assert_eq!(
         cluster.transport.sent().last().map(String::as_str),
@@ -281,10 +277,7 @@ async fn an_rpc_whose_answer_is_lost_after_sending_is_unknown_and_not_replayed()
         // Sent once, not replayed, no other entry tried.
         assert_eq!(cluster.transport.sent().len(), before + 1);
         // It did run, once: the next call counts 2.
-        let v = client
-            .call("Counter", &name, "incr", Value::Null)
-            .await
-            .unwrap();
+        let v = incr(&client, &name).await;
         assert_eq!(n(&v), 2);
     }
     let stats = client.stats();

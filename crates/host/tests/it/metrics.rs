@@ -7,13 +7,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use durability_host::transport::{EndpointPolicy, OwnerHeaders, Reply, StaticPeers};
+use durability_host::transport::{EndpointPolicy, OwnerHeaders, Reply};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::{Value, json};
 use tracing_subscriber::layer::SubscriberExt as _;
 
-use crate::rpc::{Scripted, TOKEN, ownership, with_methods};
-use crate::support::{Counter, TestHost, World, advance_until, incr};
+use crate::rpc::{Scripted, TOKEN, a_with_c1, ownership, scripted_b, with_methods};
+use crate::support::{TestHost, World, block_on, incr};
 
 /// Every counter of the snapshot: (name, task, other label value) → value.
 fn counters(snapshotter: &Snapshotter) -> BTreeMap<(String, String, String), u64> {
@@ -47,11 +47,7 @@ fn dispatch_and_routing_figures_reach_the_facade_and_match_the_probe() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let (pa, pb) = metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        block_on(async {
             let w = World::new();
             let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
             let c1 = a.object_by_name("Counter", "c1");
@@ -67,21 +63,7 @@ fn dispatch_and_routing_figures_reach_the_facade_and_match_the_probe() {
             let generation = a.probe().scopes[0].generation;
             let key = a.scope_for("Counter", "c1").unwrap().host_id().to_owned();
 
-            let transport = Scripted::default();
-            let peers = StaticPeers(BTreeMap::from([(
-                "a".to_owned(),
-                "http://127.0.0.1:18788".to_owned(),
-            )]));
-            let b = TestHost::start(
-                with_methods(w.config("b"))
-                    .endpoint("http://127.0.0.1:18789")
-                    .internal_token(TOKEN)
-                    .peers(peers)
-                    .endpoint_policy(EndpointPolicy::default())
-                    .transport(transport.clone()),
-            )
-            .await
-            .unwrap();
+            let (b, transport) = scripted_b(&w).await;
             let ok = || Reply::Ok {
                 result: json!({"n": 7}),
                 owner: Some(OwnerHeaders {
@@ -222,27 +204,11 @@ fn calls_and_alarm_deliveries_open_spans_naming_the_object() {
     let spans = Spans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     tracing::subscriber::with_default(subscriber, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        block_on(async {
             let w = World::new();
-            let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
-            a.object_by_name("Counter", "c1")
-                .call("incr", Value::Null)
-                .await
-                .unwrap();
-            let now = durability_ownership::Clock::now_ms(&w.clock);
-            a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, now + 1_000))
-                .await
-                .unwrap();
-            assert!(
-                advance_until(&w.clock, 100, 5_000, || w
-                    .fired()
-                    .contains(&"a c1".to_owned()))
-                .await
-            );
+            let a = a_with_c1(&w).await;
+            w.set_timer_in(&a, "c1", 1_000).await;
+            assert!(w.fires("a c1").await);
             a.shutdown().await;
         });
     });
@@ -296,11 +262,7 @@ fn client_calls_reach_the_facade_one_outcome_each_and_match_its_stats() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let (stats, sent) = metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        block_on(async {
             let key = OwnerScope::for_object(
                 StorageId::new("st1").unwrap(),
                 ClassName::new("Counter").unwrap(),

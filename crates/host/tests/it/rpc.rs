@@ -210,23 +210,19 @@ impl Transport for Scripted {
     }
 }
 
-pub(crate) fn ownership(code: &str) -> Reply {
-    Reply::Ownership {
-        code: code.to_owned(),
-    }
-}
-
-#[tokio::test]
-async fn the_router_follows_the_replay_rules() {
-    let w = World::new();
+/// Host `a` of `w` with the methods, `c1` incremented once on it.
+pub(crate) async fn a_with_c1(w: &World) -> TestHost {
     let a = TestHost::start(with_methods(w.config("a"))).await.unwrap();
     a.object_by_name("Counter", "c1")
         .call("incr", Value::Null)
         .await
         .unwrap();
-    let generation = a.probe().scopes[0].generation;
-    let key = a.scope_for("Counter", "c1").unwrap().host_id().to_owned();
+    a
+}
 
+/// Host `b` of `w`, whose router reaches peer `a` (at a fixed loopback
+/// endpoint) only through the returned scripted transport.
+pub(crate) async fn scripted_b(w: &World) -> (TestHost, Scripted) {
     let transport = Scripted::default();
     let peers = StaticPeers(BTreeMap::from([(
         "a".to_owned(),
@@ -242,6 +238,23 @@ async fn the_router_follows_the_replay_rules() {
     )
     .await
     .unwrap();
+    (b, transport)
+}
+
+pub(crate) fn ownership(code: &str) -> Reply {
+    Reply::Ownership {
+        code: code.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_router_follows_the_replay_rules() {
+    let w = World::new();
+    let a = a_with_c1(&w).await;
+    let generation = a.probe().scopes[0].generation;
+    let key = a.scope_for("Counter", "c1").unwrap().host_id().to_owned();
+
+    let (b, transport) = scripted_b(&w).await;
     let c1 = b.object_by_name("Counter", "c1");
     let ok = |owner: Option<OwnerHeaders>| Reply::Ok {
         result: json!({"n": 7}),

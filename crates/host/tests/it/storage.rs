@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use durability_alarms::{AlarmIndex, Token};
 use durability_host::{
-    DeleteAll, Host, HostError, SqliteObjectStore, TOMBSTONE_FILE, delete_storage_id,
+    DeleteAll, Host, HostError, SqliteObjectStore, StorageDeleteReport, TOMBSTONE_FILE,
+    delete_storage_id,
 };
 use durability_ownership::{
     ClassName, DeleteLock, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, OwnershipError,
@@ -56,6 +57,17 @@ fn assert_storage_refused(refused: &HostError) {
         ),
         "{refused}"
     );
+}
+
+/// [`delete_storage_id`] of `storage` on `w`'s lease store and object
+/// root, with the alarm index `index`.
+async fn delete_storage(
+    w: &World,
+    index: &impl AlarmIndex,
+    storage: &str,
+) -> Result<StorageDeleteReport, HostError> {
+    let objects = SqliteObjectStore::new(w.root());
+    delete_storage_id(w.store().as_ref(), index, &objects, LIFECYCLE, storage).await
 }
 
 fn lifecycle() -> LifecycleId {
@@ -334,15 +346,9 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
         if !pointer {
             store.set_active_storage(&lifecycle(), None).await.unwrap();
         }
-        let report = delete_storage_id(
-            store.as_ref(),
-            w.index().as_ref(),
-            &SqliteObjectStore::new(w.root()),
-            LIFECYCLE,
-            STORAGE,
-        )
-        .await
-        .unwrap();
+        let report = delete_storage(&w, w.index().as_ref(), STORAGE)
+            .await
+            .unwrap();
         eprintln!("{case}: {report:?}");
         assert!(report.complete(), "{case}: {report:?}");
         assert_eq!(report.pointer_removed, pointer, "{case}");
@@ -359,15 +365,9 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
         );
         assert_eq!(w.index().counts().await.unwrap().total(), 0, "{case}");
         // Once more: nothing left, still complete.
-        let again = delete_storage_id(
-            store.as_ref(),
-            w.index().as_ref(),
-            &SqliteObjectStore::new(w.root()),
-            LIFECYCLE,
-            STORAGE,
-        )
-        .await
-        .unwrap();
+        let again = delete_storage(&w, w.index().as_ref(), STORAGE)
+            .await
+            .unwrap();
         assert!(again.complete() && again.objects_deleted == 0 && again.jobs_deleted == 0);
     }
 }
@@ -384,15 +384,9 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
         .set_active_storage(&lifecycle(), Some(&StorageId::new("st2").unwrap()))
         .await
         .unwrap();
-    let report = delete_storage_id(
-        store.as_ref(),
-        w.index().as_ref(),
-        &SqliteObjectStore::new(w.root()),
-        LIFECYCLE,
-        STORAGE,
-    )
-    .await
-    .unwrap();
+    let report = delete_storage(&w, w.index().as_ref(), STORAGE)
+        .await
+        .unwrap();
     assert!(report.complete() && !report.pointer_removed, "{report:?}");
     assert_eq!(report.objects_deleted, 1);
     let snap = store
@@ -402,15 +396,9 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
     assert_eq!(snap.active_storage, Some(StorageId::new("st2").unwrap()));
     assert_eq!(snap.delete_lock, None);
     // Bad input: typed, nothing touched.
-    let err = delete_storage_id(
-        store.as_ref(),
-        w.index().as_ref(),
-        &SqliteObjectStore::new(w.root()),
-        LIFECYCLE,
-        "bad:id",
-    )
-    .await
-    .unwrap_err();
+    let err = delete_storage(&w, w.index().as_ref(), "bad:id")
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "host_invalid_setting");
     let snap = store
         .snapshot(&probe_scope("st2"), &lifecycle())
@@ -437,15 +425,7 @@ async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_
         .execute_batch("DROP TABLE durability_alarm_index_jobs")
         .unwrap();
     let store = w.store();
-    let report = delete_storage_id(
-        store.as_ref(),
-        &index,
-        &SqliteObjectStore::new(w.root()),
-        LIFECYCLE,
-        STORAGE,
-    )
-    .await
-    .unwrap();
+    let report = delete_storage(&w, &index, STORAGE).await.unwrap();
     eprintln!("partial: {report:?}");
     assert!(!report.complete());
     assert_eq!(report.objects_deleted, 1, "what could be deleted was");

@@ -258,6 +258,32 @@ impl World {
     pub(crate) fn fired(&self) -> Vec<String> {
         self.fired.lock().unwrap().clone()
     }
+
+    /// Sets the timer of `Counter` `name` on `host` due `in_ms` from now.
+    pub(crate) async fn set_timer_in(&self, host: &TestHost, name: &str, in_ms: i64) {
+        let at = durability_ownership::Clock::now_ms(&self.clock) + in_ms;
+        host.transaction::<Counter, _, _>("Counter", name, |c, tx| c.set_timer(tx, at))
+            .await
+            .unwrap();
+    }
+
+    /// Advances the clock in 100 ms steps until `fired` (`<task> <name>`)
+    /// was recorded, at most 5 s; returns whether it was.
+    pub(crate) async fn fires(&self, fired: &str) -> bool {
+        advance_until(&self.clock, 100, 5_000, || {
+            self.fired().iter().any(|f| f == fired)
+        })
+        .await
+    }
+}
+
+/// Runs `f` to completion on a current-thread runtime of its own.
+pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 /// Lets the hosts' tasks run (a current-thread runtime: each yield runs

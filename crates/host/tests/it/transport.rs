@@ -61,6 +61,13 @@ fn server(head: String, chunks: Vec<Vec<u8>>) -> (String, std::thread::JoinHandl
     (endpoint, handle)
 }
 
+/// Waits (off the runtime's threads) for the server thread to finish.
+async fn joined(server: std::thread::JoinHandle<()>) {
+    tokio::task::spawn_blocking(move || server.join().unwrap())
+        .await
+        .unwrap();
+}
+
 fn request() -> InvokeRequest {
     InvokeRequest {
         class: "Counter".to_owned(),
@@ -111,9 +118,7 @@ async fn an_announced_oversize_is_refused_before_reading() {
         Reply::ResultUnknown { reason } => assert!(reason.contains("Content-Length"), "{reason}"),
         other => panic!("{other:?}"),
     }
-    tokio::task::spawn_blocking(move || server.join().unwrap())
-        .await
-        .unwrap();
+    joined(server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,18 +131,14 @@ async fn a_stream_is_cut_as_it_crosses_the_cap_and_exactly_the_cap_is_read() {
         }
         other => panic!("{other:?}"),
     }
-    tokio::task::spawn_blocking(move || server_at.join().unwrap())
-        .await
-        .unwrap();
+    joined(server_at).await;
     let (endpoint, server_past) =
         server(head.to_owned(), envelope_chunks(MAX_RESPONSE_BYTES + 1, 16));
     match send(&endpoint).await {
         Reply::ResultUnknown { reason } => assert!(reason.contains("crossed"), "{reason}"),
         other => panic!("{other:?}"),
     }
-    tokio::task::spawn_blocking(move || server_past.join().unwrap())
-        .await
-        .unwrap();
+    joined(server_past).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
