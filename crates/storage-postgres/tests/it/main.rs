@@ -51,16 +51,22 @@ durability_migration::mapping_store_conformance!(postgres_mapping_store_conforms
     Some((store, schema))
 });
 
+/// A shard in a schema of its own (dropped with the returned schema) where
+/// `ddl` ran; `None` (said) without a server.
+async fn shard_with(ddl: &str) -> Option<(TestSchema, durability_storage_postgres::PostgresShard)> {
+    let schema = TestSchema::create().await?;
+    let shard = schema.shard().await;
+    shard.batch_execute(ddl).await.unwrap();
+    Some((schema, shard))
+}
+
 #[tokio::test]
 async fn failed_batch_rolls_back_every_statement() {
-    let Some(schema) = TestSchema::create().await else {
+    let Some((_schema, shard)) =
+        shard_with("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL)").await
+    else {
         return;
     };
-    let shard = schema.shard().await;
-    shard
-        .batch_execute("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL)")
-        .await
-        .unwrap();
     let ins = |id: &str, n: Value| insert_t(&shard, id, n);
     // The failing statement comes last, after two that succeeded; the pool
     // still works after failed transactions.
@@ -117,14 +123,11 @@ async fn conflicting_batches_are_retried_not_lost() {
 /// retries as a whole batch (and the retry then sees the row).
 #[tokio::test]
 async fn serializable_refuses_a_cutover_racing_an_insert() {
-    let Some(schema) = TestSchema::create().await else {
+    let Some((schema, shard)) =
+        shard_with("CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT)").await
+    else {
         return;
     };
-    let shard = schema.shard().await;
-    shard
-        .batch_execute("CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT)")
-        .await
-        .unwrap();
     let d = shard.dialect();
     for st in d.retired_schema() {
         shard.execute(&st).await.unwrap();

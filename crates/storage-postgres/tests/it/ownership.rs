@@ -57,10 +57,25 @@ impl PgHarness {
 impl PgHarness {
     /// The stored counter of `scope`, whatever its value.
     async fn raw_counter(&self, scope: &OwnerScope) -> Option<i64> {
+        self.raw_column("generation", "durability_owner_generations", scope)
+            .await
+    }
+
+    /// Runs `statement`, its `{schema}` the harness's schema.
+    async fn exec(&self, statement: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) {
+        let statement = statement.replace("{schema}", &self.table);
+        self.raw.execute(&statement, params).await.unwrap();
+    }
+
+    /// `column` of `scope`'s row of `table`, if it has one.
+    async fn raw_column<T>(&self, column: &str, table: &str, scope: &OwnerScope) -> Option<T>
+    where
+        T: for<'r> tokio_postgres::types::FromSql<'r>,
+    {
         self.raw
             .query_opt(
                 &format!(
-                    "SELECT generation FROM {}.durability_owner_generations WHERE scope = $1",
+                    "SELECT {column} FROM {}.{table} WHERE scope = $1",
                     self.table
                 ),
                 &[&scope.host_id()],
@@ -80,77 +95,45 @@ impl Harness for PgHarness {
 
     async fn expire_owner(&self, scope: &OwnerScope) {
         // The lease ends now on the server's clock, as it would have.
-        self.raw
-            .execute(
-                &format!(
-                    "UPDATE {}.durability_owner_leases
-                     SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-                     WHERE scope = $1",
-                    self.table
-                ),
-                &[&scope.host_id()],
-            )
-            .await
-            .unwrap();
+        self.exec(
+            "UPDATE {schema}.durability_owner_leases
+             SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             WHERE scope = $1",
+            &[&scope.host_id()],
+        )
+        .await;
     }
 
     async fn expire_presence(&self, group: &PresenceGroup, task: &TaskId) {
         // The record ends now on the server's clock, as it would have.
-        self.raw
-            .execute(
-                &format!(
-                    "UPDATE {}.durability_presence
-                     SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-                     WHERE grp = $1 AND task = $2",
-                    self.table
-                ),
-                &[&group.key(), &task.as_str()],
-            )
-            .await
-            .unwrap();
+        self.exec(
+            "UPDATE {schema}.durability_presence
+             SET expires_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             WHERE grp = $1 AND task = $2",
+            &[&group.key(), &task.as_str()],
+        )
+        .await;
     }
 
     async fn put_raw_owner(&self, scope: &OwnerScope, raw: &[u8]) {
-        self.raw
-            .execute(
-                &format!(
-                    "INSERT INTO {}.durability_owner_leases (scope, record, expires_at_ms)
-                     VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)
-                     ON CONFLICT (scope) DO UPDATE SET record = excluded.record,
-                       expires_at_ms = excluded.expires_at_ms",
-                    self.table
-                ),
-                &[&scope.host_id(), &raw],
-            )
-            .await
-            .unwrap();
+        self.exec(
+            "INSERT INTO {schema}.durability_owner_leases (scope, record, expires_at_ms)
+             VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)
+             ON CONFLICT (scope) DO UPDATE SET record = excluded.record,
+               expires_at_ms = excluded.expires_at_ms",
+            &[&scope.host_id(), &raw],
+        )
+        .await;
     }
 
     async fn raw_state(&self, scope: &OwnerScope) -> RawState {
         let owner = self
-            .raw
-            .query_opt(
-                &format!(
-                    "SELECT record FROM {}.durability_owner_leases WHERE scope = $1",
-                    self.table
-                ),
-                &[&scope.host_id()],
-            )
-            .await
-            .unwrap()
-            .map(|r| r.get::<_, Vec<u8>>(0));
+            .raw_column("record", "durability_owner_leases", scope)
+            .await;
         let generation = self
-            .raw
-            .query_opt(
-                &format!(
-                    "SELECT generation FROM {}.durability_owner_generations WHERE scope = $1",
-                    self.table
-                ),
-                &[&scope.host_id()],
-            )
+            .raw_counter(scope)
             .await
-            .unwrap()
-            .map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap());
+            .map(|g| u64::try_from(g).unwrap());
         RawState { owner, generation }
     }
 }
@@ -321,7 +304,7 @@ async fn a_corrupt_counter_fails_its_scope_closed_and_only_its_scope() {
             .execute(
                 &format!(
                     "INSERT INTO {}.durability_owner_generations (scope, generation) VALUES ($1, $2)
-                     ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+             ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
                     h.table
                 ),
                 &[&scopes[5].host_id(), &bad],

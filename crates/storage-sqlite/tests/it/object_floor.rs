@@ -42,6 +42,21 @@ async fn store(clock: &ManualClock) -> InMemoryLeaseStore<ManualClock> {
     s
 }
 
+/// A temporary directory, its object database's path, a manual clock and
+/// a lease store on it (storage `st1` active).
+async fn world() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    ManualClock,
+    InMemoryLeaseStore<ManualClock>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("object.db");
+    let clock = ManualClock::new(1_000_000);
+    let leases = store(&clock).await;
+    (dir, path, clock, leases)
+}
+
 async fn claim(store: &InMemoryLeaseStore<ManualClock>, task: &str) -> Lease {
     match store
         .claim(&scope(), &lifecycle(), &TaskId::new(task).unwrap(), TTL)
@@ -67,10 +82,7 @@ fn set(s: &SqliteStorage, v: i64) -> Result<(), durability_scheduler::StorageErr
 
 #[tokio::test]
 async fn a_wiped_lease_store_is_raised_above_the_fence_before_anything_is_dispatched() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("object.db");
-    let clock = ManualClock::new(1_000_000);
-    let leases = store(&clock).await;
+    let (_dir, path, clock, leases) = world().await;
     let cfg = settings(&clock);
 
     // Host A claims generation 1 and fences the object through the floor.
@@ -141,10 +153,7 @@ async fn a_wiped_lease_store_is_raised_above_the_fence_before_anything_is_dispat
 
 #[tokio::test]
 async fn reopening_with_the_same_claim_is_accepted() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("object.db");
-    let clock = ManualClock::new(1_000_000);
-    let leases = store(&clock).await;
+    let (_dir, path, _clock, leases) = world().await;
     let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
     let la = claim(&leases, "task-a").await;
     a.fence(&la.record).unwrap();
@@ -157,10 +166,7 @@ async fn reopening_with_the_same_claim_is_accepted() {
 
 #[tokio::test]
 async fn a_spent_lease_budget_rolls_the_commit_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("object.db");
-    let clock = ManualClock::new(1_000_000);
-    let leases = store(&clock).await;
+    let (_dir, path, clock, leases) = world().await;
     let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
     let la = claim(&leases, "task-a").await;
     let fa = fence_with_floor(&leases, &a, &settings(&clock), la, clock.now_ms())
@@ -198,10 +204,8 @@ async fn a_spent_lease_budget_rolls_the_commit_back() {
 #[tokio::test]
 async fn the_owner_opens_an_object_through_the_floor_and_admits_at_the_new_generation() {
     use durability_ownership::{Ownership, OwnershipSettings, Resolution};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("object.db");
-    let clock = ManualClock::new(1_000_000);
-    let leases = Arc::new(store(&clock).await);
+    let (_dir, path, clock, leases) = world().await;
+    let leases = Arc::new(leases);
     let settings = OwnershipSettings {
         owner_ttl_ms: TTL,
         lease_guard_ms: 100,
