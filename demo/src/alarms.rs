@@ -28,6 +28,8 @@ use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use serde_json::json;
 
+use crate::bench::figure;
+
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// Firings: object, host, try, lateness (ms).
@@ -354,14 +356,7 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result {
         return Err("alarms demo: expected two alarms on host-b and an empty index".into());
     }
     if let DemoIndex::Redis(ix) = index.as_ref() {
-        let mut c = ix.connection();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}*", ix.prefix()))
-            .query_async(&mut c)
-            .await?;
-        if !keys.is_empty() {
-            let _: () = redis::cmd("DEL").arg(keys).query_async(&mut c).await?;
-        }
+        crate::ownership::delete_prefix(ix.connection(), ix.prefix()).await?;
     }
     Ok(())
 }
@@ -375,26 +370,6 @@ async fn wait_for(fired: &FiredLog, n: usize, limit: Duration) -> Result {
     tokio::time::timeout(limit, poll)
         .await
         .map_err(|_| format!("alarms demo: {n} alarms did not fire within {limit:?}").into())
-}
-
-fn figure(
-    name: &str,
-    value: f64,
-    baseline: f64,
-    unit: &str,
-    target: &str,
-    n: u64,
-    extra: serde_json::Value,
-) {
-    let r = |x: f64| (x * 1000.0).round() / 1000.0;
-    let mut line = json!({
-        "name": name, "value": r(value), "baseline": r(baseline), "unit": unit,
-        "ratio": r(value / baseline), "target": target, "n": n,
-    });
-    if let (Some(map), serde_json::Value::Object(more)) = (line.as_object_mut(), extra) {
-        map.extend(more);
-    }
-    println!("{line}");
 }
 
 /// A no-op object: every delivery succeeds; records lateness. The `slow`
@@ -699,13 +674,7 @@ pub(crate) async fn bench(redis_url: &str) -> Result {
         json!({"backend": "sqlite", "baseline_n": 10_000}),
     );
 
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await?;
-    for chunk in keys.chunks(10_000) {
-        let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await?;
-    }
+    crate::ownership::delete_prefix(conn, &prefix).await?;
     Ok(())
 }
 
@@ -731,19 +700,8 @@ fn rss_in_child(n: u64) -> Result<u64> {
     }
     tx.commit()?;
     drop(conn);
-    let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(exe)
-        .arg("alarms-rss")
-        .arg(&path)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "alarms-rss {n} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+    let path = path.to_str().ok_or("a temporary path that is not UTF-8")?;
+    crate::rss::child_kib(&["alarms-rss", path])
 }
 
 /// `durability-demo alarms-rss <index file>` (child process of [`bench()`]): opens a
@@ -788,15 +746,7 @@ pub(crate) fn rss_child(args: &[String]) -> Result {
     if delivered != 1_000 || rt.block_on(index.next_due())? != Some(8_000_000_000_000) {
         return Err("alarms-rss: unexpected index state".into());
     }
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .ok_or("no VmHWM")?;
-    println!(
-        "{}",
-        line.split_whitespace().nth(1).ok_or("malformed VmHWM")?
-    );
+    println!("{}", crate::rss::peak_rss_kib()?);
     Ok(())
 }
 

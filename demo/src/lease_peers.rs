@@ -26,8 +26,8 @@ use std::time::Duration;
 use crate::ownership::start;
 
 use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
-    StorageId, TaskId,
+    ClaimOutcome, ClassName, Lease, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope,
+    ShardCount, StorageId, TaskId,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use redis::aio::MultiplexedConnection;
@@ -76,19 +76,26 @@ struct Contenders {
 }
 
 impl Contenders {
+    /// Our claim of the scope (only the benchmark claims it, so a held
+    /// scope is an error).
+    async fn claim_ours(&self) -> BoxResult<Lease> {
+        let ClaimOutcome::Claimed(lease) = self
+            .store
+            .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
+            .await?
+        else {
+            return Err("our claim found the scope held".into());
+        };
+        Ok(lease)
+    }
+
     /// `iterations` acquire + release pairs; returns the time they took.
     async fn pairs(&mut self, who: Who, iterations: u64) -> BoxResult<Duration> {
         let t = start();
         match who {
             Who::Ours => {
                 for _ in 0..iterations {
-                    let ClaimOutcome::Claimed(lease) = self
-                        .store
-                        .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
-                        .await?
-                    else {
-                        return Err("our claim found the scope held".into());
-                    };
+                    let lease = self.claim_ours().await?;
                     if !self.store.release(&lease.record).await? {
                         return Err("our release found no lease".into());
                     }
@@ -138,13 +145,7 @@ impl Contenders {
         let t;
         match who {
             Who::Ours => {
-                let ClaimOutcome::Claimed(lease) = self
-                    .store
-                    .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
-                    .await?
-                else {
-                    return Err("our claim found the scope held".into());
-                };
+                let lease = self.claim_ours().await?;
                 t = start();
                 for _ in 0..iterations {
                     self.store.renew(&lease.record, TTL_MS).await?;

@@ -244,14 +244,17 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result<(), Box<dyn Error>> 
                 tokio::time::sleep(Duration::from_millis(DEMO_TTL_MS + 50)).await;
             })
             .await;
-            delete_prefix(&cleanup, &prefix).await?;
+            delete_prefix(cleanup.connection(), &prefix).await?;
             out
         }
     }
 }
 
-async fn delete_prefix(store: &RedisLeaseStore, prefix: &str) -> BoxResult<()> {
-    let mut conn = store.connection();
+/// Deletes every Redis key under `prefix` (in chunks of 500 keys).
+pub(crate) async fn delete_prefix(
+    mut conn: redis::aio::ConnectionManager,
+    prefix: &str,
+) -> BoxResult<()> {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query_async(&mut conn)
@@ -318,7 +321,7 @@ pub(crate) async fn bench(redis_url: &str) -> Result<(), Box<dyn Error>> {
         Ok(()) => crate::lease_peers::bench(redis_url, &store, PEER_ITERATIONS).await,
         Err(e) => Err(e),
     };
-    delete_prefix(&store, &prefix).await?;
+    delete_prefix(store.connection(), &prefix).await?;
     out
 }
 

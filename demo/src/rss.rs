@@ -8,13 +8,18 @@ use crate::Result;
 
 /// Runs a scenario in a child process and returns its peak RSS in KiB.
 pub(crate) fn measure(scenario: &str, n: u64) -> Result<u64> {
+    child_kib(&["rss", scenario, &n.to_string()])
+}
+
+/// Runs this executable with `args` (a child-process entry point that
+/// prints its peak RSS) and returns the number it printed (KiB).
+pub(crate) fn child_kib(args: &[&str]) -> Result<u64> {
     let exe = std::env::current_exe()?;
-    let out = Command::new(exe)
-        .args(["rss", scenario, &n.to_string()])
-        .output()?;
+    let out = Command::new(exe).args(args).output()?;
     if !out.status.success() {
         return Err(format!(
-            "rss {scenario} {n} failed: {}",
+            "{} failed: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         )
         .into());
@@ -46,7 +51,8 @@ pub(crate) fn inner(args: &[String]) -> Result {
     Ok(())
 }
 
-fn peak_rss_kib() -> Result<u64> {
+/// This process's peak RSS (`VmHWM`, KiB).
+pub(crate) fn peak_rss_kib() -> Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let line = status
         .lines()

@@ -18,6 +18,24 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid`.
+/// Calls `step` every 10 ms until it returns something, for at most
+/// `timeout_ms` (real time).
+async fn poll<T>(
+    timeout_ms: i64,
+    mut step: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let end = now_ms() + timeout_ms;
+    loop {
+        if let Some(found) = step()? {
+            return Ok(Some(found));
+        }
+        if now_ms() > end {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 pub(crate) fn signal(pid: u32, signal: &str) -> Result {
     let ok = Command::new("kill")
         .arg(format!("-{signal}"))
@@ -151,61 +169,47 @@ impl Proc {
         n: usize,
         timeout_ms: i64,
     ) -> Result<Vec<(i64, String)>> {
-        let end = now_ms() + timeout_ms;
-        loop {
+        let found = poll(timeout_ms, || {
             let found = self.lines(prefix);
-            if found.len() >= n {
-                return Ok(found);
-            }
-            if now_ms() > end {
-                return Err(format!(
-                    "host {} printed {} of {n} lines {prefix:?} within {timeout_ms} ms:{}",
-                    self.task,
-                    found.len(),
-                    self.tail()
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            Ok((found.len() >= n).then_some(found))
+        })
+        .await?;
+        found.ok_or_else(|| {
+            format!(
+                "host {} printed {} of {n} lines {prefix:?} within {timeout_ms} ms:{}",
+                self.task,
+                self.lines(prefix).len(),
+                self.tail()
+            )
+            .into()
+        })
     }
 
     /// Waits for the answer to request `id`.
     pub(crate) async fn wait_answer(&self, id: u64, timeout_ms: i64) -> Result<(i64, String)> {
-        let end = now_ms() + timeout_ms;
-        loop {
-            if let Some(a) = self.answer(id) {
-                return Ok(a);
-            }
-            if now_ms() > end {
-                return Err(format!(
-                    "host {} did not answer request {id} within {timeout_ms} ms:{}",
-                    self.task,
-                    self.tail()
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let answer = poll(timeout_ms, || Ok(self.answer(id))).await?;
+        answer.ok_or_else(|| {
+            format!(
+                "host {} did not answer request {id} within {timeout_ms} ms:{}",
+                self.task,
+                self.tail()
+            )
+            .into()
+        })
     }
 
     /// Waits for the process to exit.
     pub(crate) async fn wait_exit(&mut self, timeout_ms: i64) -> Result<ExitStatus> {
-        let end = now_ms() + timeout_ms;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if now_ms() > end {
-                return Err(format!(
-                    "host {} did not exit within {timeout_ms} ms:{}",
-                    self.task,
-                    self.tail()
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let child = &mut self.child;
+        let status = poll(timeout_ms, || Ok(child.try_wait()?)).await?;
+        status.ok_or_else(|| {
+            format!(
+                "host {} did not exit within {timeout_ms} ms:{}",
+                self.task,
+                self.tail()
+            )
+            .into()
+        })
     }
 }
 
