@@ -79,100 +79,53 @@ enum DemoIndex {
     Redis(Box<RedisAlarmIndex>),
 }
 
+type IndexResult<T> = std::result::Result<T, durability_alarms::AlarmError>;
+
+/// Runs `$call` with `$i` bound to whichever index this is.
+macro_rules! each {
+    ($self:ident, $i:ident => $call:expr) => {
+        match $self {
+            Self::Sqlite($i) => $call,
+            Self::Redis($i) => $call,
+        }
+    };
+}
+
 impl AlarmIndex for DemoIndex {
-    async fn upsert(
-        &self,
-        o: &ObjectId,
-        t: &Token,
-        at: i64,
-    ) -> std::result::Result<bool, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.upsert(o, t, at).await,
-            Self::Redis(i) => i.upsert(o, t, at).await,
-        }
+    async fn upsert(&self, o: &ObjectId, t: &Token, at: i64) -> IndexResult<bool> {
+        each!(self, i => i.upsert(o, t, at).await)
     }
-    async fn delete(
-        &self,
-        o: &ObjectId,
-        t: &Token,
-    ) -> std::result::Result<bool, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.delete(o, t).await,
-            Self::Redis(i) => i.delete(o, t).await,
-        }
+    async fn delete(&self, o: &ObjectId, t: &Token) -> IndexResult<bool> {
+        each!(self, i => i.delete(o, t).await)
     }
-    async fn job(
-        &self,
-        o: &ObjectId,
-    ) -> std::result::Result<Option<durability_alarms::JobView>, durability_alarms::AlarmError>
-    {
-        match self {
-            Self::Sqlite(i) => i.job(o).await,
-            Self::Redis(i) => i.job(o).await,
-        }
+    async fn job(&self, o: &ObjectId) -> IndexResult<Option<durability_alarms::JobView>> {
+        each!(self, i => i.job(o).await)
     }
-    async fn promote(
-        &self,
-        now: i64,
-        limit: usize,
-    ) -> std::result::Result<usize, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.promote(now, limit).await,
-            Self::Redis(i) => i.promote(now, limit).await,
-        }
+    async fn promote(&self, now: i64, limit: usize) -> IndexResult<usize> {
+        each!(self, i => i.promote(now, limit).await)
     }
-    async fn claim(
-        &self,
-        claim: ClaimReady<'_>,
-    ) -> std::result::Result<Option<durability_alarms::Claim>, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.claim(claim).await,
-            Self::Redis(i) => i.claim(claim).await,
-        }
+    async fn claim(&self, claim: ClaimReady<'_>) -> IndexResult<Option<durability_alarms::Claim>> {
+        each!(self, i => i.claim(claim).await)
     }
-    async fn finish(
-        &self,
-        o: &ObjectId,
-        run: &Token,
-    ) -> std::result::Result<bool, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.finish(o, run).await,
-            Self::Redis(i) => i.finish(o, run).await,
-        }
+    async fn finish(&self, o: &ObjectId, run: &Token) -> IndexResult<bool> {
+        each!(self, i => i.finish(o, run).await)
     }
-    async fn retry(
-        &self,
-        retry: durability_alarms::RetryJob<'_>,
-    ) -> std::result::Result<bool, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.retry(retry).await,
-            Self::Redis(i) => i.retry(retry).await,
-        }
+    async fn retry(&self, retry: durability_alarms::RetryJob<'_>) -> IndexResult<bool> {
+        each!(self, i => i.retry(retry).await)
     }
-    async fn next_due(&self) -> std::result::Result<Option<i64>, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.next_due().await,
-            Self::Redis(i) => i.next_due().await,
-        }
+    async fn next_due(&self) -> IndexResult<Option<i64>> {
+        each!(self, i => i.next_due().await)
     }
-    async fn counts(
-        &self,
-    ) -> std::result::Result<durability_alarms::IndexCounts, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.counts().await,
-            Self::Redis(i) => i.counts().await,
-        }
+    async fn counts(&self) -> IndexResult<durability_alarms::IndexCounts> {
+        each!(self, i => i.counts().await)
     }
     async fn jobs_with_prefix(
         &self,
         prefix: &str,
         cursor: Option<&str>,
         limit: usize,
-    ) -> std::result::Result<durability_alarms::JobPage, durability_alarms::AlarmError> {
-        match self {
-            Self::Sqlite(i) => i.jobs_with_prefix(prefix, cursor, limit).await,
-            Self::Redis(i) => i.jobs_with_prefix(prefix, cursor, limit).await,
-        }
+    ) -> IndexResult<durability_alarms::JobPage> {
+        each!(self, i => i.jobs_with_prefix(prefix, cursor, limit).await)
     }
 }
 
