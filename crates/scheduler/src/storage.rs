@@ -88,25 +88,15 @@ impl StorageError {
     pub fn kind(&self) -> StorageErrorKind {
         self.kind
     }
+}
 
-    /// Every stable code, one per [`StorageErrorKind`], in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "STORAGE_BACKEND",
-        "STORAGE_CORRUPT",
-        "STORAGE_CRASH",
-        "STORAGE_UNKNOWN",
-        "STORAGE_FENCED",
-    ];
-
-    /// The stable machine code of this error, from its kind.
-    pub fn code(&self) -> &'static str {
-        match self.kind {
-            StorageErrorKind::Backend => "STORAGE_BACKEND",
-            StorageErrorKind::Corrupt => "STORAGE_CORRUPT",
-            StorageErrorKind::Crash => "STORAGE_CRASH",
-            StorageErrorKind::Unknown => "STORAGE_UNKNOWN",
-            StorageErrorKind::Fenced => "STORAGE_FENCED",
-        }
+durability_time::error_codes! {
+    StorageError {
+        Self { kind: StorageErrorKind::Backend, .. } => "STORAGE_BACKEND",
+        Self { kind: StorageErrorKind::Corrupt, .. } => "STORAGE_CORRUPT",
+        Self { kind: StorageErrorKind::Crash, .. } => "STORAGE_CRASH",
+        Self { kind: StorageErrorKind::Unknown, .. } => "STORAGE_UNKNOWN",
+        Self { kind: StorageErrorKind::Fenced, .. } => "STORAGE_FENCED",
     }
 }
 
