@@ -26,11 +26,28 @@ fn config() -> DispatcherConfig {
     }
 }
 
+/// A dispatcher on `index` delivering through `host`, on the manual clock.
+fn dispatcher<D: Dispatch>(
+    index: &Arc<MemoryAlarmIndex>,
+    host: Arc<D>,
+    clock: &ManualClock,
+    config: DispatcherConfig,
+) -> Dispatcher<MemoryAlarmIndex, D> {
+    Dispatcher::new(Arc::clone(index), host, Arc::new(clock.clone()), config).unwrap()
+}
+
 /// A handler that sets its next alarm while it runs, as the scheduler
 /// bridge does: the job's row token is replaced before completion.
 struct Reschedules {
     index: Arc<MemoryAlarmIndex>,
     clock: ManualClock,
+}
+
+impl Reschedules {
+    fn on(index: &Arc<MemoryAlarmIndex>, clock: &ManualClock) -> Arc<Self> {
+        let (index, clock) = (Arc::clone(index), clock.clone());
+        Arc::new(Self { index, clock })
+    }
 }
 
 impl Dispatch for Reschedules {
@@ -49,16 +66,7 @@ async fn a_delivery_whose_row_was_replaced_counts_as_superseded_not_stale() {
     let clock = ManualClock::new(START);
     let index = Arc::new(MemoryAlarmIndex::new());
     index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::new(Reschedules {
-            index: Arc::clone(&index),
-            clock: clock.clone(),
-        }),
-        Arc::new(clock.clone()),
-        config(),
-    )
-    .unwrap();
+    let d = dispatcher(&index, Reschedules::on(&index, &clock), &clock, config());
     for _ in 0..5 {
         d.tick().await.unwrap();
         clock.advance(1_000);
@@ -96,16 +104,15 @@ async fn a_delivery_whose_claim_was_taken_over_counts_as_stale() {
     let clock = ManualClock::new(START);
     let index = Arc::new(MemoryAlarmIndex::new());
     index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
+    let d = dispatcher(
+        &index,
         Arc::new(OutlivesLease {
             index: Arc::clone(&index),
             clock: clock.clone(),
         }),
-        Arc::new(clock.clone()),
+        &clock,
         config(),
-    )
-    .unwrap();
+    );
     d.tick().await.unwrap();
     let c = d.counters().snapshot();
     assert_eq!((c.superseded, c.stale, c.delivered), (0, 1, 0), "{c:?}");
@@ -207,15 +214,7 @@ fn slow_dispatcher(
     clock: &ManualClock,
     config: DispatcherConfig,
 ) -> SlowDispatcher {
-    Arc::new(
-        Dispatcher::new(
-            Arc::clone(index),
-            Arc::clone(host),
-            Arc::new(clock.clone()),
-            config,
-        )
-        .unwrap(),
-    )
+    Arc::new(dispatcher(index, Arc::clone(host), clock, config))
 }
 
 /// Runs `d` in its own task until it stops.
@@ -318,16 +317,12 @@ async fn two_jobs_of_one_object_never_run_at_once_and_stop_releases_claims() {
     let c = d.counters().snapshot();
     assert_eq!(c.released, 1, "{c:?}");
     // Another dispatcher takes the job at once, without the 5-minute lease.
-    let other = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::new(Reschedules {
-            index: Arc::new(MemoryAlarmIndex::new()),
-            clock: clock.clone(),
-        }),
-        Arc::new(clock.clone()),
+    let other = dispatcher(
+        &index,
+        Reschedules::on(&Arc::new(MemoryAlarmIndex::new()), &clock),
+        &clock,
         config(),
-    )
-    .unwrap();
+    );
     assert_eq!(other.tick().await.unwrap().claimed, 1);
 }
 
@@ -454,29 +449,14 @@ fn do_alarm_dispatches_is_recorded_through_the_metrics_facade_by_outcome() {
             for name in ["a", "b", "c"] {
                 index.upsert(&obj(name), &tok("t0"), START).await.unwrap();
             }
-            let delivers = Dispatcher::new(
-                Arc::clone(&index),
-                Arc::new(Delivers),
-                Arc::new(clock.clone()),
-                config(),
-            )
-            .unwrap();
+            let delivers = dispatcher(&index, Arc::new(Delivers), &clock, config());
             delivers.tick().await.unwrap();
             index
                 .upsert(&obj("d"), &tok("t0"), START + 1_000)
                 .await
                 .unwrap();
             clock.advance(1_000);
-            let reschedules = Dispatcher::new(
-                Arc::clone(&index),
-                Arc::new(Reschedules {
-                    index: Arc::clone(&index),
-                    clock: clock.clone(),
-                }),
-                Arc::new(clock.clone()),
-                config(),
-            )
-            .unwrap();
+            let reschedules = dispatcher(&index, Reschedules::on(&index, &clock), &clock, config());
             reschedules.tick().await.unwrap();
             (
                 delivers.counters().snapshot(),
@@ -567,14 +547,7 @@ async fn a_delivery_runs_only_under_a_permit_and_without_one_its_job_waits_with_
         std::sync::Mutex::default(),
     ));
     let permits: Arc<dyn durability_scheduler::Permits> = gate.clone();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(),
-    )
-    .unwrap()
-    .with_permits(permits);
+    let d = dispatcher(&index, Arc::clone(&host), &clock, config()).with_permits(permits);
 
     d.tick().await.unwrap();
     assert!(
