@@ -24,10 +24,7 @@ use crate::token::Token;
 pub use durability_scheduler::storage_suite;
 
 /// The schema steps the in-memory storage registers for alarms.
-pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
 
 /// A fresh in-memory object storage with the alarm schema registered.
 pub fn memory_storage() -> MemoryStorage {

@@ -19,6 +19,13 @@ pub struct SchemaStep {
     pub name: &'static str,
 }
 
+impl SchemaStep {
+    /// The step reaching `version`, named `name`.
+    pub const fn new(version: u32, name: &'static str) -> Self {
+        Self { version, name }
+    }
+}
+
 /// Which way a schema step is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
