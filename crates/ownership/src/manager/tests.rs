@@ -40,18 +40,7 @@ fn settings() -> OwnershipSettings {
 }
 
 async fn fixture() -> Fixture {
-    let clock = ManualClock::new(1_000_000);
-    let store = Arc::new(InMemoryLeaseStore::new(
-        clock.clone(),
-        ShardCount::default(),
-    ));
-    let lifecycle = LifecycleId::new("ns:w").expect("lifecycle");
-    let storage = StorageId::new("st1").expect("storage");
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .expect("pointer");
-    let scope = OwnerScope::parse("st1:Room:shard1", ShardCount::default()).expect("scope");
+    let (clock, store, scope, lifecycle) = crate::memory::test_world().await;
     Fixture {
         clock,
         store,
