@@ -448,11 +448,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             }
             Ok(false) => HandOff::NotOwned,
             Err(e) => {
-                warn_failed(
-                    "durability.ownership.hand_off_failed",
-                    scope,
-                    &e,
-                    "releasing a handed-off scope failed; its lease ends by expiry",
+                tracing::warn!(
+                    event = "durability.ownership.hand_off_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "releasing a handed-off scope failed; its lease ends by expiry"
                 );
                 HandOff::Failed(e)
             }
@@ -583,11 +584,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 if e.outcome() == crate::error::DispatchOutcome::Unknown {
                     self.inner.incarnation.unsure(scope);
                 }
-                warn_failed(
-                    "durability.ownership.claim_failed",
-                    scope,
-                    &e,
-                    "claiming the owner scope failed",
+                tracing::warn!(
+                    event = "durability.ownership.claim_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "claiming the owner scope failed"
                 );
                 Err(e)
             }
@@ -706,11 +708,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                     self.inner.metrics.renew_lost.increment(1);
                     self.leases().remove(scope);
                 }
-                warn_failed(
-                    "durability.ownership.renew_failed",
-                    scope,
-                    &e,
-                    "renewing the owner lease failed",
+                tracing::warn!(
+                    event = "durability.ownership.renew_failed",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "renewing the owner lease failed"
                 );
                 Err(e)
             }
@@ -898,11 +901,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.forget(scope);
                 }
-                warn_failed(
-                    "durability.ownership.admission_refused",
-                    scope,
-                    &e,
-                    "admission refused",
+                tracing::warn!(
+                    event = "durability.ownership.admission_refused",
+                    scope = %scope,
+                    code = e.code(),
+                    error = %e,
+                    "admission refused"
                 );
                 return Err(e);
             }
@@ -1006,11 +1010,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(Ok(true)) => released.push((scope, l.record.generation())),
                 Ok(Ok(false)) => not_released.push(scope),
                 Ok(Err(e)) => {
-                    warn_failed(
-                        "durability.ownership.release_failed",
-                        &scope,
-                        &e,
-                        "releasing the owner lease failed",
+                    tracing::warn!(
+                        event = "durability.ownership.release_failed",
+                        scope = %scope,
+                        code = e.code(),
+                        error = %e,
+                        "releasing the owner lease failed"
                     );
                     not_released.push(scope);
                 }
@@ -1111,11 +1116,12 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     ) -> WatchExit {
         self.forget(scope);
         token.cancel();
-        warn_failed(
-            "durability.ownership.watchdog_cancelled",
-            scope,
-            &cause,
-            "ownership lost; cancelling in-flight work",
+        tracing::warn!(
+            event = "durability.ownership.watchdog_cancelled",
+            scope = %scope,
+            code = cause.code(),
+            error = %cause,
+            "ownership lost; cancelling in-flight work"
         );
         WatchExit::Lost(cause)
     }
@@ -1140,12 +1146,6 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             scopes,
         }
     }
-}
-
-/// Logs a failed store call on `scope` as a warning naming `event`, the
-/// error's code and `what` failed.
-fn warn_failed(event: &'static str, scope: &OwnerScope, e: &OwnershipError, what: &'static str) {
-    tracing::warn!(event, scope = %scope, code = e.code(), error = %e, "{what}");
 }
 
 mod incarnation;
