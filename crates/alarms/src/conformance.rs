@@ -24,10 +24,7 @@ use crate::token::Token;
 pub use durability_scheduler::storage_suite;
 
 /// The schema steps the in-memory storage registers for alarms.
-pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
 
 /// A fresh in-memory object storage with the alarm schema registered.
 pub fn memory_storage() -> MemoryStorage {
@@ -47,18 +44,21 @@ fn tok(s: &str) -> Token {
 
 /// Object `a` with one job (`token`, due at `T0`), promoted and claimed at
 /// `T0` under `run`.
+/// Claims the next ready job at `now` under the run token `run`.
+async fn claim_at<I: AlarmIndex>(ix: &I, now: i64, run: &str) -> Option<crate::index::Claim> {
+    let ready = ClaimReady {
+        now,
+        lease_ms: LEASE,
+        run: &tok(run),
+    };
+    ix.claim(ready).await.expect("claim")
+}
+
 async fn running_a<I: AlarmIndex>(ix: &I, token: &str, run: &str) -> ObjectId {
     let a = obj("a");
     ix.upsert(&a, &tok(token), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok(run),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    claim_at(ix, T0, run).await.expect("claimed");
     a
 }
 
@@ -161,15 +161,7 @@ async fn release_returns_a_claim_unused_and_is_run_token_fenced<I: AlarmIndex>(i
     let a = obj("a");
     ix.upsert(&a, &tok("t"), T0).await.expect("upsert");
     ix.promote(T0, 10).await.expect("promote");
-    let c = ix
-        .claim(ClaimReady {
-            now: T0,
-            lease_ms: LEASE,
-            run: &tok("r1"),
-        })
-        .await
-        .expect("claim")
-        .expect("a claim");
+    let c = claim_at(ix, T0, "r1").await.expect("a claim");
     assert!(
         !ix.release(&a, &tok("other"), T0).await.expect("release"),
         "another run token cannot release"
@@ -180,14 +172,8 @@ async fn release_returns_a_claim_unused_and_is_run_token_fenced<I: AlarmIndex>(i
         "released once"
     );
     ix.promote(T0, 10).await.expect("promote");
-    let again = ix
-        .claim(ClaimReady {
-            now: T0,
-            lease_ms: LEASE,
-            run: &tok("r2"),
-        })
+    let again = claim_at(ix, T0, "r2")
         .await
-        .expect("claim")
         .expect("claimable again at once, without waiting for the lease");
     assert_eq!(again.tries, 1, "the released claim used no try");
     assert!(
@@ -246,15 +232,7 @@ async fn jobs_with_prefix_pages_through_one_prefix<I: AlarmIndex>(ix: &I) {
     }
     // Some are ready, one is running: listing covers every state.
     ix.promote(T0 + 4, 5).await.expect("promote");
-    let claimed = ix
-        .claim(ClaimReady {
-            now: T0 + 4,
-            lease_ms: LEASE,
-            run: &tok("run"),
-        })
-        .await
-        .expect("claim")
-        .expect("a ready job");
+    let claimed = claim_at(ix, T0 + 4, "run").await.expect("a ready job");
     let mut seen = std::collections::BTreeMap::new();
     let mut cursor: Option<String> = None;
     let mut pages = 0;
@@ -375,51 +353,19 @@ async fn claim_is_exclusive_and_earliest_first<I: AlarmIndex>(ix: &I) {
     ix.upsert(&obj("a"), &tok("ta"), T0 + 1)
         .await
         .expect("upsert");
-    assert_eq!(
-        ix.claim(ClaimReady {
-            now: T0 + 10,
-            lease_ms: LEASE,
-            run: &tok("r0")
-        })
-        .await
-        .expect("claim"),
-        None,
-        "due is not ready"
-    );
+    assert_eq!(claim_at(ix, T0 + 10, "r0").await, None, "due is not ready");
     ix.promote(T0 + 10, 10).await.expect("promote");
-    let c1 = ix
-        .claim(ClaimReady {
-            now: T0 + 10,
-            lease_ms: LEASE,
-            run: &tok("r1"),
-        })
-        .await
-        .expect("claim")
-        .expect("a claim");
+    let c1 = claim_at(ix, T0 + 10, "r1").await.expect("a claim");
     assert_eq!(
         (c1.object.as_str(), c1.token.clone(), c1.due_at, c1.tries),
         ("a", tok("ta"), T0 + 1, 1)
     );
     assert_eq!(c1.run, tok("r1"));
     assert_eq!(c1.lease_until, T0 + 10 + LEASE);
-    let c2 = ix
-        .claim(ClaimReady {
-            now: T0 + 10,
-            lease_ms: LEASE,
-            run: &tok("r2"),
-        })
-        .await
-        .expect("claim")
-        .expect("b claim");
+    let c2 = claim_at(ix, T0 + 10, "r2").await.expect("b claim");
     assert_eq!(c2.object.as_str(), "b");
     assert_eq!(
-        ix.claim(ClaimReady {
-            now: T0 + 10,
-            lease_ms: LEASE,
-            run: &tok("r3")
-        })
-        .await
-        .expect("claim"),
+        claim_at(ix, T0 + 10, "r3").await,
         None,
         "each job claimed once"
     );
@@ -444,14 +390,7 @@ async fn settlement_is_run_token_fenced<I: AlarmIndex>(ix: &I) {
         !ix.finish(&a, &tok("r")).await.expect("finish"),
         "a ready job cannot be finished"
     );
-    ix.claim(ClaimReady {
-        now: T0,
-        lease_ms: LEASE,
-        run: &tok("r"),
-    })
-    .await
-    .expect("claim")
-    .expect("claimed");
+    claim_at(ix, T0, "r").await.expect("claimed");
     assert!(
         !ix.finish(&a, &tok("other")).await.expect("finish"),
         "wrong run token"
@@ -506,15 +445,7 @@ async fn retry_returns_to_due<I: AlarmIndex>(ix: &I) {
     );
     assert_eq!(ix.promote(T0 + 500, 10).await.expect("promote"), 0);
     assert_eq!(ix.promote(T0 + 501, 10).await.expect("promote"), 1);
-    let c = ix
-        .claim(ClaimReady {
-            now: T0 + 501,
-            lease_ms: LEASE,
-            run: &tok("r2"),
-        })
-        .await
-        .expect("claim")
-        .expect("claimed");
+    let c = claim_at(ix, T0 + 501, "r2").await.expect("claimed");
     assert_eq!(c.tries, 2, "tries carry over");
     assert!(
         !ix.retry(RetryJob {
@@ -547,15 +478,7 @@ async fn lease_expiry_returns_job_and_fences_old_run<I: AlarmIndex>(ix: &I) {
         !ix.finish(&a, &tok("r1")).await.expect("finish"),
         "expired run cannot settle"
     );
-    let c = ix
-        .claim(ClaimReady {
-            now: T0 + LEASE,
-            lease_ms: LEASE,
-            run: &tok("r2"),
-        })
-        .await
-        .expect("claim")
-        .expect("reclaimed");
+    let c = claim_at(ix, T0 + LEASE, "r2").await.expect("reclaimed");
     assert_eq!((c.tries, c.token.clone()), (2, tok("t")));
     assert!(ix.finish(&a, &tok("r2")).await.expect("finish"));
 }

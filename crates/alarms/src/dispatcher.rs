@@ -638,21 +638,12 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         } else {
             self.index.release(&claim.object, &claim.run, now).await
         };
-        match result {
-            Ok(true) => {
-                report.released += 1;
-                DispatchCounters::bump(&self.counters.released, "released", &claim.object);
-            }
-            Ok(false) => self.refused(claim).await,
-            Err(error) => {
-                tracing::warn!(
-                    event = "durability.alarms.settle_failed",
-                    object = %claim.object,
-                    code = error.code(),
-                    %error,
-                    "releasing an alarm claim failed; its lease brings it back"
-                );
-            }
+        let released = &self.counters.released;
+        if self
+            .count_settlement(result, claim, released, "released")
+            .await
+        {
+            report.released += 1;
         }
     }
 
@@ -858,18 +849,21 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
         self.count_settlement(result, claim, counter, outcome).await;
     }
 
-    /// Counts a settlement the index applied under `outcome`; a refusal
-    /// (the claim is no longer ours) is classified, a failure logged (the
-    /// claim's lease brings the job back).
+    /// Counts a settlement the index applied under `outcome` and returns
+    /// whether it applied; a refusal (the claim is no longer ours) is
+    /// classified, a failure logged (the claim's lease brings the job back).
     async fn count_settlement(
         &self,
         result: Result<bool, AlarmError>,
         claim: &Claim,
         counter: &AtomicU64,
         outcome: &'static str,
-    ) {
+    ) -> bool {
         match result {
-            Ok(true) => DispatchCounters::bump(counter, outcome, &claim.object),
+            Ok(true) => {
+                DispatchCounters::bump(counter, outcome, &claim.object);
+                return true;
+            }
             Ok(false) => self.refused(claim).await,
             Err(error) => {
                 tracing::warn!(
@@ -877,10 +871,11 @@ impl<I: AlarmIndex, D: Dispatch> Dispatcher<I, D> {
                     object = %claim.object,
                     code = error.code(),
                     %error,
-                    "settling an alarm claim failed"
+                    "settling an alarm claim failed; its lease brings it back"
                 );
             }
         }
+        false
     }
 }
 

@@ -91,25 +91,6 @@ pub enum AlarmError {
 }
 
 impl AlarmError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidTime { .. } => "do_alarm_invalid_time",
-            Self::InvalidToken { .. } => "do_alarm_invalid_token",
-            Self::InvalidConfig { .. } => "do_alarm_invalid_config",
-            Self::BackendUnavailable { .. } => "do_alarm_backend_unavailable",
-            Self::BackendFailed { .. } => "do_alarm_backend_failed",
-            Self::ResultUnknown { .. } => "do_alarm_result_unknown",
-            Self::SyncTransaction => "do_alarm_sync_transaction",
-            Self::NestedTransaction => "do_alarm_nested_transaction",
-            Self::TransactionClosed => "do_alarm_transaction_closed",
-            Self::Corrupt { .. } => "do_alarm_corrupt",
-            Self::ResponseTooLarge { .. } => "do_alarm_response_too_large",
-            Self::Storage(_) => "do_alarm_storage",
-            Self::Schema(_) => "do_alarm_schema",
-        }
-    }
-
     /// Whether retrying the same call can help.
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -125,23 +106,6 @@ impl AlarmError {
     pub fn is_result_unknown(&self) -> bool {
         matches!(self, Self::ResultUnknown { .. })
     }
-
-    /// Every code, for documentation and uniqueness tests.
-    pub const CODES: &'static [&'static str] = &[
-        "do_alarm_invalid_time",
-        "do_alarm_invalid_token",
-        "do_alarm_invalid_config",
-        "do_alarm_backend_unavailable",
-        "do_alarm_backend_failed",
-        "do_alarm_result_unknown",
-        "do_alarm_sync_transaction",
-        "do_alarm_nested_transaction",
-        "do_alarm_transaction_closed",
-        "do_alarm_corrupt",
-        "do_alarm_response_too_large",
-        "do_alarm_storage",
-        "do_alarm_schema",
-    ];
 
     /// A backend setup failure (nothing changed).
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
@@ -162,5 +126,23 @@ impl AlarmError {
         Self::ResultUnknown {
             source: source.into(),
         }
+    }
+}
+
+durability_time::error_codes! {
+    AlarmError {
+        Self::InvalidTime { .. } => "do_alarm_invalid_time",
+        Self::InvalidToken { .. } => "do_alarm_invalid_token",
+        Self::InvalidConfig { .. } => "do_alarm_invalid_config",
+        Self::BackendUnavailable { .. } => "do_alarm_backend_unavailable",
+        Self::BackendFailed { .. } => "do_alarm_backend_failed",
+        Self::ResultUnknown { .. } => "do_alarm_result_unknown",
+        Self::SyncTransaction => "do_alarm_sync_transaction",
+        Self::NestedTransaction => "do_alarm_nested_transaction",
+        Self::TransactionClosed => "do_alarm_transaction_closed",
+        Self::Corrupt { .. } => "do_alarm_corrupt",
+        Self::ResponseTooLarge { .. } => "do_alarm_response_too_large",
+        Self::Storage(_) => "do_alarm_storage",
+        Self::Schema(_) => "do_alarm_schema",
     }
 }

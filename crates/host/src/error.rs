@@ -353,70 +353,6 @@ const NOT_STARTED_REMOTE: &[&str] = &[
 ];
 
 impl HostError {
-    /// Every stable code, in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "host_invalid_setting",
-        "host_lifecycle_record",
-        "host_unknown_class",
-        "host_class_type",
-        "host_invalid_object_name",
-        "host_draining",
-        "host_not_owner",
-        "host_ownership_refused",
-        "host_fenced",
-        "host_ownership_lost",
-        "host_storage_failed",
-        "host_factory_failed",
-        "host_handler_failed",
-        "host_method_error",
-        "host_alarm_failed",
-        "host_schema_ahead",
-        "host_invalid_method",
-        "host_invalid_args",
-        "host_unknown_method",
-        "host_stale_fence",
-        "owner_unavailable",
-        "do_rpc_result_unknown",
-        "host_remote_error",
-        "host_transport_failed",
-        "host_invalid_request",
-        "host_request_too_large",
-        "host_network_file_system",
-    ];
-
-    /// The stable machine code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidSetting { .. } => "host_invalid_setting",
-            Self::LifecycleRecord { .. } => "host_lifecycle_record",
-            Self::UnknownClass { .. } => "host_unknown_class",
-            Self::ClassType { .. } => "host_class_type",
-            Self::InvalidObjectName { .. } => "host_invalid_object_name",
-            Self::Draining => "host_draining",
-            Self::NotOwner { .. } => "host_not_owner",
-            Self::Ownership(_) => "host_ownership_refused",
-            Self::Fenced(_) => "host_fenced",
-            Self::OwnershipLost { .. } => "host_ownership_lost",
-            Self::Storage(_) => "host_storage_failed",
-            Self::Factory { .. } => "host_factory_failed",
-            Self::Handler(_) => "host_handler_failed",
-            Self::Method { .. } => "host_method_error",
-            Self::Alarm(_) => "host_alarm_failed",
-            Self::SchemaAhead { .. } => "host_schema_ahead",
-            Self::InvalidMethod { .. } => "host_invalid_method",
-            Self::InvalidArgs { .. } => "host_invalid_args",
-            Self::UnknownMethod { .. } => "host_unknown_method",
-            Self::StaleFence { .. } => "host_stale_fence",
-            Self::OwnerUnavailable { .. } | Self::OwnerUnreachable { .. } => "owner_unavailable",
-            Self::RpcResultUnknown { .. } => "do_rpc_result_unknown",
-            Self::Remote { .. } => "host_remote_error",
-            Self::Transport { .. } => "host_transport_failed",
-            Self::InvalidRequest { .. } => "host_invalid_request",
-            Self::RequestTooLarge { .. } => "host_request_too_large",
-            Self::NetworkFileSystem { .. } => "host_network_file_system",
-        }
-    }
-
     /// Whether retrying (through a fresh owner resolution, possibly on
     /// another host) can help.
     pub fn is_retryable(&self) -> bool {
@@ -740,6 +676,38 @@ impl HostError {
             setting,
             reason: reason.into(),
         }
+    }
+}
+
+durability_time::error_codes! {
+    HostError {
+        Self::InvalidSetting { .. } => "host_invalid_setting",
+        Self::LifecycleRecord { .. } => "host_lifecycle_record",
+        Self::UnknownClass { .. } => "host_unknown_class",
+        Self::ClassType { .. } => "host_class_type",
+        Self::InvalidObjectName { .. } => "host_invalid_object_name",
+        Self::Draining => "host_draining",
+        Self::NotOwner { .. } => "host_not_owner",
+        Self::Ownership(_) => "host_ownership_refused",
+        Self::Fenced(_) => "host_fenced",
+        Self::OwnershipLost { .. } => "host_ownership_lost",
+        Self::Storage(_) => "host_storage_failed",
+        Self::Factory { .. } => "host_factory_failed",
+        Self::Handler(_) => "host_handler_failed",
+        Self::Method { .. } => "host_method_error",
+        Self::Alarm(_) => "host_alarm_failed",
+        Self::SchemaAhead { .. } => "host_schema_ahead",
+        Self::InvalidMethod { .. } => "host_invalid_method",
+        Self::InvalidArgs { .. } => "host_invalid_args",
+        Self::UnknownMethod { .. } => "host_unknown_method",
+        Self::StaleFence { .. } => "host_stale_fence",
+        Self::OwnerUnavailable { .. } | Self::OwnerUnreachable { .. } => "owner_unavailable",
+        Self::RpcResultUnknown { .. } => "do_rpc_result_unknown",
+        Self::Remote { .. } => "host_remote_error",
+        Self::Transport { .. } => "host_transport_failed",
+        Self::InvalidRequest { .. } => "host_invalid_request",
+        Self::RequestTooLarge { .. } => "host_request_too_large",
+        Self::NetworkFileSystem { .. } => "host_network_file_system",
     }
 }
 

@@ -65,22 +65,6 @@ pub enum OutboxError {
 }
 
 impl OutboxError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidChannel { .. } => "OUTBOX_INVALID_CHANNEL",
-            Self::InvalidKey { .. } => "OUTBOX_INVALID_KEY",
-            Self::ValueTooLarge { .. } => "OUTBOX_VALUE_TOO_LARGE",
-            Self::Encode(_) => "OUTBOX_ENCODE_FAILED",
-            Self::ValueDoesNotRoundTrip { .. } => "OUTBOX_VALUE_NOT_ROUND_TRIP",
-            Self::InvalidPolicy { .. } => "OUTBOX_INVALID_POLICY",
-            Self::VersionsExhausted => "OUTBOX_VERSIONS_EXHAUSTED",
-            Self::Scheduler(e) => e.code(),
-            Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "OUTBOX_CORRUPT",
-            Self::Storage(_) => "OUTBOX_STORAGE",
-        }
-    }
-
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -89,19 +73,21 @@ impl OutboxError {
             _ => false,
         }
     }
+}
 
-    /// Every code this enum produces itself.
-    pub const CODES: &'static [&'static str] = &[
-        "OUTBOX_INVALID_CHANNEL",
-        "OUTBOX_INVALID_KEY",
-        "OUTBOX_VALUE_TOO_LARGE",
-        "OUTBOX_ENCODE_FAILED",
-        "OUTBOX_VALUE_NOT_ROUND_TRIP",
-        "OUTBOX_INVALID_POLICY",
-        "OUTBOX_VERSIONS_EXHAUSTED",
-        "OUTBOX_STORAGE",
-        "OUTBOX_CORRUPT",
-    ];
+durability_time::error_codes! {
+    OutboxError {
+        Self::InvalidChannel { .. } => "OUTBOX_INVALID_CHANNEL",
+        Self::InvalidKey { .. } => "OUTBOX_INVALID_KEY",
+        Self::ValueTooLarge { .. } => "OUTBOX_VALUE_TOO_LARGE",
+        Self::Encode(_) => "OUTBOX_ENCODE_FAILED",
+        Self::ValueDoesNotRoundTrip { .. } => "OUTBOX_VALUE_NOT_ROUND_TRIP",
+        Self::InvalidPolicy { .. } => "OUTBOX_INVALID_POLICY",
+        Self::VersionsExhausted => "OUTBOX_VERSIONS_EXHAUSTED",
+        Self::Scheduler(e) => e.code(),
+        Self::Storage(e) if e.kind() != StorageErrorKind::Corrupt => "OUTBOX_STORAGE",
+        Self::Storage(_) => "OUTBOX_CORRUPT",
+    }
 }
 
 /// The error a sink or dead-letter sink returns for a failed attempt.

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 
+use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerEndpoint, OwnerRecord};
 use crate::scope::{ClassName, LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
@@ -116,6 +117,88 @@ async fn claimed<H: Harness>(h: &H, c: &Case, t: &str) -> OwnerRecord {
     }
 }
 
+impl Case {
+    /// A record of this case's scope and lifecycle held by `t` at `generation`.
+    fn record(&self, t: &str, generation: u64) -> OwnerRecord {
+        let generation = Generation::new(generation).expect("generation");
+        OwnerRecord::new(
+            self.scope.clone(),
+            self.lifecycle.clone(),
+            task(t),
+            generation,
+        )
+    }
+
+    /// Another shard of this case's storage id and class.
+    fn shard(&self, shard: u32) -> OwnerScope {
+        let (storage, class) = (self.scope.storage_id().clone(), self.scope.class().clone());
+        OwnerScope::new(storage, class, shard, ShardCount::default()).expect("scope")
+    }
+}
+
+async fn claim_err<H: Harness>(h: &H, c: &Case, ttl_ms: u64) -> OwnershipError {
+    h.store()
+        .claim(&c.scope, &c.lifecycle, &task("a"), ttl_ms)
+        .await
+        .expect_err("claim refused")
+}
+
+/// The result codes of a batch, `Ok(())` for a success.
+fn codes<T>(results: &[Result<T, OwnershipError>]) -> Vec<Result<(), &'static str>> {
+    let code = |r: &Result<T, OwnershipError>| r.as_ref().map(|_| ()).map_err(|e| e.code());
+    results.iter().map(code).collect()
+}
+
+/// A change to a lifecycle that refuses claims and renewals under it.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The active storage pointer names another storage id.
+    Moved,
+    /// The active storage pointer is unset.
+    Unset,
+    /// A whole-lifecycle delete lock.
+    Locked,
+}
+
+impl Refusal {
+    const ALL: [Self; 3] = [Self::Moved, Self::Unset, Self::Locked];
+
+    fn code(self) -> &'static str {
+        match self {
+            Self::Moved | Self::Unset => "storage_inactive",
+            Self::Locked => "worker_delete_locked",
+        }
+    }
+
+    async fn apply<H: Harness>(self, h: &H, c: &Case) {
+        let other = StorageId::new("moved-storage").expect("id");
+        let store = h.store();
+        match self {
+            Self::Moved => store.set_active_storage(&c.lifecycle, Some(&other)).await,
+            Self::Unset => store.set_active_storage(&c.lifecycle, None).await,
+            Self::Locked => {
+                let lock = Some(DeleteLock::Whole);
+                store.set_delete_lock(&c.lifecycle, lock).await
+            }
+        }
+        .expect("lifecycle change");
+    }
+
+    /// Puts the case's lifecycle back: pointer at its storage id, no lock.
+    async fn undo<H: Harness>(self, h: &H, c: &Case) {
+        let store = h.store();
+        let storage = Some(c.scope.storage_id());
+        store
+            .set_active_storage(&c.lifecycle, storage)
+            .await
+            .expect("pointer");
+        store
+            .set_delete_lock(&c.lifecycle, None)
+            .await
+            .expect("unlock");
+    }
+}
+
 /// Runs every case against `h`. `prefix` keeps this run's names apart from
 /// other runs on a shared store (`[A-Za-z0-9-]`, short).
 pub async fn run_all<H: Harness>(h: &H, prefix: &str) {
@@ -180,12 +263,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 let l = h.store().renew(&r, TTL_MS).await.expect("renew");
                 assert_eq!(l.record, r, "{name}");
                 assert!(l.remaining_ms > TTL_MS / 2, "{name}: refreshed");
-                let forged = OwnerRecord::new(
-                    c.scope.clone(),
-                    c.lifecycle.clone(),
-                    task("a"),
-                    Generation::new(r.generation().get() + 1).expect("gen"),
-                );
+                let forged = c.record("a", r.generation().get() + 1);
                 let e = h
                     .store()
                     .renew(&forged, TTL_MS)
@@ -210,88 +288,28 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
             }
             "renew_checks_the_lifecycle" => {
                 let r = claimed(h, &c, "a").await;
-                let other = StorageId::new("moved-storage").expect("id");
-                h.store()
-                    .set_active_storage(&c.lifecycle, Some(&other))
-                    .await
-                    .expect("pointer");
-                let e = h
-                    .store()
-                    .renew(&r, TTL_MS)
-                    .await
-                    .expect_err("pointer moved");
-                assert_eq!(e.code(), "storage_inactive", "{name}");
-                h.store()
-                    .set_active_storage(&c.lifecycle, None)
-                    .await
-                    .expect("pointer");
-                let e = h.store().renew(&r, TTL_MS).await.expect_err("pointer gone");
-                assert_eq!(e.code(), "storage_inactive", "{name}");
-                h.store()
-                    .set_active_storage(&c.lifecycle, Some(c.scope.storage_id()))
-                    .await
-                    .expect("pointer");
-                h.store()
-                    .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
-                    .await
-                    .expect("lock");
-                let e = h.store().renew(&r, TTL_MS).await.expect_err("whole lock");
-                assert_eq!(e.code(), "worker_delete_locked", "{name}");
-                h.store()
-                    .set_delete_lock(&c.lifecycle, None)
-                    .await
-                    .expect("unlock");
-                h.store()
-                    .renew(&r, TTL_MS)
-                    .await
-                    .expect("renew after unlock");
+                for refusal in Refusal::ALL {
+                    refusal.apply(h, &c).await;
+                    let e = h.store().renew(&r, TTL_MS).await.expect_err("refused");
+                    assert_eq!(e.code(), refusal.code(), "{name}: {refusal:?}");
+                    refusal.undo(h, &c).await;
+                }
+                h.store().renew(&r, TTL_MS).await.expect("renew after undo");
             }
             "claim_checks_the_lifecycle_and_writes_nothing" => {
                 let before = snap_raw(h, &c).await;
-                h.store()
-                    .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
-                    .await
-                    .expect("lock");
-                let e = h
-                    .store()
-                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
-                    .await
-                    .expect_err("locked");
-                assert_eq!(e.code(), "worker_delete_locked", "{name}");
-                h.store()
-                    .set_delete_lock(&c.lifecycle, None)
-                    .await
-                    .expect("unlock");
-                let other = StorageId::new("moved-storage").expect("id");
-                h.store()
-                    .set_active_storage(&c.lifecycle, Some(&other))
-                    .await
-                    .expect("pointer");
-                let e = h
-                    .store()
-                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
-                    .await
-                    .expect_err("moved");
-                assert_eq!(e.code(), "storage_inactive", "{name}");
-                h.store()
-                    .set_active_storage(&c.lifecycle, None)
-                    .await
-                    .expect("pointer");
-                let e = h
-                    .store()
-                    .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
-                    .await
-                    .expect_err("gone");
-                assert_eq!(e.code(), "storage_inactive", "{name}");
+                for refusal in Refusal::ALL {
+                    refusal.apply(h, &c).await;
+                    let e = claim_err(h, &c, TTL_MS).await;
+                    assert_eq!(e.code(), refusal.code(), "{name}: {refusal:?}");
+                    refusal.undo(h, &c).await;
+                }
                 assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
-                assert_eq!(
-                    before,
-                    RawState {
-                        owner: None,
-                        generation: None
-                    },
-                    "{name}"
-                );
+                let empty = RawState {
+                    owner: None,
+                    generation: None,
+                };
+                assert_eq!(before, empty, "{name}");
             }
             "version_lock_does_not_interrupt" => {
                 h.store()
@@ -311,12 +329,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
             }
             "release_is_exact_and_keeps_the_generation" => {
                 let r = claimed(h, &c, "a").await;
-                let forged = OwnerRecord::new(
-                    c.scope.clone(),
-                    c.lifecycle.clone(),
-                    task("b"),
-                    r.generation(),
-                );
+                let forged = c.record("b", r.generation().get());
                 assert!(
                     !h.store().release(&forged).await.expect("release"),
                     "{name}: foreign record"
@@ -355,11 +368,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 for raw in raws {
                     h.put_raw_owner(&c.scope, &raw).await;
                     let before = snap_raw(h, &c).await;
-                    let e = h
-                        .store()
-                        .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
-                        .await
-                        .expect_err("malformed");
+                    let e = claim_err(h, &c, TTL_MS).await;
                     assert_eq!(
                         e.code(),
                         "invalid_owner_record",
@@ -375,12 +384,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                         "invalid_owner_record",
                         "{name}: snapshot over {raw:?}"
                     );
-                    let honest = OwnerRecord::new(
-                        c.scope.clone(),
-                        c.lifecycle.clone(),
-                        task("a"),
-                        Generation::new(1).expect("g"),
-                    );
+                    let honest = c.record("a", 1);
                     let e = h
                         .store()
                         .renew(&honest, TTL_MS)
@@ -419,11 +423,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
             "bad_ttl_is_refused_before_any_write" => {
                 let before = snap_raw(h, &c).await;
                 for ttl in [0, crate::scope::MAX_SAFE_INTEGER + 1] {
-                    let e = h
-                        .store()
-                        .claim(&c.scope, &c.lifecycle, &task("a"), ttl)
-                        .await
-                        .expect_err("ttl");
+                    let e = claim_err(h, &c, ttl).await;
                     assert_eq!(e.code(), "invalid_input", "{name}: claim ttl {ttl}");
                 }
                 assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
@@ -512,12 +512,7 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 assert_eq!(held.endpoint(), Some(&endpoint), "{name}");
                 // The same task and generation without the endpoint is
                 // another record: renew and release refuse it.
-                let bare = OwnerRecord::new(
-                    c.scope.clone(),
-                    c.lifecycle.clone(),
-                    task("a"),
-                    r.generation(),
-                );
+                let bare = c.record("a", r.generation().get());
                 assert!(
                     h.store().renew(&bare, TTL_MS).await.is_err(),
                     "{name}: renew is exact"
@@ -721,7 +716,7 @@ async fn renew_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     for r in &records {
         one_by_one.push(h.store().renew(r, TTL_MS).await);
     }
-    let shape = |r: &Result<crate::store::Lease, crate::error::OwnershipError>| match r {
+    let shape = |r: &Result<crate::store::Lease, OwnershipError>| match r {
         Ok(l) => {
             assert!(l.remaining_ms > TTL_MS / 2, "{name}: refreshed");
             Ok(l.record.clone())
@@ -758,14 +753,7 @@ async fn renew_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
     let live = records[0].clone();
     let before = h.raw_state(live.scope()).await;
     let bad = h.store().renew_many(&[live.clone(), live.clone()], 0).await;
-    assert_eq!(bad.len(), 2, "{name}: bad ttl");
-    for r in &bad {
-        assert_eq!(
-            r.as_ref().map(|_| ()).map_err(|e| e.code()),
-            Err("invalid_input"),
-            "{name}: bad ttl"
-        );
-    }
+    assert_eq!(codes(&bad), [Err("invalid_input"); 2], "{name}: bad ttl");
     assert_eq!(
         h.raw_state(live.scope()).await,
         before,
@@ -864,15 +852,7 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
 /// named twice once, refuses a locked lifecycle or a bad TTL for every scope
 /// with nothing written.
 async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
-    let scope = |n: u32| {
-        OwnerScope::new(
-            c.scope.storage_id().clone(),
-            c.scope.class().clone(),
-            n,
-            ShardCount::default(),
-        )
-        .expect("scope")
-    };
+    let scope = |n: u32| c.shard(n);
     let held = h
         .store()
         .claim(&scope(4), &c.lifecycle, &task("b"), TTL_MS)
@@ -930,17 +910,8 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
             Claimant::new(&c.lifecycle, &task("a"), 0),
         )
         .await;
-    for r in &bad {
-        assert_eq!(
-            r.as_ref().map(|_| ()).map_err(|e| e.code()),
-            Err("invalid_input"),
-            "{name}"
-        );
-    }
-    h.store()
-        .set_delete_lock(&c.lifecycle, Some(DeleteLock::Whole))
-        .await
-        .expect("lock");
+    assert_eq!(codes(&bad), [Err("invalid_input"); 2], "{name}");
+    Refusal::Locked.apply(h, c).await;
     let locked = h
         .store()
         .claim_many(
@@ -948,14 +919,7 @@ async fn claim_many_case<H: Harness>(h: &H, c: &Case, name: &str) {
             Claimant::new(&c.lifecycle, &task("a"), TTL_MS),
         )
         .await;
-    assert_eq!(locked.len(), 2, "{name}");
-    for r in &locked {
-        assert_eq!(
-            r.as_ref().map(|_| ()).map_err(|e| e.code()),
-            Err("worker_delete_locked"),
-            "{name}"
-        );
-    }
+    assert_eq!(codes(&locked), [Err("worker_delete_locked"); 2], "{name}");
     assert_eq!(
         h.raw_state(&scope(7)).await,
         before,

@@ -170,50 +170,6 @@ pub enum OwnershipError {
 }
 
 impl OwnershipError {
-    /// Every stable code, in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "invalid_input",
-        "invalid_owner_record",
-        "invalid_lifecycle_state",
-        "stale_owner",
-        "owner_race",
-        "lease_expired",
-        "storage_inactive",
-        "worker_delete_locked",
-        "draining",
-        "owner_store_unavailable",
-        "owner_unavailable",
-        "ownership_lost",
-        "stale_generation",
-        "fence_not_recorded",
-        "shard_count_mismatch",
-        "object_scope_mismatch",
-        "duplicate_task_id",
-    ];
-
-    /// The stable machine code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidInput { .. } => "invalid_input",
-            Self::InvalidOwnerRecord { .. } => "invalid_owner_record",
-            Self::InvalidLifecycleState { .. } => "invalid_lifecycle_state",
-            Self::StaleOwner { .. } => "stale_owner",
-            Self::OwnerRace { .. } => "owner_race",
-            Self::LeaseExpired { .. } => "lease_expired",
-            Self::StorageInactive { .. } => "storage_inactive",
-            Self::DeleteLocked { .. } => "worker_delete_locked",
-            Self::Draining => "draining",
-            Self::StoreUnavailable { .. } => "owner_store_unavailable",
-            Self::OwnerUnavailable { .. } => "owner_unavailable",
-            Self::OwnershipLost { .. } => "ownership_lost",
-            Self::StaleGeneration { .. } => "stale_generation",
-            Self::FenceNotRecorded { .. } => "fence_not_recorded",
-            Self::ShardCountMismatch { .. } => "shard_count_mismatch",
-            Self::ObjectScopeMismatch { .. } => "object_scope_mismatch",
-            Self::DuplicateTaskId { .. } => "duplicate_task_id",
-        }
-    }
-
     /// What this error proves about the guarded work.
     ///
     /// Everything raised before dispatch proves the work never started; an
@@ -252,6 +208,28 @@ impl OwnershipError {
             what,
             reason: reason.into(),
         }
+    }
+}
+
+durability_time::error_codes! {
+    OwnershipError {
+        Self::InvalidInput { .. } => "invalid_input",
+        Self::InvalidOwnerRecord { .. } => "invalid_owner_record",
+        Self::InvalidLifecycleState { .. } => "invalid_lifecycle_state",
+        Self::StaleOwner { .. } => "stale_owner",
+        Self::OwnerRace { .. } => "owner_race",
+        Self::LeaseExpired { .. } => "lease_expired",
+        Self::StorageInactive { .. } => "storage_inactive",
+        Self::DeleteLocked { .. } => "worker_delete_locked",
+        Self::Draining => "draining",
+        Self::StoreUnavailable { .. } => "owner_store_unavailable",
+        Self::OwnerUnavailable { .. } => "owner_unavailable",
+        Self::OwnershipLost { .. } => "ownership_lost",
+        Self::StaleGeneration { .. } => "stale_generation",
+        Self::FenceNotRecorded { .. } => "fence_not_recorded",
+        Self::ShardCountMismatch { .. } => "shard_count_mismatch",
+        Self::ObjectScopeMismatch { .. } => "object_scope_mismatch",
+        Self::DuplicateTaskId { .. } => "duplicate_task_id",
     }
 }
 

@@ -310,3 +310,28 @@ impl<C: Clock> LifecycleAdmin for InMemoryLeaseStore<C> {
         Ok(())
     }
 }
+
+/// The crate's unit tests' world: a store on a manual clock at 1,000,000 ms,
+/// the lifecycle `ns:w` pointing at the storage id `st1`, and the scope
+/// `st1:Room:shard1`.
+#[cfg(test)]
+pub(crate) async fn test_world() -> (
+    durability_time::ManualClock,
+    std::sync::Arc<InMemoryLeaseStore<durability_time::ManualClock>>,
+    OwnerScope,
+    LifecycleId,
+) {
+    let clock = durability_time::ManualClock::new(1_000_000);
+    let store = std::sync::Arc::new(InMemoryLeaseStore::new(
+        clock.clone(),
+        ShardCount::default(),
+    ));
+    let lifecycle = LifecycleId::new("ns:w").expect("lifecycle");
+    let storage = StorageId::new("st1").expect("storage");
+    store
+        .set_active_storage(&lifecycle, Some(&storage))
+        .await
+        .expect("pointer");
+    let scope = OwnerScope::parse("st1:Room:shard1", ShardCount::default()).expect("scope");
+    (clock, store, scope, lifecycle)
+}

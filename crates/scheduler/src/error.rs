@@ -56,32 +56,20 @@ pub enum SchedulerError {
 }
 
 impl SchedulerError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidObjectId { .. } => "SCHEDULER_INVALID_OBJECT_ID",
-            Self::InvalidCapabilityName { .. } => "SCHEDULER_INVALID_CAPABILITY_NAME",
-            Self::DuplicateCapability { .. } => "SCHEDULER_DUPLICATE_CAPABILITY",
-            Self::UnknownSchema { .. } => "SCHEDULER_UNKNOWN_SCHEMA",
-            Self::UnknownSchemaTarget { .. } => "SCHEDULER_UNKNOWN_SCHEMA_TARGET",
-            Self::SchemaAhead { .. } => "SCHEDULER_SCHEMA_AHEAD",
-            Self::Storage(_) => "SCHEDULER_STORAGE",
-        }
-    }
-
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Storage(_))
     }
+}
 
-    /// Every code, for documentation and uniqueness tests.
-    pub const CODES: &'static [&'static str] = &[
-        "SCHEDULER_INVALID_OBJECT_ID",
-        "SCHEDULER_INVALID_CAPABILITY_NAME",
-        "SCHEDULER_DUPLICATE_CAPABILITY",
-        "SCHEDULER_UNKNOWN_SCHEMA",
-        "SCHEDULER_UNKNOWN_SCHEMA_TARGET",
-        "SCHEDULER_SCHEMA_AHEAD",
-        "SCHEDULER_STORAGE",
-    ];
+durability_time::error_codes! {
+    SchedulerError {
+        Self::InvalidObjectId { .. } => "SCHEDULER_INVALID_OBJECT_ID",
+        Self::InvalidCapabilityName { .. } => "SCHEDULER_INVALID_CAPABILITY_NAME",
+        Self::DuplicateCapability { .. } => "SCHEDULER_DUPLICATE_CAPABILITY",
+        Self::UnknownSchema { .. } => "SCHEDULER_UNKNOWN_SCHEMA",
+        Self::UnknownSchemaTarget { .. } => "SCHEDULER_UNKNOWN_SCHEMA_TARGET",
+        Self::SchemaAhead { .. } => "SCHEDULER_SCHEMA_AHEAD",
+        Self::Storage(_) => "SCHEDULER_STORAGE",
+    }
 }

@@ -43,23 +43,12 @@ pub enum ImageError {
     Storage(#[from] StorageError),
 }
 
-impl ImageError {
-    /// Every stable code, one per variant, in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "IMAGE_NOT_PORTABLE",
-        "IMAGE_INVALID",
-        "IMAGE_TARGET_NOT_EMPTY",
-        "IMAGE_STORAGE",
-    ];
-
-    /// The stable machine code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::NotPortable(_) => "IMAGE_NOT_PORTABLE",
-            Self::Invalid(_) => "IMAGE_INVALID",
-            Self::TargetNotEmpty(_) => "IMAGE_TARGET_NOT_EMPTY",
-            Self::Storage(_) => "IMAGE_STORAGE",
-        }
+durability_time::error_codes! {
+    ImageError {
+        Self::NotPortable(_) => "IMAGE_NOT_PORTABLE",
+        Self::Invalid(_) => "IMAGE_INVALID",
+        Self::TargetNotEmpty(_) => "IMAGE_TARGET_NOT_EMPTY",
+        Self::Storage(_) => "IMAGE_STORAGE",
     }
 }
 

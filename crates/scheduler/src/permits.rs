@@ -92,15 +92,9 @@ impl PermitError {
             reason: reason.into(),
         }
     }
-
-    /// The stable code.
-    pub fn code(&self) -> &'static str {
-        "SCHEDULER_PERMIT_UNAVAILABLE"
-    }
-
-    /// Every code of this type.
-    pub const CODES: &'static [&'static str] = &["SCHEDULER_PERMIT_UNAVAILABLE"];
 }
+
+durability_time::error_codes! { PermitError { Self { .. } => "SCHEDULER_PERMIT_UNAVAILABLE" } }
 
 /// A source of permits a delivery loop holds while a delivery runs.
 pub trait Permits: Send + Sync + 'static {

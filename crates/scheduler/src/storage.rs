@@ -19,6 +19,13 @@ pub struct SchemaStep {
     pub name: &'static str,
 }
 
+impl SchemaStep {
+    /// The step reaching `version`, named `name`.
+    pub const fn new(version: u32, name: &'static str) -> Self {
+        Self { version, name }
+    }
+}
+
 /// Which way a schema step is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -88,25 +95,15 @@ impl StorageError {
     pub fn kind(&self) -> StorageErrorKind {
         self.kind
     }
+}
 
-    /// Every stable code, one per [`StorageErrorKind`], in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "STORAGE_BACKEND",
-        "STORAGE_CORRUPT",
-        "STORAGE_CRASH",
-        "STORAGE_UNKNOWN",
-        "STORAGE_FENCED",
-    ];
-
-    /// The stable machine code of this error, from its kind.
-    pub fn code(&self) -> &'static str {
-        match self.kind {
-            StorageErrorKind::Backend => "STORAGE_BACKEND",
-            StorageErrorKind::Corrupt => "STORAGE_CORRUPT",
-            StorageErrorKind::Crash => "STORAGE_CRASH",
-            StorageErrorKind::Unknown => "STORAGE_UNKNOWN",
-            StorageErrorKind::Fenced => "STORAGE_FENCED",
-        }
+durability_time::error_codes! {
+    StorageError {
+        Self { kind: StorageErrorKind::Backend, .. } => "STORAGE_BACKEND",
+        Self { kind: StorageErrorKind::Corrupt, .. } => "STORAGE_CORRUPT",
+        Self { kind: StorageErrorKind::Crash, .. } => "STORAGE_CRASH",
+        Self { kind: StorageErrorKind::Unknown, .. } => "STORAGE_UNKNOWN",
+        Self { kind: StorageErrorKind::Fenced, .. } => "STORAGE_FENCED",
     }
 }
 

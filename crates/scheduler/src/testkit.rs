@@ -368,16 +368,7 @@ pub mod conformance {
     /// Two schema steps (`1 initial`, `2 second`) for the `"conformance"`
     /// capability the suite migrates: what a backend registers it with (and
     /// pairs with its own statements).
-    pub const STEPS: &[SchemaStep] = &[
-        SchemaStep {
-            version: 1,
-            name: "initial",
-        },
-        SchemaStep {
-            version: 2,
-            name: "second",
-        },
-    ];
+    pub const STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial"), SchemaStep::new(2, "second")];
 
     /// The names of the suite's cases, in order.
     pub const CASES: &[&str] = crate::scheduler_conformance!(@cases names);

@@ -478,14 +478,8 @@ pub fn run_alarm<S: Storage>(
 }
 
 static MEMORY_STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "quarantine",
-    },
+    SchemaStep::new(1, "initial"),
+    SchemaStep::new(2, "quarantine"),
 ];
 
 /// A scheduler test storage with the semaphore schema registered: the

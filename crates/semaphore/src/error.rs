@@ -129,30 +129,6 @@ pub enum SemaphoreError {
 }
 
 impl SemaphoreError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidName { .. } => "SEMAPHORE_INVALID_NAME",
-            Self::InvalidNumber { .. } => "SEMAPHORE_INVALID_NUMBER",
-            Self::UnknownPool { .. } => "SEMAPHORE_UNKNOWN_POOL",
-            Self::UnknownGrant { .. } => "SEMAPHORE_UNKNOWN_GRANT",
-            Self::CountExceedsCapacity { .. } => "SEMAPHORE_COUNT_EXCEEDS_CAPACITY",
-            Self::NoPermits { .. } => "SEMAPHORE_NO_PERMITS",
-            Self::QueueFull { .. } => "SEMAPHORE_QUEUE_FULL",
-            Self::KeyConflict { .. } => "SEMAPHORE_KEY_CONFLICT",
-            Self::NotHolder { .. } => "SEMAPHORE_NOT_HOLDER",
-            Self::NotGranted { .. } => "SEMAPHORE_NOT_GRANTED",
-            Self::Finished { .. } => "SEMAPHORE_FINISHED",
-            Self::UsedExceedsCount { .. } => "SEMAPHORE_USED_EXCEEDS_COUNT",
-            Self::Scheduler(e) => e.code(),
-            Self::Storage(e) => match e.kind() {
-                StorageErrorKind::Corrupt => "SEMAPHORE_CORRUPT",
-                StorageErrorKind::Unknown => "SEMAPHORE_OUTCOME_UNKNOWN",
-                _ => "SEMAPHORE_STORAGE",
-            },
-        }
-    }
-
     /// Whether retrying the same call can succeed: a busy pool (no permits,
     /// full queue), a storage failure, an unknown outcome. A refusal of the
     /// request itself is not retryable.
@@ -164,23 +140,26 @@ impl SemaphoreError {
             _ => false,
         }
     }
+}
 
-    /// Every code this enum produces itself.
-    pub const CODES: &'static [&'static str] = &[
-        "SEMAPHORE_INVALID_NAME",
-        "SEMAPHORE_INVALID_NUMBER",
-        "SEMAPHORE_UNKNOWN_POOL",
-        "SEMAPHORE_UNKNOWN_GRANT",
-        "SEMAPHORE_COUNT_EXCEEDS_CAPACITY",
-        "SEMAPHORE_NO_PERMITS",
-        "SEMAPHORE_QUEUE_FULL",
-        "SEMAPHORE_KEY_CONFLICT",
-        "SEMAPHORE_NOT_HOLDER",
-        "SEMAPHORE_NOT_GRANTED",
-        "SEMAPHORE_FINISHED",
-        "SEMAPHORE_USED_EXCEEDS_COUNT",
-        "SEMAPHORE_STORAGE",
-        "SEMAPHORE_CORRUPT",
-        "SEMAPHORE_OUTCOME_UNKNOWN",
-    ];
+durability_time::error_codes! {
+    SemaphoreError {
+        Self::InvalidName { .. } => "SEMAPHORE_INVALID_NAME",
+        Self::InvalidNumber { .. } => "SEMAPHORE_INVALID_NUMBER",
+        Self::UnknownPool { .. } => "SEMAPHORE_UNKNOWN_POOL",
+        Self::UnknownGrant { .. } => "SEMAPHORE_UNKNOWN_GRANT",
+        Self::CountExceedsCapacity { .. } => "SEMAPHORE_COUNT_EXCEEDS_CAPACITY",
+        Self::NoPermits { .. } => "SEMAPHORE_NO_PERMITS",
+        Self::QueueFull { .. } => "SEMAPHORE_QUEUE_FULL",
+        Self::KeyConflict { .. } => "SEMAPHORE_KEY_CONFLICT",
+        Self::NotHolder { .. } => "SEMAPHORE_NOT_HOLDER",
+        Self::NotGranted { .. } => "SEMAPHORE_NOT_GRANTED",
+        Self::Finished { .. } => "SEMAPHORE_FINISHED",
+        Self::UsedExceedsCount { .. } => "SEMAPHORE_USED_EXCEEDS_COUNT",
+        Self::Scheduler(e) => e.code(),
+        Self::Storage(e) if !matches!(e.kind(), StorageErrorKind::Corrupt | StorageErrorKind::Unknown) =>
+            "SEMAPHORE_STORAGE",
+        Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "SEMAPHORE_CORRUPT",
+        Self::Storage(_) => "SEMAPHORE_OUTCOME_UNKNOWN",
+    }
 }

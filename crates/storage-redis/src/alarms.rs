@@ -129,12 +129,18 @@ redis.call('ZADD', KEYS[2], j[3], ARGV[3])
 return 1
 ";
 
-/// Moves one claimed job whose object id failed validation to quarantine
-/// (fenced by its run token): ARGV[3] id, ARGV[4] run, ARGV[5] quarantine key.
-const QUARANTINE: &str = "
+/// The fence every settlement of a claim starts with: the job `ARGV[3]`
+/// (hash `ARGV[2] .. ARGV[3]`, in `jk`) is running under the run token
+/// `ARGV[4]`, or the script changes nothing and returns 0.
+const OURS: &str = "
 local jk = ARGV[2] .. ARGV[3]
 local j = redis.call('HMGET', jk, 'state', 'run')
 if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
+";
+
+/// Moves one claimed job whose object id failed validation to quarantine
+/// (after [`OURS`]): ARGV[5] quarantine key.
+const QUARANTINE: &str = "
 redis.call('HSET', jk, 'state', 'quarantined')
 redis.call('HDEL', jk, 'run')
 redis.call('ZREM', KEYS[1], ARGV[3])
@@ -143,20 +149,17 @@ redis.call('SADD', ARGV[5], ARGV[3])
 return 1
 ";
 
+/// Deletes a finished job (after [`OURS`]).
 const FINISH: &str = "
-local jk = ARGV[2] .. ARGV[3]
-local j = redis.call('HMGET', jk, 'state', 'run')
-if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
 redis.call('DEL', jk)
 redis.call('ZREM', KEYS[1], ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[3])
 return 1
 ";
 
+/// Makes a job due again after ARGV[5] ms with ARGV[6] tries (after [`NOW`]
+/// and [`OURS`]).
 const RETRY: &str = "
-local jk = ARGV[2] .. ARGV[3]
-local j = redis.call('HMGET', jk, 'state', 'run')
-if j[1] ~= 'running' or j[2] ~= ARGV[4] then return 0 end
 redis.call('HSET', jk, 'state', 'due', 'tries', ARGV[6])
 redis.call('HDEL', jk, 'run')
 redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[5])), ARGV[3])
@@ -201,6 +204,7 @@ impl RedisAlarmIndex {
     /// An index on `conn` whose keys all start with `prefix` (may be empty).
     pub fn new(conn: ConnectionManager, prefix: &str, time: IndexTime) -> Self {
         let with_now = |body: &str| Script::new(&format!("{NOW}{body}"));
+        let ours = |body: &str| Script::new(&format!("{OURS}{body}"));
         Self {
             conn,
             prefix: prefix.to_owned(),
@@ -209,10 +213,10 @@ impl RedisAlarmIndex {
             delete: Script::new(DELETE),
             promote: with_now(PROMOTE),
             claim: with_now(CLAIM),
-            quarantine: Script::new(QUARANTINE),
+            quarantine: ours(QUARANTINE),
             release: Script::new(RELEASE),
-            finish: Script::new(FINISH),
-            retry: with_now(RETRY),
+            finish: ours(FINISH),
+            retry: Script::new(&format!("{NOW}{OURS}{RETRY}")),
         }
     }
 

@@ -22,16 +22,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, Synchronous, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
-        version: 1,
-        name: "initial",
-    },
+    step: SchemaStep::new(1, "initial"),
     up: "
 CREATE TABLE durability_alarm (
     id INTEGER PRIMARY KEY CHECK (id = 0),

@@ -64,16 +64,10 @@ pub enum OpenError {
     NotWal(String),
 }
 
-impl OpenError {
-    /// Every stable code, in declaration order.
-    pub const CODES: &'static [&'static str] = &["SQLITE_OPEN_FAILED", "SQLITE_NOT_WAL"];
-
-    /// The stable machine code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Sqlite { .. } => "SQLITE_OPEN_FAILED",
-            Self::NotWal(_) => "SQLITE_NOT_WAL",
-        }
+durability_time::error_codes! {
+    OpenError {
+        Self::Sqlite { .. } => "SQLITE_OPEN_FAILED",
+        Self::NotWal(_) => "SQLITE_NOT_WAL",
     }
 }
 

@@ -88,21 +88,44 @@ impl InspectError {
 /// database or has no scheduler tables, [`InspectError::Sqlite`] when SQLite
 /// fails.
 pub fn open_object_read_only(path: &Path) -> Result<Connection, InspectError> {
+    open_with_tables(path, &SCHEDULER_TABLES, |reason| {
+        InspectError::NotObjectDatabase {
+            path: path.to_owned(),
+            reason,
+        }
+    })
+}
+
+/// The error of SQLite failing at `context` on the file at `path`.
+fn sqlite_at(path: &Path, context: &'static str) -> impl FnOnce(rusqlite::Error) -> InspectError {
+    let path = path.to_owned();
+    move |source| InspectError::Sqlite {
+        path,
+        context,
+        source,
+    }
+}
+
+/// Opens the file at `path` read-only and checks that it holds every table
+/// of `tables`; `not_kind(reason)` is the error for a file that is not a
+/// SQLite database or lacks one of them.
+fn open_with_tables(
+    path: &Path,
+    tables: &[&str],
+    not_kind: impl Fn(String) -> InspectError,
+) -> Result<Connection, InspectError> {
     if !path.is_file() {
         return Err(InspectError::NotFound {
             path: path.to_owned(),
         });
     }
+    let sqlite = |context| sqlite_at(path, context);
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|source| InspectError::Sqlite {
-        path: path.to_owned(),
-        context: "open read-only",
-        source,
-    })?;
-    for table in SCHEDULER_TABLES {
+    .map_err(sqlite("open read-only"))?;
+    for table in tables {
         let found: Option<String> = conn
             .query_row(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?1",
@@ -111,21 +134,13 @@ pub fn open_object_read_only(path: &Path) -> Result<Connection, InspectError> {
             )
             .optional()
             .map_err(|source| match source.sqlite_error_code() {
-                Some(rusqlite::ErrorCode::NotADatabase) => InspectError::NotObjectDatabase {
-                    path: path.to_owned(),
-                    reason: "not a SQLite database".to_owned(),
-                },
-                _ => InspectError::Sqlite {
-                    path: path.to_owned(),
-                    context: "list tables",
-                    source,
-                },
+                Some(rusqlite::ErrorCode::NotADatabase) => {
+                    not_kind("not a SQLite database".to_owned())
+                }
+                _ => sqlite("list tables")(source),
             })?;
         if found.is_none() {
-            return Err(InspectError::NotObjectDatabase {
-                path: path.to_owned(),
-                reason: format!("no table {table}"),
-            });
+            return Err(not_kind(format!("no table {table}")));
         }
     }
     Ok(conn)
@@ -244,13 +259,7 @@ pub fn outbox_entries(
 ) -> Result<durability_outbox::admin::OutboxListing, InspectError> {
     use durability_outbox::admin::{EntryReport, OutboxListing, QuarantineCount};
     let conn = open_object_read_only(path)?;
-    let sqlite = |context: &'static str| {
-        move |source| InspectError::Sqlite {
-            path: path.to_owned(),
-            context,
-            source,
-        }
-    };
+    let sqlite = |context| sqlite_at(path, context);
     let tx = conn.unchecked_transaction().map_err(sqlite("begin read"))?;
     let has_outbox: bool = tx
         .query_row(
@@ -328,46 +337,13 @@ pub fn leases(
     limit: usize,
 ) -> Result<durability_ownership::listing::LeaseListing, InspectError> {
     use durability_ownership::listing::{LeaseListing, LeaseReport};
-    if !path.is_file() {
-        return Err(InspectError::NotFound {
+    let conn = open_with_tables(path, &["durability_owner_leases"], |reason| {
+        InspectError::NotLeaseStore {
             path: path.to_owned(),
-        });
-    }
-    let sqlite = |context: &'static str| {
-        move |source| InspectError::Sqlite {
-            path: path.to_owned(),
-            context,
-            source,
+            reason,
         }
-    };
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sqlite("open read-only"))?;
-    let not_store = |reason: &str| InspectError::NotLeaseStore {
-        path: path.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let found: Option<String> = conn
-        .query_row(
-            "SELECT name FROM sqlite_master WHERE type = 'table'
-             AND name = 'durability_owner_leases'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|source| match source.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::NotADatabase) => not_store("not a SQLite database"),
-            _ => InspectError::Sqlite {
-                path: path.to_owned(),
-                context: "list tables",
-                source,
-            },
-        })?;
-    if found.is_none() {
-        return Err(not_store("no table durability_owner_leases"));
-    }
+    })?;
+    let sqlite = |context| sqlite_at(path, context);
     let fetch = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
     let mut st = conn
         .prepare(

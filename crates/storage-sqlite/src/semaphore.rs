@@ -17,22 +17,13 @@ use rusqlite::{OptionalExtension, Row, params};
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
 pub(crate) static STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "quarantine",
-    },
+    SchemaStep::new(1, "initial"),
+    SchemaStep::new(2, "quarantine"),
 ];
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 1,
-            name: "initial",
-        },
+        step: SchemaStep::new(1, "initial"),
         up: "
 CREATE TABLE durability_semaphore_pool (
     name TEXT PRIMARY KEY NOT NULL,
@@ -77,10 +68,7 @@ DROP TABLE durability_semaphore_id;
 ",
     },
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 2,
-            name: "quarantine",
-        },
+        step: SchemaStep::new(2, "quarantine"),
         // Untyped columns: a quarantined row keeps exactly what was stored.
         up: "
 CREATE TABLE durability_semaphore_quarantine (

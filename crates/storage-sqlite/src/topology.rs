@@ -29,16 +29,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+pub(crate) static STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
-        version: 1,
-        name: "initial",
-    },
+    step: SchemaStep::new(1, "initial"),
     up: "
 CREATE TABLE durability_topology_groups (
     group_id TEXT PRIMARY KEY NOT NULL,

@@ -21,15 +21,7 @@ impl std::fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
-impl Elapsed {
-    /// Every stable code of this error.
-    pub const CODES: &'static [&'static str] = &["TIME_DEADLINE_ELAPSED"];
-
-    /// The stable machine code of this error: `TIME_DEADLINE_ELAPSED`.
-    pub fn code(&self) -> &'static str {
-        "TIME_DEADLINE_ELAPSED"
-    }
-}
+crate::error_codes! { Elapsed { Self { .. } => "TIME_DEADLINE_ELAPSED" } }
 
 /// Runs `fut` until `clock` reaches `deadline_ms`.
 ///

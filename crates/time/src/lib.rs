@@ -16,6 +16,8 @@
 //!   [`Random`] source that a test can seed or fix.
 //! - [`debug_fields!`]: a `Debug` that prints only the named fields, for
 //!   types holding connections, scripts or callbacks.
+//! - [`error_codes!`]: an error type's `code()` and `CODES` from one list,
+//!   so the two cannot disagree.
 //! - [`MAX_SAFE_INTEGER`]: the largest integer a JavaScript number holds
 //!   exactly, the bound on stored times, versions and generations.
 //!
@@ -45,6 +47,9 @@ pub use backoff::{Backoff, Jitter};
 pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
 pub use deadline::{Elapsed, timeout_at};
 pub use random::Random;
+
+#[doc(hidden)]
+pub use macros::__codes;
 
 /// The largest integer a JavaScript number (and so the stored times,
 /// versions and generations JavaScript peers read) represents exactly: `2^53 - 1`.

@@ -176,3 +176,76 @@ async fn backoff_wait_sleeps_on_the_clock_for_a_drawn_delay() {
     clock.advance(1);
     waiting.await.expect("woke");
 }
+
+/// Error types as a crate declares them; the macro's items are `pub`.
+#[allow(unreachable_pub)]
+mod codes {
+    /// A wrapped error whose codes [`Outer`] passes through.
+    #[derive(Debug)]
+    pub enum Wrapped {
+        Broken,
+    }
+    crate::error_codes! { Wrapped { Self::Broken => "WRAPPED_BROKEN" } }
+
+    #[derive(Debug)]
+    pub enum Outer {
+        Invalid {
+            #[allow(dead_code)] // only shown by `Debug`
+            name: &'static str,
+        },
+        Gone,
+        Lost,
+        Wrapped(Wrapped),
+        Storage(u8),
+    }
+    crate::error_codes! {
+        Outer {
+            Self::Invalid { .. } => "OUTER_INVALID",
+            Self::Storage(kind) if *kind == 0 => "OUTER_CORRUPT",
+            Self::Gone | Self::Lost => "OUTER_GONE",
+            Self::Wrapped(e) => e.code(),
+            Self::Storage(kind) if *kind == 1 => "OUTER_CORRUPT",
+            Self::Storage(_) => "OUTER_STORAGE",
+        }
+    }
+}
+
+use codes::{Outer, Wrapped};
+
+#[test]
+fn error_codes_lists_each_literal_code_once_in_arm_order_and_matches_code() {
+    assert_eq!(
+        Outer::CODES,
+        [
+            "OUTER_INVALID",
+            "OUTER_CORRUPT",
+            "OUTER_GONE",
+            "OUTER_STORAGE"
+        ]
+    );
+    assert_eq!(Wrapped::CODES, ["WRAPPED_BROKEN"]);
+    let cases = [
+        (Outer::Invalid { name: "x" }, "OUTER_INVALID"),
+        (Outer::Gone, "OUTER_GONE"),
+        (Outer::Lost, "OUTER_GONE"),
+        (Outer::Wrapped(Wrapped::Broken), "WRAPPED_BROKEN"),
+        (Outer::Storage(0), "OUTER_CORRUPT"),
+        (Outer::Storage(1), "OUTER_CORRUPT"),
+        (Outer::Storage(2), "OUTER_STORAGE"),
+    ];
+    for (error, code) in cases {
+        assert_eq!(error.code(), code, "{error:?}");
+        let listed = Outer::CODES.contains(&code) || Wrapped::CODES.contains(&code);
+        assert!(listed, "{code} is listed");
+    }
+}
+
+#[test]
+fn the_code_list_helpers_keep_first_appearances() {
+    use crate::__codes::{unique, unique_count};
+    const ALL: &[&str] = &["B", "A", "B", "AB", "A", "C"];
+    assert_eq!(unique_count(ALL), 4);
+    assert_eq!(unique::<4>(ALL), ["B", "A", "AB", "C"]);
+    assert_eq!(unique_count(&[]), 0);
+    assert_eq!(unique::<0>(&[]), [""; 0]);
+}

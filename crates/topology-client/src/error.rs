@@ -92,26 +92,17 @@ pub enum TopologyClientError {
 }
 
 impl TopologyClientError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::TopologyUnavailable { .. } => "TOPOLOGY_UNAVAILABLE",
-            Self::InvalidSnapshot { .. } => "TOPOLOGY_INVALID_SNAPSHOT",
-            Self::InvalidGroup { .. } => "TOPOLOGY_CLIENT_INVALID_GROUP",
-            Self::InvalidConfig { .. } => "TOPOLOGY_CLIENT_INVALID_CONFIG",
-        }
-    }
-
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::TopologyUnavailable { .. })
     }
+}
 
-    /// Every code this enum produces.
-    pub const CODES: &'static [&'static str] = &[
-        "TOPOLOGY_UNAVAILABLE",
-        "TOPOLOGY_INVALID_SNAPSHOT",
-        "TOPOLOGY_CLIENT_INVALID_GROUP",
-        "TOPOLOGY_CLIENT_INVALID_CONFIG",
-    ];
+durability_time::error_codes! {
+    TopologyClientError {
+        Self::TopologyUnavailable { .. } => "TOPOLOGY_UNAVAILABLE",
+        Self::InvalidSnapshot { .. } => "TOPOLOGY_INVALID_SNAPSHOT",
+        Self::InvalidGroup { .. } => "TOPOLOGY_CLIENT_INVALID_GROUP",
+        Self::InvalidConfig { .. } => "TOPOLOGY_CLIENT_INVALID_CONFIG",
+    }
 }

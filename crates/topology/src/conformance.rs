@@ -35,10 +35,7 @@ use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
 #[doc(hidden)]
 pub use durability_scheduler::storage_suite;
 
-static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
 
 /// The scheduler's in-memory storage with the outbox and topology schemas
 /// registered: the in-memory implementation of [`TopologyTx`].

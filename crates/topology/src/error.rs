@@ -153,34 +153,6 @@ pub enum TopologyError {
 }
 
 impl TopologyError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidGroup { .. } => "TOPOLOGY_INVALID_GROUP",
-            Self::InvalidMember { .. } => "TOPOLOGY_INVALID_MEMBER",
-            Self::DuplicateMember { .. } => "TOPOLOGY_DUPLICATE_MEMBER",
-            Self::EmptyMembers => "TOPOLOGY_EMPTY_MEMBERS",
-            Self::TooManyMembers { .. } => "TOPOLOGY_TOO_MANY_MEMBERS",
-            Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
-            Self::InvalidMetadata { .. } => "TOPOLOGY_INVALID_METADATA",
-            Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
-            Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
-            Self::InvalidState { .. } => "TOPOLOGY_INVALID_STATE",
-            Self::StateTooLarge { .. } => "TOPOLOGY_STATE_TOO_LARGE",
-            Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
-            Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
-            Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
-            Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "TOPOLOGY_CORRUPT",
-            Self::Timeout { .. } => "TOPOLOGY_TIMEOUT",
-            Self::PublishRejected { .. } => "TOPOLOGY_PUBLISH_REJECTED",
-            Self::PublishOutcomeUnknown { .. } => "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
-            Self::DeliveryFailed { .. } => "TOPOLOGY_DELIVERY_FAILED",
-            Self::Outbox(e) => e.code(),
-            Self::Scheduler(e) => e.code(),
-            Self::Storage(_) => "TOPOLOGY_STORAGE",
-        }
-    }
-
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -198,27 +170,31 @@ impl TopologyError {
             _ => false,
         }
     }
+}
 
-    /// Every code this enum produces itself.
-    pub const CODES: &'static [&'static str] = &[
-        "TOPOLOGY_INVALID_GROUP",
-        "TOPOLOGY_INVALID_MEMBER",
-        "TOPOLOGY_DUPLICATE_MEMBER",
-        "TOPOLOGY_EMPTY_MEMBERS",
-        "TOPOLOGY_TOO_MANY_MEMBERS",
-        "TOPOLOGY_METADATA_TOO_LARGE",
-        "TOPOLOGY_INVALID_METADATA",
-        "TOPOLOGY_GROUP_NOT_FOUND",
-        "TOPOLOGY_UNKNOWN_CHANNEL",
-        "TOPOLOGY_INVALID_STATE",
-        "TOPOLOGY_STATE_TOO_LARGE",
-        "TOPOLOGY_SNAPSHOT_TOO_LARGE",
-        "TOPOLOGY_INVALID_CONFIG",
-        "TOPOLOGY_CORRUPT",
-        "TOPOLOGY_TIMEOUT",
-        "TOPOLOGY_PUBLISH_REJECTED",
-        "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
-        "TOPOLOGY_DELIVERY_FAILED",
-        "TOPOLOGY_STORAGE",
-    ];
+durability_time::error_codes! {
+    TopologyError {
+        Self::InvalidGroup { .. } => "TOPOLOGY_INVALID_GROUP",
+        Self::InvalidMember { .. } => "TOPOLOGY_INVALID_MEMBER",
+        Self::DuplicateMember { .. } => "TOPOLOGY_DUPLICATE_MEMBER",
+        Self::EmptyMembers => "TOPOLOGY_EMPTY_MEMBERS",
+        Self::TooManyMembers { .. } => "TOPOLOGY_TOO_MANY_MEMBERS",
+        Self::MetadataTooLarge { .. } => "TOPOLOGY_METADATA_TOO_LARGE",
+        Self::InvalidMetadata { .. } => "TOPOLOGY_INVALID_METADATA",
+        Self::GroupNotFound { .. } => "TOPOLOGY_GROUP_NOT_FOUND",
+        Self::UnknownChannel { .. } => "TOPOLOGY_UNKNOWN_CHANNEL",
+        Self::InvalidState { .. } => "TOPOLOGY_INVALID_STATE",
+        Self::StateTooLarge { .. } => "TOPOLOGY_STATE_TOO_LARGE",
+        Self::SnapshotTooLarge { .. } => "TOPOLOGY_SNAPSHOT_TOO_LARGE",
+        Self::InvalidConfig { .. } => "TOPOLOGY_INVALID_CONFIG",
+        Self::Corrupt { .. } => "TOPOLOGY_CORRUPT",
+        Self::Storage(e) if e.kind() == StorageErrorKind::Corrupt => "TOPOLOGY_CORRUPT",
+        Self::Timeout { .. } => "TOPOLOGY_TIMEOUT",
+        Self::PublishRejected { .. } => "TOPOLOGY_PUBLISH_REJECTED",
+        Self::PublishOutcomeUnknown { .. } => "TOPOLOGY_PUBLISH_OUTCOME_UNKNOWN",
+        Self::DeliveryFailed { .. } => "TOPOLOGY_DELIVERY_FAILED",
+        Self::Outbox(e) => e.code(),
+        Self::Scheduler(e) => e.code(),
+        Self::Storage(_) => "TOPOLOGY_STORAGE",
+    }
 }

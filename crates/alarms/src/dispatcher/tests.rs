@@ -26,11 +26,41 @@ fn config() -> DispatcherConfig {
     }
 }
 
+/// A manual clock at `START` and an index where each of `objects` has a
+/// job due then, with the row token `token`.
+async fn due(objects: &[&str], token: &str) -> (ManualClock, Arc<MemoryAlarmIndex>) {
+    let index = Arc::new(MemoryAlarmIndex::new());
+    for object in objects {
+        index
+            .upsert(&obj(object), &tok(token), START)
+            .await
+            .unwrap();
+    }
+    (ManualClock::new(START), index)
+}
+
+/// A dispatcher on `index` delivering through `host`, on the manual clock.
+fn dispatcher<D: Dispatch>(
+    index: &Arc<MemoryAlarmIndex>,
+    host: Arc<D>,
+    clock: &ManualClock,
+    config: DispatcherConfig,
+) -> Dispatcher<MemoryAlarmIndex, D> {
+    Dispatcher::new(Arc::clone(index), host, Arc::new(clock.clone()), config).unwrap()
+}
+
 /// A handler that sets its next alarm while it runs, as the scheduler
 /// bridge does: the job's row token is replaced before completion.
 struct Reschedules {
     index: Arc<MemoryAlarmIndex>,
     clock: ManualClock,
+}
+
+impl Reschedules {
+    fn on(index: &Arc<MemoryAlarmIndex>, clock: &ManualClock) -> Arc<Self> {
+        let (index, clock) = (Arc::clone(index), clock.clone());
+        Arc::new(Self { index, clock })
+    }
 }
 
 impl Dispatch for Reschedules {
@@ -46,19 +76,8 @@ impl Dispatch for Reschedules {
 
 #[tokio::test]
 async fn a_delivery_whose_row_was_replaced_counts_as_superseded_not_stale() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::new(Reschedules {
-            index: Arc::clone(&index),
-            clock: clock.clone(),
-        }),
-        Arc::new(clock.clone()),
-        config(),
-    )
-    .unwrap();
+    let (clock, index) = due(&["a"], "t0").await;
+    let d = dispatcher(&index, Reschedules::on(&index, &clock), &clock, config());
     for _ in 0..5 {
         d.tick().await.unwrap();
         clock.advance(1_000);
@@ -93,19 +112,16 @@ impl Dispatch for OutlivesLease {
 
 #[tokio::test]
 async fn a_delivery_whose_claim_was_taken_over_counts_as_stale() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
+    let (clock, index) = due(&["a"], "t0").await;
+    let d = dispatcher(
+        &index,
         Arc::new(OutlivesLease {
             index: Arc::clone(&index),
             clock: clock.clone(),
         }),
-        Arc::new(clock.clone()),
+        &clock,
         config(),
-    )
-    .unwrap();
+    );
     d.tick().await.unwrap();
     let c = d.counters().snapshot();
     assert_eq!((c.superseded, c.stale, c.delivered), (0, 1, 0), "{c:?}");
@@ -207,15 +223,7 @@ fn slow_dispatcher(
     clock: &ManualClock,
     config: DispatcherConfig,
 ) -> SlowDispatcher {
-    Arc::new(
-        Dispatcher::new(
-            Arc::clone(index),
-            Arc::clone(host),
-            Arc::new(clock.clone()),
-            config,
-        )
-        .unwrap(),
-    )
+    Arc::new(dispatcher(index, Arc::clone(host), clock, config))
 }
 
 /// Runs `d` in its own task until it stops.
@@ -273,9 +281,7 @@ async fn a_handler_that_never_finishes_does_not_delay_other_objects() {
 
 #[tokio::test]
 async fn two_jobs_of_one_object_never_run_at_once_and_stop_releases_claims() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
+    let (clock, index) = due(&["a"], "ta").await;
     let host = Arc::new(Slow {
         reschedule: Some((Arc::clone(&index), clock.clone())),
         ..Slow::default()
@@ -318,29 +324,36 @@ async fn two_jobs_of_one_object_never_run_at_once_and_stop_releases_claims() {
     let c = d.counters().snapshot();
     assert_eq!(c.released, 1, "{c:?}");
     // Another dispatcher takes the job at once, without the 5-minute lease.
-    let other = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::new(Reschedules {
-            index: Arc::new(MemoryAlarmIndex::new()),
-            clock: clock.clone(),
-        }),
-        Arc::new(clock.clone()),
+    let other = dispatcher(
+        &index,
+        Reschedules::on(&Arc::new(MemoryAlarmIndex::new()), &clock),
+        &clock,
         config(),
-    )
-    .unwrap();
+    );
     assert_eq!(other.tick().await.unwrap().claimed, 1);
 }
 
-#[tokio::test]
-async fn stop_cancels_a_delivery_past_the_grace_and_releases_its_claim() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
+/// A dispatcher told to stop while its slow delivery of `a` runs; with
+/// the clock, the index, the handler and the run task.
+async fn stopped_while_delivering() -> (
+    ManualClock,
+    Arc<MemoryAlarmIndex>,
+    Arc<Slow>,
+    SlowDispatcher,
+    tokio::task::JoinHandle<()>,
+) {
+    let (clock, index) = due(&["a"], "ta").await;
     let host = Arc::new(Slow::default());
     let d = slow_dispatcher(&index, &host, &clock, config());
     let run = spawn_run(&d);
     until("a's delivery", || host.starts("a") == 1).await;
     d.stop();
+    (clock, index, host, d, run)
+}
+
+#[tokio::test]
+async fn stop_cancels_a_delivery_past_the_grace_and_releases_its_claim() {
+    let (clock, index, _host, d, run) = stopped_while_delivering().await;
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -359,14 +372,7 @@ async fn stop_cancels_a_delivery_past_the_grace_and_releases_its_claim() {
 
 #[tokio::test]
 async fn stop_lets_a_delivery_that_finishes_in_its_grace_settle() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
-    let host = Arc::new(Slow::default());
-    let d = slow_dispatcher(&index, &host, &clock, config());
-    let run = spawn_run(&d);
-    until("a's delivery", || host.starts("a") == 1).await;
-    d.stop();
+    let (_clock, index, host, d, run) = stopped_while_delivering().await;
     host.open();
     run.await.unwrap();
     let c = d.counters().snapshot();
@@ -391,9 +397,7 @@ fn the_failover_budget_and_the_fast_profile() {
 
 #[tokio::test]
 async fn a_held_claim_is_never_delivered_past_its_own_lease() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("ta"), START).await.unwrap();
+    let (clock, index) = due(&["a"], "ta").await;
     let host = Arc::new(Slow {
         reschedule: Some((Arc::clone(&index), clock.clone())),
         ..Slow::default()
@@ -449,34 +453,15 @@ fn do_alarm_dispatches_is_recorded_through_the_metrics_facade_by_outcome() {
             .build()
             .unwrap();
         rt.block_on(async {
-            let clock = ManualClock::new(START);
-            let index = Arc::new(MemoryAlarmIndex::new());
-            for name in ["a", "b", "c"] {
-                index.upsert(&obj(name), &tok("t0"), START).await.unwrap();
-            }
-            let delivers = Dispatcher::new(
-                Arc::clone(&index),
-                Arc::new(Delivers),
-                Arc::new(clock.clone()),
-                config(),
-            )
-            .unwrap();
+            let (clock, index) = due(&["a", "b", "c"], "t0").await;
+            let delivers = dispatcher(&index, Arc::new(Delivers), &clock, config());
             delivers.tick().await.unwrap();
             index
                 .upsert(&obj("d"), &tok("t0"), START + 1_000)
                 .await
                 .unwrap();
             clock.advance(1_000);
-            let reschedules = Dispatcher::new(
-                Arc::clone(&index),
-                Arc::new(Reschedules {
-                    index: Arc::clone(&index),
-                    clock: clock.clone(),
-                }),
-                Arc::new(clock.clone()),
-                config(),
-            )
-            .unwrap();
+            let reschedules = dispatcher(&index, Reschedules::on(&index, &clock), &clock, config());
             reschedules.tick().await.unwrap();
             (
                 delivers.counters().snapshot(),
@@ -558,23 +543,14 @@ impl Dispatch for SeesPermits {
 #[tokio::test]
 async fn a_delivery_runs_only_under_a_permit_and_without_one_its_job_waits_with_no_try_used() {
     use std::sync::atomic::Ordering::SeqCst;
-    let clock = ManualClock::new(START);
-    let index = Arc::new(MemoryAlarmIndex::new());
-    index.upsert(&obj("a"), &tok("t0"), START).await.unwrap();
+    let (clock, index) = due(&["a"], "t0").await;
     let gate = Arc::new(Gate::default());
     let host = Arc::new(SeesPermits(
         Arc::clone(&gate.held),
         std::sync::Mutex::default(),
     ));
     let permits: Arc<dyn durability_scheduler::Permits> = gate.clone();
-    let d = Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&host),
-        Arc::new(clock.clone()),
-        config(),
-    )
-    .unwrap()
-    .with_permits(permits);
+    let d = dispatcher(&index, Arc::clone(&host), &clock, config()).with_permits(permits);
 
     d.tick().await.unwrap();
     assert!(

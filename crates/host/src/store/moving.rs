@@ -108,35 +108,23 @@ pub enum MoveError {
 }
 
 impl MoveError {
-    /// Every stable code, one per variant, in declaration order.
-    pub const CODES: &'static [&'static str] = &[
-        "move_invalid_input",
-        "move_not_found",
-        "move_fence",
-        "move_corrupt_file",
-        "move_unsupported_version",
-        "move_image",
-        "move_storage",
-    ];
-
-    /// The stable machine code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidInput { .. } => "move_invalid_input",
-            Self::NotFound(_) => "move_not_found",
-            Self::Fence(_) => "move_fence",
-            Self::CorruptFile(_) => "move_corrupt_file",
-            Self::UnsupportedVersion { .. } => "move_unsupported_version",
-            Self::Image(_) => "move_image",
-            Self::Storage(_) => "move_storage",
-        }
-    }
-
     fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         Self::InvalidInput {
             what,
             reason: reason.into(),
         }
+    }
+}
+
+durability_time::error_codes! {
+    MoveError {
+        Self::InvalidInput { .. } => "move_invalid_input",
+        Self::NotFound(_) => "move_not_found",
+        Self::Fence(_) => "move_fence",
+        Self::CorruptFile(_) => "move_corrupt_file",
+        Self::UnsupportedVersion { .. } => "move_unsupported_version",
+        Self::Image(_) => "move_image",
+        Self::Storage(_) => "move_storage",
     }
 }
 

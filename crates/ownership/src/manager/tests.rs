@@ -40,18 +40,7 @@ fn settings() -> OwnershipSettings {
 }
 
 async fn fixture() -> Fixture {
-    let clock = ManualClock::new(1_000_000);
-    let store = Arc::new(InMemoryLeaseStore::new(
-        clock.clone(),
-        ShardCount::default(),
-    ));
-    let lifecycle = LifecycleId::new("ns:w").expect("lifecycle");
-    let storage = StorageId::new("st1").expect("storage");
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .expect("pointer");
-    let scope = OwnerScope::parse("st1:Room:shard1", ShardCount::default()).expect("scope");
+    let (clock, store, scope, lifecycle) = crate::memory::test_world().await;
     Fixture {
         clock,
         store,
@@ -95,6 +84,49 @@ impl Fixture {
             other => panic!("expected local ownership, got {other:?}"),
         }
     }
+
+    /// A task named `name` holding the scope, and its generation.
+    async fn claimed(&self, name: &str) -> (Ownership<Counting, ManualClock>, Generation) {
+        let task = self.task(name);
+        let generation = self.claim(&task).await;
+        (task, generation)
+    }
+
+    /// The scope's snapshot on the store.
+    async fn snapshot(&self) -> crate::store::OwnerSnapshot {
+        let snapshot = self.store.snapshot(&self.scope, &self.lifecycle).await;
+        snapshot.expect("snapshot")
+    }
+
+    /// Points the lifecycle at the storage id `storage` (`None`: no pointer).
+    async fn point_at(&self, storage: Option<&str>) {
+        let storage = storage.map(|s| StorageId::new(s).expect("storage"));
+        let store = &self.store;
+        let set = store.set_active_storage(&self.lifecycle, storage.as_ref());
+        set.await.expect("pointer");
+    }
+
+    /// Sets (or with `None` clears) the lifecycle's delete lock.
+    async fn lock(&self, lock: Option<crate::store::DeleteLock>) {
+        let set = self.store.set_delete_lock(&self.lifecycle, lock);
+        set.await.expect("lock");
+    }
+
+    /// The code `o`'s resolve of the scope is refused with.
+    async fn refused(&self, o: &Ownership<Counting, ManualClock>) -> &'static str {
+        let resolved = o.resolve(&self.scope, &self.lifecycle).await;
+        resolved.expect_err("refused").code()
+    }
+}
+
+/// Runs `o`'s drain in its own task.
+fn spawn_drain<S, C>(o: &Ownership<S, C>) -> tokio::task::JoinHandle<DrainReport>
+where
+    S: LeaseStore + 'static,
+    C: Clock + 'static,
+{
+    let o = o.clone();
+    tokio::spawn(async move { o.drain().await })
 }
 
 async fn settle() {
@@ -199,8 +231,7 @@ async fn admission_fails_closed_after_takeover() {
     f.clock.advance(10_000);
     let g3 = f.claim(&c).await;
     f.store.expire_owner(&f.scope);
-    let d = f.task("d");
-    let g4 = f.claim(&d).await;
+    let (d, g4) = f.claimed("d").await;
     f.clock.advance(9_500);
     let err = c.admit(&f.scope, g3).await.expect_err("renew must fail");
     assert_eq!(err.code(), "stale_owner");
@@ -247,23 +278,14 @@ async fn lifecycle_changes_fail_renewal_and_claims() {
     let f = fixture().await;
     let a = f.task("a");
     f.claim(&a).await;
-    f.store
-        .set_delete_lock(&f.lifecycle, Some(crate::store::DeleteLock::Whole))
-        .await
-        .expect("lock");
+    f.lock(Some(crate::store::DeleteLock::Whole)).await;
     assert_eq!(
         a.renew(&f.scope).await.expect_err("locked").code(),
         "worker_delete_locked"
     );
     let b = f.task("b");
     f.clock.advance(20_000);
-    assert_eq!(
-        b.resolve(&f.scope, &f.lifecycle)
-            .await
-            .expect_err("locked")
-            .code(),
-        "worker_delete_locked"
-    );
+    assert_eq!(f.refused(&b).await, "worker_delete_locked");
 }
 
 #[tokio::test]
@@ -276,21 +298,13 @@ async fn checked_admission_reads_a_fresh_snapshot() {
     assert_eq!(f.calls.total(), before + 1, "one snapshot");
     // The active storage pointer moves: cached admission cannot see it, the
     // checked one fails closed and forgets the scope.
-    let other = StorageId::new("st2").expect("storage");
-    f.store
-        .set_active_storage(&f.lifecycle, Some(&other))
-        .await
-        .expect("pointer");
+    f.point_at(Some("st2")).await;
     assert!(a.admit(&f.scope, g).await.is_ok());
     let e = a.admit_checked(&f.scope, g).await.expect_err("inactive");
     assert_eq!(e.code(), "storage_inactive");
     assert!(a.probe().scopes.is_empty());
     // The owner record is replaced behind this task's back.
-    let storage = StorageId::new("st1").expect("storage");
-    f.store
-        .set_active_storage(&f.lifecycle, Some(&storage))
-        .await
-        .expect("pointer");
+    f.point_at(Some("st1")).await;
     let b = f.task("b");
     f.clock.advance(20_000);
     let gb = f.claim(&b).await;
@@ -309,11 +323,9 @@ async fn checked_admission_reads_a_fresh_snapshot() {
 #[tokio::test]
 async fn drain_waits_for_in_flight_then_releases() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     let permit = a.admit(&f.scope, g).await.expect("admitted");
-    let drainer = a.clone();
-    let drain = tokio::spawn(async move { drainer.drain().await });
+    let drain = spawn_drain(&a);
     settle().await;
     assert!(!drain.is_finished(), "drain must wait for admitted work");
     assert!(a.is_draining());
@@ -321,18 +333,8 @@ async fn drain_waits_for_in_flight_then_releases() {
         a.admit(&f.scope, g).await.expect_err("draining").code(),
         "draining"
     );
-    assert_eq!(
-        a.resolve(&f.scope, &f.lifecycle)
-            .await
-            .expect_err("draining")
-            .code(),
-        "draining"
-    );
-    let snap = f
-        .store
-        .snapshot(&f.scope, &f.lifecycle)
-        .await
-        .expect("snapshot");
+    assert_eq!(f.refused(&a).await, "draining");
+    let snap = f.snapshot().await;
     assert!(snap.owner.is_some(), "lease still held while work runs");
     drop(permit);
     let report = drain.await.expect("drain task");
@@ -343,11 +345,7 @@ async fn drain_waits_for_in_flight_then_releases() {
             not_released: vec![]
         }
     );
-    let snap = f
-        .store
-        .snapshot(&f.scope, &f.lifecycle)
-        .await
-        .expect("snapshot");
+    let snap = f.snapshot().await;
     assert!(snap.owner.is_none(), "released");
     assert_eq!(snap.generation, g.get(), "generation survives release");
     let b = f.task("b");
@@ -357,11 +355,9 @@ async fn drain_waits_for_in_flight_then_releases() {
 #[tokio::test]
 async fn drain_past_its_timeout_keeps_leases() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     let permit = a.admit(&f.scope, g).await.expect("admitted");
-    let drainer = a.clone();
-    let drain = tokio::spawn(async move { drainer.drain().await });
+    let drain = spawn_drain(&a);
     settle().await;
     f.clock.advance(7_999);
     settle().await;
@@ -370,11 +366,7 @@ async fn drain_past_its_timeout_keeps_leases() {
     settle().await;
     let report = drain.await.expect("drain task");
     assert_eq!(report, DrainReport::TimedOut { in_flight: 1 });
-    let snap = f
-        .store
-        .snapshot(&f.scope, &f.lifecycle)
-        .await
-        .expect("snapshot");
+    let snap = f.snapshot().await;
     assert_eq!(
         snap.owner.map(|l| l.record.generation()),
         Some(g),
@@ -387,8 +379,7 @@ async fn drain_past_its_timeout_keeps_leases() {
 #[tokio::test]
 async fn watchdog_renews_then_cancels_when_ownership_moves() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     let token = CancellationToken::new();
     let watcher = a.clone();
     let (scope, t) = (f.scope.clone(), token.clone());
@@ -416,8 +407,7 @@ async fn watchdog_renews_then_cancels_when_ownership_moves() {
 #[tokio::test]
 async fn watchdog_finishes_with_the_work() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     let token = CancellationToken::new();
     let (w, scope, t) = (a.clone(), f.scope.clone(), token.clone());
     let watch = tokio::spawn(async move { w.watch(&scope, g, t).await });
@@ -539,14 +529,7 @@ async fn claims_advertise_the_endpoint_and_a_restart_on_a_new_one_waits_out_the_
         panic!("a2 owns");
     };
     assert!(g2 > g1, "{g2:?} > {g1:?}");
-    let held = f
-        .store
-        .snapshot(&f.scope, &f.lifecycle)
-        .await
-        .expect("snapshot")
-        .owner
-        .expect("owner")
-        .record;
+    let held = f.snapshot().await.owner.expect("owner").record;
     assert_eq!(
         held.endpoint().map(OwnerEndpoint::as_str),
         Some("http://10.0.0.1:7002")

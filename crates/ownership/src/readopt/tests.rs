@@ -13,32 +13,12 @@ use crate::manager::{Ownership, Resolution};
 use crate::memory::InMemoryLeaseStore;
 use crate::record::Generation;
 use crate::scope::TaskId;
-use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId};
+use crate::scope::{LifecycleId, OwnerScope};
 use crate::settings::OwnershipSettings;
-use crate::store::LifecycleAdmin;
 
 type Store = HookedStore<Arc<InMemoryLeaseStore<ManualClock>>>;
 
-async fn world() -> (
-    ManualClock,
-    Arc<InMemoryLeaseStore<ManualClock>>,
-    OwnerScope,
-    LifecycleId,
-) {
-    let clock = ManualClock::new(1_000_000);
-    let store = Arc::new(InMemoryLeaseStore::new(
-        clock.clone(),
-        ShardCount::default(),
-    ));
-    let lifecycle = LifecycleId::new("ns:w").expect("lifecycle");
-    let storage = StorageId::new("st1").expect("storage");
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .expect("pointer");
-    let scope = OwnerScope::parse("st1:Room:shard1", ShardCount::default()).expect("scope");
-    (clock, store, scope, lifecycle)
-}
+use crate::memory::test_world as world;
 
 fn task(
     clock: &ManualClock,

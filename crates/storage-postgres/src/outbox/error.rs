@@ -53,18 +53,6 @@ pub enum PgOutboxError {
 }
 
 impl PgOutboxError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidName { .. } => "PG_OUTBOX_INVALID_NAME",
-            Self::Outbox(e) => e.code(),
-            Self::Rejected { .. } => "PG_OUTBOX_REJECTED",
-            Self::Unavailable(_) => "PG_OUTBOX_UNAVAILABLE",
-            Self::OutcomeUnknown(_) => "PG_OUTBOX_OUTCOME_UNKNOWN",
-            Self::Corrupt(_) => "OUTBOX_CORRUPT",
-        }
-    }
-
     /// Whether retrying the same call can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -85,15 +73,6 @@ impl PgOutboxError {
     pub fn is_outcome_unknown(&self) -> bool {
         matches!(self, Self::OutcomeUnknown(_))
     }
-
-    /// Every code this enum produces itself.
-    pub const CODES: &'static [&'static str] = &[
-        "PG_OUTBOX_INVALID_NAME",
-        "PG_OUTBOX_REJECTED",
-        "PG_OUTBOX_UNAVAILABLE",
-        "PG_OUTBOX_OUTCOME_UNKNOWN",
-        "OUTBOX_CORRUPT",
-    ];
 
     /// A failed statement (not a commit): the server's refusal is definite;
     /// a lost connection applied nothing either, since nothing committed.
@@ -137,6 +116,17 @@ impl PgOutboxError {
             (false, true) => Self::OutcomeUnknown(source),
             (false, false) => Self::Unavailable(source),
         }
+    }
+}
+
+durability_time::error_codes! {
+    PgOutboxError {
+        Self::InvalidName { .. } => "PG_OUTBOX_INVALID_NAME",
+        Self::Outbox(e) => e.code(),
+        Self::Rejected { .. } => "PG_OUTBOX_REJECTED",
+        Self::Unavailable(_) => "PG_OUTBOX_UNAVAILABLE",
+        Self::OutcomeUnknown(_) => "PG_OUTBOX_OUTCOME_UNKNOWN",
+        Self::Corrupt(_) => "OUTBOX_CORRUPT",
     }
 }
 

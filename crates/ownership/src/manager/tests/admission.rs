@@ -16,17 +16,13 @@ fn admission_defaults_to_the_snapshot_check() {
 #[tokio::test]
 async fn default_admission_refuses_a_whole_delete_lock_at_the_next_admission() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     drop(
         a.admit(&f.scope, g)
             .await
             .expect("admitted before the lock"),
     );
-    f.store
-        .set_delete_lock(&f.lifecycle, Some(DeleteLock::Whole))
-        .await
-        .expect("lock");
+    f.lock(Some(DeleteLock::Whole)).await;
     let e = a.admit(&f.scope, g).await.expect_err("whole delete lock");
     assert_eq!(e.code(), "worker_delete_locked");
     assert_eq!(a.in_flight(), 0, "nothing admitted");
@@ -36,18 +32,13 @@ async fn default_admission_refuses_a_whole_delete_lock_at_the_next_admission() {
 #[tokio::test]
 async fn default_admission_refuses_a_storage_pointer_move_at_the_next_admission() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     drop(
         a.admit(&f.scope, g)
             .await
             .expect("admitted before the move"),
     );
-    let moved = StorageId::new("st2").expect("storage");
-    f.store
-        .set_active_storage(&f.lifecycle, Some(&moved))
-        .await
-        .expect("pointer");
+    f.point_at(Some("st2")).await;
     let e = a.admit(&f.scope, g).await.expect_err("pointer moved");
     assert_eq!(e.code(), "storage_inactive");
     assert_eq!(a.in_flight(), 0, "nothing admitted");
@@ -55,17 +46,10 @@ async fn default_admission_refuses_a_storage_pointer_move_at_the_next_admission(
 
     // A removed pointer is refused the same way.
     let b = f.task("b");
-    let storage = StorageId::new("st1").expect("storage");
-    f.store
-        .set_active_storage(&f.lifecycle, Some(&storage))
-        .await
-        .expect("pointer");
+    f.point_at(Some("st1")).await;
     f.store.expire_owner(&f.scope);
     let gb = f.claim(&b).await;
-    f.store
-        .set_active_storage(&f.lifecycle, None)
-        .await
-        .expect("pointer");
+    f.point_at(None).await;
     let e = b.admit(&f.scope, gb).await.expect_err("pointer removed");
     assert_eq!(e.code(), "storage_inactive");
 }
@@ -73,12 +57,8 @@ async fn default_admission_refuses_a_storage_pointer_move_at_the_next_admission(
 #[tokio::test]
 async fn default_admission_reads_one_snapshot_and_admits_under_a_version_lock() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
-    f.store
-        .set_delete_lock(&f.lifecycle, Some(DeleteLock::Version))
-        .await
-        .expect("lock");
+    let (a, g) = f.claimed("a").await;
+    f.lock(Some(DeleteLock::Version)).await;
     let before = f.calls.total();
     for _ in 0..10 {
         let p = a
@@ -97,8 +77,7 @@ async fn default_admission_reads_one_snapshot_and_admits_under_a_version_lock() 
 #[tokio::test]
 async fn default_admission_below_the_guard_reads_a_snapshot_then_renews() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     f.clock.advance(9_500);
     let before = f.calls.total();
     let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
@@ -110,8 +89,7 @@ async fn default_admission_below_the_guard_reads_a_snapshot_then_renews() {
 #[tokio::test]
 async fn default_admission_refuses_an_expired_local_lease_without_io() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     f.clock.advance(10_000);
     let before = f.calls.total();
     let e = a.admit(&f.scope, g).await.expect_err("expired");
@@ -124,10 +102,7 @@ async fn cached_admission_does_no_io_and_accepts_lifecycle_staleness() {
     let f = fixture().await;
     let a = f.cached_task("a");
     let g = f.claim(&a).await;
-    f.store
-        .set_delete_lock(&f.lifecycle, Some(DeleteLock::Whole))
-        .await
-        .expect("lock");
+    f.lock(Some(DeleteLock::Whole)).await;
     let before = f.calls.total();
     drop(
         a.admit(&f.scope, g)

@@ -70,8 +70,7 @@ async fn owner_task(f: &Fixture, scope: &OwnerScope) -> Option<String> {
 async fn a_drain_whose_release_hangs_returns_at_the_drain_timeout_and_keeps_the_rest() {
     let h = hanging(settings()).await; // drain_timeout_ms 10000 (the default)
     assert_eq!(settings().drain_timeout_ms, 10_000);
-    let drainer = h.o.clone();
-    let drain = tokio::spawn(async move { drainer.drain().await });
+    let drain = spawn_drain(&h.o);
     settle().await;
     h.f.clock.advance(9_999);
     settle().await;
@@ -140,8 +139,7 @@ async fn the_drain_timeout_also_bounds_the_in_flight_wait() {
     let h = hanging(s).await;
     let g = h.generations[1];
     let permit = h.o.admit(&shard(1), g).await.expect("admitted");
-    let drainer = h.o.clone();
-    let drain = tokio::spawn(async move { drainer.drain().await });
+    let drain = spawn_drain(&h.o);
     settle().await;
     h.f.clock.advance(4_999);
     settle().await;
@@ -170,8 +168,7 @@ async fn the_releases_get_the_time_the_wait_left() {
         h.o.admit(&shard(1), h.generations[1])
             .await
             .expect("admitted");
-    let drainer = h.o.clone();
-    let drain = tokio::spawn(async move { drainer.drain().await });
+    let drain = spawn_drain(&h.o);
     settle().await;
     h.f.clock.advance(7_000);
     drop(permit);

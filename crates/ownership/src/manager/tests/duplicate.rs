@@ -43,13 +43,7 @@ async fn a_second_process_with_the_same_task_id_is_refused_and_takes_nothing() {
         "t-1",
     );
     // No ping-pong: the first process kept its claim at its generation.
-    let held = f
-        .store
-        .snapshot(&f.scope, &f.lifecycle)
-        .await
-        .expect("snapshot")
-        .owner
-        .expect("owner");
+    let held = f.snapshot().await.owner.expect("owner");
     assert_eq!(held.record.generation(), g);
     assert_eq!(
         held.record.endpoint().map(OwnerEndpoint::as_str),
@@ -67,17 +61,9 @@ async fn a_duplicate_without_an_endpoint_is_not_adopted_as_this_process() {
     // Both processes write byte-identical records (same task, no endpoint):
     // before the fix the second adopted the first's claim and both owned it.
     let f = fixture().await;
-    let first = f.task("same");
-    let g = f.claim(&first).await;
+    let (first, g) = f.claimed("same").await;
     let second = f.task("same");
-    assert_eq!(
-        second
-            .resolve(&f.scope, &f.lifecycle)
-            .await
-            .expect_err("not adopted")
-            .code(),
-        "owner_race"
-    );
+    assert_eq!(f.refused(&second).await, "owner_race");
     assert_eq!(
         second
             .admit(&f.scope, g)
@@ -105,8 +91,7 @@ async fn a_duplicate_without_an_endpoint_is_not_adopted_as_this_process() {
 #[tokio::test]
 async fn a_record_this_process_wrote_is_adopted_after_it_was_forgotten() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     a.forget(&f.scope);
     assert_eq!(f.claim(&a).await, g, "re-adopted at the same generation");
     assert!(a.duplicate_task().is_none());

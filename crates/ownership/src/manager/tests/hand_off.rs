@@ -61,8 +61,7 @@ async fn a_hand_off_drains_just_its_scope_and_releases_at_once() {
 #[tokio::test]
 async fn a_busy_hand_off_keeps_the_scope() {
     let f = fixture().await;
-    let a = f.task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.claimed("a").await;
     let running = a.admit(&f.scope, g).await.expect("admitted");
     let out = a.hand_off(&f.scope, f.clock.now_ms()).await;
     assert!(matches!(out, HandOff::Busy { in_flight: 1 }), "{out:?}");
@@ -85,8 +84,7 @@ async fn a_busy_hand_off_keeps_the_scope() {
 async fn claim_many_applies_each_outcome_as_resolve_does() {
     let f = fixture().await;
     let a = f.task("a");
-    let b = f.task("b");
-    let _ = f.claim(&b).await; // shard 1
+    let (_b, _) = f.claimed("b").await; // shard 1, held to the end
     let out = a
         .claim_many(&[shard(1), shard(2), shard(2)], &f.lifecycle)
         .await;
