@@ -11,7 +11,7 @@ use durability_scheduler::{StorageError, StorageErrorKind};
 
 use super::fence::{FenceCheck, check_fence};
 use super::runtime::wait;
-use super::tx::{PostgresObjectTx, commit_error};
+use super::tx::PostgresObjectTx;
 use super::{Fence, PostgresObjectStorage};
 
 /// A pooled connection inside a transaction: dropped without
@@ -95,7 +95,7 @@ impl PostgresObjectStorage {
             }
         };
         // A failed COMMIT drops `held`: the connection is closed.
-        wait(client.batch_execute("COMMIT")).map_err(|e| E::from(commit_error(e)))?;
+        super::commit::commit(client, self.shared.options.commit_timeout).map_err(E::from)?;
         held.release();
         if created {
             self.own_ready.store(true, Ordering::Release);

@@ -150,6 +150,7 @@
 
 mod admin;
 mod alarms;
+mod commit;
 mod driver;
 mod fence;
 pub mod image;
@@ -184,6 +185,9 @@ use schema::{BUILTINS, Deployment, StepSql};
 /// gives up with `OwnerRace`.
 pub const FENCE_ROUNDS: u32 = 3;
 
+/// [`PostgresObjectOptions::commit_timeout`]'s default.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Options of a [`PostgresObjects`] deployment.
 #[derive(Debug, Clone, Copy)]
 pub struct PostgresObjectOptions {
@@ -203,6 +207,11 @@ pub struct PostgresObjectOptions {
     /// How long a transaction waits for a pooled connection, and for a new
     /// connection to be made, before failing (retryably); default 5 s.
     pub connect_timeout: Duration,
+    /// How long a transaction waits for its `COMMIT`'s reply; default
+    /// 10 s. Past it the outcome is `Unknown` (the server may still
+    /// commit) and the connection is closed: a synchronous standby that is
+    /// gone otherwise makes every commit wait forever (module `commit`).
+    pub commit_timeout: Duration,
 }
 
 impl Default for PostgresObjectOptions {
@@ -213,6 +222,7 @@ impl Default for PostgresObjectOptions {
             fence_wait: Duration::from_millis(100),
             terminate_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
+            commit_timeout: DEFAULT_COMMIT_TIMEOUT,
         }
     }
 }
@@ -455,7 +465,7 @@ impl PostgresObjects {
             };
             Some(seq_of(&row)?)
         };
-        wait(client.batch_execute("COMMIT")).map_err(tx::commit_error)?;
+        commit::commit(client, self.shared.options.commit_timeout)?;
         held.release();
         Ok(seq)
     }

@@ -27,6 +27,8 @@ use durability_storage_postgres::testkit::TestSchema;
 #[cfg(feature = "object")]
 mod object;
 #[cfg(feature = "object")]
+mod object_commit_deadline;
+#[cfg(feature = "object")]
 mod object_crash;
 #[cfg(feature = "object")]
 mod object_fence;
