@@ -64,7 +64,7 @@ fn bounds(p: &Proc) -> BTreeMap<String, Bounds> {
 
 /// Checks every answer of `hosts` against the writes stored under their
 /// task; returns the violations and prints each host's tally.
-fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
+pub(super) fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
     let mut violations = Vec::new();
     for name in names {
         let rows = stored(db, name);
@@ -93,7 +93,7 @@ fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
 
 /// Sends `per_object` `incr` commands for each of `names` at once (each
 /// runs in a task of its own on the host: calls in flight together).
-fn burst(p: &mut Proc, names: &[&str], per_object: usize) {
+pub(super) fn burst(p: &mut Proc, names: &[&str], per_object: usize) {
     for _ in 0..per_object {
         for n in names {
             p.send(&format!("incr {n}"));
@@ -121,7 +121,7 @@ fn wait_answers(p: &Proc, names: &[&str], sent: usize) {
 /// Calls `incr name` on the hosts in turn until one acknowledges it (a
 /// host recovering from the database's loss refuses, or answers unknown,
 /// for a while); panics after a minute. Returns the answer.
-fn incr_until_ok(hosts: &mut [&mut Proc], name: &str) -> String {
+pub(super) fn incr_until_ok(hosts: &mut [&mut Proc], name: &str) -> String {
     let end = now() + 60_000;
     loop {
         for p in hosts.iter_mut() {
