@@ -1,7 +1,10 @@
 //! What the lease store and the alarm index share: the caller-chosen schema
 //! their tables live in ([`SchemaName`]), the expression that reads the
 //! server's clock, and one way to run a statement under a deadline that
-//! tells a definite failure from an unknown outcome.
+//! tells a definite failure from an unknown outcome. Every error of a
+//! store call starts with the store and the servers its URL names
+//! (`the PostgreSQL lease store at 10.0.0.5:5432,10.0.0.6:5432: ...`),
+//! never the user or the password.
 //!
 //! Both stores schema-qualify every table and function they name with the
 //! quoted [`SchemaName`], so they never depend on a connection's

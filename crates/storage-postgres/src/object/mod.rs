@@ -118,7 +118,9 @@
 //! `Backend`; a `COMMIT` whose reply never came (connection lost,
 //! unreadable reply) or came as `FATAL` (a session terminated while it
 //! commits may have written its commit record first) is `Unknown`, never
-//! a definite failure. Stored rows are decoded strictly;
+//! a definite failure; so is a `COMMIT` with no reply within
+//! [`PostgresObjectOptions::commit_timeout`] (a synchronous standby that
+//! never answers; its connection is closed, no cancel is sent). Stored rows are decoded strictly;
 //! a corrupt outbox row is a typed `Corrupt` row, quarantined and
 //! deletable as on SQLite. The deployment schema name is validated
 //! ([`MAX_DEPLOYMENT_NAME_BYTES`], `[a-z_][a-z0-9_]*`) and quoted; every
