@@ -23,20 +23,26 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_postgres::Object;
 use durability_scheduler::{StorageError, StorageErrorKind};
+use durability_time::{Clock, SystemClock};
 
 use super::runtime::Unpark;
 use super::tx::commit_error;
 
-/// Parks the calling thread until `fut` is ready or `timeout` passed:
-/// `None` then (`fut` is dropped unfinished). As
+/// Parks the calling thread until `fut` is ready or `timeout` passed on
+/// `clock`: `None` then (`fut` is dropped unfinished). As
 /// [`wait`](super::runtime::wait), for futures that need no runtime
 /// context of their own.
-pub(crate) fn wait_for<F: Future>(fut: F, timeout: Duration) -> Option<F::Output> {
-    let deadline = Instant::now().checked_add(timeout);
+pub(crate) fn wait_for<F: Future>(
+    fut: F,
+    timeout: Duration,
+    clock: &dyn Clock,
+) -> Option<F::Output> {
+    let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    let deadline = clock.now_ms().saturating_add(timeout_ms);
     let mut fut = std::pin::pin!(fut);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
@@ -44,18 +50,14 @@ pub(crate) fn wait_for<F: Future>(fut: F, timeout: Duration) -> Option<F::Output
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
             return Some(out);
         }
-        match deadline {
-            // A deadline past `Instant`'s range: no deadline.
-            None => std::thread::park(),
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return None;
-                }
-                // A spurious or early wake-up only polls again.
-                std::thread::park_timeout(left);
-            }
+        let left = deadline.saturating_sub(clock.now_ms());
+        if left <= 0 {
+            return None;
         }
+        // A spurious or early wake-up only polls again.
+        std::thread::park_timeout(Duration::from_millis(
+            u64::try_from(left).unwrap_or(u64::MAX),
+        ));
     }
 }
 
@@ -66,7 +68,7 @@ pub(crate) fn wait_for<F: Future>(fut: F, timeout: Duration) -> Option<F::Output
 /// As [`commit_error`] for a reply that is an error or a lost connection;
 /// `Unknown` when no reply came within `timeout`.
 pub(crate) fn commit(client: &Object, timeout: Duration) -> Result<(), StorageError> {
-    match wait_for(client.batch_execute("COMMIT"), timeout) {
+    match wait_for(client.batch_execute("COMMIT"), timeout, &SystemClock::new()) {
         Some(done) => done.map_err(commit_error),
         None => Err(StorageError::new(
             StorageErrorKind::Unknown,
@@ -82,19 +84,30 @@ pub(crate) fn commit(client: &Object, timeout: Duration) -> Result<(), StorageEr
 
 #[cfg(test)]
 mod tests {
+    use durability_time::ManualClock;
+
     use super::*;
 
     #[test]
     fn a_ready_future_is_returned_and_a_pending_one_gives_up_at_its_deadline() {
-        assert_eq!(wait_for(std::future::ready(7), Duration::ZERO), Some(7));
+        let clock = ManualClock::new(1_000);
         assert_eq!(
-            wait_for(std::future::pending::<u8>(), Duration::from_millis(1)),
+            wait_for(std::future::ready(7), Duration::ZERO, &clock),
+            Some(7)
+        );
+        // The clock is past the deadline at the first look.
+        assert_eq!(
+            wait_for(std::future::pending::<u8>(), Duration::ZERO, &clock),
             None
         );
     }
 
     #[test]
     fn a_deadline_beyond_the_clock_waits_for_the_future() {
-        assert_eq!(wait_for(std::future::ready(1), Duration::MAX), Some(1));
+        let clock = ManualClock::new(i64::MAX - 1);
+        assert_eq!(
+            wait_for(std::future::ready(1), Duration::MAX, &clock),
+            Some(1)
+        );
     }
 }
