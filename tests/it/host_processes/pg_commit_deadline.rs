@@ -17,32 +17,6 @@ use super::{Proc, TTL_S};
 /// The host's commit deadline in this test (ms).
 const COMMIT_TIMEOUT_MS: u64 = 2_000;
 
-/// Sets the cluster's `synchronous_standby_names` and reloads; returns how
-/// many sessions wait for synchronous replication before the change.
-fn standby_names(cluster: &Cluster, names: &str) -> i64 {
-    runtime().block_on(async {
-        let (c, conn) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let waiting: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        c.batch_execute(&format!(
-            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
-        ))
-        .await
-        .unwrap();
-        c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
-        waiting
-    })
-}
-
 #[test]
 fn a_commit_waiting_for_a_missing_synchronous_standby_is_unknown_and_the_host_serves_once_it_is_cleared()
  {
@@ -73,7 +47,7 @@ fn a_commit_waiting_for_a_missing_synchronous_standby_is_unknown_and_the_host_se
     a.wait_n("acquired ", 16);
     let answer = a.run_ok("incr w1");
     assert!(answer.starts_with("ok incr w1 value=1 "), "{answer}");
-    standby_names(&cluster, "nobody");
+    rt.block_on(cluster.set_synchronous_standby_names("nobody"));
     // The reload reaches the host's sessions at their next statement; a
     // commit before it still returns at once.
     let mut acked_during = 0;
@@ -85,7 +59,11 @@ fn a_commit_waiting_for_a_missing_synchronous_standby_is_unknown_and_the_host_se
         acked_during += 1;
         assert!(acked_during < 100, "no commit ever waited for the standby");
     };
-    let waiting = standby_names(&cluster, "");
+    let waiting = rt.block_on(async {
+        let waiting = cluster.sync_rep_waiters().await;
+        cluster.set_synchronous_standby_names("").await;
+        waiting
+    });
     eprintln!(
         "tried: synchronous_standby_names naming no standby under host a (commit deadline \
          {COMMIT_TIMEOUT_MS} ms, lease {TTL_S} s); {acked_during} call(s) acknowledged before the \

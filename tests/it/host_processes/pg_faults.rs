@@ -345,18 +345,7 @@ fn the_primarys_loss_and_the_standbys_promotion_lose_no_acknowledged_call_or_ala
     // standby of its own every commit would wait for one, forever (seen
     // as calls that never answer). With no new standby to attach, the
     // operator clears it, as here.
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&standby.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        for sql in [
-            "ALTER SYSTEM SET synchronous_standby_names = ''",
-            "SELECT pg_reload_conf()",
-        ] {
-            c.batch_execute(sql).await.unwrap();
-        }
-    });
+    rt.block_on(standby.set_synchronous_standby_names(""));
     eprintln!(
         "tried: SIGKILL of the primary (postmaster and every backend) under {} increments in flight on \
          host a (16 shards, lease {TTL_S} s; b waiting; a multi-host URL with \

@@ -21,38 +21,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Sets `synchronous_standby_names` and reloads the configuration.
-fn standby_names(cluster: &Cluster, names: &str) {
-    runtime().block_on(async {
-        let (c, conn) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c.batch_execute(&format!(
-            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
-        ))
-        .await
-        .unwrap();
-        c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
-    });
-}
-
 /// How many sessions wait for synchronous replication, and the items of
 /// objects `one` and `two` another session sees.
 fn server_view(cluster: &Cluster) -> (i64, [Vec<i64>; 2]) {
     runtime().block_on(async {
+        let waiting = cluster.sync_rep_waiters().await;
         let (c, conn) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(conn);
-        let waiting: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
         let mut items: [Vec<i64>; 2] = Default::default();
         for (name, out) in ["one", "two"].into_iter().zip(items.iter_mut()) {
             let seq: i64 = c
@@ -101,7 +78,7 @@ fn a_commit_past_its_deadline_is_unknown_and_its_connection_is_not_reused() {
         })
         .unwrap();
     }
-    standby_names(&cluster, "nobody");
+    rt.block_on(cluster.set_synchronous_standby_names("nobody"));
     let add = |s: &durability_storage_postgres::object::PostgresObjectStorage, n: i64| {
         s.transaction(|tx| {
             tx.sql()
@@ -139,7 +116,7 @@ fn a_commit_past_its_deadline_is_unknown_and_its_connection_is_not_reused() {
         "every acknowledged row is visible, the waiting commit's is not"
     );
     assert_eq!(seen_two, vec![0], "the waiting commit's row is not visible");
-    standby_names(&cluster, "");
+    rt.block_on(cluster.set_synchronous_standby_names(""));
     // The waiting commits end (they were committed locally); new ones
     // commit as before.
     let mut tries = 0;
