@@ -170,16 +170,33 @@ pub(super) fn begin_locked(
                     .await?;
                 client.query(&st, &[&object]).await
             }
+            // The fence is read by a statement of its own after the row
+            // lock is taken (pipelined: still one round trip). Joined into
+            // the locking statement, it would be read from that statement's
+            // snapshot, taken before a wait for the lock: a stale holder
+            // that waited while a new owner raised the fence would see the
+            // old fence and commit past it.
             Some(scope) => {
-                let st = client
+                let lock = client
+                    .prepare_cached(&format!(
+                        "SELECT 1 FROM {s}.durability_objects WHERE id = $1 FOR UPDATE"
+                    ))
+                    .await?;
+                let read = client
                     .prepare_cached(&format!(
                         "SELECT f.generation, f.holder FROM {s}.durability_objects o \
                          LEFT JOIN {s}.durability_object_fences f \
                            ON f.object_id = o.id AND f.scope = $2 \
-                         WHERE o.id = $1 FOR UPDATE OF o"
+                         WHERE o.id = $1"
                     ))
                     .await?;
-                client.query(&st, &[&object, &scope]).await
+                let (locked, fence) = futures::future::join(
+                    client.query(&lock, &[&object]),
+                    client.query(&read, &[&object, &scope]),
+                )
+                .await;
+                locked?;
+                fence
             }
         }
     };

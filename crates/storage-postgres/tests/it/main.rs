@@ -33,6 +33,8 @@ mod object_crash;
 #[cfg(feature = "object")]
 mod object_fence;
 #[cfg(feature = "object")]
+mod object_fence_wait;
+#[cfg(feature = "object")]
 mod object_image;
 #[cfg(feature = "object")]
 mod object_restart;
