@@ -2,7 +2,8 @@
 //! `pg-object-host` process on PostgreSQL) is SIGKILLed while the object is
 //! being exported (`store::moving::export_object`, what `durability objects
 //! export` runs), with a transaction of the owner open on the object and
-//! increments queued behind it. The export raises the object's fence
+//! increments queued behind it; first, another object is exported under
+//! the same load with the owner alive. The export raises the object's fence
 //! before it reads, so: every write the owner acknowledged is stored and
 //! in the export, no write lands after the export's fence (the stored rows
 //! are exactly the exported ones), and a re-run export imported into a
@@ -58,6 +59,25 @@ fn stored_writes(db: &Db, name: &str) -> Vec<(String, i64, i64)> {
     rows
 }
 
+/// The stored writes of `name` under a generation below the export's
+/// fence: exactly the exported ones when nothing landed after the fence.
+fn writes_below_fence(db: &Db, name: &str, export: &Export) -> Vec<(String, i64, i64)> {
+    let fence = i64::try_from(export.header.fenced_generation).unwrap();
+    stored_writes(db, name)
+        .into_iter()
+        .filter(|w| w.1 < fence)
+        .collect()
+}
+
+/// Waits until `a` answered `n` calls of `cmd` on `name`.
+fn answered(a: &super::Proc, cmd: &str, name: &str, n: usize) {
+    let end = now() + 60_000;
+    while a.count(&format!("ok {cmd} {name} ")) + a.count(&format!("err {cmd} {name} ")) < n {
+        assert!(now() < end, "{cmd} {name}: {:#?}", a.lines());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands_after_the_fence() {
     let rt = runtime();
@@ -76,13 +96,47 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
             "{answer}"
         );
     }
+    // First with the owner alive: w2 exported while a holds a transaction
+    // on it with increments queued behind (each waiting for the object
+    // row while the export raises the fence: before the fix of
+    // `object_fence_wait`, one of them committed past the fence). The hold
+    // (300 ms) is shorter than the object row's lock timeout (1 s): the
+    // export reads the fences in a transaction that takes the row before
+    // it raises the fence, so a longer holder fails the export, retryably.
+    for _ in 0..2 {
+        a.run_ok("incr w2");
+    }
+    a.send("hold w2 300");
+    a.wait_line("in-tx w2 ");
+    burst(&mut a, &["w2"], 5);
+    let w2 = ObjectKey {
+        class: "Counter".to_owned(),
+        name: "w2".to_owned(),
+    };
+    let store = PostgresObjectStore::connect(&db.url, &db.schema, PostgresObjectOptions::default())
+        .unwrap();
+    let live = rt
+        .block_on(export_object(&store, "st1", &w2, ShardCount::default()))
+        .unwrap();
+    answered(&a, "hold", "w2", 1);
+    answered(&a, "incr", "w2", 2 + 5);
+    eprintln!(
+        "tried: export of w2 (fenced at generation {}) under a live owner holding a transaction on \
+         it for 300 ms with 5 increments queued: {} increments acknowledged, {} refused",
+        live.header.fenced_generation,
+        a.count("ok incr w2 "),
+        a.count("err incr w2 ")
+    );
+    assert_eq!(
+        writes_below_fence(&db, "w2", &live),
+        exported_writes(&live),
+        "no write under a generation below the fence landed after the export"
+    );
     // In flight at the export: a transaction of a's open on w1 (one write,
     // then a 5 s pause before its commit) and increments queued behind it.
     a.send("hold w1 5000");
     a.wait_line("in-tx w1 ");
     burst(&mut a, &["w1"], 10);
-    let store = PostgresObjectStore::connect(&db.url, &db.schema, PostgresObjectOptions::default())
-        .unwrap();
     let object = ObjectKey {
         class: "Counter".to_owned(),
         name: "w1".to_owned(),
@@ -121,6 +175,7 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
         stored_now,
         "no write landed after the export's fence"
     );
+    assert_eq!(writes_below_fence(&db, "w2", &live), exported_writes(&live));
     let claims: Vec<u64> = a
         .lines()
         .into_iter()
@@ -131,8 +186,8 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
         claims.iter().all(|g| *g < first.header.fenced_generation),
         "the mover's fence is above every claim of a ({claims:?})"
     );
-    let mut violations = check(&db, &[&a], &["w1"]);
-    violations.extend(outcome_violations(&db, &[&a], &["w1"]));
+    let mut violations = check(&db, &[&a], &["w1", "w2"]);
+    violations.extend(outcome_violations(&db, &[&a], &["w1", "w2"]));
     assert!(violations.is_empty(), "{violations:#?}");
     // A re-run export carries the same object; imported into a SQLite
     // object root through the file format, it is whole there.

@@ -20,7 +20,7 @@ use crate::host_processes::now;
 
 /// How many writes each answer of a host allows, per object: an `ok`
 /// exactly its writes, an `unknown` outcome from none up to them, a
-/// `not_started` refusal none. `incr` writes once, `slow` twice.
+/// `not_started` refusal none. `incr` and `hold` write once, `slow` twice.
 #[derive(Debug, Default, Clone, Copy)]
 struct Bounds {
     min: usize,
@@ -40,7 +40,7 @@ fn bounds(p: &Proc) -> BTreeMap<String, Bounds> {
             continue;
         };
         let writes = match cmd {
-            "incr" => 1,
+            "incr" | "hold" => 1,
             "slow" => 2,
             _ => continue,
         };
