@@ -67,8 +67,11 @@
 //! in `durability_objects`: one object's writers are serialised across
 //! hosts, as SQLite's write lock does. Once fenced
 //! ([`PostgresObjectStorage::fence`] or `ObjectFence::fence_claim`), the
-//! same statement reads the fence (`durability_object_fences`: the
-//! generation and the exact owner record bytes of its holder) and the
+//! next statement (pipelined with it) reads the fence
+//! (`durability_object_fences`: the generation and the exact owner record
+//! bytes of its holder; a statement of its own, so it sees a fence raised
+//! while the transaction waited for the row, which a join into the
+//! locking statement would read from that statement's older snapshot) and the
 //! transaction is refused (`StorageErrorKind::Fenced`, nothing written)
 //! unless the fence holds exactly this storage's claim. The lease budget
 //! ([`durability_ownership::BudgetCheck`]) is checked right before
