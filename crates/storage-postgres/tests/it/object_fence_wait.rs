@@ -7,29 +7,11 @@
 
 use std::time::Duration;
 
-use durability_ownership::{
-    ClassName, Generation, LifecycleId, OwnerRecord, OwnerScope, ShardCount, StorageId, TaskId,
-};
 use durability_scheduler::{SchedulerTx, Storage, StorageErrorKind};
 use durability_storage_postgres::object::PostgresObjectOptions;
 
+use crate::object_fence::claim;
 use crate::object_support::TestDeployment;
-
-fn claim(task: &str, g: u64) -> OwnerRecord {
-    let scope = OwnerScope::new(
-        StorageId::new("store-1").unwrap(),
-        ClassName::new("Shop").unwrap(),
-        3,
-        ShardCount::new(16).unwrap(),
-    )
-    .unwrap();
-    OwnerRecord::new(
-        scope,
-        LifecycleId::new("ns:shop").unwrap(),
-        TaskId::new(task).unwrap(),
-        Generation::new(g).unwrap(),
-    )
-}
 
 #[test]
 fn a_transaction_that_waited_for_the_row_while_the_fence_rose_is_refused() {
