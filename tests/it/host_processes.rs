@@ -436,5 +436,7 @@ fn storage_deletion_race_with_object_creating_calls_leaves_no_file_and_no_late_w
 }
 
 mod ownership_faults;
+mod pg_commit_deadline;
+mod pg_export;
 mod pg_faults;
 mod postgres;

@@ -306,8 +306,9 @@ pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};
 pub use settings::{
     ADVISORY_CACHE_ENTRIES, DEFAULT_DATABASE_SCHEMA, DEFAULT_EVICTION_IDLE_MS,
-    DEFAULT_MAX_RESIDENT_OBJECTS, DatabaseSettings, ENV_BALANCE_SHARDS, ENV_DATABASE_SCHEMA,
-    ENV_DATABASE_URL, ENV_PREVENT_EVICTION, HostSettings, Residency,
+    DEFAULT_MAX_RESIDENT_OBJECTS, DatabaseSettings, ENV_BALANCE_SHARDS,
+    ENV_DATABASE_COMMIT_TIMEOUT_MS, ENV_DATABASE_SCHEMA, ENV_DATABASE_URL, ENV_PREVENT_EVICTION,
+    HostSettings, Residency,
 };
 pub use storage::{
     DELETE_PAGE, DeleteAll, DeleteAllReport, DeleteFailure, StorageDeleteReport, delete_storage_id,

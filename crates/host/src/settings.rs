@@ -29,6 +29,11 @@ pub const ENV_DATABASE_URL: &str = "DO_DATABASE_URL";
 /// tables (default [`DEFAULT_DATABASE_SCHEMA`]).
 pub const ENV_DATABASE_SCHEMA: &str = "DO_DATABASE_SCHEMA";
 
+/// Environment variable: how long (ms, a positive integer) a host on
+/// PostgreSQL waits for a `COMMIT`'s reply before the call's outcome is
+/// unknown (default 10000, `PostgresObjectOptions::commit_timeout`).
+pub const ENV_DATABASE_COMMIT_TIMEOUT_MS: &str = "DO_DATABASE_COMMIT_TIMEOUT_MS";
+
 /// The schema of the PostgreSQL stores when `DO_DATABASE_SCHEMA` is unset.
 pub const DEFAULT_DATABASE_SCHEMA: &str = "durability";
 
@@ -40,6 +45,7 @@ pub const DEFAULT_DATABASE_SCHEMA: &str = "durability";
 pub struct DatabaseSettings {
     url: String,
     schema: String,
+    commit_timeout_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for DatabaseSettings {
@@ -47,6 +53,7 @@ impl std::fmt::Debug for DatabaseSettings {
         // Never the URL: it may hold a password.
         f.debug_struct("DatabaseSettings")
             .field("schema", &self.schema)
+            .field("commit_timeout_ms", &self.commit_timeout_ms)
             .finish_non_exhaustive()
     }
 }
@@ -57,15 +64,31 @@ impl DatabaseSettings {
         Self {
             url: url.to_owned(),
             schema: schema.to_owned(),
+            commit_timeout_ms: None,
         }
     }
 
-    /// `DO_DATABASE_URL` and `DO_DATABASE_SCHEMA` from a variable lookup:
-    /// `None` when the URL is unset.
+    /// These settings with a commit deadline of `ms` milliseconds (see
+    /// [`ENV_DATABASE_COMMIT_TIMEOUT_MS`]).
+    #[must_use]
+    pub fn with_commit_timeout_ms(mut self, ms: u64) -> Self {
+        self.commit_timeout_ms = Some(ms);
+        self
+    }
+
+    /// The commit deadline, when set (else the object store's default).
+    pub fn commit_timeout_ms(&self) -> Option<u64> {
+        self.commit_timeout_ms
+    }
+
+    /// `DO_DATABASE_URL`, `DO_DATABASE_SCHEMA` and
+    /// `DO_DATABASE_COMMIT_TIMEOUT_MS` from a variable lookup: `None` when
+    /// the URL is unset.
     ///
     /// # Errors
     /// [`HostError::InvalidSetting`] for a URL that is not `postgres://` or
-    /// `postgresql://`, or an empty schema.
+    /// `postgresql://`, an empty schema, or a commit deadline that is not a
+    /// positive integer.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, HostError> {
         let Some(url) = lookup(ENV_DATABASE_URL) else {
             return Ok(None);
@@ -81,7 +104,23 @@ impl DatabaseSettings {
         if schema.is_empty() {
             return Err(HostError::setting(ENV_DATABASE_SCHEMA, "is empty"));
         }
-        Ok(Some(Self { url, schema }))
+        let commit_timeout_ms = match lookup(ENV_DATABASE_COMMIT_TIMEOUT_MS) {
+            None => None,
+            Some(raw) => match raw.parse::<u64>() {
+                Ok(ms) if ms > 0 => Some(ms),
+                _ => {
+                    return Err(HostError::setting(
+                        ENV_DATABASE_COMMIT_TIMEOUT_MS,
+                        "must be a positive integer (milliseconds)",
+                    ));
+                }
+            },
+        };
+        Ok(Some(Self {
+            url,
+            schema,
+            commit_timeout_ms,
+        }))
     }
 
     /// As [`DatabaseSettings::from_lookup`], from the process environment.

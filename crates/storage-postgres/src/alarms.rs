@@ -97,7 +97,8 @@ impl PostgresAlarmIndex {
         schema: SchemaName,
         time: IndexTime,
     ) -> Result<Self, AlarmError> {
-        let client = StoreClient::new(config, pool_size).map_err(AlarmError::unavailable)?;
+        let client =
+            StoreClient::new(config, pool_size, "alarm index").map_err(AlarmError::unavailable)?;
         Ok(Self {
             client,
             sql: std::sync::Arc::new(sql::Statements::new(&schema)),

@@ -144,7 +144,7 @@ impl PostgresLeaseStore {
         schema: SchemaName,
         count: ShardCount,
     ) -> Result<Self, OwnershipError> {
-        let client = StoreClient::new(config, pool_size)
+        let client = StoreClient::new(config, pool_size, "lease store")
             .map_err(|source| OwnershipError::StoreUnavailable { source })?;
         Ok(Self {
             client,

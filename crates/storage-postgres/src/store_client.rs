@@ -1,7 +1,10 @@
 //! What the lease store and the alarm index share: the caller-chosen schema
 //! their tables live in ([`SchemaName`]), the expression that reads the
 //! server's clock, and one way to run a statement under a deadline that
-//! tells a definite failure from an unknown outcome.
+//! tells a definite failure from an unknown outcome. Every error of a
+//! store call starts with the store and the servers its URL names
+//! (`the PostgreSQL lease store at 10.0.0.5:5432,10.0.0.6:5432: ...`),
+//! never the user or the password.
 //!
 //! Both stores schema-qualify every table and function they name with the
 //! quoted [`SchemaName`], so they never depend on a connection's
@@ -129,19 +132,74 @@ pub(crate) enum Access {
     Write,
 }
 
+/// The servers a connection `config` names, as `host:port` (several
+/// comma-separated, in the order tried; a Unix socket directory as its
+/// path): what an error says about where the store is. Never the user or
+/// the password.
+pub(crate) fn servers(config: &Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let port = |i: usize| match ports {
+        [] => 5432,
+        [one] => *one,
+        many => many.get(i).copied().unwrap_or(5432),
+    };
+    let hosts = config.get_hosts();
+    if hosts.is_empty() {
+        return format!("localhost:{}", port(0));
+    }
+    let named: Vec<String> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| match h {
+            Host::Tcp(name) if name.contains(':') => format!("[{name}]:{}", port(i)),
+            Host::Tcp(name) => format!("{name}:{}", port(i)),
+            #[cfg(unix)]
+            Host::Unix(dir) => format!("{}/.s.PGSQL.{}", dir.display(), port(i)),
+        })
+        .collect();
+    named.join(",")
+}
+
+/// A store call's error with the store and its server address in front
+/// (`the PostgreSQL lease store at 10.0.0.5:5432: ...`); the cause stays
+/// its source.
+#[derive(Debug)]
+pub(crate) struct AtServer {
+    at: std::sync::Arc<str>,
+    source: BoxError,
+}
+
+impl std::fmt::Display for AtServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.source)
+    }
+}
+
+impl std::error::Error for AtServer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
 /// A pool of `READ COMMITTED` connections and a deadline per call.
 #[derive(Clone)]
 pub(crate) struct StoreClient {
     pool: Pool,
     timeout: Duration,
+    /// `the PostgreSQL <store> at <servers>`, in front of every error.
+    at: std::sync::Arc<str>,
 }
 
-durability_time::debug_fields!(StoreClient { timeout });
+durability_time::debug_fields!(StoreClient { timeout, at });
 
 impl StoreClient {
     /// A pool of at most `size` connections made from `config`, each forced
-    /// to `READ COMMITTED`. Connections open lazily.
-    pub(crate) fn new(mut config: Config, size: usize) -> Result<Self, BoxError> {
+    /// to `READ COMMITTED`, for `store` (`lease store`, `alarm index`: named
+    /// with the servers' addresses in every error). Connections open lazily.
+    pub(crate) fn new(mut config: Config, size: usize, store: &str) -> Result<Self, BoxError> {
+        let at: std::sync::Arc<str> =
+            format!("the PostgreSQL {store} at {}", servers(&config)).into();
         let opts = r"-c default_transaction_isolation=read\ committed";
         let opts = match config.get_options() {
             Some(o) if !o.is_empty() => format!("{o} {opts}"),
@@ -162,7 +220,23 @@ impl StoreClient {
         Ok(Self {
             pool,
             timeout: DEFAULT_CALL_TIMEOUT,
+            at,
         })
+    }
+
+    /// `f` with the store and its servers in front of its message.
+    fn named(&self, f: Failure) -> Failure {
+        let at = |source| -> BoxError {
+            Box::new(AtServer {
+                at: std::sync::Arc::clone(&self.at),
+                source,
+            })
+        };
+        match f {
+            Failure::NotApplied(e) => Failure::NotApplied(at(e)),
+            Failure::Rejected(e) => Failure::Rejected(at(e)),
+            Failure::Unknown(e) => Failure::Unknown(at(e)),
+        }
     }
 
     pub(crate) fn set_timeout(&mut self, timeout: Duration) {
@@ -175,6 +249,10 @@ impl StoreClient {
 
     /// A pooled connection, within the deadline; a failure here sent nothing.
     pub(crate) async fn connection(&self) -> Result<Object, Failure> {
+        self.pooled().await.map_err(|f| self.named(f))
+    }
+
+    async fn pooled(&self) -> Result<Object, Failure> {
         match tokio::time::timeout(self.timeout, self.pool.get()).await {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(Failure::NotApplied(Box::new(e))),
@@ -199,6 +277,19 @@ impl StoreClient {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Failure> {
         let mut held = Unfinished(Some(self.connection().await?));
+        self.call(&mut held, access, sql, params)
+            .await
+            .map_err(|f| self.named(f))
+    }
+
+    /// [`Self::query`]'s statement on `held`.
+    async fn call(
+        &self,
+        held: &mut Unfinished,
+        access: Access,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Failure> {
         let outcome = {
             let client = held.client();
             let call = async {
@@ -219,7 +310,7 @@ impl StoreClient {
                 r
             }
             Err(_) => {
-                drop(held);
+                // `held` stays unfinished: the caller's drop closes it.
                 let e: BoxError = format!(
                     "no reply within {} ms: the connection was closed",
                     self.timeout.as_millis()
@@ -234,15 +325,28 @@ impl StoreClient {
     }
 
     /// Runs semicolon-separated statements without parameters in one
-    /// transaction (schema setup).
+    /// transaction (schema setup), within the deadline (past it the
+    /// outcome is unknown: the connection is closed).
     pub(crate) async fn batch(&self, sql: &str) -> Result<(), Failure> {
-        let client = self.connection().await?;
-        let done = client.batch_execute(sql).await;
-        if done.is_err() {
-            // The connection may be left inside the failed transaction.
-            drop(Object::take(client));
-        }
-        done.map_err(|e| classify(Access::Write, e))
+        let mut held = Unfinished(Some(self.connection().await?));
+        let done = tokio::time::timeout(self.timeout, held.client().batch_execute(sql)).await;
+        let done = match done {
+            Ok(Ok(())) => {
+                held.finished();
+                Ok(())
+            }
+            // The connection may be left inside the failed transaction:
+            // `held` closes it.
+            Ok(Err(e)) => Err(classify(Access::Write, e)),
+            Err(_) => Err(Failure::Unknown(
+                format!(
+                    "no reply within {} ms: the connection was closed",
+                    self.timeout.as_millis()
+                )
+                .into(),
+            )),
+        };
+        done.map_err(|f| self.named(f))
     }
 }
 

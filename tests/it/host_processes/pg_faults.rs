@@ -20,7 +20,7 @@ use crate::host_processes::now;
 
 /// How many writes each answer of a host allows, per object: an `ok`
 /// exactly its writes, an `unknown` outcome from none up to them, a
-/// `not_started` refusal none. `incr` writes once, `slow` twice.
+/// `not_started` refusal none. `incr` and `hold` write once, `slow` twice.
 #[derive(Debug, Default, Clone, Copy)]
 struct Bounds {
     min: usize,
@@ -40,7 +40,7 @@ fn bounds(p: &Proc) -> BTreeMap<String, Bounds> {
             continue;
         };
         let writes = match cmd {
-            "incr" => 1,
+            "incr" | "hold" => 1,
             "slow" => 2,
             _ => continue,
         };
@@ -64,7 +64,7 @@ fn bounds(p: &Proc) -> BTreeMap<String, Bounds> {
 
 /// Checks every answer of `hosts` against the writes stored under their
 /// task; returns the violations and prints each host's tally.
-fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
+pub(super) fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
     let mut violations = Vec::new();
     for name in names {
         let rows = stored(db, name);
@@ -93,7 +93,7 @@ fn outcome_violations(db: &Db, hosts: &[&Proc], names: &[&str]) -> Vec<String> {
 
 /// Sends `per_object` `incr` commands for each of `names` at once (each
 /// runs in a task of its own on the host: calls in flight together).
-fn burst(p: &mut Proc, names: &[&str], per_object: usize) {
+pub(super) fn burst(p: &mut Proc, names: &[&str], per_object: usize) {
     for _ in 0..per_object {
         for n in names {
             p.send(&format!("incr {n}"));
@@ -121,7 +121,7 @@ fn wait_answers(p: &Proc, names: &[&str], sent: usize) {
 /// Calls `incr name` on the hosts in turn until one acknowledges it (a
 /// host recovering from the database's loss refuses, or answers unknown,
 /// for a while); panics after a minute. Returns the answer.
-fn incr_until_ok(hosts: &mut [&mut Proc], name: &str) -> String {
+pub(super) fn incr_until_ok(hosts: &mut [&mut Proc], name: &str) -> String {
     let end = now() + 60_000;
     loop {
         for p in hosts.iter_mut() {
@@ -345,18 +345,7 @@ fn the_primarys_loss_and_the_standbys_promotion_lose_no_acknowledged_call_or_ala
     // standby of its own every commit would wait for one, forever (seen
     // as calls that never answer). With no new standby to attach, the
     // operator clears it, as here.
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&standby.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        for sql in [
-            "ALTER SYSTEM SET synchronous_standby_names = ''",
-            "SELECT pg_reload_conf()",
-        ] {
-            c.batch_execute(sql).await.unwrap();
-        }
-    });
+    rt.block_on(standby.set_synchronous_standby_names(""));
     eprintln!(
         "tried: SIGKILL of the primary (postmaster and every backend) under {} increments in flight on \
          host a (16 shards, lease {TTL_S} s; b waiting; a multi-host URL with \

@@ -53,7 +53,9 @@ fn record_fired(
     Ok(())
 }
 
-/// One increment, recorded with the writer's task and generation.
+/// One increment, recorded with the writer's task and generation. `seq`
+/// is the commit order (one writer at a time holds the object's row), with
+/// no sequence, so the object can be exported (a sequence is not portable).
 fn incr(
     tx: &mut Transaction<'_, '_, PostgresObjectStorage>,
     task: &str,
@@ -70,7 +72,8 @@ fn incr(
         .map_err(pg)?;
     let generation = i64::try_from(generation).unwrap();
     tx.sql().execute(
-        "INSERT INTO writes (task, generation, n) VALUES ($1, $2, $3)",
+        "INSERT INTO writes (seq, task, generation, n)
+         SELECT coalesce(max(seq), 0) + 1, $1, $2, $3 FROM writes",
         &[&task, &generation, &n],
     )?;
     Ok(n)
@@ -98,9 +101,9 @@ async fn main() {
         .class("Counter", move |ctx| {
             ctx.scheduler.transaction(|tx| {
                 tx.sql().batch_execute(
-                    "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY CHECK (id = 0), n BIGINT NOT NULL);
+                    "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY, n BIGINT NOT NULL);
                      CREATE TABLE IF NOT EXISTS fired (t BIGINT NOT NULL, task TEXT NOT NULL);
-                     CREATE TABLE IF NOT EXISTS writes (seq BIGSERIAL PRIMARY KEY, task TEXT NOT NULL,
+                     CREATE TABLE IF NOT EXISTS writes (seq BIGINT PRIMARY KEY, task TEXT NOT NULL,
                                                         generation BIGINT NOT NULL, n BIGINT NOT NULL);",
                 )
             })?;

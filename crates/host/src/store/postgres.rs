@@ -62,10 +62,15 @@ impl PostgresBackends {
         database: &DatabaseSettings,
         shard_count: ShardCount,
     ) -> Result<Self, HostError> {
-        Self::connect_with(database, shard_count, PostgresObjectOptions::default()).await
+        let mut options = PostgresObjectOptions::default();
+        if let Some(ms) = database.commit_timeout_ms() {
+            options.commit_timeout = std::time::Duration::from_millis(ms);
+        }
+        Self::connect_with(database, shard_count, options).await
     }
 
-    /// As [`PostgresBackends::connect`], with the objects' options.
+    /// As [`PostgresBackends::connect`], with the objects' options (their
+    /// commit deadline wins over the settings').
     ///
     /// # Errors
     /// As [`PostgresBackends::connect`].

@@ -338,6 +338,26 @@ async fn bad_database_settings_are_refused_before_anything_is_written() {
         DatabaseSettings::from_lookup(lookup(&[("DO_DATABASE_URL", "/srv/objects")])).unwrap_err();
     assert_eq!(err.code(), "host_invalid_setting");
     assert!(err.to_string().contains("DO_DATABASE_URL"), "{err}");
+    assert_eq!(s.commit_timeout_ms(), None, "the store's default");
+    let timed = DatabaseSettings::from_lookup(lookup(&[
+        ("DO_DATABASE_URL", "postgres://u@h/db"),
+        ("DO_DATABASE_COMMIT_TIMEOUT_MS", "2500"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(timed.commit_timeout_ms(), Some(2500));
+    for bad in ["0", "-1", "2s", ""] {
+        let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
+            ("DO_DATABASE_URL", "postgres://u@h/db"),
+            ("DO_DATABASE_COMMIT_TIMEOUT_MS", bad),
+        ]));
+        let err = DatabaseSettings::from_lookup(lookup(pairs)).unwrap_err();
+        assert_eq!(err.code(), "host_invalid_setting", "{bad:?}");
+        assert!(
+            err.to_string().contains("DO_DATABASE_COMMIT_TIMEOUT_MS"),
+            "{bad:?}: {err}"
+        );
+    }
     // A schema the stores refuse: no connection is made at all.
     let err = HostConfig::postgres(
         &DatabaseSettings::new("postgres://nobody@127.0.0.1:1/none", "Bad-Schema"),

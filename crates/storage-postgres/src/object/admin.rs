@@ -11,7 +11,7 @@ use durability_scheduler::{StorageError, StorageErrorKind};
 use super::PostgresObjects;
 use super::driver::Held;
 use super::runtime::{blocking, wait};
-use super::tx::{PostgresObjectTx, commit_error};
+use super::tx::PostgresObjectTx;
 
 /// A storage id's tombstone, as [`PostgresObjects::tombstone`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl PostgresObjects {
             // On an error `held` is dropped: the connection closes and the
             // server rolls the transaction back.
             let found = self.delete_in(client, object_id)?;
-            wait(client.batch_execute("COMMIT")).map_err(commit_error)?;
+            super::commit::commit(client, self.shared.options.commit_timeout)?;
             held.release();
             Ok(found)
         })
@@ -244,7 +244,7 @@ impl PostgresObjects {
                 &[&storage_id, &lifecycle, &state],
             ))
             .map_err(fail("write the tombstone"))?;
-            wait(client.batch_execute("COMMIT")).map_err(commit_error)?;
+            super::commit::commit(client, self.shared.options.commit_timeout)?;
             held.release();
             Ok::<_, StorageError>(())
         })?;

@@ -11,7 +11,7 @@ use durability_scheduler::{StorageError, StorageErrorKind};
 
 use super::fence::{FenceCheck, check_fence};
 use super::runtime::wait;
-use super::tx::{PostgresObjectTx, commit_error};
+use super::tx::PostgresObjectTx;
 use super::{Fence, PostgresObjectStorage};
 
 /// A pooled connection inside a transaction: dropped without
@@ -95,7 +95,7 @@ impl PostgresObjectStorage {
             }
         };
         // A failed COMMIT drops `held`: the connection is closed.
-        wait(client.batch_execute("COMMIT")).map_err(|e| E::from(commit_error(e)))?;
+        super::commit::commit(client, self.shared.options.commit_timeout).map_err(E::from)?;
         held.release();
         if created {
             self.own_ready.store(true, Ordering::Release);
@@ -170,16 +170,33 @@ pub(super) fn begin_locked(
                     .await?;
                 client.query(&st, &[&object]).await
             }
+            // The fence is read by a statement of its own after the row
+            // lock is taken (pipelined: still one round trip). Joined into
+            // the locking statement, it would be read from that statement's
+            // snapshot, taken before a wait for the lock: a stale holder
+            // that waited while a new owner raised the fence would see the
+            // old fence and commit past it.
             Some(scope) => {
-                let st = client
+                let lock = client
+                    .prepare_cached(&format!(
+                        "SELECT 1 FROM {s}.durability_objects WHERE id = $1 FOR UPDATE"
+                    ))
+                    .await?;
+                let read = client
                     .prepare_cached(&format!(
                         "SELECT f.generation, f.holder FROM {s}.durability_objects o \
                          LEFT JOIN {s}.durability_object_fences f \
                            ON f.object_id = o.id AND f.scope = $2 \
-                         WHERE o.id = $1 FOR UPDATE OF o"
+                         WHERE o.id = $1"
                     ))
                     .await?;
-                client.query(&st, &[&object, &scope]).await
+                let (locked, fence) = futures::future::join(
+                    client.query(&lock, &[&object]),
+                    client.query(&read, &[&object, &scope]),
+                )
+                .await;
+                locked?;
+                fence
             }
         }
     };

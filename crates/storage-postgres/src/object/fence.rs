@@ -173,8 +173,10 @@ impl PostgresObjectStorage {
             ))
             .map_err(unavailable)?;
         }
-        wait(client.batch_execute("COMMIT")).map_err(|e| OwnershipError::OwnerUnavailable {
-            source: Box::new(e),
+        super::commit::commit(client, self.shared.options.commit_timeout).map_err(|e| {
+            OwnershipError::OwnerUnavailable {
+                source: Box::new(e),
+            }
         })?;
         Ok(Round::Done)
     }
@@ -274,9 +276,10 @@ impl PostgresObjectStorage {
                 Err(e) => Err(e),
             };
             // The round's transaction is over either way; a connection
-            // that cannot roll back is closed (dropping `held`).
-            let clean = wait(client.batch_execute("ROLLBACK")).is_ok();
+            // that cannot roll back is closed (dropping `held`), as is one
+            // whose round failed (its COMMIT may still be waiting).
             busy?;
+            let clean = wait(client.batch_execute("ROLLBACK")).is_ok();
             match self.end_holder(client)? {
                 Ended::Tried => {}
                 // Without the right, wait as long as any writer would.

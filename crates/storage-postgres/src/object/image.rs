@@ -34,7 +34,7 @@ use super::admin::unquote;
 use super::driver::Held;
 use super::runtime::{blocking, wait};
 use super::schema::{BUILTINS, quote};
-use super::tx::{PostgresObjectTx, commit_error};
+use super::tx::PostgresObjectTx;
 
 /// The shared table of a capability table, and whether it is ordered by
 /// its key or by other columns.
@@ -478,7 +478,7 @@ impl PostgresObjects {
                     None => tx.write_own(table)?,
                 }
             }
-            wait(held.client().batch_execute("COMMIT")).map_err(commit_error)?;
+            super::commit::commit(held.client(), self.shared.options.commit_timeout)?;
             held.release();
             Ok(())
         })

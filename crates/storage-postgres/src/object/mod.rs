@@ -67,8 +67,11 @@
 //! in `durability_objects`: one object's writers are serialised across
 //! hosts, as SQLite's write lock does. Once fenced
 //! ([`PostgresObjectStorage::fence`] or `ObjectFence::fence_claim`), the
-//! same statement reads the fence (`durability_object_fences`: the
-//! generation and the exact owner record bytes of its holder) and the
+//! next statement (pipelined with it) reads the fence
+//! (`durability_object_fences`: the generation and the exact owner record
+//! bytes of its holder; a statement of its own, so it sees a fence raised
+//! while the transaction waited for the row, which a join into the
+//! locking statement would read from that statement's older snapshot) and the
 //! transaction is refused (`StorageErrorKind::Fenced`, nothing written)
 //! unless the fence holds exactly this storage's claim. The lease budget
 //! ([`durability_ownership::BudgetCheck`]) is checked right before
@@ -118,7 +121,9 @@
 //! `Backend`; a `COMMIT` whose reply never came (connection lost,
 //! unreadable reply) or came as `FATAL` (a session terminated while it
 //! commits may have written its commit record first) is `Unknown`, never
-//! a definite failure. Stored rows are decoded strictly;
+//! a definite failure; so is a `COMMIT` with no reply within
+//! [`PostgresObjectOptions::commit_timeout`] (a synchronous standby that
+//! never answers; its connection is closed, no cancel is sent). Stored rows are decoded strictly;
 //! a corrupt outbox row is a typed `Corrupt` row, quarantined and
 //! deletable as on SQLite. The deployment schema name is validated
 //! ([`MAX_DEPLOYMENT_NAME_BYTES`], `[a-z_][a-z0-9_]*`) and quoted; every
@@ -150,6 +155,7 @@
 
 mod admin;
 mod alarms;
+mod commit;
 mod driver;
 mod fence;
 pub mod image;
@@ -184,6 +190,9 @@ use schema::{BUILTINS, Deployment, StepSql};
 /// gives up with `OwnerRace`.
 pub const FENCE_ROUNDS: u32 = 3;
 
+/// [`PostgresObjectOptions::commit_timeout`]'s default.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Options of a [`PostgresObjects`] deployment.
 #[derive(Debug, Clone, Copy)]
 pub struct PostgresObjectOptions {
@@ -203,6 +212,11 @@ pub struct PostgresObjectOptions {
     /// How long a transaction waits for a pooled connection, and for a new
     /// connection to be made, before failing (retryably); default 5 s.
     pub connect_timeout: Duration,
+    /// How long a transaction waits for its `COMMIT`'s reply; default
+    /// 10 s. Past it the outcome is `Unknown` (the server may still
+    /// commit) and the connection is closed: a synchronous standby that is
+    /// gone otherwise makes every commit wait forever (module `commit`).
+    pub commit_timeout: Duration,
 }
 
 impl Default for PostgresObjectOptions {
@@ -213,6 +227,7 @@ impl Default for PostgresObjectOptions {
             fence_wait: Duration::from_millis(100),
             terminate_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
+            commit_timeout: DEFAULT_COMMIT_TIMEOUT,
         }
     }
 }
@@ -455,7 +470,7 @@ impl PostgresObjects {
             };
             Some(seq_of(&row)?)
         };
-        wait(client.batch_execute("COMMIT")).map_err(tx::commit_error)?;
+        commit::commit(client, self.shared.options.commit_timeout)?;
         held.release();
         Ok(seq)
     }

@@ -32,7 +32,7 @@ pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Wakes a parked thread.
-struct Unpark(std::thread::Thread);
+pub(super) struct Unpark(pub(super) std::thread::Thread);
 
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {

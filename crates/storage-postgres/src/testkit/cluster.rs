@@ -289,6 +289,41 @@ impl Cluster {
         }
     }
 
+    /// A connection to the running server (its task spawned on the
+    /// caller's runtime).
+    async fn admin(&self) -> tokio_postgres::Client {
+        let (c, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    }
+
+    /// Sets `synchronous_standby_names` (`ALTER SYSTEM`) and reloads the
+    /// configuration; `''` clears it.
+    pub async fn set_synchronous_standby_names(&self, names: &str) {
+        let c = self.admin().await;
+        c.batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        ))
+        .await
+        .unwrap();
+        c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    }
+
+    /// How many sessions wait for synchronous replication now.
+    pub async fn sync_rep_waiters(&self) -> i64 {
+        self.admin()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// Promotes this standby (`pg_ctl promote -w`: it ends recovery and
     /// accepts writes when this returns).
     pub fn promote(&self) {

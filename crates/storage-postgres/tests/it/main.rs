@@ -27,9 +27,13 @@ use durability_storage_postgres::testkit::TestSchema;
 #[cfg(feature = "object")]
 mod object;
 #[cfg(feature = "object")]
+mod object_commit_deadline;
+#[cfg(feature = "object")]
 mod object_crash;
 #[cfg(feature = "object")]
 mod object_fence;
+#[cfg(feature = "object")]
+mod object_fence_wait;
 #[cfg(feature = "object")]
 mod object_image;
 #[cfg(feature = "object")]

@@ -18,7 +18,7 @@ use durability_time::{Clock, SystemClock};
 
 use crate::object_support::TestDeployment;
 
-fn claim(task: &str, g: u64) -> OwnerRecord {
+pub(crate) fn claim(task: &str, g: u64) -> OwnerRecord {
     let scope = OwnerScope::new(
         StorageId::new("store-1").unwrap(),
         ClassName::new("Shop").unwrap(),
