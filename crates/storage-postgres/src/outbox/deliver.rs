@@ -239,28 +239,46 @@ where
     }
 
     /// Delivers every entry due when the run starts, batch by batch, and
-    /// reports what happened.
+    /// reports what happened. The next batch is claimed (on another pooled
+    /// connection) while one is published and settled; publish calls still
+    /// run one at a time, in claim order.
     ///
     /// # Errors
     /// [`PgOutboxError::Unavailable`] or [`PgOutboxError::Rejected`]
     /// (nothing of the failed step applied) or
     /// [`PgOutboxError::OutcomeUnknown`] (a settlement may or may not have
-    /// landed); claimed entries are retried after their deadline.
+    /// landed); claimed entries (the batch claimed ahead among them) are
+    /// retried after their deadline.
     pub async fn deliver_due(&self) -> Result<DeliveryReport, PgOutboxError> {
         let _busy = self.busy.lock().await;
         let start = self.publisher.now_ms();
         let mut report = DeliveryReport::default();
+        let mut next = self.claim(start).await?;
+        // Whether `next` was claimed while the batch before it was still
+        // being published: then an entry that became due meanwhile (a newer
+        // value staged by the sink, say) may have been missed.
+        let mut ahead = false;
         loop {
-            let before = report.quarantined.len();
-            let claimed = self.claim(start, &mut report).await?;
+            let (claimed, quarantined) = next;
+            let any_quarantined = !quarantined.is_empty();
+            for corrupt in quarantined {
+                self.publisher.report_quarantined(corrupt, &mut report);
+            }
             if claimed.is_empty() {
-                if report.quarantined.len() > before {
+                if any_quarantined || ahead {
+                    next = self.claim(start).await?;
+                    ahead = false;
                     continue;
                 }
                 return Ok(report);
             }
-            let outcomes = self.publisher.attempt(claimed).await;
-            self.settle(outcomes, &mut report).await?;
+            let (following, settled) = futures::join!(self.claim(start), async {
+                let outcomes = self.publisher.attempt(claimed).await;
+                self.settle(outcomes, &mut report).await
+            });
+            settled?;
+            next = following?;
+            ahead = true;
         }
     }
 
@@ -269,11 +287,7 @@ where
     /// claim is recorded before it is published. Two round trips: `BEGIN`
     /// with the due rows' `SELECT … FOR UPDATE SKIP LOCKED`, then the
     /// claims' `UPDATE` with `COMMIT` (pipelined on one connection).
-    async fn claim(
-        &self,
-        now: i64,
-        report: &mut DeliveryReport,
-    ) -> Result<Vec<Claimed>, PgOutboxError> {
+    async fn claim(&self, now: i64) -> Result<(Vec<Claimed>, Vec<CorruptEntry>), PgOutboxError> {
         let sql = &self.outbox.sql;
         let name = self.publisher.name();
         let limit = i64::try_from(self.publisher.batch_size()).unwrap_or(i64::MAX);
@@ -309,10 +323,7 @@ where
         let params: [&(dyn ToSql + Sync); 4] = [&name, &deadline, &keys, &attempts];
         self.commit_claim(open, (!claimed.is_empty()).then_some((&claim, &params[..])))
             .await?;
-        for corrupt in quarantined {
-            self.publisher.report_quarantined(corrupt, report);
-        }
-        Ok(claimed)
+        Ok((claimed, quarantined))
     }
 
     /// Sends the claims' `UPDATE` (when there are claims) and `COMMIT`
