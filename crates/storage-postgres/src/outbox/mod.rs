@@ -233,7 +233,7 @@ impl PgOutbox {
         let entries = [(key, value)];
         let batch = Batch::encode(codec, channel, &entries)?;
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
         Ok(batch.versions(rows)?[0])
     }
 
@@ -259,7 +259,7 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 
@@ -318,7 +318,7 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert_sqlx(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert_sqlx(tx, self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 }
