@@ -19,7 +19,7 @@
 //!   migration area measures SQLite files, PostgreSQL and MariaDB shards.
 //! - `bench peers [--quick] [--reps N]`: our outbox, Redis leases and alarms
 //!   against apalis-sqlite, a hand-written rusqlite queue, rslock and raw
-//!   redis-rs, side by side in one run. The two benchmark binaries live in
+//!   redis-rs, and our PostgreSQL outbox against apalis-postgres, side by side in one run. The two benchmark binaries live in
 //!   `bench/peers/` (two cargo workspaces of their own, outside the main
 //!   lock); xtask builds them in release, runs them interleaved and prints
 //!   the medians and ratios. Not part of CI.
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
                  demo --postgres: also the cluster scene's hosts on PostgreSQL alone (no shared directory)\n  \
                  (DURABILITY_POSTGRES_URL, DURABILITY_MYSQL_URL; schemas/databases dropped after)\n  \
                  bench areas: {}\n  \
-                 bench peers: against apalis-sqlite, rusqlite, rslock, redis-rs (bench/peers/; DURABILITY_REDIS_URL)",
+                 bench peers: against apalis-sqlite, apalis-postgres, rusqlite, rslock, redis-rs (bench/peers/; DURABILITY_REDIS_URL, DURABILITY_POSTGRES_URL)",
                 BENCH_AREAS.join(" | ")
             );
             return ExitCode::from(2);
@@ -360,6 +360,10 @@ struct PeerSizes {
     /// so a 100k drain would take hours; larger backlogs are compared with
     /// the rusqlite queue only.
     apalis_drain_max: u64,
+    /// PostgreSQL (ours against apalis-postgres): entries enqueued one
+    /// and 100 per transaction, the backlog drained, and idle stage →
+    /// handler latency samples.
+    pg: [u64; 3],
 }
 
 impl PeerSizes {
@@ -370,6 +374,7 @@ impl PeerSizes {
         lease_ops: 10_000,
         alarms: 1_000,
         apalis_drain_max: 10_000,
+        pg: [20_000, 10_000, 200],
     };
     const QUICK: PeerSizes = PeerSizes {
         enqueue: 10_000,
@@ -378,6 +383,7 @@ impl PeerSizes {
         lease_ops: 2_000,
         alarms: 300,
         apalis_drain_max: 1_000,
+        pg: [2_000, 10_000, 100],
     };
 }
 
@@ -767,6 +773,11 @@ fn peers(args: &[String]) -> Result {
     let (outbox_ours, outbox_apalis) = (outbox_args(u64::MAX), outbox_args(sizes.apalis_drain_max));
     let leases = vec!["leases".to_owned(), n(sizes.lease_ops), redis];
     let alarms = vec!["alarms".to_owned(), n(sizes.alarms)];
+    let postgres = std::env::var("DURABILITY_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let mut pg = vec!["pg".to_owned()];
+    pg.extend(sizes.pg.iter().map(|x| n(*x)));
+    pg.push(postgres);
     let mode = if options.quick { "quick" } else { "full" };
     eprintln!(
         "bench peers ({mode}): {sizes:?}, {} repetitions",
@@ -777,7 +788,11 @@ fn peers(args: &[String]) -> Result {
         eprintln!("repetition {} of {}", rep + 1, options.reps);
         // Ours and apalis take turns, the first alternating between
         // repetitions, so that load from elsewhere falls on both alike.
-        for (mine, theirs) in [(&outbox_ours, &outbox_apalis), (&alarms, &alarms)] {
+        for (mine, theirs) in [
+            (&outbox_ours, &outbox_apalis),
+            (&alarms, &alarms),
+            (&pg, &pg),
+        ] {
             let order = if rep % 2 == 0 {
                 [(ours, mine), (apalis, theirs)]
             } else {

@@ -8,7 +8,11 @@
 //! ```text
 //! durability-bench-peers-apalis outbox <enqueue> <e2e> <backlog>...
 //! durability-bench-peers-apalis alarms <n>
+//! durability-bench-peers-apalis pg <enqueue> <backlog> <samples> <postgres-url>
 //! ```
+//!
+//! The `pg` group is apalis-postgres (module `pg`); the rest below is
+//! apalis-sqlite.
 //!
 //! apalis is used as its README and examples show: `SqliteStorage::setup`,
 //! `push` / `push_bulk` / `push_task`, and a `WorkerBuilder` worker. Its
@@ -28,6 +32,8 @@
 //! are 200-byte strings, as ours.
 
 #![allow(clippy::print_stdout, reason = "the bench prints its JSON lines")]
+
+mod pg;
 
 use std::error::Error;
 use std::fmt::Display;
@@ -91,8 +97,18 @@ async fn run(args: &[String]) -> BoxResult {
             outbox(enqueue, &drains, e2e).await
         }
         Some("alarms") => alarms(arg_u64(args, 1, "alarm count")?).await,
+        Some("pg") => {
+            let url = args.get(4).ok_or("missing PostgreSQL URL")?;
+            pg::pg(
+                arg_u64(args, 1, "enqueue size")?,
+                arg_u64(args, 2, "backlog")?,
+                arg_u64(args, 3, "latency samples")?,
+                url,
+            )
+            .await
+        }
         _ => Err(
-            "usage: durability-bench-peers-apalis <outbox ENQUEUE E2E BACKLOG... | alarms N>"
+            "usage: durability-bench-peers-apalis <outbox ENQUEUE E2E BACKLOG... | alarms N | pg ENQUEUE BACKLOG SAMPLES URL>"
                 .into(),
         ),
     }
@@ -203,9 +219,43 @@ async fn handle(
     Ok(())
 }
 
+impl Counter {
+    /// A counter that stops its worker at the `target`th task.
+    fn to(target: u64) -> Arc<Self> {
+        Arc::new(Self {
+            done: AtomicU64::new(0),
+            target,
+        })
+    }
+}
+
+/// Times `work` on `n` tasks, checks that `check` then counts `n` of them
+/// (`state`, as "pending" or "done"), and emits the rate.
+async fn timed(
+    figure: &str,
+    n: u64,
+    work: impl Future<Output = BoxResult>,
+    state: &str,
+    check: impl Future<Output = BoxResult<u64>>,
+) -> BoxResult {
+    let t = now();
+    work.await?;
+    let elapsed = t.elapsed();
+    let seen = check.await?;
+    if seen != n {
+        return Err(format!("{figure}: {seen} {state} of {n}").into());
+    }
+    emit(figure, rate(n, elapsed), "entries/s", true, n);
+    Ok(())
+}
+
 /// Pushes `n` tasks, `per_push` per `push_bulk` (one transaction), or one
 /// `push` each when `per_push` is 1.
-async fn push_many(s: &mut SqliteStorage<String>, n: u64, per_push: u64) -> BoxResult {
+async fn push_many<S, K>(s: &mut S, n: u64, per_push: u64) -> BoxResult
+where
+    S: TaskSink<String, K>,
+    S::Error: Display,
+{
     let value = body();
     let mut i = 0;
     while i < n {
@@ -237,14 +287,8 @@ async fn outbox(enqueue: u64, drains: &[u64], e2e: u64) -> BoxResult {
     ] {
         let (pool, _) = open(&file(figure), false).await?;
         let mut s = storage::<String>(&pool);
-        let t = now();
-        push_many(&mut s, enqueue, per_push).await?;
-        let elapsed = t.elapsed();
-        let pending = count(&pool, "Pending").await?;
-        if pending != enqueue {
-            return Err(format!("{figure}: {pending} pending of {enqueue}").into());
-        }
-        emit(figure, rate(enqueue, elapsed), "entries/s", true, enqueue);
+        let push = push_many(&mut s, enqueue, per_push);
+        timed(figure, enqueue, push, "pending", count(&pool, "Pending")).await?;
         pool.close().await;
     }
 
@@ -253,22 +297,12 @@ async fn outbox(enqueue: u64, drains: &[u64], e2e: u64) -> BoxResult {
         let (pool, _) = open(&file(&figure), false).await?;
         let mut s = storage::<String>(&pool);
         push_many(&mut s, n, 1_000).await?;
-        let counter = Arc::new(Counter {
-            done: AtomicU64::new(0),
-            target: n,
-        });
         let worker = WorkerBuilder::new(format!("drain-{n}"))
             .backend(s.poll_with_interval(POLL))
-            .data(Arc::clone(&counter))
+            .data(Counter::to(n))
             .build(handle);
-        let t = now();
-        worker.run().await.map_err(err)?;
-        let elapsed = t.elapsed();
-        let done = count(&pool, "Done").await?;
-        if done != n {
-            return Err(format!("{figure}: {done} done of {n}").into());
-        }
-        emit(&figure, rate(n, elapsed), "entries/s", true, n);
+        let run = async { worker.run().await.map_err(err) };
+        timed(&figure, n, run, "done", count(&pool, "Done")).await?;
         pool.close().await;
     }
 
@@ -278,10 +312,7 @@ async fn outbox(enqueue: u64, drains: &[u64], e2e: u64) -> BoxResult {
     let figure = "outbox.end_to_end";
     let (pool, rx) = open(&file("e2e"), true).await?;
     let mut producer = storage::<String>(&pool);
-    let counter = Arc::new(Counter {
-        done: AtomicU64::new(0),
-        target: e2e,
-    });
+    let counter = Counter::to(e2e);
     let worker = WorkerBuilder::new("e2e")
         .backend(storage::<String>(&pool).poll_with_strategy(strategy(rx)))
         .data(Arc::clone(&counter))

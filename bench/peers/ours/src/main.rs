@@ -12,7 +12,11 @@
 //! durability-bench-peers-ours outbox <enqueue> <e2e> <backlog>...
 //! durability-bench-peers-ours leases <ops> <redis_url>
 //! durability-bench-peers-ours alarms <n>
+//! durability-bench-peers-ours pg <enqueue> <backlog> <samples> <postgres-url>
 //! ```
+//!
+//! The `pg` group (module `pg`) is the outbox in the caller's own
+//! PostgreSQL transaction, against apalis-postgres.
 //!
 //! Every SQLite database is a fresh file in a temporary directory, in WAL
 //! mode with `synchronous = NORMAL` (ours through `SqliteOptions`, the
@@ -20,6 +24,8 @@
 //! The Redis group uses its own key prefix and deletes it at the end.
 
 #![allow(clippy::print_stdout, reason = "the bench prints its JSON lines")]
+
+mod pg;
 
 use std::error::Error;
 use std::path::Path;
@@ -90,7 +96,8 @@ async fn run(args: &[String]) -> BoxResult {
             leases(url, ops).await
         }
         Some("alarms") => alarms(arg_u64(args, 1, "alarm count")?).await,
-        _ => Err("usage: durability-bench-peers-ours <outbox ENQUEUE E2E BACKLOG... | leases OPS URL | alarms N>".into()),
+        Some("pg") => pg::pg(&args[1..]).await,
+        _ => Err("usage: durability-bench-peers-ours <outbox ENQUEUE E2E BACKLOG... | leases OPS URL | alarms N | pg ENQUEUE BACKLOG SAMPLES URL>".into()),
     }
 }
 

@@ -35,7 +35,8 @@ pub struct PgDeliverer<T, K> {
     pub(super) poll_ms: i64,
     busy: tokio::sync::Mutex<()>,
     #[cfg(feature = "testkit")]
-    crash: std::sync::Mutex<Option<CrashAt>>,
+    /// The crash to come, and whether it happened (later commits are never sent).
+    crash: std::sync::Mutex<(Option<CrashAt>, bool)>,
 }
 
 /// Where an injected crash happens (feature `testkit`): at the `nth`
@@ -104,12 +105,47 @@ fn decode(channel: &str, row: &Row) -> Result<StoredRow, PgOutboxError> {
 
 /// A statement prepared once per pooled connection.
 async fn prepared(
-    tx: &deadpool_postgres::Transaction<'_>,
+    client: &deadpool_postgres::Object,
     sql: &str,
 ) -> Result<tokio_postgres::Statement, PgOutboxError> {
-    tx.prepare_cached(sql)
+    client
+        .prepare_cached(sql)
         .await
         .map_err(PgOutboxError::statement)
+}
+
+/// A pooled connection inside a transaction begun with a plain `BEGIN`
+/// (so its statements can be pipelined). Unless [`OpenTxn::done`] is
+/// called after its `COMMIT`, dropping it (an error, a cancelled future)
+/// takes the connection out of the pool and closes it, which rolls the
+/// transaction back: no connection goes back to the pool mid-transaction.
+struct OpenTxn(Option<deadpool_postgres::Object>);
+
+impl OpenTxn {
+    fn new(client: deadpool_postgres::Object) -> Self {
+        Self(Some(client))
+    }
+
+    fn client(&self) -> &deadpool_postgres::Object {
+        // Only `done` and `drop` take the connection, and both end the value.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("an OpenTxn holds its connection until it ends"))
+    }
+
+    /// The transaction ended (committed or rolled back by the server): the
+    /// connection may go back to the pool.
+    fn done(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for OpenTxn {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
 }
 
 fn as_i32(n: u32) -> i32 {
@@ -153,7 +189,7 @@ where
             poll_ms: DEFAULT_POLL_MS,
             busy: tokio::sync::Mutex::new(()),
             #[cfg(feature = "testkit")]
-            crash: std::sync::Mutex::new(None),
+            crash: std::sync::Mutex::new((None, false)),
         })
     }
 
@@ -172,33 +208,29 @@ where
         *self
             .crash
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (Some(at), false);
     }
 
-    /// Whether this commit crashes, and after landing or before.
+    /// Whether this commit crashes, and after landing or before. Once
+    /// the crash happened, every later commit (one sent together with the
+    /// crashing one, say) crashes before it is sent: the process is dead.
     #[cfg(feature = "testkit")]
     fn crash_now(&self) -> Option<bool> {
         let mut crash = self
             .crash
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let at = crash.as_mut()?;
-        at.nth = at.nth.saturating_sub(1);
-        (at.nth == 0)
-            .then(|| crash.take().map(|at| at.after_commit))
-            .flatten()
-    }
-
-    /// Commits a claim or settlement: a lost reply is an unknown outcome.
-    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>) -> Result<(), PgOutboxError> {
-        #[cfg(feature = "testkit")]
-        if let Some(after_commit) = self.crash_now() {
-            if after_commit {
-                tx.commit().await.map_err(PgOutboxError::commit)?;
-            }
-            return Err(PgOutboxError::Unavailable("injected crash".into()));
+        let (next, dead) = &mut *crash;
+        if *dead {
+            return Some(false);
         }
-        tx.commit().await.map_err(PgOutboxError::commit)
+        let at = next.as_mut()?;
+        at.nth = at.nth.saturating_sub(1);
+        let fired = (at.nth == 0)
+            .then(|| next.take().map(|at| at.after_commit))
+            .flatten();
+        *dead = fired.is_some();
+        fired
     }
 
     /// The channel's name.
@@ -207,51 +239,67 @@ where
     }
 
     /// Delivers every entry due when the run starts, batch by batch, and
-    /// reports what happened.
+    /// reports what happened. The next batch is claimed (on another pooled
+    /// connection) while one is published and settled; publish calls still
+    /// run one at a time, in claim order.
     ///
     /// # Errors
     /// [`PgOutboxError::Unavailable`] or [`PgOutboxError::Rejected`]
     /// (nothing of the failed step applied) or
     /// [`PgOutboxError::OutcomeUnknown`] (a settlement may or may not have
-    /// landed); claimed entries are retried after their deadline.
+    /// landed); claimed entries (the batch claimed ahead among them) are
+    /// retried after their deadline.
     pub async fn deliver_due(&self) -> Result<DeliveryReport, PgOutboxError> {
         let _busy = self.busy.lock().await;
         let start = self.publisher.now_ms();
         let mut report = DeliveryReport::default();
+        let mut next = self.claim(start).await?;
+        // Whether `next` was claimed while the batch before it was still
+        // being published: then an entry that became due meanwhile (a newer
+        // value staged by the sink, say) may have been missed.
+        let mut ahead = false;
         loop {
-            let before = report.quarantined.len();
-            let claimed = self.claim(start, &mut report).await?;
+            let (claimed, quarantined) = next;
+            let any_quarantined = !quarantined.is_empty();
+            for corrupt in quarantined {
+                self.publisher.report_quarantined(corrupt, &mut report);
+            }
             if claimed.is_empty() {
-                if report.quarantined.len() > before {
+                if any_quarantined || ahead {
+                    next = self.claim(start).await?;
+                    ahead = false;
                     continue;
                 }
                 return Ok(report);
             }
-            let outcomes = self.publisher.attempt(claimed).await;
-            self.settle(outcomes, &mut report).await?;
+            let (following, settled) = futures::join!(self.claim(start), async {
+                let outcomes = self.publisher.attempt(claimed).await;
+                self.settle(outcomes, &mut report).await
+            });
+            settled?;
+            next = following?;
+            ahead = true;
         }
     }
 
     /// Claims up to a batch of due entries in one transaction: rows other
     /// deliverers hold are skipped, corrupt rows are quarantined, and each
-    /// claim is recorded before it is published.
-    async fn claim(
-        &self,
-        now: i64,
-        report: &mut DeliveryReport,
-    ) -> Result<Vec<Claimed>, PgOutboxError> {
+    /// claim is recorded before it is published. Two round trips: `BEGIN`
+    /// with the due rows' `SELECT … FOR UPDATE SKIP LOCKED`, then the
+    /// claims' `UPDATE` with `COMMIT` (pipelined on one connection).
+    async fn claim(&self, now: i64) -> Result<(Vec<Claimed>, Vec<CorruptEntry>), PgOutboxError> {
         let sql = &self.outbox.sql;
         let name = self.publisher.name();
         let limit = i64::try_from(self.publisher.batch_size()).unwrap_or(i64::MAX);
-        let mut client = self.pool.get().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(PgOutboxError::statement)?;
-        let rows = tx
-            .query(&prepared(&tx, &sql.due).await?, &[&name, &now, &limit])
-            .await
-            .map_err(PgOutboxError::statement)?;
+        let open = OpenTxn::new(self.pool.get().await?);
+        let client = open.client();
+        let due = prepared(client, &sql.due).await?;
+        let claim = prepared(client, &sql.claim).await?;
+        let params: [&(dyn ToSql + Sync); 3] = [&name, &now, &limit];
+        let (begun, rows) =
+            futures::join!(client.batch_execute("BEGIN"), client.query(&due, &params));
+        begun.map_err(PgOutboxError::statement)?;
+        let rows = rows.map_err(PgOutboxError::statement)?;
         let deadline = self.publisher.claim_deadline(now);
         let mut claimed = Vec::with_capacity(rows.len());
         let mut quarantined = Vec::new();
@@ -259,31 +307,58 @@ where
             match decode(name, row)? {
                 StoredRow::Entry(stored) => claimed.push(self.publisher.claim(stored)),
                 StoredRow::Corrupt(corrupt) => {
-                    tx.execute(
-                        &sql.quarantine,
-                        &[&name, &corrupt.key, &corrupt.reason, &now],
-                    )
-                    .await
-                    .map_err(PgOutboxError::statement)?;
+                    client
+                        .execute(
+                            &sql.quarantine,
+                            &[&name, &corrupt.key, &corrupt.reason, &now],
+                        )
+                        .await
+                        .map_err(PgOutboxError::statement)?;
                     quarantined.push(corrupt);
                 }
             }
         }
-        if !claimed.is_empty() {
-            let keys: Vec<&str> = claimed.iter().map(|c| c.stored.key.as_str()).collect();
-            let attempts: Vec<i32> = claimed.iter().map(|c| as_i32(c.attempt)).collect();
-            tx.execute(
-                &prepared(&tx, &sql.claim).await?,
-                &[&name, &deadline, &keys, &attempts],
-            )
-            .await
-            .map_err(PgOutboxError::statement)?;
+        let keys: Vec<&str> = claimed.iter().map(|c| c.stored.key.as_str()).collect();
+        let attempts: Vec<i32> = claimed.iter().map(|c| as_i32(c.attempt)).collect();
+        let params: [&(dyn ToSql + Sync); 4] = [&name, &deadline, &keys, &attempts];
+        self.commit_claim(open, (!claimed.is_empty()).then_some((&claim, &params[..])))
+            .await?;
+        Ok((claimed, quarantined))
+    }
+
+    /// Sends the claims' `UPDATE` (when there are claims) and `COMMIT`
+    /// together. A refused `UPDATE` aborts the transaction (its `COMMIT`
+    /// rolls back): definite. A `COMMIT` without a reply: unknown.
+    async fn commit_claim(
+        &self,
+        open: OpenTxn,
+        update: Option<(&tokio_postgres::Statement, &[&(dyn ToSql + Sync)])>,
+    ) -> Result<(), PgOutboxError> {
+        #[cfg(feature = "testkit")]
+        let crash = self.crash_now();
+        #[cfg(feature = "testkit")]
+        if crash == Some(false) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
         }
-        self.commit(tx).await?;
-        for corrupt in quarantined {
-            self.publisher.report_quarantined(corrupt, report);
+        let client = open.client();
+        let (updated, committed) = match update {
+            Some((statement, params)) => {
+                let (u, c) = futures::join!(
+                    client.execute(statement, params),
+                    client.batch_execute("COMMIT")
+                );
+                (u.map(drop), c)
+            }
+            None => (Ok(()), client.batch_execute("COMMIT").await),
+        };
+        committed.map_err(PgOutboxError::commit)?;
+        updated.map_err(PgOutboxError::statement)?;
+        open.done();
+        #[cfg(feature = "testkit")]
+        if crash == Some(true) {
+            return Err(PgOutboxError::Unavailable("injected crash".into()));
         }
-        Ok(claimed)
+        Ok(())
     }
 
     /// Settles a batch ([`rules::settle`]), each write guarded by the
@@ -347,10 +422,11 @@ where
         Ok(())
     }
 
-    /// Writes settlements: removals, then reschedules, each one guarded
+    /// Writes settlements: removals and reschedules, each one guarded
     /// statement that commits on its own (a settlement that did not land is
-    /// an entry delivered again after its claim's deadline). Returns the
-    /// keys rescheduled.
+    /// an entry delivered again after its claim's deadline), both prepared
+    /// once per connection and sent together. Returns the keys
+    /// rescheduled.
     async fn write_settlements(
         &self,
         removed: &[Settled],
@@ -359,45 +435,45 @@ where
         let sql = &self.outbox.sql;
         let name = self.publisher.name();
         let client = self.pool.get().await?;
-        if !removed.is_empty() {
-            let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
-            let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
-            let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
-            self.autocommit(
-                &client,
-                &sql.remove_if,
-                &[&name, &keys, &versions, &attempts],
-            )
-            .await?;
-        }
+        let remove = prepared(&client, &sql.remove_if).await?;
+        let reschedule = prepared(&client, &sql.reschedule_if).await?;
+        let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
+        let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
+        let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
+        let removals: [&(dyn ToSql + Sync); 4] = [&name, &keys, &versions, &attempts];
+        let kept_keys: Vec<&str> = kept.iter().map(|(s, _)| s.key.as_str()).collect();
+        let kept_versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
+        let kept_attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
+        let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
+        let reschedules: [&(dyn ToSql + Sync); 5] =
+            [&name, &kept_keys, &kept_versions, &kept_attempts, &due];
+        let (removed_rows, kept_rows) = futures::join!(
+            self.autocommit(&client, &remove, &removals, !removed.is_empty()),
+            self.autocommit(&client, &reschedule, &reschedules, !kept.is_empty())
+        );
+        removed_rows?;
         let mut rescheduled = std::collections::HashSet::new();
-        if !kept.is_empty() {
-            let keys: Vec<&str> = kept.iter().map(|(s, _)| s.key.as_str()).collect();
-            let versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
-            let attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
-            let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
-            let params: [&(dyn ToSql + Sync); 5] = [&name, &keys, &versions, &attempts, &due];
-            for row in self
-                .autocommit(&client, &sql.reschedule_if, &params)
-                .await?
-            {
-                rescheduled.insert(
-                    row.try_get::<_, String>(0)
-                        .map_err(PgOutboxError::statement)?,
-                );
-            }
+        for row in kept_rows? {
+            rescheduled.insert(
+                row.try_get::<_, String>(0)
+                    .map_err(PgOutboxError::statement)?,
+            );
         }
         Ok(rescheduled)
     }
 
-    /// Runs one statement that commits on its own: a refusal is definite,
-    /// a lost reply an unknown outcome.
+    /// Runs one statement that commits on its own (none when `run` is
+    /// false): a refusal is definite, a lost reply an unknown outcome.
     async fn autocommit(
         &self,
         client: &deadpool_postgres::Object,
-        sql: &str,
+        statement: &tokio_postgres::Statement,
         params: &[&(dyn ToSql + Sync)],
+        run: bool,
     ) -> Result<Vec<Row>, PgOutboxError> {
+        if !run {
+            return Ok(Vec::new());
+        }
         #[cfg(feature = "testkit")]
         let crash = self.crash_now();
         #[cfg(feature = "testkit")]
@@ -405,7 +481,7 @@ where
             return Err(PgOutboxError::Unavailable("injected crash".into()));
         }
         let rows = client
-            .query(sql, params)
+            .query(statement, params)
             .await
             .map_err(PgOutboxError::commit)?;
         #[cfg(feature = "testkit")]

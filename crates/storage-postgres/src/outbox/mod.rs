@@ -56,6 +56,11 @@
 //! - A batch's settlements are guarded statements that each commit on
 //!   their own; one that did not land leaves its entry claimed, delivered
 //!   again after the claim's deadline.
+//! - A deliverer claims its next batch while it publishes one (on a second
+//!   pooled connection), so a process that dies mid-run can hold two
+//!   batches until their deadline. On the wire a batch takes three round
+//!   trips: `BEGIN` with the due rows' `SELECT`, the claims' `UPDATE`
+//!   with `COMMIT`, and the settlements.
 //! - [`PgOutbox::stage`] reports no `Staged` event: the commit is the
 //!   caller's. The deliverer's hook sees every later step.
 //! - Times are the deliverers' and stagers' clocks (Unix ms): keep the
@@ -228,7 +233,7 @@ impl PgOutbox {
         let entries = [(key, value)];
         let batch = Batch::encode(codec, channel, &entries)?;
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
         Ok(batch.versions(rows)?[0])
     }
 
@@ -254,7 +259,7 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 
@@ -313,7 +318,7 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert_sqlx(tx, &self.sql.stage, &staging).await?;
+        let rows = stage::upsert_sqlx(tx, self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 }

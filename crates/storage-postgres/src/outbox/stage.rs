@@ -21,29 +21,47 @@ pub(crate) struct Staging<'a> {
     pub(crate) notify: &'a str,
 }
 
-/// Runs the staging statement `sql` in a tokio-postgres transaction; the
-/// rows `(key, version)` it returned.
+/// Runs the staging statement in a tokio-postgres transaction: `one` for
+/// a single entry, else `many`; the rows `(key, version)` it returned.
 pub(crate) async fn upsert(
     tx: &tokio_postgres::Transaction<'_>,
-    sql: &str,
+    (one, many): (&str, &str),
     s: &Staging<'_>,
 ) -> Result<Vec<(String, i64)>, PgOutboxError> {
     // Typed parameters: one round trip, no separate prepare.
-    let rows = tx
-        .query_typed(
-            sql,
-            &[
-                (&s.channel, Type::TEXT),
-                (&s.keys, Type::TEXT_ARRAY),
-                (&s.values, Type::BYTEA_ARRAY),
-                (&s.attempt, Type::INT4),
-                (&s.due_at, Type::INT8),
-                (&s.claimed_until, Type::INT8),
-                (&s.notify, Type::TEXT),
-            ],
-        )
-        .await
-        .map_err(PgOutboxError::statement)?;
+    let rows = match (s.keys, s.values) {
+        ([key], [value]) => {
+            tx.query_typed(
+                one,
+                &[
+                    (&s.channel, Type::TEXT),
+                    (key, Type::TEXT),
+                    (value, Type::BYTEA),
+                    (&s.attempt, Type::INT4),
+                    (&s.due_at, Type::INT8),
+                    (&s.claimed_until, Type::INT8),
+                    (&s.notify, Type::TEXT),
+                ],
+            )
+            .await
+        }
+        _ => {
+            tx.query_typed(
+                many,
+                &[
+                    (&s.channel, Type::TEXT),
+                    (&s.keys, Type::TEXT_ARRAY),
+                    (&s.values, Type::BYTEA_ARRAY),
+                    (&s.attempt, Type::INT4),
+                    (&s.due_at, Type::INT8),
+                    (&s.claimed_until, Type::INT8),
+                    (&s.notify, Type::TEXT),
+                ],
+            )
+            .await
+        }
+    }
+    .map_err(PgOutboxError::statement)?;
     rows.iter()
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .collect::<Result<_, tokio_postgres::Error>>()
@@ -54,14 +72,21 @@ pub(crate) async fn upsert(
 #[cfg(feature = "sqlx")]
 pub(crate) async fn upsert_sqlx(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    sql: &str,
+    (one, many): (&str, &str),
     s: &Staging<'_>,
 ) -> Result<Vec<(String, i64)>, PgOutboxError> {
     use sqlx::Row as _;
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-        .bind(s.channel)
-        .bind(s.keys)
-        .bind(s.values)
+    let query = match (s.keys, s.values) {
+        ([key], [value]) => sqlx::query(sqlx::AssertSqlSafe(one.to_owned()))
+            .bind(s.channel)
+            .bind(*key)
+            .bind(value),
+        _ => sqlx::query(sqlx::AssertSqlSafe(many.to_owned()))
+            .bind(s.channel)
+            .bind(s.keys)
+            .bind(s.values),
+    };
+    let rows = query
         .bind(s.attempt)
         .bind(s.due_at)
         .bind(s.claimed_until)

@@ -28,9 +28,9 @@ enum Side {
 }
 
 /// A TCP proxy to the test server counting client turns.
-struct TurnProxy {
-    port: u16,
-    turns: Arc<AtomicU64>,
+pub(crate) struct TurnProxy {
+    pub(crate) port: u16,
+    pub(crate) turns: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -68,7 +68,7 @@ async fn pump(
     }
 }
 
-async fn start_proxy(upstream: (String, u16)) -> TurnProxy {
+pub(crate) async fn start_proxy(upstream: (String, u16)) -> TurnProxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let turns = Arc::new(AtomicU64::new(0));
@@ -96,7 +96,7 @@ async fn start_proxy(upstream: (String, u16)) -> TurnProxy {
 }
 
 /// The test server's address and a config reaching it through `port`.
-fn through(port: u16) -> ((String, u16), tokio_postgres::Config) {
+pub(crate) fn through(port: u16) -> ((String, u16), tokio_postgres::Config) {
     let direct: tokio_postgres::Config = url().parse().unwrap();
     let host = match direct.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),

@@ -21,6 +21,7 @@ use durability_migration::{Shard, Statement, Value};
 
 mod outbox;
 mod outbox_faults;
+mod outbox_round_trips;
 use durability_storage_postgres::PostgresMappingStore;
 use durability_storage_postgres::testkit::TestSchema;
 
