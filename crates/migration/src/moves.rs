@@ -57,7 +57,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::{self, TableSpec};
-use crate::dialect::{Cutover, CutoverTable, JournalSql, row_idents};
+use crate::dialect::{Cutover, CutoverTable, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
     Change, DEFAULT_RETENTION_MS, Guard, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord,
@@ -176,15 +176,10 @@ impl<'r> MoveCtx<'r> {
     }
 
     fn update(&self, state: MoveState, change: &Change) -> Result<Statement> {
-        let (_, js) = self.r.journal_shard()?;
-        let d = js.dialect();
+        let (_, _, q) = self.r.journal()?;
         let now = self.r.now();
         let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
-        Ok(JournalSql {
-            d: &d,
-            scope: &self.r.scope,
-        }
-        .update_state(&self.op_id, state, change, &self.guard, now, live))
+        Ok(q.update_state(&self.op_id, state, change, &self.guard, now, live))
     }
 
     pub(crate) async fn step(&self, state: MoveState, change: Change) -> Result<()> {
@@ -410,7 +405,7 @@ impl<'r> MoveCtx<'r> {
                 &spec.name,
                 &spec.key_col,
                 &self.key,
-                &row_idents(row)?,
+                (&row_idents(row)?, false),
             ));
             let counts = shard
                 .batch(&stmts)
@@ -618,7 +613,13 @@ impl<'r> MoveCtx<'r> {
         let mut stmts = Vec::with_capacity(self.specs.len() + 2);
         for (spec, row) in self.specs.iter().zip(snap) {
             if let Some(row) = row {
-                stmts.push(d.restore_copy(&spec.name, &spec.key_col, &self.key, &row_idents(row)?));
+                let cols = row_idents(row)?;
+                stmts.push(d.insert_row_absent(
+                    &spec.name,
+                    &spec.key_col,
+                    &self.key,
+                    (&cols, true),
+                ));
             }
         }
         let restores = stmts.len();
@@ -944,12 +945,7 @@ impl Core {
     /// the same target; otherwise `MIGRATION_ALREADY_ACTIVE`.
     async fn resume_own(&self, key: &str, target: &str, tables: &[String]) -> Result<MoveOutcome> {
         let busy = || MigrationError::AlreadyActive(key.to_owned());
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let holders = js
             .query(&q.claim_holder(key))
             .await
@@ -1106,7 +1102,7 @@ impl Core {
             }
         }
         self.shard_named(target)?;
-        let (jname, js) = self.journal_shard()?;
+        let (jname, js, q) = self.journal()?;
         let jname = jname.to_owned();
         self.check_movable(&jname)?;
         self.check_movable(target)?;
@@ -1195,11 +1191,6 @@ impl Core {
             verified: false,
             error: None,
         };
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         // Driven by this task from before its claim lands, so no other task
         // of this router takes it for an interrupted move of its own.
         let _running = self.drive(&op_id);
@@ -1263,20 +1254,7 @@ impl Core {
         table: &str,
     ) -> Result<Option<OpRecord>> {
         config::validate_key(key)?;
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let rows = js
-            .query(
-                &JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .ops_for_key(key),
-            )
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
-        for r in &rows {
-            let op = OpRecord::from_row(r)?;
+        for op in self.key_ops(key).await? {
             if op.tables.iter().any(|t| t == table) {
                 return Ok(Some(op));
             }

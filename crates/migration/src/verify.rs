@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::dialect::{JournalSql, names, row_idents};
+use crate::dialect::{names, row_idents};
 use crate::error::{MigrationError, Result};
 use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
-use crate::router::Core;
+use crate::router::{Core, OpPages};
 use crate::status::Progress;
 use crate::value::{self, Value};
 
@@ -266,18 +266,7 @@ impl Core {
     /// Whether an active operation holds `key`'s claim (a move of the key is
     /// in flight: its rows cannot be judged, and repair leaves them alone).
     pub(crate) async fn claim_held(&self, key: &str) -> Result<bool> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let rows = js
-            .query(
-                &JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .claim_holder(key),
-            )
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
+        let rows = self.journal_query(|q| q.claim_holder(key)).await?;
         Ok(!rows.is_empty())
     }
 
@@ -355,12 +344,7 @@ impl Core {
             // The pass and the keys it found something on, in one batch: an
             // unclean pass still covers every other key's finished moves
             // (one stuck operation does not block purge of the others).
-            let (jname, js) = self.journal_shard()?;
-            let d = js.dialect();
-            let q = JournalSql {
-                d: &d,
-                scope: &self.scope,
-            };
+            let (jname, js, q) = self.journal()?;
             let mut stmts = match &report.unclean_keys {
                 Some(keys) => q.pass_set(started, keys),
                 None => Vec::new(),
@@ -422,22 +406,11 @@ impl Core {
                 changed: report.repaired_count,
             });
         };
-        let (jname, js) = self.journal_shard()?;
-        let jd = js.dialect();
-        let q = JournalSql {
-            d: &jd,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         // Dangling operations.
-        let mut after = String::new();
+        let mut pages = OpPages::new(OpFilter::Active, page);
         let mut done = 0;
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, page, OpFilter::Active))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
+        while let Some(rows) = self.next_ops(&mut pages).await? {
             for r in &rows {
                 push_counted(
                     &mut report.dangling_ops,
@@ -464,14 +437,8 @@ impl Core {
         };
         let mut done = 0;
         for filter in filters {
-            let mut after = String::new();
-            loop {
-                let rows = js
-                    .query(&q.ops_page(&after, page, *filter))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
-                let Some(last) = rows.last() else { break };
-                after = crate::journal::text(last, "op_id")?;
+            let mut pages = OpPages::new(*filter, page);
+            while let Some(rows) = self.next_ops(&mut pages).await? {
                 if let Some(l) = lease {
                     self.renew_lease(l).await?;
                 }
@@ -956,12 +923,7 @@ impl Core {
 
     /// See [`Router::purge_retired`](crate::Router::purge_retired).
     pub(crate) async fn purge_retired(&self) -> Result<PurgeReport> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let now = self.now();
         let mut report = PurgeReport::default();
         // Examined operations first, then those no pass examined (each
@@ -970,14 +932,8 @@ impl Core {
             OpFilter::Unpurged { verified: true },
             OpFilter::Unpurged { verified: false },
         ] {
-            let mut after = String::new();
-            loop {
-                let rows = js
-                    .query(&q.ops_page(&after, 500, filter))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
-                let Some(last) = rows.last() else { break };
-                after = crate::journal::text(last, "op_id")?;
+            let mut pages = OpPages::new(filter, 500);
+            while let Some(rows) = self.next_ops(&mut pages).await? {
                 for r in &rows {
                     let op = OpRecord::from_row(r)?;
                     let refused = if op.retire_at_ms.is_none_or(|t| t > now) {
@@ -1026,21 +982,9 @@ impl Core {
     /// [`Router::get_migration_status`](crate::Router::get_migration_status) sees one go. Returns the rows
     /// deleted.
     async fn compact_aborted(&self, now: i64) -> Result<u64> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         let mut deleted = 0;
-        let mut after = String::new();
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, 500, OpFilter::State(MoveState::Aborted)))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
+        let mut pages = OpPages::new(OpFilter::State(MoveState::Aborted), 500);
+        while let Some(rows) = self.next_ops(&mut pages).await? {
             for r in &rows {
                 let op = OpRecord::from_row(r)?;
                 let done_at = op
@@ -1052,9 +996,8 @@ impl Core {
                 {
                     continue;
                 }
-                js.execute(&q.delete_aborted_op(&op.op_id))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
+                self.journal_execute(|q| q.delete_aborted_op(&op.op_id))
+                    .await?;
                 deleted += 1;
             }
         }
@@ -1097,20 +1040,8 @@ impl Core {
                     .map_err(|e| MigrationError::shard(name, e))?;
             }
         }
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         // Newest first.
-        let ops: Vec<OpRecord> = js
-            .query(&q.ops_for_key(key))
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?
-            .iter()
-            .map(OpRecord::from_row)
-            .collect::<Result<_>>()?;
+        let ops = self.key_ops(key).await?;
         let mut deleted = 0;
         let mut covered: BTreeSet<&str> = BTreeSet::new();
         for op in &ops {
@@ -1122,9 +1053,7 @@ impl Core {
             if !covers_all || !op.purged || self.has_tombstones(op).await? {
                 continue;
             }
-            js.execute(&q.delete_op(&op.op_id))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
+            self.journal_execute(|q| q.delete_op(&op.op_id)).await?;
             deleted += 1;
         }
         Ok(deleted)
