@@ -188,15 +188,9 @@ impl<'r> MoveCtx<'r> {
     }
 
     async fn read_rows(&self, shard_name: &str) -> Result<Snapshot> {
-        let (name, shard) = self.r.shard_named(shard_name)?;
-        let d = shard.dialect();
         let mut out = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
-            let rows = shard
-                .query(&d.select_row(&spec.name, &spec.key_col, &self.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-            out.push(rows.into_iter().next());
+            out.push(self.r.read_row(shard_name, spec, &self.key).await?);
         }
         Ok(out)
     }
@@ -231,10 +225,10 @@ impl<'r> MoveCtx<'r> {
         Ok(!rows.is_empty())
     }
 
-    /// Ends the operation as aborted without touching a data shard (nothing
-    /// was copied, no hold taken): one journal write, which releases the
-    /// claim.
-    async fn end_unmoved(&self, reason: &str) -> Result<()> {
+    /// The terminal `aborted` write (which releases the claim), logged
+    /// with `note`. Before the copy (nothing copied, no hold taken) it is
+    /// all an abort does.
+    async fn end_aborted(&self, reason: &str, note: &str) -> Result<()> {
         let change = Change {
             finished: true,
             error: Some(reason.to_owned()),
@@ -247,7 +241,7 @@ impl<'r> MoveCtx<'r> {
             op_id = %self.op_id,
             key = %self.key,
             reason,
-            "move aborted before its copy"
+            "{note}"
         );
         Ok(())
     }
@@ -706,21 +700,7 @@ impl<'r> MoveCtx<'r> {
     ) -> Result<usize> {
         let dropped = self.drop_copies(digests).await?;
         self.release_hold().await;
-        let change = Change {
-            finished: true,
-            error: Some(reason.to_owned()),
-            ..Change::default()
-        };
-        // The terminal write releases the claim.
-        self.journal(vec![self.update(MoveState::Aborted, &change)?])
-            .await?;
-        tracing::info!(
-            event = "durability.migration.aborted",
-            op_id = %self.op_id,
-            key = %self.key,
-            reason,
-            "move aborted"
-        );
+        self.end_aborted(reason, "move aborted").await?;
         Ok(dropped)
     }
 
@@ -1019,39 +999,6 @@ impl Core {
             .try_for_each(|r| r.map(drop))
     }
 
-    /// See [`Router::reassign_shard`](crate::Router::reassign_shard).
-    pub(crate) async fn reassign_shard(
-        &self,
-        key: &str,
-        target: &str,
-        table: &str,
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, &[table], MoveOptions::default())
-            .await
-    }
-
-    /// See [`Router::reassign_shard_with`](crate::Router::reassign_shard_with).
-    pub(crate) async fn reassign_shard_with(
-        &self,
-        key: &str,
-        target: &str,
-        table: &str,
-        opts: MoveOptions,
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, &[table], opts).await
-    }
-
-    /// See [`Router::reassign_keys`](crate::Router::reassign_keys).
-    pub(crate) async fn reassign_keys(
-        &self,
-        key: &str,
-        target: &str,
-        tables: &[&str],
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, tables, MoveOptions::default())
-            .await
-    }
-
     /// See [`Router::reassign_keys_with`](crate::Router::reassign_keys_with).
     pub(crate) async fn reassign_keys_with(
         &self,
@@ -1234,8 +1181,11 @@ impl Core {
         // journal (a copy would overwrite the winner's row) and report the
         // conflict.
         if !fold && ctx.moved_away().await? {
-            ctx.end_unmoved("the key was moved by a concurrent operation")
-                .await?;
+            ctx.end_aborted(
+                "the key was moved by a concurrent operation",
+                "move aborted before its copy",
+            )
+            .await?;
             return Err(MigrationError::AlreadyActive(key.to_owned()));
         }
         let recopies = ctx.run(snap, 0, Stage::Copy).await?;

@@ -998,6 +998,23 @@ impl Core {
         }
     }
 
+    /// The key's row in `spec`'s table on `shard_name` (a plain read: no
+    /// fence or marker is consulted).
+    pub(crate) async fn read_row(
+        &self,
+        shard_name: &str,
+        spec: &TableSpec,
+        key: &str,
+    ) -> Result<Option<Row>> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        let st = shard.dialect().select_row(&spec.name, &spec.key_col, key);
+        let rows = shard
+            .query(&st)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+        Ok(rows.into_iter().next())
+    }
+
     /// Whether the shard holds a lifted (superseded) fence of the key.
     async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
         let (name, shard) = self.shard_named(shard_name)?;

@@ -466,34 +466,13 @@ fn public_futures_are_spawnable(r0: Arc<Router>, st0: Statement, row0: Row) {
     spawnable(async move {
         let shard = conformance::FaultShard::new(
             Arc::new(conformance::FaultShard::new(
-                Arc::new(MemoryNoShard),
+                Arc::new(NoShard(Dialect::Sqlite, BatchSupport::Atomic)),
                 conformance::FaultPlan::new(),
             )),
             conformance::FaultPlan::new(),
         );
         let _ = ShardMappingStore::new(shard).await;
     });
-}
-
-/// A shard type for the compile-time check above (never executed).
-struct MemoryNoShard;
-
-impl Shard for MemoryNoShard {
-    fn dialect(&self) -> Dialect {
-        Dialect::Sqlite
-    }
-    fn batch_support(&self) -> BatchSupport {
-        BatchSupport::Atomic
-    }
-    fn execute<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, u64> {
-        Box::pin(async { Err("never run".into()) })
-    }
-    fn query<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
-        Box::pin(async { Err("never run".into()) })
-    }
-    fn batch<'a>(&'a self, _: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
-        Box::pin(async { Err("never run".into()) })
-    }
 }
 
 #[test]

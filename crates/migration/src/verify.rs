@@ -224,6 +224,13 @@ fn push_counted<T>(v: &mut Vec<T>, n: &mut u64, x: T) {
     push_capped(v, x);
 }
 
+impl VerifyReport {
+    /// Records one repair (`what` was done).
+    fn repaired(&mut self, what: String) {
+        push_counted(&mut self.repaired, &mut self.repaired_count, what);
+    }
+}
+
 struct Tomb {
     op_id: String,
     table: String,
@@ -234,6 +241,16 @@ struct Tomb {
 }
 
 impl Tomb {
+    /// This tombstone's row as a leftover on `shard`.
+    fn leftover(&self, shard: &str) -> Leftover {
+        Leftover {
+            shard: shard.to_owned(),
+            table: self.table.clone(),
+            key: self.key.clone(),
+            op_id: self.op_id.clone(),
+        }
+    }
+
     fn from_row(r: &value::Row) -> Result<Self> {
         Ok(Self {
             op_id: crate::journal::text(r, "op_id")?,
@@ -699,12 +716,7 @@ impl Core {
         t: &Tomb,
         repair: bool,
     ) -> Result<()> {
-        let leftover = Leftover {
-            shard: shard_name.to_owned(),
-            table: t.table.clone(),
-            key: t.key.clone(),
-            op_id: t.op_id.clone(),
-        };
+        let leftover = t.leftover(shard_name);
         let Some(op) = self.load_op(&t.op_id).await? else {
             report.flag(&t.key);
             push_counted(
@@ -743,12 +755,7 @@ impl Core {
         op: &OpRecord,
         repair: bool,
     ) -> Result<()> {
-        let leftover = Leftover {
-            shard: shard_name.to_owned(),
-            table: t.table.clone(),
-            key: t.key.clone(),
-            op_id: t.op_id.clone(),
-        };
+        let leftover = t.leftover(shard_name);
         if !op.state.is_terminal() {
             return Ok(()); // reported as dangling
         }
@@ -757,12 +764,7 @@ impl Core {
         };
         let (name, shard) = self.shard_named(shard_name)?;
         let d = shard.dialect();
-        let live = shard
-            .query(&d.select_row(&spec.name, &spec.key_col, &t.key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?
-            .into_iter()
-            .next();
+        let live = self.read_row(shard_name, &spec, &t.key).await?;
         if op.state == MoveState::Aborted {
             if t.superseded || self.claim_held(&t.key).await? {
                 return Ok(());
@@ -785,14 +787,10 @@ impl Core {
                     key = %t.key,
                     "stale cutover restored"
                 );
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "restored {}:{}:{} ({})",
-                        shard_name, t.table, t.key, t.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "restored {}:{}:{} ({})",
+                    shard_name, t.table, t.key, t.op_id
+                ));
             } else {
                 report.flag(&t.key);
                 push_counted(
@@ -829,14 +827,10 @@ impl Core {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "removed ghost {}:{}:{} ({})",
-                        shard_name, t.table, t.key, t.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "removed ghost {}:{}:{} ({})",
+                    shard_name, t.table, t.key, t.op_id
+                ));
             } else {
                 report.flag(&t.key);
                 push_counted(&mut report.ghosts, &mut report.ghost_count, leftover);
@@ -854,7 +848,6 @@ impl Core {
         let Ok((name, shard)) = self.shard_named(&op.target) else {
             return Ok(());
         };
-        let d = shard.dialect();
         let mut lives_there: Option<bool> = None;
         for (table, digest) in &op.digests {
             if digest == "-" {
@@ -863,13 +856,7 @@ impl Core {
             let Some(spec) = self.tables.get(table).cloned() else {
                 continue;
             };
-            let Some(row) = shard
-                .query(&d.select_row(&spec.name, &spec.key_col, &op.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?
-                .into_iter()
-                .next()
-            else {
+            let Some(row) = self.read_row(name, &spec, &op.key).await? else {
                 continue;
             };
             if &value::digest(Some(&row)) != digest {
@@ -901,14 +888,10 @@ impl Core {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "removed stranded copy {}:{}:{} ({})",
-                        op.target, table, op.key, op.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "removed stranded copy {}:{}:{} ({})",
+                    op.target, table, op.key, op.op_id
+                ));
             } else {
                 report.flag(&op.key);
                 push_counted(
