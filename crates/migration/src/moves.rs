@@ -225,17 +225,29 @@ impl<'r> MoveCtx<'r> {
         Ok(!rows.is_empty())
     }
 
+    /// The write of the terminal `state` with `change` (which releases the
+    /// claim).
+    async fn end_with(&self, state: MoveState, change: Change) -> Result<()> {
+        let change = Change {
+            finished: true,
+            ..change
+        };
+        self.journal(vec![self.update(state, &change)?]).await
+    }
+
     /// The terminal `aborted` write (which releases the claim), logged
     /// with `note`. Before the copy (nothing copied, no hold taken) it is
     /// all an abort does.
     async fn end_aborted(&self, reason: &str, note: &str) -> Result<()> {
-        let change = Change {
-            finished: true,
-            error: Some(reason.to_owned()),
-            ..Change::default()
-        };
-        self.journal(vec![self.update(MoveState::Aborted, &change)?])
-            .await?;
+        let error = Some(reason.to_owned());
+        self.end_with(
+            MoveState::Aborted,
+            Change {
+                error,
+                ..Change::default()
+            },
+        )
+        .await?;
         tracing::info!(
             event = "durability.migration.aborted",
             op_id = %self.op_id,
@@ -868,16 +880,14 @@ impl<'r> MoveCtx<'r> {
             Some(s) => self.publish(s).await?,
             None => self.publish(&self.archived_snapshot().await?).await?,
         }
-        let now = self.r.now();
-        let change = Change {
-            finished: true,
-            retire_at_ms: Some(now.saturating_add(self.retain_ms)),
-            ..Change::default()
-        };
+        let retire_at_ms = Some(self.r.now().saturating_add(self.retain_ms));
         // Published (the mapping is written), retired and the claim released
         // in one write.
-        self.journal(vec![self.update(MoveState::Retired, &change)?])
-            .await?;
+        let change = Change {
+            retire_at_ms,
+            ..Change::default()
+        };
+        self.end_with(MoveState::Retired, change).await?;
         tracing::info!(
             event = "durability.migration.moved",
             op_id = %self.op_id,

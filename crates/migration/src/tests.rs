@@ -290,20 +290,21 @@ fn config_validation() {
 async fn journal_not_configured_and_capabilities() {
     let m: Arc<dyn MappingStore> = Arc::new(MemoryMappingStore::new());
     m.put("k", "a").await.unwrap();
-    let r = Router::new(
-        MigrationConfig::new(Arc::clone(&m))
+    // `k` on `a`, moved to `b`; the journal on `a` when named.
+    let move_code = async |b: Arc<dyn Shard>, journal: Option<&str>| {
+        let mut config = MigrationConfig::new(Arc::clone(&m))
             .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
-            .shard("b", shard(Dialect::Sqlite, BatchSupport::Atomic))
-            .table("users"),
-    )
-    .unwrap();
-    assert_eq!(
-        r.reassign_shard("k", "b", "users")
-            .await
-            .unwrap_err()
-            .code(),
-        "JOURNAL_NOT_CONFIGURED"
-    );
+            .shard("b", b)
+            .table("users");
+        if let Some(j) = journal {
+            config = config.journal_shard(j);
+        }
+        let r = Router::new(config).unwrap();
+        let e = r.reassign_shard("k", "b", "users").await.unwrap_err();
+        (r, e.code())
+    };
+    let (r, code) = move_code(shard(Dialect::Sqlite, BatchSupport::Atomic), None).await;
+    assert_eq!(code, "JOURNAL_NOT_CONFIGURED");
     assert_eq!(
         r.recover_migrations().await.unwrap_err().code(),
         "JOURNAL_NOT_CONFIGURED"
@@ -324,21 +325,7 @@ async fn journal_not_configured_and_capabilities() {
             "MIGRATION_NO_ATOMIC_BATCH",
         ),
     ] {
-        let r = Router::new(
-            MigrationConfig::new(Arc::clone(&m))
-                .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
-                .shard("b", b)
-                .journal_shard("a")
-                .table("users"),
-        )
-        .unwrap();
-        assert_eq!(
-            r.reassign_shard("k", "b", "users")
-                .await
-                .unwrap_err()
-                .code(),
-            code
-        );
+        assert_eq!(move_code(b, Some("a")).await.1, code);
     }
 }
 

@@ -47,6 +47,15 @@ fn env(n: usize) -> Harness {
         .holding(dir)
 }
 
+/// [`env`] with `u1` on `s0` ([`Harness::seed_ann`]) and a router over it
+/// (on the crash plan's faulty shards when `faulty`).
+async fn seeded(n: usize, faulty: bool) -> (Harness, Router) {
+    let e = env(n);
+    let r = e.router_with(faulty, 30_000).await;
+    e.seed_ann(&r).await;
+    (e, r)
+}
+
 /// Everything stored: every table of every shard, and the mapping.
 async fn dump(e: &Harness) -> Vec<String> {
     let mut out = Vec::new();
@@ -159,9 +168,7 @@ async fn single_shard_default_journal() {
 
 #[tokio::test]
 async fn journaled_move_and_status() {
-    let e = env(2);
-    let r = e.router().await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, false).await;
     assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
     let out = r.reassign_shard("u1", "s1", "users").await.unwrap();
     assert_eq!(
@@ -304,9 +311,7 @@ async fn table_set_move_with_key_columns() {
 
 #[tokio::test]
 async fn bad_input_is_refused_before_any_write() {
-    let e = env(2);
-    let r = e.router().await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, false).await;
     let before = dump(&e).await;
     let big = "k".repeat(513);
     let cases: Vec<(MigrationError, &str)> = vec![
@@ -398,9 +403,7 @@ async fn bad_input_is_refused_before_any_write() {
 
 #[tokio::test]
 async fn second_move_of_active_key_is_refused() {
-    let e = env(3);
-    let r = e.router_with(true, 30_000).await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(3, true).await;
     e.plan.arm(2, FaultMode::Before); // claim lands, the copy crashes
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
@@ -426,9 +429,7 @@ async fn second_move_of_active_key_is_refused() {
 
 #[tokio::test]
 async fn crash_after_cutover_blocks_writes_until_recovery() {
-    let e = env(2);
-    let r = e.router_with(true, 30_000).await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, true).await;
     // Journal on the source: claim(1) copy(2) then one batch with
     // copied+verified+cutover_pending, the cutover and committed (3): crash after it applies.
     e.plan.arm(3, FaultMode::After);
@@ -552,9 +553,7 @@ impl BeforeWrite for Stall {
 
 #[tokio::test]
 async fn recovery_lease_in_progress_takeover_and_fence() {
-    let e = env(2);
-    let r = e.router().await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, false).await;
     // A live lease held by someone else.
     e.shard("s0")
         .execute(&Statement::with_params(
@@ -1215,9 +1214,7 @@ fn hooked_config(e: &Harness, s0: Arc<dyn Shard>) -> MigrationConfig {
 
 #[tokio::test]
 async fn move_aborts_when_copies_are_used_up() {
-    let e = env(2);
-    let r = e.router().await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, false).await;
     let s0: Arc<dyn Shard> = Arc::new(hook_shard(e.shard("s0").clone(), 0, None, true));
     let mover = Router::new(hooked_config(&e, s0)).unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
@@ -1275,9 +1272,7 @@ async fn mover_taken_over_by_recovery_stops() {
 
 #[tokio::test]
 async fn backend_failures_are_outcome_unknown() {
-    let e = env(2);
-    let r = e.router_with(true, 30_000).await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(2, true).await;
     e.plan.arm(2, FaultMode::After);
     let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "SHARD_UNAVAILABLE");
@@ -1401,9 +1396,7 @@ fn cutover_statements_are_not_reprepared_per_key() {
 /// tables), and a move of its users row to `s1` through a faulty router
 /// that crashed at write `crash` (the plan disarmed again).
 async fn interrupted_move(crash: u64, mode: FaultMode) -> (Harness, Router) {
-    let e = env(3);
-    let r = e.router_with(true, 30_000).await;
-    e.seed_ann(&r).await;
+    let (e, r) = seeded(3, true).await;
     e.plan.arm(crash, mode);
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
