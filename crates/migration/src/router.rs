@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::clocks::Sightings;
 use crate::config::{self, Check, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
+use crate::dialect::{Dialect, Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::mapping::MappingStore;
@@ -537,7 +537,7 @@ impl Core {
         const SQLITE_FIX: &str = "declare the key column COLLATE BINARY (the default)";
         for r in &rows {
             match d {
-                crate::dialect::Dialect::Sqlite => {
+                Dialect::Sqlite => {
                     if let Some(c) = text(r, "coll").filter(|c| !c.eq_ignore_ascii_case("BINARY")) {
                         return Err(refuse(c, SQLITE_FIX));
                     }
@@ -548,7 +548,7 @@ impl Core {
                         return Err(refuse(c, SQLITE_FIX));
                     }
                 }
-                crate::dialect::Dialect::Postgres => {
+                Dialect::Postgres => {
                     let ty = text(r, "ty").unwrap_or_default();
                     if ty == "citext" {
                         return Err(refuse(
@@ -563,7 +563,7 @@ impl Core {
                         ));
                     }
                 }
-                crate::dialect::Dialect::MySql => {
+                Dialect::MySql => {
                     if let Some(c) = text(r, "collation") {
                         let lc = c.to_ascii_lowercase();
                         if !(lc == "binary"
@@ -983,11 +983,9 @@ impl Core {
         table: &Ident,
         key: &str,
     ) -> Result<Option<Tombstone>> {
-        let (name, shard) = self.shard_named(shard_name)?;
-        let rows = shard
-            .query(&shard.dialect().tombstone_query(table, key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self
+            .shard_query(shard_name, |d| d.tombstone_query(table, key))
+            .await?;
         match rows.first() {
             None => Ok(None),
             Some(r) => Ok(Some(Tombstone {
@@ -1006,22 +1004,31 @@ impl Core {
         spec: &TableSpec,
         key: &str,
     ) -> Result<Option<Row>> {
-        let (name, shard) = self.shard_named(shard_name)?;
-        let st = shard.dialect().select_row(&spec.name, &spec.key_col, key);
-        let rows = shard
-            .query(&st)
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self
+            .shard_query(shard_name, |d| d.select_row(&spec.name, &spec.key_col, key))
+            .await?;
         Ok(rows.into_iter().next())
+    }
+
+    /// Runs the query `stmt` builds in the dialect of the shard named
+    /// `shard_name`.
+    pub(crate) async fn shard_query(
+        &self,
+        shard_name: &str,
+        stmt: impl FnOnce(&Dialect) -> Statement,
+    ) -> Result<Vec<Row>> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        shard
+            .query(&stmt(&shard.dialect()))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
     }
 
     /// Whether the shard holds a lifted (superseded) fence of the key.
     async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
-        let (name, shard) = self.shard_named(shard_name)?;
-        let rows = shard
-            .query(&shard.dialect().lifted_fence_query(table, key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self
+            .shard_query(shard_name, |d| d.lifted_fence_query(table, key))
+            .await?;
         Ok(!rows.is_empty())
     }
 

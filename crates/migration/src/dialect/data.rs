@@ -223,30 +223,12 @@ impl Dialect {
         s.finish()
     }
 
-    /// `INSERT INTO t (c1, c2, ..) ` for a row's columns.
-    fn push_insert_into(s: &mut Sql<'_>, table: &Ident, cols: &[(Ident, Value)]) {
-        s.raw("INSERT INTO ")
-            .ident(table)
-            .raw(" (")
-            .join(cols, ", ", |s, (c, _)| {
-                s.ident(c);
-            })
-            .raw(") ");
-    }
-
-    /// The row's values as bound parameters, comma-separated.
-    fn push_values(s: &mut Sql<'_>, cols: &[(Ident, Value)]) {
-        s.join(cols, ", ", |s, (_, v)| {
-            s.bind(v.clone());
-        });
-    }
-
     /// `INSERT INTO t (cols) VALUES (?..)`.
     pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        s.insert_into(table, cols);
         s.raw("VALUES (");
-        Self::push_values(&mut s, cols);
+        s.values(cols);
         s.raw(")");
         s.finish()
     }
@@ -268,9 +250,9 @@ impl Dialect {
         (cols, restore): (&[(Ident, Value)], bool),
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        s.insert_into(table, cols);
         s.raw("SELECT ");
-        Self::push_values(&mut s, cols);
+        s.values(cols);
         s.dual()
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
             .ident(table)
@@ -373,9 +355,9 @@ impl Dialect {
         scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        s.insert_into(table, cols);
         s.raw("SELECT ");
-        Self::push_values(&mut s, cols);
+        s.values(cols);
         s.dual().raw(" WHERE ");
         self.push_fence(&mut s, table, key, (generation, scope));
         if let Some(k) = upsert_key {
@@ -428,12 +410,7 @@ impl Dialect {
         scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("UPDATE ")
-            .ident(table)
-            .raw(" SET ")
-            .join(cols, ", ", |s, (c, v)| {
-                s.ident(c).raw(" = ").bind(v.clone());
-            })
+        s.update_set(table, cols)
             .raw(" WHERE ")
             .key_is(key_col, key)
             .raw(" AND ");

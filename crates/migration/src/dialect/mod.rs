@@ -334,6 +334,39 @@ impl<'d> Sql<'d> {
         }
         self
     }
+    /// Appends `UPDATE {table} SET c1 = ?, c2 = ? ..`, each column bound
+    /// to its value.
+    pub(crate) fn update_set<T: Name + ?Sized, C: Name>(
+        &mut self,
+        table: &T,
+        sets: &[(C, Value)],
+    ) -> &mut Self {
+        self.raw("UPDATE ");
+        table.write(self);
+        self.raw(" SET ").join(sets, ", ", |s, (c, v)| {
+            c.write(s);
+            s.raw(" = ").bind(v.clone());
+        })
+    }
+    /// Appends `INSERT INTO {table} (c1, c2, ..) ` for the columns of
+    /// `cols`.
+    pub(crate) fn insert_into<T: Name + ?Sized, C: Name>(
+        &mut self,
+        table: &T,
+        cols: &[(C, Value)],
+    ) -> &mut Self {
+        self.raw("INSERT INTO ");
+        table.write(self);
+        self.raw(" (")
+            .join(cols, ", ", |s, (c, _)| c.write(s))
+            .raw(") ")
+    }
+    /// Appends the values of `cols` as bound parameters, comma-separated.
+    pub(crate) fn values<C>(&mut self, cols: &[(C, Value)]) -> &mut Self {
+        self.join(cols, ", ", |s, (_, v)| {
+            s.bind(v.clone());
+        })
+    }
     /// Appends `c1 = ? AND c2 = ? ..`, each column (one of the crate's own,
     /// never user input) bound to its value.
     pub(crate) fn eqs(&mut self, eqs: &[(&str, Value)]) -> &mut Self {
@@ -366,6 +399,31 @@ impl<'d> Sql<'d> {
             sql: self.text,
             params: self.params,
         }
+    }
+}
+
+/// A table or column name in a statement: one of the crate's own tables
+/// and columns (written as is) or a validated user identifier (quoted).
+pub(crate) trait Name {
+    /// Appends the name to `s`.
+    fn write(&self, s: &mut Sql<'_>);
+}
+
+impl Name for str {
+    fn write(&self, s: &mut Sql<'_>) {
+        s.raw(self);
+    }
+}
+
+impl Name for Ident {
+    fn write(&self, s: &mut Sql<'_>) {
+        s.ident(self);
+    }
+}
+
+impl<T: Name + ?Sized> Name for &T {
+    fn write(&self, s: &mut Sql<'_>) {
+        (**self).write(s);
     }
 }
 
@@ -426,14 +484,7 @@ impl Dialect {
         eqs: &[(&str, Value)],
     ) -> Sql<'_> {
         let mut s = Sql::new(self);
-        s.raw("UPDATE ")
-            .raw(table)
-            .raw(" SET ")
-            .join(sets, ", ", |s, (c, v)| {
-                s.raw(c).raw(" = ").bind(v.clone());
-            })
-            .raw(" WHERE ")
-            .eqs(eqs);
+        s.update_set(table, sets).raw(" WHERE ").eqs(eqs);
         s
     }
 
@@ -462,16 +513,9 @@ impl Dialect {
         keys: usize,
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("INSERT INTO ")
-            .raw(table)
-            .raw(" (")
-            .join(cols, ", ", |s, (c, _)| {
-                s.raw(c);
-            })
-            .raw(") SELECT ")
-            .join(cols, ", ", |s, (_, v)| {
-                s.bind(v.clone());
-            })
+        s.insert_into(table, cols)
+            .raw("SELECT ")
+            .values(cols)
             .dual()
             .exists_open(" WHERE NOT EXISTS ", table, &cols[..keys])
             .raw(")");
