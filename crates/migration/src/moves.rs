@@ -190,7 +190,7 @@ impl<'r> MoveCtx<'r> {
     async fn read_rows(&self, shard_name: &str) -> Result<Snapshot> {
         let mut out = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
-            out.push(self.r.read_row(shard_name, spec, &self.key).await?);
+            out.push(self.r.read_row((shard_name, spec), &self.key).await?);
         }
         Ok(out)
     }

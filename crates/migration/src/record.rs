@@ -50,10 +50,10 @@ impl Core {
         let sd = src.dialect();
         let td = dst.dialect();
         let row = self
-            .read_row(sname, &spec, key)
+            .read_row((sname, &spec), key)
             .await?
             .ok_or_else(|| MigrationError::RowNotFound(key.to_owned()))?;
-        let existing = self.read_row(tname, &spec, key).await?;
+        let existing = self.read_row((tname, &spec), key).await?;
         let cols = row_idents(&row)?;
         match existing {
             Some(e) if value::digest(Some(&e)) == value::digest(Some(&row)) => {}

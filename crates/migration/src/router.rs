@@ -1000,14 +1000,11 @@ impl Core {
     /// fence or marker is consulted).
     pub(crate) async fn read_row(
         &self,
-        shard_name: &str,
-        spec: &TableSpec,
+        (shard_name, spec): (&str, &TableSpec),
         key: &str,
     ) -> Result<Option<Row>> {
-        let rows = self
-            .shard_query(shard_name, |d| d.select_row(&spec.name, &spec.key_col, key))
-            .await?;
-        Ok(rows.into_iter().next())
+        let row = |d: &Dialect| d.select_row(&spec.name, &spec.key_col, key);
+        Ok(self.shard_query(shard_name, row).await?.into_iter().next())
     }
 
     /// Runs the query `stmt` builds in the dialect of the shard named

@@ -764,7 +764,7 @@ impl Core {
         };
         let (name, shard) = self.shard_named(shard_name)?;
         let d = shard.dialect();
-        let live = self.read_row(shard_name, &spec, &t.key).await?;
+        let live = self.read_row((shard_name, &spec), &t.key).await?;
         if op.state == MoveState::Aborted {
             if t.superseded || self.claim_held(&t.key).await? {
                 return Ok(());
@@ -856,7 +856,7 @@ impl Core {
             let Some(spec) = self.tables.get(table).cloned() else {
                 continue;
             };
-            let Some(row) = self.read_row(name, &spec, &op.key).await? else {
+            let Some(row) = self.read_row((name, &spec), &op.key).await? else {
                 continue;
             };
             if &value::digest(Some(&row)) != digest {
