@@ -819,7 +819,9 @@ async fn journaled_move(
                     tokio::time::sleep(Duration::from_millis(MOVE_LIVENESS_MS / 10)).await;
                     r.recover_migrations().await?;
                 }
-                first.get_or_insert_with(|| format!("{}: {}", e.code(), chain(&e)));
+                first.get_or_insert_with(|| {
+                    format!("{}: {}", e.code(), durability_migration::error_chain(&e))
+                });
             }
             Err(e) => return Err(e.into()),
         }
@@ -829,18 +831,6 @@ async fn journaled_move(
         first.as_deref().unwrap_or("none")
     )
     .into())
-}
-
-/// An error and its sources, outermost first.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// The naive baseline's move of one key from `s0` to `s1`: read the source
@@ -1090,25 +1080,20 @@ async fn bench_inner(dir: &Path) -> Result<(), BoxError> {
         eprintln!("  verify after history failed: {e}");
         failed.push(format!("history: {e}"));
     }
-    if !wanted("rss") {
-        return if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(failed.join("; ").into())
-        };
+    if wanted("rss") {
+        eprintln!("streaming (rebalance dry run + verify + purge):");
+        let small = stream_rss(&dir.join("rss-10k"), 10_000).await?;
+        let large = stream_rss(&dir.join("rss-100k"), 100_000).await?;
+        json_line(
+            "migration.stream_peak_rss",
+            (large as f64, small as f64),
+            "KiB",
+            "<=1.2",
+            100_000,
+            Backend::Sqlite,
+            ",\"baseline_n\":10000",
+        );
     }
-    eprintln!("streaming (rebalance dry run + verify + purge):");
-    let small = stream_rss(&dir.join("rss-10k"), 10_000).await?;
-    let large = stream_rss(&dir.join("rss-100k"), 100_000).await?;
-    json_line(
-        "migration.stream_peak_rss",
-        (large as f64, small as f64),
-        "KiB",
-        "<=1.2",
-        100_000,
-        Backend::Sqlite,
-        ",\"baseline_n\":10000",
-    );
     if failed.is_empty() {
         Ok(())
     } else {
@@ -1194,14 +1179,16 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
             ours_w.lost, naive_w.lost
         ),
     );
-    if ours.lost + ours_w.lost != 0 {
-        return Err(format!(
-            "journaled moves lost {} acknowledged writes",
-            ours.lost + ours_w.lost
-        )
-        .into());
+    no_lost_writes("journaled moves", ours.lost + ours_w.lost)
+}
+
+/// An error when `what` lost any acknowledged write.
+fn no_lost_writes(what: &str, lost: usize) -> Result<(), BoxError> {
+    if lost == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what} lost {lost} acknowledged writes").into())
     }
-    Ok(())
 }
 
 /// One backend's hot-key figures: [`HOT_MOVES`] moves of one key under a
@@ -1250,14 +1237,7 @@ async fn bench_hot(backend: Backend, dir: &Path) -> Result<(), BoxError> {
         backend,
         ",\"baseline_cutover_hold_ms\":0",
     );
-    if held.lost + plain.lost != 0 {
-        return Err(format!(
-            "hot-key moves lost {} acknowledged writes",
-            held.lost + plain.lost
-        )
-        .into());
-    }
-    Ok(())
+    no_lost_writes("hot-key moves", held.lost + plain.lost)
 }
 
 /// Moves of the hot key per hot-key run.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::shards::{Env, Kind, clean_verify, env, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::user;
+use durability_migration::conformance::harness::{purge_expect, user};
 use durability_migration::{MoveOptions, Retire, Router, Statement, Value, VerifyOptions, row};
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -129,21 +129,11 @@ async fn purge_needs_a_pass_that_read_the_finished_move() {
             .await
             .unwrap();
         e.clock.advance(1);
-        let purge = r.purge_retired().await.unwrap();
-        assert_eq!(
-            (purge.purged_count, purge.refused_count),
-            (0, 1),
-            "{kinds:?}"
-        );
+        let purge = purge_expect(&r, (0, 1), &format!("{kinds:?}")).await;
         assert_eq!(purge.refused[0].error.code(), "NOT_VERIFIED");
         let (rep, n) = pass(&r, false, false).await;
         assert!(rep.clean && n == 1, "{kinds:?}: {rep:?}");
-        let purge = r.purge_retired().await.unwrap();
-        assert_eq!(
-            (purge.purged_count, purge.refused_count),
-            (1, 0),
-            "{kinds:?}"
-        );
+        purge_expect(&r, (1, 0), &format!("{kinds:?}")).await;
     }
 }
 
@@ -353,9 +343,7 @@ async fn an_older_journal_gains_the_verified_mark_and_one_history_index() {
         // Purge reads both ranges: u2's move is purged now, and u1's was.
         e.clock
             .advance(i64::try_from(durability_migration::DEFAULT_RETENTION_MS).unwrap());
-        let purge = r.purge_retired().await.unwrap();
-        assert_eq!(purge.purged_count, 1, "{kind:?}: {purge:?}");
-        assert_eq!(purge.refused_count, 0, "{kind:?}: {purge:?}");
+        purge_expect(&r, (1, 0), &format!("{kind:?}")).await;
     }
 }
 
@@ -376,9 +364,7 @@ async fn purge_counts_examined_and_unexamined_moves_exactly() {
                 clean_verify(&r).await;
             }
         }
-        let purge = r.purge_retired().await.unwrap();
-        assert_eq!(purge.purged_count, 4, "{kinds:?}: {purge:?}");
-        assert_eq!(purge.refused_count, 2, "{kinds:?}: {purge:?}");
+        let purge = purge_expect(&r, (4, 2), &format!("{kinds:?}")).await;
         assert!(
             purge
                 .refused
@@ -386,11 +372,6 @@ async fn purge_counts_examined_and_unexamined_moves_exactly() {
                 .all(|f| f.error.code() == "NOT_VERIFIED"),
             "{kinds:?}: {purge:?}"
         );
-        let purge = r.purge_retired().await.unwrap();
-        assert_eq!(
-            (purge.purged_count, purge.refused_count),
-            (0, 2),
-            "{kinds:?}: {purge:?}"
-        );
+        purge_expect(&r, (0, 2), &format!("{kinds:?}")).await;
     }
 }

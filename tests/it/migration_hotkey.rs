@@ -21,7 +21,7 @@ use durability_migration::conformance::FaultMode;
 use durability_migration::conformance::harness::HookedShard;
 use durability_migration::{
     BackendError, Clock, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, ManualClock, MappingStore,
-    MemoryMappingStore, MigrationConfig, Router, Row, Shard, Statement, Value, row,
+    MemoryMappingStore, MigrationConfig, MigrationError, Router, Row, Shard, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -141,6 +141,15 @@ async fn users_row(r: &Router) -> Row {
 
 fn name_of(i: i64) -> Value {
     Value::from(format!("w{i}").as_str())
+}
+
+/// Asserts that a routed write of `k` through `r` is held (refused with
+/// the retryable `MIGRATION_CUTOVER_PENDING`, nothing written); returns
+/// the refusal.
+async fn assert_held(r: &Router, ctx: &str) -> MigrationError {
+    let err = r.update("k", "users", user("held", 1)).await.unwrap_err();
+    assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{ctx}: {err}");
+    err
 }
 
 /// A writer that updates the key before every cutover batch makes every
@@ -298,19 +307,11 @@ async fn a_mover_that_dies_inside_the_window_blocks_writes_only_until_the_deadli
         let fresh = e.router().await;
         // Readable, writes held.
         assert_eq!(users_row(&fresh).await.get("name"), Some(&name_of(acked)));
-        let err = fresh
-            .update("k", "users", user("held", 1))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
-        assert!(err.is_retryable());
+        let ctx = format!("{kinds:?}");
+        assert!(assert_held(&fresh, &ctx).await.is_retryable());
         e.clock
             .advance(i64::try_from(DEFAULT_CUTOVER_HOLD_MS).unwrap() - 1);
-        let err = fresh
-            .update("k", "users", user("held", 1))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
+        assert_held(&fresh, &ctx).await;
         // At the deadline the hold is over.
         e.clock.advance(1);
         assert_eq!(
@@ -367,12 +368,7 @@ async fn a_hold_is_judged_on_its_movers_clock_only() {
             router_on(&e, &behind, "host-c", false).await,
         );
         let held = async |r: &Router, what: &str| {
-            let err = r.update("k", "users", user("held", 1)).await.unwrap_err();
-            assert_eq!(
-                err.code(),
-                "MIGRATION_CUTOVER_PENDING",
-                "{kinds:?} {what}: {err}"
-            );
+            assert_held(r, &format!("{kinds:?} {what}")).await;
         };
         held(&b, "ahead, first sight").await;
         held(&c, "behind, first sight").await;
@@ -446,13 +442,10 @@ async fn an_old_hold_table_is_upgraded_and_its_holds_end() {
         ))
         .await
         .unwrap();
-        let held = async || {
-            let err = r.update("k", "users", user("x", 1)).await.unwrap_err();
-            assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
-        };
-        held().await;
+        let ctx = format!("{kinds:?}");
+        assert_held(&r, &ctx).await;
         e.clock.advance(max - 1);
-        held().await;
+        assert_held(&r, &ctx).await;
         e.clock.advance(1);
         assert_eq!(
             r.update("k", "users", user("x", 1)).await.unwrap(),
@@ -566,8 +559,7 @@ async fn a_fenced_write_without_an_explicit_journal_is_not_a_silent_zero() {
         )
         .unwrap();
         b.init().await.unwrap();
-        let err = b.update("k", "users", user("lost", 1)).await.unwrap_err();
-        assert_eq!(err.code(), "MIGRATION_CUTOVER_PENDING", "{kinds:?}: {err}");
+        assert_held(&b, &format!("{kinds:?}")).await;
         assert_eq!(
             b.update("absent", "users", user("x", 1)).await.unwrap(),
             0,

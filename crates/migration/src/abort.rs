@@ -18,7 +18,7 @@
 //! `recover_migrations` settles it as any interrupted move once its
 //! liveness lapsed.
 
-use crate::dialect::JournalSql;
+use crate::dialect::TakeOver;
 use crate::error::{MigrationError, Result};
 use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState};
 use crate::moves::MoveCtx;
@@ -57,12 +57,7 @@ impl Core {
             owner: lease.holder.clone(),
             lease: Some((self.scope.clone(), lease.generation)),
         };
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let mut key = String::new();
         for _ in 0..TAKE_OVER_TRIES {
             let Some(op) = self
@@ -94,7 +89,7 @@ impl Core {
             let now = self.now();
             let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
             let n = js
-                .execute(&q.take_over_uncut(&op, &guard, now, live))
+                .execute(&q.take_over(&op, &guard, (now, live), TakeOver::Uncut))
                 .await
                 .map_err(|e| MigrationError::shard(jname, e))?;
             if n == 0 {

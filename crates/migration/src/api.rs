@@ -208,7 +208,8 @@ impl Router {
         target: &str,
         table: &str,
     ) -> Result<MoveOutcome> {
-        self.core.reassign_shard(key, target, table).await
+        self.reassign_keys_with(key, target, &[table], MoveOptions::default())
+            .await
     }
 
     /// [`Router::reassign_shard`] with options.
@@ -222,9 +223,7 @@ impl Router {
         table: &str,
         opts: MoveOptions,
     ) -> Result<MoveOutcome> {
-        self.core
-            .reassign_shard_with(key, target, table, opts)
-            .await
+        self.reassign_keys_with(key, target, &[table], opts).await
     }
 
     /// Moves the key's rows in a set of tables as one journaled operation.
@@ -237,7 +236,8 @@ impl Router {
         target: &str,
         tables: &[&str],
     ) -> Result<MoveOutcome> {
-        self.core.reassign_keys(key, target, tables).await
+        self.reassign_keys_with(key, target, tables, MoveOptions::default())
+            .await
     }
 
     /// Moves the key's rows in `tables` to `target` as one journaled

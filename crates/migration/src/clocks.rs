@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::dialect::{JournalSql, Watched};
+use crate::dialect::Watched;
 use crate::journal::Guard;
 use crate::router::Core;
 
@@ -161,12 +161,7 @@ impl Core {
         token: &str,
         guard: Option<&Guard>,
     ) -> crate::error::Result<Option<i64>> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let shard_err = |e| crate::error::MigrationError::shard(jname, e);
         js.batch(&q.sighting_note(watched, token, guard, self.now()))
             .await

@@ -69,7 +69,7 @@ impl DataRejected {
 /// An error and its sources, outermost first, joined by `": "` (a
 /// driver's error often says only "db error" and keeps the server's words
 /// in its source).
-pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
+pub fn chain(e: &(dyn StdError + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

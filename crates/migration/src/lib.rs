@@ -93,7 +93,9 @@ pub use config::{
 };
 pub use dialect::{Cutover, CutoverTable, Dialect, Generation, Ident, MAX_IDENT_BYTES, Sql};
 pub use durability_time::{Clock, ManualClock, SystemClock};
-pub use error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
+pub use error::{
+    BackendError, DataRejected, MigrationError, Result, UniqueViolation, chain as error_chain,
+};
 pub use journal::{
     DEFAULT_RETENTION_MS, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord, RECOVERY_LEASE_MS,
 };

@@ -57,7 +57,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::{self, TableSpec};
-use crate::dialect::{Cutover, CutoverTable, JournalSql, row_idents};
+use crate::dialect::{Cutover, CutoverTable, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
 use crate::journal::{
     Change, DEFAULT_RETENTION_MS, Guard, MAX_RECOPIES, MOVE_LIVENESS_MS, MoveState, OpRecord,
@@ -176,15 +176,10 @@ impl<'r> MoveCtx<'r> {
     }
 
     fn update(&self, state: MoveState, change: &Change) -> Result<Statement> {
-        let (_, js) = self.r.journal_shard()?;
-        let d = js.dialect();
+        let (_, _, q) = self.r.journal()?;
         let now = self.r.now();
         let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
-        Ok(JournalSql {
-            d: &d,
-            scope: &self.r.scope,
-        }
-        .update_state(&self.op_id, state, change, &self.guard, now, live))
+        Ok(q.update_state(&self.op_id, state, change, &self.guard, now, live))
     }
 
     pub(crate) async fn step(&self, state: MoveState, change: Change) -> Result<()> {
@@ -193,15 +188,9 @@ impl<'r> MoveCtx<'r> {
     }
 
     async fn read_rows(&self, shard_name: &str) -> Result<Snapshot> {
-        let (name, shard) = self.r.shard_named(shard_name)?;
-        let d = shard.dialect();
         let mut out = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
-            let rows = shard
-                .query(&d.select_row(&spec.name, &spec.key_col, &self.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-            out.push(rows.into_iter().next());
+            out.push(self.r.read_row((shard_name, spec), &self.key).await?);
         }
         Ok(out)
     }
@@ -236,23 +225,35 @@ impl<'r> MoveCtx<'r> {
         Ok(!rows.is_empty())
     }
 
-    /// Ends the operation as aborted without touching a data shard (nothing
-    /// was copied, no hold taken): one journal write, which releases the
-    /// claim.
-    async fn end_unmoved(&self, reason: &str) -> Result<()> {
+    /// The write of the terminal `state` with `change` (which releases the
+    /// claim).
+    async fn end_with(&self, state: MoveState, change: Change) -> Result<()> {
         let change = Change {
             finished: true,
-            error: Some(reason.to_owned()),
-            ..Change::default()
+            ..change
         };
-        self.journal(vec![self.update(MoveState::Aborted, &change)?])
-            .await?;
+        self.journal(vec![self.update(state, &change)?]).await
+    }
+
+    /// The terminal `aborted` write (which releases the claim), logged
+    /// with `note`. Before the copy (nothing copied, no hold taken) it is
+    /// all an abort does.
+    async fn end_aborted(&self, reason: &str, note: &str) -> Result<()> {
+        let error = Some(reason.to_owned());
+        self.end_with(
+            MoveState::Aborted,
+            Change {
+                error,
+                ..Change::default()
+            },
+        )
+        .await?;
         tracing::info!(
             event = "durability.migration.aborted",
             op_id = %self.op_id,
             key = %self.key,
             reason,
-            "move aborted before its copy"
+            "{note}"
         );
         Ok(())
     }
@@ -410,7 +411,7 @@ impl<'r> MoveCtx<'r> {
                 &spec.name,
                 &spec.key_col,
                 &self.key,
-                &row_idents(row)?,
+                (&row_idents(row)?, false),
             ));
             let counts = shard
                 .batch(&stmts)
@@ -618,7 +619,13 @@ impl<'r> MoveCtx<'r> {
         let mut stmts = Vec::with_capacity(self.specs.len() + 2);
         for (spec, row) in self.specs.iter().zip(snap) {
             if let Some(row) = row {
-                stmts.push(d.restore_copy(&spec.name, &spec.key_col, &self.key, &row_idents(row)?));
+                let cols = row_idents(row)?;
+                stmts.push(d.insert_row_absent(
+                    &spec.name,
+                    &spec.key_col,
+                    &self.key,
+                    (&cols, true),
+                ));
             }
         }
         let restores = stmts.len();
@@ -705,21 +712,7 @@ impl<'r> MoveCtx<'r> {
     ) -> Result<usize> {
         let dropped = self.drop_copies(digests).await?;
         self.release_hold().await;
-        let change = Change {
-            finished: true,
-            error: Some(reason.to_owned()),
-            ..Change::default()
-        };
-        // The terminal write releases the claim.
-        self.journal(vec![self.update(MoveState::Aborted, &change)?])
-            .await?;
-        tracing::info!(
-            event = "durability.migration.aborted",
-            op_id = %self.op_id,
-            key = %self.key,
-            reason,
-            "move aborted"
-        );
+        self.end_aborted(reason, "move aborted").await?;
         Ok(dropped)
     }
 
@@ -887,16 +880,14 @@ impl<'r> MoveCtx<'r> {
             Some(s) => self.publish(s).await?,
             None => self.publish(&self.archived_snapshot().await?).await?,
         }
-        let now = self.r.now();
-        let change = Change {
-            finished: true,
-            retire_at_ms: Some(now.saturating_add(self.retain_ms)),
-            ..Change::default()
-        };
+        let retire_at_ms = Some(self.r.now().saturating_add(self.retain_ms));
         // Published (the mapping is written), retired and the claim released
         // in one write.
-        self.journal(vec![self.update(MoveState::Retired, &change)?])
-            .await?;
+        let change = Change {
+            retire_at_ms,
+            ..Change::default()
+        };
+        self.end_with(MoveState::Retired, change).await?;
         tracing::info!(
             event = "durability.migration.moved",
             op_id = %self.op_id,
@@ -944,12 +935,7 @@ impl Core {
     /// the same target; otherwise `MIGRATION_ALREADY_ACTIVE`.
     async fn resume_own(&self, key: &str, target: &str, tables: &[String]) -> Result<MoveOutcome> {
         let busy = || MigrationError::AlreadyActive(key.to_owned());
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let holders = js
             .query(&q.claim_holder(key))
             .await
@@ -1023,39 +1009,6 @@ impl Core {
             .try_for_each(|r| r.map(drop))
     }
 
-    /// See [`Router::reassign_shard`](crate::Router::reassign_shard).
-    pub(crate) async fn reassign_shard(
-        &self,
-        key: &str,
-        target: &str,
-        table: &str,
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, &[table], MoveOptions::default())
-            .await
-    }
-
-    /// See [`Router::reassign_shard_with`](crate::Router::reassign_shard_with).
-    pub(crate) async fn reassign_shard_with(
-        &self,
-        key: &str,
-        target: &str,
-        table: &str,
-        opts: MoveOptions,
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, &[table], opts).await
-    }
-
-    /// See [`Router::reassign_keys`](crate::Router::reassign_keys).
-    pub(crate) async fn reassign_keys(
-        &self,
-        key: &str,
-        target: &str,
-        tables: &[&str],
-    ) -> Result<MoveOutcome> {
-        self.reassign_keys_with(key, target, tables, MoveOptions::default())
-            .await
-    }
-
     /// See [`Router::reassign_keys_with`](crate::Router::reassign_keys_with).
     pub(crate) async fn reassign_keys_with(
         &self,
@@ -1106,7 +1059,7 @@ impl Core {
             }
         }
         self.shard_named(target)?;
-        let (jname, js) = self.journal_shard()?;
+        let (jname, js, q) = self.journal()?;
         let jname = jname.to_owned();
         self.check_movable(&jname)?;
         self.check_movable(target)?;
@@ -1195,11 +1148,6 @@ impl Core {
             verified: false,
             error: None,
         };
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         // Driven by this task from before its claim lands, so no other task
         // of this router takes it for an interrupted move of its own.
         let _running = self.drive(&op_id);
@@ -1243,8 +1191,11 @@ impl Core {
         // journal (a copy would overwrite the winner's row) and report the
         // conflict.
         if !fold && ctx.moved_away().await? {
-            ctx.end_unmoved("the key was moved by a concurrent operation")
-                .await?;
+            ctx.end_aborted(
+                "the key was moved by a concurrent operation",
+                "move aborted before its copy",
+            )
+            .await?;
             return Err(MigrationError::AlreadyActive(key.to_owned()));
         }
         let recopies = ctx.run(snap, 0, Stage::Copy).await?;
@@ -1263,20 +1214,7 @@ impl Core {
         table: &str,
     ) -> Result<Option<OpRecord>> {
         config::validate_key(key)?;
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let rows = js
-            .query(
-                &JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .ops_for_key(key),
-            )
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
-        for r in &rows {
-            let op = OpRecord::from_row(r)?;
+        for op in self.key_ops(key).await? {
             if op.tables.iter().any(|t| t == table) {
                 return Ok(Some(op));
             }

@@ -49,19 +49,11 @@ impl Core {
         self.columns_fresh(tname, &spec).await?;
         let sd = src.dialect();
         let td = dst.dialect();
-        let row = src
-            .query(&sd.select_row(&spec.name, &spec.key_col, key))
-            .await
-            .map_err(|e| MigrationError::shard(sname, e))?
-            .into_iter()
-            .next()
+        let row = self
+            .read_row((sname, &spec), key)
+            .await?
             .ok_or_else(|| MigrationError::RowNotFound(key.to_owned()))?;
-        let existing = dst
-            .query(&td.select_row(&spec.name, &spec.key_col, key))
-            .await
-            .map_err(|e| MigrationError::shard(tname, e))?
-            .into_iter()
-            .next();
+        let existing = self.read_row((tname, &spec), key).await?;
         let cols = row_idents(&row)?;
         match existing {
             Some(e) if value::digest(Some(&e)) == value::digest(Some(&row)) => {}

@@ -17,11 +17,11 @@
 //! recovery that lost its lease writes nothing more to the journal and
 //! returns `RECOVERY_FENCED`.
 
-use crate::dialect::{JournalSql, Watched};
+use crate::dialect::{TakeOver, Watched};
 use crate::error::{MigrationError, Result};
 use crate::journal::{Guard, MOVE_LIVENESS_MS, MoveState, OpFilter, OpRecord, RECOVERY_LEASE_MS};
 use crate::moves::{MoveCtx, Stage};
-use crate::router::Core;
+use crate::router::{Core, OpPages};
 
 const PAGE: usize = 100;
 
@@ -81,13 +81,8 @@ pub(crate) enum Resumed {
 
 impl Core {
     pub(crate) async fn acquire_lease(&self) -> Result<Lease> {
-        let (jname, js) = self.journal_shard()?;
+        let (jname, js, q) = self.journal()?;
         self.check_movable(jname)?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         let now = self.now();
         let expires = now.saturating_add(i64::try_from(RECOVERY_LEASE_MS).unwrap_or(i64::MAX));
         let holder = format!("{}:{}", self.instance, uuid::Uuid::now_v7());
@@ -151,12 +146,7 @@ impl Core {
     }
 
     pub(crate) async fn renew_lease(&self, lease: &Lease) -> Result<()> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let now = self.now();
         let expires = now.saturating_add(i64::try_from(RECOVERY_LEASE_MS).unwrap_or(i64::MAX));
         let n = js
@@ -176,13 +166,8 @@ impl Core {
     }
 
     pub(crate) async fn release_lease(&self, lease: &Lease) {
-        let Ok((_, js)) = self.journal_shard() else {
+        let Ok((_, js, q)) = self.journal() else {
             return;
-        };
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
         };
         let now = self.now();
         // Expire our own lease so the next call need not wait.
@@ -207,12 +192,7 @@ impl Core {
     }
 
     pub(crate) async fn recover_with(&self, lease: &Lease) -> Result<RecoveryReport> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let mut report = RecoveryReport {
             generation: lease.generation,
             ..RecoveryReport::default()
@@ -221,14 +201,8 @@ impl Core {
             owner: lease.holder.clone(),
             lease: Some((self.scope.clone(), lease.generation)),
         };
-        let mut after = String::new();
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, PAGE, OpFilter::Active))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
+        let mut pages = OpPages::new(OpFilter::Active, PAGE);
+        while let Some(rows) = self.next_ops(&mut pages).await? {
             for row in &rows {
                 self.renew_lease(lease).await?;
                 let op = OpRecord::from_row(row)?;
@@ -319,18 +293,14 @@ impl Core {
         }
         let ctx = MoveCtx::from_op(self, op, guard.clone())?;
         // Take the operation over from its dead mover.
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let live = now.saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
-        let take = if same_clock {
-            q.take_over(op, guard, now, live)
+        let when = if same_clock {
+            TakeOver::Expired
         } else {
-            q.take_over_unchanged(op, guard, now, live)
+            TakeOver::Unchanged
         };
+        let take = q.take_over(op, guard, (now, live), when);
         let n = js
             .execute(&take)
             .await
@@ -357,8 +327,7 @@ impl Core {
         op: &OpRecord,
         guard: &Guard,
     ) -> Result<Resumed> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
+        let (jname, js, q) = self.journal()?;
         let live = self
             .now()
             .saturating_add(i64::try_from(MOVE_LIVENESS_MS).unwrap_or(i64::MAX));
@@ -379,11 +348,7 @@ impl Core {
                     digests: Some(crate::journal::encode_digests(&ctx.digests(&fresh))),
                     ..Default::default()
                 };
-                let st = JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .update_state(
+                let st = q.update_state(
                     &op.op_id,
                     MoveState::Prepared,
                     &change,

@@ -10,9 +10,8 @@
 //! never applied) until the next heal names the newest target again.
 
 use crate::config::Check;
-use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
-use crate::journal::{MoveState, OpRecord};
+use crate::journal::MoveState;
 use crate::router::Core;
 
 /// Where the journal says a key lives.
@@ -41,20 +40,7 @@ impl Core {
     /// Where the journal says `key` lives: the newest operation of the key
     /// that is not aborted decides (active: pending; retired: its target).
     pub(crate) async fn journal_home(&self, key: &str) -> Result<Home> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let rows = js
-            .query(
-                &JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .ops_for_key(key),
-            )
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
-        for r in &rows {
-            let op = OpRecord::from_row(r)?;
+        for op in self.key_ops(key).await? {
             match op.state {
                 MoveState::Aborted => {}
                 MoveState::Retired => {

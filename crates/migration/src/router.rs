@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::clocks::Sightings;
 use crate::config::{self, Check, MigrationConfig, Strategy, TableSpec};
-use crate::dialect::{Generation, Ident, JournalSql, names, row_idents};
+use crate::dialect::{Dialect, Generation, Ident, JournalSql, names, row_idents};
 use crate::error::{BackendError, DataRejected, MigrationError, Result, UniqueViolation};
-use crate::journal::{MoveState, OpRecord};
+use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::mapping::MappingStore;
 use crate::placement::{CachedManifest, Manifest, Placement};
 use crate::republish::Home;
@@ -193,6 +193,25 @@ impl std::fmt::Debug for Core {
     }
 }
 
+/// A walk over the journal's operations that a filter selects, one page
+/// at a time in id order ([`Core::next_ops`]).
+pub(crate) struct OpPages {
+    filter: OpFilter,
+    page: usize,
+    after: String,
+}
+
+impl OpPages {
+    /// From the first operation, `page` rows a page.
+    pub(crate) fn new(filter: OpFilter, page: usize) -> Self {
+        Self {
+            filter,
+            page,
+            after: String::new(),
+        }
+    }
+}
+
 impl Core {
     /// See [`Router::new`].
     pub(crate) fn new(config: MigrationConfig) -> Result<Self> {
@@ -320,6 +339,64 @@ impl Core {
             .as_deref()
             .ok_or(MigrationError::JournalNotConfigured)?;
         self.shard_named(j)
+    }
+
+    /// The journal shard (its name and itself) and the statements of this
+    /// router's scope in its dialect.
+    pub(crate) fn journal(&self) -> Result<(&str, &Arc<dyn Shard>, JournalSql<'_>)> {
+        let (name, shard) = self.journal_shard()?;
+        let q = JournalSql {
+            d: shard.dialect(),
+            scope: &self.scope,
+        };
+        Ok((name, shard, q))
+    }
+
+    /// Runs the query `stmt` builds on the journal shard.
+    pub(crate) async fn journal_query(
+        &self,
+        stmt: impl FnOnce(&JournalSql<'_>) -> Statement,
+    ) -> Result<Vec<Row>> {
+        let (name, shard, q) = self.journal()?;
+        shard
+            .query(&stmt(&q))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
+    }
+
+    /// Executes the statement `stmt` builds on the journal shard (the rows
+    /// it changed).
+    pub(crate) async fn journal_execute(
+        &self,
+        stmt: impl FnOnce(&JournalSql<'_>) -> Statement,
+    ) -> Result<u64> {
+        let (name, shard, q) = self.journal()?;
+        shard
+            .execute(&stmt(&q))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
+    }
+
+    /// The next page of the journal's operations that `pages` walks, `None`
+    /// after the last.
+    pub(crate) async fn next_ops(&self, pages: &mut OpPages) -> Result<Option<Vec<Row>>> {
+        let rows = self
+            .journal_query(|q| q.ops_page(&pages.after, pages.page, pages.filter))
+            .await?;
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        pages.after = crate::journal::text(last, "op_id")?;
+        Ok(Some(rows))
+    }
+
+    /// The journal's operations of `key`, newest first.
+    pub(crate) async fn key_ops(&self, key: &str) -> Result<Vec<OpRecord>> {
+        self.journal_query(|q| q.ops_for_key(key))
+            .await?
+            .iter()
+            .map(OpRecord::from_row)
+            .collect()
     }
 
     pub(crate) fn table(&self, table: &str) -> Result<&TableSpec> {
@@ -460,7 +537,7 @@ impl Core {
         const SQLITE_FIX: &str = "declare the key column COLLATE BINARY (the default)";
         for r in &rows {
             match d {
-                crate::dialect::Dialect::Sqlite => {
+                Dialect::Sqlite => {
                     if let Some(c) = text(r, "coll").filter(|c| !c.eq_ignore_ascii_case("BINARY")) {
                         return Err(refuse(c, SQLITE_FIX));
                     }
@@ -471,7 +548,7 @@ impl Core {
                         return Err(refuse(c, SQLITE_FIX));
                     }
                 }
-                crate::dialect::Dialect::Postgres => {
+                Dialect::Postgres => {
                     let ty = text(r, "ty").unwrap_or_default();
                     if ty == "citext" {
                         return Err(refuse(
@@ -486,7 +563,7 @@ impl Core {
                         ));
                     }
                 }
-                crate::dialect::Dialect::MySql => {
+                Dialect::MySql => {
                     if let Some(c) = text(r, "collation") {
                         let lc = c.to_ascii_lowercase();
                         if !(lc == "binary"
@@ -906,11 +983,9 @@ impl Core {
         table: &Ident,
         key: &str,
     ) -> Result<Option<Tombstone>> {
-        let (name, shard) = self.shard_named(shard_name)?;
-        let rows = shard
-            .query(&shard.dialect().tombstone_query(table, key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self
+            .shard_query(shard_name, |d| d.tombstone_query(table, key))
+            .await?;
         match rows.first() {
             None => Ok(None),
             Some(r) => Ok(Some(Tombstone {
@@ -921,27 +996,41 @@ impl Core {
         }
     }
 
+    /// The key's row in `spec`'s table on `shard_name` (a plain read: no
+    /// fence or marker is consulted).
+    pub(crate) async fn read_row(
+        &self,
+        (shard_name, spec): (&str, &TableSpec),
+        key: &str,
+    ) -> Result<Option<Row>> {
+        let row = |d: &Dialect| d.select_row(&spec.name, &spec.key_col, key);
+        Ok(self.shard_query(shard_name, row).await?.into_iter().next())
+    }
+
+    /// Runs the query `stmt` builds in the dialect of the shard named
+    /// `shard_name`.
+    pub(crate) async fn shard_query(
+        &self,
+        shard_name: &str,
+        stmt: impl FnOnce(&Dialect) -> Statement,
+    ) -> Result<Vec<Row>> {
+        let (name, shard) = self.shard_named(shard_name)?;
+        shard
+            .query(&stmt(&shard.dialect()))
+            .await
+            .map_err(|e| MigrationError::shard(name, e))
+    }
+
     /// Whether the shard holds a lifted (superseded) fence of the key.
     async fn lifted_fence(&self, shard_name: &str, table: &Ident, key: &str) -> Result<bool> {
-        let (name, shard) = self.shard_named(shard_name)?;
-        let rows = shard
-            .query(&shard.dialect().lifted_fence_query(table, key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?;
+        let rows = self
+            .shard_query(shard_name, |d| d.lifted_fence_query(table, key))
+            .await?;
         Ok(!rows.is_empty())
     }
 
     pub(crate) async fn load_op(&self, op_id: &str) -> Result<Option<OpRecord>> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
-        let rows = js
-            .query(&q.load_op(op_id))
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
+        let rows = self.journal_query(|q| q.load_op(op_id)).await?;
         rows.first().map(OpRecord::from_row).transpose()
     }
 

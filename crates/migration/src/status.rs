@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::dialect::JournalSql;
 use crate::error::{MigrationError, Result};
 use crate::journal::{MoveState, OpFilter, OpRecord, int, opt_int, text};
 use crate::router::Core;
@@ -121,16 +120,11 @@ pub(crate) fn serialize_error<S: serde::Serializer>(
 impl Core {
     /// See [`Router::migration_status`](crate::Router::migration_status).
     pub(crate) async fn migration_status(&self, opts: &StatusOptions) -> Result<StatusReport> {
-        let (jname, js) = self.journal_shard()?;
+        let (jname, js, q) = self.journal()?;
         if let Some(k) = &opts.key {
             crate::config::validate_key(k)?;
         }
         let now_ms = self.now();
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         let shard_err = |e| MigrationError::shard(jname, e);
         let mut counts = BTreeMap::new();
         let (mut total, mut active) = (0u64, 0u64);

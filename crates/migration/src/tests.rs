@@ -290,20 +290,21 @@ fn config_validation() {
 async fn journal_not_configured_and_capabilities() {
     let m: Arc<dyn MappingStore> = Arc::new(MemoryMappingStore::new());
     m.put("k", "a").await.unwrap();
-    let r = Router::new(
-        MigrationConfig::new(Arc::clone(&m))
+    // `k` on `a`, moved to `b`; the journal on `a` when named.
+    let move_code = async |b: Arc<dyn Shard>, journal: Option<&str>| {
+        let mut config = MigrationConfig::new(Arc::clone(&m))
             .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
-            .shard("b", shard(Dialect::Sqlite, BatchSupport::Atomic))
-            .table("users"),
-    )
-    .unwrap();
-    assert_eq!(
-        r.reassign_shard("k", "b", "users")
-            .await
-            .unwrap_err()
-            .code(),
-        "JOURNAL_NOT_CONFIGURED"
-    );
+            .shard("b", b)
+            .table("users");
+        if let Some(j) = journal {
+            config = config.journal_shard(j);
+        }
+        let r = Router::new(config).unwrap();
+        let e = r.reassign_shard("k", "b", "users").await.unwrap_err();
+        (r, e.code())
+    };
+    let (r, code) = move_code(shard(Dialect::Sqlite, BatchSupport::Atomic), None).await;
+    assert_eq!(code, "JOURNAL_NOT_CONFIGURED");
     assert_eq!(
         r.recover_migrations().await.unwrap_err().code(),
         "JOURNAL_NOT_CONFIGURED"
@@ -324,21 +325,7 @@ async fn journal_not_configured_and_capabilities() {
             "MIGRATION_NO_ATOMIC_BATCH",
         ),
     ] {
-        let r = Router::new(
-            MigrationConfig::new(Arc::clone(&m))
-                .shard("a", shard(Dialect::Sqlite, BatchSupport::Atomic))
-                .shard("b", b)
-                .journal_shard("a")
-                .table("users"),
-        )
-        .unwrap();
-        assert_eq!(
-            r.reassign_shard("k", "b", "users")
-                .await
-                .unwrap_err()
-                .code(),
-            code
-        );
+        assert_eq!(move_code(b, Some("a")).await.1, code);
     }
 }
 
@@ -466,34 +453,13 @@ fn public_futures_are_spawnable(r0: Arc<Router>, st0: Statement, row0: Row) {
     spawnable(async move {
         let shard = conformance::FaultShard::new(
             Arc::new(conformance::FaultShard::new(
-                Arc::new(MemoryNoShard),
+                Arc::new(NoShard(Dialect::Sqlite, BatchSupport::Atomic)),
                 conformance::FaultPlan::new(),
             )),
             conformance::FaultPlan::new(),
         );
         let _ = ShardMappingStore::new(shard).await;
     });
-}
-
-/// A shard type for the compile-time check above (never executed).
-struct MemoryNoShard;
-
-impl Shard for MemoryNoShard {
-    fn dialect(&self) -> Dialect {
-        Dialect::Sqlite
-    }
-    fn batch_support(&self) -> BatchSupport {
-        BatchSupport::Atomic
-    }
-    fn execute<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, u64> {
-        Box::pin(async { Err("never run".into()) })
-    }
-    fn query<'a>(&'a self, _: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
-        Box::pin(async { Err("never run".into()) })
-    }
-    fn batch<'a>(&'a self, _: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
-        Box::pin(async { Err("never run".into()) })
-    }
 }
 
 #[test]

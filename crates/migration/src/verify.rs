@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::dialect::{JournalSql, names, row_idents};
+use crate::dialect::{names, row_idents};
 use crate::error::{MigrationError, Result};
 use crate::journal::{MoveState, OpFilter, OpRecord};
 use crate::recovery::RecoveryReport;
 use crate::republish::Home;
-use crate::router::Core;
+use crate::router::{Core, OpPages};
 use crate::status::Progress;
 use crate::value::{self, Value};
 
@@ -224,6 +224,13 @@ fn push_counted<T>(v: &mut Vec<T>, n: &mut u64, x: T) {
     push_capped(v, x);
 }
 
+impl VerifyReport {
+    /// Records one repair (`what` was done).
+    fn repaired(&mut self, what: String) {
+        push_counted(&mut self.repaired, &mut self.repaired_count, what);
+    }
+}
+
 struct Tomb {
     op_id: String,
     table: String,
@@ -234,6 +241,16 @@ struct Tomb {
 }
 
 impl Tomb {
+    /// This tombstone's row as a leftover on `shard`.
+    fn leftover(&self, shard: &str) -> Leftover {
+        Leftover {
+            shard: shard.to_owned(),
+            table: self.table.clone(),
+            key: self.key.clone(),
+            op_id: self.op_id.clone(),
+        }
+    }
+
     fn from_row(r: &value::Row) -> Result<Self> {
         Ok(Self {
             op_id: crate::journal::text(r, "op_id")?,
@@ -266,18 +283,7 @@ impl Core {
     /// Whether an active operation holds `key`'s claim (a move of the key is
     /// in flight: its rows cannot be judged, and repair leaves them alone).
     pub(crate) async fn claim_held(&self, key: &str) -> Result<bool> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let rows = js
-            .query(
-                &JournalSql {
-                    d: &d,
-                    scope: &self.scope,
-                }
-                .claim_holder(key),
-            )
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?;
+        let rows = self.journal_query(|q| q.claim_holder(key)).await?;
         Ok(!rows.is_empty())
     }
 
@@ -355,12 +361,7 @@ impl Core {
             // The pass and the keys it found something on, in one batch: an
             // unclean pass still covers every other key's finished moves
             // (one stuck operation does not block purge of the others).
-            let (jname, js) = self.journal_shard()?;
-            let d = js.dialect();
-            let q = JournalSql {
-                d: &d,
-                scope: &self.scope,
-            };
+            let (jname, js, q) = self.journal()?;
             let mut stmts = match &report.unclean_keys {
                 Some(keys) => q.pass_set(started, keys),
                 None => Vec::new(),
@@ -422,22 +423,11 @@ impl Core {
                 changed: report.repaired_count,
             });
         };
-        let (jname, js) = self.journal_shard()?;
-        let jd = js.dialect();
-        let q = JournalSql {
-            d: &jd,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         // Dangling operations.
-        let mut after = String::new();
+        let mut pages = OpPages::new(OpFilter::Active, page);
         let mut done = 0;
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, page, OpFilter::Active))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
+        while let Some(rows) = self.next_ops(&mut pages).await? {
             for r in &rows {
                 push_counted(
                     &mut report.dangling_ops,
@@ -464,14 +454,8 @@ impl Core {
         };
         let mut done = 0;
         for filter in filters {
-            let mut after = String::new();
-            loop {
-                let rows = js
-                    .query(&q.ops_page(&after, page, *filter))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
-                let Some(last) = rows.last() else { break };
-                after = crate::journal::text(last, "op_id")?;
+            let mut pages = OpPages::new(*filter, page);
+            while let Some(rows) = self.next_ops(&mut pages).await? {
                 if let Some(l) = lease {
                     self.renew_lease(l).await?;
                 }
@@ -732,12 +716,7 @@ impl Core {
         t: &Tomb,
         repair: bool,
     ) -> Result<()> {
-        let leftover = Leftover {
-            shard: shard_name.to_owned(),
-            table: t.table.clone(),
-            key: t.key.clone(),
-            op_id: t.op_id.clone(),
-        };
+        let leftover = t.leftover(shard_name);
         let Some(op) = self.load_op(&t.op_id).await? else {
             report.flag(&t.key);
             push_counted(
@@ -776,12 +755,7 @@ impl Core {
         op: &OpRecord,
         repair: bool,
     ) -> Result<()> {
-        let leftover = Leftover {
-            shard: shard_name.to_owned(),
-            table: t.table.clone(),
-            key: t.key.clone(),
-            op_id: t.op_id.clone(),
-        };
+        let leftover = t.leftover(shard_name);
         if !op.state.is_terminal() {
             return Ok(()); // reported as dangling
         }
@@ -790,12 +764,7 @@ impl Core {
         };
         let (name, shard) = self.shard_named(shard_name)?;
         let d = shard.dialect();
-        let live = shard
-            .query(&d.select_row(&spec.name, &spec.key_col, &t.key))
-            .await
-            .map_err(|e| MigrationError::shard(name, e))?
-            .into_iter()
-            .next();
+        let live = self.read_row((shard_name, &spec), &t.key).await?;
         if op.state == MoveState::Aborted {
             if t.superseded || self.claim_held(&t.key).await? {
                 return Ok(());
@@ -818,14 +787,10 @@ impl Core {
                     key = %t.key,
                     "stale cutover restored"
                 );
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "restored {}:{}:{} ({})",
-                        shard_name, t.table, t.key, t.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "restored {}:{}:{} ({})",
+                    shard_name, t.table, t.key, t.op_id
+                ));
             } else {
                 report.flag(&t.key);
                 push_counted(
@@ -862,14 +827,10 @@ impl Core {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "removed ghost {}:{}:{} ({})",
-                        shard_name, t.table, t.key, t.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "removed ghost {}:{}:{} ({})",
+                    shard_name, t.table, t.key, t.op_id
+                ));
             } else {
                 report.flag(&t.key);
                 push_counted(&mut report.ghosts, &mut report.ghost_count, leftover);
@@ -887,7 +848,6 @@ impl Core {
         let Ok((name, shard)) = self.shard_named(&op.target) else {
             return Ok(());
         };
-        let d = shard.dialect();
         let mut lives_there: Option<bool> = None;
         for (table, digest) in &op.digests {
             if digest == "-" {
@@ -896,13 +856,7 @@ impl Core {
             let Some(spec) = self.tables.get(table).cloned() else {
                 continue;
             };
-            let Some(row) = shard
-                .query(&d.select_row(&spec.name, &spec.key_col, &op.key))
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?
-                .into_iter()
-                .next()
-            else {
+            let Some(row) = self.read_row((name, &spec), &op.key).await? else {
                 continue;
             };
             if &value::digest(Some(&row)) != digest {
@@ -934,14 +888,10 @@ impl Core {
                     .execute(&st)
                     .await
                     .map_err(|e| MigrationError::shard(name, e))?;
-                push_counted(
-                    &mut report.repaired,
-                    &mut report.repaired_count,
-                    format!(
-                        "removed stranded copy {}:{}:{} ({})",
-                        op.target, table, op.key, op.op_id
-                    ),
-                );
+                report.repaired(format!(
+                    "removed stranded copy {}:{}:{} ({})",
+                    op.target, table, op.key, op.op_id
+                ));
             } else {
                 report.flag(&op.key);
                 push_counted(
@@ -956,12 +906,7 @@ impl Core {
 
     /// See [`Router::purge_retired`](crate::Router::purge_retired).
     pub(crate) async fn purge_retired(&self) -> Result<PurgeReport> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
+        let (jname, js, q) = self.journal()?;
         let now = self.now();
         let mut report = PurgeReport::default();
         // Examined operations first, then those no pass examined (each
@@ -970,14 +915,8 @@ impl Core {
             OpFilter::Unpurged { verified: true },
             OpFilter::Unpurged { verified: false },
         ] {
-            let mut after = String::new();
-            loop {
-                let rows = js
-                    .query(&q.ops_page(&after, 500, filter))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
-                let Some(last) = rows.last() else { break };
-                after = crate::journal::text(last, "op_id")?;
+            let mut pages = OpPages::new(filter, 500);
+            while let Some(rows) = self.next_ops(&mut pages).await? {
                 for r in &rows {
                     let op = OpRecord::from_row(r)?;
                     let refused = if op.retire_at_ms.is_none_or(|t| t > now) {
@@ -1026,21 +965,9 @@ impl Core {
     /// [`Router::get_migration_status`](crate::Router::get_migration_status) sees one go. Returns the rows
     /// deleted.
     async fn compact_aborted(&self, now: i64) -> Result<u64> {
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         let mut deleted = 0;
-        let mut after = String::new();
-        loop {
-            let rows = js
-                .query(&q.ops_page(&after, 500, OpFilter::State(MoveState::Aborted)))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-            let Some(last) = rows.last() else { break };
-            after = crate::journal::text(last, "op_id")?;
+        let mut pages = OpPages::new(OpFilter::State(MoveState::Aborted), 500);
+        while let Some(rows) = self.next_ops(&mut pages).await? {
             for r in &rows {
                 let op = OpRecord::from_row(r)?;
                 let done_at = op
@@ -1052,9 +979,8 @@ impl Core {
                 {
                     continue;
                 }
-                js.execute(&q.delete_aborted_op(&op.op_id))
-                    .await
-                    .map_err(|e| MigrationError::shard(jname, e))?;
+                self.journal_execute(|q| q.delete_aborted_op(&op.op_id))
+                    .await?;
                 deleted += 1;
             }
         }
@@ -1097,20 +1023,8 @@ impl Core {
                     .map_err(|e| MigrationError::shard(name, e))?;
             }
         }
-        let (jname, js) = self.journal_shard()?;
-        let d = js.dialect();
-        let q = JournalSql {
-            d: &d,
-            scope: &self.scope,
-        };
         // Newest first.
-        let ops: Vec<OpRecord> = js
-            .query(&q.ops_for_key(key))
-            .await
-            .map_err(|e| MigrationError::shard(jname, e))?
-            .iter()
-            .map(OpRecord::from_row)
-            .collect::<Result<_>>()?;
+        let ops = self.key_ops(key).await?;
         let mut deleted = 0;
         let mut covered: BTreeSet<&str> = BTreeSet::new();
         for op in &ops {
@@ -1122,9 +1036,7 @@ impl Core {
             if !covers_all || !op.purged || self.has_tombstones(op).await? {
                 continue;
             }
-            js.execute(&q.delete_op(&op.op_id))
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
+            self.journal_execute(|q| q.delete_op(&op.op_id)).await?;
             deleted += 1;
         }
         Ok(deleted)

@@ -65,14 +65,7 @@ async fn shard_set(crash: bool) -> ShardSet {
     let mapping = Arc::new(SqliteMappingStore::open(dir.path().join("mapping.db")).unwrap());
     let (e, w) = (shard_file(&east), shard_file(&west));
     let router = router_over(mapping.clone(), e.clone(), w.clone());
-    router.init().await.unwrap();
-    for k in KEYS {
-        mapping.put(k, "east").await.unwrap();
-        router
-            .insert(k, "users", row([("id", k), ("name", "Ann")]))
-            .await
-            .unwrap();
-    }
+    seed_on_east(&router, &*mapping).await;
     let moved = router
         .reassign_shard_with(
             "k1",
@@ -131,10 +124,34 @@ impl ShardSet {
         self.config.to_str().unwrap()
     }
 
+    /// `migrations <cmd> --config <this set> <args>..` (expecting success):
+    /// its stdout.
+    fn cli_ok(&self, cmd: &str, args: &[&str]) -> String {
+        ok(&self.cli_args(cmd, args))
+    }
+
+    /// [`ShardSet::cli_ok`] with `--json`, parsed.
+    fn cli_json(&self, cmd: &str, args: &[&str]) -> serde_json::Value {
+        json(&self.cli_ok(cmd, &[args, &["--json"]].concat()))
+    }
+
+    /// [`ShardSet::cli_ok`] expecting a refusal: the one line on stderr.
+    fn cli_fails(&self, cmd: &str, args: &[&str]) -> String {
+        fails(&self.cli_args(cmd, args))
+    }
+
+    /// [`ShardSet::cli_ok`] expecting exit code 2 (see [`unsettled`]).
+    fn cli_unsettled(&self, cmd: &str, args: &[&str]) -> (String, String) {
+        unsettled(&self.cli_args(cmd, args))
+    }
+
+    fn cli_args<'a>(&'a self, cmd: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        [&["migrations", cmd, "--config", self.config()][..], args].concat()
+    }
+
     /// `status --json` as a value (the journal as the CLI reads it).
     fn status(&self) -> serde_json::Value {
-        let out = ok(&["migrations", "status", "--config", self.config(), "--json"]);
-        let mut v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let mut v = self.cli_json("status", &[]);
         // Everything but the read time is stored state.
         v["now_ms"] = serde_json::Value::Null;
         v
@@ -199,23 +216,10 @@ async fn status_lists_operations_with_state_key_source_target_and_counts() {
         .collect();
     let before: Vec<_> = files.iter().map(|f| fingerprint(f).0).collect();
     let now = (START + 1_000).to_string();
-    let out = ok(&[
-        "migrations",
-        "status",
-        "--config",
-        set.config(),
-        "--now-ms",
-        &now,
-    ]);
+    let out = set.cli_ok("status", &["--now-ms", &now]);
     insta::assert_snapshot!(set.redact(&out));
 
-    let v = json(&ok(&[
-        "migrations",
-        "status",
-        "--config",
-        set.config(),
-        "--json",
-    ]));
+    let v = set.cli_json("status", &[]);
     assert_eq!(
         (v["total"].as_u64(), v["active"].as_u64()),
         (Some(2), Some(1))
@@ -232,14 +236,7 @@ async fn status_lists_operations_with_state_key_source_target_and_counts() {
     assert_eq!(ops[1]["op_id"], set.crashed.as_deref().unwrap());
     assert_eq!(ops[1]["state"], "prepared");
 
-    let active = json(&ok(&[
-        "migrations",
-        "status",
-        "--config",
-        set.config(),
-        "--active",
-        "--json",
-    ]));
+    let active = set.cli_json("status", &["--active"]);
     let keys: Vec<&str> = active["operations"]
         .as_array()
         .unwrap()
@@ -247,17 +244,7 @@ async fn status_lists_operations_with_state_key_source_target_and_counts() {
         .map(|o| o["key"].as_str().unwrap())
         .collect();
     assert_eq!(keys, ["k2"]);
-    let one = json(&ok(&[
-        "migrations",
-        "status",
-        "--config",
-        set.config(),
-        "--key",
-        "k1",
-        "--limit",
-        "1",
-        "--json",
-    ]));
+    let one = set.cli_json("status", &["--key", "k1", "--limit", "1"]);
     assert_eq!(one["operations"].as_array().unwrap().len(), 1);
     assert_eq!(one["truncated"], false);
 
@@ -270,36 +257,22 @@ async fn recover_needs_yes_off_a_terminal_then_finishes_the_interrupted_move() {
     let set = shard_set(true).await;
     let status = set.status();
     let rows = set.rows().await;
-    let line = fails(&["migrations", "recover", "--config", set.config()]);
+    let line = set.cli_fails("recover", &[]);
     assert!(line.contains("pass --yes"), "{line}");
     assert_eq!(set.status(), status, "the journal is unchanged");
     assert_eq!(set.rows().await, rows);
 
     // While the mover's liveness lasts, recovery leaves its move alone.
-    let live = json(&ok(&[
-        "migrations",
+    let live = set.cli_json(
         "recover",
-        "--config",
-        set.config(),
-        "--yes",
-        "--json",
-        "--now-ms",
-        &(START + 1_000).to_string(),
-    ]));
+        &["--yes", "--now-ms", &(START + 1_000).to_string()],
+    );
     let crashed = set.crashed.clone().unwrap();
     assert_eq!(live["skipped"], serde_json::json!([crashed]));
     assert_eq!(live["committed"], serde_json::json!([]));
 
     let after_liveness = (START + 60_000).to_string();
-    let out = ok(&[
-        "migrations",
-        "recover",
-        "--config",
-        set.config(),
-        "--yes",
-        "--now-ms",
-        &after_liveness,
-    ]);
+    let out = set.cli_ok("recover", &["--yes", "--now-ms", &after_liveness]);
     insta::assert_snapshot!(set.redact(&out));
     let v = set.status();
     assert_eq!(v["active"], 0);
@@ -333,25 +306,10 @@ async fn verify_reports_a_ghost_repair_needs_yes_and_purge_clears_covered_archiv
         .await
         .unwrap();
     let now = (START + 5_000).to_string();
-    let (out, err) = unsettled(&[
-        "migrations",
-        "verify",
-        "--config",
-        set.config(),
-        "--now-ms",
-        &now,
-    ]);
+    let (out, err) = set.cli_unsettled("verify", &["--now-ms", &now]);
     assert!(err.contains("not clean"), "{err}");
     insta::assert_snapshot!(set.redact(&out));
-    let (out, _) = unsettled(&[
-        "migrations",
-        "verify",
-        "--config",
-        set.config(),
-        "--json",
-        "--now-ms",
-        &now,
-    ]);
+    let (out, _) = set.cli_unsettled("verify", &["--json", "--now-ms", &now]);
     let v = json(&out);
     assert_eq!(v["ghost_count"], 1);
     assert_eq!(v["ghosts"][0]["shard"], "east");
@@ -359,58 +317,28 @@ async fn verify_reports_a_ghost_repair_needs_yes_and_purge_clears_covered_archiv
     assert_eq!(v["clean"], false);
 
     // Purge after an unclean pass: k1's archive is not covered.
-    let purge = json(&ok(&[
-        "migrations",
-        "purge",
-        "--config",
-        set.config(),
-        "--yes",
-        "--json",
-        "--now-ms",
-        &now,
-    ]));
+    let purge = set.cli_json("purge", &["--yes", "--now-ms", &now]);
     assert_eq!(purge["purged_count"], 0);
     assert_eq!(purge["refused"][0]["error"]["code"], "NOT_VERIFIED");
 
     let rows = set.rows().await;
     let status = set.status();
-    for args in [
-        &["migrations", "verify", "--repair", "--config", set.config()][..],
-        &["migrations", "purge", "--config", set.config()][..],
-    ] {
-        let line = fails(args);
-        assert!(line.contains("pass --yes"), "{args:?}: {line}");
+    for (cmd, args) in [("verify", &["--repair"][..]), ("purge", &[])] {
+        let line = set.cli_fails(cmd, args);
+        assert!(line.contains("pass --yes"), "{cmd} {args:?}: {line}");
     }
     assert_eq!(set.rows().await, rows, "the ghost is still there");
     assert_eq!(set.status(), status);
 
     let later = (START + 6_000).to_string();
-    let v = json(&ok(&[
-        "migrations",
-        "verify",
-        "--config",
-        set.config(),
-        "--repair",
-        "--yes",
-        "--json",
-        "--now-ms",
-        &later,
-    ]));
+    let v = set.cli_json("verify", &["--repair", "--yes", "--now-ms", &later]);
     assert_eq!(v["clean"], true, "{v}");
     assert_eq!(v["repaired_count"], 1);
     assert!(
         !set.rows().await.contains(&("east".into(), "k1".into())),
         "the ghost was removed"
     );
-    let out = ok(&[
-        "migrations",
-        "purge",
-        "--config",
-        set.config(),
-        "--yes",
-        "--now-ms",
-        &later,
-    ]);
+    let out = set.cli_ok("purge", &["--yes", "--now-ms", &later]);
     assert_eq!(
         set.redact(&out),
         format!(
@@ -426,14 +354,7 @@ async fn verify_reports_a_ghost_repair_needs_yes_and_purge_clears_covered_archiv
 async fn rebalance_plans_dry_refuses_without_yes_and_moves_keys_to_their_hash_owner() {
     let set = shard_set(false).await;
     let mapped = set.mapped().await;
-    let dry = json(&ok(&[
-        "migrations",
-        "rebalance",
-        "--config",
-        set.config(),
-        "--dry-run",
-        "--json",
-    ]));
+    let dry = set.cli_json("rebalance", &["--dry-run"]);
     let names = ["east", "west"];
     let expected: Vec<&str> = KEYS
         .iter()
@@ -455,28 +376,13 @@ async fn rebalance_plans_dry_refuses_without_yes_and_moves_keys_to_their_hash_ow
     assert_eq!(dry["moved"], 0);
     assert_eq!(set.mapped().await, mapped, "a dry run changes nothing");
 
-    let line = fails(&["migrations", "rebalance", "--config", set.config()]);
+    let line = set.cli_fails("rebalance", &[]);
     assert!(line.contains("pass --yes"), "{line}");
-    let line = fails(&[
-        "migrations",
-        "rebalance",
-        "--config",
-        set.config(),
-        "--to",
-        "east,ghost",
-        "--yes",
-    ]);
+    let line = set.cli_fails("rebalance", &["--to", "east, ghost", "--yes"]);
     assert!(line.contains("ghost"), "{line}");
     assert_eq!(set.mapped().await, mapped);
 
-    let done = json(&ok(&[
-        "migrations",
-        "rebalance",
-        "--config",
-        set.config(),
-        "--yes",
-        "--json",
-    ]));
+    let done = set.cli_json("rebalance", &["--yes"]);
     assert_eq!(done["moved"].as_u64(), Some(expected.len() as u64));
     for (key, shard) in set.mapped().await {
         assert_eq!(
@@ -485,14 +391,7 @@ async fn rebalance_plans_dry_refuses_without_yes_and_moves_keys_to_their_hash_ow
             "{key}"
         );
     }
-    let again = json(&ok(&[
-        "migrations",
-        "rebalance",
-        "--config",
-        set.config(),
-        "--dry-run",
-        "--json",
-    ]));
+    let again = set.cli_json("rebalance", &["--dry-run"]);
     assert_eq!(again["planned"], 0);
 }
 
@@ -501,39 +400,16 @@ async fn abort_drops_an_uncut_move_and_needs_yes() {
     let set = shard_set(true).await;
     let crashed = set.crashed.clone().unwrap();
     let status = set.status();
-    let line = fails(&[
-        "migrations",
-        "abort",
-        "--config",
-        set.config(),
-        "--op",
-        &crashed,
-    ]);
+    let line = set.cli_fails("abort", &["--op", &crashed]);
     assert!(line.contains("pass --yes"), "{line}");
     assert_eq!(set.status(), status);
-    let line = fails(&[
-        "migrations",
-        "abort",
-        "--config",
-        set.config(),
-        "--op",
-        &set.moved,
-        "--yes",
-    ]);
+    let line = set.cli_fails("abort", &["--op", &set.moved, "--yes"]);
     assert!(
         line.contains("retired"),
         "a finished move is not abortable: {line}"
     );
     assert_eq!(set.status(), status);
-    let out = ok(&[
-        "migrations",
-        "abort",
-        "--config",
-        set.config(),
-        "--op",
-        &crashed,
-        "--yes",
-    ]);
+    let out = set.cli_ok("abort", &["--op", &crashed, "--yes"]);
     assert_eq!(
         out,
         format!("aborted operation {crashed} (key \"k2\"); 0 destination copies dropped\n")
@@ -613,27 +489,12 @@ async fn bad_input_is_one_line_and_changes_nothing() {
         !dir.join("south.db").exists(),
         "a missing shard file is never created"
     );
-    let line = fails(&[
-        "migrations",
-        "status",
-        "--config",
-        set.config(),
-        "--key",
-        "",
-    ]);
+    let line = set.cli_fails("status", &["--key", ""]);
     assert!(
         line.contains("INVALID_KEY") || line.contains("invalid key"),
         "{line}"
     );
-    let line = fails(&[
-        "migrations",
-        "abort",
-        "--config",
-        set.config(),
-        "--op",
-        "no-such-op",
-        "--yes",
-    ]);
+    let line = set.cli_fails("abort", &["--op", "no-such-op", "--yes"]);
     assert!(line.contains("no-such-op"), "{line}");
     let bad_state = cli()
         .args([
@@ -670,60 +531,15 @@ async fn a_postgres_shard_set_rebalances_and_lists_its_journal() {
     }
     let mapping: Arc<dyn MappingStore> =
         Arc::new(PostgresMappingStore::new(a.shard().await).await.unwrap());
-    let router = Router::new(
-        MigrationConfig::new(mapping.clone())
-            .shard("east", Arc::new(east))
-            .shard("west", Arc::new(west))
-            .journal_shard("east")
-            .table("users"),
-    )
-    .unwrap();
-    router.init().await.unwrap();
-    for k in KEYS {
-        mapping.put(k, "east").await.unwrap();
-        router
-            .insert(k, "users", row([("id", k), ("name", "Ann")]))
-            .await
-            .unwrap();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("pg.json");
+    seeded_router(mapping.clone(), Arc::new(east), Arc::new(west)).await;
     let backend = |s: &TestSchema| serde_json::json!({ "url": url(), "schema": s.name() });
-    std::fs::write(
-        &config,
-        serde_json::json!({
-            "shards": { "east": backend(&a), "west": backend(&b) },
-            "mapping": backend(&a),
-            "journal_shard": "east",
-            "tables": { "users": "id" },
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap();
-    let done = json(&ok(&[
-        "migrations",
-        "rebalance",
-        "--config",
-        config,
-        "--yes",
-        "--json",
-    ]));
-    let moved = done["moved"].as_u64().unwrap();
-    assert_eq!(Some(moved), done["planned"].as_u64());
-    assert!(moved > 0, "{done}");
-    let v = json(&ok(&["migrations", "status", "--config", config, "--json"]));
-    assert_eq!(v["counts"]["retired"].as_u64(), Some(moved));
-    assert_eq!(v["active"], 0);
-    let names = ["east", "west"];
-    for (key, shard) in mapping.scan(None, 100).await.unwrap() {
-        assert_eq!(
-            Some(shard.as_str()),
-            durability_migration::hash_owner(&key, &names)
-        );
-    }
-    let clean = json(&ok(&["migrations", "verify", "--config", config, "--json"]));
-    assert_eq!(clean["clean"], true);
+    let config = ConfigFile::new(serde_json::json!({
+        "shards": { "east": backend(&a), "west": backend(&b) },
+        "mapping": backend(&a),
+        "journal_shard": "east",
+        "tables": { "users": "id" },
+    }));
+    rebalance_through_cli(config.path(), &mapping).await;
 }
 
 /// One shard set on MariaDB (a database per shard, the mapping table on
@@ -746,14 +562,55 @@ async fn a_mariadb_shard_set_rebalances_and_lists_its_journal() {
         .unwrap();
     }
     let mapping: Arc<dyn MappingStore> = Arc::new(MysqlMappingStore::new(a.shard()).await.unwrap());
+    let router = seeded_router(mapping.clone(), Arc::new(east), Arc::new(west)).await;
+    let config = ConfigFile::new(serde_json::json!({
+        "shards": { "east": a.url(), "west": b.url() },
+        "mapping": a.url(),
+        "journal_shard": "east",
+        "tables": { "users": "id" },
+    }));
+    let before = json(&ok(&[
+        "migrations",
+        "status",
+        "--config",
+        config.path(),
+        "--json",
+    ]));
+    assert_eq!(before["active"], 0, "{before}");
+    let (moved, on_west) = rebalance_through_cli(config.path(), &mapping).await;
+    assert_eq!(on_west, moved);
+    // Every row reads back through a router where the mapping says.
+    for k in KEYS {
+        assert_eq!(
+            router.get(k, "users").await.unwrap().unwrap().get("name"),
+            Some(&Value::from("Ann")),
+            "{k}"
+        );
+    }
+}
+
+/// A router over `east` and `west` (the journal on `east`), every key of
+/// [`KEYS`] inserted on `east` and mapped there.
+async fn seeded_router(
+    mapping: Arc<dyn MappingStore>,
+    east: Arc<dyn Shard>,
+    west: Arc<dyn Shard>,
+) -> Router {
     let router = Router::new(
         MigrationConfig::new(mapping.clone())
-            .shard("east", Arc::new(east))
-            .shard("west", Arc::new(west))
+            .shard("east", east)
+            .shard("west", west)
             .journal_shard("east")
             .table("users"),
     )
     .unwrap();
+    seed_on_east(&router, &*mapping).await;
+    router
+}
+
+/// Initializes `router`, then inserts every key of [`KEYS`] on `east`,
+/// mapped there.
+async fn seed_on_east(router: &Router, mapping: &dyn MappingStore) {
     router.init().await.unwrap();
     for k in KEYS {
         mapping.put(k, "east").await.unwrap();
@@ -762,22 +619,33 @@ async fn a_mariadb_shard_set_rebalances_and_lists_its_journal() {
             .await
             .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("maria.json");
-    std::fs::write(
-        &config,
-        serde_json::json!({
-            "shards": { "east": a.url(), "west": b.url() },
-            "mapping": a.url(),
-            "journal_shard": "east",
-            "tables": { "users": "id" },
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap();
-    let before = json(&ok(&["migrations", "status", "--config", config, "--json"]));
-    assert_eq!(before["active"], 0, "{before}");
+}
+
+/// A CLI config file in a temporary directory (removed on drop).
+struct ConfigFile {
+    _dir: tempfile::TempDir,
+    path: String,
+}
+
+impl ConfigFile {
+    fn new(config: serde_json::Value) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let path = path.to_str().unwrap().to_owned();
+        Self { _dir: dir, path }
+    }
+
+    fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// `migrations rebalance --yes` through the CLI over `config`, then
+/// `status` and `verify`: every planned key moved, each now mapped to its
+/// hash owner, the journal retired and nothing left over. Returns the keys
+/// moved and those now mapped to `west`.
+async fn rebalance_through_cli(config: &str, mapping: &Arc<dyn MappingStore>) -> (u64, u64) {
     let done = json(&ok(&[
         "migrations",
         "rebalance",
@@ -799,19 +667,11 @@ async fn a_mariadb_shard_set_rebalances_and_lists_its_journal() {
             Some(shard.as_str()),
             durability_migration::hash_owner(&key, &names)
         );
-        on_west += usize::from(shard == "west");
-    }
-    assert_eq!(u64::try_from(on_west).unwrap(), moved);
-    // Every row reads back through a router where the mapping says.
-    for k in KEYS {
-        assert_eq!(
-            router.get(k, "users").await.unwrap().unwrap().get("name"),
-            Some(&Value::from("Ann")),
-            "{k}"
-        );
+        on_west += u64::from(shard == "west");
     }
     let clean = json(&ok(&["migrations", "verify", "--config", config, "--json"]));
     assert_eq!(clean["clean"], true);
+    (moved, on_west)
 }
 
 /// Issue 32 item 11: a recovery that crashed holding the lease, on another

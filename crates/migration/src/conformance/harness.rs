@@ -14,8 +14,8 @@ use std::sync::Arc;
 use super::{FaultMappingStore, FaultMode, FaultPlan, FaultShard};
 use crate::{
     BackendFuture, BatchSupport, Dialect, Ident, ManualClock, MappingStore, MigrationConfig,
-    MigrationError, RecoveryReport, Router, Row, Shard, Statement, Value, VerifyOptions,
-    VerifyReport, row,
+    MigrationError, PurgeReport, RecoveryReport, Router, Row, Shard, Statement, Value,
+    VerifyOptions, VerifyReport, row,
 };
 
 /// The time the harness's clock starts at.
@@ -157,6 +157,23 @@ impl Harness {
             }
         }
         out
+    }
+
+    /// The one live row of (table, key column, key), with its shard.
+    ///
+    /// # Panics
+    /// When the key has no row or rows on several shards.
+    pub async fn only_row(&self, table: &str, col: &str, key: &str) -> (String, Row) {
+        let mut live = self.live(table, col, key).await;
+        assert_eq!(live.len(), 1, "{table}.{key} lives once: {live:?}");
+        live.remove(0)
+    }
+
+    /// Maps `u1` to `s0` and inserts its `users` row (`ann`, 1) through
+    /// `r`: the one-key start of most scenarios.
+    pub async fn seed_ann(&self, r: &Router) {
+        self.mapping.put("u1", "s0").await.unwrap();
+        r.insert("u1", "users", user("ann", 1)).await.unwrap();
     }
 
     /// Leaves an interrupted move of `key` to `to` over `table`: a faulty
@@ -416,6 +433,21 @@ pub async fn clean_verify(r: &Router) {
         rep.clean && rep.repaired.is_empty(),
         "second verification is clean: {rep:?}"
     );
+}
+
+/// Purges through `r`, asserting that it purged `purged` moves and refused
+/// `refused` (`ctx` names the case); returns the report.
+///
+/// # Panics
+/// When the purge fails or counts otherwise.
+pub async fn purge_expect(r: &Router, (purged, refused): (u64, u64), ctx: &str) -> PurgeReport {
+    let purge = r.purge_retired().await.unwrap();
+    assert_eq!(
+        (purge.purged_count, purge.refused_count),
+        (purged, refused),
+        "{ctx}: {purge:?}"
+    );
+    purge
 }
 
 /// A full repairing verification (every finished operation and every

@@ -1,6 +1,7 @@
 //! The source cutover of a move: the archive inserts and deletes under one
 //! snapshot predicate, run as one atomic batch.
 
+use super::retired::key_op;
 use super::{Cutover, Dialect, Ident, Sql, names};
 use crate::shard::Statement;
 use crate::value::Value;
@@ -48,13 +49,8 @@ impl Dialect {
         }
         if let Some(owner) = c.journal_owner {
             and(s);
-            s.raw("EXISTS (SELECT 1 FROM ")
-                .raw(names::OPS)
-                .raw(" WHERE op_id = ")
-                .bind(c.op_id)
-                .raw(" AND owner = ")
-                .bind(owner)
-                .raw(")");
+            let eqs = [("op_id", c.op_id.into()), ("owner", owner.into())];
+            s.exists_open("EXISTS ", names::OPS, &eqs).raw(")");
         }
         if first {
             s.raw("1 = 1");
@@ -112,15 +108,9 @@ impl Dialect {
                 let mut s = Sql::new(self);
                 s.raw("DELETE FROM ").ident(&t.table).raw(" WHERE ");
                 self.push_match(&mut s, &t.key_col, c.key, cols);
-                s.raw(" AND EXISTS (SELECT 1 FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE mkey = ")
-                    .bind(c.key)
-                    .raw(" AND op_id = ")
-                    .bind(c.op_id)
-                    .raw(" AND tname = ")
-                    .bind(t.table.as_str())
-                    .raw(")");
+                let [k, o] = key_op(c.key, c.op_id);
+                let eqs = [k, o, ("tname", t.table.as_str().into())];
+                s.exists_open(" AND EXISTS ", names::RETIRED, &eqs).raw(")");
                 out.push(s.finish());
             }
         }

@@ -1,6 +1,7 @@
 //! The statements on the user's keyed tables: schema queries, routed reads
 //! and probes, fenced writes, and the row statements of a move's copy.
 
+use super::retired::table_key;
 use super::{Dialect, Generation, Ident, Sql, names};
 use crate::shard::Statement;
 use crate::value::Value;
@@ -101,23 +102,13 @@ impl Dialect {
 
     /// `SELECT * FROM t WHERE k = ?`.
     pub fn select_row(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT * FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key);
-        s.finish()
+        self.keyed("SELECT * FROM ", table, key_col, key).finish()
     }
 
     /// ` AND NOT EXISTS (<an in-flight marker of the key in the table>)`,
     /// ignoring the marker of operation `via`.
     fn push_unmarked(s: &mut Sql<'_>, table: &Ident, key: &str, via: Option<&str>) {
-        s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
+        s.exists_open(" AND NOT EXISTS ", names::RETIRED, &table_key(table, key))
             .raw(" AND superseded = 0 AND digest = ")
             .bind(names::IN_FLIGHT);
         if let Some(op) = via {
@@ -138,11 +129,7 @@ impl Dialect {
         key: &str,
         via: Option<&str>,
     ) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT * FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key);
+        let mut s = self.keyed("SELECT * FROM ", table, key_col, key);
         Self::push_unmarked(&mut s, table, key, via);
         s.finish()
     }
@@ -150,13 +137,7 @@ impl Dialect {
     /// [`Dialect::key_probe`] of a placement probe: a row under an
     /// in-flight marker (a move's destination copy) is not found.
     pub fn key_probe_unmarked(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT ")
-            .ident(key_col)
-            .raw(" FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key);
+        let mut s = self.probe(table, key_col, key);
         Self::push_unmarked(&mut s, table, key, None);
         s.finish()
     }
@@ -170,22 +151,16 @@ impl Dialect {
         key: &str,
         op_id: &str,
     ) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key)
-            .raw(" AND EXISTS (SELECT 1 FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND superseded = 0 AND digest = ")
-            .bind(names::IN_FLIGHT)
-            .raw(")");
+        let [t, k] = table_key(table, key);
+        let mut s = self.keyed("DELETE FROM ", table, key_col, key);
+        s.exists_open(
+            " AND EXISTS ",
+            names::RETIRED,
+            &[t, k, ("op_id", op_id.into())],
+        )
+        .raw(" AND superseded = 0 AND digest = ")
+        .bind(names::IN_FLIGHT)
+        .raw(")");
         s.finish()
     }
 
@@ -193,6 +168,11 @@ impl Dialect {
     /// key column only, so a table with column types the backend cannot
     /// decode still probes.
     pub fn key_probe(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
+        self.probe(table, key_col, key).finish()
+    }
+
+    /// `SELECT k FROM t WHERE k = ?`, open for further conditions.
+    fn probe(&self, table: &Ident, key_col: &Ident, key: &str) -> Sql<'_> {
         let mut s = Sql::new(self);
         s.raw("SELECT ")
             .ident(key_col)
@@ -200,7 +180,15 @@ impl Dialect {
             .ident(table)
             .raw(" WHERE ")
             .key_is(key_col, key);
-        s.finish()
+        s
+    }
+
+    /// `{head}t WHERE k = ?` ([`Sql::key_is`]): the start of every
+    /// statement on the key's row of a user table.
+    fn keyed(&self, head: &str, table: &Ident, key_col: &Ident, key: &str) -> Sql<'_> {
+        let mut s = Sql::new(self);
+        s.raw(head).ident(table).raw(" WHERE ").key_is(key_col, key);
+        s
     }
 
     /// `SELECT k FROM t [WHERE k > ?] ORDER BY k LIMIT n`: one page of keys.
@@ -235,34 +223,12 @@ impl Dialect {
         s.finish()
     }
 
-    /// `INSERT INTO t (c1, c2, ..) ` for a row's columns.
-    fn push_insert_into(s: &mut Sql<'_>, table: &Ident, cols: &[(Ident, Value)]) {
-        s.raw("INSERT INTO ").ident(table).raw(" (");
-        for (i, (c, _)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.ident(c);
-        }
-        s.raw(") ");
-    }
-
-    /// The row's values as bound parameters, comma-separated.
-    fn push_values(s: &mut Sql<'_>, cols: &[(Ident, Value)]) {
-        for (i, (_, v)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(v.clone());
-        }
-    }
-
     /// `INSERT INTO t (cols) VALUES (?..)`.
     pub fn insert_row(&self, table: &Ident, cols: &[(Ident, Value)]) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        s.insert_into(table, cols);
         s.raw("VALUES (");
-        Self::push_values(&mut s, cols);
+        s.values(cols);
         s.raw(")");
         s.finish()
     }
@@ -270,71 +236,39 @@ impl Dialect {
     /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the
     /// key)`: inserts the row unless the table holds one for the key (then
     /// it changes nothing and reports no row).
+    ///
+    /// With `restore`, the re-insert of a move's copy that went missing
+    /// from its destination before publish: it also inserts only while the
+    /// destination still holds a live tombstone of the key in the table
+    /// (so nothing routed could have written or deleted the key there
+    /// yet); once the tombstone is lifted it changes nothing.
     pub fn insert_row_absent(
         &self,
         table: &Ident,
         key_col: &Ident,
         key: &str,
-        cols: &[(Ident, Value)],
+        (cols, restore): (&[(Ident, Value)], bool),
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_absent(&mut s, table, key_col, key, cols);
-        s.finish()
-    }
-
-    /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (a row of the key)`,
-    /// the shared start of [`Dialect::insert_row_absent`] and
-    /// [`Dialect::restore_copy`].
-    fn push_insert_absent(
-        s: &mut Sql<'_>,
-        table: &Ident,
-        key_col: &Ident,
-        key: &str,
-        cols: &[(Ident, Value)],
-    ) {
-        Self::push_insert_into(s, table, cols);
+        s.insert_into(table, cols);
         s.raw("SELECT ");
-        Self::push_values(s, cols);
+        s.values(cols);
         s.dual()
             .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
             .ident(table)
             .raw(" WHERE ")
             .key_is(key_col, key)
             .raw(")");
-    }
-
-    /// Re-inserts a move's copy that went missing from its destination before
-    /// publish: inserts the row only while the table has no row of the key
-    /// and the destination still holds a live tombstone of the key in the
-    /// table (so nothing routed could have written or deleted the key there
-    /// yet). Once the tombstone is lifted it changes nothing.
-    pub fn restore_copy(
-        &self,
-        table: &Ident,
-        key_col: &Ident,
-        key: &str,
-        cols: &[(Ident, Value)],
-    ) -> Statement {
-        let mut s = Sql::new(self);
-        Self::push_insert_absent(&mut s, table, key_col, key, cols);
-        s.raw(" AND EXISTS (SELECT 1 FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 0)");
+        if restore {
+            s.exists_open(" AND EXISTS ", names::RETIRED, &table_key(table, key))
+                .raw(" AND superseded = 0)");
+        }
         s.finish()
     }
 
     /// `DELETE FROM t WHERE k = ?`.
     pub fn delete_key(&self, table: &Ident, key_col: &Ident, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key);
-        s.finish()
+        self.keyed("DELETE FROM ", table, key_col, key).finish()
     }
 
     /// `DELETE FROM t WHERE k = ? AND <every column equals the row>`.
@@ -377,28 +311,22 @@ impl Dialect {
         key: &str,
         (generation, scope): (Option<Generation<'_>>, Option<&str>),
     ) {
-        s.raw("NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 0) AND NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::HOLD)
-            .raw(" WHERE mkey = ")
-            .bind(key);
+        s.exists_open("NOT EXISTS ", names::RETIRED, &table_key(table, key))
+            .raw(" AND superseded = 0)")
+            .exists_open(" AND NOT EXISTS ", names::HOLD, &[("mkey", key.into())]);
         if let Some(scope) = scope {
             s.raw(" AND scope = ").bind(scope);
         }
         s.raw(")");
         if let Some(g) = generation {
-            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
-                .raw(names::TOPOLOGY)
-                .raw(" WHERE scope = ")
-                .bind(g.scope)
-                .raw(" AND min_generation > ")
-                .bind(g.generation)
-                .raw(")");
+            s.exists_open(
+                " AND NOT EXISTS ",
+                names::TOPOLOGY,
+                &[("scope", g.scope.into())],
+            )
+            .raw(" AND min_generation > ")
+            .bind(g.generation)
+            .raw(")");
         }
     }
 
@@ -427,9 +355,9 @@ impl Dialect {
         scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
-        Self::push_insert_into(&mut s, table, cols);
+        s.insert_into(table, cols);
         s.raw("SELECT ");
-        Self::push_values(&mut s, cols);
+        s.values(cols);
         s.dual().raw(" WHERE ");
         self.push_fence(&mut s, table, key, (generation, scope));
         if let Some(k) = upsert_key {
@@ -440,25 +368,18 @@ impl Dialect {
                     if others.is_empty() {
                         s.ident(k).raw(" = ").ident(k);
                     }
-                    for (i, c) in others.iter().enumerate() {
-                        if i > 0 {
-                            s.raw(", ");
-                        }
+                    s.join(&others, ", ", |s, c| {
                         s.ident(c).raw(" = VALUES(").ident(c).raw(")");
-                    }
+                    });
                 }
                 _ => {
                     s.raw(" ON CONFLICT (").ident(k).raw(") DO ");
                     if others.is_empty() {
                         s.raw("NOTHING");
                     } else {
-                        s.raw("UPDATE SET ");
-                        for (i, c) in others.iter().enumerate() {
-                            if i > 0 {
-                                s.raw(", ");
-                            }
+                        s.raw("UPDATE SET ").join(&others, ", ", |s, c| {
                             s.ident(c).raw(" = excluded.").ident(c);
-                        }
+                        });
                     }
                 }
             }
@@ -489,14 +410,10 @@ impl Dialect {
         scope: Option<&str>,
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("UPDATE ").ident(table).raw(" SET ");
-        for (i, (c, v)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.ident(c).raw(" = ").bind(v.clone());
-        }
-        s.raw(" WHERE ").key_is(key_col, key).raw(" AND ");
+        s.update_set(table, cols)
+            .raw(" WHERE ")
+            .key_is(key_col, key)
+            .raw(" AND ");
         self.push_fence(&mut s, table, key, (generation, scope));
         s.finish()
     }
@@ -516,12 +433,8 @@ impl Dialect {
         generation: Option<Generation<'_>>,
         scope: Option<&str>,
     ) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .ident(table)
-            .raw(" WHERE ")
-            .key_is(key_col, key)
-            .raw(" AND ");
+        let mut s = self.keyed("DELETE FROM ", table, key_col, key);
+        s.raw(" AND ");
         self.push_fence(&mut s, table, key, (generation, scope));
         s.finish()
     }

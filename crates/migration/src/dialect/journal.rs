@@ -1,6 +1,8 @@
 //! The journal's statements: its schema and upgrade, and every statement
 //! on the operation rows and the recovery lease ([`JournalSql`]).
 
+use super::retired::key_op;
+use super::verify::claim;
 use super::{Dialect, Ident, Sql, names};
 use crate::journal::{Change, Guard, MoveState, OpFilter, OpRecord, encode_digests};
 use crate::shard::Statement;
@@ -107,9 +109,25 @@ impl Dialect {
     }
 }
 
+/// When [`JournalSql::take_over`] takes an operation over from its owner.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TakeOver {
+    /// Recovery, from a mover that is no longer live (its liveness
+    /// deadline passed on this clock).
+    Expired,
+    /// Recovery, from an owner outside its clock domain whose row it saw
+    /// unchanged for the liveness period: only while the row is still
+    /// exactly as seen (no clock reading of another host is compared).
+    Unchanged,
+    /// An operator's abort, from its owner live or not, only while it has
+    /// not reached `cutover_pending` (so no cutover can have run): the
+    /// owner's next journal write is then fenced.
+    Uncut,
+}
+
 /// The journal statements of one scope on the journal shard's dialect.
 pub(crate) struct JournalSql<'a> {
-    pub(crate) d: &'a Dialect,
+    pub(crate) d: Dialect,
     pub(crate) scope: &'a str,
 }
 
@@ -117,22 +135,16 @@ impl JournalSql<'_> {
     /// `{head}{table} WHERE scope = ?` bound to this scope: the start of
     /// every statement that reads or deletes the scope's rows.
     pub(super) fn scoped(&self, head: &str, table: &str) -> Sql<'_> {
-        let mut s = Sql::new(self.d);
-        s.raw(head)
-            .raw(table)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        s
+        self.d.scoped(head, table, self.scope)
     }
 
     pub(super) fn push_lease_guard(&self, s: &mut Sql<'_>, g: &Guard, now: i64) {
         if let Some((scope, generation)) = &g.lease {
-            s.raw(" AND EXISTS (SELECT 1 FROM ")
-                .raw(names::LEASE)
-                .raw(" WHERE scope = ")
-                .bind(scope.as_str())
-                .raw(" AND generation = ")
-                .bind(*generation)
+            let eqs = [
+                ("scope", scope.as_str().into()),
+                ("generation", (*generation).into()),
+            ];
+            s.exists_open(" AND EXISTS ", names::LEASE, &eqs)
                 .raw(" AND expires_ms > ")
                 .bind(now)
                 .raw(")");
@@ -150,7 +162,7 @@ impl JournalSql<'_> {
     /// [`MoveCtx::moved_away`](crate::moves::MoveCtx::moved_away) makes
     /// after the claim otherwise), atomically with the claim.
     pub(crate) fn insert_op(&self, op: &OpRecord, unmoved: Option<&[&Ident]>) -> Statement {
-        let mut s = Sql::new(self.d);
+        let mut s = Sql::new(&self.d);
         s.raw("INSERT INTO ").raw(names::OPS).raw(
             " (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, \
                  live_until_ms, retain_ms, created_ms, updated_ms, purged, claim) SELECT ",
@@ -173,20 +185,16 @@ impl JournalSql<'_> {
             0i64.into(),
             op.key.clone().into(),
         ];
-        for (i, v) in vals.into_iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
+        s.join(vals, ", ", |s, v| {
             s.bind(v);
-        }
-        s.dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND claim = ")
-            .bind(op.key.as_str())
-            .raw(")");
+        })
+        .dual()
+        .exists_open(
+            " WHERE NOT EXISTS ",
+            names::OPS,
+            &claim(self.scope, &op.key),
+        )
+        .raw(")");
         if let Some(tables) = unmoved {
             s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
                 .raw(names::RETIRED)
@@ -213,16 +221,11 @@ impl JournalSql<'_> {
         now: i64,
         live_until: i64,
     ) -> Statement {
-        let mut s = Sql::new(self.d);
+        let mut s = Sql::new(&self.d);
         s.raw("UPDATE ").raw(names::OPS).raw(" SET state = ");
         match &change.committed_if_archived {
             Some(key) => {
-                s.raw("CASE WHEN EXISTS (SELECT 1 FROM ")
-                    .raw(names::RETIRED)
-                    .raw(" WHERE mkey = ")
-                    .bind(key.as_str())
-                    .raw(" AND op_id = ")
-                    .bind(op_id)
+                s.exists_open("CASE WHEN EXISTS ", names::RETIRED, &key_op(key, op_id))
                     .raw(") THEN ")
                     .bind(MoveState::Committed.as_str())
                     .raw(" ELSE ")
@@ -256,98 +259,56 @@ impl JournalSql<'_> {
             // A terminal state releases the claim in the same write.
             s.raw(", claim = NULL");
         }
-        s.raw(" WHERE op_id = ")
-            .bind(op_id)
-            .raw(" AND owner = ")
-            .bind(g.owner.as_str());
+        s.raw(" WHERE ")
+            .eqs(&[("op_id", op_id.into()), ("owner", g.owner.as_str().into())]);
         self.push_lease_guard(&mut s, g, now);
         s.finish()
     }
 
-    /// Recovery takes an operation over from a mover that is no longer live.
+    /// Takes `op` over for `g` from its recorded owner when `when` holds,
+    /// under the lease guard.
     pub(crate) fn take_over(
         &self,
         op: &OpRecord,
         g: &Guard,
-        now: i64,
-        live_until: i64,
+        (now, live_until): (i64, i64),
+        when: TakeOver,
     ) -> Statement {
-        self.take_over_when(op, g, now, live_until, |s| {
-            s.raw(" AND live_until_ms <= ").bind(now);
-        })
-    }
-
-    /// Recovery takes an operation over whose owner is outside its clock
-    /// domain and whose row it saw unchanged for the liveness period: only
-    /// while the row is still exactly as seen (no clock reading of another
-    /// host is compared).
-    pub(crate) fn take_over_unchanged(
-        &self,
-        op: &OpRecord,
-        g: &Guard,
-        now: i64,
-        live_until: i64,
-    ) -> Statement {
-        self.take_over_when(op, g, now, live_until, |s| {
-            s.raw(" AND state = ")
-                .bind(op.state.as_str())
-                .raw(" AND attempts = ")
-                .bind(op.attempts)
-                .raw(" AND updated_ms = ")
-                .bind(op.updated_ms)
-                .raw(" AND live_until_ms = ")
-                .bind(op.live_until_ms);
-        })
-    }
-
-    /// An operator's abort takes an operation over from its owner, live or
-    /// not, only while it has not reached `cutover_pending` (so no cutover
-    /// can have run): the owner's next journal write is then fenced.
-    pub(crate) fn take_over_uncut(
-        &self,
-        op: &OpRecord,
-        g: &Guard,
-        now: i64,
-        live_until: i64,
-    ) -> Statement {
-        self.take_over_when(op, g, now, live_until, |s| {
-            s.raw(" AND state IN ('prepared', 'copied', 'verified')");
-        })
-    }
-
-    /// Takes `op` over for `g` from its recorded owner when `condition`
-    /// (appended to the `WHERE`) holds, under the lease guard.
-    fn take_over_when(
-        &self,
-        op: &OpRecord,
-        g: &Guard,
-        now: i64,
-        live_until: i64,
-        condition: impl FnOnce(&mut Sql<'_>),
-    ) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::OPS)
-            .raw(" SET owner = ")
-            .bind(g.owner.as_str())
-            .raw(", live_until_ms = ")
-            .bind(live_until)
-            .raw(" WHERE op_id = ")
-            .bind(op.op_id.as_str())
-            .raw(" AND owner = ")
-            .bind(op.owner.as_str());
-        condition(&mut s);
+        let mut s = self.d.update(
+            names::OPS,
+            &[
+                ("owner", g.owner.as_str().into()),
+                ("live_until_ms", live_until.into()),
+            ],
+            &[
+                ("op_id", op.op_id.as_str().into()),
+                ("owner", op.owner.as_str().into()),
+            ],
+        );
+        match when {
+            TakeOver::Expired => {
+                s.raw(" AND live_until_ms <= ").bind(now);
+            }
+            TakeOver::Unchanged => {
+                s.raw(" AND ").eqs(&[
+                    ("state", op.state.as_str().into()),
+                    ("attempts", op.attempts.into()),
+                    ("updated_ms", op.updated_ms.into()),
+                    ("live_until_ms", op.live_until_ms.into()),
+                ]);
+            }
+            TakeOver::Uncut => {
+                s.raw(" AND state IN ('prepared', 'copied', 'verified')");
+            }
+        }
         self.push_lease_guard(&mut s, g, now);
         s.finish()
     }
 
     pub(crate) fn load_op(&self, op_id: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("SELECT * FROM ")
-            .raw(names::OPS)
-            .raw(" WHERE op_id = ")
-            .bind(op_id);
-        s.finish()
+        self.d
+            .matching("SELECT * FROM ", names::OPS, &[("op_id", op_id.into())])
+            .finish()
     }
 
     pub(crate) fn ops_for_key(&self, key: &str) -> Statement {
@@ -402,7 +363,7 @@ impl JournalSql<'_> {
 
     /// Releases a finished operation's leftover claim (under the lease).
     pub(crate) fn release_claim(&self, op_id: &str, g: &Guard, now: i64) -> Statement {
-        let mut s = Sql::new(self.d);
+        let mut s = Sql::new(&self.d);
         s.raw("UPDATE ")
             .raw(names::OPS)
             .raw(" SET claim = NULL WHERE op_id = ")
@@ -416,17 +377,14 @@ impl JournalSql<'_> {
     /// primary key only: a condition on the scope would let a planner
     /// walk the scope's whole history index instead).
     pub(crate) fn mark_verified(&self, op_ids: &[String]) -> Statement {
-        let mut s = Sql::new(self.d);
+        let mut s = Sql::new(&self.d);
         s.raw("UPDATE ")
             .raw(names::OPS)
-            .raw(" SET verified = 1 WHERE op_id IN (");
-        for (i, op) in op_ids.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(op.as_str());
-        }
-        s.raw(")");
+            .raw(" SET verified = 1 WHERE op_id IN (")
+            .join(op_ids, ", ", |s, op| {
+                s.bind(op.as_str());
+            })
+            .raw(")");
         s.finish()
     }
 
@@ -459,12 +417,13 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn mark_purged(&self, op_id: &str) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::OPS)
-            .raw(" SET purged = 1 WHERE op_id = ")
-            .bind(op_id);
-        s.finish()
+        self.d
+            .update(
+                names::OPS,
+                &[("purged", 1i64.into())],
+                &[("op_id", op_id.into())],
+            )
+            .finish()
     }
 
     pub(crate) fn lease_get(&self) -> Statement {
@@ -494,22 +453,21 @@ impl JournalSql<'_> {
         seen_expires: i64,
         expires: i64,
     ) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::LEASE)
-            .raw(" SET holder = ")
-            .bind(holder)
-            .raw(", generation = ")
-            .bind(old_gen + 1)
-            .raw(", expires_ms = ")
-            .bind(expires)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND generation = ")
-            .bind(old_gen)
-            .raw(" AND expires_ms = ")
-            .bind(seen_expires);
-        s.finish()
+        self.d
+            .update(
+                names::LEASE,
+                &[
+                    ("holder", holder.into()),
+                    ("generation", (old_gen + 1).into()),
+                    ("expires_ms", expires.into()),
+                ],
+                &[
+                    ("scope", self.scope.into()),
+                    ("generation", old_gen.into()),
+                    ("expires_ms", seen_expires.into()),
+                ],
+            )
+            .finish()
     }
 
     pub(crate) fn lease_renew(
@@ -519,19 +477,16 @@ impl JournalSql<'_> {
         now: i64,
         expires: i64,
     ) -> Statement {
-        let mut s = Sql::new(self.d);
-        s.raw("UPDATE ")
-            .raw(names::LEASE)
-            .raw(" SET expires_ms = ")
-            .bind(expires)
-            .raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND generation = ")
-            .bind(generation)
-            .raw(" AND holder = ")
-            .bind(holder)
-            .raw(" AND expires_ms > ")
-            .bind(now);
+        let mut s = self.d.update(
+            names::LEASE,
+            &[("expires_ms", expires.into())],
+            &[
+                ("scope", self.scope.into()),
+                ("generation", generation.into()),
+                ("holder", holder.into()),
+            ],
+        );
+        s.raw(" AND expires_ms > ").bind(now);
         s.finish()
     }
 
@@ -541,22 +496,14 @@ impl JournalSql<'_> {
     }
 
     pub(crate) fn meta_set(&self, now: i64) -> Vec<Statement> {
-        let mut u = Sql::new(self.d);
-        u.raw("UPDATE ")
-            .raw(names::META)
-            .raw(" SET last_clean_verify_ms = ")
-            .bind(now)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        let i = self.d.insert_absent(
+        self.d.upsert(
             names::META,
             &[
                 ("scope", self.scope.into()),
                 ("last_clean_verify_ms", now.into()),
             ],
             1,
-        );
-        vec![u.finish(), i]
+        )
     }
 }
 
@@ -577,7 +524,7 @@ impl JournalSql<'_> {
         let del = self.scoped("DELETE FROM ", names::UNCLEAN);
         let mut out = vec![del.finish()];
         for k in keys {
-            let mut ins = Sql::new(self.d);
+            let mut ins = Sql::new(&self.d);
             ins.raw("INSERT INTO ")
                 .raw(names::UNCLEAN)
                 .raw(" (scope, mkey) VALUES (")
@@ -587,15 +534,7 @@ impl JournalSql<'_> {
                 .raw(")");
             out.push(ins.finish());
         }
-        let mut u = Sql::new(self.d);
-        u.raw("UPDATE ")
-            .raw(names::PASS)
-            .raw(" SET started_ms = ")
-            .bind(started)
-            .raw(" WHERE scope = ")
-            .bind(self.scope);
-        out.push(u.finish());
-        out.push(self.d.insert_absent(
+        out.extend(self.d.upsert(
             names::PASS,
             &[("scope", self.scope.into()), ("started_ms", started.into())],
             1,

@@ -33,7 +33,7 @@ mod tests;
 
 use std::fmt;
 
-pub(crate) use journal::JournalSql;
+pub(crate) use journal::{JournalSql, TakeOver};
 pub(crate) use pairs::{ALLOCATIONS, MAPPING, PairTable};
 pub(crate) use retired::Hold;
 pub(crate) use sightings::Watched;
@@ -319,6 +319,76 @@ impl<'d> Sql<'d> {
             _ => self,
         }
     }
+    /// Appends each of `items` with `item`, separated by `sep`.
+    pub(crate) fn join<T>(
+        &mut self,
+        items: impl IntoIterator<Item = T>,
+        sep: &str,
+        mut item: impl FnMut(&mut Self, T),
+    ) -> &mut Self {
+        for (i, t) in items.into_iter().enumerate() {
+            if i > 0 {
+                self.raw(sep);
+            }
+            item(self, t);
+        }
+        self
+    }
+    /// Appends `UPDATE {table} SET c1 = ?, c2 = ? ..`, each column bound
+    /// to its value.
+    pub(crate) fn update_set<T: Name + ?Sized, C: Name>(
+        &mut self,
+        table: &T,
+        sets: &[(C, Value)],
+    ) -> &mut Self {
+        self.raw("UPDATE ");
+        table.write(self);
+        self.raw(" SET ").join(sets, ", ", |s, (c, v)| {
+            c.write(s);
+            s.raw(" = ").bind(v.clone());
+        })
+    }
+    /// Appends `INSERT INTO {table} (c1, c2, ..) ` for the columns of
+    /// `cols`.
+    pub(crate) fn insert_into<T: Name + ?Sized, C: Name>(
+        &mut self,
+        table: &T,
+        cols: &[(C, Value)],
+    ) -> &mut Self {
+        self.raw("INSERT INTO ");
+        table.write(self);
+        self.raw(" (")
+            .join(cols, ", ", |s, (c, _)| c.write(s))
+            .raw(") ")
+    }
+    /// Appends the values of `cols` as bound parameters, comma-separated.
+    pub(crate) fn values<C>(&mut self, cols: &[(C, Value)]) -> &mut Self {
+        self.join(cols, ", ", |s, (_, v)| {
+            s.bind(v.clone());
+        })
+    }
+    /// Appends `c1 = ? AND c2 = ? ..`, each column (one of the crate's own,
+    /// never user input) bound to its value.
+    pub(crate) fn eqs(&mut self, eqs: &[(&str, Value)]) -> &mut Self {
+        self.join(eqs, " AND ", |s, (c, v)| {
+            s.raw(c).raw(" = ").bind(v.clone());
+        })
+    }
+    /// Appends `{head}(SELECT 1 FROM {table} WHERE c1 = ? AND ..`: an
+    /// `EXISTS` test (`head` ends with `EXISTS `) whose further conditions
+    /// and closing parenthesis the caller appends.
+    pub(crate) fn exists_open(
+        &mut self,
+        head: &str,
+        table: &str,
+        eqs: &[(&str, Value)],
+    ) -> &mut Self {
+        self.raw(head)
+            .raw("(SELECT 1 FROM ")
+            .raw(table)
+            .raw(" WHERE ")
+            .eqs(eqs)
+    }
     /// Appends `FROM DUAL` where the dialect needs it.
     pub fn dual(&mut self) -> &mut Self {
         self.raw(self.dialect.dual())
@@ -329,6 +399,31 @@ impl<'d> Sql<'d> {
             sql: self.text,
             params: self.params,
         }
+    }
+}
+
+/// A table or column name in a statement: one of the crate's own tables
+/// and columns (written as is) or a validated user identifier (quoted).
+pub(crate) trait Name {
+    /// Appends the name to `s`.
+    fn write(&self, s: &mut Sql<'_>);
+}
+
+impl Name for str {
+    fn write(&self, s: &mut Sql<'_>) {
+        s.raw(self);
+    }
+}
+
+impl Name for Ident {
+    fn write(&self, s: &mut Sql<'_>) {
+        s.ident(self);
+    }
+}
+
+impl<T: Name + ?Sized> Name for &T {
+    fn write(&self, s: &mut Sql<'_>) {
+        (**self).write(s);
     }
 }
 
@@ -364,12 +459,49 @@ pub(crate) fn row_idents(row: &Row) -> Result<Vec<(Ident, Value)>> {
 }
 
 impl Dialect {
+    /// `{head}{table} WHERE c1 = ? AND c2 = ? ..` bound to the values: the
+    /// start of every statement on the crate's rows whose columns equal
+    /// given values.
+    pub(crate) fn matching(&self, head: &str, table: &str, eqs: &[(&str, Value)]) -> Sql<'_> {
+        let mut s = Sql::new(self);
+        s.raw(head).raw(table).raw(" WHERE ").eqs(eqs);
+        s
+    }
+
     /// `{head}{table} WHERE scope = ?` bound to `scope`: the start of every
     /// statement that reads or deletes one scope's rows.
     pub(crate) fn scoped(&self, head: &str, table: &str, scope: &str) -> Sql<'_> {
+        self.matching(head, table, &[("scope", scope.into())])
+    }
+
+    /// `UPDATE {table} SET a = ?, .. WHERE c = ? AND ..`: an update of the
+    /// crate's rows whose `eqs` columns equal the values (further
+    /// conditions may follow).
+    pub(crate) fn update(
+        &self,
+        table: &str,
+        sets: &[(&str, Value)],
+        eqs: &[(&str, Value)],
+    ) -> Sql<'_> {
         let mut s = Sql::new(self);
-        s.raw(head).raw(table).raw(" WHERE scope = ").bind(scope);
+        s.update_set(table, sets).raw(" WHERE ").eqs(eqs);
         s
+    }
+
+    /// Writes `cols` to `table` whether or not its row exists (one batch):
+    /// an update of the other columns of the row whose first `keys`
+    /// columns are equal, then [`Dialect::insert_absent`].
+    pub(crate) fn upsert(
+        &self,
+        table: &str,
+        cols: &[(&str, Value)],
+        keys: usize,
+    ) -> Vec<Statement> {
+        let (key_cols, sets) = cols.split_at(keys);
+        vec![
+            self.update(table, sets, key_cols).finish(),
+            self.insert_absent(table, cols, keys),
+        ]
     }
 
     /// `INSERT INTO t (cols) SELECT ?.. WHERE NOT EXISTS (...)`: inserts the
@@ -381,31 +513,12 @@ impl Dialect {
         keys: usize,
     ) -> Statement {
         let mut s = Sql::new(self);
-        s.raw("INSERT INTO ").raw(table).raw(" (");
-        for (i, (c, _)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.raw(c);
-        }
-        s.raw(") SELECT ");
-        for (i, (_, v)) in cols.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(v.clone());
-        }
-        s.dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(table)
-            .raw(" WHERE ");
-        for (i, (c, v)) in cols.iter().take(keys).enumerate() {
-            if i > 0 {
-                s.raw(" AND ");
-            }
-            s.raw(c).raw(" = ").bind(v.clone());
-        }
-        s.raw(")");
+        s.insert_into(table, cols)
+            .raw("SELECT ")
+            .values(cols)
+            .dual()
+            .exists_open(" WHERE NOT EXISTS ", table, &cols[..keys])
+            .raw(")");
         s.finish()
     }
 }

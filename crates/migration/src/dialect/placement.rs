@@ -2,8 +2,9 @@
 //! exceptions on the journal shard, and the generation fence every data
 //! shard holds.
 
-use super::{Dialect, Sql, names};
+use super::{Dialect, names};
 use crate::shard::Statement;
+use crate::value::Value;
 
 impl Dialect {
     /// `CREATE TABLE IF NOT EXISTS` statements of the manifest and the
@@ -67,18 +68,12 @@ impl Dialect {
         revision: i64,
         body: &str,
     ) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("UPDATE ")
-            .raw(names::MANIFEST)
-            .raw(" SET revision = ")
-            .bind(revision)
-            .raw(", body = ")
-            .bind(body)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND revision = ")
-            .bind(old_revision);
-        s.finish()
+        self.update(
+            names::MANIFEST,
+            &[("revision", revision.into()), ("body", body.into())],
+            &[("scope", scope.into()), ("revision", old_revision.into())],
+        )
+        .finish()
     }
 
     /// The shard's generation fence of the scope (`min_generation`).
@@ -89,24 +84,13 @@ impl Dialect {
 
     /// Raises the fence to `generation` (never lowers it).
     pub(crate) fn fence_raise(&self, scope: &str, generation: i64) -> Vec<Statement> {
-        let mut u = Sql::new(self);
-        u.raw("UPDATE ")
-            .raw(names::TOPOLOGY)
-            .raw(" SET min_generation = ")
-            .bind(generation)
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND min_generation < ")
-            .bind(generation);
-        let i = self.insert_absent(
-            names::TOPOLOGY,
-            &[
-                ("scope", scope.into()),
-                ("min_generation", generation.into()),
-            ],
-            1,
-        );
-        vec![u.finish(), i]
+        let cols = [
+            ("scope", scope.into()),
+            ("min_generation", generation.into()),
+        ];
+        let mut u = self.update(names::TOPOLOGY, &cols[1..], &cols[..1]);
+        u.raw(" AND min_generation < ").bind(generation);
+        vec![u.finish(), self.insert_absent(names::TOPOLOGY, &cols, 1)]
     }
 
     /// Records (or replaces) the placement exception of `key`: it lives on
@@ -118,18 +102,7 @@ impl Dialect {
         shard: &str,
         epoch: u32,
     ) -> Vec<Statement> {
-        let mut u = Sql::new(self);
-        u.raw("UPDATE ")
-            .raw(names::EXCEPTIONS)
-            .raw(" SET shard = ")
-            .bind(shard)
-            .raw(", epoch = ")
-            .bind(i64::from(epoch))
-            .raw(" WHERE scope = ")
-            .bind(scope)
-            .raw(" AND mkey = ")
-            .bind(key);
-        let i = self.insert_absent(
+        self.upsert(
             names::EXCEPTIONS,
             &[
                 ("scope", scope.into()),
@@ -138,22 +111,23 @@ impl Dialect {
                 ("epoch", i64::from(epoch).into()),
             ],
             2,
-        );
-        vec![u.finish(), i]
+        )
     }
 
     /// The placement exception of `key` (`shard`), if one is recorded.
     pub(crate) fn exception_get(&self, scope: &str, key: &str) -> Statement {
-        let mut s = self.scoped("SELECT shard FROM ", names::EXCEPTIONS, scope);
-        s.raw(" AND mkey = ").bind(key);
-        s.finish()
+        self.matching(
+            "SELECT shard FROM ",
+            names::EXCEPTIONS,
+            &scope_key(scope, key),
+        )
+        .finish()
     }
 
     /// Deletes the placement exception of `key`.
     pub(crate) fn exception_delete(&self, scope: &str, key: &str) -> Statement {
-        let mut s = self.scoped("DELETE FROM ", names::EXCEPTIONS, scope);
-        s.raw(" AND mkey = ").bind(key);
-        s.finish()
+        self.matching("DELETE FROM ", names::EXCEPTIONS, &scope_key(scope, key))
+            .finish()
     }
 
     /// Up to `limit` placement exceptions with keys after `after`, in key
@@ -165,4 +139,9 @@ impl Dialect {
             .raw(&format!(" ORDER BY mkey LIMIT {limit}"));
         s.finish()
     }
+}
+
+/// `scope = ? AND mkey = ?`: a key's placement exception (its primary key).
+fn scope_key(scope: &str, key: &str) -> [(&'static str, Value); 2] {
+    [("scope", scope.into()), ("mkey", key.into())]
 }

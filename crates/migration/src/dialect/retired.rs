@@ -4,6 +4,7 @@
 
 use super::{Dialect, Ident, Sql, names};
 use crate::shard::Statement;
+use crate::value::Value;
 
 /// A write hold as its mover takes it.
 #[derive(Debug, Clone, Copy)]
@@ -93,32 +94,16 @@ impl Dialect {
 
     /// Deletes the operation's write hold of `key`.
     pub(crate) fn hold_release(&self, op_id: &str, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::HOLD)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id);
-        s.finish()
+        self.matching("DELETE FROM ", names::HOLD, &key_op(key, op_id))
+            .finish()
     }
 
     /// Deletes the operation's write hold of `key` when the operation's
     /// archive row exists (the cutover batch archived the key).
     pub(crate) fn hold_release_archived(&self, op_id: &str, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::HOLD)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND EXISTS (SELECT 1 FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
+        let eqs = key_op(key, op_id);
+        let mut s = self.matching("DELETE FROM ", names::HOLD, &eqs);
+        s.exists_open(" AND EXISTS ", names::RETIRED, &eqs)
             .raw(" AND digest <> ")
             .bind(names::IN_FLIGHT)
             .raw(")");
@@ -128,42 +113,35 @@ impl Dialect {
     /// The key's write holds by movers of journal scope `scope`
     /// (operation, deadline, mover and window).
     pub(crate) fn hold_query(&self, key: &str, scope: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id, until_ms, owner, hold_ms FROM ")
-            .raw(names::HOLD)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND scope = ")
-            .bind(scope);
-        s.finish()
+        self.matching(
+            "SELECT op_id, until_ms, owner, hold_ms FROM ",
+            names::HOLD,
+            &[("mkey", key.into()), ("scope", scope.into())],
+        )
+        .finish()
     }
 
     /// Deletes an expired hold: the operation's hold of `key` whose deadline
     /// is still `until_ms`.
     pub(crate) fn hold_expire(&self, op_id: &str, key: &str, until_ms: i64) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::HOLD)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND until_ms = ")
-            .bind(until_ms);
-        s.finish()
+        let [k, o] = key_op(key, op_id);
+        self.matching(
+            "DELETE FROM ",
+            names::HOLD,
+            &[k, o, ("until_ms", until_ms.into())],
+        )
+        .finish()
     }
 
     /// The tombstones and in-flight markers of operation `op_id` on key
     /// `key` (a primary-key prefix lookup), by table.
     pub(crate) fn op_tombstones(&self, key: &str, op_id: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id, tname, mkey, payload, digest, superseded FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" ORDER BY tname");
+        let mut s = self.matching(
+            "SELECT op_id, tname, mkey, payload, digest, superseded FROM ",
+            names::RETIRED,
+            &key_op(key, op_id),
+        );
+        s.raw(" ORDER BY tname");
         s.finish()
     }
 
@@ -201,16 +179,13 @@ impl Dialect {
     /// Deletes the operation's in-flight markers of `key` (at publish, in
     /// the destination's publish batch, and at abort, with the copies).
     pub(crate) fn in_flight_clear(&self, op_id: &str, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND digest = ")
-            .bind(names::IN_FLIGHT);
-        s.finish()
+        let [k, o] = key_op(key, op_id);
+        self.matching(
+            "DELETE FROM ",
+            names::RETIRED,
+            &[k, o, ("digest", names::IN_FLIGHT.into())],
+        )
+        .finish()
     }
 
     /// `mkey = ? AND superseded = 0 AND tname IN (?..)`: the key's live
@@ -218,14 +193,11 @@ impl Dialect {
     fn push_live_tombstones(s: &mut Sql<'_>, tables: &[&Ident], key: &str) {
         s.raw("mkey = ")
             .bind(key)
-            .raw(" AND superseded = 0 AND tname IN (");
-        for (i, t) in tables.iter().enumerate() {
-            if i > 0 {
-                s.raw(", ");
-            }
-            s.bind(t.as_str());
-        }
-        s.raw(")");
+            .raw(" AND superseded = 0 AND tname IN (")
+            .join(tables, ", ", |s, t| {
+                s.bind(t.as_str());
+            })
+            .raw(")");
     }
 
     /// Lifts (supersedes) the key's live tombstones in any of `tables`.
@@ -241,14 +213,12 @@ impl Dialect {
     /// The newest live tombstone of a key in a table (an in-flight marker
     /// included: its `digest` is the in-flight sentinel).
     pub fn tombstone_query(&self, table: &Ident, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id, moved_to, digest FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 0 ORDER BY retired_ms DESC, op_id DESC LIMIT 1");
+        let mut s = self.matching(
+            "SELECT op_id, moved_to, digest FROM ",
+            names::RETIRED,
+            &table_key(table, key),
+        );
+        s.raw(" AND superseded = 0 ORDER BY retired_ms DESC, op_id DESC LIMIT 1");
         s.finish()
     }
 
@@ -285,30 +255,30 @@ impl Dialect {
     /// Operation `op_id`'s archive rows of `key` (`tname`, and `payload`
     /// when `payloads`).
     pub(crate) fn op_archive(&self, key: &str, op_id: &str, payloads: bool) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw(if payloads {
+        let head = if payloads {
             "SELECT tname, payload FROM "
         } else {
             "SELECT tname FROM "
-        })
-        .raw(names::RETIRED)
-        .raw(" WHERE mkey = ")
-        .bind(key)
-        .raw(" AND op_id = ")
-        .bind(op_id);
-        s.finish()
+        };
+        self.matching(head, names::RETIRED, &key_op(key, op_id))
+            .finish()
     }
 
     /// A lifted (superseded) fence of `key` in `table`, if any (`op_id`).
     pub(crate) fn lifted_fence_query(&self, table: &Ident, key: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE tname = ")
-            .bind(table.as_str())
-            .raw(" AND mkey = ")
-            .bind(key)
-            .raw(" AND superseded = 1 LIMIT 1");
+        let mut s = self.matching("SELECT op_id FROM ", names::RETIRED, &table_key(table, key));
+        s.raw(" AND superseded = 1 LIMIT 1");
         s.finish()
     }
+}
+
+/// `mkey = ? AND op_id = ?`: an operation's rows of a key (a primary-key
+/// prefix of the tombstone and hold tables).
+pub(super) fn key_op(key: &str, op_id: &str) -> [(&'static str, Value); 2] {
+    [("mkey", key.into()), ("op_id", op_id.into())]
+}
+
+/// `tname = ? AND mkey = ?`: a key's rows in one table.
+pub(super) fn table_key(table: &Ident, key: &str) -> [(&'static str, Value); 2] {
+    [("tname", table.as_str().into()), ("mkey", key.into())]
 }

@@ -12,6 +12,7 @@
 use super::{Dialect, JournalSql, Sql, names};
 use crate::journal::Guard;
 use crate::shard::Statement;
+use crate::value::Value;
 
 /// What a sighting watches.
 #[derive(Debug, Clone, Copy)]
@@ -63,13 +64,17 @@ impl Dialect {
 
 impl JournalSql<'_> {
     fn push_watched(&self, s: &mut Sql<'_>, w: Watched<'_>) {
+        s.raw(" WHERE ").eqs(&self.watched(w));
+    }
+
+    /// The row of `w`: its primary key `(scope, kind, id)`.
+    fn watched(&self, w: Watched<'_>) -> [(&'static str, Value); 3] {
         let (kind, id) = w.parts();
-        s.raw(" WHERE scope = ")
-            .bind(self.scope)
-            .raw(" AND kind = ")
-            .bind(kind)
-            .raw(" AND id = ")
-            .bind(id);
+        [
+            ("scope", self.scope.into()),
+            ("kind", kind.into()),
+            ("id", id.into()),
+        ]
     }
 
     /// Records that `w` is seen as `token` now: a first sight, or a row
@@ -83,8 +88,7 @@ impl JournalSql<'_> {
         guard: Option<&Guard>,
         now: i64,
     ) -> Vec<Statement> {
-        let (kind, id) = w.parts();
-        let mut u = Sql::new(self.d);
+        let mut u = Sql::new(&self.d);
         u.raw("UPDATE ")
             .raw(names::SIGHTINGS)
             .raw(" SET token = ")
@@ -96,24 +100,21 @@ impl JournalSql<'_> {
         if let Some(g) = guard {
             self.push_lease_guard(&mut u, g, now);
         }
-        let mut i = Sql::new(self.d);
+        let key = self.watched(w);
+        let mut i = Sql::new(&self.d);
         i.raw("INSERT INTO ")
             .raw(names::SIGHTINGS)
             .raw(" (scope, kind, id, token, since_ms) SELECT ")
-            .bind(self.scope)
-            .raw(", ")
-            .bind(kind)
-            .raw(", ")
-            .bind(id)
+            .join(&key, ", ", |s, (_, v)| {
+                s.bind(v.clone());
+            })
             .raw(", ")
             .bind(token)
             .raw(", ")
             .raw(self.d.db_now_ms())
             .dual()
-            .raw(" WHERE NOT EXISTS (SELECT 1 FROM ")
-            .raw(names::SIGHTINGS);
-        self.push_watched(&mut i, w);
-        i.raw(")");
+            .exists_open(" WHERE NOT EXISTS ", names::SIGHTINGS, &key)
+            .raw(")");
         if let Some(g) = guard {
             self.push_lease_guard(&mut i, g, now);
         }
@@ -123,7 +124,7 @@ impl JournalSql<'_> {
     /// How long (`age_ms`, on the database's clock) `w` has been seen as
     /// `token`; no row when it was last seen otherwise.
     pub(crate) fn sighting_age(&self, w: Watched<'_>, token: &str) -> Statement {
-        let mut s = Sql::new(self.d);
+        let mut s = Sql::new(&self.d);
         s.raw("SELECT ")
             .raw(self.d.db_now_ms())
             .raw(" - since_ms AS age_ms FROM ")

@@ -2,6 +2,7 @@
 //! shards: the repair deletes, the tombstone pages, a stale cutover's
 //! restore, and the archive purge and compaction.
 
+use super::retired::key_op;
 use super::{Dialect, Ident, Sql, names};
 use crate::shard::Statement;
 use crate::value::Value;
@@ -24,23 +25,15 @@ impl Dialect {
         s.raw("DELETE FROM ").ident(table).raw(" WHERE ");
         self.push_match(&mut s, key_col, key, cols);
         if let Some((op_id, table)) = tomb {
-            s.raw(" AND EXISTS (SELECT 1 FROM ")
-                .raw(names::RETIRED)
-                .raw(" WHERE mkey = ")
-                .bind(key)
-                .raw(" AND op_id = ")
-                .bind(op_id)
-                .raw(" AND tname = ")
-                .bind(table)
-                .raw(" AND superseded = 0)");
+            s.exists_open(
+                " AND EXISTS ",
+                names::RETIRED,
+                &one_tombstone(key, op_id, table),
+            )
+            .raw(" AND superseded = 0)");
         }
         if let Some(scope) = claim_scope {
-            s.raw(" AND NOT EXISTS (SELECT 1 FROM ")
-                .raw(names::OPS)
-                .raw(" WHERE scope = ")
-                .bind(scope)
-                .raw(" AND claim = ")
-                .bind(key)
+            s.exists_open(" AND NOT EXISTS ", names::OPS, &claim(scope, key))
                 .raw(")");
         }
         s.finish()
@@ -79,16 +72,12 @@ impl Dialect {
     /// Lifts (supersedes) one tombstone: operation `op_id`'s of `key` in
     /// `table`.
     pub(crate) fn tombstone_lift_one(&self, key: &str, op_id: &str, table: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("UPDATE ")
-            .raw(names::RETIRED)
-            .raw(" SET superseded = 1 WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND tname = ")
-            .bind(table);
-        s.finish()
+        self.update(
+            names::RETIRED,
+            &[("superseded", 1i64.into())],
+            &one_tombstone(key, op_id, table),
+        )
+        .finish()
     }
 
     /// Drops the payloads of operation `op_id`'s archive rows of `key` and
@@ -97,40 +86,45 @@ impl Dialect {
         let mut s = Sql::new(self);
         s.raw("UPDATE ")
             .raw(names::RETIRED)
-            .raw(" SET payload = NULL, purged = 1 WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id);
+            .raw(" SET payload = NULL, purged = 1 WHERE ")
+            .eqs(&key_op(key, op_id));
         s.finish()
     }
 
     /// The key's lifted fences in the scope (`op_id`, `tname`, `purged`),
     /// newest first per table.
     pub(crate) fn lifted_fences(&self, key: &str, scope: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("SELECT op_id, tname, purged FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND scope = ")
-            .bind(scope)
-            .raw(" AND superseded = 1 ORDER BY tname, retired_ms DESC, op_id DESC");
+        let mut s = self.matching(
+            "SELECT op_id, tname, purged FROM ",
+            names::RETIRED,
+            &[("mkey", key.into()), ("scope", scope.into())],
+        );
+        s.raw(" AND superseded = 1 ORDER BY tname, retired_ms DESC, op_id DESC");
         s.finish()
     }
 
     /// Deletes one lifted and purged fence: operation `op_id`'s of `key` in
     /// `table`.
     pub(crate) fn lifted_fence_delete(&self, key: &str, op_id: &str, table: &str) -> Statement {
-        let mut s = Sql::new(self);
-        s.raw("DELETE FROM ")
-            .raw(names::RETIRED)
-            .raw(" WHERE mkey = ")
-            .bind(key)
-            .raw(" AND op_id = ")
-            .bind(op_id)
-            .raw(" AND tname = ")
-            .bind(table)
-            .raw(" AND superseded = 1 AND purged = 1");
+        let mut s = self.matching(
+            "DELETE FROM ",
+            names::RETIRED,
+            &one_tombstone(key, op_id, table),
+        );
+        s.raw(" AND superseded = 1 AND purged = 1");
         s.finish()
     }
+}
+
+/// `mkey = ? AND op_id = ? AND tname = ?`: one tombstone row (its primary
+/// key).
+fn one_tombstone(key: &str, op_id: &str, table: &str) -> [(&'static str, Value); 3] {
+    let [k, o] = key_op(key, op_id);
+    [k, o, ("tname", table.into())]
+}
+
+/// `scope = ? AND claim = ?`: the operation of the scope holding the key's
+/// claim.
+pub(super) fn claim(scope: &str, key: &str) -> [(&'static str, Value); 2] {
+    [("scope", scope.into()), ("claim", key.into())]
 }

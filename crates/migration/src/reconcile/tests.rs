@@ -202,6 +202,40 @@ async fn mappings(e: &Env) -> Vec<(String, String)> {
     e.mapping.scan(None, 100_000).await.unwrap()
 }
 
+impl Env {
+    /// Records `ledger` (key, shard) rows, then maps `mapped` (key, shard).
+    async fn seed(&self, ledger: &[(&str, &str)], mapped: &[(&str, &str)]) {
+        for (k, s) in ledger {
+            self.ledger.record(k, s).await.unwrap();
+        }
+        for (k, s) in mapped {
+            self.mapping.put(k, s).await.unwrap();
+        }
+    }
+
+    /// A reconcile with `computed` as computed placement's owner.
+    async fn reconcile(
+        &self,
+        opts: &ReconcileOptions,
+        computed: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> ReconcileReport {
+        self.router
+            .core
+            .reconcile_with(opts, computed)
+            .await
+            .unwrap()
+    }
+
+    /// The keys of the ledger's rows, in order.
+    async fn ledger_keys(&self) -> Vec<String> {
+        ledger_rows(self)
+            .await
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+}
+
 fn verify_users() -> Option<VerifyRecords> {
     Some(VerifyRecords::tables(["users"]))
 }
@@ -240,8 +274,7 @@ async fn refusals_come_before_any_io_and_write_nothing() {
     assert!(!err.is_retryable());
 
     let e = plain_env().await;
-    e.ledger.record("k", "s0").await.unwrap();
-    e.mapping.put("m", "s1").await.unwrap();
+    e.seed(&[("k", "s0")], &[("m", "s1")]).await;
     let cases = [
         (
             ReconcileOptions {
@@ -304,11 +337,11 @@ async fn refusals_come_before_any_io_and_write_nothing() {
 #[tokio::test]
 async fn routing_agreement_is_counted_and_nothing_is_probed_or_written() {
     let e = plain_env().await;
-    for (k, s) in [("agree", "s0"), ("differ", "s0"), ("unmapped", "s1")] {
-        e.ledger.record(k, s).await.unwrap();
-    }
-    e.mapping.put("agree", "s0").await.unwrap();
-    e.mapping.put("differ", "s1").await.unwrap();
+    e.seed(
+        &[("agree", "s0"), ("differ", "s0"), ("unmapped", "s1")],
+        &[("agree", "s0"), ("differ", "s1")],
+    )
+    .await;
     let r = e
         .router
         .reconcile_allocations(&ReconcileOptions::default())
@@ -359,7 +392,7 @@ async fn each_row_lands_in_exactly_one_record_count() {
     let s1 = MemShard::with(&[("users", "mapped-away")]);
     s0.fail("broken");
     let e = env(s0, s1, CountingLedger::default()).await;
-    for (k, s) in [
+    let ledger = [
         ("found", "s0"),
         ("in-orgs", "s0"),
         ("flaky-but-found", "s0"),
@@ -368,13 +401,11 @@ async fn each_row_lands_in_exactly_one_record_count() {
         ("ghost-shard", "s9"),
         ("mapped-away", "s0"),
         ("mapped-nowhere", "s0"),
-    ] {
-        e.ledger.record(k, s).await.unwrap();
-    }
-    // Routing points the probe at s1 (where the row is), not the ledger shard.
-    e.mapping.put("mapped-away", "s1").await.unwrap();
-    // A mapping naming an unconfigured shard.
-    e.mapping.put("mapped-nowhere", "s7").await.unwrap();
+    ];
+    // Routing points mapped-away's probe at s1 (where the row is), not the
+    // ledger shard; mapped-nowhere's mapping names an unconfigured shard.
+    e.seed(&ledger, &[("mapped-away", "s1"), ("mapped-nowhere", "s7")])
+        .await;
     let opts = ReconcileOptions {
         verify_records: Some(VerifyRecords {
             tables: vec![
@@ -468,7 +499,7 @@ async fn repair_maps_only_unrouted_keys_found_on_their_ledger_shard() {
     let s1 = MemShard::with(&[("users", "elsewhere"), ("users", "computed")]);
     s0.fail("broken");
     let e = env(s0, s1, CountingLedger::default()).await;
-    for (k, s) in [
+    let ledger = [
         ("lost", "s0"),      // unrouted, row on s0: repaired
         ("gone", "s0"),      // unrouted, no row: not repaired
         ("elsewhere", "s0"), // unrouted, row only on s1: not repaired
@@ -476,22 +507,15 @@ async fn repair_maps_only_unrouted_keys_found_on_their_ledger_shard() {
         ("computed", "s0"),  // computed owner s1: not unrouted
         ("nowhere", "s9"),   // unconfigured ledger shard: unchecked
         ("flaky", "s0"),     // probe failed: unchecked
-    ] {
-        e.ledger.record(k, s).await.unwrap();
-    }
-    e.mapping.put("mapped", "s0").await.unwrap();
+    ];
+    e.seed(&ledger, &[("mapped", "s0")]).await;
     let computed = |k: &str| (k == "computed").then(|| "s1".to_owned());
     let opts = ReconcileOptions {
         verify_records: Some(VerifyRecords::tables(["users", "broken"])),
         repair: true,
         ..ReconcileOptions::default()
     };
-    let r = e
-        .router
-        .core
-        .reconcile_with(&opts, &computed)
-        .await
-        .unwrap();
+    let r = e.reconcile(&opts, &computed).await;
     assert_eq!(r.repaired_count, 1);
     assert_eq!(r.repaired, vec!["lost".to_owned()]);
     assert_eq!(r.unrouted, 5, "lost, gone, elsewhere, nowhere, flaky");
@@ -509,12 +533,7 @@ async fn repair_maps_only_unrouted_keys_found_on_their_ledger_shard() {
         "repair never touches the ledger"
     );
     // A second run finds the key routed and agreeing: nothing to repair.
-    let r = e
-        .router
-        .core
-        .reconcile_with(&opts, &computed)
-        .await
-        .unwrap();
+    let r = e.reconcile(&opts, &computed).await;
     assert_eq!(r.repaired_count, 0);
     assert_eq!(r.unrouted, 4);
 }
@@ -575,35 +594,29 @@ async fn prune_removes_only_agreeing_mapped_verified_rows() {
         ("users", "unrouted"),
     ]);
     let e = env(s0, MemShard::with(&[]), CountingLedger::default()).await;
-    for (k, s) in [
+    let ledger = [
         ("settled", "s0"),  // mapped s0, row on s0: pruned
         ("no-row", "s0"),   // mapped s0, no row: kept with verification
         ("differ", "s0"),   // mapped s1: kept
         ("computed", "s0"), // agrees with computed placement only: kept
         ("unrouted", "s0"), // no routing: kept
-    ] {
-        e.ledger.record(k, s).await.unwrap();
-    }
-    e.mapping.put("settled", "s0").await.unwrap();
-    e.mapping.put("no-row", "s0").await.unwrap();
-    e.mapping.put("differ", "s1").await.unwrap();
+    ];
+    let mapped = [("settled", "s0"), ("no-row", "s0"), ("differ", "s1")];
+    e.seed(&ledger, &mapped).await;
     let computed = |k: &str| (k == "computed").then(|| "s0".to_owned());
     let opts = ReconcileOptions {
         verify_records: verify_users(),
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e
-        .router
-        .core
-        .reconcile_with(&opts, &computed)
-        .await
-        .unwrap();
+    let r = e.reconcile(&opts, &computed).await;
     assert_eq!(r.routing_agreed, 3, "settled, no-row, computed");
     assert_eq!(r.pruned_count, 1);
     assert_eq!(r.pruned, vec!["settled".to_owned()]);
-    let left: Vec<String> = ledger_rows(&e).await.into_iter().map(|(k, _)| k).collect();
-    assert_eq!(left, vec!["computed", "differ", "no-row", "unrouted"]);
+    assert_eq!(
+        e.ledger_keys().await,
+        vec!["computed", "differ", "no-row", "unrouted"]
+    );
     assert_eq!(mappings(&e).await.len(), 3, "prune never touches mappings");
 
     // Without verification, agreement with an explicit mapping suffices.
@@ -611,20 +624,17 @@ async fn prune_removes_only_agreeing_mapped_verified_rows() {
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e
-        .router
-        .core
-        .reconcile_with(&opts, &computed)
-        .await
-        .unwrap();
+    let r = e.reconcile(&opts, &computed).await;
     assert_eq!(r.pruned, vec!["no-row".to_owned()]);
     assert_eq!(
         (e.s0.queries(), e.s1.queries()),
         (4, 1),
         "only the first run probed, differ on s1 where routing points"
     );
-    let left: Vec<String> = ledger_rows(&e).await.into_iter().map(|(k, _)| k).collect();
-    assert_eq!(left, vec!["computed", "differ", "unrouted"]);
+    assert_eq!(
+        e.ledger_keys().await,
+        vec!["computed", "differ", "unrouted"]
+    );
 }
 
 #[tokio::test]
@@ -753,8 +763,7 @@ async fn computed_placement_routes_unmapped_keys() {
         CountingLedger::default(),
     )
     .await;
-    e.ledger.record("c-agree", "s1").await.unwrap();
-    e.ledger.record("c-differ", "s0").await.unwrap();
+    e.seed(&[("c-agree", "s1"), ("c-differ", "s0")], &[]).await;
     let computed = |_: &str| Some("s1".to_owned());
     let opts = ReconcileOptions {
         verify_records: verify_users(),
@@ -762,12 +771,7 @@ async fn computed_placement_routes_unmapped_keys() {
         prune_verified: true,
         ..ReconcileOptions::default()
     };
-    let r = e
-        .router
-        .core
-        .reconcile_with(&opts, &computed)
-        .await
-        .unwrap();
+    let r = e.reconcile(&opts, &computed).await;
     assert_eq!(
         (r.routing_agreed, r.disagreeing_count, r.unrouted),
         (1, 1, 0)

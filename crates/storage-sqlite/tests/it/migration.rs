@@ -47,6 +47,15 @@ fn env(n: usize) -> Harness {
         .holding(dir)
 }
 
+/// [`env`] with `u1` on `s0` ([`Harness::seed_ann`]) and a router over it
+/// (on the crash plan's faulty shards when `faulty`).
+async fn seeded(n: usize, faulty: bool) -> (Harness, Router) {
+    let e = env(n);
+    let r = e.router_with(faulty, 30_000).await;
+    e.seed_ann(&r).await;
+    (e, r)
+}
+
 /// Everything stored: every table of every shard, and the mapping.
 async fn dump(e: &Harness) -> Vec<String> {
     let mut out = Vec::new();
@@ -159,10 +168,7 @@ async fn single_shard_default_journal() {
 
 #[tokio::test]
 async fn journaled_move_and_status() {
-    let e = env(2);
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, false).await;
     assert_eq!(r.get_migration_status("u1", "users").await.unwrap(), None);
     let out = r.reassign_shard("u1", "s1", "users").await.unwrap();
     assert_eq!(
@@ -181,9 +187,7 @@ async fn journaled_move_and_status() {
         Some("s1"),
         "mover routes at once"
     );
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!(live.len(), 1);
-    assert_eq!(live[0].0, "s1");
+    assert_eq!(e.only_row("users", "id", "u1").await.0, "s1");
     assert_eq!(
         r.get("u1", "users").await.unwrap().unwrap().get("name"),
         Some(&Value::from("ann"))
@@ -203,9 +207,9 @@ async fn journaled_move_and_status() {
     // Move back: the old fence on s0 is lifted.
     r.reassign_shard("u1", "s0", "users").await.unwrap();
     assert_eq!(r.update("u1", "users", user("cy", 3)).await.unwrap(), 1);
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
-    assert_eq!(live[0].1.get("name"), Some(&Value::from("cy")));
+    let live = e.only_row("users", "id", "u1").await;
+    assert_eq!(live.0, "s0");
+    assert_eq!(live.1.get("name"), Some(&Value::from("cy")));
     clean_verify(&r).await;
 }
 
@@ -215,8 +219,7 @@ async fn other_router_follows_within_ttl() {
     let a = e.router().await;
     let b = e.router().await;
     let zero = e.router_with(false, 0).await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    a.insert("u1", "users", user("ann", 1)).await.unwrap();
+    e.seed_ann(&a).await;
     assert_eq!(
         b.route("u1").await.unwrap().as_deref(),
         Some("s0"),
@@ -260,9 +263,9 @@ async fn other_router_follows_within_ttl() {
         Some("s0"),
         "and its cache is refreshed"
     );
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!((live.len(), live[0].0.as_str()), (1, "s0"));
-    assert_eq!(live[0].1.get("name"), Some(&Value::from("bob")));
+    let live = e.only_row("users", "id", "u1").await;
+    assert_eq!(live.0, "s0");
+    assert_eq!(live.1.get("name"), Some(&Value::from("bob")));
 }
 
 #[tokio::test]
@@ -280,8 +283,8 @@ async fn table_set_move_with_key_columns() {
         .unwrap();
     assert_eq!(out.target, "s1");
     for (t, c) in [("orgs", "org_id"), ("users", "id")] {
-        let live = e.live(t, c, "org1").await;
-        assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"), "{t} moved");
+        let live = e.only_row(t, c, "org1").await;
+        assert_eq!(live.0, "s1", "{t} moved");
         assert_eq!(
             r.get_migration_status("org1", t)
                 .await
@@ -308,10 +311,7 @@ async fn table_set_move_with_key_columns() {
 
 #[tokio::test]
 async fn bad_input_is_refused_before_any_write() {
-    let e = env(2);
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, false).await;
     let before = dump(&e).await;
     let big = "k".repeat(513);
     let cases: Vec<(MigrationError, &str)> = vec![
@@ -384,27 +384,14 @@ async fn bad_input_is_refused_before_any_write() {
         .table_with_key_column("orgs", "missing")
         .table("absent");
     let r2 = Router::new(cfg).unwrap();
-    assert_eq!(
-        r2.reassign_shard("u1", "s1", "orgs")
-            .await
-            .unwrap_err()
-            .code(),
-        "UNKNOWN_KEY_COLUMN"
-    );
-    assert_eq!(
-        r2.reassign_shard("u1", "s1", "absent")
-            .await
-            .unwrap_err()
-            .code(),
-        "UNKNOWN_TABLE"
-    );
-    assert_eq!(
-        r.reassign_shard("u1", "s1", "orgs")
-            .await
-            .unwrap_err()
-            .code(),
-        "MIGRATION_ROW_NOT_FOUND"
-    );
+    for (router, table, code) in [
+        (&r2, "orgs", "UNKNOWN_KEY_COLUMN"),
+        (&r2, "absent", "UNKNOWN_TABLE"),
+        (&r, "orgs", "MIGRATION_ROW_NOT_FOUND"),
+    ] {
+        let err = router.reassign_shard("u1", "s1", table).await.unwrap_err();
+        assert_eq!(err.code(), code, "{table}");
+    }
     assert_eq!(before, dump(&e).await, "stored state unchanged");
     let hostile = "'; DROP TABLE users; --";
     r.insert(hostile, "users", user(hostile, 1)).await.unwrap();
@@ -416,10 +403,7 @@ async fn bad_input_is_refused_before_any_write() {
 
 #[tokio::test]
 async fn second_move_of_active_key_is_refused() {
-    let e = env(3);
-    let r = e.router_with(true, 30_000).await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(3, true).await;
     e.plan.arm(2, FaultMode::Before); // claim lands, the copy crashes
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
@@ -445,10 +429,7 @@ async fn second_move_of_active_key_is_refused() {
 
 #[tokio::test]
 async fn crash_after_cutover_blocks_writes_until_recovery() {
-    let e = env(2);
-    let r = e.router_with(true, 30_000).await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, true).await;
     // Journal on the source: claim(1) copy(2) then one batch with
     // copied+verified+cutover_pending, the cutover and committed (3): crash after it applies.
     e.plan.arm(3, FaultMode::After);
@@ -468,8 +449,8 @@ async fn crash_after_cutover_blocks_writes_until_recovery() {
     let rep = r2.recover_migrations().await.unwrap();
     assert_eq!(rep.committed.len(), 1, "{rep:?}");
     assert_eq!(r2.update("u1", "users", user("bob", 2)).await.unwrap(), 1);
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
+    let live = e.only_row("users", "id", "u1").await;
+    assert_eq!(live.0, "s1");
 }
 
 async fn tomb(s: &Arc<dyn Shard>, op: &str, key: &str, to: &str) {
@@ -572,10 +553,7 @@ impl BeforeWrite for Stall {
 
 #[tokio::test]
 async fn recovery_lease_in_progress_takeover_and_fence() {
-    let e = env(2);
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, false).await;
     // A live lease held by someone else.
     e.shard("s0")
         .execute(&Statement::with_params(
@@ -639,8 +617,7 @@ async fn racing_recoveries_never_overlap() {
     let e = env(2);
     let a = e.router().await;
     let b = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    a.insert("u1", "users", user("ann", 1)).await.unwrap();
+    e.seed_ann(&a).await;
     e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
         .await;
     let mut oks = 0;
@@ -906,9 +883,9 @@ async fn migrate_record_conflicts() {
     )
     .await
     .unwrap();
-    let live = e.live("users", "id", "a").await;
-    assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
-    assert_eq!(live[0].1.get("name"), Some(&Value::from("x")));
+    let live = e.only_row("users", "id", "a").await;
+    assert_eq!(live.0, "s1");
+    assert_eq!(live.1.get("name"), Some(&Value::from("x")));
     e.shard("s0").execute(&ins("b", "same")).await.unwrap();
     e.shard("s1").execute(&ins("b", "same")).await.unwrap();
     r.migrate_record("s0", "s1", "b", "users", MigrateOptions::default())
@@ -970,8 +947,8 @@ async fn rebalance_plans_and_moves() {
     for i in 0..60 {
         let k = format!("key{i:03}");
         let owner = durability_migration::hash_owner(&k, &names).unwrap();
-        let live = e.live("users", "id", &k).await;
-        assert_eq!((live.len(), live[0].0.as_str()), (1, owner), "{k}");
+        let live = e.only_row("users", "id", &k).await;
+        assert_eq!(live.0, owner, "{k}");
         assert_eq!(
             r.get(&k, "users").await.unwrap().unwrap().get("n"),
             Some(&Value::from(i))
@@ -1073,11 +1050,10 @@ async fn concurrent_writers_lose_no_acknowledged_write() {
     println!(
         "concurrent writers: {moved} moves committed, {aborted} aborted, {pending} writes refused with MIGRATION_CUTOVER_PENDING"
     );
-    let live = e.live("docs", "id", "d").await;
-    assert_eq!(live.len(), 1, "one live row");
+    let live = e.only_row("docs", "id", "d").await;
     for (w, a) in acked.iter().enumerate() {
         assert_eq!(
-            live[0].1.get(&format!("w{w}")),
+            live.1.get(&format!("w{w}")),
             Some(&Value::Integer(*a)),
             "writer {w}: last acknowledged write is in the row"
         );
@@ -1238,10 +1214,7 @@ fn hooked_config(e: &Harness, s0: Arc<dyn Shard>) -> MigrationConfig {
 
 #[tokio::test]
 async fn move_aborts_when_copies_are_used_up() {
-    let e = env(2);
-    let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, false).await;
     let s0: Arc<dyn Shard> = Arc::new(hook_shard(e.shard("s0").clone(), 0, None, true));
     let mover = Router::new(hooked_config(&e, s0)).unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
@@ -1252,14 +1225,10 @@ async fn move_aborts_when_copies_are_used_up() {
         .unwrap()
         .unwrap();
     assert_eq!((st.state, st.attempts), (MoveState::Aborted, 3));
-    let live = e.live("users", "id", "u1").await;
+    let live = e.only_row("users", "id", "u1").await;
+    assert_eq!(live.0, "s0", "key stays, copy dropped");
     assert_eq!(
-        (live.len(), live[0].0.as_str()),
-        (1, "s0"),
-        "key stays, copy dropped"
-    );
-    assert_eq!(
-        live[0].1.get("n"),
+        live.1.get("n"),
         Some(&Value::Integer(5)),
         "every winning write kept"
     );
@@ -1271,8 +1240,7 @@ async fn move_aborts_when_copies_are_used_up() {
 async fn mover_taken_over_by_recovery_stops() {
     let e = Arc::new(env(2));
     let r = e.router().await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    e.seed_ann(&r).await;
     let e2 = Arc::clone(&e);
     let hook: Hook = Box::new(move || {
         Box::pin(async move {
@@ -1289,8 +1257,8 @@ async fn mover_taken_over_by_recovery_stops() {
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_TAKEN_OVER", "{err}");
     assert!(err.is_outcome_unknown());
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
+    let live = e.only_row("users", "id", "u1").await;
+    assert_eq!(live.0, "s1");
     assert_eq!(
         r.get_migration_status("u1", "users")
             .await
@@ -1304,10 +1272,7 @@ async fn mover_taken_over_by_recovery_stops() {
 
 #[tokio::test]
 async fn backend_failures_are_outcome_unknown() {
-    let e = env(2);
-    let r = e.router_with(true, 30_000).await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(2, true).await;
     e.plan.arm(2, FaultMode::After);
     let err = r.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "SHARD_UNAVAILABLE");
@@ -1431,10 +1396,7 @@ fn cutover_statements_are_not_reprepared_per_key() {
 /// tables), and a move of its users row to `s1` through a faulty router
 /// that crashed at write `crash` (the plan disarmed again).
 async fn interrupted_move(crash: u64, mode: FaultMode) -> (Harness, Router) {
-    let e = env(3);
-    let r = e.router_with(true, 30_000).await;
-    e.mapping.put("u1", "s0").await.unwrap();
-    r.insert("u1", "users", user("ann", 1)).await.unwrap();
+    let (e, r) = seeded(3, true).await;
     e.plan.arm(crash, mode);
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
@@ -1471,9 +1433,7 @@ async fn one_active_move_per_key_and_leftover_claims_released() {
     assert_eq!(rep.released, vec![moved.op_id.clone()], "{rep:?}");
     assert!(rep.examined.is_empty(), "{rep:?}");
     r.reassign_shard("u1", "s0", "users").await.unwrap();
-    let live = e.live("users", "id", "u1").await;
-    assert_eq!(live.len(), 1);
-    assert_eq!(live[0].0, "s0");
+    assert_eq!(e.only_row("users", "id", "u1").await.0, "s0");
     clean_verify(&r).await;
 }
 
@@ -1523,8 +1483,8 @@ async fn own_interrupted_move_resumes_when_called_again() {
             .unwrap()
             .unwrap();
         assert_eq!(st.state, MoveState::Retired);
-        let live = e.live("users", "id", "u1").await;
-        assert_eq!((live.len(), live[0].0.as_str()), (1, "s1"));
+        let live = e.only_row("users", "id", "u1").await;
+        assert_eq!(live.0, "s1");
         assert_eq!(r.route("u1").await.unwrap().as_deref(), Some("s1"));
         clean_verify(&r).await;
     }
