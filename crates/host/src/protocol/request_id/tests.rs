@@ -93,6 +93,6 @@ fn a_generated_id_is_the_prefix_and_the_sequence_in_hex() {
 fn hex_of(v: u64) -> String {
     let mut buf = [0_u8; 16];
     let digits = (64 - v.leading_zeros()).div_ceil(4).max(1) as usize;
-    let end = super::hex(&mut buf, 0, v, digits);
+    let end = hex(&mut buf, 0, v, digits);
     String::from_utf8(buf[..end].to_vec()).expect("ascii")
 }
