@@ -291,7 +291,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
     let dir = tempfile::tempdir()?;
     // `DURABILITY_BENCH_HOST=calls,routed` runs only the listed parts
     // (`calls`, `routed`, `drain`, `renew`, `failover`, `share`,
-    // `postgres`, `trips`, `claim`); unset runs them all.
+    // `postgres`, `claim`); unset runs them all.
     let parts = std::env::var("DURABILITY_BENCH_HOST").ok();
     let wanted = |part: &str| {
         parts
@@ -396,9 +396,6 @@ pub(crate) async fn bench() -> BoxResult<()> {
     if wanted("postgres") {
         postgres_call(rounds, n_calls).await?;
     }
-    if wanted("trips") {
-        postgres_trips(n_calls).await?;
-    }
     if wanted("claim") {
         claim().await?;
     }
@@ -467,24 +464,6 @@ async fn postgres_call(rounds: usize, n: u64) -> BoxResult<()> {
         "<=1.3",
         n * u64::try_from(rounds)?,
         json!({"backend": "postgres", "lease_store": "postgres", "alarm_index": "postgres", "admission": "snapshot", "transport": "http1", "baseline": "axum handler, tokio-postgres BEGIN/INSERT..RETURNING/COMMIT on one connection", "median_round_ratio": ratio, "rounds": rounds}),
-    );
-    Ok(())
-}
-
-/// PostgreSQL round trips per call: the host against the plain handler.
-async fn postgres_trips(n: u64) -> BoxResult<()> {
-    let [bare, host] = postgres::call_round_trips(&crate::postgres_url(), n).await?;
-    eprintln!(
-        "host on PostgreSQL: {host:.2} round trips per call against {bare:.2} for the plain handler (counted at a loopback proxy over {n} calls each)"
-    );
-    figure(
-        "host.postgres_call_round_trips",
-        host,
-        bare,
-        "round trips/call",
-        "printed",
-        n,
-        json!({"backend": "postgres", "lease_store": "postgres", "alarm_index": "postgres", "admission": "snapshot", "baseline": "axum handler, tokio-postgres BEGIN/INSERT..RETURNING/COMMIT on one connection", "counted": "Sync and Query messages the client sent, at a loopback proxy"}),
     );
     Ok(())
 }

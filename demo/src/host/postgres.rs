@@ -180,64 +180,6 @@ async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResul
     Ok(([median(b), median(h)], ratio))
 }
 
-/// Round trips per call (counted at a [`Proxy`]) of the bare handler and
-/// of the host on PostgreSQL, each over `n` calls after a warm-up: a host
-/// and a baseline of their own whose every connection goes through the
-/// proxy (the timed figure's connections do not).
-pub(super) async fn call_round_trips(url: &str, n: u64) -> BoxResult<[f64; 2]> {
-    let schema = run_schema("bench_trips");
-    let result = trips_per_call(url, &schema, n).await;
-    drop_schemas(url, &schema).await?;
-    result
-}
-
-async fn trips_per_call(url: &str, schema: &str, n: u64) -> BoxResult<[f64; 2]> {
-    let proxy = Proxy::start(upstream(url)?).await?;
-    let proxied = proxied_url(url, proxy.port)?;
-    let stop = CancellationToken::new();
-    let lh = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let host_url = format!("http://{}", lh.local_addr()?);
-    let host_endpoint = EndpointPolicy::loopback().check(&host_url)?;
-    let bare_endpoint =
-        EndpointPolicy::loopback().check(&format!("http://{}", lbare.local_addr()?))?;
-    let host = pg_host(&proxied, schema, &host_url).await?;
-    tokio::spawn(serve(host.clone(), lh, stop.clone()));
-    let bare = connect(&proxied).await?;
-    bare.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; SET search_path TO \"{schema}\"; {TABLE}"
-    ))
-    .await?;
-    let app = axum::Router::new()
-        .route(INVOKE_PATH, axum::routing::post(bare_invoke))
-        .with_state(Arc::new(Mutex::new(bare)));
-    serve_until(lbare, app, stop.clone());
-    let transport = HttpTransport::default();
-    let token = InternalToken::new(TOKEN)?;
-    let mut per_call = [0.0; 2];
-    for (i, endpoint) in [&bare_endpoint, &host_endpoint].into_iter().enumerate() {
-        bare_calls(&transport, endpoint, &token, None, 20).await?;
-        let before = proxy.trips();
-        bare_calls(&transport, endpoint, &token, None, n).await?;
-        per_call[i] = (proxy.trips() - before) as f64 / n as f64;
-    }
-    stop.cancel();
-    host.shutdown().await;
-    Ok(per_call)
-}
-
-/// `url` with its host and port replaced by `127.0.0.1:port`.
-fn proxied_url(url: &str, port: u16) -> BoxResult<String> {
-    let parsed: tokio_postgres::Config = url.parse()?;
-    let user = parsed.get_user().unwrap_or("postgres");
-    let db = parsed.get_dbname().unwrap_or(user);
-    let password = parsed
-        .get_password()
-        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
-        .unwrap_or_default();
-    Ok(format!("postgres://{user}{password}@127.0.0.1:{port}/{db}"))
-}
-
 /// A loopback TCP proxy to the PostgreSQL server that counts the round
 /// trips its clients start.
 struct Proxy {
@@ -247,10 +189,8 @@ struct Proxy {
 
 impl Proxy {
     /// Starts the proxy on a thread and runtime of its own (for the rest
-    /// of the process): the PostgreSQL object storage blocks the calling
-    /// worker while it waits for its statement, so a proxy served by the
-    /// same runtime as the host can be left without a worker to forward
-    /// the reply (the first round-trip count hung that way).
+    /// of the process), so its forwarding never waits for a worker of the
+    /// runtime whose clients it counts.
     async fn start(upstream: String) -> BoxResult<Self> {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         std_listener.set_nonblocking(true)?;
