@@ -277,9 +277,17 @@ async fn renew_cycle(dir: &std::path::Path) -> BoxResult<(usize, usize, usize, f
 }
 
 pub(crate) async fn bench() -> BoxResult<()> {
-    const N: u64 = 500;
-    const ROUNDS: usize = 9;
-    const ROUTES: usize = 9;
+    // `DURABILITY_BENCH_HOST_N` and `DURABILITY_BENCH_HOST_ROUNDS` shrink
+    // the runs (calls per round, rounds) for a profiler's run.
+    let knob = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(default)
+    };
+    let n_calls = u64::try_from(knob("DURABILITY_BENCH_HOST_N", 500))?;
+    let rounds = knob("DURABILITY_BENCH_HOST_ROUNDS", 9);
     let dir = tempfile::tempdir()?;
     // `DURABILITY_BENCH_HOST=calls,routed` runs only the listed parts
     // (`calls`, `routed`, `drain`, `renew`, `failover`, `share`,
@@ -292,11 +300,11 @@ pub(crate) async fn bench() -> BoxResult<()> {
     };
     if wanted("calls") {
         let ([baseline, snapshot, cached], [snapshot_ratio, cached_ratio], snapshots_per_call) =
-            call_overhead(&dir.path().join("calls"), ROUNDS, N).await?;
+            call_overhead(&dir.path().join("calls"), rounds, n_calls).await?;
         eprintln!(
-            "host: bare transaction {baseline:.1} us; through the host {snapshot:.1} us (snapshot admission, {snapshots_per_call} lease store read per call; median ratio {snapshot_ratio:.3}), {cached:.1} us (cached admission; median ratio {cached_ratio:.3}); medians of {ROUNDS} interleaved rounds of {N} calls"
+            "host: bare transaction {baseline:.1} us; through the host {snapshot:.1} us (snapshot admission, {snapshots_per_call} lease store read per call; median ratio {snapshot_ratio:.3}), {cached:.1} us (cached admission; median ratio {cached_ratio:.3}); medians of {rounds} interleaved rounds of {n_calls} calls"
         );
-        let n = N * u64::try_from(ROUNDS)?;
+        let n = n_calls * u64::try_from(rounds)?;
         figure(
             "host.call_overhead",
             snapshot,
@@ -304,7 +312,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
             "us/call",
             "<=1.3",
             n,
-            json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": snapshot_ratio, "rounds": ROUNDS}),
+            json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": snapshot_ratio, "rounds": rounds}),
         );
         figure(
             "host.call_overhead_cached",
@@ -313,18 +321,18 @@ pub(crate) async fn bench() -> BoxResult<()> {
             "us/call",
             "<=1.3",
             n,
-            json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": ROUNDS}),
+            json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": rounds}),
         );
     }
     if wanted("routed") {
-        let r = routed::routed(&dir.path().join("routed"), ROUTES, N).await?;
+        let r = routed::routed(&dir.path().join("routed"), rounds, n_calls).await?;
         let [bare_us, routed_us, direct_us, owner_us] = r.us;
         eprintln!(
-            "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); the owner's endpoint called straight with the fence {owner_us:.1} us (median ratio {:.3}: the owner's share); {:.0} calls/s served by the owner with 8 in flight; medians of {ROUTES} interleaved rounds of {N} calls",
+            "host: bare HTTP round trip {bare_us:.1} us; routed call to the remote owner {routed_us:.1} us (median ratio {:.3}); direct call on the hint {direct_us:.1} us (median ratio {:.3}); the owner's endpoint called straight with the fence {owner_us:.1} us (median ratio {:.3}: the owner's share); {:.0} calls/s served by the owner with 8 in flight; medians of {rounds} interleaved rounds of {n_calls} calls",
             r.ratios[0], r.ratios[1], r.ratios[2], r.calls_per_s
         );
-        let routed_n = N * u64::try_from(ROUTES)?;
-        let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": ROUTES});
+        let routed_n = n_calls * u64::try_from(rounds)?;
+        let extra = |ratio: f64| json!({"transport": "http1", "loopback": true, "args_pad_bytes": 256, "lease_store": "sqlite", "admission": "snapshot", "median_round_ratio": ratio, "rounds": rounds});
         figure(
             "host.routed_call",
             routed_us,
@@ -386,7 +394,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
         share().await?;
     }
     if wanted("postgres") {
-        postgres_call(ROUNDS, N).await?;
+        postgres_call(rounds, n_calls).await?;
     }
     if wanted("claim") {
         claim().await?;

@@ -18,7 +18,7 @@ use crate::store::ObjectStore;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
@@ -266,19 +266,25 @@ fn success_response(value: &Value) -> Response {
     response
 }
 
-/// Sets the owner's trusted headers on a success response.
+/// Sets the owner's trusted headers on a success response. The names are
+/// made once (inserting by `&str` parses the name on every response) and
+/// the generation is written without a `String`.
 pub(crate) fn put_owner_headers(h: &mut HeaderMap, owner: &OwnerHeaders) {
-    let mut put = |name: &'static str, value: &str| {
+    const TASK: HeaderName = HeaderName::from_static(OWNER_TASK_HEADER);
+    const GENERATION: HeaderName = HeaderName::from_static(OWNER_GENERATION_HEADER);
+    const KEY: HeaderName = HeaderName::from_static(OWNER_KEY_HEADER);
+    const ENDPOINT: HeaderName = HeaderName::from_static(OWNER_ENDPOINT_HEADER);
+    let mut put = |name: HeaderName, value: &str| {
         if let Ok(v) = HeaderValue::from_str(value) {
             h.insert(name, v);
         }
     };
-    put(OWNER_TASK_HEADER, &owner.task);
-    put(OWNER_GENERATION_HEADER, &owner.generation.to_string());
-    put(OWNER_KEY_HEADER, &owner.key);
+    put(TASK, &owner.task);
+    put(KEY, &owner.key);
     if let Some(e) = &owner.endpoint {
-        put(OWNER_ENDPOINT_HEADER, e);
+        put(ENDPOINT, e);
     }
+    h.insert(GENERATION, HeaderValue::from(owner.generation));
 }
 
 /// The largest alarm delivery body a host reads.

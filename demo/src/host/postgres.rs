@@ -188,33 +188,53 @@ struct Proxy {
 }
 
 impl Proxy {
+    /// Starts the proxy on a thread and runtime of its own (for the rest
+    /// of the process), so its forwarding never waits for a worker of the
+    /// runtime whose clients it counts.
     async fn start(upstream: String) -> BoxResult<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        std_listener.set_nonblocking(true)?;
+        let port = std_listener.local_addr()?.port();
         let trips = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&trips);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
-                    continue;
-                };
-                let counted = Arc::clone(&counted);
-                tokio::spawn(async move {
-                    let (from_client, mut to_client) = client.into_split();
-                    let (mut from_server, to_server) = server.into_split();
-                    let down = tokio::spawn(async move {
-                        tokio::io::copy(&mut from_server, &mut to_client).await
-                    });
-                    let _ = count_up(from_client, to_server, &counted).await;
-                    down.abort();
-                });
-            }
-        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("pg-proxy".to_owned())
+            .spawn(move || runtime.block_on(serve_proxy(std_listener, upstream, counted)))?;
         Ok(Self { port, trips })
     }
 
     fn trips(&self) -> u64 {
         self.trips.load(Ordering::SeqCst)
+    }
+}
+
+/// The proxy's accept loop (see [`Proxy::start`]).
+async fn serve_proxy(
+    std_listener: std::net::TcpListener,
+    upstream: String,
+    counted: Arc<AtomicU64>,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
+        return;
+    };
+    while let Ok((client, _)) = listener.accept().await {
+        let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+            continue;
+        };
+        let counted = Arc::clone(&counted);
+        tokio::spawn(async move {
+            let (from_client, mut to_client) = client.into_split();
+            let (mut from_server, to_server) = server.into_split();
+            let down =
+                tokio::spawn(
+                    async move { tokio::io::copy(&mut from_server, &mut to_client).await },
+                );
+            let _ = count_up(from_client, to_server, &counted).await;
+            down.abort();
+        });
     }
 }
 

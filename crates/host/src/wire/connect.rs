@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 /// Whether header `name` lists `token` (comma-separated, any case).
-pub(crate) fn lists(headers: &HeaderMap, name: http::header::HeaderName, token: &str) -> bool {
+pub(crate) fn lists(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
     headers.get_all(name).iter().any(|v| {
         v.to_str()
             .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))

@@ -60,3 +60,39 @@ async fn edge_takes_the_tenant_id_outside_a_context_and_the_context_id_inside() 
         "the context ends with its scope"
     );
 }
+
+#[test]
+fn a_generated_id_is_the_prefix_and_the_sequence_in_hex() {
+    let a = RequestId::generate();
+    let b = RequestId::generate();
+    for id in [&a, &b] {
+        let (prefix, seq) = id.as_str().split_once('-').expect("<prefix>-<seq>");
+        assert_eq!(prefix.len(), 16, "{id}: a 16-digit prefix");
+        assert!(u64::from_str_radix(prefix, 16).is_ok(), "{id}");
+        assert!(!seq.is_empty() && seq.len() <= 16, "{id}");
+        assert!(seq == "0" || !seq.starts_with('0'), "{id}: no leading zero");
+        assert!(
+            seq.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{id}"
+        );
+    }
+    let (pa, sa) = a.as_str().split_once('-').expect("a");
+    let (pb, sb) = b.as_str().split_once('-').expect("b");
+    assert_eq!(pa, pb, "one prefix per process");
+    let (sa, sb) = (
+        u64::from_str_radix(sa, 16).expect("hex"),
+        u64::from_str_radix(sb, 16).expect("hex"),
+    );
+    assert!(sb > sa, "the sequence grows");
+    assert_eq!(hex_of(0xabc), "abc");
+    assert_eq!(hex_of(0), "0");
+    assert_eq!(hex_of(u64::MAX), "ffffffffffffffff");
+}
+
+fn hex_of(v: u64) -> String {
+    let mut buf = [0_u8; 16];
+    let digits = (64 - v.leading_zeros()).div_ceil(4).max(1) as usize;
+    let end = hex(&mut buf, 0, v, digits);
+    String::from_utf8(buf[..end].to_vec()).expect("ascii")
+}
