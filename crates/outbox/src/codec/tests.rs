@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::ser::{Error as _, SerializeTuple};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -48,48 +49,48 @@ impl<'de> Deserialize<'de> for Lowered {
     }
 }
 
-/// Bytes written as a tuple (no length prefix).
-fn tuple<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    let mut t = s.serialize_tuple(bytes.len())?;
-    for b in bytes {
-        t.serialize_element(b)?;
-    }
-    t.end()
-}
-
-/// Reads two bytes back as one: the decoded value's encoding is a strict
-/// prefix of the payload.
+/// Written as a tuple of its bytes (no length prefix); read back as `READ`
+/// bytes of which the first is kept `KEEP` times. `Resized<2, 1>` encodes
+/// back to a strict prefix of its payload, `Resized<1, 2>` past its end.
 #[derive(Debug)]
-struct Shrinks(Vec<u8>);
+struct Resized<const READ: usize, const KEEP: usize>(Vec<u8>);
 
-impl Serialize for Shrinks {
+impl<const READ: usize, const KEEP: usize> Serialize for Resized<READ, KEEP> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        tuple(&self.0, s)
+        let mut t = s.serialize_tuple(self.0.len())?;
+        for b in &self.0 {
+            t.serialize_element(b)?;
+        }
+        t.end()
     }
 }
 
-impl<'de> Deserialize<'de> for Shrinks {
+/// Reads `READ` bytes and returns the first.
+struct FirstOf<const READ: usize>;
+
+impl<'de, const READ: usize> Visitor<'de> for FirstOf<READ> {
+    type Value = u8;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{READ} bytes")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u8, A::Error> {
+        let mut first = None;
+        for i in 0..READ {
+            let b: u8 = seq
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(i, &self))?;
+            first.get_or_insert(b);
+        }
+        Ok(first.unwrap_or(0))
+    }
+}
+
+impl<'de, const READ: usize, const KEEP: usize> Deserialize<'de> for Resized<READ, KEEP> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let (a, _) = <(u8, u8)>::deserialize(d)?;
-        Ok(Self(vec![a]))
-    }
-}
-
-/// Reads one byte back as two: the decoded value's encoding runs past the
-/// payload.
-#[derive(Debug)]
-struct Grows(Vec<u8>);
-
-impl Serialize for Grows {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        tuple(&self.0, s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Grows {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let a = u8::deserialize(d)?;
-        Ok(Self(vec![a, a]))
+        let first = d.deserialize_tuple(READ, FirstOf::<READ>)?;
+        Ok(Self(vec![first; KEEP]))
     }
 }
 
@@ -124,14 +125,14 @@ fn a_value_that_reads_back_different_bytes_is_refused() {
 
 #[test]
 fn a_value_whose_copy_encodes_to_a_prefix_or_past_the_payload_is_refused() {
-    let err = checked(&Shrinks(vec![1, 2])).unwrap_err();
+    let err = checked(&Resized::<2, 1>(vec![1, 2])).unwrap_err();
     assert_eq!(err.0, ENCODES_DIFFERENTLY, "a strict prefix is not a match");
-    let err = checked(&Grows(vec![5])).unwrap_err();
+    let err = checked(&Resized::<1, 2>(vec![5])).unwrap_err();
     assert_eq!(
         err.0, ENCODES_DIFFERENTLY,
         "bytes past the payload are not a match"
     );
-    checked(&Shrinks(vec![1])).unwrap_err(); // one byte is too short to read two
+    checked(&Resized::<2, 1>(vec![1])).unwrap_err(); // one byte is too short to read two
 }
 
 #[test]
