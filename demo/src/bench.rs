@@ -54,8 +54,11 @@ pub(crate) fn inner(args: &[String]) -> Result {
         match area {
             "outbox" => {
                 outbox()?;
-                tokio::runtime::Runtime::new()?
-                    .block_on(crate::pg_outbox::bench(&crate::postgres_url()))?;
+                // DURABILITY_BENCH_OUTBOX=sqlite: the SQLite figures alone.
+                if std::env::var("DURABILITY_BENCH_OUTBOX").as_deref() != Ok("sqlite") {
+                    tokio::runtime::Runtime::new()?
+                        .block_on(crate::pg_outbox::bench(&crate::postgres_url()))?;
+                }
             }
             "topology" => crate::topology::bench()?,
             "ownership" => {

@@ -512,10 +512,8 @@ where
         // pending one does not.
         let new = tx.outbox_stage(&rules::staged(&ch.name, key, bytes, version, now))?;
         tx.lower_due(&ch.capability, now)?;
-        if new {
-            ch.pending_changed(tx, 1);
-        }
-        ch.after_commit(tx, key, version, 0, EventKind::Staged);
+        let added = i64::from(new);
+        ch.after_commit_counting(tx, added, key, version, 0, EventKind::Staged);
         Ok(version)
     }
 
@@ -538,8 +536,7 @@ where
         tx.outbox_remove(&ch.name, key)?;
         let next = tx.outbox_next_due(&ch.name)?;
         tx.set_due(&ch.capability, next)?;
-        ch.pending_changed(tx, -1);
-        ch.after_commit(tx, key, version, attempt, EventKind::Discarded);
+        ch.after_commit_counting(tx, -1, key, version, attempt, EventKind::Discarded);
         Ok(true)
     }
 
@@ -701,17 +698,38 @@ where
         attempt: u32,
         kind: EventKind,
     ) {
-        let metrics = self.publisher.metrics().clone();
-        match self.publisher.hook().cloned() {
-            Some(hook) => {
-                let event = self.publisher.event(key, version, attempt, kind);
-                tx.after_commit(move || {
-                    metrics.record(&event.kind);
-                    emit(Some(&hook), &event);
-                });
+        self.after_commit_counting(tx, 0, key, version, attempt, kind);
+    }
+
+    /// As [`Channel::after_commit`], and first reports a change of
+    /// `pending` entries (none if 0) — one callback for both, as a stage
+    /// queues one per entry.
+    fn after_commit_counting(
+        &self,
+        tx: &mut Transaction<'_, '_, S>,
+        pending: i64,
+        key: &str,
+        version: u64,
+        attempt: u32,
+        kind: EventKind,
+    ) {
+        let change = (pending != 0).then(|| (self.pending.ticket(), Arc::clone(&self.pending)));
+        let counter = self.publisher.metrics().counter(&kind).cloned();
+        let hook = self.publisher.hook().cloned();
+        let event = hook
+            .is_some()
+            .then(|| self.publisher.event(key, version, attempt, kind));
+        tx.after_commit(move || {
+            if let Some((ticket, known)) = change {
+                known.changed(ticket, pending);
             }
-            None => tx.after_commit(move || metrics.record(&kind)),
-        }
+            if let Some(counter) = counter {
+                counter.increment(1);
+            }
+            if let Some(event) = event {
+                emit(hook.as_ref(), &event);
+            }
+        });
     }
 
     /// Reports a change of the pending count after `tx` commits.

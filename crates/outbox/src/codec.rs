@@ -10,6 +10,7 @@
 //! a value that could never be delivered is an error at the call site, not
 //! an entry retried forever.
 
+use postcard::ser_flavors::Flavor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -61,18 +62,26 @@ pub trait Codec<T>: Send + Sync + 'static {
     /// Why the value does not read back.
     fn check_round_trip(&self, value: &T, payload: &[u8]) -> Result<(), CodecError> {
         let _ = value;
-        let back = self.decode(payload)?;
-        let mut again = Vec::with_capacity(payload.len());
-        self.encode(&back, &mut again)?;
-        if again != payload {
-            return Err(CodecError::new(
-                "the decoded value encodes differently: a field is skipped or renamed when \
-                 serializing, or the type's encoding is not deterministic (a HashMap)",
-            ));
-        }
-        Ok(())
+        reencodes(self, payload)
     }
 }
+
+/// The default round-trip check: `payload` decodes, and the decoded value
+/// encodes to `payload` again.
+fn reencodes<T, C: Codec<T> + ?Sized>(codec: &C, payload: &[u8]) -> Result<(), CodecError> {
+    let back = codec.decode(payload)?;
+    let mut again = Vec::with_capacity(payload.len());
+    codec.encode(&back, &mut again)?;
+    if again != payload {
+        return Err(CodecError::new(ENCODES_DIFFERENTLY));
+    }
+    Ok(())
+}
+
+/// Why a decoded value failed the round-trip check of
+/// [`Codec::check_round_trip`]'s default (and [`Postcard`]'s).
+const ENCODES_DIFFERENTLY: &str = "the decoded value encodes differently: a field is skipped or \
+     renamed when serializing, or the type's encoding is not deterministic (a HashMap)";
 
 /// Postcard, the default codec: compact, not self-describing. It cannot
 /// decode types that need `deserialize_any`: `#[serde(tag = ...)]`,
@@ -108,9 +117,14 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Codec<T> for Postc
     }
 
     fn encode(&self, value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        let buf = std::mem::take(out);
-        *out = postcard::to_extend(value, buf).map_err(|e| postcard_error(&e))?;
-        Ok(())
+        if let Some(bytes) = as_bytes(value) {
+            let (len, used) = varint(bytes.len());
+            out.reserve(used + bytes.len());
+            out.extend_from_slice(&len[..used]);
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        postcard::serialize_with_flavor(value, Append(out)).map_err(|e| postcard_error(&e))
     }
 
     fn decode(&self, payload: &[u8]) -> Result<T, CodecError> {
@@ -122,6 +136,66 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Codec<T> for Postc
             )));
         }
         Ok(value)
+    }
+
+    /// As the default; a `Vec<u8>` is checked to be exactly its encoding (a
+    /// length, then the bytes), which always reads back.
+    fn check_round_trip(&self, value: &T, payload: &[u8]) -> Result<(), CodecError> {
+        let Some(bytes) = as_bytes(value) else {
+            return reencodes::<T, _>(self, payload);
+        };
+        let (len, used) = varint(bytes.len());
+        match payload.split_at_checked(used) {
+            Some((head, rest)) if head == &len[..used] && rest == bytes => Ok(()),
+            _ => Err(CodecError::new(ENCODES_DIFFERENTLY)),
+        }
+    }
+}
+
+/// `value` if it is a byte vector. Serde writes a `Vec<u8>` one element at a
+/// time (and reads it back so); postcard's encoding of it is its length as
+/// a varint, then the bytes, which [`Postcard`] writes with one copy.
+fn as_bytes<T: 'static>(value: &T) -> Option<&[u8]> {
+    (value as &dyn std::any::Any)
+        .downcast_ref::<Vec<u8>>()
+        .map(Vec::as_slice)
+}
+
+/// Postcard's varint of a length (LEB128: seven bits a byte, low first) and
+/// how many of the bytes it uses.
+fn varint(mut n: usize) -> ([u8; 10], usize) {
+    let mut out = [0u8; 10];
+    let mut used = 0;
+    while n >= 0x80 {
+        out[used] = (n & 0x7f) as u8 | 0x80;
+        n >>= 7;
+        used += 1;
+    }
+    out[used] = n as u8;
+    (out, used + 1)
+}
+
+/// A postcard flavor appending to a `Vec`: one `push` per byte, which is
+/// what a `Vec<u8>` field costs (serde writes it element by element).
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl Flavor for Append<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
     }
 }
 
@@ -163,3 +237,6 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Codec<T> for Json 
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -56,7 +56,14 @@ impl ChannelMetrics {
 
     /// Counts one lifecycle event (attempt starts are not counted).
     pub(crate) fn record(&self, kind: &EventKind) {
-        let c = match kind {
+        if let Some(c) = self.counter(kind) {
+            c.increment(1);
+        }
+    }
+
+    /// The counter of a lifecycle event, if it is counted.
+    pub(crate) fn counter(&self, kind: &EventKind) -> Option<&Counter> {
+        Some(match kind {
             EventKind::Staged => &self.staged,
             EventKind::Delivered => &self.delivered,
             EventKind::RetryScheduled { .. } => &self.retried,
@@ -64,9 +71,8 @@ impl ChannelMetrics {
             EventKind::Dropped { .. } => &self.dropped,
             EventKind::Discarded => &self.discarded,
             EventKind::Quarantined { .. } => &self.quarantined,
-            _ => return,
-        };
-        c.increment(1);
+            _ => return None,
+        })
     }
 
     /// Records how late a delivered entry was: from its due time to the

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durability_scheduler::Permits;
 use durability_time::{Clock, timeout_at};
@@ -73,6 +74,10 @@ pub struct Publisher<T, K> {
     sink: K,
     clock: Arc<dyn Clock>,
     permits: Option<Arc<dyn Permits>>,
+    /// The length of the last value encoded: the next encoding starts with
+    /// that capacity, so a channel of like-sized values allocates once per
+    /// value instead of growing the buffer.
+    encoded_len: AtomicUsize,
 }
 
 impl<T, K> std::fmt::Debug for Publisher<T, K> {
@@ -121,6 +126,7 @@ where
             sink,
             clock,
             permits: parts.permits,
+            encoded_len: AtomicUsize::new(0),
         })
     }
 
@@ -211,7 +217,10 @@ where
     /// [`OutboxError::Encode`], [`OutboxError::ValueTooLarge`] or
     /// [`OutboxError::ValueDoesNotRoundTrip`].
     pub fn encode(&self, value: &T) -> Result<Vec<u8>, OutboxError> {
-        encode_with(&*self.codec, value)
+        let hint = self.encoded_len.load(Ordering::Relaxed);
+        let out = encode_into(&*self.codec, value, hint)?;
+        self.encoded_len.store(out.len(), Ordering::Relaxed);
+        Ok(out)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, String> {
@@ -491,7 +500,17 @@ pub(crate) fn encode_with<T: 'static>(
     codec: &dyn Codec<T>,
     value: &T,
 ) -> Result<Vec<u8>, OutboxError> {
-    let mut out = Vec::with_capacity(64);
+    encode_into(codec, value, 0)
+}
+
+/// As [`encode_with`], into a buffer of at least 64 bytes or `capacity`
+/// (up to the largest value allowed).
+fn encode_into<T: 'static>(
+    codec: &dyn Codec<T>,
+    value: &T,
+    capacity: usize,
+) -> Result<Vec<u8>, OutboxError> {
+    let mut out = Vec::with_capacity(capacity.clamp(64, MAX_VALUE_BYTES + 1));
     out.push(codec.format());
     codec
         .encode(value, &mut out)
