@@ -10,9 +10,9 @@
 
 use durability_storage_postgres::testkit::cluster::Cluster;
 
+use super::TTL_S;
 use super::pg_faults::{incr_until_ok, outcome_violations};
 use super::postgres::{Db, check, runtime, stored};
-use super::{Proc, TTL_S};
 
 /// The host's commit deadline in this test (ms).
 const COMMIT_TIMEOUT_MS: u64 = 2_000;
@@ -31,7 +31,7 @@ fn a_commit_waiting_for_a_missing_synchronous_standby_is_unknown_and_the_host_se
     };
     let dir = tempfile::tempdir().unwrap();
     let deadline = COMMIT_TIMEOUT_MS.to_string();
-    let mut a = Proc::spawn_bin(
+    let mut a = super::spawn_bin(
         env!("CARGO_BIN_EXE_pg-object-host"),
         "a",
         dir.path(),
