@@ -262,12 +262,14 @@ pub trait ObjectStore: Send + Sync + 'static {
         object: &ObjectKey,
     ) -> impl Future<Output = Result<Option<Arc<Self::Storage>>, StorageError>> + Send;
 
-    /// The object's owner fence inside `tx`: each scope (canonical host
-    /// id) and its fenced generation.
+    /// The object's owner fence: each scope (canonical host id) and its
+    /// fenced generation. A store that can read it without the object's
+    /// write lock does so (PostgreSQL), so a holder paused inside a
+    /// transaction does not block a mover, whose fence round then ends it.
     ///
     /// # Errors
     /// A backend failure, or a `Corrupt` generation.
-    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError>;
+    fn fences(found: &Self::Storage) -> Result<Vec<(String, u64)>, StorageError>;
 
     /// The object's state as a portable image, read inside `tx`.
     ///

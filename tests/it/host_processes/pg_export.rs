@@ -99,10 +99,9 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
     // First with the owner alive: w2 exported while a holds a transaction
     // on it with increments queued behind (each waiting for the object
     // row while the export raises the fence: before the fix of
-    // `object_fence_wait`, one of them committed past the fence). The hold
-    // (300 ms) is shorter than the object row's lock timeout (1 s): the
-    // export reads the fences in a transaction that takes the row before
-    // it raises the fence, so a longer holder fails the export, retryably.
+    // `object_fence_wait`, one of them committed past the fence). A holder
+    // paused past the lock timeout is ended by the export's fence round
+    // (`moving::an_export_on_postgres_ends_a_holder_paused_inside_a_transaction`).
     for _ in 0..2 {
         a.run_ok("incr w2");
     }

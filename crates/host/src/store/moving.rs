@@ -13,7 +13,8 @@
 //! # The move is fenced
 //!
 //! [`export_object`] takes the object over before it reads it: it raises
-//! the object's own owner fence above every generation the fence holds,
+//! the object's own owner fence above every generation the fence holds
+//! (read without the object's write lock on PostgreSQL),
 //! to a claim of its own (task [`MOVER_TASK`]) for the object's scope,
 //! exactly as a new owner does. From then on every commit of the
 //! previous owners is refused by the fence (on PostgreSQL a holder paused
@@ -474,7 +475,7 @@ pub async fn export_object<O: ObjectStore>(
         .find(&storage_id, object)
         .await?
         .ok_or_else(|| MoveError::NotFound(object.object_id(&storage_id)))?;
-    let fences = found.transaction(|tx| O::fences(tx))?;
+    let fences = O::fences(&found)?;
     let claim = mover_claim(&storage_id, object, shards, &fences)?;
     found
         .fence_claim(&claim, None)

@@ -341,8 +341,8 @@ impl ObjectStore for PostgresObjectStore {
         std::future::ready(found)
     }
 
-    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError> {
-        tx.fences()
+    fn fences(found: &PostgresObjectStorage) -> Result<Vec<(String, u64)>, StorageError> {
+        found.fences_unlocked()
     }
 
     fn export_tx(tx: &mut StoreTx<'_, Self>) -> Result<ObjectImage, ImageError> {

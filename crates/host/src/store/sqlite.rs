@@ -417,8 +417,8 @@ impl ObjectStore for SqliteObjectStore {
         std::future::ready(found)
     }
 
-    fn fences(tx: &mut StoreTx<'_, Self>) -> Result<Vec<(String, u64)>, StorageError> {
-        tx.fences()
+    fn fences(found: &SqliteStorage) -> Result<Vec<(String, u64)>, StorageError> {
+        durability_scheduler::Storage::transaction(found, |tx| tx.fences())
     }
 
     fn export_tx(tx: &mut StoreTx<'_, Self>) -> Result<ObjectImage, ImageError> {

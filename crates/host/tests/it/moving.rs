@@ -309,3 +309,49 @@ async fn an_object_round_trips_sqlite_to_postgres_to_sqlite_with_every_row() {
         out.image
     );
 }
+
+/// A holder paused inside a transaction on the object (it holds the object
+/// row, as an owner SIGSTOPped mid-call does) does not block an export on
+/// PostgreSQL past the lock timeout: the mover reads the fence without the
+/// row lock, and its fence round ends the holder's session, so the holder
+/// can never commit. Before, the fence read waited for the row, timed out
+/// after 1 s and failed every retry.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_export_on_postgres_ends_a_holder_paused_inside_a_transaction() {
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let pg = PostgresObjectStore::connect(&url(), schema.name(), PostgresObjectOptions::default())
+        .unwrap();
+    let object = key("Cart", "held");
+    let live = pg.open(&storage(), &object).await.unwrap();
+    live.fence_claim(&owner(&object, 5), None).unwrap();
+    let (holder, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    holder.batch_execute("BEGIN").await.unwrap();
+    let locked = holder
+        .query(
+            &format!(
+                "SELECT 1 FROM \"{}\".durability_objects WHERE id = $1 FOR UPDATE",
+                schema.name()
+            ),
+            &[&live.object_id()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1, "the holder holds the object row");
+    let export = export_object(&pg, "st", &object, shards())
+        .await
+        .expect("the export is not blocked by the paused holder");
+    assert_eq!(export.header.fenced_generation, 6);
+    // The holder's session was ended: it can never commit.
+    let after = holder.batch_execute("COMMIT").await;
+    assert!(after.is_err(), "the paused holder's session was ended");
+    let _ = driver.await;
+    let refused = live
+        .transaction(|tx| tx.fences())
+        .expect_err("the old owner's handle is fenced");
+    assert_eq!(refused.kind(), StorageErrorKind::Fenced, "{refused}");
+}

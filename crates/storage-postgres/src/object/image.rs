@@ -38,6 +38,47 @@ use super::tx::PostgresObjectTx;
 
 /// The shared table of a capability table, and whether it is ordered by
 /// its key or by other columns.
+/// The owner fence's rows of the object `$1`, by scope.
+const READ_FENCES: &str = "SELECT scope, generation FROM {s}.durability_object_fences WHERE object_id = $1 ORDER BY scope";
+
+/// Each fence row's scope and generation; a generation below 1 is `Corrupt`.
+fn fence_rows(
+    rows: &[tokio_postgres::Row],
+    fail: impl Fn(tokio_postgres::Error) -> StorageError,
+) -> Result<Vec<(String, u64)>, StorageError> {
+    rows.iter()
+        .map(|r| {
+            let scope: String = r.try_get(0).map_err(&fail)?;
+            let g: i64 = r.try_get(1).map_err(&fail)?;
+            u64::try_from(g)
+                .ok()
+                .filter(|g| *g > 0)
+                .map(|g| (scope.clone(), g))
+                .ok_or_else(|| StorageError::corrupt(format!("fence {scope} at generation {g}")))
+        })
+        .collect()
+}
+
+impl super::PostgresObjectStorage {
+    /// The owner fence's rows, as [`PostgresObjectTx::fences`], read outside
+    /// any object transaction: no row lock is taken, so a holder paused inside
+    /// a transaction on the object does not block the read. A mover reads the
+    /// fence so, then raises it with a fence round, which ends such a holder.
+    ///
+    /// # Errors
+    /// A backend failure, or a `Corrupt` error for a generation below 1.
+    pub fn fences_unlocked(&self) -> Result<Vec<(String, u64)>, StorageError> {
+        let sql = READ_FENCES.replace("{s}", &self.shared.s);
+        let fail = |e| StorageError::backend("read the fence", e);
+        blocking(|| {
+            let held = Held(Some(self.shared.backend.client()?));
+            let rows = wait(held.client().query(&sql, &[&self.object])).map_err(fail)?;
+            held.release();
+            fence_rows(&rows, fail)
+        })
+    }
+}
+
 fn physical(name: &str) -> Option<(&'static str, &'static str)> {
     Some(match name {
         "scheduler.schema" => ("durability_object_schema", "capability"),
@@ -331,25 +372,8 @@ impl PostgresObjectTx<'_> {
     /// # Errors
     /// A backend failure, or a `Corrupt` error for a generation below 1.
     pub fn fences(&self) -> Result<Vec<(String, u64)>, StorageError> {
-        let rows = self.rows(
-            "read the fence",
-            "SELECT scope, generation FROM {s}.durability_object_fences WHERE object_id = $1 \
-             ORDER BY scope",
-            &[],
-        )?;
-        rows.iter()
-            .map(|r| {
-                let scope: String = r.try_get(0).map_err(|e| self.fail("read the fence", e))?;
-                let g: i64 = r.try_get(1).map_err(|e| self.fail("read the fence", e))?;
-                u64::try_from(g)
-                    .ok()
-                    .filter(|g| *g > 0)
-                    .map(|g| (scope.clone(), g))
-                    .ok_or_else(|| {
-                        StorageError::corrupt(format!("fence {scope} at generation {g}"))
-                    })
-            })
-            .collect()
+        let rows = self.rows("read the fence", READ_FENCES, &[])?;
+        fence_rows(&rows, |e| self.fail("read the fence", e))
     }
 
     /// Inserts `rows` into `target` (`<table> (<columns>)`) as `exprs`;
