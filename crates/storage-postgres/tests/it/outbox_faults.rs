@@ -125,110 +125,6 @@ async fn a_sigkilled_deliverers_claims_are_redelivered_after_their_deadline() {
     assert_eq!(held.len(), 10);
 }
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-/// A PostgreSQL cluster of the test's own, run as `postgres` on a free
-/// port; stopped with `-m immediate` (a crash) on drop.
-struct Cluster {
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-fn as_postgres(tool: &str, args: &[&str]) -> std::process::Output {
-    Command::new("runuser")
-        .args(["-u", "postgres", "--", &format!("{PG_BIN}/{tool}")])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-impl Cluster {
-    /// `None` (after saying why) when the cluster cannot be made here.
-    fn create() -> Option<Self> {
-        if !std::path::Path::new(PG_BIN).join("initdb").exists() {
-            let required = std::env::var("DURABILITY_REQUIRE_SERVICES").as_deref() == Ok("1");
-            assert!(!required, "PostgreSQL binaries are required in {PG_BIN}");
-            eprintln!("skipped: no PostgreSQL binaries in {PG_BIN}");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        Command::new("chown")
-            .args(["postgres", dir.path().to_str().unwrap()])
-            .status()
-            .unwrap();
-        let data = dir.path().join("data");
-        let init = as_postgres(
-            "initdb",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-            ],
-        );
-        assert!(
-            init.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&init.stderr)
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let cluster = Self { dir, port };
-        cluster.start();
-        Some(cluster)
-    }
-
-    fn data(&self) -> String {
-        self.dir.path().join("data").to_str().unwrap().to_owned()
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn start(&self) {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
-            self.port,
-            self.dir.path().display()
-        );
-        let log = format!("{}/log", self.dir.path().display());
-        let out = as_postgres(
-            "pg_ctl",
-            &["-D", &self.data(), "-o", &opts, "-l", &log, "-w", "start"],
-        );
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// A crash: no checkpoint, no clean shutdown.
-    fn crash(&self) {
-        let out = as_postgres(
-            "pg_ctl",
-            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
-        );
-        assert!(
-            out.status.success(),
-            "pg_ctl stop: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = as_postgres("pg_ctl", &["-D", &self.data(), "-m", "immediate", "stop"]);
-    }
-}
-
 /// Stages `keys` one transaction each on a fresh connection; returns the
 /// keys whose commit was acknowledged, stopping at the first failure (its
 /// outcome may be unknown, so it is neither counted nor required).
@@ -265,9 +161,10 @@ async fn stage_until_failure(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_and_restarted_server_loses_nothing_acknowledged() {
-    let Some(cluster) = Cluster::create() else {
+    let Some(mut cluster) = testkit::cluster::Cluster::init("outbox-crash") else {
         return;
     };
+    cluster.start().await;
     let url = cluster.url();
     let outbox = PgOutbox::new("app").unwrap();
     let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -317,7 +214,7 @@ async fn a_crashed_and_restarted_server_loses_nothing_acknowledged() {
     let during = stager.await.unwrap();
     assert!(during.len() < 99_900, "the crash interrupted the stager");
     acked.extend(during);
-    cluster.start();
+    cluster.start().await;
     let after = stage_until_failure(&url, &outbox, 100_000..100_050).await;
     assert_eq!(after.len(), 50, "staging works again after the restart");
     acked.extend(after);
