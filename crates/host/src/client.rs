@@ -25,10 +25,9 @@ use crate::fetch::{FetchRequest, FetchResponse};
 use crate::metrics::{self, Figure};
 use crate::protocol::{
     ConnectInvoke, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken,
-    InvokeRequest, OwnerHeaders, RequestId, RouteFence, Transport, edge_id,
+    InvokeRequest, OwnerHeaders, RequestId, RouteFence, Transport,
 };
-use crate::routing::{Attempt, Failure, Kind, Refusal, Routes, Step, route};
-use crate::rpc::{RpcArgs, validate_method};
+use crate::routing::{Attempt, Failure, Kind, Make, Refusal, Routes, Step, route};
 
 mod failover;
 pub use failover::{EntryBackoff, EntryState, FailoverClient, FailoverStats};
@@ -293,16 +292,8 @@ impl RpcClient {
         method: &str,
         args: Value,
     ) -> Result<Value, HostError> {
-        let request = validate_method(method)
-            .and_then(|()| RpcArgs::new(args))
-            .map(|args| InvokeRequest {
-                class: class.to_owned(),
-                name: name.to_owned(),
-                method: method.to_owned(),
-                args,
-                fence: None,
-            });
-        self.send(self, class, name, request, None).await
+        let request = InvokeRequest::make(class, name, (method.to_owned(), args));
+        self.send(self, class, name, request).await
     }
 
     /// Calls the typed method `M` on object `name` of its class (see
@@ -340,17 +331,8 @@ impl RpcClient {
         name: &str,
         request: FetchRequest,
     ) -> Result<FetchResponse, HostError> {
-        let mut id = None;
-        let invoke = request.validate().map(|mut request| {
-            id = Some(edge_id(&mut request.headers));
-            FetchInvoke {
-                class: class.to_owned(),
-                name: name.to_owned(),
-                request,
-                fence: None,
-            }
-        });
-        self.send(self, class, name, invoke, id).await
+        let invoke = FetchInvoke::make(class, name, request);
+        self.send(self, class, name, invoke).await
     }
 
     /// Opens a WebSocket session with the connect handler of the object of
@@ -375,22 +357,13 @@ impl RpcClient {
         name: &str,
         request: ConnectRequest,
     ) -> Result<Socket, HostError> {
-        let mut id = None;
-        let invoke = request.validate().map(|mut request| {
-            id = Some(edge_id(&mut request.headers));
-            ConnectInvoke {
-                class: class.to_owned(),
-                name: name.to_owned(),
-                request,
-                fence: None,
-            }
-        });
-        self.send(self, class, name, invoke, id).await
+        let invoke = ConnectInvoke::make(class, name, request);
+        self.send(self, class, name, invoke).await
     }
 
-    /// Routes a validated request (the one router, [`route`], through
-    /// `router`: this client, or a [`FailoverClient`] over it) with `id`
-    /// (else the task's context id, else a new one) as its request id, and
+    /// Routes a made request (the one router, [`route`], through
+    /// `router`: this client, or a [`FailoverClient`] over it) with its
+    /// request id (else the task's context id, else a new one), and
     /// counts its outcome; a request or object refused before anything was
     /// sent is `invalid`.
     async fn send<K: Kind, R: Routes<K>>(
@@ -398,12 +371,11 @@ impl RpcClient {
         router: &R,
         class: &str,
         name: &str,
-        request: Result<K, HostError>,
-        id: Option<RequestId>,
+        request: Result<(K, Option<RequestId>), HostError>,
     ) -> Result<K::Out, HostError> {
         let routed = match request.and_then(|r| Ok((self.scope(class, name)?, r))) {
             Err(e) => Err((Outcome::Invalid, e)),
-            Ok((scope, request)) => id
+            Ok((scope, (request, id))) => id
                 .unwrap_or_else(RequestId::current_or_new)
                 .scope(route(router, &scope, &request))
                 .await

@@ -74,10 +74,9 @@ use axum::extract::{FromRequestParts as _, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use http_body_util::BodyExt as _;
 
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::fetch::{
     FetchRequest, FetchResponse, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES,
@@ -134,22 +133,14 @@ impl<S, I, O: ObjectStore> std::fmt::Debug for Edge<S, I, O> {
     }
 }
 
-impl<S, I, O: ObjectStore> Host<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     /// The public edge of this host, with no routes yet ([`Edge`]).
     pub fn edge(&self) -> Edge<S, I, O> {
         Edge::new(self.clone())
     }
 }
 
-impl<S, I, O: ObjectStore> Edge<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Edge<S, I, O> {
     /// An edge of `host` with no routes.
     pub fn new(host: Host<S, I, O>) -> Self {
         Self {
@@ -237,15 +228,11 @@ fn check_path(path: &str, target: &Target) -> Result<(), HostError> {
 }
 
 /// One tenant request, through the steps of the module docs.
-async fn serve<S, I, O: ObjectStore>(
+async fn serve<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     host: &Host<S, I, O>,
     target: &Target,
     request: Request,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     let (mut parts, body) = request.into_parts();
     let head = match check_head(&parts) {
         Ok(head) => head,

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::config::{ForwardHook, HostConfig};
 use crate::error::{BoxError, HostError};
 use crate::metrics::{self, Figure};
@@ -790,10 +791,9 @@ where
 /// transport (see [`Host::forward_alarm`]).
 struct TransportForward<S, I, O: ObjectStore>(Weak<Inner<S, I, O>>);
 
-impl<S, I, O: ObjectStore> crate::config::HostForward for TransportForward<S, I, O>
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> crate::config::HostForward
+    for TransportForward<S, I, O>
 where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
     O: ObjectStore,
 {
     fn forward(

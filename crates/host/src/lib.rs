@@ -260,6 +260,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod alarm;
+mod bounds;
 mod client;
 mod config;
 pub mod connect;
@@ -289,6 +290,7 @@ pub mod wire;
 pub use tokio_util::sync::CancellationToken;
 
 pub use alarm::{AlarmFired, OBJECT_ALARM};
+pub use bounds::{HostAlarms, HostLeases};
 pub use client::{
     ClientCalls, ClientStats, EntryBackoff, EntryState, FailoverClient, FailoverStats, RpcClient,
 };

@@ -144,6 +144,21 @@ where
     })
 }
 
+/// The object `instance` of `class` as a `T`.
+///
+/// # Errors
+/// [`HostError::ClassType`] when it is not a `T`.
+pub(crate) fn downcast<T: Send + Sync + 'static>(
+    instance: &Instance,
+    class: &str,
+) -> Result<Arc<T>, HostError> {
+    Arc::clone(instance)
+        .downcast::<T>()
+        .map_err(|_| HostError::ClassType {
+            class: class.to_owned(),
+        })
+}
+
 /// What a registered method gets besides its arguments.
 pub(crate) struct MethodInput<I, D> {
     pub(crate) instance: Instance,
@@ -161,14 +176,8 @@ impl<I, D> MethodInput<I, D> {
         self,
         class: &str,
     ) -> Result<Handle<T, I, D>, HostError> {
-        let object = self
-            .instance
-            .downcast::<T>()
-            .map_err(|_| HostError::ClassType {
-                class: class.to_owned(),
-            })?;
         Ok(Handle {
-            object,
+            object: downcast(&self.instance, class)?,
             scheduler: self.scheduler,
             alarms: self.alarms,
             generation: self.generation,

@@ -46,20 +46,18 @@ mod router;
 mod rules;
 
 pub(crate) use connect::{Served, Session};
-pub(crate) use router::{Attempt, Kind, Refusal, Routes, Step, route};
+pub(crate) use router::{Attempt, Kind, Make, Refusal, Routes, Step, route};
 pub(crate) use rules::{Answer, Failure};
 
 use std::future::Future;
 use std::marker::PhantomData;
 
-use durability_alarms::{AlarmIndex, Delivery, DispatchOutcome, RemoteOwner};
-use durability_ownership::{
-    Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerHint, OwnerScope, Resolution,
-    TaskId,
-};
+use durability_alarms::{Delivery, DispatchOutcome, RemoteOwner};
+use durability_ownership::{Generation, OwnerEndpoint, OwnerHint, OwnerScope, Resolution, TaskId};
 
 use tracing::Instrument as _;
 
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::object::Class;
@@ -87,18 +85,16 @@ impl<S, I, O: ObjectStore> std::fmt::Debug for ObjectRef<S, I, O> {
     }
 }
 
-impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
-    /// Routes a validated request to the object's owner (the one router),
-    /// with `id` as the context request id of everything it runs and sends.
-    async fn routed<K: RunHere<S, I, O>>(
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
+    /// Makes a request of kind `K` from `input` ([`Make`]) and routes it
+    /// to the object's owner (the one router), with its context request id
+    /// (else the task's, else a new one) on everything it runs and sends.
+    async fn routed<K: RunHere<S, I, O> + Make>(
         &self,
-        request: K,
-        id: RequestId,
+        input: K::Input,
     ) -> Result<K::Out, HostError> {
+        let (request, id) = K::make(&self.class, &self.name, input)?;
+        let id = id.unwrap_or_else(RequestId::current_or_new);
         let scope = self.host.scope_for(&self.class, &self.name)?;
         let span = tracing::debug_span!(
             "durability.host.route",
@@ -141,11 +137,7 @@ impl<S, I, O: ObjectStore, T> std::fmt::Debug for Object<S, I, O, T> {
     }
 }
 
-impl<S, I, O: ObjectStore, T: Class> Object<S, I, O, T>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore, T: Class> Object<S, I, O, T> {
     /// The untyped reference (calls by method name, fetch, connect).
     pub fn by_name(&self) -> &ObjectRef<S, I, O> {
         &self.object
@@ -209,19 +201,26 @@ where
 pub(crate) trait RunHere<S, I, O: ObjectStore>: Kind {
     /// Runs the request here under admission, the watchdog and the storage
     /// fence; with `expect`, only at that generation (else
-    /// [`HostError::StaleFence`]). Returns this host's owner headers.
+    /// [`HostError::StaleFence`]). Returns the generation it ran under.
     fn run_here<'a>(
         &'a self,
         host: &'a Host<S, I, O>,
         expect: Option<u64>,
-    ) -> impl Future<Output = Result<(Self::Out, OwnerHeaders), HostError>> + Send + 'a;
+    ) -> impl Future<Output = Result<(Self::Out, u64), HostError>> + Send + 'a;
 }
 
-impl<S, I, O: ObjectStore> Host<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+/// The handler `class` registered (`method`: its name, for the error).
+///
+/// # Errors
+/// [`HostError::UnknownMethod`] when there is none.
+fn registered<H: Clone>(handler: Option<&H>, class: &str, method: &str) -> Result<H, HostError> {
+    handler.cloned().ok_or_else(|| HostError::UnknownMethod {
+        class: class.to_owned(),
+        method: method.to_owned(),
+    })
+}
+
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     /// The object of class `T` named `name` (nothing is resolved until a
     /// call): `host.object::<Cart>("cart-42")`.
     pub fn object<T: Class>(&self, name: &str) -> Object<S, I, O, T> {
@@ -318,12 +317,14 @@ where
                     generation: fence.generation,
                 });
             }
-            return request.run_here(self, Some(fence.generation)).await;
+            let (value, generation) = request.run_here(self, Some(fence.generation)).await?;
+            return Ok((value, self.own_headers(&scope, generation)));
         }
         match self.ownership().resolve(&scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
                 bump(&routing.counters.local);
-                request.run_here(self, None).await
+                let (value, generation) = request.run_here(self, None).await?;
+                Ok((value, self.own_headers(&scope, generation)))
             }
             Resolution::Remote {
                 task,
@@ -548,11 +549,9 @@ where
     }
 }
 
-impl<K, S, I, O> Routes<K> for Host<S, I, O>
+impl<K, S: HostLeases, I: HostAlarms, O> Routes<K> for Host<S, I, O>
 where
     K: RunHere<S, I, O>,
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
     O: ObjectStore,
 {
     type Owner = OwnerHint;

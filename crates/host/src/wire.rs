@@ -3,6 +3,7 @@
 //! health and metrics, each checking the internal token and the route
 //! fence before the host admits anything.
 
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::protocol::http1::*;
@@ -38,15 +39,11 @@ mod fetch;
 ///
 /// # Errors
 /// [`HostError::Transport`] when the server fails.
-pub async fn serve<S, I, O: ObjectStore>(
+pub async fn serve<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     host: Host<S, I, O>,
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
-) -> Result<(), HostError>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Result<(), HostError> {
     let app = Router::new()
         .route(INVOKE_PATH, post(invoke::<S, I, O>))
         .route(ALARM_PATH, post(alarm::<S, I, O>))
@@ -67,11 +64,9 @@ where
 
 /// `GET /ready`: `200 ready` while the host runs, `503` with its state
 /// (`draining`, `stopped`) from the drain's start.
-async fn ready<S, I, O: ObjectStore>(State(host): State<Arc<Host<S, I, O>>>) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+async fn ready<S: HostLeases, I: HostAlarms, O: ObjectStore>(
+    State(host): State<Arc<Host<S, I, O>>>,
+) -> Response {
     if host.is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
@@ -199,14 +194,10 @@ pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'stat
     }
 }
 
-pub(crate) async fn invoke<S, I, O: ObjectStore>(
+pub(crate) async fn invoke<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
     request: axum::extract::Request,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     // The request's own header map (the `HeaderMap` extractor copies it).
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
@@ -319,15 +310,11 @@ impl WireAlarm {
     }
 }
 
-pub(crate) async fn alarm<S, I, O: ObjectStore>(
+pub(crate) async fn alarm<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
     body: Body,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     let (fence, bytes) = match admitted_body(&host, &headers, body, MAX_ALARM_BODY_BYTES).await {
         Ok(admitted) => admitted,
         Err(refused) => return refused,
@@ -366,14 +353,10 @@ where
         .into_response()
 }
 
-pub(crate) async fn probe<S, I, O: ObjectStore>(
+pub(crate) async fn probe<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     if let Some(refused) = refused(&host, &headers) {
         host.count_refused_auth();
         return refused;
@@ -405,13 +388,9 @@ where
 /// metrics table; the tidy test `the_hosts_metrics_endpoint_uses_the_tables_names`
 /// keeps them there), so a scrape of this endpoint and of the facade's
 /// exporter read the same numbers under the same names.
-pub(crate) async fn metrics<S, I, O: ObjectStore>(
+pub(crate) async fn metrics<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     let p = host.probe();
     let task = p.task.clone();
     let mut text = String::new();

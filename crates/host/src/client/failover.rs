@@ -60,10 +60,9 @@ use crate::fetch::{FetchRequest, FetchResponse};
 use crate::idempotency::{self, IdempotencyKey};
 use crate::protocol::{
     Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InvokeRequest, OwnerHeaders, Reply,
-    RequestId, Transport, edge_id,
+    RequestId, Transport,
 };
-use crate::routing::{Answer, Attempt, Kind, Routes, Step};
-use crate::rpc::{RpcArgs, validate_method};
+use crate::routing::{Answer, Attempt, Kind, Make, Routes, Step};
 
 /// How long an entry that could not be reached is left out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,10 +275,8 @@ impl FailoverClient {
         method: &str,
         args: Value,
     ) -> Result<Value, HostError> {
-        match invoke(class, name, method, args) {
-            Ok(request) => self.resend_unreachable(class, name, &request, None).await,
-            Err(e) => self.invalid::<InvokeRequest>(class, name, e).await,
-        }
+        self.made::<InvokeRequest>(class, name, (method.to_owned(), args))
+            .await
     }
 
     /// Calls the typed method `M` on object `name` of its class (see
@@ -315,16 +312,17 @@ impl FailoverClient {
         key: &IdempotencyKey,
         args: Value,
     ) -> Result<Value, HostError> {
-        let request = match invoke(class, name, method, idempotency::wrap(key, args)) {
+        let args = idempotency::wrap(key, args);
+        let request = match InvokeRequest::make(class, name, (method.to_owned(), args)) {
             Ok(request) => request,
             Err(e) => return self.invalid::<InvokeRequest>(class, name, e).await,
         };
-        let mut result = self.resend_unreachable(class, name, &request, None).await;
+        let mut result = self.resend_unreachable(class, name, &request).await;
         for _ in 1..self.entries.len() {
             match &result {
                 Err(e) if Self::outcome_unknown(e) => {
                     self.resends.fetch_add(1, Ordering::Relaxed);
-                    result = self.resend_unreachable(class, name, &request, None).await;
+                    result = self.resend_unreachable(class, name, &request).await;
                 }
                 _ => break,
             }
@@ -345,19 +343,21 @@ impl FailoverClient {
         name: &str,
         request: FetchRequest,
     ) -> Result<FetchResponse, HostError> {
-        match request.validate() {
-            Ok(mut request) => {
-                let id = edge_id(&mut request.headers);
-                let invoke = FetchInvoke {
-                    class: class.to_owned(),
-                    name: name.to_owned(),
-                    request,
-                    fence: None,
-                };
-                self.resend_unreachable(class, name, &invoke, Some(id))
-                    .await
-            }
-            Err(e) => self.invalid::<FetchInvoke>(class, name, e).await,
+        self.made::<FetchInvoke>(class, name, request).await
+    }
+
+    /// Makes a request of kind `K` ([`Make`]) and routes it through the
+    /// entries ([`FailoverClient::resend_unreachable`]); one refused before
+    /// anything was sent is counted `invalid`.
+    async fn made<K: Make>(
+        &self,
+        class: &str,
+        name: &str,
+        input: K::Input,
+    ) -> Result<K::Out, HostError> {
+        match K::make(class, name, input) {
+            Ok(request) => self.resend_unreachable(class, name, &request).await,
+            Err(e) => self.invalid::<K>(class, name, e).await,
         }
     }
 
@@ -369,7 +369,7 @@ impl FailoverClient {
         error: HostError,
     ) -> Result<K::Out, HostError> {
         self.client
-            .send::<K, Self>(self, class, name, Err(error), None)
+            .send::<K, Self>(self, class, name, Err(error))
             .await
     }
 
@@ -379,18 +379,17 @@ impl FailoverClient {
         &self,
         class: &str,
         name: &str,
-        request: &K,
-        id: Option<RequestId>,
+        request: &(K, Option<RequestId>),
     ) -> Result<K::Out, HostError> {
         let first = self
             .client
-            .send(self, class, name, Ok(request.clone()), id.clone())
+            .send(self, class, name, Ok(request.clone()))
             .await;
         if let Err(HostError::OwnerUnreachable { .. }) = &first {
             self.resends.fetch_add(1, Ordering::Relaxed);
             return self
                 .client
-                .send(self, class, name, Ok(request.clone()), id)
+                .send(self, class, name, Ok(request.clone()))
                 .await;
         }
         first
@@ -431,18 +430,6 @@ const DRAINING: &str = "draining";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The invoke of a call, checked before anything is sent.
-fn invoke(class: &str, name: &str, method: &str, args: Value) -> Result<InvokeRequest, HostError> {
-    validate_method(method)?;
-    Ok(InvokeRequest {
-        class: class.to_owned(),
-        name: name.to_owned(),
-        method: method.to_owned(),
-        args: RpcArgs::new(args)?,
-        fence: None,
-    })
 }
 
 /// The failover client's router is its list of entries; owners, hints and

@@ -4,6 +4,7 @@
 //! the watchdog.
 
 use super::*;
+use crate::object::downcast;
 use crate::protocol::RequestId;
 
 impl<S, I, O: ObjectStore> Host<S, I, O>
@@ -210,18 +211,9 @@ where
         Fut: Future<Output = Result<R, BoxError>>,
     {
         self.dispatch(class, name, |open, generation| async move {
-            let object =
-                Arc::clone(&open.instance)
-                    .downcast::<T>()
-                    .map_err(|_| HostError::ClassType {
-                        class: open.address.key.class.clone(),
-                    })?;
-            let handle = Handle {
-                object,
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
+            let handle = open
+                .input(generation)
+                .handle::<T>(&open.address.key.class)?;
             body(handle).await.map_err(HostError::from_handler)
         })
         .await
@@ -242,12 +234,7 @@ where
         Fut: Future<Output = Result<R, HostError>>,
     {
         self.dispatch_with(class, name, expect, |open, generation| async move {
-            let input = MethodInput {
-                instance: Arc::clone(&open.instance),
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
+            let input = open.input(generation);
             let value = body(input).await.map_err(|e| match e {
                 HostError::Handler(e) => HostError::from_handler(e),
                 other => other,
@@ -277,12 +264,7 @@ where
                     generation: generation.get(),
                 })?;
             open.in_flight.fetch_add(1, Ordering::SeqCst);
-            let input = MethodInput {
-                instance: Arc::clone(&open.instance),
-                scheduler: open.scheduler.clone(),
-                alarms: open.alarms.clone(),
-                generation: generation.get(),
-            };
+            let input = open.input(generation);
             let hold = SessionHold {
                 open,
                 ended,
@@ -311,12 +293,7 @@ where
         F: FnOnce(&T, &mut Transaction<'_, '_, O::Storage>) -> Result<R, StorageError>,
     {
         self.dispatch(class, name, |open, _| async move {
-            let object =
-                Arc::clone(&open.instance)
-                    .downcast::<T>()
-                    .map_err(|_| HostError::ClassType {
-                        class: open.address.key.class.clone(),
-                    })?;
+            let object = downcast::<T>(&open.instance, &open.address.key.class)?;
             open.scheduler
                 .transaction(|tx| body(&object, tx))
                 .map_err(HostError::from_storage)
@@ -499,5 +476,18 @@ where
             "alarm delivery ran on this host"
         );
         outcome
+    }
+}
+
+impl<I, D> OpenObject<I, D> {
+    /// What a registered handler gets of this object, admitted at
+    /// `generation`.
+    fn input(&self, generation: Generation) -> MethodInput<I, D> {
+        MethodInput {
+            instance: Arc::clone(&self.instance),
+            scheduler: self.scheduler.clone(),
+            alarms: self.alarms.clone(),
+            generation: generation.get(),
+        }
     }
 }

@@ -2,18 +2,14 @@
 //! invoke (never replayed after an unknown outcome; an unreadable success
 //! is `do_rpc_result_unknown`), and the owner's side.
 
-use std::future::Future;
-
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, ObjectRef, RunHere};
+use super::{Kind, Make, ObjectRef, RunHere, registered};
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::host::Host;
-use crate::object::MethodInput;
 use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, RequestId, Transport};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
@@ -41,25 +37,49 @@ impl Kind for InvokeRequest {
     }
 }
 
-impl<S, I, O: ObjectStore> RunHere<S, I, O> for InvokeRequest
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
-    fn run_here<'a>(
-        &'a self,
-        host: &'a Host<S, I, O>,
-        expect: Option<u64>,
-    ) -> impl Future<Output = Result<(Value, OwnerHeaders), HostError>> + Send + 'a {
-        host.invoke_local(self, expect)
+impl Make for InvokeRequest {
+    type Input = (String, Value);
+
+    fn make(
+        class: &str,
+        name: &str,
+        (method, args): (String, Value),
+    ) -> Result<(Self, Option<RequestId>), HostError> {
+        validate_method(&method)?;
+        let args = RpcArgs::new(args)?;
+        let (class, name, fence) = (class.to_owned(), name.to_owned(), None);
+        Ok((
+            Self {
+                class,
+                name,
+                method,
+                args,
+                fence,
+            },
+            None,
+        ))
     }
 }
 
-impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for InvokeRequest {
+    /// Runs the registered method.
+    async fn run_here<'a>(
+        &'a self,
+        host: &'a Host<S, I, O>,
+        expect: Option<u64>,
+    ) -> Result<(Value, u64), HostError> {
+        let methods = host.routing().methods.get(&self.class);
+        let method = methods.and_then(|m| m.get(&self.method));
+        let method = registered(method, &self.class, &self.method)?;
+        let args = self.args.value().clone();
+        host.dispatch_expect(&self.class, &self.name, expect, |input| async move {
+            method(input, args).await
+        })
+        .await
+    }
+}
+
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
     /// Calls `method` with `args` on the object, on whichever host owns it
     /// (see the crate docs, "Calls between hosts", for routing and replay).
     ///
@@ -76,27 +96,12 @@ where
     /// [`crate::MethodError`]: [`HostError::Method`], locally and across
     /// hosts alike. Locally: as [`Host::call`].
     pub async fn call(&self, method: &str, args: Value) -> Result<Value, HostError> {
-        validate_method(method)?;
-        let args = RpcArgs::new(args)?;
-        self.routed(
-            InvokeRequest {
-                class: self.class.clone(),
-                name: self.name.clone(),
-                method: method.to_owned(),
-                args,
-                fence: None,
-            },
-            RequestId::current_or_new(),
-        )
-        .await
+        self.routed::<InvokeRequest>((method.to_owned(), args))
+            .await
     }
 }
 
-impl<S, I, O: ObjectStore> Host<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     /// Serves an invoke that arrived over the transport (see
     /// [`Host::serve_routed`]).
     pub(crate) async fn serve_invoke(
@@ -105,35 +110,5 @@ where
     ) -> Result<(Value, OwnerHeaders), HostError> {
         validate_method(&request.method)?;
         self.serve_routed(request).await
-    }
-
-    /// Runs a registered method here under admission, the watchdog and the
-    /// storage fence; with `expect`, only at that generation.
-    pub(crate) async fn invoke_local(
-        &self,
-        request: &InvokeRequest,
-        expect: Option<u64>,
-    ) -> Result<(Value, OwnerHeaders), HostError> {
-        let method = self
-            .routing()
-            .methods
-            .get(&request.class)
-            .and_then(|m| m.get(&request.method))
-            .cloned()
-            .ok_or_else(|| HostError::UnknownMethod {
-                class: request.class.clone(),
-                method: request.method.clone(),
-            })?;
-        let args = request.args.value().clone();
-        let scope = self.scope_for(&request.class, &request.name)?;
-        let (value, generation) = self
-            .dispatch_expect(
-                &request.class,
-                &request.name,
-                expect,
-                |input: MethodInput<I, O::Storage>| async move { method(input, args).await },
-            )
-            .await?;
-        Ok((value, self.own_headers(&scope, generation)))
     }
 }

@@ -26,21 +26,18 @@
 //!   [`HostError::OwnerUnreachable`], also `owner_unavailable`), with a
 //!   fixed message: no task id or endpoint reaches the tenant.
 
-use durability_alarms::AlarmIndex;
-use durability_ownership::{
-    Generation, LeaseStore, LifecycleAdmin, OwnerEndpoint, OwnerScope, Resolution, TaskId,
-};
+use durability_ownership::{Generation, OwnerEndpoint, OwnerScope, Resolution, TaskId};
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules, refused};
-use super::{Kind, ObjectRef, RunHere, bump};
+use super::{Kind, ObjectRef, RunHere, bump, registered};
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
 use crate::object::MethodInput;
 use crate::protocol::{
-    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, RequestId,
-    Transport, edge_id,
+    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, RequestId, Transport,
 };
 use crate::store::ObjectStore;
 
@@ -73,22 +70,18 @@ impl Kind for ConnectInvoke {
     }
 }
 
-impl<S, I, O: ObjectStore> RunHere<S, I, O> for ConnectInvoke
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for ConnectInvoke {
     /// Admits the session here and opens it over an in-memory pipe.
     async fn run_here<'a>(
         &'a self,
         host: &'a Host<S, I, O>,
         expect: Option<u64>,
-    ) -> Result<(Socket, OwnerHeaders), HostError> {
+    ) -> Result<(Socket, u64), HostError> {
         let session = host.connect_local(self, expect).await?;
-        let owner = session.owner.clone();
+        let generation = session.owner.generation;
         let (client, server) = Socket::pair().await;
         tokio::spawn(session.run(server));
-        Ok((client, owner))
+        Ok((client, generation))
     }
 }
 
@@ -148,11 +141,7 @@ pub(crate) enum Served<I, D> {
     Hint(OwnerHeaders),
 }
 
-impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
     /// Opens a WebSocket session with the object's connect handler, on
     /// whichever host owns it, and returns the caller's end (see
     /// [`crate::connect`] for the session and this module's docs for the
@@ -172,26 +161,11 @@ where
     /// `stale_owner` / `owner_race` after the one rediscovery). Locally: as
     /// [`Host::call`].
     pub async fn connect(&self, request: ConnectRequest) -> Result<Socket, HostError> {
-        let mut request = request.validate()?;
-        let id = edge_id(&mut request.headers);
-        self.routed(
-            ConnectInvoke {
-                class: self.class.clone(),
-                name: self.name.clone(),
-                request,
-                fence: None,
-            },
-            id,
-        )
-        .await
+        self.routed::<ConnectInvoke>(request).await
     }
 }
 
-impl<S, I, O: ObjectStore> Host<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     /// Serves a connect that arrived over the transport. Fenced: it
     /// upgrades only if the fence names this task and admission finds this
     /// task's claim at the fence's generation; otherwise a handoff to the
@@ -275,15 +249,8 @@ where
         invoke: &ConnectInvoke,
         expect: Option<u64>,
     ) -> Result<Session<I, O::Storage>, HostError> {
-        let connector = self
-            .routing()
-            .connectors
-            .get(&invoke.class)
-            .cloned()
-            .ok_or_else(|| HostError::UnknownMethod {
-                class: invoke.class.clone(),
-                method: "connect".to_owned(),
-            })?;
+        let connector = self.routing().connectors.get(&invoke.class);
+        let connector = registered(connector, &invoke.class, "connect")?;
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
         let (input, hold) = self
             .admit_session(&invoke.class, &invoke.name, expect)

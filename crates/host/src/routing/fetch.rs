@@ -14,19 +14,15 @@
 //!   any other method returns `owner_unavailable`, because the owner may
 //!   have run it.
 
-use std::future::Future;
-
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, ObjectRef, RunHere};
+use super::{Kind, ObjectRef, RunHere, registered};
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
-use crate::object::MethodInput;
-use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport, edge_id};
+use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
 use crate::store::ObjectStore;
 
 impl Kind for FetchInvoke {
@@ -48,25 +44,28 @@ impl Kind for FetchInvoke {
     }
 }
 
-impl<S, I, O: ObjectStore> RunHere<S, I, O> for FetchInvoke
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
-    fn run_here<'a>(
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for FetchInvoke {
+    /// Runs the class's fetch handler; its response is checked against
+    /// the limits.
+    async fn run_here<'a>(
         &'a self,
         host: &'a Host<S, I, O>,
         expect: Option<u64>,
-    ) -> impl Future<Output = Result<(FetchResponse, OwnerHeaders), HostError>> + Send + 'a {
-        host.fetch_local(self, expect)
+    ) -> Result<(FetchResponse, u64), HostError> {
+        let fetcher = host.routing().fetchers.get(&self.class);
+        let fetcher = registered(fetcher, &self.class, "fetch")?;
+        let request = self.request.clone();
+        host.dispatch_expect(&self.class, &self.name, expect, |input| async move {
+            let response = fetcher(input, request).await.map_err(HostError::Handler)?;
+            response.validate().map_err(|e| {
+                HostError::Handler(format!("the fetch handler's response: {e}").into())
+            })
+        })
+        .await
     }
 }
 
-impl<S, I, O: ObjectStore> ObjectRef<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
     /// Sends a tenant fetch to the object's fetch handler, on whichever
     /// host owns it (see [`crate::fetch`] for the limits and this module's
     /// replay rules: one rediscovery after a trusted pre-dispatch refusal;
@@ -85,26 +84,11 @@ where
     /// [`Host::call`], with a response that breaks the limits reported as
     /// [`HostError::Handler`].
     pub async fn fetch(&self, request: FetchRequest) -> Result<FetchResponse, HostError> {
-        let mut request = request.validate()?;
-        let id = edge_id(&mut request.headers);
-        self.routed(
-            FetchInvoke {
-                class: self.class.clone(),
-                name: self.name.clone(),
-                request,
-                fence: None,
-            },
-            id,
-        )
-        .await
+        self.routed::<FetchInvoke>(request).await
     }
 }
 
-impl<S, I, O: ObjectStore> Host<S, I, O>
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     /// Serves a fetch that arrived over the transport (see
     /// [`Host::serve_routed`]).
     pub(crate) async fn serve_fetch(
@@ -112,40 +96,5 @@ where
         invoke: FetchInvoke,
     ) -> Result<(FetchResponse, OwnerHeaders), HostError> {
         self.serve_routed(invoke).await
-    }
-
-    /// Runs the class's fetch handler here under admission, the watchdog
-    /// and the storage fence; with `expect`, only at that generation. The
-    /// handler's response is checked against the limits.
-    async fn fetch_local(
-        &self,
-        invoke: &FetchInvoke,
-        expect: Option<u64>,
-    ) -> Result<(FetchResponse, OwnerHeaders), HostError> {
-        let fetcher = self
-            .routing()
-            .fetchers
-            .get(&invoke.class)
-            .cloned()
-            .ok_or_else(|| HostError::UnknownMethod {
-                class: invoke.class.clone(),
-                method: "fetch".to_owned(),
-            })?;
-        let scope = self.scope_for(&invoke.class, &invoke.name)?;
-        let request = invoke.request.clone();
-        let (response, generation) = self
-            .dispatch_expect(
-                &invoke.class,
-                &invoke.name,
-                expect,
-                |input: MethodInput<I, O::Storage>| async move {
-                    let response = fetcher(input, request).await.map_err(HostError::Handler)?;
-                    response.validate().map_err(|e| {
-                        HostError::Handler(format!("the fetch handler's response: {e}").into())
-                    })
-                },
-            )
-            .await?;
-        Ok((response, self.own_headers(&scope, generation)))
     }
 }

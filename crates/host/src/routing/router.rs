@@ -17,7 +17,9 @@ use super::rules::{
     Answer, Budget, Decision, Failure, Payload, Rules, Seen, Source, Verdict, decide, error_of,
 };
 use crate::error::HostError;
-use crate::protocol::{Endpoint, InternalToken, OwnerHeaders, RouteFence, Transport};
+use crate::protocol::{
+    Endpoint, InternalToken, OwnerHeaders, RequestId, RouteFence, Transport, edge_id,
+};
 
 /// A request addressed to one object, with an optional route fence.
 pub(crate) trait Addressed {
@@ -57,6 +59,39 @@ addressed!(
     crate::protocol::ConnectInvoke
 );
 
+/// [`Make`] for the edge kinds (a fetch, a connect): the request checked
+/// by its own `validate`, with the context id its headers carry
+/// ([`edge_id`]).
+macro_rules! edge_make {
+    ($($invoke:ty: $input:ty),*) => {$(
+        impl Make for $invoke {
+            type Input = $input;
+
+            fn make(
+                class: &str,
+                name: &str,
+                request: $input,
+            ) -> Result<(Self, Option<RequestId>), HostError> {
+                let mut request = request.validate()?;
+                let id = edge_id(&mut request.headers);
+                let (class, name, fence) = (class.to_owned(), name.to_owned(), None);
+                let invoke = Self {
+                    class,
+                    name,
+                    request,
+                    fence,
+                };
+                Ok((invoke, Some(id)))
+            }
+        }
+    )*};
+}
+
+edge_make!(
+    crate::protocol::FetchInvoke: crate::fetch::FetchRequest,
+    crate::protocol::ConnectInvoke: crate::connect::ConnectRequest
+);
+
 /// One kind of request the router carries.
 pub(crate) trait Kind: Addressed + Clone + Send + Sync + 'static {
     /// What a success carries.
@@ -86,6 +121,27 @@ pub(crate) trait Kind: Addressed + Clone + Send + Sync + 'static {
         token: &'a InternalToken,
         key: &'a str,
     ) -> BoxFuture<'a, Answer<Self::Out>>;
+}
+
+/// A request kind as a caller makes it: checked before anything is sent.
+pub(crate) trait Make: Kind {
+    /// What the caller gives (a method and its arguments, a fetch, a
+    /// connect).
+    type Input;
+
+    /// The unfenced request to the object `class` / `name`, checked, and
+    /// the context request id it carries (`None`: the task's, else a new
+    /// one).
+    ///
+    /// # Errors
+    /// The input's own refusal ([`HostError::InvalidMethod`],
+    /// [`HostError::InvalidArgs`], [`HostError::InvalidRequest`],
+    /// [`HostError::RequestTooLarge`]).
+    fn make(
+        class: &str,
+        name: &str,
+        input: Self::Input,
+    ) -> Result<(Self, Option<RequestId>), HostError>;
 }
 
 /// How one attempt ended.

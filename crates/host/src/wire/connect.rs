@@ -1,6 +1,7 @@
 //! `GET /internal/do/connect`: the owner's side of a WebSocket connect.
 
 use super::*;
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::connect::{ConnectRequest, Socket};
 use crate::host::Host;
 use crate::protocol::http1::connect::*;
@@ -13,8 +14,6 @@ use crate::store::ObjectStore;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use std::sync::Arc;
@@ -49,14 +48,10 @@ pub(crate) fn handoff_response(owner: &OwnerHeaders) -> Response {
 /// `GET /internal/do/connect`: token, fence, the upgrade headers, the
 /// tenant's request under the fetch limits, then [`Host::serve_connect`];
 /// `101` only when this host admitted the session as the owner.
-pub(crate) async fn connect_endpoint<S, I, O: ObjectStore>(
+pub(crate) async fn connect_endpoint<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
     request: Request,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     let (mut parts, _body) = request.into_parts();
     let headers = &parts.headers;
     if let Some(refused) = refused(&host, headers) {

@@ -1,6 +1,7 @@
 //! `POST /internal/do/fetch`: the owner's side of a tenant fetch.
 
 use super::*;
+use crate::bounds::{HostAlarms, HostLeases};
 use crate::fetch::FetchRequest;
 use crate::host::Host;
 use crate::protocol::http1::fetch::*;
@@ -11,23 +12,17 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
-use durability_alarms::AlarmIndex;
-use durability_ownership::{LeaseStore, LifecycleAdmin};
 use serde_json::json;
 use std::sync::Arc;
 
 /// `POST /internal/do/fetch`: token, fence, the frame under its cap (an
 /// oversized Content-Length refused before reading), the limits, then
 /// [`Host::serve_fetch`].
-pub(crate) async fn fetch_endpoint<S, I, O: ObjectStore>(
+pub(crate) async fn fetch_endpoint<S: HostLeases, I: HostAlarms, O: ObjectStore>(
     State(host): State<Arc<Host<S, I, O>>>,
     headers: HeaderMap,
     body: Body,
-) -> Response
-where
-    S: LeaseStore + LifecycleAdmin + Send + Sync + 'static,
-    I: AlarmIndex + Send + Sync + 'static,
-{
+) -> Response {
     let (fence, frame) = match admitted_body(&host, &headers, body, MAX_FETCH_WIRE_BYTES).await {
         Ok(admitted) => admitted,
         Err(refused) => return refused,
