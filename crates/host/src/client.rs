@@ -27,7 +27,9 @@ use crate::protocol::{
     ConnectInvoke, Endpoint, EndpointPolicy, FetchInvoke, HttpTransport, InternalToken,
     InvokeRequest, OwnerHeaders, RequestId, RouteFence, Transport,
 };
-use crate::routing::{Attempt, Failure, Kind, Make, Refusal, Routes, Step, route};
+use crate::routing::{
+    Attempt, Failure, Kind, Make, Refusal, Routes, Step, Target, route, send_fenced,
+};
 
 mod failover;
 pub use failover::{EntryBackoff, EntryState, FailoverClient, FailoverStats};
@@ -389,6 +391,16 @@ impl RpcClient {
         result
     }
 
+    /// A send of this client to `endpoint`, for `scope`.
+    fn target<'a>(&'a self, endpoint: &'a Endpoint, scope: &'a OwnerScope) -> Target<'a> {
+        Target {
+            transport: self.transport.as_ref(),
+            endpoint,
+            token: &self.token,
+            key: scope.host_id(),
+        }
+    }
+
     /// The owner a trusted owner header names, when its endpoint passes
     /// the client's policy.
     fn owner_of(&self, owner: &OwnerHeaders) -> Option<Hint> {
@@ -435,10 +447,7 @@ impl<K: Kind> Routes<K> for RpcClient {
     ) -> impl Future<Output = Attempt<K::Out, Hint>> + Send + 'a {
         self.figures.entry.bump();
         async move {
-            let transport = self.transport.as_ref();
-            let answer = request
-                .send(transport, &self.entry, &self.token, scope.host_id())
-                .await;
+            let answer = request.send(self.target(&self.entry, scope)).await;
             Attempt::Answered { answer, to: None }
         }
     }
@@ -449,15 +458,11 @@ impl<K: Kind> Routes<K> for RpcClient {
         request: &'a K,
         owner: Hint,
     ) -> Attempt<K::Out, Hint> {
-        let mut fenced = request.clone();
-        fenced.set_fence(Some(RouteFence {
+        let fence = RouteFence {
             task: owner.task.clone(),
             generation: owner.generation,
-        }));
-        let transport = self.transport.as_ref();
-        let answer = fenced
-            .send(transport, &owner.endpoint, &self.token, scope.host_id())
-            .await;
+        };
+        let answer = send_fenced(request, fence, self.target(&owner.endpoint, scope)).await;
         Attempt::Answered {
             answer,
             to: Some(owner),

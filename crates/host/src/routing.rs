@@ -46,7 +46,7 @@ mod router;
 mod rules;
 
 pub(crate) use connect::{Served, Session};
-pub(crate) use router::{Attempt, Kind, Make, Refusal, Routes, Step, route};
+pub(crate) use router::{Attempt, Kind, Make, Refusal, Routes, Step, Target, route, send_fenced};
 pub(crate) use rules::{Answer, Failure};
 
 use std::future::Future;
@@ -286,12 +286,13 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
             Ok(t) => t,
             Err(e) => return Attempt::Done(Err(e)),
         };
-        let mut fenced = request.clone();
-        fenced.set_fence(Some(fence));
-        let transport = self.routing().transport.as_ref();
-        let answer = fenced
-            .send(transport, &endpoint, token, scope.host_id())
-            .await;
+        let to = Target {
+            transport: self.routing().transport.as_ref(),
+            endpoint: &endpoint,
+            token,
+            key: scope.host_id(),
+        };
+        let answer = send_fenced(request, fence, to).await;
         Attempt::Answered {
             answer,
             to: Some(owner),

@@ -448,13 +448,10 @@ impl<K: Kind> Routes<K> for FailoverClient {
     ) -> impl Future<Output = Attempt<K::Out, Hint>> + Send + 'a {
         self.client.figures.entry.bump();
         async move {
-            let transport = self.client.transport.as_ref();
             let mut last = None;
             for i in self.order() {
-                let endpoint = &self.entries[i].0;
-                let answer = request
-                    .send(transport, endpoint, &self.client.token, scope.host_id())
-                    .await;
+                let to = self.client.target(&self.entries[i].0, scope);
+                let answer = request.send(to).await;
                 if let Answer::Reply(Reply::NotSent { .. }) = &answer {
                     // Nothing was sent: the next entry, in this attempt.
                     self.unreachable(i);

@@ -6,11 +6,11 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, Make, ObjectRef, RunHere, registered};
+use super::{Kind, Make, ObjectRef, RunHere, Target, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::host::Host;
-use crate::protocol::{Endpoint, InternalToken, InvokeRequest, OwnerHeaders, RequestId, Transport};
+use crate::protocol::{InvokeRequest, OwnerHeaders, RequestId};
 use crate::rpc::{RpcArgs, validate_method};
 use crate::store::ObjectStore;
 
@@ -26,14 +26,9 @@ impl Kind for InvokeRequest {
         Some(&self.method)
     }
 
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-        _key: &'a str,
-    ) -> BoxFuture<'a, Answer<Value>> {
-        Box::pin(async move { Answer::Reply(transport.invoke(endpoint, token, self).await) })
+    fn send<'a>(&'a self, to: Target<'a>) -> BoxFuture<'a, Answer<Value>> {
+        let reply = to.transport.invoke(to.endpoint, to.token, self);
+        Box::pin(async move { Answer::Reply(reply.await) })
     }
 }
 

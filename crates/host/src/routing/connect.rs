@@ -30,15 +30,13 @@ use durability_ownership::{Generation, OwnerEndpoint, OwnerScope, Resolution, Ta
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules, refused};
-use super::{Kind, ObjectRef, RunHere, bump, registered};
+use super::{Kind, ObjectRef, RunHere, Target, bump, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
 use crate::host::{Host, SessionHold};
 use crate::object::MethodInput;
-use crate::protocol::{
-    ConnectInvoke, ConnectReply, Endpoint, InternalToken, OwnerHeaders, Reply, RequestId, Transport,
-};
+use crate::protocol::{ConnectInvoke, ConnectReply, OwnerHeaders, Reply, RequestId};
 use crate::store::ObjectStore;
 
 impl Kind for ConnectInvoke {
@@ -50,15 +48,10 @@ impl Kind for ConnectInvoke {
         Rules::CONNECT
     }
 
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-        key: &'a str,
-    ) -> BoxFuture<'a, Answer<Socket>> {
+    fn send<'a>(&'a self, to: Target<'a>) -> BoxFuture<'a, Answer<Socket>> {
+        let reply = to.transport.connect(to.endpoint, to.token, self, to.key);
         Box::pin(async move {
-            match transport.connect(endpoint, token, self, key).await {
+            match reply.await {
                 ConnectReply::Upgraded { socket, owner } => Answer::Reply(Reply::Ok {
                     result: socket,
                     owner,

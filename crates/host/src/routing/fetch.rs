@@ -17,12 +17,12 @@
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, ObjectRef, RunHere, registered};
+use super::{Kind, ObjectRef, RunHere, Target, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
 use crate::host::Host;
-use crate::protocol::{Endpoint, FetchInvoke, InternalToken, OwnerHeaders, Transport};
+use crate::protocol::{FetchInvoke, OwnerHeaders};
 use crate::store::ObjectStore;
 
 impl Kind for FetchInvoke {
@@ -33,14 +33,9 @@ impl Kind for FetchInvoke {
         Rules::fetch(self.request.is_safe())
     }
 
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-        _key: &'a str,
-    ) -> BoxFuture<'a, Answer<FetchResponse>> {
-        Box::pin(async move { Answer::Reply(transport.fetch(endpoint, token, self).await) })
+    fn send<'a>(&'a self, to: Target<'a>) -> BoxFuture<'a, Answer<FetchResponse>> {
+        let reply = to.transport.fetch(to.endpoint, to.token, self);
+        Box::pin(async move { Answer::Reply(reply.await) })
     }
 }
 

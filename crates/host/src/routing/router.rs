@@ -112,15 +112,32 @@ pub(crate) trait Kind: Addressed + Clone + Send + Sync + 'static {
         None
     }
 
-    /// Sends the request to `endpoint`; `key` is the scope key an answer
-    /// must name.
-    fn send<'a>(
-        &'a self,
-        transport: &'a dyn Transport,
-        endpoint: &'a Endpoint,
-        token: &'a InternalToken,
-        key: &'a str,
-    ) -> BoxFuture<'a, Answer<Self::Out>>;
+    /// Sends the request to `to`.
+    fn send<'a>(&'a self, to: Target<'a>) -> BoxFuture<'a, Answer<Self::Out>>;
+}
+
+/// Where one send goes.
+#[derive(Clone, Copy)]
+pub(crate) struct Target<'a> {
+    /// The transport it goes over.
+    pub(crate) transport: &'a dyn Transport,
+    /// The endpoint (an entry or router host, or an owner).
+    pub(crate) endpoint: &'a Endpoint,
+    /// The internal token attached.
+    pub(crate) token: &'a InternalToken,
+    /// The scope key (host id) an answer must name.
+    pub(crate) key: &'a str,
+}
+
+/// Sends a copy of `request` fenced at `fence` to `to` (an owner).
+pub(crate) async fn send_fenced<K: Kind>(
+    request: &K,
+    fence: RouteFence,
+    to: Target<'_>,
+) -> Answer<K::Out> {
+    let mut fenced = request.clone();
+    fenced.set_fence(Some(fence));
+    fenced.send(to).await
 }
 
 /// A request kind as a caller makes it: checked before anything is sent.
