@@ -38,7 +38,6 @@
 //!
 //! A runnable example: `cargo run -p durability-host --example alarm`.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use durability_alarms::Alarms;
@@ -46,7 +45,7 @@ use durability_scheduler::{Capability, Scheduler, SchedulerTx as _, Storage};
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, HostError};
-use crate::object::{Handle, Instance, MethodInput, ObjectCtx};
+use crate::object::{Handle, Handler, Instance, MethodInput, ObjectCtx};
 
 /// The scheduler capability name of an object's own alarm.
 pub const OBJECT_ALARM: &str = "object_alarm";
@@ -64,13 +63,12 @@ pub struct AlarmFired {
 pub(crate) type AlarmHook<I, D> = crate::object::Erased<I, D, AlarmFired, ()>;
 
 /// The handler of class `T` as an [`AlarmHook`].
-pub(crate) fn hook<T, I, D, F, Fut>(class: &'static str, handler: F) -> AlarmHook<I, D>
+pub(crate) fn hook<T, I, D, F>(class: &'static str, handler: F) -> AlarmHook<I, D>
 where
     T: Send + Sync + 'static,
     I: Send + Sync + 'static,
     D: Send + Sync + 'static,
-    F: Fn(Handle<T, I, D>, AlarmFired) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    F: Handler<T, I, D, AlarmFired, ()>,
 {
     crate::object::erase(class, handler)
 }

@@ -10,8 +10,9 @@ use durability_ownership::{LifecycleId, StorageId, TaskId};
 use durability_scheduler::{Clock, SystemClock};
 use futures::future::BoxFuture;
 
+use crate::connect::SessionHandler;
 use crate::error::{BoxError, HostError};
-use crate::object::{Class, Instance, ObjectCtx, erase};
+use crate::object::{Class, Handler, Instance, ObjectCtx, erase};
 use crate::settings::HostSettings;
 use crate::store::sqlite::{SqliteObjectStore, SqliteOptions};
 use crate::store::{DefaultObjectStore, ObjectStore};
@@ -306,15 +307,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// [`crate::HostError::Handler`] locally and `internal_error` across
     /// hosts. Typed methods: [`HostConfig::rpc`].
     #[must_use]
-    pub fn method<T, F, Fut>(self, class: &str, method: &str, handler: F) -> Self
+    pub fn method<T, F>(self, class: &str, method: &str, handler: F) -> Self
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::object::Handle<T, I, O::Storage>, serde_json::Value) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
+        F: Handler<T, I, O::Storage, serde_json::Value, serde_json::Value>,
     {
         let body = erase(class, handler);
         let wrapped: crate::rpc::Method<I, O::Storage> = Arc::new(move |input, args| {
@@ -368,15 +365,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// Errors are handled as an RPC method's are (see
     /// [`HostConfig::method`]).
     #[must_use]
-    pub fn fetch<T, F, Fut>(mut self, class: &str, handler: F) -> Self
+    pub fn fetch<T, F>(mut self, class: &str, handler: F) -> Self
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
+        F: Handler<T, I, O::Storage, crate::fetch::FetchRequest, crate::fetch::FetchResponse>,
     {
         let wrapped: crate::fetch::Fetcher<I, O::Storage> = erase(class, handler);
         self.fetchers.insert(class.to_owned(), wrapped);
@@ -392,19 +385,11 @@ impl<S, I, O: ObjectStore> HostConfig<S, I, O> {
     /// checked at [`crate::Host::start`]. An error it returns is logged
     /// (the session has already been upgraded, so no caller sees it).
     #[must_use]
-    pub fn connect<T, F, Fut>(mut self, class: &str, handler: F) -> Self
+    pub fn connect<T, F>(mut self, class: &str, handler: F) -> Self
     where
         T: Send + Sync + 'static,
         I: Send + Sync + 'static,
-        F: Fn(
-                crate::object::Handle<T, I, O::Storage>,
-                crate::connect::ConnectRequest,
-                crate::connect::Socket,
-            ) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+        F: SessionHandler<T, I, O::Storage>,
     {
         let session = erase(class, move |h, (request, socket)| {
             handler(h, request, socket)
@@ -610,13 +595,9 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
 
     /// Registers the fetch handler of `T` (see [`HostConfig::fetch`]).
     #[must_use]
-    pub fn fetch<F, Fut>(mut self, handler: F) -> Self
+    pub fn fetch<F>(mut self, handler: F) -> Self
     where
-        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::fetch::FetchRequest) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<crate::fetch::FetchResponse, BoxError>> + Send + 'static,
+        F: Handler<T, I, O::Storage, crate::fetch::FetchRequest, crate::fetch::FetchResponse>,
     {
         self.config = self.config.fetch(T::NAME, handler);
         self
@@ -624,17 +605,9 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
 
     /// Registers the connect handler of `T` (see [`HostConfig::connect`]).
     #[must_use]
-    pub fn connect<F, Fut>(mut self, handler: F) -> Self
+    pub fn connect<F>(mut self, handler: F) -> Self
     where
-        F: Fn(
-                crate::object::Handle<T, I, O::Storage>,
-                crate::connect::ConnectRequest,
-                crate::connect::Socket,
-            ) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+        F: SessionHandler<T, I, O::Storage>,
     {
         self.config = self.config.connect(T::NAME, handler);
         self
@@ -647,13 +620,9 @@ impl<S, I: Send + Sync + 'static, O: ObjectStore, T: Class> ClassBuilder<S, I, O
     /// once set, cleared after an `Ok` unless the handler set a new time,
     /// at least once, retried after an error).
     #[must_use]
-    pub fn alarm<F, Fut>(mut self, handler: F) -> Self
+    pub fn alarm<F>(mut self, handler: F) -> Self
     where
-        F: Fn(crate::object::Handle<T, I, O::Storage>, crate::alarm::AlarmFired) -> Fut
-            + Send
-            + Sync
-            + 'static,
-        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+        F: Handler<T, I, O::Storage, crate::alarm::AlarmFired, ()>,
     {
         self.alarm = Some(crate::alarm::hook(T::NAME, handler));
         self

@@ -29,6 +29,7 @@
 //!   fence, so a write after the scope moved is refused.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -41,7 +42,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::error::{BoxError, HostError};
 use crate::fetch::FetchRequest;
-use crate::object::MethodInput;
+use crate::object::{Handle, MethodInput};
 
 /// The largest WebSocket message (and frame) either end accepts: 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -107,6 +108,25 @@ pub enum Message {
     Text(String),
     /// A binary message.
     Binary(Bytes),
+}
+
+/// A connect handler of the objects of class `T`: it gets the object's
+/// [`Handle`], the validated [`ConnectRequest`] and the
+/// server end of the session ([`Socket`]), and runs the
+/// session. Implemented for every such function or closure.
+pub trait SessionHandler<T, I, D>:
+    Fn(Handle<T, I, D>, ConnectRequest, Socket) -> Self::Future + Send + Sync + 'static
+{
+    /// What it returns.
+    type Future: Future<Output = Result<(), BoxError>> + Send + 'static;
+}
+
+impl<T, I, D, F, Fut> SessionHandler<T, I, D> for F
+where
+    F: Fn(Handle<T, I, D>, ConnectRequest, Socket) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    type Future = Fut;
 }
 
 /// The byte stream a [`Socket`] runs over (a hyper upgrade, or an

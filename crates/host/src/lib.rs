@@ -302,7 +302,7 @@ pub use durability_ownership::{LifecycleId, StorageId, TaskId};
 pub use edge::Edge;
 pub use error::{BoxError, HostError, WireError};
 pub use host::{CycleReport, DispatchStats, Host, HostProbe, OwnerEvent, shutdown_signal};
-pub use object::{Class, Handle, MAX_OBJECT_NAME_BYTES, ObjectCtx, validate_object_name};
+pub use object::{Class, Handle, Handler, MAX_OBJECT_NAME_BYTES, ObjectCtx, validate_object_name};
 pub use routing::Object;
 pub use routing::{ObjectRef, RoutingStats};
 pub use rpc::{MethodError, RpcArgs};

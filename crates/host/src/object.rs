@@ -113,6 +113,24 @@ impl<T, I, D: durability_scheduler::Storage> std::fmt::Debug for Handle<T, I, D>
     }
 }
 
+/// A handler of the objects of class `T` (a method, a fetch, an alarm):
+/// it gets the object's [`Handle`] and its argument `A` and answers `R`
+/// or an error. Implemented for every such function or closure.
+pub trait Handler<T, I, D, A, R>:
+    Fn(Handle<T, I, D>, A) -> Self::Future + Send + Sync + 'static
+{
+    /// What it returns.
+    type Future: Future<Output = Result<R, BoxError>> + Send + 'static;
+}
+
+impl<T, I, D, A, R, F, Fut> Handler<T, I, D, A, R> for F
+where
+    F: Fn(Handle<T, I, D>, A) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, BoxError>> + Send + 'static,
+{
+    type Future = Fut;
+}
+
 /// A handler registered with a type, type-erased: it gets the object's
 /// input and its argument.
 pub(crate) type Erased<I, D, A, R> =
@@ -122,15 +140,14 @@ pub(crate) type Erased<I, D, A, R> =
 /// type-erased: the one place a registered handler (method, fetch,
 /// connect, alarm) gets its handle ([`HostError::ClassType`], boxed, when
 /// the object is of another type).
-pub(crate) fn erase<T, I, D, A, R, F, Fut>(class: &str, handler: F) -> Erased<I, D, A, R>
+pub(crate) fn erase<T, I, D, A, R, F>(class: &str, handler: F) -> Erased<I, D, A, R>
 where
     T: Send + Sync + 'static,
     I: Send + Sync + 'static,
     D: Send + Sync + 'static,
     A: Send + 'static,
     R: 'static,
-    F: Fn(Handle<T, I, D>, A) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<R, BoxError>> + Send + 'static,
+    F: Handler<T, I, D, A, R>,
 {
     let handler = Arc::new(handler);
     let class = class.to_owned();

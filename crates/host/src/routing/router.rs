@@ -6,7 +6,9 @@
 //! through the router; each answer goes through [`decide`] (the replay
 //! rules), and the loop does what it says: return, rediscover once,
 //! replay once, follow a handoff, or fail. A new request kind is one
-//! [`Kind`] implementation.
+//! [`Kind`] implementation (how it is sent, its rules) and one [`Make`]
+//! (how a caller makes it: the host's [`crate::ObjectRef`] and the thin
+//! clients alike).
 
 use std::future::Future;
 
