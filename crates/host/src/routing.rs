@@ -46,7 +46,9 @@ mod router;
 mod rules;
 
 pub(crate) use connect::{Served, Session};
-pub(crate) use router::{Attempt, Kind, Make, Refusal, Routes, Step, Target, route, send_fenced};
+pub(crate) use router::{
+    Addressed, Attempt, Kind, Make, Refusal, Routes, Step, Target, route, send_fenced,
+};
 pub(crate) use rules::{Answer, Failure};
 
 use std::future::Future;
@@ -200,12 +202,12 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore, T: Class> Object<S, I, O, T> 
 /// A request kind a host runs itself when it owns the object.
 pub(crate) trait RunHere<S, I, O: ObjectStore>: Kind {
     /// Runs the request here under admission, the watchdog and the storage
-    /// fence; with `expect`, only at that generation (else
-    /// [`HostError::StaleFence`]). Returns the generation it ran under.
+    /// fence; fenced, only at the fence's generation
+    /// ([`Addressed::expect`], else [`HostError::StaleFence`]). Returns the
+    /// generation it ran under.
     fn run_here<'a>(
         &'a self,
         host: &'a Host<S, I, O>,
-        expect: Option<u64>,
     ) -> impl Future<Output = Result<(Self::Out, u64), HostError>> + Send + 'a;
 }
 
@@ -318,13 +320,13 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
                     generation: fence.generation,
                 });
             }
-            let (value, generation) = request.run_here(self, Some(fence.generation)).await?;
+            let (value, generation) = request.run_here(self).await?;
             return Ok((value, self.own_headers(&scope, generation)));
         }
         match self.ownership().resolve(&scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
                 bump(&routing.counters.local);
-                let (value, generation) = request.run_here(self, None).await?;
+                let (value, generation) = request.run_here(self).await?;
                 Ok((value, self.own_headers(&scope, generation)))
             }
             Resolution::Remote {
@@ -584,7 +586,7 @@ where
                     scope = %scope,
                     "owned here; running the request on this host"
                 );
-                match request.run_here(self, None).await {
+                match request.run_here(self).await {
                     Err(HostError::NotOwner { .. }) => Attempt::Answered {
                         answer: Answer::Reply(Reply::Ownership {
                             code: "owner_race".to_owned(),

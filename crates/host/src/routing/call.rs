@@ -6,7 +6,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, Make, ObjectRef, RunHere, Target, registered};
+use super::{Addressed, Kind, Make, ObjectRef, RunHere, Target, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::host::Host;
@@ -58,16 +58,12 @@ impl Make for InvokeRequest {
 
 impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for InvokeRequest {
     /// Runs the registered method.
-    async fn run_here<'a>(
-        &'a self,
-        host: &'a Host<S, I, O>,
-        expect: Option<u64>,
-    ) -> Result<(Value, u64), HostError> {
+    async fn run_here(&self, host: &Host<S, I, O>) -> Result<(Value, u64), HostError> {
         let methods = host.routing().methods.get(&self.class);
         let method = methods.and_then(|m| m.get(&self.method));
         let method = registered(method, &self.class, &self.method)?;
         let args = self.args.value().clone();
-        host.dispatch_expect(&self.class, &self.name, expect, |input| async move {
+        host.dispatch_expect(&self.class, &self.name, self.expect(), |input| async move {
             method(input, args).await
         })
         .await

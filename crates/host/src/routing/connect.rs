@@ -30,7 +30,7 @@ use durability_ownership::{Generation, OwnerEndpoint, OwnerScope, Resolution, Ta
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules, refused};
-use super::{Kind, ObjectRef, RunHere, Target, bump, registered};
+use super::{Addressed, Kind, ObjectRef, RunHere, Target, bump, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::connect::{ConnectRequest, Connector, Socket};
 use crate::error::HostError;
@@ -65,12 +65,8 @@ impl Kind for ConnectInvoke {
 
 impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for ConnectInvoke {
     /// Admits the session here and opens it over an in-memory pipe.
-    async fn run_here<'a>(
-        &'a self,
-        host: &'a Host<S, I, O>,
-        expect: Option<u64>,
-    ) -> Result<(Socket, u64), HostError> {
-        let session = host.connect_local(self, expect).await?;
+    async fn run_here(&self, host: &Host<S, I, O>) -> Result<(Socket, u64), HostError> {
+        let session = host.connect_local(self).await?;
         let generation = session.owner.generation;
         let (client, server) = Socket::pair().await;
         tokio::spawn(session.run(server));
@@ -174,7 +170,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
         if let Some(fence) = invoke.fence.clone() {
             if fence.task == self.ownership().task().as_str() {
-                match self.connect_local(&invoke, Some(fence.generation)).await {
+                match self.connect_local(&invoke).await {
                     Ok(session) => return Ok(Served::Upgrade(session)),
                     Err(HostError::StaleFence { .. } | HostError::NotOwner { .. }) => {}
                     Err(e) => return Err(e),
@@ -199,7 +195,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         match self.ownership().resolve(&scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
                 bump(&routing.counters.local);
-                self.connect_local(&invoke, None).await.map(Served::Upgrade)
+                self.connect_local(&invoke).await.map(Served::Upgrade)
             }
             Resolution::Remote {
                 task,
@@ -236,17 +232,16 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
     }
 
     /// Admits a session with the class's connect handler here (see
-    /// [`Host::admit_session`]); with `expect`, only at that generation.
+    /// [`Host::admit_session`]); fenced, only at the fence's generation.
     pub(super) async fn connect_local(
         &self,
         invoke: &ConnectInvoke,
-        expect: Option<u64>,
     ) -> Result<Session<I, O::Storage>, HostError> {
         let connector = self.routing().connectors.get(&invoke.class);
         let connector = registered(connector, &invoke.class, "connect")?;
         let scope = self.scope_for(&invoke.class, &invoke.name)?;
         let (input, hold) = self
-            .admit_session(&invoke.class, &invoke.name, expect)
+            .admit_session(&invoke.class, &invoke.name, invoke.expect())
             .await?;
         bump(&self.routing().counters.upgrades);
         let generation = input.generation;

@@ -17,7 +17,7 @@
 use futures::future::BoxFuture;
 
 use super::rules::{Answer, Rules};
-use super::{Kind, ObjectRef, RunHere, Target, registered};
+use super::{Addressed, Kind, ObjectRef, RunHere, Target, registered};
 use crate::bounds::{HostAlarms, HostLeases};
 use crate::error::HostError;
 use crate::fetch::{FetchRequest, FetchResponse};
@@ -42,15 +42,11 @@ impl Kind for FetchInvoke {
 impl<S: HostLeases, I: HostAlarms, O: ObjectStore> RunHere<S, I, O> for FetchInvoke {
     /// Runs the class's fetch handler; its response is checked against
     /// the limits.
-    async fn run_here<'a>(
-        &'a self,
-        host: &'a Host<S, I, O>,
-        expect: Option<u64>,
-    ) -> Result<(FetchResponse, u64), HostError> {
+    async fn run_here(&self, host: &Host<S, I, O>) -> Result<(FetchResponse, u64), HostError> {
         let fetcher = host.routing().fetchers.get(&self.class);
         let fetcher = registered(fetcher, &self.class, "fetch")?;
         let request = self.request.clone();
-        host.dispatch_expect(&self.class, &self.name, expect, |input| async move {
+        host.dispatch_expect(&self.class, &self.name, self.expect(), |input| async move {
             let response = fetcher(input, request).await.map_err(HostError::Handler)?;
             response.validate().map_err(|e| {
                 HostError::Handler(format!("the fetch handler's response: {e}").into())

@@ -33,6 +33,12 @@ pub(crate) trait Addressed {
 
     /// Sets (or clears) the route fence.
     fn set_fence(&mut self, fence: Option<RouteFence>);
+
+    /// The generation the request may run at here: its route fence's
+    /// (`None`, unfenced: whatever this host owns).
+    fn expect(&self) -> Option<u64> {
+        self.fence().map(|f| f.generation)
+    }
 }
 
 /// [`Addressed`] for request types with `class`, `name` and `fence`
