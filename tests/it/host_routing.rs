@@ -650,7 +650,7 @@ fn forged_fences_headers_and_tokens_are_refused() {
         serde_json::from_slice::<Value>(&body).unwrap()["error"],
         "stale_owner"
     );
-    assert_stale_fence(&post, "zz", "1", "a task that owns nothing");
+    assert_stale_fence(post, "zz", "1", "a task that owns nothing");
     for bad in [
         vec![
             auth,

@@ -246,7 +246,7 @@ fn the_fetch_endpoint_needs_the_token_and_admits_only_at_its_fence() {
     });
     let auth = ("x-durability-internal-auth", TOKEN);
     assert_stale_fence(
-        &post,
+        post,
         "a",
         "999999",
         "a fence at a generation a does not hold",
