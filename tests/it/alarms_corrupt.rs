@@ -8,11 +8,15 @@ use crate::alarms::support;
 
 use std::sync::Arc;
 
-use durability_alarms::{AlarmIndex, AlarmTx, ClaimReady, ObjectId, Token};
+use durability_alarms::{
+    AlarmIndex, AlarmTx, Claim, ClaimReady, MemoryAlarmIndex, ObjectId, Token,
+};
 use durability_scheduler::{ManualClock, Storage, StorageError};
+use durability_storage_redis::alarms::RedisAlarmIndex;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
-use support::{Host, Log, NoFail, START, redis_cleanup, redis_index, unique_prefix};
+use redis::aio::ConnectionManager;
+use support::{Host, Log, NoFail, Obj, START, redis_cleanup, redis_index, unique_prefix};
 
 fn obj(s: &str) -> ObjectId {
     ObjectId::new(s).unwrap()
@@ -35,37 +39,100 @@ fn corrupt_row(storage: &SqliteStorage, at: &str, token: &str) {
         .unwrap();
 }
 
-fn row_count(storage: &SqliteStorage) -> i64 {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .query_row("SELECT COUNT(*) FROM durability_alarm", [], |r| r.get(0))
-                .map_err(|e| StorageError::backend("count", e))
-        })
-        .unwrap()
+/// One object on an in-memory SQLite file, registered with a host and the
+/// memory index, whose alarm row was then overwritten behind its back.
+struct Room {
+    clock: ManualClock,
+    index: Arc<MemoryAlarmIndex>,
+    storage: Arc<SqliteStorage>,
+    host: Arc<Host<SqliteStorage, MemoryAlarmIndex>>,
+    o: Arc<Obj<SqliteStorage, MemoryAlarmIndex>>,
 }
 
-#[tokio::test]
-async fn a_row_with_a_corrupt_time_stays_deletable() {
+/// Opens `name` and writes the alarm row `(at, token)` with
+/// [`corrupt_row`].
+fn room_with_corrupt_row(name: &str, at: &str, token: &str) -> Room {
     let clock = ManualClock::new(START);
-    let index = Arc::new(durability_alarms::MemoryAlarmIndex::new());
+    let index = Arc::new(MemoryAlarmIndex::new());
     let storage = Arc::new(SqliteStorage::open_in_memory().unwrap());
-    let host = Host::default();
+    let host = Arc::new(Host::default());
     let o = host.open(
-        "room-1",
+        name,
         Arc::clone(&storage),
         &clock,
         Arc::clone(&index),
         &Log::default(),
         Arc::new(NoFail),
     );
-    // A legacy/corrupt row: the time is text, the token is valid, and the
-    // index holds the job of that token.
-    corrupt_row(&storage, "not-a-time", "tok1");
-    index
-        .upsert(&obj("room-1"), &tok("tok1"), START)
+    corrupt_row(&storage, at, token);
+    Room {
+        clock,
+        index,
+        storage,
+        host,
+        o,
+    }
+}
+
+/// [`room_with_corrupt_row`], then a job of `token` due at `START` in
+/// the index.
+async fn room_with_corrupt_row_and_job(name: &str, at: &str, token: &str) -> Room {
+    let room = room_with_corrupt_row(name, at, token);
+    room.index
+        .upsert(&obj(name), &tok(token), START)
         .await
         .unwrap();
+    room
+}
+
+/// A claim of the next ready job at `now` for run `run`, leased 1 s.
+async fn claim_at(ix: &impl AlarmIndex, now: i64, run: &str) -> Option<Claim> {
+    ix.claim(ClaimReady {
+        now,
+        lease_ms: 1_000,
+        run: &tok(run),
+    })
+    .await
+    .unwrap()
+}
+
+/// A Redis index under a unique prefix of its own (returned too) made of
+/// `what`, or `None` as [`redis_index`] says.
+async fn fresh_redis_index(what: &str) -> Option<(RedisAlarmIndex, String)> {
+    let prefix = unique_prefix(what);
+    Some((redis_index(what, &prefix).await?, prefix))
+}
+
+/// Sets `fields` of the Redis hash `key`.
+async fn hset(c: &mut ConnectionManager, key: &str, fields: &[(&str, &str)]) {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(key);
+    for (field, value) in fields {
+        cmd.arg(*field).arg(*value);
+    }
+    let _: () = cmd.query_async(c).await.unwrap();
+}
+
+/// The object ids in the Redis index's quarantine set.
+async fn quarantined(ix: &RedisAlarmIndex, c: &mut ConnectionManager) -> Vec<String> {
+    redis::cmd("SMEMBERS")
+        .arg(ix.quarantine_key())
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
+fn row_count(storage: &SqliteStorage) -> i64 {
+    crate::support::query_one(storage, "SELECT COUNT(*) FROM durability_alarm")
+}
+
+#[tokio::test]
+async fn a_row_with_a_corrupt_time_stays_deletable() {
+    // A legacy/corrupt row: the time is text, the token is valid, and the
+    // index holds the job of that token.
+    let Room {
+        index, storage, o, ..
+    } = room_with_corrupt_row_and_job("room-1", "not-a-time", "tok1").await;
     assert!(storage.transaction(|tx| tx.alarm_row()).is_err());
 
     o.alarms.delete_alarm().await.unwrap();
@@ -79,19 +146,7 @@ async fn a_row_with_a_corrupt_time_stays_deletable() {
 
 #[tokio::test]
 async fn a_row_with_a_corrupt_token_is_deleted_locally() {
-    let clock = ManualClock::new(START);
-    let index = Arc::new(durability_alarms::MemoryAlarmIndex::new());
-    let storage = Arc::new(SqliteStorage::open_in_memory().unwrap());
-    let host = Host::default();
-    let o = host.open(
-        "room-2",
-        Arc::clone(&storage),
-        &clock,
-        Arc::clone(&index),
-        &Log::default(),
-        Arc::new(NoFail),
-    );
-    corrupt_row(&storage, "12", "bad token!");
+    let Room { storage, o, .. } = room_with_corrupt_row("room-2", "12", "bad token!");
     o.alarms.delete_alarm().await.unwrap();
     assert_eq!(row_count(&storage), 0);
 }
@@ -127,29 +182,11 @@ async fn sqlite_claim_quarantines_a_corrupt_job_before_claiming_it() {
     .unwrap();
     assert_eq!(ix.promote(START + 10, 100).await.unwrap(), 1);
 
-    let run = tok("r1");
-    let claim = ix
-        .claim(ClaimReady {
-            now: START + 10,
-            lease_ms: 1_000,
-            run: &run,
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let claim = claim_at(&ix, START + 10, "r1").await.unwrap();
     assert_eq!(claim.object, obj("healthy"), "the healthy job is claimed");
     assert_eq!(ix.quarantined().unwrap(), 1, "the corrupt id sorted first");
     // The text due time sorts after every integer: the next claim meets it.
-    assert!(
-        ix.claim(ClaimReady {
-            now: START + 10,
-            lease_ms: 1_000,
-            run: &tok("r2")
-        })
-        .await
-        .unwrap()
-        .is_none()
-    );
+    assert!(claim_at(&ix, START + 10, "r2").await.is_none());
     assert_eq!(
         ix.quarantined().unwrap(),
         2,
@@ -167,21 +204,13 @@ async fn sqlite_claim_quarantines_a_corrupt_job_before_claiming_it() {
 
 #[tokio::test]
 async fn redis_reports_a_corrupt_stored_field_as_corrupt() {
-    let prefix = unique_prefix("redis_corrupt_field");
-    let Some(ix) = redis_index("redis_reports_a_corrupt_stored_field_as_corrupt", &prefix).await
-    else {
+    let Some((ix, _)) = fresh_redis_index("redis_corrupt_field").await else {
         return;
     };
     let a = obj("a");
     ix.upsert(&a, &tok("t1"), START).await.unwrap();
     let mut c = ix.connection();
-    let _: () = redis::cmd("HSET")
-        .arg(ix.job_key(&a))
-        .arg("due_at")
-        .arg("yesterday")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    hset(&mut c, &ix.job_key(&a), &[("due_at", "yesterday")]).await;
     let e = ix.job(&a).await.unwrap_err();
     assert_eq!(e.code(), "do_alarm_corrupt", "{e}");
     redis_cleanup(&ix).await;
@@ -189,13 +218,7 @@ async fn redis_reports_a_corrupt_stored_field_as_corrupt() {
 
 #[tokio::test]
 async fn redis_claim_quarantines_a_corrupt_job_and_claims_the_healthy_one() {
-    let prefix = unique_prefix("redis_corrupt_claim");
-    let Some(ix) = redis_index(
-        "redis_claim_quarantines_a_corrupt_job_and_claims_the_healthy_one",
-        &prefix,
-    )
-    .await
-    else {
+    let Some((ix, _)) = fresh_redis_index("redis_corrupt_claim").await else {
         return;
     };
     ix.upsert(&obj("bad"), &tok("t0"), START).await.unwrap();
@@ -203,63 +226,21 @@ async fn redis_claim_quarantines_a_corrupt_job_and_claims_the_healthy_one() {
         .await
         .unwrap();
     let mut c = ix.connection();
-    let _: () = redis::cmd("HSET")
-        .arg(ix.job_key(&obj("bad")))
-        .arg("tries")
-        .arg("many")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    hset(&mut c, &ix.job_key(&obj("bad")), &[("tries", "many")]).await;
     assert_eq!(ix.promote(START + 5, 10).await.unwrap(), 2);
-    let claim = ix
-        .claim(ClaimReady {
-            now: START + 5,
-            lease_ms: 1_000,
-            run: &tok("r1"),
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let claim = claim_at(&ix, START + 5, "r1").await.unwrap();
     assert_eq!(claim.object, obj("good"));
-    let q: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ix.quarantine_key())
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(q, vec!["bad".to_owned()]);
-    assert!(
-        ix.claim(ClaimReady {
-            now: START + 5,
-            lease_ms: 1_000,
-            run: &tok("r2")
-        })
-        .await
-        .unwrap()
-        .is_none()
-    );
+    assert_eq!(quarantined(&ix, &mut c).await, vec!["bad".to_owned()]);
+    assert!(claim_at(&ix, START + 5, "r2").await.is_none());
     redis_cleanup(&ix).await;
 }
 
 #[tokio::test]
 async fn a_delivery_to_a_corrupt_row_fails_instead_of_spinning() {
     use durability_alarms::{Dispatcher, DispatcherConfig};
-    let clock = ManualClock::new(START);
-    let index = Arc::new(durability_alarms::MemoryAlarmIndex::new());
-    let storage = Arc::new(SqliteStorage::open_in_memory().unwrap());
-    let host = Arc::new(Host::default());
-    host.open(
-        "room-3",
-        Arc::clone(&storage),
-        &clock,
-        Arc::clone(&index),
-        &Log::default(),
-        Arc::new(NoFail),
-    );
-    corrupt_row(&storage, "not-a-time", "tok3");
-    index
-        .upsert(&obj("room-3"), &tok("tok3"), START)
-        .await
-        .unwrap();
+    let Room {
+        clock, index, host, ..
+    } = room_with_corrupt_row_and_job("room-3", "not-a-time", "tok3").await;
     let d = Dispatcher::new(
         Arc::clone(&index),
         host,
@@ -279,13 +260,7 @@ async fn a_delivery_to_a_corrupt_row_fails_instead_of_spinning() {
 
 #[tokio::test]
 async fn redis_claim_quarantines_a_job_with_a_corrupt_object_id() {
-    let prefix = unique_prefix("redis_corrupt_id");
-    let Some(ix) = redis_index(
-        "redis_claim_quarantines_a_job_with_a_corrupt_object_id",
-        &prefix,
-    )
-    .await
-    else {
+    let Some((ix, prefix)) = fresh_redis_index("redis_corrupt_id").await else {
         return;
     };
     ix.upsert(&obj("good"), &tok("t1"), START + 5)
@@ -295,19 +270,18 @@ async fn redis_claim_quarantines_a_job_with_a_corrupt_object_id() {
     // does not: it holds NUL.
     let bad = "bad\0id";
     let mut c = ix.connection();
-    let _: () = redis::cmd("HSET")
-        .arg(format!("{prefix}wf:internal:do-alarm:job:{bad}"))
-        .arg("token")
-        .arg("t0")
-        .arg("due_at")
-        .arg(START.to_string())
-        .arg("state")
-        .arg("due")
-        .arg("tries")
-        .arg("0")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let due_at = START.to_string();
+    hset(
+        &mut c,
+        &format!("{prefix}wf:internal:do-alarm:job:{bad}"),
+        &[
+            ("token", "t0"),
+            ("due_at", &due_at),
+            ("state", "due"),
+            ("tries", "0"),
+        ],
+    )
+    .await;
     let _: () = redis::cmd("ZADD")
         .arg(ix.due_key())
         .arg(START)
@@ -322,12 +296,7 @@ async fn redis_claim_quarantines_a_job_with_a_corrupt_object_id() {
         .unwrap();
     let objects: Vec<&str> = claims.iter().map(|c| c.object.as_str()).collect();
     assert_eq!(objects, vec!["good"], "the healthy job only");
-    let q: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ix.quarantine_key())
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(q, vec![bad.to_owned()]);
+    assert_eq!(quarantined(&ix, &mut c).await, vec![bad.to_owned()]);
     let due: Vec<String> = redis::cmd("ZRANGE")
         .arg(ix.due_key())
         .arg(0)

@@ -139,6 +139,16 @@ async fn host_a_ticks(
     d
 }
 
+/// [`world_with_job`] with `lock` set on the worker.
+async fn world_with_job_under(lock: DeleteLock) -> (World, Arc<MemoryAlarmIndex>) {
+    let (w, index) = world_with_job().await;
+    w.store
+        .set_delete_lock(&w.lifecycle, Some(lock))
+        .await
+        .unwrap();
+    (w, index)
+}
+
 /// Host A's dispatcher, ticked for five seconds, discards `room-1`'s job
 /// without a retry.
 async fn assert_room_1_job_discards_itself(w: &World, index: &Arc<MemoryAlarmIndex>) {
@@ -173,21 +183,13 @@ async fn a_job_whose_storage_moved_discards_itself() {
 
 #[tokio::test]
 async fn a_job_under_a_whole_delete_lock_discards_itself() {
-    let (w, index) = world_with_job().await;
-    w.store
-        .set_delete_lock(&w.lifecycle, Some(DeleteLock::Whole))
-        .await
-        .unwrap();
+    let (w, index) = world_with_job_under(DeleteLock::Whole).await;
     assert_room_1_job_discards_itself(&w, &index).await;
 }
 
 #[tokio::test]
 async fn a_version_delete_lock_does_not_discard_the_active_storage_jobs() {
-    let (w, index) = world_with_job().await;
-    w.store
-        .set_delete_lock(&w.lifecycle, Some(DeleteLock::Version))
-        .await
-        .unwrap();
+    let (w, index) = world_with_job_under(DeleteLock::Version).await;
     let d = host_a_ticks(&w, &index, 2).await;
     let c = d.counters().snapshot();
     assert_eq!((c.delivered, c.gone), (1, 0), "{c:?}");

@@ -171,6 +171,7 @@ fn moved_by_hand_off(owners: &[&Proc], joiners: &[&Proc], since: i64) -> usize {
 fn hosts_converge_to_an_even_split_after_join_kill_and_rejoin() {
     let dir = tempfile::tempdir().unwrap();
     let mut client = Client::default();
+    let lease_ms = TTL_S * 1000;
     let start = now();
     let mut hosts = vec![spawn("h1", dir.path(), true)];
     converge(&mut hosts, &[16], "start h1", start);
@@ -185,9 +186,8 @@ fn hosts_converge_to_an_even_split_after_join_kill_and_rejoin() {
     let moved = moved_by_hand_off(&[&hosts[0]], &[&hosts[1], &hosts[2]], joined);
     assert_eq!(moved, 10, "h1 handed off exactly its excess");
     eprintln!(
-        "join: {moved} shards handed off, converged {} ms after the join (lease {} ms: no lease could expire)",
-        done - joined,
-        TTL_S * 1000
+        "join: {moved} shards handed off, converged {} ms after the join (lease {lease_ms} ms: no lease could expire)",
+        done - joined
     );
     client.round(&mut hosts, "three");
 
@@ -198,9 +198,8 @@ fn hosts_converge_to_an_even_split_after_join_kill_and_rejoin() {
     dead.wait_exit();
     let done = converge(&mut hosts, &[8, 8], "kill h2", killed);
     eprintln!(
-        "kill: the dead host's shards spread {} ms after the kill (lease {} ms)",
-        done - killed,
-        TTL_S * 1000
+        "kill: the dead host's shards spread {} ms after the kill (lease {lease_ms} ms)",
+        done - killed
     );
     client.round(&mut hosts, "two");
 

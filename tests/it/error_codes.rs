@@ -31,91 +31,46 @@ struct Family {
     wire: &'static [&'static str],
 }
 
+/// One [`Family`] an entry: `owner => style, codes;`, with `[wire: ..]`
+/// after the owner where a wire contract spells codes outside the style.
+macro_rules! families {
+    ($($owner:literal $([wire: $($wire:literal),*])? => $style:expr, $codes:expr;)*) => {
+        vec![$(Family {
+            owner: $owner,
+            style: $style,
+            codes: $codes,
+            wire: &[$($($wire),*)?],
+        }),*]
+    };
+}
+
 fn families() -> Vec<Family> {
     use Style::{Screaming, ScreamingUnprefixed, Snake};
-    let f = |owner, style, codes| Family {
-        owner,
-        style,
-        codes,
-        wire: &[],
-    };
-    vec![
-        f(
-            "durability-time::Elapsed",
-            Screaming("TIME_"),
-            durability_time::Elapsed::CODES,
-        ),
-        f(
-            "durability-scheduler::SchedulerError",
-            Screaming("SCHEDULER_"),
-            durability_scheduler::SchedulerError::CODES,
-        ),
-        f(
-            "durability-scheduler::StorageError",
-            Screaming("STORAGE_"),
-            durability_scheduler::StorageError::CODES,
-        ),
-        f(
-            "durability-scheduler::PermitError",
-            Screaming("SCHEDULER_"),
-            durability_scheduler::PermitError::CODES,
-        ),
-        f(
-            "durability-scheduler::ImageError",
-            Screaming("IMAGE_"),
-            durability_scheduler::image::ImageError::CODES,
-        ),
-        f(
-            "durability-outbox::OutboxError",
-            Screaming("OUTBOX_"),
-            durability_outbox::OutboxError::CODES,
-        ),
-        f(
-            "durability-topology::TopologyError",
-            Screaming("TOPOLOGY_"),
-            durability_topology::TopologyError::CODES,
-        ),
-        f(
-            "durability-topology-client::TopologyClientError",
-            Screaming("TOPOLOGY_"),
-            durability_topology_client::TopologyClientError::CODES,
-        ),
-        f(
-            "durability-migration::MigrationError",
-            ScreamingUnprefixed,
-            durability_migration::MigrationError::CODES,
-        ),
-        f(
-            "durability-ownership::OwnershipError",
-            Snake(""),
-            durability_ownership::OwnershipError::CODES,
-        ),
-        f(
-            "durability-alarms::AlarmError",
-            Snake("do_alarm_"),
-            durability_alarms::AlarmError::CODES,
-        ),
-        f(
-            "durability-semaphore::SemaphoreError",
-            Screaming("SEMAPHORE_"),
-            durability_semaphore::SemaphoreError::CODES,
-        ),
-        f(
-            "durability-host::MoveError",
-            Snake("move_"),
-            durability_host::store::MoveError::CODES,
-        ),
-        Family {
-            owner: "durability-host::HostError",
-            style: Snake("host_"),
-            codes: durability_host::HostError::CODES,
-            wire: &["owner_unavailable", "do_rpc_result_unknown"],
-        },
-        f(
-            "durability-storage-sqlite::connection::OpenError",
-            Screaming("SQLITE_"),
-            durability_storage_sqlite::connection::OpenError::CODES,
-        ),
+    use durability_scheduler::{PermitError, SchedulerError, StorageError, image::ImageError};
+    families![
+        "durability-time::Elapsed" => Screaming("TIME_"), durability_time::Elapsed::CODES;
+        "durability-scheduler::SchedulerError" => Screaming("SCHEDULER_"), SchedulerError::CODES;
+        "durability-scheduler::StorageError" => Screaming("STORAGE_"), StorageError::CODES;
+        "durability-scheduler::PermitError" => Screaming("SCHEDULER_"), PermitError::CODES;
+        "durability-scheduler::ImageError" => Screaming("IMAGE_"), ImageError::CODES;
+        "durability-outbox::OutboxError" =>
+            Screaming("OUTBOX_"), durability_outbox::OutboxError::CODES;
+        "durability-topology::TopologyError" =>
+            Screaming("TOPOLOGY_"), durability_topology::TopologyError::CODES;
+        "durability-topology-client::TopologyClientError" =>
+            Screaming("TOPOLOGY_"), durability_topology_client::TopologyClientError::CODES;
+        "durability-migration::MigrationError" =>
+            ScreamingUnprefixed, durability_migration::MigrationError::CODES;
+        "durability-ownership::OwnershipError" =>
+            Snake(""), durability_ownership::OwnershipError::CODES;
+        "durability-alarms::AlarmError" => Snake("do_alarm_"), durability_alarms::AlarmError::CODES;
+        "durability-semaphore::SemaphoreError" =>
+            Screaming("SEMAPHORE_"), durability_semaphore::SemaphoreError::CODES;
+        "durability-host::MoveError" => Snake("move_"), durability_host::store::MoveError::CODES;
+        "durability-host::HostError" [wire: "owner_unavailable", "do_rpc_result_unknown"] =>
+            Snake("host_"), durability_host::HostError::CODES;
+        "durability-storage-sqlite::connection::OpenError" =>
+            Screaming("SQLITE_"), durability_storage_sqlite::connection::OpenError::CODES;
     ]
 }
 

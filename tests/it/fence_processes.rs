@@ -186,6 +186,19 @@ impl Host {
     fn resume(&self) {
         signal(self.proc.child.id(), "CONT");
     }
+
+    /// Resumes the host paused at line `paused` (see [`Host::pause`]) and
+    /// waits until it reports its late write refused or lost: the lines
+    /// it printed since the pause.
+    fn resume_until_refused(&self, paused: usize) -> Vec<String> {
+        self.resume();
+        eprintln!("resumed {}", self.name);
+        self.wait(&format!("{} refused late write", self.name), paused, |l| {
+            l.iter()
+                .any(|l| l.starts_with("refused ") || l.starts_with("lost "))
+        });
+        self.lines()[paused..].to_vec()
+    }
 }
 
 fn redis_or_skip(dir: &Path, test: &str) -> Option<Redis> {
@@ -299,13 +312,7 @@ fn a_wiped_or_restarted_lease_store_never_lets_two_holders_commit_one_generation
 
     let b = Host::spawn("task-b", &redis, &db, &[]);
     b.wait_commits(3);
-    a.resume();
-    eprintln!("resumed task-a");
-    a.wait("a refused late write", a_paused, |l| {
-        l.iter()
-            .any(|l| l.starts_with("refused ") || l.starts_with("lost "))
-    });
-    let a_late = a.lines()[a_paused..].to_vec();
+    let a_late = a.resume_until_refused(a_paused);
 
     let b_paused = b.pause();
     eprintln!("paused task-b after {} commits", b.count("commit "));
@@ -316,13 +323,7 @@ fn a_wiped_or_restarted_lease_store_never_lets_two_holders_commit_one_generation
     a.wait("a commits again", 0, |l| {
         l.iter().filter(|l| l.starts_with("commit ")).count() >= a_commits + 3
     });
-    b.resume();
-    eprintln!("resumed task-b");
-    b.wait("b refused late write", b_paused, |l| {
-        l.iter()
-            .any(|l| l.starts_with("refused ") || l.starts_with("lost "))
-    });
-    let b_late = b.lines()[b_paused..].to_vec();
+    let b_late = b.resume_until_refused(b_paused);
     drop(a);
     drop(b);
 

@@ -100,17 +100,27 @@ fn pair(dir: &Path, ttl_s: u64) -> (Proc, Proc) {
     (a, b)
 }
 
+/// Prints `answer` (to `command`, described as `what`) and asserts that
+/// it is an error.
+pub(crate) fn assert_refused(answer: &str, command: &str, what: &str) {
+    eprintln!("{what}: {answer}");
+    assert!(
+        answer.starts_with(&format!("err {command} ")),
+        "{what} must be refused: {answer}"
+    );
+}
+
 /// Increments every object of `names` on `a` (each its first write) and
-/// sets its alarm due 1.5 s later.
-pub(crate) fn incr_with_alarms(a: &mut Proc, names: &[&str]) {
+/// sets its alarm due `timer_ms` later.
+pub(crate) fn incr_with_alarms(a: &mut Proc, names: &[&str], timer_ms: u64) {
     for n in names {
         let answer = a.run_ok(&format!("incr {n}"));
         assert!(
             answer.starts_with(&format!("ok incr {n} value=1 gen=")),
             "{answer}"
         );
-        let answer = a.run_ok(&format!("timer {n} 1500"));
-        assert!(answer.starts_with("ok timer"), "{answer}");
+        let answer = a.run_ok(&format!("timer {n} {timer_ms}"));
+        assert!(answer.starts_with(&format!("ok timer {n} ")), "{answer}");
     }
 }
 
@@ -169,7 +179,7 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
     let dir = tempfile::tempdir().unwrap();
     let (mut a, mut b) = pair(dir.path(), TTL_S);
     let names = ["k1", "k2", "k3", "k4", "k5", "k6"];
-    incr_with_alarms(&mut a, &names);
+    incr_with_alarms(&mut a, &names, 1500);
     let killed = now();
     signal(a.child.id(), "KILL");
     a.wait_exit();
@@ -206,11 +216,7 @@ fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
         "the late commit must be refused: {refused}"
     );
     let late = a.run("incr p1");
-    eprintln!("a's next call: {late}");
-    assert!(
-        late.starts_with("err incr p1 "),
-        "a stale host's new work is refused: {late}"
-    );
+    assert_refused(&late, "incr p1", "a's next call (a stale host's new work)");
     let answer = b.run_ok("incr p1");
     assert!(
         answer.starts_with("ok incr p1 value=4 "),

@@ -13,7 +13,6 @@
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -73,6 +72,16 @@ impl<T: std::fmt::Debug> Answered<T> {
         }
     }
 
+    /// Asserts that it failed `code` with outcome `not_started`.
+    fn assert_not_started(self, code: &str, what: &str) {
+        let (got, outcome) = self.err();
+        assert_eq!(
+            (got.as_str(), outcome.as_str()),
+            (code, "not_started"),
+            "{what}"
+        );
+    }
+
     fn err(self) -> (String, String) {
         match self {
             Self::Err { code, outcome } => (code, outcome),
@@ -88,11 +97,9 @@ impl Proc {
 
     /// [`Proc::spawn`] with extra `key=value` arguments.
     fn spawn_with(name: &str, dir: &Path, extra: &[&str]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_routing-host"));
+        let bin = env!("CARGO_BIN_EXE_routing-host");
+        let mut command = process::host_command(bin, name, dir, TOKEN);
         command
-            .arg(format!("dir={}", dir.display()))
-            .arg(format!("task={name}"))
-            .arg(format!("token={TOKEN}"))
             .arg("interval=200")
             .args(extra)
             .env("DO_OWNER_TTL_SECONDS", TTL_S.to_string())
@@ -167,6 +174,106 @@ fn a_owns_c1() -> (tempfile::TempDir, Proc, Proc) {
     let b = Proc::spawn("b", dir.path());
     a.call_ok("c1", "incr", "{\"by\":1}");
     (dir, a, b)
+}
+
+/// [`a_owns_c1`] with a third host `c`.
+fn a_owns_c1_of_three() -> (tempfile::TempDir, Proc, Proc, Proc) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Proc::spawn("a", dir.path());
+    let b = Proc::spawn("b", dir.path());
+    let c = Proc::spawn("c", dir.path());
+    a.call_ok("c1", "incr", "{\"by\":1}");
+    (dir, a, b, c)
+}
+
+/// Hosts `a` (the only dispatcher) and `b` (`dispatch=off`) over one
+/// directory.
+fn a_dispatches_b_does_not() -> (tempfile::TempDir, Proc, Proc) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::spawn("a", dir.path());
+    let b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    (dir, a, b)
+}
+
+/// The text of `line` after ` first=` up to ` second=`, and after
+/// ` second=` to the end.
+fn two_fields<'l>(line: &'l str, first: &str, second: &str) -> (&'l str, &'l str) {
+    let (_, rest) = line.split_once(&format!(" {first}=")).unwrap();
+    rest.split_once(&format!(" {second}=")).unwrap()
+}
+
+/// Asserts that `answer` (b's answer line for `c1`) is `owner_unavailable`
+/// with an unknown outcome, and that the failure evicted b's hint.
+fn assert_unknown_and_unhinted(b: &mut Proc, answer: &str) {
+    assert_eq!(field(answer, "code"), "owner_unavailable", "{answer}");
+    assert_eq!(field(answer, "outcome"), "unknown", "{answer}");
+    assert_eq!(
+        b.hint("c1").0,
+        "none",
+        "the unmarked failure evicted the hint"
+    );
+}
+
+/// The lease store of [`victim`], an object and its scope's key.
+type Victim = (SqliteLeaseStore<SystemClock>, String, String);
+
+/// Hosts `a` and `b` over one directory, and a [`victim`] on a shard
+/// neither owns yet.
+fn a_and_b_and_a_victim() -> (tempfile::TempDir, Proc, Proc, Victim) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::spawn("a", dir.path());
+    let b = Proc::spawn("b", dir.path());
+    let victim = victim(dir.path(), &[]);
+    (dir, a, b, victim)
+}
+
+/// Asserts that `v` (a `Counter` answer) counted to `n` on `task`.
+fn assert_ran(v: &Value, n: i64, task: &str, what: &str) {
+    assert_eq!((n_of(v), v["task"].as_str()), (n, Some(task)), "{what}");
+}
+
+/// Asserts that an internal request `send` sends with the token and a
+/// fence of `task` at `generation` is refused `503` `stale_owner`.
+fn assert_stale_fence(
+    send: impl Fn(&[(&str, &str)]) -> (u16, Vec<(String, String)>, Vec<u8>),
+    task: &str,
+    generation: &str,
+    what: &str,
+) {
+    let (status, headers, _) = send(&[
+        ("x-durability-internal-auth", TOKEN),
+        ("x-durability-route-task", task),
+        ("x-durability-route-generation", generation),
+    ]);
+    assert_eq!(
+        (status, header(&headers, "x-durability-ownership-error")),
+        (503, Some("stale_owner")),
+        "{what}"
+    );
+}
+
+/// Asserts that each routing counter of `deltas` moved by its delta from
+/// `before` to `after`.
+fn assert_moved(
+    before: &std::collections::HashMap<String, u64>,
+    after: &std::collections::HashMap<String, u64>,
+    deltas: &[(&str, u64)],
+    what: &str,
+) {
+    let moved: Vec<(&str, u64)> = deltas
+        .iter()
+        .map(|(k, _)| (*k, after[*k] - before[*k]))
+        .collect();
+    assert_eq!(moved, deltas, "{what}");
+}
+
+/// A lease store over `dir`'s hosts, an object on a shard no name of
+/// `avoid` is on (the victim of a forged owner record), and its scope's
+/// key.
+fn victim(dir: &Path, avoid: &[&str]) -> Victim {
+    let victim = other_shard(avoid);
+    let key = counter_scope(&victim).host_id().to_owned();
+    (lease_store(dir), victim, key)
 }
 
 fn shard(name: &str) -> u32 {
@@ -321,11 +428,11 @@ fn a_call_is_forwarded_once_then_goes_direct_on_the_learned_hint() {
     assert_eq!((n_of(&v), v["task"].as_str()), (1, Some("a")));
     assert_eq!(b.hint("c1").0, "none");
 
-    let v = b.call_ok("c1", "incr", "{\"by\":1}");
-    assert_eq!(
-        (n_of(&v), v["task"].as_str()),
-        (2, Some("a")),
-        "ran on the owner"
+    assert_ran(
+        &b.call_ok("c1", "incr", "{\"by\":1}"),
+        2,
+        "a",
+        "ran on the owner",
     );
     let r = b.routing();
     assert_eq!((r["forwarded"], r["direct"], r["local"]), (1, 0, 0));
@@ -359,11 +466,7 @@ fn a_call_is_forwarded_once_then_goes_direct_on_the_learned_hint() {
 
 #[test]
 fn a_stale_hint_after_a_takeover_costs_one_rediscovery() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let mut c = Proc::spawn("c", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b, mut c) = a_owns_c1_of_three();
     b.call_ok("c1", "incr", "{\"by\":1}");
     let (_, g1) = b.hint("c1");
     let drained = a.ask("drain", "drained ");
@@ -378,11 +481,7 @@ fn a_stale_hint_after_a_takeover_costs_one_rediscovery() {
     // b's hint still says a@g1: a answers a trusted stale_owner before
     // dispatch; b rediscovers once and reaches c.
     let v = b.call_ok("c1", "incr", "{\"by\":1}");
-    assert_eq!(
-        (n_of(&v), v["task"].as_str()),
-        (4, Some("c")),
-        "ran once, on the new owner"
-    );
+    assert_ran(&v, 4, "c", "ran once, on the new owner");
     let r = b.routing();
     assert_eq!((r["direct"], r["rediscoveries"], r["forwarded"]), (1, 1, 2));
     let (task, g2) = b.hint("c1");
@@ -406,13 +505,7 @@ fn rpc_is_not_replayed_after_an_unknown_outcome() {
     assert_eq!(field(&committed, "n"), "2");
     a.kill();
     let answer = b.wait_new("err call c1 incr_hang ", before);
-    assert_eq!(field(&answer, "code"), "owner_unavailable", "{answer}");
-    assert_eq!(field(&answer, "outcome"), "unknown", "{answer}");
-    assert_eq!(
-        b.hint("c1").0,
-        "none",
-        "the unmarked failure evicted the hint"
-    );
+    assert_unknown_and_unhinted(&mut b, &answer);
     assert_eq!(b.routing()["rediscoveries"], 0);
 
     // Until a's lease runs out, b gets owner_unavailable (a's endpoint is
@@ -557,15 +650,7 @@ fn forged_fences_headers_and_tokens_are_refused() {
         serde_json::from_slice::<Value>(&body).unwrap()["error"],
         "stale_owner"
     );
-    let (status, headers, _) = post(&[
-        auth,
-        ("x-durability-route-task", "zz"),
-        ("x-durability-route-generation", "1"),
-    ]);
-    assert_eq!(
-        (status, header(&headers, "x-durability-ownership-error")),
-        (503, Some("stale_owner"))
-    );
+    assert_stale_fence(post, "zz", "1", "a task that owns nothing");
     for bad in [
         vec![
             auth,
@@ -810,12 +895,7 @@ fn impostor(listener: TcpListener, response: String) -> std::thread::JoinHandle<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
-    let dir = tempfile::tempdir().unwrap();
-    let _a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let store = lease_store(dir.path());
-    let victim = other_shard(&[]);
-    let key = counter_scope(&victim).host_id().to_owned();
+    let (_dir, _a, mut b, (store, victim, key)) = a_and_b_and_a_victim();
     let body = "{\"error\":\"stale_owner\",\"message\":\"replay me\"}";
     let answers = [
         // A tenant-shaped body naming a rediscovery code, no marker.
@@ -893,11 +973,7 @@ async fn untrusted_answers_evict_the_hint_and_are_never_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_routes_through_any_host_and_follows_a_takeover() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let mut c = Proc::spawn("c", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b, mut c) = a_owns_c1_of_three();
     let client = client(&b.endpoint);
 
     // Uncached: through b's router, forwarded once to a.
@@ -991,11 +1067,9 @@ fn fired(p: &mut Proc, name: &str) -> Vec<String> {
 
 #[test]
 fn an_alarm_claimed_by_another_hosts_dispatcher_runs_once_on_the_owner() {
-    let dir = tempfile::tempdir().unwrap();
     // a runs the only dispatcher; b owns the object and runs none, so the
     // alarm can only reach b through a's forward over the transport.
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    let (_dir, mut a, mut b) = a_dispatches_b_does_not();
     let armed = b.call_ok("t1", "arm", "{\"in_ms\":200}");
     assert_eq!(armed["task"].as_str(), Some("b"));
     let line = b.wait_new("fired t1 ", 0);
@@ -1018,9 +1092,7 @@ fn an_alarm_claimed_by_another_hosts_dispatcher_runs_once_on_the_owner() {
 
 #[test]
 fn an_alarm_of_a_killed_owner_runs_on_the_survivor_after_the_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    let (_dir, mut a, mut b) = a_dispatches_b_does_not();
     b.call_ok("t2", "arm", "{\"in_ms\":400}");
     b.kill();
     // a's forward finds no one listening (connection refused: provably
@@ -1041,9 +1113,7 @@ fn an_alarm_of_a_killed_owner_runs_on_the_survivor_after_the_lease() {
 
 #[test]
 fn the_alarm_endpoint_admits_only_at_its_fence() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn_with("b", dir.path(), &["dispatch=off"]);
+    let (_dir, mut a, mut b) = a_dispatches_b_does_not();
     b.call_ok("t3", "get", "null");
     a.call_ok("t3", "get", "null");
     let (owner, g) = a.hint("t3");

@@ -88,14 +88,8 @@ async fn journaled_move(kinds: [Kind; 2]) {
     assert_eq!(live[0].1.get("name"), Some(&Value::from("ann")));
     assert_eq!(live[0].1.get("n"), Some(&Value::Integer(1)));
     // The source's fence refuses a stale routed insert.
-    let d = e.shard("s0").dialect();
-    let st = d.fenced_insert(
-        &Ident::new("users").unwrap(),
-        "u1",
-        &[(Ident::new("id").unwrap(), Value::from("u1"))],
-        None,
-    );
-    assert_eq!(e.shard("s0").execute(&st).await.unwrap(), 0, "{kinds:?}");
+    let inserted = stale_insert_on_s0(&e, "users", "u1").await;
+    assert_eq!(inserted, 0, "{kinds:?}");
     assert_eq!(r.update("u1", "users", user("bob", 2)).await.unwrap(), 1);
     // Move back: the old fence on s0 is lifted.
     r.reassign_shard("u1", "s0", "users").await.unwrap();
@@ -135,14 +129,8 @@ async fn table_set_move(kinds: [Kind; 2]) {
         Some(&Value::from("Acme"))
     );
     // docs had no row: a stale insert on the source is still fenced.
-    let d = e.shard("s0").dialect();
-    let st = d.fenced_insert(
-        &Ident::new("docs").unwrap(),
-        "org1",
-        &[(Ident::new("id").unwrap(), Value::from("org1"))],
-        None,
-    );
-    assert_eq!(e.shard("s0").execute(&st).await.unwrap(), 0, "{kinds:?}");
+    let inserted = stale_insert_on_s0(&e, "docs", "org1").await;
+    assert_eq!(inserted, 0, "{kinds:?}");
     clean_verify(&r).await;
 }
 
@@ -180,6 +168,18 @@ async fn crash_case_with(
     Some((run.tripped, run.recovery_tripped))
 }
 
+/// The rows a fenced insert of `key` (its `id` only) into `table` on
+/// `s0` wrote: 0 where `s0` holds the key's fence.
+async fn stale_insert_on_s0(e: &Env, table: &str, key: &str) -> u64 {
+    let st = e.shard("s0").dialect().fenced_insert(
+        &Ident::new(table).unwrap(),
+        key,
+        &[(Ident::new("id").unwrap(), Value::from(key))],
+        None,
+    );
+    e.shard("s0").execute(&st).await.unwrap()
+}
+
 /// Crashes the move at each of its writes in turn, in both modes; returns
 /// how many crash points were tried (`None`: a server is unreachable).
 async fn crash_points(kinds: &[Kind], tables: &[&str]) -> Option<u64> {
@@ -201,26 +201,28 @@ async fn crash_points(kinds: &[Kind], tables: &[&str]) -> Option<u64> {
     Some(tried)
 }
 
-#[tokio::test]
-async fn crash_at_every_write_of_a_move_postgres() {
-    // Journal on the Postgres source: `committed` joins the cutover batch.
-    let Some(tried) = crash_points(&[Postgres, Sqlite], &["users"]).await else {
+/// [`crash_points`] of `users` over shards `[source, other]` (the journal
+/// on the source): at least 10; then of `users` and `orgs` over shards
+/// `[third, source, source]` (the journal on a third shard): at least 14.
+async fn crash_at_every_write(source: Kind, other: Kind, third: Kind) {
+    let Some(tried) = crash_points(&[source, other], &["users"]).await else {
         return;
     };
     assert!(tried >= 10, "{tried} crash points");
-    // Journal on a third shard.
-    let tried = crash_points(&[Sqlite, Postgres, Postgres], &["users", "orgs"]).await;
+    let tried = crash_points(&[third, source, source], &["users", "orgs"]).await;
     assert!(tried.unwrap() >= 14, "{tried:?} crash points");
 }
 
 #[tokio::test]
+async fn crash_at_every_write_of_a_move_postgres() {
+    // Journal on the Postgres source: `committed` joins the cutover batch;
+    // then on a third shard.
+    crash_at_every_write(Postgres, Sqlite, Sqlite).await;
+}
+
+#[tokio::test]
 async fn crash_at_every_write_of_a_move_mariadb() {
-    let Some(tried) = crash_points(&[MySql, Postgres], &["users"]).await else {
-        return;
-    };
-    assert!(tried >= 10, "{tried} crash points");
-    let tried = crash_points(&[Postgres, MySql, MySql], &["users", "orgs"]).await;
-    assert!(tried.unwrap() >= 14, "{tried:?} crash points");
+    crash_at_every_write(MySql, Postgres, Postgres).await;
 }
 
 /// A crash at every write of a Postgres → MariaDB move, then a crash at

@@ -149,19 +149,7 @@ impl MappingStore for LossyMapping {
             self.inner.put(key, shard).await
         })
     }
-    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
-        self.inner.put_if_absent(key, shard)
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
-        self.inner.remove(key)
-    }
-    fn scan<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BackendFuture<'a, Vec<(String, String)>> {
-        self.inner.scan(after, limit)
-    }
+    crate::shards::mapping_passthrough!();
 }
 
 /// A shard that yields to the other operations of its step before every
@@ -192,12 +180,7 @@ impl Pace {
 durability_time::debug_fields!(Yielding {});
 
 impl Shard for Yielding {
-    fn dialect(&self) -> durability_migration::Dialect {
-        self.inner.dialect()
-    }
-    fn batch_support(&self) -> durability_migration::BatchSupport {
-        self.inner.batch_support()
-    }
+    crate::shards::shard_passthrough!();
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             self.pace.wait().await;
@@ -1174,44 +1157,25 @@ async fn campaign(name: &str, kinds: [Kind; 3], computed: bool) {
     }
 }
 
-#[tokio::test]
-async fn migration_model_mapped_sqlite() {
-    campaign("migration_model_mapped_sqlite", [Sqlite; 3], false).await;
+/// One `#[tokio::test]` per campaign, named as its campaign: its shard
+/// kinds and whether the keys are computed.
+macro_rules! campaigns {
+    ($($name:ident: $kinds:expr, $computed:expr;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            campaign(stringify!($name), $kinds, $computed).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn migration_model_mapped_postgres() {
-    campaign("migration_model_mapped_postgres", [Postgres; 3], false).await;
-}
-
-#[tokio::test]
-async fn migration_model_mapped_mariadb() {
-    campaign("migration_model_mapped_mariadb", [MySql; 3], false).await;
-}
-
-#[tokio::test]
-async fn migration_model_mapped_mixed() {
-    campaign(
-        "migration_model_mapped_mixed",
-        [Sqlite, Postgres, MySql],
-        false,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn migration_model_computed_sqlite() {
-    campaign("migration_model_computed_sqlite", [Sqlite; 3], true).await;
-}
-
-#[tokio::test]
-async fn migration_model_computed_postgres() {
-    campaign("migration_model_computed_postgres", [Postgres; 3], true).await;
-}
-
-#[tokio::test]
-async fn migration_model_computed_mariadb() {
-    campaign("migration_model_computed_mariadb", [MySql; 3], true).await;
+campaigns! {
+    migration_model_mapped_sqlite: [Sqlite; 3], false;
+    migration_model_mapped_postgres: [Postgres; 3], false;
+    migration_model_mapped_mariadb: [MySql; 3], false;
+    migration_model_mapped_mixed: [Sqlite, Postgres, MySql], false;
+    migration_model_computed_sqlite: [Sqlite; 3], true;
+    migration_model_computed_postgres: [Postgres; 3], true;
+    migration_model_computed_mariadb: [MySql; 3], true;
 }
 
 // ---- Regressions the model found ----
@@ -1421,12 +1385,7 @@ struct MoveOnSecondRead {
 durability_time::debug_fields!(MoveOnSecondRead {});
 
 impl Shard for MoveOnSecondRead {
-    fn dialect(&self) -> durability_migration::Dialect {
-        self.inner.dialect()
-    }
-    fn batch_support(&self) -> durability_migration::BatchSupport {
-        self.inner.batch_support()
-    }
+    crate::shards::shard_passthrough!();
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
         self.inner.execute(stmt)
     }

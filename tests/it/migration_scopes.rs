@@ -36,6 +36,16 @@ fn scoped(e: &Env, c: MigrationConfig, scope: &str) -> MigrationConfig {
         .clock_domain("scopes")
 }
 
+/// Router `a` (scope `a`, `users`, on the environment's mapping) and
+/// router `b` (scope `b`, `orgs`, on a mapping store of its own, also
+/// returned), both opened on `e`.
+async fn open_a_and_b(e: &Env) -> (Router, Router, Arc<MemoryMappingStore>) {
+    let a = open(config_a(e)).await;
+    let b_mapping = Arc::new(MemoryMappingStore::new());
+    let b = open(config_b(e, &b_mapping)).await;
+    (a, b, b_mapping)
+}
+
 async fn open(c: MigrationConfig) -> Router {
     let r = Router::new(c).unwrap();
     r.init().await.unwrap();
@@ -58,9 +68,7 @@ fn org(title: &str) -> Row {
 async fn a_write_hold_fences_only_its_own_journal_scope() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
-        let a = open(config_a(&e)).await;
-        let b_mapping = Arc::new(MemoryMappingStore::new());
-        let b = open(config_b(&e, &b_mapping)).await;
+        let (a, b, b_mapping) = open_a_and_b(&e).await;
         e.mapping.put("k", "s0").await.unwrap();
         b_mapping.put("k", "s0").await.unwrap();
         a.insert("k", "users", user(1)).await.unwrap();
@@ -117,9 +125,7 @@ async fn a_write_hold_fences_only_its_own_journal_scope() {
 async fn journal_scopes_keep_moves_leases_recovery_and_verification_apart() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
-        let a = open(config_a(&e)).await;
-        let b_mapping = Arc::new(MemoryMappingStore::new());
-        let b = open(config_b(&e, &b_mapping)).await;
+        let (a, b, b_mapping) = open_a_and_b(&e).await;
         e.mapping.put("u1", "s0").await.unwrap();
         b_mapping.put("o1", "s0").await.unwrap();
         a.insert("u1", "users", user(1)).await.unwrap();

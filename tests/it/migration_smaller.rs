@@ -269,19 +269,7 @@ impl durability_migration::MappingStore for RaceMapping {
     fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
         self.inner.put(key, shard)
     }
-    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
-        self.inner.put_if_absent(key, shard)
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
-        self.inner.remove(key)
-    }
-    fn scan<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BackendFuture<'a, Vec<(String, String)>> {
-        self.inner.scan(after, limit)
-    }
+    crate::shards::mapping_passthrough!();
 }
 
 /// Runs the winner before the loser's claim insert on the journal shard.

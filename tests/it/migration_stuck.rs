@@ -34,6 +34,19 @@ async fn status(r: &Router, key: &str) -> OpRecord {
     op_of(r, key, "users").await
 }
 
+/// A fresh environment of `kinds` whose router holds user `u1` on `s1`,
+/// with a move of `u1` to `s0` stopped after its copy (interrupted before
+/// its third write, `cutover_pending`): the environment, the router and
+/// the stuck operation.
+async fn move_stopped_after_its_copy(kinds: [Kind; 2]) -> Option<(Env, Router, OpRecord)> {
+    let e = env(&kinds).await?;
+    let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
+    e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
+        .await;
+    let stuck = status(&r, "u1").await;
+    Some((e, r, stuck))
+}
+
 async fn verify(r: &Router) -> durability_migration::VerifyReport {
     r.verify_migrations(VerifyOptions::default()).await.unwrap()
 }
@@ -208,13 +221,11 @@ async fn verify_reports_a_lost_publish_and_repair_republishes_it() {
 async fn repair_keeps_a_live_row_equal_to_an_aborted_moves_copy_after_a_lost_publish() {
     for kinds in SAME {
         for how in [Lost::Deleted, Lost::Reverted] {
-            let Some(e) = env(&kinds).await else { return };
-            let ctx = format!("{kinds:?} {how:?}");
-            let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
             // Stopped after its copy to s0, then aborted by an operator.
-            e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
-                .await;
-            let stuck = status(&r, "u1").await;
+            let Some((e, r, stuck)) = move_stopped_after_its_copy(kinds).await else {
+                return;
+            };
+            let ctx = format!("{kinds:?} {how:?}");
             let ab = r.abort_operation(&stuck.op_id).await.unwrap();
             assert_eq!(ab.copies_dropped, 1, "{ctx}");
             r.reassign_shard("u1", "s0", "users").await.unwrap();
@@ -675,11 +686,9 @@ async fn an_interrupted_abort_runs_again_to_the_end() {
     for kinds in SAME {
         for mode in [FaultMode::Before, FaultMode::After] {
             for n in 1..=5 {
-                let Some(e) = env(&kinds).await else { return };
-                let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
-                e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
-                    .await;
-                let stuck = status(&r, "u1").await;
+                let Some((e, r, stuck)) = move_stopped_after_its_copy(kinds).await else {
+                    return;
+                };
                 let ctx = format!("{kinds:?} {mode:?} write {n}");
                 assert_eq!(stuck.state, MoveState::Prepared, "{ctx}");
                 let rf = e.router_with(true, 30_000).await;
@@ -722,11 +731,9 @@ async fn recovery_settles_an_interrupted_abort() {
     let mut tried = 0;
     for kinds in SAME {
         for n in 1..=4 {
-            let Some(e) = env(&kinds).await else { return };
-            let r = router_with_user(&e, "u1", "s1", user("ann", 1)).await;
-            e.interrupt_move("u1", "s0", "users", 3, FaultMode::Before)
-                .await;
-            let stuck = status(&r, "u1").await;
+            let Some((e, r, stuck)) = move_stopped_after_its_copy(kinds).await else {
+                return;
+            };
             let ctx = format!("{kinds:?} write {n}");
             let rf = e.router_with(true, 30_000).await;
             e.plan.arm(n, FaultMode::After);

@@ -26,6 +26,26 @@ fn on_sink(clock: &ManualClock, mode: Mode) -> (Recorder, Obj<MemoryStorage>) {
     (sink, o)
 }
 
+/// [`on_sink`] with a 1 s attempt timeout.
+fn on_sink_with_1s_timeout(clock: &ManualClock, mode: Mode) -> (Recorder, Obj<MemoryStorage>) {
+    let sink = Recorder::with_mode(mode);
+    let config = ChannelConfig::new("c").attempt_timeout_ms(1_000);
+    let o = open(memory(), clock, sink.clone(), config);
+    (sink, o)
+}
+
+/// One `deliver_due` on `o` whose sink call is still running when the
+/// 1 s attempt timeout fires: the clock moves on only once the sink was
+/// entered and the timeout sleeps.
+async fn deliver_past_the_timeout(o: &Obj<MemoryStorage>, clock: &ManualClock) {
+    let outbox = o.outbox.clone();
+    let flight = tokio::spawn(async move { outbox.deliver_due().await });
+    o.sink.entered.notified().await;
+    support::wait_for_sleeper(clock).await;
+    clock.advance(1_000);
+    flight.await.unwrap().unwrap();
+}
+
 /// Whether `o`'s channel emitted an event of a kind `kind` accepts.
 fn saw<S: Storage>(o: &Obj<S>, kind: impl Fn(&EventKind) -> bool) -> bool {
     o.events.lock().unwrap().iter().any(|e| kind(&e.kind))
@@ -257,20 +277,9 @@ async fn invalid_custom_delays_are_rejected_and_the_entry_is_kept() {
 #[tokio::test]
 async fn a_sink_that_hangs_past_its_timeout_is_retried() {
     let clock = ManualClock::new(START);
-    let sink = Recorder::with_mode(Mode::Hang);
-    let o = open(
-        memory(),
-        &clock,
-        sink.clone(),
-        ChannelConfig::new("c").attempt_timeout_ms(1_000),
-    );
+    let (sink, o) = on_sink_with_1s_timeout(&clock, Mode::Hang);
     stage(&o, "k", "v");
-    let outbox = o.outbox.clone();
-    let flight = tokio::spawn(async move { outbox.deliver_due().await });
-    sink.entered.notified().await;
-    support::wait_for_sleeper(&clock).await;
-    clock.advance(1_000);
-    flight.await.unwrap().unwrap();
+    deliver_past_the_timeout(&o, &clock).await;
     let events = o.events.lock().unwrap().clone();
     assert!(events.iter().any(|e| matches!(&e.kind, EventKind::RetryScheduled { error, .. } if error.contains("timed out"))));
     sink.set_mode(Mode::Ok);
@@ -282,20 +291,9 @@ async fn a_sink_that_hangs_past_its_timeout_is_retried() {
 #[tokio::test]
 async fn a_sink_that_lands_after_its_timeout_is_delivered_again_and_newest_wins() {
     let clock = ManualClock::new(START);
-    let sink = Recorder::with_mode(Mode::LandLate(clock.clone()));
-    let o = open(
-        memory(),
-        &clock,
-        sink.clone(),
-        ChannelConfig::new("c").attempt_timeout_ms(1_000),
-    );
+    let (sink, o) = on_sink_with_1s_timeout(&clock, Mode::LandLate(clock.clone()));
     let v1 = stage(&o, "k", "v1");
-    let outbox = o.outbox.clone();
-    let flight = tokio::spawn(async move { outbox.deliver_due().await });
-    sink.entered.notified().await;
-    support::wait_for_sleeper(&clock).await;
-    clock.advance(1_000);
-    flight.await.unwrap().unwrap();
+    deliver_past_the_timeout(&o, &clock).await;
     let v2 = stage(&o, "k", "v2");
     sink.set_mode(Mode::Ok);
     o.outbox.deliver_due().await.unwrap();

@@ -13,7 +13,7 @@ use durability_outbox::{
     ChannelConfig, Codec, CodecError, DeadLetter, DeadReason, Entry, EventKind, Fate, Json, Outbox,
     OutboxError, OutboxEvent, RetryPolicy, Sink, SinkError,
 };
-use durability_scheduler::{ManualClock, Scheduler, Storage, StorageError};
+use durability_scheduler::{ManualClock, Scheduler, Storage};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use support::{fresh_sqlite, sql};
@@ -82,13 +82,7 @@ where
 
 /// The value bytes of the one stored outbox row.
 fn stored_value(storage: &durability_storage_sqlite::SqliteStorage) -> Vec<u8> {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .query_row("SELECT value FROM durability_outbox", [], |r| r.get(0))
-                .map_err(|e| StorageError::backend("read", e))
-        })
-        .unwrap()
+    support::query_one(storage, "SELECT value FROM durability_outbox")
 }
 
 fn dead_letters<T: Send + 'static>(letters: &Letters<T>) -> durability_outbox::DeadLetterFn<T> {

@@ -11,9 +11,9 @@ use crate::support;
 use std::sync::Arc;
 
 use durability_outbox::{ChannelConfig, EventKind, OutboxError};
-use durability_scheduler::{ManualClock, Storage, StorageError};
+use durability_scheduler::ManualClock;
 use durability_storage_sqlite::SqliteStorage;
-use support::{Mode, Obj, Recorder, START, fresh_sqlite, open, sql};
+use support::{Mode, Obj, Recorder, START, fresh_sqlite, open, query_one, sql};
 
 /// A fresh SQLite object at [`START`] with channel `channel` delivering to
 /// `sink`; the directory holds the database file.
@@ -31,14 +31,13 @@ fn on_sqlite(
     (clock, dir, storage, o)
 }
 
-fn query_i64(storage: &SqliteStorage, statement: &str) -> i64 {
-    storage
-        .transaction(|tx| {
-            tx.sql()
-                .query_row(statement, [], |r| r.get(0))
-                .map_err(|e| StorageError::backend("test sql", e))
-        })
-        .unwrap()
+/// Writes `set` (an SQL assignment) into the outbox row of `key`, behind
+/// the outbox's back.
+fn corrupt(storage: &SqliteStorage, key: &str, set: &str) {
+    sql(
+        storage,
+        &format!("UPDATE durability_outbox SET {set} WHERE key = '{key}'"),
+    );
 }
 
 fn stage_all(o: &Obj<SqliteStorage>, keys: &[&str]) {
@@ -79,26 +78,11 @@ async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_del
             "healthy-2",
         ],
     );
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET version = -5 WHERE key = 'neg-version'",
-    );
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET attempt = -1 WHERE key = 'neg-attempt'",
-    );
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET version = 'abc' WHERE key = 'text-version'",
-    );
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET value = 'not bytes' WHERE key = 'text-value'",
-    );
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET due_at = 'soon' WHERE key = 'text-due'",
-    );
+    corrupt(&storage, "neg-version", "version = -5");
+    corrupt(&storage, "neg-attempt", "attempt = -1");
+    corrupt(&storage, "text-version", "version = 'abc'");
+    corrupt(&storage, "text-value", "value = 'not bytes'");
+    corrupt(&storage, "text-due", "due_at = 'soon'");
 
     let report = o.outbox.deliver_due().await.unwrap();
     assert_eq!(report.delivered, 2, "both healthy entries are delivered");
@@ -123,31 +107,15 @@ async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_del
         ]
     );
     let reason = |k: &str| quarantined.iter().find(|q| q.0 == k).unwrap().1.clone();
-    assert!(
-        reason("neg-version").contains("version -5"),
-        "{}",
-        reason("neg-version")
-    );
-    assert!(
-        reason("neg-attempt").contains("attempt -1"),
-        "{}",
-        reason("neg-attempt")
-    );
-    assert!(
-        reason("text-version").contains("version is text"),
-        "{}",
-        reason("text-version")
-    );
-    assert!(
-        reason("text-value").contains("value is text"),
-        "{}",
-        reason("text-value")
-    );
-    assert!(
-        reason("text-due").contains("due_at is text"),
-        "{}",
-        reason("text-due")
-    );
+    for (key, says) in [
+        ("neg-version", "version -5"),
+        ("neg-attempt", "attempt -1"),
+        ("text-version", "version is text"),
+        ("text-value", "value is text"),
+        ("text-due", "due_at is text"),
+    ] {
+        assert!(reason(key).contains(says), "{}", reason(key));
+    }
     let mut events = quarantine_events(&o);
     events.sort();
     assert_eq!(
@@ -163,7 +131,7 @@ async fn corrupt_rows_are_quarantined_and_the_channels_healthy_entries_still_del
     assert_eq!(o.sched.alarm_at(), None, "no alarm left in the past");
     // Quarantined rows keep what was stored, and stay deletable.
     assert_eq!(
-        query_i64(
+        query_one::<i64>(
             &storage,
             "SELECT COUNT(*) FROM durability_outbox_quarantine
              WHERE key = 'text-version' AND typeof(version) = 'text'"
@@ -183,10 +151,7 @@ async fn a_corrupt_row_never_keeps_the_alarm_in_the_past() {
     let (clock, _dir, storage, o) = on_sqlite(Recorder::with_mode(Mode::Fail(1)), "c");
     stage_all(&o, &["corrupt", "healthy"]);
     // Read as u32::MAX before: never claimable, due in the past forever.
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET attempt = -1 WHERE key = 'corrupt'",
-    );
+    corrupt(&storage, "corrupt", "attempt = -1");
     // The object's own alarm handler, as the driver calls it.
     let left = o.sched.alarm().await.unwrap();
     let next = left.expect("the healthy entry's retry is scheduled");
@@ -239,10 +204,7 @@ async fn publish_now_and_pending_report_a_corrupt_key() {
 
     // A corrupt row can also be discarded by its key.
     stage_all(&o, &["j"]);
-    sql(
-        &storage,
-        "UPDATE durability_outbox SET attempt = 'x' WHERE key = 'j'",
-    );
+    corrupt(&storage, "j", "attempt = 'x'");
     assert!(o.sched.transaction(|tx| o.outbox.discard(tx, "j")).unwrap());
     assert!(o.outbox.is_empty().unwrap());
 }
@@ -314,14 +276,8 @@ fn the_pending_gauge_counts_what_is_left_after_corrupt_rows_are_quarantined() {
             let gauge = |total: &mut f64| pending_gauge(&snapshotter, "gauge", total);
             stage_all(&o, &["healthy-1", "bad-attempt", "healthy-2", "bad-due"]);
             assert_eq!(gauge(&mut total), 4);
-            sql(
-                &storage,
-                "UPDATE durability_outbox SET attempt = -1 WHERE key = 'bad-attempt'",
-            );
-            sql(
-                &storage,
-                "UPDATE durability_outbox SET due_at = 'soon' WHERE key = 'bad-due'",
-            );
+            corrupt(&storage, "bad-attempt", "attempt = -1");
+            corrupt(&storage, "bad-due", "due_at = 'soon'");
 
             // Quarantine, then a failed attempt: two healthy entries left.
             let report = o.outbox.deliver_due().await.unwrap();
@@ -341,10 +297,7 @@ fn the_pending_gauge_counts_what_is_left_after_corrupt_rows_are_quarantined() {
 
             // A corrupt row met by `publish_now`, next to a healthy one.
             stage_all(&o, &["bad-version", "healthy-3"]);
-            sql(
-                &storage,
-                "UPDATE durability_outbox SET version = 'abc' WHERE key = 'bad-version'",
-            );
+            corrupt(&storage, "bad-version", "version = 'abc'");
             assert_eq!(gauge(&mut total), 2);
             let outcome = o.outbox.publish_now("bad-version").await.unwrap();
             assert!(!outcome.pending);
@@ -355,10 +308,7 @@ fn the_pending_gauge_counts_what_is_left_after_corrupt_rows_are_quarantined() {
             // A corrupt row discarded by the application, and a new value
             // of a quarantined key.
             stage_all(&o, &["bad-value", "bad-due"]);
-            sql(
-                &storage,
-                "UPDATE durability_outbox SET value = 'not bytes' WHERE key = 'bad-value'",
-            );
+            corrupt(&storage, "bad-value", "value = 'not bytes'");
             assert_eq!(gauge(&mut total), 3);
             o.sched
                 .transaction(|tx| o.outbox.discard(tx, "bad-value"))

@@ -7,20 +7,16 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use durability_tests::process::{Proc, field, now};
+use durability_tests::process::{Proc, field, host_command, now};
 
 const TOKEN: &str = "test-internal-token-0123456789";
 
 /// Spawns one `semaphore-host` process and waits until it is ready.
 fn spawn(name: &str, dir: &Path, extra: &[&str]) -> Proc {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_semaphore-host"));
+    let mut command = host_command(env!("CARGO_BIN_EXE_semaphore-host"), name, dir, TOKEN);
     command
-        .arg(format!("dir={}", dir.display()))
-        .arg(format!("task={name}"))
-        .arg(format!("token={TOKEN}"))
         .args(extra)
         .env("DO_OWNER_TTL_SECONDS", "2")
         .env("DO_OWNER_LEASE_GUARD_MS", "300");

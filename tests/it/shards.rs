@@ -83,6 +83,46 @@ async fn make(kind: Kind) -> Option<(Arc<dyn Shard>, Guard)> {
     }
 }
 
+/// The [`MappingStore`] methods a wrapper passes to its `inner` store
+/// unchanged (`put_if_absent`, `remove`, `scan`), for a wrapper that
+/// changes only `get` and `put`.
+macro_rules! mapping_passthrough {
+    () => {
+        fn put_if_absent<'a>(
+            &'a self,
+            key: &'a str,
+            shard: &'a str,
+        ) -> durability_migration::BackendFuture<'a, String> {
+            self.inner.put_if_absent(key, shard)
+        }
+        fn remove<'a>(&'a self, key: &'a str) -> durability_migration::BackendFuture<'a, bool> {
+            self.inner.remove(key)
+        }
+        fn scan<'a>(
+            &'a self,
+            after: Option<&'a str>,
+            limit: usize,
+        ) -> durability_migration::BackendFuture<'a, Vec<(String, String)>> {
+            self.inner.scan(after, limit)
+        }
+    };
+}
+pub(crate) use mapping_passthrough;
+
+/// The [`Shard`] methods a wrapper answers from its `inner` shard
+/// unchanged (`dialect`, `batch_support`).
+macro_rules! shard_passthrough {
+    () => {
+        fn dialect(&self) -> durability_migration::Dialect {
+            self.inner.dialect()
+        }
+        fn batch_support(&self) -> durability_migration::BatchSupport {
+            self.inner.batch_support()
+        }
+    };
+}
+pub(crate) use shard_passthrough;
+
 /// Named shards `s0`, `s1`, … of the given kinds on the migration crate's
 /// crash harness (one mapping store, one clock and one crash plan), which
 /// holds the shards' databases.

@@ -341,6 +341,17 @@ pub fn sql(storage: &SqliteStorage, statement: &str) {
         .unwrap();
 }
 
+/// The first column of the one row `statement` selects on `storage`.
+pub fn query_one<T: rusqlite::types::FromSql>(storage: &SqliteStorage, statement: &str) -> T {
+    storage
+        .transaction(|tx| {
+            tx.sql()
+                .query_row(statement, [], |r| r.get(0))
+                .map_err(|e| StorageError::backend("test sql", e))
+        })
+        .unwrap()
+}
+
 /// Runs `f` to completion on a current-thread runtime of its own (for tests
 /// that install a thread-local metrics recorder or tracing subscriber).
 pub fn block_on<F: Future>(f: F) -> F::Output {

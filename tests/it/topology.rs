@@ -16,8 +16,8 @@ use durability_scheduler::{Clock as _, ManualClock, SchedulerTx, SchemaTarget, S
 use durability_storage_sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use durability_topology::conformance::{MemoryPublication, memory_storage};
 use durability_topology::{
-    Draft, LANDING_WINDOW_MS, MAX_STATE_BYTES, MemberInput, MemberState, Topology, TopologyError,
-    TopologyEvent, TopologyTx,
+    Draft, LANDING_WINDOW_MS, MAX_STATE_BYTES, MemberInput, MemberState, Publisher, Topology,
+    TopologyError, TopologyEvent, TopologyTx, UpdateOutcome,
 };
 use durability_topology_client::{MAX_MEMBERS, MAX_META_BYTES};
 use serde_json::json;
@@ -50,8 +50,16 @@ struct World {
 fn world_with(store: MemoryPublication) -> World {
     let clock = ManualClock::new(START);
     let publisher = FaultyPublisher::new(store, &clock);
-    let members = Members::default();
-    let storage = memory();
+    opened(clock, publisher, Members::default(), memory())
+}
+
+/// A [`World`] whose coordinator is opened on `storage`.
+fn opened(
+    clock: ManualClock,
+    publisher: FaultyPublisher,
+    members: Members,
+    storage: Arc<MemoryStorage>,
+) -> World {
     let c = open(Arc::clone(&storage), &clock, &publisher, &members);
     World {
         clock,
@@ -64,6 +72,130 @@ fn world_with(store: MemoryPublication) -> World {
 
 fn world() -> World {
     world_with(MemoryPublication::plain())
+}
+
+/// Starts an update of `g` (one member) whose write hangs, then evicts
+/// the object mid-write (the update and the background work aborted, the
+/// in-memory object dropped) and reopens it on the same storage with a
+/// publisher that works again.
+async fn evicted_mid_write(w: World) -> World {
+    w.publisher.set_mode(PubMode::Hang);
+    let t = w.c.topology.clone();
+    let pending_update = tokio::spawn(async move {
+        t.update("g", |_| Draft::new().members(shards("g", 1)))
+            .await
+    });
+    crate::support::wait_for_sleeper(&w.clock).await;
+    pending_update.abort();
+    w.c.sched.abort_background();
+    let World {
+        clock,
+        publisher,
+        members,
+        c,
+        storage,
+    } = w;
+    drop(c);
+    publisher.set_mode(PubMode::Ok);
+    opened(clock, publisher, members, storage)
+}
+
+/// Commits group `g` with `n` active members (`g-0`, …).
+async fn members_of_g<S: Storage, P: Publisher>(t: &Topology<S, P>, n: usize) -> UpdateOutcome
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    t.update("g", |_| Draft::new().members(shards("g", n)))
+        .await
+        .unwrap()
+}
+
+/// Adds `member` to `group`'s current members.
+async fn join<S: Storage>(
+    t: &Topology<S, FaultyPublisher>,
+    group: &str,
+    member: MemberInput,
+) -> UpdateOutcome
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    t.update(group, |cur| {
+        let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
+        m.push(member);
+        Draft::new().members(m)
+    })
+    .await
+    .unwrap()
+}
+
+/// Asserts that `n` deliveries or publications are pending on `t`.
+fn assert_pending<S: Storage, P: Publisher>(t: &Topology<S, P>, n: u64, why: &str)
+where
+    for<'t> S::Tx<'t>: TopologyTx,
+{
+    assert_eq!(t.pending().unwrap(), n, "{why}");
+}
+
+/// The outbox's first `RetryScheduled` time in `events`.
+fn first_retry_at(events: &std::sync::Mutex<Vec<durability_outbox::OutboxEvent>>) -> i64 {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|e| match e.kind {
+            EventKind::RetryScheduled { next_at, .. } => Some(next_at),
+            _ => None,
+        })
+        .unwrap()
+}
+
+/// A coordinator on a SQLite file in a directory of its own (returned:
+/// keep it), its publisher (on a plain publication store) and members.
+fn on_sqlite() -> (
+    tempfile::TempDir,
+    FaultyPublisher,
+    Members,
+    Coord<SqliteStorage>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
+    let members = Members::default();
+    let c = open(sqlite(&dir), &clock, &publisher, &members);
+    (dir, publisher, members, c)
+}
+
+/// The version the publication store holds for `g` once the clock is at
+/// `START + 5 s` and every background write settled.
+async fn published_after_settling(w: &World) -> u64 {
+    w.clock.set(START + 5_000);
+    idle().await;
+    w.c.sched.settle().await;
+    w.publisher.published("g").await.unwrap().version
+}
+
+/// A [`world`] whose `g` was seeded with member `a` and `failing` (whose
+/// deliveries fail), with `channel` set, after one delivery: `failing`'s
+/// is left pending (asserted).
+async fn world_with_a_failing(failing: MemberInput, channel: &str) -> World {
+    let w = world();
+    let failing_id = failing.id.clone();
+    w.members.set_mode(&failing_id, MemberMode::Fail);
+    w.seed(vec![MemberInput::active("a"), failing], channel, json!(1))
+        .await;
+    w.c.topology.deliver_due().await.unwrap();
+    let why = format!("{failing_id}'s {channel} delivery is pending a retry");
+    assert_pending(&w.c.topology, 1, &why);
+    w
+}
+
+/// Lets `member` accept deliveries again, runs the deliveries due 10 s
+/// later, and asserts that `member` never got `channel`.
+async fn assert_never_delivered(w: &World, member: &str, channel: &str) {
+    w.members.set_mode(member, MemberMode::Ok);
+    w.clock.advance(10_000);
+    w.c.topology.deliver_due().await.unwrap();
+    assert_eq!(w.members.applied(member, channel), None);
 }
 
 impl World {
@@ -130,14 +262,7 @@ async fn update_commits_publishes_and_bumps_the_version_only_on_real_change() {
     assert_eq!(s.snapshot.version, 1);
 
     // A real change bumps it; joinedAt of existing members is kept.
-    let grown = t
-        .update("tenant", |cur| {
-            let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
-            m.push(MemberInput::active("c"));
-            Draft::new().members(m)
-        })
-        .await
-        .unwrap();
+    let grown = join(t, "tenant", MemberInput::active("c")).await;
     assert_eq!(grown.snapshot.version, 2);
     assert_eq!(grown.snapshot.members[0].joined_at, joined, "joinedAt kept");
     assert_eq!(grown.snapshot.members[2].joined_at, START + 10);
@@ -226,7 +351,7 @@ async fn invalid_drafts_are_rejected_with_typed_errors_and_nothing_is_written() 
             before,
             "{code}: nothing written"
         );
-        assert_eq!(t.pending().unwrap(), 0, "{code}: nothing staged");
+        assert_pending(t, 0, &format!("{code}: nothing staged"));
     }
     let err = t.update("missing", |_| Draft::new()).await.unwrap_err();
     assert_eq!(err.code(), "TOPOLOGY_GROUP_NOT_FOUND");
@@ -259,7 +384,7 @@ async fn delete_drops_members_and_states_and_versions_keep_counting() {
         w.publisher.landed.lock().unwrap().last().unwrap(),
         &("g".into(), 2, true)
     );
-    assert_eq!(t.pending().unwrap(), 0, "pending deliveries were discarded");
+    assert_pending(t, 0, "pending deliveries were discarded");
     // Deleting again, or a group that never existed, is a no-op.
     assert!(t.delete("g").await.unwrap().published);
     assert!(t.delete("never").await.unwrap().published);
@@ -339,11 +464,7 @@ async fn lifecycle_events_name_the_publication_and_state_channels() {
 async fn a_failed_write_returns_published_false_and_the_outbox_keeps_going() {
     let w = world();
     w.publisher.set_mode(PubMode::Fail(1));
-    let out =
-        w.c.topology
-            .update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap();
+    let out = members_of_g(&w.c.topology, 1).await;
     assert!(!out.published, "the write failed");
     assert_eq!(
         w.c.topology.snapshot("g").unwrap().unwrap().version,
@@ -389,12 +510,7 @@ async fn a_write_hanging_past_its_timeout_holds_newer_writes_until_its_landing_d
     let w = world();
     w.publisher.set_mode(PubMode::Hang);
     let t = w.c.topology.clone();
-    let out = with_clock(&w.clock, async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap()
-    })
-    .await;
+    let out = with_clock(&w.clock, async move { members_of_g(&t, 1).await }).await;
     assert!(!out.published);
     assert_eq!(
         w.clock.now_ms(),
@@ -414,11 +530,7 @@ async fn a_write_hanging_past_its_timeout_holds_newer_writes_until_its_landing_d
 
     // A newer write succeeds but is not acknowledged while the old one may land.
     w.publisher.set_mode(PubMode::Ok);
-    let out =
-        w.c.topology
-            .update("g", |_| Draft::new().members(shards("g", 2)))
-            .await
-            .unwrap();
+    let out = members_of_g(&w.c.topology, 2).await;
     assert!(!out.published, "an older write may still land over it");
     assert_eq!(w.publisher.published("g").await.unwrap().version, 2);
     let writes = w.publisher.landed.lock().unwrap().len();
@@ -443,11 +555,7 @@ async fn an_abandoned_write_that_lands_late_restages_the_latest_snapshot() {
     w.publisher.set_mode(PubMode::Slow(5_000));
     let t = w.c.topology.clone();
     let clock = w.clock.clone();
-    let handle = tokio::spawn(async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap()
-    });
+    let handle = tokio::spawn(async move { members_of_g(&t, 1).await });
     while w.clock.next_wake().is_none() {
         tokio::task::yield_now().await;
     }
@@ -455,19 +563,12 @@ async fn an_abandoned_write_that_lands_late_restages_the_latest_snapshot() {
     let out = handle.await.unwrap();
     assert!(!out.published, "timed out");
     w.publisher.set_mode(PubMode::Ok);
-    let v2 =
-        w.c.topology
-            .update("g", |_| Draft::new().members(shards("g", 2)))
-            .await
-            .unwrap();
+    let v2 = members_of_g(&w.c.topology, 2).await;
     assert!(!v2.published);
     assert_eq!(w.publisher.published("g").await.unwrap().version, 2);
     // The abandoned v1 lands late, over v2 (a plain store is last-write-wins) …
-    w.clock.set(START + 5_000);
-    idle().await;
-    w.c.sched.settle().await;
     assert_eq!(
-        w.publisher.published("g").await.unwrap().version,
+        published_after_settling(&w).await,
         1,
         "the late write landed"
     );
@@ -490,26 +591,16 @@ async fn a_version_aware_store_never_lets_a_late_old_write_overwrite_a_newer_sna
     let w = world_with(MemoryPublication::versioned());
     w.publisher.set_mode(PubMode::Slow(5_000));
     let t = w.c.topology.clone();
-    let handle = tokio::spawn(async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap()
-    });
+    let handle = tokio::spawn(async move { members_of_g(&t, 1).await });
     while w.clock.next_wake().is_none() {
         tokio::task::yield_now().await;
     }
     w.clock.advance(TIMEOUT as i64);
     handle.await.unwrap();
     w.publisher.set_mode(PubMode::Ok);
-    w.c.topology
-        .update("g", |_| Draft::new().members(shards("g", 2)))
-        .await
-        .unwrap();
-    w.clock.set(START + 5_000);
-    idle().await;
-    w.c.sched.settle().await;
+    members_of_g(&w.c.topology, 2).await;
     assert_eq!(
-        w.publisher.published("g").await.unwrap().version,
+        published_after_settling(&w).await,
         2,
         "the late v1 was refused by the store itself"
     );
@@ -517,29 +608,8 @@ async fn a_version_aware_store_never_lets_a_late_old_write_overwrite_a_newer_sna
 
 #[tokio::test]
 async fn an_eviction_mid_write_makes_the_reopened_object_wait_for_the_landing_deadline() {
-    let w = world();
-    w.publisher.set_mode(PubMode::Hang);
-    let t = w.c.topology.clone();
-    let pending_update = tokio::spawn(async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-    });
-    while w.clock.next_wake().is_none() {
-        tokio::task::yield_now().await;
-    }
-    // Evict: drop the in-memory object mid-write.
-    pending_update.abort();
-    w.c.sched.abort_background();
-    let World {
-        clock,
-        publisher,
-        members,
-        c,
-        storage,
-    } = w;
-    drop(c);
-    publisher.set_mode(PubMode::Ok);
-    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    let w = evicted_mid_write(world()).await;
+    let (clock, publisher, c) = (&w.clock, &w.publisher, &w.c);
     assert_eq!(
         c.topology.snapshot("g").unwrap().unwrap().version,
         1,
@@ -566,20 +636,21 @@ async fn an_eviction_mid_write_makes_the_reopened_object_wait_for_the_landing_de
 #[tokio::test]
 async fn write_channels_reach_active_members_and_read_channels_draining_ones_too() {
     let w = world();
+    let out =
+        w.c.topology
+            .update("g", |_| {
+                Draft::new()
+                    .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
+                    .state("limits", json!({"rps": 10}))
+                    .state("schema", json!(7))
+            })
+            .await
+            .unwrap();
     let t = &w.c.topology;
-    let out = t
-        .update("g", |_| {
-            Draft::new()
-                .members(vec![MemberInput::active("a"), MemberInput::draining("d")])
-                .state("limits", json!({"rps": 10}))
-                .state("schema", json!(7))
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        t.pending().unwrap(),
+    assert_pending(
+        t,
         3,
-        "staged in the same transaction: a/limits, a/schema, d/schema"
+        "staged in the same transaction: a/limits, a/schema, d/schema",
     );
     t.deliver_due().await.unwrap();
     assert_eq!(w.members.applied("a", "limits"), Some(json!({"rps": 10})));
@@ -603,19 +674,8 @@ async fn a_member_entering_a_role_gets_the_current_value_and_others_are_not_rede
     w.seed(vec![MemberInput::active("a")], "limits", json!(1))
         .await;
     t.deliver_due().await.unwrap();
-    let out = t
-        .update("g", |cur| {
-            let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
-            m.push(MemberInput::active("b"));
-            Draft::new().members(m)
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        t.pending().unwrap(),
-        1,
-        "only the new member's delivery is staged"
-    );
+    let out = join(t, "g", MemberInput::active("b")).await;
+    assert_pending(t, 1, "only the new member's delivery is staged");
     t.deliver_due().await.unwrap();
     assert_eq!(w.members.applied("b", "limits"), Some(json!(1)));
     assert_eq!(
@@ -645,17 +705,8 @@ async fn a_member_entering_a_role_gets_the_current_value_and_others_are_not_rede
 
 #[tokio::test]
 async fn a_member_leaving_a_role_loses_its_pending_delivery() {
-    let w = world();
+    let w = world_with_a_failing(MemberInput::active("b"), "limits").await;
     let t = &w.c.topology;
-    w.members.set_mode("b", MemberMode::Fail);
-    w.seed(
-        vec![MemberInput::active("a"), MemberInput::active("b")],
-        "limits",
-        json!(1),
-    )
-    .await;
-    t.deliver_due().await.unwrap();
-    assert_eq!(t.pending().unwrap(), 1, "b's delivery is pending a retry");
     // b drains: it leaves the write role, and its pending delivery goes.
     t.update("g", |_| {
         Draft::new().members(vec![MemberInput::active("a"), MemberInput::draining("b")])
@@ -663,10 +714,7 @@ async fn a_member_leaving_a_role_loses_its_pending_delivery() {
     .await
     .unwrap();
     assert_eq!(t.pending().unwrap(), 0);
-    w.members.set_mode("b", MemberMode::Ok);
-    w.clock.advance(10_000);
-    t.deliver_due().await.unwrap();
-    assert_eq!(w.members.applied("b", "limits"), None);
+    assert_never_delivered(&w, "b", "limits").await;
     assert!(
         w.c.events
             .lock()
@@ -701,7 +749,7 @@ async fn members_are_retried_independently_and_a_hanging_member_only_holds_its_b
     );
     assert_eq!(w.members.applied("b", "limits"), Some(json!(1)));
     assert_eq!(w.members.received("b").len(), 1);
-    assert_eq!(t.pending().unwrap(), 2, "a and h retry on their own");
+    assert_pending(&t, 2, "a and h retry on their own");
     w.members.set_mode("a", MemberMode::Ok);
     w.members.set_mode("h", MemberMode::Ok);
     w.clock.advance(2_000);
@@ -738,7 +786,7 @@ async fn a_timed_out_delivery_is_dropped_at_its_await_point_and_retried_with_its
         w.members.received("h").is_empty(),
         "nothing past the await point ran"
     );
-    assert_eq!(t.pending().unwrap(), 1, "the update stays pending");
+    assert_pending(&t, 1, "the update stays pending");
     w.members.set_mode("h", MemberMode::Ok);
     w.clock.advance(2_000);
     t.deliver_due().await.unwrap();
@@ -771,17 +819,9 @@ async fn a_corrupt_pending_publication_is_replaced_by_the_newest_snapshot() {
         {
             let c = open(sqlite(&dir), &clock, &publisher, &members);
             let t = &c.topology;
-            assert!(
-                t.update("g", |_| Draft::new().members(shards("g", 1)))
-                    .await
-                    .unwrap()
-                    .published
-            );
+            assert!(members_of_g(t, 1).await.published);
             publisher.set_mode(PubMode::Fail(1));
-            let out = t
-                .update("g", |_| Draft::new().members(shards("g", 2)))
-                .await
-                .unwrap();
+            let out = members_of_g(t, 2).await;
             assert!(!out.published, "v2 stays pending");
             assert_eq!(out.snapshot.version, 2);
         }
@@ -1011,10 +1051,7 @@ async fn without_a_publisher_membership_is_only_visible_inside_the_coordinator()
     );
     let sched = durability_scheduler::Scheduler::new(ctx).unwrap();
     let t = Topology::attach(&sched, durability_topology::TopologyConfig::new()).unwrap();
-    let out = t
-        .update("g", |_| Draft::new().members(shards("g", 2)))
-        .await
-        .unwrap();
+    let out = members_of_g(&t, 2).await;
     assert!(out.published, "nothing to publish is trivially final");
     assert_eq!(t.pending().unwrap(), 0);
     assert_eq!(t.snapshot("g").unwrap().unwrap().coordinator, "solo");
@@ -1044,20 +1081,8 @@ async fn attempt_timeouts_are_validated() {
 async fn the_retry_delay_controls_the_backoff_of_writes() {
     let w = world();
     w.publisher.set_mode(PubMode::Fail(1));
-    w.c.topology
-        .update("g", |_| Draft::new().members(shards("g", 1)))
-        .await
-        .unwrap();
-    let next_at =
-        w.c.events
-            .lock()
-            .unwrap()
-            .iter()
-            .find_map(|e| match e.kind {
-                EventKind::RetryScheduled { next_at, .. } => Some(next_at),
-                _ => None,
-            })
-            .unwrap();
+    members_of_g(&w.c.topology, 1).await;
+    let next_at = first_retry_at(&w.c.events);
     assert_eq!(
         next_at,
         START + 1_000,
@@ -1138,21 +1163,8 @@ fn public_types_are_send_and_sync() {
 
 #[tokio::test]
 async fn members_leave_the_read_set_only_when_a_draft_omits_them() {
-    let w = world();
+    let w = world_with_a_failing(MemberInput::draining("d"), "schema").await;
     let t = &w.c.topology;
-    w.members.set_mode("d", MemberMode::Fail);
-    w.seed(
-        vec![MemberInput::active("a"), MemberInput::draining("d")],
-        "schema",
-        json!(1),
-    )
-    .await;
-    t.deliver_due().await.unwrap();
-    assert_eq!(
-        t.pending().unwrap(),
-        1,
-        "d's read-channel delivery is pending"
-    );
     // Still draining: d stays in the read set and keeps its delivery.
     t.update("g", |cur| {
         Draft::new().members(cur.members.iter().map(MemberInput::from))
@@ -1167,10 +1179,7 @@ async fn members_leave_the_read_set_only_when_a_draft_omits_them() {
     .await
     .unwrap();
     assert_eq!(t.pending().unwrap(), 0);
-    w.members.set_mode("d", MemberMode::Ok);
-    w.clock.advance(10_000);
-    t.deliver_due().await.unwrap();
-    assert_eq!(w.members.applied("d", "schema"), None);
+    assert_never_delivered(&w, "d", "schema").await;
     assert_eq!(w.members.applied("a", "schema"), Some(json!(1)));
 }
 
@@ -1209,18 +1218,8 @@ async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
     let (events, _, hook) = support::topology_event_log();
     let (_sched, t) = attach(config.on_event(hook)).unwrap();
     publisher.set_mode(PubMode::Fail(1));
-    t.update("g", |_| Draft::new().members(shards("g", 1)))
-        .await
-        .unwrap();
-    let next_at = events
-        .lock()
-        .unwrap()
-        .iter()
-        .find_map(|e| match e.kind {
-            EventKind::RetryScheduled { next_at, .. } => Some(next_at),
-            _ => None,
-        })
-        .unwrap();
+    members_of_g(&t, 1).await;
+    let next_at = first_retry_at(&events);
     assert_eq!(next_at, START + 7_000, "the delay set before .publish()");
 }
 
@@ -1228,31 +1227,23 @@ async fn publish_settings_do_not_depend_on_builder_order_and_are_validated() {
 async fn numbers_in_metadata_and_states_compare_as_numbers() {
     let w = world();
     let t = &w.c.topology;
-    let first = t
-        .update("g", |_| {
+    // `g` with member `a` of metadata `meta`, and `limits` set.
+    let write = async |meta: serde_json::Value, limits: serde_json::Value| {
+        t.update("g", |_| {
             Draft::new()
-                .members(vec![
-                    MemberInput::active("a").meta(json!({"w": 1, "r": [2.5, 3]})),
-                ])
-                .state("limits", json!({"max": 10}))
+                .members(vec![MemberInput::active("a").meta(meta)])
+                .state("limits", limits)
         })
         .await
-        .unwrap();
+        .unwrap()
+    };
+    let first = write(json!({"w": 1, "r": [2.5, 3]}), json!({"max": 10})).await;
     assert_eq!(first.snapshot.version, 1);
     let calls = w.publisher.calls();
     let events = w.c.events.lock().unwrap().len();
     // The same numbers written another way: no new version, no republish,
     // no new delivery.
-    let same = t
-        .update("g", |_| {
-            Draft::new()
-                .members(vec![
-                    MemberInput::active("a").meta(json!({"w": 1.0, "r": [2.5, 3.0]})),
-                ])
-                .state("limits", json!({"max": 10.0}))
-        })
-        .await
-        .unwrap();
+    let same = write(json!({"w": 1.0, "r": [2.5, 3.0]}), json!({"max": 10.0})).await;
     assert_eq!(same.snapshot.version, 1, "1 and 1.0 are one number");
     assert_eq!(w.publisher.calls(), calls, "nothing republished");
     assert_eq!(
@@ -1373,11 +1364,7 @@ async fn a_write_failing_with_an_unknown_outcome_keeps_its_record_and_only_a_rej
 {
     let w = world();
     w.publisher.set_mode(PubMode::Unknown(1));
-    let out =
-        w.c.topology
-            .update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap();
+    let out = members_of_g(&w.c.topology, 1).await;
     assert!(!out.published);
     let land_by = START + TIMEOUT as i64 + LANDING_WINDOW_MS;
     let outstanding = w
@@ -1421,10 +1408,7 @@ async fn publish_failures_are_lifecycle_events_with_typed_errors() {
     let w = world();
     // A refused write.
     w.publisher.set_mode(PubMode::Fail(1));
-    w.c.topology
-        .update("g", |_| Draft::new().members(shards("g", 1)))
-        .await
-        .unwrap();
+    members_of_g(&w.c.topology, 1).await;
     let got = failures(&w.c);
     assert_eq!(got.len(), 1, "{got:?}");
     match &got[0] {
@@ -1451,12 +1435,7 @@ async fn publish_failures_are_lifecycle_events_with_typed_errors() {
     // A write hanging past its timeout: a typed timeout, not a string.
     w.publisher.set_mode(PubMode::Hang);
     let t = w.c.topology.clone();
-    with_clock(&w.clock, async move {
-        t.update("g", |_| Draft::new().members(shards("g", 2)))
-            .await
-            .unwrap()
-    })
-    .await;
+    with_clock(&w.clock, async move { members_of_g(&t, 2).await }).await;
     let got = failures(&w.c);
     assert!(
         matches!(
@@ -1538,11 +1517,7 @@ async fn a_failed_restage_after_a_late_write_is_a_lifecycle_event() {
     let c = open(Arc::clone(&storage), &clock, &publisher, &members);
     publisher.set_mode(PubMode::Slow(5_000));
     let t = c.topology.clone();
-    let handle = tokio::spawn(async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-            .unwrap()
-    });
+    let handle = tokio::spawn(async move { members_of_g(&t, 1).await });
     while clock.next_wake().is_none() {
         tokio::task::yield_now().await;
     }
@@ -1600,11 +1575,7 @@ async fn corrupt_stored_topology_rows_are_typed_errors_isolated_to_their_group()
         ),
     ];
     for (what, corruption) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(START);
-        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
-        let members = Members::default();
-        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let (dir, publisher, members, c) = on_sqlite();
         let t = &c.topology;
         for g in ["bad", "good"] {
             t.update(g, |_| {
@@ -1826,28 +1797,8 @@ async fn a_claimed_batch_is_retried_after_twice_the_attempt_timeout() {
     // The outbox's batch deadline is twice the attempt timeout, so one
     // write or delivery that hangs until its own timeout never outlives
     // the claim. An attempt lost to an eviction is retried at that deadline.
-    let w = world();
-    w.publisher.set_mode(PubMode::Hang);
-    let t = w.c.topology.clone();
-    let pending_update = tokio::spawn(async move {
-        t.update("g", |_| Draft::new().members(shards("g", 1)))
-            .await
-    });
-    while w.clock.next_wake().is_none() {
-        tokio::task::yield_now().await;
-    }
-    pending_update.abort();
-    w.c.sched.abort_background();
-    let World {
-        clock,
-        publisher,
-        members,
-        c,
-        storage,
-    } = w;
-    drop(c);
-    publisher.set_mode(PubMode::Ok);
-    let c = open(Arc::clone(&storage), &clock, &publisher, &members);
+    let w = evicted_mid_write(world()).await;
+    let (clock, publisher, c) = (&w.clock, &w.publisher, &w.c);
     let calls = publisher.calls();
     clock.set(START + 2 * TIMEOUT as i64 - 1);
     c.topology.deliver_due().await.unwrap();
@@ -1933,14 +1884,8 @@ async fn a_channel_that_was_never_set_stages_nothing() {
     let w = world();
     let t = &w.c.topology;
     // Members only: neither channel has a value.
-    t.update("g", |_| Draft::new().members(shards("g", 3)))
-        .await
-        .unwrap();
-    assert_eq!(
-        t.pending().unwrap(),
-        0,
-        "no delivery staged for unset channels"
-    );
+    members_of_g(t, 3).await;
+    assert_pending(t, 0, "no delivery staged for unset channels");
     // One channel set: only it is delivered; the other still stages nothing,
     // also for a member that joins later.
     t.update("g", |_| Draft::new().state("limits", json!(1)))
@@ -1948,18 +1893,8 @@ async fn a_channel_that_was_never_set_stages_nothing() {
         .unwrap();
     assert_eq!(t.pending().unwrap(), 3);
     t.deliver_due().await.unwrap();
-    t.update("g", |cur| {
-        let mut m: Vec<MemberInput> = cur.members.iter().map(MemberInput::from).collect();
-        m.push(MemberInput::active("late"));
-        Draft::new().members(m)
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        t.pending().unwrap(),
-        1,
-        "the newcomer gets limits, not schema"
-    );
+    join(t, "g", MemberInput::active("late")).await;
+    assert_pending(t, 1, "the newcomer gets limits, not schema");
     t.deliver_due().await.unwrap();
     assert_eq!(w.members.applied("late", "limits"), Some(json!(1)));
     for m in ["g-0", "g-1", "g-2", "late"] {
@@ -2259,11 +2194,7 @@ async fn a_group_whose_stored_members_do_not_decode_stays_deletable_on_sqlite() 
         ("members not JSON", "not json", vec![]),
     ];
     for (what, members_text, discarded_ids) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(START);
-        let publisher = FaultyPublisher::new(MemoryPublication::plain(), &clock);
-        let members = Members::default();
-        let c = open(sqlite(&dir), &clock, &publisher, &members);
+        let (dir, publisher, members, c) = on_sqlite();
         let t = &c.topology;
         let mut versions = std::collections::BTreeMap::new();
         for g in ["bad", "good"] {
@@ -2278,7 +2209,7 @@ async fn a_group_whose_stored_members_do_not_decode_stays_deletable_on_sqlite() 
             versions.insert(g, out.snapshot.version);
         }
         // Both deliveries are still pending.
-        assert_eq!(t.pending().unwrap(), 2, "{what}");
+        assert_pending(t, 2, what);
         let raw = rusqlite::Connection::open(dir.path().join("coordinator.db")).unwrap();
         assert_eq!(
             raw.execute(
@@ -2327,7 +2258,7 @@ async fn a_group_whose_stored_members_do_not_decode_stays_deletable_on_sqlite() 
         if !discarded_ids.is_empty() {
             t.deliver_due().await.unwrap();
             assert_eq!(members.applied("bad-0", "limits"), None, "{what}");
-            assert_eq!(t.pending().unwrap(), 0, "{what}");
+            assert_pending(t, 0, what);
         }
         t.deliver_due().await.unwrap();
         assert_eq!(

@@ -27,9 +27,13 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+/// The Redis URL of the tests (`DURABILITY_REDIS_URL`, else loopback).
+fn redis_url() -> String {
+    std::env::var("DURABILITY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
 async fn redis(test: &str) -> Option<(ConnectionManager, String)> {
-    let url = std::env::var("DURABILITY_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let url = redis_url();
     let unique = RandomState::new().build_hasher().finish();
     let prefix = format!("durability:test:{unique:016x}:{test}:");
     match connect(&url).await {
@@ -309,9 +313,7 @@ async fn a_write_stalled_past_its_timeout_keeps_its_record_lands_later_and_is_re
     let Some((direct, prefix)) = redis("stall").await else {
         return;
     };
-    let url = std::env::var("DURABILITY_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let proxy = PausableProxy::start(&url).await;
+    let proxy = PausableProxy::start(&redis_url()).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("coordinator.db");
     let clock = ManualClock::new(START);
@@ -390,9 +392,7 @@ async fn a_redis_client_timeout_is_an_unknown_outcome_and_a_server_refusal_a_rej
     let Some((direct, prefix)) = redis("classify").await else {
         return;
     };
-    let url = std::env::var("DURABILITY_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let proxy = PausableProxy::start(&url).await;
+    let proxy = PausableProxy::start(&redis_url()).await;
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(START);
 

@@ -59,6 +59,18 @@ pub struct Proc {
     lines: Arc<Mutex<Vec<(i64, String)>>>,
 }
 
+/// The command of host binary `bin` run as task `name` over the shared
+/// directory `dir` with internal token `token` (`dir=… task=… token=…`).
+#[must_use]
+pub fn host_command(bin: &str, name: &str, dir: &std::path::Path, token: &str) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .arg(format!("dir={}", dir.display()))
+        .arg(format!("task={name}"))
+        .arg(format!("token={token}"));
+    command
+}
+
 impl Proc {
     /// Spawns `command` with stdin, stdout and stderr piped, as `name`.
     #[must_use]

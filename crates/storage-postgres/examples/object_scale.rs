@@ -67,6 +67,22 @@ fn first_and_steady(
     Ok((first, started.elapsed()))
 }
 
+/// Runs `f` with a client of its own connected to `url`, on a runtime of
+/// its own.
+fn on_client<T>(
+    url: &str,
+    f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        f(&c).await
+    })
+}
+
 /// The same reads as a hand-written tokio-postgres transaction on a
 /// connection of its own (the baseline of the steady transaction): lock
 /// the object row, read its own table and its alarm, commit.
@@ -76,12 +92,7 @@ fn baseline(
     objects: &[usize],
     tables: usize,
 ) -> Result<Vec<Duration>, Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
+    on_client(url, async |c: &tokio_postgres::Client| {
         let lock = c
             .prepare(&format!(
                 "SELECT 1 FROM \"{deployment}\".durability_objects WHERE id = $1 FOR UPDATE"
@@ -121,12 +132,7 @@ fn baseline(
 }
 
 fn catalog(url: &str) -> Result<(i64, i64, i64), Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
+    on_client(url, async |c: &tokio_postgres::Client| {
         let r = c
             .query_one(
                 "SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_namespace),
@@ -139,12 +145,7 @@ fn catalog(url: &str) -> Result<(i64, i64, i64), Error> {
 }
 
 fn drop_all(url: &str, name: &str) -> Result<(), Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
+    on_client(url, async |c: &tokio_postgres::Client| {
         let schemas = c
             .query(
                 "SELECT nspname FROM pg_namespace WHERE nspname = $1 OR nspname LIKE $1 || '\\_o%'",

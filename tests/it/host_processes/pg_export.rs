@@ -15,13 +15,20 @@ use durability_host::{PostgresObjectStore, SqliteObjectStore};
 use durability_ownership::{ShardCount, StorageId};
 use durability_scheduler::image::{Table, Value};
 use durability_storage_postgres::object::PostgresObjectOptions;
-use durability_storage_postgres::testkit::TestSchema;
 
 use super::pg_faults::{burst, outcome_violations};
-use super::postgres::{Db, check, runtime, spawn, stored};
+use super::postgres::{Db, check, runtime, runtime_schema_and_db, spawn, stored};
 use super::{TTL_S, now, signal};
 
 /// The object's own table `name` in `export`.
+/// The key of `Counter` object `name`.
+fn counter_key(name: &str) -> ObjectKey {
+    ObjectKey {
+        class: "Counter".to_owned(),
+        name: name.to_owned(),
+    }
+}
+
 fn table<'e>(export: &'e Export, name: &str) -> &'e Table {
     export
         .image
@@ -80,11 +87,9 @@ fn answered(a: &super::Proc, cmd: &str, name: &str, n: usize) {
 
 #[test]
 fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands_after_the_fence() {
-    let rt = runtime();
-    let Some(schema) = rt.block_on(TestSchema::create()) else {
+    let Some((rt, _schema, db)) = runtime_schema_and_db() else {
         return;
     };
-    let db = Db::of(&schema);
     let dir = tempfile::tempdir().unwrap();
     let mut a = spawn("a", dir.path(), &db, TTL_S, &["own=all", "create=1"]);
     a.wait_line("ready");
@@ -108,10 +113,7 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
     a.send("hold w2 300");
     a.wait_line("in-tx w2 ");
     burst(&mut a, &["w2"], 5);
-    let w2 = ObjectKey {
-        class: "Counter".to_owned(),
-        name: "w2".to_owned(),
-    };
+    let w2 = counter_key("w2");
     let store = PostgresObjectStore::connect(&db.url, &db.schema, PostgresObjectOptions::default())
         .unwrap();
     let live = rt
@@ -136,10 +138,7 @@ fn sigkill_of_the_owner_mid_export_loses_no_acknowledged_write_and_nothing_lands
     a.send("hold w1 5000");
     a.wait_line("in-tx w1 ");
     burst(&mut a, &["w1"], 10);
-    let object = ObjectKey {
-        class: "Counter".to_owned(),
-        name: "w1".to_owned(),
-    };
+    let object = counter_key("w1");
     let export_at = |store: &PostgresObjectStore| {
         runtime()
             .block_on(export_object(store, "st1", &object, ShardCount::default()))

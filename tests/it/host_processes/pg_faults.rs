@@ -11,10 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use durability_storage_postgres::testkit::TestSchema;
 use durability_storage_postgres::testkit::cluster::Cluster;
 
-use super::postgres::{Db, check, pair, runtime, stored};
+use super::postgres::{Db, check, pair, runtime, runtime_schema_and_db, stored};
 use super::{Proc, TTL_S};
 use crate::host_processes::now;
 
@@ -138,11 +137,9 @@ pub(super) fn incr_until_ok(hosts: &mut [&mut Proc], name: &str) -> String {
 
 #[test]
 fn sigterm_drain_under_load_finishes_in_flight_calls_and_the_survivor_claims_at_once() {
-    let rt = runtime();
-    let Some(schema) = rt.block_on(TestSchema::create()) else {
+    let Some((_rt, _schema, db)) = runtime_schema_and_db() else {
         return;
     };
-    let db = Db::of(&schema);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     // A long lease: a move that waited for expiry would take 30 s.
     let ttl_s = 30;
@@ -214,15 +211,7 @@ const BURST: usize = 10;
 /// timer due `timer_ms` later per object, then a burst of increments in
 /// flight; returns once some of the burst was acknowledged.
 fn load(a: &mut Proc, timer_ms: u64) {
-    for n in LOADED {
-        let answer = a.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=1 ")),
-            "{answer}"
-        );
-        let answer = a.run_ok(&format!("timer {n} {timer_ms}"));
-        assert!(answer.starts_with(&format!("ok timer {n} ")), "{answer}");
-    }
+    super::incr_with_alarms(a, &LOADED, timer_ms);
     burst(a, &LOADED, BURST);
     a.wait_n("ok incr ", LOADED.len() + 2);
 }

@@ -24,12 +24,8 @@ impl Proc {
         let headers = serde_json::to_string(headers).unwrap();
         let command = format!("connect {name} {url} {headers} {message}");
         self.answer(&command, &format!("connect {name}"), |line| {
-            let greeting_at = line.find(" greeting=").unwrap() + " greeting=".len();
-            let reply_at = line.find(" reply=").unwrap();
-            (
-                line[greeting_at..reply_at].to_owned(),
-                line[reply_at + " reply=".len()..].to_owned(),
-            )
+            let (greeting, reply) = two_fields(line, "greeting", "reply");
+            (greeting.to_owned(), reply.to_owned())
         })
     }
 }
@@ -89,12 +85,12 @@ fn meta(name: &str, url: &str, headers: &[(String, String)]) -> String {
 
 #[test]
 fn a_connect_through_a_non_owner_is_upgraded_by_the_owner_then_goes_direct() {
-    let (_dir, mut a, mut b) = a_owns_c1();
     let forged = pairs(&[
         ("X-Tenant", "t1"),
         ("x-durability-route-task", "evil"),
         ("x-durability-internal-auth", "guess"),
     ]);
+    let (_dir, mut a, mut b) = a_owns_c1();
     let (greeting, reply) = b.connect("c1", "/ws?room=1", &forged, "incr").ok();
     assert_eq!(
         greeting, "hello task=a url=/ws?room=1 seen=[\"x-tenant\"]",
@@ -163,11 +159,7 @@ fn a_connect_through_a_non_owner_is_upgraded_by_the_owner_then_goes_direct() {
 
 #[test]
 fn a_stale_connect_hint_after_a_takeover_costs_one_rediscovery() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let mut c = Proc::spawn("c", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b, mut c) = a_owns_c1_of_three();
     b.connect("c1", "/ws", &[], "hi").ok();
     let (_, g1) = b.hint("c1");
     a.ask("drain", "drained ");
@@ -241,56 +233,36 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
         (status, body)
     });
     // Forged fences: a generation a does not hold, another task.
-    let auth = ("x-durability-internal-auth", TOKEN);
     let stale = (g + 1000).to_string();
     for fence in [("a", stale.as_str()), ("zz", "1")] {
-        let (status, headers, _) = raw_upgrade(
-            &a.endpoint,
-            &m,
-            &[
-                auth,
-                ("x-durability-route-task", fence.0),
-                ("x-durability-route-generation", fence.1),
-            ],
-        );
-        assert_eq!(
-            (status, header(&headers, "x-durability-ownership-error")),
-            (503, Some("stale_owner")),
-            "{fence:?}"
-        );
+        let upgrade = |headers: &[(&str, &str)]| raw_upgrade(&a.endpoint, &m, headers);
+        assert_stale_fence(upgrade, fence.0, fence.1, &format!("{fence:?}"));
     }
     let ra = a.routing();
     assert_eq!((ra["upgrades"], ra["auth"]), (0, tokens), "{ra:?}");
 
     // An impostor owner of another shard (its record advertises its
     // listener) answers b's fenced connect with forged hints.
-    let store = lease_store(dir.path());
-    let victim = other_shard(&["c1"]);
-    let key = counter_scope(&victim).host_id().to_owned();
+    let (store, victim, key) = victim(dir.path(), &["c1"]);
     let other_key = counter_scope("c1").host_id().to_owned();
     let mut record = None;
     let forged = [
-        (
-            "marker on a 502",
-            hint_response(502, "connect", "imp", "1", &key),
-        ),
-        (
-            "wrong marker value",
-            hint_response(503, "owner", "imp", "1", &key),
-        ),
+        ("marker on a 502", 502, "connect", "imp", "1", &key),
+        ("wrong marker value", 503, "owner", "imp", "1", &key),
         (
             "another shard's key",
-            hint_response(503, "connect", "imp", "1", &other_key),
+            503,
+            "connect",
+            "imp",
+            "1",
+            &other_key,
         ),
-        (
-            "generation 0",
-            hint_response(503, "connect", "imp", "0", &key),
-        ),
-        (
-            "malformed task",
-            hint_response(503, "connect", "i m p", "1", &key),
-        ),
-    ];
+        ("generation 0", 503, "connect", "imp", "0", &key),
+        ("malformed task", 503, "connect", "i m p", "1", &key),
+    ]
+    .map(|(what, status, marker, task, generation, key)| {
+        (what, hint_response(status, marker, task, generation, key))
+    });
     for (what, answer) in &forged {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -309,15 +281,11 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
             ("owner_unavailable", "unknown"),
             "{what}"
         );
-        let after = b.routing();
-        assert_eq!(
-            (after["rediscoveries"], after["handoffs"], after["upgrades"]),
-            (
-                before["rediscoveries"],
-                before["handoffs"] + 1,
-                before["upgrades"]
-            ),
-            "{what}: no rediscovery, no fallback"
+        assert_moved(
+            &before,
+            &b.routing(),
+            &[("rediscoveries", 0), ("handoffs", 1), ("upgrades", 0)],
+            &format!("{what}: no rediscovery, no fallback"),
         );
         assert_eq!(b.hint(&victim).0, "none", "{what}");
     }
@@ -337,11 +305,11 @@ async fn forged_hints_and_tokens_are_refused_without_a_fallback() {
     let (code, _) = b.connect(&victim, "/ws", &[], "incr").err();
     assert_eq!(seen.join().unwrap().len(), 2, "asked twice");
     assert_eq!(code, "owner_unavailable");
-    let after = b.routing();
-    assert_eq!(
-        (after["rediscoveries"], after["handoffs"]),
-        (before["rediscoveries"] + 1, before["handoffs"] + 2),
-        "exactly one rediscovery"
+    assert_moved(
+        &before,
+        &b.routing(),
+        &[("rediscoveries", 1), ("handoffs", 2)],
+        "exactly one rediscovery",
     );
     assert!(store.release(&planted).await.unwrap());
     let (greeting, reply) = b.connect(&victim, "/ws", &[], "incr").ok();
@@ -411,12 +379,8 @@ fn connect_limits_hold_at_the_boundary_and_one_past() {
         ),
     ];
     for (what, url, headers, code) in &cases {
-        let (got, outcome) = b.connect("c1", url, headers, "hi").err();
-        assert_eq!(
-            (got.as_str(), outcome.as_str()),
-            (*code, "not_started"),
-            "{what}"
-        );
+        b.connect("c1", url, headers, "hi")
+            .assert_not_started(code, what);
     }
     assert_eq!(a.routing()["served"], served, "no refused connect was sent");
 
@@ -454,6 +418,15 @@ fn connect_limits_hold_at_the_boundary_and_one_past() {
     );
 }
 
+/// A session with `c1` at `/ws` through `client`.
+async fn connect_c1(client: &RpcClient) -> durability_host::connect::Socket {
+    use durability_host::connect::ConnectRequest;
+    client
+        .connect("Counter", "c1", ConnectRequest::new("/ws"))
+        .await
+        .unwrap()
+}
+
 /// The greeting of a fresh session, then its answer to `message`.
 async fn converse(
     socket: &mut durability_host::connect::Socket,
@@ -475,19 +448,12 @@ async fn converse(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
     use durability_host::connect::ConnectRequest;
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let mut c = Proc::spawn("c", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b, mut c) = a_owns_c1_of_three();
     let client = client(&b.endpoint);
 
     // Uncached: b's router hands off over the wire; the client connects
     // to a, which upgrades.
-    let mut s = client
-        .connect("Counter", "c1", ConnectRequest::new("/ws"))
-        .await
-        .unwrap();
+    let mut s = connect_c1(&client).await;
     let (greeting, reply) = converse(&mut s, "incr").await;
     assert!(greeting.starts_with("hello task=a "), "{greeting}");
     assert_eq!(reply, "echo task=a msg=n=2");
@@ -506,10 +472,7 @@ async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
 
     // Hinted: straight to a, b sees nothing.
     let served = b.routing()["served"];
-    let mut s = client
-        .connect("Counter", "c1", ConnectRequest::new("/ws"))
-        .await
-        .unwrap();
+    let mut s = connect_c1(&client).await;
     assert!(converse(&mut s, "hi").await.0.starts_with("hello task=a "));
     assert_eq!(
         b.routing()["served"],
@@ -523,10 +486,7 @@ async fn a_thin_client_connects_through_any_host_and_follows_a_takeover() {
     // before any upgrade, one rediscovery through b, handed off to c.
     a.ask("drain", "drained ");
     assert_eq!(c.call_ok("c1", "incr", "{\"by\":1}")["task"], "c");
-    let mut s = client
-        .connect("Counter", "c1", ConnectRequest::new("/ws"))
-        .await
-        .unwrap();
+    let mut s = connect_c1(&client).await;
     let (greeting, reply) = converse(&mut s, "incr").await;
     assert!(greeting.starts_with("hello task=c "), "{greeting}");
     assert_eq!(reply, "echo task=c msg=n=4");

@@ -24,12 +24,11 @@ impl Proc {
         let headers = serde_json::to_string(headers).unwrap();
         let command = format!("fetch {name} {method} {url} {headers} {body}");
         self.answer(&command, &format!("fetch {name} {method}"), |line| {
-            let headers_at = line.find(" headers=").unwrap() + " headers=".len();
-            let body_at = line.find(" body=").unwrap();
+            let (headers, body) = two_fields(line, "headers", "body");
             (
                 field(line, "status").parse().unwrap(),
-                serde_json::from_str(&line[headers_at..body_at]).unwrap(),
-                line[body_at + " body=".len()..].to_owned(),
+                serde_json::from_str(headers).unwrap(),
+                body.to_owned(),
             )
         })
     }
@@ -180,12 +179,8 @@ fn fetch_limits_hold_at_the_boundary_and_one_past() {
         ),
     ];
     for (what, url, headers, body, code) in &cases {
-        let (got, outcome) = b.fetch("c1", "POST", url, headers, body).err();
-        assert_eq!(
-            (got.as_str(), outcome.as_str()),
-            (*code, "not_started"),
-            "{what}"
-        );
+        b.fetch("c1", "POST", url, headers, body)
+            .assert_not_started(code, what);
     }
     assert_eq!(b.routing()["forwarded"], 1, "no refused fetch was sent");
 
@@ -250,15 +245,11 @@ fn the_fetch_endpoint_needs_the_token_and_admits_only_at_its_fence() {
         (status, body)
     });
     let auth = ("x-durability-internal-auth", TOKEN);
-    let (status, headers, _) = post(&[
-        auth,
-        ("x-durability-route-task", "a"),
-        ("x-durability-route-generation", "999999"),
-    ]);
-    assert_eq!(
-        (status, header(&headers, "x-durability-ownership-error")),
-        (503, Some("stale_owner")),
-        "a fence at a generation a does not hold"
+    assert_stale_fence(
+        post,
+        "a",
+        "999999",
+        "a fence at a generation a does not hold",
     );
     let (status, _, body) = post(&[auth, ("x-durability-route-task", "a")]);
     let env: Value = serde_json::from_slice(&body).unwrap();
@@ -299,13 +290,7 @@ fn a_post_fetch_is_not_replayed_after_its_owner_is_killed() {
         .wait_matching("b's answer to the interrupted POST", answer, before + 1)
         .swap_remove(before)
         .1;
-    assert_eq!(field(&line, "code"), "owner_unavailable", "{line}");
-    assert_eq!(field(&line, "outcome"), "unknown", "{line}");
-    assert_eq!(
-        b.hint("c1").0,
-        "none",
-        "the unmarked failure evicted the hint"
-    );
+    assert_unknown_and_unhinted(&mut b, &line);
     // After a's lease runs out b owns the scope: the POST ran once, on a.
     let end = now() + 30_000;
     let body = loop {
@@ -334,12 +319,7 @@ fn fetch_success(generation: u64, key: &str, body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
-    let dir = tempfile::tempdir().unwrap();
-    let _a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let store = lease_store(dir.path());
-    let victim = other_shard(&[]);
-    let key = counter_scope(&victim).host_id().to_owned();
+    let (_dir, _a, mut b, (store, victim, key)) = a_and_b_and_a_victim();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let planted = plant_owner(&store, &victim, "imp", &endpoint, None).await;
@@ -368,11 +348,11 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
         (code.as_str(), outcome.as_str()),
         ("owner_unavailable", "unknown")
     );
-    let after = b.routing();
-    assert_eq!(
-        (after["direct"], after["forwarded"]),
-        (before["direct"] + 1, before["forwarded"]),
-        "one send, no replay"
+    assert_moved(
+        &before,
+        &b.routing(),
+        &[("direct", 1), ("forwarded", 0)],
+        "one send, no replay",
     );
     listener.set_nonblocking(true).unwrap();
     assert!(
@@ -399,13 +379,13 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
     assert!(request.starts_with("POST /internal/do/fetch"), "{request}");
     let line = b.wait_new(&format!("ok fetch {victim} GET "), 2);
     assert!(line.ends_with("body=replayed"), "{line}");
-    let after = b.routing();
-    assert_eq!(
-        (after["direct"], after["forwarded"]),
-        (before["direct"] + 1, before["forwarded"] + 1),
-        "the direct send, then one replay through the router"
-    );
     assert!(store.release(&planted).await.unwrap());
+    assert_moved(
+        &before,
+        &b.routing(),
+        &[("direct", 1), ("forwarded", 1)],
+        "the direct send, then one replay through the router",
+    );
     eprintln!(
         "tried: an impostor owner of {victim}'s scope answered an unmarked 503: a POST on the \
          hint returned owner_unavailable (unknown) after one connection; a GET replayed once \
@@ -416,11 +396,7 @@ async fn after_an_untrusted_answer_a_get_replays_once_and_a_post_never() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_client_fetches_through_any_host_and_replays_only_a_get() {
     use durability_host::fetch::FetchRequest;
-    let dir = tempfile::tempdir().unwrap();
-    let mut a = Proc::spawn("a", dir.path());
-    let mut b = Proc::spawn("b", dir.path());
-    let mut c = Proc::spawn("c", dir.path());
-    a.call_ok("c1", "incr", "{\"by\":1}");
+    let (_dir, mut a, mut b, mut c) = a_owns_c1_of_three();
     let client = client(&b.endpoint);
     let text =
         |r: &durability_host::fetch::FetchResponse| String::from_utf8_lossy(&r.body).to_string();

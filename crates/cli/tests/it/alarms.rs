@@ -7,7 +7,8 @@ use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 
 use crate::support::{
-    START, connected_or_skip, fails, fingerprint, ok, ok_json, redis_and_prefix, s,
+    START, assert_missing_file_refused, connected_or_skip, fails, fingerprint, ok, ok_json,
+    redis_and_prefix, s, strings, temp_file,
 };
 
 async fn fill(ix: &impl AlarmIndex) {
@@ -28,8 +29,7 @@ async fn fill(ix: &impl AlarmIndex) {
 
 #[tokio::test]
 async fn jobs_and_counts_of_a_sqlite_index_are_read_without_writing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("alarms.db");
+    let (_dir, db) = temp_file("alarms.db");
     {
         let ix = SqliteAlarmIndex::open(&db, Synchronous::Full).unwrap();
         fill(&ix).await;
@@ -57,11 +57,7 @@ async fn jobs_and_counts_of_a_sqlite_index_are_read_without_writing() {
 
 #[test]
 fn a_missing_or_foreign_index_file_is_refused_and_not_created() {
-    let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.db");
-    let line = fails(&["alarms", "counts", "--sqlite", s(&missing)]);
-    assert!(line.contains("no such file"), "{line}");
-    assert!(!missing.exists());
+    let dir = assert_missing_file_refused(&["alarms", "counts"]);
     let other = dir.path().join("other.db");
     {
         let conn = durability_storage_sqlite::rusqlite::Connection::open(&other).unwrap();
@@ -104,12 +100,7 @@ async fn jobs_and_counts_of_a_redis_index_under_its_prefix() {
         "shop:",
         "--json",
     ]);
-    let objects: Vec<&str> = v["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["object"].as_str().unwrap())
-        .collect();
+    let objects = strings(&v["jobs"], "object");
     assert_eq!(objects, ["shop:1", "shop:2"]);
     assert_eq!(v["jobs"][0]["token"], "tok-shop-1");
     // Another prefix sees nothing.

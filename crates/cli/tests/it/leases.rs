@@ -9,7 +9,8 @@ use durability_storage_redis::testkit::delete_prefix;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 
 use crate::support::{
-    START, connected_or_skip, fails, fingerprint, ok, ok_json, redis_and_prefix, s,
+    START, assert_missing_file_refused, connected_or_skip, fails, fingerprint, ok, ok_json,
+    redis_and_prefix, s, temp_file,
 };
 
 /// Claims `st1:Room:shard0` for `a` (10 s) and `st1:Room:shard1` for `b`
@@ -40,8 +41,7 @@ async fn claims(store: &(impl LeaseStore + LifecycleAdmin)) {
 
 #[tokio::test]
 async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("leases.db");
+    let (_dir, db) = temp_file("leases.db");
     let clock = ManualClock::new(START);
     {
         let store = SqliteLeaseStore::open(&db, clock.clone(), ShardCount::default()).unwrap();
@@ -52,33 +52,19 @@ async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
     let now = (START + 1_500).to_string();
     let out = ok(&["leases", "list", "--sqlite", s(&db), "--now-ms", &now]);
     insta::assert_snapshot!(out);
-    let v = ok_json(&[
-        "leases",
-        "list",
-        "--sqlite",
-        s(&db),
-        "--now-ms",
-        &now,
-        "--limit",
-        "1",
-        "--json",
-    ]);
+    // One lease a page, as JSON, after `extra`.
+    let page = |extra: &[&str]| {
+        let mut args = vec!["leases", "list", "--sqlite", s(&db), "--now-ms", &now];
+        args.extend(["--limit", "1"]);
+        args.extend(extra);
+        args.push("--json");
+        ok_json(&args)
+    };
+    let v = page(&[]);
     assert_eq!(v["leases"].as_array().unwrap().len(), 1);
     assert_eq!(v["leases"][0]["scope"], "st1:Room:shard0");
     let cursor = v["cursor"].as_str().unwrap().to_owned();
-    let v = ok_json(&[
-        "leases",
-        "list",
-        "--sqlite",
-        s(&db),
-        "--now-ms",
-        &now,
-        "--limit",
-        "1",
-        "--cursor",
-        &cursor,
-        "--json",
-    ]);
+    let v = page(&["--cursor", &cursor]);
     assert_eq!(v["leases"][0]["scope"], "st1:Room:shard1");
     assert_eq!(v["leases"][0]["owner"], "b");
     assert_eq!(v["leases"][0]["generation"], 2);
@@ -89,11 +75,7 @@ async fn live_leases_of_a_sqlite_store_with_owner_generation_and_lease_left() {
 
 #[test]
 fn a_missing_or_foreign_lease_file_is_refused_and_not_created() {
-    let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.db");
-    let line = fails(&["leases", "list", "--sqlite", s(&missing)]);
-    assert!(line.contains("no such file"), "{line}");
-    assert!(!missing.exists());
+    let dir = assert_missing_file_refused(&["leases", "list"]);
     let text = dir.path().join("notes");
     std::fs::write(&text, "x".repeat(4096)).unwrap();
     let line = fails(&["leases", "list", "--sqlite", s(&text)]);

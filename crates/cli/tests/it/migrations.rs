@@ -13,7 +13,7 @@ use durability_migration::{
 };
 use durability_storage_sqlite::migration::{SqliteMappingStore, SqliteShard};
 
-use crate::support::{START, cli, fails, fingerprint, ok};
+use crate::support::{START, cli, fails, fingerprint, ok, strings};
 
 const KEYS: [&str; 4] = ["k1", "k2", "k3", "k4"];
 
@@ -237,12 +237,7 @@ async fn status_lists_operations_with_state_key_source_target_and_counts() {
     assert_eq!(ops[1]["state"], "prepared");
 
     let active = set.cli_json("status", &["--active"]);
-    let keys: Vec<&str> = active["operations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["key"].as_str().unwrap())
-        .collect();
+    let keys = strings(&active["operations"], "key");
     assert_eq!(keys, ["k2"]);
     let one = set.cli_json("status", &["--key", "k1", "--limit", "1"]);
     assert_eq!(one["operations"].as_array().unwrap().len(), 1);
@@ -365,12 +360,7 @@ async fn rebalance_plans_dry_refuses_without_yes_and_moves_keys_to_their_hash_ow
             owner != now
         })
         .collect();
-    let planned: Vec<&str> = dry["plan"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["key"].as_str().unwrap())
-        .collect();
+    let planned = strings(&dry["plan"], "key");
     assert_eq!(planned, expected);
     assert_eq!(dry["examined"], 4);
     assert_eq!(dry["moved"], 0);

@@ -1,6 +1,6 @@
 //! `durability object inspect`.
 
-use crate::support::{START, fails, fingerprint, object, ok};
+use crate::support::{START, fails, fingerprint, object, ok, temp_file};
 
 fn path_str(p: &std::path::Path) -> &str {
     p.to_str().unwrap()
@@ -21,8 +21,7 @@ fn populated(path: &std::path::Path) {
 
 #[test]
 fn inspect_shows_capabilities_schema_versions_and_the_alarm() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db);
     let before = fingerprint(&db);
     let now = (START + 1_500).to_string();
@@ -34,8 +33,7 @@ fn inspect_shows_capabilities_schema_versions_and_the_alarm() {
 
 #[test]
 fn inspect_json_is_the_scheduler_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db);
     let now = START + 1_500;
     let out = ok(&[
@@ -64,8 +62,7 @@ fn inspect_json_is_the_scheduler_report() {
 
 #[test]
 fn inspect_of_a_missing_file_fails_and_creates_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("missing.db");
+    let (dir, db) = temp_file("missing.db");
     let line = fails(&["object", "inspect", path_str(&db)]);
     assert!(line.contains("no such file"), "{line}");
     assert!(!db.exists(), "inspect created the file");
@@ -74,8 +71,7 @@ fn inspect_of_a_missing_file_fails_and_creates_nothing() {
 
 #[test]
 fn inspect_of_a_sqlite_file_without_scheduler_tables_fails_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("other.db");
+    let (_dir, db) = temp_file("other.db");
     {
         let conn = durability_storage_sqlite::rusqlite::Connection::open(&db).unwrap();
         conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
@@ -92,8 +88,7 @@ fn inspect_of_a_sqlite_file_without_scheduler_tables_fails_and_changes_nothing()
 
 #[test]
 fn inspect_of_a_file_that_is_not_sqlite_fails_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("notes.txt");
+    let (_dir, db) = temp_file("notes.txt");
     std::fs::write(
         &db,
         "not a database, just some text that is long enough\n".repeat(20),
@@ -107,8 +102,7 @@ fn inspect_of_a_file_that_is_not_sqlite_fails_and_changes_nothing() {
 
 #[test]
 fn inspect_reports_a_corrupt_due_row_as_corrupt() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db);
     {
         // Written behind the scheduler's back: a due time that is text.

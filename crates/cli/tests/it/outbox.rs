@@ -8,7 +8,7 @@ use durability_storage_sqlite::inspect::inspect_object;
 use durability_storage_sqlite::rusqlite::Connection;
 
 use crate::support::{
-    Accept, RETRY_MS, RetryLater, START, fails, fingerprint, object_at, ok, ok_json, s,
+    Accept, RETRY_MS, RetryLater, START, fails, fingerprint, object_at, ok, ok_json, s, temp_file,
 };
 
 /// `outbox <verb> <db> --channel <channel> --key <key> --yes`, then `extra`.
@@ -68,8 +68,7 @@ async fn populated(db: &Path) {
 
 #[tokio::test]
 async fn list_shows_versions_attempts_due_times_and_states() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db).await;
     let before = fingerprint(&db);
     let now = (START + 10).to_string();
@@ -104,8 +103,7 @@ async fn list_shows_versions_attempts_due_times_and_states() {
 
 #[tokio::test]
 async fn retry_makes_a_waiting_entry_due_now_and_moves_the_alarm() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     // Only `a`, waiting until START + RETRY_MS.
     {
         let o = object_at(&db, START, "orders", RetryLater);
@@ -141,8 +139,7 @@ async fn retry_makes_a_waiting_entry_due_now_and_moves_the_alarm() {
 
 #[tokio::test]
 async fn discard_removes_an_entry_and_moves_the_alarm_to_the_next_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db).await;
     // `b` (due START + 1) is the earliest of orders; mail's `m` is at START.
     let json = ok(&on_entry("discard", &db, "mail", "m", &["--json"]));
@@ -183,8 +180,7 @@ async fn discard_removes_an_entry_and_moves_the_alarm_to_the_next_one() {
 
 #[tokio::test]
 async fn mutations_without_yes_off_a_terminal_are_refused_and_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (_dir, db) = temp_file("object.db");
     populated(&db).await;
     let before = fingerprint(&db);
     for verb in ["retry", "discard"] {
@@ -196,8 +192,7 @@ async fn mutations_without_yes_off_a_terminal_are_refused_and_change_nothing() {
 
 #[tokio::test]
 async fn bad_targets_are_refused_and_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("object.db");
+    let (dir, db) = temp_file("object.db");
     populated(&db).await;
     let before = fingerprint(&db);
     for (channel, key, refusal) in [

@@ -98,6 +98,36 @@ pub(crate) fn ok_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ok(args)).unwrap()
 }
 
+/// The string field `field` of every item of the JSON array `list`.
+pub(crate) fn strings<'v>(list: &'v serde_json::Value, field: &str) -> Vec<&'v str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item[field].as_str().unwrap())
+        .collect()
+}
+
+/// A fresh temporary directory and the path of file `name` in it (not
+/// created).
+pub(crate) fn temp_file(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
+}
+
+/// Runs `args` with `--sqlite` naming a file that does not exist: asserts
+/// the one-line refusal says so and the file was not created. Returns the
+/// (empty) directory the file would have been in.
+pub(crate) fn assert_missing_file_refused(args: &[&str]) -> tempfile::TempDir {
+    let (dir, missing) = temp_file("missing.db");
+    let mut args = args.to_vec();
+    args.extend(["--sqlite", s(&missing)]);
+    let line = fails(&args);
+    assert!(line.contains("no such file"), "{line}");
+    assert!(!missing.exists());
+    dir
+}
+
 /// A path as an argument.
 pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -2,60 +2,61 @@
 //! (scheduler, outbox, alarms object side, topology), the application's own
 //! tables, failures and hostile names.
 
-use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
-use durability_storage_postgres::object::{PostgresObjectOptions, PostgresObjects};
+use durability_scheduler::{
+    ObjectContext, ObjectId, Scheduler, SchedulerTx, Storage, StorageError, StorageErrorKind,
+};
+use durability_storage_postgres::object::{
+    PostgresObjectOptions, PostgresObjectStorage, PostgresObjects,
+};
 
 use crate::object_support::TestDeployment;
 
-#[test]
-fn scheduler_conformance_on_postgres() {
-    let Some(d) = TestDeployment::create() else {
-        return;
-    };
-    for case in durability_scheduler::conformance::CASES {
-        durability_scheduler::conformance::run_case(case, || d.fresh());
-    }
-    eprintln!(
-        "scheduler conformance on PostgreSQL: {} cases",
-        durability_scheduler::conformance::CASES.len()
-    );
+/// One test per object-level conformance suite: every case of `$cases`
+/// run by `$run` on a fresh object of one deployment.
+macro_rules! conformance_on_postgres {
+    ($($name:ident: $cases:expr, $run:path;)*) => {$(
+        #[test]
+        fn $name() {
+            let Some(d) = TestDeployment::create() else {
+                return;
+            };
+            for case in $cases {
+                $run(case, || d.fresh());
+            }
+            eprintln!("{}: {} cases", stringify!($name), $cases.len());
+        }
+    )*};
 }
 
-#[test]
-fn outbox_conformance_on_postgres() {
-    let Some(d) = TestDeployment::create() else {
-        return;
-    };
-    for case in durability_outbox::conformance::CASES {
-        durability_outbox::conformance::run_case(case, || d.fresh());
-    }
+conformance_on_postgres! {
+    scheduler_conformance_on_postgres:
+        durability_scheduler::conformance::CASES, durability_scheduler::conformance::run_case;
+    outbox_conformance_on_postgres:
+        durability_outbox::conformance::CASES, durability_outbox::conformance::run_case;
+    alarm_rows_conformance_on_postgres:
+        durability_alarms::conformance::TX_CASES, durability_alarms::conformance::run_tx_case;
+    topology_conformance_on_postgres:
+        durability_topology::conformance::TX_CASES, durability_topology::conformance::run_tx_case;
 }
 
-#[test]
-fn alarm_rows_conformance_on_postgres() {
-    let Some(d) = TestDeployment::create() else {
-        return;
-    };
-    for case in durability_alarms::conformance::TX_CASES {
-        durability_alarms::conformance::run_tx_case(case, || d.fresh());
-    }
-}
-
-#[test]
-fn topology_conformance_on_postgres() {
-    let Some(d) = TestDeployment::create() else {
-        return;
-    };
-    for case in durability_topology::conformance::TX_CASES {
-        durability_topology::conformance::run_tx_case(case, || d.fresh());
-    }
+/// Object `id` of `d` and a scheduler on it (system clock).
+fn scheduler_on(
+    d: &TestDeployment,
+    id: &str,
+) -> (
+    std::sync::Arc<PostgresObjectStorage>,
+    Scheduler<PostgresObjectStorage>,
+) {
+    let storage = std::sync::Arc::new(d.objects.open(id).unwrap());
+    let ctx = ObjectContext::new(ObjectId::new(id).unwrap(), storage.clone());
+    (storage, Scheduler::new(ctx).unwrap())
 }
 
 fn kind<T: std::fmt::Debug>(r: Result<T, StorageError>) -> StorageErrorKind {
     r.expect_err("the transaction fails").kind()
 }
 
-fn orders(s: &durability_storage_postgres::object::PostgresObjectStorage) -> i64 {
+fn orders(s: &PostgresObjectStorage) -> i64 {
     s.transaction(|tx| {
         tx.sql()
             .query_one("SELECT count(*) FROM orders", &[])?
@@ -67,16 +68,10 @@ fn orders(s: &durability_storage_postgres::object::PostgresObjectStorage) -> i64
 
 #[test]
 fn own_tables_commit_and_roll_back_with_the_capability_rows() {
-    use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let storage = std::sync::Arc::new(d.objects.open("shop-1").unwrap());
-    let scheduler = Scheduler::new(ObjectContext::new(
-        ObjectId::new("shop-1").unwrap(),
-        storage.clone(),
-    ))
-    .unwrap();
+    let (storage, scheduler) = scheduler_on(&d, "shop-1");
     scheduler
         .transaction(|tx| {
             tx.sql()
@@ -328,16 +323,10 @@ impl durability_outbox::Sink<String> for Keys {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_outbox_row_is_quarantined_without_blocking_and_stays_deletable() {
     use durability_outbox::{ChannelConfig, Outbox};
-    use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let storage = std::sync::Arc::new(d.objects.open("corrupt").unwrap());
-    let sched = Scheduler::new(ObjectContext::new(
-        ObjectId::new("corrupt").unwrap(),
-        storage.clone(),
-    ))
-    .unwrap();
+    let (_storage, sched) = scheduler_on(&d, "corrupt");
     let sink = Keys::default();
     let outbox = Outbox::attach(&sched, ChannelConfig::new("c"), sink.clone()).unwrap();
     sched
@@ -437,7 +426,7 @@ fn a_transaction_inside_another_executor_s_task_works() {
 fn objects_and_storages_are_send_and_sync() {
     fn check<T: Send + Sync + 'static>() {}
     check::<PostgresObjects>();
-    check::<durability_storage_postgres::object::PostgresObjectStorage>();
+    check::<PostgresObjectStorage>();
 }
 
 /// A session ended while it commits answers the COMMIT with a FATAL error

@@ -14,6 +14,7 @@ use durability_ownership::{
     ShardCount, StorageId, TaskId,
 };
 use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
+use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_time::{Clock, SystemClock};
 
 use crate::object_support::TestDeployment;
@@ -39,13 +40,11 @@ fn a_stale_owner_commit_is_refused_by_the_database() {
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let a = d.objects.open("shop-1").unwrap();
-    a.fence(&claim("a", 1)).unwrap();
+    let a = open_fenced(&d, "shop-1", "a", 1);
     a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
 
     // Host B claims generation 2 on another handle (another machine).
-    let b = d.objects.open("shop-1").unwrap();
-    b.fence(&claim("b", 2)).unwrap();
+    let b = open_fenced(&d, "shop-1", "b", 2);
     b.transaction(|tx| tx.set_alarm(Some(20))).unwrap();
 
     // A's late transaction is refused inside the database; nothing lands.
@@ -74,8 +73,7 @@ fn an_object_fenced_under_one_shard_refuses_a_claim_under_another_shard_count() 
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let a = d.objects.open("shop-9").unwrap();
-    a.fence(&claim("a", 1)).unwrap();
+    let a = open_fenced(&d, "shop-9", "a", 1);
     // A host started with 8 shards maps the object to another shard of the
     // same storage id and class: refused, nothing written.
     let eight = OwnerRecord::new(
@@ -103,12 +101,10 @@ fn an_unfenced_storage_does_not_check_and_another_object_is_not_fenced() {
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let fenced = d.objects.open("one").unwrap();
-    fenced.fence(&claim("a", 5)).unwrap();
+    let _fenced = open_fenced(&d, "one", "a", 5);
     let plain = d.objects.open("two").unwrap();
     plain.transaction(|tx| tx.set_alarm(Some(1))).unwrap();
-    let stale_elsewhere = d.objects.open("two").unwrap();
-    stale_elsewhere.fence(&claim("a", 1)).unwrap();
+    let stale_elsewhere = open_fenced(&d, "two", "a", 1);
     stale_elsewhere
         .transaction(|tx| tx.set_alarm(Some(2)))
         .unwrap();
@@ -152,8 +148,7 @@ fn a_corrupt_fence_generation_is_a_typed_error() {
     let Some(d) = TestDeployment::create() else {
         return;
     };
-    let s = d.objects.open("bad-fence").unwrap();
-    s.fence(&claim("a", 1)).unwrap();
+    let s = open_fenced(&d, "bad-fence", "a", 1);
     crate::object_support::run_sql(
         &d.url,
         &format!(
@@ -168,7 +163,25 @@ fn a_corrupt_fence_generation_is_a_typed_error() {
 }
 
 /// Who wrote the object's marks.
-fn marks(s: &durability_storage_postgres::object::PostgresObjectStorage) -> Vec<String> {
+/// Object `id` of `d`, fenced by `task` at generation `g`.
+fn open_fenced(d: &TestDeployment, id: &str, task: &str, g: u64) -> PostgresObjectStorage {
+    let s = d.objects.open(id).unwrap();
+    s.fence(&claim(task, g)).unwrap();
+    s
+}
+
+/// Object `id` of `d` with an application table `marks (who)`.
+fn with_marks(d: &TestDeployment, id: &str) -> PostgresObjectStorage {
+    let s = d.objects.open(id).unwrap();
+    s.transaction(|tx| {
+        tx.sql()
+            .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
+    })
+    .unwrap();
+    s
+}
+
+fn marks(s: &PostgresObjectStorage) -> Vec<String> {
     s.transaction(|tx| {
         tx.sql()
             .query("SELECT who FROM marks ORDER BY who", &[])?
@@ -237,12 +250,7 @@ fn a_paused_holder_never_commits_and_does_not_block_the_new_owner() {
         return;
     };
     let id = "paused-object";
-    let b = d.objects.open(id).unwrap();
-    b.transaction(|tx| {
-        tx.sql()
-            .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
-    })
-    .unwrap();
+    let b = with_marks(&d, id);
     let (mut holder, mut out) = holder_inside(&d.url, &d.name, id);
     signal(holder.0.id(), "-STOP");
 
@@ -283,12 +291,7 @@ fn a_holder_killed_inside_its_transaction_leaves_nothing_and_blocks_nobody() {
         return;
     };
     let id = "killed-object";
-    let b = d.objects.open(id).unwrap();
-    b.transaction(|tx| {
-        tx.sql()
-            .batch_execute("CREATE TABLE marks (who TEXT NOT NULL)")
-    })
-    .unwrap();
+    let b = with_marks(&d, id);
     let (mut holder, _out) = holder_inside(&d.url, &d.name, id);
     signal(holder.0.id(), "-KILL");
     assert!(!holder.0.wait().unwrap().success());
@@ -338,13 +341,9 @@ fn without_the_right_to_end_the_holder_the_new_owner_fails_retryably() {
     )
     .unwrap();
     let cleanup = format!(
-        "DO $$ DECLARE n text; BEGIN
-           FOR n IN SELECT nspname FROM pg_namespace
-             WHERE nspname = '{name}' OR nspname LIKE '{name}\\_o%' LOOP
-             EXECUTE format('DROP SCHEMA %I CASCADE', n);
-           END LOOP;
-         END $$;
-         REVOKE CREATE ON DATABASE \"{db}\" FROM {role}; DROP ROLE {role}"
+        "{};
+         REVOKE CREATE ON DATABASE \"{db}\" FROM {role}; DROP ROLE {role}",
+        crate::object_support::drop_deployment(&name)
     );
     let result = std::panic::catch_unwind(|| {
         let options = PostgresObjectOptions {

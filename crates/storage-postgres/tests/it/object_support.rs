@@ -96,18 +96,22 @@ impl TestDeployment {
     }
 }
 
+/// SQL that drops deployment `name`: its schema and every object schema
+/// under it.
+pub(crate) fn drop_deployment(name: &str) -> String {
+    format!(
+        "DO $$ DECLARE n text; BEGIN
+           FOR n IN SELECT nspname FROM pg_namespace
+             WHERE nspname = '{name}' OR nspname LIKE '{name}\\_o%' LOOP
+             EXECUTE format('DROP SCHEMA %I CASCADE', n);
+           END LOOP;
+         END $$"
+    )
+}
+
 impl Drop for TestDeployment {
     fn drop(&mut self) {
-        let sql = format!(
-            "DO $$ DECLARE n text; BEGIN
-               FOR n IN SELECT nspname FROM pg_namespace
-                 WHERE nspname = '{name}' OR nspname LIKE '{name}\\_o%' LOOP
-                 EXECUTE format('DROP SCHEMA %I CASCADE', n);
-               END LOOP;
-             END $$",
-            name = self.name
-        );
-        if let Err(e) = run_sql(&self.url, &sql) {
+        if let Err(e) = run_sql(&self.url, &drop_deployment(&self.name)) {
             eprintln!("could not drop test deployment {}: {e}", self.name);
         }
     }
