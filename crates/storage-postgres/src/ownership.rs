@@ -700,13 +700,8 @@ impl PostgresLeaseStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
-        use durability_ownership::listing::{LeaseListing, LeaseReport};
-        if limit == 0 {
-            return Err(OwnershipError::InvalidInput {
-                what: "limit",
-                reason: "must be at least 1".to_owned(),
-            });
-        }
+        use durability_ownership::listing::{LeaseListing, LeaseReport, validate_list_limit};
+        validate_list_limit(limit)?;
         let limit_value = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .client

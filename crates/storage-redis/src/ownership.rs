@@ -897,13 +897,8 @@ impl RedisLeaseStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
-        use durability_ownership::listing::{LeaseListing, LeaseReport};
-        if limit == 0 {
-            return Err(OwnershipError::InvalidInput {
-                what: "limit",
-                reason: "must be at least 1".to_owned(),
-            });
-        }
+        use durability_ownership::listing::{LeaseListing, LeaseReport, validate_list_limit};
+        validate_list_limit(limit)?;
         let start: u64 = match cursor {
             None => 0,
             Some(c) => c.parse().map_err(|_| OwnershipError::InvalidInput {
