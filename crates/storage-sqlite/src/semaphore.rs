@@ -16,14 +16,11 @@ use rusqlite::{OptionalExtension, Row, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[
-    SchemaStep::new(1, "initial"),
-    SchemaStep::new(2, "quarantine"),
-];
+pub(crate) static STEPS: &[SchemaStep] = durability_semaphore::SCHEMA_STEPS;
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep::new(1, "initial"),
+        step: STEPS[0],
         up: "
 CREATE TABLE durability_semaphore_pool (
     name TEXT PRIMARY KEY NOT NULL,
@@ -68,7 +65,7 @@ DROP TABLE durability_semaphore_id;
 ",
     },
     SqliteSchemaStep {
-        step: SchemaStep::new(2, "quarantine"),
+        step: STEPS[1],
         // Untyped columns: a quarantined row keeps exactly what was stored.
         up: "
 CREATE TABLE durability_semaphore_quarantine (
