@@ -16,8 +16,8 @@
 //! a single Redis (or a proxy), not Redis Cluster.
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, ObjectId,
-    RetryJob, Token, validate_time,
+    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobPageRequest, JobState,
+    JobView, ObjectId, RetryJob, Token, validate_time,
 };
 
 use redis::aio::ConnectionManager;
@@ -556,13 +556,8 @@ impl AlarmIndex for RedisAlarmIndex {
             .min())
     }
 
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        durability_alarms::validate_page_limit(limit)?;
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        let (prefix, cursor, limit) = (page.prefix, page.cursor, page.checked_limit()?);
         let mut scan: u64 = match cursor {
             None => 0,
             Some(c) => {
