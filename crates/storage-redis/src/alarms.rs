@@ -436,18 +436,6 @@ fn decode_job(
     }))
 }
 
-/// `s` with Redis glob characters escaped, for a `MATCH` pattern.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl AlarmIndex for RedisAlarmIndex {
     async fn upsert(
         &self,
@@ -570,7 +558,7 @@ impl AlarmIndex for RedisAlarmIndex {
             }
         };
         let job_prefix = self.job_prefix();
-        let pattern = format!("{}*", glob_escape(&format!("{job_prefix}{prefix}")));
+        let pattern = crate::scan::prefix_pattern(&format!("{job_prefix}{prefix}"));
         let count = limit.clamp(100, 10_000);
         let mut conn = self.conn.clone();
         let mut keys: Vec<String> = Vec::new();
