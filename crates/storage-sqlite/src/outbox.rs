@@ -424,12 +424,11 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached("SELECT COUNT(*) FROM durability_outbox WHERE channel = ?1")
-            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
-            .map_err(|e| backend("count outbox entries", e))?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.count(
+            "count outbox entries",
+            "SELECT COUNT(*) FROM durability_outbox WHERE channel = ?1",
+            [channel],
+        )
     }
 
     fn outbox_quarantine(&mut self, row: &CorruptEntry, at: i64) -> Result<bool, StorageError> {
@@ -460,12 +459,11 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached("SELECT COUNT(*) FROM durability_outbox_quarantine WHERE channel = ?1")
-            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
-            .map_err(|e| backend("count quarantined outbox rows", e))?;
-        Ok(n.unsigned_abs())
+        self.count(
+            "count quarantined outbox rows",
+            "SELECT COUNT(*) FROM durability_outbox_quarantine WHERE channel = ?1",
+            [channel],
+        )
     }
 
     fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError> {

@@ -377,15 +377,14 @@ impl SemaphoreTx for SqliteTx<'_> {
     }
 
     fn semaphore_queued_before(&mut self, pool: &str, id: u64) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached(&format!(
+        self.count(
+            "count semaphore queue",
+            &format!(
                 "SELECT COUNT(*) FROM durability_semaphore_request
                  WHERE pool = ?1 AND state = {QUEUED} AND id < ?2"
-            ))
-            .and_then(|mut st| st.query_row(params![pool, i64_of(id)], |r| r.get(0)))
-            .map_err(|e| backend("count semaphore queue", e))?;
-        Ok(n.unsigned_abs())
+            ),
+            params![pool, i64_of(id)],
+        )
     }
 
     fn semaphore_due_pools(&mut self, now: i64, limit: usize) -> Result<Vec<String>, StorageError> {
