@@ -279,3 +279,107 @@ pub trait OutboxTx: SchedulerTx {
     /// A backend failure.
     fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{RowCells, StoredEntry, StoredRow};
+
+    fn cells() -> RowCells {
+        RowCells {
+            channel: "c".to_owned(),
+            key: "k".to_owned(),
+            row: b"tk".to_vec(),
+            value: Some(vec![1, 2]),
+            problem: None,
+            version: Ok(7),
+            attempt: Ok(2),
+            due_at: Ok(1_000),
+            claimed_until: Ok(Some(2_000)),
+        }
+    }
+
+    fn reason(row: StoredRow) -> String {
+        match row {
+            StoredRow::Corrupt(c) => {
+                assert_eq!((c.channel.as_str(), c.key.as_str()), ("c", "k"));
+                assert_eq!(c.row, b"tk", "the backend's row identity is kept");
+                c.reason
+            }
+            StoredRow::Entry(e) => panic!("expected a corrupt row, got {e:?}"),
+        }
+    }
+
+    #[test]
+    fn cells_in_range_make_an_entry() {
+        assert_eq!(
+            cells().check(),
+            StoredRow::Entry(StoredEntry {
+                channel: "c".to_owned(),
+                key: "k".to_owned(),
+                value: vec![1, 2],
+                version: 7,
+                attempt: 2,
+                due_at: 1_000,
+                claimed_until: Some(2_000),
+            })
+        );
+    }
+
+    #[test]
+    fn a_cell_out_of_range_or_a_problem_makes_a_corrupt_row() {
+        let max = (1_i64 << 53) - 1;
+        let c = RowCells {
+            version: Ok(0),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("version 0 is outside 1..={max}"));
+        let c = RowCells {
+            attempt: Ok(i64::from(u32::MAX) + 1),
+            ..cells()
+        };
+        assert_eq!(
+            reason(c.check()),
+            format!(
+                "attempt {} is outside 0..={}",
+                i64::from(u32::MAX) + 1,
+                u32::MAX
+            )
+        );
+        let c = RowCells {
+            due_at: Ok(-1),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("due_at -1 is outside 0..={max}"));
+        let c = RowCells {
+            claimed_until: Ok(Some(max + 1)),
+            ..cells()
+        };
+        assert_eq!(
+            reason(c.check()),
+            format!("claimed_until {} is outside 0..={max}", max + 1)
+        );
+        let c = RowCells {
+            version: Err("version is text, not an integer".to_owned()),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "version is text, not an integer");
+        // The backend's own problem comes first, then the cells in order.
+        let c = RowCells {
+            problem: Some("key is not UTF-8".to_owned()),
+            version: Ok(0),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "key is not UTF-8");
+        let c = RowCells {
+            version: Ok(0),
+            due_at: Ok(-1),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("version 0 is outside 1..={max}"));
+        let c = RowCells {
+            value: None,
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "row is corrupt");
+    }
+}
