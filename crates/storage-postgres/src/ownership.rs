@@ -389,7 +389,7 @@ impl PostgresLeaseStore {
                         scope: record.scope().to_string(),
                     }),
                     Some("lifecycle") => {
-                        Err(lifecycle_error(record.scope(), record.lifecycle(), &row, 2))
+                        Err(lifecycle_error(record.scope(), record.lifecycle(), row, 2))
                     }
                     Some("shards") => {
                         let recorded: Option<i32> = row.try_get(4).ok().flatten();
