@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use durability_alarms::{
     AlarmHandler, AlarmIndex, Alarms, BoxError, ClaimReady, Delivery, Dispatch, DispatchOutcome,
-    Dispatcher, DispatcherConfig, Fired, ObjectId, Token,
+    Dispatcher, DispatcherConfig, Fired, JobPageRequest, ObjectId, Token,
 };
 use durability_scheduler::{Clock, ObjectContext, Scheduler, SystemClock};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
@@ -121,11 +121,9 @@ impl AlarmIndex for DemoIndex {
     }
     async fn jobs_with_prefix(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        page: JobPageRequest<'_>,
     ) -> IndexResult<durability_alarms::JobPage> {
-        each!(self, i => i.jobs_with_prefix(prefix, cursor, limit).await)
+        each!(self, i => i.jobs_with_prefix(page).await)
     }
 }
 

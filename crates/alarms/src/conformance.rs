@@ -15,7 +15,7 @@ use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{ObjectId, SchemaStep, SchemaTarget, Storage, StorageError, migrate};
 
 use crate::SCHEMA;
-use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobState, RetryJob};
+use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobPageRequest, JobState, RetryJob};
 use crate::store::{AlarmRow, AlarmTx};
 use crate::token::Token;
 
@@ -238,7 +238,7 @@ async fn jobs_with_prefix_pages_through_one_prefix<I: AlarmIndex>(ix: &I) {
     let mut pages = 0;
     loop {
         let page = ix
-            .jobs_with_prefix("s1:", cursor.as_deref(), 4)
+            .jobs_with_prefix(JobPageRequest::first("s1:", 4).after(cursor.as_deref()))
             .await
             .expect("list jobs");
         pages += 1;
@@ -267,19 +267,19 @@ async fn jobs_with_prefix_pages_through_one_prefix<I: AlarmIndex>(ix: &I) {
         "every job of the prefix, once, with its token"
     );
     let glob = ix
-        .jobs_with_prefix("s*:", None, 100)
+        .jobs_with_prefix(JobPageRequest::first("s*:", 100))
         .await
         .expect("list jobs");
     let names: Vec<&str> = glob.jobs.iter().map(|(o, _)| o.as_str()).collect();
     assert_eq!(names, ["s*:C:g"], "a prefix is literal, not a pattern");
     let none = ix
-        .jobs_with_prefix("absent:", None, 10)
+        .jobs_with_prefix(JobPageRequest::first("absent:", 10))
         .await
         .expect("list jobs");
     assert!(none.jobs.is_empty() && none.cursor.is_none());
     assert!(
         matches!(
-            ix.jobs_with_prefix("s1:", None, 0).await,
+            ix.jobs_with_prefix(JobPageRequest::first("s1:", 0)).await,
             Err(crate::AlarmError::InvalidConfig { .. })
         ),
         "a zero limit is refused"
@@ -767,11 +767,9 @@ impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
     }
     async fn jobs_with_prefix(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        page: JobPageRequest<'_>,
     ) -> Result<crate::JobPage, crate::AlarmError> {
-        self.inner.jobs_with_prefix(prefix, cursor, limit).await
+        self.inner.jobs_with_prefix(page).await
     }
 }
 

@@ -119,6 +119,45 @@ pub fn validate_page_limit(limit: usize) -> Result<(), AlarmError> {
     Ok(())
 }
 
+/// Which page of jobs [`AlarmIndex::jobs_with_prefix`] lists: named
+/// fields, so the prefix and the cursor (both strings) cannot be swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobPageRequest<'a> {
+    /// The object-id prefix (`"<storage id>:"` for a storage's jobs).
+    pub prefix: &'a str,
+    /// `None` for the first page, then the previous page's cursor.
+    pub cursor: Option<&'a str>,
+    /// About how many jobs a page holds (at least 1).
+    pub limit: usize,
+}
+
+impl<'a> JobPageRequest<'a> {
+    /// The first page of the jobs under `prefix`, about `limit` of them.
+    #[must_use]
+    pub const fn first(prefix: &'a str, limit: usize) -> Self {
+        Self {
+            prefix,
+            cursor: None,
+            limit,
+        }
+    }
+
+    /// This request from `cursor` (a previous page's; `None` for the first).
+    #[must_use]
+    pub const fn after(self, cursor: Option<&'a str>) -> Self {
+        Self { cursor, ..self }
+    }
+
+    /// The page limit, checked as [`validate_page_limit`] does.
+    ///
+    /// # Errors
+    /// [`AlarmError::InvalidConfig`] for a limit of 0.
+    pub fn checked_limit(&self) -> Result<usize, AlarmError> {
+        validate_page_limit(self.limit)?;
+        Ok(self.limit)
+    }
+}
+
 /// One page of [`AlarmIndex::jobs_with_prefix`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobPage {
@@ -312,20 +351,16 @@ pub trait AlarmIndex: Send + Sync + 'static {
     /// backend did not hand out; a backend failure.
     fn jobs_with_prefix(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        page: JobPageRequest<'_>,
     ) -> impl Future<Output = Result<JobPage, AlarmError>> + Send;
 }
 
 impl<T: AlarmIndex> AlarmIndex for std::sync::Arc<T> {
     fn jobs_with_prefix(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        page: JobPageRequest<'_>,
     ) -> impl Future<Output = Result<JobPage, AlarmError>> + Send {
-        (**self).jobs_with_prefix(prefix, cursor, limit)
+        (**self).jobs_with_prefix(page)
     }
     fn upsert(
         &self,

@@ -101,8 +101,8 @@ pub use dispatcher::{
 };
 pub use error::{AlarmError, BoxError};
 pub use index::{
-    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, RetryJob,
-    validate_page_limit,
+    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobPageRequest, JobState, JobView,
+    RetryJob, validate_page_limit,
 };
 pub use memory::MemoryAlarmIndex;
 pub use object::{AlarmHandler, AlarmTxn, Alarms, Fired};

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::ObjectId;
 use crate::error::AlarmError;
-use crate::index::{AlarmIndex, IndexCounts, JobState, JobView};
+use crate::index::{AlarmIndex, IndexCounts, JobPageRequest, JobState, JobView};
 
 /// One job of the index, as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -83,7 +83,9 @@ pub async fn list_jobs<I: AlarmIndex>(
     cursor: Option<&str>,
     limit: usize,
 ) -> Result<JobListing, AlarmError> {
-    let page = index.jobs_with_prefix(prefix, cursor, limit).await?;
+    let page = index
+        .jobs_with_prefix(JobPageRequest::first(prefix, limit).after(cursor))
+        .await?;
     let mut jobs: Vec<JobReport> = page
         .jobs
         .iter()

@@ -8,7 +8,8 @@ use durability_scheduler::ObjectId;
 
 use crate::error::AlarmError;
 use crate::index::{
-    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, RetryJob,
+    AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobPageRequest, JobState, JobView,
+    RetryJob,
 };
 use crate::token::{Token, safe_add};
 
@@ -72,13 +73,8 @@ impl MemoryAlarmIndex {
 }
 
 impl AlarmIndex for MemoryAlarmIndex {
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        crate::index::validate_page_limit(limit)?;
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        let (prefix, cursor, limit) = (page.prefix, page.cursor, page.checked_limit()?);
         let s = self.lock();
         // The cursor is the last object id listed; the ids are ordered, so
         // the next page starts after it (a model: a scan is fine here).

@@ -1165,14 +1165,8 @@ impl AlarmIndex for Pooled {
     async fn counts(&self) -> Result<IndexCounts, AlarmError> {
         self.call(self.inner.counts()).await
     }
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        self.call(self.inner.jobs_with_prefix(prefix, cursor, limit))
-            .await
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        self.call(self.inner.jobs_with_prefix(page)).await
     }
 }
 

@@ -302,7 +302,10 @@ async fn delete_jobs<I: AlarmIndex>(
     let mut cursor: Option<String> = None;
     loop {
         let page = match alarm_index
-            .jobs_with_prefix(&prefix, cursor.as_deref(), DELETE_PAGE)
+            .jobs_with_prefix(
+                durability_alarms::JobPageRequest::first(&prefix, DELETE_PAGE)
+                    .after(cursor.as_deref()),
+            )
             .await
         {
             Ok(page) => page,

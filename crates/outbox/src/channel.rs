@@ -29,6 +29,12 @@ pub const MAX_KEY_BYTES: usize = 1_024;
 pub const MAX_CHANNEL_BYTES: usize = 200;
 /// The schema name the outbox's tables are registered under.
 pub const SCHEMA: &str = "outbox";
+/// The outbox's schema history, registered under [`SCHEMA`] by every
+/// backend: the entries and version counter (1), the quarantine (2).
+pub const SCHEMA_STEPS: &[durability_scheduler::SchemaStep] = &[
+    durability_scheduler::SchemaStep::new(1, "initial"),
+    durability_scheduler::SchemaStep::new(2, "quarantine"),
+];
 
 /// One entry handed to a [`Sink`]: the newest value of a key.
 ///

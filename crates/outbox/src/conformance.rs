@@ -230,21 +230,10 @@ where
     );
 }
 
-static MEMORY_STEPS: &[durability_scheduler::SchemaStep] = &[
-    durability_scheduler::SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    durability_scheduler::SchemaStep {
-        version: 2,
-        name: "quarantine",
-    },
-];
-
 /// A scheduler test storage with the outbox schema registered: the
 /// in-memory implementation of [`OutboxTx`].
 pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
-    durability_scheduler::testkit::MemoryStorage::new().with_schema(SCHEMA, MEMORY_STEPS)
+    durability_scheduler::testkit::MemoryStorage::new().with_schema(SCHEMA, crate::SCHEMA_STEPS)
 }
 
 /// Emits one `#[test]` per case of the outbox conformance suite

@@ -125,7 +125,7 @@ pub mod conformance;
 
 pub use channel::{
     ChannelConfig, DeadLetter, DeadLetterFn, DeadReason, Entry, MAX_CHANNEL_BYTES, MAX_KEY_BYTES,
-    MAX_VALUE_BYTES, Outbox, SCHEMA, Sink,
+    MAX_VALUE_BYTES, Outbox, SCHEMA, SCHEMA_STEPS, Sink,
 };
 pub use codec::{Codec, CodecError, JSON_FORMAT, Json, POSTCARD_FORMAT, Postcard};
 pub use error::{OutboxError, SinkError};
@@ -136,6 +136,6 @@ pub use policy::{
 };
 pub use publisher::{Publisher, Settled, Settlement};
 pub use report::{DeliveryReport, Fate, PublishOutcome, Quarantined, Undelivered};
-pub use store::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+pub use store::{CorruptEntry, OutboxTx, Reschedule, RowCells, StoredEntry, StoredRow};
 
 pub mod docs;

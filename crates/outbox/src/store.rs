@@ -59,6 +59,91 @@ impl StoredRow {
     }
 }
 
+/// The cells of one stored outbox row as a backend read them, before the
+/// range checks: [`RowCells::check`] decides whether they make a
+/// [`StoredEntry`] or a [`CorruptEntry`], the same way on every backend.
+#[derive(Debug)]
+pub struct RowCells {
+    /// The channel name.
+    pub channel: String,
+    /// The key as read (lossily, for a key that is not UTF-8 text).
+    pub key: String,
+    /// The backend's own identity of the row ([`CorruptEntry::row`]).
+    pub row: Vec<u8>,
+    /// The value, or `None` when the stored cell is not bytes.
+    pub value: Option<Vec<u8>>,
+    /// What the backend already found wrong with the key or value cells.
+    pub problem: Option<String>,
+    /// The version cell (an `Err` when it is not an integer).
+    pub version: Result<i64, String>,
+    /// The attempt cell.
+    pub attempt: Result<i64, String>,
+    /// The due time cell.
+    pub due_at: Result<i64, String>,
+    /// The claim deadline cell (`Ok(None)` for no claim).
+    pub claimed_until: Result<Option<i64>, String>,
+}
+
+impl RowCells {
+    /// The stored row these cells make: an entry when every cell is in
+    /// range (version 1..=2^53-1, attempt a `u32`, times 0..=2^53-1) and no
+    /// problem was found; otherwise a corrupt row with the first problem.
+    #[must_use]
+    pub fn check(self) -> StoredRow {
+        use durability_time::MAX_SAFE_INTEGER as MAX;
+        let version = self.version.and_then(|v| in_range(v, "version", 1, MAX));
+        let attempt = self
+            .attempt
+            .and_then(|v| in_range(v, "attempt", 0, i64::from(u32::MAX)));
+        let due_at = self.due_at.and_then(|v| in_range(v, "due_at", 0, MAX));
+        let claimed_until = self
+            .claimed_until
+            .and_then(|c| c.map(|v| in_range(v, "claimed_until", 0, MAX)).transpose());
+        match (
+            self.problem,
+            version,
+            attempt,
+            due_at,
+            claimed_until,
+            self.value,
+        ) {
+            (None, Ok(version), Ok(attempt), Ok(due_at), Ok(claimed_until), Some(value)) => {
+                StoredRow::Entry(StoredEntry {
+                    channel: self.channel,
+                    key: self.key,
+                    value,
+                    version: version.unsigned_abs(),
+                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                    due_at,
+                    claimed_until,
+                })
+            }
+            (problem, version, attempt, due_at, claimed_until, _) => {
+                let reason = problem
+                    .or(version.err())
+                    .or(attempt.err())
+                    .or(due_at.err())
+                    .or(claimed_until.err())
+                    .unwrap_or_else(|| "row is corrupt".to_owned());
+                StoredRow::Corrupt(CorruptEntry {
+                    channel: self.channel,
+                    key: self.key,
+                    row: self.row,
+                    reason,
+                })
+            }
+        }
+    }
+}
+
+fn in_range(v: i64, name: &str, min: i64, max: i64) -> Result<i64, String> {
+    if (min..=max).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{name} {v} is outside {min}..={max}"))
+    }
+}
+
 /// A guarded reschedule of one pending entry
 /// ([`OutboxTx::outbox_reschedule_if`]): the new attempt, due time and claim,
 /// applied only while the entry is still at `version` and `expected_attempt`.
@@ -193,4 +278,108 @@ pub trait OutboxTx: SchedulerTx {
     /// # Errors
     /// A backend failure.
     fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RowCells, StoredEntry, StoredRow};
+
+    fn cells() -> RowCells {
+        RowCells {
+            channel: "c".to_owned(),
+            key: "k".to_owned(),
+            row: b"tk".to_vec(),
+            value: Some(vec![1, 2]),
+            problem: None,
+            version: Ok(7),
+            attempt: Ok(2),
+            due_at: Ok(1_000),
+            claimed_until: Ok(Some(2_000)),
+        }
+    }
+
+    fn reason(row: StoredRow) -> String {
+        match row {
+            StoredRow::Corrupt(c) => {
+                assert_eq!((c.channel.as_str(), c.key.as_str()), ("c", "k"));
+                assert_eq!(c.row, b"tk", "the backend's row identity is kept");
+                c.reason
+            }
+            StoredRow::Entry(e) => panic!("expected a corrupt row, got {e:?}"),
+        }
+    }
+
+    #[test]
+    fn cells_in_range_make_an_entry() {
+        assert_eq!(
+            cells().check(),
+            StoredRow::Entry(StoredEntry {
+                channel: "c".to_owned(),
+                key: "k".to_owned(),
+                value: vec![1, 2],
+                version: 7,
+                attempt: 2,
+                due_at: 1_000,
+                claimed_until: Some(2_000),
+            })
+        );
+    }
+
+    #[test]
+    fn a_cell_out_of_range_or_a_problem_makes_a_corrupt_row() {
+        let max = (1_i64 << 53) - 1;
+        let c = RowCells {
+            version: Ok(0),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("version 0 is outside 1..={max}"));
+        let c = RowCells {
+            attempt: Ok(i64::from(u32::MAX) + 1),
+            ..cells()
+        };
+        assert_eq!(
+            reason(c.check()),
+            format!(
+                "attempt {} is outside 0..={}",
+                i64::from(u32::MAX) + 1,
+                u32::MAX
+            )
+        );
+        let c = RowCells {
+            due_at: Ok(-1),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("due_at -1 is outside 0..={max}"));
+        let c = RowCells {
+            claimed_until: Ok(Some(max + 1)),
+            ..cells()
+        };
+        assert_eq!(
+            reason(c.check()),
+            format!("claimed_until {} is outside 0..={max}", max + 1)
+        );
+        let c = RowCells {
+            version: Err("version is text, not an integer".to_owned()),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "version is text, not an integer");
+        // The backend's own problem comes first, then the cells in order.
+        let c = RowCells {
+            problem: Some("key is not UTF-8".to_owned()),
+            version: Ok(0),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "key is not UTF-8");
+        let c = RowCells {
+            version: Ok(0),
+            due_at: Ok(-1),
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), format!("version 0 is outside 1..={max}"));
+        let c = RowCells {
+            value: None,
+            ..cells()
+        };
+        assert_eq!(reason(c.check()), "row is corrupt");
+    }
 }

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::{OwnerRecord, OwnerScope, ShardCount};
+use crate::{OwnerRecord, OwnerScope, OwnershipError, ShardCount};
 
 /// One live owner lease, as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,6 +54,21 @@ impl LeaseReport {
             },
         }
     }
+}
+
+/// Checks the page size a backend's lease listing was asked for: at
+/// least 1 (a page of 0 would never advance).
+///
+/// # Errors
+/// [`OwnershipError::InvalidInput`] for a `limit` of 0.
+pub fn validate_list_limit(limit: usize) -> Result<(), OwnershipError> {
+    if limit == 0 {
+        return Err(OwnershipError::InvalidInput {
+            what: "limit",
+            reason: "must be at least 1".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 fn decode(scope: &str, raw: &[u8], count: ShardCount) -> Result<OwnerRecord, String> {

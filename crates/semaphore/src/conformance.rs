@@ -9,8 +9,7 @@
 use std::sync::Arc;
 
 use durability_scheduler::{
-    ManualClock, ObjectContext, ObjectId, Scheduler, SchemaStep, SchemaTarget, Storage,
-    StorageError, migrate,
+    ManualClock, ObjectContext, ObjectId, Scheduler, SchemaTarget, Storage, StorageError, migrate,
 };
 
 use crate::decide::{Acquire, PoolConfig};
@@ -477,15 +476,10 @@ pub fn run_alarm<S: Storage>(
     }
 }
 
-static MEMORY_STEPS: &[SchemaStep] = &[
-    SchemaStep::new(1, "initial"),
-    SchemaStep::new(2, "quarantine"),
-];
-
 /// A scheduler test storage with the semaphore schema registered: the
 /// in-memory implementation of [`SemaphoreTx`].
 pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
-    durability_scheduler::testkit::MemoryStorage::new().with_schema(SCHEMA, MEMORY_STEPS)
+    durability_scheduler::testkit::MemoryStorage::new().with_schema(SCHEMA, crate::SCHEMA_STEPS)
 }
 
 /// Emits one `#[test]` per case of the semaphore conformance suite

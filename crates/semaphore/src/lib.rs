@@ -158,7 +158,7 @@ pub use decide::{
 };
 pub use error::SemaphoreError;
 pub use event::{EventHook, EventKind, SemaphoreEvent};
-pub use semaphore::{Acquired, Grant, Released, SCHEMA, Semaphore, SemaphoreConfig};
+pub use semaphore::{Acquired, Grant, Released, SCHEMA, SCHEMA_STEPS, Semaphore, SemaphoreConfig};
 pub use store::{CorruptRequest, Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
 
 #[cfg(test)]

@@ -17,6 +17,12 @@ use crate::store::{CorruptRequest, Outcome, PoolRow, RequestRow, RequestState, S
 
 /// The schema (and capability) name the semaphore registers.
 pub const SCHEMA: &str = "semaphore";
+/// The semaphore's schema history, registered under [`SCHEMA`] by every
+/// backend: pools, requests and ids (1), the quarantine (2).
+pub const SCHEMA_STEPS: &[durability_scheduler::SchemaStep] = &[
+    durability_scheduler::SchemaStep::new(1, "initial"),
+    durability_scheduler::SchemaStep::new(2, "quarantine"),
+];
 
 /// Rows read per page while settling a pool or running the alarm.
 const PAGE: usize = 64;

@@ -37,8 +37,8 @@ mod sql;
 use std::time::Duration;
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, ObjectId,
-    RetryJob, Token, validate_page_limit, validate_time,
+    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobPageRequest, JobState,
+    JobView, ObjectId, RetryJob, Token, validate_time,
 };
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, Row};
@@ -455,13 +455,8 @@ impl AlarmIndex for PostgresAlarmIndex {
     /// A range of the primary key (object ids in byte order), from the
     /// prefix or after the cursor (the last id listed); a row that does not
     /// decode is left out, never hiding the healthy rows of its page.
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        validate_page_limit(limit)?;
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        let (prefix, cursor, limit) = (page.prefix, page.cursor, page.checked_limit()?);
         if let Some(c) = cursor
             && !c.starts_with(prefix)
         {

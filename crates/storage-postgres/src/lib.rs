@@ -498,7 +498,24 @@ impl PostgresShard {
         Ok(())
     }
 
-    async fn retry<T>(last: Option<tokio_postgres::Error>) -> Result<T, BackendError> {
+    /// Runs `once` on a pooled connection (a fresh one per attempt, given
+    /// back before the pause) until it is done: a serialization failure or
+    /// deadlock is retried up to `MAX_ATTEMPTS` times with backoff.
+    async fn retrying<T, F, Fut>(&self, mut once: F) -> Result<T, BackendError>
+    where
+        F: FnMut(Object) -> Fut,
+        Fut: Future<Output = Attempt<T>>,
+    {
+        let mut last = None;
+        for attempt in 1..=MAX_ATTEMPTS {
+            match once(self.pool.get().await?).await {
+                Attempt::Done(r) => return r,
+                Attempt::Retry(e) => last = Some(retried(e)),
+            }
+            if attempt < MAX_ATTEMPTS {
+                pause(attempt).await;
+            }
+        }
         Err(match last {
             Some(e) => e.into(),
             None => "no attempt made".into(),
@@ -506,47 +523,18 @@ impl PostgresShard {
     }
 
     async fn execute_retrying(&self, stmt: &Statement) -> Result<u64, BackendError> {
-        let mut last = None;
-        for attempt in 1..=MAX_ATTEMPTS {
-            match exec_once(&self.pool.get().await?, stmt).await {
-                Attempt::Done(r) => return r,
-                Attempt::Retry(e) => last = Some(retried(e)),
-            }
-            if attempt < MAX_ATTEMPTS {
-                pause(attempt).await;
-            }
-        }
-        Self::retry(last).await
+        self.retrying(|c| async move { exec_once(&c, stmt).await })
+            .await
     }
 
     async fn query_retrying(&self, stmt: &Statement) -> Result<Vec<Row>, BackendError> {
-        let mut last = None;
-        for attempt in 1..=MAX_ATTEMPTS {
-            match query_once(&self.pool.get().await?, stmt).await {
-                Attempt::Done(r) => return r,
-                Attempt::Retry(e) => last = Some(retried(e)),
-            }
-            if attempt < MAX_ATTEMPTS {
-                pause(attempt).await;
-            }
-        }
-        Self::retry(last).await
+        self.retrying(|c| async move { query_once(&c, stmt).await })
+            .await
     }
 
     async fn batch_retrying(&self, stmts: &[Statement]) -> Result<Vec<u64>, BackendError> {
-        let mut last = None;
-        for attempt in 1..=MAX_ATTEMPTS {
-            let mut client = self.pool.get().await?;
-            match batch_once(&mut client, stmts).await {
-                Attempt::Done(r) => return r,
-                Attempt::Retry(e) => last = Some(retried(e)),
-            }
-            drop(client);
-            if attempt < MAX_ATTEMPTS {
-                pause(attempt).await;
-            }
-        }
-        Self::retry(last).await
+        self.retrying(|mut c| async move { batch_once(&mut c, stmts).await })
+            .await
     }
 }
 

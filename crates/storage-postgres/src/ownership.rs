@@ -132,6 +132,58 @@ pub struct PostgresLeaseStore {
 }
 
 impl PostgresLeaseStore {
+    /// Runs one statement; a failure is classified as the store's calls are.
+    async fn run(
+        &self,
+        access: Access,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, OwnershipError> {
+        self.client
+            .query(access, sql, params)
+            .await
+            .map_err(failure)
+    }
+
+    /// Runs one statement that answers with one row; no row is a protocol
+    /// error, `missing`.
+    async fn run_one(
+        &self,
+        access: Access,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        missing: &'static str,
+    ) -> Result<tokio_postgres::Row, OwnershipError> {
+        let rows = self.run(access, sql, params).await?;
+        rows.into_iter().next().ok_or_else(|| protocol(missing))
+    }
+
+    /// Runs a write answering for `n` items in one statement, one row per
+    /// item with its 1-based ordinal in column 0, and decodes each row with
+    /// `decode(i, row)`: an item without a row fails with `missing` (a
+    /// protocol error); a failed statement fails every item.
+    async fn per_item<T>(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        n: usize,
+        missing: &'static str,
+        mut decode: impl FnMut(usize, &tokio_postgres::Row) -> Result<T, OwnershipError>,
+    ) -> Vec<Result<T, OwnershipError>> {
+        let rows = match self.client.query(Access::Write, sql, params).await {
+            Ok(rows) => rows,
+            Err(f) => return each_failure(f, n).into_iter().map(Err).collect(),
+        };
+        let mut out: Vec<Result<T, OwnershipError>> =
+            (0..n).map(|_| Err(protocol(missing))).collect();
+        for row in &rows {
+            if let Some(i) = ordinal(row, n) {
+                out[i] = decode(i, row);
+            }
+        }
+        out
+    }
+
     /// A store on a pool of at most `pool_size` connections made from
     /// `config`, with its tables in `schema`. Connects lazily; call
     /// [`PostgresLeaseStore::setup`] once per schema.
@@ -250,25 +302,11 @@ impl PostgresLeaseStore {
             &ttl,
             &counts,
         ];
-        let rows = match self
-            .client
-            .query(Access::Write, &self.sql.claim, &params)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(f) => return each_failure(f, scopes.len()).into_iter().map(Err).collect(),
-        };
-        let mut out: Vec<Result<ClaimOutcome, OwnershipError>> = scopes
-            .iter()
-            .map(|_| Err(protocol("claim reply without this scope")))
-            .collect();
-        for row in rows {
-            let Some(i) = ordinal(&row, scopes.len()) else {
-                continue;
-            };
-            out[i] = self.claim_reply(&row, &scopes[i], claimant, templates[i].clone());
-        }
-        out
+        let missing = "claim reply without this scope";
+        self.per_item(&self.sql.claim, &params, scopes.len(), missing, |i, row| {
+            self.claim_reply(row, &scopes[i], claimant, templates[i].clone())
+        })
+        .await
     }
 
     /// One scope's claim reply.
@@ -333,48 +371,35 @@ impl PostgresLeaseStore {
         let ttl = i64_of(ttl_ms);
         let params: [&(dyn ToSql + Sync); 6] =
             [&scopes, &bytes, &lifecycles, &storages, &ttl, &counts];
-        let rows = match self
-            .client
-            .query(Access::Write, &self.sql.renew, &params)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(f) => {
-                return each_failure(f, records.len())
-                    .into_iter()
-                    .map(Err)
-                    .collect();
-            }
-        };
-        let mut out: Vec<Result<Lease, OwnershipError>> = records
-            .iter()
-            .map(|_| Err(protocol("renew reply without this record")))
-            .collect();
-        for row in rows {
-            let Some(i) = ordinal(&row, records.len()) else {
-                continue;
-            };
-            let record = &records[i];
-            let outcome: Option<String> = row.try_get(1).ok();
-            out[i] = match outcome.as_deref() {
-                Some("renewed") => Ok(Lease {
-                    record: record.clone(),
-                    remaining_ms: ttl_ms,
-                }),
-                Some("stale") => Err(OwnershipError::StaleOwner {
-                    scope: record.scope().to_string(),
-                }),
-                Some("lifecycle") => {
-                    Err(lifecycle_error(record.scope(), record.lifecycle(), &row, 2))
+        let missing = "renew reply without this record";
+        self.per_item(
+            &self.sql.renew,
+            &params,
+            records.len(),
+            missing,
+            |i, row| {
+                let record = &records[i];
+                let outcome: Option<String> = row.try_get(1).ok();
+                match outcome.as_deref() {
+                    Some("renewed") => Ok(Lease {
+                        record: record.clone(),
+                        remaining_ms: ttl_ms,
+                    }),
+                    Some("stale") => Err(OwnershipError::StaleOwner {
+                        scope: record.scope().to_string(),
+                    }),
+                    Some("lifecycle") => {
+                        Err(lifecycle_error(record.scope(), record.lifecycle(), row, 2))
+                    }
+                    Some("shards") => {
+                        let recorded: Option<i32> = row.try_get(4).ok().flatten();
+                        Err(shards_error(record.scope(), recorded.map(i64::from)))
+                    }
+                    _ => Err(protocol("unknown renew outcome")),
                 }
-                Some("shards") => {
-                    let recorded: Option<i32> = row.try_get(4).ok().flatten();
-                    Err(shards_error(record.scope(), recorded.map(i64::from)))
-                }
-                _ => Err(protocol("unknown renew outcome")),
-            };
-        }
-        out
+            },
+        )
+        .await
     }
 }
 
@@ -505,21 +530,14 @@ impl LeaseStore for PostgresLeaseStore {
         validate_presence(value, ttl_ms)?;
         let (key, ttl) = (group.key(), i64_of(ttl_ms));
         let params: [&(dyn ToSql + Sync); 4] = [&key, &task.as_str(), &value, &ttl];
-        self.client
-            .query(Access::Write, &self.sql.announce, &params)
-            .await
-            .map_err(failure)?;
+        self.run(Access::Write, &self.sql.announce, &params).await?;
         Ok(())
     }
 
     async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
         let key = group.key();
         let params: [&(dyn ToSql + Sync); 2] = [&key, &task.as_str()];
-        let rows = self
-            .client
-            .query(Access::Write, &self.sql.withdraw, &params)
-            .await
-            .map_err(failure)?;
+        let rows = self.run(Access::Write, &self.sql.withdraw, &params).await?;
         Ok(rows.len() == 1)
     }
 
@@ -529,11 +547,7 @@ impl LeaseStore for PostgresLeaseStore {
     ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let key = group.key();
         let params: [&(dyn ToSql + Sync); 1] = [&key];
-        let rows = self
-            .client
-            .query(Access::Read, &self.sql.live, &params)
-            .await
-            .map_err(failure)?;
+        let rows = self.run(Access::Read, &self.sql.live, &params).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let task: String = row.try_get(0).map_err(|_| protocol("presence task"))?;
@@ -551,11 +565,7 @@ impl LeaseStore for PostgresLeaseStore {
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
         let bytes = record.encoded().as_bytes();
         let params: [&(dyn ToSql + Sync); 2] = [&record.scope().host_id(), &bytes];
-        let rows = self
-            .client
-            .query(Access::Write, &self.sql.release, &params)
-            .await
-            .map_err(failure)?;
+        let rows = self.run(Access::Write, &self.sql.release, &params).await?;
         Ok(rows.len() == 1)
     }
 
@@ -569,15 +579,11 @@ impl LeaseStore for PostgresLeaseStore {
             &lifecycle.as_str(),
             &scope.storage_id().as_str(),
         ];
-        let rows = self
-            .client
-            .query(Access::Read, &self.sql.snapshot, &params)
-            .await
-            .map_err(failure)?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("snapshot without a row"))?;
-        self.decode_snapshot(scope, lifecycle, row)
+        let missing = "snapshot without a row";
+        let row = self
+            .run_one(Access::Read, &self.sql.snapshot, &params, missing)
+            .await?;
+        self.decode_snapshot(scope, lifecycle, &row)
     }
 
     async fn raise_generation_floor(
@@ -587,14 +593,10 @@ impl LeaseStore for PostgresLeaseStore {
     ) -> Result<u64, OwnershipError> {
         let floor_value = i64_of(floor.get());
         let params: [&(dyn ToSql + Sync); 2] = [&scope.host_id(), &floor_value];
-        let rows = self
-            .client
-            .query(Access::Write, &self.sql.raise_floor, &params)
-            .await
-            .map_err(failure)?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("floor without a row"))?;
+        let missing = "floor without a row";
+        let row = self
+            .run_one(Access::Write, &self.sql.raise_floor, &params, missing)
+            .await?;
         let outcome: String = row.try_get(0).map_err(|_| protocol("floor outcome"))?;
         let generation: Option<i64> = row.try_get(1).map_err(|_| protocol("floor value"))?;
         match outcome.as_str() {
@@ -614,18 +616,14 @@ impl LeaseStore for PostgresLeaseStore {
         let count = count_of(scope);
         let params: [&(dyn ToSql + Sync); 3] =
             [&lifecycle.as_str(), &scope.storage_id().as_str(), &count];
-        let rows = self
-            .client
-            .query(Access::Write, &self.sql.record_count, &params)
-            .await
-            .map_err(failure)?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("shard count check without a row"))?;
+        let missing = "shard count check without a row";
+        let row = self
+            .run_one(Access::Write, &self.sql.record_count, &params, missing)
+            .await?;
         let outcome: String = row.try_get(0).map_err(|_| protocol("count outcome"))?;
         match outcome.as_str() {
             "ok" => Ok(()),
-            "lifecycle" => Err(lifecycle_error(scope, lifecycle, row, 1)),
+            "lifecycle" => Err(lifecycle_error(scope, lifecycle, &row, 1)),
             "shards" => {
                 let recorded: Option<i32> = row.try_get(3).ok().flatten();
                 Err(shards_error(scope, recorded.map(i64::from)))
@@ -700,19 +698,12 @@ impl PostgresLeaseStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
-        use durability_ownership::listing::{LeaseListing, LeaseReport};
-        if limit == 0 {
-            return Err(OwnershipError::InvalidInput {
-                what: "limit",
-                reason: "must be at least 1".to_owned(),
-            });
-        }
+        use durability_ownership::listing::{LeaseListing, LeaseReport, validate_list_limit};
+        validate_list_limit(limit)?;
         let limit_value = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
-            .client
-            .query(Access::Read, &self.sql.list, &[&cursor, &limit_value])
-            .await
-            .map_err(failure)?;
+            .run(Access::Read, &self.sql.list, &[&cursor, &limit_value])
+            .await?;
         let mut leases = Vec::with_capacity(rows.len());
         for row in &rows {
             let scope: String = row.try_get(0).map_err(|_| protocol("listed scope"))?;
@@ -736,10 +727,8 @@ impl LifecycleAdmin for PostgresLeaseStore {
     ) -> Result<(), OwnershipError> {
         let storage = storage.map(StorageId::as_str);
         let params: [&(dyn ToSql + Sync); 2] = [&lifecycle.as_str(), &storage];
-        self.client
-            .query(Access::Write, &self.sql.set_active, &params)
-            .await
-            .map_err(failure)?;
+        self.run(Access::Write, &self.sql.set_active, &params)
+            .await?;
         Ok(())
     }
 
@@ -750,10 +739,7 @@ impl LifecycleAdmin for PostgresLeaseStore {
     ) -> Result<(), OwnershipError> {
         let lock = lock.map(DeleteLock::as_str);
         let params: [&(dyn ToSql + Sync); 2] = [&lifecycle.as_str(), &lock];
-        self.client
-            .query(Access::Write, &self.sql.set_lock, &params)
-            .await
-            .map_err(failure)?;
+        self.run(Access::Write, &self.sql.set_lock, &params).await?;
         Ok(())
     }
 }

@@ -16,8 +16,8 @@
 //! a single Redis (or a proxy), not Redis Cluster.
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobState, JobView, ObjectId,
-    RetryJob, Token, validate_time,
+    AlarmError, AlarmIndex, Claim, ClaimReady, IndexCounts, JobPage, JobPageRequest, JobState,
+    JobView, ObjectId, RetryJob, Token, validate_time,
 };
 
 use redis::aio::ConnectionManager;
@@ -436,18 +436,6 @@ fn decode_job(
     }))
 }
 
-/// `s` with Redis glob characters escaped, for a `MATCH` pattern.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl AlarmIndex for RedisAlarmIndex {
     async fn upsert(
         &self,
@@ -556,13 +544,8 @@ impl AlarmIndex for RedisAlarmIndex {
             .min())
     }
 
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        durability_alarms::validate_page_limit(limit)?;
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        let (prefix, cursor, limit) = (page.prefix, page.cursor, page.checked_limit()?);
         let mut scan: u64 = match cursor {
             None => 0,
             Some(c) => {
@@ -575,7 +558,7 @@ impl AlarmIndex for RedisAlarmIndex {
             }
         };
         let job_prefix = self.job_prefix();
-        let pattern = format!("{}*", glob_escape(&format!("{job_prefix}{prefix}")));
+        let pattern = crate::scan::prefix_pattern(&format!("{job_prefix}{prefix}"));
         let count = limit.clamp(100, 10_000);
         let mut conn = self.conn.clone();
         let mut keys: Vec<String> = Vec::new();

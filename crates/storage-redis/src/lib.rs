@@ -49,6 +49,9 @@ pub mod topology;
 #[cfg(feature = "alarms")]
 pub mod alarms;
 
+#[cfg(any(feature = "ownership", feature = "alarms"))]
+mod scan;
+
 pub mod testkit;
 
 pub mod docs;

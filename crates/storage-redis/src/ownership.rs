@@ -865,19 +865,6 @@ impl LifecycleAdmin for RedisLeaseStore {
     }
 }
 
-/// Escapes Redis glob characters so `prefix` matches only itself in `SCAN
-/// MATCH`.
-fn glob_escape(prefix: &str) -> String {
-    let mut out = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl RedisLeaseStore {
     /// Lists the live owner leases under this store's prefix, a page at a
     /// time: `SCAN` over the owner keys (about `limit` keys per page, as
@@ -897,13 +884,8 @@ impl RedisLeaseStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<durability_ownership::listing::LeaseListing, OwnershipError> {
-        use durability_ownership::listing::{LeaseListing, LeaseReport};
-        if limit == 0 {
-            return Err(OwnershipError::InvalidInput {
-                what: "limit",
-                reason: "must be at least 1".to_owned(),
-            });
-        }
+        use durability_ownership::listing::{LeaseListing, LeaseReport, validate_list_limit};
+        validate_list_limit(limit)?;
         let start: u64 = match cursor {
             None => 0,
             Some(c) => c.parse().map_err(|_| OwnershipError::InvalidInput {
@@ -919,7 +901,7 @@ impl RedisLeaseStore {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(start)
             .arg("MATCH")
-            .arg(format!("{}*", glob_escape(&key_prefix)))
+            .arg(crate::scan::prefix_pattern(&key_prefix))
             .arg("COUNT")
             .arg(limit)
             .query_async(&mut conn)

@@ -27,7 +27,9 @@
 //! timeout) bound every call, so a redis-rs timeout (500 ms by default)
 //! never cuts a write short of the attempt timeout.
 
-use durability_topology::{BoxError, EncodedSnapshot, PublishError, Publisher, Snapshot};
+use durability_topology::{
+    BoxError, EncodedSnapshot, PublishError, Publisher, Snapshot, SnapshotDeletion,
+};
 use durability_topology_client::ReadStore;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ErrorKind, RedisError, Script};
@@ -133,14 +135,12 @@ impl Publisher for RedisPublisher {
         Ok(())
     }
 
-    async fn delete(
-        &self,
-        group: &str,
-        _version: u64,
-        _coordinator: &str,
-    ) -> Result<(), PublishError> {
+    async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
-        let _: i64 = conn.del(self.key(group)).await.map_err(publish_error)?;
+        let _: i64 = conn
+            .del(self.key(deletion.group))
+            .await
+            .map_err(publish_error)?;
         Ok(())
     }
 }
@@ -194,19 +194,14 @@ impl Publisher for RedisVersionedPublisher {
         Ok(())
     }
 
-    async fn delete(
-        &self,
-        group: &str,
-        version: u64,
-        coordinator: &str,
-    ) -> Result<(), PublishError> {
+    async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         let mut conn = self.conn.clone();
         let _: i64 = self
             .delete
-            .key(snapshot_key(&self.prefix, group))
-            .key(versions_key(&self.prefix, group))
-            .arg(coordinator)
-            .arg(version)
+            .key(snapshot_key(&self.prefix, deletion.group))
+            .key(versions_key(&self.prefix, deletion.group))
+            .arg(deletion.coordinator)
+            .arg(deletion.version)
             .invoke_async(&mut conn)
             .await
             .map_err(publish_error)?;

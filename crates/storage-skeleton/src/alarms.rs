@@ -2,8 +2,8 @@
 //! index ([`SkeletonAlarmIndex`]: `AlarmIndex`).
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage, JobView,
-    ObjectId, RetryJob, Token,
+    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage,
+    JobPageRequest, JobView, ObjectId, RetryJob, Token,
 };
 use durability_scheduler::StorageError;
 
@@ -95,12 +95,7 @@ impl AlarmIndex for SkeletonAlarmIndex {
         Err(unavailable("counts"))
     }
 
-    async fn jobs_with_prefix(
-        &self,
-        _prefix: &str,
-        _cursor: Option<&str>,
-        _limit: usize,
-    ) -> Result<JobPage, AlarmError> {
+    async fn jobs_with_prefix(&self, _page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
         // One page of the jobs whose object id starts with `prefix`, from
         // the opaque `cursor`; the next page's cursor, `None` at the end.
         Err(unavailable("jobs_with_prefix"))

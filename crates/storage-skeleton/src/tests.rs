@@ -8,7 +8,7 @@ use durability_migration::{AllocationLedger, MappingStore, Shard, Statement};
 use durability_outbox::OutboxTx;
 use durability_ownership::{LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount};
 use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
-use durability_topology::{Publisher, TopologyTx};
+use durability_topology::{Publisher, SnapshotDeletion, TopologyTx};
 use durability_topology_client::ReadStore;
 
 use crate::alarms::SkeletonAlarmIndex;
@@ -63,7 +63,12 @@ fn assert_alarm_tx<T: AlarmTx>(tx: &mut T) {
 }
 
 async fn assert_publisher<P: Publisher>(p: &P) {
-    let e = p.delete("g", 1, "c").await.expect_err("stub");
+    let deletion = SnapshotDeletion {
+        group: "g",
+        version: 1,
+        coordinator: "c",
+    };
+    let e = p.delete(deletion).await.expect_err("stub");
     assert!(e.is_rejected(), "a stub refuses: nothing can land later");
     assert_eq!(operation(e.source()), "publisher delete");
 }

@@ -4,7 +4,8 @@
 
 use durability_scheduler::StorageError;
 use durability_topology::{
-    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, TopologyTx,
+    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, SnapshotDeletion,
+    TopologyTx,
 };
 use durability_topology_client::ReadStore;
 
@@ -92,12 +93,7 @@ impl Publisher for SkeletonPublication {
         )))
     }
 
-    async fn delete(
-        &self,
-        _group: &str,
-        _version: u64,
-        _coordinator: &str,
-    ) -> Result<(), PublishError> {
+    async fn delete(&self, _deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         // Remove the group's snapshot; idempotent.
         Err(PublishError::rejected(Unsupported::boxed(
             "publisher delete",

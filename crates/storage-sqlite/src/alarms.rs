@@ -14,8 +14,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use durability_alarms::{
-    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage, JobState,
-    JobView, RetryJob, Token, validate_time,
+    AlarmError, AlarmIndex, AlarmRow, AlarmTx, Claim, ClaimReady, IndexCounts, JobPage,
+    JobPageRequest, JobState, JobView, RetryJob, Token, validate_time,
 };
 use durability_scheduler::{ObjectId, SchemaStep, StorageError};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -551,13 +551,8 @@ impl AlarmIndex for SqliteAlarmIndex {
             .map_err(|e| failed("read next due", e))
     }
 
-    async fn jobs_with_prefix(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage, AlarmError> {
-        durability_alarms::validate_page_limit(limit)?;
+    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
+        let (prefix, cursor, limit) = (page.prefix, page.cursor, page.checked_limit()?);
         // Object ids compare bytewise (BINARY): the prefix's ids form one
         // range of the primary key, from the prefix (or after the cursor,
         // the last id listed) to the prefix with its last byte raised

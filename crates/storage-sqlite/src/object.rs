@@ -123,6 +123,24 @@ impl SqliteTx<'_> {
         &self.tx
     }
 
+    /// The `COUNT(*)` that the cached statement `sql` reads with `params`;
+    /// a failure is a backend error saying `what` failed.
+    #[cfg(any(feature = "outbox", feature = "semaphore"))]
+    pub(crate) fn count(
+        &self,
+        what: &str,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<u64, StorageError> {
+        let n: i64 = self
+            .tx
+            .prepare_cached(sql)
+            .and_then(|mut st| st.query_row(params, |r| r.get(0)))
+            .map_err(|e| backend(what, e))?;
+        // `COUNT(*)` is never negative.
+        Ok(n.unsigned_abs())
+    }
+
     /// Drops up to `limit` of the object's own schema objects (tables,
     /// views and triggers whose names do not start with the reserved
     /// `durability_` or `sqlite_`, in any case; a table's indexes and

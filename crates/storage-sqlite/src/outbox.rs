@@ -5,30 +5,18 @@
 //! integer in range, a value that is not a blob or a key that is not text
 //! is a [`StoredRow::Corrupt`], never a misread value.
 
-use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, RowCells, StoredEntry, StoredRow};
 use durability_scheduler::{SchemaStep, StorageError};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{OptionalExtension, Row, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "quarantine",
-    },
-];
+pub(crate) static STEPS: &[SchemaStep] = durability_outbox::SCHEMA_STEPS;
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 1,
-            name: "initial",
-        },
+        step: STEPS[0],
         up: "
 CREATE TABLE durability_outbox (
     channel TEXT NOT NULL,
@@ -53,10 +41,7 @@ DROP TABLE durability_outbox_version;
 ",
     },
     SqliteSchemaStep {
-        step: SchemaStep {
-            version: 2,
-            name: "quarantine",
-        },
+        step: STEPS[1],
         // Untyped columns: a quarantined row keeps exactly what was stored.
         up: "
 CREATE TABLE durability_outbox_quarantine (
@@ -91,17 +76,10 @@ fn kind(v: ValueRef<'_>) -> &'static str {
     }
 }
 
-/// An integer column in `min..=max`, or why not.
-fn int_in(
-    r: &Row<'_>,
-    i: usize,
-    name: &str,
-    min: i64,
-    max: i64,
-) -> rusqlite::Result<Result<i64, String>> {
+/// An integer column, or why not ([`RowCells::check`] checks its range).
+fn int(r: &Row<'_>, i: usize, name: &str) -> rusqlite::Result<Result<i64, String>> {
     Ok(match r.get_ref(i)? {
-        ValueRef::Integer(v) if (min..=max).contains(&v) => Ok(v),
-        ValueRef::Integer(v) => Err(format!("{name} {v} is outside {min}..={max}")),
+        ValueRef::Integer(v) => Ok(v),
         other => Err(format!("{name} is {}, not an integer", kind(other))),
     })
 }
@@ -144,42 +122,27 @@ pub(crate) fn row(r: &Row<'_>) -> rusqlite::Result<StoredRow> {
             None
         }
     };
-    let version = int_in(r, 3, "version", 1, MAX_SAFE)?;
-    let attempt = int_in(r, 4, "attempt", 0, i64::from(u32::MAX))?;
-    let due_at = int_in(r, 5, "due_at", 0, MAX_SAFE)?;
+    let (version, attempt, due_at) = (
+        int(r, 3, "version")?,
+        int(r, 4, "attempt")?,
+        int(r, 5, "due_at")?,
+    );
     let claimed_until = match r.get_ref(6)? {
         ValueRef::Null => Ok(None),
-        _ => int_in(r, 6, "claimed_until", 0, MAX_SAFE)?.map(Some),
+        _ => int(r, 6, "claimed_until")?.map(Some),
     };
-    let fields = (version, attempt, due_at, claimed_until, value);
-    Ok(match (problem, fields) {
-        (None, (Ok(version), Ok(attempt), Ok(due_at), Ok(claimed_until), Some(value))) => {
-            StoredRow::Entry(StoredEntry {
-                channel,
-                key,
-                value,
-                // In range: checked by `int_in` above.
-                version: version.unsigned_abs(),
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                due_at,
-                claimed_until,
-            })
-        }
-        (problem, (version, attempt, due_at, claimed_until, _)) => {
-            let reason = problem
-                .or(version.err())
-                .or(attempt.err())
-                .or(due_at.err())
-                .or(claimed_until.err())
-                .unwrap_or_else(|| "row is corrupt".to_owned());
-            StoredRow::Corrupt(CorruptEntry {
-                channel,
-                key,
-                row: id,
-                reason,
-            })
-        }
-    })
+    Ok(RowCells {
+        channel,
+        key,
+        row: id,
+        value,
+        problem,
+        version,
+        attempt,
+        due_at,
+        claimed_until,
+    }
+    .check())
 }
 
 /// Versions reserved by one counter write.
@@ -461,12 +424,11 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_len(&mut self, channel: &str) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached("SELECT COUNT(*) FROM durability_outbox WHERE channel = ?1")
-            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
-            .map_err(|e| backend("count outbox entries", e))?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.count(
+            "count outbox entries",
+            "SELECT COUNT(*) FROM durability_outbox WHERE channel = ?1",
+            [channel],
+        )
     }
 
     fn outbox_quarantine(&mut self, row: &CorruptEntry, at: i64) -> Result<bool, StorageError> {
@@ -497,12 +459,11 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached("SELECT COUNT(*) FROM durability_outbox_quarantine WHERE channel = ?1")
-            .and_then(|mut st| st.query_row([channel], |r| r.get(0)))
-            .map_err(|e| backend("count quarantined outbox rows", e))?;
-        Ok(n.unsigned_abs())
+        self.count(
+            "count quarantined outbox rows",
+            "SELECT COUNT(*) FROM durability_outbox_quarantine WHERE channel = ?1",
+            [channel],
+        )
     }
 
     fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError> {

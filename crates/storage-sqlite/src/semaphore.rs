@@ -16,14 +16,11 @@ use rusqlite::{OptionalExtension, Row, params};
 
 use crate::object::{SqliteSchemaStep, SqliteTx, backend};
 
-pub(crate) static STEPS: &[SchemaStep] = &[
-    SchemaStep::new(1, "initial"),
-    SchemaStep::new(2, "quarantine"),
-];
+pub(crate) static STEPS: &[SchemaStep] = durability_semaphore::SCHEMA_STEPS;
 
 pub(crate) static SQL_STEPS: &[SqliteSchemaStep] = &[
     SqliteSchemaStep {
-        step: SchemaStep::new(1, "initial"),
+        step: STEPS[0],
         up: "
 CREATE TABLE durability_semaphore_pool (
     name TEXT PRIMARY KEY NOT NULL,
@@ -68,7 +65,7 @@ DROP TABLE durability_semaphore_id;
 ",
     },
     SqliteSchemaStep {
-        step: SchemaStep::new(2, "quarantine"),
+        step: STEPS[1],
         // Untyped columns: a quarantined row keeps exactly what was stored.
         up: "
 CREATE TABLE durability_semaphore_quarantine (
@@ -380,15 +377,14 @@ impl SemaphoreTx for SqliteTx<'_> {
     }
 
     fn semaphore_queued_before(&mut self, pool: &str, id: u64) -> Result<u64, StorageError> {
-        let n: i64 = self
-            .sql()
-            .prepare_cached(&format!(
+        self.count(
+            "count semaphore queue",
+            &format!(
                 "SELECT COUNT(*) FROM durability_semaphore_request
                  WHERE pool = ?1 AND state = {QUEUED} AND id < ?2"
-            ))
-            .and_then(|mut st| st.query_row(params![pool, i64_of(id)], |r| r.get(0)))
-            .map_err(|e| backend("count semaphore queue", e))?;
-        Ok(n.unsigned_abs())
+            ),
+            params![pool, i64_of(id)],
+        )
     }
 
     fn semaphore_due_pools(&mut self, now: i64, limit: usize) -> Result<Vec<String>, StorageError> {

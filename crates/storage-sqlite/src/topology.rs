@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use durability_scheduler::{SchemaStep, StorageError};
 use durability_topology::{
-    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, TopologyTx,
+    BoxError, EncodedSnapshot, GroupRow, PublishError, Publisher, Snapshot, SnapshotDeletion,
+    TopologyTx,
 };
 use durability_topology_client::ReadStore;
 use rusqlite::types::Value;
@@ -365,13 +366,8 @@ impl Publisher for SqlitePublication {
             .map_err(PublishError::rejected)
     }
 
-    async fn delete(
-        &self,
-        group: &str,
-        version: u64,
-        coordinator: &str,
-    ) -> Result<(), PublishError> {
-        self.delete_sync(group, version, coordinator)
+    async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
+        self.delete_sync(deletion.group, deletion.version, deletion.coordinator)
             .map_err(PublishError::rejected)
     }
 }

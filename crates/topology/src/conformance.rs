@@ -29,7 +29,7 @@ use durability_topology_client::{BoxError, Member, MemberState, ReadStore, Snaps
 use crate::SCHEMA;
 use crate::coordinator::{Draft, MemberInput, Topology, TopologyConfig};
 use crate::encode::EncodedSnapshot;
-use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
+use crate::store::{GroupRow, PublishError, Publisher, SnapshotDeletion, TopologyTx};
 
 /// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
@@ -123,15 +123,15 @@ impl Publisher for MemoryPublication {
         Ok(())
     }
 
-    async fn delete(
-        &self,
-        group: &str,
-        version: u64,
-        coordinator: &str,
-    ) -> Result<(), PublishError> {
+    async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         let mut s = self.lock();
-        if self.admit(&mut s, group, coordinator, version) {
-            s.data.remove(group);
+        if self.admit(
+            &mut s,
+            deletion.group,
+            deletion.coordinator,
+            deletion.version,
+        ) {
+            s.data.remove(deletion.group);
         }
         Ok(())
     }
@@ -180,7 +180,7 @@ impl Publisher for Recorder {
         Ok(())
     }
 
-    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), PublishError> {
+    async fn delete(&self, _: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         Ok(())
     }
 }
@@ -294,12 +294,14 @@ pub async fn run_publication<P: Publisher, R: ReadStore>(
         publisher.write(&v2, &e2).await.expect("rewrite v2");
     }
 
-    publisher.delete(&g, 3, "c1").await.expect("delete");
+    let deletion = SnapshotDeletion {
+        group: &g,
+        version: 3,
+        coordinator: "c1",
+    };
+    publisher.delete(deletion).await.expect("delete");
     assert_eq!(reader.read(&g).await.expect("read"), None, "deleted");
-    publisher
-        .delete(&g, 3, "c1")
-        .await
-        .expect("idempotent delete");
+    publisher.delete(deletion).await.expect("idempotent delete");
     if versioned {
         publisher.write(&v2, &e2).await.expect("late write");
         assert_eq!(

@@ -23,7 +23,7 @@ use crate::encode::{
 };
 use crate::error::TopologyError;
 use crate::event::{TopologyEvent, TopologyEventHook, emit};
-use crate::store::{GroupRow, PublishError, Publisher, TopologyTx};
+use crate::store::{GroupRow, PublishError, Publisher, SnapshotDeletion, TopologyTx};
 use crate::{MAX_STATE_BYTES, SCHEMA};
 
 mod lost;
@@ -140,7 +140,7 @@ impl Publisher for NoPublisher {
     async fn write(&self, _: &Snapshot, _: &EncodedSnapshot) -> Result<(), PublishError> {
         Ok(())
     }
-    async fn delete(&self, _: &str, _: u64, _: &str) -> Result<(), PublishError> {
+    async fn delete(&self, _: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         Ok(())
     }
 }
@@ -1239,7 +1239,14 @@ where
             },
             Publication::Delete { version } => {
                 let group = group.clone();
-                Box::pin(async move { publisher.delete(&group, version, &coordinator).await })
+                Box::pin(async move {
+                    let deletion = SnapshotDeletion {
+                        group: &group,
+                        version,
+                        coordinator: &coordinator,
+                    };
+                    publisher.delete(deletion).await
+                })
             }
         };
         let clock = Arc::clone(self.scheduler.context().clock());

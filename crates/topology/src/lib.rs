@@ -100,7 +100,7 @@ pub use durability_topology_client::{BoxError, Member, MemberState, Snapshot};
 pub use encode::EncodedSnapshot;
 pub use error::TopologyError;
 pub use event::{TopologyEvent, TopologyEventHook};
-pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, TopologyTx};
+pub use store::{GroupRow, PublishError, PublishOutcome, Publisher, SnapshotDeletion, TopologyTx};
 pub use typed::{ChannelKey, MetaKey, TypedUpdate};
 
 /// The schema name the topology tables are registered under.

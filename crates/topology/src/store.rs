@@ -177,6 +177,19 @@ impl fmt::Display for PublishError {
     }
 }
 
+/// What [`Publisher::delete`] removes: named fields, so the group and the
+/// coordinator (both strings) cannot be swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotDeletion<'a> {
+    /// The group whose snapshot is removed.
+    pub group: &'a str,
+    /// The deletion's version (newer than any snapshot of the group from
+    /// `coordinator`).
+    pub version: u64,
+    /// The coordinator deleting the group.
+    pub coordinator: &'a str,
+}
+
 /// Where the coordinator publishes snapshots. Calls must be idempotent.
 ///
 /// A failed call returns a [`PublishError`] saying whether the store
@@ -208,13 +221,10 @@ pub trait Publisher: Send + Sync + 'static {
         encoded: &'a EncodedSnapshot,
     ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a;
 
-    /// Removes the group's snapshot; `version` is the deletion's version
-    /// (newer than any snapshot of the group from `coordinator`).
+    /// Removes the group's snapshot, as of `deletion.version`.
     fn delete<'a>(
         &'a self,
-        group: &'a str,
-        version: u64,
-        coordinator: &'a str,
+        deletion: SnapshotDeletion<'a>,
     ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a;
 }
 
@@ -229,10 +239,8 @@ impl<P: Publisher> Publisher for Arc<P> {
 
     fn delete<'a>(
         &'a self,
-        group: &'a str,
-        version: u64,
-        coordinator: &'a str,
+        deletion: SnapshotDeletion<'a>,
     ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a {
-        P::delete(self, group, version, coordinator)
+        P::delete(self, deletion)
     }
 }

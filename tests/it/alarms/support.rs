@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use durability_alarms::{
     AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Claim, Delivery, Dispatch,
-    DispatchOutcome, Fired, IndexCounts, JobView, ObjectId, Token,
+    DispatchOutcome, Fired, IndexCounts, JobPageRequest, JobView, ObjectId, Token,
 };
 use durability_scheduler::testkit::{CrashGate, CrashPoint, MemoryStorage};
 use durability_scheduler::{ManualClock, ObjectContext, Scheduler, Storage};
@@ -279,12 +279,9 @@ impl<I: AlarmIndex> AlarmIndex for Crashy<I> {
     }
     async fn jobs_with_prefix(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        page: JobPageRequest<'_>,
     ) -> Result<durability_alarms::JobPage, AlarmError> {
-        self.gate(self.inner.jobs_with_prefix(prefix, cursor, limit))
-            .await
+        self.gate(self.inner.jobs_with_prefix(page)).await
     }
 }
 

@@ -11,8 +11,9 @@ use durability_outbox::OutboxEvent;
 use durability_scheduler::{Clock, ManualClock, Scheduler, Storage};
 use durability_topology::conformance::MemoryPublication;
 use durability_topology::{
-    BoxError, EncodedSnapshot, Member, PublishError, Publisher, Role, Snapshot, StateChannel,
-    StateUpdate, Topology, TopologyConfig, TopologyEvent, TopologyEventHook, TopologyTx,
+    BoxError, EncodedSnapshot, Member, PublishError, Publisher, Role, Snapshot, SnapshotDeletion,
+    StateChannel, StateUpdate, Topology, TopologyConfig, TopologyEvent, TopologyEventHook,
+    TopologyTx,
 };
 use durability_topology_client::{ReadStore, decode};
 
@@ -119,18 +120,13 @@ impl Publisher for FaultyPublisher {
         Ok(())
     }
 
-    async fn delete(
-        &self,
-        group: &str,
-        version: u64,
-        coordinator: &str,
-    ) -> Result<(), PublishError> {
+    async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
         self.gate().await?;
-        self.store.delete(group, version, coordinator).await?;
+        self.store.delete(deletion).await?;
         self.landed
             .lock()
             .unwrap()
-            .push((group.to_owned(), version, true));
+            .push((deletion.group.to_owned(), deletion.version, true));
         Ok(())
     }
 }

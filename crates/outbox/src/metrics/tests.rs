@@ -7,23 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use durability_scheduler::testkit::MemoryStorage;
-use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler, SchemaStep};
+use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-use crate::{ChannelConfig, Entry, Outbox, OutboxError, SCHEMA, Sink, SinkError};
+use crate::{ChannelConfig, Entry, Outbox, OutboxError, SCHEMA, SCHEMA_STEPS, Sink, SinkError};
 
 const START: i64 = 1_700_000_000_000;
-
-static STEPS: &[SchemaStep] = &[
-    SchemaStep {
-        version: 1,
-        name: "initial",
-    },
-    SchemaStep {
-        version: 2,
-        name: "quarantine",
-    },
-];
 
 /// Fails its first call, then acknowledges.
 #[derive(Default)]
@@ -49,7 +38,7 @@ fn scenario(name: &str, hook: bool) -> (Vec<(String, String, u64)>, Vec<f64>) {
             .unwrap();
         rt.block_on(async {
             let clock = ManualClock::new(START);
-            let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, STEPS));
+            let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, SCHEMA_STEPS));
             let ctx = ObjectContext::with_clock(
                 ObjectId::new("o").unwrap(),
                 storage,
@@ -171,7 +160,7 @@ fn pending(
 }
 
 fn object(name: &str, clock: &ManualClock) -> Scheduler<MemoryStorage> {
-    let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, STEPS));
+    let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, SCHEMA_STEPS));
     let ctx = ObjectContext::with_clock(
         ObjectId::new(name).unwrap(),
         storage,

@@ -8,7 +8,7 @@
 //! value. Such rows still come back from `outbox_due` (so they are
 //! quarantined instead of sitting there unseen) and stay deletable.
 
-use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, StoredEntry, StoredRow};
+use durability_outbox::{CorruptEntry, OutboxTx, Reschedule, RowCells, StoredEntry, StoredRow};
 use durability_scheduler::StorageError;
 use tokio_postgres::Row;
 
@@ -19,14 +19,6 @@ const COLUMNS: &str = "channel, key, value, version, attempt, due_at, claimed_un
 
 /// Largest stored time or version: 2^53-1.
 const MAX_SAFE: i64 = (1 << 53) - 1;
-
-fn in_range(v: i64, name: &str, min: i64, max: i64) -> Result<i64, String> {
-    if (min..=max).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{name} {v} is outside {min}..={max}"))
-    }
-}
 
 /// The row identity handed back to `outbox_quarantine`: `t`, then the
 /// key's bytes (as on SQLite, where `b` marks a blob key).
@@ -41,44 +33,18 @@ fn decode(r: &Row) -> Result<StoredRow, StorageError> {
     let channel: String = get(r, 0, "outbox channel")?;
     let key: String = get(r, 1, "outbox key")?;
     let value: Vec<u8> = get(r, 2, "outbox value")?;
-    let version = in_range(get(r, 3, "outbox version")?, "version", 1, MAX_SAFE);
-    let attempt = in_range(
-        get(r, 4, "outbox attempt")?,
-        "attempt",
-        0,
-        i64::from(u32::MAX),
-    );
-    let due_at = in_range(get(r, 5, "outbox due time")?, "due_at", 0, MAX_SAFE);
-    let claimed_until = get::<Option<i64>>(r, 6, "outbox claim")?
-        .map(|c| in_range(c, "claimed_until", 0, MAX_SAFE))
-        .transpose();
-    Ok(match (version, attempt, due_at, claimed_until) {
-        (Ok(version), Ok(attempt), Ok(due_at), Ok(claimed_until)) => {
-            StoredRow::Entry(StoredEntry {
-                channel,
-                key,
-                value,
-                version: version.unsigned_abs(),
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                due_at,
-                claimed_until,
-            })
-        }
-        (version, attempt, due_at, claimed_until) => {
-            let reason = version
-                .err()
-                .or(attempt.err())
-                .or(due_at.err())
-                .or(claimed_until.err())
-                .unwrap_or_else(|| "row is corrupt".to_owned());
-            StoredRow::Corrupt(CorruptEntry {
-                row: row_id(&key),
-                channel,
-                key,
-                reason,
-            })
-        }
-    })
+    Ok(RowCells {
+        channel,
+        row: row_id(&key),
+        key,
+        value: Some(value),
+        problem: None,
+        version: Ok(get(r, 3, "outbox version")?),
+        attempt: Ok(get(r, 4, "outbox attempt")?),
+        due_at: Ok(get(r, 5, "outbox due time")?),
+        claimed_until: Ok(get(r, 6, "outbox claim")?),
+    }
+    .check())
 }
 
 fn i64_of(v: u64) -> Result<i64, StorageError> {

@@ -231,8 +231,8 @@ const fn step(version: u32, name: &'static str) -> SchemaStep {
 /// names and versions).
 pub(crate) const BUILTINS: &[Builtin] = &[
     (
-        "outbox",
-        &[step(1, "initial"), step(2, "quarantine")],
+        durability_outbox::SCHEMA,
+        durability_outbox::SCHEMA_STEPS,
         &[
             (
                 &[

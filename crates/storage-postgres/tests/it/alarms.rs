@@ -146,7 +146,10 @@ async fn corrupt_jobs_are_quarantined_and_never_block_healthy_ones() {
         0,
         "nothing corrupt left ready"
     );
-    let page = index.jobs_with_prefix("s:C:", None, 100).await.unwrap();
+    let page = index
+        .jobs_with_prefix(durability_alarms::JobPageRequest::first("s:C:", 100))
+        .await
+        .unwrap();
     assert_eq!(page.jobs.len(), 2, "the two running healthy jobs");
     for c in &claims {
         assert!(
