@@ -16,7 +16,9 @@
 //!   SQL for teams that run migrations themselves.
 //! - [`PgOutbox::stage`] writes one entry (and [`PgOutbox::stage_batch`]
 //!   many, in one statement) in the caller's
-//!   `tokio_postgres::Transaction`, in one round trip: it replaces the
+//!   `tokio_postgres::Transaction`, in one round trip (a call of a
+//!   staging function `setup` created, whose upsert the server plans once
+//!   per session instead of on every call): it replaces the
 //!   key's pending entry, takes a version from a sequence (under the key's
 //!   row lock when the key is pending, so a key's versions follow its
 //!   commit order), resets the attempt count, makes it due now, and sends a
@@ -160,7 +162,12 @@ impl PgOutbox {
 
     /// The SQL [`PgOutbox::setup`] runs: idempotent `CREATE … IF NOT
     /// EXISTS` statements for the schema, the version sequence, the table,
-    /// its due index and the quarantine table.
+    /// its due index and the quarantine table, and `CREATE OR REPLACE
+    /// FUNCTION` for the two staging functions (`<table>_stage` and
+    /// `<table>_stage_one`, PL/pgSQL) that [`PgOutbox::stage`] and
+    /// [`PgOutbox::stage_batch`] call. Run it again after upgrading this
+    /// crate: a later version may change the functions (replacing them
+    /// needs the role that owns them).
     pub fn schema_sql(&self) -> String {
         self.sql.schema.clone()
     }
@@ -170,8 +177,9 @@ impl PgOutbox {
         &self.sql.notify_channel
     }
 
-    /// Creates the outbox's tables if they are missing, in one transaction
-    /// (concurrent setups wait for each other).
+    /// Creates the outbox's tables if they are missing and (re)creates its
+    /// staging functions, in one transaction (concurrent setups wait for
+    /// each other); [`PgOutbox::schema_sql`] is the SQL it runs.
     ///
     /// # Errors
     /// [`PgOutboxError::Rejected`] (the role may not create them, say) or
