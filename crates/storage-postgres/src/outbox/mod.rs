@@ -55,14 +55,18 @@
 //!   and then those entries are delivered again (at least once), never
 //!   lost. WAL order keeps it consistent: a stage that is durable makes
 //!   every earlier settlement durable too.
-//! - A batch's settlements are guarded statements that each commit on
-//!   their own; one that did not land leaves its entry claimed, delivered
+//! - A batch's settlements are guarded statements that commit in the
+//!   transaction of the deliverer's next claim (the run's last claim
+//!   carries the last batch's, so a run ends with everything settled);
+//!   settlements that did not land leave their entries claimed, delivered
 //!   again after the claim's deadline.
 //! - A deliverer claims its next batch while it publishes one (on a second
-//!   pooled connection), so a process that dies mid-run can hold two
-//!   batches until their deadline. On the wire a batch takes three round
-//!   trips: `BEGIN` with the due rows' `SELECT`, the claims' `UPDATE`
-//!   with `COMMIT`, and the settlements.
+//!   pooled connection), so a process that dies mid-run can hold three
+//!   batches until their deadline: the one it published whose
+//!   settlements had not landed yet, the one it was publishing, and the
+//!   one claimed ahead. On the wire a batch takes two round trips and one
+//!   commit: `BEGIN` with the settlements of the batch before and the due
+//!   rows' `SELECT`, then the claims' `UPDATE` with `COMMIT`.
 //! - [`PgOutbox::stage`] reports no `Staged` event: the commit is the
 //!   caller's. The deliverer's hook sees every later step.
 //! - Times are the deliverers' and stagers' clocks (Unix ms): keep the
