@@ -40,9 +40,9 @@ pub struct PgDeliverer<T, K> {
 }
 
 /// Where an injected crash happens (feature `testkit`): at the `nth`
-/// commit (from 1) the deliverer makes (a claim's transaction, or a
-/// settlement statement), before it is sent (nothing of it lands) or after
-/// it landed.
+/// commit (from 1) the deliverer makes (a claim's transaction, with the
+/// settlements it carries), before it is sent (nothing of it lands) or
+/// after it landed.
 #[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CrashAt {
@@ -156,6 +156,71 @@ fn as_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// A published batch's settlements, decided and not yet written: entries
+/// to remove, and entries to retry at a time.
+#[derive(Default)]
+struct Decided {
+    removed: Vec<Settled>,
+    kept: Vec<(Settled, i64)>,
+}
+
+impl Decided {
+    fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.kept.is_empty()
+    }
+}
+
+/// What a claim came to: the entries claimed, the corrupt rows it
+/// quarantined, and the settlements it carried that landed (a retry a
+/// newer value replaced left out).
+struct Claim {
+    claimed: Vec<Claimed>,
+    quarantined: Vec<CorruptEntry>,
+    settled: Vec<Settled>,
+}
+
+/// The parameters of guarded settlement writes: each entry's key, the
+/// version and attempt claimed, and (for a retry) its next due time.
+struct Guards<'a> {
+    keys: Vec<&'a str>,
+    versions: Vec<i64>,
+    attempts: Vec<i32>,
+    due: Vec<i64>,
+}
+
+impl<'a> Guards<'a> {
+    fn of(settled: impl Iterator<Item = (&'a Settled, Option<i64>)>) -> Self {
+        let mut guards = Self {
+            keys: Vec::new(),
+            versions: Vec::new(),
+            attempts: Vec::new(),
+            due: Vec::new(),
+        };
+        for (s, due) in settled {
+            guards.keys.push(&s.key);
+            guards.versions.push(as_i64(s.version));
+            guards.attempts.push(as_i32(s.attempt));
+            guards.due.extend(due);
+        }
+        guards
+    }
+}
+
+/// Runs a statement inside the claim's transaction when `run` (else
+/// nothing, and no rows).
+async fn run_if(
+    client: &deadpool_postgres::Object,
+    statement: &tokio_postgres::Statement,
+    params: &[&(dyn ToSql + Sync)],
+    run: bool,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    if run {
+        client.query(statement, params).await
+    } else {
+        Ok(Vec::new())
+    }
+}
+
 impl<T, K> PgDeliverer<T, K>
 where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -240,54 +305,67 @@ where
 
     /// Delivers every entry due when the run starts, batch by batch, and
     /// reports what happened. The next batch is claimed (on another pooled
-    /// connection) while one is published and settled; publish calls still
-    /// run one at a time, in claim order.
+    /// connection) while one is published; a published batch's
+    /// settlements ride in the transaction of the claim after it (one
+    /// commit and two round trips a batch), and the run ends with them
+    /// written. Publish calls run one at a time, in claim order.
     ///
     /// # Errors
     /// [`PgOutboxError::Unavailable`] or [`PgOutboxError::Rejected`]
     /// (nothing of the failed step applied) or
-    /// [`PgOutboxError::OutcomeUnknown`] (a settlement may or may not have
-    /// landed); claimed entries (the batch claimed ahead among them) are
-    /// retried after their deadline.
+    /// [`PgOutboxError::OutcomeUnknown`] (a claim, and the settlements it
+    /// carried, may or may not have landed); claimed entries (the batch
+    /// claimed ahead, and a published batch whose settlements did not
+    /// land, among them) are retried after their deadline.
     pub async fn deliver_due(&self) -> Result<DeliveryReport, PgOutboxError> {
         let _busy = self.busy.lock().await;
         let start = self.publisher.now_ms();
         let mut report = DeliveryReport::default();
-        let mut next = self.claim(start).await?;
+        let mut next = self.claim(start, Decided::default()).await?;
+        // The settlements of the batch last published, written with the
+        // next claim.
+        let mut decided = Decided::default();
         // Whether `next` was claimed while the batch before it was still
         // being published: then an entry that became due meanwhile (a newer
         // value staged by the sink, say) may have been missed.
         let mut ahead = false;
         loop {
-            let (claimed, quarantined) = next;
+            let Claim {
+                claimed,
+                quarantined,
+                settled,
+            } = next;
+            self.publisher.report_settled(settled, &mut report);
             let any_quarantined = !quarantined.is_empty();
             for corrupt in quarantined {
                 self.publisher.report_quarantined(corrupt, &mut report);
             }
             if claimed.is_empty() {
-                if any_quarantined || ahead {
-                    next = self.claim(start).await?;
+                if any_quarantined || ahead || !decided.is_empty() {
+                    next = self.claim(start, std::mem::take(&mut decided)).await?;
                     ahead = false;
                     continue;
                 }
                 return Ok(report);
             }
-            let (following, settled) = futures::join!(self.claim(start), async {
-                let outcomes = self.publisher.attempt(claimed).await;
-                self.settle(outcomes, &mut report).await
-            });
-            settled?;
+            let (following, outcomes) = futures::join!(
+                self.claim(start, std::mem::take(&mut decided)),
+                self.publisher.attempt(claimed)
+            );
+            decided = self.decide(outcomes);
             next = following?;
             ahead = true;
         }
     }
 
-    /// Claims up to a batch of due entries in one transaction: rows other
-    /// deliverers hold are skipped, corrupt rows are quarantined, and each
-    /// claim is recorded before it is published. Two round trips: `BEGIN`
-    /// with the due rows' `SELECT … FOR UPDATE SKIP LOCKED`, then the
-    /// claims' `UPDATE` with `COMMIT` (pipelined on one connection).
-    async fn claim(&self, now: i64) -> Result<(Vec<Claimed>, Vec<CorruptEntry>), PgOutboxError> {
+    /// Claims up to a batch of due entries in one transaction, after
+    /// writing the settlements `decided` (so they commit with the claim):
+    /// rows other deliverers hold are skipped, corrupt rows are
+    /// quarantined, and each claim is recorded before it is published. Two
+    /// round trips: `BEGIN` with the settlements and the due rows' `SELECT
+    /// … FOR UPDATE SKIP LOCKED`, then the claims' `UPDATE` with `COMMIT`
+    /// (pipelined on one connection).
+    async fn claim(&self, now: i64, decided: Decided) -> Result<Claim, PgOutboxError> {
         let sql = &self.outbox.sql;
         let name = self.publisher.name();
         let limit = i64::try_from(self.publisher.batch_size()).unwrap_or(i64::MAX);
@@ -295,11 +373,32 @@ where
         let client = open.client();
         let due = prepared(client, &sql.due).await?;
         let claim = prepared(client, &sql.claim).await?;
+        let remove = prepared(client, &sql.remove_if).await?;
+        let reschedule = prepared(client, &sql.reschedule_if).await?;
+        let removed = Guards::of(decided.removed.iter().map(|s| (s, None)));
+        let kept = Guards::of(decided.kept.iter().map(|(s, at)| (s, Some(*at))));
+        let removals: [&(dyn ToSql + Sync); 4] =
+            [&name, &removed.keys, &removed.versions, &removed.attempts];
+        let reschedules: [&(dyn ToSql + Sync); 5] =
+            [&name, &kept.keys, &kept.versions, &kept.attempts, &kept.due];
         let params: [&(dyn ToSql + Sync); 3] = [&name, &now, &limit];
-        let (begun, rows) =
-            futures::join!(client.batch_execute("BEGIN"), client.query(&due, &params));
+        let (begun, removed_rows, kept_rows, rows) = futures::join!(
+            client.batch_execute("BEGIN"),
+            run_if(client, &remove, &removals, !decided.removed.is_empty()),
+            run_if(client, &reschedule, &reschedules, !decided.kept.is_empty()),
+            client.query(&due, &params)
+        );
         begun.map_err(PgOutboxError::statement)?;
+        removed_rows.map_err(PgOutboxError::statement)?;
+        let kept_rows = kept_rows.map_err(PgOutboxError::statement)?;
         let rows = rows.map_err(PgOutboxError::statement)?;
+        let mut rescheduled = std::collections::HashSet::new();
+        for row in kept_rows {
+            rescheduled.insert(
+                row.try_get::<_, String>(0)
+                    .map_err(PgOutboxError::statement)?,
+            );
+        }
         let deadline = self.publisher.claim_deadline(now);
         let mut claimed = Vec::with_capacity(rows.len());
         let mut quarantined = Vec::new();
@@ -323,7 +422,21 @@ where
         let params: [&(dyn ToSql + Sync); 4] = [&name, &deadline, &keys, &attempts];
         self.commit_claim(open, (!claimed.is_empty()).then_some((&claim, &params[..])))
             .await?;
-        Ok((claimed, quarantined))
+        let mut settled = decided.removed;
+        // A newer value staged meanwhile replaced a retried attempt: nothing
+        // to retry, and no event to report.
+        settled.extend(
+            decided
+                .kept
+                .into_iter()
+                .map(|(s, _)| s)
+                .filter(|s| rescheduled.contains(&s.key)),
+        );
+        Ok(Claim {
+            claimed,
+            quarantined,
+            settled,
+        })
     }
 
     /// Sends the claims' `UPDATE` (when there are claims) and `COMMIT`
@@ -361,16 +474,12 @@ where
         Ok(())
     }
 
-    /// Settles a batch ([`rules::settle`]), each write guarded by the
-    /// version and attempt claimed, then reports.
-    async fn settle(
-        &self,
-        outcomes: Vec<Settlement>,
-        report: &mut DeliveryReport,
-    ) -> Result<(), PgOutboxError> {
+    /// Decides a published batch's settlements ([`rules::settle`]): the
+    /// entries to remove, and those to retry with their next due time; each
+    /// write is guarded by the version and attempt claimed.
+    fn decide(&self, outcomes: Vec<Settlement>) -> Decided {
         let now = self.publisher.now_ms();
-        let mut removed = Vec::new();
-        let mut kept = Vec::new();
+        let mut decided = Decided::default();
         for s in outcomes {
             let (version, attempt) = (s.stored.version, s.attempt);
             let (kind, fate, next_at) = match rules::settle(s.outcome) {
@@ -405,90 +514,11 @@ where
                 undecodable: s.undecodable,
             };
             match next_at {
-                None => removed.push(settled),
-                Some(at) => kept.push((settled, at)),
+                None => decided.removed.push(settled),
+                Some(at) => decided.kept.push((settled, at)),
             }
         }
-        let rescheduled = self.write_settlements(&removed, &kept).await?;
-        let mut settled = removed;
-        // A newer value staged meanwhile replaced a retried attempt: nothing
-        // to retry, and no event to report.
-        settled.extend(
-            kept.into_iter()
-                .map(|(s, _)| s)
-                .filter(|s| rescheduled.contains(&s.key)),
-        );
-        self.publisher.report_settled(settled, report);
-        Ok(())
-    }
-
-    /// Writes settlements: removals and reschedules, each one guarded
-    /// statement that commits on its own (a settlement that did not land is
-    /// an entry delivered again after its claim's deadline), both prepared
-    /// once per connection and sent together. Returns the keys
-    /// rescheduled.
-    async fn write_settlements(
-        &self,
-        removed: &[Settled],
-        kept: &[(Settled, i64)],
-    ) -> Result<std::collections::HashSet<String>, PgOutboxError> {
-        let sql = &self.outbox.sql;
-        let name = self.publisher.name();
-        let client = self.pool.get().await?;
-        let remove = prepared(&client, &sql.remove_if).await?;
-        let reschedule = prepared(&client, &sql.reschedule_if).await?;
-        let keys: Vec<&str> = removed.iter().map(|s| s.key.as_str()).collect();
-        let versions: Vec<i64> = removed.iter().map(|s| as_i64(s.version)).collect();
-        let attempts: Vec<i32> = removed.iter().map(|s| as_i32(s.attempt)).collect();
-        let removals: [&(dyn ToSql + Sync); 4] = [&name, &keys, &versions, &attempts];
-        let kept_keys: Vec<&str> = kept.iter().map(|(s, _)| s.key.as_str()).collect();
-        let kept_versions: Vec<i64> = kept.iter().map(|(s, _)| as_i64(s.version)).collect();
-        let kept_attempts: Vec<i32> = kept.iter().map(|(s, _)| as_i32(s.attempt)).collect();
-        let due: Vec<i64> = kept.iter().map(|(_, at)| *at).collect();
-        let reschedules: [&(dyn ToSql + Sync); 5] =
-            [&name, &kept_keys, &kept_versions, &kept_attempts, &due];
-        let (removed_rows, kept_rows) = futures::join!(
-            self.autocommit(&client, &remove, &removals, !removed.is_empty()),
-            self.autocommit(&client, &reschedule, &reschedules, !kept.is_empty())
-        );
-        removed_rows?;
-        let mut rescheduled = std::collections::HashSet::new();
-        for row in kept_rows? {
-            rescheduled.insert(
-                row.try_get::<_, String>(0)
-                    .map_err(PgOutboxError::statement)?,
-            );
-        }
-        Ok(rescheduled)
-    }
-
-    /// Runs one statement that commits on its own (none when `run` is
-    /// false): a refusal is definite, a lost reply an unknown outcome.
-    async fn autocommit(
-        &self,
-        client: &deadpool_postgres::Object,
-        statement: &tokio_postgres::Statement,
-        params: &[&(dyn ToSql + Sync)],
-        run: bool,
-    ) -> Result<Vec<Row>, PgOutboxError> {
-        if !run {
-            return Ok(Vec::new());
-        }
-        #[cfg(feature = "testkit")]
-        let crash = self.crash_now();
-        #[cfg(feature = "testkit")]
-        if crash == Some(false) {
-            return Err(PgOutboxError::Unavailable("injected crash".into()));
-        }
-        let rows = client
-            .query(statement, params)
-            .await
-            .map_err(PgOutboxError::commit)?;
-        #[cfg(feature = "testkit")]
-        if crash == Some(true) {
-            return Err(PgOutboxError::Unavailable("injected crash".into()));
-        }
-        Ok(rows)
+        decided
     }
 
     /// The pending entry of `key`: its version and attempts so far.

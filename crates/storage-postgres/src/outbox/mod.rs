@@ -16,7 +16,9 @@
 //!   SQL for teams that run migrations themselves.
 //! - [`PgOutbox::stage`] writes one entry (and [`PgOutbox::stage_batch`]
 //!   many, in one statement) in the caller's
-//!   `tokio_postgres::Transaction`, in one round trip: it replaces the
+//!   `tokio_postgres::Transaction`, in one round trip (a call of a
+//!   staging function `setup` created, whose upsert the server plans once
+//!   per session instead of on every call): it replaces the
 //!   key's pending entry, takes a version from a sequence (under the key's
 //!   row lock when the key is pending, so a key's versions follow its
 //!   commit order), resets the attempt count, makes it due now, and sends a
@@ -53,14 +55,18 @@
 //!   and then those entries are delivered again (at least once), never
 //!   lost. WAL order keeps it consistent: a stage that is durable makes
 //!   every earlier settlement durable too.
-//! - A batch's settlements are guarded statements that each commit on
-//!   their own; one that did not land leaves its entry claimed, delivered
+//! - A batch's settlements are guarded statements that commit in the
+//!   transaction of the deliverer's next claim (the run's last claim
+//!   carries the last batch's, so a run ends with everything settled);
+//!   settlements that did not land leave their entries claimed, delivered
 //!   again after the claim's deadline.
 //! - A deliverer claims its next batch while it publishes one (on a second
-//!   pooled connection), so a process that dies mid-run can hold two
-//!   batches until their deadline. On the wire a batch takes three round
-//!   trips: `BEGIN` with the due rows' `SELECT`, the claims' `UPDATE`
-//!   with `COMMIT`, and the settlements.
+//!   pooled connection), so a process that dies mid-run can hold three
+//!   batches until their deadline: the one it published whose
+//!   settlements had not landed yet, the one it was publishing, and the
+//!   one claimed ahead. On the wire a batch takes two round trips and one
+//!   commit: `BEGIN` with the settlements of the batch before and the due
+//!   rows' `SELECT`, then the claims' `UPDATE` with `COMMIT`.
 //! - [`PgOutbox::stage`] reports no `Staged` event: the commit is the
 //!   caller's. The deliverer's hook sees every later step.
 //! - Times are the deliverers' and stagers' clocks (Unix ms): keep the
@@ -160,7 +166,12 @@ impl PgOutbox {
 
     /// The SQL [`PgOutbox::setup`] runs: idempotent `CREATE … IF NOT
     /// EXISTS` statements for the schema, the version sequence, the table,
-    /// its due index and the quarantine table.
+    /// its due index and the quarantine table, and `CREATE OR REPLACE
+    /// FUNCTION` for the two staging functions (`<table>_stage` and
+    /// `<table>_stage_one`, PL/pgSQL) that [`PgOutbox::stage`] and
+    /// [`PgOutbox::stage_batch`] call. Run it again after upgrading this
+    /// crate: a later version may change the functions (replacing them
+    /// needs the role that owns them).
     pub fn schema_sql(&self) -> String {
         self.sql.schema.clone()
     }
@@ -170,8 +181,9 @@ impl PgOutbox {
         &self.sql.notify_channel
     }
 
-    /// Creates the outbox's tables if they are missing, in one transaction
-    /// (concurrent setups wait for each other).
+    /// Creates the outbox's tables if they are missing and (re)creates its
+    /// staging functions, in one transaction (concurrent setups wait for
+    /// each other); [`PgOutbox::schema_sql`] is the SQL it runs.
     ///
     /// # Errors
     /// [`PgOutboxError::Rejected`] (the role may not create them, say) or

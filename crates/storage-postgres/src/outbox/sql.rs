@@ -40,6 +40,17 @@ impl Sql {
         // The name inside a string literal: validated names hold no quote.
         let seq = format!("nextval('{seq_ident}'::regclass)");
         let index = quote(&format!("{}_due", table.as_str()));
+        let stage_fn = format!("{s}.{}", quote(&format!("{}_stage", table.as_str())));
+        let stage_one_fn = format!("{s}.{}", quote(&format!("{}_stage_one", table.as_str())));
+        // The staging upsert, the same for one entry and many: it assigns
+        // the version under the key's row lock when a row is there (so a
+        // key's versions follow its commit order), and one notification
+        // fires on commit.
+        let upsert = format!(
+            "ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
+             version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
+             claimed_until = EXCLUDED.claimed_until RETURNING o.key, o.version"
+        );
         let notify_channel = format!("{}.{}", schema.as_str(), table.as_str());
         let cols = "key, value, version, attempt, due_at, claimed_until";
         let max = MAX_SAFE_INTEGER;
@@ -67,26 +78,39 @@ impl Sql {
                      due_at bigint,\n    \
                      claimed_until bigint,\n    \
                      reason text NOT NULL,\n    \
-                     quarantined_at bigint NOT NULL\n);\n"
+                     quarantined_at bigint NOT NULL\n);\n\
+                 CREATE OR REPLACE FUNCTION {stage_fn}(p_channel text, p_keys text[], \
+                 p_values bytea[], p_attempt integer, p_due_at bigint, p_claimed_until bigint, \
+                 p_notify text)\n\
+                 RETURNS TABLE (k text, v bigint) LANGUAGE plpgsql AS $fn$\nBEGIN\n    \
+                     RETURN QUERY INSERT INTO {t} AS o (channel, {cols})\n    \
+                     SELECT p_channel, b.key, b.value, {seq}, p_attempt, p_due_at, p_claimed_until\n    \
+                     FROM unnest(p_keys, p_values) WITH ORDINALITY AS b(key, value, n) ORDER BY b.n\n    \
+                     {upsert};\n    \
+                     PERFORM pg_notify(p_notify, p_channel);\n\
+                 END\n$fn$;\n\
+                 CREATE OR REPLACE FUNCTION {stage_one_fn}(p_channel text, p_key text, \
+                 p_value bytea, p_attempt integer, p_due_at bigint, p_claimed_until bigint, \
+                 p_notify text)\n\
+                 RETURNS bigint LANGUAGE plpgsql AS $fn$\nDECLARE\n    \
+                     staged_key text;\n    \
+                     staged_version bigint;\n\
+                 BEGIN\n    \
+                     INSERT INTO {t} AS o (channel, {cols})\n    \
+                     VALUES (p_channel, p_key, p_value, {seq}, p_attempt, p_due_at, p_claimed_until)\n    \
+                     {upsert} INTO staged_key, staged_version;\n    \
+                     PERFORM pg_notify(p_notify, p_channel);\n    \
+                     RETURN staged_version;\n\
+                 END\n$fn$;\n"
             ),
             listen: format!("LISTEN {}", quote(&notify_channel)),
-            // One round trip for one entry or many: the upsert assigns the
-            // version under the key's row lock when a row is there (so a
-            // key's versions follow its commit order); one notification
-            // fires on commit. Keys are distinct (the caller keeps the
-            // newest value of each).
-            stage: format!(
-                "WITH up AS (\
-                 INSERT INTO {t} AS o (channel, {cols}) \
-                 SELECT $1, b.key, b.value, {seq}, $4, $5, $6 \
-                 FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS b(key, value, n) \
-                 ORDER BY b.n \
-                 ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
-                 version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
-                 claimed_until = EXCLUDED.claimed_until \
-                 RETURNING o.key, o.version) \
-                 SELECT up.key, up.version FROM up, (SELECT pg_notify($7, $1)) AS n"
-            ),
+            // One round trip for one entry or many, each a call of a
+            // function `setup` created: its statement is parsed and planned
+            // once per session (PL/pgSQL caches it), not on every call as a
+            // statement sent in the caller's transaction would be (the
+            // caller's connection has no statement cache of ours).
+            stage: format!("SELECT k, v FROM {stage_fn}($1, $2, $3, $4, $5, $6, $7)"),
+            stage_one: format!("SELECT $2, {stage_one_fn}($1, $2, $3, $4, $5, $6, $7)"),
             // Two index range searches: the rows due by `$2` (a negative,
             // corrupt due time among them), earliest first, then rows whose
             // due time is past 2^53-1 (corrupt: they come back to be
@@ -95,19 +119,6 @@ impl Sql {
             // the index by channel only and walk every row not yet due (the
             // entries in flight, retries waiting) whenever fewer than a
             // batch are due.
-            // The same for one entry, without arrays: a statement the
-            // server plans in about half the time (it is parsed and planned
-            // on every call: the caller's connection has no statement cache
-            // of ours).
-            stage_one: format!(
-                "WITH up AS (\
-                 INSERT INTO {t} AS o (channel, {cols}) VALUES ($1, $2, $3, {seq}, $4, $5, $6) \
-                 ON CONFLICT (channel, key) DO UPDATE SET value = EXCLUDED.value, \
-                 version = {seq}, attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at, \
-                 claimed_until = EXCLUDED.claimed_until \
-                 RETURNING o.key, o.version) \
-                 SELECT up.key, up.version FROM up, (SELECT pg_notify($7, $1)) AS n"
-            ),
             due: format!(
                 "SELECT * FROM (SELECT {cols} FROM {t} WHERE channel = $1 AND due_at <= $2 \
                  ORDER BY due_at, version LIMIT $3 FOR UPDATE SKIP LOCKED) AS due \

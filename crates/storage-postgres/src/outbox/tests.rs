@@ -37,8 +37,13 @@ fn the_printed_schema_quotes_every_name_and_is_idempotent() {
     assert!(sql.contains("CREATE SEQUENCE IF NOT EXISTS \"app\".\"events_version\""));
     assert!(sql.contains("\"app\".\"events_quarantine\""));
     assert!(sql.contains("MAXVALUE 9007199254740991 NO CYCLE"));
+    assert!(sql.contains("CREATE OR REPLACE FUNCTION \"app\".\"events_stage\"("));
+    assert!(sql.contains("CREATE OR REPLACE FUNCTION \"app\".\"events_stage_one\"("));
+    // Idempotent: every object is created only if missing, or replaced.
     let creates = sql.matches("CREATE ").count();
-    assert_eq!(creates, sql.matches(" IF NOT EXISTS ").count(), "{sql}");
+    let idempotent =
+        sql.matches(" IF NOT EXISTS ").count() + sql.matches("CREATE OR REPLACE ").count();
+    assert_eq!(creates, idempotent, "{sql}");
     assert_eq!(outbox.notify_channel(), "app.events");
 }
 

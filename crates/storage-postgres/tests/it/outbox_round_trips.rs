@@ -1,8 +1,9 @@
 //! Round trips of the outbox on the wire, counted by the proxy of
 //! `claim_round_trips` (a client turn is a burst of bytes from the client
 //! after the server last spoke): staging 100 entries takes one, and a
-//! delivered batch three (`BEGIN` with the due rows' `SELECT`, the claims'
-//! `UPDATE` with `COMMIT`, the settlement); and a claim refused inside its
+//! delivered batch two (`BEGIN` with the settlements of the batch before
+//! and the due rows' `SELECT`, then the claims' `UPDATE` with `COMMIT`);
+//! and a claim refused inside its
 //! transaction never hands the connection back to the pool mid-transaction.
 
 use std::sync::atomic::Ordering;
@@ -33,7 +34,7 @@ async fn stage_many(client: &mut tokio_postgres::Client, outbox: &PgOutbox, from
 }
 
 #[tokio::test]
-async fn staging_takes_one_round_trip_and_a_delivered_batch_three() {
+async fn staging_takes_one_round_trip_and_a_delivered_batch_two() {
     let Some(schema) = TestSchema::create().await else {
         return;
     };
@@ -74,12 +75,13 @@ async fn staging_takes_one_round_trip_and_a_delivered_batch_three() {
     let before = proxy.turns.load(Ordering::SeqCst);
     assert_eq!(deliverer.deliver_due().await.unwrap().delivered, 300);
     let turns = proxy.turns.load(Ordering::SeqCst) - before;
-    // Three batches of three turns, then two claims that find nothing
-    // (`BEGIN` + `SELECT`, then `COMMIT`): the one made ahead while the
-    // last batch was published, and one after its settlement.
+    // Three batches of two turns, then two claims that find nothing
+    // (`BEGIN` + settlements + `SELECT`, then `COMMIT`): the one made ahead
+    // while the last batch was published (it settles the one before), and
+    // one that settles the last batch.
     assert_eq!(
         turns,
-        3 * 3 + 2 * 2,
+        3 * 2 + 2 * 2,
         "round trips of delivering 300 entries"
     );
     assert_eq!(sink.0.load(Ordering::SeqCst), 400);
