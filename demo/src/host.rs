@@ -310,7 +310,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
             snapshot,
             baseline,
             "us/call",
-            "<=1.3",
+            "<=1.2",
             n,
             json!({"admission": "snapshot", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": snapshot_ratio, "rounds": rounds}),
         );
@@ -319,7 +319,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
             cached,
             baseline,
             "us/call",
-            "<=1.3",
+            "<=1.2",
             n,
             json!({"admission": "cached", "backend": "sqlite", "synchronous": "NORMAL", "lease_store": "sqlite", "median_round_ratio": cached_ratio, "rounds": rounds}),
         );
@@ -338,7 +338,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
             routed_us,
             bare_us,
             "us/call",
-            "<=1.3",
+            "<=1.25",
             routed_n,
             extra(r.ratios[0]),
         );
@@ -347,7 +347,7 @@ pub(crate) async fn bench() -> BoxResult<()> {
             direct_us,
             bare_us,
             "us/call",
-            "<=1.1",
+            "<=1.15",
             routed_n,
             extra(r.ratios[1]),
         );

@@ -21,8 +21,9 @@
 //! [`SqliteObjectStore::allow_network_file_system`] overrides it. Hosts on
 //! several machines keep their objects in PostgreSQL instead.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use durability_ownership::{LifecycleId, StorageId};
 use durability_scheduler::StorageError;
@@ -53,11 +54,15 @@ pub const TOMBSTONE_FILE: &str = "TOMBSTONE";
 const COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
 
 /// One SQLite file per object under `root` (see the module docs).
+/// Clones share the process's admission locks.
 #[derive(Debug, Clone)]
 pub struct SqliteObjectStore {
     root: PathBuf,
     options: SqliteOptions,
     allow_network_fs: bool,
+    /// The shared admission lock of each storage id admitted through this
+    /// store (module `admission`).
+    admissions: Arc<Mutex<HashMap<StorageId, Arc<admission::Shared>>>>,
 }
 
 impl SqliteObjectStore {
@@ -67,6 +72,7 @@ impl SqliteObjectStore {
             root: root.into(),
             options: SqliteOptions::default(),
             allow_network_fs: false,
+            admissions: Arc::default(),
         }
     }
 
@@ -96,6 +102,25 @@ impl SqliteObjectStore {
 
     fn storage_dir(&self, storage: &StorageId) -> PathBuf {
         self.root.join(storage.as_str())
+    }
+
+    /// The process's shared admission lock of `storage` (made on first
+    /// use).
+    fn admission(&self, storage: &StorageId) -> Arc<admission::Shared> {
+        let mut admissions = self
+            .admissions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(shared) = admissions.get(storage) {
+            return Arc::clone(shared);
+        }
+        let dir = self.storage_dir(storage);
+        let shared = Arc::new(admission::Shared::new(
+            dir.clone(),
+            dir.join(TOMBSTONE_FILE),
+        ));
+        admissions.insert(storage.clone(), Arc::clone(&shared));
+        shared
     }
 
     /// The files of an object under the current mapping.
@@ -214,16 +239,17 @@ impl ObjectStore for SqliteObjectStore {
         )
     }
 
-    /// The storage id's `ADMISSION` file locked shared, then the tombstone
-    /// checked.
+    /// The storage id's `ADMISSION` file locked shared (the process's
+    /// admitted calls share one lock, module `admission`), then the
+    /// tombstone checked.
     fn admit(
         &self,
         storage: &StorageId,
     ) -> impl Future<Output = Result<Option<AdmissionLock>, StorageError>> + Send {
-        let dir = self.storage_dir(storage);
+        let shared = self.admission(storage);
         async move {
-            let lock = admission::lock(dir.clone(), false).await?;
-            Ok((!dir.join(TOMBSTONE_FILE).exists()).then_some(lock))
+            let lock = admission::admit(&shared).await?;
+            Ok((!shared.tombstoned()).then_some(lock))
         }
     }
 

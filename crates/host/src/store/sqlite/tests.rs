@@ -181,6 +181,74 @@ async fn a_deletion_waits_for_admitted_work_and_admission_then_finds_the_tombsto
     assert!(dir.path().join("st").join(ADMISSION_FILE).exists());
 }
 
+/// Gives the other tasks (and a blocked lock's thread) many turns.
+async fn turns() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn the_process_s_admitted_calls_share_one_lock_that_a_deletion_waits_out_to_the_last() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteObjectStore::new(dir.path());
+    let storage = StorageId::new("st").expect("a valid storage id");
+    let first = store.admit(&storage).await.expect("admitted");
+    let second = store.admit(&storage).await.expect("admitted");
+    assert!(first.is_some() && second.is_some(), "no tombstone");
+    // A deletion holding the exclusion until told to end.
+    let (excluded_tx, mut excluded) = tokio::sync::oneshot::channel();
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let deleter = store.clone();
+    let deletion = tokio::spawn({
+        let storage = storage.clone();
+        async move {
+            let exclusion = deleter.exclude(&storage).await.expect("excluded");
+            let _ = excluded_tx.send(());
+            let _ = ended.await;
+            drop(exclusion);
+        }
+    });
+    turns().await;
+    assert!(excluded.try_recv().is_err(), "two calls are admitted");
+    // The first call's end leaves the lock held for the second.
+    drop(first);
+    turns().await;
+    assert!(
+        excluded.try_recv().is_err(),
+        "the deletion waits for the call still admitted"
+    );
+    drop(second);
+    excluded
+        .await
+        .expect("the deletion excluded once the last call ended");
+    // While the deletion holds the lock, a call waits for it.
+    let admitting = tokio::spawn({
+        let store = store.clone();
+        let storage = storage.clone();
+        async move { store.admit(&storage).await.expect("admitted") }
+    });
+    turns().await;
+    assert!(!admitting.is_finished(), "a call waits for the deletion");
+    end.send(()).expect("the deletion waits");
+    deletion.await.expect("joined");
+    let waited = admitting.await.expect("joined");
+    assert!(
+        waited.is_some(),
+        "admitted after the deletion (no tombstone)"
+    );
+    // The shared lock is taken again beside the waited call's own.
+    let again = store.admit(&storage).await.expect("admitted");
+    assert!(again.is_some());
+    let deleter = store.clone();
+    let exclusion = tokio::spawn(async move { deleter.exclude(&storage).await.map(drop) });
+    drop(waited);
+    turns().await;
+    assert!(!exclusion.is_finished(), "the counted call still runs");
+    drop(again);
+    exclusion.await.expect("joined").expect("excluded");
+}
+
 #[tokio::test]
 async fn objects_are_listed_in_pages_and_deleted_one_by_one() {
     let dir = tempfile::tempdir().expect("a temporary directory");
