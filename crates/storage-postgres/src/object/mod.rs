@@ -542,13 +542,18 @@ impl Storage for PostgresObjectStorage {
     where
         E: From<StorageError>,
     {
-        let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
-        let fence = self
-            .fence
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        blocking(|| self.run(fence, f))
+        // The wait for this handle's transaction in progress is a
+        // blocking wait too: on a tokio worker it must not keep the worker
+        // (with its queued tasks) while it waits.
+        blocking(|| {
+            let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
+            let fence = self
+                .fence
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            self.run(fence, f)
+        })
     }
 
     fn schema(&self, capability: &str) -> &'static [SchemaStep] {
