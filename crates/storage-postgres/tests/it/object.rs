@@ -57,7 +57,7 @@ fn kind<T: std::fmt::Debug>(r: Result<T, StorageError>) -> StorageErrorKind {
     r.expect_err("the transaction fails").kind()
 }
 
-fn orders(s: &durability_storage_postgres::object::PostgresObjectStorage) -> i64 {
+fn orders(s: &PostgresObjectStorage) -> i64 {
     s.transaction(|tx| {
         tx.sql()
             .query_one("SELECT count(*) FROM orders", &[])?
@@ -499,7 +499,7 @@ fn a_transaction_inside_another_executor_s_task_works() {
 fn objects_and_storages_are_send_and_sync() {
     fn check<T: Send + Sync + 'static>() {}
     check::<PostgresObjects>();
-    check::<durability_storage_postgres::object::PostgresObjectStorage>();
+    check::<PostgresObjectStorage>();
 }
 
 /// A session ended while it commits answers the COMMIT with a FATAL error
