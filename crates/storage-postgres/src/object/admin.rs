@@ -286,8 +286,10 @@ impl PostgresObjectTx<'_> {
     ) -> Result<(Vec<String>, bool), StorageError> {
         let schema = unquote(self.own_schema);
         let fetch = i64::try_from(limit).unwrap_or(i64::MAX);
-        let listed = wait(self.client.query(
-            "SELECT c.relname::text, c.relkind::text FROM pg_class c
+        let listed = self.wait(
+            "list the object's relations",
+            self.client.query(
+                "SELECT c.relname::text, c.relkind::text FROM pg_class c
              JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
                AND NOT (c.relkind = 'S' AND EXISTS (
@@ -296,9 +298,9 @@ impl PostgresObjectTx<'_> {
                      AND d.deptype IN ('a', 'i')))
              ORDER BY CASE c.relkind WHEN 'v' THEN 0 WHEN 'm' THEN 1 ELSE 2 END, c.relname
              LIMIT $2",
-            &[&schema, &fetch],
-        ))
-        .map_err(|e| self.fail("list the object's relations", e))?;
+                &[&schema, &fetch],
+            ),
+        )?;
         let more = listed.len() >= limit;
         let mut dropped = Vec::with_capacity(listed.len());
         for row in listed {
@@ -320,8 +322,7 @@ impl PostgresObjectTx<'_> {
                 self.own_schema,
                 super::schema::quote(&name)
             );
-            wait(self.client.batch_execute(&sql))
-                .map_err(|e| self.fail("drop an own relation", e))?;
+            self.wait("drop an own relation", self.client.batch_execute(&sql))?;
             dropped.push(name);
         }
         Ok((dropped, more))

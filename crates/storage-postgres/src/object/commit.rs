@@ -46,14 +46,17 @@ pub(crate) fn wait_for<F: Future>(
     let mut fut = std::pin::pin!(fut);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
+    let mut parked = false;
     loop {
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            super::runtime::count_wait(parked);
             return Some(out);
         }
         let left = deadline.saturating_sub(clock.now_ms());
         if left <= 0 {
             return None;
         }
+        parked = true;
         // A spurious or early wake-up only polls again.
         std::thread::park_timeout(Duration::from_millis(
             u64::try_from(left).unwrap_or(u64::MAX),

@@ -301,9 +301,14 @@ impl ObjectFence for PostgresObjectStorage {
         record: &OwnerRecord,
         budget: Option<Arc<dyn BudgetCheck>>,
     ) -> Result<(), OwnershipError> {
-        let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
-        blocking(|| self.claim(record))?;
-        *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some((record.clone(), budget));
-        Ok(())
+        // Waits for this handle's transaction in progress off the worker,
+        // as `Storage::transaction` does.
+        blocking(|| {
+            let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
+            self.claim(record)?;
+            *self.fence.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((record.clone(), budget));
+            Ok(())
+        })
     }
 }

@@ -193,7 +193,7 @@ impl PostgresObjectTx<'_> {
     ) -> Result<Vec<Vec<Value>>, ImageError> {
         let object: [&(dyn ToSql + Sync); 1] = [&self.object];
         let params: &[&(dyn ToSql + Sync)] = if bind_object { &object } else { &[] };
-        let rows = wait(self.client.query(sql, params)).map_err(|e| self.fail(what, e))?;
+        let rows = self.wait(what, self.client.query(sql, params))?;
         rows.iter()
             .map(|row| {
                 columns
@@ -257,14 +257,16 @@ impl PostgresObjectTx<'_> {
     fn own_table_names(&self) -> Result<Vec<String>, ImageError> {
         let schema = unquote(self.own_schema);
         let what = "list the object's relations";
-        let rels = wait(self.client.query(
-            "SELECT c.relname::text, c.relkind::text, COALESCE(i.indisprimary, false)
+        let rels = self.wait(
+            what,
+            self.client.query(
+                "SELECT c.relname::text, c.relkind::text, COALESCE(i.indisprimary, false)
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              LEFT JOIN pg_index i ON i.indexrelid = c.oid
              WHERE n.nspname = $1 ORDER BY c.relname",
-            &[&schema],
-        ))
-        .map_err(|e| self.fail(what, e))?;
+                &[&schema],
+            ),
+        )?;
         let mut tables = Vec::new();
         for r in rels {
             let (name, kind, primary): (String, String, bool) = (
@@ -278,17 +280,19 @@ impl PostgresObjectTx<'_> {
                 _ => return Err(not_portable(format!("the relation {name} (kind {kind})"))),
             }
         }
-        let extra = wait(self.client.query(
-            "SELECT con.conname::text FROM pg_constraint con
+        let extra = self.wait(
+            what,
+            self.client.query(
+                "SELECT con.conname::text FROM pg_constraint con
              JOIN pg_namespace n ON n.oid = con.connamespace
              WHERE n.nspname = $1 AND con.contype <> 'p'
              UNION ALL
              SELECT t.tgname::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = $1 AND NOT t.tgisinternal",
-            &[&schema],
-        ))
-        .map_err(|e| self.fail(what, e))?;
+                &[&schema],
+            ),
+        )?;
         if let Some(r) = extra.first() {
             let name: String = r.try_get(0).map_err(|e| self.fail(what, e))?;
             return Err(not_portable(format!("the constraint or trigger {name}")));
@@ -299,8 +303,10 @@ impl PostgresObjectTx<'_> {
     fn own_table(&self, name: &str) -> Result<Table, ImageError> {
         let schema = unquote(self.own_schema);
         let what = format!("read the columns of {name}");
-        let cols = wait(self.client.query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+        let cols = self.wait(
+            &what,
+            self.client.query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
                     a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '',
                     COALESCE((SELECT k.n FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(att, n)
                               WHERE k.att = a.attnum), 0)::int8
@@ -309,9 +315,9 @@ impl PostgresObjectTx<'_> {
              LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
              WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped
              ORDER BY a.attnum",
-            &[&schema, &name],
-        ))
-        .map_err(|e| self.fail(&what, e))?;
+                &[&schema, &name],
+            ),
+        )?;
         let mut columns = Vec::new();
         let mut key: Vec<(i64, String)> = Vec::new();
         for r in cols {
@@ -387,7 +393,7 @@ impl PostgresObjectTx<'_> {
     ) -> Result<(), ImageError> {
         let sql = format!("INSERT INTO {target} VALUES ({})", exprs.join(", "));
         let what = format!("write {}", table.name);
-        let st = wait(self.client.prepare(&sql)).map_err(|e| self.fail(&what, e))?;
+        let st = self.wait(&what, self.client.prepare(&sql))?;
         let columns = &table.columns;
         for row in &table.rows {
             let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
@@ -399,7 +405,7 @@ impl PostgresObjectTx<'_> {
                 .iter()
                 .map(|p| p.as_ref() as &(dyn ToSql + Sync))
                 .collect();
-            wait(self.client.execute(&st, &refs)).map_err(|e| self.fail(&what, e))?;
+            self.wait(&what, self.client.execute(&st, &refs))?;
         }
         Ok(())
     }
@@ -423,11 +429,11 @@ impl PostgresObjectTx<'_> {
         self.ensure_own_schema()?;
         let defs = table.definition(sql_type, quote);
         let t = format!("{}.{}", self.own_schema, quote(&table.name));
-        wait(
+        self.wait(
+            &format!("create {}", table.name),
             self.client
                 .batch_execute(&format!("CREATE TABLE {t} ({})", defs)),
-        )
-        .map_err(|e| self.fail(&format!("create {}", table.name), e))?;
+        )?;
         let names: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
         let exprs: Vec<String> = (1..=table.columns.len()).map(|n| format!("${n}")).collect();
         self.insert(&format!("{t} ({})", names.join(", ")), &exprs, table, false)
@@ -487,21 +493,15 @@ impl PostgresObjects {
             let seq = self.import_in(held.client(), object_id, storage_id, replace)?;
             let own = self.shared.deployment.object_schema(seq);
             let ready = std::sync::atomic::AtomicBool::new(false);
-            let tx = PostgresObjectTx {
-                client: held.client(),
-                s: &self.shared.s,
-                object: object_id,
-                own_schema: &own,
-                failed: std::cell::Cell::new(false),
-                own_ready: &ready,
-                own_created: std::cell::Cell::new(false),
-            };
+            let tx =
+                PostgresObjectTx::new(held.client(), &self.shared.s, object_id, &own, &ready, None);
             for table in &image.tables {
                 match image::capability_table(&table.name) {
                     Some(def) => tx.write_capability(def, table)?,
                     None => tx.write_own(table)?,
                 }
             }
+            drop(tx);
             super::commit::commit(held.client(), self.shared.options.commit_timeout)?;
             held.release();
             Ok(())

@@ -46,11 +46,14 @@
 //! worker of a multi-thread tokio runtime, the whole transaction runs in
 //! [`tokio::task::block_in_place`], so the worker's other tasks move on;
 //! on a current-thread runtime or a plain thread the caller just blocks
-//! (no deadlock: the connection is driven on its own thread). The cost is
-//! one network round trip per statement, plus one to begin (the `BEGIN`
-//! and the object row lock are pipelined) and one to commit; statements
-//! are prepared once per connection (the application's once per
-//! connection and object). All objects of a deployment share its pool
+//! (no deadlock: the connection is driven on its own thread). A second
+//! transaction of the same handle waits for the first one inside that
+//! blocking section too, never on the worker. The cost is one network
+//! round trip per statement and one to commit: the `BEGIN`, the object
+//! row lock and the fence read are sent when the transaction starts and
+//! answered with its first statement (a transaction without statements
+//! waits for them before `COMMIT`); statements are prepared once per
+//! connection (the application's once per connection and object). All objects of a deployment share its pool
 //! ([`PostgresObjectOptions::pool_size`]); a transaction holds one
 //! connection from `BEGIN` to `COMMIT`, and waits at most
 //! [`PostgresObjectOptions::connect_timeout`] for one. The alternative weighed is an async
@@ -73,7 +76,11 @@
 //! while the transaction waited for the row, which a join into the
 //! locking statement would read from that statement's older snapshot) and the
 //! transaction is refused (`StorageErrorKind::Fenced`, nothing written)
-//! unless the fence holds exactly this storage's claim. The lease budget
+//! unless the fence holds exactly this storage's claim. The transaction's
+//! first statement is pipelined behind the fence read: it runs after the
+//! row lock, and its result is handed out only once the fence held (a
+//! refused transaction rolls back whatever it did, and is reported as
+//! fenced whatever its closure returned). The lease budget
 //! ([`durability_ownership::BudgetCheck`]) is checked right before
 //! `COMMIT`. The fence only rises, and one generation has one holder.
 //!
@@ -177,6 +184,8 @@ pub use admin::PgTombstone;
 pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 
+#[cfg(feature = "testkit")]
+pub use runtime::parked_waits;
 use runtime::{Backend, blocking, wait};
 
 /// The advisory lock key of a storage id's tombstone: taken exclusively by
@@ -542,13 +551,18 @@ impl Storage for PostgresObjectStorage {
     where
         E: From<StorageError>,
     {
-        let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
-        let fence = self
-            .fence
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        blocking(|| self.run(fence, f))
+        // The wait for this handle's transaction in progress is a
+        // blocking wait too: on a tokio worker it must not keep the worker
+        // (with its queued tasks) while it waits.
+        blocking(|| {
+            let _serial = self.serial.lock().unwrap_or_else(PoisonError::into_inner);
+            let fence = self
+                .fence
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            self.run(fence, f)
+        })
     }
 
     fn schema(&self, capability: &str) -> &'static [SchemaStep] {

@@ -49,13 +49,42 @@ pub(crate) fn wait<F: Future>(fut: F) -> F::Output {
     let mut fut = std::pin::pin!(fut);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
+    let mut parked = false;
     loop {
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            count_wait(parked);
             return out;
         }
         // A spurious wake-up only polls again.
+        parked = true;
         std::thread::park();
     }
+}
+
+// Waits that parked their caller (each one round trip to the server, or
+// a wait for a pooled connection), counted per thread for tests.
+#[cfg(feature = "testkit")]
+thread_local! {
+    static PARKED_WAITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a finished wait that parked (feature `testkit` only).
+#[inline]
+pub(crate) fn count_wait(parked: bool) {
+    #[cfg(feature = "testkit")]
+    if parked {
+        PARKED_WAITS.with(|n| n.set(n.get() + 1));
+    }
+    #[cfg(not(feature = "testkit"))]
+    let _ = parked;
+}
+
+/// How many times the calling thread parked until the object storage's
+/// server answered (feature `testkit`): the round trips it waited for,
+/// whatever was pipelined in each.
+#[cfg(feature = "testkit")]
+pub fn parked_waits() -> u64 {
+    PARKED_WAITS.with(std::cell::Cell::get)
 }
 
 /// The runtime and connection pool shared by every object of a deployment.

@@ -2,8 +2,12 @@
 //! `BEGIN`, the object row lock with the fence check, the closure, the
 //! lease budget check, `COMMIT`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll};
 
 use deadpool_postgres::Object;
 use durability_scheduler::{StorageError, StorageErrorKind};
@@ -36,6 +40,62 @@ pub struct PostgresObjectTx<'t> {
     pub(crate) own_ready: &'t AtomicBool,
     /// Set when this transaction created the object's own schema.
     pub(crate) own_created: Cell<bool>,
+    /// The `BEGIN`, the object row lock and the fence read, sent but not
+    /// yet answered: the first statement waits for them with its own reply.
+    pub(crate) begin: Option<&'t (dyn InFlight + 't)>,
+    /// Why the begin refused the transaction (the fence, the row lock):
+    /// the transaction's outcome whatever the closure returns.
+    pub(crate) refused: RefCell<Option<StorageError>>,
+}
+
+/// A transaction's begin: its requests are on the wire once it was polled
+/// the first time.
+pub(crate) type Begin<'t> =
+    futures::future::MaybeDone<Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send + 't>>>;
+
+/// A transaction's begin in flight, shared by its statements (a trait
+/// object, so the transaction type stays covariant in its lifetime).
+pub(crate) trait InFlight: Sync {
+    /// Polls the begin; ready at once after its verdict was taken.
+    fn poll_begin(&self, cx: &mut Context<'_>) -> Poll<()>;
+    /// The begin's verdict, once it finished; `None` before, and after
+    /// it was taken.
+    fn verdict(&self) -> Option<Result<(), StorageError>>;
+    /// Whether the verdict was taken.
+    fn settled(&self) -> bool;
+}
+
+/// The one [`InFlight`]: a begin, until its verdict is taken.
+pub(crate) struct BeginSlot<'t>(Mutex<Option<Begin<'t>>>);
+
+impl<'t> BeginSlot<'t> {
+    pub(crate) fn new(begin: Begin<'t>) -> Self {
+        Self(Mutex::new(Some(begin)))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Begin<'t>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl InFlight for BeginSlot<'_> {
+    fn poll_begin(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut *self.slot() {
+            Some(begin) => Pin::new(begin).poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+
+    fn verdict(&self) -> Option<Result<(), StorageError>> {
+        let mut slot = self.slot();
+        let verdict = Pin::new(slot.as_mut()?).take_output()?;
+        *slot = None;
+        Some(verdict)
+    }
+
+    fn settled(&self) -> bool {
+        self.slot().is_none()
+    }
 }
 
 impl std::fmt::Debug for PostgresObjectTx<'_> {
@@ -84,6 +144,89 @@ impl<'t> PostgresObjectTx<'t> {
         self.object
     }
 
+    /// A transaction on `client` whose begin, `begin`, is in flight (none:
+    /// begun already).
+    pub(crate) fn new(
+        client: &'t Object,
+        s: &'t str,
+        object: &'t str,
+        own_schema: &'t str,
+        own_ready: &'t AtomicBool,
+        begin: Option<&'t (dyn InFlight + 't)>,
+    ) -> Self {
+        Self {
+            client,
+            s,
+            object,
+            own_schema,
+            failed: Cell::new(false),
+            own_ready,
+            own_created: Cell::new(false),
+            begin,
+            refused: RefCell::new(None),
+        }
+    }
+
+    /// Waits for `statement`'s reply: the one way a statement of this
+    /// transaction is waited for. The first one also waits for the begin
+    /// sent ahead of it (pipelined: one round trip for both), whose verdict
+    /// comes first: a refused begin fails the statement, whatever it did
+    /// (the transaction is then rolled back).
+    ///
+    /// # Errors
+    /// The begin's refusal, else the statement's failure (`what`).
+    pub(crate) fn wait<T>(
+        &self,
+        what: &str,
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StorageError> {
+        let done = match self.begin {
+            Some(begin) if !begin.settled() => {
+                let (_, done) = wait(futures::future::join(
+                    std::future::poll_fn(|cx| begin.poll_begin(cx)),
+                    statement,
+                ));
+                self.settle(begin);
+                done
+            }
+            _ => wait(statement),
+        };
+        if let Some(refused) = &*self.refused.borrow() {
+            self.failed.set(true);
+            return Err(StorageError::new(refused.kind(), refused.to_string()));
+        }
+        done.map_err(|e| self.fail(what, e))
+    }
+
+    /// Waits for the begin if it is still in flight; the refusal if it
+    /// refused the transaction (now or at an earlier statement).
+    pub(crate) fn begun(&self) -> Result<(), StorageError> {
+        if let Some(begin) = self.begin
+            && !begin.settled()
+        {
+            wait(std::future::poll_fn(|cx| begin.poll_begin(cx)));
+            self.settle(begin);
+        }
+        match self.refused.borrow_mut().take() {
+            Some(refused) => Err(refused),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a finished begin's verdict (a refusal in `refused`).
+    fn settle(&self, begin: &dyn InFlight) {
+        let verdict = begin.verdict().unwrap_or_else(|| {
+            Err(StorageError::new(
+                StorageErrorKind::Backend,
+                "the transaction's begin had no verdict",
+            ))
+        });
+        if let Err(refused) = verdict {
+            self.failed.set(true);
+            *self.refused.borrow_mut() = Some(refused);
+        }
+    }
+
     pub(crate) fn fail(&self, what: &str, e: tokio_postgres::Error) -> StorageError {
         self.failed.set(true);
         // A statement whose plan no longer fits (its table changed) would
@@ -107,11 +250,10 @@ impl<'t> PostgresObjectTx<'t> {
         all.push(&self.object);
         all.extend_from_slice(params);
         let c = self.client;
-        wait(async {
+        self.wait(what, async {
             let st = c.prepare_cached(&sql).await?;
             c.query(&st, &all).await
         })
-        .map_err(|e| self.fail(what, e))
     }
 
     /// As [`Self::rows`], for at most one row.
@@ -143,11 +285,10 @@ impl<'t> PostgresObjectTx<'t> {
         all.push(&self.object);
         all.extend_from_slice(params);
         let c = self.client;
-        wait(async {
+        self.wait(what, async {
             let st = c.prepare_cached(&sql).await?;
             c.execute(&st, &all).await
         })
-        .map_err(|e| self.fail(what, e))
     }
 
     /// Creates the object's own schema, in this transaction, the first
@@ -157,11 +298,11 @@ impl<'t> PostgresObjectTx<'t> {
         if self.own_ready.load(Ordering::Acquire) || self.own_created.get() {
             return Ok(());
         }
-        wait(
+        self.wait(
+            "create the object's schema",
             self.client
                 .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.own_schema)),
-        )
-        .map_err(|e| self.fail("create the object's schema", e))?;
+        )?;
         self.own_created.set(true);
         Ok(())
     }
@@ -169,7 +310,7 @@ impl<'t> PostgresObjectTx<'t> {
     /// Several statements without parameters, in the object's schema.
     pub(crate) fn batch(&self, what: &str, sql: &str) -> Result<(), StorageError> {
         self.ensure_own_schema()?;
-        wait(self.client.batch_execute(sql)).map_err(|e| self.fail(what, e))
+        self.wait(what, self.client.batch_execute(sql))
     }
 }
 
@@ -194,8 +335,9 @@ impl Sql<'_> {
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StorageError> {
         self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        wait(async { c.execute(&self.prepare(sql).await?, params).await })
-            .map_err(|e| self.tx.fail("statement", e))
+        self.tx.wait("statement", async {
+            c.execute(&self.prepare(sql).await?, params).await
+        })
     }
 
     /// Runs one query and returns its rows.
@@ -209,8 +351,9 @@ impl Sql<'_> {
     ) -> Result<Vec<Row>, StorageError> {
         self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        wait(async { c.query(&self.prepare(sql).await?, params).await })
-            .map_err(|e| self.tx.fail("query", e))
+        self.tx.wait("query", async {
+            c.query(&self.prepare(sql).await?, params).await
+        })
     }
 
     /// Runs one query that returns at most one row.
@@ -224,8 +367,9 @@ impl Sql<'_> {
     ) -> Result<Option<Row>, StorageError> {
         self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        wait(async { c.query_opt(&self.prepare(sql).await?, params).await })
-            .map_err(|e| self.tx.fail("query", e))
+        self.tx.wait("query", async {
+            c.query_opt(&self.prepare(sql).await?, params).await
+        })
     }
 
     /// Runs one query that returns exactly one row.
@@ -239,8 +383,9 @@ impl Sql<'_> {
     ) -> Result<Row, StorageError> {
         self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        wait(async { c.query_one(&self.prepare(sql).await?, params).await })
-            .map_err(|e| self.tx.fail("query", e))
+        self.tx.wait("query", async {
+            c.query_one(&self.prepare(sql).await?, params).await
+        })
     }
 
     /// Runs several statements without parameters (DDL, for instance).

@@ -40,6 +40,8 @@ mod object_image;
 #[cfg(feature = "object")]
 mod object_restart;
 #[cfg(feature = "object")]
+mod object_round_trips;
+#[cfg(feature = "object")]
 mod object_support;
 
 durability_migration::shard_conformance!(postgres_shard_conforms, "conf_t", async {

@@ -305,6 +305,66 @@ async fn a_transaction_on_a_worker_leaves_the_runtime_free() {
     assert_eq!(s.transaction(|tx| tx.alarm()).unwrap(), Some(9));
 }
 
+/// A second transaction, or a fence claim, on one storage handle waits for
+/// the handle's transaction in progress without keeping a tokio worker:
+/// the runtime's only worker stays free for other tasks meanwhile. (Before
+/// the fix the waiter blocked on the handle's lock on the worker itself,
+/// with the worker's queue held: any task the running transaction needed,
+/// such as a proxy to the server on the same runtime, never ran again.)
+#[test]
+fn a_waiter_behind_a_transaction_of_the_same_handle_leaves_the_runtime_free() {
+    type Waiter = fn(&PostgresObjectStorage) -> Result<(), StorageError>;
+    let waiters: [(&str, Waiter); 2] = [
+        ("a transaction", |s| {
+            s.transaction(|tx| tx.set_alarm(Some(2)))
+        }),
+        ("a fence claim", |s| {
+            s.fence(&crate::object_fence::claim("a", 1))
+        }),
+    ];
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    for (what, waiter) in waiters {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = std::sync::Arc::new(d.fresh());
+        let (inside_tx, inside_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let held = rt.spawn({
+            let s = s.clone();
+            async move {
+                s.transaction(|tx| {
+                    tx.set_alarm(Some(1))?;
+                    inside_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok::<_, StorageError>(())
+                })
+            }
+        });
+        inside_rx.recv().unwrap();
+        // Queued first, so the worker picks the waiter before the probe.
+        let queued = rt.spawn({
+            let s = s.clone();
+            async move { waiter(&s) }
+        });
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel();
+        rt.spawn(async move { ran_tx.send(()).unwrap() });
+        // Bounded, so a blocked worker fails the test instead of hanging it.
+        let ran = ran_rx.recv_timeout(std::time::Duration::from_secs(20));
+        go_tx.send(()).unwrap();
+        rt.block_on(held).unwrap().unwrap();
+        rt.block_on(queued).unwrap().unwrap();
+        assert!(
+            ran.is_ok(),
+            "{what} waiting for the handle blocked the runtime's only worker"
+        );
+    }
+}
+
 /// A sink that acknowledges everything and remembers the keys.
 #[derive(Clone, Default)]
 struct Keys(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
