@@ -673,6 +673,11 @@ pub enum IndexCall {
     Other,
 }
 
+/// The inner index's answer to one call, as an [`IndexGate`] receives it
+/// (not yet started).
+pub type GatedCall<'a, T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, crate::AlarmError>> + Send + 'a>>;
+
 /// What a [`GatedIndex`] runs every call through: the gate decides whether
 /// and when the inner call runs, and what the caller sees.
 pub trait IndexGate: Send + Sync + 'static {
@@ -681,7 +686,7 @@ pub trait IndexGate: Send + Sync + 'static {
     fn pass<T: Send>(
         &self,
         kind: IndexCall,
-        call: impl Future<Output = Result<T, crate::AlarmError>> + Send,
+        call: GatedCall<'_, T>,
     ) -> impl Future<Output = Result<T, crate::AlarmError>> + Send;
 }
 
@@ -711,45 +716,47 @@ impl<I: AlarmIndex, G: IndexGate> AlarmIndex for GatedIndex<I, G> {
         due_at: i64,
     ) -> Result<bool, crate::AlarmError> {
         let call = self.inner.upsert(object, token, due_at);
-        self.gate.pass(IndexCall::ObjectWrite, call).await
+        self.gate.pass(IndexCall::ObjectWrite, Box::pin(call)).await
     }
     async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, crate::AlarmError> {
         let call = self.inner.delete(object, token);
-        self.gate.pass(IndexCall::ObjectWrite, call).await
+        self.gate.pass(IndexCall::ObjectWrite, Box::pin(call)).await
     }
     async fn job(&self, object: &ObjectId) -> Result<Option<crate::JobView>, crate::AlarmError> {
         self.gate
-            .pass(IndexCall::Other, self.inner.job(object))
+            .pass(IndexCall::Other, Box::pin(self.inner.job(object)))
             .await
     }
     async fn promote(&self, now: i64, limit: usize) -> Result<usize, crate::AlarmError> {
         let call = self.inner.promote(now, limit);
-        self.gate.pass(IndexCall::Other, call).await
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
     }
     async fn claim(
         &self,
         claim: ClaimReady<'_>,
     ) -> Result<Option<crate::Claim>, crate::AlarmError> {
         self.gate
-            .pass(IndexCall::Other, self.inner.claim(claim))
+            .pass(IndexCall::Other, Box::pin(self.inner.claim(claim)))
             .await
     }
     async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, crate::AlarmError> {
         let call = self.inner.finish(object, run);
-        self.gate.pass(IndexCall::Other, call).await
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
     }
     async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, crate::AlarmError> {
         self.gate
-            .pass(IndexCall::Other, self.inner.retry(retry))
+            .pass(IndexCall::Other, Box::pin(self.inner.retry(retry)))
             .await
     }
     async fn next_due(&self) -> Result<Option<i64>, crate::AlarmError> {
         self.gate
-            .pass(IndexCall::Other, self.inner.next_due())
+            .pass(IndexCall::Other, Box::pin(self.inner.next_due()))
             .await
     }
     async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
-        self.gate.pass(IndexCall::Other, self.inner.counts()).await
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.counts()))
+            .await
     }
     async fn jobs_with_prefix(
         &self,
@@ -758,7 +765,7 @@ impl<I: AlarmIndex, G: IndexGate> AlarmIndex for GatedIndex<I, G> {
         limit: usize,
     ) -> Result<crate::JobPage, crate::AlarmError> {
         let call = self.inner.jobs_with_prefix(prefix, cursor, limit);
-        self.gate.pass(IndexCall::Other, call).await
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
     }
 }
 
@@ -774,7 +781,7 @@ impl IndexGate for Faults {
     async fn pass<T: Send>(
         &self,
         kind: IndexCall,
-        call: impl Future<Output = Result<T, crate::AlarmError>> + Send,
+        call: GatedCall<'_, T>,
     ) -> Result<T, crate::AlarmError> {
         if kind != IndexCall::ObjectWrite {
             return call.await;

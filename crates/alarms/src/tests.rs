@@ -12,7 +12,9 @@ use durability_scheduler::{
 };
 use futures::FutureExt;
 
-use crate::conformance::{Fault, FaultIndex, GatedIndex, IndexCall, IndexGate, memory_storage};
+use crate::conformance::{
+    Fault, FaultIndex, GatedCall, GatedIndex, IndexCall, IndexGate, memory_storage,
+};
 use crate::*;
 
 const START: i64 = 1_700_000_000_000;
@@ -1126,11 +1128,7 @@ async fn a_failed_reassertion_keeps_the_delivered_job_for_another_try() {
 struct Pool(tokio::sync::Semaphore);
 
 impl IndexGate for Pool {
-    async fn pass<T: Send>(
-        &self,
-        _: IndexCall,
-        call: impl Future<Output = Result<T, AlarmError>> + Send,
-    ) -> Result<T, AlarmError> {
+    async fn pass<T: Send>(&self, _: IndexCall, call: GatedCall<'_, T>) -> Result<T, AlarmError> {
         let _connection = self.0.acquire().await.unwrap();
         for _ in 0..3 {
             tokio::task::yield_now().await;

@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
-use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 
-use durability_alarms::conformance::{GatedIndex, IndexCall, IndexGate};
+use durability_alarms::conformance::{GatedCall, GatedIndex, IndexCall, IndexGate};
 use durability_alarms::{
     AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Delivery, Dispatch,
     DispatchOutcome, Fired, ObjectId,
@@ -235,11 +234,7 @@ impl Crashy {
 }
 
 impl IndexGate for Crashy {
-    async fn pass<T: Send>(
-        &self,
-        _: IndexCall,
-        call: impl Future<Output = Result<T, AlarmError>> + Send,
-    ) -> Result<T, AlarmError> {
+    async fn pass<T: Send>(&self, _: IndexCall, call: GatedCall<'_, T>) -> Result<T, AlarmError> {
         match self.0.next() {
             CrashGate::Dead => Err(AlarmError::unavailable("dispatcher is dead")),
             CrashGate::Pass => call.await,
