@@ -252,16 +252,16 @@ where
         o.alarms.set_alarm(START + i as i64 * 10).await.unwrap();
     }
     // Phase 1: a dispatcher that dies at its `crash_at`-th index call.
-    let crashy = Arc::new(Crashy::new(open().await, crash_at, mode));
+    let crashy = Arc::new(Crashy::index(open().await, crash_at, mode));
     let d1 = dispatcher(&crashy, &host, &clock, 3);
     for _ in 0..20 {
         let _ = d1.tick().await;
-        if crashy.crashed() {
+        if crashy.gate.crashed() {
             break;
         }
         clock.advance(5_000);
     }
-    let calls = crashy.calls();
+    let calls = crashy.gate.calls();
     drop(d1);
     // Phase 2: a new dispatcher on the reopened index finishes the work.
     let index = Arc::new(open().await);
@@ -539,9 +539,13 @@ where
         rounds += 1;
         assert!(rounds < 10_000, "soak did not converge");
         let crash_at = rng.random_range(1..400);
-        let crashy = Arc::new(Crashy::new(open().await, Some(crash_at), CrashMode::After));
+        let crashy = Arc::new(Crashy::index(
+            open().await,
+            Some(crash_at),
+            CrashMode::After,
+        ));
         let d = dispatcher(&crashy, &host, &clock, seed + rounds);
-        while !crashy.crashed() {
+        while !crashy.gate.crashed() {
             let _ = d.tick().await;
             // Delete a few random alarms between ticks.
             for _ in 0..rng.random_range(0..3) {
@@ -558,7 +562,7 @@ where
                 break;
             }
         }
-        crashes += u64::from(crashy.crashed());
+        crashes += u64::from(crashy.gate.crashed());
         if setup.counts().await.unwrap().total() == 0 {
             break;
         }

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked};
-use durability_migration::conformance::FaultMode;
+use durability_migration::conformance::{FaultMappingStore, FaultMode, FaultPlan};
 use durability_migration::{
-    BackendError, BackendFuture, Ident, MANIFEST_COPY_PREFIX, Manifest, MappingStore,
-    MigrationConfig, Placement, PruneOptions, Router, Row, Shard, Sql, Statement, Value, row,
+    BackendError, Ident, MANIFEST_COPY_PREFIX, Manifest, MigrationConfig, Placement, PruneOptions,
+    Router, Row, Shard, Sql, Statement, Value, row,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
@@ -437,66 +437,12 @@ async fn prune_needs_an_explicit_journal_shard() {
     assert_eq!(Router::new(c).unwrap_err().code(), "JOURNAL_NOT_CONFIGURED");
 }
 
-/// A mapping store whose reads fail while `down` is set.
-struct FlakyMapping {
-    inner: Arc<dyn MappingStore>,
-    down: AtomicBool,
-}
-
-impl FlakyMapping {
-    fn check(&self) -> Result<(), BackendError> {
-        if self.down.load(Ordering::SeqCst) {
-            Err("mapping store unreachable".into())
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl MappingStore for FlakyMapping {
-    fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.get(key).await
-        })
-    }
-    fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.put(key, shard).await
-        })
-    }
-    fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.put_if_absent(key, shard).await
-        })
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.remove(key).await
-        })
-    }
-    fn scan<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BackendFuture<'a, Vec<(String, String)>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.scan(after, limit).await
-        })
-    }
-}
-
 async fn unresolved_and_unverified(kinds: [Kind; 3]) {
     let Some(e) = env(&kinds).await else { return };
-    let flaky = Arc::new(FlakyMapping {
-        inner: e.mapping.clone(),
-        down: AtomicBool::new(false),
-    });
-    let mut c = MigrationConfig::new(flaky.clone())
+    // The mapping store goes down (every call fails) and comes back.
+    let down = FaultPlan::new();
+    let flaky = Arc::new(FaultMappingStore::new(e.mapping.clone(), down.clone()));
+    let mut c = MigrationConfig::new(flaky)
         .journal_shard("s0")
         .placement(Placement::Computed)
         .manifest_refresh_ms(1_000)
@@ -550,20 +496,20 @@ async fn unresolved_and_unverified(kinds: [Kind; 3]) {
     // The mapping store is down and the cached manifest is due for
     // confirmation: writes refuse, reads use the cached manifest.
     e.clock.advance(2_000);
-    flaky.down.store(true, Ordering::SeqCst);
+    down.crash_now();
     let err = r.update(&k, "users", user(2)).await.unwrap_err();
     assert_eq!(err.code(), "PLACEMENT_UNVERIFIED", "{err}");
     assert!(err.is_retryable());
-    flaky.down.store(false, Ordering::SeqCst);
+    down.disarm();
     assert_eq!(n_of(&r.get(&k, "users").await.unwrap().unwrap()), Some(1));
-    flaky.down.store(true, Ordering::SeqCst);
+    down.crash_now();
     e.clock.advance(2_000);
     assert_eq!(
         n_of(&r.get(&k, "users").await.unwrap().unwrap()),
         Some(1),
         "a read uses the cached manifest"
     );
-    flaky.down.store(false, Ordering::SeqCst);
+    down.disarm();
     assert_eq!(r.update(&k, "users", user(3)).await.unwrap(), 1);
 }
 

@@ -664,56 +664,133 @@ pub enum Fault {
     Hang,
 }
 
-/// An [`AlarmIndex`] wrapper that injects failures into its next calls and
-/// counts every call (crash and fault tests).
+/// Which call of an [`AlarmIndex`] a [`GatedIndex`] hands its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexCall {
+    /// An object's own write: `upsert` or `delete`.
+    ObjectWrite,
+    /// Any other call (the dispatcher's promote, claim, settle and reads).
+    Other,
+}
+
+/// The inner index's answer to one call, as an [`IndexGate`] receives it
+/// (not yet started).
+pub type GatedCall<'a, T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, crate::AlarmError>> + Send + 'a>>;
+
+/// What a [`GatedIndex`] runs every call through: the gate decides whether
+/// and when the inner call runs, and what the caller sees.
+pub trait IndexGate: Send + Sync + 'static {
+    /// Runs (or not) `call`, the inner index's answer to a call of kind
+    /// `kind`.
+    fn pass<T: Send>(
+        &self,
+        kind: IndexCall,
+        call: GatedCall<'_, T>,
+    ) -> impl Future<Output = Result<T, crate::AlarmError>> + Send;
+}
+
+/// An [`AlarmIndex`] wrapper that runs each required call of `inner`
+/// through `gate` (faults, crashes, a connection pool); the provided
+/// methods keep their defaults, so they run over the gated calls.
 #[derive(Debug)]
-pub struct FaultIndex<I> {
-    inner: I,
-    faults: std::sync::Mutex<std::collections::VecDeque<Fault>>,
+pub struct GatedIndex<I, G> {
+    /// The wrapped index.
+    pub inner: I,
+    /// The gate of every call.
+    pub gate: G,
+}
+
+impl<I: AlarmIndex, G: IndexGate> GatedIndex<I, G> {
+    /// `inner` behind `gate`.
+    pub fn gated(inner: I, gate: G) -> Self {
+        Self { inner, gate }
+    }
+}
+
+impl<I: AlarmIndex, G: IndexGate> AlarmIndex for GatedIndex<I, G> {
+    async fn upsert(
+        &self,
+        object: &ObjectId,
+        token: &Token,
+        due_at: i64,
+    ) -> Result<bool, crate::AlarmError> {
+        let call = self.inner.upsert(object, token, due_at);
+        self.gate.pass(IndexCall::ObjectWrite, Box::pin(call)).await
+    }
+    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, crate::AlarmError> {
+        let call = self.inner.delete(object, token);
+        self.gate.pass(IndexCall::ObjectWrite, Box::pin(call)).await
+    }
+    async fn job(&self, object: &ObjectId) -> Result<Option<crate::JobView>, crate::AlarmError> {
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.job(object)))
+            .await
+    }
+    async fn promote(&self, now: i64, limit: usize) -> Result<usize, crate::AlarmError> {
+        let call = self.inner.promote(now, limit);
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
+    }
+    async fn claim(
+        &self,
+        claim: ClaimReady<'_>,
+    ) -> Result<Option<crate::Claim>, crate::AlarmError> {
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.claim(claim)))
+            .await
+    }
+    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, crate::AlarmError> {
+        let call = self.inner.finish(object, run);
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
+    }
+    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, crate::AlarmError> {
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.retry(retry)))
+            .await
+    }
+    async fn next_due(&self) -> Result<Option<i64>, crate::AlarmError> {
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.next_due()))
+            .await
+    }
+    async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
+        self.gate
+            .pass(IndexCall::Other, Box::pin(self.inner.counts()))
+            .await
+    }
+    async fn jobs_with_prefix(
+        &self,
+        page: JobPageRequest<'_>,
+    ) -> Result<crate::JobPage, crate::AlarmError> {
+        let call = self.inner.jobs_with_prefix(page);
+        self.gate.pass(IndexCall::Other, Box::pin(call)).await
+    }
+}
+
+/// The gate of a [`FaultIndex`]: injects queued failures into the next
+/// object writes and counts them; every other call passes.
+#[derive(Debug, Default)]
+pub struct Faults {
+    queued: std::sync::Mutex<std::collections::VecDeque<Fault>>,
     calls: std::sync::atomic::AtomicU64,
 }
 
-impl<I: AlarmIndex> FaultIndex<I> {
-    /// Wraps `inner` with no faults queued.
-    pub fn new(inner: I) -> Self {
-        Self {
-            inner,
-            faults: std::sync::Mutex::default(),
-            calls: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Queues a fault for the next mutating call (`upsert`, `delete`).
-    pub fn fail_next(&self, fault: Fault) {
-        self.faults
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push_back(fault);
-    }
-
-    /// Calls made so far.
-    pub fn calls(&self) -> u64 {
-        self.calls.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// The wrapped index.
-    pub fn inner(&self) -> &I {
-        &self.inner
-    }
-
-    fn next_fault(&self) -> Option<Fault> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.faults
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop_front()
-    }
-
-    async fn mutate<T>(
+impl IndexGate for Faults {
+    async fn pass<T: Send>(
         &self,
-        call: impl Future<Output = Result<T, crate::AlarmError>>,
+        kind: IndexCall,
+        call: GatedCall<'_, T>,
     ) -> Result<T, crate::AlarmError> {
-        match self.next_fault() {
+        if kind != IndexCall::ObjectWrite {
+            return call.await;
+        }
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let next = self
+            .queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front();
+        match next {
             None => call.await,
             Some(Fault::Unavailable) => {
                 Err(crate::AlarmError::unavailable("injected: unavailable"))
@@ -729,47 +806,33 @@ impl<I: AlarmIndex> FaultIndex<I> {
     }
 }
 
-impl<I: AlarmIndex> AlarmIndex for FaultIndex<I> {
-    async fn upsert(
-        &self,
-        object: &ObjectId,
-        token: &Token,
-        due_at: i64,
-    ) -> Result<bool, crate::AlarmError> {
-        self.mutate(self.inner.upsert(object, token, due_at)).await
+/// An [`AlarmIndex`] wrapper that injects failures into its next object
+/// writes and counts them (crash and fault tests).
+pub type FaultIndex<I> = GatedIndex<I, Faults>;
+
+impl<I: AlarmIndex> GatedIndex<I, Faults> {
+    /// Wraps `inner` with no faults queued.
+    pub fn new(inner: I) -> Self {
+        Self::gated(inner, Faults::default())
     }
-    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, crate::AlarmError> {
-        self.mutate(self.inner.delete(object, token)).await
+
+    /// Queues a fault for the next mutating call (`upsert`, `delete`).
+    pub fn fail_next(&self, fault: Fault) {
+        self.gate
+            .queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back(fault);
     }
-    async fn job(&self, object: &ObjectId) -> Result<Option<crate::JobView>, crate::AlarmError> {
-        self.inner.job(object).await
+
+    /// Object writes made so far.
+    pub fn calls(&self) -> u64 {
+        self.gate.calls.load(std::sync::atomic::Ordering::SeqCst)
     }
-    async fn promote(&self, now: i64, limit: usize) -> Result<usize, crate::AlarmError> {
-        self.inner.promote(now, limit).await
-    }
-    async fn claim(
-        &self,
-        claim: ClaimReady<'_>,
-    ) -> Result<Option<crate::Claim>, crate::AlarmError> {
-        self.inner.claim(claim).await
-    }
-    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, crate::AlarmError> {
-        self.inner.finish(object, run).await
-    }
-    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, crate::AlarmError> {
-        self.inner.retry(retry).await
-    }
-    async fn next_due(&self) -> Result<Option<i64>, crate::AlarmError> {
-        self.inner.next_due().await
-    }
-    async fn counts(&self) -> Result<IndexCounts, crate::AlarmError> {
-        self.inner.counts().await
-    }
-    async fn jobs_with_prefix(
-        &self,
-        page: JobPageRequest<'_>,
-    ) -> Result<crate::JobPage, crate::AlarmError> {
-        self.inner.jobs_with_prefix(page).await
+
+    /// The wrapped index.
+    pub fn inner(&self) -> &I {
+        &self.inner
     }
 }
 

@@ -12,7 +12,9 @@ use durability_scheduler::{
 };
 use futures::FutureExt;
 
-use crate::conformance::{Fault, FaultIndex, memory_storage};
+use crate::conformance::{
+    Fault, FaultIndex, GatedCall, GatedIndex, IndexCall, IndexGate, memory_storage,
+};
 use crate::*;
 
 const START: i64 = 1_700_000_000_000;
@@ -1119,54 +1121,19 @@ async fn a_failed_reassertion_keeps_the_delivered_job_for_another_try() {
     assert_eq!(w.dispatcher.counters().snapshot().retry_scheduled, 1);
 }
 
-/// An index behind a pool of connections (a semaphore handing permits out
-/// in request order, as a connection pool does): every call holds one for
-/// its whole round trip, which takes a few polls, as a real query does.
-struct Pooled {
-    inner: MemoryAlarmIndex,
-    pool: tokio::sync::Semaphore,
-}
+/// A pool of connections in front of an index (a semaphore handing
+/// permits out in request order, as a connection pool does): every call
+/// holds one for its whole round trip, which takes a few polls, as a real
+/// query does.
+struct Pool(tokio::sync::Semaphore);
 
-impl Pooled {
-    async fn call<T>(&self, f: impl Future<Output = T>) -> T {
-        let _connection = self.pool.acquire().await.unwrap();
+impl IndexGate for Pool {
+    async fn pass<T: Send>(&self, _: IndexCall, call: GatedCall<'_, T>) -> Result<T, AlarmError> {
+        let _connection = self.0.acquire().await.unwrap();
         for _ in 0..3 {
             tokio::task::yield_now().await;
         }
-        f.await
-    }
-}
-
-impl AlarmIndex for Pooled {
-    async fn upsert(&self, object: &ObjectId, token: &Token, at: i64) -> Result<bool, AlarmError> {
-        self.call(self.inner.upsert(object, token, at)).await
-    }
-    async fn delete(&self, object: &ObjectId, token: &Token) -> Result<bool, AlarmError> {
-        self.call(self.inner.delete(object, token)).await
-    }
-    async fn job(&self, object: &ObjectId) -> Result<Option<JobView>, AlarmError> {
-        self.call(self.inner.job(object)).await
-    }
-    async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
-        self.call(self.inner.promote(now, limit)).await
-    }
-    async fn claim(&self, claim: ClaimReady<'_>) -> Result<Option<Claim>, AlarmError> {
-        self.call(self.inner.claim(claim)).await
-    }
-    async fn finish(&self, object: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
-        self.call(self.inner.finish(object, run)).await
-    }
-    async fn retry(&self, retry: RetryJob<'_>) -> Result<bool, AlarmError> {
-        self.call(self.inner.retry(retry)).await
-    }
-    async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
-        self.call(self.inner.next_due()).await
-    }
-    async fn counts(&self) -> Result<IndexCounts, AlarmError> {
-        self.call(self.inner.counts()).await
-    }
-    async fn jobs_with_prefix(&self, page: JobPageRequest<'_>) -> Result<JobPage, AlarmError> {
-        self.call(self.inner.jobs_with_prefix(page)).await
+        call.await
     }
 }
 
@@ -1178,10 +1145,10 @@ async fn the_dispatcher_keeps_polling_deliveries_while_it_waits_for_a_connection
     a.alarms.set_alarm(START).await.unwrap();
     b.alarms.set_alarm(START).await.unwrap();
     // The dispatcher's index: the jobs of `w.index` behind one connection.
-    let pooled = Arc::new(Pooled {
-        inner: MemoryAlarmIndex::new(),
-        pool: tokio::sync::Semaphore::new(1),
-    });
+    let pooled = Arc::new(GatedIndex::gated(
+        MemoryAlarmIndex::new(),
+        Pool(tokio::sync::Semaphore::new(1)),
+    ));
     for o in [&a, &b] {
         let r = row(o).unwrap();
         pooled

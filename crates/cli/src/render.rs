@@ -119,11 +119,9 @@ pub(crate) fn outbox(out: &mut impl Write, file: &Path, listing: &OutboxListing)
         writeln!(out, "entries: none")?;
     } else {
         writeln!(out, "entries:")?;
-        let mut rows = vec![
-            ["CHANNEL", "KEY", "VERSION", "ATTEMPTS", "NEXT DUE", "STATE"]
-                .map(str::to_owned)
-                .to_vec(),
-        ];
+        let mut rows = vec![header([
+            "CHANNEL", "KEY", "VERSION", "ATTEMPTS", "NEXT DUE", "STATE",
+        ])];
         for e in &listing.entries {
             let mut state = state(e.state).to_owned();
             if let Some(until) = e.claimed_until.filter(|_| e.state == EntryState::InFlight) {
@@ -179,11 +177,7 @@ pub(crate) fn jobs(out: &mut impl Write, page: &JobListing) -> io::Result<()> {
         writeln!(out, "jobs with prefix {:?}: none", page.prefix)?;
     } else {
         writeln!(out, "jobs with prefix {:?}:", page.prefix)?;
-        let mut rows = vec![
-            ["OBJECT", "STATE", "DUE AT", "TRIES", "TOKEN"]
-                .map(str::to_owned)
-                .to_vec(),
-        ];
+        let mut rows = vec![header(["OBJECT", "STATE", "DUE AT", "TRIES", "TOKEN"])];
         for j in &page.jobs {
             rows.push(vec![
                 j.object.clone(),
@@ -214,11 +208,13 @@ pub(crate) fn leases(out: &mut impl Write, page: &LeaseListing) -> io::Result<()
         writeln!(out, "live leases: none")?;
     } else {
         writeln!(out, "live leases:")?;
-        let mut rows = vec![
-            ["SCOPE", "OWNER", "GENERATION", "LEASE LEFT", "PROBLEM"]
-                .map(str::to_owned)
-                .to_vec(),
-        ];
+        let mut rows = vec![header([
+            "SCOPE",
+            "OWNER",
+            "GENERATION",
+            "LEASE LEFT",
+            "PROBLEM",
+        ])];
         for l in &page.leases {
             rows.push(vec![
                 l.scope.clone(),
@@ -275,20 +271,16 @@ pub(crate) fn migration_status(out: &mut impl Write, r: &StatusReport) -> io::Re
         return writeln!(out, "listed: none");
     }
     writeln!(out, "listed:")?;
-    let mut rows = vec![
-        [
-            "OPERATION",
-            "KEY",
-            "STATE",
-            "SOURCE",
-            "TARGET",
-            "ATTEMPTS",
-            "UPDATED",
-            "NOTE",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    ];
+    let mut rows = vec![header([
+        "OPERATION",
+        "KEY",
+        "STATE",
+        "SOURCE",
+        "TARGET",
+        "ATTEMPTS",
+        "UPDATED",
+        "NOTE",
+    ])];
     for op in &r.operations {
         let mut note = Vec::new();
         if !op.state.is_terminal() && op.live_until_ms > now {
@@ -324,6 +316,11 @@ pub(crate) fn migration_status(out: &mut impl Write, r: &StatusReport) -> io::Re
     Ok(())
 }
 
+/// A table's header row.
+fn header<const N: usize>(columns: [&str; N]) -> Vec<String> {
+    columns.map(str::to_owned).to_vec()
+}
+
 /// A summary row: what, how many, and the first ids.
 fn summary_row(what: &str, n: usize, ids: &[&str]) -> Vec<String> {
     const SHOWN: usize = 5;
@@ -356,9 +353,7 @@ pub(crate) fn recovery(out: &mut impl Write, r: &RecoveryReport) -> io::Result<(
     writeln!(out, "recovery (lease generation {}):", r.generation)?;
     let failed: Vec<&str> = r.failed.iter().map(|f| f.op_id.as_str()).collect();
     let rows = vec![
-        ["OUTCOME", "COUNT", "OPERATIONS"]
-            .map(str::to_owned)
-            .to_vec(),
+        header(["OUTCOME", "COUNT", "OPERATIONS"]),
         summary_row("examined", r.examined.len(), &ids(&r.examined)),
         summary_row("committed", r.committed.len(), &ids(&r.committed)),
         summary_row("aborted", r.aborted.len(), &ids(&r.aborted)),
@@ -423,7 +418,7 @@ pub(crate) fn verify(out: &mut impl Write, r: &VerifyReport) -> io::Result<()> {
         .collect();
     let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let rows = vec![
-        ["FINDING", "COUNT", "FIRST"].map(str::to_owned).to_vec(),
+        header(["FINDING", "COUNT", "FIRST"]),
         summary_row(
             "dangling operations",
             count(r.dangling_count),
@@ -475,9 +470,7 @@ pub(crate) fn purge(out: &mut impl Write, r: &PurgeReport) -> io::Result<()> {
         .map(|f| format!("{} ({})", f.op_id, f.error.code()))
         .collect();
     let rows = vec![
-        ["OUTCOME", "COUNT", "OPERATIONS"]
-            .map(str::to_owned)
-            .to_vec(),
+        header(["OUTCOME", "COUNT", "OPERATIONS"]),
         summary_row("purged", count(r.purged_count), &ids(&r.purged)),
         summary_row("refused", count(r.refused_count), &ids(&refused)),
     ];
@@ -496,7 +489,7 @@ pub(crate) fn rebalance(
         writeln!(out, "plan: nothing to move")?;
     } else {
         writeln!(out, "plan{}:", if dry_run { " (dry run)" } else { "" })?;
-        let mut rows = vec![["KEY", "FROM", "TO"].map(str::to_owned).to_vec()];
+        let mut rows = vec![header(["KEY", "FROM", "TO"])];
         for m in r.plan.iter().take(SHOWN) {
             rows.push(vec![m.key.clone(), m.from.clone(), m.to.clone()]);
         }
@@ -512,7 +505,7 @@ pub(crate) fn rebalance(
         .collect();
     let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let rows = vec![
-        ["", "COUNT", "KEYS"].map(str::to_owned).to_vec(),
+        header(["", "COUNT", "KEYS"]),
         summary_row("examined", count(r.examined), &[]),
         summary_row("planned", count(r.planned), &[]),
         summary_row("moved", count(r.moved), &[]),

@@ -73,6 +73,11 @@ impl FaultPlan {
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
     }
+    /// Crashes now, without a write: every call through the wrappers fails
+    /// until [`FaultPlan::disarm`] (a store that is down, then back).
+    pub fn crash_now(&self) {
+        self.tripped.store(true, Ordering::SeqCst);
+    }
     /// Whether the crash happened.
     pub fn tripped(&self) -> bool {
         self.tripped.load(Ordering::SeqCst)
@@ -82,6 +87,33 @@ impl FaultPlan {
             Err("injected crash: process is dead".into())
         } else {
             Ok(())
+        }
+    }
+    /// Runs `read` unless the process is dead.
+    async fn read<'a, T>(
+        &self,
+        read: impl FnOnce() -> BackendFuture<'a, T>,
+    ) -> Result<T, BackendError> {
+        self.dead()?;
+        read().await
+    }
+    /// Runs `write` (a `what`) under the plan: refused when the process is
+    /// dead; when this write is the crash, lost before it reaches the
+    /// backend ([`FaultMode::Before`]) or applied with its reply lost
+    /// ([`FaultMode::After`]).
+    async fn write<'a, T>(
+        &self,
+        what: &str,
+        write: impl FnOnce() -> BackendFuture<'a, T>,
+    ) -> Result<T, BackendError> {
+        self.dead()?;
+        match self.on_write() {
+            Some(FaultMode::Before) => Err(format!("injected crash before {what}").into()),
+            Some(FaultMode::After) => {
+                let _ = write().await;
+                Err(format!("injected crash after {what}").into())
+            }
+            None => write().await,
         }
     }
     /// Called before a write; `Some(mode)` when this write is the crash.
@@ -97,20 +129,31 @@ impl FaultPlan {
     }
 }
 
-/// A shard that crashes per its [`FaultPlan`].
-pub struct FaultShard {
-    inner: Arc<dyn Shard>,
+/// A backend (`T`: a shard or a mapping store) that crashes per its
+/// [`FaultPlan`].
+pub struct Faulty<T: ?Sized> {
+    inner: Arc<T>,
     plan: Arc<FaultPlan>,
 }
 
-durability_time::debug_fields!(FaultShard {});
+impl<T: ?Sized> std::fmt::Debug for Faulty<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Faulty").finish_non_exhaustive()
+    }
+}
 
-impl FaultShard {
-    /// Wraps a shard.
-    pub fn new(inner: Arc<dyn Shard>, plan: Arc<FaultPlan>) -> Self {
+impl<T: ?Sized> Faulty<T> {
+    /// Wraps a backend.
+    pub fn new(inner: Arc<T>, plan: Arc<FaultPlan>) -> Self {
         Self { inner, plan }
     }
 }
+
+/// A shard that crashes per its [`FaultPlan`].
+pub type FaultShard = Faulty<dyn Shard>;
+
+/// A mapping store that crashes per its [`FaultPlan`].
+pub type FaultMappingStore = Faulty<dyn MappingStore>;
 
 impl Shard for FaultShard {
     fn dialect(&self) -> Dialect {
@@ -120,109 +163,44 @@ impl Shard for FaultShard {
         self.inner.batch_support()
     }
     fn execute<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, u64> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            match self.plan.on_write() {
-                Some(FaultMode::Before) => Err("injected crash before write".into()),
-                Some(FaultMode::After) => {
-                    let _ = self.inner.execute(stmt).await;
-                    Err("injected crash after write".into())
-                }
-                None => self.inner.execute(stmt).await,
-            }
-        })
+        Box::pin(self.plan.write("write", move || self.inner.execute(stmt)))
     }
     fn query<'a>(&'a self, stmt: &'a Statement) -> BackendFuture<'a, Vec<Row>> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            self.inner.query(stmt).await
-        })
+        Box::pin(self.plan.read(move || self.inner.query(stmt)))
     }
     fn batch<'a>(&'a self, stmts: &'a [Statement]) -> BackendFuture<'a, Vec<u64>> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            match self.plan.on_write() {
-                Some(FaultMode::Before) => Err("injected crash before batch".into()),
-                Some(FaultMode::After) => {
-                    let _ = self.inner.batch(stmts).await;
-                    Err("injected crash after batch".into())
-                }
-                None => self.inner.batch(stmts).await,
-            }
-        })
-    }
-}
-
-/// A mapping store that crashes per its [`FaultPlan`].
-pub struct FaultMappingStore {
-    inner: Arc<dyn MappingStore>,
-    plan: Arc<FaultPlan>,
-}
-
-durability_time::debug_fields!(FaultMappingStore {});
-
-impl FaultMappingStore {
-    /// Wraps a mapping store.
-    pub fn new(inner: Arc<dyn MappingStore>, plan: Arc<FaultPlan>) -> Self {
-        Self { inner, plan }
+        Box::pin(self.plan.write("batch", move || self.inner.batch(stmts)))
     }
 }
 
 impl MappingStore for FaultMappingStore {
     fn get<'a>(&'a self, key: &'a str) -> BackendFuture<'a, Option<String>> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            self.inner.get(key).await
-        })
+        Box::pin(self.plan.read(move || self.inner.get(key)))
     }
     fn put<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, ()> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            match self.plan.on_write() {
-                Some(FaultMode::Before) => Err("injected crash before mapping put".into()),
-                Some(FaultMode::After) => {
-                    let _ = self.inner.put(key, shard).await;
-                    Err("injected crash after mapping put".into())
-                }
-                None => self.inner.put(key, shard).await,
-            }
-        })
+        Box::pin(
+            self.plan
+                .write("mapping put", move || self.inner.put(key, shard)),
+        )
     }
     fn put_if_absent<'a>(&'a self, key: &'a str, shard: &'a str) -> BackendFuture<'a, String> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            match self.plan.on_write() {
-                Some(FaultMode::Before) => Err("injected crash before mapping put".into()),
-                Some(FaultMode::After) => {
-                    let _ = self.inner.put_if_absent(key, shard).await;
-                    Err("injected crash after mapping put".into())
-                }
-                None => self.inner.put_if_absent(key, shard).await,
-            }
-        })
+        Box::pin(
+            self.plan
+                .write("mapping put", move || self.inner.put_if_absent(key, shard)),
+        )
     }
     fn remove<'a>(&'a self, key: &'a str) -> BackendFuture<'a, bool> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            match self.plan.on_write() {
-                Some(FaultMode::Before) => Err("injected crash before mapping remove".into()),
-                Some(FaultMode::After) => {
-                    let _ = self.inner.remove(key).await;
-                    Err("injected crash after mapping remove".into())
-                }
-                None => self.inner.remove(key).await,
-            }
-        })
+        Box::pin(
+            self.plan
+                .write("mapping remove", move || self.inner.remove(key)),
+        )
     }
     fn scan<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
     ) -> BackendFuture<'a, Vec<(String, String)>> {
-        Box::pin(async move {
-            self.plan.dead()?;
-            self.inner.scan(after, limit).await
-        })
+        Box::pin(self.plan.read(move || self.inner.scan(after, limit)))
     }
 }
 

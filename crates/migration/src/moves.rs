@@ -1024,10 +1024,12 @@ impl Core {
             target
         );
         let started = self.now();
-        let result = self
-            .reassign_keys_inner(key, target, tables, opts)
-            .instrument(span)
-            .await;
+        let result = async {
+            let specs = self.move_specs(key, tables)?;
+            self.reassign_specs(key, target, specs, opts).await
+        }
+        .instrument(span)
+        .await;
         let outcome = crate::metrics::outcome(&result);
         crate::metrics::record_move(outcome, self.now().saturating_sub(started));
         tracing::debug!(
@@ -1040,13 +1042,9 @@ impl Core {
         result
     }
 
-    async fn reassign_keys_inner(
-        &self,
-        key: &str,
-        target: &str,
-        tables: &[&str],
-        opts: MoveOptions,
-    ) -> Result<MoveOutcome> {
+    /// The specs of the move of `key` over `tables` (each once), after
+    /// checking the key and that there is a table.
+    fn move_specs(&self, key: &str, tables: &[&str]) -> Result<Vec<TableSpec>> {
         config::validate_key(key)?;
         if tables.is_empty() {
             return Err(MigrationError::UnknownTable(String::new()));
@@ -1058,6 +1056,17 @@ impl Core {
                 specs.push(spec);
             }
         }
+        Ok(specs)
+    }
+
+    /// Moves `key`'s rows of `specs` to `target`.
+    async fn reassign_specs(
+        &self,
+        key: &str,
+        target: &str,
+        specs: Vec<TableSpec>,
+        opts: MoveOptions,
+    ) -> Result<MoveOutcome> {
         self.shard_named(target)?;
         let (jname, js, q) = self.journal()?;
         let jname = jname.to_owned();

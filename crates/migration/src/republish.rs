@@ -98,12 +98,7 @@ impl Core {
             // Only where the mapping is still absent: a concurrent
             // allocation or publish wins, and a write meeting a fence there
             // heals again.
-            let held = self
-                .mapping
-                .put_if_absent(key, target)
-                .await
-                .map_err(MigrationError::MappingUnavailable)?;
-            self.cache_set(key, &held);
+            let held = self.map_if_absent(key, target).await?;
             tracing::warn!(
                 event = "durability.migration.mapping_republished",
                 key,

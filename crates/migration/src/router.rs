@@ -685,6 +685,19 @@ impl Core {
             .map(|(s, _)| s.clone())
     }
 
+    /// Maps `key` to `shard` in the mapping store unless it is mapped
+    /// already, and caches and returns the shard that holds it (`shard`, or
+    /// the one a concurrent writer put first).
+    pub(crate) async fn map_if_absent(&self, key: &str, shard: &str) -> Result<String> {
+        let holder = self
+            .mapping
+            .put_if_absent(key, shard)
+            .await
+            .map_err(MigrationError::MappingUnavailable)?;
+        self.cache_set(key, &holder);
+        Ok(holder)
+    }
+
     pub(crate) fn cache_set(&self, key: &str, shard: &str) {
         if self.ttl_ms == 0 {
             return;
@@ -788,13 +801,7 @@ impl Core {
         let placed = self
             .placement(key)
             .ok_or_else(|| MigrationError::InvalidConfig("no shards".into()))?;
-        let holder = self
-            .mapping
-            .put_if_absent(key, &placed)
-            .await
-            .map_err(MigrationError::MappingUnavailable)?;
-        self.cache_set(key, &holder);
-        Ok(holder)
+        self.map_if_absent(key, &placed).await
     }
 
     // ---- reads ----

@@ -250,7 +250,7 @@ where
         let mut batch: Vec<Entry<T>> = Vec::with_capacity(claimed.len());
         let mut batch_meta: Vec<StoredEntry> = Vec::with_capacity(claimed.len());
         for c in claimed {
-            let (value, undecodable) = match self.decode(&c.stored.value) {
+            let (value, reason, error) = match self.decode(&c.stored.value) {
                 Ok(value) if !c.exhausted => {
                     self.emit(
                         &c.stored.key,
@@ -267,7 +267,11 @@ where
                     batch_meta.push(c.stored);
                     continue;
                 }
-                Ok(value) => (Some(value), false),
+                Ok(value) => (
+                    Some(value),
+                    DeadReason::Exhausted,
+                    format!("gave up after {} attempts", c.attempt),
+                ),
                 Err(error) => {
                     tracing::error!(
                         event = "durability.outbox.undecodable_entry",
@@ -277,21 +281,12 @@ where
                         %error,
                         "stored outbox value cannot be decoded; it is dead-lettered or dropped, never retried"
                     );
-                    let outcome = self
-                        .dead_letter_one(&c.stored, c.attempt, None, DeadReason::Undecodable, error)
-                        .await;
-                    outcomes.push(Settlement {
-                        stored: c.stored,
-                        attempt: c.attempt,
-                        outcome,
-                        undecodable: true,
-                    });
-                    continue;
+                    (None, DeadReason::Undecodable, error)
                 }
             };
-            let error = format!("gave up after {} attempts", c.attempt);
+            let undecodable = matches!(reason, DeadReason::Undecodable);
             let outcome = self
-                .dead_letter_one(&c.stored, c.attempt, value, DeadReason::Exhausted, error)
+                .dead_letter_one(&c.stored, c.attempt, value, reason, error)
                 .await;
             outcomes.push(Settlement {
                 stored: c.stored,

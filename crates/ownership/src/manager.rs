@@ -401,17 +401,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             return HandOff::NotOwned;
         };
         self.scoped().leaving.insert(scope.clone());
-        let idle = async {
-            loop {
-                let notified = self.inner.scope_idle.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if self.in_flight_on(scope) == 0 {
-                    break;
-                }
-                notified.await;
-            }
-        };
+        let idle = until_notified(&self.inner.scope_idle, || self.in_flight_on(scope) == 0);
         if timeout_at(&self.inner.clock, wait_until_ms, idle)
             .await
             .is_err()
@@ -448,12 +438,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             }
             Ok(false) => HandOff::NotOwned,
             Err(e) => {
-                tracing::warn!(
-                    event = "durability.ownership.hand_off_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    error = %e,
-                    "releasing a handed-off scope failed; its lease ends by expiry"
+                scope_failed(
+                    "durability.ownership.hand_off_failed",
+                    scope,
+                    &e,
+                    "releasing a handed-off scope failed; its lease ends by expiry",
                 );
                 HandOff::Failed(e)
             }
@@ -584,12 +573,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 if e.outcome() == crate::error::DispatchOutcome::Unknown {
                     self.inner.incarnation.unsure(scope);
                 }
-                tracing::warn!(
-                    event = "durability.ownership.claim_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    error = %e,
-                    "claiming the owner scope failed"
+                scope_failed(
+                    "durability.ownership.claim_failed",
+                    scope,
+                    &e,
+                    "claiming the owner scope failed",
                 );
                 Err(e)
             }
@@ -708,12 +696,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                     self.inner.metrics.renew_lost.increment(1);
                     self.leases().remove(scope);
                 }
-                tracing::warn!(
-                    event = "durability.ownership.renew_failed",
-                    scope = %scope,
-                    code = e.code(),
-                    error = %e,
-                    "renewing the owner lease failed"
+                scope_failed(
+                    "durability.ownership.renew_failed",
+                    scope,
+                    &e,
+                    "renewing the owner lease failed",
                 );
                 Err(e)
             }
@@ -901,12 +888,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 ) {
                     self.forget(scope);
                 }
-                tracing::warn!(
-                    event = "durability.ownership.admission_refused",
-                    scope = %scope,
-                    code = e.code(),
-                    error = %e,
-                    "admission refused"
+                scope_failed(
+                    "durability.ownership.admission_refused",
+                    scope,
+                    &e,
+                    "admission refused",
                 );
                 return Err(e);
             }
@@ -969,17 +955,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
         let in_flight_deadline = started
             .saturating_add(ms(self.inner.settings.drain_in_flight_timeout_ms))
             .min(deadline);
-        let all_idle = async {
-            loop {
-                let idle = self.inner.idle.notified();
-                tokio::pin!(idle);
-                idle.as_mut().enable();
-                if self.in_flight() == 0 {
-                    break;
-                }
-                idle.await;
-            }
-        };
+        let all_idle = until_notified(&self.inner.idle, || self.in_flight() == 0);
         if timeout_at(&self.inner.clock, in_flight_deadline, all_idle)
             .await
             .is_err()
@@ -1010,12 +986,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 Ok(Ok(true)) => released.push((scope, l.record.generation())),
                 Ok(Ok(false)) => not_released.push(scope),
                 Ok(Err(e)) => {
-                    tracing::warn!(
-                        event = "durability.ownership.release_failed",
-                        scope = %scope,
-                        code = e.code(),
-                        error = %e,
-                        "releasing the owner lease failed"
+                    scope_failed(
+                        "durability.ownership.release_failed",
+                        &scope,
+                        &e,
+                        "releasing the owner lease failed",
                     );
                     not_released.push(scope);
                 }
@@ -1116,12 +1091,11 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
     ) -> WatchExit {
         self.forget(scope);
         token.cancel();
-        tracing::warn!(
-            event = "durability.ownership.watchdog_cancelled",
-            scope = %scope,
-            code = cause.code(),
-            error = %cause,
-            "ownership lost; cancelling in-flight work"
+        scope_failed(
+            "durability.ownership.watchdog_cancelled",
+            scope,
+            &cause,
+            "ownership lost; cancelling in-flight work",
         );
         WatchExit::Lost(cause)
     }
@@ -1146,6 +1120,33 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
             scopes,
         }
     }
+}
+
+/// Waits until `done` holds, checking it again on each notification of
+/// `notify` (registered before the check, so a notification between the
+/// check and the wait is not lost).
+async fn until_notified(notify: &Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// Logs a failed step on `scope` at warn level: the one shape of the
+/// ownership's failure events (`event`, `scope`, the error's `code`).
+fn scope_failed(event: &'static str, scope: &OwnerScope, e: &OwnershipError, message: &str) {
+    tracing::warn!(
+        event,
+        scope = %scope,
+        code = e.code(),
+        error = %e,
+        "{message}"
+    );
 }
 
 mod incarnation;

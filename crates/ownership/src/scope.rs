@@ -78,146 +78,107 @@ fn is_opaque_id_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
 }
 
-/// An opaque storage id: 1..=128 bytes of `[A-Za-z0-9._-]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StorageId(String);
-
-impl StorageId {
-    /// Validates a storage id.
-    ///
-    /// # Errors
-    /// [`OwnershipError::InvalidInput`] when empty, too long or outside the grammar.
-    pub fn new(s: &str) -> Result<Self, OwnershipError> {
-        if s.is_empty() || s.len() > MAX_STORAGE_ID_BYTES {
-            return Err(OwnershipError::invalid(
-                "storage id",
-                format!("length {} not in 1..={MAX_STORAGE_ID_BYTES}", s.len()),
-            ));
-        }
-        if !s.bytes().all(is_opaque_id_byte) {
-            return Err(OwnershipError::invalid(
-                "storage id",
-                "allowed characters are [A-Za-z0-9._-]",
-            ));
-        }
-        Ok(Self(s.to_owned()))
-    }
-
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
+/// Refuses `s` unless every byte is `allowed`, with `grammar` as the reason.
+fn only(s: &str, allowed: impl Fn(u8) -> bool, grammar: &str) -> Result<(), String> {
+    if s.bytes().all(allowed) {
+        Ok(())
+    } else {
+        Err(grammar.to_owned())
     }
 }
 
-/// A class name: the ASCII JavaScript class-name grammar, at most 468 bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClassName(String);
-
-impl ClassName {
-    /// Validates a class name (`[A-Za-z_$][A-Za-z0-9_$]*`, not a reserved word, ≤ 468 bytes).
-    ///
-    /// # Errors
-    /// [`OwnershipError::InvalidInput`] when the grammar or limit is broken.
-    pub fn new(s: &str) -> Result<Self, OwnershipError> {
-        if s.is_empty() || s.len() > MAX_CLASS_NAME_BYTES {
-            return Err(OwnershipError::invalid(
-                "class name",
-                format!("length {} not in 1..={MAX_CLASS_NAME_BYTES}", s.len()),
-            ));
-        }
-        let bytes = s.as_bytes();
-        let first_ok = bytes[0].is_ascii_alphabetic() || matches!(bytes[0], b'_' | b'$');
-        let rest_ok = bytes[1..]
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'$'));
-        if !first_ok || !rest_ok {
-            return Err(OwnershipError::invalid(
-                "class name",
-                "not an ASCII JavaScript class name",
-            ));
-        }
-        if RESERVED_WORDS.contains(&s) {
-            return Err(OwnershipError::invalid(
-                "class name",
-                format!("`{s}` is a reserved word"),
-            ));
-        }
-        Ok(Self(s.to_owned()))
+/// The ASCII JavaScript class-name grammar (`[A-Za-z_$][A-Za-z0-9_$]*`, not
+/// a reserved word) of a non-empty `s`.
+fn class_name_grammar(s: &str) -> Result<(), String> {
+    let bytes = s.as_bytes();
+    let first_ok = bytes[0].is_ascii_alphabetic() || matches!(bytes[0], b'_' | b'$');
+    let rest_ok = bytes[1..]
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'$'));
+    if !first_ok || !rest_ok {
+        return Err("not an ASCII JavaScript class name".to_owned());
     }
-
-    /// The name as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    if RESERVED_WORDS.contains(&s) {
+        return Err(format!("`{s}` is a reserved word"));
     }
+    Ok(())
 }
 
-/// A task identity (for example an ECS task ARN): 1..=512 printable ASCII
-/// bytes without spaces, quotes or backslashes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(String);
+/// Declares a validated name type: a string of 1..=`$max` bytes that
+/// `$grammar` (a `fn(&str) -> Result<(), String>` over a non-empty string,
+/// the reason on refusal) accepts; `$what` names it in refusals.
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $grammar:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
 
-impl TaskId {
-    /// Validates a task id.
-    ///
-    /// # Errors
-    /// [`OwnershipError::InvalidInput`] when the grammar or limit is broken.
-    pub fn new(s: &str) -> Result<Self, OwnershipError> {
-        if s.is_empty() || s.len() > MAX_TASK_ID_BYTES {
-            return Err(OwnershipError::invalid(
-                "task id",
-                format!("length {} not in 1..={MAX_TASK_ID_BYTES}", s.len()),
-            ));
-        }
-        if !s
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
-        {
-            return Err(OwnershipError::invalid(
-                "task id",
-                "allowed characters are printable ASCII except quote and backslash",
-            ));
-        }
-        Ok(Self(s.to_owned()))
-    }
+        impl $name {
+            #[doc = concat!("Validates a ", $what, ".")]
+            ///
+            /// # Errors
+            /// [`OwnershipError::InvalidInput`] when empty, too long or outside the grammar.
+            pub fn new(s: &str) -> Result<Self, OwnershipError> {
+                if s.is_empty() || s.len() > $max {
+                    return Err(OwnershipError::invalid(
+                        $what,
+                        format!("length {} not in 1..={}", s.len(), $max),
+                    ));
+                }
+                let grammar: fn(&str) -> Result<(), String> = $grammar;
+                grammar(s).map_err(|reason| OwnershipError::invalid($what, reason))?;
+                Ok(Self(s.to_owned()))
+            }
 
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+            #[doc = concat!("The ", $what, " as a string.")]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+    };
 }
 
-/// The logical worker a storage id belongs to (for example `<namespace>:<worker>`):
-/// it names the active storage pointer and the delete lock that claims watch.
-/// 1..=256 bytes of `[A-Za-z0-9._:-]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LifecycleId(String);
+name_type!(
+    /// An opaque storage id: 1..=128 bytes of `[A-Za-z0-9._-]`.
+    StorageId,
+    "storage id",
+    MAX_STORAGE_ID_BYTES,
+    |s| only(s, is_opaque_id_byte, "allowed characters are [A-Za-z0-9._-]")
+);
 
-impl LifecycleId {
-    /// Validates a lifecycle id.
-    ///
-    /// # Errors
-    /// [`OwnershipError::InvalidInput`] when the grammar or limit is broken.
-    pub fn new(s: &str) -> Result<Self, OwnershipError> {
-        if s.is_empty() || s.len() > MAX_LIFECYCLE_ID_BYTES {
-            return Err(OwnershipError::invalid(
-                "lifecycle id",
-                format!("length {} not in 1..={MAX_LIFECYCLE_ID_BYTES}", s.len()),
-            ));
-        }
-        if !s.bytes().all(|b| is_opaque_id_byte(b) || b == b':') {
-            return Err(OwnershipError::invalid(
-                "lifecycle id",
-                "allowed characters are [A-Za-z0-9._:-]",
-            ));
-        }
-        Ok(Self(s.to_owned()))
-    }
+name_type!(
+    /// A class name: the ASCII JavaScript class-name grammar
+    /// (`[A-Za-z_$][A-Za-z0-9_$]*`, not a reserved word), at most 468 bytes.
+    ClassName,
+    "class name",
+    MAX_CLASS_NAME_BYTES,
+    class_name_grammar
+);
 
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
+name_type!(
+    /// A task identity (for example an ECS task ARN): 1..=512 printable ASCII
+    /// bytes without spaces, quotes or backslashes.
+    TaskId,
+    "task id",
+    MAX_TASK_ID_BYTES,
+    |s| {
+        only(
+            s,
+            |b| b.is_ascii_graphic() && b != b'"' && b != b'\\',
+            "allowed characters are printable ASCII except quote and backslash",
+        )
     }
-}
+);
+
+name_type!(
+    /// The logical worker a storage id belongs to (for example `<namespace>:<worker>`):
+    /// it names the active storage pointer and the delete lock that claims watch.
+    /// 1..=256 bytes of `[A-Za-z0-9._:-]`.
+    LifecycleId,
+    "lifecycle id",
+    MAX_LIFECYCLE_ID_BYTES,
+    |s| only(s, |b| is_opaque_id_byte(b) || b == b':', "allowed characters are [A-Za-z0-9._:-]")
+);
 
 /// A well-formed Unicode object name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

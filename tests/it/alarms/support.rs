@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
-use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 
+use durability_alarms::conformance::{GatedCall, GatedIndex, IndexCall, IndexGate};
 use durability_alarms::{
-    AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Claim, Delivery, Dispatch,
-    DispatchOutcome, Fired, IndexCounts, JobPageRequest, JobView, ObjectId, Token,
+    AlarmError, AlarmHandler, AlarmIndex, AlarmTx, Alarms, BoxError, Delivery, Dispatch,
+    DispatchOutcome, Fired, ObjectId,
 };
 use durability_scheduler::testkit::{CrashGate, CrashPoint, MemoryStorage};
 use durability_scheduler::{ManualClock, ObjectContext, Scheduler, Storage};
@@ -209,31 +209,33 @@ pub enum CrashMode {
     After,
 }
 
-/// Wraps an index and "kills the dispatcher" at its n-th call: that call
-/// and every later one fail.
-pub struct Crashy<I> {
-    pub inner: I,
-    point: CrashPoint<CrashMode>,
-}
+/// "Kills the dispatcher" at the n-th call of the index it gates
+/// ([`GatedIndex`]): that call and every later one fail.
+pub struct Crashy(CrashPoint<CrashMode>);
 
-impl<I: AlarmIndex> Crashy<I> {
-    pub fn new(inner: I, crash_at: Option<u64>, mode: CrashMode) -> Self {
-        Self {
-            inner,
-            point: CrashPoint::new(crash_at, mode),
-        }
+/// An index behind a [`Crashy`] gate.
+pub type CrashyIndex<I> = GatedIndex<I, Crashy>;
+
+impl Crashy {
+    /// An index gated to crash at its `crash_at`-th call (never when `None`).
+    pub fn index<I: AlarmIndex>(
+        inner: I,
+        crash_at: Option<u64>,
+        mode: CrashMode,
+    ) -> CrashyIndex<I> {
+        GatedIndex::gated(inner, Self(CrashPoint::new(crash_at, mode)))
     }
     pub fn calls(&self) -> u64 {
-        self.point.calls()
+        self.0.calls()
     }
     pub fn crashed(&self) -> bool {
-        self.point.crashed()
+        self.0.crashed()
     }
-    async fn gate<T>(
-        &self,
-        call: impl Future<Output = Result<T, AlarmError>>,
-    ) -> Result<T, AlarmError> {
-        match self.point.next() {
+}
+
+impl IndexGate for Crashy {
+    async fn pass<T: Send>(&self, _: IndexCall, call: GatedCall<'_, T>) -> Result<T, AlarmError> {
+        match self.0.next() {
             CrashGate::Dead => Err(AlarmError::unavailable("dispatcher is dead")),
             CrashGate::Pass => call.await,
             CrashGate::Crash(mode) => {
@@ -243,45 +245,6 @@ impl<I: AlarmIndex> Crashy<I> {
                 Err(AlarmError::unknown("injected crash"))
             }
         }
-    }
-}
-
-impl<I: AlarmIndex> AlarmIndex for Crashy<I> {
-    async fn upsert(&self, o: &ObjectId, t: &Token, at: i64) -> Result<bool, AlarmError> {
-        self.gate(self.inner.upsert(o, t, at)).await
-    }
-    async fn delete(&self, o: &ObjectId, t: &Token) -> Result<bool, AlarmError> {
-        self.gate(self.inner.delete(o, t)).await
-    }
-    async fn job(&self, o: &ObjectId) -> Result<Option<JobView>, AlarmError> {
-        self.gate(self.inner.job(o)).await
-    }
-    async fn promote(&self, now: i64, limit: usize) -> Result<usize, AlarmError> {
-        self.gate(self.inner.promote(now, limit)).await
-    }
-    async fn claim(
-        &self,
-        claim: durability_alarms::ClaimReady<'_>,
-    ) -> Result<Option<Claim>, AlarmError> {
-        self.gate(self.inner.claim(claim)).await
-    }
-    async fn finish(&self, o: &ObjectId, run: &Token) -> Result<bool, AlarmError> {
-        self.gate(self.inner.finish(o, run)).await
-    }
-    async fn retry(&self, retry: durability_alarms::RetryJob<'_>) -> Result<bool, AlarmError> {
-        self.gate(self.inner.retry(retry)).await
-    }
-    async fn next_due(&self) -> Result<Option<i64>, AlarmError> {
-        self.gate(self.inner.next_due()).await
-    }
-    async fn counts(&self) -> Result<IndexCounts, AlarmError> {
-        self.gate(self.inner.counts()).await
-    }
-    async fn jobs_with_prefix(
-        &self,
-        page: JobPageRequest<'_>,
-    ) -> Result<durability_alarms::JobPage, AlarmError> {
-        self.gate(self.inner.jobs_with_prefix(page)).await
     }
 }
 

@@ -45,12 +45,7 @@ impl Core {
         }
         let r = async {
             self.record_exception(key, shard, epoch).await?;
-            let held = self
-                .mapping
-                .put_if_absent(key, shard)
-                .await
-                .map_err(MigrationError::MappingUnavailable)?;
-            self.cache_set(key, &held);
+            self.map_if_absent(key, shard).await?;
             Ok::<(), MigrationError>(())
         };
         if let Err(e) = r.await {

@@ -4,7 +4,7 @@
 use super::ReconcileReport;
 use super::report::push_capped;
 use crate::config;
-use crate::error::{MigrationError, Result};
+use crate::error::Result;
 use crate::republish::Home;
 use crate::router::Core;
 
@@ -45,12 +45,7 @@ impl Core {
                 return Ok(());
             }
         }
-        let holder = self
-            .mapping
-            .put_if_absent(key, ledger_shard)
-            .await
-            .map_err(MigrationError::MappingUnavailable)?;
-        self.cache_set(key, &holder);
+        let holder = self.map_if_absent(key, ledger_shard).await?;
         if holder == ledger_shard {
             report.repaired_count += 1;
             push_capped(&mut report.repaired, key.to_owned());

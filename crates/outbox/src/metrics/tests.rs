@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 use crate::{ChannelConfig, Entry, Outbox, OutboxError, SCHEMA, SCHEMA_STEPS, Sink, SinkError};
 
@@ -30,47 +30,34 @@ impl Sink<String> for FailOnce {
 /// Runs the scenario on channel `name` and returns `(metric, channel) →
 /// value` for every counter, and the lateness samples.
 fn scenario(name: &str, hook: bool) -> (Vec<(String, String, u64)>, Vec<f64>) {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
+    let snapshotter = recorded(async |_| {
+        let clock = ManualClock::new(START);
+        let sched = object("o", &clock);
+        let mut config = ChannelConfig::new(name);
+        if hook {
+            config = config.on_event(Arc::new(|_| {}));
+        }
+        let outbox = Outbox::attach(&sched, config, FailOnce::default()).unwrap();
+        sched
+            .transaction(|tx| {
+                outbox.stage(tx, "a", &"1".to_owned())?;
+                outbox.stage(tx, "b", &"2".to_owned())?;
+                outbox.stage(tx, "c", &"3".to_owned())
+            })
             .unwrap();
-        rt.block_on(async {
-            let clock = ManualClock::new(START);
-            let storage = Arc::new(MemoryStorage::new().with_schema(SCHEMA, SCHEMA_STEPS));
-            let ctx = ObjectContext::with_clock(
-                ObjectId::new("o").unwrap(),
-                storage,
-                Arc::new(clock.clone()),
-            );
-            let sched = Scheduler::new(ctx).unwrap();
-            let mut config = ChannelConfig::new(name);
-            if hook {
-                config = config.on_event(Arc::new(|_| {}));
-            }
-            let outbox = Outbox::attach(&sched, config, FailOnce::default()).unwrap();
-            sched
-                .transaction(|tx| {
-                    outbox.stage(tx, "a", &"1".to_owned())?;
-                    outbox.stage(tx, "b", &"2".to_owned())?;
-                    outbox.stage(tx, "c", &"3".to_owned())
-                })
-                .unwrap();
-            // A rolled-back stage is not counted.
-            let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
-                outbox.stage(tx, "d", &"4".to_owned())?;
-                Err(OutboxError::InvalidKey {
-                    reason: "rolled back on purpose",
-                })
-            });
-            assert!(rolled_back.is_err());
-            sched.transaction(|tx| outbox.discard(tx, "c")).unwrap();
-            outbox.deliver_due().await.unwrap(); // the sink fails: 2 retries
-            clock.advance(60_000);
-            let report = outbox.deliver_due().await.unwrap();
-            assert_eq!(report.delivered, 2);
+        // A rolled-back stage is not counted.
+        let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
+            outbox.stage(tx, "d", &"4".to_owned())?;
+            Err(OutboxError::InvalidKey {
+                reason: "rolled back on purpose",
+            })
         });
+        assert!(rolled_back.is_err());
+        sched.transaction(|tx| outbox.discard(tx, "c")).unwrap();
+        outbox.deliver_due().await.unwrap(); // the sink fails: 2 retries
+        clock.advance(60_000);
+        let report = outbox.deliver_due().await.unwrap();
+        assert_eq!(report.delivered, 2);
     });
     let mut counters = Vec::new();
     let mut lateness = Vec::new();
@@ -141,11 +128,7 @@ impl Sink<String> for Down {
 /// Reads the pending gauge of `channel` from `snapshotter` and adds it to
 /// `total`: the debugging recorder hands out each gauge's change since its
 /// previous snapshot.
-fn pending(
-    snapshotter: &metrics_util::debugging::Snapshotter,
-    channel: &str,
-    total: &mut f64,
-) -> f64 {
+fn pending(snapshotter: &Snapshotter, channel: &str, total: &mut f64) -> f64 {
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let here = key
@@ -157,6 +140,21 @@ fn pending(
         }
     }
     *total
+}
+
+/// Runs `test` on a current-thread runtime with a fresh debugging recorder
+/// installed for this thread, handing it the recorder's snapshotter, which
+/// it returns.
+fn recorded(test: impl AsyncFnOnce(&Snapshotter)) -> Snapshotter {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(test(&snapshotter));
+    });
+    snapshotter
 }
 
 fn object(name: &str, clock: &ManualClock) -> Scheduler<MemoryStorage> {
@@ -171,82 +169,75 @@ fn object(name: &str, clock: &ManualClock) -> Scheduler<MemoryStorage> {
 
 #[test]
 fn the_pending_gauge_follows_stage_discard_delivery_give_up_and_reattach() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let mut total = 0.0;
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
+    recorded(async |snapshotter| {
+        let clock = ManualClock::new(START);
+        let sched = object("o", &clock);
+        let outbox =
+            Outbox::attach(&sched, ChannelConfig::new("pend"), FailOnce::default()).unwrap();
+        sched
+            .transaction(|tx| {
+                outbox.stage(tx, "a", &"1".to_owned())?;
+                outbox.stage(tx, "b", &"2".to_owned())?;
+                outbox.stage(tx, "c", &"3".to_owned())?;
+                // A new value of a pending key is not a new entry.
+                outbox.stage(tx, "a", &"1b".to_owned())
+            })
             .unwrap();
-        rt.block_on(async {
-            let clock = ManualClock::new(START);
-            let sched = object("o", &clock);
-            let outbox =
-                Outbox::attach(&sched, ChannelConfig::new("pend"), FailOnce::default()).unwrap();
-            sched
-                .transaction(|tx| {
-                    outbox.stage(tx, "a", &"1".to_owned())?;
-                    outbox.stage(tx, "b", &"2".to_owned())?;
-                    outbox.stage(tx, "c", &"3".to_owned())?;
-                    // A new value of a pending key is not a new entry.
-                    outbox.stage(tx, "a", &"1b".to_owned())
-                })
-                .unwrap();
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
-            // A rolled-back stage changes nothing.
-            let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
-                outbox.stage(tx, "d", &"4".to_owned())?;
-                Err(OutboxError::InvalidKey {
-                    reason: "on purpose",
-                })
-            });
-            assert!(rolled_back.is_err());
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
-            assert!(sched.transaction(|tx| outbox.discard(tx, "c")).unwrap());
-            assert!(!sched.transaction(|tx| outbox.discard(tx, "zz")).unwrap());
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 2.0);
-            // A failed batch keeps both pending; the next delivers them.
-            assert_eq!(outbox.deliver_due().await.unwrap().retried, 2);
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 2.0);
-            clock.advance(60_000);
-            assert_eq!(outbox.deliver_due().await.unwrap().delivered, 2);
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 0.0);
-            assert_eq!(outbox.len().unwrap(), 0);
-
-            // Given up after one attempt with no dead-letter sink: dropped.
-            let config = ChannelConfig::new("pend2").retry(crate::RetryPolicy {
-                max_attempts: Some(1),
-                ..Default::default()
-            });
-            let gives_up = Outbox::attach(&sched, config, Down).unwrap();
-            sched
-                .transaction(|tx| gives_up.stage(tx, "x", &"1".to_owned()))
-                .unwrap();
-            assert_eq!(pending(&snapshotter, "pend2", &mut 0.0), 1.0);
-            let report = gives_up.deliver_due().await.unwrap();
-            assert_eq!(report.gave_up.len(), 1);
-            assert_eq!(pending(&snapshotter, "pend2", &mut 0.0), -1.0);
-
-            // Two objects with a channel of one name add up; dropping a
-            // channel takes its entries out, attaching it again counts the
-            // stored ones.
-            let other = object("p", &clock);
-            let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
-            other
-                .transaction(|tx| {
-                    down.stage(tx, "k1", &"1".to_owned())?;
-                    down.stage(tx, "k2", &"2".to_owned())
-                })
-                .unwrap();
-            sched
-                .transaction(|tx| outbox.stage(tx, "e", &"5".to_owned()))
-                .unwrap();
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
-            drop(down);
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 1.0);
-            let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
-            assert_eq!(down.len().unwrap(), 2);
-            assert_eq!(pending(&snapshotter, "pend", &mut total), 3.0);
+        assert_eq!(pending(snapshotter, "pend", &mut total), 3.0);
+        // A rolled-back stage changes nothing.
+        let rolled_back: Result<(), OutboxError> = sched.transaction(|tx| {
+            outbox.stage(tx, "d", &"4".to_owned())?;
+            Err(OutboxError::InvalidKey {
+                reason: "on purpose",
+            })
         });
+        assert!(rolled_back.is_err());
+        assert_eq!(pending(snapshotter, "pend", &mut total), 3.0);
+        assert!(sched.transaction(|tx| outbox.discard(tx, "c")).unwrap());
+        assert!(!sched.transaction(|tx| outbox.discard(tx, "zz")).unwrap());
+        assert_eq!(pending(snapshotter, "pend", &mut total), 2.0);
+        // A failed batch keeps both pending; the next delivers them.
+        assert_eq!(outbox.deliver_due().await.unwrap().retried, 2);
+        assert_eq!(pending(snapshotter, "pend", &mut total), 2.0);
+        clock.advance(60_000);
+        assert_eq!(outbox.deliver_due().await.unwrap().delivered, 2);
+        assert_eq!(pending(snapshotter, "pend", &mut total), 0.0);
+        assert_eq!(outbox.len().unwrap(), 0);
+
+        // Given up after one attempt with no dead-letter sink: dropped.
+        let config = ChannelConfig::new("pend2").retry(crate::RetryPolicy {
+            max_attempts: Some(1),
+            ..Default::default()
+        });
+        let gives_up = Outbox::attach(&sched, config, Down).unwrap();
+        sched
+            .transaction(|tx| gives_up.stage(tx, "x", &"1".to_owned()))
+            .unwrap();
+        assert_eq!(pending(snapshotter, "pend2", &mut 0.0), 1.0);
+        let report = gives_up.deliver_due().await.unwrap();
+        assert_eq!(report.gave_up.len(), 1);
+        assert_eq!(pending(snapshotter, "pend2", &mut 0.0), -1.0);
+
+        // Two objects with a channel of one name add up; dropping a
+        // channel takes its entries out, attaching it again counts the
+        // stored ones.
+        let other = object("p", &clock);
+        let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
+        other
+            .transaction(|tx| {
+                down.stage(tx, "k1", &"1".to_owned())?;
+                down.stage(tx, "k2", &"2".to_owned())
+            })
+            .unwrap();
+        sched
+            .transaction(|tx| outbox.stage(tx, "e", &"5".to_owned()))
+            .unwrap();
+        assert_eq!(pending(snapshotter, "pend", &mut total), 3.0);
+        drop(down);
+        assert_eq!(pending(snapshotter, "pend", &mut total), 1.0);
+        let down = Outbox::attach(&other, ChannelConfig::new("pend"), Down).unwrap();
+        assert_eq!(down.len().unwrap(), 2);
+        assert_eq!(pending(snapshotter, "pend", &mut total), 3.0);
     });
 }

@@ -41,7 +41,7 @@ impl Req {
 }
 
 /// The model: requests by key, totals, nothing else.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Model {
     capacity: u64,
     max_queue: u64,
@@ -522,14 +522,7 @@ fn check(capacity: u64, max_queue: u64, retention: i64, ops: &[Op]) {
         capacity,
         max_queue,
         retention,
-        last_id: 0,
-        reqs: BTreeMap::new(),
-        granted: 0,
-        used: 0,
-        released: 0,
-        expired: 0,
-        timed_out: 0,
-        cancelled: 0,
+        ..Model::default()
     };
     let mut run = Run {
         h: Holder::new(Some(config)),
