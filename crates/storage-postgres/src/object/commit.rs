@@ -21,15 +21,13 @@
 //! meanwhile fails on the object row's lock timeout, before it writes.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use deadpool_postgres::Object;
 use durability_scheduler::{StorageError, StorageErrorKind};
 use durability_time::{Clock, SystemClock};
 
-use super::runtime::Unpark;
+use super::runtime::park_until;
 use super::tx::commit_error;
 
 /// Parks the calling thread until `fut` is ready or `timeout` passed on
@@ -43,25 +41,7 @@ pub(crate) fn wait_for<F: Future>(
 ) -> Option<F::Output> {
     let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
     let deadline = clock.now_ms().saturating_add(timeout_ms);
-    let mut fut = std::pin::pin!(fut);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut parked = false;
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            super::runtime::count_wait(parked);
-            return Some(out);
-        }
-        let left = deadline.saturating_sub(clock.now_ms());
-        if left <= 0 {
-            return None;
-        }
-        parked = true;
-        // A spurious or early wake-up only polls again.
-        std::thread::park_timeout(Duration::from_millis(
-            u64::try_from(left).unwrap_or(u64::MAX),
-        ));
-    }
+    park_until(fut, Some((deadline, clock)))
 }
 
 /// Sends `COMMIT` on `client` and waits at most `timeout` for its reply.

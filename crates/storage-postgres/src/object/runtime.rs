@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use durability_scheduler::{StorageError, StorageErrorKind};
+use durability_time::Clock;
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tokio_postgres::{Config, NoTls};
 
@@ -32,7 +33,7 @@ pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Wakes a parked thread.
-pub(super) struct Unpark(pub(super) std::thread::Thread);
+struct Unpark(std::thread::Thread);
 
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
@@ -46,6 +47,19 @@ impl Wake for Unpark {
 /// executor's `block_on`, it may run inside any executor's task (a
 /// transaction inside an async function driven by any runtime).
 pub(crate) fn wait<F: Future>(fut: F) -> F::Output {
+    match park_until(fut, None) {
+        Some(out) => out,
+        None => unreachable!("a wait without a deadline ends only when its future is ready"),
+    }
+}
+
+/// The one park loop: parks the calling thread until `fut` is ready, or
+/// until `deadline` (a time in ms on its clock) passed, `None` then (`fut`
+/// is dropped unfinished). A spurious or early wake-up only polls again.
+pub(super) fn park_until<F: Future>(
+    fut: F,
+    deadline: Option<(i64, &dyn Clock)>,
+) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
@@ -53,11 +67,24 @@ pub(crate) fn wait<F: Future>(fut: F) -> F::Output {
     loop {
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
             count_wait(parked);
-            return out;
+            return Some(out);
         }
-        // A spurious wake-up only polls again.
-        parked = true;
-        std::thread::park();
+        match deadline {
+            None => {
+                parked = true;
+                std::thread::park();
+            }
+            Some((at, clock)) => {
+                let left = at.saturating_sub(clock.now_ms());
+                if left <= 0 {
+                    return None;
+                }
+                parked = true;
+                std::thread::park_timeout(Duration::from_millis(
+                    u64::try_from(left).unwrap_or(u64::MAX),
+                ));
+            }
+        }
     }
 }
 
