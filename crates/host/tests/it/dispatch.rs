@@ -105,9 +105,7 @@ async fn a_stale_host_is_refused_at_admission_and_at_commit() {
         other => panic!("{other}"),
     }
     // A stops renewing (as if paused): its lease runs out on the store.
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2, "B continues A's state");
     assert_eq!(fence_generation(&w, "c1"), 2);
     // A's late commit through the object it had open is refused by the
@@ -158,9 +156,7 @@ async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
             .await
     });
     spin().await;
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
     let _ = go.send(());
     let result = running.await.unwrap();

@@ -16,9 +16,7 @@ use durability_ownership::{
 };
 use durability_scheduler::{ObjectId, StorageError};
 
-use crate::support::{
-    Counter, LIFECYCLE, STORAGE, TTL, TestHost, World, advance_until, incr, spin,
-};
+use crate::support::{Counter, LIFECYCLE, STORAGE, TestHost, World, advance_until, incr, spin};
 
 fn object_file(w: &World, storage: &str, name: &str) -> PathBuf {
     w.root()
@@ -215,9 +213,7 @@ async fn a_stale_hosts_delete_all_is_refused_and_deletes_nothing() {
     let a = w.host("a").await;
     let b = w.host("b").await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
     let refused = a
         .delete_all("Counter", "c1", DeleteAll::default())
