@@ -152,15 +152,7 @@ impl FetchRequest {
                 "the URL holds a control character or whitespace".to_owned(),
             ));
         }
-        check_headers(&mut self.headers)?;
-        if self.body.len() > MAX_BODY_BYTES {
-            return Err(HostError::RequestTooLarge {
-                reason: format!(
-                    "the body is {} bytes, more than {MAX_BODY_BYTES}",
-                    self.body.len()
-                ),
-            });
-        }
+        check_headers_and_body(&mut self.headers, &self.body, "the body")?;
         Ok(self)
     }
 }
@@ -211,15 +203,7 @@ impl FetchResponse {
                 reason: format!("the response status {} is not 200..=599", self.status),
             });
         }
-        check_headers(&mut self.headers)?;
-        if self.body.len() > MAX_BODY_BYTES {
-            return Err(HostError::RequestTooLarge {
-                reason: format!(
-                    "the response body is {} bytes, more than {MAX_BODY_BYTES}",
-                    self.body.len()
-                ),
-            });
-        }
+        check_headers_and_body(&mut self.headers, &self.body, "the response body")?;
         Ok(self)
     }
 }
@@ -241,6 +225,25 @@ pub(crate) fn is_control_header(name: &str) -> bool {
     name.len() >= CONTROL_HEADER_PREFIX.len()
         && name.as_bytes()[..CONTROL_HEADER_PREFIX.len()]
             .eq_ignore_ascii_case(CONTROL_HEADER_PREFIX.as_bytes())
+}
+
+/// Checks header entries ([`check_headers`]) and then the body's size
+/// (`body_name` names it in the error).
+fn check_headers_and_body(
+    headers: &mut Vec<(String, String)>,
+    body: &Bytes,
+    body_name: &str,
+) -> Result<(), HostError> {
+    check_headers(headers)?;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(HostError::RequestTooLarge {
+            reason: format!(
+                "{body_name} is {} bytes, more than {MAX_BODY_BYTES}",
+                body.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks header entries (count, combined bytes, name grammar, values),

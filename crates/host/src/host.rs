@@ -664,10 +664,7 @@ where
     /// publishes `Lost`.
     async fn drop_scope(&self, scope: &OwnerScope, code: &'static str) {
         self.inner.ownership.forget(scope);
-        let entry = lock(&self.inner.scopes).remove(scope);
-        self.close_where(|a| &a.scope == scope).await;
-        if let Some(entry) = entry {
-            entry.token.cancel();
+        if let Some(entry) = self.close_scope(scope).await {
             tracing::warn!(
                 event = "durability.host.owner_lost",
                 scope = %scope,
@@ -681,6 +678,17 @@ where
                 code,
             });
         }
+    }
+
+    /// Removes `scope` from the held scopes, closes its objects and
+    /// cancels its running work; its entry, when it was held.
+    async fn close_scope(&self, scope: &OwnerScope) -> Option<ScopeEntry> {
+        let entry = lock(&self.inner.scopes).remove(scope);
+        self.close_where(|a| &a.scope == scope).await;
+        if let Some(entry) = &entry {
+            entry.token.cancel();
+        }
+        entry
     }
 
     pub(crate) fn routing(&self) -> &RoutingState<I, O::Storage> {

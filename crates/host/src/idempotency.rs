@@ -38,6 +38,7 @@ use serde_json::Value;
 use crate::error::HostError;
 use crate::rpc::MethodError;
 use crate::store::DefaultStorage;
+use crate::store::sqlite::idempotency as rows;
 
 /// The field of the wrapped arguments that carries the key.
 pub const KEY_FIELD: &str = "idempotencyKey";
@@ -46,7 +47,7 @@ pub const ARGS_FIELD: &str = "args";
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 128;
 /// The table of recorded keys in each object's storage.
-pub const TABLE: &str = crate::store::sqlite::idempotency::TABLE;
+pub const TABLE: &str = rows::TABLE;
 
 /// A caller's key for one intended call: 1..=[`MAX_KEY_BYTES`] bytes of
 /// visible ASCII (a UUID is a good one).
@@ -131,7 +132,13 @@ pub fn once<F>(
 where
     F: FnOnce(&mut Transaction<'_, '_, DefaultStorage>) -> Result<Value, StorageError>,
 {
-    crate::store::sqlite::idempotency::once(tx, method, key.as_str(), body)
+    let key = key.as_str();
+    if let Some(recorded) = rows::recorded(tx, method, key)? {
+        return Ok(recorded);
+    }
+    let result = body(tx)?;
+    rows::record(tx, method, key, &result)?;
+    Ok(result)
 }
 
 /// Removes up to `limit` recorded keys of this object (oldest rows
@@ -144,5 +151,5 @@ pub fn prune(
     tx: &mut Transaction<'_, '_, DefaultStorage>,
     limit: u32,
 ) -> Result<usize, StorageError> {
-    crate::store::sqlite::idempotency::prune(tx, limit)
+    rows::prune(tx, limit)
 }

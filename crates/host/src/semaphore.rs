@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use durability_alarms::AlarmIndex;
-use durability_scheduler::{Permit, PermitError, Permits, Storage};
+use durability_scheduler::{Permit, PermitError, Permits, Storage, Transaction};
 use durability_semaphore::{
     Acquire, Acquired, EventKind, Grant, PoolConfig, Semaphore, SemaphoreConfig, SemaphoreError,
     SemaphoreTx,
@@ -78,6 +78,18 @@ where
     /// The semaphore (for in-process use and inspection).
     pub fn semaphore(&self) -> &Semaphore<D> {
         &self.semaphore
+    }
+
+    /// Runs `op` on the semaphore in one transaction of the holder's
+    /// storage; a semaphore error is the method's error ([`method_error`]).
+    fn in_transaction<R>(
+        &self,
+        op: impl FnOnce(&Semaphore<D>, &mut Transaction<'_, '_, D>) -> Result<R, SemaphoreError>,
+    ) -> Result<R, BoxError> {
+        let sem = &self.semaphore;
+        sem.scheduler()
+            .transaction(|tx| op(sem, tx))
+            .map_err(|e| method_error(&e))
     }
 
     /// Acquires, waiting for the grant up to `poll_ms` (at most
@@ -212,10 +224,8 @@ where
                     let mut config = PoolConfig::new(a.capacity);
                     config.max_queue = a.max_queue.unwrap_or(config.max_queue);
                     config.key_retention_ms = a.key_retention_ms.unwrap_or(config.key_retention_ms);
-                    let sem = h.object.semaphore();
-                    sem.scheduler()
-                        .transaction(|tx| sem.configure(tx, &a.pool, config))
-                        .map_err(|e| method_error(&e))?;
+                    h.object
+                        .in_transaction(|sem, tx| sem.configure(tx, &a.pool, config))?;
                     Ok(json!({}))
                 },
             )
@@ -229,27 +239,24 @@ where
             })
             .method("renew", |h: Handle<H<O>, I, O::Storage>, a| async move {
                 let a: GrantArgs = args(a)?;
-                let sem = h.object.semaphore();
-                let g = sem
-                    .scheduler()
-                    .transaction(|tx| sem.renew(tx, &a.holder, a.id));
-                Ok(grant_json(&g.map_err(|e| method_error(&e))?))
+                let g = h
+                    .object
+                    .in_transaction(|sem, tx| sem.renew(tx, &a.holder, a.id))?;
+                Ok(grant_json(&g))
             })
             .method("used", |h: Handle<H<O>, I, O::Storage>, a| async move {
                 let a: GrantArgs = args(a)?;
-                let sem = h.object.semaphore();
-                let g = sem
-                    .scheduler()
-                    .transaction(|tx| sem.used(tx, &a.holder, a.id, a.total));
-                Ok(grant_json(&g.map_err(|e| method_error(&e))?))
+                let g = h
+                    .object
+                    .in_transaction(|sem, tx| sem.used(tx, &a.holder, a.id, a.total))?;
+                Ok(grant_json(&g))
             })
             .method("release", |h: Handle<H<O>, I, O::Storage>, a| async move {
                 let a: GrantArgs = args(a)?;
-                let sem = h.object.semaphore();
-                let r = sem
-                    .scheduler()
-                    .transaction(|tx| sem.release(tx, &a.holder, a.id));
-                let (now, outcome) = match r.map_err(|e| method_error(&e))? {
+                let r = h
+                    .object
+                    .in_transaction(|sem, tx| sem.release(tx, &a.holder, a.id))?;
+                let (now, outcome) = match r {
                     durability_semaphore::Released::Now(o) => (true, o),
                     durability_semaphore::Released::Already(o) => (false, o),
                 };
@@ -259,21 +266,17 @@ where
                 "delete_pool",
                 |h: Handle<H<O>, I, O::Storage>, a| async move {
                     let a: PoolArgs = args(a)?;
-                    let sem = h.object.semaphore();
-                    let existed = sem
-                        .scheduler()
-                        .transaction(|tx| sem.delete_pool(tx, &a.pool))
-                        .map_err(|e| method_error(&e))?;
+                    let existed = h
+                        .object
+                        .in_transaction(|sem, tx| sem.delete_pool(tx, &a.pool))?;
                     Ok(json!({ "existed": existed }))
                 },
             )
             .method("pool", |h: Handle<H<O>, I, O::Storage>, a| async move {
                 let a: PoolArgs = args(a)?;
-                let sem = h.object.semaphore();
-                let row = sem
-                    .scheduler()
-                    .transaction(|tx| Ok::<_, SemaphoreError>(tx.semaphore_pool(&a.pool)?))
-                    .map_err(|e| method_error(&e))?;
+                let row = h
+                    .object
+                    .in_transaction(|_, tx| Ok(tx.semaphore_pool(&a.pool)?))?;
                 Ok(row.map_or(Value::Null, |p| {
                     json!({"capacity": p.capacity, "held": p.held, "queued": p.queued,
                         "granted": p.granted, "released": p.released, "expired": p.expired,

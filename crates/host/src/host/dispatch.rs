@@ -46,12 +46,106 @@ where
             object = name,
             request_id = %id
         );
-        let result = id
-            .scope(
-                self.dispatch_inner(class, name, expect, work)
-                    .instrument(span),
-            )
+        let admitted = async {
+            if !self.running() {
+                return Err(self.refuse_draining(class, name, expect));
+            }
+            let address = self.address(class, name)?;
+            // Held to the end of the call: a storage deletion waits for it.
+            let store_admission = self.store_admission().await?;
+            let (open, token) = self.resolve_open(&address).await?;
+            if let Some(g) = expect
+                && open.generation.get() != g
+            {
+                return Err(HostError::StaleFence { generation: g });
+            }
+            let permit: AdmissionPermit = self
+                .inner
+                .ownership
+                .admit(&address.scope, open.generation)
+                .await?;
+            open.in_flight.fetch_add(1, Ordering::SeqCst);
+            let _busy = Busy(open.as_ref());
+            let result = self.run_admitted(&address.scope, &open, &token, work).await;
+            drop(permit);
+            drop(store_admission);
+            result
+        };
+        let result = id.scope(admitted.instrument(span)).await;
+        self.settle(class, name, expect, result).await
+    }
+
+    /// What a draining host answers a call: [`HostError::Draining`], or
+    /// [`HostError::StaleFence`] for a fence of a scope it no longer holds
+    /// at that generation (the caller rediscovers once), or the error of
+    /// an object that has no address.
+    fn refuse_draining(&self, class: &str, name: &str, expect: Option<u64>) -> HostError {
+        let Some(g) = expect else {
+            return HostError::Draining;
+        };
+        let address = match self.address(class, name) {
+            Ok(address) => address,
+            Err(e) => return e,
+        };
+        let held = self
+            .inner
+            .ownership
+            .probe()
+            .scopes
+            .iter()
+            .any(|s| s.scope == address.scope.host_id() && s.generation == g);
+        if held {
+            HostError::Draining
+        } else {
+            HostError::StaleFence { generation: g }
+        }
+    }
+
+    /// Runs an admitted call's `work` on `open` under the watchdog,
+    /// stamping the object's last use before and after; a call that moved
+    /// the object's alarm returns once the alarm index holds the matching
+    /// job.
+    async fn run_admitted<R, Fut>(
+        &self,
+        scope: &OwnerScope,
+        open: &Arc<OpenObject<I, O::Storage>>,
+        token: &CancellationToken,
+        work: impl FnOnce(Arc<OpenObject<I, O::Storage>>, Generation) -> Fut,
+    ) -> Result<R, HostError>
+    where
+        Fut: Future<Output = Result<R, HostError>>,
+    {
+        open.last_used
+            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
+        let generation = open.generation;
+        let alarm_before = open.scheduler.alarm_at();
+        let mut result = self
+            .watched(scope, generation, token, work(Arc::clone(open), generation))
             .await;
+        // A call that moved the object's alarm returns once the alarm index
+        // holds the matching job (the seed's setAlarm contract): a crash
+        // right after the call cannot lose the pending alarm.
+        if open.scheduler.alarm_at() != alarm_before
+            && let Err(e) = open.bridge.sync().await
+            && result.is_ok()
+        {
+            result = Err(HostError::Alarm(e));
+        }
+        open.last_used
+            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
+        result
+    }
+
+    /// A dispatch's end: counts and logs its outcome, drops a scope the
+    /// admission proved gone, and turns a refusal of a fenced call for a
+    /// generation this task does not own into [`HostError::StaleFence`].
+    async fn settle<R>(
+        &self,
+        class: &str,
+        name: &str,
+        expect: Option<u64>,
+        result: Result<R, HostError>,
+    ) -> Result<R, HostError> {
         self.inner.counters.count(&result);
         tracing::debug!(
             event = "durability.host.dispatch",
@@ -93,78 +187,6 @@ where
             }
             (result, _) => result,
         }
-    }
-
-    pub(super) async fn dispatch_inner<R, Fut>(
-        &self,
-        class: &str,
-        name: &str,
-        expect: Option<u64>,
-        work: impl FnOnce(Arc<OpenObject<I, O::Storage>>, Generation) -> Fut,
-    ) -> Result<R, HostError>
-    where
-        Fut: Future<Output = Result<R, HostError>>,
-    {
-        if !self.running() {
-            // A fence for a scope this draining host no longer holds at
-            // that generation is stale (the caller rediscovers once).
-            if let Some(g) = expect {
-                let scope = self.address(class, name)?.scope.clone();
-                let held = self
-                    .inner
-                    .ownership
-                    .probe()
-                    .scopes
-                    .iter()
-                    .any(|s| s.scope == scope.host_id() && s.generation == g);
-                if !held {
-                    return Err(HostError::StaleFence { generation: g });
-                }
-            }
-            return Err(HostError::Draining);
-        }
-        let address = self.address(class, name)?;
-        // Held to the end of the call: a storage deletion waits for it.
-        let store_admission = self.store_admission().await?;
-        let (open, token) = self.resolve_open(&address).await?;
-        if let Some(g) = expect
-            && open.generation.get() != g
-        {
-            return Err(HostError::StaleFence { generation: g });
-        }
-        let permit: AdmissionPermit = self
-            .inner
-            .ownership
-            .admit(&address.scope, open.generation)
-            .await?;
-        open.in_flight.fetch_add(1, Ordering::SeqCst);
-        let _busy = Busy(open.as_ref());
-        open.last_used
-            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
-        let generation = open.generation;
-        let alarm_before = open.scheduler.alarm_at();
-        let mut result = self
-            .watched(
-                &address.scope,
-                generation,
-                &token,
-                work(Arc::clone(&open), generation),
-            )
-            .await;
-        // A call that moved the object's alarm returns once the alarm index
-        // holds the matching job (the seed's setAlarm contract): a crash
-        // right after the call cannot lose the pending alarm.
-        if open.scheduler.alarm_at() != alarm_before
-            && let Err(e) = open.bridge.sync().await
-            && result.is_ok()
-        {
-            result = Err(HostError::Alarm(e));
-        }
-        open.last_used
-            .store(self.inner.clock.now_ms(), Ordering::SeqCst);
-        drop(permit);
-        drop(store_admission);
-        result
     }
 
     /// Runs `fut` while the watchdog watches the scope; cancels it (drops

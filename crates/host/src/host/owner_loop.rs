@@ -391,11 +391,7 @@ where
             .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
         match inner.ownership.hand_off(scope, until).await {
             HandOff::Released(generation) => {
-                let entry = lock(&inner.scopes).remove(scope);
-                self.close_where(|a| &a.scope == scope).await;
-                if let Some(entry) = entry {
-                    entry.token.cancel();
-                }
+                self.close_scope(scope).await;
                 tracing::info!(
                     event = "durability.host.handed_off",
                     scope = %scope,

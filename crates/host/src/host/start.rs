@@ -153,25 +153,17 @@ fn handlers<S, I, O: ObjectStore>(config: &HostConfig<S, I, O>) -> Result<(), Ho
         }
         validate_method(method).map_err(|e| HostError::setting("methods", e.to_string()))?;
     }
-    if let Some(class) = config
-        .fetchers
-        .keys()
-        .find(|c| !config.classes.contains_key(*c))
-    {
-        return unknown(
-            "fetch",
-            format!("a fetch handler names class {class}, which is not configured"),
-        );
-    }
-    if let Some(class) = config
-        .connectors
-        .keys()
-        .find(|c| !config.classes.contains_key(*c))
-    {
-        return unknown(
-            "connect",
-            format!("a connect handler names class {class}, which is not configured"),
-        );
+    let unconfigured = |class: &&String| !config.classes.contains_key(*class);
+    for (setting, class) in [
+        ("fetch", config.fetchers.keys().find(unconfigured)),
+        ("connect", config.connectors.keys().find(unconfigured)),
+    ] {
+        if let Some(class) = class {
+            return unknown(
+                setting,
+                format!("a {setting} handler names class {class}, which is not configured"),
+            );
+        }
     }
     if config.classes.is_empty() {
         return unknown("classes", "at least one object class".to_owned());

@@ -2,6 +2,7 @@
 //! manual clock.
 
 use durability_host::{Host, HostError, OwnPolicy, OwnerEvent, Residency};
+use durability_ownership::conformance::{Action, Hooks, Method};
 use durability_ownership::{DrainReport, OwnershipError};
 use durability_scheduler::StorageErrorKind;
 
@@ -104,9 +105,7 @@ async fn a_stale_host_is_refused_at_admission_and_at_commit() {
         other => panic!("{other}"),
     }
     // A stops renewing (as if paused): its lease runs out on the store.
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2, "B continues A's state");
     assert_eq!(fence_generation(&w, "c1"), 2);
     // A's late commit through the object it had open is refused by the
@@ -157,9 +156,7 @@ async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
             .await
     });
     spin().await;
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
     let _ = go.send(());
     let result = running.await.unwrap();
@@ -481,22 +478,14 @@ async fn the_owner_loop_claims_exactly_the_configured_shards() {
 
 #[tokio::test]
 async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
-    use durability_ownership::conformance::{Action, Hooks, Method};
     let w = World::new();
     let hooks = Hooks::new();
     let a = w.hooked("a", &hooks).await;
     let mut events = a.subscribe();
-    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
-        .await
-        .unwrap();
+    incr_hooked(&a).await;
     let scope = a.scope_for("Counter", "c1").unwrap().to_string();
     // The lease store is busy for the renew (nothing written).
-    hooks.set(move |method, _| match method {
-        Method::RenewMany | Method::Renew => Action::Fail(OwnershipError::OwnerRace {
-            scope: String::new(),
-        }),
-        _ => Action::Pass,
-    });
+    busy(&hooks, &[Method::RenewMany, Method::Renew]);
     let report = a.owner_cycle().await;
     hooks.clear();
     assert_eq!(report.renewed, 0);
@@ -512,31 +501,19 @@ async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
         assert!(!matches!(e, OwnerEvent::Lost { .. }), "{e:?}");
     }
     assert_eq!(a.owner_cycle().await.renewed, 1);
-    let v = a
-        .transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
-        .await
-        .unwrap();
-    assert_eq!(v, 2);
+    assert_eq!(incr_hooked(&a).await, 2);
     assert_eq!(a.probe().dispatch.cold, 1, "never reopened");
     a.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_store_answers() {
-    use durability_ownership::conformance::{Action, Hooks, Method};
     let w = World::new();
     let hooks = Hooks::new();
     let a = w.hooked("a", &hooks).await;
     incr_hooked(&a).await;
     // Renew and the re-adopting claim both meet a busy store.
-    hooks.set(move |method, _| match method {
-        Method::RenewMany | Method::Renew | Method::Claim => {
-            Action::Fail(OwnershipError::OwnerRace {
-                scope: String::new(),
-            })
-        }
-        _ => Action::Pass,
-    });
+    busy(&hooks, &[Method::RenewMany, Method::Renew, Method::Claim]);
     let report = a.owner_cycle().await;
     assert!(report.lost.is_empty(), "{report:?}");
     assert_eq!(a.probe().open_objects, 1);
@@ -553,6 +530,21 @@ async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_
     a.shutdown().await;
 }
 
+/// The hooked lease store answers `methods` busy (`owner_race`, nothing
+/// written), and every other method as usual.
+fn busy(hooks: &Hooks, methods: &'static [Method]) {
+    hooks.set(move |method, _| {
+        if methods.contains(&method) {
+            Action::Fail(OwnershipError::OwnerRace {
+                scope: String::new(),
+            })
+        } else {
+            Action::Pass
+        }
+    });
+}
+
+/// Counts `c1` up on the hooked host `a`.
 async fn incr_hooked(
     a: &Host<
         durability_ownership::conformance::HookedStore<crate::support::Store>,

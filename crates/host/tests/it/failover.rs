@@ -156,6 +156,11 @@ impl Cluster {
         })
     }
 
+    /// A client entering through b, then c.
+    fn client_via_b_and_c(&self) -> FailoverClient {
+        self.client(&[&self.b().endpoint, &self.c().endpoint])
+    }
+
     fn b(&self) -> &Node {
         self.b.as_ref().unwrap()
     }
@@ -260,7 +265,7 @@ async fn calls_continue_through_the_other_entries_while_one_entry_host_is_dead()
 #[tokio::test]
 async fn an_rpc_whose_answer_is_lost_after_sending_is_unknown_and_not_replayed() {
     let cluster = Cluster::new().await;
-    let client = cluster.client(&[&cluster.b().endpoint, &cluster.c().endpoint]);
+    let client = cluster.client_via_b_and_c();
     for (i, loss) in [Loss::Reset, Loss::Unreadable].into_iter().enumerate() {
         let name = format!("u{i}");
         let before = cluster.transport.sent().len();
@@ -289,7 +294,7 @@ async fn an_rpc_whose_answer_is_lost_after_sending_is_unknown_and_not_replayed()
 #[tokio::test]
 async fn an_idempotency_key_lets_the_client_resend_and_the_call_still_runs_once() {
     let cluster = Cluster::new().await;
-    let client = cluster.client(&[&cluster.b().endpoint, &cluster.c().endpoint]);
+    let client = cluster.client_via_b_and_c();
     let key = IdempotencyKey::new("order-7f3a").unwrap();
     for loss in [Loss::Reset, Loss::Unreadable] {
         cluster.transport.lose_next(loss);
@@ -323,7 +328,7 @@ async fn a_get_is_replayed_per_the_rules_through_the_next_entry_and_a_post_is_no
     let cluster = Cluster::new().await;
     let b = cluster.b().endpoint.clone();
     let c = cluster.c().endpoint.clone();
-    let client = cluster.client(&[&b, &c]);
+    let client = cluster.client_via_b_and_c();
 
     cluster.transport.lose_next(Loss::Reset);
     let r = client
@@ -350,7 +355,7 @@ async fn a_get_is_replayed_per_the_rules_through_the_next_entry_and_a_post_is_no
 #[tokio::test]
 async fn a_corrupt_recorded_result_is_a_typed_error_for_its_key_only_and_keys_can_be_pruned() {
     let cluster = Cluster::new().await;
-    let client = cluster.client(&[&cluster.b().endpoint, &cluster.c().endpoint]);
+    let client = cluster.client_via_b_and_c();
     let (k1, k2) = (
         IdempotencyKey::new("k-1").unwrap(),
         IdempotencyKey::new("k-2").unwrap(),
@@ -415,7 +420,7 @@ async fn a_draining_entry_host_is_left_for_the_next_entry() {
     let cluster = Cluster::new().await;
     let b = cluster.b().endpoint.clone();
     let c = cluster.c().endpoint.clone();
-    let client = cluster.client(&[&b, &c]);
+    let client = cluster.client_via_b_and_c();
     // b drains (SIGTERM) but keeps its listener open.
     let _ = cluster.b().host.shutdown().await;
     let mut results = Vec::new();

@@ -75,15 +75,17 @@ async fn a_class_lists_by_name_prefix_page_by_page_on_sqlite() {
     listing_cases(&SqliteObjectStore::new(dir.path())).await;
 }
 
+/// The PostgreSQL object store in `schema`.
+fn pg_store(schema: &TestSchema) -> PostgresObjectStore {
+    PostgresObjectStore::connect(&url(), schema.name(), PostgresObjectOptions::default()).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_class_lists_by_name_prefix_page_by_page_on_postgres() {
     let Some(schema) = TestSchema::create().await else {
         return;
     };
-    let store =
-        PostgresObjectStore::connect(&url(), schema.name(), PostgresObjectOptions::default())
-            .unwrap();
-    listing_cases(&store).await;
+    listing_cases(&pg_store(&schema)).await;
 }
 
 #[test]
@@ -267,8 +269,7 @@ async fn an_object_round_trips_sqlite_to_postgres_to_sqlite_with_every_row() {
     let Some(schema) = TestSchema::create().await else {
         return;
     };
-    let pg = PostgresObjectStore::connect(&url(), schema.name(), PostgresObjectOptions::default())
-        .unwrap();
+    let pg = pg_store(&schema);
     let dir = tempfile::tempdir().unwrap();
     let first = SqliteObjectStore::new(dir.path().join("one"));
     let back = SqliteObjectStore::new(dir.path().join("two"));
@@ -321,8 +322,7 @@ async fn an_export_on_postgres_ends_a_holder_paused_inside_a_transaction() {
     let Some(schema) = TestSchema::create().await else {
         return;
     };
-    let pg = PostgresObjectStore::connect(&url(), schema.name(), PostgresObjectOptions::default())
-        .unwrap();
+    let pg = pg_store(&schema);
     let object = key("Cart", "held");
     let live = pg.open(&storage(), &object).await.unwrap();
     live.fence_claim(&owner(&object, 5), None).unwrap();

@@ -5,16 +5,47 @@
 use std::sync::Arc;
 
 use durability_host::semaphore::{HolderCall, Limit, SemaphorePermits};
-use durability_host::{Host, HostError};
+use durability_host::{Host, HostError, ObjectRef};
 use durability_scheduler::Permits;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use serde_json::{Value, json};
 
-use crate::support::{World, spin};
+use crate::support::{Store, TestHost, World, spin};
 
-async fn holder_host(world: &World) -> crate::support::TestHost {
-    Host::start(world.config("t1").semaphore_holder())
+/// A semaphore holder host and its `limits` semaphore, whose pool `sink`
+/// has `capacity` permits.
+async fn sink_holder(
+    world: &World,
+    capacity: u64,
+) -> (TestHost, ObjectRef<Store, SqliteAlarmIndex>) {
+    let host: TestHost = Host::start(world.config("t1").semaphore_holder())
+        .await
+        .unwrap();
+    let holder = host.object_by_name("Semaphore", "limits");
+    configure_sink(&holder, capacity).await;
+    (host, holder)
+}
+
+/// Gives the holder's pool `sink` `capacity` permits.
+async fn configure_sink(holder: &dyn HolderCall, capacity: u64) {
+    holder
+        .call_holder("configure", json!({"pool": "sink", "capacity": capacity}))
+        .await
+        .unwrap();
+}
+
+/// The holder's pool `sink`, as it reports it.
+async fn sink(holder: &dyn HolderCall) -> Value {
+    holder
+        .call_holder("pool", json!({"pool": "sink"}))
         .await
         .unwrap()
+}
+
+/// The permits of pool `sink` held now and granted so far.
+async fn held_and_granted(holder: &dyn HolderCall) -> (Option<u64>, Option<u64>) {
+    let pool = sink(holder).await;
+    (pool["held"].as_u64(), pool["granted"].as_u64())
 }
 
 fn acquire(key: &str, count: u64) -> Value {
@@ -25,12 +56,7 @@ fn acquire(key: &str, count: u64) -> Value {
 #[tokio::test]
 async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_poll_end() {
     let world = World::new();
-    let host = holder_host(&world).await;
-    let holder = host.object_by_name("Semaphore", "limits");
-    holder
-        .call("configure", json!({"pool": "sink", "capacity": 1}))
-        .await
-        .unwrap();
+    let (host, holder) = sink_holder(&world, 1).await;
     let first = holder.call("acquire", acquire("a", 1)).await.unwrap();
     let id = first["granted"]["id"].as_u64().unwrap();
 
@@ -43,7 +69,7 @@ async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_po
         !waiting.is_finished(),
         "queued: the call waits on the holder"
     );
-    let pool = holder.call("pool", json!({"pool": "sink"})).await.unwrap();
+    let pool = sink(&holder).await;
     assert_eq!(
         (pool["held"].as_u64(), pool["queued"].as_u64()),
         (Some(1), Some(1))
@@ -70,23 +96,14 @@ async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_po
     assert_eq!(again["now"], json!(false));
     let retried = holder.call("acquire", acquire("b", 1)).await.unwrap();
     assert_eq!(retried["granted"]["id"], answer["granted"]["id"]);
-    let pool = holder.call("pool", json!({"pool": "sink"})).await.unwrap();
-    assert_eq!(
-        (pool["held"].as_u64(), pool["granted"].as_u64()),
-        (Some(1), Some(2))
-    );
+    assert_eq!(held_and_granted(&holder).await, (Some(1), Some(2)));
     host.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_nothing() {
     let world = World::new();
-    let host = holder_host(&world).await;
-    let holder = host.object_by_name("Semaphore", "limits");
-    holder
-        .call("configure", json!({"pool": "sink", "capacity": 2}))
-        .await
-        .unwrap();
+    let (host, holder) = sink_holder(&world, 2).await;
     let err = holder.call("acquire", acquire("big", 3)).await.unwrap_err();
     let HostError::Method { code, .. } = &err else {
         panic!("not the method's error: {err:?}")
@@ -97,23 +114,15 @@ async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_noth
         .await
         .unwrap_err();
     assert!(err.to_string().contains("semaphore_invalid_args"), "{err}");
-    let pool = holder.call("pool", json!({"pool": "sink"})).await.unwrap();
-    assert_eq!(
-        (pool["held"].as_u64(), pool["granted"].as_u64()),
-        (Some(0), Some(0))
-    );
+    assert_eq!(held_and_granted(&holder).await, (Some(0), Some(0)));
     host.shutdown().await;
 }
 
 #[tokio::test]
 async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wakes_the_next() {
     let world = World::new();
-    let host = holder_host(&world).await;
-    let holder: Arc<dyn HolderCall> = Arc::new(host.object_by_name("Semaphore", "limits"));
-    holder
-        .call_holder("configure", json!({"pool": "sink", "capacity": 2}))
-        .await
-        .unwrap();
+    let (host, holder) = sink_holder(&world, 2).await;
+    let holder: Arc<dyn HolderCall> = Arc::new(holder);
     let permits = Arc::new(SemaphorePermits::new(
         Arc::clone(&holder),
         "sink",
@@ -137,10 +146,7 @@ async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wake
     assert_eq!(got, Ok(1));
     drop(two);
     spin().await;
-    let pool = holder
-        .call_holder("pool", json!({"pool": "sink"}))
-        .await
-        .unwrap();
+    let pool = sink(holder.as_ref()).await;
     // The third permit's entry count was read and the permit dropped.
     assert_eq!(pool["granted"].as_u64(), Some(3));
     assert!(pool["held"].as_u64().unwrap() <= 2);
@@ -150,12 +156,8 @@ async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wake
 #[tokio::test]
 async fn rate_permits_return_at_their_interval_on_the_holders_clock() {
     let world = World::new();
-    let host = holder_host(&world).await;
-    let holder: Arc<dyn HolderCall> = Arc::new(host.object_by_name("Semaphore", "limits"));
-    holder
-        .call_holder("configure", json!({"pool": "sink", "capacity": 3}))
-        .await
-        .unwrap();
+    let (host, holder) = sink_holder(&world, 3).await;
+    let holder: Arc<dyn HolderCall> = Arc::new(holder);
     let limit = Limit::Rate {
         interval_ms: 1_000,
         per_delivery: 2,

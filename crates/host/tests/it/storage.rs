@@ -16,7 +16,7 @@ use durability_ownership::{
 };
 use durability_scheduler::{ObjectId, StorageError};
 
-use crate::support::{Counter, LIFECYCLE, STORAGE, TTL, World, advance_until, incr, spin};
+use crate::support::{Counter, LIFECYCLE, STORAGE, TestHost, World, advance_until, incr, spin};
 
 fn object_file(w: &World, storage: &str, name: &str) -> PathBuf {
     w.root()
@@ -70,18 +70,42 @@ async fn delete_storage(
     delete_storage_id(w.store().as_ref(), index, &objects, LIFECYCLE, storage).await
 }
 
+/// A world whose host `a` counted `c1` up once and stopped.
+async fn one_counter_stored() -> World {
+    let w = World::new();
+    let a = w.host("a").await;
+    incr(&a, "c1").await.unwrap();
+    a.shutdown().await;
+    w
+}
+
+/// Counts `name` up and sets its timer due at `due_at`, in one
+/// transaction on `host`.
+async fn counted_with_timer(host: &TestHost, name: &str, due_at: i64) {
+    host.transaction::<Counter, _, _>("Counter", name, |c, tx| {
+        c.incr(tx)?;
+        c.set_timer(tx, due_at)
+    })
+    .await
+    .unwrap();
+}
+
 fn lifecycle() -> LifecycleId {
     LifecycleId::new(LIFECYCLE).unwrap()
 }
 
-fn probe_scope(storage: &str) -> OwnerScope {
-    OwnerScope::new(
+/// The lifecycle's storage pointer and delete lock, as the lease store
+/// shows them to a scope of `storage`.
+async fn pointer_and_lock(w: &World, storage: &str) -> (Option<StorageId>, Option<DeleteLock>) {
+    let scope = OwnerScope::new(
         StorageId::new(storage).unwrap(),
         ClassName::new("Counter").unwrap(),
         0,
         ShardCount::default(),
     )
-    .unwrap()
+    .unwrap();
+    let snap = w.store().snapshot(&scope, &lifecycle()).await.unwrap();
+    (snap.active_storage, snap.delete_lock)
 }
 
 #[tokio::test]
@@ -166,12 +190,7 @@ async fn delete_all_keeping_the_alarm_still_fires_the_timer() {
     let w = World::new();
     let a = w.host("a").await;
     let now = durability_ownership::Clock::now_ms(&w.clock);
-    a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| {
-        c.incr(tx)?;
-        c.set_timer(tx, now + 1_000)
-    })
-    .await
-    .unwrap();
+    counted_with_timer(&a, "c1", now + 1_000).await;
     let report = a
         .delete_all("Counter", "c1", DeleteAll::default().keep_alarm(true))
         .await
@@ -194,9 +213,7 @@ async fn a_stale_hosts_delete_all_is_refused_and_deletes_nothing() {
     let a = w.host("a").await;
     let b = w.host("b").await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
-    a.ownership().forget(&a.scope_for("Counter", "c1").unwrap());
-    w.clock.advance(i64::try_from(TTL).unwrap() + 1);
-    spin().await;
+    w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
     let refused = a
         .delete_all("Counter", "c1", DeleteAll::default())
@@ -225,12 +242,7 @@ async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombston
     let a = w.host("a").await;
     let now = durability_ownership::Clock::now_ms(&w.clock);
     for i in 0..5 {
-        a.transaction::<Counter, _, _>("Counter", &format!("c{i}"), |c, tx| {
-            c.incr(tx)?;
-            c.set_timer(tx, now + 60_000)
-        })
-        .await
-        .unwrap();
+        counted_with_timer(&a, &format!("c{i}"), now + 60_000).await;
     }
     // Jobs of other storage ids, one sharing a leading substring.
     let index = w.index();
@@ -261,13 +273,9 @@ async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombston
     }
     let tombstone = std::fs::read_to_string(w.root().join(STORAGE).join(TOMBSTONE_FILE)).unwrap();
     assert!(tombstone.contains("state=deleted"), "{tombstone}");
-    let snap = w
-        .store()
-        .snapshot(&probe_scope(STORAGE), &lifecycle())
-        .await
-        .unwrap();
-    assert_eq!(snap.active_storage, None, "the pointer is gone");
-    assert_eq!(snap.delete_lock, None, "the lock was released");
+    let (pointer, lock) = pointer_and_lock(&w, STORAGE).await;
+    assert_eq!(pointer, None, "the pointer is gone");
+    assert_eq!(lock, None, "the lock was released");
 
     // The host serving it refuses new work, and creates no object file,
     // even for an object of a scope it still holds a local lease on.
@@ -294,12 +302,8 @@ async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombston
         matches!(&err, HostError::LifecycleRecord { found, .. } if found.starts_with("tombstoned")),
         "{err}"
     );
-    let snap = w
-        .store()
-        .snapshot(&probe_scope(STORAGE), &lifecycle())
-        .await
-        .unwrap();
-    assert_eq!(snap.active_storage, None, "the refusal wrote nothing");
+    let (pointer, _) = pointer_and_lock(&w, STORAGE).await;
+    assert_eq!(pointer, None, "the refusal wrote nothing");
     let b = Host::start(w.config_for("b", "st2")).await.unwrap();
     assert_eq!(
         b.transaction::<Counter, _, _>("Counter", "y", |c, tx| c.incr(tx))
@@ -354,15 +358,7 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
         assert_eq!(report.pointer_removed, pointer, "{case}");
         assert_eq!(report.objects_deleted, 3, "{case}");
         assert_eq!(report.jobs_deleted, 3, "{case}");
-        let snap = store
-            .snapshot(&probe_scope(STORAGE), &lifecycle())
-            .await
-            .unwrap();
-        assert_eq!(
-            (snap.active_storage, snap.delete_lock),
-            (None, None),
-            "{case}"
-        );
+        assert_eq!(pointer_and_lock(&w, STORAGE).await, (None, None), "{case}");
         assert_eq!(w.index().counts().await.unwrap().total(), 0, "{case}");
         // Once more: nothing left, still complete.
         let again = delete_storage(&w, w.index().as_ref(), STORAGE)
@@ -374,14 +370,11 @@ async fn a_storage_deletion_interrupted_at_any_step_is_finished_by_running_it_ag
 
 #[tokio::test]
 async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
-    let w = World::new();
-    let a = w.host("a").await;
-    incr(&a, "c1").await.unwrap();
-    a.shutdown().await;
+    let w = one_counter_stored().await;
     // A redeploy points the lifecycle at st2 before the old st1 is cleaned.
-    let store = w.store();
-    store
-        .set_active_storage(&lifecycle(), Some(&StorageId::new("st2").unwrap()))
+    let st2 = StorageId::new("st2").unwrap();
+    w.store()
+        .set_active_storage(&lifecycle(), Some(&st2))
         .await
         .unwrap();
     let report = delete_storage(&w, w.index().as_ref(), STORAGE)
@@ -389,30 +382,19 @@ async fn a_storage_deletion_leaves_a_redeployed_lifecycle_alone() {
         .unwrap();
     assert!(report.complete() && !report.pointer_removed, "{report:?}");
     assert_eq!(report.objects_deleted, 1);
-    let snap = store
-        .snapshot(&probe_scope("st2"), &lifecycle())
-        .await
-        .unwrap();
-    assert_eq!(snap.active_storage, Some(StorageId::new("st2").unwrap()));
-    assert_eq!(snap.delete_lock, None);
+    assert_eq!(pointer_and_lock(&w, "st2").await, (Some(st2.clone()), None));
     // Bad input: typed, nothing touched.
     let err = delete_storage(&w, w.index().as_ref(), "bad:id")
         .await
         .unwrap_err();
     assert_eq!(err.code(), "host_invalid_setting");
-    let snap = store
-        .snapshot(&probe_scope("st2"), &lifecycle())
-        .await
-        .unwrap();
-    assert_eq!(snap.active_storage, Some(StorageId::new("st2").unwrap()));
+    let (pointer, _) = pointer_and_lock(&w, "st2").await;
+    assert_eq!(pointer, Some(st2));
 }
 
 #[tokio::test]
 async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_result() {
-    let w = World::new();
-    let a = w.host("a").await;
-    incr(&a, "c1").await.unwrap();
-    a.shutdown().await;
+    let w = one_counter_stored().await;
     // The index's job table is gone: listing the storage's jobs fails.
     let broken = w.dir.path().join("broken-alarms.db");
     let index = durability_storage_sqlite::alarms::SqliteAlarmIndex::open(
@@ -424,7 +406,6 @@ async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_
         .unwrap()
         .execute_batch("DROP TABLE durability_alarm_index_jobs")
         .unwrap();
-    let store = w.store();
     let report = delete_storage(&w, &index, STORAGE).await.unwrap();
     eprintln!("partial: {report:?}");
     assert!(!report.complete());
@@ -436,12 +417,8 @@ async fn a_storage_deletion_that_cannot_reach_the_alarm_index_reports_a_partial_
         tombstone.contains("state=deleting"),
         "an incomplete deletion is not marked deleted: {tombstone}"
     );
-    let snap = store
-        .snapshot(&probe_scope(STORAGE), &lifecycle())
-        .await
-        .unwrap();
     assert_eq!(
-        (snap.active_storage, snap.delete_lock),
+        pointer_and_lock(&w, STORAGE).await,
         (None, None),
         "the pointer is gone and the lock released either way"
     );
@@ -563,6 +540,20 @@ async fn listed(w: &World) -> Vec<(String, String)> {
     all
 }
 
+/// Counts every object of `classes` x `names` up once on `host`; each
+/// must count `want`.
+async fn incr_every(host: &TestHost, classes: &[&str], names: &[String], want: i64) {
+    for class in classes {
+        for name in names {
+            let n = host
+                .transaction::<Counter, _, _>(class, name, |c, tx| c.incr(tx))
+                .await
+                .unwrap_or_else(|e| panic!("{class} {name:?}: {e}"));
+            assert_eq!(n, want, "{class} {name:?}");
+        }
+    }
+}
+
 /// Issue 32, item 5: any well-formed Unicode object name up to 512 bytes
 /// (emoji, CJK, separators, control characters) and the longest valid
 /// class name work through a call, keep their state across a restart (the
@@ -590,28 +581,15 @@ async fn any_valid_object_name_and_the_longest_class_work_end_to_end_and_are_lis
         "plain-name_1".to_owned(),
     ];
     assert_eq!(names[0].len(), durability_host::MAX_OBJECT_NAME_BYTES);
+    let classes = ["Counter", long.as_str()];
+    // Each object counts 1 on the first host; 2 on the next one, which
+    // reopened its own storage.
     let a = Host::start(config("a")).await.unwrap();
-    for class in ["Counter", long.as_str()] {
-        for name in &names {
-            let n = a
-                .transaction::<Counter, _, _>(class, name, |c, tx| c.incr(tx))
-                .await
-                .unwrap_or_else(|e| panic!("{class} {name:?}: {e}"));
-            assert_eq!(n, 1);
-        }
-    }
+    incr_every(&a, &classes, &names, 1).await;
     a.shutdown().await;
     let b = Host::start(config("b")).await.unwrap();
-    for class in ["Counter", long.as_str()] {
-        for name in &names {
-            let n = b
-                .transaction::<Counter, _, _>(class, name, |c, tx| c.incr(tx))
-                .await
-                .unwrap();
-            assert_eq!(n, 2, "{class} {name:?} reopened its own storage");
-        }
-    }
-    let mut expected: Vec<(String, String)> = ["Counter", long.as_str()]
+    incr_every(&b, &classes, &names, 2).await;
+    let mut expected: Vec<(String, String)> = classes
         .iter()
         .flat_map(|c| names.iter().map(move |n| ((*c).to_owned(), n.clone())))
         .collect();
@@ -674,7 +652,7 @@ async fn invalid_object_and_class_names_are_typed_errors_and_write_nothing() {
 async fn a_lone_surrogate_on_the_wire_is_a_typed_error_and_writes_nothing() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let w = World::new();
-    let host: crate::support::TestHost = Host::start(
+    let host: TestHost = Host::start(
         crate::rpc::with_methods(w.config("a"))
             .internal_token(crate::rpc::TOKEN)
             .endpoint("http://127.0.0.1:8788"),

@@ -260,6 +260,16 @@ impl World {
     }
 
     /// Sets the timer of `Counter` `name` on `host` due `in_ms` from now.
+    /// `host` forgets the scope of `Counter` `name` (it stops renewing it,
+    /// as a paused host does) and the clock passes the lease's end: another
+    /// host may claim the scope now.
+    pub(crate) async fn lapse(&self, host: &TestHost, name: &str) {
+        host.ownership()
+            .forget(&host.scope_for("Counter", name).unwrap());
+        self.clock.advance(i64::try_from(TTL).unwrap() + 1);
+        spin().await;
+    }
+
     pub(crate) async fn set_timer_in(&self, host: &TestHost, name: &str, in_ms: i64) {
         let at = durability_ownership::Clock::now_ms(&self.clock) + in_ms;
         host.transaction::<Counter, _, _>("Counter", name, |c, tx| c.set_timer(tx, at))

@@ -1,6 +1,7 @@
 //! The SQLite side of [`crate::idempotency`]: the recorded keys of one
 //! object in its own `idempotency_keys` table, read and written in the
-//! caller's transaction (see that module for the contract).
+//! caller's transaction (see that module for the contract; the
+//! at-most-once logic is there).
 
 use durability_scheduler::{StorageError, Transaction};
 use durability_storage_sqlite::SqliteStorage;
@@ -14,23 +15,17 @@ fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("idempotency keys", e)
 }
 
-/// Runs `body` at most once for (`method`, `key`) on this object, in the
-/// caller's transaction `tx` (module docs): the recorded result if the key
-/// is already there, else the body's result, recorded with the key.
+/// The result recorded for (`method`, `key`) in the caller's transaction
+/// `tx`, if there is one (the table is created when absent).
 ///
 /// # Errors
-/// The body's error (nothing recorded); a storage failure; a recorded
-/// result that is not JSON (a corrupt row) as a storage error naming the
-/// key.
-pub(crate) fn once<F>(
+/// A storage failure; a recorded result that is not JSON (a corrupt row)
+/// as a storage error naming the key.
+pub(crate) fn recorded(
     tx: &mut Transaction<'_, '_, SqliteStorage>,
     method: &str,
     key: &str,
-    body: F,
-) -> Result<Value, StorageError>
-where
-    F: FnOnce(&mut Transaction<'_, '_, SqliteStorage>) -> Result<Value, StorageError>,
-{
+) -> Result<Option<Value>, StorageError> {
     tx.sql()
         .execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -50,22 +45,36 @@ where
         )
         .optional()
         .map_err(sql)?;
-    if let Some(recorded) = recorded {
-        return serde_json::from_str(&recorded).map_err(|e| {
-            StorageError::backend(
-                "idempotency keys",
-                format!("the recorded result of key {} is not JSON: {e}", key),
-            )
-        });
-    }
-    let result = body(tx)?;
+    recorded
+        .map(|recorded| {
+            serde_json::from_str(&recorded).map_err(|e| {
+                StorageError::backend(
+                    "idempotency keys",
+                    format!("the recorded result of key {} is not JSON: {e}", key),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// Records `result` for (`method`, `key`) in the caller's transaction
+/// `tx` (after [`recorded`] found none).
+///
+/// # Errors
+/// A storage failure.
+pub(crate) fn record(
+    tx: &mut Transaction<'_, '_, SqliteStorage>,
+    method: &str,
+    key: &str,
+    result: &Value,
+) -> Result<(), StorageError> {
     tx.sql()
         .execute(
             &format!("INSERT INTO {TABLE} (method, key, result) VALUES (?1, ?2, ?3)"),
             params![method, key, result.to_string()],
         )
         .map_err(sql)?;
-    Ok(result)
+    Ok(())
 }
 
 /// Removes up to `limit` recorded keys of this object (oldest rows
