@@ -147,6 +147,12 @@ impl DemoHost {
     }
 }
 
+/// A copy of the value under `key` (`None` when absent, or when the lock
+/// is poisoned).
+fn cloned<V: Clone>(map: &Mutex<BTreeMap<ObjectId, V>>, key: &ObjectId) -> Option<V> {
+    map.lock().ok().and_then(|m| m.get(key).cloned())
+}
+
 /// Routes each delivery to the host that owns the object now (a stand-in
 /// for the ownership crate's owner resolution and admission).
 struct Router {
@@ -155,12 +161,7 @@ struct Router {
 
 impl Dispatch for Router {
     async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
-        let host = self
-            .owner
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&d.object).cloned());
-        let Some(host) = host else {
+        let Some(host) = cloned(&self.owner, &d.object) else {
             return DispatchOutcome::Gone;
         };
         if !host.alive.load(Ordering::SeqCst) {
@@ -168,12 +169,7 @@ impl Dispatch for Router {
                 reason: format!("{} is down", host.name),
             };
         }
-        let alarms = host
-            .objects
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&d.object).cloned());
-        let Some(alarms) = alarms else {
+        let Some(alarms) = cloned(&host.objects, &d.object) else {
             return DispatchOutcome::Gone;
         };
         let printer = Printer {
