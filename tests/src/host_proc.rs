@@ -1,6 +1,8 @@
 //! What every host process of the process tests shares (`object-host`,
-//! `pg-object-host`): `key=value` arguments, one stdout line per step, the
-//! owner events, the answers to commands, and the drain on SIGTERM.
+//! `pg-object-host`, in part `routing-host` and the demo's cluster host):
+//! `key=value` arguments, one stdout line per step, the owner events, the
+//! answers to commands, the peer directory, the `Counter` object, and the
+//! drain on SIGTERM.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::HashMap;
