@@ -147,6 +147,27 @@ impl DemoHost {
     }
 }
 
+/// A dispatcher on the wall clock ([`SystemClock`]), delivering the jobs of
+/// `index` through `to`.
+fn wall_dispatcher<I: AlarmIndex, D: Dispatch>(
+    index: &Arc<I>,
+    to: Arc<D>,
+    config: DispatcherConfig,
+) -> Result<Dispatcher<I, D>> {
+    Ok(Dispatcher::new(
+        Arc::clone(index),
+        to,
+        Arc::new(SystemClock),
+        config,
+    )?)
+}
+
+/// A copy of the value under `key` (`None` when absent, or when the lock
+/// is poisoned).
+fn cloned<V: Clone>(map: &Mutex<BTreeMap<ObjectId, V>>, key: &ObjectId) -> Option<V> {
+    map.lock().ok().and_then(|m| m.get(key).cloned())
+}
+
 /// Routes each delivery to the host that owns the object now (a stand-in
 /// for the ownership crate's owner resolution and admission).
 struct Router {
@@ -155,12 +176,7 @@ struct Router {
 
 impl Dispatch for Router {
     async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
-        let host = self
-            .owner
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&d.object).cloned());
-        let Some(host) = host else {
+        let Some(host) = cloned(&self.owner, &d.object) else {
             return DispatchOutcome::Gone;
         };
         if !host.alive.load(Ordering::SeqCst) {
@@ -168,12 +184,7 @@ impl Dispatch for Router {
                 reason: format!("{} is down", host.name),
             };
         }
-        let alarms = host
-            .objects
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&d.object).cloned());
-        let Some(alarms) = alarms else {
+        let Some(alarms) = cloned(&host.objects, &d.object) else {
             return DispatchOutcome::Gone;
         };
         let printer = Printer {
@@ -250,12 +261,7 @@ pub(crate) async fn demo(redis_url: Option<&str>) -> Result {
         claim_lease_ms: 5_000,
         ..DispatcherConfig::default()
     };
-    let dispatcher = Arc::new(Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&router),
-        Arc::new(SystemClock),
-        config,
-    )?);
+    let dispatcher = Arc::new(wall_dispatcher(&index, Arc::clone(&router), config)?);
     let d = Arc::clone(&dispatcher);
     let running = tokio::spawn(async move { d.run().await });
     // Wait for the first alarm, then kill host A.
@@ -420,12 +426,7 @@ async fn dispatch_figure<I: AlarmIndex + 'static>(index: Arc<I>, backend: &str) 
         late: Mutex::new(Vec::with_capacity(n as usize)),
         slow: None,
     });
-    let d = Arc::new(Dispatcher::new(
-        Arc::clone(&index),
-        Arc::clone(&noop),
-        Arc::new(SystemClock),
-        config,
-    )?);
+    let d = Arc::new(wall_dispatcher(&index, Arc::clone(&noop), config)?);
     let t = Instant::now();
     let mut done = 0;
     while done < n as usize {
@@ -561,15 +562,11 @@ pub(crate) async fn bench(redis_url: &str) -> Result {
             late: Mutex::new(Vec::new()),
             slow: slow.then(|| ObjectId::new("slow")).transpose()?,
         });
-        let d = Arc::new(Dispatcher::new(
-            Arc::clone(&index),
-            Arc::clone(&host),
-            Arc::new(SystemClock),
-            DispatcherConfig {
-                stop_grace_ms: 0,
-                ..DispatcherConfig::default()
-            },
-        )?);
+        let config = DispatcherConfig {
+            stop_grace_ms: 0,
+            ..DispatcherConfig::default()
+        };
+        let d = Arc::new(wall_dispatcher(&index, Arc::clone(&host), config)?);
         let run = tokio::spawn({
             let d = Arc::clone(&d);
             async move { d.run().await }
@@ -682,12 +679,7 @@ pub(crate) fn rss_child(args: &[String]) -> Result {
             late: Mutex::new(Vec::new()),
             slow: None,
         });
-        let d = Dispatcher::new(
-            Arc::clone(&index),
-            noop,
-            Arc::new(SystemClock),
-            DispatcherConfig::default(),
-        )?;
+        let d = wall_dispatcher(&index, noop, DispatcherConfig::default())?;
         let count = AtomicU64::new(0);
         while count.load(Ordering::Relaxed) < 1_000 {
             count.fetch_add(d.tick().await?.claimed as u64, Ordering::Relaxed);

@@ -13,7 +13,7 @@ use durability_scheduler::{ObjectContext, ObjectId, Scheduler, SchemaStep, Syste
 use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous};
 use serde_json::json;
 
-use crate::Result;
+use crate::{INITIAL_STEP, Result};
 
 #[rustfmt::skip] // One line: xtask's tidy test reads it.
 pub(crate) const AREAS: &[&str] = &["outbox", "topology", "ownership", "alarms", "migration", "host", "semaphore"];
@@ -104,15 +104,9 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-static APP_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static APP_STEPS: &[SchemaStep] = &[INITIAL_STEP];
 static APP_SQL: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
-        version: 1,
-        name: "initial",
-    },
+    step: INITIAL_STEP,
     up: "CREATE TABLE app_rows (id INTEGER PRIMARY KEY, body BLOB NOT NULL);
          CREATE TABLE bench_outbox (
              channel TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,

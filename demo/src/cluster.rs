@@ -429,6 +429,30 @@ impl Cluster {
         out
     }
 
+    /// The live host owning the most shards, its shard count, and the
+    /// objects of `names` it owns.
+    async fn busiest_objects(&self, names: &[String]) -> Result<(String, usize, Vec<String>)> {
+        let (task, shards) = self.busiest().await?;
+        let objs = self.owned_by(&task, names).await?;
+        Ok((task, shards, objs))
+    }
+
+    /// Waits for the alarms of a phase (tags `<phase>-<name>`, one per
+    /// object of `objs`) to fire; returns those that fired (tag → time,
+    /// task), how many alarms there are, and how many fired on another
+    /// host than `host`.
+    async fn phase_alarms(
+        &self,
+        objs: &[String],
+        phase: &str,
+        host: &str,
+    ) -> (BTreeMap<String, (i64, String)>, usize, usize) {
+        let tags: BTreeSet<String> = objs.iter().map(|n| format!("{phase}-{n}")).collect();
+        let fired = self.wait_fired(&tags).await;
+        let elsewhere = fired.values().filter(|(_, t)| *t != host).count();
+        (fired, tags.len(), elsewhere)
+    }
+
     /// Waits until every tag of `tags` fired (or [`ALARM_WAIT_MS`] pass);
     /// returns those that fired.
     async fn wait_fired(&self, tags: &BTreeSet<String>) -> BTreeMap<String, (i64, String)> {
@@ -818,8 +842,7 @@ async fn kill_phase(
     fig: &mut Figures,
     names: &[String],
 ) -> Result {
-    let (k, shards) = c.busiest().await?;
-    let objs = c.owned_by(&k, names).await?;
+    let (k, shards, objs) = c.busiest_objects(names).await?;
     println!();
     println!(
         "-- SIGKILL host {k} ({shards} shards, {} objects), each object with an alarm due 1.5 s later",
@@ -847,22 +870,19 @@ async fn kill_phase(
         hosts_list(&by),
         TTL_MS + INTERVAL_MS
     );
-    let tags: BTreeSet<String> = objs.iter().map(|n| format!("kill-{n}")).collect();
-    let fired = c.wait_fired(&tags).await;
-    let on_survivors = fired.values().filter(|(_, t)| *t != k).count();
+    let (fired, alarms, on_survivors) = c.phase_alarms(&objs, "kill", &k).await;
     let worst = fired
         .values()
         .map(|(at, _)| at - killed)
         .max()
         .unwrap_or(-1);
-    fig.kill_alarms = (on_survivors, tags.len(), worst);
+    fig.kill_alarms = (on_survivors, alarms, worst);
     let mut by_task: BTreeMap<String, usize> = BTreeMap::new();
     for (_, t) in fired.values() {
         *by_task.entry(t.clone()).or_insert(0) += 1;
     }
     println!(
-        "its pending alarms: {on_survivors} of {} fired on survivors ({}), the last {worst} ms after the kill (due 1.5 s after it was set; reference: lease + renew interval + dispatcher poll + one owner-wait retry = {} ms, plus the delivery; a survivor that claims a job whose scope the other survivor took forwards it there)",
-        tags.len(),
+        "its pending alarms: {on_survivors} of {alarms} fired on survivors ({}), the last {worst} ms after the kill (due 1.5 s after it was set; reference: lease + renew interval + dispatcher poll + one owner-wait retry = {} ms, plus the delivery; a survivor that claims a job whose scope the other survivor took forwards it there)",
         hosts_list(&by_task),
         alarm_budget_ms()
     );
@@ -875,8 +895,7 @@ async fn stop_phase(
     fig: &mut Figures,
     names: &[String],
 ) -> Result {
-    let (p, shards) = c.busiest().await?;
-    let objs = c.owned_by(&p, names).await?;
+    let (p, shards, objs) = c.busiest_objects(names).await?;
     let target = objs
         .first()
         .cloned()
@@ -950,12 +969,9 @@ async fn stop_phase(
     println!("host {p}'s own report: {report}");
     fig.refused_fenced = field(&report, "fenced").unwrap_or("0").parse()?;
     fig.refused_cancelled = field(&report, "lost").unwrap_or("0").parse()?;
-    let tags: BTreeSet<String> = objs.iter().map(|n| format!("stop-{n}")).collect();
-    let fired = c.wait_fired(&tags).await;
-    let elsewhere = fired.values().filter(|(_, t)| *t != p).count();
+    let (_, alarms, elsewhere) = c.phase_alarms(&objs, "stop", &p).await;
     println!(
-        "its pending alarms: {elsewhere} of {} fired on the survivor while it was paused",
-        tags.len()
+        "its pending alarms: {elsewhere} of {alarms} fired on the survivor while it was paused"
     );
     Ok(())
 }
@@ -996,8 +1012,7 @@ async fn drain_phase(
     fig: &mut Figures,
     names: &[String],
 ) -> Result {
-    let (d, shards) = c.busiest().await?;
-    let objs = c.owned_by(&d, names).await?;
+    let (d, shards, objs) = c.busiest_objects(names).await?;
     println!();
     println!(
         "-- SIGTERM (drain) host {d} ({shards} shards, {} objects), each object with an alarm due 0.7 s later",
@@ -1040,13 +1055,8 @@ async fn drain_phase(
             "redirected after the takeover: `incr {name}` entered host {entered}, which routed it to the new owner {host} (where it ran once)"
         );
     }
-    let tags: BTreeSet<String> = objs.iter().map(|n| format!("drain-{n}")).collect();
-    let fired = c.wait_fired(&tags).await;
-    let elsewhere = fired.values().filter(|(_, t)| *t != d).count();
-    println!(
-        "its pending alarms: {elsewhere} of {} fired on the host that took over",
-        tags.len()
-    );
+    let (_, alarms, elsewhere) = c.phase_alarms(&objs, "drain", &d).await;
+    println!("its pending alarms: {elsewhere} of {alarms} fired on the host that took over");
     Ok(())
 }
 

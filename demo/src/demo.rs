@@ -25,18 +25,12 @@ use durability_scheduler::{Driver, ObjectContext, ObjectId, Scheduler, SchemaSte
 use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage};
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
 use crate::migration::Backend;
+use crate::{INITIAL_STEP, Result};
 
-static ORDER_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static ORDER_STEPS: &[SchemaStep] = &[INITIAL_STEP];
 static ORDER_SQL: &[SqliteSchemaStep] = &[SqliteSchemaStep {
-    step: SchemaStep {
-        version: 1,
-        name: "initial",
-    },
+    step: INITIAL_STEP,
     up: "CREATE TABLE shop_orders (id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL)",
     down: "DROP TABLE shop_orders",
 }];

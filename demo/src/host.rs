@@ -43,6 +43,13 @@ struct Counter;
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL)";
 
+/// Creates the `Counter` object's table if missing.
+fn create_schema(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<(), StorageError> {
+    tx.sql()
+        .execute_batch(SCHEMA)
+        .map_err(|e| StorageError::backend("schema", e))
+}
+
 fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<i64, StorageError> {
     tx.sql()
         .query_row(
@@ -51,6 +58,15 @@ fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<i64, StorageError
             |r| r.get(0),
         )
         .map_err(|e| StorageError::backend("incr", e))
+}
+
+/// The ids of the bench host `task`: storage `st1`, lifecycle `lifecycle`.
+fn ids(lifecycle: &str, task: &str) -> BoxResult<HostIds> {
+    Ok(HostIds::new(
+        StorageId::new("st1")?,
+        LifecycleId::new(lifecycle)?,
+        TaskId::new(task)?,
+    ))
 }
 
 fn sqlite() -> SqliteOptions {
@@ -90,18 +106,10 @@ async fn host(
         Arc::new(HookedStore::new(store, hooks.clone())),
         Arc::new(index),
         dir.join("objects"),
-        HostIds::new(
-            StorageId::new("st1")?,
-            LifecycleId::new("bench:host")?,
-            TaskId::new(task)?,
-        ),
+        ids("bench:host", task)?,
     )
     .class("Counter", |ctx| {
-        ctx.scheduler.transaction(|tx| {
-            tx.sql()
-                .execute_batch(SCHEMA)
-                .map_err(|e| StorageError::backend("schema", e))
-        })?;
+        ctx.scheduler.transaction(create_schema)?;
         Ok::<_, BoxError>(Counter)
     })
     .settings(settings)
@@ -117,11 +125,7 @@ fn bare_object(dir: &std::path::Path) -> BoxResult<Scheduler<SqliteStorage>> {
     std::fs::create_dir_all(dir)?;
     let storage = Arc::new(SqliteStorage::open(dir.join("bare.sqlite"), sqlite())?);
     let sched = Scheduler::new(ObjectContext::new(ObjectId::new("bare")?, storage))?;
-    sched.transaction(|tx| {
-        tx.sql()
-            .execute_batch(SCHEMA)
-            .map_err(|e| StorageError::backend("schema", e))
-    })?;
+    sched.transaction(create_schema)?;
     Ok(sched)
 }
 
@@ -208,22 +212,12 @@ async fn call_overhead(
 async fn drain_handoff(dir: &std::path::Path) -> BoxResult<(f64, u64)> {
     let ttl = 10_000;
     let hooks = Hooks::new();
-    let a = host(
-        dir,
-        "a",
-        &hooks,
-        settings(Admission::Snapshot, ttl, 16)?,
-        OwnPolicy::AllShards,
-    )
-    .await?;
-    let b = host(
-        dir,
-        "b",
-        &hooks,
-        settings(Admission::Snapshot, ttl, 16)?,
-        OwnPolicy::AllShards,
-    )
-    .await?;
+    let start = async |task: &str| -> BoxResult<Host<Store, SqliteAlarmIndex>> {
+        let settings = settings(Admission::Snapshot, ttl, 16)?;
+        host(dir, task, &hooks, settings, OwnPolicy::AllShards).await
+    };
+    let a = start("a").await?;
+    let b = start("b").await?;
     a.owner_cycle().await;
     let t = Instant::now();
     let report = a.shutdown().await;

@@ -20,187 +20,15 @@
 
 #![allow(clippy::print_stdout, reason = "the bench prints its JSON lines")]
 
-use std::error::Error;
+mod contenders;
+
 use std::time::Duration;
 
-use crate::ownership::start;
-
-use durability_ownership::{
-    ClaimOutcome, ClassName, Lease, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope,
-    ShardCount, StorageId, TaskId,
-};
 use durability_storage_redis::ownership::RedisLeaseStore;
-use redis::aio::MultiplexedConnection;
 
-type BoxResult<T> = Result<T, Box<dyn Error>>;
+use contenders::{BLOCK, BoxResult, Contenders, Who};
 
-const TTL_MS: u64 = 60_000;
 const ROUNDS: usize = 3;
-/// Operations per contender between two switches of contender.
-const BLOCK: u64 = 100;
-
-const RAW_RELEASE: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-const RAW_RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
-
-/// The contenders, in their order in the first round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Who {
-    Ours,
-    Rslock,
-    Raw,
-}
-
-impl Who {
-    const ALL: [Who; 3] = [Who::Ours, Who::Rslock, Who::Raw];
-
-    fn name(self) -> &'static str {
-        match self {
-            Who::Ours => "ours",
-            Who::Rslock => "rslock",
-            Who::Raw => "raw",
-        }
-    }
-}
-
-struct Contenders {
-    store: RedisLeaseStore,
-    lifecycle: LifecycleId,
-    task: TaskId,
-    scope: OwnerScope,
-    rslock: rslock::LockManager,
-    raw: MultiplexedConnection,
-    raw_release: redis::Script,
-    raw_renew: redis::Script,
-    prefix: String,
-}
-
-impl Contenders {
-    /// Our claim of the scope (only the benchmark claims it, so a held
-    /// scope is an error).
-    async fn claim_ours(&self) -> BoxResult<Lease> {
-        let ClaimOutcome::Claimed(lease) = self
-            .store
-            .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
-            .await?
-        else {
-            return Err("our claim found the scope held".into());
-        };
-        Ok(lease)
-    }
-
-    /// `iterations` acquire + release pairs; returns the time they took.
-    async fn pairs(&mut self, who: Who, iterations: u64) -> BoxResult<Duration> {
-        let t = start();
-        match who {
-            Who::Ours => {
-                for _ in 0..iterations {
-                    let lease = self.claim_ours().await?;
-                    if !self.store.release(&lease.record).await? {
-                        return Err("our release found no lease".into());
-                    }
-                }
-            }
-            Who::Rslock => {
-                let resource = format!("{}rslock:pair", self.prefix);
-                let ttl = Duration::from_millis(TTL_MS);
-                for _ in 0..iterations {
-                    let lock = self
-                        .rslock
-                        .lock(resource.as_bytes(), ttl)
-                        .await
-                        .map_err(|e| format!("rslock lock: {e}"))?;
-                    self.rslock.unlock(&lock).await;
-                }
-            }
-            Who::Raw => {
-                let key = format!("{}raw:pair", self.prefix);
-                let value = b"raw-owner-value-0123456789";
-                for _ in 0..iterations {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(value)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL_MS)
-                        .query_async(&mut self.raw)
-                        .await?;
-                    let del: i64 = self
-                        .raw_release
-                        .key(&key)
-                        .arg(value)
-                        .invoke_async(&mut self.raw)
-                        .await?;
-                    if set.is_none() || del != 1 {
-                        return Err("raw SET NX PX / compare-and-delete failed".into());
-                    }
-                }
-            }
-        }
-        Ok(t.elapsed())
-    }
-
-    /// `iterations` renews of one held lease; returns the time they took.
-    async fn renews(&mut self, who: Who, iterations: u64) -> BoxResult<Duration> {
-        let t;
-        match who {
-            Who::Ours => {
-                let lease = self.claim_ours().await?;
-                t = start();
-                for _ in 0..iterations {
-                    self.store.renew(&lease.record, TTL_MS).await?;
-                }
-                let elapsed = t.elapsed();
-                self.store.release(&lease.record).await?;
-                return Ok(elapsed);
-            }
-            Who::Rslock => {
-                let resource = format!("{}rslock:renew", self.prefix);
-                let ttl = Duration::from_millis(TTL_MS);
-                let lock = self
-                    .rslock
-                    .lock(resource.as_bytes(), ttl)
-                    .await
-                    .map_err(|e| format!("rslock lock: {e}"))?;
-                t = start();
-                for _ in 0..iterations {
-                    self.rslock
-                        .extend(&lock, ttl)
-                        .await
-                        .map_err(|e| format!("rslock extend: {e}"))?;
-                }
-                let elapsed = t.elapsed();
-                self.rslock.unlock(&lock).await;
-                return Ok(elapsed);
-            }
-            Who::Raw => {
-                let key = format!("{}raw:renew", self.prefix);
-                let value = b"raw-owner-value-0123456789";
-                let _: () = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(value)
-                    .arg("PX")
-                    .arg(TTL_MS)
-                    .query_async(&mut self.raw)
-                    .await?;
-                t = start();
-                for _ in 0..iterations {
-                    let ok: i64 = self
-                        .raw_renew
-                        .key(&key)
-                        .arg(value)
-                        .arg(TTL_MS)
-                        .invoke_async(&mut self.raw)
-                        .await?;
-                    if ok != 1 {
-                        return Err("raw compare-and-expire failed".into());
-                    }
-                }
-            }
-        }
-        Ok(t.elapsed())
-    }
-}
 
 fn per_second(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64().max(1e-9)
@@ -216,27 +44,8 @@ pub(crate) async fn bench(
     store: &RedisLeaseStore,
     iterations: u64,
 ) -> BoxResult<()> {
-    let lifecycle = LifecycleId::new("bench:peers")?;
-    let storage = StorageId::new("st-peers")?;
-    store.set_active_storage(&lifecycle, Some(&storage)).await?;
-    let scope = OwnerScope::new(storage, ClassName::new("Peers")?, 0, ShardCount::default())?;
-    let client = redis::Client::open(redis_url)?;
-    let mut c = Contenders {
-        store: store.clone(),
-        lifecycle,
-        task: TaskId::new("bench-peers")?,
-        scope,
-        rslock: rslock::LockManager::new(vec![redis_url.to_owned()]),
-        raw: client.get_multiplexed_async_connection().await?,
-        raw_release: redis::Script::new(RAW_RELEASE),
-        raw_renew: redis::Script::new(RAW_RENEW),
-        prefix: store.prefix().to_owned(),
-    };
-    // Warm up: connections, scripts loaded, allocator.
-    for who in Who::ALL {
-        c.pairs(who, 500).await?;
-        c.renews(who, 500).await?;
-    }
+    let mut c = Contenders::connect(redis_url, store.clone(), store.prefix()).await?;
+    c.warm_up(500).await?;
     // Blocks of BLOCK operations, the contenders' order rotating every
     // block, so that a burst of load from another process falls on all
     // three alike; per round, each contender's total time.
@@ -245,13 +54,7 @@ pub(crate) async fn bench(
     let mut pairs = [[Duration::ZERO; 3]; ROUNDS];
     let mut renews = [[Duration::ZERO; 3]; ROUNDS];
     for round in 0..ROUNDS {
-        for block in 0..blocks as usize {
-            for k in 0..Who::ALL.len() {
-                let i = (k + block + round) % Who::ALL.len();
-                pairs[round][i] += c.pairs(Who::ALL[i], BLOCK).await?;
-                renews[round][i] += c.renews(Who::ALL[i], BLOCK).await?;
-            }
-        }
+        (pairs[round], renews[round]) = c.rotate(blocks, round).await?;
     }
     for (what, rounds, target) in [
         ("acquire_release", pairs, ">=1.0 rslock, >=0.9 raw"),

@@ -41,6 +41,13 @@ use std::process::ExitCode;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// The one step of the schemas the scenes and benches give their own
+/// tables: version 1, `initial`.
+const INITIAL_STEP: durability_scheduler::SchemaStep = durability_scheduler::SchemaStep {
+    version: 1,
+    name: "initial",
+};
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {

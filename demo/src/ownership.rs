@@ -279,6 +279,34 @@ pub(crate) fn median_us(mut samples: Vec<Duration>) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
 
+/// Rounds of a paired measurement that warm up and are not recorded.
+const WARM_UP: u64 = 200;
+
+/// Per-operation samples of ours and of a raw baseline, taken in turns.
+#[derive(Default)]
+struct Paired {
+    ours: Vec<Duration>,
+    raw: Vec<Duration>,
+}
+
+impl Paired {
+    /// Records round `round`'s two times (none of the first [`WARM_UP`]).
+    fn record(&mut self, round: u64, ours: Duration, raw: Duration) {
+        if round >= WARM_UP {
+            self.ours.push(ours);
+            self.raw.push(raw);
+        }
+    }
+
+    /// Prints the medians of operation `op` and of `baseline` on stderr,
+    /// and the figure `name` as a JSON [`line`].
+    fn report(self, op: &str, baseline: &str, name: &str, target: &str, n: u64) {
+        let (ours, raw) = (median_us(self.ours), median_us(self.raw));
+        eprintln!("{op}: median {ours:.1} us vs {baseline} {raw:.1} us");
+        line(name, ours, Some(raw), "us/op", target, n);
+    }
+}
+
 fn per_op(elapsed: Duration, n: u64, scale: f64) -> f64 {
     elapsed.as_secs_f64() * scale / n as f64
 }
@@ -318,7 +346,9 @@ pub(crate) async fn bench(redis_url: &str) -> Result<(), Box<dyn Error>> {
         Err(e) => Err(e),
     };
     let out = match out {
-        Ok(()) => crate::lease_peers::bench(redis_url, &store, PEER_ITERATIONS).await,
+        Ok(()) => crate::lease_peers::bench(redis_url, &store, PEER_ITERATIONS)
+            .await
+            .map_err(|e| e as Box<dyn Error>),
         Err(e) => Err(e),
     };
     delete_prefix(store.connection(), &prefix).await?;
@@ -458,9 +488,8 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
     let cas = redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
     );
-    // The first 200 rounds warm up and are not recorded.
-    let (mut ours, mut raw) = (Vec::new(), Vec::new());
-    for i in 0..n + 200 {
+    let mut samples = Paired::default();
+    for i in 0..n + WARM_UP {
         let t = start();
         store.renew(&lease.record, ttl).await?;
         let d_ours = t.elapsed();
@@ -475,18 +504,14 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
         if ok != 1 {
             return Err("raw compare-and-expire failed".into());
         }
-        if i >= 200 {
-            ours.push(d_ours);
-            raw.push(d_raw);
-        }
+        samples.record(i, d_ours, d_raw);
     }
-    let (ours, raw) = (median_us(ours), median_us(raw));
-    eprintln!("renew: median {ours:.1} us vs raw EVALSHA compare-and-expire {raw:.1} us");
-    line("ownership.renew", ours, Some(raw), "us/op", "<=1.2", n);
+    let baseline = "raw EVALSHA compare-and-expire";
+    samples.report("renew", baseline, "ownership.renew", "<=1.2", n);
 
     // Claim of a fresh scope against a raw SET NX PX.
-    let (mut ours, mut raw) = (Vec::new(), Vec::new());
-    for i in 0..n + 200 {
+    let mut samples = Paired::default();
+    for i in 0..n + WARM_UP {
         let scope = OwnerScope::new(storage.clone(), ClassName::new(&format!("C{i}"))?, 0, count)?;
         let t = start();
         let claimed = store.claim(&scope, &lifecycle, &task, ttl).await?;
@@ -504,14 +529,9 @@ async fn bench_on(store: &RedisLeaseStore, prefix: &str, n: u64) -> BoxResult<()
         if !matches!(claimed, ClaimOutcome::Claimed(_)) || set.is_none() {
             return Err("bench claim did not claim".into());
         }
-        if i >= 200 {
-            ours.push(d_ours);
-            raw.push(d_raw);
-        }
+        samples.record(i, d_ours, d_raw);
     }
-    let (ours, raw) = (median_us(ours), median_us(raw));
-    eprintln!("claim: median {ours:.1} us vs raw SET NX PX {raw:.1} us");
-    line("ownership.claim", ours, Some(raw), "us/op", "<=1.5", n);
+    samples.report("claim", "raw SET NX PX", "ownership.claim", "<=1.5", n);
 
     // Admission with ample budget: no I/O.
     // A store wrapper counting calls, to assert that admission does no I/O.

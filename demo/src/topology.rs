@@ -23,6 +23,8 @@ use durability_topology::{
 use durability_topology_client::{ClientConfig, ReadStore, Snapshot, TopologyClient};
 use serde_json::json;
 
+use crate::INITIAL_STEP;
+
 type Result<T = ()> = std::result::Result<T, Box<dyn Error>>;
 
 /// The shards' own state: the limits each applied, with the version, applied
@@ -278,16 +280,10 @@ fn elapsed_ns(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64() * 1e9
 }
 
-static BASE_STEPS: &[SchemaStep] = &[SchemaStep {
-    version: 1,
-    name: "initial",
-}];
+static BASE_STEPS: &[SchemaStep] = &[INITIAL_STEP];
 static BASE_SQL: &[durability_storage_sqlite::SqliteSchemaStep] =
     &[durability_storage_sqlite::SqliteSchemaStep {
-        step: SchemaStep {
-            version: 1,
-            name: "initial",
-        },
+        step: INITIAL_STEP,
         up: "CREATE TABLE bench_groups (
                 group_id TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL,
                 members TEXT NOT NULL, deleted INTEGER NOT NULL, updated_at INTEGER NOT NULL

@@ -129,6 +129,22 @@ impl Recorder {
     }
 }
 
+/// A countdown fault mode (`Fail(left)` and the like) in `mode`: while
+/// `left` > 0, stores `again(left - 1)` and fails with `error()`; then
+/// succeeds.
+pub fn fail_while<M, E>(
+    mode: &Mutex<M>,
+    left: u32,
+    again: impl FnOnce(u32) -> M,
+    error: impl FnOnce() -> E,
+) -> Result<(), E> {
+    if left == 0 {
+        return Ok(());
+    }
+    *mode.lock().unwrap() = again(left - 1);
+    Err(error())
+}
+
 impl Sink<String> for Recorder {
     async fn publish(&self, batch: &[Entry<String>]) -> Result<(), SinkError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -143,12 +159,7 @@ impl Sink<String> for Recorder {
         let result = match mode {
             Mode::Ok => Ok(()),
             Mode::Fail(left) => {
-                if left > 0 {
-                    *self.mode.lock().unwrap() = Mode::Fail(left - 1);
-                    Err(SinkError::new("sink down"))
-                } else {
-                    Ok(())
-                }
+                fail_while(&self.mode, left, Mode::Fail, || SinkError::new("sink down"))
             }
             Mode::FailEvery(k) => {
                 if n.is_multiple_of(k) {

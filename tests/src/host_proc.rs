@@ -1,23 +1,27 @@
 //! What every host process of the process tests shares (`object-host`,
-//! `pg-object-host`): `key=value` arguments, one stdout line per step, the
-//! owner events, the answers to commands, and the drain on SIGTERM.
+//! `pg-object-host`, in part `routing-host` and the demo's cluster host):
+//! `key=value` arguments, one stdout line per step, the owner events, the
+//! answers to commands, the peer directory, the `Counter` object, and the
+//! drain on SIGTERM.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use durability_alarms::{AlarmIndex, DispatcherConfig};
+use durability_host::transport::PeerDirectory;
 use durability_host::{
     BoxError, Host, HostConfig, HostError, HostIds, HostSettings, LifecycleId, ObjectStore,
     OwnPolicy, OwnerEvent, StorageId, TaskId,
 };
 use durability_ownership::{LeaseStore, LifecycleAdmin, ShardCount, SystemClock};
 use durability_scheduler::{Capability, Clock as _, Scheduler, Storage, StorageError, Transaction};
-use durability_storage_sqlite::Synchronous;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
+use durability_storage_sqlite::{SqliteStorage, Synchronous};
 use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt as _;
 
@@ -103,6 +107,77 @@ where
     }
 }
 
+/// An owner event's line: `acquired scope=<s> gen=<g>`, `lost scope=<s>
+/// gen=<g> code=<c>`, `released scope=<s> gen=<g>`, or `event <debug>`.
+#[must_use]
+pub fn owner_event_line(e: &OwnerEvent) -> String {
+    match e {
+        OwnerEvent::Acquired { scope, generation } => {
+            format!("acquired scope={scope} gen={generation}")
+        }
+        OwnerEvent::Lost {
+            scope,
+            generation,
+            code,
+        } => format!("lost scope={scope} gen={generation} code={code}"),
+        OwnerEvent::Released { scope, generation } => {
+            format!("released scope={scope} gen={generation}")
+        }
+        _ => format!("event {e:?}"),
+    }
+}
+
+/// Prints every owner event of `host` from now on, as
+/// [`owner_event_line`], from a task of its own.
+pub fn say_owner_events<S, I, O>(host: &Host<S, I, O>)
+where
+    S: LeaseStore + LifecycleAdmin,
+    I: AlarmIndex,
+    O: ObjectStore,
+{
+    let mut events = host.subscribe();
+    tokio::spawn(async move {
+        while let Ok(e) = events.recv().await {
+            say(&owner_event_line(&e));
+        }
+    });
+}
+
+/// Peers as files `<dir>/<task>` holding the raw endpoint (the host checks
+/// it against its endpoint policy on every read); a task id with other
+/// characters than ASCII letters, digits, `-` and `_` has none.
+pub struct FilePeers(pub PathBuf);
+
+impl PeerDirectory for FilePeers {
+    fn endpoint(&self, task: &str) -> Option<String> {
+        if !task
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return None;
+        }
+        std::fs::read_to_string(self.0.join(task)).ok()
+    }
+}
+
+/// Adds one to the `counter` table's one row (`id` 0, column `n`) of a
+/// SQLite object; returns the new value.
+///
+/// # Errors
+/// The statement's, as a backend error.
+pub fn incr_sqlite_counter(
+    tx: &mut Transaction<'_, '_, SqliteStorage>,
+) -> Result<i64, StorageError> {
+    tx.sql()
+        .query_row(
+            "INSERT INTO counter (id, n) VALUES (0, 1)
+             ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(counter_sql)
+}
+
 /// Runs a started host: prints `ready task=<t>` and every owner event,
 /// hands each stdin line to `command` (each in a task of its own), and
 /// on SIGTERM drains, prints `drained timed_out=<b> released=<n>` and
@@ -116,25 +191,7 @@ where
     F: Fn(Host<S, I, O>, String) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut events = host.subscribe();
-    tokio::spawn(async move {
-        while let Ok(e) = events.recv().await {
-            say(&match e {
-                OwnerEvent::Acquired { scope, generation } => {
-                    format!("acquired scope={scope} gen={generation}")
-                }
-                OwnerEvent::Lost {
-                    scope,
-                    generation,
-                    code,
-                } => format!("lost scope={scope} gen={generation} code={code}"),
-                OwnerEvent::Released { scope, generation } => {
-                    format!("released scope={scope} gen={generation}")
-                }
-                _ => format!("event {e:?}"),
-            });
-        }
-    });
+    say_owner_events(&host);
     say(&format!("ready task={task}"));
     let commands = host.clone();
     tokio::spawn(async move {
@@ -299,15 +356,42 @@ where
     )
 }
 
+/// A counter host's SQL error, as a backend storage error.
+pub fn counter_sql(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::backend("counter sql", e)
+}
+
+/// Creates a `Counter` object's tables if missing (the backend's SQL).
+pub type CreateTables<D> = fn(&mut Transaction<'_, '_, D>) -> Result<(), StorageError>;
+
+/// Adds the class `Counter` of [`TimerObject`]s: each object opened runs
+/// `create` in a transaction of its own, then attaches its timer, which
+/// records each firing by `task` with `record`.
+pub fn counter_class<S, I, O: ObjectStore>(
+    config: HostConfig<S, I, O>,
+    task: &str,
+    create: CreateTables<O::Storage>,
+    record: RecordFired<O::Storage>,
+) -> HostConfig<S, I, O> {
+    let task = task.to_owned();
+    config.class("Counter", move |ctx| {
+        ctx.scheduler.transaction(create)?;
+        TimerObject::attach(&ctx.scheduler, &ctx.name, &task, record)
+    })
+}
+
 /// Records a fired timer in the object's own table (the backend's SQL).
 pub type RecordFired<D> = fn(&mut Transaction<'_, '_, D>, i64, &str) -> Result<(), StorageError>;
 
-/// A `Counter` object's state: its scheduler and its timer capability
-/// (`timer`), which records each firing with `record`, clears its due time
-/// and prints `fired <name> task=<t>` (or `fire-failed <name> <error>`).
-/// The object must keep the returned `Arc` alive (the scheduler holds the
-/// timer weakly).
+/// A `Counter` object whose state is its timer capability (`timer`), which
+/// records each firing with `record`, clears its due time and prints
+/// `fired <name> task=<t>` (or `fire-failed <name> <error>`). The object
+/// keeps the timer's state alive (the scheduler holds the timer weakly).
 pub struct TimerObject<D: Storage> {
+    _state: Arc<TimerState<D>>,
+}
+
+struct TimerState<D: Storage> {
     sched: Scheduler<D>,
     name: String,
     task: String,
@@ -324,19 +408,19 @@ impl<D: Storage + Send + Sync + 'static> TimerObject<D> {
         name: &str,
         task: &str,
         record: RecordFired<D>,
-    ) -> Result<Arc<Self>, BoxError> {
-        let inner = Arc::new(Self {
+    ) -> Result<Self, BoxError> {
+        let inner = Arc::new(TimerState {
             sched: sched.clone(),
             name: name.to_owned(),
             task: task.to_owned(),
             record,
         });
         sched.attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
-        Ok(inner)
+        Ok(Self { _state: inner })
     }
 }
 
-struct Timer<D: Storage>(Weak<TimerObject<D>>);
+struct Timer<D: Storage>(Weak<TimerState<D>>);
 
 impl<D: Storage + Send + Sync + 'static> Capability for Timer<D> {
     fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {

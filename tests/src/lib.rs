@@ -1,7 +1,7 @@
 //! Cross-crate integration tests live in `tests/`; this library holds what
 //! the process tests share: their host binaries' (`src/bin`) common part,
-//! [`host_proc`], and the test side's handle on such a process,
-//! [`process`].
+//! [`host_proc`] (also used by the demo's cluster host), and the test side's
+//! handle on such a process, [`process`].
 
 pub mod host_proc;
 pub mod process;

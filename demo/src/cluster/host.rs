@@ -37,21 +37,20 @@
 //! released=<n>` before it exits.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, DispatcherConfig, RetryPolicy};
 use durability_host::store::postgres::PostgresObjectStorage;
-use durability_host::transport::{EndpointPolicy, PeerDirectory};
+use durability_host::transport::EndpointPolicy;
 use durability_host::{
     BoxError, DatabaseSettings, Host, HostConfig, HostError, HostIds, HostSettings, ObjectStore,
-    OwnPolicy, OwnerEvent,
+    OwnPolicy,
 };
 use durability_ownership::{
-    DispatchOutcome, DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, OwnershipSettings,
-    ShardCount, StorageId, SystemClock, TaskId,
+    DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, OwnershipSettings, ShardCount, StorageId,
+    SystemClock, TaskId,
 };
 use durability_scheduler::{Capability, Clock, Scheduler, Storage, StorageError, Transaction};
 use durability_storage_redis::alarms::{IndexTime, RedisAlarmIndex};
@@ -59,6 +58,9 @@ use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_storage_sqlite::{SqliteStorage, Synchronous};
+use durability_tests::host_proc::{
+    FilePeers, counter_sql, incr_sqlite_counter, outcome, say, say_owner_events,
+};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt as _;
@@ -73,20 +75,6 @@ pub(crate) const CLASS: &str = "Counter";
 pub(crate) const STORAGE: &str = "st1";
 /// The lifecycle whose active storage pointer names [`STORAGE`].
 pub(crate) const LIFECYCLE: &str = "demo:cluster";
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn sql(e: rusqlite::Error) -> StorageError {
-    StorageError::backend("counter sql", e)
-}
-
-fn pg(e: tokio_postgres::Error) -> StorageError {
-    StorageError::backend("counter sql", e)
-}
 
 /// The object's rows on one object storage (SQLite files or PostgreSQL):
 /// a counter, pending timer tags with their due time, and fired tags with
@@ -120,18 +108,11 @@ impl CounterSql for SqliteStorage {
                  CREATE TABLE IF NOT EXISTS pending (tag TEXT PRIMARY KEY, due INTEGER NOT NULL);
                  CREATE TABLE IF NOT EXISTS fired (tag TEXT PRIMARY KEY, task TEXT NOT NULL, at INTEGER NOT NULL);",
             )
-            .map_err(sql)
+            .map_err(counter_sql)
     }
 
     fn incr(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<i64> {
-        tx.sql()
-            .query_row(
-                "INSERT INTO counter (id, n) VALUES (0, 1)
-                 ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql)
+        incr_sqlite_counter(tx)
     }
 
     fn pend(tx: &mut Transaction<'_, '_, Self>, tag: &str, at: i64) -> SqlResult<()> {
@@ -141,7 +122,7 @@ impl CounterSql for SqliteStorage {
                  ON CONFLICT (tag) DO UPDATE SET due = excluded.due",
                 rusqlite::params![tag, at],
             )
-            .map_err(sql)?;
+            .map_err(counter_sql)?;
         Ok(())
     }
 
@@ -154,11 +135,11 @@ impl CounterSql for SqliteStorage {
             let mut stmt = tx
                 .sql()
                 .prepare("SELECT tag FROM pending WHERE due <= ?1 ORDER BY tag")
-                .map_err(sql)?;
+                .map_err(counter_sql)?;
             stmt.query_map([now_ms], |r| r.get(0))
-                .map_err(sql)?
+                .map_err(counter_sql)?
                 .collect::<std::result::Result<_, _>>()
-                .map_err(sql)?
+                .map_err(counter_sql)?
         };
         tx.sql()
             .execute(
@@ -166,17 +147,17 @@ impl CounterSql for SqliteStorage {
                  SELECT tag, ?2, ?1 FROM pending WHERE due <= ?1",
                 rusqlite::params![now_ms, task],
             )
-            .map_err(sql)?;
+            .map_err(counter_sql)?;
         tx.sql()
             .execute("DELETE FROM pending WHERE due <= ?1", [now_ms])
-            .map_err(sql)?;
+            .map_err(counter_sql)?;
         Ok(tags)
     }
 
     fn next_due(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<Option<i64>> {
         tx.sql()
             .query_row("SELECT MIN(due) FROM pending", [], |r| r.get(0))
-            .map_err(sql)
+            .map_err(counter_sql)
     }
 
     fn read(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<(i64, i64, Option<String>)> {
@@ -189,7 +170,7 @@ impl CounterSql for SqliteStorage {
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
-            .map_err(sql)
+            .map_err(counter_sql)
     }
 }
 
@@ -210,7 +191,7 @@ impl CounterSql for PostgresObjectStorage {
                 &[],
             )?
             .try_get(0)
-            .map_err(pg)
+            .map_err(counter_sql)
     }
 
     fn pend(tx: &mut Transaction<'_, '_, Self>, tag: &str, at: i64) -> SqlResult<()> {
@@ -236,7 +217,7 @@ impl CounterSql for PostgresObjectStorage {
             .iter()
             .map(|r| r.try_get::<_, String>(0))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(pg)?;
+            .map_err(counter_sql)?;
         tags.sort();
         Ok(tags)
     }
@@ -245,7 +226,7 @@ impl CounterSql for PostgresObjectStorage {
         tx.sql()
             .query_one("SELECT MIN(due) FROM pending", &[])?
             .try_get(0)
-            .map_err(pg)
+            .map_err(counter_sql)
     }
 
     fn read(tx: &mut Transaction<'_, '_, Self>) -> SqlResult<(i64, i64, Option<String>)> {
@@ -256,9 +237,9 @@ impl CounterSql for PostgresObjectStorage {
             &[],
         )?;
         Ok((
-            row.try_get(0).map_err(pg)?,
-            row.try_get(1).map_err(pg)?,
-            row.try_get(2).map_err(pg)?,
+            row.try_get(0).map_err(counter_sql)?,
+            row.try_get(1).map_err(counter_sql)?,
+            row.try_get(2).map_err(counter_sql)?,
         ))
     }
 }
@@ -318,22 +299,6 @@ fn rearm<D: CounterSql>(tx: &mut Transaction<'_, '_, D>) -> SqlResult<()> {
 
 /// The shared internal token of the scene's hosts.
 const TOKEN: &str = "demo-cluster-internal-token-0123456789";
-
-/// Peers as files `<dir>/<task>` holding the raw endpoint (checked against
-/// the endpoint policy on every read).
-struct FilePeers(PathBuf);
-
-impl PeerDirectory for FilePeers {
-    fn endpoint(&self, task: &str) -> Option<String> {
-        if !task
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return None;
-        }
-        std::fs::read_to_string(self.0.join(task)).ok()
-    }
-}
 
 type Handle<I, D> = durability_host::Handle<Counter<D>, I, D>;
 
@@ -546,25 +511,7 @@ where
         std::fs::write(&tmp, &endpoint)?;
         std::fs::rename(&tmp, peers.join(&task))?;
     }
-    let mut events = host.subscribe();
-    tokio::spawn(async move {
-        while let Ok(e) = events.recv().await {
-            say(&match e {
-                OwnerEvent::Acquired { scope, generation } => {
-                    format!("acquired scope={scope} gen={generation}")
-                }
-                OwnerEvent::Lost {
-                    scope,
-                    generation,
-                    code,
-                } => format!("lost scope={scope} gen={generation} code={code}"),
-                OwnerEvent::Released { scope, generation } => {
-                    format!("released scope={scope} gen={generation}")
-                }
-                other => format!("event {other:?}"),
-            });
-        }
-    });
+    say_owner_events(&host);
     say(&format!("ready task={task}"));
     let commands = host.clone();
     let eof = tokio::sync::Notify::new();
@@ -694,10 +641,7 @@ fn say_err(id: &str, e: &HostError) {
     say(&format!(
         "ans {id} err code={} outcome={} {e}",
         e.code(),
-        match e.outcome() {
-            DispatchOutcome::NotStarted => "not_started",
-            _ => "unknown",
-        }
+        outcome(e)
     ));
 }
 

@@ -28,9 +28,7 @@ use durability_host::store::postgres::{
 use durability_host::transport::{
     EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, serve,
 };
-use durability_host::{
-    BoxError, DatabaseSettings, Handle, Host, HostConfig, HostIds, PostgresObjectStore,
-};
+use durability_host::{BoxError, DatabaseSettings, Handle, Host, HostConfig, PostgresObjectStore};
 use durability_ownership::{
     Admission, ClassName, LeaseStore as _, LifecycleAdmin as _, LifecycleId, OwnerScope,
     ShardCount, StorageId, TaskId,
@@ -42,7 +40,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::routed::{bare_calls, serve_until};
-use super::{BoxResult, median, settings};
+use super::{BoxResult, ids, median, settings};
 use crate::cluster::drop_schemas;
 
 const TOKEN: &str = "bench-postgres-token-0123456789";
@@ -76,11 +74,7 @@ async fn connect(url: &str) -> BoxResult<tokio_postgres::Client> {
 }
 
 async fn pg_host(url: &str, schema: &str, endpoint: &str) -> BoxResult<PgHost> {
-    let ids = HostIds {
-        storage: StorageId::new("st1")?,
-        lifecycle: LifecycleId::new("bench:pg")?,
-        task: TaskId::new("pg")?,
-    };
+    let ids = ids("bench:pg", "pg")?;
     let database = DatabaseSettings::new(url, schema);
     let config = HostConfig::postgres(
         &database,

@@ -29,18 +29,16 @@ use durability_host::transport::{
     Endpoint, EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, InvokeRequest, Reply,
     RouteFence, StaticPeers, Transport, serve,
 };
-use durability_host::{
-    BoxError, Handle, Host, HostConfig, HostIds, LifecycleId, RpcArgs, StorageId, TaskId,
-};
+use durability_host::{BoxError, Handle, Host, HostConfig, RpcArgs};
 use durability_ownership::SystemClock;
-use durability_scheduler::{Scheduler, StorageError};
+use durability_scheduler::Scheduler;
 use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{BoxResult, Counter, SCHEMA, bare_object, incr, median, sqlite};
+use super::{BoxResult, Counter, bare_object, create_schema, ids, incr, median, sqlite};
 
 const TOKEN: &str = "bench-internal-token-0123456789";
 /// Bytes of padding in every request's arguments.
@@ -97,22 +95,14 @@ async fn start_host(
         Arc::new(store),
         Arc::new(index),
         dir.join("objects"),
-        HostIds::new(
-            StorageId::new("st1")?,
-            LifecycleId::new("bench:routed")?,
-            TaskId::new(task)?,
-        ),
+        ids("bench:routed", task)?,
     )
     .endpoint(&endpoint)
     .internal_token(TOKEN)
     .endpoint_policy(policy)
     .peers(peers)
     .class("Counter", |ctx| {
-        ctx.scheduler.transaction(|tx| {
-            tx.sql()
-                .execute_batch(SCHEMA)
-                .map_err(|e| StorageError::backend("schema", e))
-        })?;
+        ctx.scheduler.transaction(create_schema)?;
         Ok::<_, BoxError>(Counter)
     })
     .method(

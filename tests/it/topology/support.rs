@@ -17,7 +17,7 @@ use durability_topology::{
 };
 use durability_topology_client::{ReadStore, decode};
 
-use crate::support::scheduler_on;
+use crate::support::{fail_while, scheduler_on};
 
 /// The manual clock's start.
 pub const START: i64 = 1_700_000_000_000;
@@ -79,22 +79,12 @@ impl FaultyPublisher {
         let mode = self.mode.lock().unwrap().clone();
         match mode {
             PubMode::Ok => Ok(()),
-            PubMode::Fail(n) => {
-                if n > 0 {
-                    *self.mode.lock().unwrap() = PubMode::Fail(n - 1);
-                    Err(PublishError::rejected("publisher down"))
-                } else {
-                    Ok(())
-                }
-            }
-            PubMode::Unknown(n) => {
-                if n > 0 {
-                    *self.mode.lock().unwrap() = PubMode::Unknown(n - 1);
-                    Err(PublishError::unknown("connection reset"))
-                } else {
-                    Ok(())
-                }
-            }
+            PubMode::Fail(n) => fail_while(&self.mode, n, PubMode::Fail, || {
+                PublishError::rejected("publisher down")
+            }),
+            PubMode::Unknown(n) => fail_while(&self.mode, n, PubMode::Unknown, || {
+                PublishError::unknown("connection reset")
+            }),
             PubMode::Hang => std::future::pending().await,
             PubMode::Slow(ms) => {
                 let at = self.clock.now_ms() + ms;

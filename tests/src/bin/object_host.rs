@@ -36,29 +36,19 @@
 //! `refused <code> <message>`, the ownership error's code.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use durability_host::{BoxError, Host, HostConfig};
+use durability_host::{Host, HostConfig};
 use durability_ownership::{ShardCount, SystemClock};
 use durability_scheduler::{StorageError, Transaction};
 use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_tests::host_proc::{
-    TimerObject, answer, args, other_command, parse, say, serve, set_timer, settings_or_refuse,
-    shared_sqlite, start_or_refuse, test_ids, test_options,
+    TimerObject, answer, args, counter_class, counter_sql, incr_sqlite_counter, other_command,
+    parse, say, serve, set_timer, settings_or_refuse, shared_sqlite, start_or_refuse, test_ids,
+    test_options,
 };
-
-fn sql(e: rusqlite::Error) -> StorageError {
-    StorageError::backend("counter sql", e)
-}
-
-/// The object; it keeps its timer's state alive (the scheduler holds the
-/// timer weakly).
-struct Counter {
-    _state: Arc<TimerObject<SqliteStorage>>,
-}
 
 fn record_fired(
     tx: &mut Transaction<'_, '_, SqliteStorage>,
@@ -70,22 +60,21 @@ fn record_fired(
             "INSERT INTO fired (t, task) VALUES (?1, ?2)",
             rusqlite::params![now_ms, task],
         )
-        .map_err(sql)?;
+        .map_err(counter_sql)?;
     Ok(())
 }
 
-impl Counter {
-    fn incr(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<i64, StorageError> {
-        tx.sql()
-            .query_row(
-                "INSERT INTO counter (id, n) VALUES (0, 1)
-                 ON CONFLICT (id) DO UPDATE SET n = n + 1 RETURNING n",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql)
-    }
+fn create_tables(tx: &mut Transaction<'_, '_, SqliteStorage>) -> Result<(), StorageError> {
+    tx.sql()
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS fired (t INTEGER NOT NULL, task TEXT NOT NULL);",
+        )
+        .map_err(counter_sql)
 }
+
+/// The object: its timer.
+type Counter = TimerObject<SqliteStorage>;
 
 type Store = SqliteLeaseStore<SystemClock>;
 
@@ -102,22 +91,9 @@ async fn main() {
     let task = arg("task");
     let clock = SystemClock::new();
     let (store, index) = shared_sqlite(&dir, clock);
-    let owner = task.clone();
     let config = HostConfig::new(store, index, dir.join("objects"), test_ids(&task))
-        .endpoint(&format!("http://127.0.0.1:8788/{task}"))
-        .class("Counter", move |ctx| {
-            ctx.scheduler.transaction(|tx| {
-                tx.sql()
-                    .execute_batch(
-                        "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
-                         CREATE TABLE IF NOT EXISTS fired (t INTEGER NOT NULL, task TEXT NOT NULL);",
-                    )
-                    .map_err(sql)
-            })?;
-            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
-            Ok::<_, BoxError>(Counter { _state: inner })
-        })
-        .settings(settings);
+        .endpoint(&format!("http://127.0.0.1:8788/{task}"));
+    let config = counter_class(config, &task, create_tables, record_fired).settings(settings);
     let config = test_options(config, clock, &arg("own"), &arg("create"));
     let host = start_or_refuse(config).await;
     serve(host, &task, move |host, line| async move {
@@ -131,7 +107,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
     let result = match cmd {
         "incr" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
-                let v = h.scheduler.transaction(Counter::incr)?;
+                let v = h.scheduler.transaction(incr_sqlite_counter)?;
                 Ok((v, h.generation))
             })
             .await
@@ -140,10 +116,10 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
         "slow" => {
             let name_owned = name.to_owned();
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
-                h.scheduler.transaction(Counter::incr)?;
+                h.scheduler.transaction(incr_sqlite_counter)?;
                 say(&format!("slow-wrote {name_owned} gen={}", h.generation));
                 tokio::time::sleep(Duration::from_millis(u64::try_from(number).unwrap_or(0))).await;
-                let v = h.scheduler.transaction(Counter::incr)?;
+                let v = h.scheduler.transaction(incr_sqlite_counter)?;
                 Ok((v, h.generation))
             })
             .await
@@ -154,7 +130,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
                 // Admitted and in flight, not yet written.
                 tokio::time::sleep(pause).await;
-                let v = h.scheduler.transaction(Counter::incr)?;
+                let v = h.scheduler.transaction(incr_sqlite_counter)?;
                 say(&format!("committed put {name_owned} value={v}"));
                 Ok((v, h.generation))
             })

@@ -17,29 +17,19 @@
 //! Settings from the `DO_*` environment variables.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
-use durability_host::{BoxError, DatabaseSettings, Host, HostConfig, PostgresObjectStore};
+use durability_host::{DatabaseSettings, Host, HostConfig, PostgresObjectStore};
 use durability_ownership::SystemClock;
 use durability_scheduler::{StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_tests::host_proc::{
-    TimerObject, answer, args, other_command, parse, refuse, say, serve, set_timer,
-    settings_or_refuse, start_or_refuse, test_ids, test_options,
+    TimerObject, answer, args, counter_class, counter_sql, other_command, parse, refuse, say,
+    serve, set_timer, settings_or_refuse, start_or_refuse, test_ids, test_options,
 };
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
-
-fn pg(e: tokio_postgres::Error) -> StorageError {
-    StorageError::backend("counter sql", e)
-}
-
-/// The object; it keeps its timer's state alive.
-struct Counter {
-    _state: Arc<TimerObject<PostgresObjectStorage>>,
-}
 
 fn record_fired(
     tx: &mut Transaction<'_, '_, PostgresObjectStorage>,
@@ -52,6 +42,18 @@ fn record_fired(
     )?;
     Ok(())
 }
+
+fn create_tables(tx: &mut Transaction<'_, '_, PostgresObjectStorage>) -> Result<(), StorageError> {
+    tx.sql().batch_execute(
+        "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY, n BIGINT NOT NULL);
+         CREATE TABLE IF NOT EXISTS fired (t BIGINT NOT NULL, task TEXT NOT NULL);
+         CREATE TABLE IF NOT EXISTS writes (seq BIGINT PRIMARY KEY, task TEXT NOT NULL,
+                                            generation BIGINT NOT NULL, n BIGINT NOT NULL);",
+    )
+}
+
+/// The object: its timer.
+type Counter = TimerObject<PostgresObjectStorage>;
 
 /// One increment, recorded with the writer's task and generation. `seq`
 /// is the commit order (one writer at a time holds the object's row), with
@@ -69,7 +71,7 @@ fn incr(
             &[],
         )?
         .try_get(0)
-        .map_err(pg)?;
+        .map_err(counter_sql)?;
     let generation = i64::try_from(generation).unwrap();
     tx.sql().execute(
         "INSERT INTO writes (seq, task, generation, n)
@@ -94,22 +96,9 @@ async fn main() {
         Ok(c) => c,
         Err(e) => refuse(e.code(), &e.to_string()),
     };
-    let owner = task.clone();
     let clock = SystemClock::new();
-    let config = config
-        .endpoint(&format!("http://127.0.0.1:8788/{task}"))
-        .class("Counter", move |ctx| {
-            ctx.scheduler.transaction(|tx| {
-                tx.sql().batch_execute(
-                    "CREATE TABLE IF NOT EXISTS counter (id INT PRIMARY KEY, n BIGINT NOT NULL);
-                     CREATE TABLE IF NOT EXISTS fired (t BIGINT NOT NULL, task TEXT NOT NULL);
-                     CREATE TABLE IF NOT EXISTS writes (seq BIGINT PRIMARY KEY, task TEXT NOT NULL,
-                                                        generation BIGINT NOT NULL, n BIGINT NOT NULL);",
-                )
-            })?;
-            let inner = TimerObject::attach(&ctx.scheduler, &ctx.name, &owner, record_fired)?;
-            Ok::<_, BoxError>(Counter { _state: inner })
-        });
+    let config = config.endpoint(&format!("http://127.0.0.1:8788/{task}"));
+    let config = counter_class(config, &task, create_tables, record_fired);
     let config = test_options(config, clock, &arg("own"), &arg("create"));
     let host = start_or_refuse(config).await;
     let me = task.clone();

@@ -66,7 +66,7 @@ use std::sync::{Arc, Weak};
 use durability_alarms::DispatcherConfig;
 use durability_host::connect::{ConnectRequest, Message, Socket};
 use durability_host::fetch::{FetchRequest, FetchResponse};
-use durability_host::transport::{EndpointPolicy, PeerDirectory, serve};
+use durability_host::transport::{EndpointPolicy, serve};
 use durability_host::{
     BoxError, Handle, Host, HostConfig, HostError, HostSettings, MethodError, OwnPolicy,
 };
@@ -75,15 +75,13 @@ use durability_scheduler::{Capability, Scheduler, StorageError};
 use durability_storage_sqlite::SqliteStorage;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
-use durability_tests::host_proc::{args, call_line, err_line, say, shared_sqlite, test_ids};
+use durability_tests::host_proc::{
+    FilePeers, args, call_line, counter_sql, err_line, say, shared_sqlite, test_ids,
+};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
-
-fn sql(e: rusqlite::Error) -> StorageError {
-    StorageError::backend("counter sql", e)
-}
 
 struct Counter {
     task: String,
@@ -109,7 +107,7 @@ impl Capability for Tick {
             let ran = scheduler.transaction(|tx| {
                 tx.sql()
                     .execute("INSERT INTO fired (task) VALUES (?1)", [&self.task])
-                    .map_err(sql)?;
+                    .map_err(counter_sql)?;
                 tx.set_due(TICK, None)
             });
             if ran.is_ok() {
@@ -122,21 +120,6 @@ impl Capability for Tick {
 type Store = SqliteLeaseStore<SystemClock>;
 type H = Handle<Counter, SqliteAlarmIndex>;
 
-/// Peers as files `<dir>/<task>` holding the raw endpoint.
-struct FilePeers(PathBuf);
-
-impl PeerDirectory for FilePeers {
-    fn endpoint(&self, task: &str) -> Option<String> {
-        if !task
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return None;
-        }
-        std::fs::read_to_string(self.0.join(task)).ok()
-    }
-}
-
 fn add(h: &H, by: i64) -> Result<i64, StorageError> {
     h.scheduler.transaction(|tx| {
         tx.sql()
@@ -146,7 +129,7 @@ fn add(h: &H, by: i64) -> Result<i64, StorageError> {
                 [by],
                 |r| r.get(0),
             )
-            .map_err(sql)
+            .map_err(counter_sql)
     })
 }
 
@@ -154,7 +137,7 @@ fn read(h: &H) -> Result<i64, StorageError> {
     h.scheduler.transaction(|tx| {
         tx.sql()
             .query_row("SELECT COALESCE(MAX(n), 0) FROM counter", [], |r| r.get(0))
-            .map_err(sql)
+            .map_err(counter_sql)
     })
 }
 
@@ -184,7 +167,7 @@ async fn main() {
                         "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
                          CREATE TABLE IF NOT EXISTS fired (task TEXT NOT NULL);",
                     )
-                    .map_err(sql)
+                    .map_err(counter_sql)
             })?;
             let scheduler = Arc::new(ctx.scheduler.clone());
             ctx.scheduler.attach(
@@ -212,12 +195,12 @@ async fn main() {
                 let mut stmt = tx
                     .sql()
                     .prepare("SELECT task FROM fired ORDER BY rowid")
-                    .map_err(sql)?;
+                    .map_err(counter_sql)?;
                 let rows = stmt
                     .query_map([], |r| r.get(0))
-                    .map_err(sql)?
+                    .map_err(counter_sql)?
                     .collect::<Result<Vec<String>, _>>()
-                    .map_err(sql)?;
+                    .map_err(counter_sql)?;
                 Ok::<_, StorageError>(rows)
             })?;
             Ok(json!({ "fired": tasks, "task": h.object.task }))

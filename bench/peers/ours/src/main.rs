@@ -36,10 +36,7 @@ use durability_alarms::{
     AlarmIndex, Delivery, Dispatch, DispatchOutcome, Dispatcher, DispatcherConfig, ObjectId, Token,
 };
 use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxError, Sink, SinkError};
-use durability_ownership::{
-    ClaimOutcome, ClassName, LeaseStore, LifecycleAdmin, LifecycleId, OwnerScope, ShardCount,
-    StorageId, TaskId,
-};
+use durability_ownership::ShardCount;
 use durability_scheduler::{Driver, ObjectContext, Scheduler, SystemClock};
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
@@ -438,165 +435,18 @@ async fn outbox(enqueue: u64, drains: &[u64], e2e: u64) -> BoxResult {
 
 // ---------------------------------------------------------------- leases
 
-const TTL_MS: u64 = 60_000;
-/// Operations per contender between two switches of contender.
-const BLOCK: u64 = 100;
-const RAW_RELEASE: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-const RAW_RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
-const RAW_VALUE: &[u8] = b"raw-owner-value-0123456789";
+/// The contenders, shared with the demo's `cargo xtask bench ownership`
+/// (one file, compiled by both: the demo is outside this workspace).
+#[path = "../../../../demo/src/lease_peers/contenders.rs"]
+mod contenders;
 
-#[derive(Clone, Copy)]
-enum Who {
-    Ours,
-    Rslock,
-    Raw,
-}
+use contenders::{BLOCK, Contenders, Who};
 
-impl Who {
-    const ALL: [Who; 3] = [Who::Ours, Who::Rslock, Who::Raw];
-
-    fn name(self) -> &'static str {
-        match self {
-            Who::Ours => "ours",
-            Who::Rslock => "rslock",
-            Who::Raw => "redis-rs",
-        }
-    }
-}
-
-struct Contenders {
-    store: RedisLeaseStore,
-    lifecycle: LifecycleId,
-    task: TaskId,
-    scope: OwnerScope,
-    rslock: rslock::LockManager,
-    raw: redis::aio::MultiplexedConnection,
-    raw_release: redis::Script,
-    raw_renew: redis::Script,
-    prefix: String,
-}
-
-impl Contenders {
-    /// `n` acquire + release pairs; returns the time they took.
-    async fn pairs(&mut self, who: Who, n: u64) -> BoxResult<Duration> {
-        let t = now();
-        match who {
-            Who::Ours => {
-                for _ in 0..n {
-                    let ClaimOutcome::Claimed(lease) = self
-                        .store
-                        .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
-                        .await?
-                    else {
-                        return Err("our claim found the scope held".into());
-                    };
-                    if !self.store.release(&lease.record).await? {
-                        return Err("our release found no lease".into());
-                    }
-                }
-            }
-            Who::Rslock => {
-                let resource = format!("{}rslock:pair", self.prefix);
-                let ttl = Duration::from_millis(TTL_MS);
-                for _ in 0..n {
-                    let lock = self
-                        .rslock
-                        .lock(resource.as_bytes(), ttl)
-                        .await
-                        .map_err(|e| format!("rslock lock: {e}"))?;
-                    self.rslock.unlock(&lock).await;
-                }
-            }
-            Who::Raw => {
-                let key = format!("{}raw:pair", self.prefix);
-                for _ in 0..n {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(RAW_VALUE)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL_MS)
-                        .query_async(&mut self.raw)
-                        .await?;
-                    let del: i64 = self
-                        .raw_release
-                        .key(&key)
-                        .arg(RAW_VALUE)
-                        .invoke_async(&mut self.raw)
-                        .await?;
-                    if set.is_none() || del != 1 {
-                        return Err("raw SET NX PX / compare-and-delete failed".into());
-                    }
-                }
-            }
-        }
-        Ok(t.elapsed())
-    }
-
-    /// `n` renewals of one held lease; returns the time they took.
-    async fn renews(&mut self, who: Who, n: u64) -> BoxResult<Duration> {
-        match who {
-            Who::Ours => {
-                let ClaimOutcome::Claimed(lease) = self
-                    .store
-                    .claim(&self.scope, &self.lifecycle, &self.task, TTL_MS)
-                    .await?
-                else {
-                    return Err("our claim found the scope held".into());
-                };
-                let t = now();
-                for _ in 0..n {
-                    self.store.renew(&lease.record, TTL_MS).await?;
-                }
-                let elapsed = t.elapsed();
-                self.store.release(&lease.record).await?;
-                Ok(elapsed)
-            }
-            Who::Rslock => {
-                let resource = format!("{}rslock:renew", self.prefix);
-                let ttl = Duration::from_millis(TTL_MS);
-                let lock = self
-                    .rslock
-                    .lock(resource.as_bytes(), ttl)
-                    .await
-                    .map_err(|e| format!("rslock lock: {e}"))?;
-                let t = now();
-                for _ in 0..n {
-                    self.rslock
-                        .extend(&lock, ttl)
-                        .await
-                        .map_err(|e| format!("rslock extend: {e}"))?;
-                }
-                let elapsed = t.elapsed();
-                self.rslock.unlock(&lock).await;
-                Ok(elapsed)
-            }
-            Who::Raw => {
-                let key = format!("{}raw:renew", self.prefix);
-                let () = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(RAW_VALUE)
-                    .arg("PX")
-                    .arg(TTL_MS)
-                    .query_async(&mut self.raw)
-                    .await?;
-                let t = now();
-                for _ in 0..n {
-                    let ok: i64 = self
-                        .raw_renew
-                        .key(&key)
-                        .arg(RAW_VALUE)
-                        .arg(TTL_MS)
-                        .invoke_async(&mut self.raw)
-                        .await?;
-                    if ok != 1 {
-                        return Err("raw compare-and-expire failed".into());
-                    }
-                }
-                Ok(t.elapsed())
-            }
-        }
+/// A contender's name in the figures (`redis-rs` for the raw one).
+fn peer_name(who: Who) -> &'static str {
+    match who {
+        Who::Raw => "redis-rs",
+        other => other.name(),
     }
 }
 
@@ -626,65 +476,27 @@ async fn leases(url: &str, ops: u64) -> BoxResult {
     let prefix = format!("durability:bench-peers:{}:", std::process::id());
     let client = redis::Client::open(url)?;
     let mut cleanup = client.get_multiplexed_async_connection().await?;
-    let result = leases_on(url, &client, &prefix, ops).await;
+    let result = leases_on(url, &prefix, ops).await;
     delete_prefix(&mut cleanup, &prefix).await?;
     result
 }
 
-async fn leases_on(url: &str, client: &redis::Client, prefix: &str, ops: u64) -> BoxResult {
+async fn leases_on(url: &str, prefix: &str, ops: u64) -> BoxResult {
     let store = RedisLeaseStore::connect(url, prefix, ShardCount::default()).await?;
-    let lifecycle = LifecycleId::new("bench:peers")?;
-    let storage = StorageId::new("st-peers")?;
-    store.set_active_storage(&lifecycle, Some(&storage)).await?;
-    let scope = OwnerScope::new(storage, ClassName::new("Peers")?, 0, ShardCount::default())?;
-    let mut c = Contenders {
-        store,
-        lifecycle,
-        task: TaskId::new("bench-peers")?,
-        scope,
-        rslock: rslock::LockManager::new(vec![url.to_owned()]),
-        raw: client.get_multiplexed_async_connection().await?,
-        raw_release: redis::Script::new(RAW_RELEASE),
-        raw_renew: redis::Script::new(RAW_RENEW),
-        prefix: prefix.to_owned(),
-    };
-    // Warm up: connections, scripts loaded.
-    for who in Who::ALL {
-        c.pairs(who, 200).await?;
-        c.renews(who, 200).await?;
-    }
+    let mut c = Contenders::connect(url, store, prefix).await?;
+    c.warm_up(200).await?;
     // Blocks of BLOCK operations, the contenders' order rotating every
     // block, so that load from other processes falls on all three alike.
     let blocks = ops.div_ceil(BLOCK);
     let n = blocks * BLOCK;
-    let mut pairs = [Duration::ZERO; 3];
-    let mut renews = [Duration::ZERO; 3];
-    for block in 0..blocks as usize {
-        for k in 0..Who::ALL.len() {
-            let i = (k + block) % Who::ALL.len();
-            pairs[i] += c.pairs(Who::ALL[i], BLOCK).await?;
-            renews[i] += c.renews(Who::ALL[i], BLOCK).await?;
+    let (pairs, renews) = c.rotate(blocks, 0).await?;
+    for (figure, times, unit) in [
+        ("leases.lock_unlock", pairs, "pairs/s"),
+        ("leases.extend", renews, "ops/s"),
+    ] {
+        for (who, elapsed) in Who::ALL.into_iter().zip(times) {
+            emit(figure, peer_name(who), rate(n, elapsed), unit, true, n);
         }
-    }
-    for (i, who) in Who::ALL.into_iter().enumerate() {
-        emit(
-            "leases.lock_unlock",
-            who.name(),
-            rate(n, pairs[i]),
-            "pairs/s",
-            true,
-            n,
-        );
-    }
-    for (i, who) in Who::ALL.into_iter().enumerate() {
-        emit(
-            "leases.extend",
-            who.name(),
-            rate(n, renews[i]),
-            "ops/s",
-            true,
-            n,
-        );
     }
     Ok(())
 }
