@@ -19,9 +19,12 @@ use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobPageRequest, JobState
 use crate::store::{AlarmRow, AlarmTx};
 use crate::token::Token;
 
-/// The body of this crate's conformance macros (see `durability_scheduler`).
+/// The bodies of this crate's conformance macros (see `durability_scheduler`
+/// and `durability_time`).
 #[doc(hidden)]
 pub use durability_scheduler::storage_suite;
+#[doc(hidden)]
+pub use durability_time::async_suite;
 
 /// The schema steps the in-memory storage registers for alarms.
 pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
@@ -869,19 +872,8 @@ macro_rules! alarm_index_conformance {
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
     (@tests $module:ident ($make:expr, $finish:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let Some((ix, _guard)) = $make.await else {
-                        return;
-                    };
-                    $crate::conformance::run_index_case(stringify!($case), &ix).await;
-                    ($finish)(&ix).await;
-                }
-            )*
+        $crate::conformance::async_suite! {
+            $module, $crate::conformance::run_index_case, (), $make, $finish, [$($case)*]
         }
     };
     ($module:ident, $make:expr, finish = $finish:expr $(,)?) => {

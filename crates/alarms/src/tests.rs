@@ -30,15 +30,17 @@ struct Handler {
 impl AlarmHandler for Handler {
     async fn alarm(&self, fired: Fired) -> Result<(), BoxError> {
         self.fired.lock().unwrap().push(fired);
-        if self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.fail) {
             return Err("handler failed".into());
         }
         Ok(())
     }
+}
+
+/// Takes one of the failures `left` to inject, if any are left.
+fn take_one(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 struct Obj {
@@ -55,11 +57,7 @@ struct Host {
 
 impl Dispatch for Host {
     async fn dispatch(&self, d: Delivery) -> DispatchOutcome {
-        if self
-            .never_started
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.never_started) {
             return DispatchOutcome::NeverStarted {
                 reason: "owner unreachable".into(),
             };
@@ -69,11 +67,7 @@ impl Dispatch for Host {
             return DispatchOutcome::Gone;
         };
         let out = obj.alarms.deliver(&d, &obj.handler).await;
-        if self
-            .unknown
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.unknown) {
             return DispatchOutcome::Unknown {
                 reason: "response lost".into(),
             };
@@ -113,6 +107,13 @@ fn world() -> World {
         host,
         dispatcher,
     }
+}
+
+/// A [`world`] and its object `a`.
+fn world_with_a() -> (World, Arc<Obj>) {
+    let w = world();
+    let o = w.object("a");
+    (w, o)
 }
 
 impl World {
@@ -231,8 +232,7 @@ fn retry_delays_grow_and_stay_within_jitter() {
 
 #[tokio::test]
 async fn set_get_delete_reach_the_index_with_row_tokens() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START + 10).await.unwrap();
     assert_eq!(o.alarms.get_alarm().await.unwrap(), Some(START + 10));
     let r = row(&o).unwrap();
@@ -254,8 +254,7 @@ async fn set_get_delete_reach_the_index_with_row_tokens() {
 
 #[tokio::test]
 async fn invalid_times_change_nothing() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START).await.unwrap();
     let before = (row(&o), w.job(&o).await, w.index.calls());
     for bad in [-1, MAX_SAFE_INTEGER + 1, i64::MAX, i64::MIN] {
@@ -300,8 +299,7 @@ async fn definite_set_failures_restore_the_previous_alarm() {
 
 #[tokio::test]
 async fn unknown_set_keeps_the_new_row_and_get_alarm_repairs_it() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     w.index.fail_next(Fault::UnknownBefore);
     let e = o.alarms.set_alarm(START + 5).await.unwrap_err();
     assert_eq!(e.code(), "do_alarm_result_unknown");
@@ -358,8 +356,7 @@ async fn failed_deletes_lift_their_fence_and_unknown_ones_say_so() {
 
 #[tokio::test]
 async fn a_hung_backend_hits_the_five_second_deadline() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     w.index.fail_next(Fault::Hang);
     let alarms = o.alarms.clone();
     let call = tokio::spawn(async move { alarms.set_alarm(START + 1).await });
@@ -374,8 +371,7 @@ async fn a_hung_backend_hits_the_five_second_deadline() {
 
 #[tokio::test]
 async fn transactions_coalesce_into_one_effect_after_commit() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     // Set then delete with no baseline: local only, nothing sent.
     o.alarms
         .transaction(|t| {
@@ -412,8 +408,7 @@ async fn transactions_coalesce_into_one_effect_after_commit() {
 
 #[tokio::test]
 async fn rollback_drops_effects_and_closes_the_transaction() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START + 1).await.unwrap();
     let before = (row(&o), w.job(&o).await, w.index.calls());
     let closed = o
@@ -441,8 +436,7 @@ async fn rollback_drops_effects_and_closes_the_transaction() {
 
 #[tokio::test]
 async fn nested_and_synchronous_transactions_refuse_alarm_calls() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     let alarms = o.alarms.clone();
     let nested = o
         .alarms
@@ -479,8 +473,7 @@ async fn nested_and_synchronous_transactions_refuse_alarm_calls() {
 
 #[tokio::test]
 async fn concurrent_mutations_reach_the_backend_in_api_order() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     let mut handles = Vec::new();
     for i in 0..20 {
         let a = o.alarms.clone();
@@ -510,8 +503,7 @@ async fn concurrent_mutations_reach_the_backend_in_api_order() {
 
 #[tokio::test]
 async fn a_due_alarm_is_delivered_once_and_completed() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START + 100).await.unwrap();
     assert_eq!(w.dispatcher.tick().await.unwrap().claimed, 0, "not due yet");
     w.clock.advance(100);
@@ -525,8 +517,7 @@ async fn a_due_alarm_is_delivered_once_and_completed() {
 
 #[tokio::test]
 async fn definite_failures_back_off_within_jitter_then_discard() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.handler.fail.store(100, Ordering::SeqCst);
     o.alarms.set_alarm(START).await.unwrap();
     let policy = w.dispatcher.config().retry;
@@ -568,8 +559,7 @@ async fn definite_failures_back_off_within_jitter_then_discard() {
 
 #[tokio::test]
 async fn never_started_retries_at_once_without_using_a_try() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START).await.unwrap();
     w.host.never_started.store(10, Ordering::SeqCst);
     for _ in 0..10 {
@@ -588,8 +578,7 @@ async fn never_started_retries_at_once_without_using_a_try() {
 
 #[tokio::test]
 async fn unknown_outcomes_keep_the_claim_until_the_lease_expires() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.handler.fail.store(1, Ordering::SeqCst);
     o.alarms.set_alarm(START).await.unwrap();
     w.host.unknown.store(1, Ordering::SeqCst);
@@ -615,8 +604,7 @@ async fn unknown_outcomes_keep_the_claim_until_the_lease_expires() {
 
 #[tokio::test]
 async fn an_early_hint_keeps_the_row_and_reschedules() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START + 1_000).await.unwrap();
     let r = row(&o).unwrap();
     // The backend believes the job is due now (clock skew between hosts).
@@ -637,8 +625,7 @@ async fn an_early_hint_keeps_the_row_and_reschedules() {
 
 #[tokio::test]
 async fn alarms_of_gone_objects_are_discarded() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     o.alarms.set_alarm(START).await.unwrap();
     w.host.objects.lock().unwrap().clear();
     w.dispatcher.tick().await.unwrap();
@@ -664,8 +651,7 @@ impl Dispatch for Gated {
 
 #[tokio::test]
 async fn mutations_during_a_running_delivery_are_not_swallowed_or_resurrected() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     let gated = Arc::new(Gated {
         inner: Arc::clone(&w.host),
         entered: tokio::sync::Notify::new(),
@@ -1056,8 +1042,7 @@ async fn an_owner_opening_an_object_reasserts_a_pending_row_the_index_lost() {
 
 #[tokio::test]
 async fn a_repair_never_resurrects_a_deleted_alarm() {
-    let w = world();
-    let o = w.object("a");
+    let (w, o) = world_with_a();
     assert_eq!(o.alarms.repair().await.unwrap(), None);
     o.alarms.set_alarm(START + 5).await.unwrap();
     o.alarms.delete_alarm().await.unwrap();
@@ -1076,15 +1061,21 @@ async fn a_repair_never_resurrects_a_deleted_alarm() {
     assert_eq!(w.job(&o).await.map(|j| j.token), Some(r.token));
 }
 
+/// The object `a` whose alarm at `START + 1` was replaced by one at
+/// `START + 2` with an unknown outcome: the row carries the new token, the
+/// index still the old one.
+async fn replaced_token_unknown(w: &World) -> Arc<Obj> {
+    let o = w.object("a");
+    o.alarms.set_alarm(START + 1).await.unwrap();
+    w.index.fail_next(Fault::UnknownBefore);
+    o.alarms.set_alarm(START + 2).await.unwrap_err();
+    o
+}
+
 #[tokio::test]
 async fn a_delivery_of_a_replaced_token_reasserts_the_rows_job_before_settling() {
     let w = world();
-    let o = w.object("a");
-    o.alarms.set_alarm(START + 1).await.unwrap();
-    // The next set's outcome is unknown: the row carries the new token, the
-    // index still the old one.
-    w.index.fail_next(Fault::UnknownBefore);
-    o.alarms.set_alarm(START + 2).await.unwrap_err();
+    let o = replaced_token_unknown(&w).await;
     let r = row(&o).unwrap();
     assert_ne!(w.job(&o).await.unwrap().token, r.token);
     w.clock.advance(2);
@@ -1108,10 +1099,7 @@ async fn a_delivery_of_a_replaced_token_reasserts_the_rows_job_before_settling()
 #[tokio::test]
 async fn a_failed_reassertion_keeps_the_delivered_job_for_another_try() {
     let w = world();
-    let o = w.object("a");
-    o.alarms.set_alarm(START + 1).await.unwrap();
-    w.index.fail_next(Fault::UnknownBefore);
-    o.alarms.set_alarm(START + 2).await.unwrap_err();
+    let o = replaced_token_unknown(&w).await;
     let old = w.job(&o).await.unwrap().token;
     w.clock.advance(2);
     w.index.fail_next(Fault::Unavailable);

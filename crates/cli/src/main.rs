@@ -466,19 +466,13 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         }
         Command::Outbox(OutboxCommand::Retry(target)) => {
             let outcome = outbox_admin(target, now_ms, "retry", admin::retry_now)?;
-            if cli.global.json {
-                emit_json(&mut out, &outcome)?;
-            } else {
-                render::admin(&mut out, "due now", target, &outcome)?;
-            }
+            let show = |out: &mut _, o: &_| render::admin(out, "due now", target, o);
+            emit(&mut out, cli.global.json, &outcome, show)?;
         }
         Command::Outbox(OutboxCommand::Discard(target)) => {
             let outcome = outbox_admin(target, now_ms, "discard", admin::discard)?;
-            if cli.global.json {
-                emit_json(&mut out, &outcome)?;
-            } else {
-                render::admin(&mut out, "discarded", target, &outcome)?;
-            }
+            let show = |out: &mut _, o: &_| render::admin(out, "discarded", target, o);
+            emit(&mut out, cli.global.json, &outcome, show)?;
         }
     }
     out.flush()?;
@@ -682,6 +676,15 @@ fn show_progress(bar: &ProgressBar, p: durability_migration::Progress) {
     ));
 }
 
+/// Runs `work` with a [`progress_line`] showing `message` (the work may
+/// report its progress on it) and clears the line once the work ends.
+async fn with_progress<T>(message: &str, work: impl AsyncFnOnce(&ProgressBar) -> T) -> T {
+    let bar = progress_line(message);
+    let result = work(&bar).await;
+    bar.finish_and_clear();
+    result
+}
+
 /// `durability migrations ...`: opens the router (writing nothing), checks
 /// the journal can be read, asks for mutating commands, runs, prints.
 fn migrations_command(
@@ -727,6 +730,10 @@ fn migrations_command(
                 .map(drop)
                 .map_err(failed)
         };
+        let preflight_and_ask = async |yes: bool, question: String| {
+            preflight().await?;
+            ask(yes, file, &question)
+        };
         let scope = router.journal_scope().to_owned();
         match command {
             C::Status {
@@ -749,16 +756,13 @@ fn migrations_command(
                 emit(out, json, &report, render::migration_status)
             }
             C::Recover { confirm, .. } => {
-                preflight().await?;
-                ask(
-                    confirm.yes,
-                    file,
-                    &format!("recover the interrupted moves of journal scope {scope:?}?"),
-                )?;
-                let bar = progress_line("recovering interrupted moves");
-                let report = router.recover_migrations().await;
-                bar.finish_and_clear();
-                let report = report.map_err(failed)?;
+                let question = format!("recover the interrupted moves of journal scope {scope:?}?");
+                preflight_and_ask(confirm.yes, question).await?;
+                let report = with_progress("recovering interrupted moves", async |_| {
+                    router.recover_migrations().await
+                })
+                .await
+                .map_err(failed)?;
                 emit(out, json, &report, render::recovery)?;
                 match report.failed.len() {
                     0 => Ok(()),
@@ -774,25 +778,23 @@ fn migrations_command(
                 confirm,
                 ..
             } => {
-                preflight().await?;
                 if *repair {
-                    ask(
-                        confirm.yes,
-                        file,
-                        &format!("recover and repair journal scope {scope:?}?"),
-                    )?;
+                    let question = format!("recover and repair journal scope {scope:?}?");
+                    preflight_and_ask(confirm.yes, question).await?;
+                } else {
+                    preflight().await?;
                 }
-                let bar = progress_line("verifying");
                 let opts = VerifyOptions {
                     repair: *repair,
                     page_size: *page_size,
                     full: *full,
                 };
-                let report = router
-                    .verify_migrations_observed(opts, &|p| show_progress(&bar, p))
-                    .await;
-                bar.finish_and_clear();
-                let report = report.map_err(failed)?;
+                let report = with_progress("verifying", async |bar| {
+                    let shown = |p| show_progress(bar, p);
+                    router.verify_migrations_observed(opts, &shown).await
+                })
+                .await
+                .map_err(failed)?;
                 emit(out, json, &report, render::verify)?;
                 if report.clean {
                     Ok(())
@@ -801,16 +803,12 @@ fn migrations_command(
                 }
             }
             C::Purge { confirm, .. } => {
-                preflight().await?;
-                ask(
-                    confirm.yes,
-                    file,
-                    &format!("purge the archives of journal scope {scope:?}?"),
-                )?;
-                let bar = progress_line("purging archives");
-                let report = router.purge_retired().await;
-                bar.finish_and_clear();
-                let report = report.map_err(failed)?;
+                let question = format!("purge the archives of journal scope {scope:?}?");
+                preflight_and_ask(confirm.yes, question).await?;
+                let report =
+                    with_progress("purging archives", async |_| router.purge_retired().await)
+                        .await
+                        .map_err(failed)?;
                 emit(out, json, &report, render::purge)
             }
             C::Rebalance {
@@ -827,12 +825,8 @@ fn migrations_command(
                     return Err(failed(MigrationError::UnknownShard(unknown.clone())));
                 }
                 if !*dry_run {
-                    preflight().await?;
-                    ask(
-                        confirm.yes,
-                        file,
-                        &format!("rebalance the keys of journal scope {scope:?}?"),
-                    )?;
+                    let question = format!("rebalance the keys of journal scope {scope:?}?");
+                    preflight_and_ask(confirm.yes, question).await?;
                 }
                 let opts = RebalanceOptions {
                     target_shards: (!to.is_empty()).then(|| to.clone()),
@@ -843,12 +837,12 @@ fn migrations_command(
                         retire: retain_ms.map_or_else(Retire::default, Retire::After),
                     },
                 };
-                let bar = progress_line("rebalancing");
-                let report = router
-                    .rebalance_observed(opts, &|p| show_progress(&bar, p))
-                    .await;
-                bar.finish_and_clear();
-                let report = report.map_err(failed)?;
+                let report = with_progress("rebalancing", async |bar| {
+                    let shown = |p| show_progress(bar, p);
+                    router.rebalance_observed(opts, &shown).await
+                })
+                .await
+                .map_err(failed)?;
                 emit(out, json, &report, |out, r| {
                     render::rebalance(out, *dry_run, r)
                 })?;

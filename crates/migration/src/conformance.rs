@@ -26,6 +26,10 @@ use crate::mapping::MappingStore;
 use crate::shard::{BackendFuture, BatchSupport, Shard, Statement};
 use crate::value::{self, Row, Value, row};
 
+/// The body of this crate's conformance macros (see `durability_time`).
+#[doc(hidden)]
+pub use durability_time::async_suite;
+
 /// Whether a crash lands before or after the write it interrupts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultMode {
@@ -393,17 +397,23 @@ pub async fn shard_suite(shard: &dyn Shard, table: &str) {
         payload: Some(value::encode_row(snapshot)),
         digest: value::digest(Some(snapshot)),
     };
+    /// The cutover of `k1` to `x` by the operation `op_id`.
+    fn cutover<'a>(op_id: &'a str, tables: &'a [CutoverTable]) -> Cutover<'a> {
+        Cutover {
+            op_id,
+            scope: "s",
+            key: "k1",
+            moved_to: "x",
+            now_ms: 1,
+            tables,
+            journal_owner: None,
+        }
+    }
     let stale = [mk(&changed)];
-    let c = Cutover {
-        op_id: "op-stale",
-        scope: "s",
-        key: "k1",
-        moved_to: "x",
-        now_ms: 1,
-        tables: &stale,
-        journal_owner: None,
-    };
-    let counts = shard.batch(&d.cutover_batch(&c)).await.unwrap();
+    let counts = shard
+        .batch(&d.cutover_batch(&cutover("op-stale", &stale)))
+        .await
+        .unwrap();
     assert!(
         counts.iter().all(|n| *n == 0),
         "stale snapshot: cutover writes nothing"
@@ -417,16 +427,10 @@ pub async fn shard_suite(shard: &dyn Shard, table: &str) {
         1
     );
     let fresh = [mk(&r1)];
-    let c = Cutover {
-        op_id: "op-1",
-        scope: "s",
-        key: "k1",
-        moved_to: "x",
-        now_ms: 1,
-        tables: &fresh,
-        journal_owner: None,
-    };
-    let counts = shard.batch(&d.cutover_batch(&c)).await.unwrap();
+    let counts = shard
+        .batch(&d.cutover_batch(&cutover("op-1", &fresh)))
+        .await
+        .unwrap();
     assert_eq!(counts, vec![1, 1], "cutover archives and deletes");
     assert!(
         shard
@@ -604,18 +608,8 @@ macro_rules! shard_conformance {
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
     (@tests $module:ident ($table:expr, $make:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let Some((shard, _guard)) = $make.await else {
-                        return;
-                    };
-                    $crate::conformance::run_shard_case(stringify!($case), &shard, $table).await;
-                }
-            )*
+        $crate::conformance::async_suite! {
+            $module, $crate::conformance::run_shard_case, ($table), $make, |_| async {}, [$($case)*]
         }
     };
     ($module:ident, $table:expr, $make:expr $(,)?) => {
@@ -643,20 +637,8 @@ macro_rules! mapping_store_conformance {
     };
     (@names [$($case:ident)*]) => { &[$(stringify!($case)),*] };
     (@tests $module:ident ($prefix:expr, $make:expr, $finish:expr) [$($case:ident)*]) => {
-        mod $module {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let Some((store, _guard)) = $make.await else {
-                        return;
-                    };
-                    $crate::conformance::run_mapping_store_case(stringify!($case), &store, $prefix)
-                        .await;
-                    ($finish)(&store).await;
-                }
-            )*
+        $crate::conformance::async_suite! {
+            $module, $crate::conformance::run_mapping_store_case, ($prefix), $make, $finish, [$($case)*]
         }
     };
     ($module:ident, $prefix:expr, $make:expr, finish = $finish:expr $(,)?) => {

@@ -253,22 +253,19 @@ impl Core {
         self.disabled != Some(c)
     }
 
+    /// The configured shards on a proven dialect, by name.
+    pub(crate) fn proven_shards(&self) -> impl Iterator<Item = (&String, &Arc<dyn Shard>)> {
+        self.shards.iter().filter(|(_, s)| s.dialect().is_proven())
+    }
+
     /// See [`Router::init`].
     pub(crate) async fn init(&self) -> Result<()> {
         let Some(j) = &self.journal else {
             return Ok(());
         };
-        for (name, shard) in &self.shards {
+        for (name, shard) in self.proven_shards() {
             let d = shard.dialect();
-            if !d.is_proven() {
-                continue;
-            }
-            for st in d.retired_schema() {
-                shard
-                    .execute(&st)
-                    .await
-                    .map_err(|e| MigrationError::shard(name, e))?;
-            }
+            execute_all(name, shard.as_ref(), &d.retired_schema()).await?;
             // A hold table created before holds named their mover gains
             // the columns.
             for (column, add) in d.hold_upgrade() {
@@ -277,22 +274,12 @@ impl Core {
         }
         let (name, shard) = self.shard_named(j)?;
         let d = shard.dialect();
-        for st in d.journal_schema() {
-            shard
-                .execute(&st)
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-        }
+        execute_all(name, shard.as_ref(), &d.journal_schema()).await?;
         // A journal created before verification marks gains the column
         // (every finished operation then counts as unexamined).
         let (column, add) = d.journal_upgrade();
         add_column(name, shard.as_ref(), names::OPS, column, &add).await?;
-        for st in d.journal_history_indexes() {
-            shard
-                .execute(&st)
-                .await
-                .map_err(|e| MigrationError::shard(name, e))?;
-        }
+        execute_all(name, shard.as_ref(), &d.journal_history_indexes()).await?;
         if self.computed() {
             self.init_placement().await?;
         }
@@ -425,9 +412,12 @@ impl Core {
         })
     }
 
-    /// Refuses a shard that cannot take part in a move.
-    pub(crate) fn check_movable<'a>(&'a self, name: &'a str) -> Result<&'a Arc<dyn Shard>> {
-        let (_, shard) = self.shard_named(name)?;
+    /// The configured shard `name`, refused unless its dialect is proven.
+    pub(crate) fn proven_shard<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Result<(&'a str, &'a Arc<dyn Shard>)> {
+        let (name, shard) = self.shard_named(name)?;
         let d = shard.dialect();
         if !d.is_proven() {
             return Err(MigrationError::UnsupportedDialect {
@@ -435,6 +425,12 @@ impl Core {
                 dialect: d.name().to_owned(),
             });
         }
+        Ok((name, shard))
+    }
+
+    /// Refuses a shard that cannot take part in a move.
+    pub(crate) fn check_movable<'a>(&'a self, name: &'a str) -> Result<&'a Arc<dyn Shard>> {
+        let (_, shard) = self.proven_shard(name)?;
         match shard.batch_support() {
             BatchSupport::None => Err(MigrationError::NoBatch(name.to_owned())),
             BatchSupport::NonAtomic => Err(MigrationError::NoAtomicBatch(name.to_owned())),
@@ -1448,6 +1444,21 @@ fn sqlite_declared_collation(sql: &str, col: &str) -> Option<String> {
         return (!c.is_empty()).then_some(c);
     }
     None
+}
+
+/// Runs `statements` on the shard `name` in order, up to the first failure.
+pub(crate) async fn execute_all(
+    name: &str,
+    shard: &dyn Shard,
+    statements: &[Statement],
+) -> Result<()> {
+    for st in statements {
+        shard
+            .execute(st)
+            .await
+            .map_err(|e| MigrationError::shard(name, e))?;
+    }
+    Ok(())
 }
 
 /// Adds `column` to the crate's table `table` on `shard` with `add`, unless

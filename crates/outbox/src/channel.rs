@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use durability_scheduler::{
     Capability, Permit, PermitError, Permits, Scheduler, Storage, StorageError, Transaction,
 };
+use durability_time::check_name;
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -275,22 +276,12 @@ impl<T> ChannelConfig<T> {
 /// # Errors
 /// [`OutboxError::InvalidChannel`].
 pub fn check_channel(name: &str) -> Result<(), OutboxError> {
-    let reason = if name.is_empty() {
-        Some("must not be empty")
-    } else if name.len() > MAX_CHANNEL_BYTES {
-        Some("must be at most 200 bytes")
-    } else if name.chars().any(char::is_control) {
-        Some("must not contain control characters")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(OutboxError::InvalidChannel {
+    check_name(name, MAX_CHANNEL_BYTES, "must be at most 200 bytes").map_err(|reason| {
+        OutboxError::InvalidChannel {
             name: name.to_owned(),
             reason,
-        }),
-        None => Ok(()),
-    }
+        }
+    })
 }
 
 /// Validates a key: 1..=1024 bytes, no control characters.
@@ -298,19 +289,8 @@ pub fn check_channel(name: &str) -> Result<(), OutboxError> {
 /// # Errors
 /// [`OutboxError::InvalidKey`].
 pub fn check_key(key: &str) -> Result<(), OutboxError> {
-    let reason = if key.is_empty() {
-        Some("must not be empty")
-    } else if key.len() > MAX_KEY_BYTES {
-        Some("must be at most 1024 bytes")
-    } else if key.chars().any(char::is_control) {
-        Some("must not contain control characters")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(OutboxError::InvalidKey { reason }),
-        None => Ok(()),
-    }
+    check_name(key, MAX_KEY_BYTES, "must be at most 1024 bytes")
+        .map_err(|reason| OutboxError::InvalidKey { reason })
 }
 
 /// A named outbox channel attached to an object's scheduler.

@@ -91,22 +91,24 @@ pub(crate) fn check_delay(ms: f64, now: i64) -> Result<i64, String> {
 
 /// Validates an attempt timeout: `1..=2^31-1` ms.
 pub(crate) fn check_timeout(ms: u64) -> Result<u64, OutboxError> {
-    if ms == 0 || ms > MAX_ATTEMPT_TIMEOUT_MS {
-        return Err(OutboxError::InvalidPolicy {
-            field: "attempt_timeout_ms",
-            reason: format!("must be in 1..={MAX_ATTEMPT_TIMEOUT_MS}, got {ms}"),
-        });
-    }
-    Ok(ms)
+    check_one_to("attempt_timeout_ms", ms, MAX_ATTEMPT_TIMEOUT_MS)
 }
 
 /// Validates a batch size: `1..=1000`.
 pub(crate) fn check_batch(n: usize) -> Result<usize, OutboxError> {
-    if n == 0 || n > MAX_BATCH_SIZE {
+    check_one_to("batch_size", n, MAX_BATCH_SIZE)
+}
+
+/// `value` when it is in `1..=max`; otherwise the policy error for `field`.
+fn check_one_to<T>(field: &'static str, value: T, max: T) -> Result<T, OutboxError>
+where
+    T: Copy + PartialOrd + From<u8> + fmt::Display,
+{
+    if value < T::from(1) || value > max {
         return Err(OutboxError::InvalidPolicy {
-            field: "batch_size",
-            reason: format!("must be in 1..={MAX_BATCH_SIZE}, got {n}"),
+            field,
+            reason: format!("must be in 1..={max}, got {value}"),
         });
     }
-    Ok(n)
+    Ok(value)
 }

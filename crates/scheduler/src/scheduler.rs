@@ -486,22 +486,13 @@ impl<S: Storage> Scheduler<S> {
 }
 
 fn validate_capability_name(name: &str) -> Result<(), SchedulerError> {
-    let reason = if name.is_empty() {
-        Some("must not be empty")
-    } else if name.len() > MAX_CAPABILITY_NAME_BYTES {
-        Some("must be at most 256 bytes")
-    } else if name.chars().any(char::is_control) {
-        Some("must not contain control characters")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(SchedulerError::InvalidCapabilityName {
+    let too_long = "must be at most 256 bytes";
+    durability_time::check_name(name, MAX_CAPABILITY_NAME_BYTES, too_long).map_err(|reason| {
+        SchedulerError::InvalidCapabilityName {
             name: name.to_owned(),
             reason,
-        }),
-        None => Ok(()),
-    }
+        }
+    })
 }
 
 impl<S: Storage> Scheduler<S> {

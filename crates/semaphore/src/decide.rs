@@ -127,19 +127,13 @@ impl PoolConfig {
 /// # Errors
 /// [`SemaphoreError::InvalidName`].
 pub fn check_name(field: &'static str, value: &str) -> Result<(), SemaphoreError> {
-    let reason = if value.is_empty() {
-        "must not be empty"
-    } else if value.len() > MAX_NAME_BYTES {
-        "must be at most 256 bytes"
-    } else if value.chars().any(char::is_control) {
-        "must not contain control characters"
-    } else {
-        return Ok(());
-    };
-    Err(SemaphoreError::InvalidName {
-        field,
-        value: value.chars().take(MAX_NAME_BYTES).collect(),
-        reason,
+    let too_long = "must be at most 256 bytes";
+    durability_time::check_name(value, MAX_NAME_BYTES, too_long).map_err(|reason| {
+        SemaphoreError::InvalidName {
+            field,
+            value: value.chars().take(MAX_NAME_BYTES).collect(),
+            reason,
+        }
     })
 }
 

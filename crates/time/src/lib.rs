@@ -20,6 +20,8 @@
 //!   so the two cannot disagree.
 //! - [`MAX_SAFE_INTEGER`]: the largest integer a JavaScript number holds
 //!   exactly, the bound on stored times, versions and generations.
+//! - [`check_name`]: the rule the crates' names and keys share (1 to a
+//!   bound of bytes, no control characters).
 //!
 //! ```
 //! use durability_time::{Backoff, Clock, Jitter, ManualClock, Random};
@@ -62,6 +64,28 @@ pub const MAX_SAFE_UNSIGNED: u64 = MAX_SAFE_INTEGER.unsigned_abs();
 /// Whether `n` is in `0..=MAX_SAFE_INTEGER`.
 pub const fn is_safe_non_negative(n: i64) -> bool {
     n >= 0 && n <= MAX_SAFE_INTEGER
+}
+
+/// Checks `text` against the rule the crates' names and keys share: 1 to
+/// `max_bytes` bytes, no control characters. `too_long` is the reason for a
+/// longer text (it states the bound: `"must be at most 256 bytes"`).
+///
+/// # Errors
+/// The reason `text` breaks the rule, for the caller's own error.
+pub fn check_name(
+    text: &str,
+    max_bytes: usize,
+    too_long: &'static str,
+) -> Result<(), &'static str> {
+    if text.is_empty() {
+        Err("must not be empty")
+    } else if text.len() > max_bytes {
+        Err(too_long)
+    } else if text.chars().any(char::is_control) {
+        Err("must not contain control characters")
+    } else {
+        Ok(())
+    }
 }
 
 /// Parses a canonical positive decimal (`[1-9][0-9]*`, at most 16 digits)

@@ -162,3 +162,34 @@ pub mod __codes {
         out
     }
 }
+
+/// The body of the crates' async conformance macros: a module `$module`
+/// with one `#[tokio::test]` per case. Each test awaits `$make` (evaluated
+/// inside the module, which sees the caller's items through
+/// `use super::*`) for an `Option` of the subject and a guard kept alive
+/// for the case, returns when that is `None` (a server that is not there),
+/// and otherwise awaits `$run(case name, &subject, $args...)`, then
+/// `$finish(&subject)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! async_suite {
+    ($module:ident, $run:path, $args:tt, $make:expr, $finish:expr, [$($case:ident)*]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $crate::async_suite! { @case $case, $run, $args, $make, $finish }
+            )*
+        }
+    };
+    (@case $case:ident, $run:path, ($($arg:expr),*), $make:expr, $finish:expr) => {
+        #[tokio::test]
+        async fn $case() {
+            let Some((subject, _guard)) = $make.await else {
+                return;
+            };
+            $run(stringify!($case), &subject $(, $arg)*).await;
+            ($finish)(&subject).await;
+        }
+    };
+}

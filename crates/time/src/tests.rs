@@ -249,3 +249,14 @@ fn the_code_list_helpers_keep_first_appearances() {
     assert_eq!(unique_count(&[]), 0);
     assert_eq!(unique::<0>(&[]), [""; 0]);
 }
+
+#[test]
+fn check_name_refuses_empty_long_and_control_text_with_its_reason() {
+    let check = |text: &str| check_name(text, 4, "must be at most 4 bytes");
+    assert_eq!(check("abcd"), Ok(()));
+    assert_eq!(check("é"), Ok(()), "bytes, not characters: 2 of 4");
+    assert_eq!(check(""), Err("must not be empty"));
+    assert_eq!(check("abcde"), Err("must be at most 4 bytes"));
+    assert_eq!(check("éé é"), Err("must be at most 4 bytes"));
+    assert_eq!(check("a\nb"), Err("must not contain control characters"));
+}

@@ -12,7 +12,7 @@
 //! ID, IDs are unique, and there is at least one member (a deleted group is
 //! not published, it is removed). Only `durability-topology` encodes it.
 
-use durability_time::{MAX_SAFE_UNSIGNED, is_safe_non_negative};
+use durability_time::{MAX_SAFE_UNSIGNED, check_name, is_safe_non_negative};
 use serde::Deserialize;
 
 /// The format version this crate reads.
@@ -95,18 +95,6 @@ impl Snapshot {
         self.members
             .iter()
             .filter(|m| m.state == MemberState::Active)
-    }
-}
-
-fn check_name(name: &str, max: usize, too_long: &'static str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        Err("must not be empty")
-    } else if name.len() > max {
-        Err(too_long)
-    } else if name.chars().any(char::is_control) {
-        Err("must not contain control characters")
-    } else {
-        Ok(())
     }
 }
 

@@ -91,6 +91,14 @@ fn client(store: &Fake, config: ClientConfig) -> TopologyClient<Fake> {
     TopologyClient::new(store.clone(), config).unwrap()
 }
 
+/// A clock at [`START`] and a store holding the group `g` (`version`, from
+/// `coordinator`, with the members `ids`).
+fn store_with_g(version: u64, coordinator: &str, ids: &[&str]) -> (ManualClock, Fake) {
+    let store = Fake::new();
+    store.put("g", enc("g", version, coordinator, ids));
+    (ManualClock::new(START), store)
+}
+
 fn reason(e: TopologyClientError) -> UnavailableReason {
     match e {
         TopologyClientError::TopologyUnavailable { reason, .. } => reason,
@@ -184,9 +192,7 @@ fn bad_config_is_rejected() {
 
 #[tokio::test]
 async fn a_snapshot_is_cached_for_the_ttl() {
-    let clock = ManualClock::new(START);
-    let store = Fake::new();
-    store.put("g", enc("g", 1, "c", &["a"]));
+    let (clock, store) = store_with_g(1, "c", &["a"]);
     let c = client(&store, config(&clock));
     let s = c.get("g").await.unwrap();
     assert_eq!(s.members[0].id, "a");
@@ -239,9 +245,7 @@ async fn ten_thousand_concurrent_cold_gets_cause_one_store_read() {
 
 #[tokio::test]
 async fn an_older_version_from_the_same_coordinator_never_replaces_the_cache() {
-    let clock = ManualClock::new(START);
-    let store = Fake::new();
-    store.put("g", enc("g", 5, "c1", &["new"]));
+    let (clock, store) = store_with_g(5, "c1", &["new"]);
     let c = client(&store, config(&clock));
     assert_eq!(c.get("g").await.unwrap().version, 5);
     store.put("g", enc("g", 4, "c1", &["old"]));
@@ -347,9 +351,7 @@ fn seeded(group: &str) -> Snapshot {
 
 #[tokio::test]
 async fn fallbacks_run_in_order_stale_then_seed_then_fallback_and_are_reported() {
-    let clock = ManualClock::new(START);
-    let store = Fake::new();
-    store.put("g", enc("g", 3, "c", &["a"]));
+    let (clock, store) = store_with_g(3, "c", &["a"]);
     let reports = Arc::default();
     let fallback_calls = Arc::new(AtomicUsize::new(0));
     let seed_on = Arc::new(Mutex::new(true));
@@ -412,9 +414,7 @@ async fn fallbacks_run_in_order_stale_then_seed_then_fallback_and_are_reported()
 
 #[tokio::test]
 async fn stale_if_error_never_applies_to_a_missing_group() {
-    let clock = ManualClock::new(START);
-    let store = Fake::new();
-    store.put("g", enc("g", 3, "c", &["a"]));
+    let (clock, store) = store_with_g(3, "c", &["a"]);
     let reports = Arc::default();
     let c = client(
         &store,
@@ -446,19 +446,40 @@ async fn without_fallbacks_get_fails_and_a_failing_fallback_keeps_the_reason() {
     assert_eq!(reason(err).code(), "read_failed");
 }
 
+/// A store holding `count` groups `g0`, `g1`, …, each at `version` from
+/// the coordinator `c`.
+fn store_of_groups(count: usize, version: u64) -> Fake {
+    let store = Fake::new();
+    for i in 0..count {
+        let g = format!("g{i}");
+        store.put(&g, enc(&g, version, "c", &["a"]));
+    }
+    store
+}
+
+/// A client built with `config` over [`store_of_groups`]`(count, version)`
+/// that has read each group once, in order, with `bounded` checked after
+/// every read; and the store.
+async fn read_each_group(
+    count: usize,
+    version: u64,
+    config: ClientConfig,
+    bounded: impl Fn(&TopologyClient<Fake>),
+) -> (Fake, TopologyClient<Fake>) {
+    let store = store_of_groups(count, version);
+    let c = client(&store, config);
+    for i in 0..count {
+        c.get(&format!("g{i}")).await.unwrap();
+        bounded(&c);
+    }
+    (store, c)
+}
+
 #[tokio::test]
 async fn the_cache_is_bounded_however_many_groups_are_read() {
     let clock = ManualClock::new(START);
-    let store = Fake::new();
-    for i in 0..2_000 {
-        let g = format!("g{i}");
-        store.put(&g, enc(&g, 1, "c", &["a"]));
-    }
-    let c = client(&store, config(&clock).max_groups(64));
-    for i in 0..2_000 {
-        c.get(&format!("g{i}")).await.unwrap();
-        assert!(c.cached_groups() <= 64);
-    }
+    let bounds = config(&clock).max_groups(64);
+    let (_, c) = read_each_group(2_000, 1, bounds, |c| assert!(c.cached_groups() <= 64)).await;
     assert_eq!(c.cached_groups(), 64);
     assert_eq!(crate::DEFAULT_MAX_GROUPS, 10_000);
     let _ = clock.now_ms();
@@ -497,17 +518,12 @@ async fn an_evicted_group_never_comes_back_older_from_the_same_coordinator() {
 #[tokio::test]
 async fn version_floors_are_bounded_and_outlive_many_cache_evictions() {
     let clock = ManualClock::new(START);
-    let store = Fake::new();
-    for i in 0..300 {
-        let g = format!("g{i}");
-        store.put(&g, enc(&g, 7, "c", &["a"]));
-    }
-    let c = client(&store, config(&clock).max_groups(8).max_version_floors(256));
-    for i in 0..300 {
-        c.get(&format!("g{i}")).await.unwrap();
+    let bounds = config(&clock).max_groups(8).max_version_floors(256);
+    let (store, c) = read_each_group(300, 7, bounds, |c| {
         assert!(c.cached_groups() <= 8);
         assert!(c.version_floors() <= 256);
-    }
+    })
+    .await;
     assert_eq!(c.version_floors(), 256);
     // g100 was evicted from the cache 192 groups ago; its floor still holds.
     store.put("g100", enc("g100", 6, "c", &["old"]));
@@ -528,9 +544,7 @@ fn cache_hits_store_reads_fallbacks_and_unavailable_reads_are_counted() {
             .build()
             .unwrap();
         rt.block_on(async {
-            let clock = ManualClock::new(START);
-            let store = Fake::new();
-            store.put("g", enc("g", 3, "c", &["a"]));
+            let (clock, store) = store_with_g(3, "c", &["a"]);
             let c = client(
                 &store,
                 config(&clock).stale_if_error(Duration::from_secs(60)),
@@ -589,10 +603,7 @@ fn cache_hits_store_reads_fallbacks_and_unavailable_reads_are_counted() {
 #[tokio::test]
 async fn an_evicted_version_floor_is_reported_and_its_guard_lapses() {
     let clock = ManualClock::new(START);
-    let store = Fake::new();
-    for g in ["g0", "g1", "g2"] {
-        store.put(g, enc(g, 7, "c", &["a"]));
-    }
+    let store = store_of_groups(3, 7);
     let c = client(&store, config(&clock).max_groups(1).max_version_floors(2));
     c.get("g0").await.unwrap();
     c.get("g1").await.unwrap();

@@ -189,6 +189,15 @@ impl Dispatch for Slow {
 }
 
 impl Slow {
+    /// A host that reschedules `a` on `index` while it runs (see
+    /// [`Slow::reschedule`]).
+    fn rescheduling(index: &Arc<MemoryAlarmIndex>, clock: &ManualClock) -> Arc<Self> {
+        Arc::new(Self {
+            reschedule: Some((Arc::clone(index), clock.clone())),
+            ..Self::default()
+        })
+    }
+
     fn starts(&self, object: &str) -> usize {
         self.started
             .lock()
@@ -282,10 +291,7 @@ async fn a_handler_that_never_finishes_does_not_delay_other_objects() {
 #[tokio::test]
 async fn two_jobs_of_one_object_never_run_at_once_and_stop_releases_claims() {
     let (clock, index) = due(&["a"], "ta").await;
-    let host = Arc::new(Slow {
-        reschedule: Some((Arc::clone(&index), clock.clone())),
-        ..Slow::default()
-    });
+    let host = Slow::rescheduling(&index, &clock);
     let d = slow_dispatcher(&index, &host, &clock, config());
     let run = spawn_run(&d);
     until("a's first delivery", || host.starts("a") == 1).await;
@@ -398,10 +404,7 @@ fn the_failover_budget_and_the_fast_profile() {
 #[tokio::test]
 async fn a_held_claim_is_never_delivered_past_its_own_lease() {
     let (clock, index) = due(&["a"], "ta").await;
-    let host = Arc::new(Slow {
-        reschedule: Some((Arc::clone(&index), clock.clone())),
-        ..Slow::default()
-    });
+    let host = Slow::rescheduling(&index, &clock);
     let d = slow_dispatcher(
         &index,
         &host,

@@ -57,6 +57,28 @@ fn router_over(
     .unwrap()
 }
 
+/// Writes the shard-set config `json` to the file `name` in `dir`; its path.
+fn write_config(dir: &Path, name: &str, json: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, json).unwrap();
+    path
+}
+
+/// [`router_over`] with both shards behind one fault plan, and the plan.
+fn faulty_router_over(
+    mapping: Arc<SqliteMappingStore>,
+    east: Arc<dyn Shard>,
+    west: Arc<dyn Shard>,
+) -> (Router, Arc<FaultPlan>) {
+    let plan = FaultPlan::new();
+    let router = router_over(
+        mapping,
+        Arc::new(FaultShard::new(east, plan.clone())),
+        Arc::new(FaultShard::new(west, plan.clone())),
+    );
+    (router, plan)
+}
+
 /// Every key on `east`; `k1` moved to `west`; with `crash`, a move of `k2`
 /// interrupted after its journal row (the mover "died" at its copy).
 async fn shard_set(crash: bool) -> ShardSet {
@@ -79,12 +101,7 @@ async fn shard_set(crash: bool) -> ShardSet {
         .unwrap()
         .op_id;
     let crashed = if crash {
-        let plan = FaultPlan::new();
-        let faulty = router_over(
-            mapping.clone(),
-            Arc::new(FaultShard::new(e, plan.clone())),
-            Arc::new(FaultShard::new(w, plan.clone())),
-        );
+        let (faulty, plan) = faulty_router_over(mapping.clone(), e, w);
         // Write 1 journals `prepared`; write 2 (the copy) never lands.
         plan.arm(2, FaultMode::Before);
         faulty
@@ -97,9 +114,9 @@ async fn shard_set(crash: bool) -> ShardSet {
     } else {
         None
     };
-    let config = dir.path().join("shards.json");
-    std::fs::write(
-        &config,
+    let config = write_config(
+        dir.path(),
+        "shards.json",
         r#"{
   "shards": { "east": "east.db", "west": "sqlite:west.db" },
   "mapping": "mapping.db",
@@ -107,8 +124,7 @@ async fn shard_set(crash: bool) -> ShardSet {
   "tables": { "users": "id" },
   "clock_domain": "test-host"
 }"#,
-    )
-    .unwrap();
+    );
     ShardSet {
         dir,
         config,
@@ -147,6 +163,11 @@ impl ShardSet {
 
     fn cli_args<'a>(&'a self, cmd: &'a str, args: &[&'a str]) -> Vec<&'a str> {
         [&["migrations", cmd, "--config", self.config()][..], args].concat()
+    }
+
+    /// The shard `key` routes to, as the fixture's router reads it.
+    async fn route(&self, key: &str) -> Option<String> {
+        self.router.route(key).await.unwrap()
     }
 
     /// `status --json` as a value (the journal as the CLI reads it).
@@ -282,10 +303,7 @@ async fn recover_needs_yes_off_a_terminal_then_finishes_the_interrupted_move() {
         ]
         .map(|(s, k)| (s.to_owned(), k.to_owned()))
     );
-    assert_eq!(
-        set.router.route("k2").await.unwrap().as_deref(),
-        Some("west")
-    );
+    assert_eq!(set.route("k2").await.as_deref(), Some("west"));
 }
 
 #[tokio::test]
@@ -407,10 +425,7 @@ async fn abort_drops_an_uncut_move_and_needs_yes() {
     let v = set.status();
     assert_eq!(v["active"], 0);
     assert_eq!(v["counts"]["aborted"], 1);
-    assert_eq!(
-        set.router.route("k2").await.unwrap().as_deref(),
-        Some("east")
-    );
+    assert_eq!(set.route("k2").await.as_deref(), Some("east"));
 }
 
 #[tokio::test]
@@ -681,26 +696,20 @@ async fn a_fresh_cli_process_takes_a_crashed_recoverys_lease_over() {
     let east = shard_file(&set.dir.path().join("east.db"));
     let west = shard_file(&set.dir.path().join("west.db"));
     // Host A's recovery writes its lease, then its process is gone.
-    let plan = FaultPlan::new();
-    let host_a = router_over(
-        set.mapping.clone(),
-        Arc::new(FaultShard::new(east.clone(), plan.clone())),
-        Arc::new(FaultShard::new(west, plan.clone())),
-    );
+    let (host_a, plan) = faulty_router_over(set.mapping.clone(), east.clone(), west);
     plan.arm(1, FaultMode::After);
     host_a.recover_migrations().await.unwrap_err();
     assert!(plan.tripped());
-    let config = set.dir.path().join("cron.json");
-    std::fs::write(
-        &config,
+    let config = write_config(
+        set.dir.path(),
+        "cron.json",
         r#"{
   "shards": { "east": "east.db", "west": "west.db" },
   "mapping": "mapping.db",
   "journal_shard": "east",
   "tables": { "users": "id" }
 }"#,
-    )
-    .unwrap();
+    );
     let config = config.to_str().unwrap();
     let recover = [
         "migrations",
@@ -741,8 +750,5 @@ async fn a_fresh_cli_process_takes_a_crashed_recoverys_lease_over() {
     );
     assert_eq!(settled["committed"], serde_json::json!([crashed]));
     assert_eq!(set.status()["active"], 0);
-    assert_eq!(
-        set.router.route("k2").await.unwrap().as_deref(),
-        Some("west")
-    );
+    assert_eq!(set.route("k2").await.as_deref(), Some("west"));
 }

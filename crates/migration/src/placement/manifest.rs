@@ -7,31 +7,18 @@ use std::sync::Arc;
 
 use super::{Algorithm, CachedManifest, Epoch, MAX_CAS_ATTEMPTS, MAX_EPOCHS, Manifest};
 use crate::error::{MigrationError, Result};
-use crate::router::Core;
+use crate::router::{Core, execute_all};
 
 impl Core {
     /// Creates the placement tables and the first manifest (epoch 1: every
     /// configured shard) when none exists, and publishes its copy.
     pub(crate) async fn init_placement(&self) -> Result<()> {
-        for (name, shard) in &self.shards {
-            let d = shard.dialect();
-            if !d.is_proven() {
-                continue;
-            }
-            for st in d.topology_schema() {
-                shard
-                    .execute(&st)
-                    .await
-                    .map_err(|e| MigrationError::shard(name, e))?;
-            }
+        for (name, shard) in self.proven_shards() {
+            execute_all(name, shard.as_ref(), &shard.dialect().topology_schema()).await?;
         }
         let (jname, js) = self.journal_shard()?;
         let d = js.dialect();
-        for st in d.placement_schema() {
-            js.execute(&st)
-                .await
-                .map_err(|e| MigrationError::shard(jname, e))?;
-        }
+        execute_all(jname, js.as_ref(), &d.placement_schema()).await?;
         let first = Manifest {
             revision: 1,
             generation: 1,
@@ -251,14 +238,7 @@ impl Core {
         }
         let mut set = BTreeSet::new();
         for s in shards {
-            let (name, shard) = self.shard_named(s)?;
-            let d = shard.dialect();
-            if !d.is_proven() {
-                return Err(MigrationError::UnsupportedDialect {
-                    shard: name.to_owned(),
-                    dialect: d.name().to_owned(),
-                });
-            }
+            let (name, _) = self.proven_shard(s)?;
             set.insert(name.to_owned());
         }
         let set: Vec<String> = set.into_iter().collect();

@@ -226,6 +226,12 @@ impl Env {
             .unwrap()
     }
 
+    /// The router's reconcile with the default options.
+    async fn reconcile_default(&self) -> crate::Result<ReconcileReport> {
+        let opts = ReconcileOptions::default();
+        self.router.reconcile_allocations(&opts).await
+    }
+
     /// The keys of the ledger's rows, in order.
     async fn ledger_keys(&self) -> Vec<String> {
         ledger_rows(self)
@@ -342,11 +348,7 @@ async fn routing_agreement_is_counted_and_nothing_is_probed_or_written() {
         &[("agree", "s0"), ("differ", "s1")],
     )
     .await;
-    let r = e
-        .router
-        .reconcile_allocations(&ReconcileOptions::default())
-        .await
-        .unwrap();
+    let r = e.reconcile_default().await.unwrap();
     assert_eq!(r.examined, 3);
     assert_eq!(r.routing_agreed, 1);
     assert_eq!(r.disagreeing_count, 2);
@@ -733,11 +735,7 @@ async fn ledger_faults_are_errors_not_silent_truncation() {
         },
     )
     .await;
-    let err = e
-        .router
-        .reconcile_allocations(&ReconcileOptions::default())
-        .await
-        .unwrap_err();
+    let err = e.reconcile_default().await.unwrap_err();
     assert_eq!(err.code(), "COORDINATOR_UNAVAILABLE");
     assert!(err.is_retryable());
 

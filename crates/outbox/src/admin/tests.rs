@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
+use durability_scheduler::testkit::MemoryStorage;
 use durability_scheduler::{ManualClock, ObjectContext, ObjectId, Scheduler};
 
 use super::*;
 use crate::store::StoredEntry;
 
-fn scheduler() -> Scheduler<durability_scheduler::testkit::MemoryStorage> {
+fn scheduler() -> Scheduler<MemoryStorage> {
     let storage = Arc::new(crate::conformance::memory_storage());
     let clock = Arc::new(ManualClock::new(1_000));
     Scheduler::new(ObjectContext::with_clock(
@@ -31,15 +32,22 @@ fn entry(claimed_until: Option<i64>) -> StoredEntry {
     }
 }
 
-#[test]
-fn retry_refuses_an_attempt_in_flight_and_writes_nothing() {
+/// A scheduler holding `entry(claimed_until)` (its channel due at 5 000),
+/// and what `retry_now` at 1 000 answers for it.
+fn retry_staged(claimed_until: Option<i64>) -> (Scheduler<MemoryStorage>, AdminOutcome) {
     let s = scheduler();
     s.transaction(|tx| {
-        tx.outbox_upsert(&entry(Some(5_000)))?;
+        tx.outbox_upsert(&entry(claimed_until))?;
         tx.set_due("outbox:c", Some(5_000))
     })
     .unwrap();
     let outcome = s.transaction(|tx| retry_now(tx, "c", "k", 1_000)).unwrap();
+    (s, outcome)
+}
+
+#[test]
+fn retry_refuses_an_attempt_in_flight_and_writes_nothing() {
+    let (s, outcome) = retry_staged(Some(5_000));
     assert_eq!(
         outcome,
         AdminOutcome::InFlight {
@@ -53,13 +61,7 @@ fn retry_refuses_an_attempt_in_flight_and_writes_nothing() {
 
 #[test]
 fn retry_after_a_claim_expired_makes_the_entry_due_and_lowers_the_alarm() {
-    let s = scheduler();
-    s.transaction(|tx| {
-        tx.outbox_upsert(&entry(Some(900)))?;
-        tx.set_due("outbox:c", Some(5_000))
-    })
-    .unwrap();
-    let outcome = s.transaction(|tx| retry_now(tx, "c", "k", 1_000)).unwrap();
+    let (s, outcome) = retry_staged(Some(900));
     assert!(matches!(outcome, AdminOutcome::Done { .. }), "{outcome:?}");
     assert_eq!(s.alarm_at(), Some(1_000));
     let Some(StoredRow::Entry(e)) = s.transaction(|tx| tx.outbox_get("c", "k")).unwrap() else {

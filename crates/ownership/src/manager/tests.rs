@@ -22,6 +22,9 @@ mod renew_all;
 /// A store wrapper counting every call, to prove admission does no I/O.
 type Counting = HookedStore<Arc<InMemoryLeaseStore<ManualClock>>>;
 
+/// A task of the tests: its calls counted, on the manual clock.
+type Task = Ownership<Counting, ManualClock>;
+
 struct Fixture {
     clock: ManualClock,
     store: Arc<InMemoryLeaseStore<ManualClock>>,
@@ -51,12 +54,12 @@ async fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    fn task(&self, name: &str) -> Ownership<Counting, ManualClock> {
+    fn task(&self, name: &str) -> Task {
         self.task_with(name, settings())
     }
 
     /// A task whose admission trusts its cached lease ([`Admission::Cached`]).
-    fn cached_task(&self, name: &str) -> Ownership<Counting, ManualClock> {
+    fn cached_task(&self, name: &str) -> Task {
         let s = OwnershipSettings {
             admission: Admission::Cached,
             ..settings()
@@ -64,7 +67,7 @@ impl Fixture {
         self.task_with(name, s)
     }
 
-    fn task_with(&self, name: &str, s: OwnershipSettings) -> Ownership<Counting, ManualClock> {
+    fn task_with(&self, name: &str, s: OwnershipSettings) -> Task {
         let store = HookedStore::new(Arc::clone(&self.store), self.calls.clone());
         Ownership::new(
             store,
@@ -74,7 +77,7 @@ impl Fixture {
         )
     }
 
-    async fn claim(&self, o: &Ownership<Counting, ManualClock>) -> Generation {
+    async fn claim(&self, o: &Task) -> Generation {
         match o
             .resolve(&self.scope, &self.lifecycle)
             .await
@@ -86,10 +89,30 @@ impl Fixture {
     }
 
     /// A task named `name` holding the scope, and its generation.
-    async fn claimed(&self, name: &str) -> (Ownership<Counting, ManualClock>, Generation) {
+    async fn claimed(&self, name: &str) -> (Task, Generation) {
         let task = self.task(name);
         let generation = self.claim(&task).await;
         (task, generation)
+    }
+
+    /// A task named `name` with [`Admission::Cached`] holding the scope, and
+    /// its generation.
+    async fn cached_claimed(&self, name: &str) -> (Task, Generation) {
+        let task = self.cached_task(name);
+        let generation = self.claim(&task).await;
+        (task, generation)
+    }
+
+    /// The code `o`'s admission of the scope at `g` is refused with.
+    async fn admit_refused(&self, o: &Task, g: Generation) -> &'static str {
+        let admitted = o.admit(&self.scope, g).await;
+        admitted.expect_err("admission refused").code()
+    }
+
+    /// The code `o`'s checked admission of the scope at `g` is refused with.
+    async fn checked_refused(&self, o: &Task, g: Generation) -> &'static str {
+        let admitted = o.admit_checked(&self.scope, g).await;
+        admitted.expect_err("checked admission refused").code()
     }
 
     /// The scope's snapshot on the store.
@@ -113,7 +136,7 @@ impl Fixture {
     }
 
     /// The code `o`'s resolve of the scope is refused with.
-    async fn refused(&self, o: &Ownership<Counting, ManualClock>) -> &'static str {
+    async fn refused(&self, o: &Task) -> &'static str {
         let resolved = o.resolve(&self.scope, &self.lifecycle).await;
         resolved.expect_err("refused").code()
     }
@@ -129,6 +152,23 @@ where
     tokio::spawn(async move { o.drain().await })
 }
 
+/// Task `a` holding the scope with one admitted permit, and its drain
+/// started (and settled) in its own task.
+async fn draining_with_work(
+    f: &Fixture,
+) -> (
+    Task,
+    Generation,
+    AdmissionPermit,
+    tokio::task::JoinHandle<DrainReport>,
+) {
+    let (a, g) = f.claimed("a").await;
+    let permit = a.admit(&f.scope, g).await.expect("admitted");
+    let drain = spawn_drain(&a);
+    settle().await;
+    (a, g, permit, drain)
+}
+
 async fn settle() {
     for _ in 0..20 {
         tokio::task::yield_now().await;
@@ -138,8 +178,7 @@ async fn settle() {
 #[tokio::test]
 async fn admission_with_ample_budget_does_no_io() {
     let f = fixture().await;
-    let a = f.cached_task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.cached_claimed("a").await;
     let before = f.calls.total();
     for _ in 0..100 {
         let p = a.admit(&f.scope, g).await.expect("admitted");
@@ -157,12 +196,24 @@ async fn admission_with_ample_budget_does_no_io() {
 #[tokio::test]
 async fn admission_below_guard_renews_same_generation() {
     let f = fixture().await;
-    let a = f.cached_task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.cached_claimed("a").await;
+    assert_admission_below_guard_renews(&f, &a, g, 1, "exactly one renew").await;
+}
+
+/// Admits `a` (holding the scope at `g`) 500 ms before its lease ends and
+/// asserts that the admission made `calls` store calls (`why`) and renewed
+/// the lease in the same generation.
+async fn assert_admission_below_guard_renews(
+    f: &Fixture,
+    a: &Task,
+    g: Generation,
+    calls: usize,
+    why: &str,
+) {
     f.clock.advance(9_500);
     let before = f.calls.total();
     let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
-    assert_eq!(f.calls.total(), before + 1, "exactly one renew");
+    assert_eq!(f.calls.total(), before + calls, "{why}");
     assert_eq!(p.generation(), g);
     assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
 }
@@ -174,8 +225,7 @@ async fn admission_below_guard_renews_same_generation() {
 #[tokio::test]
 async fn a_renew_answered_owner_race_keeps_the_scope_until_the_store_decides() {
     let f = fixture().await;
-    let a = f.cached_task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.cached_claimed("a").await;
     let scope = f.scope.clone();
     f.calls.set(move |m, s| {
         if matches!(m, Method::Renew | Method::RenewMany) && s == Some(&scope) {
@@ -224,8 +274,7 @@ async fn admission_fails_closed_after_takeover() {
     f.clock.advance(10_000);
     let g2 = f.claim(&b).await;
     assert!(g2 > g1, "generation bumps on takeover");
-    let err = a.admit(&f.scope, g1).await.expect_err("stale");
-    assert_eq!(err.code(), "lease_expired");
+    assert_eq!(f.admit_refused(&a, g1).await, "lease_expired");
     // Even with a local lease still believed valid, the guard renew fails closed.
     let c = f.task("c");
     f.clock.advance(10_000);
@@ -247,13 +296,7 @@ async fn admission_checks_generation_and_ownership() {
     let other = OwnerScope::parse("st1:Room:shard2", ShardCount::default()).expect("scope");
     let g = f.claim(&a).await;
     let wrong = Generation::new(g.get() + 1).expect("gen");
-    assert_eq!(
-        a.admit(&f.scope, wrong)
-            .await
-            .expect_err("wrong gen")
-            .code(),
-        "stale_owner"
-    );
+    assert_eq!(f.admit_refused(&a, wrong).await, "stale_owner");
     assert_eq!(
         a.admit(&other, g).await.expect_err("not owned").code(),
         "stale_owner"
@@ -291,8 +334,7 @@ async fn lifecycle_changes_fail_renewal_and_claims() {
 #[tokio::test]
 async fn checked_admission_reads_a_fresh_snapshot() {
     let f = fixture().await;
-    let a = f.cached_task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.cached_claimed("a").await;
     let before = f.calls.total();
     drop(a.admit_checked(&f.scope, g).await.expect("admitted"));
     assert_eq!(f.calls.total(), before + 1, "one snapshot");
@@ -300,8 +342,7 @@ async fn checked_admission_reads_a_fresh_snapshot() {
     // checked one fails closed and forgets the scope.
     f.point_at(Some("st2")).await;
     assert!(a.admit(&f.scope, g).await.is_ok());
-    let e = a.admit_checked(&f.scope, g).await.expect_err("inactive");
-    assert_eq!(e.code(), "storage_inactive");
+    assert_eq!(f.checked_refused(&a, g).await, "storage_inactive");
     assert!(a.probe().scopes.is_empty());
     // The owner record is replaced behind this task's back.
     f.point_at(Some("st1")).await;
@@ -311,28 +352,16 @@ async fn checked_admission_reads_a_fresh_snapshot() {
     f.store.expire_owner(&f.scope);
     let c = f.task("c");
     f.claim(&c).await;
-    assert_eq!(
-        b.admit_checked(&f.scope, gb)
-            .await
-            .expect_err("moved")
-            .code(),
-        "stale_owner"
-    );
+    assert_eq!(f.checked_refused(&b, gb).await, "stale_owner");
 }
 
 #[tokio::test]
 async fn drain_waits_for_in_flight_then_releases() {
     let f = fixture().await;
-    let (a, g) = f.claimed("a").await;
-    let permit = a.admit(&f.scope, g).await.expect("admitted");
-    let drain = spawn_drain(&a);
-    settle().await;
+    let (a, g, permit, drain) = draining_with_work(&f).await;
     assert!(!drain.is_finished(), "drain must wait for admitted work");
     assert!(a.is_draining());
-    assert_eq!(
-        a.admit(&f.scope, g).await.expect_err("draining").code(),
-        "draining"
-    );
+    assert_eq!(f.admit_refused(&a, g).await, "draining");
     assert_eq!(f.refused(&a).await, "draining");
     let snap = f.snapshot().await;
     assert!(snap.owner.is_some(), "lease still held while work runs");
@@ -355,10 +384,7 @@ async fn drain_waits_for_in_flight_then_releases() {
 #[tokio::test]
 async fn drain_past_its_timeout_keeps_leases() {
     let f = fixture().await;
-    let (a, g) = f.claimed("a").await;
-    let permit = a.admit(&f.scope, g).await.expect("admitted");
-    let drain = spawn_drain(&a);
-    settle().await;
+    let (a, g, permit, drain) = draining_with_work(&f).await;
     f.clock.advance(7_999);
     settle().await;
     assert!(!drain.is_finished());
@@ -486,7 +512,7 @@ fn public_futures_are_send() {
 }
 
 impl Fixture {
-    fn task_at(&self, name: &str, endpoint: &str) -> Ownership<Counting, ManualClock> {
+    fn task_at(&self, name: &str, endpoint: &str) -> Task {
         let store = HookedStore::new(Arc::clone(&self.store), self.calls.clone());
         Ownership::with_endpoint(
             store,

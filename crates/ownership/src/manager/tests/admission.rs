@@ -13,36 +13,42 @@ fn admission_defaults_to_the_snapshot_check() {
     );
 }
 
-#[tokio::test]
-async fn default_admission_refuses_a_whole_delete_lock_at_the_next_admission() {
-    let f = fixture().await;
+/// Task `a` holding the scope, admitted once (the permit dropped).
+async fn admitted_once(f: &Fixture) -> (Task, Generation) {
     let (a, g) = f.claimed("a").await;
     drop(
         a.admit(&f.scope, g)
             .await
-            .expect("admitted before the lock"),
+            .expect("admitted before the change"),
     );
-    f.lock(Some(DeleteLock::Whole)).await;
-    let e = a.admit(&f.scope, g).await.expect_err("whole delete lock");
-    assert_eq!(e.code(), "worker_delete_locked");
+    (a, g)
+}
+
+/// Asserts that `a`'s next admission at `g` is refused with `code`, admits
+/// nothing and forgets the scope.
+async fn assert_refused_and_forgotten(f: &Fixture, a: &Task, g: Generation, code: &str) {
+    assert_eq!(f.admit_refused(a, g).await, code);
     assert_eq!(a.in_flight(), 0, "nothing admitted");
-    assert!(a.probe().scopes.is_empty(), "the locked scope is forgotten");
+    assert!(
+        a.probe().scopes.is_empty(),
+        "the refused scope is forgotten"
+    );
+}
+
+#[tokio::test]
+async fn default_admission_refuses_a_whole_delete_lock_at_the_next_admission() {
+    let f = fixture().await;
+    let (a, g) = admitted_once(&f).await;
+    f.lock(Some(DeleteLock::Whole)).await;
+    assert_refused_and_forgotten(&f, &a, g, "worker_delete_locked").await;
 }
 
 #[tokio::test]
 async fn default_admission_refuses_a_storage_pointer_move_at_the_next_admission() {
     let f = fixture().await;
-    let (a, g) = f.claimed("a").await;
-    drop(
-        a.admit(&f.scope, g)
-            .await
-            .expect("admitted before the move"),
-    );
+    let (a, g) = admitted_once(&f).await;
     f.point_at(Some("st2")).await;
-    let e = a.admit(&f.scope, g).await.expect_err("pointer moved");
-    assert_eq!(e.code(), "storage_inactive");
-    assert_eq!(a.in_flight(), 0, "nothing admitted");
-    assert!(a.probe().scopes.is_empty(), "the moved scope is forgotten");
+    assert_refused_and_forgotten(&f, &a, g, "storage_inactive").await;
 
     // A removed pointer is refused the same way.
     let b = f.task("b");
@@ -50,8 +56,7 @@ async fn default_admission_refuses_a_storage_pointer_move_at_the_next_admission(
     f.store.expire_owner(&f.scope);
     let gb = f.claim(&b).await;
     f.point_at(None).await;
-    let e = b.admit(&f.scope, gb).await.expect_err("pointer removed");
-    assert_eq!(e.code(), "storage_inactive");
+    assert_eq!(f.admit_refused(&b, gb).await, "storage_inactive");
 }
 
 #[tokio::test]
@@ -78,12 +83,7 @@ async fn default_admission_reads_one_snapshot_and_admits_under_a_version_lock() 
 async fn default_admission_below_the_guard_reads_a_snapshot_then_renews() {
     let f = fixture().await;
     let (a, g) = f.claimed("a").await;
-    f.clock.advance(9_500);
-    let before = f.calls.total();
-    let p = a.admit(&f.scope, g).await.expect("renewed and admitted");
-    assert_eq!(p.generation(), g);
-    assert_eq!(f.calls.total(), before + 2, "one snapshot, one renew");
-    assert_eq!(a.probe().scopes[0].lease_remaining_ms, 10_000);
+    assert_admission_below_guard_renews(&f, &a, g, 2, "one snapshot, one renew").await;
 }
 
 #[tokio::test]
@@ -92,16 +92,14 @@ async fn default_admission_refuses_an_expired_local_lease_without_io() {
     let (a, g) = f.claimed("a").await;
     f.clock.advance(10_000);
     let before = f.calls.total();
-    let e = a.admit(&f.scope, g).await.expect_err("expired");
-    assert_eq!(e.code(), "lease_expired");
+    assert_eq!(f.admit_refused(&a, g).await, "lease_expired");
     assert_eq!(f.calls.total(), before, "no round trip");
 }
 
 #[tokio::test]
 async fn cached_admission_does_no_io_and_accepts_lifecycle_staleness() {
     let f = fixture().await;
-    let a = f.cached_task("a");
-    let g = f.claim(&a).await;
+    let (a, g) = f.cached_claimed("a").await;
     f.lock(Some(DeleteLock::Whole)).await;
     let before = f.calls.total();
     drop(
@@ -111,15 +109,6 @@ async fn cached_admission_does_no_io_and_accepts_lifecycle_staleness() {
     );
     assert_eq!(f.calls.total(), before, "no store call");
     // The checked admission and the next renew see it.
-    assert_eq!(
-        a.admit_checked(&f.scope, g)
-            .await
-            .expect_err("checked")
-            .code(),
-        "worker_delete_locked"
-    );
-    assert_eq!(
-        a.admit(&f.scope, g).await.expect_err("forgotten").code(),
-        "stale_owner"
-    );
+    assert_eq!(f.checked_refused(&a, g).await, "worker_delete_locked");
+    assert_eq!(f.admit_refused(&a, g).await, "stale_owner");
 }
