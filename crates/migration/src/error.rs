@@ -53,6 +53,21 @@ pub struct DataRejected {
 }
 
 impl DataRejected {
+    /// The driver's error `source`, refused for its data, as a backend
+    /// error: a [`DataRejected`] naming `table` and `column` when the
+    /// driver's error names them.
+    pub fn boxed(
+        table: Option<String>,
+        column: Option<String>,
+        source: impl Into<BackendError>,
+    ) -> BackendError {
+        Box::new(Self {
+            table,
+            column,
+            source: source.into(),
+        })
+    }
+
     /// The [`DataRejected`] in `e` or an error it wraps, if any.
     pub fn find<'e>(e: &'e (dyn StdError + 'static)) -> Option<&'e Self> {
         let mut cur: Option<&(dyn StdError + 'static)> = Some(e);

@@ -178,11 +178,7 @@ fn backend(e: mysql_async::Error) -> BackendError {
     }
     if DATA_REFUSALS.contains(&s.code) {
         let (table, column) = named_column(&s.message);
-        return Box::new(DataRejected {
-            table,
-            column,
-            source: Box::new(e),
-        });
+        return DataRejected::boxed(table, column, e);
     }
     Box::new(e)
 }

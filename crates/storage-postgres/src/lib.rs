@@ -305,15 +305,7 @@ async fn prepare<C: GenericClient>(
         .params
         .iter()
         .zip(prepared.params())
-        .map(|(v, ty)| {
-            param(v, ty).map_err(|source| -> BackendError {
-                Box::new(DataRejected {
-                    table: None,
-                    column: None,
-                    source,
-                })
-            })
-        })
+        .map(|(v, ty)| param(v, ty).map_err(|source| DataRejected::boxed(None, None, source)))
         .collect::<Result<Vec<_>, _>>()?;
     Ok((prepared, params))
 }
@@ -352,11 +344,7 @@ fn backend(e: tokio_postgres::Error) -> BackendError {
             db.table().map(str::to_owned),
             db.column().map(str::to_owned),
         );
-        return Box::new(DataRejected {
-            table,
-            column,
-            source: Box::new(e),
-        });
+        return DataRejected::boxed(table, column, e);
     }
     Box::new(e)
 }

@@ -38,7 +38,7 @@ use durability_ownership::{
     validate_ttl,
 };
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script, Value};
+use redis::{AsyncCommands, FromRedisValue, Script, ScriptInvocation, Value};
 
 /// Reads the server's `TIME` in milliseconds into `now` (snapshots only: the
 /// lease itself is Redis key expiry, which already runs on the server clock).
@@ -443,22 +443,21 @@ impl LeaseStore for RedisLeaseStore {
         validate_ttl(claimant.ttl_ms)?;
         let template =
             RecordTemplate::new(scope, claimant.lifecycle, claimant.task, claimant.endpoint);
-        let mut conn = self.conn.clone();
         let reply: Value = self
-            .claim
-            .key(self.owner_key(scope))
-            .key(self.generation_key(scope))
-            .key(self.storage_pointer_key(claimant.lifecycle))
-            .key(self.delete_lock_key(claimant.lifecycle))
-            .key(self.shard_count_key(scope.storage_id()))
-            .arg(scope.storage_id().as_str())
-            .arg(&template.prefix)
-            .arg(&template.suffix)
-            .arg(claimant.ttl_ms)
-            .arg(scope.shard_count().get())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+            .invoke(
+                self.claim
+                    .key(self.owner_key(scope))
+                    .key(self.generation_key(scope))
+                    .key(self.storage_pointer_key(claimant.lifecycle))
+                    .key(self.delete_lock_key(claimant.lifecycle))
+                    .key(self.shard_count_key(scope.storage_id()))
+                    .arg(scope.storage_id().as_str())
+                    .arg(&template.prefix)
+                    .arg(&template.suffix)
+                    .arg(claimant.ttl_ms)
+                    .arg(scope.shard_count().get()),
+            )
+            .await?;
         let reply = match reply {
             Value::Int(n) => {
                 // The script wrote exactly `prefix + n + suffix`: the record
@@ -518,14 +517,13 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn release(&self, record: &OwnerRecord) -> Result<bool, OwnershipError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .release
-            .key(self.owner_key(record.scope()))
-            .arg(record.encoded())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+            .invoke(
+                self.release
+                    .key(self.owner_key(record.scope()))
+                    .arg(record.encoded()),
+            )
+            .await?;
         Ok(n == 1)
     }
 
@@ -534,17 +532,16 @@ impl LeaseStore for RedisLeaseStore {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<OwnerSnapshot, OwnershipError> {
-        let mut conn = self.conn.clone();
         let reply: Vec<Value> = self
-            .snapshot
-            .key(self.owner_key(scope))
-            .key(self.generation_key(scope))
-            .key(self.storage_pointer_key(lifecycle))
-            .key(self.delete_lock_key(lifecycle))
-            .key(self.shard_count_key(scope.storage_id()))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+            .invoke(
+                self.snapshot
+                    .key(self.owner_key(scope))
+                    .key(self.generation_key(scope))
+                    .key(self.storage_pointer_key(lifecycle))
+                    .key(self.delete_lock_key(lifecycle))
+                    .key(self.shard_count_key(scope.storage_id())),
+            )
+            .await?;
         let now = reply
             .first()
             .and_then(int)
@@ -623,29 +620,24 @@ impl LeaseStore for RedisLeaseStore {
     ) -> Result<(), OwnershipError> {
         validate_presence(value, ttl_ms)?;
         let (z, h) = self.presence_keys(group);
-        let mut conn = self.conn.clone();
-        let _: i64 = ANNOUNCE_SCRIPT
-            .key(z)
-            .key(h)
-            .arg(task.as_str())
-            .arg(value)
-            .arg(ttl_ms)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let _: i64 = self
+            .invoke(
+                ANNOUNCE_SCRIPT
+                    .key(z)
+                    .key(h)
+                    .arg(task.as_str())
+                    .arg(value)
+                    .arg(ttl_ms),
+            )
+            .await?;
         Ok(())
     }
 
     async fn withdraw(&self, group: &PresenceGroup, task: &TaskId) -> Result<bool, OwnershipError> {
         let (z, h) = self.presence_keys(group);
-        let mut conn = self.conn.clone();
-        let n: i64 = WITHDRAW_SCRIPT
-            .key(z)
-            .key(h)
-            .arg(task.as_str())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let n: i64 = self
+            .invoke(WITHDRAW_SCRIPT.key(z).key(h).arg(task.as_str()))
+            .await?;
         Ok(n == 1)
     }
 
@@ -654,13 +646,7 @@ impl LeaseStore for RedisLeaseStore {
         group: &PresenceGroup,
     ) -> Result<Vec<PresenceEntry>, OwnershipError> {
         let (z, h) = self.presence_keys(group);
-        let mut conn = self.conn.clone();
-        let reply: Vec<Value> = LIVE_SCRIPT
-            .key(z)
-            .key(h)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+        let reply: Vec<Value> = self.invoke(LIVE_SCRIPT.key(z).key(h)).await?;
         let mut out = Vec::new();
         for entry in reply.chunks(3) {
             let [task, value, left] = entry else {
@@ -680,17 +666,16 @@ impl LeaseStore for RedisLeaseStore {
         scope: &OwnerScope,
         lifecycle: &LifecycleId,
     ) -> Result<(), OwnershipError> {
-        let mut conn = self.conn.clone();
         let reply: Value = self
-            .record_count
-            .key(self.storage_pointer_key(lifecycle))
-            .key(self.delete_lock_key(lifecycle))
-            .key(self.shard_count_key(scope.storage_id()))
-            .arg(scope.storage_id().as_str())
-            .arg(scope.shard_count().get())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+            .invoke(
+                self.record_count
+                    .key(self.storage_pointer_key(lifecycle))
+                    .key(self.delete_lock_key(lifecycle))
+                    .key(self.shard_count_key(scope.storage_id()))
+                    .arg(scope.storage_id().as_str())
+                    .arg(scope.shard_count().get()),
+            )
+            .await?;
         let Value::Array(reply) = reply else {
             return match reply {
                 Value::Int(1) => Ok(()),
@@ -801,6 +786,19 @@ impl RedisLeaseStore {
             .collect()
     }
 
+    /// Runs `invocation` on the shared connection, a failure classified by
+    /// [`redis_error`].
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, OwnershipError> {
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)
+    }
+
     /// Sets `key` to `value`, or deletes it when `value` is none.
     async fn set_or_delete(&self, key: String, value: Option<&str>) -> Result<(), OwnershipError> {
         let mut conn = self.conn.clone();
@@ -816,14 +814,13 @@ impl RedisLeaseStore {
         scope: &OwnerScope,
         floor: Generation,
     ) -> Result<u64, OwnershipError> {
-        let mut conn = self.conn.clone();
         let reply: Vec<Value> = self
-            .raise_floor
-            .key(self.generation_key(scope))
-            .arg(floor.get().to_string())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+            .invoke(
+                self.raise_floor
+                    .key(self.generation_key(scope))
+                    .arg(floor.get().to_string()),
+            )
+            .await?;
         match reply.first().and_then(bytes) {
             Some(b"raised" | b"kept") => reply
                 .get(1)

@@ -34,23 +34,22 @@ use durability_topology_client::ReadStore;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ErrorKind, RedisError, Script};
 
-const WRITE: &str = "
-local hv = redis.call('HGET', KEYS[2], ARGV[2])
-if hv and tonumber(hv) >= tonumber(ARGV[3]) then
-  return 0
-end
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
-";
-
-const DELETE: &str = "
+/// A versioned change: applied only when the group's versions hash
+/// (`KEYS[2]`) holds nothing for coordinator `ARGV[1]` at version `ARGV[2]`
+/// or later, which it then records. With a snapshot in `ARGV[3]` the change
+/// `SET`s it at `KEYS[1]`; without one it `DEL`s `KEYS[1]`. Replies 1 when
+/// applied, 0 when stale.
+const VERSIONED: &str = "
 local hv = redis.call('HGET', KEYS[2], ARGV[1])
 if hv and tonumber(hv) >= tonumber(ARGV[2]) then
   return 0
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('DEL', KEYS[1])
+if ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
 return 1
 ";
 
@@ -151,8 +150,7 @@ impl Publisher for RedisPublisher {
 pub struct RedisVersionedPublisher {
     conn: ConnectionManager,
     prefix: String,
-    write: Script,
-    delete: Script,
+    script: Script,
 }
 
 durability_time::debug_fields!(RedisVersionedPublisher { prefix });
@@ -163,14 +161,38 @@ impl RedisVersionedPublisher {
         Self {
             conn,
             prefix: prefix.into(),
-            write: Script::new(WRITE),
-            delete: Script::new(DELETE),
+            script: Script::new(VERSIONED),
         }
     }
 
     /// The key a group's snapshot is stored under.
     pub fn key(&self, group: &str) -> String {
         snapshot_key(&self.prefix, group)
+    }
+
+    /// Runs [`VERSIONED`] for `group`: a `snapshot` to write, or `None` to
+    /// delete the group's snapshot.
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator: &str,
+        version: u64,
+        snapshot: Option<&[u8]>,
+    ) -> Result<(), PublishError> {
+        let mut invocation = self.script.key(snapshot_key(&self.prefix, group));
+        invocation
+            .key(versions_key(&self.prefix, group))
+            .arg(coordinator)
+            .arg(version);
+        if let Some(snapshot) = snapshot {
+            invocation.arg(snapshot);
+        }
+        let mut conn = self.conn.clone();
+        let _: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(publish_error)?;
+        Ok(())
     }
 }
 
@@ -180,32 +202,18 @@ impl Publisher for RedisVersionedPublisher {
         snapshot: &Snapshot,
         encoded: &EncodedSnapshot,
     ) -> Result<(), PublishError> {
-        let mut conn = self.conn.clone();
-        let _: i64 = self
-            .write
-            .key(snapshot_key(&self.prefix, &snapshot.group))
-            .key(versions_key(&self.prefix, &snapshot.group))
-            .arg(encoded.as_bytes())
-            .arg(&snapshot.coordinator)
-            .arg(snapshot.version)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(publish_error)?;
-        Ok(())
+        self.apply(
+            &snapshot.group,
+            &snapshot.coordinator,
+            snapshot.version,
+            Some(encoded.as_bytes()),
+        )
+        .await
     }
 
     async fn delete(&self, deletion: SnapshotDeletion<'_>) -> Result<(), PublishError> {
-        let mut conn = self.conn.clone();
-        let _: i64 = self
-            .delete
-            .key(snapshot_key(&self.prefix, deletion.group))
-            .key(versions_key(&self.prefix, deletion.group))
-            .arg(deletion.coordinator)
-            .arg(deletion.version)
-            .invoke_async(&mut conn)
+        self.apply(deletion.group, deletion.coordinator, deletion.version, None)
             .await
-            .map_err(publish_error)?;
-        Ok(())
     }
 }
 

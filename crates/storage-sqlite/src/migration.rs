@@ -117,11 +117,7 @@ fn backend(e: rusqlite::Error) -> BackendError {
             | rusqlite::ErrorCode::TooBig
     ) {
         let (table, column) = msg.as_deref().map_or((None, None), named_column);
-        return Box::new(DataRejected {
-            table,
-            column,
-            source: Box::new(e),
-        });
+        return DataRejected::boxed(table, column, e);
     }
     Box::new(e)
 }

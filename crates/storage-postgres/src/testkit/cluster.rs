@@ -54,6 +54,20 @@ fn as_postgres(bin: &Path, program: &str, args: &[&str]) -> Command {
     }
 }
 
+/// Runs `bin/<program>` with `args` ([`as_postgres`]), its output
+/// discarded, to the end.
+///
+/// # Panics
+/// When it cannot be run or fails.
+fn run_as_postgres(bin: &Path, program: &str, args: &[&str]) {
+    let ok = as_postgres(bin, program, args)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "{program} {}", args.join(" "));
+}
+
 /// The direct children of `pid` (from `/proc`).
 fn children(pid: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -87,7 +101,7 @@ impl Cluster {
     pub fn init(test: &str) -> Option<Self> {
         let cluster = Self::empty(test)?;
         let data = cluster.data();
-        let ok = as_postgres(
+        run_as_postgres(
             &cluster.bin,
             "initdb",
             &[
@@ -101,12 +115,7 @@ impl Cluster {
                 "UTF8",
                 "--no-sync",
             ],
-        )
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-        assert!(ok, "initdb");
+        );
         Some(cluster)
     }
 
@@ -171,7 +180,7 @@ impl Cluster {
     /// own, not started.
     pub fn standby(&self, test: &str) -> Self {
         let standby = Self::empty(test).unwrap();
-        let ok = as_postgres(
+        run_as_postgres(
             &self.bin,
             "pg_basebackup",
             &[
@@ -188,12 +197,7 @@ impl Cluster {
                 "stream",
                 "--no-sync",
             ],
-        )
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-        assert!(ok, "pg_basebackup");
+        );
         standby
     }
 
@@ -328,16 +332,11 @@ impl Cluster {
     /// accepts writes when this returns).
     pub fn promote(&self) {
         let data = self.data();
-        let ok = as_postgres(
+        run_as_postgres(
             &self.bin,
             "pg_ctl",
             &["promote", "-w", "-t", "60", "-D", data.to_str().unwrap()],
-        )
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-        assert!(ok, "pg_ctl promote");
+        );
     }
 }
 

@@ -8,15 +8,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use durability_ownership::{
-    ClaimOutcome, Claimant, LeaseStore, LifecycleAdmin, LifecycleId, ShardCount, StorageId, TaskId,
-};
+use durability_ownership::{ClaimOutcome, Claimant, LeaseStore, ShardCount, TaskId};
 use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 use durability_storage_postgres::testkit::url;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::ownership::active;
 use crate::pg::{class_scopes, schema};
 
 /// Who sent the last bytes on a proxied connection.
@@ -132,12 +131,7 @@ async fn claiming_a_class_of_16_scopes_takes_one_round_trip() {
     )
     .unwrap();
     store.setup().await.unwrap();
-    let lifecycle = LifecycleId::new("ns:rt").unwrap();
-    let storage = StorageId::new("st-rt").unwrap();
-    store
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&store, "rt").await;
     let task = TaskId::new("host-a").unwrap();
     // Prepare every statement on the connection first (a prepare is a turn
     // of its own, once per connection).

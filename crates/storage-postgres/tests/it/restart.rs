@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use durability_alarms::{AlarmIndex, ClaimReady, JobState, ObjectId, Token};
 use durability_ownership::{
-    ClaimOutcome, Claimant, ClassName, DispatchOutcome, LeaseStore, LifecycleAdmin, LifecycleId,
-    OwnerScope, ShardCount, StorageId, TaskId,
+    ClaimOutcome, Claimant, ClassName, DispatchOutcome, LeaseStore, OwnerScope, ShardCount, TaskId,
 };
 use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 
 use crate::cluster::{Cluster, signal};
+use crate::ownership::active;
 use crate::pg::class_scopes;
 
 /// The call deadline of the stores here: past it, a paused backend's reply is lost.
@@ -65,12 +65,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
         .with_timeout(DEADLINE);
     index.setup().await.unwrap();
 
-    let lifecycle = LifecycleId::new("ns:shop").unwrap();
-    let storage = StorageId::new("st1").unwrap();
-    leases
-        .set_active_storage(&lifecycle, Some(&storage))
-        .await
-        .unwrap();
+    let (lifecycle, storage) = active(&leases, "shop").await;
     let scopes = class_scopes(&storage, "Cart");
     let task = TaskId::new("host-a").unwrap();
     let records: Vec<_> = leases
@@ -83,11 +78,11 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
         })
         .collect();
     index
-        .upsert(&obj("st1:Cart:a"), &tok("ta"), 1)
+        .upsert(&obj("st-shop:Cart:a"), &tok("ta"), 1)
         .await
         .unwrap();
     index
-        .upsert(&obj("st1:Cart:b"), &tok("tb"), 4_000_000_000_000)
+        .upsert(&obj("st-shop:Cart:b"), &tok("tb"), 4_000_000_000_000)
         .await
         .unwrap();
     assert_eq!(index.promote(0, 10).await.unwrap(), 1);
@@ -113,7 +108,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
     for pid in paused {
         signal(pid, "STOP");
     }
-    let (c, tc) = (obj("st1:Cart:c"), tok("tc"));
+    let (c, tc) = (obj("st-shop:Cart:c"), tok("tc"));
     let (renewed, upserted) = tokio::join!(
         leases.renew_many(&records, 60_000),
         index.upsert(&c, &tc, 1),
@@ -132,7 +127,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
     // Up to 30 s of attempts, 20 ms apart.
     let mut landed = false;
     for _ in 0..1_500 {
-        if index.job(&obj("st1:Cart:c")).await.unwrap().is_some() {
+        if index.job(&obj("st-shop:Cart:c")).await.unwrap().is_some() {
             landed = true;
             break;
         }
@@ -155,7 +150,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
         "never a definite refusal: {e}"
     );
     let e = index
-        .upsert(&obj("st1:Cart:d"), &tok("td"), 1)
+        .upsert(&obj("st-shop:Cart:d"), &tok("td"), 1)
         .await
         .expect_err("server down");
     assert!(
@@ -184,7 +179,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
             .all(Result::is_ok)
     );
     let a = index
-        .job(&obj("st1:Cart:a"))
+        .job(&obj("st-shop:Cart:a"))
         .await
         .unwrap()
         .expect("claimed job survived");
@@ -195,7 +190,7 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
     );
     assert_eq!(
         index
-            .job(&obj("st1:Cart:b"))
+            .job(&obj("st-shop:Cart:b"))
             .await
             .unwrap()
             .map(|j| j.state),

@@ -4,6 +4,8 @@
 #![cfg(all(feature = "scheduler", feature = "ownership"))]
 #![allow(clippy::unwrap_used)]
 
+use std::path::{Path, PathBuf};
+
 use durability_ownership::{
     ClassName, Generation, LifecycleId, OwnerRecord, OwnerScope, ShardCount, StorageId, TaskId,
 };
@@ -29,18 +31,31 @@ fn claim(task: &str, g: u64) -> OwnerRecord {
     )
 }
 
-#[test]
-fn a_stale_owner_commit_is_refused_by_the_object_database() {
+/// A path for an object database in a directory of its own (removed when
+/// the returned directory is dropped).
+fn object_db() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("object.db");
+    (dir, path)
+}
+
+/// The object database at `path`, opened and fenced by `task`'s claim at
+/// generation `g` (a host that took the scope).
+fn open_fenced(path: &Path, task: &str, g: u64) -> SqliteStorage {
+    let s = SqliteStorage::open(path, SqliteOptions::default()).unwrap();
+    s.fence(&claim(task, g)).unwrap();
+    s
+}
+
+#[test]
+fn a_stale_owner_commit_is_refused_by_the_object_database() {
+    let (_dir, path) = object_db();
     // Host A owns the scope at generation 1 and fences the object database.
-    let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
-    a.fence(&claim("a", 1)).unwrap();
+    let a = open_fenced(&path, "a", 1);
     a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
 
     // Host A pauses past its lease; host B claims generation 2 and fences.
-    let b = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
-    b.fence(&claim("b", 2)).unwrap();
+    let b = open_fenced(&path, "b", 2);
     b.transaction(|tx| tx.set_alarm(Some(20))).unwrap();
 
     // Host A resumes: its late commit is refused, and nothing it wrote lands.
@@ -67,10 +82,8 @@ fn an_unfenced_storage_does_not_check() {
 /// refuses that claim, and the other host's commit never lands.
 #[test]
 fn an_object_fenced_under_one_shard_refuses_a_claim_under_another() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("object.db");
-    let a = SqliteStorage::open(&path, SqliteOptions::default()).unwrap();
-    a.fence(&claim("a", 1)).unwrap();
+    let (_dir, path) = object_db();
+    let a = open_fenced(&path, "a", 1);
     a.transaction(|tx| tx.set_alarm(Some(10))).unwrap();
 
     // The same object, as a host with 8 shards places it (shard 5 of 8).
