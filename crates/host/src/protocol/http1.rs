@@ -93,14 +93,20 @@ impl HttpTransport {
         token: &InternalToken,
         request: &InvokeRequest,
     ) -> Reply {
-        let http_request = match internal_post(
-            endpoint,
-            INVOKE_PATH,
-            token,
-            request.fence.as_ref(),
-            JSON,
-            Bytes::from(invoke_body(request)),
-        ) {
+        let built = invoke_body(request)
+            .map_err(|e| e.to_string())
+            .and_then(|body| {
+                internal_post(
+                    endpoint,
+                    INVOKE_PATH,
+                    token,
+                    request.fence.as_ref(),
+                    JSON,
+                    Bytes::from(body),
+                )
+                .map_err(|e| e.to_string())
+            });
+        let http_request = match built {
             Ok(r) => r,
             Err(e) => {
                 return Reply::Unmarked {
@@ -302,17 +308,22 @@ impl HttpTransport {
     }
 }
 
-/// `{ class, name, method, args }`, with the arguments' canonical encoding
-/// spliced in (not encoded twice).
-pub(crate) fn invoke_body(request: &InvokeRequest) -> String {
-    let s = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".to_owned());
-    format!(
-        "{{\"class\":{},\"name\":{},\"method\":{},\"args\":{}}}",
-        s(&request.class),
-        s(&request.name),
-        s(&request.method),
-        request.args.encoded()
-    )
+/// `{ class, name, method, args }`, the arguments encoded straight into
+/// the body (once per send; nothing else keeps an encoding).
+pub(crate) fn invoke_body(request: &InvokeRequest) -> serde_json::Result<Vec<u8>> {
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        class: &'a str,
+        name: &'a str,
+        method: &'a str,
+        args: &'a Value,
+    }
+    serde_json::to_vec(&Body {
+        class: &request.class,
+        name: &request.name,
+        method: &request.method,
+        args: request.args.value(),
+    })
 }
 
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
