@@ -8,11 +8,9 @@ use crate::error::HostError;
 use crate::host::Host;
 use crate::protocol::http1::*;
 use crate::protocol::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH,
-    InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, PROBE_PATH, READY_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence,
-    envelope, hop_id, strip_request_id,
+    ALARM_PATH, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH, InvokeRequest,
+    MAX_INVOKE_BODY_BYTES, METRICS_PATH, OwnerHeaders, PROBE_PATH, READY_PATH, RouteFence,
+    envelope, hop_id, names, strip_request_id,
 };
 use crate::rpc::RpcArgs;
 use crate::store::ObjectStore;
@@ -101,7 +99,7 @@ fn envelope_response(
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, axum::Json(envelope(code, message, details))).into_response();
     if marked && let Ok(v) = HeaderValue::from_str(code) {
-        response.headers_mut().insert(OWNERSHIP_ERROR_HEADER, v);
+        response.headers_mut().insert(names::OWNERSHIP_ERROR, v);
     }
     response
 }
@@ -123,7 +121,7 @@ where
             false,
         ));
     };
-    match headers.get(AUTH_HEADER) {
+    match headers.get(names::AUTH) {
         Some(v) if token.matches(v.as_bytes()) => None,
         _ => Some(error_response(
             401,
@@ -170,8 +168,8 @@ pub(crate) struct WireInvoke {
 }
 
 pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'static str> {
-    let task = headers.get(ROUTE_TASK_HEADER);
-    let generation = headers.get(ROUTE_GENERATION_HEADER);
+    let task = headers.get(names::ROUTE_TASK);
+    let generation = headers.get(names::ROUTE_GENERATION);
     match (task, generation) {
         (None, None) => Ok(None),
         (Some(task), Some(generation)) => {
@@ -257,25 +255,20 @@ fn success_response(value: &Value) -> Response {
     response
 }
 
-/// Sets the owner's trusted headers on a success response. The names are
-/// made once (inserting by `&str` parses the name on every response) and
-/// the generation is written without a `String`.
+/// Sets the owner's trusted headers on a success response (the names made
+/// once, [`names`]; the generation written without a `String`).
 pub(crate) fn put_owner_headers(h: &mut HeaderMap, owner: &OwnerHeaders) {
-    const TASK: HeaderName = HeaderName::from_static(OWNER_TASK_HEADER);
-    const GENERATION: HeaderName = HeaderName::from_static(OWNER_GENERATION_HEADER);
-    const KEY: HeaderName = HeaderName::from_static(OWNER_KEY_HEADER);
-    const ENDPOINT: HeaderName = HeaderName::from_static(OWNER_ENDPOINT_HEADER);
     let mut put = |name: HeaderName, value: &str| {
         if let Ok(v) = HeaderValue::from_str(value) {
             h.insert(name, v);
         }
     };
-    put(TASK, &owner.task);
-    put(KEY, &owner.key);
+    put(names::OWNER_TASK, &owner.task);
+    put(names::OWNER_KEY, &owner.key);
     if let Some(e) = &owner.endpoint {
-        put(ENDPOINT, e);
+        put(names::OWNER_ENDPOINT, e);
     }
-    h.insert(GENERATION, HeaderValue::from(owner.generation));
+    h.insert(names::OWNER_GENERATION, HeaderValue::from(owner.generation));
 }
 
 /// The largest alarm delivery body a host reads.

@@ -22,11 +22,9 @@ pub(crate) mod fetch;
 pub(crate) use connect::classify_connect;
 
 use super::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, ConnectInvoke, ConnectReply, Endpoint, FetchInvoke,
-    INVOKE_PATH, InternalToken, InvokeRequest, MAX_RESPONSE_BYTES, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, Reply, RouteFence,
-    TRUSTED_OWNERSHIP_CODES, Transport, parse_envelope, parse_success,
+    ALARM_PATH, AlarmRequest, ConnectInvoke, ConnectReply, Endpoint, FetchInvoke, INVOKE_PATH,
+    InternalToken, InvokeRequest, MAX_RESPONSE_BYTES, OwnerHeaders, Reply, RouteFence,
+    TRUSTED_OWNERSHIP_CODES, Transport, names, parse_envelope, parse_success,
 };
 
 pub(crate) const JSON: &str = "application/json";
@@ -155,17 +153,21 @@ pub(crate) fn internal_request(
 ) -> http::request::Builder {
     let mut builder = http::Request::builder()
         .method(method)
-        .uri(format!("{}{path}", endpoint.url()))
-        .header(AUTH_HEADER, token.as_str());
+        .uri(format!(
+            "http://{}:{}{path}",
+            endpoint.host(),
+            endpoint.port()
+        ))
+        .header(names::AUTH, token.header_value());
     // The sanitized context id, never a tenant's header (see
     // [`super::RequestId`]).
     if let Some(id) = super::RequestId::current() {
-        builder = builder.header(super::CONTEXT_ID_HEADER, id.as_str());
+        builder = builder.header(names::CONTEXT_ID, id.as_str());
     }
     if let Some(fence) = fence {
         builder = builder
-            .header(ROUTE_TASK_HEADER, fence.task.as_str())
-            .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
+            .header(names::ROUTE_TASK, fence.task.as_str())
+            .header(names::ROUTE_GENERATION, fence.generation);
     }
     builder
 }
@@ -404,7 +406,7 @@ pub(crate) fn classify_with<T>(
     success: impl FnOnce(Bytes) -> Result<T, String>,
 ) -> Reply<T> {
     let marker = headers
-        .get(OWNERSHIP_ERROR_HEADER)
+        .get(names::OWNERSHIP_ERROR)
         .map(|v| v.to_str().unwrap_or("").to_owned());
     if (200..300).contains(&status) {
         if status != 200 || marker.is_some() {
@@ -456,15 +458,15 @@ pub(crate) fn classify_with<T>(
 }
 
 pub(crate) fn owner_headers(headers: &HeaderMap) -> Option<OwnerHeaders> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let task = get(OWNER_TASK_HEADER)?;
-    let generation = parse_generation(get(OWNER_GENERATION_HEADER)?)?;
-    let key = get(OWNER_KEY_HEADER)?;
+    let get = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let task = get(names::OWNER_TASK)?;
+    let generation = parse_generation(get(names::OWNER_GENERATION)?)?;
+    let key = get(names::OWNER_KEY)?;
     Some(OwnerHeaders {
         task: task.to_owned(),
         generation,
         key: key.to_owned(),
-        endpoint: get(OWNER_ENDPOINT_HEADER).map(str::to_owned),
+        endpoint: get(names::OWNER_ENDPOINT).map(str::to_owned),
     })
 }
 
