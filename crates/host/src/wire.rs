@@ -214,21 +214,20 @@ pub(crate) async fn invoke<S: HostLeases, I: HostAlarms, O: ObjectStore>(
             );
         }
     };
-    let result = match RpcArgs::new(wire.args) {
-        Ok(args) => {
-            hop_id(&headers)
-                .scope(host.serve_invoke(InvokeRequest {
-                    class: wire.class,
-                    name: wire.name,
-                    method: wire.method,
-                    args,
-                    fence,
-                }))
-                .await
-        }
-        Err(e) => Err(e),
+    let args = match RpcArgs::new(wire.args) {
+        Ok(args) => args,
+        Err(e) => return host_error_response(&e, true),
     };
-    match result {
+    let served = hop_id(&headers)
+        .scope(host.serve_invoke(InvokeRequest {
+            class: wire.class,
+            name: wire.name,
+            method: wire.method,
+            args,
+            fence,
+        }))
+        .await;
+    match served {
         Ok((value, owner)) => {
             let mut response = success_response(&value);
             put_owner_headers(response.headers_mut(), &owner);
@@ -415,13 +414,10 @@ type Family = (
 /// labels of ARCHITECTURE.md's metrics table).
 fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
     let (r, d) = (p.routing, p.dispatch);
+    // A family of one value, without a label of its own.
+    let one = |name, kind, value| (name, kind, "", vec![("", value)]);
     [
-        (
-            "durability_ownership_in_flight",
-            "gauge",
-            "",
-            vec![("", p.in_flight)],
-        ),
+        one("durability_ownership_in_flight", "gauge", p.in_flight),
         (
             "durability_host_dispatches_total",
             "counter",
@@ -436,18 +432,8 @@ fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
                 ("ownership_lost", d.ownership_lost),
             ],
         ),
-        (
-            "durability_host_cold_opens_total",
-            "counter",
-            "",
-            vec![("", d.cold)],
-        ),
-        (
-            "durability_host_evictions_total",
-            "counter",
-            "",
-            vec![("", d.evicted)],
-        ),
+        one("durability_host_cold_opens_total", "counter", d.cold),
+        one("durability_host_evictions_total", "counter", d.evicted),
         (
             "durability_host_routed_total",
             "counter",
@@ -460,24 +446,17 @@ fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
                 ("upgraded", r.upgrades),
             ],
         ),
-        (
+        one(
             "durability_host_rediscoveries_total",
             "counter",
-            "",
-            vec![("", r.rediscoveries)],
+            r.rediscoveries,
         ),
-        (
+        one(
             "durability_host_hint_evictions_total",
             "counter",
-            "",
-            vec![("", r.hint_evictions)],
+            r.hint_evictions,
         ),
-        (
-            "durability_host_invokes_served_total",
-            "counter",
-            "",
-            vec![("", r.served)],
-        ),
+        one("durability_host_invokes_served_total", "counter", r.served),
         (
             "durability_host_refusals_total",
             "counter",

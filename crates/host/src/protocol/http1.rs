@@ -128,8 +128,7 @@ impl HttpTransport {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
-            Err(SendFailure::NotSent(reason)) => return Reply::NotSent { reason },
-            Err(SendFailure::AfterSending(reason)) => return Reply::Unmarked { reason },
+            Err(failure) => return failure.into(),
         };
         let (parts, body) = response.into_parts();
         let read = tokio::time::timeout_at(
@@ -193,6 +192,27 @@ pub(crate) enum SendFailure {
     NotSent(String),
     /// It failed or timed out after it may have been sent.
     AfterSending(String),
+}
+
+/// A send that failed before its response: nothing ran, or it may have.
+impl<T> From<SendFailure> for Reply<T> {
+    fn from(failure: SendFailure) -> Self {
+        match failure {
+            SendFailure::NotSent(reason) => Reply::NotSent { reason },
+            SendFailure::AfterSending(reason) => Reply::Unmarked { reason },
+        }
+    }
+}
+
+/// An alarm delivery that failed before its response: never started, or
+/// its outcome is unknown.
+impl From<SendFailure> for DispatchOutcome {
+    fn from(failure: SendFailure) -> Self {
+        match failure {
+            SendFailure::NotSent(reason) => DispatchOutcome::NeverStarted { reason },
+            SendFailure::AfterSending(reason) => DispatchOutcome::Unknown { reason },
+        }
+    }
 }
 
 impl HttpTransport {
@@ -290,8 +310,7 @@ impl HttpTransport {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
-            Err(SendFailure::NotSent(reason)) => return DispatchOutcome::NeverStarted { reason },
-            Err(SendFailure::AfterSending(reason)) => return DispatchOutcome::Unknown { reason },
+            Err(failure) => return failure.into(),
         };
         let (parts, body) = response.into_parts();
         if parts.status != StatusCode::OK {
