@@ -67,6 +67,26 @@ pub const CONNECT_HINT_VALUE: &str = "connect";
 pub const CONNECT_HINT_STATUS: u16 = 503;
 pub use crate::fetch::CONTROL_HEADER_PREFIX;
 
+/// The internal headers as [`http::HeaderName`]s, made at compile time: a
+/// lookup or an insert by `&str` parses and checks the name every time.
+pub(crate) mod names {
+    use http::HeaderName;
+
+    pub(crate) const AUTH: HeaderName = HeaderName::from_static(super::AUTH_HEADER);
+    pub(crate) const CONTEXT_ID: HeaderName = HeaderName::from_static(super::CONTEXT_ID_HEADER);
+    pub(crate) const ROUTE_TASK: HeaderName = HeaderName::from_static(super::ROUTE_TASK_HEADER);
+    pub(crate) const ROUTE_GENERATION: HeaderName =
+        HeaderName::from_static(super::ROUTE_GENERATION_HEADER);
+    pub(crate) const OWNER_TASK: HeaderName = HeaderName::from_static(super::OWNER_TASK_HEADER);
+    pub(crate) const OWNER_GENERATION: HeaderName =
+        HeaderName::from_static(super::OWNER_GENERATION_HEADER);
+    pub(crate) const OWNER_KEY: HeaderName = HeaderName::from_static(super::OWNER_KEY_HEADER);
+    pub(crate) const OWNER_ENDPOINT: HeaderName =
+        HeaderName::from_static(super::OWNER_ENDPOINT_HEADER);
+    pub(crate) const OWNERSHIP_ERROR: HeaderName =
+        HeaderName::from_static(super::OWNERSHIP_ERROR_HEADER);
+}
+
 /// The largest invoke body a host reads: the arguments' cap plus room for
 /// the class, the name and the method.
 pub const MAX_INVOKE_BODY_BYTES: usize = crate::rpc::MAX_ARGS_BYTES + 8 * 1024;
@@ -228,8 +248,12 @@ pub enum Reply<T = Value> {
 }
 
 /// The shared internal token (compared in constant time; never printed).
+/// It keeps its header value, made once (every send attaches it).
 #[derive(Clone)]
-pub struct InternalToken(String);
+pub struct InternalToken {
+    token: String,
+    header: http::HeaderValue,
+}
 
 impl InternalToken {
     /// A token; at least 16 bytes of visible ASCII.
@@ -237,24 +261,28 @@ impl InternalToken {
     /// # Errors
     /// [`crate::HostError::InvalidSetting`] otherwise.
     pub fn new(token: &str) -> Result<Self, crate::HostError> {
+        let refused =
+            || crate::HostError::setting("internal_token", "16..=1024 bytes of visible ASCII");
         if token.len() < 16 || token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(crate::HostError::setting(
-                "internal_token",
-                "16..=1024 bytes of visible ASCII",
-            ));
+            return Err(refused());
         }
-        Ok(Self(token.to_owned()))
+        let header = http::HeaderValue::from_str(token).map_err(|_| refused())?;
+        Ok(Self {
+            token: token.to_owned(),
+            header,
+        })
     }
 
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
+    /// The token as the header value a request carries.
+    pub(crate) fn header_value(&self) -> http::HeaderValue {
+        self.header.clone()
     }
 
     /// Whether `presented` is the token, compared in constant time (the
     /// length is not secret).
     pub fn matches(&self, presented: &[u8]) -> bool {
         use subtle::ConstantTimeEq as _;
-        presented.len() == self.0.len() && bool::from(self.0.as_bytes().ct_eq(presented))
+        presented.len() == self.token.len() && bool::from(self.token.as_bytes().ct_eq(presented))
     }
 }
 

@@ -72,31 +72,30 @@ pub fn validate_method(method: &str) -> Result<(), HostError> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcArgs {
     value: Arc<Value>,
-    encoded: Arc<str>,
 }
 
 impl RpcArgs {
-    /// Validates `value`.
+    /// Validates `value`. The size is checked without encoding it: an
+    /// upper bound of its canonical encoding, taken on the depth check's
+    /// walk, settles every argument well under the cap; only one whose
+    /// bound is over it is encoded (into a byte counter) to measure it.
     ///
     /// # Errors
     /// [`HostError::InvalidArgs`] when it is nested deeper than
     /// [`MAX_ARGS_DEPTH`] or its encoding exceeds [`MAX_ARGS_BYTES`].
     pub fn new(value: Value) -> Result<Self, HostError> {
-        check_depth(&value, 0)?;
-        let encoded = serde_json::to_string(&value).map_err(|e| HostError::InvalidArgs {
-            reason: format!("arguments are not JSON: {e}"),
-        })?;
-        if encoded.len() > MAX_ARGS_BYTES {
-            return Err(HostError::InvalidArgs {
-                reason: format!(
-                    "arguments are {} bytes encoded, more than {MAX_ARGS_BYTES}",
-                    encoded.len()
-                ),
-            });
+        if encoded_len_bound(&value, 0)? > MAX_ARGS_BYTES {
+            let len = encoded_len(&value)?;
+            if len > MAX_ARGS_BYTES {
+                return Err(HostError::InvalidArgs {
+                    reason: format!(
+                        "arguments are {len} bytes encoded, more than {MAX_ARGS_BYTES}"
+                    ),
+                });
+            }
         }
         Ok(Self {
             value: Arc::new(value),
-            encoded: Arc::from(encoded),
         })
     }
 
@@ -126,9 +125,10 @@ impl RpcArgs {
         &self.value
     }
 
-    /// Their canonical encoding (what crosses the wire).
-    pub fn encoded(&self) -> &str {
-        &self.encoded
+    /// Their canonical encoding (what crosses the wire), encoded on each
+    /// call (the wire encodes them straight into the request body).
+    pub fn encoded(&self) -> String {
+        self.value.to_string()
     }
 
     /// The arguments, owned (copied only when a clone still shares them).
@@ -137,17 +137,55 @@ impl RpcArgs {
     }
 }
 
-fn check_depth(value: &Value, depth: usize) -> Result<(), HostError> {
+/// The most bytes serde_json writes for one number: a finite `f64` takes
+/// at most 24 (`-1.7976931348623157e308` is 23), a 64-bit integer at most
+/// 20; kept with room to spare, as it only bounds.
+const MAX_NUMBER_BYTES: usize = 40;
+
+/// An upper bound of `value`'s canonical (compact) encoding, in bytes,
+/// refusing nesting deeper than [`MAX_ARGS_DEPTH`] on the way: every
+/// string byte counts as a six-byte `\u00XX` escape, every number as
+/// [`MAX_NUMBER_BYTES`], every array and object as its brackets, commas
+/// and colons.
+fn encoded_len_bound(value: &Value, depth: usize) -> Result<usize, HostError> {
     if depth > MAX_ARGS_DEPTH {
         return Err(HostError::InvalidArgs {
             reason: format!("arguments are nested deeper than {MAX_ARGS_DEPTH}"),
         });
     }
-    match value {
-        Value::Array(items) => items.iter().try_for_each(|v| check_depth(v, depth + 1)),
-        Value::Object(map) => map.values().try_for_each(|v| check_depth(v, depth + 1)),
-        _ => Ok(()),
+    let string = |s: &str| s.len().saturating_mul(6).saturating_add(2);
+    Ok(match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => MAX_NUMBER_BYTES,
+        Value::String(s) => string(s),
+        Value::Array(items) => items.iter().try_fold(items.len() + 2, |n, v| {
+            Ok::<_, HostError>(n.saturating_add(encoded_len_bound(v, depth + 1)?))
+        })?,
+        Value::Object(map) => map.iter().try_fold(map.len() * 2 + 2, |n, (k, v)| {
+            let entry = string(k).saturating_add(encoded_len_bound(v, depth + 1)?);
+            Ok::<_, HostError>(n.saturating_add(entry))
+        })?,
+    })
+}
+
+/// `value`'s exact canonical encoding length, counted as it is written
+/// (nothing is kept).
+fn encoded_len(value: &Value) -> Result<usize, HostError> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_err(|e| HostError::InvalidArgs {
+        reason: format!("arguments are not JSON: {e}"),
+    })?;
+    Ok(count.0)
 }
 
 /// A registered method: the object's input and the JSON arguments in,

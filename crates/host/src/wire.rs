@@ -8,11 +8,9 @@ use crate::error::HostError;
 use crate::host::Host;
 use crate::protocol::http1::*;
 use crate::protocol::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH,
-    InvokeRequest, MAX_INVOKE_BODY_BYTES, METRICS_PATH, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, PROBE_PATH, READY_PATH, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, RouteFence,
-    envelope, hop_id, strip_request_id,
+    ALARM_PATH, AlarmRequest, CONNECT_PATH, FETCH_PATH, HEALTH_PATH, INVOKE_PATH, InvokeRequest,
+    MAX_INVOKE_BODY_BYTES, METRICS_PATH, OwnerHeaders, PROBE_PATH, READY_PATH, RouteFence,
+    envelope, hop_id, names, strip_request_id,
 };
 use crate::rpc::RpcArgs;
 use crate::store::ObjectStore;
@@ -101,7 +99,7 @@ fn envelope_response(
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, axum::Json(envelope(code, message, details))).into_response();
     if marked && let Ok(v) = HeaderValue::from_str(code) {
-        response.headers_mut().insert(OWNERSHIP_ERROR_HEADER, v);
+        response.headers_mut().insert(names::OWNERSHIP_ERROR, v);
     }
     response
 }
@@ -123,7 +121,7 @@ where
             false,
         ));
     };
-    match headers.get(AUTH_HEADER) {
+    match headers.get(names::AUTH) {
         Some(v) if token.matches(v.as_bytes()) => None,
         _ => Some(error_response(
             401,
@@ -170,8 +168,8 @@ pub(crate) struct WireInvoke {
 }
 
 pub(crate) fn fence_of(headers: &HeaderMap) -> Result<Option<RouteFence>, &'static str> {
-    let task = headers.get(ROUTE_TASK_HEADER);
-    let generation = headers.get(ROUTE_GENERATION_HEADER);
+    let task = headers.get(names::ROUTE_TASK);
+    let generation = headers.get(names::ROUTE_GENERATION);
     match (task, generation) {
         (None, None) => Ok(None),
         (Some(task), Some(generation)) => {
@@ -216,21 +214,20 @@ pub(crate) async fn invoke<S: HostLeases, I: HostAlarms, O: ObjectStore>(
             );
         }
     };
-    let result = match RpcArgs::new(wire.args) {
-        Ok(args) => {
-            hop_id(&headers)
-                .scope(host.serve_invoke(InvokeRequest {
-                    class: wire.class,
-                    name: wire.name,
-                    method: wire.method,
-                    args,
-                    fence,
-                }))
-                .await
-        }
-        Err(e) => Err(e),
+    let args = match RpcArgs::new(wire.args) {
+        Ok(args) => args,
+        Err(e) => return host_error_response(&e, true),
     };
-    match result {
+    let served = hop_id(&headers)
+        .scope(host.serve_invoke(InvokeRequest {
+            class: wire.class,
+            name: wire.name,
+            method: wire.method,
+            args,
+            fence,
+        }))
+        .await;
+    match served {
         Ok((value, owner)) => {
             let mut response = success_response(&value);
             put_owner_headers(response.headers_mut(), &owner);
@@ -257,25 +254,20 @@ fn success_response(value: &Value) -> Response {
     response
 }
 
-/// Sets the owner's trusted headers on a success response. The names are
-/// made once (inserting by `&str` parses the name on every response) and
-/// the generation is written without a `String`.
+/// Sets the owner's trusted headers on a success response (the names made
+/// once, [`names`]; the generation written without a `String`).
 pub(crate) fn put_owner_headers(h: &mut HeaderMap, owner: &OwnerHeaders) {
-    const TASK: HeaderName = HeaderName::from_static(OWNER_TASK_HEADER);
-    const GENERATION: HeaderName = HeaderName::from_static(OWNER_GENERATION_HEADER);
-    const KEY: HeaderName = HeaderName::from_static(OWNER_KEY_HEADER);
-    const ENDPOINT: HeaderName = HeaderName::from_static(OWNER_ENDPOINT_HEADER);
     let mut put = |name: HeaderName, value: &str| {
         if let Ok(v) = HeaderValue::from_str(value) {
             h.insert(name, v);
         }
     };
-    put(TASK, &owner.task);
-    put(KEY, &owner.key);
+    put(names::OWNER_TASK, &owner.task);
+    put(names::OWNER_KEY, &owner.key);
     if let Some(e) = &owner.endpoint {
-        put(ENDPOINT, e);
+        put(names::OWNER_ENDPOINT, e);
     }
-    h.insert(GENERATION, HeaderValue::from(owner.generation));
+    h.insert(names::OWNER_GENERATION, HeaderValue::from(owner.generation));
 }
 
 /// The largest alarm delivery body a host reads.
@@ -422,13 +414,10 @@ type Family = (
 /// labels of ARCHITECTURE.md's metrics table).
 fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
     let (r, d) = (p.routing, p.dispatch);
+    // A family of one value, without a label of its own.
+    let one = |name, kind, value| (name, kind, "", vec![("", value)]);
     [
-        (
-            "durability_ownership_in_flight",
-            "gauge",
-            "",
-            vec![("", p.in_flight)],
-        ),
+        one("durability_ownership_in_flight", "gauge", p.in_flight),
         (
             "durability_host_dispatches_total",
             "counter",
@@ -443,18 +432,8 @@ fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
                 ("ownership_lost", d.ownership_lost),
             ],
         ),
-        (
-            "durability_host_cold_opens_total",
-            "counter",
-            "",
-            vec![("", d.cold)],
-        ),
-        (
-            "durability_host_evictions_total",
-            "counter",
-            "",
-            vec![("", d.evicted)],
-        ),
+        one("durability_host_cold_opens_total", "counter", d.cold),
+        one("durability_host_evictions_total", "counter", d.evicted),
         (
             "durability_host_routed_total",
             "counter",
@@ -467,24 +446,17 @@ fn metric_families(p: crate::host::HostProbe) -> [Family; 10] {
                 ("upgraded", r.upgrades),
             ],
         ),
-        (
+        one(
             "durability_host_rediscoveries_total",
             "counter",
-            "",
-            vec![("", r.rediscoveries)],
+            r.rediscoveries,
         ),
-        (
+        one(
             "durability_host_hint_evictions_total",
             "counter",
-            "",
-            vec![("", r.hint_evictions)],
+            r.hint_evictions,
         ),
-        (
-            "durability_host_invokes_served_total",
-            "counter",
-            "",
-            vec![("", r.served)],
-        ),
+        one("durability_host_invokes_served_total", "counter", r.served),
         (
             "durability_host_refusals_total",
             "counter",

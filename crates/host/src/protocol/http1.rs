@@ -22,11 +22,9 @@ pub(crate) mod fetch;
 pub(crate) use connect::classify_connect;
 
 use super::{
-    ALARM_PATH, AUTH_HEADER, AlarmRequest, ConnectInvoke, ConnectReply, Endpoint, FetchInvoke,
-    INVOKE_PATH, InternalToken, InvokeRequest, MAX_RESPONSE_BYTES, OWNER_ENDPOINT_HEADER,
-    OWNER_GENERATION_HEADER, OWNER_KEY_HEADER, OWNER_TASK_HEADER, OWNERSHIP_ERROR_HEADER,
-    OwnerHeaders, ROUTE_GENERATION_HEADER, ROUTE_TASK_HEADER, Reply, RouteFence,
-    TRUSTED_OWNERSHIP_CODES, Transport, parse_envelope, parse_success,
+    ALARM_PATH, AlarmRequest, ConnectInvoke, ConnectReply, Endpoint, FetchInvoke, INVOKE_PATH,
+    InternalToken, InvokeRequest, MAX_RESPONSE_BYTES, OwnerHeaders, Reply, RouteFence,
+    TRUSTED_OWNERSHIP_CODES, Transport, names, parse_envelope, parse_success,
 };
 
 pub(crate) const JSON: &str = "application/json";
@@ -93,14 +91,20 @@ impl HttpTransport {
         token: &InternalToken,
         request: &InvokeRequest,
     ) -> Reply {
-        let http_request = match internal_post(
-            endpoint,
-            INVOKE_PATH,
-            token,
-            request.fence.as_ref(),
-            JSON,
-            Bytes::from(invoke_body(request)),
-        ) {
+        let built = invoke_body(request)
+            .map_err(|e| e.to_string())
+            .and_then(|body| {
+                internal_post(
+                    endpoint,
+                    INVOKE_PATH,
+                    token,
+                    request.fence.as_ref(),
+                    JSON,
+                    Bytes::from(body),
+                )
+                .map_err(|e| e.to_string())
+            });
+        let http_request = match built {
             Ok(r) => r,
             Err(e) => {
                 return Reply::Unmarked {
@@ -124,8 +128,7 @@ impl HttpTransport {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
-            Err(SendFailure::NotSent(reason)) => return Reply::NotSent { reason },
-            Err(SendFailure::AfterSending(reason)) => return Reply::Unmarked { reason },
+            Err(failure) => return failure.into(),
         };
         let (parts, body) = response.into_parts();
         let read = tokio::time::timeout_at(
@@ -149,17 +152,21 @@ pub(crate) fn internal_request(
 ) -> http::request::Builder {
     let mut builder = http::Request::builder()
         .method(method)
-        .uri(format!("{}{path}", endpoint.url()))
-        .header(AUTH_HEADER, token.as_str());
+        .uri(format!(
+            "http://{}:{}{path}",
+            endpoint.host(),
+            endpoint.port()
+        ))
+        .header(names::AUTH, token.header_value());
     // The sanitized context id, never a tenant's header (see
     // [`super::RequestId`]).
     if let Some(id) = super::RequestId::current() {
-        builder = builder.header(super::CONTEXT_ID_HEADER, id.as_str());
+        builder = builder.header(names::CONTEXT_ID, id.as_str());
     }
     if let Some(fence) = fence {
         builder = builder
-            .header(ROUTE_TASK_HEADER, fence.task.as_str())
-            .header(ROUTE_GENERATION_HEADER, fence.generation.to_string());
+            .header(names::ROUTE_TASK, fence.task.as_str())
+            .header(names::ROUTE_GENERATION, fence.generation);
     }
     builder
 }
@@ -185,6 +192,27 @@ pub(crate) enum SendFailure {
     NotSent(String),
     /// It failed or timed out after it may have been sent.
     AfterSending(String),
+}
+
+/// A send that failed before its response: nothing ran, or it may have.
+impl<T> From<SendFailure> for Reply<T> {
+    fn from(failure: SendFailure) -> Self {
+        match failure {
+            SendFailure::NotSent(reason) => Reply::NotSent { reason },
+            SendFailure::AfterSending(reason) => Reply::Unmarked { reason },
+        }
+    }
+}
+
+/// An alarm delivery that failed before its response: never started, or
+/// its outcome is unknown.
+impl From<SendFailure> for DispatchOutcome {
+    fn from(failure: SendFailure) -> Self {
+        match failure {
+            SendFailure::NotSent(reason) => DispatchOutcome::NeverStarted { reason },
+            SendFailure::AfterSending(reason) => DispatchOutcome::Unknown { reason },
+        }
+    }
 }
 
 impl HttpTransport {
@@ -282,8 +310,7 @@ impl HttpTransport {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let response = match self.request(http_request, deadline).await {
             Ok(r) => r,
-            Err(SendFailure::NotSent(reason)) => return DispatchOutcome::NeverStarted { reason },
-            Err(SendFailure::AfterSending(reason)) => return DispatchOutcome::Unknown { reason },
+            Err(failure) => return failure.into(),
         };
         let (parts, body) = response.into_parts();
         if parts.status != StatusCode::OK {
@@ -302,17 +329,22 @@ impl HttpTransport {
     }
 }
 
-/// `{ class, name, method, args }`, with the arguments' canonical encoding
-/// spliced in (not encoded twice).
-pub(crate) fn invoke_body(request: &InvokeRequest) -> String {
-    let s = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".to_owned());
-    format!(
-        "{{\"class\":{},\"name\":{},\"method\":{},\"args\":{}}}",
-        s(&request.class),
-        s(&request.name),
-        s(&request.method),
-        request.args.encoded()
-    )
+/// `{ class, name, method, args }`, the arguments encoded straight into
+/// the body (once per send; nothing else keeps an encoding).
+pub(crate) fn invoke_body(request: &InvokeRequest) -> serde_json::Result<Vec<u8>> {
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        class: &'a str,
+        name: &'a str,
+        method: &'a str,
+        args: &'a Value,
+    }
+    serde_json::to_vec(&Body {
+        class: &request.class,
+        name: &request.name,
+        method: &request.method,
+        args: request.args.value(),
+    })
 }
 
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -393,7 +425,7 @@ pub(crate) fn classify_with<T>(
     success: impl FnOnce(Bytes) -> Result<T, String>,
 ) -> Reply<T> {
     let marker = headers
-        .get(OWNERSHIP_ERROR_HEADER)
+        .get(names::OWNERSHIP_ERROR)
         .map(|v| v.to_str().unwrap_or("").to_owned());
     if (200..300).contains(&status) {
         if status != 200 || marker.is_some() {
@@ -445,15 +477,15 @@ pub(crate) fn classify_with<T>(
 }
 
 pub(crate) fn owner_headers(headers: &HeaderMap) -> Option<OwnerHeaders> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let task = get(OWNER_TASK_HEADER)?;
-    let generation = parse_generation(get(OWNER_GENERATION_HEADER)?)?;
-    let key = get(OWNER_KEY_HEADER)?;
+    let get = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let task = get(names::OWNER_TASK)?;
+    let generation = parse_generation(get(names::OWNER_GENERATION)?)?;
+    let key = get(names::OWNER_KEY)?;
     Some(OwnerHeaders {
         task: task.to_owned(),
         generation,
         key: key.to_owned(),
-        endpoint: get(OWNER_ENDPOINT_HEADER).map(str::to_owned),
+        endpoint: get(names::OWNER_ENDPOINT).map(str::to_owned),
     })
 }
 

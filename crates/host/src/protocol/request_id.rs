@@ -131,7 +131,11 @@ impl fmt::Debug for RequestId {
 /// The context id an internal hop carries in `headers` (sanitized again:
 /// else a new one).
 pub(crate) fn hop_id(headers: &http::HeaderMap) -> RequestId {
-    RequestId::accept(headers.get(CONTEXT_ID_HEADER).and_then(|v| v.to_str().ok()))
+    RequestId::accept(
+        headers
+            .get(super::names::CONTEXT_ID)
+            .and_then(|v| v.to_str().ok()),
+    )
 }
 
 /// The context id of a tenant request entering the router with `headers`:

@@ -47,6 +47,33 @@ fn arguments_are_capped_at_one_mebibyte_encoded() {
     );
 }
 
+/// Arguments measured by their encoding, not their bound: escapes count
+/// at their escaped length, arrays at their commas, at the cap and one
+/// past.
+#[test]
+fn the_cap_counts_escapes_and_punctuation_as_encoded() {
+    // `"\u0001..."`: six bytes a character plus the quotes.
+    let escaped = |n: usize| Value::String("\u{1}".repeat(n));
+    let fits = (MAX_ARGS_BYTES - 2) / 6;
+    let at = RpcArgs::new(escaped(fits)).expect("escapes under the cap");
+    assert_eq!(at.encoded().len(), fits * 6 + 2);
+    assert!(RpcArgs::new(escaped(fits + 1)).is_err());
+    // `[0,0,...]`: two bytes an element, one less a comma, plus brackets.
+    let zeros = |n: usize| Value::Array(vec![json!(0); n]);
+    let n = (MAX_ARGS_BYTES - 1) / 2;
+    let at = RpcArgs::new(zeros(n)).expect("an array under the cap");
+    assert_eq!(at.encoded().len(), 2 * n + 1);
+    assert_eq!(
+        RpcArgs::new(zeros(n + 1)).map(|_| ()).map_err(|e| e.code()),
+        Err("host_invalid_args")
+    );
+    // Small arguments (settled by the bound) keep their value and encoding.
+    let small = json!({"pad": "p".repeat(256), "n": [1, -2, 2.5], "ok": true, "z": null});
+    let args = RpcArgs::new(small.clone()).expect("small");
+    assert_eq!(args.value(), &small);
+    assert_eq!(args.encoded(), small.to_string());
+}
+
 #[test]
 fn wire_arguments_must_be_structural_json() {
     for bad in [

@@ -72,21 +72,20 @@ pub(crate) async fn connect_endpoint<S: HostLeases, I: HostAlarms, O: ObjectStor
         headers: wire.headers,
     }
     .validate();
-    let served = match checked {
-        Ok(mut request) => {
-            // An internal hop carries the context id, never a tenant's.
-            strip_request_id(&mut request.headers);
-            hop_id(headers)
-                .scope(host.serve_connect(ConnectInvoke {
-                    class: wire.class,
-                    name: wire.name,
-                    request,
-                    fence,
-                }))
-                .await
-        }
-        Err(e) => Err(e),
+    let mut request = match checked {
+        Ok(request) => request,
+        Err(e) => return host_error_response(&e, true),
     };
+    // An internal hop carries the context id, never a tenant's.
+    strip_request_id(&mut request.headers);
+    let served = hop_id(headers)
+        .scope(host.serve_connect(ConnectInvoke {
+            class: wire.class,
+            name: wire.name,
+            request,
+            fence,
+        }))
+        .await;
     let session = match served {
         Ok(Served::Upgrade(session)) => session,
         Ok(Served::Hint(owner)) => return handoff_response(&owner),

@@ -47,22 +47,21 @@ pub(crate) async fn fetch_endpoint<S: HostLeases, I: HostAlarms, O: ObjectStore>
         body,
     }
     .validate();
-    let result = match request {
-        Ok(mut request) => {
-            // An internal hop carries the context id, never a tenant's.
-            strip_request_id(&mut request.headers);
-            hop_id(&headers)
-                .scope(host.serve_fetch(FetchInvoke {
-                    class: meta.class,
-                    name: meta.name,
-                    request,
-                    fence,
-                }))
-                .await
-        }
-        Err(e) => Err(e),
+    let mut request = match request {
+        Ok(request) => request,
+        Err(e) => return host_error_response(&e, true),
     };
-    match result {
+    // An internal hop carries the context id, never a tenant's.
+    strip_request_id(&mut request.headers);
+    let served = hop_id(&headers)
+        .scope(host.serve_fetch(FetchInvoke {
+            class: meta.class,
+            name: meta.name,
+            request,
+            fence,
+        }))
+        .await;
+    match served {
         Ok((response, owner)) => {
             let frame = encode_frame(
                 &json!({ "status": response.status, "headers": response.headers }),
