@@ -104,7 +104,7 @@ pub use deliver::CrashAt;
 pub use deliver::{DEFAULT_POLL_MS, PgDeliverer};
 pub use error::PgOutboxError;
 pub use names::MAX_NAME_BYTES;
-use stage::Batch;
+use stage::{Batch, StagingTxn};
 
 use names::Ident;
 use sql::Sql;
@@ -243,10 +243,7 @@ impl PgOutbox {
         value: &T,
     ) -> Result<u64, PgOutboxError> {
         let entries = [(key, value)];
-        let batch = Batch::encode(codec, channel, &entries)?;
-        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
-        Ok(batch.versions(rows)?[0])
+        Ok(self.stage_in(tx, codec, channel, &entries).await?[0])
     }
 
     /// Stages many values on one channel in the caller's transaction, in
@@ -266,13 +263,7 @@ impl PgOutbox {
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        let batch = Batch::encode(&Postcard, channel, entries)?;
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
-        batch.versions(rows)
+        self.stage_in::<T, T>(tx, &Postcard, channel, entries).await
     }
 
     /// [`PgOutbox::stage`] in a sqlx transaction (feature `sqlx`; a runtime
@@ -293,7 +284,9 @@ impl PgOutbox {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         let entries = [(key, value)];
-        Ok(self.batch_sqlx::<T, &T>(tx, channel, &entries).await?[0])
+        Ok(self
+            .stage_in::<T, &T>(tx, &Postcard, channel, &entries)
+            .await?[0])
     }
 
     /// [`PgOutbox::stage_batch`] in a sqlx transaction (feature `sqlx`).
@@ -311,26 +304,26 @@ impl PgOutbox {
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        self.batch_sqlx::<T, T>(tx, channel, entries).await
+        self.stage_in::<T, T>(tx, &Postcard, channel, entries).await
     }
 
-    #[cfg(feature = "sqlx")]
-    async fn batch_sqlx<T, V>(
+    /// Stages `entries` in `tx` (either client's transaction): checks and
+    /// encodes every entry with `codec`, then runs the staging statement
+    /// (nothing is sent for no entries); the version pending for each
+    /// given entry's key, in order.
+    async fn stage_in<T: Sync + 'static, V: std::borrow::Borrow<T> + Sync>(
         &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: impl StagingTxn,
+        codec: &dyn Codec<T>,
         channel: &str,
         entries: &[(&str, V)],
-    ) -> Result<Vec<u64>, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        V: std::borrow::Borrow<T> + Sync,
-    {
-        let batch = Batch::encode(&Postcard, channel, entries)?;
+    ) -> Result<Vec<u64>, PgOutboxError> {
+        let batch = Batch::encode(codec, channel, entries)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert_sqlx(tx, self.sql.staging(), &staging).await?;
+        let rows = tx.upsert(self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 }

@@ -21,83 +21,98 @@ pub(crate) struct Staging<'a> {
     pub(crate) notify: &'a str,
 }
 
-/// Runs the staging statement in a tokio-postgres transaction: `one` for
-/// a single entry, else `many`; the rows `(key, version)` it returned.
-pub(crate) async fn upsert(
-    tx: &tokio_postgres::Transaction<'_>,
-    (one, many): (&str, &str),
-    s: &Staging<'_>,
-) -> Result<Vec<(String, i64)>, PgOutboxError> {
-    // Typed parameters: one round trip, no separate prepare.
-    let rows = match (s.keys, s.values) {
-        ([key], [value]) => {
-            tx.query_typed(
-                one,
-                &[
-                    (&s.channel, Type::TEXT),
-                    (key, Type::TEXT),
-                    (value, Type::BYTEA),
-                    (&s.attempt, Type::INT4),
-                    (&s.due_at, Type::INT8),
-                    (&s.claimed_until, Type::INT8),
-                    (&s.notify, Type::TEXT),
-                ],
-            )
-            .await
+/// A transaction the staging statement runs in: a tokio-postgres one, or
+/// with the feature `sqlx` a sqlx one. The same statement and parameters
+/// either way.
+pub(crate) trait StagingTxn {
+    /// Runs the staging statement: `one` for a single entry, else `many`;
+    /// the rows `(key, version)` it returned.
+    fn upsert(
+        self,
+        sql: (&str, &str),
+        s: &Staging<'_>,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, PgOutboxError>> + Send;
+}
+
+impl StagingTxn for &tokio_postgres::Transaction<'_> {
+    async fn upsert(
+        self,
+        (one, many): (&str, &str),
+        s: &Staging<'_>,
+    ) -> Result<Vec<(String, i64)>, PgOutboxError> {
+        // Typed parameters: one round trip, no separate prepare.
+        let rows = match (s.keys, s.values) {
+            ([key], [value]) => {
+                self.query_typed(
+                    one,
+                    &[
+                        (&s.channel, Type::TEXT),
+                        (key, Type::TEXT),
+                        (value, Type::BYTEA),
+                        (&s.attempt, Type::INT4),
+                        (&s.due_at, Type::INT8),
+                        (&s.claimed_until, Type::INT8),
+                        (&s.notify, Type::TEXT),
+                    ],
+                )
+                .await
+            }
+            _ => {
+                self.query_typed(
+                    many,
+                    &[
+                        (&s.channel, Type::TEXT),
+                        (&s.keys, Type::TEXT_ARRAY),
+                        (&s.values, Type::BYTEA_ARRAY),
+                        (&s.attempt, Type::INT4),
+                        (&s.due_at, Type::INT8),
+                        (&s.claimed_until, Type::INT8),
+                        (&s.notify, Type::TEXT),
+                    ],
+                )
+                .await
+            }
         }
-        _ => {
-            tx.query_typed(
-                many,
-                &[
-                    (&s.channel, Type::TEXT),
-                    (&s.keys, Type::TEXT_ARRAY),
-                    (&s.values, Type::BYTEA_ARRAY),
-                    (&s.attempt, Type::INT4),
-                    (&s.due_at, Type::INT8),
-                    (&s.claimed_until, Type::INT8),
-                    (&s.notify, Type::TEXT),
-                ],
-            )
-            .await
-        }
+        .map_err(PgOutboxError::statement)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(PgOutboxError::statement)
     }
-    .map_err(PgOutboxError::statement)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, tokio_postgres::Error>>()
-        .map_err(PgOutboxError::statement)
 }
 
 /// The same in a sqlx transaction (a runtime query).
 #[cfg(feature = "sqlx")]
-pub(crate) async fn upsert_sqlx(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    (one, many): (&str, &str),
-    s: &Staging<'_>,
-) -> Result<Vec<(String, i64)>, PgOutboxError> {
-    use sqlx::Row as _;
-    let query = match (s.keys, s.values) {
-        ([key], [value]) => sqlx::query(sqlx::AssertSqlSafe(one.to_owned()))
-            .bind(s.channel)
-            .bind(*key)
-            .bind(value),
-        _ => sqlx::query(sqlx::AssertSqlSafe(many.to_owned()))
-            .bind(s.channel)
-            .bind(s.keys)
-            .bind(s.values),
-    };
-    let rows = query
-        .bind(s.attempt)
-        .bind(s.due_at)
-        .bind(s.claimed_until)
-        .bind(s.notify)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(PgOutboxError::sqlx)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(PgOutboxError::sqlx)
+impl StagingTxn for &mut sqlx::Transaction<'_, sqlx::Postgres> {
+    async fn upsert(
+        self,
+        (one, many): (&str, &str),
+        s: &Staging<'_>,
+    ) -> Result<Vec<(String, i64)>, PgOutboxError> {
+        use sqlx::Row as _;
+        let query = match (s.keys, s.values) {
+            ([key], [value]) => sqlx::query(sqlx::AssertSqlSafe(one.to_owned()))
+                .bind(s.channel)
+                .bind(*key)
+                .bind(value),
+            _ => sqlx::query(sqlx::AssertSqlSafe(many.to_owned()))
+                .bind(s.channel)
+                .bind(s.keys)
+                .bind(s.values),
+        };
+        let rows = query
+            .bind(s.attempt)
+            .bind(s.due_at)
+            .bind(s.claimed_until)
+            .bind(s.notify)
+            .fetch_all(&mut **self)
+            .await
+            .map_err(PgOutboxError::sqlx)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(PgOutboxError::sqlx)
+    }
 }
 
 /// Entries to stage on one channel, checked and encoded before anything

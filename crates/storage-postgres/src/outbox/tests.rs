@@ -120,7 +120,6 @@ fn futures_are_send(
     send(deliverer.len());
 }
 
-#[allow(dead_code)]
 struct NoSink;
 
 impl durability_outbox::Sink<String> for NoSink {
@@ -188,4 +187,88 @@ async fn the_claim_reads_only_due_rows_through_the_index() {
         .await
         .unwrap();
     assert_eq!(rows.len(), 50, "exactly the due rows");
+}
+
+/// The deliverer's sessions plan every statement generically, so a
+/// claim's and a settlement's batch of keys is looked up in the primary
+/// key from the first batch on: a custom plan (the server's choice for the
+/// first five runs on a connection) hashes the batch and reads the whole
+/// channel to join it.
+#[tokio::test]
+async fn claims_and_settlements_look_keys_up_in_the_primary_key() {
+    let Some(schema) = crate::testkit::TestSchema::create().await else {
+        return;
+    };
+    let mut c = connect().await;
+    let outbox = PgOutbox::new(schema.name()).unwrap();
+    outbox.setup(&mut c).await.unwrap();
+    let t = format!("{}.outbox", schema.name());
+    c.batch_execute(&format!(
+        "INSERT INTO {t} SELECT 'drain', 'key-' || i, '\\x01', i, 0, 1000, NULL \
+         FROM generate_series(1, 10000) AS i; ANALYZE {t}"
+    ))
+    .await
+    .unwrap();
+    let config = crate::testkit::url().parse().unwrap();
+    let deliverer = PgDeliverer::new(
+        &outbox,
+        config,
+        1,
+        durability_outbox::ChannelConfig::new("drain"),
+        NoSink,
+    )
+    .unwrap();
+    let session = deliverer.pool.get().await.unwrap();
+    let mode: String = session
+        .query_one("SHOW plan_cache_mode", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "force_generic_plan");
+    let sql = &outbox.sql;
+    // A batch of 100, as literal arrays (EXECUTE takes no subquery).
+    let list = |f: fn(i32) -> String| (1..=100).map(f).collect::<Vec<_>>().join(",");
+    let keys = format!("'{{{}}}'", list(|i| format!("key-{i}")));
+    let numbers = format!("'{{{}}}'", list(|i| i.to_string()));
+    for (name, types, statement, args) in [
+        (
+            "claim",
+            "text, bigint, text[], int[]",
+            &sql.claim,
+            format!("'drain', 5, {keys}, {numbers}"),
+        ),
+        (
+            "remove_if",
+            "text, text[], bigint[], int[]",
+            &sql.remove_if,
+            format!("'drain', {keys}, {numbers}, {numbers}"),
+        ),
+        (
+            "reschedule_if",
+            "text, text[], bigint[], int[], bigint[]",
+            &sql.reschedule_if,
+            format!("'drain', {keys}, {numbers}, {numbers}, {numbers}"),
+        ),
+    ] {
+        session
+            .batch_execute(&format!("PREPARE {name}({types}) AS {statement}"))
+            .await
+            .unwrap();
+        let plan: Vec<String> = session
+            .simple_query(&format!("EXPLAIN (COSTS OFF) EXECUTE {name}({args})"))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("Index Scan using outbox_pkey"),
+            "{name}: {plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{name}: {plan}");
+    }
 }
