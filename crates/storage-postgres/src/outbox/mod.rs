@@ -16,16 +16,16 @@
 //!   SQL for teams that run migrations themselves.
 //! - [`PgOutbox::stage`] writes one entry (and [`PgOutbox::stage_batch`]
 //!   many, in one statement) in the caller's
-//!   `tokio_postgres::Transaction`, in one round trip (a call of a
+//!   `tokio_postgres::Transaction` (or, with the feature `sqlx`, its
+//!   `sqlx::Transaction<'_, Postgres>`: see [`PgTransaction`]; runtime
+//!   queries only, no database at compile time), in one round trip (a call of a
 //!   staging function `setup` created, whose upsert the server plans once
 //!   per session instead of on every call): it replaces the
 //!   key's pending entry, takes a version from a sequence (under the key's
 //!   row lock when the key is pending, so a key's versions follow its
 //!   commit order), resets the attempt count, makes it due now, and sends a
 //!   `NOTIFY` that fires when the caller commits. Nothing is written when
-//!   the caller rolls back. With the feature `sqlx`, `stage_sqlx` and
-//!   `stage_batch_sqlx` do the same in a `sqlx::Transaction<'_, Postgres>`
-//!   (runtime queries only: no database at compile time).
+//!   the caller rolls back.
 //! - [`PgDeliverer`] delivers one channel. Any number of them, in any
 //!   number of processes, share one database: each claims a batch with
 //!   `FOR UPDATE SKIP LOCKED` (reading only rows due, through the due-time
@@ -97,14 +97,14 @@ use durability_outbox::{Codec, Postcard};
 use durability_time::{Clock, SystemClock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_postgres::Transaction;
 
 #[cfg(feature = "testkit")]
 pub use deliver::CrashAt;
 pub use deliver::{DEFAULT_POLL_MS, PgDeliverer};
 pub use error::PgOutboxError;
 pub use names::MAX_NAME_BYTES;
-use stage::{Batch, StagingTxn};
+use stage::Batch;
+pub use stage::PgTransaction;
 
 use names::Ident;
 use sql::Sql;
@@ -210,7 +210,7 @@ impl PgOutbox {
     /// As [`PgOutbox::stage_with`].
     pub async fn stage<T>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl PgTransaction,
         channel: &str,
         key: &str,
         value: &T,
@@ -236,7 +236,7 @@ impl PgOutbox {
     /// connection was lost (the transaction cannot commit).
     pub async fn stage_with<T: Sync + 'static>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl PgTransaction,
         codec: &dyn Codec<T>,
         channel: &str,
         key: &str,
@@ -256,48 +256,7 @@ impl PgOutbox {
     /// is sent.
     pub async fn stage_batch<T>(
         &self,
-        tx: &Transaction<'_>,
-        channel: &str,
-        entries: &[(&str, T)],
-    ) -> Result<Vec<u64>, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-    {
-        self.stage_in::<T, T>(tx, &Postcard, channel, entries).await
-    }
-
-    /// [`PgOutbox::stage`] in a sqlx transaction (feature `sqlx`; a runtime
-    /// query, no database needed at compile time).
-    ///
-    /// # Errors
-    /// As [`PgOutbox::stage_with`].
-    #[cfg(feature = "sqlx")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-    pub async fn stage_sqlx<T>(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        channel: &str,
-        key: &str,
-        value: &T,
-    ) -> Result<u64, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-    {
-        let entries = [(key, value)];
-        Ok(self
-            .stage_in::<T, &T>(tx, &Postcard, channel, &entries)
-            .await?[0])
-    }
-
-    /// [`PgOutbox::stage_batch`] in a sqlx transaction (feature `sqlx`).
-    ///
-    /// # Errors
-    /// As [`PgOutbox::stage_with`].
-    #[cfg(feature = "sqlx")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-    pub async fn stage_batch_sqlx<T>(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: impl PgTransaction,
         channel: &str,
         entries: &[(&str, T)],
     ) -> Result<Vec<u64>, PgOutboxError>
@@ -313,7 +272,7 @@ impl PgOutbox {
     /// given entry's key, in order.
     async fn stage_in<T: Sync + 'static, V: std::borrow::Borrow<T> + Sync>(
         &self,
-        tx: impl StagingTxn,
+        tx: impl PgTransaction,
         codec: &dyn Codec<T>,
         channel: &str,
         entries: &[(&str, V)],

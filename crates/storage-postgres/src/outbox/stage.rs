@@ -11,7 +11,7 @@ use super::error::PgOutboxError;
 /// values, and the attempt, due time and claim every staged row starts
 /// with.
 #[derive(Debug)]
-pub(crate) struct Staging<'a> {
+pub struct Staging<'a> {
     pub(crate) channel: &'a str,
     pub(crate) keys: &'a [&'a str],
     pub(crate) values: &'a [Vec<u8>],
@@ -21,20 +21,34 @@ pub(crate) struct Staging<'a> {
     pub(crate) notify: &'a str,
 }
 
-/// A transaction the staging statement runs in: a tokio-postgres one, or
-/// with the feature `sqlx` a sqlx one. The same statement and parameters
-/// either way.
-pub(crate) trait StagingTxn {
-    /// Runs the staging statement: `one` for a single entry, else `many`;
-    /// the rows `(key, version)` it returned.
-    fn upsert(
-        self,
-        sql: (&str, &str),
-        s: &Staging<'_>,
-    ) -> impl Future<Output = Result<Vec<(String, i64)>, PgOutboxError>> + Send;
+/// A transaction of the caller's that [`PgOutbox::stage`](super::PgOutbox::stage)
+/// and [`PgOutbox::stage_batch`](super::PgOutbox::stage_batch) stage in:
+/// a `&tokio_postgres::Transaction<'_>`, or with the feature `sqlx` a
+/// `&mut sqlx::Transaction<'_, Postgres>`. The same statement and
+/// parameters either way. Sealed: implemented for those two only.
+pub trait PgTransaction: sealed::Upsert {}
+
+impl PgTransaction for &tokio_postgres::Transaction<'_> {}
+
+#[cfg(feature = "sqlx")]
+impl PgTransaction for &mut sqlx::Transaction<'_, sqlx::Postgres> {}
+
+pub(crate) mod sealed {
+    use super::{PgOutboxError, Staging};
+
+    /// Runs the staging statement in a transaction.
+    pub trait Upsert {
+        /// Runs the staging statement: `one` for a single entry, else
+        /// `many`; the rows `(key, version)` it returned.
+        fn upsert(
+            self,
+            sql: (&str, &str),
+            s: &Staging<'_>,
+        ) -> impl Future<Output = Result<Vec<(String, i64)>, PgOutboxError>> + Send;
+    }
 }
 
-impl StagingTxn for &tokio_postgres::Transaction<'_> {
+impl sealed::Upsert for &tokio_postgres::Transaction<'_> {
     async fn upsert(
         self,
         (one, many): (&str, &str),
@@ -83,7 +97,7 @@ impl StagingTxn for &tokio_postgres::Transaction<'_> {
 
 /// The same in a sqlx transaction (a runtime query).
 #[cfg(feature = "sqlx")]
-impl StagingTxn for &mut sqlx::Transaction<'_, sqlx::Postgres> {
+impl sealed::Upsert for &mut sqlx::Transaction<'_, sqlx::Postgres> {
     async fn upsert(
         self,
         (one, many): (&str, &str),
