@@ -34,7 +34,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 use crate::Result;
 use crate::bench::{figure, round};
 
-async fn connect(url: &str) -> Result<Client> {
+async fn connect(url: &str) -> std::result::Result<Client, tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(connection);
     Ok(client)
@@ -248,8 +248,7 @@ async fn bare_worker(
     url: String,
     schema: String,
 ) -> std::result::Result<u64, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
-    tokio::spawn(connection);
+    let client = connect(&url).await?;
     let claim = client
         .prepare(&format!(
             "DELETE FROM {schema}.bare_jobs WHERE id IN (SELECT id FROM {schema}.bare_jobs
@@ -275,8 +274,7 @@ async fn durable_worker(
     url: String,
     schema: String,
 ) -> std::result::Result<u64, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
-    tokio::spawn(connection);
+    let client = connect(&url).await?;
     client.batch_execute("SET synchronous_commit = off").await?;
     let settle = client
         .prepare(&format!(
