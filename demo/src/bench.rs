@@ -53,9 +53,13 @@ pub(crate) fn inner(args: &[String]) -> Result {
     for area in areas {
         match area {
             "outbox" => {
-                outbox()?;
-                // DURABILITY_BENCH_OUTBOX=sqlite: the SQLite figures alone.
-                if std::env::var("DURABILITY_BENCH_OUTBOX").as_deref() != Ok("sqlite") {
+                // DURABILITY_BENCH_OUTBOX=sqlite or =postgres: that backend's
+                // figures alone.
+                let only = std::env::var("DURABILITY_BENCH_OUTBOX").ok();
+                if only.as_deref() != Some("postgres") {
+                    outbox()?;
+                }
+                if only.as_deref() != Some("sqlite") {
                     tokio::runtime::Runtime::new()?
                         .block_on(crate::pg_outbox::bench(&crate::postgres_url()))?;
                 }
@@ -100,7 +104,8 @@ pub(crate) fn figure(
     println!("{line}");
 }
 
-fn round(x: f64) -> f64 {
+/// Rounds to three decimals, as figures are written.
+pub(crate) fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 

@@ -7,10 +7,19 @@
 //!   ([`PgOutbox::stage_batch`]) against one multi-row insert.
 //! - `outbox.pg.delivery_1w` / `_4w`: a 10k backlog drained by 1 and 4
 //!   deliverers (no-op sink) against a bare `SKIP LOCKED` claim-and-delete
-//!   loop with as many workers.
+//!   loop with as many workers (at most once: it deletes before it
+//!   delivers, and claims nothing durably).
+//! - `outbox.pg.delivery_1w.vs_durable_claim` / `_4w…`: the same drains
+//!   against the least an at-least-once loop with durable claims does: per
+//!   batch one transaction in one round trip that deletes the batch it
+//!   claimed before and claims the next (`UPDATE … SET due_at = deadline …
+//!   SKIP LOCKED … RETURNING`), committed asynchronously as ours are. Each
+//!   drain also reports the WAL it wrote per entry (the server's whole WAL:
+//!   anything else writing meanwhile counts too).
 //! - `outbox.pg.notify_latency_p50`: commit of an idle stage to the sink,
 //!   against a bare `NOTIFY` commit to a listener receipt.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,9 +32,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use crate::Result;
-use crate::bench::figure;
+use crate::bench::{figure, round};
 
-async fn connect(url: &str) -> Result<Client> {
+async fn connect(url: &str) -> std::result::Result<Client, tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(connection);
     Ok(client)
@@ -72,7 +81,9 @@ pub(crate) async fn bench(url: &str) -> Result {
                  value bytea NOT NULL, version bigint NOT NULL, attempt int NOT NULL,
                  due_at bigint NOT NULL, claimed_until bigint, PRIMARY KEY (channel, key));
              CREATE INDEX ON {schema}.hand (channel, due_at, version);
-             CREATE TABLE {schema}.bare_jobs (id bigserial PRIMARY KEY, key text, value bytea);"
+             CREATE TABLE {schema}.bare_jobs (id bigserial PRIMARY KEY, key text, value bytea);
+             CREATE TABLE {schema}.durable_jobs (id bigserial PRIMARY KEY, key text, value bytea,
+                 due_at bigint NOT NULL DEFAULT 0);"
         ))
         .await?;
     let result = figures(url, &schema, &outbox, &mut client).await;
@@ -203,7 +214,7 @@ async fn stage_hundred(schema: &str, outbox: &PgOutbox, client: &mut Client) -> 
     Ok(())
 }
 
-/// Fills both backlogs with `n` entries.
+/// Fills the three backlogs with `n` entries.
 async fn backlog(schema: &str, outbox: &PgOutbox, client: &mut Client, n: usize) -> Result {
     let body = vec![3u8; 200];
     for chunk in 0..n / 1_000 {
@@ -213,16 +224,18 @@ async fn backlog(schema: &str, outbox: &PgOutbox, client: &mut Client, n: usize)
         let tx = client.transaction().await?;
         outbox.stage_batch(&tx, "drain", &entries).await?;
         let values = vec![body.clone(); keys.len()];
-        tx.execute(
-            &format!("INSERT INTO {schema}.bare_jobs (key, value) SELECT * FROM unnest($1::text[], $2::bytea[])"),
-            &[&keys, &values],
-        )
-        .await?;
+        for table in ["bare_jobs", "durable_jobs"] {
+            tx.execute(
+                &format!("INSERT INTO {schema}.{table} (key, value) SELECT * FROM unnest($1::text[], $2::bytea[])"),
+                &[&keys, &values],
+            )
+            .await?;
+        }
         tx.commit().await?;
     }
     // One statement each: VACUUM cannot run in the implicit transaction of
     // a multi-statement query.
-    for table in ["outbox", "bare_jobs"] {
+    for table in ["outbox", "bare_jobs", "durable_jobs"] {
         client
             .batch_execute(&format!("VACUUM ANALYZE {schema}.{table}"))
             .await?;
@@ -235,8 +248,7 @@ async fn bare_worker(
     url: String,
     schema: String,
 ) -> std::result::Result<u64, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
-    tokio::spawn(connection);
+    let client = connect(&url).await?;
     let claim = client
         .prepare(&format!(
             "DELETE FROM {schema}.bare_jobs WHERE id IN (SELECT id FROM {schema}.bare_jobs
@@ -253,7 +265,98 @@ async fn bare_worker(
     }
 }
 
+/// The durable-claim baseline's worker: per batch of 100, one
+/// transaction in one round trip (pipelined) that deletes the batch it
+/// claimed before (settled) and claims the next by setting its deadline,
+/// committed with `synchronous_commit = off` as ours are; until a claim
+/// finds nothing and nothing is held.
+async fn durable_worker(
+    url: String,
+    schema: String,
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    let client = connect(&url).await?;
+    client.batch_execute("SET synchronous_commit = off").await?;
+    let settle = client
+        .prepare(&format!(
+            "DELETE FROM {schema}.durable_jobs WHERE id = ANY($1)"
+        ))
+        .await?;
+    let claim = client
+        .prepare(&format!(
+            "UPDATE {schema}.durable_jobs SET due_at = $1 WHERE id IN (SELECT id
+             FROM {schema}.durable_jobs WHERE due_at <= $2 ORDER BY id LIMIT 100
+             FOR UPDATE SKIP LOCKED) RETURNING id, key, value"
+        ))
+        .await?;
+    // Every row is due at 0; a claim holds its rows until `deadline`.
+    let (now, deadline) = (1_000_i64, 31_000_i64);
+    let (mut n, mut held) = (0, Vec::<i64>::new());
+    loop {
+        let settles: [&(dyn ToSql + Sync); 1] = [&held];
+        let claims: [&(dyn ToSql + Sync); 2] = [&deadline, &now];
+        let (begun, settled, claimed, committed) = futures::join!(
+            client.batch_execute("BEGIN"),
+            client.execute(&settle, &settles),
+            client.query(&claim, &claims),
+            client.batch_execute("COMMIT")
+        );
+        begun?;
+        settled?;
+        committed?;
+        let rows = claimed?;
+        if rows.is_empty() && held.is_empty() {
+            return Ok(n);
+        }
+        n += rows.len() as u64;
+        held = rows.iter().map(|r| r.get(0)).collect();
+    }
+}
+
+/// The server's WAL position, in bytes.
+async fn wal_position(client: &Client) -> Result<i64> {
+    let row = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+type WorkerResult = std::result::Result<u64, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Runs `workers` drains at once (`drain(i)` is worker `i`), checks they
+/// drained all `n` entries, and returns entries per second and WAL bytes
+/// per entry.
 #[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+async fn timed<F>(
+    client: &Client,
+    workers: usize,
+    n: usize,
+    drain: impl Fn(usize) -> F,
+) -> Result<(f64, f64)>
+where
+    F: Future<Output = WorkerResult> + Send + 'static,
+{
+    let wal = wal_position(client).await?;
+    let start = Instant::now();
+    let runs: Vec<_> = (0..workers).map(|i| tokio::spawn(drain(i))).collect();
+    let mut drained = 0;
+    for run in runs {
+        drained += run.await?.map_err(|e| e.to_string())?;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let wal = (wal_position(client).await? - wal) as f64 / n as f64;
+    assert_eq!(drained, n as u64, "everything drained");
+    Ok((rate, wal))
+}
+
+/// Median entries per second and WAL bytes per entry of a drain's runs.
+fn medians(runs: &[(f64, f64)]) -> (f64, f64) {
+    let (mut rates, mut wal): (Vec<f64>, Vec<f64>) = runs.iter().copied().unzip();
+    (median(&mut rates), median(&mut wal))
+}
+
 async fn delivery(
     url: &str,
     schema: &str,
@@ -262,7 +365,7 @@ async fn delivery(
     workers: usize,
 ) -> Result {
     let n = 10_000;
-    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    let (mut ours, mut bare, mut durable) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         backlog(schema, outbox, client, n).await?;
         let mut deliverers = Vec::new();
@@ -276,47 +379,67 @@ async fn delivery(
                 Count(None),
             )?));
         }
-        let start = Instant::now();
-        let runs: Vec<_> = deliverers
-            .iter()
-            .map(|d| {
-                let d = d.clone();
-                tokio::spawn(async move { d.deliver_due().await.map(|r| r.delivered) })
+        ours.push(
+            timed(client, workers, n, |i| {
+                let d = Arc::clone(&deliverers[i]);
+                async move { Ok(d.deliver_due().await?.delivered) }
             })
-            .collect();
-        let mut delivered = 0;
-        for run in runs {
-            delivered += run.await??;
-        }
-        ours.push(n as f64 / start.elapsed().as_secs_f64());
-        assert_eq!(delivered, n as u64, "everything delivered");
-
-        let start = Instant::now();
-        let runs: Vec<_> = (0..workers)
-            .map(|_| tokio::spawn(bare_worker(url.to_owned(), schema.to_owned())))
-            .collect();
-        let mut drained = 0;
-        for run in runs {
-            drained += run.await??;
-        }
-        base.push(n as f64 / start.elapsed().as_secs_f64());
-        assert_eq!(drained, n as u64, "the bare loop drained everything");
+            .await?,
+        );
+        let (url, schema) = (url.to_owned(), schema.to_owned());
+        bare.push(
+            timed(client, workers, n, |_| {
+                let run = bare_worker(url.clone(), schema.clone());
+                async move { Ok(run.await?) }
+            })
+            .await?,
+        );
+        durable.push(
+            timed(client, workers, n, |_| {
+                let run = durable_worker(url.clone(), schema.clone());
+                async move { Ok(run.await?) }
+            })
+            .await?,
+        );
     }
-    let (ours, base) = (median(&mut ours), median(&mut base));
+    let (ours, ours_wal) = medians(&ours);
+    let (bare, bare_wal) = medians(&bare);
+    let (durable, durable_wal) = medians(&durable);
     eprintln!(
-        "postgres delivery, 10k backlog, {workers} worker(s): bare SKIP LOCKED loop {base:.0}/s, ours {ours:.0}/s"
+        "postgres delivery, 10k backlog, {workers} worker(s) (entries/s, WAL bytes/entry): \
+         bare SKIP LOCKED loop {bare:.0} ({bare_wal:.0}), durable-claim loop {durable:.0} \
+         ({durable_wal:.0}), ours {ours:.0} ({ours_wal:.0})"
     );
+    let common = json!({"workers": workers, "ours_claims_and_settlements": "synchronous_commit=off",
+        "batch": 100, "value_bytes": 200, "backlog": n, "wal_bytes_per_entry": round(ours_wal)});
+    let mut vs_bare = pg(common.clone());
+    vs_bare["baseline_is"] =
+        json!("DELETE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT 100)");
+    vs_bare["baseline_wal_bytes_per_entry"] = json!(round(bare_wal));
     figure(
         &format!("outbox.pg.delivery_{workers}w"),
         ours,
-        base,
+        bare,
         "entries/s",
         ">=0.8",
         3 * n as u64,
-        pg(
-            json!({"workers": workers, "ours_claims_and_settlements": "synchronous_commit=off", "batch": 100, "value_bytes": 200, "backlog": n,
-            "baseline_is": "DELETE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT 100)"}),
-        ),
+        vs_bare,
+    );
+    let mut vs_durable = pg(common);
+    vs_durable["baseline_is"] = json!(
+        "per batch one transaction, one round trip: DELETE … WHERE id = ANY(the batch claimed \
+         before); UPDATE … SET due_at = deadline WHERE id IN (SELECT … WHERE due_at <= now \
+         FOR UPDATE SKIP LOCKED LIMIT 100) RETURNING …; synchronous_commit=off"
+    );
+    vs_durable["baseline_wal_bytes_per_entry"] = json!(round(durable_wal));
+    figure(
+        &format!("outbox.pg.delivery_{workers}w.vs_durable_claim"),
+        ours,
+        durable,
+        "entries/s",
+        "informational (the floor of an at-least-once loop with durable claims)",
+        3 * n as u64,
+        vs_durable,
     );
     Ok(())
 }

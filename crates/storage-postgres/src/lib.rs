@@ -151,22 +151,26 @@ pub const DEFAULT_POOL_SIZE: usize = 8;
 fn pool(config: Config, size: usize) -> Result<Pool, BackendError> {
     Ok(pool_with(
         config,
-        "default_transaction_isolation=serializable",
+        &["default_transaction_isolation=serializable"],
         size,
     )?)
 }
 
 /// A pool of at most `size` connections from `config`, each with the
-/// server setting `setting` (`name=value`) added to its options.
+/// server settings `settings` (`name=value` each) added to its options.
 fn pool_with(
     mut config: Config,
-    setting: &str,
+    settings: &[&str],
     size: usize,
 ) -> Result<Pool, deadpool_postgres::BuildError> {
-    let opts = match config.get_options() {
-        Some(o) if !o.is_empty() => format!("{o} -c {setting}"),
-        _ => format!("-c {setting}"),
-    };
+    let mut opts = config.get_options().unwrap_or_default().to_owned();
+    for setting in settings {
+        if !opts.is_empty() {
+            opts.push(' ');
+        }
+        opts.push_str("-c ");
+        opts.push_str(setting);
+    }
     config.options(opts);
     let mgr = Manager::from_config(
         config,

@@ -22,6 +22,18 @@ use super::error::PgOutboxError;
 /// wake it sooner).
 pub const DEFAULT_POLL_MS: i64 = 5_000;
 
+/// The settings of the deliverer's own sessions: claims and settlements
+/// commit asynchronously (see [`PgDeliverer::new`]), and every prepared
+/// statement runs on its generic plan. A custom plan, which the server
+/// makes for the first five runs of a statement on each connection, sees
+/// the batch's 100 keys and joins them by hashing the whole channel (a
+/// sequential scan per claim and per settlement, growing with the
+/// backlog); the generic plan looks each key up in the primary key.
+const SESSION_SETTINGS: [&str; 2] = [
+    "synchronous_commit=off",
+    "plan_cache_mode=force_generic_plan",
+];
+
 /// Delivers one channel of a [`PgOutbox`] to its sink.
 ///
 /// Any number of deliverers of a channel may run, in one process or many:
@@ -244,7 +256,7 @@ where
         // Claims and settlements commit asynchronously: a server crash can
         // forget the last of them, and then the entries are delivered again
         // (at least once), never lost. Stages are the caller's commits.
-        let pool = crate::pool_with(config.clone(), "synchronous_commit=off", pool_size)
+        let pool = crate::pool_with(config.clone(), &SESSION_SETTINGS, pool_size)
             .map_err(|e| PgOutboxError::Unavailable(Box::new(e)))?;
         Ok(Self {
             outbox: outbox.clone(),

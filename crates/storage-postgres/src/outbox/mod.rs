@@ -16,16 +16,16 @@
 //!   SQL for teams that run migrations themselves.
 //! - [`PgOutbox::stage`] writes one entry (and [`PgOutbox::stage_batch`]
 //!   many, in one statement) in the caller's
-//!   `tokio_postgres::Transaction`, in one round trip (a call of a
+//!   `tokio_postgres::Transaction` (or, with the feature `sqlx`, its
+//!   `sqlx::Transaction<'_, Postgres>`: see [`PgTransaction`]; runtime
+//!   queries only, no database at compile time), in one round trip (a call of a
 //!   staging function `setup` created, whose upsert the server plans once
 //!   per session instead of on every call): it replaces the
 //!   key's pending entry, takes a version from a sequence (under the key's
 //!   row lock when the key is pending, so a key's versions follow its
 //!   commit order), resets the attempt count, makes it due now, and sends a
 //!   `NOTIFY` that fires when the caller commits. Nothing is written when
-//!   the caller rolls back. With the feature `sqlx`, `stage_sqlx` and
-//!   `stage_batch_sqlx` do the same in a `sqlx::Transaction<'_, Postgres>`
-//!   (runtime queries only: no database at compile time).
+//!   the caller rolls back.
 //! - [`PgDeliverer`] delivers one channel. Any number of them, in any
 //!   number of processes, share one database: each claims a batch with
 //!   `FOR UPDATE SKIP LOCKED` (reading only rows due, through the due-time
@@ -97,7 +97,6 @@ use durability_outbox::{Codec, Postcard};
 use durability_time::{Clock, SystemClock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_postgres::Transaction;
 
 #[cfg(feature = "testkit")]
 pub use deliver::CrashAt;
@@ -105,6 +104,7 @@ pub use deliver::{DEFAULT_POLL_MS, PgDeliverer};
 pub use error::PgOutboxError;
 pub use names::MAX_NAME_BYTES;
 use stage::Batch;
+pub use stage::PgTransaction;
 
 use names::Ident;
 use sql::Sql;
@@ -210,7 +210,7 @@ impl PgOutbox {
     /// As [`PgOutbox::stage_with`].
     pub async fn stage<T>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl PgTransaction,
         channel: &str,
         key: &str,
         value: &T,
@@ -236,17 +236,14 @@ impl PgOutbox {
     /// connection was lost (the transaction cannot commit).
     pub async fn stage_with<T: Sync + 'static>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl PgTransaction,
         codec: &dyn Codec<T>,
         channel: &str,
         key: &str,
         value: &T,
     ) -> Result<u64, PgOutboxError> {
         let entries = [(key, value)];
-        let batch = Batch::encode(codec, channel, &entries)?;
-        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
-        Ok(batch.versions(rows)?[0])
+        Ok(self.stage_in(tx, codec, channel, &entries).await?[0])
     }
 
     /// Stages many values on one channel in the caller's transaction, in
@@ -259,78 +256,33 @@ impl PgOutbox {
     /// is sent.
     pub async fn stage_batch<T>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl PgTransaction,
         channel: &str,
         entries: &[(&str, T)],
     ) -> Result<Vec<u64>, PgOutboxError>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        let batch = Batch::encode(&Postcard, channel, entries)?;
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert(tx, self.sql.staging(), &staging).await?;
-        batch.versions(rows)
+        self.stage_in::<T, T>(tx, &Postcard, channel, entries).await
     }
 
-    /// [`PgOutbox::stage`] in a sqlx transaction (feature `sqlx`; a runtime
-    /// query, no database needed at compile time).
-    ///
-    /// # Errors
-    /// As [`PgOutbox::stage_with`].
-    #[cfg(feature = "sqlx")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-    pub async fn stage_sqlx<T>(
+    /// Stages `entries` in `tx` (either client's transaction): checks and
+    /// encodes every entry with `codec`, then runs the staging statement
+    /// (nothing is sent for no entries); the version pending for each
+    /// given entry's key, in order.
+    async fn stage_in<T: Sync + 'static, V: std::borrow::Borrow<T> + Sync>(
         &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        channel: &str,
-        key: &str,
-        value: &T,
-    ) -> Result<u64, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-    {
-        let entries = [(key, value)];
-        Ok(self.batch_sqlx::<T, &T>(tx, channel, &entries).await?[0])
-    }
-
-    /// [`PgOutbox::stage_batch`] in a sqlx transaction (feature `sqlx`).
-    ///
-    /// # Errors
-    /// As [`PgOutbox::stage_with`].
-    #[cfg(feature = "sqlx")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-    pub async fn stage_batch_sqlx<T>(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        channel: &str,
-        entries: &[(&str, T)],
-    ) -> Result<Vec<u64>, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-    {
-        self.batch_sqlx::<T, T>(tx, channel, entries).await
-    }
-
-    #[cfg(feature = "sqlx")]
-    async fn batch_sqlx<T, V>(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: impl PgTransaction,
+        codec: &dyn Codec<T>,
         channel: &str,
         entries: &[(&str, V)],
-    ) -> Result<Vec<u64>, PgOutboxError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        V: std::borrow::Borrow<T> + Sync,
-    {
-        let batch = Batch::encode(&Postcard, channel, entries)?;
+    ) -> Result<Vec<u64>, PgOutboxError> {
+        let batch = Batch::encode(codec, channel, entries)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         let staging = batch.staging(self.clock.now_ms(), &self.sql.notify_channel);
-        let rows = stage::upsert_sqlx(tx, self.sql.staging(), &staging).await?;
+        let rows = tx.upsert(self.sql.staging(), &staging).await?;
         batch.versions(rows)
     }
 }

@@ -11,7 +11,7 @@ use super::error::PgOutboxError;
 /// values, and the attempt, due time and claim every staged row starts
 /// with.
 #[derive(Debug)]
-pub(crate) struct Staging<'a> {
+pub struct Staging<'a> {
     pub(crate) channel: &'a str,
     pub(crate) keys: &'a [&'a str],
     pub(crate) values: &'a [Vec<u8>],
@@ -21,83 +21,112 @@ pub(crate) struct Staging<'a> {
     pub(crate) notify: &'a str,
 }
 
-/// Runs the staging statement in a tokio-postgres transaction: `one` for
-/// a single entry, else `many`; the rows `(key, version)` it returned.
-pub(crate) async fn upsert(
-    tx: &tokio_postgres::Transaction<'_>,
-    (one, many): (&str, &str),
-    s: &Staging<'_>,
-) -> Result<Vec<(String, i64)>, PgOutboxError> {
-    // Typed parameters: one round trip, no separate prepare.
-    let rows = match (s.keys, s.values) {
-        ([key], [value]) => {
-            tx.query_typed(
-                one,
-                &[
-                    (&s.channel, Type::TEXT),
-                    (key, Type::TEXT),
-                    (value, Type::BYTEA),
-                    (&s.attempt, Type::INT4),
-                    (&s.due_at, Type::INT8),
-                    (&s.claimed_until, Type::INT8),
-                    (&s.notify, Type::TEXT),
-                ],
-            )
-            .await
-        }
-        _ => {
-            tx.query_typed(
-                many,
-                &[
-                    (&s.channel, Type::TEXT),
-                    (&s.keys, Type::TEXT_ARRAY),
-                    (&s.values, Type::BYTEA_ARRAY),
-                    (&s.attempt, Type::INT4),
-                    (&s.due_at, Type::INT8),
-                    (&s.claimed_until, Type::INT8),
-                    (&s.notify, Type::TEXT),
-                ],
-            )
-            .await
-        }
+/// A transaction of the caller's that [`PgOutbox::stage`](super::PgOutbox::stage)
+/// and [`PgOutbox::stage_batch`](super::PgOutbox::stage_batch) stage in:
+/// a `&tokio_postgres::Transaction<'_>`, or with the feature `sqlx` a
+/// `&mut sqlx::Transaction<'_, Postgres>`. The same statement and
+/// parameters either way. Sealed: implemented for those two only.
+pub trait PgTransaction: sealed::Upsert {}
+
+impl PgTransaction for &tokio_postgres::Transaction<'_> {}
+
+#[cfg(feature = "sqlx")]
+impl PgTransaction for &mut sqlx::Transaction<'_, sqlx::Postgres> {}
+
+pub(crate) mod sealed {
+    use super::{PgOutboxError, Staging};
+
+    /// Runs the staging statement in a transaction.
+    pub trait Upsert {
+        /// Runs the staging statement: `one` for a single entry, else
+        /// `many`; the rows `(key, version)` it returned.
+        fn upsert(
+            self,
+            sql: (&str, &str),
+            s: &Staging<'_>,
+        ) -> impl Future<Output = Result<Vec<(String, i64)>, PgOutboxError>> + Send;
     }
-    .map_err(PgOutboxError::statement)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, tokio_postgres::Error>>()
-        .map_err(PgOutboxError::statement)
+}
+
+impl sealed::Upsert for &tokio_postgres::Transaction<'_> {
+    async fn upsert(
+        self,
+        (one, many): (&str, &str),
+        s: &Staging<'_>,
+    ) -> Result<Vec<(String, i64)>, PgOutboxError> {
+        // Typed parameters: one round trip, no separate prepare.
+        let rows = match (s.keys, s.values) {
+            ([key], [value]) => {
+                self.query_typed(
+                    one,
+                    &[
+                        (&s.channel, Type::TEXT),
+                        (key, Type::TEXT),
+                        (value, Type::BYTEA),
+                        (&s.attempt, Type::INT4),
+                        (&s.due_at, Type::INT8),
+                        (&s.claimed_until, Type::INT8),
+                        (&s.notify, Type::TEXT),
+                    ],
+                )
+                .await
+            }
+            _ => {
+                self.query_typed(
+                    many,
+                    &[
+                        (&s.channel, Type::TEXT),
+                        (&s.keys, Type::TEXT_ARRAY),
+                        (&s.values, Type::BYTEA_ARRAY),
+                        (&s.attempt, Type::INT4),
+                        (&s.due_at, Type::INT8),
+                        (&s.claimed_until, Type::INT8),
+                        (&s.notify, Type::TEXT),
+                    ],
+                )
+                .await
+            }
+        }
+        .map_err(PgOutboxError::statement)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(PgOutboxError::statement)
+    }
 }
 
 /// The same in a sqlx transaction (a runtime query).
 #[cfg(feature = "sqlx")]
-pub(crate) async fn upsert_sqlx(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    (one, many): (&str, &str),
-    s: &Staging<'_>,
-) -> Result<Vec<(String, i64)>, PgOutboxError> {
-    use sqlx::Row as _;
-    let query = match (s.keys, s.values) {
-        ([key], [value]) => sqlx::query(sqlx::AssertSqlSafe(one.to_owned()))
-            .bind(s.channel)
-            .bind(*key)
-            .bind(value),
-        _ => sqlx::query(sqlx::AssertSqlSafe(many.to_owned()))
-            .bind(s.channel)
-            .bind(s.keys)
-            .bind(s.values),
-    };
-    let rows = query
-        .bind(s.attempt)
-        .bind(s.due_at)
-        .bind(s.claimed_until)
-        .bind(s.notify)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(PgOutboxError::sqlx)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(PgOutboxError::sqlx)
+impl sealed::Upsert for &mut sqlx::Transaction<'_, sqlx::Postgres> {
+    async fn upsert(
+        self,
+        (one, many): (&str, &str),
+        s: &Staging<'_>,
+    ) -> Result<Vec<(String, i64)>, PgOutboxError> {
+        use sqlx::Row as _;
+        let query = match (s.keys, s.values) {
+            ([key], [value]) => sqlx::query(sqlx::AssertSqlSafe(one.to_owned()))
+                .bind(s.channel)
+                .bind(*key)
+                .bind(value),
+            _ => sqlx::query(sqlx::AssertSqlSafe(many.to_owned()))
+                .bind(s.channel)
+                .bind(s.keys)
+                .bind(s.values),
+        };
+        let rows = query
+            .bind(s.attempt)
+            .bind(s.due_at)
+            .bind(s.claimed_until)
+            .bind(s.notify)
+            .fetch_all(&mut **self)
+            .await
+            .map_err(PgOutboxError::sqlx)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(PgOutboxError::sqlx)
+    }
 }
 
 /// Entries to stage on one channel, checked and encoded before anything

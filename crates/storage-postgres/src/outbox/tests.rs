@@ -108,7 +108,7 @@ async fn a_connection_lost_at_commit_is_unknown_and_a_refused_commit_is_definite
 #[allow(dead_code)]
 fn futures_are_send(
     outbox: &PgOutbox,
-    tx: &Transaction<'_>,
+    tx: &tokio_postgres::Transaction<'_>,
     deliverer: &PgDeliverer<String, NoSink>,
     client: &mut tokio_postgres::Client,
 ) {
@@ -120,7 +120,6 @@ fn futures_are_send(
     send(deliverer.len());
 }
 
-#[allow(dead_code)]
 struct NoSink;
 
 impl durability_outbox::Sink<String> for NoSink {
@@ -132,6 +131,41 @@ impl durability_outbox::Sink<String> for NoSink {
     }
 }
 
+/// An outbox in a schema of its own whose channel `drain` holds 10,000
+/// analysed rows `key-1` … `key-10000`, row `i` due at the SQL expression
+/// `due` (of `i`).
+async fn drain_table(
+    due: &str,
+) -> Option<(crate::testkit::TestSchema, tokio_postgres::Client, PgOutbox)> {
+    let schema = crate::testkit::TestSchema::create().await?;
+    let mut c = connect().await;
+    let outbox = PgOutbox::new(schema.name()).unwrap();
+    outbox.setup(&mut c).await.unwrap();
+    let t = format!("{}.outbox", schema.name());
+    c.batch_execute(&format!(
+        "INSERT INTO {t} SELECT 'drain', 'key-' || i, '\\x01', i, 0, {due}, NULL \
+         FROM generate_series(1, 10000) AS i; ANALYZE {t}"
+    ))
+    .await
+    .unwrap();
+    Some((schema, c, outbox))
+}
+
+/// The lines of the plan an `EXPLAIN` (the last statement of `sql`) printed.
+async fn plan(client: &tokio_postgres::Client, sql: &str) -> String {
+    let lines: Vec<String> = client
+        .simple_query(sql)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    lines.join("\n")
+}
+
 /// The claim's read is bounded by the due time in the index: with 50 rows
 /// due among 10,000 (the rest in flight or waiting for a retry), it reads
 /// the 50 and finds no corrupt row past 2^53-1, filtering nothing. (A scan
@@ -139,20 +173,10 @@ impl durability_outbox::Sink<String> for NoSink {
 /// filtered out the 9,950 rows not due, on every claim of a short batch.)
 #[tokio::test]
 async fn the_claim_reads_only_due_rows_through_the_index() {
-    let Some(schema) = crate::testkit::TestSchema::create().await else {
+    let due = "CASE WHEN i <= 50 THEN 1000 ELSE 99999999 END";
+    let Some((_schema, c, outbox)) = drain_table(due).await else {
         return;
     };
-    let mut c = connect().await;
-    let outbox = PgOutbox::new(schema.name()).unwrap();
-    outbox.setup(&mut c).await.unwrap();
-    let t = format!("{}.outbox", schema.name());
-    c.batch_execute(&format!(
-        "INSERT INTO {t} SELECT 'drain', 'key-' || i, '\\x01', i, 0, \
-         CASE WHEN i <= 50 THEN 1000 ELSE 99999999 END, NULL \
-         FROM generate_series(1, 10000) AS i; ANALYZE {t}"
-    ))
-    .await
-    .unwrap();
     // The deliverer prepares the statement once per connection: the
     // server may plan it for any parameters (a generic plan) or for the
     // ones given (a custom plan); both must be bounded.
@@ -163,20 +187,14 @@ async fn the_claim_reads_only_due_rows_through_the_index() {
     .await
     .unwrap();
     for mode in ["force_generic_plan", "force_custom_plan"] {
-        let plan: Vec<String> = c
-            .simple_query(&format!(
+        let plan = plan(
+            &c,
+            &format!(
                 "SET plan_cache_mode = {mode}; \
                  EXPLAIN (ANALYZE, COSTS OFF) EXECUTE due('drain', 5000, 100)"
-            ))
-            .await
-            .unwrap()
-            .into_iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .collect();
-        let plan = plan.join("\n");
+            ),
+        )
+        .await;
         assert!(!plan.contains("Rows Removed by Filter"), "{mode}: {plan}");
         assert!(
             plan.contains("due_at <= "),
@@ -188,4 +206,72 @@ async fn the_claim_reads_only_due_rows_through_the_index() {
         .await
         .unwrap();
     assert_eq!(rows.len(), 50, "exactly the due rows");
+}
+
+/// The deliverer's sessions plan every statement generically, so a
+/// claim's and a settlement's batch of keys is looked up in the primary
+/// key from the first batch on: a custom plan (the server's choice for the
+/// first five runs on a connection) hashes the batch and reads the whole
+/// channel to join it.
+#[tokio::test]
+async fn claims_and_settlements_look_keys_up_in_the_primary_key() {
+    let Some((_schema, _c, outbox)) = drain_table("1000").await else {
+        return;
+    };
+    let config = crate::testkit::url().parse().unwrap();
+    let deliverer = PgDeliverer::new(
+        &outbox,
+        config,
+        1,
+        durability_outbox::ChannelConfig::new("drain"),
+        NoSink,
+    )
+    .unwrap();
+    let session = deliverer.pool.get().await.unwrap();
+    let mode: String = session
+        .query_one("SHOW plan_cache_mode", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "force_generic_plan");
+    let sql = &outbox.sql;
+    // A batch of 100, as literal arrays (EXECUTE takes no subquery).
+    let list = |f: fn(i32) -> String| (1..=100).map(f).collect::<Vec<_>>().join(",");
+    let keys = format!("'{{{}}}'", list(|i| format!("key-{i}")));
+    let numbers = format!("'{{{}}}'", list(|i| i.to_string()));
+    for (name, types, statement, args) in [
+        (
+            "claim",
+            "text, bigint, text[], int[]",
+            &sql.claim,
+            format!("'drain', 5, {keys}, {numbers}"),
+        ),
+        (
+            "remove_if",
+            "text, text[], bigint[], int[]",
+            &sql.remove_if,
+            format!("'drain', {keys}, {numbers}, {numbers}"),
+        ),
+        (
+            "reschedule_if",
+            "text, text[], bigint[], int[], bigint[]",
+            &sql.reschedule_if,
+            format!("'drain', {keys}, {numbers}, {numbers}, {numbers}"),
+        ),
+    ] {
+        session
+            .batch_execute(&format!("PREPARE {name}({types}) AS {statement}"))
+            .await
+            .unwrap();
+        let plan = plan(
+            &session,
+            &format!("EXPLAIN (COSTS OFF) EXECUTE {name}({args})"),
+        )
+        .await;
+        assert!(
+            plan.contains("Index Scan using outbox_pkey"),
+            "{name}: {plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{name}: {plan}");
+    }
 }

@@ -607,7 +607,7 @@ async fn stages_in_a_sqlx_transaction_with_the_same_contract() {
     let pool = sqlx::PgPool::connect(&testkit::url()).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     f.outbox
-        .stage_sqlx(&mut tx, "orders", "o-1", &"lost".to_owned())
+        .stage(&mut tx, "orders", "o-1", &"lost".to_owned())
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -616,18 +616,18 @@ async fn stages_in_a_sqlx_transaction_with_the_same_contract() {
     let mut tx = pool.begin().await.unwrap();
     let v1 = f
         .outbox
-        .stage_sqlx(&mut tx, "orders", "o-1", &"placed".to_owned())
+        .stage(&mut tx, "orders", "o-1", &"placed".to_owned())
         .await
         .unwrap();
     let batch = [("o-1", "paid".to_owned()), ("o-2", "placed".to_owned())];
     let vs = f
         .outbox
-        .stage_batch_sqlx(&mut tx, "orders", &batch)
+        .stage_batch(&mut tx, "orders", &batch)
         .await
         .unwrap();
     let e = f
         .outbox
-        .stage_sqlx(&mut tx, "orders", "", &"x".to_owned())
+        .stage(&mut tx, "orders", "", &"x".to_owned())
         .await
         .unwrap_err();
     assert_eq!(e.code(), "OUTBOX_INVALID_KEY");
