@@ -26,7 +26,7 @@ use durability_host::store::postgres::{
     PostgresAlarmIndex, PostgresLeaseStore, PostgresObjectStorage,
 };
 use durability_host::transport::{
-    EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, serve,
+    Endpoint, EndpointPolicy, HttpTransport, INVOKE_PATH, InternalToken, serve,
 };
 use durability_host::{BoxError, DatabaseSettings, Handle, Host, HostConfig, PostgresObjectStore};
 use durability_ownership::{
@@ -131,44 +131,80 @@ pub(super) async fn call_overhead(url: &str, rounds: usize, n: u64) -> BoxResult
     result
 }
 
+/// The two sides of the call figure, serving: the host and the bare
+/// handler on one database, with the transport that calls them.
+struct Sides {
+    host: PgHost,
+    host_endpoint: Endpoint,
+    bare_endpoint: Endpoint,
+    transport: HttpTransport,
+    token: InternalToken,
+    stop: CancellationToken,
+}
+
+impl Sides {
+    /// Starts both sides on the schema `schema`, the host on the database
+    /// at `url`, the bare handler at `bare_url` (the same database), and
+    /// warms them (connections, the object open, the scope claimed).
+    async fn start(url: &str, bare_url: &str, schema: &str) -> BoxResult<Self> {
+        let stop = CancellationToken::new();
+        let lh = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let host_url = format!("http://{}", lh.local_addr()?);
+        let host_endpoint = EndpointPolicy::loopback().check(&host_url)?;
+        let bare_endpoint =
+            EndpointPolicy::loopback().check(&format!("http://{}", lbare.local_addr()?))?;
+        let host = pg_host(url, schema, &host_url).await?;
+        tokio::spawn(serve(host.clone(), lh, stop.clone()));
+        let bare = connect(bare_url).await?;
+        bare.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; SET search_path TO \"{schema}\"; {TABLE}"
+        ))
+        .await?;
+        let app = axum::Router::new()
+            .route(INVOKE_PATH, axum::routing::post(bare_invoke))
+            .with_state(Arc::new(Mutex::new(bare)));
+        serve_until(lbare, app, stop.clone());
+        let sides = Self {
+            host,
+            host_endpoint,
+            bare_endpoint,
+            transport: HttpTransport::default(),
+            token: InternalToken::new(TOKEN)?,
+            stop,
+        };
+        sides.calls(false, 20).await?;
+        sides.calls(true, 20).await?;
+        Ok(sides)
+    }
+
+    /// `n` calls on the host (`host`) or the bare handler; the time per
+    /// call (us).
+    async fn calls(&self, host: bool, n: u64) -> BoxResult<f64> {
+        let endpoint = if host {
+            &self.host_endpoint
+        } else {
+            &self.bare_endpoint
+        };
+        bare_calls(&self.transport, endpoint, &self.token, None, n).await
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.host.shutdown().await;
+    }
+}
+
 async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
-    let stop = CancellationToken::new();
-    let lh = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let host_url = format!("http://{}", lh.local_addr()?);
-    let host_endpoint = EndpointPolicy::loopback().check(&host_url)?;
-    let bare_endpoint =
-        EndpointPolicy::loopback().check(&format!("http://{}", lbare.local_addr()?))?;
-    let host = pg_host(url, schema, &host_url).await?;
-    tokio::spawn(serve(host.clone(), lh, stop.clone()));
-    let bare = connect(url).await?;
-    bare.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; SET search_path TO \"{schema}\"; {TABLE}"
-    ))
-    .await?;
-    let app = axum::Router::new()
-        .route(INVOKE_PATH, axum::routing::post(bare_invoke))
-        .with_state(Arc::new(Mutex::new(bare)));
-    serve_until(lbare, app, stop.clone());
-    let transport = HttpTransport::default();
-    let token = InternalToken::new(TOKEN)?;
-    // Warm both paths (connections, the object open, the scope claimed).
-    bare_calls(&transport, &bare_endpoint, &token, None, 20).await?;
-    bare_calls(&transport, &host_endpoint, &token, None, 20).await?;
+    let sides = Sides::start(url, url, schema).await?;
     let mut times: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds {
         for k in 0..2 {
             let which = (round + k) % 2;
-            let endpoint = if which == 0 {
-                &bare_endpoint
-            } else {
-                &host_endpoint
-            };
-            times[which].push(bare_calls(&transport, endpoint, &token, None, n).await?);
+            times[which].push(sides.calls(which == 1, n).await?);
         }
     }
-    stop.cancel();
-    host.shutdown().await;
+    sides.stop().await;
     let ratio = median((0..rounds).map(|r| times[1][r] / times[0][r]).collect());
     let [b, h] = times;
     Ok(([median(b), median(h)], ratio))
@@ -445,6 +481,69 @@ mod tests {
         let row = client.query_one(&statement, &[&7_i32]).await?;
         assert_eq!(proxy.trips() - before, 1, "a prepared statement run");
         assert_eq!(row.try_get::<_, i32>(0)?, 7, "the bytes passed unchanged");
+        Ok(())
+    }
+
+    /// `url` with its first host and port replaced by `127.0.0.1:port`.
+    fn via_url(url: &str, port: u16) -> BoxResult<String> {
+        let parsed: tokio_postgres::Config = url.parse()?;
+        let user = parsed.get_user().unwrap_or("postgres");
+        let password = parsed
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        let db = parsed.get_dbname().unwrap_or("postgres");
+        Ok(format!("postgres://{user}{password}@127.0.0.1:{port}/{db}"))
+    }
+
+    /// The exchanges of a call with the server (a `Sync` or a simple
+    /// `Query`, each answered by a `ReadyForQuery`), counted at the proxy
+    /// each side's connections go through. The bare handler: `BEGIN`, the
+    /// statement's prepare, its run, the unnamed statement's close and
+    /// `COMMIT` (5; the close goes out with `COMMIT`: 4 round trips). The
+    /// host: the admission snapshot; the transaction's `BEGIN` batch, its
+    /// object row lock, its fence read and the statement (pipelined: one
+    /// round trip); `COMMIT` (6 exchanges, 3 round trips).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn round_trips_of_a_call() -> BoxResult<()> {
+        const N: u64 = 10;
+        let url = crate::postgres_url();
+        // One proxy per side: the host's background work (renewals,
+        // the alarm index) is not counted as the bare side's.
+        let proxies = [
+            Proxy::start(upstream(&url)?).await?,
+            Proxy::start(upstream(&url)?).await?,
+        ];
+        let schema = run_schema("test_host_trips");
+        let counted = async {
+            let [bare_url, host_url] = [
+                via_url(&url, proxies[0].port)?,
+                via_url(&url, proxies[1].port)?,
+            ];
+            let sides = Sides::start(&host_url, &bare_url, &schema).await?;
+            // The fewest of three batches: a batch can only gain exchanges
+            // that are not the calls' (a connection the pool opened
+            // meanwhile prepares its statements, background work).
+            let mut trips = [u64::MAX; 2];
+            for _ in 0..3 {
+                for (side, (trips, proxy)) in trips.iter_mut().zip(&proxies).enumerate() {
+                    let before = proxy.trips();
+                    sides.calls(side == 1, N).await?;
+                    *trips = (*trips).min(proxy.trips() - before);
+                }
+            }
+            sides.stop().await;
+            Ok::<_, Box<dyn std::error::Error>>(trips)
+        }
+        .await;
+        drop_schemas(&url, &schema).await?;
+        let [bare, host] = counted?;
+        assert_eq!(bare, 5 * N, "BEGIN, prepare, run, close, COMMIT");
+        assert_eq!(
+            host,
+            6 * N,
+            "snapshot, BEGIN batch, row lock, fence read, statement, COMMIT"
+        );
         Ok(())
     }
 }

@@ -6,8 +6,8 @@
 //! # Shape
 //!
 //! [`PostgresObjects`] is one deployment: a schema of shared tables on one
-//! database, a connection pool, and a small runtime of its own that drives
-//! the connections. [`PostgresObjects::open`] gives the
+//! database and a connection pool, whose connections each transaction's
+//! caller drives while it waits. [`PostgresObjects::open`] gives the
 //! [`PostgresObjectStorage`] of one object; its transactions are
 //! synchronous closures exactly as on SQLite, so every capability's rules
 //! (versions, coalescing, settlement, retries, membership diffs) stay the
@@ -40,13 +40,17 @@
 //!
 //! # Synchronous transactions without tying up tokio workers
 //!
-//! The connections are driven by the deployment's own runtime (one
-//! thread). A transaction takes a pooled connection; each statement is
-//! handed to it and the calling thread waits for the reply. Called from a
+//! The connections of every deployment of the process are tasks of one
+//! current-thread runtime (module `runtime`). A transaction takes a pooled
+//! connection and waits for each statement's reply by driving that
+//! runtime on its own thread: it writes the request, waits on the socket
+//! and reads the reply, with no hand-off to another thread. Called from a
 //! worker of a multi-thread tokio runtime, the whole transaction runs in
 //! [`tokio::task::block_in_place`], so the worker's other tasks move on;
-//! on a current-thread runtime or a plain thread the caller just blocks
-//! (no deadlock: the connection is driven on its own thread). A second
+//! on a plain thread it just blocks. On a current-thread tokio runtime
+//! (whose thread cannot start another runtime) the caller parks while a
+//! background thread, which drives the runtime whenever no caller does,
+//! answers it (no deadlock either way). A second
 //! transaction of the same handle waits for the first one inside that
 //! blocking section too, never on the worker. The cost is one network
 //! round trip per statement and one to commit: the `BEGIN`, the object
@@ -184,9 +188,9 @@ pub use admin::PgTombstone;
 pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 
-#[cfg(feature = "testkit")]
-pub use runtime::parked_waits;
 use runtime::{Backend, blocking, wait};
+#[cfg(feature = "testkit")]
+pub use runtime::{handed_off_waits, parked_waits};
 
 /// The advisory lock key of a storage id's tombstone: taken exclusively by
 /// the tombstone write and shared by a first object record.

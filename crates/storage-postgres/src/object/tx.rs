@@ -327,16 +327,32 @@ impl Sql<'_> {
             .await
     }
 
+    /// Prepares `sql` (see [`Sql::prepare`]) and runs it with `run`, in
+    /// the object's schema: the one way the methods below reach the
+    /// server.
+    fn run<T, Fut>(
+        &self,
+        what: &str,
+        sql: &str,
+        run: impl FnOnce(tokio_postgres::Statement) -> Fut,
+    ) -> Result<T, StorageError>
+    where
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        self.tx.ensure_own_schema()?;
+        self.tx
+            .wait(what, async { run(self.prepare(sql).await?).await })
+    }
+
     /// Runs one statement and returns how many rows it changed.
     ///
     /// # Errors
     /// The server's refusal or a lost connection, as a `Backend` storage
     /// error (the transaction is then aborted).
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StorageError> {
-        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        self.tx.wait("statement", async {
-            c.execute(&self.prepare(sql).await?, params).await
+        self.run("statement", sql, |st| async move {
+            c.execute(&st, params).await
         })
     }
 
@@ -349,11 +365,8 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StorageError> {
-        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        self.tx.wait("query", async {
-            c.query(&self.prepare(sql).await?, params).await
-        })
+        self.run("query", sql, |st| async move { c.query(&st, params).await })
     }
 
     /// Runs one query that returns at most one row.
@@ -365,11 +378,12 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StorageError> {
-        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        self.tx.wait("query", async {
-            c.query_opt(&self.prepare(sql).await?, params).await
-        })
+        self.run(
+            "query",
+            sql,
+            |st| async move { c.query_opt(&st, params).await },
+        )
     }
 
     /// Runs one query that returns exactly one row.
@@ -381,11 +395,12 @@ impl Sql<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StorageError> {
-        self.tx.ensure_own_schema()?;
         let c = self.tx.client;
-        self.tx.wait("query", async {
-            c.query_one(&self.prepare(sql).await?, params).await
-        })
+        self.run(
+            "query",
+            sql,
+            |st| async move { c.query_one(&st, params).await },
+        )
     }
 
     /// Runs several statements without parameters (DDL, for instance).

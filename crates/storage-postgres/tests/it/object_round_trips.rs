@@ -6,7 +6,7 @@
 //! inside the transaction, before anything the statement did can commit.
 
 use durability_scheduler::{SchedulerTx, Storage, StorageError, StorageErrorKind};
-use durability_storage_postgres::object::{PostgresObjectStorage, parked_waits};
+use durability_storage_postgres::object::{PostgresObjectStorage, handed_off_waits, parked_waits};
 
 use crate::object_fence::claim;
 use crate::object_support::TestDeployment;
@@ -23,12 +23,10 @@ fn incr(s: &PostgresObjectStorage) -> Result<i64, StorageError> {
     })
 }
 
-#[test]
-fn a_fenced_transaction_of_one_statement_waits_for_two_round_trips() {
-    let Some(d) = TestDeployment::create() else {
-        return;
-    };
-    let s = d.objects.open("rt-1").unwrap();
+/// The object `id`, fenced, with its counter table at 16, every pooled
+/// connection warm (statements are prepared once per connection).
+fn counter(d: &TestDeployment, id: &str) -> PostgresObjectStorage {
+    let s = d.objects.open(id).unwrap();
     s.fence(&claim("a", 1)).unwrap();
     s.transaction(|tx| {
         tx.sql().batch_execute(
@@ -36,10 +34,18 @@ fn a_fenced_transaction_of_one_statement_waits_for_two_round_trips() {
         )
     })
     .unwrap();
-    // Statements are prepared once per connection: warm every pooled one.
     for _ in 0..16 {
         incr(&s).unwrap();
     }
+    s
+}
+
+#[test]
+fn a_fenced_transaction_of_one_statement_waits_for_two_round_trips() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = counter(&d, "rt-1");
 
     let before = parked_waits();
     assert_eq!(incr(&s).unwrap(), 17);
@@ -102,4 +108,92 @@ fn a_refused_begin_is_the_outcome_whatever_the_closure_makes_of_it() {
         .unwrap_err();
     assert_eq!(err.kind(), StorageErrorKind::Fenced, "{err}");
     assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(10));
+}
+
+/// `f`'s value, and the waits and hand-offs it made on this thread.
+fn counted<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
+    let (waits, handed) = (parked_waits(), handed_off_waits());
+    let out = f();
+    (out, parked_waits() - waits, handed_off_waits() - handed)
+}
+
+/// A caller that may drive the connections' runtime (a plain thread, a
+/// task of a multi-thread runtime, inside `block_in_place`) waits for
+/// both round trips on its own thread; a task of a current-thread runtime
+/// cannot, and is answered by the background thread.
+#[test]
+fn a_transaction_drives_its_connection_unless_its_thread_cannot() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let s = std::sync::Arc::new(counter(&d, "rt-drive"));
+
+    let (n, waits, handed) = counted(|| incr(&s).unwrap());
+    assert_eq!((n, waits, handed), (17, 2, 0), "a plain thread drives");
+
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let on_worker = std::sync::Arc::clone(&s);
+    let (n, waits, handed) = multi
+        .block_on(multi.spawn(async move { counted(|| incr(&on_worker).unwrap()) }))
+        .unwrap();
+    assert_eq!(
+        (n, waits, handed),
+        (18, 2, 0),
+        "a multi-thread worker drives"
+    );
+
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (n, waits, handed) = current.block_on(async { counted(|| incr(&s).unwrap()) });
+    assert_eq!(
+        (n, waits, handed),
+        (19, 2, 2),
+        "a current-thread runtime's task is answered by the background thread"
+    );
+}
+
+/// A caller paused inside its transaction, between two waits, drives
+/// nothing meanwhile: a caller that cannot drive still gets its answers
+/// (from the background thread), and the paused one then commits.
+#[test]
+fn a_paused_driver_does_not_starve_a_caller_that_cannot_drive() {
+    let Some(d) = TestDeployment::create() else {
+        return;
+    };
+    let (a, b) = (
+        d.objects.open("rt-a").unwrap(),
+        d.objects.open("rt-b").unwrap(),
+    );
+    let (paused_tx, paused) = std::sync::mpsc::channel();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let a = &a;
+        let driver = scope.spawn(move || {
+            a.transaction(|tx| {
+                tx.set_alarm(Some(10))?;
+                paused_tx.send(()).unwrap();
+                done.recv().unwrap();
+                tx.set_alarm(Some(20))
+            })
+        });
+        paused.recv().unwrap();
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (set, _, handed) =
+            current.block_on(async { counted(|| b.transaction(|tx| tx.set_alarm(Some(30)))) });
+        set.unwrap();
+        assert!(handed > 0, "the background thread answered");
+        done_tx.send(()).unwrap();
+        driver.join().unwrap().unwrap();
+    });
+    assert_eq!(a.transaction(|tx| tx.alarm()).unwrap(), Some(20));
+    assert_eq!(b.transaction(|tx| tx.alarm()).unwrap(), Some(30));
 }
