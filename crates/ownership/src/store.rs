@@ -163,6 +163,19 @@ pub fn validate_presence(value: &[u8], ttl_ms: u64) -> Result<(), OwnershipError
     Ok(())
 }
 
+/// The default of the batched store calls: `one` on every item, one after
+/// the other, its results in the items' order.
+async fn each_in_order<'a, T, R, Fut>(items: &'a [T], mut one: impl FnMut(&'a T) -> Fut) -> Vec<R>
+where
+    Fut: Future<Output = R>,
+{
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        out.push(one(item).await);
+    }
+    out
+}
+
 fn no_presence<T>() -> Result<T, OwnershipError> {
     Err(OwnershipError::StoreUnavailable {
         source: "this lease store keeps no presence records".into(),
@@ -273,13 +286,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         scopes: &[OwnerScope],
         claimant: Claimant<'_>,
     ) -> impl Future<Output = Vec<Result<ClaimOutcome, OwnershipError>>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(scopes.len());
-            for scope in scopes {
-                out.push(self.claim_as(scope, claimant).await);
-            }
-            out
-        }
+        each_in_order(scopes, move |scope| self.claim_as(scope, claimant))
     }
 
     /// Writes `task`'s presence record in `group` with `value` and a lease
@@ -346,13 +353,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         records: &[OwnerRecord],
         ttl_ms: u64,
     ) -> impl Future<Output = Vec<Result<Lease, OwnershipError>>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(records.len());
-            for record in records {
-                out.push(self.renew(record, ttl_ms).await);
-            }
-            out
-        }
+        each_in_order(records, move |record| self.renew(record, ttl_ms))
     }
 
     /// Deletes the owner record if it is exactly `record`; the generation
