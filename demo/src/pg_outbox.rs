@@ -15,7 +15,9 @@
 //!   claimed before and claims the next (`UPDATE … SET due_at = deadline …
 //!   SKIP LOCKED … RETURNING`), committed asynchronously as ours are. Each
 //!   drain also reports the WAL it wrote per entry (the server's whole WAL:
-//!   anything else writing meanwhile counts too).
+//!   anything else writing meanwhile counts too). This is the figure with a
+//!   target (>= 0.8): the contract's durable claims write every row twice,
+//!   so the bare loop's one write is no bound for any loop that keeps them.
 //! - `outbox.pg.notify_latency_p50`: commit of an idle stage to the sink,
 //!   against a bare `NOTIFY` commit to a listener receipt.
 
@@ -421,7 +423,7 @@ async fn delivery(
         ours,
         bare,
         "entries/s",
-        ">=0.8",
+        "informational (at most once, no claim: the durable-claim floor itself runs below 0.8 of it)",
         3 * n as u64,
         vs_bare,
     );
@@ -437,7 +439,7 @@ async fn delivery(
         ours,
         durable,
         "entries/s",
-        "informational (the floor of an at-least-once loop with durable claims)",
+        ">=0.8 (of the least an at-least-once loop with durable claims does)",
         3 * n as u64,
         vs_durable,
     );
