@@ -150,11 +150,15 @@ fn a_transaction_drives_its_connection_unless_its_thread_cannot() {
         .enable_all()
         .build()
         .unwrap();
+    // Every wait that waited is the background thread's; how many waited
+    // is timing (that thread may have read a reply before the caller
+    // looked), so only the driving cases above count exactly 2.
     let (n, waits, handed) = current.block_on(async { counted(|| incr(&s).unwrap()) });
-    assert_eq!(
-        (n, waits, handed),
-        (19, 2, 2),
-        "a current-thread runtime's task is answered by the background thread"
+    assert_eq!(n, 19);
+    assert!(
+        waits <= 2 && handed == waits,
+        "a current-thread runtime's task is answered by the background thread: \
+         {waits} waits, {handed} handed off"
     );
 }
 
