@@ -299,7 +299,7 @@ impl Paired {
     }
 
     /// Prints the medians of operation `op` and of `baseline` on stderr,
-    /// and the figure `name` as a JSON [`line`].
+    /// and the figure `name` as a JSON [`line()`].
     fn report(self, op: &str, baseline: &str, name: &str, target: &str, n: u64) {
         let (ours, raw) = (median_us(self.ours), median_us(self.raw));
         eprintln!("{op}: median {ours:.1} us vs {baseline} {raw:.1} us");
