@@ -48,46 +48,40 @@ pub(crate) mod sealed {
     }
 }
 
+/// One typed parameter of the staging statement.
+type Param<'a> = (&'a (dyn tokio_postgres::types::ToSql + Sync), Type);
+
 impl sealed::Upsert for &tokio_postgres::Transaction<'_> {
     async fn upsert(
         self,
         (one, many): (&str, &str),
         s: &Staging<'_>,
     ) -> Result<Vec<(String, i64)>, PgOutboxError> {
-        // Typed parameters: one round trip, no separate prepare.
-        let rows = match (s.keys, s.values) {
-            ([key], [value]) => {
-                self.query_typed(
-                    one,
-                    &[
-                        (&s.channel, Type::TEXT),
-                        (key, Type::TEXT),
-                        (value, Type::BYTEA),
-                        (&s.attempt, Type::INT4),
-                        (&s.due_at, Type::INT8),
-                        (&s.claimed_until, Type::INT8),
-                        (&s.notify, Type::TEXT),
-                    ],
-                )
-                .await
-            }
-            _ => {
-                self.query_typed(
-                    many,
-                    &[
-                        (&s.channel, Type::TEXT),
-                        (&s.keys, Type::TEXT_ARRAY),
-                        (&s.values, Type::BYTEA_ARRAY),
-                        (&s.attempt, Type::INT4),
-                        (&s.due_at, Type::INT8),
-                        (&s.claimed_until, Type::INT8),
-                        (&s.notify, Type::TEXT),
-                    ],
-                )
-                .await
-            }
-        }
-        .map_err(PgOutboxError::statement)?;
+        // Typed parameters: one round trip, no separate prepare. The two
+        // statements differ only in the keys and values (one, or arrays).
+        let (sql, keys, values): (_, Param<'_>, Param<'_>) = match (s.keys, s.values) {
+            ([key], [value]) => (one, (key, Type::TEXT), (value, Type::BYTEA)),
+            _ => (
+                many,
+                (&s.keys, Type::TEXT_ARRAY),
+                (&s.values, Type::BYTEA_ARRAY),
+            ),
+        };
+        let rows = self
+            .query_typed(
+                sql,
+                &[
+                    (&s.channel, Type::TEXT),
+                    keys,
+                    values,
+                    (&s.attempt, Type::INT4),
+                    (&s.due_at, Type::INT8),
+                    (&s.claimed_until, Type::INT8),
+                    (&s.notify, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(PgOutboxError::statement)?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()
