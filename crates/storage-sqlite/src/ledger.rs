@@ -10,19 +10,13 @@
 
 use std::path::Path;
 
-use durability_migration::{AllocationLedger, BackendError, BoxFuture, Dialect, ShardLedger};
-use rusqlite::Connection;
+use durability_migration::{AllocationLedger, BackendError, BoxFuture, ShardLedger};
 
-use crate::migration::{SqliteShard, open_conn};
+use crate::migration::{SqliteShard, open_pairs};
 
 /// Key → allocated shard rows in a SQLite table (`durability_allocations`).
 #[derive(Debug)]
 pub struct SqliteLedger(ShardLedger<SqliteShard>);
-
-/// The ledger table's schema, as the migration crate writes it for SQLite.
-fn ledger_schema() -> String {
-    ShardLedger::<SqliteShard>::schema_sql(&Dialect::Sqlite)
-}
 
 impl SqliteLedger {
     /// Opens (or creates) a ledger file in WAL mode with
@@ -31,8 +25,7 @@ impl SqliteLedger {
     /// # Errors
     /// The SQLite error when the file cannot be opened or configured.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        let shard = SqliteShard::with_schema(open_conn(path.as_ref())?, &ledger_schema())?;
-        Ok(Self(ShardLedger::with_table(shard)))
+        open_pairs(Some(path.as_ref())).map(Self)
     }
 
     /// An in-memory ledger.
@@ -40,8 +33,7 @@ impl SqliteLedger {
     /// # Errors
     /// The SQLite error.
     pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
-        let shard = SqliteShard::with_schema(Connection::open_in_memory()?, &ledger_schema())?;
-        Ok(Self(ShardLedger::with_table(shard)))
+        open_pairs(None).map(Self)
     }
 }
 

@@ -49,8 +49,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use durability_migration::{
-    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, MappingStore, Row, Shard,
-    ShardMappingStore, Statement, UniqueViolation, Value,
+    BackendError, BatchSupport, BoxFuture, DataRejected, Dialect, MappingStore, PairKind, Row,
+    Shard, ShardMappingStore, ShardPairs, Statement, UniqueViolation, Value,
 };
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -272,8 +272,7 @@ impl SqliteMappingStore {
     /// # Errors
     /// The SQLite error.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        let shard = SqliteShard::with_schema(open_conn(path.as_ref())?, &mapping_schema())?;
-        Ok(Self(ShardMappingStore::with_table(shard)))
+        open_pairs(Some(path.as_ref())).map(Self)
     }
 
     /// An in-memory mapping store.
@@ -281,14 +280,25 @@ impl SqliteMappingStore {
     /// # Errors
     /// The SQLite error.
     pub fn open_in_memory() -> Result<Self, rusqlite::Error> {
-        let shard = SqliteShard::with_schema(Connection::open_in_memory()?, &mapping_schema())?;
-        Ok(Self(ShardMappingStore::with_table(shard)))
+        open_pairs(None).map(Self)
     }
 }
 
-/// The mapping table's schema, as the migration crate writes it for SQLite.
-fn mapping_schema() -> String {
-    ShardMappingStore::<SqliteShard>::schema_sql(&Dialect::Sqlite)
+/// A key → shard table of kind `K` (the mapping or the ledger) on a SQLite
+/// shard of its own: the file at `path` ([`open_conn`]), or an in-memory
+/// database for `None`, with the table created when missing (its schema as
+/// the migration crate writes it for SQLite).
+pub(crate) fn open_pairs<K: PairKind>(
+    path: Option<&Path>,
+) -> Result<ShardPairs<SqliteShard, K>, rusqlite::Error> {
+    let conn = match path {
+        Some(path) => open_conn(path)?,
+        None => Connection::open_in_memory()?,
+    };
+    let schema = ShardPairs::<SqliteShard, K>::schema_sql(&Dialect::Sqlite);
+    Ok(ShardPairs::with_table(SqliteShard::with_schema(
+        conn, &schema,
+    )?))
 }
 
 impl MappingStore for SqliteMappingStore {

@@ -13,9 +13,9 @@ use durability_migration::conformance::harness::{
     BeforeWrite, Harness, HookedShard, clean_verify, repair, user,
 };
 use durability_migration::{
-    BackendError, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident, ManualClock,
-    MigrateOptions, MigrationConfig, MigrationError, MoveOptions, MoveState, OnConflict,
-    ReadOptions, RebalanceOptions, Retire, Router, Shard, Statement, Value, VerifyOptions, digest,
+    BackendError, BoxFuture, Clock, Cutover, CutoverTable, Dialect, Ident, MigrateOptions,
+    MigrationConfig, MigrationError, MoveOptions, MoveState, OnConflict, OpRecord, ReadOptions,
+    RebalanceOptions, Retire, Router, Row, Shard, Statement, Value, VerifyOptions, digest,
     encode_row, row,
 };
 use durability_storage_sqlite::migration::{SqliteMappingStore, SqliteShard};
@@ -54,6 +54,31 @@ async fn seeded(n: usize, faulty: bool) -> (Harness, Router) {
     let r = e.router_with(faulty, 30_000).await;
     e.seed_ann(&r).await;
     (e, r)
+}
+
+/// The operation of `key`'s newest move of `table`, as `r` reads it (it
+/// must exist).
+async fn op_of(r: &Router, key: &str, table: &str) -> OpRecord {
+    r.get_migration_status(key, table).await.unwrap().unwrap()
+}
+
+/// Columns `cols` of the `users` tombstones on `s0`.
+async fn users_tombstones(e: &Harness, cols: &str) -> Vec<Row> {
+    let sql = format!("SELECT {cols} FROM durability_retired WHERE tname = 'users'");
+    e.shard("s0").query(&Statement::new(sql)).await.unwrap()
+}
+
+/// `u1`'s live `users` row on `shard` (it must exist).
+async fn user_row_on(e: &Harness, shard: &str) -> Row {
+    let live = e.live("users", "id", "u1").await;
+    live.into_iter().find(|(s, _)| s == shard).unwrap().1
+}
+
+/// A row as the column list of a statement.
+fn columns(row: &Row) -> Vec<(Ident, Value)> {
+    row.iter()
+        .map(|(k, v)| (Ident::new(k).unwrap(), v.clone()))
+        .collect()
 }
 
 /// Everything stored: every table of every shard, and the mapping.
@@ -175,11 +200,7 @@ async fn journaled_move_and_status() {
         (out.source.as_str(), out.target.as_str(), out.recopies),
         ("s0", "s1", 0)
     );
-    let st = r
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let st = op_of(&r, "u1", "users").await;
     assert_eq!(st.state, MoveState::Retired);
     assert_eq!(st.op_id, out.op_id);
     assert_eq!(
@@ -193,13 +214,7 @@ async fn journaled_move_and_status() {
         Some(&Value::from("ann"))
     );
     // The source holds the tombstone; a fenced write there lands nowhere.
-    let t = e
-        .shard("s0")
-        .query(&Statement::new(
-            "SELECT moved_to, payload FROM durability_retired WHERE tname = 'users'",
-        ))
-        .await
-        .unwrap();
+    let t = users_tombstones(&e, "moved_to, payload").await;
     assert_eq!(t[0].get("moved_to"), Some(&Value::from("s1")));
     assert!(matches!(t[0].get("payload"), Some(Value::Blob(_))));
     assert_eq!(r.update("u1", "users", user("bob", 2)).await.unwrap(), 1);
@@ -285,14 +300,7 @@ async fn table_set_move_with_key_columns() {
     for (t, c) in [("orgs", "org_id"), ("users", "id")] {
         let live = e.only_row(t, c, "org1").await;
         assert_eq!(live.0, "s1", "{t} moved");
-        assert_eq!(
-            r.get_migration_status("org1", t)
-                .await
-                .unwrap()
-                .unwrap()
-                .state,
-            MoveState::Retired
-        );
+        assert_eq!(op_of(&r, "org1", t).await.state, MoveState::Retired);
     }
     assert_eq!(
         r.get("org1", "orgs").await.unwrap().unwrap().get("title"),
@@ -410,11 +418,7 @@ async fn second_move_of_active_key_is_refused() {
     let r2 = e.router().await;
     let err = r2.reassign_shard("u1", "s2", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ALREADY_ACTIVE");
-    let st = r2
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let st = op_of(&r2, "u1", "users").await;
     assert_eq!(st.state, MoveState::Prepared);
     // The crashed mover is still live: recovery skips it until its liveness ends.
     let rep = r2.recover_migrations().await.unwrap();
@@ -530,27 +534,6 @@ async fn reads_follow_tombstones_up_to_four_hops() {
     assert_eq!(r.get_with("kf", "users", be).await.unwrap(), None);
 }
 
-/// A write hook that advances the clock past the recovery lease at the Nth
-/// write (a recovery that stalls between its lease check and a write).
-struct Stall {
-    clock: ManualClock,
-    at: u64,
-    n: AtomicU64,
-}
-
-impl BeforeWrite for Stall {
-    fn before_write<'a>(
-        &'a self,
-        _inner: &'a Arc<dyn Shard>,
-        _stmts: &'a [Statement],
-    ) -> BoxFuture<'a, Result<(), BackendError>> {
-        if self.n.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
-            self.clock.advance(61_000);
-        }
-        Box::pin(async { Ok(()) })
-    }
-}
-
 #[tokio::test]
 async fn recovery_lease_in_progress_takeover_and_fence() {
     let (e, r) = seeded(2, false).await;
@@ -576,23 +559,17 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
     // A stalled recovery: leave an interrupted move, then stall recovery A.
     e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
         .await;
-    let stall: Arc<dyn Shard> = Arc::new(HookedShard {
-        inner: e.shard("s0").clone(),
-        hook: Stall {
-            clock: e.clock.clone(),
-            at: 2,
-            n: AtomicU64::new(0),
-        },
+    // Its second write advances the clock past the recovery lease (a
+    // recovery that stalls between its lease check and a write).
+    let clock = e.clock.clone();
+    let stall: Hook = Box::new(move || {
+        clock.advance(61_000);
+        Box::pin(async {})
     });
-    let cfg = MigrationConfig::new(e.mapping.clone())
-        .shard("s0", stall)
-        .shard("s1", e.shard("s1").clone())
-        .journal_shard("s0")
-        .clock(Arc::new(e.clock.clone()))
-        .clock_domain(e.clock_domain.clone())
+    let stall: Arc<dyn Shard> = Arc::new(hook_shard(e.shard("s0").clone(), 2, Some(stall), false));
+    let cfg = hooked_config(&e, stall)
         // The tables every router of the harness knows (the interrupted
         // move fences them all).
-        .table("users")
         .table("docs")
         .table_with_key_column("orgs", "org_id");
     let a = Router::new(cfg).unwrap();
@@ -614,10 +591,8 @@ async fn recovery_lease_in_progress_takeover_and_fence() {
 
 #[tokio::test]
 async fn racing_recoveries_never_overlap() {
-    let e = env(2);
-    let a = e.router().await;
+    let (e, a) = seeded(2, false).await;
     let b = e.router().await;
-    e.seed_ann(&a).await;
     e.interrupt_move("u1", "s1", "users", 3, FaultMode::Before)
         .await;
     let mut oks = 0;
@@ -632,14 +607,7 @@ async fn racing_recoveries_never_overlap() {
     }
     assert!(oks >= 10);
     assert_eq!(e.live("users", "id", "u1").await.len(), 1);
-    assert_eq!(
-        a.get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        MoveState::Retired
-    );
+    assert_eq!(op_of(&a, "u1", "users").await.state, MoveState::Retired);
 }
 
 #[tokio::test]
@@ -682,13 +650,7 @@ async fn retention_purge_and_tombstones() {
     e.clock.advance(7 * 24 * 3600 * 1000);
     let rep = r.purge_retired().await.unwrap();
     assert_eq!(rep.purged, vec![m1.op_id.clone()]);
-    let t = e
-        .shard("s0")
-        .query(&Statement::new(
-            "SELECT payload, purged FROM durability_retired WHERE tname = 'users'",
-        ))
-        .await
-        .unwrap();
+    let t = users_tombstones(&e, "payload, purged").await;
     assert_eq!(t.len(), 2, "tombstones stay after a purge");
     assert!(t.iter().all(|r| r.get("payload") == Some(&Value::Null)));
     let st = Dialect::Sqlite.fenced_update(
@@ -739,13 +701,7 @@ async fn verify_finds_and_repairs_leftovers() {
     e.plan.arm(4, FaultMode::Before);
     assert!(r.reassign_shard("u1", "s1", "users").await.is_err());
     e.plan.disarm();
-    let original = e
-        .live("users", "id", "u1")
-        .await
-        .into_iter()
-        .find(|(s, _)| s == "s0")
-        .unwrap()
-        .1;
+    let original = user_row_on(&e, "s0").await;
     assert_eq!(
         r.update("u1", "users", user("ann2", 2)).await.unwrap(),
         1,
@@ -754,11 +710,7 @@ async fn verify_finds_and_repairs_leftovers() {
     e.clock.advance(31_000);
     let rep = r.recover_migrations().await.unwrap();
     assert_eq!(rep.aborted.len(), 1, "{rep:?}");
-    let op = r
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let op = op_of(&r, "u1", "users").await;
     assert_eq!(op.state, MoveState::Aborted);
     assert_eq!(
         e.live("users", "id", "u1").await.len(),
@@ -767,34 +719,15 @@ async fn verify_finds_and_repairs_leftovers() {
     );
     // A stale destination insert lands late: a stranded copy.
     e.shard("s1")
-        .execute(
-            &Dialect::Sqlite.insert_row(
-                &Ident::new("users").unwrap(),
-                &original
-                    .iter()
-                    .map(|(k, v)| (Ident::new(k).unwrap(), v.clone()))
-                    .collect::<Vec<_>>(),
-            ),
-        )
+        .execute(&Dialect::Sqlite.insert_row(&Ident::new("users").unwrap(), &columns(&original)))
         .await
         .unwrap();
     // A stale cutover lands late on the source.
-    let current = e
-        .live("users", "id", "u1")
-        .await
-        .into_iter()
-        .find(|(s, _)| s == "s0")
-        .unwrap()
-        .1;
+    let current = user_row_on(&e, "s0").await;
     let tables = [CutoverTable {
         table: Ident::new("users").unwrap(),
         key_col: Ident::new("id").unwrap(),
-        row: Some(
-            current
-                .iter()
-                .map(|(k, v)| (Ident::new(k).unwrap(), v.clone()))
-                .collect(),
-        ),
+        row: Some(columns(&current)),
         payload: Some(encode_row(&current)),
         digest: digest(Some(&current)),
     }];
@@ -1105,46 +1038,31 @@ async fn crash_points(journal_apart: bool, tables: &[&str]) -> (u64, u64) {
     (tried, recovery_tried)
 }
 
+/// Crashes a move of `tables` (`what`) at each of its writes, and its
+/// recovery at each of its writes, with the journal on the source shard
+/// (`committed` joins the cutover batch) and on a third shard (every
+/// journal step is its own write).
+async fn crash_at_every_write(what: &str, tables: &[&str]) {
+    for (journal_apart, place, at_least) in [(false, "on the source", 10), (true, "apart", 14)] {
+        let (moves, recoveries) = crash_points(journal_apart, tables).await;
+        println!(
+            "{what} move, journal {place}: {moves} crash points tried, {recoveries} recovery crash points tried"
+        );
+        assert!(
+            moves >= at_least,
+            "every journal step and shard write is a crash point ({moves})"
+        );
+    }
+}
+
 #[tokio::test]
 async fn crash_at_every_write_of_a_move() {
-    // Journal on the source shard: `committed` joins the cutover batch.
-    let (moves, recoveries) = crash_points(false, &["users"]).await;
-    println!(
-        "single-table move, journal on the source: {moves} crash points tried, {recoveries} recovery crash points tried"
-    );
-    assert!(
-        moves >= 10,
-        "every journal step and shard write is a crash point ({moves})"
-    );
-    // Journal on a third shard: every journal step is its own write.
-    let (moves, recoveries) = crash_points(true, &["users"]).await;
-    println!(
-        "single-table move, journal apart: {moves} crash points tried, {recoveries} recovery crash points tried"
-    );
-    assert!(
-        moves >= 14,
-        "every journal step and shard write is a crash point ({moves})"
-    );
+    crash_at_every_write("single-table", &["users"]).await;
 }
 
 #[tokio::test]
 async fn crash_at_every_write_of_a_table_set_move() {
-    let (moves, recoveries) = crash_points(false, &["users", "orgs"]).await;
-    println!(
-        "table-set move, journal on the source: {moves} crash points tried, {recoveries} recovery crash points tried"
-    );
-    assert!(
-        moves >= 10,
-        "every journal step and shard write is a crash point ({moves})"
-    );
-    let (moves, recoveries) = crash_points(true, &["users", "orgs"]).await;
-    println!(
-        "table-set move, journal apart: {moves} crash points tried, {recoveries} recovery crash points tried"
-    );
-    assert!(
-        moves >= 14,
-        "every journal step and shard write is a crash point ({moves})"
-    );
+    crash_at_every_write("table-set", &["users", "orgs"]).await;
 }
 
 type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
@@ -1219,11 +1137,7 @@ async fn move_aborts_when_copies_are_used_up() {
     let mover = Router::new(hooked_config(&e, s0)).unwrap();
     let err = mover.reassign_shard("u1", "s1", "users").await.unwrap_err();
     assert_eq!(err.code(), "MIGRATION_ABORTED", "{err}");
-    let st = r
-        .get_migration_status("u1", "users")
-        .await
-        .unwrap()
-        .unwrap();
+    let st = op_of(&r, "u1", "users").await;
     assert_eq!((st.state, st.attempts), (MoveState::Aborted, 3));
     let live = e.only_row("users", "id", "u1").await;
     assert_eq!(live.0, "s0", "key stays, copy dropped");
@@ -1259,14 +1173,7 @@ async fn mover_taken_over_by_recovery_stops() {
     assert!(err.is_outcome_unknown());
     let live = e.only_row("users", "id", "u1").await;
     assert_eq!(live.0, "s1");
-    assert_eq!(
-        r.get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        MoveState::Retired
-    );
+    assert_eq!(op_of(&r, "u1", "users").await.state, MoveState::Retired);
     clean_verify(&r).await;
 }
 
@@ -1453,11 +1360,7 @@ async fn own_interrupted_move_resumes_when_called_again() {
         (5, FaultMode::After, MoveState::Committed),
     ] {
         let (e, r) = interrupted_move(crash, mode).await;
-        let st = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let st = op_of(&r, "u1", "users").await;
         assert_eq!(st.state, state, "crash at write {crash}");
         let other = e.router().await;
         for (who, target, table) in [
@@ -1477,11 +1380,7 @@ async fn own_interrupted_move_resumes_when_called_again() {
         // Naming another table it moves resumes it as well.
         let out = r.reassign_shard("u1", "s1", "orgs").await.unwrap();
         assert_eq!(out.op_id, st.op_id, "the interrupted operation itself");
-        let st = r
-            .get_migration_status("u1", "users")
-            .await
-            .unwrap()
-            .unwrap();
+        let st = op_of(&r, "u1", "users").await;
         assert_eq!(st.state, MoveState::Retired);
         let live = e.only_row("users", "id", "u1").await;
         assert_eq!(live.0, "s1");
