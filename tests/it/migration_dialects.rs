@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::shards::{Env, Kind, clean_verify, env, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
-use durability_migration::{Ident, MoveState, Row, Value, VerifyOptions, row};
+use durability_migration::conformance::harness::user;
+use durability_migration::{Ident, MoveState, Value, VerifyOptions, row};
 
 use Kind::{MySql, Postgres, Sqlite};
 
@@ -25,10 +26,6 @@ const PAIRS: [[Kind; 2]; 5] = [
     [Postgres, Postgres],
     [MySql, MySql],
 ];
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 async fn routed_reads_and_writes(kinds: [Kind; 2]) {
     let Some(e) = env(&kinds).await else { return };

@@ -18,19 +18,15 @@ use crate::shards::{
     Env, Hook, Kind, OnWrite, Write, clean_verify, env, router_on, router_with_user,
 };
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::HookedShard;
+use durability_migration::conformance::harness::{HookedShard, user};
 use durability_migration::{
     BackendError, Clock, DEFAULT_CUTOVER_HOLD_MS, MAX_CUTOVER_HOLD_MS, ManualClock, MappingStore,
-    MemoryMappingStore, MigrationConfig, MigrationError, Router, Row, Shard, Statement, Value, row,
+    MemoryMappingStore, MigrationConfig, MigrationError, Router, Row, Shard, Statement, Value,
 };
 
 use Kind::{MySql, Postgres, Sqlite};
 
 const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 /// On the move's source: a routed update of `k` through another router just
 /// before every cutover batch (a writer that always wins the race without
@@ -141,6 +137,27 @@ async fn users_row(r: &Router) -> Row {
 
 fn name_of(i: i64) -> Value {
     Value::from(format!("w{i}").as_str())
+}
+
+/// Seeds `k` and runs a move of it to `s1` by a mover (its configuration
+/// changed by `configure`) that dies inside the write-hold window: the move
+/// fails with `SHARD_UNAVAILABLE`. Returns the source's hook (its writer's
+/// acknowledged writes).
+async fn mover_dies_inside_the_window(
+    e: &Env,
+    kinds: [Kind; 2],
+    configure: impl FnOnce(MigrationConfig) -> MigrationConfig,
+) -> Arc<HookedShard<OnWrite<HotWriter>>> {
+    seed(e).await;
+    let hook = HotWriter {
+        die_after_hold: true,
+        ..HotWriter::default()
+    };
+    let (mover, hooked) = hooked_mover_with(e, false, hook, configure).await;
+    let err = mover.reassign_shard("k", "s1", "users").await.unwrap_err();
+    assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{kinds:?}: {err}");
+    assert!(hooked.hook.died.load(Ordering::SeqCst));
+    hooked
 }
 
 /// Asserts that a routed write of `k` through `r` is held (refused with
@@ -293,16 +310,7 @@ async fn a_key_under_a_steady_writer_moves_mariadb() {
 async fn a_mover_that_dies_inside_the_window_blocks_writes_only_until_the_deadline() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        seed(&e).await;
-        let hook = HotWriter {
-            die_after_hold: true,
-            ..HotWriter::default()
-        };
-        let (mover, hooked) = hooked_mover(&e, false, None, hook).await;
-        let err = mover.reassign_shard("k", "s1", "users").await.unwrap_err();
-        assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{kinds:?}: {err}");
-        assert!(hooked.hook.died.load(Ordering::SeqCst));
-        drop(mover);
+        let hooked = mover_dies_inside_the_window(&e, kinds, |c| c).await;
         let acked = hooked.hook.acked.load(Ordering::SeqCst);
         let fresh = e.router().await;
         // Readable, writes held.
@@ -350,17 +358,7 @@ async fn a_hold_is_judged_on_its_movers_clock_only() {
     let window = i64::try_from(DEFAULT_CUTOVER_HOLD_MS).unwrap();
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { return };
-        seed(&e).await;
-        let hook = HotWriter {
-            die_after_hold: true,
-            ..HotWriter::default()
-        };
-        let (mover, hooked) =
-            hooked_mover_with(&e, false, hook, |c| c.clock_domain("host-a")).await;
-        let err = mover.reassign_shard("k", "s1", "users").await.unwrap_err();
-        assert_eq!(err.code(), "SHARD_UNAVAILABLE", "{kinds:?}: {err}");
-        assert!(hooked.hook.died.load(Ordering::SeqCst));
-        drop(mover);
+        let _hooked = mover_dies_inside_the_window(&e, kinds, |c| c.clock_domain("host-a")).await;
         let ahead = ManualClock::new(e.clock.now_ms() + 10 * window);
         let behind = ManualClock::new(e.clock.now_ms() - 10 * window);
         let (b, c) = (

@@ -12,14 +12,10 @@ use crate::shards::{
     Hook, Kind, SAME, Write, clean_verify, coarse_key_ddl, env, hooked, router_replacing,
     router_with_user,
 };
-use durability_migration::conformance::harness::{purge_expect, repair};
-use durability_migration::{BackendError, Ident, Router, Row, Shard, Statement, Value, row};
+use durability_migration::conformance::harness::{purge_expect, repair, user};
+use durability_migration::{BackendError, Ident, Router, Shard, Statement, Value, row};
 
 use Kind::{MySql, Postgres, Sqlite};
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 /// What the hook on a move's source does just before its cutover batch.
 #[derive(Clone, Copy, PartialEq, Eq)]

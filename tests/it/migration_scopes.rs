@@ -37,13 +37,19 @@ fn scoped(e: &Env, c: MigrationConfig, scope: &str) -> MigrationConfig {
 }
 
 /// Router `a` (scope `a`, `users`, on the environment's mapping) and
-/// router `b` (scope `b`, `orgs`, on a mapping store of its own, also
-/// returned), both opened on `e`.
-async fn open_a_and_b(e: &Env) -> (Router, Router, Arc<MemoryMappingStore>) {
+/// router `b` (scope `b`, `orgs`, on a mapping store of its own), both
+/// opened on `e`, with key `a_key` mapped to `s0` and a `users` row
+/// inserted by `a`, and key `b_key` mapped to `s0` and an `orgs` row
+/// inserted by `b`.
+async fn open_a_and_b(e: &Env, a_key: &str, b_key: &str) -> (Router, Router) {
     let a = open(config_a(e)).await;
     let b_mapping = Arc::new(MemoryMappingStore::new());
     let b = open(config_b(e, &b_mapping)).await;
-    (a, b, b_mapping)
+    e.mapping.put(a_key, "s0").await.unwrap();
+    b_mapping.put(b_key, "s0").await.unwrap();
+    a.insert(a_key, "users", user(1)).await.unwrap();
+    b.insert(b_key, "orgs", org("acme")).await.unwrap();
+    (a, b)
 }
 
 async fn open(c: MigrationConfig) -> Router {
@@ -68,11 +74,7 @@ fn org(title: &str) -> Row {
 async fn a_write_hold_fences_only_its_own_journal_scope() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
-        let (a, b, b_mapping) = open_a_and_b(&e).await;
-        e.mapping.put("k", "s0").await.unwrap();
-        b_mapping.put("k", "s0").await.unwrap();
-        a.insert("k", "users", user(1)).await.unwrap();
-        b.insert("k", "orgs", org("acme")).await.unwrap();
+        let (a, b) = open_a_and_b(&e, "k", "k").await;
         // Set `a`'s mover holds `k` on s0 (its cutover missed), far into
         // the future of its own clock.
         let s0 = e.shard("s0");
@@ -125,11 +127,7 @@ async fn a_write_hold_fences_only_its_own_journal_scope() {
 async fn journal_scopes_keep_moves_leases_recovery_and_verification_apart() {
     for kinds in SAME {
         let Some(e) = env(&kinds).await else { continue };
-        let (a, b, b_mapping) = open_a_and_b(&e).await;
-        e.mapping.put("u1", "s0").await.unwrap();
-        b_mapping.put("o1", "s0").await.unwrap();
-        a.insert("u1", "users", user(1)).await.unwrap();
-        b.insert("o1", "orgs", org("acme")).await.unwrap();
+        let (a, b) = open_a_and_b(&e, "u1", "o1").await;
         // `b` moves its key; `a`'s move is interrupted after `prepared`,
         // and `a`'s next recovery dies holding `a`'s lease.
         b.reassign_shard("o1", "s1", "orgs").await.unwrap();

@@ -14,14 +14,10 @@ use crate::shards::{
     Env, Hook, SAME, Write, clean_verify, env, hooked, op_of, router_replacing, router_with_user,
 };
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::repair;
+use durability_migration::conformance::harness::{repair, user};
 use durability_migration::{
-    BackendError, MoveOptions, MoveState, Retire, Router, Row, Statement, Value, VerifyOptions, row,
+    BackendError, MoveOptions, MoveState, Retire, Router, Statement, Value, VerifyOptions,
 };
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 /// `u1` with one row on `shard`, mapped there.
 async fn key_on(e: &Env, shard: &str) -> Router {

@@ -11,14 +11,11 @@ use crate::shards::{
     Env, Hook, Kind, SAME, Write, env, hooked, op_of, router_on, router_replacing, router_with_user,
 };
 use durability_migration::conformance::FaultMode;
+use durability_migration::conformance::harness::user;
 use durability_migration::{
     BackendError, BackendFuture, Clock, MOVE_LIVENESS_MS, ManualClock, MigrationError, MoveState,
-    RECOVERY_LEASE_MS, Router, Row, Shard, Statement, Value, VerifyOptions, row,
+    RECOVERY_LEASE_MS, Router, Shard, Statement, Value, VerifyOptions,
 };
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 /// A text column's bytes (MariaDB keys are `VARBINARY`, read as bytes).
 fn bytes(v: Option<&Value>) -> &[u8] {

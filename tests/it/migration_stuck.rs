@@ -14,21 +14,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::shards::{Env, Hook, Kind, Write, clean_verify, env, hooked, op_of, router_with_user};
 use durability_migration::conformance::FaultMode;
-use durability_migration::conformance::harness::{Harness, repair};
+use durability_migration::conformance::harness::{Harness, repair, user};
 use durability_migration::{
     AllocationLedger as _, BackendError, MemoryLedger, MemoryMappingStore, MoveOptions, MoveState,
-    OpRecord, Placement, ReconcileOptions, Retire, Router, Row, Shard, Statement, Value,
-    VerifyOptions, VerifyRecords, row,
+    OpRecord, Placement, ReconcileOptions, Retire, Router, Shard, Statement, Value, VerifyOptions,
+    VerifyRecords, row,
 };
 use durability_storage_sqlite::migration::SqliteShard;
 
 use Kind::{MySql, Postgres, Sqlite};
 
 const SAME: [[Kind; 2]; 3] = [[Sqlite, Sqlite], [Postgres, Postgres], [MySql, MySql]];
-
-fn user(name: &str, n: i64) -> Row {
-    row([("name", Value::from(name)), ("n", Value::from(n))])
-}
 
 async fn status(r: &Router, key: &str) -> OpRecord {
     op_of(r, key, "users").await
