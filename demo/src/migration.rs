@@ -874,6 +874,33 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Writes `n` finished moves straight into the journal's shard (`s0.db` in
+/// `dir`), in one transaction: operation `op-{k}` with `op_sql`
+/// (parameters: the operation id and `keys(k).0`) and its tombstone in
+/// `durability_retired` (of key `keys(k).1`, moved to `s1`).
+fn insert_history(
+    dir: &Path,
+    n: usize,
+    op_sql: &str,
+    keys: impl Fn(usize) -> (String, String),
+) -> rusqlite::Result<()> {
+    let mut c = rusqlite::Connection::open(dir.join("s0.db"))?;
+    let tx = c.transaction()?;
+    {
+        let mut op = tx.prepare(op_sql)?;
+        let mut tomb = tx.prepare(
+            "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms) VALUES (?1, 'users', ?2, 'default', 's1', x'00', '-', 0)",
+        )?;
+        for k in 0..n {
+            let id = format!("op-{k:08}");
+            let (mkey, tomb_key) = keys(k);
+            op.execute(rusqlite::params![id, mkey])?;
+            tomb.execute(rusqlite::params![id, tomb_key])?;
+        }
+    }
+    tx.commit()
+}
+
 /// Sets up `n` mapped keys whose moves are journaled and archived (bulk),
 /// then measures the peak RSS of a rebalance dry run, a verification and a
 /// purge over them (SQLite files).
@@ -881,24 +908,13 @@ async fn stream_rss(dir: &Path, n: usize) -> Result<u64, BoxError> {
     with_env(Backend::Sqlite, dir, 2, n, async |env| {
         // Journal and archive rows as n finished moves would leave them.
         drop(env.router(Arc::new(SystemClock), None, None).await?);
-        let mut c = rusqlite::Connection::open(dir.join("s0.db"))?;
-        let tx = c.transaction()?;
-        {
-            let mut op = tx.prepare(
-                "INSERT INTO durability_migration_ops (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, live_until_ms, retain_ms, retire_at_ms, created_ms, updated_ms, finished_ms, purged) \
-                 VALUES (?1, 'default', ?2, 'users', 's1', 's0', 'retired', 0, 'users=-', 'bench', 0, 0, 0, 0, 0, 0, 0)",
-            )?;
-            let mut tomb = tx.prepare(
-                "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms) VALUES (?1, 'users', ?2, 'default', 's1', x'00', '-', 0)",
-            )?;
-            for k in 0..n {
-                let id = format!("op-{k:08}");
-                op.execute(rusqlite::params![id, key(k)])?;
-                tomb.execute(rusqlite::params![id, format!("gone-{k}")])?;
-            }
-        }
-        tx.commit()?;
-        drop(c);
+        insert_history(
+            dir,
+            n,
+            "INSERT INTO durability_migration_ops (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, live_until_ms, retain_ms, retire_at_ms, created_ms, updated_ms, finished_ms, purged) \
+             VALUES (?1, 'default', ?2, 'users', 's1', 's0', 'retired', 0, 'users=-', 'bench', 0, 0, 0, 0, 0, 0, 0)",
+            |k| (key(k), format!("gone-{k}")),
+        )?;
         let r = Router::new(env.config(Arc::new(SystemClock), None))?;
         rss_reset();
         let base = peak_rss_kib();
@@ -966,25 +982,16 @@ async fn verify_after_history(dir: &Path, n: usize) -> Result<f64, BoxError> {
         let r = env.router(Arc::new(SystemClock), None, None).await?;
         // n finished moves of other keys, examined by an earlier pass, each
         // with its tombstone on the journal's shard.
-        let mut c = rusqlite::Connection::open(dir.join("s0.db"))?;
-        let tx = c.transaction()?;
-        {
-            let mut op = tx.prepare(
-                "INSERT INTO durability_migration_ops (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, live_until_ms, retain_ms, retire_at_ms, created_ms, updated_ms, finished_ms, purged, verified) \
-                 VALUES (?1, 'default', ?2, 'users', 's0', 's1', 'retired', 0, 'users=-', 'bench', 0, 0, 0, 0, 0, 0, 0, 1)",
-            )?;
-            let mut tomb = tx.prepare(
-                "INSERT INTO durability_retired (op_id, tname, mkey, scope, moved_to, payload, digest, retired_ms) VALUES (?1, 'users', ?2, 'default', 's1', x'00', '-', 0)",
-            )?;
-            for k in 0..n {
-                let id = format!("op-{k:08}");
+        insert_history(
+            dir,
+            n,
+            "INSERT INTO durability_migration_ops (op_id, scope, mkey, tables, source, target, state, attempts, digests, owner, live_until_ms, retain_ms, retire_at_ms, created_ms, updated_ms, finished_ms, purged, verified) \
+             VALUES (?1, 'default', ?2, 'users', 's0', 's1', 'retired', 0, 'users=-', 'bench', 0, 0, 0, 0, 0, 0, 0, 1)",
+            |k| {
                 let mkey = format!("hist-{k:08}");
-                op.execute(rusqlite::params![id, mkey])?;
-                tomb.execute(rusqlite::params![id, mkey])?;
-            }
-        }
-        tx.commit()?;
-        drop(c);
+                (mkey.clone(), mkey)
+            },
+        )?;
         for k in 0..HISTORY_NEW_MOVES {
             let from = r.route(&key(k)).await?.ok_or("a bench key has no mapping")?;
             let to = if from == "s0" { "s1" } else { "s0" };
@@ -1148,18 +1155,27 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
         }
         Ok((median_run(ours), median_run(naive)))
     };
+    // A throughput figure: journaled against naive moves.
+    let moves_line = |name: &str, (ours, naive): (&MoveRun, &MoveRun), extra: &str| {
+        let keys_per_s = (ours.keys_per_s, naive.keys_per_s);
+        json_line(
+            &backend.figure(name),
+            keys_per_s,
+            "keys/s",
+            ">=0.25",
+            n,
+            backend,
+            extra,
+        );
+    };
     let (ours, naive) = pair("alone", false).await?;
     eprintln!(
         "  journaled {:.0} keys/s, naive {:.0} keys/s",
         ours.keys_per_s, naive.keys_per_s
     );
-    json_line(
-        &backend.figure("migration.move"),
-        (ours.keys_per_s, naive.keys_per_s),
-        "keys/s",
-        ">=0.25",
-        n,
-        backend,
+    moves_line(
+        "migration.move",
+        (&ours, &naive),
         &format!(",\"rounds\":{BENCH_ROUNDS}"),
     );
     let (ours_w, naive_w) = pair("writer", true).await?;
@@ -1167,13 +1183,9 @@ async fn bench_moves(backend: Backend, dir: &Path, n: usize) -> Result<(), BoxEr
         "  with a concurrent writer: journaled {:.0} keys/s ({} lost writes), naive {:.0} keys/s ({} lost writes)",
         ours_w.keys_per_s, ours_w.lost, naive_w.keys_per_s, naive_w.lost
     );
-    json_line(
-        &backend.figure("migration.move_concurrent_writer"),
-        (ours_w.keys_per_s, naive_w.keys_per_s),
-        "keys/s",
-        ">=0.25",
-        n,
-        backend,
+    moves_line(
+        "migration.move_concurrent_writer",
+        (&ours_w, &naive_w),
         &format!(
             ",\"rounds\":{BENCH_ROUNDS},\"lost_writes\":{},\"baseline_lost_writes\":{}",
             ours_w.lost, naive_w.lost
