@@ -143,6 +143,11 @@ async fn claim_err<H: Harness>(h: &H, c: &Case, ttl_ms: u64) -> OwnershipError {
         .expect_err("claim refused")
 }
 
+/// The code of a refused renewal of `r` for [`TTL_MS`].
+async fn renew_code<H: Harness>(h: &H, r: &OwnerRecord, what: &str) -> &'static str {
+    h.store().renew(r, TTL_MS).await.expect_err(what).code()
+}
+
 /// The result codes of a batch, `Ok(())` for a success.
 fn codes<T>(results: &[Result<T, OwnershipError>]) -> Vec<Result<(), &'static str>> {
     let code = |r: &Result<T, OwnershipError>| r.as_ref().map(|_| ()).map_err(|e| e.code());
@@ -264,22 +269,17 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 assert_eq!(l.record, r, "{name}");
                 assert!(l.remaining_ms > TTL_MS / 2, "{name}: refreshed");
                 let forged = c.record("a", r.generation().get() + 1);
-                let e = h
-                    .store()
-                    .renew(&forged, TTL_MS)
-                    .await
-                    .expect_err("forged generation");
-                assert_eq!(e.code(), "stale_owner", "{name}");
+                let code = renew_code(h, &forged, "forged generation").await;
+                assert_eq!(code, "stale_owner", "{name}");
                 h.expire_owner(&c.scope).await;
-                let e = h.store().renew(&r, TTL_MS).await.expect_err("expired");
                 assert_eq!(
-                    e.code(),
+                    renew_code(h, &r, "expired").await,
                     "stale_owner",
                     "{name}: an expired lease cannot be renewed"
                 );
                 let r2 = claimed(h, &c, "b").await;
-                let e = h.store().renew(&r, TTL_MS).await.expect_err("taken over");
-                assert_eq!(e.code(), "stale_owner", "{name}");
+                let code = renew_code(h, &r, "taken over").await;
+                assert_eq!(code, "stale_owner", "{name}");
                 assert_eq!(
                     snap(h, &c).await.owner.map(|l| l.record),
                     Some(r2),
@@ -290,8 +290,8 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 let r = claimed(h, &c, "a").await;
                 for refusal in Refusal::ALL {
                     refusal.apply(h, &c).await;
-                    let e = h.store().renew(&r, TTL_MS).await.expect_err("refused");
-                    assert_eq!(e.code(), refusal.code(), "{name}: {refusal:?}");
+                    let code = renew_code(h, &r, "refused").await;
+                    assert_eq!(code, refusal.code(), "{name}: {refusal:?}");
                     refusal.undo(h, &c).await;
                 }
                 h.store().renew(&r, TTL_MS).await.expect("renew after undo");
@@ -385,12 +385,8 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                         "{name}: snapshot over {raw:?}"
                     );
                     let honest = c.record("a", 1);
-                    let e = h
-                        .store()
-                        .renew(&honest, TTL_MS)
-                        .await
-                        .expect_err("malformed");
-                    assert_eq!(e.code(), "stale_owner", "{name}");
+                    let code = renew_code(h, &honest, "malformed").await;
+                    assert_eq!(code, "stale_owner", "{name}");
                     assert_eq!(
                         snap_raw(h, &c).await,
                         before,
@@ -443,16 +439,12 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                 shard_count::kept_per_storage_id(h, &c, name).await;
             }
             "raise_generation_floor_never_lowers_and_keeps_the_owner" => {
-                let g = |n: u64| Generation::new(n).expect("generation");
+                let raise = async |n: u64| {
+                    let floor = Generation::new(n).expect("generation");
+                    h.store().raise_generation_floor(&c.scope, floor).await
+                };
                 // On a scope that never had a counter (a wiped store).
-                assert_eq!(
-                    h.store()
-                        .raise_generation_floor(&c.scope, g(4))
-                        .await
-                        .expect("floor"),
-                    4,
-                    "{name}: from nothing"
-                );
+                assert_eq!(raise(4).await.expect("floor"), 4, "{name}: from nothing");
                 assert_eq!(snap(h, &c).await.generation, 4, "{name}");
                 let r = claimed(h, &c, "a").await;
                 assert_eq!(
@@ -461,23 +453,9 @@ pub async fn run_case<H: Harness>(h: &H, name: &str, prefix: &str) {
                     "{name}: a claim goes above the floor"
                 );
                 let before = snap_raw(h, &c).await;
-                assert_eq!(
-                    h.store()
-                        .raise_generation_floor(&c.scope, g(3))
-                        .await
-                        .expect("floor"),
-                    5,
-                    "{name}: never lowers"
-                );
+                assert_eq!(raise(3).await.expect("floor"), 5, "{name}: never lowers");
                 assert_eq!(snap_raw(h, &c).await, before, "{name}: nothing written");
-                assert_eq!(
-                    h.store()
-                        .raise_generation_floor(&c.scope, g(9))
-                        .await
-                        .expect("floor"),
-                    9,
-                    "{name}"
-                );
+                assert_eq!(raise(9).await.expect("floor"), 9, "{name}");
                 let s = snap(h, &c).await;
                 assert_eq!(s.generation, 9, "{name}");
                 assert_eq!(s.owner.expect("owner").record, r, "{name}: the owner stays");
@@ -780,19 +758,19 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
             })
             .collect::<Vec<_>>()
     };
+    let announce = async |g: &PresenceGroup, t: &str, v: &[u8], ttl_ms: u64| {
+        h.store().announce(g, &task(t), v, ttl_ms).await
+    };
+    let withdraw =
+        async |g: &PresenceGroup, t: &str| h.store().withdraw(g, &task(t)).await.expect("withdraw");
     assert!(live(group.clone()).await.is_empty(), "{name}: empty group");
     for (t, v) in [("b", &b"1;1"[..]), ("a", b"1;0"), ("c", b"1;")] {
-        h.store()
-            .announce(&group, &task(t), v, TTL_MS)
-            .await
-            .expect("announce");
+        announce(&group, t, v, TTL_MS).await.expect("announce");
     }
-    h.store()
-        .announce(&other, &task("d"), b"1;2", TTL_MS)
+    announce(&other, "d", b"1;2", TTL_MS)
         .await
         .expect("announce");
-    h.store()
-        .announce(&group, &task("a"), b"1;0,5", TTL_MS)
+    announce(&group, "a", b"1;0,5", TTL_MS)
         .await
         .expect("replace");
     let own = |t: &str, v: &[u8]| (t.to_owned(), v.to_vec());
@@ -806,45 +784,24 @@ async fn presence_case<H: Harness>(h: &H, c: &Case, name: &str) {
         (0, vec![]),
         (TTL_MS, vec![b'x'; crate::balance::MAX_PRESENCE_BYTES + 1]),
     ] {
-        let e = h
-            .store()
-            .announce(&group, &task("e"), &value, ttl)
+        let e = announce(&group, "e", &value, ttl)
             .await
             .expect_err("bad input");
         assert_eq!(e.code(), "invalid_input", "{name}");
     }
-    assert!(
-        h.store()
-            .withdraw(&group, &task("c"))
-            .await
-            .expect("withdraw"),
-        "{name}"
-    );
-    assert!(
-        !h.store()
-            .withdraw(&group, &task("c"))
-            .await
-            .expect("withdraw"),
-        "{name}: gone"
-    );
+    assert!(withdraw(&group, "c").await, "{name}");
+    assert!(!withdraw(&group, "c").await, "{name}: gone");
     h.expire_presence(&group, &task("b")).await;
     assert_eq!(
         live(group.clone()).await,
         vec![own("a", b"1;0,5")],
         "{name}: expired and withdrawn records are not live"
     );
-    h.store()
-        .announce(&group, &task("b"), b"1;", TTL_MS)
+    announce(&group, "b", b"1;", TTL_MS)
         .await
         .expect("announce again");
     assert_eq!(live(group).await.len(), 2, "{name}: announced again");
-    assert!(
-        h.store()
-            .withdraw(&other, &task("d"))
-            .await
-            .expect("withdraw"),
-        "{name}"
-    );
+    assert!(withdraw(&other, "d").await, "{name}");
 }
 
 /// `claim_many` answers per scope what `claim_as` alone would: claims free

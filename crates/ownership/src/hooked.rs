@@ -9,7 +9,7 @@ use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, Presence,
     PresenceEntry, PresenceGroup,
 };
 
@@ -259,14 +259,8 @@ impl<S: LeaseStore> LeaseStore for HookedStore<S> {
     }
 
     /// Not hooked: forwarded as is.
-    async fn announce(
-        &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
-    ) -> Result<(), OwnershipError> {
-        self.inner.announce(group, task, value, ttl_ms).await
+    async fn write_presence(&self, presence: Presence<'_>) -> Result<(), OwnershipError> {
+        self.inner.write_presence(presence).await
     }
 
     /// Not hooked: forwarded as is.

@@ -136,9 +136,9 @@ pub use settings::{
     OwnershipSettings, drain_timeout_ms, owner_ttl_ms, parse_canonical_positive,
 };
 pub use store::{
-    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, Presence,
     PresenceEntry, PresenceGroup, check_lifecycle, check_shard_count, parse_generation_counter,
-    parse_shard_count, stored_shard_count, validate_presence, validate_ttl,
+    parse_shard_count, stored_shard_count, ttl_refusals, validate_presence, validate_ttl,
 };
 
 pub mod docs;

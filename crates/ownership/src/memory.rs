@@ -7,9 +7,8 @@ use crate::error::OwnershipError;
 use crate::record::{Generation, OwnerRecord};
 use crate::scope::{LifecycleId, OwnerScope, ShardCount, StorageId, TaskId};
 use crate::store::{
-    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot,
-    PresenceEntry, PresenceGroup, check_lifecycle, check_shard_count, validate_presence,
-    validate_ttl,
+    ClaimOutcome, Claimant, DeleteLock, Lease, LeaseStore, LifecycleAdmin, OwnerSnapshot, Presence,
+    PresenceEntry, PresenceGroup, check_lifecycle, check_shard_count, validate_ttl,
 };
 use durability_time::Clock;
 
@@ -228,20 +227,16 @@ impl<C: Clock> LeaseStore for InMemoryLeaseStore<C> {
         Ok(())
     }
 
-    async fn announce(
-        &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
-    ) -> Result<(), OwnershipError> {
-        validate_presence(value, ttl_ms)?;
-        let exp = self.clock.now_ms_u64().saturating_add(ttl_ms);
+    async fn write_presence(&self, presence: Presence<'_>) -> Result<(), OwnershipError> {
+        let exp = self.clock.now_ms_u64().saturating_add(presence.ttl_ms());
         self.lock()
             .presence
-            .entry(group.key())
+            .entry(presence.group().key())
             .or_default()
-            .insert(task.as_str().to_owned(), (value.to_vec(), exp));
+            .insert(
+                presence.task().as_str().to_owned(),
+                (presence.value().to_vec(), exp),
+            );
         Ok(())
     }
 

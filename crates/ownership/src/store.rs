@@ -163,6 +163,57 @@ pub fn validate_presence(value: &[u8], ttl_ms: u64) -> Result<(), OwnershipError
     Ok(())
 }
 
+/// A presence record to write, checked by [`Presence::new`]
+/// ([`validate_presence`]): what [`LeaseStore::write_presence`] stores.
+#[derive(Debug, Clone, Copy)]
+pub struct Presence<'a> {
+    group: &'a PresenceGroup,
+    task: &'a TaskId,
+    value: &'a [u8],
+    ttl_ms: u64,
+}
+
+impl<'a> Presence<'a> {
+    /// `task`'s record in `group` with `value` and a lease of `ttl_ms`.
+    ///
+    /// # Errors
+    /// [`OwnershipError::InvalidInput`] ([`validate_presence`]).
+    pub fn new(
+        group: &'a PresenceGroup,
+        task: &'a TaskId,
+        value: &'a [u8],
+        ttl_ms: u64,
+    ) -> Result<Self, OwnershipError> {
+        validate_presence(value, ttl_ms)?;
+        Ok(Self {
+            group,
+            task,
+            value,
+            ttl_ms,
+        })
+    }
+
+    /// The group.
+    pub fn group(&self) -> &'a PresenceGroup {
+        self.group
+    }
+
+    /// The announcing task.
+    pub fn task(&self) -> &'a TaskId {
+        self.task
+    }
+
+    /// The value (at most [`crate::balance::MAX_PRESENCE_BYTES`]).
+    pub fn value(&self) -> &'a [u8] {
+        self.value
+    }
+
+    /// The lease length in milliseconds (1..=2^53-1).
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+}
+
 /// The default of the batched store calls: `one` on every item, one after
 /// the other, its results in the items' order.
 async fn each_in_order<'a, T, R, Fut>(items: &'a [T], mut one: impl FnMut(&'a T) -> Fut) -> Vec<R>
@@ -294,8 +345,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// atomic step. The unexpired records are the live hosts of the group
     /// ([`LeaseStore::live_tasks`]).
     ///
-    /// The default refuses (a store without presence records: the host
-    /// then claims free shards without balancing).
+    /// Checks the record ([`Presence::new`]) and writes it with
+    /// [`LeaseStore::write_presence`]; a store implements that one.
     ///
     /// # Errors
     /// [`OwnershipError::InvalidInput`] ([`validate_presence`], nothing
@@ -307,7 +358,25 @@ pub trait LeaseStore: Send + Sync + 'static {
         value: &[u8],
         ttl_ms: u64,
     ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
-        let _ = (group, task, value, ttl_ms);
+        async move {
+            let presence = Presence::new(group, task, value, ttl_ms)?;
+            self.write_presence(presence).await
+        }
+    }
+
+    /// The store's write of a checked presence record
+    /// ([`LeaseStore::announce`]): one atomic step.
+    ///
+    /// The default refuses (a store without presence records: the host
+    /// then claims free shards without balancing).
+    ///
+    /// # Errors
+    /// A store error.
+    fn write_presence(
+        &self,
+        presence: Presence<'_>,
+    ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
+        let _ = presence;
         async { no_presence() }
     }
 
@@ -454,14 +523,11 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
         (**self).claim_many(scopes, claimant)
     }
 
-    fn announce(
+    fn write_presence(
         &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
+        presence: Presence<'_>,
     ) -> impl Future<Output = Result<(), OwnershipError>> + Send {
-        (**self).announce(group, task, value, ttl_ms)
+        (**self).write_presence(presence)
     }
 
     fn withdraw(
@@ -650,6 +716,19 @@ pub fn validate_ttl(ttl_ms: u64) -> Result<(), OwnershipError> {
         ));
     }
     Ok(())
+}
+
+/// A batch's refusal of an out-of-range lease TTL ([`validate_ttl`]): the
+/// same error once for each of its `n` items, before anything is written;
+/// `None` when the TTL is valid.
+pub fn ttl_refusals<T>(n: usize, ttl_ms: u64) -> Option<Vec<Result<T, OwnershipError>>> {
+    validate_ttl(ttl_ms).err()?;
+    Some(
+        (0..n)
+            .filter_map(|_| validate_ttl(ttl_ms).err())
+            .map(Err)
+            .collect(),
+    )
 }
 
 /// Validates a generation counter value read from a store.

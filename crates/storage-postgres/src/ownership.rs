@@ -52,9 +52,9 @@ use std::time::Duration;
 
 use durability_ownership::{
     BoxError, ClaimOutcome, Claimant, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
-    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, Presence, PresenceEntry,
     PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
-    check_shard_count, stored_shard_count, validate_presence, validate_ttl,
+    check_shard_count, stored_shard_count, ttl_refusals,
 };
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
@@ -91,18 +91,6 @@ fn each_failure(f: Failure, n: usize) -> Vec<OwnershipError> {
             })
         })
         .collect()
-}
-
-/// The same refusal for each of `n` requests when `ttl_ms` is out of
-/// range, before anything is sent; `None` when it is valid.
-fn ttl_refusals<T>(n: usize, ttl_ms: u64) -> Option<Vec<Result<T, OwnershipError>>> {
-    validate_ttl(ttl_ms).err()?;
-    Some(
-        (0..n)
-            .filter_map(|_| validate_ttl(ttl_ms).err())
-            .map(Err)
-            .collect(),
-    )
 }
 
 fn protocol(reason: &str) -> OwnershipError {
@@ -520,16 +508,10 @@ impl LeaseStore for PostgresLeaseStore {
         PostgresLeaseStore::claim_many(self, scopes, claimant).await
     }
 
-    async fn announce(
-        &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
-    ) -> Result<(), OwnershipError> {
-        validate_presence(value, ttl_ms)?;
-        let (key, ttl) = (group.key(), i64_of(ttl_ms));
-        let params: [&(dyn ToSql + Sync); 4] = [&key, &task.as_str(), &value, &ttl];
+    async fn write_presence(&self, presence: Presence<'_>) -> Result<(), OwnershipError> {
+        let (key, ttl) = (presence.group().key(), i64_of(presence.ttl_ms()));
+        let (task, value) = (presence.task().as_str(), presence.value());
+        let params: [&(dyn ToSql + Sync); 4] = [&key, &task, &value, &ttl];
         self.run(Access::Write, &self.sql.announce, &params).await?;
         Ok(())
     }

@@ -32,10 +32,9 @@
 
 use durability_ownership::{
     BoxError, ClaimOutcome, Claimant, DeleteLock, Generation, Lease, LeaseStore, LifecycleAdmin,
-    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, PresenceEntry,
+    LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, Presence, PresenceEntry,
     PresenceGroup, RecordTemplate, ShardCount, StorageId, TaskId, check_lifecycle,
-    check_shard_count, parse_generation_counter, parse_shard_count, validate_presence,
-    validate_ttl,
+    check_shard_count, parse_generation_counter, parse_shard_count, ttl_refusals, validate_ttl,
 };
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, FromRedisValue, Script, ScriptInvocation, Value};
@@ -588,13 +587,8 @@ impl LeaseStore for RedisLeaseStore {
         records: &[OwnerRecord],
         ttl_ms: u64,
     ) -> Vec<Result<Lease, OwnershipError>> {
-        if validate_ttl(ttl_ms).is_err() {
-            // The same refusal for every record, before any write.
-            return records
-                .iter()
-                .filter_map(|_| validate_ttl(ttl_ms).err())
-                .map(Err)
-                .collect();
+        if let Some(refused) = ttl_refusals(records.len(), ttl_ms) {
+            return refused;
         }
         let mut out = Vec::with_capacity(records.len());
         for chunk in records.chunks(RENEW_MANY_CHUNK) {
@@ -611,23 +605,16 @@ impl LeaseStore for RedisLeaseStore {
         self.raise_floor(scope, floor).await
     }
 
-    async fn announce(
-        &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
-    ) -> Result<(), OwnershipError> {
-        validate_presence(value, ttl_ms)?;
-        let (z, h) = self.presence_keys(group);
+    async fn write_presence(&self, presence: Presence<'_>) -> Result<(), OwnershipError> {
+        let (z, h) = self.presence_keys(presence.group());
         let _: i64 = self
             .invoke(
                 ANNOUNCE_SCRIPT
                     .key(z)
                     .key(h)
-                    .arg(task.as_str())
-                    .arg(value)
-                    .arg(ttl_ms),
+                    .arg(presence.task().as_str())
+                    .arg(presence.value())
+                    .arg(presence.ttl_ms()),
             )
             .await?;
         Ok(())

@@ -27,9 +27,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use durability_ownership::{
     BoxError, ClaimOutcome, Claimant, Clock, DeleteLock, Generation, Lease, LeaseStore,
-    LifecycleAdmin, LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError,
+    LifecycleAdmin, LifecycleId, OwnerRecord, OwnerScope, OwnerSnapshot, OwnershipError, Presence,
     PresenceEntry, PresenceGroup, ShardCount, StorageId, TaskId, check_lifecycle,
-    check_shard_count, stored_shard_count, validate_presence, validate_ttl,
+    check_shard_count, stored_shard_count, ttl_refusals, validate_ttl,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -586,13 +586,8 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
                 OwnershipError::StoreUnavailable { source }
             }
         };
-        if validate_ttl(ttl_ms).is_err() {
-            // The same refusal for every record, before any write.
-            return records
-                .iter()
-                .filter_map(|_| validate_ttl(ttl_ms).err())
-                .map(Err)
-                .collect();
+        if let Some(refused) = ttl_refusals(records.len(), ttl_ms) {
+            return refused;
         }
         if records.is_empty() {
             return Vec::new();
@@ -642,15 +637,9 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
         Ok(counter)
     }
 
-    async fn announce(
-        &self,
-        group: &PresenceGroup,
-        task: &TaskId,
-        value: &[u8],
-        ttl_ms: u64,
-    ) -> Result<(), OwnershipError> {
-        validate_presence(value, ttl_ms)?;
-        let exp = i64_of(self.clock.now_ms_u64().saturating_add(ttl_ms));
+    async fn write_presence(&self, presence: Presence<'_>) -> Result<(), OwnershipError> {
+        let exp = i64_of(self.clock.now_ms_u64().saturating_add(presence.ttl_ms()));
+        let (key, task) = (presence.group().key(), presence.task().as_str());
         self.lock()
             .prepare_cached(
                 "INSERT INTO durability_presence (grp, task, value, expires_at_ms)
@@ -658,7 +647,7 @@ impl<C: Clock> LeaseStore for SqliteLeaseStore<C> {
                  ON CONFLICT (grp, task) DO UPDATE
                  SET value = excluded.value, expires_at_ms = excluded.expires_at_ms",
             )
-            .and_then(|mut st| st.execute(params![group.key(), task.as_str(), value, exp]))
+            .and_then(|mut st| st.execute(params![key, task, presence.value(), exp]))
             .map_err(unknown)?;
         Ok(())
     }

@@ -78,16 +78,13 @@ pub(super) async fn claim_records_and_refuses<H: Harness>(h: &H, c: &Case, name:
 /// another storage id records its own, and the start-up check records it
 /// like a claim.
 pub(super) async fn kept_per_storage_id<H: Harness>(h: &H, c: &Case, name: &str) {
+    let recorded = async || snap(h, c).await.shard_count.map(ShardCount::get);
     let eight = under(c, 3, 8);
     h.store()
         .record_shard_count(&eight, &c.lifecycle)
         .await
         .expect("record 8");
-    assert_eq!(
-        snap(h, c).await.shard_count.map(ShardCount::get),
-        Some(8),
-        "{name}: recorded at start"
-    );
+    assert_eq!(recorded().await, Some(8), "{name}: recorded at start");
     let e = h
         .store()
         .claim(&c.scope, &c.lifecycle, &task("a"), TTL_MS)
@@ -136,7 +133,7 @@ pub(super) async fn kept_per_storage_id<H: Harness>(h: &H, c: &Case, name: &str)
         .await
         .expect("back");
     assert_eq!(
-        snap(h, c).await.shard_count.map(ShardCount::get),
+        recorded().await,
         Some(8),
         "{name}: kept across pointer moves"
     );

@@ -82,28 +82,27 @@ fn hostile_endpoints_are_refused_on_write_and_fail_closed_on_read() {
         );
     }
     let good = with_endpoint("http://10.0.0.7:8080").encoded().to_owned();
-    for (raw, what) in [
-        (
-            good.replace("http://10.0.0.7:8080", "ftp://10.0.0.7:8080"),
-            "scheme",
-        ),
-        (good.replace("http://10.0.0.7:8080", ""), "empty"),
-        (
-            good.replace("http://10.0.0.7:8080", "http://10.0.0.7:8080\\u0000"),
-            "escaped control",
-        ),
-        (
-            good.replace("\"endpoint\":\"http://10.0.0.7:8080\"", "\"endpoint\":null"),
-            "null",
-        ),
-        (
-            good.replace("\"endpoint\":\"http://10.0.0.7:8080\"", "\"endpoint\":7"),
-            "number",
-        ),
-    ] {
-        let scope = scope("st1:Room:shard3");
+    let (url, field) = (
+        "http://10.0.0.7:8080",
+        "\"endpoint\":\"http://10.0.0.7:8080\"",
+    );
+    let edits = [
+        (url, "ftp://10.0.0.7:8080", "scheme"),
+        (url, "", "empty"),
+        (url, "http://10.0.0.7:8080\\u0000", "escaped control"),
+        (field, "\"endpoint\":null", "null"),
+        (field, "\"endpoint\":7", "number"),
+    ];
+    assert_edits_fail_closed(&good, &scope("st1:Room:shard3"), &edits);
+}
+
+/// Decodes `good` with each `(from, to, what)` edit made and asserts that
+/// it fails closed as an invalid owner record.
+fn assert_edits_fail_closed(good: &str, scope: &OwnerScope, edits: &[(&str, &str, &str)]) {
+    for (from, to, what) in edits {
+        let raw = good.replace(from, to);
         let err =
-            OwnerRecord::decode(raw.as_bytes(), &scope, ShardCount::default()).expect_err(what);
+            OwnerRecord::decode(raw.as_bytes(), scope, ShardCount::default()).expect_err(what);
         assert_eq!(err.code(), "invalid_owner_record", "{what}: {raw}");
     }
 }
@@ -112,43 +111,34 @@ fn hostile_endpoints_are_refused_on_write_and_fail_closed_on_read() {
 fn malformed_records_fail_closed() {
     let r = record();
     let good = r.encoded().to_owned();
-    let cases: Vec<(String, &str)> = vec![
-        ("".into(), "empty"),
-        ("not json".into(), "garbage"),
-        (good.replace("\"v\":1", "\"v\":2"), "version"),
-        (good.replace("shard\":3", "shard\":4"), "other shard"),
+    let g7 = "\"generation\":7";
+    let edits = [
+        (good.as_str(), "", "empty"),
+        (good.as_str(), "not json", "garbage"),
+        ("\"v\":1", "\"v\":2", "version"),
+        ("shard\":3", "shard\":4", "other shard"),
         (
-            good.replace("\"storageId\":\"st1\"", "\"storageId\":\"st2\""),
+            "\"storageId\":\"st1\"",
+            "\"storageId\":\"st2\"",
             "other storage",
         ),
+        ("\"class\":\"Room\"", "\"class\":\"Hall\"", "other class"),
         (
-            good.replace("\"class\":\"Room\"", "\"class\":\"Hall\""),
-            "other class",
-        ),
-        (
-            good.replace("\"ownerKey\":\"st1:Room:shard3\"", "\"ownerKey\":\"x\""),
+            "\"ownerKey\":\"st1:Room:shard3\"",
+            "\"ownerKey\":\"x\"",
             "owner key",
         ),
+        (g7, "\"generation\":0", "generation zero"),
+        (g7, "\"generation\":9007199254740992", "generation unsafe"),
         (
-            good.replace("\"generation\":7", "\"generation\":0"),
-            "generation zero",
-        ),
-        (
-            good.replace("\"generation\":7", "\"generation\":9007199254740992"),
-            "generation unsafe",
-        ),
-        (
-            good.replace("\"taskId\":\"task-a\"", "\"taskId\":\"a b\""),
+            "\"taskId\":\"task-a\"",
+            "\"taskId\":\"a b\"",
             "task grammar",
         ),
-        (good.replace("{", "{ "), "non canonical"),
-        (good.replace("}", ",\"x\":1}"), "unknown field"),
+        ("{", "{ ", "non canonical"),
+        ("}", ",\"x\":1}", "unknown field"),
     ];
-    for (raw, what) in cases {
-        let err =
-            OwnerRecord::decode(raw.as_bytes(), r.scope(), ShardCount::default()).expect_err(what);
-        assert_eq!(err.code(), "invalid_owner_record", "{what}");
-    }
+    assert_edits_fail_closed(&good, r.scope(), &edits);
     assert!(OwnerRecord::decode(&[0xff, 0xfe], r.scope(), ShardCount::default()).is_err());
 }
 

@@ -55,7 +55,21 @@ CREATE TABLE IF NOT EXISTS {s}.durability_presence (
     )
 }
 
+/// The step of the claim and renew functions after the lifecycle check:
+/// a storage id whose recorded shard count is not the scope's answers
+/// `shards`, with the recorded count in the column `out`.
+fn shard_count_check(s: &str, out: &str) -> String {
+    format!(
+        r#"SELECT n.shard_count INTO v_count
+            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
+        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
+            o_outcome := 'shards'; {out} := v_count; RETURN NEXT; CONTINUE;
+        END IF;"#
+    )
+}
+
 fn claim_function(s: &str, lit: &str) -> String {
+    let shards = shard_count_check(s, "o_number");
     format!(
         r#"-- Claims every scope of p_scopes for one lifecycle: per scope, a lifecycle
 -- refusal, the live holder, a corrupt counter, or the bumped generation and
@@ -84,11 +98,7 @@ BEGIN
            OR v_active IS DISTINCT FROM p_storages[v_i] THEN
             o_outcome := 'lifecycle'; RETURN NEXT; CONTINUE;
         END IF;
-        SELECT n.shard_count INTO v_count
-            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
-        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
-            o_outcome := 'shards'; o_number := v_count; RETURN NEXT; CONTINUE;
-        END IF;
+        {shards}
         SELECT o.record, o.expires_at_ms INTO v_record, v_expires
             FROM {s}.durability_owner_leases o WHERE o.scope = p_scopes[v_i] FOR UPDATE;
         v_found := FOUND;
@@ -125,6 +135,7 @@ $fn$;
 }
 
 fn renew_and_floor_functions(s: &str, lit: &str) -> String {
+    let shards = shard_count_check(s, "o_count");
     format!(
         r#"-- Renews every record of p_records: per record, stale (not the exact live
 -- record), a lifecycle refusal, or renewed (lease refreshed to p_ttl on this
@@ -155,11 +166,7 @@ BEGIN
             o_outcome := 'lifecycle'; o_active := v_active; o_lock := v_lock;
             RETURN NEXT; CONTINUE;
         END IF;
-        SELECT n.shard_count INTO v_count
-            FROM {s}.durability_storage_shard_count n WHERE n.storage_id = p_storages[v_i];
-        IF FOUND AND v_count IS DISTINCT FROM p_counts[v_i] THEN
-            o_outcome := 'shards'; o_count := v_count; RETURN NEXT; CONTINUE;
-        END IF;
+        {shards}
         UPDATE {s}.durability_owner_leases SET expires_at_ms = {SERVER_NOW_MS} + p_ttl
             WHERE scope = p_scopes[v_i];
         o_outcome := 'renewed'; RETURN NEXT;

@@ -10,8 +10,9 @@ use std::hash::{BuildHasher, Hasher};
 
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
-    ClaimOutcome, DrainReport, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock, OwnerScope,
-    Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId, TaskId,
+    ClaimOutcome, DrainReport, Lease, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
+    OwnerScope, Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount, StorageId,
+    TaskId,
 };
 use durability_storage_redis::ownership::RedisLeaseStore;
 use durability_storage_redis::testkit::delete_prefix;
@@ -88,6 +89,29 @@ fn scope(s: &str) -> OwnerScope {
     OwnerScope::parse(s, ShardCount::default()).unwrap()
 }
 
+/// The lifecycle `lifecycle`, pointed at the storage id of the scope `sc`.
+async fn pointed(s: &RedisLeaseStore, lifecycle: &str, sc: &str) -> (LifecycleId, OwnerScope) {
+    let (l, sc) = (LifecycleId::new(lifecycle).unwrap(), scope(sc));
+    s.set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    (l, sc)
+}
+
+/// The lease of a claim of `sc` by `t` that must succeed.
+async fn claimed(
+    s: &RedisLeaseStore,
+    sc: &OwnerScope,
+    l: &LifecycleId,
+    t: &TaskId,
+    ttl: u64,
+) -> Lease {
+    match s.claim(sc, l, t, ttl).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        ClaimOutcome::Held(lease) => panic!("held by {:?}", lease.record.task()),
+    }
+}
+
 durability_ownership::ownership_conformance!(
     redis_store_passes_the_conformance_suite,
     "redis",
@@ -97,18 +121,8 @@ durability_ownership::ownership_conformance!(
 #[tokio::test]
 async fn leases_use_redis_time_and_px_expiry() {
     let Some(s) = store("time").await else { return };
-    let l = LifecycleId::new("ns:w").unwrap();
-    let sc = scope("st1:Room:shard2");
-    s.set_active_storage(&l, Some(sc.storage_id()))
-        .await
-        .unwrap();
-    let ClaimOutcome::Claimed(lease) = s
-        .claim(&sc, &l, &TaskId::new("a").unwrap(), 30_000)
-        .await
-        .unwrap()
-    else {
-        panic!("expected a claim")
-    };
+    let (l, sc) = pointed(&s, "ns:w", "st1:Room:shard2").await;
+    let lease = claimed(&s, &sc, &l, &TaskId::new("a").unwrap(), 30_000).await;
     assert!(lease.remaining_ms > 29_000 && lease.remaining_ms <= 30_000);
     let mut c = s.connection();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
@@ -139,11 +153,7 @@ async fn malformed_redis_state_fails_closed_and_writes_nothing() {
         .iter()
         .enumerate()
     {
-        let l = LifecycleId::new(&format!("ns:g{i}")).unwrap();
-        let sc = scope(&format!("stg{i}:Room:shard0"));
-        s.set_active_storage(&l, Some(sc.storage_id()))
-            .await
-            .unwrap();
+        let (l, sc) = pointed(&s, &format!("ns:g{i}"), &format!("stg{i}:Room:shard0")).await;
         let _: () = c.set(s.generation_key(&sc), *bad_gen).await.unwrap();
         let e = s.claim(&sc, &l, &t, 10_000).await.unwrap_err();
         assert_eq!(
@@ -157,11 +167,7 @@ async fn malformed_redis_state_fails_closed_and_writes_nothing() {
         assert_eq!(owner, None);
     }
     // Malformed lifecycle values.
-    let l = LifecycleId::new("ns:lock").unwrap();
-    let sc = scope("stl:Room:shard0");
-    s.set_active_storage(&l, Some(sc.storage_id()))
-        .await
-        .unwrap();
+    let (l, sc) = pointed(&s, "ns:lock", "stl:Room:shard0").await;
     let _: () = c.set(s.delete_lock_key(&l), "sometimes").await.unwrap();
     assert_eq!(
         s.claim(&sc, &l, &t, 10_000).await.unwrap_err().code(),
@@ -175,14 +181,8 @@ async fn malformed_redis_state_fails_closed_and_writes_nothing() {
         "invalid_lifecycle_state"
     );
     // An owner record without a lease expiry fails closed.
-    let l = LifecycleId::new("ns:persist").unwrap();
-    let sc = scope("stn:Room:shard0");
-    s.set_active_storage(&l, Some(sc.storage_id()))
-        .await
-        .unwrap();
-    let ClaimOutcome::Claimed(lease) = s.claim(&sc, &l, &t, 10_000).await.unwrap() else {
-        panic!("claim")
-    };
+    let (l, sc) = pointed(&s, "ns:persist", "stn:Room:shard0").await;
+    let lease = claimed(&s, &sc, &l, &t, 10_000).await;
     let _: bool = c.persist(s.owner_key(&sc)).await.unwrap();
     assert_eq!(
         s.claim(&sc, &l, &t, 10_000).await.unwrap_err().code(),
@@ -283,11 +283,7 @@ async fn a_corrupt_or_other_shard_count_refuses_the_claim_and_writes_nothing() {
     .into_iter()
     .enumerate()
     {
-        let l = LifecycleId::new(&format!("ns:c{i}")).unwrap();
-        let sc = scope(&format!("stc{i}:Room:shard0"));
-        s.set_active_storage(&l, Some(sc.storage_id()))
-            .await
-            .unwrap();
+        let (l, sc) = pointed(&s, &format!("ns:c{i}"), &format!("stc{i}:Room:shard0")).await;
         let _: () = c
             .set(s.shard_count_key(sc.storage_id()), stored)
             .await

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use durability_ownership::conformance::{self, Harness, RawState};
 use durability_ownership::{
-    ClaimOutcome, Clock, Generation, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
+    ClaimOutcome, Clock, Generation, Lease, LeaseStore, LifecycleAdmin, LifecycleId, ManualClock,
     OwnerRecord, OwnerScope, Ownership, OwnershipSettings, PresenceGroup, Resolution, ShardCount,
     StorageId, TaskId,
 };
@@ -96,6 +96,34 @@ fn scope(s: &str) -> OwnerScope {
     OwnerScope::parse(s, ShardCount::default()).unwrap()
 }
 
+type Store = SqliteLeaseStore<ManualClock>;
+
+/// A lease store in a directory of its own (kept while the returned
+/// directory lives) on a manual clock at 1,000 ms.
+fn fresh() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("leases.db"), &ManualClock::new(1_000));
+    (dir, store)
+}
+
+/// The lifecycle `lifecycle`, pointed at the storage id of the scope `sc`.
+async fn pointed(store: &Store, lifecycle: &str, sc: &str) -> (LifecycleId, OwnerScope) {
+    let (l, sc) = (LifecycleId::new(lifecycle).unwrap(), scope(sc));
+    store
+        .set_active_storage(&l, Some(sc.storage_id()))
+        .await
+        .unwrap();
+    (l, sc)
+}
+
+/// The lease of a claim of `sc` by `t` for 10 s that must succeed.
+async fn claimed(store: &Store, sc: &OwnerScope, l: &LifecycleId, t: &str) -> Lease {
+    match store.claim(sc, l, &TaskId::new(t).unwrap(), 10_000).await {
+        Ok(ClaimOutcome::Claimed(lease)) => lease,
+        other => panic!("{t} does not claim {sc}: {other:?}"),
+    }
+}
+
 fn gen_(g: u64) -> Generation {
     Generation::new(g).unwrap()
 }
@@ -115,23 +143,10 @@ durability_ownership::ownership_conformance!(
 /// remembered record keeps serving its own scope.
 #[tokio::test]
 async fn a_remembered_owner_record_is_never_served_under_another_scope() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000);
-    let store = open(&dir.path().join("leases.db"), &clock);
-    let l = LifecycleId::new("ns:w").unwrap();
-    let a = scope("st1:Room:shard0");
+    let (_dir, store) = fresh();
+    let (l, a) = pointed(&store, "ns:w", "st1:Room:shard0").await;
     let b = scope("st1:Room:shard1");
-    store
-        .set_active_storage(&l, Some(a.storage_id()))
-        .await
-        .unwrap();
-    let ClaimOutcome::Claimed(lease) = store
-        .claim(&a, &l, &TaskId::new("t").unwrap(), 10_000)
-        .await
-        .unwrap()
-    else {
-        panic!("a free scope is claimed")
-    };
+    let lease = claimed(&store, &a, &l, "t").await;
     // Read twice: the second read is served from the remembered record.
     for _ in 0..2 {
         let snap = store.snapshot(&a, &l).await.unwrap();
@@ -192,17 +207,10 @@ async fn two_connections_claim_one_scope_exactly_once() {
 
 #[tokio::test]
 async fn corrupt_persisted_state_fails_closed_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000);
-    let store = open(&dir.path().join("leases.db"), &clock);
-    let l = LifecycleId::new("ns:w").unwrap();
-    let s = scope("st1:Room:shard0");
+    let (_dir, store) = fresh();
+    let (l, s) = pointed(&store, "ns:w", "st1:Room:shard0").await;
     let t = TaskId::new("a").unwrap();
     // A corrupt generation counter.
-    store
-        .set_active_storage(&l, Some(s.storage_id()))
-        .await
-        .unwrap();
     store.with_connection(|c| {
         c.execute(
             "INSERT INTO durability_owner_generations VALUES (?1, -4)",
@@ -611,13 +619,7 @@ async fn a_remembered_snapshot_never_hides_a_commit_or_an_expiry() {
     assert_eq!(reader.snapshot(&sc, &l).await.unwrap(), empty, "unchanged");
 
     // Another connection claims: the reader sees the owner at once.
-    let ClaimOutcome::Claimed(lease) = other
-        .claim(&sc, &l, &TaskId::new("b").unwrap(), 10_000)
-        .await
-        .unwrap()
-    else {
-        panic!("claims")
-    };
+    let lease = claimed(&other, &sc, &l, "b").await;
     let seen = reader.snapshot(&sc, &l).await.unwrap();
     assert_eq!(seen.owner.as_ref().map(|o| &o.record), Some(&lease.record));
     assert_eq!(seen.generation, 1);
@@ -640,13 +642,7 @@ async fn a_remembered_snapshot_never_hides_a_commit_or_an_expiry() {
 
     // The reader's own write (a claim), then the other's delete lock and
     // pointer move.
-    let ClaimOutcome::Claimed(mine) = reader
-        .claim(&sc, &l, &TaskId::new("a").unwrap(), 10_000)
-        .await
-        .unwrap()
-    else {
-        panic!("claims after expiry")
-    };
+    let mine = claimed(&reader, &sc, &l, "a").await;
     let s = reader.snapshot(&sc, &l).await.unwrap();
     assert_eq!(s.owner.unwrap().record, mine.record);
     assert_eq!(s.generation, 2);
@@ -696,17 +692,15 @@ async fn a_remembered_snapshot_never_hides_a_commit_or_an_expiry() {
 /// (claim, renew, snapshot, start-up check) and only that storage id.
 #[tokio::test]
 async fn a_corrupt_shard_count_fails_its_storage_id_closed_and_only_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000);
-    let store = open(&dir.path().join("leases.db"), &clock);
+    let (_dir, store) = fresh();
     let t = TaskId::new("t").unwrap();
     for (i, bad) in [0_i64, -3, 1025, i64::MAX].into_iter().enumerate() {
-        let l = LifecycleId::new(&format!("ns:bad{i}")).unwrap();
-        let sc = scope(&format!("bad{i}:Room:shard0"));
-        store
-            .set_active_storage(&l, Some(sc.storage_id()))
-            .await
-            .unwrap();
+        let (l, sc) = pointed(
+            &store,
+            &format!("ns:bad{i}"),
+            &format!("bad{i}:Room:shard0"),
+        )
+        .await;
         store.with_connection(|c| {
             c.execute(
                 "INSERT INTO durability_storage_shard_count (storage_id, shard_count) VALUES (?1, ?2)",
@@ -728,15 +722,8 @@ async fn a_corrupt_shard_count_fails_its_storage_id_closed_and_only_it() {
         );
     }
     // A healthy storage id next to them is claimed and renewed.
-    let l = LifecycleId::new("ns:good").unwrap();
-    let sc = scope("good:Room:shard0");
-    store
-        .set_active_storage(&l, Some(sc.storage_id()))
-        .await
-        .unwrap();
-    let ClaimOutcome::Claimed(lease) = store.claim(&sc, &l, &t, 10_000).await.unwrap() else {
-        panic!("a free scope is claimed")
-    };
+    let (l, sc) = pointed(&store, "ns:good", "good:Room:shard0").await;
+    let lease = claimed(&store, &sc, &l, "t").await;
     store.renew(&lease.record, 10_000).await.unwrap();
     assert_eq!(
         store.snapshot(&sc, &l).await.unwrap().shard_count,
@@ -749,15 +736,9 @@ async fn a_corrupt_shard_count_fails_its_storage_id_closed_and_only_it() {
 /// an operator or an older host could) refuses new work at once.
 #[tokio::test]
 async fn admission_and_renewal_refuse_a_scope_of_another_shard_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000);
-    let store = open(&dir.path().join("leases.db"), &clock);
-    let l = LifecycleId::new("ns:admit").unwrap();
-    let sc = scope("st1:Room:shard3");
-    store
-        .set_active_storage(&l, Some(sc.storage_id()))
-        .await
-        .unwrap();
+    let (_dir, store) = fresh();
+    let (l, sc) = pointed(&store, "ns:admit", "st1:Room:shard3").await;
+    let clock = store.clock().clone();
     let o = Ownership::new(
         store,
         clock.clone(),
