@@ -951,14 +951,7 @@ where
                         (EventKind::RetryScheduled { next_at, error }, fate)
                     }
                 };
-                settled.push(Settled {
-                    key: s.stored.key,
-                    version,
-                    attempt,
-                    kind,
-                    fate,
-                    undecodable: s.undecodable,
-                });
+                settled.push(Settled::new(s.stored, attempt, kind, fate, s.undecodable));
             }
             let next = tx.outbox_next_due(&self.name)?;
             tx.set_due(&self.capability, next)?;

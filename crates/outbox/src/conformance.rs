@@ -10,9 +10,13 @@ use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 use crate::channel::SCHEMA;
 use crate::store::{OutboxTx, Reschedule, StoredEntry, StoredRow};
 
-/// The body of this crate's conformance macros (see `durability_scheduler`).
+/// The body of this crate's storage conformance macro and its entry
+/// points (see `durability_time::storage_case_runner`), and the body that
+/// emits its tests (see `durability_scheduler`).
 #[doc(hidden)]
-pub use durability_scheduler::storage_suite;
+pub use durability_scheduler::storage_suite as storage_tests;
+#[doc(hidden)]
+pub use durability_time::storage_case_runner as storage_suite;
 
 fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     StoredEntry {
@@ -29,42 +33,20 @@ fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
 /// The names of the suite's cases, in order (each runs on a fresh storage).
 pub const CASES: &[&str] = crate::outbox_conformance!(@cases names);
 
-/// Runs the case `name` on a fresh storage from `make`, with the outbox
-/// schema applied.
-///
-/// # Panics
-/// When the case fails (naming the broken rule), or when `name` is not in
-/// [`CASES`].
-pub fn run_case<S>(name: &str, make: impl Fn() -> S)
-where
-    S: Storage,
-    for<'t> S::Tx<'t>: OutboxTx,
-{
-    let s = make();
-    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
-    match name {
-        "versions_only_increase" => versions_only_increase(&s),
-        "upsert_replaces_and_get_reads" => upsert_replaces_and_get_reads(&s),
-        "guarded_settlement" => guarded_settlement(&s),
-        "due_order_limit_and_channels" => due_order_limit_and_channels(&s),
-        "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
-        "schema_reverts_and_reapplies" => schema_reverts_and_reapplies(&s),
-        other => panic!("no outbox conformance case {other:?}"),
-    }
-}
-
-/// Runs every case in order, each on a fresh storage from `make`.
-///
-/// # Panics
-/// On the first broken rule, naming it.
-pub fn run<S>(make: impl Fn() -> S)
-where
-    S: Storage,
-    for<'t> S::Tx<'t>: OutboxTx,
-{
-    for name in CASES {
-        run_case(name, &make);
-    }
+crate::outbox_conformance! { @cases runner "outbox"
+    /// Runs the case `name` on a fresh storage from `make`, with the outbox
+    /// schema applied.
+    ///
+    /// # Panics
+    /// When the case fails (naming the broken rule), or when `name` is not in
+    /// [`CASES`].
+    pub fn run_case where OutboxTx, |s|
+        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
+    /// Runs every case in order, each on a fresh storage from `make`.
+    ///
+    /// # Panics
+    /// On the first broken rule, naming it.
+    pub fn run over CASES;
 }
 
 fn tx<S: Storage, R>(s: &S, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, StorageError>) -> R {

@@ -60,6 +60,27 @@ pub struct Settled {
     pub undecodable: bool,
 }
 
+impl Settled {
+    /// The report of the entry `stored`, claimed at `attempt`, settled as
+    /// `kind` (and `fate`, where it was not delivered).
+    pub fn new(
+        stored: StoredEntry,
+        attempt: u32,
+        kind: EventKind,
+        fate: Option<Fate>,
+        undecodable: bool,
+    ) -> Self {
+        Self {
+            key: stored.key,
+            version: stored.version,
+            attempt,
+            kind,
+            fate,
+            undecodable,
+        }
+    }
+}
+
 /// A channel's settings, codec, sink and clock: everything delivery needs
 /// except storage.
 pub struct Publisher<T, K> {

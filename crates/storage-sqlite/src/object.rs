@@ -141,6 +141,21 @@ impl SqliteTx<'_> {
         Ok(n.unsigned_abs())
     }
 
+    /// Runs the cached statement `sql` with `params` and returns how many
+    /// rows it changed; a failure is a backend error saying `what` failed.
+    #[cfg(any(feature = "outbox", feature = "semaphore"))]
+    pub(crate) fn exec(
+        &self,
+        what: &str,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<usize, StorageError> {
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute(params))
+            .map_err(|e| backend(what, e))
+    }
+
     /// Drops up to `limit` of the object's own schema objects (tables,
     /// views and triggers whose names do not start with the reserved
     /// `durability_` or `sqlite_`, in any case; a table's indexes and

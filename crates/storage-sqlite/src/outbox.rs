@@ -256,29 +256,26 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_upsert(&mut self, e: &StoredEntry) -> Result<(), StorageError> {
-        self.sql()
-            .prepare_cached(
-                "INSERT INTO durability_outbox
-                   (channel, key, value, version, attempt, due_at, claimed_until)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (channel, key) DO UPDATE SET
-                   value = excluded.value, version = excluded.version,
-                   attempt = excluded.attempt, due_at = excluded.due_at,
-                   claimed_until = excluded.claimed_until",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    e.channel,
-                    e.key,
-                    e.value,
-                    i64_of(e.version).unwrap_or(i64::MAX),
-                    e.attempt,
-                    e.due_at,
-                    e.claimed_until
-                ])
-            })
-            .map(|_| ())
-            .map_err(|err| backend("stage outbox entry", err))
+        self.exec(
+            "stage outbox entry",
+            "INSERT INTO durability_outbox
+               (channel, key, value, version, attempt, due_at, claimed_until)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (channel, key) DO UPDATE SET
+               value = excluded.value, version = excluded.version,
+               attempt = excluded.attempt, due_at = excluded.due_at,
+               claimed_until = excluded.claimed_until",
+            params![
+                e.channel,
+                e.key,
+                e.value,
+                i64_of(e.version).unwrap_or(i64::MAX),
+                e.attempt,
+                e.due_at,
+                e.claimed_until
+            ],
+        )
+        .map(|_| ())
     }
 
     fn outbox_stage(&mut self, e: &StoredEntry) -> Result<bool, StorageError> {
@@ -294,27 +291,24 @@ impl OutboxTx for SqliteTx<'_> {
             e.due_at,
             e.claimed_until
         ];
-        let inserted = self
-            .sql()
-            .prepare_cached(
-                "INSERT INTO durability_outbox
-                   (channel, key, value, version, attempt, due_at, claimed_until)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (channel, key) DO NOTHING",
-            )
-            .and_then(|mut st| st.execute(row))
-            .map_err(|err| backend("stage outbox entry", err))?;
+        let inserted = self.exec(
+            "stage outbox entry",
+            "INSERT INTO durability_outbox
+               (channel, key, value, version, attempt, due_at, claimed_until)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (channel, key) DO NOTHING",
+            row,
+        )?;
         if inserted > 0 {
             return Ok(true);
         }
-        self.sql()
-            .prepare_cached(
-                "UPDATE durability_outbox SET value = ?3, version = ?4, attempt = ?5,
-                   due_at = ?6, claimed_until = ?7
-                 WHERE channel = ?1 AND key = ?2",
-            )
-            .and_then(|mut st| st.execute(row))
-            .map_err(|err| backend("stage outbox entry", err))?;
+        self.exec(
+            "stage outbox entry",
+            "UPDATE durability_outbox SET value = ?3, version = ?4, attempt = ?5,
+               due_at = ?6, claimed_until = ?7
+             WHERE channel = ?1 AND key = ?2",
+            row,
+        )?;
         Ok(false)
     }
 
@@ -328,11 +322,12 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_remove(&mut self, channel: &str, key: &str) -> Result<bool, StorageError> {
-        self.sql()
-            .prepare_cached("DELETE FROM durability_outbox WHERE channel = ?1 AND key = ?2")
-            .and_then(|mut st| st.execute([channel, key]))
-            .map(|n| n > 0)
-            .map_err(|e| backend("discard outbox entry", e))
+        self.exec(
+            "discard outbox entry",
+            "DELETE FROM durability_outbox WHERE channel = ?1 AND key = ?2",
+            [channel, key],
+        )
+        .map(|n| n > 0)
     }
 
     fn outbox_remove_if(
@@ -343,36 +338,32 @@ impl OutboxTx for SqliteTx<'_> {
         attempt: u32,
     ) -> Result<bool, StorageError> {
         let version = i64_of(version)?;
-        self.sql()
-            .prepare_cached(
-                "DELETE FROM durability_outbox
-                 WHERE channel = ?1 AND key = ?2 AND version = ?3 AND attempt = ?4",
-            )
-            .and_then(|mut st| st.execute(params![channel, key, version, attempt]))
-            .map(|n| n > 0)
-            .map_err(|e| backend("settle outbox entry", e))
+        self.exec(
+            "settle outbox entry",
+            "DELETE FROM durability_outbox
+             WHERE channel = ?1 AND key = ?2 AND version = ?3 AND attempt = ?4",
+            params![channel, key, version, attempt],
+        )
+        .map(|n| n > 0)
     }
 
     fn outbox_reschedule_if(&mut self, change: Reschedule<'_>) -> Result<bool, StorageError> {
         let version = i64_of(change.version)?;
-        self.sql()
-            .prepare_cached(
-                "UPDATE durability_outbox SET attempt = ?5, due_at = ?6, claimed_until = ?7
-                 WHERE channel = ?1 AND key = ?2 AND version = ?3 AND attempt = ?4",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    change.channel,
-                    change.key,
-                    version,
-                    change.expected_attempt,
-                    change.attempt,
-                    change.due_at,
-                    change.claimed_until
-                ])
-            })
-            .map(|n| n > 0)
-            .map_err(|e| backend("reschedule outbox entry", e))
+        self.exec(
+            "reschedule outbox entry",
+            "UPDATE durability_outbox SET attempt = ?5, due_at = ?6, claimed_until = ?7
+             WHERE channel = ?1 AND key = ?2 AND version = ?3 AND attempt = ?4",
+            params![
+                change.channel,
+                change.key,
+                version,
+                change.expected_attempt,
+                change.attempt,
+                change.due_at,
+                change.claimed_until
+            ],
+        )
+        .map(|n| n > 0)
     }
 
     fn outbox_due(
@@ -442,20 +433,21 @@ impl OutboxTx for SqliteTx<'_> {
         } else {
             ValueRef::Text(key)
         });
-        let c = self.sql();
-        c.prepare_cached(
+        let what = "quarantine outbox row";
+        self.exec(
+            what,
             "INSERT INTO durability_outbox_quarantine
                (channel, key, value, version, attempt, due_at, claimed_until, reason, quarantined_at)
              SELECT channel, key, value, version, attempt, due_at, claimed_until, ?3, ?4
              FROM durability_outbox WHERE channel = ?1 AND key = ?2",
+            params![row.channel, key, row.reason, at],
+        )?;
+        self.exec(
+            what,
+            "DELETE FROM durability_outbox WHERE channel = ?1 AND key = ?2",
+            params![row.channel, key],
         )
-        .and_then(|mut st| st.execute(params![row.channel, key, row.reason, at]))
-        .and_then(|_| {
-            c.prepare_cached("DELETE FROM durability_outbox WHERE channel = ?1 AND key = ?2")
-                .and_then(|mut st| st.execute(params![row.channel, key]))
-        })
         .map(|n| n > 0)
-        .map_err(|e| backend("quarantine outbox row", e))
     }
 
     fn outbox_quarantined_len(&mut self, channel: &str) -> Result<u64, StorageError> {
@@ -467,10 +459,11 @@ impl OutboxTx for SqliteTx<'_> {
     }
 
     fn outbox_purge_quarantined(&mut self, channel: &str) -> Result<u64, StorageError> {
-        self.sql()
-            .prepare_cached("DELETE FROM durability_outbox_quarantine WHERE channel = ?1")
-            .and_then(|mut st| st.execute([channel]))
-            .map(|n| n as u64)
-            .map_err(|e| backend("purge quarantined outbox rows", e))
+        self.exec(
+            "purge quarantined outbox rows",
+            "DELETE FROM durability_outbox_quarantine WHERE channel = ?1",
+            [channel],
+        )
+        .map(|n| n as u64)
     }
 }

@@ -335,11 +335,12 @@ impl SemaphoreTx for SqliteTx<'_> {
     }
 
     fn semaphore_delete_request(&mut self, pool: &str, key: &str) -> Result<bool, StorageError> {
-        self.sql()
-            .prepare_cached("DELETE FROM durability_semaphore_request WHERE pool = ?1 AND key = ?2")
-            .and_then(|mut st| st.execute([pool, key]))
-            .map(|n| n > 0)
-            .map_err(|e| backend("delete semaphore request", e))
+        self.exec(
+            "delete semaphore request",
+            "DELETE FROM durability_semaphore_request WHERE pool = ?1 AND key = ?2",
+            [pool, key],
+        )
+        .map(|n| n > 0)
     }
 
     fn semaphore_due(
@@ -420,18 +421,21 @@ impl SemaphoreTx for SqliteTx<'_> {
         let mut moved = Vec::new();
         for (key, decoded) in rows {
             let Err(reason) = decoded else { continue };
-            let c = self.sql();
-            c.prepare_cached(&format!(
-                "INSERT INTO durability_semaphore_quarantine ({REQUEST_COLUMNS}, reason, quarantined_at)
-                 SELECT {REQUEST_COLUMNS}, ?3, ?4 FROM durability_semaphore_request
-                 WHERE pool = ?1 AND key = ?2"
-            ))
-            .and_then(|mut st| st.execute(params![pool, key, reason, at]))
-            .and_then(|_| {
-                c.prepare_cached("DELETE FROM durability_semaphore_request WHERE pool = ?1 AND key = ?2")
-                    .and_then(|mut st| st.execute(params![pool, key]))
-            })
-            .map_err(|e| backend("quarantine semaphore request", e))?;
+            let what = "quarantine semaphore request";
+            self.exec(
+                what,
+                &format!(
+                    "INSERT INTO durability_semaphore_quarantine ({REQUEST_COLUMNS}, reason, quarantined_at)
+                     SELECT {REQUEST_COLUMNS}, ?3, ?4 FROM durability_semaphore_request
+                     WHERE pool = ?1 AND key = ?2"
+                ),
+                params![pool, key, reason, at],
+            )?;
+            self.exec(
+                what,
+                "DELETE FROM durability_semaphore_request WHERE pool = ?1 AND key = ?2",
+                params![pool, key],
+            )?;
             let key = match key {
                 Value::Text(t) => t,
                 Value::Blob(b) => String::from_utf8_lossy(&b).into_owned(),
@@ -447,15 +451,18 @@ impl SemaphoreTx for SqliteTx<'_> {
     }
 
     fn semaphore_delete_pool(&mut self, pool: &str) -> Result<bool, StorageError> {
-        let c = self.sql();
-        c.prepare_cached("DELETE FROM durability_semaphore_request WHERE pool = ?1")
-            .and_then(|mut st| st.execute([pool]))
-            .and_then(|_| {
-                c.prepare_cached("DELETE FROM durability_semaphore_pool WHERE name = ?1")
-                    .and_then(|mut st| st.execute([pool]))
-            })
-            .map(|n| n > 0)
-            .map_err(|e| backend("delete semaphore pool", e))
+        let what = "delete semaphore pool";
+        self.exec(
+            what,
+            "DELETE FROM durability_semaphore_request WHERE pool = ?1",
+            [pool],
+        )?;
+        self.exec(
+            what,
+            "DELETE FROM durability_semaphore_pool WHERE name = ?1",
+            [pool],
+        )
+        .map(|n| n > 0)
     }
 
     fn semaphore_next_due(&mut self) -> Result<Option<i64>, StorageError> {

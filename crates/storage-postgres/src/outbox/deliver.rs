@@ -493,7 +493,6 @@ where
         let now = self.publisher.now_ms();
         let mut decided = Decided::default();
         for s in outcomes {
-            let (version, attempt) = (s.stored.version, s.attempt);
             let (kind, fate, next_at) = match rules::settle(s.outcome) {
                 Settle::Remove { kind, fate } => {
                     if kind == EventKind::Delivered {
@@ -509,7 +508,7 @@ where
                 } => {
                     let at = self
                         .publisher
-                        .retry_at(&s.stored.key, attempt, requested, now);
+                        .retry_at(&s.stored.key, s.attempt, requested, now);
                     (
                         EventKind::RetryScheduled { next_at: at, error },
                         fate,
@@ -517,14 +516,7 @@ where
                     )
                 }
             };
-            let settled = Settled {
-                key: s.stored.key,
-                version,
-                attempt,
-                kind,
-                fate,
-                undecodable: s.undecodable,
-            };
+            let settled = Settled::new(s.stored, s.attempt, kind, fate, s.undecodable);
             match next_at {
                 None => decided.removed.push(settled),
                 Some(at) => decided.kept.push((settled, at)),

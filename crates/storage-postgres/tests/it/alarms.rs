@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use durability_alarms::{
-    AlarmIndex, ClaimReady, Delivery, Dispatch, DispatchOutcome, Dispatcher, DispatcherConfig,
-    JobState, ObjectId, RetryPolicy, Token,
+    AlarmIndex, Claim, ClaimReady, Delivery, Dispatch, DispatchOutcome, Dispatcher,
+    DispatcherConfig, JobState, ObjectId, RetryPolicy, Token,
 };
 use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
 use durability_storage_postgres::testkit::{TestSchema, url};
@@ -32,12 +32,30 @@ async fn fresh(time: IndexTime) -> Option<(PostgresAlarmIndex, TestSchema)> {
 
 durability_alarms::alarm_index_conformance!(conformance, fresh(IndexTime::Caller));
 
-fn obj(s: &str) -> ObjectId {
+pub(crate) fn obj(s: &str) -> ObjectId {
     ObjectId::new(s).unwrap()
 }
 
-fn tok(s: &str) -> Token {
+pub(crate) fn tok(s: &str) -> Token {
     Token::new(s).unwrap()
+}
+
+/// Claims the earliest ready job of a server-time index under the run
+/// token `run`, at a caller time of 0 (which the index does not read).
+pub(crate) async fn claim_on_server_time(
+    index: &PostgresAlarmIndex,
+    lease_ms: i64,
+    run: &str,
+) -> Option<Claim> {
+    let run = tok(run);
+    index
+        .claim(ClaimReady {
+            now: 0,
+            lease_ms,
+            run: &run,
+        })
+        .await
+        .unwrap()
 }
 
 const T0: i64 = 1_700_000_000_000;
@@ -241,15 +259,7 @@ async fn server_time_decides_leases_and_due_jobs() {
     index.upsert(&a, &tok("t"), 1).await.unwrap();
     // A caller clock at 0 would see nothing due; the server sees it due.
     assert_eq!(index.promote(0, 10).await.unwrap(), 1);
-    let c = index
-        .claim(ClaimReady {
-            now: 0,
-            lease_ms: 60_000,
-            run: &tok("r"),
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let c = claim_on_server_time(&index, 60_000, "r").await.unwrap();
     assert!(
         c.lease_until >= server_now + 60_000,
         "{} vs {server_now}",

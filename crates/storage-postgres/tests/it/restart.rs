@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use durability_alarms::{AlarmIndex, ClaimReady, JobState, ObjectId, Token};
+use durability_alarms::{AlarmIndex, JobState};
 use durability_ownership::{
     ClaimOutcome, Claimant, ClassName, DispatchOutcome, LeaseStore, OwnerScope, ShardCount, TaskId,
 };
@@ -15,6 +15,7 @@ use durability_storage_postgres::SchemaName;
 use durability_storage_postgres::alarms::{IndexTime, PostgresAlarmIndex};
 use durability_storage_postgres::ownership::PostgresLeaseStore;
 
+use crate::alarms::{claim_on_server_time, obj, tok};
 use crate::cluster::{Cluster, signal};
 use crate::ownership::active;
 use crate::pg::class_scopes;
@@ -38,14 +39,6 @@ async fn backend_pid(raw: &tokio_postgres::Client, app: &str) -> u32 {
         .unwrap()
         .get(0);
     u32::try_from(pid).unwrap()
-}
-
-fn obj(s: &str) -> ObjectId {
-    ObjectId::new(s).unwrap()
-}
-
-fn tok(s: &str) -> Token {
-    Token::new(s).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,14 +79,8 @@ async fn restart_keeps_leases_and_jobs_and_lost_replies_are_unknown() {
         .await
         .unwrap();
     assert_eq!(index.promote(0, 10).await.unwrap(), 1);
-    let claim = index
-        .claim(ClaimReady {
-            now: 0,
-            lease_ms: 300_000,
-            run: &tok("r1"),
-        })
+    let claim = claim_on_server_time(&index, 300_000, "r1")
         .await
-        .unwrap()
         .expect("a is ready");
 
     // Lost replies: both stores' backends paused past the call deadline.

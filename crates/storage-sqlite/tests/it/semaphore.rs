@@ -96,6 +96,22 @@ where
     Ok(Holder { scheduler, sem })
 }
 
+/// A holder on a fresh SQLite file with its clock at 1 000 ms, and the
+/// storage under it (to write rows behind the holder's back); the file's
+/// directory lives as long as the factory returned first.
+fn holder_on_a_file() -> (
+    impl Fn() -> SqliteStorage,
+    Arc<SqliteStorage>,
+    ManualClock,
+    Holder<SqliteStorage>,
+) {
+    let make = file_storages();
+    let storage = Arc::new(make());
+    let clock = ManualClock::new(1_000);
+    let h = open(Arc::clone(&storage), &clock).unwrap();
+    (make, storage, clock, h)
+}
+
 /// What the holder stores: the pool, every request, the alarm.
 type Stored = (Option<PoolRow>, Vec<RequestRow>, Option<i64>);
 
@@ -298,10 +314,7 @@ fn a_crash_at_every_transaction_of_the_holder_grants_nothing_twice_and_loses_no_
 
 #[test]
 fn a_corrupt_row_is_a_typed_error_and_stays_deletable() {
-    let make = file_storages();
-    let storage = Arc::new(make());
-    let clock = ManualClock::new(1_000);
-    let h = open(Arc::clone(&storage), &clock).unwrap();
+    let (_dir, storage, _, h) = holder_on_a_file();
     h.scheduler
         .transaction(|tx| h.sem.configure(tx, "p", PoolConfig::new(2)))
         .unwrap();
@@ -372,10 +385,7 @@ fn a_corrupt_row_is_a_typed_error_and_stays_deletable() {
 
 #[test]
 fn the_alarm_quarantines_a_corrupt_row_and_settles_every_pool() {
-    let make = file_storages();
-    let storage = Arc::new(make());
-    let clock = ManualClock::new(1_000);
-    let h = open(Arc::clone(&storage), &clock).unwrap();
+    let (_dir, storage, clock, h) = holder_on_a_file();
     for (pool, key) in [("p", "bad"), ("p", "good"), ("q", "other")] {
         h.scheduler
             .transaction(|tx| {
