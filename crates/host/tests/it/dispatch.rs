@@ -1,12 +1,14 @@
 //! Calls, ownership moves, fencing, alarms, residency and drain, on a
 //! manual clock.
 
-use durability_host::{Host, HostError, OwnPolicy, OwnerEvent, Residency};
+use durability_host::{BoxError, Handle, Host, HostError, OwnPolicy, OwnerEvent, Residency};
 use durability_ownership::conformance::{Action, Hooks, Method};
 use durability_ownership::{DrainReport, OwnershipError};
 use durability_scheduler::StorageErrorKind;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use tokio::task::JoinHandle;
 
-use crate::support::{Counter, TTL, World, advance_until, incr, settings, spin};
+use crate::support::{Counter, TTL, TestHost, World, advance_until, incr, settings, spin};
 
 fn fence_generation(w: &World, name: &str) -> i64 {
     let path = w
@@ -20,6 +22,24 @@ fn fence_generation(w: &World, name: &str) -> i64 {
             r.get(0)
         })
         .unwrap()
+}
+
+/// Runs `body` as a call to `Counter` `name` on `host`, in a task of its
+/// own.
+fn spawn_call<F, Fut>(host: &TestHost, name: &str, body: F) -> JoinHandle<Result<(), HostError>>
+where
+    F: FnOnce(Handle<Counter, SqliteAlarmIndex>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let host = host.clone();
+    let name = name.to_owned();
+    tokio::spawn(async move { host.call::<Counter, _, _, _>("Counter", &name, body).await })
+}
+
+/// Drains `host` in a task of its own.
+fn spawn_drain(host: &TestHost) -> JoinHandle<DrainReport> {
+    let host = host.clone();
+    tokio::spawn(async move { host.shutdown().await })
 }
 
 #[tokio::test]
@@ -70,13 +90,9 @@ async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
     assert_eq!(wrong.code(), "host_class_type");
     // The in-flight gauge counts a running call.
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let busy = a.clone();
-    let running = tokio::spawn(async move {
-        busy.call::<Counter, _, _, _>("Counter", "c1", |_| async move {
-            rx.await.ok();
-            Ok(())
-        })
-        .await
+    let running = spawn_call(&a, "c1", |_| async move {
+        rx.await.ok();
+        Ok(())
     });
     spin().await;
     assert_eq!(a.probe().in_flight, 1);
@@ -88,9 +104,7 @@ async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
 
 #[tokio::test]
 async fn a_stale_host_is_refused_at_admission_and_at_commit() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     let mut a_events = a.subscribe();
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     // A keeps a handle on the object's scheduler past its ownership.
@@ -139,21 +153,14 @@ async fn a_stale_host_is_refused_at_admission_and_at_commit() {
 
 #[tokio::test]
 async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     let (go, wait) = tokio::sync::oneshot::channel::<()>();
-    let runner = a.clone();
-    let running = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                wait.await.ok();
-                // The late second write of a call whose owner moved on.
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                Ok(())
-            })
-            .await
+    let running = spawn_call(&a, "c1", |h| async move {
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        wait.await.ok();
+        // The late second write of a call whose owner moved on.
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        Ok(())
     });
     spin().await;
     w.lapse(&a, "c1").await;
@@ -190,9 +197,7 @@ async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
         "{report:?}"
     );
     assert_eq!(incr(&a, "c2").await.unwrap_err().code(), "host_draining");
-    let b = w
-        .host_with("b", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let b = w.all_shards("b").await;
     let cycle = b.owner_cycle().await;
     assert!(
         cycle
@@ -215,24 +220,16 @@ async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
 
 #[tokio::test]
 async fn drain_waits_for_admitted_work_and_a_timed_out_drain_keeps_the_leases() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     // Work that finishes in time: the drain waits for it, then releases.
     let (done, wait) = tokio::sync::oneshot::channel::<()>();
-    let runner = a.clone();
-    let call = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
-                wait.await.ok();
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                Ok(())
-            })
-            .await
+    let call = spawn_call(&a, "c1", |h| async move {
+        wait.await.ok();
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        Ok(())
     });
     spin().await;
-    let drainer = a.clone();
-    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    let drain = spawn_drain(&a);
     spin().await;
     assert!(
         !drain.is_finished(),
@@ -250,17 +247,9 @@ async fn drain_waits_for_admitted_work_and_a_timed_out_drain_keeps_the_leases() 
 
     // Work that does not finish: the drain times out and keeps B's lease.
     let c = w.host("c").await;
-    let runner = b.clone();
-    let _stuck = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |_| {
-                futures::future::pending::<Result<(), durability_host::BoxError>>()
-            })
-            .await
-    });
+    let _stuck = spawn_call(&b, "c1", |_| futures::future::pending());
     spin().await;
-    let drainer = b.clone();
-    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    let drain = spawn_drain(&b);
     assert!(advance_until(&w.clock, 500, 8_000, || drain.is_finished()).await);
     let report = drain.await.unwrap();
     assert_eq!(report, DrainReport::TimedOut { in_flight: 1 });
@@ -548,7 +537,7 @@ fn busy(hooks: &Hooks, methods: &'static [Method]) {
 async fn incr_hooked(
     a: &Host<
         durability_ownership::conformance::HookedStore<crate::support::Store>,
-        durability_storage_sqlite::alarms::SqliteAlarmIndex,
+        SqliteAlarmIndex,
     >,
 ) -> i64 {
     a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
@@ -562,9 +551,7 @@ async fn the_first_subscriber_sees_every_owner_change_since_start() {
     // arrives after the first claims (a user's `main` subscribing right
     // after start) still sees each one.
     let w = World::new();
-    let a = w
-        .host_with("a", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let a = w.all_shards("a").await;
     spin().await;
     assert_eq!(a.probe().scopes.len(), 16, "the owner loop claimed first");
     let mut events = a.subscribe();

@@ -209,9 +209,7 @@ async fn delete_all_keeping_the_alarm_still_fires_the_timer() {
 
 #[tokio::test]
 async fn a_stale_hosts_delete_all_is_refused_and_deletes_nothing() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
