@@ -229,10 +229,16 @@ impl World {
         Host::start(self.config(task)).await.unwrap()
     }
 
-    /// A new world with hosts `a` and `b` started on it.
-    pub(crate) async fn with_a_and_b() -> (Self, TestHost, TestHost) {
+    /// A new world with host `a` started on it.
+    pub(crate) async fn with_a() -> (Self, TestHost) {
         let w = Self::new();
         let a = w.host("a").await;
+        (w, a)
+    }
+
+    /// A new world with hosts `a` and `b` started on it.
+    pub(crate) async fn with_a_and_b() -> (Self, TestHost, TestHost) {
+        let (w, a) = Self::with_a().await;
         let b = w.host("b").await;
         (w, a, b)
     }
