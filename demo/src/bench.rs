@@ -8,9 +8,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use durability_outbox::{ChannelConfig, Entry, Outbox, Sink, SinkError};
-use durability_scheduler::{ObjectContext, ObjectId, Scheduler, SchemaStep, SystemClock};
-use durability_storage_sqlite::{SqliteOptions, SqliteSchemaStep, SqliteStorage, Synchronous};
+use durability_outbox::{ChannelConfig, Entry, Outbox, OutboxError, Sink, SinkError};
+use durability_scheduler::{
+    ObjectContext, ObjectId, Scheduler, SchemaStep, SystemClock, Transaction,
+};
+use durability_storage_sqlite::{
+    SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx, Synchronous,
+};
 use serde_json::json;
 
 use crate::{INITIAL_STEP, Result};
@@ -156,8 +160,8 @@ pub(crate) fn open_bench(path: &std::path::Path) -> Result<Bench> {
     Ok((scheduler, outbox))
 }
 
-fn sql_err(e: rusqlite::Error) -> durability_outbox::OutboxError {
-    durability_outbox::OutboxError::Storage(durability_scheduler::StorageError::backend("bench", e))
+fn sql_err(e: rusqlite::Error) -> OutboxError {
+    OutboxError::Storage(durability_scheduler::StorageError::backend("bench", e))
 }
 
 /// Stages `n` entries of 200 bytes, `per_tx` per transaction.
@@ -170,37 +174,36 @@ pub(crate) fn stage_many(b: &Bench, n: u64, per_tx: u64) -> Result {
             for k in i..end {
                 b.1.stage(tx, &format!("key-{k}"), &value)?;
             }
-            Ok::<_, durability_outbox::OutboxError>(())
+            Ok::<_, OutboxError>(())
         })?;
         i = end;
     }
     Ok(())
 }
 
-fn app_row(
-    tx: &mut durability_storage_sqlite::SqliteTx<'_>,
-    id: u64,
-    body: &[u8],
-) -> std::result::Result<(), durability_outbox::OutboxError> {
+/// What a step of a measured transaction returns.
+type TxResult = std::result::Result<(), OutboxError>;
+
+/// Runs one cached statement in `tx`.
+fn execute(tx: &mut SqliteTx<'_>, sql: &str, params: impl rusqlite::Params) -> TxResult {
     tx.sql()
-        .prepare_cached("INSERT INTO app_rows (id, body) VALUES (?1, ?2)")
-        .and_then(|mut st| st.execute((id as i64, body)))
+        .prepare_cached(sql)
+        .and_then(|mut st| st.execute(params))
         .map(|_| ())
         .map_err(sql_err)
 }
 
+/// The application's own row of a transaction.
+fn app_row(tx: &mut SqliteTx<'_>, id: u64, body: &[u8]) -> TxResult {
+    let sql = "INSERT INTO app_rows (id, body) VALUES (?1, ?2)";
+    execute(tx, sql, (id as i64, body))
+}
+
 /// The hand-written outbox: one insert into an indexed table shaped like
 /// the outbox (no version counter, no alarm bookkeeping).
-fn hand_written(
-    tx: &mut durability_storage_sqlite::SqliteTx<'_>,
-    i: u64,
-    body: &[u8],
-) -> std::result::Result<(), durability_outbox::OutboxError> {
-    tx.sql()
-        .prepare_cached("INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)")
-        .and_then(|mut st| st.execute((format!("key-{i}"), body, i as i64)))
-        .map(|_| ())
-        .map_err(sql_err)
+fn hand_written(tx: &mut SqliteTx<'_>, i: u64, body: &[u8]) -> TxResult {
+    let sql = "INSERT INTO bench_outbox VALUES ('probe', ?1, ?2, ?3, 0, 0, NULL)";
+    execute(tx, sql, (format!("key-{i}"), body, i as i64))
 }
 
 /// What the postcard codec costs per stage, in microseconds: encoding the
@@ -229,8 +232,10 @@ pub(crate) fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// One measured transaction: the bench's storage and the round index.
-type TxBody<'a> = Box<dyn Fn(&Bench, u64) -> Result + 'a>;
+/// The body of one measured transaction: the bench's storage, the
+/// transaction and the round index.
+type TxBody<'a> =
+    Box<dyn Fn(&Bench, &mut Transaction<'_, '_, SqliteStorage>, u64) -> TxResult + 'a>;
 
 /// One staging variant: a fresh database and a transaction body.
 struct Variant<'a> {
@@ -238,6 +243,21 @@ struct Variant<'a> {
     bench: Bench,
     body: TxBody<'a>,
     per_round: Vec<f64>,
+}
+
+impl<'a> Variant<'a> {
+    fn new(
+        name: &'static str,
+        bench: Bench,
+        body: impl Fn(&Bench, &mut Transaction<'_, '_, SqliteStorage>, u64) -> TxResult + 'a,
+    ) -> Self {
+        Self {
+            name,
+            bench,
+            body: Box::new(body),
+            per_round: Vec::new(),
+        }
+    }
 }
 
 /// Runs the variants in interleaved rounds (so noise on this shared machine
@@ -249,7 +269,7 @@ fn interleaved(variants: &mut [Variant<'_>], rounds: u64, per_round: u64) -> Res
         for v in variants.iter_mut() {
             let start = Instant::now();
             for i in (round * per_round)..((round + 1) * per_round) {
-                (v.body)(&v.bench, i)?;
+                v.bench.0.transaction(|tx| (v.body)(&v.bench, tx, i))?;
             }
             v.per_round
                 .push(start.elapsed().as_secs_f64() * 1e6 / per_round as f64);
@@ -273,67 +293,33 @@ fn outbox() -> Result {
     // "+counter" and "+due read" variants are the hand-written outbox plus
     // the statements a stage adds, to measure what each one costs.
     let mut single = vec![
-        Variant {
-            name: "bare",
-            bench: open("bare")?,
-            body: Box::new(|b, i| Ok(b.0.transaction(|tx| app_row(tx, i, &body))?)),
-            per_round: Vec::new(),
-        },
-        Variant {
-            name: "hand_written",
-            bench: open("hand")?,
-            body: Box::new(|b, i| {
-                Ok(b.0.transaction(|tx| {
-                    app_row(tx, i, &body)?;
-                    hand_written(tx, i, &body)
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
-        Variant {
-            name: "hand_written+counter",
-            bench: open("counter")?,
-            body: Box::new(|b, i| {
-                Ok(b.0.transaction(|tx| {
-                    app_row(tx, i, &body)?;
-                    hand_written(tx, i, &body)?;
-                    tx.sql()
-                        .prepare_cached(
-                            "UPDATE durability_outbox_version SET last = last + 1
-                             WHERE id = 0 RETURNING last",
-                        )
-                        .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
-                        .map(|_| ())
-                        .map_err(sql_err)
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
-        Variant {
-            name: "hand_written+due_read",
-            bench: open("due")?,
-            body: Box::new(|b, i| {
-                Ok(b.0.transaction(|tx| {
-                    app_row(tx, i, &body)?;
-                    hand_written(tx, i, &body)?;
-                    tx.lower_due("outbox:bench", 0)?;
-                    Ok::<_, durability_outbox::OutboxError>(())
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
-        Variant {
-            name: "ours",
-            bench: open("ours")?,
-            body: Box::new(|b, i| {
-                Ok(b.0.transaction(|tx| {
-                    app_row(tx, i, &body)?;
-                    b.1.stage(tx, &format!("key-{i}"), &body)?;
-                    Ok::<_, durability_outbox::OutboxError>(())
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
+        Variant::new("bare", open("bare")?, |_, tx, i| app_row(tx, i, &body)),
+        Variant::new("hand_written", open("hand")?, |_, tx, i| {
+            app_row(tx, i, &body)?;
+            hand_written(tx, i, &body)
+        }),
+        Variant::new("hand_written+counter", open("counter")?, |_, tx, i| {
+            app_row(tx, i, &body)?;
+            hand_written(tx, i, &body)?;
+            tx.sql()
+                .prepare_cached(
+                    "UPDATE durability_outbox_version SET last = last + 1
+                     WHERE id = 0 RETURNING last",
+                )
+                .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+                .map(|_| ())
+                .map_err(sql_err)
+        }),
+        Variant::new("hand_written+due_read", open("due")?, |_, tx, i| {
+            app_row(tx, i, &body)?;
+            hand_written(tx, i, &body)?;
+            Ok(tx.lower_due("outbox:bench", 0)?)
+        }),
+        Variant::new("ours", open("ours")?, |b, tx, i| {
+            app_row(tx, i, &body)?;
+            b.1.stage(tx, &format!("key-{i}"), &body)?;
+            Ok(())
+        }),
     ];
     interleaved(&mut single, rounds, n / rounds)?;
     let med: Vec<(&str, f64)> = single
@@ -357,33 +343,13 @@ fn outbox() -> Result {
         "rounds": rounds, "statistic": "median",
         "bare_us": round(bare), "hand_written_us": round(hand), "ours_us": round(ours),
         "counter_update_us": round(counter - hand), "due_read_us": round(due - hand)});
-    figure(
-        "outbox.stage_vs_bare",
-        ours,
-        bare,
-        "us/txn",
-        "report",
-        n,
-        extra.clone(),
-    );
-    figure(
-        "outbox.hand_written_vs_bare",
-        hand,
-        bare,
-        "us/txn",
-        "report",
-        n,
-        extra.clone(),
-    );
-    figure(
-        "outbox.stage_overhead",
-        ours,
-        hand,
-        "us/txn",
-        "<=1.25",
-        n,
-        extra,
-    );
+    for (name, value, baseline, target) in [
+        ("outbox.stage_vs_bare", ours, bare, "report"),
+        ("outbox.hand_written_vs_bare", hand, bare, "report"),
+        ("outbox.stage_overhead", ours, hand, "<=1.25"),
+    ] {
+        figure(name, value, baseline, "us/txn", target, n, extra.clone());
+    }
     drop(single);
 
     // 100 entries per transaction: per-entry cost of 100 stages against
@@ -391,32 +357,18 @@ fn outbox() -> Result {
     let per_tx: u64 = 100;
     let txns: u64 = 200;
     let mut batched = vec![
-        Variant {
-            name: "bare_100",
-            bench: open("bare100")?,
-            body: Box::new(|b, t| {
-                Ok(b.0.transaction(|tx| {
-                    for i in (t * per_tx)..((t + 1) * per_tx) {
-                        hand_written(tx, i, &body)?;
-                    }
-                    Ok::<_, durability_outbox::OutboxError>(())
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
-        Variant {
-            name: "ours_100",
-            bench: open("ours100")?,
-            body: Box::new(|b, t| {
-                Ok(b.0.transaction(|tx| {
-                    for i in (t * per_tx)..((t + 1) * per_tx) {
-                        b.1.stage(tx, &format!("key-{i}"), &body)?;
-                    }
-                    Ok::<_, durability_outbox::OutboxError>(())
-                })?)
-            }),
-            per_round: Vec::new(),
-        },
+        Variant::new("bare_100", open("bare100")?, |_, tx, t| {
+            for i in (t * per_tx)..((t + 1) * per_tx) {
+                hand_written(tx, i, &body)?;
+            }
+            Ok(())
+        }),
+        Variant::new("ours_100", open("ours100")?, |b, tx, t| {
+            for i in (t * per_tx)..((t + 1) * per_tx) {
+                b.1.stage(tx, &format!("key-{i}"), &body)?;
+            }
+            Ok(())
+        }),
     ];
     interleaved(&mut batched, rounds, txns / rounds)?;
     let bare100 = median(&mut batched[0].per_round) / per_tx as f64;
@@ -445,12 +397,7 @@ fn outbox() -> Result {
     let b = open_bench(&dir.path().join("deliver.db"))?;
     let (mut ours_rounds, mut bare_rounds) = (Vec::new(), Vec::new());
     for _ in 0..delivery_rounds {
-        stage_many(&b, per_round, 1_000)?;
-        let t = Instant::now();
-        let report = rt.block_on(b.1.deliver_due())?;
-        ours_rounds.push(per_round as f64 / t.elapsed().as_secs_f64());
-        assert_eq!(report.delivered, per_round, "everything delivered");
-        assert_eq!(b.1.len()?, 0, "nothing left");
+        ours_rounds.push(stage_and_deliver(&rt, &b, per_round)?);
         bare_rounds.push(bare_delivery(&b, per_round)?);
     }
     let (ours, base) = (median(&mut ours_rounds), median(&mut bare_rounds));
@@ -490,6 +437,19 @@ fn outbox() -> Result {
     Ok(())
 }
 
+/// Stages `n` entries, 1,000 per transaction, then delivers them all in
+/// one run; returns the delivery rate in entries per second.
+#[allow(clippy::disallowed_methods)] // Benchmarks measure wall time.
+fn stage_and_deliver(rt: &tokio::runtime::Runtime, b: &Bench, n: u64) -> Result<f64> {
+    stage_many(b, n, 1_000)?;
+    let t = Instant::now();
+    let report = rt.block_on(b.1.deliver_due())?;
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    assert_eq!(report.delivered, n, "everything delivered");
+    assert_eq!(b.1.len()?, 0, "nothing left");
+    Ok(rate)
+}
+
 /// The drain rate of a 10k and of a 1M backlog (each staged first, 1,000
 /// per transaction, then delivered by one run). Some fall is expected (a 1M
 /// file outgrows SQLite's page cache, so claims and deletes read pages
@@ -501,12 +461,7 @@ fn drain_by_backlog(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> Resu
     let mut rates = Vec::new();
     for n in [10_000_u64, 1_000_000] {
         let b = open_bench(&dir.join(format!("drain-{n}.db")))?;
-        stage_many(&b, n, 1_000)?;
-        let t = Instant::now();
-        let report = rt.block_on(b.1.deliver_due())?;
-        rates.push(n as f64 / t.elapsed().as_secs_f64());
-        assert_eq!(report.delivered, n, "everything delivered");
-        assert_eq!(b.1.len()?, 0, "nothing left");
+        rates.push(stage_and_deliver(rt, &b, n)?);
     }
     let (small, large) = (rates[0], rates[1]);
     eprintln!("drain rate by backlog: 10k {small:.0} entries/s, 1M {large:.0} entries/s");
@@ -537,7 +492,7 @@ fn bare_delivery(b: &Bench, total: u64) -> Result<f64> {
             st.execute((format!("key-{k}"), &value, k as i64))
                 .map_err(sql_err)?;
         }
-        Ok::<_, durability_outbox::OutboxError>(())
+        Ok::<_, OutboxError>(())
     })?;
     let t = Instant::now();
     let mut done = 0u64;
@@ -560,7 +515,7 @@ fn bare_delivery(b: &Bench, total: u64) -> Result<f64> {
             for (k, _, _) in &rows {
                 claim.execute([k]).map_err(sql_err)?;
             }
-            Ok::<_, durability_outbox::OutboxError>(rows.into_iter().map(|(k, _, v)| (k, v)).collect())
+            Ok::<_, OutboxError>(rows.into_iter().map(|(k, _, v)| (k, v)).collect())
         })?;
         if claimed.is_empty() {
             break;
@@ -573,7 +528,7 @@ fn bare_delivery(b: &Bench, total: u64) -> Result<f64> {
             for (k, v) in &claimed {
                 del.execute((k, v)).map_err(sql_err)?;
             }
-            Ok::<_, durability_outbox::OutboxError>(())
+            Ok::<_, OutboxError>(())
         })?;
         done += claimed.len() as u64;
     }

@@ -756,75 +756,40 @@ async fn scene(c: &mut Cluster) -> Result {
     println!();
     println!("| figure                                              | value |");
     println!("|-----------------------------------------------------|-------|");
-    let row = |k: &str, v: String| println!("| {k:<51} | {v:>5} |");
-    row("objects", names.len().to_string());
-    row(
-        "calls acknowledged (increments, alarms set)",
-        ledger.acked_calls.to_string(),
-    );
-    row(
-        "calls with an unknown outcome",
-        ledger.unknown_calls.to_string(),
-    );
-    row(
-        "calls refused before they started, sent again",
-        c.retried.to_string(),
-    );
     let routed_row = |k: &str| routed.get(k).copied().unwrap_or(0).to_string();
-    row(
-        "calls forwarded to the owner (surviving hosts)",
-        routed_row("forwarded"),
+    let failover = format!(
+        "failover after SIGKILL, ms (budget {})",
+        TTL_MS + INTERVAL_MS
     );
-    row("  sent straight to an owner hint", routed_row("direct"));
-    row(
-        "  rediscoveries after a takeover",
-        routed_row("rediscoveries"),
-    );
-    row(
-        "alarm deliveries forwarded to the owner",
-        routed_row("alarms_forwarded"),
-    );
-    row("alarms set", set.len().to_string());
-    row(
-        "alarms fired",
-        set.intersection(&fired_tags).count().to_string(),
-    );
-    row(
-        &format!(
-            "failover after SIGKILL, ms (budget {})",
-            TTL_MS + INTERVAL_MS
-        ),
-        fig.kill_first_ms.to_string(),
-    );
-    row(
-        "  all of its objects answering elsewhere, ms",
-        fig.kill_all_ms.to_string(),
-    );
-    row(
-        "  its pending alarms fired on survivors",
-        format!("{}/{}", fig.kill_alarms.0, fig.kill_alarms.1),
-    );
-    row(
-        "  last of them, ms after the kill",
-        fig.kill_alarms.2.to_string(),
-    );
-    row("takeover after SIGSTOP, ms", fig.stop_first_ms.to_string());
-    row(
-        "refused stale commits (fence / watchdog)",
-        format!("{}/{}", fig.refused_fenced, fig.refused_cancelled),
-    );
-    row("stale writes landed", fig.stale_landed.to_string());
-    row(
-        &format!("move after SIGTERM drain, ms (lease {TTL_MS})"),
-        fig.drain_first_ms.to_string(),
-    );
-    row(
-        "  all of its objects answering elsewhere, ms",
-        fig.drain_all_ms.to_string(),
-    );
-    row("  drain itself, ms", fig.drain_ms.to_string());
-    row("writes not accounted for", unaccounted.to_string());
-    row("lost work", lost.to_string());
+    let drain_move = format!("move after SIGTERM drain, ms (lease {TTL_MS})");
+    #[rustfmt::skip]
+    let rows = [
+        ("objects", names.len().to_string()),
+        ("calls acknowledged (increments, alarms set)", ledger.acked_calls.to_string()),
+        ("calls with an unknown outcome", ledger.unknown_calls.to_string()),
+        ("calls refused before they started, sent again", c.retried.to_string()),
+        ("calls forwarded to the owner (surviving hosts)", routed_row("forwarded")),
+        ("  sent straight to an owner hint", routed_row("direct")),
+        ("  rediscoveries after a takeover", routed_row("rediscoveries")),
+        ("alarm deliveries forwarded to the owner", routed_row("alarms_forwarded")),
+        ("alarms set", set.len().to_string()),
+        ("alarms fired", set.intersection(&fired_tags).count().to_string()),
+        (&failover, fig.kill_first_ms.to_string()),
+        ("  all of its objects answering elsewhere, ms", fig.kill_all_ms.to_string()),
+        ("  its pending alarms fired on survivors", format!("{}/{}", fig.kill_alarms.0, fig.kill_alarms.1)),
+        ("  last of them, ms after the kill", fig.kill_alarms.2.to_string()),
+        ("takeover after SIGSTOP, ms", fig.stop_first_ms.to_string()),
+        ("refused stale commits (fence / watchdog)", format!("{}/{}", fig.refused_fenced, fig.refused_cancelled)),
+        ("stale writes landed", fig.stale_landed.to_string()),
+        (&drain_move, fig.drain_first_ms.to_string()),
+        ("  all of its objects answering elsewhere, ms", fig.drain_all_ms.to_string()),
+        ("  drain itself, ms", fig.drain_ms.to_string()),
+        ("writes not accounted for", unaccounted.to_string()),
+        ("lost work", lost.to_string()),
+    ];
+    for (k, v) in rows {
+        println!("| {k:<51} | {v:>5} |");
+    }
     if lost > 0 || fig.stale_landed > 0 || unaccounted > 0 {
         return Err(format!(
             "cluster scene: lost work {lost} ({lost_increments} increments, alarms {lost_alarms:?}), {} stale writes landed, {unaccounted} writes not accounted for",
@@ -836,19 +801,35 @@ async fn scene(c: &mut Cluster) -> Result {
     Ok(())
 }
 
+/// The host owning the most of `names` and its objects, announced as the
+/// next to get `signal`; each of its objects gets an alarm (tagged
+/// `phase`) due `delay_ms` later.
+async fn busiest_with_alarms(
+    c: &mut Cluster,
+    ledger: &mut Ledger,
+    names: &[String],
+    signal: &str,
+    phase: &str,
+    delay_ms: u64,
+) -> Result<(String, Vec<String>)> {
+    let (host, shards, objs) = c.busiest_objects(names).await?;
+    println!();
+    println!(
+        "-- {signal} host {host} ({shards} shards, {} objects), each object with an alarm due {} s later",
+        objs.len(),
+        delay_ms as f64 / 1000.0
+    );
+    work(c, ledger, &timers(&objs, phase, delay_ms)).await?;
+    Ok((host, objs))
+}
+
 async fn kill_phase(
     c: &mut Cluster,
     ledger: &mut Ledger,
     fig: &mut Figures,
     names: &[String],
 ) -> Result {
-    let (k, shards, objs) = c.busiest_objects(names).await?;
-    println!();
-    println!(
-        "-- SIGKILL host {k} ({shards} shards, {} objects), each object with an alarm due 1.5 s later",
-        objs.len()
-    );
-    work(c, ledger, &timers(&objs, "kill", 1_500)).await?;
+    let (k, objs) = busiest_with_alarms(c, ledger, names, "SIGKILL", "kill", 1_500).await?;
     let killed = now_ms();
     let p = c.procs.get_mut(&k).ok_or("victim")?;
     p.signal("KILL")?;
@@ -1012,13 +993,7 @@ async fn drain_phase(
     fig: &mut Figures,
     names: &[String],
 ) -> Result {
-    let (d, shards, objs) = c.busiest_objects(names).await?;
-    println!();
-    println!(
-        "-- SIGTERM (drain) host {d} ({shards} shards, {} objects), each object with an alarm due 0.7 s later",
-        objs.len()
-    );
-    work(c, ledger, &timers(&objs, "drain", 700)).await?;
+    let (d, objs) = busiest_with_alarms(c, ledger, names, "SIGTERM (drain)", "drain", 700).await?;
     let term = now_ms();
     c.proc(&d)?.signal("TERM")?;
     c.live.remove(&d);

@@ -57,6 +57,33 @@ pub(crate) fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> Storag
     move |e| StorageError::backend(what, e)
 }
 
+/// Creates an object's one-row state table `table` (`id = 0`) with
+/// `columns` besides the id, unless it exists.
+pub(crate) fn create_state(
+    scheduler: &Scheduler<Db>,
+    table: &str,
+    columns: &str,
+) -> Result<(), StorageError> {
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {table} (id INT PRIMARY KEY CHECK (id = 0), {columns})"
+    );
+    scheduler.transaction(|tx| tx.sql().batch_execute(&sql))
+}
+
+/// Reads an object's one state row (`id = 0`) with `sql` and decodes it;
+/// `None` before the object's first write.
+pub(crate) fn read_state<T>(
+    tx: &mut Transaction<'_, '_, Db>,
+    sql: &str,
+    decode: impl FnOnce(&tokio_postgres::Row) -> Result<T, StorageError>,
+) -> Result<Option<T>, StorageError> {
+    tx.sql()
+        .query_opt(sql, &[])?
+        .as_ref()
+        .map(decode)
+        .transpose()
+}
+
 impl Order {
     /// The class factory: the order's table, its outbox channel (to
     /// `sink`) and its expiry capability.
@@ -68,17 +95,11 @@ impl Order {
         sink: WebhookSink,
         default_ttl_ms: i64,
     ) -> Result<Self, BoxError> {
-        ctx.scheduler.transaction(|tx| {
-            tx.sql().batch_execute(
-                "CREATE TABLE IF NOT EXISTS order_state (
-                     id INT PRIMARY KEY CHECK (id = 0),
-                     cents BIGINT NOT NULL,
-                     status TEXT NOT NULL,
-                     expires_at BIGINT NOT NULL,
-                     payment TEXT
-                 )",
-            )
-        })?;
+        create_state(
+            &ctx.scheduler,
+            "order_state",
+            "cents BIGINT NOT NULL, status TEXT NOT NULL, expires_at BIGINT NOT NULL, payment TEXT",
+        )?;
         let events = Outbox::attach(&ctx.scheduler, ChannelConfig::new(EVENTS), sink)?;
         let inner = Arc::new(OrderInner {
             name: ctx.name.clone(),
@@ -197,23 +218,19 @@ impl Order {
 impl OrderInner {
     /// The stored order, decoded strictly.
     fn read(&self, tx: &mut Transaction<'_, '_, Db>) -> Result<Option<OrderView>, StorageError> {
-        let Some(row) = tx.sql().query_opt(
-            "SELECT cents, status, expires_at, payment FROM order_state WHERE id = 0",
-            &[],
-        )?
-        else {
-            return Ok(None);
-        };
-        let status: String = row.try_get(1).map_err(pg("order status"))?;
-        let status = OrderStatus::parse(&status)
-            .ok_or_else(|| StorageError::corrupt(format!("order status {status:?}")))?;
-        Ok(Some(OrderView {
-            order: self.name.clone(),
-            cents: row.try_get(0).map_err(pg("order cents"))?,
-            status,
-            expires_at_ms: row.try_get(2).map_err(pg("order expiry"))?,
-            payment: row.try_get(3).map_err(pg("order payment"))?,
-        }))
+        let sql = "SELECT cents, status, expires_at, payment FROM order_state WHERE id = 0";
+        read_state(tx, sql, |row| {
+            let status: String = row.try_get(1).map_err(pg("order status"))?;
+            let status = OrderStatus::parse(&status)
+                .ok_or_else(|| StorageError::corrupt(format!("order status {status:?}")))?;
+            Ok(OrderView {
+                order: self.name.clone(),
+                cents: row.try_get(0).map_err(pg("order cents"))?,
+                status,
+                expires_at_ms: row.try_get(2).map_err(pg("order expiry"))?,
+                payment: row.try_get(3).map_err(pg("order payment"))?,
+            })
+        })
     }
 
     fn publish(

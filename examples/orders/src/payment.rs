@@ -10,7 +10,7 @@ use durability_scheduler::{Scheduler, StorageError, Transaction};
 
 use crate::HostSlot;
 use crate::api::{Capture, PayOrder, PaymentView, refuse};
-use crate::order::{Db, Order, pg};
+use crate::order::{Db, Order, create_state, pg, read_state};
 
 /// The class name.
 pub const PAYMENT: &str = "Payment";
@@ -32,17 +32,12 @@ impl Payment {
     /// # Errors
     /// A storage error.
     pub fn open<I>(ctx: &ObjectCtx<I, Db>, host: HostSlot) -> Result<Self, BoxError> {
-        ctx.scheduler.transaction(|tx| {
-            tx.sql().batch_execute(
-                "CREATE TABLE IF NOT EXISTS payment_state (
-                     id INT PRIMARY KEY CHECK (id = 0),
-                     order_id TEXT NOT NULL,
-                     cents BIGINT NOT NULL,
-                     status TEXT NOT NULL CHECK (status IN ('applied', 'rejected')),
-                     reason TEXT
-                 )",
-            )
-        })?;
+        create_state(
+            &ctx.scheduler,
+            "payment_state",
+            "order_id TEXT NOT NULL, cents BIGINT NOT NULL,
+             status TEXT NOT NULL CHECK (status IN ('applied', 'rejected')), reason TEXT",
+        )?;
         Ok(Self {
             name: ctx.name.clone(),
             scheduler: ctx.scheduler.clone(),
@@ -106,19 +101,15 @@ impl Payment {
     }
 
     fn read(&self, tx: &mut Transaction<'_, '_, Db>) -> Result<Option<PaymentView>, StorageError> {
-        let Some(row) = tx.sql().query_opt(
-            "SELECT order_id, cents, status, reason FROM payment_state WHERE id = 0",
-            &[],
-        )?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(PaymentView {
-            payment: self.name.clone(),
-            order: row.try_get(0).map_err(pg("payment order"))?,
-            cents: row.try_get(1).map_err(pg("payment cents"))?,
-            status: row.try_get(2).map_err(pg("payment status"))?,
-            reason: row.try_get(3).map_err(pg("payment reason"))?,
-        }))
+        let sql = "SELECT order_id, cents, status, reason FROM payment_state WHERE id = 0";
+        read_state(tx, sql, |row| {
+            Ok(PaymentView {
+                payment: self.name.clone(),
+                order: row.try_get(0).map_err(pg("payment order"))?,
+                cents: row.try_get(1).map_err(pg("payment cents"))?,
+                status: row.try_get(2).map_err(pg("payment status"))?,
+                reason: row.try_get(3).map_err(pg("payment reason"))?,
+            })
+        })
     }
 }

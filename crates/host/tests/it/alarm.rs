@@ -3,11 +3,15 @@
 //! once per set alarm, on the clock, and again once after the host was
 //! drained and another host took over (the object opened by the delivery).
 
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use durability_host::{AlarmFired, BoxError, Class, Handle, Host, HostError, OwnPolicy};
 use durability_ownership::Clock as _;
+use durability_scheduler::{Permit, PermitError, Permits};
 use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use crate::support::{STORAGE, TestConfig, TestHost, World, advance_until};
@@ -133,34 +137,24 @@ async fn the_alarm_handler_runs_once_per_set_alarm_and_after_a_restart() {
 /// what was given back.
 #[derive(Default)]
 struct Gate {
-    open: std::sync::atomic::AtomicBool,
-    asked: std::sync::atomic::AtomicUsize,
-    held: Arc<std::sync::atomic::AtomicUsize>,
-    given: std::sync::atomic::AtomicUsize,
+    open: AtomicBool,
+    asked: AtomicUsize,
+    held: Arc<AtomicUsize>,
+    given: AtomicUsize,
 }
 
-impl durability_scheduler::Permits for Gate {
-    fn acquire(
-        &self,
-        _want: usize,
-    ) -> futures::future::BoxFuture<
-        '_,
-        Result<durability_scheduler::Permit, durability_scheduler::PermitError>,
-    > {
-        use std::sync::atomic::Ordering::SeqCst;
+impl Permits for Gate {
+    fn acquire(&self, _want: usize) -> BoxFuture<'_, Result<Permit, PermitError>> {
         self.asked.fetch_add(1, SeqCst);
         let answer = if self.open.load(SeqCst) {
             self.given.fetch_add(1, SeqCst);
             self.held.fetch_add(1, SeqCst);
             let held = Arc::clone(&self.held);
-            Ok(durability_scheduler::Permit::new(1).on_release(move || {
+            Ok(Permit::new(1).on_release(move || {
                 held.fetch_sub(1, SeqCst);
             }))
         } else {
-            Err(durability_scheduler::PermitError::new(
-                500,
-                "the gate is shut",
-            ))
+            Err(PermitError::new(500, "the gate is shut"))
         };
         Box::pin(async move { answer })
     }
@@ -168,7 +162,6 @@ impl durability_scheduler::Permits for Gate {
 
 #[tokio::test]
 async fn the_hosts_alarm_dispatcher_delivers_only_under_a_permit_and_gives_it_back() {
-    use std::sync::atomic::Ordering::SeqCst;
     let w = World::new();
     let rang: Rang = Arc::default();
     let count = || rang.lock().unwrap().len();

@@ -3,7 +3,7 @@
 //! while the clock stands still (so no lease could expire), objects keep
 //! their state across the move, and a drained host's shards spread at once.
 
-use durability_host::{OwnPolicy, Residency};
+use durability_host::OwnPolicy;
 use durability_ownership::Clock as _;
 
 use crate::support::{Counter, TestHost, World};
@@ -48,21 +48,15 @@ async fn incr(hosts: &[&TestHost], name: &str) -> i64 {
 #[tokio::test]
 async fn joining_hosts_get_their_share_by_hand_off_before_any_lease_could_expire() {
     let w = World::new();
-    let a = w
-        .host_with("a", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let a = w.all_shards("a").await;
     assert_eq!(cycles(&[&a], &[16], 3).await, 0);
     let names: Vec<String> = (0..24).map(|i| format!("o{i}")).collect();
     for n in &names {
         assert_eq!(incr(&[&a], n).await, 1);
     }
     let start = w.clock.now_ms_u64();
-    let b = w
-        .host_with("b", OwnPolicy::AllShards, Residency::Resident)
-        .await;
-    let c = w
-        .host_with("c", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let b = w.all_shards("b").await;
+    let c = w.all_shards("c").await;
     let handed = cycles(&[&a, &b, &c], &[6, 5, 5], 10).await;
     assert_eq!(handed, 10, "a handed off exactly its excess");
     assert_eq!(

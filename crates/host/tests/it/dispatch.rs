@@ -1,12 +1,15 @@
 //! Calls, ownership moves, fencing, alarms, residency and drain, on a
 //! manual clock.
 
-use durability_host::{Host, HostError, OwnPolicy, OwnerEvent, Residency};
-use durability_ownership::conformance::{Action, Hooks, Method};
+use durability_host::{BoxError, Handle, Host, HostError, OwnPolicy, OwnerEvent, Residency};
+use durability_ownership::conformance::{Action, HookedStore, Hooks, Method};
 use durability_ownership::{DrainReport, OwnershipError};
 use durability_scheduler::StorageErrorKind;
+use durability_storage_sqlite::alarms::SqliteAlarmIndex;
+use tokio::sync::oneshot::{Receiver, Sender};
+use tokio::task::JoinHandle;
 
-use crate::support::{Counter, TTL, World, advance_until, incr, settings, spin};
+use crate::support::{Counter, Store, TTL, TestHost, World, advance_until, incr, settings, spin};
 
 fn fence_generation(w: &World, name: &str) -> i64 {
     let path = w
@@ -22,10 +25,36 @@ fn fence_generation(w: &World, name: &str) -> i64 {
         .unwrap()
 }
 
+/// Runs `body` as a call to `Counter` `name` on `host`, in a task of its
+/// own; `body` gets a gate, which the returned sender opens.
+fn spawn_call<F, Fut>(
+    host: &TestHost,
+    name: &str,
+    body: F,
+) -> (Sender<()>, JoinHandle<Result<(), HostError>>)
+where
+    F: FnOnce(Handle<Counter, SqliteAlarmIndex>, Receiver<()>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let (open, gate) = tokio::sync::oneshot::channel();
+    let host = host.clone();
+    let name = name.to_owned();
+    let call = tokio::spawn(async move {
+        host.call::<Counter, _, _, _>("Counter", &name, |h| body(h, gate))
+            .await
+    });
+    (open, call)
+}
+
+/// Drains `host` in a task of its own.
+fn spawn_drain(host: &TestHost) -> JoinHandle<DrainReport> {
+    let host = host.clone();
+    tokio::spawn(async move { host.shutdown().await })
+}
+
 #[tokio::test]
 async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let mut events = a.subscribe();
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     assert_eq!(incr(&a, "c1").await.unwrap(), 2);
@@ -69,14 +98,9 @@ async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
         .unwrap_err();
     assert_eq!(wrong.code(), "host_class_type");
     // The in-flight gauge counts a running call.
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let busy = a.clone();
-    let running = tokio::spawn(async move {
-        busy.call::<Counter, _, _, _>("Counter", "c1", |_| async move {
-            rx.await.ok();
-            Ok(())
-        })
-        .await
+    let (tx, running) = spawn_call(&a, "c1", |_, gate| async move {
+        gate.await.ok();
+        Ok(())
     });
     spin().await;
     assert_eq!(a.probe().in_flight, 1);
@@ -88,9 +112,7 @@ async fn a_call_opens_the_object_fenced_at_its_generation_and_commits() {
 
 #[tokio::test]
 async fn a_stale_host_is_refused_at_admission_and_at_commit() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     let mut a_events = a.subscribe();
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     // A keeps a handle on the object's scheduler past its ownership.
@@ -139,21 +161,13 @@ async fn a_stale_host_is_refused_at_admission_and_at_commit() {
 
 #[tokio::test]
 async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
-    let (go, wait) = tokio::sync::oneshot::channel::<()>();
-    let runner = a.clone();
-    let running = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                wait.await.ok();
-                // The late second write of a call whose owner moved on.
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                Ok(())
-            })
-            .await
+    let (w, a, b) = World::with_a_and_b().await;
+    let (go, running) = spawn_call(&a, "c1", |h, gate| async move {
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        gate.await.ok();
+        // The late second write of a call whose owner moved on.
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        Ok(())
     });
     spin().await;
     w.lapse(&a, "c1").await;
@@ -177,8 +191,7 @@ async fn a_call_running_when_ownership_moves_is_cancelled_or_fenced() {
 
 #[tokio::test]
 async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     w.set_timer_in(&a, "c1", 1_000).await;
     w.set_timer_in(&a, "c2", 30_000).await;
     assert!(w.fires("a c1").await);
@@ -190,9 +203,7 @@ async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
         "{report:?}"
     );
     assert_eq!(incr(&a, "c2").await.unwrap_err().code(), "host_draining");
-    let b = w
-        .host_with("b", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let b = w.all_shards("b").await;
     let cycle = b.owner_cycle().await;
     assert!(
         cycle
@@ -215,24 +226,15 @@ async fn a_pending_alarm_fires_on_the_owner_and_moves_with_a_drain() {
 
 #[tokio::test]
 async fn drain_waits_for_admitted_work_and_a_timed_out_drain_keeps_the_leases() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     // Work that finishes in time: the drain waits for it, then releases.
-    let (done, wait) = tokio::sync::oneshot::channel::<()>();
-    let runner = a.clone();
-    let call = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |h| async move {
-                wait.await.ok();
-                h.scheduler.transaction(|tx| h.object.incr(tx))?;
-                Ok(())
-            })
-            .await
+    let (done, call) = spawn_call(&a, "c1", |h, gate| async move {
+        gate.await.ok();
+        h.scheduler.transaction(|tx| h.object.incr(tx))?;
+        Ok(())
     });
     spin().await;
-    let drainer = a.clone();
-    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    let drain = spawn_drain(&a);
     spin().await;
     assert!(
         !drain.is_finished(),
@@ -250,17 +252,9 @@ async fn drain_waits_for_admitted_work_and_a_timed_out_drain_keeps_the_leases() 
 
     // Work that does not finish: the drain times out and keeps B's lease.
     let c = w.host("c").await;
-    let runner = b.clone();
-    let _stuck = tokio::spawn(async move {
-        runner
-            .call::<Counter, _, _, _>("Counter", "c1", |_| {
-                futures::future::pending::<Result<(), durability_host::BoxError>>()
-            })
-            .await
-    });
+    let (_never, _stuck) = spawn_call(&b, "c1", |_, _| futures::future::pending());
     spin().await;
-    let drainer = b.clone();
-    let drain = tokio::spawn(async move { drainer.shutdown().await });
+    let drain = spawn_drain(&b);
     assert!(advance_until(&w.clock, 500, 8_000, || drain.is_finished()).await);
     let report = drain.await.unwrap();
     assert_eq!(report, DrainReport::TimedOut { in_flight: 1 });
@@ -348,8 +342,7 @@ async fn resident_mode_keeps_at_most_its_bound_open_closing_the_least_recently_u
 
 #[tokio::test]
 async fn the_owner_loop_renews_on_the_clock_and_drops_a_scope_whose_renew_fails() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let mut events = a.subscribe();
     incr(&a, "c1").await.unwrap();
     let scope = a.scope_for("Counter", "c1").unwrap();
@@ -391,8 +384,7 @@ async fn the_owner_loop_renews_on_the_clock_and_drops_a_scope_whose_renew_fails(
 #[tokio::test]
 async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
     use durability_alarms::AlarmIndex;
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let index = w.index();
     let at = durability_ownership::Clock::now_ms(&w.clock) + 60_000;
     a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
@@ -412,8 +404,7 @@ async fn a_call_that_sets_the_alarm_returns_once_the_index_holds_its_job() {
 #[tokio::test]
 async fn an_alarm_of_inactive_storage_discards_itself() {
     use durability_ownership::{LifecycleAdmin, LifecycleId, StorageId};
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let at = durability_ownership::Clock::now_ms(&w.clock) + 1_000;
     a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.set_timer(tx, at))
         .await
@@ -478,9 +469,7 @@ async fn the_owner_loop_claims_exactly_the_configured_shards() {
 
 #[tokio::test]
 async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
-    let w = World::new();
-    let hooks = Hooks::new();
-    let a = w.hooked("a", &hooks).await;
+    let (_w, hooks, a) = hooked_a().await;
     let mut events = a.subscribe();
     incr_hooked(&a).await;
     let scope = a.scope_for("Counter", "c1").unwrap().to_string();
@@ -508,9 +497,7 @@ async fn a_renew_that_meets_a_busy_store_keeps_the_scope_and_its_objects() {
 
 #[tokio::test]
 async fn a_scope_whose_renew_and_readoption_meet_a_busy_store_is_kept_until_the_store_answers() {
-    let w = World::new();
-    let hooks = Hooks::new();
-    let a = w.hooked("a", &hooks).await;
+    let (_w, hooks, a) = hooked_a().await;
     incr_hooked(&a).await;
     // Renew and the re-adopting claim both meet a busy store.
     busy(&hooks, &[Method::RenewMany, Method::Renew, Method::Claim]);
@@ -544,13 +531,18 @@ fn busy(hooks: &Hooks, methods: &'static [Method]) {
     });
 }
 
+type HookedHost = Host<HookedStore<Store>, SqliteAlarmIndex>;
+
+/// A new world with host `a` on a hooked lease store, and the hooks.
+async fn hooked_a() -> (World, Hooks, HookedHost) {
+    let w = World::new();
+    let hooks = Hooks::new();
+    let a = w.hooked("a", &hooks).await;
+    (w, hooks, a)
+}
+
 /// Counts `c1` up on the hooked host `a`.
-async fn incr_hooked(
-    a: &Host<
-        durability_ownership::conformance::HookedStore<crate::support::Store>,
-        durability_storage_sqlite::alarms::SqliteAlarmIndex,
-    >,
-) -> i64 {
+async fn incr_hooked(a: &HookedHost) -> i64 {
     a.transaction::<Counter, _, _>("Counter", "c1", |c, tx| c.incr(tx))
         .await
         .unwrap()
@@ -562,9 +554,7 @@ async fn the_first_subscriber_sees_every_owner_change_since_start() {
     // arrives after the first claims (a user's `main` subscribing right
     // after start) still sees each one.
     let w = World::new();
-    let a = w
-        .host_with("a", OwnPolicy::AllShards, Residency::Resident)
-        .await;
+    let a = w.all_shards("a").await;
     spin().await;
     assert_eq!(a.probe().scopes.len(), 16, "the owner loop claimed first");
     let mut events = a.subscribe();
@@ -601,8 +591,7 @@ impl std::error::Error for AppError {
 #[tokio::test]
 async fn a_fence_refusal_wrapped_in_the_applications_error_is_still_fenced() {
     use durability_scheduler::StorageError;
-    let w = World::new();
-    let a = w.host("a").await;
+    let (_w, a) = World::with_a().await;
     // Before: only a bare `StorageError` was recognised; wrapped in the
     // application's own error it became an opaque handler failure.
     let wrapped = a

@@ -161,6 +161,11 @@ impl Cluster {
         self.client(&[&self.b().endpoint, &self.c().endpoint])
     }
 
+    /// The endpoints of b and c, the client's entries.
+    fn entries(&self) -> (String, String) {
+        (self.b().endpoint.clone(), self.c().endpoint.clone())
+    }
+
     fn b(&self) -> &Node {
         self.b.as_ref().unwrap()
     }
@@ -194,8 +199,7 @@ fn unhinted(client: &FailoverClient, from: usize) -> String {
 #[tokio::test]
 async fn calls_continue_through_the_other_entries_while_one_entry_host_is_dead() {
     let mut cluster = Cluster::new().await;
-    let b_endpoint = cluster.b().endpoint.clone();
-    let c_endpoint = cluster.c().endpoint.clone();
+    let (b_endpoint, c_endpoint) = cluster.entries();
     let a_endpoint = cluster.a.endpoint.clone();
     let _b_host = cluster.b.take().unwrap().kill_listener().await;
     let client = cluster.client(&[&b_endpoint, &c_endpoint, &a_endpoint]);
@@ -326,8 +330,7 @@ async fn an_idempotency_key_lets_the_client_resend_and_the_call_still_runs_once(
 #[tokio::test]
 async fn a_get_is_replayed_per_the_rules_through_the_next_entry_and_a_post_is_not() {
     let cluster = Cluster::new().await;
-    let b = cluster.b().endpoint.clone();
-    let c = cluster.c().endpoint.clone();
+    let (b, c) = cluster.entries();
     let client = cluster.client_via_b_and_c();
 
     cluster.transport.lose_next(Loss::Reset);
@@ -418,8 +421,7 @@ async fn a_corrupt_recorded_result_is_a_typed_error_for_its_key_only_and_keys_ca
 #[tokio::test]
 async fn a_draining_entry_host_is_left_for_the_next_entry() {
     let cluster = Cluster::new().await;
-    let b = cluster.b().endpoint.clone();
-    let c = cluster.c().endpoint.clone();
+    let (b, c) = cluster.entries();
     let client = cluster.client_via_b_and_c();
     // b drains (SIGTERM) but keeps its listener open.
     let _ = cluster.b().host.shutdown().await;

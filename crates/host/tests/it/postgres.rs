@@ -3,7 +3,7 @@
 //! no directory is involved. Real time (the lease store and the alarm index
 //! run on the server's clock); every wait is bounded.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use durability_host::store::postgres::{PostgresAlarmIndex, PostgresLeaseStore};
@@ -12,10 +12,11 @@ use durability_host::{
     ObjectCtx, ObjectStore, PostgresObjectStore,
 };
 use durability_ownership::{Clock, LifecycleId, StorageId, SystemClock, TaskId};
-use durability_scheduler::{Capability, Scheduler, StorageError};
+use durability_scheduler::{Scheduler, StorageError};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_storage_postgres::testkit::{TestSchema, url};
-use futures::future::BoxFuture;
+
+use crate::support::Timer;
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
 
@@ -31,20 +32,14 @@ struct CounterInner {
     sched: Scheduler<PostgresObjectStorage>,
 }
 
-/// The counter's timer: records that it fired, in the object's own table.
-struct Timer(Weak<CounterInner>);
-
-impl Capability for Timer {
-    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
-        let inner = self.0.upgrade();
-        Box::pin(async move {
-            let Some(inner) = inner else { return };
-            let _ = inner.sched.transaction(|tx| {
-                tx.sql()
-                    .execute("INSERT INTO fired (t) VALUES ($1)", &[&now_ms])?;
-                tx.set_due("timer", None)
-            });
-        })
+impl CounterInner {
+    /// Records that the timer fired, in the object's own table.
+    fn fire(&self, now_ms: i64) {
+        let _ = self.sched.transaction(|tx| {
+            tx.sql()
+                .execute("INSERT INTO fired (t) VALUES ($1)", &[&now_ms])?;
+            tx.set_due("timer", None)
+        });
     }
 }
 
@@ -61,7 +56,7 @@ impl Counter {
             sched: ctx.scheduler.clone(),
         });
         ctx.scheduler
-            .attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+            .attach("timer", None, Timer::of(&inner, CounterInner::fire))?;
         Ok(Self { inner })
     }
 

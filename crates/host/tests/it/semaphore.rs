@@ -12,18 +12,16 @@ use serde_json::{Value, json};
 
 use crate::support::{Store, TestHost, World, spin};
 
-/// A semaphore holder host and its `limits` semaphore, whose pool `sink`
-/// has `capacity` permits.
-async fn sink_holder(
-    world: &World,
-    capacity: u64,
-) -> (TestHost, ObjectRef<Store, SqliteAlarmIndex>) {
+/// A new world, a semaphore holder host on it and its `limits` semaphore,
+/// whose pool `sink` has `capacity` permits.
+async fn sink_holder(capacity: u64) -> (World, TestHost, ObjectRef<Store, SqliteAlarmIndex>) {
+    let world = World::new();
     let host: TestHost = Host::start(world.config("t1").semaphore_holder())
         .await
         .unwrap();
     let holder = host.object_by_name("Semaphore", "limits");
     configure_sink(&holder, capacity).await;
-    (host, holder)
+    (world, host, holder)
 }
 
 /// Gives the holder's pool `sink` `capacity` permits.
@@ -55,8 +53,7 @@ fn acquire(key: &str, count: u64) -> Value {
 
 #[tokio::test]
 async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_poll_end() {
-    let world = World::new();
-    let (host, holder) = sink_holder(&world, 1).await;
+    let (_world, host, holder) = sink_holder(1).await;
     let first = holder.call("acquire", acquire("a", 1)).await.unwrap();
     let id = first["granted"]["id"].as_u64().unwrap();
 
@@ -102,8 +99,7 @@ async fn a_queued_acquire_is_answered_when_a_release_frees_permits_not_at_its_po
 
 #[tokio::test]
 async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_nothing() {
-    let world = World::new();
-    let (host, holder) = sink_holder(&world, 2).await;
+    let (_world, host, holder) = sink_holder(2).await;
     let err = holder.call("acquire", acquire("big", 3)).await.unwrap_err();
     let HostError::Method { code, .. } = &err else {
         panic!("not the method's error: {err:?}")
@@ -120,8 +116,7 @@ async fn a_refusal_is_the_methods_error_with_the_semaphores_code_and_writes_noth
 
 #[tokio::test]
 async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wakes_the_next() {
-    let world = World::new();
-    let (host, holder) = sink_holder(&world, 2).await;
+    let (_world, host, holder) = sink_holder(2).await;
     let holder: Arc<dyn HolderCall> = Arc::new(holder);
     let permits = Arc::new(SemaphorePermits::new(
         Arc::clone(&holder),
@@ -155,8 +150,7 @@ async fn concurrency_permits_never_exceed_the_capacity_and_a_dropped_permit_wake
 
 #[tokio::test]
 async fn rate_permits_return_at_their_interval_on_the_holders_clock() {
-    let world = World::new();
-    let (host, holder) = sink_holder(&world, 3).await;
+    let (world, host, holder) = sink_holder(3).await;
     let holder: Arc<dyn HolderCall> = Arc::new(holder);
     let limit = Limit::Rate {
         interval_ms: 1_000,

@@ -72,8 +72,7 @@ async fn delete_storage(
 
 /// A world whose host `a` counted `c1` up once and stopped.
 async fn one_counter_stored() -> World {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     incr(&a, "c1").await.unwrap();
     a.shutdown().await;
     w
@@ -110,8 +109,7 @@ async fn pointer_and_lock(w: &World, storage: &str) -> (Option<StorageId>, Optio
 
 #[tokio::test]
 async fn delete_all_drops_the_objects_own_tables_in_fenced_pages_and_cancels_its_timer() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     let now = durability_ownership::Clock::now_ms(&w.clock);
     // 300 more tables, a view, a trigger and an index of the object's own,
@@ -187,8 +185,7 @@ async fn delete_all_drops_the_objects_own_tables_in_fenced_pages_and_cancels_its
 
 #[tokio::test]
 async fn delete_all_keeping_the_alarm_still_fires_the_timer() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let now = durability_ownership::Clock::now_ms(&w.clock);
     counted_with_timer(&a, "c1", now + 1_000).await;
     let report = a
@@ -209,9 +206,7 @@ async fn delete_all_keeping_the_alarm_still_fires_the_timer() {
 
 #[tokio::test]
 async fn a_stale_hosts_delete_all_is_refused_and_deletes_nothing() {
-    let w = World::new();
-    let a = w.host("a").await;
-    let b = w.host("b").await;
+    let (w, a, b) = World::with_a_and_b().await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     w.lapse(&a, "c1").await;
     assert_eq!(incr(&b, "c1").await.unwrap(), 2);
@@ -238,8 +233,7 @@ async fn a_stale_hosts_delete_all_is_refused_and_deletes_nothing() {
 
 #[tokio::test]
 async fn deleting_a_storage_id_removes_its_objects_jobs_and_pointer_and_tombstones_it() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let now = durability_ownership::Clock::now_ms(&w.clock);
     for i in 0..5 {
         counted_with_timer(&a, &format!("c{i}"), now + 60_000).await;
@@ -451,8 +445,7 @@ fn files_under(dir: &Path) -> Vec<String> {
 #[tokio::test]
 async fn a_storage_deletion_waits_out_a_call_admitted_before_it_so_no_write_is_acknowledged_after_it()
  {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     assert_eq!(incr(&a, "c1").await.unwrap(), 1);
     let order: crate::support::Log = std::sync::Arc::default();
     let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
@@ -604,8 +597,7 @@ async fn any_valid_object_name_and_the_longest_class_work_end_to_end_and_are_lis
 /// the grammar refuses the host's start (`host_invalid_setting`).
 #[tokio::test]
 async fn invalid_object_and_class_names_are_typed_errors_and_write_nothing() {
-    let w = World::new();
-    let a = w.host("a").await;
+    let (w, a) = World::with_a().await;
     let too_long = format!("{}x", "🛒".repeat(128));
     for name in [too_long.as_str(), "", "nul\0inside"] {
         let refused = incr(&a, name).await.unwrap_err();

@@ -38,31 +38,52 @@ struct CounterInner {
     fired: Log,
 }
 
-struct Timer(Weak<CounterInner>);
+/// A counter's timer capability: when it fires, `fire` runs on the
+/// counter's state, if the object is still open.
+pub(crate) struct Timer<T> {
+    counter: Weak<T>,
+    fire: fn(&T, i64),
+}
+
+impl<T> Timer<T> {
+    pub(crate) fn of(counter: &Arc<T>, fire: fn(&T, i64)) -> Arc<Self> {
+        Arc::new(Self {
+            counter: Arc::downgrade(counter),
+            fire,
+        })
+    }
+}
+
+impl<T: Send + Sync + 'static> Capability for Timer<T> {
+    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
+        let counter = self.counter.upgrade();
+        Box::pin(async move {
+            if let Some(counter) = counter {
+                (self.fire)(&counter, now_ms);
+            }
+        })
+    }
+}
 
 fn sql(e: rusqlite::Error) -> StorageError {
     StorageError::backend("counter sql", e)
 }
 
-impl Capability for Timer {
-    fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
-        let inner = self.0.upgrade();
-        Box::pin(async move {
-            let Some(inner) = inner else { return };
-            let done = inner.sched.transaction(|tx| {
-                tx.sql()
-                    .execute("INSERT INTO fired (t) VALUES (?1)", [now_ms])
-                    .map_err(sql)?;
-                tx.set_due("timer", None)
-            });
-            if done.is_ok() {
-                inner
-                    .fired
-                    .lock()
-                    .unwrap()
-                    .push(format!("{} {}", inner.task, inner.name));
-            }
-        })
+impl CounterInner {
+    /// Records the fired timer in the object and in the world's log.
+    fn fire(&self, now_ms: i64) {
+        let done = self.sched.transaction(|tx| {
+            tx.sql()
+                .execute("INSERT INTO fired (t) VALUES (?1)", [now_ms])
+                .map_err(sql)?;
+            tx.set_due("timer", None)
+        });
+        if done.is_ok() {
+            self.fired
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", self.task, self.name));
+        }
     }
 }
 
@@ -83,7 +104,7 @@ impl Counter {
             fired,
         });
         ctx.scheduler
-            .attach("timer", None, Arc::new(Timer(Arc::downgrade(&inner))))?;
+            .attach("timer", None, Timer::of(&inner, CounterInner::fire))?;
         Ok(Self { inner })
     }
 
@@ -208,6 +229,20 @@ impl World {
         Host::start(self.config(task)).await.unwrap()
     }
 
+    /// A new world with host `a` started on it.
+    pub(crate) async fn with_a() -> (Self, TestHost) {
+        let w = Self::new();
+        let a = w.host("a").await;
+        (w, a)
+    }
+
+    /// A new world with hosts `a` and `b` started on it.
+    pub(crate) async fn with_a_and_b() -> (Self, TestHost, TestHost) {
+        let (w, a) = Self::with_a().await;
+        let b = w.host("b").await;
+        (w, a, b)
+    }
+
     pub(crate) async fn host_with(
         &self,
         task: &str,
@@ -220,6 +255,12 @@ impl World {
         Host::start(self.config(task).own(own).settings(s))
             .await
             .unwrap()
+    }
+
+    /// A resident host that claims every shard.
+    pub(crate) async fn all_shards(&self, task: &str) -> TestHost {
+        self.host_with(task, OwnPolicy::AllShards, Residency::Resident)
+            .await
     }
 
     /// A host whose lease store is wrapped in a `HookedStore` (faults and

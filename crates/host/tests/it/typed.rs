@@ -62,12 +62,10 @@ impl Method for Add {
     type Error = CounterError;
 }
 
-type H = Handle<Counter, SqliteAlarmIndex>;
-
 /// The typed `add`, counting the handler's runs in `ran`.
 fn with_add(ran: Arc<AtomicUsize>) -> impl FnOnce(TestConfig) -> TestConfig {
     move |config| {
-        config.rpc(move |h: H, add: Add| {
+        config.rpc(move |h: Handle<Counter, SqliteAlarmIndex>, add: Add| {
             let ran = Arc::clone(&ran);
             async move {
                 ran.fetch_add(1, Ordering::SeqCst);
