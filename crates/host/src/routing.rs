@@ -97,7 +97,8 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
     ) -> Result<K::Out, HostError> {
         let (request, id) = K::make(&self.class, &self.name, input)?;
         let id = id.unwrap_or_else(RequestId::current_or_new);
-        let scope = self.host.scope_for(&self.class, &self.name)?;
+        let shared = self.host.shared_scope(&self.class, &self.name)?;
+        let scope: &OwnerScope = &shared;
         let span = tracing::debug_span!(
             "durability.host.route",
             kind = K::NAME,
@@ -107,7 +108,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
             scope = %scope,
             request_id = %id
         );
-        id.scope(route(&self.host, &scope, &request).instrument(span))
+        id.scope(route(&self.host, scope, &request).instrument(span))
             .await
             .map_err(|refusal| refusal.error)
     }
@@ -313,7 +314,8 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         let routing = self.routing();
         bump(&routing.counters.served);
         let (class, name) = request.object();
-        let scope = self.scope_for(class, name)?;
+        let shared = self.shared_scope(class, name)?;
+        let scope: &OwnerScope = &shared;
         if let Some(fence) = request.fence() {
             if fence.task != self.ownership().task().as_str() {
                 return Err(HostError::StaleFence {
@@ -321,20 +323,20 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
                 });
             }
             let (value, generation) = request.run_here(self).await?;
-            return Ok((value, self.own_headers(&scope, generation)));
+            return Ok((value, self.own_headers(scope, generation)));
         }
-        match self.ownership().resolve(&scope, self.lifecycle()).await? {
+        match self.ownership().resolve(scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
                 bump(&routing.counters.local);
                 let (value, generation) = request.run_here(self).await?;
-                Ok((value, self.own_headers(&scope, generation)))
+                Ok((value, self.own_headers(scope, generation)))
             }
             Resolution::Remote {
                 task,
                 generation,
                 endpoint,
             } => {
-                self.note_forward::<K>(&scope, &task, generation);
+                self.note_forward::<K>(scope, &task, generation);
                 let owner = OwnerHeaders {
                     task: task.as_str().to_owned(),
                     generation: generation.get(),
@@ -349,7 +351,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
                     generation,
                     endpoint,
                 };
-                let value = match self.send_to(&scope, &request, hint).await {
+                let value = match self.send_to(scope, &request, hint).await {
                     Attempt::Done(result) => result?,
                     Attempt::Answered { answer, .. } => forwarded_once(&request.rules(), answer)?,
                 };
