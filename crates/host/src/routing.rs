@@ -388,30 +388,16 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         }
     }
 
-    /// Caches the owner hint a success taught: only when the owner's
-    /// trusted headers name the task, generation and scope it was sent to.
-    fn learn_hint(
-        &self,
-        scope: &OwnerScope,
-        task: &TaskId,
-        generation: Generation,
-        advertised: Option<&OwnerEndpoint>,
-        owner: Option<&OwnerHeaders>,
-    ) {
+    /// Caches the owner hint a success taught: the owner it was sent to,
+    /// only when the owner's trusted headers name that task, generation
+    /// and scope.
+    fn learn_hint(&self, scope: &OwnerScope, sent_to: OwnerHint, owner: Option<&OwnerHeaders>) {
         if let Some(owner) = owner
-            && owner.task == task.as_str()
-            && owner.generation == generation.get()
+            && owner.task == sent_to.task.as_str()
+            && owner.generation == sent_to.generation.get()
             && owner.key == scope.host_id()
-            && let Ok(g) = Generation::new(owner.generation)
         {
-            self.routing().hints.insert(
-                scope,
-                OwnerHint {
-                    task: task.clone(),
-                    generation: g,
-                    endpoint: advertised.cloned(),
-                },
-            );
+            self.routing().hints.insert(scope, sent_to);
         }
     }
 
@@ -639,9 +625,9 @@ where
         })
     }
 
-    fn learn(&self, scope: &OwnerScope, to: Option<&OwnerHint>, owner: Option<&OwnerHeaders>) {
+    fn learn(&self, scope: &OwnerScope, to: Option<OwnerHint>, owner: Option<&OwnerHeaders>) {
         if let Some(to) = to {
-            self.learn_hint(scope, &to.task, to.generation, to.endpoint.as_ref(), owner);
+            self.learn_hint(scope, to, owner);
         }
     }
 
