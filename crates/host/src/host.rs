@@ -511,7 +511,7 @@ where
                 connectors: config.connectors,
                 token: v.token,
                 peers: config.peers,
-                policy: v.policy,
+                policy: crate::route_table::Endpoints::new(v.policy),
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
                 counters: RoutingCounters::new(&task),
