@@ -314,8 +314,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         let routing = self.routing();
         bump(&routing.counters.served);
         let (class, name) = request.object();
-        let shared = self.shared_scope(class, name)?;
-        let scope: &OwnerScope = &shared;
+        let scope = self.shared_scope(class, name)?;
         if let Some(fence) = request.fence() {
             if fence.task != self.ownership().task().as_str() {
                 return Err(HostError::StaleFence {
@@ -323,20 +322,20 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
                 });
             }
             let (value, generation) = request.run_here(self).await?;
-            return Ok((value, self.own_headers(scope, generation)));
+            return Ok((value, self.own_headers(&scope, generation)));
         }
-        match self.ownership().resolve(scope, self.lifecycle()).await? {
+        match self.ownership().resolve(&scope, self.lifecycle()).await? {
             Resolution::Local(_) => {
                 bump(&routing.counters.local);
                 let (value, generation) = request.run_here(self).await?;
-                Ok((value, self.own_headers(scope, generation)))
+                Ok((value, self.own_headers(&scope, generation)))
             }
             Resolution::Remote {
                 task,
                 generation,
                 endpoint,
             } => {
-                self.note_forward::<K>(scope, &task, generation);
+                self.note_forward::<K>(&scope, &task, generation);
                 let owner = OwnerHeaders {
                     task: task.as_str().to_owned(),
                     generation: generation.get(),
@@ -351,7 +350,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
                     generation,
                     endpoint,
                 };
-                let value = match self.send_to(scope, &request, hint).await {
+                let value = match self.send_to(&scope, &request, hint).await {
                     Attempt::Done(result) => result?,
                     Attempt::Answered { answer, .. } => forwarded_once(&request.rules(), answer)?,
                 };
