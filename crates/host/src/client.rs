@@ -476,7 +476,7 @@ impl<K: Kind> Routes<K> for RpcClient {
             })
     }
 
-    fn learn(&self, scope: &OwnerScope, _to: Option<&Hint>, owner: Option<&OwnerHeaders>) {
+    fn learn(&self, scope: &OwnerScope, _to: Option<Hint>, owner: Option<&OwnerHeaders>) {
         if let Some(owner) = owner
             && owner.key == scope.host_id()
             && let Some(hint) = self.owner_of(owner)

@@ -235,6 +235,18 @@ struct Address {
     id: ObjectId,
 }
 
+/// An object's owner scope, shared with its cached address
+/// ([`Host::shared_scope`]).
+pub(crate) struct SharedScope(Arc<Address>);
+
+impl std::ops::Deref for SharedScope {
+    type Target = OwnerScope;
+
+    fn deref(&self) -> &OwnerScope {
+        &self.0.scope
+    }
+}
+
 /// One open object.
 struct OpenObject<I, D> {
     address: Address,
@@ -499,7 +511,7 @@ where
                 connectors: config.connectors,
                 token: v.token,
                 peers: config.peers,
-                policy: v.policy,
+                policy: crate::route_table::Endpoints::new(v.policy),
                 transport: config.transport,
                 hints: OwnerHintCache::default(),
                 counters: RoutingCounters::new(&task),
@@ -622,6 +634,12 @@ where
     /// [`HostError::UnknownClass`] or [`HostError::InvalidObjectName`].
     pub fn scope_for(&self, class: &str, name: &str) -> Result<OwnerScope, HostError> {
         Ok(self.address(class, name)?.scope.clone())
+    }
+
+    /// [`Self::scope_for`] without copying the scope: it is borrowed from
+    /// the object's cached address (the per-call paths).
+    pub(crate) fn shared_scope(&self, class: &str, name: &str) -> Result<SharedScope, HostError> {
+        self.address(class, name).map(SharedScope)
     }
 
     fn running(&self) -> bool {

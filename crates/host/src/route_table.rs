@@ -3,13 +3,19 @@
 //! transport), the owner hints, and the routing figures. The router
 //! (`routing`) reads it; the host builds it at start.
 
-use std::sync::Arc;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use durability_ownership::OwnerHintCache;
 
 use crate::metrics::{self, Figure};
-use crate::protocol::{EndpointPolicy, InternalToken, PeerDirectory, Transport};
+use crate::protocol::{
+    Endpoint, EndpointPolicy, EndpointRefused, InternalToken, PeerDirectory, Transport,
+};
 use crate::rpc::Methods;
+
+/// How many raw owner endpoints [`Endpoints`] remembers as checked.
+const CHECKED_ENDPOINTS: usize = 256;
 
 /// Routing outcome counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,8 +112,42 @@ pub(crate) struct RoutingState<I, D> {
     pub(crate) connectors: crate::connect::Connectors<I, D>,
     pub(crate) token: Option<InternalToken>,
     pub(crate) peers: Arc<dyn PeerDirectory>,
-    pub(crate) policy: EndpointPolicy,
+    pub(crate) policy: Endpoints,
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) hints: OwnerHintCache,
     pub(crate) counters: RoutingCounters,
+}
+
+/// The endpoint policy, and the raw owner endpoints it passed (it does
+/// not change, so a send to a known owner does not parse its endpoint
+/// again).
+pub(crate) struct Endpoints {
+    policy: EndpointPolicy,
+    passed: Mutex<lru::LruCache<String, Endpoint>>,
+}
+
+impl Endpoints {
+    pub(crate) fn new(policy: EndpointPolicy) -> Self {
+        Self {
+            policy,
+            passed: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(CHECKED_ENDPOINTS).unwrap_or(NonZeroUsize::MIN),
+            )),
+        }
+    }
+
+    /// Parses `raw` and checks it against the policy
+    /// ([`EndpointPolicy::check`]).
+    ///
+    /// # Errors
+    /// [`EndpointRefused`] naming the broken rule.
+    pub(crate) fn check(&self, raw: &str) -> Result<Endpoint, EndpointRefused> {
+        let passed = || self.passed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(endpoint) = passed().get(raw) {
+            return Ok(endpoint.clone());
+        }
+        let endpoint = self.policy.check(raw)?;
+        passed().put(raw.to_owned(), endpoint.clone());
+        Ok(endpoint)
+    }
 }

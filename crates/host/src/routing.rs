@@ -97,7 +97,8 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
     ) -> Result<K::Out, HostError> {
         let (request, id) = K::make(&self.class, &self.name, input)?;
         let id = id.unwrap_or_else(RequestId::current_or_new);
-        let scope = self.host.scope_for(&self.class, &self.name)?;
+        let shared = self.host.shared_scope(&self.class, &self.name)?;
+        let scope: &OwnerScope = &shared;
         let span = tracing::debug_span!(
             "durability.host.route",
             kind = K::NAME,
@@ -107,7 +108,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> ObjectRef<S, I, O> {
             scope = %scope,
             request_id = %id
         );
-        id.scope(route(&self.host, &scope, &request).instrument(span))
+        id.scope(route(&self.host, scope, &request).instrument(span))
             .await
             .map_err(|refusal| refusal.error)
     }
@@ -313,7 +314,7 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         let routing = self.routing();
         bump(&routing.counters.served);
         let (class, name) = request.object();
-        let scope = self.scope_for(class, name)?;
+        let scope = self.shared_scope(class, name)?;
         if let Some(fence) = request.fence() {
             if fence.task != self.ownership().task().as_str() {
                 return Err(HostError::StaleFence {
@@ -386,30 +387,16 @@ impl<S: HostLeases, I: HostAlarms, O: ObjectStore> Host<S, I, O> {
         }
     }
 
-    /// Caches the owner hint a success taught: only when the owner's
-    /// trusted headers name the task, generation and scope it was sent to.
-    fn learn_hint(
-        &self,
-        scope: &OwnerScope,
-        task: &TaskId,
-        generation: Generation,
-        advertised: Option<&OwnerEndpoint>,
-        owner: Option<&OwnerHeaders>,
-    ) {
+    /// Caches the owner hint a success taught: the owner it was sent to,
+    /// only when the owner's trusted headers name that task, generation
+    /// and scope.
+    fn learn_hint(&self, scope: &OwnerScope, sent_to: OwnerHint, owner: Option<&OwnerHeaders>) {
         if let Some(owner) = owner
-            && owner.task == task.as_str()
-            && owner.generation == generation.get()
+            && owner.task == sent_to.task.as_str()
+            && owner.generation == sent_to.generation.get()
             && owner.key == scope.host_id()
-            && let Ok(g) = Generation::new(owner.generation)
         {
-            self.routing().hints.insert(
-                scope,
-                OwnerHint {
-                    task: task.clone(),
-                    generation: g,
-                    endpoint: advertised.cloned(),
-                },
-            );
+            self.routing().hints.insert(scope, sent_to);
         }
     }
 
@@ -637,9 +624,9 @@ where
         })
     }
 
-    fn learn(&self, scope: &OwnerScope, to: Option<&OwnerHint>, owner: Option<&OwnerHeaders>) {
+    fn learn(&self, scope: &OwnerScope, to: Option<OwnerHint>, owner: Option<&OwnerHeaders>) {
         if let Some(to) = to {
-            self.learn_hint(scope, &to.task, to.generation, to.endpoint.as_ref(), owner);
+            self.learn_hint(scope, to, owner);
         }
     }
 

@@ -64,7 +64,19 @@ struct Inner<S, C> {
 #[derive(Debug, Default)]
 struct Scoped {
     leaving: std::collections::HashSet<OwnerScope>,
-    in_flight: HashMap<OwnerScope, u64>,
+    /// Admitted work per scope. A scope's entry stays when its count
+    /// drops to zero (there are at most storage ids x classes x shards of
+    /// them), so an admission finds it with one lookup and its permit
+    /// shares the entry's copy of the scope (none of the scope's strings
+    /// are copied, or freed, per call).
+    in_flight: HashMap<OwnerScope, ScopeInFlight>,
+}
+
+/// One scope's admitted work, and the scope its permits share.
+#[derive(Debug)]
+struct ScopeInFlight {
+    scope: Arc<OwnerScope>,
+    count: u64,
 }
 
 /// The result of [`Ownership::hand_off`].
@@ -153,7 +165,7 @@ impl<S, C> Clone for Ownership<S, C> {
 #[derive(Debug)]
 #[must_use = "dropping the permit ends the admitted work"]
 pub struct AdmissionPermit {
-    scope: OwnerScope,
+    scope: Arc<OwnerScope>,
     generation: Generation,
     counter: Arc<dyn InFlight>,
 }
@@ -167,9 +179,8 @@ impl<S: Send + Sync, C: Send + Sync> InFlight for Inner<S, C> {
         {
             let mut scoped = self.scoped.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(n) = scoped.in_flight.get_mut(scope) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    scoped.in_flight.remove(scope);
+                n.count = n.count.saturating_sub(1);
+                if n.count == 0 {
                     self.scope_idle.notify_waiters();
                 }
             }
@@ -386,7 +397,7 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
 
     /// Admitted work in flight on `scope`.
     pub fn in_flight_on(&self, scope: &OwnerScope) -> u64 {
-        self.scoped().in_flight.get(scope).copied().unwrap_or(0)
+        self.scoped().in_flight.get(scope).map_or(0, |n| n.count)
     }
 
     /// Hands `scope` off gracefully (balancing): from now on admission of
@@ -796,17 +807,28 @@ impl<S: LeaseStore, C: Clock> Ownership<S, C> {
                 });
             }
         }
-        {
+        let key = {
             let mut scoped = self.scoped();
             if scoped.leaving.contains(scope) {
                 return Err(OwnershipError::Draining);
             }
-            *scoped.in_flight.entry(scope.clone()).or_insert(0) += 1;
-        }
+            if let Some(n) = scoped.in_flight.get_mut(scope) {
+                n.count += 1;
+                Arc::clone(&n.scope)
+            } else {
+                let key = Arc::new(scope.clone());
+                let entry = ScopeInFlight {
+                    scope: Arc::clone(&key),
+                    count: 1,
+                };
+                scoped.in_flight.insert(scope.clone(), entry);
+                key
+            }
+        };
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         self.inner.metrics.in_flight.increment(1.0);
         let permit = AdmissionPermit {
-            scope: scope.clone(),
+            scope: key,
             generation,
             counter: Arc::clone(&self.inner) as Arc<dyn InFlight>,
         };

@@ -501,7 +501,7 @@ impl<K: Kind> Routes<K> for FailoverClient {
         <RpcClient as Routes<K>>::follow(&self.client, owner)
     }
 
-    fn learn(&self, scope: &OwnerScope, to: Option<&Hint>, owner: Option<&OwnerHeaders>) {
+    fn learn(&self, scope: &OwnerScope, to: Option<Hint>, owner: Option<&OwnerHeaders>) {
         <RpcClient as Routes<K>>::learn(&self.client, scope, to, owner);
     }
 

@@ -226,7 +226,7 @@ pub(crate) trait Routes<K: Kind>: Sync {
     fn follow(&self, owner: OwnerHeaders) -> Result<Self::Owner, HostError>;
 
     /// A success's owner headers, from the owner it was sent to.
-    fn learn(&self, scope: &OwnerScope, to: Option<&Self::Owner>, owner: Option<&OwnerHeaders>);
+    fn learn(&self, scope: &OwnerScope, to: Option<Self::Owner>, owner: Option<&OwnerHeaders>);
 
     /// Drops the scope's cached owner.
     fn evict(&self, scope: &OwnerScope);
@@ -296,7 +296,7 @@ pub(crate) async fn route<K: Kind, R: Routes<K>>(
         }
         match (verdict, payload) {
             (Verdict::Success, Payload::Success(value, owner)) => {
-                router.learn(scope, to.as_ref(), owner.as_ref());
+                router.learn(scope, to, owner.as_ref());
                 return Ok(value);
             }
             (Verdict::Follow, Payload::Handoff(owner)) => match router.follow(owner) {
