@@ -97,12 +97,7 @@ where
     /// A storage failure, or the errors of [`Alarms::set_alarm`] /
     /// [`Alarms::delete_alarm`].
     pub async fn sync(&self) -> Result<(), AlarmError> {
-        let storage = self.alarms.storage();
-        let (stored, row) = storage.transaction(|tx| {
-            let stored = tx.alarm()?;
-            let row = tx.alarm_row()?.filter(|r| r.is_pending()).map(|r| r.at);
-            Ok::<_, AlarmError>((stored, row))
-        })?;
+        let (stored, row) = self.read()?;
         if stored == row {
             return Ok(());
         }
@@ -110,6 +105,39 @@ where
             Some(at) => self.alarms.set_alarm(at).await,
             None => self.alarms.delete_alarm().await,
         }
+    }
+
+    /// The scheduler's stored alarm and the pending alarm row's time, read
+    /// in one transaction.
+    fn read(&self) -> Result<(Option<i64>, Option<i64>), AlarmError> {
+        self.alarms.storage().transaction(|tx| {
+            let stored = tx.alarm()?;
+            let row = tx.alarm_row()?.filter(|r| r.is_pending()).map(|r| r.at);
+            Ok::<_, AlarmError>((stored, row))
+        })
+    }
+
+    /// A delivery's last step, after its run of the scheduler's due work
+    /// left `next` as the stored alarm: work is left (later, or a
+    /// capability still due after failing), so it keeps an alarm for it,
+    /// not sooner than the idle pause. The new row token keeps the
+    /// delivery's completion from clearing it.
+    ///
+    /// A call may have moved the stored alarm after `next` was read and
+    /// synced its row before this write replaced it (the call was
+    /// acknowledged with its due work scheduled): when the stored alarm is
+    /// no longer `next`, the row follows the stored alarm again
+    /// ([`SchedulerAlarm::sync`]), so that work does not wait for `next`.
+    pub(crate) async fn keep(&self, next: Option<i64>) -> Result<(), AlarmError> {
+        let Some(at) = next else {
+            return Ok(());
+        };
+        let floor = self.sched.now_ms().saturating_add(self.idle_ms);
+        self.alarms.set_alarm(at.max(floor)).await?;
+        if self.read()?.0 != Some(at) {
+            self.sync().await?;
+        }
+        Ok(())
     }
 
     /// [`SchedulerAlarm::sync`], then the seed's repair
@@ -169,13 +197,7 @@ where
 {
     async fn alarm(&self, _fired: Fired) -> Result<(), BoxError> {
         let next = self.sched.alarm().await.map_err(Box::new)?;
-        if let Some(at) = next {
-            // Work is left (later, or a capability still due after failing):
-            // keep an alarm for it. The new row token keeps the delivery's
-            // completion from clearing it.
-            let floor = self.sched.now_ms().saturating_add(self.idle_ms);
-            self.alarms.set_alarm(at.max(floor)).await?;
-        }
+        self.keep(next).await?;
         Ok(())
     }
 }

@@ -819,6 +819,38 @@ async fn the_scheduler_alarm_resumes_on_the_next_owner_after_a_crash() {
     assert_eq!(d.counters().snapshot().delivered, 1);
 }
 
+/// A call moves the alarm earlier while a delivery finishes: the delivery
+/// read the scheduler's next alarm before the call committed, and the call
+/// synced its row (as it does before it is acknowledged) before the
+/// delivery kept that later alarm. The row and the index job end at the
+/// call's time: its due work does not wait for the later alarm.
+#[tokio::test]
+async fn a_delivery_keeping_its_next_alarm_does_not_undo_a_call_that_moved_it_earlier() {
+    let w = world();
+    let storage = Arc::new(memory_storage());
+    let runs = Arc::new(AtomicU32::new(0));
+    let (sched, bridge) = open_bridge(&w, &storage, &runs);
+    let later = START + 600_000;
+    let sooner = START + 100;
+    sched
+        .transaction(|tx| tx.set_due("cap", Some(later)))
+        .unwrap();
+    bridge.sync().await.unwrap();
+    // The delivery's run of the due work leaves `later` as the next alarm.
+    let next = sched.alarm().await.unwrap();
+    assert_eq!(next, Some(later));
+    // A call moves the alarm earlier and syncs its row.
+    sched
+        .transaction(|tx| tx.set_due("cap", Some(sooner)))
+        .unwrap();
+    bridge.sync().await.unwrap();
+    // The delivery keeps the next alarm it read.
+    bridge.keep(next).await.unwrap();
+    assert_eq!(bridge.alarms().get_alarm().await.unwrap(), Some(sooner));
+    let job = w.index.job(bridge.alarms().object()).await.unwrap();
+    assert_eq!(job.map(|j| j.due_at), Some(sooner));
+}
+
 #[test]
 fn dispatch_responses_are_strict_and_capped() {
     let ok = |s: &str| decode_dispatch_response(s.as_bytes());
