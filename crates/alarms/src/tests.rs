@@ -827,9 +827,8 @@ async fn the_scheduler_alarm_resumes_on_the_next_owner_after_a_crash() {
 #[tokio::test]
 async fn a_delivery_keeping_its_next_alarm_does_not_undo_a_call_that_moved_it_earlier() {
     let w = world();
-    let storage = Arc::new(memory_storage());
     let runs = Arc::new(AtomicU32::new(0));
-    let (sched, bridge) = open_bridge(&w, &storage, &runs);
+    let (sched, bridge) = open_bridge(&w, &Arc::new(memory_storage()), &runs);
     let later = START + 600_000;
     let sooner = START + 100;
     sched
