@@ -19,16 +19,15 @@ use crate::index::{AlarmIndex, ClaimReady, IndexCounts, JobPageRequest, JobState
 use crate::store::{AlarmRow, AlarmTx};
 use crate::token::Token;
 
-/// The body of this crate's storage conformance macro and its entry
-/// points (see `durability_time::storage_case_runner`), and the body that
-/// emits its tests (see `durability_scheduler`).
+/// The bodies of this crate's conformance macros (see `durability_scheduler`
+/// and `durability_time`).
 #[doc(hidden)]
-pub use durability_scheduler::storage_suite as storage_tests;
-/// The body of this crate's async conformance macro (see `durability_time`).
+pub use durability_scheduler::storage_suite;
 #[doc(hidden)]
 pub use durability_time::async_suite;
+/// The entry points of this crate's conformance suite (see `durability_time`).
 #[doc(hidden)]
-pub use durability_time::storage_case_runner as storage_suite;
+pub use durability_time::storage_case_runner;
 
 /// The schema steps the in-memory storage registers for alarms.
 pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
@@ -881,7 +880,7 @@ macro_rules! alarm_index_conformance {
 #[macro_export]
 macro_rules! alarm_tx_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_suite! { $crate::conformance::run_tx_case, [
+        $crate::conformance::storage_case_runner! { $crate::conformance::run_tx_case, [
             row_roundtrip
             rollback_leaves_row
             schema_reverts_and_reapplies

@@ -10,13 +10,12 @@ use durability_scheduler::{SchemaTarget, Storage, StorageError, migrate};
 use crate::channel::SCHEMA;
 use crate::store::{OutboxTx, Reschedule, StoredEntry, StoredRow};
 
-/// The body of this crate's storage conformance macro and its entry
-/// points (see `durability_time::storage_case_runner`), and the body that
-/// emits its tests (see `durability_scheduler`).
+/// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
-pub use durability_scheduler::storage_suite as storage_tests;
+pub use durability_scheduler::storage_suite;
+/// The entry points of this crate's conformance suite (see `durability_time`).
 #[doc(hidden)]
-pub use durability_time::storage_case_runner as storage_suite;
+pub use durability_time::storage_case_runner;
 
 fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     StoredEntry {
@@ -230,7 +229,7 @@ pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
 #[macro_export]
 macro_rules! outbox_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_suite! { $crate::conformance::run_case, [
+        $crate::conformance::storage_case_runner! { $crate::conformance::run_case, [
             versions_only_increase
             upsert_replaces_and_get_reads
             guarded_settlement

@@ -16,13 +16,12 @@ use crate::decide::{Acquire, PoolConfig};
 use crate::semaphore::{Acquired, Released, SCHEMA, Semaphore, SemaphoreConfig};
 use crate::store::{Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
 
-/// The body of this crate's storage conformance macro and its entry
-/// points (see `durability_time::storage_case_runner`), and the body that
-/// emits its tests (see `durability_scheduler`).
+/// The body of this crate's conformance macro (see `durability_scheduler`).
 #[doc(hidden)]
-pub use durability_scheduler::storage_suite as storage_tests;
+pub use durability_scheduler::storage_suite;
+/// The entry points of this crate's conformance suite (see `durability_time`).
 #[doc(hidden)]
-pub use durability_time::storage_case_runner as storage_suite;
+pub use durability_time::storage_case_runner;
 
 /// The names of the suite's cases, in order (each runs on a fresh storage).
 pub const CASES: &[&str] = crate::semaphore_conformance!(@cases names);
@@ -473,7 +472,7 @@ pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
 #[macro_export]
 macro_rules! semaphore_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_suite! { $crate::conformance::run_case, [
+        $crate::conformance::storage_case_runner! { $crate::conformance::run_case, [
             ids_only_increase
             pool_round_trips
             request_states_round_trip

@@ -197,16 +197,14 @@ macro_rules! async_suite {
 /// The front of a storage conformance macro, given the function that runs
 /// a case by name (`$krate::conformance::$run`) and the cases: those of the
 /// first list take the storage by reference, those of the optional second
-/// list take it by value. The caller's `conformance` module re-exports it
-/// as its `storage_suite`, and `durability_scheduler::storage_suite` (which
-/// emits the tests) as `storage_tests`: everything but `@cases runner` goes
-/// on to `$krate::conformance::storage_tests` with every case.
-/// `@cases runner` emits the suite's two entry points:
-/// `$run_case(name, make)` makes a storage with `make`, runs `$setup` on it
-/// (named `$s`) unless the case takes it by value, then the case `name`;
-/// `$run_all(make)` runs every case of `$cases` in order, each on a fresh
-/// storage. Both take any `S: Storage` whose transactions are `$tx`
-/// (`Storage` as the caller imports it).
+/// list take it by value. Everything but `@cases runner` goes on to
+/// `$krate::conformance::storage_suite` (`durability_scheduler`'s, which
+/// emits the tests) with every case. `@cases runner` emits the suite's two
+/// entry points: `$run_case(name, make)` makes a storage with `make`, runs
+/// `$setup` on it (named `$s`) unless the case takes it by value, then the
+/// case `name`; `$run_all(make)` runs every case of `$cases` in order, each
+/// on a fresh storage. Both take any `S: Storage` whose transactions are
+/// `$tx` (`Storage` as the caller imports it).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! storage_case_runner {
@@ -252,7 +250,7 @@ macro_rules! storage_case_runner {
         $krate:tt::conformance::$run:ident, [$($case:ident)*] $([$($owned:ident)*])?,
         $($args:tt)*
     ) => {
-        $krate::conformance::storage_tests! {
+        $krate::conformance::storage_suite! {
             $krate::conformance::$run, [$($case)* $($($owned)*)?], $($args)*
         }
     };
