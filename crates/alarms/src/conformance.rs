@@ -25,9 +25,6 @@ use crate::token::Token;
 pub use durability_scheduler::storage_suite;
 #[doc(hidden)]
 pub use durability_time::async_suite;
-/// The entry points of this crate's conformance suite (see `durability_time`).
-#[doc(hidden)]
-pub use durability_time::storage_case_runner;
 
 /// The schema steps the in-memory storage registers for alarms.
 pub static MEMORY_STEPS: &[SchemaStep] = &[SchemaStep::new(1, "initial")];
@@ -530,25 +527,44 @@ async fn delete_during_run_cannot_be_resurrected<I: AlarmIndex>(ix: &I) {
     assert_eq!(ix.counts().await.expect("counts").total(), 0);
 }
 
+/// Runs every [`AlarmTx`] check on fresh storages from `make` (the alarm
+/// schema is applied first).
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub fn run_tx<S>(make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    for name in TX_CASES {
+        run_tx_case(name, &make);
+    }
+}
+
 /// The names of the [`AlarmTx`] suite's cases, in order (each runs on a
 /// fresh storage).
 pub const TX_CASES: &[&str] = crate::alarm_tx_conformance!(@cases names);
 
-crate::alarm_tx_conformance! { @cases runner "alarm row"
-    /// Runs the [`AlarmTx`] case `name` on a fresh storage from `make`, with the
-    /// alarm schema applied.
-    ///
-    /// # Panics
-    /// When the case fails (naming the broken rule), or when `name` is not in
-    /// [`TX_CASES`].
-    pub fn run_tx_case where AlarmTx, |s|
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("alarm schema applies");
-    /// Runs every [`AlarmTx`] check on fresh storages from `make` (the alarm
-    /// schema is applied first).
-    ///
-    /// # Panics
-    /// On the first broken rule, naming it.
-    pub fn run_tx over TX_CASES;
+/// Runs the [`AlarmTx`] case `name` on a fresh storage from `make`, with the
+/// alarm schema applied.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`TX_CASES`].
+pub fn run_tx_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: AlarmTx,
+{
+    let s = make();
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("alarm schema applies");
+    match name {
+        "row_roundtrip" => row_roundtrip(&s),
+        "rollback_leaves_row" => rollback_leaves_row(&s),
+        "schema_reverts_and_reapplies" => schema_reverts_and_reapplies(&s),
+        other => panic!("no alarm row conformance case {other:?}"),
+    }
 }
 
 fn row_roundtrip<S: Storage>(s: &S)
@@ -880,7 +896,7 @@ macro_rules! alarm_index_conformance {
 #[macro_export]
 macro_rules! alarm_tx_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_case_runner! { $crate::conformance::run_tx_case, [
+        $crate::conformance::storage_suite! { $crate::conformance::run_tx_case, [
             row_roundtrip
             rollback_leaves_row
             schema_reverts_and_reapplies

@@ -13,9 +13,6 @@ use crate::store::{OutboxTx, Reschedule, StoredEntry, StoredRow};
 /// The body of this crate's conformance macros (see `durability_scheduler`).
 #[doc(hidden)]
 pub use durability_scheduler::storage_suite;
-/// The entry points of this crate's conformance suite (see `durability_time`).
-#[doc(hidden)]
-pub use durability_time::storage_case_runner;
 
 fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
     StoredEntry {
@@ -32,20 +29,42 @@ fn entry(channel: &str, key: &str, version: u64, due_at: i64) -> StoredEntry {
 /// The names of the suite's cases, in order (each runs on a fresh storage).
 pub const CASES: &[&str] = crate::outbox_conformance!(@cases names);
 
-crate::outbox_conformance! { @cases runner "outbox"
-    /// Runs the case `name` on a fresh storage from `make`, with the outbox
-    /// schema applied.
-    ///
-    /// # Panics
-    /// When the case fails (naming the broken rule), or when `name` is not in
-    /// [`CASES`].
-    pub fn run_case where OutboxTx, |s|
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
-    /// Runs every case in order, each on a fresh storage from `make`.
-    ///
-    /// # Panics
-    /// On the first broken rule, naming it.
-    pub fn run over CASES;
+/// Runs the case `name` on a fresh storage from `make`, with the outbox
+/// schema applied.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`CASES`].
+pub fn run_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+{
+    let s = make();
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("outbox schema applies");
+    match name {
+        "versions_only_increase" => versions_only_increase(&s),
+        "upsert_replaces_and_get_reads" => upsert_replaces_and_get_reads(&s),
+        "guarded_settlement" => guarded_settlement(&s),
+        "due_order_limit_and_channels" => due_order_limit_and_channels(&s),
+        "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
+        "schema_reverts_and_reapplies" => schema_reverts_and_reapplies(&s),
+        other => panic!("no outbox conformance case {other:?}"),
+    }
+}
+
+/// Runs every case in order, each on a fresh storage from `make`.
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub fn run<S>(make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: OutboxTx,
+{
+    for name in CASES {
+        run_case(name, &make);
+    }
 }
 
 fn tx<S: Storage, R>(s: &S, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, StorageError>) -> R {
@@ -229,7 +248,7 @@ pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
 #[macro_export]
 macro_rules! outbox_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_case_runner! { $crate::conformance::run_case, [
+        $crate::conformance::storage_suite! { $crate::conformance::run_case, [
             versions_only_increase
             upsert_replaces_and_get_reads
             guarded_settlement

@@ -19,27 +19,49 @@ use crate::store::{Outcome, PoolRow, RequestRow, RequestState, SemaphoreTx};
 /// The body of this crate's conformance macro (see `durability_scheduler`).
 #[doc(hidden)]
 pub use durability_scheduler::storage_suite;
-/// The entry points of this crate's conformance suite (see `durability_time`).
-#[doc(hidden)]
-pub use durability_time::storage_case_runner;
 
 /// The names of the suite's cases, in order (each runs on a fresh storage).
 pub const CASES: &[&str] = crate::semaphore_conformance!(@cases names);
 
-crate::semaphore_conformance! { @cases runner "semaphore"
-    /// Runs the case `name` on a fresh storage from `make` (with the
-    /// semaphore schema applied, but for the end-to-end case).
-    ///
-    /// # Panics
-    /// When the case fails (naming the broken rule), or when `name` is not in
-    /// [`CASES`].
-    pub fn run_case where SemaphoreTx, |s|
-        migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("semaphore schema applies");
-    /// Runs every case in order, each on a fresh storage from `make`.
-    ///
-    /// # Panics
-    /// On the first broken rule, naming it.
-    pub fn run over CASES;
+/// Runs the case `name` on a fresh storage from `make`.
+///
+/// # Panics
+/// When the case fails (naming the broken rule), or when `name` is not in
+/// [`CASES`].
+pub fn run_case<S>(name: &str, make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: SemaphoreTx,
+{
+    let s = make();
+    if name == "semaphore_end_to_end" {
+        return semaphore_end_to_end(s);
+    }
+    migrate(&s, SCHEMA, &SchemaTarget::Latest).expect("semaphore schema applies");
+    match name {
+        "ids_only_increase" => ids_only_increase(&s),
+        "pool_round_trips" => pool_round_trips(&s),
+        "request_states_round_trip" => request_states_round_trip(&s),
+        "due_order_limit_and_pools" => due_order_limit_and_pools(&s),
+        "queue_order_and_position" => queue_order_and_position(&s),
+        "rollback_leaves_nothing" => rollback_leaves_nothing(&s),
+        "quarantine_keeps_healthy_rows" => quarantine_keeps_healthy_rows(&s),
+        other => panic!("no semaphore conformance case {other:?}"),
+    }
+}
+
+/// Runs every case in order, each on a fresh storage from `make`.
+///
+/// # Panics
+/// On the first broken rule, naming it.
+pub fn run<S>(make: impl Fn() -> S)
+where
+    S: Storage,
+    for<'t> S::Tx<'t>: SemaphoreTx,
+{
+    for name in CASES {
+        run_case(name, &make);
+    }
 }
 
 fn tx<S: Storage, R>(s: &S, f: impl FnOnce(&mut S::Tx<'_>) -> Result<R, StorageError>) -> R {
@@ -472,7 +494,7 @@ pub fn memory_storage() -> durability_scheduler::testkit::MemoryStorage {
 #[macro_export]
 macro_rules! semaphore_conformance {
     ($($args:tt)*) => {
-        $crate::conformance::storage_case_runner! { $crate::conformance::run_case, [
+        $crate::conformance::storage_suite! { $crate::conformance::run_case, [
             ids_only_increase
             pool_round_trips
             request_states_round_trip
@@ -480,6 +502,7 @@ macro_rules! semaphore_conformance {
             queue_order_and_position
             rollback_leaves_nothing
             quarantine_keeps_healthy_rows
-        ] [semaphore_end_to_end], $($args)* }
+            semaphore_end_to_end
+        ], $($args)* }
     };
 }
