@@ -40,6 +40,7 @@ mod drain;
 mod owner_loop;
 mod registry;
 mod start;
+mod sweep;
 
 pub use drain::shutdown_signal;
 
@@ -346,6 +347,8 @@ struct Inner<S, I, O: ObjectStore> {
     routing: RoutingState<I, O::Storage>,
     /// The balancing state between owner cycles.
     balancer: Mutex<durability_ownership::balance::Balancer>,
+    /// Scopes acquired at a later generation, for the takeover sweep.
+    sweeps: sweep::Queue,
 }
 
 /// The runtime: owns class shards, opens objects fenced at the current
@@ -517,6 +520,7 @@ where
                 counters: RoutingCounters::new(&task),
             },
             balancer: Mutex::new(durability_ownership::balance::Balancer::default()),
+            sweeps: sweep::Queue::default(),
         });
         let spawn = start::Spawn {
             index: config.alarm_index,
@@ -576,6 +580,9 @@ where
         let looper = self.clone();
         let owner_loop = tokio::spawn(async move { looper.owner_loop().await });
         lock(&inner.tasks).push(owner_loop);
+        let sweeper = self.clone();
+        let sweeper = tokio::spawn(async move { sweeper.sweeper().await });
+        lock(&inner.tasks).push(sweeper);
         if spawn.run_dispatcher {
             let run = tokio::spawn(async move { dispatcher.run().await });
             lock(&inner.tasks).push(run);
@@ -665,6 +672,7 @@ where
             },
         );
         drop(scopes);
+        self.inner.sweeps.push(scope, generation);
         tracing::info!(
             event = "durability.host.owner_acquired",
             scope = %scope,

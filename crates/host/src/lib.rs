@@ -44,7 +44,10 @@
 //! - **Alarms** (`durability-alarms`): one `Dispatcher` per host, routed
 //!   through `OwnerRouted`; each open object's scheduler alarm is backed by
 //!   the alarm index (`SchedulerAlarm`), so its pending work resumes on
-//!   whichever host owns it after a crash.
+//!   whichever host owns it after a crash. A host that acquires a scope
+//!   an earlier claim held opens each of the scope's closed objects once
+//!   to sync and repair its alarm (the takeover sweep): an alarm a killed
+//!   host committed but never synced to the index still fires.
 //! - **Drain** ([`Host::shutdown`]): stop new ownership, reject new work,
 //!   stop the dispatcher, wait for admitted work, release matching leases,
 //!   within the drain budgets (`DO_DRAIN_*`).

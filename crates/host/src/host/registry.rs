@@ -68,11 +68,22 @@ where
     S: LeaseStore + LifecycleAdmin,
     I: AlarmIndex,
 {
+    /// The validated address of `class`'s object `name`, through the
+    /// advisory cache.
     pub(super) fn address(&self, class: &str, name: &str) -> Result<Arc<Address>, HostError> {
         let key = (class.to_owned(), name.to_owned());
         if let Some(a) = self.inner.registry.cached(&key) {
             return Ok(a);
         }
+        let address = Arc::new(self.make_address(class, name)?);
+        self.inner.registry.remember(key, Arc::clone(&address));
+        Ok(address)
+    }
+
+    /// Validates and builds an address, leaving the advisory cache alone
+    /// (the takeover sweep's many one-off objects would evict the hot
+    /// ones).
+    pub(super) fn make_address(&self, class: &str, name: &str) -> Result<Address, HostError> {
         let (class_name, _) =
             self.inner
                 .classes
@@ -91,16 +102,14 @@ where
             &ObjectName::new(name),
             self.inner.settings.ownership.shard_count,
         )?;
-        let address = Arc::new(Address {
+        Ok(Address {
             key: ObjectKey {
                 class: class.to_owned(),
                 name: name.to_owned(),
             },
             scope,
             id,
-        });
-        self.inner.registry.remember(key, Arc::clone(&address));
-        Ok(address)
+        })
     }
 
     /// The object store's admission of this host's storage id, held by a
@@ -188,16 +197,7 @@ where
         if let Some(old) = guard.take() {
             old.close();
         }
-        // Nothing is created for a scope the store no longer grants (an
-        // inactive or deleted storage id): admission before the file, and
-        // never under a tombstone (the callers hold the object store's
-        // admission, so no deletion runs between this check and the file).
-        drop(inner.ownership.admit(&address.scope, generation).await?);
-        if inner.objects.tombstone(&inner.storage_id).is_some() {
-            return Err(HostError::Ownership(OwnershipError::StorageInactive {
-                storage_id: inner.storage_id.as_str().to_owned(),
-            }));
-        }
+        drop(self.admit_to_open(&address.scope, generation).await?);
         let open = Arc::new(self.open(address).await?);
         *guard = Some(Arc::clone(&open));
         drop(guard);
@@ -212,6 +212,26 @@ where
         );
         let token = self.note_scope(&address.scope, open.generation);
         Ok((open, token))
+    }
+
+    /// The admission an object is opened under: nothing is created for a
+    /// scope the store no longer grants (an inactive or deleted storage
+    /// id): admission before the file, and never under a tombstone (the
+    /// callers hold the object store's admission, so no deletion runs
+    /// between this check and the file).
+    pub(super) async fn admit_to_open(
+        &self,
+        scope: &OwnerScope,
+        generation: Generation,
+    ) -> Result<AdmissionPermit, HostError> {
+        let inner = &self.inner;
+        let permit = inner.ownership.admit(scope, generation).await?;
+        if inner.objects.tombstone(&inner.storage_id).is_some() {
+            return Err(HostError::Ownership(OwnershipError::StorageInactive {
+                storage_id: inner.storage_id.as_str().to_owned(),
+            }));
+        }
+        Ok(permit)
     }
 
     /// Opens an object: its storage in the object store, fenced at the scope's claim
