@@ -23,10 +23,15 @@
 //!   here is skipped (its opening repaired it).
 //! - A failure (listing, opening, repairing one object) is logged and
 //!   isolated: the sweep goes on with the next object; the object's next
-//!   opening repairs it.
+//!   opening repairs it. A scope no longer held at its generation (lost,
+//!   claimed anew, draining) leaves the sweep; its next owner sweeps it.
+//!   A transient failure (the object store's listing, or the lease store
+//!   unreachable for the owner check) sweeps the scope again after one
+//!   owner-loop period, while it is still held.
 
 use std::collections::BTreeMap;
 
+use durability_scheduler::StorageErrorKind;
 use tokio::sync::Notify;
 
 use super::*;
@@ -53,7 +58,15 @@ impl Queue {
     }
 }
 
-/// What one sweep did, for its log line.
+/// One class's pass of a sweep: the scopes still swept, those to sweep
+/// again, and the counts.
+struct Pass {
+    scopes: HashMap<OwnerScope, Generation>,
+    retry: Vec<(OwnerScope, Generation)>,
+    swept: Swept,
+}
+
+/// What one pass did, for its log line.
 #[derive(Debug, Default)]
 struct Swept {
     listed: usize,
@@ -68,7 +81,9 @@ where
     I: AlarmIndex,
 {
     /// The sweeper: sweeps each batch of acquired scopes until the host
-    /// stops.
+    /// stops. Scopes a transient failure interrupted (the object or lease
+    /// store unreachable) are swept again after one owner-loop period,
+    /// while this host still holds them.
     pub(super) async fn sweeper(&self) {
         loop {
             match select(
@@ -81,14 +96,31 @@ where
                 Either::Right(_) => return,
             }
             let batch = std::mem::take(&mut *lock(&self.inner.sweeps.pending));
-            self.sweep(batch).await;
+            let retry = self.sweep(batch).await;
+            if retry.is_empty() {
+                continue;
+            }
+            let interval = i64::try_from(self.inner.settings.renew_interval()).unwrap_or(i64::MAX);
+            let next = self.inner.clock.now_ms().saturating_add(interval);
+            if timeout_at(&self.inner.clock, next, self.inner.stop.cancelled())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            for (scope, generation) in retry {
+                if self.holds(&scope, generation) {
+                    self.inner.sweeps.push(&scope, generation);
+                }
+            }
         }
     }
 
     /// Sweeps `batch`: lists each of its classes, page by page, and
     /// repairs the objects of the batch's scopes still held at their
-    /// generation.
-    async fn sweep(&self, batch: Vec<(OwnerScope, Generation)>) {
+    /// generation. Returns the scopes to sweep again (a transient
+    /// failure).
+    async fn sweep(&self, batch: Vec<(OwnerScope, Generation)>) -> Vec<(OwnerScope, Generation)> {
         let mut classes: BTreeMap<String, HashMap<OwnerScope, Generation>> = BTreeMap::new();
         for (scope, generation) in batch {
             classes
@@ -96,12 +128,17 @@ where
                 .or_default()
                 .insert(scope, generation);
         }
+        let mut retry = Vec::new();
         for (class, scopes) in classes {
-            let mut swept = Swept::default();
+            let mut pass = Pass {
+                scopes,
+                retry: Vec::new(),
+                swept: Swept::default(),
+            };
             let mut after: Option<String> = None;
             loop {
                 if !self.running() {
-                    return;
+                    return Vec::new();
                 }
                 let page = match ObjectQuery::new(&class, "", after.as_deref(), MAX_LIST_LIMIT) {
                     Ok(query) => self
@@ -109,54 +146,59 @@ where
                         .objects
                         .list_class(&self.inner.storage_id, &query)
                         .await
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                        .map_err(|e| (e.kind() != StorageErrorKind::Corrupt, e.to_string())),
+                    Err(e) => Err((false, e.to_string())),
                 };
                 let page = match page {
                     Ok(page) => page,
-                    Err(error) => {
+                    Err((transient, error)) => {
                         tracing::warn!(
                             event = "durability.host.sweep_failed",
                             class = class.as_str(),
+                            transient,
                             %error,
                             "listing objects for the takeover sweep failed; each object is repaired when it is next opened"
                         );
-                        swept.failed += 1;
+                        pass.swept.failed += 1;
+                        if transient {
+                            pass.retry.extend(pass.scopes.drain());
+                        }
                         break;
                     }
                 };
                 for key in page.objects {
                     if !self.running() {
-                        return;
+                        return Vec::new();
                     }
-                    swept.listed += 1;
-                    self.sweep_one(&key, &scopes, &mut swept).await;
+                    pass.swept.listed += 1;
+                    self.sweep_one(&key, &mut pass).await;
                 }
                 match page.cursor {
                     Some(cursor) => after = Some(cursor),
                     None => break,
                 }
             }
+            let swept = &pass.swept;
             tracing::info!(
                 event = "durability.host.swept",
                 class = class.as_str(),
-                scopes = scopes.len(),
                 listed = swept.listed,
                 repaired = swept.repaired,
                 skipped_open = swept.skipped_open,
                 failed = swept.failed,
+                retried = pass.retry.len(),
                 "takeover sweep done"
             );
+            retry.append(&mut pass.retry);
         }
+        retry
     }
 
-    /// Repairs `key` when it belongs to one of `scopes` and is not open.
-    async fn sweep_one(
-        &self,
-        key: &ObjectKey,
-        scopes: &HashMap<OwnerScope, Generation>,
-        swept: &mut Swept,
-    ) {
+    /// Repairs `key` when it belongs to one of the pass's scopes (still
+    /// held here at its generation) and is not open. A scope this host no
+    /// longer holds at that generation leaves the pass; one whose owner
+    /// check could not reach the lease store leaves it for a retry.
+    async fn sweep_one(&self, key: &ObjectKey, pass: &mut Pass) {
         let address = match self.make_address(&key.class, &key.name) {
             Ok(address) => address,
             Err(error) => {
@@ -168,27 +210,61 @@ where
                     %error,
                     "a listed object has no valid address"
                 );
-                swept.failed += 1;
+                pass.swept.failed += 1;
                 return;
             }
         };
-        let Some(&generation) = scopes.get(&address.scope) else {
+        let Some(&generation) = pass.scopes.get(&address.scope) else {
             return;
         };
-        match self.repair_closed(&address, generation).await {
-            Ok(true) => swept.repaired += 1,
-            Ok(false) => swept.skipped_open += 1,
-            Err(error) => {
-                tracing::warn!(
-                    event = "durability.host.sweep_failed",
-                    object = %address.id,
-                    code = error.code(),
-                    %error,
-                    "repairing an object's alarm in the takeover sweep failed"
-                );
-                swept.failed += 1;
-            }
+        if !self.holds(&address.scope, generation) {
+            pass.scopes.remove(&address.scope);
+            return;
         }
+        let error = match self.repair_closed(&address, generation).await {
+            Ok(repaired) => {
+                if repaired {
+                    pass.swept.repaired += 1;
+                } else {
+                    pass.swept.skipped_open += 1;
+                }
+                return;
+            }
+            Err(error) => error,
+        };
+        let transient = matches!(
+            &error,
+            HostError::Ownership(
+                OwnershipError::OwnerUnavailable { .. } | OwnershipError::StoreUnavailable { .. }
+            )
+        );
+        if !transient && matches!(&error, HostError::Ownership(_) | HostError::NotOwner { .. }) {
+            // The scope moved on (lost, claimed anew, draining): its new
+            // owner sweeps it.
+            pass.scopes.remove(&address.scope);
+            return;
+        }
+        tracing::warn!(
+            event = "durability.host.sweep_failed",
+            object = %address.id,
+            code = error.code(),
+            transient,
+            %error,
+            "repairing an object's alarm in the takeover sweep failed: a transient failure sweeps its scope again, any other leaves the object to be repaired when it is next opened"
+        );
+        if transient {
+            pass.scopes.remove(&address.scope);
+            pass.retry.push((address.scope.clone(), generation));
+        } else {
+            pass.swept.failed += 1;
+        }
+    }
+
+    /// Whether this host holds `scope` at `generation` now (local state).
+    fn holds(&self, scope: &OwnerScope, generation: Generation) -> bool {
+        lock(&self.inner.scopes)
+            .get(scope)
+            .is_some_and(|e| e.generation == generation && !e.token.is_cancelled())
     }
 
     /// Opens `address` (not open here) under its slot's lock and an

@@ -19,5 +19,6 @@ mod rpc;
 mod semaphore;
 mod storage;
 mod support;
+mod sweep;
 mod transport;
 mod typed;

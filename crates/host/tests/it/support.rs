@@ -270,6 +270,16 @@ impl World {
         task: &str,
         hooks: &durability_ownership::conformance::Hooks,
     ) -> Host<durability_ownership::conformance::HookedStore<Store>, SqliteAlarmIndex> {
+        self.hooked_owning(task, hooks, OwnPolicy::default()).await
+    }
+
+    /// [`Self::hooked`], claiming the scopes `own` names.
+    pub(crate) async fn hooked_owning(
+        &self,
+        task: &str,
+        hooks: &durability_ownership::conformance::Hooks,
+        own: OwnPolicy,
+    ) -> Host<durability_ownership::conformance::HookedStore<Store>, SqliteAlarmIndex> {
         let store = SqliteLeaseStore::open(
             self.dir.path().join("leases.db"),
             self.clock.clone(),
@@ -292,6 +302,7 @@ impl World {
         })
         .clock(Arc::new(self.clock.clone()))
         .settings(settings())
+        .own(own)
         .create_active_storage_if_absent(true);
         Host::start(config).await.unwrap()
     }
