@@ -73,12 +73,17 @@ async fn connect(url: &str) -> BoxResult<tokio_postgres::Client> {
     Ok(client)
 }
 
-async fn pg_host(url: &str, schema: &str, endpoint: &str) -> BoxResult<PgHost> {
+async fn pg_host(
+    url: &str,
+    schema: &str,
+    endpoint: &str,
+    admission: Admission,
+) -> BoxResult<PgHost> {
     let ids = ids("bench:pg", "pg")?;
     let database = DatabaseSettings::new(url, schema);
     let config = HostConfig::postgres(
         &database,
-        settings(Admission::Snapshot, 120_000, 16)?,
+        settings(admission, 120_000, 16)?,
         ids,
     )
     .await?
@@ -124,9 +129,14 @@ async fn bare_invoke(
 /// Per-call times (us) of the bare handler and the host, medians of
 /// `rounds` interleaved rounds of `n` calls, and the median per-round
 /// ratio.
-pub(super) async fn call_overhead(url: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
+pub(super) async fn call_overhead(
+    url: &str,
+    admission: Admission,
+    rounds: usize,
+    n: u64,
+) -> BoxResult<([f64; 2], f64)> {
     let schema = run_schema("bench_host");
-    let result = call_rounds(url, &schema, rounds, n).await;
+    let result = call_rounds(url, &schema, admission, rounds, n).await;
     drop_schemas(url, &schema).await?;
     result
 }
@@ -146,7 +156,12 @@ impl Sides {
     /// Starts both sides on the schema `schema`, the host on the database
     /// at `url`, the bare handler at `bare_url` (the same database), and
     /// warms them (connections, the object open, the scope claimed).
-    async fn start(url: &str, bare_url: &str, schema: &str) -> BoxResult<Self> {
+    async fn start(
+        url: &str,
+        bare_url: &str,
+        schema: &str,
+        admission: Admission,
+    ) -> BoxResult<Self> {
         let stop = CancellationToken::new();
         let lh = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let lbare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -154,7 +169,7 @@ impl Sides {
         let host_endpoint = EndpointPolicy::loopback().check(&host_url)?;
         let bare_endpoint =
             EndpointPolicy::loopback().check(&format!("http://{}", lbare.local_addr()?))?;
-        let host = pg_host(url, schema, &host_url).await?;
+        let host = pg_host(url, schema, &host_url, admission).await?;
         tokio::spawn(serve(host.clone(), lh, stop.clone()));
         let bare = connect(bare_url).await?;
         bare.batch_execute(&format!(
@@ -195,8 +210,14 @@ impl Sides {
     }
 }
 
-async fn call_rounds(url: &str, schema: &str, rounds: usize, n: u64) -> BoxResult<([f64; 2], f64)> {
-    let sides = Sides::start(url, url, schema).await?;
+async fn call_rounds(
+    url: &str,
+    schema: &str,
+    admission: Admission,
+    rounds: usize,
+    n: u64,
+) -> BoxResult<([f64; 2], f64)> {
+    let sides = Sides::start(url, url, schema, admission).await?;
     let mut times: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds {
         for k in 0..2 {
@@ -525,7 +546,7 @@ mod tests {
                 via_url(&url, proxies[0].port)?,
                 via_url(&url, proxies[1].port)?,
             ];
-            let sides = Sides::start(&host_url, &bare_url, &schema).await?;
+            let sides = Sides::start(&host_url, &bare_url, &schema, Admission::Snapshot).await?;
             // The fewest of the rounds: a round can only gain exchanges
             // that are not the call's (a connection the pool opened
             // meanwhile prepares its statements, background work).
