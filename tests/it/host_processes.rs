@@ -247,6 +247,81 @@ fn a_takeover_delivers_an_alarm_the_killed_host_committed_but_never_synced() {
     alarms_fired_on_b(&b, &names, killed);
 }
 
+/// The claim lease and dispatch timeout of the mid-alarm tests' hosts
+/// (ms): a delivery claimed by a killed host is claimed again this long
+/// after (plus a poll), instead of the fast profile's 30 s.
+const MID_ALARM_LEASE: [(&str, &str); 2] = [
+    ("WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS", "3000"),
+    ("WORKFLOWS_DISPATCH_TIMEOUT_MS", "2500"),
+];
+
+/// Sets `name`'s timer on `a` (whose timer pauses inside its firing),
+/// waits until `a` is inside the firing, and kills `a` there; returns
+/// when. Prints what it tried.
+pub(crate) fn kill_mid_alarm(a: &mut Proc, name: &str) -> i64 {
+    let answer = a.run_ok(&format!("incr {name}"));
+    assert!(
+        answer.starts_with(&format!("ok incr {name} value=1 ")),
+        "{answer}"
+    );
+    let answer = a.run_ok(&format!("timer {name} 200"));
+    assert!(answer.starts_with(&format!("ok timer {name} ")), "{answer}");
+    a.wait_line(&format!("firing {name} task=a"));
+    let killed = now();
+    signal(a.child.id(), "KILL");
+    a.wait_exit();
+    eprintln!(
+        "tried: SIGKILL of host a inside the firing of {name}'s alarm (its delivery claimed by a, nothing written yet); lease {TTL_S} s, claim lease 3 s, dispatch timeout 2.5 s"
+    );
+    killed
+}
+
+/// Waits until `b` fired `name`'s alarm and checks it fired once, on `b`,
+/// within the worst-case failover budget from the kill at `killed`.
+pub(crate) fn fired_again_on_b(b: &Proc, name: &str, killed: i64) {
+    let (at, line) = b.wait_line(&format!("fired {name} "));
+    assert!(line.ends_with("task=b"), "{line}");
+    let budget = durability_alarms::DispatcherConfig {
+        claim_lease_ms: 3_000,
+        dispatch_timeout_ms: 2_500,
+        poll_ms: 100,
+        ..durability_alarms::DispatcherConfig::fast()
+    }
+    .failover_budget_ms(i64::try_from(TTL_S * 1000).unwrap());
+    eprintln!(
+        "the alarm claimed by the killed host fired on b {} ms after the kill (budget {budget} ms: owner lease, claim lease, one poll)",
+        at - killed
+    );
+    assert!(at - killed <= budget, "{} ms", at - killed);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(b.count(&format!("fired {name} ")), 1, "fired once");
+}
+
+#[test]
+fn sigkill_inside_an_alarm_delivers_it_again_on_the_survivor_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = MID_ALARM_LEASE.to_vec();
+    env.push((durability_tests::host_proc::ENV_FIRE_PAUSE_MS, "60000"));
+    let mut a = spawn("a", dir.path(), TTL_S, &["own=all", "create=1"], &env);
+    a.wait_line("ready");
+    a.wait_n("acquired ", 16);
+    let b = spawn("b", dir.path(), TTL_S, &["own=all"], &MID_ALARM_LEASE);
+    b.wait_line("ready");
+    let killed = kill_mid_alarm(&mut a, "f1");
+    fired_again_on_b(&b, "f1", killed);
+    // The killed firing wrote nothing; b's firing is the one stored.
+    let path = dir.path().join("objects/st1/Counter/f1.sqlite");
+    let rows: Vec<String> = {
+        let c = rusqlite::Connection::open(path).unwrap();
+        let mut st = c.prepare("SELECT task FROM fired").unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(rows, ["b"]);
+}
+
 #[test]
 fn sigstop_past_the_lease_refuses_the_paused_hosts_late_commit() {
     let dir = tempfile::tempdir().unwrap();

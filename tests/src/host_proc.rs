@@ -422,11 +422,24 @@ impl<D: Storage + Send + Sync + 'static> TimerObject<D> {
 
 struct Timer<D: Storage>(Weak<TimerState<D>>);
 
+/// The environment variable that makes a host's timer pause this many
+/// milliseconds inside its firing (after printing `firing <name>
+/// task=<t>`), before it writes anything: a test kills the host there.
+pub const ENV_FIRE_PAUSE_MS: &str = "DURABILITY_TEST_FIRE_PAUSE_MS";
+
 impl<D: Storage + Send + Sync + 'static> Capability for Timer<D> {
     fn run(&self, now_ms: i64) -> BoxFuture<'_, ()> {
         let inner = self.0.upgrade();
         Box::pin(async move {
             let Some(inner) = inner else { return };
+            let pause = std::env::var(ENV_FIRE_PAUSE_MS)
+                .ok()
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .unwrap_or(0);
+            if pause > 0 {
+                say(&format!("firing {} task={}", inner.name, inner.task));
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
             let done = inner.sched.transaction(|tx| {
                 (inner.record)(tx, now_ms, &inner.task)?;
                 tx.set_due("timer", None)
@@ -441,7 +454,9 @@ impl<D: Storage + Send + Sync + 'static> Capability for Timer<D> {
 
 /// The options every test host shares: `clock`, the owner policy of the
 /// `own` argument (`all`: every shard), the `create` argument (`1`:
-/// create the active storage pointer if absent), and a fast dispatcher.
+/// create the active storage pointer if absent), and a fast dispatcher
+/// (claim lease and dispatch timeout from the environment when set:
+/// [`claim_leases`]).
 pub fn test_options<S, I, O: ObjectStore>(
     config: HostConfig<S, I, O>,
     clock: SystemClock,
@@ -460,8 +475,24 @@ pub fn test_options<S, I, O: ObjectStore>(
             poll_ms: 100,
             idle_ms: 20,
             owner_wait_max_ms: 300,
-            ..DispatcherConfig::fast()
+            ..claim_leases()
         })
+}
+
+/// [`DispatcherConfig::fast`], with the claim lease and dispatch timeout
+/// of the environment (`WORKFLOWS_DO_ALARM_CLAIM_LEASE_MS`,
+/// `WORKFLOWS_DISPATCH_TIMEOUT_MS`) when the claim lease is set there.
+fn claim_leases() -> DispatcherConfig {
+    let fast = DispatcherConfig::fast();
+    if std::env::var(durability_alarms::ENV_CLAIM_LEASE_MS).is_err() {
+        return fast;
+    }
+    let env = DispatcherConfig::from_env();
+    DispatcherConfig {
+        claim_lease_ms: env.claim_lease_ms,
+        dispatch_timeout_ms: env.dispatch_timeout_ms,
+        ..fast
+    }
 }
 
 /// A command line as `(command, object name, number)` (missing parts

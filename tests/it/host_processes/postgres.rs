@@ -42,16 +42,30 @@ impl Db {
 /// A host process on the test's database, in a working directory of its
 /// own, with owner lease `ttl_s`.
 pub(super) fn spawn(name: &str, cwd: &Path, db: &Db, ttl_s: u64, extra: &[&str]) -> Proc {
+    spawn_with(name, cwd, db, ttl_s, extra, &[])
+}
+
+/// [`spawn`], with more environment variables `env`.
+pub(super) fn spawn_with(
+    name: &str,
+    cwd: &Path,
+    db: &Db,
+    ttl_s: u64,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut all = vec![
+        ("DO_DATABASE_URL", db.url.as_str()),
+        ("DO_DATABASE_SCHEMA", db.schema.as_str()),
+    ];
+    all.extend_from_slice(env);
     super::spawn_bin(
         env!("CARGO_BIN_EXE_pg-object-host"),
         name,
         cwd,
         ttl_s,
         extra,
-        &[
-            ("DO_DATABASE_URL", db.url.as_str()),
-            ("DO_DATABASE_SCHEMA", db.schema.as_str()),
-        ],
+        &all,
     )
 }
 
@@ -350,4 +364,37 @@ fn a_takeover_delivers_an_alarm_the_killed_host_committed_but_never_synced() {
     for n in names {
         assert_eq!(stored(db, n).fired, 1, "{n}'s firing is stored once");
     }
+}
+
+#[test]
+fn sigkill_inside_an_alarm_delivers_it_again_on_the_survivor_once() {
+    let Some((_rt, _schema, db)) = runtime_schema_and_db() else {
+        return;
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut env = super::MID_ALARM_LEASE.to_vec();
+    env.push((durability_tests::host_proc::ENV_FIRE_PAUSE_MS, "60000"));
+    let mut a = spawn_with(
+        "a",
+        dirs[0].path(),
+        &db,
+        TTL_S,
+        &["own=all", "create=1"],
+        &env,
+    );
+    a.wait_line("ready");
+    a.wait_n("acquired ", 16);
+    let b = spawn_with(
+        "b",
+        dirs[1].path(),
+        &db,
+        TTL_S,
+        &["own=all"],
+        &super::MID_ALARM_LEASE,
+    );
+    b.wait_line("ready");
+    let killed = super::kill_mid_alarm(&mut a, "f1");
+    super::fired_again_on_b(&b, "f1", killed);
+    // The killed firing wrote nothing; b's firing is the one stored.
+    assert_eq!(stored(&db, "f1").fired, 1);
 }
