@@ -12,6 +12,8 @@
 //!   outcome=<not_started|unknown> <message>`;
 //! - `slow-wrote <name> gen=<g>`: the first write of a `slow` call committed;
 //! - `fired <name> task=<t>`: the object's timer ran (its alarm was delivered here);
+//! - `firing <name> task=<t>`: with `DURABILITY_TEST_FIRE_PAUSE_MS` set, the
+//!   timer is inside its firing and pauses that long before it writes;
 //! - `committed put <name> value=<v>`: a `put` call's write committed (printed
 //!   inside the call, while it is admitted);
 //! - `deleted complete=<bool> objects=<n> pointer_removed=<bool>` /
