@@ -25,20 +25,18 @@
 //!
 //! Limits: a key is scoped to one object and one method; keys are kept
 //! until [`prune`] removes them (the caller's retry horizon decides how
-//! long); the table lives in the object's own SQLite storage (the default
-//! object store: [`crate::SqliteObjectStore`]; the SQL lives with that
-//! store, and another store would need its own), so it goes with the
-//! object's other tables in [`crate::Host::delete_all`]. Reusing a key for
-//! other arguments returns the first call's result: a key names one
-//! intended call.
+//! long); the table ([`TABLE`]) lives in the object's own storage, on
+//! every object store (the SQL is the storage crate's: the store's
+//! transaction implements [`IdempotencyRows`]), so it goes with the
+//! object's other tables in [`crate::Host::delete_all`] and moves with
+//! the object's image. Reusing a key for other arguments returns the first
+//! call's result: a key names one intended call.
 
-use durability_scheduler::{StorageError, Transaction};
+use durability_scheduler::{Storage, StorageError, Transaction};
 use serde_json::Value;
 
 use crate::error::HostError;
 use crate::rpc::MethodError;
-use crate::store::DefaultStorage;
-use crate::store::sqlite::idempotency as rows;
 
 /// The field of the wrapped arguments that carries the key.
 pub const KEY_FIELD: &str = "idempotencyKey";
@@ -46,8 +44,11 @@ pub const KEY_FIELD: &str = "idempotencyKey";
 pub const ARGS_FIELD: &str = "args";
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 128;
-/// The table of recorded keys in each object's storage.
-pub const TABLE: &str = rows::TABLE;
+/// The table of recorded keys in each object's storage (the storage
+/// crates' `IDEMPOTENCY_TABLE`).
+pub const TABLE: &str = "idempotency_keys";
+
+pub use crate::store::IdempotencyRows;
 
 /// A caller's key for one intended call: 1..=[`MAX_KEY_BYTES`] bytes of
 /// visible ASCII (a UUID is a good one).
@@ -121,35 +122,42 @@ pub fn split(args: Value) -> Result<(Option<IdempotencyKey>, Value), MethodError
 ///
 /// # Errors
 /// The body's error (nothing recorded); a storage failure; a recorded
-/// result that is not JSON (a corrupt row) as a storage error naming the
-/// key.
-pub fn once<F>(
-    tx: &mut Transaction<'_, '_, DefaultStorage>,
+/// result that is not JSON (a corrupt row) as a `Corrupt` storage error
+/// naming the key (other keys are unaffected).
+pub fn once<D, F>(
+    tx: &mut Transaction<'_, '_, D>,
     method: &str,
     key: &IdempotencyKey,
     body: F,
 ) -> Result<Value, StorageError>
 where
-    F: FnOnce(&mut Transaction<'_, '_, DefaultStorage>) -> Result<Value, StorageError>,
+    D: Storage,
+    for<'t> D::Tx<'t>: IdempotencyRows,
+    F: FnOnce(&mut Transaction<'_, '_, D>) -> Result<Value, StorageError>,
 {
     let key = key.as_str();
-    if let Some(recorded) = rows::recorded(tx, method, key)? {
-        return Ok(recorded);
+    if let Some(recorded) = tx.idempotency_result(method, key)? {
+        return serde_json::from_str(&recorded).map_err(|e| {
+            StorageError::corrupt(format!(
+                "idempotency keys: the recorded result of key {key} is not JSON: {e}"
+            ))
+        });
     }
     let result = body(tx)?;
-    rows::record(tx, method, key, &result)?;
+    tx.record_idempotency_result(method, key, &result.to_string())?;
     Ok(result)
 }
 
-/// Removes up to `limit` recorded keys of this object (oldest rows
-/// first), in the caller's transaction; returns how many. Call it when the
-/// callers' retry horizon has passed.
+/// Removes up to `limit` recorded keys of this object (oldest first), in
+/// the caller's transaction; returns how many. Call it when the callers'
+/// retry horizon has passed.
 ///
 /// # Errors
 /// A storage failure.
-pub fn prune(
-    tx: &mut Transaction<'_, '_, DefaultStorage>,
-    limit: u32,
-) -> Result<usize, StorageError> {
-    rows::prune(tx, limit)
+pub fn prune<D>(tx: &mut Transaction<'_, '_, D>, limit: u32) -> Result<usize, StorageError>
+where
+    D: Storage,
+    for<'t> D::Tx<'t>: IdempotencyRows,
+{
+    tx.prune_idempotency_results(limit)
 }

@@ -311,3 +311,32 @@ pub trait ObjectStore: Send + Sync + 'static {
         storage: &StorageId,
     ) -> impl Future<Output = Vec<(String, String)>> + Send;
 }
+
+/// The recorded results of one object's idempotency keys, in its
+/// storage's transaction: what an object store's transaction implements
+/// for [`crate::idempotency::once`] and [`crate::idempotency::prune`]
+/// (SQLite's and PostgreSQL's do; the SQL is their storage crate's).
+pub trait IdempotencyRows {
+    /// The result recorded for (`method`, `key`), as it was stored.
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn idempotency_result(&self, method: &str, key: &str) -> Result<Option<String>, StorageError>;
+
+    /// Records `result` for (`method`, `key`), which has none.
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn record_idempotency_result(
+        &self,
+        method: &str,
+        key: &str,
+        result: &str,
+    ) -> Result<(), StorageError>;
+
+    /// Removes up to `limit` recorded keys, oldest first; how many.
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn prune_idempotency_results(&self, limit: u32) -> Result<usize, StorageError>;
+}

@@ -77,9 +77,13 @@ pub mod local_fs;
 pub use connection::{ConnectionOptions, Synchronous, open_connection};
 
 #[cfg(feature = "scheduler")]
+mod idempotency;
+#[cfg(feature = "scheduler")]
 pub mod image;
 #[cfg(feature = "scheduler")]
 mod object;
+#[cfg(feature = "scheduler")]
+pub use idempotency::IDEMPOTENCY_TABLE;
 #[cfg(feature = "scheduler")]
 pub use object::{DEFAULT_BUSY_TIMEOUT, SqliteOptions, SqliteSchemaStep, SqliteStorage, SqliteTx};
 

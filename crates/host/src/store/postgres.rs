@@ -407,6 +407,29 @@ impl ObjectStore for PostgresObjectStore {
     }
 }
 
+impl crate::store::IdempotencyRows for durability_storage_postgres::object::PostgresObjectTx<'_> {
+    fn idempotency_result(&self, method: &str, key: &str) -> Result<Option<String>, StorageError> {
+        durability_storage_postgres::object::PostgresObjectTx::idempotency_result(self, method, key)
+    }
+
+    fn record_idempotency_result(
+        &self,
+        method: &str,
+        key: &str,
+        result: &str,
+    ) -> Result<(), StorageError> {
+        durability_storage_postgres::object::PostgresObjectTx::record_idempotency_result(
+            self, method, key, result,
+        )
+    }
+
+    fn prune_idempotency_results(&self, limit: u32) -> Result<usize, StorageError> {
+        durability_storage_postgres::object::PostgresObjectTx::prune_idempotency_results(
+            self, limit,
+        )
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -37,7 +37,6 @@ use super::{ObjectKey, ObjectPage, ObjectQuery, ObjectStore, StoreTx, TombstoneS
 use crate::error::HostError;
 
 mod admission;
-pub(crate) mod idempotency;
 mod names;
 #[cfg(test)]
 mod tests;
@@ -777,5 +776,24 @@ mod store_placement_tests {
                 .map(|(what, _, _)| what)
                 .collect();
         assert_eq!(files, ["the SQLite lease store"]);
+    }
+}
+
+impl crate::store::IdempotencyRows for durability_storage_sqlite::SqliteTx<'_> {
+    fn idempotency_result(&self, method: &str, key: &str) -> Result<Option<String>, StorageError> {
+        durability_storage_sqlite::SqliteTx::idempotency_result(self, method, key)
+    }
+
+    fn record_idempotency_result(
+        &self,
+        method: &str,
+        key: &str,
+        result: &str,
+    ) -> Result<(), StorageError> {
+        durability_storage_sqlite::SqliteTx::record_idempotency_result(self, method, key, result)
+    }
+
+    fn prune_idempotency_results(&self, limit: u32) -> Result<usize, StorageError> {
+        durability_storage_sqlite::SqliteTx::prune_idempotency_results(self, limit)
     }
 }

@@ -12,7 +12,7 @@ use durability_host::{
     ObjectCtx, ObjectStore, PostgresObjectStore,
 };
 use durability_ownership::{Clock, LifecycleId, StorageId, SystemClock, TaskId};
-use durability_scheduler::{Scheduler, StorageError};
+use durability_scheduler::{Scheduler, StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_storage_postgres::testkit::{TestSchema, url};
 
@@ -61,17 +61,20 @@ impl Counter {
     }
 
     fn incr(&self) -> Result<i64, StorageError> {
-        self.inner.sched.transaction(|tx| {
-            tx.sql()
-                .query_one(
-                    "INSERT INTO counter (id, n) VALUES (0, 1)
-                     ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n",
-                    &[],
-                )?
-                .try_get(0)
-                .map_err(pg)
-        })
+        self.inner.sched.transaction(incr_in)
     }
+}
+
+/// Adds one to the counter in `tx` and returns the new value.
+fn incr_in(tx: &mut Transaction<'_, '_, PostgresObjectStorage>) -> Result<i64, StorageError> {
+    tx.sql()
+        .query_one(
+            "INSERT INTO counter (id, n) VALUES (0, 1)
+             ON CONFLICT (id) DO UPDATE SET n = counter.n + 1 RETURNING n",
+            &[],
+        )?
+        .try_get(0)
+        .map_err(pg)
 }
 
 fn ids(task: &str) -> HostIds {
@@ -362,4 +365,121 @@ async fn bad_database_settings_are_refused_before_anything_is_written() {
     .await
     .unwrap_err();
     assert!(err.to_string().contains("DO_DATABASE_SCHEMA"), "{err}");
+}
+
+/// `incr_once` on object `name`: the counter's increment under `key`
+/// (`durability_host::idempotency::once`), answering `{ "n": n }`.
+async fn incr_once(
+    host: &PgHost,
+    name: &str,
+    key: &durability_host::idempotency::IdempotencyKey,
+) -> Result<serde_json::Value, HostError> {
+    let key = key.clone();
+    host.call::<Counter, _, _, _>("Counter", name, |h| async move {
+        let v = h.scheduler.transaction(|tx| {
+            durability_host::idempotency::once(tx, "incr_once", &key, |tx| {
+                Ok(serde_json::json!({ "n": incr_in(tx)? }))
+            })
+        })?;
+        Ok(v)
+    })
+    .await
+}
+
+/// Prunes up to `limit` recorded keys of `z1`; how many.
+async fn prune_keys(host: &PgHost, limit: u32) -> usize {
+    host.call::<Counter, _, _, _>("Counter", "z1", |h| async move {
+        Ok(h.scheduler
+            .transaction(|tx| durability_host::idempotency::prune(tx, limit))?)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_on_postgres_run_a_call_once_keep_a_corrupt_result_to_its_key_and_prune() {
+    use durability_host::idempotency::{IdempotencyKey, TABLE};
+    use serde_json::json;
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    assert_eq!(
+        TABLE,
+        durability_storage_postgres::object::IDEMPOTENCY_TABLE
+    );
+    assert_eq!(TABLE, durability_storage_sqlite::IDEMPOTENCY_TABLE);
+    let host = start(&schema, "a").await.unwrap();
+    let (k1, k2) = (
+        IdempotencyKey::new("k-1").unwrap(),
+        IdempotencyKey::new("k-2").unwrap(),
+    );
+    // One key, sent three times: it runs once, every answer the first.
+    for _ in 0..3 {
+        assert_eq!(
+            incr_once(&host, "z1", &k1).await.unwrap(),
+            json!({ "n": 1 })
+        );
+    }
+    assert_eq!(
+        incr_once(&host, "z1", &k2).await.unwrap(),
+        json!({ "n": 2 })
+    );
+    assert_eq!(incr(&host, "z1").await, 3, "the counter moved once per key");
+    // The keys are rows of the object's own schema.
+    let c = client(&schema).await;
+    let seq: i64 = c
+        .query_one(
+            "SELECT seq FROM durability_objects WHERE id = 'st1:Counter:z1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let own = format!("{}_o{seq}", schema.name());
+    assert_eq!(
+        count(&c, &format!("SELECT count(*) FROM {own}.{TABLE}")).await,
+        2
+    );
+    // A corrupt recorded result is a typed error for its key only, and
+    // changes nothing.
+    c.execute(
+        &format!("UPDATE {own}.{TABLE} SET result = 'not json' WHERE key = 'k-1'"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let e = incr_once(&host, "z1", &k1).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("recorded result of key k-1 is not JSON"),
+        "{e}"
+    );
+    assert_eq!(
+        incr_once(&host, "z1", &k2).await.unwrap(),
+        json!({ "n": 2 })
+    );
+    assert_eq!(incr(&host, "z1").await, 4);
+    // Pruning removes the keys; a key then runs again.
+    assert_eq!(prune_keys(&host, 10).await, 2);
+    assert_eq!(
+        incr_once(&host, "z1", &k2).await.unwrap(),
+        json!({ "n": 5 })
+    );
+    // Oldest first: with k-2 (n 5) then k-3 (n 6) recorded, pruning one
+    // removes k-2's row.
+    let k3 = IdempotencyKey::new("k-3").unwrap();
+    assert_eq!(
+        incr_once(&host, "z1", &k3).await.unwrap(),
+        json!({ "n": 6 })
+    );
+    assert_eq!(prune_keys(&host, 1).await, 1);
+    assert_eq!(
+        incr_once(&host, "z1", &k3).await.unwrap(),
+        json!({ "n": 6 })
+    );
+    assert_eq!(
+        incr_once(&host, "z1", &k2).await.unwrap(),
+        json!({ "n": 7 })
+    );
+    host.shutdown().await;
 }

@@ -169,6 +169,7 @@ mod alarms;
 mod commit;
 mod driver;
 mod fence;
+mod idempotency;
 pub mod image;
 mod outbox;
 mod rows;
@@ -185,6 +186,7 @@ use std::time::Duration;
 use durability_scheduler::{Direction, SchemaStep, Storage, StorageError, StorageErrorKind};
 
 pub use admin::PgTombstone;
+pub use idempotency::IDEMPOTENCY_TABLE;
 pub use schema::{MAX_DEPLOYMENT_NAME_BYTES, PostgresSchemaStep};
 pub use tx::{PostgresObjectTx, Sql};
 
