@@ -277,6 +277,13 @@ async fn an_object_round_trips_sqlite_to_postgres_to_sqlite_with_every_row() {
     let source = first.open(&storage(), &object).await.unwrap();
     sqlite_write(&source, 1).unwrap();
     sqlite_write(&source, 2).unwrap();
+    // A recorded idempotency key moves with the object.
+    source
+        .transaction(|tx| {
+            assert_eq!(tx.idempotency_result("pay", "k-1")?, None);
+            tx.record_idempotency_result("pay", "k-1", r#"{"paid":true}"#)
+        })
+        .unwrap();
     let out = export_object(&first, "st", &object, shards())
         .await
         .unwrap();
@@ -284,10 +291,20 @@ async fn an_object_round_trips_sqlite_to_postgres_to_sqlite_with_every_row() {
     import_object(&pg, &file, None, false).await.unwrap();
     let on_pg = export_object(&pg, "st", &object, shards()).await.unwrap();
     assert_eq!(on_pg.image, out.image);
+    let moved: Arc<_> = pg.find(&storage(), &object).await.unwrap().unwrap();
+    let recorded = moved
+        .transaction(|tx| tx.idempotency_result("pay", "k-1"))
+        .unwrap();
+    assert_eq!(recorded.as_deref(), Some(r#"{"paid":true}"#));
     assert_eq!(on_pg.header.source, "postgres");
     import_object(&back, &on_pg, None, false).await.unwrap();
     let home = export_object(&back, "st", &object, shards()).await.unwrap();
     assert_eq!(home.image, out.image);
+    let returned = back.find(&storage(), &object).await.unwrap().unwrap();
+    let recorded = returned
+        .transaction(|tx| tx.idempotency_result("pay", "k-1"))
+        .unwrap();
+    assert_eq!(recorded.as_deref(), Some(r#"{"paid":true}"#));
     let orders = home.image.table("orders").unwrap();
     assert_eq!(
         orders.rows[1],
