@@ -1402,6 +1402,52 @@ fn host_backend_mentions(module: &str, mentions: fn(&str) -> Vec<usize>) -> Vec<
         .collect()
 }
 
+/// Lines of `text` (1-based) that hold SQL in code (not in a comment or
+/// doc comment).
+fn sql_mentions(text: &str) -> Vec<usize> {
+    code_mentions(
+        text,
+        &[
+            "SELECT ",
+            "INSERT INTO",
+            "UPDATE ",
+            "DELETE FROM",
+            "CREATE TABLE",
+            "CREATE SCHEMA",
+            "ALTER TABLE",
+            "DROP TABLE",
+            "DROP SCHEMA",
+        ],
+    )
+}
+
+#[test]
+fn the_sql_rule_finds_sql_in_code_and_spares_comments() {
+    let text = "let a = 1;\n// SELECT x FROM t\nc.execute(\"INSERT INTO t VALUES (1)\")?;\n/// DELETE FROM t\n";
+    assert_eq!(sql_mentions(text), [3]);
+}
+
+#[test]
+fn the_host_holds_no_sql() {
+    // The SQL of every object store is its storage crate's; a unit-test
+    // file (`tests.rs`) may set up a table of its own.
+    let src = root().join("crates/host/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 5, "the tidy check found the host's sources");
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            sql_mentions(&text)
+                .into_iter()
+                .map(move |line| format!("{}:{line}", f.display()))
+        })
+        .collect();
+    assert!(offenders.is_empty(), "SQL in the host: {offenders:?}");
+}
+
 #[test]
 fn only_the_hosts_object_store_module_names_sqlite() {
     let offenders = host_backend_mentions(HOST_SQLITE_MODULE, sqlite_mentions);
