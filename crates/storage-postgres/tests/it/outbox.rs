@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use durability_outbox::{
     ChannelConfig, DeadLetter, DeadLetterFn, Entry, EventKind, OutboxEvent, RetryPolicy, Sink,
@@ -111,6 +112,26 @@ impl Fixture {
     async fn count(&self, sql: &str) -> i64 {
         let sql = sql.replace("{s}", self.schema.name());
         self.client.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+
+    /// Waits (real time, at most 10 s) until no other session holds a lock
+    /// on the outbox table: a dropped deliverer's connection closes in the
+    /// background, and until the server ends its session the rows its open
+    /// transaction claimed stay locked (`SKIP LOCKED` passes them over). A
+    /// process that crashed loses its sockets with it, so a restarted one
+    /// finds its sessions gone; an in-process drop must wait for that.
+    async fn wait_until_dropped_sessions_ended(&self) {
+        let clock = durability_time::SystemClock::new();
+        let end = durability_time::Clock::now_ms(&clock) + 10_000;
+        let held = "SELECT count(*) FROM pg_locks \
+                    WHERE relation = '{s}.outbox'::regclass AND pid <> pg_backend_pid()";
+        while self.count(held).await > 0 {
+            assert!(
+                durability_time::Clock::now_ms(&clock) < end,
+                "a dropped deliverer's session still holds the outbox after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -521,6 +542,7 @@ async fn crash_scenario(at: CrashAt) -> Option<bool> {
         }
     }
     drop(crashy);
+    f.wait_until_dropped_sessions_ended().await;
     f.clock.advance(30_001);
     let restarted = f.deliverer(config(), log.clone());
     for _ in 0..10 {
