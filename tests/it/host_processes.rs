@@ -194,57 +194,45 @@ fn sigkill_moves_objects_and_their_pending_alarms_to_the_survivor() {
     assert_eq!(b.count("fired "), names.len());
 }
 
-/// Increments every object of `names` on `a` (each its first write, so
-/// each object is stored), then kills `a` (SIGKILL); returns when.
-pub(crate) fn first_writes_then_kill(a: &mut Proc, names: &[&str]) -> i64 {
-    for n in names {
-        let answer = a.run_ok(&format!("incr {n}"));
-        assert!(
-            answer.starts_with(&format!("ok incr {n} value=1 ")),
-            "{answer}"
-        );
-    }
+/// Sends `timer-abort <name> 300` to `a`: its call commits `name`'s timer
+/// and aborts the process right there, before the host syncs the alarm
+/// to its index (the crash point between a call's commit and its alarm
+/// sync). Returns when `a` died.
+pub(crate) fn crash_after_the_timers_commit(a: &mut Proc, name: &str) -> i64 {
+    let answer = a.run_ok(&format!("incr {name}"));
+    assert!(
+        answer.starts_with(&format!("ok incr {name} value=1 ")),
+        "{answer}"
+    );
+    a.send(&format!("timer-abort {name} 300"));
+    let status = a.wait_exit();
     let killed = now();
-    signal(a.child.id(), "KILL");
-    a.wait_exit();
+    assert!(!status.success(), "a aborted inside the call: {status:?}");
     killed
-}
-
-/// Commits `name`'s timer at `at` in its object file the way a call's
-/// transaction does, and nothing else: the alarm row and the alarm index
-/// job a host writes right after that commit are not written. That is
-/// what a host killed (or paused for good) between a call's commit and
-/// its alarm sync leaves behind.
-fn commit_timer_without_sync(dir: &Path, name: &str, at: i64) {
-    use durability_scheduler::{ObjectContext, ObjectId, Scheduler};
-    use durability_storage_sqlite::{SqliteOptions, SqliteStorage};
-    let path = dir
-        .join("objects/st1/Counter")
-        .join(format!("{name}.sqlite"));
-    let storage = SqliteStorage::open(path, SqliteOptions::default()).unwrap();
-    let id = ObjectId::new(format!("st1:Counter:{name}")).unwrap();
-    let scheduler = Scheduler::new(ObjectContext::new(id, std::sync::Arc::new(storage))).unwrap();
-    scheduler
-        .transaction(|tx| tx.set_due("timer", Some(at)))
-        .unwrap();
 }
 
 #[test]
 fn a_takeover_delivers_an_alarm_the_killed_host_committed_but_never_synced() {
     let dir = tempfile::tempdir().unwrap();
     let (mut a, b) = pair(dir.path(), TTL_S);
-    let names = ["u1", "u2", "u3"];
-    let killed = first_writes_then_kill(&mut a, &names);
-    // The objects' files now hold what a's calls committed just before the
-    // kill: a timer due, with no index job (and no object open anywhere).
-    for n in names {
-        commit_timer_without_sync(dir.path(), n, killed + 500);
-    }
+    let killed = crash_after_the_timers_commit(&mut a, "u1");
+    // The crash hit the window: the timer is committed in the object, the
+    // index holds no job for it.
+    let index = durability_storage_sqlite::alarms::SqliteAlarmIndex::open(
+        dir.path().join("alarms.db"),
+        durability_storage_sqlite::Synchronous::Full,
+    )
+    .unwrap();
+    let id = durability_scheduler::ObjectId::new("st1:Counter:u1").unwrap();
+    let job = postgres::runtime().block_on(async {
+        use durability_alarms::AlarmIndex as _;
+        index.job(&id).await.unwrap()
+    });
+    assert!(job.is_none(), "no index job after the crash: {job:?}");
     eprintln!(
-        "tried: SIGKILL of host a owning 16 shards, then {} objects left with a committed timer and no alarm index job (a's crash between commit and sync); b takes the shards over with no call to any object",
-        names.len()
+        "tried: host a aborted inside a call right after committing u1's timer (before its alarm sync: no index job); b takes the shards over with no call to u1"
     );
-    alarms_fired_on_b(&b, &names, killed);
+    alarms_fired_on_b(&b, &["u1"], killed);
 }
 
 /// The claim lease and dispatch timeout of the mid-alarm tests' hosts

@@ -21,8 +21,10 @@
 //! - `drained timed_out=<bool> released=<n>` after SIGTERM, then it exits 0.
 //!
 //! Commands: `incr <name>`, `timer <name> <delay ms>` (sets the object's
-//! timer), `slow <name> <ms>` (one committed write, a pause of `ms`
-//! outside any transaction, then a second write), `put <name> <ms>` (a
+//! timer), `timer-abort <name> <delay ms>` (sets it, then aborts the
+//! process inside the call right after the commit, before the alarm
+//! sync), `slow <name> <ms>` (one committed write, a pause of `ms` outside
+//! any transaction, then a second write), `put <name> <ms>` (a
 //! pause of `ms` inside the admitted call, then one write, reported from
 //! inside the call), `delete -` (`Host::delete_storage_id`:
 //! the whole storage id), `probe`.
@@ -48,8 +50,8 @@ use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_tests::host_proc::{
     TimerObject, answer, args, counter_class, counter_sql, incr_sqlite_counter, other_command,
-    parse, say, serve, set_timer, settings_or_refuse, shared_sqlite, start_or_refuse, test_ids,
-    test_options,
+    parse, say, serve, set_timer, set_timer_then_abort, settings_or_refuse, shared_sqlite,
+    start_or_refuse, test_ids, test_options,
 };
 
 fn record_fired(
@@ -115,6 +117,7 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             .await
         }
         "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
+        "timer-abort" => set_timer_then_abort::<Counter, _, _, _>(host, clock, name, number).await,
         "slow" => {
             let name_owned = name.to_owned();
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {

@@ -8,8 +8,9 @@
 //! hosts printed.
 //!
 //! Output and commands as `object-host` (`ready`, `acquired`, `lost`,
-//! `released`, `ok`/`err`, `slow-wrote`, `fired`, `drained`; `incr <name>`,
-//! `timer <name> <delay ms>`, `slow <name> <ms>`, `probe`), and
+//! `released`, `ok`/`err`, `slow-wrote`, `fired`, `firing`, `drained`; `incr <name>`,
+//! `timer <name> <delay ms>`, `timer-abort <name> <delay ms>`,
+//! `slow <name> <ms>`, `probe`), and
 //! `hold <name> <ms>`: one write, `in-tx <name> gen=<g>`, then a pause of
 //! `ms` inside the same transaction before it commits. Arguments
 //! `key=value`: `task`, `own` (`all` or `none`), `create` (`1`: create the
@@ -26,7 +27,8 @@ use durability_scheduler::{StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_tests::host_proc::{
     TimerObject, answer, args, counter_class, counter_sql, other_command, parse, refuse, say,
-    serve, set_timer, settings_or_refuse, start_or_refuse, test_ids, test_options,
+    serve, set_timer, set_timer_then_abort, settings_or_refuse, start_or_refuse, test_ids,
+    test_options,
 };
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
@@ -121,6 +123,7 @@ async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
             .await
         }
         "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
+        "timer-abort" => set_timer_then_abort::<Counter, _, _, _>(host, clock, name, number).await,
         "slow" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
                 let g = h.generation;
