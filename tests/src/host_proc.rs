@@ -497,7 +497,7 @@ impl<D: Storage + Send + Sync + 'static> Capability for Timer<D> {
 /// `own` argument (`all`: every shard), the `create` argument (`1`:
 /// create the active storage pointer if absent), and a fast dispatcher
 /// (claim lease and dispatch timeout from the environment when set:
-/// [`claim_leases`]).
+/// `claim_leases`).
 pub fn test_options<S, I, O: ObjectStore>(
     config: HostConfig<S, I, O>,
     clock: SystemClock,
