@@ -247,13 +247,7 @@ const MID_ALARM_LEASE: [(&str, &str); 2] = [
 /// waits until `a` is inside the firing, and kills `a` there; returns
 /// when. Prints what it tried.
 pub(crate) fn kill_mid_alarm(a: &mut Proc, name: &str) -> i64 {
-    let answer = a.run_ok(&format!("incr {name}"));
-    assert!(
-        answer.starts_with(&format!("ok incr {name} value=1 ")),
-        "{answer}"
-    );
-    let answer = a.run_ok(&format!("timer {name} 200"));
-    assert!(answer.starts_with(&format!("ok timer {name} ")), "{answer}");
+    incr_with_alarms(a, &[name], 200);
     a.wait_line(&format!("firing {name} task=a"));
     let killed = now();
     signal(a.child.id(), "KILL");

@@ -248,48 +248,14 @@ where
 
 /// The `timer <name> <delay ms>` command of a `Counter` object of type
 /// `T`: sets its `timer` due `delay_ms` from now; answers the due time and
-/// the generation.
+/// the generation. With `abort_after_commit` (`timer-abort`) the process
+/// aborts inside the call right after its commit, before the host syncs
+/// the moved alarm to its index (the crash point between a call's commit
+/// and its alarm sync): it never answers.
 ///
 /// # Errors
 /// The call's.
 pub async fn set_timer<T, S, I, O>(
-    host: &Host<S, I, O>,
-    clock: &SystemClock,
-    name: &str,
-    delay_ms: i64,
-) -> Result<(i64, u64), HostError>
-where
-    T: Send + Sync + 'static,
-    S: LeaseStore + LifecycleAdmin,
-    I: AlarmIndex,
-    O: ObjectStore,
-{
-    timer_call::<T, S, I, O>(host, clock, name, delay_ms, false).await
-}
-
-/// The `timer-abort <name> <delay ms>` command: [`set_timer`]'s call,
-/// which aborts the process inside the call right after its commit,
-/// before the host syncs the moved alarm to its index (the crash point
-/// between a call's commit and its alarm sync). It never answers.
-///
-/// # Errors
-/// The call's, when it fails before its commit.
-pub async fn set_timer_then_abort<T, S, I, O>(
-    host: &Host<S, I, O>,
-    clock: &SystemClock,
-    name: &str,
-    delay_ms: i64,
-) -> Result<(i64, u64), HostError>
-where
-    T: Send + Sync + 'static,
-    S: LeaseStore + LifecycleAdmin,
-    I: AlarmIndex,
-    O: ObjectStore,
-{
-    timer_call::<T, S, I, O>(host, clock, name, delay_ms, true).await
-}
-
-async fn timer_call<T, S, I, O>(
     host: &Host<S, I, O>,
     clock: &SystemClock,
     name: &str,

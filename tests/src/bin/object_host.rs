@@ -50,8 +50,8 @@ use durability_storage_sqlite::alarms::SqliteAlarmIndex;
 use durability_storage_sqlite::ownership::SqliteLeaseStore;
 use durability_tests::host_proc::{
     TimerObject, answer, args, counter_class, counter_sql, incr_sqlite_counter, other_command,
-    parse, say, serve, set_timer, set_timer_then_abort, settings_or_refuse, shared_sqlite,
-    start_or_refuse, test_ids, test_options,
+    parse, say, serve, set_timer, settings_or_refuse, shared_sqlite, start_or_refuse, test_ids,
+    test_options,
 };
 
 fn record_fired(
@@ -116,8 +116,9 @@ async fn command(host: &Host<Store, SqliteAlarmIndex>, clock: &SystemClock, line
             })
             .await
         }
-        "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
-        "timer-abort" => set_timer_then_abort::<Counter, _, _, _>(host, clock, name, number).await,
+        "timer" | "timer-abort" => {
+            set_timer::<Counter, _, _, _>(host, clock, name, number, cmd == "timer-abort").await
+        }
         "slow" => {
             let name_owned = name.to_owned();
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {

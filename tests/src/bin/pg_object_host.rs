@@ -27,8 +27,7 @@ use durability_scheduler::{StorageError, Transaction};
 use durability_storage_postgres::object::PostgresObjectStorage;
 use durability_tests::host_proc::{
     TimerObject, answer, args, counter_class, counter_sql, other_command, parse, refuse, say,
-    serve, set_timer, set_timer_then_abort, settings_or_refuse, start_or_refuse, test_ids,
-    test_options,
+    serve, set_timer, settings_or_refuse, start_or_refuse, test_ids, test_options,
 };
 
 type PgHost = Host<PostgresLeaseStore, PostgresAlarmIndex, PostgresObjectStore>;
@@ -122,8 +121,9 @@ async fn command(host: &PgHost, clock: &SystemClock, task: &str, line: &str) {
             })
             .await
         }
-        "timer" => set_timer::<Counter, _, _, _>(host, clock, name, number).await,
-        "timer-abort" => set_timer_then_abort::<Counter, _, _, _>(host, clock, name, number).await,
+        "timer" | "timer-abort" => {
+            set_timer::<Counter, _, _, _>(host, clock, name, number, cmd == "timer-abort").await
+        }
         "slow" => {
             host.call::<Counter, _, _, _>("Counter", name, |h| async move {
                 let g = h.generation;
